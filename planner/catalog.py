@@ -1,0 +1,196 @@
+"""Find and load specs: the built-in databases, YAML files of the same schema, and Hugging Face
+``config.json`` files. Every problem becomes a ``SpecError`` whose one-line message names the
+file, the field and what is wrong.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from planner.errors import SpecError
+from planner.specs import Calibration, HardwareSpec, ModelSpec
+
+_HERE = Path(__file__).resolve().parent
+S = TypeVar("S", bound=BaseModel)
+
+
+def db_dir(kind: str) -> Path:
+    """``models_db`` or ``hardware_db``: the checkout's own (editable installs, a clone), or the
+    copy a wheel carries inside the package (``pip install .``)."""
+    for candidate in (_HERE.parent / kind, _HERE / "_data" / kind):
+        if candidate.is_dir():
+            return candidate
+    raise SpecError(f"{kind}/ not found beside the planner package nor inside it")
+
+
+def _names(kind: str) -> list[str]:
+    return sorted(p.stem for p in db_dir(kind).glob("*.yaml"))
+
+
+def model_names() -> list[str]:
+    return _names("models_db")
+
+
+def gpu_names() -> list[str]:
+    return _names("hardware_db")
+
+
+def _format_validation(path: str, err: ValidationError) -> str:
+    parts = []
+    for e in err.errors()[:3]:
+        loc = ".".join(str(x) for x in e["loc"]) or "(top level)"
+        msg = e["msg"].removeprefix("Value error, ")
+        if e["type"] == "extra_forbidden":
+            msg = "unknown key (misspelled?)"
+        elif e["type"] == "missing":
+            msg = "missing required field"
+        parts.append(f"{loc}: {msg}")
+    more = f" (+{len(err.errors()) - 3} more)" if len(err.errors()) > 3 else ""
+    return f"{path}: " + "; ".join(parts) + more
+
+
+def validate(cls: type[S], data: Any, path: str) -> S:
+    if not isinstance(data, dict):
+        raise SpecError(f"{path}: expected a mapping of fields, got {type(data).__name__}")
+    try:
+        return cls.model_validate(data)
+    except ValidationError as err:
+        raise SpecError(_format_validation(path, err)) from None
+
+
+def read_yaml(path: Path) -> Any:
+    try:
+        text = path.read_text()
+    except OSError as err:
+        raise SpecError(f"{path}: cannot read: {err.strerror}") from None
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" line {mark.line + 1}" if mark is not None else ""
+        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+        raise SpecError(f"{path}:{where}: malformed YAML: {problem}") from None
+
+
+def _resolve(ref: str, kind: str, what: str) -> Path:
+    p = Path(ref)
+    if p.suffix in (".yaml", ".yml", ".json") or p.is_file():
+        if not p.is_file():
+            raise SpecError(f"{ref}: no such file")
+        return p
+    known = _names(kind)
+    if ref in known:
+        return db_dir(kind) / f"{ref}.yaml"
+    close = difflib.get_close_matches(ref, known, n=3, cutoff=0.5)
+    hint = f"; did you mean {', '.join(close)}?" if close else ""
+    raise SpecError(f"unknown {what} '{ref}' (not a file, not in {kind}/){hint} "
+                    f"Known: {', '.join(known)}")
+
+
+def load_model(ref: str) -> ModelSpec:
+    """A built-in model name, a YAML file, or a Hugging Face ``config.json``."""
+    path = _resolve(ref, "models_db", "model")
+    if path.suffix == ".json":
+        try:
+            cfg = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError) as err:
+            raise SpecError(f"{path}: not a readable JSON file: {err}") from None
+        return model_from_hf_config(cfg, str(path))
+    data = read_yaml(path)
+    return validate(ModelSpec, data, str(path))
+
+
+def load_hardware(ref: str) -> HardwareSpec:
+    path = _resolve(ref, "hardware_db", "GPU")
+    return validate(HardwareSpec, read_yaml(path), str(path))
+
+
+def load_calibration(path: str | Path) -> Calibration:
+    p = Path(path)
+    if not p.is_file():
+        raise SpecError(f"{p}: no such calibration file")
+    data = json.loads(p.read_text()) if p.suffix == ".json" else read_yaml(p)
+    return validate(Calibration, data, str(p))
+
+
+# --------------------------------------------------------------------------- HF config.json
+
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "mixtral", "qwen2", "gemma", "gemma2", "phi3",
+                         "gpt2", "deepseek_v2", "deepseek_v3")
+
+
+def _req(cfg: dict, key: str, path: str) -> Any:
+    if key not in cfg or cfg[key] is None:
+        raise SpecError(f"{path}: {key}: missing required field for "
+                        f"model_type {cfg.get('model_type')}")
+    return cfg[key]
+
+
+def model_from_hf_config(cfg: dict, path: str) -> ModelSpec:
+    """Translate the fields of an official HF config into a ``ModelSpec``."""
+    if not isinstance(cfg, dict):
+        raise SpecError(f"{path}: expected a JSON object")
+    mt = cfg.get("model_type")
+    if mt not in SUPPORTED_MODEL_TYPES:
+        raise SpecError(f"{path}: model_type: '{mt}' is not supported; supported: "
+                        f"{', '.join(SUPPORTED_MODEL_TYPES)}")
+    name = (cfg.get("_name_or_path") or Path(path).parent.name or Path(path).stem)
+    name = str(name).rstrip("/").split("/")[-1] or "config"
+    d: dict[str, Any] = {"name": name, "architecture": mt, "source": path}
+    if mt == "gpt2":
+        h = _req(cfg, "n_embd", path)
+        d.update(vocab_size=_req(cfg, "vocab_size", path), hidden_size=h,
+                 num_layers=_req(cfg, "n_layer", path),
+                 num_attention_heads=_req(cfg, "n_head", path),
+                 num_kv_heads=_req(cfg, "n_head", path),
+                 intermediate_size=cfg.get("n_inner") or 4 * h,
+                 max_position_embeddings=_req(cfg, "n_positions", path),
+                 tie_word_embeddings=cfg.get("tie_word_embeddings", True),
+                 mlp="plain", norm="layernorm", position_embedding="learned",
+                 attention_bias=True, attention_out_bias=True, mlp_bias=True)
+        return validate(ModelSpec, d, path)
+
+    heads = _req(cfg, "num_attention_heads", path)
+    d.update(vocab_size=_req(cfg, "vocab_size", path),
+             hidden_size=_req(cfg, "hidden_size", path),
+             num_layers=_req(cfg, "num_hidden_layers", path),
+             num_attention_heads=heads,
+             num_kv_heads=cfg.get("num_key_value_heads") or heads,
+             intermediate_size=_req(cfg, "intermediate_size", path),
+             max_position_embeddings=_req(cfg, "max_position_embeddings", path),
+             tie_word_embeddings=cfg.get("tie_word_embeddings", mt in ("gemma", "gemma2")))
+    if cfg.get("head_dim"):
+        d["head_dim"] = cfg["head_dim"]
+    if mt == "qwen2":
+        d["attention_bias"] = True  # Qwen2 always carries q, k, v biases
+    elif cfg.get("attention_bias"):
+        d["attention_bias"] = d["attention_out_bias"] = True  # Llama's flag covers o_proj too
+    if cfg.get("mlp_bias"):
+        d["mlp_bias"] = True
+    if mt == "gemma2":
+        d["norms_per_layer"] = 4
+    if mt == "mixtral":
+        d["moe"] = {"num_experts": _req(cfg, "num_local_experts", path),
+                    "experts_per_token": _req(cfg, "num_experts_per_tok", path),
+                    "expert_intermediate_size": d["intermediate_size"]}
+    if mt in ("deepseek_v2", "deepseek_v3"):
+        d["mla"] = {"q_lora_rank": cfg.get("q_lora_rank"),
+                    "kv_lora_rank": _req(cfg, "kv_lora_rank", path),
+                    "qk_nope_head_dim": _req(cfg, "qk_nope_head_dim", path),
+                    "qk_rope_head_dim": _req(cfg, "qk_rope_head_dim", path),
+                    "v_head_dim": _req(cfg, "v_head_dim", path)}
+        d["head_dim"] = d["mla"]["qk_nope_head_dim"] + d["mla"]["qk_rope_head_dim"]
+        if cfg.get("n_routed_experts"):
+            d["moe"] = {"num_experts": cfg["n_routed_experts"],
+                        "experts_per_token": _req(cfg, "num_experts_per_tok", path),
+                        "expert_intermediate_size": _req(cfg, "moe_intermediate_size", path),
+                        "num_shared_experts": cfg.get("n_shared_experts") or 0,
+                        "first_dense_layers": cfg.get("first_k_dense_replace") or 0,
+                        "router_bias": cfg.get("topk_method") == "noaux_tc"}
+    return validate(ModelSpec, d, path)

@@ -1,0 +1,290 @@
+"""The ``llmplan`` command line: parse, call the library, render (rich) or dump (--json).
+
+Exit codes: 0 success; 1 a check failed; 2 bad input or usage; 3 a requested device is absent.
+Every user error is one line on stderr, never a traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from enum import Enum
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+
+from planner import __version__
+from planner.errors import LlmplanError
+from planner.specs import GIB, DType, Options, Workload
+
+app = typer.Typer(
+    name="llmplan",
+    help="Capacity planner and roofline calculator for LLM inference.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    rich_markup_mode=None,
+)
+
+stdout = Console()
+stderr = Console(stderr=True)
+
+
+class WeightsOpt(str, Enum):
+    bf16 = "bf16"
+    fp16 = "fp16"
+    fp8 = "fp8"
+    int8 = "int8"
+    int4 = "int4"
+
+
+class KVOpt(str, Enum):
+    bf16 = "bf16"
+    fp16 = "fp16"
+    fp8 = "fp8"
+    int8 = "int8"
+
+
+class TimeModel(str, Enum):
+    roofline = "roofline"
+    additive = "additive"
+
+
+class Attention(str, Enum):
+    flash = "flash"
+    naive = "naive"
+
+
+# Defaults are declared once, in the specs.
+_W = Workload.model_fields
+_O = Options.model_fields
+
+ModelOpt = Annotated[str, typer.Option(
+    "--model", "-m", help="Built-in model name, a YAML file or an HF config.json.")]
+GpuOpt = Annotated[str, typer.Option("--gpu", "-g", help="Built-in GPU name or a YAML file.")]
+TpOpt = Annotated[int, typer.Option("--tp", help="Tensor-parallel GPUs.")]
+WeightsOption = Annotated[WeightsOpt, typer.Option("--weights", help="Weight precision.")]
+KVOption = Annotated[Optional[KVOpt], typer.Option(
+    "--kv-cache", help="KV-cache precision (default: the 16-bit type of the weights).")]
+BatchOpt = Annotated[int, typer.Option("--batch", "-b", help="Concurrent sequences.")]
+PromptOpt = Annotated[int, typer.Option("--prompt-tokens", "-p",
+                                        help="Prompt tokens per sequence.")]
+OutputOpt = Annotated[int, typer.Option("--output-tokens", "-o",
+                                        help="Output tokens per sequence.")]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object, nothing else.")]
+
+
+def _positive(name: str, value: float | None, *, allow_zero: bool = False) -> None:
+    if value is None:
+        return
+    if value < 0 or (value == 0 and not allow_zero):
+        raise LlmplanError(f"{name}: must be {'non-negative' if allow_zero else 'positive'}, "
+                           f"got {value:g}")
+
+
+def _json_out(obj: object) -> None:
+    sys.stdout.write(json.dumps(obj, indent=2, default=str) + "\n")
+
+
+@app.command()
+def estimate(
+    model: ModelOpt,
+    gpu: GpuOpt,
+    tp: TpOpt = 1,
+    weights: WeightsOption = WeightsOpt.bf16,
+    kv_cache: KVOption = None,
+    batch: BatchOpt = _W["batch"].default,
+    prompt_tokens: PromptOpt = _W["prompt_tokens"].default,
+    output_tokens: OutputOpt = _W["output_tokens"].default,
+    group_size: Annotated[int, typer.Option(help="Weights per scale for int8/int4.")] = 128,
+    time_model: Annotated[TimeModel, typer.Option(
+        help="roofline: max(compute, memory) per operator; additive: their sum.")
+    ] = TimeModel.roofline,
+    attention: Annotated[Attention, typer.Option(
+        help="flash: O(N) attention memory; naive: materialize the O(N^2) scores.")
+    ] = Attention.flash,
+    kernel_overhead_us: Annotated[float, typer.Option(help="Fixed cost per kernel.")] = 0.0,
+    reserve_gib: Annotated[float, typer.Option(
+        help="Runtime reserve: CUDA context, workspaces.")] = _O["reserve_bytes"].default / GIB,
+    memory_utilization: Annotated[float, typer.Option(
+        help="Fraction of device memory usable (like vLLM's gpu_memory_utilization).")
+    ] = _O["memory_utilization_frac"].default,
+    calibration: Annotated[Optional[Path], typer.Option(
+        help="Measured ceilings from `llmplan measure --calibrate`.")] = None,
+    price_per_hour: Annotated[Optional[float], typer.Option(
+        help="USD per GPU-hour (default: hardware_db's price, if any).")] = None,
+    measured_tpot: Annotated[Optional[float], typer.Option(
+        help="A measured TPOT in seconds: report its bandwidth, MBU and MFU.")] = None,
+    measured_ttft: Annotated[Optional[float], typer.Option(
+        help="A measured TTFT in seconds: report its prefill FLOP/s and MFU.")] = None,
+    explain: Annotated[bool, typer.Option(
+        "--explain", help="Show the per-operator table behind the totals.")] = False,
+    require_fit: Annotated[bool, typer.Option(
+        "--require-fit", help="Exit 1 when the deployment does not fit in memory.")] = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Predict memory, timing, utilisation and cost of one deployment."""
+    from planner import catalog
+    from planner.estimate import estimate as run_estimate
+    from planner.render import render_estimate
+    from planner.specs import Parallelism, Precision
+
+    for name, v in (("--batch", batch), ("--prompt-tokens", prompt_tokens),
+                    ("--output-tokens", output_tokens), ("--tp", tp),
+                    ("--group-size", group_size), ("--price-per-hour", price_per_hour),
+                    ("--measured-tpot", measured_tpot), ("--measured-ttft", measured_ttft),
+                    ("--memory-utilization", memory_utilization)):
+        _positive(name, v)
+    _positive("--kernel-overhead-us", kernel_overhead_us, allow_zero=True)
+    _positive("--reserve-gib", reserve_gib, allow_zero=True)
+    if memory_utilization > 1:
+        raise LlmplanError(f"--memory-utilization: must be at most 1, got {memory_utilization:g}")
+
+    m = catalog.load_model(model)
+    hw = catalog.load_hardware(gpu)
+    cal = catalog.load_calibration(calibration) if calibration else None
+    w = DType(weights.value)
+    prec = Precision(weights=w, group_size=group_size,
+                     kv_cache=DType(kv_cache.value) if kv_cache else
+                     (DType.fp16 if w == DType.fp16 else DType.bf16))
+    opts = Options(time_model=time_model.value, attention=attention.value,
+                   kernel_overhead_s=kernel_overhead_us * 1e-6, reserve_bytes=reserve_gib * GIB,
+                   memory_utilization_frac=memory_utilization)
+    est = run_estimate(m, hw, precision=prec,
+                       workload=Workload(batch=batch, prompt_tokens=prompt_tokens,
+                                         output_tokens=output_tokens),
+                       parallelism=Parallelism(tp=tp), options=opts, calibration=cal,
+                       price_usd_per_gpu_hour=price_per_hour, measured_tpot_s=measured_tpot,
+                       measured_ttft_s=measured_ttft)
+    if as_json:
+        _json_out(est.to_dict(operators=True))
+    else:
+        render_estimate(stdout, est, explain=explain)
+    if require_fit and not est.memory.fits:
+        if not as_json:
+            stderr.print(f"does not fit: {est.memory.total_bytes / GIB:.1f} GiB needed, "
+                         f"{est.memory.usable_bytes / GIB:.1f} GiB usable")
+        raise typer.Exit(1)
+
+
+@app.command()
+def models(as_json: JsonOpt = False) -> None:
+    """List the built-in models."""
+    from planner import catalog
+    from planner.ops import active_params, count_params
+    from planner.render import table
+
+    rows = []
+    for name in catalog.model_names():
+        m = catalog.load_model(name)
+        rows.append({"name": name, "architecture": m.architecture, "params": count_params(m),
+                     "active_params": active_params(m), "layers": m.num_layers,
+                     "hidden_size": m.hidden_size, "attention_heads": m.num_attention_heads,
+                     "kv_heads": m.num_kv_heads, "max_context_tokens": m.max_position_embeddings,
+                     "moe": m.moe is not None, "mla": m.mla is not None, "source": m.source})
+    if as_json:
+        _json_out(rows)
+        return
+    from planner import fmt
+    stdout.print(table("Built-in models", ["name", "arch", "params", "active", "layers",
+                                            "hidden", "heads", "kv heads", "max ctx"],
+                       [[r["name"], r["architecture"], fmt.count(r["params"]),
+                         fmt.count(r["active_params"]), r["layers"], r["hidden_size"],
+                         r["attention_heads"], r["kv_heads"], f"{r['max_context_tokens']:,}"]
+                        for r in rows]))
+
+
+@app.command()
+def gpus(as_json: JsonOpt = False) -> None:
+    """List the built-in GPUs."""
+    from planner import catalog
+    from planner.render import table
+
+    rows = []
+    for name in catalog.gpu_names():
+        h = catalog.load_hardware(name)
+        rows.append({"name": name, "display_name": h.display_name, "vendor": h.vendor,
+                     "memory_gib": h.memory_gib,
+                     "memory_bandwidth_gb_per_s": h.memory_bandwidth_gb_per_s,
+                     "peak_tflops": {k.value: v for k, v in h.peak_tflops.items()},
+                     "interconnect": h.interconnect.kind,
+                     "interconnect_gb_per_s": h.interconnect.bandwidth_gb_per_s,
+                     "tdp_w": h.tdp_w,
+                     "usd_per_gpu_hour": h.price.usd_per_gpu_hour if h.price else None,
+                     "source": h.source})
+    if as_json:
+        _json_out(rows)
+        return
+    stdout.print(table("Built-in GPUs (dense peak rates)",
+                       ["name", "memory", "bandwidth", "bf16", "fp16", "fp8", "int8",
+                        "link", "TDP", "$/h"],
+                       [[r["name"], f"{r['memory_gib']:g} GiB",
+                         f"{r['memory_bandwidth_gb_per_s']:,.0f} GB/s",
+                         *[f"{r['peak_tflops'][k]:g} T" if k in r["peak_tflops"] else "-"
+                           for k in ("bf16", "fp16", "fp8", "int8")],
+                         f"{r['interconnect']} {r['interconnect_gb_per_s']:g} GB/s",
+                         f"{r['tdp_w']:g} W" if r["tdp_w"] else "-",
+                         f"{r['usd_per_gpu_hour']:.2f}" if r["usd_per_gpu_hour"] else "-"]
+                        for r in rows]))
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        print(f"llmplan {__version__}")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _root(
+    version: Annotated[bool, typer.Option("--version", help="Print the version.", is_eager=True,
+                                          callback=_print_version)] = False,
+) -> None:
+    """Capacity planner and roofline calculator for LLM inference."""
+
+
+def _click_exceptions() -> dict[str, tuple[type[BaseException], ...]]:
+    """Typer >= 0.29 carries its own copy of click; older ones use click itself."""
+    mods = []
+    for name in ("typer._click.exceptions", "click.exceptions"):
+        try:
+            mods.append(__import__(name, fromlist=["UsageError"]))
+        except ImportError:
+            pass
+    return {k: tuple(getattr(m, k) for m in mods if hasattr(m, k))
+            for k in ("NoArgsIsHelpError", "UsageError", "Abort", "Exit")}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point: runs the app and turns every user error into one line and exit code 2."""
+    exc = _click_exceptions()
+    try:
+        rv = app(args=argv, standalone_mode=False, prog_name="llmplan")
+    except exc["NoArgsIsHelpError"] as err:
+        print(err.ctx.get_help() if err.ctx else str(err))
+        return 0
+    except exc["UsageError"] as err:
+        ctx = err.ctx
+        where = f"llmplan {ctx.info_name}" if ctx and ctx.info_name != "llmplan" else "llmplan"
+        msg = err.format_message().replace("Value error, ", "")
+        print(f"{where}: error: {msg}", file=sys.stderr)
+        return 2
+    except exc["Abort"]:
+        print("llmplan: interrupted", file=sys.stderr)
+        return 130
+    except exc["Exit"] as err:
+        return err.exit_code
+    except KeyboardInterrupt:
+        print("llmplan: interrupted", file=sys.stderr)
+        return 130
+    except LlmplanError as err:
+        print(f"llmplan: error: {err}", file=sys.stderr)
+        return getattr(err, "exit_code", 2)
+    except BrokenPipeError:
+        return 0
+    return rv if isinstance(rv, int) else 0
+
+
+def entry() -> None:
+    sys.exit(main())

@@ -1,0 +1,13 @@
+"""Error types for problems the user caused. The CLI turns them into one line and exit code 2."""
+
+
+class LlmplanError(Exception):
+    """Base class of every user-facing error."""
+
+
+class SpecError(LlmplanError):
+    """A model, hardware, budget or calibration spec is malformed or unknown."""
+
+
+class UsageError(LlmplanError):
+    """Arguments that are individually valid but cannot be combined (e.g. TP > heads)."""

@@ -1,0 +1,316 @@
+"""Workload -> Estimate: memory, FLOPs, TTFT, TPOT, latency, throughput, MBU/MFU and cost.
+
+- TTFT is the time of the prefill step over batch x prompt_tokens tokens (causal attention).
+- TPOT is the time of one decode step at the mean context of the generation,
+  prompt_tokens + output_tokens / 2: step time is linear in the context through the attention
+  term, so this is the mean over the output's decode steps.
+- latency = TTFT + TPOT x (output_tokens - 1); decode throughput = batch / TPOT tokens/s.
+- End-to-end throughput counts the prefill too: batch x output_tokens / latency; cost per
+  million output tokens = price per GPU-hour x GPUs / 3600 / end-to-end throughput x 1e6.
+- MBU = (weight + KV bytes per decode step) / TPOT / bandwidth;
+  MFU = FLOPs per step / step time / peak FLOP/s of the compute precision.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+
+from planner.memory import MemoryPlan, kv_cache_bytes_per_token, memory_plan
+from planner.ops import (
+    active_params,
+    check_tp,
+    count_params,
+    decode_ops,
+    flops_per_token_2n,
+    prefill_ops,
+    total_flops,
+)
+from planner.roofline import (
+    Ceilings,
+    StepTime,
+    ceilings,
+    mbu,
+    mfu,
+    optimal_batch,
+    ridge_flops_per_byte,
+    step_time,
+)
+from planner.specs import (
+    Calibration,
+    DType,
+    HardwareSpec,
+    ModelSpec,
+    Options,
+    Parallelism,
+    Precision,
+    Workload,
+)
+
+
+@dataclass(frozen=True)
+class Measured:
+    """Utilisation implied by a measured TTFT and / or TPOT for the same configuration."""
+
+    tpot_s: float | None = None
+    ttft_s: float | None = None
+    achieved_bandwidth_bytes_per_s: float | None = None
+    mbu: float | None = None
+    mfu: float | None = None
+    achieved_prefill_flops_per_s: float | None = None
+    prefill_mfu: float | None = None
+
+
+@dataclass(frozen=True)
+class Estimate:
+    model: ModelSpec
+    hardware: HardwareSpec
+    precision: Precision
+    workload: Workload
+    tp: int
+    options: Options
+    ceilings: Ceilings
+    memory: MemoryPlan
+    params: int
+    active_params: int
+    kv_cache_bytes_per_token: float
+    decode_context_tokens: float
+    decode: StepTime
+    prefill: StepTime
+    decode_flops_per_token: float
+    prefill_flops: float
+    flops_per_token_2n: float
+    price_usd_per_gpu_hour: float | None
+    price_source: str | None
+    measured: Measured | None = None
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    # ----- derived figures
+    @property
+    def peak_flops_per_s(self) -> float:
+        return self.ceilings.peak(self.precision.compute_dtype)
+
+    @property
+    def ridge_flops_per_byte(self) -> float:
+        return ridge_flops_per_byte(self.peak_flops_per_s, self.ceilings.bandwidth_bytes_per_s)
+
+    @property
+    def optimal_batch(self) -> float:
+        return optimal_batch(self.peak_flops_per_s, self.precision.quantized_bytes_per_param,
+                             self.ceilings.bandwidth_bytes_per_s)
+
+    @property
+    def usable_optimal_batch(self) -> int:
+        return min(math.floor(self.optimal_batch), self.memory.max_batch)
+
+    @property
+    def ttft_s(self) -> float:
+        return self.prefill.time_s
+
+    @property
+    def tpot_s(self) -> float:
+        return self.decode.time_s
+
+    @property
+    def latency_s(self) -> float:
+        return self.ttft_s + self.tpot_s * (self.workload.output_tokens - 1)
+
+    @property
+    def throughput_tokens_per_s(self) -> float:
+        return self.workload.batch / self.tpot_s
+
+    @property
+    def e2e_throughput_tokens_per_s(self) -> float:
+        return self.workload.batch * self.workload.output_tokens / self.latency_s
+
+    @property
+    def mbu(self) -> float:
+        return mbu(self.decode.weight_and_kv_bytes, self.tpot_s,
+                   self.ceilings.bandwidth_bytes_per_s)
+
+    @property
+    def mfu(self) -> float:
+        return mfu(self.decode.flops, self.tpot_s, self.peak_flops_per_s)
+
+    @property
+    def prefill_mfu(self) -> float:
+        return mfu(self.prefill.flops, self.ttft_s, self.peak_flops_per_s)
+
+    @property
+    def bound(self) -> str:
+        return self.decode.bound
+
+    @property
+    def num_gpus(self) -> int:
+        return self.tp
+
+    @property
+    def cost_usd_per_million_output_tokens(self) -> float | None:
+        if self.price_usd_per_gpu_hour is None:
+            return None
+        usd_per_s = self.price_usd_per_gpu_hour * self.num_gpus / 3600
+        return usd_per_s / self.e2e_throughput_tokens_per_s * 1e6
+
+    def to_dict(self, *, operators: bool = True) -> dict:
+        """A JSON-ready dict; keys carry their unit (DESIGN.md "Contracts")."""
+        m, p, w = self.memory, self.precision, self.workload
+        out = {
+            "model": self.model.name,
+            "gpu": self.hardware.name,
+            "tp": self.tp,
+            "num_gpus": self.num_gpus,
+            "weights": p.weights.value,
+            "kv_cache": p.kv_cache.value,
+            "compute": p.compute_dtype.value,
+            "weight_bytes_per_param": p.quantized_bytes_per_param,
+            "batch": w.batch,
+            "prompt_tokens": w.prompt_tokens,
+            "output_tokens": w.output_tokens,
+            "time_model": self.options.time_model,
+            "attention": self.options.attention,
+            "ceilings_source": self.ceilings.source,
+            "params": self.params,
+            "active_params": self.active_params,
+            "weights_bytes": m.weights_bytes,
+            "kv_cache_bytes_per_token": self.kv_cache_bytes_per_token,
+            "kv_cache_bytes": m.kv_cache_bytes,
+            "activation_bytes": m.activation_bytes,
+            "reserve_bytes": m.reserve_bytes,
+            "total_memory_bytes": m.total_bytes,
+            "capacity_bytes": m.capacity_bytes,
+            "usable_memory_bytes": m.usable_bytes,
+            "memory_used_frac": m.used_frac,
+            "fits": m.fits,
+            "decode_flops_per_token": self.decode_flops_per_token,
+            "flops_per_token_2n": self.flops_per_token_2n,
+            "prefill_flops": self.prefill_flops,
+            "peak_flops_per_s": self.peak_flops_per_s,
+            "bandwidth_bytes_per_s": self.ceilings.bandwidth_bytes_per_s,
+            "ridge_flops_per_byte": self.ridge_flops_per_byte,
+            "optimal_batch": self.optimal_batch,
+            "usable_optimal_batch": self.usable_optimal_batch,
+            "max_batch": m.max_batch,
+            "bound": self.bound,
+            "decode_context_tokens": self.decode_context_tokens,
+            "ttft_s": self.ttft_s,
+            "tpot_s": self.tpot_s,
+            "latency_s": self.latency_s,
+            "throughput_tokens_per_s": self.throughput_tokens_per_s,
+            "e2e_throughput_tokens_per_s": self.e2e_throughput_tokens_per_s,
+            "mbu": self.mbu,
+            "mfu": self.mfu,
+            "prefill_mfu": self.prefill_mfu,
+            "decode_comm_s": self.decode.comm_s,
+            "price_usd_per_gpu_hour": self.price_usd_per_gpu_hour,
+            "price_source": self.price_source,
+            "cost_usd_per_million_output_tokens": self.cost_usd_per_million_output_tokens,
+            "notes": list(self.notes),
+        }
+        if self.measured is not None:
+            out["measured"] = {k: v for k, v in self.measured.__dict__.items()}
+        if operators:
+            out["operators"] = {"decode": _op_rows(self.decode),
+                                "prefill": _op_rows(self.prefill)}
+        return out
+
+
+def _op_rows(step: StepTime) -> list[dict]:
+    return [{
+        "name": t.op.name,
+        "kind": t.op.kind,
+        "count": t.op.count,
+        "dtype": t.op.dtype.value,
+        "flops": t.op.flops * t.op.count,
+        "bytes": t.op.bytes * t.op.count,
+        "weight_bytes": t.op.weight_bytes * t.op.count,
+        "kv_bytes": t.op.kv_bytes * t.op.count,
+        "act_bytes": t.op.act_bytes * t.op.count,
+        "comm_bytes": t.op.comm_bytes * t.op.count,
+        "intensity_flops_per_byte": (t.op.flops / t.op.bytes) if t.op.bytes else None,
+        "compute_s": t.compute_s,
+        "memory_s": t.memory_s,
+        "comm_s": t.comm_s,
+        "time_s": t.time_s,
+        "bound": t.bound,
+    } for t in step.ops]
+
+
+def estimate(
+    model: ModelSpec,
+    hardware: HardwareSpec,
+    *,
+    precision: Precision | None = None,
+    workload: Workload | None = None,
+    parallelism: Parallelism | None = None,
+    options: Options | None = None,
+    calibration: Calibration | None = None,
+    price_usd_per_gpu_hour: float | None = None,
+    measured_tpot_s: float | None = None,
+    measured_ttft_s: float | None = None,
+) -> Estimate:
+    """Predict one deployment: ``model`` on ``parallelism.tp`` GPUs of ``hardware``."""
+    p = precision or Precision()
+    w = workload or Workload()
+    o = options or Options()
+    tp = (parallelism or Parallelism()).tp
+    check_tp(model, tp)
+    c = ceilings(hardware, calibration, o)
+    notes = list(c.notes)
+    if p.compute is None and p.compute_dtype not in c.flops_per_s and p.weights == DType.fp8:
+        # no fp8 tensor cores (Ampere, Turing): fp8 weights run weight-only, dequantized to
+        # 16-bit in the matmul (vLLM's FP8 Marlin path)
+        p = p.model_copy(update={"compute": p.half_dtype})
+        notes.append(f"{hardware.name} has no fp8 tensor cores: fp8 weights run weight-only, "
+                     f"computing in {p.half_dtype.value}")
+    for dt in (p.compute_dtype, p.half_dtype):
+        if dt not in c.flops_per_s:
+            hardware.peak_flops_per_s(dt)  # raises a UsageError naming what the datasheet has
+
+    ctx = w.prompt_tokens + w.output_tokens / 2
+    decode = step_time(decode_ops(model, p, batch=w.batch, context_tokens=ctx, tp=tp,
+                                  attention=o.attention), c, tp=tp, options=o)
+    prefill = step_time(prefill_ops(model, p, batch=w.batch, prompt_tokens=w.prompt_tokens,
+                                    tp=tp, attention=o.attention), c, tp=tp, options=o)
+    # model-level FLOPs (one GPU's share times tp would double count replicated layers)
+    decode_flops = total_flops(decode_ops(model, p, batch=1, context_tokens=ctx))
+    prefill_flops = total_flops(prefill_ops(model, p, batch=w.batch,
+                                            prompt_tokens=w.prompt_tokens))
+
+    price, price_source = price_usd_per_gpu_hour, "--price-per-hour"
+    if price is None and hardware.price is not None:
+        price = hardware.price.usd_per_gpu_hour
+        price_source = f"{hardware.price.source} ({hardware.price.date})"
+    if price is None:
+        price_source = None
+
+    if tp > model.num_kv_heads and model.mla is None:
+        notes.append(f"tp {tp} > {model.num_kv_heads} KV heads: KV heads replicated")
+
+    est = Estimate(
+        model=model, hardware=hardware, precision=p, workload=w, tp=tp, options=o, ceilings=c,
+        memory=memory_plan(model, hardware, p, batch=w.batch, prompt_tokens=w.prompt_tokens,
+                           output_tokens=w.output_tokens, tp=tp, options=o),
+        params=count_params(model), active_params=active_params(model),
+        kv_cache_bytes_per_token=kv_cache_bytes_per_token(model, p, tp=tp),
+        decode_context_tokens=ctx, decode=decode, prefill=prefill,
+        decode_flops_per_token=decode_flops, prefill_flops=prefill_flops,
+        flops_per_token_2n=flops_per_token_2n(model),
+        price_usd_per_gpu_hour=price, price_source=price_source, notes=tuple(notes),
+    )
+    if measured_tpot_s is None and measured_ttft_s is None:
+        return est
+    return _with_measured(est, measured_tpot_s, measured_ttft_s)
+
+
+def _with_measured(est: Estimate, tpot_s: float | None, ttft_s: float | None) -> Estimate:
+    m = Measured(tpot_s=tpot_s, ttft_s=ttft_s)
+    if tpot_s is not None:
+        bw = est.decode.weight_and_kv_bytes / tpot_s
+        m = replace(m, achieved_bandwidth_bytes_per_s=bw,
+                    mbu=mbu(est.decode.weight_and_kv_bytes, tpot_s,
+                            est.ceilings.bandwidth_bytes_per_s),
+                    mfu=mfu(est.decode.flops, tpot_s, est.peak_flops_per_s))
+    if ttft_s is not None:
+        m = replace(m, achieved_prefill_flops_per_s=est.prefill.flops / ttft_s,
+                    prefill_mfu=mfu(est.prefill.flops, ttft_s, est.peak_flops_per_s))
+    return replace(est, measured=m)

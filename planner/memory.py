@@ -1,0 +1,156 @@
+"""Device memory: weights, KV cache, peak activations, reserve; what fits and the largest batch.
+
+Everything is per GPU: under tensor parallelism linear layers, embeddings and lm_head are split
+across the ``tp`` ranks, norms and MoE routers are replicated, and so are the small MLA
+down-projections (as vLLM does).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from planner.ops import kv_elements_per_token_per_layer, param_breakdown
+from planner.specs import HardwareSpec, ModelSpec, Options, Precision
+
+# Checkpoint tensors that weight quantization covers (the decoder's linear layers).
+_QUANTIZED = {
+    "attention/q_proj", "attention/k_proj", "attention/v_proj", "attention/o_proj",
+    "attention/q_a_proj", "attention/q_b_proj", "attention/kv_a_proj", "attention/kv_b_proj",
+    "mlp/gate_up_proj", "mlp/up_proj", "mlp/down_proj",
+    "moe/routed_experts", "moe/shared_experts",
+}
+# Tensors every TP rank holds whole.
+_REPLICATED = {
+    "norms/layers", "norms/final", "attention/q_a_norm", "attention/kv_a_norm", "moe/router",
+    "attention/q_a_proj", "attention/kv_a_proj",
+}
+
+
+def weight_bytes_breakdown(m: ModelSpec, prec: Precision, *, tp: int = 1) -> dict[str, float]:
+    """Bytes per GPU of each checkpoint component (see ``param_breakdown`` for the keys)."""
+    out: dict[str, float] = {}
+    for key, n in param_breakdown(m).items():
+        per_param = prec.quantized_bytes_per_param if key in _QUANTIZED else prec.half_bytes
+        share = 1 if key in _REPLICATED else tp
+        out[key] = n * per_param / share
+    return out
+
+
+def weight_bytes(m: ModelSpec, prec: Precision, *, tp: int = 1) -> float:
+    return sum(weight_bytes_breakdown(m, prec, tp=tp).values())
+
+
+def kv_cache_bytes_per_token(m: ModelSpec, prec: Precision, *, tp: int = 1) -> float:
+    """KV bytes one token adds to one GPU's cache.
+
+    2 x layers x kv_heads x head_dim x bytes (K and V), or for MLA
+    layers x (kv_lora_rank + qk_rope_head_dim) x bytes. Llama-2-13B-like, 16-bit, 20 layers of
+    5120: 2 x 5120 x 20 x 2 = 409,600 bytes (the background notes' "400 kb").
+    """
+    return m.num_layers * kv_elements_per_token_per_layer(m, tp) * prec.kv_bytes
+
+
+def kv_cache_bytes(m: ModelSpec, prec: Precision, *, batch: int, seq_len: int,
+                   tp: int = 1) -> float:
+    return batch * seq_len * kv_cache_bytes_per_token(m, prec, tp=tp)
+
+
+def activation_bytes(m: ModelSpec, prec: Precision, *, batch: int, prompt_tokens: int,
+                     tp: int = 1, attention: str = "flash") -> float:
+    """Peak activation memory during the prefill of ``batch`` prompts, per GPU.
+
+    The live set of one layer at its widest point: the residual stream and its normalized copy
+    (2h per token) plus the larger of the attention stage (q, k, v and the attention output) and
+    the MLP stage (gate and up, and their product; for MoE, k routed copies of each token plus
+    the shared experts). Then the fp32 logits of the last token of each sequence. With naive
+    attention the [heads, P, P] score and probability matrices of one layer are live too, the
+    O(N^2) term FlashAttention removes.
+    """
+    ab = prec.activation_bytes
+    T = batch * prompt_tokens
+    heads = m.num_attention_heads / tp
+    kv_heads = max(m.num_kv_heads / tp, 1.0)
+    if m.mla is None:
+        attn_elems = (2 * heads + 2 * kv_heads) * m.head_dim_
+    else:
+        a = m.mla
+        attn_elems = (heads * (a.qk_nope_head_dim + a.qk_rope_head_dim) * 2
+                      + heads * a.v_head_dim + a.kv_lora_rank + a.qk_rope_head_dim)
+    up_n = 3 if m.mlp == "gated" else 2  # gate, up and their product (or up and act)
+    mlp_elems = 0.0
+    if m.num_dense_layers:
+        mlp_elems = up_n * m.intermediate_size / tp
+    if m.moe is not None:
+        e = m.moe
+        moe_elems = up_n * e.expert_intermediate_size / tp * (
+            e.experts_per_token + e.num_shared_experts)
+        mlp_elems = max(mlp_elems, moe_elems)
+    per_token = 2 * m.hidden_size + max(attn_elems, mlp_elems)
+    peak = T * per_token * ab + batch * m.vocab_size / tp * 4
+    if attention == "naive":
+        peak += 2 * batch * heads * prompt_tokens * prompt_tokens * ab
+    return peak
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    """Per-GPU memory of one deployment, in bytes."""
+
+    weights_bytes: float
+    kv_cache_bytes: float
+    activation_bytes: float
+    reserve_bytes: float
+    capacity_bytes: float
+    usable_bytes: float  # capacity x memory_utilization_frac
+    max_batch: int  # largest batch that fits at this context
+
+    @property
+    def total_bytes(self) -> float:
+        return self.weights_bytes + self.kv_cache_bytes + self.activation_bytes + self.reserve_bytes
+
+    @property
+    def fits(self) -> bool:
+        return self.total_bytes <= self.usable_bytes
+
+    @property
+    def used_frac(self) -> float:
+        return self.total_bytes / self.capacity_bytes
+
+
+def max_batch(m: ModelSpec, hw: HardwareSpec, prec: Precision, *, prompt_tokens: int,
+              output_tokens: int, tp: int = 1, options: Options | None = None) -> int:
+    """Largest batch whose weights, KV cache (prompt + output tokens per sequence), prefill
+    activations and reserve fit in the usable memory. Every term but the weights and the
+    reserve grows linearly with the batch, so the answer is a floor division."""
+    o = options or Options()
+    free = (hw.memory_bytes * o.memory_utilization_frac - weight_bytes(m, prec, tp=tp)
+            - o.reserve_bytes)
+    per_seq = (kv_cache_bytes(m, prec, batch=1, seq_len=prompt_tokens + output_tokens, tp=tp)
+               + activation_bytes(m, prec, batch=1, prompt_tokens=prompt_tokens, tp=tp,
+                                  attention=o.attention))
+    return max(0, math.floor(free / per_seq)) if free > 0 else 0
+
+
+def memory_plan(m: ModelSpec, hw: HardwareSpec, prec: Precision, *, batch: int,
+                prompt_tokens: int, output_tokens: int, tp: int = 1,
+                options: Options | None = None) -> MemoryPlan:
+    o = options or Options()
+    return MemoryPlan(
+        weights_bytes=weight_bytes(m, prec, tp=tp),
+        kv_cache_bytes=kv_cache_bytes(m, prec, batch=batch,
+                                      seq_len=prompt_tokens + output_tokens, tp=tp),
+        activation_bytes=activation_bytes(m, prec, batch=batch, prompt_tokens=prompt_tokens,
+                                          tp=tp, attention=o.attention),
+        reserve_bytes=o.reserve_bytes,
+        capacity_bytes=hw.memory_bytes,
+        usable_bytes=hw.memory_bytes * o.memory_utilization_frac,
+        max_batch=max_batch(m, hw, prec, prompt_tokens=prompt_tokens,
+                            output_tokens=output_tokens, tp=tp, options=o),
+    )
+
+
+__all__ = [
+    "MemoryPlan", "activation_bytes", "kv_cache_bytes", "kv_cache_bytes_per_token",
+    "max_batch", "memory_plan", "weight_bytes", "weight_bytes_breakdown",
+]

@@ -1,0 +1,331 @@
+"""Parameters and the operator list of one forward step, counted from the architecture.
+
+``param_breakdown`` counts every tensor of the checkpoint by component (in the manner of
+nanoGPT's transformer_sizing notebook) so that totals are sums of parts and can be checked against
+the officially reported count. ``step_ops`` lists the operators of one forward step over
+``new_tokens`` tokens per sequence (1 for a decode step, the prompt for prefill) with their
+FLOPs and the bytes each moves, per GPU under tensor parallelism.
+
+Conventions (all per GPU, per instance; ``Op.count`` says how many instances run per step):
+- A matmul of an [M, K] activation by a [K, N] weight costs 2*M*K*N FLOPs and reads the weight
+  once per step for the whole batch, plus its activation in and out.
+- Attention reads each sequence's own KV cache once (FlashAttention-style, no score matrix in
+  memory); ``attention="naive"`` also writes and reads the score and probability matrices.
+- Decode: one new token per sequence attends to ``past_tokens + 1`` keys. Prefill is causal:
+  token i of n attends to i + 1 keys, n(n+1)/2 in all.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from planner.errors import UsageError
+from planner.specs import DType, ModelSpec, Precision
+
+OpKind = Literal["matmul", "attention", "norm", "elementwise", "allreduce"]
+
+
+# --------------------------------------------------------------------------- parameters
+
+
+def _attention_params(m: ModelSpec) -> dict[str, int]:
+    h = m.hidden_size
+    if m.mla is not None:
+        a, nh = m.mla, m.num_attention_heads
+        qk_head = a.qk_nope_head_dim + a.qk_rope_head_dim
+        out: dict[str, int] = {}
+        if a.q_lora_rank:
+            out["q_a_proj"] = h * a.q_lora_rank
+            out["q_a_norm"] = a.q_lora_rank
+            out["q_b_proj"] = a.q_lora_rank * nh * qk_head
+        else:
+            out["q_proj"] = h * nh * qk_head
+        out["kv_a_proj"] = h * (a.kv_lora_rank + a.qk_rope_head_dim)
+        out["kv_a_norm"] = a.kv_lora_rank
+        out["kv_b_proj"] = a.kv_lora_rank * nh * (a.qk_nope_head_dim + a.v_head_dim)
+        out["o_proj"] = nh * a.v_head_dim * h
+        return out
+    out = {
+        "q_proj": h * m.q_dim,
+        "k_proj": h * m.kv_dim,
+        "v_proj": h * m.kv_dim,
+        "o_proj": m.q_dim * h,
+    }
+    if m.attention_bias:
+        out["qkv_bias"] = m.q_dim + 2 * m.kv_dim
+    if m.attention_out_bias:
+        out["o_bias"] = h
+    return out
+
+
+def _mlp_params(m: ModelSpec, inter: int) -> dict[str, int]:
+    h = m.hidden_size
+    if m.mlp == "gated":
+        out = {"gate_up_proj": 2 * h * inter, "down_proj": inter * h}
+        bias = 2 * inter + h
+    else:
+        out = {"up_proj": h * inter, "down_proj": inter * h}
+        bias = inter + h
+    if m.mlp_bias:
+        out["mlp_bias"] = bias
+    return out
+
+
+def _expert_params(m: ModelSpec) -> int:
+    """Parameters of one routed expert (a gated MLP of expert_intermediate_size)."""
+    assert m.moe is not None
+    return sum(_mlp_params(m, m.moe.expert_intermediate_size).values())
+
+
+def param_breakdown(m: ModelSpec) -> dict[str, int]:
+    """Every parameter of the checkpoint, by component; keys are 'component/tensor'."""
+    h = m.hidden_size
+    norm_params = h * (2 if m.norm == "layernorm" else 1)
+    out: dict[str, int] = {"embed/tokens": m.vocab_size * h}
+    if m.position_embedding == "learned":
+        out["embed/positions"] = m.max_position_embeddings * h
+    for k, v in _attention_params(m).items():
+        out[f"attention/{k}"] = v * m.num_layers
+    out["norms/layers"] = norm_params * m.norms_per_layer * m.num_layers
+    if m.num_dense_layers:
+        for k, v in _mlp_params(m, m.intermediate_size).items():
+            out[f"mlp/{k}"] = v * m.num_dense_layers
+    if m.moe is not None:
+        e, n_moe = m.moe, m.num_moe_layers
+        out["moe/router"] = (h * e.num_experts + (e.num_experts if e.router_bias else 0)) * n_moe
+        out["moe/routed_experts"] = e.num_experts * _expert_params(m) * n_moe
+        if e.num_shared_experts:
+            out["moe/shared_experts"] = e.num_shared_experts * _expert_params(m) * n_moe
+    out["norms/final"] = norm_params
+    if not m.tie_word_embeddings:
+        out["lm_head"] = m.vocab_size * h
+    return out
+
+
+def count_params(m: ModelSpec) -> int:
+    return sum(param_breakdown(m).values())
+
+
+def active_params(m: ModelSpec) -> int:
+    """Parameters one token touches: all but the routed experts it is not sent to."""
+    total = count_params(m)
+    if m.moe is None:
+        return total
+    idle = m.moe.num_experts - m.moe.experts_per_token
+    return total - idle * _expert_params(m) * m.num_moe_layers
+
+
+def flops_per_token_2n(m: ModelSpec) -> float:
+    """The 2 x N shortcut, without attention: N counts the active parameters a token multiplies
+    by, so the embedding lookup is out and a tied lm_head is in."""
+    bd = param_breakdown(m)
+    lookup = bd["embed/tokens"] + bd.get("embed/positions", 0)
+    tied_head = 0 if "lm_head" in bd else m.vocab_size * m.hidden_size
+    return 2.0 * (active_params(m) - lookup + tied_head)
+
+
+# --------------------------------------------------------------------------- operators
+
+
+@dataclass(frozen=True, slots=True)
+class Op:
+    """One operator instance, per GPU. Totals per step are the fields times ``count``."""
+
+    name: str
+    kind: OpKind
+    count: int
+    flops: float
+    weight_bytes: float = 0.0
+    kv_bytes: float = 0.0  # KV cache read (attention) or written (kv_write)
+    act_bytes: float = 0.0  # activations in and out
+    dtype: DType = DType.bf16  # type the arithmetic runs in
+    comm_bytes: float = 0.0  # all-reduce payload
+
+    @property
+    def bytes(self) -> float:
+        return self.weight_bytes + self.kv_bytes + self.act_bytes
+
+    @property
+    def intensity_flops_per_byte(self) -> float:
+        return self.flops / self.bytes if self.bytes else float("inf")
+
+
+def check_tp(m: ModelSpec, tp: int) -> None:
+    """Tensor parallelism splits heads: tp must divide the heads (and the KV heads, or be a
+    multiple of them, in which case KV heads are replicated)."""
+    if m.num_attention_heads % tp:
+        raise UsageError(f"--tp {tp} does not divide {m.name}'s {m.num_attention_heads} "
+                         "attention heads")
+    if m.mla is None and m.num_kv_heads % tp and tp % m.num_kv_heads:
+        raise UsageError(f"--tp {tp} neither divides nor is a multiple of {m.name}'s "
+                         f"{m.num_kv_heads} KV heads")
+
+
+def kv_heads_per_gpu(m: ModelSpec, tp: int) -> float:
+    """KV heads held by one GPU; when tp exceeds the KV heads each GPU holds one replica."""
+    return max(m.num_kv_heads / tp, 1.0)
+
+
+def kv_elements_per_token_per_layer(m: ModelSpec, tp: int = 1) -> float:
+    """Cached elements per token per layer on one GPU.
+
+    Standard attention: K and V, 2 x kv_heads x head_dim. MLA: the compressed latent plus the
+    shared rope key, kv_lora_rank + qk_rope_head_dim, replicated on every TP rank.
+    """
+    if m.mla is not None:
+        return m.mla.kv_lora_rank + m.mla.qk_rope_head_dim
+    return 2 * kv_heads_per_gpu(m, tp) * m.head_dim_
+
+
+def expected_distinct_experts(num_experts: int, top_k: int, tokens: float) -> float:
+    """Expected number of experts hit by ``tokens`` tokens each routed to ``top_k`` of them,
+    under uniform routing: E x (1 - (1 - k/E)^T). Their weights are what a step reads."""
+    return num_experts * (1.0 - (1.0 - top_k / num_experts) ** tokens)
+
+
+def step_ops(
+    m: ModelSpec,
+    prec: Precision,
+    *,
+    batch: int,
+    new_tokens: int,
+    past_tokens: int,
+    tp: int = 1,
+    attention: Literal["flash", "naive"] = "flash",
+) -> list[Op]:
+    """Operators of one forward step: ``batch`` sequences, each adding ``new_tokens`` tokens
+    after ``past_tokens`` cached ones. Decode: new_tokens=1; prefill: new_tokens=prompt."""
+    check_tp(m, tp)
+    h, L = m.hidden_size, m.num_layers
+    T = batch * new_tokens  # tokens processed this step
+    wb, hb = prec.quantized_bytes_per_param, prec.half_bytes
+    ab, kvb = prec.activation_bytes, prec.kv_bytes
+    cdt, hdt = prec.compute_dtype, prec.half_dtype
+    norm_w = h * (2 if m.norm == "layernorm" else 1) * hb
+    # keys attended per sequence, summed over its new tokens (causal within the new tokens)
+    keys = new_tokens * past_tokens + new_tokens * (new_tokens + 1) / 2
+    heads = m.num_attention_heads / tp
+
+    def matmul(name: str, count: int, k: int, n: float, *, bias: float = 0.0,
+               quantized: bool = True, tokens: float = T, weights: float | None = None) -> Op:
+        w_elems = k * n if weights is None else weights
+        return Op(name, "matmul", count, flops=2.0 * tokens * k * n,
+                  weight_bytes=w_elems * (wb if quantized else hb) + bias * hb,
+                  act_bytes=tokens * (k + n) * ab, dtype=cdt if quantized else hdt)
+
+    def norm(name: str, count: int) -> Op:
+        # read the residual and the branch output, write the sum and its normalized copy
+        return Op(name, "norm", count, flops=8.0 * T * h, weight_bytes=norm_w,
+                  act_bytes=4.0 * T * h * ab, dtype=hdt)
+
+    def allreduce(name: str, count: int, tokens: float = T) -> list[Op]:
+        if tp == 1:
+            return []
+        return [Op(name, "allreduce", count, flops=0.0, comm_bytes=tokens * h * ab, dtype=hdt)]
+
+    ops: list[Op] = [
+        Op("embed", "elementwise", 1, flops=0.0, act_bytes=2.0 * T * h * ab, dtype=hdt),
+        norm("attn_norm", L),
+    ]
+
+    # --- attention projections, KV append, attention
+    kv_layer = kv_elements_per_token_per_layer(m, tp) * kvb  # bytes per token per layer per GPU
+    if m.mla is None:
+        qkv_n = m.q_dim / tp + 2 * kv_heads_per_gpu(m, tp) * m.head_dim_
+        ops.append(matmul("qkv_proj", L, h, qkv_n, bias=qkv_n if m.attention_bias else 0.0))
+        qk_dim, v_dim = m.head_dim_, m.head_dim_
+        o_in = m.q_dim
+    else:
+        a = m.mla
+        qk_head = a.qk_nope_head_dim + a.qk_rope_head_dim
+        # the down-projections are small and replicated on every rank (as in vLLM)
+        q_down = a.q_lora_rank or 0
+        ops.append(matmul("mla_down_proj", L, h, q_down + a.kv_lora_rank + a.qk_rope_head_dim))
+        if a.q_lora_rank:
+            ops.append(matmul("mla_q_up_proj", L, a.q_lora_rank, heads * qk_head))
+        else:
+            ops.append(matmul("q_proj", L, h, heads * qk_head))
+        # kv_b_proj, absorbed into the query (nope part) and the output (v part): the same
+        # weights and 2 x T x params FLOPs whether absorbed (decode) or not (prefill)
+        ops.append(matmul("mla_kv_up_proj", L, a.kv_lora_rank,
+                          heads * (a.qk_nope_head_dim + a.v_head_dim)))
+        # absorbed attention works in the latent space: scores over kv_lora + rope dims,
+        # values are the latent itself
+        qk_dim, v_dim = a.kv_lora_rank + a.qk_rope_head_dim, a.kv_lora_rank
+        o_in = m.num_attention_heads * a.v_head_dim
+    ops.append(Op("rope_kv_write", "elementwise", L, flops=0.0,
+                  kv_bytes=T * kv_layer, act_bytes=2.0 * T * (m.q_dim / tp) * ab, dtype=hdt))
+    attn_flops = 2.0 * batch * heads * keys * (qk_dim + v_dim)
+    attn_kv = batch * (past_tokens + new_tokens) * kv_layer  # each sequence reads its cache once
+    attn_act = 2.0 * T * heads * (qk_dim + v_dim) * ab  # q in, out out
+    if attention == "naive":
+        # the [new, past+new] score matrix and its softmax, written and read once each
+        attn_act += 4.0 * batch * heads * new_tokens * (past_tokens + new_tokens) * ab
+    ops.append(Op("attention", "attention", L, flops=attn_flops, kv_bytes=attn_kv,
+                  act_bytes=attn_act, dtype=hdt))
+    ops.append(matmul("o_proj", L, o_in / tp, h, bias=h if m.attention_out_bias else 0.0))
+    ops += allreduce("allreduce_attn", L)
+    ops.append(norm("mlp_norm", L))
+
+    # --- MLP: dense layers, then MoE layers
+    gated = m.mlp == "gated"
+    up_n = 2 if gated else 1
+
+    def mlp(prefix: str, count: int, inter: float, tokens: float = T,
+            weight_tokens: float | None = None) -> list[Op]:
+        """A (gated) MLP of width ``inter`` per GPU applied to ``tokens`` tokens; its weights
+        are read ``weight_tokens``-independently once (or for several experts, see caller)."""
+        up = matmul(f"{prefix}{'gate_up' if gated else 'up'}_proj", count, h, up_n * inter,
+                    bias=up_n * inter if m.mlp_bias else 0.0, tokens=tokens)
+        act = Op(f"{prefix}act", "elementwise", count, flops=(4.0 if gated else 8.0) * tokens
+                 * inter, act_bytes=(up_n + 1) * tokens * inter * ab, dtype=hdt)
+        down = matmul(f"{prefix}down_proj", count, inter, h, bias=h if m.mlp_bias else 0.0,
+                      tokens=tokens)
+        return [up, act, down]
+
+    if m.num_dense_layers:
+        ops += mlp("mlp_", m.num_dense_layers, m.intermediate_size / tp)
+        ops += allreduce("allreduce_mlp", m.num_dense_layers)
+    if m.moe is not None:
+        e, n_moe = m.moe, m.num_moe_layers
+        ops.append(matmul("moe_router", n_moe, h, e.num_experts, quantized=False,
+                          bias=e.num_experts if e.router_bias else 0.0))
+        inter = e.expert_intermediate_size / tp
+        hit = expected_distinct_experts(e.num_experts, e.experts_per_token, T)
+        routed_tokens = T * e.experts_per_token
+        for op in mlp("experts_", n_moe, inter, tokens=routed_tokens):
+            if op.kind == "matmul":  # weights of every expert the batch reaches
+                op = Op(op.name, op.kind, op.count, op.flops, weight_bytes=op.weight_bytes * hit,
+                        act_bytes=op.act_bytes, dtype=op.dtype)
+            ops.append(op)
+        if e.num_shared_experts:
+            ops += mlp("shared_", n_moe, e.num_shared_experts * inter)
+        ops += allreduce("allreduce_moe", n_moe)
+
+    # --- head: logits only for the last token of each sequence
+    ops.append(Op("final_norm", "norm", 1, flops=8.0 * batch * h, weight_bytes=norm_w,
+                  act_bytes=2.0 * batch * h * ab, dtype=hdt))
+    lm = matmul("lm_head", 1, h, m.vocab_size / tp, quantized=False, tokens=batch)
+    # logits are written in fp32 for sampling
+    ops.append(Op(lm.name, lm.kind, 1, lm.flops, weight_bytes=lm.weight_bytes,
+                  act_bytes=batch * h * ab + batch * m.vocab_size / tp * 4, dtype=lm.dtype))
+    return ops
+
+
+def decode_ops(m: ModelSpec, prec: Precision, *, batch: int, context_tokens: int, tp: int = 1,
+               attention: Literal["flash", "naive"] = "flash") -> list[Op]:
+    """One decode step: each sequence appends its token to ``context_tokens - 1`` cached ones."""
+    return step_ops(m, prec, batch=batch, new_tokens=1, past_tokens=context_tokens - 1, tp=tp,
+                    attention=attention)
+
+
+def prefill_ops(m: ModelSpec, prec: Precision, *, batch: int, prompt_tokens: int, tp: int = 1,
+                attention: Literal["flash", "naive"] = "flash") -> list[Op]:
+    """The prefill of ``batch`` prompts of ``prompt_tokens`` each, in one causal pass."""
+    return step_ops(m, prec, batch=batch, new_tokens=prompt_tokens, past_tokens=0, tp=tp,
+                    attention=attention)
+
+
+def total_flops(ops: list[Op]) -> float:
+    return sum(o.flops * o.count for o in ops)

@@ -1,0 +1,131 @@
+"""Rich rendering of estimates and tables (edge: imported by the CLI only)."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.table import Table
+
+from planner import fmt
+from planner.estimate import Estimate
+from planner.roofline import StepTime
+
+
+def table(title: str | None, columns: list[str], rows: list[list], *,
+          left: int = 1) -> Table:
+    """A table whose first ``left`` columns are left-aligned and the rest (numbers) right."""
+    t = Table(title=title, title_justify="left", header_style="bold")
+    for i, c in enumerate(columns):
+        t.add_column(c, justify="left" if i < left else "right", no_wrap=i == 0)
+    for r in rows:
+        t.add_row(*[str(x) for x in r])
+    return t
+
+
+def _section(title: str, rows: list[tuple[str, str, str]]) -> Table:
+    t = Table(title=title, title_justify="left", show_header=False, box=None, pad_edge=False,
+              title_style="bold")
+    t.add_column("what", style="cyan", no_wrap=True)
+    t.add_column("value", justify="right", no_wrap=True)
+    t.add_column("note", style="dim")
+    for r in rows:
+        t.add_row(*r)
+    return t
+
+
+def render_estimate(console: Console, e: Estimate, *, explain: bool = False) -> None:
+    m, hw, p, w, mem = e.model, e.hardware, e.precision, e.workload, e.memory
+    gpus = f"{e.tp} x {hw.display_name}" if e.tp > 1 else hw.display_name
+    quant = (f", group {p.group_size}, {p.quantized_bytes_per_param:.4g} B/param incl. scales"
+             if p.weights.value in ("int8", "int4") else "")
+    console.print(f"[bold]{m.label}[/] on [bold]{gpus}[/]  weights {p.weights.value}{quant}, "
+                  f"KV {p.kv_cache.value}, compute {p.compute_dtype.value}; "
+                  f"batch {w.batch}, prompt {w.prompt_tokens}, output {w.output_tokens} tokens")
+    console.print(f"[dim]peaks: {e.ceilings.source}; time model: {e.options.time_model}; "
+                  f"attention: {e.options.attention}[/]")
+    per_gpu = " per GPU" if e.tp > 1 else ""
+    fits = "[green]yes[/]" if mem.fits else "[red]NO[/]"
+    console.print(_section(f"Memory{per_gpu}", [
+        ("weights", fmt.gib(mem.weights_bytes), f"{fmt.count(e.params)} params"),
+        ("KV cache", fmt.gib(mem.kv_cache_bytes),
+         f"{e.kv_cache_bytes_per_token / 1024:,.1f} KiB/token x {w.batch} x "
+         f"{w.context_tokens} tokens"),
+        ("activations (peak)", fmt.gib(mem.activation_bytes), f"prefill, {e.options.attention}"),
+        ("reserve", fmt.gib(mem.reserve_bytes), "CUDA context, workspaces"),
+        ("total", fmt.gib(mem.total_bytes),
+         f"{fmt.pct(mem.used_frac)} of {fmt.gib(mem.capacity_bytes)}"),
+        ("usable", fmt.gib(mem.usable_bytes),
+         f"{fmt.pct(e.options.memory_utilization_frac)} of capacity"),
+        ("fits", fits, ""),
+    ]))
+    console.print(_section("Compute", [
+        ("params", fmt.count(e.params),
+         f"official {fmt.count(m.official_params)}" if m.official_params else ""),
+        ("active params", fmt.count(e.active_params), "per token" if m.moe else ""),
+        ("FLOPs / decoded token", fmt.si(e.decode_flops_per_token, "FLOP"),
+         f"2N = {fmt.si(e.flops_per_token_2n, 'FLOP')} + attention"),
+        ("prefill FLOPs", fmt.si(e.prefill_flops, "FLOP"), f"{w.batch} x {w.prompt_tokens} tokens"),
+    ]))
+    console.print(_section("Roofline", [
+        ("peak compute", fmt.si(e.peak_flops_per_s, "FLOP/s"), p.compute_dtype.value),
+        ("peak bandwidth", fmt.si(e.ceilings.bandwidth_bytes_per_s, "B/s"), ""),
+        ("ridge point", f"{e.ridge_flops_per_byte:,.0f} FLOP/B", ""),
+        ("decode bound", e.bound, f"at batch {w.batch}"),
+        ("optimal batch", f"{e.optimal_batch:,.0f}", "peak x bytes/param / (2 x bandwidth)"),
+        ("usable optimum", f"{e.usable_optimal_batch:,}", "capped by memory"),
+        ("max batch that fits", f"{mem.max_batch:,}", f"at {w.context_tokens} tokens"),
+    ]))
+    console.print(_section("Timing", [
+        ("TTFT", fmt.seconds(e.ttft_s), "prefill of the batch"),
+        ("TPOT", fmt.seconds(e.tpot_s), f"decode step at {e.decode_context_tokens:,.0f} tokens"),
+        ("latency", fmt.seconds(e.latency_s), "TTFT + TPOT x (output - 1)"),
+        ("decode throughput", f"{e.throughput_tokens_per_s:,.0f} tok/s", "batch / TPOT"),
+        ("end-to-end throughput", f"{e.e2e_throughput_tokens_per_s:,.0f} tok/s",
+         "batch x output / latency"),
+    ] + ([("TP communication", fmt.seconds(e.decode.comm_s), "per decode step")]
+         if e.tp > 1 else [])))
+    util = [
+        ("MBU", fmt.pct(e.mbu), "weights + KV read per step / TPOT / bandwidth"),
+        ("MFU (decode)", fmt.pct(e.mfu), ""),
+        ("MFU (prefill)", fmt.pct(e.prefill_mfu), ""),
+    ]
+    if e.measured is not None:
+        mm = e.measured
+        if mm.tpot_s is not None:
+            util += [("measured TPOT", fmt.seconds(mm.tpot_s), ""),
+                     ("achieved bandwidth", fmt.si(mm.achieved_bandwidth_bytes_per_s, "B/s"), ""),
+                     ("measured MBU", fmt.pct(mm.mbu), ""),
+                     ("measured MFU", fmt.pct(mm.mfu), "")]
+        if mm.ttft_s is not None:
+            util += [("measured TTFT", fmt.seconds(mm.ttft_s), ""),
+                     ("achieved prefill", fmt.si(mm.achieved_prefill_flops_per_s, "FLOP/s"), ""),
+                     ("measured prefill MFU", fmt.pct(mm.prefill_mfu), "")]
+    console.print(_section("Utilisation", util))
+    cost = e.cost_usd_per_million_output_tokens
+    console.print(_section("Cost", [
+        ("price", fmt.usd(e.price_usd_per_gpu_hour) + "/GPU-h" if e.price_usd_per_gpu_hour
+         else "n/a", e.price_source or "no price in hardware_db: pass --price-per-hour"),
+        ("per 1M output tokens", fmt.usd(cost), "end-to-end throughput" if cost else ""),
+    ]))
+    for n in e.notes:
+        console.print(f"[yellow]note:[/] {n}")
+    if explain:
+        console.print(operator_table("Decode step operators", e.decode))
+        console.print(operator_table("Prefill operators", e.prefill))
+
+
+def operator_table(title: str, step: StepTime) -> Table:
+    t = table(title, ["operator", "x", "dtype", "FLOPs", "bytes", "FLOP/B", "time", "share",
+                      "bound"], [], left=1)
+    total = step.time_s
+    for ot in step.ops:
+        op = ot.op
+        inten = op.intensity_flops_per_byte
+        t.add_row(op.name, str(op.count), op.dtype.value, fmt.si(op.flops * op.count, "FLOP"),
+                  fmt.si(op.bytes * op.count, "B") if op.kind != "allreduce"
+                  else fmt.si(op.comm_bytes * op.count, "B"),
+                  "-" if op.kind == "allreduce" else f"{inten:,.1f}",
+                  fmt.seconds(ot.time_s), fmt.pct(ot.time_s / total), ot.bound)
+    t.add_row("total", "", "", fmt.si(step.flops, "FLOP"), fmt.si(step.bytes, "B"),
+              f"{step.flops / step.bytes:,.1f}", fmt.seconds(total), "100%", step.bound,
+              style="bold")
+    return t

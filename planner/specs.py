@@ -1,0 +1,329 @@
+"""Frozen pydantic specs: the model, the hardware, the precision and the workload.
+
+YAML keys carry the vendor's unit where the key says so (``memory_bandwidth_gb_per_s``,
+``peak_tflops``); the properties here convert to SI base units (bytes, FLOP/s, bytes/s) in one
+place, so the rest of the core only ever sees base units.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from planner.errors import UsageError
+
+GIB = 1024**3
+GB = 1e9
+TERA = 1e12
+
+
+class DType(str, Enum):
+    """Element types for weights, KV cache and arithmetic."""
+
+    fp32 = "fp32"
+    bf16 = "bf16"
+    fp16 = "fp16"
+    fp8 = "fp8"
+    int8 = "int8"
+    int4 = "int4"
+
+
+BITS_PER_ELEMENT: dict[DType, int] = {
+    DType.fp32: 32,
+    DType.bf16: 16,
+    DType.fp16: 16,
+    DType.fp8: 8,
+    DType.int8: 8,
+    DType.int4: 4,
+}
+
+WEIGHT_DTYPES = (DType.bf16, DType.fp16, DType.fp8, DType.int8, DType.int4)
+KV_DTYPES = (DType.bf16, DType.fp16, DType.fp8, DType.int8)
+
+
+def dtype_bytes(dtype: DType) -> float:
+    """Bytes per element (0.5 for int4)."""
+    return BITS_PER_ELEMENT[dtype] / 8
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+# --------------------------------------------------------------------------- precision
+
+
+class Precision(_Frozen):
+    """How weights and KV cache are stored and in which type the matmuls run.
+
+    int8 / int4 weights are weight-only quantized with one scale per ``group_size`` weights
+    (GPTQ / AWQ style, fp16 scales of ``scale_bytes`` each), so their matmuls still run in
+    16-bit: the weights are dequantized on the fly. fp8 weights run fp8 matmuls (W8A8, per-tensor
+    scales, negligible bytes). Quantization covers the decoder's linear layers; embeddings,
+    lm_head, norms, biases and MoE routers stay in the 16-bit type, as in common checkpoints.
+    """
+
+    weights: DType = DType.bf16
+    kv_cache: DType = DType.bf16
+    compute: DType | None = None  # None: derived from the weights (see compute_dtype)
+    group_size: int = Field(128, gt=0)
+    scale_bytes: int = Field(2, gt=0)
+
+    @model_validator(mode="after")
+    def _check(self) -> Precision:
+        if self.weights not in WEIGHT_DTYPES:
+            raise ValueError(f"weights precision {self.weights.value} is not one of "
+                             f"{', '.join(d.value for d in WEIGHT_DTYPES)}")
+        if self.kv_cache not in KV_DTYPES:
+            raise ValueError(f"KV-cache precision {self.kv_cache.value} is not one of "
+                             f"{', '.join(d.value for d in KV_DTYPES)}")
+        return self
+
+    @property
+    def half_dtype(self) -> DType:
+        """The 16-bit type of everything that is not quantized (fp16 if asked, else bf16)."""
+        return DType.fp16 if DType.fp16 in (self.weights, self.compute) else DType.bf16
+
+    @property
+    def compute_dtype(self) -> DType:
+        """Type of the decoder matmuls: fp8 for fp8 weights, 16-bit for weight-only int8/int4."""
+        if self.compute is not None:
+            return self.compute
+        if self.weights == DType.fp8:
+            return DType.fp8
+        return self.half_dtype
+
+    @property
+    def quantized_bytes_per_param(self) -> float:
+        """Bytes per quantized weight including its share of the group scale.
+
+        int4, group 128, fp16 scales: 0.5 + 2 / 128 = 0.515625 bytes per parameter.
+        """
+        b = dtype_bytes(self.weights)
+        if self.weights in (DType.int8, DType.int4):
+            b += self.scale_bytes / self.group_size
+        return b
+
+    @property
+    def half_bytes(self) -> float:
+        return dtype_bytes(self.half_dtype)
+
+    @property
+    def kv_bytes(self) -> float:
+        return dtype_bytes(self.kv_cache)
+
+    @property
+    def activation_bytes(self) -> float:
+        """Activations stay in the 16-bit type."""
+        return dtype_bytes(self.half_dtype)
+
+
+# --------------------------------------------------------------------------- model
+
+
+class MoESpec(_Frozen):
+    """Mixture of experts: routed experts (top-k per token) plus optional shared experts."""
+
+    num_experts: int = Field(gt=0)
+    experts_per_token: int = Field(gt=0)
+    expert_intermediate_size: int = Field(gt=0)
+    num_shared_experts: int = Field(0, ge=0)
+    # First layers that keep a dense MLP (DeepSeek-V3: first_k_dense_replace = 3).
+    first_dense_layers: int = Field(0, ge=0)
+    router_bias: bool = False  # DeepSeek-V3's e_score_correction_bias
+
+    @model_validator(mode="after")
+    def _check(self) -> MoESpec:
+        if self.experts_per_token > self.num_experts:
+            raise ValueError("experts_per_token exceeds num_experts")
+        return self
+
+
+class MLASpec(_Frozen):
+    """Multi-head latent attention (DeepSeek-V2/V3): low-rank Q and a compressed KV cache."""
+
+    q_lora_rank: int | None = Field(None, gt=0)  # None: plain q_proj
+    kv_lora_rank: int = Field(gt=0)
+    qk_nope_head_dim: int = Field(gt=0)
+    qk_rope_head_dim: int = Field(gt=0)
+    v_head_dim: int = Field(gt=0)
+
+
+class ModelSpec(_Frozen):
+    """A decoder-only transformer, described by the fields of its official config."""
+
+    name: str
+    display_name: str | None = None
+    architecture: str  # HF model_type: llama, mistral, mixtral, qwen2, gemma2, phi3, gpt2, ...
+    source: str = Field(min_length=1)  # URL of the official config
+    vocab_size: int = Field(gt=0)
+    hidden_size: int = Field(gt=0)
+    num_layers: int = Field(gt=0)
+    num_attention_heads: int = Field(gt=0)
+    num_kv_heads: int = Field(gt=0)
+    head_dim: int | None = Field(None, gt=0)  # None: hidden_size / num_attention_heads
+    intermediate_size: int = Field(gt=0)  # dense MLP width
+    max_position_embeddings: int = Field(gt=0)
+    tie_word_embeddings: bool = False
+    mlp: Literal["gated", "plain"] = "gated"  # gated: SwiGLU/GeGLU, 3 matrices; plain: 2
+    norm: Literal["rmsnorm", "layernorm"] = "rmsnorm"  # layernorm carries a bias too
+    norms_per_layer: int = Field(2, gt=0)  # Gemma-2 has 4 (pre/post attention and MLP)
+    position_embedding: Literal["rope", "learned"] = "rope"
+    attention_bias: bool = False  # bias on q, k, v (Qwen2) ...
+    attention_out_bias: bool = False  # ... and on o_proj (GPT-2)
+    mlp_bias: bool = False
+    moe: MoESpec | None = None
+    mla: MLASpec | None = None
+    # The officially reported counts (None for a bare config.json, which states none).
+    official_params: int | None = Field(None, gt=0)
+    official_active_params: int | None = Field(None, gt=0)
+    official_params_source: str | None = None
+
+    @model_validator(mode="after")
+    def _check(self) -> ModelSpec:
+        if self.num_attention_heads % self.num_kv_heads:
+            raise ValueError(f"num_attention_heads ({self.num_attention_heads}) is not a "
+                             f"multiple of num_kv_heads ({self.num_kv_heads})")
+        if self.head_dim is None and self.hidden_size % self.num_attention_heads:
+            raise ValueError("hidden_size is not a multiple of num_attention_heads; set head_dim")
+        if self.moe and self.moe.first_dense_layers > self.num_layers:
+            raise ValueError("moe.first_dense_layers exceeds num_layers")
+        return self
+
+    @property
+    def head_dim_(self) -> int:
+        return self.head_dim or self.hidden_size // self.num_attention_heads
+
+    @property
+    def q_dim(self) -> int:
+        return self.num_attention_heads * self.head_dim_
+
+    @property
+    def kv_dim(self) -> int:
+        return self.num_kv_heads * self.head_dim_
+
+    @property
+    def num_moe_layers(self) -> int:
+        return 0 if self.moe is None else self.num_layers - self.moe.first_dense_layers
+
+    @property
+    def num_dense_layers(self) -> int:
+        return self.num_layers - self.num_moe_layers
+
+    @property
+    def label(self) -> str:
+        return self.display_name or self.name
+
+
+# --------------------------------------------------------------------------- hardware
+
+
+class Interconnect(_Frozen):
+    """GPU-to-GPU link. The datasheet's figure is usually the bidirectional total per GPU."""
+
+    kind: str
+    bandwidth_gb_per_s: float = Field(gt=0)
+    bidirectional: bool = True  # True: the figure counts both directions
+
+    @property
+    def unidirectional_bytes_per_s(self) -> float:
+        return self.bandwidth_gb_per_s * GB / (2 if self.bidirectional else 1)
+
+
+class Price(_Frozen):
+    usd_per_gpu_hour: float = Field(gt=0)
+    source: str = Field(min_length=1)
+    date: str = Field(min_length=1)
+    note: str | None = None
+
+
+class HardwareSpec(_Frozen):
+    """One accelerator, as its datasheet describes it. Peak rates are dense (no sparsity)."""
+
+    name: str
+    display_name: str
+    vendor: str
+    source: str = Field(min_length=1)  # datasheet URL
+    memory_gib: float = Field(gt=0)
+    memory_bandwidth_gb_per_s: float = Field(gt=0)
+    peak_tflops: dict[DType, float]  # dense tensor-core TFLOP/s (TOPS for int8) per type
+    interconnect: Interconnect
+    tdp_w: float | None = Field(None, gt=0)  # None where no datasheet gives it
+    price: Price | None = None
+    notes: str | None = None
+
+    @model_validator(mode="after")
+    def _check(self) -> HardwareSpec:
+        if not self.peak_tflops:
+            raise ValueError("peak_tflops lists no precision")
+        for dt, v in self.peak_tflops.items():
+            if v <= 0:
+                raise ValueError(f"peak_tflops.{dt.value} must be positive, got {v}")
+        return self
+
+    @property
+    def memory_bytes(self) -> float:
+        return self.memory_gib * GIB
+
+    @property
+    def memory_bandwidth_bytes_per_s(self) -> float:
+        return self.memory_bandwidth_gb_per_s * GB
+
+    def peak_flops_per_s(self, dtype: DType) -> float:
+        """Dense peak for matmuls in ``dtype``; an error names what the datasheet has."""
+        if dtype not in self.peak_tflops:
+            have = ", ".join(d.value for d in self.peak_tflops)
+            raise UsageError(f"{self.name} has no {dtype.value} tensor-core rate "
+                             f"(its datasheet lists: {have}); choose another precision")
+        return self.peak_tflops[dtype] * TERA
+
+
+# --------------------------------------------------------------------------- calibration
+
+
+class Calibration(_Frozen):
+    """Measured ceilings of one device (written by ``llmplan measure --calibrate``)."""
+
+    device: str
+    memory_bandwidth_gb_per_s: float = Field(gt=0)
+    matmul_tflops: dict[DType, float] = Field(default_factory=dict)
+    kernel_overhead_us: float = Field(0.0, ge=0)
+    created: str | None = None
+    harness_version: str | None = None
+    details: dict = Field(default_factory=dict)
+
+
+# --------------------------------------------------------------------------- workload
+
+
+class Workload(_Frozen):
+    """A static batch: ``batch`` sequences of ``prompt_tokens`` in, ``output_tokens`` out."""
+
+    batch: int = Field(1, gt=0)
+    prompt_tokens: int = Field(512, gt=0)
+    output_tokens: int = Field(128, gt=0)
+
+    @property
+    def context_tokens(self) -> int:
+        return self.prompt_tokens + self.output_tokens
+
+
+class Parallelism(_Frozen):
+    tp: int = Field(1, gt=0)
+
+
+class Options(_Frozen):
+    """Knobs of the performance model, each with a documented default."""
+
+    time_model: Literal["roofline", "additive"] = "roofline"
+    attention: Literal["flash", "naive"] = "flash"
+    kernel_overhead_s: float = Field(0.0, ge=0)
+    # CUDA context, cuBLAS/NCCL workspaces and allocator slack (a 1 GiB default: a CUDA
+    # context alone takes 300-500 MiB on recent drivers).
+    reserve_bytes: float = Field(1 * GIB, ge=0)
+    # Fraction of device memory the engine may use (vLLM's gpu_memory_utilization default).
+    memory_utilization_frac: float = Field(0.9, gt=0, le=1)
+    # Fixed cost of one all-reduce call (NCCL small-message latency over NVLink is a few us).
+    allreduce_latency_s: float = Field(5e-6, ge=0)

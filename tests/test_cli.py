@@ -1,0 +1,166 @@
+"""The CLI through its entry point: exit codes, parsed JSON, one-line errors."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from planner.catalog import model_from_hf_config
+from planner.ops import count_params
+
+HF = Path(__file__).parent / "fixtures" / "hf"
+ISSUE_EXAMPLE = ["estimate", "--model", "llama-3.1-8b", "--gpu", "h100-sxm", "--batch", "16",
+                 "--prompt-tokens", "2048", "--output-tokens", "256"]
+CONTRACT_KEYS = {"params", "active_params", "weights_bytes", "kv_cache_bytes_per_token",
+                 "kv_cache_bytes", "activation_bytes", "total_memory_bytes", "fits",
+                 "decode_flops_per_token", "prefill_flops", "ridge_flops_per_byte",
+                 "optimal_batch", "max_batch", "ttft_s", "tpot_s", "latency_s",
+                 "throughput_tokens_per_s", "mbu", "mfu", "bound"}
+
+
+def test_estimate_report_sections(run_cli):
+    code, out, err = run_cli(*ISSUE_EXAMPLE)
+    assert code == 0, err
+    for word in ("Memory", "weights", "KV cache", "activations", "reserve", "fits", "Compute",
+                 "Roofline", "ridge point", "optimal batch", "usable optimum", "TTFT", "TPOT",
+                 "latency", "MBU", "MFU", "per 1M output tokens"):
+        assert word in out, word
+
+
+def test_estimate_json_contract(run_json):
+    d = run_json(*ISSUE_EXAMPLE)
+    assert CONTRACT_KEYS <= d.keys()
+    assert d["bound"] in ("memory", "compute")
+    assert d["params"] == 8_030_261_248
+    assert d["kv_cache_bytes"] == 16 * 2304 * 131_072
+    assert d["latency_s"] == pytest.approx(d["ttft_s"] + 255 * d["tpot_s"])
+    assert {op["name"] for op in d["operators"]["decode"]} >= {"qkv_proj", "attention",
+                                                                "lm_head"}
+
+
+def test_json_is_the_only_stdout(run_cli):
+    code, out, _ = run_cli(*ISSUE_EXAMPLE, "--json")
+    assert code == 0
+    json.loads(out)  # nothing else on stdout
+
+
+def test_explain_shows_operator_table(run_cli):
+    code, out, _ = run_cli(*ISSUE_EXAMPLE, "--explain")
+    assert code == 0
+    assert "Decode step operators" in out and "mlp_gate_up_proj" in out and "FLOP/B" in out
+
+
+def test_measured_tpot(run_json):
+    d = run_json("estimate", "-m", "llama-2-7b", "-g", "a100-sxm-80gb", "--measured-tpot",
+                 "0.014")
+    assert 0 < d["measured"]["mbu"] < 1
+    assert d["measured"]["achieved_bandwidth_bytes_per_s"] == pytest.approx(
+        d["measured"]["mbu"] * 2.039e12)
+
+
+def test_models_and_gpus_lists(run_json):
+    names = {m["name"] for m in run_json("models")}
+    assert {"llama-3.1-8b", "deepseek-v3", "gpt2"} <= names
+    g = {x["name"]: x for x in run_json("gpus")}
+    assert g["h100-sxm"]["peak_tflops"]["bf16"] == 989.4
+
+
+def test_yaml_paths_work(run_json, tmp_path):
+    from planner.catalog import db_dir
+    mp, gp = tmp_path / "m.yaml", tmp_path / "g.yaml"
+    mp.write_text((db_dir("models_db") / "llama-3.1-8b.yaml").read_text())
+    gp.write_text((db_dir("hardware_db") / "h100-sxm.yaml").read_text())
+    d = run_json("estimate", "--model", str(mp), "--gpu", str(gp))
+    assert d["params"] == 8_030_261_248
+
+
+@pytest.mark.parametrize("fixture,db_name", [
+    ("llama-3.1-8b", "llama-3.1-8b"), ("mixtral-8x7b", "mixtral-8x7b"),
+    ("deepseek-v3", "deepseek-v3"), ("gpt2", "gpt2"), ("gemma-2-9b", "gemma-2-9b"),
+    ("qwen2.5-7b", "qwen2.5-7b"), ("phi-3-mini", "phi-3-mini"), ("mistral-7b", "mistral-7b"),
+])
+def test_hf_config_matches_database(model, fixture, db_name):
+    path = HF / f"{fixture}.json"
+    m = model_from_hf_config(json.loads(path.read_text()), str(path))
+    assert count_params(m) == count_params(model(db_name))
+
+
+def test_hf_config_through_cli(run_json):
+    d = run_json("estimate", "--model", str(HF / "deepseek-v3.json"), "--gpu", "h200",
+                 "--tp", "8", "--weights", "fp8")
+    assert d["kv_cache_bytes_per_token"] == 61 * 576 * 2
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--model", "llama-3-8b", "--gpu", "h100-sxm"], "did you mean llama-3.1-8b"),
+    (["--model", "llama-3.1-8b", "--gpu", "h101"], "unknown GPU 'h101'"),
+    (["--model", "llama-3.1-8b", "--gpu", "h100-sxm", "--batch", "-1"], "--batch"),
+    (["--model", "llama-3.1-8b", "--gpu", "h100-sxm", "--batch", "0"], "--batch"),
+    (["--model", "llama-3.1-8b", "--gpu", "h100-sxm", "--weights", "fp7"], "'fp7' is not one"),
+    (["--model", "llama-3.1-8b", "--gpu", "h100-sxm", "--kv-cache", "int4"], "--kv-cache"),
+    (["--model", "llama-3.1-8b", "--gpu", "t4"], "t4 has no bf16"),
+    (["--model", "llama-3.1-70b", "--gpu", "h100-sxm", "--tp", "3"], "--tp 3 does not divide"),
+    (["--model", str(HF / "unsupported.json"), "--gpu", "h100-sxm"],
+     "model_type: 'mamba' is not supported; supported: llama"),
+    (["--model", "/nonexistent/model.yaml", "--gpu", "h100-sxm"], "no such file"),
+])
+def test_bad_input_one_line_exit_2(run_cli, args, needle):
+    code, out, err = run_cli("estimate", *args)
+    assert code == 2
+    assert needle in err
+    assert len(err.strip().splitlines()) == 1
+    assert "Traceback" not in err and out == ""
+
+
+def test_malformed_yaml_names_file_and_line(run_cli, tmp_path):
+    p = tmp_path / "bad.yaml"
+    p.write_text("name: x\nvocab_size: [1\n")
+    code, _, err = run_cli("estimate", "--model", str(p), "--gpu", "h100-sxm")
+    assert code == 2 and str(p) in err and "line 3" in err and "malformed YAML" in err
+
+
+def test_misspelled_and_negative_fields_name_the_field(run_cli, tmp_path):
+    from planner.catalog import db_dir
+    src = (db_dir("models_db") / "llama-3.1-8b.yaml").read_text()
+    p = tmp_path / "typo.yaml"
+    p.write_text(src.replace("num_layers:", "num_layer:"))
+    code, _, err = run_cli("estimate", "--model", str(p), "--gpu", "h100-sxm")
+    assert code == 2 and "num_layer: unknown key" in err and "num_layers: missing" in err
+    g = tmp_path / "neg.yaml"
+    g.write_text((db_dir("hardware_db") / "h100-sxm.yaml").read_text()
+                 .replace("memory_gib: 80", "memory_gib: -80"))
+    code, _, err = run_cli("estimate", "--model", "gpt2", "--gpu", str(g))
+    assert code == 2 and "memory_gib" in err and "greater than 0" in err
+
+
+def test_require_fit_exit_1(run_cli):
+    code, _, err = run_cli("estimate", "-m", "llama-3.1-70b", "-g", "h100-sxm", "--require-fit")
+    assert code == 1 and "does not fit" in err
+    code, _, _ = run_cli("estimate", "-m", "llama-3.1-70b", "-g", "h100-sxm", "--tp", "4",
+                         "--require-fit")
+    assert code == 0
+
+
+def test_console_script_runs_without_heavy_imports():
+    # `llmplan estimate` must not import torch, pandas or matplotlib (cold start)
+    code = ("import sys; from planner.cli import main; rc = main(['estimate', '-m', 'gpt2', "
+            "'-g', 'h100-sxm', '--json']); heavy = [m for m in ('torch', 'pandas', "
+            "'matplotlib', 'numpy') if m in sys.modules]; sys.stderr.write(repr(heavy)); "
+            "sys.exit(rc)")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert r.returncode == 0
+    assert r.stderr.strip() == "[]"
+
+
+def test_core_is_pure():
+    # the analytic core imports no I/O, rendering or ML library
+    code = ("import sys; import planner.estimate, planner.memory, planner.roofline, "
+            "planner.ops, planner.specs; bad = [m for m in ('torch', 'yaml', 'rich', 'typer', "
+            "'pandas', 'matplotlib', 'numpy') if m in sys.modules]; print(bad)")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "[]"
