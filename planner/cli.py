@@ -1,23 +1,49 @@
 """The ``llmplan`` command line: parse, call the library, render (rich) or dump (--json).
 
 Exit codes: 0 success; 1 a check failed; 2 bad input or usage; 3 a requested device is absent.
-Every user error is one line on stderr, never a traceback.
+Every user error is one line on stderr, never a traceback. Commands live beside this module
+(cli_sweep, ...) and are registered here.
 """
 
 from __future__ import annotations
 
-import json
 import sys
-from enum import Enum
 from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
-from rich.console import Console
 
 from planner import __version__
+from planner.cli_common import (
+    _W,
+    DEFAULT_RESERVE_GIB,
+    DEFAULT_UTIL,
+    Attention,
+    AttentionOpt,
+    BatchOpt,
+    GpuOpt,
+    JsonOpt,
+    KVOption,
+    ModelOpt,
+    OutputOpt,
+    OverheadOpt,
+    PromptOpt,
+    ReserveOpt,
+    TimeModel,
+    TimeModelOpt,
+    TpOpt,
+    UtilOpt,
+    WeightsOpt,
+    WeightsOption,
+    json_out,
+    options_from,
+    positive,
+    precision_from,
+    stderr,
+    stdout,
+)
 from planner.errors import LlmplanError
-from planner.specs import GIB, DType, Options, Workload
+from planner.specs import GIB, Workload
 
 app = typer.Typer(
     name="llmplan",
@@ -27,65 +53,6 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     rich_markup_mode=None,
 )
-
-stdout = Console()
-stderr = Console(stderr=True)
-
-
-class WeightsOpt(str, Enum):
-    bf16 = "bf16"
-    fp16 = "fp16"
-    fp8 = "fp8"
-    int8 = "int8"
-    int4 = "int4"
-
-
-class KVOpt(str, Enum):
-    bf16 = "bf16"
-    fp16 = "fp16"
-    fp8 = "fp8"
-    int8 = "int8"
-
-
-class TimeModel(str, Enum):
-    roofline = "roofline"
-    additive = "additive"
-
-
-class Attention(str, Enum):
-    flash = "flash"
-    naive = "naive"
-
-
-# Defaults are declared once, in the specs.
-_W = Workload.model_fields
-_O = Options.model_fields
-
-ModelOpt = Annotated[str, typer.Option(
-    "--model", "-m", help="Built-in model name, a YAML file or an HF config.json.")]
-GpuOpt = Annotated[str, typer.Option("--gpu", "-g", help="Built-in GPU name or a YAML file.")]
-TpOpt = Annotated[int, typer.Option("--tp", help="Tensor-parallel GPUs.")]
-WeightsOption = Annotated[WeightsOpt, typer.Option("--weights", help="Weight precision.")]
-KVOption = Annotated[Optional[KVOpt], typer.Option(
-    "--kv-cache", help="KV-cache precision (default: the 16-bit type of the weights).")]
-BatchOpt = Annotated[int, typer.Option("--batch", "-b", help="Concurrent sequences.")]
-PromptOpt = Annotated[int, typer.Option("--prompt-tokens", "-p",
-                                        help="Prompt tokens per sequence.")]
-OutputOpt = Annotated[int, typer.Option("--output-tokens", "-o",
-                                        help="Output tokens per sequence.")]
-JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object, nothing else.")]
-
-
-def _positive(name: str, value: float | None, *, allow_zero: bool = False) -> None:
-    if value is None:
-        return
-    if value < 0 or (value == 0 and not allow_zero):
-        raise LlmplanError(f"{name}: must be {'non-negative' if allow_zero else 'positive'}, "
-                           f"got {value:g}")
-
-
-def _json_out(obj: object) -> None:
-    sys.stdout.write(json.dumps(obj, indent=2, default=str) + "\n")
 
 
 @app.command()
@@ -99,18 +66,11 @@ def estimate(
     prompt_tokens: PromptOpt = _W["prompt_tokens"].default,
     output_tokens: OutputOpt = _W["output_tokens"].default,
     group_size: Annotated[int, typer.Option(help="Weights per scale for int8/int4.")] = 128,
-    time_model: Annotated[TimeModel, typer.Option(
-        help="roofline: max(compute, memory) per operator; additive: their sum.")
-    ] = TimeModel.roofline,
-    attention: Annotated[Attention, typer.Option(
-        help="flash: O(N) attention memory; naive: materialize the O(N^2) scores.")
-    ] = Attention.flash,
-    kernel_overhead_us: Annotated[float, typer.Option(help="Fixed cost per kernel.")] = 0.0,
-    reserve_gib: Annotated[float, typer.Option(
-        help="Runtime reserve: CUDA context, workspaces.")] = _O["reserve_bytes"].default / GIB,
-    memory_utilization: Annotated[float, typer.Option(
-        help="Fraction of device memory usable (like vLLM's gpu_memory_utilization).")
-    ] = _O["memory_utilization_frac"].default,
+    time_model: TimeModelOpt = TimeModel.roofline,
+    attention: AttentionOpt = Attention.flash,
+    kernel_overhead_us: OverheadOpt = 0.0,
+    reserve_gib: ReserveOpt = DEFAULT_RESERVE_GIB,
+    memory_utilization: UtilOpt = DEFAULT_UTIL,
     calibration: Annotated[Optional[Path], typer.Option(
         help="Measured ceilings from `llmplan measure --calibrate`.")] = None,
     price_per_hour: Annotated[Optional[float], typer.Option(
@@ -129,29 +89,19 @@ def estimate(
     from planner import catalog
     from planner.estimate import estimate as run_estimate
     from planner.render import render_estimate
-    from planner.specs import Parallelism, Precision
+    from planner.specs import Parallelism
 
     for name, v in (("--batch", batch), ("--prompt-tokens", prompt_tokens),
                     ("--output-tokens", output_tokens), ("--tp", tp),
                     ("--group-size", group_size), ("--price-per-hour", price_per_hour),
-                    ("--measured-tpot", measured_tpot), ("--measured-ttft", measured_ttft),
-                    ("--memory-utilization", memory_utilization)):
-        _positive(name, v)
-    _positive("--kernel-overhead-us", kernel_overhead_us, allow_zero=True)
-    _positive("--reserve-gib", reserve_gib, allow_zero=True)
-    if memory_utilization > 1:
-        raise LlmplanError(f"--memory-utilization: must be at most 1, got {memory_utilization:g}")
-
+                    ("--measured-tpot", measured_tpot), ("--measured-ttft", measured_ttft)):
+        positive(name, v)
+    opts = options_from(time_model, attention, kernel_overhead_us, reserve_gib,
+                        memory_utilization)
     m = catalog.load_model(model)
     hw = catalog.load_hardware(gpu)
     cal = catalog.load_calibration(calibration) if calibration else None
-    w = DType(weights.value)
-    prec = Precision(weights=w, group_size=group_size,
-                     kv_cache=DType(kv_cache.value) if kv_cache else
-                     (DType.fp16 if w == DType.fp16 else DType.bf16))
-    opts = Options(time_model=time_model.value, attention=attention.value,
-                   kernel_overhead_s=kernel_overhead_us * 1e-6, reserve_bytes=reserve_gib * GIB,
-                   memory_utilization_frac=memory_utilization)
+    prec = precision_from(weights.value, kv_cache.value if kv_cache else None, group_size)
     est = run_estimate(m, hw, precision=prec,
                        workload=Workload(batch=batch, prompt_tokens=prompt_tokens,
                                          output_tokens=output_tokens),
@@ -159,7 +109,7 @@ def estimate(
                        price_usd_per_gpu_hour=price_per_hour, measured_tpot_s=measured_tpot,
                        measured_ttft_s=measured_ttft)
     if as_json:
-        _json_out(est.to_dict(operators=True))
+        json_out(est.to_dict(operators=True))
     else:
         render_estimate(stdout, est, explain=explain)
     if require_fit and not est.memory.fits:
@@ -185,7 +135,7 @@ def models(as_json: JsonOpt = False) -> None:
                      "kv_heads": m.num_kv_heads, "max_context_tokens": m.max_position_embeddings,
                      "moe": m.moe is not None, "mla": m.mla is not None, "source": m.source})
     if as_json:
-        _json_out(rows)
+        json_out(rows)
         return
     from planner import fmt
     stdout.print(table("Built-in models", ["name", "arch", "params", "active", "layers",
@@ -215,7 +165,7 @@ def gpus(as_json: JsonOpt = False) -> None:
                      "usd_per_gpu_hour": h.price.usd_per_gpu_hour if h.price else None,
                      "source": h.source})
     if as_json:
-        _json_out(rows)
+        json_out(rows)
         return
     stdout.print(table("Built-in GPUs (dense peak rates)",
                        ["name", "memory", "bandwidth", "bf16", "fp16", "fp8", "int8",
@@ -228,6 +178,15 @@ def gpus(as_json: JsonOpt = False) -> None:
                          f"{r['tdp_w']:g} W" if r["tdp_w"] else "-",
                          f"{r['usd_per_gpu_hour']:.2f}" if r["usd_per_gpu_hour"] else "-"]
                         for r in rows]))
+
+
+def _register() -> None:
+    from planner import cli_sweep
+
+    app.command()(cli_sweep.sweep)
+
+
+_register()
 
 
 def _print_version(value: bool) -> None:

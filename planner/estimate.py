@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, replace
 
+from planner.arith import vmin
 from planner.memory import MemoryPlan, kv_cache_bytes_per_token, memory_plan
 from planner.ops import (
     active_params,
@@ -66,7 +67,10 @@ class Estimate:
     model: ModelSpec
     hardware: HardwareSpec
     precision: Precision
-    workload: Workload
+    # numbers for one estimate, or equally shaped numpy arrays in a vectorized sweep
+    batch: int
+    prompt_tokens: int
+    output_tokens: int
     tp: int
     options: Options
     ceilings: Ceilings
@@ -101,7 +105,12 @@ class Estimate:
 
     @property
     def usable_optimal_batch(self) -> int:
-        return min(math.floor(self.optimal_batch), self.memory.max_batch)
+        n = vmin(math.floor(self.optimal_batch), self.memory.max_batch)
+        return int(n) if isinstance(n, (int, float)) else n
+
+    @property
+    def context_tokens(self) -> int:
+        return self.prompt_tokens + self.output_tokens
 
     @property
     def ttft_s(self) -> float:
@@ -113,15 +122,15 @@ class Estimate:
 
     @property
     def latency_s(self) -> float:
-        return self.ttft_s + self.tpot_s * (self.workload.output_tokens - 1)
+        return self.ttft_s + self.tpot_s * (self.output_tokens - 1)
 
     @property
     def throughput_tokens_per_s(self) -> float:
-        return self.workload.batch / self.tpot_s
+        return self.batch / self.tpot_s
 
     @property
     def e2e_throughput_tokens_per_s(self) -> float:
-        return self.workload.batch * self.workload.output_tokens / self.latency_s
+        return self.batch * self.output_tokens / self.latency_s
 
     @property
     def mbu(self) -> float:
@@ -137,8 +146,13 @@ class Estimate:
         return mfu(self.prefill.flops, self.ttft_s, self.peak_flops_per_s)
 
     @property
+    def compute_bound(self) -> bool:
+        """Decode step: total compute time exceeds total memory time (array-safe)."""
+        return self.decode.compute_s > self.decode.memory_s
+
+    @property
     def bound(self) -> str:
-        return self.decode.bound
+        return "compute" if self.compute_bound else "memory"
 
     @property
     def num_gpus(self) -> int:
@@ -151,26 +165,17 @@ class Estimate:
         usd_per_s = self.price_usd_per_gpu_hour * self.num_gpus / 3600
         return usd_per_s / self.e2e_throughput_tokens_per_s * 1e6
 
-    def to_dict(self, *, operators: bool = True) -> dict:
-        """A JSON-ready dict; keys carry their unit (DESIGN.md "Contracts")."""
-        m, p, w = self.memory, self.precision, self.workload
-        out = {
-            "model": self.model.name,
-            "gpu": self.hardware.name,
-            "tp": self.tp,
-            "num_gpus": self.num_gpus,
-            "weights": p.weights.value,
-            "kv_cache": p.kv_cache.value,
-            "compute": p.compute_dtype.value,
-            "weight_bytes_per_param": p.quantized_bytes_per_param,
-            "batch": w.batch,
-            "prompt_tokens": w.prompt_tokens,
-            "output_tokens": w.output_tokens,
-            "time_model": self.options.time_model,
-            "attention": self.options.attention,
-            "ceilings_source": self.ceilings.source,
+    def columns(self) -> dict:
+        """The figures of this estimate keyed with their units: numbers, or arrays in a sweep.
+        ``compute_bound`` is the raw flag; ``to_dict`` and the sweep turn it into ``bound``."""
+        m = self.memory
+        return {
+            "batch": self.batch,
+            "prompt_tokens": self.prompt_tokens,
+            "output_tokens": self.output_tokens,
             "params": self.params,
             "active_params": self.active_params,
+            "weight_bytes_per_param": self.precision.quantized_bytes_per_param,
             "weights_bytes": m.weights_bytes,
             "kv_cache_bytes_per_token": self.kv_cache_bytes_per_token,
             "kv_cache_bytes": m.kv_cache_bytes,
@@ -190,7 +195,7 @@ class Estimate:
             "optimal_batch": self.optimal_batch,
             "usable_optimal_batch": self.usable_optimal_batch,
             "max_batch": m.max_batch,
-            "bound": self.bound,
+            "compute_bound": self.compute_bound,
             "decode_context_tokens": self.decode_context_tokens,
             "ttft_s": self.ttft_s,
             "tpot_s": self.tpot_s,
@@ -202,12 +207,31 @@ class Estimate:
             "prefill_mfu": self.prefill_mfu,
             "decode_comm_s": self.decode.comm_s,
             "price_usd_per_gpu_hour": self.price_usd_per_gpu_hour,
-            "price_source": self.price_source,
             "cost_usd_per_million_output_tokens": self.cost_usd_per_million_output_tokens,
+        }
+
+    def to_dict(self, *, operators: bool = True) -> dict:
+        """A JSON-ready dict; keys carry their unit (DESIGN.md "Contracts")."""
+        p = self.precision
+        cols = self.columns()
+        cols["bound"] = "compute" if cols.pop("compute_bound") else "memory"
+        out = {
+            "model": self.model.name,
+            "gpu": self.hardware.name,
+            "tp": self.tp,
+            "num_gpus": self.num_gpus,
+            "weights": p.weights.value,
+            "kv_cache": p.kv_cache.value,
+            "compute": p.compute_dtype.value,
+            "time_model": self.options.time_model,
+            "attention": self.options.attention,
+            "ceilings_source": self.ceilings.source,
+            **cols,
+            "price_source": self.price_source,
             "notes": list(self.notes),
         }
         if self.measured is not None:
-            out["measured"] = {k: v for k, v in self.measured.__dict__.items()}
+            out["measured"] = dict(self.measured.__dict__)
         if operators:
             out["operators"] = {"decode": _op_rows(self.decode),
                                 "prefill": _op_rows(self.prefill)}
@@ -255,51 +279,42 @@ def estimate(
     tp = (parallelism or Parallelism()).tp
     check_tp(model, tp)
     c = ceilings(hardware, calibration, o)
+    p, notes = resolve_precision(hardware, p, c)
+    price, price_source = resolve_price(hardware, price_usd_per_gpu_hour)
+    if tp > model.num_kv_heads and model.mla is None:
+        notes.append(f"tp {tp} > {model.num_kv_heads} KV heads: KV heads replicated")
+    est = assemble(model, hardware, p, c, o, tp=tp, batch=w.batch,
+                   prompt_tokens=w.prompt_tokens, output_tokens=w.output_tokens,
+                   price_usd_per_gpu_hour=price, price_source=price_source, notes=notes)
+    if measured_tpot_s is None and measured_ttft_s is None:
+        return est
+    return _with_measured(est, measured_tpot_s, measured_ttft_s)
+
+
+def resolve_precision(hw: HardwareSpec, p: Precision,
+                      c: Ceilings) -> tuple[Precision, list[str]]:
+    """The precision as it will run on ``hw``, and notes on what changed; a ``UsageError``
+    when the GPU has no tensor-core rate for it (bf16 on a T4)."""
     notes = list(c.notes)
     if p.compute is None and p.compute_dtype not in c.flops_per_s and p.weights == DType.fp8:
         # no fp8 tensor cores (Ampere, Turing): fp8 weights run weight-only, dequantized to
         # 16-bit in the matmul (vLLM's FP8 Marlin path)
         p = p.model_copy(update={"compute": p.half_dtype})
-        notes.append(f"{hardware.name} has no fp8 tensor cores: fp8 weights run weight-only, "
+        notes.append(f"{hw.name} has no fp8 tensor cores: fp8 weights run weight-only, "
                      f"computing in {p.half_dtype.value}")
     for dt in (p.compute_dtype, p.half_dtype):
         if dt not in c.flops_per_s:
-            hardware.peak_flops_per_s(dt)  # raises a UsageError naming what the datasheet has
+            hw.peak_flops_per_s(dt)  # raises a UsageError naming what the datasheet has
+    return p, notes
 
-    ctx = w.prompt_tokens + w.output_tokens / 2
-    decode = step_time(decode_ops(model, p, batch=w.batch, context_tokens=ctx, tp=tp,
-                                  attention=o.attention), c, tp=tp, options=o)
-    prefill = step_time(prefill_ops(model, p, batch=w.batch, prompt_tokens=w.prompt_tokens,
-                                    tp=tp, attention=o.attention), c, tp=tp, options=o)
-    # model-level FLOPs (one GPU's share times tp would double count replicated layers)
-    decode_flops = total_flops(decode_ops(model, p, batch=1, context_tokens=ctx))
-    prefill_flops = total_flops(prefill_ops(model, p, batch=w.batch,
-                                            prompt_tokens=w.prompt_tokens))
 
-    price, price_source = price_usd_per_gpu_hour, "--price-per-hour"
-    if price is None and hardware.price is not None:
-        price = hardware.price.usd_per_gpu_hour
-        price_source = f"{hardware.price.source} ({hardware.price.date})"
-    if price is None:
-        price_source = None
-
-    if tp > model.num_kv_heads and model.mla is None:
-        notes.append(f"tp {tp} > {model.num_kv_heads} KV heads: KV heads replicated")
-
-    est = Estimate(
-        model=model, hardware=hardware, precision=p, workload=w, tp=tp, options=o, ceilings=c,
-        memory=memory_plan(model, hardware, p, batch=w.batch, prompt_tokens=w.prompt_tokens,
-                           output_tokens=w.output_tokens, tp=tp, options=o),
-        params=count_params(model), active_params=active_params(model),
-        kv_cache_bytes_per_token=kv_cache_bytes_per_token(model, p, tp=tp),
-        decode_context_tokens=ctx, decode=decode, prefill=prefill,
-        decode_flops_per_token=decode_flops, prefill_flops=prefill_flops,
-        flops_per_token_2n=flops_per_token_2n(model),
-        price_usd_per_gpu_hour=price, price_source=price_source, notes=tuple(notes),
-    )
-    if measured_tpot_s is None and measured_ttft_s is None:
-        return est
-    return _with_measured(est, measured_tpot_s, measured_ttft_s)
+def resolve_price(hw: HardwareSpec, override: float | None) -> tuple[float | None, str | None]:
+    """USD per GPU-hour and where it comes from: the override, hardware_db, or none."""
+    if override is not None:
+        return override, "--price-per-hour"
+    if hw.price is not None:
+        return hw.price.usd_per_gpu_hour, f"{hw.price.source} ({hw.price.date})"
+    return None, None
 
 
 def _with_measured(est: Estimate, tpot_s: float | None, ttft_s: float | None) -> Estimate:
@@ -314,3 +329,33 @@ def _with_measured(est: Estimate, tpot_s: float | None, ttft_s: float | None) ->
         m = replace(m, achieved_prefill_flops_per_s=est.prefill.flops / ttft_s,
                     prefill_mfu=mfu(est.prefill.flops, ttft_s, est.peak_flops_per_s))
     return replace(est, measured=m)
+
+
+def assemble(model: ModelSpec, hardware: HardwareSpec, p: Precision, c: Ceilings, o: Options, *,
+             tp: int, batch, prompt_tokens, output_tokens,
+             price_usd_per_gpu_hour: float | None = None, price_source: str | None = None,
+             notes: list[str] | tuple[str, ...] = ()) -> Estimate:
+    """The prediction itself, without input checks. ``batch``, ``prompt_tokens`` and
+    ``output_tokens`` are numbers, or numpy arrays of one shape: the sweep evaluates a whole
+    grid with these same formulas."""
+    ctx = prompt_tokens + output_tokens / 2
+    decode = step_time(decode_ops(model, p, batch=batch, context_tokens=ctx, tp=tp,
+                                  attention=o.attention), c, tp=tp, options=o)
+    prefill = step_time(prefill_ops(model, p, batch=batch, prompt_tokens=prompt_tokens,
+                                    tp=tp, attention=o.attention), c, tp=tp, options=o)
+    # model-level FLOPs (one GPU's share times tp would double count replicated layers)
+    decode_flops = total_flops(decode_ops(model, p, batch=1, context_tokens=ctx))
+    prefill_flops = total_flops(prefill_ops(model, p, batch=batch, prompt_tokens=prompt_tokens))
+    return Estimate(
+        model=model, hardware=hardware, precision=p, batch=batch, prompt_tokens=prompt_tokens,
+        output_tokens=output_tokens, tp=tp, options=o, ceilings=c,
+        memory=memory_plan(model, hardware, p, batch=batch, prompt_tokens=prompt_tokens,
+                           output_tokens=output_tokens, tp=tp, options=o),
+        params=count_params(model), active_params=active_params(model),
+        kv_cache_bytes_per_token=kv_cache_bytes_per_token(model, p, tp=tp),
+        decode_context_tokens=ctx, decode=decode, prefill=prefill,
+        decode_flops_per_token=decode_flops, prefill_flops=prefill_flops,
+        flops_per_token_2n=flops_per_token_2n(model),
+        price_usd_per_gpu_hour=price_usd_per_gpu_hour, price_source=price_source,
+        notes=tuple(notes),
+    )

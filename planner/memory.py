@@ -7,9 +7,9 @@ down-projections (as vLLM does).
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
+from planner.arith import floor_nonneg
 from planner.ops import kv_elements_per_token_per_layer, param_breakdown
 from planner.specs import HardwareSpec, ModelSpec, Options, Precision
 
@@ -103,7 +103,7 @@ class MemoryPlan:
     reserve_bytes: float
     capacity_bytes: float
     usable_bytes: float  # capacity x memory_utilization_frac
-    max_batch: int  # largest batch that fits at this context
+    max_batch: int  # largest batch that fits at this context (an array in a sweep)
 
     @property
     def total_bytes(self) -> float:
@@ -122,14 +122,16 @@ def max_batch(m: ModelSpec, hw: HardwareSpec, prec: Precision, *, prompt_tokens:
               output_tokens: int, tp: int = 1, options: Options | None = None) -> int:
     """Largest batch whose weights, KV cache (prompt + output tokens per sequence), prefill
     activations and reserve fit in the usable memory. Every term but the weights and the
-    reserve grows linearly with the batch, so the answer is a floor division."""
+    reserve grows linearly with the batch, so the answer is a floor division.
+    Token counts may be arrays (a sweep); the result is then an array of the same shape."""
     o = options or Options()
     free = (hw.memory_bytes * o.memory_utilization_frac - weight_bytes(m, prec, tp=tp)
             - o.reserve_bytes)
     per_seq = (kv_cache_bytes(m, prec, batch=1, seq_len=prompt_tokens + output_tokens, tp=tp)
                + activation_bytes(m, prec, batch=1, prompt_tokens=prompt_tokens, tp=tp,
                                   attention=o.attention))
-    return max(0, math.floor(free / per_seq)) if free > 0 else 0
+    n = floor_nonneg(free / per_seq)
+    return int(n) if isinstance(n, float) else n
 
 
 def memory_plan(m: ModelSpec, hw: HardwareSpec, prec: Precision, *, batch: int,

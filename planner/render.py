@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from rich import box
 from rich.console import Console
 from rich.table import Table
 
@@ -11,11 +12,13 @@ from planner.roofline import StepTime
 
 
 def table(title: str | None, columns: list[str], rows: list[list], *,
-          left: int = 1) -> Table:
+          left: int = 1, compact: bool = False) -> Table:
     """A table whose first ``left`` columns are left-aligned and the rest (numbers) right."""
-    t = Table(title=title, title_justify="left", header_style="bold")
+    t = Table(title=title, title_justify="left", header_style="bold",
+              box=box.SIMPLE_HEAD if compact else box.HEAVY_HEAD, pad_edge=not compact,
+              collapse_padding=compact)
     for i, c in enumerate(columns):
-        t.add_column(c, justify="left" if i < left else "right", no_wrap=i == 0)
+        t.add_column(c, justify="left" if i < left else "right", no_wrap=compact or i == 0)
     for r in rows:
         t.add_row(*[str(x) for x in r])
     return t
@@ -33,13 +36,13 @@ def _section(title: str, rows: list[tuple[str, str, str]]) -> Table:
 
 
 def render_estimate(console: Console, e: Estimate, *, explain: bool = False) -> None:
-    m, hw, p, w, mem = e.model, e.hardware, e.precision, e.workload, e.memory
+    m, hw, p, mem = e.model, e.hardware, e.precision, e.memory
     gpus = f"{e.tp} x {hw.display_name}" if e.tp > 1 else hw.display_name
     quant = (f", group {p.group_size}, {p.quantized_bytes_per_param:.4g} B/param incl. scales"
              if p.weights.value in ("int8", "int4") else "")
     console.print(f"[bold]{m.label}[/] on [bold]{gpus}[/]  weights {p.weights.value}{quant}, "
                   f"KV {p.kv_cache.value}, compute {p.compute_dtype.value}; "
-                  f"batch {w.batch}, prompt {w.prompt_tokens}, output {w.output_tokens} tokens")
+                  f"batch {e.batch}, prompt {e.prompt_tokens}, output {e.output_tokens} tokens")
     console.print(f"[dim]peaks: {e.ceilings.source}; time model: {e.options.time_model}; "
                   f"attention: {e.options.attention}[/]")
     per_gpu = " per GPU" if e.tp > 1 else ""
@@ -47,8 +50,8 @@ def render_estimate(console: Console, e: Estimate, *, explain: bool = False) -> 
     console.print(_section(f"Memory{per_gpu}", [
         ("weights", fmt.gib(mem.weights_bytes), f"{fmt.count(e.params)} params"),
         ("KV cache", fmt.gib(mem.kv_cache_bytes),
-         f"{e.kv_cache_bytes_per_token / 1024:,.1f} KiB/token x {w.batch} x "
-         f"{w.context_tokens} tokens"),
+         f"{e.kv_cache_bytes_per_token / 1024:,.1f} KiB/token x {e.batch} x "
+         f"{e.context_tokens} tokens"),
         ("activations (peak)", fmt.gib(mem.activation_bytes), f"prefill, {e.options.attention}"),
         ("reserve", fmt.gib(mem.reserve_bytes), "CUDA context, workspaces"),
         ("total", fmt.gib(mem.total_bytes),
@@ -63,16 +66,16 @@ def render_estimate(console: Console, e: Estimate, *, explain: bool = False) -> 
         ("active params", fmt.count(e.active_params), "per token" if m.moe else ""),
         ("FLOPs / decoded token", fmt.si(e.decode_flops_per_token, "FLOP"),
          f"2N = {fmt.si(e.flops_per_token_2n, 'FLOP')} + attention"),
-        ("prefill FLOPs", fmt.si(e.prefill_flops, "FLOP"), f"{w.batch} x {w.prompt_tokens} tokens"),
+        ("prefill FLOPs", fmt.si(e.prefill_flops, "FLOP"), f"{e.batch} x {e.prompt_tokens} tokens"),
     ]))
     console.print(_section("Roofline", [
         ("peak compute", fmt.si(e.peak_flops_per_s, "FLOP/s"), p.compute_dtype.value),
         ("peak bandwidth", fmt.si(e.ceilings.bandwidth_bytes_per_s, "B/s"), ""),
         ("ridge point", f"{e.ridge_flops_per_byte:,.0f} FLOP/B", ""),
-        ("decode bound", e.bound, f"at batch {w.batch}"),
+        ("decode bound", e.bound, f"at batch {e.batch}"),
         ("optimal batch", f"{e.optimal_batch:,.0f}", "peak x bytes/param / (2 x bandwidth)"),
         ("usable optimum", f"{e.usable_optimal_batch:,}", "capped by memory"),
-        ("max batch that fits", f"{mem.max_batch:,}", f"at {w.context_tokens} tokens"),
+        ("max batch that fits", f"{mem.max_batch:,}", f"at {e.context_tokens} tokens"),
     ]))
     console.print(_section("Timing", [
         ("TTFT", fmt.seconds(e.ttft_s), "prefill of the batch"),

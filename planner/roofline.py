@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from planner.arith import vmax
 from planner.ops import Op
 from planner.specs import Calibration, DType, HardwareSpec, Options
 
@@ -81,7 +82,7 @@ def op_time(op: Op, c: Ceilings, *, tp: int = 1, options: Options | None = None)
         return OpTime(op, 0.0, 0.0, comm * n, comm * n)
     compute = op.flops / c.peak(op.dtype)
     memory = op.bytes / c.bandwidth_bytes_per_s
-    t = max(compute, memory) if o.time_model == "roofline" else compute + memory
+    t = vmax(compute, memory) if o.time_model == "roofline" else compute + memory
     return OpTime(op, compute * n, memory * n, 0.0, (t + c.kernel_overhead_s) * n)
 
 

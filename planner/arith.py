@@ -1,0 +1,32 @@
+"""Arithmetic that works on plain numbers and on numpy arrays alike, without importing numpy.
+
+The core's formulas take ``batch``, ``prompt_tokens`` and friends either as numbers (one
+estimate) or as broadcastable arrays (a vectorized sweep runs the very same formulas over a
+grid). Python's ``max``/``min``/``math.floor`` and ``if`` on a value break on arrays; these do
+not. Arrays are recognised by their ``clip`` method, which computes the bound in one pass.
+"""
+
+from __future__ import annotations
+
+
+def vmax(a, b):
+    """Element-wise maximum."""
+    if hasattr(a, "clip"):
+        return a.clip(min=b)
+    if hasattr(b, "clip"):
+        return b.clip(min=a)
+    return a if a >= b else b
+
+
+def vmin(a, b):
+    """Element-wise minimum."""
+    if hasattr(a, "clip"):
+        return a.clip(max=b)
+    if hasattr(b, "clip"):
+        return b.clip(max=a)
+    return a if a <= b else b
+
+
+def floor_nonneg(x):
+    """floor(max(x, 0)) for numbers or arrays (float result)."""
+    return vmax(x, 0.0) // 1

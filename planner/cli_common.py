@@ -1,0 +1,107 @@
+"""Options, enums and helpers the CLI's commands share (edge: imported by the CLI only)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from enum import Enum
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+
+from planner.errors import LlmplanError
+from planner.specs import GIB, DType, Options, Precision, Workload
+
+stdout = Console()
+stderr = Console(stderr=True)
+
+
+class WeightsOpt(str, Enum):
+    bf16 = "bf16"
+    fp16 = "fp16"
+    fp8 = "fp8"
+    int8 = "int8"
+    int4 = "int4"
+
+
+class KVOpt(str, Enum):
+    bf16 = "bf16"
+    fp16 = "fp16"
+    fp8 = "fp8"
+    int8 = "int8"
+
+
+class TimeModel(str, Enum):
+    roofline = "roofline"
+    additive = "additive"
+
+
+class Attention(str, Enum):
+    flash = "flash"
+    naive = "naive"
+
+
+# Defaults are declared once, in the specs.
+_W = Workload.model_fields
+_O = Options.model_fields
+
+ModelOpt = Annotated[str, typer.Option(
+    "--model", "-m", help="Built-in model name, a YAML file or an HF config.json.")]
+GpuOpt = Annotated[str, typer.Option("--gpu", "-g", help="Built-in GPU name or a YAML file.")]
+TpOpt = Annotated[int, typer.Option("--tp", help="Tensor-parallel GPUs.")]
+WeightsOption = Annotated[WeightsOpt, typer.Option("--weights", help="Weight precision.")]
+KVOption = Annotated[Optional[KVOpt], typer.Option(
+    "--kv-cache", help="KV-cache precision (default: the 16-bit type of the weights).")]
+BatchOpt = Annotated[int, typer.Option("--batch", "-b", help="Concurrent sequences.")]
+PromptOpt = Annotated[int, typer.Option("--prompt-tokens", "-p",
+                                        help="Prompt tokens per sequence.")]
+OutputOpt = Annotated[int, typer.Option("--output-tokens", "-o",
+                                        help="Output tokens per sequence.")]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object, nothing else.")]
+
+
+def positive(name: str, value: float | None, *, allow_zero: bool = False) -> None:
+    if value is None:
+        return
+    if value < 0 or (value == 0 and not allow_zero):
+        raise LlmplanError(f"{name}: must be {'non-negative' if allow_zero else 'positive'}, "
+                           f"got {value:g}")
+
+
+def json_out(obj: object) -> None:
+    sys.stdout.write(json.dumps(obj, indent=2, default=str) + "\n")
+
+
+
+
+def options_from(time_model: TimeModel, attention: Attention, kernel_overhead_us: float,
+                 reserve_gib: float, memory_utilization: float) -> Options:
+    """Validated model options from the shared CLI flags."""
+    positive("--kernel-overhead-us", kernel_overhead_us, allow_zero=True)
+    positive("--reserve-gib", reserve_gib, allow_zero=True)
+    positive("--memory-utilization", memory_utilization)
+    if memory_utilization > 1:
+        raise LlmplanError(f"--memory-utilization: must be at most 1, got {memory_utilization:g}")
+    return Options(time_model=time_model.value, attention=attention.value,
+                   kernel_overhead_s=kernel_overhead_us * 1e-6, reserve_bytes=reserve_gib * GIB,
+                   memory_utilization_frac=memory_utilization)
+
+
+def precision_from(weights: str, kv_cache: str | None, group_size: int = 128) -> Precision:
+    """KV cache defaults to the weights' 16-bit type."""
+    w = DType(weights)
+    kv = DType(kv_cache) if kv_cache else (DType.fp16 if w == DType.fp16 else DType.bf16)
+    return Precision(weights=w, kv_cache=kv, group_size=group_size)
+
+
+TimeModelOpt = Annotated[TimeModel, typer.Option(
+    help="roofline: max(compute, memory) per operator; additive: their sum.")]
+AttentionOpt = Annotated[Attention, typer.Option(
+    help="flash: O(N) attention memory; naive: materialize the O(N^2) scores.")]
+OverheadOpt = Annotated[float, typer.Option(help="Fixed cost per kernel.")]
+ReserveOpt = Annotated[float, typer.Option(help="Runtime reserve: CUDA context, workspaces.")]
+UtilOpt = Annotated[float, typer.Option(
+    help="Fraction of device memory usable (like vLLM's gpu_memory_utilization).")]
+DEFAULT_RESERVE_GIB = _O["reserve_bytes"].default / GIB
+DEFAULT_UTIL = _O["memory_utilization_frac"].default

@@ -1,0 +1,150 @@
+"""`llmplan sweep` and `llmplan report`: grids of estimates, as tables, CSV, JSON and PNGs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from planner.cli_common import (
+    DEFAULT_RESERVE_GIB,
+    DEFAULT_UTIL,
+    Attention,
+    AttentionOpt,
+    JsonOpt,
+    OverheadOpt,
+    ReserveOpt,
+    TimeModel,
+    TimeModelOpt,
+    UtilOpt,
+    json_out,
+    options_from,
+    positive,
+    stderr,
+    stdout,
+)
+from planner.errors import LlmplanError
+
+ListOpt = Annotated[str, typer.Option()]
+LIST_HELP = "Comma-separated; numbers take ranges: 4..256 doubles, 128..1024+128 steps."
+
+
+def build_grid(model: str, gpu: str, batch: str, prompt_tokens: str, output_tokens: str,
+               weights: str, kv_cache: str | None, tp: str, group_size: int, options):
+    """Parse the list options into a Grid (shared by sweep and report)."""
+    from planner import catalog
+    from planner.specs import DType
+    from planner.sweep import Grid, parse_int_list, parse_str_list
+
+    def dtypes(text: str, allowed: tuple[str, ...], flag: str) -> list[DType]:
+        out = []
+        for v in parse_str_list(text):
+            if v not in allowed:
+                raise LlmplanError(f"{flag}: '{v}' is not one of {', '.join(allowed)}")
+            out.append(DType(v))
+        return out
+
+    positive("--group-size", group_size)
+    return Grid(
+        models=[catalog.load_model(m) for m in parse_str_list(model)],
+        gpus=[catalog.load_hardware(g) for g in parse_str_list(gpu)],
+        batches=parse_int_list(batch, "--batch"),
+        prompt_tokens=parse_int_list(prompt_tokens, "--prompt-tokens"),
+        output_tokens=parse_int_list(output_tokens, "--output-tokens"),
+        weights=dtypes(weights, ("bf16", "fp16", "fp8", "int8", "int4"), "--weights"),
+        kv_cache=dtypes(kv_cache, ("bf16", "fp16", "fp8", "int8"), "--kv-cache")
+        if kv_cache else [None],
+        tps=parse_int_list(tp, "--tp"),
+        group_size=group_size,
+        options=options,
+    )
+
+
+TABLE_COLUMNS = [
+    ("model", "model", str), ("gpu", "gpu", str), ("tp", "tp", str), ("weights", "w", str),
+    ("kv_cache", "kv", str), ("batch", "batch", str), ("prompt_tokens", "prompt", str),
+    ("output_tokens", "output", str), ("fits", "fits", str),
+]
+
+
+def sweep(
+    model: Annotated[str, typer.Option("--model", "-m", help="Models. " + LIST_HELP)],
+    gpu: Annotated[str, typer.Option("--gpu", "-g", help="GPUs. " + LIST_HELP)],
+    batch: Annotated[str, typer.Option("--batch", "-b", help=LIST_HELP)] = "1",
+    prompt_tokens: Annotated[str, typer.Option("--prompt-tokens", "-p", help=LIST_HELP)] = "512",
+    output_tokens: Annotated[str, typer.Option("--output-tokens", "-o", help=LIST_HELP)] = "128",
+    weights: Annotated[str, typer.Option(help="Weight precisions, comma-separated.")] = "bf16",
+    kv_cache: Annotated[Optional[str], typer.Option(
+        help="KV precisions (default: the weights' 16-bit type).")] = None,
+    tp: Annotated[str, typer.Option(help="Tensor-parallel sizes. " + LIST_HELP)] = "1",
+    group_size: Annotated[int, typer.Option(help="Weights per scale for int8/int4.")] = 128,
+    time_model: TimeModelOpt = TimeModel.roofline,
+    attention: AttentionOpt = Attention.flash,
+    kernel_overhead_us: OverheadOpt = 0.0,
+    reserve_gib: ReserveOpt = DEFAULT_RESERVE_GIB,
+    memory_utilization: UtilOpt = DEFAULT_UTIL,
+    calibration: Annotated[Optional[Path], typer.Option(
+        help="Measured ceilings from `llmplan measure --calibrate`.")] = None,
+    price_per_hour: Annotated[Optional[float], typer.Option(
+        help="USD per GPU-hour for every GPU.")] = None,
+    csv: Annotated[Optional[Path], typer.Option(
+        "--csv", help="Write every row to this CSV (streamed).")] = None,
+    limit: Annotated[int, typer.Option(help="Rows shown in the table.")] = 40,
+    as_json: JsonOpt = False,
+) -> None:
+    """Evaluate a grid of configurations (vectorized); rows that do not fit are kept."""
+    from planner import catalog
+    from planner.sweep import iter_sweep, to_frame, write_csv
+
+    positive("--price-per-hour", price_per_hour)
+    positive("--limit", limit)
+    opts = options_from(time_model, attention, kernel_overhead_us, reserve_gib,
+                        memory_utilization)
+    grid = build_grid(model, gpu, batch, prompt_tokens, output_tokens, weights, kv_cache, tp,
+                      group_size, opts)
+    cal = catalog.load_calibration(calibration) if calibration else None
+    chunks = iter_sweep(grid, calibration=cal, price_usd_per_gpu_hour=price_per_hour)
+    if csv is not None:
+        rows = write_csv(chunks, csv)
+        stderr.print(f"wrote {rows:,} rows to {csv}")
+        return
+    df = to_frame(chunks)
+    if as_json:
+        json_out(df.astype(object).where(df.notna(), None).to_dict(orient="records"))
+        return
+    render_sweep(df, limit)
+
+
+def render_sweep(df, limit: int) -> None:
+    """The varying axes and the key figures of the first ``limit`` rows."""
+    from planner import fmt
+    from planner.render import table
+    from planner.specs import GIB
+
+    axes = [("model", "model"), ("gpu", "gpu"), ("tp", "tp"), ("weights", "w"),
+            ("kv_cache", "kv"), ("batch", "batch"), ("prompt_tokens", "prompt"),
+            ("output_tokens", "out")]
+    shown = [(k, h) for k, h in axes if df[k].nunique() > 1] or axes[:2]
+    cols = [h for _, h in shown] + ["fits", "GiB", "TTFT ms", "TPOT ms", "tok/s", "MBU",
+                                    "bound", "$/1M"]
+    rows = []
+    for d in df.head(limit).to_dict(orient="records"):
+        key = [d[k] for k, _ in shown]
+        if not d.get("supported", True):
+            rows.append(key + ["-", "-", "-", "-", "-", "-", "n/a", "-"])
+            continue
+        cost = d.get("cost_usd_per_million_output_tokens")
+        rows.append(key + ["yes" if d["fits"] else "NO", f"{d['total_memory_bytes'] / GIB:,.1f}",
+                           f"{d['ttft_s'] * 1e3:,.4g}", f"{d['tpot_s'] * 1e3:,.4g}",
+                           f"{d['throughput_tokens_per_s']:,.0f}", fmt.pct(d["mbu"]),
+                           d["bound"], f"{cost:,.3f}" if cost == cost and cost is not None
+                           else "n/a"])
+    stdout.print(table(f"Sweep: {len(df):,} configurations", cols, rows,
+                       left=sum(1 for k, _ in shown if k in ("model", "gpu", "weights",
+                                                              "kv_cache")), compact=True))
+    unsupported = df[~df["supported"].astype(bool)]
+    for note in unsupported["note"].unique()[:5]:
+        stderr.print(f"[yellow]not supported:[/] {note}")
+    if len(df) > limit:
+        stdout.print(f"[dim]{len(df) - limit:,} more rows: --limit N, --csv PATH or --json[/]")

@@ -1,0 +1,143 @@
+"""The vectorized sweep agrees with the scalar estimator, keeps every row, and streams CSV."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from planner import catalog
+from planner.errors import UsageError
+from planner.estimate import estimate
+from planner.specs import DType, Options, Parallelism, Workload
+from planner.sweep import Grid, iter_sweep, parse_int_list, precision_for, sweep, write_csv
+
+NUMERIC = ["params", "active_params", "weights_bytes", "kv_cache_bytes_per_token",
+           "kv_cache_bytes", "activation_bytes", "total_memory_bytes", "memory_used_frac",
+           "decode_flops_per_token", "prefill_flops", "ridge_flops_per_byte", "optimal_batch",
+           "usable_optimal_batch", "max_batch", "ttft_s", "tpot_s", "latency_s",
+           "throughput_tokens_per_s", "e2e_throughput_tokens_per_s", "mbu", "mfu",
+           "prefill_mfu", "decode_comm_s", "cost_usd_per_million_output_tokens"]
+
+
+@pytest.fixture(scope="module")
+def grid():
+    return Grid(
+        models=[catalog.load_model(n) for n in ("llama-3.1-8b", "mixtral-8x7b", "deepseek-v3",
+                                                "gpt2")],
+        gpus=[catalog.load_hardware(n) for n in ("h100-sxm", "a100-sxm-80gb", "t4")],
+        batches=[1, 3, 64, 300], prompt_tokens=[1, 700, 8192], output_tokens=[1, 128, 2000],
+        weights=[DType.bf16, DType.fp8, DType.int4], kv_cache=[None, DType.fp8], tps=[1, 2, 8],
+        options=Options(time_model="roofline"),
+    )
+
+
+@pytest.fixture(scope="module")
+def frame(grid):
+    return sweep(grid)
+
+
+def test_every_configuration_is_a_row(grid, frame):
+    assert len(frame) == grid.size == 4 * 3 * 4 * 3 * 3 * 3 * 2 * 3
+    assert (~frame["fits"]).any() and frame["fits"].any()  # non-fitting rows are kept
+    t4 = frame[(frame.gpu == "t4") & (frame.weights == "bf16") & (frame.tp == 1)]
+    assert not t4["supported"].any() and t4["note"].str.contains("no bf16").all()
+
+
+def test_random_rows_equal_scalar_estimate(frame):
+    rows = frame[frame["supported"]].sample(60, random_state=7)
+    for r in rows.to_dict(orient="records"):
+        prec = precision_for(DType(r["weights"]), DType(r["kv_cache"]))
+        e = estimate(catalog.load_model(r["model"]), catalog.load_hardware(r["gpu"]),
+                     precision=prec, parallelism=Parallelism(tp=r["tp"]),
+                     workload=Workload(batch=r["batch"], prompt_tokens=r["prompt_tokens"],
+                                       output_tokens=r["output_tokens"]))
+        d = e.to_dict(operators=False)
+        for k in NUMERIC:
+            if d[k] is None:
+                assert r[k] is None or r[k] != r[k], k
+            else:
+                assert r[k] == pytest.approx(d[k], rel=1e-12), (k, r)
+        assert r["fits"] == d["fits"] and r["bound"] == d["bound"]
+        assert r["compute"] == d["compute"]
+
+
+def test_additive_time_model_rows_too():
+    g = Grid(models=[catalog.load_model("llama-3.1-8b")],
+             gpus=[catalog.load_hardware("l40s")], batches=[1, 77], prompt_tokens=[333],
+             output_tokens=[44], options=Options(time_model="additive", attention="naive"))
+    df = sweep(g)
+    for r in df.to_dict(orient="records"):
+        e = estimate(catalog.load_model("llama-3.1-8b"), catalog.load_hardware("l40s"),
+                     workload=Workload(batch=r["batch"], prompt_tokens=333, output_tokens=44),
+                     options=Options(time_model="additive", attention="naive"))
+        assert r["tpot_s"] == pytest.approx(e.tpot_s, rel=1e-12)
+        assert r["activation_bytes"] == pytest.approx(e.memory.activation_bytes, rel=1e-12)
+
+
+def test_csv_round_trip(grid, frame, tmp_path):
+    path = tmp_path / "s.csv"
+    rows = write_csv(iter_sweep(grid, chunk_rows=50), path)
+    back = pd.read_csv(path)
+    assert rows == len(back) == len(frame)
+    assert list(back.columns) == list(frame.columns)
+    ok = frame["supported"].to_numpy()
+    # byte counts exact, other figures to float32 precision
+    assert np.array_equal(back["kv_cache_bytes"].to_numpy()[ok],
+                          frame["kv_cache_bytes"].to_numpy()[ok])
+    np.testing.assert_allclose(back["tpot_s"].to_numpy()[ok],
+                               frame["tpot_s"].to_numpy(dtype=float)[ok], rtol=1e-6)
+    assert (back["bound"][ok] == frame["bound"][ok]).all()
+
+
+def test_parse_int_list():
+    assert parse_int_list("1,2,4..256", "b") == [1, 2, 4, 8, 16, 32, 64, 128, 256]
+    assert parse_int_list("128..512+128", "p") == [128, 256, 384, 512]
+    assert parse_int_list("3..20", "b") == [3, 6, 12]
+    for bad in ("0", "-4", "8..2", "a", "1..8+0", ""):
+        with pytest.raises(UsageError):
+            parse_int_list(bad, "--batch")
+
+
+def test_sweep_cli_json_and_csv(run_cli, tmp_path):
+    code, out, err = run_cli("sweep", "-m", "llama-3.1-8b", "-g", "h100-sxm,h200", "-b",
+                             "1..64", "--json")
+    assert code == 0, err
+    rows = json.loads(out)
+    assert len(rows) == 14 and {r["gpu"] for r in rows} == {"h100-sxm", "h200"}
+    csv = tmp_path / "x.csv"
+    code, _, err = run_cli("sweep", "-m", "gpt2", "-g", "h100-sxm", "-b", "1..8",
+                           "--csv", str(csv))
+    assert code == 0 and "wrote 4 rows" in err
+    assert len(pd.read_csv(csv)) == 4
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["-m", "gpt2", "-g", "h100-sxm", "-b", "0..4"], "--batch: '0..4'"),
+    (["-m", "gpt2", "-g", "h100-sxm", "--weights", "fp4"], "--weights: 'fp4'"),
+    (["-m", "gpt3", "-g", "h100-sxm"], "unknown model 'gpt3'"),
+])
+def test_sweep_bad_input(run_cli, args, needle):
+    code, out, err = run_cli("sweep", *args)
+    assert code == 2 and needle in err and len(err.strip().splitlines()) == 1
+
+
+def test_sweep_matches_estimate_at_random_points_hypothesis_free():
+    # a second, seeded sample over a wider numeric grid in one group
+    rng = random.Random(3)
+    m, h = catalog.load_model("qwen2.5-72b"), catalog.load_hardware("mi300x")
+    b = sorted(rng.sample(range(1, 2000), 20))
+    p = sorted(rng.sample(range(1, 40000), 20))
+    o = sorted(rng.sample(range(1, 9000), 10))
+    df = sweep(Grid(models=[m], gpus=[h], batches=b, prompt_tokens=p, output_tokens=o,
+                    tps=[4]), chunk_rows=777)
+    assert len(df) == 4000
+    for r in df.sample(25, random_state=1).to_dict(orient="records"):
+        e = estimate(m, h, parallelism=Parallelism(tp=4),
+                     workload=Workload(batch=r["batch"], prompt_tokens=r["prompt_tokens"],
+                                       output_tokens=r["output_tokens"]))
+        assert r["latency_s"] == pytest.approx(e.latency_s, rel=1e-12)
+        assert r["max_batch"] == e.memory.max_batch
