@@ -16,11 +16,13 @@ import typer
 from planner import __version__
 from planner.cli_common import (
     _W,
+    DEFAULT_CHUNK,
     DEFAULT_RESERVE_GIB,
     DEFAULT_UTIL,
     Attention,
     AttentionOpt,
     BatchOpt,
+    ChunkOpt,
     GpuOpt,
     JsonOpt,
     KVOption,
@@ -71,6 +73,7 @@ def estimate(
     kernel_overhead_us: OverheadOpt = 0.0,
     reserve_gib: ReserveOpt = DEFAULT_RESERVE_GIB,
     memory_utilization: UtilOpt = DEFAULT_UTIL,
+    prefill_chunk_tokens: ChunkOpt = DEFAULT_CHUNK,
     calibration: Annotated[Optional[Path], typer.Option(
         help="Measured ceilings from `llmplan measure --calibrate`.")] = None,
     price_per_hour: Annotated[Optional[float], typer.Option(
@@ -97,7 +100,7 @@ def estimate(
                     ("--measured-tpot", measured_tpot), ("--measured-ttft", measured_ttft)):
         positive(name, v)
     opts = options_from(time_model, attention, kernel_overhead_us, reserve_gib,
-                        memory_utilization)
+                        memory_utilization, prefill_chunk_tokens)
     m = catalog.load_model(model)
     hw = catalog.load_hardware(gpu)
     cal = catalog.load_calibration(calibration) if calibration else None
@@ -184,6 +187,7 @@ def _register() -> None:
     from planner import cli_sweep
 
     app.command()(cli_sweep.sweep)
+    app.command()(cli_sweep.report)
 
 
 _register()

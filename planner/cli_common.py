@@ -76,16 +76,19 @@ def json_out(obj: object) -> None:
 
 
 def options_from(time_model: TimeModel, attention: Attention, kernel_overhead_us: float,
-                 reserve_gib: float, memory_utilization: float) -> Options:
+                 reserve_gib: float, memory_utilization: float,
+                 prefill_chunk_tokens: int = 8192) -> Options:
     """Validated model options from the shared CLI flags."""
     positive("--kernel-overhead-us", kernel_overhead_us, allow_zero=True)
+    positive("--prefill-chunk-tokens", prefill_chunk_tokens, allow_zero=True)
     positive("--reserve-gib", reserve_gib, allow_zero=True)
     positive("--memory-utilization", memory_utilization)
     if memory_utilization > 1:
         raise LlmplanError(f"--memory-utilization: must be at most 1, got {memory_utilization:g}")
     return Options(time_model=time_model.value, attention=attention.value,
                    kernel_overhead_s=kernel_overhead_us * 1e-6, reserve_bytes=reserve_gib * GIB,
-                   memory_utilization_frac=memory_utilization)
+                   memory_utilization_frac=memory_utilization,
+                   prefill_chunk_tokens=prefill_chunk_tokens or None)
 
 
 def precision_from(weights: str, kv_cache: str | None, group_size: int = 128) -> Precision:
@@ -103,5 +106,8 @@ OverheadOpt = Annotated[float, typer.Option(help="Fixed cost per kernel.")]
 ReserveOpt = Annotated[float, typer.Option(help="Runtime reserve: CUDA context, workspaces.")]
 UtilOpt = Annotated[float, typer.Option(
     help="Fraction of device memory usable (like vLLM's gpu_memory_utilization).")]
+ChunkOpt = Annotated[int, typer.Option(
+    help="Tokens per prefill pass (chunked prefill; bounds activation memory). 0: whole batch.")]
+DEFAULT_CHUNK = _O["prefill_chunk_tokens"].default
 DEFAULT_RESERVE_GIB = _O["reserve_bytes"].default / GIB
 DEFAULT_UTIL = _O["memory_utilization_frac"].default

@@ -8,10 +8,12 @@ from typing import Annotated, Optional
 import typer
 
 from planner.cli_common import (
+    DEFAULT_CHUNK,
     DEFAULT_RESERVE_GIB,
     DEFAULT_UTIL,
     Attention,
     AttentionOpt,
+    ChunkOpt,
     JsonOpt,
     OverheadOpt,
     ReserveOpt,
@@ -84,6 +86,7 @@ def sweep(
     kernel_overhead_us: OverheadOpt = 0.0,
     reserve_gib: ReserveOpt = DEFAULT_RESERVE_GIB,
     memory_utilization: UtilOpt = DEFAULT_UTIL,
+    prefill_chunk_tokens: ChunkOpt = DEFAULT_CHUNK,
     calibration: Annotated[Optional[Path], typer.Option(
         help="Measured ceilings from `llmplan measure --calibrate`.")] = None,
     price_per_hour: Annotated[Optional[float], typer.Option(
@@ -100,7 +103,7 @@ def sweep(
     positive("--price-per-hour", price_per_hour)
     positive("--limit", limit)
     opts = options_from(time_model, attention, kernel_overhead_us, reserve_gib,
-                        memory_utilization)
+                        memory_utilization, prefill_chunk_tokens)
     grid = build_grid(model, gpu, batch, prompt_tokens, output_tokens, weights, kv_cache, tp,
                       group_size, opts)
     cal = catalog.load_calibration(calibration) if calibration else None
@@ -148,3 +151,67 @@ def render_sweep(df, limit: int) -> None:
         stderr.print(f"[yellow]not supported:[/] {note}")
     if len(df) > limit:
         stdout.print(f"[dim]{len(df) - limit:,} more rows: --limit N, --csv PATH or --json[/]")
+
+
+def report(
+    model: Annotated[str, typer.Option("--model", "-m",
+                                       help="Built-in model, YAML or config.json.")],
+    gpu: Annotated[str, typer.Option("--gpu", "-g", help="GPUs, comma-separated.")],
+    weights: Annotated[str, typer.Option(help="Weight precisions, comma-separated.")] = "bf16",
+    kv_cache: Annotated[Optional[str], typer.Option(
+        help="KV precision (default: the weights' 16-bit type).")] = None,
+    tp: Annotated[int, typer.Option(help="Tensor-parallel GPUs.")] = 1,
+    batch: Annotated[int, typer.Option(
+        "--batch", "-b", help="Batch at which operators are placed on the roofline.")] = 16,
+    prompt_tokens: Annotated[int, typer.Option("--prompt-tokens", "-p")] = 2048,
+    output_tokens: Annotated[int, typer.Option("--output-tokens", "-o")] = 256,
+    time_model: TimeModelOpt = TimeModel.roofline,
+    attention: AttentionOpt = Attention.flash,
+    kernel_overhead_us: OverheadOpt = 0.0,
+    reserve_gib: ReserveOpt = DEFAULT_RESERVE_GIB,
+    memory_utilization: UtilOpt = DEFAULT_UTIL,
+    prefill_chunk_tokens: ChunkOpt = DEFAULT_CHUNK,
+    calibration: Annotated[Optional[Path], typer.Option(
+        help="Measured ceilings from `llmplan measure --calibrate`.")] = None,
+    measured: Annotated[Optional[Path], typer.Option(
+        help="JSONL from `llmplan measure`: draw its points over the roofline and a "
+             "predicted-vs-measured chart.")] = None,
+    out: Annotated[Path, typer.Option("--out", help="Directory for PNGs and CSVs.")] = Path(
+        "reports"),
+) -> None:
+    """Roofline, throughput-vs-latency and memory PNGs, each with the CSV it plots."""
+    from planner import catalog
+    from planner.cli_common import precision_from
+    from planner.sweep import parse_str_list
+
+    for name, v in (("--tp", tp), ("--batch", batch), ("--prompt-tokens", prompt_tokens),
+                    ("--output-tokens", output_tokens)):
+        positive(name, v)
+    opts = options_from(time_model, attention, kernel_overhead_us, reserve_gib,
+                        memory_utilization, prefill_chunk_tokens)
+    m = catalog.load_model(model)
+    cal = catalog.load_calibration(calibration) if calibration else None
+    from planner.ops import check_tp
+    from planner.report import Case, write_reports
+
+    check_tp(m, tp)
+    cases = []
+    for g in parse_str_list(gpu):
+        hw = catalog.load_hardware(g)
+        for w in parse_str_list(weights):
+            if w not in ("bf16", "fp16", "fp8", "int8", "int4"):
+                raise LlmplanError(f"--weights: '{w}' is not one of bf16, fp16, fp8, int8, int4")
+            case = Case(m, hw, precision_from(w, kv_cache), prompt_tokens, output_tokens, tp,
+                        opts, cal if cal and cal.device == hw.name else None)
+            case.at(1)  # surfaces an unsupported precision as a one-line error
+            cases.append(case)
+    meas, meas_ceil = None, None
+    if measured is not None:
+        from harness.results import load_for_report
+
+        meas, meas_ceil, extra = load_for_report(measured, cases[0], out)
+    paths = write_reports(cases, out, batch=batch, measured=meas, measured_ceilings=meas_ceil)
+    if measured is not None:
+        paths += extra
+    for p in paths:
+        stdout.print(str(p))

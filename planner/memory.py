@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from planner.arith import floor_nonneg
+from planner.arith import floor_nonneg, vmax, vmin
 from planner.ops import kv_elements_per_token_per_layer, param_breakdown
 from planner.specs import HardwareSpec, ModelSpec, Options, Precision
 
@@ -56,19 +56,10 @@ def kv_cache_bytes(m: ModelSpec, prec: Precision, *, batch: int, seq_len: int,
     return batch * seq_len * kv_cache_bytes_per_token(m, prec, tp=tp)
 
 
-def activation_bytes(m: ModelSpec, prec: Precision, *, batch: int, prompt_tokens: int,
-                     tp: int = 1, attention: str = "flash") -> float:
-    """Peak activation memory during the prefill of ``batch`` prompts, per GPU.
-
-    The live set of one layer at its widest point: the residual stream and its normalized copy
-    (2h per token) plus the larger of the attention stage (q, k, v and the attention output) and
-    the MLP stage (gate and up, and their product; for MoE, k routed copies of each token plus
-    the shared experts). Then the fp32 logits of the last token of each sequence. With naive
-    attention the [heads, P, P] score and probability matrices of one layer are live too, the
-    O(N^2) term FlashAttention removes.
-    """
+def _activation_terms(m: ModelSpec, prec: Precision, *, tp: int) -> tuple[float, float, float]:
+    """(bytes per token in flight, bytes of logits per sequence, naive-attention bytes per
+    token in flight per key) for ``activation_bytes``."""
     ab = prec.activation_bytes
-    T = batch * prompt_tokens
     heads = m.num_attention_heads / tp
     kv_heads = max(m.num_kv_heads / tp, 1.0)
     if m.mla is None:
@@ -86,10 +77,31 @@ def activation_bytes(m: ModelSpec, prec: Precision, *, batch: int, prompt_tokens
         moe_elems = up_n * e.expert_intermediate_size / tp * (
             e.experts_per_token + e.num_shared_experts)
         mlp_elems = max(mlp_elems, moe_elems)
-    per_token = 2 * m.hidden_size + max(attn_elems, mlp_elems)
-    peak = T * per_token * ab + batch * m.vocab_size / tp * 4
+    per_token = (2 * m.hidden_size + max(attn_elems, mlp_elems)) * ab
+    return per_token, m.vocab_size / tp * 4, 2 * heads * ab
+
+
+def activation_bytes(m: ModelSpec, prec: Precision, *, batch: int, prompt_tokens: int,
+                     tp: int = 1, attention: str = "flash",
+                     chunk_tokens: int | None = None) -> float:
+    """Peak activation memory during the prefill of ``batch`` prompts, per GPU.
+
+    The live set of one layer at its widest point, for the tokens of one forward pass
+    (min(batch x prompt, chunk_tokens) with chunked prefill): the residual stream and its
+    normalized copy (2h per token) plus the larger of the attention stage (q, k, v and the
+    attention output) and the MLP stage (gate and up, and their product; for MoE, k routed
+    copies of each token plus the shared experts). Then the fp32 logits of the last token of
+    each sequence. With naive attention the score and probability matrices of one layer are
+    live too: 2 x heads x (tokens in flight) x prompt x bytes, the O(N^2) term FlashAttention
+    removes.
+    """
+    per_token, logits, naive = _activation_terms(m, prec, tp=tp)
+    T = batch * prompt_tokens
+    if chunk_tokens is not None:
+        T = vmin(T, chunk_tokens)
+    peak = T * per_token + batch * logits
     if attention == "naive":
-        peak += 2 * batch * heads * prompt_tokens * prompt_tokens * ab
+        peak = peak + naive * T * prompt_tokens
     return peak
 
 
@@ -121,16 +133,27 @@ class MemoryPlan:
 def max_batch(m: ModelSpec, hw: HardwareSpec, prec: Precision, *, prompt_tokens: int,
               output_tokens: int, tp: int = 1, options: Options | None = None) -> int:
     """Largest batch whose weights, KV cache (prompt + output tokens per sequence), prefill
-    activations and reserve fit in the usable memory. Every term but the weights and the
-    reserve grows linearly with the batch, so the answer is a floor division.
-    Token counts may be arrays (a sweep); the result is then an array of the same shape."""
+    activations and reserve fit in the usable memory.
+
+    Memory is B x (kv + logits) + A(B) with A linear in B until the prefill chunk is full
+    (B x prompt >= chunk), and constant after: solve in both regions and keep the one that
+    holds. Token counts may be arrays (a sweep); the result is then an array."""
     o = options or Options()
     free = (hw.memory_bytes * o.memory_utilization_frac - weight_bytes(m, prec, tp=tp)
             - o.reserve_bytes)
-    per_seq = (kv_cache_bytes(m, prec, batch=1, seq_len=prompt_tokens + output_tokens, tp=tp)
-               + activation_bytes(m, prec, batch=1, prompt_tokens=prompt_tokens, tp=tp,
-                                  attention=o.attention))
-    n = floor_nonneg(free / per_seq)
+    per_token, logits, naive = _activation_terms(m, prec, tp=tp)
+    if o.attention == "naive":
+        per_token = per_token + naive * prompt_tokens
+    kv = kv_cache_bytes(m, prec, batch=1, seq_len=prompt_tokens + output_tokens, tp=tp)
+    unchunked = floor_nonneg(free / (kv + logits + prompt_tokens * per_token))
+    if o.prefill_chunk_tokens is None:
+        n = unchunked
+    else:
+        c = o.prefill_chunk_tokens
+        chunked = floor_nonneg((free - c * per_token) / (kv + logits))
+        # the chunk is full once batch x prompt reaches it
+        saturated = (c / prompt_tokens) * (kv + logits + prompt_tokens * per_token) <= free
+        n = saturated * vmax(chunked, c // prompt_tokens) + (1 - saturated) * unchunked
     return int(n) if isinstance(n, float) else n
 
 
@@ -143,7 +166,8 @@ def memory_plan(m: ModelSpec, hw: HardwareSpec, prec: Precision, *, batch: int,
         kv_cache_bytes=kv_cache_bytes(m, prec, batch=batch,
                                       seq_len=prompt_tokens + output_tokens, tp=tp),
         activation_bytes=activation_bytes(m, prec, batch=batch, prompt_tokens=prompt_tokens,
-                                          tp=tp, attention=o.attention),
+                                          tp=tp, attention=o.attention,
+                                          chunk_tokens=o.prefill_chunk_tokens),
         reserve_bytes=o.reserve_bytes,
         capacity_bytes=hw.memory_bytes,
         usable_bytes=hw.memory_bytes * o.memory_utilization_frac,

@@ -325,5 +325,9 @@ class Options(_Frozen):
     reserve_bytes: float = Field(1 * GIB, ge=0)
     # Fraction of device memory the engine may use (vLLM's gpu_memory_utilization default).
     memory_utilization_frac: float = Field(0.9, gt=0, le=1)
+    # Tokens prefilled per forward pass (vLLM's max_num_batched_tokens with chunked prefill;
+    # 8192 is its V1 default for serving). Bounds prefill activations; None: the whole batch
+    # at once. TTFT is still the time of all the batch's prefill FLOPs and bytes.
+    prefill_chunk_tokens: int | None = Field(8192, gt=0)
     # Fixed cost of one all-reduce call (NCCL small-message latency over NVLink is a few us).
     allreduce_latency_s: float = Field(5e-6, ge=0)

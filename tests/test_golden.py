@@ -231,3 +231,23 @@ def test_specs_are_validated():
         HardwareSpec(name="x", display_name="x", vendor="x", source="s", memory_gib=0,
                      memory_bandwidth_gb_per_s=1, peak_tflops={"bf16": 1},
                      interconnect={"kind": "pcie", "bandwidth_gb_per_s": 1})
+
+
+def test_max_batch_with_chunked_prefill_by_hand(model, gpu):
+    # Llama-3.1-8B on an H100 SXM, prompt 2048 + output 256, 90% of 80 GiB usable, 1 GiB reserve
+    e = estimate(model("llama-3.1-8b"), gpu("h100-sxm"),
+                 workload=Workload(batch=1, prompt_tokens=2048, output_tokens=256))
+    free = 0.9 * 80 * 2**30 - 2 * 8_030_261_248 - 2**30
+    per_token = (2 * 4096 + 3 * 14336) * 2          # residual + normed + gate/up/product, bf16
+    per_seq = 2304 * 131_072 + 128_256 * 4          # KV + fp32 logits of the last token
+    assert e.memory.max_batch == int((free - 8192 * per_token) // per_seq) == 196
+    # without chunking the whole batch's prefill activations count: fewer sequences fit
+    whole = estimate(model("llama-3.1-8b"), gpu("h100-sxm"),
+                     workload=Workload(batch=1, prompt_tokens=2048, output_tokens=256),
+                     options=Options(prefill_chunk_tokens=None))
+    assert whole.memory.max_batch == int(free // (per_seq + 2048 * per_token)) == 117
+    # activations stop growing once batch x prompt fills the chunk
+    a = [estimate(model("llama-3.1-8b"), gpu("h100-sxm"),
+                  workload=Workload(batch=b, prompt_tokens=2048, output_tokens=1))
+         .memory.activation_bytes for b in (4, 8, 16)]
+    assert a[1] - a[0] == pytest.approx(4 * 128_256 * 4)  # only the logits grow

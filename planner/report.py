@@ -1,0 +1,335 @@
+"""PNG reports with matplotlib (Agg): roofline, throughput vs latency, memory breakdown.
+
+Each chart is drawn from one pandas table, which is also written beside the PNG as CSV, so the
+numbers behind every picture are at hand. Imported only when a report is asked for.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.ticker  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+
+from planner.estimate import Estimate, assemble, resolve_precision, resolve_price  # noqa: E402
+from planner.roofline import ceilings  # noqa: E402
+from planner.specs import (  # noqa: E402
+    GIB,
+    Calibration,
+    HardwareSpec,
+    ModelSpec,
+    Options,
+    Precision,
+)
+
+COLORS = plt.get_cmap("tab10").colors
+
+
+@dataclass(frozen=True)
+class Case:
+    """One model on one GPU type at one precision and workload."""
+
+    model: ModelSpec
+    hw: HardwareSpec
+    precision: Precision
+    prompt_tokens: int
+    output_tokens: int
+    tp: int = 1
+    options: Options = Options()
+    calibration: Calibration | None = None
+
+    def at(self, batch) -> Estimate:
+        c = ceilings(self.hw, self.calibration, self.options)
+        p, notes = resolve_precision(self.hw, self.precision, c)
+        price, _ = resolve_price(self.hw, None)
+        return assemble(self.model, self.hw, p, c, self.options, tp=self.tp, batch=batch,
+                        prompt_tokens=self.prompt_tokens, output_tokens=self.output_tokens,
+                        price_usd_per_gpu_hour=price, notes=notes)
+
+    @property
+    def label(self) -> str:
+        tp = f"{self.tp} x " if self.tp > 1 else ""
+        return f"{tp}{self.hw.name} {self.precision.weights.value}"
+
+    @property
+    def title(self) -> str:
+        p = self.precision
+        tp = f"{self.tp} x " if self.tp > 1 else ""
+        return (f"{self.model.label} on {tp}{self.hw.display_name}\n"
+                f"weights {p.weights.value}, KV {p.kv_cache.value}, "
+                f"prompt {self.prompt_tokens} / output {self.output_tokens} tokens")
+
+    @property
+    def slug(self) -> str:
+        tp = f"tp{self.tp}-" if self.tp > 1 else ""
+        return f"{self.model.name}_{tp}{self.hw.name}_{self.precision.weights.value}"
+
+
+def batch_ladder(max_batch: int, *, beyond: bool = False) -> list[int]:
+    """1, 2, 4, ... up to the largest batch that fits (itself included); with ``beyond``
+    one doubling past it, to show where memory runs out."""
+    top = max(1, max_batch)
+    out, b = [], 1
+    while b <= top:
+        out.append(b)
+        b *= 2
+    if max_batch >= 1 and out[-1] != max_batch:
+        out.append(max_batch)
+    if beyond:
+        out.append(out[-1] * 2 if max_batch >= 1 else 2)
+    return out
+
+
+class Labels:
+    """Annotations on log-log axes that step aside when they would overlap."""
+
+    def __init__(self, ax, *, dx_dec: float = 0.35, dy_dec: float = 0.12):
+        self.ax, self.dx, self.dy = ax, dx_dec, dy_dec
+        self.placed: list[tuple[float, float]] = []
+
+    def add(self, x: float, y: float, text: str, *, color, dx: int = 4, dy: int = 3,
+            fontsize: int = 7, **kw) -> None:
+        lx, ly = np.log10(x), np.log10(y)
+        k = 0
+        while any(abs(lx - px) < self.dx and abs(ly - k * 0.13 - py) < self.dy
+                  for px, py in self.placed):
+            k += 1
+        self.placed.append((lx, ly - k * 0.13))
+        if k:  # a leader line back to the point it names
+            kw.setdefault("arrowprops", {"arrowstyle": "-", "lw": 0.5, "color": color,
+                                         "alpha": 0.6, "shrinkA": 0, "shrinkB": 2})
+        self.ax.annotate(text, (x, y), textcoords="offset points", xytext=(dx, dy - 10 * k),
+                         fontsize=fontsize, color=color, **kw)
+
+
+def _save(fig, df: pd.DataFrame, out_dir: Path, name: str) -> tuple[Path, Path]:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    png, csv = out_dir / f"{name}.png", out_dir / f"{name}.csv"
+    fig.savefig(png, dpi=130, bbox_inches="tight")
+    plt.close(fig)
+    df.to_csv(csv, index=False)
+    return png, csv
+
+
+# --------------------------------------------------------------------------- 1. roofline
+
+
+def roofline_table(case: Case, batch: int, measured: pd.DataFrame | None = None) -> pd.DataFrame:
+    """Points of the roofline chart: each operator of decode and prefill at ``batch``, the
+    whole decode step over the batch ladder, the optimal batch, and measured points."""
+    rows = []
+    e = case.at(batch)
+    cmp_dtype = e.precision.compute_dtype
+    for phase, step in (("decode", e.decode), ("prefill", e.prefill)):
+        for t in step.ops:
+            op = t.op
+            if op.kind == "allreduce" or op.flops <= 0 or op.bytes <= 0:
+                continue
+            rows.append({"series": f"{phase} operators (batch {batch})", "label": op.name,
+                         "batch": batch, "intensity_flops_per_byte": op.flops / op.bytes,
+                         "attainable_flops_per_s": op.flops * op.count / t.time_s,
+                         "time_s": t.time_s, "bound": t.bound})
+    ladder = batch_ladder(e.memory.max_batch)
+    for b in ladder:
+        eb = case.at(b)
+        rows.append({"series": "decode step", "label": f"B={b}", "batch": b,
+                     "intensity_flops_per_byte": eb.decode.flops / eb.decode.bytes,
+                     "attainable_flops_per_s": eb.decode.flops / eb.tpot_s,
+                     "time_s": eb.tpot_s, "bound": eb.bound})
+    opt = max(1, int(round(e.optimal_batch)))
+    eo = case.at(opt)
+    rows.append({"series": "optimal batch", "label": f"optimal B={opt}", "batch": opt,
+                 "intensity_flops_per_byte": eo.decode.flops / eo.decode.bytes,
+                 "attainable_flops_per_s": eo.decode.flops / eo.tpot_s, "time_s": eo.tpot_s,
+                 "bound": eo.bound, "fits": bool(eo.memory.fits)})
+    df = pd.DataFrame(rows)
+    df["peak_flops_per_s"] = e.peak_flops_per_s
+    df["bandwidth_bytes_per_s"] = e.ceilings.bandwidth_bytes_per_s
+    df["compute_dtype"] = cmp_dtype.value
+    df["ceilings_source"] = e.ceilings.source
+    if measured is not None and len(measured):
+        df = pd.concat([df, measured.assign(series="measured")], ignore_index=True)
+    return df
+
+
+def plot_roofline(case: Case, df: pd.DataFrame, out_dir: Path,
+                  measured_ceilings: dict | None = None) -> tuple[Path, Path]:
+    peak = float(df["peak_flops_per_s"].iloc[0])
+    bw = float(df["bandwidth_bytes_per_s"].iloc[0])
+    ridge = peak / bw
+    fig, ax = plt.subplots(figsize=(10, 6.5))
+    x = np.logspace(-1, 5, 400)
+    ax.plot(x, np.minimum(peak, bw * x), color="black", lw=2,
+            label=f"roofline ({df['ceilings_source'].iloc[0]}): "
+                  f"{peak / 1e12:,.0f} TFLOP/s {df['compute_dtype'].iloc[0]}, "
+                  f"{bw / 1e12:.2f} TB/s")
+    ax.axvline(ridge, color="grey", ls=":", lw=1)
+    ax.annotate(f"ridge point {ridge:,.0f} FLOP/B", (ridge, peak / 3e4),
+                textcoords="offset points", xytext=(5, 0), fontsize=8, color="grey")
+    if measured_ceilings:
+        mp, mb = measured_ceilings["flops_per_s"], measured_ceilings["bandwidth_bytes_per_s"]
+        ax.plot(x, np.minimum(mp, mb * x), color="tab:red", lw=1.2, ls="--",
+                label=f"measured ceilings: {mp / 1e12:,.0f} TFLOP/s, {mb / 1e12:.2f} TB/s")
+    styles = {"decode": ("o", COLORS[0]), "prefill": ("s", COLORS[1])}
+    labels = Labels(ax)
+    for series, sub in df.groupby("series", sort=False):
+        if series.startswith(("decode operators", "prefill operators")):
+            marker, color = styles[series.split()[0]]
+            ax.scatter(sub["intensity_flops_per_byte"], sub["attainable_flops_per_s"],
+                       marker=marker, color=color, s=28, alpha=0.8, label=series, zorder=3)
+            for r in sub.itertuples():
+                if r.label in ("qkv_proj", "attention", "mlp_gate_up_proj", "lm_head",
+                               "experts_gate_up_proj", "mla_q_up_proj", "o_proj",
+                               "mlp_down_proj", "mlp_up_proj"):
+                    labels.add(r.intensity_flops_per_byte, r.attainable_flops_per_s, r.label,
+                               color=color, dx=6, dy=-10)
+        elif series == "decode step":
+            ax.plot(sub["intensity_flops_per_byte"], sub["attainable_flops_per_s"], "-^",
+                    color=COLORS[2], ms=6, lw=1.2, label="decode step, batch 1 to max that fits",
+                    zorder=4)
+            for r in sub.itertuples():
+                labels.add(r.intensity_flops_per_byte, r.attainable_flops_per_s, r.label,
+                           color=COLORS[2], dx=-28, dy=6)
+        elif series == "optimal batch":
+            r = sub.iloc[0]
+            fits = "" if r.get("fits", True) else ", does not fit"
+            ax.scatter([r.intensity_flops_per_byte], [r.attainable_flops_per_s], marker="*",
+                       s=220, color="gold", edgecolor="black", zorder=5,
+                       label=f"{r.label}: peak x bytes/param / (2 x bandwidth); "
+                             f"its KV reads keep it left of the ridge{fits}")
+        elif series == "measured":
+            ax.scatter(sub["intensity_flops_per_byte"], sub["attainable_flops_per_s"],
+                       marker="x", color="tab:red", s=40, zorder=6, label="measured")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlim(0.1, 1e5)
+    ax.set_ylim(peak / 1e5, peak * 3)
+    ax.set_xlabel("arithmetic intensity (FLOP / byte)")
+    ax.set_ylabel("attainable FLOP/s")
+    ax.set_title(case.title, fontsize=10)
+    ax.grid(True, which="major", alpha=0.3)
+    ax.legend(fontsize=7, loc="upper left")
+    return _save(fig, df, out_dir, f"{case.slug}_roofline")
+
+
+# --------------------------------------------------------------------------- 2. throughput
+
+
+def throughput_table(cases: list[Case]) -> pd.DataFrame:
+    rows = []
+    for case in cases:
+        mb = case.at(1).memory.max_batch
+        for b in batch_ladder(mb):
+            e = case.at(b)
+            rows.append({"case": case.label, "gpu": case.hw.name,
+                         "weights": case.precision.weights.value, "tp": case.tp, "batch": b,
+                         "tpot_s": e.tpot_s, "throughput_tokens_per_s": e.throughput_tokens_per_s,
+                         "ttft_s": e.ttft_s, "bound": e.bound, "fits": e.memory.fits,
+                         "max_batch": mb})
+    return pd.DataFrame(rows)
+
+
+def plot_throughput(cases: list[Case], df: pd.DataFrame, out_dir: Path) -> tuple[Path, Path]:
+    fig, ax = plt.subplots(figsize=(10, 6.5))
+    labels = Labels(ax, dx_dec=0.12, dy_dec=0.06)
+    for i, (label, sub) in enumerate(df.groupby("case", sort=False)):
+        color = COLORS[i % len(COLORS)]
+        x, y = sub["tpot_s"] * 1e3, sub["throughput_tokens_per_s"]
+        last = sub.iloc[-1]
+        ax.plot(x, y, "-", color=color, lw=1.3,
+                label=f"{label}: memory limit at batch {last.batch}")
+        mem = sub["bound"] == "memory"
+        ax.scatter(x[mem], y[mem], color=color, s=30, zorder=3)
+        ax.scatter(x[~mem], y[~mem], facecolor="white", edgecolor=color, s=34, zorder=3)
+        ax.scatter([last.tpot_s * 1e3], [last.throughput_tokens_per_s], marker="s", s=70,
+                   facecolor="none", edgecolor=color, lw=1.5, zorder=4)
+        for r in sub.itertuples():
+            labels.add(r.tpot_s * 1e3, r.throughput_tokens_per_s, str(r.batch), color=color,
+                       dx=4, dy=-10)
+    ax.scatter([], [], color="grey", s=30, label="memory-bound (filled)")
+    ax.scatter([], [], facecolor="white", edgecolor="grey", s=34, label="compute-bound (hollow)")
+    ax.scatter([], [], marker="s", s=70, facecolor="none", edgecolor="grey",
+               label="largest batch that fits")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    def plain(v: float, _=None) -> str:
+        return f"{v:,.0f}" if v >= 1 else f"{v:g}"
+
+    def minor(v: float, _=None) -> str:
+        return plain(v) if f"{v:.0e}"[0] in "25" else ""
+
+    for axis in (ax.xaxis, ax.yaxis):
+        axis.set_major_formatter(matplotlib.ticker.FuncFormatter(plain))
+        axis.set_minor_formatter(matplotlib.ticker.FuncFormatter(minor))
+    ax.set_xlabel("time per output token, TPOT (ms)")
+    ax.set_ylabel("decode throughput (tokens/s, all sequences)")
+    c0 = cases[0]
+    ax.set_title(f"{c0.model.label}: throughput vs latency as the batch grows "
+                 f"(labels: batch)\nprompt {c0.prompt_tokens} / output {c0.output_tokens} "
+                 f"tokens, KV {c0.precision.kv_cache.value}", fontsize=10)
+    ax.grid(True, which="both", alpha=0.25)
+    ax.legend(fontsize=8, loc="lower right")
+    tag = "_".join(sorted({c.precision.weights.value for c in cases}))
+    return _save(fig, df, out_dir, f"{c0.model.name}_throughput_latency_{tag}")
+
+
+# --------------------------------------------------------------------------- 3. memory
+
+
+def memory_table(case: Case) -> pd.DataFrame:
+    mb = case.at(1).memory.max_batch
+    rows = []
+    for b in batch_ladder(mb, beyond=True):
+        m = case.at(b).memory
+        rows.append({"batch": b, "weights_bytes": m.weights_bytes,
+                     "kv_cache_bytes": m.kv_cache_bytes, "activation_bytes": m.activation_bytes,
+                     "reserve_bytes": m.reserve_bytes, "total_bytes": m.total_bytes,
+                     "capacity_bytes": m.capacity_bytes, "usable_bytes": m.usable_bytes,
+                     "fits": m.fits})
+    return pd.DataFrame(rows)
+
+
+def plot_memory(case: Case, df: pd.DataFrame, out_dir: Path) -> tuple[Path, Path]:
+    fig, ax = plt.subplots(figsize=(10, 6))
+    x = np.arange(len(df))
+    bottom = np.zeros(len(df))
+    for (col, label), color in zip((("weights_bytes", "weights"), ("kv_cache_bytes", "KV cache"),
+                                    ("activation_bytes", "activations (prefill peak)"),
+                                    ("reserve_bytes", "reserve")),
+                                   (COLORS[0], COLORS[1], COLORS[2], COLORS[7]), strict=True):
+        v = df[col].to_numpy() / GIB
+        ax.bar(x, v, bottom=bottom, color=color, label=label, width=0.7)
+        bottom += v
+    cap, usable = df["capacity_bytes"].iloc[0] / GIB, df["usable_bytes"].iloc[0] / GIB
+    ax.axhline(cap, color="black", lw=1.5, label=f"capacity {cap:,.0f} GiB")
+    ax.axhline(usable, color="black", lw=1, ls="--", label=f"usable {usable:,.1f} GiB")
+    for i, r in enumerate(df.itertuples()):
+        if not r.fits:
+            ax.annotate("does not fit", (i, r.total_bytes / GIB), textcoords="offset points",
+                        xytext=(0, 4), ha="center", fontsize=8, color="tab:red")
+    ax.set_xticks(x, [str(b) for b in df["batch"]])
+    ax.set_xlabel("batch (concurrent sequences)")
+    ax.set_ylabel("memory per GPU (GiB)")
+    ax.set_title(case.title + " - memory per GPU", fontsize=10)
+    ax.legend(fontsize=8, loc="upper left")
+    ax.grid(True, axis="y", alpha=0.3)
+    return _save(fig, df, out_dir, f"{case.slug}_memory")
+
+
+def write_reports(cases: list[Case], out_dir: Path, *, batch: int,
+                  measured: pd.DataFrame | None = None,
+                  measured_ceilings: dict | None = None) -> list[Path]:
+    """All three charts: roofline and memory for the first case, throughput for all."""
+    first = cases[0]
+    paths = []
+    paths += plot_roofline(first, roofline_table(first, batch, measured), out_dir,
+                           measured_ceilings)
+    paths += plot_throughput(cases, throughput_table(cases), out_dir)
+    paths += plot_memory(first, memory_table(first), out_dir)
+    return list(paths)

@@ -1,0 +1,74 @@
+"""PNG reports: files written, CSVs hold what is plotted, bad input rejected."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+from PIL import Image
+
+from planner import catalog
+from planner.report import Case, batch_ladder, memory_table, roofline_table, throughput_table
+from planner.specs import Precision
+
+
+def test_batch_ladder():
+    assert batch_ladder(117) == [1, 2, 4, 8, 16, 32, 64, 117]
+    assert batch_ladder(64) == [1, 2, 4, 8, 16, 32, 64]
+    assert batch_ladder(117, beyond=True)[-1] == 234
+    assert batch_ladder(0) == [1]
+
+
+def test_report_cli_writes_pngs_and_csvs(run_cli, tmp_path):
+    code, out, err = run_cli("report", "-m", "llama-3.1-8b", "-g", "h100-sxm,a100-sxm-80gb",
+                             "--weights", "bf16,fp8", "--out", str(tmp_path))
+    assert code == 0, err
+    files = sorted(p.name for p in tmp_path.iterdir())
+    assert len(files) == 6
+    for p in tmp_path.glob("*.png"):
+        with Image.open(p) as im:
+            assert im.size[0] > 800 and im.size[1] > 500
+    tl = pd.read_csv(next(tmp_path.glob("*throughput_latency*.csv")))
+    assert set(tl["case"]) == {"h100-sxm bf16", "h100-sxm fp8", "a100-sxm-80gb bf16",
+                               "a100-sxm-80gb fp8"}
+    # each curve ends at the largest batch that fits
+    for _, sub in tl.groupby("case"):
+        assert sub["batch"].iloc[-1] == sub["max_batch"].iloc[0]
+        assert sub["fits"].all()
+
+
+def test_roofline_points_lie_under_the_roof():
+    case = Case(catalog.load_model("mixtral-8x7b"), catalog.load_hardware("h100-sxm"),
+                Precision(), 1024, 128, tp=2)
+    df = roofline_table(case, 8)
+    peak, bw = df["peak_flops_per_s"].iloc[0], df["bandwidth_bytes_per_s"].iloc[0]
+    roof = (df["intensity_flops_per_byte"] * bw).clip(upper=peak)
+    assert (df["attainable_flops_per_s"] <= roof * (1 + 1e-9)).all()
+    assert {"decode operators (batch 8)", "prefill operators (batch 8)", "decode step",
+            "optimal batch"} <= set(df["series"])
+
+
+def test_memory_table_shows_overflow():
+    case = Case(catalog.load_model("llama-3.1-8b"), catalog.load_hardware("l4"), Precision(),
+                4096, 512)
+    df = memory_table(case)
+    assert df["fits"].iloc[:-1].all() and not df["fits"].iloc[-1]
+    assert (df["total_bytes"] == df[["weights_bytes", "kv_cache_bytes", "activation_bytes",
+                                     "reserve_bytes"]].sum(axis=1)).all()
+
+
+def test_throughput_rises_with_batch():
+    case = Case(catalog.load_model("llama-3.1-8b"), catalog.load_hardware("h200"), Precision(),
+                512, 128)
+    df = throughput_table([case])
+    assert df["throughput_tokens_per_s"].is_monotonic_increasing
+    assert df["tpot_s"].is_monotonic_increasing
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["-m", "llama-3.1-8b", "-g", "t4"], "t4 has no bf16"),
+    (["-m", "llama-3.1-8b", "-g", "h100-sxm", "--weights", "fp5"], "--weights: 'fp5'"),
+    (["-m", "llama-3.1-70b", "-g", "h100-sxm", "--tp", "3"], "--tp 3"),
+])
+def test_report_bad_input(run_cli, tmp_path, args, needle):
+    code, _, err = run_cli("report", *args, "--out", str(tmp_path))
+    assert code == 2 and needle in err
