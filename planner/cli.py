@@ -183,11 +183,30 @@ def gpus(as_json: JsonOpt = False) -> None:
                         for r in rows]))
 
 
+BUILTIN = ("estimate", "models", "gpus", "sweep", "report")
+
+
 def _register() -> None:
     from planner import cli_sweep
 
     app.command()(cli_sweep.sweep)
     app.command()(cli_sweep.report)
+
+
+def _register_plugins(argv: list[str]) -> None:
+    """Commands from other packages (``llmplan.commands`` entry points), such as the
+    harness's ``measure``: looked up only when a built-in command is not what was asked for,
+    so ``llmplan estimate`` starts without scanning installed packages."""
+    first = next((a for a in argv if not a.startswith("-")), None)
+    if first in BUILTIN:
+        return
+    from importlib.metadata import entry_points
+
+    for ep in entry_points(group="llmplan.commands"):
+        try:
+            app.command(name=ep.name)(ep.load())
+        except ImportError as err:  # a plugin whose extras are missing: say so when asked
+            stderr.print(f"[dim]llmplan {ep.name} unavailable: {err}[/]")
 
 
 _register()
@@ -222,6 +241,7 @@ def _click_exceptions() -> dict[str, tuple[type[BaseException], ...]]:
 def main(argv: list[str] | None = None) -> int:
     """Entry point: runs the app and turns every user error into one line and exit code 2."""
     exc = _click_exceptions()
+    _register_plugins(sys.argv[1:] if argv is None else argv)
     try:
         rv = app(args=argv, standalone_mode=False, prog_name="llmplan")
     except exc["NoArgsIsHelpError"] as err:

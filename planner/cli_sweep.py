@@ -205,13 +205,14 @@ def report(
                         opts, cal if cal and cal.device == hw.name else None)
             case.at(1)  # surfaces an unsupported precision as a one-line error
             cases.append(case)
-    meas, meas_ceil = None, None
+    meas, meas_ceil, records = None, None, None
     if measured is not None:
-        from harness.results import load_for_report
+        from planner.report import load_measured, measured_roofline_points, plot_accuracy
 
-        meas, meas_ceil, extra = load_for_report(measured, cases[0], out)
+        records = load_measured(measured)
+        meas, meas_ceil = measured_roofline_points(records)
     paths = write_reports(cases, out, batch=batch, measured=meas, measured_ceilings=meas_ceil)
-    if measured is not None:
-        paths += extra
+    if records is not None:
+        paths += plot_accuracy(records, out, f"{measured.stem}_predicted_vs_measured")
     for p in paths:
         stdout.print(str(p))

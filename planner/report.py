@@ -108,6 +108,19 @@ class Labels:
                          fontsize=fontsize, color=color, **kw)
 
 
+def plain_log_ticks(ax) -> None:
+    """Log axes labelled 5, 10, 20, 50 ... rather than 5 x 10^0."""
+    def plain(v: float, _=None) -> str:
+        return f"{v:,.0f}" if v >= 1 else f"{v:g}"
+
+    def minor(v: float, _=None) -> str:
+        return plain(v) if f"{v:.0e}"[0] in "25" else ""
+
+    for axis in (ax.xaxis, ax.yaxis):
+        axis.set_major_formatter(matplotlib.ticker.FuncFormatter(plain))
+        axis.set_minor_formatter(matplotlib.ticker.FuncFormatter(minor))
+
+
 def _save(fig, df: pd.DataFrame, out_dir: Path, name: str) -> tuple[Path, Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
     png, csv = out_dir / f"{name}.png", out_dir / f"{name}.csv"
@@ -258,15 +271,7 @@ def plot_throughput(cases: list[Case], df: pd.DataFrame, out_dir: Path) -> tuple
                label="largest batch that fits")
     ax.set_xscale("log")
     ax.set_yscale("log")
-    def plain(v: float, _=None) -> str:
-        return f"{v:,.0f}" if v >= 1 else f"{v:g}"
-
-    def minor(v: float, _=None) -> str:
-        return plain(v) if f"{v:.0e}"[0] in "25" else ""
-
-    for axis in (ax.xaxis, ax.yaxis):
-        axis.set_major_formatter(matplotlib.ticker.FuncFormatter(plain))
-        axis.set_minor_formatter(matplotlib.ticker.FuncFormatter(minor))
+    plain_log_ticks(ax)
     ax.set_xlabel("time per output token, TPOT (ms)")
     ax.set_ylabel("decode throughput (tokens/s, all sequences)")
     c0 = cases[0]
@@ -333,3 +338,99 @@ def write_reports(cases: list[Case], out_dir: Path, *, batch: int,
     paths += plot_throughput(cases, throughput_table(cases), out_dir)
     paths += plot_memory(first, memory_table(first), out_dir)
     return list(paths)
+
+
+# --------------------------------------------------------------------------- measurements
+
+
+def load_measured(path: Path) -> list[dict]:
+    """Records of a `llmplan measure` JSONL file (a torn last line is skipped)."""
+    import json
+
+    from planner.errors import SpecError
+
+    if not path.is_file():
+        raise SpecError(f"{path}: no such measurement file")
+    recs = []
+    for i, line in enumerate(path.read_text().splitlines(), 1):
+        try:
+            recs.append(json.loads(line))
+        except json.JSONDecodeError:
+            if i != len(path.read_text().splitlines()):
+                raise SpecError(f"{path}: line {i}: not JSON") from None
+    ok = [r for r in recs if r.get("status") == "ok"]
+    if not ok:
+        raise SpecError(f"{path}: no measured points (status ok) in {len(recs)} records")
+    return ok
+
+
+def measured_roofline_points(records: list[dict]) -> tuple[pd.DataFrame, dict | None]:
+    """Measured decode steps as roofline points, and the measured ceilings of the device."""
+    rows = []
+    for r in records:
+        p = r["prediction"]["calibrated"]
+        tpot = r["measured"]["tpot_s"]["median_s"]
+        c = r["config"]
+        rows.append({"label": f"B={c['batch']} ctx={c['context']}", "batch": c["batch"],
+                     "context": c["context"], "weights": c["weights"],
+                     "intensity_flops_per_byte": p["decode_flops"] / p["decode_weight_kv_bytes"],
+                     "attainable_flops_per_s": p["decode_flops"] / tpot, "time_s": tpot})
+    cal = records[0]["env"].get("calibration") or {}
+    dt = records[0]["config"]["weights"]
+    dt = "bf16" if dt in ("int8", "int4") else dt
+    ceil = None
+    if cal.get("matmul_tflops", {}).get(dt):
+        ceil = {"flops_per_s": cal["matmul_tflops"][dt] * 1e12,
+                "bandwidth_bytes_per_s": cal["memory_bandwidth_gb_per_s"] * 1e9}
+    return pd.DataFrame(rows), ceil
+
+
+def accuracy_table(records: list[dict]) -> pd.DataFrame:
+    rows = []
+    for r in records:
+        c = r["config"]
+        for src, p in r["prediction"].items():
+            if p is None:
+                continue
+            for what, meas in (("TPOT", r["measured"]["tpot_s"]["median_s"]),
+                               ("TTFT", r["measured"]["ttft_s"])):
+                pred = p["tpot_s"] if what == "TPOT" else p["ttft_s"]
+                rows.append({"ceilings": src, "metric": what, "weights": c["weights"],
+                             "batch": c["batch"], "context": c["context"],
+                             "predicted_s": pred, "measured_s": meas,
+                             "error_frac": pred / meas - 1})
+    return pd.DataFrame(rows)
+
+
+def plot_accuracy(records: list[dict], out_dir: Path, name: str) -> tuple[Path, Path]:
+    df = accuracy_table(records)
+    dev = records[0]["env"]["device"]
+    c0 = records[0]["config"]
+    fig, axes = plt.subplots(1, 2, figsize=(12, 5.5))
+    for ax, metric in zip(axes, ("TPOT", "TTFT"), strict=True):
+        sub = df[df.metric == metric]
+        lo = min(sub.predicted_s.min(), sub.measured_s.min()) / 1.5 * 1e3
+        hi = max(sub.predicted_s.max(), sub.measured_s.max()) * 1.5 * 1e3
+        x = np.array([lo, hi])
+        ax.plot(x, x, color="black", lw=1, label="prediction = measurement")
+        ax.fill_between(x, x / 1.1, x * 1.1, color="grey", alpha=0.15, label="within 10%")
+        for i, (src, s2) in enumerate(sub.groupby("ceilings")):
+            med = s2.error_frac.abs().median()
+            ax.scatter(s2.measured_s * 1e3, s2.predicted_s * 1e3, s=30, color=COLORS[i],
+                       zorder=3,
+                       label=f"{src} ceilings: median |error| {med:.1%}")
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlim(lo, hi)
+        ax.set_ylim(lo, hi)
+        plain_log_ticks(ax)
+        ax.set_xlabel(f"measured {metric} (ms)")
+        ax.set_ylabel(f"predicted {metric} (ms)")
+        ax.set_title(metric, fontsize=10)
+        ax.grid(True, which="major", alpha=0.3)
+        ax.legend(fontsize=8, loc="upper left")
+    layers = f", {c0['layers']} of {c0['model_layers']} layers" \
+        if c0["layers"] != c0["model_layers"] else ""
+    fig.suptitle(f"{c0['model']}{layers} on {dev.get('name')} ({dev.get('kind')}): "
+                 f"predicted vs measured, {len(records)} points", fontsize=10)
+    return _save(fig, df, out_dir, name)

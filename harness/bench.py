@@ -1,0 +1,103 @@
+"""Timing: CUDA graphs and CUDA events on GPU, perf_counter on CPU; medians and spread.
+
+On GPU a step is captured into a CUDA graph once and replayed; each replay is timed by an event
+pair, so launch gaps do not count (what a serving engine with graphs sees). Where the working
+set is small enough to sit in L2, a buffer twice the L2 size is written between replays (the
+write is outside the timed events). On CPU each call is timed with perf_counter.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+
+
+@dataclass
+class Timing:
+    median_s: float
+    p10_s: float
+    p90_s: float
+    mean_s: float
+    min_s: float
+    reps: int
+    method: str
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def summarize(times: list[float], method: str) -> Timing:
+    times = sorted(times)
+    if len(times) >= 2:
+        q = statistics.quantiles(times, n=10, method="inclusive")
+        p10, p90 = q[0], q[-1]
+    else:
+        p10 = p90 = times[0]
+    return Timing(median_s=statistics.median(times), p10_s=p10, p90_s=p90,
+                  mean_s=statistics.fmean(times), min_s=times[0], reps=len(times),
+                  method=method)
+
+
+def time_cpu(fn: Callable[[], object], *, budget_s: float = 0.5, min_reps: int = 5,
+             max_reps: int = 200, warmup_s: float = 0.05) -> Timing:
+    t_end = time.perf_counter() + warmup_s
+    fn()
+    while time.perf_counter() < t_end:
+        fn()
+    times: list[float] = []
+    t_stop = time.perf_counter() + budget_s
+    while len(times) < min_reps or (time.perf_counter() < t_stop and len(times) < max_reps):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return summarize(times, "perf_counter")
+
+
+def time_cuda(fn: Callable[[], object], *, budget_s: float = 0.5, min_reps: int = 10,
+              max_reps: int = 500, use_graph: bool = True, flush_l2: bool = False) -> Timing:
+    import torch
+
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):  # warm-up on a side stream, as graph capture requires
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
+    run = fn
+    method = "cuda_events"
+    if use_graph:
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            fn()
+        run = graph.replay
+        method = "cuda_graph+events"
+        for _ in range(3):
+            run()
+    flush = None
+    if flush_l2:
+        l2 = torch.cuda.get_device_properties(0).L2_cache_size
+        flush = torch.empty(2 * l2 // 4, dtype=torch.int32, device="cuda")
+        method += "+l2_flush"
+    torch.cuda.synchronize()
+    times: list[float] = []
+    t_stop = time.perf_counter() + budget_s
+    while len(times) < min_reps or (time.perf_counter() < t_stop and len(times) < max_reps):
+        if flush is not None:
+            flush.zero_()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        run()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / 1e3)
+    return summarize(times, method)
+
+
+def time_fn(fn: Callable[[], object], *, kind: str, budget_s: float = 0.5,
+            use_graph: bool = True, flush_l2: bool = False) -> Timing:
+    if kind == "cuda":
+        return time_cuda(fn, budget_s=budget_s, use_graph=use_graph, flush_l2=flush_l2)
+    return time_cpu(fn, budget_s=budget_s)

@@ -1,0 +1,143 @@
+"""Measured ceilings of the device: memory bandwidth, matmul rate per precision, launch cost.
+
+- Bandwidth: a large device-to-device copy (bytes read + bytes written) and a read-dominated
+  reduction (bytes read); the ceiling is the better of the two.
+- Matmul: C = A @ B at several large square shapes (the ceiling: the best) and at the model's
+  own decode shapes (M = batch; recorded as an efficiency table), per precision: bf16, fp16,
+  and fp8 through torch._scaled_mm where the device has fp8 tensor cores (compute capability
+  8.9 or later). A precision the device or torch cannot run is recorded with the reason.
+- Launch cost: the time of one tiny kernel, replayed from a CUDA graph on GPU (what the decode
+  step pays per kernel under graphs), or one eager tiny op on CPU.
+
+The profile is what ``llmplan estimate --calibration`` reads (planner.specs.Calibration).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from harness.bench import time_fn
+from harness.device import DeviceInfo, now_iso
+
+HARNESS_VERSION = "1"  # bump when the measurement method changes
+
+
+def _sizes(kind: str, quick: bool) -> dict:
+    if kind == "cuda":
+        return {"bw_bytes": (1 << 28) if quick else (1 << 31), "square": (4096, 8192)
+                if not quick else (4096,), "budget_s": 0.2 if quick else 0.5}
+    return {"bw_bytes": (1 << 25) if quick else (1 << 28), "square": (512,) if quick
+            else (1024, 2048), "budget_s": 0.1 if quick else 0.4}
+
+
+def measure_bandwidth(kind: str, n_bytes: int, budget_s: float) -> dict:
+    dev = "cuda" if kind == "cuda" else "cpu"
+    n = n_bytes // 2
+    src = torch.randn(n, device=dev, dtype=torch.float32).to(torch.bfloat16)
+    dst = torch.empty_like(src)
+    copy = time_fn(lambda: dst.copy_(src), kind=kind, budget_s=budget_s, use_graph=False)
+    read = time_fn(lambda: src.sum(dtype=torch.float32), kind=kind, budget_s=budget_s,
+                   use_graph=False)
+    copy_bw = 2 * src.nbytes / copy.median_s  # read + write
+    read_bw = src.nbytes / read.median_s
+    return {"copy_bytes_per_s": copy_bw, "read_bytes_per_s": read_bw,
+            "bytes": n_bytes, "copy": copy.as_dict(), "read": read.as_dict(),
+            "best_bytes_per_s": max(copy_bw, read_bw)}
+
+
+def _fp8_ok(kind: str) -> str | None:
+    if kind != "cuda":
+        return "fp8 matmul needs an NVIDIA GPU with compute capability 8.9 or later"
+    major, minor = torch.cuda.get_device_capability(0)
+    if (major, minor) < (8, 9):
+        return f"compute capability {major}.{minor} has no fp8 tensor cores"
+    if not hasattr(torch, "_scaled_mm") or not hasattr(torch, "float8_e4m3fn"):
+        return f"torch {torch.__version__} has no _scaled_mm / float8_e4m3fn"
+    return None
+
+
+def matmul_rate(kind: str, dtype: str, m: int, k: int, n: int, budget_s: float) -> dict:
+    dev = "cuda" if kind == "cuda" else "cpu"
+    if dtype == "fp8":
+        a = torch.randn(m, k, device=dev).to(torch.float8_e4m3fn)
+        b = torch.randn(n, k, device=dev).to(torch.float8_e4m3fn).t()  # column-major B
+        one = torch.ones((), device=dev)
+
+        def fn():
+            return torch._scaled_mm(a, b, scale_a=one, scale_b=one, out_dtype=torch.bfloat16)
+    else:
+        td = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[dtype]
+        a = torch.randn(m, k, device=dev, dtype=td)
+        b = torch.randn(k, n, device=dev, dtype=td)
+
+        def fn():
+            return a @ b
+    t = time_fn(fn, kind=kind, budget_s=budget_s, use_graph=False)
+    return {"dtype": dtype, "m": m, "k": k, "n": n, "flops_per_s": 2 * m * k * n / t.median_s,
+            "timing": t.as_dict()}
+
+
+def launch_overhead(kind: str, budget_s: float) -> dict:
+    dev = "cuda" if kind == "cuda" else "cpu"
+    x = torch.zeros(1, device=dev)
+    reps = 100
+
+    def many():
+        for _ in range(reps):
+            x.add_(1.0)
+    t = time_fn(many, kind=kind, budget_s=budget_s, use_graph=kind == "cuda")
+    return {"per_kernel_s": t.median_s / reps, "method": t.method, "timing": t.as_dict()}
+
+
+def calibrate(info: DeviceInfo, *, dtypes: tuple[str, ...] = ("bf16", "fp16", "fp8"),
+              decode_shapes: list[tuple[int, int, int]] | None = None,
+              quick: bool = False) -> dict:
+    """Run every measurement; returns a dict that validates as planner.specs.Calibration."""
+    s = _sizes(info.kind, quick)
+    bw = measure_bandwidth(info.kind, s["bw_bytes"], s["budget_s"])
+    rates: dict[str, float] = {}
+    shapes: list[dict] = []
+    skipped: dict[str, str] = {}
+    for dt in dtypes:
+        if dt == "fp8" and (why := _fp8_ok(info.kind)):
+            skipped[dt] = why
+            continue
+        try:
+            best = 0.0
+            for size in s["square"]:
+                r = matmul_rate(info.kind, dt, size, size, size, s["budget_s"])
+                shapes.append({**r, "kind": "square"})
+                best = max(best, r["flops_per_s"])
+            rates[dt] = best / 1e12
+            for (m, k, n) in decode_shapes or []:
+                r = matmul_rate(info.kind, dt, m, k, n, s["budget_s"] / 2)
+                shapes.append({**r, "kind": "decode"})
+        except (RuntimeError, TypeError) as err:
+            skipped[dt] = f"{type(err).__name__}: {str(err).splitlines()[0]}"
+    launch = launch_overhead(info.kind, s["budget_s"])
+    return {
+        "device": info.hardware_db or info.name,
+        "memory_bandwidth_gb_per_s": bw["best_bytes_per_s"] / 1e9,
+        "matmul_tflops": rates,
+        "kernel_overhead_us": launch["per_kernel_s"] * 1e6,
+        "created": now_iso(),
+        "harness_version": HARNESS_VERSION,
+        "details": {"device": info.as_dict(), "bandwidth": bw, "matmul": shapes,
+                    "skipped": skipped, "launch": launch, "quick": quick},
+    }
+
+
+def save(profile: dict, path: str | Path) -> Path:
+    import json
+
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    if p.suffix in (".yaml", ".yml"):
+        import yaml
+
+        p.write_text(yaml.safe_dump(profile, sort_keys=False))
+    else:
+        p.write_text(json.dumps(profile, indent=2))
+    return p

@@ -1,0 +1,207 @@
+"""`llmplan measure`, registered with the planner's CLI through the ``llmplan.commands`` entry
+point (the planner never imports the harness). torch is imported only when it runs."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from planner.cli_common import json_out, positive, stderr, stdout
+from planner.errors import LlmplanError
+from planner.specs import GIB
+
+
+def measure(
+    model: Annotated[Optional[str], typer.Option(
+        "--model", "-m", help="Built-in model, YAML or config.json (Llama-shaped, dense).")
+    ] = None,
+    gpu: Annotated[Optional[str], typer.Option(
+        "--gpu", "-g", help="hardware_db entry to compare with (default: matched by name).")
+    ] = None,
+    device: Annotated[str, typer.Option(help="auto, cuda or cpu.")] = "auto",
+    calibrate_only: Annotated[bool, typer.Option(
+        "--calibrate", help="Only measure the device's ceilings and save the profile.")] = False,
+    calibration: Annotated[Optional[Path], typer.Option(
+        help="Use this calibration profile instead of measuring one.")] = None,
+    calibration_out: Annotated[Optional[Path], typer.Option(
+        help="Where to save the calibration (default: beside --out, or "
+             "results/calibration-<device>.yaml).")] = None,
+    batch: Annotated[str, typer.Option("--batch", "-b", help="Batches: 1,2,4..256.")] = "1,4,16",
+    context: Annotated[str, typer.Option("--context", "-c",
+                                         help="Contexts: 512,2048,8192.")] = "128,512",
+    weights: Annotated[str, typer.Option(help="Weight precisions: bf16, fp16, int8.")] = "bf16",
+    kv_cache: Annotated[str, typer.Option(help="KV-cache precision: bf16 or fp16.")] = "bf16",
+    layers: Annotated[Optional[int], typer.Option(
+        help="Build and time N distinct layers (for models that do not fit); the comparison "
+             "is with the N-layer prediction.")] = None,
+    out: Annotated[Optional[Path], typer.Option(
+        help="JSON Lines results (default: results/measure-<model>-<device>.jsonl).")] = None,
+    resume: Annotated[bool, typer.Option(
+        "--resume", help="Skip the points --out already holds.")] = False,
+    max_memory: Annotated[Optional[float], typer.Option(
+        "--max-memory", help="GiB a point may use; points predicted over it are skipped.")
+    ] = None,
+    budget_s: Annotated[float, typer.Option(help="Seconds of repetitions per timing.")] = 0.5,
+    threads: Annotated[Optional[int], typer.Option(help="torch threads on CPU.")] = None,
+    quick_calibration: Annotated[bool, typer.Option(
+        "--quick-calibration", help="Smaller calibration sizes (tests, smoke runs).")] = False,
+    prometheus: Annotated[Optional[Path], typer.Option(
+        help="Also write the figures in Prometheus text format (textfile collector).")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
+) -> None:
+    """Run real decode and prefill steps of a model's shape and compare with predictions."""
+    from planner import catalog
+    from planner.sweep import parse_int_list, parse_str_list
+
+    positive("--budget-s", budget_s)
+    positive("--max-memory", max_memory)
+    positive("--threads", threads)
+    positive("--layers", layers)
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        raise LlmplanError("llmplan measure needs torch: pip install 'llmplan[measure]'") \
+            from None
+    from harness import calibrate as cal_mod
+    from harness.device import detect
+
+    info = detect(device, threads=threads)
+    hw = catalog.load_hardware(gpu) if gpu else (
+        catalog.load_hardware(info.hardware_db) if info.hardware_db else None)
+    if hw is not None and info.kind == "cpu":
+        stderr.print(f"[yellow]note:[/] measuring on the CPU; --gpu {hw.name} is ignored")
+        hw = None
+    m = catalog.load_model(model) if model else None
+    if calibrate_only or calibration is None:
+        shapes = _decode_shapes(m, parse_int_list(batch, "--batch")) if m else []
+        stderr.print(f"calibrating {info.name} ...")
+        profile = cal_mod.calibrate(info, decode_shapes=shapes, quick=quick_calibration)
+        dest = calibration_out or (out.with_suffix(".calibration.yaml") if out else
+                                   Path("results") / f"calibration-{_slug(info)}.yaml")
+        cal_mod.save(profile, dest)
+        cal = catalog.load_calibration(dest)
+        stderr.print(f"calibration saved to {dest}")
+        if calibrate_only:
+            _print_calibration(cal, hw, as_json)
+            return
+    else:
+        cal = catalog.load_calibration(calibration)
+    if m is None:
+        raise LlmplanError("--model: required unless --calibrate")
+
+    from harness.measure import Plan, run, stderr_progress, summarize, write_prometheus
+
+    n_layers = layers or m.num_layers
+    if n_layers > m.num_layers:
+        raise LlmplanError(f"--layers: {n_layers} exceeds {m.name}'s {m.num_layers} layers")
+    batches = parse_int_list(batch, "--batch")
+    contexts = parse_int_list(context, "--context")
+    wlist = parse_str_list(weights)
+    for w in wlist:
+        if w not in ("bf16", "fp16", "int8", "fp8", "int4"):
+            raise LlmplanError(f"--weights: '{w}' is not one of bf16, fp16, int8, fp8, int4")
+    if kv_cache not in ("bf16", "fp16"):
+        raise LlmplanError(f"--kv-cache: '{kv_cache}' is not one of bf16, fp16")
+    cap = (max_memory * GIB if max_memory else info.memory_bytes * (0.9 if info.kind == "cuda"
+                                                                   else 0.5))
+    dest = out or Path("results") / f"measure-{m.name}-{_slug(info)}.jsonl"
+    plan = Plan(model=m, layers=n_layers, weights=wlist, kv_cache=kv_cache, batches=batches,
+                contexts=contexts, max_memory_bytes=cap, out=dest, resume=resume,
+                budget_s=budget_s, argv=["llmplan", *sys.argv[1:]])
+    total = len(wlist) * len(batches) * len(contexts)
+    advance, prog = stderr_progress(total)
+    try:
+        with prog:
+            records = run(plan, info, cal, hw, progress=advance)
+    except KeyboardInterrupt:
+        stderr.print(f"interrupted: finished points are in {dest}; rerun with --resume")
+        raise typer.Exit(130) from None
+    summary = summarize(records)
+    if prometheus:
+        write_prometheus(records, prometheus)
+    if as_json:
+        json_out({"out": str(dest), "summary": summary})
+        return
+    _print_points(records, hw is not None)
+    _print_summary(summary)
+    stdout.print(f"results: {dest}")
+
+
+def _slug(info) -> str:
+    if info.hardware_db:
+        return info.hardware_db
+    return "cpu" if info.kind == "cpu" else info.name.lower().replace(" ", "-")
+
+
+def _decode_shapes(m, batches: list[int]) -> list[tuple[int, int, int]]:
+    """The matmuls of the model's decode step at each batch: (M, K, N)."""
+    if m.moe or m.mla:
+        return []
+    h, hd = m.hidden_size, m.head_dim_
+    shapes = []
+    for b in batches:
+        shapes += [(b, h, (m.num_attention_heads + 2 * m.num_kv_heads) * hd),
+                   (b, h, 2 * m.intermediate_size), (b, m.intermediate_size, h)]
+    return shapes
+
+
+def _print_calibration(cal, hw, as_json: bool) -> None:
+    from planner.render import table
+
+    if as_json:
+        json_out(cal.model_dump(mode="json"))
+        return
+    rows = [["memory bandwidth", f"{cal.memory_bandwidth_gb_per_s:,.1f} GB/s",
+             f"{hw.memory_bandwidth_gb_per_s:,.0f} GB/s" if hw else "-",
+             f"{cal.memory_bandwidth_gb_per_s / hw.memory_bandwidth_gb_per_s:.0%}" if hw
+             else "-"]]
+    for dt, v in cal.matmul_tflops.items():
+        sheet = hw.peak_tflops.get(dt) if hw else None
+        rows.append([f"matmul {dt.value}", f"{v:,.2f} TFLOP/s",
+                     f"{sheet:,.1f} TFLOP/s" if sheet else "-",
+                     f"{v / sheet:.0%}" if sheet else "-"])
+    rows.append(["kernel launch", f"{cal.kernel_overhead_us:.2f} us", "-", "-"])
+    for dt, why in cal.details.get("skipped", {}).items():
+        rows.append([f"matmul {dt}", "skipped", why[:50], ""])
+    stdout.print(table(f"Calibration of {cal.device}", ["ceiling", "measured", "datasheet",
+                                                        "of datasheet"], rows))
+
+
+def _print_points(records: list[dict], datasheet: bool) -> None:
+    from planner import fmt
+    from planner.render import table
+
+    cols = ["w", "batch", "ctx", "status", "TPOT", "pred (cal)", "err", "TTFT", "pred (cal)",
+            "err", "MBU (cal)"]
+    if datasheet:
+        cols += ["TPOT err (sheet)"]
+    rows = []
+    for r in records:
+        c = r["config"]
+        key = [c["weights"], c["batch"], c["context"]]
+        if r["status"] != "ok":
+            rows.append(key + [r["status"], r.get("reason", "")[:40]] + [""] * (len(cols) - 5))
+            continue
+        p, e = r["prediction"]["calibrated"], r["error"]["calibrated"]
+        row = key + ["ok", fmt.seconds(r["measured"]["tpot_s"]["median_s"]),
+                     fmt.seconds(p["tpot_s"]), f"{e['tpot_frac']:+.1%}",
+                     fmt.seconds(r["measured"]["ttft_s"]), fmt.seconds(p["ttft_s"]),
+                     f"{e['ttft_frac']:+.1%}", fmt.pct(r["utilisation"]["calibrated"]["mbu"])]
+        if datasheet:
+            row.append(f"{r['error']['datasheet']['tpot_frac']:+.1%}")
+        rows.append(row)
+    stdout.print(table("Predicted vs measured", cols, rows, left=1, compact=True))
+
+
+def _print_summary(summary: dict) -> None:
+    pts = summary["points"]
+    stdout.print(f"points: {pts['ok']} ok, {pts['skipped']} skipped, {pts['oom']} OOM, "
+                 f"{pts['error']} errors")
+    for k, v in summary.items():
+        if k == "points":
+            continue
+        stdout.print(f"{k}: median |error| {v['median_abs']:.1%}, worst {v['worst_abs']:.1%} "
+                     f"over {v['points']} points")

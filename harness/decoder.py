@@ -1,0 +1,235 @@
+"""A Llama-shaped decoder stack with random weights and a static, pre-allocated KV cache.
+
+Built from a ``ModelSpec`` (dense, GQA; RMSNorm, gated SiLU MLP, RoPE, lm_head). Weights are
+random (never zeros: a zero weight could let a kernel skip work), in bf16 or fp16, or int8
+weight-only with per-channel scales where torch has the kernel. Only what timing needs is
+modelled: the math is the real shape and the real kernels, not a trained network.
+
+torch is imported by this module: only ``llmplan measure`` reaches it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from planner.specs import ModelSpec
+
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+class UnsupportedConfig(Exception):
+    """This device or torch build cannot run the requested configuration; say why."""
+
+
+def _rand(*shape: int, dtype, device, fan_in: int) -> torch.Tensor:
+    # uniform in +-1/sqrt(fan_in): non-zero, and activations stay O(1) through the stack
+    w = torch.empty(*shape, dtype=torch.float32, device=device).uniform_(-1.0, 1.0)
+    return (w / math.sqrt(fan_in)).to(dtype)
+
+
+class Linear:
+    """y = x @ W^T, in 16-bit, or int8 weight-only (per output channel scales)."""
+
+    def __init__(self, k: int, n: int, *, weights: str, dtype, device):
+        self.k, self.n = k, n
+        w = _rand(n, k, dtype=dtype, device=device, fan_in=k)
+        if weights == "int8":
+            if not hasattr(torch, "_weight_int8pack_mm"):
+                raise UnsupportedConfig("this torch has no _weight_int8pack_mm (int8 weight-only)")
+            scale = w.float().abs().amax(dim=1).clamp(min=1e-8) / 127.0
+            self.w = (w.float() / scale[:, None]).round().clamp(-128, 127).to(torch.int8)
+            self.scale = scale.to(dtype)
+            self.int8 = True
+        elif weights in ("bf16", "fp16"):
+            self.w, self.int8 = w, False
+        else:
+            raise UnsupportedConfig(f"{weights} weights are not implemented by this harness "
+                                    "version (bf16, fp16 and int8 are)")
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.int8:
+            shape = x.shape
+            y = torch._weight_int8pack_mm(x.reshape(-1, self.k), self.w, self.scale)
+            return y.reshape(*shape[:-1], self.n)
+        return F.linear(x, self.w)
+
+    @property
+    def nbytes(self) -> int:
+        extra = self.scale.numel() * self.scale.element_size() if self.int8 else 0
+        return self.w.numel() * self.w.element_size() + extra
+
+
+def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float = 1e-5) -> torch.Tensor:
+    xf = x.float()
+    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype) * w
+
+
+def rope_tables(max_pos: int, head_dim: int, device, dtype, theta: float = 500000.0):
+    inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=device).float() / head_dim))
+    t = torch.arange(max_pos, device=device).float()
+    f = torch.outer(t, inv)  # [pos, hd/2]
+    return torch.cos(f).to(dtype), torch.sin(f).to(dtype)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    # x: [B, T, H, hd]; cos/sin: [T, hd/2] or [B, T, hd/2]
+    x1, x2 = x[..., 0::2], x[..., 1::2]
+    if cos.dim() == 2:
+        cos, sin = cos[None, :, None, :], sin[None, :, None, :]
+    else:
+        cos, sin = cos[:, :, None, :], sin[:, :, None, :]
+    out = torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
+    return out.flatten(-2)
+
+
+@dataclass
+class Layer:
+    attn_norm: torch.Tensor
+    qkv: Linear
+    o: Linear
+    mlp_norm: torch.Tensor
+    gate_up: Linear
+    down: Linear
+
+
+class Decoder:
+    """``layers`` distinct decoder layers of ``model``'s shape, embeddings and lm_head.
+
+    KV cache: one [batch, max_tokens, kv_heads, head_dim] tensor for K and one for V per layer,
+    allocated once. ``decode_step`` appends one token per sequence at ``pos`` and attends to
+    ``pos + 1`` cached tokens; ``prefill`` runs ``prompt`` tokens per sequence causally.
+    """
+
+    def __init__(self, model: ModelSpec, *, layers: int | None, batch: int, max_tokens: int,
+                 weights: str = "bf16", kv_dtype: str = "bf16", device: str = "cpu",
+                 attention_backend: str = "auto"):
+        if model.moe is not None or model.mla is not None:
+            raise UnsupportedConfig(f"{model.name}: the harness decoder is dense GQA only "
+                                    "(no MoE or MLA yet)")
+        if model.mlp != "gated" or model.norm != "rmsnorm":
+            raise UnsupportedConfig(f"{model.name}: the harness decoder is Llama-shaped "
+                                    "(gated MLP, RMSNorm)")
+        self.model = model
+        self.n_layers = layers or model.num_layers
+        self.device = torch.device(device)
+        act = DTYPES["fp16" if weights == "fp16" else "bf16"]
+        self.act_dtype = act
+        self.kv_dtype = DTYPES.get(kv_dtype)
+        if self.kv_dtype is None:
+            raise UnsupportedConfig(f"KV cache {kv_dtype} is not implemented by this harness "
+                                    "version (bf16, fp16 are)")
+        h, hd = model.hidden_size, model.head_dim_
+        self.h, self.hd = h, hd
+        self.nh, self.nkv = model.num_attention_heads, model.num_kv_heads
+        self.batch, self.max_tokens = batch, max_tokens
+        dev = self.device
+        self.embed = _rand(model.vocab_size, h, dtype=act, device=dev, fan_in=1)
+        self.layers = []
+        for _ in range(self.n_layers):
+            self.layers.append(Layer(
+                attn_norm=torch.ones(h, dtype=act, device=dev),
+                qkv=Linear(h, (self.nh + 2 * self.nkv) * hd, weights=weights, dtype=act,
+                           device=dev),
+                o=Linear(self.nh * hd, h, weights=weights, dtype=act, device=dev),
+                mlp_norm=torch.ones(h, dtype=act, device=dev),
+                gate_up=Linear(h, 2 * model.intermediate_size, weights=weights, dtype=act,
+                               device=dev),
+                down=Linear(model.intermediate_size, h, weights=weights, dtype=act, device=dev),
+            ))
+        self.final_norm = torch.ones(h, dtype=act, device=dev)
+        self.lm_head = _rand(model.vocab_size, h, dtype=act, device=dev, fan_in=h)
+        self.k_cache: list[torch.Tensor] = []
+        self.v_cache: list[torch.Tensor] = []
+        self.cos = self.sin = None
+        self.alloc_cache(batch, max_tokens)
+        self.backend = self._pick_backend(attention_backend)
+
+    def alloc_cache(self, batch: int, max_tokens: int) -> None:
+        """A fresh KV cache of ``batch`` x ``max_tokens`` (random contents: only its size and
+        layout matter for timing); the previous one is freed first."""
+        self.free_cache()
+        shape = (batch, max_tokens, self.nkv, self.hd)
+        dev = self.device
+        self.k_cache = [_rand(*shape, dtype=self.kv_dtype, device=dev, fan_in=1)
+                        for _ in range(self.n_layers)]
+        self.v_cache = [_rand(*shape, dtype=self.kv_dtype, device=dev, fan_in=1)
+                        for _ in range(self.n_layers)]
+        self.batch, self.max_tokens = batch, max_tokens
+        self.cos, self.sin = rope_tables(max_tokens, self.hd, dev, self.act_dtype)
+
+    def free_cache(self) -> None:
+        self.k_cache, self.v_cache = [], []
+
+    # ----------------------------------------------------------------------------- helpers
+    def _pick_backend(self, want: str) -> str:
+        if self.device.type != "cuda":
+            return "math" if want == "auto" else want
+        return "flash" if want == "auto" else want
+
+    def _sdpa(self, q, k, v, *, causal: bool):
+        # q: [B, H, T, hd]; k, v: [B, KV, S, hd]
+        rep = self.nh // self.nkv
+        if self.device.type == "cuda":
+            from torch.nn.attention import SDPBackend, sdpa_kernel
+
+            backend = {"flash": SDPBackend.FLASH_ATTENTION,
+                       "efficient": SDPBackend.EFFICIENT_ATTENTION,
+                       "math": SDPBackend.MATH,
+                       "cudnn": SDPBackend.CUDNN_ATTENTION}[self.backend]
+            with sdpa_kernel(backend):
+                return F.scaled_dot_product_attention(q, k, v, is_causal=causal,
+                                                      enable_gqa=rep > 1)
+        return F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=rep > 1)
+
+    @property
+    def weight_bytes(self) -> int:
+        per_layer = sum(lin.nbytes for lyr in self.layers
+                        for lin in (lyr.qkv, lyr.o, lyr.gate_up, lyr.down))
+        norms = (2 * self.n_layers + 1) * self.h * self.embed.element_size()
+        return per_layer + norms + self.lm_head.numel() * self.lm_head.element_size()
+
+    def kv_bytes(self, batch: int, tokens: int) -> int:
+        return 2 * self.n_layers * batch * tokens * self.nkv * self.hd * \
+            self.k_cache[0].element_size()
+
+    # ----------------------------------------------------------------------------- forward
+    def _layer(self, lyr: Layer, i: int, x: torch.Tensor, pos: int, n_new: int,
+               b: int) -> torch.Tensor:
+        B, T = b, n_new
+        hd, nh, nkv = self.hd, self.nh, self.nkv
+        y = rms_norm(x, lyr.attn_norm)
+        qkv = lyr.qkv(y)  # [B, T, (nh + 2 nkv) hd]
+        q, k, v = qkv.split([nh * hd, nkv * hd, nkv * hd], dim=-1)
+        q = q.view(B, T, nh, hd)
+        k = k.view(B, T, nkv, hd)
+        v = v.view(B, T, nkv, hd)
+        cos, sin = self.cos[pos:pos + T], self.sin[pos:pos + T]
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        self.k_cache[i][:B, pos:pos + T] = k.to(self.kv_dtype)
+        self.v_cache[i][:B, pos:pos + T] = v.to(self.kv_dtype)
+        keys = self.k_cache[i][:B, :pos + T].transpose(1, 2).to(x.dtype)  # [B, KV, S, hd]
+        vals = self.v_cache[i][:B, :pos + T].transpose(1, 2).to(x.dtype)
+        att = self._sdpa(q.transpose(1, 2), keys, vals, causal=T > 1 and pos == 0)
+        x = x + lyr.o(att.transpose(1, 2).reshape(B, T, nh * hd))
+        y = rms_norm(x, lyr.mlp_norm)
+        gate, up = lyr.gate_up(y).chunk(2, dim=-1)
+        return x + lyr.down(F.silu(gate) * up)
+
+    def forward(self, tokens: torch.Tensor, pos: int) -> torch.Tensor:
+        """tokens: [B, T] ids written at positions pos..pos+T-1; returns last-token logits."""
+        B, T = tokens.shape
+        x = self.embed[tokens]  # [B, T, h]
+        for i, lyr in enumerate(self.layers):
+            x = self._layer(lyr, i, x, pos, T, B)
+        x = rms_norm(x[:, -1:], self.final_norm)
+        return F.linear(x, self.lm_head).float()  # [B, 1, vocab]
+
+    def decode_step(self, tokens: torch.Tensor, pos: int) -> torch.Tensor:
+        return self.forward(tokens, pos)
+
+    def prefill(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.forward(tokens, 0)

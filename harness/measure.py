@@ -1,0 +1,344 @@
+"""`llmplan measure`: time real decode and prefill steps of a model's shape across batch and
+context, compare each point with the planner's prediction, and write JSON Lines as it goes.
+
+Each point is one (weights, batch, context): a decode step at that context (one new token per
+sequence attending to ``context`` cached tokens) and the prefill of batch x context prompt
+tokens (TTFT). Points run batch by batch with context ascending, so an out-of-memory error at
+one context skips the larger contexts of that batch. A line is appended, flushed and fsynced as
+each point completes: an interrupt, an OOM or a crash loses nothing already measured, and
+``--resume`` skips the points a file already holds.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from harness.calibrate import HARNESS_VERSION
+from harness.device import DeviceInfo, Telemetry, now_iso
+from planner.memory import kv_cache_bytes, weight_bytes
+from planner.ops import decode_ops, prefill_ops
+from planner.roofline import Ceilings, ceilings, mbu, mfu, step_time
+from planner.specs import (
+    GIB,
+    Calibration,
+    DType,
+    HardwareSpec,
+    Interconnect,
+    ModelSpec,
+    Options,
+    Precision,
+)
+
+PREFILL_CHUNK_TOKENS = 8192  # prefill runs in slices of at most this many tokens
+
+
+@dataclass
+class Plan:
+    model: ModelSpec
+    layers: int  # layers actually built and timed
+    weights: list[str]
+    kv_cache: str
+    batches: list[int]
+    contexts: list[int]
+    max_memory_bytes: float
+    out: Path
+    resume: bool = False
+    budget_s: float = 0.5
+    flush_l2: bool = True
+    attention_backend: str = "auto"
+    argv: list[str] = field(default_factory=list)
+
+    @property
+    def measured_model(self) -> ModelSpec:
+        """The model as built: ``layers`` of the real shape (``--layers``)."""
+        if self.layers == self.model.num_layers:
+            return self.model
+        return self.model.model_copy(update={"num_layers": self.layers})
+
+
+def point_key(rec: dict) -> tuple:
+    c = rec["config"]
+    return (c["model"], c["layers"], c["weights"], c["kv_cache"], c["batch"], c["context"])
+
+
+def load_done(path: Path) -> dict[tuple, dict]:
+    """Points already in ``path`` (a torn last line from a crash is ignored)."""
+    done: dict[tuple, dict] = {}
+    if not path.exists():
+        return done
+    with path.open() as f:
+        for line in f:
+            try:
+                rec = json.loads(line)
+                done[point_key(rec)] = rec
+            except (json.JSONDecodeError, KeyError):
+                continue
+    return done
+
+
+def append(path: Path, rec: dict) -> None:
+    with path.open("a") as f:
+        f.write(json.dumps(rec, default=float) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def cpu_hardware(info: DeviceInfo, cal: Calibration) -> HardwareSpec:
+    """A hardware spec for a processor, from its calibration (no datasheet is used)."""
+    return HardwareSpec(
+        name="cpu", display_name=info.name, vendor="cpu", source="measured by llmplan measure",
+        memory_gib=info.memory_bytes / GIB, memory_bandwidth_gb_per_s=cal.memory_bandwidth_gb_per_s,
+        peak_tflops=dict(cal.matmul_tflops),
+        interconnect=Interconnect(kind="none", bandwidth_gb_per_s=1.0))
+
+
+def predict(model: ModelSpec, prec: Precision, c: Ceilings, *, batch: int,
+            context: int) -> dict:
+    """The planner's TPOT and TTFT for exactly what is timed (planner.ops, roofline)."""
+    o = Options(kernel_overhead_s=c.kernel_overhead_s)
+    dec = step_time(decode_ops(model, prec, batch=batch, context_tokens=context), c, options=o)
+    pre = step_time(prefill_ops(model, prec, batch=batch, prompt_tokens=context), c, options=o)
+    peak = c.peak(prec.compute_dtype)
+    return {"tpot_s": dec.time_s, "ttft_s": pre.time_s,
+            "decode_weight_kv_bytes": dec.weight_and_kv_bytes, "decode_flops": dec.flops,
+            "prefill_flops": pre.flops, "bound": dec.bound,
+            "mbu": mbu(dec.weight_and_kv_bytes, dec.time_s, c.bandwidth_bytes_per_s),
+            "mfu": mfu(dec.flops, dec.time_s, peak), "ceilings": c.source,
+            "kernel_overhead_s": c.kernel_overhead_s}
+
+
+def point_memory_bytes(model: ModelSpec, prec: Precision, *, batch: int, context: int) -> float:
+    """What the harness allocates for a point: weights, a KV cache of batch x context tokens,
+    and the activations of one prefill slice (planner.memory's terms)."""
+    from planner.memory import activation_bytes
+
+    slice_b = max(1, PREFILL_CHUNK_TOKENS // context)
+    return (weight_bytes(model, prec) + kv_cache_bytes(model, prec, batch=batch, seq_len=context)
+            + activation_bytes(model, prec, batch=min(batch, slice_b), prompt_tokens=context))
+
+
+def _is_oom(err: BaseException) -> bool:
+    import torch
+
+    return isinstance(err, (torch.cuda.OutOfMemoryError, MemoryError)) or \
+        "out of memory" in str(err).lower()
+
+
+def run(plan: Plan, info: DeviceInfo, cal: Calibration, hw: HardwareSpec | None,
+        *, progress: Callable[[str], None] | None = None) -> list[dict]:
+    """Measure every point of ``plan``; returns the records (written as they complete)."""
+    import torch
+
+    from harness.bench import time_fn
+    from harness.decoder import Decoder, UnsupportedConfig
+
+    done = load_done(plan.out) if plan.resume else {}
+    if not plan.resume and plan.out.exists():
+        plan.out.unlink()
+    plan.out.parent.mkdir(parents=True, exist_ok=True)
+    model = plan.measured_model
+    cal_hw = hw if hw is not None else cpu_hardware(info, cal)
+    cal_ceil = ceilings(cal_hw, cal)
+    sheet_ceil = ceilings(hw) if hw is not None and info.kind == "cuda" else None
+    env = {"device": info.as_dict(), "harness_version": HARNESS_VERSION,
+           "torch": str(torch.__version__), "command": plan.argv, "calibration": {
+               "memory_bandwidth_gb_per_s": cal.memory_bandwidth_gb_per_s,
+               "matmul_tflops": {k.value: v for k, v in cal.matmul_tflops.items()},
+               "kernel_overhead_us": cal.kernel_overhead_us}}
+    records: list[dict] = []
+
+    def emit(rec: dict) -> None:
+        append(plan.out, rec)
+        records.append(rec)
+        if progress:
+            progress(rec["status"])
+
+    for weights in plan.weights:
+        prec = Precision(weights=DType(weights), kv_cache=DType(plan.kv_cache),
+                         group_size=model.hidden_size)  # per-channel int8 scales
+        dec = None
+        for batch in plan.batches:
+            oom_at = None
+            for context in plan.contexts:
+                cfg = {"model": plan.model.name, "layers": plan.layers,
+                       "model_layers": plan.model.num_layers, "weights": weights,
+                       "kv_cache": plan.kv_cache, "batch": batch, "context": context,
+                       "prompt_tokens": context, "device": info.kind}
+                base = {"time": now_iso(), "env": env, "config": cfg}
+                if point_key(base) in done:
+                    records.append(done[point_key(base)])
+                    if progress:
+                        progress("resumed")
+                    continue
+                need = point_memory_bytes(model, prec, batch=batch, context=context)
+                if oom_at is not None:
+                    emit({**base, "status": "skipped",
+                          "reason": f"out of memory at context {oom_at} for this batch"})
+                    continue
+                if need > plan.max_memory_bytes:
+                    emit({**base, "status": "skipped",
+                          "reason": f"predicted {need / GIB:.2f} GiB exceeds the "
+                                    f"{plan.max_memory_bytes / GIB:.2f} GiB cap"})
+                    continue
+                try:
+                    if dec is None:
+                        dec = Decoder(model, layers=plan.layers, batch=1, max_tokens=1,
+                                      weights=weights, kv_dtype=plan.kv_cache,
+                                      device=info.kind,
+                                      attention_backend=plan.attention_backend)
+                    rec = _measure_point(dec, plan, info, batch, context, time_fn)
+                except UnsupportedConfig as err:
+                    emit({**base, "status": "skipped", "reason": str(err)})
+                    break
+                except Exception as err:  # an OOM is a result; anything else is recorded
+                    if not _is_oom(err):
+                        emit({**base, "status": "error",
+                              "reason": f"{type(err).__name__}: {str(err)[:300]}"})
+                        continue
+                    oom_at = context
+                    if dec is not None:
+                        dec.free_cache()
+                    if info.kind == "cuda":
+                        torch.cuda.empty_cache()
+                    emit({**base, "status": "oom", "reason": str(err).splitlines()[0][:300]})
+                    continue
+                rec = {**base, **rec, "status": "ok"}
+                _attach_predictions(rec, model, prec, cal_ceil, sheet_ceil, batch, context)
+                emit(rec)
+        if dec is not None:
+            del dec
+            if info.kind == "cuda":
+                torch.cuda.empty_cache()
+    return records
+
+
+def _measure_point(dec, plan: Plan, info: DeviceInfo, batch: int, context: int,
+                   time_fn) -> dict:
+    import torch
+
+    dev = info.kind
+    dec.alloc_cache(batch, context)
+    vocab = dec.model.vocab_size
+    with torch.inference_mode(), Telemetry(dev) as tel:
+        tok = torch.randint(0, vocab, (batch, 1), device=dev)
+        # small working sets fit in L2: flush it between replays so weights come from HBM
+        small = dec.weight_bytes + dec.kv_bytes(batch, context) < 4 * (50 << 20)
+        tpot = time_fn(lambda: dec.decode_step(tok, context - 1), kind=dev,
+                       budget_s=plan.budget_s, flush_l2=plan.flush_l2 and small)
+        slice_b = min(batch, max(1, PREFILL_CHUNK_TOKENS // context))
+        prompt = torch.randint(0, vocab, (slice_b, context), device=dev)
+        pre = time_fn(lambda: dec.prefill(prompt), kind=dev, budget_s=plan.budget_s,
+                      use_graph=False)
+    slices = -(-batch // slice_b)  # equal slices; the last may be partial
+    ttft = pre.median_s * batch / slice_b
+    return {
+        "measured": {"tpot_s": tpot.as_dict(), "prefill_slice_s": pre.as_dict(),
+                     "ttft_s": ttft, "prefill_slices": slices, "prefill_slice_batch": slice_b,
+                     "attention_backend": dec.backend},
+        "telemetry": tel.summary(),
+    }
+
+
+def _attach_predictions(rec: dict, model: ModelSpec, prec: Precision, cal_ceil: Ceilings,
+                        sheet_ceil: Ceilings | None, batch: int, context: int) -> None:
+    tpot = rec["measured"]["tpot_s"]["median_s"]
+    ttft = rec["measured"]["ttft_s"]
+    preds, util, errors = {}, {}, {}
+    for name, c in (("calibrated", cal_ceil), ("datasheet", sheet_ceil)):
+        if c is None:
+            preds[name] = None
+            continue
+        p = predict(model, prec, c, batch=batch, context=context)
+        preds[name] = p
+        peak = c.peak(prec.compute_dtype)
+        util[name] = {"mbu": mbu(p["decode_weight_kv_bytes"], tpot, c.bandwidth_bytes_per_s),
+                      "mfu": mfu(p["decode_flops"], tpot, peak),
+                      "prefill_mfu": mfu(p["prefill_flops"], ttft, peak)}
+        errors[name] = {"tpot_frac": p["tpot_s"] / tpot - 1, "ttft_frac": p["ttft_s"] / ttft - 1}
+    ref = preds["calibrated"]
+    rec["achieved"] = {
+        "bandwidth_bytes_per_s": ref["decode_weight_kv_bytes"] / tpot,
+        "decode_flops_per_s": ref["decode_flops"] / tpot,
+        "prefill_flops_per_s": ref["prefill_flops"] / ttft,
+        "decode_throughput_tokens_per_s": batch / tpot,
+    }
+    rec["utilisation"] = util
+    rec["prediction"] = preds
+    rec["error"] = errors
+
+
+def summarize(records: list[dict]) -> dict:
+    """Median and worst absolute relative error of TPOT and TTFT, per ceiling source."""
+    import statistics
+
+    out: dict = {}
+    ok = [r for r in records if r.get("status") == "ok"]
+    for src in ("calibrated", "datasheet"):
+        for what in ("tpot_frac", "ttft_frac"):
+            errs = [abs(r["error"][src][what]) for r in ok if src in r.get("error", {})]
+            if errs:
+                out[f"{src}_{what}"] = {"median_abs": statistics.median(errs),
+                                        "worst_abs": max(errs), "points": len(errs)}
+    out["points"] = {s: sum(1 for r in records if r.get("status") == s)
+                     for s in ("ok", "skipped", "oom", "error")}
+    return out
+
+
+def write_prometheus(records: list[dict], path: str | Path) -> None:
+    """The measured figures in the Prometheus text format (node-exporter textfile style)."""
+    from prometheus_client import CollectorRegistry, Gauge, write_to_textfile
+
+    reg = CollectorRegistry()
+    labels = ["device", "model", "precision", "batch", "context"]
+    g = {
+        "ttft": Gauge("llmplan_ttft_seconds", "Measured time to first token (prefill).",
+                      labels, registry=reg),
+        "tpot": Gauge("llmplan_tpot_seconds", "Measured time per output token (median).",
+                      labels, registry=reg),
+        "thr": Gauge("llmplan_decode_throughput_tokens_per_second",
+                     "Decode throughput, batch / TPOT.", labels, registry=reg),
+        "bw": Gauge("llmplan_achieved_bandwidth_bytes_per_second",
+                    "Weight and KV bytes per decode step / TPOT.", labels, registry=reg),
+        "mbu": Gauge("llmplan_mbu_ratio", "Model bandwidth utilisation (calibrated ceiling).",
+                     labels, registry=reg),
+        "mfu": Gauge("llmplan_mfu_ratio", "Model FLOPs utilisation of decode (calibrated).",
+                     labels, registry=reg),
+        "err": Gauge("llmplan_tpot_prediction_error_ratio",
+                     "Predicted / measured TPOT - 1 (calibrated ceilings).", labels,
+                     registry=reg),
+    }
+    for r in records:
+        if r.get("status") != "ok":
+            continue
+        c = r["config"]
+        dev = r["env"]["device"]
+        lv = [dev.get("hardware_db") or dev["name"], c["model"], c["weights"], str(c["batch"]),
+              str(c["context"])]
+        g["ttft"].labels(*lv).set(r["measured"]["ttft_s"])
+        g["tpot"].labels(*lv).set(r["measured"]["tpot_s"]["median_s"])
+        g["thr"].labels(*lv).set(r["achieved"]["decode_throughput_tokens_per_s"])
+        g["bw"].labels(*lv).set(r["achieved"]["bandwidth_bytes_per_s"])
+        g["mbu"].labels(*lv).set(r["utilisation"]["calibrated"]["mbu"])
+        g["mfu"].labels(*lv).set(r["utilisation"]["calibrated"]["mfu"])
+        g["err"].labels(*lv).set(r["error"]["calibrated"]["tpot_frac"])
+    write_to_textfile(str(path), reg)
+
+
+def stderr_progress(total: int):
+    """A rich progress bar on stderr; returns (advance callback, context manager)."""
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+
+    prog = Progress("[progress.description]{task.description}", BarColumn(),
+                    MofNCompleteColumn(), TimeElapsedColumn(),
+                    console=Console(file=sys.stderr), transient=False)
+    task = prog.add_task("measuring", total=total)
+
+    def advance(status: str) -> None:
+        prog.update(task, advance=1, description=f"measuring ({status})")
+    return advance, prog

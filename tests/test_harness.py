@@ -1,0 +1,183 @@
+"""`llmplan measure` on the CPU, for real: lines, fields, resume after a kill, caps, OOM."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from planner import catalog  # noqa: E402
+
+LLMPLAN = [sys.executable, "-m", "planner"]
+ENV = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+
+
+def llmplan(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([*LLMPLAN, *args], capture_output=True, text=True, timeout=timeout,
+                          env=ENV)
+
+
+@pytest.fixture(scope="module")
+def calibration(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("cal") / "cpu.yaml"
+    r = llmplan("measure", "--calibrate", "--device", "cpu", "--quick-calibration",
+                "--calibration-out", str(path), "--threads", "1")
+    assert r.returncode == 0, r.stderr
+    return path
+
+
+def lines(path: Path) -> list[dict]:
+    return [json.loads(x) for x in path.read_text().splitlines()]
+
+
+def test_calibration_is_plausible(calibration):
+    cal = catalog.load_calibration(calibration)
+    assert 0.5 < cal.memory_bandwidth_gb_per_s < 5000  # any CPU from a laptop to a server
+    bf16 = cal.matmul_tflops[next(k for k in cal.matmul_tflops if k.value == "bf16")]
+    assert 1e-4 < bf16 < 200
+    assert 0 < cal.kernel_overhead_us < 1000
+    assert cal.details["skipped"]["fp8"].startswith("fp8 matmul needs")  # recorded, not crashed
+    assert cal.details["bandwidth"]["copy_bytes_per_s"] > 0
+
+
+def test_estimate_uses_the_calibration(calibration, run_json):
+    d = run_json("estimate", "-m", "gpt2", "-g", "h100-sxm", "--calibration", str(calibration))
+    cal = catalog.load_calibration(calibration)
+    assert d["ceilings_source"].startswith("calibration")
+    assert d["bandwidth_bytes_per_s"] == pytest.approx(cal.memory_bandwidth_gb_per_s * 1e9)
+
+
+def test_measure_tiny_model_for_real(calibration, tmp_path):
+    out, prom = tmp_path / "m.jsonl", tmp_path / "m.prom"
+    r = llmplan("measure", "-m", "tiny-llama-test", "--device", "cpu", "-b", "1,2", "-c",
+                "32,64", "--calibration", str(calibration), "--out", str(out), "--budget-s",
+                "0.05", "--threads", "1", "--prometheus", str(prom))
+    assert r.returncode == 0, r.stderr
+    recs = lines(out)
+    assert len(recs) == 4 and all(x["status"] == "ok" for x in recs)
+    for x in recs:
+        t = x["measured"]["tpot_s"]
+        assert 0 < t["p10_s"] <= t["median_s"] <= t["p90_s"] and t["reps"] >= 5
+        assert x["measured"]["ttft_s"] > 0
+        assert x["env"]["harness_version"] and x["env"]["torch"] and x["env"]["device"]["name"]
+        assert x["prediction"]["calibrated"]["tpot_s"] > 0
+        assert x["prediction"]["datasheet"] is None  # a CPU has no datasheet entry
+        assert x["error"]["calibrated"]["tpot_frac"] == pytest.approx(
+            x["prediction"]["calibrated"]["tpot_s"] / t["median_s"] - 1)
+        assert 0 < x["utilisation"]["calibrated"]["mbu"]
+        assert x["telemetry"]["samples"] >= 1
+    assert [(x["config"]["batch"], x["config"]["context"]) for x in recs] == \
+        [(1, 32), (1, 64), (2, 32), (2, 64)]
+    assert "Predicted vs measured" in r.stdout and "median |error|" in r.stdout
+    from prometheus_client.parser import text_string_to_metric_families
+    fams = {f.name: f for f in text_string_to_metric_families(prom.read_text())}
+    tpot = fams["llmplan_tpot_seconds"].samples
+    assert len(tpot) == 4 and {s.labels["batch"] for s in tpot} == {"1", "2"}
+    assert {"device", "model", "precision", "batch", "context"} <= set(tpot[0].labels)
+
+
+def test_killed_run_keeps_lines_and_resume_completes(calibration, tmp_path):
+    out = tmp_path / "k.jsonl"
+    args = ["measure", "-m", "tiny-llama-test", "--device", "cpu", "-b", "1,2,3", "-c",
+            "16,32,48,64", "--calibration", str(calibration), "--out", str(out),
+            "--budget-s", "0.3", "--threads", "1"]
+    p = subprocess.Popen([*LLMPLAN, *args], stdout=subprocess.DEVNULL,
+                         stderr=subprocess.DEVNULL, env=ENV)
+    deadline = time.time() + 120
+    while time.time() < deadline and (not out.exists() or len(out.read_text().splitlines()) < 3):
+        time.sleep(0.05)
+    p.send_signal(signal.SIGKILL)  # no chance to clean up: only fsynced lines survive
+    p.wait()
+    before = lines(out)
+    assert 3 <= len(before) < 12, "the run finished before it could be killed"
+    r = llmplan(*args, "--resume")
+    assert r.returncode == 0, r.stderr
+    after = lines(out)
+    keys = [(x["config"]["batch"], x["config"]["context"]) for x in after]
+    assert len(after) == 12 and len(set(keys)) == 12
+    assert after[:len(before)] == before  # finished points were kept, not redone
+
+
+def test_points_over_the_memory_cap_are_skipped(calibration, tmp_path):
+    out = tmp_path / "cap.jsonl"
+    r = llmplan("measure", "-m", "tiny-llama-test", "--device", "cpu", "-b", "1,64", "-c",
+                "64,4096", "--calibration", str(calibration), "--out", str(out),
+                "--max-memory", "0.02", "--budget-s", "0.05", "--threads", "1")
+    assert r.returncode == 0, r.stderr
+    recs = {(x["config"]["batch"], x["config"]["context"]): x for x in lines(out)}
+    assert recs[(1, 64)]["status"] == "ok"
+    big = recs[(64, 4096)]
+    assert big["status"] == "skipped" and "exceeds the 0.02 GiB cap" in big["reason"]
+
+
+def test_unsupported_precision_is_recorded(calibration, tmp_path):
+    out = tmp_path / "fp8.jsonl"
+    r = llmplan("measure", "-m", "tiny-llama-test", "--device", "cpu", "-b", "1", "-c", "16",
+                "--weights", "fp8,int8", "--calibration", str(calibration), "--out", str(out),
+                "--budget-s", "0.05", "--threads", "1")
+    assert r.returncode == 0, r.stderr
+    recs = {x["config"]["weights"]: x for x in lines(out)}
+    assert recs["fp8"]["status"] == "skipped" and "not implemented" in recs["fp8"]["reason"]
+    assert recs["int8"]["status"] == "ok"  # weight-only int8 runs on the CPU
+
+
+def test_oom_skips_larger_contexts_of_that_batch(calibration, tmp_path, monkeypatch):
+    from harness import measure
+    from harness.device import detect
+
+    calls = []
+
+    def fake_point(dec, plan, info, batch, context, time_fn):
+        calls.append((batch, context))
+        if batch == 2 and context >= 32:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2 GiB")
+        return {"measured": {"tpot_s": {"median_s": 1e-3}, "ttft_s": 2e-3}, "telemetry": {}}
+
+    monkeypatch.setattr(measure, "_measure_point", fake_point)
+    plan = measure.Plan(model=catalog.load_model("tiny-llama-test"), layers=4,
+                        weights=["bf16"], kv_cache="bf16", batches=[1, 2, 4],
+                        contexts=[16, 32, 64], max_memory_bytes=1e12, out=tmp_path / "o.jsonl")
+    recs = measure.run(plan, detect("cpu"), catalog.load_calibration(calibration), None)
+    status = {(r["config"]["batch"], r["config"]["context"]): r["status"] for r in recs}
+    assert status[(2, 32)] == "oom" and status[(2, 64)] == "skipped"
+    assert (2, 64) not in calls  # never attempted
+    assert status[(4, 16)] == "ok" and status[(1, 64)] == "ok"
+    assert len(lines(plan.out)) == 9
+
+
+def test_device_cuda_without_cuda_exits_3():
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    r = llmplan("measure", "--device", "cuda", "-m", "tiny-llama-test")
+    assert r.returncode == 3 and "no CUDA device" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+
+
+def test_measure_bad_input(calibration):
+    r = llmplan("measure", "-m", "mixtral-8x7b", "--device", "cpu", "--layers", "99",
+                "--calibration", str(calibration))
+    assert r.returncode == 2 and "--layers: 99 exceeds" in r.stderr
+
+
+def test_report_draws_measurements(calibration, tmp_path, run_cli):
+    out = tmp_path / "r.jsonl"
+    r = llmplan("measure", "-m", "tiny-llama-test", "--device", "cpu", "-b", "1", "-c",
+                "16,32", "--calibration", str(calibration), "--out", str(out), "--budget-s",
+                "0.05", "--threads", "1")
+    assert r.returncode == 0, r.stderr
+    code, stdout, err = run_cli("report", "-m", "tiny-llama-test", "-g", "h100-sxm",
+                                "--measured", str(out), "--out", str(tmp_path / "rep"))
+    assert code == 0, err
+    import pandas as pd
+    acc = pd.read_csv(next((tmp_path / "rep").glob("*predicted_vs_measured.csv")))
+    assert set(acc.metric) == {"TPOT", "TTFT"} and len(acc) == 4
+    roof = pd.read_csv(next((tmp_path / "rep").glob("*roofline.csv")))
+    assert (roof.series == "measured").sum() == 2
