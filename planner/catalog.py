@@ -111,6 +111,56 @@ def load_hardware(ref: str) -> HardwareSpec:
     return validate(HardwareSpec, read_yaml(path), str(path))
 
 
+def yaml_line(text: str, loc: tuple) -> int | None:
+    """The line (1-based) of the node at ``loc`` (keys and list indices) in a YAML text, or
+    of its nearest ancestor that exists."""
+    try:
+        node = yaml.compose(text)
+    except yaml.YAMLError:
+        return None
+    line = node.start_mark.line + 1 if node is not None else None
+    for key in loc:
+        if isinstance(node, yaml.MappingNode):
+            nxt = next(((k, v) for k, v in node.value if k.value == str(key)), None)
+            if nxt is None:
+                break
+            line, node = nxt[0].start_mark.line + 1, nxt[1]
+        elif isinstance(node, yaml.SequenceNode) and isinstance(key, int) \
+                and key < len(node.value):
+            node = node.value[key]
+            line = node.start_mark.line + 1
+        else:
+            break
+    return line
+
+
+def load_budget(path: str | Path):
+    """A budget file, validated; errors name the file, the line and the field."""
+    from planner.budget import Budget
+
+    p = Path(path)
+    if not p.is_file():
+        raise SpecError(f"{p}: no such budget file")
+    data = read_yaml(p)
+    if not isinstance(data, dict):
+        raise SpecError(f"{p}: expected a mapping with a 'deployments' list")
+    try:
+        return Budget.model_validate(data)
+    except ValidationError as err:
+        e = err.errors()[0]
+        loc = tuple(x for x in e["loc"] if not (isinstance(x, str) and x.startswith("function")))
+        line = yaml_line(p.read_text(), loc)
+        where = f":{line}" if line else ""
+        field = ".".join(str(x) for x in loc) or "(top level)"
+        msg = e["msg"].removeprefix("Value error, ")
+        if e["type"] == "extra_forbidden":
+            msg = "unknown key (misspelled?)"
+        elif e["type"] == "missing":
+            msg = "missing required field"
+        more = f" (+{len(err.errors()) - 1} more)" if len(err.errors()) > 1 else ""
+        raise SpecError(f"{p}{where}: {field}: {msg}{more}") from None
+
+
 def load_calibration(path: str | Path) -> Calibration:
     p = Path(path)
     if not p.is_file():

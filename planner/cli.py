@@ -183,14 +183,16 @@ def gpus(as_json: JsonOpt = False) -> None:
                         for r in rows]))
 
 
-BUILTIN = ("estimate", "models", "gpus", "sweep", "report")
+BUILTIN = ("estimate", "models", "gpus", "sweep", "report", "check", "plan")
 
 
 def _register() -> None:
-    from planner import cli_sweep
+    from planner import cli_check, cli_sweep
 
     app.command()(cli_sweep.sweep)
     app.command()(cli_sweep.report)
+    app.command()(cli_check.check)
+    app.command()(cli_check.plan)
 
 
 def _register_plugins(argv: list[str]) -> None:

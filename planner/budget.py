@@ -1,0 +1,171 @@
+"""Capacity budgets: deployments with limits on what the planner predicts for them.
+
+A budget lists deployments (model, GPU, TP, precisions, workload) and limits, written with
+units where that helps (``50ms``, ``2s``, ``80%``, ``$0.50``, ``1.5k``). ``check`` predicts
+each deployment and compares: a limit holds or fails, and by how much. Pure: the YAML is read
+by ``planner.catalog``; models and GPUs are resolved by the caller.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from planner.specs import DType
+
+_TIME = {"us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "min": 60.0, "m": 60.0, "h": 3600.0}
+_SCALE = {"k": 1e3, "M": 1e6, "G": 1e9}
+
+
+def parse_quantity(value: Any, kind: Literal["time", "frac", "usd", "number"]) -> float:
+    """'50ms' -> 0.05, '80%' -> 0.8, '$0.50' -> 0.5, '1.5k' -> 1500; numbers pass through."""
+    if isinstance(value, bool):
+        raise ValueError(f"expected a {kind}, got {value}")
+    if isinstance(value, (int, float)):
+        return float(value)
+    text = str(value).strip().replace(",", "").replace("_", "")
+    if kind == "time":
+        m = re.fullmatch(r"([0-9.eE+-]+)\s*(us|µs|ms|s|min|m|h)?", text)
+        if m:
+            return float(m.group(1)) * _TIME[m.group(2) or "s"]
+    elif kind == "frac":
+        m = re.fullmatch(r"([0-9.eE+-]+)\s*(%)?", text)
+        if m:
+            return float(m.group(1)) / (100 if m.group(2) else 1)
+    elif kind == "usd":
+        m = re.fullmatch(r"\$?\s*([0-9.eE+-]+)", text)
+        if m:
+            return float(m.group(1))
+    else:
+        m = re.fullmatch(r"([0-9.eE+-]+)\s*([kMG])?", text)
+        if m:
+            return float(m.group(1)) * _SCALE.get(m.group(2) or "", 1.0)
+    examples = {"time": "50ms, 2s, 300us", "frac": "80%, 0.8", "usd": "$0.50, 0.5",
+                "number": "1500, 1.5k"}[kind]
+    raise ValueError(f"'{value}' is not a {kind} (examples: {examples})")
+
+
+# name -> (kind, "max" | "min", the Estimate figure it limits, how it reads)
+LIMITS: dict[str, tuple[str, str, str, str]] = {
+    "memory_frac": ("frac", "max", "memory_used_frac", "memory used / capacity"),
+    "ttft_s": ("time", "max", "ttft_s", "TTFT"),
+    "tpot_s": ("time", "max", "tpot_s", "TPOT"),
+    "latency_s": ("time", "max", "latency_s", "end-to-end latency"),
+    "throughput_tokens_per_s": ("number", "min", "throughput_tokens_per_s",
+                                "decode throughput"),
+    "cost_usd_per_million_tokens": ("usd", "max", "cost_usd_per_million_output_tokens",
+                                    "cost per 1M output tokens"),
+    "mbu_min": ("frac", "min", "mbu", "MBU"),
+}
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class BudgetWorkload(_Strict):
+    batch: int | None = Field(None, gt=0)
+    concurrent_sequences: int | None = Field(None, gt=0)  # a synonym of batch
+    prompt_tokens: int = Field(gt=0)
+    output_tokens: int = Field(gt=0)
+
+    @model_validator(mode="after")
+    def _one(self) -> BudgetWorkload:
+        if (self.batch is None) == (self.concurrent_sequences is None):
+            raise ValueError("give exactly one of batch or concurrent_sequences")
+        return self
+
+    @property
+    def sequences(self) -> int:
+        return self.batch or self.concurrent_sequences  # type: ignore[return-value]
+
+
+class Limits(_Strict):
+    memory_frac: float | None = None
+    fits: bool | None = None  # must fit (true) at the workload's concurrency
+    fits_at: int | None = Field(None, gt=0)  # must fit at this many concurrent sequences
+    ttft_s: float | None = None
+    tpot_s: float | None = None
+    latency_s: float | None = None
+    throughput_tokens_per_s: float | None = None
+    cost_usd_per_million_tokens: float | None = None
+    mbu_min: float | None = None
+
+    @field_validator(*LIMITS, mode="before")
+    @classmethod
+    def _units(cls, v: Any, info) -> Any:
+        if v is None:
+            return v
+        parsed = parse_quantity(v, LIMITS[info.field_name][0])  # type: ignore[arg-type]
+        if parsed <= 0:
+            raise ValueError(f"must be positive, got {v}")
+        return parsed
+
+
+class Deployment(_Strict):
+    name: str | None = None
+    model: str
+    gpu: str
+    tp: int = Field(1, gt=0)
+    weights: DType = DType.bf16
+    kv_cache: DType | None = None
+    workload: BudgetWorkload
+    limits: Limits
+    price_per_hour: float | None = Field(None, gt=0)
+
+    @property
+    def label(self) -> str:
+        return self.name or f"{self.model} on {self.tp}x{self.gpu} {self.weights.value}"
+
+
+class Budget(_Strict):
+    deployments: list[Deployment] = Field(min_length=1)
+
+
+@dataclass(frozen=True)
+class Result:
+    deployment: str
+    limit: str
+    what: str
+    predicted: float | bool | None
+    bound: float | bool
+    direction: str  # "max", "min" or "eq"
+    passed: bool
+    margin_frac: float | None  # how far inside (+) or outside (-) the limit, relative
+
+    def as_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+def evaluate(dep: Deployment, est, fits_at_est=None) -> list[Result]:
+    """Compare one deployment's estimate with its limits (``fits_at_est``: the estimate at
+    ``limits.fits_at`` sequences, when that limit is set)."""
+    out: list[Result] = []
+    lim = dep.limits
+    if lim.fits is not None:
+        ok = bool(est.memory.fits) == lim.fits
+        out.append(Result(dep.label, "fits", f"fits at {dep.workload.sequences} sequences",
+                          bool(est.memory.fits), lim.fits, "eq", ok, None))
+    if lim.fits_at is not None:
+        ok = bool(fits_at_est.memory.fits)
+        out.append(Result(dep.label, "fits_at", f"fits at {lim.fits_at} sequences",
+                          ok, True, "eq", ok,
+                          1 - fits_at_est.memory.total_bytes / fits_at_est.memory.usable_bytes))
+    for name, (_, direction, attr, what) in LIMITS.items():
+        bound = getattr(lim, name)
+        if bound is None:
+            continue
+        value = getattr(est, attr) if attr != "memory_used_frac" else est.memory.used_frac
+        if value is None:  # e.g. no price for this GPU
+            out.append(Result(dep.label, name, what, None, bound, direction, False, None))
+            continue
+        if direction == "max":
+            ok, margin = value <= bound, (bound - value) / bound
+        else:
+            ok, margin = value >= bound, (value - bound) / bound
+        out.append(Result(dep.label, name, what, float(value), bound, direction, bool(ok),
+                          margin))
+    return out

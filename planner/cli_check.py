@@ -1,0 +1,215 @@
+"""`llmplan check` (capacity budgets in CI) and `llmplan plan` (cheapest deployment meeting
+latency targets)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from planner.cli_common import json_out, positive, stderr, stdout
+from planner.errors import LlmplanError
+
+
+def _fmt_value(limit: str, v) -> str:
+    from planner import fmt
+
+    if v is None:
+        return "n/a"
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    if limit in ("ttft_s", "tpot_s", "latency_s"):
+        return fmt.seconds(v)
+    if limit in ("memory_frac", "mbu_min"):
+        return fmt.pct(v)
+    if limit.startswith("cost"):
+        return fmt.usd(v)
+    return f"{v:,.4g}"
+
+
+def _junit(results, path: Path, budget: Path) -> None:
+    import xml.etree.ElementTree as ET
+
+    suite = ET.Element("testsuite", name=f"llmplan check {budget}", tests=str(len(results)),
+                       failures=str(sum(not r.passed for r in results)), errors="0")
+    for r in results:
+        case = ET.SubElement(suite, "testcase", classname=r.deployment, name=r.limit)
+        if not r.passed:
+            f = ET.SubElement(case, "failure", message=_message(r))
+            f.text = _message(r)
+    ET.ElementTree(suite).write(path, encoding="utf-8", xml_declaration=True)
+
+
+def _message(r) -> str:
+    op = {"max": "<=", "min": ">=", "eq": "=="}[r.direction]
+    got = _fmt_value(r.limit, r.predicted)
+    want = _fmt_value(r.limit, r.bound)
+    by = f" ({abs(r.margin_frac):.1%} {'inside' if r.passed else 'outside'})" \
+        if r.margin_frac is not None else ""
+    return f"{r.deployment}: {r.what} predicted {got}, limit {op} {want}{by}"
+
+
+def check(
+    budget: Annotated[Path, typer.Argument(help="Budget YAML (see examples/budget.yaml).")],
+    calibration: Annotated[Optional[Path], typer.Option(
+        help="Use measured ceilings from `llmplan measure --calibrate`.")] = None,
+    junit: Annotated[Optional[Path], typer.Option(
+        help="Also write JUnit XML (one test case per limit).")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the results as JSON.")] = False,
+) -> None:
+    """Check deployments against capacity budgets: exit 0 if every limit holds, 1 if any
+    fails, 2 for a bad budget file."""
+    from planner import catalog
+    from planner.budget import evaluate
+    from planner.estimate import estimate
+    from planner.render import table
+    from planner.specs import DType, Parallelism, Precision, Workload
+
+    b = catalog.load_budget(budget)
+    cal = catalog.load_calibration(calibration) if calibration else None
+    text = budget.read_text()
+    results, lines = [], {}
+    for i, dep in enumerate(b.deployments):
+        lines[dep.label] = catalog.yaml_line(text, ("deployments", i))
+        where = f"{budget}:{lines[dep.label] or '?'}"
+        try:
+            m, hw = catalog.load_model(dep.model), catalog.load_hardware(dep.gpu)
+            kv = dep.kv_cache or (DType.fp16 if dep.weights == DType.fp16 else DType.bf16)
+            prec = Precision(weights=dep.weights, kv_cache=kv)
+            kw = dict(precision=prec, parallelism=Parallelism(tp=dep.tp), calibration=cal,
+                      price_usd_per_gpu_hour=dep.price_per_hour)
+            wl = dep.workload
+            est = estimate(m, hw, workload=Workload(batch=wl.sequences,
+                                                    prompt_tokens=wl.prompt_tokens,
+                                                    output_tokens=wl.output_tokens), **kw)
+            at = None
+            if dep.limits.fits_at:
+                at = estimate(m, hw, workload=Workload(batch=dep.limits.fits_at,
+                                                       prompt_tokens=wl.prompt_tokens,
+                                                       output_tokens=wl.output_tokens), **kw)
+        except LlmplanError as err:
+            raise LlmplanError(f"{where}: deployment {dep.label}: {err}") from None
+        results += evaluate(dep, est, at)
+    failed = [r for r in results if not r.passed]
+    if junit:
+        _junit(results, junit, budget)
+    if os.environ.get("GITHUB_ACTIONS") == "true":  # annotations on the pull request
+        import sys
+
+        out = sys.stderr if as_json else sys.stdout  # --json keeps stdout pure JSON
+        for r in failed:
+            line = f",line={lines[r.deployment]}" if lines.get(r.deployment) else ""
+            print(f"::error file={budget}{line},title=llmplan budget::{_message(r)}", file=out)
+    if as_json:
+        json_out({"budget": str(budget), "passed": not failed,
+                  "results": [r.as_dict() for r in results]})
+    else:
+        rows = []
+        for r in results:
+            op = {"max": "<=", "min": ">=", "eq": "=="}[r.direction]
+            rows.append([r.deployment, r.what, _fmt_value(r.limit, r.predicted),
+                         f"{op} {_fmt_value(r.limit, r.bound)}",
+                         "[green]pass[/]" if r.passed else "[red]FAIL[/]",
+                         f"{r.margin_frac:+.1%}" if r.margin_frac is not None else ""])
+        stdout.print(table(f"Budget {budget}", ["deployment", "limit", "predicted", "limit",
+                                                "result", "margin"], rows, left=2))
+        stdout.print(f"{len(results) - len(failed)} passed, {len(failed)} failed")
+    if failed:
+        raise typer.Exit(1)
+
+
+def plan(
+    model: Annotated[str, typer.Option("--model", "-m", help="Model to serve.")],
+    ttft: Annotated[str, typer.Option(help="TTFT target, e.g. 2s or 800ms.")],
+    tpot: Annotated[str, typer.Option(help="TPOT target, e.g. 50ms.")],
+    prompt_tokens: Annotated[int, typer.Option("--prompt-tokens", "-p")] = 1024,
+    output_tokens: Annotated[int, typer.Option("--output-tokens", "-o")] = 256,
+    rps: Annotated[Optional[float], typer.Option(help="Traffic: requests per second.")] = None,
+    tokens_per_s: Annotated[Optional[float], typer.Option(
+        help="Traffic: output tokens per second (instead of --rps).")] = None,
+    gpu: Annotated[Optional[str], typer.Option(
+        "--gpu", "-g", help="GPUs to consider (default: all of hardware_db).")] = None,
+    tp: Annotated[str, typer.Option(help="GPUs per replica.")] = "1,2,4,8",
+    weights: Annotated[str, typer.Option(help="Weight precisions.")] = "bf16,fp8,int8,int4",
+    kv_cache: Annotated[str, typer.Option(help="KV precisions (16 = the weights' 16-bit).")
+                        ] = "16,fp8",
+    price_per_hour: Annotated[Optional[float], typer.Option(
+        help="USD per GPU-hour for every GPU (default: hardware_db prices; unpriced GPUs are "
+             "left out).")] = None,
+    calibration: Annotated[Optional[Path], typer.Option(help="Measured ceilings.")] = None,
+    top: Annotated[int, typer.Option(help="Rows shown.")] = 10,
+    csv: Annotated[Optional[Path], typer.Option("--csv", help="All rows to CSV.")] = None,
+    plot: Annotated[Optional[Path], typer.Option(
+        "--plot", help="PNG of cost vs latency with the Pareto front.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="All rows as JSON.")] = False,
+) -> None:
+    """Find the cheapest configurations that meet TTFT and TPOT targets at a traffic level."""
+    from planner import catalog
+    from planner.budget import parse_quantity
+    from planner.plan import Targets, plot_pareto, search
+    from planner.render import table
+    from planner.specs import DType
+    from planner.sweep import parse_int_list, parse_str_list
+
+    for name, v in (("--prompt-tokens", prompt_tokens), ("--output-tokens", output_tokens),
+                    ("--rps", rps), ("--tokens-per-s", tokens_per_s),
+                    ("--price-per-hour", price_per_hour), ("--top", top)):
+        positive(name, v)
+    if (rps is None) == (tokens_per_s is None):
+        raise LlmplanError("give exactly one of --rps or --tokens-per-s")
+    try:
+        t_ttft, t_tpot = parse_quantity(ttft, "time"), parse_quantity(tpot, "time")
+    except ValueError as err:
+        raise LlmplanError(f"--ttft/--tpot: {err}") from None
+    positive("--ttft", t_ttft)
+    positive("--tpot", t_tpot)
+    req = rps if rps is not None else tokens_per_s / output_tokens
+    m = catalog.load_model(model)
+    gpus = [catalog.load_hardware(g) for g in (parse_str_list(gpu) if gpu
+                                                else catalog.gpu_names())]
+    wl, kvl = [], []
+    for w in parse_str_list(weights):
+        if w not in ("bf16", "fp16", "fp8", "int8", "int4"):
+            raise LlmplanError(f"--weights: '{w}' is not one of bf16, fp16, fp8, int8, int4")
+        wl.append(DType(w))
+    for k in parse_str_list(kv_cache):
+        if k not in ("16", "bf16", "fp16", "fp8", "int8"):
+            raise LlmplanError(f"--kv-cache: '{k}' is not one of 16, bf16, fp16, fp8, int8")
+        kvl.append(None if k == "16" else DType(k))
+    cal = catalog.load_calibration(calibration) if calibration else None
+    df = search(m, gpus, prompt_tokens=prompt_tokens, output_tokens=output_tokens,
+                targets=Targets(t_ttft, t_tpot, req), tps=parse_int_list(tp, "--tp"),
+                weights=wl, kv_cache=kvl, calibration=cal, price_usd_per_gpu_hour=price_per_hour)
+    feas = df[df["meets_targets"]]
+    if csv:
+        df.to_csv(csv, index=False)
+        stderr.print(f"wrote {len(df):,} rows to {csv}")
+    if plot and len(feas):
+        plot_pareto(df, plot, title=f"{m.label}: prompt {prompt_tokens} / output "
+                    f"{output_tokens}, TTFT <= {ttft}, TPOT <= {tpot}, {req:g} req/s")
+        stderr.print(f"wrote {plot}")
+    if as_json:
+        json_out(df.astype(object).where(df.notna(), None).to_dict(orient="records"))
+        return
+    unpriced = df[df["meets_latency"] & ~df["priced"]]["gpu"].unique()
+    if len(unpriced):
+        stderr.print(f"[yellow]left out, no price:[/] {', '.join(unpriced)} "
+                     "(--price-per-hour to include)")
+    if not len(feas):
+        stdout.print(f"no configuration of {len(df):,} meets TTFT <= {ttft} and TPOT <= {tpot}")
+        raise typer.Exit(1)
+    rows = []
+    for r in feas.head(top).itertuples():
+        rows.append([int(r.rank), r.gpu, r.tp, r.weights, r.kv_cache, r.batch,
+                     int(r.replicas), int(r.total_gpus),
+                     f"{r.ttft_s * 1e3:,.0f}", f"{r.tpot_s * 1e3:,.1f}",
+                     f"{r.memory_headroom_frac:.0%}", r.bound,
+                     f"{r.usd_per_hour:,.2f}",
+                     f"{r.cost_usd_per_million_output_tokens_at_traffic:,.3f}"])
+    stdout.print(table(f"{m.label}: {len(feas):,} of {len(df):,} configurations meet "
+                       f"TTFT <= {ttft}, TPOT <= {tpot} at {req:g} req/s",
+                       ["#", "gpu", "tp", "w", "kv", "batch", "replicas", "GPUs", "TTFT ms",
+                        "TPOT ms", "headroom", "bound", "$/h", "$/1M out"], rows, left=5,
+                       compact=True))

@@ -1,0 +1,189 @@
+"""`llmplan check` budgets (exit codes, JUnit, annotations, errors) and `llmplan plan`."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+from planner import catalog
+from planner.budget import parse_quantity
+from planner.estimate import estimate
+from planner.plan import Targets, pareto_front, search
+from planner.specs import DType, Parallelism, Precision, Workload
+
+EXAMPLES = Path(__file__).parent.parent / "examples"
+
+
+@pytest.mark.parametrize("text,kind,value", [
+    ("50ms", "time", 0.05), ("2s", "time", 2.0), ("300us", "time", 3e-4), (1.5, "time", 1.5),
+    ("80%", "frac", 0.8), ("0.8", "frac", 0.8), ("$0.50", "usd", 0.5), ("1.5k", "number", 1500),
+])
+def test_units(text, kind, value):
+    assert parse_quantity(text, kind) == pytest.approx(value)
+
+
+@pytest.mark.parametrize("text,kind", [("50 parsecs", "time"), ("fast", "time"), ("80 %%", "frac"),
+                                       (True, "number")])
+def test_bad_units(text, kind):
+    with pytest.raises(ValueError):
+        parse_quantity(text, kind)
+
+
+def test_passing_budget_exit_0(run_json, run_cli):
+    code, out, err = run_cli("check", str(EXAMPLES / "budget.yaml"))
+    assert code == 0, err
+    assert "11 passed, 0 failed" in out
+    d = json.loads(run_cli("check", str(EXAMPLES / "budget.yaml"), "--json")[1])
+    assert d["passed"] and len(d["results"]) == 11
+
+
+def test_failing_budget_exit_1_and_junit(run_cli, tmp_path):
+    junit = tmp_path / "j.xml"
+    code, out, _ = run_cli("check", str(EXAMPLES / "budget-failing.yaml"), "--junit",
+                           str(junit))
+    assert code == 1 and "2 failed" in out
+    suite = ET.parse(junit).getroot()
+    assert suite.get("tests") == "2" and suite.get("failures") == "2"
+    assert len(suite.findall("testcase/failure")) == 2
+
+
+def test_limits_by_hand(run_cli, tmp_path):
+    # the same deployment, checked against limits just above and below its prediction
+    e = estimate(catalog.load_model("llama-3.1-8b"), catalog.load_hardware("h100-sxm"),
+                 workload=Workload(batch=8, prompt_tokens=1000, output_tokens=100))
+    tpot_ms = e.tpot_s * 1e3
+    for factor, expect in ((1.01, 0), (0.99, 1)):
+        b = tmp_path / f"b{factor}.yaml"
+        b.write_text(f"""deployments:
+  - model: llama-3.1-8b
+    gpu: h100-sxm
+    workload: {{batch: 8, prompt_tokens: 1000, output_tokens: 100}}
+    limits: {{tpot_s: {tpot_ms * factor}ms, throughput_tokens_per_s: {
+        e.throughput_tokens_per_s / factor}}}
+""")
+        code, out, err = run_cli("check", str(b), "--json")
+        res = json.loads(out)["results"]
+        assert code == (0 if expect == 0 else 1)
+        assert [r["passed"] for r in res] == [expect == 0, expect == 0]
+        assert res[0]["predicted"] == pytest.approx(e.tpot_s)
+
+
+def test_github_annotations(run_cli, monkeypatch, capsys):
+    monkeypatch.setenv("GITHUB_ACTIONS", "true")
+    code, out, _ = run_cli("check", str(EXAMPLES / "budget-failing.yaml"))
+    assert code == 1
+    ann = [ln for ln in out.splitlines() if ln.startswith("::error ")]
+    assert len(ann) == 2 and "line=3" in ann[0] and "TPOT predicted" in ann[1]
+    code, out, err = run_cli("check", str(EXAMPLES / "budget-failing.yaml"), "--json")
+    json.loads(out)  # stdout stays JSON; the annotations went to stderr
+    assert "::error" in err
+
+
+@pytest.mark.parametrize("body,needle", [
+    ("deployments:\n  - model: gpt2\n    gpu: h100-sxm\n    workload: {batch: 1, "
+     "prompt_tokens: 8, output_tokens: 8}\n    limits: {tpot_s: 5 parsecs}\n",
+     ":5: deployments.0.limits.tpot_s: '5 parsecs' is not a time"),
+    ("deployments:\n  - model: gpt2\n    gpu: h100-sxm\n    workload: {batch: 1, "
+     "prompt_tokens: 8, output_tokens: 8}\n    limits: {tpot: 5ms}\n",
+     "deployments.0.limits.tpot: unknown key"),
+    ("deployments:\n  - model: gpt2\n    gpu: h100-sxm\n    limits: {}\n",
+     ":2: deployments.0.workload: missing required field"),
+    ("deployments:\n  - model: gpt9\n    gpu: h100-sxm\n    workload: {batch: 1, "
+     "prompt_tokens: 8, output_tokens: 8}\n    limits: {}\n", ":2: deployment gpt9"),
+    ("deployments: [\n", "malformed YAML"),
+    ("deployments: []\n", "deployments: List should have at least 1 item"),
+])
+def test_bad_budget_exit_2(run_cli, tmp_path, body, needle):
+    b = tmp_path / "bad.yaml"
+    b.write_text(body)
+    code, out, err = run_cli("check", str(b))
+    assert code == 2 and needle in err and len(err.strip().splitlines()) == 1, err
+
+
+# --------------------------------------------------------------------------- plan
+
+GPUS = ["h100-sxm", "h200", "a100-sxm-80gb"]
+TARGETS = Targets(ttft_s=1.5, tpot_s=0.03, requests_per_s=7.0)
+BATCHES = [1, 4, 16, 32, 64, 128]
+
+
+@pytest.fixture(scope="module")
+def planned():
+    return search(catalog.load_model("llama-3.1-8b"), [catalog.load_hardware(g) for g in GPUS],
+                  prompt_tokens=1024, output_tokens=256, targets=TARGETS, tps=[1, 2],
+                  weights=[DType.bf16, DType.fp8], kv_cache=[None, DType.fp8],
+                  batches=BATCHES)
+
+
+def _brute_force_costs():
+    """Every configuration through the scalar estimator, costed as the plan's docstring says."""
+    m = catalog.load_model("llama-3.1-8b")
+    out = []
+    for g, tp, w, kv, b in itertools.product(GPUS, [1, 2], [DType.bf16, DType.fp8],
+                                             [DType.bf16, DType.fp8], BATCHES):
+        hw = catalog.load_hardware(g)
+        e = estimate(m, hw, precision=Precision(weights=w, kv_cache=kv),
+                     parallelism=Parallelism(tp=tp),
+                     workload=Workload(batch=b, prompt_tokens=1024, output_tokens=256))
+        if not (e.memory.fits and e.ttft_s <= TARGETS.ttft_s and e.tpot_s <= TARGETS.tpot_s):
+            continue
+        replicas = math.ceil(TARGETS.requests_per_s / (b / e.latency_s))
+        cost = replicas * tp * hw.price.usd_per_gpu_hour / (7.0 * 256 * 3600) * 1e6
+        out.append((cost, g, tp, w.value, kv.value, b, e))
+    return sorted(out, key=lambda x: x[0])
+
+
+def test_plan_top_meets_targets_and_nothing_is_cheaper(planned):
+    top = planned.iloc[0]
+    assert top["rank"] == 1 and top["meets_targets"]
+    e = estimate(catalog.load_model("llama-3.1-8b"), catalog.load_hardware(top["gpu"]),
+                 precision=Precision(weights=DType(top["weights"]),
+                                     kv_cache=DType(top["kv_cache"])),
+                 parallelism=Parallelism(tp=int(top["tp"])),
+                 workload=Workload(batch=int(top["batch"]), prompt_tokens=1024,
+                                   output_tokens=256))
+    assert e.memory.fits and e.ttft_s <= 1.5 and e.tpot_s <= 0.03
+    # replicas serve the traffic
+    assert top["replicas"] * top["batch"] / e.latency_s >= 7.0
+    brute = _brute_force_costs()
+    assert brute, "the brute-force search found nothing"
+    assert top["cost_usd_per_million_output_tokens_at_traffic"] == pytest.approx(brute[0][0])
+    assert len(planned[planned.meets_targets]) == len(brute)
+
+
+def test_pareto_front_is_non_dominated(planned):
+    feas = planned[planned.meets_targets]
+    front = pareto_front(feas)
+    c = "cost_usd_per_million_output_tokens_at_traffic"
+    for r in front.itertuples():
+        dominated = feas[(feas.latency_s < r.latency_s) & (feas[c] < getattr(r, c))]
+        assert dominated.empty
+
+
+def test_plan_cli(run_cli, tmp_path):
+    png = tmp_path / "p.png"
+    code, out, err = run_cli("plan", "-m", "llama-3.1-8b", "--ttft", "1500ms", "--tpot",
+                             "30ms", "--rps", "7", "-p", "1024", "-o", "256", "-g",
+                             ",".join(GPUS), "--tp", "1,2", "--weights", "bf16,fp8",
+                             "--plot", str(png), "--top", "3")
+    assert code == 0, err
+    assert "meet TTFT <= 1500ms" in out and png.stat().st_size > 10_000
+    code, out, _ = run_cli("plan", "-m", "llama-3.1-70b", "--ttft", "10ms", "--tpot", "1ms",
+                           "--rps", "1", "-g", "h100-sxm")
+    assert code == 1 and "no configuration" in out
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--ttft", "2s", "--tpot", "fast", "--rps", "1"], "--ttft/--tpot: 'fast' is not a time"),
+    (["--ttft", "2s", "--tpot", "50ms"], "exactly one of --rps or --tokens-per-s"),
+    (["--ttft", "2s", "--tpot", "50ms", "--rps", "-3"], "--rps: must be positive"),
+    (["--ttft", "2s", "--tpot", "50ms", "--rps", "1", "--weights", "fp3"], "--weights: 'fp3'"),
+])
+def test_plan_bad_input(run_cli, args, needle):
+    code, _, err = run_cli("plan", "-m", "llama-3.1-8b", *args)
+    assert code == 2 and needle in err
