@@ -8,7 +8,6 @@ Every user error is one line on stderr, never a traceback. Commands live beside 
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
@@ -22,8 +21,10 @@ from planner.cli_common import (
     Attention,
     AttentionOpt,
     BatchOpt,
+    CalibrationOpt,
     ChunkOpt,
     GpuOpt,
+    GroupSizeOpt,
     JsonOpt,
     KVOption,
     ModelOpt,
@@ -67,15 +68,14 @@ def estimate(
     batch: BatchOpt = _W["batch"].default,
     prompt_tokens: PromptOpt = _W["prompt_tokens"].default,
     output_tokens: OutputOpt = _W["output_tokens"].default,
-    group_size: Annotated[int, typer.Option(help="Weights per scale for int8/int4.")] = 128,
+    group_size: GroupSizeOpt = 128,
     time_model: TimeModelOpt = TimeModel.roofline,
     attention: AttentionOpt = Attention.flash,
     kernel_overhead_us: OverheadOpt = 0.0,
     reserve_gib: ReserveOpt = DEFAULT_RESERVE_GIB,
     memory_utilization: UtilOpt = DEFAULT_UTIL,
     prefill_chunk_tokens: ChunkOpt = DEFAULT_CHUNK,
-    calibration: Annotated[Optional[Path], typer.Option(
-        help="Measured ceilings from `llmplan measure --calibrate`.")] = None,
+    calibration: CalibrationOpt = None,
     price_per_hour: Annotated[Optional[float], typer.Option(
         help="USD per GPU-hour (default: hardware_db's price, if any).")] = None,
     measured_tpot: Annotated[Optional[float], typer.Option(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sys
 from enum import Enum
+from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
@@ -106,6 +107,9 @@ OverheadOpt = Annotated[float, typer.Option(help="Fixed cost per kernel.")]
 ReserveOpt = Annotated[float, typer.Option(help="Runtime reserve: CUDA context, workspaces.")]
 UtilOpt = Annotated[float, typer.Option(
     help="Fraction of device memory usable (like vLLM's gpu_memory_utilization).")]
+CalibrationOpt = Annotated[Optional[Path], typer.Option(
+    help="Measured ceilings from `llmplan measure --calibrate`.")]
+GroupSizeOpt = Annotated[int, typer.Option(help="Weights per scale for int8/int4.")]
 ChunkOpt = Annotated[int, typer.Option(
     help="Tokens per prefill pass (chunked prefill; bounds activation memory). 0: whole batch.")]
 DEFAULT_CHUNK = _O["prefill_chunk_tokens"].default

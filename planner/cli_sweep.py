@@ -13,7 +13,9 @@ from planner.cli_common import (
     DEFAULT_UTIL,
     Attention,
     AttentionOpt,
+    CalibrationOpt,
     ChunkOpt,
+    GroupSizeOpt,
     JsonOpt,
     OverheadOpt,
     ReserveOpt,
@@ -80,15 +82,14 @@ def sweep(
     kv_cache: Annotated[Optional[str], typer.Option(
         help="KV precisions (default: the weights' 16-bit type).")] = None,
     tp: Annotated[str, typer.Option(help="Tensor-parallel sizes. " + LIST_HELP)] = "1",
-    group_size: Annotated[int, typer.Option(help="Weights per scale for int8/int4.")] = 128,
+    group_size: GroupSizeOpt = 128,
     time_model: TimeModelOpt = TimeModel.roofline,
     attention: AttentionOpt = Attention.flash,
     kernel_overhead_us: OverheadOpt = 0.0,
     reserve_gib: ReserveOpt = DEFAULT_RESERVE_GIB,
     memory_utilization: UtilOpt = DEFAULT_UTIL,
     prefill_chunk_tokens: ChunkOpt = DEFAULT_CHUNK,
-    calibration: Annotated[Optional[Path], typer.Option(
-        help="Measured ceilings from `llmplan measure --calibrate`.")] = None,
+    calibration: CalibrationOpt = None,
     price_per_hour: Annotated[Optional[float], typer.Option(
         help="USD per GPU-hour for every GPU.")] = None,
     csv: Annotated[Optional[Path], typer.Option(
@@ -171,8 +172,7 @@ def report(
     reserve_gib: ReserveOpt = DEFAULT_RESERVE_GIB,
     memory_utilization: UtilOpt = DEFAULT_UTIL,
     prefill_chunk_tokens: ChunkOpt = DEFAULT_CHUNK,
-    calibration: Annotated[Optional[Path], typer.Option(
-        help="Measured ceilings from `llmplan measure --calibrate`.")] = None,
+    calibration: CalibrationOpt = None,
     measured: Annotated[Optional[Path], typer.Option(
         help="JSONL from `llmplan measure`: draw its points over the roofline and a "
              "predicted-vs-measured chart.")] = None,
