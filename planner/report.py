@@ -183,8 +183,9 @@ def plot_roofline(case: Case, df: pd.DataFrame, out_dir: Path,
                   f"{peak / 1e12:,.0f} TFLOP/s {df['compute_dtype'].iloc[0]}, "
                   f"{bw / 1e12:.2f} TB/s")
     ax.axvline(ridge, color="grey", ls=":", lw=1)
-    ax.annotate(f"ridge point {ridge:,.0f} FLOP/B", (ridge, peak / 3e4),
-                textcoords="offset points", xytext=(5, 0), fontsize=8, color="grey")
+    ax.annotate(f"ridge point {ridge:,.0f} FLOP/B", (ridge, peak / 300),
+                textcoords="offset points", xytext=(-4, 0), ha="right", fontsize=8,
+                color="grey")
     if measured_ceilings:
         mp, mb = measured_ceilings["flops_per_s"], measured_ceilings["bandwidth_bytes_per_s"]
         ax.plot(x, np.minimum(mp, mb * x), color="tab:red", lw=1.2, ls="--",
@@ -227,7 +228,7 @@ def plot_roofline(case: Case, df: pd.DataFrame, out_dir: Path,
     ax.set_ylabel("attainable FLOP/s")
     ax.set_title(case.title, fontsize=10)
     ax.grid(True, which="major", alpha=0.3)
-    ax.legend(fontsize=7, loc="upper left")
+    ax.legend(fontsize=7, loc="lower right")
     return _save(fig, df, out_dir, f"{case.slug}_roofline")
 
 
