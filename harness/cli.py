@@ -75,8 +75,20 @@ def measure(
         stderr.print(f"[yellow]note:[/] measuring on the CPU; --gpu {hw.name} is ignored")
         hw = None
     m = catalog.load_model(model) if model else None
+    # every input is checked before minutes of calibration
+    batches = parse_int_list(batch, "--batch")
+    contexts = parse_int_list(context, "--context")
+    wlist = parse_str_list(weights)
+    for w in wlist:
+        if w not in ("bf16", "fp16", "int8", "fp8", "int4"):
+            raise LlmplanError(f"--weights: '{w}' is not one of bf16, fp16, int8, fp8, int4")
+    if kv_cache not in ("bf16", "fp16"):
+        raise LlmplanError(f"--kv-cache: '{kv_cache}' is not one of bf16, fp16")
+    n_layers = (layers or m.num_layers) if m else 0
+    if m and n_layers > m.num_layers:
+        raise LlmplanError(f"--layers: {n_layers} exceeds {m.name}'s {m.num_layers} layers")
     if calibrate_only or calibration is None:
-        shapes = _decode_shapes(m, parse_int_list(batch, "--batch")) if m else []
+        shapes = _decode_shapes(m, batches) if m else []
         stderr.print(f"calibrating {info.name} ...")
         profile = cal_mod.calibrate(info, decode_shapes=shapes, quick=quick_calibration)
         dest = calibration_out or (out.with_suffix(".calibration.yaml") if out else
@@ -94,17 +106,6 @@ def measure(
 
     from harness.measure import Plan, run, stderr_progress, summarize, write_prometheus
 
-    n_layers = layers or m.num_layers
-    if n_layers > m.num_layers:
-        raise LlmplanError(f"--layers: {n_layers} exceeds {m.name}'s {m.num_layers} layers")
-    batches = parse_int_list(batch, "--batch")
-    contexts = parse_int_list(context, "--context")
-    wlist = parse_str_list(weights)
-    for w in wlist:
-        if w not in ("bf16", "fp16", "int8", "fp8", "int4"):
-            raise LlmplanError(f"--weights: '{w}' is not one of bf16, fp16, int8, fp8, int4")
-    if kv_cache not in ("bf16", "fp16"):
-        raise LlmplanError(f"--kv-cache: '{kv_cache}' is not one of bf16, fp16")
     cap = (max_memory * GIB if max_memory else info.memory_bytes * (0.9 if info.kind == "cuda"
                                                                    else 0.5))
     dest = out or Path("results") / f"measure-{m.name}-{_slug(info)}.jsonl"

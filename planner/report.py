@@ -353,11 +353,12 @@ def load_measured(path: Path) -> list[dict]:
     if not path.is_file():
         raise SpecError(f"{path}: no such measurement file")
     recs = []
-    for i, line in enumerate(path.read_text().splitlines(), 1):
+    text_lines = path.read_text().splitlines()
+    for i, line in enumerate(text_lines, 1):
         try:
             recs.append(json.loads(line))
         except json.JSONDecodeError:
-            if i != len(path.read_text().splitlines()):
+            if i != len(text_lines):  # only the last line may be torn by a crash
                 raise SpecError(f"{path}: line {i}: not JSON") from None
     ok = [r for r in recs if r.get("status") == "ok"]
     if not ok:
