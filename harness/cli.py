@@ -9,7 +9,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from planner.cli_common import json_out, positive, stderr, stdout
+from planner.cli_common import WEIGHT_CHOICES, json_out, parse_choices, positive, stderr, stdout
 from planner.errors import LlmplanError
 from planner.specs import GIB
 
@@ -54,7 +54,7 @@ def measure(
 ) -> None:
     """Run real decode and prefill steps of a model's shape and compare with predictions."""
     from planner import catalog
-    from planner.sweep import parse_int_list, parse_str_list
+    from planner.sweep import parse_int_list
 
     positive("--budget-s", budget_s)
     positive("--max-memory", max_memory)
@@ -78,12 +78,8 @@ def measure(
     # every input is checked before minutes of calibration
     batches = parse_int_list(batch, "--batch")
     contexts = parse_int_list(context, "--context")
-    wlist = parse_str_list(weights)
-    for w in wlist:
-        if w not in ("bf16", "fp16", "int8", "fp8", "int4"):
-            raise LlmplanError(f"--weights: '{w}' is not one of bf16, fp16, int8, fp8, int4")
-    if kv_cache not in ("bf16", "fp16"):
-        raise LlmplanError(f"--kv-cache: '{kv_cache}' is not one of bf16, fp16")
+    wlist = parse_choices(weights, WEIGHT_CHOICES, "--weights")
+    parse_choices(kv_cache, ("bf16", "fp16"), "--kv-cache")
     n_layers = (layers or m.num_layers) if m else 0
     if m and n_layers > m.num_layers:
         raise LlmplanError(f"--layers: {n_layers} exceeds {m.name}'s {m.num_layers} layers")

@@ -41,12 +41,11 @@ from planner.cli_common import (
     json_out,
     options_from,
     positive,
-    precision_from,
     stderr,
     stdout,
 )
 from planner.errors import LlmplanError
-from planner.specs import GIB, Workload
+from planner.specs import GIB, Precision, Workload
 
 app = typer.Typer(
     name="llmplan",
@@ -104,7 +103,7 @@ def estimate(
     m = catalog.load_model(model)
     hw = catalog.load_hardware(gpu)
     cal = catalog.load_calibration(calibration) if calibration else None
-    prec = precision_from(weights.value, kv_cache.value if kv_cache else None, group_size)
+    prec = Precision.of(weights.value, kv_cache.value if kv_cache else None, group_size)
     est = run_estimate(m, hw, precision=prec,
                        workload=Workload(batch=batch, prompt_tokens=prompt_tokens,
                                          output_tokens=output_tokens),

@@ -9,7 +9,15 @@ from typing import Annotated, Optional
 
 import typer
 
-from planner.cli_common import json_out, positive, stderr, stdout
+from planner.cli_common import (
+    KV_CHOICES,
+    WEIGHT_CHOICES,
+    json_out,
+    parse_choices,
+    positive,
+    stderr,
+    stdout,
+)
 from planner.errors import LlmplanError
 
 
@@ -65,7 +73,7 @@ def check(
     from planner.budget import evaluate
     from planner.estimate import estimate
     from planner.render import table
-    from planner.specs import DType, Parallelism, Precision, Workload
+    from planner.specs import Parallelism, Precision, Workload
 
     b = catalog.load_budget(budget)
     cal = catalog.load_calibration(calibration) if calibration else None
@@ -76,8 +84,7 @@ def check(
         where = f"{budget}:{lines[dep.label] or '?'}"
         try:
             m, hw = catalog.load_model(dep.model), catalog.load_hardware(dep.gpu)
-            kv = dep.kv_cache or (DType.fp16 if dep.weights == DType.fp16 else DType.bf16)
-            prec = Precision(weights=dep.weights, kv_cache=kv)
+            prec = Precision.of(dep.weights, dep.kv_cache)
             kw = dict(precision=prec, parallelism=Parallelism(tp=dep.tp), calibration=cal,
                       price_usd_per_gpu_hour=dep.price_per_hour)
             wl = dep.workload
@@ -169,15 +176,9 @@ def plan(
     m = catalog.load_model(model)
     gpus = [catalog.load_hardware(g) for g in (parse_str_list(gpu) if gpu
                                                 else catalog.gpu_names())]
-    wl, kvl = [], []
-    for w in parse_str_list(weights):
-        if w not in ("bf16", "fp16", "fp8", "int8", "int4"):
-            raise LlmplanError(f"--weights: '{w}' is not one of bf16, fp16, fp8, int8, int4")
-        wl.append(DType(w))
-    for k in parse_str_list(kv_cache):
-        if k not in ("16", "bf16", "fp16", "fp8", "int8"):
-            raise LlmplanError(f"--kv-cache: '{k}' is not one of 16, bf16, fp16, fp8, int8")
-        kvl.append(None if k == "16" else DType(k))
+    wl = [DType(w) for w in parse_choices(weights, WEIGHT_CHOICES, "--weights")]
+    kvl = [None if k == "16" else DType(k)
+           for k in parse_choices(kv_cache, ("16", *KV_CHOICES), "--kv-cache")]
     cal = catalog.load_calibration(calibration) if calibration else None
     df = search(m, gpus, prompt_tokens=prompt_tokens, output_tokens=output_tokens,
                 targets=Targets(t_ttft, t_tpot, req), tps=parse_int_list(tp, "--tp"),

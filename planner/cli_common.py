@@ -12,7 +12,7 @@ import typer
 from rich.console import Console
 
 from planner.errors import LlmplanError
-from planner.specs import GIB, DType, Options, Precision, Workload
+from planner.specs import GIB, Options, Workload
 
 stdout = Console()
 stderr = Console(stderr=True)
@@ -92,11 +92,19 @@ def options_from(time_model: TimeModel, attention: Attention, kernel_overhead_us
                    prefill_chunk_tokens=prefill_chunk_tokens or None)
 
 
-def precision_from(weights: str, kv_cache: str | None, group_size: int = 128) -> Precision:
-    """KV cache defaults to the weights' 16-bit type."""
-    w = DType(weights)
-    kv = DType(kv_cache) if kv_cache else (DType.fp16 if w == DType.fp16 else DType.bf16)
-    return Precision(weights=w, kv_cache=kv, group_size=group_size)
+WEIGHT_CHOICES = ("bf16", "fp16", "fp8", "int8", "int4")
+KV_CHOICES = ("bf16", "fp16", "fp8", "int8")
+
+
+def parse_choices(text: str, allowed: tuple[str, ...], flag: str) -> list[str]:
+    """A comma-separated list whose every item must be one of ``allowed``."""
+    from planner.sweep import parse_str_list
+
+    out = parse_str_list(text)
+    for v in out:
+        if v not in allowed:
+            raise LlmplanError(f"{flag}: '{v}' is not one of {', '.join(allowed)}")
+    return out
 
 
 TimeModelOpt = Annotated[TimeModel, typer.Option(

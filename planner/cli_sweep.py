@@ -11,6 +11,8 @@ from planner.cli_common import (
     DEFAULT_CHUNK,
     DEFAULT_RESERVE_GIB,
     DEFAULT_UTIL,
+    KV_CHOICES,
+    WEIGHT_CHOICES,
     Attention,
     AttentionOpt,
     CalibrationOpt,
@@ -24,11 +26,11 @@ from planner.cli_common import (
     UtilOpt,
     json_out,
     options_from,
+    parse_choices,
     positive,
     stderr,
     stdout,
 )
-from planner.errors import LlmplanError
 
 ListOpt = Annotated[str, typer.Option()]
 LIST_HELP = "Comma-separated; numbers take ranges: 4..256 doubles, 128..1024+128 steps."
@@ -41,14 +43,6 @@ def build_grid(model: str, gpu: str, batch: str, prompt_tokens: str, output_toke
     from planner.specs import DType
     from planner.sweep import Grid, parse_int_list, parse_str_list
 
-    def dtypes(text: str, allowed: tuple[str, ...], flag: str) -> list[DType]:
-        out = []
-        for v in parse_str_list(text):
-            if v not in allowed:
-                raise LlmplanError(f"{flag}: '{v}' is not one of {', '.join(allowed)}")
-            out.append(DType(v))
-        return out
-
     positive("--group-size", group_size)
     return Grid(
         models=[catalog.load_model(m) for m in parse_str_list(model)],
@@ -56,8 +50,8 @@ def build_grid(model: str, gpu: str, batch: str, prompt_tokens: str, output_toke
         batches=parse_int_list(batch, "--batch"),
         prompt_tokens=parse_int_list(prompt_tokens, "--prompt-tokens"),
         output_tokens=parse_int_list(output_tokens, "--output-tokens"),
-        weights=dtypes(weights, ("bf16", "fp16", "fp8", "int8", "int4"), "--weights"),
-        kv_cache=dtypes(kv_cache, ("bf16", "fp16", "fp8", "int8"), "--kv-cache")
+        weights=[DType(w) for w in parse_choices(weights, WEIGHT_CHOICES, "--weights")],
+        kv_cache=[DType(k) for k in parse_choices(kv_cache, KV_CHOICES, "--kv-cache")]
         if kv_cache else [None],
         tps=parse_int_list(tp, "--tp"),
         group_size=group_size,
@@ -181,7 +175,7 @@ def report(
 ) -> None:
     """Roofline, throughput-vs-latency and memory PNGs, each with the CSV it plots."""
     from planner import catalog
-    from planner.cli_common import precision_from
+    from planner.specs import Precision
     from planner.sweep import parse_str_list
 
     for name, v in (("--tp", tp), ("--batch", batch), ("--prompt-tokens", prompt_tokens),
@@ -198,10 +192,8 @@ def report(
     cases = []
     for g in parse_str_list(gpu):
         hw = catalog.load_hardware(g)
-        for w in parse_str_list(weights):
-            if w not in ("bf16", "fp16", "fp8", "int8", "int4"):
-                raise LlmplanError(f"--weights: '{w}' is not one of bf16, fp16, fp8, int8, int4")
-            case = Case(m, hw, precision_from(w, kv_cache), prompt_tokens, output_tokens, tp,
+        for w in parse_choices(weights, WEIGHT_CHOICES, "--weights"):
+            case = Case(m, hw, Precision.of(w, kv_cache), prompt_tokens, output_tokens, tp,
                         opts, cal if cal and cal.device == hw.name else None)
             case.at(1)  # surfaces an unsupported precision as a one-line error
             cases.append(case)

@@ -81,6 +81,14 @@ class Precision(_Frozen):
                              f"{', '.join(d.value for d in KV_DTYPES)}")
         return self
 
+    @classmethod
+    def of(cls, weights: DType | str, kv_cache: DType | str | None = None,
+           group_size: int = 128) -> Precision:
+        """A precision whose KV cache, when not given, is the weights' 16-bit type."""
+        w = DType(weights)
+        kv = DType(kv_cache) if kv_cache else (DType.fp16 if w == DType.fp16 else DType.bf16)
+        return cls(weights=w, kv_cache=kv, group_size=group_size)
+
     @property
     def half_dtype(self) -> DType:
         """The 16-bit type of everything that is not quantized (fp16 if asked, else bf16)."""

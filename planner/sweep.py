@@ -110,12 +110,6 @@ class Chunk:
         return [k for k in self.order if k in self.constants or k in self.arrays] + rest
 
 
-def precision_for(w: DType, kv: DType | None, group_size: int = 128) -> Precision:
-    if kv is None:
-        kv = DType.fp16 if w == DType.fp16 else DType.bf16
-    return Precision(weights=w, kv_cache=kv, group_size=group_size)
-
-
 def _slices(nb: int, np_: int, no: int, chunk_rows: int) -> Iterator[tuple[slice, slice]]:
     kp = max(1, min(np_, chunk_rows // max(no, 1)))
     kb = max(1, chunk_rows // (kp * no)) if kp == np_ else 1
@@ -133,7 +127,7 @@ def iter_sweep(g: Grid, *, calibration: Calibration | None = None,
     P = np.asarray(sorted(g.prompt_tokens), dtype=np.float64)
     O = np.asarray(sorted(g.output_tokens), dtype=np.float64)  # noqa: E741
     for m, hw, w, kv, tp in itertools.product(g.models, g.gpus, g.weights, g.kv_cache, g.tps):
-        prec = precision_for(w, kv, g.group_size)
+        prec = Precision.of(w, kv, g.group_size)
         base = {"model": m.name, "gpu": hw.name, "tp": tp, "num_gpus": tp,
                 "weights": prec.weights.value, "kv_cache": prec.kv_cache.value}
         c = ceilings(hw, calibration, g.options)

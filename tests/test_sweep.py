@@ -12,8 +12,8 @@ import pytest
 from planner import catalog
 from planner.errors import UsageError
 from planner.estimate import estimate
-from planner.specs import DType, Options, Parallelism, Workload
-from planner.sweep import Grid, iter_sweep, parse_int_list, precision_for, sweep, write_csv
+from planner.specs import DType, Options, Parallelism, Precision, Workload
+from planner.sweep import Grid, iter_sweep, parse_int_list, sweep, write_csv
 
 NUMERIC = ["params", "active_params", "weights_bytes", "kv_cache_bytes_per_token",
            "kv_cache_bytes", "activation_bytes", "total_memory_bytes", "memory_used_frac",
@@ -50,7 +50,7 @@ def test_every_configuration_is_a_row(grid, frame):
 def test_random_rows_equal_scalar_estimate(frame):
     rows = frame[frame["supported"]].sample(60, random_state=7)
     for r in rows.to_dict(orient="records"):
-        prec = precision_for(DType(r["weights"]), DType(r["kv_cache"]))
+        prec = Precision.of(r["weights"], r["kv_cache"])
         e = estimate(catalog.load_model(r["model"]), catalog.load_hardware(r["gpu"]),
                      precision=prec, parallelism=Parallelism(tp=r["tp"]),
                      workload=Workload(batch=r["batch"], prompt_tokens=r["prompt_tokens"],
