@@ -100,7 +100,7 @@ def cpu_hardware(info: DeviceInfo, cal: Calibration) -> HardwareSpec:
 def predict(model: ModelSpec, prec: Precision, c: Ceilings, *, batch: int,
             context: int) -> dict:
     """The planner's TPOT and TTFT for exactly what is timed (planner.ops, roofline)."""
-    o = Options(kernel_overhead_s=c.kernel_overhead_s)
+    o = Options()  # the calibration's per-kernel cost is already in the ceilings
     dec = step_time(decode_ops(model, prec, batch=batch, context_tokens=context), c, options=o)
     pre = step_time(prefill_ops(model, prec, batch=batch, prompt_tokens=context), c, options=o)
     peak = c.peak(prec.compute_dtype)

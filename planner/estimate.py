@@ -1,14 +1,23 @@
 """Workload -> Estimate: memory, FLOPs, TTFT, TPOT, latency, throughput, MBU/MFU and cost.
 
-- TTFT is the time of the prefill step over batch x prompt_tokens tokens (causal attention).
+Every timing figure is the engine's expected one (planner.engine: achievable ceilings, kernel
+efficiencies, launch and per-step costs); ``Estimate.ideal`` holds the same figures for the
+ideal roofline of the same deployment (datasheet peaks, no overheads, the engine's byte
+accounting), which is the bound no engine beats.
+
+- TTFT is the time of the prefill step over batch x prompt_tokens tokens (causal attention),
+  plus the engine's fixed cost per prefill pass, one pass per chunk of prefill_chunk_tokens.
 - TPOT is the time of one decode step at the mean context of the generation,
   prompt_tokens + output_tokens / 2: step time is linear in the context through the attention
   term, so this is the mean over the output's decode steps.
 - latency = TTFT + TPOT x (output_tokens - 1); decode throughput = batch / TPOT tokens/s.
 - End-to-end throughput counts the prefill too: batch x output_tokens / latency; cost per
   million output tokens = price per GPU-hour x GPUs / 3600 / end-to-end throughput x 1e6.
-- MBU = (weight + KV bytes per decode step) / TPOT / bandwidth;
-  MFU = FLOPs per step / step time / peak FLOP/s of the compute precision.
+- MBU = (weight + KV bytes per decode step) / TPOT / datasheet bandwidth;
+  MFU = FLOPs per step / step time / datasheet peak FLOP/s of the compute precision: a real
+  engine's MBU is well below 1, the ideal roofline's close to 1.
+- ridge point and optimal batch are properties of the GPU and the model, not of an engine:
+  they use the reference ceilings (the datasheet, or a calibration when one is given).
 """
 
 from __future__ import annotations
@@ -17,6 +26,7 @@ import math
 from dataclasses import dataclass, field, replace
 
 from planner.arith import vmin
+from planner.engine import IDEAL, Engine
 from planner.memory import MemoryPlan, kv_cache_bytes_per_token, memory_plan
 from planner.ops import (
     active_params,
@@ -88,20 +98,38 @@ class Estimate:
     price_source: str | None
     measured: Measured | None = None
     notes: tuple[str, ...] = field(default_factory=tuple)
+    engine: Engine = IDEAL
+    # the reference ceilings (datasheet, or a calibration): ridge point and optimal batch
+    reference: Ceilings | None = None
+    # the ideal roofline of the same deployment (None when this estimate is the ideal one)
+    ideal: Estimate | None = None
 
     # ----- derived figures
     @property
+    def ref(self) -> Ceilings:
+        return self.reference or self.ceilings
+
+    @property
+    def bound_estimate(self) -> Estimate:
+        """The ideal roofline's estimate of this deployment (itself for the ideal engine)."""
+        return self.ideal or self
+
+    @property
     def peak_flops_per_s(self) -> float:
-        return self.ceilings.peak(self.precision.compute_dtype)
+        return self.ref.peak(self.precision.compute_dtype)
+
+    @property
+    def datasheet_peak_flops_per_s(self) -> float:
+        return self.hardware.peak_flops_per_s(self.precision.compute_dtype)
 
     @property
     def ridge_flops_per_byte(self) -> float:
-        return ridge_flops_per_byte(self.peak_flops_per_s, self.ceilings.bandwidth_bytes_per_s)
+        return ridge_flops_per_byte(self.peak_flops_per_s, self.ref.bandwidth_bytes_per_s)
 
     @property
     def optimal_batch(self) -> float:
         return optimal_batch(self.peak_flops_per_s, self.precision.quantized_bytes_per_param,
-                             self.ceilings.bandwidth_bytes_per_s)
+                             self.ref.bandwidth_bytes_per_s)
 
     @property
     def usable_optimal_batch(self) -> int:
@@ -135,15 +163,15 @@ class Estimate:
     @property
     def mbu(self) -> float:
         return mbu(self.decode.weight_and_kv_bytes, self.tpot_s,
-                   self.ceilings.bandwidth_bytes_per_s)
+                   self.hardware.memory_bandwidth_bytes_per_s)
 
     @property
     def mfu(self) -> float:
-        return mfu(self.decode.flops, self.tpot_s, self.peak_flops_per_s)
+        return mfu(self.decode.flops, self.tpot_s, self.datasheet_peak_flops_per_s)
 
     @property
     def prefill_mfu(self) -> float:
-        return mfu(self.prefill.flops, self.ttft_s, self.peak_flops_per_s)
+        return mfu(self.prefill.flops, self.ttft_s, self.datasheet_peak_flops_per_s)
 
     @property
     def compute_bound(self) -> bool:
@@ -190,7 +218,7 @@ class Estimate:
             "flops_per_token_2n": self.flops_per_token_2n,
             "prefill_flops": self.prefill_flops,
             "peak_flops_per_s": self.peak_flops_per_s,
-            "bandwidth_bytes_per_s": self.ceilings.bandwidth_bytes_per_s,
+            "bandwidth_bytes_per_s": self.ref.bandwidth_bytes_per_s,
             "ridge_flops_per_byte": self.ridge_flops_per_byte,
             "optimal_batch": self.optimal_batch,
             "usable_optimal_batch": self.usable_optimal_batch,
@@ -206,9 +234,32 @@ class Estimate:
             "mfu": self.mfu,
             "prefill_mfu": self.prefill_mfu,
             "decode_comm_s": self.decode.comm_s,
+            "decode_overhead_s": self.decode.overhead_s,
             "price_usd_per_gpu_hour": self.price_usd_per_gpu_hour,
             "cost_usd_per_million_output_tokens": self.cost_usd_per_million_output_tokens,
+            **{f"ideal_{k}": v for k, v in self.bound_estimate.timing().items()},
         }
+
+    def timing(self) -> dict:
+        """The figures that depend on the engine's speed, keyed with their units."""
+        return {
+            "ttft_s": self.ttft_s,
+            "tpot_s": self.tpot_s,
+            "latency_s": self.latency_s,
+            "throughput_tokens_per_s": self.throughput_tokens_per_s,
+            "e2e_throughput_tokens_per_s": self.e2e_throughput_tokens_per_s,
+            "mbu": self.mbu,
+            "mfu": self.mfu,
+            "prefill_mfu": self.prefill_mfu,
+            "cost_usd_per_million_output_tokens": self.cost_usd_per_million_output_tokens,
+        }
+
+    def engine_info(self) -> dict:
+        e = self.engine
+        return {"name": e.name, "display_name": e.display_name, "version": e.version,
+                "source": e.source, "ceilings": self.ceilings.source,
+                "bandwidth_source": self.ceilings.bandwidth_source,
+                "flops_source": self.ceilings.flops_source_of(self.precision.compute_dtype)}
 
     def to_dict(self, *, operators: bool = True) -> dict:
         """A JSON-ready dict; keys carry their unit (DESIGN.md "Contracts")."""
@@ -229,16 +280,23 @@ class Estimate:
             **cols,
             "price_source": self.price_source,
             "notes": list(self.notes),
+            "engine": self.engine_info(),
         }
+        b = self.bound_estimate
+        out["ideal"] = {**b.timing(), "bound": b.bound, "ceilings_source": b.ceilings.source}
+        for k in [k for k in out if k.startswith("ideal_")]:
+            del out[k]
         if self.measured is not None:
             out["measured"] = dict(self.measured.__dict__)
         if operators:
-            out["operators"] = {"decode": _op_rows(self.decode),
-                                "prefill": _op_rows(self.prefill)}
+            out["operators"] = {"decode": _op_rows(self.decode, self.ceilings),
+                                "prefill": _op_rows(self.prefill, self.ceilings),
+                                "decode_fixed_s": self.decode.fixed_s,
+                                "prefill_fixed_s": self.prefill.fixed_s}
         return out
 
 
-def _op_rows(step: StepTime) -> list[dict]:
+def _op_rows(step: StepTime, c: Ceilings) -> list[dict]:
     return [{
         "name": t.op.name,
         "kind": t.op.kind,
@@ -256,6 +314,12 @@ def _op_rows(step: StepTime) -> list[dict]:
         "comm_s": t.comm_s,
         "time_s": t.time_s,
         "bound": t.bound,
+        "kernels": t.kernels,
+        "overhead_s": t.overhead_s,
+        "bandwidth_frac": t.bandwidth_frac,
+        "compute_frac": t.compute_frac,
+        "bandwidth_source": c.bandwidth_source,
+        "flops_source": c.flops_source_of(t.op.dtype),
     } for t in step.ops]
 
 
@@ -271,24 +335,50 @@ def estimate(
     price_usd_per_gpu_hour: float | None = None,
     measured_tpot_s: float | None = None,
     measured_ttft_s: float | None = None,
+    engine: Engine = IDEAL,
 ) -> Estimate:
-    """Predict one deployment: ``model`` on ``parallelism.tp`` GPUs of ``hardware``."""
+    """Predict one deployment: ``model`` on ``parallelism.tp`` GPUs of ``hardware``, served
+    by ``engine`` (the ideal roofline unless one is given)."""
     p = precision or Precision()
     w = workload or Workload()
     o = options or Options()
     tp = (parallelism or Parallelism()).tp
     check_tp(model, tp)
-    c = ceilings(hardware, calibration, o)
-    p, notes = resolve_precision(hardware, p, c)
+    prep = prepare(hardware, p, calibration, o, engine)
     price, price_source = resolve_price(hardware, price_usd_per_gpu_hour)
+    notes = list(prep.notes)
     if tp > model.num_kv_heads and model.mla is None:
         notes.append(f"tp {tp} > {model.num_kv_heads} KV heads: KV heads replicated")
-    est = assemble(model, hardware, p, c, o, tp=tp, batch=w.batch,
+    est = assemble(model, hardware, prep, o, tp=tp, batch=w.batch,
                    prompt_tokens=w.prompt_tokens, output_tokens=w.output_tokens,
                    price_usd_per_gpu_hour=price, price_source=price_source, notes=notes)
     if measured_tpot_s is None and measured_ttft_s is None:
         return est
     return _with_measured(est, measured_tpot_s, measured_ttft_s)
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """What an engine needs before the arithmetic: the precision as it will run with the
+    engine's byte accounting, the engine's ceilings and the reference (ideal) ones."""
+
+    engine: Engine
+    precision: Precision
+    ceilings: Ceilings
+    reference: Ceilings
+    notes: tuple[str, ...]
+
+
+def prepare(hw: HardwareSpec, p: Precision, calibration: Calibration | None, o: Options,
+            engine: Engine = IDEAL) -> Prepared:
+    """Resolve the engine's ceilings and byte accounting for ``hw`` and ``p``; raises a
+    ``UsageError`` when the GPU cannot run the precision."""
+    c = ceilings(hw, calibration, o, engine)
+    ref = c if engine.ceilings == "datasheet" else ceilings(hw, calibration, o, IDEAL)
+    p = p.model_copy(update={"zero_point_bytes": engine.zero_point_bytes_per_group,
+                             "lm_head_quantized": engine.lm_head_quantized})
+    p, notes = resolve_precision(hw, p, c)
+    return Prepared(engine, p, c, ref, tuple(notes))
 
 
 def resolve_precision(hw: HardwareSpec, p: Precision,
@@ -323,26 +413,44 @@ def _with_measured(est: Estimate, tpot_s: float | None, ttft_s: float | None) ->
         bw = est.decode.weight_and_kv_bytes / tpot_s
         m = replace(m, achieved_bandwidth_bytes_per_s=bw,
                     mbu=mbu(est.decode.weight_and_kv_bytes, tpot_s,
-                            est.ceilings.bandwidth_bytes_per_s),
-                    mfu=mfu(est.decode.flops, tpot_s, est.peak_flops_per_s))
+                            est.hardware.memory_bandwidth_bytes_per_s),
+                    mfu=mfu(est.decode.flops, tpot_s, est.datasheet_peak_flops_per_s))
     if ttft_s is not None:
         m = replace(m, achieved_prefill_flops_per_s=est.prefill.flops / ttft_s,
-                    prefill_mfu=mfu(est.prefill.flops, ttft_s, est.peak_flops_per_s))
+                    prefill_mfu=mfu(est.prefill.flops, ttft_s, est.datasheet_peak_flops_per_s))
     return replace(est, measured=m)
 
 
-def assemble(model: ModelSpec, hardware: HardwareSpec, p: Precision, c: Ceilings, o: Options, *,
+def assemble(model: ModelSpec, hardware: HardwareSpec, prep: Prepared, o: Options, *,
              tp: int, batch, prompt_tokens, output_tokens,
              price_usd_per_gpu_hour: float | None = None, price_source: str | None = None,
-             notes: list[str] | tuple[str, ...] = ()) -> Estimate:
+             notes: list[str] | tuple[str, ...] = (), with_ideal: bool = True) -> Estimate:
     """The prediction itself, without input checks. ``batch``, ``prompt_tokens`` and
     ``output_tokens`` are numbers, or numpy arrays of one shape: the sweep evaluates a whole
-    grid with these same formulas."""
+    grid with these same formulas. Unless the engine is the ideal one, the ideal roofline of
+    the same deployment is assembled too (``Estimate.ideal``)."""
+    e, p, c = prep.engine, prep.precision, prep.ceilings
     ctx = prompt_tokens + output_tokens / 2
+    sharded = e.lm_head_sharded
     decode = step_time(decode_ops(model, p, batch=batch, context_tokens=ctx, tp=tp,
-                                  attention=o.attention), c, tp=tp, options=o)
+                                  attention=o.attention, lm_head_sharded=sharded), c, tp=tp,
+                       options=o, engine=e, graphed=e.cuda_graphs,
+                       fixed_s=e.step_overhead_s + e.per_sequence_overhead_s * batch)
+    # one prefill pass per chunk of the batch's prompt tokens
+    chunks = 1 if o.prefill_chunk_tokens is None else \
+        -(-(batch * prompt_tokens) // o.prefill_chunk_tokens)
     prefill = step_time(prefill_ops(model, p, batch=batch, prompt_tokens=prompt_tokens,
-                                    tp=tp, attention=o.attention), c, tp=tp, options=o)
+                                    tp=tp, attention=o.attention, lm_head_sharded=sharded), c,
+                        tp=tp, options=o, engine=e, graphed=False,
+                        fixed_s=e.prefill_step_overhead_s * chunks
+                        + e.per_sequence_overhead_s * batch)
+    ideal = None
+    if with_ideal and not e.is_ideal:
+        bound = Prepared(e.ideal_bound(), p, prep.reference, prep.reference, prep.notes)
+        ideal = assemble(model, hardware, bound, o, tp=tp, batch=batch,
+                         prompt_tokens=prompt_tokens, output_tokens=output_tokens,
+                         price_usd_per_gpu_hour=price_usd_per_gpu_hour,
+                         price_source=price_source, notes=notes, with_ideal=False)
     # model-level FLOPs (one GPU's share times tp would double count replicated layers)
     decode_flops = total_flops(decode_ops(model, p, batch=1, context_tokens=ctx))
     prefill_flops = total_flops(prefill_ops(model, p, batch=batch, prompt_tokens=prompt_tokens))
@@ -350,12 +458,13 @@ def assemble(model: ModelSpec, hardware: HardwareSpec, p: Precision, c: Ceilings
         model=model, hardware=hardware, precision=p, batch=batch, prompt_tokens=prompt_tokens,
         output_tokens=output_tokens, tp=tp, options=o, ceilings=c,
         memory=memory_plan(model, hardware, p, batch=batch, prompt_tokens=prompt_tokens,
-                           output_tokens=output_tokens, tp=tp, options=o),
+                           output_tokens=output_tokens, tp=tp, options=o,
+                           lm_head_sharded=sharded),
         params=count_params(model), active_params=active_params(model),
         kv_cache_bytes_per_token=kv_cache_bytes_per_token(model, p, tp=tp),
         decode_context_tokens=ctx, decode=decode, prefill=prefill,
         decode_flops_per_token=decode_flops, prefill_flops=prefill_flops,
         flops_per_token_2n=flops_per_token_2n(model),
         price_usd_per_gpu_hour=price_usd_per_gpu_hour, price_source=price_source,
-        notes=tuple(notes),
+        notes=tuple(notes), engine=e, reference=prep.reference, ideal=ideal,
     )

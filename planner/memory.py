@@ -27,18 +27,23 @@ _REPLICATED = {
 }
 
 
-def weight_bytes_breakdown(m: ModelSpec, prec: Precision, *, tp: int = 1) -> dict[str, float]:
-    """Bytes per GPU of each checkpoint component (see ``param_breakdown`` for the keys)."""
+def weight_bytes_breakdown(m: ModelSpec, prec: Precision, *, tp: int = 1,
+                           lm_head_sharded: bool = True) -> dict[str, float]:
+    """Bytes per GPU of each checkpoint component (see ``param_breakdown`` for the keys).
+    The lm_head is quantized when ``prec.lm_head_quantized`` and split across the TP ranks
+    when ``lm_head_sharded`` (the engine's byte accounting)."""
     out: dict[str, float] = {}
     for key, n in param_breakdown(m).items():
-        per_param = prec.quantized_bytes_per_param if key in _QUANTIZED else prec.half_bytes
-        share = 1 if key in _REPLICATED else tp
-        out[key] = n * per_param / share
+        quantized = key in _QUANTIZED or (key == "lm_head" and prec.lm_head_quantized)
+        per_param = prec.quantized_bytes_per_param if quantized else prec.half_bytes
+        replicated = key in _REPLICATED or (key == "lm_head" and not lm_head_sharded)
+        out[key] = n * per_param / (1 if replicated else tp)
     return out
 
 
-def weight_bytes(m: ModelSpec, prec: Precision, *, tp: int = 1) -> float:
-    return sum(weight_bytes_breakdown(m, prec, tp=tp).values())
+def weight_bytes(m: ModelSpec, prec: Precision, *, tp: int = 1,
+                 lm_head_sharded: bool = True) -> float:
+    return sum(weight_bytes_breakdown(m, prec, tp=tp, lm_head_sharded=lm_head_sharded).values())
 
 
 def kv_cache_bytes_per_token(m: ModelSpec, prec: Precision, *, tp: int = 1) -> float:
@@ -131,7 +136,8 @@ class MemoryPlan:
 
 
 def max_batch(m: ModelSpec, hw: HardwareSpec, prec: Precision, *, prompt_tokens: int,
-              output_tokens: int, tp: int = 1, options: Options | None = None) -> int:
+              output_tokens: int, tp: int = 1, options: Options | None = None,
+              lm_head_sharded: bool = True) -> int:
     """Largest batch whose weights, KV cache (prompt + output tokens per sequence), prefill
     activations and reserve fit in the usable memory.
 
@@ -139,8 +145,8 @@ def max_batch(m: ModelSpec, hw: HardwareSpec, prec: Precision, *, prompt_tokens:
     (B x prompt >= chunk), and constant after: solve in both regions and keep the one that
     holds. Token counts may be arrays (a sweep); the result is then an array."""
     o = options or Options()
-    free = (hw.memory_bytes * o.memory_utilization_frac - weight_bytes(m, prec, tp=tp)
-            - o.reserve_bytes)
+    free = (hw.memory_bytes * o.memory_utilization_frac
+            - weight_bytes(m, prec, tp=tp, lm_head_sharded=lm_head_sharded) - o.reserve_bytes)
     per_token, logits, naive = _activation_terms(m, prec, tp=tp)
     if o.attention == "naive":
         per_token = per_token + naive * prompt_tokens
@@ -159,10 +165,10 @@ def max_batch(m: ModelSpec, hw: HardwareSpec, prec: Precision, *, prompt_tokens:
 
 def memory_plan(m: ModelSpec, hw: HardwareSpec, prec: Precision, *, batch: int,
                 prompt_tokens: int, output_tokens: int, tp: int = 1,
-                options: Options | None = None) -> MemoryPlan:
+                options: Options | None = None, lm_head_sharded: bool = True) -> MemoryPlan:
     o = options or Options()
     return MemoryPlan(
-        weights_bytes=weight_bytes(m, prec, tp=tp),
+        weights_bytes=weight_bytes(m, prec, tp=tp, lm_head_sharded=lm_head_sharded),
         kv_cache_bytes=kv_cache_bytes(m, prec, batch=batch,
                                       seq_len=prompt_tokens + output_tokens, tp=tp),
         activation_bytes=activation_bytes(m, prec, batch=batch, prompt_tokens=prompt_tokens,
@@ -172,7 +178,8 @@ def memory_plan(m: ModelSpec, hw: HardwareSpec, prec: Precision, *, batch: int,
         capacity_bytes=hw.memory_bytes,
         usable_bytes=hw.memory_bytes * o.memory_utilization_frac,
         max_batch=max_batch(m, hw, prec, prompt_tokens=prompt_tokens,
-                            output_tokens=output_tokens, tp=tp, options=o),
+                            output_tokens=output_tokens, tp=tp, options=o,
+                            lm_head_sharded=lm_head_sharded),
     )
 
 

@@ -141,6 +141,8 @@ class Op:
     act_bytes: float = 0.0  # activations in and out
     dtype: DType = DType.bf16  # type the arithmetic runs in
     comm_bytes: float = 0.0  # all-reduce payload
+    weight_dtype: DType | None = None  # storage type of a matmul's weights
+    m_rows: float = 0.0  # a matmul's M: the activation rows of each GEMM (tokens per expert)
 
     @property
     def bytes(self) -> float:
@@ -193,9 +195,11 @@ def step_ops(
     past_tokens: int,
     tp: int = 1,
     attention: Literal["flash", "naive"] = "flash",
+    lm_head_sharded: bool = True,
 ) -> list[Op]:
     """Operators of one forward step: ``batch`` sequences, each adding ``new_tokens`` tokens
-    after ``past_tokens`` cached ones. Decode: new_tokens=1; prefill: new_tokens=prompt."""
+    after ``past_tokens`` cached ones. Decode: new_tokens=1; prefill: new_tokens=prompt.
+    ``lm_head_sharded``: the lm_head is split across TP ranks (vLLM) or whole on each."""
     check_tp(m, tp)
     h, L = m.hidden_size, m.num_layers
     T = batch * new_tokens  # tokens processed this step
@@ -212,7 +216,8 @@ def step_ops(
         w_elems = k * n if weights is None else weights
         return Op(name, "matmul", count, flops=2.0 * tokens * k * n,
                   weight_bytes=w_elems * (wb if quantized else hb) + bias * hb,
-                  act_bytes=tokens * (k + n) * ab, dtype=cdt if quantized else hdt)
+                  act_bytes=tokens * (k + n) * ab, dtype=cdt if quantized else hdt,
+                  weight_dtype=prec.weights if quantized else hdt, m_rows=tokens)
 
     def norm(name: str, count: int) -> Op:
         # read the residual and the branch output, write the sum and its normalized copy
@@ -297,7 +302,8 @@ def step_ops(
         for op in mlp("experts_", n_moe, inter, tokens=routed_tokens):
             if op.kind == "matmul":  # weights of every expert the batch reaches
                 op = Op(op.name, op.kind, op.count, op.flops, weight_bytes=op.weight_bytes * hit,
-                        act_bytes=op.act_bytes, dtype=op.dtype)
+                        act_bytes=op.act_bytes, dtype=op.dtype, weight_dtype=op.weight_dtype,
+                        m_rows=routed_tokens / hit)
             ops.append(op)
         if e.num_shared_experts:
             ops += mlp("shared_", n_moe, e.num_shared_experts * inter)
@@ -306,25 +312,29 @@ def step_ops(
     # --- head: logits only for the last token of each sequence
     ops.append(Op("final_norm", "norm", 1, flops=8.0 * batch * h, weight_bytes=norm_w,
                   act_bytes=2.0 * batch * h * ab, dtype=hdt))
-    lm = matmul("lm_head", 1, h, m.vocab_size / tp, quantized=False, tokens=batch)
+    vocab = m.vocab_size / (tp if lm_head_sharded else 1)
+    lm = matmul("lm_head", 1, h, vocab, quantized=prec.lm_head_quantized, tokens=batch)
     # logits are written in fp32 for sampling
     ops.append(Op(lm.name, lm.kind, 1, lm.flops, weight_bytes=lm.weight_bytes,
-                  act_bytes=batch * h * ab + batch * m.vocab_size / tp * 4, dtype=lm.dtype))
+                  act_bytes=batch * h * ab + batch * vocab * 4, dtype=lm.dtype,
+                  weight_dtype=lm.weight_dtype, m_rows=batch))
     return ops
 
 
 def decode_ops(m: ModelSpec, prec: Precision, *, batch: int, context_tokens: int, tp: int = 1,
-               attention: Literal["flash", "naive"] = "flash") -> list[Op]:
+               attention: Literal["flash", "naive"] = "flash",
+               lm_head_sharded: bool = True) -> list[Op]:
     """One decode step: each sequence appends its token to ``context_tokens - 1`` cached ones."""
     return step_ops(m, prec, batch=batch, new_tokens=1, past_tokens=context_tokens - 1, tp=tp,
-                    attention=attention)
+                    attention=attention, lm_head_sharded=lm_head_sharded)
 
 
 def prefill_ops(m: ModelSpec, prec: Precision, *, batch: int, prompt_tokens: int, tp: int = 1,
-                attention: Literal["flash", "naive"] = "flash") -> list[Op]:
+                attention: Literal["flash", "naive"] = "flash",
+                lm_head_sharded: bool = True) -> list[Op]:
     """The prefill of ``batch`` prompts of ``prompt_tokens`` each, in one causal pass."""
     return step_ops(m, prec, batch=batch, new_tokens=prompt_tokens, past_tokens=0, tp=tp,
-                    attention=attention)
+                    attention=attention, lm_head_sharded=lm_head_sharded)
 
 
 def total_flops(ops: list[Op]) -> float:

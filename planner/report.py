@@ -17,8 +17,8 @@ import matplotlib.ticker  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from planner.estimate import Estimate, assemble, resolve_precision, resolve_price  # noqa: E402
-from planner.roofline import ceilings  # noqa: E402
+from planner.engine import IDEAL, Engine  # noqa: E402
+from planner.estimate import Estimate, assemble, prepare, resolve_price  # noqa: E402
 from planner.specs import (  # noqa: E402
     GIB,
     Calibration,
@@ -43,14 +43,14 @@ class Case:
     tp: int = 1
     options: Options = Options()
     calibration: Calibration | None = None
+    engine: Engine = IDEAL
 
     def at(self, batch) -> Estimate:
-        c = ceilings(self.hw, self.calibration, self.options)
-        p, notes = resolve_precision(self.hw, self.precision, c)
+        prep = prepare(self.hw, self.precision, self.calibration, self.options, self.engine)
         price, _ = resolve_price(self.hw, None)
-        return assemble(self.model, self.hw, p, c, self.options, tp=self.tp, batch=batch,
+        return assemble(self.model, self.hw, prep, self.options, tp=self.tp, batch=batch,
                         prompt_tokens=self.prompt_tokens, output_tokens=self.output_tokens,
-                        price_usd_per_gpu_hour=price, notes=notes)
+                        price_usd_per_gpu_hour=price, notes=list(prep.notes))
 
     @property
     def label(self) -> str:

@@ -4,67 +4,96 @@ Roofline (Williams, Waterman & Patterson, CACM 2009): an operator doing F FLOPs 
     t = max(F / peak_flops_per_s, B / bandwidth_bytes_per_s)      (time_model="roofline")
 or, in the background notes' additive form,
     t = F / peak_flops_per_s + B / bandwidth_bytes_per_s           (time_model="additive")
-plus an optional fixed per-kernel overhead. A step's time is the sum over its operators.
+plus a fixed cost per kernel. A step's time is the sum over its operators plus a fixed cost.
 A ring all-reduce of S bytes over N GPUs moves 2 (N - 1) / N x S bytes through each GPU's link:
     t = 2 (N - 1) / N x S / link_bytes_per_s + latency_s.
+The ideal engine uses the datasheet's rates and no costs; a real engine (planner.engine) runs
+each operator at a fraction of the GPU's achievable rates and pays its costs.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from planner.achievable import achievable
 from planner.arith import vmax
+from planner.engine import IDEAL, Engine
 from planner.ops import Op
 from planner.specs import Calibration, DType, HardwareSpec, Options
 
 
 @dataclass(frozen=True)
 class Ceilings:
-    """The rates the model divides by: the datasheet's, or measured ones from a calibration."""
+    """The rates the model divides by, and where each came from: the datasheet, the GPU's
+    published achievable figures, or a calibration measured by ``llmplan measure``."""
 
     bandwidth_bytes_per_s: float
     flops_per_s: dict[DType, float]
     link_bytes_per_s: float  # one direction, per GPU
-    kernel_overhead_s: float = 0.0
+    kernel_overhead_s: float | None = None  # per-kernel cost that overrides the engine's
     source: str = "datasheet"
     notes: tuple[str, ...] = field(default_factory=tuple)
+    bandwidth_source: str = "datasheet"
+    flops_source: tuple[tuple[DType, str], ...] = ()
 
     def peak(self, dtype: DType) -> float:
         return self.flops_per_s[dtype]
 
+    def flops_source_of(self, dtype: DType) -> str:
+        return dict(self.flops_source).get(dtype, self.source)
+
 
 def ceilings(hw: HardwareSpec, calibration: Calibration | None = None,
-             options: Options | None = None) -> Ceilings:
-    """Datasheet peaks, with any measured ones from ``calibration`` taking their place."""
+             options: Options | None = None, engine: Engine = IDEAL) -> Ceilings:
+    """The ceilings ``engine`` runs against: the datasheet's peaks (ideal), or the GPU's
+    achievable figures (published copy and GEMM benchmarks in hardware_db; a documented
+    fraction of the datasheet where none is published). A calibration's measured figures take
+    the place of either."""
     o = options or Options()
     flops = {dt: v * 1e12 for dt, v in hw.peak_tflops.items()}
-    bw = hw.memory_bandwidth_bytes_per_s
-    overhead = o.kernel_overhead_s
+    src = {dt: "datasheet" for dt in flops}
+    bw, bw_src = hw.memory_bandwidth_bytes_per_s, "datasheet"
     source, notes = "datasheet", []
+    if engine.ceilings == "achievable":
+        ach = achievable(hw)
+        bw, bw_src = ach.bandwidth_bytes_per_s, ach.bandwidth_source
+        for dt, (v, s) in ach.flops.items():
+            flops[dt], src[dt] = v, s
+        source = "achievable"
+        notes += ach.notes
+    overhead = o.kernel_overhead_s if o.kernel_overhead_s else None
     if calibration is not None:
         source = f"calibration ({calibration.device})"
-        bw = calibration.memory_bandwidth_gb_per_s * 1e9
+        bw, bw_src = calibration.memory_bandwidth_gb_per_s * 1e9, source
         for dt, v in calibration.matmul_tflops.items():
-            flops[dt] = v * 1e12
+            flops[dt], src[dt] = v * 1e12, source
         missing = sorted(d.value for d in hw.peak_tflops if d not in calibration.matmul_tflops)
         if missing:
-            notes.append(f"no measured matmul rate for {', '.join(missing)}: datasheet used")
-        if overhead == 0.0:
+            notes.append(f"no measured matmul rate for {', '.join(missing)}: "
+                         f"{'achievable' if engine.ceilings == 'achievable' else 'datasheet'}"
+                         " figure used")
+        if overhead is None and calibration.kernel_overhead_us:
             overhead = calibration.kernel_overhead_us * 1e-6
     return Ceilings(bandwidth_bytes_per_s=bw, flops_per_s=flops,
                     link_bytes_per_s=hw.interconnect.unidirectional_bytes_per_s,
-                    kernel_overhead_s=overhead, source=source, notes=tuple(notes))
+                    kernel_overhead_s=overhead, source=source, notes=tuple(notes),
+                    bandwidth_source=bw_src, flops_source=tuple(src.items()))
 
 
 @dataclass(frozen=True)
 class OpTime:
-    """One operator's timing per step (all its instances)."""
+    """One operator's timing per step (all its instances). ``compute_s`` and ``memory_s``
+    are at the engine's efficiencies; ``overhead_s`` is its kernels' fixed cost."""
 
     op: Op
     compute_s: float
     memory_s: float
     comm_s: float
     time_s: float
+    bandwidth_frac: float = 1.0
+    compute_frac: float = 1.0
+    kernels: float = 1.0
+    overhead_s: float = 0.0
 
     @property
     def bound(self) -> str:
@@ -73,28 +102,56 @@ class OpTime:
         return "compute" if self.compute_s > self.memory_s else "memory"
 
 
-def op_time(op: Op, c: Ceilings, *, tp: int = 1, options: Options | None = None) -> OpTime:
+def op_efficiency(op: Op, e: Engine) -> tuple[float, float]:
+    """(bandwidth, compute) efficiency of ``op`` under engine ``e``."""
+    if op.kind == "matmul":
+        q = e.quant_fracs(op.weight_dtype)
+        return q if q is not None else (e.gemm_bandwidth_frac, e.gemm_compute_frac)
+    if op.kind == "attention":
+        return e.attention_bandwidth_frac, e.attention_compute_frac
+    return e.elementwise_bandwidth_frac, 1.0
+
+
+def op_time(op: Op, c: Ceilings, *, tp: int = 1, options: Options | None = None,
+            engine: Engine = IDEAL, graphed: bool = True) -> OpTime:
+    """One operator's time under ``engine`` (see planner.engine for the equation).
+    ``graphed``: the step is replayed from a CUDA graph, so no host launch cost applies."""
     o = options or Options()
+    e = engine
     n = op.count
     if op.kind == "allreduce":
-        comm = (2 * (tp - 1) / tp * op.comm_bytes / c.link_bytes_per_s
-                + o.allreduce_latency_s) if tp > 1 else 0.0
-        return OpTime(op, 0.0, 0.0, comm * n, comm * n)
-    compute = op.flops / c.peak(op.dtype)
-    memory = op.bytes / c.bandwidth_bytes_per_s
+        comm = (2 * (tp - 1) / tp * op.comm_bytes / (c.link_bytes_per_s
+                                                     * e.allreduce_bandwidth_frac)
+                + e.allreduce_latency_s) if tp > 1 else 0.0
+        return OpTime(op, 0.0, 0.0, comm * n, comm * n, e.allreduce_bandwidth_frac, 1.0)
+    bw_frac, c_frac = op_efficiency(op, e)
+    flops = op.flops
+    if op.kind == "matmul" and e.gemm_tile_m > 1 and op.m_rows:
+        # tile quantization: M rows are computed in whole tiles of gemm_tile_m
+        tiles = -(-op.m_rows // e.gemm_tile_m)
+        flops = flops * (tiles * e.gemm_tile_m / op.m_rows)
+    compute = flops / (c.peak(op.dtype) * c_frac)
+    memory = op.bytes / (c.bandwidth_bytes_per_s * bw_frac)
     t = vmax(compute, memory) if o.time_model == "roofline" else compute + memory
-    return OpTime(op, compute * n, memory * n, 0.0, (t + c.kernel_overhead_s) * n)
+    k = e.kernels_for(op.name, op.kind)
+    per_kernel = c.kernel_overhead_s if c.kernel_overhead_s is not None else e.kernel_gap_s
+    t = t + k * per_kernel
+    if not graphed and e.host_launch_s:
+        t = vmax(t, k * e.host_launch_s)  # the host cannot launch faster than this
+    return OpTime(op, compute * n, memory * n, 0.0, t * n, bw_frac, c_frac, k * n,
+                  k * per_kernel * n)
 
 
 @dataclass(frozen=True)
 class StepTime:
-    """A forward step: its operators' timings and totals."""
+    """A forward step: its operators' timings, the engine's fixed cost, and totals."""
 
     ops: tuple[OpTime, ...]
+    fixed_s: float = 0.0  # the engine's exposed CPU cost of the step
 
     @property
     def time_s(self) -> float:
-        return sum(t.time_s for t in self.ops)
+        return sum(t.time_s for t in self.ops) + self.fixed_s
 
     @property
     def flops(self) -> float:
@@ -122,14 +179,24 @@ class StepTime:
         return sum(t.comm_s for t in self.ops)
 
     @property
+    def overhead_s(self) -> float:
+        """Kernel costs plus the step's fixed cost."""
+        return sum(t.overhead_s for t in self.ops) + self.fixed_s
+
+    @property
+    def kernels(self) -> float:
+        return sum(t.kernels for t in self.ops)
+
+    @property
     def bound(self) -> str:
         """Which of the step's total compute and memory times is larger."""
         return "compute" if self.compute_s > self.memory_s else "memory"
 
 
-def step_time(ops: list[Op], c: Ceilings, *, tp: int = 1,
-              options: Options | None = None) -> StepTime:
-    return StepTime(tuple(op_time(op, c, tp=tp, options=options) for op in ops))
+def step_time(ops: list[Op], c: Ceilings, *, tp: int = 1, options: Options | None = None,
+              engine: Engine = IDEAL, graphed: bool = True, fixed_s: float = 0.0) -> StepTime:
+    return StepTime(tuple(op_time(op, c, tp=tp, options=options, engine=engine,
+                                  graphed=graphed) for op in ops), fixed_s)
 
 
 def ridge_flops_per_byte(peak_flops_per_s: float, bandwidth_bytes_per_s: float) -> float:

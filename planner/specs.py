@@ -69,7 +69,11 @@ class Precision(_Frozen):
     kv_cache: DType = DType.bf16
     compute: DType | None = None  # None: derived from the weights (see compute_dtype)
     group_size: int = Field(128, gt=0)
-    scale_bytes: int = Field(2, gt=0)
+    scale_bytes: float = Field(2, gt=0)
+    # engine byte accounting: an asymmetric scheme's zero point per group (GPTQ / AWQ pack a
+    # 4-bit zero: 0.5 bytes), and whether the lm_head is quantized with the decoder
+    zero_point_bytes: float = Field(0.0, ge=0)
+    lm_head_quantized: bool = False
 
     @model_validator(mode="after")
     def _check(self) -> Precision:
@@ -107,11 +111,12 @@ class Precision(_Frozen):
     def quantized_bytes_per_param(self) -> float:
         """Bytes per quantized weight including its share of the group scale.
 
-        int4, group 128, fp16 scales: 0.5 + 2 / 128 = 0.515625 bytes per parameter.
+        int4, group 128, fp16 scales: 0.5 + 2 / 128 = 0.515625 bytes per parameter; with a
+        packed 4-bit zero point per group too (GPTQ, AWQ): 0.5 + 2.5 / 128 = 0.51953125.
         """
         b = dtype_bytes(self.weights)
         if self.weights in (DType.int8, DType.int4):
-            b += self.scale_bytes / self.group_size
+            b += (self.scale_bytes + self.zero_point_bytes) / self.group_size
         return b
 
     @property
@@ -247,6 +252,25 @@ class Price(_Frozen):
     note: str | None = None
 
 
+class SourcedFigure(_Frozen):
+    """A measured (or, with ``estimated``, a documented-fraction) figure and its source."""
+
+    value: float = Field(gt=0, allow_inf_nan=False)
+    source: str = Field(min_length=1)
+    date: str | None = None
+    method: str | None = None
+    estimated: bool = False
+    note: str | None = None
+
+
+class Achievable(_Frozen):
+    """What a published benchmark reaches on this GPU: copy bandwidth and the best dense
+    matmul rate per precision (mamf-finder's "maximum achievable matmul FLOPS")."""
+
+    memory_bandwidth_gb_per_s: SourcedFigure
+    matmul_tflops: dict[DType, SourcedFigure] = Field(default_factory=dict)
+
+
 class HardwareSpec(_Frozen):
     """One accelerator, as its datasheet describes it. Peak rates are dense (no sparsity)."""
 
@@ -260,6 +284,9 @@ class HardwareSpec(_Frozen):
     interconnect: Interconnect
     tdp_w: float | None = Field(None, gt=0)  # None where no datasheet gives it
     price: Price | None = None
+    memory_type: str | None = None  # HBM2e, HBM3, GDDR6, ...: picks the estimated fraction
+    architecture: str | None = None  # volta, turing, ampere, ada, hopper, blackwell, cdna3
+    achievable: Achievable | None = None
     notes: str | None = None
 
     @model_validator(mode="after")
@@ -337,5 +364,3 @@ class Options(_Frozen):
     # 8192 is its V1 default for serving). Bounds prefill activations; None: the whole batch
     # at once. TTFT is still the time of all the batch's prefill FLOPs and bytes.
     prefill_chunk_tokens: int | None = Field(8192, gt=0)
-    # Fixed cost of one all-reduce call (NCCL small-message latency over NVLink is a few us).
-    allreduce_latency_s: float = Field(5e-6, ge=0)

@@ -21,10 +21,10 @@ from pathlib import Path
 
 import numpy as np
 
+from planner.engine import IDEAL, Engine
 from planner.errors import LlmplanError, UsageError
-from planner.estimate import assemble, resolve_precision, resolve_price
+from planner.estimate import assemble, prepare, resolve_price
 from planner.ops import check_tp
-from planner.roofline import ceilings
 from planner.specs import Calibration, DType, HardwareSpec, ModelSpec, Options, Precision
 
 
@@ -80,6 +80,7 @@ class Grid:
     tps: Sequence[int] = (1,)
     group_size: int = 128
     options: Options = field(default_factory=Options)
+    engine: Engine = IDEAL
 
     @property
     def size(self) -> int:
@@ -129,11 +130,12 @@ def iter_sweep(g: Grid, *, calibration: Calibration | None = None,
     for m, hw, w, kv, tp in itertools.product(g.models, g.gpus, g.weights, g.kv_cache, g.tps):
         prec = Precision.of(w, kv, g.group_size)
         base = {"model": m.name, "gpu": hw.name, "tp": tp, "num_gpus": tp,
-                "weights": prec.weights.value, "kv_cache": prec.kv_cache.value}
-        c = ceilings(hw, calibration, g.options)
+                "weights": prec.weights.value, "kv_cache": prec.kv_cache.value,
+                "engine": g.engine.name}
         try:
             check_tp(m, tp)
-            prec, notes = resolve_precision(hw, prec, c)
+            prep = prepare(hw, prec, calibration, g.options, g.engine)
+            prec, notes = prep.precision, list(prep.notes)
         except LlmplanError as err:
             prec, notes = None, [str(err)]
         price, _ = resolve_price(hw, price_usd_per_gpu_hour)
@@ -148,7 +150,7 @@ def iter_sweep(g: Grid, *, calibration: Calibration | None = None,
                             {k: np.broadcast_to(v, shape).ravel() for k, v in flat.items()},
                             [*base, "compute", *flat, "fits", "supported", "note"])
                 continue
-            est = assemble(m, hw, prec, c, g.options, tp=tp, batch=b, prompt_tokens=p,
+            est = assemble(m, hw, prep, g.options, tp=tp, batch=b, prompt_tokens=p,
                            output_tokens=o, price_usd_per_gpu_hour=price, notes=notes)
             cols = est.columns()
             compute_bound = cols.pop("compute_bound")
