@@ -19,37 +19,51 @@ from dataclasses import dataclass
 
 from planner.specs import DType, HardwareSpec
 
-# Copy bandwidth / datasheet bandwidth, by memory technology.
+# Copy bandwidth / datasheet bandwidth, by memory technology: the typical fraction over the
+# published copy / stream benchmarks of GPUs of that technology (sources in hardware_db):
+# HBM2 V100 0.90, A100-40GB 0.89 (and 0.82-0.88 with other methods); HBM2e A100-80GB 0.79-0.85,
+# H100 PCIe 0.82-0.85; HBM3 H100 SXM 0.87 (MI300X 0.78, measured directly); HBM3e H200 0.84,
+# B200 0.83 (read); GDDR6 L40 0.93, A10 / L4 / T4 0.75-0.78; GDDR6X RTX 4090 0.91.
 BANDWIDTH_FRAC: dict[str, float] = {
-    "HBM2": 0.90,
-    "HBM2e": 0.90,
-    "HBM3": 0.90,
-    "HBM3e": 0.90,
-    "GDDR6": 0.90,
-    "GDDR6X": 0.90,
+    "HBM2": 0.87,
+    "HBM2e": 0.82,
+    "HBM3": 0.87,
+    "HBM3e": 0.83,
+    "GDDR6": 0.80,
+    "GDDR6X": 0.91,
 }
-# Best dense GEMM / datasheet dense peak, by tensor-core generation (all precisions).
-MATMUL_FRAC: dict[str, float] = {
-    "volta": 0.80,
-    "turing": 0.80,
-    "ampere": 0.80,
-    "ada": 0.80,
-    "hopper": 0.80,
-    "blackwell": 0.80,
-    "cdna3": 0.55,
+# Best dense GEMM / dense peak, by tensor-core generation and precision: mamf-finder's table
+# (stas00/ml-engineering, compute/accelerator/README.md) and square torch.mm sweeps: Volta
+# V100 0.76 (fp16); Turing T4 0.66; Ampere A100 0.81-0.87; Ada L40S 0.74 (L4 0.59 at 72 W);
+# Hopper H100 SXM bf16 0.80, fp8 0.71 (H200 0.73); Blackwell B200 bf16 0.78, fp8 0.76; CDNA3
+# MI300X bf16 0.51-0.54, fp8 0.49. int8 has no published GEMM ceiling for any of these GPUs:
+# it takes the generation's fp8 fraction where there is one, else the 16-bit one (a guess).
+MATMUL_FRAC: dict[str, dict[str, float]] = {
+    "volta": {"16bit": 0.76},
+    "turing": {"16bit": 0.66},
+    "ampere": {"16bit": 0.85},
+    "ada": {"16bit": 0.74},
+    "hopper": {"16bit": 0.80, "8bit": 0.71},
+    "blackwell": {"16bit": 0.78, "8bit": 0.76},
+    "cdna3": {"16bit": 0.54, "8bit": 0.49},
 }
 # For a GPU whose technology is not listed: the lowest fractions above, so an unknown GPU is
 # never predicted faster than a known one of the same datasheet.
 DEFAULT_BANDWIDTH_FRAC = min(BANDWIDTH_FRAC.values())
-DEFAULT_MATMUL_FRAC = min(MATMUL_FRAC.values())
+DEFAULT_MATMUL_FRAC = min(f for g in MATMUL_FRAC.values() for f in g.values())
 
 
 def bandwidth_frac(hw: HardwareSpec) -> float:
     return BANDWIDTH_FRAC.get(hw.memory_type or "", DEFAULT_BANDWIDTH_FRAC)
 
 
-def matmul_frac(hw: HardwareSpec) -> float:
-    return MATMUL_FRAC.get(hw.architecture or "", DEFAULT_MATMUL_FRAC)
+def matmul_frac_for(architecture: str | None, dtype: DType | str) -> float:
+    """The documented GEMM fraction of a tensor-core generation for one precision."""
+    g = MATMUL_FRAC.get(architecture or "")
+    if g is None:
+        return DEFAULT_MATMUL_FRAC
+    eight = DType(dtype) in (DType.fp8, DType.int8)
+    return g.get("8bit", g["16bit"]) if eight else g["16bit"]
 
 
 @dataclass(frozen=True)
@@ -71,12 +85,13 @@ def achievable(hw: HardwareSpec) -> AchievableCeilings:
         f = bandwidth_frac(hw)
         bw, bw_src = hw.memory_bandwidth_bytes_per_s * f, "estimated"
         notes.append(f"{hw.name} has no achievable figures: {f:.0%} of the datasheet bandwidth "
-                     f"and {matmul_frac(hw):.0%} of its peak FLOP/s assumed")
+                     "and a documented fraction of its peak FLOP/s assumed "
+                     "(planner/achievable.py)")
     flops: dict[DType, tuple[float, str]] = {}
     for dt, peak in hw.peak_tflops.items():
         fig = a.matmul_tflops.get(dt) if a is not None else None
         if fig is not None:
             flops[dt] = (fig.value * 1e12, "estimated" if fig.estimated else "achievable")
         else:
-            flops[dt] = (peak * 1e12 * matmul_frac(hw), "estimated")
+            flops[dt] = (peak * 1e12 * matmul_frac_for(hw.architecture, dt), "estimated")
     return AchievableCeilings(bw, bw_src, flops, tuple(notes))

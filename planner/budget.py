@@ -110,6 +110,7 @@ class Deployment(_Strict):
     model: str
     gpu: str
     tp: int = Field(1, gt=0)
+    engine: str | None = None  # engines_db name or YAML path (default: check's --engine)
     weights: DType = DType.bf16
     kv_cache: DType | None = None
     workload: BudgetWorkload

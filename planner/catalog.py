@@ -13,6 +13,7 @@ from typing import Any, TypeVar
 import yaml
 from pydantic import BaseModel, ValidationError
 
+from planner.engine import Engine, EngineSpec
 from planner.errors import SpecError
 from planner.specs import Calibration, HardwareSpec, ModelSpec
 
@@ -21,8 +22,8 @@ S = TypeVar("S", bound=BaseModel)
 
 
 def db_dir(kind: str) -> Path:
-    """``models_db`` or ``hardware_db``: the checkout's own (editable installs, a clone), or the
-    copy a wheel carries inside the package (``pip install .``)."""
+    """``models_db``, ``hardware_db`` or ``engines_db``: the checkout's own (editable
+    installs, a clone), or the copy a wheel carries inside the package (``pip install .``)."""
     for candidate in (_HERE.parent / kind, _HERE / "_data" / kind):
         if candidate.is_dir():
             return candidate
@@ -39,6 +40,10 @@ def model_names() -> list[str]:
 
 def gpu_names() -> list[str]:
     return _names("hardware_db")
+
+
+def engine_names() -> list[str]:
+    return _names("engines_db")
 
 
 def _format_validation(path: str, err: ValidationError) -> str:
@@ -109,6 +114,37 @@ def load_model(ref: str) -> ModelSpec:
 def load_hardware(ref: str) -> HardwareSpec:
     path = _resolve(ref, "hardware_db", "GPU")
     return validate(HardwareSpec, read_yaml(path), str(path))
+
+
+def load_engine_spec(ref: str) -> EngineSpec:
+    """A built-in engine profile name (engines_db/) or a YAML file of the same schema."""
+    path = _resolve(ref, "engines_db", "engine")
+    return validate(EngineSpec, read_yaml(path), str(path))
+
+
+def load_engine(ref: str) -> Engine:
+    return load_engine_spec(ref).model()
+
+
+VALIDATION_DIR = _HERE / "data" / "validation"
+
+
+def load_datasets(paths: list[Path] | None = None) -> list:
+    """The built-in validation datasets (planner/data/validation/*.yaml), or ``paths``."""
+    from planner.validate import Dataset
+
+    files = paths if paths else sorted(VALIDATION_DIR.glob("*.yaml"))
+    out = []
+    for f in files:
+        p = Path(f)
+        if not p.is_file():
+            raise SpecError(f"{p}: no such dataset file")
+        out.append(validate(Dataset, read_yaml(p), str(p)))
+    ids = [d.source.id for d in out]
+    dup = sorted({i for i in ids if ids.count(i) > 1})
+    if dup:
+        raise SpecError(f"validation datasets: source id {', '.join(dup)} appears twice")
+    return out
 
 
 def yaml_line(text: str, loc: tuple) -> int | None:

@@ -16,6 +16,7 @@ from planner import __version__
 from planner.cli_common import (
     _W,
     DEFAULT_CHUNK,
+    DEFAULT_ENGINE,
     DEFAULT_RESERVE_GIB,
     DEFAULT_UTIL,
     Attention,
@@ -23,6 +24,7 @@ from planner.cli_common import (
     BatchOpt,
     CalibrationOpt,
     ChunkOpt,
+    EngineOpt,
     GpuOpt,
     GroupSizeOpt,
     JsonOpt,
@@ -61,6 +63,7 @@ app = typer.Typer(
 def estimate(
     model: ModelOpt,
     gpu: GpuOpt,
+    engine: EngineOpt = DEFAULT_ENGINE,
     tp: TpOpt = 1,
     weights: WeightsOption = WeightsOpt.bf16,
     kv_cache: KVOption = None,
@@ -102,9 +105,10 @@ def estimate(
                         memory_utilization, prefill_chunk_tokens)
     m = catalog.load_model(model)
     hw = catalog.load_hardware(gpu)
+    eng = catalog.load_engine(engine)
     cal = catalog.load_calibration(calibration) if calibration else None
     prec = Precision.of(weights.value, kv_cache.value if kv_cache else None, group_size)
-    est = run_estimate(m, hw, precision=prec,
+    est = run_estimate(m, hw, engine=eng, precision=prec,
                        workload=Workload(batch=batch, prompt_tokens=prompt_tokens,
                                          output_tokens=output_tokens),
                        parallelism=Parallelism(tp=tp), options=opts, calibration=cal,
@@ -182,16 +186,50 @@ def gpus(as_json: JsonOpt = False) -> None:
                         for r in rows]))
 
 
-BUILTIN = ("estimate", "models", "gpus", "sweep", "report", "check", "plan")
+@app.command()
+def engines(as_json: JsonOpt = False) -> None:
+    """List the engine profiles (engines_db) and their main figures."""
+    from planner import catalog
+    from planner.render import table
+
+    rows = []
+    for name in catalog.engine_names():
+        spec = catalog.load_engine_spec(name)
+        e = spec.model()
+        rows.append({"name": name, "display_name": spec.display_name,
+                     "engine_version": spec.engine_version, "ceilings": spec.ceilings,
+                     "step_overhead_us": spec.step_overhead_us.value,
+                     "cuda_graphs": e.cuda_graphs, "kernel_gap_us": spec.kernel_gap_us.value,
+                     "gemm_bandwidth_frac": e.gemm_bandwidth_frac,
+                     "attention_bandwidth_frac": e.attention_bandwidth_frac,
+                     "allreduce_latency_us": spec.allreduce_latency_us.value,
+                     "fitted_rows": sorted(spec.fitted_rows()), "source": spec.source})
+    if as_json:
+        json_out(rows)
+        return
+    stdout.print(table("Engine profiles", ["name", "version", "ceilings", "step", "graphs",
+                                           "per kernel", "GEMM BW", "attn BW", "all-reduce",
+                                           "fitted rows"],
+                       [[r["name"], r["engine_version"][:28], r["ceilings"],
+                         f"{r['step_overhead_us']:g} us", "yes" if r["cuda_graphs"] else "no",
+                         f"{r['kernel_gap_us']:g} us", f"{r['gemm_bandwidth_frac']:.0%}",
+                         f"{r['attention_bandwidth_frac']:.0%}",
+                         f"{r['allreduce_latency_us']:g} us", len(r["fitted_rows"])]
+                        for r in rows], left=3))
+
+
+BUILTIN = ("estimate", "models", "gpus", "engines", "sweep", "report", "check", "plan",
+           "validate")
 
 
 def _register() -> None:
-    from planner import cli_check, cli_sweep
+    from planner import cli_check, cli_sweep, cli_validate
 
     app.command()(cli_sweep.sweep)
     app.command()(cli_sweep.report)
     app.command()(cli_check.check)
     app.command()(cli_check.plan)
+    app.command()(cli_validate.validate)
 
 
 def _register_plugins(argv: list[str]) -> None:

@@ -10,8 +10,10 @@ from typing import Annotated, Optional
 import typer
 
 from planner.cli_common import (
+    DEFAULT_ENGINE,
     KV_CHOICES,
     WEIGHT_CHOICES,
+    EngineOpt,
     json_out,
     parse_choices,
     positive,
@@ -61,6 +63,9 @@ def _message(r) -> str:
 
 def check(
     budget: Annotated[Path, typer.Argument(help="Budget YAML (see examples/budget.yaml).")],
+    engine: Annotated[str, typer.Option(
+        "--engine", "-e", help="Engine profile for deployments that name none (a deployment's "
+        "own `engine:` wins).")] = DEFAULT_ENGINE,
     calibration: Annotated[Optional[Path], typer.Option(
         help="Use measured ceilings from `llmplan measure --calibrate`.")] = None,
     junit: Annotated[Optional[Path], typer.Option(
@@ -84,9 +89,10 @@ def check(
         where = f"{budget}:{lines[dep.label] or '?'}"
         try:
             m, hw = catalog.load_model(dep.model), catalog.load_hardware(dep.gpu)
+            eng = catalog.load_engine(dep.engine or engine)
             prec = Precision.of(dep.weights, dep.kv_cache)
             kw = dict(precision=prec, parallelism=Parallelism(tp=dep.tp), calibration=cal,
-                      price_usd_per_gpu_hour=dep.price_per_hour)
+                      price_usd_per_gpu_hour=dep.price_per_hour, engine=eng)
             wl = dep.workload
             est = estimate(m, hw, workload=Workload(batch=wl.sequences,
                                                     prompt_tokens=wl.prompt_tokens,
@@ -131,6 +137,7 @@ def plan(
     model: Annotated[str, typer.Option("--model", "-m", help="Model to serve.")],
     ttft: Annotated[str, typer.Option(help="TTFT target, e.g. 2s or 800ms.")],
     tpot: Annotated[str, typer.Option(help="TPOT target, e.g. 50ms.")],
+    engine: EngineOpt = DEFAULT_ENGINE,
     prompt_tokens: Annotated[int, typer.Option("--prompt-tokens", "-p")] = 1024,
     output_tokens: Annotated[int, typer.Option("--output-tokens", "-o")] = 256,
     rps: Annotated[Optional[float], typer.Option(help="Traffic: requests per second.")] = None,
@@ -182,7 +189,8 @@ def plan(
     cal = catalog.load_calibration(calibration) if calibration else None
     df = search(m, gpus, prompt_tokens=prompt_tokens, output_tokens=output_tokens,
                 targets=Targets(t_ttft, t_tpot, req), tps=parse_int_list(tp, "--tp"),
-                weights=wl, kv_cache=kvl, calibration=cal, price_usd_per_gpu_hour=price_per_hour)
+                weights=wl, kv_cache=kvl, calibration=cal, price_usd_per_gpu_hour=price_per_hour,
+                engine=catalog.load_engine(engine))
     feas = df[df["meets_targets"]]
     if csv:
         df.to_csv(csv, index=False)

@@ -118,6 +118,10 @@ UtilOpt = Annotated[float, typer.Option(
 CalibrationOpt = Annotated[Optional[Path], typer.Option(
     help="Measured ceilings from `llmplan measure --calibrate`.")]
 GroupSizeOpt = Annotated[int, typer.Option(help="Weights per scale for int8/int4.")]
+DEFAULT_ENGINE = "vllm"
+EngineOpt = Annotated[str, typer.Option(
+    "--engine", "-e", help="Engine profile: ideal, vllm, sglang, trtllm, gpt-fast, hf-eager "
+    "(engines_db) or a YAML file. ideal = the datasheet roofline with no overheads.")]
 ChunkOpt = Annotated[int, typer.Option(
     help="Tokens per prefill pass (chunked prefill; bounds activation memory). 0: whole batch.")]
 DEFAULT_CHUNK = _O["prefill_chunk_tokens"].default

@@ -9,6 +9,7 @@ import typer
 
 from planner.cli_common import (
     DEFAULT_CHUNK,
+    DEFAULT_ENGINE,
     DEFAULT_RESERVE_GIB,
     DEFAULT_UTIL,
     KV_CHOICES,
@@ -17,6 +18,7 @@ from planner.cli_common import (
     AttentionOpt,
     CalibrationOpt,
     ChunkOpt,
+    EngineOpt,
     GroupSizeOpt,
     JsonOpt,
     OverheadOpt,
@@ -37,7 +39,8 @@ LIST_HELP = "Comma-separated; numbers take ranges: 4..256 doubles, 128..1024+128
 
 
 def build_grid(model: str, gpu: str, batch: str, prompt_tokens: str, output_tokens: str,
-               weights: str, kv_cache: str | None, tp: str, group_size: int, options):
+               weights: str, kv_cache: str | None, tp: str, group_size: int, options,
+               engine: str = DEFAULT_ENGINE):
     """Parse the list options into a Grid (shared by sweep and report)."""
     from planner import catalog
     from planner.specs import DType
@@ -56,6 +59,7 @@ def build_grid(model: str, gpu: str, batch: str, prompt_tokens: str, output_toke
         tps=parse_int_list(tp, "--tp"),
         group_size=group_size,
         options=options,
+        engine=catalog.load_engine(engine),
     )
 
 
@@ -69,6 +73,7 @@ TABLE_COLUMNS = [
 def sweep(
     model: Annotated[str, typer.Option("--model", "-m", help="Models. " + LIST_HELP)],
     gpu: Annotated[str, typer.Option("--gpu", "-g", help="GPUs. " + LIST_HELP)],
+    engine: EngineOpt = DEFAULT_ENGINE,
     batch: Annotated[str, typer.Option("--batch", "-b", help=LIST_HELP)] = "1",
     prompt_tokens: Annotated[str, typer.Option("--prompt-tokens", "-p", help=LIST_HELP)] = "512",
     output_tokens: Annotated[str, typer.Option("--output-tokens", "-o", help=LIST_HELP)] = "128",
@@ -100,7 +105,7 @@ def sweep(
     opts = options_from(time_model, attention, kernel_overhead_us, reserve_gib,
                         memory_utilization, prefill_chunk_tokens)
     grid = build_grid(model, gpu, batch, prompt_tokens, output_tokens, weights, kv_cache, tp,
-                      group_size, opts)
+                      group_size, opts, engine)
     cal = catalog.load_calibration(calibration) if calibration else None
     chunks = iter_sweep(grid, calibration=cal, price_usd_per_gpu_hour=price_per_hour)
     if csv is not None:
@@ -152,6 +157,7 @@ def report(
     model: Annotated[str, typer.Option("--model", "-m",
                                        help="Built-in model, YAML or config.json.")],
     gpu: Annotated[str, typer.Option("--gpu", "-g", help="GPUs, comma-separated.")],
+    engine: EngineOpt = DEFAULT_ENGINE,
     weights: Annotated[str, typer.Option(help="Weight precisions, comma-separated.")] = "bf16",
     kv_cache: Annotated[Optional[str], typer.Option(
         help="KV precision (default: the weights' 16-bit type).")] = None,
@@ -184,6 +190,7 @@ def report(
     opts = options_from(time_model, attention, kernel_overhead_us, reserve_gib,
                         memory_utilization, prefill_chunk_tokens)
     m = catalog.load_model(model)
+    eng = catalog.load_engine(engine)
     cal = catalog.load_calibration(calibration) if calibration else None
     from planner.ops import check_tp
     from planner.report import Case, write_reports
@@ -194,7 +201,7 @@ def report(
         hw = catalog.load_hardware(g)
         for w in parse_choices(weights, WEIGHT_CHOICES, "--weights"):
             case = Case(m, hw, Precision.of(w, kv_cache), prompt_tokens, output_tokens, tp,
-                        opts, cal if cal and cal.device == hw.name else None)
+                        opts, cal if cal and cal.device == hw.name else None, eng)
             case.at(1)  # surfaces an unsupported precision as a one-line error
             cases.append(case)
     meas, meas_ceil, records = None, None, None

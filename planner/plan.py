@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from planner.engine import IDEAL, Engine
 from planner.specs import Calibration, DType, HardwareSpec, ModelSpec, Options
 from planner.sweep import Grid, iter_sweep, to_frame
 
@@ -32,14 +33,14 @@ def search(model: ModelSpec, gpus: list[HardwareSpec], *, prompt_tokens: int,
            weights=(DType.bf16, DType.fp8, DType.int8, DType.int4),
            kv_cache=(None, DType.fp8), batches=None, options: Options | None = None,
            calibration: Calibration | None = None,
-           price_usd_per_gpu_hour: float | None = None) -> pd.DataFrame:
+           price_usd_per_gpu_hour: float | None = None, engine: Engine = IDEAL) -> pd.DataFrame:
     """Every configuration searched, with ``meets_targets`` and, for those that do, the
     replicas, GPUs, cost at the traffic and ``rank`` (1 = cheapest)."""
     batches = batches or [1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512,
                           768, 1024]
     grid = Grid(models=[model], gpus=gpus, batches=batches, prompt_tokens=[prompt_tokens],
                 output_tokens=[output_tokens], weights=list(weights), kv_cache=list(kv_cache),
-                tps=list(tps), options=options or Options())
+                tps=list(tps), options=options or Options(), engine=engine)
     df = to_frame(iter_sweep(grid, calibration=calibration,
                              price_usd_per_gpu_hour=price_usd_per_gpu_hour))
     # kv "None" means the weights' 16-bit type; an explicit bf16 would duplicate those rows

@@ -43,7 +43,10 @@ def render_estimate(console: Console, e: Estimate, *, explain: bool = False) -> 
     console.print(f"[bold]{m.label}[/] on [bold]{gpus}[/]  weights {p.weights.value}{quant}, "
                   f"KV {p.kv_cache.value}, compute {p.compute_dtype.value}; "
                   f"batch {e.batch}, prompt {e.prompt_tokens}, output {e.output_tokens} tokens")
-    console.print(f"[dim]peaks: {e.ceilings.source}; time model: {e.options.time_model}; "
+    eng = e.engine
+    console.print(f"[dim]engine: {eng.display_name or eng.name}"
+                  f"{f' ({eng.version})' if eng.version and eng.version != '-' else ''}; "
+                  f"ceilings: {e.ceilings.source}; time model: {e.options.time_model}; "
                   f"attention: {e.options.attention}[/]")
     per_gpu = " per GPU" if e.tp > 1 else ""
     fits = "[green]yes[/]" if mem.fits else "[red]NO[/]"
@@ -68,28 +71,51 @@ def render_estimate(console: Console, e: Estimate, *, explain: bool = False) -> 
          f"2N = {fmt.si(e.flops_per_token_2n, 'FLOP')} + attention"),
         ("prefill FLOPs", fmt.si(e.prefill_flops, "FLOP"), f"{e.batch} x {e.prompt_tokens} tokens"),
     ]))
+    engine_ceilings = [] if e.ideal is None else [
+        ("engine's compute", fmt.si(e.ceilings.peak(p.compute_dtype), "FLOP/s"),
+         e.ceilings.flops_source_of(p.compute_dtype)),
+        ("engine's bandwidth", fmt.si(e.ceilings.bandwidth_bytes_per_s, "B/s"),
+         e.ceilings.bandwidth_source)]
     console.print(_section("Roofline", [
-        ("peak compute", fmt.si(e.peak_flops_per_s, "FLOP/s"), p.compute_dtype.value),
-        ("peak bandwidth", fmt.si(e.ceilings.bandwidth_bytes_per_s, "B/s"), ""),
+        ("peak compute", fmt.si(e.peak_flops_per_s, "FLOP/s"),
+         f"{p.compute_dtype.value}, {e.ref.source}"),
+        ("peak bandwidth", fmt.si(e.ref.bandwidth_bytes_per_s, "B/s"), e.ref.source),
+        *engine_ceilings,
         ("ridge point", f"{e.ridge_flops_per_byte:,.0f} FLOP/B", ""),
         ("decode bound", e.bound, f"at batch {e.batch}"),
         ("optimal batch", f"{e.optimal_batch:,.0f}", "peak x bytes/param / (2 x bandwidth)"),
         ("usable optimum", f"{e.usable_optimal_batch:,}", "capped by memory"),
         ("max batch that fits", f"{mem.max_batch:,}", f"at {e.context_tokens} tokens"),
     ]))
-    console.print(_section("Timing", [
-        ("TTFT", fmt.seconds(e.ttft_s), "prefill of the batch"),
-        ("TPOT", fmt.seconds(e.tpot_s), f"decode step at {e.decode_context_tokens:,.0f} tokens"),
-        ("latency", fmt.seconds(e.latency_s), "TTFT + TPOT x (output - 1)"),
-        ("decode throughput", f"{e.throughput_tokens_per_s:,.0f} tok/s", "batch / TPOT"),
+    b = e.ideal
+
+    def vs(text: str, ideal: str) -> str:
+        return text if b is None else f"{text}; ideal {ideal}"
+
+    console.print(_section("Timing" if b is None else f"Timing ({eng.name}; the ideal "
+                           "roofline beside)", [
+        ("TTFT", fmt.seconds(e.ttft_s), vs("prefill of the batch",
+                                           fmt.seconds(b.ttft_s) if b else "")),
+        ("TPOT", fmt.seconds(e.tpot_s), vs(f"decode step at {e.decode_context_tokens:,.0f} "
+                                           "tokens", fmt.seconds(b.tpot_s) if b else "")),
+        ("latency", fmt.seconds(e.latency_s), vs("TTFT + TPOT x (output - 1)",
+                                                 fmt.seconds(b.latency_s) if b else "")),
+        ("decode throughput", f"{e.throughput_tokens_per_s:,.0f} tok/s",
+         vs("batch / TPOT", f"{b.throughput_tokens_per_s:,.0f} tok/s" if b else "")),
         ("end-to-end throughput", f"{e.e2e_throughput_tokens_per_s:,.0f} tok/s",
-         "batch x output / latency"),
+         vs("batch x output / latency",
+            f"{b.e2e_throughput_tokens_per_s:,.0f} tok/s" if b else "")),
     ] + ([("TP communication", fmt.seconds(e.decode.comm_s), "per decode step")]
-         if e.tp > 1 else [])))
+         if e.tp > 1 else [])
+      + ([("engine overhead", fmt.seconds(e.decode.overhead_s),
+           f"per decode step: {e.decode.kernels:,.0f} kernels + fixed "
+           f"{fmt.seconds(e.decode.fixed_s)}")] if b is not None else [])))
     util = [
-        ("MBU", fmt.pct(e.mbu), "weights + KV read per step / TPOT / bandwidth"),
-        ("MFU (decode)", fmt.pct(e.mfu), ""),
-        ("MFU (prefill)", fmt.pct(e.prefill_mfu), ""),
+        ("MBU", fmt.pct(e.mbu), vs("weights + KV read per step / TPOT / datasheet bandwidth",
+                                   fmt.pct(b.mbu) if b else "")),
+        ("MFU (decode)", fmt.pct(e.mfu), vs("", fmt.pct(b.mfu) if b else "").lstrip("; ")),
+        ("MFU (prefill)", fmt.pct(e.prefill_mfu),
+         vs("", fmt.pct(b.prefill_mfu) if b else "").lstrip("; ")),
     ]
     if e.measured is not None:
         mm = e.measured
@@ -114,21 +140,33 @@ def render_estimate(console: Console, e: Estimate, *, explain: bool = False) -> 
     if explain:
         console.print(operator_table("Decode step operators", e.decode))
         console.print(operator_table("Prefill operators", e.prefill))
+        c = e.ceilings
+        console.print(f"[dim]eff BW, eff FLOP: the engine's efficiency ({eng.name}) times the "
+                      f"ceilings: bandwidth {fmt.si(c.bandwidth_bytes_per_s, 'B/s')} "
+                      f"({c.bandwidth_source}), {p.compute_dtype.value} "
+                      f"{fmt.si(c.peak(p.compute_dtype), 'FLOP/s')} "
+                      f"({c.flops_source_of(p.compute_dtype)}); kernels: per step, each "
+                      f"paying the engine's per-kernel cost; fixed: the engine's per-step cost[/]")
 
 
 def operator_table(title: str, step: StepTime) -> Table:
-    t = table(title, ["operator", "x", "dtype", "FLOPs", "bytes", "FLOP/B", "time", "share",
-                      "bound"], [], left=1)
+    t = table(title, ["operator", "x", "dtype", "FLOPs", "bytes", "FLOP/B", "eff BW",
+                      "eff FLOP", "kernels", "time", "share", "bound"], [], left=1)
     total = step.time_s
     for ot in step.ops:
         op = ot.op
         inten = op.intensity_flops_per_byte
+        comm = op.kind == "allreduce"
         t.add_row(op.name, str(op.count), op.dtype.value, fmt.si(op.flops * op.count, "FLOP"),
-                  fmt.si(op.bytes * op.count, "B") if op.kind != "allreduce"
+                  fmt.si(op.bytes * op.count, "B") if not comm
                   else fmt.si(op.comm_bytes * op.count, "B"),
-                  "-" if op.kind == "allreduce" else f"{inten:,.1f}",
+                  "-" if comm else f"{inten:,.1f}", fmt.pct(ot.bandwidth_frac),
+                  "-" if comm else fmt.pct(ot.compute_frac), f"{ot.kernels:,.0f}",
                   fmt.seconds(ot.time_s), fmt.pct(ot.time_s / total), ot.bound)
+    if step.fixed_s:
+        t.add_row("fixed (per step)", "", "", "", "", "", "", "", "",
+                  fmt.seconds(step.fixed_s), fmt.pct(step.fixed_s / total), "cpu")
     t.add_row("total", "", "", fmt.si(step.flops, "FLOP"), fmt.si(step.bytes, "B"),
-              f"{step.flops / step.bytes:,.1f}", fmt.seconds(total), "100%", step.bound,
-              style="bold")
+              f"{step.flops / step.bytes:,.1f}", "", "", f"{step.kernels:,.0f}",
+              fmt.seconds(total), "100%", step.bound, style="bold")
     return t

@@ -436,3 +436,57 @@ def plot_accuracy(records: list[dict], out_dir: Path, name: str) -> tuple[Path, 
     fig.suptitle(f"{c0['model']}{layers} on {dev.get('name')} ({dev.get('kind')}): "
                  f"predicted vs measured, {len(records)} points", fontsize=10)
     return _save(fig, df, out_dir, name)
+
+
+MARKERS = "osD^vP*Xh<>"
+METRIC_LABELS = {"user_tokens_per_s": "tokens/s per sequence", "tpot_s": "TPOT (s)",
+                 "ttft_s": "TTFT (s)", "throughput_tokens_per_s": "output tokens/s (batch)"}
+
+
+def plot_validation(comps, path: Path) -> None:
+    """Predicted against measured for every published row: one panel per metric, log-log,
+    the y = x line with +-10% and +-25% bands, one marker per source; held-out rows filled,
+    in-sample rows hollow."""
+    metrics = [m for m in METRIC_LABELS if any(c.metric == m for c in comps)]
+    if not metrics:
+        raise ValueError("no comparisons to plot")
+    sources = sorted({c.source for c in comps})
+    fig, axes = plt.subplots(1, len(metrics), figsize=(6.2 * len(metrics), 6), squeeze=False)
+    for ax, metric in zip(axes[0], metrics, strict=True):
+        sub = [c for c in comps if c.metric == metric]
+        vals = [v for c in sub for v in (c.measured, c.predicted)]
+        lo, hi = min(vals) / 1.6, max(vals) * 1.6
+        x = np.geomspace(lo, hi, 50)
+        ax.fill_between(x, x / 1.25, x * 1.25, color="grey", alpha=0.10, label="within 25%")
+        ax.fill_between(x, x / 1.1, x * 1.1, color="grey", alpha=0.22, label="within 10%")
+        ax.plot(x, x, color="black", lw=1, label="prediction = measurement")
+        for i, src in enumerate(sources):
+            pts = [c for c in sub if c.source == src]
+            if not pts:
+                continue
+            color, marker = COLORS[i % len(COLORS)], MARKERS[i % len(MARKERS)]
+            for held, face in ((True, color), (False, "none")):
+                p = [c for c in pts if c.in_sample != held]
+                if not p:
+                    continue
+                errs = sorted(abs(c.error) for c in p)
+                med = errs[len(errs) // 2] if len(errs) % 2 else \
+                    (errs[len(errs) // 2 - 1] + errs[len(errs) // 2]) / 2
+                ax.scatter([c.measured for c in p], [c.predicted for c in p], s=34,
+                           marker=marker, facecolor=face, edgecolor=color, zorder=3,
+                           label=f"{src} ({'held out' if held else 'in-sample'}, n={len(p)}, "
+                                 f"median |err| {med:.0%})")
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlim(lo, hi)
+        ax.set_ylim(lo, hi)
+        plain_log_ticks(ax)
+        ax.set_xlabel(f"measured {METRIC_LABELS[metric]}")
+        ax.set_ylabel(f"predicted {METRIC_LABELS[metric]}")
+        ax.set_title(metric, fontsize=10)
+        ax.grid(True, which="major", alpha=0.3)
+        ax.legend(fontsize=7, loc="upper left")
+    fig.suptitle(f"llmplan validate: {len(comps)} published measurements, predicted with each "
+                 "row's engine profile", fontsize=10)
+    fig.savefig(path, dpi=130, bbox_inches="tight")
+    plt.close(fig)

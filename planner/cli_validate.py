@@ -1,0 +1,159 @@
+"""`llmplan validate`: the built-in published measurements, predicted and compared."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from planner.cli_common import json_out, stderr, stdout
+from planner.errors import LlmplanError
+
+RECORDED = Path(__file__).resolve().parent / "data" / "validation_recorded.yaml"
+
+
+def run_validation(datasets, engine_override: str | None = None):
+    """Every comparison of ``datasets``; the models, GPUs and engines they name are loaded
+    once each."""
+    from planner import catalog
+    from planner.validate import compare
+
+    models, gpus, engines = {}, {}, {}
+    out = []
+    for ds in datasets:
+        if engine_override:
+            ds = ds.model_copy(update={
+                "source": ds.source.model_copy(update={"engine": engine_override}),
+                "rows": [r.model_copy(update={"engine": None}) for r in ds.rows]})
+        for r in ds.rows:
+            where = f"validation row {ds.source.id}:{r.id}"
+            try:
+                if r.model not in models:
+                    models[r.model] = catalog.load_model(r.model)
+                if r.gpu not in gpus:
+                    gpus[r.gpu] = catalog.load_hardware(r.gpu)
+                name = r.engine or ds.source.engine
+                if name not in engines:
+                    engines[name] = catalog.load_engine_spec(name)
+            except LlmplanError as err:
+                raise LlmplanError(f"{where}: {err}") from None
+        out += compare(ds, models=models, gpus=gpus, engines=engines)
+    return out
+
+
+def recorded_limits() -> dict:
+    from planner import catalog
+
+    data = catalog.read_yaml(RECORDED)
+    try:
+        return {phase: float(v["median_abs_error"])
+                for phase, v in data["held_out"].items()}
+    except (KeyError, TypeError, ValueError):
+        raise LlmplanError(f"{RECORDED}: expected held_out.<phase>.median_abs_error numbers"
+                           ) from None
+
+
+def validate(
+    source: Annotated[Optional[str], typer.Option(
+        help="Only these sources (comma-separated ids).")] = None,
+    engine: Annotated[Optional[str], typer.Option(
+        "--engine", "-e", help="Predict every row with this engine instead of the row's own "
+        "(e.g. ideal: the roofline's error).")] = None,
+    dataset: Annotated[Optional[list[Path]], typer.Option(
+        help="Dataset files to use instead of the built-in ones (repeatable).")] = None,
+    rows: Annotated[bool, typer.Option("--rows/--no-rows",
+                                       help="Show every row, not only the summary.")] = True,
+    csv: Annotated[Optional[Path], typer.Option("--csv", help="Every comparison to CSV.")] = None,
+    plot: Annotated[Optional[Path], typer.Option(
+        "--plot", help="PNG of predicted vs measured (log-log, +-10% and +-25% bands).")] = None,
+    check: Annotated[bool, typer.Option(
+        "--check", help="Exit 1 when a held-out median error rises above the figure recorded "
+        "in planner/data/validation_recorded.yaml.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the results as JSON.")] = False,
+) -> None:
+    """Predict published measurements (one file per source) and show the error: median and
+    90th percentile per source and engine, in-sample (rows a parameter was fitted on) and
+    held out apart."""
+    from planner import catalog, fmt
+    from planner.render import table
+    from planner.sweep import parse_str_list
+    from planner.validate import summarize
+
+    datasets = catalog.load_datasets(dataset)
+    if source:
+        wanted = parse_str_list(source)
+        known = [d.source.id for d in datasets]
+        for w in wanted:
+            if w not in known:
+                raise LlmplanError(f"--source: unknown source '{w}'; known: {', '.join(known)}")
+        datasets = [d for d in datasets if d.source.id in wanted]
+    comps = run_validation(datasets, engine)
+    per_source = summarize(comps)
+    overall = summarize(comps, by_source=False)
+    failed: list[str] = []
+    if check:
+        limits = recorded_limits()
+        for s in overall:
+            lim = limits.get(s.phase)
+            if s.split == "held-out" and lim is not None and s.median_abs_error > lim:
+                failed.append(f"held-out {s.phase} median error {s.median_abs_error:.1%} is above "
+                              f"the recorded {lim:.1%}")
+    if csv:
+        _write_csv(comps, csv)
+        stderr.print(f"wrote {len(comps)} rows to {csv}")
+    if plot:
+        from planner.report import plot_validation
+
+        plot_validation(comps, plot)
+        stderr.print(f"wrote {plot}")
+    if as_json:
+        json_out({"rows": [c.as_dict() for c in comps],
+                  "summary": [s.as_dict() for s in per_source],
+                  "overall": [s.as_dict() for s in overall],
+                  "sources": [d.source.model_dump(mode="json") for d in datasets],
+                  "check": {"passed": not failed, "failures": failed} if check else None})
+    else:
+        if rows:
+            stdout.print(table(f"{len(comps)} published measurements vs predictions",
+                               ["source", "row", "engine", "metric", "measured", "predicted",
+                                "error", "ideal err", "split"],
+                               [[c.source, c.row, c.engine, c.metric, _num(c.metric, c.measured),
+                                 _num(c.metric, c.predicted), f"{c.error:+.1%}",
+                                 f"{c.ideal_error:+.1%}", c.split_label]
+                                for c in comps], left=4, compact=True))
+        stdout.print(table("Error by source, engine and phase (absolute, relative)",
+                           ["source", "engine", "phase", "split", "n", "median", "p90",
+                            "median signed", "ideal median"],
+                           [[s.source, s.engine, s.phase, s.split, s.n,
+                             fmt.pct(s.median_abs_error), fmt.pct(s.p90_abs_error),
+                             f"{s.median_error:+.1%}", fmt.pct(s.ideal_median_abs_error)]
+                            for s in per_source], left=4, compact=True))
+        stdout.print(table("All sources", ["phase", "split", "n", "median", "p90",
+                                           "ideal median"],
+                           [[s.phase, s.split, s.n, fmt.pct(s.median_abs_error),
+                             fmt.pct(s.p90_abs_error), fmt.pct(s.ideal_median_abs_error)]
+                            for s in overall], left=2, compact=True))
+    for f in failed:
+        stderr.print(f"[red]check failed:[/] {f}")
+    if failed:
+        raise typer.Exit(1)
+
+
+def _num(metric: str, v: float) -> str:
+    from planner import fmt
+
+    return fmt.seconds(v) if metric in ("tpot_s", "ttft_s") else f"{v:,.4g}"
+
+
+def _write_csv(comps, path: Path) -> None:
+    import csv
+
+    rows = [c.as_dict() for c in comps]
+    if not rows:
+        path.write_text("")
+        return
+    with path.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
