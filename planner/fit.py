@@ -71,7 +71,7 @@ def _objective(spec: EngineSpec, datasets: list[Dataset], models, gpus) -> tuple
 
 
 def fit(spec: EngineSpec, params: list[str], datasets: list[Dataset], *, models, gpus,
-        sweeps: int = 4, tol: float = 1e-3) -> FitResult:
+        sweeps: int = 40, tol: float = 1e-4) -> FitResult:
     """Fit ``params`` of ``spec`` to every row of ``datasets`` (already filtered to the fit
     rows, each predicted with ``spec`` whatever engine its source names)."""
     datasets = [ds.model_copy(update={

@@ -126,7 +126,8 @@ def op_time(op: Op, c: Ceilings, *, tp: int = 1, options: Options | None = None,
         return OpTime(op, 0.0, 0.0, comm * n, comm * n, e.allreduce_bandwidth_frac, 1.0)
     bw_frac, c_frac = op_efficiency(op, e)
     flops = op.flops
-    if op.kind == "matmul" and e.gemm_tile_m > 1 and op.m_rows:
+    scalar_zero = isinstance(op.m_rows, (int, float)) and op.m_rows == 0
+    if op.kind == "matmul" and e.gemm_tile_m > 1 and not scalar_zero:
         # tile quantization: M rows are computed in whole tiles of gemm_tile_m
         tiles = -(-op.m_rows // e.gemm_tile_m)
         flops = flops * (tiles * e.gemm_tile_m / op.m_rows)

@@ -53,9 +53,11 @@ def test_failing_budget_exit_1_and_junit(run_cli, tmp_path):
 
 
 def test_limits_by_hand(run_cli, tmp_path):
-    # the same deployment, checked against limits just above and below its prediction
+    # the same deployment, checked against limits just above and below its prediction by
+    # check's default engine
     e = estimate(catalog.load_model("llama-3.1-8b"), catalog.load_hardware("h100-sxm"),
-                 workload=Workload(batch=8, prompt_tokens=1000, output_tokens=100))
+                 workload=Workload(batch=8, prompt_tokens=1000, output_tokens=100),
+                 engine=catalog.load_engine("vllm"))
     tpot_ms = e.tpot_s * 1e3
     for factor, expect in ((1.01, 0), (0.99, 1)):
         b = tmp_path / f"b{factor}.yaml"
