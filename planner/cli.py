@@ -207,15 +207,15 @@ def engines(as_json: JsonOpt = False) -> None:
     if as_json:
         json_out(rows)
         return
-    stdout.print(table("Engine profiles", ["name", "version", "ceilings", "step", "graphs",
-                                           "per kernel", "GEMM BW", "attn BW", "all-reduce",
-                                           "fitted rows"],
-                       [[r["name"], r["engine_version"][:28], r["ceilings"],
-                         f"{r['step_overhead_us']:g} us", "yes" if r["cuda_graphs"] else "no",
-                         f"{r['kernel_gap_us']:g} us", f"{r['gemm_bandwidth_frac']:.0%}",
+    stdout.print(table("Engine profiles (engines_db; --json for versions and sources)",
+                       ["name", "ceilings", "step", "graphs", "kernel", "GEMM BW", "attn BW",
+                        "all-reduce", "fitted on"],
+                       [[r["name"], r["ceilings"], f"{r['step_overhead_us']:g} us",
+                         "yes" if r["cuda_graphs"] else "no", f"{r['kernel_gap_us']:g} us",
+                         f"{r['gemm_bandwidth_frac']:.0%}",
                          f"{r['attention_bandwidth_frac']:.0%}",
-                         f"{r['allreduce_latency_us']:g} us", len(r["fitted_rows"])]
-                        for r in rows], left=3))
+                         f"{r['allreduce_latency_us']:g} us", f"{len(r['fitted_rows'])} rows"]
+                        for r in rows], left=2, compact=True))
 
 
 BUILTIN = ("estimate", "models", "gpus", "engines", "sweep", "report", "check", "plan",

@@ -143,7 +143,7 @@ def validate(
 def _num(metric: str, v: float) -> str:
     from planner import fmt
 
-    return fmt.seconds(v) if metric in ("tpot_s", "ttft_s") else f"{v:,.4g}"
+    return fmt.seconds(v) if metric in ("tpot_s", "ttft_s", "latency_s") else f"{v:,.4g}"
 
 
 def _write_csv(comps, path: Path) -> None:

@@ -7,7 +7,8 @@ per kernel it launches, and a fixed CPU cost per step (scheduling, sampling, det
 its overlap scheduler does not hide. An engine profile (engines_db/NAME.yaml) states those
 numbers, each with its source:
 
-    t_op   = max(F' / (R x e_c), B / (W x e_b)) + k x t_kernel          (per operator instance)
+    t_c, t_m = F' / (R x e_c), B / (W x e_b)
+    t_op   = max(t_c, t_m) + (1 - o) x min(t_c, t_m) + k x t_kernel    (per operator instance)
     t_op   = max(t_op, k x t_host)          when the operator is not replayed from a CUDA graph
     t_step = sum of t_op + t_step_fixed + batch x t_sequence
 
@@ -16,7 +17,9 @@ the GEMM tile height (tile quantization: a decode GEMM of M = batch rows costs a
 rows; NVIDIA, "Matrix Multiplication Background User's Guide", "Tile quantization"), B its
 bytes, R and W the achievable matmul rate of its precision and the achievable bandwidth, e_c and
 e_b the engine's efficiencies for the operator's kind (GEMM, weight-only int8 / int4, fp8,
-attention, element-wise), k the kernels it launches and t_kernel the device-side cost of each
+attention, element-wise), o the fraction of the shorter of the two times hidden under the
+longer (1: the roofline's perfect overlap; 0: the background notes' additive form; real kernels
+lose most near the ridge point, where the two are equal), k the kernels it launches and t_kernel the device-side cost of each
 (launch latency, ramp-up and tail), t_host the host's cost to launch a kernel eagerly. An
 all-reduce of S bytes over N GPUs costs t_lat + 2 (N - 1) / N x S / (link x e_link).
 
@@ -109,8 +112,15 @@ class EngineSpec(_Frozen):
     gemm_bandwidth_frac: Frac
     gemm_compute_frac: Frac
     gemm_tile_m: Num
+    overlap_frac: Frac  # share of min(compute, memory) time hidden under the max
     attention_bandwidth_frac: Frac
     attention_compute_frac: Frac
+    # decode attention reads each KV head once for its whole group of query heads (GQA-aware
+    # kernels: FlashInfer, FlashAttention, XQA) or once per query head
+    gqa_kv_reuse: Flag
+    # the KV cache grows by concatenation (HF's DynamicCache: torch.cat), copying the whole
+    # cache every step, rather than being written in place (paged or static caches)
+    kv_cache_concat: Flag
     elementwise_bandwidth_frac: Frac
     quantized: dict[Literal["int8", "int4", "fp8"], QuantPath]
     allreduce_latency_us: Num
@@ -159,8 +169,11 @@ class EngineSpec(_Frozen):
             gemm_bandwidth_frac=self.gemm_bandwidth_frac.value,
             gemm_compute_frac=self.gemm_compute_frac.value,
             gemm_tile_m=self.gemm_tile_m.value,
+            overlap_frac=self.overlap_frac.value,
             attention_bandwidth_frac=self.attention_bandwidth_frac.value,
             attention_compute_frac=self.attention_compute_frac.value,
+            gqa_kv_reuse=self.gqa_kv_reuse.value,
+            kv_cache_concat=self.kv_cache_concat.value,
             elementwise_bandwidth_frac=self.elementwise_bandwidth_frac.value,
             quantized=tuple(sorted(q.items(), key=lambda kv: kv[0].value)),
             allreduce_latency_s=self.allreduce_latency_us.value / 1e6,
@@ -190,8 +203,11 @@ class Engine:
     gemm_bandwidth_frac: float = 1.0
     gemm_compute_frac: float = 1.0
     gemm_tile_m: float = 1.0
+    overlap_frac: float = 1.0
     attention_bandwidth_frac: float = 1.0
     attention_compute_frac: float = 1.0
+    gqa_kv_reuse: bool = True
+    kv_cache_concat: bool = False
     elementwise_bandwidth_frac: float = 1.0
     quantized: tuple[tuple[DType, tuple[float, float]], ...] = ()
     # NCCL's small-message all-reduce latency over NVLink is a few microseconds
@@ -222,8 +238,9 @@ class Engine:
         return (self.ceilings, self.step_overhead_s, self.per_sequence_overhead_s,
                 self.prefill_step_overhead_s, self.kernel_gap_s, self.host_launch_s,
                 self.gemm_bandwidth_frac, self.gemm_compute_frac, self.gemm_tile_m,
+                self.overlap_frac,
                 self.attention_bandwidth_frac, self.attention_compute_frac,
-                self.elementwise_bandwidth_frac,
+                self.gqa_kv_reuse, self.kv_cache_concat, self.elementwise_bandwidth_frac,
                 tuple(fr for _, fr in self.quantized if fr != (1.0, 1.0)),
                 self.allreduce_latency_s, self.allreduce_bandwidth_frac)
 

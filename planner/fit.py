@@ -1,9 +1,11 @@
-"""Fit an engine profile's free parameters to measurements, by least squares on log error.
+"""Fit an engine profile's free parameters to measurements, by robust least squares on log error.
 
-The objective is the sum over measured figures of log(predicted / measured)^2: a relative
-error, symmetric in over- and under-prediction, so a TTFT of seconds and a TPOT of milliseconds
-weigh alike. Each parameter is searched in log space within its bounds (fractions in
-[0.05, 1], costs in microseconds in [0, 1e5]) by cyclic coordinate descent with a golden-section
+The residual of a measured figure is r = log(predicted / measured): a relative error, symmetric
+in over- and under-prediction, so a TTFT of seconds and a TPOT of milliseconds weigh alike. The
+loss is the pseudo-Huber (soft-L1) of r with a scale of 10%, delta^2 (sqrt(1 + (r/delta)^2) - 1):
+quadratic for small errors, linear for large ones, so a few rows the model cannot explain (a
+kernel the profile does not describe) do not drag every parameter to compensate for them. Each parameter is searched in log space within its bounds (fractions in
+[0.3, 1], costs in microseconds in [0.01, 5000]) by cyclic coordinate descent with a golden-section
 line search: a handful of smooth parameters, so no gradient or solver library is needed.
 
 Pure: the caller supplies the rows (validation datasets), the models, GPUs and the engine.
@@ -17,8 +19,10 @@ from dataclasses import dataclass
 from planner.engine import EngineSpec
 from planner.validate import Dataset, compare
 
-FRACTION_BOUNDS = (0.05, 1.0)
-MICROSECOND_BOUNDS = (0.01, 1e5)
+# A fitted efficiency below 0.3 or a fixed cost above 5 ms would be compensating for something
+# the model lacks, not measuring the engine: the bounds keep a fit physical.
+FRACTION_BOUNDS = (0.3, 1.0)
+MICROSECOND_BOUNDS = (0.01, 5000.0)
 
 
 def get_param(spec: EngineSpec, name: str) -> float:
@@ -61,13 +65,26 @@ class FitResult:
     n: int
 
 
-def _objective(spec: EngineSpec, datasets: list[Dataset], models, gpus) -> tuple[float, int]:
+HUBER_DELTA = 0.1
+
+
+def _loss(r: float) -> float:
+    return HUBER_DELTA ** 2 * (math.sqrt(1 + (r / HUBER_DELTA) ** 2) - 1)
+
+
+def _objective(spec: EngineSpec, datasets: list[Dataset], models, gpus,
+               loss=_loss) -> tuple[float, int]:
     total, n = 0.0, 0
     for ds in datasets:
         for c in compare(ds, models=models, gpus=gpus, engines={spec.name: spec}):
-            total += math.log(c.predicted / c.measured) ** 2
+            total += loss(math.log(c.predicted / c.measured))
             n += 1
     return total, n
+
+
+def rms_log_error(spec: EngineSpec, datasets: list[Dataset], models, gpus) -> float:
+    total, n = _objective(spec, datasets, models, gpus, loss=lambda r: r * r)
+    return math.sqrt(total / max(n, 1))
 
 
 def fit(spec: EngineSpec, params: list[str], datasets: list[Dataset], *, models, gpus,
@@ -80,6 +97,7 @@ def fit(spec: EngineSpec, params: list[str], datasets: list[Dataset], *, models,
     rows = tuple(f"{ds.source.id}:{r.id}" for ds in datasets for r in ds.rows)
     values = {p: get_param(spec, p) for p in params}
     before, n = _objective(spec, datasets, models, gpus)
+    rms_before = rms_log_error(spec, datasets, models, gpus)
 
     def cost(vals: dict[str, float]) -> float:
         return _objective(set_params(spec, vals), datasets, models, gpus)[0]
@@ -102,9 +120,8 @@ def fit(spec: EngineSpec, params: list[str], datasets: list[Dataset], *, models,
             break
     values = {p: _round(v) for p, v in values.items()}
     fitted = set_params(spec, values, fitted_on=rows)
-    after = _objective(fitted, datasets, models, gpus)[0]
-    return FitResult(fitted, values, math.sqrt(before / max(n, 1)),
-                     math.sqrt(after / max(n, 1)), rows, n)
+    return FitResult(fitted, values, rms_before, rms_log_error(fitted, datasets, models, gpus),
+                     rows, n)
 
 
 def _golden(f, a: float, b: float, tol: float) -> float:

@@ -143,6 +143,8 @@ class Op:
     comm_bytes: float = 0.0  # all-reduce payload
     weight_dtype: DType | None = None  # storage type of a matmul's weights
     m_rows: float = 0.0  # a matmul's M: the activation rows of each GEMM (tokens per expert)
+    kv_group: float = 1.0  # attention: query heads that share each cached KV head
+    kv_cache_bytes: float = 0.0  # KV write: the cache already held (a concatenating cache copies it)
 
     @property
     def bytes(self) -> float:
@@ -260,15 +262,17 @@ def step_ops(
         qk_dim, v_dim = a.kv_lora_rank + a.qk_rope_head_dim, a.kv_lora_rank
         o_in = m.num_attention_heads * a.v_head_dim
     ops.append(Op("rope_kv_write", "elementwise", L, flops=0.0,
-                  kv_bytes=T * kv_layer, act_bytes=2.0 * T * (m.q_dim / tp) * ab, dtype=hdt))
+                  kv_bytes=T * kv_layer, act_bytes=2.0 * T * (m.q_dim / tp) * ab, dtype=hdt,
+                  kv_cache_bytes=batch * past_tokens * kv_layer))
     attn_flops = 2.0 * batch * heads * keys * (qk_dim + v_dim)
     attn_kv = batch * (past_tokens + new_tokens) * kv_layer  # each sequence reads its cache once
     attn_act = 2.0 * T * heads * (qk_dim + v_dim) * ab  # q in, out out
     if attention == "naive":
         # the [new, past+new] score matrix and its softmax, written and read once each
         attn_act += 4.0 * batch * heads * new_tokens * (past_tokens + new_tokens) * ab
+    group = 1.0 if m.mla is not None else heads / kv_heads_per_gpu(m, tp)
     ops.append(Op("attention", "attention", L, flops=attn_flops, kv_bytes=attn_kv,
-                  act_bytes=attn_act, dtype=hdt))
+                  act_bytes=attn_act, dtype=hdt, kv_group=group))
     ops.append(matmul("o_proj", L, o_in / tp, h, bias=h if m.attention_out_bias else 0.0))
     ops += allreduce("allreduce_attn", L)
     ops.append(norm("mlp_norm", L))

@@ -440,7 +440,9 @@ def plot_accuracy(records: list[dict], out_dir: Path, name: str) -> tuple[Path, 
 
 MARKERS = "osD^vP*Xh<>"
 METRIC_LABELS = {"user_tokens_per_s": "tokens/s per sequence", "tpot_s": "TPOT (s)",
-                 "ttft_s": "TTFT (s)", "throughput_tokens_per_s": "output tokens/s (batch)"}
+                 "ttft_s": "TTFT (s)", "throughput_tokens_per_s": "output tokens/s (batch)",
+                 "throughput_tokens_per_s_per_gpu": "output tokens/s per GPU (batch)",
+                 "latency_s": "latency of the batch (s)"}
 
 
 def plot_validation(comps, path: Path) -> None:

@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from planner.achievable import achievable
-from planner.arith import vmax
+from planner.arith import vmax, vmin
 from planner.engine import IDEAL, Engine
 from planner.ops import Op
 from planner.specs import Calibration, DType, HardwareSpec, Options
@@ -132,8 +132,18 @@ def op_time(op: Op, c: Ceilings, *, tp: int = 1, options: Options | None = None,
         tiles = -(-op.m_rows // e.gemm_tile_m)
         flops = flops * (tiles * e.gemm_tile_m / op.m_rows)
     compute = flops / (c.peak(op.dtype) * c_frac)
-    memory = op.bytes / (c.bandwidth_bytes_per_s * bw_frac)
-    t = vmax(compute, memory) if o.time_model == "roofline" else compute + memory
+    moved = op.bytes
+    if op.kind == "attention" and not e.gqa_kv_reuse:
+        moved = moved + op.kv_bytes * (op.kv_group - 1)  # K and V read once per query head
+    if e.kv_cache_concat:
+        moved = moved + 2 * op.kv_cache_bytes  # the old cache read and written anew
+    memory = moved / (c.bandwidth_bytes_per_s * bw_frac)
+    if o.time_model == "additive":
+        t = compute + memory
+    elif e.overlap_frac == 1.0:
+        t = vmax(compute, memory)
+    else:  # only part of the shorter time hides under the longer
+        t = compute + memory - e.overlap_frac * vmin(compute, memory)
     k = e.kernels_for(op.name, op.kind)
     per_kernel = c.kernel_overhead_s if c.kernel_overhead_s is not None else e.kernel_gap_s
     t = t + k * per_kernel

@@ -11,7 +11,9 @@ workload, and compared metric by metric:
 - ``tpot_s``: time of one decode step (inter-token latency): predicted tpot_s.
 - ``ttft_s``: time to the first token, the prefill of the batch: predicted ttft_s.
 - ``throughput_tokens_per_s``: output tokens of the whole batch / the whole run's time,
-  prefill included: predicted batch x output_tokens / latency_s.
+  prefill included: predicted batch x output_tokens / latency_s (all TP GPUs together);
+  ``throughput_tokens_per_s_per_gpu`` the same divided by the GPUs (TensorRT-LLM's tables).
+- ``latency_s``: the whole static batch's time, prefill and every decode step: latency_s.
 
 The signed error is predicted / measured - 1 of the metric as published (a positive error on a
 tokens/s metric is optimistic, on a time metric pessimistic). A row is *in-sample* for an
@@ -40,11 +42,12 @@ from planner.specs import (
     Workload,
 )
 
-Metric = Literal["user_tokens_per_s", "tpot_s", "ttft_s", "throughput_tokens_per_s"]
-METRICS: tuple[str, ...] = ("user_tokens_per_s", "tpot_s", "ttft_s", "throughput_tokens_per_s")
-# What each metric says about: decode speed, or prefill speed (the two targets).
+METRICS: tuple[str, ...] = ("user_tokens_per_s", "tpot_s", "ttft_s", "throughput_tokens_per_s",
+                            "throughput_tokens_per_s_per_gpu", "latency_s")
+# What each metric says about: decode speed, prefill speed, or the two together.
 PHASE = {"user_tokens_per_s": "decode", "tpot_s": "decode", "ttft_s": "prefill",
-         "throughput_tokens_per_s": "decode"}
+         "throughput_tokens_per_s": "end-to-end", "throughput_tokens_per_s_per_gpu": "end-to-end",
+         "latency_s": "end-to-end"}
 
 
 class _Strict(BaseModel):
@@ -90,6 +93,8 @@ class Row(_Strict):
     tpot_s: float | None = Field(None, gt=0, allow_inf_nan=False)
     ttft_s: float | None = Field(None, gt=0, allow_inf_nan=False)
     throughput_tokens_per_s: float | None = Field(None, gt=0, allow_inf_nan=False)
+    throughput_tokens_per_s_per_gpu: float | None = Field(None, gt=0, allow_inf_nan=False)
+    latency_s: float | None = Field(None, gt=0, allow_inf_nan=False)
     note: str | None = None
 
     @model_validator(mode="after")
@@ -160,6 +165,10 @@ def metric_of(e: Estimate, metric: str) -> float:
         return e.tpot_s
     if metric == "ttft_s":
         return e.ttft_s
+    if metric == "latency_s":
+        return e.latency_s
+    if metric == "throughput_tokens_per_s_per_gpu":
+        return e.batch * e.output_tokens / e.latency_s / e.tp
     return e.batch * e.output_tokens / e.latency_s
 
 

@@ -1,0 +1,252 @@
+"""Engine profiles and achievable ceilings: the databases, the time model, the invariants."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from planner import catalog
+from planner.achievable import BANDWIDTH_FRAC, achievable, matmul_frac_for
+from planner.engine import IDEAL, Engine
+from planner.estimate import estimate
+from planner.ops import Op
+from planner.roofline import Ceilings, op_time
+from planner.specs import DType, Parallelism, Precision, Workload
+
+ENGINES = catalog.engine_names()
+GPUS = catalog.gpu_names()
+
+
+def test_the_six_profiles_exist():
+    assert set(ENGINES) >= {"ideal", "vllm", "sglang", "trtllm", "gpt-fast", "hf-eager"}
+
+
+@pytest.mark.parametrize("name", ENGINES)
+def test_every_engine_parameter_carries_a_source(name):
+    spec = catalog.load_engine_spec(name)
+    assert spec.source.startswith("http")
+    params = spec.parameters()
+    assert len(params) >= 25
+    for key, p in params.items():
+        assert p.source.strip(), f"{name}.{key} has no source"
+        # a figure is either sourced as measured / derived, documented as a guess, fitted,
+        # or a definition of the ideal bound
+        assert p.source.startswith(("http", "definition", "as vLLM", "common", "one kernel",
+                                    "symmetric")) or p.estimated or p.fitted_on, (name, key)
+
+
+@pytest.mark.parametrize("name", ENGINES)
+def test_fitted_rows_exist_in_the_dataset(name):
+    rows = {f"{d.source.id}:{r.id}" for d in catalog.load_datasets() for r in d.rows}
+    spec = catalog.load_engine_spec(name)
+    missing = spec.fitted_rows() - rows
+    assert not missing, f"{name} names rows that are not in the dataset: {sorted(missing)[:3]}"
+
+
+def test_ideal_yaml_is_the_ideal_bound():
+    e = catalog.load_engine("ideal")
+    assert e.is_ideal
+    assert e.time_model_key() == IDEAL.time_model_key()
+    assert (e.lm_head_sharded, e.lm_head_quantized, e.zero_point_bytes_per_group) == \
+        (IDEAL.lm_head_sharded, IDEAL.lm_head_quantized, IDEAL.zero_point_bytes_per_group)
+
+
+@pytest.mark.parametrize("name", [n for n in ENGINES if n != "ideal"])
+def test_real_engines_are_not_ideal(name):
+    assert not catalog.load_engine(name).is_ideal
+
+
+@pytest.mark.parametrize("model,gpu,tp,weights,batch,p,o", [
+    ("llama-3.1-8b", "h100-sxm", 1, "bf16", 16, 2048, 256),
+    ("llama-3.1-70b", "h100-sxm", 4, "fp8", 32, 1024, 128),
+    ("mixtral-8x7b", "a100-sxm-80gb", 2, "int4", 8, 512, 512),
+    ("deepseek-v3", "h200", 8, "fp8", 4, 4096, 64),
+])
+def test_engine_ideal_reproduces_the_roofline_exactly(model, gpu, tp, weights, batch, p, o):
+    m, hw = catalog.load_model(model), catalog.load_hardware(gpu)
+    kw = dict(precision=Precision.of(weights), parallelism=Parallelism(tp=tp),
+              workload=Workload(batch=batch, prompt_tokens=p, output_tokens=o))
+    a = estimate(m, hw, **kw)  # the library default: the built-in IDEAL
+    b = estimate(m, hw, engine=catalog.load_engine("ideal"), **kw)
+    assert a.ideal is None and b.ideal is None
+    assert (a.tpot_s, a.ttft_s, a.memory.total_bytes, a.mbu, a.mfu) == \
+        (b.tpot_s, b.ttft_s, b.memory.total_bytes, b.mbu, b.mfu)
+
+
+def test_readme_example_under_ideal_is_unchanged(run_json):
+    # the figures the README printed before engine profiles existed (datasheet roofline)
+    d = run_json("estimate", "-m", "llama-3.1-8b", "-g", "h100-sxm", "-b", "16", "-p", "2048",
+                 "-o", "256", "--engine", "ideal")
+    assert d["tpot_s"] == pytest.approx(5.9e-3, rel=0.01)
+    assert d["ttft_s"] == pytest.approx(0.534, rel=0.01)
+    assert d["mbu"] == pytest.approx(0.991, rel=0.002)
+    assert d["ideal"]["tpot_s"] == d["tpot_s"]
+
+
+def test_default_engine_is_vllm_with_the_bound_beside(run_json):
+    d = run_json("estimate", "-m", "llama-3.1-8b", "-g", "h100-sxm", "-b", "16", "-p", "2048",
+                 "-o", "256")
+    assert d["engine"]["name"] == "vllm"
+    assert d["engine"]["ceilings"] == "achievable"
+    for k in ("ttft_s", "tpot_s", "latency_s", "throughput_tokens_per_s", "mbu", "mfu"):
+        assert k in d and k in d["ideal"]
+    assert d["tpot_s"] > d["ideal"]["tpot_s"] * 1.2  # the engine is well off the bound ...
+    assert d["mbu"] < 0.85  # ... and its MBU against the datasheet shows it
+    assert d["ideal"]["mbu"] > 0.95
+    ops = d["operators"]["decode"]
+    assert {"bandwidth_frac", "compute_frac", "kernels", "bandwidth_source"} <= set(ops[0])
+    assert d["operators"]["decode_fixed_s"] > 0
+
+
+# --------------------------------------------------------------------------- by hand
+
+H = Engine(name="hand", ceilings="achievable", kernel_gap_s=2e-6, host_launch_s=10e-6,
+           gemm_bandwidth_frac=0.8, gemm_compute_frac=0.5, gemm_tile_m=16.0, overlap_frac=0.5,
+           kernels=(("matmul", 2.0),), allreduce_latency_s=10e-6, allreduce_bandwidth_frac=0.5)
+C = Ceilings(bandwidth_bytes_per_s=1e12, flops_per_s={DType.bf16: 100e12},
+             link_bytes_per_s=100e9)
+
+
+def test_matmul_time_by_hand():
+    # M = 4 rows padded to a 16-row tile: 4x the FLOPs. compute = 4 x 8e9 / (100e12 x 0.5)
+    # = 640 us; memory = 400e6 B / (1e12 x 0.8) = 500 us; overlap 0.5 hides half the shorter:
+    # 640 + 500 - 250 = 890 us; 2 kernels x 2 us = 4 us: 894 us per instance, x3 instances
+    op = Op("gemm", "matmul", 3, flops=8e9, weight_bytes=4e8, m_rows=4.0)
+    t = op_time(op, C, engine=H)
+    assert t.compute_s == pytest.approx(3 * 640e-6)
+    assert t.memory_s == pytest.approx(3 * 500e-6)
+    assert t.time_s == pytest.approx(3 * 894e-6)
+    assert t.overhead_s == pytest.approx(3 * 4e-6)
+
+
+def test_host_floor_when_not_graphed():
+    tiny = Op("tiny", "matmul", 1, flops=2e3, weight_bytes=1e3, m_rows=16.0)
+    assert op_time(tiny, C, engine=H, graphed=True).time_s == pytest.approx(4e-6, rel=1e-3)
+    assert op_time(tiny, C, engine=H, graphed=False).time_s == pytest.approx(20e-6)
+
+
+def test_allreduce_by_hand():
+    # ring over 4 GPUs: 2 x 3/4 x 8 MB / (100 GB/s x 0.5) + 10 us = 240 + 10 us
+    op = Op("ar", "allreduce", 1, flops=0.0, comm_bytes=8e6)
+    assert op_time(op, C, tp=4, engine=H).time_s == pytest.approx(250e-6)
+
+
+def test_gqa_without_kv_reuse_reads_kv_per_query_head():
+    op = Op("attention", "attention", 1, flops=1.0, kv_bytes=1e9, kv_group=4.0)
+    reuse = op_time(op, C, engine=Engine(name="a", attention_bandwidth_frac=1.0))
+    no = op_time(op, C, engine=Engine(name="b", gqa_kv_reuse=False))
+    assert no.memory_s == pytest.approx(4 * reuse.memory_s)
+
+
+# --------------------------------------------------------------------------- hardware
+
+
+@pytest.mark.parametrize("name", GPUS)
+def test_every_gpu_has_a_sourced_achievable_block(name):
+    hw = catalog.load_hardware(name)
+    a = hw.achievable
+    assert a is not None and hw.memory_type and hw.architecture
+    figs = [a.memory_bandwidth_gb_per_s, *a.matmul_tflops.values()]
+    for f in figs:
+        assert f.source.strip() and (f.source.startswith("http") or f.estimated)
+    assert set(a.matmul_tflops) == set(hw.peak_tflops)
+    # a real kernel never beats the datasheet
+    assert a.memory_bandwidth_gb_per_s.value <= hw.memory_bandwidth_gb_per_s
+    for dt, f in a.matmul_tflops.items():
+        assert f.value <= hw.peak_tflops[dt] * 1.0001, (name, dt)
+
+
+@pytest.mark.parametrize("name", GPUS)
+def test_estimated_fractions_match_the_documented_table(name):
+    hw = catalog.load_hardware(name)
+    a = hw.achievable
+    bw = a.memory_bandwidth_gb_per_s
+    if bw.estimated and (bw.method or "").startswith("fraction"):
+        assert bw.value == round(hw.memory_bandwidth_gb_per_s * BANDWIDTH_FRAC[hw.memory_type])
+    for dt, f in a.matmul_tflops.items():
+        if f.estimated and (f.method or "").startswith("fraction"):
+            assert f.value == pytest.approx(hw.peak_tflops[dt]
+                                            * matmul_frac_for(hw.architecture, dt), abs=0.06)
+
+
+def test_a_gpu_without_achievable_figures_gets_the_documented_fractions(gpu):
+    hw = gpu("h100-sxm").model_copy(update={"achievable": None})
+    a = achievable(hw)
+    assert a.bandwidth_bytes_per_s == pytest.approx(3350e9 * BANDWIDTH_FRAC["HBM3"])
+    assert a.flops[DType.bf16][0] == pytest.approx(989.4e12 * 0.80)
+    assert a.notes and a.bandwidth_source == "estimated"
+
+
+# --------------------------------------------------------------------------- invariants
+
+MODELS = ["llama-3.1-8b", "mixtral-8x7b", "llama-3.1-70b", "deepseek-v3", "qwen2.5-7b"]
+HW = ["h100-sxm", "a100-sxm-80gb", "l40s", "h200", "mi300x"]
+PRECS = [Precision(), Precision.of("fp8", "fp8"), Precision.of("int4"), Precision.of("int8")]
+REAL = [n for n in ENGINES if n != "ideal"]
+_cache: dict = {}
+
+
+def _est(engine, m, g, b, p, o, prec, tp=1):
+    key = (engine, m, g)
+    if key not in _cache:
+        _cache[key] = (catalog.load_engine(engine), catalog.load_model(m),
+                       catalog.load_hardware(g))
+    e, mm, hw = _cache[key]
+    return estimate(mm, hw, engine=e, precision=prec, parallelism=Parallelism(tp=tp),
+                    workload=Workload(batch=b, prompt_tokens=p, output_tokens=o))
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.sampled_from(REAL), st.sampled_from(MODELS), st.sampled_from(HW),
+       st.integers(1, 512), st.integers(1, 16384), st.integers(1, 2048), st.sampled_from(PRECS),
+       st.sampled_from([1, 2, 8]))
+def test_no_engine_beats_the_ideal_on_any_operator(engine, m, g, b, p, o, prec, tp):
+    if m == "mixtral-8x7b" and tp == 8 or m == "qwen2.5-7b" and tp == 8:
+        tp = 2
+    e = _est(engine, m, g, b, p, o, prec, tp)
+    bound = e.bound_estimate
+    assert bound is not e
+    for step, ideal_step in ((e.decode, bound.decode), (e.prefill, bound.prefill)):
+        for t, ti in zip(step.ops, ideal_step.ops, strict=True):
+            assert t.op.name == ti.op.name
+            assert t.time_s >= ti.time_s * (1 - 1e-12), (t.op.name, t.time_s, ti.time_s)
+    assert e.tpot_s > bound.tpot_s and e.ttft_s > bound.ttft_s
+    assert 0 < e.mbu <= 1 and 0 < e.mfu <= 1 and 0 < e.prefill_mfu <= 1
+    assert e.mbu < bound.mbu
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.sampled_from(REAL), st.sampled_from(MODELS), st.sampled_from(HW),
+       st.integers(1, 511), st.integers(1, 16384), st.integers(1, 2048), st.sampled_from(PRECS))
+def test_step_time_monotone_in_batch_and_context_for_every_engine(engine, m, g, b, p, o, prec):
+    a = _est(engine, m, g, b, p, o, prec)
+    nb = _est(engine, m, g, b + 1, p, o, prec)
+    nc = _est(engine, m, g, b, p + 64, o, prec)
+    assert nb.tpot_s >= a.tpot_s and nb.ttft_s >= a.ttft_s
+    assert nc.tpot_s >= a.tpot_s and nc.ttft_s >= a.ttft_s
+
+
+def test_engine_byte_accounting_changes_memory(model, gpu):
+    m, hw = model("llama-3.1-8b"), gpu("a100-sxm-80gb")
+    w = Workload(batch=1, prompt_tokens=5, output_tokens=200)
+    tp2 = Parallelism(tp=2)
+    # gpt-fast replicates the lm_head under TP and quantizes it with the rest
+    gf = estimate(m, hw, workload=w, parallelism=tp2, precision=Precision.of("int8"),
+                  engine=catalog.load_engine("gpt-fast"))
+    vl = estimate(m, hw, workload=w, parallelism=tp2, precision=Precision.of("int8"),
+                  engine=catalog.load_engine("vllm"))
+    head = 128256 * 4096
+    from planner.memory import weight_bytes_breakdown
+    gfb = weight_bytes_breakdown(m, gf.precision, tp=2, lm_head_sharded=False)
+    vlb = weight_bytes_breakdown(m, vl.precision, tp=2, lm_head_sharded=True)
+    # gpt-fast: int8 head, one fp16 scale and one bf16 zero per 128 weights, whole on each GPU;
+    # vLLM: a 16-bit head split in two
+    assert gfb["lm_head"] == head * (1 + 4 / 128)
+    assert vlb["lm_head"] == head * 2 / 2
+    assert gf.memory.weights_bytes == sum(gfb.values())
+    assert vl.memory.weights_bytes == sum(vlb.values())
+    assert gf.precision.zero_point_bytes == 2 and vl.precision.zero_point_bytes == 0.5
+    assert math.isclose(vl.precision.quantized_bytes_per_param, 1 + 2.5 / 128)

@@ -1,0 +1,152 @@
+"""`llmplan validate`: the dataset loads, every row is predicted, held-out error is recorded."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from planner import catalog
+from planner.cli_validate import recorded_limits, run_validation
+from planner.fit import fit, get_param, set_params
+from planner.validate import Dataset, compare, quantile, summarize
+
+DATASETS = catalog.load_datasets()
+
+
+def test_several_independent_sources():
+    ids = {d.source.id for d in DATASETS}
+    engines = {d.source.engine for d in DATASETS} | {
+        r.engine for d in DATASETS for r in d.rows if r.engine}
+    gpus = {r.gpu for d in DATASETS for r in d.rows}
+    years = {d.source.date[:4] for d in DATASETS}
+    assert len(ids) >= 5 and len(engines) >= 4 and len(gpus) >= 3 and len(years) >= 2
+
+
+@pytest.mark.parametrize("ds", DATASETS, ids=lambda d: d.source.id)
+def test_every_source_says_what_it_measured(ds):
+    s = ds.source
+    assert s.url.startswith("http") and s.date and s.engine_version
+    used = {m for r in ds.rows for m in ("user_tokens_per_s", "tpot_s", "ttft_s",
+                                         "throughput_tokens_per_s",
+                                         "throughput_tokens_per_s_per_gpu", "latency_s")
+            if getattr(r, m) is not None}
+    assert used <= set(s.metric_definitions), f"{s.id}: metrics without a definition"
+    for r in ds.rows:  # every row names what the databases know
+        catalog.load_model(r.model)
+        catalog.load_hardware(r.gpu)
+        catalog.load_engine_spec(r.engine or s.engine)
+
+
+def test_metric_definitions_by_hand(model, gpu):
+    # gpt-fast's tokens/s is output tokens over the whole generate() call, prefill included
+    ds = Dataset.model_validate({
+        "source": {"id": "hand", "url": "https://example.org", "date": "2024-01-01",
+                   "engine": "ideal", "engine_version": "-",
+                   "metric_definitions": {"user_tokens_per_s": "x", "latency_s": "y",
+                                          "throughput_tokens_per_s_per_gpu": "z"}},
+        "rows": [{"id": "a", "model": "llama-3.1-8b", "gpu": "h100-sxm", "tp": 2, "batch": 4,
+                  "prompt_tokens": 100, "output_tokens": 50, "user_tokens_per_s": 1.0,
+                  "latency_s": 1.0, "throughput_tokens_per_s_per_gpu": 1.0}]})
+    m, hw = model("llama-3.1-8b"), gpu("h100-sxm")
+    comps = {c.metric: c for c in compare(ds, models={"llama-3.1-8b": m},
+                                          gpus={"h100-sxm": hw},
+                                          engines={"ideal": catalog.load_engine_spec("ideal")})}
+    from planner.estimate import estimate
+    from planner.specs import Parallelism, Workload
+    e = estimate(m, hw, workload=Workload(batch=4, prompt_tokens=100, output_tokens=50),
+                 parallelism=Parallelism(tp=2))
+    assert comps["user_tokens_per_s"].predicted == pytest.approx(50 / e.latency_s)
+    assert comps["latency_s"].predicted == pytest.approx(e.latency_s)
+    assert comps["throughput_tokens_per_s_per_gpu"].predicted == pytest.approx(
+        4 * 50 / e.latency_s / 2)
+    assert comps["latency_s"].error == pytest.approx(e.latency_s - 1)
+
+
+def test_quantile_matches_numpy_linear():
+    import numpy as np
+
+    v = [3.0, 1.0, 4.0, 1.5, 9.0, 2.6]
+    for q in (0.0, 0.5, 0.9, 1.0):
+        assert quantile(v, q) == pytest.approx(float(np.quantile(v, q)))
+
+
+def test_in_sample_rows_are_exactly_the_fitted_ones():
+    comps = run_validation(DATASETS)
+    for c in comps:
+        spec = catalog.load_engine_spec(c.engine)
+        assert c.in_sample == (c.key in spec.fitted_rows())
+    assert any(c.in_sample for c in comps) and any(not c.in_sample for c in comps)
+
+
+def test_held_out_error_within_the_recorded_figures():
+    """CI's guard: a change that worsens held-out accuracy fails here."""
+    limits = recorded_limits()
+    overall = summarize(run_validation(DATASETS), by_source=False)
+    held = {s.phase: s for s in overall if s.split == "held-out"}
+    assert set(limits) <= set(held)
+    for phase, lim in limits.items():
+        assert held[phase].median_abs_error <= lim, (phase, held[phase].median_abs_error, lim)
+
+
+def test_engines_beat_the_ideal_roofline_on_held_out_rows():
+    overall = summarize(run_validation(DATASETS), by_source=False)
+    for s in overall:
+        assert s.median_abs_error < s.ideal_median_abs_error, s
+
+
+def test_validate_cli_outputs(run_cli, tmp_path):
+    csv, png = tmp_path / "v.csv", tmp_path / "v.png"
+    code, out, err = run_cli("validate", "--source", "gpt-fast-readme,gpt-fast-blog", "--json",
+                             "--csv", str(csv), "--plot", str(png), "--check")
+    assert code == 0, err
+    d = json.loads(out)
+    assert d["check"]["passed"] and d["rows"] and d["summary"]
+    assert {"error", "ideal_error", "split", "measured", "predicted"} <= set(d["rows"][0])
+    assert csv.read_text().count("\n") == len(d["rows"]) + 1
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_validate_with_another_engine_and_bad_input(run_cli):
+    code, out, _ = run_cli("validate", "--source", "gpt-fast-blog", "--engine", "ideal",
+                           "--json")
+    assert code == 0 and {r["engine"] for r in json.loads(out)["rows"]} == {"ideal"}
+    code, _, err = run_cli("validate", "--source", "nope")
+    assert code == 2 and "unknown source 'nope'" in err
+    code, _, err = run_cli("validate", "--engine", "nope")
+    assert code == 2 and "unknown engine 'nope'" in err
+
+
+def test_malformed_dataset_is_one_line(run_cli, tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("source: {id: x}\nrows: []\n")
+    code, _, err = run_cli("validate", "--dataset", str(bad))
+    assert code == 2 and str(bad) in err and "\n" not in err.strip()
+
+
+def test_fit_recovers_a_known_parameter(model, gpu):
+    """Rows made by a profile with a known bandwidth efficiency; the fit, started elsewhere,
+    finds it again."""
+    truth = set_params(catalog.load_engine_spec("gpt-fast"), {"gemm_bandwidth_frac": 0.62})
+    rows = []
+    m, hw = model("llama-2-7b"), gpu("a100-sxm-80gb")
+    for i, (b, p) in enumerate([(1, 5), (1, 512), (4, 128)]):
+        rows.append({"id": f"r{i}", "model": "llama-2-7b", "gpu": "a100-sxm-80gb",
+                     "batch": b, "prompt_tokens": p, "output_tokens": 100, "tpot_s": 1.0})
+    base = Dataset.model_validate({
+        "source": {"id": "synthetic", "url": "https://example.org", "date": "2024",
+                   "engine": "gpt-fast", "engine_version": "-",
+                   "metric_definitions": {"tpot_s": "made by the test"}}, "rows": rows})
+    made = compare(base, models={"llama-2-7b": m}, gpus={"a100-sxm-80gb": hw},
+                   engines={"gpt-fast": truth})
+    ds = base.model_copy(update={"rows": [r.model_copy(update={"tpot_s": c.predicted})
+                                          for r, c in zip(base.rows, made, strict=True)]})
+    start = set_params(truth, {"gemm_bandwidth_frac": 0.9})
+    res = fit(start, ["gemm_bandwidth_frac"], [ds], models={"llama-2-7b": m},
+              gpus={"a100-sxm-80gb": hw}, sweeps=3)
+    assert get_param(res.engine, "gemm_bandwidth_frac") == pytest.approx(0.62, rel=0.01)
+    assert res.after_rms_log_error < 1e-3 < res.before_rms_log_error
+    assert set(res.engine.gemm_bandwidth_frac.fitted_on) == {"synthetic:r0", "synthetic:r1",
+                                                             "synthetic:r2"}
+    assert math.isfinite(res.before_rms_log_error)
