@@ -63,6 +63,26 @@ def _select(datasets, rows: dict[str, str]):
     return out
 
 
+FITTED = "fitted by benchmarks/fit_engines.py to the rows in fitted_on; before the fit: "
+
+
+def _mark_fitted(text: str) -> str:
+    """Prefix the note of every fitted parameter (one with fitted_on) with how it was set."""
+    out = []
+    block_fitted = False
+    for line in text.splitlines(keepends=True):
+        if not line.startswith(" "):
+            block_fitted = False
+        if line.startswith("  fitted_on:"):
+            block_fitted = True
+        if block_fitted and line.startswith('  note: "') and FITTED not in line:
+            line = line.replace('  note: "', '  note: "' + FITTED, 1)
+        if "fitted_on: [" in line and '{value:' in line and FITTED not in line:
+            line = line.replace('note: "', 'note: "' + FITTED, 1)
+        out.append(line)
+    return "".join(out)
+
+
 def _write(path: Path, values: dict[str, float], rows: tuple[str, ...]) -> None:
     """Rewrite the ``value`` and ``fitted_on`` of each parameter in the YAML text, keeping
     its comments and layout."""
@@ -86,7 +106,7 @@ def _write(path: Path, values: dict[str, float], rows: tuple[str, ...]) -> None:
                           text, count=1, flags=re.M)
         if n != 1:
             raise SystemExit(f"{path}: could not find parameter {name} to write")
-    path.write_text(text)
+    path.write_text(_mark_fitted(text))
 
 
 def main() -> None:
@@ -109,8 +129,13 @@ def main() -> None:
     print(f"{args.engine}: {len(params)} parameters fitted on {len(res.rows)} rows "
           f"({res.n} figures); rms log error {res.before_rms_log_error:.3f} -> "
           f"{res.after_rms_log_error:.3f}")
+    from planner.fit import bounds_of
+
     for p, v in res.values.items():
-        print(f"  {p}: {v:g}")
+        lo, hi = bounds_of(p)
+        at = " (AT ITS BOUND: compensating for something the model lacks)" \
+            if v <= lo * 1.001 or v >= hi * 0.999 else ""
+        print(f"  {p}: {v:g}{at}")
     comps = [c for ds in datasets
              for c in compare(ds, models=models, gpus=gpus, engines={args.engine: res.engine})]
     for s in summarize(comps, by_source=False):

@@ -19,8 +19,9 @@ bytes, R and W the achievable matmul rate of its precision and the achievable ba
 e_b the engine's efficiencies for the operator's kind (GEMM, weight-only int8 / int4, fp8,
 attention, element-wise), o the fraction of the shorter of the two times hidden under the
 longer (1: the roofline's perfect overlap; 0: the background notes' additive form; real kernels
-lose most near the ridge point, where the two are equal), k the kernels it launches and t_kernel the device-side cost of each
-(launch latency, ramp-up and tail), t_host the host's cost to launch a kernel eagerly. An
+lose most near the ridge point, where the two are equal), k the kernels it launches and
+t_kernel the device-side cost of each (launch latency, ramp-up and tail), t_host the host's cost
+to launch a kernel eagerly. An
 all-reduce of S bytes over N GPUs costs t_lat + 2 (N - 1) / N x S / (link x e_link).
 
 Byte accounting differs between engines too: whether the lm_head is split across TP ranks

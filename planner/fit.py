@@ -4,9 +4,10 @@ The residual of a measured figure is r = log(predicted / measured): a relative e
 in over- and under-prediction, so a TTFT of seconds and a TPOT of milliseconds weigh alike. The
 loss is the pseudo-Huber (soft-L1) of r with a scale of 10%, delta^2 (sqrt(1 + (r/delta)^2) - 1):
 quadratic for small errors, linear for large ones, so a few rows the model cannot explain (a
-kernel the profile does not describe) do not drag every parameter to compensate for them. Each parameter is searched in log space within its bounds (fractions in
-[0.3, 1], costs in microseconds in [0.01, 5000]) by cyclic coordinate descent with a golden-section
-line search: a handful of smooth parameters, so no gradient or solver library is needed.
+kernel the profile does not describe) do not drag every parameter to compensate for them.
+Each parameter is searched in log space within its bounds (fractions in [0.3, 1], costs in
+microseconds in [0.01, 20000]) by cyclic coordinate descent with a golden-section line search:
+a handful of smooth parameters, so no gradient or solver library is needed.
 
 Pure: the caller supplies the rows (validation datasets), the models, GPUs and the engine.
 """
@@ -19,10 +20,11 @@ from dataclasses import dataclass
 from planner.engine import EngineSpec
 from planner.validate import Dataset, compare
 
-# A fitted efficiency below 0.3 or a fixed cost above 5 ms would be compensating for something
-# the model lacks, not measuring the engine: the bounds keep a fit physical.
+# A fitted efficiency below 0.3 or a fixed cost above 20 ms would be compensating for something
+# the model lacks, not measuring the engine: the bounds keep a fit physical, and a value at a
+# bound is reported as such.
 FRACTION_BOUNDS = (0.3, 1.0)
-MICROSECOND_BOUNDS = (0.01, 5000.0)
+MICROSECOND_BOUNDS = (0.01, 20000.0)
 
 
 def get_param(spec: EngineSpec, name: str) -> float:

@@ -144,7 +144,7 @@ class Op:
     weight_dtype: DType | None = None  # storage type of a matmul's weights
     m_rows: float = 0.0  # a matmul's M: the activation rows of each GEMM (tokens per expert)
     kv_group: float = 1.0  # attention: query heads that share each cached KV head
-    kv_cache_bytes: float = 0.0  # KV write: the cache already held (a concatenating cache copies it)
+    kv_cache_bytes: float = 0.0  # KV write: the cache held before (a concatenating cache copies it)
 
     @property
     def bytes(self) -> float:

@@ -44,9 +44,11 @@ def render_estimate(console: Console, e: Estimate, *, explain: bool = False) -> 
                   f"KV {p.kv_cache.value}, compute {p.compute_dtype.value}; "
                   f"batch {e.batch}, prompt {e.prompt_tokens}, output {e.output_tokens} tokens")
     eng = e.engine
+    overlap = f", overlap {eng.overlap_frac:.0%}" \
+        if eng.overlap_frac < 1 and e.options.time_model == "roofline" else ""
     console.print(f"[dim]engine: {eng.display_name or eng.name}"
                   f"{f' ({eng.version})' if eng.version and eng.version != '-' else ''}; "
-                  f"ceilings: {e.ceilings.source}; time model: {e.options.time_model}; "
+                  f"ceilings: {e.ceilings.source}; time model: {e.options.time_model}{overlap}; "
                   f"attention: {e.options.attention}[/]")
     per_gpu = " per GPU" if e.tp > 1 else ""
     fits = "[green]yes[/]" if mem.fits else "[red]NO[/]"
@@ -150,23 +152,23 @@ def render_estimate(console: Console, e: Estimate, *, explain: bool = False) -> 
 
 
 def operator_table(title: str, step: StepTime) -> Table:
-    t = table(title, ["operator", "x", "dtype", "FLOPs", "bytes", "FLOP/B", "eff BW",
+    t = table(title, ["operator", "x", "dtype", "FLOP", "bytes", "FLOP/B", "eff BW",
                       "eff FLOP", "kernels", "time", "share", "bound"], [], left=1)
     total = step.time_s
     for ot in step.ops:
         op = ot.op
         inten = op.intensity_flops_per_byte
         comm = op.kind == "allreduce"
-        t.add_row(op.name, str(op.count), op.dtype.value, fmt.si(op.flops * op.count, "FLOP"),
+        t.add_row(op.name, str(op.count), op.dtype.value, fmt.si(op.flops * op.count, ""),
                   fmt.si(op.bytes * op.count, "B") if not comm
                   else fmt.si(op.comm_bytes * op.count, "B"),
-                  "-" if comm else f"{inten:,.1f}", fmt.pct(ot.bandwidth_frac),
-                  "-" if comm else fmt.pct(ot.compute_frac), f"{ot.kernels:,.0f}",
+                  "-" if comm else f"{inten:,.1f}", f"{ot.bandwidth_frac:.0%}",
+                  "-" if comm else f"{ot.compute_frac:.0%}", f"{ot.kernels:,.0f}",
                   fmt.seconds(ot.time_s), fmt.pct(ot.time_s / total), ot.bound)
     if step.fixed_s:
         t.add_row("fixed (per step)", "", "", "", "", "", "", "", "",
                   fmt.seconds(step.fixed_s), fmt.pct(step.fixed_s / total), "cpu")
-    t.add_row("total", "", "", fmt.si(step.flops, "FLOP"), fmt.si(step.bytes, "B"),
+    t.add_row("total", "", "", fmt.si(step.flops, ""), fmt.si(step.bytes, "B"),
               f"{step.flops / step.bytes:,.1f}", "", "", f"{step.kernels:,.0f}",
               fmt.seconds(total), "100%", step.bound, style="bold")
     return t

@@ -61,7 +61,7 @@ class Case:
     def title(self) -> str:
         p = self.precision
         tp = f"{self.tp} x " if self.tp > 1 else ""
-        return (f"{self.model.label} on {tp}{self.hw.display_name}\n"
+        return (f"{self.model.label} on {tp}{self.hw.display_name}, engine {self.engine.name}\n"
                 f"weights {p.weights.value}, KV {p.kv_cache.value}, "
                 f"prompt {self.prompt_tokens} / output {self.output_tokens} tokens")
 
@@ -163,9 +163,13 @@ def roofline_table(case: Case, batch: int, measured: pd.DataFrame | None = None)
                  "bound": eo.bound, "fits": bool(eo.memory.fits)})
     df = pd.DataFrame(rows)
     df["peak_flops_per_s"] = e.peak_flops_per_s
-    df["bandwidth_bytes_per_s"] = e.ceilings.bandwidth_bytes_per_s
+    df["bandwidth_bytes_per_s"] = e.ref.bandwidth_bytes_per_s
     df["compute_dtype"] = cmp_dtype.value
-    df["ceilings_source"] = e.ceilings.source
+    df["ceilings_source"] = e.ref.source
+    df["engine"] = e.engine.name
+    df["engine_peak_flops_per_s"] = e.ceilings.peak(cmp_dtype)
+    df["engine_bandwidth_bytes_per_s"] = e.ceilings.bandwidth_bytes_per_s
+    df["engine_ceilings_source"] = e.ceilings.source
     if measured is not None and len(measured):
         df = pd.concat([df, measured.assign(series="measured")], ignore_index=True)
     return df
@@ -186,6 +190,13 @@ def plot_roofline(case: Case, df: pd.DataFrame, out_dir: Path,
     ax.annotate(f"ridge point {ridge:,.0f} FLOP/B", (ridge, peak / 300),
                 textcoords="offset points", xytext=(-4, 0), ha="right", fontsize=8,
                 color="grey")
+    engine = str(df["engine"].iloc[0]) if "engine" in df else "ideal"
+    if engine != "ideal":
+        ep = float(df["engine_peak_flops_per_s"].iloc[0])
+        eb = float(df["engine_bandwidth_bytes_per_s"].iloc[0])
+        ax.plot(x, np.minimum(ep, eb * x), color="tab:blue", lw=1.2, ls="--",
+                label=f"{df['engine_ceilings_source'].iloc[0]} ceilings ({engine}'s points "
+                      f"sit below them): {ep / 1e12:,.0f} TFLOP/s, {eb / 1e12:.2f} TB/s")
     if measured_ceilings:
         mp, mb = measured_ceilings["flops_per_s"], measured_ceilings["bandwidth_bytes_per_s"]
         ax.plot(x, np.minimum(mp, mb * x), color="tab:red", lw=1.2, ls="--",
@@ -241,11 +252,13 @@ def throughput_table(cases: list[Case]) -> pd.DataFrame:
         mb = case.at(1).memory.max_batch
         for b in batch_ladder(mb):
             e = case.at(b)
-            rows.append({"case": case.label, "gpu": case.hw.name,
+            i = e.bound_estimate
+            rows.append({"case": case.label, "gpu": case.hw.name, "engine": case.engine.name,
                          "weights": case.precision.weights.value, "tp": case.tp, "batch": b,
                          "tpot_s": e.tpot_s, "throughput_tokens_per_s": e.throughput_tokens_per_s,
                          "ttft_s": e.ttft_s, "bound": e.bound, "fits": e.memory.fits,
-                         "max_batch": mb})
+                         "max_batch": mb, "ideal_tpot_s": i.tpot_s,
+                         "ideal_throughput_tokens_per_s": i.throughput_tokens_per_s})
     return pd.DataFrame(rows)
 
 
@@ -258,6 +271,9 @@ def plot_throughput(cases: list[Case], df: pd.DataFrame, out_dir: Path) -> tuple
         last = sub.iloc[-1]
         ax.plot(x, y, "-", color=color, lw=1.3,
                 label=f"{label}: memory limit at batch {last.batch}")
+        if (sub["engine"] != "ideal").all():
+            ax.plot(sub["ideal_tpot_s"] * 1e3, sub["ideal_throughput_tokens_per_s"], ":",
+                    color=color, lw=1.1, label=f"{label}: ideal roofline (the bound)")
         mem = sub["bound"] == "memory"
         ax.scatter(x[mem], y[mem], color=color, s=30, zorder=3)
         ax.scatter(x[~mem], y[~mem], facecolor="white", edgecolor=color, s=34, zorder=3)
@@ -277,8 +293,9 @@ def plot_throughput(cases: list[Case], df: pd.DataFrame, out_dir: Path) -> tuple
     ax.set_ylabel("decode throughput (tokens/s, all sequences)")
     c0 = cases[0]
     ax.set_title(f"{c0.model.label}: throughput vs latency as the batch grows "
-                 f"(labels: batch)\nprompt {c0.prompt_tokens} / output {c0.output_tokens} "
-                 f"tokens, KV {c0.precision.kv_cache.value}", fontsize=10)
+                 f"(labels: batch), engine {c0.engine.name}\nprompt {c0.prompt_tokens} / "
+                 f"output {c0.output_tokens} tokens, KV {c0.precision.kv_cache.value}",
+                 fontsize=10)
     ax.grid(True, which="both", alpha=0.25)
     ax.legend(fontsize=8, loc="lower right")
     tag = "_".join(sorted({c.precision.weights.value for c in cases}))
@@ -452,9 +469,20 @@ def plot_validation(comps, path: Path) -> None:
     metrics = [m for m in METRIC_LABELS if any(c.metric == m for c in comps)]
     if not metrics:
         raise ValueError("no comparisons to plot")
-    sources = sorted({c.source for c in comps})
-    fig, axes = plt.subplots(1, len(metrics), figsize=(6.2 * len(metrics), 6), squeeze=False)
-    for ax, metric in zip(axes[0], metrics, strict=True):
+    engines_of: dict[str, set] = {}
+    for c in comps:
+        engines_of.setdefault(c.source, set()).add(c.engine)
+
+    def series(c) -> str:  # a source, split by engine where it measured several
+        return c.source if len(engines_of[c.source]) == 1 else f"{c.source} / {c.engine}"
+
+    sources = sorted({series(c) for c in comps})
+    ncols = min(3, len(metrics))
+    nrows = -(-len(metrics) // ncols)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(6.4 * ncols, 6.2 * nrows), squeeze=False)
+    for ax in axes.flat[len(metrics):]:
+        ax.set_visible(False)
+    for ax, metric in zip(axes.flat, metrics):
         sub = [c for c in comps if c.metric == metric]
         vals = [v for c in sub for v in (c.measured, c.predicted)]
         lo, hi = min(vals) / 1.6, max(vals) * 1.6
@@ -463,7 +491,7 @@ def plot_validation(comps, path: Path) -> None:
         ax.fill_between(x, x / 1.1, x * 1.1, color="grey", alpha=0.22, label="within 10%")
         ax.plot(x, x, color="black", lw=1, label="prediction = measurement")
         for i, src in enumerate(sources):
-            pts = [c for c in sub if c.source == src]
+            pts = [c for c in sub if series(c) == src]
             if not pts:
                 continue
             color, marker = COLORS[i % len(COLORS)], MARKERS[i % len(MARKERS)]

@@ -189,3 +189,25 @@ def test_plan_cli(run_cli, tmp_path):
 def test_plan_bad_input(run_cli, args, needle):
     code, _, err = run_cli("plan", "-m", "llama-3.1-8b", *args)
     assert code == 2 and needle in err
+
+
+def test_a_deployment_names_its_engine(run_cli, tmp_path):
+    preds = {}
+    for eng in ("ideal", "vllm", "hf-eager"):
+        b = tmp_path / f"{eng}.yaml"
+        b.write_text(f"""deployments:
+  - model: llama-3.1-8b
+    gpu: h100-sxm
+    engine: {eng}
+    workload: {{batch: 8, prompt_tokens: 1000, output_tokens: 100}}
+    limits: {{tpot_s: 1s}}
+""")
+        code, out, err = run_cli("check", str(b), "--json")
+        assert code == 0, err
+        preds[eng] = json.loads(out)["results"][0]["predicted"]
+    assert preds["ideal"] < preds["vllm"] < preds["hf-eager"]
+    b = tmp_path / "bad.yaml"
+    b.write_text(b_text := (tmp_path / "vllm.yaml").read_text().replace("vllm", "nope"))
+    assert "nope" in b_text
+    code, _, err = run_cli("check", str(b))
+    assert code == 2 and "unknown engine 'nope'" in err
