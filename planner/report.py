@@ -6,6 +6,7 @@ numbers behind every picture are at hand. Imported only when a report is asked f
 
 from __future__ import annotations
 
+import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -421,6 +422,21 @@ def accuracy_table(records: list[dict]) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def _square_loglog(ax, lo: float, hi: float, quantity: str, title: str, *,
+                   legend_size: int) -> None:
+    """A predicted-against-measured panel: both axes log, over the same range."""
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlim(lo, hi)
+    ax.set_ylim(lo, hi)
+    plain_log_ticks(ax)
+    ax.set_xlabel(f"measured {quantity}")
+    ax.set_ylabel(f"predicted {quantity}")
+    ax.set_title(title, fontsize=10)
+    ax.grid(True, which="major", alpha=0.3)
+    ax.legend(fontsize=legend_size, loc="upper left")
+
+
 def plot_accuracy(records: list[dict], out_dir: Path, name: str) -> tuple[Path, Path]:
     df = accuracy_table(records)
     dev = records[0]["env"]["device"]
@@ -438,16 +454,7 @@ def plot_accuracy(records: list[dict], out_dir: Path, name: str) -> tuple[Path, 
             ax.scatter(s2.measured_s * 1e3, s2.predicted_s * 1e3, s=30, color=COLORS[i],
                        zorder=3,
                        label=f"{src} ceilings: median |error| {med:.1%}")
-        ax.set_xscale("log")
-        ax.set_yscale("log")
-        ax.set_xlim(lo, hi)
-        ax.set_ylim(lo, hi)
-        plain_log_ticks(ax)
-        ax.set_xlabel(f"measured {metric} (ms)")
-        ax.set_ylabel(f"predicted {metric} (ms)")
-        ax.set_title(metric, fontsize=10)
-        ax.grid(True, which="major", alpha=0.3)
-        ax.legend(fontsize=8, loc="upper left")
+        _square_loglog(ax, lo, hi, f"{metric} (ms)", metric, legend_size=8)
     layers = f", {c0['layers']} of {c0['model_layers']} layers" \
         if c0["layers"] != c0["model_layers"] else ""
     fig.suptitle(f"{c0['model']}{layers} on {dev.get('name')} ({dev.get('kind')}): "
@@ -482,7 +489,7 @@ def plot_validation(comps, path: Path) -> None:
     fig, axes = plt.subplots(nrows, ncols, figsize=(6.4 * ncols, 6.2 * nrows), squeeze=False)
     for ax in axes.flat[len(metrics):]:
         ax.set_visible(False)
-    for ax, metric in zip(axes.flat, metrics):
+    for ax, metric in zip(axes.flat[:len(metrics)], metrics, strict=True):
         sub = [c for c in comps if c.metric == metric]
         vals = [v for c in sub for v in (c.measured, c.predicted)]
         lo, hi = min(vals) / 1.6, max(vals) * 1.6
@@ -499,23 +506,12 @@ def plot_validation(comps, path: Path) -> None:
                 p = [c for c in pts if c.in_sample != held]
                 if not p:
                     continue
-                errs = sorted(abs(c.error) for c in p)
-                med = errs[len(errs) // 2] if len(errs) % 2 else \
-                    (errs[len(errs) // 2 - 1] + errs[len(errs) // 2]) / 2
+                med = statistics.median(abs(c.error) for c in p)
                 ax.scatter([c.measured for c in p], [c.predicted for c in p], s=34,
                            marker=marker, facecolor=face, edgecolor=color, zorder=3,
                            label=f"{src} ({'held out' if held else 'in-sample'}, n={len(p)}, "
                                  f"median |err| {med:.0%})")
-        ax.set_xscale("log")
-        ax.set_yscale("log")
-        ax.set_xlim(lo, hi)
-        ax.set_ylim(lo, hi)
-        plain_log_ticks(ax)
-        ax.set_xlabel(f"measured {METRIC_LABELS[metric]}")
-        ax.set_ylabel(f"predicted {METRIC_LABELS[metric]}")
-        ax.set_title(metric, fontsize=10)
-        ax.grid(True, which="major", alpha=0.3)
-        ax.legend(fontsize=7, loc="upper left")
+        _square_loglog(ax, lo, hi, METRIC_LABELS[metric], metric, legend_size=7)
     fig.suptitle(f"llmplan validate: {len(comps)} published measurements, predicted with each "
                  "row's engine profile", fontsize=10)
     fig.savefig(path, dpi=130, bbox_inches="tight")
