@@ -71,9 +71,12 @@ def validate(cls: type[S], data: Any, path: str) -> S:
 
 def read_yaml(path: Path) -> Any:
     try:
-        text = path.read_text()
+        text = path.read_text(encoding="utf-8")
     except OSError as err:
         raise SpecError(f"{path}: cannot read: {err.strerror}") from None
+    except UnicodeDecodeError as err:
+        raise SpecError(f"{path}: not UTF-8 text (byte {err.start}: "
+                        f"{err.object[err.start:err.start + 1]!r})") from None
     try:
         # libyaml's safe loader where the wheel has it (5-10x faster), else PyYAML's own
         return yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))

@@ -70,6 +70,19 @@ def positive(name: str, value: float | None, *, allow_zero: bool = False) -> Non
                            f"got {value:g}")
 
 
+def output_path(path: Path | None, flag: str, suffix: str | None = None) -> None:
+    """A file llmplan will write: its folder must exist and it must not be a folder; a PNG
+    option must name a .png."""
+    if path is None:
+        return
+    if path.is_dir():
+        raise LlmplanError(f"{flag}: {path} is a directory; give a file name")
+    if not path.parent.is_dir():
+        raise LlmplanError(f"{flag}: folder {path.parent} does not exist")
+    if suffix and path.suffix.lower() != suffix:
+        raise LlmplanError(f"{flag}: {path} must end in {suffix}")
+
+
 def json_out(obj: object) -> None:
     sys.stdout.write(json.dumps(obj, indent=2, default=str) + "\n")
 

@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from planner.cli_common import json_out, stderr, stdout
+from planner.cli_common import json_out, output_path, stderr, stdout
 from planner.errors import LlmplanError
 
 RECORDED = Path(__file__).resolve().parent / "data" / "validation_recorded.yaml"
@@ -80,9 +80,13 @@ def validate(
     from planner.sweep import parse_str_list
     from planner.validate import summarize
 
+    output_path(csv, "--csv")
+    output_path(plot, "--plot", ".png")
     datasets = catalog.load_datasets(dataset)
-    if source:
+    if source is not None:
         wanted = parse_str_list(source)
+        if not wanted:
+            raise LlmplanError("--source: no source id given")
         known = [d.source.id for d in datasets]
         for w in wanted:
             if w not in known:

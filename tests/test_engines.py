@@ -250,3 +250,37 @@ def test_engine_byte_accounting_changes_memory(model, gpu):
     assert vl.memory.weights_bytes == sum(vlb.values())
     assert gf.precision.zero_point_bytes == 2 and vl.precision.zero_point_bytes == 0.5
     assert math.isclose(vl.precision.quantized_bytes_per_param, 1 + 2.5 / 128)
+
+
+def test_engine_option_on_every_predicting_command(run_cli, run_json, tmp_path):
+    ideal = run_json("sweep", "-m", "llama-3.1-8b", "-g", "h100-sxm", "-b", "1,64",
+                     "--engine", "ideal")
+    vllm = run_json("sweep", "-m", "llama-3.1-8b", "-g", "h100-sxm", "-b", "1,64")
+    assert {r["engine"] for r in ideal} == {"ideal"} and {r["engine"] for r in vllm} == {"vllm"}
+    for a, b in zip(ideal, vllm, strict=True):
+        assert b["tpot_s"] > a["tpot_s"] and b["ideal_tpot_s"] == pytest.approx(a["tpot_s"])
+    code, out, err = run_cli("plan", "-m", "llama-3.1-8b", "-g", "h100-sxm", "--ttft", "2s",
+                             "--tpot", "30ms", "--rps", "2", "--engine", "gpt-fast", "--json")
+    assert code == 0, err
+    code, out, err = run_cli("report", "-m", "llama-3.1-8b", "-g", "h100-sxm", "--engine",
+                             "trtllm", "--out", str(tmp_path))
+    assert code == 0, err
+    import csv
+
+    with (tmp_path / "llama-3.1-8b_h100-sxm_bf16_roofline.csv").open() as f:
+        assert {r["engine"] for r in csv.DictReader(f)} == {"trtllm"}
+
+
+def test_engine_files_that_are_not_profiles(run_cli, tmp_path):
+    raw = tmp_path / "raw.yaml"
+    raw.write_bytes(b"name: \xff\n")
+    code, _, err = run_cli("estimate", "-m", "llama-3.1-8b", "-g", "h100-sxm", "--engine",
+                           str(raw))
+    assert code == 2 and "not UTF-8" in err
+    spec = (catalog.db_dir("engines_db") / "vllm.yaml").read_text()
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(spec.replace("gemm_bandwidth_frac:\n  value: 0.988",
+                                "gemm_bandwidth_frac:\n  value: 1.5"))
+    code, _, err = run_cli("estimate", "-m", "llama-3.1-8b", "-g", "h100-sxm", "--engine",
+                           str(bad))
+    assert code == 2 and "gemm_bandwidth_frac.value" in err

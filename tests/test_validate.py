@@ -116,6 +116,12 @@ def test_validate_with_another_engine_and_bad_input(run_cli):
     assert code == 2 and "unknown source 'nope'" in err
     code, _, err = run_cli("validate", "--engine", "nope")
     assert code == 2 and "unknown engine 'nope'" in err
+    code, _, err = run_cli("validate", "--source", "")
+    assert code == 2 and "no source id" in err
+    code, _, err = run_cli("validate", "--plot", "/nonexistent-dir/v.png")
+    assert code == 2 and "does not exist" in err
+    code, _, err = run_cli("validate", "--plot", "v.txt")
+    assert code == 2 and "must end in .png" in err
 
 
 def test_malformed_dataset_is_one_line(run_cli, tmp_path):
@@ -123,6 +129,10 @@ def test_malformed_dataset_is_one_line(run_cli, tmp_path):
     bad.write_text("source: {id: x}\nrows: []\n")
     code, _, err = run_cli("validate", "--dataset", str(bad))
     assert code == 2 and str(bad) in err and "\n" not in err.strip()
+    raw = tmp_path / "raw.yaml"
+    raw.write_bytes(b"source:\n  id: \xff\xfe\n")
+    code, _, err = run_cli("validate", "--dataset", str(raw))
+    assert code == 2 and "not UTF-8" in err
 
 
 def test_fit_recovers_a_known_parameter(model, gpu):
