@@ -219,17 +219,18 @@ def engines(as_json: JsonOpt = False) -> None:
 
 
 BUILTIN = ("estimate", "models", "gpus", "engines", "sweep", "report", "check", "plan",
-           "validate")
+           "validate", "simulate")
 
 
 def _register() -> None:
-    from planner import cli_check, cli_sweep, cli_validate
+    from planner import cli_check, cli_simulate, cli_sweep, cli_validate
 
     app.command()(cli_sweep.sweep)
     app.command()(cli_sweep.report)
     app.command()(cli_check.check)
     app.command()(cli_check.plan)
     app.command()(cli_validate.validate)
+    app.command()(cli_simulate.simulate)
 
 
 def _register_plugins(argv: list[str]) -> None:

@@ -20,6 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from planner.arith import vmax
 from planner.errors import UsageError
 from planner.specs import DType, ModelSpec, Precision
 
@@ -188,6 +189,38 @@ def expected_distinct_experts(num_experts: int, top_k: int, tokens: float) -> fl
     return num_experts * (1.0 - (1.0 - top_k / num_experts) ** tokens)
 
 
+@dataclass(frozen=True, slots=True)
+class StepShape:
+    """What a forward step processes, summed over its sequences: enough to cost it whether its
+    sequences are alike (a static batch) or mixed (decodes beside prefill chunks).
+
+    For sequences i adding new_i tokens after past_i cached ones:
+    tokens = sum new_i; attn_pairs = sum (new_i x past_i + new_i (new_i + 1) / 2), the
+    query-key pairs of causal attention; kv_read_tokens = sum (past_i + new_i), each sequence
+    reading its cache once; kv_held_tokens = sum past_i; score_elems = sum new_i (past_i +
+    new_i), the naive score matrix; logit_rows: the sequences that sample a token this step.
+    """
+
+    tokens: float
+    attn_pairs: float
+    kv_read_tokens: float
+    kv_held_tokens: float
+    score_elems: float
+    logit_rows: float
+
+    @classmethod
+    def uniform(cls, batch, new_tokens, past_tokens) -> StepShape:
+        """``batch`` sequences, each adding ``new_tokens`` after ``past_tokens`` (numbers or
+        broadcastable arrays)."""
+        return cls(tokens=batch * new_tokens,
+                   attn_pairs=batch * (new_tokens * past_tokens
+                                       + new_tokens * (new_tokens + 1) / 2),
+                   kv_read_tokens=batch * (past_tokens + new_tokens),
+                   kv_held_tokens=batch * past_tokens,
+                   score_elems=batch * new_tokens * (past_tokens + new_tokens),
+                   logit_rows=batch)
+
+
 def step_ops(
     m: ModelSpec,
     prec: Precision,
@@ -202,15 +235,27 @@ def step_ops(
     """Operators of one forward step: ``batch`` sequences, each adding ``new_tokens`` tokens
     after ``past_tokens`` cached ones. Decode: new_tokens=1; prefill: new_tokens=prompt.
     ``lm_head_sharded``: the lm_head is split across TP ranks (vLLM) or whole on each."""
+    return shape_ops(m, prec, StepShape.uniform(batch, new_tokens, past_tokens), tp=tp,
+                     attention=attention, lm_head_sharded=lm_head_sharded)
+
+
+def shape_ops(
+    m: ModelSpec,
+    prec: Precision,
+    shape: StepShape,
+    *,
+    tp: int = 1,
+    attention: Literal["flash", "naive"] = "flash",
+    lm_head_sharded: bool = True,
+) -> list[Op]:
+    """Operators of one forward step of any mix of sequences (see ``StepShape``)."""
     check_tp(m, tp)
     h, L = m.hidden_size, m.num_layers
-    T = batch * new_tokens  # tokens processed this step
+    T = shape.tokens  # tokens processed this step
     wb, hb = prec.quantized_bytes_per_param, prec.half_bytes
     ab, kvb = prec.activation_bytes, prec.kv_bytes
     cdt, hdt = prec.compute_dtype, prec.half_dtype
     norm_w = h * (2 if m.norm == "layernorm" else 1) * hb
-    # keys attended per sequence, summed over its new tokens (causal within the new tokens)
-    keys = new_tokens * past_tokens + new_tokens * (new_tokens + 1) / 2
     heads = m.num_attention_heads / tp
 
     def matmul(name: str, count: int, k: int, n: float, *, bias: float = 0.0,
@@ -263,13 +308,13 @@ def step_ops(
         o_in = m.num_attention_heads * a.v_head_dim
     ops.append(Op("rope_kv_write", "elementwise", L, flops=0.0,
                   kv_bytes=T * kv_layer, act_bytes=2.0 * T * (m.q_dim / tp) * ab, dtype=hdt,
-                  kv_cache_bytes=batch * past_tokens * kv_layer))
-    attn_flops = 2.0 * batch * heads * keys * (qk_dim + v_dim)
-    attn_kv = batch * (past_tokens + new_tokens) * kv_layer  # each sequence reads its cache once
+                  kv_cache_bytes=shape.kv_held_tokens * kv_layer))
+    attn_flops = 2.0 * heads * shape.attn_pairs * (qk_dim + v_dim)
+    attn_kv = shape.kv_read_tokens * kv_layer  # each sequence reads its cache once
     attn_act = 2.0 * T * heads * (qk_dim + v_dim) * ab  # q in, out out
     if attention == "naive":
         # the [new, past+new] score matrix and its softmax, written and read once each
-        attn_act += 4.0 * batch * heads * new_tokens * (past_tokens + new_tokens) * ab
+        attn_act += 4.0 * heads * shape.score_elems * ab
     group = 1.0 if m.mla is not None else heads / kv_heads_per_gpu(m, tp)
     ops.append(Op("attention", "attention", L, flops=attn_flops, kv_bytes=attn_kv,
                   act_bytes=attn_act, dtype=hdt, kv_group=group))
@@ -307,21 +352,22 @@ def step_ops(
             if op.kind == "matmul":  # weights of every expert the batch reaches
                 op = Op(op.name, op.kind, op.count, op.flops, weight_bytes=op.weight_bytes * hit,
                         act_bytes=op.act_bytes, dtype=op.dtype, weight_dtype=op.weight_dtype,
-                        m_rows=routed_tokens / hit)
+                        m_rows=routed_tokens / vmax(hit, 1e-30))  # 0 rows in an empty step
             ops.append(op)
         if e.num_shared_experts:
             ops += mlp("shared_", n_moe, e.num_shared_experts * inter)
         ops += allreduce("allreduce_moe", n_moe)
 
-    # --- head: logits only for the last token of each sequence
-    ops.append(Op("final_norm", "norm", 1, flops=8.0 * batch * h, weight_bytes=norm_w,
-                  act_bytes=2.0 * batch * h * ab, dtype=hdt))
+    # --- head: logits only for the last token of each sequence that samples
+    rows = shape.logit_rows
+    ops.append(Op("final_norm", "norm", 1, flops=8.0 * rows * h, weight_bytes=norm_w,
+                  act_bytes=2.0 * rows * h * ab, dtype=hdt))
     vocab = m.vocab_size / (tp if lm_head_sharded else 1)
-    lm = matmul("lm_head", 1, h, vocab, quantized=prec.lm_head_quantized, tokens=batch)
+    lm = matmul("lm_head", 1, h, vocab, quantized=prec.lm_head_quantized, tokens=rows)
     # logits are written in fp32 for sampling
     ops.append(Op(lm.name, lm.kind, 1, lm.flops, weight_bytes=lm.weight_bytes,
-                  act_bytes=batch * h * ab + batch * vocab * 4, dtype=lm.dtype,
-                  weight_dtype=lm.weight_dtype, m_rows=batch))
+                  act_bytes=rows * h * ab + rows * vocab * 4, dtype=lm.dtype,
+                  weight_dtype=lm.weight_dtype, m_rows=rows))
     return ops
 
 

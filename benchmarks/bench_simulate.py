@@ -1,0 +1,46 @@
+"""Speed of the serving simulator: 100,000 requests of 1024 in / 256 out, all at t = 0,
+Llama-3.1-8B on one H100 with the vLLM profile (issue: at most 2 s on one core).
+
+    python benchmarks/bench_simulate.py [--requests 100000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from planner import catalog  # noqa: E402
+from planner.estimate import prepare  # noqa: E402
+from planner.serving.cost import StepCoster  # noqa: E402
+from planner.serving.metrics import summary  # noqa: E402
+from planner.serving.sim import SchedulerConfig, simulate  # noqa: E402
+from planner.serving.traffic import synthetic  # noqa: E402
+from planner.specs import Options, Precision  # noqa: E402
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--requests", type=int, default=100_000)
+    args = ap.parse_args()
+    m, hw = catalog.load_model("llama-3.1-8b"), catalog.load_hardware("h100-sxm")
+    eng = catalog.load_engine("vllm")
+    opts = Options()
+    coster = StepCoster(m, hw, prepare(hw, Precision(), None, opts, eng), opts)
+    t0 = time.perf_counter()
+    reqs = synthetic(args.requests, prompt_tokens=1024, output_tokens=256)
+    t1 = time.perf_counter()
+    res = simulate(reqs, coster, SchedulerConfig())
+    t2 = time.perf_counter()
+    s = summary(res)
+    t3 = time.perf_counter()
+    print(f"{args.requests:,} requests, {res.steps:,} steps: traffic {t1 - t0:.2f} s, "
+          f"simulation {t2 - t1:.2f} s, summary {t3 - t2:.2f} s; total {t3 - t0:.2f} s "
+          f"(target <= 2 s); {s['request_throughput']:.1f} req/s simulated")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,263 @@
+"""`llmplan simulate`: one replica serving a request stream, step by step."""
+
+from __future__ import annotations
+
+import csv as csv_mod
+import json
+import math
+from enum import Enum
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from planner.cli_common import (
+    DEFAULT_ENGINE,
+    DEFAULT_RESERVE_GIB,
+    DEFAULT_UTIL,
+    EngineOpt,
+    GpuOpt,
+    GroupSizeOpt,
+    JsonOpt,
+    KVOption,
+    ModelOpt,
+    ReserveOpt,
+    TpOpt,
+    UtilOpt,
+    WeightsOpt,
+    WeightsOption,
+    json_out,
+    output_path,
+    positive,
+    stderr,
+    stdout,
+)
+from planner.errors import LlmplanError
+
+
+class Scheduler(str, Enum):
+    continuous = "continuous"
+    static = "static"
+
+
+class KVLayout(str, Enum):
+    paged = "paged"
+    contiguous = "contiguous"
+
+
+def _finite_positive(name: str, v: float | None, *, allow_inf: bool = False) -> None:
+    if v is None:
+        return
+    if math.isnan(v) or v <= 0 or (math.isinf(v) and not allow_inf):
+        raise LlmplanError(f"{name}: must be a positive{'' if allow_inf else ' finite'} "
+                           f"number{' or inf' if allow_inf else ''}, got {v:g}")
+
+
+def read_trace(path: Path) -> list[tuple[int, int, float | None]]:
+    """(prompt_tokens, output_tokens, arrival_s or None) rows of a JSONL or CSV trace."""
+    rows: list[dict] = []
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as err:
+        raise LlmplanError(f"{path}: cannot read: {err.strerror}") from None
+    except UnicodeDecodeError:
+        raise LlmplanError(f"{path}: not UTF-8 text") from None
+    if path.suffix.lower() == ".csv":
+        rows = list(csv_mod.DictReader(text.splitlines()))
+    else:
+        for i, line in enumerate(text.splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except (json.JSONDecodeError, RecursionError):
+                raise LlmplanError(f"{path}:{i}: not a JSON object") from None
+            if not isinstance(obj, dict):
+                raise LlmplanError(f"{path}:{i}: not a JSON object")
+            rows.append(obj)
+    out = []
+    for i, r in enumerate(rows, 1):
+        try:
+            p, o = int(r["prompt_tokens"]), int(r["output_tokens"])
+            a = r.get("arrival_s")
+            a = None if a in (None, "") else float(a)
+        except KeyError as err:
+            raise LlmplanError(f"{path}: row {i}: missing {err.args[0]}") from None
+        except (TypeError, ValueError, OverflowError):
+            raise LlmplanError(f"{path}: row {i}: prompt_tokens and output_tokens must be "
+                               "integers, arrival_s a number") from None
+        if p <= 0 or o <= 0 or (a is not None and not (a >= 0 and math.isfinite(a))):
+            raise LlmplanError(f"{path}: row {i}: token counts must be positive and "
+                               "arrival_s a finite number >= 0")
+        out.append((p, o, a))
+    if not out:
+        raise LlmplanError(f"{path}: no requests")
+    return out
+
+
+def simulate(
+    model: ModelOpt,
+    gpu: GpuOpt,
+    engine: EngineOpt = DEFAULT_ENGINE,
+    tp: TpOpt = 1,
+    weights: WeightsOption = WeightsOpt.bf16,
+    kv_cache: KVOption = None,
+    group_size: GroupSizeOpt = 128,
+    request_rate: Annotated[float, typer.Option(
+        help="Requests per second (gamma arrivals; inf: all at t = 0).")] = math.inf,
+    burstiness: Annotated[float, typer.Option(
+        help="Gamma shape of the arrival gaps: 1 Poisson, < 1 burstier (as vLLM's).")] = 1.0,
+    max_concurrency: Annotated[Optional[int], typer.Option(
+        help="A closed loop of this many clients instead of an arrival rate.")] = None,
+    num_requests: Annotated[int, typer.Option("--num-requests", "-n")] = 1000,
+    prompt_tokens: Annotated[int, typer.Option("--prompt-tokens", "-p")] = 1024,
+    output_tokens: Annotated[int, typer.Option("--output-tokens", "-o")] = 256,
+    range_ratio: Annotated[float, typer.Option(
+        help="Lengths uniform within +-this fraction (vLLM's random dataset).")] = 0.0,
+    dataset: Annotated[Optional[Path], typer.Option(
+        help="JSONL or CSV of prompt_tokens, output_tokens and optional arrival_s.")] = None,
+    seed: Annotated[int, typer.Option(help="Random seed of lengths and arrivals.")] = 0,
+    scheduler: Annotated[Scheduler, typer.Option(
+        help="continuous (vLLM-style iteration-level) or static batches.")] =
+    Scheduler.continuous,
+    max_num_seqs: Annotated[int, typer.Option(help="Running requests at most.")] = 256,
+    max_num_batched_tokens: Annotated[int, typer.Option(
+        help="Tokens per step at most (prefill chunks and decodes).")] = 8192,
+    chunked_prefill: Annotated[bool, typer.Option(
+        "--chunked-prefill/--no-chunked-prefill",
+        help="Split long prompts into chunks of the step budget.")] = True,
+    kv_layout: Annotated[KVLayout, typer.Option(
+        help="paged: blocks on demand; contiguous: max-model-len reserved per request.")] =
+    KVLayout.paged,
+    block_size: Annotated[int, typer.Option(help="Tokens per KV block.")] = 16,
+    max_model_len: Annotated[Optional[int], typer.Option(
+        help="Reservation per request of a contiguous cache (default: the model's context).")
+    ] = None,
+    memory_utilization: UtilOpt = DEFAULT_UTIL,
+    reserve_gib: ReserveOpt = DEFAULT_RESERVE_GIB,
+    ttft_slo: Annotated[Optional[float], typer.Option(
+        help="TTFT target in seconds: report the goodput.")] = None,
+    tpot_slo: Annotated[Optional[float], typer.Option(
+        help="TPOT target in seconds: report the goodput.")] = None,
+    trace: Annotated[Optional[Path], typer.Option(
+        help="Write one row per request (CSV, or JSONL for .jsonl).")] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Simulate one replica serving a request stream: continuous or static batching, paged or
+    contiguous KV, each step costed by the estimate's operator and engine model."""
+    from planner import catalog
+    from planner.estimate import prepare
+    from planner.ops import check_tp
+    from planner.serving.cost import StepCoster
+    from planner.serving.metrics import summary
+    from planner.serving.sim import SchedulerConfig
+    from planner.serving.sim import simulate as run
+    from planner.serving.traffic import replay, synthetic
+    from planner.specs import GIB, Options, Precision
+
+    for name, v in (("--tp", tp), ("--num-requests", num_requests),
+                    ("--prompt-tokens", prompt_tokens), ("--output-tokens", output_tokens),
+                    ("--group-size", group_size), ("--max-concurrency", max_concurrency)):
+        positive(name, v)
+    _finite_positive("--request-rate", request_rate, allow_inf=True)
+    _finite_positive("--burstiness", burstiness)
+    _finite_positive("--ttft-slo", ttft_slo)
+    _finite_positive("--tpot-slo", tpot_slo)
+    _finite_positive("--memory-utilization", memory_utilization)
+    if memory_utilization > 1:
+        raise LlmplanError(f"--memory-utilization: must be at most 1, got {memory_utilization:g}")
+    if not (0 <= range_ratio < 1):
+        raise LlmplanError(f"--range-ratio: must be in [0, 1), got {range_ratio:g}")
+    if not (reserve_gib >= 0 and math.isfinite(reserve_gib)):
+        raise LlmplanError(f"--reserve-gib: must be a finite number >= 0, got {reserve_gib:g}")
+    if num_requests > 10_000_000:
+        raise LlmplanError("--num-requests: at most 10,000,000")
+    output_path(trace, "--trace")
+    m = catalog.load_model(model)
+    hw = catalog.load_hardware(gpu)
+    eng = catalog.load_engine(engine)
+    check_tp(m, tp)
+    opts = Options(reserve_bytes=reserve_gib * GIB, memory_utilization_frac=memory_utilization,
+                   prefill_chunk_tokens=max_num_batched_tokens)
+    prep = prepare(hw, Precision.of(weights.value, kv_cache.value if kv_cache else None,
+                                    group_size), None, opts, eng)
+    cfg = SchedulerConfig(kind=scheduler.value, max_num_seqs=max_num_seqs,
+                          max_num_batched_tokens=max_num_batched_tokens,
+                          chunked_prefill=chunked_prefill, kv_layout=kv_layout.value,
+                          block_size=block_size,
+                          max_model_len=max_model_len or m.max_position_embeddings,
+                          max_concurrency=max_concurrency)
+    cfg.check()
+    if dataset is not None:
+        reqs = replay(read_trace(dataset))
+    else:
+        reqs = synthetic(num_requests, prompt_tokens=prompt_tokens,
+                         output_tokens=output_tokens, range_ratio=range_ratio,
+                         request_rate=request_rate, burstiness=burstiness,
+                         closed_loop=max_concurrency is not None, seed=seed)
+    coster = StepCoster(m, hw, prep, opts, tp=tp)
+    res = run(reqs, coster, cfg)
+    d = summary(res, ttft_slo_s=ttft_slo, tpot_slo_s=tpot_slo)
+    d = {"model": m.name, "gpu": hw.name, "tp": tp, "engine": eng.name,
+         "weights": prep.precision.weights.value, "kv_cache": prep.precision.kv_cache.value,
+         "scheduler": cfg.kind, "kv_layout": cfg.kv_layout,
+         # as vLLM's result file writes it: a number, or "inf"
+         "request_rate": None if max_concurrency is not None else
+         (request_rate if math.isfinite(request_rate) else "inf"),
+         "burstiness": burstiness, "max_concurrency": max_concurrency,
+         "num_prompts": len(reqs), **d}
+    if trace is not None:
+        _write_trace(trace, res)
+        stderr.print(f"wrote {len(res.requests):,} requests to {trace}")
+    if as_json:
+        json_out({k: (None if isinstance(v, float) and not math.isfinite(v) else v)
+                  for k, v in d.items()})
+        return
+    _render(d)
+
+
+def _write_trace(path: Path, res) -> None:
+    cols = ["id", "arrival_s", "first_token_s", "finish_s", "prompt_tokens", "output_tokens",
+            "ttft_s", "tpot_s", "e2e_s", "preemptions"]
+    rows = [{c: getattr(r, c) for c in cols} for r in res.requests]
+    with path.open("w", newline="") as f:
+        if path.suffix.lower() == ".jsonl":
+            for r in rows:
+                f.write(json.dumps({k: (None if isinstance(v, float) and not math.isfinite(v)
+                                        else v) for k, v in r.items()}) + "\n")
+        else:
+            w = csv_mod.DictWriter(f, fieldnames=cols)
+            w.writeheader()
+            w.writerows(rows)
+
+
+def _render(d: dict) -> None:
+    from planner import fmt
+    from planner.render import table
+
+    rate = f"closed loop of {d['max_concurrency']} clients" if d["max_concurrency"] else \
+        f"{d['request_rate']} req/s"
+    stdout.print(f"[bold]{d['model']}[/] on {d['tp']} x {d['gpu']}, engine {d['engine']}, "
+                 f"{d['scheduler']} batching, {d['kv_layout']} KV; {d['num_prompts']:,} "
+                 f"requests at {rate}")
+    stdout.print(table("Serving", ["what", "value"], [
+        ["completed", f"{d['completed']:,} in {d['duration']:,.2f} s"],
+        ["request throughput", f"{d['request_throughput']:,.3g} req/s"],
+        ["output throughput", f"{d['output_throughput']:,.0f} tok/s"],
+        ["total token throughput", f"{d['total_token_throughput']:,.0f} tok/s"],
+        *([["goodput", f"{d['request_goodput']:,.3g} req/s"]] if "request_goodput" in d
+          else []),
+        ["running requests", f"mean {d['mean_running_requests']:,.1f}, max "
+                             f"{d['max_running_requests']:,}"],
+        ["KV cache", f"{d['kv_capacity_tokens']:,} tokens; holding "
+                     f"{fmt.pct(d['kv_cache_used_frac_mean'])} mean, "
+                     f"{fmt.pct(d['kv_cache_used_frac_peak'])} peak; reserved "
+                     f"{fmt.pct(d['kv_cache_reserved_frac_peak'])} peak"],
+        ["preemptions", f"{d['preemptions']:,}"],
+    ], left=2))
+    rows = []
+    for name, key in (("TTFT", "ttft"), ("TPOT", "tpot"), ("ITL", "itl"),
+                      ("end-to-end", "e2el")):
+        vals = [d.get(f"{s}_{key}_ms") for s in ("mean", "median", "p90", "p99")]
+        rows.append([name, *("-" if v is None else f"{v:,.1f}" for v in vals)])
+    stdout.print(table("Latency (ms)", ["", "mean", "median", "p90", "p99"], rows, left=1))

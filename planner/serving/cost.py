@@ -1,0 +1,123 @@
+"""The time of one serving step, from the same operator and engine model as ``estimate``.
+
+A step of a continuous-batching server mixes decodes (one new token each) and prefill chunks.
+Its operators are those of ``planner.ops.shape_ops`` for the step's ``StepShape``, timed by
+``planner.roofline.op_time`` under the engine: no second performance model. A simulation runs
+hundreds of thousands of steps, so the cost is split by what each operator depends on:
+
+- every linear layer, norm, element-wise op and all-reduce depends on the step's new tokens T
+  only: their sum is computed once per (T, graphed) and kept;
+- the final norm and lm_head depend on the rows that sample a token: kept per (rows, graphed);
+- attention (and, for an engine whose cache grows by concatenation, the KV write) depends on
+  the attended pairs and the cache read: its operator is built from per-unit amounts and timed
+  each step;
+- the engine's fixed host cost per step, and per sequence in it.
+
+``StepCoster.step_time(uniform shape)`` equals the estimate's step time (a test holds them
+equal), so a simulated request at low load sees the TTFT and TPOT ``estimate`` predicts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from planner.engine import Engine
+from planner.estimate import Prepared
+from planner.ops import Op, StepShape, shape_ops
+from planner.roofline import op_time
+from planner.specs import HardwareSpec, ModelSpec, Options
+
+_SAMPLING = ("final_norm", "lm_head")
+
+
+class StepCoster:
+    """Seconds per step for a model, GPU, precision, TP degree and engine."""
+
+    def __init__(self, model: ModelSpec, hardware: HardwareSpec, prep: Prepared,
+                 options: Options, *, tp: int = 1):
+        self.model, self.prep, self.options, self.tp = model, prep, options, tp
+        self.hardware = hardware
+        self.hw_memory_bytes = hardware.memory_bytes
+        self.engine: Engine = prep.engine
+        self._linear: dict[tuple[int, bool], float] = {}
+        self._head: dict[tuple[int, bool], float] = {}
+        unit = self._ops(StepShape(tokens=1.0, attn_pairs=1.0, kv_read_tokens=1.0,
+                                   kv_held_tokens=1.0, score_elems=0.0, logit_rows=1.0))
+        attn = unit["attention"]
+        per_token_act = attn.act_bytes
+        scored = self._ops(StepShape(1.0, 1.0, 1.0, 1.0, 1.0, 1.0))["attention"]
+        self._attn = attn
+        self._attn_flops_per_pair = attn.flops
+        self._attn_kv_per_token = attn.kv_bytes
+        self._attn_act_per_token = per_token_act
+        self._attn_act_per_score = scored.act_bytes - per_token_act
+        self._kv_write = unit["rope_kv_write"]
+        self._concat = self.engine.kv_cache_concat
+
+    def _ops(self, shape: StepShape) -> dict[str, Op]:
+        ops = shape_ops(self.model, self.prep.precision, shape, tp=self.tp,
+                        attention=self.options.attention,
+                        lm_head_sharded=self.engine.lm_head_sharded)
+        return {op.name: op for op in ops}
+
+    def _time(self, op: Op, graphed: bool) -> float:
+        return op_time(op, self.prep.ceilings, tp=self.tp, options=self.options,
+                       engine=self.engine, graphed=graphed).time_s
+
+    def linear_s(self, tokens: int, graphed: bool) -> float:
+        """Every operator but attention and sampling, for ``tokens`` new tokens."""
+        key = (tokens, graphed)
+        t = self._linear.get(key)
+        if t is None:
+            ops = self._ops(StepShape(float(tokens), 0.0, 0.0, 0.0, 0.0, 0.0))
+            skip = {"attention", *_SAMPLING} | ({"rope_kv_write"} if self._concat else set())
+            t = sum(self._time(op, graphed) for name, op in ops.items() if name not in skip)
+            self._linear[key] = t
+        return t
+
+    def head_s(self, rows: int, graphed: bool) -> float:
+        """Final norm and lm_head for ``rows`` sequences that sample a token."""
+        if rows <= 0:
+            return 0.0
+        key = (rows, graphed)
+        t = self._head.get(key)
+        if t is None:
+            ops = self._ops(StepShape(0.0, 0.0, 0.0, 0.0, 0.0, float(rows)))
+            t = sum(self._time(ops[n], graphed) for n in _SAMPLING)
+            self._head[key] = t
+        return t
+
+    def attention_s(self, shape: StepShape, graphed: bool) -> float:
+        a = self._attn
+        op = replace(a, flops=self._attn_flops_per_pair * shape.attn_pairs,
+                     kv_bytes=self._attn_kv_per_token * shape.kv_read_tokens,
+                     act_bytes=self._attn_act_per_token * shape.tokens
+                     + self._attn_act_per_score * shape.score_elems)
+        t = self._time(op, graphed)
+        if self._concat:
+            w = self._kv_write
+            t += self._time(replace(w, kv_bytes=w.kv_bytes * shape.tokens,
+                                    act_bytes=w.act_bytes * shape.tokens,
+                                    kv_cache_bytes=w.kv_cache_bytes * shape.kv_held_tokens),
+                            graphed)
+        return t
+
+    def fixed_s(self, sequences: int, *, prefill: bool, decodes: bool) -> float:
+        """The engine's host cost: a decode step's, a prefill pass's, or the larger of the two
+        for a step that mixes them; and its cost per sequence."""
+        e = self.engine
+        if prefill and decodes:
+            step = max(e.step_overhead_s, e.prefill_step_overhead_s)
+        else:
+            step = e.prefill_step_overhead_s if prefill else e.step_overhead_s
+        return step + e.per_sequence_overhead_s * sequences
+
+    def step_time(self, shape: StepShape, *, sequences: int, prefill: bool,
+                  decodes: bool = True) -> float:
+        """A step of ``shape`` over ``sequences`` sequences; ``prefill``: it holds a prefill
+        chunk, so it is not replayed from a CUDA graph; ``decodes``: it holds decodes."""
+        graphed = self.engine.cuda_graphs and not prefill
+        return (self.linear_s(int(round(shape.tokens)), graphed)
+                + self.head_s(int(round(shape.logit_rows)), graphed)
+                + self.attention_s(shape, graphed)
+                + self.fixed_s(sequences, prefill=prefill, decodes=decodes))

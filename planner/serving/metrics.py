@@ -1,0 +1,97 @@
+"""A simulated run's figures, keyed as vLLM's `bench serve` result file keys them.
+
+vLLM (vllm/benchmarks/serve.py, the result saved by `--save-result`) reports `completed`,
+`duration` (s), `total_input_tokens`, `total_output_tokens`, `request_throughput` (req/s),
+`request_goodput`, `output_throughput` and `total_token_throughput` (tok/s), and for TTFT, TPOT,
+ITL and E2EL the `mean_`, `median_`, `std_` and `p99_` (its default --metric-percentiles) of
+each in milliseconds: TPOT per request is (e2e latency - TTFT) / (output tokens - 1), over the
+requests with more than one output token; ITL is every gap between consecutive tokens of a
+request. The same keys here make a simulated run and a measured one comparable key by key;
+p90 is added for each, and llmplan's own figures carry their unit in the name.
+"""
+
+from __future__ import annotations
+
+import math
+
+from planner.serving.sim import SimResult
+from planner.validate import quantile
+
+
+def _stats(values: list[float], name: str) -> dict[str, float | None]:
+    if not values:
+        return {f"{k}_{name}_ms": None for k in ("mean", "median", "std", "p90", "p99")}
+    ms = [v * 1e3 for v in values]
+    mean = sum(ms) / len(ms)
+    std = math.sqrt(sum((v - mean) ** 2 for v in ms) / len(ms))
+    return {f"mean_{name}_ms": mean, f"median_{name}_ms": quantile(ms, 0.5),
+            f"std_{name}_ms": std, f"p90_{name}_ms": quantile(ms, 0.9),
+            f"p99_{name}_ms": quantile(ms, 0.99)}
+
+
+def weighted_quantile(pairs: list[tuple[float, int]], q: float) -> float:
+    """The q-quantile of values repeated by their weights (the lower value at that rank)."""
+    total = sum(w for _, w in pairs)
+    if not total:
+        return math.nan
+    rank = q * (total - 1)
+    seen = 0
+    for v, w in sorted(pairs):
+        seen += w
+        if seen > rank:
+            return v
+    return max(v for v, _ in pairs)
+
+
+def _itl_stats(pairs: list[tuple[float, int]]) -> dict[str, float | None]:
+    total = sum(w for _, w in pairs)
+    if not total:
+        return _stats([], "itl")
+    mean = sum(v * w for v, w in pairs) / total
+    var = sum(w * (v - mean) ** 2 for v, w in pairs) / total
+    return {"mean_itl_ms": mean * 1e3, "median_itl_ms": weighted_quantile(pairs, 0.5) * 1e3,
+            "std_itl_ms": math.sqrt(var) * 1e3,
+            "p90_itl_ms": weighted_quantile(pairs, 0.9) * 1e3,
+            "p99_itl_ms": weighted_quantile(pairs, 0.99) * 1e3}
+
+
+def summary(res: SimResult, *, ttft_slo_s: float | None = None,
+            tpot_slo_s: float | None = None) -> dict:
+    done = [r for r in res.requests if not math.isnan(r.finish_s)]
+    dur = res.duration_s or math.nan
+    inp = sum(r.prompt_tokens for r in done)
+    out = sum(r.output_tokens for r in done)
+    tpots = [r.tpot_s for r in done if r.output_tokens > 1]
+    d: dict = {
+        "completed": len(done),
+        "duration": dur,
+        "total_input_tokens": inp,
+        "total_output_tokens": out,
+        "request_throughput": len(done) / dur,
+        "output_throughput": out / dur,
+        "total_token_throughput": (inp + out) / dur,
+        **_stats([r.ttft_s for r in done], "ttft"),
+        **_stats(tpots, "tpot"),
+        **_itl_stats(res.itl),
+        **_stats([r.e2e_s for r in done], "e2el"),
+    }
+    if ttft_slo_s is not None or tpot_slo_s is not None:
+        good = [r for r in done
+                if (ttft_slo_s is None or r.ttft_s <= ttft_slo_s)
+                and (tpot_slo_s is None or r.output_tokens <= 1 or r.tpot_s <= tpot_slo_s)]
+        d["request_goodput"] = len(good) / dur
+    cap = res.kv_capacity_tokens
+    d.update({
+        "max_running_requests": res.max_running,
+        "mean_running_requests": res.running_integral / dur,
+        "kv_capacity_tokens": cap,
+        "kv_cache_used_frac_mean": res.kv_held_integral / dur / cap,
+        "kv_cache_used_frac_peak": res.peak_kv_held_tokens / cap,
+        "kv_cache_reserved_frac_mean": res.kv_reserved_integral / dur / cap,
+        "kv_cache_reserved_frac_peak": res.peak_kv_reserved_tokens / cap,
+        "preemptions": res.preemptions,
+        "steps": res.steps,
+        "arrived": res.arrived,
+        "in_flight": res.in_flight,
+    })
+    return d

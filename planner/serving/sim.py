@@ -1,0 +1,449 @@
+"""A discrete-event simulation of one replica serving a request stream, step by step.
+
+Continuous batching follows vLLM's v1 scheduler (vllm/v1/core/sched/scheduler.py): each step
+spends a token budget (``max_num_batched_tokens``) on the running requests first (a decode
+takes one token, an unfinished prefill its next chunk), then admits waiting requests in arrival
+order while the budget, ``max_num_seqs`` and the KV cache allow, a long prompt getting a chunk
+(with chunked prefill; without it a prompt must fit the budget whole). The KV cache is a pool of
+blocks of ``block_size`` tokens (``kv_layout="paged"``, PagedAttention) allocated as a request's
+tokens reach a new block; when a step needs a block and none is free, the newest running request
+is preempted: its blocks are freed and it goes back to the front of the queue, to recompute its
+prompt and the tokens it had generated (vLLM's recompute preemption). ``kv_layout="contiguous"``
+reserves ``max_model_len`` tokens for each admitted request up front, as servers did before
+PagedAttention. Static batching forms a batch of up to ``max_num_seqs`` waiting requests, runs
+their prefill, then decodes the whole batch until its longest request is done (finished
+sequences are padding), then forms the next.
+
+Each step takes ``StepCoster.step_time`` of its shape: the estimate's operator and engine
+model. Decoding requests are kept in aggregate (their count, the sum of their contexts, a heap
+of the steps at which they finish and a count per block offset of those about to need a new
+block), so a step costs O(1) work whatever the batch: 100,000 requests simulate in seconds.
+Pure: no I/O, no printing.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Literal
+
+from planner.errors import UsageError
+from planner.ops import StepShape
+from planner.serving.cost import StepCoster
+from planner.serving.traffic import Request
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    kind: Literal["continuous", "static"] = "continuous"
+    max_num_seqs: int = 256  # vLLM's default
+    max_num_batched_tokens: int = 8192  # vLLM V1's default for serving
+    chunked_prefill: bool = True
+    kv_layout: Literal["paged", "contiguous"] = "paged"
+    block_size: int = 16  # vLLM's default
+    max_model_len: int = 131072  # the reservation of a contiguous cache
+    max_concurrency: int | None = None  # a closed loop of this many clients
+
+    def check(self) -> None:
+        for name in ("max_num_seqs", "max_num_batched_tokens", "block_size", "max_model_len"):
+            if getattr(self, name) <= 0:
+                raise UsageError(f"{name.replace('_', '-')}: must be positive")
+        if self.max_num_batched_tokens < self.max_num_seqs:
+            raise UsageError(f"max-num-batched-tokens ({self.max_num_batched_tokens}) is below "
+                             f"max-num-seqs ({self.max_num_seqs}): a step could not decode "
+                             "every running request")
+        if self.max_concurrency is not None and self.max_concurrency <= 0:
+            raise UsageError("max-concurrency: must be positive")
+
+
+@dataclass
+class RequestResult:
+    id: int
+    arrival_s: float
+    prompt_tokens: int
+    output_tokens: int
+    first_token_s: float = math.nan
+    finish_s: float = math.nan
+    preemptions: int = 0
+
+    @property
+    def ttft_s(self) -> float:
+        return self.first_token_s - self.arrival_s
+
+    @property
+    def e2e_s(self) -> float:
+        return self.finish_s - self.arrival_s
+
+    @property
+    def tpot_s(self) -> float:
+        """vLLM's definition: (e2e - TTFT) / (output tokens - 1); nan for one token."""
+        if self.output_tokens <= 1:
+            return math.nan
+        return (self.finish_s - self.first_token_s) / (self.output_tokens - 1)
+
+
+@dataclass
+class SimResult:
+    requests: list[RequestResult]
+    duration_s: float
+    steps: int
+    kv_capacity_tokens: int
+    itl: list[tuple[float, int]]  # (inter-token latency, how many tokens waited it)
+    samples: list[tuple[float, int, int, int]]  # (t, running, waiting, KV tokens reserved)
+    busy_s: float = 0.0
+    running_integral: float = 0.0  # integral of running requests over time
+    kv_held_integral: float = 0.0  # of KV tokens holding data
+    kv_reserved_integral: float = 0.0  # of KV tokens reserved (blocks or reservations)
+    max_running: int = 0
+    peak_kv_held_tokens: int = 0
+    peak_kv_reserved_tokens: int = 0
+    preemptions: int = 0
+    arrived: int = 0
+    in_flight: int = 0
+
+
+@dataclass
+class _Req:
+    r: RequestResult
+    target: int  # tokens to prefill (prompt, or prompt + generated after a preemption)
+    computed: int = 0
+    generated: int = 0
+    reserved: int = 0  # KV tokens reserved: blocks x block_size, or max_model_len
+    admitted: int = 0  # admission stamp: the newest is preempted first
+    # decode phase, in aggregate: cache c0 and generated g0 when joining at global step G0
+    c0: int = 0
+    g0: int = 0
+    G0: int = 0
+    state: str = "waiting"  # waiting, prefill, decode, done
+    finish_G: int = 0
+
+
+@dataclass
+class _State:
+    t: float = 0.0
+    G: int = 0  # decode steps so far (every decoding request gains a token per step)
+    free_tokens: int = 0  # KV tokens not reserved
+    n_dec: int = 0
+    sum_c0_minus_G0: int = 0  # sum over decoders of c0 - G0: their contexts = this + n_dec G
+    bucket: list[int] = field(default_factory=list)  # decoders by (c0 - G0) mod block_size
+    heap: list[tuple[int, int, int]] = field(default_factory=list)  # (finish_G, stamp, id)
+    stamp: int = 0
+    padding: int = 0  # static batching: finished sequences still decoding as padding
+
+
+def kv_capacity_tokens(coster: StepCoster, cfg: SchedulerConfig) -> int:
+    """Tokens of KV cache one replica holds: device memory at the engine's utilisation, less
+    weights, the activations of a full step and the runtime reserve (the estimate's terms)."""
+    from planner.memory import activation_bytes, kv_cache_bytes_per_token, weight_bytes
+
+    m, p, o = coster.model, coster.prep.precision, coster.options
+    hw_bytes = coster.hw_memory_bytes
+    chunk = cfg.max_num_batched_tokens
+    per_seq = max(1, -(-chunk // cfg.max_num_seqs))
+    free = (hw_bytes * o.memory_utilization_frac
+            - weight_bytes(m, p, tp=coster.tp, lm_head_sharded=coster.engine.lm_head_sharded)
+            - activation_bytes(m, p, batch=cfg.max_num_seqs, prompt_tokens=per_seq,
+                               tp=coster.tp, attention=o.attention, chunk_tokens=chunk)
+            - o.reserve_bytes)
+    per_token = kv_cache_bytes_per_token(m, p, tp=coster.tp)
+    return max(0, int(free // per_token))
+
+
+def simulate(requests: list[Request], coster: StepCoster, cfg: SchedulerConfig, *,
+             sample_every_s: float | None = None, max_steps: int = 50_000_000) -> SimResult:
+    """Serve ``requests`` on one replica; every request runs to completion."""
+    cfg.check()
+    bs = cfg.block_size
+    capacity = kv_capacity_tokens(coster, cfg)
+    if cfg.kv_layout == "paged":
+        capacity = capacity // bs * bs
+    if capacity < bs:
+        raise UsageError("the weights leave no room for a KV cache on this GPU "
+                         f"({capacity} tokens); use more GPUs (--tp) or a smaller precision")
+    results = [RequestResult(q.id, q.arrival_s, q.prompt_tokens, q.output_tokens)
+               for q in requests]
+    reqs = [_Req(r, target=r.prompt_tokens) for r in results]
+    for q in reqs:
+        need = _reserve_tokens(cfg, q.r.prompt_tokens + q.r.output_tokens)
+        if need > capacity:
+            raise UsageError(f"request {q.r.id} ({q.r.prompt_tokens} + {q.r.output_tokens} "
+                             f"tokens) needs {need:,} KV tokens; the replica holds "
+                             f"{capacity:,}")
+    st = _State(free_tokens=capacity, bucket=[0] * bs)
+    res = SimResult(results, 0.0, 0, capacity, [], [])
+    closed = cfg.max_concurrency is not None
+    pending = deque(reqs)  # not yet arrived, in arrival order
+    if closed:
+        for q in pending:
+            q.r.arrival_s = math.nan
+    waiting: deque[_Req] = deque()
+    # admission order (prefill and decode): a dict, so a finish or a preemption is O(1) and the
+    # newest is its last key
+    running: dict[int, _Req] = {}
+    prefilling: dict[int, _Req] = {}  # the running requests still prefilling, in order
+    by_id = {q.r.id: q for q in reqs}
+    clients_busy = 0
+    next_sample = 0.0
+    done = 0
+    n = len(reqs)
+
+    def arrive(now: float) -> None:
+        nonlocal clients_busy
+        if closed:
+            while pending and clients_busy < cfg.max_concurrency:
+                q = pending.popleft()
+                q.r.arrival_s = now
+                clients_busy += 1
+                waiting.append(q)
+                res.arrived += 1
+            return
+        while pending and pending[0].r.arrival_s <= now:
+            waiting.append(pending.popleft())
+            res.arrived += 1
+
+    def context(q: _Req) -> int:  # KV tokens cached for a decoding request
+        return q.c0 + st.G - q.G0
+
+    def leave_decode(q: _Req) -> None:
+        st.n_dec -= 1
+        st.sum_c0_minus_G0 -= q.c0 - q.G0
+        st.bucket[(q.c0 - q.G0) % bs] -= 1
+
+    def join_decode(q: _Req) -> None:
+        q.state = "decode"
+        q.c0, q.g0, q.G0 = q.computed, q.generated, st.G
+        q.finish_G = st.G + (q.r.output_tokens - q.generated)
+        st.n_dec += 1
+        st.sum_c0_minus_G0 += q.c0 - q.G0
+        st.bucket[(q.c0 - q.G0) % bs] += 1
+        heapq.heappush(st.heap, (q.finish_G, q.admitted, q.r.id))
+
+    def release(q: _Req) -> None:
+        if q.state == "decode" and cfg.kind == "continuous":
+            # a decoder's blocks grew in aggregate: it holds whole blocks of its context
+            q.reserved = _reserve_tokens(cfg, context(q))
+        st.free_tokens += q.reserved
+        q.reserved = 0
+
+    def preempt(q: _Req) -> None:
+        del running[q.r.id]
+        prefilling.pop(q.r.id, None)
+        release(q)
+        if q.state == "decode":
+            q.generated = q.g0 + st.G - q.G0
+            leave_decode(q)  # its heap entry goes stale: the state check skips it
+        q.state, q.computed = "waiting", 0
+        q.target = q.r.prompt_tokens + q.generated
+        q.r.preemptions += 1
+        res.preemptions += 1
+        waiting.appendleft(q)
+
+    def ensure(q: _Req, tokens: int) -> bool:
+        """Reserve KV for ``q`` to hold ``tokens``; preempt the newest others if needed."""
+        need = _reserve_tokens(cfg, tokens) - q.reserved
+        while need > st.free_tokens:
+            victim = running[next(reversed(running))]
+            if victim is q:
+                return False
+            preempt(victim)
+        st.free_tokens -= max(need, 0)
+        q.reserved += max(need, 0)
+        return True
+
+    def finish(q: _Req, now: float) -> None:
+        nonlocal done, clients_busy
+        del running[q.r.id]
+        prefilling.pop(q.r.id, None)
+        release(q)  # while its state still says how much it holds
+        q.state = "done"
+        q.r.finish_s = now
+        done += 1
+        if closed:
+            clients_busy -= 1
+
+    arrive(0.0)
+    static_batch: list[_Req] = []
+    while done < n:
+        if res.steps >= max_steps:
+            raise UsageError(f"the simulation did not finish within {max_steps:,} steps")
+        if not running and not waiting:
+            if not pending:
+                break
+            st.t = max(st.t, pending[0].r.arrival_s)
+            arrive(st.t)
+            continue
+        # ---------------------------------------------------------------- schedule
+        budget = cfg.max_num_batched_tokens
+        chunks: list[tuple[_Req, int]] = []
+        if cfg.kind == "static" and not static_batch:
+            # form the next batch from what is waiting, reserving each request's whole length
+            while waiting and len(static_batch) < cfg.max_num_seqs:
+                q = waiting[0]
+                need = _reserve_tokens(cfg, q.r.prompt_tokens + q.r.output_tokens)
+                if need > st.free_tokens:
+                    break
+                waiting.popleft()
+                st.free_tokens -= need
+                q.reserved = need
+                st.stamp += 1
+                q.admitted, q.state = st.stamp, "prefill"
+                running[q.r.id] = q
+                prefilling[q.r.id] = q
+                static_batch.append(q)
+        # decodes first: every running decoder takes one token
+        if cfg.kind == "continuous" and st.n_dec and cfg.kv_layout == "paged":
+            while True:
+                grow = st.bucket[(-st.G) % bs] * bs  # decoders whose next token opens a block
+                if grow <= st.free_tokens or not running:
+                    break
+                preempt(running[next(reversed(running))])
+            st.free_tokens -= grow
+        budget -= st.n_dec
+        # unfinished prefills continue, in admission order
+        for q in list(prefilling.values()):
+            if budget <= 0:
+                break
+            left = q.target - q.computed
+            chunk = min(left, budget) if (cfg.chunked_prefill or cfg.kind == "static") \
+                else (left if left <= budget else 0)
+            if chunk <= 0:
+                continue
+            if cfg.kind == "continuous" and not ensure(q, q.computed + chunk):
+                preempt(q)
+                continue
+            chunks.append((q, chunk))
+            budget -= chunk
+        # admit waiting requests (continuous)
+        if cfg.kind == "continuous":
+            while waiting and budget > 0 and len(running) < cfg.max_num_seqs:
+                q = waiting[0]
+                left = q.target
+                chunk = min(left, budget) if cfg.chunked_prefill else left
+                if chunk > budget:
+                    break
+                need = _reserve_tokens(cfg, chunk)
+                if need > st.free_tokens:
+                    break
+                waiting.popleft()
+                st.free_tokens -= need
+                q.reserved = need
+                st.stamp += 1
+                q.admitted, q.state = st.stamp, "prefill"
+                running[q.r.id] = q
+                prefilling[q.r.id] = q
+                chunks.append((q, chunk))
+                budget -= chunk
+        if not chunks and not st.n_dec:
+            if pending and not waiting:
+                st.t = max(st.t, pending[0].r.arrival_s)
+                arrive(st.t)
+                continue
+            raise UsageError("no request could be scheduled: the KV cache cannot hold the "
+                             "next request beside those running")  # pragma: no cover
+        # ---------------------------------------------------------------- cost the step
+        n_dec = st.n_dec
+        past = st.sum_c0_minus_G0 + n_dec * st.G  # decoders' cached tokens
+        tokens, pairs, kv_read, held, score, rows = n_dec, past + n_dec, past + n_dec, past, \
+            past + n_dec, n_dec
+        for q, c in chunks:
+            tokens += c
+            pairs += c * q.computed + c * (c + 1) / 2
+            kv_read += q.computed + c
+            held += q.computed
+            score += c * (q.computed + c)
+            rows += 1 if q.computed + c >= q.target else 0
+        shape = StepShape(float(tokens), float(pairs), float(kv_read), float(held),
+                          float(score), float(rows))
+        dt = coster.step_time(shape, sequences=n_dec + len(chunks), prefill=bool(chunks),
+                              decodes=bool(n_dec))
+        # time-weighted occupancy over the step
+        res.running_integral += len(running) * dt
+        reserved = res.kv_capacity_tokens - st.free_tokens
+        held_now = past + sum(q.computed for q in prefilling.values())
+        res.kv_held_integral += held_now * dt
+        res.kv_reserved_integral += reserved * dt
+        res.max_running = max(res.max_running, len(running))
+        res.peak_kv_held_tokens = max(res.peak_kv_held_tokens, held_now)
+        res.peak_kv_reserved_tokens = max(res.peak_kv_reserved_tokens, reserved)
+        st.t += dt
+        res.busy_s += dt
+        res.steps += 1
+        if n_dec:
+            if n_dec > st.padding:
+                res.itl.append((dt, n_dec - st.padding))
+            st.G += 1
+        # ---------------------------------------------------------------- apply
+        while st.heap and st.heap[0][0] <= st.G:
+            fg, _, rid = heapq.heappop(st.heap)
+            q = by_id[rid]
+            if q.state != "decode" or q.finish_G != fg:
+                continue  # stale: preempted and rejoined since
+            q.generated = q.r.output_tokens
+            q.computed = context(q)
+            if cfg.kind == "static":
+                q.state = "padding"  # decodes on until the batch's longest is done
+                st.padding += 1
+                q.r.finish_s = st.t
+                done += 1
+                if closed:
+                    clients_busy -= 1
+            else:
+                finish(q, st.t)
+                leave_decode(q)
+        for q, c in chunks:
+            q.computed += c
+            if q.computed < q.target:
+                continue
+            prefilling.pop(q.r.id, None)
+            q.generated += 1
+            if math.isnan(q.r.first_token_s):
+                q.r.first_token_s = st.t
+            if cfg.kind == "static":
+                q.state = "prefilled"  # decodes start when the whole batch is prefilled
+                if q.generated >= q.r.output_tokens:
+                    q.state = "padding-prefilled"
+                    q.r.finish_s = st.t
+                    done += 1
+                    if closed:
+                        clients_busy -= 1
+            elif q.generated >= q.r.output_tokens:
+                finish(q, st.t)
+            else:
+                join_decode(q)
+        if cfg.kind == "static" and static_batch:
+            if all(q.state != "prefill" for q in static_batch) and not st.n_dec and any(
+                    q.state == "prefilled" for q in static_batch):
+                for q in static_batch:  # the whole batch decodes together from here
+                    if q.state == "prefilled":
+                        join_decode(q)
+                    elif q.state == "padding-prefilled":  # one token only: pads along
+                        join_decode(q)
+                        q.state = "padding"  # its heap entry is skipped as stale
+                        st.padding += 1
+            if all(q.state.startswith("padding") for q in static_batch):
+                for q in static_batch:  # the batch's longest is done: free it all
+                    if q.state == "padding":
+                        leave_decode(q)
+                    del running[q.r.id]
+                    release(q)
+                    q.state = "done"
+                st.padding = 0
+                static_batch = []
+        arrive(st.t)
+        if sample_every_s is not None and st.t >= next_sample:
+            res.samples.append((st.t, len(running), len(waiting),
+                                res.kv_capacity_tokens - st.free_tokens))
+            next_sample = st.t + sample_every_s
+    res.duration_s = st.t
+    res.in_flight = res.arrived - done
+    return res
+
+
+def _reserve_tokens(cfg: SchedulerConfig, tokens: int) -> int:
+    """KV tokens reserved to hold ``tokens``: whole blocks, or a contiguous max_model_len."""
+    if cfg.kv_layout == "contiguous":
+        return cfg.max_model_len
+    return -(-tokens // cfg.block_size) * cfg.block_size
+

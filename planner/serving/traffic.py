@@ -1,0 +1,67 @@
+"""Request streams: synthetic (vLLM's random dataset and arrival process) or replayed.
+
+Arrivals follow ``vllm bench serve``: at ``request_rate`` requests/s the gaps between requests
+are gamma-distributed with shape ``burstiness`` and mean 1 / rate (burstiness 1 is a Poisson
+process; below 1 burstier, above 1 more regular); an infinite rate sends every request at
+t = 0; the first request arrives at t = 0. Lengths follow vLLM's random dataset: each prompt and
+output length is drawn uniformly from [L (1 - range_ratio), L (1 + range_ratio)], integers,
+at least 1. Pure: the caller reads any trace file.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass
+
+from planner.errors import UsageError
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    id: int
+    arrival_s: float  # nan in a closed loop: a request is sent when a client is free
+    prompt_tokens: int
+    output_tokens: int
+
+
+def lengths(rng: random.Random, mean: int, range_ratio: float) -> int:
+    lo = max(int(mean * (1 - range_ratio)), 1)
+    hi = max(int(mean * (1 + range_ratio)), lo)
+    return rng.randint(lo, hi)
+
+
+def synthetic(num_requests: int, *, prompt_tokens: int, output_tokens: int,
+              range_ratio: float = 0.0, request_rate: float = math.inf,
+              burstiness: float = 1.0, closed_loop: bool = False,
+              seed: int = 0) -> list[Request]:
+    """``num_requests`` requests of random lengths arriving at ``request_rate``."""
+    if num_requests <= 0:
+        raise UsageError("the number of requests must be positive")
+    if not 0 <= range_ratio < 1:
+        raise UsageError(f"range ratio must be in [0, 1), got {range_ratio:g}")
+    if not request_rate > 0:
+        raise UsageError(f"request rate must be positive, got {request_rate:g}")
+    if not (burstiness > 0 and math.isfinite(burstiness)):
+        raise UsageError(f"burstiness must be positive and finite, got {burstiness:g}")
+    rng = random.Random(seed)
+    out: list[Request] = []
+    t = 0.0
+    for i in range(num_requests):
+        p = lengths(rng, prompt_tokens, range_ratio)
+        o = lengths(rng, output_tokens, range_ratio)
+        arrival = math.nan if closed_loop else (0.0 if math.isinf(request_rate) else t)
+        out.append(Request(i, arrival, p, o))
+        if not closed_loop and not math.isinf(request_rate):
+            t += rng.gammavariate(burstiness, 1.0 / (request_rate * burstiness))
+    return out
+
+
+def replay(rows: list[tuple[int, int, float | None]]) -> list[Request]:
+    """Requests from a trace: (prompt_tokens, output_tokens, arrival_s or None). Rows without
+    an arrival time arrive at t = 0; the stream is ordered by arrival."""
+    reqs = [Request(i, 0.0 if a is None else float(a), int(p), int(o))
+            for i, (p, o, a) in enumerate(rows)]
+    reqs.sort(key=lambda r: (r.arrival_s, r.id))
+    return [Request(i, r.arrival_s, r.prompt_tokens, r.output_tokens)
+            for i, r in enumerate(reqs)]

@@ -1,0 +1,249 @@
+"""The serving simulator: its step cost is the estimate's, and the properties a fleet sizer
+relies on hold."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from planner import catalog
+from planner.errors import LlmplanError
+from planner.estimate import estimate, prepare
+from planner.ops import StepShape, decode_ops, prefill_ops
+from planner.roofline import step_time
+from planner.serving.cost import StepCoster
+from planner.serving.metrics import summary, weighted_quantile
+from planner.serving.sim import SchedulerConfig, simulate
+from planner.serving.traffic import replay, synthetic
+from planner.specs import Options, Parallelism, Precision, Workload
+
+OPTS = Options()
+
+
+@pytest.fixture(scope="module")
+def setup():
+    m, hw = catalog.load_model("llama-3.1-8b"), catalog.load_hardware("h100-sxm")
+    eng = catalog.load_engine("vllm")
+    prep = prepare(hw, Precision(), None, OPTS, eng)
+    return m, hw, eng, prep, StepCoster(m, hw, prep, OPTS)
+
+
+@pytest.mark.parametrize("engine", ["ideal", "vllm", "hf-eager", "trtllm"])
+@pytest.mark.parametrize("batch,ctx", [(1, 1), (7, 300), (64, 2048)])
+def test_step_cost_is_the_estimates(engine, batch, ctx):
+    m, hw = catalog.load_model("llama-3.1-8b"), catalog.load_hardware("a100-sxm-80gb")
+    eng = catalog.load_engine(engine)
+    prep = prepare(hw, Precision(), None, OPTS, eng)
+    c = StepCoster(m, hw, prep, OPTS)
+    dec = step_time(decode_ops(m, prep.precision, batch=batch, context_tokens=ctx,
+                               lm_head_sharded=eng.lm_head_sharded), prep.ceilings,
+                    options=OPTS, engine=eng, graphed=eng.cuda_graphs,
+                    fixed_s=eng.step_overhead_s + eng.per_sequence_overhead_s * batch).time_s
+    got = c.step_time(StepShape.uniform(batch, 1, ctx - 1), sequences=batch, prefill=False)
+    assert got == pytest.approx(dec, rel=1e-9)
+    pre = step_time(prefill_ops(m, prep.precision, batch=1, prompt_tokens=ctx,
+                                lm_head_sharded=eng.lm_head_sharded), prep.ceilings,
+                    options=OPTS, engine=eng, graphed=False,
+                    fixed_s=eng.prefill_step_overhead_s + eng.per_sequence_overhead_s).time_s
+    got = c.step_time(StepShape.uniform(1, ctx, 0), sequences=1, prefill=True, decodes=False)
+    assert got == pytest.approx(pre, rel=1e-9)
+
+
+def test_low_rate_sees_the_single_request_estimate(setup):
+    m, hw, eng, prep, c = setup
+    reqs = synthetic(40, prompt_tokens=1024, output_tokens=128, request_rate=0.05, seed=3)
+    s = summary(simulate(reqs, c, SchedulerConfig()))
+    e = estimate(m, hw, engine=eng, workload=Workload(batch=1, prompt_tokens=1024,
+                                                      output_tokens=128))
+    assert s["median_ttft_ms"] == pytest.approx(e.ttft_s * 1e3, rel=1e-6)
+    # TPOT: the mean decode step over the output, which estimate takes at its mean context
+    assert s["median_tpot_ms"] == pytest.approx(e.tpot_s * 1e3, rel=1e-4)
+    assert s["max_running_requests"] <= 2
+
+
+def test_throughput_rises_then_saturates(setup):
+    *_, c = setup
+    thr = []
+    for rate in (1.0, 4.0, 64.0, math.inf):
+        reqs = synthetic(600, prompt_tokens=512, output_tokens=128, request_rate=rate, seed=1)
+        thr.append(summary(simulate(reqs, c, SchedulerConfig()))["request_throughput"])
+    assert thr[0] < thr[1] < thr[2]
+    assert thr[0] == pytest.approx(1.0, rel=0.15) and thr[1] == pytest.approx(4.0, rel=0.15)
+    assert thr[3] == pytest.approx(thr[2], rel=0.1)  # saturated
+
+
+def test_requests_are_conserved_and_ordered_in_time(setup):
+    *_, c = setup
+    reqs = synthetic(300, prompt_tokens=700, output_tokens=90, range_ratio=0.8,
+                     request_rate=30, burstiness=0.5, seed=7)
+    res = simulate(reqs, c, SchedulerConfig(max_num_seqs=32, max_num_batched_tokens=1024))
+    s = summary(res)
+    assert s["completed"] + s["in_flight"] == s["arrived"] == 300 and s["in_flight"] == 0
+    for r in res.requests:
+        assert r.arrival_s <= r.first_token_s <= r.finish_s
+    assert s["max_running_requests"] <= 32
+    assert s["total_output_tokens"] == sum(q.output_tokens for q in reqs)
+
+
+def test_continuous_beats_static_with_varied_lengths(setup):
+    *_, c = setup
+    reqs = synthetic(800, prompt_tokens=512, output_tokens=256, range_ratio=0.9, seed=2)
+    cont = summary(simulate(reqs, c, SchedulerConfig(max_num_seqs=64)))
+    stat = summary(simulate(reqs, c, SchedulerConfig(kind="static", max_num_seqs=64)))
+    assert cont["request_throughput"] > 1.2 * stat["request_throughput"]
+    assert stat["completed"] == cont["completed"] == 800
+
+
+def test_paged_admits_more_than_contiguous(setup):
+    m, hw, eng, prep, c = setup
+    reqs = synthetic(600, prompt_tokens=256, output_tokens=64, seed=4)
+    cfg = dict(max_num_seqs=1024, max_num_batched_tokens=16384, max_model_len=32768)
+    paged = summary(simulate(reqs, c, SchedulerConfig(**cfg)))
+    contig = summary(simulate(reqs, c, SchedulerConfig(kv_layout="contiguous", **cfg)))
+    cap = paged["kv_capacity_tokens"]
+    assert contig["max_running_requests"] == cap // 32768  # whole reservations fit
+    assert paged["max_running_requests"] >= 3 * contig["max_running_requests"]
+    assert contig["kv_cache_used_frac_peak"] < 0.1 < contig["kv_cache_reserved_frac_peak"]
+
+
+def test_preemption_when_the_cache_runs_out(setup):
+    m, hw, eng, _, _ = setup
+    tight = Options(memory_utilization_frac=0.25)
+    prep = prepare(hw, Precision(), None, tight, eng)
+    c = StepCoster(m, hw, prep, tight)
+    reqs = synthetic(400, prompt_tokens=1024, output_tokens=1024, range_ratio=0.5, seed=5)
+    res = simulate(reqs, c, SchedulerConfig())
+    s = summary(res)
+    assert s["preemptions"] > 0 and s["completed"] == 400
+    assert s["kv_cache_reserved_frac_peak"] <= 1.0
+    assert sum(r.preemptions for r in res.requests) == s["preemptions"]
+
+
+def test_closed_loop_keeps_its_clients(setup):
+    *_, c = setup
+    reqs = synthetic(200, prompt_tokens=256, output_tokens=64, closed_loop=True, seed=6)
+    s = summary(simulate(reqs, c, SchedulerConfig(max_concurrency=8)))
+    assert s["max_running_requests"] == 8 and s["completed"] == 200
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(1, 60), st.integers(1, 3000), st.integers(1, 400),
+       st.floats(0.0, 0.9), st.sampled_from([0.5, 5.0, math.inf]),
+       st.sampled_from(["continuous", "static"]), st.sampled_from(["paged", "contiguous"]),
+       st.integers(1, 64), st.booleans())
+def test_any_stream_completes(n, p, o, ratio, rate, kind, layout, seqs, chunked):
+    m, hw = catalog.load_model("llama-3.1-8b"), catalog.load_hardware("h100-sxm")
+    eng = catalog.load_engine("vllm")
+    prep = prepare(hw, Precision(), None, OPTS, eng)
+    c = StepCoster(m, hw, prep, OPTS)
+    reqs = synthetic(n, prompt_tokens=p, output_tokens=o, range_ratio=ratio,
+                     request_rate=rate, seed=n)
+    cfg = SchedulerConfig(kind=kind, kv_layout=layout, max_num_seqs=seqs,
+                          max_num_batched_tokens=4096, chunked_prefill=chunked,
+                          max_model_len=8192)
+    if not chunked and kind == "continuous" and max(q.prompt_tokens for q in reqs) > 4096:
+        with pytest.raises(LlmplanError):
+            simulate(reqs, c, cfg)
+        return
+    res = simulate(reqs, c, cfg)
+    s = summary(res)
+    assert s["completed"] == n and s["in_flight"] == 0
+    assert s["max_running_requests"] <= seqs
+    for r in res.requests:
+        assert r.arrival_s <= r.first_token_s <= r.finish_s
+
+
+def test_traffic_follows_vllm():
+    reqs = synthetic(20000, prompt_tokens=1000, output_tokens=100, range_ratio=0.5,
+                     request_rate=50.0, burstiness=1.0, seed=0)
+    assert reqs[0].arrival_s == 0.0
+    assert reqs[-1].arrival_s / 19999 == pytest.approx(1 / 50, rel=0.03)  # mean gap
+    ps = [q.prompt_tokens for q in reqs]
+    assert min(ps) == 500 and max(ps) == 1500
+    assert [q.arrival_s for q in synthetic(5, prompt_tokens=1, output_tokens=1)] == [0.0] * 5
+    rows = replay([(10, 5, 2.0), (20, 5, None), (30, 5, 1.0)])
+    assert [r.prompt_tokens for r in rows] == [20, 30, 10] and rows[0].arrival_s == 0.0
+
+
+def test_weighted_quantile():
+    pairs = [(1.0, 3), (2.0, 1), (10.0, 1)]  # 1, 1, 1, 2, 10
+    assert weighted_quantile(pairs, 0.5) == 1.0
+    assert weighted_quantile(pairs, 0.75) == 2.0
+    assert weighted_quantile(pairs, 1.0) == 10.0
+
+
+def test_simulate_cli(run_cli, tmp_path):
+    trace = tmp_path / "t.csv"
+    code, out, err = run_cli("simulate", "-m", "llama-3.1-8b", "-g", "h100-sxm", "-n", "50",
+                             "--request-rate", "5", "--ttft-slo", "0.5", "--tpot-slo",
+                             "0.05", "--trace", str(trace), "--json")
+    assert code == 0, err
+    d = json.loads(out)
+    for k in ("completed", "duration", "request_throughput", "output_throughput",
+              "total_token_throughput", "mean_ttft_ms", "median_ttft_ms", "p99_ttft_ms",
+              "mean_tpot_ms", "p99_tpot_ms", "mean_itl_ms", "mean_e2el_ms", "p99_e2el_ms",
+              "p90_ttft_ms", "request_goodput", "max_running_requests",
+              "kv_cache_used_frac_mean", "preemptions"):
+        assert k in d, k
+    assert d["completed"] == 50 and d["request_rate"] == 5
+    assert trace.read_text().count("\n") == 51
+    code, out, _ = run_cli("simulate", "-m", "llama-3.1-8b", "-g", "h100-sxm", "-n", "20",
+                           "--json")
+    assert json.loads(out)["request_rate"] == "inf"
+
+
+def test_simulate_replays_a_trace(run_cli, tmp_path):
+    ds = tmp_path / "d.jsonl"
+    ds.write_text('{"prompt_tokens": 100, "output_tokens": 10, "arrival_s": 0.5}\n'
+                  '{"prompt_tokens": 200, "output_tokens": 20}\n')
+    code, out, err = run_cli("simulate", "-m", "llama-3.1-8b", "-g", "h100-sxm",
+                             "--dataset", str(ds), "--json")
+    assert code == 0, err
+    d = json.loads(out)
+    assert d["completed"] == 2 and d["total_input_tokens"] == 300
+
+
+@pytest.mark.parametrize("args,msg", [
+    (["--request-rate", "nan"], "--request-rate"),
+    (["--request-rate", "-1"], "--request-rate"),
+    (["--burstiness", "inf"], "--burstiness"),
+    (["--range-ratio", "1.5"], "--range-ratio"),
+    (["-n", "0"], "--num-requests"),
+    (["--max-num-seqs", "512", "--max-num-batched-tokens", "256"], "max-num-batched-tokens"),
+    (["--dataset", "/nonexistent.jsonl"], "cannot read"),
+    (["--trace", "/nonexistent-dir/t.csv"], "does not exist"),
+    (["--ttft-slo", "0"], "--ttft-slo"),
+    (["-p", "500000"], "KV tokens"),
+])
+def test_simulate_bad_input(run_cli, args, msg):
+    code, _, err = run_cli("simulate", "-m", "llama-3.1-8b", "-g", "h100-sxm", "-n", "5",
+                           *args)
+    assert code == 2 and msg in err, err
+
+
+def test_bad_trace_rows(run_cli, tmp_path):
+    for text, msg in (('{"prompt_tokens": 1}\n', "missing output_tokens"),
+                      ('[1, 2]\n', "not a JSON object"),
+                      ('{"prompt_tokens": -1, "output_tokens": 2}\n', "positive"),
+                      ('{"prompt_tokens": 1, "output_tokens": "x"}\n', "integers")):
+        ds = tmp_path / "d.jsonl"
+        ds.write_text(text)
+        code, _, err = run_cli("simulate", "-m", "llama-3.1-8b", "-g", "h100-sxm",
+                               "--dataset", str(ds))
+        assert code == 2 and msg in err, (text, err)
+
+
+def test_tp_and_moe(setup):
+    m, hw = catalog.load_model("mixtral-8x7b"), catalog.load_hardware("h100-sxm")
+    eng = catalog.load_engine("vllm")
+    prep = prepare(hw, Precision(), None, OPTS, eng)
+    c = StepCoster(m, hw, prep, OPTS, tp=2)
+    reqs = synthetic(100, prompt_tokens=512, output_tokens=64, request_rate=0.1, seed=1)
+    s = summary(simulate(reqs, c, SchedulerConfig()))
+    e = estimate(m, hw, engine=eng, parallelism=Parallelism(tp=2),
+                 workload=Workload(batch=1, prompt_tokens=512, output_tokens=64))
+    assert s["median_ttft_ms"] == pytest.approx(e.ttft_s * 1e3, rel=1e-6)
