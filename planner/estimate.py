@@ -229,8 +229,15 @@ class Estimate:
             "decode_comm_s": self.decode.comm_s,
             "decode_overhead_s": self.decode.overhead_s,
             "price_usd_per_gpu_hour": self.price_usd_per_gpu_hour,
-            **{f"ideal_{k}": v for k, v in self.bound_estimate.timing().items()},
+            **self.ideal_columns(),
         }
+
+    def ideal_columns(self) -> dict:
+        """The ideal roofline's headline timing beside the engine's (a sweep's columns)."""
+        b = self.bound_estimate
+        return {"ideal_ttft_s": b.ttft_s, "ideal_tpot_s": b.tpot_s,
+                "ideal_latency_s": b.latency_s,
+                "ideal_throughput_tokens_per_s": b.throughput_tokens_per_s, "ideal_mbu": b.mbu}
 
     def timing(self) -> dict:
         """The figures that depend on the engine's speed, keyed with their units."""
@@ -416,7 +423,8 @@ def _with_measured(est: Estimate, tpot_s: float | None, ttft_s: float | None) ->
 def assemble(model: ModelSpec, hardware: HardwareSpec, prep: Prepared, o: Options, *,
              tp: int, batch, prompt_tokens, output_tokens,
              price_usd_per_gpu_hour: float | None = None, price_source: str | None = None,
-             notes: list[str] | tuple[str, ...] = (), with_ideal: bool = True) -> Estimate:
+             notes: list[str] | tuple[str, ...] = (), with_ideal: bool = True,
+             memory: MemoryPlan | None = None) -> Estimate:
     """The prediction itself, without input checks. ``batch``, ``prompt_tokens`` and
     ``output_tokens`` are numbers, or numpy arrays of one shape: the sweep evaluates a whole
     grid with these same formulas. Unless the engine is the ideal one, the ideal roofline of
@@ -436,22 +444,26 @@ def assemble(model: ModelSpec, hardware: HardwareSpec, prep: Prepared, o: Option
                         tp=tp, options=o, engine=e, graphed=False,
                         fixed_s=e.prefill_step_overhead_s * chunks
                         + e.per_sequence_overhead_s * batch)
+    if memory is None:
+        memory = memory_plan(model, hardware, p, batch=batch, prompt_tokens=prompt_tokens,
+                             output_tokens=output_tokens, tp=tp, options=o,
+                             lm_head_sharded=sharded)
     ideal = None
     if with_ideal and not e.is_ideal:
+        # the same deployment (precision, byte accounting, memory) on the ideal time model
         bound = Prepared(e.ideal_bound(), p, prep.reference, prep.reference, prep.notes)
         ideal = assemble(model, hardware, bound, o, tp=tp, batch=batch,
                          prompt_tokens=prompt_tokens, output_tokens=output_tokens,
                          price_usd_per_gpu_hour=price_usd_per_gpu_hour,
-                         price_source=price_source, notes=notes, with_ideal=False)
+                         price_source=price_source, notes=notes, with_ideal=False,
+                         memory=memory)
     # model-level FLOPs (one GPU's share times tp would double count replicated layers)
     decode_flops = total_flops(decode_ops(model, p, batch=1, context_tokens=ctx))
     prefill_flops = total_flops(prefill_ops(model, p, batch=batch, prompt_tokens=prompt_tokens))
     return Estimate(
         model=model, hardware=hardware, precision=p, batch=batch, prompt_tokens=prompt_tokens,
         output_tokens=output_tokens, tp=tp, options=o, ceilings=c,
-        memory=memory_plan(model, hardware, p, batch=batch, prompt_tokens=prompt_tokens,
-                           output_tokens=output_tokens, tp=tp, options=o,
-                           lm_head_sharded=sharded),
+        memory=memory,
         params=count_params(model), active_params=active_params(model),
         kv_cache_bytes_per_token=kv_cache_bytes_per_token(model, p, tp=tp),
         decode_context_tokens=ctx, decode=decode, prefill=prefill,

@@ -14,6 +14,7 @@ each operator at a fraction of the GPU's achievable rates and pays its costs.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from planner.achievable import achievable
 from planner.arith import vmax, vmin
@@ -160,7 +161,7 @@ class StepTime:
     ops: tuple[OpTime, ...]
     fixed_s: float = 0.0  # the engine's exposed CPU cost of the step
 
-    @property
+    @cached_property
     def time_s(self) -> float:
         return sum(t.time_s for t in self.ops) + self.fixed_s
 
