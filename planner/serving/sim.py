@@ -252,6 +252,20 @@ def simulate(requests: list[Request], coster: StepCoster, cfg: SchedulerConfig, 
         q.reserved += max(need, 0)
         return True
 
+    def admit(q: _Req, tokens: int) -> bool:
+        """Move the head of the queue into the running set, reserving KV for ``tokens``."""
+        need = _reserve_tokens(cfg, tokens)
+        if need > st.free_tokens:
+            return False
+        waiting.popleft()
+        st.free_tokens -= need
+        q.reserved = need
+        st.stamp += 1
+        q.admitted, q.state = st.stamp, "prefill"
+        running[q.r.id] = q
+        prefilling[q.r.id] = q
+        return True
+
     def finish(q: _Req, now: float) -> None:
         nonlocal done, clients_busy
         del running[q.r.id]
@@ -281,16 +295,8 @@ def simulate(requests: list[Request], coster: StepCoster, cfg: SchedulerConfig, 
             # form the next batch from what is waiting, reserving each request's whole length
             while waiting and len(static_batch) < cfg.max_num_seqs:
                 q = waiting[0]
-                need = _reserve_tokens(cfg, q.r.prompt_tokens + q.r.output_tokens)
-                if need > st.free_tokens:
+                if not admit(q, q.r.prompt_tokens + q.r.output_tokens):
                     break
-                waiting.popleft()
-                st.free_tokens -= need
-                q.reserved = need
-                st.stamp += 1
-                q.admitted, q.state = st.stamp, "prefill"
-                running[q.r.id] = q
-                prefilling[q.r.id] = q
                 static_batch.append(q)
         # decodes first: every running decoder takes one token
         if cfg.kind == "continuous" and st.n_dec and cfg.kv_layout == "paged":
@@ -323,16 +329,8 @@ def simulate(requests: list[Request], coster: StepCoster, cfg: SchedulerConfig, 
                 chunk = min(left, budget) if cfg.chunked_prefill else left
                 if chunk > budget:
                     break
-                need = _reserve_tokens(cfg, chunk)
-                if need > st.free_tokens:
+                if not admit(q, chunk):
                     break
-                waiting.popleft()
-                st.free_tokens -= need
-                q.reserved = need
-                st.stamp += 1
-                q.admitted, q.state = st.stamp, "prefill"
-                running[q.r.id] = q
-                prefilling[q.r.id] = q
                 chunks.append((q, chunk))
                 budget -= chunk
         if not chunks and not st.n_dec:
