@@ -141,6 +141,9 @@ def simulate(
         help="TPOT target in seconds: report the goodput.")] = None,
     trace: Annotated[Optional[Path], typer.Option(
         help="Write one row per request (CSV, or JSONL for .jsonl).")] = None,
+    plot: Annotated[Optional[Path], typer.Option(
+        "--plot", help="PNG over time (running, queue, KV) and the TTFT / TPOT "
+        "distributions; its time series as a CSV beside it.")] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Simulate one replica serving a request stream: continuous or static batching, paged or
@@ -173,6 +176,7 @@ def simulate(
     if num_requests > 10_000_000:
         raise LlmplanError("--num-requests: at most 10,000,000")
     output_path(trace, "--trace")
+    output_path(plot, "--plot", ".png")
     m = catalog.load_model(model)
     hw = catalog.load_hardware(gpu)
     eng = catalog.load_engine(engine)
@@ -196,7 +200,7 @@ def simulate(
                          request_rate=request_rate, burstiness=burstiness,
                          closed_loop=max_concurrency is not None, seed=seed)
     coster = StepCoster(m, hw, prep, opts, tp=tp)
-    res = run(reqs, coster, cfg)
+    res = run(reqs, coster, cfg, sample_every_s=0.0 if plot else None)
     d = summary(res, ttft_slo_s=ttft_slo, tpot_slo_s=tpot_slo)
     d = {"model": m.name, "gpu": hw.name, "tp": tp, "engine": eng.name,
          "weights": prep.precision.weights.value, "kv_cache": prep.precision.kv_cache.value,
@@ -209,6 +213,15 @@ def simulate(
     if trace is not None:
         _write_trace(trace, res)
         stderr.print(f"wrote {len(res.requests):,} requests to {trace}")
+    if plot is not None:
+        from planner.report import plot_simulation
+
+        rate = f"closed loop of {max_concurrency}" if max_concurrency else \
+            f"{request_rate:g} req/s"
+        csv_path = plot_simulation(res, plot, title=(
+            f"{m.label} on {tp} x {hw.display_name}, engine {eng.name}, {cfg.kind} batching, "
+            f"{cfg.kv_layout} KV: {len(reqs):,} requests at {rate}"))
+        stderr.print(f"wrote {plot} and {csv_path}")
     if as_json:
         json_out({k: (None if isinstance(v, float) and not math.isfinite(v) else v)
                   for k, v in d.items()})

@@ -260,6 +260,21 @@ class Estimate:
                 "bandwidth_source": self.ceilings.bandwidth_source,
                 "flops_source": self.ceilings.flops_source_of(self.precision.compute_dtype)}
 
+    def kv_concurrency(self, *, block_size: int = 16, max_model_len: int | None = None):
+        """Requests of this workload's length the KV cache holds at once, paged (vLLM's
+        blocks) and contiguous (``max_model_len`` reserved each; default the model's
+        context), with the share of the reservation holding tokens."""
+        from planner.memory import kv_capacity_tokens, kv_concurrency
+
+        chunk = self.options.prefill_chunk_tokens or 8192
+        cap = kv_capacity_tokens(self.model, self.hardware, self.precision, tp=self.tp,
+                                 options=self.options,
+                                 lm_head_sharded=self.engine.lm_head_sharded,
+                                 max_num_seqs=256, step_tokens=chunk)
+        return kv_concurrency(cap, prompt_tokens=int(self.prompt_tokens),
+                              output_tokens=int(self.output_tokens), block_size=block_size,
+                              max_model_len=max_model_len or self.model.max_position_embeddings)
+
     def to_dict(self, *, operators: bool = True) -> dict:
         """A JSON-ready dict; keys carry their unit (DESIGN.md "Contracts")."""
         p = self.precision
@@ -283,6 +298,13 @@ class Estimate:
         }
         b = self.bound_estimate
         out["ideal"] = {**b.timing(), "bound": b.bound, "ceilings_source": b.ceilings.source}
+        kc = self.kv_concurrency()
+        out["kv_concurrency"] = {
+            "kv_capacity_tokens": kc.capacity_tokens, "block_size": kc.block_size,
+            "max_model_len": kc.max_model_len, "max_concurrency_paged": kc.paged,
+            "max_concurrency_contiguous": kc.contiguous,
+            "kv_used_frac_paged": kc.paged_used_frac,
+            "kv_used_frac_contiguous": kc.contiguous_used_frac}
         for k in [k for k in out if k.startswith("ideal_")]:
             del out[k]
         if self.measured is not None:

@@ -163,6 +163,48 @@ def max_batch(m: ModelSpec, hw: HardwareSpec, prec: Precision, *, prompt_tokens:
     return int(n) if isinstance(n, float) else n
 
 
+def kv_capacity_tokens(m: ModelSpec, hw: HardwareSpec, prec: Precision, *, tp: int = 1,
+                       options: Options | None = None, lm_head_sharded: bool = True,
+                       max_num_seqs: int = 256, step_tokens: int = 8192) -> int:
+    """Tokens of KV cache a serving replica holds: usable memory less the weights, the
+    activations of a full step (``step_tokens`` tokens over ``max_num_seqs`` sequences) and the
+    reserve, over the KV bytes of one token (vLLM sizes its block pool the same way)."""
+    o = options or Options()
+    per_seq = max(1, -(-step_tokens // max_num_seqs))
+    free = (hw.memory_bytes * o.memory_utilization_frac
+            - weight_bytes(m, prec, tp=tp, lm_head_sharded=lm_head_sharded)
+            - activation_bytes(m, prec, batch=max_num_seqs, prompt_tokens=per_seq, tp=tp,
+                               attention=o.attention, chunk_tokens=step_tokens)
+            - o.reserve_bytes)
+    return max(0, int(free // kv_cache_bytes_per_token(m, prec, tp=tp)))
+
+
+@dataclass(frozen=True)
+class KVConcurrency:
+    """How many requests of one length the KV cache holds, paged or contiguous."""
+
+    capacity_tokens: int
+    paged: int  # blocks of block_size tokens, as the request grows
+    contiguous: int  # max_model_len reserved per request
+    paged_used_frac: float  # tokens held / tokens reserved, over a request's generation
+    contiguous_used_frac: float
+    block_size: int
+    max_model_len: int
+
+
+def kv_concurrency(capacity_tokens: int, *, prompt_tokens: int, output_tokens: int,
+                   block_size: int = 16, max_model_len: int = 131072) -> KVConcurrency:
+    """Requests of ``prompt_tokens`` + ``output_tokens`` that fit at once: paged, each holds
+    whole blocks of its full length; contiguous, each reserves ``max_model_len``. The used
+    fraction is the mean over the generation (prompt + output / 2 tokens held)."""
+    full = -(-(prompt_tokens + output_tokens) // block_size) * block_size
+    held = prompt_tokens + output_tokens / 2
+    blocks_mean = -(-held // block_size) * block_size
+    return KVConcurrency(capacity_tokens, capacity_tokens // full,
+                         capacity_tokens // max_model_len, held / blocks_mean,
+                         held / max_model_len, block_size, max_model_len)
+
+
 def memory_plan(m: ModelSpec, hw: HardwareSpec, prec: Precision, *, batch: int,
                 prompt_tokens: int, output_tokens: int, tp: int = 1,
                 options: Options | None = None, lm_head_sharded: bool = True) -> MemoryPlan:
@@ -184,6 +226,7 @@ def memory_plan(m: ModelSpec, hw: HardwareSpec, prec: Precision, *, batch: int,
 
 
 __all__ = [
-    "MemoryPlan", "activation_bytes", "kv_cache_bytes", "kv_cache_bytes_per_token",
-    "max_batch", "memory_plan", "weight_bytes", "weight_bytes_breakdown",
+    "KVConcurrency", "MemoryPlan", "activation_bytes", "kv_cache_bytes",
+    "kv_cache_bytes_per_token", "kv_capacity_tokens", "kv_concurrency", "max_batch",
+    "memory_plan", "weight_bytes", "weight_bytes_breakdown",
 ]

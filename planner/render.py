@@ -51,6 +51,7 @@ def render_estimate(console: Console, e: Estimate, *, explain: bool = False) -> 
                   f"ceilings: {e.ceilings.source}; time model: {e.options.time_model}{overlap}; "
                   f"attention: {e.options.attention}[/]")
     per_gpu = " per GPU" if e.tp > 1 else ""
+    kc = e.kv_concurrency()
     fits = "[green]yes[/]" if mem.fits else "[red]NO[/]"
     console.print(_section(f"Memory{per_gpu}", [
         ("weights", fmt.gib(mem.weights_bytes), f"{fmt.count(e.params)} params"),
@@ -64,6 +65,12 @@ def render_estimate(console: Console, e: Estimate, *, explain: bool = False) -> 
         ("usable", fmt.gib(mem.usable_bytes),
          f"{fmt.pct(e.options.memory_utilization_frac)} of capacity"),
         ("fits", fits, ""),
+        ("concurrency, paged KV", f"{kc.paged:,}",
+         f"{kc.capacity_tokens:,} KV tokens in {kc.block_size}-token blocks; "
+         f"{fmt.pct(kc.paged_used_frac)} hold tokens"),
+        ("concurrency, contiguous", f"{kc.contiguous:,}",
+         f"{kc.max_model_len:,} tokens reserved each; {fmt.pct(kc.contiguous_used_frac)} "
+         "hold tokens"),
     ]))
     console.print(_section("Compute", [
         ("params", fmt.count(e.params),

@@ -516,3 +516,51 @@ def plot_validation(comps, path: Path) -> None:
                  "row's engine profile", fontsize=10)
     fig.savefig(path, dpi=130, bbox_inches="tight")
     plt.close(fig)
+
+
+def plot_simulation(res, path: Path, *, title: str) -> Path:
+    """A simulated run over time (running requests, queue, KV reserved and held against the
+    capacity) and its TTFT and TPOT distributions; the time series goes to a CSV beside it."""
+    samples = pd.DataFrame(res.samples, columns=["t_s", "running", "waiting",
+                                                 "kv_reserved_tokens"])
+    samples["kv_reserved_frac"] = samples["kv_reserved_tokens"] / res.kv_capacity_tokens
+    csv_path = path.with_suffix(".csv")
+    samples.to_csv(csv_path, index=False)
+    fig, axes = plt.subplots(2, 2, figsize=(12, 8))
+    (a0, a1), (a2, a3) = axes
+    step = max(1, len(samples) // 2000)  # enough points to see, few enough to draw
+    s = samples.iloc[::step]
+    a0.plot(s["t_s"], s["running"], color=COLORS[0], lw=1, label="running requests")
+    a0.plot(s["t_s"], s["waiting"], color=COLORS[1], lw=1, label="waiting (queue)")
+    a0.set_xlabel("time (s)")
+    a0.set_ylabel("requests")
+    a0.legend(fontsize=8, loc="center right")
+    a0.grid(True, alpha=0.3)
+    a1.plot(s["t_s"], s["kv_reserved_frac"] * 100, color=COLORS[2], lw=1,
+            label=f"KV reserved (of {res.kv_capacity_tokens:,} tokens)")
+    a1.axhline(100, color="black", lw=1, ls="--", label="capacity")
+    a1.set_ylim(0, 110)
+    a1.set_xlabel("time (s)")
+    a1.set_ylabel("KV cache reserved (%)")
+    a1.legend(fontsize=8, loc="lower right")
+    a1.grid(True, alpha=0.3)
+    done = [r for r in res.requests if not np.isnan(r.finish_s)]
+    for ax, values, name in ((a2, [r.ttft_s * 1e3 for r in done], "TTFT"),
+                             (a3, [r.tpot_s * 1e3 for r in done if r.output_tokens > 1],
+                              "TPOT")):
+        v = np.sort(np.asarray(values))
+        if len(v):
+            ax.plot(v, np.arange(1, len(v) + 1) / len(v) * 100, color=COLORS[3], lw=1.3)
+            for q, ls in ((50, ":"), (90, "--"), (99, "-.")):
+                x = float(np.percentile(v, q))
+                ax.axvline(x, color="grey", ls=ls, lw=1, label=f"p{q} {x:,.1f} ms")
+            ax.legend(fontsize=8, loc="lower right")
+        ax.set_xlabel(f"{name} (ms)")
+        ax.set_ylabel("requests (%)")
+        ax.set_title(f"{name} distribution ({len(v):,} requests)", fontsize=9)
+        ax.grid(True, alpha=0.3)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return csv_path

@@ -247,3 +247,30 @@ def test_tp_and_moe(setup):
     e = estimate(m, hw, engine=eng, parallelism=Parallelism(tp=2),
                  workload=Workload(batch=1, prompt_tokens=512, output_tokens=64))
     assert s["median_ttft_ms"] == pytest.approx(e.ttft_s * 1e3, rel=1e-6)
+
+
+def test_estimate_reports_paged_and_contiguous_concurrency(run_json, model, gpu):
+    from planner.memory import kv_cache_bytes_per_token
+
+    d = run_json("estimate", "-m", "llama-3.1-8b", "-g", "h100-sxm", "-b", "16", "-p", "2048",
+                 "-o", "256")
+    kc = d["kv_concurrency"]
+    # by hand: the cache's tokens over 2304 (a whole number of 16-token blocks), and over
+    # the 131,072-token context a contiguous cache reserves
+    assert kc["max_concurrency_paged"] == kc["kv_capacity_tokens"] // 2304
+    assert kc["max_concurrency_contiguous"] == kc["kv_capacity_tokens"] // 131072
+    assert kc["kv_used_frac_contiguous"] == pytest.approx((2048 + 128) / 131072)
+    per_token = kv_cache_bytes_per_token(model("llama-3.1-8b"), Precision())
+    free = 80 * 1024**3 * 0.9 - d["weights_bytes"] - 1024**3
+    assert kc["kv_capacity_tokens"] * per_token <= free
+    assert kc["max_concurrency_paged"] >= 20 * kc["max_concurrency_contiguous"]
+
+
+def test_simulate_plot(run_cli, tmp_path):
+    png = tmp_path / "s.png"
+    code, _, err = run_cli("simulate", "-m", "llama-3.1-8b", "-g", "h100-sxm", "-n", "100",
+                           "--request-rate", "20", "--plot", str(png))
+    assert code == 0, err
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    rows = (tmp_path / "s.csv").read_text().splitlines()
+    assert rows[0] == "t_s,running,waiting,kv_reserved_tokens,kv_reserved_frac" and len(rows) > 10

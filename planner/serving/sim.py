@@ -134,21 +134,13 @@ class _State:
 
 
 def kv_capacity_tokens(coster: StepCoster, cfg: SchedulerConfig) -> int:
-    """Tokens of KV cache one replica holds: device memory at the engine's utilisation, less
-    weights, the activations of a full step and the runtime reserve (the estimate's terms)."""
-    from planner.memory import activation_bytes, kv_cache_bytes_per_token, weight_bytes
+    """Tokens of KV cache the replica holds (``planner.memory.kv_capacity_tokens`` at this
+    scheduler's step size)."""
+    from planner.memory import kv_capacity_tokens as capacity
 
-    m, p, o = coster.model, coster.prep.precision, coster.options
-    hw_bytes = coster.hw_memory_bytes
-    chunk = cfg.max_num_batched_tokens
-    per_seq = max(1, -(-chunk // cfg.max_num_seqs))
-    free = (hw_bytes * o.memory_utilization_frac
-            - weight_bytes(m, p, tp=coster.tp, lm_head_sharded=coster.engine.lm_head_sharded)
-            - activation_bytes(m, p, batch=cfg.max_num_seqs, prompt_tokens=per_seq,
-                               tp=coster.tp, attention=o.attention, chunk_tokens=chunk)
-            - o.reserve_bytes)
-    per_token = kv_cache_bytes_per_token(m, p, tp=coster.tp)
-    return max(0, int(free // per_token))
+    return capacity(coster.model, coster.hardware, coster.prep.precision, tp=coster.tp,
+                    options=coster.options, lm_head_sharded=coster.engine.lm_head_sharded,
+                    max_num_seqs=cfg.max_num_seqs, step_tokens=cfg.max_num_batched_tokens)
 
 
 def simulate(requests: list[Request], coster: StepCoster, cfg: SchedulerConfig, *,
