@@ -3,6 +3,7 @@ latency targets)."""
 
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 from typing import Annotated, Optional
@@ -15,6 +16,7 @@ from planner.cli_common import (
     WEIGHT_CHOICES,
     EngineOpt,
     json_out,
+    output_path,
     parse_choices,
     positive,
     stderr,
@@ -157,12 +159,24 @@ def plan(
     csv: Annotated[Optional[Path], typer.Option("--csv", help="All rows to CSV.")] = None,
     plot: Annotated[Optional[Path], typer.Option(
         "--plot", help="PNG of cost vs latency with the Pareto front.")] = None,
+    scheduler: Annotated[str, typer.Option(
+        help="continuous: size replicas by simulating continuous batching (vLLM-style); "
+             "static: a batch every end-to-end latency.")] = "continuous",
+    percentile: Annotated[int, typer.Option(
+        help="With continuous sizing, the TTFT / TPOT percentile held to the targets "
+             "(50, 90 or 99).")] = 90,
+    sim_requests: Annotated[int, typer.Option(
+        help="Requests simulated per candidate replica count.")] = 200,
+    range_ratio: Annotated[float, typer.Option(
+        help="Simulated lengths uniform within +-this fraction.")] = 0.0,
     as_json: Annotated[bool, typer.Option("--json", help="All rows as JSON.")] = False,
 ) -> None:
-    """Find the cheapest configurations that meet TTFT and TPOT targets at a traffic level."""
+    """Find the cheapest configurations that meet TTFT and TPOT targets at a traffic level:
+    each sized by simulating continuous batching (or, with --scheduler static, static
+    batches)."""
     from planner import catalog
     from planner.budget import parse_quantity
-    from planner.plan import Targets, plot_pareto, search
+    from planner.plan import SimSettings, Targets, plot_pareto, search
     from planner.render import table
     from planner.specs import DType
     from planner.sweep import parse_int_list, parse_str_list
@@ -179,6 +193,17 @@ def plan(
         raise LlmplanError(f"--ttft/--tpot: {err}") from None
     positive("--ttft", t_ttft)
     positive("--tpot", t_tpot)
+    for name, v in (("--ttft", t_ttft), ("--tpot", t_tpot), ("--rps", rps),
+                    ("--tokens-per-s", tokens_per_s), ("--price-per-hour", price_per_hour)):
+        if v is not None and not math.isfinite(v):
+            raise LlmplanError(f"{name}: must be a finite number, got {v:g}")
+    if scheduler not in ("continuous", "static"):
+        raise LlmplanError(f"--scheduler: '{scheduler}' is not one of continuous, static")
+    if percentile not in (50, 90, 99):
+        raise LlmplanError(f"--percentile: must be 50, 90 or 99, got {percentile}")
+    positive("--sim-requests", sim_requests)
+    if not 0 <= range_ratio < 1:
+        raise LlmplanError(f"--range-ratio: must be in [0, 1), got {range_ratio:g}")
     req = rps if rps is not None else tokens_per_s / output_tokens
     m = catalog.load_model(model)
     gpus = [catalog.load_hardware(g) for g in (parse_str_list(gpu) if gpu
@@ -187,10 +212,23 @@ def plan(
     kvl = [None if k == "16" else DType(k)
            for k in parse_choices(kv_cache, ("16", *KV_CHOICES), "--kv-cache")]
     cal = catalog.load_calibration(calibration) if calibration else None
+    eng = catalog.load_engine(engine)
+    for p_ in (csv, plot):
+        output_path(p_, "--csv" if p_ is csv else "--plot", None if p_ is csv else ".png")
+    if scheduler == "continuous":
+        _plan_continuous(m, gpus, prompt_tokens=prompt_tokens, output_tokens=output_tokens,
+                         targets=Targets(t_ttft, t_tpot, req), tps=parse_int_list(tp, "--tp"),
+                         weights=wl, kv_cache=kvl, calibration=cal,
+                         price_per_hour=price_per_hour, engine=eng,
+                         settings=SimSettings(percentile=percentile, num_requests=sim_requests,
+                                              range_ratio=range_ratio),
+                         top=top, csv=csv, plot=plot, as_json=as_json,
+                         label=(ttft, tpot, req))
+        return
     df = search(m, gpus, prompt_tokens=prompt_tokens, output_tokens=output_tokens,
                 targets=Targets(t_ttft, t_tpot, req), tps=parse_int_list(tp, "--tp"),
                 weights=wl, kv_cache=kvl, calibration=cal, price_usd_per_gpu_hour=price_per_hour,
-                engine=catalog.load_engine(engine))
+                engine=eng)
     feas = df[df["meets_targets"]]
     if csv:
         df.to_csv(csv, index=False)
@@ -222,3 +260,46 @@ def plan(
                        ["#", "gpu", "tp", "w", "kv", "batch", "replicas", "GPUs", "TTFT ms",
                         "TPOT ms", "headroom", "bound", "$/h", "$/1M out"], rows, left=5,
                        compact=True))
+
+
+def _plan_continuous(m, gpus, *, prompt_tokens, output_tokens, targets, tps, weights, kv_cache,
+                     calibration, price_per_hour, engine, settings, top, csv, plot, as_json,
+                     label) -> None:
+    from planner.plan import plot_pareto, search_continuous
+    from planner.render import table
+
+    df = search_continuous(m, gpus, prompt_tokens=prompt_tokens, output_tokens=output_tokens,
+                           targets=targets, tps=tps, weights=weights, kv_cache=kv_cache,
+                           calibration=calibration, price_usd_per_gpu_hour=price_per_hour,
+                           engine=engine, settings=settings, top=top)
+    ttft, tpot, req = label
+    p = settings.percentile
+    name = "median" if p == 50 else f"p{p}"
+    if csv:
+        df.to_csv(csv, index=False)
+        stderr.print(f"wrote {len(df):,} rows to {csv}")
+    if plot and len(df):
+        plot_pareto(df, plot, title=f"{m.label}: prompt {prompt_tokens} / output "
+                    f"{output_tokens}, {name} TTFT <= {ttft} and TPOT <= {tpot}, {req:g} req/s "
+                    "(continuous batching, simulated)")
+        stderr.print(f"wrote {plot}")
+    if as_json:
+        json_out(df.astype(object).where(df.notna(), None).to_dict(orient="records"))
+        return
+    if not len(df):
+        stdout.print(f"no configuration meets {name} TTFT <= {ttft} and TPOT <= {tpot} at "
+                     f"{req:g} req/s")
+        raise typer.Exit(1)
+    rows = []
+    for r in df.head(top).itertuples():
+        rows.append([int(r.rank), r.gpu, r.tp, r.weights, r.kv_cache,
+                     f"{r.rate_per_replica:,.3g}", f"{getattr(r, f'{name}_ttft_s') * 1e3:,.0f}",
+                     f"{getattr(r, f'{name}_tpot_s') * 1e3:,.1f}", int(r.replicas),
+                     int(r.total_gpus), f"{r.usd_per_hour:,.2f}",
+                     f"{r.cost_usd_per_million_output_tokens_at_traffic:,.3f}"])
+    stdout.print(table(f"{m.label}: {name} TTFT <= {ttft} and TPOT <= {tpot} at {req:g} "
+                       f"req/s; {len(df)} configurations simulated (continuous batching, "
+                       f"engine {engine.name}), each replica sized for the rate shown",
+                       ["#", "gpu", "tp", "w", "kv", "req/s each", f"{name} TTFT ms",
+                        f"{name} TPOT ms", "replicas", "GPUs", "$/h", "$/1M out"], rows,
+                       left=5, compact=True))

@@ -11,13 +11,14 @@ latency. Imports numpy and pandas (through the sweep).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
 
 from planner.engine import IDEAL, Engine
-from planner.specs import Calibration, DType, HardwareSpec, ModelSpec, Options
+from planner.specs import Calibration, DType, HardwareSpec, ModelSpec, Options, Precision
 from planner.sweep import Grid, iter_sweep, to_frame
 
 
@@ -123,3 +124,161 @@ def plot_pareto(df: pd.DataFrame, path, *, title: str, top: int = 5) -> None:
     ax.legend(fontsize=8, loc="upper right")
     fig.savefig(path, dpi=130, bbox_inches="tight")
     plt.close(fig)
+
+
+# --------------------------------------------------------------------------- continuous sizing
+
+
+@dataclass(frozen=True)
+class SimSettings:
+    """How each candidate replica is simulated when sizing with continuous batching."""
+
+    percentile: int = 90  # the TTFT / TPOT percentile that must meet the targets
+    num_requests: int = 200
+    range_ratio: float = 0.0
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 8192
+    seed: int = 0
+
+
+def _percentile_ok(summary: dict, targets: Targets, p: int) -> bool:
+    ttft, tpot = summary[f"p{p}_ttft_ms" if p != 50 else "median_ttft_ms"], \
+        summary[f"p{p}_tpot_ms" if p != 50 else "median_tpot_ms"]
+    return (summary["completed"] > 0 and ttft is not None and ttft <= targets.ttft_s * 1e3
+            and (tpot is None or tpot <= targets.tpot_s * 1e3))
+
+
+def replicas_needed(model: ModelSpec, hw: HardwareSpec, *, prep, options: Options, tp: int,
+                    prompt_tokens: int, output_tokens: int, targets: Targets,
+                    settings: SimSettings, upper_rate: float,
+                    max_factor: int = 64) -> tuple[int, dict | None]:
+    """The fewest replicas that serve ``targets.requests_per_s`` with the
+    ``settings.percentile`` TTFT and TPOT within the targets: each replica simulated with
+    Poisson traffic at its share of the rate. Starts from the analytic bound (no fewer
+    replicas can do) and searches upward, doubling then bisecting: a few simulations per
+    configuration. (0, None) when even ``max_factor`` times the bound cannot."""
+    from planner.serving.cost import StepCoster
+    from planner.serving.metrics import summary
+    from planner.serving.sim import SchedulerConfig, simulate
+    from planner.serving.traffic import synthetic
+
+    coster = StepCoster(model, hw, prep, options, tp=tp)
+    cfg = SchedulerConfig(max_num_seqs=settings.max_num_seqs,
+                          max_num_batched_tokens=settings.max_num_batched_tokens)
+    seen: dict[int, dict] = {}
+
+    def ok(n: int) -> bool:
+        if n not in seen:
+            reqs = synthetic(settings.num_requests, prompt_tokens=prompt_tokens,
+                             output_tokens=output_tokens, range_ratio=settings.range_ratio,
+                             request_rate=targets.requests_per_s / n, seed=settings.seed)
+            seen[n] = summary(simulate(reqs, coster, cfg))
+        return _percentile_ok(seen[n], targets, settings.percentile)
+
+    floor = max(1, math.ceil(targets.requests_per_s / upper_rate))  # fewer cannot serve it
+    if ok(floor):
+        return floor, seen[floor]
+    # sustained rates come out at 60-90% of the bound: try 1/0.75 of the floor first
+    lo, hi = floor, max(floor + 1, math.ceil(floor / 0.75))
+    step = hi - lo
+    while not ok(hi):  # widen until a count works
+        lo, step = hi, step * 2
+        hi = lo + step
+        if hi > max_factor * floor:
+            return 0, None
+    while hi - lo > 1:  # lo fails, hi works
+        mid = (lo + hi) // 2
+        if ok(mid):
+            hi = mid
+        else:
+            lo = mid
+    return hi, seen[hi]
+
+
+def search_continuous(model: ModelSpec, gpus: list[HardwareSpec], *, prompt_tokens: int,
+                      output_tokens: int, targets: Targets, tps=(1, 2, 4, 8),
+                      weights=(DType.bf16, DType.fp8, DType.int8, DType.int4),
+                      kv_cache=(None, DType.fp8), options: Options | None = None,
+                      calibration: Calibration | None = None,
+                      price_usd_per_gpu_hour: float | None = None, engine: Engine = IDEAL,
+                      settings: SimSettings | None = None, top: int = 10) -> pd.DataFrame:
+    """The cheapest configurations sized by simulating continuous batching.
+
+    Screened analytically first: a configuration must fit, be priced and meet both targets
+    for a single request. Its optimistic rate (each request costing only its share of the
+    best batched decode step within the TPOT target, per output token, and its prompt at the
+    best batched prefill rate) bounds the rate it can sustain, so its cost at that rate bounds
+    its cost from below. Configurations are simulated in order of that
+    bound, and the search stops once the bound of the next is above the ``top``-th cost found:
+    no configuration left could make the list."""
+    from planner.estimate import prepare
+
+    o = options or Options()
+    st = settings or SimSettings()
+    df = search(model, gpus, prompt_tokens=prompt_tokens, output_tokens=output_tokens,
+                targets=Targets(math.inf, targets.tpot_s, targets.requests_per_s), tps=tps,
+                weights=weights, kv_cache=kv_cache, options=o, calibration=calibration,
+                price_usd_per_gpu_hour=price_usd_per_gpu_hour, engine=engine,
+                batches=[1, 2, 4, 8, 16, 32, 64, 128, 192, 256])
+    df = df[df["supported"].astype(bool) & df["priced"]]
+    keys = ["gpu", "tp", "weights", "kv_cache"]
+    cands = []
+    for key, g in df.groupby(keys, sort=False):
+        one = g[g["batch"] == 1]
+        if one.empty or not bool(one["fits"].iloc[0]) or \
+                float(one["ttft_s"].iloc[0]) > targets.ttft_s or \
+                float(one["tpot_s"].iloc[0]) > targets.tpot_s:
+            continue
+        ok = g[g["fits"].astype(bool) & (g["tpot_s"] <= targets.tpot_s)]
+        b = ok.loc[(ok["batch"] / ok["tpot_s"]).idxmax()]
+        # a request costs the replica at least its share of a batched decode step per output
+        # token and its prompt at the best prefill rate any batch reaches
+        decode_s = float(b["tpot_s"] / b["batch"]) * output_tokens
+        prefill_s = float((g["ttft_s"] / (g["batch"] * prompt_tokens)).min()) * prompt_tokens
+        upper = 1.0 / (decode_s + prefill_s)  # requests/s: an upper bound
+        tp = int(key[1])
+        price = float(one["price_usd_per_gpu_hour"].iloc[0])
+        lb = math.ceil(targets.requests_per_s / upper) * tp * price
+        cands.append((lb, key, upper, price, one.iloc[0]))
+    cands.sort(key=lambda c: c[0])
+    gpu_by_name = {h.name: h for h in gpus}
+    rows = []
+    costs: list[float] = []
+    for lb, (gpu, tp, w, kv), upper, price, one in cands:
+        if len(costs) >= top and lb > sorted(costs)[top - 1]:
+            break
+        hw = gpu_by_name[gpu]
+        prec_kv = None if kv == Precision.of(w).kv_cache.value else DType(kv)
+        prep = prepare(hw, Precision.of(w, prec_kv), calibration, o, engine)
+        replicas, s = replicas_needed(model, hw, prep=prep, options=o, tp=int(tp),
+                                      prompt_tokens=prompt_tokens,
+                                      output_tokens=output_tokens, targets=targets,
+                                      settings=st, upper_rate=upper)
+        if not replicas or s is None:
+            continue
+        rate = targets.requests_per_s / replicas
+        usd_per_hour = replicas * int(tp) * price
+        costs.append(usd_per_hour)
+        p = st.percentile
+        name = "median" if p == 50 else f"p{p}"
+        rows.append({"gpu": gpu, "tp": int(tp), "weights": w, "kv_cache": kv,
+                     "engine": engine.name, "scheduler": "continuous",
+                     "rate_per_replica": rate, "percentile": p,
+                     f"{name}_ttft_s": s[f"{name}_ttft_ms"] / 1e3,
+                     f"{name}_tpot_s": (s[f"{name}_tpot_ms"] or 0) / 1e3,
+                     "latency_s": s[f"{name}_e2el_ms"] / 1e3,
+                     "mean_running_requests": s["mean_running_requests"],
+                     "max_running_requests": s["max_running_requests"],
+                     "batch": st.max_num_seqs, "meets_targets": True,
+                     "replicas": replicas, "total_gpus": replicas * int(tp),
+                     "price_usd_per_gpu_hour": price, "usd_per_hour": usd_per_hour,
+                     "cost_usd_per_million_output_tokens_at_traffic":
+                         usd_per_hour / (targets.requests_per_s * output_tokens * 3600) * 1e6,
+                     "lower_bound_usd_per_hour": lb, "analytic_rate_bound": upper,
+                     "single_request_ttft_s": float(one["ttft_s"]),
+                     "single_request_tpot_s": float(one["tpot_s"])})
+    out = pd.DataFrame(rows)
+    if len(out):
+        out = out.sort_values(["usd_per_hour", "total_gpus"]).reset_index(drop=True)
+        out.insert(0, "rank", np.arange(1, len(out) + 1))
+    return out

@@ -113,6 +113,23 @@ def op_efficiency(op: Op, e: Engine) -> tuple[float, float]:
     return e.elementwise_bandwidth_frac, 1.0
 
 
+def combine(compute: float, memory: float, e: Engine, o: Options, *, kernels: float,
+            per_kernel_s: float, graphed: bool) -> float:
+    """One operator instance's time from its compute and memory times under engine ``e``:
+    the roofline's max (less the engine's lost overlap) or the additive form, its kernels'
+    fixed costs, and the host's launch floor when nothing is replayed from a CUDA graph."""
+    if o.time_model == "additive":
+        t = compute + memory
+    elif e.overlap_frac == 1.0:
+        t = vmax(compute, memory)
+    else:  # only part of the shorter time hides under the longer
+        t = compute + memory - e.overlap_frac * vmin(compute, memory)
+    t = t + kernels * per_kernel_s
+    if not graphed and e.host_launch_s:
+        t = vmax(t, kernels * e.host_launch_s)  # the host cannot launch faster than this
+    return t
+
+
 def op_time(op: Op, c: Ceilings, *, tp: int = 1, options: Options | None = None,
             engine: Engine = IDEAL, graphed: bool = True) -> OpTime:
     """One operator's time under ``engine`` (see planner.engine for the equation).
@@ -139,17 +156,9 @@ def op_time(op: Op, c: Ceilings, *, tp: int = 1, options: Options | None = None,
     if e.kv_cache_concat:
         moved = moved + 2 * op.kv_cache_bytes  # the old cache read and written anew
     memory = moved / (c.bandwidth_bytes_per_s * bw_frac)
-    if o.time_model == "additive":
-        t = compute + memory
-    elif e.overlap_frac == 1.0:
-        t = vmax(compute, memory)
-    else:  # only part of the shorter time hides under the longer
-        t = compute + memory - e.overlap_frac * vmin(compute, memory)
     k = e.kernels_for(op.name, op.kind)
     per_kernel = c.kernel_overhead_s if c.kernel_overhead_s is not None else e.kernel_gap_s
-    t = t + k * per_kernel
-    if not graphed and e.host_launch_s:
-        t = vmax(t, k * e.host_launch_s)  # the host cannot launch faster than this
+    t = combine(compute, memory, e, o, kernels=k, per_kernel_s=per_kernel, graphed=graphed)
     return OpTime(op, compute * n, memory * n, 0.0, t * n, bw_frac, c_frac, k * n,
                   k * per_kernel * n)
 

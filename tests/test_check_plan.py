@@ -172,7 +172,7 @@ def test_plan_cli(run_cli, tmp_path):
     code, out, err = run_cli("plan", "-m", "llama-3.1-8b", "--ttft", "1500ms", "--tpot",
                              "30ms", "--rps", "7", "-p", "1024", "-o", "256", "-g",
                              ",".join(GPUS), "--tp", "1,2", "--weights", "bf16,fp8",
-                             "--plot", str(png), "--top", "3")
+                             "--plot", str(png), "--top", "3", "--scheduler", "static")
     assert code == 0, err
     assert "meet TTFT <= 1500ms" in out and png.stat().st_size > 10_000
     code, out, _ = run_cli("plan", "-m", "llama-3.1-70b", "--ttft", "10ms", "--tpot", "1ms",
@@ -211,3 +211,60 @@ def test_a_deployment_names_its_engine(run_cli, tmp_path):
     assert "nope" in b_text
     code, _, err = run_cli("check", str(b))
     assert code == 2 and "unknown engine 'nope'" in err
+
+
+def test_continuous_plan_sizes_the_fewest_replicas(run_cli):
+    """Each row's replica count is the fewest whose share of the traffic, simulated, keeps
+    p90 TTFT and TPOT within the targets: one replica fewer misses them."""
+    from planner.estimate import prepare
+    from planner.plan import SimSettings, Targets, _percentile_ok, search_continuous
+    from planner.serving.cost import StepCoster
+    from planner.serving.metrics import summary
+    from planner.serving.sim import SchedulerConfig, simulate
+    from planner.serving.traffic import synthetic
+    from planner.specs import Options, Precision
+
+    m = catalog.load_model("llama-3.1-8b")
+    gpus = [catalog.load_hardware(g) for g in ("h100-sxm", "a100-sxm-80gb")]
+    eng = catalog.load_engine("vllm")
+    targets = Targets(1.0, 0.03, 12.0)
+    st = SimSettings(num_requests=150)
+    df = search_continuous(m, gpus, prompt_tokens=1024, output_tokens=128, targets=targets,
+                           tps=(1, 2), weights=(DType.bf16, DType.fp8), kv_cache=(None,),
+                           engine=eng, settings=st, top=3)
+    assert len(df) and list(df["rank"]) == list(range(1, len(df) + 1))
+    assert (df["usd_per_hour"] >= df["lower_bound_usd_per_hour"] - 1e-9).all()
+    assert df["usd_per_hour"].is_monotonic_increasing
+    top = df.iloc[0]
+    hw = catalog.load_hardware(top["gpu"])
+    prep = prepare(hw, Precision.of(top["weights"]), None, Options(), eng)
+    coster = StepCoster(m, hw, prep, Options(), tp=int(top["tp"]))
+
+    def ok(n: int) -> bool:
+        reqs = synthetic(150, prompt_tokens=1024, output_tokens=128,
+                         request_rate=targets.requests_per_s / n, seed=0)
+        return _percentile_ok(summary(simulate(reqs, coster, SchedulerConfig())), targets, 90)
+
+    n = int(top["replicas"])
+    assert ok(n)
+    assert n == 1 or not ok(n - 1)
+    assert top["rate_per_replica"] == pytest.approx(12.0 / n)
+    assert top["p90_ttft_s"] <= 1.0 and top["p90_tpot_s"] <= 0.03
+
+
+def test_continuous_plan_cli(run_cli, tmp_path):
+    code, out, err = run_cli("plan", "-m", "llama-3.1-8b", "--ttft", "1s", "--tpot", "30ms",
+                             "--rps", "5", "-g", "h100-sxm", "--tp", "1", "--weights", "bf16",
+                             "--sim-requests", "100", "--json")
+    assert code == 0, err
+    rows = json.loads(out)
+    assert rows[0]["scheduler"] == "continuous" and rows[0]["percentile"] == 90
+    for args, needle in ((["--percentile", "75"], "--percentile"),
+                         (["--scheduler", "dynamic"], "--scheduler"),
+                         (["--rps", "nan"], "--rps"), (["--plot", "x.txt"], ".png")):
+        base = ["plan", "-m", "llama-3.1-8b", "--ttft", "1s", "--tpot", "30ms", "-g",
+                "h100-sxm"]
+        if "--rps" not in args:
+            base += ["--rps", "5"]
+        code, _, err = run_cli(*base, *args)
+        assert code == 2 and needle in err, (args, err)

@@ -24,7 +24,7 @@ from dataclasses import replace
 from planner.engine import Engine
 from planner.estimate import Prepared
 from planner.ops import Op, StepShape, shape_ops
-from planner.roofline import op_time
+from planner.roofline import combine, op_time
 from planner.specs import HardwareSpec, ModelSpec, Options
 
 _SAMPLING = ("final_norm", "lm_head")
@@ -44,15 +44,27 @@ class StepCoster:
         unit = self._ops(StepShape(tokens=1.0, attn_pairs=1.0, kv_read_tokens=1.0,
                                    kv_held_tokens=1.0, score_elems=0.0, logit_rows=1.0))
         attn = unit["attention"]
-        per_token_act = attn.act_bytes
         scored = self._ops(StepShape(1.0, 1.0, 1.0, 1.0, 1.0, 1.0))["attention"]
         self._attn = attn
-        self._attn_flops_per_pair = attn.flops
-        self._attn_kv_per_token = attn.kv_bytes
-        self._attn_act_per_token = per_token_act
-        self._attn_act_per_score = scored.act_bytes - per_token_act
         self._kv_write = unit["rope_kv_write"]
         self._concat = self.engine.kv_cache_concat
+        # attention's compute and memory times are linear in the pairs, the cache read, the
+        # tokens and the scores: per-unit times from op_time, combined each step by the same
+        # rule op_time uses
+        def unit_times(op: Op) -> tuple[float, float]:
+            t = op_time(replace(op, count=1), prep.ceilings, tp=tp, options=options,
+                        engine=self.engine)
+            return t.compute_s, t.memory_s
+
+        self._attn_c_per_pair = unit_times(replace(attn, kv_bytes=0.0, act_bytes=0.0))[0]
+        self._attn_m_per_kv = unit_times(replace(attn, flops=0.0, act_bytes=0.0))[1]
+        self._attn_m_per_token = unit_times(replace(attn, flops=0.0, kv_bytes=0.0))[1]
+        self._attn_m_per_score = unit_times(replace(
+            attn, flops=0.0, kv_bytes=0.0, act_bytes=scored.act_bytes - attn.act_bytes))[1]
+        self._attn_kernels = self.engine.kernels_for("attention", "attention")
+        c = prep.ceilings
+        self._per_kernel = c.kernel_overhead_s if c.kernel_overhead_s is not None else \
+            self.engine.kernel_gap_s
 
     def _ops(self, shape: StepShape) -> dict[str, Op]:
         ops = shape_ops(self.model, self.prep.precision, shape, tp=self.tp,
@@ -88,12 +100,13 @@ class StepCoster:
         return t
 
     def attention_s(self, shape: StepShape, graphed: bool) -> float:
-        a = self._attn
-        op = replace(a, flops=self._attn_flops_per_pair * shape.attn_pairs,
-                     kv_bytes=self._attn_kv_per_token * shape.kv_read_tokens,
-                     act_bytes=self._attn_act_per_token * shape.tokens
-                     + self._attn_act_per_score * shape.score_elems)
-        t = self._time(op, graphed)
+        compute = self._attn_c_per_pair * shape.attn_pairs
+        memory = (self._attn_m_per_kv * shape.kv_read_tokens
+                  + self._attn_m_per_token * shape.tokens
+                  + self._attn_m_per_score * shape.score_elems)
+        t = self._attn.count * combine(compute, memory, self.engine, self.options,
+                                       kernels=self._attn_kernels,
+                                       per_kernel_s=self._per_kernel, graphed=graphed)
         if self._concat:
             w = self._kv_write
             t += self._time(replace(w, kv_bytes=w.kv_bytes * shape.tokens,
