@@ -33,6 +33,7 @@ from planner.cli_common import (
     stderr,
     stdout,
 )
+from planner.errors import LlmplanError
 
 ListOpt = Annotated[str, typer.Option()]
 LIST_HELP = "Comma-separated; numbers take ranges: 4..256 doubles, 128..1024+128 steps."
@@ -178,6 +179,9 @@ def report(
              "predicted-vs-measured chart.")] = None,
     out: Annotated[Path, typer.Option("--out", help="Directory for PNGs and CSVs.")] = Path(
         "reports"),
+    serving_requests: Annotated[int, typer.Option(
+        help="Requests simulated per point of the serving chart (request rate against "
+             "throughput, TTFT and TPOT); 0 leaves it out.")] = 300,
 ) -> None:
     """Roofline, throughput-vs-latency and memory PNGs, each with the CSV it plots."""
     from planner import catalog
@@ -210,7 +214,10 @@ def report(
 
         records = load_measured(measured)
         meas, meas_ceil = measured_roofline_points(records)
-    paths = write_reports(cases, out, batch=batch, measured=meas, measured_ceilings=meas_ceil)
+    if serving_requests < 0:
+        raise LlmplanError(f"--serving-requests: must be 0 or more, got {serving_requests}")
+    paths = write_reports(cases, out, batch=batch, measured=meas, measured_ceilings=meas_ceil,
+                          serving_requests=serving_requests)
     if records is not None:
         paths += plot_accuracy(records, out, f"{measured.stem}_predicted_vs_measured")
     for p in paths:

@@ -348,15 +348,86 @@ def plot_memory(case: Case, df: pd.DataFrame, out_dir: Path) -> tuple[Path, Path
 
 def write_reports(cases: list[Case], out_dir: Path, *, batch: int,
                   measured: pd.DataFrame | None = None,
-                  measured_ceilings: dict | None = None) -> list[Path]:
-    """All three charts: roofline and memory for the first case, throughput for all."""
+                  measured_ceilings: dict | None = None,
+                  serving_requests: int = 0) -> list[Path]:
+    """The charts: roofline and memory for the first case, throughput for all, and with
+    ``serving_requests`` the simulated serving curve for all."""
     first = cases[0]
     paths = []
     paths += plot_roofline(first, roofline_table(first, batch, measured), out_dir,
                            measured_ceilings)
     paths += plot_throughput(cases, throughput_table(cases), out_dir)
     paths += plot_memory(first, memory_table(first), out_dir)
+    if serving_requests:
+        paths += plot_serving(cases, serving_table(cases, serving_requests), out_dir)
     return list(paths)
+
+
+# --------------------------------------------------------------------------- 4. serving
+
+
+SERVING_LOAD = (0.1, 0.25, 0.4, 0.55, 0.7, 0.8, 0.9, 1.0, 1.1)
+
+
+def serving_table(cases: list[Case], num_requests: int) -> pd.DataFrame:
+    """Each case served by one replica under Poisson traffic (continuous batching, paged KV),
+    at fractions of the rate it sustains when every request arrives at once."""
+    from planner.estimate import prepare
+    from planner.serving.cost import StepCoster
+    from planner.serving.metrics import summary
+    from planner.serving.sim import SchedulerConfig, simulate
+    from planner.serving.traffic import synthetic
+
+    rows = []
+    for case in cases:
+        prep = prepare(case.hw, case.precision, case.calibration, case.options, case.engine)
+        coster = StepCoster(case.model, case.hw, prep, case.options, tp=case.tp)
+
+        def run(rate: float, c=case, k=coster) -> dict:
+            reqs = synthetic(num_requests, prompt_tokens=c.prompt_tokens,
+                             output_tokens=c.output_tokens, request_rate=rate, seed=0)
+            return summary(simulate(reqs, k, SchedulerConfig()))
+
+        saturated = run(float("inf"))["request_throughput"]
+        for frac in SERVING_LOAD:
+            s = run(saturated * frac)
+            rows.append({"case": case.label, "gpu": case.hw.name, "engine": case.engine.name,
+                         "weights": case.precision.weights.value, "tp": case.tp,
+                         "request_rate": saturated * frac, "load_frac": frac,
+                         **{k: s[k] for k in (
+                             "request_throughput", "output_throughput", "median_ttft_ms",
+                             "p90_ttft_ms", "median_tpot_ms", "p90_tpot_ms",
+                             "mean_running_requests", "max_running_requests", "preemptions")}})
+    return pd.DataFrame(rows)
+
+
+def plot_serving(cases: list[Case], df: pd.DataFrame, out_dir: Path) -> tuple[Path, Path]:
+    fig, axes = plt.subplots(1, 3, figsize=(16, 5.2))
+    for i, (label, sub) in enumerate(df.groupby("case", sort=False)):
+        color = COLORS[i % len(COLORS)]
+        x = sub["request_rate"]
+        axes[0].plot(x, sub["request_throughput"], "-o", color=color, ms=4, label=label)
+        for ax, key in ((axes[1], "ttft"), (axes[2], "tpot")):
+            ax.plot(x, sub[f"median_{key}_ms"], "-o", color=color, ms=4, label=f"{label} p50")
+            ax.plot(x, sub[f"p90_{key}_ms"], "--", color=color, lw=1, label=f"{label} p90")
+    lim = float(df["request_rate"].max()) * 1.05
+    axes[0].plot([0, lim], [0, lim], ":", color="grey", lw=1, label="served = offered")
+    axes[0].set_ylabel("requests served per second")
+    axes[1].set_ylabel("TTFT (ms)")
+    axes[2].set_ylabel("TPOT (ms)")
+    axes[1].set_yscale("log")
+    plain_log_ticks(axes[1])
+    for ax in axes:
+        ax.set_xlabel("request rate offered (req/s, Poisson)")
+        ax.grid(True, which="both", alpha=0.25)
+        ax.legend(fontsize=7, loc="upper left")
+    c0 = cases[0]
+    fig.suptitle(f"{c0.model.label}: one replica under load, continuous batching, paged KV, "
+                 f"engine {c0.engine.name} (simulated); prompt {c0.prompt_tokens} / output "
+                 f"{c0.output_tokens} tokens", fontsize=10)
+    fig.tight_layout()
+    tag = "_".join(sorted({c.precision.weights.value for c in cases}))
+    return _save(fig, df, out_dir, f"{c0.model.name}_serving_{tag}")
 
 
 # --------------------------------------------------------------------------- measurements

@@ -20,10 +20,11 @@ def test_batch_ladder():
 
 def test_report_cli_writes_pngs_and_csvs(run_cli, tmp_path):
     code, out, err = run_cli("report", "-m", "llama-3.1-8b", "-g", "h100-sxm,a100-sxm-80gb",
-                             "--weights", "bf16,fp8", "--out", str(tmp_path))
+                             "--weights", "bf16,fp8", "--out", str(tmp_path),
+                             "--serving-requests", "0")
     assert code == 0, err
     files = sorted(p.name for p in tmp_path.iterdir())
-    assert len(files) == 6
+    assert len(files) == 6  # roofline, throughput and memory, each PNG with its CSV
     for p in tmp_path.glob("*.png"):
         with Image.open(p) as im:
             assert im.size[0] > 800 and im.size[1] > 500
@@ -72,3 +73,21 @@ def test_throughput_rises_with_batch():
 def test_report_bad_input(run_cli, tmp_path, args, needle):
     code, _, err = run_cli("report", *args, "--out", str(tmp_path))
     assert code == 2 and needle in err
+
+
+def test_report_draws_the_simulated_serving_curve(run_cli, tmp_path):
+    import pandas as pd
+
+    code, out, err = run_cli("report", "-m", "llama-3.1-8b", "-g", "h100-sxm", "-p", "512",
+                             "-o", "64", "--serving-requests", "40", "--out", str(tmp_path))
+    assert code == 0, err
+    png = tmp_path / "llama-3.1-8b_serving_bf16.png"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    df = pd.read_csv(tmp_path / "llama-3.1-8b_serving_bf16.csv")
+    assert len(df) == 9 and df["request_rate"].is_monotonic_increasing
+    # served never exceeds offered by more than the finite run's edge effects
+    low = df[df["load_frac"] <= 0.55]
+    assert (low["request_throughput"] <= low["request_rate"] * 1.3).all()
+    code, _, err = run_cli("report", "-m", "llama-3.1-8b", "-g", "h100-sxm",
+                           "--serving-requests", "-1", "--out", str(tmp_path))
+    assert code == 2 and "--serving-requests" in err
