@@ -38,6 +38,7 @@ from planner.errors import LlmplanError
 class Scheduler(str, Enum):
     continuous = "continuous"
     static = "static"
+    dynamic = "dynamic"
 
 
 class KVLayout(str, Enum):
@@ -118,8 +119,11 @@ def simulate(
         help="JSONL or CSV of prompt_tokens, output_tokens and optional arrival_s.")] = None,
     seed: Annotated[int, typer.Option(help="Random seed of lengths and arrivals.")] = 0,
     scheduler: Annotated[Scheduler, typer.Option(
-        help="continuous (vLLM-style iteration-level) or static batches.")] =
+        help="continuous (vLLM-style iteration-level), static batches, or dynamic batches "
+             "(static, waiting up to --max-wait for a batch to fill).")] =
     Scheduler.continuous,
+    max_wait: Annotated[float, typer.Option(
+        help="Dynamic batching: seconds a batch waits for more requests.")] = 0.05,
     max_num_seqs: Annotated[int, typer.Option(help="Running requests at most.")] = 256,
     max_num_batched_tokens: Annotated[int, typer.Option(
         help="Tokens per step at most (prefill chunks and decodes).")] = 8192,
@@ -164,6 +168,8 @@ def simulate(
         positive(name, v)
     _finite_positive("--request-rate", request_rate, allow_inf=True)
     _finite_positive("--burstiness", burstiness)
+    if not (max_wait >= 0 and math.isfinite(max_wait)):
+        raise LlmplanError(f"--max-wait: must be a finite number >= 0, got {max_wait:g}")
     _finite_positive("--ttft-slo", ttft_slo)
     _finite_positive("--tpot-slo", tpot_slo)
     _finite_positive("--memory-utilization", memory_utilization)
@@ -190,7 +196,8 @@ def simulate(
                           chunked_prefill=chunked_prefill, kv_layout=kv_layout.value,
                           block_size=block_size,
                           max_model_len=max_model_len or m.max_position_embeddings,
-                          max_concurrency=max_concurrency)
+                          max_concurrency=max_concurrency,
+                          max_wait_s=max_wait if scheduler == Scheduler.dynamic else 0.0)
     cfg.check()
     if dataset is not None:
         reqs = replay(read_trace(dataset))

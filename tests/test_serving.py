@@ -133,7 +133,8 @@ def test_closed_loop_keeps_its_clients(setup):
 @settings(max_examples=25, deadline=None)
 @given(st.integers(1, 60), st.integers(1, 3000), st.integers(1, 400),
        st.floats(0.0, 0.9), st.sampled_from([0.5, 5.0, math.inf]),
-       st.sampled_from(["continuous", "static"]), st.sampled_from(["paged", "contiguous"]),
+       st.sampled_from(["continuous", "static", "dynamic"]),
+       st.sampled_from(["paged", "contiguous"]),
        st.integers(1, 64), st.booleans())
 def test_any_stream_completes(n, p, o, ratio, rate, kind, layout, seqs, chunked):
     m, hw = catalog.load_model("llama-3.1-8b"), catalog.load_hardware("h100-sxm")
@@ -144,7 +145,7 @@ def test_any_stream_completes(n, p, o, ratio, rate, kind, layout, seqs, chunked)
                      request_rate=rate, seed=n)
     cfg = SchedulerConfig(kind=kind, kv_layout=layout, max_num_seqs=seqs,
                           max_num_batched_tokens=4096, chunked_prefill=chunked,
-                          max_model_len=8192)
+                          max_model_len=8192, max_wait_s=0.2 if kind == "dynamic" else 0.0)
     if not chunked and kind == "continuous" and max(q.prompt_tokens for q in reqs) > 4096:
         with pytest.raises(LlmplanError):
             simulate(reqs, c, cfg)
@@ -274,3 +275,22 @@ def test_simulate_plot(run_cli, tmp_path):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     rows = (tmp_path / "s.csv").read_text().splitlines()
     assert rows[0] == "t_s,running,waiting,kv_reserved_tokens,kv_reserved_frac" and len(rows) > 10
+
+
+def test_dynamic_batching_waits_to_fill_its_batches(setup):
+    *_, c = setup
+    reqs = synthetic(300, prompt_tokens=256, output_tokens=64, request_rate=40, seed=8)
+    static = summary(simulate(reqs, c, SchedulerConfig(kind="static", max_num_seqs=64)))
+    same = summary(simulate(reqs, c, SchedulerConfig(kind="dynamic", max_num_seqs=64)))
+    assert same == static  # no wait: a static batch formed on arrival
+    waited = simulate(reqs, c, SchedulerConfig(kind="dynamic", max_num_seqs=64,
+                                               max_wait_s=0.5))
+    w = summary(waited)
+    assert w["completed"] == 300
+    assert w["mean_running_requests"] > static["mean_running_requests"]
+    # a lone request waits out the window before its prefill starts
+    lone = synthetic(1, prompt_tokens=256, output_tokens=8)
+    r = simulate(lone, c, SchedulerConfig(kind="dynamic", max_wait_s=0.5)).requests[0]
+    assert r.ttft_s == pytest.approx(0.5 + c.step_time(StepShape.uniform(1, 256, 0),
+                                                       sequences=1, prefill=True,
+                                                       decodes=False), rel=1e-9)

@@ -12,7 +12,8 @@ prompt and the tokens it had generated (vLLM's recompute preemption). ``kv_layou
 reserves ``max_model_len`` tokens for each admitted request up front, as servers did before
 PagedAttention. Static batching forms a batch of up to ``max_num_seqs`` waiting requests, runs
 their prefill, then decodes the whole batch until its longest request is done (finished
-sequences are padding), then forms the next.
+sequences are padding), then forms the next. Dynamic batching does the same, but an idle server
+waits up to ``max_wait_s`` after the oldest waiting request's arrival for the batch to fill.
 
 Each step takes ``StepCoster.step_time`` of its shape: the estimate's operator and engine
 model. Decoding requests are kept in aggregate (their count, the sum of their contexts, a heap
@@ -37,7 +38,7 @@ from planner.serving.traffic import Request
 
 @dataclass(frozen=True)
 class SchedulerConfig:
-    kind: Literal["continuous", "static"] = "continuous"
+    kind: Literal["continuous", "static", "dynamic"] = "continuous"
     max_num_seqs: int = 256  # vLLM's default
     max_num_batched_tokens: int = 8192  # vLLM V1's default for serving
     chunked_prefill: bool = True
@@ -45,6 +46,7 @@ class SchedulerConfig:
     block_size: int = 16  # vLLM's default
     max_model_len: int = 131072  # the reservation of a contiguous cache
     max_concurrency: int | None = None  # a closed loop of this many clients
+    max_wait_s: float = 0.0  # dynamic batching: how long a batch waits for more requests
 
     def check(self) -> None:
         for name in ("max_num_seqs", "max_num_batched_tokens", "block_size", "max_model_len"):
@@ -56,6 +58,8 @@ class SchedulerConfig:
                              "every running request")
         if self.max_concurrency is not None and self.max_concurrency <= 0:
             raise UsageError("max-concurrency: must be positive")
+        if not (self.max_wait_s >= 0 and math.isfinite(self.max_wait_s)):
+            raise UsageError(f"max-wait: must be a finite number >= 0, got {self.max_wait_s}")
 
 
 @dataclass
@@ -283,7 +287,18 @@ def simulate(requests: list[Request], coster: StepCoster, cfg: SchedulerConfig, 
         # ---------------------------------------------------------------- schedule
         budget = cfg.max_num_batched_tokens
         chunks: list[tuple[_Req, int]] = []
-        if cfg.kind == "static" and not static_batch:
+        batched = cfg.kind != "continuous"  # static or dynamic: whole batches
+        if cfg.kind == "dynamic" and not static_batch and waiting and \
+                len(waiting) < cfg.max_num_seqs and \
+                waiting[0].r.arrival_s + cfg.max_wait_s > st.t:
+            # hold the batch open until it fills or its oldest request has waited max_wait_s
+            # (the server cannot know that nothing more is coming)
+            deadline = waiting[0].r.arrival_s + cfg.max_wait_s
+            nxt = pending[0].r.arrival_s if pending else math.nan
+            st.t = min(deadline, nxt) if nxt == nxt else deadline  # nan: a closed loop
+            arrive(st.t)
+            continue
+        if batched and not static_batch:
             # form the next batch from what is waiting, reserving each request's whole length
             while waiting and len(static_batch) < cfg.max_num_seqs:
                 q = waiting[0]
@@ -304,7 +319,7 @@ def simulate(requests: list[Request], coster: StepCoster, cfg: SchedulerConfig, 
             if budget <= 0:
                 break
             left = q.target - q.computed
-            chunk = min(left, budget) if (cfg.chunked_prefill or cfg.kind == "static") \
+            chunk = min(left, budget) if (cfg.chunked_prefill or batched) \
                 else (left if left <= budget else 0)
             if chunk <= 0:
                 continue
@@ -372,7 +387,7 @@ def simulate(requests: list[Request], coster: StepCoster, cfg: SchedulerConfig, 
                 continue  # stale: preempted and rejoined since
             q.generated = q.r.output_tokens
             q.computed = context(q)
-            if cfg.kind == "static":
+            if batched:
                 q.state = "padding"  # decodes on until the batch's longest is done
                 st.padding += 1
                 q.r.finish_s = st.t
@@ -390,7 +405,7 @@ def simulate(requests: list[Request], coster: StepCoster, cfg: SchedulerConfig, 
             q.generated += 1
             if math.isnan(q.r.first_token_s):
                 q.r.first_token_s = st.t
-            if cfg.kind == "static":
+            if batched:
                 q.state = "prefilled"  # decodes start when the whole batch is prefilled
                 if q.generated >= q.r.output_tokens:
                     q.state = "padding-prefilled"
@@ -402,7 +417,7 @@ def simulate(requests: list[Request], coster: StepCoster, cfg: SchedulerConfig, 
                 finish(q, st.t)
             else:
                 join_decode(q)
-        if cfg.kind == "static" and static_batch:
+        if batched and static_batch:
             if all(q.state != "prefill" for q in static_batch) and not st.n_dec and any(
                     q.state == "prefilled" for q in static_batch):
                 for q in static_batch:  # the whole batch decodes together from here
