@@ -124,16 +124,20 @@ def simulate(
     Scheduler.continuous,
     max_wait: Annotated[float, typer.Option(
         help="Dynamic batching: seconds a batch waits for more requests.")] = 0.05,
-    max_num_seqs: Annotated[int, typer.Option(help="Running requests at most.")] = 256,
-    max_num_batched_tokens: Annotated[int, typer.Option(
-        help="Tokens per step at most (prefill chunks and decodes).")] = 8192,
-    chunked_prefill: Annotated[bool, typer.Option(
+    max_num_seqs: Annotated[Optional[int], typer.Option(
+        help="Running requests at most (default: the engine's).")] = None,
+    max_num_batched_tokens: Annotated[Optional[int], typer.Option(
+        help="Tokens per step at most, prefill chunks and decodes (default: the engine's).")
+    ] = None,
+    chunked_prefill: Annotated[Optional[bool], typer.Option(
         "--chunked-prefill/--no-chunked-prefill",
-        help="Split long prompts into chunks of the step budget.")] = True,
+        help="Split long prompts into chunks of the step budget (default: the engine's).")
+    ] = None,
     kv_layout: Annotated[KVLayout, typer.Option(
         help="paged: blocks on demand; contiguous: max-model-len reserved per request.")] =
     KVLayout.paged,
-    block_size: Annotated[int, typer.Option(help="Tokens per KV block.")] = 16,
+    block_size: Annotated[Optional[int], typer.Option(
+        help="Tokens per KV block (default: the engine's).")] = None,
     max_model_len: Annotated[Optional[int], typer.Option(
         help="Reservation per request of a contiguous cache (default: the model's context).")
     ] = None,
@@ -163,6 +167,9 @@ def simulate(
     from planner.specs import GIB, Options, Precision
 
     for name, v in (("--tp", tp), ("--num-requests", num_requests),
+                    ("--max-num-seqs", max_num_seqs),
+                    ("--max-num-batched-tokens", max_num_batched_tokens),
+                    ("--block-size", block_size), ("--max-model-len", max_model_len),
                     ("--prompt-tokens", prompt_tokens), ("--output-tokens", output_tokens),
                     ("--group-size", group_size), ("--max-concurrency", max_concurrency)):
         positive(name, v)
@@ -187,6 +194,10 @@ def simulate(
     hw = catalog.load_hardware(gpu)
     eng = catalog.load_engine(engine)
     check_tp(m, tp)
+    max_num_seqs = max_num_seqs or eng.max_num_seqs
+    max_num_batched_tokens = max_num_batched_tokens or eng.max_num_batched_tokens
+    block_size = block_size or eng.block_size
+    chunked_prefill = eng.chunked_prefill if chunked_prefill is None else chunked_prefill
     opts = Options(reserve_bytes=reserve_gib * GIB, memory_utilization_frac=memory_utilization,
                    prefill_chunk_tokens=max_num_batched_tokens)
     prep = prepare(hw, Precision.of(weights.value, kv_cache.value if kv_cache else None,

@@ -91,6 +91,23 @@ class QuantPath(_Frozen):
     compute_frac: Frac
 
 
+class ServingDefaults(_Frozen):
+    """The engine's own scheduler defaults, which ``simulate`` and ``plan`` start from."""
+
+    max_num_seqs: Num  # running requests at most
+    max_num_batched_tokens: Num  # tokens per step at most (prefill chunks and decodes)
+    block_size: Num  # KV tokens per block (page)
+    chunked_prefill: Flag
+
+    @model_validator(mode="after")
+    def _check(self) -> ServingDefaults:
+        for name in ("max_num_seqs", "max_num_batched_tokens", "block_size"):
+            v = getattr(self, name).value
+            if v < 1 or v != int(v):
+                raise ValueError(f"{name}: must be a whole number of at least 1, got {v}")
+        return self
+
+
 class EngineSpec(_Frozen):
     """One engine profile, as engines_db/NAME.yaml states it."""
 
@@ -129,6 +146,7 @@ class EngineSpec(_Frozen):
     lm_head_sharded: Flag
     lm_head_quantized: Flag
     zero_point_bytes_per_group: Num
+    serving: ServingDefaults | None = None
 
     @model_validator(mode="after")
     def _check(self) -> EngineSpec:
@@ -149,6 +167,9 @@ class EngineSpec(_Frozen):
         for q, path in self.quantized.items():
             out[f"quantized.{q}.bandwidth_frac"] = path.bandwidth_frac
             out[f"quantized.{q}.compute_frac"] = path.compute_frac
+        if self.serving is not None:
+            for name in type(self.serving).model_fields:
+                out[f"serving.{name}"] = getattr(self.serving, name)
         return out
 
     def fitted_rows(self) -> set[str]:
@@ -182,6 +203,11 @@ class EngineSpec(_Frozen):
             lm_head_sharded=self.lm_head_sharded.value,
             lm_head_quantized=self.lm_head_quantized.value,
             zero_point_bytes_per_group=self.zero_point_bytes_per_group.value,
+            **({} if self.serving is None else {
+                "max_num_seqs": int(self.serving.max_num_seqs.value),
+                "max_num_batched_tokens": int(self.serving.max_num_batched_tokens.value),
+                "block_size": int(self.serving.block_size.value),
+                "chunked_prefill": self.serving.chunked_prefill.value}),
         )
 
 
@@ -217,6 +243,11 @@ class Engine:
     lm_head_sharded: bool = True
     lm_head_quantized: bool = False
     zero_point_bytes_per_group: float = 0.0
+    # scheduler defaults (vLLM's where a profile states none)
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 8192
+    block_size: int = 16
+    chunked_prefill: bool = True
 
     def kernels_for(self, name: str, kind: str) -> float:
         km = dict(self.kernels)

@@ -141,8 +141,6 @@ class SimSettings:
     percentile: int = 90  # the TTFT / TPOT percentile that must meet the targets
     num_requests: int = 200
     range_ratio: float = 0.0
-    max_num_seqs: int = 256
-    max_num_batched_tokens: int = 8192
     seed: int = 0
 
 
@@ -168,8 +166,10 @@ def replicas_needed(model: ModelSpec, hw: HardwareSpec, *, prep, options: Option
     from planner.serving.traffic import synthetic
 
     coster = StepCoster(model, hw, prep, options, tp=tp)
-    cfg = SchedulerConfig(max_num_seqs=settings.max_num_seqs,
-                          max_num_batched_tokens=settings.max_num_batched_tokens)
+    e = prep.engine
+    cfg = SchedulerConfig(max_num_seqs=e.max_num_seqs,
+                          max_num_batched_tokens=e.max_num_batched_tokens,
+                          block_size=e.block_size, chunked_prefill=e.chunked_prefill)
     seen: dict[int, dict] = {}
 
     def ok(n: int) -> bool:
@@ -274,7 +274,7 @@ def search_continuous(model: ModelSpec, gpus: list[HardwareSpec], *, prompt_toke
                      "latency_s": s[f"{name}_e2el_ms"] / 1e3,
                      "mean_running_requests": s["mean_running_requests"],
                      "max_running_requests": s["max_running_requests"],
-                     "batch": st.max_num_seqs, "meets_targets": True,
+                     "batch": engine.max_num_seqs, "meets_targets": True,
                      "replicas": replicas, "total_gpus": replicas * int(tp),
                      "price_usd_per_gpu_hour": price, "usd_per_hour": usd_per_hour,
                      "cost_usd_per_million_output_tokens_at_traffic":

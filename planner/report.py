@@ -383,10 +383,15 @@ def serving_table(cases: list[Case], num_requests: int) -> pd.DataFrame:
         prep = prepare(case.hw, case.precision, case.calibration, case.options, case.engine)
         coster = StepCoster(case.model, case.hw, prep, case.options, tp=case.tp)
 
-        def run(rate: float, c=case, k=coster) -> dict:
+        e = case.engine
+        cfg = SchedulerConfig(max_num_seqs=e.max_num_seqs,
+                              max_num_batched_tokens=e.max_num_batched_tokens,
+                              block_size=e.block_size, chunked_prefill=e.chunked_prefill)
+
+        def run(rate: float, c=case, k=coster, cfg=cfg) -> dict:
             reqs = synthetic(num_requests, prompt_tokens=c.prompt_tokens,
                              output_tokens=c.output_tokens, request_rate=rate, seed=0)
-            return summary(simulate(reqs, k, SchedulerConfig()))
+            return summary(simulate(reqs, k, cfg))
 
         saturated = run(float("inf"))["request_throughput"]
         for frac in SERVING_LOAD:

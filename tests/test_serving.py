@@ -294,3 +294,16 @@ def test_dynamic_batching_waits_to_fill_its_batches(setup):
     assert r.ttft_s == pytest.approx(0.5 + c.step_time(StepShape.uniform(1, 256, 0),
                                                        sequences=1, prefill=True,
                                                        decodes=False), rel=1e-9)
+
+
+def test_scheduler_defaults_come_from_the_engine(run_cli):
+    code, out, err = run_cli("simulate", "-m", "llama-3.1-8b", "-g", "h100-sxm", "-n", "50",
+                             "-p", "9000", "-o", "4", "--engine", "trtllm")
+    assert code == 2 and "exceeds max-num-batched-tokens (8,192)" in err  # no chunking there
+    code, out, err = run_cli("simulate", "-m", "llama-3.1-8b", "-g", "h100-sxm", "-n", "50",
+                             "-p", "9000", "-o", "4", "--engine", "trtllm",
+                             "--chunked-prefill", "--json")
+    assert code == 0, err
+    code, out, _ = run_cli("simulate", "-m", "llama-3.1-8b", "-g", "h100-sxm", "-n", "600",
+                           "-p", "128", "-o", "32", "--engine", "sglang", "--json")
+    assert json.loads(out)["max_running_requests"] > 256  # SGLang's 2048, not vLLM's 256

@@ -345,8 +345,13 @@ def simulate(requests: list[Request], coster: StepCoster, cfg: SchedulerConfig, 
                 st.t = max(st.t, pending[0].r.arrival_s)
                 arrive(st.t)
                 continue
+            q = waiting[0]
+            if not cfg.chunked_prefill and q.target > cfg.max_num_batched_tokens:
+                raise UsageError(f"request {q.r.id}'s prompt ({q.target:,} tokens) exceeds "
+                                 f"max-num-batched-tokens ({cfg.max_num_batched_tokens:,}) "
+                                 "and chunked prefill is off")
             raise UsageError("no request could be scheduled: the KV cache cannot hold the "
-                             "next request beside those running")  # pragma: no cover
+                             "next request beside those running")
         # ---------------------------------------------------------------- cost the step
         n_dec = st.n_dec
         past = st.sum_c0_minus_G0 + n_dec * st.G  # decoders' cached tokens
