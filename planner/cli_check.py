@@ -202,6 +202,8 @@ def plan(
     if percentile not in (50, 90, 99):
         raise LlmplanError(f"--percentile: must be 50, 90 or 99, got {percentile}")
     positive("--sim-requests", sim_requests)
+    if sim_requests > 100_000:
+        raise LlmplanError(f"--sim-requests: at most 100,000, got {sim_requests}")
     if not 0 <= range_ratio < 1:
         raise LlmplanError(f"--range-ratio: must be in [0, 1), got {range_ratio:g}")
     req = rps if rps is not None else tokens_per_s / output_tokens

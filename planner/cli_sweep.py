@@ -214,8 +214,8 @@ def report(
 
         records = load_measured(measured)
         meas, meas_ceil = measured_roofline_points(records)
-    if serving_requests < 0:
-        raise LlmplanError(f"--serving-requests: must be 0 or more, got {serving_requests}")
+    if not 0 <= serving_requests <= 100_000:
+        raise LlmplanError(f"--serving-requests: must be 0 to 100,000, got {serving_requests}")
     paths = write_reports(cases, out, batch=batch, measured=meas, measured_ceilings=meas_ceil,
                           serving_requests=serving_requests)
     if records is not None:
