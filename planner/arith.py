@@ -30,3 +30,13 @@ def vmin(a, b):
 def floor_nonneg(x):
     """floor(max(x, 0)) for numbers or arrays (float result)."""
     return vmax(x, 0.0) // 1
+
+
+def no_bool_numbers(cls, v, info):
+    """YAML's true / false are not numbers: ``num_layers: true`` must not build a 1-layer
+    model. A bool is accepted only where the field itself is a bool."""
+    if isinstance(v, bool):
+        ann = cls.model_fields[info.field_name].annotation
+        if ann is not bool and "bool" not in str(ann).lower():
+            raise ValueError(f"expected a number, got {str(v).lower()}")
+    return v

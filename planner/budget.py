@@ -8,12 +8,14 @@ by ``planner.catalog``; models and GPUs are resolved by the caller.
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from planner.arith import no_bool_numbers
 from planner.specs import DType
 
 _TIME = {"us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "min": 60.0, "m": 60.0, "h": 3600.0}
@@ -21,7 +23,18 @@ _SCALE = {"k": 1e3, "M": 1e6, "G": 1e9}
 
 
 def parse_quantity(value: Any, kind: Literal["time", "frac", "usd", "number"]) -> float:
-    """'50ms' -> 0.05, '80%' -> 0.8, '$0.50' -> 0.5, '1.5k' -> 1500; numbers pass through."""
+    """'50ms' -> 0.05, '80%' -> 0.8, '$0.50' -> 0.5, '1.5k' -> 1500; numbers pass through.
+    NaN and infinity are no limit: a ValueError."""
+    try:
+        v = _parse(value, kind)
+    except (ValueError, OverflowError):
+        raise ValueError(_not_a(value, kind)) from None
+    if not math.isfinite(v):
+        raise ValueError(f"'{value}' is not a finite {kind}")
+    return v
+
+
+def _parse(value: Any, kind: str) -> float:
     if isinstance(value, bool):
         raise ValueError(f"expected a {kind}, got {value}")
     if isinstance(value, (int, float)):
@@ -43,9 +56,13 @@ def parse_quantity(value: Any, kind: Literal["time", "frac", "usd", "number"]) -
         m = re.fullmatch(r"([0-9.eE+-]+)\s*([kMG])?", text)
         if m:
             return float(m.group(1)) * _SCALE.get(m.group(2) or "", 1.0)
+    raise ValueError(_not_a(value, kind))
+
+
+def _not_a(value: Any, kind: str) -> str:
     examples = {"time": "50ms, 2s, 300us", "frac": "80%, 0.8", "usd": "$0.50, 0.5",
                 "number": "1500, 1.5k"}[kind]
-    raise ValueError(f"'{value}' is not a {kind} (examples: {examples})")
+    return f"'{value}' is not a {kind} (examples: {examples})"
 
 
 # name -> (kind, "max" | "min", the Estimate figure it limits, how it reads)
@@ -63,7 +80,9 @@ LIMITS: dict[str, tuple[str, str, str, str]] = {
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+    _no_bools = field_validator("*", mode="before")(no_bool_numbers)
 
 
 class BudgetWorkload(_Strict):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import sys
 from enum import Enum
 from pathlib import Path
@@ -63,8 +64,11 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object, no
 
 
 def positive(name: str, value: float | None, *, allow_zero: bool = False) -> None:
+    """A size or rate from the command line: a finite number above (or at) zero."""
     if value is None:
         return
+    if not math.isfinite(value):
+        raise LlmplanError(f"{name}: must be a finite number, got {value:g}")
     if value < 0 or (value == 0 and not allow_zero):
         raise LlmplanError(f"{name}: must be {'non-negative' if allow_zero else 'positive'}, "
                            f"got {value:g}")

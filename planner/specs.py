@@ -10,8 +10,9 @@ from __future__ import annotations
 from enum import Enum
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from planner.arith import no_bool_numbers
 from planner.errors import UsageError
 
 GIB = 1024**3
@@ -49,7 +50,9 @@ def dtype_bytes(dtype: DType) -> float:
 
 
 class _Frozen(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+    _no_bools = field_validator("*", mode="before")(no_bool_numbers)
 
 
 # --------------------------------------------------------------------------- precision
@@ -68,11 +71,11 @@ class Precision(_Frozen):
     weights: DType = DType.bf16
     kv_cache: DType = DType.bf16
     compute: DType | None = None  # None: derived from the weights (see compute_dtype)
-    group_size: int = Field(128, gt=0)
-    scale_bytes: float = Field(2, gt=0)
+    group_size: int = Field(128, gt=0, le=1_000_000)
+    scale_bytes: float = Field(2, gt=0, le=64)
     # engine byte accounting: an asymmetric scheme's zero point per group (GPTQ / AWQ pack a
     # 4-bit zero: 0.5 bytes), and whether the lm_head is quantized with the decoder
-    zero_point_bytes: float = Field(0.0, ge=0)
+    zero_point_bytes: float = Field(0.0, ge=0, le=64)
     lm_head_quantized: bool = False
 
     @model_validator(mode="after")
@@ -139,10 +142,10 @@ class Precision(_Frozen):
 class MoESpec(_Frozen):
     """Mixture of experts: routed experts (top-k per token) plus optional shared experts."""
 
-    num_experts: int = Field(gt=0)
-    experts_per_token: int = Field(gt=0)
-    expert_intermediate_size: int = Field(gt=0)
-    num_shared_experts: int = Field(0, ge=0)
+    num_experts: int = Field(gt=0, le=1_000_000)
+    experts_per_token: int = Field(gt=0, le=1_000_000)
+    expert_intermediate_size: int = Field(gt=0, le=10_000_000)
+    num_shared_experts: int = Field(0, ge=0, le=1_000_000)
     # First layers that keep a dense MLP (DeepSeek-V3: first_k_dense_replace = 3).
     first_dense_layers: int = Field(0, ge=0)
     router_bias: bool = False  # DeepSeek-V3's e_score_correction_bias
@@ -171,18 +174,19 @@ class ModelSpec(_Frozen):
     display_name: str | None = None
     architecture: str  # HF model_type: llama, mistral, mixtral, qwen2, gemma2, phi3, gpt2, ...
     source: str = Field(min_length=1)  # URL of the official config
-    vocab_size: int = Field(gt=0)
-    hidden_size: int = Field(gt=0)
-    num_layers: int = Field(gt=0)
-    num_attention_heads: int = Field(gt=0)
-    num_kv_heads: int = Field(gt=0)
-    head_dim: int | None = Field(None, gt=0)  # None: hidden_size / num_attention_heads
-    intermediate_size: int = Field(gt=0)  # dense MLP width
-    max_position_embeddings: int = Field(gt=0)
+    # upper bounds far beyond any model keep a typo (1e20) from overflowing the arithmetic
+    vocab_size: int = Field(gt=0, le=100_000_000)
+    hidden_size: int = Field(gt=0, le=1_000_000)
+    num_layers: int = Field(gt=0, le=100_000)
+    num_attention_heads: int = Field(gt=0, le=100_000)
+    num_kv_heads: int = Field(gt=0, le=100_000)
+    head_dim: int | None = Field(None, gt=0, le=100_000)  # None: hidden / attention heads
+    intermediate_size: int = Field(gt=0, le=10_000_000)  # dense MLP width
+    max_position_embeddings: int = Field(gt=0, le=1_000_000_000)
     tie_word_embeddings: bool = False
     mlp: Literal["gated", "plain"] = "gated"  # gated: SwiGLU/GeGLU, 3 matrices; plain: 2
     norm: Literal["rmsnorm", "layernorm"] = "rmsnorm"  # layernorm carries a bias too
-    norms_per_layer: int = Field(2, gt=0)  # Gemma-2 has 4 (pre/post attention and MLP)
+    norms_per_layer: int = Field(2, gt=0, le=100)  # Gemma-2 has 4 (pre/post attention and MLP)
     position_embedding: Literal["rope", "learned"] = "rope"
     attention_bias: bool = False  # bias on q, k, v (Qwen2) ...
     attention_out_bias: bool = False  # ... and on o_proj (GPT-2)
@@ -237,7 +241,7 @@ class Interconnect(_Frozen):
     """GPU-to-GPU link. The datasheet's figure is usually the bidirectional total per GPU."""
 
     kind: str
-    bandwidth_gb_per_s: float = Field(gt=0)
+    bandwidth_gb_per_s: float = Field(gt=0, le=1_000_000)
     bidirectional: bool = True  # True: the figure counts both directions
 
     @property
@@ -246,7 +250,7 @@ class Interconnect(_Frozen):
 
 
 class Price(_Frozen):
-    usd_per_gpu_hour: float = Field(gt=0)
+    usd_per_gpu_hour: float = Field(gt=0, le=10_000)
     source: str = Field(min_length=1)
     date: str = Field(min_length=1)
     note: str | None = None
@@ -278,8 +282,8 @@ class HardwareSpec(_Frozen):
     display_name: str
     vendor: str
     source: str = Field(min_length=1)  # datasheet URL
-    memory_gib: float = Field(gt=0)
-    memory_bandwidth_gb_per_s: float = Field(gt=0)
+    memory_gib: float = Field(gt=0, le=100_000)
+    memory_bandwidth_gb_per_s: float = Field(gt=0, le=1_000_000)
     peak_tflops: dict[DType, float]  # dense tensor-core TFLOP/s (TOPS for int8) per type
     interconnect: Interconnect
     tdp_w: float | None = Field(None, gt=0)  # None where no datasheet gives it
@@ -294,8 +298,9 @@ class HardwareSpec(_Frozen):
         if not self.peak_tflops:
             raise ValueError("peak_tflops lists no precision")
         for dt, v in self.peak_tflops.items():
-            if v <= 0:
-                raise ValueError(f"peak_tflops.{dt.value} must be positive, got {v}")
+            if not 0 < v <= 10_000_000:
+                raise ValueError(f"peak_tflops.{dt.value} must be positive and at most 1e7, "
+                                 f"got {v}")
         return self
 
     @property
@@ -322,9 +327,16 @@ class Calibration(_Frozen):
     """Measured ceilings of one device (written by ``llmplan measure --calibrate``)."""
 
     device: str
-    memory_bandwidth_gb_per_s: float = Field(gt=0)
+    memory_bandwidth_gb_per_s: float = Field(gt=0, le=1_000_000)
     matmul_tflops: dict[DType, float] = Field(default_factory=dict)
-    kernel_overhead_us: float = Field(0.0, ge=0)
+    kernel_overhead_us: float = Field(0.0, ge=0, le=1_000_000)
+
+    @model_validator(mode="after")
+    def _rates(self) -> Calibration:
+        for dt, v in self.matmul_tflops.items():
+            if not 0 < v <= 10_000_000:
+                raise ValueError(f"matmul_tflops.{dt.value} must be positive, got {v}")
+        return self
     created: str | None = None
     harness_version: str | None = None
     details: dict = Field(default_factory=dict)

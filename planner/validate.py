@@ -26,8 +26,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from planner.arith import no_bool_numbers
 from planner.engine import EngineSpec
 from planner.errors import LlmplanError
 from planner.estimate import Estimate, estimate
@@ -50,7 +51,9 @@ PHASE = {"user_tokens_per_s": "decode", "tpot_s": "decode", "ttft_s": "prefill",
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+    _no_bools = field_validator("*", mode="before")(no_bool_numbers)
 
 
 class MeasuredCeilings(_Strict):
