@@ -69,17 +69,61 @@ def validate(cls: type[S], data: Any, path: str) -> S:
         raise SpecError(_format_validation(path, err)) from None
 
 
-def read_yaml(path: Path) -> Any:
+def read_text(path: Path) -> str:
+    """A file's UTF-8 text, or a ``SpecError`` naming the file and what is wrong."""
     try:
-        text = path.read_text(encoding="utf-8")
+        return path.read_text(encoding="utf-8")
     except OSError as err:
         raise SpecError(f"{path}: cannot read: {err.strerror}") from None
     except UnicodeDecodeError as err:
         raise SpecError(f"{path}: not UTF-8 text (byte {err.start}: "
                         f"{err.object[err.start:err.start + 1]!r})") from None
+
+
+def read_json(path: Path) -> Any:
+    """A JSON document: malformed, too deep or with a number too long is one line."""
+    text = read_text(path)
     try:
-        # libyaml's safe loader where the wheel has it (5-10x faster), else PyYAML's own
-        return yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+        return json.loads(text)
+    except json.JSONDecodeError as err:
+        raise SpecError(f"{path}: line {err.lineno}: malformed JSON: {err.msg}") from None
+    except RecursionError:
+        raise SpecError(f"{path}: JSON nested too deeply") from None
+    except ValueError as err:  # an integer of thousands of digits
+        raise SpecError(f"{path}: malformed JSON: {str(err).splitlines()[0]}") from None
+
+
+# An alias repeats a node: a "billion laughs" file of aliases of aliases stands for an
+# exponential number of nodes, which validating it would walk. No spec comes near this many.
+MAX_YAML_NODES = 1_000_000
+
+
+def _expanded_nodes(node, memo: dict) -> int:
+    """Nodes of a composed YAML graph with every alias expanded (memoized: linear work)."""
+    key = id(node)
+    if key not in memo:
+        memo[key] = 0  # a self-reference counts once
+        children = node.value if isinstance(node.value, list) else []
+        total = 1
+        for c in children:
+            for n in (c if isinstance(c, tuple) else (c,)):
+                total += _expanded_nodes(n, memo)
+        memo[key] = total
+    return memo[key]
+
+
+def read_yaml(path: Path) -> Any:
+    text = read_text(path)
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml's where the wheel has it
+    try:
+        if "*" in text:  # size the graph, aliases expanded, before building anything
+            n = _expanded_nodes(yaml.compose(text, Loader=loader), {})
+            if n > MAX_YAML_NODES:
+                raise SpecError(f"{path}: its YAML aliases expand to {n:,} nodes "
+                                f"(at most {MAX_YAML_NODES:,})")
+        return yaml.load(text, Loader=loader)
+    except RecursionError:
+        raise SpecError(f"{path}: YAML nested too deeply") from None
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark is not None else ""
@@ -88,9 +132,16 @@ def read_yaml(path: Path) -> Any:
 
 
 def _resolve(ref: str, kind: str, what: str) -> Path:
+    if not ref.strip():
+        raise SpecError(f"no {what} given")
     p = Path(ref)
-    if p.suffix in (".yaml", ".yml", ".json") or p.is_file():
-        if not p.is_file():
+    try:
+        is_file = p.is_file()
+    except (OSError, ValueError) as err:  # a name too long for the OS, a NUL byte
+        raise SpecError(f"{ref[:80]}{'...' if len(ref) > 80 else ''}: not a usable "
+                        f"{what} name or path ({getattr(err, 'strerror', None) or err})") from None
+    if p.suffix in (".yaml", ".yml", ".json") or is_file:
+        if not is_file:
             raise SpecError(f"{ref}: no such file")
         return p
     known = _names(kind)
@@ -106,11 +157,7 @@ def load_model(ref: str) -> ModelSpec:
     """A built-in model name, a YAML file, or a Hugging Face ``config.json``."""
     path = _resolve(ref, "models_db", "model")
     if path.suffix == ".json":
-        try:
-            cfg = json.loads(path.read_text())
-        except (OSError, json.JSONDecodeError) as err:
-            raise SpecError(f"{path}: not a readable JSON file: {err}") from None
-        return model_from_hf_config(cfg, str(path))
+        return model_from_hf_config(read_json(path), str(path))
     data = read_yaml(path)
     return validate(ModelSpec, data, str(path))
 
@@ -189,7 +236,7 @@ def load_budget(path: str | Path):
     except ValidationError as err:
         e = err.errors()[0]
         loc = tuple(x for x in e["loc"] if not (isinstance(x, str) and x.startswith("function")))
-        line = yaml_line(p.read_text(), loc)
+        line = yaml_line(read_text(p), loc)
         where = f":{line}" if line else ""
         field = ".".join(str(x) for x in loc) or "(top level)"
         msg = e["msg"].removeprefix("Value error, ")
@@ -205,7 +252,7 @@ def load_calibration(path: str | Path) -> Calibration:
     p = Path(path)
     if not p.is_file():
         raise SpecError(f"{p}: no such calibration file")
-    data = json.loads(p.read_text()) if p.suffix == ".json" else read_yaml(p)
+    data = read_json(p) if p.suffix == ".json" else read_yaml(p)
     return validate(Calibration, data, str(p))
 
 

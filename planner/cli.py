@@ -144,9 +144,10 @@ def models(as_json: JsonOpt = False) -> None:
         json_out(rows)
         return
     from planner import fmt
+    from planner.render import plain
     stdout.print(table("Built-in models", ["name", "arch", "params", "active", "layers",
                                             "hidden", "heads", "kv heads", "max ctx"],
-                       [[r["name"], r["architecture"], fmt.count(r["params"]),
+                       [[plain(r["name"]), plain(r["architecture"]), fmt.count(r["params"]),
                          fmt.count(r["active_params"]), r["layers"], r["hidden_size"],
                          r["attention_heads"], r["kv_heads"], f"{r['max_context_tokens']:,}"]
                         for r in rows]))
@@ -156,7 +157,7 @@ def models(as_json: JsonOpt = False) -> None:
 def gpus(as_json: JsonOpt = False) -> None:
     """List the built-in GPUs."""
     from planner import catalog
-    from planner.render import table
+    from planner.render import plain, table
 
     rows = []
     for name in catalog.gpu_names():
@@ -176,11 +177,11 @@ def gpus(as_json: JsonOpt = False) -> None:
     stdout.print(table("Built-in GPUs (dense peak rates)",
                        ["name", "memory", "bandwidth", "bf16", "fp16", "fp8", "int8",
                         "link", "TDP", "$/h"],
-                       [[r["name"], f"{r['memory_gib']:g} GiB",
+                       [[plain(r["name"]), f"{r['memory_gib']:g} GiB",
                          f"{r['memory_bandwidth_gb_per_s']:,.0f} GB/s",
                          *[f"{r['peak_tflops'][k]:g} T" if k in r["peak_tflops"] else "-"
                            for k in ("bf16", "fp16", "fp8", "int8")],
-                         f"{r['interconnect']} {r['interconnect_gb_per_s']:g} GB/s",
+                         f"{plain(r['interconnect'])} {r['interconnect_gb_per_s']:g} GB/s",
                          f"{r['tdp_w']:g} W" if r["tdp_w"] else "-",
                          f"{r['usd_per_gpu_hour']:.2f}" if r["usd_per_gpu_hour"] else "-"]
                         for r in rows]))

@@ -79,12 +79,13 @@ def check(
     from planner import catalog
     from planner.budget import evaluate
     from planner.estimate import estimate
-    from planner.render import table
+    from planner.render import plain, table
     from planner.specs import Parallelism, Precision, Workload
 
+    output_path(junit, "--junit")
     b = catalog.load_budget(budget)
     cal = catalog.load_calibration(calibration) if calibration else None
-    text = budget.read_text()
+    text = catalog.read_text(budget)
     results, lines = [], {}
     for i, dep in enumerate(b.deployments):
         lines[dep.label] = catalog.yaml_line(text, ("deployments", i))
@@ -104,8 +105,10 @@ def check(
                 at = estimate(m, hw, workload=Workload(batch=dep.limits.fits_at,
                                                        prompt_tokens=wl.prompt_tokens,
                                                        output_tokens=wl.output_tokens), **kw)
-        except LlmplanError as err:
-            raise LlmplanError(f"{where}: deployment {dep.label}: {err}") from None
+        except (LlmplanError, ValueError) as err:  # ValueError: pydantic's, e.g. weights fp32
+            errs = getattr(err, "errors", None)
+            msg = errs()[0]["msg"].removeprefix("Value error, ") if callable(errs) else str(err)
+            raise LlmplanError(f"{where}: deployment {dep.label}: {msg}") from None
         results += evaluate(dep, est, at)
     failed = [r for r in results if not r.passed]
     if junit:
@@ -124,7 +127,7 @@ def check(
         rows = []
         for r in results:
             op = {"max": "<=", "min": ">=", "eq": "=="}[r.direction]
-            rows.append([r.deployment, r.what, _fmt_value(r.limit, r.predicted),
+            rows.append([plain(r.deployment), r.what, _fmt_value(r.limit, r.predicted),
                          f"{op} {_fmt_value(r.limit, r.bound)}",
                          "[green]pass[/]" if r.passed else "[red]FAIL[/]",
                          f"{r.margin_frac:+.1%}" if r.margin_frac is not None else ""])
@@ -177,7 +180,7 @@ def plan(
     from planner import catalog
     from planner.budget import parse_quantity
     from planner.plan import SimSettings, Targets, plot_pareto, search
-    from planner.render import table
+    from planner.render import plain, table
     from planner.specs import DType
     from planner.sweep import parse_int_list, parse_str_list
 
@@ -257,7 +260,7 @@ def plan(
                      f"{r.memory_headroom_frac:.0%}", r.bound,
                      f"{r.usd_per_hour:,.2f}",
                      f"{r.cost_usd_per_million_output_tokens_at_traffic:,.3f}"])
-    stdout.print(table(f"{m.label}: {len(feas):,} of {len(df):,} configurations meet "
+    stdout.print(table(f"{plain(m.label)}: {len(feas):,} of {len(df):,} configurations meet "
                        f"TTFT <= {ttft}, TPOT <= {tpot} at {req:g} req/s",
                        ["#", "gpu", "tp", "w", "kv", "batch", "replicas", "GPUs", "TTFT ms",
                         "TPOT ms", "headroom", "bound", "$/h", "$/1M out"], rows, left=5,
@@ -268,7 +271,7 @@ def _plan_continuous(m, gpus, *, prompt_tokens, output_tokens, targets, tps, wei
                      calibration, price_per_hour, engine, settings, top, csv, plot, as_json,
                      label) -> None:
     from planner.plan import plot_pareto, search_continuous
-    from planner.render import table
+    from planner.render import plain, table
 
     df = search_continuous(m, gpus, prompt_tokens=prompt_tokens, output_tokens=output_tokens,
                            targets=targets, tps=tps, weights=weights, kv_cache=kv_cache,
@@ -299,7 +302,8 @@ def _plan_continuous(m, gpus, *, prompt_tokens, output_tokens, targets, tps, wei
                      f"{getattr(r, f'{name}_tpot_s') * 1e3:,.1f}", int(r.replicas),
                      int(r.total_gpus), f"{r.usd_per_hour:,.2f}",
                      f"{r.cost_usd_per_million_output_tokens_at_traffic:,.3f}"])
-    stdout.print(table(f"{m.label}: {name} TTFT <= {ttft} and TPOT <= {tpot} at {req:g} "
+    stdout.print(table(f"{plain(m.label)}: {name} TTFT <= {plain(ttft)} and TPOT <= "
+                       f"{plain(tpot)} at {req:g} "
                        f"req/s; {len(df)} configurations simulated (continuous batching, "
                        f"engine {engine.name}), each replica sized for the rate shown",
                        ["#", "gpu", "tp", "w", "kv", "req/s each", f"{name} TTFT ms",

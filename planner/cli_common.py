@@ -118,6 +118,8 @@ def parse_choices(text: str, allowed: tuple[str, ...], flag: str) -> list[str]:
     from planner.sweep import parse_str_list
 
     out = parse_str_list(text)
+    if not out:
+        raise LlmplanError(f"{flag}: no value given")
     for v in out:
         if v not in allowed:
             raise LlmplanError(f"{flag}: '{v}' is not one of {', '.join(allowed)}")

@@ -268,7 +268,10 @@ def _render(d: dict) -> None:
 
     rate = f"closed loop of {d['max_concurrency']} clients" if d["max_concurrency"] else \
         f"{d['request_rate']} req/s"
-    stdout.print(f"[bold]{d['model']}[/] on {d['tp']} x {d['gpu']}, engine {d['engine']}, "
+    from planner.render import plain
+
+    stdout.print(f"[bold]{plain(d['model'])}[/] on {d['tp']} x {plain(d['gpu'])}, engine "
+                 f"{plain(d['engine'])}, "
                  f"{d['scheduler']} batching, {d['kv_layout']} KV; {d['num_prompts']:,} "
                  f"requests at {rate}")
     stdout.print(table("Serving", ["what", "value"], [

@@ -28,6 +28,7 @@ from planner.cli_common import (
     UtilOpt,
     json_out,
     options_from,
+    output_path,
     parse_choices,
     positive,
     stderr,
@@ -36,6 +37,9 @@ from planner.cli_common import (
 from planner.errors import LlmplanError
 
 ListOpt = Annotated[str, typer.Option()]
+# A table or JSON holds the whole grid in memory; a CSV is streamed.
+MAX_TABLE_ROWS = 2_000_000
+MAX_CSV_ROWS = 200_000_000
 LIST_HELP = "Comma-separated; numbers take ranges: 4..256 doubles, 128..1024+128 steps."
 
 
@@ -48,9 +52,19 @@ def build_grid(model: str, gpu: str, batch: str, prompt_tokens: str, output_toke
     from planner.sweep import Grid, parse_int_list, parse_str_list
 
     positive("--group-size", group_size)
+
+    def names(text: str, flag: str) -> list[str]:
+        out = parse_str_list(text)
+        if not out:
+            raise LlmplanError(f"{flag}: no value given")
+        return out
+
+    if kv_cache is not None and not parse_str_list(kv_cache):
+        raise LlmplanError("--kv-cache: no value given")
+    names(weights, "--weights")
     return Grid(
-        models=[catalog.load_model(m) for m in parse_str_list(model)],
-        gpus=[catalog.load_hardware(g) for g in parse_str_list(gpu)],
+        models=[catalog.load_model(m) for m in names(model, "--model")],
+        gpus=[catalog.load_hardware(g) for g in names(gpu, "--gpu")],
         batches=parse_int_list(batch, "--batch"),
         prompt_tokens=parse_int_list(prompt_tokens, "--prompt-tokens"),
         output_tokens=parse_int_list(output_tokens, "--output-tokens"),
@@ -105,8 +119,14 @@ def sweep(
     positive("--limit", limit)
     opts = options_from(time_model, attention, kernel_overhead_us, reserve_gib,
                         memory_utilization, prefill_chunk_tokens)
+    output_path(csv, "--csv")
     grid = build_grid(model, gpu, batch, prompt_tokens, output_tokens, weights, kv_cache, tp,
                       group_size, opts, engine)
+    limit_rows = MAX_CSV_ROWS if csv is not None else MAX_TABLE_ROWS
+    if grid.size > limit_rows:
+        where = "to a CSV" if csv else f"in a table or JSON (--csv streams up to {MAX_CSV_ROWS:,})"
+        raise LlmplanError(f"the grid has {grid.size:,} configurations; at most "
+                           f"{limit_rows:,} {where}")
     cal = catalog.load_calibration(calibration) if calibration else None
     chunks = iter_sweep(grid, calibration=cal, price_usd_per_gpu_hour=price_per_hour)
     if csv is not None:
@@ -191,6 +211,10 @@ def report(
     for name, v in (("--tp", tp), ("--batch", batch), ("--prompt-tokens", prompt_tokens),
                     ("--output-tokens", output_tokens)):
         positive(name, v)
+    if out.exists() and not out.is_dir():
+        raise LlmplanError(f"--out: {out} is a file; give a directory")
+    if not parse_str_list(gpu):
+        raise LlmplanError("--gpu: no value given")
     opts = options_from(time_model, attention, kernel_overhead_us, reserve_gib,
                         memory_utilization, prefill_chunk_tokens)
     m = catalog.load_model(model)

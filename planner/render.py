@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from rich import box
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from planner import fmt
@@ -24,6 +25,11 @@ def table(title: str | None, columns: list[str], rows: list[list], *,
     return t
 
 
+def plain(text: object) -> str:
+    """Text from a file or a name, shown as is: rich must not read [brackets] as markup."""
+    return escape(str(text))
+
+
 def _section(title: str, rows: list[tuple[str, str, str]]) -> Table:
     t = Table(title=title, title_justify="left", show_header=False, box=None, pad_edge=False,
               title_style="bold")
@@ -40,14 +46,15 @@ def render_estimate(console: Console, e: Estimate, *, explain: bool = False) -> 
     gpus = f"{e.tp} x {hw.display_name}" if e.tp > 1 else hw.display_name
     quant = (f", group {p.group_size}, {p.quantized_bytes_per_param:.4g} B/param incl. scales"
              if p.weights.value in ("int8", "int4") else "")
-    console.print(f"[bold]{m.label}[/] on [bold]{gpus}[/]  weights {p.weights.value}{quant}, "
+    console.print(f"[bold]{escape(m.label)}[/] on [bold]{escape(gpus)}[/]  "
+                  f"weights {p.weights.value}{quant}, "
                   f"KV {p.kv_cache.value}, compute {p.compute_dtype.value}; "
                   f"batch {e.batch}, prompt {e.prompt_tokens}, output {e.output_tokens} tokens")
     eng = e.engine
     overlap = f", overlap {eng.overlap_frac:.0%}" \
         if eng.overlap_frac < 1 and e.options.time_model == "roofline" else ""
-    console.print(f"[dim]engine: {eng.display_name or eng.name}"
-                  f"{f' ({eng.version})' if eng.version and eng.version != '-' else ''}; "
+    console.print(f"[dim]engine: {escape(eng.display_name or eng.name)}"
+                  f"{f' ({escape(eng.version)})' if eng.version and eng.version != '-' else ''}; "
                   f"ceilings: {e.ceilings.source}; time model: {e.options.time_model}{overlap}; "
                   f"attention: {e.options.attention}[/]")
     per_gpu = " per GPU" if e.tp > 1 else ""

@@ -442,18 +442,35 @@ def load_measured(path: Path) -> list[dict]:
     """Records of a `llmplan measure` JSONL file (a torn last line is skipped)."""
     import json
 
+    from planner.catalog import read_text
     from planner.errors import SpecError
 
     if not path.is_file():
         raise SpecError(f"{path}: no such measurement file")
     recs = []
-    text_lines = path.read_text().splitlines()
+    text_lines = read_text(path).splitlines()
     for i, line in enumerate(text_lines, 1):
         try:
-            recs.append(json.loads(line))
-        except json.JSONDecodeError:
+            rec = json.loads(line)
+        except (json.JSONDecodeError, RecursionError, ValueError):
             if i != len(text_lines):  # only the last line may be torn by a crash
                 raise SpecError(f"{path}: line {i}: not JSON") from None
+            continue
+        if not isinstance(rec, dict):
+            raise SpecError(f"{path}: line {i}: not a JSON object")
+        if rec.get("status") == "ok":
+            try:  # what the charts read
+                for key in ("config", "env", "measured", "prediction"):
+                    rec[key].items()
+                rec["measured"]["tpot_s"]["median_s"] + rec["measured"]["ttft_s"]
+                cal = rec["prediction"]["calibrated"]
+                cal["tpot_s"] + cal["ttft_s"] + cal["decode_flops"] / cal["decode_weight_kv_bytes"]
+                rec["config"]["batch"] + rec["config"]["context"]
+                rec["config"]["weights"].upper()
+            except (KeyError, TypeError, AttributeError, ZeroDivisionError) as err:
+                raise SpecError(f"{path}: line {i}: not a `llmplan measure` record "
+                                f"({type(err).__name__}: {err})") from None
+        recs.append(rec)
     ok = [r for r in recs if r.get("status") == "ok"]
     if not ok:
         raise SpecError(f"{path}: no measured points (status ok) in {len(recs)} records")

@@ -27,11 +27,14 @@ from planner.estimate import assemble, prepare, resolve_price
 from planner.ops import check_tp
 from planner.specs import Calibration, DType, HardwareSpec, ModelSpec, Options, Precision
 
+MAX_LIST = 1_000_000
+
 
 def parse_int_list(text: str, name: str) -> list[int]:
     """"1,2,4..256" -> [1, 2, 4, 8, ..., 256].
 
-    ``a..b`` doubles from a up to b; ``a..b+s`` steps by s. Values must be positive.
+    ``a..b`` doubles from a up to b; ``a..b+s`` steps by s. Values must be positive; a list
+    of more than ``MAX_LIST`` values is refused.
     """
     out: list[int] = []
     for part in str(text).split(","):
@@ -52,6 +55,9 @@ def parse_int_list(text: str, name: str) -> list[int]:
                         out.append(v)
                         v *= 2
                 else:
+                    if (hi - lo) // step + 1 + len(out) > MAX_LIST:
+                        raise UsageError(f"{name}: '{part}' has {(hi - lo) // step + 1:,} "
+                                         f"values; at most {MAX_LIST:,}")
                     out.extend(range(lo, hi + 1, step))
             else:
                 v = int(part)
@@ -61,6 +67,10 @@ def parse_int_list(text: str, name: str) -> list[int]:
         except ValueError:
             raise UsageError(f"{name}: '{part}' is not a positive integer, a doubling range "
                              "a..b or a stepped range a..b+s") from None
+    if not out:
+        raise UsageError(f"{name}: no value given")
+    if max(out) > 10**9:
+        raise UsageError(f"{name}: {max(out):,} is beyond 1,000,000,000")
     return sorted(set(out))
 
 

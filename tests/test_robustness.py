@@ -1,0 +1,192 @@
+"""Bad input never crashes llmplan: one line on stderr, exit code 2, no traceback."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from planner import catalog
+
+ROOT = Path(__file__).resolve().parent.parent
+BAD_NUMBERS = ["nan", "inf", "-inf", "-1", "1e999", "0x10", "", "true"]
+
+
+def _one_line_error(code, err):
+    assert code == 2, err
+    assert "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1, err
+
+
+# option -> the command and the base arguments it needs
+OPTIONS = {
+    "--batch": ["estimate", "-m", "llama-3.1-8b", "-g", "h100-sxm"],
+    "--memory-utilization": ["estimate", "-m", "llama-3.1-8b", "-g", "h100-sxm"],
+    "--kernel-overhead-us": ["estimate", "-m", "llama-3.1-8b", "-g", "h100-sxm"],
+    "--reserve-gib": ["estimate", "-m", "llama-3.1-8b", "-g", "h100-sxm"],
+    "--price-per-hour": ["estimate", "-m", "llama-3.1-8b", "-g", "h100-sxm"],
+    "--measured-tpot": ["estimate", "-m", "llama-3.1-8b", "-g", "h100-sxm"],
+    "--request-rate": ["simulate", "-m", "llama-3.1-8b", "-g", "h100-sxm", "-n", "3"],
+    "--max-wait": ["simulate", "-m", "llama-3.1-8b", "-g", "h100-sxm", "-n", "3",
+                   "--scheduler", "dynamic"],
+    "--rps": ["plan", "-m", "llama-3.1-8b", "-g", "h100-sxm", "--ttft", "1s", "--tpot",
+              "30ms", "--scheduler", "static"],
+}
+
+
+@settings(max_examples=40, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.sampled_from(sorted(OPTIONS)), st.sampled_from(BAD_NUMBERS))
+def test_bad_numbers_on_the_command_line(run_cli, option, value):
+    if option == "--max-wait" and value in ("1e999",):
+        value = "inf"
+    code, _, err = run_cli(*OPTIONS[option], option, value)
+    if option == "--request-rate" and value in ("inf", "1e999"):
+        assert code == 0  # every request at t = 0 is a valid rate
+        return
+    _one_line_error(code, err)
+
+
+@pytest.mark.parametrize("field,value", [
+    ("num_layers", "true"), ("hidden_size", ".nan"), ("vocab_size", "100000000000000000000"),
+    ("num_kv_heads", "-8"), ("max_position_embeddings", ".inf"),
+])
+def test_corrupt_model_fields(run_cli, tmp_path, field, value):
+    text = (ROOT / "models_db" / "llama-3.1-8b.yaml").read_text()
+    lines = [f"{field}: {value}" if ln.startswith(f"{field}:") else ln
+             for ln in text.splitlines()]
+    p = tmp_path / "m.yaml"
+    p.write_text("\n".join(lines) + "\n")
+    code, _, err = run_cli("estimate", "-m", str(p), "-g", "h100-sxm")
+    _one_line_error(code, err)
+    assert field in err
+
+
+@pytest.mark.parametrize("text", [
+    "memory_bandwidth_gb_per_s: .inf", "memory_gib: .nan", "peak_tflops: {bf16: .nan}",
+    "tdp_w: true", "price: {usd_per_gpu_hour: .nan, source: x, date: y}",
+])
+def test_corrupt_gpu_fields(run_cli, tmp_path, text):
+    key = text.split(":")[0]
+    src = (ROOT / "hardware_db" / "a100-sxm-40gb.yaml").read_text().splitlines()
+    out, skip = [], False
+    for ln in src:  # replace the key's whole block
+        if ln.startswith(f"{key}:"):
+            out.append(text)
+            skip = True
+            continue
+        if skip and ln.startswith(" "):
+            continue
+        skip = False
+        out.append(ln)
+    if not any(ln.startswith(f"{key}:") for ln in src):
+        out.append(text)
+    p = tmp_path / "g.yaml"
+    p.write_text("\n".join(out) + "\n")
+    code, _, err = run_cli("estimate", "-m", "llama-3.1-8b", "-g", str(p))
+    _one_line_error(code, err)
+
+
+@pytest.mark.parametrize("what,args", [
+    ("model", ["estimate", "-g", "h100-sxm", "-m"]),
+    ("gpu", ["estimate", "-m", "llama-3.1-8b", "-g"]),
+    ("engine", ["estimate", "-m", "llama-3.1-8b", "-g", "h100-sxm", "--engine"]),
+    ("budget", ["check"]),
+    ("calibration", ["estimate", "-m", "llama-3.1-8b", "-g", "h100-sxm", "--calibration"]),
+    ("dataset", ["validate", "--dataset"]),
+])
+@pytest.mark.parametrize("content", [b"name: \xff\xfe\n", b"a: [unclosed\n", b"- 1\n- 2\n"])
+def test_unreadable_files(run_cli, tmp_path, what, args, content):
+    p = tmp_path / f"{what}.yaml"
+    p.write_bytes(content)
+    code, _, err = run_cli(*args, str(p))
+    _one_line_error(code, err)
+
+
+def test_alias_bomb_and_deep_json(run_cli, tmp_path):
+    bomb = tmp_path / "bomb.yaml"
+    lines = ["a0: &a0 [x, x, x, x, x, x, x, x, x, x]"]
+    for i in range(1, 9):
+        lines.append(f"a{i}: &a{i} [" + ", ".join([f"*a{i - 1}"] * 10) + "]")
+    lines.append("deployments: *a8")  # 10^9 entries once expanded
+    bomb.write_text("\n".join(lines) + "\n")
+    code, _, err = run_cli("check", str(bomb))
+    _one_line_error(code, err)
+    assert "aliases expand" in err
+    deep = tmp_path / "config.json"
+    deep.write_text("[" * 5000 + "]" * 5000)
+    code, _, err = run_cli("estimate", "-m", str(deep), "-g", "h100-sxm")
+    _one_line_error(code, err)
+    big = tmp_path / "big.json"
+    big.write_text('{"model_type": "llama", "vocab_size": ' + "9" * 5000 + "}")
+    code, _, err = run_cli("estimate", "-m", str(big), "-g", "h100-sxm")
+    _one_line_error(code, err)
+
+
+def test_names_that_are_not_names(run_cli):
+    code, _, err = run_cli("estimate", "-m", "x" * 300, "-g", "h100-sxm")
+    _one_line_error(code, err)
+    code, _, err = run_cli("estimate", "-m", "", "-g", "h100-sxm")
+    _one_line_error(code, err)
+
+
+def test_markup_in_names_is_shown_as_text(run_cli, tmp_path):
+    text = (ROOT / "models_db" / "llama-3.1-8b.yaml").read_text()
+    p = tmp_path / "m.yaml"
+    p.write_text(text.replace("display_name: Llama 3.1 8B", 'display_name: "[/bold]x [/]"'))
+    code, out, err = run_cli("estimate", "-m", str(p), "-g", "h100-sxm")
+    assert code == 0, err
+    assert "[/bold]x [/]" in out
+
+
+@pytest.mark.parametrize("args", [
+    ["sweep", "-m", "", "-g", "h100-sxm"],
+    ["sweep", "-m", "llama-3.1-8b", "-g", "h100-sxm", "--weights", ""],
+    ["sweep", "-m", "llama-3.1-8b", "-g", "h100-sxm", "-b", "1..100000000+1"],
+    ["sweep", "-m", "llama-3.1-8b", "-g", "h100-sxm", "-b", "1..3000+1", "-p", "1..1000+1"],
+    ["sweep", "-m", "llama-3.1-8b", "-g", "h100-sxm", "--csv", "/nonexistent-dir/x.csv"],
+    ["report", "-m", "llama-3.1-8b", "-g", "h100-sxm", "--weights", ""],
+    ["report", "-m", "llama-3.1-8b", "-g", "h100-sxm", "--out", str(ROOT / "README.md")],
+    ["plan", "-m", "llama-3.1-8b", "--ttft", "1s", "--tpot", "30ms", "--rps", "1",
+     "--weights", ""],
+    ["plan", "-m", "llama-3.1-8b", "--ttft", "nan", "--tpot", "30ms", "--rps", "1"],
+    ["check", str(ROOT / "examples" / "budget.yaml"), "--junit", "/nonexistent-dir/j.xml"],
+])
+def test_empty_lists_huge_grids_and_output_paths(run_cli, args):
+    code, _, err = run_cli(*args)
+    _one_line_error(code, err)
+
+
+def test_budget_with_an_unusable_precision_or_a_nan_limit(run_cli, tmp_path):
+    b = tmp_path / "b.yaml"
+    b.write_text("deployments:\n  - model: llama-3.1-8b\n    gpu: h100-sxm\n    weights: fp32\n"
+                 "    workload: {batch: 1, prompt_tokens: 10, output_tokens: 10}\n"
+                 "    limits: {tpot_s: 1s}\n")
+    code, _, err = run_cli("check", str(b))
+    _one_line_error(code, err)
+    assert "fp32" in err
+    b.write_text(b.read_text().replace("weights: fp32", "weights: bf16")
+                 .replace("tpot_s: 1s", "tpot_s: .nan"))
+    code, _, err = run_cli("check", str(b))
+    _one_line_error(code, err)
+
+
+def test_calibration_rates_must_be_positive(run_cli, tmp_path):
+    c = tmp_path / "c.yaml"
+    for rate in ("0", "-1", ".nan"):
+        c.write_text(f"device: h100-sxm\nmemory_bandwidth_gb_per_s: 3000\n"
+                     f"matmul_tflops: {{bf16: {rate}}}\n")
+        code, _, err = run_cli("estimate", "-m", "llama-3.1-8b", "-g", "h100-sxm",
+                               "--calibration", str(c))
+        _one_line_error(code, err)
+
+
+def test_catalog_still_loads_every_database_file():
+    for n in catalog.model_names():
+        catalog.load_model(n)
+    for n in catalog.gpu_names():
+        catalog.load_hardware(n)
+    for n in catalog.engine_names():
+        catalog.load_engine_spec(n)
