@@ -121,10 +121,15 @@ def measure(
         write_prometheus(records, prometheus)
     if as_json:
         json_out({"out": str(dest), "summary": summary})
-        return
-    _print_points(records, hw is not None)
-    _print_summary(summary)
-    stdout.print(f"results: {dest}")
+    else:
+        _print_points(records, hw is not None)
+        _print_summary(summary)
+        stdout.print(f"results: {dest}")
+    if records and not summary["points"]["ok"]:
+        # nothing was measured: a script must not read this run as a success
+        stderr.print(f"no point was measured ({summary['points']['skipped']} skipped, "
+                     f"{summary['points']['oom']} OOM, {summary['points']['error']} errors)")
+        raise typer.Exit(1)
 
 
 def _slug(info) -> str:

@@ -118,7 +118,11 @@ def check(
 
         out = sys.stderr if as_json else sys.stdout  # --json keeps stdout pure JSON
         for r in failed:
-            line = f",line={lines[r.deployment]}" if lines.get(r.deployment) else ""
+            # the failing limit's own line, else its deployment's
+            i = next(k for k, d in enumerate(b.deployments) if d.label == r.deployment)
+            at = catalog.yaml_line(text, ("deployments", i, "limits", r.limit)) \
+                or lines.get(r.deployment)
+            line = f",line={at}" if at else ""
             print(f"::error file={budget}{line},title=llmplan budget::{_message(r)}", file=out)
     if as_json:
         json_out({"budget": str(budget), "passed": not failed,

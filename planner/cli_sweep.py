@@ -86,8 +86,8 @@ TABLE_COLUMNS = [
 
 
 def sweep(
-    model: Annotated[str, typer.Option("--model", "-m", help="Models. " + LIST_HELP)],
-    gpu: Annotated[str, typer.Option("--gpu", "-g", help="GPUs. " + LIST_HELP)],
+    model: Annotated[str, typer.Option("--model", "-m", help="Models, comma-separated.")],
+    gpu: Annotated[str, typer.Option("--gpu", "-g", help="GPUs, comma-separated.")],
     engine: EngineOpt = DEFAULT_ENGINE,
     batch: Annotated[str, typer.Option("--batch", "-b", help=LIST_HELP)] = "1",
     prompt_tokens: Annotated[str, typer.Option("--prompt-tokens", "-p", help=LIST_HELP)] = "512",

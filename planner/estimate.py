@@ -368,6 +368,9 @@ def estimate(
     prep = prepare(hardware, p, calibration, o, engine)
     price, price_source = resolve_price(hardware, price_usd_per_gpu_hour)
     notes = list(prep.notes)
+    if calibration is not None and calibration.device != hardware.name:
+        notes.append(f"the calibration was measured on {calibration.device}, not on "
+                     f"{hardware.name}: its ceilings stand in for this GPU's")
     if tp > model.num_kv_heads and model.mla is None:
         notes.append(f"tp {tp} > {model.num_kv_heads} KV heads: KV heads replicated")
     est = assemble(model, hardware, prep, o, tp=tp, batch=w.batch,

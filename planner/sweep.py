@@ -218,6 +218,14 @@ def sweep(g: Grid, **kwargs):
     return to_frame(iter_sweep(g, **kwargs))
 
 
+def _is_count(name: str) -> bool:
+    """Columns of byte and FLOP counts (and batch sizes): written as exact integers."""
+    if name in _INT_COLUMNS or name in ("params", "active_params"):
+        return True
+    return ("bytes" in name or "flops" in name) and not any(
+        x in name for x in ("per_s", "per_param", "per_byte", "frac"))
+
+
 def _csv_value(v) -> str:
     if v is None:
         return ""
@@ -237,11 +245,20 @@ def _arrow_table(chunk: Chunk, names: list[str]):
             cols.append(pa.DictionaryArray.from_arrays(idx, pa.array(["memory", "compute"])))
         elif k in chunk.arrays:
             a = chunk.arrays[k]
-            if k in _INT_COLUMNS or k.endswith(("_bytes", "_flops")):
+            if _is_count(k) and a.dtype.kind == "f":
                 a = np.rint(a).astype(np.int64)  # counts: exact integers
             elif a.dtype == np.float64:
                 a = a.astype(np.float32)  # 7 significant digits: the CSV's precision
             cols.append(pa.array(a))
+        elif isinstance(chunk.constants.get(k), (int, float)) and \
+                not isinstance(chunk.constants.get(k), bool):
+            # a per-group number: typed (unquoted), and exact where it is a count
+            v = chunk.constants[k]
+            if zeros is None:
+                zeros = pa.array(np.zeros(chunk.n, dtype=np.int8))
+            value = pa.array([round(v)], pa.int64()) if _is_count(k) else \
+                pa.array([v], pa.float32())
+            cols.append(pa.DictionaryArray.from_arrays(zeros, value))
         else:
             # a per-group constant: formatted once, written as a one-entry dictionary
             if zeros is None:

@@ -80,7 +80,9 @@ def test_github_annotations(run_cli, monkeypatch, capsys):
     code, out, _ = run_cli("check", str(EXAMPLES / "budget-failing.yaml"))
     assert code == 1
     ann = [ln for ln in out.splitlines() if ln.startswith("::error ")]
-    assert len(ann) == 2 and "line=3" in ann[0] and "TPOT predicted" in ann[1]
+    # each annotation points at the failing limit's own line
+    assert len(ann) == 2 and "line=8," in ann[0] and "line=9," in ann[1]
+    assert "TPOT predicted" in ann[1]
     code, out, err = run_cli("check", str(EXAMPLES / "budget-failing.yaml"), "--json")
     json.loads(out)  # stdout stays JSON; the annotations went to stderr
     assert "::error" in err

@@ -141,3 +141,21 @@ def test_sweep_matches_estimate_at_random_points_hypothesis_free():
                                        output_tokens=r["output_tokens"]))
         assert r["latency_s"] == pytest.approx(e.latency_s, rel=1e-12)
         assert r["max_batch"] == e.memory.max_batch
+
+
+def test_csv_counts_are_exact_unquoted_integers(run_cli, tmp_path):
+    import csv as csv_mod
+
+    out = tmp_path / "s.csv"
+    code, _, err = run_cli("sweep", "-m", "llama-3.1-8b", "-g", "h100-sxm", "-b", "1,2",
+                           "--csv", str(out))
+    assert code == 0, err
+    text = out.read_text()
+    row = next(csv_mod.DictReader(text.splitlines()))
+    for k in ("params", "weights_bytes", "decode_flops_per_token", "prefill_flops",
+              "kv_cache_bytes_per_token", "flops_per_token_2n"):
+        assert row[k].isdigit(), (k, row[k])
+    assert row["params"] == "8030261248" and row["weights_bytes"] == "16060522496"
+    assert float(row["weight_bytes_per_param"]) == 2.0  # a ratio stays a number
+    line = text.splitlines()[1]
+    assert '"8030261248"' not in line and ",8030261248," in line
