@@ -129,6 +129,15 @@ def test_unsupported_precision_is_recorded(calibration, tmp_path):
     assert recs["int8"]["status"] == "ok"  # weight-only int8 runs on the CPU
 
 
+def test_a_run_that_measured_nothing_exits_1(calibration, tmp_path):
+    out = tmp_path / "none.jsonl"
+    r = llmplan("measure", "-m", "tiny-llama-test", "--device", "cpu", "-b", "1", "-c", "16",
+                "--weights", "fp8", "--calibration", str(calibration), "--out", str(out),
+                "--budget-s", "0.05", "--threads", "1")
+    assert r.returncode == 1 and "no point was measured" in r.stderr
+    assert [x["status"] for x in lines(out)] == ["skipped"]  # the record is still written
+
+
 def test_oom_skips_larger_contexts_of_that_batch(calibration, tmp_path, monkeypatch):
     from harness import measure
     from harness.device import detect
