@@ -9,7 +9,15 @@ from typing import Annotated, Optional
 
 import typer
 
-from planner.cli_common import WEIGHT_CHOICES, json_out, parse_choices, positive, stderr, stdout
+from planner.cli_common import (
+    WEIGHT_CHOICES,
+    json_out,
+    output_path,
+    parse_choices,
+    positive,
+    stderr,
+    stdout,
+)
 from planner.errors import LlmplanError
 from planner.specs import GIB
 
@@ -56,6 +64,10 @@ def measure(
     from planner import catalog
     from planner.sweep import parse_int_list
 
+    # paths the user gave: their folders must exist and they must be files (checked before
+    # minutes of calibration, and no folder is created for them)
+    output_path(out, "--out")
+    output_path(calibration_out, "--calibration-out")
     positive("--budget-s", budget_s)
     positive("--max-memory", max_memory)
     positive("--threads", threads)

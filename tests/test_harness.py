@@ -190,3 +190,14 @@ def test_report_draws_measurements(calibration, tmp_path, run_cli):
     assert set(acc.metric) == {"TPOT", "TTFT"} and len(acc) == 4
     roof = pd.read_csv(next((tmp_path / "rep").glob("*roofline.csv")))
     assert (roof.series == "measured").sum() == 2
+
+
+def test_measure_output_paths_are_checked_first(tmp_path):
+    for args, needle in ((["--out", str(tmp_path / "missing" / "x.jsonl")], "does not exist"),
+                         (["--out", str(tmp_path)], "is a directory"),
+                         (["--calibration-out", str(tmp_path / "no" / "c.yaml")],
+                          "does not exist")):
+        r = llmplan("measure", "-m", "tiny-llama-test", "--device", "cpu", *args)
+        assert r.returncode == 2 and needle in r.stderr, r.stderr
+        assert "calibrating" not in r.stderr  # refused before any work
+    assert not (tmp_path / "missing").exists()
