@@ -112,7 +112,7 @@ def measure(
     if m is None:
         raise LlmplanError("--model: required unless --calibrate")
 
-    from harness.measure import Plan, run, stderr_progress, summarize, write_prometheus
+    from harness.measure import Plan, load_done, run, stderr_progress, summarize, write_prometheus
 
     cap = (max_memory * GIB if max_memory else info.memory_bytes * (0.9 if info.kind == "cuda"
                                                                    else 0.5))
@@ -120,6 +120,8 @@ def measure(
     plan = Plan(model=m, layers=n_layers, weights=wlist, kv_cache=kv_cache, batches=batches,
                 contexts=contexts, max_memory_bytes=cap, out=dest, resume=resume,
                 budget_s=budget_s, argv=["llmplan", *sys.argv[1:]])
+    if resume:
+        load_done(dest)  # a corrupt results file is refused before the progress bar starts
     total = len(wlist) * len(batches) * len(contexts)
     advance, prog = stderr_progress(total)
     try:

@@ -12,6 +12,7 @@ each point completes: an interrupt, an OOM or a crash loses nothing already meas
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 from collections.abc import Callable
@@ -66,18 +67,74 @@ def point_key(rec: dict) -> tuple:
     return (c["model"], c["layers"], c["weights"], c["kv_cache"], c["batch"], c["context"])
 
 
+_OK_NUMBERS = (("measured", "tpot_s", "median_s"), ("measured", "tpot_s", "p10_s"),
+               ("measured", "tpot_s", "p90_s"), ("measured", "ttft_s"),
+               ("prediction", "calibrated", "tpot_s"), ("prediction", "calibrated", "ttft_s"),
+               ("error", "calibrated", "tpot_frac"), ("error", "calibrated", "ttft_frac"))
+
+
+def _resumable(rec: object) -> str | None:
+    """Why a record cannot be carried into a resumed run (None when it can)."""
+    if not isinstance(rec, dict):
+        return "not a JSON object"
+    cfg = rec.get("config")
+    ints = ("batch", "context")
+    if (not isinstance(cfg, dict)
+            or not all(isinstance(cfg.get(k), str) for k in ("model", "weights", "kv_cache"))
+            or not all(type(cfg.get(k)) is int for k in ints)
+            or not (cfg.get("layers") is None or type(cfg.get("layers")) is int)
+            or "layers" not in cfg):
+        return ("config: model, layers, weights, kv_cache, batch and context missing or of "
+                "the wrong type")
+    if rec.get("status") not in ("ok", "skipped", "oom", "error"):
+        return f"status: {rec.get('status')!r} is not ok, skipped, oom or error"
+    if rec["status"] != "ok":
+        return None
+    paths = list(_OK_NUMBERS)
+    if isinstance(rec.get("error"), dict) and "datasheet" in rec["error"]:
+        paths.append(("error", "datasheet", "tpot_frac"))
+    mbu = rec.get("utilisation", {}).get("calibrated", {}) if isinstance(
+        rec.get("utilisation"), dict) else None
+    if not isinstance(mbu, dict) or ("mbu" in mbu and mbu["mbu"] is not None
+                                     and not _finite_number(mbu["mbu"])):
+        return "utilisation.calibrated.mbu: not a number"
+    for path in paths:
+        node: object = rec
+        for key in path:
+            node = node.get(key) if isinstance(node, dict) else None
+        if not _finite_number(node):
+            return f"{'.'.join(path)}: not a finite number"
+    return None
+
+
+def _finite_number(x: object) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
 def load_done(path: Path) -> dict[tuple, dict]:
-    """Points already in ``path`` (a torn last line from a crash is ignored)."""
+    """Points already in ``path``. A torn last line (a crash mid-write) is ignored; any other
+    line that is not a whole `llmplan measure` record is an error naming the line, since
+    resuming would carry it into the results."""
+    from planner.catalog import read_text
+    from planner.errors import SpecError
+
     done: dict[tuple, dict] = {}
     if not path.exists():
         return done
-    with path.open() as f:
-        for line in f:
-            try:
-                rec = json.loads(line)
-                done[point_key(rec)] = rec
-            except (json.JSONDecodeError, KeyError):
+    lines = read_text(path).splitlines()
+    for i, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except (json.JSONDecodeError, RecursionError, ValueError):
+            if i == len(lines):
                 continue
+            raise SpecError(f"{path}: line {i}: not JSON; cannot resume from it") from None
+        why = _resumable(rec)
+        if why is not None:
+            raise SpecError(f"{path}: line {i}: {why}; cannot resume from it")
+        done[point_key(rec)] = rec
     return done
 
 

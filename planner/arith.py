@@ -8,6 +8,8 @@ not. Arrays are recognised by their ``clip`` method, which computes the bound in
 
 from __future__ import annotations
 
+import typing
+
 
 def vmax(a, b):
     """Element-wise maximum."""
@@ -39,4 +41,10 @@ def no_bool_numbers(cls, v, info):
         ann = cls.model_fields[info.field_name].annotation
         if ann is not bool and "bool" not in str(ann).lower():
             raise ValueError(f"expected a number, got {str(v).lower()}")
+    elif isinstance(v, dict):  # a table of rates: {fp16: true} is no rate either
+        args = typing.get_args(cls.model_fields[info.field_name].annotation)
+        if len(args) == 2 and args[1] in (int, float):
+            for key, x in v.items():
+                if isinstance(x, bool):
+                    raise ValueError(f"{key}: expected a number, got {str(x).lower()}")
     return v

@@ -124,6 +124,8 @@ def read_yaml(path: Path) -> Any:
         return yaml.load(text, Loader=loader)
     except RecursionError:
         raise SpecError(f"{path}: YAML nested too deeply") from None
+    except ValueError as err:  # a scalar YAML resolves but Python cannot build (5000 digits)
+        raise SpecError(f"{path}: unreadable value: {str(err).split(';')[0]}") from None
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark is not None else ""

@@ -307,6 +307,13 @@ def main(argv: list[str] | None = None) -> int:
         return getattr(err, "exit_code", 2)
     except BrokenPipeError:
         return 0
+    except ValueError as err:  # a pydantic check that no edge check caught: still user input
+        if type(err).__name__ != "ValidationError":
+            raise
+        first = err.errors()[0]
+        where = ".".join(str(x) for x in first["loc"]) or err.title
+        print(f"llmplan: error: {where}: {first['msg']}", file=sys.stderr)
+        return 2
     return rv if isinstance(rv, int) else 0
 
 

@@ -67,6 +67,8 @@ def positive(name: str, value: float | None, *, allow_zero: bool = False) -> Non
     """A size or rate from the command line: a finite number above (or at) zero."""
     if value is None:
         return
+    if isinstance(value, int) and abs(value) > 10**18:  # float() of it would overflow
+        raise LlmplanError(f"{name}: a {len(str(abs(value)))}-digit number is out of range")
     if not math.isfinite(value):
         raise LlmplanError(f"{name}: must be a finite number, got {value:g}")
     if value < 0 or (value == 0 and not allow_zero):
@@ -103,6 +105,11 @@ def options_from(time_model: TimeModel, attention: Attention, kernel_overhead_us
     positive("--memory-utilization", memory_utilization)
     if memory_utilization > 1:
         raise LlmplanError(f"--memory-utilization: must be at most 1, got {memory_utilization:g}")
+    if kernel_overhead_us > 1e6:
+        raise LlmplanError(f"--kernel-overhead-us: must be at most 1e6 (one second per kernel), "
+                           f"got {kernel_overhead_us:g}")
+    if reserve_gib > 1e5:
+        raise LlmplanError(f"--reserve-gib: must be at most 1e5, got {reserve_gib:g}")
     return Options(time_model=time_model.value, attention=attention.value,
                    kernel_overhead_s=kernel_overhead_us * 1e-6, reserve_bytes=reserve_gib * GIB,
                    memory_utilization_frac=memory_utilization,

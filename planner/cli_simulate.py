@@ -54,6 +54,20 @@ def _finite_positive(name: str, v: float | None, *, allow_inf: bool = False) -> 
                            f"number{' or inf' if allow_inf else ''}, got {v:g}")
 
 
+MAX_TRACE_TOKENS = 10_000_000  # per request: beyond any model's context
+
+
+def _token_count(v: object) -> int:
+    """A whole number of tokens: 12, 12.0 or "12"; not true, 2.5 or "abc"."""
+    if isinstance(v, bool):
+        raise TypeError(v)
+    if isinstance(v, float):
+        if not v.is_integer():
+            raise ValueError(v)
+        return int(v)
+    return int(v)
+
+
 def read_trace(path: Path) -> list[tuple[int, int, float | None]]:
     """(prompt_tokens, output_tokens, arrival_s or None) rows of a JSONL or CSV trace."""
     rows: list[dict] = []
@@ -79,17 +93,20 @@ def read_trace(path: Path) -> list[tuple[int, int, float | None]]:
     out = []
     for i, r in enumerate(rows, 1):
         try:
-            p, o = int(r["prompt_tokens"]), int(r["output_tokens"])
+            p, o = _token_count(r["prompt_tokens"]), _token_count(r["output_tokens"])
             a = r.get("arrival_s")
+            if isinstance(a, bool):
+                raise TypeError(a)
             a = None if a in (None, "") else float(a)
         except KeyError as err:
             raise LlmplanError(f"{path}: row {i}: missing {err.args[0]}") from None
         except (TypeError, ValueError, OverflowError):
             raise LlmplanError(f"{path}: row {i}: prompt_tokens and output_tokens must be "
                                "integers, arrival_s a number") from None
-        if p <= 0 or o <= 0 or (a is not None and not (a >= 0 and math.isfinite(a))):
-            raise LlmplanError(f"{path}: row {i}: token counts must be positive and "
-                               "arrival_s a finite number >= 0")
+        if not (0 < p <= MAX_TRACE_TOKENS and 0 < o <= MAX_TRACE_TOKENS) or (
+                a is not None and not (a >= 0 and math.isfinite(a))):
+            raise LlmplanError(f"{path}: row {i}: token counts must be in 1..{MAX_TRACE_TOKENS:,} "
+                               "and arrival_s a finite number >= 0")
         out.append((p, o, a))
     if not out:
         raise LlmplanError(f"{path}: no requests")

@@ -61,7 +61,7 @@ class _Sourced(_Frozen):
 
 
 class Num(_Sourced):
-    value: float = Field(ge=0, allow_inf_nan=False)
+    value: float = Field(ge=0, le=10_000_000, allow_inf_nan=False)
 
 
 class Frac(_Sourced):
@@ -81,8 +81,8 @@ class Kernels(_Sourced):
     @model_validator(mode="after")
     def _check(self) -> Kernels:
         for k, v in self.value.items():
-            if not (v >= 0) or v == float("inf"):
-                raise ValueError(f"kernels.{k} must be a non-negative number, got {v}")
+            if not 0 <= v <= 10_000:
+                raise ValueError(f"kernels.{k} must be a number in 0..10000, got {v}")
         return self
 
 

@@ -286,7 +286,7 @@ class HardwareSpec(_Frozen):
     memory_bandwidth_gb_per_s: float = Field(gt=0, le=1_000_000)
     peak_tflops: dict[DType, float]  # dense tensor-core TFLOP/s (TOPS for int8) per type
     interconnect: Interconnect
-    tdp_w: float | None = Field(None, gt=0)  # None where no datasheet gives it
+    tdp_w: float | None = Field(None, gt=0, le=100_000)  # None where no datasheet gives it
     price: Price | None = None
     memory_type: str | None = None  # HBM2e, HBM3, GDDR6, ...: picks the estimated fraction
     architecture: str | None = None  # volta, turing, ampere, ada, hopper, blackwell, cdna3
@@ -301,6 +301,17 @@ class HardwareSpec(_Frozen):
             if not 0 < v <= 10_000_000:
                 raise ValueError(f"peak_tflops.{dt.value} must be positive and at most 1e7, "
                                  f"got {v}")
+        a = self.achievable
+        if a is not None:  # a benchmark cannot beat the datasheet (5% for clock boost)
+            if a.memory_bandwidth_gb_per_s.value > 1.05 * self.memory_bandwidth_gb_per_s:
+                raise ValueError(f"achievable.memory_bandwidth_gb_per_s: "
+                                 f"{a.memory_bandwidth_gb_per_s.value:g} exceeds the datasheet's "
+                                 f"{self.memory_bandwidth_gb_per_s:g}")
+            for dt, fig in a.matmul_tflops.items():
+                peak = self.peak_tflops.get(dt)
+                if peak is not None and fig.value > 1.05 * peak:
+                    raise ValueError(f"achievable.matmul_tflops.{dt.value}: {fig.value:g} "
+                                     f"exceeds the datasheet's dense {peak:g}")
         return self
 
     @property
@@ -366,7 +377,7 @@ class Options(_Frozen):
 
     time_model: Literal["roofline", "additive"] = "roofline"
     attention: Literal["flash", "naive"] = "flash"
-    kernel_overhead_s: float = Field(0.0, ge=0)
+    kernel_overhead_s: float = Field(0.0, ge=0, le=1.0)
     # CUDA context, cuBLAS/NCCL workspaces and allocator slack (a 1 GiB default: a CUDA
     # context alone takes 300-500 MiB on recent drivers).
     reserve_bytes: float = Field(1 * GIB, ge=0)

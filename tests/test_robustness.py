@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -190,3 +191,63 @@ def test_catalog_still_loads_every_database_file():
         catalog.load_hardware(n)
     for n in catalog.engine_names():
         catalog.load_engine_spec(n)
+
+
+# Found by benchmarks/fuzz.py (seed 0, 200 cases): each was a traceback or a silent acceptance.
+def test_fuzz_findings_are_one_line_errors(run_cli, tmp_path):
+    gpu = (ROOT / "hardware_db" / "a100-pcie-80gb.yaml").read_text()
+    cases = {
+        "rate.yaml": gpu.replace("\n  fp16: 312 ", "\n  fp16: true "),  # {fp16: true} in a table
+        "tdp.yaml": gpu.replace("tdp_w: 300", "tdp_w: 100000000000000000000000"),
+        "digits.yaml": "x: " + "9" * 5000 + "\n",  # beyond Python's int-parsing limit
+    }
+    assert cases["rate.yaml"] != gpu and cases["tdp.yaml"] != gpu
+    for name, text in cases.items():
+        p = tmp_path / name
+        p.write_text(text)
+        code, _, err = run_cli("estimate", "-m", "llama-3.1-8b", "-g", str(p))
+        _one_line_error(code, err)
+    for args in (["estimate", "--tp", "9" * 30], ["estimate", "--batch", "9" * 400],
+                 ["estimate", "--kernel-overhead-us", "1e30"], ["sweep", "--reserve-gib", "1e9"],
+                 ["simulate", "-n", "3", "--max-concurrency", "9" * 40],
+                 ["simulate", "-n", "3", "--max-num-batched-tokens", "9" * 40]):
+        code, _, err = run_cli(args[0], "-m", "llama-3.1-8b", "-g", "h100-sxm", *args[1:])
+        _one_line_error(code, err)
+
+
+@pytest.mark.parametrize("row", ['{"prompt_tokens": 10, "output_tokens": true}',
+                                 '{"prompt_tokens": 1e30, "output_tokens": 5}',
+                                 '{"prompt_tokens": 2.5, "output_tokens": 5}',
+                                 '{"prompt_tokens": 10, "output_tokens": 5, "arrival_s": false}'])
+def test_dataset_token_counts_are_whole_numbers_in_range(run_cli, tmp_path, row):
+    p = tmp_path / "d.jsonl"
+    p.write_text(row + "\n")
+    code, _, err = run_cli("simulate", "-m", "llama-3.1-8b", "-g", "h100-sxm", "-n", "3",
+                           "--dataset", str(p))
+    _one_line_error(code, err)
+
+
+def test_resume_refuses_a_corrupt_results_file(tmp_path):
+    from harness.measure import load_done
+    from planner.errors import SpecError
+
+    good = {"status": "skipped", "config": {"model": "m", "layers": 2, "weights": "bf16",
+                                            "kv_cache": "bf16", "batch": 1, "context": 32}}
+    ok = {**good, "status": "ok", "measured": {"tpot_s": {"median_s": 1e-3, "p10_s": 1e-3,
+                                                          "p90_s": 1e-3}, "ttft_s": 2e-3},
+          "prediction": {"calibrated": {"tpot_s": 1e-3, "ttft_s": 2e-3}},
+          "error": {"calibrated": {"tpot_frac": 0.1, "ttft_frac": 0.1}},
+          "utilisation": {"calibrated": {"mbu": 0.5}}}
+    p = tmp_path / "r.jsonl"
+    p.write_text(json.dumps(good) + "\n" + json.dumps(ok) + '\n{"torn')
+    assert len(load_done(p)) == 1  # same key; the torn last line is a crash, skipped
+    bad_rows = [{**ok, "utilisation": {"calibrated": {"mbu": []}}},
+                {**ok, "error": {"calibrated": {"tpot_frac": "x", "ttft_frac": 0.1}}},
+                {**good, "config": {**good["config"], "batch": True}}, [1, 2]]
+    for bad in bad_rows:
+        p.write_text(json.dumps(bad) + "\n" + json.dumps(good) + "\n")
+        with pytest.raises(SpecError, match="line 1"):
+            load_done(p)
+    p.write_bytes(json.dumps(good).encode() + b"\n\x80\n")
+    with pytest.raises(SpecError):
+        load_done(p)

@@ -229,7 +229,7 @@ def test_simulate_bad_input(run_cli, args, msg):
 def test_bad_trace_rows(run_cli, tmp_path):
     for text, msg in (('{"prompt_tokens": 1}\n', "missing output_tokens"),
                       ('[1, 2]\n', "not a JSON object"),
-                      ('{"prompt_tokens": -1, "output_tokens": 2}\n', "positive"),
+                      ('{"prompt_tokens": -1, "output_tokens": 2}\n', "must be in 1.."),
                       ('{"prompt_tokens": 1, "output_tokens": "x"}\n', "integers")):
         ds = tmp_path / "d.jsonl"
         ds.write_text(text)
