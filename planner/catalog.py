@@ -252,8 +252,8 @@ def load_budget(path: str | Path):
 
 def load_calibration(path: str | Path) -> Calibration:
     p = Path(path)
-    if not p.is_file():
-        raise SpecError(f"{p}: no such calibration file")
+    if len(p.name.encode()) > 255 or not p.is_file():
+        raise SpecError(f"{str(p)[:200]}: no such calibration file")
     data = read_json(p) if p.suffix == ".json" else read_yaml(p)
     return validate(Calibration, data, str(p))
 

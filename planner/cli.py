@@ -307,6 +307,10 @@ def main(argv: list[str] | None = None) -> int:
         return getattr(err, "exit_code", 2)
     except BrokenPipeError:
         return 0
+    except OSError as err:  # a path the OS refuses (name too long, permission, disk full)
+        name = f"{str(err.filename)[:120]}: " if err.filename is not None else ""
+        print(f"llmplan: error: {name}{err.strerror or err}", file=sys.stderr)
+        return 2
     except ValueError as err:  # a pydantic check that no edge check caught: still user input
         if type(err).__name__ != "ValidationError":
             raise

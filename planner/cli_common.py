@@ -81,6 +81,9 @@ def output_path(path: Path | None, flag: str, suffix: str | None = None) -> None
     option must name a .png."""
     if path is None:
         return
+    if len(path.name.encode()) > 255:
+        raise LlmplanError(f"{flag}: file name of {len(path.name.encode())} bytes is longer "
+                           "than 255")
     if path.is_dir():
         raise LlmplanError(f"{flag}: {path} is a directory; give a file name")
     if not path.parent.is_dir():

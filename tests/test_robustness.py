@@ -251,3 +251,14 @@ def test_resume_refuses_a_corrupt_results_file(tmp_path):
     p.write_bytes(json.dumps(good).encode() + b"\n\x80\n")
     with pytest.raises(SpecError):
         load_done(p)
+
+
+def test_file_names_longer_than_the_os_allows(run_cli):
+    long = "9" * 400  # ENAMETOOLONG: an OSError, not a missing file
+    for args in (["check", "examples/budget.yaml", "--calibration", long],
+                 ["sweep", "-m", "llama-3.1-8b", "-g", "h100-sxm", "--csv", long],
+                 ["report", "-m", "llama-3.1-8b", "-g", "h100-sxm", "--measured", long],
+                 ["estimate", "-m", "llama-3.1-8b", "-g", "h100-sxm", "--engine", long]):
+        args = [str(ROOT / a) if a.startswith("examples/") else a for a in args]
+        code, _, err = run_cli(*args)
+        _one_line_error(code, err)
