@@ -108,7 +108,9 @@ def _resumable(rec: object) -> str | None:
 
 
 def _finite_number(x: object) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+    if isinstance(x, bool) or not isinstance(x, (int, float)):
+        return False
+    return abs(x) < 1e300 if isinstance(x, int) else math.isfinite(x)
 
 
 def load_done(path: Path) -> dict[tuple, dict]:

@@ -273,6 +273,13 @@ def _req(cfg: dict, key: str, path: str) -> Any:
 
 def model_from_hf_config(cfg: dict, path: str) -> ModelSpec:
     """Translate the fields of an official HF config into a ``ModelSpec``."""
+    try:
+        return _model_from_hf_config(cfg, path)
+    except (TypeError, OverflowError) as err:  # a list or a string where a size belongs
+        raise SpecError(f"{path}: a size field is not a number ({err})") from None
+
+
+def _model_from_hf_config(cfg: dict, path: str) -> ModelSpec:
     if not isinstance(cfg, dict):
         raise SpecError(f"{path}: expected a JSON object")
     mt = cfg.get("model_type")

@@ -147,7 +147,7 @@ class MoESpec(_Frozen):
     expert_intermediate_size: int = Field(gt=0, le=10_000_000)
     num_shared_experts: int = Field(0, ge=0, le=1_000_000)
     # First layers that keep a dense MLP (DeepSeek-V3: first_k_dense_replace = 3).
-    first_dense_layers: int = Field(0, ge=0)
+    first_dense_layers: int = Field(0, ge=0, le=100_000)
     router_bias: bool = False  # DeepSeek-V3's e_score_correction_bias
 
     @model_validator(mode="after")
@@ -160,11 +160,11 @@ class MoESpec(_Frozen):
 class MLASpec(_Frozen):
     """Multi-head latent attention (DeepSeek-V2/V3): low-rank Q and a compressed KV cache."""
 
-    q_lora_rank: int | None = Field(None, gt=0)  # None: plain q_proj
-    kv_lora_rank: int = Field(gt=0)
-    qk_nope_head_dim: int = Field(gt=0)
-    qk_rope_head_dim: int = Field(gt=0)
-    v_head_dim: int = Field(gt=0)
+    q_lora_rank: int | None = Field(None, gt=0, le=1_000_000)  # None: plain q_proj
+    kv_lora_rank: int = Field(gt=0, le=1_000_000)
+    qk_nope_head_dim: int = Field(gt=0, le=1_000_000)
+    qk_rope_head_dim: int = Field(gt=0, le=1_000_000)
+    v_head_dim: int = Field(gt=0, le=1_000_000)
 
 
 class ModelSpec(_Frozen):

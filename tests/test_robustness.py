@@ -262,3 +262,22 @@ def test_file_names_longer_than_the_os_allows(run_cli):
         args = [str(ROOT / a) if a.startswith("examples/") else a for a in args]
         code, _, err = run_cli(*args)
         _one_line_error(code, err)
+
+
+def test_fuzz_findings_in_mla_fields_and_resumed_huge_numbers(run_cli, tmp_path):
+    # benchmarks/fuzz.py --seed 3: OverflowError / TypeError tracebacks before the fix
+    text = (ROOT / "models_db" / "deepseek-v3.yaml").read_text()
+    bad = text.replace("  qk_nope_head_dim: 128", "  qk_nope_head_dim: " + "9" * 34)
+    assert bad != text
+    (tmp_path / "m.yaml").write_text(bad)
+    code, _, err = run_cli("estimate", "-m", str(tmp_path / "m.yaml"), "-g", "h200")
+    _one_line_error(code, err)
+    cfg = json.loads((ROOT / "tests" / "fixtures" / "hf" / "deepseek-v3.json").read_text())
+    cfg["qk_rope_head_dim"] = []
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    code, _, err = run_cli("estimate", "-m", str(tmp_path / "config.json"), "-g", "h200")
+    _one_line_error(code, err)
+
+    from harness.measure import _finite_number
+    assert not _finite_number(10 ** 400) and not _finite_number(True)
+    assert _finite_number(3) and _finite_number(2.5)
