@@ -133,17 +133,24 @@ def read_yaml(path: Path) -> Any:
         raise SpecError(f"{path}:{where}: malformed YAML: {problem}") from None
 
 
+def is_file(p: Path, what: str) -> bool:
+    """Whether ``p`` is a file; a path the OS refuses to look up (a name too long, a NUL
+    byte) is a ``SpecError`` naming ``what`` it was meant to be."""
+    try:
+        return p.is_file()
+    except (OSError, ValueError) as err:
+        ref = str(p)
+        raise SpecError(f"{ref[:80]}{'...' if len(ref) > 80 else ''}: not a usable "
+                        f"{what} name or path ({getattr(err, 'strerror', None) or err})") from None
+
+
 def _resolve(ref: str, kind: str, what: str) -> Path:
     if not ref.strip():
         raise SpecError(f"no {what} given")
     p = Path(ref)
-    try:
-        is_file = p.is_file()
-    except (OSError, ValueError) as err:  # a name too long for the OS, a NUL byte
-        raise SpecError(f"{ref[:80]}{'...' if len(ref) > 80 else ''}: not a usable "
-                        f"{what} name or path ({getattr(err, 'strerror', None) or err})") from None
-    if p.suffix in (".yaml", ".yml", ".json") or is_file:
-        if not is_file:
+    is_file_ = is_file(p, what)
+    if p.suffix in (".yaml", ".yml", ".json") or is_file_:
+        if not is_file_:
             raise SpecError(f"{ref}: no such file")
         return p
     known = _names(kind)
@@ -252,8 +259,8 @@ def load_budget(path: str | Path):
 
 def load_calibration(path: str | Path) -> Calibration:
     p = Path(path)
-    if len(p.name.encode()) > 255 or not p.is_file():
-        raise SpecError(f"{str(p)[:200]}: no such calibration file")
+    if not is_file(p, "calibration"):
+        raise SpecError(f"{p}: no such calibration file")
     data = read_json(p) if p.suffix == ".json" else read_yaml(p)
     return validate(Calibration, data, str(p))
 

@@ -63,14 +63,17 @@ OutputOpt = Annotated[int, typer.Option("--output-tokens", "-o",
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object, nothing else.")]
 
 
-def positive(name: str, value: float | None, *, allow_zero: bool = False) -> None:
-    """A size or rate from the command line: a finite number above (or at) zero."""
+def positive(name: str, value: float | None, *, allow_zero: bool = False,
+             allow_inf: bool = False) -> None:
+    """A size or rate from the command line: a finite number above (or at) zero; with
+    ``allow_inf``, +inf too (a request rate of inf: every request at t = 0)."""
     if value is None:
         return
     if isinstance(value, int) and abs(value) > 10**18:  # float() of it would overflow
         raise LlmplanError(f"{name}: a {len(str(abs(value)))}-digit number is out of range")
-    if not math.isfinite(value):
-        raise LlmplanError(f"{name}: must be a finite number, got {value:g}")
+    if not (math.isfinite(value) or (allow_inf and value == math.inf)):
+        raise LlmplanError(f"{name}: must be a finite number{' or inf' if allow_inf else ''}, "
+                           f"got {value:g}")
     if value < 0 or (value == 0 and not allow_zero):
         raise LlmplanError(f"{name}: must be {'non-negative' if allow_zero else 'positive'}, "
                            f"got {value:g}")

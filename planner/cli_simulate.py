@@ -15,6 +15,7 @@ from planner.cli_common import (
     DEFAULT_ENGINE,
     DEFAULT_RESERVE_GIB,
     DEFAULT_UTIL,
+    Attention,
     EngineOpt,
     GpuOpt,
     GroupSizeOpt,
@@ -22,11 +23,13 @@ from planner.cli_common import (
     KVOption,
     ModelOpt,
     ReserveOpt,
+    TimeModel,
     TpOpt,
     UtilOpt,
     WeightsOpt,
     WeightsOption,
     json_out,
+    options_from,
     output_path,
     positive,
     stderr,
@@ -46,14 +49,6 @@ class KVLayout(str, Enum):
     contiguous = "contiguous"
 
 
-def _finite_positive(name: str, v: float | None, *, allow_inf: bool = False) -> None:
-    if v is None:
-        return
-    if math.isnan(v) or v <= 0 or (math.isinf(v) and not allow_inf):
-        raise LlmplanError(f"{name}: must be a positive{'' if allow_inf else ' finite'} "
-                           f"number{' or inf' if allow_inf else ''}, got {v:g}")
-
-
 MAX_TRACE_TOKENS = 10_000_000  # per request: beyond any model's context
 
 
@@ -70,13 +65,10 @@ def _token_count(v: object) -> int:
 
 def read_trace(path: Path) -> list[tuple[int, int, float | None]]:
     """(prompt_tokens, output_tokens, arrival_s or None) rows of a JSONL or CSV trace."""
+    from planner.catalog import read_text
+
     rows: list[dict] = []
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as err:
-        raise LlmplanError(f"{path}: cannot read: {err.strerror}") from None
-    except UnicodeDecodeError:
-        raise LlmplanError(f"{path}: not UTF-8 text") from None
+    text = read_text(path)
     if path.suffix.lower() == ".csv":
         rows = list(csv_mod.DictReader(text.splitlines()))
     else:
@@ -181,7 +173,7 @@ def simulate(
     from planner.serving.sim import SchedulerConfig
     from planner.serving.sim import simulate as run
     from planner.serving.traffic import replay, synthetic
-    from planner.specs import GIB, Options, Precision
+    from planner.specs import Precision
 
     for name, v in (("--tp", tp), ("--num-requests", num_requests),
                     ("--max-num-seqs", max_num_seqs),
@@ -190,19 +182,16 @@ def simulate(
                     ("--prompt-tokens", prompt_tokens), ("--output-tokens", output_tokens),
                     ("--group-size", group_size), ("--max-concurrency", max_concurrency)):
         positive(name, v)
-    _finite_positive("--request-rate", request_rate, allow_inf=True)
-    _finite_positive("--burstiness", burstiness)
+    positive("--request-rate", request_rate, allow_inf=True)
+    positive("--burstiness", burstiness)
     if not (max_wait >= 0 and math.isfinite(max_wait)):
         raise LlmplanError(f"--max-wait: must be a finite number >= 0, got {max_wait:g}")
-    _finite_positive("--ttft-slo", ttft_slo)
-    _finite_positive("--tpot-slo", tpot_slo)
-    _finite_positive("--memory-utilization", memory_utilization)
-    if memory_utilization > 1:
-        raise LlmplanError(f"--memory-utilization: must be at most 1, got {memory_utilization:g}")
+    positive("--ttft-slo", ttft_slo)
+    positive("--tpot-slo", tpot_slo)
     if not (0 <= range_ratio < 1):
         raise LlmplanError(f"--range-ratio: must be in [0, 1), got {range_ratio:g}")
-    if not (reserve_gib >= 0 and math.isfinite(reserve_gib)):
-        raise LlmplanError(f"--reserve-gib: must be a finite number >= 0, got {reserve_gib:g}")
+    opts = options_from(TimeModel.roofline, Attention.flash, 0.0, reserve_gib,
+                        memory_utilization)  # the checks every command shares
     if num_requests > 10_000_000:
         raise LlmplanError("--num-requests: at most 10,000,000")
     output_path(trace, "--trace")
@@ -215,8 +204,7 @@ def simulate(
     max_num_batched_tokens = max_num_batched_tokens or eng.max_num_batched_tokens
     block_size = block_size or eng.block_size
     chunked_prefill = eng.chunked_prefill if chunked_prefill is None else chunked_prefill
-    opts = Options(reserve_bytes=reserve_gib * GIB, memory_utilization_frac=memory_utilization,
-                   prefill_chunk_tokens=max_num_batched_tokens)
+    opts = opts.model_copy(update={"prefill_chunk_tokens": max_num_batched_tokens})
     prep = prepare(hw, Precision.of(weights.value, kv_cache.value if kv_cache else None,
                                     group_size), None, opts, eng)
     cfg = SchedulerConfig(kind=scheduler.value, max_num_seqs=max_num_seqs,

@@ -442,10 +442,10 @@ def load_measured(path: Path) -> list[dict]:
     """Records of a `llmplan measure` JSONL file (a torn last line is skipped)."""
     import json
 
-    from planner.catalog import read_text
+    from planner.catalog import is_file, read_text
     from planner.errors import SpecError
 
-    if not path.is_file():
+    if not is_file(path, "measurement"):
         raise SpecError(f"{path}: no such measurement file")
     recs = []
     text_lines = read_text(path).splitlines()
