@@ -63,10 +63,27 @@ OutputOpt = Annotated[int, typer.Option("--output-tokens", "-o",
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object, nothing else.")]
 
 
+DAY_S = 86_400.0
+# Upper bounds of options whose every finite value would otherwise be taken: beyond them a
+# value is a typo, not a deployment. Times: a day; prices: $10,000 per GPU-hour, as in
+# hardware_db (list prices of the largest GPUs are under $15); traffic: 1e9 requests or
+# tokens per second (about 10,000 times the busiest public LLM APIs).
+UPPER_BOUNDS: dict[str, tuple[float, str]] = {
+    **{flag: (DAY_S, " s (a day)") for flag in (
+        "--measured-tpot", "--measured-ttft", "--ttft-slo", "--tpot-slo", "--ttft", "--tpot",
+        "--max-wait")},
+    "--price-per-hour": (10_000.0, " US$ per GPU-hour"),
+    "--rps": (1e9, " requests/s"),
+    "--request-rate": (1e9, " requests/s (inf sends every request at t = 0)"),
+    "--tokens-per-s": (1e9, " tokens/s"),
+}
+
+
 def positive(name: str, value: float | None, *, allow_zero: bool = False,
              allow_inf: bool = False) -> None:
-    """A size or rate from the command line: a finite number above (or at) zero; with
-    ``allow_inf``, +inf too (a request rate of inf: every request at t = 0)."""
+    """A size or rate from the command line: a finite number above (or at) zero and at most
+    its documented bound (``UPPER_BOUNDS``); with ``allow_inf``, +inf too (a request rate of
+    inf: every request at t = 0)."""
     if value is None:
         return
     if isinstance(value, int) and abs(value) > 10**18:  # float() of it would overflow
@@ -77,6 +94,9 @@ def positive(name: str, value: float | None, *, allow_zero: bool = False,
     if value < 0 or (value == 0 and not allow_zero):
         raise LlmplanError(f"{name}: must be {'non-negative' if allow_zero else 'positive'}, "
                            f"got {value:g}")
+    bound = UPPER_BOUNDS.get(name)
+    if bound is not None and math.isfinite(value) and value > bound[0]:
+        raise LlmplanError(f"{name}: {value:g} is above the limit of {bound[0]:g}{bound[1]}")
 
 
 def output_path(path: Path | None, flag: str, suffix: str | None = None) -> None:

@@ -184,8 +184,9 @@ def simulate(
         positive(name, v)
     positive("--request-rate", request_rate, allow_inf=True)
     positive("--burstiness", burstiness)
-    if not (max_wait >= 0 and math.isfinite(max_wait)):
-        raise LlmplanError(f"--max-wait: must be a finite number >= 0, got {max_wait:g}")
+    positive("--max-wait", max_wait, allow_zero=True)
+    if not 0 <= seed < 2**64:
+        raise LlmplanError(f"--seed: must be an integer in [0, 2^64), got {seed}")
     positive("--ttft-slo", ttft_slo)
     positive("--tpot-slo", tpot_slo)
     if not (0 <= range_ratio < 1):

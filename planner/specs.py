@@ -194,8 +194,8 @@ class ModelSpec(_Frozen):
     moe: MoESpec | None = None
     mla: MLASpec | None = None
     # The officially reported counts (None for a bare config.json, which states none).
-    official_params: int | None = Field(None, gt=0)
-    official_active_params: int | None = Field(None, gt=0)
+    official_params: int | None = Field(None, gt=0, le=10**14)  # 100 trillion
+    official_active_params: int | None = Field(None, gt=0, le=10**14)
     official_params_source: str | None = None
 
     @model_validator(mode="after")
