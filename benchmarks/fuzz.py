@@ -177,7 +177,7 @@ def file_targets(setup: Path) -> list[tuple[str, Path, list[str], bool]]:
     for p in sorted((ROOT / "examples").glob("budget*.yaml")):
         out.append(("budget", p, ["check", "FILE"], False))
     for p in sorted((ROOT / "planner" / "data" / "validation").glob("*.yaml")):
-        out.append(("validation", p, ["validate", "--source", "FILE"], False))
+        out.append(("validation", p, ["validate", "--dataset", "FILE", "--no-rows"], False))
     out.append(("calibration", setup / "calibration.yaml",
                 ["estimate", "-m", "gpt2", "-g", "h100-sxm", "--calibration", "FILE", "--json"],
                 False))

@@ -16,7 +16,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from planner.arith import no_bool_numbers
-from planner.specs import DType
+from planner.specs import MAX_COUNT, DType
 
 _TIME = {"us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "min": 60.0, "m": 60.0, "h": 3600.0}
 _SCALE = {"k": 1e3, "M": 1e6, "G": 1e9}
@@ -86,10 +86,10 @@ class _Strict(BaseModel):
 
 
 class BudgetWorkload(_Strict):
-    batch: int | None = Field(None, gt=0)
-    concurrent_sequences: int | None = Field(None, gt=0)  # a synonym of batch
-    prompt_tokens: int = Field(gt=0)
-    output_tokens: int = Field(gt=0)
+    batch: int | None = Field(None, gt=0, le=MAX_COUNT)
+    concurrent_sequences: int | None = Field(None, gt=0, le=MAX_COUNT)  # a synonym of batch
+    prompt_tokens: int = Field(gt=0, le=MAX_COUNT)
+    output_tokens: int = Field(gt=0, le=MAX_COUNT)
 
     @model_validator(mode="after")
     def _one(self) -> BudgetWorkload:
@@ -105,7 +105,7 @@ class BudgetWorkload(_Strict):
 class Limits(_Strict):
     memory_frac: float | None = None
     fits: bool | None = None  # must fit (true) at the workload's concurrency
-    fits_at: int | None = Field(None, gt=0)  # must fit at this many concurrent sequences
+    fits_at: int | None = Field(None, gt=0, le=MAX_COUNT)  # must fit at this many sequences
     ttft_s: float | None = None
     tpot_s: float | None = None
     latency_s: float | None = None
@@ -128,7 +128,7 @@ class Deployment(_Strict):
     name: str | None = None
     model: str
     gpu: str
-    tp: int = Field(1, gt=0)
+    tp: int = Field(1, gt=0, le=100_000)
     engine: str | None = None  # engines_db name or YAML path (default: check's --engine)
     weights: DType = DType.bf16
     kv_cache: DType | None = None

@@ -145,12 +145,14 @@ def models(as_json: JsonOpt = False) -> None:
         return
     from planner import fmt
     from planner.render import plain
-    stdout.print(table("Built-in models", ["name", "arch", "params", "active", "layers",
-                                            "hidden", "heads", "kv heads", "max ctx"],
+    stdout.print(table("Built-in models (--json for sources)",
+                       ["name", "arch", "params", "active", "layers", "hidden", "heads",
+                        "kv", "context"],
                        [[plain(r["name"]), plain(r["architecture"]), fmt.count(r["params"]),
                          fmt.count(r["active_params"]), r["layers"], r["hidden_size"],
-                         r["attention_heads"], r["kv_heads"], f"{r['max_context_tokens']:,}"]
-                        for r in rows]))
+                         r["attention_heads"], r["kv_heads"],
+                         fmt.tokens_short(r["max_context_tokens"])]
+                        for r in rows], left=2, compact=True))
 
 
 @app.command()
@@ -174,17 +176,17 @@ def gpus(as_json: JsonOpt = False) -> None:
     if as_json:
         json_out(rows)
         return
-    stdout.print(table("Built-in GPUs (dense peak rates)",
-                       ["name", "memory", "bandwidth", "bf16", "fp16", "fp8", "int8",
-                        "link", "TDP", "$/h"],
-                       [[plain(r["name"]), f"{r['memory_gib']:g} GiB",
-                         f"{r['memory_bandwidth_gb_per_s']:,.0f} GB/s",
-                         *[f"{r['peak_tflops'][k]:g} T" if k in r["peak_tflops"] else "-"
+    stdout.print(table("Built-in GPUs (dense peak TFLOP/s; --json for sources)",
+                       ["name", "mem\nGiB", "mem\nGB/s", "bf16", "fp16", "fp8", "int8",
+                        "link", "link\nGB/s", "TDP\nW", "$/h"],
+                       [[plain(r["name"]), f"{r['memory_gib']:g}",
+                         f"{r['memory_bandwidth_gb_per_s']:,.0f}",
+                         *[f"{r['peak_tflops'][k]:.0f}" if k in r["peak_tflops"] else "-"
                            for k in ("bf16", "fp16", "fp8", "int8")],
-                         f"{plain(r['interconnect'])} {r['interconnect_gb_per_s']:g} GB/s",
-                         f"{r['tdp_w']:g} W" if r["tdp_w"] else "-",
+                         plain(r["interconnect"]), f"{r['interconnect_gb_per_s']:g}",
+                         f"{r['tdp_w']:g}" if r["tdp_w"] else "-",
                          f"{r['usd_per_gpu_hour']:.2f}" if r["usd_per_gpu_hour"] else "-"]
-                        for r in rows]))
+                        for r in rows], compact=True))
 
 
 @app.command()

@@ -41,5 +41,10 @@ def count(n: float) -> str:
     return f"{n:g}"
 
 
+def tokens_short(n: int) -> str:
+    """A context length as model cards write it: 131072 -> 128K, 163840 -> 160K."""
+    return f"{n // 1024}K" if n >= 1024 and n % 1024 == 0 else f"{n:,}"
+
+
 def usd(x: float | None) -> str:
     return "n/a" if x is None else f"${x:,.3f}"

@@ -17,7 +17,8 @@ def table(title: str | None, columns: list[str], rows: list[list], *,
     """A table whose first ``left`` columns are left-aligned and the rest (numbers) right."""
     t = Table(title=title, title_justify="left", header_style="bold",
               box=box.SIMPLE_HEAD if compact else box.HEAVY_HEAD, pad_edge=not compact,
-              collapse_padding=compact)
+              padding=(0, 0) if compact else (0, 1),  # compact: the box's one space between
+              show_edge=not compact)
     for i, c in enumerate(columns):
         t.add_column(c, justify="left" if i < left else "right", no_wrap=compact or i == 0)
     for r in rows:
@@ -35,7 +36,7 @@ def _section(title: str, rows: list[tuple[str, str, str]]) -> Table:
               title_style="bold")
     t.add_column("what", style="cyan", no_wrap=True)
     t.add_column("value", justify="right", no_wrap=True)
-    t.add_column("note", style="dim")
+    t.add_column("note", style="dim", overflow="fold")  # a long URL folds, is not cut
     for r in rows:
         t.add_row(*r)
     return t
@@ -155,8 +156,8 @@ def render_estimate(console: Console, e: Estimate, *, explain: bool = False) -> 
     for n in e.notes:
         console.print(f"[yellow]note:[/] {n}")
     if explain:
-        console.print(operator_table("Decode step operators", e.decode))
-        console.print(operator_table("Prefill operators", e.prefill))
+        console.print(operator_table("Decode step operators", e.decode, console.width))
+        console.print(operator_table("Prefill operators", e.prefill, console.width))
         c = e.ceilings
         console.print(f"[dim]eff BW, eff FLOP: the engine's efficiency ({eng.name}) times the "
                       f"ceilings: bandwidth {fmt.si(c.bandwidth_bytes_per_s, 'B/s')} "
@@ -166,24 +167,36 @@ def render_estimate(console: Console, e: Estimate, *, explain: bool = False) -> 
                       f"paying the engine's per-kernel cost; fixed: the engine's per-step cost[/]")
 
 
-def operator_table(title: str, step: StepTime) -> Table:
-    t = table(title, ["operator", "x", "dtype", "FLOP", "bytes", "FLOP/B", "eff BW",
-                      "eff FLOP", "kernels", "time", "share", "bound"], [], left=1)
+def operator_table(title: str, step: StepTime, width: int = 200) -> Table:
+    """Per-operator figures; under 90 columns the dtype and FLOP/B columns are left out
+    (the footer says so) so that the rest is not cut."""
+    wide = width >= 90
+    cols = ["operator", "x", "dtype", "FLOP", "bytes", "FLOP/B", "eff\nBW", "eff\nFLOP",
+            "kernels", "time", "share", "bound"]
+    keep = [i for i, c in enumerate(cols) if wide or c not in ("dtype", "FLOP/B")]
+    t = table(title, [cols[i] for i in keep], [], left=1, compact=True)
+
+    def add(*cells: str, style: str | None = None) -> None:
+        t.add_row(*[cells[i] for i in keep], style=style)
+
     total = step.time_s
     for ot in step.ops:
         op = ot.op
         inten = op.intensity_flops_per_byte
         comm = op.kind == "allreduce"
-        t.add_row(op.name, str(op.count), op.dtype.value, fmt.si(op.flops * op.count, ""),
-                  fmt.si(op.bytes * op.count, "B") if not comm
-                  else fmt.si(op.comm_bytes * op.count, "B"),
-                  "-" if comm else f"{inten:,.1f}", f"{ot.bandwidth_frac:.0%}",
-                  "-" if comm else f"{ot.compute_frac:.0%}", f"{ot.kernels:,.0f}",
-                  fmt.seconds(ot.time_s), fmt.pct(ot.time_s / total), ot.bound)
+        add(op.name, str(op.count), op.dtype.value, fmt.si(op.flops * op.count, ""),
+            fmt.si(op.bytes * op.count, "B") if not comm
+            else fmt.si(op.comm_bytes * op.count, "B"),
+            "-" if comm else f"{inten:,.1f}", f"{ot.bandwidth_frac:.0%}",
+            "-" if comm else f"{ot.compute_frac:.0%}", f"{ot.kernels:,.0f}",
+            fmt.seconds(ot.time_s), fmt.pct(ot.time_s / total), ot.bound)
     if step.fixed_s:
-        t.add_row("fixed (per step)", "", "", "", "", "", "", "", "",
-                  fmt.seconds(step.fixed_s), fmt.pct(step.fixed_s / total), "cpu")
-    t.add_row("total", "", "", fmt.si(step.flops, ""), fmt.si(step.bytes, "B"),
-              f"{step.flops / step.bytes:,.1f}", "", "", f"{step.kernels:,.0f}",
-              fmt.seconds(total), "100%", step.bound, style="bold")
+        add("fixed (per step)", "", "", "", "", "", "", "", "",
+            fmt.seconds(step.fixed_s), fmt.pct(step.fixed_s / total), "cpu")
+    add("total", "", "", fmt.si(step.flops, ""), fmt.si(step.bytes, "B"),
+        f"{step.flops / step.bytes:,.1f}", "", "", f"{step.kernels:,.0f}",
+        fmt.seconds(total), "100%", step.bound, style="bold")
+    if not wide:
+        t.caption = "dtype and FLOP/B: in a terminal of 90 columns or more, or with --json"
+        t.caption_justify = "left"
     return t

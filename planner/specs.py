@@ -356,12 +356,17 @@ class Calibration(_Frozen):
 # --------------------------------------------------------------------------- workload
 
 
+MAX_COUNT = 1_000_000_000
+
+
 class Workload(_Frozen):
     """A static batch: ``batch`` sequences of ``prompt_tokens`` in, ``output_tokens`` out."""
 
-    batch: int = Field(1, gt=0)
-    prompt_tokens: int = Field(512, gt=0)
-    output_tokens: int = Field(128, gt=0)
+    # Bounds: a billion sequences or tokens is beyond any deployment, and keeps every
+    # product of sizes inside a float.
+    batch: int = Field(1, gt=0, le=MAX_COUNT)
+    prompt_tokens: int = Field(512, gt=0, le=MAX_COUNT)
+    output_tokens: int = Field(128, gt=0, le=MAX_COUNT)
 
     @property
     def context_tokens(self) -> int:
@@ -369,7 +374,7 @@ class Workload(_Frozen):
 
 
 class Parallelism(_Frozen):
-    tp: int = Field(1, gt=0)
+    tp: int = Field(1, gt=0, le=100_000)
 
 
 class Options(_Frozen):
