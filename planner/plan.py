@@ -101,7 +101,7 @@ def plot_pareto(df: pd.DataFrame, path, *, title: str, top: int = 5) -> None:
     front = pareto_front(feas)
     ax.plot(front["latency_s"], front["cost_usd_per_million_output_tokens_at_traffic"],
             "-o", color="tab:red", ms=5, lw=1.3, label="Pareto front (cost vs latency)")
-    labels = Labels(ax, dx_dec=0.05, dy_dec=0.04)
+    labels = Labels(ax)
     lines = []
     continuous = "scheduler" in feas and len(feas) and feas["scheduler"].iloc[0] == "continuous"
     pct = f"p{int(feas['percentile'].iloc[0])} " if continuous else ""
@@ -114,19 +114,19 @@ def plot_pareto(df: pd.DataFrame, path, *, title: str, top: int = 5) -> None:
         lines.append(f"#{int(r.rank)}  {int(r.replicas)} x {r.tp} {r.gpu}, {r.weights} "
                      f"weights, {r.kv_cache} KV, {batch}: ${cost:,.2f}/1M, "
                      f"{r.latency_s:.1f} s")
-    # continuous runs crowd the lower right (cheap, slow): the key goes top left for them
-    ax.text(0.02, 0.98 if continuous else 0.02, "cheapest:\n" + "\n".join(lines),
-            transform=ax.transAxes, fontsize=7, va="top" if continuous else "bottom",
-            family="monospace",
-            bbox={"boxstyle": "round", "facecolor": "white", "alpha": 0.85, "lw": 0.5})
     ax.set_xscale("log")
     ax.set_yscale("log")
     plain_log_ticks(ax)
     ax.set_xlabel(f"{pct}end-to-end latency per request (s{', simulated' if continuous else ''})")
+    # The key to the numbered points goes under the axes, where it covers no point.
+    ax.text(0.0, -0.12, "cheapest:\n" + "\n".join(lines), transform=ax.transAxes,
+            fontsize=7, va="top", family="monospace")
     ax.set_ylabel("cost per 1M output tokens at the traffic (USD)")
     ax.set_title(title, fontsize=10)
     ax.grid(True, which="both", alpha=0.25)
-    ax.legend(fontsize=8, loc="upper right")
+    labels.place(avoid=(ax.legend(fontsize=8, loc="upper right"),),
+                 points=zip(feas["latency_s"],
+                            feas["cost_usd_per_million_output_tokens_at_traffic"], strict=True))
     fig.savefig(path, dpi=130, bbox_inches="tight")
     plt.close(fig)
 

@@ -18,6 +18,7 @@ import matplotlib.ticker  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
+from planner import fmt  # noqa: E402
 from planner.engine import IDEAL, Engine  # noqa: E402
 from planner.estimate import Estimate, assemble, prepare, resolve_price  # noqa: E402
 from planner.specs import (  # noqa: E402
@@ -88,38 +89,78 @@ def batch_ladder(max_batch: int, *, beyond: bool = False) -> list[int]:
 
 
 class Labels:
-    """Annotations on log-log axes that step aside when they would overlap."""
+    """Point labels that never overlap one another, the legend or the axes' edge.
 
-    def __init__(self, ax, *, dx_dec: float = 0.35, dy_dec: float = 0.12):
-        self.ax, self.dx, self.dy = ax, dx_dec, dy_dec
-        self.placed: list[tuple[float, float]] = []
+    ``add`` records a label; ``place`` (after the scales, limits and legend are final) tries
+    the asked offset, then the four sides, then further out with a leader line, measuring
+    each text's box with the renderer; a label with no free spot is left out (the chart's
+    CSV has every point) and counted."""
+
+    def __init__(self, ax) -> None:
+        self.ax = ax
+        self.pending: list[tuple] = []
 
     def add(self, x: float, y: float, text: str, *, color, dx: int = 4, dy: int = 3,
-            fontsize: int = 7, **kw) -> None:
-        lx, ly = np.log10(x), np.log10(y)
-        k = 0
-        while any(abs(lx - px) < self.dx and abs(ly - k * 0.13 - py) < self.dy
-                  for px, py in self.placed):
-            k += 1
-        self.placed.append((lx, ly - k * 0.13))
-        if k:  # a leader line back to the point it names
-            kw.setdefault("arrowprops", {"arrowstyle": "-", "lw": 0.5, "color": color,
-                                         "alpha": 0.6, "shrinkA": 0, "shrinkB": 2})
-        self.ax.annotate(text, (x, y), textcoords="offset points", xytext=(dx, dy - 10 * k),
-                         fontsize=fontsize, color=color, **kw)
+            fontsize: int = 7) -> None:
+        self.pending.append((x, y, text, color, dx, dy, fontsize))
+
+    def place(self, avoid: tuple = (), points=()) -> int:
+        """Draw the labels clear of each other, of the ``avoid`` artists (the legend) and of
+        the markers at ``points`` (data coordinates; the labelled points are added); returns
+        how many found no free spot."""
+        from matplotlib.text import Text
+        from matplotlib.transforms import Bbox
+
+        renderer = self.ax.figure.canvas.get_renderer()
+        frame = self.ax.get_window_extent(renderer)
+        taken = [a.get_window_extent(renderer) for a in avoid if a is not None]
+        r_px = 4.0 * self.ax.figure.dpi / 100  # a marker of s=30 is about 4 px across at 100 dpi
+        xy = [(p[0], p[1]) for p in self.pending] + list(points)
+        for px, py in self.ax.transData.transform(np.asarray(xy, dtype=float).reshape(-1, 2)):
+            if np.isfinite(px) and np.isfinite(py):
+                taken.append(Bbox.from_extents(px - r_px, py - r_px, px + r_px, py + r_px))
+        dropped = 0
+        for x, y, text, color, dx, dy, fontsize in self.pending:
+            spots = [(dx, dy, "left", False), (5, -3, "left", False), (-5, -3, "right", False),
+                     (0, 6, "center", False), (0, -13, "center", False)]
+            spots += [(dx, dy + sign * 12 * k, "left", True)
+                      for k in (1, 2, 3, 4) for sign in (-1, 1)]
+            for ox, oy, ha, leader in spots:
+                kw = {"arrowprops": {"arrowstyle": "-", "lw": 0.5, "color": color,
+                                     "alpha": 0.6, "shrinkA": 0, "shrinkB": 2}} if leader else {}
+                ann = self.ax.annotate(text, (x, y), textcoords="offset points",
+                                       xytext=(ox, oy), ha=ha, fontsize=fontsize, color=color,
+                                       **kw)
+                ann.update_positions(renderer)  # the offset is resolved at draw time
+                box = Text.get_window_extent(ann, renderer).expanded(1.04, 1.15)
+                inside = (frame.x0 <= box.x0 and box.x1 <= frame.x1 and frame.y0 <= box.y0
+                          and box.y1 <= frame.y1)
+                if inside and not any(box.overlaps(t) for t in taken):
+                    taken.append(box)
+                    break
+                ann.remove()
+            else:
+                dropped += 1
+        self.pending = []
+        return dropped
 
 
 def plain_log_ticks(ax) -> None:
-    """Log axes labelled 5, 10, 20, 50 ... rather than 5 x 10^0."""
+    """Log axes labelled 5, 10, 20, 50 ... rather than 5 x 10^0; an axis spanning less
+    than a decade labels every minor tick (0.3, 0.4, ...), so it never shows one number."""
     def plain(v: float, _=None) -> str:
         return f"{v:,.0f}" if v >= 1 else f"{v:g}"
 
-    def minor(v: float, _=None) -> str:
-        return plain(v) if f"{v:.0e}"[0] in "25" else ""
+    def minor_of(axis_lim):
+        def minor(v: float, _=None) -> str:
+            lo, hi = sorted(axis_lim())
+            short = lo > 0 and hi / lo < 10
+            return plain(v) if short or f"{v:.0e}"[0] in "25" else ""
+        return minor
 
-    for axis in (ax.xaxis, ax.yaxis):
+    for axis, lim in ((ax.xaxis, ax.get_xlim), (ax.yaxis, ax.get_ylim)):
         axis.set_major_formatter(matplotlib.ticker.FuncFormatter(plain))
-        axis.set_minor_formatter(matplotlib.ticker.FuncFormatter(minor))
+        axis.set_minor_formatter(matplotlib.ticker.FuncFormatter(minor_of(lim)))
 
 
 def _save(fig, df: pd.DataFrame, out_dir: Path, name: str) -> tuple[Path, Path]:
@@ -176,6 +217,28 @@ def roofline_table(case: Case, batch: int, measured: pd.DataFrame | None = None)
     return df
 
 
+def _spread(sub: pd.DataFrame, *, dx_dec: float = 0.12, dy_dec: float = 0.15) -> list:
+    """The rows worth a label: the first, then each at least ``dx_dec`` / ``dy_dec`` decades
+    from every one labelled so far (a batch ladder bunches where the KV reads dominate)."""
+    kept: list = []
+    for r in sub.itertuples():
+        lx, ly = np.log10(r.intensity_flops_per_byte), np.log10(r.attainable_flops_per_s)
+        if all(abs(lx - np.log10(k.intensity_flops_per_byte)) >= dx_dec
+               or abs(ly - np.log10(k.attainable_flops_per_s)) >= dy_dec for k in kept):
+            kept.append(r)
+    return kept
+
+
+def roofline_ylim(df: pd.DataFrame, peak: float, measured_ceilings: dict | None
+                  ) -> tuple[float, float]:
+    """Five decades under the peak, or down to the lowest point drawn (a CPU's measured
+    steps sit decades below a GPU's roof) and the measured roof at the left edge."""
+    lowest = min(peak / 1e5, float(df["attainable_flops_per_s"].dropna().min()) / 2)
+    if measured_ceilings:
+        lowest = min(lowest, measured_ceilings["bandwidth_bytes_per_s"] * 0.1 / 2)
+    return lowest, peak * 3
+
+
 def plot_roofline(case: Case, df: pd.DataFrame, out_dir: Path,
                   measured_ceilings: dict | None = None) -> tuple[Path, Path]:
     peak = float(df["peak_flops_per_s"].iloc[0])
@@ -188,9 +251,9 @@ def plot_roofline(case: Case, df: pd.DataFrame, out_dir: Path,
                   f"{peak / 1e12:,.0f} TFLOP/s {df['compute_dtype'].iloc[0]}, "
                   f"{bw / 1e12:.2f} TB/s")
     ax.axvline(ridge, color="grey", ls=":", lw=1)
-    ax.annotate(f"ridge point {ridge:,.0f} FLOP/B", (ridge, peak / 300),
-                textcoords="offset points", xytext=(-4, 0), ha="right", fontsize=8,
-                color="grey")
+    ax.annotate(f"ridge point {ridge:,.0f} FLOP/B", (ridge, peak * 1.5),
+                textcoords="offset points", xytext=(4, 0), ha="left", fontsize=8,
+                color="grey")  # above the roof, where no point can be
     engine = str(df["engine"].iloc[0]) if "engine" in df else "ideal"
     if engine != "ideal":
         ep = float(df["engine_peak_flops_per_s"].iloc[0])
@@ -201,7 +264,7 @@ def plot_roofline(case: Case, df: pd.DataFrame, out_dir: Path,
     if measured_ceilings:
         mp, mb = measured_ceilings["flops_per_s"], measured_ceilings["bandwidth_bytes_per_s"]
         ax.plot(x, np.minimum(mp, mb * x), color="tab:red", lw=1.2, ls="--",
-                label=f"measured ceilings: {mp / 1e12:,.0f} TFLOP/s, {mb / 1e12:.2f} TB/s")
+                label=f"measured ceilings: {fmt.si(mp, 'FLOP/s')}, {fmt.si(mb, 'B/s')}")
     styles = {"decode": ("o", COLORS[0]), "prefill": ("s", COLORS[1])}
     labels = Labels(ax)
     for series, sub in df.groupby("series", sort=False):
@@ -219,7 +282,7 @@ def plot_roofline(case: Case, df: pd.DataFrame, out_dir: Path,
             ax.plot(sub["intensity_flops_per_byte"], sub["attainable_flops_per_s"], "-^",
                     color=COLORS[2], ms=6, lw=1.2, label="decode step, batch 1 to max that fits",
                     zorder=4)
-            for r in sub.itertuples():
+            for r in _spread(sub):
                 labels.add(r.intensity_flops_per_byte, r.attainable_flops_per_s, r.label,
                            color=COLORS[2], dx=-28, dy=6)
         elif series == "optimal batch":
@@ -230,17 +293,21 @@ def plot_roofline(case: Case, df: pd.DataFrame, out_dir: Path,
                        label=f"{r.label}: peak x bytes/param / (2 x bandwidth); "
                              f"its KV reads keep it left of the ridge{fits}")
         elif series == "measured":
+            dev = sub["device"].iloc[0] if "device" in sub else None
             ax.scatter(sub["intensity_flops_per_byte"], sub["attainable_flops_per_s"],
-                       marker="x", color="tab:red", s=40, zorder=6, label="measured")
+                       marker="x", color="tab:red", s=40, zorder=6,
+                       label=f"measured decode steps{f' on {dev}' if dev else ''}")
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlim(0.1, 1e5)
-    ax.set_ylim(peak / 1e5, peak * 3)
+    ax.set_ylim(*roofline_ylim(df, peak, measured_ceilings))
     ax.set_xlabel("arithmetic intensity (FLOP / byte)")
     ax.set_ylabel("attainable FLOP/s")
     ax.set_title(case.title, fontsize=10)
     ax.grid(True, which="major", alpha=0.3)
-    ax.legend(fontsize=7, loc="lower right")
+    labels.place(avoid=(ax.legend(fontsize=7, loc="lower right"),),
+                 points=zip(df["intensity_flops_per_byte"], df["attainable_flops_per_s"],
+                            strict=True))
     return _save(fig, df, out_dir, f"{case.slug}_roofline")
 
 
@@ -265,7 +332,7 @@ def throughput_table(cases: list[Case]) -> pd.DataFrame:
 
 def plot_throughput(cases: list[Case], df: pd.DataFrame, out_dir: Path) -> tuple[Path, Path]:
     fig, ax = plt.subplots(figsize=(10, 6.5))
-    labels = Labels(ax, dx_dec=0.12, dy_dec=0.06)
+    labels = Labels(ax)
     for i, (label, sub) in enumerate(df.groupby("case", sort=False)):
         color = COLORS[i % len(COLORS)]
         x, y = sub["tpot_s"] * 1e3, sub["throughput_tokens_per_s"]
@@ -298,7 +365,8 @@ def plot_throughput(cases: list[Case], df: pd.DataFrame, out_dir: Path) -> tuple
                  f"output {c0.output_tokens} tokens, KV {c0.precision.kv_cache.value}",
                  fontsize=10)
     ax.grid(True, which="both", alpha=0.25)
-    ax.legend(fontsize=8, loc="lower right")
+    labels.place(avoid=(ax.legend(fontsize=8, loc="lower right"),),
+                 points=zip(df["tpot_s"] * 1e3, df["throughput_tokens_per_s"], strict=True))
     tag = "_".join(sorted({c.precision.weights.value for c in cases}))
     return _save(fig, df, out_dir, f"{c0.model.name}_throughput_latency_{tag}")
 
@@ -488,6 +556,9 @@ def measured_roofline_points(records: list[dict]) -> tuple[pd.DataFrame, dict | 
                      "context": c["context"], "weights": c["weights"],
                      "intensity_flops_per_byte": p["decode_flops"] / p["decode_weight_kv_bytes"],
                      "attainable_flops_per_s": p["decode_flops"] / tpot, "time_s": tpot})
+    dev = records[0]["env"]["device"]
+    for row in rows:
+        row["device"] = f"{dev.get('name') or dev.get('kind')} ({dev.get('kind')})"
     cal = records[0]["env"].get("calibration") or {}
     dt = records[0]["config"]["weights"]
     dt = "bf16" if dt in ("int8", "int4") else dt

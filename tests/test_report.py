@@ -91,3 +91,44 @@ def test_report_draws_the_simulated_serving_curve(run_cli, tmp_path):
     code, _, err = run_cli("report", "-m", "llama-3.1-8b", "-g", "h100-sxm",
                            "--serving-requests", "-1", "--out", str(tmp_path))
     assert code == 2 and "--serving-requests" in err
+
+
+def test_labels_never_overlap_each_other_or_the_legend():
+    import matplotlib.pyplot as plt
+    from matplotlib.text import Text
+
+    from planner.report import Labels
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlim(0.1, 1e3)
+    ax.set_ylim(1, 1e4)
+    ax.plot([1, 10], [10, 100], label="a line")
+    labels = Labels(ax)
+    for i in range(40):  # 40 labels crowding four points: most must be left out, none overlap
+        labels.add(1 + (i % 4), 10 + (i % 4), f"label number {i}", color="black")
+    legend = ax.legend(loc="lower right")
+    dropped = labels.place(avoid=(legend,))
+    r = fig.canvas.get_renderer()
+    texts = [t for t in ax.texts]
+    assert 0 < len(texts) < 40 and dropped == 40 - len(texts)
+    boxes = [Text.get_window_extent(t, r) for t in texts]
+    leg = legend.get_window_extent(r)
+    frame = ax.get_window_extent(r)
+    for i, a in enumerate(boxes):
+        assert not a.overlaps(leg)
+        assert frame.x0 <= a.x0 and a.x1 <= frame.x1 and frame.y0 <= a.y0 and a.y1 <= frame.y1
+        for b in boxes[i + 1:]:
+            assert not a.overlaps(b)
+    plt.close(fig)
+
+
+def test_roofline_axis_reaches_down_to_cpu_measurements():
+    from planner.report import roofline_ylim
+
+    df = pd.DataFrame({"attainable_flops_per_s": [1e12, 2e9]})  # a CPU step at 2 GFLOP/s
+    lo, hi = roofline_ylim(df, 989e12, {"bandwidth_bytes_per_s": 23e9, "flops_per_s": 2e11})
+    assert lo <= 1e9 and hi == pytest.approx(3 * 989e12)
+    lo, _ = roofline_ylim(pd.DataFrame({"attainable_flops_per_s": [1e14]}), 989e12, None)
+    assert lo == pytest.approx(989e12 / 1e5)  # five decades when every point is above it
