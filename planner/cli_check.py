@@ -266,9 +266,9 @@ def plan(
                      f"{r.cost_usd_per_million_output_tokens_at_traffic:,.3f}"])
     stdout.print(table(f"{plain(m.label)}: {len(feas):,} of {len(df):,} configurations meet "
                        f"TTFT <= {ttft}, TPOT <= {tpot} at {req:g} req/s",
-                       ["#", "gpu", "tp", "w", "kv", "batch", "replicas", "GPUs", "TTFT ms",
-                        "TPOT ms", "headroom", "bound", "$/h", "$/1M out"], rows, left=5,
-                       compact=True))
+                       ["#", "gpu", "tp", "w", "kv", "batch", "rep-\nlicas", "GPUs",
+                        "TTFT\nms", "TPOT\nms", "free\nmem", "bound", "$/h", "$/1M\nout"],
+                       rows, left=5, compact=True))
 
 
 def _plan_continuous(m, gpus, *, prompt_tokens, output_tokens, targets, tps, weights, kv_cache,
@@ -310,6 +310,6 @@ def _plan_continuous(m, gpus, *, prompt_tokens, output_tokens, targets, tps, wei
                        f"{plain(tpot)} at {req:g} "
                        f"req/s; {len(df)} configurations simulated (continuous batching, "
                        f"engine {engine.name}), each replica sized for the rate shown",
-                       ["#", "gpu", "tp", "w", "kv", "req/s each", f"{name} TTFT ms",
-                        f"{name} TPOT ms", "replicas", "GPUs", "$/h", "$/1M out"], rows,
+                       ["#", "gpu", "tp", "w", "kv", "req/s\neach", f"{name}\nTTFT ms",
+                        f"{name}\nTPOT ms", "rep-\nlicas", "GPUs", "$/h", "$/1M\nout"], rows,
                        left=5, compact=True))

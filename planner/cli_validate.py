@@ -119,20 +119,14 @@ def validate(
                   "check": {"passed": not failed, "failures": failed} if check else None})
     else:
         if rows:
-            stdout.print(table(f"{len(comps)} published measurements vs predictions",
-                               ["source", "row", "engine", "metric", "measured", "predicted",
-                                "error", "ideal err", "split"],
-                               [[c.source, c.row, c.engine, c.metric, _num(c.metric, c.measured),
-                                 _num(c.metric, c.predicted), f"{c.error:+.1%}",
-                                 f"{c.ideal_error:+.1%}", c.split_label]
-                                for c in comps], left=4, compact=True))
+            stdout.print(_rows_table(comps, stdout.width))
         stdout.print(table("Error by source, engine and phase (absolute, relative)",
                            ["source", "engine", "phase", "split", "n", "median", "p90",
-                            "median signed", "ideal median"],
+                            "median\nsigned", "ideal\nmedian"],
                            [[s.source, s.engine, s.phase, s.split, s.n,
                              fmt.pct(s.median_abs_error), fmt.pct(s.p90_abs_error),
                              f"{s.median_error:+.1%}", fmt.pct(s.ideal_median_abs_error)]
-                            for s in per_source], left=4, compact=True))
+                            for s in per_source], left=4, compact=True, fold=(0,)))
         stdout.print(table("All sources", ["phase", "split", "n", "median", "p90",
                                            "ideal median"],
                            [[s.phase, s.split, s.n, fmt.pct(s.median_abs_error),
@@ -142,6 +136,36 @@ def validate(
         stderr.print(f"[red]check failed:[/] {f}")
     if failed:
         raise typer.Exit(1)
+
+
+SHORT_METRIC = {"user_tokens_per_s": "tok/s/user", "throughput_tokens_per_s_per_gpu": "tok/s/GPU",
+                "throughput_tokens_per_s": "tok/s", "ttft_s": "TTFT", "tpot_s": "TPOT",
+                "latency_s": "latency"}
+
+
+def _rows_table(comps, width: int):
+    """Every comparison; under 150 columns the source and engine head each group of rows
+    and the row name and metric wrap, so that no figure is cut."""
+    from planner.render import table
+
+    title = f"{len(comps)} published measurements vs predictions"
+    if width >= 150:
+        return table(title, ["source", "row", "engine", "metric", "measured", "predicted",
+                             "error", "ideal err", "split"],
+                     [[c.source, c.row, c.engine, c.metric, _num(c.metric, c.measured),
+                       _num(c.metric, c.predicted), f"{c.error:+.1%}", f"{c.ideal_error:+.1%}",
+                       c.split_label] for c in comps], left=4, compact=True)
+    t = table(title, ["row", "metric", "measured", "predicted", "error", "ideal\nerror",
+                      "split"], [], left=2, compact=True, fold=(0, 1))
+    group = None
+    for c in comps:
+        if (c.source, c.engine) != group:
+            group = (c.source, c.engine)
+            t.add_row(f"{c.source} ({c.engine})", style="bold")
+        t.add_row(c.row, SHORT_METRIC.get(c.metric, c.metric), _num(c.metric, c.measured),
+                  _num(c.metric, c.predicted),
+                  f"{c.error:+.1%}", f"{c.ideal_error:+.1%}", c.split_label)
+    return t
 
 
 def _num(metric: str, v: float) -> str:

@@ -13,14 +13,17 @@ from planner.roofline import StepTime
 
 
 def table(title: str | None, columns: list[str], rows: list[list], *,
-          left: int = 1, compact: bool = False) -> Table:
-    """A table whose first ``left`` columns are left-aligned and the rest (numbers) right."""
+          left: int = 1, compact: bool = False, fold: tuple[int, ...] = ()) -> Table:
+    """A table whose first ``left`` columns are left-aligned and the rest (numbers) right;
+    the columns in ``fold`` wrap onto more lines in a narrow terminal instead of being cut."""
     t = Table(title=title, title_justify="left", header_style="bold",
               box=box.SIMPLE_HEAD if compact else box.HEAVY_HEAD, pad_edge=not compact,
               padding=(0, 0) if compact else (0, 1),  # compact: the box's one space between
               show_edge=not compact)
     for i, c in enumerate(columns):
-        t.add_column(c, justify="left" if i < left else "right", no_wrap=compact or i == 0)
+        t.add_column(c, justify="left" if i < left else "right",
+                     no_wrap=(compact or i == 0) and i not in fold,
+                     overflow="fold" if i in fold else "ellipsis")
     for r in rows:
         t.add_row(*[str(x) for x in r])
     return t
