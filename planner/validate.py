@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -33,6 +34,7 @@ from planner.engine import EngineSpec
 from planner.errors import LlmplanError
 from planner.estimate import Estimate, estimate
 from planner.specs import (
+    MAX_COUNT,
     Calibration,
     DType,
     HardwareSpec,
@@ -60,8 +62,9 @@ class MeasuredCeilings(_Strict):
     """Ceilings the source measured on its own machine (a power-limited GPU, say): they
     replace the GPU's achievable figures for its rows, as a calibration would."""
 
-    memory_bandwidth_gb_per_s: float = Field(gt=0, allow_inf_nan=False)
-    matmul_tflops: dict[DType, float] = Field(default_factory=dict)
+    memory_bandwidth_gb_per_s: float = Field(gt=0, le=1_000_000, allow_inf_nan=False)
+    matmul_tflops: dict[DType, Annotated[float, Field(gt=0, le=100_000)]] = Field(
+        default_factory=dict)
     note: str = Field(min_length=1)
 
 
@@ -86,17 +89,20 @@ class Row(_Strict):
     engine: str | None = None  # overrides the source's engine for this row
     weights: DType = DType.bf16
     kv_cache: DType | None = None
-    group_size: int = Field(128, gt=0)
-    tp: int = Field(1, gt=0)
-    batch: int = Field(gt=0)
-    prompt_tokens: int = Field(gt=0)
-    output_tokens: int = Field(gt=0)
-    user_tokens_per_s: float | None = Field(None, gt=0, allow_inf_nan=False)
-    tpot_s: float | None = Field(None, gt=0, allow_inf_nan=False)
-    ttft_s: float | None = Field(None, gt=0, allow_inf_nan=False)
-    throughput_tokens_per_s: float | None = Field(None, gt=0, allow_inf_nan=False)
-    throughput_tokens_per_s_per_gpu: float | None = Field(None, gt=0, allow_inf_nan=False)
-    latency_s: float | None = Field(None, gt=0, allow_inf_nan=False)
+    group_size: int = Field(128, gt=0, le=1_000_000)
+    tp: int = Field(1, gt=0, le=100_000)
+    batch: int = Field(gt=0, le=MAX_COUNT)
+    prompt_tokens: int = Field(gt=0, le=MAX_COUNT)
+    output_tokens: int = Field(gt=0, le=MAX_COUNT)
+    # A measurement beyond these is a typo: 1e8 tokens/s is ~1,000x the fastest published
+    # single-node figure, a day is longer than any benchmark run.
+    user_tokens_per_s: float | None = Field(None, gt=0, le=1e8, allow_inf_nan=False)
+    tpot_s: float | None = Field(None, gt=0, le=86_400, allow_inf_nan=False)
+    ttft_s: float | None = Field(None, gt=0, le=86_400, allow_inf_nan=False)
+    throughput_tokens_per_s: float | None = Field(None, gt=0, le=1e8, allow_inf_nan=False)
+    throughput_tokens_per_s_per_gpu: float | None = Field(None, gt=0, le=1e8,
+                                                          allow_inf_nan=False)
+    latency_s: float | None = Field(None, gt=0, le=86_400, allow_inf_nan=False)
     note: str | None = None
 
     @model_validator(mode="after")

@@ -322,3 +322,16 @@ def test_official_params_bounded(run_cli, tmp_path):
     code, _, err = run_cli("estimate", "-m", str(p), "-g", "h100-sxm")
     _one_line_error(code, err)
     assert "official_params" in err
+
+
+def test_validation_measurements_are_bounded(run_cli, tmp_path):
+    """fuzz seed 10: a published throughput of 1e30 tokens/s per GPU was used as a row."""
+    src = ROOT / "planner" / "data" / "validation" / "trtllm-v0.6.1.yaml"
+    text = src.read_text()
+    assert "\n  throughput_tokens_per_s_per_gpu: 19694\n" in text
+    p = tmp_path / "v.yaml"
+    p.write_text(text.replace("\n  throughput_tokens_per_s_per_gpu: 19694\n",
+                              "\n  throughput_tokens_per_s_per_gpu: 1e30\n"))
+    code, _, err = run_cli("validate", "--dataset", str(p), "--no-rows")
+    _one_line_error(code, err)
+    assert "throughput_tokens_per_s_per_gpu" in err
