@@ -25,11 +25,26 @@ HARNESS_VERSION = "1"  # bump when the measurement method changes
 
 
 def _sizes(kind: str, quick: bool) -> dict:
+    """Copy size, the square matmul sizes tried (smallest first; each is kept only while one
+    call stays under ``call_s``), and the seconds of repetitions per timing."""
     if kind == "cuda":
-        return {"bw_bytes": (1 << 28) if quick else (1 << 31), "square": (4096, 8192)
-                if not quick else (4096,), "budget_s": 0.2 if quick else 0.5}
-    return {"bw_bytes": (1 << 25) if quick else (1 << 28), "square": (512,) if quick
-            else (1024, 2048), "budget_s": 0.1 if quick else 0.4}
+        return {"bw_bytes": (1 << 28) if quick else (1 << 31),
+                "square": (4096,) if quick else (4096, 8192), "call_s": 1.0,
+                "budget_s": 0.2 if quick else 0.5}
+    return {"bw_bytes": (1 << 25) if quick else (1 << 28),
+            "square": (256, 512) if quick else (256, 512, 1024, 2048),
+            "call_s": 0.02 if quick else 0.15, "budget_s": 0.1 if quick else 0.3}
+
+
+def needed_dtypes(weights: list[str]) -> tuple[str, ...]:
+    """The matmul precisions a measurement of these weight precisions runs: 16-bit weights
+    in their own type, int8 / int4 weight-only in bf16 (dequantized), fp8 in fp8."""
+    out: list[str] = []
+    for w in weights:
+        dt = {"fp16": "fp16", "fp8": "fp8"}.get(w, "bf16")
+        if dt not in out:
+            out.append(dt)
+    return tuple(out)
 
 
 def measure_bandwidth(kind: str, n_bytes: int, budget_s: float) -> dict:
@@ -94,7 +109,8 @@ def launch_overhead(kind: str, budget_s: float) -> dict:
 def calibrate(info: DeviceInfo, *, dtypes: tuple[str, ...] = ("bf16", "fp16", "fp8"),
               decode_shapes: list[tuple[int, int, int]] | None = None,
               quick: bool = False) -> dict:
-    """Run every measurement; returns a dict that validates as planner.specs.Calibration."""
+    """Run every measurement for ``dtypes``; returns a dict that validates as
+    planner.specs.Calibration."""
     s = _sizes(info.kind, quick)
     bw = measure_bandwidth(info.kind, s["bw_bytes"], s["budget_s"])
     rates: dict[str, float] = {}
@@ -107,6 +123,10 @@ def calibrate(info: DeviceInfo, *, dtypes: tuple[str, ...] = ("bf16", "fp16", "f
         try:
             best = 0.0
             for size in s["square"]:
+                # the next size is 8x the work: stop before one call outgrows call_s (a slow
+                # precision, fp16 on most CPUs, stays small and the calibration stays short)
+                if best and 2 * size ** 3 / best > s["call_s"]:
+                    break
                 r = matmul_rate(info.kind, dt, size, size, size, s["budget_s"])
                 shapes.append({**r, "kind": "square"})
                 best = max(best, r["flops_per_s"])

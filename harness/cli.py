@@ -56,6 +56,10 @@ def measure(
     threads: Annotated[Optional[int], typer.Option(help="torch threads on CPU.")] = None,
     quick_calibration: Annotated[bool, typer.Option(
         "--quick-calibration", help="Smaller calibration sizes (tests, smoke runs).")] = False,
+    recalibrate: Annotated[bool, typer.Option(
+        "--recalibrate", help="Measure the ceilings again even where a saved profile of this "
+                              "device (--calibration-out or the default path) can be reused.")
+    ] = False,
     prometheus: Annotated[Optional[Path], typer.Option(
         help="Also write the figures in Prometheus text format (textfile collector).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
@@ -95,20 +99,37 @@ def measure(
     n_layers = (layers or m.num_layers) if m else 0
     if m and n_layers > m.num_layers:
         raise LlmplanError(f"--layers: {n_layers} exceeds {m.name}'s {m.num_layers} layers")
-    if calibrate_only or calibration is None:
-        shapes = _decode_shapes(m, batches) if m else []
-        stderr.print(f"calibrating {info.name} ...")
-        profile = cal_mod.calibrate(info, decode_shapes=shapes, quick=quick_calibration)
-        dest = calibration_out or (out.with_suffix(".calibration.yaml") if out else
-                                   Path("results") / f"calibration-{_slug(info)}.yaml")
-        cal_mod.save(profile, dest)
-        cal = catalog.load_calibration(dest)
-        stderr.print(f"calibration saved to {dest}")
+    dest = out or (Path("results") / f"measure-{m.name}-{_slug(info)}.jsonl" if m else None)
+    # a resumed file keeps the calibration its points were predicted with: never two in a file
+    recorded = _recorded_calibration(dest) if resume and dest is not None else None
+    if calibration is not None:
+        cal = catalog.load_calibration(calibration)
+        if recorded is not None and _cal_key(recorded) != _cal_key(cal):
+            raise LlmplanError(f"--calibration: {calibration} differs from the calibration "
+                               f"{dest} was measured with; resume without --calibration, or "
+                               "write a new --out")
+    elif recorded is not None and not calibrate_only:
+        cal = recorded
+        stderr.print(f"resuming with the calibration recorded in {dest}")
+    else:
+        cal_dest = calibration_out or (out.with_suffix(".calibration.yaml") if out else
+                                       Path("results") / f"calibration-{_slug(info)}.yaml")
+        need = ("bf16", "fp16", "fp8") if calibrate_only else cal_mod.needed_dtypes(wlist)
+        cal = None if recalibrate or calibrate_only else _reusable(cal_dest, info, need)
+        if cal is not None:
+            stderr.print(f"reusing the calibration in {cal_dest} (--recalibrate to measure "
+                         "again)")
+        else:
+            shapes = _decode_shapes(m, batches) if m else []
+            stderr.print(f"calibrating {info.name} ({', '.join(need)}) ...")
+            profile = cal_mod.calibrate(info, dtypes=need, decode_shapes=shapes,
+                                        quick=quick_calibration)
+            cal_mod.save(profile, cal_dest)
+            cal = catalog.load_calibration(cal_dest)
+            stderr.print(f"calibration saved to {cal_dest}")
         if calibrate_only:
             _print_calibration(cal, hw, as_json)
             return
-    else:
-        cal = catalog.load_calibration(calibration)
     if m is None:
         raise LlmplanError("--model: required unless --calibrate")
 
@@ -116,7 +137,6 @@ def measure(
 
     cap = (max_memory * GIB if max_memory else info.memory_bytes * (0.9 if info.kind == "cuda"
                                                                    else 0.5))
-    dest = out or Path("results") / f"measure-{m.name}-{_slug(info)}.jsonl"
     plan = Plan(model=m, layers=n_layers, weights=wlist, kv_cache=kv_cache, batches=batches,
                 contexts=contexts, max_memory_bytes=cap, out=dest, resume=resume,
                 budget_s=budget_s, argv=["llmplan", *sys.argv[1:]])
@@ -144,6 +164,51 @@ def measure(
         stderr.print(f"no point was measured ({summary['points']['skipped']} skipped, "
                      f"{summary['points']['oom']} OOM, {summary['points']['error']} errors)")
         raise typer.Exit(1)
+
+
+def _cal_key(cal) -> tuple:
+    """What a prediction reads from a calibration: equal keys predict alike."""
+    return (round(cal.memory_bandwidth_gb_per_s, 6), round(cal.kernel_overhead_us, 6),
+            tuple(sorted((k.value, round(v, 9)) for k, v in cal.matmul_tflops.items())))
+
+
+def _recorded_calibration(path: Path):
+    """The calibration a results file's points were predicted with (None: no such file or
+    no point in it)."""
+    from harness.measure import load_done
+    from planner.specs import Calibration
+
+    for rec in load_done(path).values():  # validated: a corrupt file is a one-line error
+        env = rec.get("env") if isinstance(rec.get("env"), dict) else {}
+        c = env.get("calibration")
+        if isinstance(c, dict):
+            try:
+                return Calibration(device=str(env.get("device", {}).get("name", "recorded")),
+                                   **c)
+            except (TypeError, ValueError) as err:
+                raise LlmplanError(f"{path}: the recorded calibration is not valid: "
+                                   f"{str(err).splitlines()[0]}") from None
+    return None
+
+
+def _reusable(path: Path, info, need: tuple[str, ...]):
+    """A saved profile of this very device, from this harness version, holding every
+    precision needed (measured, or recorded as impossible here); None otherwise."""
+    from harness.calibrate import HARNESS_VERSION
+    from planner import catalog
+
+    if not path.is_file():
+        return None
+    try:
+        cal = catalog.load_calibration(path)
+    except LlmplanError:
+        return None  # a damaged profile is measured again, not trusted
+    dev = cal.details.get("device", {}) if isinstance(cal.details, dict) else {}
+    have = {k.value for k in cal.matmul_tflops} | set(cal.details.get("skipped", {}) or {})
+    same = (dev.get("name") == info.name and dev.get("kind") == info.kind
+            and dev.get("torch_threads") == info.torch_threads
+            and cal.harness_version == HARNESS_VERSION)
+    return cal if same and set(need) <= have else None
 
 
 def _slug(info) -> str:

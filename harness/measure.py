@@ -140,6 +140,34 @@ def load_done(path: Path) -> dict[tuple, dict]:
     return done
 
 
+def repair_tail(path: Path) -> str | None:
+    """Make ``path`` end at a whole line before appending to it. Every record is written as
+    one line with its newline, so bytes after the last newline are a write cut short by a
+    kill: a complete JSON record there gets its newline back, a fragment is cut off (its
+    point is measured again). Returns what was done, or None when nothing was needed."""
+    if not path.exists():
+        return None
+    data = path.read_bytes()
+    if not data or data.endswith(b"\n"):
+        return None
+    cut = data.rfind(b"\n") + 1
+    tail = data[cut:]
+    try:
+        whole = isinstance(json.loads(tail), dict)
+    except (ValueError, RecursionError):
+        whole = False
+    with path.open("r+b") as f:
+        if whole:
+            f.seek(0, os.SEEK_END)
+            f.write(b"\n")
+        else:
+            f.truncate(cut)
+        f.flush()
+        os.fsync(f.fileno())
+    return "newline added after the last record" if whole else \
+        f"cut a torn last line of {len(tail)} bytes"
+
+
 def append(path: Path, rec: dict) -> None:
     with path.open("a") as f:
         f.write(json.dumps(rec, default=float) + "\n")
@@ -197,6 +225,8 @@ def run(plan: Plan, info: DeviceInfo, cal: Calibration, hw: HardwareSpec | None,
     from harness.decoder import Decoder, UnsupportedConfig
 
     done = load_done(plan.out) if plan.resume else {}
+    if plan.resume:
+        repair_tail(plan.out)  # the next record must not be appended to a torn fragment
     if not plan.resume and plan.out.exists():
         plan.out.unlink()
     plan.out.parent.mkdir(parents=True, exist_ok=True)

@@ -201,3 +201,73 @@ def test_measure_output_paths_are_checked_first(tmp_path):
         assert r.returncode == 2 and needle in r.stderr, r.stderr
         assert "calibrating" not in r.stderr  # refused before any work
     assert not (tmp_path / "missing").exists()
+
+
+@pytest.mark.parametrize("tail", [b'{"status": "ok", "conf', b""])
+def test_resume_cuts_a_torn_last_line_before_appending(calibration, tmp_path, tail):
+    """A kill mid-write leaves a fragment; the resumed run must not append onto it (seen
+    once in 147 random interrupts before the fix: an invalid line and a point measured
+    twice)."""
+    out = tmp_path / "t.jsonl"
+    args = ["measure", "-m", "tiny-llama-test", "--device", "cpu", "-b", "1", "-c", "16,32",
+            "--calibration", str(calibration), "--out", str(out), "--budget-s", "0.02",
+            "--threads", "1"]
+    assert llmplan(*args).returncode == 0
+    first = out.read_bytes().splitlines(keepends=True)[0]
+    out.write_bytes(first + tail)
+    r = llmplan(*args, "--resume")
+    assert r.returncode == 0, r.stderr
+    recs = lines(out)  # every line is JSON: nothing was glued to the fragment
+    assert [x["config"]["context"] for x in recs] == [16, 32]
+    assert json.loads(first) == recs[0]
+
+
+def test_repair_tail_keeps_a_whole_record_without_its_newline(tmp_path):
+    from harness.measure import repair_tail
+
+    p = tmp_path / "r.jsonl"
+    p.write_bytes(b'{"a": 1}\n{"b": 2}')
+    assert repair_tail(p).startswith("newline")
+    assert p.read_bytes() == b'{"a": 1}\n{"b": 2}\n'
+    p.write_bytes(b'{"a": 1}\n{"b": ')
+    assert repair_tail(p).startswith("cut")
+    assert p.read_bytes() == b'{"a": 1}\n'
+    assert repair_tail(p) is None
+
+
+def test_resume_keeps_the_recorded_calibration(calibration, tmp_path):
+    out = tmp_path / "c.jsonl"
+    base = ["measure", "-m", "tiny-llama-test", "--device", "cpu", "-b", "1", "--out",
+            str(out), "--budget-s", "0.02", "--threads", "1"]
+    assert llmplan(*base, "-c", "16", "--calibration", str(calibration)).returncode == 0
+    # no --calibration: the recorded one is used, nothing is measured again
+    r = llmplan(*base, "-c", "16,32", "--resume")
+    assert r.returncode == 0 and "recorded in" in r.stderr and "calibrating" not in r.stderr
+    recs = lines(out)
+    assert len({json.dumps(x["env"]["calibration"], sort_keys=True) for x in recs}) == 1
+    # another calibration on a resumed file is refused: one file, one calibration
+    other = tmp_path / "other.yaml"
+    other.write_text(calibration.read_text().replace("memory_bandwidth_gb_per_s:",
+                                                     "memory_bandwidth_gb_per_s: 1.5 #"))
+    r = llmplan(*base, "-c", "16,32,48", "--resume", "--calibration", str(other))
+    assert r.returncode == 2 and "differs from the calibration" in r.stderr
+
+
+def test_calibration_covers_only_the_measured_precisions_and_is_reused(tmp_path):
+    from harness.calibrate import needed_dtypes
+
+    assert needed_dtypes(["bf16"]) == ("bf16",)
+    assert needed_dtypes(["int8", "fp16", "bf16", "fp8"]) == ("bf16", "fp16", "fp8")
+    out = tmp_path / "m.jsonl"
+    args = ["measure", "-m", "tiny-llama-test", "--device", "cpu", "-b", "1", "-c", "16",
+            "--out", str(out), "--budget-s", "0.02", "--threads", "1", "--quick-calibration"]
+    r = llmplan(*args)
+    assert r.returncode == 0, r.stderr
+    prof = catalog.load_calibration(out.with_suffix(".calibration.yaml"))
+    assert {k.value for k in prof.matmul_tflops} == {"bf16"}  # no fp16 timing on a bf16 run
+    r = llmplan(*args)
+    assert "reusing the calibration" in r.stderr and "calibrating" not in r.stderr
+    r = llmplan(*args, "--weights", "fp16")  # a precision the profile lacks: measured anew
+    assert "calibrating" in r.stderr and r.returncode == 0
+    r = llmplan(*args, "--recalibrate")
+    assert "calibrating" in r.stderr
