@@ -18,7 +18,7 @@ from planner.cli_common import (
     stderr,
     stdout,
 )
-from planner.errors import LlmplanError
+from planner.errors import Interrupted, LlmplanError
 from planner.specs import GIB
 
 
@@ -148,8 +148,7 @@ def measure(
         with prog:
             records = run(plan, info, cal, hw, progress=advance)
     except KeyboardInterrupt:
-        stderr.print(f"interrupted: finished points are in {dest}; rerun with --resume")
-        raise typer.Exit(130) from None
+        raise Interrupted(f"finished points are in {dest}; rerun with --resume") from None
     summary = summarize(records)
     if prometheus:
         write_prometheus(records, prometheus)

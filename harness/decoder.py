@@ -192,6 +192,12 @@ class Decoder:
         norms = (2 * self.n_layers + 1) * self.h * self.embed.element_size()
         return per_layer + norms + self.lm_head.numel() * self.lm_head.element_size()
 
+    @property
+    def param_bytes(self) -> int:
+        """Every weight held, the embedding table included (the memory model's figure;
+        ``weight_bytes`` counts what a decode step reads)."""
+        return self.weight_bytes + self.embed.numel() * self.embed.element_size()
+
     def kv_bytes(self, batch: int, tokens: int) -> int:
         return 2 * self.n_layers * batch * tokens * self.nkv * self.hd * \
             self.k_cache[0].element_size()

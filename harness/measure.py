@@ -191,7 +191,7 @@ def predict(model: ModelSpec, prec: Precision, c: Ceilings, *, batch: int,
     dec = step_time(decode_ops(model, prec, batch=batch, context_tokens=context), c, options=o)
     pre = step_time(prefill_ops(model, prec, batch=batch, prompt_tokens=context), c, options=o)
     peak = c.peak(prec.compute_dtype)
-    return {"tpot_s": dec.time_s, "ttft_s": pre.time_s,
+    return {"tpot_s": dec.time_s, "ttft_s": pre.time_s, "decode_kernels": dec.kernels,
             "decode_weight_kv_bytes": dec.weight_and_kv_bytes, "decode_flops": dec.flops,
             "prefill_flops": pre.flops, "bound": dec.bound,
             "mbu": mbu(dec.weight_and_kv_bytes, dec.time_s, c.bandwidth_bytes_per_s),
@@ -306,11 +306,90 @@ def run(plan: Plan, info: DeviceInfo, cal: Calibration, hw: HardwareSpec | None,
     return records
 
 
+def _reset_peak_memory(kind: str) -> None:
+    import torch
+
+    if kind == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+    elif os.path.exists("/proc/self/clear_refs"):
+        try:  # Linux: writing 5 resets the process's peak RSS (VmHWM)
+            with open("/proc/self/clear_refs", "w") as f:
+                f.write("5")
+        except OSError:
+            pass
+
+
+def _peak_memory(kind: str) -> dict:
+    """The peak since the last reset: the caching allocator's on CUDA, the process's peak
+    resident set on Linux CPUs (it includes the interpreter and torch: an upper bound)."""
+    import torch
+
+    if kind == "cuda":
+        torch.cuda.synchronize()
+        return {"peak_allocated_bytes": torch.cuda.max_memory_allocated(),
+                "peak_reserved_bytes": torch.cuda.max_memory_reserved(),
+                "method": "torch.cuda.max_memory_allocated / max_memory_reserved"}
+    try:
+        with open("/proc/self/status") as f:
+            hwm = next(int(ln.split()[1]) * 1024 for ln in f if ln.startswith("VmHWM:"))
+        return {"peak_rss_bytes": hwm, "method": "VmHWM (process peak RSS, reset per point)"}
+    except (OSError, StopIteration, ValueError):
+        return {"method": "unavailable on this OS"}
+
+
+class _quiet_stderr:
+    """fd 2 sent to /dev/null for a moment: the profiler's C++ side logs there."""
+
+    def __enter__(self):
+        sys.stderr.flush()
+        self.saved = os.dup(2)
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, 2)
+        os.close(null)
+
+    def __exit__(self, *exc):
+        os.dup2(self.saved, 2)
+        os.close(self.saved)
+
+
+def count_kernels(fn, kind: str) -> dict:
+    """What one call of ``fn`` really pays a per-kernel cost for: the device kernels it
+    launches on CUDA (torch.profiler), the operators that compute on the CPU (aten
+    operators seen by a dispatch mode, views left out: they launch nothing)."""
+    import torch
+
+    if kind == "cuda":
+        from torch.profiler import ProfilerActivity, profile
+
+        with _quiet_stderr(), profile(activities=[ProfilerActivity.CPU,
+                                                  ProfilerActivity.CUDA]) as prof:
+            fn()
+            torch.cuda.synchronize()
+        n = sum(1 for e in prof.events() if getattr(e, "device_type", None) is not None
+                and e.device_type.name == "CUDA")
+        return {"kernels": n, "method": "torch.profiler CUDA kernels"}
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Count(TorchDispatchMode):
+        n = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if not func.is_view:
+                Count.n += 1
+            return func(*args, **(kwargs or {}))
+
+    with Count():
+        fn()
+    return {"kernels": Count.n, "method": "aten operators, views excluded (dispatch mode)"}
+
+
 def _measure_point(dec, plan: Plan, info: DeviceInfo, batch: int, context: int,
                    time_fn) -> dict:
     import torch
 
     dev = info.kind
+    _reset_peak_memory(dev)
     dec.alloc_cache(batch, context)
     vocab = dec.model.vocab_size
     with torch.inference_mode(), Telemetry(dev) as tel:
@@ -323,12 +402,17 @@ def _measure_point(dec, plan: Plan, info: DeviceInfo, batch: int, context: int,
         prompt = torch.randint(0, vocab, (slice_b, context), device=dev)
         pre = time_fn(lambda: dec.prefill(prompt), kind=dev, budget_s=plan.budget_s,
                       use_graph=False)
+        memory = _peak_memory(dev)
+        kernels = count_kernels(lambda: dec.decode_step(tok, context - 1), dev)
     slices = -(-batch // slice_b)  # equal slices; the last may be partial
     ttft = pre.median_s * batch / slice_b
+    memory.update({"weights_bytes": dec.param_bytes,
+                   "kv_cache_bytes": dec.kv_bytes(batch, context)})
     return {
         "measured": {"tpot_s": tpot.as_dict(), "prefill_slice_s": pre.as_dict(),
                      "ttft_s": ttft, "prefill_slices": slices, "prefill_slice_batch": slice_b,
-                     "attention_backend": dec.backend},
+                     "attention_backend": dec.backend, "decode_kernels": kernels["kernels"],
+                     "decode_kernels_method": kernels["method"], "memory": memory},
         "telemetry": tel.summary(),
     }
 
@@ -350,6 +434,18 @@ def _attach_predictions(rec: dict, model: ModelSpec, prec: Precision, cal_ceil: 
                       "prefill_mfu": mfu(p["prefill_flops"], ttft, peak)}
         errors[name] = {"tpot_frac": p["tpot_s"] / tpot - 1, "ttft_frac": p["ttft_s"] / ttft - 1}
     ref = preds["calibrated"]
+    # The same prediction with the harness's own kernel count (profiled) in place of the
+    # planner's: what is left of the error is not the harness launching more kernels.
+    k_meas = rec["measured"].get("decode_kernels")
+    if k_meas and ref.get("kernel_overhead_s"):
+        adj = ref["tpot_s"] + (k_meas - ref["decode_kernels"]) * ref["kernel_overhead_s"]
+        preds["calibrated_harness_kernels"] = {"tpot_s": adj, "decode_kernels": k_meas}
+        errors["calibrated_harness_kernels"] = {"tpot_frac": adj / tpot - 1}
+    rec["memory"] = {"predicted_bytes": point_memory_bytes(model, prec, batch=batch,
+                                                           context=context),
+                     "predicted_weights_bytes": weight_bytes(model, prec),
+                     "predicted_kv_cache_bytes": kv_cache_bytes(model, prec, batch=batch,
+                                                                seq_len=context)}
     rec["achieved"] = {
         "bandwidth_bytes_per_s": ref["decode_weight_kv_bytes"] / tpot,
         "decode_flops_per_s": ref["decode_flops"] / tpot,
@@ -367,9 +463,10 @@ def summarize(records: list[dict]) -> dict:
 
     out: dict = {}
     ok = [r for r in records if r.get("status") == "ok"]
-    for src in ("calibrated", "datasheet"):
+    for src in ("calibrated", "calibrated_harness_kernels", "datasheet"):
         for what in ("tpot_frac", "ttft_frac"):
-            errs = [abs(r["error"][src][what]) for r in ok if src in r.get("error", {})]
+            errs = [abs(r["error"][src][what]) for r in ok
+                    if what in (r.get("error", {}).get(src) or {})]
             if errs:
                 out[f"{src}_{what}"] = {"median_abs": statistics.median(errs),
                                         "worst_abs": max(errs), "points": len(errs)}

@@ -1,3 +1,3 @@
-from planner.cli import entry
+from planner._entry import run
 
-entry()
+run()

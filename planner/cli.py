@@ -46,7 +46,7 @@ from planner.cli_common import (
     stderr,
     stdout,
 )
-from planner.errors import LlmplanError
+from planner.errors import Interrupted, LlmplanError
 from planner.specs import GIB, Precision, Workload
 
 app = typer.Typer(
@@ -270,9 +270,10 @@ def _root(
 
 
 def _click_exceptions() -> dict[str, tuple[type[BaseException], ...]]:
-    """Typer >= 0.29 carries its own copy of click; older ones use click itself."""
+    """Typer >= 0.29 carries its own copy of click (and raises its own Exit and Abort, from
+    typer.exceptions); older ones use click itself."""
     mods = []
-    for name in ("typer._click.exceptions", "click.exceptions"):
+    for name in ("typer.exceptions", "typer._click.exceptions", "click.exceptions"):
         try:
             mods.append(__import__(name, fromlist=["UsageError"]))
         except ImportError:
@@ -304,6 +305,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("llmplan: interrupted", file=sys.stderr)
         return 130
+    except Interrupted as err:
+        print(f"llmplan: interrupted: {err}", file=sys.stderr)
+        return 130
     except LlmplanError as err:
         print(f"llmplan: error: {err}", file=sys.stderr)
         return getattr(err, "exit_code", 2)
@@ -320,8 +324,7 @@ def main(argv: list[str] | None = None) -> int:
         where = ".".join(str(x) for x in first["loc"]) or err.title
         print(f"llmplan: error: {where}: {first['msg']}", file=sys.stderr)
         return 2
+    if rv == 130:  # typer turns a Ctrl-C inside a command into a silent exit code 130
+        print("llmplan: interrupted", file=sys.stderr)
     return rv if isinstance(rv, int) else 0
 
-
-def entry() -> None:
-    sys.exit(main())

@@ -11,3 +11,9 @@ class SpecError(LlmplanError):
 
 class UsageError(LlmplanError):
     """Arguments that are individually valid but cannot be combined (e.g. TP > heads)."""
+
+
+class Interrupted(LlmplanError):
+    """Ctrl-C, with what the user should know (where the finished work is): exit code 130."""
+
+    exit_code = 130

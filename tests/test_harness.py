@@ -187,7 +187,10 @@ def test_report_draws_measurements(calibration, tmp_path, run_cli):
     assert code == 0, err
     import pandas as pd
     acc = pd.read_csv(next((tmp_path / "rep").glob("*predicted_vs_measured.csv")))
-    assert set(acc.metric) == {"TPOT", "TTFT"} and len(acc) == 4
+    assert set(acc.metric) == {"TPOT", "TTFT"}
+    assert len(acc[acc.ceilings == "calibrated"]) == 4  # 2 points x TPOT, TTFT
+    # TPOT again with the harness's profiled kernel count in place of the planner's
+    assert set(acc[acc.ceilings == "calibrated_harness_kernels"].metric) == {"TPOT"}
     roof = pd.read_csv(next((tmp_path / "rep").glob("*roofline.csv")))
     assert (roof.series == "measured").sum() == 2
 
@@ -271,3 +274,47 @@ def test_calibration_covers_only_the_measured_precisions_and_is_reused(tmp_path)
     assert "calibrating" in r.stderr and r.returncode == 0
     r = llmplan(*args, "--recalibrate")
     assert "calibrating" in r.stderr
+
+
+@pytest.mark.parametrize("delay_s", [0.05, 0.5, 2.0])
+def test_ctrl_c_at_any_moment_is_one_line_and_exit_130(calibration, tmp_path, delay_s):
+    """Start-up (imports), calibration loading, measuring: SIGINT never prints a
+    traceback; a finished command keeps its own exit code."""
+    out = tmp_path / "i.jsonl"
+    p = subprocess.Popen([*LLMPLAN, "measure", "-m", "tiny-llama-test", "--device", "cpu",
+                          "-b", "1,2,3,4", "-c", "16,32,64", "--calibration", str(calibration),
+                          "--out", str(out), "--budget-s", "0.2", "--threads", "1"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV,
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    time.sleep(delay_s)
+    p.send_signal(signal.SIGINT)
+    _, err = p.communicate(timeout=120)
+    assert "Traceback" not in err, err
+    assert p.returncode in (130, 0), err
+    if p.returncode == 130:
+        assert [ln for ln in err.splitlines() if ln.startswith("llmplan: interrupted")], err
+
+
+def test_each_point_records_memory_and_kernels(calibration, tmp_path):
+    out = tmp_path / "mk.jsonl"
+    r = llmplan("measure", "-m", "tiny-llama-test", "--device", "cpu", "-b", "2", "-c", "32",
+                "--calibration", str(calibration), "--out", str(out), "--budget-s", "0.02",
+                "--threads", "1")
+    assert r.returncode == 0, r.stderr
+    (rec,) = lines(out)
+    m = catalog.load_model("tiny-llama-test")
+    mem, pred = rec["measured"]["memory"], rec["memory"]
+    # every weight the decoder holds is the memory model's weight figure, byte for byte
+    assert mem["weights_bytes"] == pred["predicted_weights_bytes"]
+    # K and V, 4 layers, 2 sequences x 32 tokens, 2 KV heads of 32 dims, bf16
+    kv = 2 * m.num_layers * 2 * 32 * m.num_kv_heads * m.head_dim_ * 2
+    assert mem["kv_cache_bytes"] == pred["predicted_kv_cache_bytes"] == kv
+    if "peak_rss_bytes" in mem:  # Linux: the process holds at least the tensors
+        assert mem["peak_rss_bytes"] > mem["weights_bytes"] + mem["kv_cache_bytes"]
+    # a layer is at least norm, qkv, rope, attention, o, norm, gate_up, act, down: 9 or more
+    k = rec["measured"]["decode_kernels"]
+    assert k >= 9 * m.num_layers and rec["measured"]["decode_kernels_method"]
+    adj = rec["prediction"]["calibrated_harness_kernels"]
+    base = rec["prediction"]["calibrated"]
+    assert adj["tpot_s"] == pytest.approx(
+        base["tpot_s"] + (k - base["decode_kernels"]) * base["kernel_overhead_s"])
