@@ -70,10 +70,21 @@ def time_cuda(fn: Callable[[], object], *, budget_s: float = 0.5, min_reps: int 
     method = "cuda_events"
     if use_graph:
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            fn()
-        run = graph.replay
-        method = "cuda_graph+events"
+        try:
+            with torch.cuda.graph(graph):
+                fn()
+        except RuntimeError as err:
+            # An OOM while capturing is an OOM (the caller skips larger points); anything
+            # else (an op that cannot be captured) is timed eagerly, and the method says so.
+            del graph
+            torch.cuda.synchronize()
+            torch.cuda.empty_cache()
+            if "out of memory" in str(err).lower():
+                raise
+            method = f"cuda_events (graph capture failed: {str(err).splitlines()[0][:120]})"
+        else:
+            run = graph.replay
+            method = "cuda_graph+events"
         for _ in range(3):
             run()
     flush = None

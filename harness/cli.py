@@ -60,6 +60,10 @@ def measure(
         "--recalibrate", help="Measure the ceilings again even where a saved profile of this "
                               "device (--calibration-out or the default path) can be reused.")
     ] = False,
+    attention_backend: Annotated[str, typer.Option(
+        help="Attention kernel on CUDA: auto (FlashAttention on compute capability 8.0+, "
+             "the memory-efficient kernel before), flash, efficient, cudnn or math.")
+    ] = "auto",
     prometheus: Annotated[Optional[Path], typer.Option(
         help="Also write the figures in Prometheus text format (textfile collector).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
@@ -76,8 +80,14 @@ def measure(
     positive("--max-memory", max_memory)
     positive("--threads", threads)
     positive("--layers", layers)
+    if len(parse_choices(attention_backend, ("auto", "flash", "efficient", "cudnn", "math"),
+                         "--attention-backend")) != 1:
+        raise LlmplanError("--attention-backend: give one backend")
+    from planner._entry import deferred_sigint
+
     try:
-        import torch  # noqa: F401
+        with deferred_sigint():  # a Ctrl-C inside torch's import would abort the process
+            import torch  # noqa: F401
     except ImportError:
         raise LlmplanError("llmplan measure needs torch: pip install 'llmplan[measure]'") \
             from None
@@ -85,6 +95,9 @@ def measure(
     from harness.device import detect
 
     info = detect(device, threads=threads)
+    if info.kind == "cpu" and attention_backend not in ("auto", "math"):
+        raise LlmplanError(f"--attention-backend: {attention_backend} needs a CUDA device; "
+                           "the CPU runs math")
     hw = catalog.load_hardware(gpu) if gpu else (
         catalog.load_hardware(info.hardware_db) if info.hardware_db else None)
     if hw is not None and info.kind == "cpu":
@@ -135,11 +148,15 @@ def measure(
 
     from harness.measure import Plan, load_done, run, stderr_progress, summarize, write_prometheus
 
-    cap = (max_memory * GIB if max_memory else info.memory_bytes * (0.9 if info.kind == "cuda"
-                                                                   else 0.5))
+    # default cap: 90% of the GPU memory free at the start (another process's share is not
+    # ours), half the available RAM on a CPU
+    cap = (max_memory * GIB if max_memory else
+           (info.free_memory_bytes or info.memory_bytes) * 0.9 if info.kind == "cuda"
+           else info.memory_bytes * 0.5)
     plan = Plan(model=m, layers=n_layers, weights=wlist, kv_cache=kv_cache, batches=batches,
                 contexts=contexts, max_memory_bytes=cap, out=dest, resume=resume,
-                budget_s=budget_s, argv=["llmplan", *sys.argv[1:]])
+                budget_s=budget_s, attention_backend=attention_backend,
+                argv=["llmplan", *sys.argv[1:]])
     if resume:
         load_done(dest)  # a corrupt results file is refused before the progress bar starts
     total = len(wlist) * len(batches) * len(contexts)

@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from planner.specs import ModelSpec
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+BACKENDS = ("auto", "flash", "efficient", "cudnn", "math")
 
 
 class UnsupportedConfig(Exception):
@@ -29,6 +30,26 @@ def _rand(*shape: int, dtype, device, fan_in: int) -> torch.Tensor:
     # uniform in +-1/sqrt(fan_in): non-zero, and activations stay O(1) through the stack
     w = torch.empty(*shape, dtype=torch.float32, device=device).uniform_(-1.0, 1.0)
     return (w / math.sqrt(fan_in)).to(dtype)
+
+
+_INT8_OK: dict[tuple, str | None] = {}
+
+
+def _probe_int8(w: torch.Tensor, scale: torch.Tensor, dtype) -> None:
+    """int8 weight-only needs a real kernel for this device and dtype: a build without one
+    raises (NotImplementedError, a missing CUDA kernel), which is a recorded skip, not an
+    error at every point. Probed once per (device, dtype)."""
+    key = (w.device.type, dtype)
+    if key not in _INT8_OK:
+        try:
+            x = torch.zeros(1, w.shape[1], dtype=dtype, device=w.device)
+            torch._weight_int8pack_mm(x, w[:8].contiguous(), scale[:8].contiguous())
+            _INT8_OK[key] = None
+        except (RuntimeError, NotImplementedError) as err:
+            _INT8_OK[key] = f"{type(err).__name__}: {str(err).splitlines()[0][:160]}"
+    if _INT8_OK[key]:
+        raise UnsupportedConfig(f"int8 weight-only (_weight_int8pack_mm) has no kernel for "
+                                f"{w.device.type} {dtype}: {_INT8_OK[key]}")
 
 
 class Linear:
@@ -44,6 +65,7 @@ class Linear:
             self.w = (w.float() / scale[:, None]).round().clamp(-128, 127).to(torch.int8)
             self.scale = scale.to(dtype)
             self.int8 = True
+            _probe_int8(self.w, self.scale, dtype)
         elif weights in ("bf16", "fp16"):
             self.w, self.int8 = w, False
         else:
@@ -166,9 +188,19 @@ class Decoder:
 
     # ----------------------------------------------------------------------------- helpers
     def _pick_backend(self, want: str) -> str:
+        """auto: FlashAttention where it runs (compute capability 8.0 and later), the
+        memory-efficient kernel on older GPUs (T4, V100), torch's math path on a CPU."""
+        if want not in BACKENDS:
+            raise UnsupportedConfig(f"attention backend {want!r} is not one of "
+                                    f"{', '.join(BACKENDS)}")
         if self.device.type != "cuda":
-            return "math" if want == "auto" else want
-        return "flash" if want == "auto" else want
+            if want not in ("auto", "math"):
+                raise UnsupportedConfig(f"attention backend {want} needs a CUDA device")
+            return "math"
+        if want != "auto":
+            return want
+        major, _ = torch.cuda.get_device_capability(self.device)
+        return "flash" if major >= 8 else "efficient"
 
     def _sdpa(self, q, k, v, *, causal: bool):
         # q: [B, H, T, hd]; k, v: [B, KV, S, hd]

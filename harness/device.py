@@ -37,6 +37,8 @@ class DeviceInfo:
     max_mem_clock_mhz: int | None = None
     cpu_cores: int | None = None
     torch_threads: int | None = None
+    free_memory_bytes: int | None = None  # CUDA: free when the run started (others' use out)
+    uuid: str | None = None  # CUDA: the device's UUID (NVML is opened by it, not by index)
     extra: dict = field(default_factory=dict)
 
     def as_dict(self) -> dict:
@@ -93,6 +95,16 @@ def _mem_total_bytes() -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
+def nvml_handle(pynvml, info: DeviceInfo):
+    """NVML's handle of the device torch calls cuda:0. NVML numbers devices by PCI order,
+    ignoring CUDA_VISIBLE_DEVICES, so an index can name another GPU: the UUID cannot."""
+    pynvml.nvmlInit()
+    if info.uuid:
+        return pynvml.nvmlDeviceGetHandleByUUID(info.uuid)
+    info.extra["nvml_device"] = "index 0: this torch gives no device UUID"
+    return pynvml.nvmlDeviceGetHandleByIndex(0)
+
+
 def detect(device: str = "auto", *, threads: int | None = None) -> DeviceInfo:
     """The device to measure: ``cuda``, ``cpu`` or ``auto`` (CUDA if present)."""
     import torch
@@ -105,15 +117,17 @@ def detect(device: str = "auto", *, threads: int | None = None) -> DeviceInfo:
                           f"{torch.__version__} (CUDA build: {torch.version.cuda})")
     if device == "cuda" or (device == "auto" and has_cuda):
         props = torch.cuda.get_device_properties(0)
+        free, _ = torch.cuda.mem_get_info(0)
+        uuid = getattr(props, "uuid", None)
         info = DeviceInfo(kind="cuda", name=props.name, memory_bytes=props.total_memory,
                           torch_version=str(torch.__version__), cuda=torch.version.cuda,
                           capability=f"{props.major}.{props.minor}",
-                          hardware_db=match_hardware(props.name))
+                          hardware_db=match_hardware(props.name), free_memory_bytes=free,
+                          uuid=f"GPU-{uuid}" if uuid is not None else None)
         try:
             import pynvml
 
-            pynvml.nvmlInit()
-            h = pynvml.nvmlDeviceGetHandleByIndex(0)
+            h = nvml_handle(pynvml, info)
             info.driver = pynvml.nvmlSystemGetDriverVersion()
             info.power_limit_w = pynvml.nvmlDeviceGetEnforcedPowerLimit(h) / 1000
             info.max_sm_clock_mhz = pynvml.nvmlDeviceGetMaxClockInfo(h, pynvml.NVML_CLOCK_SM)
@@ -132,8 +146,8 @@ class Telemetry:
     """Samples clocks, power, temperature and throttle reasons while a point runs (NVML), or
     the CPU's clock and load; ``summary()`` gives min / median / max of each."""
 
-    def __init__(self, kind: str, interval_s: float = 0.05):
-        self.kind, self.interval_s = kind, interval_s
+    def __init__(self, kind: str, interval_s: float = 0.05, info: DeviceInfo | None = None):
+        self.kind, self.interval_s, self.info = kind, interval_s, info
         self.samples: list[dict] = []
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -144,8 +158,9 @@ class Telemetry:
             try:
                 import pynvml
 
-                pynvml.nvmlInit()
-                self._nvml = (pynvml, pynvml.nvmlDeviceGetHandleByIndex(0))
+                info = self.info or DeviceInfo(kind="cuda", name="", memory_bytes=0,
+                                               torch_version="")
+                self._nvml = (pynvml, nvml_handle(pynvml, info))
             except Exception:
                 self._nvml = None
         self._thread = threading.Thread(target=self._run, daemon=True)

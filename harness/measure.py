@@ -209,11 +209,23 @@ def point_memory_bytes(model: ModelSpec, prec: Precision, *, batch: int, context
             + activation_bytes(model, prec, batch=min(batch, slice_b), prompt_tokens=context))
 
 
+OOM_MESSAGES = ("out of memory", "cublas_status_alloc_failed", "cuda_error_out_of_memory",
+                "failed to allocate")
+
+
 def _is_oom(err: BaseException) -> bool:
+    """An allocation failure, wherever it surfaced: the allocator, cuBLAS's workspace, or a
+    CUDA graph capture (which reports the OOM of a kernel it captured)."""
     import torch
 
-    return isinstance(err, (torch.cuda.OutOfMemoryError, MemoryError)) or \
-        "out of memory" in str(err).lower()
+    kinds = tuple(k for k in (getattr(torch, "OutOfMemoryError", None),
+                              torch.cuda.OutOfMemoryError, MemoryError) if k is not None)
+    seen: BaseException | None = err
+    while seen is not None:  # the OOM may be the cause of a capture error
+        if isinstance(seen, kinds) or any(m in str(seen).lower() for m in OOM_MESSAGES):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
 
 
 def run(plan: Plan, info: DeviceInfo, cal: Calibration, hw: HardwareSpec | None,
@@ -392,7 +404,7 @@ def _measure_point(dec, plan: Plan, info: DeviceInfo, batch: int, context: int,
     _reset_peak_memory(dev)
     dec.alloc_cache(batch, context)
     vocab = dec.model.vocab_size
-    with torch.inference_mode(), Telemetry(dev) as tel:
+    with torch.inference_mode(), Telemetry(dev, info=info) as tel:
         tok = torch.randint(0, vocab, (batch, 1), device=dev)
         # small working sets fit in L2: flush it between replays so weights come from HBM
         small = dec.weight_bytes + dec.kv_bytes(batch, context) < 4 * (50 << 20)
