@@ -145,6 +145,13 @@ def measure(
             return
     if m is None:
         raise LlmplanError("--model: required unless --calibrate")
+    have = {k.value for k in cal.matmul_tflops}
+    cannot = set((cal.details or {}).get("skipped", {}) or {})  # recorded as impossible here
+    missing = [d for d in cal_mod.needed_dtypes(wlist) if d not in have | cannot]
+    if missing:
+        raise LlmplanError(f"the calibration has no {', '.join(missing)} matmul rate to predict "
+                           f"--weights {weights} with; calibrate again (--recalibrate, or "
+                           "leave out --calibration)")
 
     from harness.measure import Plan, load_done, run, stderr_progress, summarize, write_prometheus
 
@@ -271,16 +278,16 @@ def _print_points(records: list[dict], datasheet: bool) -> None:
     from planner import fmt
     from planner.render import table
 
-    cols = ["w", "batch", "ctx", "status", "TPOT", "pred (cal)", "err", "TTFT", "pred (cal)",
-            "err", "MBU (cal)"]
+    cols = ["w", "batch", "ctx", "status", "TPOT", "pred\n(cal)", "err", "TTFT", "pred\n(cal)",
+            "err", "MBU\n(cal)"]
     if datasheet:
-        cols += ["TPOT err (sheet)"]
+        cols += ["TPOT err\n(sheet)"]
     rows = []
     for r in records:
         c = r["config"]
         key = [c["weights"], c["batch"], c["context"]]
         if r["status"] != "ok":
-            rows.append(key + [r["status"], r.get("reason", "")[:40]] + [""] * (len(cols) - 5))
+            rows.append(key + [r["status"], r.get("reason", "")[:36]] + [""] * (len(cols) - 5))
             continue
         p, e = r["prediction"]["calibrated"], r["error"]["calibrated"]
         row = key + ["ok", fmt.seconds(r["measured"]["tpot_s"]["median_s"]),

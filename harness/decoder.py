@@ -32,6 +32,29 @@ def _rand(*shape: int, dtype, device, fan_in: int) -> torch.Tensor:
     return (w / math.sqrt(fan_in)).to(dtype)
 
 
+FP8_MAX = 448.0  # the largest finite float8_e4m3fn
+
+
+def fp8_unsupported(device) -> str | None:
+    """Why fp8 matmuls cannot run on ``device`` (None when they can)."""
+    if not hasattr(torch, "_scaled_mm") or not hasattr(torch, "float8_e4m3fn"):
+        return f"torch {torch.__version__} has no _scaled_mm / float8_e4m3fn"
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        major, minor = torch.cuda.get_device_capability(dev)
+        if (major, minor) < (8, 9):
+            return f"compute capability {major}.{minor} has no fp8 tensor cores (8.9+ has)"
+        return None
+    try:  # a CPU build may or may not carry a kernel
+        a = torch.zeros(1, 16, dtype=torch.float8_e4m3fn, device=dev)
+        one = torch.ones((), device=dev)
+        b = torch.zeros(16, 16, dtype=torch.float8_e4m3fn, device=dev).t()  # column-major
+        torch._scaled_mm(a, b, scale_a=one, scale_b=one, out_dtype=torch.bfloat16)
+    except (RuntimeError, NotImplementedError) as err:
+        return f"_scaled_mm has no {dev.type} kernel: {str(err).splitlines()[0][:120]}"
+    return None
+
+
 _INT8_OK: dict[tuple, str | None] = {}
 
 
@@ -66,22 +89,48 @@ class Linear:
             self.scale = scale.to(dtype)
             self.int8 = True
             _probe_int8(self.w, self.scale, dtype)
+        elif weights == "fp8":
+            # W8A8 as vLLM and TensorRT-LLM run fp8 checkpoints: e4m3 weights with one
+            # scale per tensor, activations quantized per tensor on the fly, torch._scaled_mm
+            why = fp8_unsupported(device)
+            if why:
+                raise UnsupportedConfig(why)
+            ws = w.float().abs().amax().clamp(min=1e-12) / FP8_MAX
+            self.w = (w.float() / ws).to(torch.float8_e4m3fn)  # [n, k]: column-major B
+            self.scale = ws.reshape(())
+            self.int8, self.fp8, self.out_dtype = False, True, dtype
+            # _scaled_mm on CUDA wants every dimension a multiple of 16: rows are padded
+            self.pad_rows = 16 if torch.device(device).type == "cuda" else 1
         elif weights in ("bf16", "fp16"):
             self.w, self.int8 = w, False
         else:
             raise UnsupportedConfig(f"{weights} weights are not implemented by this harness "
-                                    "version (bf16, fp16 and int8 are)")
+                                    "version (bf16, fp16, fp8 and int8 are)")
+        if not weights == "fp8":
+            self.fp8 = False
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.int8:
             shape = x.shape
             y = torch._weight_int8pack_mm(x.reshape(-1, self.k), self.w, self.scale)
             return y.reshape(*shape[:-1], self.n)
+        if self.fp8:
+            shape = x.shape
+            x2 = x.reshape(-1, self.k)
+            rows = x2.shape[0]
+            pad = (-rows) % self.pad_rows
+            if pad:
+                x2 = F.pad(x2, (0, 0, 0, pad))
+            xs = x2.abs().amax().float().clamp(min=1e-12) / FP8_MAX
+            x8 = (x2.float() / xs).to(torch.float8_e4m3fn)
+            y = torch._scaled_mm(x8, self.w.t(), scale_a=xs, scale_b=self.scale,
+                                 out_dtype=self.out_dtype)
+            return y[:rows].reshape(*shape[:-1], self.n)
         return F.linear(x, self.w)
 
     @property
     def nbytes(self) -> int:
-        extra = self.scale.numel() * self.scale.element_size() if self.int8 else 0
+        extra = self.scale.numel() * self.scale.element_size() if self.int8 or self.fp8 else 0
         return self.w.numel() * self.w.element_size() + extra
 
 

@@ -309,6 +309,11 @@ def run(plan: Plan, info: DeviceInfo, cal: Calibration, hw: HardwareSpec | None,
                     emit({**base, "status": "oom", "reason": str(err).splitlines()[0][:300]})
                     continue
                 rec = {**base, **rec, "status": "ok"}
+                if prec.compute_dtype not in cal_ceil.flops_per_s:
+                    emit({**rec, "status": "skipped",
+                          "reason": f"the calibration has no {prec.compute_dtype.value} "
+                                    "matmul rate to predict this point with"})
+                    continue
                 _attach_predictions(rec, model, prec, cal_ceil, sheet_ceil, batch, context)
                 emit(rec)
         if dec is not None:

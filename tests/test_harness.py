@@ -384,3 +384,49 @@ def test_attention_backend_choices(calibration):
     r = llmplan("measure", "-m", "tiny-llama-test", "--device", "cpu", "--attention-backend",
                 "sdpa", "--calibration", str(calibration))
     assert r.returncode == 2 and "is not one of" in r.stderr
+
+
+def test_fp8_linear_matches_its_dequantized_weights():
+    from harness.decoder import Linear, UnsupportedConfig, fp8_unsupported
+
+    if fp8_unsupported("cpu"):
+        with pytest.raises(UnsupportedConfig):
+            Linear(256, 512, weights="fp8", dtype=torch.bfloat16, device="cpu")
+        return
+    torch.manual_seed(0)
+    lin = Linear(256, 512, weights="fp8", dtype=torch.bfloat16, device="cpu")
+    assert lin.w.dtype == torch.float8_e4m3fn and lin.nbytes == 256 * 512 + 4
+    x = torch.randn(3, 5, 256, dtype=torch.bfloat16)
+    y = lin(x)
+    ref = torch.nn.functional.linear(x.float(), lin.w.float() * lin.scale)
+    # the only difference is the activations' own e4m3 rounding (3 mantissa bits: < 6.25%)
+    assert y.shape == (3, 5, 512)
+    assert (y.float() - ref).abs().max() / ref.abs().max() < 0.0625
+
+
+def test_a_calibration_without_the_measured_precision_is_refused(tmp_path):
+    cal = tmp_path / "bf16-only.yaml"
+    cal.write_text("device: cpu\nmemory_bandwidth_gb_per_s: 20\nmatmul_tflops: {bf16: 0.2}\n"
+                   "kernel_overhead_us: 5\n")
+    r = llmplan("measure", "-m", "tiny-llama-test", "--device", "cpu", "--weights", "fp16",
+                "--calibration", str(cal), "--out", str(tmp_path / "x.jsonl"))
+    assert r.returncode == 2 and "no fp16 matmul rate" in r.stderr
+
+
+def test_gpu_validate_script_runs_end_to_end_on_cpu(tmp_path):
+    """benchmarks/gpu_validate.sh with DEVICE=cpu: every step, the engines table, the
+    report; then a second run resumes (nothing is measured twice)."""
+    env = {**ENV, "DEVICE": "cpu", "PYTHON": sys.executable}
+    script = Path(__file__).resolve().parent.parent / "benchmarks" / "gpu_validate.sh"
+    r = subprocess.run(["bash", str(script), str(tmp_path / "v")], capture_output=True,
+                       text=True, env=env, timeout=600)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    assert "median |error| per engine" in r.stdout and "vllm" in r.stdout
+    v = tmp_path / "v"
+    first = (v / "tiny-llama-test-bf16.jsonl").read_text()
+    assert len(first.splitlines()) == 6 and (v / "engines.csv").exists()
+    assert list((v / "report").glob("*.png"))
+    r = subprocess.run(["bash", str(script), str(v)], capture_output=True, text=True, env=env,
+                       timeout=600)
+    assert r.returncode == 0
+    assert (v / "tiny-llama-test-bf16.jsonl").read_text() == first  # resumed, not redone
