@@ -60,6 +60,9 @@ def measure(
         "--recalibrate", help="Measure the ceilings again even where a saved profile of this "
                               "device (--calibration-out or the default path) can be reused.")
     ] = False,
+    mode: Annotated[str, typer.Option(
+        help="auto (compile on CUDA, eager on a CPU), compile (torch.compile of the layer, "
+             "fused as a tuned engine runs it; 16-bit weights) or eager.")] = "auto",
     attention_backend: Annotated[str, typer.Option(
         help="Attention kernel on CUDA: auto (FlashAttention on compute capability 8.0+, "
              "the memory-efficient kernel before), flash, efficient, cudnn or math.")
@@ -95,6 +98,10 @@ def measure(
     from harness.device import detect
 
     info = detect(device, threads=threads)
+    if mode not in ("auto", "compile", "eager"):
+        raise LlmplanError(f"--mode: '{mode}' is not one of auto, compile, eager")
+    run_mode = "compiled" if mode == "compile" or (mode == "auto" and info.kind == "cuda") \
+        else "eager"
     if info.kind == "cpu" and attention_backend not in ("auto", "math"):
         raise LlmplanError(f"--attention-backend: {attention_backend} needs a CUDA device; "
                            "the CPU runs math")
@@ -162,7 +169,7 @@ def measure(
            else info.memory_bytes * 0.5)
     plan = Plan(model=m, layers=n_layers, weights=wlist, kv_cache=kv_cache, batches=batches,
                 contexts=contexts, max_memory_bytes=cap, out=dest, resume=resume,
-                budget_s=budget_s, attention_backend=attention_backend,
+                budget_s=budget_s, attention_backend=attention_backend, mode=run_mode,
                 argv=["llmplan", *sys.argv[1:]])
     if resume:
         load_done(dest)  # a corrupt results file is refused before the progress bar starts

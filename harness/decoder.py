@@ -157,6 +157,39 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return out.flatten(-2)
 
 
+def _apply(lin, x: torch.Tensor) -> torch.Tensor:
+    """A projection: a ``Linear`` (eager; any weight format), or a bare 16-bit weight tensor
+    (the compiled path, where one function serves every layer without recompiling)."""
+    return F.linear(x, lin) if isinstance(lin, torch.Tensor) else lin(x)
+
+
+def layer_math(x: torch.Tensor, attn_norm, qkv, o, mlp_norm, gate_up, down,
+               k_cache: torch.Tensor, v_cache: torch.Tensor, cos: torch.Tensor,
+               sin: torch.Tensor, pos: int, nh: int, nkv: int, hd: int, sdpa) -> torch.Tensor:
+    """One decoder layer on ``x`` [B, T, h] whose tokens sit at pos..pos+T-1: the new K and
+    V are written into the cache in place, attention reads the ``pos + T`` cached tokens."""
+    B, T, _ = x.shape
+    y = rms_norm(x, attn_norm)
+    q, k, v = _apply(qkv, y).split([nh * hd, nkv * hd, nkv * hd], dim=-1)
+    q, k, v = q.view(B, T, nh, hd), k.view(B, T, nkv, hd), v.view(B, T, nkv, hd)
+    c, s = cos[pos:pos + T], sin[pos:pos + T]
+    q, k = apply_rope(q, c, s), apply_rope(k, c, s)
+    k_cache[:B, pos:pos + T] = k.to(k_cache.dtype)
+    v_cache[:B, pos:pos + T] = v.to(v_cache.dtype)
+    keys = k_cache[:B, :pos + T].transpose(1, 2).to(x.dtype)  # [B, KV, S, hd]
+    vals = v_cache[:B, :pos + T].transpose(1, 2).to(x.dtype)
+    att = sdpa(q.transpose(1, 2), keys, vals, causal=T > 1 and pos == 0)
+    x = x + _apply(o, att.transpose(1, 2).reshape(B, T, nh * hd))
+    gate, up = _apply(gate_up, rms_norm(x, mlp_norm)).chunk(2, dim=-1)
+    return x + _apply(down, F.silu(gate) * up)
+
+
+def _sdpa_any(q, k, v, *, causal: bool):
+    """SDPA with torch's own backend choice (the compiled path: no backend context)."""
+    return F.scaled_dot_product_attention(q, k, v, is_causal=causal,
+                                          enable_gqa=q.shape[1] != k.shape[1])
+
+
 @dataclass
 class Layer:
     attn_norm: torch.Tensor
@@ -177,7 +210,7 @@ class Decoder:
 
     def __init__(self, model: ModelSpec, *, layers: int | None, batch: int, max_tokens: int,
                  weights: str = "bf16", kv_dtype: str = "bf16", device: str = "cpu",
-                 attention_backend: str = "auto"):
+                 attention_backend: str = "auto", compile: bool = False):
         if model.moe is not None or model.mla is not None:
             raise UnsupportedConfig(f"{model.name}: the harness decoder is dense GQA only "
                                     "(no MoE or MLA yet)")
@@ -218,6 +251,18 @@ class Decoder:
         self.cos = self.sin = None
         self.alloc_cache(batch, max_tokens)
         self.backend = self._pick_backend(attention_backend)
+        # torch.compile of one layer (fused element-wise kernels, as gpt-fast and the engines
+        # run it), reused by every layer: dynamic shapes, so batch, context and position do
+        # not recompile. 16-bit weights only; the mode says what ran.
+        self.compiled = None
+        self.mode = "eager"
+        if compile:
+            if weights not in ("bf16", "fp16"):
+                raise UnsupportedConfig(f"--mode compile runs 16-bit weights; {weights} runs "
+                                        "with --mode eager")
+            self.compiled = torch.compile(layer_math, dynamic=True)
+            self.mode = "compiled"
+            self.backend = "auto (compiled: torch's choice)"
 
     def alloc_cache(self, batch: int, max_tokens: int) -> None:
         """A fresh KV cache of ``batch`` x ``max_tokens`` (random contents: only its size and
@@ -284,34 +329,19 @@ class Decoder:
             self.k_cache[0].element_size()
 
     # ----------------------------------------------------------------------------- forward
-    def _layer(self, lyr: Layer, i: int, x: torch.Tensor, pos: int, n_new: int,
-               b: int) -> torch.Tensor:
-        B, T = b, n_new
-        hd, nh, nkv = self.hd, self.nh, self.nkv
-        y = rms_norm(x, lyr.attn_norm)
-        qkv = lyr.qkv(y)  # [B, T, (nh + 2 nkv) hd]
-        q, k, v = qkv.split([nh * hd, nkv * hd, nkv * hd], dim=-1)
-        q = q.view(B, T, nh, hd)
-        k = k.view(B, T, nkv, hd)
-        v = v.view(B, T, nkv, hd)
-        cos, sin = self.cos[pos:pos + T], self.sin[pos:pos + T]
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        self.k_cache[i][:B, pos:pos + T] = k.to(self.kv_dtype)
-        self.v_cache[i][:B, pos:pos + T] = v.to(self.kv_dtype)
-        keys = self.k_cache[i][:B, :pos + T].transpose(1, 2).to(x.dtype)  # [B, KV, S, hd]
-        vals = self.v_cache[i][:B, :pos + T].transpose(1, 2).to(x.dtype)
-        att = self._sdpa(q.transpose(1, 2), keys, vals, causal=T > 1 and pos == 0)
-        x = x + lyr.o(att.transpose(1, 2).reshape(B, T, nh * hd))
-        y = rms_norm(x, lyr.mlp_norm)
-        gate, up = lyr.gate_up(y).chunk(2, dim=-1)
-        return x + lyr.down(F.silu(gate) * up)
-
     def forward(self, tokens: torch.Tensor, pos: int) -> torch.Tensor:
         """tokens: [B, T] ids written at positions pos..pos+T-1; returns last-token logits."""
-        B, T = tokens.shape
         x = self.embed[tokens]  # [B, T, h]
         for i, lyr in enumerate(self.layers):
-            x = self._layer(lyr, i, x, pos, T, B)
+            if self.compiled is not None:
+                x = self.compiled(x, lyr.attn_norm, lyr.qkv.w, lyr.o.w, lyr.mlp_norm,
+                                  lyr.gate_up.w, lyr.down.w, self.k_cache[i], self.v_cache[i],
+                                  self.cos, self.sin, pos, self.nh, self.nkv, self.hd,
+                                  _sdpa_any)
+            else:
+                x = layer_math(x, lyr.attn_norm, lyr.qkv, lyr.o, lyr.mlp_norm, lyr.gate_up,
+                               lyr.down, self.k_cache[i], self.v_cache[i], self.cos, self.sin,
+                               pos, self.nh, self.nkv, self.hd, self._sdpa)
         x = rms_norm(x[:, -1:], self.final_norm)
         return F.linear(x, self.lm_head).float()  # [B, 1, vocab]
 

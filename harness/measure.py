@@ -52,6 +52,7 @@ class Plan:
     budget_s: float = 0.5
     flush_l2: bool = True
     attention_backend: str = "auto"
+    mode: str = "eager"  # or "compiled": torch.compile of the layer (16-bit weights)
     argv: list[str] = field(default_factory=list)
 
     @property
@@ -252,6 +253,7 @@ def run(plan: Plan, info: DeviceInfo, cal: Calibration, hw: HardwareSpec | None,
                "matmul_tflops": {k.value: v for k, v in cal.matmul_tflops.items()},
                "kernel_overhead_us": cal.kernel_overhead_us}}
     records: list[dict] = []
+    compile_failed: str | None = None
 
     def emit(rec: dict) -> None:
         append(plan.out, rec)
@@ -288,11 +290,30 @@ def run(plan: Plan, info: DeviceInfo, cal: Calibration, hw: HardwareSpec | None,
                     continue
                 try:
                     if dec is None:
+                        compile_it = plan.mode == "compiled" and weights in ("bf16", "fp16") \
+                            and compile_failed is None
+                        dec = Decoder(model, layers=plan.layers, batch=1, max_tokens=1,
+                                      weights=weights, kv_dtype=plan.kv_cache,
+                                      device=info.kind,
+                                      attention_backend=plan.attention_backend,
+                                      compile=compile_it)
+                    try:
+                        rec = _measure_point(dec, plan, info, batch, context, time_fn)
+                    except Exception as err:
+                        if dec.mode != "compiled" or _is_oom(err):
+                            raise
+                        # torch.compile failed here: measure eagerly from now on, and say so
+                        compile_failed = f"{type(err).__name__}: {str(err).splitlines()[0][:200]}"
+                        del dec
                         dec = Decoder(model, layers=plan.layers, batch=1, max_tokens=1,
                                       weights=weights, kv_dtype=plan.kv_cache,
                                       device=info.kind,
                                       attention_backend=plan.attention_backend)
-                    rec = _measure_point(dec, plan, info, batch, context, time_fn)
+                        rec = _measure_point(dec, plan, info, batch, context, time_fn)
+                    rec["measured"]["mode"] = dec.mode
+                    if plan.mode == "compiled" and dec.mode != "compiled":
+                        rec["measured"]["mode_reason"] = compile_failed or \
+                            f"{weights} weights run eagerly (compile: 16-bit weights only)"
                 except UnsupportedConfig as err:
                     emit({**base, "status": "skipped", "reason": str(err)})
                     break

@@ -76,6 +76,8 @@ UPPER_BOUNDS: dict[str, tuple[float, str]] = {
     "--rps": (1e9, " requests/s"),
     "--request-rate": (1e9, " requests/s (inf sends every request at t = 0)"),
     "--tokens-per-s": (1e9, " tokens/s"),
+    # the gamma shape of arrivals: the spread of gaps is 1/sqrt(shape), 0.1% at 1e6
+    "--burstiness": (1e6, " (arrivals are regular within 0.1% at 1e6)"),
 }
 
 

@@ -45,7 +45,8 @@ def test_calibration_is_plausible(calibration):
     bf16 = cal.matmul_tflops[next(k for k in cal.matmul_tflops if k.value == "bf16")]
     assert 1e-4 < bf16 < 200
     assert 0 < cal.kernel_overhead_us < 1000
-    assert cal.details["skipped"]["fp8"].startswith("fp8 matmul needs")  # recorded, not crashed
+    # fp8 is timed where a _scaled_mm kernel exists (this CPU build has one), else recorded
+    assert "fp8" in {k.value for k in cal.matmul_tflops} or cal.details["skipped"]["fp8"]
     assert cal.details["bandwidth"]["copy_bytes_per_s"] > 0
 
 
@@ -122,18 +123,18 @@ def test_points_over_the_memory_cap_are_skipped(calibration, tmp_path):
 def test_unsupported_precision_is_recorded(calibration, tmp_path):
     out = tmp_path / "fp8.jsonl"
     r = llmplan("measure", "-m", "tiny-llama-test", "--device", "cpu", "-b", "1", "-c", "16",
-                "--weights", "fp8,int8", "--calibration", str(calibration), "--out", str(out),
+                "--weights", "int4,int8", "--calibration", str(calibration), "--out", str(out),
                 "--budget-s", "0.05", "--threads", "1")
     assert r.returncode == 0, r.stderr
     recs = {x["config"]["weights"]: x for x in lines(out)}
-    assert recs["fp8"]["status"] == "skipped" and "not implemented" in recs["fp8"]["reason"]
+    assert recs["int4"]["status"] == "skipped" and "not implemented" in recs["int4"]["reason"]
     assert recs["int8"]["status"] == "ok"  # weight-only int8 runs on the CPU
 
 
 def test_a_run_that_measured_nothing_exits_1(calibration, tmp_path):
     out = tmp_path / "none.jsonl"
     r = llmplan("measure", "-m", "tiny-llama-test", "--device", "cpu", "-b", "1", "-c", "16",
-                "--weights", "fp8", "--calibration", str(calibration), "--out", str(out),
+                "--weights", "int4", "--calibration", str(calibration), "--out", str(out),
                 "--budget-s", "0.05", "--threads", "1")
     assert r.returncode == 1 and "no point was measured" in r.stderr
     assert [x["status"] for x in lines(out)] == ["skipped"]  # the record is still written
@@ -430,3 +431,28 @@ def test_gpu_validate_script_runs_end_to_end_on_cpu(tmp_path):
                        timeout=600)
     assert r.returncode == 0
     assert (v / "tiny-llama-test-bf16.jsonl").read_text() == first  # resumed, not redone
+
+
+def test_compiled_layer_computes_what_the_eager_one_does():
+    """--mode compile (the default on CUDA) runs the same math through torch.compile: the
+    logits of a decode step and of a prefill agree with eager ones, weights shared."""
+    from harness.decoder import Decoder, layer_math
+
+    torch.manual_seed(0)
+    m = catalog.load_model("tiny-llama-test")
+    d = Decoder(m, layers=2, batch=1, max_tokens=1)
+    d.alloc_cache(2, 24)
+    tok = torch.randint(0, m.vocab_size, (2, 1))
+    prompt = torch.randint(0, m.vocab_size, (2, 16))
+    with torch.inference_mode():
+        eager = (d.prefill(prompt), d.decode_step(tok, 16), d.decode_step(tok, 23))
+        d.compiled = torch.compile(layer_math, dynamic=True)
+        compiled = (d.prefill(prompt), d.decode_step(tok, 16), d.decode_step(tok, 23))
+    for a, b in zip(eager, compiled, strict=True):
+        assert torch.allclose(a, b, rtol=0.05, atol=0.05)
+
+
+def test_measure_mode_choices(calibration):
+    r = llmplan("measure", "-m", "tiny-llama-test", "--device", "cpu", "--mode", "fast",
+                "--calibration", str(calibration))
+    assert r.returncode == 2 and "--mode" in r.stderr

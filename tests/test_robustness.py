@@ -291,6 +291,7 @@ def test_fuzz_findings_in_mla_fields_and_resumed_huge_numbers(run_cli, tmp_path)
     (["estimate", "-m", "llama-3.1-8b", "-g", "h100-sxm", "--measured-ttft"], "86400"),
     (["simulate", "-m", "llama-3.1-8b", "-g", "h100-sxm", "-n", "3", "--tpot-slo"], "86400"),
     (["simulate", "-m", "llama-3.1-8b", "-g", "h100-sxm", "-n", "3", "--request-rate"], "1e9"),
+    (["simulate", "-m", "llama-3.1-8b", "-g", "h100-sxm", "-n", "3", "--burstiness"], "1e6"),
     (["plan", "-m", "llama-3.1-8b", "-g", "h100-sxm", "--ttft", "1s", "--tpot", "30ms",
       "--scheduler", "static", "--top", "1", "--rps"], "1e9"),
 ])
