@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-LLMPLAN = [sys.executable, "-c", "from planner.cli import entry; entry()"]
+LLMPLAN = [sys.executable, "-m", "planner"]
 
 BAD_YAML_VALUES = [".nan", ".inf", "-.inf", "-1", "0", "true", "false", "1e30",
                    "100000000000000000000000", "-0.5", "'abc'", "[]", "{}", "null", "",

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The first GPU session, in one resumable script: calibrate the GPU, measure Llama-3.1-8B in
-# bf16 (batch 1..256, contexts 512 / 2048 / 8192) and fp8, a 70B shape with --layers, then print
+# bf16 (batch 1..256, contexts 512 / 2048 / 8192) and fp8, a 70B shape with --layers, the
+# collectives across the local GPUs, then print
 # the measured figures against every engine profile's prediction.
 #
 #   bash benchmarks/gpu_validate.sh [OUT_DIR]            # on a CUDA box (torch already there)
@@ -80,7 +81,8 @@ step "$M8 fp8" measure --device "$DEVICE" -m "$M8" -b "$B8" -c "$C8" --weights f
 step "$M70 x $L70 layers bf16" measure --device "$DEVICE" -m "$M70" --layers "$L70" \
     -b "$B70" -c "$C70" --weights bf16 --calibration "$CAL" \
     --out "$OUT_DIR/$M70-${L70}layers-bf16.jsonl" --resume --budget-s "$BUDGET" "${EXTRA[@]}"
-echo "== collectives: skipped (llmplan measure --collectives is not built yet; one GPU here)"
+step collectives measure --device "$DEVICE" --collectives --calibration "$CAL" \
+    "${CAL_FLAGS[@]}"  # one GPU: recorded as skipped; gloo across 2 processes on a CPU
 
 echo "== measured vs every engine profile"
 "$PY" benchmarks/measured_vs_engines.py "$OUT_DIR"/*.jsonl --csv "$OUT_DIR/engines.csv"

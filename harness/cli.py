@@ -32,6 +32,13 @@ def measure(
     device: Annotated[str, typer.Option(help="auto, cuda or cpu.")] = "auto",
     calibrate_only: Annotated[bool, typer.Option(
         "--calibrate", help="Only measure the device's ceilings and save the profile.")] = False,
+    collectives: Annotated[bool, typer.Option(
+        "--collectives", help="Time all-reduce and all-to-all across the local devices (NCCL; "
+                              "gloo across processes on a CPU) and save the fitted latency "
+                              "and bus bandwidth into the calibration profile.")] = False,
+    world_size: Annotated[Optional[int], typer.Option(
+        help="Ranks for --collectives (default: every visible GPU; 2 processes on a CPU).")
+    ] = None,
     calibration: Annotated[Optional[Path], typer.Option(
         help="Use this calibration profile instead of measuring one.")] = None,
     calibration_out: Annotated[Optional[Path], typer.Option(
@@ -119,6 +126,12 @@ def measure(
     n_layers = (layers or m.num_layers) if m else 0
     if m and n_layers > m.num_layers:
         raise LlmplanError(f"--layers: {n_layers} exceeds {m.name}'s {m.num_layers} layers")
+    if collectives:
+        positive("--world-size", world_size)
+        _collectives(info, calibration or calibration_out or
+                     Path("results") / f"calibration-{_slug(info)}.yaml", world_size,
+                     quick_calibration, as_json)
+        return
     dest = out or (Path("results") / f"measure-{m.name}-{_slug(info)}.jsonl" if m else None)
     # a resumed file keeps the calibration its points were predicted with: never two in a file
     recorded = _recorded_calibration(dest) if resume and dest is not None else None
@@ -194,6 +207,54 @@ def measure(
         stderr.print(f"no point was measured ({summary['points']['skipped']} skipped, "
                      f"{summary['points']['oom']} OOM, {summary['points']['error']} errors)")
         raise typer.Exit(1)
+
+
+def _collectives(info, profile: Path, world: int | None, quick: bool, as_json: bool) -> None:
+    """Measure the collectives, print them as nccl-tests does, and merge the all-reduce fit
+    into ``profile`` (calibrated first when there is none)."""
+    import yaml
+
+    from harness import calibrate as cal_mod
+    from harness.collectives import measure as measure_collectives
+    from planner import catalog
+    from planner.render import table
+
+    if not profile.is_file():
+        stderr.print(f"calibrating {info.name} first ({profile} does not exist) ...")
+        cal_mod.save(cal_mod.calibrate(info, quick=quick), profile)
+    catalog.load_calibration(profile)  # a damaged profile is a one-line error, not merged into
+    stderr.print(f"timing all-reduce and all-to-all on {info.kind} ...")
+    res = measure_collectives(info.kind, world=world, max_bytes=(1 << 22) if quick else None,
+                              budget_s=0.02 if quick else 0.2)
+    data = yaml.safe_load(profile.read_text())
+    data.setdefault("details", {})["collectives"] = res
+    ar = (res.get("fit") or {}).get("all_reduce")
+    if ar:
+        data["allreduce_latency_us"] = ar["latency_s"] * 1e6
+        data["allreduce_bus_gb_per_s"] = ar["bus_bandwidth_bytes_per_s"] / 1e9
+    cal_mod.save(data, profile)
+    catalog.load_calibration(profile)  # what was written reads back as a profile
+    if as_json:
+        json_out(res)
+        return
+    if "skipped" in res and not res.get("all_reduce"):
+        stdout.print(f"collectives skipped: {res['skipped']}")
+        return
+    from planner import fmt
+
+    rows = []
+    for op in ("all_reduce", "all_to_all"):
+        for p in res.get(op, []):
+            rows.append([op, fmt.si(p["bytes"], "B"), fmt.seconds(p["time_s"]),
+                         fmt.si(p["algbw_bytes_per_s"], "B/s"),
+                         fmt.si(p["busbw_bytes_per_s"], "B/s")])
+    stdout.print(table(f"{res['backend']}, {res['world_size']} ranks",
+                       ["op", "size", "time", "algbw", "busbw"], rows, left=1, compact=True))
+    for op, why in res.get("skipped", {}).items():
+        stdout.print(f"{op}: skipped ({why})")
+    if ar:
+        stdout.print(f"all-reduce fit: latency {ar['latency_s'] * 1e6:,.1f} us, bus bandwidth "
+                     f"{ar['bus_bandwidth_bytes_per_s'] / 1e9:,.2f} GB/s -> saved in {profile}")
 
 
 def _cal_key(cal) -> tuple:

@@ -36,6 +36,9 @@ class Ceilings:
     notes: tuple[str, ...] = field(default_factory=tuple)
     bandwidth_source: str = "datasheet"
     flops_source: tuple[tuple[DType, str], ...] = ()
+    # a measured all-reduce (calibration): replaces the link x engine fraction and latency
+    allreduce_bus_bytes_per_s: float | None = None
+    allreduce_latency_s: float | None = None
 
     def peak(self, dtype: DType) -> float:
         return self.flops_per_s[dtype]
@@ -75,10 +78,15 @@ def ceilings(hw: HardwareSpec, calibration: Calibration | None = None,
                          " figure used")
         if overhead is None and calibration.kernel_overhead_us:
             overhead = calibration.kernel_overhead_us * 1e-6
+    ar_bus = ar_lat = None
+    if calibration is not None and calibration.allreduce_bus_gb_per_s:
+        ar_bus = calibration.allreduce_bus_gb_per_s * 1e9
+        ar_lat = (calibration.allreduce_latency_us or 0.0) * 1e-6
     return Ceilings(bandwidth_bytes_per_s=bw, flops_per_s=flops,
                     link_bytes_per_s=hw.interconnect.unidirectional_bytes_per_s,
                     kernel_overhead_s=overhead, source=source, notes=tuple(notes),
-                    bandwidth_source=bw_src, flops_source=tuple(src.items()))
+                    bandwidth_source=bw_src, flops_source=tuple(src.items()),
+                    allreduce_bus_bytes_per_s=ar_bus, allreduce_latency_s=ar_lat)
 
 
 @dataclass(frozen=True)
@@ -138,10 +146,14 @@ def op_time(op: Op, c: Ceilings, *, tp: int = 1, options: Options | None = None,
     e = engine
     n = op.count
     if op.kind == "allreduce":
-        comm = (2 * (tp - 1) / tp * op.comm_bytes / (c.link_bytes_per_s
-                                                     * e.allreduce_bandwidth_frac)
-                + e.allreduce_latency_s) if tp > 1 else 0.0
-        return OpTime(op, 0.0, 0.0, comm * n, comm * n, e.allreduce_bandwidth_frac, 1.0)
+        if c.allreduce_bus_bytes_per_s:  # measured: nccl-tests' bus bandwidth and latency
+            bus, lat = c.allreduce_bus_bytes_per_s, c.allreduce_latency_s or 0.0
+            frac = bus / c.link_bytes_per_s
+        else:
+            frac = e.allreduce_bandwidth_frac
+            bus, lat = c.link_bytes_per_s * frac, e.allreduce_latency_s
+        comm = (2 * (tp - 1) / tp * op.comm_bytes / bus + lat) if tp > 1 else 0.0
+        return OpTime(op, 0.0, 0.0, comm * n, comm * n, frac, 1.0)
     bw_frac, c_frac = op_efficiency(op, e)
     flops = op.flops
     scalar_zero = isinstance(op.m_rows, (int, float)) and op.m_rows == 0

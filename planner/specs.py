@@ -341,6 +341,9 @@ class Calibration(_Frozen):
     memory_bandwidth_gb_per_s: float = Field(gt=0, le=1_000_000)
     matmul_tflops: dict[DType, float] = Field(default_factory=dict)
     kernel_overhead_us: float = Field(0.0, ge=0, le=1_000_000)
+    # measured all-reduce (`llmplan measure --collectives`): t = 2 (n-1)/n x S / bus + latency
+    allreduce_latency_us: float | None = Field(None, gt=0, le=1_000_000)
+    allreduce_bus_gb_per_s: float | None = Field(None, gt=0, le=1_000_000)
 
     @model_validator(mode="after")
     def _rates(self) -> Calibration:

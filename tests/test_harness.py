@@ -292,7 +292,7 @@ def test_ctrl_c_at_any_moment_is_one_line_and_exit_130(calibration, tmp_path, de
     p.send_signal(signal.SIGINT)
     _, err = p.communicate(timeout=120)
     frames = re.findall(r'File "([^"]+)"', err)
-    if frames and all(f.startswith("<frozen") for f in frames):
+    if frames and not any(("/planner/" in f or "/harness/" in f) for f in frames):
         return  # on a loaded machine the signal beat the interpreter's own start-up (runpy)
     assert "Traceback" not in err, err
     assert p.returncode in (130, 0), err
@@ -456,3 +456,26 @@ def test_measure_mode_choices(calibration):
     r = llmplan("measure", "-m", "tiny-llama-test", "--device", "cpu", "--mode", "fast",
                 "--calibration", str(calibration))
     assert r.returncode == 2 and "--mode" in r.stderr
+
+
+def test_collectives_on_cpu_are_timed_and_feed_the_tp_model(tmp_path, run_json):
+    """gloo across 2 processes: all-reduce and all-to-all curves, nccl-tests' bus bandwidth,
+    and the fit saved in the profile, which the TP model then uses."""
+    prof = tmp_path / "c.yaml"
+    prof.write_text("device: cpu\nmemory_bandwidth_gb_per_s: 20\nmatmul_tflops: {bf16: 0.2}\n"
+                    "kernel_overhead_us: 5\n")
+    r = llmplan("measure", "--device", "cpu", "--collectives", "--calibration", str(prof),
+                "--quick-calibration", "--json")
+    assert r.returncode == 0, r.stderr
+    res = json.loads(r.stdout)
+    assert res["backend"] == "gloo" and res["world_size"] == 2
+    for p in res["all_reduce"]:  # 2 ranks: bus = algorithm bandwidth x 2 (n - 1) / n = x 1
+        assert p["busbw_bytes_per_s"] == pytest.approx(p["algbw_bytes_per_s"])
+        assert p["algbw_bytes_per_s"] == pytest.approx(p["bytes"] / p["time_s"])
+    cal = catalog.load_calibration(prof)
+    assert cal.allreduce_latency_us > 0 and cal.allreduce_bus_gb_per_s > 0
+    d = run_json("estimate", "-m", "llama-3.1-8b", "-g", "h100-sxm", "--tp", "2",
+                 "--calibration", str(prof))
+    # 2 all-reduces a layer x 32 layers, each of batch 1 x 4096 hidden x 2 bytes
+    one = 2 * 1 / 2 * 8192 / (cal.allreduce_bus_gb_per_s * 1e9) + cal.allreduce_latency_us / 1e6
+    assert d["decode_comm_s"] == pytest.approx(64 * one, rel=1e-6)
