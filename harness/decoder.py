@@ -55,6 +55,40 @@ def fp8_unsupported(device) -> str | None:
     return None
 
 
+INT4_GROUP = 128
+
+
+def _inner_k_tiles(k: int) -> int:
+    return 8 if k % 1024 == 0 else 4 if k % 512 == 0 else 2
+
+
+def _pack_int4(q: torch.Tensor, device) -> torch.Tensor:
+    """q: [n, k] int32 in 0..15, packed for the device's int4 kernel."""
+    dev = torch.device(device)
+    tiles = _inner_k_tiles(q.shape[1])
+    if dev.type == "cuda":
+        u8 = (q[:, ::2] << 4 | q[:, 1::2]).to(torch.uint8).to(dev)
+        return torch._convert_weight_to_int4pack(u8, tiles)
+    return torch._convert_weight_to_int4pack_for_cpu(q.to(dev), tiles)
+
+
+def _int4_mm(x: torch.Tensor, lin) -> torch.Tensor:
+    if x.device.type == "cuda":
+        return torch._weight_int4pack_mm(x, lin.w, lin.group, lin.scales_zeros)
+    return torch._weight_int4pack_mm_for_cpu(x, lin.w, lin.group, lin.scales_zeros)
+
+
+def _probe_int4(lin) -> None:
+    """The int4 kernel must exist for this device (and accept this shape): a recorded skip
+    otherwise, not an error at every point."""
+    try:
+        _int4_mm(torch.zeros(1, lin.k, dtype=lin.scales_zeros.dtype, device=lin.w.device), lin)
+    except (RuntimeError, NotImplementedError, AttributeError) as err:
+        raise UnsupportedConfig(f"int4 weight-only (tinygemm) cannot run here: "
+                                f"{type(err).__name__}: {str(err).splitlines()[0][:160]}") \
+            from None
+
+
 _INT8_OK: dict[tuple, str | None] = {}
 
 
@@ -101,18 +135,38 @@ class Linear:
             self.int8, self.fp8, self.out_dtype = False, True, dtype
             # _scaled_mm on CUDA wants every dimension a multiple of 16: rows are padded
             self.pad_rows = 16 if torch.device(device).type == "cuda" else 1
+        elif weights == "int4":
+            # weight-only int4 as gpt-fast and torchao run it (tinygemm): groups of 128 along
+            # k, a bf16 scale and zero per group, w = (q - 8) x scale + zero
+            g = next((g for g in (INT4_GROUP, 64, 32) if k % g == 0), k)  # the kernel's sizes
+            wg = w.float().reshape(n, k // g, g)
+            lo, hi = wg.amin(-1), wg.amax(-1)
+            scale = ((hi - lo) / 15).clamp(min=1e-8)
+            zero = lo + 8 * scale
+            q = ((wg - lo[..., None]) / scale[..., None]).round().clamp(0, 15).to(torch.int32)
+            self.scales_zeros = torch.stack([scale.t(), zero.t()], dim=-1).to(dtype).contiguous()
+            self.w = _pack_int4(q.reshape(n, k), device)
+            self.group, self.int8, self.int4, self.fp8 = g, False, True, False
+            self.dequantized = None
+            _probe_int4(self)
         elif weights in ("bf16", "fp16"):
             self.w, self.int8 = w, False
         else:
             raise UnsupportedConfig(f"{weights} weights are not implemented by this harness "
-                                    "version (bf16, fp16, fp8 and int8 are)")
-        if not weights == "fp8":
+                                    "version (bf16, fp16, fp8, int8 and int4 are)")
+        if weights != "fp8":
             self.fp8 = False
+        if weights != "int4":
+            self.int4 = False
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.int8:
             shape = x.shape
             y = torch._weight_int8pack_mm(x.reshape(-1, self.k), self.w, self.scale)
+            return y.reshape(*shape[:-1], self.n)
+        if self.int4:
+            shape = x.shape
+            y = _int4_mm(x.reshape(-1, self.k), self)
             return y.reshape(*shape[:-1], self.n)
         if self.fp8:
             shape = x.shape
@@ -130,6 +184,9 @@ class Linear:
 
     @property
     def nbytes(self) -> int:
+        if self.int4:  # two weights a byte, whatever layout the kernel packs them in
+            return self.n * self.k // 2 + self.scales_zeros.numel() * \
+                self.scales_zeros.element_size()
         extra = self.scale.numel() * self.scale.element_size() if self.int8 or self.fp8 else 0
         return self.w.numel() * self.w.element_size() + extra
 

@@ -262,8 +262,11 @@ def run(plan: Plan, info: DeviceInfo, cal: Calibration, hw: HardwareSpec | None,
             progress(rec["status"])
 
     for weights in plan.weights:
+        # what the decoder stores: int8 per output channel (one scale per row), int4 in
+        # groups of 128 with a scale and a zero point each (tinygemm)
         prec = Precision(weights=DType(weights), kv_cache=DType(plan.kv_cache),
-                         group_size=model.hidden_size)  # per-channel int8 scales
+                         group_size=128 if weights == "int4" else model.hidden_size,
+                         zero_point_bytes=2 if weights == "int4" else 0)
         dec = None
         for batch in plan.batches:
             oom_at = None

@@ -127,14 +127,21 @@ def test_unsupported_precision_is_recorded(calibration, tmp_path):
                 "--budget-s", "0.05", "--threads", "1")
     assert r.returncode == 0, r.stderr
     recs = {x["config"]["weights"]: x for x in lines(out)}
-    assert recs["int4"]["status"] == "skipped" and "not implemented" in recs["int4"]["reason"]
     assert recs["int8"]["status"] == "ok"  # weight-only int8 runs on the CPU
+    assert recs["int4"]["status"] == "ok"  # and int4 (tinygemm's CPU kernel)
+    # a shape the decoder does not build (GPT-2: LayerNorm, plain MLP) is a recorded skip
+    out2 = tmp_path / "gpt2.jsonl"
+    r = llmplan("measure", "-m", "gpt2", "--layers", "1", "--device", "cpu", "-b", "1", "-c",
+                "16", "--calibration", str(calibration), "--out", str(out2), "--budget-s",
+                "0.05", "--threads", "1")
+    (rec,) = lines(out2)
+    assert rec["status"] == "skipped" and "Llama-shaped" in rec["reason"]
 
 
 def test_a_run_that_measured_nothing_exits_1(calibration, tmp_path):
     out = tmp_path / "none.jsonl"
-    r = llmplan("measure", "-m", "tiny-llama-test", "--device", "cpu", "-b", "1", "-c", "16",
-                "--weights", "int4", "--calibration", str(calibration), "--out", str(out),
+    r = llmplan("measure", "-m", "gpt2", "--layers", "1", "--device", "cpu", "-b", "1", "-c",
+                "16", "--calibration", str(calibration), "--out", str(out),
                 "--budget-s", "0.05", "--threads", "1")
     assert r.returncode == 1 and "no point was measured" in r.stderr
     assert [x["status"] for x in lines(out)] == ["skipped"]  # the record is still written
@@ -479,3 +486,18 @@ def test_collectives_on_cpu_are_timed_and_feed_the_tp_model(tmp_path, run_json):
     # 2 all-reduces a layer x 32 layers, each of batch 1 x 4096 hidden x 2 bytes
     one = 2 * 1 / 2 * 8192 / (cal.allreduce_bus_gb_per_s * 1e9) + cal.allreduce_latency_us / 1e6
     assert d["decode_comm_s"] == pytest.approx(64 * one, rel=1e-6)
+
+
+def test_int4_linear_is_a_4_bit_copy_of_the_16_bit_one():
+    from harness.decoder import Linear
+
+    torch.manual_seed(0)
+    ref = Linear(512, 256, weights="bf16", dtype=torch.bfloat16, device="cpu")
+    torch.manual_seed(0)
+    q = Linear(512, 256, weights="int4", dtype=torch.bfloat16, device="cpu")
+    # half a byte a weight plus a bf16 scale and zero per group of 128: the planner's bytes
+    assert q.nbytes == 512 * 256 // 2 + (512 // 128) * 256 * 2 * 2
+    x = torch.randn(4, 512, dtype=torch.bfloat16)
+    a, b = ref(x).float(), q(x).float()
+    # 16 levels per group: the output differs by the quantization noise, a few percent
+    assert 0.005 < ((a - b).norm() / a.norm()).item() < 0.15
