@@ -13,6 +13,8 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
+from planner.errors import first_line
+
 
 @dataclass
 class Timing:
@@ -81,7 +83,7 @@ def time_cuda(fn: Callable[[], object], *, budget_s: float = 0.5, min_reps: int 
             torch.cuda.empty_cache()
             if "out of memory" in str(err).lower():
                 raise
-            method = f"cuda_events (graph capture failed: {str(err).splitlines()[0][:120]})"
+            method = f"cuda_events (graph capture failed: {first_line(err)[:120]})"
         else:
             run = graph.replay
             method = "cuda_graph+events"

@@ -20,6 +20,7 @@ import torch
 
 from harness.bench import time_fn
 from harness.device import DeviceInfo, now_iso
+from planner.errors import first_line
 
 HARNESS_VERSION = "1"  # bump when the measurement method changes
 
@@ -132,7 +133,7 @@ def calibrate(info: DeviceInfo, *, dtypes: tuple[str, ...] = ("bf16", "fp16", "f
                 r = matmul_rate(info.kind, dt, m, k, n, s["budget_s"] / 2)
                 shapes.append({**r, "kind": "decode"})
         except (RuntimeError, TypeError) as err:
-            skipped[dt] = f"{type(err).__name__}: {str(err).splitlines()[0]}"
+            skipped[dt] = f"{type(err).__name__}: {first_line(err)}"
     launch = launch_overhead(info.kind, s["budget_s"])
     return {
         "device": info.hardware_db or info.name,

@@ -18,7 +18,7 @@ from planner.cli_common import (
     stderr,
     stdout,
 )
-from planner.errors import Interrupted, LlmplanError
+from planner.errors import Interrupted, LlmplanError, first_line
 from planner.specs import GIB
 
 
@@ -135,7 +135,7 @@ def measure(
     dest = out or (Path("results") / f"measure-{m.name}-{_slug(info)}.jsonl" if m else None)
     # a resumed file keeps the calibration its points were predicted with: never two in a file
     recorded = _recorded_calibration(dest) if resume and dest is not None else None
-    if calibration is not None:
+    if calibration is not None and not calibrate_only:
         cal = catalog.load_calibration(calibration)
         if recorded is not None and _cal_key(recorded) != _cal_key(cal):
             raise LlmplanError(f"--calibration: {calibration} differs from the calibration "
@@ -278,7 +278,7 @@ def _recorded_calibration(path: Path):
                                    **c)
             except (TypeError, ValueError) as err:
                 raise LlmplanError(f"{path}: the recorded calibration is not valid: "
-                                   f"{str(err).splitlines()[0]}") from None
+                                   f"{first_line(err)}") from None
     return None
 
 

@@ -20,6 +20,8 @@ import socket
 import statistics
 import time
 
+from planner.errors import first_line
+
 SIZES_BYTES = tuple(4096 * 4 ** k for k in range(10))  # 4 KiB .. 1 GiB, capped by max_bytes
 
 
@@ -57,7 +59,7 @@ def _worker(rank: int, world: int, backend: str, sizes: tuple[int, ...], port: i
                 run()
                 run()
             except (RuntimeError, NotImplementedError) as err:
-                out["skipped"][op] = f"{type(err).__name__}: {str(err).splitlines()[0][:160]}"
+                out["skipped"][op] = f"{type(err).__name__}: {first_line(err)[:160]}"
                 break
             # every rank runs the same number of repetitions (a barrier each): the count
             # comes from one timed call, the largest any rank proposes

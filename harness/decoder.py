@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from planner.errors import first_line
 from planner.specs import ModelSpec
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -51,7 +52,7 @@ def fp8_unsupported(device) -> str | None:
         b = torch.zeros(16, 16, dtype=torch.float8_e4m3fn, device=dev).t()  # column-major
         torch._scaled_mm(a, b, scale_a=one, scale_b=one, out_dtype=torch.bfloat16)
     except (RuntimeError, NotImplementedError) as err:
-        return f"_scaled_mm has no {dev.type} kernel: {str(err).splitlines()[0][:120]}"
+        return f"_scaled_mm has no {dev.type} kernel: {first_line(err)[:120]}"
     return None
 
 
@@ -85,7 +86,7 @@ def _probe_int4(lin) -> None:
         _int4_mm(torch.zeros(1, lin.k, dtype=lin.scales_zeros.dtype, device=lin.w.device), lin)
     except (RuntimeError, NotImplementedError, AttributeError) as err:
         raise UnsupportedConfig(f"int4 weight-only (tinygemm) cannot run here: "
-                                f"{type(err).__name__}: {str(err).splitlines()[0][:160]}") \
+                                f"{type(err).__name__}: {first_line(err)[:160]}") \
             from None
 
 
@@ -103,7 +104,7 @@ def _probe_int8(w: torch.Tensor, scale: torch.Tensor, dtype) -> None:
             torch._weight_int8pack_mm(x, w[:8].contiguous(), scale[:8].contiguous())
             _INT8_OK[key] = None
         except (RuntimeError, NotImplementedError) as err:
-            _INT8_OK[key] = f"{type(err).__name__}: {str(err).splitlines()[0][:160]}"
+            _INT8_OK[key] = f"{type(err).__name__}: {first_line(err)[:160]}"
     if _INT8_OK[key]:
         raise UnsupportedConfig(f"int8 weight-only (_weight_int8pack_mm) has no kernel for "
                                 f"{w.device.type} {dtype}: {_INT8_OK[key]}")
@@ -237,8 +238,63 @@ def layer_math(x: torch.Tensor, attn_norm, qkv, o, mlp_norm, gate_up, down,
     vals = v_cache[:B, :pos + T].transpose(1, 2).to(x.dtype)
     att = sdpa(q.transpose(1, 2), keys, vals, causal=T > 1 and pos == 0)
     x = x + _apply(o, att.transpose(1, 2).reshape(B, T, nh * hd))
+    if down is None:  # a mixture of experts: routing, the experts and any shared expert
+        return x + gate_up(rms_norm(x, mlp_norm))
     gate, up = _apply(gate_up, rms_norm(x, mlp_norm)).chunk(2, dim=-1)
     return x + _apply(down, F.silu(gate) * up)
+
+
+class Experts:
+    """A MoE MLP as Mixtral and Qwen-MoE run it: a router picks the top-k experts of each
+    token (softmax over the k logits), tokens are grouped by expert and each expert's gated
+    MLP runs on its group (one matmul pair per expert that received tokens, as the engines'
+    grouped GEMMs do), the results are scattered back weighted; shared experts, where the
+    model has them, run on every token. Random routing over random tokens spreads the load
+    as the planner's expected-experts model assumes. 16-bit weights; eager (the group sizes
+    are read on the host)."""
+
+    def __init__(self, h: int, moe, *, weights: str, dtype, device):
+        if weights not in ("bf16", "fp16"):
+            raise UnsupportedConfig(f"MoE experts run 16-bit weights in this harness version, "
+                                    f"not {weights}")
+        e, ie = moe.num_experts, moe.expert_intermediate_size
+        self.h, self.k, self.e = h, moe.experts_per_token, e
+        self.router = _rand(e, h, dtype=dtype, device=device, fan_in=h)
+        self.gate_up = _rand(e, 2 * ie, h, dtype=dtype, device=device, fan_in=h)
+        self.down = _rand(e, h, ie, dtype=dtype, device=device, fan_in=ie)
+        self.shared = None
+        if moe.num_shared_experts:
+            width = moe.num_shared_experts * ie
+            self.shared = (Linear(h, 2 * width, weights=weights, dtype=dtype, device=device),
+                           Linear(width, h, weights=weights, dtype=dtype, device=device))
+
+    def __call__(self, y: torch.Tensor) -> torch.Tensor:
+        shape = y.shape
+        y2 = y.reshape(-1, self.h)
+        top, idx = F.linear(y2, self.router).float().topk(self.k, dim=-1)
+        w = top.softmax(-1).to(y.dtype).reshape(-1)
+        flat = idx.reshape(-1)
+        order = flat.argsort()
+        tok = order // self.k  # the token of each (token, expert) pair, grouped by expert
+        counts = torch.bincount(flat, minlength=self.e).tolist()
+        xs = y2[tok]
+        out = torch.empty_like(xs)
+        start = 0
+        for ex, c in enumerate(counts):
+            if c:
+                g, u = F.linear(xs[start:start + c], self.gate_up[ex]).chunk(2, dim=-1)
+                out[start:start + c] = F.linear(F.silu(g) * u, self.down[ex])
+            start += c
+        res = torch.zeros_like(y2).index_add_(0, tok, out * w[order, None])
+        if self.shared is not None:
+            g, u = self.shared[0](y2).chunk(2, dim=-1)
+            res = res + self.shared[1](F.silu(g) * u)
+        return res.reshape(shape)
+
+    @property
+    def nbytes(self) -> int:
+        own = sum(t.numel() * t.element_size() for t in (self.router, self.gate_up, self.down))
+        return own + (sum(lin.nbytes for lin in self.shared) if self.shared else 0)
 
 
 def _sdpa_any(q, k, v, *, causal: bool):
@@ -253,8 +309,8 @@ class Layer:
     qkv: Linear
     o: Linear
     mlp_norm: torch.Tensor
-    gate_up: Linear
-    down: Linear
+    gate_up: Linear | Experts
+    down: Linear | None  # None: gate_up is the layer's Experts
 
 
 class Decoder:
@@ -268,9 +324,9 @@ class Decoder:
     def __init__(self, model: ModelSpec, *, layers: int | None, batch: int, max_tokens: int,
                  weights: str = "bf16", kv_dtype: str = "bf16", device: str = "cpu",
                  attention_backend: str = "auto", compile: bool = False):
-        if model.moe is not None or model.mla is not None:
-            raise UnsupportedConfig(f"{model.name}: the harness decoder is dense GQA only "
-                                    "(no MoE or MLA yet)")
+        if model.mla is not None:
+            raise UnsupportedConfig(f"{model.name}: the harness decoder runs GQA attention "
+                                    "(no MLA yet)")
         if model.mlp != "gated" or model.norm != "rmsnorm":
             raise UnsupportedConfig(f"{model.name}: the harness decoder is Llama-shaped "
                                     "(gated MLP, RMSNorm)")
@@ -290,17 +346,24 @@ class Decoder:
         dev = self.device
         self.embed = _rand(model.vocab_size, h, dtype=act, device=dev, fan_in=1)
         self.layers = []
-        for _ in range(self.n_layers):
+        moe = model.moe
+        if compile and moe is not None:
+            raise UnsupportedConfig("--mode compile runs dense models; MoE runs with --mode "
+                                    "eager")
+        for i in range(self.n_layers):
+            if moe is not None and i >= moe.first_dense_layers:
+                gate_up, down = Experts(h, moe, weights=weights, dtype=act, device=dev), None
+            else:
+                gate_up = Linear(h, 2 * model.intermediate_size, weights=weights, dtype=act,
+                                 device=dev)
+                down = Linear(model.intermediate_size, h, weights=weights, dtype=act,
+                              device=dev)
             self.layers.append(Layer(
                 attn_norm=torch.ones(h, dtype=act, device=dev),
                 qkv=Linear(h, (self.nh + 2 * self.nkv) * hd, weights=weights, dtype=act,
                            device=dev),
                 o=Linear(self.nh * hd, h, weights=weights, dtype=act, device=dev),
-                mlp_norm=torch.ones(h, dtype=act, device=dev),
-                gate_up=Linear(h, 2 * model.intermediate_size, weights=weights, dtype=act,
-                               device=dev),
-                down=Linear(model.intermediate_size, h, weights=weights, dtype=act, device=dev),
-            ))
+                mlp_norm=torch.ones(h, dtype=act, device=dev), gate_up=gate_up, down=down))
         self.final_norm = torch.ones(h, dtype=act, device=dev)
         self.lm_head = _rand(model.vocab_size, h, dtype=act, device=dev, fan_in=h)
         self.k_cache: list[torch.Tensor] = []
@@ -371,7 +434,7 @@ class Decoder:
     @property
     def weight_bytes(self) -> int:
         per_layer = sum(lin.nbytes for lyr in self.layers
-                        for lin in (lyr.qkv, lyr.o, lyr.gate_up, lyr.down))
+                        for lin in (lyr.qkv, lyr.o, lyr.gate_up, lyr.down) if lin is not None)
         norms = (2 * self.n_layers + 1) * self.h * self.embed.element_size()
         return per_layer + norms + self.lm_head.numel() * self.lm_head.element_size()
 

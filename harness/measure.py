@@ -21,6 +21,7 @@ from pathlib import Path
 
 from harness.calibrate import HARNESS_VERSION
 from harness.device import DeviceInfo, Telemetry, now_iso
+from planner.errors import first_line
 from planner.memory import kv_cache_bytes, weight_bytes
 from planner.ops import decode_ops, prefill_ops
 from planner.roofline import Ceilings, ceilings, mbu, mfu, step_time
@@ -294,7 +295,7 @@ def run(plan: Plan, info: DeviceInfo, cal: Calibration, hw: HardwareSpec | None,
                 try:
                     if dec is None:
                         compile_it = plan.mode == "compiled" and weights in ("bf16", "fp16") \
-                            and compile_failed is None
+                            and compile_failed is None and model.moe is None
                         dec = Decoder(model, layers=plan.layers, batch=1, max_tokens=1,
                                       weights=weights, kv_dtype=plan.kv_cache,
                                       device=info.kind,
@@ -306,7 +307,7 @@ def run(plan: Plan, info: DeviceInfo, cal: Calibration, hw: HardwareSpec | None,
                         if dec.mode != "compiled" or _is_oom(err):
                             raise
                         # torch.compile failed here: measure eagerly from now on, and say so
-                        compile_failed = f"{type(err).__name__}: {str(err).splitlines()[0][:200]}"
+                        compile_failed = f"{type(err).__name__}: {first_line(err)[:200]}"
                         del dec
                         dec = Decoder(model, layers=plan.layers, batch=1, max_tokens=1,
                                       weights=weights, kv_dtype=plan.kv_cache,
@@ -315,8 +316,10 @@ def run(plan: Plan, info: DeviceInfo, cal: Calibration, hw: HardwareSpec | None,
                         rec = _measure_point(dec, plan, info, batch, context, time_fn)
                     rec["measured"]["mode"] = dec.mode
                     if plan.mode == "compiled" and dec.mode != "compiled":
-                        rec["measured"]["mode_reason"] = compile_failed or \
-                            f"{weights} weights run eagerly (compile: 16-bit weights only)"
+                        rec["measured"]["mode_reason"] = compile_failed or (
+                            "MoE runs eagerly (group sizes are read on the host)"
+                            if model.moe is not None else
+                            f"{weights} weights run eagerly (compile: 16-bit weights only)")
                 except UnsupportedConfig as err:
                     emit({**base, "status": "skipped", "reason": str(err)})
                     break
@@ -330,7 +333,7 @@ def run(plan: Plan, info: DeviceInfo, cal: Calibration, hw: HardwareSpec | None,
                         dec.free_cache()
                     if info.kind == "cuda":
                         torch.cuda.empty_cache()
-                    emit({**base, "status": "oom", "reason": str(err).splitlines()[0][:300]})
+                    emit({**base, "status": "oom", "reason": first_line(err)[:300]})
                     continue
                 rec = {**base, **rec, "status": "ok"}
                 if prec.compute_dtype not in cal_ceil.flops_per_s:

@@ -17,3 +17,9 @@ class Interrupted(LlmplanError):
     """Ctrl-C, with what the user should know (where the finished work is): exit code 130."""
 
     exit_code = 130
+
+
+def first_line(err: BaseException) -> str:
+    """An exception's first line for a one-line message ('' when it has no message)."""
+    lines = str(err).splitlines()
+    return lines[0] if lines else ""
