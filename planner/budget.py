@@ -133,6 +133,7 @@ class Deployment(_Strict):
     weights: DType = DType.bf16
     kv_cache: DType | None = None
     workload: BudgetWorkload
+    allow_longer_context: bool = False  # prompt + output beyond the model's context
     limits: Limits
     price_per_hour: float | None = Field(None, gt=0)
 

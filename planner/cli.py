@@ -29,6 +29,7 @@ from planner.cli_common import (
     GroupSizeOpt,
     JsonOpt,
     KVOption,
+    LongerOpt,
     ModelOpt,
     OutputOpt,
     OverheadOpt,
@@ -40,6 +41,7 @@ from planner.cli_common import (
     UtilOpt,
     WeightsOpt,
     WeightsOption,
+    check_context,
     json_out,
     options_from,
     positive,
@@ -88,6 +90,7 @@ def estimate(
         "--explain", help="Show the per-operator table behind the totals.")] = False,
     require_fit: Annotated[bool, typer.Option(
         "--require-fit", help="Exit 1 when the deployment does not fit in memory.")] = False,
+    allow_longer_context: LongerOpt = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Predict memory, timing, utilisation and cost of one deployment."""
@@ -104,6 +107,7 @@ def estimate(
     opts = options_from(time_model, attention, kernel_overhead_us, reserve_gib,
                         memory_utilization, prefill_chunk_tokens)
     m = catalog.load_model(model)
+    check_context(m, prompt_tokens, output_tokens, allow_longer_context)
     hw = catalog.load_hardware(gpu)
     eng = catalog.load_engine(engine)
     cal = catalog.load_calibration(calibration) if calibration else None

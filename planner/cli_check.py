@@ -15,6 +15,8 @@ from planner.cli_common import (
     KV_CHOICES,
     WEIGHT_CHOICES,
     EngineOpt,
+    LongerOpt,
+    check_context,
     json_out,
     output_path,
     parse_choices,
@@ -92,6 +94,8 @@ def check(
         where = f"{budget}:{lines[dep.label] or '?'}"
         try:
             m, hw = catalog.load_model(dep.model), catalog.load_hardware(dep.gpu)
+            check_context(m, dep.workload.prompt_tokens, dep.workload.output_tokens,
+                          dep.allow_longer_context, "workload prompt_tokens + output_tokens")
             eng = catalog.load_engine(dep.engine or engine)
             prec = Precision.of(dep.weights, dep.kv_cache)
             kw = dict(precision=prec, parallelism=Parallelism(tp=dep.tp), calibration=cal,
@@ -176,6 +180,7 @@ def plan(
         help="Requests simulated per candidate replica count.")] = 200,
     range_ratio: Annotated[float, typer.Option(
         help="Simulated lengths uniform within +-this fraction.")] = 0.0,
+    allow_longer_context: LongerOpt = False,
     as_json: Annotated[bool, typer.Option("--json", help="All rows as JSON.")] = False,
 ) -> None:
     """Find the cheapest configurations that meet TTFT and TPOT targets at a traffic level:
@@ -215,6 +220,7 @@ def plan(
         raise LlmplanError(f"--range-ratio: must be in [0, 1), got {range_ratio:g}")
     req = rps if rps is not None else tokens_per_s / output_tokens
     m = catalog.load_model(model)
+    check_context(m, prompt_tokens, output_tokens, allow_longer_context)
     gpus = [catalog.load_hardware(g) for g in (parse_str_list(gpu) if gpu
                                                 else catalog.gpu_names())]
     wl = [DType(w) for w in parse_choices(weights, WEIGHT_CHOICES, "--weights")]

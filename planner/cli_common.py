@@ -61,6 +61,20 @@ PromptOpt = Annotated[int, typer.Option("--prompt-tokens", "-p",
 OutputOpt = Annotated[int, typer.Option("--output-tokens", "-o",
                                         help="Output tokens per sequence.")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object, nothing else.")]
+LongerOpt = Annotated[bool, typer.Option(
+    "--allow-longer-context",
+    help="Accept prompt + output tokens beyond the model's max_position_embeddings.")]
+
+
+def check_context(m, prompt_tokens: int, output_tokens: int, allow: bool,
+                  where: str = "--prompt-tokens + --output-tokens") -> None:
+    """A sequence longer than the model's context is an error unless asked for: the engines
+    refuse it (vLLM's max_model_len), and RoPE scaling past it is not what was measured."""
+    total = prompt_tokens + output_tokens
+    if total > m.max_position_embeddings and not allow:
+        raise LlmplanError(f"{where}: {prompt_tokens:,} + {output_tokens:,} = {total:,} tokens "
+                           f"exceeds {m.name}'s context of {m.max_position_embeddings:,} "
+                           "(max_position_embeddings); --allow-longer-context to go on")
 
 
 DAY_S = 86_400.0

@@ -21,11 +21,13 @@ from planner.cli_common import (
     EngineOpt,
     GroupSizeOpt,
     JsonOpt,
+    LongerOpt,
     OverheadOpt,
     ReserveOpt,
     TimeModel,
     TimeModelOpt,
     UtilOpt,
+    check_context,
     json_out,
     options_from,
     output_path,
@@ -109,6 +111,7 @@ def sweep(
     csv: Annotated[Optional[Path], typer.Option(
         "--csv", help="Write every row to this CSV (streamed).")] = None,
     limit: Annotated[int, typer.Option(help="Rows shown in the table.")] = 40,
+    allow_longer_context: LongerOpt = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Evaluate a grid of configurations (vectorized); rows that do not fit are kept."""
@@ -122,6 +125,9 @@ def sweep(
     output_path(csv, "--csv")
     grid = build_grid(model, gpu, batch, prompt_tokens, output_tokens, weights, kv_cache, tp,
                       group_size, opts, engine)
+    for m in grid.models:  # the longest sequence of the grid must fit every model
+        check_context(m, max(grid.prompt_tokens), max(grid.output_tokens), allow_longer_context,
+                      "--prompt-tokens + --output-tokens (largest)")
     limit_rows = MAX_CSV_ROWS if csv is not None else MAX_TABLE_ROWS
     if grid.size > limit_rows:
         where = "to a CSV" if csv else f"in a table or JSON (--csv streams up to {MAX_CSV_ROWS:,})"
@@ -202,6 +208,7 @@ def report(
     serving_requests: Annotated[int, typer.Option(
         help="Requests simulated per point of the serving chart (request rate against "
              "throughput, TTFT and TPOT); 0 leaves it out.")] = 300,
+    allow_longer_context: LongerOpt = False,
 ) -> None:
     """Roofline, throughput-vs-latency and memory PNGs, each with the CSV it plots."""
     from planner import catalog
@@ -218,6 +225,7 @@ def report(
     opts = options_from(time_model, attention, kernel_overhead_us, reserve_gib,
                         memory_utilization, prefill_chunk_tokens)
     m = catalog.load_model(model)
+    check_context(m, prompt_tokens, output_tokens, allow_longer_context)
     eng = catalog.load_engine(engine)
     cal = catalog.load_calibration(calibration) if calibration else None
     from planner.ops import check_tp

@@ -336,3 +336,37 @@ def test_validation_measurements_are_bounded(run_cli, tmp_path):
     code, _, err = run_cli("validate", "--dataset", str(p), "--no-rows")
     _one_line_error(code, err)
     assert "throughput_tokens_per_s_per_gpu" in err
+
+
+@pytest.mark.parametrize("args", [
+    ["estimate", "-m", "llama-2-7b", "-g", "h100-sxm", "-p", "4000", "-o", "97"],
+    ["sweep", "-m", "llama-3.1-8b,llama-2-7b", "-g", "h100-sxm", "-p", "512,4000", "-o", "97"],
+    ["report", "-m", "llama-2-7b", "-g", "h100-sxm", "-p", "4000", "-o", "97", "--out", "OUT"],
+    ["plan", "-m", "llama-2-7b", "-g", "h100-sxm", "-p", "4000", "-o", "97", "--ttft", "2s",
+     "--tpot", "50ms", "--rps", "1", "--scheduler", "static"],
+])
+def test_a_sequence_longer_than_the_context_is_refused(run_cli, tmp_path, args):
+    """Llama-2-7B's context is 4,096 tokens (max_position_embeddings): 4,000 + 97 is over,
+    3,999 + 97 is exactly the context and passes."""
+    args = [str(tmp_path / "r") if a == "OUT" else a for a in args]
+    code, _, err = run_cli(*args)
+    _one_line_error(code, err)
+    assert "4,096" in err and "--allow-longer-context" in err
+    code, _, err = run_cli(*args, "--allow-longer-context")
+    assert code in (0, 1), err
+    code, _, err = run_cli(*[a.replace("4000", "3999") for a in args])
+    assert code in (0, 1), err
+
+
+def test_a_budget_workload_longer_than_the_context(run_cli, tmp_path):
+    b = tmp_path / "b.yaml"
+    b.write_text("deployments:\n  - model: llama-2-7b\n    gpu: h100-sxm\n"
+                 "    workload: {batch: 1, prompt_tokens: 4000, output_tokens: 200}\n"
+                 "    limits: {tpot_s: 1s}\n")
+    code, _, err = run_cli("check", str(b))
+    _one_line_error(code, err)
+    assert f"{b}:2" in err and "exceeds llama-2-7b's context" in err
+    b.write_text(b.read_text().replace("    limits:", "    allow_longer_context: true\n"
+                                                       "    limits:"))
+    code, _, err = run_cli("check", str(b))
+    assert code == 0, err
