@@ -230,6 +230,14 @@ def plan(
     eng = catalog.load_engine(engine)
     for p_ in (csv, plot):
         output_path(p_, "--csv" if p_ is csv else "--plot", None if p_ is csv else ".png")
+    # a GPU with no price cannot be costed: say which are left out, before any search
+    unpriced = [g.name for g in gpus if g.price is None] if price_per_hour is None else []
+    if unpriced and len(unpriced) == len(gpus):
+        raise LlmplanError(f"no price for {', '.join(unpriced)} in hardware_db: the plan ranks "
+                           "by cost; give --price-per-hour (USD per GPU-hour)")
+    if unpriced and not as_json:
+        stderr.print(f"[yellow]left out, no price:[/] {', '.join(unpriced)} "
+                     "(--price-per-hour to include)")
     if scheduler == "continuous":
         _plan_continuous(m, gpus, prompt_tokens=prompt_tokens, output_tokens=output_tokens,
                          targets=Targets(t_ttft, t_tpot, req), tps=parse_int_list(tp, "--tp"),
@@ -255,10 +263,6 @@ def plan(
     if as_json:
         json_out(df.astype(object).where(df.notna(), None).to_dict(orient="records"))
         return
-    unpriced = df[df["meets_latency"] & ~df["priced"]]["gpu"].unique()
-    if len(unpriced):
-        stderr.print(f"[yellow]left out, no price:[/] {', '.join(unpriced)} "
-                     "(--price-per-hour to include)")
     if not len(feas):
         stdout.print(f"no configuration of {len(df):,} meets TTFT <= {ttft} and TPOT <= {tpot}")
         raise typer.Exit(1)
