@@ -160,11 +160,17 @@ def test_empty_lists_huge_grids_and_output_paths(run_cli, args):
     _one_line_error(code, err)
 
 
-def test_budget_with_an_unusable_precision_or_a_nan_limit(run_cli, tmp_path):
+def _budget(tmp_path, model: str, prompt: int, output: int, extra: str = "") -> Path:
+    """A one-deployment budget file on H100 with a TPOT limit of 1 s."""
     b = tmp_path / "b.yaml"
-    b.write_text("deployments:\n  - model: llama-3.1-8b\n    gpu: h100-sxm\n    weights: fp32\n"
-                 "    workload: {batch: 1, prompt_tokens: 10, output_tokens: 10}\n"
+    b.write_text(f"deployments:\n  - model: {model}\n    gpu: h100-sxm\n{extra}"
+                 f"    workload: {{batch: 1, prompt_tokens: {prompt}, output_tokens: {output}}}\n"
                  "    limits: {tpot_s: 1s}\n")
+    return b
+
+
+def test_budget_with_an_unusable_precision_or_a_nan_limit(run_cli, tmp_path):
+    b = _budget(tmp_path, "llama-3.1-8b", 10, 10, "    weights: fp32\n")
     code, _, err = run_cli("check", str(b))
     _one_line_error(code, err)
     assert "fp32" in err
@@ -359,14 +365,10 @@ def test_a_sequence_longer_than_the_context_is_refused(run_cli, tmp_path, args):
 
 
 def test_a_budget_workload_longer_than_the_context(run_cli, tmp_path):
-    b = tmp_path / "b.yaml"
-    b.write_text("deployments:\n  - model: llama-2-7b\n    gpu: h100-sxm\n"
-                 "    workload: {batch: 1, prompt_tokens: 4000, output_tokens: 200}\n"
-                 "    limits: {tpot_s: 1s}\n")
+    b = _budget(tmp_path, "llama-2-7b", 4000, 200)
     code, _, err = run_cli("check", str(b))
     _one_line_error(code, err)
     assert f"{b}:2" in err and "exceeds llama-2-7b's context" in err
-    b.write_text(b.read_text().replace("    limits:", "    allow_longer_context: true\n"
-                                                       "    limits:"))
+    b = _budget(tmp_path, "llama-2-7b", 4000, 200, "    allow_longer_context: true\n")
     code, _, err = run_cli("check", str(b))
     assert code == 0, err
