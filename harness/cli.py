@@ -24,7 +24,8 @@ from planner.specs import GIB
 
 def measure(
     model: Annotated[Optional[str], typer.Option(
-        "--model", "-m", help="Built-in model, YAML or config.json (Llama-shaped, dense).")
+        "--model", "-m",
+        help="Built-in model, YAML or config.json (Llama-shaped: dense or MoE, GQA).")
     ] = None,
     gpu: Annotated[Optional[str], typer.Option(
         "--gpu", "-g", help="hardware_db entry to compare with (default: matched by name).")
@@ -47,7 +48,8 @@ def measure(
     batch: Annotated[str, typer.Option("--batch", "-b", help="Batches: 1,2,4..256.")] = "1,4,16",
     context: Annotated[str, typer.Option("--context", "-c",
                                          help="Contexts: 512,2048,8192.")] = "128,512",
-    weights: Annotated[str, typer.Option(help="Weight precisions: bf16, fp16, int8.")] = "bf16",
+    weights: Annotated[str, typer.Option(
+        help="Weight precisions: bf16, fp16, fp8, int8, int4.")] = "bf16",
     kv_cache: Annotated[str, typer.Option(help="KV-cache precision: bf16 or fp16.")] = "bf16",
     layers: Annotated[Optional[int], typer.Option(
         help="Build and time N distinct layers (for models that do not fit); the comparison "
@@ -57,7 +59,8 @@ def measure(
     resume: Annotated[bool, typer.Option(
         "--resume", help="Skip the points --out already holds.")] = False,
     max_memory: Annotated[Optional[float], typer.Option(
-        "--max-memory", help="GiB a point may use; points predicted over it are skipped.")
+        "--max-memory", help="GiB a point may use; points predicted over it are skipped "
+                             "(default: 90% of the GPU memory free at start, half the RAM).")
     ] = None,
     budget_s: Annotated[float, typer.Option(help="Seconds of repetitions per timing.")] = 0.5,
     threads: Annotated[Optional[int], typer.Option(help="torch threads on CPU.")] = None,
