@@ -163,7 +163,19 @@ def _resolve(ref: str, kind: str, what: str) -> Path:
 
 
 def load_model(ref: str) -> ModelSpec:
-    """A built-in model name, a YAML file, or a Hugging Face ``config.json``."""
+    """A built-in model name, a YAML file, a Hugging Face ``config.json``, or a folder holding
+    one (a downloaded snapshot: the model is named by ``_name_or_path`` or the folder)."""
+    folder = Path(ref)
+    try:
+        is_dir = bool(ref.strip()) and folder.is_dir()
+    except (OSError, ValueError):
+        is_dir = False  # _resolve names the problem
+    if is_dir:
+        cfg = folder / "config.json"
+        if not is_file(cfg, "model"):
+            raise SpecError(f"{ref}: a folder without a config.json (a Hugging Face snapshot "
+                            "holds one)")
+        return model_from_hf_config(read_json(cfg), str(cfg))
     path = _resolve(ref, "models_db", "model")
     if path.suffix == ".json":
         return model_from_hf_config(read_json(path), str(path))

@@ -49,7 +49,8 @@ _W = Workload.model_fields
 _O = Options.model_fields
 
 ModelOpt = Annotated[str, typer.Option(
-    "--model", "-m", help="Built-in model name, a YAML file or an HF config.json.")]
+    "--model", "-m",
+    help="Built-in model name, a YAML file, an HF config.json or a snapshot folder.")]
 GpuOpt = Annotated[str, typer.Option("--gpu", "-g", help="Built-in GPU name or a YAML file.")]
 TpOpt = Annotated[int, typer.Option("--tp", help="Tensor-parallel GPUs.")]
 WeightsOption = Annotated[WeightsOpt, typer.Option("--weights", help="Weight precision.")]

@@ -164,3 +164,19 @@ def test_core_is_pure():
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "[]"
+
+
+def test_a_hugging_face_snapshot_folder_is_a_model(run_json, run_cli, tmp_path):
+    """A downloaded snapshot is a folder holding config.json: it is named by the folder (or
+    the config's _name_or_path), never 'hf', and counts as its config does."""
+    import shutil
+
+    snap = tmp_path / "Meta-Llama-3.1-8B-Instruct"
+    snap.mkdir()
+    shutil.copy(HF / "llama-3.1-8b.json", snap / "config.json")
+    d = run_json("estimate", "-m", str(snap), "-g", "h100-sxm")
+    assert d["model"] == "Meta-Llama-3.1-8B-Instruct"
+    assert d["params"] == 8_030_261_248  # Llama-3.1-8B's safetensors count
+    (tmp_path / "empty").mkdir()
+    code, _, err = run_cli("estimate", "-m", str(tmp_path / "empty"), "-g", "h100-sxm")
+    assert code == 2 and "without a config.json" in err
