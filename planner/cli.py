@@ -24,6 +24,7 @@ from planner.cli_common import (
     BatchOpt,
     CalibrationOpt,
     ChunkOpt,
+    ComputeOpt,
     EngineOpt,
     GpuOpt,
     GroupSizeOpt,
@@ -91,6 +92,7 @@ def estimate(
     require_fit: Annotated[bool, typer.Option(
         "--require-fit", help="Exit 1 when the deployment does not fit in memory.")] = False,
     allow_longer_context: LongerOpt = False,
+    compute: ComputeOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Predict memory, timing, utilisation and cost of one deployment."""
@@ -111,7 +113,8 @@ def estimate(
     hw = catalog.load_hardware(gpu)
     eng = catalog.load_engine(engine)
     cal = catalog.load_calibration(calibration) if calibration else None
-    prec = Precision.of(weights.value, kv_cache.value if kv_cache else None, group_size)
+    prec = Precision.of(weights.value, kv_cache.value if kv_cache else None, group_size,
+                        compute.value if compute else None)
     est = run_estimate(m, hw, engine=eng, precision=prec,
                        workload=Workload(batch=batch, prompt_tokens=prompt_tokens,
                                          output_tokens=output_tokens),

@@ -18,6 +18,7 @@ from planner.cli_common import (
     AttentionOpt,
     CalibrationOpt,
     ChunkOpt,
+    ComputeOpt,
     EngineOpt,
     GroupSizeOpt,
     JsonOpt,
@@ -208,6 +209,7 @@ def report(
     serving_requests: Annotated[int, typer.Option(
         help="Requests simulated per point of the serving chart (request rate against "
              "throughput, TTFT and TPOT); 0 leaves it out.")] = 300,
+    compute: ComputeOpt = None,
     allow_longer_context: LongerOpt = False,
 ) -> None:
     """Roofline, throughput-vs-latency and memory PNGs, each with the CSV it plots."""
@@ -236,7 +238,8 @@ def report(
     for g in parse_str_list(gpu):
         hw = catalog.load_hardware(g)
         for w in parse_choices(weights, WEIGHT_CHOICES, "--weights"):
-            case = Case(m, hw, Precision.of(w, kv_cache), prompt_tokens, output_tokens, tp,
+            prec = Precision.of(w, kv_cache, compute=compute.value if compute else None)
+            case = Case(m, hw, prec, prompt_tokens, output_tokens, tp,
                         opts, cal if cal and cal.device == hw.name else None, eng)
             case.at(1)  # surfaces an unsupported precision as a one-line error
             cases.append(case)

@@ -90,11 +90,14 @@ class Precision(_Frozen):
 
     @classmethod
     def of(cls, weights: DType | str, kv_cache: DType | str | None = None,
-           group_size: int = 128) -> Precision:
-        """A precision whose KV cache, when not given, is the weights' 16-bit type."""
+           group_size: int = 128, compute: DType | str | None = None) -> Precision:
+        """A precision whose KV cache, when not given, is the 16-bit type of the weights or of
+        the matmuls (``compute`` fp16: a T4 or V100 running int8 / int4 weights)."""
         w = DType(weights)
-        kv = DType(kv_cache) if kv_cache else (DType.fp16 if w == DType.fp16 else DType.bf16)
-        return cls(weights=w, kv_cache=kv, group_size=group_size)
+        c = DType(compute) if compute else None
+        kv = DType(kv_cache) if kv_cache else (
+            DType.fp16 if DType.fp16 in (w, c) else DType.bf16)
+        return cls(weights=w, kv_cache=kv, group_size=group_size, compute=c)
 
     @property
     def half_dtype(self) -> DType:
@@ -327,7 +330,8 @@ class HardwareSpec(_Frozen):
         if dtype not in self.peak_tflops:
             have = ", ".join(d.value for d in self.peak_tflops)
             raise UsageError(f"{self.name} has no {dtype.value} tensor-core rate "
-                             f"(its datasheet lists: {have}); choose another precision")
+                             f"(its datasheet lists: {have}); choose another precision, or "
+                             "say what the matmuls run in with --compute")
         return self.peak_tflops[dtype] * TERA
 
 

@@ -180,3 +180,20 @@ def test_a_hugging_face_snapshot_folder_is_a_model(run_json, run_cli, tmp_path):
     (tmp_path / "empty").mkdir()
     code, _, err = run_cli("estimate", "-m", str(tmp_path / "empty"), "-g", "h100-sxm")
     assert code == 2 and "without a config.json" in err
+
+
+def test_compute_says_what_the_matmuls_run_in(run_json, run_cli, tmp_path):
+    """T4 and V100 have no bf16: int8 / int4 weights there dequantize to fp16 (--compute
+    fp16), and the KV cache follows into fp16. The T4's fp16 datasheet rate is 65 TFLOP/s."""
+    code, _, err = run_cli("estimate", "-m", "llama-3.1-8b", "-g", "t4", "--weights", "int4")
+    assert code == 2 and "--compute" in err
+    d = run_json("estimate", "-m", "llama-3.1-8b", "-g", "t4", "--weights", "int4",
+                 "--compute", "fp16")
+    assert d["compute"] == "fp16" and d["kv_cache"] == "fp16"
+    assert d["peak_flops_per_s"] == pytest.approx(65e12)
+    d = run_json("estimate", "-m", "llama-3.1-8b", "-g", "v100-sxm2-32gb", "--weights", "int8",
+                 "--compute", "fp16")
+    assert d["compute"] == "fp16" and d["fits"]
+    code, _, err = run_cli("report", "-m", "llama-3.1-8b", "-g", "t4", "--weights", "int4",
+                           "--compute", "fp16", "--out", str(tmp_path / "r"))
+    assert code == 0, err
