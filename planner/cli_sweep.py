@@ -48,7 +48,7 @@ LIST_HELP = "Comma-separated; numbers take ranges: 4..256 doubles, 128..1024+128
 
 def build_grid(model: str, gpu: str, batch: str, prompt_tokens: str, output_tokens: str,
                weights: str, kv_cache: str | None, tp: str, group_size: int, options,
-               engine: str = DEFAULT_ENGINE):
+               engine: str = DEFAULT_ENGINE, compute: str | None = None):
     """Parse the list options into a Grid (shared by sweep and report)."""
     from planner import catalog
     from planner.specs import DType
@@ -78,6 +78,7 @@ def build_grid(model: str, gpu: str, batch: str, prompt_tokens: str, output_toke
         group_size=group_size,
         options=options,
         engine=catalog.load_engine(engine),
+        compute=DType(compute) if compute else None,
     )
 
 
@@ -112,6 +113,7 @@ def sweep(
     csv: Annotated[Optional[Path], typer.Option(
         "--csv", help="Write every row to this CSV (streamed).")] = None,
     limit: Annotated[int, typer.Option(help="Rows shown in the table.")] = 40,
+    compute: ComputeOpt = None,
     allow_longer_context: LongerOpt = False,
     as_json: JsonOpt = False,
 ) -> None:
@@ -125,7 +127,7 @@ def sweep(
                         memory_utilization, prefill_chunk_tokens)
     output_path(csv, "--csv")
     grid = build_grid(model, gpu, batch, prompt_tokens, output_tokens, weights, kv_cache, tp,
-                      group_size, opts, engine)
+                      group_size, opts, engine, compute.value if compute else None)
     for m in grid.models:  # the longest sequence of the grid must fit every model
         check_context(m, max(grid.prompt_tokens), max(grid.output_tokens), allow_longer_context,
                       "--prompt-tokens + --output-tokens (largest)")

@@ -91,6 +91,7 @@ class Grid:
     group_size: int = 128
     options: Options = field(default_factory=Options)
     engine: Engine = IDEAL
+    compute: DType | None = None  # None: the matmul type follows the weights
 
     @property
     def size(self) -> int:
@@ -138,7 +139,7 @@ def iter_sweep(g: Grid, *, calibration: Calibration | None = None,
     P = np.asarray(sorted(g.prompt_tokens), dtype=np.float64)
     O = np.asarray(sorted(g.output_tokens), dtype=np.float64)  # noqa: E741
     for m, hw, w, kv, tp in itertools.product(g.models, g.gpus, g.weights, g.kv_cache, g.tps):
-        prec = Precision.of(w, kv, g.group_size)
+        prec = Precision.of(w, kv, g.group_size, g.compute)
         base = {"model": m.name, "gpu": hw.name, "tp": tp, "num_gpus": tp,
                 "weights": prec.weights.value, "kv_cache": prec.kv_cache.value,
                 "engine": g.engine.name}

@@ -197,3 +197,12 @@ def test_compute_says_what_the_matmuls_run_in(run_json, run_cli, tmp_path):
     code, _, err = run_cli("report", "-m", "llama-3.1-8b", "-g", "t4", "--weights", "int4",
                            "--compute", "fp16", "--out", str(tmp_path / "r"))
     assert code == 0, err
+
+
+def test_sweep_compute_matches_estimate(run_json):
+    rows = run_json("sweep", "-m", "llama-3.1-8b", "-g", "t4", "-b", "1,8", "--weights", "int4",
+                    "--compute", "fp16")
+    for r in rows:
+        e = run_json("estimate", "-m", "llama-3.1-8b", "-g", "t4", "-b", str(r["batch"]),
+                     "--weights", "int4", "--compute", "fp16")
+        assert r["compute"] == "fp16" and r["tpot_s"] == pytest.approx(e["tpot_s"], rel=1e-9)
