@@ -14,6 +14,7 @@ from planner.cli_common import (
     DEFAULT_ENGINE,
     KV_CHOICES,
     WEIGHT_CHOICES,
+    ComputeOpt,
     EngineOpt,
     LongerOpt,
     check_context,
@@ -180,6 +181,7 @@ def plan(
         help="Requests simulated per candidate replica count.")] = 200,
     range_ratio: Annotated[float, typer.Option(
         help="Simulated lengths uniform within +-this fraction.")] = 0.0,
+    compute: ComputeOpt = None,
     allow_longer_context: LongerOpt = False,
     as_json: Annotated[bool, typer.Option("--json", help="All rows as JSON.")] = False,
 ) -> None:
@@ -238,6 +240,8 @@ def plan(
     if unpriced and not as_json:
         stderr.print(f"[yellow]left out, no price:[/] {', '.join(unpriced)} "
                      "(--price-per-hour to include)")
+    cdt = DType(compute.value) if compute else None
+    _some_precision_runs(gpus, wl, cdt, cal, eng)
     if scheduler == "continuous":
         _plan_continuous(m, gpus, prompt_tokens=prompt_tokens, output_tokens=output_tokens,
                          targets=Targets(t_ttft, t_tpot, req), tps=parse_int_list(tp, "--tp"),
@@ -246,12 +250,12 @@ def plan(
                          settings=SimSettings(percentile=percentile, num_requests=sim_requests,
                                               range_ratio=range_ratio),
                          top=top, csv=csv, plot=plot, as_json=as_json,
-                         label=(ttft, tpot, req))
+                         label=(ttft, tpot, req), compute=cdt)
         return
     df = search(m, gpus, prompt_tokens=prompt_tokens, output_tokens=output_tokens,
                 targets=Targets(t_ttft, t_tpot, req), tps=parse_int_list(tp, "--tp"),
                 weights=wl, kv_cache=kvl, calibration=cal, price_usd_per_gpu_hour=price_per_hour,
-                engine=eng)
+                engine=eng, compute=cdt)
     feas = df[df["meets_targets"]]
     if csv:
         df.to_csv(csv, index=False)
@@ -281,16 +285,34 @@ def plan(
                        rows, left=5, compact=True))
 
 
+def _some_precision_runs(gpus, weights, compute, cal, eng) -> None:
+    """At least one GPU runs at least one of the weight precisions asked for; otherwise the
+    reason (a T4 has no bf16) is the error, not "no configuration meets the targets"."""
+    from planner.errors import UsageError
+    from planner.estimate import prepare
+    from planner.specs import Options, Precision
+
+    why = None
+    for hw in gpus:
+        for w in weights:
+            try:
+                prepare(hw, Precision.of(w, compute=compute), cal, Options(), eng)
+                return
+            except UsageError as err:
+                why = why or str(err)
+    raise LlmplanError(f"no GPU asked for runs these weights: {why}")
+
+
 def _plan_continuous(m, gpus, *, prompt_tokens, output_tokens, targets, tps, weights, kv_cache,
                      calibration, price_per_hour, engine, settings, top, csv, plot, as_json,
-                     label) -> None:
+                     label, compute=None) -> None:
     from planner.plan import plot_pareto, search_continuous
     from planner.render import plain, table
 
     df = search_continuous(m, gpus, prompt_tokens=prompt_tokens, output_tokens=output_tokens,
                            targets=targets, tps=tps, weights=weights, kv_cache=kv_cache,
                            calibration=calibration, price_usd_per_gpu_hour=price_per_hour,
-                           engine=engine, settings=settings, top=top)
+                           engine=engine, settings=settings, top=top, compute=compute)
     ttft, tpot, req = label
     p = settings.percentile
     name = "median" if p == 50 else f"p{p}"

@@ -34,24 +34,32 @@ def search(model: ModelSpec, gpus: list[HardwareSpec], *, prompt_tokens: int,
            weights=(DType.bf16, DType.fp8, DType.int8, DType.int4),
            kv_cache=(None, DType.fp8), batches=None, options: Options | None = None,
            calibration: Calibration | None = None,
-           price_usd_per_gpu_hour: float | None = None, engine: Engine = IDEAL) -> pd.DataFrame:
+           price_usd_per_gpu_hour: float | None = None, engine: Engine = IDEAL,
+           compute: DType | None = None) -> pd.DataFrame:
     """Every configuration searched, with ``meets_targets`` and, for those that do, the
-    replicas, GPUs, cost at the traffic and ``rank`` (1 = cheapest)."""
+    replicas, GPUs, cost at the traffic and ``rank`` (1 = cheapest). ``compute``: the type
+    the matmuls run in (None: from the weights)."""
     batches = batches or [1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512,
                           768, 1024]
     grid = Grid(models=[model], gpus=gpus, batches=batches, prompt_tokens=[prompt_tokens],
                 output_tokens=[output_tokens], weights=list(weights), kv_cache=list(kv_cache),
-                tps=list(tps), options=options or Options(), engine=engine)
+                tps=list(tps), options=options or Options(), engine=engine, compute=compute)
     df = to_frame(iter_sweep(grid, calibration=calibration,
                              price_usd_per_gpu_hour=price_usd_per_gpu_hour))
     # kv "None" means the weights' 16-bit type; an explicit bf16 would duplicate those rows
     df = df.drop_duplicates(subset=["gpu", "tp", "weights", "kv_cache", "batch"])
     df = df.reset_index(drop=True)
+    for col in ("ttft_s", "tpot_s", "latency_s", "price_usd_per_gpu_hour",
+                "total_memory_bytes", "usable_memory_bytes"):
+        if col not in df:  # no supported row filled it (a T4 asked for bf16 matmuls)
+            df[col] = np.nan
+
+    def num(col: str) -> pd.Series:
+        return pd.to_numeric(df[col], errors="coerce")
+
     ok = df["supported"].astype(bool) & df["fits"].astype(bool)
-    ttft = pd.to_numeric(df.get("ttft_s"), errors="coerce")
-    tpot = pd.to_numeric(df.get("tpot_s"), errors="coerce")
-    price = pd.to_numeric(df.get("price_usd_per_gpu_hour"), errors="coerce")
-    latency = pd.to_numeric(df.get("latency_s"), errors="coerce")
+    ttft, tpot, latency = num("ttft_s"), num("tpot_s"), num("latency_s")
+    price = num("price_usd_per_gpu_hour")
     df["meets_latency"] = ok & (ttft <= targets.ttft_s) & (tpot <= targets.tpot_s)
     df["priced"] = price.notna()
     df["meets_targets"] = df["meets_latency"] & df["priced"]
@@ -64,9 +72,7 @@ def search(model: ModelSpec, gpus: list[HardwareSpec], *, prompt_tokens: int,
     tokens_per_hour = targets.requests_per_s * output_tokens * 3600
     df["cost_usd_per_million_output_tokens_at_traffic"] = df["usd_per_hour"] / \
         tokens_per_hour * 1e6
-    df["memory_headroom_frac"] = 1 - pd.to_numeric(df.get("total_memory_bytes"),
-                                                   errors="coerce") / \
-        pd.to_numeric(df.get("usable_memory_bytes"), errors="coerce")
+    df["memory_headroom_frac"] = 1 - num("total_memory_bytes") / num("usable_memory_bytes")
     feasible = df[df["meets_targets"]].sort_values(
         ["cost_usd_per_million_output_tokens_at_traffic", "latency_s", "total_gpus"])
     df["rank"] = pd.Series(np.arange(1, len(feasible) + 1), index=feasible.index)
@@ -206,7 +212,8 @@ def search_continuous(model: ModelSpec, gpus: list[HardwareSpec], *, prompt_toke
                       kv_cache=(None, DType.fp8), options: Options | None = None,
                       calibration: Calibration | None = None,
                       price_usd_per_gpu_hour: float | None = None, engine: Engine = IDEAL,
-                      settings: SimSettings | None = None, top: int = 10) -> pd.DataFrame:
+                      settings: SimSettings | None = None, top: int = 10,
+                      compute: DType | None = None) -> pd.DataFrame:
     """The cheapest configurations sized by simulating continuous batching.
 
     Screened analytically first: a configuration must fit, be priced and meet both targets
@@ -224,7 +231,7 @@ def search_continuous(model: ModelSpec, gpus: list[HardwareSpec], *, prompt_toke
                 targets=Targets(math.inf, targets.tpot_s, targets.requests_per_s), tps=tps,
                 weights=weights, kv_cache=kv_cache, options=o, calibration=calibration,
                 price_usd_per_gpu_hour=price_usd_per_gpu_hour, engine=engine,
-                batches=[1, 2, 4, 8, 16, 32, 64, 128, 192, 256])
+                batches=[1, 2, 4, 8, 16, 32, 64, 128, 192, 256], compute=compute)
     df = df[df["supported"].astype(bool) & df["priced"]]
     keys = ["gpu", "tp", "weights", "kv_cache"]
     cands = []
@@ -253,8 +260,8 @@ def search_continuous(model: ModelSpec, gpus: list[HardwareSpec], *, prompt_toke
         if len(costs) >= top and lb > sorted(costs)[top - 1]:
             break
         hw = gpu_by_name[gpu]
-        prec_kv = None if kv == Precision.of(w).kv_cache.value else DType(kv)
-        prep = prepare(hw, Precision.of(w, prec_kv), calibration, o, engine)
+        prec_kv = None if kv == Precision.of(w, compute=compute).kv_cache.value else DType(kv)
+        prep = prepare(hw, Precision.of(w, prec_kv, compute=compute), calibration, o, engine)
         replicas, s = replicas_needed(model, hw, prep=prep, options=o, tp=int(tp),
                                       prompt_tokens=prompt_tokens,
                                       output_tokens=output_tokens, targets=targets,

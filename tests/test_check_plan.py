@@ -285,3 +285,16 @@ def test_plan_says_which_gpus_it_left_out_for_want_of_a_price(run_cli):
         assert "h100-sxm" in out
     code, _, err = run_cli(*base, "-g", "l4,t4", "--price-per-hour", "1.0")
     assert code in (0, 1) and "no price" not in err
+
+
+def test_plan_with_compute_fp16_finds_t4_configurations(run_cli, run_json):
+    """Without --compute a T4 (no bf16) has no supported int4 configuration; with fp16
+    matmuls the plan finds some, and every row runs fp16."""
+    base = ["plan", "-m", "llama-3.1-8b", "-g", "t4", "--weights", "int4", "--ttft", "3s",
+            "--tpot", "60ms", "--rps", "1", "--price-per-hour", "0.35", "--top", "2",
+            "--scheduler", "static"]
+    code, _, err = run_cli(*base)  # nothing runs: the reason, not "no configuration meets"
+    assert code == 2 and "no bf16 tensor-core rate" in err and "--compute" in err
+    rows = run_json(*base, "--compute", "fp16")
+    ok = [r for r in rows if r["meets_targets"]]
+    assert ok and all(r["compute"] == "fp16" for r in rows if r["supported"])
