@@ -15,6 +15,24 @@ from dataclasses import asdict, dataclass
 
 from planner.errors import first_line
 
+OOM_MESSAGES = ("out of memory", "cublas_status_alloc_failed", "cuda_error_out_of_memory",
+                "failed to allocate")
+
+
+def is_oom(err: BaseException) -> bool:
+    """An allocation failure, wherever it surfaced: the allocator, cuBLAS's workspace, or a
+    CUDA graph capture (which reports the OOM of a kernel it captured)."""
+    import torch
+
+    kinds = tuple(k for k in (getattr(torch, "OutOfMemoryError", None),
+                              torch.cuda.OutOfMemoryError, MemoryError) if k is not None)
+    seen: BaseException | None = err
+    while seen is not None:  # the OOM may be the cause of a capture error
+        if isinstance(seen, kinds) or any(m in str(seen).lower() for m in OOM_MESSAGES):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
 
 @dataclass
 class Timing:
@@ -81,7 +99,7 @@ def time_cuda(fn: Callable[[], object], *, budget_s: float = 0.5, min_reps: int 
             del graph
             torch.cuda.synchronize()
             torch.cuda.empty_cache()
-            if "out of memory" in str(err).lower():
+            if is_oom(err):
                 raise
             method = f"cuda_events (graph capture failed: {first_line(err)[:120]})"
         else:

@@ -96,6 +96,8 @@ def measure(
     if len(parse_choices(attention_backend, ("auto", "flash", "efficient", "cudnn", "math"),
                          "--attention-backend")) != 1:
         raise LlmplanError("--attention-backend: give one backend")
+    if mode not in ("auto", "compile", "eager"):
+        raise LlmplanError(f"--mode: '{mode}' is not one of auto, compile, eager")
     from planner._entry import deferred_sigint
 
     try:
@@ -108,8 +110,6 @@ def measure(
     from harness.device import detect
 
     info = detect(device, threads=threads)
-    if mode not in ("auto", "compile", "eager"):
-        raise LlmplanError(f"--mode: '{mode}' is not one of auto, compile, eager")
     run_mode = "compiled" if mode == "compile" or (mode == "auto" and info.kind == "cuda") \
         else "eager"
     if info.kind == "cpu" and attention_backend not in ("auto", "math"):
@@ -168,9 +168,7 @@ def measure(
             return
     if m is None:
         raise LlmplanError("--model: required unless --calibrate")
-    have = {k.value for k in cal.matmul_tflops}
-    cannot = set((cal.details or {}).get("skipped", {}) or {})  # recorded as impossible here
-    missing = [d for d in cal_mod.needed_dtypes(wlist) if d not in have | cannot]
+    missing = [d for d in cal_mod.needed_dtypes(wlist) if d not in _covered(cal)]
     if missing:
         raise LlmplanError(f"the calibration has no {', '.join(missing)} matmul rate to predict "
                            f"--weights {weights} with; calibrate again (--recalibrate, or "
@@ -297,12 +295,20 @@ def _reusable(path: Path, info, need: tuple[str, ...]):
         cal = catalog.load_calibration(path)
     except LlmplanError:
         return None  # a damaged profile is measured again, not trusted
-    dev = cal.details.get("device", {}) if isinstance(cal.details, dict) else {}
-    have = {k.value for k in cal.matmul_tflops} | set(cal.details.get("skipped", {}) or {})
+    dev = cal.details.get("device")
+    dev = dev if isinstance(dev, dict) else {}  # a damaged record: measured again
     same = (dev.get("name") == info.name and dev.get("kind") == info.kind
             and dev.get("torch_threads") == info.torch_threads
             and cal.harness_version == HARNESS_VERSION)
-    return cal if same and set(need) <= have else None
+    return cal if same and set(need) <= _covered(cal) else None
+
+
+def _covered(cal) -> set[str]:
+    """The precisions a profile answers for: a measured rate, or recorded as impossible on
+    its device (a point in one is a recorded skip, not a missing figure)."""
+    skipped = cal.details.get("skipped")
+    return {k.value for k in cal.matmul_tflops} | set(skipped if isinstance(skipped, dict)
+                                                       else ())
 
 
 def _slug(info) -> str:

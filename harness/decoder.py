@@ -347,9 +347,6 @@ class Decoder:
         self.embed = _rand(model.vocab_size, h, dtype=act, device=dev, fan_in=1)
         self.layers = []
         moe = model.moe
-        if compile and moe is not None:
-            raise UnsupportedConfig("--mode compile runs dense models; MoE runs with --mode "
-                                    "eager")
         for i in range(self.n_layers):
             if moe is not None and i >= moe.first_dense_layers:
                 gate_up, down = Experts(h, moe, weights=weights, dtype=act, device=dev), None
@@ -373,13 +370,16 @@ class Decoder:
         self.backend = self._pick_backend(attention_backend)
         # torch.compile of one layer (fused element-wise kernels, as gpt-fast and the engines
         # run it), reused by every layer: dynamic shapes, so batch, context and position do
-        # not recompile. 16-bit weights only; the mode says what ran.
+        # not recompile. Dense 16-bit models only: anything else runs eagerly, and
+        # ``mode_reason`` says why.
         self.compiled = None
         self.mode = "eager"
-        if compile:
-            if weights not in ("bf16", "fp16"):
-                raise UnsupportedConfig(f"--mode compile runs 16-bit weights; {weights} runs "
-                                        "with --mode eager")
+        self.mode_reason: str | None = None
+        if compile and moe is not None:
+            self.mode_reason = "MoE runs eagerly (group sizes are read on the host)"
+        elif compile and weights not in ("bf16", "fp16"):
+            self.mode_reason = f"{weights} weights run eagerly (compile: 16-bit weights only)"
+        elif compile:
             self.compiled = torch.compile(layer_math, dynamic=True)
             self.mode = "compiled"
             self.backend = "auto (compiled: torch's choice)"

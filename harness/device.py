@@ -146,8 +146,8 @@ class Telemetry:
     """Samples clocks, power, temperature and throttle reasons while a point runs (NVML), or
     the CPU's clock and load; ``summary()`` gives min / median / max of each."""
 
-    def __init__(self, kind: str, interval_s: float = 0.05, info: DeviceInfo | None = None):
-        self.kind, self.interval_s, self.info = kind, interval_s, info
+    def __init__(self, info: DeviceInfo, interval_s: float = 0.05):
+        self.info, self.kind, self.interval_s = info, info.kind, interval_s
         self.samples: list[dict] = []
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -158,9 +158,7 @@ class Telemetry:
             try:
                 import pynvml
 
-                info = self.info or DeviceInfo(kind="cuda", name="", memory_bytes=0,
-                                               torch_version="")
-                self._nvml = (pynvml, nvml_handle(pynvml, info))
+                self._nvml = (pynvml, nvml_handle(pynvml, self.info))
             except Exception:
                 self._nvml = None
         self._thread = threading.Thread(target=self._run, daemon=True)

@@ -211,31 +211,12 @@ def point_memory_bytes(model: ModelSpec, prec: Precision, *, batch: int, context
             + activation_bytes(model, prec, batch=min(batch, slice_b), prompt_tokens=context))
 
 
-OOM_MESSAGES = ("out of memory", "cublas_status_alloc_failed", "cuda_error_out_of_memory",
-                "failed to allocate")
-
-
-def _is_oom(err: BaseException) -> bool:
-    """An allocation failure, wherever it surfaced: the allocator, cuBLAS's workspace, or a
-    CUDA graph capture (which reports the OOM of a kernel it captured)."""
-    import torch
-
-    kinds = tuple(k for k in (getattr(torch, "OutOfMemoryError", None),
-                              torch.cuda.OutOfMemoryError, MemoryError) if k is not None)
-    seen: BaseException | None = err
-    while seen is not None:  # the OOM may be the cause of a capture error
-        if isinstance(seen, kinds) or any(m in str(seen).lower() for m in OOM_MESSAGES):
-            return True
-        seen = seen.__cause__ or seen.__context__
-    return False
-
-
 def run(plan: Plan, info: DeviceInfo, cal: Calibration, hw: HardwareSpec | None,
         *, progress: Callable[[str], None] | None = None) -> list[dict]:
     """Measure every point of ``plan``; returns the records (written as they complete)."""
     import torch
 
-    from harness.bench import time_fn
+    from harness.bench import is_oom, time_fn
     from harness.decoder import Decoder, UnsupportedConfig
 
     done = load_done(plan.out) if plan.resume else {}
@@ -255,6 +236,12 @@ def run(plan: Plan, info: DeviceInfo, cal: Calibration, hw: HardwareSpec | None,
                "kernel_overhead_us": cal.kernel_overhead_us}}
     records: list[dict] = []
     compile_failed: str | None = None
+
+    def build(weights: str, may_compile: bool) -> Decoder:
+        return Decoder(model, layers=plan.layers, batch=1, max_tokens=1, weights=weights,
+                       kv_dtype=plan.kv_cache, device=info.kind,
+                       attention_backend=plan.attention_backend,
+                       compile=may_compile and plan.mode == "compiled")
 
     def emit(rec: dict) -> None:
         append(plan.out, rec)
@@ -294,37 +281,25 @@ def run(plan: Plan, info: DeviceInfo, cal: Calibration, hw: HardwareSpec | None,
                     continue
                 try:
                     if dec is None:
-                        compile_it = plan.mode == "compiled" and weights in ("bf16", "fp16") \
-                            and compile_failed is None and model.moe is None
-                        dec = Decoder(model, layers=plan.layers, batch=1, max_tokens=1,
-                                      weights=weights, kv_dtype=plan.kv_cache,
-                                      device=info.kind,
-                                      attention_backend=plan.attention_backend,
-                                      compile=compile_it)
+                        dec = build(weights, compile_failed is None)
                     try:
                         rec = _measure_point(dec, plan, info, batch, context, time_fn)
                     except Exception as err:
-                        if dec.mode != "compiled" or _is_oom(err):
+                        if dec.mode != "compiled" or is_oom(err):
                             raise
                         # torch.compile failed here: measure eagerly from now on, and say so
                         compile_failed = f"{type(err).__name__}: {first_line(err)[:200]}"
                         del dec
-                        dec = Decoder(model, layers=plan.layers, batch=1, max_tokens=1,
-                                      weights=weights, kv_dtype=plan.kv_cache,
-                                      device=info.kind,
-                                      attention_backend=plan.attention_backend)
+                        dec = build(weights, False)
                         rec = _measure_point(dec, plan, info, batch, context, time_fn)
                     rec["measured"]["mode"] = dec.mode
                     if plan.mode == "compiled" and dec.mode != "compiled":
-                        rec["measured"]["mode_reason"] = compile_failed or (
-                            "MoE runs eagerly (group sizes are read on the host)"
-                            if model.moe is not None else
-                            f"{weights} weights run eagerly (compile: 16-bit weights only)")
+                        rec["measured"]["mode_reason"] = compile_failed or dec.mode_reason
                 except UnsupportedConfig as err:
                     emit({**base, "status": "skipped", "reason": str(err)})
                     break
                 except Exception as err:  # an OOM is a result; anything else is recorded
-                    if not _is_oom(err):
+                    if not is_oom(err):
                         emit({**base, "status": "error",
                               "reason": f"{type(err).__name__}: {str(err)[:300]}"})
                         continue
@@ -436,7 +411,7 @@ def _measure_point(dec, plan: Plan, info: DeviceInfo, batch: int, context: int,
     _reset_peak_memory(dev)
     dec.alloc_cache(batch, context)
     vocab = dec.model.vocab_size
-    with torch.inference_mode(), Telemetry(dev, info=info) as tel:
+    with torch.inference_mode(), Telemetry(info) as tel:
         tok = torch.randint(0, vocab, (batch, 1), device=dev)
         # small working sets fit in L2: flush it between replays so weights come from HBM
         small = dec.weight_bytes + dec.kv_bytes(batch, context) < 4 * (50 << 20)

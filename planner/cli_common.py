@@ -34,6 +34,13 @@ class KVOpt(str, Enum):
     int8 = "int8"
 
 
+class ComputeChoice(str, Enum):
+    fp16 = "fp16"
+    bf16 = "bf16"
+    fp8 = "fp8"
+    int8 = "int8"
+
+
 class TimeModel(str, Enum):
     roofline = "roofline"
     additive = "additive"
@@ -62,14 +69,7 @@ PromptOpt = Annotated[int, typer.Option("--prompt-tokens", "-p",
 OutputOpt = Annotated[int, typer.Option("--output-tokens", "-o",
                                         help="Output tokens per sequence.")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object, nothing else.")]
-class ComputeOpt_(str, Enum):
-    fp16 = "fp16"
-    bf16 = "bf16"
-    fp8 = "fp8"
-    int8 = "int8"
-
-
-ComputeOpt = Annotated[Optional[ComputeOpt_], typer.Option(
+ComputeOpt = Annotated[Optional[ComputeChoice], typer.Option(
     "--compute", help="Type the matmuls run in (default: from the weights; fp16 for int8 / "
                       "int4 weights on a T4 or V100, which have no bf16).")]
 LongerOpt = Annotated[bool, typer.Option(

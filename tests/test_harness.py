@@ -333,7 +333,7 @@ def test_each_point_records_memory_and_kernels(calibration, tmp_path):
 
 
 def test_oom_is_recognised_through_a_graph_capture_error():
-    from harness.measure import _is_oom
+    from harness.bench import is_oom as _is_oom
 
     try:
         try:
@@ -539,3 +539,17 @@ def test_measure_a_moe_model(calibration, tmp_path):
     for x in recs:  # every expert held: the memory model's weights, byte for byte
         assert x["measured"]["memory"]["weights_bytes"] == x["memory"]["predicted_weights_bytes"]
         assert x["measured"]["mode"] == "eager" and "MoE" in x["measured"]["mode_reason"]
+
+
+@pytest.mark.parametrize("details", ["{skipped: 5, device: 7}", "{skipped: [fp16], device: x}"])
+def test_a_damaged_profile_record_is_refused_or_remeasured_not_a_traceback(tmp_path, details):
+    prof = tmp_path / "m.calibration.yaml"
+    prof.write_text("device: cpu\nmemory_bandwidth_gb_per_s: 20\nmatmul_tflops: {bf16: 0.2}\n"
+                    f"kernel_overhead_us: 5\ndetails: {details}\n")
+    base = ["measure", "-m", "tiny-llama-test", "--device", "cpu", "-b", "1", "-c", "16",
+            "--out", str(tmp_path / "m.jsonl"), "--budget-s", "0.01", "--threads", "1"]
+    r = llmplan(*base, "--weights", "fp16", "--calibration", str(prof))
+    assert r.returncode == 2 and "no fp16 matmul rate" in r.stderr  # skipped: not a record
+    r = llmplan(*base, "--quick-calibration")  # the saved profile's device record is damaged
+    assert r.returncode == 0 and "Traceback" not in r.stderr
+    assert "calibrating" in r.stderr  # measured again rather than trusted
