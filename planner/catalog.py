@@ -279,8 +279,64 @@ def load_calibration(path: str | Path) -> Calibration:
 
 # --------------------------------------------------------------------------- HF config.json
 
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "mixtral", "qwen2", "gemma", "gemma2", "phi3",
-                         "gpt2", "deepseek_v2", "deepseek_v3")
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "mixtral", "qwen2", "qwen3", "qwen3_moe", "gemma",
+                         "gemma2", "gemma3", "gemma3_text", "phi3", "gpt2", "gpt_oss",
+                         "deepseek_v2", "deepseek_v3")
+# transformers' Gemma3TextConfig defaults: the official multimodal configs leave these out of
+# text_config (google/gemma-3-27b-it's states only the sizes that differ).
+GEMMA3_TEXT_DEFAULTS = {"vocab_size": 262208, "hidden_size": 2304, "intermediate_size": 9216,
+                        "num_hidden_layers": 26, "num_attention_heads": 8,
+                        "num_key_value_heads": 4, "head_dim": 256,
+                        "max_position_embeddings": 131072, "sliding_window": 4096,
+                        "sliding_window_pattern": 6, "tie_word_embeddings": True}
+_LAYER_KINDS = {"sliding_attention": "sliding", "full_attention": "full"}
+
+
+def _period(kinds: list[str]) -> tuple[str, ...]:
+    """The shortest prefix that, repeated, gives the whole per-layer list."""
+    for p in range(1, len(kinds) + 1):
+        if all(k == kinds[i % p] for i, k in enumerate(kinds)):
+            return tuple(kinds[:p])
+    return tuple(kinds)  # unreachable: p = len(kinds) always matches
+
+
+def _sliding_window(cfg: dict, mt: str, layers: int, path: str) -> dict[str, Any]:
+    """The sliding window as the engines read the config (transformers' modeling code, which
+    vLLM follows): an explicit ``layer_types`` list first; else Gemma-2 slides on even layers,
+    Gemma-3 on all but every ``sliding_window_pattern``-th, Qwen2/3 on the layers from
+    ``max_window_layers`` when ``use_sliding_window``, and the rest (Mistral, Mixtral, Phi-3) on
+    every layer whenever ``sliding_window`` is set."""
+    window = cfg.get("sliding_window")
+    if mt in ("qwen2", "qwen3", "qwen3_moe") and not cfg.get("use_sliding_window"):
+        return {}
+    if not window or mt in ("llama", "gpt2", "deepseek_v2", "deepseek_v3", "gemma"):
+        return {}
+    types = cfg.get("layer_types")
+    if types is not None:
+        if not isinstance(types, list) or len(types) != layers or any(
+                t not in _LAYER_KINDS for t in types):
+            raise SpecError(f"{path}: layer_types: expected {layers} entries, each "
+                            f"{' or '.join(_LAYER_KINDS)}")
+        kinds = [_LAYER_KINDS[t] for t in types]
+    elif mt == "gemma2":
+        kinds = ["sliding", "full"]
+    elif mt in ("gemma3", "gemma3_text"):
+        n = cfg.get("sliding_window_pattern") or 6
+        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+            raise SpecError(f"{path}: sliding_window_pattern: expected a positive whole number")
+        kinds = ["sliding"] * (n - 1) + ["full"]
+    elif mt in ("qwen2", "qwen3", "qwen3_moe"):
+        first = cfg.get("max_window_layers") or 0
+        if not isinstance(first, int) or isinstance(first, bool) or first < 0:
+            raise SpecError(f"{path}: max_window_layers: expected a whole number")
+        kinds = ["full" if i < first else "sliding" for i in range(layers)]
+    else:
+        kinds = ["sliding"]
+    if "sliding" not in kinds:
+        return {}
+    pattern = _period(kinds)
+    return {"sliding_window": window,
+            **({} if pattern == ("sliding",) else {"sliding_window_pattern": list(pattern)})}
 
 
 def _req(cfg: dict, key: str, path: str) -> Any:
@@ -288,6 +344,17 @@ def _req(cfg: dict, key: str, path: str) -> Any:
         raise SpecError(f"{path}: {key}: missing required field for "
                         f"model_type {cfg.get('model_type')}")
     return cfg[key]
+
+
+def _qwen_moe_layer(cfg: dict, i: int, path: str) -> bool:
+    """Whether layer i of a Qwen3-MoE config is sparse (transformers' Qwen3MoeDecoderLayer)."""
+    step = cfg.get("decoder_sparse_step", 1)
+    only = cfg.get("mlp_only_layers") or []
+    if not isinstance(step, int) or isinstance(step, bool) or step < 1 or not isinstance(
+            only, list):
+        raise SpecError(f"{path}: decoder_sparse_step / mlp_only_layers: expected a positive "
+                        "whole number and a list of layer indices")
+    return i not in only and (i + 1) % step == 0
 
 
 def model_from_hf_config(cfg: dict, path: str) -> ModelSpec:
@@ -302,6 +369,12 @@ def _model_from_hf_config(cfg: dict, path: str) -> ModelSpec:
     if not isinstance(cfg, dict):
         raise SpecError(f"{path}: expected a JSON object")
     mt = cfg.get("model_type")
+    if mt == "gemma3" and isinstance(cfg.get("text_config"), dict):
+        # the multimodal checkpoint: its language model is the text config (the vision tower
+        # is not modelled); the name stays the checkpoint's
+        cfg = {"_name_or_path": cfg.get("_name_or_path"), **GEMMA3_TEXT_DEFAULTS,
+               **cfg["text_config"], "model_type": "gemma3_text"}
+        mt = "gemma3_text"
     if mt not in SUPPORTED_MODEL_TYPES:
         raise SpecError(f"{path}: model_type: '{mt}' is not supported; supported: "
                         f"{', '.join(SUPPORTED_MODEL_TYPES)}")
@@ -335,15 +408,37 @@ def _model_from_hf_config(cfg: dict, path: str) -> ModelSpec:
     if mt == "qwen2":
         d["attention_bias"] = True  # Qwen2 always carries q, k, v biases
     elif cfg.get("attention_bias"):
-        d["attention_bias"] = d["attention_out_bias"] = True  # Llama's flag covers o_proj too
+        # Llama's and gpt-oss's flag covers o_proj too; Qwen3's only q, k, v
+        d["attention_bias"] = True
+        d["attention_out_bias"] = mt not in ("qwen3", "qwen3_moe")
     if cfg.get("mlp_bias"):
         d["mlp_bias"] = True
-    if mt == "gemma2":
+    if mt in ("gemma2", "gemma3_text"):
         d["norms_per_layer"] = 4
+    if mt in ("qwen3", "qwen3_moe", "gemma3_text"):
+        d["qk_norm"] = True
+    d.update(_sliding_window(cfg, mt, d["num_layers"], path))
     if mt == "mixtral":
         d["moe"] = {"num_experts": _req(cfg, "num_local_experts", path),
                     "experts_per_token": _req(cfg, "num_experts_per_tok", path),
                     "expert_intermediate_size": d["intermediate_size"]}
+    if mt == "gpt_oss":
+        # every layer MoE with biased experts and router, attention sinks
+        d["attention_sinks"] = True
+        d["moe"] = {"num_experts": _req(cfg, "num_local_experts", path),
+                    "experts_per_token": cfg.get("num_experts_per_tok")
+                    or _req(cfg, "experts_per_token", path),
+                    "expert_intermediate_size": d["intermediate_size"],
+                    "router_bias": True, "expert_bias": True}
+    if mt == "qwen3_moe":
+        sparse = [i for i in range(d["num_layers"]) if _qwen_moe_layer(cfg, i, path)]
+        if sparse != list(range(d["num_layers"] - len(sparse), d["num_layers"])):
+            raise SpecError(f"{path}: decoder_sparse_step / mlp_only_layers: MoE layers that "
+                            "are not the last ones are not modelled")
+        d["moe"] = {"num_experts": _req(cfg, "num_experts", path),
+                    "experts_per_token": _req(cfg, "num_experts_per_tok", path),
+                    "expert_intermediate_size": _req(cfg, "moe_intermediate_size", path),
+                    "first_dense_layers": d["num_layers"] - len(sparse)}
     if mt in ("deepseek_v2", "deepseek_v3"):
         d["mla"] = {"q_lora_rank": cfg.get("q_lora_rank"),
                     "kv_lora_rank": _req(cfg, "kv_lora_rank", path),

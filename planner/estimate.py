@@ -264,7 +264,7 @@ class Estimate:
         """Requests of this workload's length the KV cache holds at once, paged (vLLM's
         blocks) and contiguous (``max_model_len`` reserved each; default the model's
         context), with the share of the reservation holding tokens."""
-        from planner.memory import kv_capacity_tokens, kv_concurrency
+        from planner.memory import kv_capacity_tokens, kv_concurrency, sliding_share
 
         chunk = self.options.prefill_chunk_tokens or 8192
         cap = kv_capacity_tokens(self.model, self.hardware, self.precision, tp=self.tp,
@@ -273,7 +273,8 @@ class Estimate:
                                  max_num_seqs=256, step_tokens=chunk)
         return kv_concurrency(cap, prompt_tokens=int(self.prompt_tokens),
                               output_tokens=int(self.output_tokens), block_size=block_size,
-                              max_model_len=max_model_len or self.model.max_position_embeddings)
+                              max_model_len=max_model_len or self.model.max_position_embeddings,
+                              sliding=sliding_share(self.model))
 
     def to_dict(self, *, operators: bool = True) -> dict:
         """A JSON-ready dict; keys carry their unit (DESIGN.md "Contracts")."""

@@ -23,7 +23,7 @@ _QUANTIZED = {
 # Tensors every TP rank holds whole.
 _REPLICATED = {
     "norms/layers", "norms/final", "attention/q_a_norm", "attention/kv_a_norm", "moe/router",
-    "attention/q_a_proj", "attention/kv_a_proj",
+    "attention/q_a_proj", "attention/kv_a_proj", "attention/qk_norm",
 }
 
 
@@ -47,7 +47,7 @@ def weight_bytes(m: ModelSpec, prec: Precision, *, tp: int = 1,
 
 
 def kv_cache_bytes_per_token(m: ModelSpec, prec: Precision, *, tp: int = 1) -> float:
-    """KV bytes one token adds to one GPU's cache.
+    """KV bytes one token adds to one GPU's cache in every layer (below any sliding window).
 
     2 x layers x kv_heads x head_dim x bytes (K and V), or for MLA
     layers x (kv_lora_rank + qk_rope_head_dim) x bytes. Llama-2-13B-like, 16-bit, 20 layers of
@@ -58,7 +58,16 @@ def kv_cache_bytes_per_token(m: ModelSpec, prec: Precision, *, tp: int = 1) -> f
 
 def kv_cache_bytes(m: ModelSpec, prec: Precision, *, batch: int, seq_len: int,
                    tp: int = 1) -> float:
-    return batch * seq_len * kv_cache_bytes_per_token(m, prec, tp=tp)
+    """KV cache of ``batch`` sequences of ``seq_len`` tokens on one GPU. A sliding-window layer
+    holds only the last ``sliding_window`` tokens of each sequence, as engines with a hybrid
+    KV cache allocate it (vLLM 0.10 and later, SGLang, TensorRT-LLM): Gemma-2-9B at 8,192
+    tokens holds 21 full layers x 8,192 + 21 local layers x 4,096 tokens."""
+    per_layer = kv_elements_per_token_per_layer(m, tp) * prec.kv_bytes
+    n_local = m.num_sliding_layers
+    if not n_local:
+        return batch * seq_len * m.num_layers * per_layer
+    held = (m.num_layers - n_local) * seq_len + n_local * vmin(seq_len, m.sliding_window)
+    return batch * held * per_layer
 
 
 def _activation_terms(m: ModelSpec, prec: Precision, *, tp: int) -> tuple[float, float, float]:
@@ -192,16 +201,36 @@ class KVConcurrency:
     max_model_len: int
 
 
+def sliding_share(m: ModelSpec) -> tuple[float, int] | None:
+    """(share of the layers with a sliding window, the window), or None where none slides."""
+    n = m.num_sliding_layers
+    return None if not n else (n / m.num_layers, m.sliding_window)
+
+
 def kv_concurrency(capacity_tokens: int, *, prompt_tokens: int, output_tokens: int,
-                   block_size: int = 16, max_model_len: int = 131072) -> KVConcurrency:
+                   block_size: int = 16, max_model_len: int = 131072,
+                   sliding: tuple[float, int] | None = None) -> KVConcurrency:
     """Requests of ``prompt_tokens`` + ``output_tokens`` that fit at once: paged, each holds
     whole blocks of its full length; contiguous, each reserves ``max_model_len``. The used
-    fraction is the mean over the generation (prompt + output / 2 tokens held)."""
-    full = -(-(prompt_tokens + output_tokens) // block_size) * block_size
+    fraction is the mean over the generation (prompt + output / 2 tokens held).
+
+    ``sliding`` = (share of the layers that slide, window): those layers hold the window's
+    blocks and the one being written, so a request costs the full-layer share of its length
+    plus the sliding share of at most window + block_size tokens (``capacity_tokens`` counts
+    tokens cached in every layer)."""
+    def blocks(n: int) -> int:
+        return -(-n // block_size) * block_size
+
+    full = blocks(prompt_tokens + output_tokens)
+    reserve = max_model_len
+    if sliding is not None:
+        frac, window = sliding
+        full = (1 - frac) * full + frac * min(full, blocks(window) + block_size)
+        reserve = (1 - frac) * reserve + frac * min(reserve, window)
     held = prompt_tokens + output_tokens / 2
-    blocks_mean = -(-held // block_size) * block_size
-    return KVConcurrency(capacity_tokens, capacity_tokens // full,
-                         capacity_tokens // max_model_len, held / blocks_mean,
+    blocks_mean = blocks(int(-(-held // 1)))
+    return KVConcurrency(capacity_tokens, int(capacity_tokens // full),
+                         int(capacity_tokens // reserve), held / blocks_mean,
                          held / max_model_len, block_size, max_model_len)
 
 
@@ -228,5 +257,5 @@ def memory_plan(m: ModelSpec, hw: HardwareSpec, prec: Precision, *, batch: int,
 __all__ = [
     "KVConcurrency", "MemoryPlan", "activation_bytes", "kv_cache_bytes",
     "kv_cache_bytes_per_token", "kv_capacity_tokens", "kv_concurrency", "max_batch",
-    "memory_plan", "weight_bytes", "weight_bytes_breakdown",
+    "memory_plan", "sliding_share", "weight_bytes", "weight_bytes_breakdown",
 ]

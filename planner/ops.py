@@ -17,10 +17,10 @@ Conventions (all per GPU, per instance; ``Op.count`` says how many instances run
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
-from planner.arith import vmax
+from planner.arith import vmax, vmin
 from planner.errors import UsageError
 from planner.specs import DType, ModelSpec, Precision
 
@@ -57,26 +57,33 @@ def _attention_params(m: ModelSpec) -> dict[str, int]:
         out["qkv_bias"] = m.q_dim + 2 * m.kv_dim
     if m.attention_out_bias:
         out["o_bias"] = h
+    if m.qk_norm:
+        out["qk_norm"] = 2 * m.head_dim_
+    if m.attention_sinks:
+        out["sinks"] = m.num_attention_heads
     return out
 
 
-def _mlp_params(m: ModelSpec, inter: int) -> dict[str, int]:
+def _mlp_params(m: ModelSpec, inter: int, bias: bool | None = None) -> dict[str, int]:
+    """A (gated) MLP of width ``inter``; ``bias``: its projections carry biases (default: the
+    model's ``mlp_bias``)."""
     h = m.hidden_size
     if m.mlp == "gated":
         out = {"gate_up_proj": 2 * h * inter, "down_proj": inter * h}
-        bias = 2 * inter + h
+        bias_n = 2 * inter + h
     else:
         out = {"up_proj": h * inter, "down_proj": inter * h}
-        bias = inter + h
-    if m.mlp_bias:
-        out["mlp_bias"] = bias
+        bias_n = inter + h
+    if m.mlp_bias if bias is None else bias:
+        out["mlp_bias"] = bias_n
     return out
 
 
 def _expert_params(m: ModelSpec) -> int:
     """Parameters of one routed expert (a gated MLP of expert_intermediate_size)."""
     assert m.moe is not None
-    return sum(_mlp_params(m, m.moe.expert_intermediate_size).values())
+    return sum(_mlp_params(m, m.moe.expert_intermediate_size,
+                           bias=m.mlp_bias or m.moe.expert_bias).values())
 
 
 def param_breakdown(m: ModelSpec) -> dict[str, int]:
@@ -189,6 +196,13 @@ def expected_distinct_experts(num_experts: int, top_k: int, tokens: float) -> fl
     return num_experts * (1.0 - (1.0 - top_k / num_experts) ** tokens)
 
 
+def window_pairs(n, window):
+    """sum over p = 1..n of min(p, window): query-key pairs of the first n positions of a
+    causal sequence under a sliding window (numbers or arrays)."""
+    w = vmin(n, window)
+    return w * (w + 1) / 2 + vmax(n - window, 0) * window
+
+
 @dataclass(frozen=True, slots=True)
 class StepShape:
     """What a forward step processes, summed over its sequences: enough to cost it whether its
@@ -199,6 +213,10 @@ class StepShape:
     query-key pairs of causal attention; kv_read_tokens = sum (past_i + new_i), each sequence
     reading its cache once; kv_held_tokens = sum past_i; score_elems = sum new_i (past_i +
     new_i), the naive score matrix; logit_rows: the sequences that sample a token this step.
+
+    ``local``: the same step as the model's sliding-window layers see it (their pairs, reads
+    and held cache capped by the window); None where no layer slides, or to cost those layers
+    as full ones.
     """
 
     tokens: float
@@ -207,18 +225,34 @@ class StepShape:
     kv_held_tokens: float
     score_elems: float
     logit_rows: float
+    local: StepShape | None = None
 
     @classmethod
-    def uniform(cls, batch, new_tokens, past_tokens) -> StepShape:
+    def uniform(cls, batch, new_tokens, past_tokens, window: int | None = None) -> StepShape:
         """``batch`` sequences, each adding ``new_tokens`` after ``past_tokens`` (numbers or
-        broadcastable arrays)."""
-        return cls(tokens=batch * new_tokens,
+        broadcastable arrays); ``window``: the sliding window of the model's local layers.
+
+        Under a window W, the token at position p attends to min(p, W) keys; a sequence reads
+        min(past + new, W + new - 1) cached keys (its chunk and the W - 1 before it) and holds
+        min(past, W) of them."""
+        full = cls(tokens=batch * new_tokens,
                    attn_pairs=batch * (new_tokens * past_tokens
                                        + new_tokens * (new_tokens + 1) / 2),
                    kv_read_tokens=batch * (past_tokens + new_tokens),
                    kv_held_tokens=batch * past_tokens,
                    score_elems=batch * new_tokens * (past_tokens + new_tokens),
                    logit_rows=batch)
+        if window is None:
+            return full
+        span = vmin(past_tokens + new_tokens, window + new_tokens - 1)
+        local = cls(tokens=full.tokens,
+                    attn_pairs=batch * (window_pairs(past_tokens + new_tokens, window)
+                                        - window_pairs(past_tokens, window)),
+                    kv_read_tokens=batch * span,
+                    kv_held_tokens=batch * vmin(past_tokens, window),
+                    score_elems=batch * new_tokens * span,
+                    logit_rows=full.logit_rows)
+        return replace(full, local=local)
 
 
 def step_ops(
@@ -235,7 +269,8 @@ def step_ops(
     """Operators of one forward step: ``batch`` sequences, each adding ``new_tokens`` tokens
     after ``past_tokens`` cached ones. Decode: new_tokens=1; prefill: new_tokens=prompt.
     ``lm_head_sharded``: the lm_head is split across TP ranks (vLLM) or whole on each."""
-    return shape_ops(m, prec, StepShape.uniform(batch, new_tokens, past_tokens), tp=tp,
+    return shape_ops(m, prec, StepShape.uniform(batch, new_tokens, past_tokens,
+                                                m.sliding_window), tp=tp,
                      attention=attention, lm_head_sharded=lm_head_sharded)
 
 
@@ -306,18 +341,35 @@ def shape_ops(
         # values are the latent itself
         qk_dim, v_dim = a.kv_lora_rank + a.qk_rope_head_dim, a.kv_lora_rank
         o_in = m.num_attention_heads * a.v_head_dim
+    n_local = m.num_sliding_layers
+    n_full = L - n_local
+    local = shape.local or shape  # no window shape given: the local layers cost as full ones
+    held = shape.kv_held_tokens if not n_local else (
+        n_full * shape.kv_held_tokens + n_local * local.kv_held_tokens) / L
+    if m.qk_norm:  # RMSNorm of each query and key head, before RoPE
+        qk_elems = T * (heads + kv_heads_per_gpu(m, tp)) * m.head_dim_
+        ops.append(Op("qk_norm", "norm", L, flops=4.0 * qk_elems,
+                      weight_bytes=2 * m.head_dim_ * hb, act_bytes=2.0 * qk_elems * ab,
+                      dtype=hdt))
     ops.append(Op("rope_kv_write", "elementwise", L, flops=0.0,
                   kv_bytes=T * kv_layer, act_bytes=2.0 * T * (m.q_dim / tp) * ab, dtype=hdt,
-                  kv_cache_bytes=shape.kv_held_tokens * kv_layer))
-    attn_flops = 2.0 * heads * shape.attn_pairs * (qk_dim + v_dim)
-    attn_kv = shape.kv_read_tokens * kv_layer  # each sequence reads its cache once
-    attn_act = 2.0 * T * heads * (qk_dim + v_dim) * ab  # q in, out out
-    if attention == "naive":
-        # the [new, past+new] score matrix and its softmax, written and read once each
-        attn_act += 4.0 * heads * shape.score_elems * ab
+                  kv_cache_bytes=held * kv_layer))
     group = 1.0 if m.mla is not None else heads / kv_heads_per_gpu(m, tp)
-    ops.append(Op("attention", "attention", L, flops=attn_flops, kv_bytes=attn_kv,
-                  act_bytes=attn_act, dtype=hdt, kv_group=group))
+
+    def attention_op(name: str, count: int, sh: StepShape) -> Op:
+        flops = 2.0 * heads * sh.attn_pairs * (qk_dim + v_dim)
+        kv = sh.kv_read_tokens * kv_layer  # each sequence reads its cache once
+        act = 2.0 * T * heads * (qk_dim + v_dim) * ab  # q in, out out
+        if attention == "naive":
+            # the [new, past+new] score matrix and its softmax, written and read once each
+            act += 4.0 * heads * sh.score_elems * ab
+        return Op(name, "attention", count, flops=flops, kv_bytes=kv, act_bytes=act, dtype=hdt,
+                  kv_group=group)
+
+    if n_full:
+        ops.append(attention_op("attention", n_full, shape))
+    if n_local:
+        ops.append(attention_op("attention_local", n_local, local))
     ops.append(matmul("o_proj", L, o_in / tp, h, bias=h if m.attention_out_bias else 0.0))
     ops += allreduce("allreduce_attn", L)
     ops.append(norm("mlp_norm", L))
@@ -327,14 +379,14 @@ def shape_ops(
     up_n = 2 if gated else 1
 
     def mlp(prefix: str, count: int, inter: float, tokens: float = T,
-            weight_tokens: float | None = None) -> list[Op]:
+            biased: bool = m.mlp_bias) -> list[Op]:
         """A (gated) MLP of width ``inter`` per GPU applied to ``tokens`` tokens; its weights
         are read ``weight_tokens``-independently once (or for several experts, see caller)."""
         up = matmul(f"{prefix}{'gate_up' if gated else 'up'}_proj", count, h, up_n * inter,
-                    bias=up_n * inter if m.mlp_bias else 0.0, tokens=tokens)
+                    bias=up_n * inter if biased else 0.0, tokens=tokens)
         act = Op(f"{prefix}act", "elementwise", count, flops=(4.0 if gated else 8.0) * tokens
                  * inter, act_bytes=(up_n + 1) * tokens * inter * ab, dtype=hdt)
-        down = matmul(f"{prefix}down_proj", count, inter, h, bias=h if m.mlp_bias else 0.0,
+        down = matmul(f"{prefix}down_proj", count, inter, h, bias=h if biased else 0.0,
                       tokens=tokens)
         return [up, act, down]
 
@@ -348,7 +400,8 @@ def shape_ops(
         inter = e.expert_intermediate_size / tp
         hit = expected_distinct_experts(e.num_experts, e.experts_per_token, T)
         routed_tokens = T * e.experts_per_token
-        for op in mlp("experts_", n_moe, inter, tokens=routed_tokens):
+        for op in mlp("experts_", n_moe, inter, tokens=routed_tokens,
+                      biased=m.mlp_bias or e.expert_bias):
             if op.kind == "matmul":  # weights of every expert the batch reaches
                 op = Op(op.name, op.kind, op.count, op.flops, weight_bytes=op.weight_bytes * hit,
                         act_bytes=op.act_bytes, dtype=op.dtype, weight_dtype=op.weight_dtype,

@@ -12,6 +12,15 @@ from planner.estimate import Estimate
 from planner.roofline import StepTime
 
 
+def _window_note(m) -> str:
+    """How a sliding window caps the cache, for the KV line."""
+    n = m.num_sliding_layers
+    if not n:
+        return ""
+    which = "all layers" if n == m.num_layers else f"{n} of {m.num_layers} layers"
+    return f"; {which} keep the last {m.sliding_window:,}"
+
+
 def table(title: str | None, columns: list[str], rows: list[list], *,
           left: int = 1, compact: bool = False, fold: tuple[int, ...] = ()) -> Table:
     """A table whose first ``left`` columns are left-aligned and the rest (numbers) right;
@@ -68,7 +77,7 @@ def render_estimate(console: Console, e: Estimate, *, explain: bool = False) -> 
         ("weights", fmt.gib(mem.weights_bytes), f"{fmt.count(e.params)} params"),
         ("KV cache", fmt.gib(mem.kv_cache_bytes),
          f"{e.kv_cache_bytes_per_token / 1024:,.1f} KiB/token x {e.batch} x "
-         f"{e.context_tokens} tokens"),
+         f"{e.context_tokens} tokens{_window_note(e.model)}"),
         ("activations (peak)", fmt.gib(mem.activation_bytes), f"prefill, {e.options.attention}"),
         ("reserve", fmt.gib(mem.reserve_bytes), "CUDA context, workspaces"),
         ("total", fmt.gib(mem.total_bytes),

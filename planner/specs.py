@@ -151,7 +151,8 @@ class MoESpec(_Frozen):
     num_shared_experts: int = Field(0, ge=0, le=1_000_000)
     # First layers that keep a dense MLP (DeepSeek-V3: first_k_dense_replace = 3).
     first_dense_layers: int = Field(0, ge=0, le=100_000)
-    router_bias: bool = False  # DeepSeek-V3's e_score_correction_bias
+    router_bias: bool = False  # DeepSeek-V3's e_score_correction_bias, gpt-oss's router bias
+    expert_bias: bool = False  # biases on each expert's projections (gpt-oss)
 
     @model_validator(mode="after")
     def _check(self) -> MoESpec:
@@ -196,9 +197,20 @@ class ModelSpec(_Frozen):
     mlp_bias: bool = False
     moe: MoESpec | None = None
     mla: MLASpec | None = None
+    # Sliding-window attention: a layer marked "sliding" attends to (and caches) the last
+    # ``sliding_window`` tokens only. The pattern repeats over the layers from layer 0
+    # (Gemma-2: [sliding, full]; Gemma-3: 5 x sliding, full); no pattern: every layer slides.
+    sliding_window: int | None = Field(None, gt=0, le=1_000_000_000)
+    sliding_window_pattern: tuple[Literal["sliding", "full"], ...] | None = Field(
+        None, min_length=1, max_length=100_000)
+    qk_norm: bool = False  # RMSNorm over each head's q and k (Qwen3, Gemma-3)
+    attention_sinks: bool = False  # a learned sink logit per head and layer (gpt-oss)
     # The officially reported counts (None for a bare config.json, which states none).
     official_params: int | None = Field(None, gt=0, le=10**14)  # 100 trillion
     official_active_params: int | None = Field(None, gt=0, le=10**14)
+    # what the source's active count covers: every parameter a token touches, or all but the
+    # input embedding table (gpt-oss's model card counts the unembedding only)
+    official_active_params_scope: Literal["all", "no_embedding"] = "all"
     official_params_source: str | None = None
 
     @model_validator(mode="after")
@@ -210,7 +222,27 @@ class ModelSpec(_Frozen):
             raise ValueError("hidden_size is not a multiple of num_attention_heads; set head_dim")
         if self.moe and self.moe.first_dense_layers > self.num_layers:
             raise ValueError("moe.first_dense_layers exceeds num_layers")
+        if self.sliding_window_pattern and self.sliding_window is None:
+            raise ValueError("sliding_window_pattern is given without sliding_window")
+        if self.sliding_window is not None and self.mla is not None:
+            raise ValueError("sliding_window with MLA attention is not modelled")
         return self
+
+    @property
+    def layer_is_sliding(self) -> tuple[bool, ...]:
+        """Per layer, whether it attends over the sliding window only."""
+        if self.sliding_window is None:
+            return (False,) * self.num_layers
+        pat = self.sliding_window_pattern or ("sliding",)
+        return tuple(pat[i % len(pat)] == "sliding" for i in range(self.num_layers))
+
+    @property
+    def num_sliding_layers(self) -> int:
+        return sum(self.layer_is_sliding)
+
+    @property
+    def num_full_layers(self) -> int:
+        return self.num_layers - self.num_sliding_layers
 
     @property
     def head_dim_(self) -> int:
@@ -252,6 +284,30 @@ class Interconnect(_Frozen):
         return self.bandwidth_gb_per_s * GB / (2 if self.bidirectional else 1)
 
 
+class InterNode(_Frozen):
+    """The network between nodes of a common instance type, per GPU: each GPU's own NIC
+    (InfiniBand or RoCE), so ``bandwidth_gb_per_s`` is one GPU's share, one direction."""
+
+    kind: str  # infiniband-ndr, roce, efa, ...
+    bandwidth_gb_per_s: float = Field(gt=0, le=1_000_000)  # per GPU, one direction
+    latency_us: float | None = Field(None, gt=0, le=1_000_000)
+    source: str = Field(min_length=1)
+    date: str | None = None
+    estimated: bool = False
+    note: str | None = None
+
+
+class Node(_Frozen):
+    """A server of this GPU: how many GPUs share the intra-node link, and the network
+    between such servers (of the named instance type)."""
+
+    gpus_per_node: int = Field(gt=0, le=1024)
+    instance: str | None = None  # AWS p5.48xlarge, Azure ND H100 v5, DGX H100, ...
+    inter_node: InterNode | None = None
+    source: str = Field(min_length=1)
+    date: str | None = None
+
+
 class Price(_Frozen):
     usd_per_gpu_hour: float = Field(gt=0, le=10_000)
     source: str = Field(min_length=1)
@@ -289,6 +345,7 @@ class HardwareSpec(_Frozen):
     memory_bandwidth_gb_per_s: float = Field(gt=0, le=1_000_000)
     peak_tflops: dict[DType, float]  # dense tensor-core TFLOP/s (TOPS for int8) per type
     interconnect: Interconnect
+    node: Node | None = None  # None: a single GPU or an unknown server
     tdp_w: float | None = Field(None, gt=0, le=100_000)  # None where no datasheet gives it
     price: Price | None = None
     memory_type: str | None = None  # HBM2e, HBM3, GDDR6, ...: picks the estimated fraction

@@ -82,11 +82,19 @@ def test_yaml_paths_work(run_json, tmp_path):
     ("llama-3.1-8b", "llama-3.1-8b"), ("mixtral-8x7b", "mixtral-8x7b"),
     ("deepseek-v3", "deepseek-v3"), ("gpt2", "gpt2"), ("gemma-2-9b", "gemma-2-9b"),
     ("qwen2.5-7b", "qwen2.5-7b"), ("phi-3-mini", "phi-3-mini"), ("mistral-7b", "mistral-7b"),
+    ("qwen3-8b", "qwen3-8b"), ("qwen3-30b-a3b", "qwen3-30b-a3b"), ("gpt-oss-20b", "gpt-oss-20b"),
+    ("gemma-3-27b", "gemma-3-27b"), ("llama-3.2-1b", "llama-3.2-1b"), ("phi-4", "phi-4"),
 ])
 def test_hf_config_matches_database(model, fixture, db_name):
     path = HF / f"{fixture}.json"
     m = model_from_hf_config(json.loads(path.read_text()), str(path))
     assert count_params(m) == count_params(model(db_name))
+    # every architecture field, not just the total: windows, norms, biases, experts
+    skip = {"name", "display_name", "source", "official_params", "official_active_params",
+            "official_params_source", "official_active_params_scope"}
+    ours, db = m.model_dump(), model(db_name).model_dump()
+    assert {k: v for k, v in ours.items() if k not in skip} == \
+        {k: v for k, v in db.items() if k not in skip}
 
 
 def test_hf_config_through_cli(run_json):

@@ -43,9 +43,13 @@ class StepCoster:
         self._head: dict[tuple[int, bool], float] = {}
         unit = self._ops(StepShape(tokens=1.0, attn_pairs=1.0, kv_read_tokens=1.0,
                                    kv_held_tokens=1.0, score_elems=0.0, logit_rows=1.0))
-        attn = unit["attention"]
-        scored = self._ops(StepShape(1.0, 1.0, 1.0, 1.0, 1.0, 1.0))["attention"]
+        # full and sliding-window layers cost alike per unit of work (their counts differ)
+        name = "attention" if "attention" in unit else "attention_local"
+        attn = replace(unit[name], count=1)
+        scored = self._ops(StepShape(1.0, 1.0, 1.0, 1.0, 1.0, 1.0))[name]
         self._attn = attn
+        self._n_full = unit["attention"].count if "attention" in unit else 0
+        self._n_local = unit["attention_local"].count if "attention_local" in unit else 0
         self._kv_write = unit["rope_kv_write"]
         self._concat = self.engine.kv_cache_concat
         # attention's compute and memory times are linear in the pairs, the cache read, the
@@ -82,7 +86,9 @@ class StepCoster:
         t = self._linear.get(key)
         if t is None:
             ops = self._ops(StepShape(float(tokens), 0.0, 0.0, 0.0, 0.0, 0.0))
-            skip = {"attention", *_SAMPLING} | ({"rope_kv_write"} if self._concat else set())
+            skip = {"attention", "attention_local", *_SAMPLING}
+            if self._concat:
+                skip.add("rope_kv_write")
             t = sum(self._time(op, graphed) for name, op in ops.items() if name not in skip)
             self._linear[key] = t
         return t
@@ -99,21 +105,35 @@ class StepCoster:
             self._head[key] = t
         return t
 
-    def attention_s(self, shape: StepShape, graphed: bool) -> float:
+    def _one_attention_s(self, shape: StepShape, graphed: bool) -> float:
         compute = self._attn_c_per_pair * shape.attn_pairs
         memory = (self._attn_m_per_kv * shape.kv_read_tokens
                   + self._attn_m_per_token * shape.tokens
                   + self._attn_m_per_score * shape.score_elems)
-        t = self._attn.count * combine(compute, memory, self.engine, self.options,
-                                       kernels=self._attn_kernels,
-                                       per_kernel_s=self._per_kernel, graphed=graphed)
+        return combine(compute, memory, self.engine, self.options, kernels=self._attn_kernels,
+                       per_kernel_s=self._per_kernel, graphed=graphed)
+
+    def attention_s(self, shape: StepShape, graphed: bool) -> float:
+        """Attention of every layer (the sliding-window layers see ``shape.local``) and, for
+        a concatenating cache, the KV write."""
+        t = 0.0
+        if self._n_full:
+            t += self._n_full * self._one_attention_s(shape, graphed)
+        if self._n_local:
+            t += self._n_local * self._one_attention_s(shape.local or shape, graphed)
         if self._concat:
             w = self._kv_write
             t += self._time(replace(w, kv_bytes=w.kv_bytes * shape.tokens,
                                     act_bytes=w.act_bytes * shape.tokens,
-                                    kv_cache_bytes=w.kv_cache_bytes * shape.kv_held_tokens),
+                                    kv_cache_bytes=w.kv_cache_bytes * self._held(shape)),
                             graphed)
         return t
+
+    def _held(self, shape: StepShape) -> float:
+        """Cached tokens per layer, averaged over the full and the sliding-window layers."""
+        local = shape.local or shape
+        n = self._n_full + self._n_local
+        return (self._n_full * shape.kv_held_tokens + self._n_local * local.kv_held_tokens) / n
 
     def fixed_s(self, sequences: int, *, prefill: bool, decodes: bool) -> float:
         """The engine's host cost: a decode step's, a prefill pass's, or the larger of the two
