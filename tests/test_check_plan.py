@@ -273,17 +273,18 @@ def test_continuous_plan_cli(run_cli, tmp_path):
 
 
 def test_plan_says_which_gpus_it_left_out_for_want_of_a_price(run_cli):
-    """L4 and T4 carry no price in hardware_db: a plan over only them is a usage error that
-    says so, not 'no configuration meets the targets'; beside a priced GPU they are named."""
+    """H100 PCIe and H100 NVL carry no price in hardware_db (no dated list price found): a
+    plan over only them is a usage error that says so, not 'no configuration meets the
+    targets'; beside a priced GPU they are named."""
     base = ["plan", "-m", "llama-3.1-8b", "--ttft", "2s", "--tpot", "50ms", "--rps", "1",
             "--top", "1"]
-    code, _, err = run_cli(*base, "-g", "l4,t4")
-    assert code == 2 and "no price for l4, t4" in err and "--price-per-hour" in err
+    code, _, err = run_cli(*base, "-g", "h100-pcie,h100-nvl")
+    assert code == 2 and "no price for h100-pcie, h100-nvl" in err and "--price-per-hour" in err
     for sched in ("continuous", "static"):
-        code, out, err = run_cli(*base, "-g", "l4,h100-sxm", "--scheduler", sched)
-        assert code == 0 and "left out, no price: l4" in err
+        code, out, err = run_cli(*base, "-g", "h100-pcie,h100-sxm", "--scheduler", sched)
+        assert code == 0 and "left out, no price: h100-pcie" in err
         assert "h100-sxm" in out
-    code, _, err = run_cli(*base, "-g", "l4,t4", "--price-per-hour", "1.0")
+    code, _, err = run_cli(*base, "-g", "h100-pcie,h100-nvl", "--price-per-hour", "1.0")
     assert code in (0, 1) and "no price" not in err
 
 

@@ -197,7 +197,7 @@ def test_latency_and_throughput_definitions(model, gpu):
     assert e.latency_s == pytest.approx(e.ttft_s + 99 * e.tpot_s)
     assert e.throughput_tokens_per_s == pytest.approx(8 / e.tpot_s)
     assert e.cost_usd_per_million_output_tokens == pytest.approx(
-        3.00 / 3600 / (800 / e.latency_s) * 1e6)
+        6.88 / 3600 / (800 / e.latency_s) * 1e6)  # hardware_db: AWS p5.48xlarge / 8
 
 
 def test_memory_bound_decode_is_weight_read_time(model, gpu):
