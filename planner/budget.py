@@ -132,6 +132,7 @@ class Deployment(_Strict):
     engine: str | None = None  # engines_db name or YAML path (default: check's --engine)
     weights: DType = DType.bf16
     kv_cache: DType | None = None
+    compute: DType | None = None  # what the matmuls run in (fp16 on a T4 or V100)
     workload: BudgetWorkload
     allow_longer_context: bool = False  # prompt + output beyond the model's context
     limits: Limits

@@ -98,7 +98,7 @@ def check(
             check_context(m, dep.workload.prompt_tokens, dep.workload.output_tokens,
                           dep.allow_longer_context, "workload prompt_tokens + output_tokens")
             eng = catalog.load_engine(dep.engine or engine)
-            prec = Precision.of(dep.weights, dep.kv_cache)
+            prec = Precision.of(dep.weights, dep.kv_cache, compute=dep.compute)
             kw = dict(precision=prec, parallelism=Parallelism(tp=dep.tp), calibration=cal,
                       price_usd_per_gpu_hour=dep.price_per_hour, engine=eng)
             wl = dep.workload
@@ -113,6 +113,8 @@ def check(
         except (LlmplanError, ValueError) as err:  # ValueError: pydantic's, e.g. weights fp32
             errs = getattr(err, "errors", None)
             msg = errs()[0]["msg"].removeprefix("Value error, ") if callable(errs) else str(err)
+            msg = msg.replace("with --compute", "with compute: (fp16, bf16, fp8 or int8) in "
+                                                 "the deployment")
             raise LlmplanError(f"{where}: deployment {dep.label}: {msg}") from None
         results += evaluate(dep, est, at)
     failed = [r for r in results if not r.passed]

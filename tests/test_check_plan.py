@@ -299,3 +299,17 @@ def test_plan_with_compute_fp16_finds_t4_configurations(run_cli, run_json):
     rows = run_json(*base, "--compute", "fp16")
     ok = [r for r in rows if r["meets_targets"]]
     assert ok and all(r["compute"] == "fp16" for r in rows if r["supported"])
+
+
+def test_budget_compute_lets_a_t4_run_int4(run_cli, tmp_path):
+    """`compute: fp16` in a deployment says what the matmuls run in, as --compute does."""
+    text = ("deployments:\n  - model: llama-3.1-8b\n    gpu: t4\n    weights: int4\n"
+            "    compute: fp16\n    workload: {batch: 1, prompt_tokens: 512, output_tokens: 64}\n"
+            "    limits: {fits: true, tpot_s: 1s}\n")
+    p = tmp_path / "b.yaml"
+    p.write_text(text)
+    code, out, err = run_cli("check", str(p))
+    assert code == 0, err
+    p.write_text(text.replace("    compute: fp16\n", ""))
+    code, _, err = run_cli("check", str(p))
+    assert code == 2 and "compute: (fp16" in err and len(err.strip().splitlines()) == 1
