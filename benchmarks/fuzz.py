@@ -64,9 +64,18 @@ CLI_OPTIONS = {  # command line -> options that take a value
         ["--rps", "--ttft", "--tpot", "-p", "-o", "--weights", "--plot"],
     ("check", "examples/budget.yaml"): ["--engine", "--junit", "--calibration"],
     ("validate",): ["--engine", "--source", "--csv"],
+    ("compare", "tests/fixtures/servers/vllm_bench_serve.json", *BASE):
+        ["--tp", "--engine", "--weights", "--plot", "-m", "-g"],
+    ("calibrate", "tests/fixtures/servers/vllm_bench_serve.json", *BASE, "--no-leave-one-out"):
+        ["--out", "--name", "--base-engine", "--tp"],
+    ("watch", "http://127.0.0.1:9/metrics", *BASE, "--once", "--timeout", "1"):
+        ["--interval", "--timeout", "--count", "--serve-metrics", "--model-name"],
 }
 PATH_OPTIONS = {"--csv", "--trace", "--junit", "--plot", "--dataset", "--calibration",
-                "--engine", "-m", "-g", "--source"}
+                "--engine", "-m", "-g", "--source", "--out", "--base-engine"}
+SERVED_READ = re.compile(r"^((mean|median|p90|p99)_(ttft|tpot|itl|e2el|e2e_latency)_ms|completed|"
+                         r"total_(input|output)_tokens|request_rate|max_concurrency|"
+                         r"request_throughput|output_throughput|total_token_throughput)$")
 CALIBRATION_READ = {"memory_bandwidth_gb_per_s", "bf16", "fp16", "fp8", "int8",
                     "kernel_overhead_us"}
 
@@ -181,6 +190,8 @@ def file_targets(setup: Path) -> list[tuple[str, Path, list[str], bool]]:
     out.append(("calibration", setup / "calibration.yaml",
                 ["estimate", "-m", "gpt2", "-g", "h100-sxm", "--calibration", "FILE", "--json"],
                 False))
+    for p in sorted((ROOT / "tests" / "fixtures" / "servers").glob("*_bench_serv*.json*")):
+        out.append(("served", p, ["compare", "FILE", *BASE, "--json"], True))
     out.append(("dataset", setup / "dataset.jsonl",
                 ["simulate", *BASE, "--dataset", "FILE", "-n", "20", "--json"], True))
     return out
@@ -218,6 +229,9 @@ def make_cases(n: int, seed: int, setup: Path) -> list[Case]:
             if kind == "hf-config" and what.split('"')[1:2] and \
                     what.split('"')[1] not in hf_read:
                 oor = False
+            if kind == "served" and not SERVED_READ.match(what.split('"')[1] if '"' in what
+                                                          else ""):
+                oor = False  # a key compare does not read (std_ttft_ms, date, ...)
             if kind == "calibration" and what.split(":")[0].strip("- ") not in CALIBRATION_READ:
                 oor = False  # the raw timings under details: are a record, not an input
             name = "input" + src.suffix

@@ -229,11 +229,11 @@ def engines(as_json: JsonOpt = False) -> None:
 
 
 BUILTIN = ("estimate", "models", "gpus", "engines", "sweep", "report", "check", "plan",
-           "validate", "simulate")
+           "validate", "simulate", "compare", "calibrate", "watch")
 
 
 def _register() -> None:
-    from planner import cli_check, cli_simulate, cli_sweep, cli_validate
+    from planner import cli_check, cli_servers, cli_simulate, cli_sweep, cli_validate
 
     app.command()(cli_sweep.sweep)
     app.command()(cli_sweep.report)
@@ -241,6 +241,9 @@ def _register() -> None:
     app.command()(cli_check.plan)
     app.command()(cli_validate.validate)
     app.command()(cli_simulate.simulate)
+    app.command()(cli_servers.compare)
+    app.command()(cli_servers.calibrate)
+    app.command()(cli_servers.watch)
 
 
 def _register_plugins(argv: list[str]) -> None:

@@ -70,12 +70,12 @@ class FitResult:
 HUBER_DELTA = 0.1
 
 
-def _loss(r: float) -> float:
+def soft_l1(r: float) -> float:
     return HUBER_DELTA ** 2 * (math.sqrt(1 + (r / HUBER_DELTA) ** 2) - 1)
 
 
 def _objective(spec: EngineSpec, datasets: list[Dataset], models, gpus,
-               loss=_loss) -> tuple[float, int]:
+               loss=soft_l1) -> tuple[float, int]:
     total, n = 0.0, 0
     for ds in datasets:
         for c in compare(ds, models=models, gpus=gpus, engines={spec.name: spec}):
@@ -104,26 +104,33 @@ def fit(spec: EngineSpec, params: list[str], datasets: list[Dataset], *, models,
     def cost(vals: dict[str, float]) -> float:
         return _objective(set_params(spec, vals), datasets, models, gpus)[0]
 
-    best = before
+    values, _ = descend(cost, values, before, sweeps=sweeps, tol=tol)
+    values = {p: round_sig3(v) for p, v in values.items()}
+    fitted = set_params(spec, values, fitted_on=rows)
+    return FitResult(fitted, values, rms_before, rms_log_error(fitted, datasets, models, gpus),
+                     rows, n)
+
+
+def descend(cost, values: dict[str, float], best: float, *, sweeps: int = 40,
+            tol: float = 1e-4) -> tuple[dict[str, float], float]:
+    """Cyclic coordinate descent of ``cost(values)`` over the named parameters, each by a
+    golden-section search of its log within ``bounds_of`` it; (values, cost) at the end."""
+    values = dict(values)
     for _ in range(sweeps):
         start = best
-        for p in params:
+        for p in values:
             lo, hi = bounds_of(p)
-            a, b = math.log(lo), math.log(hi)
 
             def f(logv: float, p: str = p) -> float:
                 return cost({**values, p: math.exp(logv)})
 
-            x = _golden(f, a, b, tol)
+            x = _golden(f, math.log(lo), math.log(hi), tol)
             fx = f(x)
             if fx < best:
                 values[p], best = math.exp(x), fx
         if start - best < 1e-9:
             break
-    values = {p: _round(v) for p, v in values.items()}
-    fitted = set_params(spec, values, fitted_on=rows)
-    return FitResult(fitted, values, rms_before, rms_log_error(fitted, datasets, models, gpus),
-                     rows, n)
+    return values, best
 
 
 def _golden(f, a: float, b: float, tol: float) -> float:
@@ -143,7 +150,7 @@ def _golden(f, a: float, b: float, tol: float) -> float:
     return (a + b) / 2
 
 
-def _round(v: float) -> float:
+def round_sig3(v: float) -> float:
     """Three significant digits: a fitted value claims no more precision than that."""
     if v == 0:
         return 0.0

@@ -734,3 +734,45 @@ def plot_simulation(res, path: Path, *, title: str) -> Path:
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return csv_path
+
+
+SERVED_PANELS = (("ttft", "TTFT (ms)"), ("tpot", "TPOT (ms)"), ("itl", "ITL (ms)"),
+                 ("e2el", "end-to-end latency (ms)"), ("throughput", "throughput (per s)"))
+
+
+def plot_served(comps, path: Path, *, title: str) -> None:
+    """`llmplan compare --plot`: the simulated figure of each measured run against the
+    measurement, log-log, a panel per kind of figure (mean, median and p99 marked apart), the
+    y = x line with +-10% and +-25% bands."""
+    pts: dict[str, list[tuple[float, float, str]]] = {}
+    for c in comps:
+        for m in c.rows:
+            if m.simulated is None or not m.measured:
+                continue
+            kind = "throughput" if "throughput" in m.metric else m.metric.split("_")[1]
+            stat = m.metric if kind == "throughput" else m.metric.split("_")[0]
+            k = 1.0 if kind == "throughput" else 1e3  # latencies in milliseconds
+            pts.setdefault(kind, []).append((m.measured * k, m.simulated * k, stat))
+    panels = [(k, label) for k, label in SERVED_PANELS if k in pts]
+    if not panels:
+        raise ValueError("no simulated figure to plot")
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.6 * len(panels), 5.4), squeeze=False)
+    for ax, (kind, label) in zip(axes.flat, panels, strict=True):
+        p = pts[kind]
+        vals = [v for a, b, _ in p for v in (a, b)]
+        lo, hi = min(vals) / 1.6, max(vals) * 1.6
+        x = np.geomspace(lo, hi, 50)
+        ax.fill_between(x, x / 1.25, x * 1.25, color="grey", alpha=0.10, label="within 25%")
+        ax.fill_between(x, x / 1.1, x * 1.1, color="grey", alpha=0.22, label="within 10%")
+        ax.plot(x, x, color="black", lw=1, label="prediction = measurement")
+        for i, stat in enumerate(sorted({s for _, _, s in p})):
+            sub = [(a, b) for a, b, s in p if s == stat]
+            med = statistics.median(abs(b / a - 1) for a, b in sub)
+            ax.scatter([a for a, _ in sub], [b for _, b in sub], s=34,
+                       marker=MARKERS[i % len(MARKERS)], color=COLORS[i % len(COLORS)],
+                       zorder=3, label=f"{stat.replace('_', ' ')} (n={len(sub)}, median "
+                                       f"|err| {med:.0%})")
+        _square_loglog(ax, lo, hi, label, label, legend_size=7)
+    fig.suptitle(title, fontsize=10)
+    fig.savefig(path, dpi=130, bbox_inches="tight")
+    plt.close(fig)

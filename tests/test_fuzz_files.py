@@ -52,11 +52,18 @@ def _targets() -> list[tuple[str, str, list[str]]]:
     out.append(("results", (FIXTURES / "cpu-results.jsonl").read_text(),
                 ["report", "-m", "tiny-llama-test", "-g", "h100-sxm", "--measured", "FILE",
                  "--out", "OUTDIR"]))
+    served = ROOT / "tests" / "fixtures" / "servers"
+    for kind, name in (("served-vllm", "vllm_bench_serve.json"),
+                       ("served-sglang", "sglang_bench_serving.jsonl"),
+                       ("served-guidellm", "guidellm_report.json")):
+        out.append((kind, (served / name).read_text(), ["compare", "FILE", "-m", "llama-3.1-8b",
+                                                       "-g", "h100-sxm"]))
     return out
 
 
 TARGETS = _targets()
-SUFFIX = {"results": ".jsonl"}
+SUFFIX = {"results": ".jsonl", "served-vllm": ".json", "served-sglang": ".jsonl",
+          "served-guidellm": ".json"}
 
 
 @st.composite
@@ -65,7 +72,7 @@ def corrupted(draw):
     lines = text.splitlines(keepends=True)
     how = draw(st.sampled_from(["value", "value", "value", "byte", "truncate", "drop-line"]))
     strict = False
-    if how == "value" and kind == "results":
+    if how == "value" and (kind == "results" or kind.startswith("served")):
         spots = list(NUMERIC_JSON.finditer(text))
         m = draw(st.sampled_from(spots))
         bad = draw(st.sampled_from(BAD_JSON))

@@ -1,0 +1,230 @@
+"""`llmplan compare` and `llmplan calibrate` on result files in their tools' real formats
+(tests/fixtures/servers/, each built to the schema named in that folder's README)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import yaml
+
+from planner import catalog
+from planner.memory import kv_cache_bytes, weight_bytes
+from planner.servers.formats import FormatError, detect, read_runs
+
+ROOT = Path(__file__).resolve().parent.parent
+FIX = ROOT / "tests" / "fixtures" / "servers"
+M, G = ["-m", "llama-3.1-8b"], ["-g", "h100-sxm"]
+
+
+def _load(name: str):
+    text = (FIX / name).read_text()
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+@pytest.mark.parametrize("name,fmt,n", [
+    ("vllm_bench_serve.json", "vllm-bench-serve", 1),
+    ("vllm_bench_serve_detailed.json", "vllm-bench-serve", 1),
+    ("sglang_bench_serving.jsonl", "sglang-bench-serving", 2),
+    ("guidellm_report.json", "guidellm", 2),
+    ("genai_perf_profile_export.json", "genai-perf", 1),
+])
+def test_each_format_is_recognised(name, fmt, n):
+    data = _load(name)
+    assert detect(data) == fmt
+    runs = read_runs(data, name)
+    assert len(runs) == n and all(r.tool == fmt for r in runs)
+    for r in runs:
+        assert r.metrics["mean_ttft_s"] > 0 and r.completed > 0
+        assert 0 < r.mean_input_tokens and 0 < r.mean_output_tokens
+
+
+def test_vllm_fields_in_si_units():
+    d = _load("vllm_bench_serve.json")
+    (r,) = read_runs(d, "x")
+    assert r.request_rate == d["request_rate"] and r.max_concurrency is None
+    assert r.metrics["mean_ttft_s"] == pytest.approx(d["mean_ttft_ms"] / 1e3)
+    assert r.metrics["p99_tpot_s"] == pytest.approx(d["p99_tpot_ms"] / 1e3)
+    assert r.metrics["output_throughput"] == d["output_throughput"]
+    assert r.mean_input_tokens == d["total_input_tokens"] / d["completed"]
+    detailed = _load("vllm_bench_serve_detailed.json")
+    (r,) = read_runs(detailed, "x")
+    assert r.input_lens == tuple(detailed["input_lens"])  # --save-detailed: per request
+
+
+def test_guidellm_strategies_become_traffic():
+    a, b = read_runs(_load("guidellm_report.json"), "g")
+    assert a.closed_loop and a.max_concurrency == 1  # synchronous: one request at a time
+    assert math.isfinite(b.request_rate) and b.request_rate > 0  # constant rate
+    d = _load("guidellm_report.json")["benchmarks"][0]["metrics"]
+    # request_latency is in seconds, the others in milliseconds
+    assert a.metrics["mean_e2el_s"] == pytest.approx(d["request_latency"]["successful"]["mean"])
+    assert a.metrics["mean_ttft_s"] == pytest.approx(
+        d["time_to_first_token_ms"]["successful"]["mean"] / 1e3)
+
+
+def test_sglang_e2e_and_total_throughput_names():
+    rows = _load("sglang_bench_serving.jsonl")
+    r = read_runs(rows, "s")[0]
+    assert r.metrics["mean_e2el_s"] == pytest.approx(rows[0]["mean_e2e_latency_ms"] / 1e3)
+    assert r.metrics["total_token_throughput"] == rows[0]["total_throughput"]
+
+
+@pytest.mark.parametrize("payload", ['{"foo": 1}', "[1, 2]", "not json\n{", '{"completed": 0, '
+                                     '"mean_ttft_ms": 1, "total_input_tokens": 1, '
+                                     '"total_output_tokens": 1}'])
+def test_unknown_or_broken_file_is_one_line(run_cli, tmp_path, payload):
+    p = tmp_path / "r.json"
+    p.write_text(payload)
+    code, _, err = run_cli("compare", str(p), *M, *G)
+    assert code == 2 and str(p) in err and len(err.strip().splitlines()) == 1
+
+
+def test_compare_simulates_the_same_traffic_as_simulate(run_cli, run_json):
+    """The simulated column is `llmplan simulate` at the run's rate, count and lengths, key by
+    key (the same seed, so the same arrivals)."""
+    d = _load("vllm_bench_serve.json")
+    out = run_json("compare", str(FIX / "vllm_bench_serve.json"), *M, *G)
+    (run,) = out["runs"]
+    sim = run_json("simulate", *M, *G, "--request-rate", str(d["request_rate"]), "-n",
+                   str(d["num_prompts"]), "-p", str(d["total_input_tokens"] // d["completed"]),
+                   "-o", str(d["total_output_tokens"] // d["completed"]))
+    for k in ("mean_ttft", "p99_tpot", "median_itl"):
+        assert run["metrics"][f"{k}_s"]["simulated"] == pytest.approx(sim[f"{k}_ms"] / 1e3)
+        meas = d[f"{k}_ms"] / 1e3
+        assert run["metrics"][f"{k}_s"]["error"] == pytest.approx(sim[f"{k}_ms"] / 1e3 / meas - 1)
+    assert run["metrics"]["output_throughput"]["simulated"] == pytest.approx(
+        sim["output_throughput"])
+
+
+def test_measured_mbu_by_hand(run_json):
+    d = _load("vllm_bench_serve.json")
+    (run,) = run_json("compare", str(FIX / "vllm_bench_serve.json"), *M, *G)["runs"]
+    m = catalog.load_model("llama-3.1-8b")
+    from planner.specs import Precision
+    p = Precision()
+    n = d["output_throughput"] * d["mean_tpot_ms"] / 1e3  # Little's law: decoding sequences
+    ctx = round(d["total_input_tokens"] / d["completed"]
+                + d["total_output_tokens"] / d["completed"] / 2)
+    step = weight_bytes(m, p) + n * kv_cache_bytes(m, p, batch=1, seq_len=ctx)
+    assert run["decode_concurrency"] == pytest.approx(n)
+    assert run["mbu"] == pytest.approx(step / (d["mean_tpot_ms"] / 1e3) / 3.35e12)
+    assert 0 < run["mfu"] < run["mbu"] < 1
+
+
+def test_compare_plot_and_text(run_cli, tmp_path):
+    png = tmp_path / "c.png"
+    code, out, err = run_cli("compare", *(str(FIX / f) for f in (
+        "vllm_bench_serve.json", "sglang_bench_serving.jsonl", "guidellm_report.json")),
+        *M, *G, "--plot", str(png))
+    assert code == 0, err
+    assert png.stat().st_size > 10_000 and png.read_bytes()[:4] == b"\x89PNG"
+    assert out.count("measured MBU") == 5 and "simulated" in out
+
+
+def test_measure_results_compare_as_static_batches(run_json):
+    f = ROOT / "tests" / "fixtures" / "measure" / "cpu-results.jsonl"
+    out = run_json("compare", str(f), "-m", "tiny-llama-test", *G, "--engine", "ideal")
+    assert out["runs"] and all(r["tool"] == "llmplan-measure" for r in out["runs"])
+    assert all("median_tpot_s" in r["metrics"] for r in out["runs"])
+
+
+def _simulated_result(run_json, tmp_path, engine: Path, rate: str, name: str) -> Path:
+    """A `llmplan simulate --json` run: it carries vLLM's result keys, so it reads as a vLLM
+    `bench serve` file."""
+    d = run_json("simulate", *M, *G, "--engine", str(engine), "--request-rate", rate,
+                 "-n", "60", "-p", "2000", "-o", "100")
+    p = tmp_path / name
+    p.write_text(json.dumps(d))
+    return p
+
+
+def test_calibrate_recovers_known_parameters(run_cli, run_json, tmp_path):
+    """Runs simulated with a profile whose step cost and prefill efficiency differ from
+    vLLM's are fitted back from vLLM's values, and the written profile works with --engine."""
+    spec = catalog.load_engine_spec("vllm").model_dump(mode="json", exclude_none=True)
+    spec.update(name="truth")
+    spec["step_overhead_us"]["value"] = 1500.0
+    spec["gemm_compute_frac"]["value"] = 0.7
+    truth = tmp_path / "truth.yaml"
+    truth.write_text(yaml.safe_dump(spec))
+    files = [_simulated_result(run_json, tmp_path, truth, r, f"run-{r}.json")
+             for r in ("2", "6", "inf")]
+    out = tmp_path / "fitted.yaml"
+    d = run_json("calibrate", *map(str, files), *M, *G, "--out", str(out),
+                 "--no-leave-one-out")
+    assert d["values"]["step_overhead_us"] == pytest.approx(1500, rel=0.03)
+    assert d["values"]["gemm_compute_frac"] == pytest.approx(0.7, rel=0.03)
+    assert "allreduce_latency_us" in d["unidentified"]  # TP 1: nothing to see
+    assert max(abs(e["in_sample"]) for e in d["errors"]) < 0.02
+    prof = catalog.load_engine_spec(str(out))
+    assert prof.name == "fitted" and prof.step_overhead_us.fitted_on
+    assert prof.step_overhead_us.source == "llmplan calibrate"
+    e = run_json("estimate", *M, *G, "--engine", str(out))
+    assert e["engine"]["name"] == "fitted"
+
+
+def test_calibrate_reports_held_out_error(run_cli, tmp_path):
+    files = [str(FIX / "vllm_bench_serve.json"), str(FIX / "sglang_bench_serving.jsonl")]
+    out = tmp_path / "p.yaml"
+    code, text, err = run_cli("calibrate", *files, *M, *G, "--out", str(out))
+    assert code == 0, err
+    assert "leave-one-out" in text and "in-sample" in text and out.exists()
+
+
+def test_calibrate_refuses_a_bad_out_path(run_cli, tmp_path):
+    code, _, err = run_cli("calibrate", str(FIX / "vllm_bench_serve.json"), *M, *G, "--out",
+                           str(tmp_path / "p.txt"))
+    assert code == 2 and ".yaml" in err
+
+
+def test_read_runs_rejects_bad_numbers():
+    d = _load("vllm_bench_serve.json")
+    d["mean_ttft_ms"] = -3
+    with pytest.raises(FormatError, match="mean_ttft_ms"):
+        read_runs(d, "x")
+    d["mean_ttft_ms"] = float("nan")
+    with pytest.raises(FormatError, match="mean_ttft_ms"):
+        read_runs(d, "x")
+
+
+def test_genai_perf_units_and_traffic():
+    d = _load("genai_perf_profile_export.json")
+    (r,) = read_runs(d, "g")
+    assert r.closed_loop and r.max_concurrency == 16  # perf_analyzer.stimulus.concurrency
+    assert r.metrics["mean_ttft_s"] == pytest.approx(d["time_to_first_token"]["avg"] / 1e3)
+    # genai-perf's inter_token_latency is per request (latency - TTFT) / (OSL - 1): a TPOT
+    assert r.metrics["p99_tpot_s"] == pytest.approx(d["inter_token_latency"]["p99"] / 1e3)
+    assert r.completed == d["request_count"]["avg"]
+    assert r.mean_output_tokens == d["output_sequence_length"]["avg"]
+
+
+def test_one_line_sglang_and_appended_vllm_files(run_json, tmp_path):
+    line = (FIX / "sglang_bench_serving.jsonl").read_text().splitlines()[0]
+    one = tmp_path / "one.jsonl"
+    one.write_text(line + "\n")  # one line parses as a plain JSON object
+    (run,) = run_json("compare", str(one), *M, *G)["runs"]
+    assert run["tool"] == "sglang-bench-serving"
+    v = (FIX / "vllm_bench_serve.json").read_text().strip()
+    appended = tmp_path / "appended.json"
+    appended.write_text(v + "\n" + v + "\n")  # vllm bench serve --append-result
+    runs = run_json("compare", str(appended), *M, *G)["runs"]
+    assert [r["tool"] for r in runs] == ["vllm-bench-serve"] * 2
+
+
+def test_real_scrapes_resolve_each_figure_to_one_name():
+    from planner.servers.watch import parse
+
+    v = parse((FIX / "vllm_metrics.txt").read_text())
+    # vLLM 0.12 exposes the per-request TPOT and the per-step ITL: the per-request one is read
+    assert v.names["tpot"] == "vllm:request_time_per_output_token_seconds"
+    assert v.names["kv_usage"] == "vllm:kv_cache_usage_perc" and v.server == "vllm"
+    s = parse((FIX / "sglang_metrics.txt").read_text())
+    assert s.server == "sglang" and s.names["running"] == "sglang:num_running_reqs"
+    assert s.names["tpot"] == "sglang:inter_token_latency_seconds"
+    assert 0 <= s.values["kv_usage"] <= 1
