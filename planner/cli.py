@@ -8,6 +8,7 @@ Every user error is one line on stderr, never a traceback. Commands live beside 
 from __future__ import annotations
 
 import sys
+from enum import Enum
 from typing import Annotated, Optional
 
 import typer
@@ -62,6 +63,37 @@ app = typer.Typer(
 )
 
 
+class SpecMethod(str, Enum):
+    draft_model = "draft-model"
+    mtp = "mtp"
+    ngram = "ngram"
+
+
+def _speculate(est, m, hw, eng, prec, opts, cal, tp, method, draft_model, k, a):
+    """The speculative-decoding section of an estimate, from the CLI's flags."""
+    from planner import catalog
+    from planner.estimate import prepare
+    from planner.speculative import MTP_ACCEPTANCE, MTP_TOKENS, SpecConfig, speculate
+
+    if method is None:
+        raise LlmplanError("--draft-model, --num-speculative-tokens and --acceptance-rate go "
+                           "with --speculative draft-model|mtp|ngram")
+    if method == SpecMethod.mtp:
+        k = MTP_TOKENS if k is None else k
+        a = MTP_ACCEPTANCE if a is None else a
+    if k is None or a is None:
+        raise LlmplanError(f"--speculative {method.value}: give --num-speculative-tokens and "
+                           "--acceptance-rate (measured on your traffic; there is no default)")
+    if isinstance(a, float) and not 0 <= a <= 1:
+        raise LlmplanError(f"--acceptance-rate: must be in [0, 1], got {a:g}")
+    positive("--num-speculative-tokens", k)
+    draft = catalog.load_model(draft_model) if draft_model else None
+    cfg = SpecConfig(method.value, k, a, draft)
+    prep = prepare(hw, prec, cal, opts, eng)
+    return speculate(m, hw, prep, opts, tp=tp, batch=est.batch,
+                     prompt_tokens=est.prompt_tokens, output_tokens=est.output_tokens, cfg=cfg)
+
+
 @app.command()
 def estimate(
     model: ModelOpt,
@@ -93,6 +125,18 @@ def estimate(
         "--require-fit", help="Exit 1 when the deployment does not fit in memory.")] = False,
     allow_longer_context: LongerOpt = False,
     compute: ComputeOpt = None,
+    speculative: Annotated[Optional[SpecMethod], typer.Option(
+        help="Speculative decoding: a draft model, the model's own MTP layer (DeepSeek), or "
+             "n-gram prompt lookup; adds its section (TPOT, gain by batch, break-even).")] =
+    None,
+    draft_model: Annotated[Optional[str], typer.Option(
+        help="The draft model (built-in name, YAML or config.json) for --speculative "
+             "draft-model.")] = None,
+    num_speculative_tokens: Annotated[Optional[int], typer.Option(
+        help="Tokens proposed per step, k (default 1 for mtp; required otherwise).")] = None,
+    acceptance_rate: Annotated[Optional[float], typer.Option(
+        help="Probability that each proposed token is accepted (default 0.85 for mtp, from "
+             "DeepSeek-V3's report; required otherwise).")] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Predict memory, timing, utilisation and cost of one deployment."""
@@ -121,10 +165,21 @@ def estimate(
                        parallelism=Parallelism(tp=tp), options=opts, calibration=cal,
                        price_usd_per_gpu_hour=price_per_hour, measured_tpot_s=measured_tpot,
                        measured_ttft_s=measured_ttft)
+    spec = None
+    if speculative is not None or draft_model or num_speculative_tokens or acceptance_rate:
+        spec = _speculate(est, m, hw, eng, prec, opts, cal, tp, speculative, draft_model,
+                          num_speculative_tokens, acceptance_rate)
     if as_json:
-        json_out(est.to_dict(operators=True))
+        d = est.to_dict(operators=True)
+        if spec is not None:
+            d["speculative"] = spec.as_dict()
+        json_out(d)
     else:
         render_estimate(stdout, est, explain=explain)
+        if spec is not None:
+            from planner.render import render_speculative
+
+            render_speculative(stdout, spec)
     if require_fit and not est.memory.fits:
         if not as_json:
             stderr.print(f"does not fit: {est.memory.total_bytes / GIB:.1f} GiB needed, "

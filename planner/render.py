@@ -212,3 +212,28 @@ def operator_table(title: str, step: StepTime, width: int = 200) -> Table:
         t.caption = "dtype and FLOP/B: in a terminal of 90 columns or more, or with --json"
         t.caption_justify = "left"
     return t
+
+
+def render_speculative(console, s) -> None:
+    """The speculative-decoding section of ``llmplan estimate``."""
+    c = s.config
+    who = {"draft-model": f"draft {plain(c.draft.name) if c.draft else '-'}",
+           "mtp": "the model's MTP layer", "ngram": "n-gram prompt lookup"}[c.method]
+    title = f"Speculative decoding ({who}, k = {c.k}, acceptance {c.acceptance:g})"
+    console.print(_section(title, [
+        ("tokens per step", f"{s.tokens_per_step:.2f}", "(1 - a^(k+1)) / (1 - a), per sequence"),
+        ("step", fmt.seconds(s.step_s), f"verify {fmt.seconds(s.verify_s)} (k + 1 tokens) + "
+                                        f"draft {fmt.seconds(s.draft_s)}"),
+        ("TPOT", fmt.seconds(s.tpot_s), f"without {fmt.seconds(s.baseline_tpot_s)}: "
+                                        f"{s.speedup:.2f}x at batch {s.batch}"),
+        ("decode throughput", f"{s.throughput_tokens_per_s:,.0f} tok/s", "batch / TPOT"),
+        ("drafter memory", fmt.gib(s.extra_weights_bytes + s.extra_kv_cache_bytes),
+         f"weights {fmt.gib(s.extra_weights_bytes)}, KV {fmt.gib(s.extra_kv_cache_bytes)}; "
+         + ("fits" if s.fits else "[red]does not fit[/]")),
+        ("stops paying", "-" if s.break_even_batch is None else f"batch {s.break_even_batch}",
+         "first batch (doubling) where it is slower" if s.break_even_batch else
+         "faster at every batch that fits"),
+    ]))
+    console.print(table(None, ["batch", "TPOT", "with spec.", "speedup"],
+                        [[f"{p.batch:,}", fmt.seconds(p.baseline_tpot_s), fmt.seconds(p.tpot_s),
+                          f"{p.speedup:.2f}x"] for p in s.by_batch], left=0, compact=True))
