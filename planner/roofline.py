@@ -7,6 +7,10 @@ or, in the background notes' additive form,
 plus a fixed cost per kernel. A step's time is the sum over its operators plus a fixed cost.
 A ring all-reduce of S bytes over N GPUs moves 2 (N - 1) / N x S bytes through each GPU's link:
     t = 2 (N - 1) / N x S / link_bytes_per_s + latency_s.
+When the N GPUs span servers (N above hardware_db's ``node.gpus_per_node``), the link is the
+inter-node network's share per GPU (``node.inter_node``): a hierarchical all-reduce is as slow
+as its slowest hop, so TP 16 over two 8-GPU H100 servers runs its all-reduces at 50 GB/s a GPU
+(EFA), not NVLink's 450.
 The ideal engine uses the datasheet's rates and no costs; a real engine (planner.engine) runs
 each operator at a fraction of the GPU's achievable rates and pays its costs.
 """
@@ -39,6 +43,20 @@ class Ceilings:
     # a measured all-reduce (calibration): replaces the link x engine fraction and latency
     allreduce_bus_bytes_per_s: float | None = None
     allreduce_latency_s: float | None = None
+    # the server the GPUs sit in (hardware_db ``node``): a TP group larger than a node runs
+    # its all-reduce over the inter-node network, one NIC's share per GPU
+    gpus_per_node: int | None = None
+    inter_node_bytes_per_s: float | None = None
+    inter_node_latency_s: float | None = None
+
+    def link_for(self, gpus: int) -> tuple[float, float]:
+        """(bytes/s one way per GPU, extra latency) of a collective over ``gpus`` GPUs: the
+        intra-node link, or the inter-node network when they span servers (a hierarchical
+        all-reduce's slowest hop)."""
+        if self.gpus_per_node and gpus > self.gpus_per_node and self.inter_node_bytes_per_s:
+            return (min(self.link_bytes_per_s, self.inter_node_bytes_per_s),
+                    self.inter_node_latency_s or 0.0)
+        return self.link_bytes_per_s, 0.0
 
     def peak(self, dtype: DType) -> float:
         return self.flops_per_s[dtype]
@@ -82,8 +100,13 @@ def ceilings(hw: HardwareSpec, calibration: Calibration | None = None,
     if calibration is not None and calibration.allreduce_bus_gb_per_s:
         ar_bus = calibration.allreduce_bus_gb_per_s * 1e9
         ar_lat = (calibration.allreduce_latency_us or 0.0) * 1e-6
+    node = hw.node
+    inter = node.inter_node if node is not None else None
     return Ceilings(bandwidth_bytes_per_s=bw, flops_per_s=flops,
                     link_bytes_per_s=hw.interconnect.unidirectional_bytes_per_s,
+                    gpus_per_node=node.gpus_per_node if node is not None else None,
+                    inter_node_bytes_per_s=inter.bandwidth_gb_per_s * 1e9 if inter else None,
+                    inter_node_latency_s=(inter.latency_us or 0.0) * 1e-6 if inter else None,
                     kernel_overhead_s=overhead, source=source, notes=tuple(notes),
                     bandwidth_source=bw_src, flops_source=tuple(src.items()),
                     allreduce_bus_bytes_per_s=ar_bus, allreduce_latency_s=ar_lat)
@@ -151,7 +174,8 @@ def op_time(op: Op, c: Ceilings, *, tp: int = 1, options: Options | None = None,
             frac = bus / c.link_bytes_per_s
         else:
             frac = e.allreduce_bandwidth_frac
-            bus, lat = c.link_bytes_per_s * frac, e.allreduce_latency_s
+            link, extra = c.link_for(tp)
+            bus, lat = link * frac, e.allreduce_latency_s + extra
         comm = (2 * (tp - 1) / tp * op.comm_bytes / bus + lat) if tp > 1 else 0.0
         return OpTime(op, 0.0, 0.0, comm * n, comm * n, frac, 1.0)
     bw_frac, c_frac = op_efficiency(op, e)
