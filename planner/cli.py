@@ -125,6 +125,9 @@ def estimate(
         "--require-fit", help="Exit 1 when the deployment does not fit in memory.")] = False,
     allow_longer_context: LongerOpt = False,
     compute: ComputeOpt = None,
+    pp: Annotated[int, typer.Option(
+        "--pp", help="Pipeline-parallel stages, each on --tp GPUs: adds the Pipeline section "
+        "(memory per stage, TPOT with micro-batches in flight, TTFT, transfers).")] = 1,
     speculative: Annotated[Optional[SpecMethod], typer.Option(
         help="Speculative decoding: a draft model, the model's own MTP layer (DeepSeek), or "
              "n-gram prompt lookup; adds its section (TPOT, gain by batch, break-even).")] =
@@ -165,6 +168,16 @@ def estimate(
                        parallelism=Parallelism(tp=tp), options=opts, calibration=cal,
                        price_usd_per_gpu_hour=price_per_hour, measured_tpot_s=measured_tpot,
                        measured_ttft_s=measured_ttft)
+    positive("--pp", pp)
+    if pp > 1024:
+        raise LlmplanError(f"--pp: at most 1024 stages, got {pp}")
+    pipe = None
+    if pp > 1:
+        from planner.estimate import prepare
+        from planner.pipeline import pipeline
+
+        pipe = pipeline(m, hw, prepare(hw, prec, cal, opts, eng), opts, tp=tp, pp=pp,
+                        batch=batch, prompt_tokens=prompt_tokens, output_tokens=output_tokens)
     spec = None
     if speculative is not None or draft_model or num_speculative_tokens or acceptance_rate:
         spec = _speculate(est, m, hw, eng, prec, opts, cal, tp, speculative, draft_model,
@@ -173,14 +186,26 @@ def estimate(
         d = est.to_dict(operators=True)
         if spec is not None:
             d["speculative"] = spec.as_dict()
+        if pipe is not None:
+            d["pipeline"] = pipe.as_dict(batch, output_tokens, est.price_usd_per_gpu_hour)
         json_out(d)
     else:
         render_estimate(stdout, est, explain=explain)
+        if pipe is not None:
+            from planner.render import render_pipeline
+
+            render_pipeline(stdout, pipe, batch, output_tokens, est.price_usd_per_gpu_hour)
         if spec is not None:
             from planner.render import render_speculative
 
             render_speculative(stdout, spec)
-    if require_fit and not est.memory.fits:
+    fits = est.memory.fits if pipe is None else pipe.fits
+    if require_fit and not fits:
+        if pipe is not None:
+            if not as_json:
+                stderr.print(f"does not fit: a stage needs "
+                             f"{pipe.max_memory_per_gpu_bytes / GIB:.1f} GiB per GPU")
+            raise typer.Exit(1)
         if not as_json:
             stderr.print(f"does not fit: {est.memory.total_bytes / GIB:.1f} GiB needed, "
                          f"{est.memory.usable_bytes / GIB:.1f} GiB usable")

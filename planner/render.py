@@ -237,3 +237,33 @@ def render_speculative(console, s) -> None:
     console.print(table(None, ["batch", "TPOT", "with spec.", "speedup"],
                         [[f"{p.batch:,}", fmt.seconds(p.baseline_tpot_s), fmt.seconds(p.tpot_s),
                           f"{p.speedup:.2f}x"] for p in s.by_batch], left=0, compact=True))
+
+
+def render_pipeline(console, p, batch: int, output_tokens: int,
+                    price: float | None) -> None:
+    """The Pipeline section of ``llmplan estimate --pp``: the deployment's own figures."""
+    fits = "[green]yes[/]" if p.fits else "[red]NO[/]"
+    cost = p.cost_usd_per_million_output_tokens(price, batch, output_tokens)
+    console.print(_section(
+        f"Pipeline: {p.pp} stages x {p.tp} GPUs = {p.gpus} GPUs (the sections above are the "
+        f"whole model on one group of {p.tp})", [
+            ("TTFT", fmt.seconds(p.ttft_s), "the batch's prefill through every stage"),
+            ("TPOT", fmt.seconds(p.tpot_s), f"{p.micro_batches} micro-batches of "
+                                            f"{p.micro_batch} in flight"),
+            ("decode throughput", f"{p.throughput_tokens_per_s(batch):,.0f} tok/s",
+             "batch / TPOT"),
+            ("latency", fmt.seconds(p.latency_s(output_tokens)), "TTFT + TPOT x (output - 1)"),
+            ("memory per GPU", fmt.gib(p.max_memory_per_gpu_bytes), "the fullest stage"),
+            ("fits", fits, "every stage"),
+            ("per 1M output tokens", "n/a" if cost is None else f"${cost:,.3f}",
+             f"{p.gpus} GPUs"),
+        ]))
+    console.print(table(None, ["stage", "layers", "weights", "KV", "total", "decode",
+                               "prefill", "send"],
+                        [[str(s.index), f"{s.layers[0]}-{s.layers[1] - 1}",
+                          fmt.gib(s.weights_bytes), fmt.gib(s.kv_cache_bytes),
+                          fmt.gib(s.total_bytes) + ("" if s.fits else " !"),
+                          fmt.seconds(s.decode_s), fmt.seconds(s.prefill_s),
+                          ("-" if s.send_s == 0 else fmt.seconds(s.send_s)
+                           + (" (net)" if s.crosses_node else ""))]
+                         for s in p.stages], left=2, compact=True))
