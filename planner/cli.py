@@ -128,6 +128,9 @@ def estimate(
     pp: Annotated[int, typer.Option(
         "--pp", help="Pipeline-parallel stages, each on --tp GPUs: adds the Pipeline section "
         "(memory per stage, TPOT with micro-batches in flight, TTFT, transfers).")] = 1,
+    ep: Annotated[int, typer.Option(
+        "--ep", help="Expert-parallel GPUs for a MoE model (attention data-parallel, each GPU "
+        "1/N of the experts and of the batch): adds the Expert parallel section.")] = 1,
     speculative: Annotated[Optional[SpecMethod], typer.Option(
         help="Speculative decoding: a draft model, the model's own MTP layer (DeepSeek), or "
              "n-gram prompt lookup; adds its section (TPOT, gain by batch, break-even).")] =
@@ -171,6 +174,20 @@ def estimate(
     positive("--pp", pp)
     if pp > 1024:
         raise LlmplanError(f"--pp: at most 1024 stages, got {pp}")
+    positive("--ep", ep)
+    if ep > 100_000:
+        raise LlmplanError(f"--ep: at most 100,000 GPUs, got {ep}")
+    if ep > 1 and (tp > 1 or pp > 1):
+        raise LlmplanError("--ep runs attention data-parallel on each GPU: give --tp 1 and "
+                           "--pp 1 with it")
+    expert = None
+    if ep > 1:
+        from planner.estimate import prepare
+        from planner.expert import expert_parallel
+
+        expert = expert_parallel(m, hw, prepare(hw, prec, cal, opts, eng), opts, ep=ep,
+                                 batch=batch, prompt_tokens=prompt_tokens,
+                                 output_tokens=output_tokens)
     pipe = None
     if pp > 1:
         from planner.estimate import prepare
@@ -188,6 +205,8 @@ def estimate(
             d["speculative"] = spec.as_dict()
         if pipe is not None:
             d["pipeline"] = pipe.as_dict(batch, output_tokens, est.price_usd_per_gpu_hour)
+        if expert is not None:
+            d["expert_parallel"] = expert.as_dict(batch)
         json_out(d)
     else:
         render_estimate(stdout, est, explain=explain)
@@ -195,16 +214,21 @@ def estimate(
             from planner.render import render_pipeline
 
             render_pipeline(stdout, pipe, batch, output_tokens, est.price_usd_per_gpu_hour)
+        if expert is not None:
+            from planner.render import render_expert
+
+            render_expert(stdout, expert, batch)
         if spec is not None:
             from planner.render import render_speculative
 
             render_speculative(stdout, spec)
-    fits = est.memory.fits if pipe is None else pipe.fits
+    fits = pipe.fits if pipe is not None else expert.fits if expert is not None else \
+        est.memory.fits
     if require_fit and not fits:
-        if pipe is not None:
+        if pipe is not None or expert is not None:
+            need = pipe.max_memory_per_gpu_bytes if pipe is not None else expert.total_bytes
             if not as_json:
-                stderr.print(f"does not fit: a stage needs "
-                             f"{pipe.max_memory_per_gpu_bytes / GIB:.1f} GiB per GPU")
+                stderr.print(f"does not fit: {need / GIB:.1f} GiB needed per GPU")
             raise typer.Exit(1)
         if not as_json:
             stderr.print(f"does not fit: {est.memory.total_bytes / GIB:.1f} GiB needed, "

@@ -267,3 +267,24 @@ def render_pipeline(console, p, batch: int, output_tokens: int,
                           ("-" if s.send_s == 0 else fmt.seconds(s.send_s)
                            + (" (net)" if s.crosses_node else ""))]
                          for s in p.stages], left=2, compact=True))
+
+
+def render_expert(console, x, batch: int) -> None:
+    """The Expert parallel section of ``llmplan estimate --ep``."""
+    fits = "[green]yes[/]" if x.fits else "[red]NO[/]"
+    link = "the network" if x.crosses_node else "the intra-node link"
+    console.print(_section(
+        f"Expert parallel: {x.ep} GPUs, each 1/{x.ep} of the experts and {x.batch_per_gpu} "
+        "of the sequences (attention data-parallel)", [
+            ("TPOT", fmt.seconds(x.tpot_s),
+             f"own batch {fmt.seconds(x.dense_s)} + experts {fmt.seconds(x.experts_s)} + "
+             f"all-to-all {fmt.seconds(x.all_to_all_s)} + host {fmt.seconds(x.fixed_s)}"),
+            ("decode throughput", f"{batch / x.tpot_s:,.0f} tok/s", "batch / TPOT"),
+            ("expert load", f"{x.imbalance:.2f}x", f"most loaded GPU {x.pairs_max:,.0f} "
+                                                   f"token-experts, mean {x.pairs_mean:,.0f}"),
+            ("all-to-all", fmt.seconds(x.all_to_all_s), f"dispatch + combine per MoE layer "
+                                                         f"over {link}"),
+            ("memory per GPU", fmt.gib(x.total_bytes),
+             f"weights {fmt.gib(x.weights_bytes)}, KV {fmt.gib(x.kv_cache_bytes)}"),
+            ("fits", fits, ""),
+        ]))

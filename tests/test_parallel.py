@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from planner import catalog
@@ -100,3 +102,54 @@ def test_pp_cli(run_json, run_cli):
     assert p["cost_usd_per_million_output_tokens"] > 0
     code, _, err = run_cli("estimate", "-m", "tiny-llama-test", "-g", "h100-sxm", "--pp", "8")
     assert code == 2 and "exceeds the model's 4 layers" in err
+
+
+from planner.expert import expert_parallel, max_load  # noqa: E402
+
+
+def test_max_load_is_the_gaussian_extreme():
+    # 1,000 token-expert pairs over 8 GPUs: 125 + sqrt(2 ln 8 x 1000 x 1/8 x 7/8) = 146.33
+    assert max_load(1000, 8) == pytest.approx(125 + math.sqrt(2 * math.log(8) * 109.375))
+    assert max_load(1000, 8) == pytest.approx(146.33, abs=0.01)
+    assert max_load(5, 1) == 5 and max_load(1, 64) == 1  # never above every pair
+
+
+def _ep(ep, batch=256, model="deepseek-v3", gpu="h200"):
+    m, hw, eng = catalog.load_model(model), catalog.load_hardware(gpu), catalog.load_engine(
+        "vllm")
+    prec, opts = Precision(weights=DType.fp8), Options()
+    prep = prepare(hw, prec, None, opts, eng)
+    return m, hw, eng, prec, opts, expert_parallel(m, hw, prep, opts, ep=ep, batch=batch,
+                                                   prompt_tokens=2000, output_tokens=500)
+
+
+def test_one_gpu_is_the_estimate():
+    m, hw, eng, prec, opts, x = _ep(1, batch=8, model="mixtral-8x7b", gpu="h100-sxm")
+    e = estimate(m, hw, precision=prec, options=opts, engine=eng,
+                 workload=Workload(batch=8, prompt_tokens=2000, output_tokens=500))
+    assert x.tpot_s == pytest.approx(e.tpot_s, rel=1e-9) and x.all_to_all_s == 0
+
+
+def test_ep16_memory_and_all_to_all_by_hand():
+    from planner.memory import weight_bytes_breakdown
+
+    m, hw, eng, prec, opts, x = _ep(16)
+    bd = weight_bytes_breakdown(m, prec)
+    assert x.weights_bytes == pytest.approx(sum(bd.values()) - bd["moe/routed_experts"] * 15 / 16)
+    # 16 sequences per GPU x 8 experts x 7,168 x 2 bytes, 15/16 of it off the GPU, each way,
+    # in each of the 58 MoE layers, over H200's p5en network share (16 GPUs > 8 per node)
+    link = hw.node.inter_node.bandwidth_gb_per_s * 1e9
+    moved = 16 * 8 * 7168 * 2 * 15 / 16
+    assert x.crosses_node
+    assert x.all_to_all_s == pytest.approx(2 * 58 * (moved / link + 10e-6))  # vLLM's latency
+    assert x.pairs_mean == 256 * 8 / 16 and x.imbalance > 1
+
+
+@pytest.mark.parametrize("args,msg", [
+    (["-m", "llama-3.1-8b", "--ep", "4"], "no experts"),
+    (["-m", "mixtral-8x7b", "--ep", "3"], "does not divide"),
+    (["-m", "mixtral-8x7b", "--ep", "2", "--tp", "2"], "--tp 1"),
+])
+def test_bad_ep_is_one_line(run_cli, args, msg):
+    code, _, err = run_cli("estimate", *args, "-g", "h100-sxm")
+    assert code == 2 and msg in err and len(err.strip().splitlines()) == 1
