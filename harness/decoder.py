@@ -387,6 +387,11 @@ class Decoder:
     def alloc_cache(self, batch: int, max_tokens: int) -> None:
         """A fresh KV cache of ``batch`` x ``max_tokens`` (random contents: only its size and
         layout matter for timing); the previous one is freed first."""
+        w = self.model.sliding_window
+        if w is not None and max_tokens > w:
+            raise UnsupportedConfig(f"{self.model.name}: the harness decoder attends over the "
+                                    f"whole context (no sliding window yet); contexts up to "
+                                    f"{w:,} tokens are measured alike by both")
         self.free_cache()
         shape = (batch, max_tokens, self.nkv, self.hd)
         dev = self.device

@@ -553,3 +553,14 @@ def test_a_damaged_profile_record_is_refused_or_remeasured_not_a_traceback(tmp_p
     r = llmplan(*base, "--quick-calibration")  # the saved profile's device record is damaged
     assert r.returncode == 0 and "Traceback" not in r.stderr
     assert "calibrating" in r.stderr  # measured again rather than trusted
+
+
+def test_sliding_window_beyond_the_window_is_a_recorded_skip():
+    """The harness attends over the whole context: past a model's window it would measure
+    what the planner does not predict, so it refuses rather than compare unlike things."""
+    from harness.decoder import Decoder, UnsupportedConfig
+
+    m = catalog.load_model("tiny-llama-test").model_copy(update={"sliding_window": 48})
+    dec = Decoder(m, layers=1, batch=1, max_tokens=32)  # within the window: fine
+    with pytest.raises(UnsupportedConfig, match="sliding window"):
+        dec.alloc_cache(1, 64)
