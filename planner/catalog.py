@@ -425,10 +425,16 @@ def _model_from_hf_config(cfg: dict, path: str) -> ModelSpec:
     if mt == "gpt_oss":
         # every layer MoE with biased experts and router, attention sinks
         d["attention_sinks"] = True
+        k = cfg.get("num_experts_per_tok", cfg.get("experts_per_token"))
+        if k is None:
+            raise SpecError(f"{path}: num_experts_per_tok: missing required field for "
+                            "model_type gpt_oss")
+        if "experts_per_token" in cfg and cfg["experts_per_token"] != k:
+            # the official config states both; they must agree
+            raise SpecError(f"{path}: experts_per_token ({cfg['experts_per_token']!r:.20}) "
+                            f"differs from num_experts_per_tok ({k!r:.20})")
         d["moe"] = {"num_experts": _req(cfg, "num_local_experts", path),
-                    "experts_per_token": cfg.get("num_experts_per_tok")
-                    or _req(cfg, "experts_per_token", path),
-                    "expert_intermediate_size": d["intermediate_size"],
+                    "experts_per_token": k, "expert_intermediate_size": d["intermediate_size"],
                     "router_bias": True, "expert_bias": True}
     if mt == "qwen3_moe":
         sparse = [i for i in range(d["num_layers"]) if _qwen_moe_layer(cfg, i, path)]

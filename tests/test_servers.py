@@ -228,3 +228,14 @@ def test_real_scrapes_resolve_each_figure_to_one_name():
     assert s.server == "sglang" and s.names["running"] == "sglang:num_running_reqs"
     assert s.names["tpot"] == "sglang:inter_token_latency_seconds"
     assert 0 <= s.values["kv_usage"] <= 1
+
+
+@pytest.mark.parametrize("key,value,msg", [
+    ("request_rate", 1e30, "limit"), ("p99_tpot_ms", int("9" * 400), "400-digit"),
+    ("mean_ttft_ms", 1e12, "limit"), ("completed", 10**13, "limit"),
+])
+def test_values_beyond_any_benchmark_are_refused(key, value, msg):
+    d = _load("vllm_bench_serve.json")
+    d[key] = value
+    with pytest.raises(FormatError, match=msg):
+        read_runs(d, "x")

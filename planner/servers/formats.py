@@ -37,9 +37,25 @@ class FormatError(LlmplanError):
     pass
 
 
+DAY_MS = 86_400_000.0
+
+
+def _limit(key: str) -> float:
+    """The largest value a field can sensibly hold (a typo beyond it is refused, as the CLI's
+    bounds refuse one): a day for a time in ms, a billion per second for a rate, 1e12 for a
+    count."""
+    if key.endswith("_ms"):
+        return DAY_MS
+    if key.endswith(("_s", "latency", "duration")):
+        return DAY_MS / 1e3
+    if "throughput" in key or key.endswith(("rate", "per_second")):
+        return 1e9
+    return 1e12
+
+
 def _num(obj: dict, key: str, where: str, *, required: bool = False,
          allow_inf: bool = False) -> float | None:
-    """A finite number >= 0 (or inf where allowed, given as a number or "inf")."""
+    """A finite number in [0, its limit] (or inf where allowed, as a number or "inf")."""
     v = obj.get(key)
     if v is None:
         if required:
@@ -49,9 +65,15 @@ def _num(obj: dict, key: str, where: str, *, required: bool = False,
         return math.inf
     if isinstance(v, bool) or not isinstance(v, (int, float)):
         raise FormatError(f"{where}: {key}: expected a number, got {v!r:.40}")
-    v = float(v)
+    try:
+        v = float(v)
+    except OverflowError:
+        raise FormatError(f"{where}: {key}: a {len(str(v))}-digit number is out of range"
+                          ) from None
     if math.isnan(v) or v < 0 or (math.isinf(v) and not allow_inf):
         raise FormatError(f"{where}: {key}: expected a finite number >= 0, got {v}")
+    if math.isfinite(v) and v > _limit(key):
+        raise FormatError(f"{where}: {key}: {v:g} is above the limit of {_limit(key):g}")
     return v
 
 
@@ -305,7 +327,9 @@ def read_guidellm(data: dict, where: str) -> list[ServedRun]:
             for stat, v in (("mean", d.get("mean")), ("median", d.get("median")),
                             ("p90", pct.get("p90")), ("p99", pct.get("p99"))):
                 if v is not None:
-                    metrics[f"{stat}_{name}_s"] = _num({"v": v}, "v", f"{w}: {key}") * scale
+                    unit_key = key if key.endswith("_ms") else f"{key}_s"
+                    metrics[f"{stat}_{name}_s"] = _num({unit_key: v}, unit_key,
+                                                       f"{w}: metrics.{key}") * scale
         out_total = _num(out, "total_sum", f"{w}: metrics.output_token_count") or 0.0
         in_total = _num(prompt, "total_sum", f"{w}: metrics.prompt_token_count") or 0.0
         metrics.update(request_throughput=completed / duration,
@@ -350,7 +374,9 @@ def read_genai_perf(data: dict, where: str) -> list[ServedRun]:
         if key in GENAI_METRICS.values():
             if unit not in ("ms", "s"):
                 raise FormatError(f"{where}: {key}.unit: expected ms or s, got {unit!r:.20}")
-            return v / 1e3 if unit == "ms" else v
+            v = v / 1e3 if unit == "ms" else v
+            if v > DAY_MS / 1e3:
+                raise FormatError(f"{where}: {key}.{field}: {v:g} s is longer than a day")
         return v
 
     cfg = data.get("input_config") if isinstance(data.get("input_config"), dict) else {}
