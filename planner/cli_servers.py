@@ -41,6 +41,8 @@ def read_result_file(path: Path):
     from planner import catalog
     from planner.servers.formats import read_runs
 
+    if path.is_dir():
+        raise LlmplanError(f"{path}: is a directory; give a result file")
     if not path.is_file():
         raise LlmplanError(f"{path}: no such file")
     if path.stat().st_size > MAX_FILE_BYTES:
@@ -292,7 +294,11 @@ def watch(
 
     def snap():
         t = now_s()
-        return parse(scrape(url, timeout_s=timeout), model_name=model_name, t_s=t)
+        text = scrape(url, timeout_s=timeout)
+        try:
+            return parse(text, model_name=model_name, t_s=t)
+        except LlmplanError as err:
+            raise LlmplanError(f"{url}: {err}") from None
 
     exporter = None
     if serve_metrics is not None:

@@ -75,6 +75,11 @@ def test_sglang_e2e_and_total_throughput_names():
     assert r.metrics["total_token_throughput"] == rows[0]["total_throughput"]
 
 
+def test_a_directory_is_one_line(run_cli, tmp_path):
+    code, _, err = run_cli("compare", str(tmp_path), *M, *G)
+    assert code == 2 and "is a directory" in err
+
+
 @pytest.mark.parametrize("payload", ['{"foo": 1}', "[1, 2]", "not json\n{", '{"completed": 0, '
                                      '"mean_ttft_ms": 1, "total_input_tokens": 1, '
                                      '"total_output_tokens": 1}'])

@@ -219,3 +219,27 @@ def test_grafana_dashboard_queries_the_exported_gauges():
     assert used and used <= set(Exporter.GAUGES)
     assert {"llmplan_mbu", "llmplan_mfu", "llmplan_predicted_tpot_seconds"} <= used
     assert all('model="$model"' in e for e in exprs if "llmplan_" in e)
+
+
+def test_a_page_that_is_not_metrics_names_the_url(run_cli, tmp_path):
+    import http.server
+    import threading
+
+    (tmp_path / "metrics").write_text("<html>not metrics</html>\n")
+    class Quiet(http.server.SimpleHTTPRequestHandler):
+        def __init__(self, *a):
+            super().__init__(*a, directory=str(tmp_path))
+
+        def log_message(self, *a):  # the test server's access log is not llmplan's stderr
+            pass
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Quiet)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{srv.server_port}/metrics"
+        code, _, err = run_cli("watch", url, "-m", "llama-3.1-8b", "-g", "h100-sxm", "--once",
+                               "--interval", "0.1")
+    finally:
+        srv.shutdown()
+    assert code == 2 and url in err and "Prometheus" in err
+    assert len(err.strip().splitlines()) == 1
