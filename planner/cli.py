@@ -69,10 +69,9 @@ class SpecMethod(str, Enum):
     ngram = "ngram"
 
 
-def _speculate(est, m, hw, eng, prec, opts, cal, tp, method, draft_model, k, a):
+def _speculate(est, m, hw, prep, opts, tp, method, draft_model, k, a):
     """The speculative-decoding section of an estimate, from the CLI's flags."""
     from planner import catalog
-    from planner.estimate import prepare
     from planner.speculative import MTP_ACCEPTANCE, MTP_TOKENS, SpecConfig, speculate
 
     if method is None:
@@ -89,7 +88,6 @@ def _speculate(est, m, hw, eng, prec, opts, cal, tp, method, draft_model, k, a):
     positive("--num-speculative-tokens", k)
     draft = catalog.load_model(draft_model) if draft_model else None
     cfg = SpecConfig(method.value, k, a, draft)
-    prep = prepare(hw, prec, cal, opts, eng)
     return speculate(m, hw, prep, opts, tp=tp, batch=est.batch,
                      prompt_tokens=est.prompt_tokens, output_tokens=est.output_tokens, cfg=cfg)
 
@@ -180,25 +178,26 @@ def estimate(
     if ep > 1 and (tp > 1 or pp > 1):
         raise LlmplanError("--ep runs attention data-parallel on each GPU: give --tp 1 and "
                            "--pp 1 with it")
-    expert = None
-    if ep > 1:
+    wants_spec = bool(speculative is not None or draft_model or num_speculative_tokens
+                      or acceptance_rate)
+    expert = pipe = spec = None
+    if ep > 1 or pp > 1 or wants_spec:
         from planner.estimate import prepare
-        from planner.expert import expert_parallel
 
-        expert = expert_parallel(m, hw, prepare(hw, prec, cal, opts, eng), opts, ep=ep,
-                                 batch=batch, prompt_tokens=prompt_tokens,
-                                 output_tokens=output_tokens)
-    pipe = None
-    if pp > 1:
-        from planner.estimate import prepare
-        from planner.pipeline import pipeline
+        prep = prepare(hw, prec, cal, opts, eng)  # the engine as the estimate ran it
+        if ep > 1:
+            from planner.expert import expert_parallel
 
-        pipe = pipeline(m, hw, prepare(hw, prec, cal, opts, eng), opts, tp=tp, pp=pp,
-                        batch=batch, prompt_tokens=prompt_tokens, output_tokens=output_tokens)
-    spec = None
-    if speculative is not None or draft_model or num_speculative_tokens or acceptance_rate:
-        spec = _speculate(est, m, hw, eng, prec, opts, cal, tp, speculative, draft_model,
-                          num_speculative_tokens, acceptance_rate)
+            expert = expert_parallel(m, hw, prep, opts, ep=ep, batch=batch,
+                                     prompt_tokens=prompt_tokens, output_tokens=output_tokens)
+        if pp > 1:
+            from planner.pipeline import pipeline
+
+            pipe = pipeline(m, hw, prep, opts, tp=tp, pp=pp, batch=batch,
+                            prompt_tokens=prompt_tokens, output_tokens=output_tokens)
+        if wants_spec:
+            spec = _speculate(est, m, hw, prep, opts, tp, speculative, draft_model,
+                              num_speculative_tokens, acceptance_rate)
     if as_json:
         d = est.to_dict(operators=True)
         if spec is not None:

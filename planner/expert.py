@@ -105,12 +105,9 @@ def expert_parallel(m: ModelSpec, hw: HardwareSpec, prep: Prepared, o: Options, 
     experts = sum(t(op) for op in shape_ops(local, p, shape, attention=o.attention,
                                              lm_head_sharded=sharded)
                   if op.name.startswith("experts_"))
-    per_node = c.gpus_per_node
-    crosses = bool(per_node) and ep > per_node
-    link, lat = c.link_bytes_per_s, e.allreduce_latency_s
-    if crosses and c.inter_node_bytes_per_s:
-        link = min(link, c.inter_node_bytes_per_s)
-        lat += c.inter_node_latency_s or 0.0
+    crosses = bool(c.gpus_per_node) and ep > c.gpus_per_node
+    link, extra = c.link(crosses)
+    lat = e.allreduce_latency_s + extra
     moved = b * k * m.hidden_size * p.activation_bytes * (ep - 1) / ep
     a2a = 2 * m.num_moe_layers * (moved / link + lat) if ep > 1 else 0.0
     bd = weight_bytes_breakdown(m, p, lm_head_sharded=sharded)

@@ -57,16 +57,19 @@ def kv_cache_bytes_per_token(m: ModelSpec, prec: Precision, *, tp: int = 1) -> f
 
 
 def kv_cache_bytes(m: ModelSpec, prec: Precision, *, batch: int, seq_len: int,
-                   tp: int = 1) -> float:
-    """KV cache of ``batch`` sequences of ``seq_len`` tokens on one GPU. A sliding-window layer
-    holds only the last ``sliding_window`` tokens of each sequence, as engines with a hybrid
-    KV cache allocate it (vLLM 0.10 and later, SGLang, TensorRT-LLM): Gemma-2-9B at 8,192
-    tokens holds 21 full layers x 8,192 + 21 local layers x 4,096 tokens."""
+                   tp: int = 1, layers: range | None = None) -> float:
+    """KV cache of ``batch`` sequences of ``seq_len`` tokens on one GPU, in every layer or in
+    ``layers`` (a pipeline stage's). A sliding-window layer holds only the last
+    ``sliding_window`` tokens of each sequence, as engines with a hybrid KV cache allocate it
+    (vLLM 0.10 and later, SGLang, TensorRT-LLM): Gemma-2-9B at 8,192 tokens holds 21 full
+    layers x 8,192 + 21 local layers x 4,096 tokens."""
     per_layer = kv_elements_per_token_per_layer(m, tp) * prec.kv_bytes
-    n_local = m.num_sliding_layers
+    layers = range(m.num_layers) if layers is None else layers
+    sliding = m.layer_is_sliding
+    n_local = sum(1 for i in layers if sliding[i])
     if not n_local:
-        return batch * seq_len * m.num_layers * per_layer
-    held = (m.num_layers - n_local) * seq_len + n_local * vmin(seq_len, m.sliding_window)
+        return batch * seq_len * len(layers) * per_layer
+    held = (len(layers) - n_local) * seq_len + n_local * vmin(seq_len, m.sliding_window)
     return batch * held * per_layer
 
 
@@ -218,7 +221,7 @@ def kv_concurrency(capacity_tokens: int, *, prompt_tokens: int, output_tokens: i
     blocks and the one being written, so a request costs the full-layer share of its length
     plus the sliding share of at most window + block_size tokens (``capacity_tokens`` counts
     tokens cached in every layer)."""
-    def blocks(n: int) -> int:
+    def blocks(n: float) -> float:
         return -(-n // block_size) * block_size
 
     full = blocks(prompt_tokens + output_tokens)
@@ -228,7 +231,7 @@ def kv_concurrency(capacity_tokens: int, *, prompt_tokens: int, output_tokens: i
         full = (1 - frac) * full + frac * min(full, blocks(window) + block_size)
         reserve = (1 - frac) * reserve + frac * min(reserve, window)
     held = prompt_tokens + output_tokens / 2
-    blocks_mean = blocks(int(-(-held // 1)))
+    blocks_mean = blocks(held)
     return KVConcurrency(capacity_tokens, int(capacity_tokens // full),
                          int(capacity_tokens // reserve), held / blocks_mean,
                          held / max_model_len, block_size, max_model_len)

@@ -173,21 +173,6 @@ def _weights_of_stage(m: ModelSpec, prep: Prepared, tp: int, start: int, end: in
     return total
 
 
-def _kv_of_stage(m: ModelSpec, prep: Prepared, tp: int, start: int, end: int, batch: int,
-                 seq: int) -> float:
-    """The stage's layers' KV cache: full layers hold the sequence, sliding ones the window."""
-    if m.num_sliding_layers:
-        sl = m.layer_is_sliding
-        sub = m.model_copy(update={"num_layers": end - start,
-                                   "sliding_window_pattern": tuple(
-                                       "sliding" if sl[i] else "full"
-                                       for i in range(start, end)),
-                                   "moe": None, "name": m.name})
-        return kv_cache_bytes(sub, prep.precision, batch=batch, seq_len=seq, tp=tp)
-    return kv_cache_bytes(m, prep.precision, batch=batch, seq_len=seq, tp=tp) * (
-        (end - start) / m.num_layers)
-
-
 def pipeline(m: ModelSpec, hw: HardwareSpec, prep: Prepared, o: Options, *, tp: int, pp: int,
              batch: int, prompt_tokens: int, output_tokens: int) -> Pipeline:
     e, p, c = prep.engine, prep.precision, prep.ceilings
@@ -209,7 +194,8 @@ def pipeline(m: ModelSpec, hw: HardwareSpec, prep: Prepared, o: Options, *, tp: 
     for i, (s, t) in enumerate(ranges):
         first, last = i == 0, i == pp - 1
         w = _weights_of_stage(m, prep, tp, s, t, first, last)
-        kv = _kv_of_stage(m, prep, tp, s, t, batch, prompt_tokens + output_tokens)
+        kv = kv_cache_bytes(m, p, batch=batch, seq_len=prompt_tokens + output_tokens, tp=tp,
+                            layers=range(s, t))
         total = w + kv + act + o.reserve_bytes
 
         def timed(ops: list[Op], graphed: bool, s=s, t=t, first=first, last=last) -> float:
@@ -217,10 +203,8 @@ def pipeline(m: ModelSpec, hw: HardwareSpec, prep: Prepared, o: Options, *, tp: 
                        for op in stage_ops(ops, m, s, t, first, last))
 
         crosses = bool(per_node) and not last and ((i + 1) * tp) % per_node == 0
-        link, lat = c.link_bytes_per_s, e.allreduce_latency_s
-        if crosses and c.inter_node_bytes_per_s:
-            link = min(link, c.inter_node_bytes_per_s)
-            lat += c.inter_node_latency_s or 0.0
+        link, extra = c.link(crosses)
+        lat = e.allreduce_latency_s + extra
         links.append((link, lat))
         send = 0.0 if last else 2 * mb * m.hidden_size * p.activation_bytes / link + lat
         stages.append(Stage(i, (s, t), w, kv, act, total, total <= usable,

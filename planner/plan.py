@@ -172,10 +172,7 @@ def replicas_needed(model: ModelSpec, hw: HardwareSpec, *, prep, options: Option
     from planner.serving.traffic import synthetic
 
     coster = StepCoster(model, hw, prep, options, tp=tp)
-    e = prep.engine
-    cfg = SchedulerConfig(max_num_seqs=e.max_num_seqs,
-                          max_num_batched_tokens=e.max_num_batched_tokens,
-                          block_size=e.block_size, chunked_prefill=e.chunked_prefill)
+    cfg = SchedulerConfig.for_engine(prep.engine)
     seen: dict[int, dict] = {}
 
     def ok(n: int) -> bool:

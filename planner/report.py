@@ -450,11 +450,7 @@ def serving_table(cases: list[Case], num_requests: int) -> pd.DataFrame:
     for case in cases:
         prep = prepare(case.hw, case.precision, case.calibration, case.options, case.engine)
         coster = StepCoster(case.model, case.hw, prep, case.options, tp=case.tp)
-
-        e = case.engine
-        cfg = SchedulerConfig(max_num_seqs=e.max_num_seqs,
-                              max_num_batched_tokens=e.max_num_batched_tokens,
-                              block_size=e.block_size, chunked_prefill=e.chunked_prefill)
+        cfg = SchedulerConfig.for_engine(case.engine)
 
         def run(rate: float, c=case, k=coster, cfg=cfg) -> dict:
             reqs = synthetic(num_requests, prompt_tokens=c.prompt_tokens,

@@ -49,14 +49,19 @@ class Ceilings:
     inter_node_bytes_per_s: float | None = None
     inter_node_latency_s: float | None = None
 
-    def link_for(self, gpus: int) -> tuple[float, float]:
-        """(bytes/s one way per GPU, extra latency) of a collective over ``gpus`` GPUs: the
-        intra-node link, or the inter-node network when they span servers (a hierarchical
-        all-reduce's slowest hop)."""
-        if self.gpus_per_node and gpus > self.gpus_per_node and self.inter_node_bytes_per_s:
+    def link(self, across_nodes: bool) -> tuple[float, float]:
+        """(bytes/s one way per GPU, extra latency) of a transfer within a server, or between
+        servers (the slower of the two links, and the network's latency); within a server
+        when hardware_db has no inter-node figure."""
+        if across_nodes and self.inter_node_bytes_per_s:
             return (min(self.link_bytes_per_s, self.inter_node_bytes_per_s),
                     self.inter_node_latency_s or 0.0)
         return self.link_bytes_per_s, 0.0
+
+    def link_for(self, gpus: int) -> tuple[float, float]:
+        """``link`` for a collective over ``gpus`` GPUs: across servers when they are more
+        than one server holds (a hierarchical all-reduce is as slow as its slowest hop)."""
+        return self.link(bool(self.gpus_per_node) and gpus > self.gpus_per_node)
 
     def peak(self, dtype: DType) -> float:
         return self.flops_per_s[dtype]

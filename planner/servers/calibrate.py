@@ -24,7 +24,7 @@ from dataclasses import dataclass, replace
 from planner.engine import EngineSpec
 from planner.estimate import prepare
 from planner.fit import bounds_of, descend, get_param, round_sig3, set_params, soft_l1
-from planner.servers.compare import Setup, simulate_run, utilization
+from planner.servers.compare import Setup, mean_tpot_s, simulate_run
 from planner.servers.runs import ServedRun
 
 DEFAULT_PARAMS = ("step_overhead_us", "gemm_bandwidth_frac", "gemm_compute_frac",
@@ -69,7 +69,7 @@ def _measured(run: ServedRun) -> dict[str, float]:
     m = run.metrics
     out = {}
     ttft = m.get("mean_ttft_s") or m.get("median_ttft_s")
-    tpot = m.get("mean_tpot_s") or m.get("mean_itl_s") or m.get("median_tpot_s")
+    tpot = mean_tpot_s(run)
     if ttft:
         out["mean_ttft_s"] = ttft
     if tpot:
@@ -200,4 +200,4 @@ def calibrate(runs: list[ServedRun], base: Setup, spec: EngineSpec, *, name: str
     return Calibration(fitted, values, tuple(values), unidentified, tuple(errors), ids)
 
 
-__all__ = ["Calibration", "MetricError", "calibrate", "run_id", "utilization"]
+__all__ = ["Calibration", "MetricError", "calibrate", "run_id"]

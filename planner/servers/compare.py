@@ -102,7 +102,8 @@ class RunComparison:
         }
 
 
-def _mean_tpot_s(run: ServedRun) -> float | None:
+def mean_tpot_s(run: ServedRun) -> float | None:
+    """The run's seconds per output token: mean TPOT, else mean ITL, else median TPOT."""
     m = run.metrics
     return m.get("mean_tpot_s") or m.get("mean_itl_s") or m.get("median_tpot_s")
 
@@ -112,7 +113,7 @@ def decode_concurrency(run: ServedRun) -> float | None:
     seconds per output token."""
     if run.batch is not None:
         return float(run.batch)
-    tpot, out = _mean_tpot_s(run), run.metrics.get("output_throughput")
+    tpot, out = mean_tpot_s(run), run.metrics.get("output_throughput")
     if tpot and out:
         return out * tpot
     return None
@@ -129,7 +130,7 @@ def utilization(run: ServedRun, s: Setup) -> tuple[float | None, ...]:
     """(concurrency, achieved bytes/s, MBU, achieved FLOP/s, MFU) of a measured run."""
     p, m, hw = s.prep.precision, s.model, s.hardware
     n = decode_concurrency(run)
-    tpot = _mean_tpot_s(run)
+    tpot = mean_tpot_s(run)
     ctx = max(1, round(run.mean_input_tokens + run.mean_output_tokens / 2))
     bw = mbu = flops_s = mfu = None
     if n is not None and tpot:
@@ -177,11 +178,8 @@ def simulate_run(run: ServedRun, s: Setup) -> tuple[dict, tuple[str, ...]]:
         reqs = [Request(r.id, r.arrival_s, max(1, p), max(1, o))
                 for r, (p, o) in zip(reqs, lens, strict=False)]  # lens may be fewer
     coster = StepCoster(s.model, s.hardware, s.prep, s.options, tp=s.tp)
-    cfg = SchedulerConfig(max_num_seqs=e.max_num_seqs,
-                          max_num_batched_tokens=e.max_num_batched_tokens,
-                          block_size=e.block_size, chunked_prefill=e.chunked_prefill,
-                          max_model_len=s.model.max_position_embeddings,
-                          max_concurrency=run.max_concurrency if closed else None)
+    cfg = SchedulerConfig.for_engine(e, max_model_len=s.model.max_position_embeddings,
+                                     max_concurrency=run.max_concurrency if closed else None)
     return summary(simulate(reqs, coster, cfg)), tuple(notes)
 
 

@@ -55,6 +55,15 @@ class SchedulerConfig:
     max_concurrency: int | None = None  # a closed loop of this many clients
     max_wait_s: float = 0.0  # dynamic batching: how long a batch waits for more requests
 
+    @classmethod
+    def for_engine(cls, e, **overrides) -> SchedulerConfig:
+        """The engine profile's own scheduler defaults (``planner.engine.Engine``), with any
+        field overridden."""
+        return cls(**{"max_num_seqs": e.max_num_seqs,
+                      "max_num_batched_tokens": e.max_num_batched_tokens,
+                      "block_size": e.block_size, "chunked_prefill": e.chunked_prefill,
+                      **overrides})
+
     def check(self) -> None:
         for name in ("max_num_seqs", "max_num_batched_tokens", "block_size", "max_model_len"):
             if getattr(self, name) <= 0:
