@@ -227,6 +227,13 @@ class StepShape:
     logit_rows: float
     local: StepShape | None = None
 
+    def scaled(self, f) -> StepShape:
+        """The step's amounts times ``f``: a share of its sequences (each amount is a sum over
+        them; a share of whole sequences is taken as the same share of each sum)."""
+        return StepShape(self.tokens * f, self.attn_pairs * f, self.kv_read_tokens * f,
+                         self.kv_held_tokens * f, self.score_elems * f, self.logit_rows * f,
+                         None if self.local is None else self.local.scaled(f))
+
     @classmethod
     def uniform(cls, batch, new_tokens, past_tokens, window: int | None = None) -> StepShape:
         """``batch`` sequences, each adding ``new_tokens`` after ``past_tokens`` (numbers or

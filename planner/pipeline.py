@@ -24,13 +24,15 @@ With PP = 1 every figure is ``estimate``'s (a test holds them equal). Pure.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from functools import reduce
 
+from planner.arith import vmax, vmin
 from planner.errors import UsageError
 from planner.estimate import Prepared
 from planner.memory import activation_bytes, kv_cache_bytes, weight_bytes_breakdown
 from planner.ops import Op, decode_ops, prefill_ops
 from planner.roofline import op_time
-from planner.specs import HardwareSpec, ModelSpec, Options
+from planner.specs import HardwareSpec, ModelSpec, Options, Precision
 
 FIRST_ONLY = {"embed"}
 LAST_ONLY = {"final_norm", "lm_head"}
@@ -111,16 +113,17 @@ class Pipeline:
     fixed_s: float
 
     @property
-    def fits(self) -> bool:
-        return all(s.fits for s in self.stages)
+    def fits(self):
+        """Every stage fits (a bool, or an array of them in a sweep)."""
+        return reduce(lambda a, s: a & s.fits, self.stages, True)
 
     @property
     def gpus(self) -> int:
         return self.pp * self.tp
 
     @property
-    def max_memory_per_gpu_bytes(self) -> float:
-        return max(s.total_bytes for s in self.stages)
+    def max_memory_per_gpu_bytes(self):
+        return reduce(vmax, (s.total_bytes for s in self.stages))
 
     def throughput_tokens_per_s(self, batch: int) -> float:
         return batch / self.tpot_s
@@ -149,11 +152,10 @@ class Pipeline:
                 "stages": [s.__dict__ | {"layers": list(s.layers)} for s in self.stages]}
 
 
-def _weights_of_stage(m: ModelSpec, prep: Prepared, tp: int, start: int, end: int,
-                      first: bool, last: bool) -> float:
+def weights_of_stage(m: ModelSpec, p: Precision, tp: int, start: int, end: int, first: bool,
+                     last: bool, *, lm_head_sharded: bool = True) -> float:
     """A stage's weights per GPU: each per-layer tensor's share of its layers in the stage."""
-    bd = weight_bytes_breakdown(m, prep.precision, tp=tp,
-                                lm_head_sharded=prep.engine.lm_head_sharded)
+    bd = weight_bytes_breakdown(m, p, tp=tp, lm_head_sharded=lm_head_sharded)
     n = end - start
     dense = sum(1 for i in range(start, end) if i < m.num_dense_layers)
     moe = n - dense
@@ -177,7 +179,7 @@ def pipeline(m: ModelSpec, hw: HardwareSpec, prep: Prepared, o: Options, *, tp: 
              batch: int, prompt_tokens: int, output_tokens: int) -> Pipeline:
     e, p, c = prep.engine, prep.precision, prep.ceilings
     ranges = stage_layers(m.num_layers, pp)
-    mb_count = min(batch, pp)
+    mb_count = vmin(batch, pp)
     mb = -(-batch // mb_count)
     ctx = prompt_tokens + output_tokens / 2
     sharded = e.lm_head_sharded
@@ -193,7 +195,7 @@ def pipeline(m: ModelSpec, hw: HardwareSpec, prep: Prepared, o: Options, *, tp: 
     links: list[tuple[float, float]] = []
     for i, (s, t) in enumerate(ranges):
         first, last = i == 0, i == pp - 1
-        w = _weights_of_stage(m, prep, tp, s, t, first, last)
+        w = weights_of_stage(m, p, tp, s, t, first, last, lm_head_sharded=sharded)
         kv = kv_cache_bytes(m, p, batch=batch, seq_len=prompt_tokens + output_tokens, tp=tp,
                             layers=range(s, t))
         total = w + kv + act + o.reserve_bytes
@@ -213,7 +215,7 @@ def pipeline(m: ModelSpec, hw: HardwareSpec, prep: Prepared, o: Options, *, tp: 
     traverse = sum(st.decode_s + st.send_s for st in stages) + fixed
     # the host prepares one micro-batch while the GPUs run the others: a cycle is bound by
     # the slowest stage or by the host, whichever is longer
-    cycle = mb_count * max(max(st.decode_s + st.send_s for st in stages), fixed)
+    cycle = mb_count * vmax(reduce(vmax, (st.decode_s + st.send_s for st in stages)), fixed)
     chunks = 1 if o.prefill_chunk_tokens is None else \
         -(-(batch * prompt_tokens) // o.prefill_chunk_tokens)
     # the prefill sends every prompt token's states across each boundary
@@ -221,4 +223,4 @@ def pipeline(m: ModelSpec, hw: HardwareSpec, prep: Prepared, o: Options, *, tp: 
     prefill_send = sum(pre_bytes / link + lat for link, lat in links[:-1])
     ttft = sum(st.prefill_s for st in stages) + prefill_send + \
         e.prefill_step_overhead_s * chunks + e.per_sequence_overhead_s * batch
-    return Pipeline(pp, tp, mb_count, mb, tuple(stages), max(traverse, cycle), ttft, fixed)
+    return Pipeline(pp, tp, mb_count, mb, tuple(stages), vmax(traverse, cycle), ttft, fixed)

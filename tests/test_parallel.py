@@ -153,3 +153,133 @@ def test_ep16_memory_and_all_to_all_by_hand():
 def test_bad_ep_is_one_line(run_cli, args, msg):
     code, _, err = run_cli("estimate", *args, "-g", "h100-sxm")
     assert code == 2 and msg in err and len(err.strip().splitlines()) == 1
+
+
+# ------------------------------------------------------------------ the layouts, everywhere
+
+import numpy as np  # noqa: E402
+
+from planner.ops import StepShape  # noqa: E402
+from planner.serving.parallel import ExpertCoster, PipelineCoster, layout_coster  # noqa: E402
+
+
+def test_ep_prefill_on_one_gpu_is_the_estimate():
+    m, hw, eng, prec, opts, x = _ep(1, batch=4, model="mixtral-8x7b", gpu="h100-sxm")
+    e = estimate(m, hw, precision=prec, options=opts, engine=eng,
+                 workload=Workload(batch=4, prompt_tokens=2000, output_tokens=500))
+    assert x.ttft_s == pytest.approx(e.ttft_s, rel=1e-9)
+    assert x.latency_s(500) == pytest.approx(e.latency_s, rel=1e-9)
+
+
+@pytest.mark.parametrize("layout", ["pp", "ep"])
+def test_layouts_take_arrays_as_the_sweep_passes_them(layout):
+    """The sweep passes batch, prompt and output as broadcastable arrays: every element must
+    equal the scalar call."""
+    B, P, O = (np.array([1.0, 3, 64]).reshape(-1, 1, 1), np.array([100.0, 3000]).reshape(1, -1, 1),
+               np.array([10.0, 500]).reshape(1, 1, -1))
+    if layout == "pp":
+        m, hw, eng = catalog.load_model("llama-3.1-70b"), catalog.load_hardware("h100-sxm"), \
+            catalog.load_engine("vllm")
+        prep = prepare(hw, Precision(), None, Options(), eng)
+
+        def run(b, p, o):
+            return pipeline(m, hw, prep, Options(), tp=4, pp=3, batch=b, prompt_tokens=p,
+                            output_tokens=o)
+        fields = lambda r: (r.tpot_s, r.ttft_s, r.max_memory_per_gpu_bytes, r.fits)  # noqa: E731
+    else:
+        m, hw, eng = catalog.load_model("qwen3-30b-a3b"), catalog.load_hardware("h100-sxm"), \
+            catalog.load_engine("sglang")
+        prep = prepare(hw, Precision(), None, Options(), eng)
+
+        def run(b, p, o):
+            return expert_parallel(m, hw, prep, Options(), ep=8, batch=b, prompt_tokens=p,
+                                   output_tokens=o)
+        fields = lambda r: (r.tpot_s, r.ttft_s, r.total_bytes, r.fits)  # noqa: E731
+    arr = [np.broadcast_to(v, (3, 2, 2)) for v in fields(run(B, P, O))]
+    for i, j, k in np.ndindex(3, 2, 2):
+        one = fields(run(int(B[i, 0, 0]), int(P[0, j, 0]), int(O[0, 0, k])))
+        for a, v in zip(arr, one, strict=True):
+            assert a[i, j, k] == pytest.approx(v, rel=1e-12)
+
+
+def _costers(layout):
+    eng = catalog.load_engine("vllm")
+    opts = Options(prefill_chunk_tokens=None)
+    if layout == "pp":
+        m, hw = catalog.load_model("llama-3.1-70b"), catalog.load_hardware("h100-sxm")
+        prep = prepare(hw, Precision(), None, opts, eng)
+        return m, hw, prep, opts, PipelineCoster(m, hw, prep, opts, tp=2, pp=4)
+    m, hw = catalog.load_model("qwen3-30b-a3b"), catalog.load_hardware("h100-sxm")
+    prep = prepare(hw, Precision(), None, opts, eng)
+    return m, hw, prep, opts, ExpertCoster(m, hw, prep, opts, ep=8)
+
+
+@pytest.mark.parametrize("layout", ["pp", "ep"])
+@pytest.mark.parametrize("batch", [1, 8, 32])
+def test_simulated_step_is_the_layouts_estimate(layout, batch):
+    """A uniform decode step and a lone prefill cost what ``estimate --pp / --ep`` says."""
+    m, hw, prep, opts, c = _costers(layout)
+    p, o = 1500, 300
+    ctx = p + o / 2
+    if layout == "pp":
+        r = pipeline(m, hw, prep, opts, tp=2, pp=4, batch=batch, prompt_tokens=p,
+                     output_tokens=o)
+        one = pipeline(m, hw, prep, opts, tp=2, pp=4, batch=1, prompt_tokens=p,
+                       output_tokens=o)
+    else:
+        r = expert_parallel(m, hw, prep, opts, ep=8, batch=batch, prompt_tokens=p,
+                            output_tokens=o)
+        one = expert_parallel(m, hw, prep, opts, ep=8, batch=1, prompt_tokens=p,
+                              output_tokens=o)
+    shape = StepShape.uniform(batch, 1, ctx - 1, m.sliding_window)
+    assert c.step_time(shape, sequences=batch, prefill=False) == pytest.approx(r.tpot_s,
+                                                                                   rel=1e-9)
+    pre = c.step_time(StepShape.uniform(1, p, 0, m.sliding_window), sequences=1,
+                      prefill=True, decodes=False)
+    assert pre == pytest.approx(one.ttft_s, rel=1e-9)
+
+
+def test_pipeline_kv_pool_is_the_tightest_stage_by_hand():
+    # Llama-3.1-70B bf16 over PP 2 x TP 1 H200s: the last stage holds 40 layers, the lm_head
+    # and the final norm (test_llama_70b_memory_per_stage_by_hand), 40 x 4,096 B per token
+    from planner.memory import activation_bytes
+
+    m, hw, eng = catalog.load_model("llama-3.1-70b"), catalog.load_hardware("h200"), \
+        catalog.load_engine("vllm")
+    opts = Options()
+    prep = prepare(hw, Precision(), None, opts, eng)
+    c = PipelineCoster(m, hw, prep, opts, tp=1, pp=2)
+    w = 2 * (40 * 855_654_400 + 1_050_673_152 + 8192)
+    act = activation_bytes(m, prep.precision, batch=256, prompt_tokens=32, tp=1,
+                           attention=opts.attention, chunk_tokens=8192)
+    free = hw.memory_bytes * 0.9 - w - act - 2**30
+    assert c.kv_capacity_tokens(256, 8192) == int(free // (40 * 2 * 8 * 128 * 2))
+
+
+def test_ep_kv_pool_is_every_gpus():
+    m, hw, prep, opts, c = _costers("ep")
+    one = layout_coster(m, hw, prep, opts, ep=1)  # a plain StepCoster
+    assert c.kv_capacity_tokens(256, 8192) > 7 * one.kv_capacity_tokens(256, 8192)
+    with pytest.raises(Exception, match="--tp 1"):
+        layout_coster(m, hw, prep, opts, tp=2, ep=2)
+
+
+@pytest.mark.parametrize("layout", ["pp", "ep"])
+def test_simulated_lone_request_sees_the_layouts_estimate(layout):
+    from planner.serving.metrics import summary
+    from planner.serving.sim import SchedulerConfig, simulate
+    from planner.serving.traffic import synthetic
+
+    m, hw, prep, opts, c = _costers(layout)
+    reqs = synthetic(20, prompt_tokens=1024, output_tokens=64, request_rate=0.01, seed=1)
+    s = summary(simulate(reqs, c, SchedulerConfig(max_num_batched_tokens=16384)))
+    if layout == "pp":
+        r = pipeline(m, hw, prep, opts, tp=2, pp=4, batch=1, prompt_tokens=1024,
+                     output_tokens=64)
+    else:
+        r = expert_parallel(m, hw, prep, opts, ep=8, batch=1, prompt_tokens=1024,
+                            output_tokens=64)
+    assert s["median_ttft_ms"] == pytest.approx(r.ttft_s * 1e3, rel=1e-6)
+    # TPOT: the mean decode step over the output, which estimate takes at its mean context
+    assert s["median_tpot_ms"] == pytest.approx(r.tpot_s * 1e3, rel=1e-3)
+    assert s["max_running_requests"] == 1

@@ -24,6 +24,7 @@ from dataclasses import replace
 from planner.engine import Engine
 from planner.estimate import Prepared
 from planner.ops import Op, StepShape, shape_ops
+from planner.pipeline import stage_ops
 from planner.roofline import combine, op_time
 from planner.specs import HardwareSpec, ModelSpec, Options
 
@@ -34,8 +35,12 @@ class StepCoster:
     """Seconds per step for a model, GPU, precision, TP degree and engine."""
 
     def __init__(self, model: ModelSpec, hardware: HardwareSpec, prep: Prepared,
-                 options: Options, *, tp: int = 1):
+                 options: Options, *, tp: int = 1,
+                 stage: tuple[int, int, bool, bool] | None = None):
+        """``stage``: cost only a pipeline stage's operators, (first layer, end, holds the
+        embedding, holds the head) as ``planner.pipeline.stage_ops`` selects them."""
         self.model, self.prep, self.options, self.tp = model, prep, options, tp
+        self.stage = stage
         self.hardware = hardware
         self.hw_memory_bytes = hardware.memory_bytes
         self.engine: Engine = prep.engine
@@ -74,6 +79,8 @@ class StepCoster:
         ops = shape_ops(self.model, self.prep.precision, shape, tp=self.tp,
                         attention=self.options.attention,
                         lm_head_sharded=self.engine.lm_head_sharded)
+        if self.stage is not None:
+            ops = stage_ops(ops, self.model, *self.stage)
         return {op.name: op for op in ops}
 
     def _time(self, op: Op, graphed: bool) -> float:
@@ -101,7 +108,7 @@ class StepCoster:
         t = self._head.get(key)
         if t is None:
             ops = self._ops(StepShape(0.0, 0.0, 0.0, 0.0, 0.0, float(rows)))
-            t = sum(self._time(ops[n], graphed) for n in _SAMPLING)
+            t = sum(self._time(ops[n], graphed) for n in _SAMPLING if n in ops)
             self._head[key] = t
         return t
 
@@ -149,8 +156,21 @@ class StepCoster:
                   decodes: bool = True) -> float:
         """A step of ``shape`` over ``sequences`` sequences; ``prefill``: it holds a prefill
         chunk, so it is not replayed from a CUDA graph; ``decodes``: it holds decodes."""
+        return self.gpu_s(shape, prefill=prefill) + self.fixed_s(sequences, prefill=prefill,
+                                                                   decodes=decodes)
+
+    def gpu_s(self, shape: StepShape, *, prefill: bool) -> float:
+        """The step's operators alone, without the engine's host cost."""
         graphed = self.engine.cuda_graphs and not prefill
         return (self.linear_s(int(round(shape.tokens)), graphed)
                 + self.head_s(int(round(shape.logit_rows)), graphed)
-                + self.attention_s(shape, graphed)
-                + self.fixed_s(sequences, prefill=prefill, decodes=decodes))
+                + self.attention_s(shape, graphed))
+
+    def kv_capacity_tokens(self, max_num_seqs: int, step_tokens: int) -> int:
+        """Tokens of KV cache the replica holds (``planner.memory.kv_capacity_tokens``)."""
+        from planner.memory import kv_capacity_tokens
+
+        return kv_capacity_tokens(self.model, self.hardware, self.prep.precision, tp=self.tp,
+                                  options=self.options,
+                                  lm_head_sharded=self.engine.lm_head_sharded,
+                                  max_num_seqs=max_num_seqs, step_tokens=step_tokens)

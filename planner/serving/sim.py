@@ -154,13 +154,9 @@ class _State:
 
 
 def kv_capacity_tokens(coster: StepCoster, cfg: SchedulerConfig) -> int:
-    """Tokens of KV cache the replica holds (``planner.memory.kv_capacity_tokens`` at this
-    scheduler's step size)."""
-    from planner.memory import kv_capacity_tokens as capacity
-
-    return capacity(coster.model, coster.hardware, coster.prep.precision, tp=coster.tp,
-                    options=coster.options, lm_head_sharded=coster.engine.lm_head_sharded,
-                    max_num_seqs=cfg.max_num_seqs, step_tokens=cfg.max_num_batched_tokens)
+    """Tokens of KV cache the replica holds at this scheduler's step size (the coster's
+    layout decides: one TP group, pipeline stages, expert-parallel GPUs)."""
+    return coster.kv_capacity_tokens(cfg.max_num_seqs, cfg.max_num_batched_tokens)
 
 
 def simulate(requests: list[Request], coster: StepCoster, cfg: SchedulerConfig, *,
