@@ -44,6 +44,7 @@ from planner.cli_common import (
     WeightsOpt,
     WeightsOption,
     check_context,
+    check_layout,
     json_out,
     options_from,
     positive,
@@ -128,7 +129,8 @@ def estimate(
         "(memory per stage, TPOT with micro-batches in flight, TTFT, transfers).")] = 1,
     ep: Annotated[int, typer.Option(
         "--ep", help="Expert-parallel GPUs for a MoE model (attention data-parallel, each GPU "
-        "1/N of the experts and of the batch): adds the Expert parallel section.")] = 1,
+        "1/N of the experts and of the batch): adds the Expert parallel section (TTFT, TPOT, "
+        "load imbalance, all-to-all, memory).")] = 1,
     speculative: Annotated[Optional[SpecMethod], typer.Option(
         help="Speculative decoding: a draft model, the model's own MTP layer (DeepSeek), or "
              "n-gram prompt lookup; adds its section (TPOT, gain by batch, break-even).")] =
@@ -169,15 +171,7 @@ def estimate(
                        parallelism=Parallelism(tp=tp), options=opts, calibration=cal,
                        price_usd_per_gpu_hour=price_per_hour, measured_tpot_s=measured_tpot,
                        measured_ttft_s=measured_ttft)
-    positive("--pp", pp)
-    if pp > 1024:
-        raise LlmplanError(f"--pp: at most 1024 stages, got {pp}")
-    positive("--ep", ep)
-    if ep > 100_000:
-        raise LlmplanError(f"--ep: at most 100,000 GPUs, got {ep}")
-    if ep > 1 and (tp > 1 or pp > 1):
-        raise LlmplanError("--ep runs attention data-parallel on each GPU: give --tp 1 and "
-                           "--pp 1 with it")
+    check_layout(m, tp, pp, ep)
     wants_spec = bool(speculative is not None or draft_model or num_speculative_tokens
                       or acceptance_rate)
     expert = pipe = spec = None

@@ -60,6 +60,11 @@ ModelOpt = Annotated[str, typer.Option(
     help="Built-in model name, a YAML file, an HF config.json or a snapshot folder.")]
 GpuOpt = Annotated[str, typer.Option("--gpu", "-g", help="Built-in GPU name or a YAML file.")]
 TpOpt = Annotated[int, typer.Option("--tp", help="Tensor-parallel GPUs.")]
+PpOpt = Annotated[int, typer.Option(
+    "--pp", help="Pipeline-parallel stages, each on --tp GPUs (vLLM's split of the layers).")]
+EpOpt = Annotated[int, typer.Option(
+    "--ep", help="Expert-parallel GPUs for a MoE model: each holds 1/N of the routed experts, "
+                 "attention data-parallel (give --tp 1 --pp 1 with it).")]
 WeightsOption = Annotated[WeightsOpt, typer.Option("--weights", help="Weight precision.")]
 KVOption = Annotated[Optional[KVOpt], typer.Option(
     "--kv-cache", help="KV-cache precision (default: the 16-bit type of the weights).")]
@@ -206,3 +211,24 @@ ChunkOpt = Annotated[int, typer.Option(
 DEFAULT_CHUNK = _O["prefill_chunk_tokens"].default
 DEFAULT_RESERVE_GIB = _O["reserve_bytes"].default / GIB
 DEFAULT_UTIL = _O["memory_utilization_frac"].default
+
+
+def check_layout(m, tp: int, pp: int, ep: int) -> None:
+    """--tp, --pp and --ep of one replica: within bounds, and a layout the model allows."""
+    from planner.expert import check_ep
+    from planner.ops import check_tp
+    from planner.pipeline import stage_layers
+
+    for name, v in (("--tp", tp), ("--pp", pp), ("--ep", ep)):
+        positive(name, v)
+    if pp > 1024:
+        raise LlmplanError(f"--pp: at most 1024 stages, got {pp}")
+    if ep > 100_000:
+        raise LlmplanError(f"--ep: at most 100,000 GPUs, got {ep}")
+    if ep > 1 and (tp > 1 or pp > 1):
+        raise LlmplanError("--ep runs attention data-parallel on each GPU: give --tp 1 and "
+                           "--pp 1 with it")
+    check_tp(m, tp)
+    stage_layers(m.num_layers, pp)
+    if ep > 1:
+        check_ep(m, ep)

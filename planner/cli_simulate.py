@@ -17,17 +17,20 @@ from planner.cli_common import (
     DEFAULT_UTIL,
     Attention,
     EngineOpt,
+    EpOpt,
     GpuOpt,
     GroupSizeOpt,
     JsonOpt,
     KVOption,
     ModelOpt,
+    PpOpt,
     ReserveOpt,
     TimeModel,
     TpOpt,
     UtilOpt,
     WeightsOpt,
     WeightsOption,
+    check_layout,
     json_out,
     options_from,
     output_path,
@@ -110,6 +113,8 @@ def simulate(
     gpu: GpuOpt,
     engine: EngineOpt = DEFAULT_ENGINE,
     tp: TpOpt = 1,
+    pp: PpOpt = 1,
+    ep: EpOpt = 1,
     weights: WeightsOption = WeightsOpt.bf16,
     kv_cache: KVOption = None,
     group_size: GroupSizeOpt = 128,
@@ -164,12 +169,12 @@ def simulate(
     as_json: JsonOpt = False,
 ) -> None:
     """Simulate one replica serving a request stream: continuous or static batching, paged or
-    contiguous KV, each step costed by the estimate's operator and engine model."""
+    contiguous KV, each step costed by the estimate's operator and engine model. A replica is
+    --tp GPUs, --tp x --pp over pipeline stages, or --ep expert-parallel GPUs."""
     from planner import catalog
     from planner.estimate import prepare
-    from planner.ops import check_tp
-    from planner.serving.cost import StepCoster
     from planner.serving.metrics import summary
+    from planner.serving.parallel import layout_coster
     from planner.serving.sim import SchedulerConfig
     from planner.serving.sim import simulate as run
     from planner.serving.traffic import replay, synthetic
@@ -200,7 +205,7 @@ def simulate(
     m = catalog.load_model(model)
     hw = catalog.load_hardware(gpu)
     eng = catalog.load_engine(engine)
-    check_tp(m, tp)
+    check_layout(m, tp, pp, ep)
     max_num_seqs = max_num_seqs or eng.max_num_seqs
     max_num_batched_tokens = max_num_batched_tokens or eng.max_num_batched_tokens
     block_size = block_size or eng.block_size
@@ -223,10 +228,11 @@ def simulate(
                          output_tokens=output_tokens, range_ratio=range_ratio,
                          request_rate=request_rate, burstiness=burstiness,
                          closed_loop=max_concurrency is not None, seed=seed)
-    coster = StepCoster(m, hw, prep, opts, tp=tp)
+    coster = layout_coster(m, hw, prep, opts, tp=tp, pp=pp, ep=ep)
     res = run(reqs, coster, cfg, sample_every_s=0.0 if plot else None)
     d = summary(res, ttft_slo_s=ttft_slo, tpot_slo_s=tpot_slo)
-    d = {"model": m.name, "gpu": hw.name, "tp": tp, "engine": eng.name,
+    d = {"model": m.name, "gpu": hw.name, "tp": tp, "pp": pp, "ep": ep,
+         "num_gpus": tp * pp * ep, "engine": eng.name,
          "weights": prep.precision.weights.value, "kv_cache": prep.precision.kv_cache.value,
          "scheduler": cfg.kind, "kv_layout": cfg.kv_layout,
          # as vLLM's result file writes it: a number, or "inf"
@@ -243,7 +249,8 @@ def simulate(
         rate = f"closed loop of {max_concurrency}" if max_concurrency else \
             f"{request_rate:g} req/s"
         csv_path = plot_simulation(res, plot, title=(
-            f"{m.label} on {tp} x {hw.display_name}, engine {eng.name}, {cfg.kind} batching, "
+            f"{m.label} on {_layout(tp, pp, ep)} x {hw.display_name}, engine {eng.name}, "
+            f"{cfg.kind} batching, "
             f"{cfg.kv_layout} KV: {len(reqs):,} requests at {rate}"))
         stderr.print(f"wrote {plot} and {csv_path}")
     if as_json:
@@ -251,6 +258,13 @@ def simulate(
                   for k, v in d.items()})
         return
     _render(d)
+
+
+def _layout(tp: int, pp: int, ep: int) -> str:
+    """"4", "8 (TP 4 x PP 2)", "16 (EP)": the GPUs of one replica."""
+    if ep > 1:
+        return f"{ep} (EP)"
+    return f"{tp * pp} (TP {tp} x PP {pp})" if pp > 1 else str(tp)
 
 
 def _write_trace(path: Path, res) -> None:
@@ -276,7 +290,8 @@ def _render(d: dict) -> None:
         f"{d['request_rate']} req/s"
     from planner.render import plain
 
-    stdout.print(f"[bold]{plain(d['model'])}[/] on {d['tp']} x {plain(d['gpu'])}, engine "
+    stdout.print(f"[bold]{plain(d['model'])}[/] on {_layout(d['tp'], d['pp'], d['ep'])} x "
+                 f"{plain(d['gpu'])}, engine "
                  f"{plain(d['engine'])}, "
                  f"{d['scheduler']} batching, {d['kv_layout']} KV; {d['num_prompts']:,} "
                  f"requests at {rate}")

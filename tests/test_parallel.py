@@ -175,8 +175,9 @@ def test_ep_prefill_on_one_gpu_is_the_estimate():
 def test_layouts_take_arrays_as_the_sweep_passes_them(layout):
     """The sweep passes batch, prompt and output as broadcastable arrays: every element must
     equal the scalar call."""
-    B, P, O = (np.array([1.0, 3, 64]).reshape(-1, 1, 1), np.array([100.0, 3000]).reshape(1, -1, 1),
-               np.array([10.0, 500]).reshape(1, 1, -1))
+    B = np.array([1.0, 3, 64]).reshape(-1, 1, 1)
+    P = np.array([100.0, 3000]).reshape(1, -1, 1)
+    O = np.array([10.0, 500]).reshape(1, 1, -1)  # noqa: E741
     if layout == "pp":
         m, hw, eng = catalog.load_model("llama-3.1-70b"), catalog.load_hardware("h100-sxm"), \
             catalog.load_engine("vllm")
@@ -283,3 +284,16 @@ def test_simulated_lone_request_sees_the_layouts_estimate(layout):
     # TPOT: the mean decode step over the output, which estimate takes at its mean context
     assert s["median_tpot_ms"] == pytest.approx(r.tpot_s * 1e3, rel=1e-3)
     assert s["max_running_requests"] == 1
+
+
+def test_simulate_cli_takes_a_layout(run_json, run_cli):
+    d = run_json("simulate", "-m", "llama-3.1-70b", "-g", "h100-sxm", "--tp", "2", "--pp", "2",
+                 "-n", "30", "--request-rate", "1")
+    assert (d["tp"], d["pp"], d["num_gpus"], d["completed"]) == (2, 2, 4, 30)
+    d = run_json("simulate", "-m", "qwen3-30b-a3b", "-g", "h100-sxm", "--ep", "4", "-n", "30")
+    assert d["ep"] == 4 and d["num_gpus"] == 4 and d["completed"] == 30
+    for args, msg in ((["-m", "llama-3.1-8b", "--ep", "2"], "no experts"),
+                      (["-m", "qwen3-30b-a3b", "--ep", "2", "--pp", "2"], "--tp 1"),
+                      (["-m", "tiny-llama-test", "--pp", "9"], "exceeds")):
+        code, _, err = run_cli("simulate", *args, "-g", "h100-sxm", "-n", "5")
+        assert code == 2 and msg in err and len(err.strip().splitlines()) == 1

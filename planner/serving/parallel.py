@@ -8,10 +8,12 @@ Each coster answers the simulator's two questions, ``step_time(shape, ...)`` and
 
 Pipeline (``PipelineCoster``): a step's sequences run as m = min(sequences, PP) micro-batches,
 the largest holding ceil(sequences / m) of them and that share of the step's work (vLLM
-schedules one batch per virtual engine; an even split is the balanced case). Each token waits for its micro-batch to pass every stage, and
-each stage serves the m micro-batches in turn, so the step takes
+schedules one batch per virtual engine; an even split is the balanced case). Each token
+waits for its micro-batch to pass every stage, and each stage serves the m micro-batches in
+turn, so the step takes
 
-    max(sum over stages of (stage + send) + host, m x max(max over stages of (stage + send), host))
+    max(sum over stages of (stage + send) + host,
+        m x max(max over stages of (stage + send), host))
 
 the host cost being the engine's per step and per sequence of one micro-batch. A prefill chunk
 of one sequence is one micro-batch. The KV pool is that of the tightest stage: each stage
