@@ -48,7 +48,8 @@ LIST_HELP = "Comma-separated; numbers take ranges: 4..256 doubles, 128..1024+128
 
 def build_grid(model: str, gpu: str, batch: str, prompt_tokens: str, output_tokens: str,
                weights: str, kv_cache: str | None, tp: str, group_size: int, options,
-               engine: str = DEFAULT_ENGINE, compute: str | None = None):
+               engine: str = DEFAULT_ENGINE, compute: str | None = None, pp: str = "1",
+               ep: str = "1"):
     """Parse the list options into a Grid (shared by sweep and report)."""
     from planner import catalog
     from planner.specs import DType
@@ -75,6 +76,8 @@ def build_grid(model: str, gpu: str, batch: str, prompt_tokens: str, output_toke
         kv_cache=[DType(k) for k in parse_choices(kv_cache, KV_CHOICES, "--kv-cache")]
         if kv_cache else [None],
         tps=parse_int_list(tp, "--tp"),
+        pps=parse_int_list(pp, "--pp"),
+        eps=parse_int_list(ep, "--ep"),
         group_size=group_size,
         options=options,
         engine=catalog.load_engine(engine),
@@ -100,6 +103,11 @@ def sweep(
     kv_cache: Annotated[Optional[str], typer.Option(
         help="KV precisions (default: the weights' 16-bit type).")] = None,
     tp: Annotated[str, typer.Option(help="Tensor-parallel sizes. " + LIST_HELP)] = "1",
+    pp: Annotated[str, typer.Option(
+        help="Pipeline-parallel stages, each of --tp GPUs. " + LIST_HELP)] = "1",
+    ep: Annotated[str, typer.Option(
+        help="Expert-parallel GPUs (MoE models, attention data-parallel; rows with --tp or "
+             "--pp above 1 are marked unsupported). " + LIST_HELP)] = "1",
     group_size: GroupSizeOpt = 128,
     time_model: TimeModelOpt = TimeModel.roofline,
     attention: AttentionOpt = Attention.flash,
@@ -117,7 +125,9 @@ def sweep(
     allow_longer_context: LongerOpt = False,
     as_json: JsonOpt = False,
 ) -> None:
-    """Evaluate a grid of configurations (vectorized); rows that do not fit are kept."""
+    """Evaluate a grid of configurations (vectorized); rows that do not fit are kept. Rows
+    with --pp or --ep above 1 carry the layout's timing, its largest per-GPU memory and its
+    cost over all its GPUs (no operator-level columns)."""
     from planner import catalog
     from planner.sweep import iter_sweep, to_frame, write_csv
 
@@ -127,7 +137,7 @@ def sweep(
                         memory_utilization, prefill_chunk_tokens)
     output_path(csv, "--csv")
     grid = build_grid(model, gpu, batch, prompt_tokens, output_tokens, weights, kv_cache, tp,
-                      group_size, opts, engine, compute.value if compute else None)
+                      group_size, opts, engine, compute.value if compute else None, pp, ep)
     for m in grid.models:  # the longest sequence of the grid must fit every model
         check_context(m, max(grid.prompt_tokens), max(grid.output_tokens), allow_longer_context,
                       "--prompt-tokens + --output-tokens (largest)")
@@ -155,7 +165,8 @@ def render_sweep(df, limit: int) -> None:
     from planner.render import table
     from planner.specs import GIB
 
-    axes = [("model", "model"), ("gpu", "gpu"), ("tp", "tp"), ("weights", "w"),
+    axes = [("model", "model"), ("gpu", "gpu"), ("tp", "tp"), ("pp", "pp"), ("ep", "ep"),
+            ("weights", "w"),
             ("kv_cache", "kv"), ("batch", "batch"), ("prompt_tokens", "prompt"),
             ("output_tokens", "out")]
     shown = [(k, h) for k, h in axes if df[k].nunique() > 1] or axes[:2]
@@ -168,11 +179,13 @@ def render_sweep(df, limit: int) -> None:
             rows.append(key + ["-", "-", "-", "-", "-", "-", "n/a", "-"])
             continue
         cost = d.get("cost_usd_per_million_output_tokens")
+        mbu = d.get("mbu")
         rows.append(key + ["yes" if d["fits"] else "NO", f"{d['total_memory_bytes'] / GIB:,.1f}",
                            f"{d['ttft_s'] * 1e3:,.4g}", f"{d['tpot_s'] * 1e3:,.4g}",
-                           f"{d['throughput_tokens_per_s']:,.0f}", fmt.pct(d["mbu"]),
-                           d["bound"], f"{cost:,.3f}" if cost == cost and cost is not None
-                           else "n/a"])
+                           f"{d['throughput_tokens_per_s']:,.0f}",
+                           fmt.pct(mbu) if mbu == mbu and mbu is not None else "-",
+                           d["bound"] if isinstance(d.get("bound"), str) else "-",
+                           f"{cost:,.3f}" if cost == cost and cost is not None else "n/a"])
     stdout.print(table(f"Sweep: {len(df):,} configurations", cols, rows,
                        left=sum(1 for k, _ in shown if k in ("model", "gpu", "weights",
                                                               "kv_cache")), compact=True))

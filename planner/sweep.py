@@ -88,6 +88,8 @@ class Grid:
     weights: Sequence[DType] = (DType.bf16,)
     kv_cache: Sequence[DType | None] = (None,)  # None: the weights' 16-bit type
     tps: Sequence[int] = (1,)
+    pps: Sequence[int] = (1,)  # pipeline stages, each of tp GPUs
+    eps: Sequence[int] = (1,)  # expert-parallel GPUs (MoE; only with tp = pp = 1)
     group_size: int = 128
     options: Options = field(default_factory=Options)
     engine: Engine = IDEAL
@@ -97,7 +99,7 @@ class Grid:
     def size(self) -> int:
         return (len(self.models) * len(self.gpus) * len(self.batches) * len(self.prompt_tokens)
                 * len(self.output_tokens) * len(self.weights) * len(self.kv_cache)
-                * len(self.tps))
+                * len(self.tps) * len(self.pps) * len(self.eps))
 
 
 @dataclass
@@ -134,17 +136,22 @@ def iter_sweep(g: Grid, *, calibration: Calibration | None = None,
                price_usd_per_gpu_hour: float | None = None,
                chunk_rows: int = 200_000) -> Iterator[Chunk]:
     """Yield the sweep as chunks of at most about ``chunk_rows`` rows, ordered by model, GPU,
-    weights, KV precision, TP, then batch, prompt and output tokens."""
+    weights, KV precision, TP, PP, EP, then batch, prompt and output tokens.
+
+    A layout with pipeline stages or expert parallelism (``pp`` or ``ep`` above 1) gets the
+    figures of ``planner.pipeline`` / ``planner.expert`` on the same arrays: timing, the
+    largest memory of any of its GPUs, whether every GPU fits, and cost over all its GPUs."""
     B = np.asarray(sorted(g.batches), dtype=np.float64)
     P = np.asarray(sorted(g.prompt_tokens), dtype=np.float64)
     O = np.asarray(sorted(g.output_tokens), dtype=np.float64)  # noqa: E741
-    for m, hw, w, kv, tp in itertools.product(g.models, g.gpus, g.weights, g.kv_cache, g.tps):
+    for m, hw, w, kv, tp, pp, ep in itertools.product(g.models, g.gpus, g.weights, g.kv_cache,
+                                                      g.tps, g.pps, g.eps):
         prec = Precision.of(w, kv, g.group_size, g.compute)
-        base = {"model": m.name, "gpu": hw.name, "tp": tp, "num_gpus": tp,
-                "weights": prec.weights.value, "kv_cache": prec.kv_cache.value,
-                "engine": g.engine.name}
+        base = {"model": m.name, "gpu": hw.name, "tp": tp, "pp": pp, "ep": ep,
+                "num_gpus": tp * pp * ep, "weights": prec.weights.value,
+                "kv_cache": prec.kv_cache.value, "engine": g.engine.name}
         try:
-            check_tp(m, tp)
+            check_layout(m, tp, pp, ep)
             prep = prepare(hw, prec, calibration, g.options, g.engine)
             prec, notes = prep.precision, list(prep.notes)
         except LlmplanError as err:
@@ -161,6 +168,15 @@ def iter_sweep(g: Grid, *, calibration: Calibration | None = None,
                             {k: np.broadcast_to(v, shape).ravel() for k, v in flat.items()},
                             [*base, "compute", *flat, "fits", "supported", "note"])
                 continue
+            if pp > 1 or ep > 1:
+                cols = _layout_columns(m, hw, prep, g.options, tp, pp, ep, b, p, o, price)
+                arrays = {k: np.broadcast_to(v, shape).ravel() for k, v in cols.items()}
+                consts = {**base, "compute": prec.compute_dtype.value,
+                          "price_usd_per_gpu_hour": price, "supported": True,
+                          "note": "; ".join(notes)}
+                yield Chunk(n, consts, arrays, [*base, "compute", *cols,
+                                                "price_usd_per_gpu_hour", "supported", "note"])
+                continue
             est = assemble(m, hw, prep, g.options, tp=tp, batch=b, prompt_tokens=p,
                            output_tokens=o, price_usd_per_gpu_hour=price, notes=notes)
             cols = est.columns()
@@ -176,6 +192,45 @@ def iter_sweep(g: Grid, *, calibration: Calibration | None = None,
             consts["supported"] = True
             consts["note"] = "; ".join(notes)
             yield Chunk(n, consts, arrays, [*base, "compute", *cols, "bound", "supported", "note"])
+
+
+def check_layout(m: ModelSpec, tp: int, pp: int, ep: int) -> None:
+    """A layout the model allows (the sweep records the reason of one it does not)."""
+    from planner.expert import check_ep
+    from planner.pipeline import stage_layers
+
+    if ep > 1 and (tp > 1 or pp > 1):
+        raise UsageError("expert parallelism runs attention data-parallel: tp and pp must be 1")
+    check_tp(m, tp)
+    stage_layers(m.num_layers, pp)
+    if ep > 1:
+        check_ep(m, ep)
+
+
+def _layout_columns(m: ModelSpec, hw: HardwareSpec, prep, o: Options, tp: int, pp: int,
+                    ep: int, b, p, out, price: float | None) -> dict:
+    """A pipeline or expert-parallel layout's figures over the grid's arrays."""
+    if ep > 1:
+        from planner.expert import expert_parallel
+
+        r = expert_parallel(m, hw, prep, o, ep=ep, batch=b, prompt_tokens=p, output_tokens=out)
+        memory, extra = r.total_bytes, {"expert_imbalance": r.imbalance,
+                                        "all_to_all_s": r.all_to_all_s}
+    else:
+        from planner.pipeline import pipeline
+
+        r = pipeline(m, hw, prep, o, tp=tp, pp=pp, batch=b, prompt_tokens=p, output_tokens=out)
+        memory, extra = r.max_memory_per_gpu_bytes, {"micro_batches": r.micro_batches}
+    latency = r.latency_s(out)
+    e2e = b * out / latency
+    cost = np.nan if price is None else price * r.gpus / 3600 / e2e * 1e6
+    usable = hw.memory_bytes * o.memory_utilization_frac
+    return {"batch": b, "prompt_tokens": p, "output_tokens": out,
+            "total_memory_bytes": memory, "usable_memory_bytes": usable,
+            "memory_used_frac": memory / usable, "fits": r.fits, "ttft_s": r.ttft_s,
+            "tpot_s": r.tpot_s, "latency_s": latency, "throughput_tokens_per_s": b / r.tpot_s,
+            "e2e_throughput_tokens_per_s": e2e, "cost_usd_per_million_output_tokens": cost,
+            **extra}
 
 
 _INT_COLUMNS = ("batch", "prompt_tokens", "output_tokens", "max_batch", "usable_optimal_batch")

@@ -297,3 +297,34 @@ def test_simulate_cli_takes_a_layout(run_json, run_cli):
                       (["-m", "tiny-llama-test", "--pp", "9"], "exceeds")):
         code, _, err = run_cli("simulate", *args, "-g", "h100-sxm", "-n", "5")
         assert code == 2 and msg in err and len(err.strip().splitlines()) == 1
+
+
+def test_sweep_rows_of_a_layout_are_its_estimate(run_json, tmp_path):
+    from planner.sweep import Grid, iter_sweep, sweep, write_csv
+
+    m, hw, eng = catalog.load_model("llama-3.1-70b"), catalog.load_hardware("h100-sxm"), \
+        catalog.load_engine("vllm")
+    g = Grid(models=[m], gpus=[hw], batches=[1, 48], prompt_tokens=[700], output_tokens=[90],
+             tps=[2], pps=[1, 3], engine=eng)
+    df = sweep(g)
+    assert list(df["pp"]) == [1, 1, 3, 3] and list(df["num_gpus"]) == [2, 2, 6, 6]
+    prep = prepare(hw, Precision(), None, Options(), eng)
+    for b in (1, 48):
+        r = pipeline(m, hw, prep, Options(), tp=2, pp=3, batch=b, prompt_tokens=700,
+                     output_tokens=90)
+        row = df[(df["pp"] == 3) & (df["batch"] == b)].iloc[0]
+        assert row["tpot_s"] == pytest.approx(r.tpot_s, rel=1e-12)
+        assert row["ttft_s"] == pytest.approx(r.ttft_s, rel=1e-12)
+        assert row["total_memory_bytes"] == pytest.approx(r.max_memory_per_gpu_bytes)
+        assert row["cost_usd_per_million_output_tokens"] == pytest.approx(
+            r.cost_usd_per_million_output_tokens(hw.price.usd_per_gpu_hour, b, 90))
+    assert write_csv(iter_sweep(g), tmp_path / "s.csv") == 4
+    rows = run_json("sweep", "-m", "qwen3-30b-a3b", "-g", "h100-sxm", "--ep", "1,4", "--tp",
+                    "1,2", "-b", "16")
+    by = {(r["tp"], r["ep"]): r for r in rows}
+    assert by[(1, 4)]["supported"] and by[(1, 4)]["num_gpus"] == 4
+    assert not by[(2, 4)]["supported"] and "data-parallel" in by[(2, 4)]["note"]
+    x = expert_parallel(m := catalog.load_model("qwen3-30b-a3b"), hw,
+                        prepare(hw, Precision(), None, Options(), eng), Options(), ep=4,
+                        batch=16, prompt_tokens=512, output_tokens=128)
+    assert by[(1, 4)]["tpot_s"] == pytest.approx(x.tpot_s, rel=1e-12)
