@@ -161,7 +161,14 @@ def plan(
         help="Traffic: output tokens per second (instead of --rps).")] = None,
     gpu: Annotated[Optional[str], typer.Option(
         "--gpu", "-g", help="GPUs to consider (default: all of hardware_db).")] = None,
-    tp: Annotated[str, typer.Option(help="GPUs per replica.")] = "1,2,4,8",
+    tp: Annotated[str, typer.Option(help="Tensor-parallel GPUs per replica (or per stage).")]
+    = "1,2,4,8",
+    pp: Annotated[str, typer.Option(
+        help="Pipeline stages per replica, each of --tp GPUs.")] = "1,2",
+    ep: Annotated[str, typer.Option(
+        help="Expert-parallel GPUs per replica, attention data-parallel (MoE models; with TP "
+             "and PP 1). auto: 1 and the powers of two up to 16 that divide the experts.")] =
+    "auto",
     weights: Annotated[str, typer.Option(help="Weight precisions.")] = "bf16,fp8,int8,int4",
     kv_cache: Annotated[str, typer.Option(help="KV precisions (16 = the weights' 16-bit).")
                         ] = "16,fp8",
@@ -192,7 +199,7 @@ def plan(
     batches)."""
     from planner import catalog
     from planner.budget import parse_quantity
-    from planner.plan import SimSettings, Targets, plot_pareto, search
+    from planner.plan import SimSettings, Targets, default_eps, layout_label, plot_pareto, search
     from planner.render import plain, table
     from planner.specs import DType
     from planner.sweep import parse_int_list, parse_str_list
@@ -224,6 +231,10 @@ def plan(
         raise LlmplanError(f"--range-ratio: must be in [0, 1), got {range_ratio:g}")
     req = rps if rps is not None else tokens_per_s / output_tokens
     m = catalog.load_model(model)
+    tps, pps = parse_int_list(tp, "--tp"), parse_int_list(pp, "--pp")
+    eps = default_eps(m) if ep.strip() == "auto" else parse_int_list(ep, "--ep")
+    if max(eps) > 1 and m.moe is None:
+        raise LlmplanError(f"--ep: {m.name} has no experts (not a mixture-of-experts model)")
     check_context(m, prompt_tokens, output_tokens, allow_longer_context)
     gpus = [catalog.load_hardware(g) for g in (parse_str_list(gpu) if gpu
                                                 else catalog.gpu_names())]
@@ -246,7 +257,7 @@ def plan(
     _some_precision_runs(gpus, wl, cdt, cal, eng)
     if scheduler == "continuous":
         _plan_continuous(m, gpus, prompt_tokens=prompt_tokens, output_tokens=output_tokens,
-                         targets=Targets(t_ttft, t_tpot, req), tps=parse_int_list(tp, "--tp"),
+                         targets=Targets(t_ttft, t_tpot, req), tps=tps, pps=pps, eps=eps,
                          weights=wl, kv_cache=kvl, calibration=cal,
                          price_per_hour=price_per_hour, engine=eng,
                          settings=SimSettings(percentile=percentile, num_requests=sim_requests,
@@ -255,7 +266,7 @@ def plan(
                          label=(ttft, tpot, req), compute=cdt)
         return
     df = search(m, gpus, prompt_tokens=prompt_tokens, output_tokens=output_tokens,
-                targets=Targets(t_ttft, t_tpot, req), tps=parse_int_list(tp, "--tp"),
+                targets=Targets(t_ttft, t_tpot, req), tps=tps, pps=pps, eps=eps,
                 weights=wl, kv_cache=kvl, calibration=cal, price_usd_per_gpu_hour=price_per_hour,
                 engine=eng, compute=cdt)
     feas = df[df["meets_targets"]]
@@ -274,15 +285,16 @@ def plan(
         raise typer.Exit(1)
     rows = []
     for r in feas.head(top).itertuples():
-        rows.append([int(r.rank), r.gpu, r.tp, r.weights, r.kv_cache, r.batch,
-                     int(r.replicas), int(r.total_gpus),
+        rows.append([int(r.rank), r.gpu, layout_label(r.tp, r.pp, r.ep), r.weights,
+                     r.kv_cache, r.batch, int(r.replicas), int(r.total_gpus),
                      f"{r.ttft_s * 1e3:,.0f}", f"{r.tpot_s * 1e3:,.1f}",
-                     f"{r.memory_headroom_frac:.0%}", r.bound,
+                     f"{r.memory_headroom_frac:.0%}",
+                     r.bound if isinstance(r.bound, str) else "-",
                      f"{r.usd_per_hour:,.2f}",
                      f"{r.cost_usd_per_million_output_tokens_at_traffic:,.3f}"])
     stdout.print(table(f"{plain(m.label)}: {len(feas):,} of {len(df):,} configurations meet "
                        f"TTFT <= {ttft}, TPOT <= {tpot} at {req:g} req/s",
-                       ["#", "gpu", "tp", "w", "kv", "batch", "rep-\nlicas", "GPUs",
+                       ["#", "gpu", "layout", "w", "kv", "batch", "rep-\nlicas", "GPUs",
                         "TTFT\nms", "TPOT\nms", "free\nmem", "bound", "$/h", "$/1M\nout"],
                        rows, left=5, compact=True))
 
@@ -307,14 +319,15 @@ def _some_precision_runs(gpus, weights, compute, cal, eng) -> None:
 
 def _plan_continuous(m, gpus, *, prompt_tokens, output_tokens, targets, tps, weights, kv_cache,
                      calibration, price_per_hour, engine, settings, top, csv, plot, as_json,
-                     label, compute=None) -> None:
-    from planner.plan import plot_pareto, search_continuous
+                     label, compute=None, pps=(1,), eps=(1,)) -> None:
+    from planner.plan import layout_label, plot_pareto, search_continuous
     from planner.render import plain, table
 
     df = search_continuous(m, gpus, prompt_tokens=prompt_tokens, output_tokens=output_tokens,
                            targets=targets, tps=tps, weights=weights, kv_cache=kv_cache,
                            calibration=calibration, price_usd_per_gpu_hour=price_per_hour,
-                           engine=engine, settings=settings, top=top, compute=compute)
+                           engine=engine, settings=settings, top=top, compute=compute,
+                           pps=pps, eps=eps)
     ttft, tpot, req = label
     p = settings.percentile
     name = "median" if p == 50 else f"p{p}"
@@ -335,7 +348,7 @@ def _plan_continuous(m, gpus, *, prompt_tokens, output_tokens, targets, tps, wei
         raise typer.Exit(1)
     rows = []
     for r in df.head(top).itertuples():
-        rows.append([int(r.rank), r.gpu, r.tp, r.weights, r.kv_cache,
+        rows.append([int(r.rank), r.gpu, layout_label(r.tp, r.pp, r.ep), r.weights, r.kv_cache,
                      f"{r.rate_per_replica:,.3g}", f"{getattr(r, f'{name}_ttft_s') * 1e3:,.0f}",
                      f"{getattr(r, f'{name}_tpot_s') * 1e3:,.1f}", int(r.replicas),
                      int(r.total_gpus), f"{r.usd_per_hour:,.2f}",
@@ -344,6 +357,6 @@ def _plan_continuous(m, gpus, *, prompt_tokens, output_tokens, targets, tps, wei
                        f"{plain(tpot)} at {req:g} "
                        f"req/s; {len(df)} configurations simulated (continuous batching, "
                        f"engine {engine.name}), each replica sized for the rate shown",
-                       ["#", "gpu", "tp", "w", "kv", "req/s\neach", f"{name}\nTTFT ms",
+                       ["#", "gpu", "layout", "w", "kv", "req/s\neach", f"{name}\nTTFT ms",
                         f"{name}\nTPOT ms", "rep-\nlicas", "GPUs", "$/h", "$/1M\nout"], rows,
                        left=5, compact=True))

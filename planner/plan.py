@@ -1,10 +1,12 @@
 """`llmplan plan`: the cheapest deployments that meet latency targets at a traffic level.
 
-Searches GPUs x TP x weight and KV precision x batch with the vectorized sweep, keeps the
+Searches GPUs x layout (TP, TP x PP pipeline stages, or EP expert-parallel GPUs) x weight and
+KV precision x batch with the vectorized sweep, keeps the
 configurations that are supported, fit, and meet the TTFT and TPOT targets, and sizes each for
 the traffic with static batching: a replica completes ``batch`` requests every ``latency_s``,
 so it serves batch / latency requests per second, and the traffic needs
-ceil(requests per second / that) replicas of ``tp`` GPUs each. Ranked by the cost per million
+ceil(requests per second / that) replicas of tp x pp x ep GPUs each.
+Ranked by the cost per million
 output tokens at that traffic (GPUs x price per GPU-hour / output tokens per hour), then by
 latency. Imports numpy and pandas (through the sweep).
 """
@@ -12,7 +14,7 @@ latency. Imports numpy and pandas (through the sweep).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import pandas as pd
@@ -20,6 +22,22 @@ import pandas as pd
 from planner.engine import IDEAL, Engine
 from planner.specs import Calibration, DType, HardwareSpec, ModelSpec, Options, Precision
 from planner.sweep import Grid, iter_sweep, to_frame
+
+
+def layout_label(tp: int, pp: int = 1, ep: int = 1) -> str:
+    """"TP4", "TP8xPP2", "EP16": one replica's layout."""
+    if ep > 1:
+        return f"EP{ep}"
+    return f"TP{tp}xPP{pp}" if pp > 1 else f"TP{tp}"
+
+
+def default_eps(model: ModelSpec, most: int = 16) -> list[int]:
+    """Expert-parallel sizes worth searching: 1, and for a MoE model the powers of two up to
+    ``most`` that divide its experts."""
+    if model.moe is None:
+        return [1]
+    return [n for n in (1, 2, 4, 8, 16, 32, 64) if n <= most and
+            model.moe.num_experts % n == 0]
 
 
 @dataclass(frozen=True)
@@ -35,7 +53,7 @@ def search(model: ModelSpec, gpus: list[HardwareSpec], *, prompt_tokens: int,
            kv_cache=(None, DType.fp8), batches=None, options: Options | None = None,
            calibration: Calibration | None = None,
            price_usd_per_gpu_hour: float | None = None, engine: Engine = IDEAL,
-           compute: DType | None = None) -> pd.DataFrame:
+           compute: DType | None = None, pps=(1,), eps=(1,)) -> pd.DataFrame:
     """Every configuration searched, with ``meets_targets`` and, for those that do, the
     replicas, GPUs, cost at the traffic and ``rank`` (1 = cheapest). ``compute``: the type
     the matmuls run in (None: from the weights)."""
@@ -43,11 +61,18 @@ def search(model: ModelSpec, gpus: list[HardwareSpec], *, prompt_tokens: int,
                           768, 1024]
     grid = Grid(models=[model], gpus=gpus, batches=batches, prompt_tokens=[prompt_tokens],
                 output_tokens=[output_tokens], weights=list(weights), kv_cache=list(kv_cache),
-                tps=list(tps), options=options or Options(), engine=engine, compute=compute)
-    df = to_frame(iter_sweep(grid, calibration=calibration,
+                tps=list(tps), pps=list(pps), options=options or Options(), engine=engine,
+                compute=compute)
+    chunks = list(iter_sweep(grid, calibration=calibration,
                              price_usd_per_gpu_hour=price_usd_per_gpu_hour))
+    experts = [n for n in eps if n > 1]
+    if experts:  # expert parallelism runs attention data-parallel: TP and PP are 1
+        chunks += iter_sweep(replace(grid, tps=[1], pps=[1], eps=experts),
+                             calibration=calibration,
+                             price_usd_per_gpu_hour=price_usd_per_gpu_hour)
+    df = to_frame(chunks)
     # kv "None" means the weights' 16-bit type; an explicit bf16 would duplicate those rows
-    df = df.drop_duplicates(subset=["gpu", "tp", "weights", "kv_cache", "batch"])
+    df = df.drop_duplicates(subset=["gpu", "tp", "pp", "ep", "weights", "kv_cache", "batch"])
     df = df.reset_index(drop=True)
     for col in ("ttft_s", "tpot_s", "latency_s", "price_usd_per_gpu_hour",
                 "total_memory_bytes", "usable_memory_bytes"):
@@ -67,7 +92,7 @@ def search(model: ModelSpec, gpus: list[HardwareSpec], *, prompt_tokens: int,
     df["requests_per_s_per_replica"] = per_replica
     replicas = np.ceil(targets.requests_per_s / per_replica)
     df["replicas"] = replicas.where(df["meets_targets"])
-    df["total_gpus"] = (replicas * df["tp"]).where(df["meets_targets"])
+    df["total_gpus"] = (replicas * df["num_gpus"]).where(df["meets_targets"])
     df["usd_per_hour"] = (df["total_gpus"] * price).where(df["meets_targets"])
     tokens_per_hour = targets.requests_per_s * output_tokens * 3600
     df["cost_usd_per_million_output_tokens_at_traffic"] = df["usd_per_hour"] / \
@@ -117,7 +142,8 @@ def plot_pareto(df: pd.DataFrame, path, *, title: str, top: int = 5) -> None:
         labels.add(r.latency_s, cost, f"#{int(r.rank)}", color="black", dx=5, dy=4,
                    fontsize=8)
         batch = f"{r.rate_per_replica:.3g} req/s each" if continuous else f"batch {r.batch}"
-        lines.append(f"#{int(r.rank)}  {int(r.replicas)} x {r.tp} {r.gpu}, {r.weights} "
+        lines.append(f"#{int(r.rank)}  {int(r.replicas)} x {layout_label(r.tp, r.pp, r.ep)} "
+                     f"{r.gpu}, {r.weights} "
                      f"weights, {r.kv_cache} KV, {batch}: ${cost:,.2f}/1M, "
                      f"{r.latency_s:.1f} s")
     ax.set_xscale("log")
@@ -160,18 +186,18 @@ def _percentile_ok(summary: dict, targets: Targets, p: int) -> bool:
 def replicas_needed(model: ModelSpec, hw: HardwareSpec, *, prep, options: Options, tp: int,
                     prompt_tokens: int, output_tokens: int, targets: Targets,
                     settings: SimSettings, upper_rate: float,
-                    max_factor: int = 64) -> tuple[int, dict | None]:
+                    max_factor: int = 64, pp: int = 1, ep: int = 1) -> tuple[int, dict | None]:
     """The fewest replicas that serve ``targets.requests_per_s`` with the
     ``settings.percentile`` TTFT and TPOT within the targets: each replica simulated with
     Poisson traffic at its share of the rate. Starts from the analytic bound (no fewer
     replicas can do) and searches upward, doubling then bisecting: a few simulations per
     configuration. (0, None) when even ``max_factor`` times the bound cannot."""
-    from planner.serving.cost import StepCoster
     from planner.serving.metrics import summary
+    from planner.serving.parallel import layout_coster
     from planner.serving.sim import SchedulerConfig, simulate
     from planner.serving.traffic import synthetic
 
-    coster = StepCoster(model, hw, prep, options, tp=tp)
+    coster = layout_coster(model, hw, prep, options, tp=tp, pp=pp, ep=ep)
     cfg = SchedulerConfig.for_engine(prep.engine)
     seen: dict[int, dict] = {}
 
@@ -210,7 +236,7 @@ def search_continuous(model: ModelSpec, gpus: list[HardwareSpec], *, prompt_toke
                       calibration: Calibration | None = None,
                       price_usd_per_gpu_hour: float | None = None, engine: Engine = IDEAL,
                       settings: SimSettings | None = None, top: int = 10,
-                      compute: DType | None = None) -> pd.DataFrame:
+                      compute: DType | None = None, pps=(1,), eps=(1,)) -> pd.DataFrame:
     """The cheapest configurations sized by simulating continuous batching.
 
     Screened analytically first: a configuration must fit, be priced and meet both targets
@@ -228,9 +254,10 @@ def search_continuous(model: ModelSpec, gpus: list[HardwareSpec], *, prompt_toke
                 targets=Targets(math.inf, targets.tpot_s, targets.requests_per_s), tps=tps,
                 weights=weights, kv_cache=kv_cache, options=o, calibration=calibration,
                 price_usd_per_gpu_hour=price_usd_per_gpu_hour, engine=engine,
-                batches=[1, 2, 4, 8, 16, 32, 64, 128, 192, 256], compute=compute)
+                batches=[1, 2, 4, 8, 16, 32, 64, 128, 192, 256], compute=compute, pps=pps,
+                eps=eps)
     df = df[df["supported"].astype(bool) & df["priced"]]
-    keys = ["gpu", "tp", "weights", "kv_cache"]
+    keys = ["gpu", "tp", "pp", "ep", "weights", "kv_cache"]
     cands = []
     for key, g in df.groupby(keys, sort=False):
         one = g[g["batch"] == 1]
@@ -245,15 +272,15 @@ def search_continuous(model: ModelSpec, gpus: list[HardwareSpec], *, prompt_toke
         decode_s = float(b["tpot_s"] / b["batch"]) * output_tokens
         prefill_s = float((g["ttft_s"] / (g["batch"] * prompt_tokens)).min()) * prompt_tokens
         upper = 1.0 / (decode_s + prefill_s)  # requests/s: an upper bound
-        tp = int(key[1])
+        gpus_each = int(one["num_gpus"].iloc[0])
         price = float(one["price_usd_per_gpu_hour"].iloc[0])
-        lb = math.ceil(targets.requests_per_s / upper) * tp * price
-        cands.append((lb, key, upper, price, one.iloc[0]))
+        lb = math.ceil(targets.requests_per_s / upper) * gpus_each * price
+        cands.append((lb, key, upper, price, one.iloc[0], gpus_each))
     cands.sort(key=lambda c: c[0])
     gpu_by_name = {h.name: h for h in gpus}
     rows = []
     costs: list[float] = []
-    for lb, (gpu, tp, w, kv), upper, price, one in cands:
+    for lb, (gpu, tp, pp, ep, w, kv), upper, price, one, gpus_each in cands:
         if len(costs) >= top and lb > sorted(costs)[top - 1]:
             break
         hw = gpu_by_name[gpu]
@@ -262,15 +289,16 @@ def search_continuous(model: ModelSpec, gpus: list[HardwareSpec], *, prompt_toke
         replicas, s = replicas_needed(model, hw, prep=prep, options=o, tp=int(tp),
                                       prompt_tokens=prompt_tokens,
                                       output_tokens=output_tokens, targets=targets,
-                                      settings=st, upper_rate=upper)
+                                      settings=st, upper_rate=upper, pp=int(pp), ep=int(ep))
         if not replicas or s is None:
             continue
         rate = targets.requests_per_s / replicas
-        usd_per_hour = replicas * int(tp) * price
+        usd_per_hour = replicas * gpus_each * price
         costs.append(usd_per_hour)
         p = st.percentile
         name = "median" if p == 50 else f"p{p}"
-        rows.append({"gpu": gpu, "tp": int(tp), "weights": w, "kv_cache": kv,
+        rows.append({"gpu": gpu, "tp": int(tp), "pp": int(pp), "ep": int(ep),
+                     "num_gpus": gpus_each, "weights": w, "kv_cache": kv,
                      "engine": engine.name, "scheduler": "continuous",
                      "rate_per_replica": rate, "percentile": p,
                      f"{name}_ttft_s": s[f"{name}_ttft_ms"] / 1e3,
@@ -279,7 +307,7 @@ def search_continuous(model: ModelSpec, gpus: list[HardwareSpec], *, prompt_toke
                      "mean_running_requests": s["mean_running_requests"],
                      "max_running_requests": s["max_running_requests"],
                      "batch": engine.max_num_seqs, "meets_targets": True,
-                     "replicas": replicas, "total_gpus": replicas * int(tp),
+                     "replicas": replicas, "total_gpus": replicas * gpus_each,
                      "price_usd_per_gpu_hour": price, "usd_per_hour": usd_per_hour,
                      "cost_usd_per_million_output_tokens_at_traffic":
                          usd_per_hour / (targets.requests_per_s * output_tokens * 3600) * 1e6,

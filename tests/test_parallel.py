@@ -328,3 +328,48 @@ def test_sweep_rows_of_a_layout_are_its_estimate(run_json, tmp_path):
                         prepare(hw, Precision(), None, Options(), eng), Options(), ep=4,
                         batch=16, prompt_tokens=512, output_tokens=128)
     assert by[(1, 4)]["tpot_s"] == pytest.approx(x.tpot_s, rel=1e-12)
+
+
+def test_plan_searches_pipeline_stages_when_tp_alone_cannot_hold_the_model(run_json):
+    # Llama-3.1-405B in bf16 is 811 GB: 8 H100s (8 x 80 GiB x 0.9 = 618 GB usable) cannot
+    # hold it at TP 8, two stages of TP 8 can
+    rows = run_json("plan", "-m", "llama-3.1-405b", "-g", "h100-sxm", "--weights", "bf16",
+                    "--kv-cache", "16", "--tp", "8", "--pp", "1,2", "--ttft", "10s",
+                    "--tpot", "200ms", "--rps", "1", "--scheduler", "static")
+    feas = [r for r in rows if r["meets_targets"]]
+    assert feas and all((r["tp"], r["pp"]) == (8, 2) for r in feas)
+    assert not any(r["fits"] for r in rows if r["pp"] == 1)
+    best = feas[0]
+    # static sizing: a replica completes `batch` requests per latency
+    assert best["replicas"] == math.ceil(1 / (best["batch"] / best["latency_s"]))
+    assert best["total_gpus"] == best["replicas"] * 16
+    assert best["usd_per_hour"] == pytest.approx(best["total_gpus"] * 6.88)
+
+
+def test_continuous_plan_sizes_expert_parallel_replicas(run_json):
+    rows = run_json("plan", "-m", "qwen3-30b-a3b", "-g", "h100-sxm", "--weights", "bf16",
+                    "--kv-cache", "16", "--tp", "1", "--pp", "1", "--ep", "1,4",
+                    "--ttft", "2s", "--tpot", "50ms", "--rps", "20", "--sim-requests", "100",
+                    "--top", "4")
+    eps = {r["ep"] for r in rows}
+    assert eps == {1, 4}
+    for r in rows:
+        assert r["total_gpus"] == r["replicas"] * r["ep"] and r["num_gpus"] == r["ep"]
+        assert r["p90_ttft_s"] <= 2 and r["p90_tpot_s"] <= 0.05
+    # one replica fewer than chosen does not meet the targets
+    r = next(r for r in rows if r["ep"] == 4)
+    from planner.plan import SimSettings, Targets, replicas_needed
+
+    m, hw = catalog.load_model("qwen3-30b-a3b"), catalog.load_hardware("h100-sxm")
+    opts = Options()
+    prep = prepare(hw, Precision(), None, opts, catalog.load_engine("vllm"))
+    n, _ = replicas_needed(m, hw, prep=prep, options=opts, tp=1, ep=4, prompt_tokens=1024,
+                           output_tokens=256, targets=Targets(2, 0.05, 20),
+                           settings=SimSettings(num_requests=100), upper_rate=1e9)
+    assert n == r["replicas"]
+
+
+def test_plan_refuses_ep_for_a_dense_model(run_cli):
+    code, _, err = run_cli("plan", "-m", "llama-3.1-8b", "--ep", "2", "--ttft", "1s",
+                           "--tpot", "50ms", "--rps", "1")
+    assert code == 2 and "no experts" in err
