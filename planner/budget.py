@@ -1,6 +1,7 @@
 """Capacity budgets: deployments with limits on what the planner predicts for them.
 
-A budget lists deployments (model, GPU, TP, precisions, workload) and limits, written with
+A budget lists deployments (model, GPU, TP and optionally PP stages or EP GPUs, precisions,
+workload) and limits, written with
 units where that helps (``50ms``, ``2s``, ``80%``, ``$0.50``, ``1.5k``). ``check`` predicts
 each deployment and compares: a limit holds or fails, and by how much. Pure: the YAML is read
 by ``planner.catalog``; models and GPUs are resolved by the caller.
@@ -129,6 +130,8 @@ class Deployment(_Strict):
     model: str
     gpu: str
     tp: int = Field(1, gt=0, le=100_000)
+    pp: int = Field(1, gt=0, le=1024)  # pipeline stages, each of tp GPUs
+    ep: int = Field(1, gt=0, le=100_000)  # expert-parallel GPUs (MoE, with tp = pp = 1)
     engine: str | None = None  # engines_db name or YAML path (default: check's --engine)
     weights: DType = DType.bf16
     kv_cache: DType | None = None
@@ -140,7 +143,11 @@ class Deployment(_Strict):
 
     @property
     def label(self) -> str:
-        return self.name or f"{self.model} on {self.tp}x{self.gpu} {self.weights.value}"
+        if self.name:
+            return self.name
+        layout = f"EP{self.ep} " if self.ep > 1 else \
+            f"{self.tp}x{self.pp}x" if self.pp > 1 else f"{self.tp}x"
+        return f"{self.model} on {layout}{self.gpu} {self.weights.value}"
 
 
 class Budget(_Strict):
@@ -181,7 +188,7 @@ def evaluate(dep: Deployment, est, fits_at_est=None) -> list[Result]:
         if bound is None:
             continue
         value = getattr(est, attr) if attr != "memory_used_frac" else est.memory.used_frac
-        if value is None:  # e.g. no price for this GPU
+        if value is None:  # e.g. no price for this GPU, no MBU for a pipeline
             out.append(Result(dep.label, name, what, None, bound, direction, False, None))
             continue
         if direction == "max":

@@ -66,6 +66,28 @@ def _message(r) -> str:
     return f"{r.deployment}: {r.what} predicted {got}, limit {op} {want}{by}"
 
 
+def _layout(m, hw, dep, kw, cal):
+    """A pipeline or expert-parallel deployment's figures (``planner.layout``), at the
+    workload's sequences and, for ``fits_at``, at that many."""
+    from planner.estimate import prepare, resolve_price
+    from planner.layout import layout_figures
+    from planner.specs import Options
+
+    if dep.limits.mbu_min is not None:
+        raise LlmplanError("mbu_min: MBU is not predicted for pp or ep layouts")
+    opts = Options()
+    prep = prepare(hw, kw["precision"], cal, opts, kw["engine"])
+    price, _ = resolve_price(hw, dep.price_per_hour)
+    wl = dep.workload
+
+    def at(batch: int):
+        return layout_figures(m, hw, prep, opts, tp=dep.tp, pp=dep.pp, ep=dep.ep, batch=batch,
+                              prompt_tokens=wl.prompt_tokens, output_tokens=wl.output_tokens,
+                              price_usd_per_gpu_hour=price)
+
+    return at(wl.sequences), at(dep.limits.fits_at) if dep.limits.fits_at else None
+
+
 def check(
     budget: Annotated[Path, typer.Argument(help="Budget YAML (see examples/budget.yaml).")],
     engine: Annotated[str, typer.Option(
@@ -102,14 +124,18 @@ def check(
             kw = dict(precision=prec, parallelism=Parallelism(tp=dep.tp), calibration=cal,
                       price_usd_per_gpu_hour=dep.price_per_hour, engine=eng)
             wl = dep.workload
-            est = estimate(m, hw, workload=Workload(batch=wl.sequences,
-                                                    prompt_tokens=wl.prompt_tokens,
-                                                    output_tokens=wl.output_tokens), **kw)
-            at = None
-            if dep.limits.fits_at:
-                at = estimate(m, hw, workload=Workload(batch=dep.limits.fits_at,
-                                                       prompt_tokens=wl.prompt_tokens,
-                                                       output_tokens=wl.output_tokens), **kw)
+            if dep.pp > 1 or dep.ep > 1:
+                est, at = _layout(m, hw, dep, kw, cal)
+            else:
+                est = estimate(m, hw, workload=Workload(batch=wl.sequences,
+                                                        prompt_tokens=wl.prompt_tokens,
+                                                        output_tokens=wl.output_tokens), **kw)
+                at = None
+                if dep.limits.fits_at:
+                    at = estimate(m, hw, workload=Workload(batch=dep.limits.fits_at,
+                                                           prompt_tokens=wl.prompt_tokens,
+                                                           output_tokens=wl.output_tokens),
+                                  **kw)
         except (LlmplanError, ValueError) as err:  # ValueError: pydantic's, e.g. weights fp32
             errs = getattr(err, "errors", None)
             msg = errs()[0]["msg"].removeprefix("Value error, ") if callable(errs) else str(err)

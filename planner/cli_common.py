@@ -215,9 +215,7 @@ DEFAULT_UTIL = _O["memory_utilization_frac"].default
 
 def check_layout(m, tp: int, pp: int, ep: int) -> None:
     """--tp, --pp and --ep of one replica: within bounds, and a layout the model allows."""
-    from planner.expert import check_ep
-    from planner.ops import check_tp
-    from planner.pipeline import stage_layers
+    from planner.layout import check_layout as allowed
 
     for name, v in (("--tp", tp), ("--pp", pp), ("--ep", ep)):
         positive(name, v)
@@ -228,7 +226,4 @@ def check_layout(m, tp: int, pp: int, ep: int) -> None:
     if ep > 1 and (tp > 1 or pp > 1):
         raise LlmplanError("--ep runs attention data-parallel on each GPU: give --tp 1 and "
                            "--pp 1 with it")
-    check_tp(m, tp)
-    stage_layers(m.num_layers, pp)
-    if ep > 1:
-        check_ep(m, ep)
+    allowed(m, tp, pp, ep)

@@ -24,7 +24,7 @@ import numpy as np
 from planner.engine import IDEAL, Engine
 from planner.errors import LlmplanError, UsageError
 from planner.estimate import assemble, prepare, resolve_price
-from planner.ops import check_tp
+from planner.layout import check_layout, layout_figures
 from planner.specs import Calibration, DType, HardwareSpec, ModelSpec, Options, Precision
 
 MAX_LIST = 1_000_000
@@ -194,43 +194,15 @@ def iter_sweep(g: Grid, *, calibration: Calibration | None = None,
             yield Chunk(n, consts, arrays, [*base, "compute", *cols, "bound", "supported", "note"])
 
 
-def check_layout(m: ModelSpec, tp: int, pp: int, ep: int) -> None:
-    """A layout the model allows (the sweep records the reason of one it does not)."""
-    from planner.expert import check_ep
-    from planner.pipeline import stage_layers
-
-    if ep > 1 and (tp > 1 or pp > 1):
-        raise UsageError("expert parallelism runs attention data-parallel: tp and pp must be 1")
-    check_tp(m, tp)
-    stage_layers(m.num_layers, pp)
-    if ep > 1:
-        check_ep(m, ep)
-
-
 def _layout_columns(m: ModelSpec, hw: HardwareSpec, prep, o: Options, tp: int, pp: int,
                     ep: int, b, p, out, price: float | None) -> dict:
     """A pipeline or expert-parallel layout's figures over the grid's arrays."""
-    if ep > 1:
-        from planner.expert import expert_parallel
-
-        r = expert_parallel(m, hw, prep, o, ep=ep, batch=b, prompt_tokens=p, output_tokens=out)
-        memory, extra = r.total_bytes, {"expert_imbalance": r.imbalance,
-                                        "all_to_all_s": r.all_to_all_s}
-    else:
-        from planner.pipeline import pipeline
-
-        r = pipeline(m, hw, prep, o, tp=tp, pp=pp, batch=b, prompt_tokens=p, output_tokens=out)
-        memory, extra = r.max_memory_per_gpu_bytes, {"micro_batches": r.micro_batches}
-    latency = r.latency_s(out)
-    e2e = b * out / latency
-    cost = np.nan if price is None else price * r.gpus / 3600 / e2e * 1e6
-    usable = hw.memory_bytes * o.memory_utilization_frac
-    return {"batch": b, "prompt_tokens": p, "output_tokens": out,
-            "total_memory_bytes": memory, "usable_memory_bytes": usable,
-            "memory_used_frac": memory / usable, "fits": r.fits, "ttft_s": r.ttft_s,
-            "tpot_s": r.tpot_s, "latency_s": latency, "throughput_tokens_per_s": b / r.tpot_s,
-            "e2e_throughput_tokens_per_s": e2e, "cost_usd_per_million_output_tokens": cost,
-            **extra}
+    f = layout_figures(m, hw, prep, o, tp=tp, pp=pp, ep=ep, batch=b, prompt_tokens=p,
+                       output_tokens=out, price_usd_per_gpu_hour=price)
+    cols = {"batch": b, "prompt_tokens": p, "output_tokens": out, **f.columns()}
+    if cols["cost_usd_per_million_output_tokens"] is None:
+        cols["cost_usd_per_million_output_tokens"] = np.nan
+    return cols
 
 
 _INT_COLUMNS = ("batch", "prompt_tokens", "output_tokens", "max_batch", "usable_optimal_batch")

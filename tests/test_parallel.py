@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -373,3 +374,43 @@ def test_plan_refuses_ep_for_a_dense_model(run_cli):
     code, _, err = run_cli("plan", "-m", "llama-3.1-8b", "--ep", "2", "--ttft", "1s",
                            "--tpot", "50ms", "--rps", "1")
     assert code == 2 and "no experts" in err
+
+
+def test_check_holds_pipeline_and_expert_deployments_to_their_limits(run_cli, tmp_path):
+    from planner.layout import layout_figures
+
+    b = tmp_path / "b.yaml"
+    b.write_text("""deployments:
+  - model: llama-3.1-405b
+    gpu: h100-sxm
+    tp: 8
+    pp: 2
+    weights: bf16
+    workload: {batch: 16, prompt_tokens: 2048, output_tokens: 256}
+    limits: {fits: true, tpot_s: 60ms, ttft_s: 5s, fits_at: 64}
+  - model: deepseek-v3
+    gpu: h200
+    ep: 16
+    weights: fp8
+    workload: {batch: 256, prompt_tokens: 2048, output_tokens: 256}
+    limits: {memory_frac: 80%, tpot_s: 40ms}
+""")
+    code, out, err = run_cli("check", str(b), "--json")
+    assert code == 1, err  # the 405B's TTFT over 5 s fails
+    d = json.loads(out)
+    by = {(r["deployment"], r["limit"]): r for r in d["results"]}
+    m, hw = catalog.load_model("llama-3.1-405b"), catalog.load_hardware("h100-sxm")
+    prep = prepare(hw, Precision(), None, Options(), catalog.load_engine("vllm"))
+    f = layout_figures(m, hw, prep, Options(), tp=8, pp=2, batch=16, prompt_tokens=2048,
+                       output_tokens=256)
+    k = "llama-3.1-405b on 8x2xh100-sxm bf16"
+    assert by[(k, "tpot_s")]["predicted"] == pytest.approx(f.tpot_s) and by[(k, "tpot_s")][
+        "passed"]
+    assert by[(k, "ttft_s")]["predicted"] == pytest.approx(f.ttft_s) and not by[(k, "ttft_s")][
+        "passed"]
+    assert by[(k, "fits")]["passed"] and by[(k, "fits_at")]["passed"]
+    ds = "deepseek-v3 on EP16 h200 fp8"
+    assert by[(ds, "memory_frac")]["passed"] and by[(ds, "tpot_s")]["passed"]
+    b.write_text(b.read_text().replace("memory_frac: 80%", "mbu_min: 50%"))
+    code, _, err = run_cli("check", str(b))
+    assert code == 2 and "mbu_min" in err and len(err.strip().splitlines()) == 1
