@@ -20,15 +20,18 @@ from planner.cli_common import (
     ChunkOpt,
     ComputeOpt,
     EngineOpt,
+    EpOpt,
     GroupSizeOpt,
     JsonOpt,
     LongerOpt,
     OverheadOpt,
+    PpOpt,
     ReserveOpt,
     TimeModel,
     TimeModelOpt,
     UtilOpt,
     check_context,
+    check_layout,
     json_out,
     options_from,
     output_path,
@@ -205,6 +208,8 @@ def report(
     kv_cache: Annotated[Optional[str], typer.Option(
         help="KV precision (default: the weights' 16-bit type).")] = None,
     tp: Annotated[int, typer.Option(help="Tensor-parallel GPUs.")] = 1,
+    pp: PpOpt = 1,
+    ep: EpOpt = 1,
     batch: Annotated[int, typer.Option(
         "--batch", "-b", help="Batch at which operators are placed on the roofline.")] = 16,
     prompt_tokens: Annotated[int, typer.Option("--prompt-tokens", "-p")] = 2048,
@@ -227,7 +232,9 @@ def report(
     compute: ComputeOpt = None,
     allow_longer_context: LongerOpt = False,
 ) -> None:
-    """Roofline, throughput-vs-latency and memory PNGs, each with the CSV it plots."""
+    """Roofline, throughput-vs-latency, memory and serving PNGs, each with the CSV it plots.
+    With --pp or --ep the throughput, memory (the fullest GPU) and serving charts are the
+    layout's; the roofline shows one TP group's operators."""
     from planner import catalog
     from planner.specs import Precision
     from planner.sweep import parse_str_list
@@ -245,17 +252,16 @@ def report(
     check_context(m, prompt_tokens, output_tokens, allow_longer_context)
     eng = catalog.load_engine(engine)
     cal = catalog.load_calibration(calibration) if calibration else None
-    from planner.ops import check_tp
     from planner.report import Case, write_reports
 
-    check_tp(m, tp)
+    check_layout(m, tp, pp, ep)
     cases = []
     for g in parse_str_list(gpu):
         hw = catalog.load_hardware(g)
         for w in parse_choices(weights, WEIGHT_CHOICES, "--weights"):
             prec = Precision.of(w, kv_cache, compute=compute.value if compute else None)
             case = Case(m, hw, prec, prompt_tokens, output_tokens, tp,
-                        opts, cal if cal and cal.device == hw.name else None, eng)
+                        opts, cal if cal and cal.device == hw.name else None, eng, pp, ep)
             case.at(1)  # surfaces an unsupported precision as a one-line error
             cases.append(case)
     meas, meas_ceil, records = None, None, None

@@ -20,7 +20,8 @@ import pandas as pd  # noqa: E402
 
 from planner import fmt  # noqa: E402
 from planner.engine import IDEAL, Engine  # noqa: E402
-from planner.estimate import Estimate, assemble, prepare, resolve_price  # noqa: E402
+from planner.estimate import Estimate, Prepared, assemble, prepare, resolve_price  # noqa: E402
+from planner.layout import LayoutFigures, layout_figures  # noqa: E402
 from planner.specs import (  # noqa: E402
     GIB,
     Calibration,
@@ -46,8 +47,11 @@ class Case:
     options: Options = Options()
     calibration: Calibration | None = None
     engine: Engine = IDEAL
+    pp: int = 1  # pipeline stages, each of tp GPUs
+    ep: int = 1  # expert-parallel GPUs
 
     def at(self, batch) -> Estimate:
+        """One TP group's estimate (the roofline's operators)."""
         prep = prepare(self.hw, self.precision, self.calibration, self.options, self.engine)
         price, _ = resolve_price(self.hw, None)
         return assemble(self.model, self.hw, prep, self.options, tp=self.tp, batch=batch,
@@ -55,22 +59,59 @@ class Case:
                         price_usd_per_gpu_hour=price, notes=list(prep.notes))
 
     @property
+    def layered(self) -> bool:
+        """Pipeline stages or expert parallelism: figures from ``planner.layout``."""
+        return self.pp > 1 or self.ep > 1
+
+    def layout(self, batch, *, ideal: bool = False) -> LayoutFigures:
+        prep = prepare(self.hw, self.precision, self.calibration, self.options, self.engine)
+        if ideal:  # the same deployment on the ideal time model, as assemble builds it
+            prep = Prepared(prep.engine.ideal_bound(), prep.precision, prep.reference,
+                            prep.reference, prep.notes)
+        return layout_figures(self.model, self.hw, prep, self.options, tp=self.tp, pp=self.pp,
+                              ep=self.ep, batch=batch, prompt_tokens=self.prompt_tokens,
+                              output_tokens=self.output_tokens)
+
+    def max_batch(self) -> int:
+        """The largest batch that fits on every GPU of the replica (0: none)."""
+        if not self.layered:
+            return self.at(1).memory.max_batch
+        if not self.layout(1).memory.fits:
+            return 0
+        lo, hi = 1, 2
+        while self.layout(hi).memory.fits:
+            lo, hi = hi, hi * 2
+            if hi > 1 << 24:
+                return lo
+        while hi - lo > 1:  # lo fits, hi does not: memory grows with the batch
+            mid = (lo + hi) // 2
+            lo, hi = (mid, hi) if self.layout(mid).memory.fits else (lo, mid)
+        return lo
+
+    @property
+    def _layout_words(self) -> tuple[str, str]:
+        """(label prefix, file-name prefix)."""
+        if self.ep > 1:
+            return f"EP{self.ep} ", f"ep{self.ep}-"
+        if self.pp > 1:
+            return f"TP{self.tp}xPP{self.pp} ", f"tp{self.tp}-pp{self.pp}-"
+        return (f"{self.tp} x ", f"tp{self.tp}-") if self.tp > 1 else ("", "")
+
+    @property
     def label(self) -> str:
-        tp = f"{self.tp} x " if self.tp > 1 else ""
-        return f"{tp}{self.hw.name} {self.precision.weights.value}"
+        return f"{self._layout_words[0]}{self.hw.name} {self.precision.weights.value}"
 
     @property
     def title(self) -> str:
         p = self.precision
-        tp = f"{self.tp} x " if self.tp > 1 else ""
-        return (f"{self.model.label} on {tp}{self.hw.display_name}, engine {self.engine.name}\n"
-                f"weights {p.weights.value}, KV {p.kv_cache.value}, "
+        return (f"{self.model.label} on {self._layout_words[0]}{self.hw.display_name}, engine "
+                f"{self.engine.name}\nweights {p.weights.value}, KV {p.kv_cache.value}, "
                 f"prompt {self.prompt_tokens} / output {self.output_tokens} tokens")
 
     @property
     def slug(self) -> str:
-        tp = f"tp{self.tp}-" if self.tp > 1 else ""
-        return f"{self.model.name}_{tp}{self.hw.name}_{self.precision.weights.value}"
+        return f"{self.model.name}_{self._layout_words[1]}{self.hw.name}_" \
+               f"{self.precision.weights.value}"
 
 
 def batch_ladder(max_batch: int, *, beyond: bool = False) -> list[int]:
@@ -303,7 +344,8 @@ def plot_roofline(case: Case, df: pd.DataFrame, out_dir: Path,
     ax.set_ylim(*roofline_ylim(df, peak, measured_ceilings))
     ax.set_xlabel("arithmetic intensity (FLOP / byte)")
     ax.set_ylabel("attainable FLOP/s")
-    ax.set_title(case.title, fontsize=10)
+    ax.set_title(case.title + ("\n(the operators of one TP group; the other charts are the "
+                               "layout's)" if case.layered else ""), fontsize=10)
     ax.grid(True, which="major", alpha=0.3)
     labels.place(avoid=(ax.legend(fontsize=7, loc="lower right"),),
                  points=zip(df["intensity_flops_per_byte"], df["attainable_flops_per_s"],
@@ -317,14 +359,18 @@ def plot_roofline(case: Case, df: pd.DataFrame, out_dir: Path,
 def throughput_table(cases: list[Case]) -> pd.DataFrame:
     rows = []
     for case in cases:
-        mb = case.at(1).memory.max_batch
+        mb = case.max_batch()
         for b in batch_ladder(mb):
-            e = case.at(b)
-            i = e.bound_estimate
+            if case.layered:  # no memory / compute split of a whole layout's step
+                e, i, bound = case.layout(b), case.layout(b, ideal=True), "layout"
+            else:
+                e = case.at(b)
+                i, bound = e.bound_estimate, e.bound
             rows.append({"case": case.label, "gpu": case.hw.name, "engine": case.engine.name,
-                         "weights": case.precision.weights.value, "tp": case.tp, "batch": b,
+                         "weights": case.precision.weights.value, "tp": case.tp,
+                         "pp": case.pp, "ep": case.ep, "batch": b,
                          "tpot_s": e.tpot_s, "throughput_tokens_per_s": e.throughput_tokens_per_s,
-                         "ttft_s": e.ttft_s, "bound": e.bound, "fits": e.memory.fits,
+                         "ttft_s": e.ttft_s, "bound": bound, "fits": e.memory.fits,
                          "max_batch": mb, "ideal_tpot_s": i.tpot_s,
                          "ideal_throughput_tokens_per_s": i.throughput_tokens_per_s})
     return pd.DataFrame(rows)
@@ -342,16 +388,24 @@ def plot_throughput(cases: list[Case], df: pd.DataFrame, out_dir: Path) -> tuple
         if (sub["engine"] != "ideal").all():
             ax.plot(sub["ideal_tpot_s"] * 1e3, sub["ideal_throughput_tokens_per_s"], ":",
                     color=color, lw=1.1, label=f"{label}: ideal roofline (the bound)")
-        mem = sub["bound"] == "memory"
+        mem, cmp = sub["bound"] == "memory", sub["bound"] == "compute"
         ax.scatter(x[mem], y[mem], color=color, s=30, zorder=3)
-        ax.scatter(x[~mem], y[~mem], facecolor="white", edgecolor=color, s=34, zorder=3)
+        ax.scatter(x[cmp], y[cmp], facecolor="white", edgecolor=color, s=34, zorder=3)
+        lay = ~(mem | cmp)
+        ax.scatter(x[lay], y[lay], marker="D", color=color, s=26, zorder=3)
         ax.scatter([last.tpot_s * 1e3], [last.throughput_tokens_per_s], marker="s", s=70,
                    facecolor="none", edgecolor=color, lw=1.5, zorder=4)
         for r in sub.itertuples():
             labels.add(r.tpot_s * 1e3, r.throughput_tokens_per_s, str(r.batch), color=color,
                        dx=4, dy=-10)
-    ax.scatter([], [], color="grey", s=30, label="memory-bound (filled)")
-    ax.scatter([], [], facecolor="white", edgecolor="grey", s=34, label="compute-bound (hollow)")
+    if (df["bound"] == "memory").any():
+        ax.scatter([], [], color="grey", s=30, label="memory-bound (filled)")
+    if (df["bound"] == "compute").any():
+        ax.scatter([], [], facecolor="white", edgecolor="grey", s=34,
+                   label="compute-bound (hollow)")
+    if (df["bound"] == "layout").any():
+        ax.scatter([], [], marker="D", color="grey", s=26,
+                   label="pipeline / expert-parallel step (bound not split)")
     ax.scatter([], [], marker="s", s=70, facecolor="none", edgecolor="grey",
                label="largest batch that fits")
     ax.set_xscale("log")
@@ -365,7 +419,10 @@ def plot_throughput(cases: list[Case], df: pd.DataFrame, out_dir: Path) -> tuple
                  f"output {c0.output_tokens} tokens, KV {c0.precision.kv_cache.value}",
                  fontsize=10)
     ax.grid(True, which="both", alpha=0.25)
-    labels.place(avoid=(ax.legend(fontsize=8, loc="lower right"),),
+    # below the axes: no corner is free of curves (bounds cross the upper left, slow
+    # configurations reach the lower right)
+    labels.place(avoid=(ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.1),
+                                  ncol=2, frameon=False),),
                  points=zip(df["tpot_s"] * 1e3, df["throughput_tokens_per_s"], strict=True))
     tag = "_".join(sorted({c.precision.weights.value for c in cases}))
     return _save(fig, df, out_dir, f"{c0.model.name}_throughput_latency_{tag}")
@@ -374,11 +431,37 @@ def plot_throughput(cases: list[Case], df: pd.DataFrame, out_dir: Path) -> tuple
 # --------------------------------------------------------------------------- 3. memory
 
 
+def _layout_memory(case: Case, batch: int):
+    """The fullest GPU's memory parts under a pipeline or expert-parallel layout."""
+    from types import SimpleNamespace
+
+    prep = prepare(case.hw, case.precision, case.calibration, case.options, case.engine)
+    kw = dict(batch=batch, prompt_tokens=case.prompt_tokens, output_tokens=case.output_tokens)
+    o = case.options
+    if case.ep > 1:
+        from planner.expert import expert_parallel
+
+        r = expert_parallel(case.model, case.hw, prep, o, ep=case.ep, **kw)
+        w, kv, total = r.weights_bytes, r.kv_cache_bytes, r.total_bytes
+    else:
+        from planner.pipeline import pipeline
+
+        r = pipeline(case.model, case.hw, prep, o, tp=case.tp, pp=case.pp, **kw)
+        s = max(r.stages, key=lambda st: st.total_bytes)
+        w, kv, total = s.weights_bytes, s.kv_cache_bytes, s.total_bytes
+    cap = case.hw.memory_bytes
+    return SimpleNamespace(weights_bytes=w, kv_cache_bytes=kv,
+                           activation_bytes=total - w - kv - o.reserve_bytes,
+                           reserve_bytes=o.reserve_bytes, total_bytes=total, capacity_bytes=cap,
+                           usable_bytes=cap * o.memory_utilization_frac,
+                           fits=total <= cap * o.memory_utilization_frac)
+
+
 def memory_table(case: Case) -> pd.DataFrame:
-    mb = case.at(1).memory.max_batch
+    mb = case.max_batch()
     rows = []
     for b in batch_ladder(mb, beyond=True):
-        m = case.at(b).memory
+        m = _layout_memory(case, b) if case.layered else case.at(b).memory
         rows.append({"batch": b, "weights_bytes": m.weights_bytes,
                      "kv_cache_bytes": m.kv_cache_bytes, "activation_bytes": m.activation_bytes,
                      "reserve_bytes": m.reserve_bytes, "total_bytes": m.total_bytes,
@@ -406,9 +489,11 @@ def plot_memory(case: Case, df: pd.DataFrame, out_dir: Path) -> tuple[Path, Path
             ax.annotate("does not fit", (i, r.total_bytes / GIB), textcoords="offset points",
                         xytext=(0, 4), ha="center", fontsize=8, color="tab:red")
     ax.set_xticks(x, [str(b) for b in df["batch"]])
-    ax.set_xlabel("batch (concurrent sequences)")
+    ax.set_xlabel("batch (concurrent sequences" + (f", over the {case.ep} GPUs)" if case.ep > 1
+                                                   else ")"))
     ax.set_ylabel("memory per GPU (GiB)")
-    ax.set_title(case.title + " - memory per GPU", fontsize=10)
+    ax.set_title(case.title + (" - memory of the fullest GPU" if case.layered else
+                               " - memory per GPU"), fontsize=10)
     ax.legend(fontsize=8, loc="upper left")
     ax.grid(True, axis="y", alpha=0.3)
     return _save(fig, df, out_dir, f"{case.slug}_memory")
@@ -441,15 +526,16 @@ def serving_table(cases: list[Case], num_requests: int) -> pd.DataFrame:
     """Each case served by one replica under Poisson traffic (continuous batching, paged KV),
     at fractions of the rate it sustains when every request arrives at once."""
     from planner.estimate import prepare
-    from planner.serving.cost import StepCoster
     from planner.serving.metrics import summary
+    from planner.serving.parallel import layout_coster
     from planner.serving.sim import SchedulerConfig, simulate
     from planner.serving.traffic import synthetic
 
     rows = []
     for case in cases:
         prep = prepare(case.hw, case.precision, case.calibration, case.options, case.engine)
-        coster = StepCoster(case.model, case.hw, prep, case.options, tp=case.tp)
+        coster = layout_coster(case.model, case.hw, prep, case.options, tp=case.tp,
+                               pp=case.pp, ep=case.ep)
         cfg = SchedulerConfig.for_engine(case.engine)
 
         def run(rate: float, c=case, k=coster, cfg=cfg) -> dict:
@@ -462,7 +548,8 @@ def serving_table(cases: list[Case], num_requests: int) -> pd.DataFrame:
             s = run(saturated * frac)
             rows.append({"case": case.label, "gpu": case.hw.name, "engine": case.engine.name,
                          "weights": case.precision.weights.value, "tp": case.tp,
-                         "request_rate": saturated * frac, "load_frac": frac,
+                         "pp": case.pp, "ep": case.ep, "request_rate": saturated * frac,
+                         "load_frac": frac,
                          **{k: s[k] for k in (
                              "request_throughput", "output_throughput", "median_ttft_ms",
                              "p90_ttft_ms", "median_tpot_ms", "p90_tpot_ms",

@@ -414,3 +414,41 @@ def test_check_holds_pipeline_and_expert_deployments_to_their_limits(run_cli, tm
     b.write_text(b.read_text().replace("memory_frac: 80%", "mbu_min: 50%"))
     code, _, err = run_cli("check", str(b))
     assert code == 2 and "mbu_min" in err and len(err.strip().splitlines()) == 1
+
+
+def test_expert_parallel_ranks_each_schedule_their_own_sequences():
+    """Each of the ep GPUs runs its own scheduler limits: a replica of EP 8 with max_num_seqs
+    4 runs 32 sequences at once; one TP group with the same limits runs 4."""
+    from planner.serving.metrics import summary
+    from planner.serving.sim import SchedulerConfig, simulate
+    from planner.serving.traffic import synthetic
+
+    m, hw, prep, opts, c = _costers("ep")
+    reqs = synthetic(64, prompt_tokens=300, output_tokens=40, request_rate=float("inf"))
+    cfg = SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=512)
+    assert summary(simulate(reqs, c, cfg))["max_running_requests"] == 32
+    one = layout_coster(m, hw, prep, opts)
+    assert summary(simulate(reqs, one, cfg))["max_running_requests"] == 4
+
+
+def test_report_draws_a_layout(run_cli, tmp_path):
+    code, out, err = run_cli("report", "-m", "llama-3.1-405b", "-g", "h100-sxm", "--tp", "8",
+                             "--pp", "2", "--out", str(tmp_path), "--serving-requests", "20")
+    assert code == 0, err
+    import pandas as pd
+
+    thr = pd.read_csv(tmp_path / "llama-3.1-405b_throughput_latency_bf16.csv")
+    assert set(thr["pp"]) == {2} and set(thr["bound"]) == {"layout"}
+    # the largest batch that fits: it fits, one more does not (every GPU of the layout)
+    from planner.report import Case
+
+    m, hw = catalog.load_model("llama-3.1-405b"), catalog.load_hardware("h100-sxm")
+    case = Case(m, hw, Precision(), 2048, 256, 8, Options(), None, catalog.load_engine("vllm"),
+                pp=2)
+    mb = int(thr["max_batch"].iloc[0])
+    assert mb == case.max_batch() and case.layout(mb).memory.fits
+    assert not case.layout(mb + 1).memory.fits
+    mem = pd.read_csv(tmp_path / "llama-3.1-405b_tp8-pp2-h100-sxm_bf16_memory.csv")
+    r = pipeline(m, hw, prepare(hw, Precision(), None, Options(), catalog.load_engine("vllm")),
+                 Options(), tp=8, pp=2, batch=1, prompt_tokens=2048, output_tokens=256)
+    assert mem["total_bytes"].iloc[0] == pytest.approx(r.max_memory_per_gpu_bytes)

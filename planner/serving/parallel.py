@@ -20,11 +20,13 @@ of one sequence is one micro-batch. The KV pool is that of the tightest stage: e
 holds its own layers' cache of every token.
 
 Expert parallel (``ExpertCoster``): attention is data-parallel, so the replica's sequences are
-spread evenly over the ``ep`` GPUs (one scheduler over the pooled cache: the balanced case of
-ep data-parallel schedulers); a step costs the busiest GPU's share, ceil(sequences / ep) of
-them, of the non-expert work, the routed
-experts at the most loaded GPU's token-expert pairs, and the all-to-alls of that share. The KV
-pool is ``ep`` times one GPU's.
+spread evenly over the ``ep`` GPUs, each with its own scheduler limits (``max_num_seqs`` and a
+step budget per GPU, as vLLM's data-parallel engines each have; modelled as one scheduler of
+``ranks = ep`` over the pooled cache: the balanced case). A step costs the busiest GPU's share
+of the non-expert work (ceil(sequences / ep) of the decodes; a prefill chunk runs whole on one
+GPU, the chunks spread over min(chunks, ep) of them), the routed experts at the most loaded
+GPU's token-expert pairs, and the all-to-alls of that share. The KV pool is ``ep`` times one
+GPU's.
 
 Pure: no I/O.
 """
@@ -127,28 +129,48 @@ class ExpertCoster(_Layout):
                  options: Options, *, ep: int):
         self.model, self.hardware, self.prep, self.options = model, hardware, prep, options
         self.engine, self.ep = prep.engine, ep
+        self.dp_ranks = ep  # each GPU schedules its own sequences (SchedulerConfig.ranks)
         self.x = ExpertStep(model, prep, options, ep)
 
+    splits_parts = True  # the simulator passes a mixed step's decodes apart (``parts``)
+
     def step_time(self, shape: StepShape, *, sequences: int, prefill: bool,
-                  decodes: bool = True) -> float:
+                  decodes: bool = True, parts: tuple[StepShape, int] | None = None) -> float:
+        """``parts``: (the decodes' shape, the number of prefill chunks) of a step that mixes
+        them: a chunk runs whole on one GPU, so the busiest GPU holds its share of the
+        decodes and of the chunks (1 / min(chunks, ep)), not a share of every token."""
         graphed = self.engine.cuda_graphs and not prefill
         per = -(-max(sequences, 1) // self.ep)  # the busiest GPU's sequences
-        own = shape.scaled(per / max(sequences, 1))
+        if parts is None:
+            own = shape.scaled(per / max(sequences, 1))
+        else:
+            dec, n_chunks = parts
+            n_dec = max(dec.tokens, 1.0)
+            own = _add(dec.scaled(-(-n_dec // self.ep) / n_dec),
+                       _add(shape, dec.scaled(-1.0)).scaled(1 / min(n_chunks, self.ep)))
         experts, _ = self.x.experts_s(shape.tokens, graphed)
         return (self.x.dense_s(own, graphed) + experts + self.x.all_to_all_s(own.tokens)
                 + self.fixed_s(per, prefill=prefill, decodes=decodes))
 
     def kv_capacity_tokens(self, max_num_seqs: int, step_tokens: int) -> int:
         """``ep`` GPUs' caches: each GPU's memory less its weights (1/ep of the routed
-        experts, every other weight whole) and a step's activations of its sequences."""
+        experts, every other weight whole) and the activations of a full step of its own
+        (``max_num_seqs`` and ``step_tokens`` are one rank's)."""
         m, p, o = self.model, self.prep.precision, self.options
         bd = weight_bytes_breakdown(m, p, lm_head_sharded=self.engine.lm_head_sharded)
         w = sum(v / (self.ep if key == "moe/routed_experts" else 1) for key, v in bd.items())
-        seqs = max(1, -(-max_num_seqs // self.ep))
-        act = self._activation_bytes(seqs, max(seqs, -(-step_tokens // self.ep)), 1)
+        act = self._activation_bytes(max_num_seqs, step_tokens, 1)
         free = self.hardware.memory_bytes * o.memory_utilization_frac - w - act - \
             o.reserve_bytes
         return self.ep * max(0, int(free // kv_cache_bytes_per_token(m, p)))
+
+
+def _add(a: StepShape, b: StepShape) -> StepShape:
+    """Field by field (the sliding-window view too, where both have one)."""
+    local = None if a.local is None or b.local is None else _add(a.local, b.local)
+    return StepShape(a.tokens + b.tokens, a.attn_pairs + b.attn_pairs,
+                     a.kv_read_tokens + b.kv_read_tokens, a.kv_held_tokens + b.kv_held_tokens,
+                     a.score_elems + b.score_elems, a.logit_rows + b.logit_rows, local)
 
 
 def layout_coster(model: ModelSpec, hardware: HardwareSpec, prep: Prepared, options: Options,

@@ -34,7 +34,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from planner.errors import UsageError
@@ -54,6 +54,10 @@ class SchedulerConfig:
     max_model_len: int = 131072  # the reservation of a contiguous cache
     max_concurrency: int | None = None  # a closed loop of this many clients
     max_wait_s: float = 0.0  # dynamic batching: how long a batch waits for more requests
+    # data-parallel ranks sharing each step (expert parallelism's attention ranks): each has
+    # its own max_num_seqs and max_num_batched_tokens, so a step holds ranks times as much,
+    # and no prefill chunk exceeds one rank's budget (left at 1, the coster's layout sets it)
+    ranks: int = 1
 
     @classmethod
     def for_engine(cls, e, **overrides) -> SchedulerConfig:
@@ -65,7 +69,8 @@ class SchedulerConfig:
                       **overrides})
 
     def check(self) -> None:
-        for name in ("max_num_seqs", "max_num_batched_tokens", "block_size", "max_model_len"):
+        for name in ("max_num_seqs", "max_num_batched_tokens", "block_size", "max_model_len",
+                     "ranks"):
             if getattr(self, name) <= 0:
                 raise UsageError(f"{name.replace('_', '-')}: must be positive")
         if self.max_num_batched_tokens < self.max_num_seqs:
@@ -162,10 +167,15 @@ def kv_capacity_tokens(coster: StepCoster, cfg: SchedulerConfig) -> int:
 def simulate(requests: list[Request], coster: StepCoster, cfg: SchedulerConfig, *,
              sample_every_s: float | None = None, max_steps: int = 50_000_000) -> SimResult:
     """Serve ``requests`` on one replica; every request runs to completion."""
+    if cfg.ranks == 1 and getattr(coster, "dp_ranks", 1) > 1:
+        cfg = replace(cfg, ranks=coster.dp_ranks)
     cfg.check()
+    per_rank = cfg.max_num_batched_tokens  # the largest prefill chunk
+    seqs_cap = cfg.max_num_seqs * cfg.ranks
     bs = cfg.block_size
     capacity = kv_capacity_tokens(coster, cfg)
     window = coster.model.sliding_window
+    split_parts = getattr(coster, "splits_parts", False)
     if cfg.kv_layout == "paged":
         capacity = capacity // bs * bs
     if capacity < bs:
@@ -298,11 +308,11 @@ def simulate(requests: list[Request], coster: StepCoster, cfg: SchedulerConfig, 
             arrive(st.t)
             continue
         # ---------------------------------------------------------------- schedule
-        budget = cfg.max_num_batched_tokens
+        budget = cfg.max_num_batched_tokens * cfg.ranks
         chunks: list[tuple[_Req, int]] = []
         batched = cfg.kind != "continuous"  # static or dynamic: whole batches
         if cfg.kind == "dynamic" and not static_batch and waiting and \
-                len(waiting) < cfg.max_num_seqs and \
+                len(waiting) < seqs_cap and \
                 waiting[0].r.arrival_s + cfg.max_wait_s > st.t:
             # hold the batch open until it fills or its oldest request has waited max_wait_s
             # (the server cannot know that nothing more is coming)
@@ -313,7 +323,7 @@ def simulate(requests: list[Request], coster: StepCoster, cfg: SchedulerConfig, 
             continue
         if batched and not static_batch:
             # form the next batch from what is waiting, reserving each request's whole length
-            while waiting and len(static_batch) < cfg.max_num_seqs:
+            while waiting and len(static_batch) < seqs_cap:
                 q = waiting[0]
                 if not admit(q, q.r.prompt_tokens + q.r.output_tokens):
                     break
@@ -332,8 +342,8 @@ def simulate(requests: list[Request], coster: StepCoster, cfg: SchedulerConfig, 
             if budget <= 0:
                 break
             left = q.target - q.computed
-            chunk = min(left, budget) if (cfg.chunked_prefill or batched) \
-                else (left if left <= budget else 0)
+            chunk = min(left, budget, per_rank) if (cfg.chunked_prefill or batched) \
+                else (left if left <= min(budget, per_rank) else 0)
             if chunk <= 0:
                 continue
             if cfg.kind == "continuous" and not ensure(q, q.computed + chunk):
@@ -343,11 +353,11 @@ def simulate(requests: list[Request], coster: StepCoster, cfg: SchedulerConfig, 
             budget -= chunk
         # admit waiting requests (continuous)
         if cfg.kind == "continuous":
-            while waiting and budget > 0 and len(running) < cfg.max_num_seqs:
+            while waiting and budget > 0 and len(running) < seqs_cap:
                 q = waiting[0]
                 left = q.target
-                chunk = min(left, budget) if cfg.chunked_prefill else left
-                if chunk > budget:
+                chunk = min(left, budget, per_rank) if cfg.chunked_prefill else left
+                if chunk > min(budget, per_rank):
                     break
                 if not admit(q, chunk):
                     break
@@ -392,8 +402,20 @@ def simulate(requests: list[Request], coster: StepCoster, cfg: SchedulerConfig, 
                               float(l_score), float(rows))
         shape = StepShape(float(tokens), float(pairs), float(kv_read), float(held),
                           float(score), float(rows), local)
-        dt = coster.step_time(shape, sequences=n_dec + len(chunks), prefill=bool(chunks),
-                              decodes=bool(n_dec))
+        if chunks and n_dec and split_parts:  # the decodes alone, for a layout that places
+            # them apart from the prefill chunks (expert parallelism's data-parallel ranks)
+            dec_local = None if window is None else StepShape(
+                float(n_dec), float(min(past + n_dec, n_dec * window)),
+                float(min(past + n_dec, n_dec * window)), float(min(past, n_dec * window)),
+                float(min(past + n_dec, n_dec * window)), float(n_dec))
+            parts = (StepShape(float(n_dec), float(past + n_dec), float(past + n_dec),
+                               float(past), float(past + n_dec), float(n_dec), dec_local),
+                     len(chunks))
+            dt = coster.step_time(shape, sequences=n_dec + len(chunks), prefill=True,
+                                  decodes=True, parts=parts)
+        else:
+            dt = coster.step_time(shape, sequences=n_dec + len(chunks), prefill=bool(chunks),
+                                  decodes=bool(n_dec))
         # time-weighted occupancy over the step
         res.running_integral += len(running) * dt
         reserved = res.kv_capacity_tokens - st.free_tokens
