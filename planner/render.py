@@ -276,6 +276,8 @@ def render_expert(console, x, batch: int) -> None:
     console.print(_section(
         f"Expert parallel: {x.ep} GPUs, each 1/{x.ep} of the experts and {x.batch_per_gpu} "
         "of the sequences (attention data-parallel)", [
+            ("TTFT", fmt.seconds(x.ttft_s), "each GPU prefills its own sequences; the "
+                                             "experts at the most loaded GPU's tokens"),
             ("TPOT", fmt.seconds(x.tpot_s),
              f"own batch {fmt.seconds(x.dense_s)} + experts {fmt.seconds(x.experts_s)} + "
              f"all-to-all {fmt.seconds(x.all_to_all_s)} + host {fmt.seconds(x.fixed_s)}"),
