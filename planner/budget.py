@@ -136,6 +136,7 @@ class Deployment(_Strict):
     weights: DType = DType.bf16
     kv_cache: DType | None = None
     compute: DType | None = None  # what the matmuls run in (fp16 on a T4 or V100)
+    quantized_layers: Literal["all", "experts"] = "all"  # experts: a MoE's routed experts only
     workload: BudgetWorkload
     allow_longer_context: bool = False  # prompt + output beyond the model's context
     limits: Limits
@@ -147,7 +148,8 @@ class Deployment(_Strict):
             return self.name
         layout = f"EP{self.ep} " if self.ep > 1 else \
             f"{self.tp}x{self.pp}x" if self.pp > 1 else f"{self.tp}x"
-        return f"{self.model} on {layout}{self.gpu} {self.weights.value}"
+        experts = " experts" if self.quantized_layers == "experts" else ""
+        return f"{self.model} on {layout}{self.gpu} {self.weights.value}{experts}"
 
 
 class Budget(_Strict):

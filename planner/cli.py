@@ -36,6 +36,8 @@ from planner.cli_common import (
     OutputOpt,
     OverheadOpt,
     PromptOpt,
+    QuantizedLayers,
+    QuantizedLayersOpt,
     ReserveOpt,
     TimeModel,
     TimeModelOpt,
@@ -45,6 +47,7 @@ from planner.cli_common import (
     WeightsOption,
     check_context,
     check_layout,
+    check_quantized_layers,
     json_out,
     options_from,
     positive,
@@ -105,6 +108,7 @@ def estimate(
     prompt_tokens: PromptOpt = _W["prompt_tokens"].default,
     output_tokens: OutputOpt = _W["output_tokens"].default,
     group_size: GroupSizeOpt = 128,
+    quantized_layers: QuantizedLayersOpt = QuantizedLayers.all,
     time_model: TimeModelOpt = TimeModel.roofline,
     attention: AttentionOpt = Attention.flash,
     kernel_overhead_us: OverheadOpt = 0.0,
@@ -164,7 +168,8 @@ def estimate(
     eng = catalog.load_engine(engine)
     cal = catalog.load_calibration(calibration) if calibration else None
     prec = Precision.of(weights.value, kv_cache.value if kv_cache else None, group_size,
-                        compute.value if compute else None)
+                        compute.value if compute else None,
+                        check_quantized_layers(m, quantized_layers))
     est = run_estimate(m, hw, engine=eng, precision=prec,
                        workload=Workload(batch=batch, prompt_tokens=prompt_tokens,
                                          output_tokens=output_tokens),

@@ -17,7 +17,10 @@ from planner.cli_common import (
     ComputeOpt,
     EngineOpt,
     LongerOpt,
+    QuantizedLayers,
+    QuantizedLayersOpt,
     check_context,
+    check_quantized_layers,
     json_out,
     output_path,
     parse_choices,
@@ -120,7 +123,8 @@ def check(
             check_context(m, dep.workload.prompt_tokens, dep.workload.output_tokens,
                           dep.allow_longer_context, "workload prompt_tokens + output_tokens")
             eng = catalog.load_engine(dep.engine or engine)
-            prec = Precision.of(dep.weights, dep.kv_cache, compute=dep.compute)
+            prec = Precision.of(dep.weights, dep.kv_cache, compute=dep.compute,
+                                quantized_layers=check_quantized_layers(m, dep.quantized_layers))
             kw = dict(precision=prec, parallelism=Parallelism(tp=dep.tp), calibration=cal,
                       price_usd_per_gpu_hour=dep.price_per_hour, engine=eng)
             wl = dep.workload
@@ -217,6 +221,7 @@ def plan(
     range_ratio: Annotated[float, typer.Option(
         help="Simulated lengths uniform within +-this fraction.")] = 0.0,
     compute: ComputeOpt = None,
+    quantized_layers: QuantizedLayersOpt = QuantizedLayers.all,
     allow_longer_context: LongerOpt = False,
     as_json: Annotated[bool, typer.Option("--json", help="All rows as JSON.")] = False,
 ) -> None:
@@ -259,6 +264,7 @@ def plan(
     m = catalog.load_model(model)
     tps, pps = parse_int_list(tp, "--tp"), parse_int_list(pp, "--pp")
     eps = default_eps(m) if ep.strip() == "auto" else parse_int_list(ep, "--ep")
+    ql = check_quantized_layers(m, quantized_layers)
     if max(eps) > 1 and m.moe is None:
         raise LlmplanError(f"--ep: {m.name} has no experts (not a mixture-of-experts model)")
     check_context(m, prompt_tokens, output_tokens, allow_longer_context)
@@ -289,12 +295,12 @@ def plan(
                          settings=SimSettings(percentile=percentile, num_requests=sim_requests,
                                               range_ratio=range_ratio),
                          top=top, csv=csv, plot=plot, as_json=as_json,
-                         label=(ttft, tpot, req), compute=cdt)
+                         label=(ttft, tpot, req), compute=cdt, quantized_layers=ql)
         return
     df = search(m, gpus, prompt_tokens=prompt_tokens, output_tokens=output_tokens,
                 targets=Targets(t_ttft, t_tpot, req), tps=tps, pps=pps, eps=eps,
                 weights=wl, kv_cache=kvl, calibration=cal, price_usd_per_gpu_hour=price_per_hour,
-                engine=eng, compute=cdt)
+                engine=eng, compute=cdt, quantized_layers=ql)
     feas = df[df["meets_targets"]]
     if csv:
         df.to_csv(csv, index=False)
@@ -345,7 +351,7 @@ def _some_precision_runs(gpus, weights, compute, cal, eng) -> None:
 
 def _plan_continuous(m, gpus, *, prompt_tokens, output_tokens, targets, tps, weights, kv_cache,
                      calibration, price_per_hour, engine, settings, top, csv, plot, as_json,
-                     label, compute=None, pps=(1,), eps=(1,)) -> None:
+                     label, compute=None, pps=(1,), eps=(1,), quantized_layers="all") -> None:
     from planner.plan import layout_label, plot_pareto, search_continuous
     from planner.render import plain, table
 
@@ -353,7 +359,7 @@ def _plan_continuous(m, gpus, *, prompt_tokens, output_tokens, targets, tps, wei
                            targets=targets, tps=tps, weights=weights, kv_cache=kv_cache,
                            calibration=calibration, price_usd_per_gpu_hour=price_per_hour,
                            engine=engine, settings=settings, top=top, compute=compute,
-                           pps=pps, eps=eps)
+                           pps=pps, eps=eps, quantized_layers=quantized_layers)
     ttft, tpot, req = label
     p = settings.percentile
     name = "median" if p == 50 else f"p{p}"

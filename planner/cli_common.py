@@ -25,6 +25,7 @@ class WeightsOpt(str, Enum):
     fp8 = "fp8"
     int8 = "int8"
     int4 = "int4"
+    mxfp4 = "mxfp4"
 
 
 class KVOpt(str, Enum):
@@ -77,6 +78,14 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object, no
 ComputeOpt = Annotated[Optional[ComputeChoice], typer.Option(
     "--compute", help="Type the matmuls run in (default: from the weights; fp16 for int8 / "
                       "int4 weights on a T4 or V100, which have no bf16).")]
+class QuantizedLayers(str, Enum):
+    all = "all"
+    experts = "experts"
+
+
+QuantizedLayersOpt = Annotated[QuantizedLayers, typer.Option(
+    "--quantized-layers", help="Which linear layers the --weights type covers: all, or only a "
+    "MoE model's routed experts (gpt-oss's released MXFP4 checkpoint; the rest 16-bit).")]
 LongerOpt = Annotated[bool, typer.Option(
     "--allow-longer-context",
     help="Accept prompt + output tokens beyond the model's max_position_embeddings.")]
@@ -174,7 +183,7 @@ def options_from(time_model: TimeModel, attention: Attention, kernel_overhead_us
                    prefill_chunk_tokens=prefill_chunk_tokens or None)
 
 
-WEIGHT_CHOICES = ("bf16", "fp16", "fp8", "int8", "int4")
+WEIGHT_CHOICES = ("bf16", "fp16", "fp8", "int8", "int4", "mxfp4")
 KV_CHOICES = ("bf16", "fp16", "fp8", "int8")
 
 
@@ -227,3 +236,12 @@ def check_layout(m, tp: int, pp: int, ep: int) -> None:
         raise LlmplanError("--ep runs attention data-parallel on each GPU: give --tp 1 and "
                            "--pp 1 with it")
     allowed(m, tp, pp, ep)
+
+
+def check_quantized_layers(m, quantized_layers) -> str:
+    """"experts" needs routed experts; returns the plain value."""
+    q = getattr(quantized_layers, "value", quantized_layers) or "all"
+    if q == "experts" and m.moe is None:
+        raise LlmplanError(f"--quantized-layers experts: {m.name} has no routed experts "
+                           "(not a mixture-of-experts model)")
+    return q

@@ -19,9 +19,12 @@ from planner.cli_common import (
     JsonOpt,
     KVOption,
     ModelOpt,
+    QuantizedLayers,
+    QuantizedLayersOpt,
     TpOpt,
     WeightsOpt,
     WeightsOption,
+    check_quantized_layers,
     json_out,
     output_path,
     positive,
@@ -66,7 +69,8 @@ def read_result_file(path: Path):
     return read_runs(data, str(path))
 
 
-def _setup(model: str, gpu: str, engine: str, tp: int, weights, kv_cache, group_size: int):
+def _setup(model: str, gpu: str, engine: str, tp: int, weights, kv_cache, group_size: int,
+           quantized_layers=QuantizedLayers.all):
     from planner import catalog
     from planner.estimate import prepare
     from planner.ops import check_tp
@@ -82,7 +86,9 @@ def _setup(model: str, gpu: str, engine: str, tp: int, weights, kv_cache, group_
     eng = spec.model()
     opts = Options(prefill_chunk_tokens=eng.max_num_batched_tokens)
     prep = prepare(hw, Precision.of(weights.value, kv_cache.value if kv_cache else None,
-                                    group_size), None, opts, eng)
+                                    group_size,
+                                    quantized_layers=check_quantized_layers(m, quantized_layers)),
+                   None, opts, eng)
     return Setup(m, hw, prep, opts, tp=tp), spec
 
 
@@ -118,6 +124,7 @@ def compare(
     weights: WeightsOption = WeightsOpt.bf16,
     kv_cache: KVOption = None,
     group_size: GroupSizeOpt = 128,
+    quantized_layers: QuantizedLayersOpt = QuantizedLayers.all,
     plot: Annotated[Optional[Path], typer.Option(
         "--plot", help="PNG of predicted vs measured, one point per run and figure.")] = None,
     as_json: JsonOpt = False,
@@ -130,7 +137,7 @@ def compare(
     from planner.servers.compare import compare_run
 
     output_path(plot, "--plot", ".png")
-    s, _ = _setup(model, gpu, engine, tp, weights, kv_cache, group_size)
+    s, _ = _setup(model, gpu, engine, tp, weights, kv_cache, group_size, quantized_layers)
     comps = [compare_run(r, s) for r in _runs(files)]
     if plot is not None:
         from planner.report import plot_served
@@ -178,6 +185,7 @@ def calibrate(
     weights: WeightsOption = WeightsOpt.bf16,
     kv_cache: KVOption = None,
     group_size: GroupSizeOpt = 128,
+    quantized_layers: QuantizedLayersOpt = QuantizedLayers.all,
     leave_one_out: Annotated[bool, typer.Option(
         "--leave-one-out/--no-leave-one-out",
         help="Also fit once per run without it, to show the held-out error.")] = True,
@@ -196,7 +204,8 @@ def calibrate(
     name = name or out.stem
     if not name or not name.replace("-", "").replace("_", "").replace(".", "").isalnum():
         raise LlmplanError(f"--name: '{name}' must be letters, digits, '-', '_' or '.'")
-    s, spec = _setup(model, gpu, base_engine, tp, weights, kv_cache, group_size)
+    s, spec = _setup(model, gpu, base_engine, tp, weights, kv_cache, group_size,
+                      quantized_layers)
     runs = _runs(files)
     try:
         res = fit(runs, s, spec, name=name, date=_date.today().isoformat(),
@@ -255,6 +264,7 @@ def watch(
     weights: WeightsOption = WeightsOpt.bf16,
     kv_cache: KVOption = None,
     group_size: GroupSizeOpt = 128,
+    quantized_layers: QuantizedLayersOpt = QuantizedLayers.all,
     interval: Annotated[float, typer.Option(
         help="Seconds between scrapes: the window rates and latencies are taken over.")] = 5.0,
     model_name: Annotated[Optional[str], typer.Option(
@@ -290,7 +300,7 @@ def watch(
         raise LlmplanError(f"--serve-metrics: a port in 1..65535, got {serve_metrics}")
     if as_json and not once and count is None:
         raise LlmplanError("--json prints one window: give --once or --count")
-    s, _ = _setup(model, gpu, engine, tp, weights, kv_cache, group_size)
+    s, _ = _setup(model, gpu, engine, tp, weights, kv_cache, group_size, quantized_layers)
 
     def snap():
         t = now_s()

@@ -24,6 +24,8 @@ from planner.cli_common import (
     KVOption,
     ModelOpt,
     PpOpt,
+    QuantizedLayers,
+    QuantizedLayersOpt,
     ReserveOpt,
     TimeModel,
     TpOpt,
@@ -31,6 +33,7 @@ from planner.cli_common import (
     WeightsOpt,
     WeightsOption,
     check_layout,
+    check_quantized_layers,
     json_out,
     options_from,
     output_path,
@@ -118,6 +121,7 @@ def simulate(
     weights: WeightsOption = WeightsOpt.bf16,
     kv_cache: KVOption = None,
     group_size: GroupSizeOpt = 128,
+    quantized_layers: QuantizedLayersOpt = QuantizedLayers.all,
     request_rate: Annotated[float, typer.Option(
         help="Requests per second (gamma arrivals; inf: all at t = 0).")] = math.inf,
     burstiness: Annotated[float, typer.Option(
@@ -212,7 +216,9 @@ def simulate(
     chunked_prefill = eng.chunked_prefill if chunked_prefill is None else chunked_prefill
     opts = opts.model_copy(update={"prefill_chunk_tokens": max_num_batched_tokens})
     prep = prepare(hw, Precision.of(weights.value, kv_cache.value if kv_cache else None,
-                                    group_size), None, opts, eng)
+                                    group_size,
+                                    quantized_layers=check_quantized_layers(m, quantized_layers)),
+                   None, opts, eng)
     cfg = SchedulerConfig(kind=scheduler.value, max_num_seqs=max_num_seqs,
                           max_num_batched_tokens=max_num_batched_tokens,
                           chunked_prefill=chunked_prefill, kv_layout=kv_layout.value,

@@ -26,12 +26,15 @@ from planner.cli_common import (
     LongerOpt,
     OverheadOpt,
     PpOpt,
+    QuantizedLayers,
+    QuantizedLayersOpt,
     ReserveOpt,
     TimeModel,
     TimeModelOpt,
     UtilOpt,
     check_context,
     check_layout,
+    check_quantized_layers,
     json_out,
     options_from,
     output_path,
@@ -52,7 +55,7 @@ LIST_HELP = "Comma-separated; numbers take ranges: 4..256 doubles, 128..1024+128
 def build_grid(model: str, gpu: str, batch: str, prompt_tokens: str, output_tokens: str,
                weights: str, kv_cache: str | None, tp: str, group_size: int, options,
                engine: str = DEFAULT_ENGINE, compute: str | None = None, pp: str = "1",
-               ep: str = "1"):
+               ep: str = "1", quantized_layers: str = "all"):
     """Parse the list options into a Grid (shared by sweep and report)."""
     from planner import catalog
     from planner.specs import DType
@@ -85,6 +88,7 @@ def build_grid(model: str, gpu: str, batch: str, prompt_tokens: str, output_toke
         options=options,
         engine=catalog.load_engine(engine),
         compute=DType(compute) if compute else None,
+        quantized_layers=quantized_layers,
     )
 
 
@@ -112,6 +116,7 @@ def sweep(
         help="Expert-parallel GPUs (MoE models, attention data-parallel; rows with --tp or "
              "--pp above 1 are marked unsupported). " + LIST_HELP)] = "1",
     group_size: GroupSizeOpt = 128,
+    quantized_layers: QuantizedLayersOpt = QuantizedLayers.all,
     time_model: TimeModelOpt = TimeModel.roofline,
     attention: AttentionOpt = Attention.flash,
     kernel_overhead_us: OverheadOpt = 0.0,
@@ -140,7 +145,8 @@ def sweep(
                         memory_utilization, prefill_chunk_tokens)
     output_path(csv, "--csv")
     grid = build_grid(model, gpu, batch, prompt_tokens, output_tokens, weights, kv_cache, tp,
-                      group_size, opts, engine, compute.value if compute else None, pp, ep)
+                      group_size, opts, engine, compute.value if compute else None, pp, ep,
+                      quantized_layers.value)
     for m in grid.models:  # the longest sequence of the grid must fit every model
         check_context(m, max(grid.prompt_tokens), max(grid.output_tokens), allow_longer_context,
                       "--prompt-tokens + --output-tokens (largest)")
@@ -210,6 +216,7 @@ def report(
     tp: Annotated[int, typer.Option(help="Tensor-parallel GPUs.")] = 1,
     pp: PpOpt = 1,
     ep: EpOpt = 1,
+    quantized_layers: QuantizedLayersOpt = QuantizedLayers.all,
     batch: Annotated[int, typer.Option(
         "--batch", "-b", help="Batch at which operators are placed on the roofline.")] = 16,
     prompt_tokens: Annotated[int, typer.Option("--prompt-tokens", "-p")] = 2048,
@@ -259,7 +266,8 @@ def report(
     for g in parse_str_list(gpu):
         hw = catalog.load_hardware(g)
         for w in parse_choices(weights, WEIGHT_CHOICES, "--weights"):
-            prec = Precision.of(w, kv_cache, compute=compute.value if compute else None)
+            prec = Precision.of(w, kv_cache, compute=compute.value if compute else None,
+                                quantized_layers=check_quantized_layers(m, quantized_layers))
             case = Case(m, hw, prec, prompt_tokens, output_tokens, tp,
                         opts, cal if cal and cal.device == hw.name else None, eng, pp, ep)
             case.at(1)  # surfaces an unsupported precision as a one-line error

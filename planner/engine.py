@@ -258,7 +258,11 @@ class Engine:
 
     def quant_fracs(self, weight_dtype: DType | None) -> tuple[float, float] | None:
         """(bandwidth, compute) efficiency of the GEMM path for weights stored in
-        ``weight_dtype``; None for 16-bit weights (the plain GEMM efficiencies apply)."""
+        ``weight_dtype``; None for 16-bit weights (the plain GEMM efficiencies apply). MXFP4
+        takes the int4 path's: both are 4-bit weights dequantized in the GEMM (on Hopper vLLM runs
+        MXFP4 experts weight-only, through its Triton or Marlin MoE kernels)."""
+        if weight_dtype == DType.mxfp4:
+            weight_dtype = DType.int4
         for dt, fr in self.quantized:
             if dt == weight_dtype:
                 return fr

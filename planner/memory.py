@@ -34,7 +34,8 @@ def weight_bytes_breakdown(m: ModelSpec, prec: Precision, *, tp: int = 1,
     when ``lm_head_sharded`` (the engine's byte accounting)."""
     out: dict[str, float] = {}
     for key, n in param_breakdown(m).items():
-        quantized = key in _QUANTIZED or (key == "lm_head" and prec.lm_head_quantized)
+        quantized = (key in _QUANTIZED or (key == "lm_head" and prec.lm_head_quantized)) and \
+            prec.quantizes("experts" if key == "moe/routed_experts" else key)
         per_param = prec.quantized_bytes_per_param if quantized else prec.half_bytes
         replicated = key in _REPLICATED or (key == "lm_head" and not lm_head_sharded)
         out[key] = n * per_param / (1 if replicated else tp)

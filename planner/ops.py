@@ -303,6 +303,8 @@ def shape_ops(
     def matmul(name: str, count: int, k: int, n: float, *, bias: float = 0.0,
                quantized: bool = True, tokens: float = T, weights: float | None = None) -> Op:
         w_elems = k * n if weights is None else weights
+        quantized = quantized and prec.quantizes("experts" if name.startswith("experts_")
+                                                 else name)
         return Op(name, "matmul", count, flops=2.0 * tokens * k * n,
                   weight_bytes=w_elems * (wb if quantized else hb) + bias * hb,
                   act_bytes=tokens * (k + n) * ab, dtype=cdt if quantized else hdt,

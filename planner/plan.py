@@ -53,7 +53,8 @@ def search(model: ModelSpec, gpus: list[HardwareSpec], *, prompt_tokens: int,
            kv_cache=(None, DType.fp8), batches=None, options: Options | None = None,
            calibration: Calibration | None = None,
            price_usd_per_gpu_hour: float | None = None, engine: Engine = IDEAL,
-           compute: DType | None = None, pps=(1,), eps=(1,)) -> pd.DataFrame:
+           compute: DType | None = None, pps=(1,), eps=(1,),
+           quantized_layers: str = "all") -> pd.DataFrame:
     """Every configuration searched, with ``meets_targets`` and, for those that do, the
     replicas, GPUs, cost at the traffic and ``rank`` (1 = cheapest). ``compute``: the type
     the matmuls run in (None: from the weights)."""
@@ -62,7 +63,7 @@ def search(model: ModelSpec, gpus: list[HardwareSpec], *, prompt_tokens: int,
     grid = Grid(models=[model], gpus=gpus, batches=batches, prompt_tokens=[prompt_tokens],
                 output_tokens=[output_tokens], weights=list(weights), kv_cache=list(kv_cache),
                 tps=list(tps), pps=list(pps), options=options or Options(), engine=engine,
-                compute=compute)
+                compute=compute, quantized_layers=quantized_layers)
     chunks = list(iter_sweep(grid, calibration=calibration,
                              price_usd_per_gpu_hour=price_usd_per_gpu_hour))
     experts = [n for n in eps if n > 1]
@@ -236,7 +237,8 @@ def search_continuous(model: ModelSpec, gpus: list[HardwareSpec], *, prompt_toke
                       calibration: Calibration | None = None,
                       price_usd_per_gpu_hour: float | None = None, engine: Engine = IDEAL,
                       settings: SimSettings | None = None, top: int = 10,
-                      compute: DType | None = None, pps=(1,), eps=(1,)) -> pd.DataFrame:
+                      compute: DType | None = None, pps=(1,), eps=(1,),
+           quantized_layers: str = "all") -> pd.DataFrame:
     """The cheapest configurations sized by simulating continuous batching.
 
     Screened analytically first: a configuration must fit, be priced and meet both targets
@@ -255,7 +257,7 @@ def search_continuous(model: ModelSpec, gpus: list[HardwareSpec], *, prompt_toke
                 weights=weights, kv_cache=kv_cache, options=o, calibration=calibration,
                 price_usd_per_gpu_hour=price_usd_per_gpu_hour, engine=engine,
                 batches=[1, 2, 4, 8, 16, 32, 64, 128, 192, 256], compute=compute, pps=pps,
-                eps=eps)
+                eps=eps, quantized_layers=quantized_layers)
     df = df[df["supported"].astype(bool) & df["priced"]]
     keys = ["gpu", "tp", "pp", "ep", "weights", "kv_cache"]
     cands = []
@@ -285,7 +287,9 @@ def search_continuous(model: ModelSpec, gpus: list[HardwareSpec], *, prompt_toke
             break
         hw = gpu_by_name[gpu]
         prec_kv = None if kv == Precision.of(w, compute=compute).kv_cache.value else DType(kv)
-        prep = prepare(hw, Precision.of(w, prec_kv, compute=compute), calibration, o, engine)
+        prep = prepare(hw, Precision.of(w, prec_kv, compute=compute,
+                                        quantized_layers=quantized_layers),
+                       calibration, o, engine)
         replicas, s = replicas_needed(model, hw, prep=prep, options=o, tp=int(tp),
                                       prompt_tokens=prompt_tokens,
                                       output_tokens=output_tokens, targets=targets,

@@ -54,11 +54,29 @@ def _section(title: str, rows: list[tuple[str, str, str]]) -> Table:
     return t
 
 
+def _tp_link(hw, tp: int) -> str:
+    """Which link the TP all-reduces cross: the server's, or the network between servers."""
+    node = hw.node
+    if node is None or tp <= node.gpus_per_node:
+        return f"per decode step, over {hw.interconnect.kind}"
+    nodes = -(-tp // node.gpus_per_node)
+    if node.inter_node is None:
+        return (f"per decode step; {nodes} servers of {node.gpus_per_node}, but hardware_db has "
+                f"no inter-node figure: {hw.interconnect.kind} assumed")
+    net = node.inter_node
+    return (f"per decode step across {nodes} servers of {node.gpus_per_node}: over "
+            f"{net.kind}, {net.bandwidth_gb_per_s:g} GB/s per GPU")
+
+
 def render_estimate(console: Console, e: Estimate, *, explain: bool = False) -> None:
     m, hw, p, mem = e.model, e.hardware, e.precision, e.memory
     gpus = f"{e.tp} x {hw.display_name}" if e.tp > 1 else hw.display_name
     quant = (f", group {p.group_size}, {p.quantized_bytes_per_param:.4g} B/param incl. scales"
-             if p.weights.value in ("int8", "int4") else "")
+             if p.weights.value in ("int8", "int4") else
+             f", blocks of 32, {p.quantized_bytes_per_param:.4g} B/param incl. scales"
+             if p.weights.value == "mxfp4" else "")
+    if p.quantized_layers == "experts":
+        quant += " (routed experts only; the rest in " + p.half_dtype.value + ")"
     console.print(f"[bold]{escape(m.label)}[/] on [bold]{escape(gpus)}[/]  "
                   f"weights {p.weights.value}{quant}, "
                   f"KV {p.kv_cache.value}, compute {p.compute_dtype.value}; "
@@ -135,7 +153,7 @@ def render_estimate(console: Console, e: Estimate, *, explain: bool = False) -> 
         ("end-to-end throughput", f"{e.e2e_throughput_tokens_per_s:,.0f} tok/s",
          vs("batch x output / latency",
             f"{b.e2e_throughput_tokens_per_s:,.0f} tok/s" if b else "")),
-    ] + ([("TP communication", fmt.seconds(e.decode.comm_s), "per decode step")]
+    ] + ([("TP communication", fmt.seconds(e.decode.comm_s), _tp_link(hw, e.tp))]
          if e.tp > 1 else [])
       + ([("engine overhead", fmt.seconds(e.decode.overhead_s),
            f"per decode step: {e.decode.kernels:,.0f} kernels + fixed "

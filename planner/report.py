@@ -644,7 +644,7 @@ def measured_roofline_points(records: list[dict]) -> tuple[pd.DataFrame, dict | 
         row["device"] = f"{dev.get('name') or dev.get('kind')} ({dev.get('kind')})"
     cal = records[0]["env"].get("calibration") or {}
     dt = records[0]["config"]["weights"]
-    dt = "bf16" if dt in ("int8", "int4") else dt
+    dt = "bf16" if dt in ("int8", "int4", "mxfp4") else dt
     ceil = None
     if cal.get("matmul_tflops", {}).get(dt):
         ceil = {"flops_per_s": cal["matmul_tflops"][dt] * 1e12,

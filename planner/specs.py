@@ -29,6 +29,8 @@ class DType(str, Enum):
     fp8 = "fp8"
     int8 = "int8"
     int4 = "int4"
+    # OCP Microscaling FP4 (E2M1 elements, one E8M0 scale per block of 32): gpt-oss's experts
+    mxfp4 = "mxfp4"
 
 
 BITS_PER_ELEMENT: dict[DType, int] = {
@@ -38,9 +40,14 @@ BITS_PER_ELEMENT: dict[DType, int] = {
     DType.fp8: 8,
     DType.int8: 8,
     DType.int4: 4,
+    DType.mxfp4: 4,
 }
+# OCP Microscaling Formats (MX) v1.0 spec, 2023-09: MXFP4 blocks of 32 elements share one
+# 8-bit (E8M0) scale: 4 + 8 / 32 = 4.25 bits per weight (the gpt-oss model card's figure)
+MX_BLOCK = 32
+MX_SCALE_BYTES = 1
 
-WEIGHT_DTYPES = (DType.bf16, DType.fp16, DType.fp8, DType.int8, DType.int4)
+WEIGHT_DTYPES = (DType.bf16, DType.fp16, DType.fp8, DType.int8, DType.int4, DType.mxfp4)
 KV_DTYPES = (DType.bf16, DType.fp16, DType.fp8, DType.int8)
 
 
@@ -64,8 +71,13 @@ class Precision(_Frozen):
     int8 / int4 weights are weight-only quantized with one scale per ``group_size`` weights
     (GPTQ / AWQ style, fp16 scales of ``scale_bytes`` each), so their matmuls still run in
     16-bit: the weights are dequantized on the fly. fp8 weights run fp8 matmuls (W8A8, per-tensor
-    scales, negligible bytes). Quantization covers the decoder's linear layers; embeddings,
-    lm_head, norms, biases and MoE routers stay in the 16-bit type, as in common checkpoints.
+    scales, negligible bytes). mxfp4 weights are OCP MXFP4 (blocks of 32 with one byte of
+    scale: 0.53125 bytes per weight; ``group_size`` and ``scale_bytes`` do not apply),
+    weight-only by default, as vLLM's Triton and Marlin MXFP4 MoE kernels run them on Hopper.
+    Quantization covers the decoder's linear layers (``quantized_layers="all"``) or only the
+    routed experts (``"experts"``: gpt-oss's released checkpoint, attention in bf16);
+    embeddings, lm_head, norms, biases and MoE routers stay in the 16-bit type, as in common
+    checkpoints.
     """
 
     weights: DType = DType.bf16
@@ -77,6 +89,7 @@ class Precision(_Frozen):
     # 4-bit zero: 0.5 bytes), and whether the lm_head is quantized with the decoder
     zero_point_bytes: float = Field(0.0, ge=0, le=64)
     lm_head_quantized: bool = False
+    quantized_layers: Literal["all", "experts"] = "all"
 
     @model_validator(mode="after")
     def _check(self) -> Precision:
@@ -90,14 +103,16 @@ class Precision(_Frozen):
 
     @classmethod
     def of(cls, weights: DType | str, kv_cache: DType | str | None = None,
-           group_size: int = 128, compute: DType | str | None = None) -> Precision:
+           group_size: int = 128, compute: DType | str | None = None,
+           quantized_layers: str = "all") -> Precision:
         """A precision whose KV cache, when not given, is the 16-bit type of the weights or of
         the matmuls (``compute`` fp16: a T4 or V100 running int8 / int4 weights)."""
         w = DType(weights)
         c = DType(compute) if compute else None
         kv = DType(kv_cache) if kv_cache else (
             DType.fp16 if DType.fp16 in (w, c) else DType.bf16)
-        return cls(weights=w, kv_cache=kv, group_size=group_size, compute=c)
+        return cls(weights=w, kv_cache=kv, group_size=group_size, compute=c,
+                   quantized_layers=quantized_layers)
 
     @property
     def half_dtype(self) -> DType:
@@ -123,7 +138,14 @@ class Precision(_Frozen):
         b = dtype_bytes(self.weights)
         if self.weights in (DType.int8, DType.int4):
             b += (self.scale_bytes + self.zero_point_bytes) / self.group_size
+        elif self.weights == DType.mxfp4:
+            b += MX_SCALE_BYTES / MX_BLOCK
         return b
+
+    def quantizes(self, component: str) -> bool:
+        """Whether a linear layer of this component (``"experts"`` for the routed experts,
+        anything else for the rest) is stored in the quantized type."""
+        return self.quantized_layers == "all" or component == "experts"
 
     @property
     def half_bytes(self) -> float:

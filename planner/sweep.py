@@ -94,6 +94,7 @@ class Grid:
     options: Options = field(default_factory=Options)
     engine: Engine = IDEAL
     compute: DType | None = None  # None: the matmul type follows the weights
+    quantized_layers: str = "all"  # or "experts": only a MoE model's routed experts
 
     @property
     def size(self) -> int:
@@ -146,12 +147,14 @@ def iter_sweep(g: Grid, *, calibration: Calibration | None = None,
     O = np.asarray(sorted(g.output_tokens), dtype=np.float64)  # noqa: E741
     for m, hw, w, kv, tp, pp, ep in itertools.product(g.models, g.gpus, g.weights, g.kv_cache,
                                                       g.tps, g.pps, g.eps):
-        prec = Precision.of(w, kv, g.group_size, g.compute)
+        prec = Precision.of(w, kv, g.group_size, g.compute, g.quantized_layers)
         base = {"model": m.name, "gpu": hw.name, "tp": tp, "pp": pp, "ep": ep,
                 "num_gpus": tp * pp * ep, "weights": prec.weights.value,
                 "kv_cache": prec.kv_cache.value, "engine": g.engine.name}
         try:
             check_layout(m, tp, pp, ep)
+            if g.quantized_layers == "experts" and m.moe is None:
+                raise UsageError(f"{m.name} has no routed experts to quantize alone")
             prep = prepare(hw, prec, calibration, g.options, g.engine)
             prec, notes = prep.precision, list(prep.notes)
         except LlmplanError as err:

@@ -37,6 +37,13 @@ def test_tp_across_nodes_pays_the_inter_node_link():
     assert _allreduce_s(e16b) == pytest.approx(2 * 126 * (2 * 15 / 16 * s / 450e9 + 5e-6))
 
 
+def test_estimate_names_the_link_its_all_reduces_cross(run_cli):
+    out = run_cli("estimate", "-m", "llama-3.1-405b", "-g", "h100-sxm", "--tp", "16")[1]
+    assert "across 2 servers of 8: over efa, 50 GB/s per GPU" in " ".join(out.split())
+    out = run_cli("estimate", "-m", "llama-3.1-70b", "-g", "h100-sxm", "--tp", "4")[1]
+    assert "per decode step, over nvlink4" in " ".join(out.split())
+
+
 from planner.estimate import prepare  # noqa: E402
 from planner.pipeline import pipeline, stage_layers  # noqa: E402
 from planner.specs import Options  # noqa: E402
