@@ -77,7 +77,7 @@ def test_gpu_loads_with_source(name):
     ("l40s", 362.05, 733, 864),            # NVIDIA L40S datasheet
     ("a10", 125, None, 600),               # NVIDIA A10 datasheet
     ("h20", 148, 296, 4000),               # NVIDIA H20 spec sheet as reported (no public datasheet)
-    ("b300", 2250, 4500, 8000),            # NVIDIA HGX page, HGX B300 8-GPU totals / 8 / 2
+    ("b300", 2250, 4500, 7700),            # NVIDIA HGX page totals / 8 / 2; HGX column 7.7 TB/s
     ("gb200", 2500, 5000, 8000),           # NVIDIA GB200 NVL72 page, rack totals / 72 / 2
     ("mi325x", 1307.4, 2614.9, 6000),      # AMD MI325X data sheet
     ("gaudi3", 1835, 1835, 3670),          # Intel Hot Chips 2024 (FP8 at the BF16 rate)
