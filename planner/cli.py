@@ -8,7 +8,6 @@ Every user error is one line on stderr, never a traceback. Commands live beside 
 from __future__ import annotations
 
 import sys
-from enum import Enum
 from typing import Annotated, Optional
 
 import typer
@@ -20,12 +19,14 @@ from planner.cli_common import (
     DEFAULT_ENGINE,
     DEFAULT_RESERVE_GIB,
     DEFAULT_UTIL,
+    AcceptanceOpt,
     Attention,
     AttentionOpt,
     BatchOpt,
     CalibrationOpt,
     ChunkOpt,
     ComputeOpt,
+    DraftOpt,
     EngineOpt,
     GpuOpt,
     GroupSizeOpt,
@@ -39,6 +40,8 @@ from planner.cli_common import (
     QuantizedLayers,
     QuantizedLayersOpt,
     ReserveOpt,
+    SpecOpt,
+    SpecTokensOpt,
     TimeModel,
     TimeModelOpt,
     TpOpt,
@@ -51,6 +54,7 @@ from planner.cli_common import (
     json_out,
     options_from,
     positive,
+    spec_config,
     stderr,
     stdout,
 )
@@ -67,31 +71,11 @@ app = typer.Typer(
 )
 
 
-class SpecMethod(str, Enum):
-    draft_model = "draft-model"
-    mtp = "mtp"
-    ngram = "ngram"
-
-
 def _speculate(est, m, hw, prep, opts, tp, method, draft_model, k, a):
     """The speculative-decoding section of an estimate, from the CLI's flags."""
-    from planner import catalog
-    from planner.speculative import MTP_ACCEPTANCE, MTP_TOKENS, SpecConfig, speculate
+    from planner.speculative import speculate
 
-    if method is None:
-        raise LlmplanError("--draft-model, --num-speculative-tokens and --acceptance-rate go "
-                           "with --speculative draft-model|mtp|ngram")
-    if method == SpecMethod.mtp:
-        k = MTP_TOKENS if k is None else k
-        a = MTP_ACCEPTANCE if a is None else a
-    if k is None or a is None:
-        raise LlmplanError(f"--speculative {method.value}: give --num-speculative-tokens and "
-                           "--acceptance-rate (measured on your traffic; there is no default)")
-    if isinstance(a, float) and not 0 <= a <= 1:
-        raise LlmplanError(f"--acceptance-rate: must be in [0, 1], got {a:g}")
-    positive("--num-speculative-tokens", k)
-    draft = catalog.load_model(draft_model) if draft_model else None
-    cfg = SpecConfig(method.value, k, a, draft)
+    cfg = spec_config(method, draft_model, k, a)
     return speculate(m, hw, prep, opts, tp=tp, batch=est.batch,
                      prompt_tokens=est.prompt_tokens, output_tokens=est.output_tokens, cfg=cfg)
 
@@ -135,18 +119,10 @@ def estimate(
         "--ep", help="Expert-parallel GPUs for a MoE model (attention data-parallel, each GPU "
         "1/N of the experts and of the batch): adds the Expert parallel section (TTFT, TPOT, "
         "load imbalance, all-to-all, memory).")] = 1,
-    speculative: Annotated[Optional[SpecMethod], typer.Option(
-        help="Speculative decoding: a draft model, the model's own MTP layer (DeepSeek), or "
-             "n-gram prompt lookup; adds its section (TPOT, gain by batch, break-even).")] =
-    None,
-    draft_model: Annotated[Optional[str], typer.Option(
-        help="The draft model (built-in name, YAML or config.json) for --speculative "
-             "draft-model.")] = None,
-    num_speculative_tokens: Annotated[Optional[int], typer.Option(
-        help="Tokens proposed per step, k (default 1 for mtp; required otherwise).")] = None,
-    acceptance_rate: Annotated[Optional[float], typer.Option(
-        help="Probability that each proposed token is accepted (default 0.85 for mtp, from "
-             "DeepSeek-V3's report; required otherwise).")] = None,
+    speculative: SpecOpt = None,
+    draft_model: DraftOpt = None,
+    num_speculative_tokens: SpecTokensOpt = None,
+    acceptance_rate: AcceptanceOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Predict memory, timing, utilisation and cost of one deployment."""

@@ -86,6 +86,27 @@ class QuantizedLayers(str, Enum):
 QuantizedLayersOpt = Annotated[QuantizedLayers, typer.Option(
     "--quantized-layers", help="Which linear layers the --weights type covers: all, or only a "
     "MoE model's routed experts (gpt-oss's released MXFP4 checkpoint; the rest 16-bit).")]
+class SpecMethod(str, Enum):
+    draft_model = "draft-model"
+    mtp = "mtp"
+    ngram = "ngram"
+
+
+SpecOpt = Annotated[Optional[SpecMethod], typer.Option(
+    "--speculative",
+    help="Speculative decoding: a draft model, the model's own MTP layer (DeepSeek), or "
+         "n-gram prompt lookup.")]
+DraftOpt = Annotated[Optional[str], typer.Option(
+    "--draft-model",
+    help="The draft model (built-in name, YAML or config.json) for --speculative "
+         "draft-model.")]
+SpecTokensOpt = Annotated[Optional[int], typer.Option(
+    "--num-speculative-tokens",
+    help="Tokens proposed per step, k (default 1 for mtp; required otherwise).")]
+AcceptanceOpt = Annotated[Optional[float], typer.Option(
+    "--acceptance-rate",
+    help="Probability that each proposed token is accepted (default 0.85 for mtp, from "
+         "DeepSeek-V3's report; required otherwise).")]
 LongerOpt = Annotated[bool, typer.Option(
     "--allow-longer-context",
     help="Accept prompt + output tokens beyond the model's max_position_embeddings.")]
@@ -245,3 +266,24 @@ def check_quantized_layers(m, quantized_layers) -> str:
         raise LlmplanError(f"--quantized-layers experts: {m.name} has no routed experts "
                            "(not a mixture-of-experts model)")
     return q
+
+
+def spec_config(method, draft_model, k, a):
+    """The speculative-decoding configuration the flags ask for."""
+    from planner import catalog
+    from planner.speculative import MTP_ACCEPTANCE, MTP_TOKENS, SpecConfig
+
+    if method is None:
+        raise LlmplanError("--draft-model, --num-speculative-tokens and --acceptance-rate go "
+                           "with --speculative draft-model|mtp|ngram")
+    if method == SpecMethod.mtp:
+        k = MTP_TOKENS if k is None else k
+        a = MTP_ACCEPTANCE if a is None else a
+    if k is None or a is None:
+        raise LlmplanError(f"--speculative {method.value}: give --num-speculative-tokens and "
+                           "--acceptance-rate (measured on your traffic; there is no default)")
+    if isinstance(a, float) and not 0 <= a <= 1:
+        raise LlmplanError(f"--acceptance-rate: must be in [0, 1], got {a:g}")
+    positive("--num-speculative-tokens", k)
+    draft = catalog.load_model(draft_model) if draft_model else None
+    return SpecConfig(method.value, k, a, draft)

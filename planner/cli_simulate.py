@@ -15,7 +15,9 @@ from planner.cli_common import (
     DEFAULT_ENGINE,
     DEFAULT_RESERVE_GIB,
     DEFAULT_UTIL,
+    AcceptanceOpt,
     Attention,
+    DraftOpt,
     EngineOpt,
     EpOpt,
     GpuOpt,
@@ -27,6 +29,8 @@ from planner.cli_common import (
     QuantizedLayers,
     QuantizedLayersOpt,
     ReserveOpt,
+    SpecOpt,
+    SpecTokensOpt,
     TimeModel,
     TpOpt,
     UtilOpt,
@@ -38,6 +42,7 @@ from planner.cli_common import (
     options_from,
     output_path,
     positive,
+    spec_config,
     stderr,
     stdout,
 )
@@ -170,11 +175,16 @@ def simulate(
     plot: Annotated[Optional[Path], typer.Option(
         "--plot", help="PNG over time (running, queue, KV) and the TTFT / TPOT "
         "distributions; its time series as a CSV beside it.")] = None,
+    speculative: SpecOpt = None,
+    draft_model: DraftOpt = None,
+    num_speculative_tokens: SpecTokensOpt = None,
+    acceptance_rate: AcceptanceOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Simulate one replica serving a request stream: continuous or static batching, paged or
     contiguous KV, each step costed by the estimate's operator and engine model. A replica is
-    --tp GPUs, --tp x --pp over pipeline stages, or --ep expert-parallel GPUs."""
+    --tp GPUs, --tp x --pp over pipeline stages, or --ep expert-parallel GPUs. --speculative
+    decodes 1 + k tokens per request and step, keeping the expected (1 - a^(k+1)) / (1 - a)."""
     from planner import catalog
     from planner.estimate import prepare
     from planner.serving.metrics import summary
@@ -235,8 +245,26 @@ def simulate(
                          request_rate=request_rate, burstiness=burstiness,
                          closed_loop=max_concurrency is not None, seed=seed)
     coster = layout_coster(m, hw, prep, opts, tp=tp, pp=pp, ep=ep)
-    res = run(reqs, coster, cfg, sample_every_s=0.0 if plot else None)
+    spec = None
+    if speculative is not None or draft_model or num_speculative_tokens or acceptance_rate:
+        from planner.serving.spec import spec_serving
+
+        if pp > 1 or ep > 1:
+            raise LlmplanError("--speculative is simulated on a TP replica only (--pp 1 --ep 1)")
+        if scheduler != Scheduler.continuous:
+            raise LlmplanError("--speculative is simulated with --scheduler continuous only")
+        spec = spec_serving(m, hw, prep, opts, tp=tp, cfg=spec_config(
+            speculative, draft_model, num_speculative_tokens, acceptance_rate))
+    res = run(reqs, coster, cfg, sample_every_s=0.0 if plot else None, spec=spec)
     d = summary(res, ttft_slo_s=ttft_slo, tpot_slo_s=tpot_slo)
+    if spec is not None:
+        c = spec.config
+        d["speculative"] = {"method": c.method, "num_speculative_tokens": c.k,
+                            "acceptance_rate": c.acceptance,
+                            "draft_model": c.draft.name if c.draft else None,
+                            "tokens_per_step": spec.tokens_per_step,
+                            "draft_weight_bytes": spec.draft_weight_bytes,
+                            "draft_kv_bytes_per_token": spec.draft_kv_bytes_per_token}
     d = {"model": m.name, "gpu": hw.name, "tp": tp, "pp": pp, "ep": ep,
          "num_gpus": tp * pp * ep, "engine": eng.name,
          "weights": prep.precision.weights.value, "kv_cache": prep.precision.kv_cache.value,

@@ -162,6 +162,24 @@ def _costs(m: ModelSpec, prep: Prepared, o: Options, tp: int, cfg: SpecConfig, b
     return base, verify, draft
 
 
+def check_draft(m: ModelSpec, cfg: SpecConfig, tp: int) -> None:
+    """A draft model must share the target's tokenizer and split over the same TP."""
+    if cfg.draft is None:
+        return
+    if cfg.draft.vocab_size != m.vocab_size:
+        raise UsageError(f"draft model {cfg.draft.name} has a vocabulary of "
+                         f"{cfg.draft.vocab_size:,} tokens, {m.name} of {m.vocab_size:,}: "
+                         "a draft must share the target's tokenizer")
+    if cfg.draft.num_attention_heads % tp or (cfg.draft.num_kv_heads % tp
+                                              and tp % cfg.draft.num_kv_heads):
+        raise UsageError(f"draft model {cfg.draft.name} cannot be split over --tp {tp}")
+
+
+def extra_weight_bytes(m: ModelSpec, prep: Prepared, tp: int, cfg: SpecConfig) -> float:
+    """The drafter's weights per GPU (the MTP layer shares the target's embedding and head)."""
+    return _extra_memory(m, prep, tp, cfg, 0, 1)[0]
+
+
 def _extra_memory(m: ModelSpec, prep: Prepared, tp: int, cfg: SpecConfig, batch: int,
                   seq_len: int) -> tuple[float, float]:
     p, sharded = prep.precision, prep.engine.lm_head_sharded
@@ -181,14 +199,7 @@ def speculate(m: ModelSpec, hw: HardwareSpec, prep: Prepared, o: Options, *, tp:
               batch: int, prompt_tokens: int, output_tokens: int,
               cfg: SpecConfig) -> SpecResult:
     """Speculative decoding of this deployment, and its gain by batch size."""
-    if cfg.draft is not None:
-        if cfg.draft.vocab_size != m.vocab_size:
-            raise UsageError(f"draft model {cfg.draft.name} has a vocabulary of "
-                             f"{cfg.draft.vocab_size:,} tokens, {m.name} of {m.vocab_size:,}: "
-                             "a draft must share the target's tokenizer")
-        if cfg.draft.num_attention_heads % tp or (cfg.draft.num_kv_heads % tp
-                                                  and tp % cfg.draft.num_kv_heads):
-            raise UsageError(f"draft model {cfg.draft.name} cannot be split over --tp {tp}")
+    check_draft(m, cfg, tp)
     ctx = prompt_tokens + output_tokens / 2
     seq = prompt_tokens + output_tokens
     e_tok = expected_tokens(cfg.acceptance, cfg.k)

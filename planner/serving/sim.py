@@ -40,6 +40,7 @@ from typing import Literal
 from planner.errors import UsageError
 from planner.ops import StepShape, window_pairs
 from planner.serving.cost import StepCoster
+from planner.serving.spec import SpecServing
 from planner.serving.traffic import Request
 
 
@@ -165,15 +166,28 @@ def kv_capacity_tokens(coster: StepCoster, cfg: SchedulerConfig) -> int:
 
 
 def simulate(requests: list[Request], coster: StepCoster, cfg: SchedulerConfig, *,
-             sample_every_s: float | None = None, max_steps: int = 50_000_000) -> SimResult:
-    """Serve ``requests`` on one replica; every request runs to completion."""
+             sample_every_s: float | None = None, max_steps: int = 50_000_000,
+             spec: SpecServing | None = None) -> SimResult:
+    """Serve ``requests`` on one replica; every request runs to completion. ``spec``:
+    speculative decoding (``planner.serving.spec``; continuous batching only)."""
     if cfg.ranks == 1 and getattr(coster, "dp_ranks", 1) > 1:
         cfg = replace(cfg, ranks=coster.dp_ranks)
     cfg.check()
+    k1 = 1 if spec is None else spec.k + 1  # tokens a decoder takes of a step
+    per_step = 1.0 if spec is None else spec.tokens_per_step  # tokens it keeps
+    if spec is not None:
+        if cfg.kind != "continuous":
+            raise UsageError("speculative decoding is simulated with continuous batching only")
+        if cfg.max_num_batched_tokens < cfg.max_num_seqs * k1:
+            raise UsageError(f"max-num-batched-tokens ({cfg.max_num_batched_tokens}) is below "
+                             f"max-num-seqs ({cfg.max_num_seqs}) x {k1} tokens a speculating "
+                             "request takes of a step; lower --max-num-seqs")
     per_rank = cfg.max_num_batched_tokens  # the largest prefill chunk
     seqs_cap = cfg.max_num_seqs * cfg.ranks
     bs = cfg.block_size
     capacity = kv_capacity_tokens(coster, cfg)
+    if spec is not None:  # the drafter's weights and KV share the pool
+        capacity = spec.kv_capacity_tokens(capacity)
     window = coster.model.sliding_window
     split_parts = getattr(coster, "splits_parts", False)
     if cfg.kv_layout == "paged":
@@ -185,7 +199,7 @@ def simulate(requests: list[Request], coster: StepCoster, cfg: SchedulerConfig, 
                for q in requests]
     reqs = [_Req(r, target=r.prompt_tokens) for r in results]
     for q in reqs:
-        need = _reserve_tokens(cfg, q.r.prompt_tokens + q.r.output_tokens)
+        need = _reserve_tokens(cfg, q.r.prompt_tokens + q.r.output_tokens + k1 - 1)
         if need > capacity:
             raise UsageError(f"request {q.r.id} ({q.r.prompt_tokens} + {q.r.output_tokens} "
                              f"tokens) needs {need:,} KV tokens; the replica holds "
@@ -202,6 +216,7 @@ def simulate(requests: list[Request], coster: StepCoster, cfg: SchedulerConfig, 
     # newest is its last key
     running: dict[int, _Req] = {}
     prefilling: dict[int, _Req] = {}  # the running requests still prefilling, in order
+    decoding: dict[int, _Req] = {}  # the running requests decoding
     by_id = {q.r.id: q for q in reqs}
     clients_busy = 0
     next_sample = 0.0
@@ -222,10 +237,16 @@ def simulate(requests: list[Request], coster: StepCoster, cfg: SchedulerConfig, 
             waiting.append(pending.popleft())
             res.arrived += 1
 
+    def gained(q: _Req) -> int:  # tokens a decoding request generated since it joined
+        if spec is None:
+            return st.G - q.G0
+        return min(int(per_step * (st.G - q.G0) + 1e-9), q.r.output_tokens - q.g0)
+
     def context(q: _Req) -> int:  # KV tokens cached for a decoding request
-        return q.c0 + st.G - q.G0
+        return q.c0 + gained(q)
 
     def leave_decode(q: _Req) -> None:
+        decoding.pop(q.r.id, None)
         st.n_dec -= 1
         st.sum_c0_minus_G0 -= q.c0 - q.G0
         st.bucket[(q.c0 - q.G0) % bs] -= 1
@@ -233,14 +254,16 @@ def simulate(requests: list[Request], coster: StepCoster, cfg: SchedulerConfig, 
     def join_decode(q: _Req) -> None:
         q.state = "decode"
         q.c0, q.g0, q.G0 = q.computed, q.generated, st.G
-        q.finish_G = st.G + (q.r.output_tokens - q.generated)
+        left = q.r.output_tokens - q.generated
+        q.finish_G = st.G + (left if spec is None else math.ceil(left / per_step - 1e-9))
+        decoding[q.r.id] = q
         st.n_dec += 1
         st.sum_c0_minus_G0 += q.c0 - q.G0
         st.bucket[(q.c0 - q.G0) % bs] += 1
         heapq.heappush(st.heap, (q.finish_G, q.admitted, q.r.id))
 
     def release(q: _Req) -> None:
-        if q.state == "decode" and cfg.kind == "continuous":
+        if q.state == "decode" and cfg.kind == "continuous" and spec is None:
             # a decoder's blocks grew in aggregate: it holds whole blocks of its context
             q.reserved = _reserve_tokens(cfg, context(q))
         st.free_tokens += q.reserved
@@ -251,7 +274,7 @@ def simulate(requests: list[Request], coster: StepCoster, cfg: SchedulerConfig, 
         prefilling.pop(q.r.id, None)
         release(q)
         if q.state == "decode":
-            q.generated = q.g0 + st.G - q.G0
+            q.generated = q.g0 + gained(q)
             leave_decode(q)  # its heap entry goes stale: the state check skips it
         q.state, q.computed = "waiting", 0
         q.target = q.r.prompt_tokens + q.generated
@@ -328,15 +351,26 @@ def simulate(requests: list[Request], coster: StepCoster, cfg: SchedulerConfig, 
                 if not admit(q, q.r.prompt_tokens + q.r.output_tokens):
                     break
                 static_batch.append(q)
-        # decodes first: every running decoder takes one token
-        if cfg.kind == "continuous" and st.n_dec and cfg.kv_layout == "paged":
+        # decodes first: every running decoder takes one token (1 + k when speculating, whose
+        # KV slots are reserved ahead, as vLLM's lookahead slots)
+        if spec is not None and st.n_dec:
+            while True:
+                grow = sum(max(0, _reserve_tokens(cfg, context(q) + k1) - q.reserved)
+                           for q in decoding.values())
+                if grow <= st.free_tokens or not running:
+                    break
+                preempt(running[next(reversed(running))])
+            for q in decoding.values():
+                q.reserved = max(q.reserved, _reserve_tokens(cfg, context(q) + k1))
+            st.free_tokens -= grow
+        elif cfg.kind == "continuous" and st.n_dec and cfg.kv_layout == "paged":
             while True:
                 grow = st.bucket[(-st.G) % bs] * bs  # decoders whose next token opens a block
                 if grow <= st.free_tokens or not running:
                     break
                 preempt(running[next(reversed(running))])
             st.free_tokens -= grow
-        budget -= st.n_dec
+        budget -= st.n_dec * k1
         # unfinished prefills continue, in admission order
         for q in list(prefilling.values()):
             if budget <= 0:
@@ -377,9 +411,31 @@ def simulate(requests: list[Request], coster: StepCoster, cfg: SchedulerConfig, 
                              "next request beside those running")
         # ---------------------------------------------------------------- cost the step
         n_dec = st.n_dec
-        past = st.sum_c0_minus_G0 + n_dec * st.G  # decoders' cached tokens
-        tokens, pairs, kv_read, held, score, rows = n_dec, past + n_dec, past + n_dec, past, \
-            past + n_dec, n_dec
+        # the decoders' share of the step (each adding k1 tokens after its context)
+        dl = None
+        if spec is None:
+            past = st.sum_c0_minus_G0 + n_dec * st.G  # decoders' cached tokens
+            dec = [float(n_dec), float(past + n_dec), float(past + n_dec), float(past),
+                   float(past + n_dec), float(n_dec)]
+            if window is not None:  # what the sliding-window layers see (see the module notes)
+                w = min(past + n_dec, n_dec * window)
+                dl = [float(n_dec), float(w), float(w), float(min(past, n_dec * window)),
+                      float(w), float(n_dec)]
+        else:
+            ctxs = [context(q) for q in decoding.values()]
+            past = sum(ctxs)
+            dec = [float(n_dec * k1), float(k1 * past + n_dec * k1 * (k1 + 1) / 2),
+                   float(past + n_dec * k1), float(past), float(k1 * (past + n_dec * k1)),
+                   float(n_dec * k1)]
+            if window is not None:
+                dl = [float(n_dec * k1), 0.0, 0.0, 0.0, 0.0, float(n_dec * k1)]
+                for c in ctxs:
+                    span = min(c + k1, window + k1 - 1)
+                    dl[1] += window_pairs(c + k1, window) - window_pairs(c, window)
+                    dl[2] += span
+                    dl[3] += min(c, window)
+                    dl[4] += k1 * span
+        tokens, pairs, kv_read, held, score, rows = dec
         for q, c in chunks:
             tokens += c
             pairs += c * q.computed + c * (c + 1) / 2
@@ -388,9 +444,8 @@ def simulate(requests: list[Request], coster: StepCoster, cfg: SchedulerConfig, 
             score += c * (q.computed + c)
             rows += 1 if q.computed + c >= q.target else 0
         local = None
-        if window is not None:  # what the sliding-window layers see (see the module notes)
-            l_pairs = l_read = min(past + n_dec, n_dec * window)
-            l_held, l_score = min(past, n_dec * window), l_pairs
+        if window is not None:
+            l_tok, l_pairs, l_read, l_held, l_score, l_rows = dl
             for q, c in chunks:
                 span = min(q.computed + c, window + c - 1)
                 l_pairs += window_pairs(q.computed + c, window) - window_pairs(q.computed,
@@ -404,18 +459,14 @@ def simulate(requests: list[Request], coster: StepCoster, cfg: SchedulerConfig, 
                           float(score), float(rows), local)
         if chunks and n_dec and split_parts:  # the decodes alone, for a layout that places
             # them apart from the prefill chunks (expert parallelism's data-parallel ranks)
-            dec_local = None if window is None else StepShape(
-                float(n_dec), float(min(past + n_dec, n_dec * window)),
-                float(min(past + n_dec, n_dec * window)), float(min(past, n_dec * window)),
-                float(min(past + n_dec, n_dec * window)), float(n_dec))
-            parts = (StepShape(float(n_dec), float(past + n_dec), float(past + n_dec),
-                               float(past), float(past + n_dec), float(n_dec), dec_local),
-                     len(chunks))
+            parts = (StepShape(*dec, None if dl is None else StepShape(*dl)), len(chunks))
             dt = coster.step_time(shape, sequences=n_dec + len(chunks), prefill=True,
                                   decodes=True, parts=parts)
         else:
             dt = coster.step_time(shape, sequences=n_dec + len(chunks), prefill=bool(chunks),
                                   decodes=bool(n_dec))
+        if spec is not None and spec.draft is not None:
+            dt += _draft_s(spec, n_dec, past, chunks)
         # time-weighted occupancy over the step
         res.running_integral += len(running) * dt
         reserved = res.kv_capacity_tokens - st.free_tokens
@@ -497,6 +548,26 @@ def simulate(requests: list[Request], coster: StepCoster, cfg: SchedulerConfig, 
     res.duration_s = st.t
     res.in_flight = res.arrived - done
     return res
+
+
+def _draft_s(spec: SpecServing, n_dec: int, past: int, chunks: list) -> float:
+    """The drafter's GPU time in a step: k decode steps over the decoding requests (each
+    proposing one token after its context), and the prefill of the step's prompt chunks.
+    Its sliding-window layers, if any, are costed as full ones (an upper bound)."""
+    t = 0.0
+    if n_dec:
+        one = StepShape(float(n_dec), float(past + n_dec), float(past + n_dec), float(past),
+                        float(past + n_dec), float(n_dec))
+        t += spec.k * spec.draft.gpu_s(one, prefill=False)
+    if chunks:
+        c_tok = sum(c for _, c in chunks)
+        shape = StepShape(float(c_tok),
+                          float(sum(c * q.computed + c * (c + 1) / 2 for q, c in chunks)),
+                          float(sum(q.computed + c for q, c in chunks)),
+                          float(sum(q.computed for q, _ in chunks)),
+                          float(sum(c * (q.computed + c) for q, c in chunks)), 0.0)
+        t += spec.draft.gpu_s(shape, prefill=True)
+    return t
 
 
 def _reserve_tokens(cfg: SchedulerConfig, tokens: int) -> int:

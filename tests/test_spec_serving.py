@@ -1,0 +1,124 @@
+"""Speculative decoding in the serving simulator (planner/serving/spec.py, simulate --spec)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from planner import catalog
+from planner.estimate import prepare
+from planner.memory import kv_cache_bytes_per_token
+from planner.ops import StepShape
+from planner.serving.cost import StepCoster
+from planner.serving.sim import SchedulerConfig, simulate
+from planner.serving.spec import spec_serving
+from planner.serving.traffic import Request, synthetic
+from planner.specs import Options, Precision
+from planner.speculative import SpecConfig, speculate
+
+
+def _setup(model="llama-3.1-8b", gpu="h100-sxm"):
+    m, hw = catalog.load_model(model), catalog.load_hardware(gpu)
+    eng = catalog.load_engine("vllm")
+    o = Options(prefill_chunk_tokens=eng.max_num_batched_tokens)
+    prep = prepare(hw, Precision(), None, o, eng)
+    return m, hw, o, prep, StepCoster(m, hw, prep, o), SchedulerConfig.for_engine(eng)
+
+
+def test_one_request_by_hand_when_every_proposal_is_accepted():
+    """n-gram lookup (no GPU drafting), k = 3, a = 1: every step keeps k + 1 = 4 tokens, so
+    200 tokens after the first take 50 verification steps, the j-th over 4 new tokens after
+    512 + 4 j cached, every position's logits sampled."""
+    m, hw, o, prep, coster, cfg = _setup()
+    spec = spec_serving(m, hw, prep, o, tp=1, cfg=SpecConfig("ngram", 3, 1.0))
+    assert spec.tokens_per_step == 4 and spec.draft is None and spec.draft_weight_bytes == 0
+    res = simulate([Request(0, 0.0, 512, 201)], coster, cfg, spec=spec)
+    r = res.requests[0]
+    steps = [coster.step_time(replace(StepShape.uniform(1, 4, 512 + 4 * j), logit_rows=4.0),
+                              sequences=1, prefill=False) for j in range(50)]
+    prefill = coster.step_time(StepShape.uniform(1, 512, 0), sequences=1, prefill=True,
+                               decodes=False)
+    assert r.ttft_s == pytest.approx(prefill)
+    assert r.tpot_s == pytest.approx(sum(steps) / 200)
+    assert res.steps == 51
+
+
+def test_alone_it_is_the_estimates_speculation_at_batch_1():
+    """A lone request with a draft model decodes at the TPOT estimate's speculative section
+    gives at batch 1 (which costs every step at the mean context; within 3%)."""
+    m, hw, o, prep, coster, cfg = _setup()
+    c = SpecConfig("draft-model", 4, 0.7, catalog.load_model("llama-3.2-1b"))
+    spec = spec_serving(m, hw, prep, o, tp=1, cfg=c)
+    r = simulate([Request(0, 0.0, 1024, 257)], coster, cfg, spec=spec).requests[0]
+    est = speculate(m, hw, prep, o, tp=1, batch=1, prompt_tokens=1024, output_tokens=256,
+                    cfg=c)
+    assert r.tpot_s == pytest.approx(est.tpot_s, rel=0.03)
+    base = simulate([Request(0, 0.0, 1024, 257)], coster, cfg).requests[0]
+    assert base.tpot_s / r.tpot_s == pytest.approx(est.speedup, rel=0.04)
+    assert r.ttft_s > base.ttft_s  # the draft prefills the prompt too
+
+
+def test_the_draft_shares_the_kv_pool_by_hand():
+    """Pool tokens = (target tokens x target bytes - draft weights) / (target + draft bytes
+    per token): Llama-3.2-1B drafting for Llama-3.1-8B, 16 layers x 8 KV heads x 64 x 2 x 2 =
+    32 KiB per token beside the target's 128 KiB."""
+    m, hw, o, prep, coster, cfg = _setup()
+    d = catalog.load_model("llama-3.2-1b")
+    spec = spec_serving(m, hw, prep, o, tp=1, cfg=SpecConfig("draft-model", 4, 0.7, d))
+    assert spec.draft_kv_bytes_per_token == 16 * 8 * 64 * 2 * 2
+    assert spec.target_kv_bytes_per_token == 32 * 8 * 128 * 2 * 2
+    plain = simulate([Request(0, 0.0, 16, 2)], coster, cfg).kv_capacity_tokens
+    want = int((plain * 131072 - spec.draft_weight_bytes) // (131072 + 32768))
+    got = simulate([Request(0, 0.0, 16, 2)], coster, cfg, spec=spec).kv_capacity_tokens
+    assert got == want // cfg.block_size * cfg.block_size
+    # Llama-3.2-1B: 1,235,814,400 parameters (tied embeddings), 2 bytes each
+    assert spec.draft_weight_bytes == 2 * 1_235_814_400
+    assert kv_cache_bytes_per_token(d, prep.precision) == spec.draft_kv_bytes_per_token
+
+
+def test_nothing_accepted_only_costs():
+    """a = 0: one token per step, as without speculation, but each step verifies k + 1:
+    never faster, under any load."""
+    m, hw, o, prep, coster, cfg = _setup()
+    spec = spec_serving(m, hw, prep, o, tp=1, cfg=SpecConfig("ngram", 2, 0.0))
+    reqs = synthetic(200, prompt_tokens=512, output_tokens=128, request_rate=8.0, seed=3)
+    a = simulate(reqs, coster, cfg)
+    b = simulate(reqs, coster, cfg, spec=spec)
+    assert all(r.finish_s == r.finish_s for r in b.requests)  # all complete (not nan)
+    mean = lambda rs: sum(r.tpot_s for r in rs) / len(rs)  # noqa: E731
+    assert mean(b.requests) > mean(a.requests)
+
+
+@settings(max_examples=15, deadline=None)
+@given(k=st.integers(1, 6), a=st.floats(0.0, 1.0), rate=st.sampled_from([2.0, 50.0]),
+       seed=st.integers(0, 10))
+def test_tight_memory_preempts_and_everything_completes(k, a, rate, seed):
+    """On an L4 (24 GB) the 8B model's KV is scarce: with speculation's lookahead slots the
+    pool overflows, requests are preempted and recomputed, every request finishes, and no
+    more KV is ever reserved than the pool holds."""
+    m, hw, o, prep, coster, cfg = _setup(gpu="l4")
+    spec = spec_serving(m, hw, prep, o, tp=1, cfg=SpecConfig("ngram", k, a))
+    reqs = synthetic(60, prompt_tokens=1500, output_tokens=400, range_ratio=0.5,
+                     request_rate=rate, seed=seed)
+    res = simulate(reqs, coster, cfg, spec=spec)
+    assert all(r.finish_s >= r.first_token_s >= r.arrival_s for r in res.requests)
+    assert res.peak_kv_reserved_tokens <= res.kv_capacity_tokens
+
+
+def test_cli(run_json, run_cli):
+    base = ["simulate", "-m", "llama-3.1-8b", "-g", "h100-sxm", "-n", "100",
+            "--request-rate", "2"]
+    plain = run_json(*base)
+    d = run_json(*base, "--speculative", "draft-model", "--draft-model", "llama-3.2-1b",
+                 "--num-speculative-tokens", "4", "--acceptance-rate", "0.7")
+    assert d["speculative"]["tokens_per_step"] == pytest.approx((1 - 0.7 ** 5) / 0.3)
+    assert d["mean_tpot_ms"] < plain["mean_tpot_ms"] / 1.4
+    assert d["kv_capacity_tokens"] < plain["kv_capacity_tokens"]
+    for extra, msg in ((["--pp", "2"], "TP replica only"),
+                       (["--scheduler", "static"], "continuous only"),
+                       ([], "give --num-speculative-tokens")):
+        code, _, err = run_cli(*base, "--speculative", "ngram", *extra)
+        assert code == 2 and msg in err, err
