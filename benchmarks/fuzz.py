@@ -52,7 +52,8 @@ CLI_OPTIONS = {  # command line -> options that take a value
                           "--group-size", "--kernel-overhead-us", "--reserve-gib",
                           "--memory-utilization", "--prefill-chunk-tokens",
                           "--price-per-hour", "--measured-tpot", "--measured-ttft",
-                          "--weights", "--kv-cache", "--engine", "--calibration", "-m", "-g"],
+                          "--weights", "--kv-cache", "--engine", "--calibration", "-m", "-g",
+                          "--quantized-layers"],
     ("sweep", *BASE): ["-b", "-p", "-o", "--tp", "--weights", "--engine", "--csv"],
     ("simulate", *BASE, "-n", "20"): ["--request-rate", "--burstiness",
                                       "--max-concurrency", "--range-ratio", "--seed",
@@ -63,7 +64,7 @@ CLI_OPTIONS = {  # command line -> options that take a value
     ("plan", *BASE, "--ttft", "2s", "--tpot", "50ms", "--scheduler", "static"):
         ["--rps", "--ttft", "--tpot", "-p", "-o", "--weights", "--plot"],
     ("check", "examples/budget.yaml"): ["--engine", "--junit", "--calibration"],
-    ("validate",): ["--engine", "--source", "--csv"],
+    ("validate",): ["--engine", "--source", "--csv", "--served-dataset"],
     ("compare", "tests/fixtures/servers/vllm_bench_serve.json", *BASE):
         ["--tp", "--engine", "--weights", "--plot", "-m", "-g"],
     ("calibrate", "tests/fixtures/servers/vllm_bench_serve.json", *BASE, "--no-leave-one-out"):
@@ -72,6 +73,7 @@ CLI_OPTIONS = {  # command line -> options that take a value
         ["--interval", "--timeout", "--count", "--serve-metrics", "--model-name"],
 }
 PATH_OPTIONS = {"--csv", "--trace", "--junit", "--plot", "--dataset", "--calibration",
+                "--served-dataset",
                 "--engine", "-m", "-g", "--source", "--out", "--base-engine"}
 SERVED_READ = re.compile(r"^((mean|median|p90|p99)_(ttft|tpot|itl|e2el|e2e_latency)_ms|completed|"
                          r"total_(input|output)_tokens|request_rate|max_concurrency|"

@@ -153,8 +153,8 @@ def estimate(
                        price_usd_per_gpu_hour=price_per_hour, measured_tpot_s=measured_tpot,
                        measured_ttft_s=measured_ttft)
     check_layout(m, tp, pp, ep)
-    wants_spec = bool(speculative is not None or draft_model or num_speculative_tokens
-                      or acceptance_rate)
+    wants_spec = any(v is not None for v in (speculative, draft_model, num_speculative_tokens,
+                                             acceptance_rate))
     expert = pipe = spec = None
     if ep > 1 or pp > 1 or wants_spec:
         from planner.estimate import prepare

@@ -69,8 +69,10 @@ def read_result_file(path: Path):
     return read_runs(data, str(path))
 
 
-def _setup(model: str, gpu: str, engine: str, tp: int, weights, kv_cache, group_size: int,
-           quantized_layers=QuantizedLayers.all):
+def served_setup(model: str, gpu: str, spec, tp: int, weights, kv_cache,
+                 group_size: int = 128, quantized_layers="all"):
+    """The deployment a served run was measured on, resolved for prediction: the engine's
+    scheduler budget is the prefill chunk."""
     from planner import catalog
     from planner.estimate import prepare
     from planner.ops import check_tp
@@ -81,15 +83,24 @@ def _setup(model: str, gpu: str, engine: str, tp: int, weights, kv_cache, group_
     positive("--group-size", group_size)
     m = catalog.load_model(model)
     hw = catalog.load_hardware(gpu)
-    spec = catalog.load_engine_spec(engine)
     check_tp(m, tp)
     eng = spec.model()
     opts = Options(prefill_chunk_tokens=eng.max_num_batched_tokens)
-    prep = prepare(hw, Precision.of(weights.value, kv_cache.value if kv_cache else None,
+    value = lambda v: getattr(v, "value", v)  # noqa: E731 (an enum or its value)
+    prep = prepare(hw, Precision.of(value(weights), value(kv_cache) if kv_cache else None,
                                     group_size,
                                     quantized_layers=check_quantized_layers(m, quantized_layers)),
                    None, opts, eng)
-    return Setup(m, hw, prep, opts, tp=tp), spec
+    return Setup(m, hw, prep, opts, tp=tp)
+
+
+def _setup(model: str, gpu: str, engine: str, tp: int, weights, kv_cache, group_size: int,
+           quantized_layers=QuantizedLayers.all):
+    from planner import catalog
+
+    spec = catalog.load_engine_spec(engine)
+    return served_setup(model, gpu, spec, tp, weights, kv_cache, group_size,
+                        quantized_layers), spec
 
 
 def _runs(files: list[Path]):
@@ -148,6 +159,7 @@ def compare(
     if as_json:
         json_out({"model": s.model.name, "gpu": s.hardware.name, "tp": tp,
                   "engine": s.engine.name, "weights": s.prep.precision.weights.value,
+                  "quantized_layers": s.prep.precision.quantized_layers,
                   "runs": [c.as_dict() for c in comps]})
         return
     stdout.print(f"[bold]{plain(s.model.label)}[/] on {tp} x {plain(s.hardware.display_name)}, "

@@ -246,7 +246,8 @@ def simulate(
                          closed_loop=max_concurrency is not None, seed=seed)
     coster = layout_coster(m, hw, prep, opts, tp=tp, pp=pp, ep=ep)
     spec = None
-    if speculative is not None or draft_model or num_speculative_tokens or acceptance_rate:
+    if any(v is not None for v in (speculative, draft_model, num_speculative_tokens,
+                                   acceptance_rate)):
         from planner.serving.spec import spec_serving
 
         if pp > 1 or ep > 1:
@@ -267,7 +268,9 @@ def simulate(
                             "draft_kv_bytes_per_token": spec.draft_kv_bytes_per_token}
     d = {"model": m.name, "gpu": hw.name, "tp": tp, "pp": pp, "ep": ep,
          "num_gpus": tp * pp * ep, "engine": eng.name,
-         "weights": prep.precision.weights.value, "kv_cache": prep.precision.kv_cache.value,
+         "weights": prep.precision.weights.value,
+         "quantized_layers": prep.precision.quantized_layers,
+         "kv_cache": prep.precision.kv_cache.value,
          "scheduler": cfg.kind, "kv_layout": cfg.kv_layout,
          # as vLLM's result file writes it: a number, or "inf"
          "request_rate": None if max_concurrency is not None else
@@ -316,6 +319,17 @@ def _write_trace(path: Path, res) -> None:
             w.writerows(rows)
 
 
+def _spec_line(sp: dict) -> str:
+    from planner import fmt
+
+    who = f"draft {sp['draft_model']}" if sp["draft_model"] else sp["method"]
+    mem = (f"; drafter {fmt.gib(sp['draft_weight_bytes'])} of weights in the KV pool's memory"
+           if sp["draft_weight_bytes"] else "")
+    return (f"{who}, k = {sp['num_speculative_tokens']}, acceptance "
+            f"{sp['acceptance_rate']:g}: {sp['tokens_per_step']:.2f} tokens per step and "
+            f"request{mem}")
+
+
 def _render(d: dict) -> None:
     from planner import fmt
     from planner.render import table
@@ -338,6 +352,8 @@ def _render(d: dict) -> None:
           else []),
         ["running requests", f"mean {d['mean_running_requests']:,.1f}, max "
                              f"{d['max_running_requests']:,}"],
+        *([["speculative decoding", _spec_line(d["speculative"])]] if d.get("speculative")
+          else []),
         ["KV cache", f"{d['kv_capacity_tokens']:,} tokens; holding "
                      f"{fmt.pct(d['kv_cache_used_frac_mean'])} mean, "
                      f"{fmt.pct(d['kv_cache_used_frac_peak'])} peak; reserved "

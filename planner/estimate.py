@@ -287,6 +287,7 @@ class Estimate:
             "tp": self.tp,
             "num_gpus": self.num_gpus,
             "weights": p.weights.value,
+            "quantized_layers": p.quantized_layers,
             "kv_cache": p.kv_cache.value,
             "compute": p.compute_dtype.value,
             "time_model": self.options.time_model,

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from planner.arith import vmax, vmin
 from planner.errors import UsageError
 from planner.estimate import Prepared
-from planner.memory import activation_bytes, kv_cache_bytes, weight_bytes_breakdown
+from planner.memory import ROUTED, activation_bytes, kv_cache_bytes, weight_bytes_breakdown
 from planner.ops import StepShape, shape_ops
 from planner.roofline import op_time
 from planner.specs import HardwareSpec, ModelSpec, Options
@@ -161,7 +161,7 @@ def expert_parallel(m: ModelSpec, hw: HardwareSpec, prep: Prepared, o: Options, 
         e.prefill_step_overhead_s * chunks + e.per_sequence_overhead_s * b
     sharded = e.lm_head_sharded
     bd = weight_bytes_breakdown(m, p, lm_head_sharded=sharded)
-    w = sum(v / (ep if key == "moe/routed_experts" else 1) for key, v in bd.items())
+    w = sum(v / (ep if key in ROUTED else 1) for key, v in bd.items())
     kv = kv_cache_bytes(m, p, batch=b, seq_len=prompt_tokens + output_tokens)
     act = activation_bytes(m, p, batch=b, prompt_tokens=prompt_tokens, attention=o.attention,
                            chunk_tokens=o.prefill_chunk_tokens)

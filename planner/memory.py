@@ -20,6 +20,8 @@ _QUANTIZED = {
     "mlp/gate_up_proj", "mlp/up_proj", "mlp/down_proj",
     "moe/routed_experts", "moe/shared_experts",
 }
+# The routed experts' tensors: split over expert-parallel GPUs.
+ROUTED = ("moe/routed_experts", "moe/routed_expert_bias")
 # Tensors every TP rank holds whole.
 _REPLICATED = {
     "norms/layers", "norms/final", "attention/q_a_norm", "attention/kv_a_norm", "moe/router",

@@ -79,11 +79,18 @@ def _mlp_params(m: ModelSpec, inter: int, bias: bool | None = None) -> dict[str,
     return out
 
 
-def _expert_params(m: ModelSpec) -> int:
-    """Parameters of one routed expert (a gated MLP of expert_intermediate_size)."""
+def _expert_split(m: ModelSpec) -> tuple[int, int]:
+    """(weights, biases) of one expert (a gated MLP of expert_intermediate_size): the biases
+    stay 16-bit when the weights are quantized (gpt-oss's checkpoint), so they are apart."""
     assert m.moe is not None
-    return sum(_mlp_params(m, m.moe.expert_intermediate_size,
-                           bias=m.mlp_bias or m.moe.expert_bias).values())
+    p = _mlp_params(m, m.moe.expert_intermediate_size, bias=m.mlp_bias or m.moe.expert_bias)
+    b = p.pop("mlp_bias", 0)
+    return sum(p.values()), b
+
+
+def _expert_params(m: ModelSpec) -> int:
+    """Parameters of one routed expert, biases included."""
+    return sum(_expert_split(m))
 
 
 def param_breakdown(m: ModelSpec) -> dict[str, int]:
@@ -102,9 +109,14 @@ def param_breakdown(m: ModelSpec) -> dict[str, int]:
     if m.moe is not None:
         e, n_moe = m.moe, m.num_moe_layers
         out["moe/router"] = (h * e.num_experts + (e.num_experts if e.router_bias else 0)) * n_moe
-        out["moe/routed_experts"] = e.num_experts * _expert_params(m) * n_moe
+        w, b = _expert_split(m)
+        out["moe/routed_experts"] = e.num_experts * w * n_moe
+        if b:
+            out["moe/routed_expert_bias"] = e.num_experts * b * n_moe
         if e.num_shared_experts:
-            out["moe/shared_experts"] = e.num_shared_experts * _expert_params(m) * n_moe
+            out["moe/shared_experts"] = e.num_shared_experts * w * n_moe
+            if b:
+                out["moe/shared_expert_bias"] = e.num_shared_experts * b * n_moe
     out["norms/final"] = norm_params
     if not m.tie_word_embeddings:
         out["lm_head"] = m.vocab_size * h

@@ -260,24 +260,28 @@ def search_continuous(model: ModelSpec, gpus: list[HardwareSpec], *, prompt_toke
                 eps=eps, quantized_layers=quantized_layers)
     df = df[df["supported"].astype(bool) & df["priced"]]
     keys = ["gpu", "tp", "pp", "ep", "weights", "kv_cache"]
+    cols = keys + ["batch", "fits", "ttft_s", "tpot_s", "num_gpus", "price_usd_per_gpu_hour"]
+    groups: dict[tuple, list[dict]] = {}  # plain rows: pandas per group costs seconds here
+    for r in df[cols].to_dict("records"):
+        groups.setdefault(tuple(r[k] for k in keys), []).append(r)
     cands = []
-    for key, g in df.groupby(keys, sort=False):
-        one = g[g["batch"] == 1]
-        if one.empty or not bool(one["fits"].iloc[0]) or \
-                float(one["ttft_s"].iloc[0]) > targets.ttft_s or \
-                float(one["tpot_s"].iloc[0]) > targets.tpot_s:
+    for key, g in groups.items():
+        one = next((r for r in g if r["batch"] == 1), None)
+        if one is None or not bool(one["fits"]) or not float(one["ttft_s"]) <= targets.ttft_s \
+                or not float(one["tpot_s"]) <= targets.tpot_s:
             continue
-        ok = g[g["fits"].astype(bool) & (g["tpot_s"] <= targets.tpot_s)]
-        b = ok.loc[(ok["batch"] / ok["tpot_s"]).idxmax()]
+        ok = [r for r in g if bool(r["fits"]) and float(r["tpot_s"]) <= targets.tpot_s]
+        b = max(ok, key=lambda r: r["batch"] / r["tpot_s"])  # the first of equals
         # a request costs the replica at least its share of a batched decode step per output
         # token and its prompt at the best prefill rate any batch reaches
         decode_s = float(b["tpot_s"] / b["batch"]) * output_tokens
-        prefill_s = float((g["ttft_s"] / (g["batch"] * prompt_tokens)).min()) * prompt_tokens
+        prefill_s = min(float(r["ttft_s"]) / (r["batch"] * prompt_tokens) for r in g
+                        if r["ttft_s"] == r["ttft_s"]) * prompt_tokens
         upper = 1.0 / (decode_s + prefill_s)  # requests/s: an upper bound
-        gpus_each = int(one["num_gpus"].iloc[0])
-        price = float(one["price_usd_per_gpu_hour"].iloc[0])
+        gpus_each = int(one["num_gpus"])
+        price = float(one["price_usd_per_gpu_hour"])
         lb = math.ceil(targets.requests_per_s / upper) * gpus_each * price
-        cands.append((lb, key, upper, price, one.iloc[0], gpus_each))
+        cands.append((lb, key, upper, price, one, gpus_each))
     cands.sort(key=lambda c: c[0])
     gpu_by_name = {h.name: h for h in gpus}
     rows = []
@@ -302,7 +306,8 @@ def search_continuous(model: ModelSpec, gpus: list[HardwareSpec], *, prompt_toke
         p = st.percentile
         name = "median" if p == 50 else f"p{p}"
         rows.append({"gpu": gpu, "tp": int(tp), "pp": int(pp), "ep": int(ep),
-                     "num_gpus": gpus_each, "weights": w, "kv_cache": kv,
+                     "num_gpus": gpus_each, "weights": w,
+                     "quantized_layers": quantized_layers, "kv_cache": kv,
                      "engine": engine.name, "scheduler": "continuous",
                      "rate_per_replica": rate, "percentile": p,
                      f"{name}_ttft_s": s[f"{name}_ttft_ms"] / 1e3,

@@ -162,8 +162,18 @@ def _costs(m: ModelSpec, prep: Prepared, o: Options, tp: int, cfg: SpecConfig, b
     return base, verify, draft
 
 
+# Architectures whose checkpoints ship multi-token-prediction layers (DeepSeek-V3 and R1:
+# num_nextn_predict_layers 1 in their config.json)
+MTP_ARCHITECTURES = ("deepseek_v3",)
+
+
 def check_draft(m: ModelSpec, cfg: SpecConfig, tp: int) -> None:
-    """A draft model must share the target's tokenizer and split over the same TP."""
+    """MTP needs a model that ships the layer; a draft model must share the target's
+    tokenizer and split over the same TP."""
+    if cfg.method == "mtp" and m.architecture not in MTP_ARCHITECTURES:
+        raise UsageError(f"--speculative mtp: {m.name} ships no multi-token-prediction layer "
+                         f"(only {', '.join(MTP_ARCHITECTURES)} models do); use draft-model or "
+                         "ngram")
     if cfg.draft is None:
         return
     if cfg.draft.vocab_size != m.vocab_size:

@@ -109,3 +109,18 @@ def test_budget_quantized_layers(run_cli, tmp_path):
                                                                       "llama-3.1-8b"))
     code, _, err = run_cli("check", str(b))
     assert code == 2 and "no routed experts" in err
+
+
+@pytest.mark.parametrize("name", ["gpt-oss-120b", "gpt-oss-20b", "mixtral-8x7b"])
+def test_the_experts_operators_read_what_memory_holds(name):
+    """At a batch that reaches every expert, the expert operators read exactly the routed
+    experts memory holds: the weights in mxfp4 and gpt-oss's expert biases in bf16 (kept
+    apart from the quantized weights, as the checkpoint keeps them)."""
+    m = catalog.load_model(name)
+    bd = weight_bytes_breakdown(m, GPT_OSS)
+    ops = decode_ops(m, GPT_OSS, batch=1_000_000, context_tokens=100)
+    read = sum(op.weight_bytes * op.count for op in ops if op.name.startswith("experts_"))
+    assert read == pytest.approx(bd["moe/routed_experts"] + bd.get("moe/routed_expert_bias", 0))
+    if name.startswith("gpt-oss"):
+        parts = param_breakdown(m)
+        assert bd["moe/routed_expert_bias"] == parts["moe/routed_expert_bias"] * 2

@@ -117,6 +117,10 @@ def test_cli(run_json, run_cli):
     assert d["speculative"]["tokens_per_step"] == pytest.approx((1 - 0.7 ** 5) / 0.3)
     assert d["mean_tpot_ms"] < plain["mean_tpot_ms"] / 1.4
     assert d["kv_capacity_tokens"] < plain["kv_capacity_tokens"]
+    code, _, err = run_cli(*base, "--speculative", "mtp")
+    assert code == 2 and "ships no multi-token-prediction layer" in err
+    code, _, err = run_cli(*base, "--num-speculative-tokens", "0")  # a zero is not ignored
+    assert code == 2 and "go with --speculative" in err
     for extra, msg in ((["--pp", "2"], "TP replica only"),
                        (["--scheduler", "static"], "continuous only"),
                        ([], "give --num-speculative-tokens")):

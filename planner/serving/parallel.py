@@ -38,6 +38,7 @@ from planner.errors import UsageError
 from planner.estimate import Prepared
 from planner.expert import ExpertStep
 from planner.memory import (
+    ROUTED,
     activation_bytes,
     kv_cache_bytes_per_token,
     kv_elements_per_token_per_layer,
@@ -158,7 +159,7 @@ class ExpertCoster(_Layout):
         (``max_num_seqs`` and ``step_tokens`` are one rank's)."""
         m, p, o = self.model, self.prep.precision, self.options
         bd = weight_bytes_breakdown(m, p, lm_head_sharded=self.engine.lm_head_sharded)
-        w = sum(v / (self.ep if key == "moe/routed_experts" else 1) for key, v in bd.items())
+        w = sum(v / (self.ep if key in ROUTED else 1) for key, v in bd.items())
         act = self._activation_bytes(max_num_seqs, step_tokens, 1)
         free = self.hardware.memory_bytes * o.memory_utilization_frac - w - act - \
             o.reserve_bytes

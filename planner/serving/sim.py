@@ -19,6 +19,8 @@ Each step takes ``StepCoster.step_time`` of its shape: the estimate's operator a
 model. Decoding requests are kept in aggregate (their count, the sum of their contexts, a heap
 of the steps at which they finish and a count per block offset of those about to need a new
 block), so a step costs O(1) work whatever the batch: 100,000 requests simulate in seconds.
+Speculative decoding (``planner.serving.spec``) advances each request by a fraction of a
+token per step on average, so it tracks each decoding request: O(running requests) a step.
 
 Sliding-window layers (Gemma-2/3, gpt-oss, Mistral-7B v0.1): a prefill chunk's windowed
 attention is costed exactly; the decoders, held in aggregate, are costed as reading
@@ -193,7 +195,8 @@ def simulate(requests: list[Request], coster: StepCoster, cfg: SchedulerConfig, 
     if cfg.kv_layout == "paged":
         capacity = capacity // bs * bs
     if capacity < bs:
-        raise UsageError("the weights leave no room for a KV cache on this GPU "
+        drafter = " and the drafter's" if spec is not None and spec.draft_weight_bytes else ""
+        raise UsageError(f"the weights{drafter} leave no room for a KV cache on this GPU "
                          f"({capacity} tokens); use more GPUs (--tp) or a smaller precision")
     results = [RequestResult(q.id, q.arrival_s, q.prompt_tokens, q.output_tokens)
                for q in requests]
@@ -255,7 +258,13 @@ def simulate(requests: list[Request], coster: StepCoster, cfg: SchedulerConfig, 
         q.state = "decode"
         q.c0, q.g0, q.G0 = q.computed, q.generated, st.G
         left = q.r.output_tokens - q.generated
-        q.finish_G = st.G + (left if spec is None else math.ceil(left / per_step - 1e-9))
+        if spec is None:
+            q.finish_G = st.G + left
+        else:  # the first step count whose floor(n E) reaches what is left
+            steps = max(0, math.ceil(left / per_step - 1e-9))
+            while int(per_step * steps + 1e-9) < left:
+                steps += 1
+            q.finish_G = st.G + steps
         decoding[q.r.id] = q
         st.n_dec += 1
         st.sum_c0_minus_G0 += q.c0 - q.G0
