@@ -219,6 +219,28 @@ def load_datasets(paths: list[Path] | None = None) -> list:
     return out
 
 
+SERVED_DIR = _HERE / "data" / "served"
+
+
+def load_served(paths: list[Path] | None = None) -> list:
+    """The built-in served-run manifests (planner/data/served/*.yaml), or ``paths``: each
+    (ServedDataset, the folder its result files lie in)."""
+    from planner.servers.validation import ServedDataset
+
+    files = paths if paths is not None else sorted(SERVED_DIR.glob("*.yaml"))
+    out = []
+    for f in files:
+        p = Path(f)
+        if not p.is_file():
+            raise SpecError(f"{p}: no such served-run manifest")
+        out.append((validate(ServedDataset, read_yaml(p), str(p)), p.parent))
+    ids = [d.source.id for d, _ in out]
+    dup = sorted({i for i in ids if ids.count(i) > 1})
+    if dup:
+        raise SpecError(f"served-run manifests: source id {', '.join(dup)} appears twice")
+    return out
+
+
 def yaml_line(text: str, loc: tuple) -> int | None:
     """The line (1-based) of the node at ``loc`` (keys and list indices) in a YAML text, or
     of its nearest ancestor that exists."""

@@ -42,6 +42,31 @@ def run_validation(datasets, engine_override: str | None = None):
     return out
 
 
+def run_served(manifests, engine_override: str | None = None):
+    """Every served-run comparison of ``manifests`` ((ServedDataset, folder) pairs): each
+    result file read, its runs simulated with the engine's profile and the ideal engine's."""
+    from planner import catalog
+    from planner.cli_servers import read_result_file, served_setup
+    from planner.servers.validation import compare_entry
+
+    out = []
+    ideal_spec = catalog.load_engine_spec("ideal")
+    for ds, folder in manifests:
+        for entry in ds.runs:
+            where = f"served run {ds.source.id}:{entry.id}"
+            try:
+                engine = engine_override or entry.engine or ds.source.engine
+                setup = served_setup(entry.model, entry.gpu, catalog.load_engine_spec(engine),
+                                     entry.tp, entry.weights, entry.kv_cache)
+                ideal = served_setup(entry.model, entry.gpu, ideal_spec, entry.tp,
+                                     entry.weights, entry.kv_cache)
+                runs = read_result_file(folder / entry.file)
+                out += compare_entry(ds.source, entry, runs, setup, ideal)
+            except LlmplanError as err:
+                raise LlmplanError(f"{where}: {err}") from None
+    return out
+
+
 def recorded_limits() -> dict:
     from planner import catalog
 
@@ -62,6 +87,11 @@ def validate(
         "(e.g. ideal: the roofline's error).")] = None,
     dataset: Annotated[Optional[list[Path]], typer.Option(
         help="Dataset files to use instead of the built-in ones (repeatable).")] = None,
+    served: Annotated[bool, typer.Option(
+        "--served/--no-served", help="Also replay the published serving runs "
+        "(planner/data/served) through the simulator.")] = True,
+    served_dataset: Annotated[Optional[list[Path]], typer.Option(
+        help="Served-run manifests to use instead of the built-in ones (repeatable).")] = None,
     rows: Annotated[bool, typer.Option("--rows/--no-rows",
                                        help="Show every row, not only the summary.")] = True,
     csv: Annotated[Optional[Path], typer.Option("--csv", help="Every comparison to CSV.")] = None,
@@ -74,27 +104,35 @@ def validate(
 ) -> None:
     """Predict published measurements (one file per source) and show the error: median and
     90th percentile per source and engine, in-sample (rows a parameter was fitted on) and
-    held out apart."""
+    held out apart. Published serving runs (real benchmark result files) are replayed through
+    the simulator and compared on TTFT, TPOT and output throughput: all held out."""
     from planner import catalog, fmt
     from planner.render import table
+    from planner.servers.validation import summarize_served
     from planner.sweep import parse_str_list
     from planner.validate import summarize
 
     output_path(csv, "--csv")
     output_path(plot, "--plot", ".png")
     datasets = catalog.load_datasets(dataset)
+    manifests = catalog.load_served(served_dataset) if served or served_dataset else []
+    if dataset and not served_dataset:
+        manifests = []  # the datasets asked for, alone
     if source is not None:
         wanted = parse_str_list(source)
         if not wanted:
             raise LlmplanError("--source: no source id given")
-        known = [d.source.id for d in datasets]
+        known = [d.source.id for d in datasets] + [d.source.id for d, _ in manifests]
         for w in wanted:
             if w not in known:
                 raise LlmplanError(f"--source: unknown source '{w}'; known: {', '.join(known)}")
         datasets = [d for d in datasets if d.source.id in wanted]
+        manifests = [(d, f) for d, f in manifests if d.source.id in wanted]
     comps = run_validation(datasets, engine)
-    per_source = summarize(comps)
-    overall = summarize(comps, by_source=False)
+    served_comps = run_served(manifests, engine)
+    per_source = summarize(comps) + summarize_served(served_comps)
+    overall = summarize(comps, by_source=False) + summarize_served(served_comps,
+                                                                   by_source=False)
     failed: list[str] = []
     if check:
         limits = recorded_limits()
@@ -104,22 +142,27 @@ def validate(
                 failed.append(f"held-out {s.phase} median error {s.median_abs_error:.1%} is above "
                               f"the recorded {lim:.1%}")
     if csv:
-        _write_csv(comps, csv)
-        stderr.print(f"wrote {len(comps)} rows to {csv}")
+        _write_csv([c.as_dict() for c in comps] + [c.as_dict() for c in served_comps], csv)
+        stderr.print(f"wrote {len(comps) + len(served_comps)} rows to {csv}")
     if plot:
         from planner.report import plot_validation
 
-        plot_validation(comps, plot)
+        plot_validation(comps + served_comps, plot)
         stderr.print(f"wrote {plot}")
     if as_json:
         json_out({"rows": [c.as_dict() for c in comps],
+                  "served_rows": [c.as_dict() for c in served_comps],
                   "summary": [s.as_dict() for s in per_source],
                   "overall": [s.as_dict() for s in overall],
                   "sources": [d.source.model_dump(mode="json") for d in datasets],
+                  "served_sources": [d.source.model_dump(mode="json") for d, _ in manifests],
                   "check": {"passed": not failed, "failures": failed} if check else None})
     else:
         if rows:
-            stdout.print(_rows_table(comps, stdout.width))
+            if comps:
+                stdout.print(_rows_table(comps, stdout.width))
+            if served_comps:
+                stdout.print(_served_table(served_comps))
         stdout.print(table("Error by source, engine and phase (absolute, relative)",
                            ["source", "engine", "phase", "split", "n", "median", "p90",
                             "median\nsigned", "ideal\nmedian"],
@@ -168,20 +211,38 @@ def _rows_table(comps, width: int):
     return t
 
 
+def _served_table(comps):
+    from planner.render import table
+
+    t = table(f"{len(comps)} published serving-run figures vs the simulator",
+              ["run", "traffic", "metric", "measured", "predicted", "error", "ideal\nerror"],
+              [], left=3, compact=True, fold=(0, 1))
+    group = None
+    for c in comps:
+        if (c.source, c.engine) != group:
+            group = (c.source, c.engine)
+            t.add_row(f"{c.source} ({c.engine})", style="bold")
+        t.add_row(f"{c.run} ({c.model}, {c.tp}x{c.gpu})", c.traffic, c.phase.split()[-1],
+                  _num(c.metric, c.measured), _num(c.metric, c.predicted), f"{c.error:+.1%}",
+                  f"{c.ideal_error:+.1%}")
+    return t
+
+
 def _num(metric: str, v: float) -> str:
     from planner import fmt
 
-    return fmt.seconds(v) if metric in ("tpot_s", "ttft_s", "latency_s") else f"{v:,.4g}"
+    return fmt.seconds(v) if metric.endswith("_s") and not metric.endswith("per_s") else \
+        f"{v:,.4g}"
 
 
-def _write_csv(comps, path: Path) -> None:
+def _write_csv(rows: list[dict], path: Path) -> None:
     import csv
 
-    rows = [c.as_dict() for c in comps]
     if not rows:
         path.write_text("")
         return
     with path.open("w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        names = list(dict.fromkeys(k for r in rows for k in r))
+        w = csv.DictWriter(f, fieldnames=names)
         w.writeheader()
         w.writerows(rows)

@@ -719,7 +719,12 @@ MARKERS = "osD^vP*Xh<>"
 METRIC_LABELS = {"user_tokens_per_s": "tokens/s per sequence", "tpot_s": "TPOT (s)",
                  "ttft_s": "TTFT (s)", "throughput_tokens_per_s": "output tokens/s (batch)",
                  "throughput_tokens_per_s_per_gpu": "output tokens/s per GPU (batch)",
-                 "latency_s": "latency of the batch (s)"}
+                 "latency_s": "latency of the batch (s)",
+                 # published serving runs replayed through the simulator
+                 "mean_ttft_s": "served: mean TTFT (s)", "median_ttft_s": "served: median TTFT (s)",
+                 "mean_tpot_s": "served: mean TPOT (s)", "median_tpot_s": "served: median TPOT (s)",
+                 "mean_itl_s": "served: mean ITL (s)", "median_itl_s": "served: median ITL (s)",
+                 "output_throughput": "served: output tokens/s"}
 
 
 def plot_validation(comps, path: Path) -> None:
@@ -765,8 +770,9 @@ def plot_validation(comps, path: Path) -> None:
                            label=f"{src} ({'held out' if held else 'in-sample'}, n={len(p)}, "
                                  f"median |err| {med:.0%})")
         _square_loglog(ax, lo, hi, METRIC_LABELS[metric], metric, legend_size=7)
+    fig.tight_layout()
     fig.suptitle(f"llmplan validate: {len(comps)} published measurements, predicted with each "
-                 "row's engine profile", fontsize=10)
+                 "row's engine profile", fontsize=10, y=1.0, va="bottom")
     fig.savefig(path, dpi=130, bbox_inches="tight")
     plt.close(fig)
 

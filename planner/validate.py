@@ -126,8 +126,30 @@ class Dataset(_Strict):
         return self
 
 
+class Errors:
+    """The signed errors of a prediction (``predicted``, ``ideal``) against ``measured``: a
+    base of the comparison dataclasses, which hold those fields and ``in_sample``."""
+
+    @property
+    def split_label(self) -> str:
+        return "in-sample" if self.in_sample else "held-out"
+
+    @property
+    def error(self) -> float:
+        return self.predicted / self.measured - 1
+
+    @property
+    def ideal_error(self) -> float:
+        return self.ideal / self.measured - 1
+
+    def as_dict(self) -> dict:
+        d = dict(self.__dict__)
+        d.update(error=self.error, ideal_error=self.ideal_error, split=self.split_label)
+        return d
+
+
 @dataclass(frozen=True)
-class Comparison:
+class Comparison(Errors):
     source: str
     row: str
     engine: str
@@ -147,23 +169,6 @@ class Comparison:
     @property
     def key(self) -> str:
         return f"{self.source}:{self.row}"
-
-    @property
-    def split_label(self) -> str:
-        return "in-sample" if self.in_sample else "held-out"
-
-    @property
-    def error(self) -> float:
-        return self.predicted / self.measured - 1
-
-    @property
-    def ideal_error(self) -> float:
-        return self.ideal / self.measured - 1
-
-    def as_dict(self) -> dict:
-        d = dict(self.__dict__)
-        d.update(error=self.error, ideal_error=self.ideal_error, split=self.split_label)
-        return d
 
 
 def metric_of(e: Estimate, metric: str) -> float:
@@ -239,15 +244,16 @@ class Summary:
         return dict(self.__dict__)
 
 
-def summarize(rows: list[Comparison], *, by_source: bool = True) -> list[Summary]:
+def summarize(rows: list, *, by_source: bool = True, phase_of=None) -> list[Summary]:
     """Median and 90th-percentile absolute error per (source, engine, phase, split); with
-    ``by_source`` False, over all sources together (source "all")."""
-    groups: dict[tuple, list[Comparison]] = {}
+    ``by_source`` False, over all sources together (source "all"). ``phase_of``: a row's phase
+    (default: its metric's, ``PHASE``)."""
+    groups: dict[tuple, list] = {}
     for c in rows:
-        split = "in-sample" if c.in_sample else "held-out"
         src = c.source if by_source else "all"
         eng = c.engine if by_source else "all"
-        groups.setdefault((src, eng, PHASE[c.metric], split), []).append(c)
+        phase = phase_of(c) if phase_of else PHASE[c.metric]
+        groups.setdefault((src, eng, phase, c.split_label), []).append(c)
     out = []
     for (src, eng, phase, split), cs in sorted(groups.items()):
         errs = [abs(c.error) for c in cs]

@@ -31,6 +31,16 @@ from planner.specs import HardwareSpec, ModelSpec, Options
 _SAMPLING = ("final_norm", "lm_head")
 
 
+def host_s(e: Engine, sequences, *, prefill: bool, decodes: bool) -> float:
+    """The engine's host cost of a step: a decode step's, a prefill pass's, or the larger of
+    the two for a step that mixes them; and its cost per sequence."""
+    if prefill and decodes:
+        step = max(e.step_overhead_s, e.prefill_step_overhead_s)
+    else:
+        step = e.prefill_step_overhead_s if prefill else e.step_overhead_s
+    return step + e.per_sequence_overhead_s * sequences
+
+
 class StepCoster:
     """Seconds per step for a model, GPU, precision, TP degree and engine."""
 
@@ -143,14 +153,7 @@ class StepCoster:
         return (self._n_full * shape.kv_held_tokens + self._n_local * local.kv_held_tokens) / n
 
     def fixed_s(self, sequences: int, *, prefill: bool, decodes: bool) -> float:
-        """The engine's host cost: a decode step's, a prefill pass's, or the larger of the two
-        for a step that mixes them; and its cost per sequence."""
-        e = self.engine
-        if prefill and decodes:
-            step = max(e.step_overhead_s, e.prefill_step_overhead_s)
-        else:
-            step = e.prefill_step_overhead_s if prefill else e.step_overhead_s
-        return step + e.per_sequence_overhead_s * sequences
+        return host_s(self.engine, sequences, prefill=prefill, decodes=decodes)
 
     def step_time(self, shape: StepShape, *, sequences: int, prefill: bool,
                   decodes: bool = True) -> float:

@@ -46,7 +46,7 @@ from planner.memory import (
 )
 from planner.ops import StepShape, check_tp
 from planner.pipeline import stage_layers, weights_of_stage
-from planner.serving.cost import StepCoster
+from planner.serving.cost import StepCoster, host_s
 from planner.specs import HardwareSpec, ModelSpec, Options
 
 
@@ -59,12 +59,7 @@ class _Layout:
     tp: int
 
     def fixed_s(self, sequences, *, prefill: bool, decodes: bool) -> float:
-        e = self.engine
-        if prefill and decodes:
-            step = max(e.step_overhead_s, e.prefill_step_overhead_s)
-        else:
-            step = e.prefill_step_overhead_s if prefill else e.step_overhead_s
-        return step + e.per_sequence_overhead_s * sequences
+        return host_s(self.engine, sequences, prefill=prefill, decodes=decodes)
 
     def _activation_bytes(self, max_num_seqs: int, step_tokens: int, tp: int) -> float:
         per_seq = max(1, -(-step_tokens // max_num_seqs))

@@ -1,0 +1,114 @@
+"""`llmplan validate` replays published serving runs through the simulator."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+import yaml
+
+from planner import catalog
+from planner.servers.validation import ServedDataset
+
+FIXTURES = Path(__file__).parent / "fixtures" / "servers"
+
+MANIFEST = {
+    "source": {"id": "try", "url": "https://example.invalid/runs", "repo": "someone/runs",
+               "commit": "0123456789abcdef0123456789abcdef01234567", "date": "2026-11-21",
+               "engine": "vllm", "engine_version": "0.11", "hardware_note": "1xH100-80GB-SXM"},
+    "runs": [{"id": "rate-4", "file": "vllm_bench_serve.json", "path": "r/vllm_bench_serve.json",
+              "sha256": "7d3b8a27bafb023e21bff5235e306a93f28ac4931f0863775e1b54323b40d897",
+              "model": "llama-3.1-8b", "gpu": "h100-sxm"}],
+}
+
+
+def _manifest(tmp_path: Path, data: dict = MANIFEST) -> Path:
+    shutil.copy(FIXTURES / "vllm_bench_serve.json", tmp_path)
+    p = tmp_path / "try.yaml"
+    p.write_text(yaml.safe_dump(data))
+    return p
+
+
+def test_served_figures_are_the_simulators_for_that_run(run_json, tmp_path):
+    """Each served figure is what `llmplan compare` simulates for the same file and
+    deployment, and its ideal one what the ideal engine simulates; all held out."""
+    p = _manifest(tmp_path)
+    d = run_json("validate", "--served-dataset", str(p), "--source", "try")
+    assert d["rows"] == []
+    served = {r["metric"]: r for r in d["served_rows"]}
+    assert set(served) == {"mean_ttft_s", "mean_tpot_s", "output_throughput"}
+    runs = run_json("compare", str(FIXTURES / "vllm_bench_serve.json"), "-m", "llama-3.1-8b",
+                    "-g", "h100-sxm")
+    ideal = run_json("compare", str(FIXTURES / "vllm_bench_serve.json"), "-m", "llama-3.1-8b",
+                     "-g", "h100-sxm", "--engine", "ideal")
+    runs = runs["runs"] if isinstance(runs, dict) else runs
+    ideal = ideal["runs"] if isinstance(ideal, dict) else ideal
+    for k, row in served.items():
+        assert row["measured"] == runs[0]["metrics"][k]["measured"]
+        assert row["predicted"] == pytest.approx(runs[0]["metrics"][k]["simulated"])
+        assert row["ideal"] == pytest.approx(ideal[0]["metrics"][k]["simulated"])
+        assert row["error"] == pytest.approx(row["predicted"] / row["measured"] - 1)
+        assert row["split"] == "held-out"
+    # the fixture's measured mean TTFT and TPOT (ms) and output tokens/s, read in SI
+    assert served["mean_ttft_s"]["measured"] == pytest.approx(31.490826678050915e-3)
+    assert served["mean_tpot_s"]["measured"] == pytest.approx(8.147208591380863e-3)
+    assert served["output_throughput"]["measured"] == pytest.approx(501.045058889198)
+    phases = {s["phase"]: s for s in d["overall"]}
+    assert phases["served TPOT"]["n"] == 1
+    assert phases["served TPOT"]["median_abs_error"] == pytest.approx(
+        abs(served["mean_tpot_s"]["error"]))
+
+
+def test_served_manifest_errors_name_the_run_and_field(run_cli, tmp_path):
+    bad = dict(MANIFEST, runs=[dict(MANIFEST["runs"][0], model="no-such-model")])
+    code, _, err = run_cli("validate", "--served-dataset", str(_manifest(tmp_path, bad)),
+                           "--source", "try")
+    assert code == 2 and "served run try:rate-4" in err and "no-such-model" in err
+    bad = dict(MANIFEST, runs=[dict(MANIFEST["runs"][0], file="missing.json")])
+    code, _, err = run_cli("validate", "--served-dataset", str(_manifest(tmp_path, bad)),
+                           "--source", "try")
+    assert code == 2 and "missing.json" in err and len(err.strip().splitlines()) == 1
+    bad = dict(MANIFEST, source=dict(MANIFEST["source"], commit="main"))
+    code, _, err = run_cli("validate", "--served-dataset", str(_manifest(tmp_path, bad)),
+                           "--source", "try")
+    assert code == 2 and "commit" in err
+    bad = dict(MANIFEST, runs=[dict(MANIFEST["runs"][0], file="../../etc/passwd")])
+    code, _, err = run_cli("validate", "--served-dataset", str(_manifest(tmp_path, bad)),
+                           "--source", "try")
+    assert code == 2 and "file" in err
+
+
+def test_builtin_served_runs_are_sourced_and_readable():
+    """Every built-in served run names the repository, commit and path it was copied from,
+    its file lies beside the manifest and is read by the result readers, and its model, GPU
+    and engine are in the databases."""
+    import hashlib
+    import json
+
+    from planner.cli_servers import read_result_file
+
+    manifests = catalog.load_served()
+    assert manifests, "planner/data/served holds the published runs"
+    n = 0
+    for ds, folder in manifests:
+        assert isinstance(ds, ServedDataset)
+        assert ds.source.url.startswith("https://github.com/" + ds.source.repo)
+        catalog.load_engine_spec(ds.source.engine)
+        for e in ds.runs:
+            catalog.load_model(e.model)
+            catalog.load_hardware(e.gpu)
+            assert ds.url_of(e).startswith(f"https://github.com/{ds.source.repo}/blob/")
+            raw = (folder / e.file).read_bytes()
+            if e.kept == "verbatim":  # byte for byte the published file
+                assert hashlib.sha256(raw).hexdigest() == e.sha256, e.id
+            else:  # the published object less the per-request lists nothing reads
+                data = json.loads(raw)
+                assert not {"ttfts", "itls", "generated_texts", "errors"} & set(data), e.id
+            runs = read_result_file(folder / e.file)
+            assert runs, e.id
+            n += len(runs)
+        # the README beside them holds each file's provenance
+        readme = (folder / "README.md").read_text()
+        assert all(f"`{e.file}`" in readme for e in ds.runs)
+    assert n >= 40
