@@ -57,6 +57,21 @@ def test_vllm_fields_in_si_units():
     assert r.input_lens == tuple(detailed["input_lens"])  # --save-detailed: per request
 
 
+def test_a_vllm_fork_writing_dataset_name_stays_vllm():
+    """Forks of benchmark_serving.py add ``dataset_name`` beside their server arguments; the
+    file is still vLLM's, and keeps its per-request lengths (SGLang's writes e2e_latency)."""
+    detailed = dict(_load("vllm_bench_serve_detailed.json"), dataset_name="sharegpt")
+    assert detect(detailed) == "vllm-bench-serve"
+    (r,) = read_runs(detailed, "x")
+    assert r.input_lens == tuple(detailed["input_lens"])
+    sglang = [json.loads(line) for line in (FIX / "sglang_bench_serving.jsonl").read_text()
+              .splitlines() if line.strip()]
+    assert detect(sglang) == "sglang-bench-serving"
+    old = {k: v for k, v in sglang[0].items() if k not in ("mean_e2e_latency_ms",
+                                                           "median_e2e_latency_ms")}
+    assert detect(old) == "sglang-bench-serving"  # dataset_name and no vLLM-only key
+
+
 def test_guidellm_strategies_become_traffic():
     a, b = read_runs(_load("guidellm_report.json"), "g")
     assert a.closed_loop and a.max_concurrency == 1  # synchronous: one request at a time

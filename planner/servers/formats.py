@@ -205,8 +205,15 @@ def read_measure(objs: list[dict], where: str) -> list[ServedRun]:
     return runs
 
 
+# keys only vLLM's result file writes: a benchmark_serving.py fork that adds dataset_name
+# (as some do, beside server_args) is still vLLM's format, with its per-request lengths
+_VLLM_ONLY = ("mean_e2el_ms", "median_e2el_ms", "input_lens", "burstiness", "tokenizer_id")
+
+
 def _sglang_like(o: dict) -> bool:
-    return "mean_e2e_latency_ms" in o or "dataset_name" in o
+    if "mean_e2e_latency_ms" in o or "median_e2e_latency_ms" in o:
+        return True
+    return "dataset_name" in o and not any(k in o for k in _VLLM_ONLY)
 
 
 def detect(data: Any) -> str | None:
