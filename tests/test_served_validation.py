@@ -79,6 +79,17 @@ def test_served_manifest_errors_name_the_run_and_field(run_cli, tmp_path):
     assert code == 2 and "file" in err
 
 
+def test_a_skipped_figure_is_not_compared_and_needs_a_reason(run_json, run_cli, tmp_path):
+    run = dict(MANIFEST["runs"][0], skip=["TTFT"], note="prompts served from a warm cache")
+    d = run_json("validate", "--served-dataset", str(_manifest(tmp_path, dict(MANIFEST,
+                 runs=[run]))), "--source", "try")
+    assert {r["phase"] for r in d["served_rows"]} == {"served TPOT", "served throughput"}
+    run.pop("note")
+    code, _, err = run_cli("validate", "--served-dataset", str(_manifest(tmp_path, dict(
+        MANIFEST, runs=[run]))), "--source", "try")
+    assert code == 2 and "skip needs a note" in err
+
+
 def test_builtin_served_runs_are_sourced_and_readable():
     """Every built-in served run names the repository, commit and path it was copied from,
     its file lies beside the manifest and is read by the result readers, and its model, GPU

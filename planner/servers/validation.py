@@ -72,7 +72,16 @@ class ServedEntry(_Strict):
     weights: DType = DType.bf16
     kv_cache: DType | None = None
     engine: str | None = None  # this run's, when not the source's
+    # figures not compared, each for a reason the note gives (a measurement the simulator
+    # cannot reproduce by construction, such as prompts served from a warm prefix cache)
+    skip: list[Literal["TTFT", "TPOT", "throughput"]] = Field(default_factory=list)
     note: str | None = None
+
+    @model_validator(mode="after")
+    def _skip_has_reason(self) -> ServedEntry:
+        if self.skip and not self.note:
+            raise ValueError(f"run {self.id}: skip needs a note saying why")
+        return self
 
 
 class ServedDataset(_Strict):
@@ -130,6 +139,8 @@ def compare_entry(source: ServedSource, entry: ServedEntry, runs: list[ServedRun
         bound = {m.metric: m for m in compare_run(run, ideal).rows}
         label = entry.id if len(runs) == 1 else f"{entry.id} {run.label}"
         for phase, keys in METRIC_GROUPS:
+            if phase.split()[-1] in entry.skip:
+                continue
             k = _pick(run, keys)
             if k is None:
                 continue
