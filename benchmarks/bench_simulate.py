@@ -13,13 +13,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from planner import catalog  # noqa: E402
-from planner.estimate import prepare  # noqa: E402
+from planner.core.estimate import prepare  # noqa: E402
+from planner.core.specs import Options, Precision  # noqa: E402
+from planner.io import catalog  # noqa: E402
 from planner.serving.cost import StepCoster  # noqa: E402
 from planner.serving.metrics import summary  # noqa: E402
 from planner.serving.sim import SchedulerConfig, simulate  # noqa: E402
 from planner.serving.traffic import synthetic  # noqa: E402
-from planner.specs import Options, Precision  # noqa: E402
 
 
 def main() -> None:

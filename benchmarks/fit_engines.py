@@ -20,9 +20,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from planner import catalog  # noqa: E402
-from planner.fit import fit  # noqa: E402
-from planner.validate import compare, summarize  # noqa: E402
+from planner.evidence.fit import fit  # noqa: E402
+from planner.evidence.validate import compare, summarize  # noqa: E402
+from planner.io import catalog  # noqa: E402
 
 # engine -> (parameters, {source id: row-id regex of the fit rows})
 PLANS: dict[str, tuple[list[str], dict[str, str]]] = {
@@ -129,7 +129,7 @@ def main() -> None:
     print(f"{args.engine}: {len(params)} parameters fitted on {len(res.rows)} rows "
           f"({res.n} figures); rms log error {res.before_rms_log_error:.3f} -> "
           f"{res.after_rms_log_error:.3f}")
-    from planner.fit import bounds_of
+    from planner.evidence.fit import bounds_of
 
     for p, v in res.values.items():
         lo, hi = bounds_of(p)

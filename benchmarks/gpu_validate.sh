@@ -30,7 +30,7 @@ if [ -d .whl ] && ls .whl/*.whl >/dev/null 2>&1; then
     "$PY" -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site \
         .whl/*.whl || exit 2
     export PYTHONPATH="/tmp/site${PYTHONPATH:+:$PYTHONPATH}"
-elif ! "$PY" -c "import planner.cli, harness.cli" 2>/dev/null; then
+elif ! "$PY" -c "import planner.cli.app, harness.cli" 2>/dev/null; then
     deps=$("$PY" - <<'EOF'
 import re
 text = open("pyproject.toml").read()

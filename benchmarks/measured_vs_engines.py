@@ -26,9 +26,9 @@ def predictions(rec: dict, engines: dict, gpu: str | None) -> dict[str, tuple[fl
     """engine name -> (predicted TPOT s, predicted TTFT s) for one measured point."""
     from harness.device import DeviceInfo
     from harness.measure import cpu_hardware
-    from planner import catalog
-    from planner.estimate import estimate
-    from planner.specs import Calibration, DType, Precision, Workload
+    from planner.core.estimate import estimate
+    from planner.core.specs import Calibration, DType, Precision, Workload
+    from planner.io import catalog
 
     c, env = rec["config"], rec["env"]
     m = catalog.load_model(c["model"])
@@ -60,7 +60,7 @@ def main() -> int:
     ap.add_argument("--csv", type=Path, help="every comparison to this CSV")
     args = ap.parse_args()
     from harness.measure import load_done
-    from planner import catalog
+    from planner.io import catalog
 
     engines = {n: catalog.load_engine(n) for n in catalog.engine_names()}
     rows = []

@@ -9,7 +9,7 @@
 - Launch cost: the time of one tiny kernel, replayed from a CUDA graph on GPU (what the decode
   step pays per kernel under graphs), or one eager tiny op on CPU.
 
-The profile is what ``llmplan estimate --calibration`` reads (planner.specs.Calibration).
+The profile is what ``llmplan estimate --calibration`` reads (planner.core.specs.Calibration).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import torch
 
 from harness.bench import time_fn
 from harness.device import DeviceInfo, now_iso
-from planner.errors import first_line
+from planner.core.errors import first_line
 
 HARNESS_VERSION = "1"  # bump when the measurement method changes
 
@@ -108,7 +108,7 @@ def calibrate(info: DeviceInfo, *, dtypes: tuple[str, ...] = ("bf16", "fp16", "f
               decode_shapes: list[tuple[int, int, int]] | None = None,
               quick: bool = False) -> dict:
     """Run every measurement for ``dtypes``; returns a dict that validates as
-    planner.specs.Calibration."""
+    planner.core.specs.Calibration."""
     s = _sizes(info.kind, quick)
     bw = measure_bandwidth(info.kind, s["bw_bytes"], s["budget_s"])
     rates: dict[str, float] = {}

@@ -9,7 +9,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from planner.cli_common import (
+from planner.cli.options import (
     json_out,
     output_path,
     parse_choices,
@@ -17,8 +17,8 @@ from planner.cli_common import (
     stderr,
     stdout,
 )
-from planner.errors import Interrupted, LlmplanError, first_line
-from planner.specs import GIB
+from planner.core.errors import Interrupted, LlmplanError, first_line
+from planner.core.specs import GIB
 
 # the weight types the harness's kernels run; MXFP4 (gpt-oss's experts) has no torch kernel
 # here, so it is refused up front rather than skipped point by point
@@ -85,8 +85,8 @@ def measure(
     as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
 ) -> None:
     """Run real decode and prefill steps of a model's shape and compare with predictions."""
-    from planner import catalog
-    from planner.sweep import parse_int_list
+    from planner.io import catalog
+    from planner.search.sweep import parse_int_list
 
     # paths the user gave: their folders must exist and they must be files (checked before
     # minutes of calibration, and no folder is created for them)
@@ -101,7 +101,7 @@ def measure(
         raise LlmplanError("--attention-backend: give one backend")
     if mode not in ("auto", "compile", "eager"):
         raise LlmplanError(f"--mode: '{mode}' is not one of auto, compile, eager")
-    from planner._entry import deferred_sigint
+    from planner.cli.entry import deferred_sigint
 
     try:
         with deferred_sigint():  # a Ctrl-C inside torch's import would abort the process
@@ -220,8 +220,8 @@ def _collectives(info, profile: Path, world: int | None, quick: bool, as_json: b
 
     from harness import calibrate as cal_mod
     from harness.collectives import measure as measure_collectives
-    from planner import catalog
-    from planner.render import table
+    from planner.io import catalog
+    from planner.io.render import table
 
     if not profile.is_file():
         stderr.print(f"calibrating {info.name} first ({profile} does not exist) ...")
@@ -244,7 +244,7 @@ def _collectives(info, profile: Path, world: int | None, quick: bool, as_json: b
     if "skipped" in res and not res.get("all_reduce"):
         stdout.print(f"collectives skipped: {res['skipped']}")
         return
-    from planner import fmt
+    from planner.io import fmt
 
     rows = []
     for op in ("all_reduce", "all_to_all"):
@@ -271,7 +271,7 @@ def _recorded_calibration(path: Path):
     """The calibration a results file's points were predicted with (None: no such file or
     no point in it)."""
     from harness.measure import load_done
-    from planner.specs import Calibration
+    from planner.core.specs import Calibration
 
     for rec in load_done(path).values():  # validated: a corrupt file is a one-line error
         env = rec.get("env") if isinstance(rec.get("env"), dict) else {}
@@ -290,7 +290,7 @@ def _reusable(path: Path, info, need: tuple[str, ...]):
     """A saved profile of this very device, from this harness version, holding every
     precision needed (measured, or recorded as impossible here); None otherwise."""
     from harness.calibrate import HARNESS_VERSION
-    from planner import catalog
+    from planner.io import catalog
 
     if not path.is_file():
         return None
@@ -333,7 +333,7 @@ def _decode_shapes(m, batches: list[int]) -> list[tuple[int, int, int]]:
 
 
 def _print_calibration(cal, hw, as_json: bool) -> None:
-    from planner.render import table
+    from planner.io.render import table
 
     if as_json:
         json_out(cal.model_dump(mode="json"))
@@ -355,8 +355,8 @@ def _print_calibration(cal, hw, as_json: bool) -> None:
 
 
 def _print_points(records: list[dict], datasheet: bool) -> None:
-    from planner import fmt
-    from planner.render import table
+    from planner.io import fmt
+    from planner.io.render import table
 
     cols = ["w", "batch", "ctx", "status", "TPOT", "pred\n(cal)", "err", "TTFT", "pred\n(cal)",
             "err", "MBU\n(cal)"]

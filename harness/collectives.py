@@ -20,7 +20,7 @@ import socket
 import statistics
 import time
 
-from planner.errors import first_line
+from planner.core.errors import first_line
 
 SIZES_BYTES = tuple(4096 * 4 ** k for k in range(10))  # 4 KiB .. 1 GiB, capped by max_bytes
 

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from planner.errors import first_line
-from planner.specs import ModelSpec
+from planner.core.errors import first_line
+from planner.core.specs import ModelSpec
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 BACKENDS = ("auto", "flash", "efficient", "cudnn", "math")

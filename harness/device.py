@@ -13,7 +13,7 @@ import threading
 import time
 from dataclasses import asdict, dataclass, field
 
-from planner.errors import LlmplanError
+from planner.core.errors import LlmplanError
 
 
 class DeviceError(LlmplanError):

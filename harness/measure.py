@@ -21,11 +21,11 @@ from pathlib import Path
 
 from harness.calibrate import HARNESS_VERSION
 from harness.device import DeviceInfo, Telemetry, now_iso
-from planner.errors import first_line
-from planner.memory import kv_cache_bytes, weight_bytes
-from planner.ops import decode_ops, prefill_ops
-from planner.roofline import Ceilings, ceilings, mbu, mfu, step_time
-from planner.specs import (
+from planner.core.errors import first_line
+from planner.core.memory import kv_cache_bytes, weight_bytes
+from planner.core.ops import decode_ops, prefill_ops
+from planner.core.roofline import Ceilings, ceilings, mbu, mfu, step_time
+from planner.core.specs import (
     GIB,
     Calibration,
     DType,
@@ -119,8 +119,8 @@ def load_done(path: Path) -> dict[tuple, dict]:
     """Points already in ``path``. A torn last line (a crash mid-write) is ignored; any other
     line that is not a whole `llmplan measure` record is an error naming the line, since
     resuming would carry it into the results."""
-    from planner.catalog import read_text
-    from planner.errors import SpecError
+    from planner.core.errors import SpecError
+    from planner.io.catalog import read_text
 
     done: dict[tuple, dict] = {}
     if not path.exists():
@@ -188,7 +188,7 @@ def cpu_hardware(info: DeviceInfo, cal: Calibration) -> HardwareSpec:
 
 def predict(model: ModelSpec, prec: Precision, c: Ceilings, *, batch: int,
             context: int) -> dict:
-    """The planner's TPOT and TTFT for exactly what is timed (planner.ops, roofline)."""
+    """The planner's TPOT and TTFT for exactly what is timed (planner.core.ops, roofline)."""
     o = Options()  # the calibration's per-kernel cost is already in the ceilings
     dec = step_time(decode_ops(model, prec, batch=batch, context_tokens=context), c, options=o)
     pre = step_time(prefill_ops(model, prec, batch=batch, prompt_tokens=context), c, options=o)
@@ -203,8 +203,8 @@ def predict(model: ModelSpec, prec: Precision, c: Ceilings, *, batch: int,
 
 def point_memory_bytes(model: ModelSpec, prec: Precision, *, batch: int, context: int) -> float:
     """What the harness allocates for a point: weights, a KV cache of batch x context tokens,
-    and the activations of one prefill slice (planner.memory's terms)."""
-    from planner.memory import activation_bytes
+    and the activations of one prefill slice (planner.core.memory's terms)."""
+    from planner.core.memory import activation_bytes
 
     slice_b = max(1, PREFILL_CHUNK_TOKENS // context)
     return (weight_bytes(model, prec) + kv_cache_bytes(model, prec, batch=batch, seq_len=context)

@@ -1,3 +1,3 @@
-from planner._entry import run
+from planner.cli.entry import run
 
 run()

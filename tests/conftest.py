@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from planner import catalog
+from planner.io import catalog
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -35,7 +35,7 @@ def gpu():
 @pytest.fixture
 def run_cli(capsys):
     """Run the CLI's entry point in-process: (exit code, stdout, stderr)."""
-    from planner.cli import main
+    from planner.cli.app import main
 
     def run(*args: str):
         code = main(list(args))

@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from planner import catalog
-from planner.budget import parse_quantity
-from planner.estimate import estimate
-from planner.plan import Targets, pareto_front, search
-from planner.specs import DType, Parallelism, Precision, Workload
+from planner.core.estimate import estimate
+from planner.core.specs import DType, Parallelism, Precision, Workload
+from planner.evidence.budget import parse_quantity
+from planner.io import catalog
+from planner.search.plan import Targets, pareto_front, search
 
 EXAMPLES = Path(__file__).parent.parent / "examples"
 
@@ -218,13 +218,13 @@ def test_a_deployment_names_its_engine(run_cli, tmp_path):
 def test_continuous_plan_sizes_the_fewest_replicas(run_cli):
     """Each row's replica count is the fewest whose share of the traffic, simulated, keeps
     p90 TTFT and TPOT within the targets: one replica fewer misses them."""
-    from planner.estimate import prepare
-    from planner.plan import SimSettings, Targets, _percentile_ok, search_continuous
+    from planner.core.estimate import prepare
+    from planner.core.specs import Options, Precision
+    from planner.search.plan import SimSettings, Targets, _percentile_ok, search_continuous
     from planner.serving.cost import StepCoster
     from planner.serving.metrics import summary
     from planner.serving.sim import SchedulerConfig, simulate
     from planner.serving.traffic import synthetic
-    from planner.specs import Options, Precision
 
     m = catalog.load_model("llama-3.1-8b")
     gpus = [catalog.load_hardware(g) for g in ("h100-sxm", "a100-sxm-80gb")]

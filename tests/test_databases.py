@@ -6,9 +6,9 @@ import re
 
 import pytest
 
-from planner import catalog
-from planner.ops import active_params, count_params
-from planner.specs import DType
+from planner.core.ops import active_params, count_params
+from planner.core.specs import DType
+from planner.io import catalog
 
 URL = re.compile(r"^https?://\S+$")
 MODELS = catalog.model_names()

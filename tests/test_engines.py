@@ -8,13 +8,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from planner import catalog
-from planner.achievable import BANDWIDTH_FRAC, achievable, matmul_frac_for
-from planner.engine import IDEAL, Engine
-from planner.estimate import estimate
-from planner.ops import Op
-from planner.roofline import Ceilings, op_time
-from planner.specs import DType, Parallelism, Precision, Workload
+from planner.core.achievable import BANDWIDTH_FRAC, achievable, matmul_frac_for
+from planner.core.engine import IDEAL, Engine
+from planner.core.estimate import estimate
+from planner.core.ops import Op
+from planner.core.roofline import Ceilings, op_time
+from planner.core.specs import DType, Parallelism, Precision, Workload
+from planner.io import catalog
 
 ENGINES = catalog.engine_names()
 GPUS = catalog.gpu_names()
@@ -239,7 +239,7 @@ def test_engine_byte_accounting_changes_memory(model, gpu):
     vl = estimate(m, hw, workload=w, parallelism=tp2, precision=Precision.of("int8"),
                   engine=catalog.load_engine("vllm"))
     head = 128256 * 4096
-    from planner.memory import weight_bytes_breakdown
+    from planner.core.memory import weight_bytes_breakdown
     gfb = weight_bytes_breakdown(m, gf.precision, tp=2, lm_head_sharded=False)
     vlb = weight_bytes_breakdown(m, vl.precision, tp=2, lm_head_sharded=True)
     # gpt-fast: int8 head, one fp16 scale and one bf16 zero per 128 weights, whole on each GPU;

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from planner.estimate import estimate
-from planner.memory import (
+from planner.core.estimate import estimate
+from planner.core.memory import (
     kv_cache_bytes,
     kv_cache_bytes_per_token,
     weight_bytes,
     weight_bytes_breakdown,
 )
-from planner.ops import (
+from planner.core.ops import (
     count_params,
     decode_ops,
     expected_distinct_experts,
@@ -20,8 +20,8 @@ from planner.ops import (
     prefill_ops,
     total_flops,
 )
-from planner.roofline import mbu
-from planner.specs import (
+from planner.core.roofline import mbu
+from planner.core.specs import (
     DType,
     HardwareSpec,
     ModelSpec,
@@ -184,7 +184,7 @@ def test_tp_splits_weights_and_times_allreduce(model, gpu):
 
 
 def test_hardware_without_rate_is_an_error(model, gpu):
-    from planner.errors import UsageError
+    from planner.core.errors import UsageError
     with pytest.raises(UsageError, match="no bf16"):
         estimate(model("gpt2"), gpu("t4"))
     assert estimate(model("gpt2"), gpu("t4"), precision=Precision(weights=DType.fp16,

@@ -15,7 +15,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from planner import catalog  # noqa: E402
+from planner.io import catalog  # noqa: E402
 
 LLMPLAN = [sys.executable, "-m", "planner"]
 ENV = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from planner import catalog
-from planner.memory import param_breakdown, weight_bytes, weight_bytes_breakdown
-from planner.ops import decode_ops
-from planner.specs import GIB, DType, Precision
+from planner.core.memory import param_breakdown, weight_bytes, weight_bytes_breakdown
+from planner.core.ops import decode_ops
+from planner.core.specs import GIB, DType, Precision
+from planner.io import catalog
 
 # OCP Microscaling Formats v1.0: 32 FP4 (E2M1) elements share one E8M0 byte:
 # 4 + 8 / 32 = 4.25 bits = 0.53125 bytes per weight (the gpt-oss model card's "4.25 bits")

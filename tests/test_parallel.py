@@ -7,9 +7,9 @@ import math
 
 import pytest
 
-from planner import catalog
-from planner.estimate import estimate
-from planner.specs import DType, Parallelism, Precision, Workload
+from planner.core.estimate import estimate
+from planner.core.specs import DType, Parallelism, Precision, Workload
+from planner.io import catalog
 
 
 def _allreduce_s(est) -> float:
@@ -44,9 +44,9 @@ def test_estimate_names_the_link_its_all_reduces_cross(run_cli):
     assert "per decode step, over nvlink4" in " ".join(out.split())
 
 
-from planner.estimate import prepare  # noqa: E402
-from planner.pipeline import pipeline, stage_layers  # noqa: E402
-from planner.specs import Options  # noqa: E402
+from planner.core.estimate import prepare  # noqa: E402
+from planner.core.specs import Options  # noqa: E402
+from planner.layouts.pipeline import pipeline, stage_layers  # noqa: E402
 
 
 @pytest.mark.parametrize("layers,pp,sizes", [
@@ -91,7 +91,7 @@ def test_llama_70b_memory_per_stage_by_hand():
 
 def test_stage_weights_add_up_and_micro_batches_pipeline():
     m, hw, eng, r = _pipe("deepseek-v3", 8, 4, batch=64, gpu="h200")
-    from planner.memory import weight_bytes
+    from planner.core.memory import weight_bytes
 
     total = sum(s.weights_bytes for s in r.stages)
     assert total == pytest.approx(weight_bytes(m, Precision(), tp=8), rel=1e-9)
@@ -112,7 +112,7 @@ def test_pp_cli(run_json, run_cli):
     assert code == 2 and "exceeds the model's 4 layers" in err
 
 
-from planner.expert import expert_parallel, max_load  # noqa: E402
+from planner.layouts.expert import expert_parallel, max_load  # noqa: E402
 
 
 def test_max_load_is_the_gaussian_extreme():
@@ -139,7 +139,7 @@ def test_one_gpu_is_the_estimate():
 
 
 def test_ep16_memory_and_all_to_all_by_hand():
-    from planner.memory import weight_bytes_breakdown
+    from planner.core.memory import weight_bytes_breakdown
 
     m, hw, eng, prec, opts, x = _ep(16)
     bd = weight_bytes_breakdown(m, prec)
@@ -167,8 +167,8 @@ def test_bad_ep_is_one_line(run_cli, args, msg):
 
 import numpy as np  # noqa: E402
 
-from planner.ops import StepShape  # noqa: E402
-from planner.serving.parallel import ExpertCoster, PipelineCoster, layout_coster  # noqa: E402
+from planner.core.ops import StepShape  # noqa: E402
+from planner.serving.layouts import ExpertCoster, PipelineCoster, layout_coster  # noqa: E402
 
 
 def test_ep_prefill_on_one_gpu_is_the_estimate():
@@ -251,7 +251,7 @@ def test_simulated_step_is_the_layouts_estimate(layout, batch):
 def test_pipeline_kv_pool_is_the_tightest_stage_by_hand():
     # Llama-3.1-70B bf16 over PP 2 x TP 1 H200s: the last stage holds 40 layers, the lm_head
     # and the final norm (test_llama_70b_memory_per_stage_by_hand), 40 x 4,096 B per token
-    from planner.memory import activation_bytes
+    from planner.core.memory import activation_bytes
 
     m, hw, eng = catalog.load_model("llama-3.1-70b"), catalog.load_hardware("h200"), \
         catalog.load_engine("vllm")
@@ -308,7 +308,7 @@ def test_simulate_cli_takes_a_layout(run_json, run_cli):
 
 
 def test_sweep_rows_of_a_layout_are_its_estimate(run_json, tmp_path):
-    from planner.sweep import Grid, iter_sweep, sweep, write_csv
+    from planner.search.sweep import Grid, iter_sweep, sweep, write_csv
 
     m, hw, eng = catalog.load_model("llama-3.1-70b"), catalog.load_hardware("h100-sxm"), \
         catalog.load_engine("vllm")
@@ -366,7 +366,7 @@ def test_continuous_plan_sizes_expert_parallel_replicas(run_json):
         assert r["p90_ttft_s"] <= 2 and r["p90_tpot_s"] <= 0.05
     # one replica fewer than chosen does not meet the targets
     r = next(r for r in rows if r["ep"] == 4)
-    from planner.plan import SimSettings, Targets, replicas_needed
+    from planner.search.plan import SimSettings, Targets, replicas_needed
 
     m, hw = catalog.load_model("qwen3-30b-a3b"), catalog.load_hardware("h100-sxm")
     opts = Options()
@@ -384,7 +384,7 @@ def test_plan_refuses_ep_for_a_dense_model(run_cli):
 
 
 def test_check_holds_pipeline_and_expert_deployments_to_their_limits(run_cli, tmp_path):
-    from planner.layout import layout_figures
+    from planner.layouts.layout import layout_figures
 
     b = tmp_path / "b.yaml"
     b.write_text("""deployments:
@@ -447,7 +447,7 @@ def test_report_draws_a_layout(run_cli, tmp_path):
     thr = pd.read_csv(tmp_path / "llama-3.1-405b_throughput_latency_bf16.csv")
     assert set(thr["pp"]) == {2} and set(thr["bound"]) == {"layout"}
     # the largest batch that fits: it fits, one more does not (every GPU of the layout)
-    from planner.report import Case
+    from planner.io.report import Case
 
     m, hw = catalog.load_model("llama-3.1-405b"), catalog.load_hardware("h100-sxm")
     case = Case(m, hw, Precision(), 2048, 256, 8, Options(), None, catalog.load_engine("vllm"),

@@ -6,9 +6,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from planner import catalog
-from planner.estimate import estimate
-from planner.specs import DType, Options, Parallelism, Precision, Workload
+from planner.core.estimate import estimate
+from planner.core.specs import DType, Options, Parallelism, Precision, Workload
+from planner.io import catalog
 
 MODELS = {n: catalog.load_model(n) for n in ("llama-3.1-8b", "mixtral-8x7b", "deepseek-v3",
                                              "gpt2", "gemma-2-9b", "llama-3.1-70b")}

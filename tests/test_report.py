@@ -6,9 +6,9 @@ import pandas as pd
 import pytest
 from PIL import Image
 
-from planner import catalog
-from planner.report import Case, batch_ladder, memory_table, roofline_table, throughput_table
-from planner.specs import Precision
+from planner.core.specs import Precision
+from planner.io import catalog
+from planner.io.report import Case, batch_ladder, memory_table, roofline_table, throughput_table
 
 
 def test_batch_ladder():
@@ -97,7 +97,7 @@ def test_labels_never_overlap_each_other_or_the_legend():
     import matplotlib.pyplot as plt
     from matplotlib.text import Text
 
-    from planner.report import Labels
+    from planner.io.report import Labels
 
     fig, ax = plt.subplots(figsize=(6, 4))
     ax.set_xscale("log")
@@ -125,7 +125,7 @@ def test_labels_never_overlap_each_other_or_the_legend():
 
 
 def test_roofline_axis_reaches_down_to_cpu_measurements():
-    from planner.report import roofline_ylim
+    from planner.io.report import roofline_ylim
 
     df = pd.DataFrame({"attainable_flops_per_s": [1e12, 2e9]})  # a CPU step at 2 GFLOP/s
     lo, hi = roofline_ylim(df, 989e12, {"bandwidth_bytes_per_s": 23e9, "flops_per_s": 2e11})

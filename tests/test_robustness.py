@@ -9,7 +9,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from planner import catalog
+from planner.io import catalog
 
 ROOT = Path(__file__).resolve().parent.parent
 BAD_NUMBERS = ["nan", "inf", "-inf", "-1", "1e999", "0x10", "", "true"]
@@ -235,7 +235,7 @@ def test_dataset_token_counts_are_whole_numbers_in_range(run_cli, tmp_path, row)
 
 def test_resume_refuses_a_corrupt_results_file(tmp_path):
     from harness.measure import load_done
-    from planner.errors import SpecError
+    from planner.core.errors import SpecError
 
     good = {"status": "skipped", "config": {"model": "m", "layers": 2, "weights": "bf16",
                                             "kv_cache": "bf16", "batch": 1, "context": 32}}
@@ -290,7 +290,7 @@ def test_fuzz_findings_in_mla_fields_and_resumed_huge_numbers(run_cli, tmp_path)
 
 
 # benchmarks/fuzz.py --seed 3 listed these finite values as silent acceptances: each option
-# now has a documented upper bound (planner.cli_common.UPPER_BOUNDS); the bound itself passes.
+# now has a documented upper bound (planner.cli.options.UPPER_BOUNDS); the bound itself passes.
 @pytest.mark.parametrize("args,limit", [
     (["estimate", "-m", "llama-3.1-8b", "-g", "h100-sxm", "--price-per-hour"], "10000"),
     (["estimate", "-m", "llama-3.1-8b", "-g", "h100-sxm", "--measured-tpot"], "86400"),

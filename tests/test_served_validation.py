@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from planner import catalog
-from planner.servers.validation import ServedDataset
+from planner.evidence.served import ServedDataset
+from planner.io import catalog
 
 FIXTURES = Path(__file__).parent / "fixtures" / "servers"
 
@@ -97,7 +97,7 @@ def test_builtin_served_runs_are_sourced_and_readable():
     import hashlib
     import json
 
-    from planner.cli_servers import read_result_file
+    from planner.cli.compare import read_result_file
 
     manifests = catalog.load_served()
     assert manifests, "planner/data/served holds the published runs"

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from planner import catalog
-from planner.memory import kv_cache_bytes, weight_bytes
-from planner.servers.formats import FormatError, detect, read_runs
+from planner.core.memory import kv_cache_bytes, weight_bytes
+from planner.evidence.formats import FormatError, detect, read_runs
+from planner.io import catalog
 
 ROOT = Path(__file__).resolve().parent.parent
 FIX = ROOT / "tests" / "fixtures" / "servers"
@@ -126,7 +126,7 @@ def test_measured_mbu_by_hand(run_json):
     d = _load("vllm_bench_serve.json")
     (run,) = run_json("compare", str(FIX / "vllm_bench_serve.json"), *M, *G)["runs"]
     m = catalog.load_model("llama-3.1-8b")
-    from planner.specs import Precision
+    from planner.core.specs import Precision
     p = Precision()
     n = d["output_throughput"] * d["mean_tpot_ms"] / 1e3  # Little's law: decoding sequences
     ctx = round(d["total_input_tokens"] / d["completed"]
@@ -238,7 +238,7 @@ def test_one_line_sglang_and_appended_vllm_files(run_json, tmp_path):
 
 
 def test_real_scrapes_resolve_each_figure_to_one_name():
-    from planner.servers.watch import parse
+    from planner.io.watch import parse
 
     v = parse((FIX / "vllm_metrics.txt").read_text())
     # vLLM 0.12 exposes the per-request TPOT and the per-step ITL: the per-request one is read

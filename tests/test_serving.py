@@ -10,16 +10,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from planner import catalog
-from planner.errors import LlmplanError
-from planner.estimate import estimate, prepare
-from planner.ops import StepShape, decode_ops, prefill_ops
-from planner.roofline import step_time
+from planner.core.errors import LlmplanError
+from planner.core.estimate import estimate, prepare
+from planner.core.ops import StepShape, decode_ops, prefill_ops
+from planner.core.roofline import step_time
+from planner.core.specs import Options, Parallelism, Precision, Workload
+from planner.io import catalog
 from planner.serving.cost import StepCoster
 from planner.serving.metrics import summary, weighted_quantile
 from planner.serving.sim import SchedulerConfig, simulate
 from planner.serving.traffic import replay, synthetic
-from planner.specs import Options, Parallelism, Precision, Workload
 
 OPTS = Options()
 
@@ -251,7 +251,7 @@ def test_tp_and_moe(setup):
 
 
 def test_estimate_reports_paged_and_contiguous_concurrency(run_json, model, gpu):
-    from planner.memory import kv_cache_bytes_per_token
+    from planner.core.memory import kv_cache_bytes_per_token
 
     d = run_json("estimate", "-m", "llama-3.1-8b", "-g", "h100-sxm", "-b", "16", "-p", "2048",
                  "-o", "256")

@@ -8,13 +8,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from planner import catalog
-from planner.estimate import estimate, prepare
-from planner.memory import kv_cache_bytes, kv_capacity_tokens, kv_concurrency, sliding_share
-from planner.ops import StepShape, decode_ops, prefill_ops, window_pairs
-from planner.roofline import step_time
+from planner.core.estimate import estimate, prepare
+from planner.core.memory import kv_cache_bytes, kv_capacity_tokens, kv_concurrency, sliding_share
+from planner.core.ops import StepShape, decode_ops, prefill_ops, window_pairs
+from planner.core.roofline import step_time
+from planner.core.specs import Options, Parallelism, Precision, Workload
+from planner.io import catalog
 from planner.serving.cost import StepCoster
-from planner.specs import Options, Parallelism, Precision, Workload
 
 BF16 = Precision()
 

@@ -1,4 +1,5 @@
-"""Speculative decoding in the serving simulator (planner/serving/spec.py, simulate --spec)."""
+"""Speculative decoding in the serving simulator (planner/serving/speculation.py,
+simulate --speculative)."""
 
 from __future__ import annotations
 
@@ -8,16 +9,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from planner import catalog
-from planner.estimate import prepare
-from planner.memory import kv_cache_bytes_per_token
-from planner.ops import StepShape
+from planner.core.estimate import prepare
+from planner.core.memory import kv_cache_bytes_per_token
+from planner.core.ops import StepShape
+from planner.core.specs import Options, Precision
+from planner.io import catalog
+from planner.layouts.speculation import SpecConfig, speculate
 from planner.serving.cost import StepCoster
 from planner.serving.sim import SchedulerConfig, simulate
-from planner.serving.spec import spec_serving
+from planner.serving.speculation import spec_serving
 from planner.serving.traffic import Request, synthetic
-from planner.specs import Options, Precision
-from planner.speculative import SpecConfig, speculate
 
 
 def _setup(model="llama-3.1-8b", gpu="h100-sxm"):

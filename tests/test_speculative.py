@@ -6,10 +6,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from planner import catalog
-from planner.estimate import estimate, prepare
-from planner.specs import DType, Options, Parallelism, Precision, Workload
-from planner.speculative import SpecConfig, expected_tokens, speculate
+from planner.core.estimate import estimate, prepare
+from planner.core.specs import DType, Options, Parallelism, Precision, Workload
+from planner.io import catalog
+from planner.layouts.speculation import SpecConfig, expected_tokens, speculate
 
 
 def test_expected_tokens_is_leviathans():

@@ -9,11 +9,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from planner import catalog
-from planner.errors import UsageError
-from planner.estimate import estimate
-from planner.specs import DType, Options, Parallelism, Precision, Workload
-from planner.sweep import Grid, iter_sweep, parse_int_list, sweep, write_csv
+from planner.core.errors import UsageError
+from planner.core.estimate import estimate
+from planner.core.specs import DType, Options, Parallelism, Precision, Workload
+from planner.io import catalog
+from planner.search.sweep import Grid, iter_sweep, parse_int_list, sweep, write_csv
 
 NUMERIC = ["params", "active_params", "weights_bytes", "kv_cache_bytes_per_token",
            "kv_cache_bytes", "activation_bytes", "total_memory_bytes", "memory_used_frac",

@@ -7,10 +7,10 @@ import math
 
 import pytest
 
-from planner import catalog
-from planner.cli_validate import recorded_limits, run_validation
-from planner.fit import fit, get_param, set_params
-from planner.validate import Dataset, compare, quantile, summarize
+from planner.cli.validate import recorded_limits, run_validation
+from planner.evidence.fit import fit, get_param, set_params
+from planner.evidence.validate import Dataset, compare, quantile, summarize
+from planner.io import catalog
 
 DATASETS = catalog.load_datasets()
 
@@ -53,8 +53,8 @@ def test_metric_definitions_by_hand(model, gpu):
     comps = {c.metric: c for c in compare(ds, models={"llama-3.1-8b": m},
                                           gpus={"h100-sxm": hw},
                                           engines={"ideal": catalog.load_engine_spec("ideal")})}
-    from planner.estimate import estimate
-    from planner.specs import Parallelism, Workload
+    from planner.core.estimate import estimate
+    from planner.core.specs import Parallelism, Workload
     e = estimate(m, hw, workload=Workload(batch=4, prompt_tokens=100, output_tokens=50),
                  parallelism=Parallelism(tp=2))
     assert comps["user_tokens_per_s"].predicted == pytest.approx(50 / e.latency_s)
@@ -91,9 +91,9 @@ def test_held_out_error_within_the_recorded_figures():
 
 
 def _served_overall():
-    from planner import catalog
-    from planner.cli_validate import run_served
-    from planner.servers.validation import summarize_served
+    from planner.cli.validate import run_served
+    from planner.evidence.served import summarize_served
+    from planner.io import catalog
 
     return summarize_served(run_served(catalog.load_served()), by_source=False)
 

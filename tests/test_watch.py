@@ -18,11 +18,11 @@ import fake_metrics as fm
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from planner import catalog
-from planner.estimate import estimate
-from planner.memory import kv_cache_bytes_per_token, kv_capacity_tokens, weight_bytes
-from planner.servers.watch import Histogram, parse, window
-from planner.specs import Options, Precision, Workload
+from planner.core.estimate import estimate
+from planner.core.memory import kv_cache_bytes_per_token, kv_capacity_tokens, weight_bytes
+from planner.core.specs import Options, Precision, Workload
+from planner.io import catalog
+from planner.io.watch import Histogram, parse, window
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -211,7 +211,7 @@ def test_grafana_dashboard_queries_the_exported_gauges():
     `--serve-metrics` exports, under the labels it sets."""
     import re
 
-    from planner.servers.watch import Exporter
+    from planner.io.watch import Exporter
 
     d = json.loads((ROOT / "planner" / "data" / "grafana" / "llmplan-watch.json").read_text())
     exprs = [t["expr"] for p in d["panels"] for t in p["targets"]]

@@ -1,2 +1,3 @@
-"""Serving simulation: a request stream on one replica, continuous or static batching, paged or
-contiguous KV, each step costed by the estimate's operator and engine model. Pure."""
+"""Request streams served step by step on one replica: traffic, the KV pool, batching
+schedulers, step costing (the estimate's operator and engine model), metrics and the event
+loop that ties them. Pure; imports layouts/ and core/."""

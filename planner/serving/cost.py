@@ -1,8 +1,8 @@
 """The time of one serving step, from the same operator and engine model as ``estimate``.
 
 A step of a continuous-batching server mixes decodes (one new token each) and prefill chunks.
-Its operators are those of ``planner.ops.shape_ops`` for the step's ``StepShape``, timed by
-``planner.roofline.op_time`` under the engine: no second performance model. A simulation runs
+Its operators are those of ``planner.core.ops.shape_ops`` for the step's ``StepShape``, timed by
+``planner.core.roofline.op_time`` under the engine: no second performance model. A simulation runs
 hundreds of thousands of steps, so the cost is split by what each operator depends on:
 
 - every linear layer, norm, element-wise op and all-reduce depends on the step's new tokens T
@@ -21,12 +21,12 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from planner.engine import Engine
-from planner.estimate import Prepared
-from planner.ops import Op, StepShape, shape_ops
-from planner.pipeline import stage_ops
-from planner.roofline import combine, op_time
-from planner.specs import HardwareSpec, ModelSpec, Options
+from planner.core.engine import Engine
+from planner.core.estimate import Prepared
+from planner.core.ops import Op, StepShape, shape_ops
+from planner.core.roofline import combine, op_time
+from planner.core.specs import HardwareSpec, ModelSpec, Options
+from planner.layouts.pipeline import stage_ops
 
 _SAMPLING = ("final_norm", "lm_head")
 
@@ -48,7 +48,7 @@ class StepCoster:
                  options: Options, *, tp: int = 1,
                  stage: tuple[int, int, bool, bool] | None = None):
         """``stage``: cost only a pipeline stage's operators, (first layer, end, holds the
-        embedding, holds the head) as ``planner.pipeline.stage_ops`` selects them."""
+        embedding, holds the head) as ``planner.layouts.pipeline.stage_ops`` selects them."""
         self.model, self.prep, self.options, self.tp = model, prep, options, tp
         self.stage = stage
         self.hardware = hardware
@@ -170,8 +170,8 @@ class StepCoster:
                 + self.attention_s(shape, graphed))
 
     def kv_capacity_tokens(self, max_num_seqs: int, step_tokens: int) -> int:
-        """Tokens of KV cache the replica holds (``planner.memory.kv_capacity_tokens``)."""
-        from planner.memory import kv_capacity_tokens
+        """Tokens of KV cache the replica holds (``planner.core.memory.kv_capacity_tokens``)."""
+        from planner.core.memory import kv_capacity_tokens
 
         return kv_capacity_tokens(self.model, self.hardware, self.prep.precision, tp=self.tp,
                                   options=self.options,

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import math
 
+from planner.core.arith import quantile
 from planner.serving.sim import SimResult
-from planner.validate import quantile
 
 
 def _stats(values: list[float], name: str) -> dict[str, float | None]:

@@ -19,7 +19,7 @@ Each step takes ``StepCoster.step_time`` of its shape: the estimate's operator a
 model. Decoding requests are kept in aggregate (their count, the sum of their contexts, a heap
 of the steps at which they finish and a count per block offset of those about to need a new
 block), so a step costs O(1) work whatever the batch: 100,000 requests simulate in seconds.
-Speculative decoding (``planner.serving.spec``) advances each request by a fraction of a
+Speculative decoding (``planner.serving.speculation``) advances each request by a fraction of a
 token per step on average, so it tracks each decoding request: O(running requests) a step.
 
 Sliding-window layers (Gemma-2/3, gpt-oss, Mistral-7B v0.1): a prefill chunk's windowed
@@ -39,10 +39,10 @@ from collections import deque
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
-from planner.errors import UsageError
-from planner.ops import StepShape, window_pairs
+from planner.core.errors import UsageError
+from planner.core.ops import StepShape, window_pairs
 from planner.serving.cost import StepCoster
-from planner.serving.spec import SpecServing
+from planner.serving.speculation import SpecServing
 from planner.serving.traffic import Request
 
 
@@ -64,7 +64,7 @@ class SchedulerConfig:
 
     @classmethod
     def for_engine(cls, e, **overrides) -> SchedulerConfig:
-        """The engine profile's own scheduler defaults (``planner.engine.Engine``), with any
+        """The engine profile's own scheduler defaults (``planner.core.engine.Engine``), with any
         field overridden."""
         return cls(**{"max_num_seqs": e.max_num_seqs,
                       "max_num_batched_tokens": e.max_num_batched_tokens,
@@ -171,7 +171,7 @@ def simulate(requests: list[Request], coster: StepCoster, cfg: SchedulerConfig, 
              sample_every_s: float | None = None, max_steps: int = 50_000_000,
              spec: SpecServing | None = None) -> SimResult:
     """Serve ``requests`` on one replica; every request runs to completion. ``spec``:
-    speculative decoding (``planner.serving.spec``; continuous batching only)."""
+    speculative decoding (``planner.serving.speculation``; continuous batching only)."""
     if cfg.ranks == 1 and getattr(coster, "dp_ranks", 1) > 1:
         cfg = replace(cfg, ranks=coster.dp_ranks)
     cfg.check()

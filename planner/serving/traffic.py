@@ -14,7 +14,7 @@ import math
 import random
 from dataclasses import dataclass
 
-from planner.errors import UsageError
+from planner.core.errors import UsageError
 
 
 @dataclass(frozen=True, slots=True)

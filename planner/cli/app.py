@@ -1,0 +1,145 @@
+"""The ``llmplan`` typer app: registers every command (one module each beside this one) and
+turns every user error into one line on stderr.
+
+Exit codes: 0 success; 1 a check failed; 2 bad input or usage; 3 a requested device is absent;
+130 interrupted. Every user error is one line on stderr, never a traceback.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Annotated
+
+import typer
+
+from planner import __version__
+from planner.cli.options import stderr
+from planner.core.errors import Interrupted, LlmplanError
+
+app = typer.Typer(
+    name="llmplan",
+    help="Capacity planner and roofline calculator for LLM inference.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    rich_markup_mode=None,
+)
+
+
+BUILTIN = ("estimate", "models", "gpus", "engines", "sweep", "report", "check", "plan",
+           "validate", "simulate", "compare", "calibrate", "watch")
+
+
+def _register() -> None:
+    from planner.cli import (
+        calibrate,
+        catalog,
+        check,
+        compare,
+        estimate,
+        plan,
+        report,
+        simulate,
+        sweep,
+        validate,
+        watch,
+    )
+
+    for command in (estimate.estimate, catalog.models, catalog.gpus, catalog.engines,
+                    sweep.sweep, report.report, check.check, plan.plan, validate.validate,
+                    simulate.simulate, compare.compare, calibrate.calibrate, watch.watch):
+        app.command()(command)
+
+
+def _register_plugins(argv: list[str]) -> None:
+    """Commands from other packages (``llmplan.commands`` entry points), such as the
+    harness's ``measure``: looked up only when a built-in command is not what was asked for,
+    so ``llmplan estimate`` starts without scanning installed packages."""
+    first = next((a for a in argv if not a.startswith("-")), None)
+    if first in BUILTIN:
+        return
+    from importlib.metadata import entry_points
+
+    for ep in entry_points(group="llmplan.commands"):
+        try:
+            app.command(name=ep.name)(ep.load())
+        except ImportError as err:  # a plugin whose extras are missing: say so when asked
+            stderr.print(f"[dim]llmplan {ep.name} unavailable: {err}[/]")
+
+
+_register()
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        print(f"llmplan {__version__}")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _root(
+    version: Annotated[bool, typer.Option("--version", help="Print the version.", is_eager=True,
+                                          callback=_print_version)] = False,
+) -> None:
+    """Capacity planner and roofline calculator for LLM inference."""
+
+
+def _click_exceptions() -> dict[str, tuple[type[BaseException], ...]]:
+    """Typer >= 0.29 carries its own copy of click (and raises its own Exit and Abort, from
+    typer.exceptions); older ones use click itself."""
+    mods = []
+    for name in ("typer.exceptions", "typer._click.exceptions", "click.exceptions"):
+        try:
+            mods.append(__import__(name, fromlist=["UsageError"]))
+        except ImportError:
+            pass
+    return {k: tuple(getattr(m, k) for m in mods if hasattr(m, k))
+            for k in ("NoArgsIsHelpError", "UsageError", "Abort", "Exit")}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point: runs the app and turns every user error into one line and exit code 2."""
+    exc = _click_exceptions()
+    _register_plugins(sys.argv[1:] if argv is None else argv)
+    try:
+        rv = app(args=argv, standalone_mode=False, prog_name="llmplan")
+    except exc["NoArgsIsHelpError"] as err:
+        print(err.ctx.get_help() if err.ctx else str(err))
+        return 0
+    except exc["UsageError"] as err:
+        ctx = err.ctx
+        where = f"llmplan {ctx.info_name}" if ctx and ctx.info_name != "llmplan" else "llmplan"
+        msg = err.format_message().replace("Value error, ", "")
+        print(f"{where}: error: {msg}", file=sys.stderr)
+        return 2
+    except exc["Abort"]:
+        print("llmplan: interrupted", file=sys.stderr)
+        return 130
+    except exc["Exit"] as err:
+        return err.exit_code
+    except KeyboardInterrupt:
+        print("llmplan: interrupted", file=sys.stderr)
+        return 130
+    except Interrupted as err:
+        print(f"llmplan: interrupted: {err}", file=sys.stderr)
+        return 130
+    except LlmplanError as err:
+        print(f"llmplan: error: {err}", file=sys.stderr)
+        return getattr(err, "exit_code", 2)
+    except BrokenPipeError:
+        return 0
+    except OSError as err:  # a path the OS refuses (name too long, permission, disk full)
+        name = f"{str(err.filename)[:120]}: " if err.filename is not None else ""
+        print(f"llmplan: error: {name}{err.strerror or err}", file=sys.stderr)
+        return 2
+    except ValueError as err:  # a pydantic check that no edge check caught: still user input
+        if type(err).__name__ != "ValidationError":
+            raise
+        first = err.errors()[0]
+        where = ".".join(str(x) for x in first["loc"]) or err.title
+        print(f"llmplan: error: {where}: {first['msg']}", file=sys.stderr)
+        return 2
+    if rv == 130:  # typer turns a Ctrl-C inside a command into a silent exit code 130
+        print("llmplan: interrupted", file=sys.stderr)
+    return rv if isinstance(rv, int) else 0
+

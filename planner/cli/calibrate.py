@@ -1,0 +1,113 @@
+"""`llmplan calibrate`: an engine profile's host costs fitted to your served runs, with the
+held-out error beside."""
+
+from __future__ import annotations
+
+import math
+from datetime import date as _date
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from planner.cli.compare import FilesArg, fmt_error, fmt_metric, read_result_files, server_setup
+from planner.cli.options import (
+    DEFAULT_ENGINE,
+    GpuOpt,
+    GroupSizeOpt,
+    JsonOpt,
+    KVOption,
+    ModelOpt,
+    QuantizedLayers,
+    QuantizedLayersOpt,
+    TpOpt,
+    WeightsOpt,
+    WeightsOption,
+    json_out,
+    output_path,
+    stdout,
+)
+from planner.core.errors import LlmplanError
+
+
+def calibrate(
+    files: FilesArg,
+    model: ModelOpt,
+    gpu: GpuOpt,
+    out: Annotated[Path, typer.Option("--out", "-o", help="Engine profile YAML to write.")],
+    tp: TpOpt = 1,
+    base_engine: Annotated[str, typer.Option(
+        "--base-engine", help="Engine profile whose other parameters the fit keeps.")] =
+    DEFAULT_ENGINE,
+    name: Annotated[Optional[str], typer.Option(
+        help="Name of the new profile (default: the output file's stem).")] = None,
+    weights: WeightsOption = WeightsOpt.bf16,
+    kv_cache: KVOption = None,
+    group_size: GroupSizeOpt = 128,
+    quantized_layers: QuantizedLayersOpt = QuantizedLayers.all,
+    leave_one_out: Annotated[bool, typer.Option(
+        "--leave-one-out/--no-leave-one-out",
+        help="Also fit once per run without it, to show the held-out error.")] = True,
+    as_json: JsonOpt = False,
+) -> None:
+    """Fit an engine profile's per-step cost, decode bandwidth efficiency, prefill compute
+    efficiency and (with TP) all-reduce latency to measured serving runs; write it as a
+    profile every command takes with --engine PATH."""
+    from planner.evidence.calibrate import calibrate as fit
+    from planner.io import fmt
+    from planner.io.render import plain, table
+
+    output_path(out, "--out")
+    if out.suffix.lower() not in (".yaml", ".yml"):
+        raise LlmplanError(f"--out: {out} must end in .yaml")
+    name = name or out.stem
+    if not name or not name.replace("-", "").replace("_", "").replace(".", "").isalnum():
+        raise LlmplanError(f"--name: '{name}' must be letters, digits, '-', '_' or '.'")
+    s, spec = server_setup(model, gpu, base_engine, tp, weights, kv_cache, group_size,
+                      quantized_layers)
+    runs = read_result_files(files)
+    try:
+        res = fit(runs, s, spec, name=name, date=_date.today().isoformat(),
+                  leave_one_out=leave_one_out)
+    except ValueError as err:
+        raise LlmplanError(f"calibrate: {err}") from None
+    _write_profile(res, out, spec.name)
+    if as_json:
+        json_out({"profile": str(out), "base_engine": spec.name, "values": res.values,
+                  "unidentified": res.unidentified, "runs": list(res.runs),
+                  "errors": [e.__dict__ for e in res.errors]})
+        return
+    stdout.print(f"[bold]fitted[/] {len(res.runs)} run(s) of {plain(s.model.name)} on {tp} x "
+                 f"{plain(s.hardware.name)}, from {plain(spec.name)}; wrote {plain(out)}")
+    rows = [[p, f"{spec.parameters()[p].value:g}", f"{v:g}"] for p, v in res.values.items()]
+    rows += [[p, f"{spec.parameters()[p].value:g}", f"kept: {why}"]
+             for p, why in res.unidentified.items()]
+    stdout.print(table("Parameters", ["parameter", "base", "fitted"], rows, left=1,
+                       compact=True, fold=(2,)))
+    stdout.print(table("Error per run and figure (predicted / measured - 1)",
+                       ["run", "figure", "measured", "base", "in-sample", "held out"],
+                       [[e.run, e.metric.removesuffix("_s"), fmt_metric(e.metric, e.measured),
+                         fmt_error(e.before), fmt_error(e.in_sample), fmt_error(e.held_out)]
+                        for e in res.errors], left=2, compact=True, fold=(0,)))
+    med = _median_abs([e.in_sample for e in res.errors])
+    held = _median_abs([e.held_out for e in res.errors])
+    stdout.print(f"median |error|: base {fmt.pct(_median_abs([e.before for e in res.errors]))}"
+                 f", in-sample {fmt.pct(med)}"
+                 + (f", leave-one-out {fmt.pct(held)}" if not math.isnan(held) else ""))
+
+
+def _median_abs(v: list[float | None]) -> float:
+    from planner.core.arith import quantile
+
+    return quantile([abs(x) for x in v if x is not None], 0.5)
+
+
+def _write_profile(res, out: Path, base: str) -> None:
+    import yaml
+
+    data = res.engine.model_dump(mode="json", exclude_none=True)
+    head = (f"# Engine profile fitted by `llmplan calibrate` from {base} on "
+            f"{_date.today().isoformat()}.\n# Fitted on: {', '.join(res.runs)}\n"
+            f"# Parameters fitted: {', '.join(res.values) or 'none'}; kept at {base}'s values:"
+            f" {', '.join(res.unidentified) or 'none'}.\n")
+    out.write_text(head + yaml.safe_dump(data, sort_keys=False, width=100))

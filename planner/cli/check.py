@@ -1,0 +1,167 @@
+"""`llmplan check`: capacity budgets in CI (exit 1 when a deployment breaks one)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from planner.cli.options import (
+    DEFAULT_ENGINE,
+    check_context,
+    check_quantized_layers,
+    json_out,
+    output_path,
+    stdout,
+)
+from planner.core.errors import LlmplanError
+
+
+def _fmt_value(limit: str, v) -> str:
+    from planner.io import fmt
+
+    if v is None:
+        return "n/a"
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    if limit in ("ttft_s", "tpot_s", "latency_s"):
+        return fmt.seconds(v)
+    if limit in ("memory_frac", "mbu_min"):
+        return fmt.pct(v)
+    if limit.startswith("cost"):
+        return fmt.usd(v)
+    return f"{v:,.4g}"
+
+
+def _junit(results, path: Path, budget: Path) -> None:
+    import xml.etree.ElementTree as ET
+
+    suite = ET.Element("testsuite", name=f"llmplan check {budget}", tests=str(len(results)),
+                       failures=str(sum(not r.passed for r in results)), errors="0")
+    for r in results:
+        case = ET.SubElement(suite, "testcase", classname=r.deployment, name=r.limit)
+        if not r.passed:
+            f = ET.SubElement(case, "failure", message=_message(r))
+            f.text = _message(r)
+    ET.ElementTree(suite).write(path, encoding="utf-8", xml_declaration=True)
+
+
+def _message(r) -> str:
+    op = {"max": "<=", "min": ">=", "eq": "=="}[r.direction]
+    got = _fmt_value(r.limit, r.predicted)
+    want = _fmt_value(r.limit, r.bound)
+    by = f" ({abs(r.margin_frac):.1%} {'inside' if r.passed else 'outside'})" \
+        if r.margin_frac is not None else ""
+    return f"{r.deployment}: {r.what} predicted {got}, limit {op} {want}{by}"
+
+
+def _layout(m, hw, dep, kw, cal):
+    """A pipeline or expert-parallel deployment's figures (``planner.layouts.layout``), at the
+    workload's sequences and, for ``fits_at``, at that many."""
+    from planner.core.estimate import prepare, resolve_price
+    from planner.core.specs import Options
+    from planner.layouts.layout import layout_figures
+
+    if dep.limits.mbu_min is not None:
+        raise LlmplanError("mbu_min: MBU is not predicted for pp or ep layouts")
+    opts = Options()
+    prep = prepare(hw, kw["precision"], cal, opts, kw["engine"])
+    price, _ = resolve_price(hw, dep.price_per_hour)
+    wl = dep.workload
+
+    def at(batch: int):
+        return layout_figures(m, hw, prep, opts, tp=dep.tp, pp=dep.pp, ep=dep.ep, batch=batch,
+                              prompt_tokens=wl.prompt_tokens, output_tokens=wl.output_tokens,
+                              price_usd_per_gpu_hour=price)
+
+    return at(wl.sequences), at(dep.limits.fits_at) if dep.limits.fits_at else None
+
+
+def check(
+    budget: Annotated[Path, typer.Argument(help="Budget YAML (see examples/budget.yaml).")],
+    engine: Annotated[str, typer.Option(
+        "--engine", "-e", help="Engine profile for deployments that name none (a deployment's "
+        "own `engine:` wins).")] = DEFAULT_ENGINE,
+    calibration: Annotated[Optional[Path], typer.Option(
+        help="Use measured ceilings from `llmplan measure --calibrate`.")] = None,
+    junit: Annotated[Optional[Path], typer.Option(
+        help="Also write JUnit XML (one test case per limit).")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the results as JSON.")] = False,
+) -> None:
+    """Check deployments against capacity budgets: exit 0 if every limit holds, 1 if any
+    fails, 2 for a bad budget file."""
+    from planner.core.estimate import estimate
+    from planner.core.specs import Parallelism, Precision, Workload
+    from planner.evidence.budget import evaluate
+    from planner.io import catalog
+    from planner.io.render import plain, table
+
+    output_path(junit, "--junit")
+    b = catalog.load_budget(budget)
+    cal = catalog.load_calibration(calibration) if calibration else None
+    text = catalog.read_text(budget)
+    results, lines = [], {}
+    for i, dep in enumerate(b.deployments):
+        lines[dep.label] = catalog.yaml_line(text, ("deployments", i))
+        where = f"{budget}:{lines[dep.label] or '?'}"
+        try:
+            m, hw = catalog.load_model(dep.model), catalog.load_hardware(dep.gpu)
+            check_context(m, dep.workload.prompt_tokens, dep.workload.output_tokens,
+                          dep.allow_longer_context, "workload prompt_tokens + output_tokens")
+            eng = catalog.load_engine(dep.engine or engine)
+            prec = Precision.of(dep.weights, dep.kv_cache, compute=dep.compute,
+                                quantized_layers=check_quantized_layers(m, dep.quantized_layers))
+            kw = dict(precision=prec, parallelism=Parallelism(tp=dep.tp), calibration=cal,
+                      price_usd_per_gpu_hour=dep.price_per_hour, engine=eng)
+            wl = dep.workload
+            if dep.pp > 1 or dep.ep > 1:
+                est, at = _layout(m, hw, dep, kw, cal)
+            else:
+                est = estimate(m, hw, workload=Workload(batch=wl.sequences,
+                                                        prompt_tokens=wl.prompt_tokens,
+                                                        output_tokens=wl.output_tokens), **kw)
+                at = None
+                if dep.limits.fits_at:
+                    at = estimate(m, hw, workload=Workload(batch=dep.limits.fits_at,
+                                                           prompt_tokens=wl.prompt_tokens,
+                                                           output_tokens=wl.output_tokens),
+                                  **kw)
+        except (LlmplanError, ValueError) as err:  # ValueError: pydantic's, e.g. weights fp32
+            errs = getattr(err, "errors", None)
+            msg = errs()[0]["msg"].removeprefix("Value error, ") if callable(errs) else str(err)
+            msg = msg.replace("with --compute", "with compute: (fp16, bf16, fp8 or int8) in "
+                                                 "the deployment")
+            raise LlmplanError(f"{where}: deployment {dep.label}: {msg}") from None
+        results += evaluate(dep, est, at)
+    failed = [r for r in results if not r.passed]
+    if junit:
+        _junit(results, junit, budget)
+    if os.environ.get("GITHUB_ACTIONS") == "true":  # annotations on the pull request
+        import sys
+
+        out = sys.stderr if as_json else sys.stdout  # --json keeps stdout pure JSON
+        for r in failed:
+            # the failing limit's own line, else its deployment's
+            i = next(k for k, d in enumerate(b.deployments) if d.label == r.deployment)
+            at = catalog.yaml_line(text, ("deployments", i, "limits", r.limit)) \
+                or lines.get(r.deployment)
+            line = f",line={at}" if at else ""
+            print(f"::error file={budget}{line},title=llmplan budget::{_message(r)}", file=out)
+    if as_json:
+        json_out({"budget": str(budget), "passed": not failed,
+                  "results": [r.as_dict() for r in results]})
+    else:
+        rows = []
+        for r in results:
+            op = {"max": "<=", "min": ">=", "eq": "=="}[r.direction]
+            rows.append([plain(r.deployment), r.what, _fmt_value(r.limit, r.predicted),
+                         f"{op} {_fmt_value(r.limit, r.bound)}",
+                         "[green]pass[/]" if r.passed else "[red]FAIL[/]",
+                         f"{r.margin_frac:+.1%}" if r.margin_frac is not None else ""])
+        stdout.print(table(f"Budget {budget}", ["deployment", "limit", "predicted", "limit",
+                                                "result", "margin"], rows, left=2))
+        stdout.print(f"{len(results) - len(failed)} passed, {len(failed)} failed")
+    if failed:
+        raise typer.Exit(1)

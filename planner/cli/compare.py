@@ -1,0 +1,180 @@
+"""`llmplan compare`: real servers' benchmark results against the simulated prediction."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from planner.cli.options import (
+    DEFAULT_ENGINE,
+    EngineOpt,
+    GpuOpt,
+    GroupSizeOpt,
+    JsonOpt,
+    KVOption,
+    ModelOpt,
+    QuantizedLayers,
+    QuantizedLayersOpt,
+    TpOpt,
+    WeightsOpt,
+    WeightsOption,
+    check_quantized_layers,
+    json_out,
+    output_path,
+    positive,
+    stderr,
+    stdout,
+)
+from planner.core.errors import LlmplanError
+
+FilesArg = Annotated[list[Path], typer.Argument(
+    help="Result files: vLLM `bench serve` JSON, SGLang `bench_serving` JSONL, guidellm "
+         "report JSON, genai-perf profile export JSON, or `llmplan measure` JSONL.")]
+MAX_FILE_BYTES = 200 * 1024 * 1024
+
+
+def read_result_file(path: Path):
+    """The runs of one result file, whatever its format."""
+    from planner.evidence.formats import read_runs
+    from planner.io import catalog
+
+    if path.is_dir():
+        raise LlmplanError(f"{path}: is a directory; give a result file")
+    if not path.is_file():
+        raise LlmplanError(f"{path}: no such file")
+    if path.stat().st_size > MAX_FILE_BYTES:
+        raise LlmplanError(f"{path}: larger than {MAX_FILE_BYTES // 2**20} MiB")
+    text = catalog.read_text(path)
+    try:
+        data = json.loads(text)
+    except (json.JSONDecodeError, RecursionError):
+        data = []
+        for i, line in enumerate(text.splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except (json.JSONDecodeError, RecursionError):
+                raise LlmplanError(f"{path}:{i}: neither a JSON document nor JSON Lines"
+                                   ) from None
+            data.append(obj)
+    except ValueError as err:  # a number of 5,000 digits
+        raise LlmplanError(f"{path}: {err}") from None
+    return read_runs(data, str(path))
+
+
+def served_setup(model: str, gpu: str, spec, tp: int, weights, kv_cache,
+                 group_size: int = 128, quantized_layers="all"):
+    """The deployment a served run was measured on, resolved for prediction: the engine's
+    scheduler budget is the prefill chunk."""
+    from planner.core.estimate import prepare
+    from planner.core.ops import check_tp
+    from planner.core.specs import Options, Precision
+    from planner.evidence.compare import Setup
+    from planner.io import catalog
+
+    positive("--tp", tp)
+    positive("--group-size", group_size)
+    m = catalog.load_model(model)
+    hw = catalog.load_hardware(gpu)
+    check_tp(m, tp)
+    eng = spec.model()
+    opts = Options(prefill_chunk_tokens=eng.max_num_batched_tokens)
+    value = lambda v: getattr(v, "value", v)  # noqa: E731 (an enum or its value)
+    prep = prepare(hw, Precision.of(value(weights), value(kv_cache) if kv_cache else None,
+                                    group_size,
+                                    quantized_layers=check_quantized_layers(m, quantized_layers)),
+                   None, opts, eng)
+    return Setup(m, hw, prep, opts, tp=tp)
+
+
+def server_setup(model: str, gpu: str, engine: str, tp: int, weights, kv_cache, group_size: int,
+           quantized_layers=QuantizedLayers.all):
+    from planner.io import catalog
+
+    spec = catalog.load_engine_spec(engine)
+    return served_setup(model, gpu, spec, tp, weights, kv_cache, group_size,
+                        quantized_layers), spec
+
+
+def read_result_files(files: list[Path]):
+    runs = []
+    for f in files:
+        runs += read_result_file(f)
+    return runs
+
+
+def fmt_metric(metric: str, v: float | None) -> str:
+    from planner.io import fmt
+
+    if v is None:
+        return "-"
+    return fmt.seconds(v) if metric.endswith("_s") else f"{v:,.4g}"
+
+
+def fmt_error(v: float | None) -> str:
+    return "-" if v is None else f"{v:+.1%}"
+
+
+SHORT = {"request_throughput": "req/s", "output_throughput": "out tok/s",
+         "total_token_throughput": "tok/s"}
+
+
+def compare(
+    files: FilesArg,
+    model: ModelOpt,
+    gpu: GpuOpt,
+    tp: TpOpt = 1,
+    engine: EngineOpt = DEFAULT_ENGINE,
+    weights: WeightsOption = WeightsOpt.bf16,
+    kv_cache: KVOption = None,
+    group_size: GroupSizeOpt = 128,
+    quantized_layers: QuantizedLayersOpt = QuantizedLayers.all,
+    plot: Annotated[Optional[Path], typer.Option(
+        "--plot", help="PNG of predicted vs measured, one point per run and figure.")] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Measured serving runs against llmplan's prediction for the same traffic (the
+    simulator's, and the steady-state estimate at the concurrency the server held), with the
+    signed error and the measured MBU and MFU."""
+    from planner.evidence.compare import compare_run
+    from planner.io import fmt
+    from planner.io.render import plain, table
+
+    output_path(plot, "--plot", ".png")
+    s, _ = server_setup(model, gpu, engine, tp, weights, kv_cache, group_size, quantized_layers)
+    comps = [compare_run(r, s) for r in read_result_files(files)]
+    if plot is not None:
+        from planner.io.report import plot_served
+
+        plot_served(comps, plot, title=f"{s.model.label} on {tp} x {s.hardware.display_name}, "
+                                       f"engine {s.engine.name}: predicted vs measured")
+        stderr.print(f"wrote {plot}")
+    if as_json:
+        json_out({"model": s.model.name, "gpu": s.hardware.name, "tp": tp,
+                  "engine": s.engine.name, "weights": s.prep.precision.weights.value,
+                  "quantized_layers": s.prep.precision.quantized_layers,
+                  "runs": [c.as_dict() for c in comps]})
+        return
+    stdout.print(f"[bold]{plain(s.model.label)}[/] on {tp} x {plain(s.hardware.display_name)}, "
+                 f"engine {plain(s.engine.name)}, weights {s.prep.precision.weights.value}")
+    for c in comps:
+        r = c.run
+        util = (f"MBU {fmt.pct(c.mbu)} ({c.achieved_bandwidth_bytes_per_s / 1e9:,.0f} GB/s at "
+                f"{c.concurrency:,.1f} decoding)" if c.mbu is not None else "MBU -")
+        util += f", MFU {fmt.pct(c.mfu)}" if c.mfu is not None else ", MFU -"
+        rows = [[SHORT.get(m.metric, m.metric.removesuffix("_s")),
+                 fmt_metric(m.metric, m.measured), fmt_metric(m.metric, m.simulated),
+                 fmt_error(m.error), fmt_metric(m.metric, m.steady), fmt_error(m.steady_error)]
+                for m in c.rows]
+        stdout.print(f"\n[bold]{plain(r.source)}[/]: {plain(r.label)} ({r.tool}); {r.traffic}, "
+                     f"{r.completed:,} requests of {r.mean_input_tokens:,.0f} + "
+                     f"{r.mean_output_tokens:,.0f} tokens")
+        stdout.print(f"  measured {util}")
+        stdout.print(table(None, ["figure", "measured", "simulated", "error", "steady\nstate",
+                                  "error"], rows, left=1, compact=True))
+        for n in r.notes + c.notes:
+            stdout.print(f"  [dim]{plain(n)}[/]")

@@ -1,0 +1,289 @@
+"""Options, enums and helpers the CLI's commands share (edge: imported by the CLI only)."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from enum import Enum
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+
+from planner.core.errors import LlmplanError
+from planner.core.specs import GIB, Options, Workload
+
+stdout = Console()
+stderr = Console(stderr=True)
+
+
+class WeightsOpt(str, Enum):
+    bf16 = "bf16"
+    fp16 = "fp16"
+    fp8 = "fp8"
+    int8 = "int8"
+    int4 = "int4"
+    mxfp4 = "mxfp4"
+
+
+class KVOpt(str, Enum):
+    bf16 = "bf16"
+    fp16 = "fp16"
+    fp8 = "fp8"
+    int8 = "int8"
+
+
+class ComputeChoice(str, Enum):
+    fp16 = "fp16"
+    bf16 = "bf16"
+    fp8 = "fp8"
+    int8 = "int8"
+
+
+class TimeModel(str, Enum):
+    roofline = "roofline"
+    additive = "additive"
+
+
+class Attention(str, Enum):
+    flash = "flash"
+    naive = "naive"
+
+
+# Defaults are declared once, in the specs.
+_W = Workload.model_fields
+_O = Options.model_fields
+
+ModelOpt = Annotated[str, typer.Option(
+    "--model", "-m",
+    help="Built-in model name, a YAML file, an HF config.json or a snapshot folder.")]
+GpuOpt = Annotated[str, typer.Option("--gpu", "-g", help="Built-in GPU name or a YAML file.")]
+TpOpt = Annotated[int, typer.Option("--tp", help="Tensor-parallel GPUs.")]
+PpOpt = Annotated[int, typer.Option(
+    "--pp", help="Pipeline-parallel stages, each on --tp GPUs (vLLM's split of the layers).")]
+EpOpt = Annotated[int, typer.Option(
+    "--ep", help="Expert-parallel GPUs for a MoE model: each holds 1/N of the routed experts, "
+                 "attention data-parallel (give --tp 1 --pp 1 with it).")]
+WeightsOption = Annotated[WeightsOpt, typer.Option("--weights", help="Weight precision.")]
+KVOption = Annotated[Optional[KVOpt], typer.Option(
+    "--kv-cache", help="KV-cache precision (default: the 16-bit type of the weights).")]
+BatchOpt = Annotated[int, typer.Option("--batch", "-b", help="Concurrent sequences.")]
+PromptOpt = Annotated[int, typer.Option("--prompt-tokens", "-p",
+                                        help="Prompt tokens per sequence.")]
+OutputOpt = Annotated[int, typer.Option("--output-tokens", "-o",
+                                        help="Output tokens per sequence.")]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object, nothing else.")]
+ComputeOpt = Annotated[Optional[ComputeChoice], typer.Option(
+    "--compute", help="Type the matmuls run in (default: from the weights; fp16 for int8 / "
+                      "int4 weights on a T4 or V100, which have no bf16).")]
+class QuantizedLayers(str, Enum):
+    all = "all"
+    experts = "experts"
+
+
+QuantizedLayersOpt = Annotated[QuantizedLayers, typer.Option(
+    "--quantized-layers", help="Which linear layers the --weights type covers: all, or only a "
+    "MoE model's routed experts (gpt-oss's released MXFP4 checkpoint; the rest 16-bit).")]
+class SpecMethod(str, Enum):
+    draft_model = "draft-model"
+    mtp = "mtp"
+    ngram = "ngram"
+
+
+SpecOpt = Annotated[Optional[SpecMethod], typer.Option(
+    "--speculative",
+    help="Speculative decoding: a draft model, the model's own MTP layer (DeepSeek), or "
+         "n-gram prompt lookup.")]
+DraftOpt = Annotated[Optional[str], typer.Option(
+    "--draft-model",
+    help="The draft model (built-in name, YAML or config.json) for --speculative "
+         "draft-model.")]
+SpecTokensOpt = Annotated[Optional[int], typer.Option(
+    "--num-speculative-tokens",
+    help="Tokens proposed per step, k (default 1 for mtp; required otherwise).")]
+AcceptanceOpt = Annotated[Optional[float], typer.Option(
+    "--acceptance-rate",
+    help="Probability that each proposed token is accepted (default 0.85 for mtp, from "
+         "DeepSeek-V3's report; required otherwise).")]
+LongerOpt = Annotated[bool, typer.Option(
+    "--allow-longer-context",
+    help="Accept prompt + output tokens beyond the model's max_position_embeddings.")]
+
+
+def check_context(m, prompt_tokens: int, output_tokens: int, allow: bool,
+                  where: str = "--prompt-tokens + --output-tokens") -> None:
+    """A sequence longer than the model's context is an error unless asked for: the engines
+    refuse it (vLLM's max_model_len), and RoPE scaling past it is not what was measured."""
+    total = prompt_tokens + output_tokens
+    if total > m.max_position_embeddings and not allow:
+        raise LlmplanError(f"{where}: {prompt_tokens:,} + {output_tokens:,} = {total:,} tokens "
+                           f"exceeds {m.name}'s context of {m.max_position_embeddings:,} "
+                           "(max_position_embeddings); --allow-longer-context to go on")
+
+
+DAY_S = 86_400.0
+# Upper bounds of options whose every finite value would otherwise be taken: beyond them a
+# value is a typo, not a deployment. Times: a day; prices: $10,000 per GPU-hour, as in
+# hardware_db (list prices of the largest GPUs are under $15); traffic: 1e9 requests or
+# tokens per second (about 10,000 times the busiest public LLM APIs).
+UPPER_BOUNDS: dict[str, tuple[float, str]] = {
+    **{flag: (DAY_S, " s (a day)") for flag in (
+        "--measured-tpot", "--measured-ttft", "--ttft-slo", "--tpot-slo", "--ttft", "--tpot",
+        "--max-wait")},
+    "--price-per-hour": (10_000.0, " US$ per GPU-hour"),
+    "--rps": (1e9, " requests/s"),
+    "--request-rate": (1e9, " requests/s (inf sends every request at t = 0)"),
+    "--tokens-per-s": (1e9, " tokens/s"),
+    # the gamma shape of arrivals: the spread of gaps is 1/sqrt(shape), 0.1% at 1e6
+    "--burstiness": (1e6, " (arrivals are regular within 0.1% at 1e6)"),
+}
+
+
+def positive(name: str, value: float | None, *, allow_zero: bool = False,
+             allow_inf: bool = False) -> None:
+    """A size or rate from the command line: a finite number above (or at) zero and at most
+    its documented bound (``UPPER_BOUNDS``); with ``allow_inf``, +inf too (a request rate of
+    inf: every request at t = 0)."""
+    if value is None:
+        return
+    if isinstance(value, int) and abs(value) > 10**18:  # float() of it would overflow
+        raise LlmplanError(f"{name}: a {len(str(abs(value)))}-digit number is out of range")
+    if not (math.isfinite(value) or (allow_inf and value == math.inf)):
+        raise LlmplanError(f"{name}: must be a finite number{' or inf' if allow_inf else ''}, "
+                           f"got {value:g}")
+    if value < 0 or (value == 0 and not allow_zero):
+        raise LlmplanError(f"{name}: must be {'non-negative' if allow_zero else 'positive'}, "
+                           f"got {value:g}")
+    bound = UPPER_BOUNDS.get(name)
+    if bound is not None and math.isfinite(value) and value > bound[0]:
+        raise LlmplanError(f"{name}: {value:g} is above the limit of {bound[0]:g}{bound[1]}")
+
+
+def output_path(path: Path | None, flag: str, suffix: str | None = None) -> None:
+    """A file llmplan will write: its folder must exist and it must not be a folder; a PNG
+    option must name a .png."""
+    if path is None:
+        return
+    if len(path.name.encode()) > 255:
+        raise LlmplanError(f"{flag}: file name of {len(path.name.encode())} bytes is longer "
+                           "than 255")
+    if path.is_dir():
+        raise LlmplanError(f"{flag}: {path} is a directory; give a file name")
+    if not path.parent.is_dir():
+        raise LlmplanError(f"{flag}: folder {path.parent} does not exist")
+    if suffix and path.suffix.lower() != suffix:
+        raise LlmplanError(f"{flag}: {path} must end in {suffix}")
+
+
+def json_out(obj: object) -> None:
+    sys.stdout.write(json.dumps(obj, indent=2, default=str) + "\n")
+
+
+
+
+def options_from(time_model: TimeModel, attention: Attention, kernel_overhead_us: float,
+                 reserve_gib: float, memory_utilization: float,
+                 prefill_chunk_tokens: int = 8192) -> Options:
+    """Validated model options from the shared CLI flags."""
+    positive("--kernel-overhead-us", kernel_overhead_us, allow_zero=True)
+    positive("--prefill-chunk-tokens", prefill_chunk_tokens, allow_zero=True)
+    positive("--reserve-gib", reserve_gib, allow_zero=True)
+    positive("--memory-utilization", memory_utilization)
+    if memory_utilization > 1:
+        raise LlmplanError(f"--memory-utilization: must be at most 1, got {memory_utilization:g}")
+    if kernel_overhead_us > 1e6:
+        raise LlmplanError(f"--kernel-overhead-us: must be at most 1e6 (one second per kernel), "
+                           f"got {kernel_overhead_us:g}")
+    if reserve_gib > 1e5:
+        raise LlmplanError(f"--reserve-gib: must be at most 1e5, got {reserve_gib:g}")
+    return Options(time_model=time_model.value, attention=attention.value,
+                   kernel_overhead_s=kernel_overhead_us * 1e-6, reserve_bytes=reserve_gib * GIB,
+                   memory_utilization_frac=memory_utilization,
+                   prefill_chunk_tokens=prefill_chunk_tokens or None)
+
+
+WEIGHT_CHOICES = ("bf16", "fp16", "fp8", "int8", "int4", "mxfp4")
+KV_CHOICES = ("bf16", "fp16", "fp8", "int8")
+
+
+def parse_choices(text: str, allowed: tuple[str, ...], flag: str) -> list[str]:
+    """A comma-separated list whose every item must be one of ``allowed``."""
+    from planner.search.sweep import parse_str_list
+
+    out = parse_str_list(text)
+    if not out:
+        raise LlmplanError(f"{flag}: no value given")
+    for v in out:
+        if v not in allowed:
+            raise LlmplanError(f"{flag}: '{v}' is not one of {', '.join(allowed)}")
+    return out
+
+
+TimeModelOpt = Annotated[TimeModel, typer.Option(
+    help="roofline: max(compute, memory) per operator; additive: their sum.")]
+AttentionOpt = Annotated[Attention, typer.Option(
+    help="flash: O(N) attention memory; naive: materialize the O(N^2) scores.")]
+OverheadOpt = Annotated[float, typer.Option(help="Fixed cost per kernel.")]
+ReserveOpt = Annotated[float, typer.Option(help="Runtime reserve: CUDA context, workspaces.")]
+UtilOpt = Annotated[float, typer.Option(
+    help="Fraction of device memory usable (like vLLM's gpu_memory_utilization).")]
+CalibrationOpt = Annotated[Optional[Path], typer.Option(
+    help="Measured ceilings from `llmplan measure --calibrate`.")]
+GroupSizeOpt = Annotated[int, typer.Option(help="Weights per scale for int8/int4.")]
+DEFAULT_ENGINE = "vllm"
+EngineOpt = Annotated[str, typer.Option(
+    "--engine", "-e", help="Engine profile: ideal, vllm, sglang, trtllm, gpt-fast, hf-eager "
+    "(engines_db) or a YAML file. ideal = the datasheet roofline with no overheads.")]
+ChunkOpt = Annotated[int, typer.Option(
+    help="Tokens per prefill pass (chunked prefill; bounds activation memory). 0: whole batch.")]
+DEFAULT_CHUNK = _O["prefill_chunk_tokens"].default
+DEFAULT_RESERVE_GIB = _O["reserve_bytes"].default / GIB
+DEFAULT_UTIL = _O["memory_utilization_frac"].default
+
+
+def check_layout(m, tp: int, pp: int, ep: int) -> None:
+    """--tp, --pp and --ep of one replica: within bounds, and a layout the model allows."""
+    from planner.layouts.layout import check_layout as allowed
+
+    for name, v in (("--tp", tp), ("--pp", pp), ("--ep", ep)):
+        positive(name, v)
+    if pp > 1024:
+        raise LlmplanError(f"--pp: at most 1024 stages, got {pp}")
+    if ep > 100_000:
+        raise LlmplanError(f"--ep: at most 100,000 GPUs, got {ep}")
+    if ep > 1 and (tp > 1 or pp > 1):
+        raise LlmplanError("--ep runs attention data-parallel on each GPU: give --tp 1 and "
+                           "--pp 1 with it")
+    allowed(m, tp, pp, ep)
+
+
+def check_quantized_layers(m, quantized_layers) -> str:
+    """"experts" needs routed experts; returns the plain value."""
+    q = getattr(quantized_layers, "value", quantized_layers) or "all"
+    if q == "experts" and m.moe is None:
+        raise LlmplanError(f"--quantized-layers experts: {m.name} has no routed experts "
+                           "(not a mixture-of-experts model)")
+    return q
+
+
+def spec_config(method, draft_model, k, a):
+    """The speculative-decoding configuration the flags ask for."""
+    from planner.io import catalog
+    from planner.layouts.speculation import MTP_ACCEPTANCE, MTP_TOKENS, SpecConfig
+
+    if method is None:
+        raise LlmplanError("--draft-model, --num-speculative-tokens and --acceptance-rate go "
+                           "with --speculative draft-model|mtp|ngram")
+    if method == SpecMethod.mtp:
+        k = MTP_TOKENS if k is None else k
+        a = MTP_ACCEPTANCE if a is None else a
+    if k is None or a is None:
+        raise LlmplanError(f"--speculative {method.value}: give --num-speculative-tokens and "
+                           "--acceptance-rate (measured on your traffic; there is no default)")
+    if isinstance(a, float) and not 0 <= a <= 1:
+        raise LlmplanError(f"--acceptance-rate: must be in [0, 1], got {a:g}")
+    positive("--num-speculative-tokens", k)
+    draft = catalog.load_model(draft_model) if draft_model else None
+    return SpecConfig(method.value, k, a, draft)

@@ -1,0 +1,246 @@
+"""`llmplan plan`: the cheapest deployments that meet latency targets at a traffic level."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from planner.cli.options import (
+    DEFAULT_ENGINE,
+    KV_CHOICES,
+    WEIGHT_CHOICES,
+    ComputeOpt,
+    EngineOpt,
+    LongerOpt,
+    QuantizedLayers,
+    QuantizedLayersOpt,
+    check_context,
+    check_quantized_layers,
+    json_out,
+    output_path,
+    parse_choices,
+    positive,
+    stderr,
+    stdout,
+)
+from planner.core.errors import LlmplanError
+
+
+def plan(
+    model: Annotated[str, typer.Option("--model", "-m", help="Model to serve.")],
+    ttft: Annotated[str, typer.Option(help="TTFT target, e.g. 2s or 800ms.")],
+    tpot: Annotated[str, typer.Option(help="TPOT target, e.g. 50ms.")],
+    engine: EngineOpt = DEFAULT_ENGINE,
+    prompt_tokens: Annotated[int, typer.Option("--prompt-tokens", "-p")] = 1024,
+    output_tokens: Annotated[int, typer.Option("--output-tokens", "-o")] = 256,
+    rps: Annotated[Optional[float], typer.Option(help="Traffic: requests per second.")] = None,
+    tokens_per_s: Annotated[Optional[float], typer.Option(
+        help="Traffic: output tokens per second (instead of --rps).")] = None,
+    gpu: Annotated[Optional[str], typer.Option(
+        "--gpu", "-g", help="GPUs to consider (default: all of hardware_db).")] = None,
+    tp: Annotated[str, typer.Option(help="Tensor-parallel GPUs per replica (or per stage).")]
+    = "1,2,4,8",
+    pp: Annotated[str, typer.Option(
+        help="Pipeline stages per replica, each of --tp GPUs.")] = "1,2",
+    ep: Annotated[str, typer.Option(
+        help="Expert-parallel GPUs per replica, attention data-parallel (MoE models; with TP "
+             "and PP 1). auto: 1 and the powers of two up to 16 that divide the experts.")] =
+    "auto",
+    weights: Annotated[str, typer.Option(help="Weight precisions.")] = "bf16,fp8,int8,int4",
+    kv_cache: Annotated[str, typer.Option(help="KV precisions (16 = the weights' 16-bit).")
+                        ] = "16,fp8",
+    price_per_hour: Annotated[Optional[float], typer.Option(
+        help="USD per GPU-hour for every GPU (default: hardware_db prices; unpriced GPUs are "
+             "left out).")] = None,
+    calibration: Annotated[Optional[Path], typer.Option(help="Measured ceilings.")] = None,
+    top: Annotated[int, typer.Option(help="Rows shown.")] = 10,
+    csv: Annotated[Optional[Path], typer.Option("--csv", help="All rows to CSV.")] = None,
+    plot: Annotated[Optional[Path], typer.Option(
+        "--plot", help="PNG of cost vs latency with the Pareto front.")] = None,
+    scheduler: Annotated[str, typer.Option(
+        help="continuous: size replicas by simulating continuous batching (vLLM-style); "
+             "static: a batch every end-to-end latency.")] = "continuous",
+    percentile: Annotated[int, typer.Option(
+        help="With continuous sizing, the TTFT / TPOT percentile held to the targets "
+             "(50, 90 or 99).")] = 90,
+    sim_requests: Annotated[int, typer.Option(
+        help="Requests simulated per candidate replica count.")] = 200,
+    range_ratio: Annotated[float, typer.Option(
+        help="Simulated lengths uniform within +-this fraction.")] = 0.0,
+    compute: ComputeOpt = None,
+    quantized_layers: QuantizedLayersOpt = QuantizedLayers.all,
+    allow_longer_context: LongerOpt = False,
+    as_json: Annotated[bool, typer.Option("--json", help="All rows as JSON.")] = False,
+) -> None:
+    """Find the cheapest configurations that meet TTFT and TPOT targets at a traffic level:
+    each sized by simulating continuous batching (or, with --scheduler static, static
+    batches)."""
+    from planner.core.specs import DType
+    from planner.evidence.budget import parse_quantity
+    from planner.io import catalog
+    from planner.io.render import plain, table
+    from planner.io.report import plot_pareto
+    from planner.search.plan import SimSettings, Targets, default_eps, layout_label, search
+    from planner.search.sweep import parse_int_list, parse_str_list
+
+    for name, v in (("--prompt-tokens", prompt_tokens), ("--output-tokens", output_tokens),
+                    ("--rps", rps), ("--tokens-per-s", tokens_per_s),
+                    ("--price-per-hour", price_per_hour), ("--top", top)):
+        positive(name, v)
+    if (rps is None) == (tokens_per_s is None):
+        raise LlmplanError("give exactly one of --rps or --tokens-per-s")
+    try:
+        t_ttft, t_tpot = parse_quantity(ttft, "time"), parse_quantity(tpot, "time")
+    except ValueError as err:
+        raise LlmplanError(f"--ttft/--tpot: {err}") from None
+    positive("--ttft", t_ttft)
+    positive("--tpot", t_tpot)
+    for name, v in (("--ttft", t_ttft), ("--tpot", t_tpot), ("--rps", rps),
+                    ("--tokens-per-s", tokens_per_s), ("--price-per-hour", price_per_hour)):
+        if v is not None and not math.isfinite(v):
+            raise LlmplanError(f"{name}: must be a finite number, got {v:g}")
+    if scheduler not in ("continuous", "static"):
+        raise LlmplanError(f"--scheduler: '{scheduler}' is not one of continuous, static")
+    if percentile not in (50, 90, 99):
+        raise LlmplanError(f"--percentile: must be 50, 90 or 99, got {percentile}")
+    positive("--sim-requests", sim_requests)
+    if sim_requests > 100_000:
+        raise LlmplanError(f"--sim-requests: at most 100,000, got {sim_requests}")
+    if not 0 <= range_ratio < 1:
+        raise LlmplanError(f"--range-ratio: must be in [0, 1), got {range_ratio:g}")
+    req = rps if rps is not None else tokens_per_s / output_tokens
+    m = catalog.load_model(model)
+    tps, pps = parse_int_list(tp, "--tp"), parse_int_list(pp, "--pp")
+    eps = default_eps(m) if ep.strip() == "auto" else parse_int_list(ep, "--ep")
+    ql = check_quantized_layers(m, quantized_layers)
+    if max(eps) > 1 and m.moe is None:
+        raise LlmplanError(f"--ep: {m.name} has no experts (not a mixture-of-experts model)")
+    check_context(m, prompt_tokens, output_tokens, allow_longer_context)
+    gpus = [catalog.load_hardware(g) for g in (parse_str_list(gpu) if gpu
+                                                else catalog.gpu_names())]
+    wl = [DType(w) for w in parse_choices(weights, WEIGHT_CHOICES, "--weights")]
+    kvl = [None if k == "16" else DType(k)
+           for k in parse_choices(kv_cache, ("16", *KV_CHOICES), "--kv-cache")]
+    cal = catalog.load_calibration(calibration) if calibration else None
+    eng = catalog.load_engine(engine)
+    for p_ in (csv, plot):
+        output_path(p_, "--csv" if p_ is csv else "--plot", None if p_ is csv else ".png")
+    # a GPU with no price cannot be costed: say which are left out, before any search
+    unpriced = [g.name for g in gpus if g.price is None] if price_per_hour is None else []
+    if unpriced and len(unpriced) == len(gpus):
+        raise LlmplanError(f"no price for {', '.join(unpriced)} in hardware_db: the plan ranks "
+                           "by cost; give --price-per-hour (USD per GPU-hour)")
+    if unpriced and not as_json:
+        stderr.print(f"[yellow]left out, no price:[/] {', '.join(unpriced)} "
+                     "(--price-per-hour to include)")
+    cdt = DType(compute.value) if compute else None
+    _some_precision_runs(gpus, wl, cdt, cal, eng)
+    if scheduler == "continuous":
+        _plan_continuous(m, gpus, prompt_tokens=prompt_tokens, output_tokens=output_tokens,
+                         targets=Targets(t_ttft, t_tpot, req), tps=tps, pps=pps, eps=eps,
+                         weights=wl, kv_cache=kvl, calibration=cal,
+                         price_per_hour=price_per_hour, engine=eng,
+                         settings=SimSettings(percentile=percentile, num_requests=sim_requests,
+                                              range_ratio=range_ratio),
+                         top=top, csv=csv, plot=plot, as_json=as_json,
+                         label=(ttft, tpot, req), compute=cdt, quantized_layers=ql)
+        return
+    df = search(m, gpus, prompt_tokens=prompt_tokens, output_tokens=output_tokens,
+                targets=Targets(t_ttft, t_tpot, req), tps=tps, pps=pps, eps=eps,
+                weights=wl, kv_cache=kvl, calibration=cal, price_usd_per_gpu_hour=price_per_hour,
+                engine=eng, compute=cdt, quantized_layers=ql)
+    feas = df[df["meets_targets"]]
+    if csv:
+        df.to_csv(csv, index=False)
+        stderr.print(f"wrote {len(df):,} rows to {csv}")
+    if plot and len(feas):
+        plot_pareto(df, plot, title=f"{m.label}: prompt {prompt_tokens} / output "
+                    f"{output_tokens}, TTFT <= {ttft}, TPOT <= {tpot}, {req:g} req/s")
+        stderr.print(f"wrote {plot}")
+    if as_json:
+        json_out(df.astype(object).where(df.notna(), None).to_dict(orient="records"))
+        return
+    if not len(feas):
+        stdout.print(f"no configuration of {len(df):,} meets TTFT <= {ttft} and TPOT <= {tpot}")
+        raise typer.Exit(1)
+    rows = []
+    for r in feas.head(top).itertuples():
+        rows.append([int(r.rank), r.gpu, layout_label(r.tp, r.pp, r.ep), r.weights,
+                     r.kv_cache, r.batch, int(r.replicas), int(r.total_gpus),
+                     f"{r.ttft_s * 1e3:,.0f}", f"{r.tpot_s * 1e3:,.1f}",
+                     f"{r.memory_headroom_frac:.0%}",
+                     r.bound if isinstance(r.bound, str) else "-",
+                     f"{r.usd_per_hour:,.2f}",
+                     f"{r.cost_usd_per_million_output_tokens_at_traffic:,.3f}"])
+    stdout.print(table(f"{plain(m.label)}: {len(feas):,} of {len(df):,} configurations meet "
+                       f"TTFT <= {ttft}, TPOT <= {tpot} at {req:g} req/s",
+                       ["#", "gpu", "layout", "w", "kv", "batch", "rep-\nlicas", "GPUs",
+                        "TTFT\nms", "TPOT\nms", "free\nmem", "bound", "$/h", "$/1M\nout"],
+                       rows, left=5, compact=True))
+
+
+def _some_precision_runs(gpus, weights, compute, cal, eng) -> None:
+    """At least one GPU runs at least one of the weight precisions asked for; otherwise the
+    reason (a T4 has no bf16) is the error, not "no configuration meets the targets"."""
+    from planner.core.errors import UsageError
+    from planner.core.estimate import prepare
+    from planner.core.specs import Options, Precision
+
+    why = None
+    for hw in gpus:
+        for w in weights:
+            try:
+                prepare(hw, Precision.of(w, compute=compute), cal, Options(), eng)
+                return
+            except UsageError as err:
+                why = why or str(err)
+    raise LlmplanError(f"no GPU asked for runs these weights: {why}")
+
+
+def _plan_continuous(m, gpus, *, prompt_tokens, output_tokens, targets, tps, weights, kv_cache,
+                     calibration, price_per_hour, engine, settings, top, csv, plot, as_json,
+                     label, compute=None, pps=(1,), eps=(1,), quantized_layers="all") -> None:
+    from planner.io.render import plain, table
+    from planner.io.report import plot_pareto
+    from planner.search.plan import layout_label, search_continuous
+
+    df = search_continuous(m, gpus, prompt_tokens=prompt_tokens, output_tokens=output_tokens,
+                           targets=targets, tps=tps, weights=weights, kv_cache=kv_cache,
+                           calibration=calibration, price_usd_per_gpu_hour=price_per_hour,
+                           engine=engine, settings=settings, top=top, compute=compute,
+                           pps=pps, eps=eps, quantized_layers=quantized_layers)
+    ttft, tpot, req = label
+    p = settings.percentile
+    name = "median" if p == 50 else f"p{p}"
+    if csv:
+        df.to_csv(csv, index=False)
+        stderr.print(f"wrote {len(df):,} rows to {csv}")
+    if plot and len(df):
+        plot_pareto(df, plot, title=f"{m.label}: prompt {prompt_tokens} / output "
+                    f"{output_tokens}, {name} TTFT <= {ttft} and TPOT <= {tpot}, {req:g} req/s "
+                    "(continuous batching, simulated)")
+        stderr.print(f"wrote {plot}")
+    if as_json:
+        json_out(df.astype(object).where(df.notna(), None).to_dict(orient="records"))
+        return
+    if not len(df):
+        stdout.print(f"no configuration meets {name} TTFT <= {ttft} and TPOT <= {tpot} at "
+                     f"{req:g} req/s")
+        raise typer.Exit(1)
+    rows = []
+    for r in df.head(top).itertuples():
+        rows.append([int(r.rank), r.gpu, layout_label(r.tp, r.pp, r.ep), r.weights, r.kv_cache,
+                     f"{r.rate_per_replica:,.3g}", f"{getattr(r, f'{name}_ttft_s') * 1e3:,.0f}",
+                     f"{getattr(r, f'{name}_tpot_s') * 1e3:,.1f}", int(r.replicas),
+                     int(r.total_gpus), f"{r.usd_per_hour:,.2f}",
+                     f"{r.cost_usd_per_million_output_tokens_at_traffic:,.3f}"])
+    stdout.print(table(f"{plain(m.label)}: {name} TTFT <= {plain(ttft)} and TPOT <= "
+                       f"{plain(tpot)} at {req:g} "
+                       f"req/s; {len(df)} configurations simulated (continuous batching, "
+                       f"engine {engine.name}), each replica sized for the rate shown",
+                       ["#", "gpu", "layout", "w", "kv", "req/s\neach", f"{name}\nTTFT ms",
+                        f"{name}\nTPOT ms", "rep-\nlicas", "GPUs", "$/h", "$/1M\nout"], rows,
+                       left=5, compact=True))

@@ -1,0 +1,123 @@
+"""`llmplan report`: PNG roofline, throughput, memory and serving reports with their CSVs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from planner.cli.options import (
+    DEFAULT_CHUNK,
+    DEFAULT_ENGINE,
+    DEFAULT_RESERVE_GIB,
+    DEFAULT_UTIL,
+    WEIGHT_CHOICES,
+    Attention,
+    AttentionOpt,
+    CalibrationOpt,
+    ChunkOpt,
+    ComputeOpt,
+    EngineOpt,
+    EpOpt,
+    LongerOpt,
+    OverheadOpt,
+    PpOpt,
+    QuantizedLayers,
+    QuantizedLayersOpt,
+    ReserveOpt,
+    TimeModel,
+    TimeModelOpt,
+    UtilOpt,
+    check_context,
+    check_layout,
+    check_quantized_layers,
+    options_from,
+    parse_choices,
+    positive,
+    stdout,
+)
+from planner.core.errors import LlmplanError
+
+
+def report(
+    model: Annotated[str, typer.Option("--model", "-m",
+                                       help="Built-in model, YAML or config.json.")],
+    gpu: Annotated[str, typer.Option("--gpu", "-g", help="GPUs, comma-separated.")],
+    engine: EngineOpt = DEFAULT_ENGINE,
+    weights: Annotated[str, typer.Option(help="Weight precisions, comma-separated.")] = "bf16",
+    kv_cache: Annotated[Optional[str], typer.Option(
+        help="KV precision (default: the weights' 16-bit type).")] = None,
+    tp: Annotated[int, typer.Option(help="Tensor-parallel GPUs.")] = 1,
+    pp: PpOpt = 1,
+    ep: EpOpt = 1,
+    quantized_layers: QuantizedLayersOpt = QuantizedLayers.all,
+    batch: Annotated[int, typer.Option(
+        "--batch", "-b", help="Batch at which operators are placed on the roofline.")] = 16,
+    prompt_tokens: Annotated[int, typer.Option("--prompt-tokens", "-p")] = 2048,
+    output_tokens: Annotated[int, typer.Option("--output-tokens", "-o")] = 256,
+    time_model: TimeModelOpt = TimeModel.roofline,
+    attention: AttentionOpt = Attention.flash,
+    kernel_overhead_us: OverheadOpt = 0.0,
+    reserve_gib: ReserveOpt = DEFAULT_RESERVE_GIB,
+    memory_utilization: UtilOpt = DEFAULT_UTIL,
+    prefill_chunk_tokens: ChunkOpt = DEFAULT_CHUNK,
+    calibration: CalibrationOpt = None,
+    measured: Annotated[Optional[Path], typer.Option(
+        help="JSONL from `llmplan measure`: draw its points over the roofline and a "
+             "predicted-vs-measured chart.")] = None,
+    out: Annotated[Path, typer.Option("--out", help="Directory for PNGs and CSVs.")] = Path(
+        "reports"),
+    serving_requests: Annotated[int, typer.Option(
+        help="Requests simulated per point of the serving chart (request rate against "
+             "throughput, TTFT and TPOT); 0 leaves it out.")] = 300,
+    compute: ComputeOpt = None,
+    allow_longer_context: LongerOpt = False,
+) -> None:
+    """Roofline, throughput-vs-latency, memory and serving PNGs, each with the CSV it plots.
+    With --pp or --ep the throughput, memory (the fullest GPU) and serving charts are the
+    layout's; the roofline shows one TP group's operators."""
+    from planner.core.specs import Precision
+    from planner.io import catalog
+    from planner.search.sweep import parse_str_list
+
+    for name, v in (("--tp", tp), ("--batch", batch), ("--prompt-tokens", prompt_tokens),
+                    ("--output-tokens", output_tokens)):
+        positive(name, v)
+    if out.exists() and not out.is_dir():
+        raise LlmplanError(f"--out: {out} is a file; give a directory")
+    if not parse_str_list(gpu):
+        raise LlmplanError("--gpu: no value given")
+    opts = options_from(time_model, attention, kernel_overhead_us, reserve_gib,
+                        memory_utilization, prefill_chunk_tokens)
+    m = catalog.load_model(model)
+    check_context(m, prompt_tokens, output_tokens, allow_longer_context)
+    eng = catalog.load_engine(engine)
+    cal = catalog.load_calibration(calibration) if calibration else None
+    from planner.io.report import Case, write_reports
+
+    check_layout(m, tp, pp, ep)
+    cases = []
+    for g in parse_str_list(gpu):
+        hw = catalog.load_hardware(g)
+        for w in parse_choices(weights, WEIGHT_CHOICES, "--weights"):
+            prec = Precision.of(w, kv_cache, compute=compute.value if compute else None,
+                                quantized_layers=check_quantized_layers(m, quantized_layers))
+            case = Case(m, hw, prec, prompt_tokens, output_tokens, tp,
+                        opts, cal if cal and cal.device == hw.name else None, eng, pp, ep)
+            case.at(1)  # surfaces an unsupported precision as a one-line error
+            cases.append(case)
+    meas, meas_ceil, records = None, None, None
+    if measured is not None:
+        from planner.io.report import load_measured, measured_roofline_points, plot_accuracy
+
+        records = load_measured(measured)
+        meas, meas_ceil = measured_roofline_points(records)
+    if not 0 <= serving_requests <= 100_000:
+        raise LlmplanError(f"--serving-requests: must be 0 to 100,000, got {serving_requests}")
+    paths = write_reports(cases, out, batch=batch, measured=meas, measured_ceilings=meas_ceil,
+                          serving_requests=serving_requests)
+    if records is not None:
+        paths += plot_accuracy(records, out, f"{measured.stem}_predicted_vs_measured")
+    for p in paths:
+        stdout.print(str(p))

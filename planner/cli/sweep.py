@@ -1,0 +1,201 @@
+"""`llmplan sweep`: a grid of estimates, vectorized, as a table, CSV or JSON."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from planner.cli.options import (
+    DEFAULT_CHUNK,
+    DEFAULT_ENGINE,
+    DEFAULT_RESERVE_GIB,
+    DEFAULT_UTIL,
+    KV_CHOICES,
+    WEIGHT_CHOICES,
+    Attention,
+    AttentionOpt,
+    CalibrationOpt,
+    ChunkOpt,
+    ComputeOpt,
+    EngineOpt,
+    GroupSizeOpt,
+    JsonOpt,
+    LongerOpt,
+    OverheadOpt,
+    QuantizedLayers,
+    QuantizedLayersOpt,
+    ReserveOpt,
+    TimeModel,
+    TimeModelOpt,
+    UtilOpt,
+    check_context,
+    json_out,
+    options_from,
+    output_path,
+    parse_choices,
+    positive,
+    stderr,
+    stdout,
+)
+from planner.core.errors import LlmplanError
+
+ListOpt = Annotated[str, typer.Option()]
+# A table or JSON holds the whole grid in memory; a CSV is streamed.
+MAX_TABLE_ROWS = 2_000_000
+MAX_CSV_ROWS = 200_000_000
+LIST_HELP = "Comma-separated; numbers take ranges: 4..256 doubles, 128..1024+128 steps."
+
+
+def build_grid(model: str, gpu: str, batch: str, prompt_tokens: str, output_tokens: str,
+               weights: str, kv_cache: str | None, tp: str, group_size: int, options,
+               engine: str = DEFAULT_ENGINE, compute: str | None = None, pp: str = "1",
+               ep: str = "1", quantized_layers: str = "all"):
+    """Parse the list options into a Grid (shared by sweep and report)."""
+    from planner.core.specs import DType
+    from planner.io import catalog
+    from planner.search.sweep import Grid, parse_int_list, parse_str_list
+
+    positive("--group-size", group_size)
+
+    def names(text: str, flag: str) -> list[str]:
+        out = parse_str_list(text)
+        if not out:
+            raise LlmplanError(f"{flag}: no value given")
+        return out
+
+    if kv_cache is not None and not parse_str_list(kv_cache):
+        raise LlmplanError("--kv-cache: no value given")
+    names(weights, "--weights")
+    return Grid(
+        models=[catalog.load_model(m) for m in names(model, "--model")],
+        gpus=[catalog.load_hardware(g) for g in names(gpu, "--gpu")],
+        batches=parse_int_list(batch, "--batch"),
+        prompt_tokens=parse_int_list(prompt_tokens, "--prompt-tokens"),
+        output_tokens=parse_int_list(output_tokens, "--output-tokens"),
+        weights=[DType(w) for w in parse_choices(weights, WEIGHT_CHOICES, "--weights")],
+        kv_cache=[DType(k) for k in parse_choices(kv_cache, KV_CHOICES, "--kv-cache")]
+        if kv_cache else [None],
+        tps=parse_int_list(tp, "--tp"),
+        pps=parse_int_list(pp, "--pp"),
+        eps=parse_int_list(ep, "--ep"),
+        group_size=group_size,
+        options=options,
+        engine=catalog.load_engine(engine),
+        compute=DType(compute) if compute else None,
+        quantized_layers=quantized_layers,
+    )
+
+
+TABLE_COLUMNS = [
+    ("model", "model", str), ("gpu", "gpu", str), ("tp", "tp", str), ("weights", "w", str),
+    ("kv_cache", "kv", str), ("batch", "batch", str), ("prompt_tokens", "prompt", str),
+    ("output_tokens", "output", str), ("fits", "fits", str),
+]
+
+
+def sweep(
+    model: Annotated[str, typer.Option("--model", "-m", help="Models, comma-separated.")],
+    gpu: Annotated[str, typer.Option("--gpu", "-g", help="GPUs, comma-separated.")],
+    engine: EngineOpt = DEFAULT_ENGINE,
+    batch: Annotated[str, typer.Option("--batch", "-b", help=LIST_HELP)] = "1",
+    prompt_tokens: Annotated[str, typer.Option("--prompt-tokens", "-p", help=LIST_HELP)] = "512",
+    output_tokens: Annotated[str, typer.Option("--output-tokens", "-o", help=LIST_HELP)] = "128",
+    weights: Annotated[str, typer.Option(help="Weight precisions, comma-separated.")] = "bf16",
+    kv_cache: Annotated[Optional[str], typer.Option(
+        help="KV precisions (default: the weights' 16-bit type).")] = None,
+    tp: Annotated[str, typer.Option(help="Tensor-parallel sizes. " + LIST_HELP)] = "1",
+    pp: Annotated[str, typer.Option(
+        help="Pipeline-parallel stages, each of --tp GPUs. " + LIST_HELP)] = "1",
+    ep: Annotated[str, typer.Option(
+        help="Expert-parallel GPUs (MoE models, attention data-parallel; rows with --tp or "
+             "--pp above 1 are marked unsupported). " + LIST_HELP)] = "1",
+    group_size: GroupSizeOpt = 128,
+    quantized_layers: QuantizedLayersOpt = QuantizedLayers.all,
+    time_model: TimeModelOpt = TimeModel.roofline,
+    attention: AttentionOpt = Attention.flash,
+    kernel_overhead_us: OverheadOpt = 0.0,
+    reserve_gib: ReserveOpt = DEFAULT_RESERVE_GIB,
+    memory_utilization: UtilOpt = DEFAULT_UTIL,
+    prefill_chunk_tokens: ChunkOpt = DEFAULT_CHUNK,
+    calibration: CalibrationOpt = None,
+    price_per_hour: Annotated[Optional[float], typer.Option(
+        help="USD per GPU-hour for every GPU.")] = None,
+    csv: Annotated[Optional[Path], typer.Option(
+        "--csv", help="Write every row to this CSV (streamed).")] = None,
+    limit: Annotated[int, typer.Option(help="Rows shown in the table.")] = 40,
+    compute: ComputeOpt = None,
+    allow_longer_context: LongerOpt = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Evaluate a grid of configurations (vectorized); rows that do not fit are kept. Rows
+    with --pp or --ep above 1 carry the layout's timing, its largest per-GPU memory and its
+    cost over all its GPUs (no operator-level columns)."""
+    from planner.io import catalog
+    from planner.search.sweep import iter_sweep, to_frame, write_csv
+
+    positive("--price-per-hour", price_per_hour)
+    positive("--limit", limit)
+    opts = options_from(time_model, attention, kernel_overhead_us, reserve_gib,
+                        memory_utilization, prefill_chunk_tokens)
+    output_path(csv, "--csv")
+    grid = build_grid(model, gpu, batch, prompt_tokens, output_tokens, weights, kv_cache, tp,
+                      group_size, opts, engine, compute.value if compute else None, pp, ep,
+                      quantized_layers.value)
+    for m in grid.models:  # the longest sequence of the grid must fit every model
+        check_context(m, max(grid.prompt_tokens), max(grid.output_tokens), allow_longer_context,
+                      "--prompt-tokens + --output-tokens (largest)")
+    limit_rows = MAX_CSV_ROWS if csv is not None else MAX_TABLE_ROWS
+    if grid.size > limit_rows:
+        where = "to a CSV" if csv else f"in a table or JSON (--csv streams up to {MAX_CSV_ROWS:,})"
+        raise LlmplanError(f"the grid has {grid.size:,} configurations; at most "
+                           f"{limit_rows:,} {where}")
+    cal = catalog.load_calibration(calibration) if calibration else None
+    chunks = iter_sweep(grid, calibration=cal, price_usd_per_gpu_hour=price_per_hour)
+    if csv is not None:
+        rows = write_csv(chunks, csv)
+        stderr.print(f"wrote {rows:,} rows to {csv}")
+        return
+    df = to_frame(chunks)
+    if as_json:
+        json_out(df.astype(object).where(df.notna(), None).to_dict(orient="records"))
+        return
+    render_sweep(df, limit)
+
+
+def render_sweep(df, limit: int) -> None:
+    """The varying axes and the key figures of the first ``limit`` rows."""
+    from planner.core.specs import GIB
+    from planner.io import fmt
+    from planner.io.render import table
+
+    axes = [("model", "model"), ("gpu", "gpu"), ("tp", "tp"), ("pp", "pp"), ("ep", "ep"),
+            ("weights", "w"),
+            ("kv_cache", "kv"), ("batch", "batch"), ("prompt_tokens", "prompt"),
+            ("output_tokens", "out")]
+    shown = [(k, h) for k, h in axes if df[k].nunique() > 1] or axes[:2]
+    cols = [h for _, h in shown] + ["fits", "GiB", "TTFT ms", "TPOT ms", "tok/s", "MBU",
+                                    "bound", "$/1M"]
+    rows = []
+    for d in df.head(limit).to_dict(orient="records"):
+        key = [d[k] for k, _ in shown]
+        if not d.get("supported", True):
+            rows.append(key + ["-", "-", "-", "-", "-", "-", "n/a", "-"])
+            continue
+        cost = d.get("cost_usd_per_million_output_tokens")
+        mbu = d.get("mbu")
+        rows.append(key + ["yes" if d["fits"] else "NO", f"{d['total_memory_bytes'] / GIB:,.1f}",
+                           f"{d['ttft_s'] * 1e3:,.4g}", f"{d['tpot_s'] * 1e3:,.4g}",
+                           f"{d['throughput_tokens_per_s']:,.0f}",
+                           fmt.pct(mbu) if mbu == mbu and mbu is not None else "-",
+                           d["bound"] if isinstance(d.get("bound"), str) else "-",
+                           f"{cost:,.3f}" if cost == cost and cost is not None else "n/a"])
+    stdout.print(table(f"Sweep: {len(df):,} configurations", cols, rows,
+                       left=sum(1 for k, _ in shown if k in ("model", "gpu", "weights",
+                                                              "kv_cache")), compact=True))
+    unsupported = df[~df["supported"].astype(bool)]
+    for note in unsupported["note"].unique()[:5]:
+        stderr.print(f"[yellow]not supported:[/] {note}")
+    if len(df) > limit:
+        stdout.print(f"[dim]{len(df) - limit:,} more rows: --limit N, --csv PATH or --json[/]")

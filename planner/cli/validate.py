@@ -1,0 +1,248 @@
+"""`llmplan validate`: the built-in published measurements, predicted and compared."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from planner.cli.options import json_out, output_path, stderr, stdout
+from planner.core.errors import LlmplanError
+
+RECORDED = Path(__file__).resolve().parent.parent / "data" / "validation_recorded.yaml"
+
+
+def run_validation(datasets, engine_override: str | None = None):
+    """Every comparison of ``datasets``; the models, GPUs and engines they name are loaded
+    once each."""
+    from planner.evidence.validate import compare
+    from planner.io import catalog
+
+    models, gpus, engines = {}, {}, {}
+    out = []
+    for ds in datasets:
+        if engine_override:
+            ds = ds.model_copy(update={
+                "source": ds.source.model_copy(update={"engine": engine_override}),
+                "rows": [r.model_copy(update={"engine": None}) for r in ds.rows]})
+        for r in ds.rows:
+            where = f"validation row {ds.source.id}:{r.id}"
+            try:
+                if r.model not in models:
+                    models[r.model] = catalog.load_model(r.model)
+                if r.gpu not in gpus:
+                    gpus[r.gpu] = catalog.load_hardware(r.gpu)
+                name = r.engine or ds.source.engine
+                if name not in engines:
+                    engines[name] = catalog.load_engine_spec(name)
+            except LlmplanError as err:
+                raise LlmplanError(f"{where}: {err}") from None
+        out += compare(ds, models=models, gpus=gpus, engines=engines)
+    return out
+
+
+def run_served(manifests, engine_override: str | None = None):
+    """Every served-run comparison of ``manifests`` ((ServedDataset, folder) pairs): each
+    result file read, its runs simulated with the engine's profile and the ideal engine's."""
+    from planner.cli.compare import read_result_file, served_setup
+    from planner.evidence.served import compare_entry
+    from planner.io import catalog
+
+    out = []
+    ideal_spec = catalog.load_engine_spec("ideal")
+    for ds, folder in manifests:
+        for entry in ds.runs:
+            where = f"served run {ds.source.id}:{entry.id}"
+            try:
+                engine = engine_override or entry.engine or ds.source.engine
+                setup = served_setup(entry.model, entry.gpu, catalog.load_engine_spec(engine),
+                                     entry.tp, entry.weights, entry.kv_cache)
+                ideal = served_setup(entry.model, entry.gpu, ideal_spec, entry.tp,
+                                     entry.weights, entry.kv_cache)
+                runs = read_result_file(folder / entry.file)
+                out += compare_entry(ds.source, entry, runs, setup, ideal)
+            except LlmplanError as err:
+                raise LlmplanError(f"{where}: {err}") from None
+    return out
+
+
+def recorded_limits() -> dict:
+    from planner.io import catalog
+
+    data = catalog.read_yaml(RECORDED)
+    try:
+        return {phase: float(v["median_abs_error"])
+                for phase, v in data["held_out"].items()}
+    except (KeyError, TypeError, ValueError):
+        raise LlmplanError(f"{RECORDED}: expected held_out.<phase>.median_abs_error numbers"
+                           ) from None
+
+
+def validate(
+    source: Annotated[Optional[str], typer.Option(
+        help="Only these sources (comma-separated ids).")] = None,
+    engine: Annotated[Optional[str], typer.Option(
+        "--engine", "-e", help="Predict every row with this engine instead of the row's own "
+        "(e.g. ideal: the roofline's error).")] = None,
+    dataset: Annotated[Optional[list[Path]], typer.Option(
+        help="Dataset files to use instead of the built-in ones (repeatable).")] = None,
+    served: Annotated[bool, typer.Option(
+        "--served/--no-served", help="Also replay the published serving runs "
+        "(planner/data/served) through the simulator.")] = True,
+    served_dataset: Annotated[Optional[list[Path]], typer.Option(
+        help="Served-run manifests to use instead of the built-in ones (repeatable).")] = None,
+    rows: Annotated[bool, typer.Option("--rows/--no-rows",
+                                       help="Show every row, not only the summary.")] = True,
+    csv: Annotated[Optional[Path], typer.Option("--csv", help="Every comparison to CSV.")] = None,
+    plot: Annotated[Optional[Path], typer.Option(
+        "--plot", help="PNG of predicted vs measured (log-log, +-10% and +-25% bands).")] = None,
+    check: Annotated[bool, typer.Option(
+        "--check", help="Exit 1 when a held-out median error rises above the figure recorded "
+        "in planner/data/validation_recorded.yaml.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the results as JSON.")] = False,
+) -> None:
+    """Predict published measurements (one file per source) and show the error: median and
+    90th percentile per source and engine, in-sample (rows a parameter was fitted on) and
+    held out apart. Published serving runs (real benchmark result files) are replayed through
+    the simulator and compared on TTFT, TPOT and output throughput: all held out."""
+    from planner.evidence.served import summarize_served
+    from planner.evidence.validate import summarize
+    from planner.io import catalog, fmt
+    from planner.io.render import table
+    from planner.search.sweep import parse_str_list
+
+    output_path(csv, "--csv")
+    output_path(plot, "--plot", ".png")
+    datasets = catalog.load_datasets(dataset)
+    manifests = catalog.load_served(served_dataset) if served or served_dataset else []
+    if dataset and not served_dataset:
+        manifests = []  # the datasets asked for, alone
+    if source is not None:
+        wanted = parse_str_list(source)
+        if not wanted:
+            raise LlmplanError("--source: no source id given")
+        known = [d.source.id for d in datasets] + [d.source.id for d, _ in manifests]
+        for w in wanted:
+            if w not in known:
+                raise LlmplanError(f"--source: unknown source '{w}'; known: {', '.join(known)}")
+        datasets = [d for d in datasets if d.source.id in wanted]
+        manifests = [(d, f) for d, f in manifests if d.source.id in wanted]
+    comps = run_validation(datasets, engine)
+    served_comps = run_served(manifests, engine)
+    per_source = summarize(comps) + summarize_served(served_comps)
+    overall = summarize(comps, by_source=False) + summarize_served(served_comps,
+                                                                   by_source=False)
+    failed: list[str] = []
+    if check:
+        limits = recorded_limits()
+        for s in overall:
+            lim = limits.get(s.phase)
+            if s.split == "held-out" and lim is not None and s.median_abs_error > lim:
+                failed.append(f"held-out {s.phase} median error {s.median_abs_error:.1%} is above "
+                              f"the recorded {lim:.1%}")
+    if csv:
+        _write_csv([c.as_dict() for c in comps] + [c.as_dict() for c in served_comps], csv)
+        stderr.print(f"wrote {len(comps) + len(served_comps)} rows to {csv}")
+    if plot:
+        from planner.io.report import plot_validation
+
+        plot_validation(comps + served_comps, plot)
+        stderr.print(f"wrote {plot}")
+    if as_json:
+        json_out({"rows": [c.as_dict() for c in comps],
+                  "served_rows": [c.as_dict() for c in served_comps],
+                  "summary": [s.as_dict() for s in per_source],
+                  "overall": [s.as_dict() for s in overall],
+                  "sources": [d.source.model_dump(mode="json") for d in datasets],
+                  "served_sources": [d.source.model_dump(mode="json") for d, _ in manifests],
+                  "check": {"passed": not failed, "failures": failed} if check else None})
+    else:
+        if rows:
+            if comps:
+                stdout.print(_rows_table(comps, stdout.width))
+            if served_comps:
+                stdout.print(_served_table(served_comps))
+        stdout.print(table("Error by source, engine and phase (absolute, relative)",
+                           ["source", "engine", "phase", "split", "n", "median", "p90",
+                            "median\nsigned", "ideal\nmedian"],
+                           [[s.source, s.engine, s.phase, s.split, s.n,
+                             fmt.pct(s.median_abs_error), fmt.pct(s.p90_abs_error),
+                             f"{s.median_error:+.1%}", fmt.pct(s.ideal_median_abs_error)]
+                            for s in per_source], left=4, compact=True, fold=(0,)))
+        stdout.print(table("All sources", ["phase", "split", "n", "median", "p90",
+                                           "ideal median"],
+                           [[s.phase, s.split, s.n, fmt.pct(s.median_abs_error),
+                             fmt.pct(s.p90_abs_error), fmt.pct(s.ideal_median_abs_error)]
+                            for s in overall], left=2, compact=True))
+    for f in failed:
+        stderr.print(f"[red]check failed:[/] {f}")
+    if failed:
+        raise typer.Exit(1)
+
+
+SHORT_METRIC = {"user_tokens_per_s": "tok/s/user", "throughput_tokens_per_s_per_gpu": "tok/s/GPU",
+                "throughput_tokens_per_s": "tok/s", "ttft_s": "TTFT", "tpot_s": "TPOT",
+                "latency_s": "latency"}
+
+
+def _rows_table(comps, width: int):
+    """Every comparison; under 150 columns the source and engine head each group of rows
+    and the row name and metric wrap, so that no figure is cut."""
+    from planner.io.render import table
+
+    title = f"{len(comps)} published measurements vs predictions"
+    if width >= 150:
+        return table(title, ["source", "row", "engine", "metric", "measured", "predicted",
+                             "error", "ideal err", "split"],
+                     [[c.source, c.row, c.engine, c.metric, _num(c.metric, c.measured),
+                       _num(c.metric, c.predicted), f"{c.error:+.1%}", f"{c.ideal_error:+.1%}",
+                       c.split_label] for c in comps], left=4, compact=True)
+    t = table(title, ["row", "metric", "measured", "predicted", "error", "ideal\nerror",
+                      "split"], [], left=2, compact=True, fold=(0, 1))
+    group = None
+    for c in comps:
+        if (c.source, c.engine) != group:
+            group = (c.source, c.engine)
+            t.add_row(f"{c.source} ({c.engine})", style="bold")
+        t.add_row(c.row, SHORT_METRIC.get(c.metric, c.metric), _num(c.metric, c.measured),
+                  _num(c.metric, c.predicted),
+                  f"{c.error:+.1%}", f"{c.ideal_error:+.1%}", c.split_label)
+    return t
+
+
+def _served_table(comps):
+    from planner.io.render import table
+
+    t = table(f"{len(comps)} published serving-run figures vs the simulator",
+              ["run", "traffic", "metric", "measured", "predicted", "error", "ideal\nerror"],
+              [], left=3, compact=True, fold=(0, 1))
+    group = None
+    for c in comps:
+        if (c.source, c.engine) != group:
+            group = (c.source, c.engine)
+            t.add_row(f"{c.source} ({c.engine})", style="bold")
+        t.add_row(f"{c.run} ({c.model}, {c.tp}x{c.gpu})", c.traffic, c.phase.split()[-1],
+                  _num(c.metric, c.measured), _num(c.metric, c.predicted), f"{c.error:+.1%}",
+                  f"{c.ideal_error:+.1%}")
+    return t
+
+
+def _num(metric: str, v: float) -> str:
+    from planner.io import fmt
+
+    return fmt.seconds(v) if metric.endswith("_s") and not metric.endswith("per_s") else \
+        f"{v:,.4g}"
+
+
+def _write_csv(rows: list[dict], path: Path) -> None:
+    import csv
+
+    if not rows:
+        path.write_text("")
+        return
+    with path.open("w", newline="") as f:
+        names = list(dict.fromkeys(k for r in rows for k in r))
+        w = csv.DictWriter(f, fieldnames=names)
+        w.writeheader()
+        w.writerows(rows)

@@ -1,0 +1,97 @@
+"""Achievable ceilings: the memory bandwidth and matmul rates real kernels reach on a GPU.
+
+A datasheet's bandwidth and tensor-core peak are not reached by any kernel: a large device copy
+reaches 85-93% of the HBM figure, and the best dense GEMM of any shape (mamf-finder's "maximum
+achievable matmul FLOPS") 70-93% of the dense peak, depending on the memory technology and the
+tensor-core generation. hardware_db states, for each GPU, the published measurements
+(``achievable:`` with source and date) and, where none is published, the fraction below times
+the datasheet figure, marked ``estimated: true``. A GPU file without an ``achievable`` block (a
+user's own) gets the same fractions here, with a note.
+
+The fractions are medians of the measured GPUs of the same technology in hardware_db (the
+sources are in those files); tests/test_databases.py recomputes them from the database and
+checks that every estimated figure equals datasheet x fraction.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from planner.core.specs import DType, HardwareSpec
+
+# Copy bandwidth / datasheet bandwidth, by memory technology: the typical fraction over the
+# published copy / stream benchmarks of GPUs of that technology (sources in hardware_db):
+# HBM2 V100 0.90, A100-40GB 0.89 (and 0.82-0.88 with other methods); HBM2e A100-80GB 0.79-0.85,
+# H100 PCIe 0.82-0.85; HBM3 H100 SXM 0.87 (MI300X 0.78, measured directly); HBM3e H200 0.84,
+# B200 0.83 (read); GDDR6 L40 0.93, A10 / L4 / T4 0.75-0.78; GDDR6X RTX 4090 0.91.
+BANDWIDTH_FRAC: dict[str, float] = {
+    "HBM2": 0.87,
+    "HBM2e": 0.82,
+    "HBM3": 0.87,
+    "HBM3e": 0.83,
+    "GDDR6": 0.80,
+    "GDDR6X": 0.91,
+}
+# Best dense GEMM / dense peak, by tensor-core generation and precision: mamf-finder's table
+# (stas00/ml-engineering, compute/accelerator/README.md) and square torch.mm sweeps: Volta
+# V100 0.76 (fp16); Turing T4 0.66; Ampere A100 0.81-0.87; Ada L40S 0.74 (L4 0.59 at 72 W);
+# Hopper H100 SXM bf16 0.80, fp8 0.71 (H200 0.73); Blackwell B200 bf16 0.78, fp8 0.76; CDNA3
+# MI300X bf16 0.51-0.54, fp8 0.49. int8 has no published GEMM ceiling for any of these GPUs:
+# it takes the generation's fp8 fraction where there is one, else the 16-bit one (a guess).
+MATMUL_FRAC: dict[str, dict[str, float]] = {
+    "volta": {"16bit": 0.76},
+    "turing": {"16bit": 0.66},
+    "ampere": {"16bit": 0.85},
+    "ada": {"16bit": 0.74},
+    "hopper": {"16bit": 0.80, "8bit": 0.71},
+    "blackwell": {"16bit": 0.78, "8bit": 0.76},
+    "cdna3": {"16bit": 0.54, "8bit": 0.49},
+}
+# For a GPU whose technology is not listed: the lowest fractions above, so an unknown GPU is
+# never predicted faster than a known one of the same datasheet.
+DEFAULT_BANDWIDTH_FRAC = min(BANDWIDTH_FRAC.values())
+DEFAULT_MATMUL_FRAC = min(f for g in MATMUL_FRAC.values() for f in g.values())
+
+
+def bandwidth_frac(hw: HardwareSpec) -> float:
+    return BANDWIDTH_FRAC.get(hw.memory_type or "", DEFAULT_BANDWIDTH_FRAC)
+
+
+def matmul_frac_for(architecture: str | None, dtype: DType | str) -> float:
+    """The documented GEMM fraction of a tensor-core generation for one precision."""
+    g = MATMUL_FRAC.get(architecture or "")
+    if g is None:
+        return DEFAULT_MATMUL_FRAC
+    eight = DType(dtype) in (DType.fp8, DType.int8)
+    return g.get("8bit", g["16bit"]) if eight else g["16bit"]
+
+
+@dataclass(frozen=True)
+class AchievableCeilings:
+    bandwidth_bytes_per_s: float
+    bandwidth_source: str
+    flops: dict[DType, tuple[float, str]]  # FLOP/s and where the figure came from
+    notes: tuple[str, ...] = ()
+
+
+def achievable(hw: HardwareSpec) -> AchievableCeilings:
+    """The GPU's achievable ceilings: hardware_db's figures, completed by the fractions."""
+    notes: list[str] = []
+    a = hw.achievable
+    if a is not None:
+        bw = a.memory_bandwidth_gb_per_s.value * 1e9
+        bw_src = "estimated" if a.memory_bandwidth_gb_per_s.estimated else "achievable"
+    else:
+        f = bandwidth_frac(hw)
+        bw, bw_src = hw.memory_bandwidth_bytes_per_s * f, "estimated"
+        notes.append(f"{hw.name} has no achievable figures: {f:.0%} of the datasheet bandwidth "
+                     "and a documented fraction of its peak FLOP/s assumed "
+                     "(planner/core/achievable.py)")
+    flops: dict[DType, tuple[float, str]] = {}
+    for dt, peak in hw.peak_tflops.items():
+        fig = a.matmul_tflops.get(dt) if a is not None else None
+        if fig is not None:
+            flops[dt] = (fig.value * 1e12, "estimated" if fig.estimated else "achievable")
+        else:
+            flops[dt] = (peak * 1e12 * matmul_frac_for(hw.architecture, dt), "estimated")
+    return AchievableCeilings(bw, bw_src, flops, tuple(notes))

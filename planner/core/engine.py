@@ -1,0 +1,298 @@
+"""Engine profiles: what a serving engine adds to, and takes away from, the ideal roofline.
+
+The ideal roofline (``ideal``: datasheet peaks, no overheads) is a bound no engine reaches. A
+real engine runs each operator at a fraction of the GPU's *achievable* ceilings (a published
+copy benchmark and a published GEMM benchmark of that GPU, see hardware_db), pays a fixed cost
+per kernel it launches, and a fixed CPU cost per step (scheduling, sampling, detokenizing) that
+its overlap scheduler does not hide. An engine profile (engines_db/NAME.yaml) states those
+numbers, each with its source:
+
+    t_c, t_m = F' / (R x e_c), B / (W x e_b)
+    t_op   = max(t_c, t_m) + (1 - o) x min(t_c, t_m) + k x t_kernel    (per operator instance)
+    t_op   = max(t_op, k x t_host)          when the operator is not replayed from a CUDA graph
+    t_step = sum of t_op + t_step_fixed + batch x t_sequence
+
+where F is the operator's FLOPs, F' = F x ceil(M / m_tile) x m_tile / M its FLOPs padded to
+the GEMM tile height (tile quantization: a decode GEMM of M = batch rows costs a whole tile of
+rows; NVIDIA, "Matrix Multiplication Background User's Guide", "Tile quantization"), B its
+bytes, R and W the achievable matmul rate of its precision and the achievable bandwidth, e_c and
+e_b the engine's efficiencies for the operator's kind (GEMM, weight-only int8 / int4, fp8,
+attention, element-wise), o the fraction of the shorter of the two times hidden under the
+longer (1: the roofline's perfect overlap; 0: the background notes' additive form; real kernels
+lose most near the ridge point, where the two are equal), k the kernels it launches and
+t_kernel the device-side cost of each (launch latency, ramp-up and tail), t_host the host's cost
+to launch a kernel eagerly. An
+all-reduce of S bytes over N GPUs costs t_lat + 2 (N - 1) / N x S / (link x e_link).
+
+Byte accounting differs between engines too: whether the lm_head is split across TP ranks
+(vLLM's ParallelLMHead) or replicated (gpt-fast's TP leaves the output layer whole), whether it
+is quantized with the rest (gpt-fast's int8 / int4 handlers replace every nn.Linear), and how
+many bytes a quantization group's zero point adds to its scale.
+
+Pure: the YAML is read by ``planner.io.catalog``; this module only validates and resolves.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from planner.core.arith import no_bool_numbers
+from planner.core.specs import DType
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+    _no_bools = field_validator("*", mode="before")(no_bool_numbers)
+
+
+class _Sourced(_Frozen):
+    """A number with where it came from. ``estimated``: a documented judgement, not a
+    measurement; ``fitted_on``: dataset row ids (``source:row``) it was fitted to."""
+
+    source: str = Field(min_length=1)
+    date: str | None = None
+    estimated: bool = False
+    fitted_on: tuple[str, ...] = ()
+    note: str | None = None
+
+
+class Num(_Sourced):
+    value: float = Field(ge=0, le=10_000_000, allow_inf_nan=False)
+
+
+class Frac(_Sourced):
+    value: float = Field(gt=0, le=1, allow_inf_nan=False)
+
+
+class Flag(_Sourced):
+    value: bool
+
+
+class Kernels(_Sourced):
+    """Kernels launched per operator instance, by operator name (``qkv_proj``) or kind
+    (``norm``, ``matmul``, ``attention``, ``elementwise``, ``allreduce``); 1 where unnamed."""
+
+    value: dict[str, float] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _check(self) -> Kernels:
+        for k, v in self.value.items():
+            if not 0 <= v <= 10_000:
+                raise ValueError(f"kernels.{k} must be a number in 0..10000, got {v}")
+        return self
+
+
+class QuantPath(_Frozen):
+    """Efficiency of one quantized GEMM path, relative to the GPU's achievable ceilings (the
+    16-bit matmul rate for weight-only paths, whose tensor cores run in 16-bit)."""
+
+    bandwidth_frac: Frac
+    compute_frac: Frac
+
+
+class ServingDefaults(_Frozen):
+    """The engine's own scheduler defaults, which ``simulate`` and ``plan`` start from."""
+
+    max_num_seqs: Num  # running requests at most
+    max_num_batched_tokens: Num  # tokens per step at most (prefill chunks and decodes)
+    block_size: Num  # KV tokens per block (page)
+    chunked_prefill: Flag
+
+    @model_validator(mode="after")
+    def _check(self) -> ServingDefaults:
+        for name in ("max_num_seqs", "max_num_batched_tokens", "block_size"):
+            v = getattr(self, name).value
+            if v < 1 or v != int(v):
+                raise ValueError(f"{name}: must be a whole number of at least 1, got {v}")
+        return self
+
+
+class EngineSpec(_Frozen):
+    """One engine profile, as engines_db/NAME.yaml states it."""
+
+    name: str = Field(min_length=1)
+    display_name: str = Field(min_length=1)
+    engine_version: str = Field(min_length=1)
+    source: str = Field(min_length=1)
+    date: str = Field(min_length=1)
+    description: str | None = None
+    # which ceilings the efficiencies multiply: the datasheet's (ideal only) or the GPU's
+    # achievable ones (published measurements, or a calibration when one is given)
+    ceilings: Literal["datasheet", "achievable"] = "achievable"
+    step_overhead_us: Num  # exposed CPU cost of one decode step
+    per_sequence_overhead_us: Num  # and of each sequence in it (sampling, detokenizing)
+    prefill_step_overhead_us: Num  # exposed CPU cost of one prefill pass (per chunk)
+    cuda_graphs: Flag  # decode steps replayed from CUDA graphs
+    kernel_gap_us: Num  # device-side fixed cost per kernel
+    host_launch_us: Num  # host cost per kernel launched outside a graph
+    kernels: Kernels
+    gemm_bandwidth_frac: Frac
+    gemm_compute_frac: Frac
+    gemm_tile_m: Num
+    overlap_frac: Frac  # share of min(compute, memory) time hidden under the max
+    attention_bandwidth_frac: Frac
+    attention_compute_frac: Frac
+    # decode attention reads each KV head once for its whole group of query heads (GQA-aware
+    # kernels: FlashInfer, FlashAttention, XQA) or once per query head
+    gqa_kv_reuse: Flag
+    # the KV cache grows by concatenation (HF's DynamicCache: torch.cat), copying the whole
+    # cache every step, rather than being written in place (paged or static caches)
+    kv_cache_concat: Flag
+    elementwise_bandwidth_frac: Frac
+    quantized: dict[Literal["int8", "int4", "fp8"], QuantPath]
+    allreduce_latency_us: Num
+    allreduce_bandwidth_frac: Frac
+    lm_head_sharded: Flag
+    lm_head_quantized: Flag
+    zero_point_bytes_per_group: Num
+    serving: ServingDefaults | None = None
+
+    @model_validator(mode="after")
+    def _check(self) -> EngineSpec:
+        missing = {"int8", "int4", "fp8"} - set(self.quantized)
+        if missing:
+            raise ValueError(f"quantized: missing {', '.join(sorted(missing))}")
+        if self.gemm_tile_m.value < 1:
+            raise ValueError("gemm_tile_m: must be at least 1")
+        return self
+
+    def parameters(self) -> dict[str, _Sourced]:
+        """Every sourced number of the profile, by dotted name."""
+        out: dict[str, _Sourced] = {}
+        for name in type(self).model_fields:
+            v = getattr(self, name)
+            if isinstance(v, _Sourced):
+                out[name] = v
+        for q, path in self.quantized.items():
+            out[f"quantized.{q}.bandwidth_frac"] = path.bandwidth_frac
+            out[f"quantized.{q}.compute_frac"] = path.compute_frac
+        if self.serving is not None:
+            for name in type(self.serving).model_fields:
+                out[f"serving.{name}"] = getattr(self.serving, name)
+        return out
+
+    def fitted_rows(self) -> set[str]:
+        return {r for p in self.parameters().values() for r in p.fitted_on}
+
+    def model(self) -> Engine:
+        q = {DType(k): (v.bandwidth_frac.value, v.compute_frac.value)
+             for k, v in self.quantized.items()}
+        return Engine(
+            name=self.name, display_name=self.display_name, version=self.engine_version,
+            source=self.source, ceilings=self.ceilings,
+            step_overhead_s=self.step_overhead_us.value / 1e6,
+            per_sequence_overhead_s=self.per_sequence_overhead_us.value / 1e6,
+            prefill_step_overhead_s=self.prefill_step_overhead_us.value / 1e6,
+            cuda_graphs=self.cuda_graphs.value,
+            kernel_gap_s=self.kernel_gap_us.value / 1e6,
+            host_launch_s=self.host_launch_us.value / 1e6,
+            kernels=tuple(sorted(self.kernels.value.items())),
+            gemm_bandwidth_frac=self.gemm_bandwidth_frac.value,
+            gemm_compute_frac=self.gemm_compute_frac.value,
+            gemm_tile_m=self.gemm_tile_m.value,
+            overlap_frac=self.overlap_frac.value,
+            attention_bandwidth_frac=self.attention_bandwidth_frac.value,
+            attention_compute_frac=self.attention_compute_frac.value,
+            gqa_kv_reuse=self.gqa_kv_reuse.value,
+            kv_cache_concat=self.kv_cache_concat.value,
+            elementwise_bandwidth_frac=self.elementwise_bandwidth_frac.value,
+            quantized=tuple(sorted(q.items(), key=lambda kv: kv[0].value)),
+            allreduce_latency_s=self.allreduce_latency_us.value / 1e6,
+            allreduce_bandwidth_frac=self.allreduce_bandwidth_frac.value,
+            lm_head_sharded=self.lm_head_sharded.value,
+            lm_head_quantized=self.lm_head_quantized.value,
+            zero_point_bytes_per_group=self.zero_point_bytes_per_group.value,
+            **({} if self.serving is None else {
+                "max_num_seqs": int(self.serving.max_num_seqs.value),
+                "max_num_batched_tokens": int(self.serving.max_num_batched_tokens.value),
+                "block_size": int(self.serving.block_size.value),
+                "chunked_prefill": self.serving.chunked_prefill.value}),
+        )
+
+
+@dataclass(frozen=True)
+class Engine:
+    """An engine profile resolved to SI numbers: what the time model reads."""
+
+    name: str
+    display_name: str = ""
+    version: str = ""
+    source: str = ""
+    ceilings: str = "datasheet"
+    step_overhead_s: float = 0.0
+    per_sequence_overhead_s: float = 0.0
+    prefill_step_overhead_s: float = 0.0
+    cuda_graphs: bool = True
+    kernel_gap_s: float = 0.0
+    host_launch_s: float = 0.0
+    kernels: tuple[tuple[str, float], ...] = ()
+    gemm_bandwidth_frac: float = 1.0
+    gemm_compute_frac: float = 1.0
+    gemm_tile_m: float = 1.0
+    overlap_frac: float = 1.0
+    attention_bandwidth_frac: float = 1.0
+    attention_compute_frac: float = 1.0
+    gqa_kv_reuse: bool = True
+    kv_cache_concat: bool = False
+    elementwise_bandwidth_frac: float = 1.0
+    quantized: tuple[tuple[DType, tuple[float, float]], ...] = ()
+    # NCCL's small-message all-reduce latency over NVLink is a few microseconds
+    allreduce_latency_s: float = 5e-6
+    allreduce_bandwidth_frac: float = 1.0
+    lm_head_sharded: bool = True
+    lm_head_quantized: bool = False
+    zero_point_bytes_per_group: float = 0.0
+    # scheduler defaults (vLLM's where a profile states none)
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 8192
+    block_size: int = 16
+    chunked_prefill: bool = True
+
+    def kernels_for(self, name: str, kind: str) -> float:
+        km = dict(self.kernels)
+        return km.get(name, km.get(kind, 1.0))
+
+    def quant_fracs(self, weight_dtype: DType | None) -> tuple[float, float] | None:
+        """(bandwidth, compute) efficiency of the GEMM path for weights stored in
+        ``weight_dtype``; None for 16-bit weights (the plain GEMM efficiencies apply). MXFP4
+        takes the int4 path's: both are 4-bit weights dequantized in the GEMM (on Hopper vLLM runs
+        MXFP4 experts weight-only, through its Triton or Marlin MoE kernels)."""
+        if weight_dtype == DType.mxfp4:
+            weight_dtype = DType.int4
+        for dt, fr in self.quantized:
+            if dt == weight_dtype:
+                return fr
+        return None
+
+    @property
+    def is_ideal(self) -> bool:
+        return self.time_model_key() == IDEAL.time_model_key()
+
+    def time_model_key(self) -> tuple:
+        """Everything that sets speed (not byte accounting)."""
+        return (self.ceilings, self.step_overhead_s, self.per_sequence_overhead_s,
+                self.prefill_step_overhead_s, self.kernel_gap_s, self.host_launch_s,
+                self.gemm_bandwidth_frac, self.gemm_compute_frac, self.gemm_tile_m,
+                self.overlap_frac,
+                self.attention_bandwidth_frac, self.attention_compute_frac,
+                self.gqa_kv_reuse, self.kv_cache_concat, self.elementwise_bandwidth_frac,
+                tuple(fr for _, fr in self.quantized if fr != (1.0, 1.0)),
+                self.allreduce_latency_s, self.allreduce_bandwidth_frac)
+
+    def ideal_bound(self) -> Engine:
+        """The ideal time model with this engine's byte accounting: the roofline bound of the
+        very deployment this engine runs (same weights in memory, no inefficiency)."""
+        return Engine(name="ideal", display_name="ideal roofline", version="-",
+                      source=IDEAL.source, lm_head_sharded=self.lm_head_sharded,
+                      lm_head_quantized=self.lm_head_quantized,
+                      zero_point_bytes_per_group=self.zero_point_bytes_per_group)
+
+
+# The pure roofline (background notes): datasheet peaks, every efficiency 1, no fixed costs.
+# engines_db/ideal.yaml states the same numbers with their sources; a test keeps them equal.
+IDEAL = Engine(name="ideal", display_name="ideal roofline", version="-",
+               source="Williams, Waterman & Patterson, Roofline, CACM 52(4), 2009")

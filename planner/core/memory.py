@@ -1,0 +1,267 @@
+"""Device memory: weights, KV cache, peak activations, reserve; what fits and the largest batch.
+
+Everything is per GPU: under tensor parallelism linear layers, embeddings and lm_head are split
+across the ``tp`` ranks, norms and MoE routers are replicated, and so are the small MLA
+down-projections (as vLLM does).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from planner.core.arith import floor_nonneg, vmax, vmin
+from planner.core.ops import kv_elements_per_token_per_layer, param_breakdown
+from planner.core.specs import HardwareSpec, ModelSpec, Options, Precision
+
+# Checkpoint tensors that weight quantization covers (the decoder's linear layers).
+_QUANTIZED = {
+    "attention/q_proj", "attention/k_proj", "attention/v_proj", "attention/o_proj",
+    "attention/q_a_proj", "attention/q_b_proj", "attention/kv_a_proj", "attention/kv_b_proj",
+    "mlp/gate_up_proj", "mlp/up_proj", "mlp/down_proj",
+    "moe/routed_experts", "moe/shared_experts",
+}
+# The routed experts' tensors: split over expert-parallel GPUs.
+ROUTED = ("moe/routed_experts", "moe/routed_expert_bias")
+# Tensors every TP rank holds whole.
+_REPLICATED = {
+    "norms/layers", "norms/final", "attention/q_a_norm", "attention/kv_a_norm", "moe/router",
+    "attention/q_a_proj", "attention/kv_a_proj", "attention/qk_norm",
+}
+
+
+def weight_bytes_breakdown(m: ModelSpec, prec: Precision, *, tp: int = 1,
+                           lm_head_sharded: bool = True) -> dict[str, float]:
+    """Bytes per GPU of each checkpoint component (see ``param_breakdown`` for the keys).
+    The lm_head is quantized when ``prec.lm_head_quantized`` and split across the TP ranks
+    when ``lm_head_sharded`` (the engine's byte accounting)."""
+    out: dict[str, float] = {}
+    for key, n in param_breakdown(m).items():
+        quantized = (key in _QUANTIZED or (key == "lm_head" and prec.lm_head_quantized)) and \
+            prec.quantizes("experts" if key == "moe/routed_experts" else key)
+        per_param = prec.quantized_bytes_per_param if quantized else prec.half_bytes
+        replicated = key in _REPLICATED or (key == "lm_head" and not lm_head_sharded)
+        out[key] = n * per_param / (1 if replicated else tp)
+    return out
+
+
+def weight_bytes(m: ModelSpec, prec: Precision, *, tp: int = 1,
+                 lm_head_sharded: bool = True) -> float:
+    return sum(weight_bytes_breakdown(m, prec, tp=tp, lm_head_sharded=lm_head_sharded).values())
+
+
+def kv_cache_bytes_per_token(m: ModelSpec, prec: Precision, *, tp: int = 1) -> float:
+    """KV bytes one token adds to one GPU's cache in every layer (below any sliding window).
+
+    2 x layers x kv_heads x head_dim x bytes (K and V), or for MLA
+    layers x (kv_lora_rank + qk_rope_head_dim) x bytes. Llama-2-13B-like, 16-bit, 20 layers of
+    5120: 2 x 5120 x 20 x 2 = 409,600 bytes (the background notes' "400 kb").
+    """
+    return m.num_layers * kv_elements_per_token_per_layer(m, tp) * prec.kv_bytes
+
+
+def kv_cache_bytes(m: ModelSpec, prec: Precision, *, batch: int, seq_len: int,
+                   tp: int = 1, layers: range | None = None) -> float:
+    """KV cache of ``batch`` sequences of ``seq_len`` tokens on one GPU, in every layer or in
+    ``layers`` (a pipeline stage's). A sliding-window layer holds only the last
+    ``sliding_window`` tokens of each sequence, as engines with a hybrid KV cache allocate it
+    (vLLM 0.10 and later, SGLang, TensorRT-LLM): Gemma-2-9B at 8,192 tokens holds 21 full
+    layers x 8,192 + 21 local layers x 4,096 tokens."""
+    per_layer = kv_elements_per_token_per_layer(m, tp) * prec.kv_bytes
+    layers = range(m.num_layers) if layers is None else layers
+    sliding = m.layer_is_sliding
+    n_local = sum(1 for i in layers if sliding[i])
+    if not n_local:
+        return batch * seq_len * len(layers) * per_layer
+    held = (len(layers) - n_local) * seq_len + n_local * vmin(seq_len, m.sliding_window)
+    return batch * held * per_layer
+
+
+def _activation_terms(m: ModelSpec, prec: Precision, *, tp: int) -> tuple[float, float, float]:
+    """(bytes per token in flight, bytes of logits per sequence, naive-attention bytes per
+    token in flight per key) for ``activation_bytes``."""
+    ab = prec.activation_bytes
+    heads = m.num_attention_heads / tp
+    kv_heads = max(m.num_kv_heads / tp, 1.0)
+    if m.mla is None:
+        attn_elems = (2 * heads + 2 * kv_heads) * m.head_dim_
+    else:
+        a = m.mla
+        attn_elems = (heads * (a.qk_nope_head_dim + a.qk_rope_head_dim) * 2
+                      + heads * a.v_head_dim + a.kv_lora_rank + a.qk_rope_head_dim)
+    up_n = 3 if m.mlp == "gated" else 2  # gate, up and their product (or up and act)
+    mlp_elems = 0.0
+    if m.num_dense_layers:
+        mlp_elems = up_n * m.intermediate_size / tp
+    if m.moe is not None:
+        e = m.moe
+        moe_elems = up_n * e.expert_intermediate_size / tp * (
+            e.experts_per_token + e.num_shared_experts)
+        mlp_elems = max(mlp_elems, moe_elems)
+    per_token = (2 * m.hidden_size + max(attn_elems, mlp_elems)) * ab
+    return per_token, m.vocab_size / tp * 4, 2 * heads * ab
+
+
+def activation_bytes(m: ModelSpec, prec: Precision, *, batch: int, prompt_tokens: int,
+                     tp: int = 1, attention: str = "flash",
+                     chunk_tokens: int | None = None) -> float:
+    """Peak activation memory during the prefill of ``batch`` prompts, per GPU.
+
+    The live set of one layer at its widest point, for the tokens of one forward pass
+    (min(batch x prompt, chunk_tokens) with chunked prefill): the residual stream and its
+    normalized copy (2h per token) plus the larger of the attention stage (q, k, v and the
+    attention output) and the MLP stage (gate and up, and their product; for MoE, k routed
+    copies of each token plus the shared experts). Then the fp32 logits of the last token of
+    each sequence. With naive attention the score and probability matrices of one layer are
+    live too: 2 x heads x (tokens in flight) x prompt x bytes, the O(N^2) term FlashAttention
+    removes.
+    """
+    per_token, logits, naive = _activation_terms(m, prec, tp=tp)
+    T = batch * prompt_tokens
+    if chunk_tokens is not None:
+        T = vmin(T, chunk_tokens)
+    peak = T * per_token + batch * logits
+    if attention == "naive":
+        peak = peak + naive * T * prompt_tokens
+    return peak
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    """Per-GPU memory of one deployment, in bytes."""
+
+    weights_bytes: float
+    kv_cache_bytes: float
+    activation_bytes: float
+    reserve_bytes: float
+    capacity_bytes: float
+    usable_bytes: float  # capacity x memory_utilization_frac
+    max_batch: int  # largest batch that fits at this context (an array in a sweep)
+
+    @property
+    def total_bytes(self) -> float:
+        return self.weights_bytes + self.kv_cache_bytes + self.activation_bytes + self.reserve_bytes
+
+    @property
+    def fits(self) -> bool:
+        return self.total_bytes <= self.usable_bytes
+
+    @property
+    def used_frac(self) -> float:
+        return self.total_bytes / self.capacity_bytes
+
+
+def max_batch(m: ModelSpec, hw: HardwareSpec, prec: Precision, *, prompt_tokens: int,
+              output_tokens: int, tp: int = 1, options: Options | None = None,
+              lm_head_sharded: bool = True) -> int:
+    """Largest batch whose weights, KV cache (prompt + output tokens per sequence), prefill
+    activations and reserve fit in the usable memory.
+
+    Memory is B x (kv + logits) + A(B) with A linear in B until the prefill chunk is full
+    (B x prompt >= chunk), and constant after: solve in both regions and keep the one that
+    holds. Token counts may be arrays (a sweep); the result is then an array."""
+    o = options or Options()
+    free = (hw.memory_bytes * o.memory_utilization_frac
+            - weight_bytes(m, prec, tp=tp, lm_head_sharded=lm_head_sharded) - o.reserve_bytes)
+    per_token, logits, naive = _activation_terms(m, prec, tp=tp)
+    if o.attention == "naive":
+        per_token = per_token + naive * prompt_tokens
+    kv = kv_cache_bytes(m, prec, batch=1, seq_len=prompt_tokens + output_tokens, tp=tp)
+    unchunked = floor_nonneg(free / (kv + logits + prompt_tokens * per_token))
+    if o.prefill_chunk_tokens is None:
+        n = unchunked
+    else:
+        c = o.prefill_chunk_tokens
+        chunked = floor_nonneg((free - c * per_token) / (kv + logits))
+        # the chunk is full once batch x prompt reaches it
+        saturated = (c / prompt_tokens) * (kv + logits + prompt_tokens * per_token) <= free
+        n = saturated * vmax(chunked, c // prompt_tokens) + (1 - saturated) * unchunked
+    return int(n) if isinstance(n, float) else n
+
+
+def kv_capacity_tokens(m: ModelSpec, hw: HardwareSpec, prec: Precision, *, tp: int = 1,
+                       options: Options | None = None, lm_head_sharded: bool = True,
+                       max_num_seqs: int = 256, step_tokens: int = 8192) -> int:
+    """Tokens of KV cache a serving replica holds: usable memory less the weights, the
+    activations of a full step (``step_tokens`` tokens over ``max_num_seqs`` sequences) and the
+    reserve, over the KV bytes of one token (vLLM sizes its block pool the same way)."""
+    o = options or Options()
+    per_seq = max(1, -(-step_tokens // max_num_seqs))
+    free = (hw.memory_bytes * o.memory_utilization_frac
+            - weight_bytes(m, prec, tp=tp, lm_head_sharded=lm_head_sharded)
+            - activation_bytes(m, prec, batch=max_num_seqs, prompt_tokens=per_seq, tp=tp,
+                               attention=o.attention, chunk_tokens=step_tokens)
+            - o.reserve_bytes)
+    return max(0, int(free // kv_cache_bytes_per_token(m, prec, tp=tp)))
+
+
+@dataclass(frozen=True)
+class KVConcurrency:
+    """How many requests of one length the KV cache holds, paged or contiguous."""
+
+    capacity_tokens: int
+    paged: int  # blocks of block_size tokens, as the request grows
+    contiguous: int  # max_model_len reserved per request
+    paged_used_frac: float  # tokens held / tokens reserved, over a request's generation
+    contiguous_used_frac: float
+    block_size: int
+    max_model_len: int
+
+
+def sliding_share(m: ModelSpec) -> tuple[float, int] | None:
+    """(share of the layers with a sliding window, the window), or None where none slides."""
+    n = m.num_sliding_layers
+    return None if not n else (n / m.num_layers, m.sliding_window)
+
+
+def kv_concurrency(capacity_tokens: int, *, prompt_tokens: int, output_tokens: int,
+                   block_size: int = 16, max_model_len: int = 131072,
+                   sliding: tuple[float, int] | None = None) -> KVConcurrency:
+    """Requests of ``prompt_tokens`` + ``output_tokens`` that fit at once: paged, each holds
+    whole blocks of its full length; contiguous, each reserves ``max_model_len``. The used
+    fraction is the mean over the generation (prompt + output / 2 tokens held).
+
+    ``sliding`` = (share of the layers that slide, window): those layers hold the window's
+    blocks and the one being written, so a request costs the full-layer share of its length
+    plus the sliding share of at most window + block_size tokens (``capacity_tokens`` counts
+    tokens cached in every layer)."""
+    def blocks(n: float) -> float:
+        return -(-n // block_size) * block_size
+
+    full = blocks(prompt_tokens + output_tokens)
+    reserve = max_model_len
+    if sliding is not None:
+        frac, window = sliding
+        full = (1 - frac) * full + frac * min(full, blocks(window) + block_size)
+        reserve = (1 - frac) * reserve + frac * min(reserve, window)
+    held = prompt_tokens + output_tokens / 2
+    blocks_mean = blocks(held)
+    return KVConcurrency(capacity_tokens, int(capacity_tokens // full),
+                         int(capacity_tokens // reserve), held / blocks_mean,
+                         held / max_model_len, block_size, max_model_len)
+
+
+def memory_plan(m: ModelSpec, hw: HardwareSpec, prec: Precision, *, batch: int,
+                prompt_tokens: int, output_tokens: int, tp: int = 1,
+                options: Options | None = None, lm_head_sharded: bool = True) -> MemoryPlan:
+    o = options or Options()
+    return MemoryPlan(
+        weights_bytes=weight_bytes(m, prec, tp=tp, lm_head_sharded=lm_head_sharded),
+        kv_cache_bytes=kv_cache_bytes(m, prec, batch=batch,
+                                      seq_len=prompt_tokens + output_tokens, tp=tp),
+        activation_bytes=activation_bytes(m, prec, batch=batch, prompt_tokens=prompt_tokens,
+                                          tp=tp, attention=o.attention,
+                                          chunk_tokens=o.prefill_chunk_tokens),
+        reserve_bytes=o.reserve_bytes,
+        capacity_bytes=hw.memory_bytes,
+        usable_bytes=hw.memory_bytes * o.memory_utilization_frac,
+        max_batch=max_batch(m, hw, prec, prompt_tokens=prompt_tokens,
+                            output_tokens=output_tokens, tp=tp, options=o,
+                            lm_head_sharded=lm_head_sharded),
+    )
+
+
+__all__ = [
+    "KVConcurrency", "MemoryPlan", "activation_bytes", "kv_cache_bytes",
+    "kv_cache_bytes_per_token", "kv_capacity_tokens", "kv_concurrency", "max_batch",
+    "memory_plan", "sliding_share", "weight_bytes", "weight_bytes_breakdown",
+]

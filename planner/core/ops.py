@@ -1,0 +1,465 @@
+"""Parameters and the operator list of one forward step, counted from the architecture.
+
+``param_breakdown`` counts every tensor of the checkpoint by component (in the manner of
+nanoGPT's transformer_sizing notebook) so that totals are sums of parts and can be checked against
+the officially reported count. ``step_ops`` lists the operators of one forward step over
+``new_tokens`` tokens per sequence (1 for a decode step, the prompt for prefill) with their
+FLOPs and the bytes each moves, per GPU under tensor parallelism.
+
+Conventions (all per GPU, per instance; ``Op.count`` says how many instances run per step):
+- A matmul of an [M, K] activation by a [K, N] weight costs 2*M*K*N FLOPs and reads the weight
+  once per step for the whole batch, plus its activation in and out.
+- Attention reads each sequence's own KV cache once (FlashAttention-style, no score matrix in
+  memory); ``attention="naive"`` also writes and reads the score and probability matrices.
+- Decode: one new token per sequence attends to ``past_tokens + 1`` keys. Prefill is causal:
+  token i of n attends to i + 1 keys, n(n+1)/2 in all.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Literal
+
+from planner.core.arith import vmax, vmin
+from planner.core.errors import UsageError
+from planner.core.specs import DType, ModelSpec, Precision
+
+OpKind = Literal["matmul", "attention", "norm", "elementwise", "allreduce"]
+
+
+# --------------------------------------------------------------------------- parameters
+
+
+def _attention_params(m: ModelSpec) -> dict[str, int]:
+    h = m.hidden_size
+    if m.mla is not None:
+        a, nh = m.mla, m.num_attention_heads
+        qk_head = a.qk_nope_head_dim + a.qk_rope_head_dim
+        out: dict[str, int] = {}
+        if a.q_lora_rank:
+            out["q_a_proj"] = h * a.q_lora_rank
+            out["q_a_norm"] = a.q_lora_rank
+            out["q_b_proj"] = a.q_lora_rank * nh * qk_head
+        else:
+            out["q_proj"] = h * nh * qk_head
+        out["kv_a_proj"] = h * (a.kv_lora_rank + a.qk_rope_head_dim)
+        out["kv_a_norm"] = a.kv_lora_rank
+        out["kv_b_proj"] = a.kv_lora_rank * nh * (a.qk_nope_head_dim + a.v_head_dim)
+        out["o_proj"] = nh * a.v_head_dim * h
+        return out
+    out = {
+        "q_proj": h * m.q_dim,
+        "k_proj": h * m.kv_dim,
+        "v_proj": h * m.kv_dim,
+        "o_proj": m.q_dim * h,
+    }
+    if m.attention_bias:
+        out["qkv_bias"] = m.q_dim + 2 * m.kv_dim
+    if m.attention_out_bias:
+        out["o_bias"] = h
+    if m.qk_norm:
+        out["qk_norm"] = 2 * m.head_dim_
+    if m.attention_sinks:
+        out["sinks"] = m.num_attention_heads
+    return out
+
+
+def _mlp_params(m: ModelSpec, inter: int, bias: bool | None = None) -> dict[str, int]:
+    """A (gated) MLP of width ``inter``; ``bias``: its projections carry biases (default: the
+    model's ``mlp_bias``)."""
+    h = m.hidden_size
+    if m.mlp == "gated":
+        out = {"gate_up_proj": 2 * h * inter, "down_proj": inter * h}
+        bias_n = 2 * inter + h
+    else:
+        out = {"up_proj": h * inter, "down_proj": inter * h}
+        bias_n = inter + h
+    if m.mlp_bias if bias is None else bias:
+        out["mlp_bias"] = bias_n
+    return out
+
+
+def _expert_split(m: ModelSpec) -> tuple[int, int]:
+    """(weights, biases) of one expert (a gated MLP of expert_intermediate_size): the biases
+    stay 16-bit when the weights are quantized (gpt-oss's checkpoint), so they are apart."""
+    assert m.moe is not None
+    p = _mlp_params(m, m.moe.expert_intermediate_size, bias=m.mlp_bias or m.moe.expert_bias)
+    b = p.pop("mlp_bias", 0)
+    return sum(p.values()), b
+
+
+def _expert_params(m: ModelSpec) -> int:
+    """Parameters of one routed expert, biases included."""
+    return sum(_expert_split(m))
+
+
+def param_breakdown(m: ModelSpec) -> dict[str, int]:
+    """Every parameter of the checkpoint, by component; keys are 'component/tensor'."""
+    h = m.hidden_size
+    norm_params = h * (2 if m.norm == "layernorm" else 1)
+    out: dict[str, int] = {"embed/tokens": m.vocab_size * h}
+    if m.position_embedding == "learned":
+        out["embed/positions"] = m.max_position_embeddings * h
+    for k, v in _attention_params(m).items():
+        out[f"attention/{k}"] = v * m.num_layers
+    out["norms/layers"] = norm_params * m.norms_per_layer * m.num_layers
+    if m.num_dense_layers:
+        for k, v in _mlp_params(m, m.intermediate_size).items():
+            out[f"mlp/{k}"] = v * m.num_dense_layers
+    if m.moe is not None:
+        e, n_moe = m.moe, m.num_moe_layers
+        out["moe/router"] = (h * e.num_experts + (e.num_experts if e.router_bias else 0)) * n_moe
+        w, b = _expert_split(m)
+        out["moe/routed_experts"] = e.num_experts * w * n_moe
+        if b:
+            out["moe/routed_expert_bias"] = e.num_experts * b * n_moe
+        if e.num_shared_experts:
+            out["moe/shared_experts"] = e.num_shared_experts * w * n_moe
+            if b:
+                out["moe/shared_expert_bias"] = e.num_shared_experts * b * n_moe
+    out["norms/final"] = norm_params
+    if not m.tie_word_embeddings:
+        out["lm_head"] = m.vocab_size * h
+    return out
+
+
+def count_params(m: ModelSpec) -> int:
+    return sum(param_breakdown(m).values())
+
+
+def active_params(m: ModelSpec) -> int:
+    """Parameters one token touches: all but the routed experts it is not sent to."""
+    total = count_params(m)
+    if m.moe is None:
+        return total
+    idle = m.moe.num_experts - m.moe.experts_per_token
+    return total - idle * _expert_params(m) * m.num_moe_layers
+
+
+def flops_per_token_2n(m: ModelSpec) -> float:
+    """The 2 x N shortcut, without attention: N counts the active parameters a token multiplies
+    by, so the embedding lookup is out and a tied lm_head is in."""
+    bd = param_breakdown(m)
+    lookup = bd["embed/tokens"] + bd.get("embed/positions", 0)
+    tied_head = 0 if "lm_head" in bd else m.vocab_size * m.hidden_size
+    return 2.0 * (active_params(m) - lookup + tied_head)
+
+
+# --------------------------------------------------------------------------- operators
+
+
+@dataclass(frozen=True, slots=True)
+class Op:
+    """One operator instance, per GPU. Totals per step are the fields times ``count``."""
+
+    name: str
+    kind: OpKind
+    count: int
+    flops: float
+    weight_bytes: float = 0.0
+    kv_bytes: float = 0.0  # KV cache read (attention) or written (kv_write)
+    act_bytes: float = 0.0  # activations in and out
+    dtype: DType = DType.bf16  # type the arithmetic runs in
+    comm_bytes: float = 0.0  # all-reduce payload
+    weight_dtype: DType | None = None  # storage type of a matmul's weights
+    m_rows: float = 0.0  # a matmul's M: the activation rows of each GEMM (tokens per expert)
+    kv_group: float = 1.0  # attention: query heads that share each cached KV head
+    kv_cache_bytes: float = 0.0  # KV write: the cache held before (a concatenating cache copies it)
+
+    @property
+    def bytes(self) -> float:
+        return self.weight_bytes + self.kv_bytes + self.act_bytes
+
+    @property
+    def intensity_flops_per_byte(self) -> float:
+        return self.flops / self.bytes if self.bytes else float("inf")
+
+
+def check_tp(m: ModelSpec, tp: int) -> None:
+    """Tensor parallelism splits heads: tp must divide the heads (and the KV heads, or be a
+    multiple of them, in which case KV heads are replicated)."""
+    if m.num_attention_heads % tp:
+        raise UsageError(f"--tp {tp} does not divide {m.name}'s {m.num_attention_heads} "
+                         "attention heads")
+    if m.mla is None and m.num_kv_heads % tp and tp % m.num_kv_heads:
+        raise UsageError(f"--tp {tp} neither divides nor is a multiple of {m.name}'s "
+                         f"{m.num_kv_heads} KV heads")
+
+
+def kv_heads_per_gpu(m: ModelSpec, tp: int) -> float:
+    """KV heads held by one GPU; when tp exceeds the KV heads each GPU holds one replica."""
+    return max(m.num_kv_heads / tp, 1.0)
+
+
+def kv_elements_per_token_per_layer(m: ModelSpec, tp: int = 1) -> float:
+    """Cached elements per token per layer on one GPU.
+
+    Standard attention: K and V, 2 x kv_heads x head_dim. MLA: the compressed latent plus the
+    shared rope key, kv_lora_rank + qk_rope_head_dim, replicated on every TP rank.
+    """
+    if m.mla is not None:
+        return m.mla.kv_lora_rank + m.mla.qk_rope_head_dim
+    return 2 * kv_heads_per_gpu(m, tp) * m.head_dim_
+
+
+def expected_distinct_experts(num_experts: int, top_k: int, tokens: float) -> float:
+    """Expected number of experts hit by ``tokens`` tokens each routed to ``top_k`` of them,
+    under uniform routing: E x (1 - (1 - k/E)^T). Their weights are what a step reads."""
+    return num_experts * (1.0 - (1.0 - top_k / num_experts) ** tokens)
+
+
+def window_pairs(n, window):
+    """sum over p = 1..n of min(p, window): query-key pairs of the first n positions of a
+    causal sequence under a sliding window (numbers or arrays)."""
+    w = vmin(n, window)
+    return w * (w + 1) / 2 + vmax(n - window, 0) * window
+
+
+@dataclass(frozen=True, slots=True)
+class StepShape:
+    """What a forward step processes, summed over its sequences: enough to cost it whether its
+    sequences are alike (a static batch) or mixed (decodes beside prefill chunks).
+
+    For sequences i adding new_i tokens after past_i cached ones:
+    tokens = sum new_i; attn_pairs = sum (new_i x past_i + new_i (new_i + 1) / 2), the
+    query-key pairs of causal attention; kv_read_tokens = sum (past_i + new_i), each sequence
+    reading its cache once; kv_held_tokens = sum past_i; score_elems = sum new_i (past_i +
+    new_i), the naive score matrix; logit_rows: the sequences that sample a token this step.
+
+    ``local``: the same step as the model's sliding-window layers see it (their pairs, reads
+    and held cache capped by the window); None where no layer slides, or to cost those layers
+    as full ones.
+    """
+
+    tokens: float
+    attn_pairs: float
+    kv_read_tokens: float
+    kv_held_tokens: float
+    score_elems: float
+    logit_rows: float
+    local: StepShape | None = None
+
+    def scaled(self, f) -> StepShape:
+        """The step's amounts times ``f``: a share of its sequences (each amount is a sum over
+        them; a share of whole sequences is taken as the same share of each sum)."""
+        return StepShape(self.tokens * f, self.attn_pairs * f, self.kv_read_tokens * f,
+                         self.kv_held_tokens * f, self.score_elems * f, self.logit_rows * f,
+                         None if self.local is None else self.local.scaled(f))
+
+    @classmethod
+    def uniform(cls, batch, new_tokens, past_tokens, window: int | None = None) -> StepShape:
+        """``batch`` sequences, each adding ``new_tokens`` after ``past_tokens`` (numbers or
+        broadcastable arrays); ``window``: the sliding window of the model's local layers.
+
+        Under a window W, the token at position p attends to min(p, W) keys; a sequence reads
+        min(past + new, W + new - 1) cached keys (its chunk and the W - 1 before it) and holds
+        min(past, W) of them."""
+        full = cls(tokens=batch * new_tokens,
+                   attn_pairs=batch * (new_tokens * past_tokens
+                                       + new_tokens * (new_tokens + 1) / 2),
+                   kv_read_tokens=batch * (past_tokens + new_tokens),
+                   kv_held_tokens=batch * past_tokens,
+                   score_elems=batch * new_tokens * (past_tokens + new_tokens),
+                   logit_rows=batch)
+        if window is None:
+            return full
+        span = vmin(past_tokens + new_tokens, window + new_tokens - 1)
+        local = cls(tokens=full.tokens,
+                    attn_pairs=batch * (window_pairs(past_tokens + new_tokens, window)
+                                        - window_pairs(past_tokens, window)),
+                    kv_read_tokens=batch * span,
+                    kv_held_tokens=batch * vmin(past_tokens, window),
+                    score_elems=batch * new_tokens * span,
+                    logit_rows=full.logit_rows)
+        return replace(full, local=local)
+
+
+def step_ops(
+    m: ModelSpec,
+    prec: Precision,
+    *,
+    batch: int,
+    new_tokens: int,
+    past_tokens: int,
+    tp: int = 1,
+    attention: Literal["flash", "naive"] = "flash",
+    lm_head_sharded: bool = True,
+) -> list[Op]:
+    """Operators of one forward step: ``batch`` sequences, each adding ``new_tokens`` tokens
+    after ``past_tokens`` cached ones. Decode: new_tokens=1; prefill: new_tokens=prompt.
+    ``lm_head_sharded``: the lm_head is split across TP ranks (vLLM) or whole on each."""
+    return shape_ops(m, prec, StepShape.uniform(batch, new_tokens, past_tokens,
+                                                m.sliding_window), tp=tp,
+                     attention=attention, lm_head_sharded=lm_head_sharded)
+
+
+def shape_ops(
+    m: ModelSpec,
+    prec: Precision,
+    shape: StepShape,
+    *,
+    tp: int = 1,
+    attention: Literal["flash", "naive"] = "flash",
+    lm_head_sharded: bool = True,
+) -> list[Op]:
+    """Operators of one forward step of any mix of sequences (see ``StepShape``)."""
+    check_tp(m, tp)
+    h, L = m.hidden_size, m.num_layers
+    T = shape.tokens  # tokens processed this step
+    wb, hb = prec.quantized_bytes_per_param, prec.half_bytes
+    ab, kvb = prec.activation_bytes, prec.kv_bytes
+    cdt, hdt = prec.compute_dtype, prec.half_dtype
+    norm_w = h * (2 if m.norm == "layernorm" else 1) * hb
+    heads = m.num_attention_heads / tp
+
+    def matmul(name: str, count: int, k: int, n: float, *, bias: float = 0.0,
+               quantized: bool = True, tokens: float = T, weights: float | None = None) -> Op:
+        w_elems = k * n if weights is None else weights
+        quantized = quantized and prec.quantizes("experts" if name.startswith("experts_")
+                                                 else name)
+        return Op(name, "matmul", count, flops=2.0 * tokens * k * n,
+                  weight_bytes=w_elems * (wb if quantized else hb) + bias * hb,
+                  act_bytes=tokens * (k + n) * ab, dtype=cdt if quantized else hdt,
+                  weight_dtype=prec.weights if quantized else hdt, m_rows=tokens)
+
+    def norm(name: str, count: int) -> Op:
+        # read the residual and the branch output, write the sum and its normalized copy
+        return Op(name, "norm", count, flops=8.0 * T * h, weight_bytes=norm_w,
+                  act_bytes=4.0 * T * h * ab, dtype=hdt)
+
+    def allreduce(name: str, count: int, tokens: float = T) -> list[Op]:
+        if tp == 1:
+            return []
+        return [Op(name, "allreduce", count, flops=0.0, comm_bytes=tokens * h * ab, dtype=hdt)]
+
+    ops: list[Op] = [
+        Op("embed", "elementwise", 1, flops=0.0, act_bytes=2.0 * T * h * ab, dtype=hdt),
+        norm("attn_norm", L),
+    ]
+
+    # --- attention projections, KV append, attention
+    kv_layer = kv_elements_per_token_per_layer(m, tp) * kvb  # bytes per token per layer per GPU
+    if m.mla is None:
+        qkv_n = m.q_dim / tp + 2 * kv_heads_per_gpu(m, tp) * m.head_dim_
+        ops.append(matmul("qkv_proj", L, h, qkv_n, bias=qkv_n if m.attention_bias else 0.0))
+        qk_dim, v_dim = m.head_dim_, m.head_dim_
+        o_in = m.q_dim
+    else:
+        a = m.mla
+        qk_head = a.qk_nope_head_dim + a.qk_rope_head_dim
+        # the down-projections are small and replicated on every rank (as in vLLM)
+        q_down = a.q_lora_rank or 0
+        ops.append(matmul("mla_down_proj", L, h, q_down + a.kv_lora_rank + a.qk_rope_head_dim))
+        if a.q_lora_rank:
+            ops.append(matmul("mla_q_up_proj", L, a.q_lora_rank, heads * qk_head))
+        else:
+            ops.append(matmul("q_proj", L, h, heads * qk_head))
+        # kv_b_proj, absorbed into the query (nope part) and the output (v part): the same
+        # weights and 2 x T x params FLOPs whether absorbed (decode) or not (prefill)
+        ops.append(matmul("mla_kv_up_proj", L, a.kv_lora_rank,
+                          heads * (a.qk_nope_head_dim + a.v_head_dim)))
+        # absorbed attention works in the latent space: scores over kv_lora + rope dims,
+        # values are the latent itself
+        qk_dim, v_dim = a.kv_lora_rank + a.qk_rope_head_dim, a.kv_lora_rank
+        o_in = m.num_attention_heads * a.v_head_dim
+    n_local = m.num_sliding_layers
+    n_full = L - n_local
+    local = shape.local or shape  # no window shape given: the local layers cost as full ones
+    held = shape.kv_held_tokens if not n_local else (
+        n_full * shape.kv_held_tokens + n_local * local.kv_held_tokens) / L
+    if m.qk_norm:  # RMSNorm of each query and key head, before RoPE
+        qk_elems = T * (heads + kv_heads_per_gpu(m, tp)) * m.head_dim_
+        ops.append(Op("qk_norm", "norm", L, flops=4.0 * qk_elems,
+                      weight_bytes=2 * m.head_dim_ * hb, act_bytes=2.0 * qk_elems * ab,
+                      dtype=hdt))
+    ops.append(Op("rope_kv_write", "elementwise", L, flops=0.0,
+                  kv_bytes=T * kv_layer, act_bytes=2.0 * T * (m.q_dim / tp) * ab, dtype=hdt,
+                  kv_cache_bytes=held * kv_layer))
+    group = 1.0 if m.mla is not None else heads / kv_heads_per_gpu(m, tp)
+
+    def attention_op(name: str, count: int, sh: StepShape) -> Op:
+        flops = 2.0 * heads * sh.attn_pairs * (qk_dim + v_dim)
+        kv = sh.kv_read_tokens * kv_layer  # each sequence reads its cache once
+        act = 2.0 * T * heads * (qk_dim + v_dim) * ab  # q in, out out
+        if attention == "naive":
+            # the [new, past+new] score matrix and its softmax, written and read once each
+            act += 4.0 * heads * sh.score_elems * ab
+        return Op(name, "attention", count, flops=flops, kv_bytes=kv, act_bytes=act, dtype=hdt,
+                  kv_group=group)
+
+    if n_full:
+        ops.append(attention_op("attention", n_full, shape))
+    if n_local:
+        ops.append(attention_op("attention_local", n_local, local))
+    ops.append(matmul("o_proj", L, o_in / tp, h, bias=h if m.attention_out_bias else 0.0))
+    ops += allreduce("allreduce_attn", L)
+    ops.append(norm("mlp_norm", L))
+
+    # --- MLP: dense layers, then MoE layers
+    gated = m.mlp == "gated"
+    up_n = 2 if gated else 1
+
+    def mlp(prefix: str, count: int, inter: float, tokens: float = T,
+            biased: bool = m.mlp_bias) -> list[Op]:
+        """A (gated) MLP of width ``inter`` per GPU applied to ``tokens`` tokens; its weights
+        are read ``weight_tokens``-independently once (or for several experts, see caller)."""
+        up = matmul(f"{prefix}{'gate_up' if gated else 'up'}_proj", count, h, up_n * inter,
+                    bias=up_n * inter if biased else 0.0, tokens=tokens)
+        act = Op(f"{prefix}act", "elementwise", count, flops=(4.0 if gated else 8.0) * tokens
+                 * inter, act_bytes=(up_n + 1) * tokens * inter * ab, dtype=hdt)
+        down = matmul(f"{prefix}down_proj", count, inter, h, bias=h if biased else 0.0,
+                      tokens=tokens)
+        return [up, act, down]
+
+    if m.num_dense_layers:
+        ops += mlp("mlp_", m.num_dense_layers, m.intermediate_size / tp)
+        ops += allreduce("allreduce_mlp", m.num_dense_layers)
+    if m.moe is not None:
+        e, n_moe = m.moe, m.num_moe_layers
+        ops.append(matmul("moe_router", n_moe, h, e.num_experts, quantized=False,
+                          bias=e.num_experts if e.router_bias else 0.0))
+        inter = e.expert_intermediate_size / tp
+        hit = expected_distinct_experts(e.num_experts, e.experts_per_token, T)
+        routed_tokens = T * e.experts_per_token
+        for op in mlp("experts_", n_moe, inter, tokens=routed_tokens,
+                      biased=m.mlp_bias or e.expert_bias):
+            if op.kind == "matmul":  # weights of every expert the batch reaches
+                op = Op(op.name, op.kind, op.count, op.flops, weight_bytes=op.weight_bytes * hit,
+                        act_bytes=op.act_bytes, dtype=op.dtype, weight_dtype=op.weight_dtype,
+                        m_rows=routed_tokens / vmax(hit, 1e-30))  # 0 rows in an empty step
+            ops.append(op)
+        if e.num_shared_experts:
+            ops += mlp("shared_", n_moe, e.num_shared_experts * inter)
+        ops += allreduce("allreduce_moe", n_moe)
+
+    # --- head: logits only for the last token of each sequence that samples
+    rows = shape.logit_rows
+    ops.append(Op("final_norm", "norm", 1, flops=8.0 * rows * h, weight_bytes=norm_w,
+                  act_bytes=2.0 * rows * h * ab, dtype=hdt))
+    vocab = m.vocab_size / (tp if lm_head_sharded else 1)
+    lm = matmul("lm_head", 1, h, vocab, quantized=prec.lm_head_quantized, tokens=rows)
+    # logits are written in fp32 for sampling
+    ops.append(Op(lm.name, lm.kind, 1, lm.flops, weight_bytes=lm.weight_bytes,
+                  act_bytes=rows * h * ab + rows * vocab * 4, dtype=lm.dtype,
+                  weight_dtype=lm.weight_dtype, m_rows=rows))
+    return ops
+
+
+def decode_ops(m: ModelSpec, prec: Precision, *, batch: int, context_tokens: int, tp: int = 1,
+               attention: Literal["flash", "naive"] = "flash",
+               lm_head_sharded: bool = True) -> list[Op]:
+    """One decode step: each sequence appends its token to ``context_tokens - 1`` cached ones."""
+    return step_ops(m, prec, batch=batch, new_tokens=1, past_tokens=context_tokens - 1, tp=tp,
+                    attention=attention, lm_head_sharded=lm_head_sharded)
+
+
+def prefill_ops(m: ModelSpec, prec: Precision, *, batch: int, prompt_tokens: int, tp: int = 1,
+                attention: Literal["flash", "naive"] = "flash",
+                lm_head_sharded: bool = True) -> list[Op]:
+    """The prefill of ``batch`` prompts of ``prompt_tokens`` each, in one causal pass."""
+    return step_ops(m, prec, batch=batch, new_tokens=prompt_tokens, past_tokens=0, tp=tp,
+                    attention=attention, lm_head_sharded=lm_head_sharded)
+
+
+def total_flops(ops: list[Op]) -> float:
+    return sum(o.flops * o.count for o in ops)

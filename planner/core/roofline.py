@@ -1,0 +1,291 @@
+"""Per-operator roofline: operator time, step time, ridge point, optimal batch, MBU and MFU.
+
+Roofline (Williams, Waterman & Patterson, CACM 2009): an operator doing F FLOPs on B bytes takes
+    t = max(F / peak_flops_per_s, B / bandwidth_bytes_per_s)      (time_model="roofline")
+or, in the background notes' additive form,
+    t = F / peak_flops_per_s + B / bandwidth_bytes_per_s           (time_model="additive")
+plus a fixed cost per kernel. A step's time is the sum over its operators plus a fixed cost.
+A ring all-reduce of S bytes over N GPUs moves 2 (N - 1) / N x S bytes through each GPU's link:
+    t = 2 (N - 1) / N x S / link_bytes_per_s + latency_s.
+When the N GPUs span servers (N above hardware_db's ``node.gpus_per_node``), the link is the
+inter-node network's share per GPU (``node.inter_node``): a hierarchical all-reduce is as slow
+as its slowest hop, so TP 16 over two 8-GPU H100 servers runs its all-reduces at 50 GB/s a GPU
+(EFA), not NVLink's 450.
+The ideal engine uses the datasheet's rates and no costs; a real engine (planner.core.engine) runs
+each operator at a fraction of the GPU's achievable rates and pays its costs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import cached_property
+
+from planner.core.achievable import achievable
+from planner.core.arith import vmax, vmin
+from planner.core.engine import IDEAL, Engine
+from planner.core.ops import Op
+from planner.core.specs import Calibration, DType, HardwareSpec, Options
+
+
+@dataclass(frozen=True)
+class Ceilings:
+    """The rates the model divides by, and where each came from: the datasheet, the GPU's
+    published achievable figures, or a calibration measured by ``llmplan measure``."""
+
+    bandwidth_bytes_per_s: float
+    flops_per_s: dict[DType, float]
+    link_bytes_per_s: float  # one direction, per GPU
+    kernel_overhead_s: float | None = None  # per-kernel cost that overrides the engine's
+    source: str = "datasheet"
+    notes: tuple[str, ...] = field(default_factory=tuple)
+    bandwidth_source: str = "datasheet"
+    flops_source: tuple[tuple[DType, str], ...] = ()
+    # a measured all-reduce (calibration): replaces the link x engine fraction and latency
+    allreduce_bus_bytes_per_s: float | None = None
+    allreduce_latency_s: float | None = None
+    # the server the GPUs sit in (hardware_db ``node``): a TP group larger than a node runs
+    # its all-reduce over the inter-node network, one NIC's share per GPU
+    gpus_per_node: int | None = None
+    inter_node_bytes_per_s: float | None = None
+    inter_node_latency_s: float | None = None
+
+    def link(self, across_nodes: bool) -> tuple[float, float]:
+        """(bytes/s one way per GPU, extra latency) of a transfer within a server, or between
+        servers (the slower of the two links, and the network's latency); within a server
+        when hardware_db has no inter-node figure."""
+        if across_nodes and self.inter_node_bytes_per_s:
+            return (min(self.link_bytes_per_s, self.inter_node_bytes_per_s),
+                    self.inter_node_latency_s or 0.0)
+        return self.link_bytes_per_s, 0.0
+
+    def link_for(self, gpus: int) -> tuple[float, float]:
+        """``link`` for a collective over ``gpus`` GPUs: across servers when they are more
+        than one server holds (a hierarchical all-reduce is as slow as its slowest hop)."""
+        return self.link(bool(self.gpus_per_node) and gpus > self.gpus_per_node)
+
+    def peak(self, dtype: DType) -> float:
+        return self.flops_per_s[dtype]
+
+    def flops_source_of(self, dtype: DType) -> str:
+        return dict(self.flops_source).get(dtype, self.source)
+
+
+def ceilings(hw: HardwareSpec, calibration: Calibration | None = None,
+             options: Options | None = None, engine: Engine = IDEAL) -> Ceilings:
+    """The ceilings ``engine`` runs against: the datasheet's peaks (ideal), or the GPU's
+    achievable figures (published copy and GEMM benchmarks in hardware_db; a documented
+    fraction of the datasheet where none is published). A calibration's measured figures take
+    the place of either."""
+    o = options or Options()
+    flops = {dt: v * 1e12 for dt, v in hw.peak_tflops.items()}
+    src = {dt: "datasheet" for dt in flops}
+    bw, bw_src = hw.memory_bandwidth_bytes_per_s, "datasheet"
+    source, notes = "datasheet", []
+    if engine.ceilings == "achievable":
+        ach = achievable(hw)
+        bw, bw_src = ach.bandwidth_bytes_per_s, ach.bandwidth_source
+        for dt, (v, s) in ach.flops.items():
+            flops[dt], src[dt] = v, s
+        source = "achievable"
+        notes += ach.notes
+    overhead = o.kernel_overhead_s if o.kernel_overhead_s else None
+    if calibration is not None:
+        source = f"calibration ({calibration.device})"
+        bw, bw_src = calibration.memory_bandwidth_gb_per_s * 1e9, source
+        for dt, v in calibration.matmul_tflops.items():
+            flops[dt], src[dt] = v * 1e12, source
+        missing = sorted(d.value for d in hw.peak_tflops if d not in calibration.matmul_tflops)
+        if missing:
+            notes.append(f"no measured matmul rate for {', '.join(missing)}: "
+                         f"{'achievable' if engine.ceilings == 'achievable' else 'datasheet'}"
+                         " figure used")
+        if overhead is None and calibration.kernel_overhead_us:
+            overhead = calibration.kernel_overhead_us * 1e-6
+    ar_bus = ar_lat = None
+    if calibration is not None and calibration.allreduce_bus_gb_per_s:
+        ar_bus = calibration.allreduce_bus_gb_per_s * 1e9
+        ar_lat = (calibration.allreduce_latency_us or 0.0) * 1e-6
+    node = hw.node
+    inter = node.inter_node if node is not None else None
+    return Ceilings(bandwidth_bytes_per_s=bw, flops_per_s=flops,
+                    link_bytes_per_s=hw.interconnect.unidirectional_bytes_per_s,
+                    gpus_per_node=node.gpus_per_node if node is not None else None,
+                    inter_node_bytes_per_s=inter.bandwidth_gb_per_s * 1e9 if inter else None,
+                    inter_node_latency_s=(inter.latency_us or 0.0) * 1e-6 if inter else None,
+                    kernel_overhead_s=overhead, source=source, notes=tuple(notes),
+                    bandwidth_source=bw_src, flops_source=tuple(src.items()),
+                    allreduce_bus_bytes_per_s=ar_bus, allreduce_latency_s=ar_lat)
+
+
+@dataclass(frozen=True)
+class OpTime:
+    """One operator's timing per step (all its instances). ``compute_s`` and ``memory_s``
+    are at the engine's efficiencies; ``overhead_s`` is its kernels' fixed cost."""
+
+    op: Op
+    compute_s: float
+    memory_s: float
+    comm_s: float
+    time_s: float
+    bandwidth_frac: float = 1.0
+    compute_frac: float = 1.0
+    kernels: float = 1.0
+    overhead_s: float = 0.0
+
+    @property
+    def bound(self) -> str:
+        if self.op.kind == "allreduce":
+            return "comm"
+        return "compute" if self.compute_s > self.memory_s else "memory"
+
+
+def op_efficiency(op: Op, e: Engine) -> tuple[float, float]:
+    """(bandwidth, compute) efficiency of ``op`` under engine ``e``."""
+    if op.kind == "matmul":
+        q = e.quant_fracs(op.weight_dtype)
+        return q if q is not None else (e.gemm_bandwidth_frac, e.gemm_compute_frac)
+    if op.kind == "attention":
+        return e.attention_bandwidth_frac, e.attention_compute_frac
+    return e.elementwise_bandwidth_frac, 1.0
+
+
+def combine(compute: float, memory: float, e: Engine, o: Options, *, kernels: float,
+            per_kernel_s: float, graphed: bool) -> float:
+    """One operator instance's time from its compute and memory times under engine ``e``:
+    the roofline's max (less the engine's lost overlap) or the additive form, its kernels'
+    fixed costs, and the host's launch floor when nothing is replayed from a CUDA graph."""
+    if o.time_model == "additive":
+        t = compute + memory
+    elif e.overlap_frac == 1.0:
+        t = vmax(compute, memory)
+    else:  # only part of the shorter time hides under the longer
+        t = compute + memory - e.overlap_frac * vmin(compute, memory)
+    t = t + kernels * per_kernel_s
+    if not graphed and e.host_launch_s:
+        t = vmax(t, kernels * e.host_launch_s)  # the host cannot launch faster than this
+    return t
+
+
+def op_time(op: Op, c: Ceilings, *, tp: int = 1, options: Options | None = None,
+            engine: Engine = IDEAL, graphed: bool = True) -> OpTime:
+    """One operator's time under ``engine`` (see planner.core.engine for the equation).
+    ``graphed``: the step is replayed from a CUDA graph, so no host launch cost applies."""
+    o = options or Options()
+    e = engine
+    n = op.count
+    if op.kind == "allreduce":
+        if c.allreduce_bus_bytes_per_s:  # measured: nccl-tests' bus bandwidth and latency
+            bus, lat = c.allreduce_bus_bytes_per_s, c.allreduce_latency_s or 0.0
+            frac = bus / c.link_bytes_per_s
+        else:
+            frac = e.allreduce_bandwidth_frac
+            link, extra = c.link_for(tp)
+            bus, lat = link * frac, e.allreduce_latency_s + extra
+        comm = (2 * (tp - 1) / tp * op.comm_bytes / bus + lat) if tp > 1 else 0.0
+        return OpTime(op, 0.0, 0.0, comm * n, comm * n, frac, 1.0)
+    bw_frac, c_frac = op_efficiency(op, e)
+    flops = op.flops
+    scalar_zero = isinstance(op.m_rows, (int, float)) and op.m_rows == 0
+    if op.kind == "matmul" and e.gemm_tile_m > 1 and not scalar_zero:
+        # tile quantization: M rows are computed in whole tiles of gemm_tile_m
+        tiles = -(-op.m_rows // e.gemm_tile_m)
+        flops = flops * (tiles * e.gemm_tile_m / op.m_rows)
+    compute = flops / (c.peak(op.dtype) * c_frac)
+    moved = op.bytes
+    if op.kind == "attention" and not e.gqa_kv_reuse:
+        moved = moved + op.kv_bytes * (op.kv_group - 1)  # K and V read once per query head
+    if e.kv_cache_concat:
+        moved = moved + 2 * op.kv_cache_bytes  # the old cache read and written anew
+    memory = moved / (c.bandwidth_bytes_per_s * bw_frac)
+    k = e.kernels_for(op.name, op.kind)
+    per_kernel = c.kernel_overhead_s if c.kernel_overhead_s is not None else e.kernel_gap_s
+    t = combine(compute, memory, e, o, kernels=k, per_kernel_s=per_kernel, graphed=graphed)
+    return OpTime(op, compute * n, memory * n, 0.0, t * n, bw_frac, c_frac, k * n,
+                  k * per_kernel * n)
+
+
+@dataclass(frozen=True)
+class StepTime:
+    """A forward step: its operators' timings, the engine's fixed cost, and totals."""
+
+    ops: tuple[OpTime, ...]
+    fixed_s: float = 0.0  # the engine's exposed CPU cost of the step
+
+    @cached_property
+    def time_s(self) -> float:
+        return sum(t.time_s for t in self.ops) + self.fixed_s
+
+    @property
+    def flops(self) -> float:
+        return sum(t.op.flops * t.op.count for t in self.ops)
+
+    @property
+    def bytes(self) -> float:
+        return sum(t.op.bytes * t.op.count for t in self.ops)
+
+    @property
+    def weight_and_kv_bytes(self) -> float:
+        """The bytes MBU counts: weights read plus KV cache read and written."""
+        return sum((t.op.weight_bytes + t.op.kv_bytes) * t.op.count for t in self.ops)
+
+    @property
+    def compute_s(self) -> float:
+        return sum(t.compute_s for t in self.ops)
+
+    @property
+    def memory_s(self) -> float:
+        return sum(t.memory_s for t in self.ops)
+
+    @property
+    def comm_s(self) -> float:
+        return sum(t.comm_s for t in self.ops)
+
+    @property
+    def overhead_s(self) -> float:
+        """Kernel costs plus the step's fixed cost."""
+        return sum(t.overhead_s for t in self.ops) + self.fixed_s
+
+    @property
+    def kernels(self) -> float:
+        return sum(t.kernels for t in self.ops)
+
+    @property
+    def bound(self) -> str:
+        """Which of the step's total compute and memory times is larger."""
+        return "compute" if self.compute_s > self.memory_s else "memory"
+
+
+def step_time(ops: list[Op], c: Ceilings, *, tp: int = 1, options: Options | None = None,
+              engine: Engine = IDEAL, graphed: bool = True, fixed_s: float = 0.0) -> StepTime:
+    return StepTime(tuple(op_time(op, c, tp=tp, options=options, engine=engine,
+                                  graphed=graphed) for op in ops), fixed_s)
+
+
+def ridge_flops_per_byte(peak_flops_per_s: float, bandwidth_bytes_per_s: float) -> float:
+    """Arithmetic intensity where the compute roof meets the memory slope."""
+    return peak_flops_per_s / bandwidth_bytes_per_s
+
+
+def optimal_batch(peak_flops_per_s: float, bytes_per_param: float,
+                  bandwidth_bytes_per_s: float) -> float:
+    """Batch at which a decode step's compute time equals its weight-read time.
+
+    2 N B / peak = N bytes_per_param / bandwidth  =>  B = peak x bytes_per_param / (2 bandwidth)
+    (background notes, "The optimal batch size"). H100 SXM, 16-bit: 989.4e12 x 2 / (2 x 3.35e12)
+    = 295; A100 40GB: 312e12 x 2 / (2 x 1.555e12) = 201. The KV cache is left out, as the
+    notes do; the usable optimum is capped by the largest batch that fits.
+    """
+    return peak_flops_per_s * bytes_per_param / (2 * bandwidth_bytes_per_s)
+
+
+def mbu(bytes_moved: float, time_s: float, bandwidth_bytes_per_s: float) -> float:
+    """Model bandwidth utilization: achieved bytes/s over peak bytes/s.
+
+    A 7B model in 16-bit (14 GB) at a 14 ms TPOT moves 1 TB/s: MBU 0.5 on a 2 TB/s GPU.
+    """
+    return bytes_moved / time_s / bandwidth_bytes_per_s
+
+
+def mfu(flops: float, time_s: float, peak_flops_per_s: float) -> float:
+    """Model FLOPs utilization (PaLM, Chowdhery et al. 2022, appendix B)."""
+    return flops / time_s / peak_flops_per_s

@@ -1,0 +1,480 @@
+"""Frozen pydantic specs: the model, the hardware, the precision and the workload.
+
+YAML keys carry the vendor's unit where the key says so (``memory_bandwidth_gb_per_s``,
+``peak_tflops``); the properties here convert to SI base units (bytes, FLOP/s, bytes/s) in one
+place, so the rest of the core only ever sees base units.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from planner.core.arith import no_bool_numbers
+from planner.core.errors import UsageError
+
+GIB = 1024**3
+GB = 1e9
+TERA = 1e12
+
+
+class DType(str, Enum):
+    """Element types for weights, KV cache and arithmetic."""
+
+    fp32 = "fp32"
+    bf16 = "bf16"
+    fp16 = "fp16"
+    fp8 = "fp8"
+    int8 = "int8"
+    int4 = "int4"
+    # OCP Microscaling FP4 (E2M1 elements, one E8M0 scale per block of 32): gpt-oss's experts
+    mxfp4 = "mxfp4"
+
+
+BITS_PER_ELEMENT: dict[DType, int] = {
+    DType.fp32: 32,
+    DType.bf16: 16,
+    DType.fp16: 16,
+    DType.fp8: 8,
+    DType.int8: 8,
+    DType.int4: 4,
+    DType.mxfp4: 4,
+}
+# OCP Microscaling Formats (MX) v1.0 spec, 2023-09: MXFP4 blocks of 32 elements share one
+# 8-bit (E8M0) scale: 4 + 8 / 32 = 4.25 bits per weight (the gpt-oss model card's figure)
+MX_BLOCK = 32
+MX_SCALE_BYTES = 1
+
+WEIGHT_DTYPES = (DType.bf16, DType.fp16, DType.fp8, DType.int8, DType.int4, DType.mxfp4)
+KV_DTYPES = (DType.bf16, DType.fp16, DType.fp8, DType.int8)
+
+
+def dtype_bytes(dtype: DType) -> float:
+    """Bytes per element (0.5 for int4)."""
+    return BITS_PER_ELEMENT[dtype] / 8
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+    _no_bools = field_validator("*", mode="before")(no_bool_numbers)
+
+
+# --------------------------------------------------------------------------- precision
+
+
+class Precision(_Frozen):
+    """How weights and KV cache are stored and in which type the matmuls run.
+
+    int8 / int4 weights are weight-only quantized with one scale per ``group_size`` weights
+    (GPTQ / AWQ style, fp16 scales of ``scale_bytes`` each), so their matmuls still run in
+    16-bit: the weights are dequantized on the fly. fp8 weights run fp8 matmuls (W8A8, per-tensor
+    scales, negligible bytes). mxfp4 weights are OCP MXFP4 (blocks of 32 with one byte of
+    scale: 0.53125 bytes per weight; ``group_size`` and ``scale_bytes`` do not apply),
+    weight-only by default, as vLLM's Triton and Marlin MXFP4 MoE kernels run them on Hopper.
+    Quantization covers the decoder's linear layers (``quantized_layers="all"``) or only the
+    routed experts (``"experts"``: gpt-oss's released checkpoint, attention in bf16);
+    embeddings, lm_head, norms, biases and MoE routers stay in the 16-bit type, as in common
+    checkpoints.
+    """
+
+    weights: DType = DType.bf16
+    kv_cache: DType = DType.bf16
+    compute: DType | None = None  # None: derived from the weights (see compute_dtype)
+    group_size: int = Field(128, gt=0, le=1_000_000)
+    scale_bytes: float = Field(2, gt=0, le=64)
+    # engine byte accounting: an asymmetric scheme's zero point per group (GPTQ / AWQ pack a
+    # 4-bit zero: 0.5 bytes), and whether the lm_head is quantized with the decoder
+    zero_point_bytes: float = Field(0.0, ge=0, le=64)
+    lm_head_quantized: bool = False
+    quantized_layers: Literal["all", "experts"] = "all"
+
+    @model_validator(mode="after")
+    def _check(self) -> Precision:
+        if self.weights not in WEIGHT_DTYPES:
+            raise ValueError(f"weights precision {self.weights.value} is not one of "
+                             f"{', '.join(d.value for d in WEIGHT_DTYPES)}")
+        if self.kv_cache not in KV_DTYPES:
+            raise ValueError(f"KV-cache precision {self.kv_cache.value} is not one of "
+                             f"{', '.join(d.value for d in KV_DTYPES)}")
+        return self
+
+    @classmethod
+    def of(cls, weights: DType | str, kv_cache: DType | str | None = None,
+           group_size: int = 128, compute: DType | str | None = None,
+           quantized_layers: str = "all") -> Precision:
+        """A precision whose KV cache, when not given, is the 16-bit type of the weights or of
+        the matmuls (``compute`` fp16: a T4 or V100 running int8 / int4 weights)."""
+        w = DType(weights)
+        c = DType(compute) if compute else None
+        kv = DType(kv_cache) if kv_cache else (
+            DType.fp16 if DType.fp16 in (w, c) else DType.bf16)
+        return cls(weights=w, kv_cache=kv, group_size=group_size, compute=c,
+                   quantized_layers=quantized_layers)
+
+    @property
+    def half_dtype(self) -> DType:
+        """The 16-bit type of everything that is not quantized (fp16 if asked, else bf16)."""
+        return DType.fp16 if DType.fp16 in (self.weights, self.compute) else DType.bf16
+
+    @property
+    def compute_dtype(self) -> DType:
+        """Type of the decoder matmuls: fp8 for fp8 weights, 16-bit for weight-only int8/int4."""
+        if self.compute is not None:
+            return self.compute
+        if self.weights == DType.fp8:
+            return DType.fp8
+        return self.half_dtype
+
+    @property
+    def quantized_bytes_per_param(self) -> float:
+        """Bytes per quantized weight including its share of the group scale.
+
+        int4, group 128, fp16 scales: 0.5 + 2 / 128 = 0.515625 bytes per parameter; with a
+        packed 4-bit zero point per group too (GPTQ, AWQ): 0.5 + 2.5 / 128 = 0.51953125.
+        """
+        b = dtype_bytes(self.weights)
+        if self.weights in (DType.int8, DType.int4):
+            b += (self.scale_bytes + self.zero_point_bytes) / self.group_size
+        elif self.weights == DType.mxfp4:
+            b += MX_SCALE_BYTES / MX_BLOCK
+        return b
+
+    def quantizes(self, component: str) -> bool:
+        """Whether a linear layer of this component (``"experts"`` for the routed experts,
+        anything else for the rest) is stored in the quantized type."""
+        return self.quantized_layers == "all" or component == "experts"
+
+    @property
+    def half_bytes(self) -> float:
+        return dtype_bytes(self.half_dtype)
+
+    @property
+    def kv_bytes(self) -> float:
+        return dtype_bytes(self.kv_cache)
+
+    @property
+    def activation_bytes(self) -> float:
+        """Activations stay in the 16-bit type."""
+        return dtype_bytes(self.half_dtype)
+
+
+# --------------------------------------------------------------------------- model
+
+
+class MoESpec(_Frozen):
+    """Mixture of experts: routed experts (top-k per token) plus optional shared experts."""
+
+    num_experts: int = Field(gt=0, le=1_000_000)
+    experts_per_token: int = Field(gt=0, le=1_000_000)
+    expert_intermediate_size: int = Field(gt=0, le=10_000_000)
+    num_shared_experts: int = Field(0, ge=0, le=1_000_000)
+    # First layers that keep a dense MLP (DeepSeek-V3: first_k_dense_replace = 3).
+    first_dense_layers: int = Field(0, ge=0, le=100_000)
+    router_bias: bool = False  # DeepSeek-V3's e_score_correction_bias, gpt-oss's router bias
+    expert_bias: bool = False  # biases on each expert's projections (gpt-oss)
+
+    @model_validator(mode="after")
+    def _check(self) -> MoESpec:
+        if self.experts_per_token > self.num_experts:
+            raise ValueError("experts_per_token exceeds num_experts")
+        return self
+
+
+class MLASpec(_Frozen):
+    """Multi-head latent attention (DeepSeek-V2/V3): low-rank Q and a compressed KV cache."""
+
+    q_lora_rank: int | None = Field(None, gt=0, le=1_000_000)  # None: plain q_proj
+    kv_lora_rank: int = Field(gt=0, le=1_000_000)
+    qk_nope_head_dim: int = Field(gt=0, le=1_000_000)
+    qk_rope_head_dim: int = Field(gt=0, le=1_000_000)
+    v_head_dim: int = Field(gt=0, le=1_000_000)
+
+
+class ModelSpec(_Frozen):
+    """A decoder-only transformer, described by the fields of its official config."""
+
+    name: str
+    display_name: str | None = None
+    architecture: str  # HF model_type: llama, mistral, mixtral, qwen2, gemma2, phi3, gpt2, ...
+    source: str = Field(min_length=1)  # URL of the official config
+    # upper bounds far beyond any model keep a typo (1e20) from overflowing the arithmetic
+    vocab_size: int = Field(gt=0, le=100_000_000)
+    hidden_size: int = Field(gt=0, le=1_000_000)
+    num_layers: int = Field(gt=0, le=100_000)
+    num_attention_heads: int = Field(gt=0, le=100_000)
+    num_kv_heads: int = Field(gt=0, le=100_000)
+    head_dim: int | None = Field(None, gt=0, le=100_000)  # None: hidden / attention heads
+    intermediate_size: int = Field(gt=0, le=10_000_000)  # dense MLP width
+    max_position_embeddings: int = Field(gt=0, le=1_000_000_000)
+    tie_word_embeddings: bool = False
+    mlp: Literal["gated", "plain"] = "gated"  # gated: SwiGLU/GeGLU, 3 matrices; plain: 2
+    norm: Literal["rmsnorm", "layernorm"] = "rmsnorm"  # layernorm carries a bias too
+    norms_per_layer: int = Field(2, gt=0, le=100)  # Gemma-2 has 4 (pre/post attention and MLP)
+    position_embedding: Literal["rope", "learned"] = "rope"
+    attention_bias: bool = False  # bias on q, k, v (Qwen2) ...
+    attention_out_bias: bool = False  # ... and on o_proj (GPT-2)
+    mlp_bias: bool = False
+    moe: MoESpec | None = None
+    mla: MLASpec | None = None
+    # Sliding-window attention: a layer marked "sliding" attends to (and caches) the last
+    # ``sliding_window`` tokens only. The pattern repeats over the layers from layer 0
+    # (Gemma-2: [sliding, full]; Gemma-3: 5 x sliding, full); no pattern: every layer slides.
+    sliding_window: int | None = Field(None, gt=0, le=1_000_000_000)
+    sliding_window_pattern: tuple[Literal["sliding", "full"], ...] | None = Field(
+        None, min_length=1, max_length=100_000)
+    qk_norm: bool = False  # RMSNorm over each head's q and k (Qwen3, Gemma-3)
+    attention_sinks: bool = False  # a learned sink logit per head and layer (gpt-oss)
+    # The officially reported counts (None for a bare config.json, which states none).
+    official_params: int | None = Field(None, gt=0, le=10**14)  # 100 trillion
+    official_active_params: int | None = Field(None, gt=0, le=10**14)
+    # what the source's active count covers: every parameter a token touches, or all but the
+    # input embedding table (gpt-oss's model card counts the unembedding only)
+    official_active_params_scope: Literal["all", "no_embedding"] = "all"
+    official_params_source: str | None = None
+
+    @model_validator(mode="after")
+    def _check(self) -> ModelSpec:
+        if self.num_attention_heads % self.num_kv_heads:
+            raise ValueError(f"num_attention_heads ({self.num_attention_heads}) is not a "
+                             f"multiple of num_kv_heads ({self.num_kv_heads})")
+        if self.head_dim is None and self.hidden_size % self.num_attention_heads:
+            raise ValueError("hidden_size is not a multiple of num_attention_heads; set head_dim")
+        if self.moe and self.moe.first_dense_layers > self.num_layers:
+            raise ValueError("moe.first_dense_layers exceeds num_layers")
+        if self.sliding_window_pattern and self.sliding_window is None:
+            raise ValueError("sliding_window_pattern is given without sliding_window")
+        if self.sliding_window is not None and self.mla is not None:
+            raise ValueError("sliding_window with MLA attention is not modelled")
+        return self
+
+    @property
+    def layer_is_sliding(self) -> tuple[bool, ...]:
+        """Per layer, whether it attends over the sliding window only."""
+        if self.sliding_window is None:
+            return (False,) * self.num_layers
+        pat = self.sliding_window_pattern or ("sliding",)
+        return tuple(pat[i % len(pat)] == "sliding" for i in range(self.num_layers))
+
+    @property
+    def num_sliding_layers(self) -> int:
+        return sum(self.layer_is_sliding)
+
+    @property
+    def num_full_layers(self) -> int:
+        return self.num_layers - self.num_sliding_layers
+
+    @property
+    def head_dim_(self) -> int:
+        return self.head_dim or self.hidden_size // self.num_attention_heads
+
+    @property
+    def q_dim(self) -> int:
+        return self.num_attention_heads * self.head_dim_
+
+    @property
+    def kv_dim(self) -> int:
+        return self.num_kv_heads * self.head_dim_
+
+    @property
+    def num_moe_layers(self) -> int:
+        return 0 if self.moe is None else self.num_layers - self.moe.first_dense_layers
+
+    @property
+    def num_dense_layers(self) -> int:
+        return self.num_layers - self.num_moe_layers
+
+    @property
+    def label(self) -> str:
+        return self.display_name or self.name
+
+
+# --------------------------------------------------------------------------- hardware
+
+
+class Interconnect(_Frozen):
+    """GPU-to-GPU link. The datasheet's figure is usually the bidirectional total per GPU."""
+
+    kind: str
+    bandwidth_gb_per_s: float = Field(gt=0, le=1_000_000)
+    bidirectional: bool = True  # True: the figure counts both directions
+
+    @property
+    def unidirectional_bytes_per_s(self) -> float:
+        return self.bandwidth_gb_per_s * GB / (2 if self.bidirectional else 1)
+
+
+class InterNode(_Frozen):
+    """The network between nodes of a common instance type, per GPU: each GPU's own NIC
+    (InfiniBand or RoCE), so ``bandwidth_gb_per_s`` is one GPU's share, one direction."""
+
+    kind: str  # infiniband-ndr, roce, efa, ...
+    bandwidth_gb_per_s: float = Field(gt=0, le=1_000_000)  # per GPU, one direction
+    latency_us: float | None = Field(None, gt=0, le=1_000_000)
+    source: str = Field(min_length=1)
+    date: str | None = None
+    estimated: bool = False
+    note: str | None = None
+
+
+class Node(_Frozen):
+    """A server of this GPU: how many GPUs share the intra-node link, and the network
+    between such servers (of the named instance type)."""
+
+    gpus_per_node: int = Field(gt=0, le=1024)
+    instance: str | None = None  # AWS p5.48xlarge, Azure ND H100 v5, DGX H100, ...
+    inter_node: InterNode | None = None
+    source: str = Field(min_length=1)
+    date: str | None = None
+
+
+class Price(_Frozen):
+    usd_per_gpu_hour: float = Field(gt=0, le=10_000)
+    source: str = Field(min_length=1)
+    date: str = Field(min_length=1)
+    note: str | None = None
+
+
+class SourcedFigure(_Frozen):
+    """A measured (or, with ``estimated``, a documented-fraction) figure and its source."""
+
+    value: float = Field(gt=0, allow_inf_nan=False)
+    source: str = Field(min_length=1)
+    date: str | None = None
+    method: str | None = None
+    estimated: bool = False
+    note: str | None = None
+
+
+class Achievable(_Frozen):
+    """What a published benchmark reaches on this GPU: copy bandwidth and the best dense
+    matmul rate per precision (mamf-finder's "maximum achievable matmul FLOPS")."""
+
+    memory_bandwidth_gb_per_s: SourcedFigure
+    matmul_tflops: dict[DType, SourcedFigure] = Field(default_factory=dict)
+
+
+class HardwareSpec(_Frozen):
+    """One accelerator, as its datasheet describes it. Peak rates are dense (no sparsity)."""
+
+    name: str
+    display_name: str
+    vendor: str
+    source: str = Field(min_length=1)  # datasheet URL
+    memory_gib: float = Field(gt=0, le=100_000)
+    memory_bandwidth_gb_per_s: float = Field(gt=0, le=1_000_000)
+    peak_tflops: dict[DType, float]  # dense tensor-core TFLOP/s (TOPS for int8) per type
+    interconnect: Interconnect
+    node: Node | None = None  # None: a single GPU or an unknown server
+    tdp_w: float | None = Field(None, gt=0, le=100_000)  # None where no datasheet gives it
+    price: Price | None = None
+    memory_type: str | None = None  # HBM2e, HBM3, GDDR6, ...: picks the estimated fraction
+    architecture: str | None = None  # volta, turing, ampere, ada, hopper, blackwell, cdna3
+    achievable: Achievable | None = None
+    notes: str | None = None
+
+    @model_validator(mode="after")
+    def _check(self) -> HardwareSpec:
+        if not self.peak_tflops:
+            raise ValueError("peak_tflops lists no precision")
+        for dt, v in self.peak_tflops.items():
+            if not 0 < v <= 10_000_000:
+                raise ValueError(f"peak_tflops.{dt.value} must be positive and at most 1e7, "
+                                 f"got {v}")
+        a = self.achievable
+        if a is not None:  # a benchmark cannot beat the datasheet (5% for clock boost)
+            if a.memory_bandwidth_gb_per_s.value > 1.05 * self.memory_bandwidth_gb_per_s:
+                raise ValueError(f"achievable.memory_bandwidth_gb_per_s: "
+                                 f"{a.memory_bandwidth_gb_per_s.value:g} exceeds the datasheet's "
+                                 f"{self.memory_bandwidth_gb_per_s:g}")
+            for dt, fig in a.matmul_tflops.items():
+                peak = self.peak_tflops.get(dt)
+                if peak is not None and fig.value > 1.05 * peak:
+                    raise ValueError(f"achievable.matmul_tflops.{dt.value}: {fig.value:g} "
+                                     f"exceeds the datasheet's dense {peak:g}")
+        return self
+
+    @property
+    def memory_bytes(self) -> float:
+        return self.memory_gib * GIB
+
+    @property
+    def memory_bandwidth_bytes_per_s(self) -> float:
+        return self.memory_bandwidth_gb_per_s * GB
+
+    def peak_flops_per_s(self, dtype: DType) -> float:
+        """Dense peak for matmuls in ``dtype``; an error names what the datasheet has."""
+        if dtype not in self.peak_tflops:
+            have = ", ".join(d.value for d in self.peak_tflops)
+            raise UsageError(f"{self.name} has no {dtype.value} tensor-core rate "
+                             f"(its datasheet lists: {have}); choose another precision, or "
+                             "say what the matmuls run in with --compute")
+        return self.peak_tflops[dtype] * TERA
+
+
+# --------------------------------------------------------------------------- calibration
+
+
+class Calibration(_Frozen):
+    """Measured ceilings of one device (written by ``llmplan measure --calibrate``)."""
+
+    device: str
+    memory_bandwidth_gb_per_s: float = Field(gt=0, le=1_000_000)
+    matmul_tflops: dict[DType, float] = Field(default_factory=dict)
+    kernel_overhead_us: float = Field(0.0, ge=0, le=1_000_000)
+    # measured all-reduce (`llmplan measure --collectives`): t = 2 (n-1)/n x S / bus + latency
+    allreduce_latency_us: float | None = Field(None, gt=0, le=1_000_000)
+    allreduce_bus_gb_per_s: float | None = Field(None, gt=0, le=1_000_000)
+
+    @model_validator(mode="after")
+    def _rates(self) -> Calibration:
+        for dt, v in self.matmul_tflops.items():
+            if not 0 < v <= 10_000_000:
+                raise ValueError(f"matmul_tflops.{dt.value} must be positive, got {v}")
+        return self
+    created: str | None = None
+    harness_version: str | None = None
+    details: dict = Field(default_factory=dict)
+
+
+# --------------------------------------------------------------------------- workload
+
+
+MAX_COUNT = 1_000_000_000
+
+
+class Workload(_Frozen):
+    """A static batch: ``batch`` sequences of ``prompt_tokens`` in, ``output_tokens`` out."""
+
+    # Bounds: a billion sequences or tokens is beyond any deployment, and keeps every
+    # product of sizes inside a float.
+    batch: int = Field(1, gt=0, le=MAX_COUNT)
+    prompt_tokens: int = Field(512, gt=0, le=MAX_COUNT)
+    output_tokens: int = Field(128, gt=0, le=MAX_COUNT)
+
+    @property
+    def context_tokens(self) -> int:
+        return self.prompt_tokens + self.output_tokens
+
+
+class Parallelism(_Frozen):
+    tp: int = Field(1, gt=0, le=100_000)
+
+
+class Options(_Frozen):
+    """Knobs of the performance model, each with a documented default."""
+
+    time_model: Literal["roofline", "additive"] = "roofline"
+    attention: Literal["flash", "naive"] = "flash"
+    kernel_overhead_s: float = Field(0.0, ge=0, le=1.0)
+    # CUDA context, cuBLAS/NCCL workspaces and allocator slack (a 1 GiB default: a CUDA
+    # context alone takes 300-500 MiB on recent drivers).
+    reserve_bytes: float = Field(1 * GIB, ge=0)
+    # Fraction of device memory the engine may use (vLLM's gpu_memory_utilization default).
+    memory_utilization_frac: float = Field(0.9, gt=0, le=1)
+    # Tokens prefilled per forward pass (vLLM's max_num_batched_tokens with chunked prefill;
+    # 8192 is its V1 default for serving). Bounds prefill activations; None: the whole batch
+    # at once. TTFT is still the time of all the batch's prefill FLOPs and bytes.
+    prefill_chunk_tokens: int | None = Field(8192, gt=0)

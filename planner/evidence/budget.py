@@ -1,0 +1,202 @@
+"""Capacity budgets: deployments with limits on what the planner predicts for them.
+
+A budget lists deployments (model, GPU, TP and optionally PP stages or EP GPUs, precisions,
+workload) and limits, written with
+units where that helps (``50ms``, ``2s``, ``80%``, ``$0.50``, ``1.5k``). ``check`` predicts
+each deployment and compares: a limit holds or fails, and by how much. Pure: the YAML is read
+by ``planner.io.catalog``; models and GPUs are resolved by the caller.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from planner.core.arith import no_bool_numbers
+from planner.core.specs import MAX_COUNT, DType
+
+_TIME = {"us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "min": 60.0, "m": 60.0, "h": 3600.0}
+_SCALE = {"k": 1e3, "M": 1e6, "G": 1e9}
+
+
+def parse_quantity(value: Any, kind: Literal["time", "frac", "usd", "number"]) -> float:
+    """'50ms' -> 0.05, '80%' -> 0.8, '$0.50' -> 0.5, '1.5k' -> 1500; numbers pass through.
+    NaN and infinity are no limit: a ValueError."""
+    try:
+        v = _parse(value, kind)
+    except (ValueError, OverflowError):
+        raise ValueError(_not_a(value, kind)) from None
+    if not math.isfinite(v):
+        raise ValueError(f"'{value}' is not a finite {kind}")
+    return v
+
+
+def _parse(value: Any, kind: str) -> float:
+    if isinstance(value, bool):
+        raise ValueError(f"expected a {kind}, got {value}")
+    if isinstance(value, (int, float)):
+        return float(value)
+    text = str(value).strip().replace(",", "").replace("_", "")
+    if kind == "time":
+        m = re.fullmatch(r"([0-9.eE+-]+)\s*(us|µs|ms|s|min|m|h)?", text)
+        if m:
+            return float(m.group(1)) * _TIME[m.group(2) or "s"]
+    elif kind == "frac":
+        m = re.fullmatch(r"([0-9.eE+-]+)\s*(%)?", text)
+        if m:
+            return float(m.group(1)) / (100 if m.group(2) else 1)
+    elif kind == "usd":
+        m = re.fullmatch(r"\$?\s*([0-9.eE+-]+)", text)
+        if m:
+            return float(m.group(1))
+    else:
+        m = re.fullmatch(r"([0-9.eE+-]+)\s*([kMG])?", text)
+        if m:
+            return float(m.group(1)) * _SCALE.get(m.group(2) or "", 1.0)
+    raise ValueError(_not_a(value, kind))
+
+
+def _not_a(value: Any, kind: str) -> str:
+    examples = {"time": "50ms, 2s, 300us", "frac": "80%, 0.8", "usd": "$0.50, 0.5",
+                "number": "1500, 1.5k"}[kind]
+    return f"'{value}' is not a {kind} (examples: {examples})"
+
+
+# name -> (kind, "max" | "min", the Estimate figure it limits, how it reads)
+LIMITS: dict[str, tuple[str, str, str, str]] = {
+    "memory_frac": ("frac", "max", "memory_used_frac", "memory used / capacity"),
+    "ttft_s": ("time", "max", "ttft_s", "TTFT"),
+    "tpot_s": ("time", "max", "tpot_s", "TPOT"),
+    "latency_s": ("time", "max", "latency_s", "end-to-end latency"),
+    "throughput_tokens_per_s": ("number", "min", "throughput_tokens_per_s",
+                                "decode throughput"),
+    "cost_usd_per_million_tokens": ("usd", "max", "cost_usd_per_million_output_tokens",
+                                    "cost per 1M output tokens"),
+    "mbu_min": ("frac", "min", "mbu", "MBU"),
+}
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+    _no_bools = field_validator("*", mode="before")(no_bool_numbers)
+
+
+class BudgetWorkload(_Strict):
+    batch: int | None = Field(None, gt=0, le=MAX_COUNT)
+    concurrent_sequences: int | None = Field(None, gt=0, le=MAX_COUNT)  # a synonym of batch
+    prompt_tokens: int = Field(gt=0, le=MAX_COUNT)
+    output_tokens: int = Field(gt=0, le=MAX_COUNT)
+
+    @model_validator(mode="after")
+    def _one(self) -> BudgetWorkload:
+        if (self.batch is None) == (self.concurrent_sequences is None):
+            raise ValueError("give exactly one of batch or concurrent_sequences")
+        return self
+
+    @property
+    def sequences(self) -> int:
+        return self.batch or self.concurrent_sequences  # type: ignore[return-value]
+
+
+class Limits(_Strict):
+    memory_frac: float | None = None
+    fits: bool | None = None  # must fit (true) at the workload's concurrency
+    fits_at: int | None = Field(None, gt=0, le=MAX_COUNT)  # must fit at this many sequences
+    ttft_s: float | None = None
+    tpot_s: float | None = None
+    latency_s: float | None = None
+    throughput_tokens_per_s: float | None = None
+    cost_usd_per_million_tokens: float | None = None
+    mbu_min: float | None = None
+
+    @field_validator(*LIMITS, mode="before")
+    @classmethod
+    def _units(cls, v: Any, info) -> Any:
+        if v is None:
+            return v
+        parsed = parse_quantity(v, LIMITS[info.field_name][0])  # type: ignore[arg-type]
+        if parsed <= 0:
+            raise ValueError(f"must be positive, got {v}")
+        return parsed
+
+
+class Deployment(_Strict):
+    name: str | None = None
+    model: str
+    gpu: str
+    tp: int = Field(1, gt=0, le=100_000)
+    pp: int = Field(1, gt=0, le=1024)  # pipeline stages, each of tp GPUs
+    ep: int = Field(1, gt=0, le=100_000)  # expert-parallel GPUs (MoE, with tp = pp = 1)
+    engine: str | None = None  # engines_db name or YAML path (default: check's --engine)
+    weights: DType = DType.bf16
+    kv_cache: DType | None = None
+    compute: DType | None = None  # what the matmuls run in (fp16 on a T4 or V100)
+    quantized_layers: Literal["all", "experts"] = "all"  # experts: a MoE's routed experts only
+    workload: BudgetWorkload
+    allow_longer_context: bool = False  # prompt + output beyond the model's context
+    limits: Limits
+    price_per_hour: float | None = Field(None, gt=0)
+
+    @property
+    def label(self) -> str:
+        if self.name:
+            return self.name
+        layout = f"EP{self.ep} " if self.ep > 1 else \
+            f"{self.tp}x{self.pp}x" if self.pp > 1 else f"{self.tp}x"
+        experts = " experts" if self.quantized_layers == "experts" else ""
+        return f"{self.model} on {layout}{self.gpu} {self.weights.value}{experts}"
+
+
+class Budget(_Strict):
+    deployments: list[Deployment] = Field(min_length=1)
+
+
+@dataclass(frozen=True)
+class Result:
+    deployment: str
+    limit: str
+    what: str
+    predicted: float | bool | None
+    bound: float | bool
+    direction: str  # "max", "min" or "eq"
+    passed: bool
+    margin_frac: float | None  # how far inside (+) or outside (-) the limit, relative
+
+    def as_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+def evaluate(dep: Deployment, est, fits_at_est=None) -> list[Result]:
+    """Compare one deployment's estimate with its limits (``fits_at_est``: the estimate at
+    ``limits.fits_at`` sequences, when that limit is set)."""
+    out: list[Result] = []
+    lim = dep.limits
+    if lim.fits is not None:
+        ok = bool(est.memory.fits) == lim.fits
+        out.append(Result(dep.label, "fits", f"fits at {dep.workload.sequences} sequences",
+                          bool(est.memory.fits), lim.fits, "eq", ok, None))
+    if lim.fits_at is not None:
+        ok = bool(fits_at_est.memory.fits)
+        out.append(Result(dep.label, "fits_at", f"fits at {lim.fits_at} sequences",
+                          ok, True, "eq", ok,
+                          1 - fits_at_est.memory.total_bytes / fits_at_est.memory.usable_bytes))
+    for name, (_, direction, attr, what) in LIMITS.items():
+        bound = getattr(lim, name)
+        if bound is None:
+            continue
+        value = getattr(est, attr) if attr != "memory_used_frac" else est.memory.used_frac
+        if value is None:  # e.g. no price for this GPU, no MBU for a pipeline
+            out.append(Result(dep.label, name, what, None, bound, direction, False, None))
+            continue
+        if direction == "max":
+            ok, margin = value <= bound, (bound - value) / bound
+        else:
+            ok, margin = value >= bound, (value - bound) / bound
+        out.append(Result(dep.label, name, what, float(value), bound, direction, bool(ok),
+                          margin))
+    return out

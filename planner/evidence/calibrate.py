@@ -1,0 +1,203 @@
+"""Fit an engine profile to measured serving runs: `llmplan calibrate`.
+
+The free parameters are those a serving stack changes most and a measurement can see: the
+fixed cost of a decode step (``step_overhead_us``: scheduling, sampling, what CUDA graphs do
+not hide), the bandwidth efficiency of the decode GEMMs (``gemm_bandwidth_frac``), the compute
+efficiency of prefill (``gemm_compute_frac``) and, with TP, the all-reduce latency
+(``allreduce_latency_us``). Each run is predicted by the simulator (``planner.evidence.compare``)
+and its residuals are log(predicted / measured) of the mean TTFT, the mean TPOT (or ITL) and
+the output throughput it reports; the loss is the same soft-L1 as ``planner.evidence.fit``
+and the search the same bounded coordinate descent in log space.
+
+A parameter the runs cannot identify is left at the base engine's value and named: one whose
+change by a quarter moves no residual by more than half a percent (a prefill efficiency when
+every prompt is short, an all-reduce latency at TP 1). Errors are reported in-sample (fitted on
+every run) and leave-one-out (each run predicted by a fit on the others), so a user sees how
+well the fit carries to a run it did not see. Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+from planner.core.engine import EngineSpec
+from planner.core.estimate import prepare
+from planner.evidence.compare import Setup, mean_tpot_s, simulate_run
+from planner.evidence.fit import bounds_of, descend, get_param, round_sig3, set_params, soft_l1
+from planner.evidence.runs import ServedRun
+
+DEFAULT_PARAMS = ("step_overhead_us", "gemm_bandwidth_frac", "gemm_compute_frac",
+                  "allreduce_latency_us")
+# measured figure -> the simulator's key for it
+FIT_METRICS = {"mean_ttft_s": "mean_ttft_ms", "mean_tpot_s": "mean_tpot_ms",
+               "output_throughput": "output_throughput"}
+FIT_MAX_REQUESTS = 400  # each run is simulated on at most this many requests while fitting
+IDENTIFY_STEP = 1.25  # a parameter moved by this factor ...
+IDENTIFY_MIN = 0.005  # ... must move some residual by more than this (log) to be fitted
+
+
+@dataclass(frozen=True)
+class MetricError:
+    run: str
+    metric: str
+    measured: float
+    before: float | None  # predicted with the base engine
+    in_sample: float | None  # predicted with the engine fitted on every run
+    held_out: float | None  # predicted with the engine fitted on the other runs
+
+    @staticmethod
+    def err(pred: float | None, meas: float) -> float | None:
+        return None if pred is None else pred / meas - 1
+
+
+@dataclass(frozen=True)
+class Calibration:
+    engine: EngineSpec
+    values: dict[str, float]
+    fitted: tuple[str, ...]
+    unidentified: dict[str, str]  # parameter -> why it stayed at the base value
+    errors: tuple[MetricError, ...]
+    runs: tuple[str, ...]
+
+
+def run_id(run: ServedRun) -> str:
+    return f"{run.source.rsplit('/', 1)[-1]}#{run.label}"
+
+
+def _measured(run: ServedRun) -> dict[str, float]:
+    m = run.metrics
+    out = {}
+    ttft = m.get("mean_ttft_s") or m.get("median_ttft_s")
+    tpot = mean_tpot_s(run)
+    if ttft:
+        out["mean_ttft_s"] = ttft
+    if tpot:
+        out["mean_tpot_s"] = tpot
+    if m.get("output_throughput"):
+        out["output_throughput"] = m["output_throughput"]
+    return out
+
+
+class _Predictor:
+    """Predictions of the runs for an engine spec, cached by parameter values."""
+
+    def __init__(self, base: Setup, spec: EngineSpec, runs: list[ServedRun]):
+        self.base, self.spec, self.runs = base, spec, runs
+        self._cache: dict[tuple, list[dict[str, float]]] = {}
+
+    def setup(self, values: dict[str, float]) -> Setup:
+        spec = set_params(self.spec, values) if values else self.spec
+        b = self.base
+        prep = prepare(b.hardware, b.prep.precision, None, b.options, spec.model())
+        return replace(b, prep=prep)
+
+    def predict(self, values: dict[str, float]) -> list[dict[str, float]]:
+        key = tuple(sorted(values.items()))
+        got = self._cache.get(key)
+        if got is None:
+            s = self.setup(values)
+            got = []
+            for run in self.runs:
+                short = run if run.num_prompts <= FIT_MAX_REQUESTS else replace(
+                    run, num_prompts=FIT_MAX_REQUESTS)
+                sim, _ = simulate_run(short, s)
+                got.append({k: sim[v] / (1e3 if v.endswith("_ms") else 1.0)
+                            for k, v in FIT_METRICS.items()
+                            if sim.get(v) is not None and math.isfinite(sim[v])})
+            self._cache[key] = got
+        return got
+
+    def residuals(self, values: dict[str, float], idx: list[int]) -> list[float]:
+        preds = self.predict(values)
+        out = []
+        for i in idx:
+            meas = _measured(self.runs[i])
+            for k, v in meas.items():
+                p = preds[i].get(k)
+                if p:
+                    out.append(math.log(p / v))
+        return out
+
+
+def _identifiable(pred: _Predictor, values: dict[str, float], idx: list[int]) -> dict[str, str]:
+    """Parameters whose change moves no residual: name -> why."""
+    base = pred.residuals(values, idx)
+    out = {}
+    for p, v in values.items():
+        lo, hi = bounds_of(p)
+        moved = 0.0
+        for f in (IDENTIFY_STEP, 1 / IDENTIFY_STEP):
+            w = min(max(v * f, lo), hi)
+            if w == v:
+                continue
+            r = pred.residuals({**values, p: w}, idx)
+            if len(r) == len(base):
+                moved = max(moved, max((abs(a - b) for a, b in zip(r, base, strict=True)),
+                                       default=0.0))
+        if moved <= IDENTIFY_MIN:
+            out[p] = (f"a {IDENTIFY_STEP:g}x change moves no measured figure by more than "
+                      f"{IDENTIFY_MIN:.1%}")
+    return out
+
+
+def _fit(pred: _Predictor, values: dict[str, float], idx: list[int], *,
+         sweeps: int, tol: float) -> dict[str, float]:
+    def cost(vals: dict[str, float]) -> float:
+        return sum(soft_l1(r) for r in pred.residuals(vals, idx))
+
+    got, _ = descend(cost, values, cost(values), sweeps=sweeps, tol=tol)
+    return {p: round_sig3(v) for p, v in got.items()}
+
+
+def calibrate(runs: list[ServedRun], base: Setup, spec: EngineSpec, *, name: str,
+              date: str, params: tuple[str, ...] = DEFAULT_PARAMS, sweeps: int = 8,
+              tol: float = 2e-3, leave_one_out: bool = True) -> Calibration:
+    """Fit ``params`` of ``spec`` to ``runs`` measured on ``base``'s deployment."""
+    runs = [r for r in runs if r.batch is None and _measured(r)]
+    if not runs:
+        raise ValueError("no serving run with a TTFT, TPOT or throughput to fit")
+    if base.tp == 1:
+        params = tuple(p for p in params if p != "allreduce_latency_us")
+    pred = _Predictor(base, spec, runs)
+    idx = list(range(len(runs)))
+    start = {p: get_param(spec, p) for p in params}
+    unidentified = _identifiable(pred, start, idx)
+    if base.tp == 1 and "allreduce_latency_us" in DEFAULT_PARAMS:
+        unidentified["allreduce_latency_us"] = "every run is at TP 1: no all-reduce"
+    free = {p: v for p, v in start.items() if p not in unidentified}
+    values = _fit(pred, free, idx, sweeps=sweeps, tol=tol) if free else {}
+    held: dict[int, dict[str, float]] = {}
+    if leave_one_out and len(runs) > 1 and free:
+        for i in idx:
+            others = [j for j in idx if j != i]
+            held[i] = pred.predict(_fit(pred, free, others, sweeps=sweeps, tol=tol))[i]
+    before = pred.predict({})
+    after = pred.predict(values)
+    errors = []
+    for i, run in enumerate(runs):
+        for k, v in _measured(run).items():
+            errors.append(MetricError(run_id(run), k, v, MetricError.err(before[i].get(k), v),
+                                      MetricError.err(after[i].get(k), v),
+                                      MetricError.err(held[i].get(k), v) if i in held
+                                      else None))
+    ids = tuple(run_id(r) for r in runs)
+    fitted = spec
+    if values:
+        data = set_params(spec, values, fitted_on=ids).model_dump()
+        for p in values:
+            node = data[p]
+            node.update(source="llmplan calibrate", date=date, estimated=False,
+                        note=f"fitted by llmplan calibrate to the runs in fitted_on (base "
+                             f"{spec.name}: {get_param(spec, p):g})")
+        fitted = EngineSpec.model_validate(data)
+    fitted = fitted.model_copy(update={
+        "name": name, "date": date,
+        "display_name": f"{spec.display_name} (calibrated)",
+        "engine_version": f"{spec.engine_version}; calibrated by llmplan on {len(runs)} "
+                          f"run(s) of {base.model.name} on {base.tp} x {base.hardware.name}",
+        "source": f"llmplan calibrate: {', '.join(sorted({r.source for r in runs}))}"})
+    return Calibration(fitted, values, tuple(values), unidentified, tuple(errors), ids)
+
+
+__all__ = ["Calibration", "MetricError", "calibrate", "run_id"]

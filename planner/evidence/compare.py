@@ -1,0 +1,229 @@
+"""A measured serving run against llmplan's prediction and the hardware's limits.
+
+For each run (``planner.evidence.runs.ServedRun``):
+
+- *simulated*: the run's traffic replayed through ``planner.serving.sim`` with the engine's
+  scheduler defaults: the same number of requests, their lengths (each request's when the file
+  lists them, else the run's means), and the same arrival process (gamma gaps at the request
+  rate with its burstiness, all at once for an infinite rate, or a closed loop of
+  ``max_concurrency`` clients). Its figures are those of the measured run's keys.
+- *steady state*: ``estimate`` at the concurrency the server actually held, by Little's law
+  the decoding sequences = output throughput x mean TPOT: its TPOT and output throughput, the
+  figures a static model gives for that load.
+- *measured utilization*: the bytes a decode step must move at that concurrency (all the
+  weights, and each sequence's KV cache at its mean context, prompt + output / 2) over the
+  measured mean TPOT, as a fraction of the datasheet bandwidth of the ``tp`` GPUs (MBU); and
+  the FLOPs the run's tokens need (each prompt's prefill, each output token's decode at the
+  mean context) over its duration, as a fraction of their dense peak (MFU).
+
+The signed error of a figure is predicted / measured - 1: positive means llmplan predicts a
+longer time (pessimistic) or a higher throughput (optimistic). Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from planner.core.errors import UsageError
+from planner.core.estimate import Prepared, estimate
+from planner.core.memory import kv_cache_bytes, weight_bytes
+from planner.core.ops import decode_ops, prefill_ops, total_flops
+from planner.core.specs import HardwareSpec, ModelSpec, Options, Parallelism, Workload
+from planner.evidence.runs import METRIC_KEYS, ServedRun
+
+MAX_SIM_REQUESTS = 5000  # a longer run is simulated on its first 5,000 requests
+
+
+@dataclass(frozen=True)
+class Setup:
+    """The deployment the runs were measured on, resolved for prediction."""
+
+    model: ModelSpec
+    hardware: HardwareSpec
+    prep: Prepared
+    options: Options
+    tp: int = 1
+    seed: int = 0
+
+    @property
+    def engine(self):
+        return self.prep.engine
+
+
+@dataclass(frozen=True)
+class MetricRow:
+    metric: str  # a METRIC_KEYS name: mean_ttft_s, output_throughput, ...
+    measured: float
+    simulated: float | None
+    steady: float | None = None
+
+    @property
+    def error(self) -> float | None:
+        if self.simulated is None or not self.measured:
+            return None
+        return self.simulated / self.measured - 1
+
+    @property
+    def steady_error(self) -> float | None:
+        if self.steady is None or not self.measured:
+            return None
+        return self.steady / self.measured - 1
+
+
+@dataclass(frozen=True)
+class RunComparison:
+    run: ServedRun
+    rows: tuple[MetricRow, ...]
+    concurrency: float | None  # decoding sequences the server held (Little's law)
+    achieved_bandwidth_bytes_per_s: float | None
+    mbu: float | None
+    achieved_flops_per_s: float | None
+    mfu: float | None
+    simulated: dict = field(default_factory=dict)  # the simulator's whole summary
+    notes: tuple[str, ...] = ()
+
+    def as_dict(self) -> dict:
+        r = self.run
+        return {
+            "source": r.source, "tool": r.tool, "label": r.label, "traffic": r.traffic,
+            "request_rate": None if not math.isfinite(r.request_rate) else r.request_rate,
+            "max_concurrency": r.max_concurrency, "num_prompts": r.num_prompts,
+            "completed": r.completed, "mean_input_tokens": r.mean_input_tokens,
+            "mean_output_tokens": r.mean_output_tokens, "model_id": r.model_id,
+            "decode_concurrency": self.concurrency,
+            "achieved_bandwidth_bytes_per_s": self.achieved_bandwidth_bytes_per_s,
+            "mbu": self.mbu, "achieved_flops_per_s": self.achieved_flops_per_s,
+            "mfu": self.mfu,
+            "metrics": {m.metric: {"measured": m.measured, "simulated": m.simulated,
+                                   "steady_state": m.steady, "error": m.error,
+                                   "steady_state_error": m.steady_error} for m in self.rows},
+            "notes": list(r.notes + self.notes),
+        }
+
+
+def mean_tpot_s(run: ServedRun) -> float | None:
+    """The run's seconds per output token: mean TPOT, else mean ITL, else median TPOT."""
+    m = run.metrics
+    return m.get("mean_tpot_s") or m.get("mean_itl_s") or m.get("median_tpot_s")
+
+
+def decode_concurrency(run: ServedRun) -> float | None:
+    """Sequences decoding at once: a static run's batch, else (Little's law) output tokens/s x
+    seconds per output token."""
+    if run.batch is not None:
+        return float(run.batch)
+    tpot, out = mean_tpot_s(run), run.metrics.get("output_throughput")
+    if tpot and out:
+        return out * tpot
+    return None
+
+
+def _duration_s(run: ServedRun) -> float | None:
+    if run.duration_s:
+        return run.duration_s
+    rt = run.metrics.get("request_throughput")
+    return run.completed / rt if rt else None
+
+
+def utilization(run: ServedRun, s: Setup) -> tuple[float | None, ...]:
+    """(concurrency, achieved bytes/s, MBU, achieved FLOP/s, MFU) of a measured run."""
+    p, m, hw = s.prep.precision, s.model, s.hardware
+    n = decode_concurrency(run)
+    tpot = mean_tpot_s(run)
+    ctx = max(1, round(run.mean_input_tokens + run.mean_output_tokens / 2))
+    bw = mbu = flops_s = mfu = None
+    if n is not None and tpot:
+        step_bytes = (weight_bytes(m, p, lm_head_sharded=s.engine.lm_head_sharded)
+                      + n * kv_cache_bytes(m, p, batch=1, seq_len=ctx))
+        bw = step_bytes / tpot
+        mbu = bw / (hw.memory_bandwidth_bytes_per_s * s.tp)
+    dur = _duration_s(run)
+    if dur and run.completed:
+        prompt = max(1, round(run.mean_input_tokens))
+        per_prompt = total_flops(prefill_ops(m, p, batch=1, prompt_tokens=prompt))
+        per_token = total_flops(decode_ops(m, p, batch=1, context_tokens=ctx))
+        if run.batch is not None:  # a static batch: one decode step of the whole batch
+            flops_s = run.batch * per_token / tpot if tpot else None
+        else:
+            flops_s = run.completed * (per_prompt + run.mean_output_tokens * per_token) / dur
+        if flops_s is not None:
+            peak = hw.peak_flops_per_s(p.compute_dtype)
+            mfu = flops_s / (peak * s.tp)
+    return n, bw, mbu, flops_s, mfu
+
+
+def simulate_run(run: ServedRun, s: Setup) -> tuple[dict, tuple[str, ...]]:
+    """The simulator's summary for the run's traffic (keys as vLLM's result file)."""
+    from planner.serving.cost import StepCoster
+    from planner.serving.metrics import summary
+    from planner.serving.sim import SchedulerConfig, simulate
+    from planner.serving.traffic import Request, synthetic
+
+    notes: list[str] = []
+    e = s.engine
+    n = min(run.num_prompts or run.completed, MAX_SIM_REQUESTS)
+    if n < (run.num_prompts or run.completed):
+        notes.append(f"simulated the first {n:,} of {run.num_prompts:,} requests")
+    closed = run.closed_loop
+    if run.max_concurrency is not None and not closed:
+        notes.append(f"the run capped requests in flight at {run.max_concurrency} beside its "
+                     "rate; the simulation sends at the rate only")
+    reqs = synthetic(max(n, 1), prompt_tokens=max(1, round(run.mean_input_tokens)),
+                     output_tokens=max(1, round(run.mean_output_tokens)),
+                     request_rate=run.request_rate if not closed else math.inf,
+                     burstiness=run.burstiness, closed_loop=closed, seed=s.seed)
+    if run.input_lens and run.output_lens and len(run.input_lens) == len(run.output_lens):
+        lens = list(zip(run.input_lens, run.output_lens, strict=True))[:n]
+        reqs = [Request(r.id, r.arrival_s, max(1, p), max(1, o))
+                for r, (p, o) in zip(reqs, lens, strict=False)]  # lens may be fewer
+    coster = StepCoster(s.model, s.hardware, s.prep, s.options, tp=s.tp)
+    cfg = SchedulerConfig.for_engine(e, max_model_len=s.model.max_position_embeddings,
+                                     max_concurrency=run.max_concurrency if closed else None)
+    return summary(simulate(reqs, coster, cfg)), tuple(notes)
+
+
+def _sim_value(sim: dict, metric: str) -> float | None:
+    if metric.endswith("_s"):
+        v = sim.get(metric[:-2] + "_ms")
+        return None if v is None or not math.isfinite(v) else v / 1e3
+    v = sim.get(metric)
+    return None if v is None or not math.isfinite(v) else float(v)
+
+
+def _static_prediction(run: ServedRun, s: Setup) -> dict:
+    """A static batch (``llmplan measure``): the estimate's decode step at the run's context
+    and the prefill of the batch."""
+    e = estimate(s.model, s.hardware, precision=s.prep.precision, options=s.options,
+                 workload=Workload(batch=run.batch, prompt_tokens=max(1, round(
+                     run.mean_input_tokens)), output_tokens=1),
+                 parallelism=Parallelism(tp=s.tp), engine=s.engine)
+    return {"median_tpot_ms": e.tpot_s * 1e3, "mean_tpot_ms": e.tpot_s * 1e3,
+            "median_ttft_ms": e.ttft_s * 1e3, "mean_ttft_ms": e.ttft_s * 1e3}
+
+
+def compare_run(run: ServedRun, s: Setup) -> RunComparison:
+    """Measured against simulated and steady-state figures, and the measured MBU / MFU."""
+    if s.model.max_position_embeddings < run.mean_input_tokens + run.mean_output_tokens:
+        raise UsageError(f"{run.source}: {run.label}: prompts of {run.mean_input_tokens:,.0f} "
+                         f"+ {run.mean_output_tokens:,.0f} tokens exceed {s.model.name}'s "
+                         f"context of {s.model.max_position_embeddings:,}")
+    notes: tuple[str, ...] = ()
+    if run.batch is not None:
+        sim = _static_prediction(run, s)
+    else:
+        sim, notes = simulate_run(run, s)
+    n, bw, mbu, flops_s, mfu = utilization(run, s)
+    steady: dict[str, float] = {}
+    if n is not None and run.batch is None and n >= 0.5:
+        b = max(1, round(n))
+        e = estimate(s.model, s.hardware, precision=s.prep.precision, options=s.options,
+                     workload=Workload(batch=b, prompt_tokens=max(1, round(
+                         run.mean_input_tokens)), output_tokens=max(1, round(
+                             run.mean_output_tokens))),
+                     parallelism=Parallelism(tp=s.tp), engine=s.engine)
+        steady = {"mean_tpot_s": e.tpot_s, "median_tpot_s": e.tpot_s,
+                  "output_throughput": b / e.tpot_s}
+    rows = tuple(MetricRow(k, run.metrics[k], _sim_value(sim, k), steady.get(k))
+                 for k in METRIC_KEYS if k in run.metrics)
+    return RunComparison(run, rows, n, bw, mbu, flops_s, mfu, sim, notes)

@@ -1,0 +1,157 @@
+"""Fit an engine profile's free parameters to measurements, by robust least squares on log error.
+
+The residual of a measured figure is r = log(predicted / measured): a relative error, symmetric
+in over- and under-prediction, so a TTFT of seconds and a TPOT of milliseconds weigh alike. The
+loss is the pseudo-Huber (soft-L1) of r with a scale of 10%, delta^2 (sqrt(1 + (r/delta)^2) - 1):
+quadratic for small errors, linear for large ones, so a few rows the model cannot explain (a
+kernel the profile does not describe) do not drag every parameter to compensate for them.
+Each parameter is searched in log space within its bounds (fractions in [0.3, 1], costs in
+microseconds in [0.01, 20000]) by cyclic coordinate descent with a golden-section line search:
+a handful of smooth parameters, so no gradient or solver library is needed.
+
+Pure: the caller supplies the rows (validation datasets), the models, GPUs and the engine.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from planner.core.engine import EngineSpec
+from planner.evidence.validate import Dataset, compare
+
+# A fitted efficiency below 0.3 or a fixed cost above 20 ms would be compensating for something
+# the model lacks, not measuring the engine: the bounds keep a fit physical, and a value at a
+# bound is reported as such.
+FRACTION_BOUNDS = (0.3, 1.0)
+MICROSECOND_BOUNDS = (0.01, 20000.0)
+
+
+def get_param(spec: EngineSpec, name: str) -> float:
+    return _param(spec, name).value
+
+
+def _param(spec: EngineSpec, name: str):
+    parts = name.split(".")
+    if parts[0] == "quantized" and len(parts) == 3:
+        return getattr(spec.quantized[parts[1]], parts[2])
+    if len(parts) != 1 or name not in spec.parameters():
+        raise KeyError(f"no fittable parameter '{name}' in engine {spec.name}")
+    return getattr(spec, name)
+
+
+def set_params(spec: EngineSpec, values: dict[str, float],
+               fitted_on: tuple[str, ...] | None = None) -> EngineSpec:
+    """A copy of ``spec`` with new parameter values (and, when given, their fitted rows)."""
+    data = spec.model_dump()
+    for name, v in values.items():
+        parts = name.split(".")
+        node = data["quantized"][parts[1]][parts[2]] if parts[0] == "quantized" else data[name]
+        node["value"] = v
+        if fitted_on is not None:
+            node["fitted_on"] = list(fitted_on)
+    return EngineSpec.model_validate(data)
+
+
+def bounds_of(name: str) -> tuple[float, float]:
+    return FRACTION_BOUNDS if name.endswith("_frac") else MICROSECOND_BOUNDS
+
+
+@dataclass(frozen=True)
+class FitResult:
+    engine: EngineSpec
+    values: dict[str, float]
+    before_rms_log_error: float
+    after_rms_log_error: float
+    rows: tuple[str, ...]
+    n: int
+
+
+HUBER_DELTA = 0.1
+
+
+def soft_l1(r: float) -> float:
+    return HUBER_DELTA ** 2 * (math.sqrt(1 + (r / HUBER_DELTA) ** 2) - 1)
+
+
+def _objective(spec: EngineSpec, datasets: list[Dataset], models, gpus,
+               loss=soft_l1) -> tuple[float, int]:
+    total, n = 0.0, 0
+    for ds in datasets:
+        for c in compare(ds, models=models, gpus=gpus, engines={spec.name: spec}):
+            total += loss(math.log(c.predicted / c.measured))
+            n += 1
+    return total, n
+
+
+def rms_log_error(spec: EngineSpec, datasets: list[Dataset], models, gpus) -> float:
+    total, n = _objective(spec, datasets, models, gpus, loss=lambda r: r * r)
+    return math.sqrt(total / max(n, 1))
+
+
+def fit(spec: EngineSpec, params: list[str], datasets: list[Dataset], *, models, gpus,
+        sweeps: int = 40, tol: float = 1e-4) -> FitResult:
+    """Fit ``params`` of ``spec`` to every row of ``datasets`` (already filtered to the fit
+    rows, each predicted with ``spec`` whatever engine its source names)."""
+    datasets = [ds.model_copy(update={
+        "source": ds.source.model_copy(update={"engine": spec.name}),
+        "rows": [r.model_copy(update={"engine": None}) for r in ds.rows]}) for ds in datasets]
+    rows = tuple(f"{ds.source.id}:{r.id}" for ds in datasets for r in ds.rows)
+    values = {p: get_param(spec, p) for p in params}
+    before, n = _objective(spec, datasets, models, gpus)
+    rms_before = rms_log_error(spec, datasets, models, gpus)
+
+    def cost(vals: dict[str, float]) -> float:
+        return _objective(set_params(spec, vals), datasets, models, gpus)[0]
+
+    values, _ = descend(cost, values, before, sweeps=sweeps, tol=tol)
+    values = {p: round_sig3(v) for p, v in values.items()}
+    fitted = set_params(spec, values, fitted_on=rows)
+    return FitResult(fitted, values, rms_before, rms_log_error(fitted, datasets, models, gpus),
+                     rows, n)
+
+
+def descend(cost, values: dict[str, float], best: float, *, sweeps: int = 40,
+            tol: float = 1e-4) -> tuple[dict[str, float], float]:
+    """Cyclic coordinate descent of ``cost(values)`` over the named parameters, each by a
+    golden-section search of its log within ``bounds_of`` it; (values, cost) at the end."""
+    values = dict(values)
+    for _ in range(sweeps):
+        start = best
+        for p in values:
+            lo, hi = bounds_of(p)
+
+            def f(logv: float, p: str = p) -> float:
+                return cost({**values, p: math.exp(logv)})
+
+            x = _golden(f, math.log(lo), math.log(hi), tol)
+            fx = f(x)
+            if fx < best:
+                values[p], best = math.exp(x), fx
+        if start - best < 1e-9:
+            break
+    return values, best
+
+
+def _golden(f, a: float, b: float, tol: float) -> float:
+    """Minimum of a unimodal ``f`` on [a, b] by golden-section search."""
+    g = (math.sqrt(5) - 1) / 2
+    c, d = b - g * (b - a), a + g * (b - a)
+    fc, fd = f(c), f(d)
+    while b - a > tol:
+        if fc < fd:
+            b, d, fd = d, c, fc
+            c = b - g * (b - a)
+            fc = f(c)
+        else:
+            a, c, fc = c, d, fd
+            d = a + g * (b - a)
+            fd = f(d)
+    return (a + b) / 2
+
+
+def round_sig3(v: float) -> float:
+    """Three significant digits: a fitted value claims no more precision than that."""
+    if v == 0:
+        return 0.0
+    return round(v, 2 - int(math.floor(math.log10(abs(v)))))

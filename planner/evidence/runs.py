@@ -1,0 +1,68 @@
+"""A measured serving run, whatever tool wrote it, in SI units.
+
+Every reader in ``planner.evidence.formats`` turns its tool's result into ``ServedRun``s: the
+traffic the run sent (request rate and burstiness, or a closed loop of clients; the lengths of
+its prompts and outputs) and what it measured (TTFT, TPOT, ITL and end-to-end latency
+statistics, throughputs), so that one prediction and one comparison serve them all. Pure.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+# Measured figures a run may carry, in SI units: latency statistics in seconds (mean, median,
+# p90, p99 of each of ttft, tpot, itl and e2el) and throughputs per second.
+LATENCIES = ("ttft", "tpot", "itl", "e2el")
+STATS = ("mean", "median", "p90", "p99")
+THROUGHPUTS = ("request_throughput", "output_throughput", "total_token_throughput")
+METRIC_KEYS = tuple(f"{s}_{m}_s" for m in LATENCIES for s in STATS) + THROUGHPUTS
+
+
+@dataclass(frozen=True)
+class ServedRun:
+    """One benchmark run against one server configuration."""
+
+    source: str  # file (and the run's place in it)
+    tool: str  # vllm-bench-serve, sglang-bench-serving, guidellm, genai-perf, llmplan-measure
+    label: str
+    # traffic: an open loop at ``request_rate`` (inf: every request at once) with gamma gaps of
+    # shape ``burstiness``, or a closed loop of ``max_concurrency`` clients (rate nan)
+    request_rate: float
+    max_concurrency: int | None
+    num_prompts: int
+    completed: int
+    mean_input_tokens: float
+    mean_output_tokens: float
+    metrics: dict[str, float] = field(default_factory=dict)
+    burstiness: float = 1.0
+    duration_s: float | None = None
+    input_lens: tuple[int, ...] | None = None  # per request, when the file lists them
+    output_lens: tuple[int, ...] | None = None
+    model_id: str | None = None  # the served model as the tool names it
+    # a static batch measured by `llmplan measure`: its batch and context, no traffic
+    batch: int | None = None
+    notes: tuple[str, ...] = ()
+
+    def __post_init__(self):
+        for k, v in self.metrics.items():
+            if k not in METRIC_KEYS:
+                raise ValueError(f"unknown metric {k}")
+            if not (isinstance(v, float) and math.isfinite(v) and v >= 0):
+                raise ValueError(f"{k} must be a finite number >= 0, got {v!r}")
+
+    @property
+    def closed_loop(self) -> bool:
+        return self.max_concurrency is not None and not math.isfinite(self.request_rate)
+
+    @property
+    def traffic(self) -> str:
+        if self.batch is not None:
+            return f"static batch of {self.batch}"
+        if self.closed_loop:
+            n = self.max_concurrency
+            return f"a closed loop of {n} client{'s' if n != 1 else ''}"
+        rate = "all at once" if math.isinf(self.request_rate) else \
+            f"{self.request_rate:g} req/s"
+        cap = f", at most {self.max_concurrency} in flight" if self.max_concurrency else ""
+        return rate + cap

@@ -1,0 +1,160 @@
+"""Published serving runs against the simulator: the served half of ``llmplan validate``.
+
+A served dataset (``planner/data/served/<source>.yaml``) names real benchmark result files that
+someone measured on real servers and published (a vLLM ``bench serve`` result, SGLang's
+``bench_serving`` lines, ...), with the repository, path and commit they were copied from and
+the published file's SHA-256, and, for each, the deployment the run was measured on: model,
+GPU, tensor-parallel size, precision, engine. A file lies beside the manifest ``verbatim``, or
+as an ``extract``: the published JSON less the per-request lists the comparison does not read
+(``ttfts``, ``itls``, ``generated_texts``, ``errors``: megabytes of them), written by
+``benchmarks/extract_served.py``; every other key, ``input_lens`` and ``output_lens`` included,
+keeps its published value. Each run's traffic is replayed through the simulator
+(``planner.evidence.compare``: the same request count, lengths and arrival process) with the
+engine's profile, and once more with the ideal engine, and the measured TTFT, TPOT and output
+throughput are compared with both.
+
+No engine parameter is fitted on these runs, so every figure here is held out. Pure: no I/O
+(the CLI reads the files).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from planner.core.arith import no_bool_numbers
+from planner.core.specs import DType
+from planner.evidence.compare import Setup, compare_run
+from planner.evidence.runs import ServedRun
+from planner.evidence.validate import Errors, Summary, summarize
+
+# The figures compared, the first the run reports of each group: a run that gives only the
+# median TTFT is compared on it.
+METRIC_GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("served TTFT", ("mean_ttft_s", "median_ttft_s")),
+    ("served TPOT", ("mean_tpot_s", "median_tpot_s", "mean_itl_s", "median_itl_s")),
+    ("served throughput", ("output_throughput",)),
+)
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+    _no_bools = field_validator("*", mode="before")(no_bool_numbers)
+
+
+class ServedSource(_Strict):
+    id: str = Field(min_length=1, pattern=r"^[a-z0-9][a-z0-9._-]*$")
+    url: str = Field(min_length=1)  # the folder or file, at the commit copied
+    repo: str = Field(min_length=3)  # owner/name
+    commit: str = Field(pattern=r"^[0-9a-f]{40}$")
+    date: str = Field(min_length=1)
+    engine: str = Field(min_length=1)  # engines_db name that predicts its runs
+    engine_version: str = Field(min_length=1)
+    hardware_note: str = Field(min_length=1)  # the evidence for the GPU, in the source's words
+    workload_note: str | None = None
+    notes: str | None = None
+
+
+class ServedEntry(_Strict):
+    id: str = Field(min_length=1, pattern=r"^[a-z0-9][a-z0-9._-]*$")
+    file: str = Field(min_length=1, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")  # beside the manifest
+    path: str = Field(min_length=1)  # where it lies in the source repository
+    commit: str | None = Field(None, pattern=r"^[0-9a-f]{40}$")  # when not the source's
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")  # of the file as published
+    kept: Literal["verbatim", "extract"] = "verbatim"
+    model: str = Field(min_length=1)
+    gpu: str = Field(min_length=1)
+    tp: int = Field(1, gt=0, le=1024)
+    weights: DType = DType.bf16
+    kv_cache: DType | None = None
+    engine: str | None = None  # this run's, when not the source's
+    # figures not compared, each for a reason the note gives (a measurement the simulator
+    # cannot reproduce by construction, such as prompts served from a warm prefix cache)
+    skip: list[Literal["TTFT", "TPOT", "throughput"]] = Field(default_factory=list)
+    note: str | None = None
+
+    @model_validator(mode="after")
+    def _skip_has_reason(self) -> ServedEntry:
+        if self.skip and not self.note:
+            raise ValueError(f"run {self.id}: skip needs a note saying why")
+        return self
+
+
+class ServedDataset(_Strict):
+    source: ServedSource
+    runs: list[ServedEntry] = Field(min_length=1)
+    # runs of the source deliberately left out, each with its reason (they are not predicted)
+    left_out: list[str] = Field(default_factory=list)
+
+    def url_of(self, e: ServedEntry) -> str:
+        return f"https://github.com/{self.source.repo}/blob/{e.commit or self.source.commit}/" \
+               f"{e.path}"
+
+    @model_validator(mode="after")
+    def _unique(self) -> ServedDataset:
+        ids = [r.id for r in self.runs]
+        dup = sorted({i for i in ids if ids.count(i) > 1})
+        if dup:
+            raise ValueError(f"run id {', '.join(dup)} appears twice")
+        return self
+
+
+@dataclass(frozen=True)
+class ServedComparison(Errors):
+    source: str
+    run: str  # the manifest entry and the run's label within its file
+    engine: str
+    metric: str  # a ServedRun metric key: mean_ttft_s, output_throughput, ...
+    phase: str  # served TTFT, served TPOT, served throughput
+    model: str
+    gpu: str
+    tp: int
+    traffic: str
+    mean_input_tokens: float
+    mean_output_tokens: float
+    measured: float
+    predicted: float
+    ideal: float
+    in_sample: bool = False  # no parameter is fitted on served runs
+
+
+def _pick(run: ServedRun, keys: tuple[str, ...]) -> str | None:
+    for k in keys:
+        if run.metrics.get(k):
+            return k
+    return None
+
+
+def compare_entry(source: ServedSource, entry: ServedEntry, runs: list[ServedRun],
+                  setup: Setup, ideal: Setup) -> list[ServedComparison]:
+    """Every run of one result file, simulated with the engine's profile and the ideal
+    engine's, against what was measured."""
+    out: list[ServedComparison] = []
+    for run in runs:
+        real = {m.metric: m for m in compare_run(run, setup).rows}
+        bound = {m.metric: m for m in compare_run(run, ideal).rows}
+        label = entry.id if len(runs) == 1 else f"{entry.id} {run.label}"
+        for phase, keys in METRIC_GROUPS:
+            if phase.split()[-1] in entry.skip:
+                continue
+            k = _pick(run, keys)
+            if k is None:
+                continue
+            p, b = real[k].simulated, bound[k].simulated
+            if p is None or b is None or not (math.isfinite(p) and math.isfinite(b)):
+                continue
+            out.append(ServedComparison(
+                source.id, label, setup.engine.name, k, phase, entry.model, entry.gpu, entry.tp,
+                run.traffic, run.mean_input_tokens, run.mean_output_tokens, run.metrics[k], p,
+                b))
+    return out
+
+
+def summarize_served(rows: list[ServedComparison], *, by_source: bool = True) -> list[Summary]:
+    """Median and 90th-percentile absolute error per (source, engine, phase); with
+    ``by_source`` False, over all sources together."""
+    return summarize(rows, by_source=by_source, phase_of=lambda c: c.phase)

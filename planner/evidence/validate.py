@@ -1,0 +1,252 @@
+"""Published measurements against predictions: the dataset's schema, the predictions, the errors.
+
+The dataset (planner/data/validation/*.yaml, one file per source) holds rows measured and
+published by others: the source's URL and date, the engine and its version, how the source
+defines each metric, and per row the model, GPU, precision, TP, batch, prompt and output tokens
+and the measured figures. Each row is predicted with its engine's profile and the same
+workload, and compared metric by metric:
+
+- ``user_tokens_per_s``: output tokens of one sequence / its end-to-end time, prefill included
+  (gpt-fast's "tokens/s" at batch 1): predicted output_tokens / latency_s.
+- ``tpot_s``: time of one decode step (inter-token latency): predicted tpot_s.
+- ``ttft_s``: time to the first token, the prefill of the batch: predicted ttft_s.
+- ``throughput_tokens_per_s``: output tokens of the whole batch / the whole run's time,
+  prefill included: predicted batch x output_tokens / latency_s (all TP GPUs together);
+  ``throughput_tokens_per_s_per_gpu`` the same divided by the GPUs (TensorRT-LLM's tables).
+- ``latency_s``: the whole static batch's time, prefill and every decode step: latency_s.
+
+The signed error is predicted / measured - 1 of the metric as published (a positive error on a
+tokens/s metric is optimistic, on a time metric pessimistic). A row is *in-sample* for an
+engine when one of that profile's parameters names it in ``fitted_on``; every other row is
+*held out*, and the two are summarised apart. Pure: files are read by ``planner.io.catalog``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from planner.core.arith import no_bool_numbers, quantile
+from planner.core.engine import EngineSpec
+from planner.core.errors import LlmplanError
+from planner.core.estimate import Estimate, estimate
+from planner.core.specs import (
+    MAX_COUNT,
+    Calibration,
+    DType,
+    HardwareSpec,
+    ModelSpec,
+    Parallelism,
+    Precision,
+    Workload,
+)
+
+METRICS: tuple[str, ...] = ("user_tokens_per_s", "tpot_s", "ttft_s", "throughput_tokens_per_s",
+                            "throughput_tokens_per_s_per_gpu", "latency_s")
+# What each metric says about: decode speed, prefill speed, or the two together.
+PHASE = {"user_tokens_per_s": "decode", "tpot_s": "decode", "ttft_s": "prefill",
+         "throughput_tokens_per_s": "end-to-end", "throughput_tokens_per_s_per_gpu": "end-to-end",
+         "latency_s": "end-to-end"}
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+    _no_bools = field_validator("*", mode="before")(no_bool_numbers)
+
+
+class MeasuredCeilings(_Strict):
+    """Ceilings the source measured on its own machine (a power-limited GPU, say): they
+    replace the GPU's achievable figures for its rows, as a calibration would."""
+
+    memory_bandwidth_gb_per_s: float = Field(gt=0, le=1_000_000, allow_inf_nan=False)
+    matmul_tflops: dict[DType, Annotated[float, Field(gt=0, le=100_000)]] = Field(
+        default_factory=dict)
+    note: str = Field(min_length=1)
+
+
+class Source(_Strict):
+    id: str = Field(min_length=1, pattern=r"^[a-z0-9][a-z0-9._-]*$")
+    url: str = Field(min_length=1)
+    date: str = Field(min_length=1)
+    engine: str = Field(min_length=1)  # engines_db name used to predict its rows
+    engine_version: str = Field(min_length=1)
+    hardware_note: str | None = None
+    workload_note: str | None = None
+    # how the source defines each metric it reports, in its own words
+    metric_definitions: dict[str, str] = Field(min_length=1)
+    measured_ceilings: MeasuredCeilings | None = None
+    notes: str | None = None
+
+
+class Row(_Strict):
+    id: str = Field(min_length=1, pattern=r"^[a-z0-9][a-z0-9._-]*$")
+    model: str
+    gpu: str
+    engine: str | None = None  # overrides the source's engine for this row
+    weights: DType = DType.bf16
+    kv_cache: DType | None = None
+    group_size: int = Field(128, gt=0, le=1_000_000)
+    tp: int = Field(1, gt=0, le=100_000)
+    batch: int = Field(gt=0, le=MAX_COUNT)
+    prompt_tokens: int = Field(gt=0, le=MAX_COUNT)
+    output_tokens: int = Field(gt=0, le=MAX_COUNT)
+    # A measurement beyond these is a typo: 1e8 tokens/s is ~1,000x the fastest published
+    # single-node figure, a day is longer than any benchmark run.
+    user_tokens_per_s: float | None = Field(None, gt=0, le=1e8, allow_inf_nan=False)
+    tpot_s: float | None = Field(None, gt=0, le=86_400, allow_inf_nan=False)
+    ttft_s: float | None = Field(None, gt=0, le=86_400, allow_inf_nan=False)
+    throughput_tokens_per_s: float | None = Field(None, gt=0, le=1e8, allow_inf_nan=False)
+    throughput_tokens_per_s_per_gpu: float | None = Field(None, gt=0, le=1e8,
+                                                          allow_inf_nan=False)
+    latency_s: float | None = Field(None, gt=0, le=86_400, allow_inf_nan=False)
+    note: str | None = None
+
+    @model_validator(mode="after")
+    def _some_metric(self) -> Row:
+        if all(getattr(self, m) is None for m in METRICS):
+            raise ValueError(f"row {self.id}: no measured metric ({', '.join(METRICS)})")
+        return self
+
+
+class Dataset(_Strict):
+    source: Source
+    rows: list[Row] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _unique(self) -> Dataset:
+        seen: set[str] = set()
+        for r in self.rows:
+            if r.id in seen:
+                raise ValueError(f"rows: duplicate id {r.id}")
+            seen.add(r.id)
+        return self
+
+
+class Errors:
+    """The signed errors of a prediction (``predicted``, ``ideal``) against ``measured``: a
+    base of the comparison dataclasses, which hold those fields and ``in_sample``."""
+
+    @property
+    def split_label(self) -> str:
+        return "in-sample" if self.in_sample else "held-out"
+
+    @property
+    def error(self) -> float:
+        return self.predicted / self.measured - 1
+
+    @property
+    def ideal_error(self) -> float:
+        return self.ideal / self.measured - 1
+
+    def as_dict(self) -> dict:
+        d = dict(self.__dict__)
+        d.update(error=self.error, ideal_error=self.ideal_error, split=self.split_label)
+        return d
+
+
+@dataclass(frozen=True)
+class Comparison(Errors):
+    source: str
+    row: str
+    engine: str
+    metric: str
+    model: str
+    gpu: str
+    weights: str
+    tp: int
+    batch: int
+    prompt_tokens: int
+    output_tokens: int
+    measured: float
+    predicted: float
+    ideal: float
+    in_sample: bool
+
+    @property
+    def key(self) -> str:
+        return f"{self.source}:{self.row}"
+
+
+def metric_of(e: Estimate, metric: str) -> float:
+    if metric == "user_tokens_per_s":
+        return e.output_tokens / e.latency_s
+    if metric == "tpot_s":
+        return e.tpot_s
+    if metric == "ttft_s":
+        return e.ttft_s
+    if metric == "latency_s":
+        return e.latency_s
+    if metric == "throughput_tokens_per_s_per_gpu":
+        return e.batch * e.output_tokens / e.latency_s / e.tp
+    return e.batch * e.output_tokens / e.latency_s
+
+
+def compare(ds: Dataset, *, models: dict[str, ModelSpec], gpus: dict[str, HardwareSpec],
+            engines: dict[str, EngineSpec]) -> list[Comparison]:
+    """Predict every row of ``ds`` with its engine and compare each measured metric."""
+    out: list[Comparison] = []
+    for r in ds.rows:
+        name = r.engine or ds.source.engine
+        spec = engines[name]
+        prec = Precision.of(r.weights, r.kv_cache, r.group_size)
+        mc = ds.source.measured_ceilings
+        cal = None if mc is None else Calibration(
+            device=r.gpu, memory_bandwidth_gb_per_s=mc.memory_bandwidth_gb_per_s,
+            matmul_tflops=mc.matmul_tflops)
+        try:
+            e = estimate(models[r.model], gpus[r.gpu], precision=prec, calibration=cal,
+                         workload=Workload(batch=r.batch, prompt_tokens=r.prompt_tokens,
+                                           output_tokens=r.output_tokens),
+                         parallelism=Parallelism(tp=r.tp), engine=spec.model())
+        except LlmplanError as err:
+            raise LlmplanError(f"validation row {ds.source.id}:{r.id}: {err}") from None
+        fitted = f"{ds.source.id}:{r.id}" in spec.fitted_rows()
+        for metric in METRICS:
+            measured = getattr(r, metric)
+            if measured is None:
+                continue
+            out.append(Comparison(ds.source.id, r.id, name, metric, r.model, r.gpu,
+                                  r.weights.value, r.tp, r.batch, r.prompt_tokens,
+                                  r.output_tokens, measured, metric_of(e, metric),
+                                  metric_of(e.bound_estimate, metric), fitted))
+    return out
+
+
+@dataclass(frozen=True)
+class Summary:
+    group: str  # "source / engine / phase / split"
+    source: str
+    engine: str
+    phase: str
+    split: str
+    n: int
+    median_abs_error: float
+    p90_abs_error: float
+    median_error: float
+    ideal_median_abs_error: float
+
+    def as_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+def summarize(rows: list, *, by_source: bool = True, phase_of=None) -> list[Summary]:
+    """Median and 90th-percentile absolute error per (source, engine, phase, split); with
+    ``by_source`` False, over all sources together (source "all"). ``phase_of``: a row's phase
+    (default: its metric's, ``PHASE``)."""
+    groups: dict[tuple, list] = {}
+    for c in rows:
+        src = c.source if by_source else "all"
+        eng = c.engine if by_source else "all"
+        phase = phase_of(c) if phase_of else PHASE[c.metric]
+        groups.setdefault((src, eng, phase, c.split_label), []).append(c)
+    out = []
+    for (src, eng, phase, split), cs in sorted(groups.items()):
+        errs = [abs(c.error) for c in cs]
+        out.append(Summary(f"{src} / {eng} / {phase} / {split}", src, eng, phase, split,
+                           len(cs), quantile(errs, 0.5), quantile(errs, 0.9),
+                           quantile([c.error for c in cs], 0.5),
+                           quantile([abs(c.ideal_error) for c in cs], 0.5)))
+    return out

@@ -1,0 +1,484 @@
+"""Find and load specs: the built-in databases, YAML files of the same schema, and Hugging Face
+``config.json`` files. Every problem becomes a ``SpecError`` whose one-line message names the
+file, the field and what is wrong.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from planner.core.engine import Engine, EngineSpec
+from planner.core.errors import SpecError
+from planner.core.specs import Calibration, HardwareSpec, ModelSpec
+
+_HERE = Path(__file__).resolve().parent.parent  # planner/
+S = TypeVar("S", bound=BaseModel)
+
+
+def db_dir(kind: str) -> Path:
+    """``models_db``, ``hardware_db`` or ``engines_db``: the checkout's own (editable
+    installs, a clone), or the copy a wheel carries inside the package (``pip install .``)."""
+    for candidate in (_HERE.parent / kind, _HERE / "_data" / kind):
+        if candidate.is_dir():
+            return candidate
+    raise SpecError(f"{kind}/ not found beside the planner package nor inside it")
+
+
+def _names(kind: str) -> list[str]:
+    return sorted(p.stem for p in db_dir(kind).glob("*.yaml"))
+
+
+def model_names() -> list[str]:
+    return _names("models_db")
+
+
+def gpu_names() -> list[str]:
+    return _names("hardware_db")
+
+
+def engine_names() -> list[str]:
+    return _names("engines_db")
+
+
+def _format_validation(path: str, err: ValidationError) -> str:
+    parts = []
+    for e in err.errors()[:3]:
+        loc = ".".join(str(x) for x in e["loc"]) or "(top level)"
+        msg = e["msg"].removeprefix("Value error, ")
+        if e["type"] == "extra_forbidden":
+            msg = "unknown key (misspelled?)"
+        elif e["type"] == "missing":
+            msg = "missing required field"
+        parts.append(f"{loc}: {msg}")
+    more = f" (+{len(err.errors()) - 3} more)" if len(err.errors()) > 3 else ""
+    return f"{path}: " + "; ".join(parts) + more
+
+
+def validate(cls: type[S], data: Any, path: str) -> S:
+    if not isinstance(data, dict):
+        raise SpecError(f"{path}: expected a mapping of fields, got {type(data).__name__}")
+    try:
+        return cls.model_validate(data)
+    except ValidationError as err:
+        raise SpecError(_format_validation(path, err)) from None
+
+
+def read_text(path: Path) -> str:
+    """A file's UTF-8 text, or a ``SpecError`` naming the file and what is wrong."""
+    try:
+        return path.read_text(encoding="utf-8")
+    except OSError as err:
+        raise SpecError(f"{path}: cannot read: {err.strerror}") from None
+    except UnicodeDecodeError as err:
+        raise SpecError(f"{path}: not UTF-8 text (byte {err.start}: "
+                        f"{err.object[err.start:err.start + 1]!r})") from None
+
+
+def read_json(path: Path) -> Any:
+    """A JSON document: malformed, too deep or with a number too long is one line."""
+    text = read_text(path)
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as err:
+        raise SpecError(f"{path}: line {err.lineno}: malformed JSON: {err.msg}") from None
+    except RecursionError:
+        raise SpecError(f"{path}: JSON nested too deeply") from None
+    except ValueError as err:  # an integer of thousands of digits
+        raise SpecError(f"{path}: malformed JSON: {str(err).splitlines()[0]}") from None
+
+
+# An alias repeats a node: a "billion laughs" file of aliases of aliases stands for an
+# exponential number of nodes, which validating it would walk. No spec comes near this many.
+MAX_YAML_NODES = 1_000_000
+
+
+def _expanded_nodes(node, memo: dict) -> int:
+    """Nodes of a composed YAML graph with every alias expanded (memoized: linear work)."""
+    key = id(node)
+    if key not in memo:
+        memo[key] = 0  # a self-reference counts once
+        children = node.value if isinstance(node.value, list) else []
+        total = 1
+        for c in children:
+            for n in (c if isinstance(c, tuple) else (c,)):
+                total += _expanded_nodes(n, memo)
+        memo[key] = total
+    return memo[key]
+
+
+def read_yaml(path: Path) -> Any:
+    text = read_text(path)
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml's where the wheel has it
+    try:
+        if "*" in text:  # size the graph, aliases expanded, before building anything
+            n = _expanded_nodes(yaml.compose(text, Loader=loader), {})
+            if n > MAX_YAML_NODES:
+                raise SpecError(f"{path}: its YAML aliases expand to {n:,} nodes "
+                                f"(at most {MAX_YAML_NODES:,})")
+        return yaml.load(text, Loader=loader)
+    except RecursionError:
+        raise SpecError(f"{path}: YAML nested too deeply") from None
+    except ValueError as err:  # a scalar YAML resolves but Python cannot build (5000 digits)
+        raise SpecError(f"{path}: unreadable value: {str(err).split(';')[0]}") from None
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" line {mark.line + 1}" if mark is not None else ""
+        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+        raise SpecError(f"{path}:{where}: malformed YAML: {problem}") from None
+
+
+def is_file(p: Path, what: str) -> bool:
+    """Whether ``p`` is a file; a path the OS refuses to look up (a name too long, a NUL
+    byte) is a ``SpecError`` naming ``what`` it was meant to be."""
+    try:
+        return p.is_file()
+    except (OSError, ValueError) as err:
+        ref = str(p)
+        raise SpecError(f"{ref[:80]}{'...' if len(ref) > 80 else ''}: not a usable "
+                        f"{what} name or path ({getattr(err, 'strerror', None) or err})") from None
+
+
+def _resolve(ref: str, kind: str, what: str) -> Path:
+    if not ref.strip():
+        raise SpecError(f"no {what} given")
+    p = Path(ref)
+    is_file_ = is_file(p, what)
+    if p.suffix in (".yaml", ".yml", ".json") or is_file_:
+        if not is_file_:
+            raise SpecError(f"{ref}: no such file")
+        return p
+    known = _names(kind)
+    if ref in known:
+        return db_dir(kind) / f"{ref}.yaml"
+    close = difflib.get_close_matches(ref, known, n=3, cutoff=0.5)
+    hint = f"; did you mean {', '.join(close)}?" if close else ""
+    raise SpecError(f"unknown {what} '{ref}' (not a file, not in {kind}/){hint} "
+                    f"Known: {', '.join(known)}")
+
+
+def load_model(ref: str) -> ModelSpec:
+    """A built-in model name, a YAML file, a Hugging Face ``config.json``, or a folder holding
+    one (a downloaded snapshot: the model is named by ``_name_or_path`` or the folder)."""
+    folder = Path(ref)
+    try:
+        is_dir = bool(ref.strip()) and folder.is_dir()
+    except (OSError, ValueError):
+        is_dir = False  # _resolve names the problem
+    if is_dir:
+        cfg = folder / "config.json"
+        if not is_file(cfg, "model"):
+            raise SpecError(f"{ref}: a folder without a config.json (a Hugging Face snapshot "
+                            "holds one)")
+        return model_from_hf_config(read_json(cfg), str(cfg))
+    path = _resolve(ref, "models_db", "model")
+    if path.suffix == ".json":
+        return model_from_hf_config(read_json(path), str(path))
+    data = read_yaml(path)
+    return validate(ModelSpec, data, str(path))
+
+
+def load_hardware(ref: str) -> HardwareSpec:
+    path = _resolve(ref, "hardware_db", "GPU")
+    return validate(HardwareSpec, read_yaml(path), str(path))
+
+
+def load_engine_spec(ref: str) -> EngineSpec:
+    """A built-in engine profile name (engines_db/) or a YAML file of the same schema."""
+    path = _resolve(ref, "engines_db", "engine")
+    return validate(EngineSpec, read_yaml(path), str(path))
+
+
+def load_engine(ref: str) -> Engine:
+    return load_engine_spec(ref).model()
+
+
+VALIDATION_DIR = _HERE / "data" / "validation"
+
+
+def load_datasets(paths: list[Path] | None = None) -> list:
+    """The built-in validation datasets (planner/data/validation/*.yaml), or ``paths``."""
+    from planner.evidence.validate import Dataset
+
+    files = paths if paths else sorted(VALIDATION_DIR.glob("*.yaml"))
+    out = []
+    for f in files:
+        p = Path(f)
+        if not p.is_file():
+            raise SpecError(f"{p}: no such dataset file")
+        out.append(validate(Dataset, read_yaml(p), str(p)))
+    ids = [d.source.id for d in out]
+    dup = sorted({i for i in ids if ids.count(i) > 1})
+    if dup:
+        raise SpecError(f"validation datasets: source id {', '.join(dup)} appears twice")
+    return out
+
+
+SERVED_DIR = _HERE / "data" / "served"
+
+
+def load_served(paths: list[Path] | None = None) -> list:
+    """The built-in served-run manifests (planner/data/served/*.yaml), or ``paths``: each
+    (ServedDataset, the folder its result files lie in)."""
+    from planner.evidence.served import ServedDataset
+
+    files = paths if paths is not None else sorted(SERVED_DIR.glob("*.yaml"))
+    out = []
+    for f in files:
+        p = Path(f)
+        if not p.is_file():
+            raise SpecError(f"{p}: no such served-run manifest")
+        out.append((validate(ServedDataset, read_yaml(p), str(p)), p.parent))
+    ids = [d.source.id for d, _ in out]
+    dup = sorted({i for i in ids if ids.count(i) > 1})
+    if dup:
+        raise SpecError(f"served-run manifests: source id {', '.join(dup)} appears twice")
+    return out
+
+
+def yaml_line(text: str, loc: tuple) -> int | None:
+    """The line (1-based) of the node at ``loc`` (keys and list indices) in a YAML text, or
+    of its nearest ancestor that exists."""
+    try:
+        node = yaml.compose(text)
+    except yaml.YAMLError:
+        return None
+    line = node.start_mark.line + 1 if node is not None else None
+    for key in loc:
+        if isinstance(node, yaml.MappingNode):
+            nxt = next(((k, v) for k, v in node.value if k.value == str(key)), None)
+            if nxt is None:
+                break
+            line, node = nxt[0].start_mark.line + 1, nxt[1]
+        elif isinstance(node, yaml.SequenceNode) and isinstance(key, int) \
+                and key < len(node.value):
+            node = node.value[key]
+            line = node.start_mark.line + 1
+        else:
+            break
+    return line
+
+
+def load_budget(path: str | Path):
+    """A budget file, validated; errors name the file, the line and the field."""
+    from planner.evidence.budget import Budget
+
+    p = Path(path)
+    if not p.is_file():
+        raise SpecError(f"{p}: no such budget file")
+    data = read_yaml(p)
+    if not isinstance(data, dict):
+        raise SpecError(f"{p}: expected a mapping with a 'deployments' list")
+    try:
+        return Budget.model_validate(data)
+    except ValidationError as err:
+        e = err.errors()[0]
+        loc = tuple(x for x in e["loc"] if not (isinstance(x, str) and x.startswith("function")))
+        line = yaml_line(read_text(p), loc)
+        where = f":{line}" if line else ""
+        field = ".".join(str(x) for x in loc) or "(top level)"
+        msg = e["msg"].removeprefix("Value error, ")
+        if e["type"] == "extra_forbidden":
+            msg = "unknown key (misspelled?)"
+        elif e["type"] == "missing":
+            msg = "missing required field"
+        more = f" (+{len(err.errors()) - 1} more)" if len(err.errors()) > 1 else ""
+        raise SpecError(f"{p}{where}: {field}: {msg}{more}") from None
+
+
+def load_calibration(path: str | Path) -> Calibration:
+    p = Path(path)
+    if not is_file(p, "calibration"):
+        raise SpecError(f"{p}: no such calibration file")
+    data = read_json(p) if p.suffix == ".json" else read_yaml(p)
+    return validate(Calibration, data, str(p))
+
+
+# --------------------------------------------------------------------------- HF config.json
+
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "mixtral", "qwen2", "qwen3", "qwen3_moe", "gemma",
+                         "gemma2", "gemma3", "gemma3_text", "phi3", "gpt2", "gpt_oss",
+                         "deepseek_v2", "deepseek_v3")
+# transformers' Gemma3TextConfig defaults: the official multimodal configs leave these out of
+# text_config (google/gemma-3-27b-it's states only the sizes that differ).
+GEMMA3_TEXT_DEFAULTS = {"vocab_size": 262208, "hidden_size": 2304, "intermediate_size": 9216,
+                        "num_hidden_layers": 26, "num_attention_heads": 8,
+                        "num_key_value_heads": 4, "head_dim": 256,
+                        "max_position_embeddings": 131072, "sliding_window": 4096,
+                        "sliding_window_pattern": 6, "tie_word_embeddings": True}
+_LAYER_KINDS = {"sliding_attention": "sliding", "full_attention": "full"}
+
+
+def _period(kinds: list[str]) -> tuple[str, ...]:
+    """The shortest prefix that, repeated, gives the whole per-layer list."""
+    for p in range(1, len(kinds) + 1):
+        if all(k == kinds[i % p] for i, k in enumerate(kinds)):
+            return tuple(kinds[:p])
+    return tuple(kinds)  # unreachable: p = len(kinds) always matches
+
+
+def _sliding_window(cfg: dict, mt: str, layers: int, path: str) -> dict[str, Any]:
+    """The sliding window as the engines read the config (transformers' modeling code, which
+    vLLM follows): an explicit ``layer_types`` list first; else Gemma-2 slides on even layers,
+    Gemma-3 on all but every ``sliding_window_pattern``-th, Qwen2/3 on the layers from
+    ``max_window_layers`` when ``use_sliding_window``, and the rest (Mistral, Mixtral, Phi-3) on
+    every layer whenever ``sliding_window`` is set."""
+    window = cfg.get("sliding_window")
+    if mt in ("qwen2", "qwen3", "qwen3_moe") and not cfg.get("use_sliding_window"):
+        return {}
+    if not window or mt in ("llama", "gpt2", "deepseek_v2", "deepseek_v3", "gemma"):
+        return {}
+    types = cfg.get("layer_types")
+    if types is not None:
+        if not isinstance(types, list) or len(types) != layers or any(
+                t not in _LAYER_KINDS for t in types):
+            raise SpecError(f"{path}: layer_types: expected {layers} entries, each "
+                            f"{' or '.join(_LAYER_KINDS)}")
+        kinds = [_LAYER_KINDS[t] for t in types]
+    elif mt == "gemma2":
+        kinds = ["sliding", "full"]
+    elif mt in ("gemma3", "gemma3_text"):
+        n = cfg.get("sliding_window_pattern") or 6
+        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+            raise SpecError(f"{path}: sliding_window_pattern: expected a positive whole number")
+        kinds = ["sliding"] * (n - 1) + ["full"]
+    elif mt in ("qwen2", "qwen3", "qwen3_moe"):
+        first = cfg.get("max_window_layers") or 0
+        if not isinstance(first, int) or isinstance(first, bool) or first < 0:
+            raise SpecError(f"{path}: max_window_layers: expected a whole number")
+        kinds = ["full" if i < first else "sliding" for i in range(layers)]
+    else:
+        kinds = ["sliding"]
+    if "sliding" not in kinds:
+        return {}
+    pattern = _period(kinds)
+    return {"sliding_window": window,
+            **({} if pattern == ("sliding",) else {"sliding_window_pattern": list(pattern)})}
+
+
+def _req(cfg: dict, key: str, path: str) -> Any:
+    if key not in cfg or cfg[key] is None:
+        raise SpecError(f"{path}: {key}: missing required field for "
+                        f"model_type {cfg.get('model_type')}")
+    return cfg[key]
+
+
+def _qwen_moe_layer(cfg: dict, i: int, path: str) -> bool:
+    """Whether layer i of a Qwen3-MoE config is sparse (transformers' Qwen3MoeDecoderLayer)."""
+    step = cfg.get("decoder_sparse_step", 1)
+    only = cfg.get("mlp_only_layers") or []
+    if not isinstance(step, int) or isinstance(step, bool) or step < 1 or not isinstance(
+            only, list):
+        raise SpecError(f"{path}: decoder_sparse_step / mlp_only_layers: expected a positive "
+                        "whole number and a list of layer indices")
+    return i not in only and (i + 1) % step == 0
+
+
+def model_from_hf_config(cfg: dict, path: str) -> ModelSpec:
+    """Translate the fields of an official HF config into a ``ModelSpec``."""
+    try:
+        return _model_from_hf_config(cfg, path)
+    except (TypeError, OverflowError) as err:  # a list or a string where a size belongs
+        raise SpecError(f"{path}: a size field is not a number ({err})") from None
+
+
+def _model_from_hf_config(cfg: dict, path: str) -> ModelSpec:
+    if not isinstance(cfg, dict):
+        raise SpecError(f"{path}: expected a JSON object")
+    mt = cfg.get("model_type")
+    if mt == "gemma3" and isinstance(cfg.get("text_config"), dict):
+        # the multimodal checkpoint: its language model is the text config (the vision tower
+        # is not modelled); the name stays the checkpoint's
+        cfg = {"_name_or_path": cfg.get("_name_or_path"), **GEMMA3_TEXT_DEFAULTS,
+               **cfg["text_config"], "model_type": "gemma3_text"}
+        mt = "gemma3_text"
+    if mt not in SUPPORTED_MODEL_TYPES:
+        raise SpecError(f"{path}: model_type: '{mt}' is not supported; supported: "
+                        f"{', '.join(SUPPORTED_MODEL_TYPES)}")
+    name = (cfg.get("_name_or_path") or Path(path).parent.name or Path(path).stem)
+    name = str(name).rstrip("/").split("/")[-1] or "config"
+    d: dict[str, Any] = {"name": name, "architecture": mt, "source": path}
+    if mt == "gpt2":
+        h = _req(cfg, "n_embd", path)
+        d.update(vocab_size=_req(cfg, "vocab_size", path), hidden_size=h,
+                 num_layers=_req(cfg, "n_layer", path),
+                 num_attention_heads=_req(cfg, "n_head", path),
+                 num_kv_heads=_req(cfg, "n_head", path),
+                 intermediate_size=cfg.get("n_inner") or 4 * h,
+                 max_position_embeddings=_req(cfg, "n_positions", path),
+                 tie_word_embeddings=cfg.get("tie_word_embeddings", True),
+                 mlp="plain", norm="layernorm", position_embedding="learned",
+                 attention_bias=True, attention_out_bias=True, mlp_bias=True)
+        return validate(ModelSpec, d, path)
+
+    heads = _req(cfg, "num_attention_heads", path)
+    d.update(vocab_size=_req(cfg, "vocab_size", path),
+             hidden_size=_req(cfg, "hidden_size", path),
+             num_layers=_req(cfg, "num_hidden_layers", path),
+             num_attention_heads=heads,
+             num_kv_heads=cfg.get("num_key_value_heads") or heads,
+             intermediate_size=_req(cfg, "intermediate_size", path),
+             max_position_embeddings=_req(cfg, "max_position_embeddings", path),
+             tie_word_embeddings=cfg.get("tie_word_embeddings", mt in ("gemma", "gemma2")))
+    if cfg.get("head_dim"):
+        d["head_dim"] = cfg["head_dim"]
+    if mt == "qwen2":
+        d["attention_bias"] = True  # Qwen2 always carries q, k, v biases
+    elif cfg.get("attention_bias"):
+        # Llama's and gpt-oss's flag covers o_proj too; Qwen3's only q, k, v
+        d["attention_bias"] = True
+        d["attention_out_bias"] = mt not in ("qwen3", "qwen3_moe")
+    if cfg.get("mlp_bias"):
+        d["mlp_bias"] = True
+    if mt in ("gemma2", "gemma3_text"):
+        d["norms_per_layer"] = 4
+    if mt in ("qwen3", "qwen3_moe", "gemma3_text"):
+        d["qk_norm"] = True
+    d.update(_sliding_window(cfg, mt, d["num_layers"], path))
+    if mt == "mixtral":
+        d["moe"] = {"num_experts": _req(cfg, "num_local_experts", path),
+                    "experts_per_token": _req(cfg, "num_experts_per_tok", path),
+                    "expert_intermediate_size": d["intermediate_size"]}
+    if mt == "gpt_oss":
+        # every layer MoE with biased experts and router, attention sinks
+        d["attention_sinks"] = True
+        k = cfg.get("num_experts_per_tok", cfg.get("experts_per_token"))
+        if k is None:
+            raise SpecError(f"{path}: num_experts_per_tok: missing required field for "
+                            "model_type gpt_oss")
+        if "experts_per_token" in cfg and cfg["experts_per_token"] != k:
+            # the official config states both; they must agree
+            raise SpecError(f"{path}: experts_per_token ({cfg['experts_per_token']!r:.20}) "
+                            f"differs from num_experts_per_tok ({k!r:.20})")
+        d["moe"] = {"num_experts": _req(cfg, "num_local_experts", path),
+                    "experts_per_token": k, "expert_intermediate_size": d["intermediate_size"],
+                    "router_bias": True, "expert_bias": True}
+    if mt == "qwen3_moe":
+        sparse = [i for i in range(d["num_layers"]) if _qwen_moe_layer(cfg, i, path)]
+        if sparse != list(range(d["num_layers"] - len(sparse), d["num_layers"])):
+            raise SpecError(f"{path}: decoder_sparse_step / mlp_only_layers: MoE layers that "
+                            "are not the last ones are not modelled")
+        d["moe"] = {"num_experts": _req(cfg, "num_experts", path),
+                    "experts_per_token": _req(cfg, "num_experts_per_tok", path),
+                    "expert_intermediate_size": _req(cfg, "moe_intermediate_size", path),
+                    "first_dense_layers": d["num_layers"] - len(sparse)}
+    if mt in ("deepseek_v2", "deepseek_v3"):
+        d["mla"] = {"q_lora_rank": cfg.get("q_lora_rank"),
+                    "kv_lora_rank": _req(cfg, "kv_lora_rank", path),
+                    "qk_nope_head_dim": _req(cfg, "qk_nope_head_dim", path),
+                    "qk_rope_head_dim": _req(cfg, "qk_rope_head_dim", path),
+                    "v_head_dim": _req(cfg, "v_head_dim", path)}
+        d["head_dim"] = d["mla"]["qk_nope_head_dim"] + d["mla"]["qk_rope_head_dim"]
+        if cfg.get("n_routed_experts"):
+            d["moe"] = {"num_experts": cfg["n_routed_experts"],
+                        "experts_per_token": _req(cfg, "num_experts_per_tok", path),
+                        "expert_intermediate_size": _req(cfg, "moe_intermediate_size", path),
+                        "num_shared_experts": cfg.get("n_shared_experts") or 0,
+                        "first_dense_layers": cfg.get("first_k_dense_replace") or 0,
+                        "router_bias": cfg.get("topk_method") == "noaux_tc"}
+    return validate(ModelSpec, d, path)

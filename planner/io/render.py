@@ -1,0 +1,310 @@
+"""Rich rendering of estimates and tables (edge: imported by the CLI only)."""
+
+from __future__ import annotations
+
+from rich import box
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from planner.core.estimate import Estimate
+from planner.core.roofline import StepTime
+from planner.io import fmt
+
+
+def _window_note(m) -> str:
+    """How a sliding window caps the cache, for the KV line."""
+    n = m.num_sliding_layers
+    if not n:
+        return ""
+    which = "all layers" if n == m.num_layers else f"{n} of {m.num_layers} layers"
+    return f"; {which} keep the last {m.sliding_window:,}"
+
+
+def table(title: str | None, columns: list[str], rows: list[list], *,
+          left: int = 1, compact: bool = False, fold: tuple[int, ...] = ()) -> Table:
+    """A table whose first ``left`` columns are left-aligned and the rest (numbers) right;
+    the columns in ``fold`` wrap onto more lines in a narrow terminal instead of being cut."""
+    t = Table(title=title, title_justify="left", header_style="bold",
+              box=box.SIMPLE_HEAD if compact else box.HEAVY_HEAD, pad_edge=not compact,
+              padding=(0, 0) if compact else (0, 1),  # compact: the box's one space between
+              show_edge=not compact)
+    for i, c in enumerate(columns):
+        t.add_column(c, justify="left" if i < left else "right",
+                     no_wrap=(compact or i == 0) and i not in fold,
+                     overflow="fold" if i in fold else "ellipsis")
+    for r in rows:
+        t.add_row(*[str(x) for x in r])
+    return t
+
+
+def plain(text: object) -> str:
+    """Text from a file or a name, shown as is: rich must not read [brackets] as markup."""
+    return escape(str(text))
+
+
+def _section(title: str, rows: list[tuple[str, str, str]]) -> Table:
+    t = Table(title=title, title_justify="left", show_header=False, box=None, pad_edge=False,
+              title_style="bold")
+    t.add_column("what", style="cyan", no_wrap=True)
+    t.add_column("value", justify="right", no_wrap=True)
+    t.add_column("note", style="dim", overflow="fold")  # a long URL folds, is not cut
+    for r in rows:
+        t.add_row(*r)
+    return t
+
+
+def _tp_link(hw, tp: int) -> str:
+    """Which link the TP all-reduces cross: the server's, or the network between servers."""
+    node = hw.node
+    if node is None or tp <= node.gpus_per_node:
+        return f"per decode step, over {hw.interconnect.kind}"
+    nodes = -(-tp // node.gpus_per_node)
+    if node.inter_node is None:
+        return (f"per decode step; {nodes} servers of {node.gpus_per_node}, but hardware_db has "
+                f"no inter-node figure: {hw.interconnect.kind} assumed")
+    net = node.inter_node
+    return (f"per decode step across {nodes} servers of {node.gpus_per_node}: over "
+            f"{net.kind}, {net.bandwidth_gb_per_s:g} GB/s per GPU")
+
+
+def render_estimate(console: Console, e: Estimate, *, explain: bool = False) -> None:
+    m, hw, p, mem = e.model, e.hardware, e.precision, e.memory
+    gpus = f"{e.tp} x {hw.display_name}" if e.tp > 1 else hw.display_name
+    quant = (f", group {p.group_size}, {p.quantized_bytes_per_param:.4g} B/param incl. scales"
+             if p.weights.value in ("int8", "int4") else
+             f", blocks of 32, {p.quantized_bytes_per_param:.4g} B/param incl. scales"
+             if p.weights.value == "mxfp4" else "")
+    if p.quantized_layers == "experts":
+        quant += " (routed experts only; the rest in " + p.half_dtype.value + ")"
+    console.print(f"[bold]{escape(m.label)}[/] on [bold]{escape(gpus)}[/]  "
+                  f"weights {p.weights.value}{quant}, "
+                  f"KV {p.kv_cache.value}, compute {p.compute_dtype.value}; "
+                  f"batch {e.batch}, prompt {e.prompt_tokens}, output {e.output_tokens} tokens")
+    eng = e.engine
+    overlap = f", overlap {eng.overlap_frac:.0%}" \
+        if eng.overlap_frac < 1 and e.options.time_model == "roofline" else ""
+    console.print(f"[dim]engine: {escape(eng.display_name or eng.name)}"
+                  f"{f' ({escape(eng.version)})' if eng.version and eng.version != '-' else ''}; "
+                  f"ceilings: {e.ceilings.source}; time model: {e.options.time_model}{overlap}; "
+                  f"attention: {e.options.attention}[/]")
+    per_gpu = " per GPU" if e.tp > 1 else ""
+    kc = e.kv_concurrency()
+    fits = "[green]yes[/]" if mem.fits else "[red]NO[/]"
+    console.print(_section(f"Memory{per_gpu}", [
+        ("weights", fmt.gib(mem.weights_bytes), f"{fmt.count(e.params)} params"),
+        ("KV cache", fmt.gib(mem.kv_cache_bytes),
+         f"{e.kv_cache_bytes_per_token / 1024:,.1f} KiB/token x {e.batch} x "
+         f"{e.context_tokens} tokens{_window_note(e.model)}"),
+        ("activations (peak)", fmt.gib(mem.activation_bytes), f"prefill, {e.options.attention}"),
+        ("reserve", fmt.gib(mem.reserve_bytes), "CUDA context, workspaces"),
+        ("total", fmt.gib(mem.total_bytes),
+         f"{fmt.pct(mem.used_frac)} of {fmt.gib(mem.capacity_bytes)}"),
+        ("usable", fmt.gib(mem.usable_bytes),
+         f"{fmt.pct(e.options.memory_utilization_frac)} of capacity"),
+        ("fits", fits, ""),
+        ("concurrency, paged KV", f"{kc.paged:,}",
+         f"{kc.capacity_tokens:,} KV tokens in {kc.block_size}-token blocks; "
+         f"{fmt.pct(kc.paged_used_frac)} hold tokens"),
+        ("concurrency, contiguous", f"{kc.contiguous:,}",
+         f"{kc.max_model_len:,} tokens reserved each; {fmt.pct(kc.contiguous_used_frac)} "
+         "hold tokens"),
+    ]))
+    console.print(_section("Compute", [
+        ("params", fmt.count(e.params),
+         f"official {fmt.count(m.official_params)}" if m.official_params else ""),
+        ("active params", fmt.count(e.active_params), "per token" if m.moe else ""),
+        ("FLOPs / decoded token", fmt.si(e.decode_flops_per_token, "FLOP"),
+         f"2N = {fmt.si(e.flops_per_token_2n, 'FLOP')} + attention"),
+        ("prefill FLOPs", fmt.si(e.prefill_flops, "FLOP"), f"{e.batch} x {e.prompt_tokens} tokens"),
+    ]))
+    engine_ceilings = [] if e.ideal is None else [
+        ("engine's compute", fmt.si(e.ceilings.peak(p.compute_dtype), "FLOP/s"),
+         e.ceilings.flops_source_of(p.compute_dtype)),
+        ("engine's bandwidth", fmt.si(e.ceilings.bandwidth_bytes_per_s, "B/s"),
+         e.ceilings.bandwidth_source)]
+    console.print(_section("Roofline", [
+        ("peak compute", fmt.si(e.peak_flops_per_s, "FLOP/s"),
+         f"{p.compute_dtype.value}, {e.ref.source}"),
+        ("peak bandwidth", fmt.si(e.ref.bandwidth_bytes_per_s, "B/s"), e.ref.source),
+        *engine_ceilings,
+        ("ridge point", f"{e.ridge_flops_per_byte:,.0f} FLOP/B", ""),
+        ("decode bound", e.bound, f"at batch {e.batch}"),
+        ("optimal batch", f"{e.optimal_batch:,.0f}", "peak x bytes/param / (2 x bandwidth)"),
+        ("usable optimum", f"{e.usable_optimal_batch:,}",
+         "capped by memory" if mem.max_batch < e.optimal_batch else "memory allows it"),
+        ("max batch that fits", f"{mem.max_batch:,}", f"at {e.context_tokens} tokens"),
+    ]))
+    b = e.ideal
+
+    def vs(text: str, ideal: str) -> str:
+        return text if b is None else f"{text}; ideal {ideal}"
+
+    console.print(_section("Timing" if b is None else f"Timing ({eng.name}; the ideal "
+                           "roofline beside)", [
+        ("TTFT", fmt.seconds(e.ttft_s), vs("prefill of the batch",
+                                           fmt.seconds(b.ttft_s) if b else "")),
+        ("TPOT", fmt.seconds(e.tpot_s), vs(f"decode step at {e.decode_context_tokens:,.0f} "
+                                           "tokens", fmt.seconds(b.tpot_s) if b else "")),
+        ("latency", fmt.seconds(e.latency_s), vs("TTFT + TPOT x (output - 1)",
+                                                 fmt.seconds(b.latency_s) if b else "")),
+        ("decode throughput", f"{e.throughput_tokens_per_s:,.0f} tok/s",
+         vs("batch / TPOT", f"{b.throughput_tokens_per_s:,.0f} tok/s" if b else "")),
+        ("end-to-end throughput", f"{e.e2e_throughput_tokens_per_s:,.0f} tok/s",
+         vs("batch x output / latency",
+            f"{b.e2e_throughput_tokens_per_s:,.0f} tok/s" if b else "")),
+    ] + ([("TP communication", fmt.seconds(e.decode.comm_s), _tp_link(hw, e.tp))]
+         if e.tp > 1 else [])
+      + ([("engine overhead", fmt.seconds(e.decode.overhead_s),
+           f"per decode step: {e.decode.kernels:,.0f} kernels + fixed "
+           f"{fmt.seconds(e.decode.fixed_s)}")] if b is not None else [])))
+    util = [
+        ("MBU", fmt.pct(e.mbu), vs("weights + KV read per step / TPOT / datasheet bandwidth",
+                                   fmt.pct(b.mbu) if b else "")),
+        ("MFU (decode)", fmt.pct(e.mfu), vs("", fmt.pct(b.mfu) if b else "").lstrip("; ")),
+        ("MFU (prefill)", fmt.pct(e.prefill_mfu),
+         vs("", fmt.pct(b.prefill_mfu) if b else "").lstrip("; ")),
+    ]
+    if e.measured is not None:
+        mm = e.measured
+        if mm.tpot_s is not None:
+            util += [("measured TPOT", fmt.seconds(mm.tpot_s), ""),
+                     ("achieved bandwidth", fmt.si(mm.achieved_bandwidth_bytes_per_s, "B/s"), ""),
+                     ("measured MBU", fmt.pct(mm.mbu), ""),
+                     ("measured MFU", fmt.pct(mm.mfu), "")]
+        if mm.ttft_s is not None:
+            util += [("measured TTFT", fmt.seconds(mm.ttft_s), ""),
+                     ("achieved prefill", fmt.si(mm.achieved_prefill_flops_per_s, "FLOP/s"), ""),
+                     ("measured prefill MFU", fmt.pct(mm.prefill_mfu), "")]
+    console.print(_section("Utilisation", util))
+    cost = e.cost_usd_per_million_output_tokens
+    console.print(_section("Cost", [
+        ("price", fmt.usd(e.price_usd_per_gpu_hour) + "/GPU-h" if e.price_usd_per_gpu_hour
+         else "n/a", e.price_source or "no price in hardware_db: pass --price-per-hour"),
+        ("per 1M output tokens", fmt.usd(cost), "end-to-end throughput" if cost else ""),
+    ]))
+    for n in e.notes:
+        console.print(f"[yellow]note:[/] {n}")
+    if explain:
+        console.print(operator_table("Decode step operators", e.decode, console.width))
+        console.print(operator_table("Prefill operators", e.prefill, console.width))
+        c = e.ceilings
+        console.print(f"[dim]eff BW, eff FLOP: the engine's efficiency ({eng.name}) times the "
+                      f"ceilings: bandwidth {fmt.si(c.bandwidth_bytes_per_s, 'B/s')} "
+                      f"({c.bandwidth_source}), {p.compute_dtype.value} "
+                      f"{fmt.si(c.peak(p.compute_dtype), 'FLOP/s')} "
+                      f"({c.flops_source_of(p.compute_dtype)}); kernels: per step, each "
+                      f"paying the engine's per-kernel cost; fixed: the engine's per-step cost[/]")
+
+
+def operator_table(title: str, step: StepTime, width: int = 200) -> Table:
+    """Per-operator figures; under 90 columns the dtype and FLOP/B columns are left out
+    (the footer says so) so that the rest is not cut."""
+    wide = width >= 90
+    cols = ["operator", "x", "dtype", "FLOP", "bytes", "FLOP/B", "eff\nBW", "eff\nFLOP",
+            "kernels", "time", "share", "bound"]
+    keep = [i for i, c in enumerate(cols) if wide or c not in ("dtype", "FLOP/B")]
+    t = table(title, [cols[i] for i in keep], [], left=1, compact=True)
+
+    def add(*cells: str, style: str | None = None) -> None:
+        t.add_row(*[cells[i] for i in keep], style=style)
+
+    total = step.time_s
+    for ot in step.ops:
+        op = ot.op
+        inten = op.intensity_flops_per_byte
+        comm = op.kind == "allreduce"
+        add(op.name, str(op.count), op.dtype.value, fmt.si(op.flops * op.count, ""),
+            fmt.si(op.bytes * op.count, "B") if not comm
+            else fmt.si(op.comm_bytes * op.count, "B"),
+            "-" if comm else f"{inten:,.1f}", f"{ot.bandwidth_frac:.0%}",
+            "-" if comm else f"{ot.compute_frac:.0%}", f"{ot.kernels:,.0f}",
+            fmt.seconds(ot.time_s), fmt.pct(ot.time_s / total), ot.bound)
+    if step.fixed_s:
+        add("fixed (per step)", "", "", "", "", "", "", "", "",
+            fmt.seconds(step.fixed_s), fmt.pct(step.fixed_s / total), "cpu")
+    add("total", "", "", fmt.si(step.flops, ""), fmt.si(step.bytes, "B"),
+        f"{step.flops / step.bytes:,.1f}", "", "", f"{step.kernels:,.0f}",
+        fmt.seconds(total), "100%", step.bound, style="bold")
+    if not wide:
+        t.caption = "dtype and FLOP/B: in a terminal of 90 columns or more, or with --json"
+        t.caption_justify = "left"
+    return t
+
+
+def render_speculative(console, s) -> None:
+    """The speculative-decoding section of ``llmplan estimate``."""
+    c = s.config
+    who = {"draft-model": f"draft {plain(c.draft.name) if c.draft else '-'}",
+           "mtp": "the model's MTP layer", "ngram": "n-gram prompt lookup"}[c.method]
+    title = f"Speculative decoding ({who}, k = {c.k}, acceptance {c.acceptance:g})"
+    console.print(_section(title, [
+        ("tokens per step", f"{s.tokens_per_step:.2f}", "(1 - a^(k+1)) / (1 - a), per sequence"),
+        ("step", fmt.seconds(s.step_s), f"verify {fmt.seconds(s.verify_s)} (k + 1 tokens) + "
+                                        f"draft {fmt.seconds(s.draft_s)}"),
+        ("TPOT", fmt.seconds(s.tpot_s), f"without {fmt.seconds(s.baseline_tpot_s)}: "
+                                        f"{s.speedup:.2f}x at batch {s.batch}"),
+        ("decode throughput", f"{s.throughput_tokens_per_s:,.0f} tok/s", "batch / TPOT"),
+        ("drafter memory", fmt.gib(s.extra_weights_bytes + s.extra_kv_cache_bytes),
+         f"weights {fmt.gib(s.extra_weights_bytes)}, KV {fmt.gib(s.extra_kv_cache_bytes)}; "
+         + ("fits" if s.fits else "[red]does not fit[/]")),
+        ("stops paying", "-" if s.break_even_batch is None else f"batch {s.break_even_batch}",
+         "first batch (doubling) where it is slower" if s.break_even_batch else
+         "faster at every batch that fits"),
+    ]))
+    console.print(table(None, ["batch", "TPOT", "with spec.", "speedup"],
+                        [[f"{p.batch:,}", fmt.seconds(p.baseline_tpot_s), fmt.seconds(p.tpot_s),
+                          f"{p.speedup:.2f}x"] for p in s.by_batch], left=0, compact=True))
+
+
+def render_pipeline(console, p, batch: int, output_tokens: int,
+                    price: float | None) -> None:
+    """The Pipeline section of ``llmplan estimate --pp``: the deployment's own figures."""
+    fits = "[green]yes[/]" if p.fits else "[red]NO[/]"
+    cost = p.cost_usd_per_million_output_tokens(price, batch, output_tokens)
+    console.print(_section(
+        f"Pipeline: {p.pp} stages x {p.tp} GPUs = {p.gpus} GPUs (the sections above are the "
+        f"whole model on one group of {p.tp})", [
+            ("TTFT", fmt.seconds(p.ttft_s), "the batch's prefill through every stage"),
+            ("TPOT", fmt.seconds(p.tpot_s), f"{p.micro_batches} micro-batches of "
+                                            f"{p.micro_batch} in flight"),
+            ("decode throughput", f"{p.throughput_tokens_per_s(batch):,.0f} tok/s",
+             "batch / TPOT"),
+            ("latency", fmt.seconds(p.latency_s(output_tokens)), "TTFT + TPOT x (output - 1)"),
+            ("memory per GPU", fmt.gib(p.max_memory_per_gpu_bytes), "the fullest stage"),
+            ("fits", fits, "every stage"),
+            ("per 1M output tokens", "n/a" if cost is None else f"${cost:,.3f}",
+             f"{p.gpus} GPUs"),
+        ]))
+    console.print(table(None, ["stage", "layers", "weights", "KV", "total", "decode",
+                               "prefill", "send"],
+                        [[str(s.index), f"{s.layers[0]}-{s.layers[1] - 1}",
+                          fmt.gib(s.weights_bytes), fmt.gib(s.kv_cache_bytes),
+                          fmt.gib(s.total_bytes) + ("" if s.fits else " !"),
+                          fmt.seconds(s.decode_s), fmt.seconds(s.prefill_s),
+                          ("-" if s.send_s == 0 else fmt.seconds(s.send_s)
+                           + (" (net)" if s.crosses_node else ""))]
+                         for s in p.stages], left=2, compact=True))
+
+
+def render_expert(console, x, batch: int) -> None:
+    """The Expert parallel section of ``llmplan estimate --ep``."""
+    fits = "[green]yes[/]" if x.fits else "[red]NO[/]"
+    link = "the network" if x.crosses_node else "the intra-node link"
+    console.print(_section(
+        f"Expert parallel: {x.ep} GPUs, each 1/{x.ep} of the experts and {x.batch_per_gpu} "
+        "of the sequences (attention data-parallel)", [
+            ("TTFT", fmt.seconds(x.ttft_s), "each GPU prefills its own sequences; the "
+                                             "experts at the most loaded GPU's tokens"),
+            ("TPOT", fmt.seconds(x.tpot_s),
+             f"own batch {fmt.seconds(x.dense_s)} + experts {fmt.seconds(x.experts_s)} + "
+             f"all-to-all {fmt.seconds(x.all_to_all_s)} + host {fmt.seconds(x.fixed_s)}"),
+            ("decode throughput", f"{batch / x.tpot_s:,.0f} tok/s", "batch / TPOT"),
+            ("expert load", f"{x.imbalance:.2f}x", f"most loaded GPU {x.pairs_max:,.0f} "
+                                                   f"token-experts, mean {x.pairs_mean:,.0f}"),
+            ("all-to-all", fmt.seconds(x.all_to_all_s), f"dispatch + combine per MoE layer "
+                                                         f"over {link}"),
+            ("memory per GPU", fmt.gib(x.total_bytes),
+             f"weights {fmt.gib(x.weights_bytes)}, KV {fmt.gib(x.kv_cache_bytes)}"),
+            ("fits", fits, ""),
+        ]))

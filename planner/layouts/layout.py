@@ -1,0 +1,121 @@
+"""One replica's headline figures under any layout: a TP group, TP x PP pipeline stages, or EP
+expert-parallel GPUs, in the shape sweep, plan and check consume.
+
+For TP alone the figures are ``estimate``'s; with pipeline stages or expert parallelism they
+come from ``planner.layouts.pipeline`` and ``planner.layouts.expert``. Memory is that of the
+replica's fullest GPU against one GPU's usable memory, and cost counts every GPU of the
+replica. Numbers, or broadcastable arrays (a sweep). Pure.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from planner.core.errors import UsageError
+from planner.core.estimate import Prepared
+from planner.core.specs import HardwareSpec, ModelSpec, Options
+
+
+def check_layout(m: ModelSpec, tp: int, pp: int, ep: int) -> None:
+    """A layout the model allows: TP dividing its heads, at most one stage per layer, EP
+    dividing its experts and only with TP = PP = 1 (attention runs data-parallel)."""
+    from planner.core.ops import check_tp
+    from planner.layouts.expert import check_ep
+    from planner.layouts.pipeline import stage_layers
+
+    if ep > 1 and (tp > 1 or pp > 1):
+        raise UsageError("expert parallelism runs attention data-parallel: tp and pp must be 1")
+    check_tp(m, tp)
+    stage_layers(m.num_layers, pp)
+    if ep > 1:
+        check_ep(m, ep)
+
+
+@dataclass(frozen=True)
+class LayoutMemory:
+    total_bytes: object  # the fullest GPU's
+    usable_bytes: float
+    capacity_bytes: float
+
+    @property
+    def used_frac(self):
+        """Of the GPU's capacity, as ``MemoryPlan.used_frac``."""
+        return self.total_bytes / self.capacity_bytes
+
+    @property
+    def fits(self):
+        return self.total_bytes <= self.usable_bytes
+
+
+@dataclass(frozen=True)
+class LayoutFigures:
+    tp: int
+    pp: int
+    ep: int
+    batch: object
+    output_tokens: object
+    ttft_s: object
+    tpot_s: object
+    memory: LayoutMemory
+    price_usd_per_gpu_hour: float | None
+    extra: dict  # the layout's own figures: micro-batches, expert imbalance, all-to-all
+    mbu = None  # not predicted for these layouts
+
+    @property
+    def num_gpus(self) -> int:
+        return self.tp * self.pp * self.ep
+
+    @property
+    def latency_s(self):
+        return self.ttft_s + self.tpot_s * (self.output_tokens - 1)
+
+    @property
+    def throughput_tokens_per_s(self):
+        return self.batch / self.tpot_s
+
+    @property
+    def e2e_throughput_tokens_per_s(self):
+        return self.batch * self.output_tokens / self.latency_s
+
+    @property
+    def cost_usd_per_million_output_tokens(self):
+        if self.price_usd_per_gpu_hour is None:
+            return None
+        usd_per_s = self.price_usd_per_gpu_hour * self.num_gpus / 3600
+        return usd_per_s / self.e2e_throughput_tokens_per_s * 1e6
+
+    def columns(self) -> dict:
+        m = self.memory
+        return {"total_memory_bytes": m.total_bytes, "usable_memory_bytes": m.usable_bytes,
+                "memory_used_frac": m.used_frac, "fits": m.fits, "ttft_s": self.ttft_s,
+                "tpot_s": self.tpot_s, "latency_s": self.latency_s,
+                "throughput_tokens_per_s": self.throughput_tokens_per_s,
+                "e2e_throughput_tokens_per_s": self.e2e_throughput_tokens_per_s,
+                "cost_usd_per_million_output_tokens": self.cost_usd_per_million_output_tokens,
+                **self.extra}
+
+
+def layout_figures(m: ModelSpec, hw: HardwareSpec, prep: Prepared, o: Options, *, tp: int = 1,
+                   pp: int = 1, ep: int = 1, batch, prompt_tokens, output_tokens,
+                   price_usd_per_gpu_hour: float | None = None) -> LayoutFigures:
+    """The figures of a pipeline (``pp`` > 1) or expert-parallel (``ep`` > 1) replica."""
+    check_layout(m, tp, pp, ep)
+    if ep > 1:
+        from planner.layouts.expert import expert_parallel
+
+        r = expert_parallel(m, hw, prep, o, ep=ep, batch=batch, prompt_tokens=prompt_tokens,
+                            output_tokens=output_tokens)
+        memory, extra = r.total_bytes, {"expert_imbalance": r.imbalance,
+                                        "all_to_all_s": r.all_to_all_s}
+    elif pp > 1:
+        from planner.layouts.pipeline import pipeline
+
+        r = pipeline(m, hw, prep, o, tp=tp, pp=pp, batch=batch, prompt_tokens=prompt_tokens,
+                     output_tokens=output_tokens)
+        memory, extra = r.max_memory_per_gpu_bytes, {"micro_batches": r.micro_batches}
+    else:
+        raise UsageError("layout_figures: a TP group alone is estimate's")
+    return LayoutFigures(tp, pp, ep, batch, output_tokens, r.ttft_s, r.tpot_s,
+                         LayoutMemory(memory, hw.memory_bytes * o.memory_utilization_frac,
+                                      hw.memory_bytes),
+                         price_usd_per_gpu_hour, extra)

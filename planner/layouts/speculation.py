@@ -1,0 +1,231 @@
+"""Speculative decoding: what a draft buys per decode step, and at which batch it stops paying.
+
+Each step a drafter proposes k tokens per sequence; the target model verifies them in one
+forward pass over k + 1 tokens per sequence (logits for every position) and keeps the
+accepted prefix plus one token of its own. With each proposal accepted independently with
+probability a, the tokens a step yields per sequence are (Leviathan, Kalman and Matias, "Fast
+Inference from Transformers via Speculative Decoding", ICML 2023, eq. 1)
+
+    E = (1 - a^(k+1)) / (1 - a)          (k + 1 when a = 1)
+
+The step costs the verification plus the drafting: k decode steps of a draft model at the same
+batch and context (``draft-model``), k passes of one extra decoder layer and the lm_head of
+the target (``mtp``, DeepSeek-V3's multi-token prediction module, whose weights and one
+layer's KV cache it holds too), or nothing on the GPU (``ngram``: prompt lookup on the host).
+So TPOT = (t_verify + t_draft) / E. At batch 1 a decode step is bound by reading the weights
+and verifying k + 1 tokens costs little more than one, so speculation pays; as the batch grows
+toward the compute bound the verification costs k + 1 times a step's FLOPs and speculation
+loses. ``break_even_batch`` is the first batch (doubling from 1, within what fits) where it
+does. Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Literal
+
+from planner.core.errors import UsageError
+from planner.core.estimate import Prepared
+from planner.core.memory import kv_cache_bytes, memory_plan, weight_bytes, weight_bytes_breakdown
+from planner.core.ops import StepShape, decode_ops, shape_ops
+from planner.core.roofline import step_time
+from planner.core.specs import HardwareSpec, ModelSpec, Options
+
+Method = Literal["draft-model", "mtp", "ngram"]
+# DeepSeek-V3 technical report (arXiv 2412.19437), section 5.4.3: "the acceptance rate of the
+# second token prediction ranges between 85% and 90%"; the lower end is the default for mtp.
+MTP_ACCEPTANCE = 0.85
+MTP_TOKENS = 1  # DeepSeek-V3 ships one MTP module (num_nextn_predict_layers: 1)
+
+
+def expected_tokens(acceptance: float, k: int) -> float:
+    """Tokens per verification step per sequence: (1 - a^(k+1)) / (1 - a)."""
+    if not 0 <= acceptance <= 1:
+        raise UsageError(f"acceptance rate must be in [0, 1], got {acceptance:g}")
+    if acceptance == 1:
+        return k + 1.0
+    return (1 - acceptance ** (k + 1)) / (1 - acceptance)
+
+
+@dataclass(frozen=True)
+class SpecConfig:
+    method: Method
+    k: int
+    acceptance: float
+    draft: ModelSpec | None = None  # draft-model only
+
+    def __post_init__(self):
+        if not 1 <= self.k <= 64:
+            raise UsageError(f"--num-speculative-tokens must be in 1..64, got {self.k}")
+        expected_tokens(self.acceptance, self.k)
+        if (self.method == "draft-model") != (self.draft is not None):
+            raise UsageError("--draft-model is needed with --speculative draft-model, and "
+                             "only then")
+
+
+@dataclass(frozen=True)
+class SpecPoint:
+    batch: int
+    baseline_tpot_s: float
+    tpot_s: float
+
+    @property
+    def speedup(self) -> float:
+        return self.baseline_tpot_s / self.tpot_s
+
+
+@dataclass(frozen=True)
+class SpecResult:
+    config: SpecConfig
+    tokens_per_step: float
+    verify_s: float
+    draft_s: float
+    baseline_tpot_s: float
+    batch: int
+    extra_weights_bytes: float  # the drafter's weights, per GPU
+    extra_kv_cache_bytes: float  # the drafter's KV cache for the batch, per GPU
+    fits: bool
+    by_batch: tuple[SpecPoint, ...]
+    break_even_batch: int | None  # first batch where speculation is slower; None: never
+
+    @property
+    def step_s(self) -> float:
+        return self.verify_s + self.draft_s
+
+    @property
+    def tpot_s(self) -> float:
+        return self.step_s / self.tokens_per_step
+
+    @property
+    def speedup(self) -> float:
+        return self.baseline_tpot_s / self.tpot_s
+
+    @property
+    def throughput_tokens_per_s(self) -> float:
+        return self.batch / self.tpot_s
+
+    def as_dict(self) -> dict:
+        c = self.config
+        return {
+            "method": c.method, "num_speculative_tokens": c.k, "acceptance_rate": c.acceptance,
+            "draft_model": c.draft.name if c.draft else None,
+            "tokens_per_step": self.tokens_per_step, "verify_s": self.verify_s,
+            "draft_s": self.draft_s, "tpot_s": self.tpot_s,
+            "baseline_tpot_s": self.baseline_tpot_s, "speedup": self.speedup,
+            "throughput_tokens_per_s": self.throughput_tokens_per_s,
+            "extra_weights_bytes": self.extra_weights_bytes,
+            "extra_kv_cache_bytes": self.extra_kv_cache_bytes, "fits": self.fits,
+            "break_even_batch": self.break_even_batch,
+            "by_batch": [{"batch": p.batch, "baseline_tpot_s": p.baseline_tpot_s,
+                          "tpot_s": p.tpot_s, "speedup": p.speedup} for p in self.by_batch],
+        }
+
+
+def mtp_layer(m: ModelSpec) -> ModelSpec:
+    """The MTP module as a one-layer model of the target's shape (its last layer's kind)."""
+    upd: dict = {"num_layers": 1, "name": f"{m.name}-mtp"}
+    if m.moe is not None:
+        upd["moe"] = m.moe.model_copy(update={"first_dense_layers": 0})
+    if m.sliding_window_pattern:
+        upd["sliding_window_pattern"] = m.sliding_window_pattern[-1:]
+    return m.model_copy(update=upd)
+
+
+def _step(m: ModelSpec, prep: Prepared, o: Options, tp: int, shape: StepShape,
+          fixed_s: float) -> float:
+    e = prep.engine
+    ops = shape_ops(m, prep.precision, shape, tp=tp, attention=o.attention,
+                    lm_head_sharded=e.lm_head_sharded)
+    return step_time(ops, prep.ceilings, tp=tp, options=o, engine=e, graphed=e.cuda_graphs,
+                     fixed_s=fixed_s).time_s
+
+
+def _costs(m: ModelSpec, prep: Prepared, o: Options, tp: int, cfg: SpecConfig, batch: int,
+           ctx: float) -> tuple[float, float, float]:
+    """(baseline TPOT, verification step, drafting) in seconds at ``batch`` and ``ctx``."""
+    e = prep.engine
+    fixed = e.step_overhead_s + e.per_sequence_overhead_s * batch
+    base = _step(m, prep, o, tp, StepShape.uniform(batch, 1, ctx - 1, m.sliding_window), fixed)
+    k = cfg.k
+    # k + 1 new tokens per sequence after ctx - 1 cached, every position's logits sampled
+    verify = _step(m, prep, o, tp, replace(StepShape.uniform(batch, k + 1, ctx - 1,
+                                                             m.sliding_window),
+                                           logit_rows=batch * (k + 1)), fixed)
+    if cfg.method == "ngram":
+        draft = 0.0
+    else:
+        d = cfg.draft if cfg.method == "draft-model" else mtp_layer(m)
+        one = step_time(decode_ops(d, prep.precision, batch=batch, context_tokens=ctx, tp=tp,
+                                   attention=o.attention, lm_head_sharded=e.lm_head_sharded),
+                        prep.ceilings, tp=tp, options=o, engine=e, graphed=e.cuda_graphs)
+        draft = k * one.time_s
+    return base, verify, draft
+
+
+# Architectures whose checkpoints ship multi-token-prediction layers (DeepSeek-V3 and R1:
+# num_nextn_predict_layers 1 in their config.json)
+MTP_ARCHITECTURES = ("deepseek_v3",)
+
+
+def check_draft(m: ModelSpec, cfg: SpecConfig, tp: int) -> None:
+    """MTP needs a model that ships the layer; a draft model must share the target's
+    tokenizer and split over the same TP."""
+    if cfg.method == "mtp" and m.architecture not in MTP_ARCHITECTURES:
+        raise UsageError(f"--speculative mtp: {m.name} ships no multi-token-prediction layer "
+                         f"(only {', '.join(MTP_ARCHITECTURES)} models do); use draft-model or "
+                         "ngram")
+    if cfg.draft is None:
+        return
+    if cfg.draft.vocab_size != m.vocab_size:
+        raise UsageError(f"draft model {cfg.draft.name} has a vocabulary of "
+                         f"{cfg.draft.vocab_size:,} tokens, {m.name} of {m.vocab_size:,}: "
+                         "a draft must share the target's tokenizer")
+    if cfg.draft.num_attention_heads % tp or (cfg.draft.num_kv_heads % tp
+                                              and tp % cfg.draft.num_kv_heads):
+        raise UsageError(f"draft model {cfg.draft.name} cannot be split over --tp {tp}")
+
+
+def extra_weight_bytes(m: ModelSpec, prep: Prepared, tp: int, cfg: SpecConfig) -> float:
+    """The drafter's weights per GPU (the MTP layer shares the target's embedding and head)."""
+    return _extra_memory(m, prep, tp, cfg, 0, 1)[0]
+
+
+def _extra_memory(m: ModelSpec, prep: Prepared, tp: int, cfg: SpecConfig, batch: int,
+                  seq_len: int) -> tuple[float, float]:
+    p, sharded = prep.precision, prep.engine.lm_head_sharded
+    if cfg.method == "ngram":
+        return 0.0, 0.0
+    if cfg.method == "draft-model":
+        d = cfg.draft
+        return (weight_bytes(d, p, tp=tp, lm_head_sharded=sharded),
+                kv_cache_bytes(d, p, batch=batch, seq_len=seq_len, tp=tp))
+    layer = mtp_layer(m)  # shares the target's embedding and lm_head
+    parts = weight_bytes_breakdown(layer, p, tp=tp, lm_head_sharded=sharded)
+    own = sum(v for k, v in parts.items() if k not in ("embed/tokens", "lm_head"))
+    return own, kv_cache_bytes(layer, p, batch=batch, seq_len=seq_len, tp=tp)
+
+
+def speculate(m: ModelSpec, hw: HardwareSpec, prep: Prepared, o: Options, *, tp: int,
+              batch: int, prompt_tokens: int, output_tokens: int,
+              cfg: SpecConfig) -> SpecResult:
+    """Speculative decoding of this deployment, and its gain by batch size."""
+    check_draft(m, cfg, tp)
+    ctx = prompt_tokens + output_tokens / 2
+    seq = prompt_tokens + output_tokens
+    e_tok = expected_tokens(cfg.acceptance, cfg.k)
+    base, verify, draft = _costs(m, prep, o, tp, cfg, batch, ctx)
+    w, kv = _extra_memory(m, prep, tp, cfg, batch, seq)
+    mem = memory_plan(m, hw, prep.precision, batch=batch, prompt_tokens=prompt_tokens,
+                      output_tokens=output_tokens, tp=tp, options=o,
+                      lm_head_sharded=prep.engine.lm_head_sharded)
+    fits = mem.total_bytes + w + kv <= mem.usable_bytes
+    points, b, breakeven = [], 1, None
+    while b <= max(mem.max_batch, 1):
+        pb, vb, db = _costs(m, prep, o, tp, cfg, b, ctx)
+        pt = SpecPoint(b, pb, (vb + db) / e_tok)
+        points.append(pt)
+        if breakeven is None and pt.speedup < 1:
+            breakeven = b
+        b *= 2
+    return SpecResult(cfg, e_tok, verify, draft, base, batch, w, kv, fits, tuple(points),
+                      breakeven)

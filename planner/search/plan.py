@@ -1,0 +1,284 @@
+"""`llmplan plan`: the cheapest deployments that meet latency targets at a traffic level.
+
+Searches GPUs x layout (TP, TP x PP pipeline stages, or EP expert-parallel GPUs) x weight and
+KV precision x batch with the vectorized sweep, keeps the
+configurations that are supported, fit, and meet the TTFT and TPOT targets, and sizes each for
+the traffic with static batching: a replica completes ``batch`` requests every ``latency_s``,
+so it serves batch / latency requests per second, and the traffic needs
+ceil(requests per second / that) replicas of tp x pp x ep GPUs each.
+Ranked by the cost per million
+output tokens at that traffic (GPUs x price per GPU-hour / output tokens per hour), then by
+latency. Imports numpy and pandas (through the sweep).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+import numpy as np
+import pandas as pd
+
+from planner.core.engine import IDEAL, Engine
+from planner.core.specs import Calibration, DType, HardwareSpec, ModelSpec, Options, Precision
+from planner.search.sweep import Grid, iter_sweep, to_frame
+
+
+def layout_label(tp: int, pp: int = 1, ep: int = 1) -> str:
+    """"TP4", "TP8xPP2", "EP16": one replica's layout."""
+    if ep > 1:
+        return f"EP{ep}"
+    return f"TP{tp}xPP{pp}" if pp > 1 else f"TP{tp}"
+
+
+def default_eps(model: ModelSpec, most: int = 16) -> list[int]:
+    """Expert-parallel sizes worth searching: 1, and for a MoE model the powers of two up to
+    ``most`` that divide its experts."""
+    if model.moe is None:
+        return [1]
+    return [n for n in (1, 2, 4, 8, 16, 32, 64) if n <= most and
+            model.moe.num_experts % n == 0]
+
+
+@dataclass(frozen=True)
+class Targets:
+    ttft_s: float
+    tpot_s: float
+    requests_per_s: float
+
+
+def search(model: ModelSpec, gpus: list[HardwareSpec], *, prompt_tokens: int,
+           output_tokens: int, targets: Targets, tps=(1, 2, 4, 8),
+           weights=(DType.bf16, DType.fp8, DType.int8, DType.int4),
+           kv_cache=(None, DType.fp8), batches=None, options: Options | None = None,
+           calibration: Calibration | None = None,
+           price_usd_per_gpu_hour: float | None = None, engine: Engine = IDEAL,
+           compute: DType | None = None, pps=(1,), eps=(1,),
+           quantized_layers: str = "all") -> pd.DataFrame:
+    """Every configuration searched, with ``meets_targets`` and, for those that do, the
+    replicas, GPUs, cost at the traffic and ``rank`` (1 = cheapest). ``compute``: the type
+    the matmuls run in (None: from the weights)."""
+    batches = batches or [1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512,
+                          768, 1024]
+    grid = Grid(models=[model], gpus=gpus, batches=batches, prompt_tokens=[prompt_tokens],
+                output_tokens=[output_tokens], weights=list(weights), kv_cache=list(kv_cache),
+                tps=list(tps), pps=list(pps), options=options or Options(), engine=engine,
+                compute=compute, quantized_layers=quantized_layers)
+    chunks = list(iter_sweep(grid, calibration=calibration,
+                             price_usd_per_gpu_hour=price_usd_per_gpu_hour))
+    experts = [n for n in eps if n > 1]
+    if experts:  # expert parallelism runs attention data-parallel: TP and PP are 1
+        chunks += iter_sweep(replace(grid, tps=[1], pps=[1], eps=experts),
+                             calibration=calibration,
+                             price_usd_per_gpu_hour=price_usd_per_gpu_hour)
+    df = to_frame(chunks)
+    # kv "None" means the weights' 16-bit type; an explicit bf16 would duplicate those rows
+    df = df.drop_duplicates(subset=["gpu", "tp", "pp", "ep", "weights", "kv_cache", "batch"])
+    df = df.reset_index(drop=True)
+    for col in ("ttft_s", "tpot_s", "latency_s", "price_usd_per_gpu_hour",
+                "total_memory_bytes", "usable_memory_bytes"):
+        if col not in df:  # no supported row filled it (a T4 asked for bf16 matmuls)
+            df[col] = np.nan
+
+    def num(col: str) -> pd.Series:
+        return pd.to_numeric(df[col], errors="coerce")
+
+    ok = df["supported"].astype(bool) & df["fits"].astype(bool)
+    ttft, tpot, latency = num("ttft_s"), num("tpot_s"), num("latency_s")
+    price = num("price_usd_per_gpu_hour")
+    df["meets_latency"] = ok & (ttft <= targets.ttft_s) & (tpot <= targets.tpot_s)
+    df["priced"] = price.notna()
+    df["meets_targets"] = df["meets_latency"] & df["priced"]
+    per_replica = df["batch"] / latency
+    df["requests_per_s_per_replica"] = per_replica
+    replicas = np.ceil(targets.requests_per_s / per_replica)
+    df["replicas"] = replicas.where(df["meets_targets"])
+    df["total_gpus"] = (replicas * df["num_gpus"]).where(df["meets_targets"])
+    df["usd_per_hour"] = (df["total_gpus"] * price).where(df["meets_targets"])
+    tokens_per_hour = targets.requests_per_s * output_tokens * 3600
+    df["cost_usd_per_million_output_tokens_at_traffic"] = df["usd_per_hour"] / \
+        tokens_per_hour * 1e6
+    df["memory_headroom_frac"] = 1 - num("total_memory_bytes") / num("usable_memory_bytes")
+    feasible = df[df["meets_targets"]].sort_values(
+        ["cost_usd_per_million_output_tokens_at_traffic", "latency_s", "total_gpus"])
+    df["rank"] = pd.Series(np.arange(1, len(feasible) + 1), index=feasible.index)
+    return df.sort_values(["rank"], na_position="last").reset_index(drop=True)
+
+
+def pareto_front(feasible: pd.DataFrame) -> pd.DataFrame:
+    """Configurations no other beats on both cost at the traffic and latency."""
+    f = feasible.sort_values(["latency_s", "cost_usd_per_million_output_tokens_at_traffic"])
+    best = np.inf
+    keep = []
+    for idx, cost in zip(f.index, f["cost_usd_per_million_output_tokens_at_traffic"],
+                         strict=True):
+        if cost < best:
+            keep.append(idx)
+            best = cost
+    return f.loc[keep]
+
+
+# --------------------------------------------------------------------------- continuous sizing
+
+
+@dataclass(frozen=True)
+class SimSettings:
+    """How each candidate replica is simulated when sizing with continuous batching."""
+
+    percentile: int = 90  # the TTFT / TPOT percentile that must meet the targets
+    num_requests: int = 200
+    range_ratio: float = 0.0
+    seed: int = 0
+
+
+def _percentile_ok(summary: dict, targets: Targets, p: int) -> bool:
+    ttft, tpot = summary[f"p{p}_ttft_ms" if p != 50 else "median_ttft_ms"], \
+        summary[f"p{p}_tpot_ms" if p != 50 else "median_tpot_ms"]
+    return (summary["completed"] > 0 and ttft is not None and ttft <= targets.ttft_s * 1e3
+            and (tpot is None or tpot <= targets.tpot_s * 1e3))
+
+
+def replicas_needed(model: ModelSpec, hw: HardwareSpec, *, prep, options: Options, tp: int,
+                    prompt_tokens: int, output_tokens: int, targets: Targets,
+                    settings: SimSettings, upper_rate: float,
+                    max_factor: int = 64, pp: int = 1, ep: int = 1) -> tuple[int, dict | None]:
+    """The fewest replicas that serve ``targets.requests_per_s`` with the
+    ``settings.percentile`` TTFT and TPOT within the targets: each replica simulated with
+    Poisson traffic at its share of the rate. Starts from the analytic bound (no fewer
+    replicas can do) and searches upward, doubling then bisecting: a few simulations per
+    configuration. (0, None) when even ``max_factor`` times the bound cannot."""
+    from planner.serving.layouts import layout_coster
+    from planner.serving.metrics import summary
+    from planner.serving.sim import SchedulerConfig, simulate
+    from planner.serving.traffic import synthetic
+
+    coster = layout_coster(model, hw, prep, options, tp=tp, pp=pp, ep=ep)
+    cfg = SchedulerConfig.for_engine(prep.engine)
+    seen: dict[int, dict] = {}
+
+    def ok(n: int) -> bool:
+        if n not in seen:
+            reqs = synthetic(settings.num_requests, prompt_tokens=prompt_tokens,
+                             output_tokens=output_tokens, range_ratio=settings.range_ratio,
+                             request_rate=targets.requests_per_s / n, seed=settings.seed)
+            seen[n] = summary(simulate(reqs, coster, cfg))
+        return _percentile_ok(seen[n], targets, settings.percentile)
+
+    floor = max(1, math.ceil(targets.requests_per_s / upper_rate))  # fewer cannot serve it
+    if ok(floor):
+        return floor, seen[floor]
+    # sustained rates come out at 60-90% of the bound: try 1/0.75 of the floor first
+    lo, hi = floor, max(floor + 1, math.ceil(floor / 0.75))
+    step = hi - lo
+    while not ok(hi):  # widen until a count works
+        lo, step = hi, step * 2
+        hi = lo + step
+        if hi > max_factor * floor:
+            return 0, None
+    while hi - lo > 1:  # lo fails, hi works
+        mid = (lo + hi) // 2
+        if ok(mid):
+            hi = mid
+        else:
+            lo = mid
+    return hi, seen[hi]
+
+
+def search_continuous(model: ModelSpec, gpus: list[HardwareSpec], *, prompt_tokens: int,
+                      output_tokens: int, targets: Targets, tps=(1, 2, 4, 8),
+                      weights=(DType.bf16, DType.fp8, DType.int8, DType.int4),
+                      kv_cache=(None, DType.fp8), options: Options | None = None,
+                      calibration: Calibration | None = None,
+                      price_usd_per_gpu_hour: float | None = None, engine: Engine = IDEAL,
+                      settings: SimSettings | None = None, top: int = 10,
+                      compute: DType | None = None, pps=(1,), eps=(1,),
+           quantized_layers: str = "all") -> pd.DataFrame:
+    """The cheapest configurations sized by simulating continuous batching.
+
+    Screened analytically first: a configuration must fit, be priced and meet both targets
+    for a single request. Its optimistic rate (each request costing only its share of the
+    best batched decode step within the TPOT target, per output token, and its prompt at the
+    best batched prefill rate) bounds the rate it can sustain, so its cost at that rate bounds
+    its cost from below. Configurations are simulated in order of that
+    bound, and the search stops once the bound of the next is above the ``top``-th cost found:
+    no configuration left could make the list."""
+    from planner.core.estimate import prepare
+
+    o = options or Options()
+    st = settings or SimSettings()
+    df = search(model, gpus, prompt_tokens=prompt_tokens, output_tokens=output_tokens,
+                targets=Targets(math.inf, targets.tpot_s, targets.requests_per_s), tps=tps,
+                weights=weights, kv_cache=kv_cache, options=o, calibration=calibration,
+                price_usd_per_gpu_hour=price_usd_per_gpu_hour, engine=engine,
+                batches=[1, 2, 4, 8, 16, 32, 64, 128, 192, 256], compute=compute, pps=pps,
+                eps=eps, quantized_layers=quantized_layers)
+    df = df[df["supported"].astype(bool) & df["priced"]]
+    keys = ["gpu", "tp", "pp", "ep", "weights", "kv_cache"]
+    cols = keys + ["batch", "fits", "ttft_s", "tpot_s", "num_gpus", "price_usd_per_gpu_hour"]
+    groups: dict[tuple, list[dict]] = {}  # plain rows: pandas per group costs seconds here
+    for r in df[cols].to_dict("records"):
+        groups.setdefault(tuple(r[k] for k in keys), []).append(r)
+    cands = []
+    for key, g in groups.items():
+        one = next((r for r in g if r["batch"] == 1), None)
+        if one is None or not bool(one["fits"]) or not float(one["ttft_s"]) <= targets.ttft_s \
+                or not float(one["tpot_s"]) <= targets.tpot_s:
+            continue
+        ok = [r for r in g if bool(r["fits"]) and float(r["tpot_s"]) <= targets.tpot_s]
+        b = max(ok, key=lambda r: r["batch"] / r["tpot_s"])  # the first of equals
+        # a request costs the replica at least its share of a batched decode step per output
+        # token and its prompt at the best prefill rate any batch reaches
+        decode_s = float(b["tpot_s"] / b["batch"]) * output_tokens
+        prefill_s = min(float(r["ttft_s"]) / (r["batch"] * prompt_tokens) for r in g
+                        if r["ttft_s"] == r["ttft_s"]) * prompt_tokens
+        upper = 1.0 / (decode_s + prefill_s)  # requests/s: an upper bound
+        gpus_each = int(one["num_gpus"])
+        price = float(one["price_usd_per_gpu_hour"])
+        lb = math.ceil(targets.requests_per_s / upper) * gpus_each * price
+        cands.append((lb, key, upper, price, one, gpus_each))
+    cands.sort(key=lambda c: c[0])
+    gpu_by_name = {h.name: h for h in gpus}
+    rows = []
+    costs: list[float] = []
+    for lb, (gpu, tp, pp, ep, w, kv), upper, price, one, gpus_each in cands:
+        if len(costs) >= top and lb > sorted(costs)[top - 1]:
+            break
+        hw = gpu_by_name[gpu]
+        prec_kv = None if kv == Precision.of(w, compute=compute).kv_cache.value else DType(kv)
+        prep = prepare(hw, Precision.of(w, prec_kv, compute=compute,
+                                        quantized_layers=quantized_layers),
+                       calibration, o, engine)
+        replicas, s = replicas_needed(model, hw, prep=prep, options=o, tp=int(tp),
+                                      prompt_tokens=prompt_tokens,
+                                      output_tokens=output_tokens, targets=targets,
+                                      settings=st, upper_rate=upper, pp=int(pp), ep=int(ep))
+        if not replicas or s is None:
+            continue
+        rate = targets.requests_per_s / replicas
+        usd_per_hour = replicas * gpus_each * price
+        costs.append(usd_per_hour)
+        p = st.percentile
+        name = "median" if p == 50 else f"p{p}"
+        rows.append({"gpu": gpu, "tp": int(tp), "pp": int(pp), "ep": int(ep),
+                     "num_gpus": gpus_each, "weights": w,
+                     "quantized_layers": quantized_layers, "kv_cache": kv,
+                     "engine": engine.name, "scheduler": "continuous",
+                     "rate_per_replica": rate, "percentile": p,
+                     f"{name}_ttft_s": s[f"{name}_ttft_ms"] / 1e3,
+                     f"{name}_tpot_s": (s[f"{name}_tpot_ms"] or 0) / 1e3,
+                     "latency_s": s[f"{name}_e2el_ms"] / 1e3,
+                     "mean_running_requests": s["mean_running_requests"],
+                     "max_running_requests": s["max_running_requests"],
+                     "batch": engine.max_num_seqs, "meets_targets": True,
+                     "replicas": replicas, "total_gpus": replicas * gpus_each,
+                     "price_usd_per_gpu_hour": price, "usd_per_hour": usd_per_hour,
+                     "cost_usd_per_million_output_tokens_at_traffic":
+                         usd_per_hour / (targets.requests_per_s * output_tokens * 3600) * 1e6,
+                     "lower_bound_usd_per_hour": lb, "analytic_rate_bound": upper,
+                     "single_request_ttft_s": float(one["ttft_s"]),
+                     "single_request_tpot_s": float(one["tpot_s"])})
+    out = pd.DataFrame(rows)
+    if len(out):
+        out = out.sort_values(["usd_per_hour", "total_gpus"]).reset_index(drop=True)
+        out.insert(0, "rank", np.arange(1, len(out) + 1))
+    return out

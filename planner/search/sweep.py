@@ -1,0 +1,368 @@
+"""Vectorized sweeps: the same formulas as ``estimate``, over numpy arrays of a whole grid.
+
+Categorical axes (model, GPU, weight and KV precision, TP) are looped over. The numeric axes
+(batch, prompt and output tokens) are passed to ``planner.core.estimate.assemble`` as broadcastable
+arrays of shapes (nb, 1, 1), (1, np, 1) and (1, 1, no): every quantity is computed on the axes
+it depends on (prefill never sees the output axis) and broadcast to the grid at the end.
+Configurations that do not fit are kept (``fits`` false); those a GPU cannot run (bf16 on a T4,
+a TP that does not divide the heads) are kept with ``supported`` false and the reason in
+``note``.
+
+Imports numpy (and pandas / pyarrow where a frame or a CSV is asked for): only ``sweep``,
+``report`` and ``plan`` use this module.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from planner.core.engine import IDEAL, Engine
+from planner.core.errors import LlmplanError, UsageError
+from planner.core.estimate import assemble, prepare, resolve_price
+from planner.core.specs import Calibration, DType, HardwareSpec, ModelSpec, Options, Precision
+from planner.layouts.layout import check_layout, layout_figures
+
+MAX_LIST = 1_000_000
+
+
+def parse_int_list(text: str, name: str) -> list[int]:
+    """"1,2,4..256" -> [1, 2, 4, 8, ..., 256].
+
+    ``a..b`` doubles from a up to b; ``a..b+s`` steps by s. Values must be positive; a list
+    of more than ``MAX_LIST`` values is refused.
+    """
+    out: list[int] = []
+    for part in str(text).split(","):
+        part = part.strip()
+        try:
+            if ".." in part:
+                lo_s, hi_s = part.split("..", 1)
+                step = None
+                if "+" in hi_s:
+                    hi_s, step_s = hi_s.split("+", 1)
+                    step = int(step_s)
+                lo, hi = int(lo_s), int(hi_s)
+                if lo <= 0 or hi < lo or (step is not None and step <= 0):
+                    raise ValueError
+                if step is None:
+                    v = lo
+                    while v <= hi:
+                        out.append(v)
+                        v *= 2
+                else:
+                    if (hi - lo) // step + 1 + len(out) > MAX_LIST:
+                        raise UsageError(f"{name}: '{part}' has {(hi - lo) // step + 1:,} "
+                                         f"values; at most {MAX_LIST:,}")
+                    out.extend(range(lo, hi + 1, step))
+            else:
+                v = int(part)
+                if v <= 0:
+                    raise ValueError
+                out.append(v)
+        except ValueError:
+            raise UsageError(f"{name}: '{part}' is not a positive integer, a doubling range "
+                             "a..b or a stepped range a..b+s") from None
+    if not out:
+        raise UsageError(f"{name}: no value given")
+    if max(out) > 10**9:
+        raise UsageError(f"{name}: {max(out):,} is beyond 1,000,000,000")
+    return sorted(set(out))
+
+
+def parse_str_list(text: str) -> list[str]:
+    return [p.strip() for p in str(text).split(",") if p.strip()]
+
+
+@dataclass(frozen=True)
+class Grid:
+    models: Sequence[ModelSpec]
+    gpus: Sequence[HardwareSpec]
+    batches: Sequence[int] = (1,)
+    prompt_tokens: Sequence[int] = (512,)
+    output_tokens: Sequence[int] = (128,)
+    weights: Sequence[DType] = (DType.bf16,)
+    kv_cache: Sequence[DType | None] = (None,)  # None: the weights' 16-bit type
+    tps: Sequence[int] = (1,)
+    pps: Sequence[int] = (1,)  # pipeline stages, each of tp GPUs
+    eps: Sequence[int] = (1,)  # expert-parallel GPUs (MoE; only with tp = pp = 1)
+    group_size: int = 128
+    options: Options = field(default_factory=Options)
+    engine: Engine = IDEAL
+    compute: DType | None = None  # None: the matmul type follows the weights
+    quantized_layers: str = "all"  # or "experts": only a MoE model's routed experts
+
+    @property
+    def size(self) -> int:
+        return (len(self.models) * len(self.gpus) * len(self.batches) * len(self.prompt_tokens)
+                * len(self.output_tokens) * len(self.weights) * len(self.kv_cache)
+                * len(self.tps) * len(self.pps) * len(self.eps))
+
+
+@dataclass
+class Chunk:
+    """Rows of one categorical group: per-row columns as flat arrays, per-group constants as
+    plain values (written once per row only when the chunk is materialized)."""
+
+    n: int
+    constants: dict
+    arrays: dict[str, np.ndarray]
+    order: list[str] = field(default_factory=list)  # column order, as in `estimate --json`
+
+    def column(self, name: str) -> np.ndarray:
+        if name in self.arrays:
+            return self.arrays[name]
+        v = self.constants.get(name)
+        return np.full(self.n, v, dtype=object if v is None or isinstance(v, str) else None)
+
+    @property
+    def names(self) -> list[str]:
+        rest = [k for k in [*self.constants, *self.arrays] if k not in self.order]
+        return [k for k in self.order if k in self.constants or k in self.arrays] + rest
+
+
+def _slices(nb: int, np_: int, no: int, chunk_rows: int) -> Iterator[tuple[slice, slice]]:
+    kp = max(1, min(np_, chunk_rows // max(no, 1)))
+    kb = max(1, chunk_rows // (kp * no)) if kp == np_ else 1
+    for b0 in range(0, nb, kb):
+        for p0 in range(0, np_, kp):
+            yield slice(b0, b0 + kb), slice(p0, p0 + kp)
+
+
+def iter_sweep(g: Grid, *, calibration: Calibration | None = None,
+               price_usd_per_gpu_hour: float | None = None,
+               chunk_rows: int = 200_000) -> Iterator[Chunk]:
+    """Yield the sweep as chunks of at most about ``chunk_rows`` rows, ordered by model, GPU,
+    weights, KV precision, TP, PP, EP, then batch, prompt and output tokens.
+
+    A layout with pipeline stages or expert parallelism (``pp`` or ``ep`` above 1) gets the
+    figures of ``planner.layouts.pipeline`` / ``planner.layouts.expert`` on the same arrays:
+    timing, the largest memory of any of its GPUs, whether every GPU fits, and cost over all
+    its GPUs."""
+    B = np.asarray(sorted(g.batches), dtype=np.float64)
+    P = np.asarray(sorted(g.prompt_tokens), dtype=np.float64)
+    O = np.asarray(sorted(g.output_tokens), dtype=np.float64)  # noqa: E741
+    for m, hw, w, kv, tp, pp, ep in itertools.product(g.models, g.gpus, g.weights, g.kv_cache,
+                                                      g.tps, g.pps, g.eps):
+        prec = Precision.of(w, kv, g.group_size, g.compute, g.quantized_layers)
+        base = {"model": m.name, "gpu": hw.name, "tp": tp, "pp": pp, "ep": ep,
+                "num_gpus": tp * pp * ep, "weights": prec.weights.value,
+                "quantized_layers": prec.quantized_layers,
+                "kv_cache": prec.kv_cache.value, "engine": g.engine.name}
+        try:
+            check_layout(m, tp, pp, ep)
+            if g.quantized_layers == "experts" and m.moe is None:
+                raise UsageError(f"{m.name} has no routed experts to quantize alone")
+            prep = prepare(hw, prec, calibration, g.options, g.engine)
+            prec, notes = prep.precision, list(prep.notes)
+        except LlmplanError as err:
+            prec, notes = None, [str(err)]
+        price, _ = resolve_price(hw, price_usd_per_gpu_hour)
+        for bs, ps in _slices(B.size, P.size, O.size, chunk_rows):
+            b, p, o = B[bs].reshape(-1, 1, 1), P[ps].reshape(1, -1, 1), O.reshape(1, 1, -1)
+            shape = (b.shape[0], p.shape[1], o.shape[2])
+            n = shape[0] * shape[1] * shape[2]
+            flat = {"batch": b, "prompt_tokens": p, "output_tokens": o}
+            if prec is None:
+                yield Chunk(n, {**base, "compute": None, "supported": False, "fits": False,
+                                "note": notes[0]},
+                            {k: np.broadcast_to(v, shape).ravel() for k, v in flat.items()},
+                            [*base, "compute", *flat, "fits", "supported", "note"])
+                continue
+            if pp > 1 or ep > 1:
+                cols = _layout_columns(m, hw, prep, g.options, tp, pp, ep, b, p, o, price)
+                arrays = {k: np.broadcast_to(v, shape).ravel() for k, v in cols.items()}
+                consts = {**base, "compute": prec.compute_dtype.value,
+                          "price_usd_per_gpu_hour": price, "supported": True,
+                          "note": "; ".join(notes)}
+                yield Chunk(n, consts, arrays, [*base, "compute", *cols,
+                                                "price_usd_per_gpu_hour", "supported", "note"])
+                continue
+            est = assemble(m, hw, prep, g.options, tp=tp, batch=b, prompt_tokens=p,
+                           output_tokens=o, price_usd_per_gpu_hour=price, notes=notes)
+            cols = est.columns()
+            compute_bound = cols.pop("compute_bound")
+            consts = {**base, "compute": prec.compute_dtype.value}
+            arrays: dict[str, np.ndarray] = {}
+            for k, v in cols.items():
+                if isinstance(v, np.ndarray):
+                    arrays[k] = np.broadcast_to(v, shape).ravel()
+                else:
+                    consts[k] = v
+            arrays["bound"] = np.broadcast_to(compute_bound, shape).ravel()
+            consts["supported"] = True
+            consts["note"] = "; ".join(notes)
+            yield Chunk(n, consts, arrays, [*base, "compute", *cols, "bound", "supported", "note"])
+
+
+def _layout_columns(m: ModelSpec, hw: HardwareSpec, prep, o: Options, tp: int, pp: int,
+                    ep: int, b, p, out, price: float | None) -> dict:
+    """A pipeline or expert-parallel layout's figures over the grid's arrays."""
+    f = layout_figures(m, hw, prep, o, tp=tp, pp=pp, ep=ep, batch=b, prompt_tokens=p,
+                       output_tokens=out, price_usd_per_gpu_hour=price)
+    cols = {"batch": b, "prompt_tokens": p, "output_tokens": out, **f.columns()}
+    if cols["cost_usd_per_million_output_tokens"] is None:
+        cols["cost_usd_per_million_output_tokens"] = np.nan
+    return cols
+
+
+_INT_COLUMNS = ("batch", "prompt_tokens", "output_tokens", "max_batch", "usable_optimal_batch")
+
+
+def _order(chunks: list[Chunk]) -> list[str]:
+    names: list[str] = []
+    full = next((c for c in chunks if c.constants.get("supported")), chunks[0])
+    for c in [full, *chunks]:
+        for k in c.names:
+            if k not in names:
+                names.append(k)
+    return names
+
+
+def to_frame(chunks: Iterator[Chunk] | list[Chunk]):
+    """Materialize chunks as one pandas DataFrame."""
+    import pandas as pd
+
+    chunks = list(chunks)
+    if not chunks:
+        return pd.DataFrame()
+    names = _order(chunks)
+    data = {}
+    for k in names:
+        parts = []
+        for c in chunks:
+            part = c.column(k) if k in c.names else np.full(c.n, None if k == "bound" else np.nan)
+            if k == "bound" and part.dtype == bool:
+                part = np.where(part, "compute", "memory").astype(object)
+            parts.append(part)
+        col = np.concatenate(parts) if len(parts) > 1 else parts[0]
+        if k in _INT_COLUMNS and col.dtype.kind == "f" and not np.isnan(col).any():
+            col = col.astype(np.int64)
+        data[k] = col
+    return pd.DataFrame(data)
+
+
+def sweep(g: Grid, **kwargs):
+    """The whole sweep as one pandas DataFrame (see ``iter_sweep``)."""
+    return to_frame(iter_sweep(g, **kwargs))
+
+
+def _is_count(name: str) -> bool:
+    """Columns of byte and FLOP counts (and batch sizes): written as exact integers."""
+    if name in _INT_COLUMNS or name in ("params", "active_params"):
+        return True
+    return ("bytes" in name or "flops" in name) and not any(
+        x in name for x in ("per_s", "per_param", "per_byte", "frac"))
+
+
+def _csv_value(v) -> str:
+    if v is None:
+        return ""
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    return str(v)
+
+
+def _arrow_table(chunk: Chunk, names: list[str]):
+    import pyarrow as pa
+
+    cols = []
+    zeros = None
+    for k in names:
+        if k == "bound" and k in chunk.arrays:  # the compute-bound flag, as two words
+            idx = pa.array(chunk.arrays[k].astype(np.int8))
+            cols.append(pa.DictionaryArray.from_arrays(idx, pa.array(["memory", "compute"])))
+        elif k in chunk.arrays:
+            a = chunk.arrays[k]
+            if _is_count(k) and a.dtype.kind == "f":
+                a = np.rint(a).astype(np.int64)  # counts: exact integers
+            elif a.dtype == np.float64:
+                a = a.astype(np.float32)  # 7 significant digits: the CSV's precision
+            cols.append(pa.array(a))
+        elif isinstance(chunk.constants.get(k), (int, float)) and \
+                not isinstance(chunk.constants.get(k), bool):
+            # a per-group number: typed (unquoted), and exact where it is a count
+            v = chunk.constants[k]
+            if zeros is None:
+                zeros = pa.array(np.zeros(chunk.n, dtype=np.int8))
+            value = pa.array([round(v)], pa.int64()) if _is_count(k) else \
+                pa.array([v], pa.float32())
+            cols.append(pa.DictionaryArray.from_arrays(zeros, value))
+        else:
+            # a per-group constant: formatted once, written as a one-entry dictionary
+            if zeros is None:
+                zeros = pa.array(np.zeros(chunk.n, dtype=np.int8))
+            v = chunk.constants.get(k) if k in chunk.constants else None
+            cols.append(pa.DictionaryArray.from_arrays(zeros, pa.array([_csv_value(v)])))
+    return pa.table(cols, names=names)
+
+
+def _tables(chunks: Iterator[Chunk]) -> Iterator[tuple[list[str], object]]:
+    """Arrow tables of the chunks with their column names; chunks of unsupported groups that
+    come first wait until a supported one fixes the full set of columns."""
+    pending: list[Chunk] = []
+    names: list[str] | None = None
+    for chunk in chunks:
+        if names is None and not chunk.constants.get("supported"):
+            pending.append(chunk)
+            continue
+        batch = [chunk, *pending] if names is None else [chunk]
+        names = names or _order(batch)
+        for c in batch:
+            yield names, _arrow_table(c, names)
+        pending = []
+    if pending:
+        names = _order(pending)
+        for c in pending:
+            yield names, _arrow_table(c, names)
+
+
+def write_csv(chunks: Iterator[Chunk], path: str | Path, *, threads: int = 2) -> int:
+    """Stream chunks to a CSV file as they are computed; returns the rows written.
+
+    Byte and FLOP counts are written as exact integers, other per-row figures with float32's
+    7 significant digits (formatting 17-digit doubles would triple the file and the time).
+
+    pyarrow's C++ writer formats slices of each chunk on ``threads`` threads into memory
+    buffers, written to the file in order; the header is written once and each slice appended
+    with its own column types (a column can be a per-group constant in one group and per-row in
+    another). Falls back to pandas when pyarrow is missing.
+    """
+    try:
+        import pyarrow as pa
+        import pyarrow.csv as pacsv
+    except ImportError:
+        df = to_frame(chunks)
+        df.to_csv(path, index=False)
+        return len(df)
+    from collections import deque
+    from concurrent.futures import ThreadPoolExecutor
+
+    no_header = pacsv.WriteOptions(include_header=False)
+
+    def fmt(table) -> bytes:
+        buf = pa.BufferOutputStream()
+        pacsv.write_csv(table, buf, write_options=no_header)
+        return buf.getvalue()
+
+    rows = 0
+    with ThreadPoolExecutor(threads) as pool, open(path, "wb") as f:
+        inflight: deque = deque()
+        header_done = False
+        for names, table in _tables(chunks):
+            if not header_done:
+                f.write((",".join(f'"{n}"' for n in names) + "\n").encode())
+                header_done = True
+            step = -(-table.num_rows // threads)
+            for lo in range(0, table.num_rows, step):
+                inflight.append(pool.submit(fmt, table.slice(lo, step)))
+            rows += table.num_rows
+            while len(inflight) > 2 * threads:
+                f.write(inflight.popleft().result())
+        while inflight:
+            f.write(inflight.popleft().result())
+    return rows

@@ -1,0 +1,182 @@
+"""Step costs of a replica spread over pipeline stages or expert-parallel GPUs.
+
+Each coster answers the simulator's two questions, ``step_time(shape, ...)`` and
+``kv_capacity_tokens(...)``, for a layout other than one tensor-parallel group
+(``planner.serving.cost.StepCoster``), with the same formulas as ``planner.layouts.pipeline`` and
+``planner.layouts.expert``, so that a replica at low load sees the TPOT and TTFT ``estimate --pp`` /
+``--ep`` predict (tests hold them equal).
+
+Pipeline (``PipelineCoster``): a step's sequences run as m = min(sequences, PP) micro-batches,
+the largest holding ceil(sequences / m) of them and that share of the step's work (vLLM
+schedules one batch per virtual engine; an even split is the balanced case). Each token
+waits for its micro-batch to pass every stage, and each stage serves the m micro-batches in
+turn, so the step takes
+
+    max(sum over stages of (stage + send) + host,
+        m x max(max over stages of (stage + send), host))
+
+the host cost being the engine's per step and per sequence of one micro-batch. A prefill chunk
+of one sequence is one micro-batch. The KV pool is that of the tightest stage: each stage
+holds its own layers' cache of every token.
+
+Expert parallel (``ExpertCoster``): attention is data-parallel, so the replica's sequences are
+spread evenly over the ``ep`` GPUs, each with its own scheduler limits (``max_num_seqs`` and a
+step budget per GPU, as vLLM's data-parallel engines each have; modelled as one scheduler of
+``ranks = ep`` over the pooled cache: the balanced case). A step costs the busiest GPU's share
+of the non-expert work (ceil(sequences / ep) of the decodes; a prefill chunk runs whole on one
+GPU, the chunks spread over min(chunks, ep) of them), the routed experts at the most loaded
+GPU's token-expert pairs, and the all-to-alls of that share. The KV pool is ``ep`` times one
+GPU's.
+
+Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+from planner.core.engine import Engine
+from planner.core.errors import UsageError
+from planner.core.estimate import Prepared
+from planner.core.memory import (
+    ROUTED,
+    activation_bytes,
+    kv_cache_bytes_per_token,
+    kv_elements_per_token_per_layer,
+    weight_bytes_breakdown,
+)
+from planner.core.ops import StepShape, check_tp
+from planner.core.specs import HardwareSpec, ModelSpec, Options
+from planner.layouts.expert import ExpertStep
+from planner.layouts.pipeline import stage_layers, weights_of_stage
+from planner.serving.cost import StepCoster, host_s
+
+
+class _Layout:
+    model: ModelSpec
+    hardware: HardwareSpec
+    prep: Prepared
+    options: Options
+    engine: Engine
+    tp: int
+
+    def fixed_s(self, sequences, *, prefill: bool, decodes: bool) -> float:
+        return host_s(self.engine, sequences, prefill=prefill, decodes=decodes)
+
+    def _activation_bytes(self, max_num_seqs: int, step_tokens: int, tp: int) -> float:
+        per_seq = max(1, -(-step_tokens // max_num_seqs))
+        return activation_bytes(self.model, self.prep.precision, batch=max_num_seqs,
+                                prompt_tokens=per_seq, tp=tp, attention=self.options.attention,
+                                chunk_tokens=step_tokens)
+
+
+class PipelineCoster(_Layout):
+    """Seconds per step of a replica of ``pp`` stages, each on ``tp`` GPUs."""
+
+    def __init__(self, model: ModelSpec, hardware: HardwareSpec, prep: Prepared,
+                 options: Options, *, tp: int = 1, pp: int = 2):
+        check_tp(model, tp)
+        self.model, self.hardware, self.prep, self.options = model, hardware, prep, options
+        self.engine, self.tp, self.pp = prep.engine, tp, pp
+        self.ranges = stage_layers(model.num_layers, pp)
+        self.stages = [StepCoster(model, hardware, prep, options, tp=tp,
+                                  stage=(s, t, i == 0, i == pp - 1))
+                       for i, (s, t) in enumerate(self.ranges)]
+        c = prep.ceilings
+        per_node = c.gpus_per_node
+        self._links = []
+        for i in range(pp - 1):
+            crosses = bool(per_node) and ((i + 1) * tp) % per_node == 0
+            link, extra = c.link(crosses)
+            self._links.append((link, self.engine.allreduce_latency_s + extra))
+        self._hidden_bytes = 2 * model.hidden_size * prep.precision.activation_bytes
+
+    def step_time(self, shape: StepShape, *, sequences: int, prefill: bool,
+                  decodes: bool = True) -> float:
+        m = max(1, min(sequences, self.pp))
+        per = -(-sequences // m)  # the largest micro-batch's sequences
+        part = shape.scaled(per / sequences) if m > 1 else shape
+        sends = [self._hidden_bytes * part.tokens / link + lat for link, lat in self._links]
+        per_stage = [st.gpu_s(part, prefill=prefill) + (sends[i] if i < len(sends) else 0.0)
+                     for i, st in enumerate(self.stages)]
+        host = self.fixed_s(per, prefill=prefill, decodes=decodes)
+        return max(sum(per_stage) + host, m * max(max(per_stage), host))
+
+    def kv_capacity_tokens(self, max_num_seqs: int, step_tokens: int) -> int:
+        """The tightest stage's: its free memory over its layers' KV bytes per token (every
+        layer caching the whole context, as the simulator's pool does)."""
+        m, p, o = self.model, self.prep.precision, self.options
+        usable = self.hardware.memory_bytes * o.memory_utilization_frac
+        act = self._activation_bytes(max_num_seqs, step_tokens, self.tp)
+        per_layer = kv_elements_per_token_per_layer(m, self.tp) * p.kv_bytes
+        out = None
+        for i, (s, t) in enumerate(self.ranges):
+            w = weights_of_stage(m, p, self.tp, s, t, i == 0, i == self.pp - 1,
+                                 lm_head_sharded=self.engine.lm_head_sharded)
+            n = max(0, int((usable - w - act - o.reserve_bytes) // ((t - s) * per_layer)))
+            out = n if out is None else min(out, n)
+        return out or 0
+
+
+class ExpertCoster(_Layout):
+    """Seconds per step of an expert-parallel replica of ``ep`` GPUs, attention data-parallel."""
+
+    tp = 1
+
+    def __init__(self, model: ModelSpec, hardware: HardwareSpec, prep: Prepared,
+                 options: Options, *, ep: int):
+        self.model, self.hardware, self.prep, self.options = model, hardware, prep, options
+        self.engine, self.ep = prep.engine, ep
+        self.dp_ranks = ep  # each GPU schedules its own sequences (SchedulerConfig.ranks)
+        self.x = ExpertStep(model, prep, options, ep)
+
+    splits_parts = True  # the simulator passes a mixed step's decodes apart (``parts``)
+
+    def step_time(self, shape: StepShape, *, sequences: int, prefill: bool,
+                  decodes: bool = True, parts: tuple[StepShape, int] | None = None) -> float:
+        """``parts``: (the decodes' shape, the number of prefill chunks) of a step that mixes
+        them: a chunk runs whole on one GPU, so the busiest GPU holds its share of the
+        decodes and of the chunks (1 / min(chunks, ep)), not a share of every token."""
+        graphed = self.engine.cuda_graphs and not prefill
+        per = -(-max(sequences, 1) // self.ep)  # the busiest GPU's sequences
+        if parts is None:
+            own = shape.scaled(per / max(sequences, 1))
+        else:
+            dec, n_chunks = parts
+            n_dec = max(dec.tokens, 1.0)
+            own = _add(dec.scaled(-(-n_dec // self.ep) / n_dec),
+                       _add(shape, dec.scaled(-1.0)).scaled(1 / min(n_chunks, self.ep)))
+        experts, _ = self.x.experts_s(shape.tokens, graphed)
+        return (self.x.dense_s(own, graphed) + experts + self.x.all_to_all_s(own.tokens)
+                + self.fixed_s(per, prefill=prefill, decodes=decodes))
+
+    def kv_capacity_tokens(self, max_num_seqs: int, step_tokens: int) -> int:
+        """``ep`` GPUs' caches: each GPU's memory less its weights (1/ep of the routed
+        experts, every other weight whole) and the activations of a full step of its own
+        (``max_num_seqs`` and ``step_tokens`` are one rank's)."""
+        m, p, o = self.model, self.prep.precision, self.options
+        bd = weight_bytes_breakdown(m, p, lm_head_sharded=self.engine.lm_head_sharded)
+        w = sum(v / (self.ep if key in ROUTED else 1) for key, v in bd.items())
+        act = self._activation_bytes(max_num_seqs, step_tokens, 1)
+        free = self.hardware.memory_bytes * o.memory_utilization_frac - w - act - \
+            o.reserve_bytes
+        return self.ep * max(0, int(free // kv_cache_bytes_per_token(m, p)))
+
+
+def _add(a: StepShape, b: StepShape) -> StepShape:
+    """Field by field (the sliding-window view too, where both have one)."""
+    local = None if a.local is None or b.local is None else _add(a.local, b.local)
+    return StepShape(a.tokens + b.tokens, a.attn_pairs + b.attn_pairs,
+                     a.kv_read_tokens + b.kv_read_tokens, a.kv_held_tokens + b.kv_held_tokens,
+                     a.score_elems + b.score_elems, a.logit_rows + b.logit_rows, local)
+
+
+def layout_coster(model: ModelSpec, hardware: HardwareSpec, prep: Prepared, options: Options,
+                  *, tp: int = 1, pp: int = 1, ep: int = 1):
+    """The step coster of a replica of tp x pp GPUs, or of ep expert-parallel GPUs."""
+    if ep > 1 and (tp > 1 or pp > 1):
+        raise UsageError("--ep runs attention data-parallel on each GPU: give --tp 1 and "
+                         "--pp 1 with it")
+    if ep > 1:
+        return ExpertCoster(model, hardware, prep, options, ep=ep)
+    if pp > 1:
+        return PipelineCoster(model, hardware, prep, options, tp=tp, pp=pp)
+    return StepCoster(model, hardware, prep, options, tp=tp)
