@@ -366,13 +366,13 @@ def test_continuous_plan_sizes_expert_parallel_replicas(run_json):
         assert r["p90_ttft_s"] <= 2 and r["p90_tpot_s"] <= 0.05
     # one replica fewer than chosen does not meet the targets
     r = next(r for r in rows if r["ep"] == 4)
+    from planner.layouts.deployment import Deployment, Layout
     from planner.search.plan import SimSettings, Targets, replicas_needed
 
     m, hw = catalog.load_model("qwen3-30b-a3b"), catalog.load_hardware("h100-sxm")
-    opts = Options()
-    prep = prepare(hw, Precision(), None, opts, catalog.load_engine("vllm"))
-    n, _ = replicas_needed(m, hw, prep=prep, options=opts, tp=1, ep=4, prompt_tokens=1024,
-                           output_tokens=256, targets=Targets(2, 0.05, 20),
+    dep = Deployment.build(m, hw, engine=catalog.load_engine("vllm"), layout=Layout(ep=4))
+    n, _ = replicas_needed(dep, prompt_tokens=1024, output_tokens=256,
+                           targets=Targets(2, 0.05, 20),
                            settings=SimSettings(num_requests=100), upper_rate=1e9)
     assert n == r["replicas"]
 
@@ -450,8 +450,10 @@ def test_report_draws_a_layout(run_cli, tmp_path):
     from planner.io.report import Case
 
     m, hw = catalog.load_model("llama-3.1-405b"), catalog.load_hardware("h100-sxm")
-    case = Case(m, hw, Precision(), 2048, 256, 8, Options(), None, catalog.load_engine("vllm"),
-                pp=2)
+    from planner.layouts.deployment import Deployment, Layout
+
+    case = Case(Deployment.build(m, hw, engine=catalog.load_engine("vllm"),
+                                 layout=Layout(tp=8, pp=2)), 2048, 256)
     mb = int(thr["max_batch"].iloc[0])
     assert mb == case.max_batch() and case.layout(mb).memory.fits
     assert not case.layout(mb + 1).memory.fits

@@ -6,9 +6,9 @@ import pandas as pd
 import pytest
 from PIL import Image
 
-from planner.core.specs import Precision
 from planner.io import catalog
 from planner.io.report import Case, batch_ladder, memory_table, roofline_table, throughput_table
+from planner.layouts.deployment import Deployment, Layout
 
 
 def test_batch_ladder():
@@ -38,8 +38,9 @@ def test_report_cli_writes_pngs_and_csvs(run_cli, tmp_path):
 
 
 def test_roofline_points_lie_under_the_roof():
-    case = Case(catalog.load_model("mixtral-8x7b"), catalog.load_hardware("h100-sxm"),
-                Precision(), 1024, 128, tp=2)
+    case = Case(Deployment.build(catalog.load_model("mixtral-8x7b"),
+                                 catalog.load_hardware("h100-sxm"), layout=Layout(tp=2)),
+                1024, 128)
     df = roofline_table(case, 8)
     peak, bw = df["peak_flops_per_s"].iloc[0], df["bandwidth_bytes_per_s"].iloc[0]
     roof = (df["intensity_flops_per_byte"] * bw).clip(upper=peak)
@@ -49,7 +50,7 @@ def test_roofline_points_lie_under_the_roof():
 
 
 def test_memory_table_shows_overflow():
-    case = Case(catalog.load_model("llama-3.1-8b"), catalog.load_hardware("l4"), Precision(),
+    case = Case(Deployment.build(catalog.load_model("llama-3.1-8b"), catalog.load_hardware("l4")),
                 4096, 512)
     df = memory_table(case)
     assert df["fits"].iloc[:-1].all() and not df["fits"].iloc[-1]
@@ -58,8 +59,8 @@ def test_memory_table_shows_overflow():
 
 
 def test_throughput_rises_with_batch():
-    case = Case(catalog.load_model("llama-3.1-8b"), catalog.load_hardware("h200"), Precision(),
-                512, 128)
+    case = Case(Deployment.build(catalog.load_model("llama-3.1-8b"),
+                                 catalog.load_hardware("h200")), 512, 128)
     df = throughput_table([case])
     assert df["throughput_tokens_per_s"].is_monotonic_increasing
     assert df["tpot_s"].is_monotonic_increasing

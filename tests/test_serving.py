@@ -218,7 +218,8 @@ def test_simulate_replays_a_trace(run_cli, tmp_path):
     (["--dataset", "/nonexistent.jsonl"], "cannot read"),
     (["--trace", "/nonexistent-dir/t.csv"], "does not exist"),
     (["--ttft-slo", "0"], "--ttft-slo"),
-    (["-p", "500000"], "KV tokens"),
+    (["-p", "500000"], "exceeds llama-3.1-8b's context of 131,072"),
+    (["-p", "500000", "--allow-longer-context"], "KV tokens"),
 ])
 def test_simulate_bad_input(run_cli, args, msg):
     code, _, err = run_cli("simulate", "-m", "llama-3.1-8b", "-g", "h100-sxm", "-n", "5",

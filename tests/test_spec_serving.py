@@ -14,7 +14,7 @@ from planner.core.memory import kv_cache_bytes_per_token
 from planner.core.ops import StepShape
 from planner.core.specs import Options, Precision
 from planner.io import catalog
-from planner.layouts.speculation import SpecConfig, speculate
+from planner.layouts.speculation import SpeculationConfig, speculate
 from planner.serving.cost import StepCoster
 from planner.serving.sim import SchedulerConfig, simulate
 from planner.serving.speculation import spec_serving
@@ -34,7 +34,7 @@ def test_one_request_by_hand_when_every_proposal_is_accepted():
     200 tokens after the first take 50 verification steps, the j-th over 4 new tokens after
     512 + 4 j cached, every position's logits sampled."""
     m, hw, o, prep, coster, cfg = _setup()
-    spec = spec_serving(m, hw, prep, o, tp=1, cfg=SpecConfig("ngram", 3, 1.0))
+    spec = spec_serving(m, hw, prep, o, tp=1, cfg=SpeculationConfig("ngram", 3, 1.0))
     assert spec.tokens_per_step == 4 and spec.draft is None and spec.draft_weight_bytes == 0
     res = simulate([Request(0, 0.0, 512, 201)], coster, cfg, spec=spec)
     r = res.requests[0]
@@ -51,7 +51,7 @@ def test_alone_it_is_the_estimates_speculation_at_batch_1():
     """A lone request with a draft model decodes at the TPOT estimate's speculative section
     gives at batch 1 (which costs every step at the mean context; within 3%)."""
     m, hw, o, prep, coster, cfg = _setup()
-    c = SpecConfig("draft-model", 4, 0.7, catalog.load_model("llama-3.2-1b"))
+    c = SpeculationConfig("draft-model", 4, 0.7, catalog.load_model("llama-3.2-1b"))
     spec = spec_serving(m, hw, prep, o, tp=1, cfg=c)
     r = simulate([Request(0, 0.0, 1024, 257)], coster, cfg, spec=spec).requests[0]
     est = speculate(m, hw, prep, o, tp=1, batch=1, prompt_tokens=1024, output_tokens=256,
@@ -68,7 +68,7 @@ def test_the_draft_shares_the_kv_pool_by_hand():
     32 KiB per token beside the target's 128 KiB."""
     m, hw, o, prep, coster, cfg = _setup()
     d = catalog.load_model("llama-3.2-1b")
-    spec = spec_serving(m, hw, prep, o, tp=1, cfg=SpecConfig("draft-model", 4, 0.7, d))
+    spec = spec_serving(m, hw, prep, o, tp=1, cfg=SpeculationConfig("draft-model", 4, 0.7, d))
     assert spec.draft_kv_bytes_per_token == 16 * 8 * 64 * 2 * 2
     assert spec.target_kv_bytes_per_token == 32 * 8 * 128 * 2 * 2
     plain = simulate([Request(0, 0.0, 16, 2)], coster, cfg).kv_capacity_tokens
@@ -84,7 +84,7 @@ def test_nothing_accepted_only_costs():
     """a = 0: one token per step, as without speculation, but each step verifies k + 1:
     never faster, under any load."""
     m, hw, o, prep, coster, cfg = _setup()
-    spec = spec_serving(m, hw, prep, o, tp=1, cfg=SpecConfig("ngram", 2, 0.0))
+    spec = spec_serving(m, hw, prep, o, tp=1, cfg=SpeculationConfig("ngram", 2, 0.0))
     reqs = synthetic(200, prompt_tokens=512, output_tokens=128, request_rate=8.0, seed=3)
     a = simulate(reqs, coster, cfg)
     b = simulate(reqs, coster, cfg, spec=spec)
@@ -101,7 +101,7 @@ def test_tight_memory_preempts_and_everything_completes(k, a, rate, seed):
     pool overflows, requests are preempted and recomputed, every request finishes, and no
     more KV is ever reserved than the pool holds."""
     m, hw, o, prep, coster, cfg = _setup(gpu="l4")
-    spec = spec_serving(m, hw, prep, o, tp=1, cfg=SpecConfig("ngram", k, a))
+    spec = spec_serving(m, hw, prep, o, tp=1, cfg=SpeculationConfig("ngram", k, a))
     reqs = synthetic(60, prompt_tokens=1500, output_tokens=400, range_ratio=0.5,
                      request_rate=rate, seed=seed)
     res = simulate(reqs, coster, cfg, spec=spec)

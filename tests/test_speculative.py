@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from planner.core.estimate import estimate, prepare
 from planner.core.specs import DType, Options, Parallelism, Precision, Workload
 from planner.io import catalog
-from planner.layouts.speculation import SpecConfig, expected_tokens, speculate
+from planner.layouts.speculation import SpeculationConfig, expected_tokens, speculate
 
 
 def test_expected_tokens_is_leviathans():
@@ -38,7 +38,7 @@ def test_baseline_is_the_estimate_and_70b_gains_at_batch_1():
     m, hw, eng, o, prec, prep = _setup("llama-3.1-70b", "h100-sxm", tp=4)
     est = estimate(m, hw, precision=prec, options=o, engine=eng, parallelism=Parallelism(tp=4),
                    workload=Workload(batch=1, prompt_tokens=512, output_tokens=128))
-    cfg = SpecConfig("draft-model", 4, 0.7, catalog.load_model("llama-3.2-1b"))
+    cfg = SpeculationConfig("draft-model", 4, 0.7, catalog.load_model("llama-3.2-1b"))
     r = speculate(m, hw, prep, o, tp=4, batch=1, prompt_tokens=512, output_tokens=128, cfg=cfg)
     assert r.baseline_tpot_s == pytest.approx(est.tpot_s, rel=1e-12)
     # memory-bound at batch 1: verifying 5 tokens costs little more than decoding one
@@ -56,7 +56,7 @@ def test_baseline_is_the_estimate_and_70b_gains_at_batch_1():
 def test_nothing_accepted_never_pays():
     m, hw, eng, o, prec, prep = _setup("llama-3.1-8b", "h100-sxm")
     r = speculate(m, hw, prep, o, tp=1, batch=1, prompt_tokens=512, output_tokens=128,
-                  cfg=SpecConfig("ngram", 3, 0.0))
+                  cfg=SpeculationConfig("ngram", 3, 0.0))
     assert r.tokens_per_step == 1 and r.draft_s == 0 and r.speedup < 1
     assert r.break_even_batch == 1 and r.extra_weights_bytes == 0
 

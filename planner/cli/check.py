@@ -57,24 +57,30 @@ def _message(r) -> str:
     return f"{r.deployment}: {r.what} predicted {got}, limit {op} {want}{by}"
 
 
-def _layout(m, hw, dep, kw, cal):
-    """A pipeline or expert-parallel deployment's figures (``planner.layouts.layout``), at the
-    workload's sequences and, for ``fits_at``, at that many."""
-    from planner.core.estimate import prepare, resolve_price
-    from planner.core.specs import Options
+def _figures(d, dep):
+    """A budget deployment's figures at the workload's sequences and, for ``fits_at``, at
+    that many: the estimate of a TP group, or the layout's (``planner.layouts.layout``)
+    for pipeline stages or expert parallelism."""
+    from planner.core.estimate import resolve_price
+    from planner.core.specs import Workload
+    from planner.layouts.deployment import estimate_deployment
     from planner.layouts.layout import layout_figures
 
-    if dep.limits.mbu_min is not None:
+    wl, lay = dep.workload, d.layout
+    layered = lay.pp > 1 or lay.ep > 1
+    if layered and dep.limits.mbu_min is not None:
         raise LlmplanError("mbu_min: MBU is not predicted for pp or ep layouts")
-    opts = Options()
-    prep = prepare(hw, kw["precision"], cal, opts, kw["engine"])
-    price, _ = resolve_price(hw, dep.price_per_hour)
-    wl = dep.workload
+    price, _ = resolve_price(d.hardware, dep.price_per_hour)
 
     def at(batch: int):
-        return layout_figures(m, hw, prep, opts, tp=dep.tp, pp=dep.pp, ep=dep.ep, batch=batch,
-                              prompt_tokens=wl.prompt_tokens, output_tokens=wl.output_tokens,
-                              price_usd_per_gpu_hour=price)
+        if layered:
+            return layout_figures(d.model, d.hardware, d.prepared, d.options, tp=lay.tp,
+                                  pp=lay.pp, ep=lay.ep, batch=batch,
+                                  prompt_tokens=wl.prompt_tokens,
+                                  output_tokens=wl.output_tokens, price_usd_per_gpu_hour=price)
+        return estimate_deployment(d, Workload(batch=batch, prompt_tokens=wl.prompt_tokens,
+                                               output_tokens=wl.output_tokens),
+                                   price_usd_per_gpu_hour=dep.price_per_hour).estimate
 
     return at(wl.sequences), at(dep.limits.fits_at) if dep.limits.fits_at else None
 
@@ -92,11 +98,11 @@ def check(
 ) -> None:
     """Check deployments against capacity budgets: exit 0 if every limit holds, 1 if any
     fails, 2 for a bad budget file."""
-    from planner.core.estimate import estimate
-    from planner.core.specs import Parallelism, Precision, Workload
+    from planner.core.specs import Precision
     from planner.evidence.budget import evaluate
     from planner.io import catalog
     from planner.io.render import plain, table
+    from planner.layouts.deployment import Deployment, Layout
 
     output_path(junit, "--junit")
     b = catalog.load_budget(budget)
@@ -113,21 +119,9 @@ def check(
             eng = catalog.load_engine(dep.engine or engine)
             prec = Precision.of(dep.weights, dep.kv_cache, compute=dep.compute,
                                 quantized_layers=check_quantized_layers(m, dep.quantized_layers))
-            kw = dict(precision=prec, parallelism=Parallelism(tp=dep.tp), calibration=cal,
-                      price_usd_per_gpu_hour=dep.price_per_hour, engine=eng)
-            wl = dep.workload
-            if dep.pp > 1 or dep.ep > 1:
-                est, at = _layout(m, hw, dep, kw, cal)
-            else:
-                est = estimate(m, hw, workload=Workload(batch=wl.sequences,
-                                                        prompt_tokens=wl.prompt_tokens,
-                                                        output_tokens=wl.output_tokens), **kw)
-                at = None
-                if dep.limits.fits_at:
-                    at = estimate(m, hw, workload=Workload(batch=dep.limits.fits_at,
-                                                           prompt_tokens=wl.prompt_tokens,
-                                                           output_tokens=wl.output_tokens),
-                                  **kw)
+            d = Deployment.build(m, hw, engine=eng, precision=prec,
+                                 layout=Layout(dep.tp, dep.pp, dep.ep), calibration=cal)
+            est, at = _figures(d, dep)
         except (LlmplanError, ValueError) as err:  # ValueError: pydantic's, e.g. weights fp32
             errs = getattr(err, "errors", None)
             msg = errs()[0]["msg"].removeprefix("Value error, ") if callable(errs) else str(err)

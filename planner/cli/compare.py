@@ -68,27 +68,22 @@ def read_result_file(path: Path):
 
 def served_setup(model: str, gpu: str, spec, tp: int, weights, kv_cache,
                  group_size: int = 128, quantized_layers="all"):
-    """The deployment a served run was measured on, resolved for prediction: the engine's
-    scheduler budget is the prefill chunk."""
-    from planner.core.estimate import prepare
-    from planner.core.ops import check_tp
+    """The deployment a served run was measured on (``planner.layouts.deployment``), ready
+    for prediction: the engine's scheduler budget is the prefill chunk."""
     from planner.core.specs import Options, Precision
-    from planner.evidence.compare import Setup
     from planner.io import catalog
+    from planner.layouts.deployment import Deployment, Layout
 
     positive("--tp", tp)
     positive("--group-size", group_size)
     m = catalog.load_model(model)
     hw = catalog.load_hardware(gpu)
-    check_tp(m, tp)
     eng = spec.model()
-    opts = Options(prefill_chunk_tokens=eng.max_num_batched_tokens)
     value = lambda v: getattr(v, "value", v)  # noqa: E731 (an enum or its value)
-    prep = prepare(hw, Precision.of(value(weights), value(kv_cache) if kv_cache else None,
-                                    group_size,
-                                    quantized_layers=check_quantized_layers(m, quantized_layers)),
-                   None, opts, eng)
-    return Setup(m, hw, prep, opts, tp=tp)
+    prec = Precision.of(value(weights), value(kv_cache) if kv_cache else None, group_size,
+                        quantized_layers=check_quantized_layers(m, quantized_layers))
+    return Deployment.build(m, hw, engine=eng, precision=prec, layout=Layout(tp=tp),
+                            options=Options(prefill_chunk_tokens=eng.max_num_batched_tokens))
 
 
 def server_setup(model: str, gpu: str, engine: str, tp: int, weights, kv_cache, group_size: int,
@@ -155,12 +150,12 @@ def compare(
         stderr.print(f"wrote {plot}")
     if as_json:
         json_out({"model": s.model.name, "gpu": s.hardware.name, "tp": tp,
-                  "engine": s.engine.name, "weights": s.prep.precision.weights.value,
-                  "quantized_layers": s.prep.precision.quantized_layers,
+                  "engine": s.engine.name, "weights": s.precision.weights.value,
+                  "quantized_layers": s.precision.quantized_layers,
                   "runs": [c.as_dict() for c in comps]})
         return
     stdout.print(f"[bold]{plain(s.model.label)}[/] on {tp} x {plain(s.hardware.display_name)}, "
-                 f"engine {plain(s.engine.name)}, weights {s.prep.precision.weights.value}")
+                 f"engine {plain(s.engine.name)}, weights {s.precision.weights.value}")
     for c in comps:
         r = c.run
         util = (f"MBU {fmt.pct(c.mbu)} ({c.achieved_bandwidth_bytes_per_s / 1e9:,.0f} GB/s at "

@@ -33,34 +33,24 @@ from planner.cli.options import (
     QuantizedLayers,
     QuantizedLayersOpt,
     ReserveOpt,
-    SpecOpt,
-    SpecTokensOpt,
+    SpeculativeOpt,
+    SpeculativeTokensOpt,
     TimeModel,
     TimeModelOpt,
     TpOpt,
     UtilOpt,
     WeightsOpt,
     WeightsOption,
+    build_deployment,
     check_context,
-    check_layout,
-    check_quantized_layers,
     json_out,
     options_from,
     positive,
-    spec_config,
+    speculation_config,
     stderr,
     stdout,
 )
-from planner.core.specs import GIB, Precision, Workload
-
-
-def _speculate(est, m, hw, prep, opts, tp, method, draft_model, k, a):
-    """The speculative-decoding section of an estimate, from the CLI's flags."""
-    from planner.layouts.speculation import speculate
-
-    cfg = spec_config(method, draft_model, k, a)
-    return speculate(m, hw, prep, opts, tp=tp, batch=est.batch,
-                     prompt_tokens=est.prompt_tokens, output_tokens=est.output_tokens, cfg=cfg)
+from planner.core.specs import GIB, Workload
 
 
 def estimate(
@@ -101,92 +91,62 @@ def estimate(
         "--ep", help="Expert-parallel GPUs for a MoE model (attention data-parallel, each GPU "
         "1/N of the experts and of the batch): adds the Expert parallel section (TTFT, TPOT, "
         "load imbalance, all-to-all, memory).")] = 1,
-    speculative: SpecOpt = None,
+    speculative: SpeculativeOpt = None,
     draft_model: DraftOpt = None,
-    num_speculative_tokens: SpecTokensOpt = None,
+    num_speculative_tokens: SpeculativeTokensOpt = None,
     acceptance_rate: AcceptanceOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Predict memory, timing, utilisation and cost of one deployment."""
-    from planner.core.estimate import estimate as run_estimate
-    from planner.core.specs import Parallelism
     from planner.io import catalog
-    from planner.io.render import render_estimate
+    from planner.layouts.deployment import estimate_deployment
 
     for name, v in (("--batch", batch), ("--prompt-tokens", prompt_tokens),
-                    ("--output-tokens", output_tokens), ("--tp", tp),
-                    ("--group-size", group_size), ("--price-per-hour", price_per_hour),
+                    ("--output-tokens", output_tokens), ("--price-per-hour", price_per_hour),
                     ("--measured-tpot", measured_tpot), ("--measured-ttft", measured_ttft)):
         positive(name, v)
     opts = options_from(time_model, attention, kernel_overhead_us, reserve_gib,
                         memory_utilization, prefill_chunk_tokens)
     m = catalog.load_model(model)
     check_context(m, prompt_tokens, output_tokens, allow_longer_context)
-    hw = catalog.load_hardware(gpu)
-    eng = catalog.load_engine(engine)
-    cal = catalog.load_calibration(calibration) if calibration else None
-    prec = Precision.of(weights.value, kv_cache.value if kv_cache else None, group_size,
-                        compute.value if compute else None,
-                        check_quantized_layers(m, quantized_layers))
-    est = run_estimate(m, hw, engine=eng, precision=prec,
-                       workload=Workload(batch=batch, prompt_tokens=prompt_tokens,
-                                         output_tokens=output_tokens),
-                       parallelism=Parallelism(tp=tp), options=opts, calibration=cal,
-                       price_usd_per_gpu_hour=price_per_hour, measured_tpot_s=measured_tpot,
-                       measured_ttft_s=measured_ttft)
-    check_layout(m, tp, pp, ep)
-    wants_spec = any(v is not None for v in (speculative, draft_model, num_speculative_tokens,
-                                             acceptance_rate))
-    expert = pipe = spec = None
-    if ep > 1 or pp > 1 or wants_spec:
-        from planner.core.estimate import prepare
-
-        prep = prepare(hw, prec, cal, opts, eng)  # the engine as the estimate ran it
-        if ep > 1:
-            from planner.layouts.expert import expert_parallel
-
-            expert = expert_parallel(m, hw, prep, opts, ep=ep, batch=batch,
-                                     prompt_tokens=prompt_tokens, output_tokens=output_tokens)
-        if pp > 1:
-            from planner.layouts.pipeline import pipeline
-
-            pipe = pipeline(m, hw, prep, opts, tp=tp, pp=pp, batch=batch,
-                            prompt_tokens=prompt_tokens, output_tokens=output_tokens)
-        if wants_spec:
-            spec = _speculate(est, m, hw, prep, opts, tp, speculative, draft_model,
-                              num_speculative_tokens, acceptance_rate)
+    dep = build_deployment(m, gpu=gpu, engine=engine, tp=tp, pp=pp, ep=ep, weights=weights,
+                           kv_cache=kv_cache, group_size=group_size,
+                           quantized_layers=quantized_layers, compute=compute,
+                           calibration=calibration, options=opts)
+    spec = speculation_config(speculative, draft_model, num_speculative_tokens,
+                              acceptance_rate)
+    res = estimate_deployment(dep, Workload(batch=batch, prompt_tokens=prompt_tokens,
+                                            output_tokens=output_tokens),
+                              speculation=spec, price_usd_per_gpu_hour=price_per_hour,
+                              measured_tpot_s=measured_tpot, measured_ttft_s=measured_ttft)
     if as_json:
-        d = est.to_dict(operators=True)
-        if spec is not None:
-            d["speculative"] = spec.as_dict()
-        if pipe is not None:
-            d["pipeline"] = pipe.as_dict(batch, output_tokens, est.price_usd_per_gpu_hour)
-        if expert is not None:
-            d["expert_parallel"] = expert.as_dict(batch)
-        json_out(d)
+        json_out(res.to_dict())
     else:
-        render_estimate(stdout, est, explain=explain)
-        if pipe is not None:
-            from planner.io.render import render_pipeline
-
-            render_pipeline(stdout, pipe, batch, output_tokens, est.price_usd_per_gpu_hour)
-        if expert is not None:
-            from planner.io.render import render_expert
-
-            render_expert(stdout, expert, batch)
-        if spec is not None:
-            from planner.io.render import render_speculative
-
-            render_speculative(stdout, spec)
-    fits = pipe.fits if pipe is not None else expert.fits if expert is not None else \
-        est.memory.fits
-    if require_fit and not fits:
-        if pipe is not None or expert is not None:
-            need = pipe.max_memory_per_gpu_bytes if pipe is not None else expert.total_bytes
-            if not as_json:
-                stderr.print(f"does not fit: {need / GIB:.1f} GiB needed per GPU")
-            raise typer.Exit(1)
+        _render(res, explain)
+    if require_fit and not res.fits:
         if not as_json:
-            stderr.print(f"does not fit: {est.memory.total_bytes / GIB:.1f} GiB needed, "
-                         f"{est.memory.usable_bytes / GIB:.1f} GiB usable")
+            need = res.memory_needed_per_gpu_bytes
+            usable = "" if res.pipeline or res.expert else \
+                f", {res.estimate.memory.usable_bytes / GIB:.1f} GiB usable"
+            stderr.print(f"does not fit: {need / GIB:.1f} GiB needed"
+                         f"{' per GPU' if not usable else ''}{usable}")
         raise typer.Exit(1)
+
+
+def _render(res, explain: bool) -> None:
+    from planner.io.render import (
+        render_estimate,
+        render_expert,
+        render_pipeline,
+        render_speculative,
+    )
+
+    est = res.estimate
+    render_estimate(stdout, est, explain=explain)
+    if res.pipeline is not None:
+        render_pipeline(stdout, res.pipeline, est.batch, est.output_tokens,
+                        est.price_usd_per_gpu_hour)
+    if res.expert is not None:
+        render_expert(stdout, res.expert, est.batch)
+    if res.speculation is not None:
+        render_speculative(stdout, res.speculation)

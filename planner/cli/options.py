@@ -86,13 +86,13 @@ class QuantizedLayers(str, Enum):
 QuantizedLayersOpt = Annotated[QuantizedLayers, typer.Option(
     "--quantized-layers", help="Which linear layers the --weights type covers: all, or only a "
     "MoE model's routed experts (gpt-oss's released MXFP4 checkpoint; the rest 16-bit).")]
-class SpecMethod(str, Enum):
+class SpeculativeMethod(str, Enum):
     draft_model = "draft-model"
     mtp = "mtp"
     ngram = "ngram"
 
 
-SpecOpt = Annotated[Optional[SpecMethod], typer.Option(
+SpeculativeOpt = Annotated[Optional[SpeculativeMethod], typer.Option(
     "--speculative",
     help="Speculative decoding: a draft model, the model's own MTP layer (DeepSeek), or "
          "n-gram prompt lookup.")]
@@ -100,7 +100,7 @@ DraftOpt = Annotated[Optional[str], typer.Option(
     "--draft-model",
     help="The draft model (built-in name, YAML or config.json) for --speculative "
          "draft-model.")]
-SpecTokensOpt = Annotated[Optional[int], typer.Option(
+SpeculativeTokensOpt = Annotated[Optional[int], typer.Option(
     "--num-speculative-tokens",
     help="Tokens proposed per step, k (default 1 for mtp; required otherwise).")]
 AcceptanceOpt = Annotated[Optional[float], typer.Option(
@@ -243,9 +243,10 @@ DEFAULT_RESERVE_GIB = _O["reserve_bytes"].default / GIB
 DEFAULT_UTIL = _O["memory_utilization_frac"].default
 
 
-def check_layout(m, tp: int, pp: int, ep: int) -> None:
-    """--tp, --pp and --ep of one replica: within bounds, and a layout the model allows."""
-    from planner.layouts.layout import check_layout as allowed
+def check_layout(m, tp: int, pp: int, ep: int):
+    """--tp, --pp and --ep of one replica: within bounds, and a layout the model allows
+    (``planner.layouts.deployment.Layout``, returned)."""
+    from planner.layouts.deployment import Layout
 
     for name, v in (("--tp", tp), ("--pp", pp), ("--ep", ep)):
         positive(name, v)
@@ -256,7 +257,7 @@ def check_layout(m, tp: int, pp: int, ep: int) -> None:
     if ep > 1 and (tp > 1 or pp > 1):
         raise LlmplanError("--ep runs attention data-parallel on each GPU: give --tp 1 and "
                            "--pp 1 with it")
-    allowed(m, tp, pp, ep)
+    return Layout(tp, pp, ep).check(m)
 
 
 def check_quantized_layers(m, quantized_layers) -> str:
@@ -268,15 +269,17 @@ def check_quantized_layers(m, quantized_layers) -> str:
     return q
 
 
-def spec_config(method, draft_model, k, a):
-    """The speculative-decoding configuration the flags ask for."""
+def speculation_config(method, draft_model, k, a):
+    """The speculative-decoding configuration the flags ask for; None when none is."""
     from planner.io import catalog
-    from planner.layouts.speculation import MTP_ACCEPTANCE, MTP_TOKENS, SpecConfig
+    from planner.layouts.speculation import MTP_ACCEPTANCE, MTP_TOKENS, SpeculationConfig
 
+    if all(v is None for v in (method, draft_model, k, a)):
+        return None
     if method is None:
         raise LlmplanError("--draft-model, --num-speculative-tokens and --acceptance-rate go "
                            "with --speculative draft-model|mtp|ngram")
-    if method == SpecMethod.mtp:
+    if method == SpeculativeMethod.mtp:
         k = MTP_TOKENS if k is None else k
         a = MTP_ACCEPTANCE if a is None else a
     if k is None or a is None:
@@ -286,4 +289,32 @@ def spec_config(method, draft_model, k, a):
         raise LlmplanError(f"--acceptance-rate: must be in [0, 1], got {a:g}")
     positive("--num-speculative-tokens", k)
     draft = catalog.load_model(draft_model) if draft_model else None
-    return SpecConfig(method.value, k, a, draft)
+    return SpeculationConfig(method.value, k, a, draft)
+
+
+def _value(v):
+    """An option's plain value: an enum's, or the value itself."""
+    return getattr(v, "value", v)
+
+
+def build_deployment(m, *, gpu: str, engine: str, tp: int = 1, pp: int = 1, ep: int = 1,
+                     weights="bf16", kv_cache=None, group_size: int = 128,
+                     quantized_layers="all", compute=None, calibration: Path | None = None,
+                     options=None):
+    """The deployment the options describe (``planner.layouts.deployment.Deployment``): the
+    GPU, engine and calibration loaded, the precision and layout checked, the engine
+    prepared. Every command that predicts builds its deployment here."""
+    from planner.core.specs import Precision
+    from planner.io import catalog
+    from planner.layouts.deployment import Deployment
+
+    positive("--group-size", group_size)
+    hw = catalog.load_hardware(gpu)
+    eng = catalog.load_engine(engine)
+    cal = catalog.load_calibration(calibration) if calibration else None
+    prec = Precision.of(_value(weights), _value(kv_cache) if kv_cache else None, group_size,
+                        _value(compute) if compute else None,
+                        check_quantized_layers(m, quantized_layers))
+    layout = check_layout(m, tp, pp, ep)
+    return Deployment.build(m, hw, engine=eng, precision=prec, layout=layout, options=options,
+                            calibration=cal)

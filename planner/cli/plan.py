@@ -79,38 +79,11 @@ def plan(
     each sized by simulating continuous batching (or, with --scheduler static, static
     batches)."""
     from planner.core.specs import DType
-    from planner.evidence.budget import parse_quantity
     from planner.io import catalog
-    from planner.io.render import plain, table
-    from planner.io.report import plot_pareto
-    from planner.search.plan import SimSettings, Targets, default_eps, layout_label, search
+    from planner.search.plan import SimSettings, Targets, default_eps, search
     from planner.search.sweep import parse_int_list, parse_str_list
 
-    for name, v in (("--prompt-tokens", prompt_tokens), ("--output-tokens", output_tokens),
-                    ("--rps", rps), ("--tokens-per-s", tokens_per_s),
-                    ("--price-per-hour", price_per_hour), ("--top", top)):
-        positive(name, v)
-    if (rps is None) == (tokens_per_s is None):
-        raise LlmplanError("give exactly one of --rps or --tokens-per-s")
-    try:
-        t_ttft, t_tpot = parse_quantity(ttft, "time"), parse_quantity(tpot, "time")
-    except ValueError as err:
-        raise LlmplanError(f"--ttft/--tpot: {err}") from None
-    positive("--ttft", t_ttft)
-    positive("--tpot", t_tpot)
-    for name, v in (("--ttft", t_ttft), ("--tpot", t_tpot), ("--rps", rps),
-                    ("--tokens-per-s", tokens_per_s), ("--price-per-hour", price_per_hour)):
-        if v is not None and not math.isfinite(v):
-            raise LlmplanError(f"{name}: must be a finite number, got {v:g}")
-    if scheduler not in ("continuous", "static"):
-        raise LlmplanError(f"--scheduler: '{scheduler}' is not one of continuous, static")
-    if percentile not in (50, 90, 99):
-        raise LlmplanError(f"--percentile: must be 50, 90 or 99, got {percentile}")
-    positive("--sim-requests", sim_requests)
-    if sim_requests > 100_000:
-        raise LlmplanError(f"--sim-requests: at most 100,000, got {sim_requests}")
-    if not 0 <= range_ratio < 1:
-        raise LlmplanError(f"--range-ratio: must be in [0, 1), got {range_ratio:g}")
+    t_ttft, t_tpot = _check_targets(locals())
     req = rps if rps is not None else tokens_per_s / output_tokens
     m = catalog.load_model(model)
     tps, pps = parse_int_list(tp, "--tp"), parse_int_list(pp, "--pp")
@@ -152,6 +125,50 @@ def plan(
                 targets=Targets(t_ttft, t_tpot, req), tps=tps, pps=pps, eps=eps,
                 weights=wl, kv_cache=kvl, calibration=cal, price_usd_per_gpu_hour=price_per_hour,
                 engine=eng, compute=cdt, quantized_layers=ql)
+    _show_static(df, m, prompt_tokens=prompt_tokens, output_tokens=output_tokens, top=top,
+                 csv=csv, plot=plot, as_json=as_json, label=(ttft, tpot, req))
+
+
+def _check_targets(a: dict) -> tuple[float, float]:
+    """The numeric flags in bounds; the TTFT and TPOT targets in seconds."""
+    from planner.evidence.budget import parse_quantity
+
+    for name in ("prompt_tokens", "output_tokens", "rps", "tokens_per_s", "price_per_hour",
+                 "top"):
+        positive("--" + name.replace("_", "-"), a[name])
+    if (a["rps"] is None) == (a["tokens_per_s"] is None):
+        raise LlmplanError("give exactly one of --rps or --tokens-per-s")
+    try:
+        t_ttft, t_tpot = parse_quantity(a["ttft"], "time"), parse_quantity(a["tpot"], "time")
+    except ValueError as err:
+        raise LlmplanError(f"--ttft/--tpot: {err}") from None
+    positive("--ttft", t_ttft)
+    positive("--tpot", t_tpot)
+    for name, v in (("--ttft", t_ttft), ("--tpot", t_tpot), ("--rps", a["rps"]),
+                    ("--tokens-per-s", a["tokens_per_s"]),
+                    ("--price-per-hour", a["price_per_hour"])):
+        if v is not None and not math.isfinite(v):
+            raise LlmplanError(f"{name}: must be a finite number, got {v:g}")
+    if a["scheduler"] not in ("continuous", "static"):
+        raise LlmplanError(f"--scheduler: '{a['scheduler']}' is not one of continuous, static")
+    if a["percentile"] not in (50, 90, 99):
+        raise LlmplanError(f"--percentile: must be 50, 90 or 99, got {a['percentile']}")
+    positive("--sim-requests", a["sim_requests"])
+    if a["sim_requests"] > 100_000:
+        raise LlmplanError(f"--sim-requests: at most 100,000, got {a['sim_requests']}")
+    if not 0 <= a["range_ratio"] < 1:
+        raise LlmplanError(f"--range-ratio: must be in [0, 1), got {a['range_ratio']:g}")
+    return t_ttft, t_tpot
+
+
+def _show_static(df, m, *, prompt_tokens, output_tokens, top, csv, plot, as_json,
+                 label) -> None:
+    """The static-batching plan's rows: CSV, plot, JSON or the table of the cheapest."""
+    from planner.io.render import plain, table
+    from planner.io.report import plot_pareto
+    from planner.layouts.deployment import Layout
+
+    ttft, tpot, req = label
     feas = df[df["meets_targets"]]
     if csv:
         df.to_csv(csv, index=False)
@@ -168,7 +185,7 @@ def plan(
         raise typer.Exit(1)
     rows = []
     for r in feas.head(top).itertuples():
-        rows.append([int(r.rank), r.gpu, layout_label(r.tp, r.pp, r.ep), r.weights,
+        rows.append([int(r.rank), r.gpu, Layout(r.tp, r.pp, r.ep).label, r.weights,
                      r.kv_cache, r.batch, int(r.replicas), int(r.total_gpus),
                      f"{r.ttft_s * 1e3:,.0f}", f"{r.tpot_s * 1e3:,.1f}",
                      f"{r.memory_headroom_frac:.0%}",
@@ -205,7 +222,8 @@ def _plan_continuous(m, gpus, *, prompt_tokens, output_tokens, targets, tps, wei
                      label, compute=None, pps=(1,), eps=(1,), quantized_layers="all") -> None:
     from planner.io.render import plain, table
     from planner.io.report import plot_pareto
-    from planner.search.plan import layout_label, search_continuous
+    from planner.layouts.deployment import Layout
+    from planner.search.plan import search_continuous
 
     df = search_continuous(m, gpus, prompt_tokens=prompt_tokens, output_tokens=output_tokens,
                            targets=targets, tps=tps, weights=weights, kv_cache=kv_cache,
@@ -232,7 +250,7 @@ def _plan_continuous(m, gpus, *, prompt_tokens, output_tokens, targets, tps, wei
         raise typer.Exit(1)
     rows = []
     for r in df.head(top).itertuples():
-        rows.append([int(r.rank), r.gpu, layout_label(r.tp, r.pp, r.ep), r.weights, r.kv_cache,
+        rows.append([int(r.rank), r.gpu, Layout(r.tp, r.pp, r.ep).label, r.weights, r.kv_cache,
                      f"{r.rate_per_replica:,.3g}", f"{getattr(r, f'{name}_ttft_s') * 1e3:,.0f}",
                      f"{getattr(r, f'{name}_tpot_s') * 1e3:,.1f}", int(r.replicas),
                      int(r.total_gpus), f"{r.usd_per_hour:,.2f}",

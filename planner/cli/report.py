@@ -95,18 +95,19 @@ def report(
     eng = catalog.load_engine(engine)
     cal = catalog.load_calibration(calibration) if calibration else None
     from planner.io.report import Case, write_reports
+    from planner.layouts.deployment import Deployment
 
-    check_layout(m, tp, pp, ep)
+    layout = check_layout(m, tp, pp, ep)
     cases = []
     for g in parse_str_list(gpu):
         hw = catalog.load_hardware(g)
         for w in parse_choices(weights, WEIGHT_CHOICES, "--weights"):
             prec = Precision.of(w, kv_cache, compute=compute.value if compute else None,
                                 quantized_layers=check_quantized_layers(m, quantized_layers))
-            case = Case(m, hw, prec, prompt_tokens, output_tokens, tp,
-                        opts, cal if cal and cal.device == hw.name else None, eng, pp, ep)
-            case.at(1)  # surfaces an unsupported precision as a one-line error
-            cases.append(case)
+            dep = Deployment.build(m, hw, engine=eng, precision=prec, layout=layout,
+                                   options=opts,
+                                   calibration=cal if cal and cal.device == hw.name else None)
+            cases.append(Case(dep, prompt_tokens, output_tokens))
     meas, meas_ceil, records = None, None, None
     if measured is not None:
         from planner.io.report import load_measured, measured_roofline_points, plot_accuracy

@@ -17,6 +17,9 @@ from planner.cli.options import (
     DEFAULT_UTIL,
     AcceptanceOpt,
     Attention,
+    AttentionOpt,
+    CalibrationOpt,
+    ComputeOpt,
     DraftOpt,
     EngineOpt,
     EpOpt,
@@ -24,25 +27,28 @@ from planner.cli.options import (
     GroupSizeOpt,
     JsonOpt,
     KVOption,
+    LongerOpt,
     ModelOpt,
+    OverheadOpt,
     PpOpt,
     QuantizedLayers,
     QuantizedLayersOpt,
     ReserveOpt,
-    SpecOpt,
-    SpecTokensOpt,
+    SpeculativeOpt,
+    SpeculativeTokensOpt,
     TimeModel,
+    TimeModelOpt,
     TpOpt,
     UtilOpt,
     WeightsOpt,
     WeightsOption,
-    check_layout,
-    check_quantized_layers,
+    build_deployment,
+    check_context,
     json_out,
     options_from,
     output_path,
     positive,
-    spec_config,
+    speculation_config,
     stderr,
     stdout,
 )
@@ -127,6 +133,11 @@ def simulate(
     kv_cache: KVOption = None,
     group_size: GroupSizeOpt = 128,
     quantized_layers: QuantizedLayersOpt = QuantizedLayers.all,
+    compute: ComputeOpt = None,
+    calibration: CalibrationOpt = None,
+    time_model: TimeModelOpt = TimeModel.roofline,
+    attention: AttentionOpt = Attention.flash,
+    kernel_overhead_us: OverheadOpt = 0.0,
     request_rate: Annotated[float, typer.Option(
         help="Requests per second (gamma arrivals; inf: all at t = 0).")] = math.inf,
     burstiness: Annotated[float, typer.Option(
@@ -172,12 +183,13 @@ def simulate(
         help="TPOT target in seconds: report the goodput.")] = None,
     trace: Annotated[Optional[Path], typer.Option(
         help="Write one row per request (CSV, or JSONL for .jsonl).")] = None,
+    allow_longer_context: LongerOpt = False,
     plot: Annotated[Optional[Path], typer.Option(
         "--plot", help="PNG over time (running, queue, KV) and the TTFT / TPOT "
         "distributions; its time series as a CSV beside it.")] = None,
-    speculative: SpecOpt = None,
+    speculative: SpeculativeOpt = None,
     draft_model: DraftOpt = None,
-    num_speculative_tokens: SpecTokensOpt = None,
+    num_speculative_tokens: SpeculativeTokensOpt = None,
     acceptance_rate: AcceptanceOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
@@ -185,111 +197,42 @@ def simulate(
     contiguous KV, each step costed by the estimate's operator and engine model. A replica is
     --tp GPUs, --tp x --pp over pipeline stages, or --ep expert-parallel GPUs. --speculative
     decodes 1 + k tokens per request and step, keeping the expected (1 - a^(k+1)) / (1 - a)."""
-    from planner.core.estimate import prepare
-    from planner.core.specs import Precision
     from planner.io import catalog
-    from planner.serving.layouts import layout_coster
+    from planner.serving import run
     from planner.serving.metrics import summary
-    from planner.serving.sim import SchedulerConfig
-    from planner.serving.sim import simulate as run
-    from planner.serving.traffic import replay, synthetic
 
-    for name, v in (("--tp", tp), ("--num-requests", num_requests),
-                    ("--max-num-seqs", max_num_seqs),
-                    ("--max-num-batched-tokens", max_num_batched_tokens),
-                    ("--block-size", block_size), ("--max-model-len", max_model_len),
-                    ("--prompt-tokens", prompt_tokens), ("--output-tokens", output_tokens),
-                    ("--group-size", group_size), ("--max-concurrency", max_concurrency)):
-        positive(name, v)
-    positive("--request-rate", request_rate, allow_inf=True)
-    positive("--burstiness", burstiness)
-    positive("--max-wait", max_wait, allow_zero=True)
-    if not 0 <= seed < 2**64:
-        raise LlmplanError(f"--seed: must be an integer in [0, 2^64), got {seed}")
-    positive("--ttft-slo", ttft_slo)
-    positive("--tpot-slo", tpot_slo)
-    if not (0 <= range_ratio < 1):
-        raise LlmplanError(f"--range-ratio: must be in [0, 1), got {range_ratio:g}")
-    opts = options_from(TimeModel.roofline, Attention.flash, 0.0, reserve_gib,
-                        memory_utilization)  # the checks every command shares
-    if num_requests > 10_000_000:
-        raise LlmplanError("--num-requests: at most 10,000,000")
+    _check_numbers(locals())
+    opts = options_from(time_model, attention, kernel_overhead_us, reserve_gib,
+                        memory_utilization)
     output_path(trace, "--trace")
     output_path(plot, "--plot", ".png")
     m = catalog.load_model(model)
-    hw = catalog.load_hardware(gpu)
-    eng = catalog.load_engine(engine)
-    check_layout(m, tp, pp, ep)
-    max_num_seqs = max_num_seqs or eng.max_num_seqs
-    max_num_batched_tokens = max_num_batched_tokens or eng.max_num_batched_tokens
-    block_size = block_size or eng.block_size
-    chunked_prefill = eng.chunked_prefill if chunked_prefill is None else chunked_prefill
-    opts = opts.model_copy(update={"prefill_chunk_tokens": max_num_batched_tokens})
-    prep = prepare(hw, Precision.of(weights.value, kv_cache.value if kv_cache else None,
-                                    group_size,
-                                    quantized_layers=check_quantized_layers(m, quantized_layers)),
-                   None, opts, eng)
-    cfg = SchedulerConfig(kind=scheduler.value, max_num_seqs=max_num_seqs,
-                          max_num_batched_tokens=max_num_batched_tokens,
-                          chunked_prefill=chunked_prefill, kv_layout=kv_layout.value,
-                          block_size=block_size,
-                          max_model_len=max_model_len or m.max_position_embeddings,
-                          max_concurrency=max_concurrency,
-                          max_wait_s=max_wait if scheduler == Scheduler.dynamic else 0.0)
-    cfg.check()
-    if dataset is not None:
-        reqs = replay(read_trace(dataset))
-    else:
-        reqs = synthetic(num_requests, prompt_tokens=prompt_tokens,
-                         output_tokens=output_tokens, range_ratio=range_ratio,
-                         request_rate=request_rate, burstiness=burstiness,
-                         closed_loop=max_concurrency is not None, seed=seed)
-    coster = layout_coster(m, hw, prep, opts, tp=tp, pp=pp, ep=ep)
-    spec = None
-    if any(v is not None for v in (speculative, draft_model, num_speculative_tokens,
-                                   acceptance_rate)):
-        from planner.serving.speculation import spec_serving
-
-        if pp > 1 or ep > 1:
-            raise LlmplanError("--speculative is simulated on a TP replica only (--pp 1 --ep 1)")
-        if scheduler != Scheduler.continuous:
-            raise LlmplanError("--speculative is simulated with --scheduler continuous only")
-        spec = spec_serving(m, hw, prep, opts, tp=tp, cfg=spec_config(
-            speculative, draft_model, num_speculative_tokens, acceptance_rate))
-    res = run(reqs, coster, cfg, sample_every_s=0.0 if plot else None, spec=spec)
-    d = summary(res, ttft_slo_s=ttft_slo, tpot_slo_s=tpot_slo)
-    if spec is not None:
-        c = spec.config
-        d["speculative"] = {"method": c.method, "num_speculative_tokens": c.k,
-                            "acceptance_rate": c.acceptance,
-                            "draft_model": c.draft.name if c.draft else None,
-                            "tokens_per_step": spec.tokens_per_step,
-                            "draft_weight_bytes": spec.draft_weight_bytes,
-                            "draft_kv_bytes_per_token": spec.draft_kv_bytes_per_token}
-    d = {"model": m.name, "gpu": hw.name, "tp": tp, "pp": pp, "ep": ep,
-         "num_gpus": tp * pp * ep, "engine": eng.name,
-         "weights": prep.precision.weights.value,
-         "quantized_layers": prep.precision.quantized_layers,
-         "kv_cache": prep.precision.kv_cache.value,
-         "scheduler": cfg.kind, "kv_layout": cfg.kv_layout,
-         # as vLLM's result file writes it: a number, or "inf"
-         "request_rate": None if max_concurrency is not None else
-         (request_rate if math.isfinite(request_rate) else "inf"),
-         "burstiness": burstiness, "max_concurrency": max_concurrency,
-         "num_prompts": len(reqs), **d}
+    dep = build_deployment(m, gpu=gpu, engine=engine, tp=tp, pp=pp, ep=ep, weights=weights,
+                           kv_cache=kv_cache, group_size=group_size,
+                           quantized_layers=quantized_layers, compute=compute,
+                           calibration=calibration, options=opts)
+    cfg = _scheduler(dep, locals())
+    # the step budget is the prefill chunk, as in the engines
+    dep = dep.with_options(prefill_chunk_tokens=cfg.max_num_batched_tokens)
+    reqs = _requests(dataset, num_requests, prompt_tokens, output_tokens, range_ratio,
+                     request_rate, burstiness, max_concurrency, seed)
+    longest = max(reqs, key=lambda r: r.prompt_tokens + r.output_tokens)
+    check_context(m, longest.prompt_tokens, longest.output_tokens, allow_longer_context,
+                  where="the longest request")
+    flags = (speculative, draft_model, num_speculative_tokens, acceptance_rate)
+    if any(v is not None for v in flags):
+        run.check_speculation(dep, cfg)
+    spec = speculation_config(*flags)
+    sp = None if spec is None else run.speculation_serving(dep, spec, cfg)
+    res = run.run(dep, reqs, cfg, speculation=sp, sample_every_s=0.0 if plot else None)
+    d = _result(dep, cfg, reqs, sp, summary(res, ttft_slo_s=ttft_slo, tpot_slo_s=tpot_slo),
+                request_rate=request_rate, burstiness=burstiness,
+                max_concurrency=max_concurrency)
     if trace is not None:
         _write_trace(trace, res)
         stderr.print(f"wrote {len(res.requests):,} requests to {trace}")
     if plot is not None:
-        from planner.io.report import plot_simulation
-
-        rate = f"closed loop of {max_concurrency}" if max_concurrency else \
-            f"{request_rate:g} req/s"
-        csv_path = plot_simulation(res, plot, title=(
-            f"{m.label} on {_layout(tp, pp, ep)} x {hw.display_name}, engine {eng.name}, "
-            f"{cfg.kind} batching, "
-            f"{cfg.kv_layout} KV: {len(reqs):,} requests at {rate}"))
-        stderr.print(f"wrote {plot} and {csv_path}")
+        _plot(plot, dep, cfg, res, len(reqs), request_rate, max_concurrency)
     if as_json:
         json_out({k: (None if isinstance(v, float) and not math.isfinite(v) else v)
                   for k, v in d.items()})
@@ -297,11 +240,82 @@ def simulate(
     _render(d)
 
 
-def _layout(tp: int, pp: int, ep: int) -> str:
-    """"4", "8 (TP 4 x PP 2)", "16 (EP)": the GPUs of one replica."""
-    if ep > 1:
-        return f"{ep} (EP)"
-    return f"{tp * pp} (TP {tp} x PP {pp})" if pp > 1 else str(tp)
+def _scheduler(dep, a: dict):
+    """The engine's scheduler defaults with the flags given over them, checked."""
+    from planner.serving import run
+
+    given = {k: a[k] for k in ("max_num_seqs", "max_num_batched_tokens", "block_size",
+                               "chunked_prefill") if a[k] is not None}
+    cfg = run.scheduler(dep, kind=a["scheduler"].value, **given,
+                        kv_layout=a["kv_layout"].value,
+                        max_model_len=a["max_model_len"] or dep.model.max_position_embeddings,
+                        max_concurrency=a["max_concurrency"],
+                        max_wait_s=a["max_wait"] if a["scheduler"] == Scheduler.dynamic else 0.0)
+    cfg.check()
+    return cfg
+
+
+def _check_numbers(a: dict) -> None:
+    """The bounds of simulate's own numeric flags (the deployment's are checked where it is
+    built)."""
+    for flag in ("num_requests", "max_num_seqs", "max_num_batched_tokens", "block_size",
+                 "max_model_len", "prompt_tokens", "output_tokens", "max_concurrency"):
+        positive("--" + flag.replace("_", "-"), a[flag])
+    positive("--request-rate", a["request_rate"], allow_inf=True)
+    positive("--burstiness", a["burstiness"])
+    positive("--max-wait", a["max_wait"], allow_zero=True)
+    if not 0 <= a["seed"] < 2**64:
+        raise LlmplanError(f"--seed: must be an integer in [0, 2^64), got {a['seed']}")
+    positive("--ttft-slo", a["ttft_slo"])
+    positive("--tpot-slo", a["tpot_slo"])
+    if not (0 <= a["range_ratio"] < 1):
+        raise LlmplanError(f"--range-ratio: must be in [0, 1), got {a['range_ratio']:g}")
+    if a["num_requests"] > 10_000_000:
+        raise LlmplanError("--num-requests: at most 10,000,000")
+
+
+def _requests(dataset, num_requests, prompt_tokens, output_tokens, range_ratio, request_rate,
+              burstiness, max_concurrency, seed):
+    """The request stream: a trace file's, or vLLM's random dataset."""
+    from planner.serving.traffic import replay, synthetic
+
+    if dataset is not None:
+        return replay(read_trace(dataset))
+    return synthetic(num_requests, prompt_tokens=prompt_tokens, output_tokens=output_tokens,
+                     range_ratio=range_ratio, request_rate=request_rate,
+                     burstiness=burstiness, closed_loop=max_concurrency is not None, seed=seed)
+
+
+def _result(dep, cfg, reqs, sp, d: dict, *, request_rate, burstiness, max_concurrency) -> dict:
+    """The JSON object: the deployment, the traffic, then the metrics as vLLM keys them."""
+    if sp is not None:
+        c = sp.config
+        d["speculative"] = {"method": c.method, "num_speculative_tokens": c.k,
+                            "acceptance_rate": c.acceptance,
+                            "draft_model": c.draft.name if c.draft else None,
+                            "tokens_per_step": sp.tokens_per_step,
+                            "draft_weight_bytes": sp.draft_weight_bytes,
+                            "draft_kv_bytes_per_token": sp.draft_kv_bytes_per_token}
+    lay, prec = dep.layout, dep.precision
+    return {"model": dep.model.name, "gpu": dep.hardware.name, "tp": lay.tp, "pp": lay.pp,
+            "ep": lay.ep, "num_gpus": lay.num_gpus, "engine": dep.engine.name,
+            "weights": prec.weights.value, "quantized_layers": prec.quantized_layers,
+            "kv_cache": prec.kv_cache.value, "scheduler": cfg.kind, "kv_layout": cfg.kv_layout,
+            # as vLLM's result file writes it: a number, or "inf"
+            "request_rate": None if max_concurrency is not None else
+            (request_rate if math.isfinite(request_rate) else "inf"),
+            "burstiness": burstiness, "max_concurrency": max_concurrency,
+            "num_prompts": len(reqs), **d}
+
+
+def _plot(plot: Path, dep, cfg, res, n: int, request_rate, max_concurrency) -> None:
+    from planner.io.report import plot_simulation
+
+    rate = f"closed loop of {max_concurrency}" if max_concurrency else f"{request_rate:g} req/s"
+    csv_path = plot_simulation(res, plot, title=(
+        f"{dep.model.label} on {dep.layout.gpus_text} x {dep.hardware.display_name}, engine "
+        f"{dep.engine.name}, {cfg.kind} batching, {cfg.kv_layout} KV: {n:,} requests at {rate}"))
+    stderr.print(f"wrote {plot} and {csv_path}")
 
 
 def _write_trace(path: Path, res) -> None:
@@ -333,12 +347,13 @@ def _spec_line(sp: dict) -> str:
 def _render(d: dict) -> None:
     from planner.io import fmt
     from planner.io.render import table
+    from planner.layouts.deployment import Layout
 
     rate = f"closed loop of {d['max_concurrency']} clients" if d["max_concurrency"] else \
         f"{d['request_rate']} req/s"
     from planner.io.render import plain
 
-    stdout.print(f"[bold]{plain(d['model'])}[/] on {_layout(d['tp'], d['pp'], d['ep'])} x "
+    stdout.print(f"[bold]{plain(d['model'])}[/] on {Layout(d['tp'], d['pp'], d['ep']).gpus_text} x "
                  f"{plain(d['gpu'])}, engine "
                  f"{plain(d['engine'])}, "
                  f"{d['scheduler']} batching, {d['kv_layout']} KV; {d['num_prompts']:,} "

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field, replace
 
 from planner.core.arith import vmin
 from planner.core.engine import IDEAL, Engine
+from planner.core.headline import Headline
 from planner.core.memory import MemoryPlan, kv_cache_bytes_per_token, memory_plan
 from planner.core.ops import (
     active_params,
@@ -149,16 +150,21 @@ class Estimate:
         return self.decode.time_s
 
     @property
+    def headline(self) -> Headline:
+        return Headline(self.ttft_s, self.tpot_s, self.batch, self.output_tokens, self.num_gpus,
+                        self.price_usd_per_gpu_hour)
+
+    @property
     def latency_s(self) -> float:
-        return self.ttft_s + self.tpot_s * (self.output_tokens - 1)
+        return self.headline.latency_s
 
     @property
     def throughput_tokens_per_s(self) -> float:
-        return self.batch / self.tpot_s
+        return self.headline.throughput_tokens_per_s
 
     @property
     def e2e_throughput_tokens_per_s(self) -> float:
-        return self.batch * self.output_tokens / self.latency_s
+        return self.headline.e2e_throughput_tokens_per_s
 
     @property
     def mbu(self) -> float:
@@ -188,10 +194,7 @@ class Estimate:
 
     @property
     def cost_usd_per_million_output_tokens(self) -> float | None:
-        if self.price_usd_per_gpu_hour is None:
-            return None
-        usd_per_s = self.price_usd_per_gpu_hour * self.num_gpus / 3600
-        return usd_per_s / self.e2e_throughput_tokens_per_s * 1e6
+        return self.headline.cost_usd_per_million_output_tokens
 
     def columns(self) -> dict:
         """The figures of this estimate keyed with their units: numbers, or arrays in a sweep.
@@ -260,19 +263,22 @@ class Estimate:
                 "bandwidth_source": self.ceilings.bandwidth_source,
                 "flops_source": self.ceilings.flops_source_of(self.precision.compute_dtype)}
 
-    def kv_concurrency(self, *, block_size: int = 16, max_model_len: int | None = None):
-        """Requests of this workload's length the KV cache holds at once, paged (vLLM's
+    def kv_concurrency(self, *, max_model_len: int | None = None):
+        """Requests of this workload's length the KV cache holds at once, paged (the engine's
         blocks) and contiguous (``max_model_len`` reserved each; default the model's
-        context), with the share of the reservation holding tokens."""
+        context), with the share of the reservation holding tokens. The pool is sized as the
+        simulator sizes it: the engine's ``max_num_seqs`` and a step of its
+        ``max_num_batched_tokens`` (or the prefill chunk given), in whole blocks."""
         from planner.core.memory import kv_capacity_tokens, kv_concurrency, sliding_share
 
-        chunk = self.options.prefill_chunk_tokens or 8192
+        e = self.engine
+        chunk = self.options.prefill_chunk_tokens or e.max_num_batched_tokens
         cap = kv_capacity_tokens(self.model, self.hardware, self.precision, tp=self.tp,
-                                 options=self.options,
-                                 lm_head_sharded=self.engine.lm_head_sharded,
-                                 max_num_seqs=256, step_tokens=chunk)
+                                 options=self.options, lm_head_sharded=e.lm_head_sharded,
+                                 max_num_seqs=e.max_num_seqs, step_tokens=chunk)
+        cap = cap // e.block_size * e.block_size  # whole blocks, as the engine's pool
         return kv_concurrency(cap, prompt_tokens=int(self.prompt_tokens),
-                              output_tokens=int(self.output_tokens), block_size=block_size,
+                              output_tokens=int(self.output_tokens), block_size=e.block_size,
                               max_model_len=max_model_len or self.model.max_position_embeddings,
                               sliding=sliding_share(self.model))
 
@@ -362,12 +368,24 @@ def estimate(
 ) -> Estimate:
     """Predict one deployment: ``model`` on ``parallelism.tp`` GPUs of ``hardware``, served
     by ``engine`` (the ideal roofline unless one is given)."""
-    p = precision or Precision()
-    w = workload or Workload()
     o = options or Options()
     tp = (parallelism or Parallelism()).tp
     check_tp(model, tp)
-    prep = prepare(hardware, p, calibration, o, engine)
+    prep = prepare(hardware, precision or Precision(), calibration, o, engine)
+    return estimate_prepared(model, hardware, prep, o, tp=tp, workload=workload or Workload(),
+                             calibration=calibration,
+                             price_usd_per_gpu_hour=price_usd_per_gpu_hour,
+                             measured_tpot_s=measured_tpot_s, measured_ttft_s=measured_ttft_s)
+
+
+def estimate_prepared(model: ModelSpec, hardware: HardwareSpec, prep: Prepared, o: Options, *,
+                      tp: int, workload: Workload, calibration: Calibration | None = None,
+                      price_usd_per_gpu_hour: float | None = None,
+                      measured_tpot_s: float | None = None,
+                      measured_ttft_s: float | None = None) -> Estimate:
+    """``estimate`` of a deployment whose engine and precision are already prepared (a
+    ``planner.layouts.deployment.Deployment`` carries them)."""
+    w = workload
     price, price_source = resolve_price(hardware, price_usd_per_gpu_hour)
     notes = list(prep.notes)
     if calibration is not None and calibration.device != hardware.name:

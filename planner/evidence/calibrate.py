@@ -23,9 +23,10 @@ from dataclasses import dataclass, replace
 
 from planner.core.engine import EngineSpec
 from planner.core.estimate import prepare
-from planner.evidence.compare import Setup, mean_tpot_s, simulate_run
+from planner.evidence.compare import mean_tpot_s, simulate_run
 from planner.evidence.fit import bounds_of, descend, get_param, round_sig3, set_params, soft_l1
 from planner.evidence.runs import ServedRun
+from planner.layouts.deployment import Deployment
 
 DEFAULT_PARAMS = ("step_overhead_us", "gemm_bandwidth_frac", "gemm_compute_frac",
                   "allreduce_latency_us")
@@ -52,7 +53,10 @@ class MetricError:
 
 
 @dataclass(frozen=True)
-class Calibration:
+class ProfileFit:
+    """An engine profile fitted to served runs: the fitted parameters, those the runs could
+    not identify, and the in-sample and leave-one-out errors of each run."""
+
     engine: EngineSpec
     values: dict[str, float]
     fitted: tuple[str, ...]
@@ -82,15 +86,15 @@ def _measured(run: ServedRun) -> dict[str, float]:
 class _Predictor:
     """Predictions of the runs for an engine spec, cached by parameter values."""
 
-    def __init__(self, base: Setup, spec: EngineSpec, runs: list[ServedRun]):
+    def __init__(self, base: Deployment, spec: EngineSpec, runs: list[ServedRun]):
         self.base, self.spec, self.runs = base, spec, runs
         self._cache: dict[tuple, list[dict[str, float]]] = {}
 
-    def setup(self, values: dict[str, float]) -> Setup:
+    def setup(self, values: dict[str, float]) -> Deployment:
         spec = set_params(self.spec, values) if values else self.spec
         b = self.base
-        prep = prepare(b.hardware, b.prep.precision, None, b.options, spec.model())
-        return replace(b, prep=prep)
+        prep = prepare(b.hardware, b.precision, None, b.options, spec.model())
+        return replace(b, prepared=prep)
 
     def predict(self, values: dict[str, float]) -> list[dict[str, float]]:
         key = tuple(sorted(values.items()))
@@ -150,9 +154,9 @@ def _fit(pred: _Predictor, values: dict[str, float], idx: list[int], *,
     return {p: round_sig3(v) for p, v in got.items()}
 
 
-def calibrate(runs: list[ServedRun], base: Setup, spec: EngineSpec, *, name: str,
+def calibrate(runs: list[ServedRun], base: Deployment, spec: EngineSpec, *, name: str,
               date: str, params: tuple[str, ...] = DEFAULT_PARAMS, sweeps: int = 8,
-              tol: float = 2e-3, leave_one_out: bool = True) -> Calibration:
+              tol: float = 2e-3, leave_one_out: bool = True) -> ProfileFit:
     """Fit ``params`` of ``spec`` to ``runs`` measured on ``base``'s deployment."""
     runs = [r for r in runs if r.batch is None and _measured(r)]
     if not runs:
@@ -197,7 +201,7 @@ def calibrate(runs: list[ServedRun], base: Setup, spec: EngineSpec, *, name: str
         "engine_version": f"{spec.engine_version}; calibrated by llmplan on {len(runs)} "
                           f"run(s) of {base.model.name} on {base.tp} x {base.hardware.name}",
         "source": f"llmplan calibrate: {', '.join(sorted({r.source for r in runs}))}"})
-    return Calibration(fitted, values, tuple(values), unidentified, tuple(errors), ids)
+    return ProfileFit(fitted, values, tuple(values), unidentified, tuple(errors), ids)
 
 
-__all__ = ["Calibration", "MetricError", "calibrate", "run_id"]
+__all__ = ["ProfileFit", "MetricError", "calibrate", "run_id"]

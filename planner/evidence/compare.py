@@ -26,29 +26,15 @@ import math
 from dataclasses import dataclass, field
 
 from planner.core.errors import UsageError
-from planner.core.estimate import Prepared, estimate
+from planner.core.estimate import estimate
 from planner.core.memory import kv_cache_bytes, weight_bytes
 from planner.core.ops import decode_ops, prefill_ops, total_flops
-from planner.core.specs import HardwareSpec, ModelSpec, Options, Parallelism, Workload
+from planner.core.specs import Parallelism, Workload
 from planner.evidence.runs import METRIC_KEYS, ServedRun
+from planner.layouts.deployment import Deployment
 
 MAX_SIM_REQUESTS = 5000  # a longer run is simulated on its first 5,000 requests
-
-
-@dataclass(frozen=True)
-class Setup:
-    """The deployment the runs were measured on, resolved for prediction."""
-
-    model: ModelSpec
-    hardware: HardwareSpec
-    prep: Prepared
-    options: Options
-    tp: int = 1
-    seed: int = 0
-
-    @property
-    def engine(self):
-        return self.prep.engine
+SEED = 0  # of the simulated arrivals
 
 
 @dataclass(frozen=True)
@@ -126,9 +112,9 @@ def _duration_s(run: ServedRun) -> float | None:
     return run.completed / rt if rt else None
 
 
-def utilization(run: ServedRun, s: Setup) -> tuple[float | None, ...]:
+def utilization(run: ServedRun, s: Deployment) -> tuple[float | None, ...]:
     """(concurrency, achieved bytes/s, MBU, achieved FLOP/s, MFU) of a measured run."""
-    p, m, hw = s.prep.precision, s.model, s.hardware
+    p, m, hw = s.precision, s.model, s.hardware
     n = decode_concurrency(run)
     tpot = mean_tpot_s(run)
     ctx = max(1, round(run.mean_input_tokens + run.mean_output_tokens / 2))
@@ -153,15 +139,13 @@ def utilization(run: ServedRun, s: Setup) -> tuple[float | None, ...]:
     return n, bw, mbu, flops_s, mfu
 
 
-def simulate_run(run: ServedRun, s: Setup) -> tuple[dict, tuple[str, ...]]:
+def simulate_run(run: ServedRun, s: Deployment) -> tuple[dict, tuple[str, ...]]:
     """The simulator's summary for the run's traffic (keys as vLLM's result file)."""
-    from planner.serving.cost import StepCoster
+    from planner.serving import run as serving
     from planner.serving.metrics import summary
-    from planner.serving.sim import SchedulerConfig, simulate
     from planner.serving.traffic import Request, synthetic
 
     notes: list[str] = []
-    e = s.engine
     n = min(run.num_prompts or run.completed, MAX_SIM_REQUESTS)
     if n < (run.num_prompts or run.completed):
         notes.append(f"simulated the first {n:,} of {run.num_prompts:,} requests")
@@ -172,15 +156,14 @@ def simulate_run(run: ServedRun, s: Setup) -> tuple[dict, tuple[str, ...]]:
     reqs = synthetic(max(n, 1), prompt_tokens=max(1, round(run.mean_input_tokens)),
                      output_tokens=max(1, round(run.mean_output_tokens)),
                      request_rate=run.request_rate if not closed else math.inf,
-                     burstiness=run.burstiness, closed_loop=closed, seed=s.seed)
+                     burstiness=run.burstiness, closed_loop=closed, seed=SEED)
     if run.input_lens and run.output_lens and len(run.input_lens) == len(run.output_lens):
         lens = list(zip(run.input_lens, run.output_lens, strict=True))[:n]
         reqs = [Request(r.id, r.arrival_s, max(1, p), max(1, o))
                 for r, (p, o) in zip(reqs, lens, strict=False)]  # lens may be fewer
-    coster = StepCoster(s.model, s.hardware, s.prep, s.options, tp=s.tp)
-    cfg = SchedulerConfig.for_engine(e, max_model_len=s.model.max_position_embeddings,
-                                     max_concurrency=run.max_concurrency if closed else None)
-    return summary(simulate(reqs, coster, cfg)), tuple(notes)
+    cfg = serving.scheduler(s, max_model_len=s.model.max_position_embeddings,
+                            max_concurrency=run.max_concurrency if closed else None)
+    return summary(serving.run(s, reqs, cfg)), tuple(notes)
 
 
 def _sim_value(sim: dict, metric: str) -> float | None:
@@ -191,10 +174,10 @@ def _sim_value(sim: dict, metric: str) -> float | None:
     return None if v is None or not math.isfinite(v) else float(v)
 
 
-def _static_prediction(run: ServedRun, s: Setup) -> dict:
+def _static_prediction(run: ServedRun, s: Deployment) -> dict:
     """A static batch (``llmplan measure``): the estimate's decode step at the run's context
     and the prefill of the batch."""
-    e = estimate(s.model, s.hardware, precision=s.prep.precision, options=s.options,
+    e = estimate(s.model, s.hardware, precision=s.precision, options=s.options,
                  workload=Workload(batch=run.batch, prompt_tokens=max(1, round(
                      run.mean_input_tokens)), output_tokens=1),
                  parallelism=Parallelism(tp=s.tp), engine=s.engine)
@@ -202,7 +185,7 @@ def _static_prediction(run: ServedRun, s: Setup) -> dict:
             "median_ttft_ms": e.ttft_s * 1e3, "mean_ttft_ms": e.ttft_s * 1e3}
 
 
-def compare_run(run: ServedRun, s: Setup) -> RunComparison:
+def compare_run(run: ServedRun, s: Deployment) -> RunComparison:
     """Measured against simulated and steady-state figures, and the measured MBU / MFU."""
     if s.model.max_position_embeddings < run.mean_input_tokens + run.mean_output_tokens:
         raise UsageError(f"{run.source}: {run.label}: prompts of {run.mean_input_tokens:,.0f} "
@@ -217,7 +200,7 @@ def compare_run(run: ServedRun, s: Setup) -> RunComparison:
     steady: dict[str, float] = {}
     if n is not None and run.batch is None and n >= 0.5:
         b = max(1, round(n))
-        e = estimate(s.model, s.hardware, precision=s.prep.precision, options=s.options,
+        e = estimate(s.model, s.hardware, precision=s.precision, options=s.options,
                      workload=Workload(batch=b, prompt_tokens=max(1, round(
                          run.mean_input_tokens)), output_tokens=max(1, round(
                              run.mean_output_tokens))),

@@ -27,9 +27,10 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from planner.core.arith import no_bool_numbers
 from planner.core.specs import DType
-from planner.evidence.compare import Setup, compare_run
+from planner.evidence.compare import compare_run
 from planner.evidence.runs import ServedRun
 from planner.evidence.validate import Errors, Summary, summarize
+from planner.layouts.deployment import Deployment
 
 # The figures compared, the first the run reports of each group: a run that gives only the
 # median TTFT is compared on it.
@@ -130,7 +131,7 @@ def _pick(run: ServedRun, keys: tuple[str, ...]) -> str | None:
 
 
 def compare_entry(source: ServedSource, entry: ServedEntry, runs: list[ServedRun],
-                  setup: Setup, ideal: Setup) -> list[ServedComparison]:
+                  setup: Deployment, ideal: Deployment) -> list[ServedComparison]:
     """Every run of one result file, simulated with the engine's profile and the ideal
     engine's, against what was measured."""
     out: list[ServedComparison] = []

@@ -18,17 +18,12 @@ import matplotlib.ticker  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from planner.core.engine import IDEAL, Engine  # noqa: E402
-from planner.core.estimate import Estimate, Prepared, assemble, prepare, resolve_price  # noqa: E402
+from planner.core.estimate import Estimate, Prepared, assemble, resolve_price  # noqa: E402
 from planner.core.specs import (  # noqa: E402
     GIB,
-    Calibration,
-    HardwareSpec,
-    ModelSpec,
-    Options,
-    Precision,
 )
 from planner.io import fmt  # noqa: E402
+from planner.layouts.deployment import Deployment, Layout  # noqa: E402
 from planner.layouts.layout import LayoutFigures, layout_figures  # noqa: E402
 
 COLORS = plt.get_cmap("tab10").colors
@@ -36,23 +31,25 @@ COLORS = plt.get_cmap("tab10").colors
 
 @dataclass(frozen=True)
 class Case:
-    """One model on one GPU type at one precision and workload."""
+    """One deployment (``planner.layouts.deployment.Deployment``) at one prompt and output
+    length: a series of the reports."""
 
-    model: ModelSpec
-    hw: HardwareSpec
-    precision: Precision
+    deployment: Deployment
     prompt_tokens: int
     output_tokens: int
-    tp: int = 1
-    options: Options = Options()
-    calibration: Calibration | None = None
-    engine: Engine = IDEAL
-    pp: int = 1  # pipeline stages, each of tp GPUs
-    ep: int = 1  # expert-parallel GPUs
+
+    model = property(lambda self: self.deployment.model)
+    hw = property(lambda self: self.deployment.hardware)
+    precision = property(lambda self: self.deployment.precision)
+    engine = property(lambda self: self.deployment.engine)
+    options = property(lambda self: self.deployment.options)
+    tp = property(lambda self: self.deployment.layout.tp)
+    pp = property(lambda self: self.deployment.layout.pp)
+    ep = property(lambda self: self.deployment.layout.ep)
 
     def at(self, batch) -> Estimate:
         """One TP group's estimate (the roofline's operators)."""
-        prep = prepare(self.hw, self.precision, self.calibration, self.options, self.engine)
+        prep = self.deployment.prepared
         price, _ = resolve_price(self.hw, None)
         return assemble(self.model, self.hw, prep, self.options, tp=self.tp, batch=batch,
                         prompt_tokens=self.prompt_tokens, output_tokens=self.output_tokens,
@@ -64,7 +61,7 @@ class Case:
         return self.pp > 1 or self.ep > 1
 
     def layout(self, batch, *, ideal: bool = False) -> LayoutFigures:
-        prep = prepare(self.hw, self.precision, self.calibration, self.options, self.engine)
+        prep = self.deployment.prepared
         if ideal:  # the same deployment on the ideal time model, as assemble builds it
             prep = Prepared(prep.engine.ideal_bound(), prep.precision, prep.reference,
                             prep.reference, prep.notes)
@@ -435,7 +432,7 @@ def _layout_memory(case: Case, batch: int):
     """The fullest GPU's memory parts under a pipeline or expert-parallel layout."""
     from types import SimpleNamespace
 
-    prep = prepare(case.hw, case.precision, case.calibration, case.options, case.engine)
+    prep = case.deployment.prepared
     kw = dict(batch=batch, prompt_tokens=case.prompt_tokens, output_tokens=case.output_tokens)
     o = case.options
     if case.ep > 1:
@@ -525,23 +522,18 @@ SERVING_LOAD = (0.1, 0.25, 0.4, 0.55, 0.7, 0.8, 0.9, 1.0, 1.1)
 def serving_table(cases: list[Case], num_requests: int) -> pd.DataFrame:
     """Each case served by one replica under Poisson traffic (continuous batching, paged KV),
     at fractions of the rate it sustains when every request arrives at once."""
-    from planner.core.estimate import prepare
-    from planner.serving.layouts import layout_coster
+    from planner.serving import run as serving
     from planner.serving.metrics import summary
-    from planner.serving.sim import SchedulerConfig, simulate
     from planner.serving.traffic import synthetic
 
     rows = []
     for case in cases:
-        prep = prepare(case.hw, case.precision, case.calibration, case.options, case.engine)
-        coster = layout_coster(case.model, case.hw, prep, case.options, tp=case.tp,
-                               pp=case.pp, ep=case.ep)
-        cfg = SchedulerConfig.for_engine(case.engine)
+        coster = serving.coster(case.deployment)
 
-        def run(rate: float, c=case, k=coster, cfg=cfg) -> dict:
+        def run(rate: float, c=case, k=coster) -> dict:
             reqs = synthetic(num_requests, prompt_tokens=c.prompt_tokens,
                              output_tokens=c.output_tokens, request_rate=rate, seed=0)
-            return summary(simulate(reqs, k, cfg))
+            return summary(serving.run(c.deployment, reqs, step_coster=k))
 
         saturated = run(float("inf"))["request_throughput"]
         for frac in SERVING_LOAD:
@@ -868,7 +860,7 @@ def plot_served(comps, path: Path, *, title: str) -> None:
 
 
 def plot_pareto(df: pd.DataFrame, path, *, title: str, top: int = 5) -> None:
-    from planner.search.plan import layout_label, pareto_front
+    from planner.search.plan import pareto_front
 
     feas = df[df["meets_targets"]]
     fig, ax = plt.subplots(figsize=(10, 6.5))
@@ -887,7 +879,7 @@ def plot_pareto(df: pd.DataFrame, path, *, title: str, top: int = 5) -> None:
         labels.add(r.latency_s, cost, f"#{int(r.rank)}", color="black", dx=5, dy=4,
                    fontsize=8)
         batch = f"{r.rate_per_replica:.3g} req/s each" if continuous else f"batch {r.batch}"
-        lines.append(f"#{int(r.rank)}  {int(r.replicas)} x {layout_label(r.tp, r.pp, r.ep)} "
+        lines.append(f"#{int(r.rank)}  {int(r.replicas)} x {Layout(r.tp, r.pp, r.ep).label} "
                      f"{r.gpu}, {r.weights} "
                      f"weights, {r.kv_cache} KV, {batch}: ${cost:,.2f}/1M, "
                      f"{r.latency_s:.1f} s")

@@ -232,13 +232,13 @@ def window(old: Snapshot, new: Snapshot) -> Window:
 
 def derive(w: Window, setup) -> dict:
     """The window's figures, its MBU and MFU on ``setup``'s deployment and llmplan's TPOT at
-    its concurrency (``setup``: a ``planner.evidence.compare.Setup``)."""
+    its concurrency (``setup``: a ``planner.layouts.deployment.Deployment``)."""
     from planner.core.estimate import estimate
     from planner.core.memory import kv_cache_bytes_per_token, kv_capacity_tokens, weight_bytes
     from planner.core.ops import decode_ops, prefill_ops, total_flops
     from planner.core.specs import Parallelism, Workload
 
-    m, hw, p, e = setup.model, setup.hardware, setup.prep.precision, setup.engine
+    m, hw, p, e = setup.model, setup.hardware, setup.precision, setup.engine
     out = w.figures()
     prompt = max(1, round(w.mean_prompt_tokens or 512))
     gen = max(1, round(w.mean_output_tokens or 128))

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from planner.core.arith import vmax, vmin
 from planner.core.errors import UsageError
 from planner.core.estimate import Prepared
+from planner.core.headline import Headline
 from planner.core.memory import ROUTED, activation_bytes, kv_cache_bytes, weight_bytes_breakdown
 from planner.core.ops import StepShape, shape_ops
 from planner.core.roofline import op_time
@@ -73,8 +74,13 @@ class ExpertParallel:
     def gpus(self) -> int:
         return self.ep
 
+    def headline(self, batch, output_tokens, price_usd_per_gpu_hour: float | None = None
+                 ) -> Headline:
+        return Headline(self.ttft_s, self.tpot_s, batch, output_tokens, self.gpus,
+                        price_usd_per_gpu_hour)
+
     def latency_s(self, output_tokens):
-        return self.ttft_s + self.tpot_s * (output_tokens - 1)
+        return self.headline(1, output_tokens).latency_s
 
     def as_dict(self, batch: int) -> dict:
         return {"ep": self.ep, "batch_per_gpu": self.batch_per_gpu,
@@ -82,9 +88,10 @@ class ExpertParallel:
                 "imbalance": self.imbalance, "weights_bytes": self.weights_bytes,
                 "kv_cache_bytes": self.kv_cache_bytes, "total_bytes": self.total_bytes,
                 "fits": self.fits, "ttft_s": self.ttft_s, "tpot_s": self.tpot_s,
-                "throughput_tokens_per_s": batch / self.tpot_s, "dense_s": self.dense_s,
-                "experts_s": self.experts_s, "all_to_all_s": self.all_to_all_s,
-                "fixed_s": self.fixed_s, "crosses_node": self.crosses_node}
+                "throughput_tokens_per_s": self.headline(batch, 1).throughput_tokens_per_s,
+                "dense_s": self.dense_s, "experts_s": self.experts_s,
+                "all_to_all_s": self.all_to_all_s, "fixed_s": self.fixed_s,
+                "crosses_node": self.crosses_node}
 
 
 def check_ep(m: ModelSpec, ep: int) -> None:

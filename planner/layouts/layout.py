@@ -13,22 +13,9 @@ from dataclasses import dataclass
 
 from planner.core.errors import UsageError
 from planner.core.estimate import Prepared
+from planner.core.headline import Headline
 from planner.core.specs import HardwareSpec, ModelSpec, Options
-
-
-def check_layout(m: ModelSpec, tp: int, pp: int, ep: int) -> None:
-    """A layout the model allows: TP dividing its heads, at most one stage per layer, EP
-    dividing its experts and only with TP = PP = 1 (attention runs data-parallel)."""
-    from planner.core.ops import check_tp
-    from planner.layouts.expert import check_ep
-    from planner.layouts.pipeline import stage_layers
-
-    if ep > 1 and (tp > 1 or pp > 1):
-        raise UsageError("expert parallelism runs attention data-parallel: tp and pp must be 1")
-    check_tp(m, tp)
-    stage_layers(m.num_layers, pp)
-    if ep > 1:
-        check_ep(m, ep)
+from planner.layouts.deployment import Layout
 
 
 @dataclass(frozen=True)
@@ -66,23 +53,25 @@ class LayoutFigures:
         return self.tp * self.pp * self.ep
 
     @property
+    def headline(self) -> Headline:
+        return Headline(self.ttft_s, self.tpot_s, self.batch, self.output_tokens, self.num_gpus,
+                        self.price_usd_per_gpu_hour)
+
+    @property
     def latency_s(self):
-        return self.ttft_s + self.tpot_s * (self.output_tokens - 1)
+        return self.headline.latency_s
 
     @property
     def throughput_tokens_per_s(self):
-        return self.batch / self.tpot_s
+        return self.headline.throughput_tokens_per_s
 
     @property
     def e2e_throughput_tokens_per_s(self):
-        return self.batch * self.output_tokens / self.latency_s
+        return self.headline.e2e_throughput_tokens_per_s
 
     @property
     def cost_usd_per_million_output_tokens(self):
-        if self.price_usd_per_gpu_hour is None:
-            return None
-        usd_per_s = self.price_usd_per_gpu_hour * self.num_gpus / 3600
-        return usd_per_s / self.e2e_throughput_tokens_per_s * 1e6
+        return self.headline.cost_usd_per_million_output_tokens
 
     def columns(self) -> dict:
         m = self.memory
@@ -99,7 +88,7 @@ def layout_figures(m: ModelSpec, hw: HardwareSpec, prep: Prepared, o: Options, *
                    pp: int = 1, ep: int = 1, batch, prompt_tokens, output_tokens,
                    price_usd_per_gpu_hour: float | None = None) -> LayoutFigures:
     """The figures of a pipeline (``pp`` > 1) or expert-parallel (``ep`` > 1) replica."""
-    check_layout(m, tp, pp, ep)
+    Layout(tp, pp, ep).check(m)
     if ep > 1:
         from planner.layouts.expert import expert_parallel
 

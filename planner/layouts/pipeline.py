@@ -29,6 +29,7 @@ from functools import reduce
 from planner.core.arith import vmax, vmin
 from planner.core.errors import UsageError
 from planner.core.estimate import Prepared
+from planner.core.headline import Headline
 from planner.core.memory import activation_bytes, kv_cache_bytes, weight_bytes_breakdown
 from planner.core.ops import Op, decode_ops, prefill_ops
 from planner.core.roofline import op_time
@@ -125,19 +126,22 @@ class Pipeline:
     def max_memory_per_gpu_bytes(self):
         return reduce(vmax, (s.total_bytes for s in self.stages))
 
+    def headline(self, batch, output_tokens, price_usd_per_gpu_hour: float | None = None
+                 ) -> Headline:
+        """Every GPU of every stage counts in the cost."""
+        return Headline(self.ttft_s, self.tpot_s, batch, output_tokens, self.gpus,
+                        price_usd_per_gpu_hour)
+
     def throughput_tokens_per_s(self, batch: int) -> float:
-        return batch / self.tpot_s
+        return self.headline(batch, 1).throughput_tokens_per_s
 
     def latency_s(self, output_tokens: int) -> float:
-        return self.ttft_s + self.tpot_s * (output_tokens - 1)
+        return self.headline(1, output_tokens).latency_s
 
     def cost_usd_per_million_output_tokens(self, price_usd_per_gpu_hour: float | None,
                                            batch: int, output_tokens: int) -> float | None:
-        """Every GPU of every stage, for the batch's output over its whole latency."""
-        if price_usd_per_gpu_hour is None:
-            return None
-        e2e = batch * output_tokens / self.latency_s(output_tokens)
-        return price_usd_per_gpu_hour * self.gpus / 3600 / e2e * 1e6
+        return self.headline(batch, output_tokens,
+                             price_usd_per_gpu_hour).cost_usd_per_million_output_tokens
 
     def as_dict(self, batch: int, output_tokens: int,
                 price_usd_per_gpu_hour: float | None = None) -> dict:

@@ -48,7 +48,7 @@ def expected_tokens(acceptance: float, k: int) -> float:
 
 
 @dataclass(frozen=True)
-class SpecConfig:
+class SpeculationConfig:
     method: Method
     k: int
     acceptance: float
@@ -64,7 +64,7 @@ class SpecConfig:
 
 
 @dataclass(frozen=True)
-class SpecPoint:
+class SpeculationPoint:
     batch: int
     baseline_tpot_s: float
     tpot_s: float
@@ -75,8 +75,8 @@ class SpecPoint:
 
 
 @dataclass(frozen=True)
-class SpecResult:
-    config: SpecConfig
+class SpeculationResult:
+    config: SpeculationConfig
     tokens_per_step: float
     verify_s: float
     draft_s: float
@@ -85,7 +85,7 @@ class SpecResult:
     extra_weights_bytes: float  # the drafter's weights, per GPU
     extra_kv_cache_bytes: float  # the drafter's KV cache for the batch, per GPU
     fits: bool
-    by_batch: tuple[SpecPoint, ...]
+    by_batch: tuple[SpeculationPoint, ...]
     break_even_batch: int | None  # first batch where speculation is slower; None: never
 
     @property
@@ -140,7 +140,7 @@ def _step(m: ModelSpec, prep: Prepared, o: Options, tp: int, shape: StepShape,
                      fixed_s=fixed_s).time_s
 
 
-def _costs(m: ModelSpec, prep: Prepared, o: Options, tp: int, cfg: SpecConfig, batch: int,
+def _costs(m: ModelSpec, prep: Prepared, o: Options, tp: int, cfg: SpeculationConfig, batch: int,
            ctx: float) -> tuple[float, float, float]:
     """(baseline TPOT, verification step, drafting) in seconds at ``batch`` and ``ctx``."""
     e = prep.engine
@@ -167,7 +167,7 @@ def _costs(m: ModelSpec, prep: Prepared, o: Options, tp: int, cfg: SpecConfig, b
 MTP_ARCHITECTURES = ("deepseek_v3",)
 
 
-def check_draft(m: ModelSpec, cfg: SpecConfig, tp: int) -> None:
+def check_draft(m: ModelSpec, cfg: SpeculationConfig, tp: int) -> None:
     """MTP needs a model that ships the layer; a draft model must share the target's
     tokenizer and split over the same TP."""
     if cfg.method == "mtp" and m.architecture not in MTP_ARCHITECTURES:
@@ -185,12 +185,12 @@ def check_draft(m: ModelSpec, cfg: SpecConfig, tp: int) -> None:
         raise UsageError(f"draft model {cfg.draft.name} cannot be split over --tp {tp}")
 
 
-def extra_weight_bytes(m: ModelSpec, prep: Prepared, tp: int, cfg: SpecConfig) -> float:
+def extra_weight_bytes(m: ModelSpec, prep: Prepared, tp: int, cfg: SpeculationConfig) -> float:
     """The drafter's weights per GPU (the MTP layer shares the target's embedding and head)."""
     return _extra_memory(m, prep, tp, cfg, 0, 1)[0]
 
 
-def _extra_memory(m: ModelSpec, prep: Prepared, tp: int, cfg: SpecConfig, batch: int,
+def _extra_memory(m: ModelSpec, prep: Prepared, tp: int, cfg: SpeculationConfig, batch: int,
                   seq_len: int) -> tuple[float, float]:
     p, sharded = prep.precision, prep.engine.lm_head_sharded
     if cfg.method == "ngram":
@@ -207,7 +207,7 @@ def _extra_memory(m: ModelSpec, prep: Prepared, tp: int, cfg: SpecConfig, batch:
 
 def speculate(m: ModelSpec, hw: HardwareSpec, prep: Prepared, o: Options, *, tp: int,
               batch: int, prompt_tokens: int, output_tokens: int,
-              cfg: SpecConfig) -> SpecResult:
+              cfg: SpeculationConfig) -> SpeculationResult:
     """Speculative decoding of this deployment, and its gain by batch size."""
     check_draft(m, cfg, tp)
     ctx = prompt_tokens + output_tokens / 2
@@ -222,10 +222,10 @@ def speculate(m: ModelSpec, hw: HardwareSpec, prep: Prepared, o: Options, *, tp:
     points, b, breakeven = [], 1, None
     while b <= max(mem.max_batch, 1):
         pb, vb, db = _costs(m, prep, o, tp, cfg, b, ctx)
-        pt = SpecPoint(b, pb, (vb + db) / e_tok)
+        pt = SpeculationPoint(b, pb, (vb + db) / e_tok)
         points.append(pt)
         if breakeven is None and pt.speedup < 1:
             breakeven = b
         b *= 2
-    return SpecResult(cfg, e_tok, verify, draft, base, batch, w, kv, fits, tuple(points),
+    return SpeculationResult(cfg, e_tok, verify, draft, base, batch, w, kv, fits, tuple(points),
                       breakeven)

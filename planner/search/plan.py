@@ -21,14 +21,8 @@ import pandas as pd
 
 from planner.core.engine import IDEAL, Engine
 from planner.core.specs import Calibration, DType, HardwareSpec, ModelSpec, Options, Precision
+from planner.layouts.deployment import Deployment, Layout
 from planner.search.sweep import Grid, iter_sweep, to_frame
-
-
-def layout_label(tp: int, pp: int = 1, ep: int = 1) -> str:
-    """"TP4", "TP8xPP2", "EP16": one replica's layout."""
-    if ep > 1:
-        return f"EP{ep}"
-    return f"TP{tp}xPP{pp}" if pp > 1 else f"TP{tp}"
 
 
 def default_eps(model: ModelSpec, most: int = 16) -> list[int]:
@@ -138,22 +132,19 @@ def _percentile_ok(summary: dict, targets: Targets, p: int) -> bool:
             and (tpot is None or tpot <= targets.tpot_s * 1e3))
 
 
-def replicas_needed(model: ModelSpec, hw: HardwareSpec, *, prep, options: Options, tp: int,
-                    prompt_tokens: int, output_tokens: int, targets: Targets,
-                    settings: SimSettings, upper_rate: float,
-                    max_factor: int = 64, pp: int = 1, ep: int = 1) -> tuple[int, dict | None]:
+def replicas_needed(dep: Deployment, *, prompt_tokens: int, output_tokens: int,
+                    targets: Targets, settings: SimSettings, upper_rate: float,
+                    max_factor: int = 64) -> tuple[int, dict | None]:
     """The fewest replicas that serve ``targets.requests_per_s`` with the
     ``settings.percentile`` TTFT and TPOT within the targets: each replica simulated with
     Poisson traffic at its share of the rate. Starts from the analytic bound (no fewer
     replicas can do) and searches upward, doubling then bisecting: a few simulations per
     configuration. (0, None) when even ``max_factor`` times the bound cannot."""
-    from planner.serving.layouts import layout_coster
+    from planner.serving import run
     from planner.serving.metrics import summary
-    from planner.serving.sim import SchedulerConfig, simulate
     from planner.serving.traffic import synthetic
 
-    coster = layout_coster(model, hw, prep, options, tp=tp, pp=pp, ep=ep)
-    cfg = SchedulerConfig.for_engine(prep.engine)
+    coster, cfg = run.coster(dep), run.scheduler(dep)
     seen: dict[int, dict] = {}
 
     def ok(n: int) -> bool:
@@ -161,7 +152,7 @@ def replicas_needed(model: ModelSpec, hw: HardwareSpec, *, prep, options: Option
             reqs = synthetic(settings.num_requests, prompt_tokens=prompt_tokens,
                              output_tokens=output_tokens, range_ratio=settings.range_ratio,
                              request_rate=targets.requests_per_s / n, seed=settings.seed)
-            seen[n] = summary(simulate(reqs, coster, cfg))
+            seen[n] = summary(run.run(dep, reqs, cfg, step_coster=coster))
         return _percentile_ok(seen[n], targets, settings.percentile)
 
     floor = max(1, math.ceil(targets.requests_per_s / upper_rate))  # fewer cannot serve it
@@ -202,8 +193,6 @@ def search_continuous(model: ModelSpec, gpus: list[HardwareSpec], *, prompt_toke
     its cost from below. Configurations are simulated in order of that
     bound, and the search stops once the bound of the next is above the ``top``-th cost found:
     no configuration left could make the list."""
-    from planner.core.estimate import prepare
-
     o = options or Options()
     st = settings or SimSettings()
     df = search(model, gpus, prompt_tokens=prompt_tokens, output_tokens=output_tokens,
@@ -245,13 +234,12 @@ def search_continuous(model: ModelSpec, gpus: list[HardwareSpec], *, prompt_toke
             break
         hw = gpu_by_name[gpu]
         prec_kv = None if kv == Precision.of(w, compute=compute).kv_cache.value else DType(kv)
-        prep = prepare(hw, Precision.of(w, prec_kv, compute=compute,
-                                        quantized_layers=quantized_layers),
-                       calibration, o, engine)
-        replicas, s = replicas_needed(model, hw, prep=prep, options=o, tp=int(tp),
-                                      prompt_tokens=prompt_tokens,
+        dep = Deployment.build(model, hw, engine=engine, precision=Precision.of(
+            w, prec_kv, compute=compute, quantized_layers=quantized_layers),
+            layout=Layout(tp, pp, ep), options=o, calibration=calibration)
+        replicas, s = replicas_needed(dep, prompt_tokens=prompt_tokens,
                                       output_tokens=output_tokens, targets=targets,
-                                      settings=st, upper_rate=upper, pp=int(pp), ep=int(ep))
+                                      settings=st, upper_rate=upper)
         if not replicas or s is None:
             continue
         rate = targets.requests_per_s / replicas

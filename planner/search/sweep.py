@@ -25,7 +25,8 @@ from planner.core.engine import IDEAL, Engine
 from planner.core.errors import LlmplanError, UsageError
 from planner.core.estimate import assemble, prepare, resolve_price
 from planner.core.specs import Calibration, DType, HardwareSpec, ModelSpec, Options, Precision
-from planner.layouts.layout import check_layout, layout_figures
+from planner.layouts.deployment import Layout
+from planner.layouts.layout import layout_figures
 
 MAX_LIST = 1_000_000
 
@@ -154,7 +155,7 @@ def iter_sweep(g: Grid, *, calibration: Calibration | None = None,
                 "quantized_layers": prec.quantized_layers,
                 "kv_cache": prec.kv_cache.value, "engine": g.engine.name}
         try:
-            check_layout(m, tp, pp, ep)
+            Layout(tp, pp, ep).check(m)
             if g.quantized_layers == "experts" and m.moe is None:
                 raise UsageError(f"{m.name} has no routed experts to quantize alone")
             prep = prepare(hw, prec, calibration, g.options, g.engine)

@@ -26,7 +26,7 @@ from planner.core.estimate import Prepared
 from planner.core.memory import kv_cache_bytes_per_token
 from planner.core.specs import HardwareSpec, ModelSpec, Options
 from planner.layouts.speculation import (
-    SpecConfig,
+    SpeculationConfig,
     check_draft,
     expected_tokens,
     extra_weight_bytes,
@@ -37,7 +37,7 @@ from planner.serving.cost import StepCoster
 
 @dataclass(frozen=True)
 class SpecServing:
-    config: SpecConfig
+    config: SpeculationConfig
     tokens_per_step: float  # E, per decoding request and step
     draft: StepCoster | None  # the drafter's operators; None: n-gram lookup on the host
     draft_weight_bytes: float  # per GPU
@@ -58,7 +58,7 @@ class SpecServing:
 
 
 def spec_serving(m: ModelSpec, hw: HardwareSpec, prep: Prepared, o: Options, *, tp: int,
-                 cfg: SpecConfig) -> SpecServing:
+                 cfg: SpeculationConfig) -> SpecServing:
     """Speculative decoding of ``cfg`` for a replica of ``tp`` GPUs."""
     check_draft(m, cfg, tp)
     p = prep.precision

@@ -1,0 +1,200 @@
+"""The thing planned: this model on these GPUs with this engine, precision and layout.
+
+``Layout`` is how one replica spreads over GPUs and checks itself against a model once;
+``Deployment`` carries the model, the GPU, the layout, the options and the engine prepared for
+the precision (``planner.core.estimate.Prepared``: the precision as it runs, the engine's
+ceilings and the ideal ones), so that every command builds one value at its edge and hands it
+to the library instead of seven loose arguments. ``estimate_deployment`` is one replica's
+prediction at a workload with every section the layout and speculation add. Pure.
+"""
+
+from __future__ import annotations
+
+import operator
+from dataclasses import dataclass, replace
+
+from planner.core.engine import IDEAL, Engine
+from planner.core.errors import UsageError
+from planner.core.estimate import Estimate, Prepared, estimate_prepared, prepare
+from planner.core.specs import (
+    Calibration,
+    HardwareSpec,
+    ModelSpec,
+    Options,
+    Precision,
+    Workload,
+)
+
+
+@dataclass(frozen=True)
+class Layout:
+    """One replica's GPUs: ``tp``-way tensor parallel groups, ``pp`` pipeline stages of them,
+    or ``ep`` expert-parallel GPUs (each holding 1/ep of the experts, attention running
+    data-parallel: ``dp`` = ep ranks of attention)."""
+
+    tp: int = 1
+    pp: int = 1
+    ep: int = 1
+
+    def __post_init__(self) -> None:
+        for name in ("tp", "pp", "ep"):
+            v = getattr(self, name)
+            try:
+                n = operator.index(v)  # an int, or numpy's (a sweep's or a frame's column)
+            except TypeError:
+                n = 0
+            if isinstance(v, bool) or n < 1:
+                raise UsageError(f"{name}: must be a whole number >= 1, got {v!r}")
+            object.__setattr__(self, name, n)
+
+    @property
+    def dp(self) -> int:
+        """Data-parallel ranks of attention within the replica."""
+        return self.ep
+
+    @property
+    def num_gpus(self) -> int:
+        return self.tp * self.pp * self.ep
+
+    @property
+    def label(self) -> str:
+        """"TP4", "TP8xPP2", "EP16"."""
+        if self.ep > 1:
+            return f"EP{self.ep}"
+        return f"TP{self.tp}" + (f"xPP{self.pp}" if self.pp > 1 else "")
+
+    @property
+    def gpus_text(self) -> str:
+        """"4", "8 (TP 4 x PP 2)", "16 (EP)": the GPUs of one replica."""
+        if self.ep > 1:
+            return f"{self.ep} (EP)"
+        return f"{self.num_gpus} (TP {self.tp} x PP {self.pp})" if self.pp > 1 else str(self.tp)
+
+    def check(self, m: ModelSpec) -> Layout:
+        """A layout the model allows: TP dividing its heads, at most one stage per layer, EP
+        dividing its experts and only with TP = PP = 1. Returns itself."""
+        from planner.core.ops import check_tp
+        from planner.layouts.expert import check_ep
+        from planner.layouts.pipeline import stage_layers
+
+        if self.ep > 1 and (self.tp > 1 or self.pp > 1):
+            raise UsageError("expert parallelism runs attention data-parallel: tp and pp "
+                             "must be 1")
+        check_tp(m, self.tp)
+        stage_layers(m.num_layers, self.pp)
+        if self.ep > 1:
+            check_ep(m, self.ep)
+        return self
+
+
+@dataclass(frozen=True)
+class Deployment:
+    """A model served by an engine on a layout of GPUs, prepared for prediction."""
+
+    model: ModelSpec
+    hardware: HardwareSpec
+    prepared: Prepared
+    layout: Layout = Layout()
+    options: Options = Options()
+    calibration: Calibration | None = None
+
+    @classmethod
+    def build(cls, model: ModelSpec, hardware: HardwareSpec, *, engine: Engine = IDEAL,
+              precision: Precision | None = None, layout: Layout = Layout(),
+              options: Options | None = None,
+              calibration: Calibration | None = None) -> Deployment:
+        """Check the layout against the model and prepare the engine for the precision
+        (a ``UsageError`` when the GPU cannot run it)."""
+        o = options or Options()
+        layout.check(model)
+        prep = prepare(hardware, precision or Precision(), calibration, o, engine)
+        return cls(model, hardware, prep, layout, o, calibration)
+
+    @property
+    def engine(self) -> Engine:
+        return self.prepared.engine
+
+    @property
+    def precision(self) -> Precision:
+        """The precision as it runs (the engine's byte accounting applied)."""
+        return self.prepared.precision
+
+    @property
+    def tp(self) -> int:
+        return self.layout.tp
+
+    def with_options(self, **changes) -> Deployment:
+        """The same deployment under other options (re-prepared: ceilings depend on them)."""
+        o = self.options.model_copy(update=changes)
+        return replace(self, options=o, prepared=prepare(
+            self.hardware, self.prepared.precision, self.calibration, o, self.engine))
+
+
+@dataclass(frozen=True)
+class DeploymentEstimate:
+    """One replica at a workload: the TP group's estimate (operators, memory, roofline), the
+    layout's own figures when it has pipeline stages or expert parallelism, and speculation."""
+
+    deployment: Deployment
+    estimate: Estimate
+    pipeline: object = None  # planner.layouts.pipeline.Pipeline
+    expert: object = None  # planner.layouts.expert.ExpertParallel
+    speculation: object = None  # planner.layouts.speculation.SpeculationResult
+
+    @property
+    def fits(self) -> bool:
+        if self.pipeline is not None:
+            return self.pipeline.fits
+        if self.expert is not None:
+            return self.expert.fits
+        return self.estimate.memory.fits
+
+    @property
+    def memory_needed_per_gpu_bytes(self) -> float:
+        if self.pipeline is not None:
+            return self.pipeline.max_memory_per_gpu_bytes
+        if self.expert is not None:
+            return self.expert.total_bytes
+        return self.estimate.memory.total_bytes
+
+    def to_dict(self) -> dict:
+        """``Estimate.to_dict`` with the layout's and speculation's sections."""
+        e = self.estimate
+        d = e.to_dict(operators=True)
+        if self.speculation is not None:
+            d["speculative"] = self.speculation.as_dict()
+        if self.pipeline is not None:
+            d["pipeline"] = self.pipeline.as_dict(e.batch, e.output_tokens,
+                                                  e.price_usd_per_gpu_hour)
+        if self.expert is not None:
+            d["expert_parallel"] = self.expert.as_dict(e.batch)
+        return d
+
+
+def estimate_deployment(dep: Deployment, workload: Workload, *, speculation=None,
+                        price_usd_per_gpu_hour: float | None = None,
+                        measured_tpot_s: float | None = None,
+                        measured_ttft_s: float | None = None) -> DeploymentEstimate:
+    """Predict one replica of ``dep`` serving ``workload``. ``speculation`` is a
+    ``planner.layouts.speculation.SpeculationConfig`` or None."""
+    m, hw, prep, o, lay = dep.model, dep.hardware, dep.prepared, dep.options, dep.layout
+    w = workload
+    est = estimate_prepared(m, hw, prep, o, tp=lay.tp, workload=w, calibration=dep.calibration,
+                            price_usd_per_gpu_hour=price_usd_per_gpu_hour,
+                            measured_tpot_s=measured_tpot_s, measured_ttft_s=measured_ttft_s)
+    sizes = {"batch": w.batch, "prompt_tokens": w.prompt_tokens,
+             "output_tokens": w.output_tokens}
+    expert = pipe = spec = None
+    if lay.ep > 1:
+        from planner.layouts.expert import expert_parallel
+
+        expert = expert_parallel(m, hw, prep, o, ep=lay.ep, **sizes)
+    if lay.pp > 1:
+        from planner.layouts.pipeline import pipeline
+
+        pipe = pipeline(m, hw, prep, o, tp=lay.tp, pp=lay.pp, **sizes)
+    if speculation is not None:
+        from planner.layouts.speculation import speculate
+
+        spec = speculate(m, hw, prep, o, tp=lay.tp, cfg=speculation, **sizes)
+    return DeploymentEstimate(dep, est, pipe, expert, spec)

@@ -1,0 +1,141 @@
+"""One value for the thing planned (planner/layouts/deployment.py), the headline figures defined
+once (planner/core/headline.py), and the commands that share them: estimate and simulate
+agree on the deployment they build."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from planner.core.errors import UsageError
+from planner.core.headline import Headline
+from planner.core.specs import Precision, Workload
+from planner.io import catalog
+from planner.layouts.deployment import Deployment, Layout, estimate_deployment
+
+
+@pytest.mark.parametrize("engine", catalog.engine_names())
+def test_estimate_and_simulate_agree_on_kv_capacity(engine, run_json):
+    """The KV pool estimate reports is the one simulate serves from, for every profile: the
+    engine's block size, max_num_seqs and step budget (sglang's 1-token pages and 2048
+    sequences, trtllm's 32-token blocks)."""
+    args = ("-m", "llama-3.1-8b", "-g", "h100-sxm", "-e", engine)
+    est = run_json("estimate", *args)["kv_concurrency"]
+    sim = run_json("simulate", *args, "-n", "20", "-p", "256", "-o", "16")
+    eng = catalog.load_engine(engine)
+    assert est["block_size"] == eng.block_size
+    assert est["kv_capacity_tokens"] == sim["kv_capacity_tokens"]
+
+
+@pytest.mark.parametrize("engine", ["sglang", "trtllm"])
+def test_the_kv_pool_depends_on_the_engines_scheduler(engine, run_json):
+    """Not a constant: an engine with 2048 running sequences keeps more activation memory
+    for a full step than vLLM's 256, so its pool is smaller (hand check: both step budgets
+    are 8192 tokens; only the sequences differ)."""
+    args = ("-m", "llama-3.1-8b", "-g", "h100-sxm")
+    vllm = run_json("estimate", *args, "-e", "vllm")["kv_concurrency"]["kv_capacity_tokens"]
+    other = run_json("estimate", *args, "-e", engine)["kv_concurrency"]["kv_capacity_tokens"]
+    assert other < vllm
+
+
+def test_simulate_takes_the_deployment_options_estimate_takes(run_json):
+    base = ("-m", "llama-3.1-8b", "-g", "h100-sxm", "-n", "20", "-p", "512", "-o", "32")
+    plain = run_json("simulate", *base)
+    fp8 = run_json("simulate", *base, "--weights", "fp8", "--compute", "fp8")
+    assert fp8["mean_tpot_ms"] < plain["mean_tpot_ms"]
+    cal = "tests/fixtures/measure/cpu-calibration.yaml"
+    # the CPU's measured ceilings stand in for the H100's: decode is far slower
+    assert run_json("simulate", *base, "--calibration", cal)["mean_tpot_ms"] > \
+        100 * plain["mean_tpot_ms"]
+    lower = run_json("simulate", *base, "--memory-utilization", "0.5", "--block-size", "32")
+    assert lower["kv_capacity_tokens"] < plain["kv_capacity_tokens"]
+    eager = run_json("simulate", *base, "--kernel-overhead-us", "20")
+    assert eager["mean_tpot_ms"] > plain["mean_tpot_ms"]
+
+
+def test_simulate_refuses_a_request_beyond_the_context_unless_asked(run_cli):
+    args = ("simulate", "-m", "llama-2-7b", "-g", "h100-sxm", "-n", "5", "-p", "4000",
+            "-o", "200")
+    code, _, err = run_cli(*args)
+    assert code == 2 and "--allow-longer-context" in err and "4,096" in err
+    code, _, err = run_cli(*args, "--allow-longer-context", "--json")
+    assert code == 0, err
+
+
+@pytest.mark.parametrize(("layout", "gpus", "label", "text"), [
+    (Layout(), 1, "TP1", "1"),
+    (Layout(tp=4), 4, "TP4", "4"),
+    (Layout(tp=8, pp=2), 16, "TP8xPP2", "16 (TP 8 x PP 2)"),
+    (Layout(ep=16), 16, "EP16", "16 (EP)"),
+])
+def test_layout_names_and_counts_its_gpus(layout, gpus, label, text):
+    assert (layout.num_gpus, layout.label, layout.gpus_text) == (gpus, label, text)
+
+
+@pytest.mark.parametrize("bad", [0, -1, 1.5, True, "2", None])
+def test_a_layout_refuses_what_is_not_a_gpu_count(bad):
+    with pytest.raises(UsageError, match="tp"):
+        Layout(tp=bad)
+
+
+def test_a_layout_takes_numpys_integers_as_ints():
+    lay = Layout(np.int64(4), np.int64(2))
+    assert lay.tp == 4 and type(lay.tp) is int and lay.label == "TP4xPP2"
+
+
+@pytest.mark.parametrize(("model", "layout", "match"), [
+    ("llama-3.1-8b", Layout(tp=3), "does not divide"),
+    ("llama-3.1-8b", Layout(pp=64), "exceeds the model's 32 layers"),
+    ("llama-3.1-8b", Layout(ep=2), "no experts"),
+    ("mixtral-8x7b", Layout(tp=2, ep=2), "data-parallel"),
+    ("mixtral-8x7b", Layout(ep=3), "does not divide"),
+])
+def test_a_layout_checks_itself_against_the_model(model, layout, match):
+    m = catalog.load_model(model)
+    with pytest.raises(UsageError, match=match):
+        Deployment.build(m, catalog.load_hardware("h100-sxm"), layout=layout)
+
+
+def test_estimate_deployment_is_the_estimate_and_the_layouts_figures():
+    """The deployment's estimate equals the loose-argument estimate, and a pipeline layout
+    adds the pipeline's figures (held equal to estimate --pp by tests/test_parallel.py)."""
+    from planner.core.estimate import estimate
+    from planner.core.specs import Parallelism
+
+    m, hw = catalog.load_model("llama-3.1-70b"), catalog.load_hardware("h100-sxm")
+    eng = catalog.load_engine("vllm")
+    w = Workload(batch=8, prompt_tokens=1024, output_tokens=128)
+    dep = Deployment.build(m, hw, engine=eng, precision=Precision.of("fp8"),
+                           layout=Layout(tp=4, pp=2))
+    res = estimate_deployment(dep, w)
+    loose = estimate(m, hw, engine=eng, precision=Precision.of("fp8"), workload=w,
+                     parallelism=Parallelism(tp=4))
+    assert res.estimate.tpot_s == loose.tpot_s and res.estimate.ttft_s == loose.ttft_s
+    assert res.pipeline is not None and res.expert is None
+    assert res.fits == res.pipeline.fits
+    assert res.to_dict()["pipeline"]["pp"] == 2
+
+
+@given(ttft=st.floats(1e-4, 10), tpot=st.floats(1e-4, 1), batch=st.integers(1, 4096),
+       out=st.integers(1, 8192), gpus=st.integers(1, 64), price=st.floats(0.1, 100))
+def test_headline_figures_follow_their_definitions(ttft, tpot, batch, out, gpus, price):
+    h = Headline(ttft, tpot, batch, out, gpus, price)
+    assert h.latency_s == pytest.approx(ttft + tpot * (out - 1))
+    assert h.throughput_tokens_per_s == pytest.approx(batch / tpot)
+    assert h.e2e_throughput_tokens_per_s * h.latency_s == pytest.approx(batch * out)
+    # cost: GPU-hours per output token; hand form: price x gpus x latency / 3600 / tokens
+    assert h.cost_usd_per_million_output_tokens == pytest.approx(
+        price * gpus * h.latency_s / 3600 / (batch * out) * 1e6)
+    assert Headline(ttft, tpot, batch, out, gpus).cost_usd_per_million_output_tokens is None
+
+
+def test_headline_by_hand():
+    # TTFT 0.5 s, TPOT 20 ms, 256 tokens, batch 32 on 4 GPUs at $2/GPU-h:
+    # latency 0.5 + 0.02 x 255 = 5.6 s; 32 x 256 / 5.6 = 1462.857 tok/s;
+    # $8/h = 0.0022222 $/s -> 1.519 $ per 1M tokens
+    h = Headline(0.5, 0.02, 32, 256, 4, 2.0)
+    assert h.latency_s == pytest.approx(5.6)
+    assert h.e2e_throughput_tokens_per_s == pytest.approx(1462.857, rel=1e-6)
+    assert h.cost_usd_per_million_output_tokens == pytest.approx(1.519, rel=1e-3)
