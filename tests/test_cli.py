@@ -141,7 +141,7 @@ def test_misspelled_and_negative_fields_name_the_field(run_cli, tmp_path):
     g = tmp_path / "neg.yaml"
     g.write_text((db_dir("hardware_db") / "h100-sxm.yaml").read_text()
                  .replace("memory_gib: 80", "memory_gib: -80"))
-    code, _, err = run_cli("estimate", "--model", "gpt2", "--gpu", str(g))
+    code, _, err = run_cli("estimate", "--model", "gpt2", "--gpu", str(g), "-p", "512")
     assert code == 2 and "memory_gib" in err and "greater than 0" in err
 
 
@@ -156,7 +156,7 @@ def test_require_fit_exit_1(run_cli):
 def test_console_script_runs_without_heavy_imports():
     # `llmplan estimate` must not import torch, pandas or matplotlib (cold start)
     code = ("import sys; from planner.cli.app import main; rc = main(['estimate', '-m', 'gpt2', "
-            "'-g', 'h100-sxm', '--json']); heavy = [m for m in ('torch', 'pandas', "
+            "'-g', 'h100-sxm', '-p', '512', '--json']); heavy = [m for m in ('torch', 'pandas', "
             "'matplotlib', 'numpy') if m in sys.modules]; sys.stderr.write(repr(heavy)); "
             "sys.exit(rc)")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)

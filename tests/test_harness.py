@@ -51,7 +51,8 @@ def test_calibration_is_plausible(calibration):
 
 
 def test_estimate_uses_the_calibration(calibration, run_json):
-    d = run_json("estimate", "-m", "gpt2", "-g", "h100-sxm", "--calibration", str(calibration))
+    d = run_json("estimate", "-m", "gpt2", "-g", "h100-sxm", "-p", "512",
+                 "--calibration", str(calibration))
     cal = catalog.load_calibration(calibration)
     assert d["ceilings_source"].startswith("calibration")
     assert d["bandwidth_bytes_per_s"] == pytest.approx(cal.memory_bandwidth_gb_per_s * 1e9)

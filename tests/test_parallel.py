@@ -328,7 +328,7 @@ def test_sweep_rows_of_a_layout_are_its_estimate(run_json, tmp_path):
             r.cost_usd_per_million_output_tokens(hw.price.usd_per_gpu_hour, b, 90))
     assert write_csv(iter_sweep(g), tmp_path / "s.csv") == 4
     rows = run_json("sweep", "-m", "qwen3-30b-a3b", "-g", "h100-sxm", "--ep", "1,4", "--tp",
-                    "1,2", "-b", "16")
+                    "1,2", "-b", "16", "-p", "512", "-o", "128")
     by = {(r["tp"], r["ep"]): r for r in rows}
     assert by[(1, 4)]["supported"] and by[(1, 4)]["num_gpus"] == 4
     assert not by[(2, 4)]["supported"] and "data-parallel" in by[(2, 4)]["note"]
@@ -440,7 +440,8 @@ def test_expert_parallel_ranks_each_schedule_their_own_sequences():
 
 def test_report_draws_a_layout(run_cli, tmp_path):
     code, out, err = run_cli("report", "-m", "llama-3.1-405b", "-g", "h100-sxm", "--tp", "8",
-                             "--pp", "2", "--out", str(tmp_path), "--serving-requests", "20")
+                             "--pp", "2", "-p", "2048", "--out", str(tmp_path),
+                             "--serving-requests", "20")
     assert code == 0, err
     import pandas as pd
 

@@ -109,7 +109,7 @@ def test_sweep_cli_json_and_csv(run_cli, tmp_path):
     rows = json.loads(out)
     assert len(rows) == 14 and {r["gpu"] for r in rows} == {"h100-sxm", "h200"}
     csv = tmp_path / "x.csv"
-    code, _, err = run_cli("sweep", "-m", "gpt2", "-g", "h100-sxm", "-b", "1..8",
+    code, _, err = run_cli("sweep", "-m", "gpt2", "-g", "h100-sxm", "-b", "1..8", "-p", "512",
                            "--csv", str(csv))
     assert code == 0 and "wrote 4 rows" in err
     assert len(pd.read_csv(csv)) == 4

@@ -54,6 +54,9 @@ class Attention(str, Enum):
 
 # Defaults are declared once, in the specs.
 _W = Workload.model_fields
+# the workload every command defaults to (declared once, in Workload)
+DEFAULT_PROMPT_TOKENS = _W["prompt_tokens"].default
+DEFAULT_OUTPUT_TOKENS = _W["output_tokens"].default
 _O = Options.model_fields
 
 ModelOpt = Annotated[str, typer.Option(

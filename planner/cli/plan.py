@@ -10,11 +10,15 @@ import typer
 
 from planner.cli.options import (
     DEFAULT_ENGINE,
+    DEFAULT_OUTPUT_TOKENS,
+    DEFAULT_PROMPT_TOKENS,
     KV_CHOICES,
     WEIGHT_CHOICES,
     ComputeOpt,
     EngineOpt,
     LongerOpt,
+    OutputOpt,
+    PromptOpt,
     QuantizedLayers,
     QuantizedLayersOpt,
     check_context,
@@ -34,8 +38,8 @@ def plan(
     ttft: Annotated[str, typer.Option(help="TTFT target, e.g. 2s or 800ms.")],
     tpot: Annotated[str, typer.Option(help="TPOT target, e.g. 50ms.")],
     engine: EngineOpt = DEFAULT_ENGINE,
-    prompt_tokens: Annotated[int, typer.Option("--prompt-tokens", "-p")] = 1024,
-    output_tokens: Annotated[int, typer.Option("--output-tokens", "-o")] = 256,
+    prompt_tokens: PromptOpt = DEFAULT_PROMPT_TOKENS,
+    output_tokens: OutputOpt = DEFAULT_OUTPUT_TOKENS,
     rps: Annotated[Optional[float], typer.Option(help="Traffic: requests per second.")] = None,
     tokens_per_s: Annotated[Optional[float], typer.Option(
         help="Traffic: output tokens per second (instead of --rps).")] = None,

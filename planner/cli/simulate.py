@@ -13,6 +13,8 @@ import typer
 
 from planner.cli.options import (
     DEFAULT_ENGINE,
+    DEFAULT_OUTPUT_TOKENS,
+    DEFAULT_PROMPT_TOKENS,
     DEFAULT_RESERVE_GIB,
     DEFAULT_UTIL,
     AcceptanceOpt,
@@ -29,8 +31,10 @@ from planner.cli.options import (
     KVOption,
     LongerOpt,
     ModelOpt,
+    OutputOpt,
     OverheadOpt,
     PpOpt,
+    PromptOpt,
     QuantizedLayers,
     QuantizedLayersOpt,
     ReserveOpt,
@@ -145,8 +149,8 @@ def simulate(
     max_concurrency: Annotated[Optional[int], typer.Option(
         help="A closed loop of this many clients instead of an arrival rate.")] = None,
     num_requests: Annotated[int, typer.Option("--num-requests", "-n")] = 1000,
-    prompt_tokens: Annotated[int, typer.Option("--prompt-tokens", "-p")] = 1024,
-    output_tokens: Annotated[int, typer.Option("--output-tokens", "-o")] = 256,
+    prompt_tokens: PromptOpt = DEFAULT_PROMPT_TOKENS,
+    output_tokens: OutputOpt = DEFAULT_OUTPUT_TOKENS,
     range_ratio: Annotated[float, typer.Option(
         help="Lengths uniform within +-this fraction (vLLM's random dataset).")] = 0.0,
     dataset: Annotated[Optional[Path], typer.Option(

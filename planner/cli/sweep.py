@@ -10,6 +10,8 @@ import typer
 from planner.cli.options import (
     DEFAULT_CHUNK,
     DEFAULT_ENGINE,
+    DEFAULT_OUTPUT_TOKENS,
+    DEFAULT_PROMPT_TOKENS,
     DEFAULT_RESERVE_GIB,
     DEFAULT_UTIL,
     KV_CHOICES,
@@ -100,8 +102,10 @@ def sweep(
     gpu: Annotated[str, typer.Option("--gpu", "-g", help="GPUs, comma-separated.")],
     engine: EngineOpt = DEFAULT_ENGINE,
     batch: Annotated[str, typer.Option("--batch", "-b", help=LIST_HELP)] = "1",
-    prompt_tokens: Annotated[str, typer.Option("--prompt-tokens", "-p", help=LIST_HELP)] = "512",
-    output_tokens: Annotated[str, typer.Option("--output-tokens", "-o", help=LIST_HELP)] = "128",
+    prompt_tokens: Annotated[str, typer.Option("--prompt-tokens", "-p", help=LIST_HELP)] =
+    str(DEFAULT_PROMPT_TOKENS),
+    output_tokens: Annotated[str, typer.Option("--output-tokens", "-o", help=LIST_HELP)] =
+    str(DEFAULT_OUTPUT_TOKENS),
     weights: Annotated[str, typer.Option(help="Weight precisions, comma-separated.")] = "bf16",
     kv_cache: Annotated[Optional[str], typer.Option(
         help="KV precisions (default: the weights' 16-bit type).")] = None,

@@ -450,9 +450,11 @@ class Workload(_Frozen):
 
     # Bounds: a billion sequences or tokens is beyond any deployment, and keeps every
     # product of sizes inside a float.
+    # The one default workload of every command: vLLM's random dataset's 1024 prompt tokens,
+    # and 256 out (a chat answer's length, as the serving commands always used).
     batch: int = Field(1, gt=0, le=MAX_COUNT)
-    prompt_tokens: int = Field(512, gt=0, le=MAX_COUNT)
-    output_tokens: int = Field(128, gt=0, le=MAX_COUNT)
+    prompt_tokens: int = Field(1024, gt=0, le=MAX_COUNT)
+    output_tokens: int = Field(256, gt=0, le=MAX_COUNT)
 
     @property
     def context_tokens(self) -> int:
