@@ -139,3 +139,15 @@ def test_headline_by_hand():
     assert h.latency_s == pytest.approx(5.6)
     assert h.e2e_throughput_tokens_per_s == pytest.approx(1462.857, rel=1e-6)
     assert h.cost_usd_per_million_output_tokens == pytest.approx(1.519, rel=1e-3)
+
+
+def test_a_layout_error_names_the_flag_on_the_cli_and_the_key_in_a_budget(run_cli, tmp_path):
+    """The core names the field (tp); the CLI says its flag, a budget file its key."""
+    code, _, err = run_cli("estimate", "-m", "llama-3.1-70b", "-g", "h100-sxm", "--tp", "3")
+    assert code == 2 and "--tp 3 does not divide" in err
+    budget = tmp_path / "b.yaml"
+    budget.write_text("deployments:\n  - name: odd\n    model: llama-3.1-70b\n    gpu: h100-sxm\n"
+                      "    tp: 3\n    workload: {batch: 1, prompt_tokens: 128, "
+                      "output_tokens: 16}\n    limits: {fits: true}\n")
+    code, _, err = run_cli("check", str(budget))
+    assert code == 2 and "deployment odd: tp 3 does not divide" in err and "--tp" not in err

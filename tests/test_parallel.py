@@ -7,6 +7,7 @@ import math
 
 import pytest
 
+from planner.core.errors import UsageError, flagged
 from planner.core.estimate import estimate
 from planner.core.specs import DType, Parallelism, Precision, Workload
 from planner.io import catalog
@@ -269,8 +270,9 @@ def test_ep_kv_pool_is_every_gpus():
     m, hw, prep, opts, c = _costers("ep")
     one = layout_coster(m, hw, prep, opts, ep=1)  # a plain StepCoster
     assert c.kv_capacity_tokens(256, 8192) > 7 * one.kv_capacity_tokens(256, 8192)
-    with pytest.raises(Exception, match="--tp 1"):
+    with pytest.raises(UsageError, match="give tp 1 and pp 1") as err:
         layout_coster(m, hw, prep, opts, tp=2, ep=2)
+    assert flagged(err.value).endswith("give --tp 1 and --pp 1 with it")
 
 
 @pytest.mark.parametrize("layout", ["pp", "ep"])

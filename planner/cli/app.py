@@ -14,7 +14,7 @@ import typer
 
 from planner import __version__
 from planner.cli.options import stderr
-from planner.core.errors import Interrupted, LlmplanError
+from planner.core.errors import Interrupted, LlmplanError, flagged
 
 app = typer.Typer(
     name="llmplan",
@@ -124,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"llmplan: interrupted: {err}", file=sys.stderr)
         return 130
     except LlmplanError as err:
-        print(f"llmplan: error: {err}", file=sys.stderr)
+        print(f"llmplan: error: {flagged(err)}", file=sys.stderr)
         return getattr(err, "exit_code", 2)
     except BrokenPipeError:
         return 0

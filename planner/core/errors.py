@@ -10,7 +10,26 @@ class SpecError(LlmplanError):
 
 
 class UsageError(LlmplanError):
-    """Arguments that are individually valid but cannot be combined (e.g. TP > heads)."""
+    """Arguments that are individually valid but cannot be combined (e.g. TP > heads).
+
+    ``fields`` names the inputs the message speaks of as the library names them (``tp``,
+    ``num_speculative_tokens``); the CLI says each as its flag (``--tp``), a budget file as
+    its key (``flagged``)."""
+
+    def __init__(self, message: str = "", *, fields: tuple[str, ...] = ()):
+        super().__init__(message)
+        self.fields = fields
+
+
+def flagged(err: BaseException) -> str:
+    """The message with each field it names said as the CLI's flag: "tp 3 does not divide"
+    -> "--tp 3 does not divide"."""
+    import re
+
+    text = str(err)
+    for f in getattr(err, "fields", ()):
+        text = re.sub(rf"(?<![-\w]){re.escape(f)}(?![-\w])", "--" + f.replace("_", "-"), text)
+    return text
 
 
 class Interrupted(LlmplanError):

@@ -179,11 +179,11 @@ def check_tp(m: ModelSpec, tp: int) -> None:
     """Tensor parallelism splits heads: tp must divide the heads (and the KV heads, or be a
     multiple of them, in which case KV heads are replicated)."""
     if m.num_attention_heads % tp:
-        raise UsageError(f"--tp {tp} does not divide {m.name}'s {m.num_attention_heads} "
-                         "attention heads")
+        raise UsageError(f"tp {tp} does not divide {m.name}'s {m.num_attention_heads} "
+                         "attention heads", fields=("tp",))
     if m.mla is None and m.num_kv_heads % tp and tp % m.num_kv_heads:
-        raise UsageError(f"--tp {tp} neither divides nor is a multiple of {m.name}'s "
-                         f"{m.num_kv_heads} KV heads")
+        raise UsageError(f"tp {tp} neither divides nor is a multiple of {m.name}'s "
+                         f"{m.num_kv_heads} KV heads", fields=("tp",))
 
 
 def kv_heads_per_gpu(m: ModelSpec, tp: int) -> float:

@@ -44,7 +44,8 @@ class Layout:
             except TypeError:
                 n = 0
             if isinstance(v, bool) or n < 1:
-                raise UsageError(f"{name}: must be a whole number >= 1, got {v!r}")
+                raise UsageError(f"{name}: must be a whole number >= 1, got {v!r}",
+                                 fields=(name,))
             object.__setattr__(self, name, n)
 
     @property
@@ -78,8 +79,8 @@ class Layout:
         from planner.layouts.pipeline import stage_layers
 
         if self.ep > 1 and (self.tp > 1 or self.pp > 1):
-            raise UsageError("expert parallelism runs attention data-parallel: tp and pp "
-                             "must be 1")
+            raise UsageError("ep runs attention data-parallel on each GPU: give tp 1 and pp "
+                             "1 with it", fields=("ep", "tp", "pp"))
         check_tp(m, self.tp)
         stage_layers(m.num_layers, self.pp)
         if self.ep > 1:

@@ -96,9 +96,11 @@ class ExpertParallel:
 
 def check_ep(m: ModelSpec, ep: int) -> None:
     if m.moe is None:
-        raise UsageError(f"--ep: {m.name} has no experts (not a mixture-of-experts model)")
+        raise UsageError(f"ep: {m.name} has no experts (not a mixture-of-experts model)",
+                         fields=("ep",))
     if m.moe.num_experts % ep:
-        raise UsageError(f"--ep {ep} does not divide {m.name}'s {m.moe.num_experts} experts")
+        raise UsageError(f"ep {ep} does not divide {m.name}'s {m.moe.num_experts} experts",
+                         fields=("ep",))
 
 
 class ExpertStep:

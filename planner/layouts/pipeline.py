@@ -42,7 +42,7 @@ LAST_ONLY = {"final_norm", "lm_head"}
 def stage_layers(num_layers: int, pp: int) -> list[tuple[int, int]]:
     """[start, end) of each stage's layers, vLLM's split."""
     if pp > num_layers:
-        raise UsageError(f"--pp {pp} exceeds the model's {num_layers} layers")
+        raise UsageError(f"pp {pp} exceeds the model's {num_layers} layers", fields=("pp",))
     sizes = [num_layers // pp] * pp
     for i in range(2, num_layers % pp + 2):
         sizes[-i] += 1

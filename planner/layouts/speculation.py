@@ -56,11 +56,12 @@ class SpeculationConfig:
 
     def __post_init__(self):
         if not 1 <= self.k <= 64:
-            raise UsageError(f"--num-speculative-tokens must be in 1..64, got {self.k}")
+            raise UsageError(f"num_speculative_tokens must be in 1..64, got {self.k}",
+                             fields=("num_speculative_tokens",))
         expected_tokens(self.acceptance, self.k)
         if (self.method == "draft-model") != (self.draft is not None):
-            raise UsageError("--draft-model is needed with --speculative draft-model, and "
-                             "only then")
+            raise UsageError("draft_model is needed with speculative draft-model, and only "
+                             "then", fields=("draft_model", "speculative"))
 
 
 @dataclass(frozen=True)
@@ -171,9 +172,9 @@ def check_draft(m: ModelSpec, cfg: SpeculationConfig, tp: int) -> None:
     """MTP needs a model that ships the layer; a draft model must share the target's
     tokenizer and split over the same TP."""
     if cfg.method == "mtp" and m.architecture not in MTP_ARCHITECTURES:
-        raise UsageError(f"--speculative mtp: {m.name} ships no multi-token-prediction layer "
+        raise UsageError(f"speculative mtp: {m.name} ships no multi-token-prediction layer "
                          f"(only {', '.join(MTP_ARCHITECTURES)} models do); use draft-model or "
-                         "ngram")
+                         "ngram", fields=("speculative",))
     if cfg.draft is None:
         return
     if cfg.draft.vocab_size != m.vocab_size:

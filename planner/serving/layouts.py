@@ -173,8 +173,8 @@ def layout_coster(model: ModelSpec, hardware: HardwareSpec, prep: Prepared, opti
                   *, tp: int = 1, pp: int = 1, ep: int = 1):
     """The step coster of a replica of tp x pp GPUs, or of ep expert-parallel GPUs."""
     if ep > 1 and (tp > 1 or pp > 1):
-        raise UsageError("--ep runs attention data-parallel on each GPU: give --tp 1 and "
-                         "--pp 1 with it")
+        raise UsageError("ep runs attention data-parallel on each GPU: give tp 1 and pp 1 "
+                         "with it", fields=("ep", "tp", "pp"))
     if ep > 1:
         return ExpertCoster(model, hardware, prep, options, ep=ep)
     if pp > 1:

@@ -31,9 +31,11 @@ def scheduler(dep: Deployment, **overrides) -> SchedulerConfig:
 def check_speculation(dep: Deployment, cfg: SchedulerConfig) -> None:
     """Speculative decoding is simulated on a TP replica with continuous batching."""
     if dep.layout.pp > 1 or dep.layout.ep > 1:
-        raise UsageError("--speculative is simulated on a TP replica only (--pp 1 --ep 1)")
+        raise UsageError("speculative is simulated on a TP replica only (pp 1, ep 1)",
+                         fields=("speculative", "pp", "ep"))
     if cfg.kind != "continuous":
-        raise UsageError("--speculative is simulated with --scheduler continuous only")
+        raise UsageError("speculative is simulated with scheduler continuous only",
+                         fields=("speculative", "scheduler"))
 
 
 def speculation_serving(dep: Deployment, speculation, cfg: SchedulerConfig):
