@@ -202,7 +202,7 @@ def file_targets(setup: Path) -> list[tuple[str, Path, list[str], bool]]:
 def hf_fields_read() -> set[str]:
     """The config.json keys the planner reads: a mutation of any other key is ignored by
     design (``initializer_range: NaN`` changes no estimate), so it is no suspect."""
-    text = (ROOT / "planner" / "catalog.py").read_text()
+    text = (ROOT / "planner" / "io" / "catalog.py").read_text()
     return set(re.findall(r'(?:_req\(cfg, |cfg\.get\(|cfg\[)"(\w+)"', text))
 
 
