@@ -28,6 +28,7 @@ from planner.cli.options import (
     stdout,
 )
 from planner.core.errors import LlmplanError
+from planner.core.specs import DEFAULT_GROUP_SIZE
 
 
 def calibrate(
@@ -43,7 +44,7 @@ def calibrate(
         help="Name of the new profile (default: the output file's stem).")] = None,
     weights: WeightsOption = WeightsOpt.bf16,
     kv_cache: KVOption = None,
-    group_size: GroupSizeOpt = 128,
+    group_size: GroupSizeOpt = DEFAULT_GROUP_SIZE,
     quantized_layers: QuantizedLayersOpt = QuantizedLayers.all,
     leave_one_out: Annotated[bool, typer.Option(
         "--leave-one-out/--no-leave-one-out",

@@ -29,6 +29,7 @@ from planner.cli.options import (
     stdout,
 )
 from planner.core.errors import LlmplanError
+from planner.core.specs import DEFAULT_GROUP_SIZE
 
 FilesArg = Annotated[list[Path], typer.Argument(
     help="Result files: vLLM `bench serve` JSON, SGLang `bench_serving` JSONL, guidellm "
@@ -67,7 +68,7 @@ def read_result_file(path: Path):
 
 
 def served_setup(model: str, gpu: str, spec, tp: int, weights, kv_cache,
-                 group_size: int = 128, quantized_layers="all"):
+                 group_size: int = DEFAULT_GROUP_SIZE, quantized_layers="all"):
     """The deployment a served run was measured on (``planner.layouts.deployment``), ready
     for prediction: the engine's scheduler budget is the prefill chunk."""
     from planner.core.specs import Options, Precision
@@ -126,7 +127,7 @@ def compare(
     engine: EngineOpt = DEFAULT_ENGINE,
     weights: WeightsOption = WeightsOpt.bf16,
     kv_cache: KVOption = None,
-    group_size: GroupSizeOpt = 128,
+    group_size: GroupSizeOpt = DEFAULT_GROUP_SIZE,
     quantized_layers: QuantizedLayersOpt = QuantizedLayers.all,
     plot: Annotated[Optional[Path], typer.Option(
         "--plot", help="PNG of predicted vs measured, one point per run and figure.")] = None,

@@ -50,7 +50,7 @@ from planner.cli.options import (
     stderr,
     stdout,
 )
-from planner.core.specs import GIB, Workload
+from planner.core.specs import DEFAULT_GROUP_SIZE, GIB, Workload
 
 
 def estimate(
@@ -63,7 +63,7 @@ def estimate(
     batch: BatchOpt = _W["batch"].default,
     prompt_tokens: PromptOpt = _W["prompt_tokens"].default,
     output_tokens: OutputOpt = _W["output_tokens"].default,
-    group_size: GroupSizeOpt = 128,
+    group_size: GroupSizeOpt = DEFAULT_GROUP_SIZE,
     quantized_layers: QuantizedLayersOpt = QuantizedLayers.all,
     time_model: TimeModelOpt = TimeModel.roofline,
     attention: AttentionOpt = Attention.flash,

@@ -1,4 +1,7 @@
-"""Options, enums and helpers the CLI's commands share (edge: imported by the CLI only)."""
+"""Options, enums and helpers the CLI's commands share, and ``build_deployment``: the one place
+a command turns its flags into a ``planner.layouts.deployment.Deployment``. Defaults come from
+the library's own declarations (``Workload``, ``Options``, ``DEFAULT_GROUP_SIZE``; the
+scheduler's from the engine profile), not from literals here."""
 
 from __future__ import annotations
 
@@ -13,7 +16,7 @@ import typer
 from rich.console import Console
 
 from planner.core.errors import LlmplanError
-from planner.core.specs import GIB, Options, Workload
+from planner.core.specs import DEFAULT_GROUP_SIZE, GIB, Options, Workload
 
 stdout = Console()
 stderr = Console(stderr=True)
@@ -301,7 +304,7 @@ def _value(v):
 
 
 def build_deployment(m, *, gpu: str, engine: str, tp: int = 1, pp: int = 1, ep: int = 1,
-                     weights="bf16", kv_cache=None, group_size: int = 128,
+                     weights="bf16", kv_cache=None, group_size: int = DEFAULT_GROUP_SIZE,
                      quantized_layers="all", compute=None, calibration: Path | None = None,
                      options=None):
     """The deployment the options describe (``planner.layouts.deployment.Deployment``): the

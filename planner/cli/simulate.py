@@ -57,6 +57,7 @@ from planner.cli.options import (
     stdout,
 )
 from planner.core.errors import LlmplanError
+from planner.core.specs import DEFAULT_GROUP_SIZE
 
 
 class Scheduler(str, Enum):
@@ -135,7 +136,7 @@ def simulate(
     ep: EpOpt = 1,
     weights: WeightsOption = WeightsOpt.bf16,
     kv_cache: KVOption = None,
-    group_size: GroupSizeOpt = 128,
+    group_size: GroupSizeOpt = DEFAULT_GROUP_SIZE,
     quantized_layers: QuantizedLayersOpt = QuantizedLayers.all,
     compute: ComputeOpt = None,
     calibration: CalibrationOpt = None,

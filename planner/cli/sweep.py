@@ -42,6 +42,7 @@ from planner.cli.options import (
     stdout,
 )
 from planner.core.errors import LlmplanError
+from planner.core.specs import DEFAULT_GROUP_SIZE
 
 ListOpt = Annotated[str, typer.Option()]
 # A table or JSON holds the whole grid in memory; a CSV is streamed.
@@ -115,7 +116,7 @@ def sweep(
     ep: Annotated[str, typer.Option(
         help="Expert-parallel GPUs (MoE models, attention data-parallel; rows with --tp or "
              "--pp above 1 are marked unsupported). " + LIST_HELP)] = "1",
-    group_size: GroupSizeOpt = 128,
+    group_size: GroupSizeOpt = DEFAULT_GROUP_SIZE,
     quantized_layers: QuantizedLayersOpt = QuantizedLayers.all,
     time_model: TimeModelOpt = TimeModel.roofline,
     attention: AttentionOpt = Attention.flash,

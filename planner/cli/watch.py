@@ -26,6 +26,7 @@ from planner.cli.options import (
     stdout,
 )
 from planner.core.errors import LlmplanError
+from planner.core.specs import DEFAULT_GROUP_SIZE
 
 
 def watch(
@@ -37,7 +38,7 @@ def watch(
     engine: EngineOpt = DEFAULT_ENGINE,
     weights: WeightsOption = WeightsOpt.bf16,
     kv_cache: KVOption = None,
-    group_size: GroupSizeOpt = 128,
+    group_size: GroupSizeOpt = DEFAULT_GROUP_SIZE,
     quantized_layers: QuantizedLayersOpt = QuantizedLayers.all,
     interval: Annotated[float, typer.Option(
         help="Seconds between scrapes: the window rates and latencies are taken over.")] = 5.0,

@@ -65,6 +65,9 @@ class _Frozen(BaseModel):
 # --------------------------------------------------------------------------- precision
 
 
+DEFAULT_GROUP_SIZE = 128  # weights per scale of int8 / int4 (GPTQ's and AWQ's usual groups)
+
+
 class Precision(_Frozen):
     """How weights and KV cache are stored and in which type the matmuls run.
 
@@ -83,7 +86,7 @@ class Precision(_Frozen):
     weights: DType = DType.bf16
     kv_cache: DType = DType.bf16
     compute: DType | None = None  # None: derived from the weights (see compute_dtype)
-    group_size: int = Field(128, gt=0, le=1_000_000)
+    group_size: int = Field(DEFAULT_GROUP_SIZE, gt=0, le=1_000_000)
     scale_bytes: float = Field(2, gt=0, le=64)
     # engine byte accounting: an asymmetric scheme's zero point per group (GPTQ / AWQ pack a
     # 4-bit zero: 0.5 bytes), and whether the lm_head is quantized with the decoder
@@ -103,7 +106,7 @@ class Precision(_Frozen):
 
     @classmethod
     def of(cls, weights: DType | str, kv_cache: DType | str | None = None,
-           group_size: int = 128, compute: DType | str | None = None,
+           group_size: int = DEFAULT_GROUP_SIZE, compute: DType | str | None = None,
            quantized_layers: str = "all") -> Precision:
         """A precision whose KV cache, when not given, is the 16-bit type of the weights or of
         the matmuls (``compute`` fp16: a T4 or V100 running int8 / int4 weights)."""

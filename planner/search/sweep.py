@@ -24,7 +24,15 @@ import numpy as np
 from planner.core.engine import IDEAL, Engine
 from planner.core.errors import LlmplanError, UsageError
 from planner.core.estimate import assemble, prepare, resolve_price
-from planner.core.specs import Calibration, DType, HardwareSpec, ModelSpec, Options, Precision
+from planner.core.specs import (
+    DEFAULT_GROUP_SIZE,
+    Calibration,
+    DType,
+    HardwareSpec,
+    ModelSpec,
+    Options,
+    Precision,
+)
 from planner.layouts.deployment import Layout
 from planner.layouts.layout import layout_figures
 
@@ -91,7 +99,7 @@ class Grid:
     tps: Sequence[int] = (1,)
     pps: Sequence[int] = (1,)  # pipeline stages, each of tp GPUs
     eps: Sequence[int] = (1,)  # expert-parallel GPUs (MoE; only with tp = pp = 1)
-    group_size: int = 128
+    group_size: int = DEFAULT_GROUP_SIZE
     options: Options = field(default_factory=Options)
     engine: Engine = IDEAL
     compute: DType | None = None  # None: the matmul type follows the weights
