@@ -151,3 +151,13 @@ def test_a_layout_error_names_the_flag_on_the_cli_and_the_key_in_a_budget(run_cl
                       "output_tokens: 16}\n    limits: {fits: true}\n")
     code, _, err = run_cli("check", str(budget))
     assert code == 2 and "deployment odd: tp 3 does not divide" in err and "--tp" not in err
+
+
+def test_plan_takes_the_memory_options_simulate_takes(run_json):
+    args = ("plan", "-m", "llama-3.1-8b", "-g", "h100-sxm", "--ttft", "1s", "--tpot", "50ms",
+            "--rps", "5", "--tp", "1", "--weights", "bf16", "--kv-cache", "16",
+            "--scheduler", "static")
+    full = run_json(*args)[0]
+    less = run_json(*args, "--memory-utilization", "0.3", "--reserve-gib", "4")[0]
+    # the same weights in a smaller share of the GPU: 80 GB x (0.9 - 0.3) less headroom
+    assert less["memory_headroom_frac"] < full["memory_headroom_frac"] - 0.5

@@ -12,8 +12,11 @@ from planner.cli.options import (
     DEFAULT_ENGINE,
     DEFAULT_OUTPUT_TOKENS,
     DEFAULT_PROMPT_TOKENS,
+    DEFAULT_RESERVE_GIB,
+    DEFAULT_UTIL,
     KV_CHOICES,
     WEIGHT_CHOICES,
+    Attention,
     ComputeOpt,
     EngineOpt,
     LongerOpt,
@@ -21,9 +24,13 @@ from planner.cli.options import (
     PromptOpt,
     QuantizedLayers,
     QuantizedLayersOpt,
+    ReserveOpt,
+    TimeModel,
+    UtilOpt,
     check_context,
     check_quantized_layers,
     json_out,
+    options_from,
     output_path,
     parse_choices,
     positive,
@@ -76,6 +83,8 @@ def plan(
         help="Simulated lengths uniform within +-this fraction.")] = 0.0,
     compute: ComputeOpt = None,
     quantized_layers: QuantizedLayersOpt = QuantizedLayers.all,
+    memory_utilization: UtilOpt = DEFAULT_UTIL,
+    reserve_gib: ReserveOpt = DEFAULT_RESERVE_GIB,
     allow_longer_context: LongerOpt = False,
     as_json: Annotated[bool, typer.Option("--json", help="All rows as JSON.")] = False,
 ) -> None:
@@ -88,6 +97,8 @@ def plan(
     from planner.search.sweep import parse_int_list, parse_str_list
 
     t_ttft, t_tpot = _check_targets(locals())
+    opts = options_from(TimeModel.roofline, Attention.flash, 0.0, reserve_gib,
+                        memory_utilization)
     req = rps if rps is not None else tokens_per_s / output_tokens
     m = catalog.load_model(model)
     tps, pps = parse_int_list(tp, "--tp"), parse_int_list(pp, "--pp")
@@ -123,12 +134,13 @@ def plan(
                          settings=SimSettings(percentile=percentile, num_requests=sim_requests,
                                               range_ratio=range_ratio),
                          top=top, csv=csv, plot=plot, as_json=as_json,
-                         label=(ttft, tpot, req), compute=cdt, quantized_layers=ql)
+                         label=(ttft, tpot, req), compute=cdt, quantized_layers=ql,
+                         options=opts)
         return
     df = search(m, gpus, prompt_tokens=prompt_tokens, output_tokens=output_tokens,
                 targets=Targets(t_ttft, t_tpot, req), tps=tps, pps=pps, eps=eps,
                 weights=wl, kv_cache=kvl, calibration=cal, price_usd_per_gpu_hour=price_per_hour,
-                engine=eng, compute=cdt, quantized_layers=ql)
+                engine=eng, compute=cdt, quantized_layers=ql, options=opts)
     _show_static(df, m, prompt_tokens=prompt_tokens, output_tokens=output_tokens, top=top,
                  csv=csv, plot=plot, as_json=as_json, label=(ttft, tpot, req))
 
@@ -223,7 +235,8 @@ def _some_precision_runs(gpus, weights, compute, cal, eng) -> None:
 
 def _plan_continuous(m, gpus, *, prompt_tokens, output_tokens, targets, tps, weights, kv_cache,
                      calibration, price_per_hour, engine, settings, top, csv, plot, as_json,
-                     label, compute=None, pps=(1,), eps=(1,), quantized_layers="all") -> None:
+                     label, compute=None, pps=(1,), eps=(1,), quantized_layers="all",
+                     options=None) -> None:
     from planner.io.render import plain, table
     from planner.io.report import plot_pareto
     from planner.layouts.deployment import Layout
@@ -233,7 +246,8 @@ def _plan_continuous(m, gpus, *, prompt_tokens, output_tokens, targets, tps, wei
                            targets=targets, tps=tps, weights=weights, kv_cache=kv_cache,
                            calibration=calibration, price_usd_per_gpu_hour=price_per_hour,
                            engine=engine, settings=settings, top=top, compute=compute,
-                           pps=pps, eps=eps, quantized_layers=quantized_layers)
+                           pps=pps, eps=eps, quantized_layers=quantized_layers,
+                           options=options)
     ttft, tpot, req = label
     p = settings.percentile
     name = "median" if p == 50 else f"p{p}"
