@@ -80,26 +80,27 @@ def test_in_sample_rows_are_exactly_the_fitted_ones():
     assert any(c.in_sample for c in comps) and any(not c.in_sample for c in comps)
 
 
-def test_held_out_error_within_the_recorded_figures():
+@pytest.fixture(scope="module")
+def overall():
+    """Every static row and every served run replayed, summarised over all sources (the
+    served replay takes seconds: computed once for the tests below)."""
+    from planner.cli.validate import run_served
+    from planner.evidence.served import summarize_served
+
+    return (summarize(run_validation(DATASETS), by_source=False)
+            + summarize_served(run_served(catalog.load_served()), by_source=False))
+
+
+def test_held_out_error_within_the_recorded_figures(overall):
     """CI's guard: a change that worsens held-out accuracy fails here."""
     limits = recorded_limits()
-    overall = summarize(run_validation(DATASETS), by_source=False) + _served_overall()
     held = {s.phase: s for s in overall if s.split == "held-out"}
     assert set(limits) <= set(held)
     for phase, lim in limits.items():
         assert held[phase].median_abs_error <= lim, (phase, held[phase].median_abs_error, lim)
 
 
-def _served_overall():
-    from planner.cli.validate import run_served
-    from planner.evidence.served import summarize_served
-    from planner.io import catalog
-
-    return summarize_served(run_served(catalog.load_served()), by_source=False)
-
-
-def test_engines_beat_the_ideal_roofline_on_held_out_rows():
-    overall = summarize(run_validation(DATASETS), by_source=False) + _served_overall()
+def test_engines_beat_the_ideal_roofline_on_held_out_rows(overall):
     for s in overall:
         assert s.median_abs_error < s.ideal_median_abs_error, s
 

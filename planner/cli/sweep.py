@@ -44,7 +44,6 @@ from planner.cli.options import (
 from planner.core.errors import LlmplanError
 from planner.core.specs import DEFAULT_GROUP_SIZE
 
-ListOpt = Annotated[str, typer.Option()]
 # A table or JSON holds the whole grid in memory; a CSV is streamed.
 MAX_TABLE_ROWS = 2_000_000
 MAX_CSV_ROWS = 200_000_000
@@ -89,13 +88,6 @@ def build_grid(model: str, gpu: str, batch: str, prompt_tokens: str, output_toke
         compute=DType(compute) if compute else None,
         quantized_layers=quantized_layers,
     )
-
-
-TABLE_COLUMNS = [
-    ("model", "model", str), ("gpu", "gpu", str), ("tp", "tp", str), ("weights", "w", str),
-    ("kv_cache", "kv", str), ("batch", "batch", str), ("prompt_tokens", "prompt", str),
-    ("output_tokens", "output", str), ("fits", "fits", str),
-]
 
 
 def sweep(

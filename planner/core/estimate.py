@@ -283,7 +283,10 @@ class Estimate:
                               sliding=sliding_share(self.model))
 
     def to_dict(self, *, operators: bool = True) -> dict:
-        """A JSON-ready dict; keys carry their unit (DESIGN.md "Contracts")."""
+        """A JSON-ready dict (what `--json` prints): values in SI base units, each key naming
+        its unit (`weights_bytes`, `tpot_s`, `throughput_tokens_per_s`); a key without one is a
+        count, a fraction (`mbu`, `mfu`), a label or a nested record. Scripts read these keys:
+        rename none."""
         p = self.precision
         cols = self.columns()
         cols["bound"] = "compute" if cols.pop("compute_bound") else "memory"

@@ -302,147 +302,210 @@ def shape_ops(
     attention: Literal["flash", "naive"] = "flash",
     lm_head_sharded: bool = True,
 ) -> list[Op]:
-    """Operators of one forward step of any mix of sequences (see ``StepShape``)."""
+    """Operators of one forward step of any mix of sequences (see ``StepShape``), in the
+    model's order: the embedding; in each layer attention, then the MLP (dense or mixture of
+    experts), each behind its norm; then the final norm and the lm_head."""
     check_tp(m, tp)
-    h, L = m.hidden_size, m.num_layers
-    T = shape.tokens  # tokens processed this step
-    wb, hb = prec.quantized_bytes_per_param, prec.half_bytes
-    ab, kvb = prec.activation_bytes, prec.kv_bytes
-    cdt, hdt = prec.compute_dtype, prec.half_dtype
-    norm_w = h * (2 if m.norm == "layernorm" else 1) * hb
-    heads = m.num_attention_heads / tp
+    s = _Step(m, prec, shape.tokens, tp)
+    L = m.num_layers
+    return [
+        Op("embed", "elementwise", 1, flops=0.0, act_bytes=2.0 * s.T * s.h * s.ab, dtype=s.hdt),
+        s.norm("attn_norm", L),
+        *_attention_ops(s, shape, attention),
+        s.norm("mlp_norm", L),
+        *_mlp_ops(s),
+        *_head_ops(s, shape.logit_rows, lm_head_sharded),
+    ]
 
-    def matmul(name: str, count: int, k: int, n: float, *, bias: float = 0.0,
-               quantized: bool = True, tokens: float = T, weights: float | None = None) -> Op:
+
+class _Step:
+    """What every operator of one step is costed from: the model, the precision's byte sizes
+    and types, the TP split and ``T``, the tokens the step processes; and the operators built
+    alike wherever they occur (matmul, norm, all-reduce, MLP)."""
+
+    __slots__ = ("m", "prec", "T", "tp", "h", "wb", "hb", "ab", "kvb", "cdt", "hdt", "norm_w",
+                 "heads")
+
+    def __init__(self, m: ModelSpec, prec: Precision, tokens: float, tp: int):
+        self.m, self.prec, self.T, self.tp = m, prec, tokens, tp
+        self.h = h = m.hidden_size
+        self.wb, self.hb = prec.quantized_bytes_per_param, prec.half_bytes
+        self.ab, self.kvb = prec.activation_bytes, prec.kv_bytes
+        self.cdt, self.hdt = prec.compute_dtype, prec.half_dtype
+        self.norm_w = h * (2 if m.norm == "layernorm" else 1) * self.hb
+        self.heads = m.num_attention_heads / tp  # query heads per GPU
+
+    def matmul(self, name: str, count: int, k: int, n: float, *, bias: float = 0.0,
+               quantized: bool = True, tokens: float | None = None,
+               weights: float | None = None) -> Op:
+        """[tokens, k] x [k, n]: the weights read once, the activations in and out."""
+        prec = self.prec
+        tokens = self.T if tokens is None else tokens
         w_elems = k * n if weights is None else weights
         quantized = quantized and prec.quantizes("experts" if name.startswith("experts_")
                                                  else name)
         return Op(name, "matmul", count, flops=2.0 * tokens * k * n,
-                  weight_bytes=w_elems * (wb if quantized else hb) + bias * hb,
-                  act_bytes=tokens * (k + n) * ab, dtype=cdt if quantized else hdt,
-                  weight_dtype=prec.weights if quantized else hdt, m_rows=tokens)
+                  weight_bytes=w_elems * (self.wb if quantized else self.hb) + bias * self.hb,
+                  act_bytes=tokens * (k + n) * self.ab, dtype=self.cdt if quantized else self.hdt,
+                  weight_dtype=prec.weights if quantized else self.hdt, m_rows=tokens)
 
-    def norm(name: str, count: int) -> Op:
+    def norm(self, name: str, count: int) -> Op:
         # read the residual and the branch output, write the sum and its normalized copy
-        return Op(name, "norm", count, flops=8.0 * T * h, weight_bytes=norm_w,
-                  act_bytes=4.0 * T * h * ab, dtype=hdt)
+        T, h = self.T, self.h
+        return Op(name, "norm", count, flops=8.0 * T * h, weight_bytes=self.norm_w,
+                  act_bytes=4.0 * T * h * self.ab, dtype=self.hdt)
 
-    def allreduce(name: str, count: int, tokens: float = T) -> list[Op]:
-        if tp == 1:
+    def allreduce(self, name: str, count: int) -> list[Op]:
+        """The all-reduce of a row-parallel layer's output under TP; none on one GPU."""
+        if self.tp == 1:
             return []
-        return [Op(name, "allreduce", count, flops=0.0, comm_bytes=tokens * h * ab, dtype=hdt)]
+        return [Op(name, "allreduce", count, flops=0.0, comm_bytes=self.T * self.h * self.ab,
+                   dtype=self.hdt)]
 
-    ops: list[Op] = [
-        Op("embed", "elementwise", 1, flops=0.0, act_bytes=2.0 * T * h * ab, dtype=hdt),
-        norm("attn_norm", L),
-    ]
+    def mlp(self, prefix: str, count: int, inter: float, tokens: float | None = None,
+            biased: bool | None = None) -> list[Op]:
+        """A (gated) MLP of width ``inter`` per GPU applied to ``tokens`` tokens (default: the
+        step's), its weights read once (the caller scales the experts' by those reached)."""
+        tokens = self.T if tokens is None else tokens
+        biased = self.m.mlp_bias if biased is None else biased
+        gated = self.m.mlp == "gated"
+        up_n = 2 if gated else 1
+        h = self.h
+        up = self.matmul(f"{prefix}{'gate_up' if gated else 'up'}_proj", count, h, up_n * inter,
+                         bias=up_n * inter if biased else 0.0, tokens=tokens)
+        act = Op(f"{prefix}act", "elementwise", count, flops=(4.0 if gated else 8.0) * tokens
+                 * inter, act_bytes=(up_n + 1) * tokens * inter * self.ab, dtype=self.hdt)
+        down = self.matmul(f"{prefix}down_proj", count, inter, h, bias=h if biased else 0.0,
+                           tokens=tokens)
+        return [up, act, down]
 
-    # --- attention projections, KV append, attention
-    kv_layer = kv_elements_per_token_per_layer(m, tp) * kvb  # bytes per token per layer per GPU
+
+def _attention_ops(s: _Step, shape: StepShape,
+                   attention: Literal["flash", "naive"]) -> list[Op]:
+    """Each layer's attention block: the projections, the KV append, attention over the cache
+    (full and sliding-window layers apart), the output projection and its all-reduce."""
+    m, L, T, tp = s.m, s.m.num_layers, s.T, s.tp
+    kv_layer = kv_elements_per_token_per_layer(m, tp) * s.kvb  # bytes per token, layer and GPU
     if m.mla is None:
-        qkv_n = m.q_dim / tp + 2 * kv_heads_per_gpu(m, tp) * m.head_dim_
-        ops.append(matmul("qkv_proj", L, h, qkv_n, bias=qkv_n if m.attention_bias else 0.0))
-        qk_dim, v_dim = m.head_dim_, m.head_dim_
-        o_in = m.q_dim
+        ops, qk_dim, v_dim, o_in = _gqa_projections(s)
     else:
-        a = m.mla
-        qk_head = a.qk_nope_head_dim + a.qk_rope_head_dim
-        # the down-projections are small and replicated on every rank (as in vLLM)
-        q_down = a.q_lora_rank or 0
-        ops.append(matmul("mla_down_proj", L, h, q_down + a.kv_lora_rank + a.qk_rope_head_dim))
-        if a.q_lora_rank:
-            ops.append(matmul("mla_q_up_proj", L, a.q_lora_rank, heads * qk_head))
-        else:
-            ops.append(matmul("q_proj", L, h, heads * qk_head))
-        # kv_b_proj, absorbed into the query (nope part) and the output (v part): the same
-        # weights and 2 x T x params FLOPs whether absorbed (decode) or not (prefill)
-        ops.append(matmul("mla_kv_up_proj", L, a.kv_lora_rank,
-                          heads * (a.qk_nope_head_dim + a.v_head_dim)))
-        # absorbed attention works in the latent space: scores over kv_lora + rope dims,
-        # values are the latent itself
-        qk_dim, v_dim = a.kv_lora_rank + a.qk_rope_head_dim, a.kv_lora_rank
-        o_in = m.num_attention_heads * a.v_head_dim
+        ops, qk_dim, v_dim, o_in = _mla_projections(s)
     n_local = m.num_sliding_layers
     n_full = L - n_local
     local = shape.local or shape  # no window shape given: the local layers cost as full ones
     held = shape.kv_held_tokens if not n_local else (
         n_full * shape.kv_held_tokens + n_local * local.kv_held_tokens) / L
     if m.qk_norm:  # RMSNorm of each query and key head, before RoPE
-        qk_elems = T * (heads + kv_heads_per_gpu(m, tp)) * m.head_dim_
+        qk_elems = T * (s.heads + kv_heads_per_gpu(m, tp)) * m.head_dim_
         ops.append(Op("qk_norm", "norm", L, flops=4.0 * qk_elems,
-                      weight_bytes=2 * m.head_dim_ * hb, act_bytes=2.0 * qk_elems * ab,
-                      dtype=hdt))
+                      weight_bytes=2 * m.head_dim_ * s.hb, act_bytes=2.0 * qk_elems * s.ab,
+                      dtype=s.hdt))
     ops.append(Op("rope_kv_write", "elementwise", L, flops=0.0,
-                  kv_bytes=T * kv_layer, act_bytes=2.0 * T * (m.q_dim / tp) * ab, dtype=hdt,
+                  kv_bytes=T * kv_layer, act_bytes=2.0 * T * (m.q_dim / tp) * s.ab, dtype=s.hdt,
                   kv_cache_bytes=held * kv_layer))
-    group = 1.0 if m.mla is not None else heads / kv_heads_per_gpu(m, tp)
-
-    def attention_op(name: str, count: int, sh: StepShape) -> Op:
-        flops = 2.0 * heads * sh.attn_pairs * (qk_dim + v_dim)
-        kv = sh.kv_read_tokens * kv_layer  # each sequence reads its cache once
-        act = 2.0 * T * heads * (qk_dim + v_dim) * ab  # q in, out out
-        if attention == "naive":
-            # the [new, past+new] score matrix and its softmax, written and read once each
-            act += 4.0 * heads * sh.score_elems * ab
-        return Op(name, "attention", count, flops=flops, kv_bytes=kv, act_bytes=act, dtype=hdt,
-                  kv_group=group)
-
+    group = 1.0 if m.mla is not None else s.heads / kv_heads_per_gpu(m, tp)
+    dims = dict(qk_dim=qk_dim, v_dim=v_dim, kv_layer=kv_layer, group=group, attention=attention)
     if n_full:
-        ops.append(attention_op("attention", n_full, shape))
+        ops.append(_attention(s, "attention", n_full, shape, **dims))
     if n_local:
-        ops.append(attention_op("attention_local", n_local, local))
-    ops.append(matmul("o_proj", L, o_in / tp, h, bias=h if m.attention_out_bias else 0.0))
-    ops += allreduce("allreduce_attn", L)
-    ops.append(norm("mlp_norm", L))
-
-    # --- MLP: dense layers, then MoE layers
-    gated = m.mlp == "gated"
-    up_n = 2 if gated else 1
-
-    def mlp(prefix: str, count: int, inter: float, tokens: float = T,
-            biased: bool = m.mlp_bias) -> list[Op]:
-        """A (gated) MLP of width ``inter`` per GPU applied to ``tokens`` tokens; its weights
-        are read ``weight_tokens``-independently once (or for several experts, see caller)."""
-        up = matmul(f"{prefix}{'gate_up' if gated else 'up'}_proj", count, h, up_n * inter,
-                    bias=up_n * inter if biased else 0.0, tokens=tokens)
-        act = Op(f"{prefix}act", "elementwise", count, flops=(4.0 if gated else 8.0) * tokens
-                 * inter, act_bytes=(up_n + 1) * tokens * inter * ab, dtype=hdt)
-        down = matmul(f"{prefix}down_proj", count, inter, h, bias=h if biased else 0.0,
-                      tokens=tokens)
-        return [up, act, down]
-
-    if m.num_dense_layers:
-        ops += mlp("mlp_", m.num_dense_layers, m.intermediate_size / tp)
-        ops += allreduce("allreduce_mlp", m.num_dense_layers)
-    if m.moe is not None:
-        e, n_moe = m.moe, m.num_moe_layers
-        ops.append(matmul("moe_router", n_moe, h, e.num_experts, quantized=False,
-                          bias=e.num_experts if e.router_bias else 0.0))
-        inter = e.expert_intermediate_size / tp
-        hit = expected_distinct_experts(e.num_experts, e.experts_per_token, T)
-        routed_tokens = T * e.experts_per_token
-        for op in mlp("experts_", n_moe, inter, tokens=routed_tokens,
-                      biased=m.mlp_bias or e.expert_bias):
-            if op.kind == "matmul":  # weights of every expert the batch reaches
-                op = Op(op.name, op.kind, op.count, op.flops, weight_bytes=op.weight_bytes * hit,
-                        act_bytes=op.act_bytes, dtype=op.dtype, weight_dtype=op.weight_dtype,
-                        m_rows=routed_tokens / vmax(hit, 1e-30))  # 0 rows in an empty step
-            ops.append(op)
-        if e.num_shared_experts:
-            ops += mlp("shared_", n_moe, e.num_shared_experts * inter)
-        ops += allreduce("allreduce_moe", n_moe)
-
-    # --- head: logits only for the last token of each sequence that samples
-    rows = shape.logit_rows
-    ops.append(Op("final_norm", "norm", 1, flops=8.0 * rows * h, weight_bytes=norm_w,
-                  act_bytes=2.0 * rows * h * ab, dtype=hdt))
-    vocab = m.vocab_size / (tp if lm_head_sharded else 1)
-    lm = matmul("lm_head", 1, h, vocab, quantized=prec.lm_head_quantized, tokens=rows)
-    # logits are written in fp32 for sampling
-    ops.append(Op(lm.name, lm.kind, 1, lm.flops, weight_bytes=lm.weight_bytes,
-                  act_bytes=rows * h * ab + rows * vocab * 4, dtype=lm.dtype,
-                  weight_dtype=lm.weight_dtype, m_rows=rows))
+        ops.append(_attention(s, "attention_local", n_local, local, **dims))
+    ops.append(s.matmul("o_proj", L, o_in / tp, s.h, bias=s.h if m.attention_out_bias else 0.0))
+    ops += s.allreduce("allreduce_attn", L)
     return ops
+
+
+def _gqa_projections(s: _Step) -> tuple[list[Op], int, int, int]:
+    """Q, K and V in one matmul (grouped-query attention); (ops, q.k and v head dims, width
+    into o_proj)."""
+    m = s.m
+    qkv_n = m.q_dim / s.tp + 2 * kv_heads_per_gpu(m, s.tp) * m.head_dim_
+    qkv = s.matmul("qkv_proj", m.num_layers, s.h, qkv_n,
+                   bias=qkv_n if m.attention_bias else 0.0)
+    return [qkv], m.head_dim_, m.head_dim_, m.q_dim
+
+
+def _mla_projections(s: _Step) -> tuple[list[Op], int, int, int]:
+    """Multi-head latent attention (DeepSeek-V2/V3) as vLLM runs it; (ops, q.k and v head
+    dims in the latent space, width into o_proj)."""
+    m, a, L = s.m, s.m.mla, s.m.num_layers
+    qk_head = a.qk_nope_head_dim + a.qk_rope_head_dim
+    # the down-projections are small and replicated on every rank (as in vLLM)
+    q_down = a.q_lora_rank or 0
+    ops = [s.matmul("mla_down_proj", L, s.h, q_down + a.kv_lora_rank + a.qk_rope_head_dim)]
+    if a.q_lora_rank:
+        ops.append(s.matmul("mla_q_up_proj", L, a.q_lora_rank, s.heads * qk_head))
+    else:
+        ops.append(s.matmul("q_proj", L, s.h, s.heads * qk_head))
+    # kv_b_proj, absorbed into the query (nope part) and the output (v part): the same
+    # weights and 2 x T x params FLOPs whether absorbed (decode) or not (prefill)
+    ops.append(s.matmul("mla_kv_up_proj", L, a.kv_lora_rank,
+                        s.heads * (a.qk_nope_head_dim + a.v_head_dim)))
+    # absorbed attention works in the latent space: scores over kv_lora + rope dims,
+    # values are the latent itself
+    return (ops, a.kv_lora_rank + a.qk_rope_head_dim, a.kv_lora_rank,
+            m.num_attention_heads * a.v_head_dim)
+
+
+def _attention(s: _Step, name: str, count: int, sh: StepShape, *, qk_dim: int, v_dim: int,
+               kv_layer: float, group: float, attention: Literal["flash", "naive"]) -> Op:
+    """Attention of the step's queries over ``sh``'s keys: QK^T and PV, 2 x pairs x (qk + v)
+    FLOPs a head; each sequence reads its cache once."""
+    T, heads, ab = s.T, s.heads, s.ab
+    flops = 2.0 * heads * sh.attn_pairs * (qk_dim + v_dim)
+    kv = sh.kv_read_tokens * kv_layer  # each sequence reads its cache once
+    act = 2.0 * T * heads * (qk_dim + v_dim) * ab  # q in, out out
+    if attention == "naive":
+        # the [new, past+new] score matrix and its softmax, written and read once each
+        act += 4.0 * heads * sh.score_elems * ab
+    return Op(name, "attention", count, flops=flops, kv_bytes=kv, act_bytes=act, dtype=s.hdt,
+              kv_group=group)
+
+
+def _mlp_ops(s: _Step) -> list[Op]:
+    """The MLP blocks: the dense layers', then the mixture-of-experts layers'."""
+    m, ops = s.m, []
+    if m.num_dense_layers:
+        ops += s.mlp("mlp_", m.num_dense_layers, m.intermediate_size / s.tp)
+        ops += s.allreduce("allreduce_mlp", m.num_dense_layers)
+    if m.moe is not None:
+        ops += _moe_ops(s)
+    return ops
+
+
+def _moe_ops(s: _Step) -> list[Op]:
+    """The router, the routed experts (each token's top k; the weights of every expert the
+    step reaches are read), any shared experts, and the all-reduce."""
+    e, n_moe, T = s.m.moe, s.m.num_moe_layers, s.T
+    ops = [s.matmul("moe_router", n_moe, s.h, e.num_experts, quantized=False,
+                    bias=e.num_experts if e.router_bias else 0.0)]
+    inter = e.expert_intermediate_size / s.tp
+    hit = expected_distinct_experts(e.num_experts, e.experts_per_token, T)
+    routed_tokens = T * e.experts_per_token
+    for op in s.mlp("experts_", n_moe, inter, tokens=routed_tokens,
+                    biased=s.m.mlp_bias or e.expert_bias):
+        if op.kind == "matmul":  # weights of every expert the batch reaches
+            op = Op(op.name, op.kind, op.count, op.flops, weight_bytes=op.weight_bytes * hit,
+                    act_bytes=op.act_bytes, dtype=op.dtype, weight_dtype=op.weight_dtype,
+                    m_rows=routed_tokens / vmax(hit, 1e-30))  # 0 rows in an empty step
+        ops.append(op)
+    if e.num_shared_experts:
+        ops += s.mlp("shared_", n_moe, e.num_shared_experts * inter)
+    ops += s.allreduce("allreduce_moe", n_moe)
+    return ops
+
+
+def _head_ops(s: _Step, rows: float, lm_head_sharded: bool) -> list[Op]:
+    """The final norm and the lm_head, only for the last token of each of the ``rows``
+    sequences that sample this step."""
+    h = s.h
+    norm = Op("final_norm", "norm", 1, flops=8.0 * rows * h, weight_bytes=s.norm_w,
+              act_bytes=2.0 * rows * h * s.ab, dtype=s.hdt)
+    vocab = s.m.vocab_size / (s.tp if lm_head_sharded else 1)
+    lm = s.matmul("lm_head", 1, h, vocab, quantized=s.prec.lm_head_quantized, tokens=rows)
+    # logits are written in fp32 for sampling
+    return [norm, Op(lm.name, lm.kind, 1, lm.flops, weight_bytes=lm.weight_bytes,
+                     act_bytes=rows * h * s.ab + rows * vocab * 4, dtype=lm.dtype,
+                     weight_dtype=lm.weight_dtype, m_rows=rows)]
 
 
 def decode_ops(m: ModelSpec, prec: Precision, *, batch: int, context_tokens: int, tp: int = 1,

@@ -266,10 +266,6 @@ class ModelSpec(_Frozen):
         return sum(self.layer_is_sliding)
 
     @property
-    def num_full_layers(self) -> int:
-        return self.num_layers - self.num_sliding_layers
-
-    @property
     def head_dim_(self) -> int:
         return self.head_dim or self.hidden_size // self.num_attention_heads
 

@@ -84,11 +84,14 @@ def _measured(run: ServedRun) -> dict[str, float]:
 
 
 class _Predictor:
-    """Predictions of the runs for an engine spec, cached by parameter values."""
+    """Predictions of the runs for an engine spec, cached by parameter values and run, and
+    simulated only for the runs asked about (a leave-one-out fit never simulates the run it
+    leaves out)."""
 
     def __init__(self, base: Deployment, spec: EngineSpec, runs: list[ServedRun]):
         self.base, self.spec, self.runs = base, spec, runs
-        self._cache: dict[tuple, list[dict[str, float]]] = {}
+        self._cache: dict[tuple[tuple, int], dict[str, float]] = {}
+        self._setup: tuple[tuple, Setup] | None = None  # the last values' setup
 
     def setup(self, values: dict[str, float]) -> Deployment:
         spec = set_params(self.spec, values) if values else self.spec
@@ -96,29 +99,31 @@ class _Predictor:
         prep = prepare(b.hardware, b.precision, None, b.options, spec.model())
         return replace(b, prepared=prep)
 
-    def predict(self, values: dict[str, float]) -> list[dict[str, float]]:
+    def predict_run(self, values: dict[str, float], i: int) -> dict[str, float]:
         key = tuple(sorted(values.items()))
-        got = self._cache.get(key)
+        got = self._cache.get((key, i))
         if got is None:
-            s = self.setup(values)
-            got = []
-            for run in self.runs:
-                short = run if run.num_prompts <= FIT_MAX_REQUESTS else replace(
-                    run, num_prompts=FIT_MAX_REQUESTS)
-                sim, _ = simulate_run(short, s)
-                got.append({k: sim[v] / (1e3 if v.endswith("_ms") else 1.0)
-                            for k, v in FIT_METRICS.items()
-                            if sim.get(v) is not None and math.isfinite(sim[v])})
-            self._cache[key] = got
+            if self._setup is None or self._setup[0] != key:
+                self._setup = (key, self.setup(values))
+            run = self.runs[i]
+            short = run if run.num_prompts <= FIT_MAX_REQUESTS else replace(
+                run, num_prompts=FIT_MAX_REQUESTS)
+            sim, _ = simulate_run(short, self._setup[1])
+            got = {k: sim[v] / (1e3 if v.endswith("_ms") else 1.0)
+                   for k, v in FIT_METRICS.items()
+                   if sim.get(v) is not None and math.isfinite(sim[v])}
+            self._cache[(key, i)] = got
         return got
 
+    def predict(self, values: dict[str, float]) -> list[dict[str, float]]:
+        return [self.predict_run(values, i) for i in range(len(self.runs))]
+
     def residuals(self, values: dict[str, float], idx: list[int]) -> list[float]:
-        preds = self.predict(values)
         out = []
         for i in idx:
-            meas = _measured(self.runs[i])
-            for k, v in meas.items():
-                p = preds[i].get(k)
+            pred = self.predict_run(values, i)
+            for k, v in _measured(self.runs[i]).items():
+                p = pred.get(k)
                 if p:
                     out.append(math.log(p / v))
         return out
@@ -175,7 +180,7 @@ def calibrate(runs: list[ServedRun], base: Deployment, spec: EngineSpec, *, name
     if leave_one_out and len(runs) > 1 and free:
         for i in idx:
             others = [j for j in idx if j != i]
-            held[i] = pred.predict(_fit(pred, free, others, sweeps=sweeps, tol=tol))[i]
+            held[i] = pred.predict_run(_fit(pred, free, others, sweeps=sweeps, tol=tol), i)
     before = pred.predict({})
     after = pred.predict(values)
     errors = []

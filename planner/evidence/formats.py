@@ -27,8 +27,6 @@ from typing import Any
 from planner.core.errors import LlmplanError
 from planner.evidence.runs import LATENCIES, METRIC_KEYS, THROUGHPUTS, ServedRun
 
-FORMATS = ("vllm-bench-serve", "sglang-bench-serving", "guidellm", "genai-perf",
-           "llmplan-measure")
 EXPECTED = ("a vLLM `bench serve` result JSON, SGLang `bench_serving` JSONL, a guidellm "
             "benchmark report, a genai-perf profile export, or `llmplan measure` JSONL")
 

@@ -69,7 +69,21 @@ def _tp_link(hw, tp: int) -> str:
 
 
 def render_estimate(console: Console, e: Estimate, *, explain: bool = False) -> None:
-    m, hw, p, mem = e.model, e.hardware, e.precision, e.memory
+    """The estimate as `llmplan estimate` prints it: what was planned, then memory, compute,
+    roofline, timing, utilisation and cost, the notes, and with ``explain`` each step's
+    operators."""
+    _print_header(console, e)
+    for section in (_memory, _compute, _roofline, _timing, _utilisation, _cost):
+        console.print(section(e))
+    for n in e.notes:
+        console.print(f"[yellow]note:[/] {n}")
+    if explain:
+        _print_operators(console, e)
+
+
+def _print_header(console: Console, e: Estimate) -> None:
+    """The model, GPUs, precisions and workload; then the engine and the time model."""
+    m, hw, p = e.model, e.hardware, e.precision
     gpus = f"{e.tp} x {hw.display_name}" if e.tp > 1 else hw.display_name
     quant = (f", group {p.group_size}, {p.quantized_bytes_per_param:.4g} B/param incl. scales"
              if p.weights.value in ("int8", "int4") else
@@ -88,10 +102,13 @@ def render_estimate(console: Console, e: Estimate, *, explain: bool = False) -> 
                   f"{f' ({escape(eng.version)})' if eng.version and eng.version != '-' else ''}; "
                   f"ceilings: {e.ceilings.source}; time model: {e.options.time_model}{overlap}; "
                   f"attention: {e.options.attention}[/]")
-    per_gpu = " per GPU" if e.tp > 1 else ""
+
+
+def _memory(e: Estimate) -> Table:
+    mem = e.memory
     kc = e.kv_concurrency()
     fits = "[green]yes[/]" if mem.fits else "[red]NO[/]"
-    console.print(_section(f"Memory{per_gpu}", [
+    return _section(f"Memory{' per GPU' if e.tp > 1 else ''}", [
         ("weights", fmt.gib(mem.weights_bytes), f"{fmt.count(e.params)} params"),
         ("KV cache", fmt.gib(mem.kv_cache_bytes),
          f"{e.kv_cache_bytes_per_token / 1024:,.1f} KiB/token x {e.batch} x "
@@ -109,21 +126,29 @@ def render_estimate(console: Console, e: Estimate, *, explain: bool = False) -> 
         ("concurrency, contiguous", f"{kc.contiguous:,}",
          f"{kc.max_model_len:,} tokens reserved each; {fmt.pct(kc.contiguous_used_frac)} "
          "hold tokens"),
-    ]))
-    console.print(_section("Compute", [
+    ])
+
+
+def _compute(e: Estimate) -> Table:
+    m = e.model
+    return _section("Compute", [
         ("params", fmt.count(e.params),
          f"official {fmt.count(m.official_params)}" if m.official_params else ""),
         ("active params", fmt.count(e.active_params), "per token" if m.moe else ""),
         ("FLOPs / decoded token", fmt.si(e.decode_flops_per_token, "FLOP"),
          f"2N = {fmt.si(e.flops_per_token_2n, 'FLOP')} + attention"),
         ("prefill FLOPs", fmt.si(e.prefill_flops, "FLOP"), f"{e.batch} x {e.prompt_tokens} tokens"),
-    ]))
+    ])
+
+
+def _roofline(e: Estimate) -> Table:
+    p, mem = e.precision, e.memory
     engine_ceilings = [] if e.ideal is None else [
         ("engine's compute", fmt.si(e.ceilings.peak(p.compute_dtype), "FLOP/s"),
          e.ceilings.flops_source_of(p.compute_dtype)),
         ("engine's bandwidth", fmt.si(e.ceilings.bandwidth_bytes_per_s, "B/s"),
          e.ceilings.bandwidth_source)]
-    console.print(_section("Roofline", [
+    return _section("Roofline", [
         ("peak compute", fmt.si(e.peak_flops_per_s, "FLOP/s"),
          f"{p.compute_dtype.value}, {e.ref.source}"),
         ("peak bandwidth", fmt.si(e.ref.bandwidth_bytes_per_s, "B/s"), e.ref.source),
@@ -134,67 +159,81 @@ def render_estimate(console: Console, e: Estimate, *, explain: bool = False) -> 
         ("usable optimum", f"{e.usable_optimal_batch:,}",
          "capped by memory" if mem.max_batch < e.optimal_batch else "memory allows it"),
         ("max batch that fits", f"{mem.max_batch:,}", f"at {e.context_tokens} tokens"),
-    ]))
+    ])
+
+
+def _vs(e: Estimate, text: str, ideal: str) -> str:
+    """A row's note, with the ideal roofline's figure beside where the engine is not ideal."""
+    return text if e.ideal is None else f"{text}; ideal {ideal}"
+
+
+def _timing(e: Estimate) -> Table:
     b = e.ideal
-
-    def vs(text: str, ideal: str) -> str:
-        return text if b is None else f"{text}; ideal {ideal}"
-
-    console.print(_section("Timing" if b is None else f"Timing ({eng.name}; the ideal "
-                           "roofline beside)", [
-        ("TTFT", fmt.seconds(e.ttft_s), vs("prefill of the batch",
-                                           fmt.seconds(b.ttft_s) if b else "")),
-        ("TPOT", fmt.seconds(e.tpot_s), vs(f"decode step at {e.decode_context_tokens:,.0f} "
-                                           "tokens", fmt.seconds(b.tpot_s) if b else "")),
-        ("latency", fmt.seconds(e.latency_s), vs("TTFT + TPOT x (output - 1)",
-                                                 fmt.seconds(b.latency_s) if b else "")),
+    rows = [
+        ("TTFT", fmt.seconds(e.ttft_s), _vs(e, "prefill of the batch",
+                                            fmt.seconds(b.ttft_s) if b else "")),
+        ("TPOT", fmt.seconds(e.tpot_s), _vs(e, f"decode step at {e.decode_context_tokens:,.0f} "
+                                            "tokens", fmt.seconds(b.tpot_s) if b else "")),
+        ("latency", fmt.seconds(e.latency_s), _vs(e, "TTFT + TPOT x (output - 1)",
+                                                  fmt.seconds(b.latency_s) if b else "")),
         ("decode throughput", f"{e.throughput_tokens_per_s:,.0f} tok/s",
-         vs("batch / TPOT", f"{b.throughput_tokens_per_s:,.0f} tok/s" if b else "")),
+         _vs(e, "batch / TPOT", f"{b.throughput_tokens_per_s:,.0f} tok/s" if b else "")),
         ("end-to-end throughput", f"{e.e2e_throughput_tokens_per_s:,.0f} tok/s",
-         vs("batch x output / latency",
-            f"{b.e2e_throughput_tokens_per_s:,.0f} tok/s" if b else "")),
-    ] + ([("TP communication", fmt.seconds(e.decode.comm_s), _tp_link(hw, e.tp))]
-         if e.tp > 1 else [])
-      + ([("engine overhead", fmt.seconds(e.decode.overhead_s),
-           f"per decode step: {e.decode.kernels:,.0f} kernels + fixed "
-           f"{fmt.seconds(e.decode.fixed_s)}")] if b is not None else [])))
-    util = [
-        ("MBU", fmt.pct(e.mbu), vs("weights + KV read per step / TPOT / datasheet bandwidth",
-                                   fmt.pct(b.mbu) if b else "")),
-        ("MFU (decode)", fmt.pct(e.mfu), vs("", fmt.pct(b.mfu) if b else "").lstrip("; ")),
-        ("MFU (prefill)", fmt.pct(e.prefill_mfu),
-         vs("", fmt.pct(b.prefill_mfu) if b else "").lstrip("; ")),
+         _vs(e, "batch x output / latency",
+             f"{b.e2e_throughput_tokens_per_s:,.0f} tok/s" if b else "")),
     ]
-    if e.measured is not None:
-        mm = e.measured
-        if mm.tpot_s is not None:
-            util += [("measured TPOT", fmt.seconds(mm.tpot_s), ""),
-                     ("achieved bandwidth", fmt.si(mm.achieved_bandwidth_bytes_per_s, "B/s"), ""),
-                     ("measured MBU", fmt.pct(mm.mbu), ""),
-                     ("measured MFU", fmt.pct(mm.mfu), "")]
-        if mm.ttft_s is not None:
-            util += [("measured TTFT", fmt.seconds(mm.ttft_s), ""),
-                     ("achieved prefill", fmt.si(mm.achieved_prefill_flops_per_s, "FLOP/s"), ""),
-                     ("measured prefill MFU", fmt.pct(mm.prefill_mfu), "")]
-    console.print(_section("Utilisation", util))
+    if e.tp > 1:
+        rows.append(("TP communication", fmt.seconds(e.decode.comm_s), _tp_link(e.hardware, e.tp)))
+    if b is not None:
+        rows.append(("engine overhead", fmt.seconds(e.decode.overhead_s),
+                     f"per decode step: {e.decode.kernels:,.0f} kernels + fixed "
+                     f"{fmt.seconds(e.decode.fixed_s)}"))
+    title = "Timing" if b is None else f"Timing ({e.engine.name}; the ideal roofline beside)"
+    return _section(title, rows)
+
+
+def _utilisation(e: Estimate) -> Table:
+    b = e.ideal
+    util = [
+        ("MBU", fmt.pct(e.mbu), _vs(e, "weights + KV read per step / TPOT / datasheet bandwidth",
+                                    fmt.pct(b.mbu) if b else "")),
+        ("MFU (decode)", fmt.pct(e.mfu), _vs(e, "", fmt.pct(b.mfu) if b else "").lstrip("; ")),
+        ("MFU (prefill)", fmt.pct(e.prefill_mfu),
+         _vs(e, "", fmt.pct(b.prefill_mfu) if b else "").lstrip("; ")),
+    ]
+    mm = e.measured
+    if mm is not None and mm.tpot_s is not None:
+        util += [("measured TPOT", fmt.seconds(mm.tpot_s), ""),
+                 ("achieved bandwidth", fmt.si(mm.achieved_bandwidth_bytes_per_s, "B/s"), ""),
+                 ("measured MBU", fmt.pct(mm.mbu), ""),
+                 ("measured MFU", fmt.pct(mm.mfu), "")]
+    if mm is not None and mm.ttft_s is not None:
+        util += [("measured TTFT", fmt.seconds(mm.ttft_s), ""),
+                 ("achieved prefill", fmt.si(mm.achieved_prefill_flops_per_s, "FLOP/s"), ""),
+                 ("measured prefill MFU", fmt.pct(mm.prefill_mfu), "")]
+    return _section("Utilisation", util)
+
+
+def _cost(e: Estimate) -> Table:
     cost = e.cost_usd_per_million_output_tokens
-    console.print(_section("Cost", [
+    return _section("Cost", [
         ("price", fmt.usd(e.price_usd_per_gpu_hour) + "/GPU-h" if e.price_usd_per_gpu_hour
          else "n/a", e.price_source or "no price in hardware_db: pass --price-per-hour"),
         ("per 1M output tokens", fmt.usd(cost), "end-to-end throughput" if cost else ""),
-    ]))
-    for n in e.notes:
-        console.print(f"[yellow]note:[/] {n}")
-    if explain:
-        console.print(operator_table("Decode step operators", e.decode, console.width))
-        console.print(operator_table("Prefill operators", e.prefill, console.width))
-        c = e.ceilings
-        console.print(f"[dim]eff BW, eff FLOP: the engine's efficiency ({eng.name}) times the "
-                      f"ceilings: bandwidth {fmt.si(c.bandwidth_bytes_per_s, 'B/s')} "
-                      f"({c.bandwidth_source}), {p.compute_dtype.value} "
-                      f"{fmt.si(c.peak(p.compute_dtype), 'FLOP/s')} "
-                      f"({c.flops_source_of(p.compute_dtype)}); kernels: per step, each "
-                      f"paying the engine's per-kernel cost; fixed: the engine's per-step cost[/]")
+    ])
+
+
+def _print_operators(console: Console, e: Estimate) -> None:
+    """--explain: each step's operators, and what their efficiency columns mean."""
+    p, c = e.precision, e.ceilings
+    console.print(operator_table("Decode step operators", e.decode, console.width))
+    console.print(operator_table("Prefill operators", e.prefill, console.width))
+    console.print(f"[dim]eff BW, eff FLOP: the engine's efficiency ({e.engine.name}) times the "
+                  f"ceilings: bandwidth {fmt.si(c.bandwidth_bytes_per_s, 'B/s')} "
+                  f"({c.bandwidth_source}), {p.compute_dtype.value} "
+                  f"{fmt.si(c.peak(p.compute_dtype), 'FLOP/s')} "
+                  f"({c.flops_source_of(p.compute_dtype)}); kernels: per step, each "
+                  f"paying the engine's per-kernel cost; fixed: the engine's per-step cost[/]")
 
 
 def operator_table(title: str, step: StepTime, width: int = 200) -> Table:
