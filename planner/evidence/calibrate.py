@@ -91,7 +91,7 @@ class _Predictor:
     def __init__(self, base: Deployment, spec: EngineSpec, runs: list[ServedRun]):
         self.base, self.spec, self.runs = base, spec, runs
         self._cache: dict[tuple[tuple, int], dict[str, float]] = {}
-        self._setup: tuple[tuple, Setup] | None = None  # the last values' setup
+        self._setup: tuple[tuple, Deployment] | None = None  # the last values' deployment
 
     def setup(self, values: dict[str, float]) -> Deployment:
         spec = set_params(self.spec, values) if values else self.spec
