@@ -37,79 +37,22 @@ import heapq
 import math
 from collections import deque
 from dataclasses import dataclass, field, replace
-from typing import Literal
 
 from planner.core.errors import UsageError
 from planner.core.ops import StepShape, window_pairs
+from planner.serving.config import SchedulerConfig
 from planner.serving.cost import StepCoster
+from planner.serving.requests import RequestResult, RequestState, SimRequest
 from planner.serving.speculation import SpecServing
 from planner.serving.traffic import Request
 
+__all__ = ["RequestResult", "SchedulerConfig", "SimResult", "kv_capacity_tokens", "simulate"]
 
-@dataclass(frozen=True)
-class SchedulerConfig:
-    kind: Literal["continuous", "static", "dynamic"] = "continuous"
-    max_num_seqs: int = 256  # vLLM's default
-    max_num_batched_tokens: int = 8192  # vLLM V1's default for serving
-    chunked_prefill: bool = True
-    kv_layout: Literal["paged", "contiguous"] = "paged"
-    block_size: int = 16  # vLLM's default
-    max_model_len: int = 131072  # the reservation of a contiguous cache
-    max_concurrency: int | None = None  # a closed loop of this many clients
-    max_wait_s: float = 0.0  # dynamic batching: how long a batch waits for more requests
-    # data-parallel ranks sharing each step (expert parallelism's attention ranks): each has
-    # its own max_num_seqs and max_num_batched_tokens, so a step holds ranks times as much,
-    # and no prefill chunk exceeds one rank's budget (left at 1, the coster's layout sets it)
-    ranks: int = 1
-
-    @classmethod
-    def for_engine(cls, e, **overrides) -> SchedulerConfig:
-        """The engine profile's own scheduler defaults (``planner.core.engine.Engine``), with any
-        field overridden."""
-        return cls(**{"max_num_seqs": e.max_num_seqs,
-                      "max_num_batched_tokens": e.max_num_batched_tokens,
-                      "block_size": e.block_size, "chunked_prefill": e.chunked_prefill,
-                      **overrides})
-
-    def check(self) -> None:
-        for name in ("max_num_seqs", "max_num_batched_tokens", "block_size", "max_model_len",
-                     "ranks"):
-            if getattr(self, name) <= 0:
-                raise UsageError(f"{name.replace('_', '-')}: must be positive")
-        if self.max_num_batched_tokens < self.max_num_seqs:
-            raise UsageError(f"max-num-batched-tokens ({self.max_num_batched_tokens}) is below "
-                             f"max-num-seqs ({self.max_num_seqs}): a step could not decode "
-                             "every running request")
-        if self.max_concurrency is not None and self.max_concurrency <= 0:
-            raise UsageError("max-concurrency: must be positive")
-        if not (self.max_wait_s >= 0 and math.isfinite(self.max_wait_s)):
-            raise UsageError(f"max-wait: must be a finite number >= 0, got {self.max_wait_s}")
-
-
-@dataclass
-class RequestResult:
-    id: int
-    arrival_s: float
-    prompt_tokens: int
-    output_tokens: int
-    first_token_s: float = math.nan
-    finish_s: float = math.nan
-    preemptions: int = 0
-
-    @property
-    def ttft_s(self) -> float:
-        return self.first_token_s - self.arrival_s
-
-    @property
-    def e2e_s(self) -> float:
-        return self.finish_s - self.arrival_s
-
-    @property
-    def tpot_s(self) -> float:
-        """vLLM's definition: (e2e - TTFT) / (output tokens - 1); nan for one token."""
-        if self.output_tokens <= 1:
-            return math.nan
-        return (self.finish_s - self.first_token_s) / (self.output_tokens - 1)
+PREEMPTED, PREFILLING, PREFILLED = (RequestState.PREEMPTED, RequestState.PREFILLING,
+                                    RequestState.PREFILLED)
+DECODING, PADDING_PREFILLED, PADDING, FINISHED = (RequestState.DECODING,
+                                                  RequestState.PADDING_PREFILLED,
+                                                  RequestState.PADDING, RequestState.FINISHED)
 
 
 @dataclass
@@ -130,22 +73,6 @@ class SimResult:
     preemptions: int = 0
     arrived: int = 0
     in_flight: int = 0
-
-
-@dataclass
-class _Req:
-    r: RequestResult
-    target: int  # tokens to prefill (prompt, or prompt + generated after a preemption)
-    computed: int = 0
-    generated: int = 0
-    reserved: int = 0  # KV tokens reserved: blocks x block_size, or max_model_len
-    admitted: int = 0  # admission stamp: the newest is preempted first
-    # decode phase, in aggregate: cache c0 and generated g0 when joining at global step G0
-    c0: int = 0
-    g0: int = 0
-    G0: int = 0
-    state: str = "waiting"  # waiting, prefill, decode, done
-    finish_G: int = 0
 
 
 @dataclass
@@ -200,7 +127,7 @@ def simulate(requests: list[Request], coster: StepCoster, cfg: SchedulerConfig, 
                          f"({capacity} tokens); use more GPUs (--tp) or a smaller precision")
     results = [RequestResult(q.id, q.arrival_s, q.prompt_tokens, q.output_tokens)
                for q in requests]
-    reqs = [_Req(r, target=r.prompt_tokens) for r in results]
+    reqs = [SimRequest.of(r) for r in results]
     for q in reqs:
         need = _reserve_tokens(cfg, q.r.prompt_tokens + q.r.output_tokens + k1 - 1)
         if need > capacity:
@@ -214,12 +141,12 @@ def simulate(requests: list[Request], coster: StepCoster, cfg: SchedulerConfig, 
     if closed:
         for q in pending:
             q.r.arrival_s = math.nan
-    waiting: deque[_Req] = deque()
+    waiting: deque[SimRequest] = deque()
     # admission order (prefill and decode): a dict, so a finish or a preemption is O(1) and the
     # newest is its last key
-    running: dict[int, _Req] = {}
-    prefilling: dict[int, _Req] = {}  # the running requests still prefilling, in order
-    decoding: dict[int, _Req] = {}  # the running requests decoding
+    running: dict[int, SimRequest] = {}
+    prefilling: dict[int, SimRequest] = {}  # the running requests still prefilling, in order
+    decoding: dict[int, SimRequest] = {}  # the running requests decoding
     by_id = {q.r.id: q for q in reqs}
     clients_busy = 0
     next_sample = 0.0
@@ -240,22 +167,22 @@ def simulate(requests: list[Request], coster: StepCoster, cfg: SchedulerConfig, 
             waiting.append(pending.popleft())
             res.arrived += 1
 
-    def gained(q: _Req) -> int:  # tokens a decoding request generated since it joined
+    def gained(q: SimRequest) -> int:  # tokens a decoding request generated since it joined
         if spec is None:
             return st.G - q.G0
         return min(int(per_step * (st.G - q.G0) + 1e-9), q.r.output_tokens - q.g0)
 
-    def context(q: _Req) -> int:  # KV tokens cached for a decoding request
+    def context(q: SimRequest) -> int:  # KV tokens cached for a decoding request
         return q.c0 + gained(q)
 
-    def leave_decode(q: _Req) -> None:
+    def leave_decode(q: SimRequest) -> None:
         decoding.pop(q.r.id, None)
         st.n_dec -= 1
         st.sum_c0_minus_G0 -= q.c0 - q.G0
         st.bucket[(q.c0 - q.G0) % bs] -= 1
 
-    def join_decode(q: _Req) -> None:
-        q.state = "decode"
+    def join_decode(q: SimRequest) -> None:
+        q.state = DECODING
         q.c0, q.g0, q.G0 = q.computed, q.generated, st.G
         left = q.r.output_tokens - q.generated
         if spec is None:
@@ -271,27 +198,27 @@ def simulate(requests: list[Request], coster: StepCoster, cfg: SchedulerConfig, 
         st.bucket[(q.c0 - q.G0) % bs] += 1
         heapq.heappush(st.heap, (q.finish_G, q.admitted, q.r.id))
 
-    def release(q: _Req) -> None:
-        if q.state == "decode" and cfg.kind == "continuous" and spec is None:
+    def release(q: SimRequest) -> None:
+        if q.state is DECODING and cfg.kind == "continuous" and spec is None:
             # a decoder's blocks grew in aggregate: it holds whole blocks of its context
             q.reserved = _reserve_tokens(cfg, context(q))
         st.free_tokens += q.reserved
         q.reserved = 0
 
-    def preempt(q: _Req) -> None:
+    def preempt(q: SimRequest) -> None:
         del running[q.r.id]
         prefilling.pop(q.r.id, None)
         release(q)
-        if q.state == "decode":
+        if q.state is DECODING:
             q.generated = q.g0 + gained(q)
             leave_decode(q)  # its heap entry goes stale: the state check skips it
-        q.state, q.computed = "waiting", 0
+        q.state, q.computed = PREEMPTED, 0
         q.target = q.r.prompt_tokens + q.generated
         q.r.preemptions += 1
         res.preemptions += 1
         waiting.appendleft(q)
 
-    def ensure(q: _Req, tokens: int) -> bool:
+    def ensure(q: SimRequest, tokens: int) -> bool:
         """Reserve KV for ``q`` to hold ``tokens``; preempt the newest others if needed."""
         need = _reserve_tokens(cfg, tokens) - q.reserved
         while need > st.free_tokens:
@@ -303,7 +230,7 @@ def simulate(requests: list[Request], coster: StepCoster, cfg: SchedulerConfig, 
         q.reserved += max(need, 0)
         return True
 
-    def admit(q: _Req, tokens: int) -> bool:
+    def admit(q: SimRequest, tokens: int) -> bool:
         """Move the head of the queue into the running set, reserving KV for ``tokens``."""
         need = _reserve_tokens(cfg, tokens)
         if need > st.free_tokens:
@@ -312,24 +239,24 @@ def simulate(requests: list[Request], coster: StepCoster, cfg: SchedulerConfig, 
         st.free_tokens -= need
         q.reserved = need
         st.stamp += 1
-        q.admitted, q.state = st.stamp, "prefill"
+        q.admitted, q.state = st.stamp, PREFILLING
         running[q.r.id] = q
         prefilling[q.r.id] = q
         return True
 
-    def finish(q: _Req, now: float) -> None:
+    def finish(q: SimRequest, now: float) -> None:
         nonlocal done, clients_busy
         del running[q.r.id]
         prefilling.pop(q.r.id, None)
         release(q)  # while its state still says how much it holds
-        q.state = "done"
+        q.state = FINISHED
         q.r.finish_s = now
         done += 1
         if closed:
             clients_busy -= 1
 
     arrive(0.0)
-    static_batch: list[_Req] = []
+    static_batch: list[SimRequest] = []
     while done < n:
         if res.steps >= max_steps:
             raise UsageError(f"the simulation did not finish within {max_steps:,} steps")
@@ -341,7 +268,7 @@ def simulate(requests: list[Request], coster: StepCoster, cfg: SchedulerConfig, 
             continue
         # ---------------------------------------------------------------- schedule
         budget = cfg.max_num_batched_tokens * cfg.ranks
-        chunks: list[tuple[_Req, int]] = []
+        chunks: list[tuple[SimRequest, int]] = []
         batched = cfg.kind != "continuous"  # static or dynamic: whole batches
         if cfg.kind == "dynamic" and not static_batch and waiting and \
                 len(waiting) < seqs_cap and \
@@ -496,12 +423,12 @@ def simulate(requests: list[Request], coster: StepCoster, cfg: SchedulerConfig, 
         while st.heap and st.heap[0][0] <= st.G:
             fg, _, rid = heapq.heappop(st.heap)
             q = by_id[rid]
-            if q.state != "decode" or q.finish_G != fg:
+            if q.state is not DECODING or q.finish_G != fg:
                 continue  # stale: preempted and rejoined since
             q.generated = q.r.output_tokens
             q.computed = context(q)
             if batched:
-                q.state = "padding"  # decodes on until the batch's longest is done
+                q.state = PADDING  # decodes on until the batch's longest is done
                 st.padding += 1
                 q.r.finish_s = st.t
                 done += 1
@@ -519,9 +446,9 @@ def simulate(requests: list[Request], coster: StepCoster, cfg: SchedulerConfig, 
             if math.isnan(q.r.first_token_s):
                 q.r.first_token_s = st.t
             if batched:
-                q.state = "prefilled"  # decodes start when the whole batch is prefilled
+                q.state = PREFILLED  # decodes start when the whole batch is prefilled
                 if q.generated >= q.r.output_tokens:
-                    q.state = "padding-prefilled"
+                    q.state = PADDING_PREFILLED
                     q.r.finish_s = st.t
                     done += 1
                     if closed:
@@ -531,22 +458,22 @@ def simulate(requests: list[Request], coster: StepCoster, cfg: SchedulerConfig, 
             else:
                 join_decode(q)
         if batched and static_batch:
-            if all(q.state != "prefill" for q in static_batch) and not st.n_dec and any(
-                    q.state == "prefilled" for q in static_batch):
+            if all(q.state is not PREFILLING for q in static_batch) and not st.n_dec and any(
+                    q.state is PREFILLED for q in static_batch):
                 for q in static_batch:  # the whole batch decodes together from here
-                    if q.state == "prefilled":
+                    if q.state is PREFILLED:
                         join_decode(q)
-                    elif q.state == "padding-prefilled":  # one token only: pads along
+                    elif q.state is PADDING_PREFILLED:  # one token only: pads along
                         join_decode(q)
-                        q.state = "padding"  # its heap entry is skipped as stale
+                        q.state = PADDING  # its heap entry is skipped as stale
                         st.padding += 1
-            if all(q.state.startswith("padding") for q in static_batch):
+            if all(q.state.finished for q in static_batch):
                 for q in static_batch:  # the batch's longest is done: free it all
-                    if q.state == "padding":
+                    if q.state is PADDING:
                         leave_decode(q)
                     del running[q.r.id]
                     release(q)
-                    q.state = "done"
+                    q.state = FINISHED
                 st.padding = 0
                 static_batch = []
         arrive(st.t)
