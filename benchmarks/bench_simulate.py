@@ -1,7 +1,9 @@
 """Speed of the serving simulator: 100,000 requests of 1024 in / 256 out, all at t = 0,
-Llama-3.1-8B on one H100 with the vLLM profile (issue: at most 2 s on one core).
+Llama-3.1-8B on one H100 with the vLLM profile (issue: at most 2 s on one core), under
+continuous batching; then the same stream under static batching, and a smaller one (the
+speculative pool tracks each decoding request, O(running) a step) with n-gram speculation.
 
-    python benchmarks/bench_simulate.py [--requests 100000]
+    python benchmarks/bench_simulate.py [--requests 100000] [--spec-requests 5000]
 """
 
 from __future__ import annotations
@@ -16,20 +18,24 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from planner.core.estimate import prepare  # noqa: E402
 from planner.core.specs import Options, Precision  # noqa: E402
 from planner.io import catalog  # noqa: E402
+from planner.layouts.speculation import SpecConfig  # noqa: E402
 from planner.serving.cost import StepCoster  # noqa: E402
 from planner.serving.metrics import summary  # noqa: E402
 from planner.serving.sim import SchedulerConfig, simulate  # noqa: E402
+from planner.serving.speculation import spec_serving  # noqa: E402
 from planner.serving.traffic import synthetic  # noqa: E402
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--requests", type=int, default=100_000)
+    ap.add_argument("--spec-requests", type=int, default=5_000)
     args = ap.parse_args()
     m, hw = catalog.load_model("llama-3.1-8b"), catalog.load_hardware("h100-sxm")
     eng = catalog.load_engine("vllm")
     opts = Options()
-    coster = StepCoster(m, hw, prepare(hw, Precision(), None, opts, eng), opts)
+    prep = prepare(hw, Precision(), None, opts, eng)
+    coster = StepCoster(m, hw, prep, opts)
     t0 = time.perf_counter()
     reqs = synthetic(args.requests, prompt_tokens=1024, output_tokens=256)
     t1 = time.perf_counter()
@@ -40,6 +46,19 @@ def main() -> None:
     print(f"{args.requests:,} requests, {res.steps:,} steps: traffic {t1 - t0:.2f} s, "
           f"simulation {t2 - t1:.2f} s, summary {t3 - t2:.2f} s; total {t3 - t0:.2f} s "
           f"(target <= 2 s); {s['request_throughput']:.1f} req/s simulated")
+    t0 = time.perf_counter()
+    res = simulate(reqs, coster, SchedulerConfig(kind="static"))
+    t1 = time.perf_counter()
+    print(f"static batching: {args.requests:,} requests, {res.steps:,} steps: simulation "
+          f"{t1 - t0:.2f} s; {summary(res)['request_throughput']:.1f} req/s simulated")
+    spec = spec_serving(m, hw, prep, opts, tp=1, cfg=SpecConfig("ngram", 3, 0.6))
+    reqs = synthetic(args.spec_requests, prompt_tokens=1024, output_tokens=256)
+    t0 = time.perf_counter()
+    res = simulate(reqs, coster, SchedulerConfig(), spec=spec)
+    t1 = time.perf_counter()
+    print(f"n-gram speculation (k 3, acceptance 0.6): {args.spec_requests:,} requests, "
+          f"{res.steps:,} steps: simulation {t1 - t0:.2f} s; "
+          f"{summary(res)['request_throughput']:.1f} req/s simulated")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,53 @@
+"""The scheduler's settings, named and defaulted as vLLM's engine arguments name them.
+
+``kind`` picks the batching policy (``planner.serving.schedulers``), ``kv_layout`` the KV pool
+(``planner.serving.kv``). Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+from planner.core.errors import UsageError
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    kind: Literal["continuous", "static", "dynamic"] = "continuous"
+    max_num_seqs: int = 256  # vLLM's default
+    max_num_batched_tokens: int = 8192  # vLLM V1's default for serving
+    chunked_prefill: bool = True
+    kv_layout: Literal["paged", "contiguous"] = "paged"
+    block_size: int = 16  # vLLM's default
+    max_model_len: int = 131072  # the reservation of a contiguous cache
+    max_concurrency: int | None = None  # a closed loop of this many clients
+    max_wait_s: float = 0.0  # dynamic batching: how long a batch waits for more requests
+    # data-parallel ranks sharing each step (expert parallelism's attention ranks): each has
+    # its own max_num_seqs and max_num_batched_tokens, so a step holds ranks times as much,
+    # and no prefill chunk exceeds one rank's budget (left at 1, the coster's layout sets it)
+    ranks: int = 1
+
+    @classmethod
+    def for_engine(cls, e, **overrides) -> SchedulerConfig:
+        """The engine profile's own scheduler defaults (``planner.core.engine.Engine``), with any
+        field overridden."""
+        return cls(**{"max_num_seqs": e.max_num_seqs,
+                      "max_num_batched_tokens": e.max_num_batched_tokens,
+                      "block_size": e.block_size, "chunked_prefill": e.chunked_prefill,
+                      **overrides})
+
+    def check(self) -> None:
+        for name in ("max_num_seqs", "max_num_batched_tokens", "block_size", "max_model_len",
+                     "ranks"):
+            if getattr(self, name) <= 0:
+                raise UsageError(f"{name.replace('_', '-')}: must be positive")
+        if self.max_num_batched_tokens < self.max_num_seqs:
+            raise UsageError(f"max-num-batched-tokens ({self.max_num_batched_tokens}) is below "
+                             f"max-num-seqs ({self.max_num_seqs}): a step could not decode "
+                             "every running request")
+        if self.max_concurrency is not None and self.max_concurrency <= 0:
+            raise UsageError("max-concurrency: must be positive")
+        if not (self.max_wait_s >= 0 and math.isfinite(self.max_wait_s)):
+            raise UsageError(f"max-wait: must be a finite number >= 0, got {self.max_wait_s}")

@@ -1,0 +1,237 @@
+"""The decoding requests of a replica, as a pool the scheduler adds to and takes from.
+
+``DecodePool`` keeps them in aggregate, so a step costs O(1) work whatever the batch: every
+decoding request gains one token per step, so after joining at the pool's decode step G0 with
+c0 tokens cached a request holds c0 + G - G0 at step G; the pool keeps their count, the sum of
+c0 - G0 (their contexts are that sum + count x G), a heap of the steps at which they finish,
+and a count per block offset ((c0 - G0) mod block_size) of those whose next token opens a new
+block, which is what a paged pool must find for a step (its reservations grow in aggregate:
+a request's own ``reserved`` is brought up to date when it leaves).
+
+``SpecDecodePool`` is the same pool under speculative decoding
+(``planner.serving.speculation``): each request takes 1 + k tokens of a step and keeps E of
+them on average, so after n steps it has generated floor(n E) (capped at its output); it
+tracks each request, O(decoding requests) a step: their contexts, the lookahead slots reserved
+ahead of each (vLLM's), and the drafter's time.
+
+Sliding-window layers: the aggregate pool costs its decoders as reading min(sum of contexts,
+count x window) keys in those layers, exact when every context is below the window or every
+one above it, and an upper bound otherwise; the speculative pool costs each exactly.
+Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+
+from planner.core.errors import UsageError
+from planner.core.ops import StepShape, window_pairs
+from planner.serving.config import SchedulerConfig
+from planner.serving.kv import KVPool
+from planner.serving.requests import RequestState, SimRequest
+from planner.serving.speculation import SpecServing
+
+_DECODING = RequestState.DECODING
+
+
+class DecodePool:
+    """Decoding requests in aggregate: a token each per step."""
+
+    __slots__ = ("kv", "G", "n", "sum_c0_minus_G0", "bucket", "bs", "heap", "padding")
+    k1 = 1  # tokens a decoding request takes of a step
+
+    def __init__(self, kv: KVPool, block_size: int):
+        self.kv = kv
+        self.G = 0  # decode steps so far
+        self.n = 0  # requests decoding
+        self.sum_c0_minus_G0 = 0
+        self.bs = block_size
+        self.bucket = [0] * block_size  # requests by (c0 - G0) mod block_size
+        self.heap: list[tuple[int, int, int, SimRequest]] = []  # (finish_G, admitted, id, q)
+        self.padding = 0  # static batching: finished requests decoding on as padding
+
+    def gained(self, q: SimRequest) -> int:
+        """Tokens ``q`` generated since it joined."""
+        return self.G - q.G0
+
+    def context(self, q: SimRequest) -> int:
+        """KV tokens cached for ``q``."""
+        return q.c0 + self.G - q.G0
+
+    def _steps_left(self, left: int) -> int:
+        return left
+
+    def join(self, q: SimRequest) -> None:
+        q.state = _DECODING
+        G = self.G
+        q.c0, q.g0, q.G0 = q.computed, q.generated, G
+        q.finish_G = G + self._steps_left(q.r.output_tokens - q.generated)
+        off = q.computed - G
+        self.n += 1
+        self.sum_c0_minus_G0 += off
+        self.bucket[off % self.bs] += 1
+        heapq.heappush(self.heap, (q.finish_G, q.admitted, q.id, q))
+
+    def leave(self, q: SimRequest) -> None:
+        """``q`` stops decoding (finished or preempted); its heap entry goes stale."""
+        off = q.c0 - q.G0
+        self.n -= 1
+        self.sum_c0_minus_G0 -= off
+        self.bucket[off % self.bs] -= 1
+
+    def pop_due(self) -> SimRequest | None:
+        """A request whose last token came in the last step, or None. The caller moves it out
+        of the DECODING state before asking again (a stale entry, of a request preempted and
+        rejoined since, is skipped by its state or its finish step)."""
+        heap, G = self.heap, self.G
+        while heap and heap[0][0] <= G:
+            fg, _, _, q = heapq.heappop(heap)
+            if q.state is _DECODING and q.finish_G == fg:
+                return q
+        return None
+
+    def step(self) -> None:
+        """A decode step ran: every decoding request gained its token(s)."""
+        self.G += 1
+
+    def growth_tokens(self) -> int:
+        """KV tokens the next step's tokens need beyond what is reserved: a block for each
+        request whose next token opens one."""
+        return self.bucket[(-self.G) % self.bs] * self.kv.block_growth_tokens
+
+    def take_growth(self, grow: int) -> None:
+        """Reserve ``growth_tokens()`` for the step."""
+        self.kv.free_tokens -= grow
+
+    def settle(self, q: SimRequest) -> None:
+        """Bring ``q.reserved`` up to date (grown in aggregate) before it is released."""
+        q.reserved = self.kv.tokens_for(self.context(q))
+
+    def shape(self, window: int | None) -> tuple[list[float], list[float] | None, int]:
+        """The decoders' share of a step as the StepShape's six amounts (each adding one token
+        after its context), the same as the sliding-window layers see it (None without them),
+        and the tokens they have cached."""
+        n = self.n
+        past = self.sum_c0_minus_G0 + n * self.G
+        dec = [float(n), float(past + n), float(past + n), float(past), float(past + n),
+               float(n)]
+        if window is None:
+            return dec, None, past
+        w = min(past + n, n * window)
+        dl = [float(n), float(w), float(w), float(min(past, n * window)), float(w), float(n)]
+        return dec, dl, past
+
+    def draft_s(self, past: int, chunks: list) -> float:
+        """The drafter's time in a step: none without speculation."""
+        return 0.0
+
+
+class SpecDecodePool(DecodePool):
+    """Decoding requests under speculative decoding: 1 + k tokens each of a step, E kept."""
+
+    __slots__ = ("spec", "k1", "per_step", "members")
+
+    def __init__(self, kv: KVPool, block_size: int, spec: SpecServing):
+        super().__init__(kv, block_size)
+        self.spec = spec
+        self.k1 = spec.k + 1
+        self.per_step = spec.tokens_per_step  # E
+        self.members: dict[int, SimRequest] = {}  # in joining order
+
+    def gained(self, q: SimRequest) -> int:
+        return min(int(self.per_step * (self.G - q.G0) + 1e-9), q.r.output_tokens - q.g0)
+
+    def context(self, q: SimRequest) -> int:
+        return q.c0 + self.gained(q)
+
+    def _steps_left(self, left: int) -> int:
+        """The first step count whose floor(n E) reaches what is left."""
+        e = self.per_step
+        steps = max(0, math.ceil(left / e - 1e-9))
+        while int(e * steps + 1e-9) < left:
+            steps += 1
+        return steps
+
+    def join(self, q: SimRequest) -> None:
+        super().join(q)
+        self.members[q.id] = q
+
+    def leave(self, q: SimRequest) -> None:
+        del self.members[q.id]
+        super().leave(q)
+
+    def growth_tokens(self) -> int:
+        """Each request's lookahead: KV for its context + 1 + k tokens."""
+        kv, k1, context = self.kv, self.k1, self.context
+        return sum(max(0, kv.tokens_for(context(q) + k1) - q.reserved)
+                   for q in self.members.values())
+
+    def take_growth(self, grow: int) -> None:
+        kv, k1, context = self.kv, self.k1, self.context
+        for q in self.members.values():
+            q.reserved = max(q.reserved, kv.tokens_for(context(q) + k1))
+        kv.free_tokens -= grow
+
+    def settle(self, q: SimRequest) -> None:
+        pass  # reserved request by request, ahead of each step
+
+    def shape(self, window: int | None) -> tuple[list[float], list[float] | None, int]:
+        """As ``DecodePool.shape``, each request verifying k1 = 1 + k tokens."""
+        n, k1 = self.n, self.k1
+        ctxs = [self.context(q) for q in self.members.values()]
+        past = sum(ctxs)
+        dec = [float(n * k1), float(k1 * past + n * k1 * (k1 + 1) / 2),
+               float(past + n * k1), float(past), float(k1 * (past + n * k1)), float(n * k1)]
+        if window is None:
+            return dec, None, past
+        dl = [float(n * k1), 0.0, 0.0, 0.0, 0.0, float(n * k1)]
+        for c in ctxs:
+            span = min(c + k1, window + k1 - 1)
+            dl[1] += window_pairs(c + k1, window) - window_pairs(c, window)
+            dl[2] += span
+            dl[3] += min(c, window)
+            dl[4] += k1 * span
+        return dec, dl, past
+
+    def draft_s(self, past: int, chunks: list) -> float:
+        """The drafter's GPU time in a step: k decode steps over the decoding requests (each
+        proposing one token after its context), and the prefill of the step's prompt chunks.
+        Its sliding-window layers, if any, are costed as full ones (an upper bound)."""
+        spec, n = self.spec, self.n
+        if spec.draft is None:  # n-gram lookup: on the host
+            return 0.0
+        t = 0.0
+        if n:
+            one = StepShape(float(n), float(past + n), float(past + n), float(past),
+                            float(past + n), float(n))
+            t += spec.k * spec.draft.gpu_s(one, prefill=False)
+        if chunks:
+            shape = StepShape(float(sum(c for _, c in chunks)),
+                              float(sum(c * q.computed + c * (c + 1) / 2 for q, c in chunks)),
+                              float(sum(q.computed + c for q, c in chunks)),
+                              float(sum(q.computed for q, _ in chunks)),
+                              float(sum(c * (q.computed + c) for q, c in chunks)), 0.0)
+            t += spec.draft.gpu_s(shape, prefill=True)
+        return t
+
+
+def decode_pool(cfg: SchedulerConfig, kv: KVPool, spec: SpecServing | None) -> DecodePool:
+    """The decode pool for ``cfg``, speculating with ``spec`` (continuous batching only)."""
+    if spec is None:
+        return DecodePool(kv, cfg.block_size)
+    return SpecDecodePool(kv, cfg.block_size, spec)
+
+
+def check_spec(cfg: SchedulerConfig, spec: SpecServing | None) -> None:
+    """Speculation is simulated under continuous batching, with a step budget that holds
+    every running request's 1 + k tokens."""
+    if spec is None:
+        return
+    k1 = spec.k + 1
+    if cfg.kind != "continuous":
+        raise UsageError("speculative decoding is simulated with continuous batching only")
+    if cfg.max_num_batched_tokens < cfg.max_num_seqs * k1:
+        raise UsageError(f"max-num-batched-tokens ({cfg.max_num_batched_tokens}) is below "
+                         f"max-num-seqs ({cfg.max_num_seqs}) x {k1} tokens a speculating "
+                         "request takes of a step; lower --max-num-seqs")

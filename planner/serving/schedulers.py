@@ -1,0 +1,347 @@
+"""Batching policies, one class each over one base, as Vidur's replica schedulers
+(vidur/scheduler/replica_scheduler/) are: a new policy is a new class.
+
+A scheduler holds the queues (``waiting``, front first, preempted requests put back at the
+front; ``running`` in admission order, the newest last; ``prefilling``, those of them still
+prefilling), the KV pool (``planner.serving.kv``) and the decode pool
+(``planner.serving.decoding``). Each step the event loop (``planner.serving.sim``) asks it
+``wait_until`` (whether to idle first), ``schedule`` (the step's prefill chunks; every
+request in the decode pool decodes), and after the step ``on_step_end`` (tokens computed,
+requests done).
+
+``ContinuousScheduler`` follows vLLM's v1 scheduler (vllm/v1/core/sched/scheduler.py): each
+step spends a token budget (``max_num_batched_tokens`` per rank) on the running requests first
+(a decode takes one token, 1 + k when speculating; an unfinished prefill its next chunk), then
+admits waiting requests in arrival order while the budget, ``max_num_seqs`` and the KV cache
+allow, a long prompt getting a chunk (with chunked prefill; without it a prompt must fit the
+budget whole). KV blocks are allocated as a request's tokens reach a new block; when a step
+needs a block and none is free, the newest running request is preempted: its blocks are freed
+and it goes back to the front of the queue, to recompute its prompt and the tokens it had
+generated (vLLM's recompute preemption).
+
+``StaticScheduler`` forms a batch of up to ``max_num_seqs`` waiting requests (each reserving
+its whole length), runs their prefill, then decodes the whole batch until its longest request
+is done (finished sequences are padding), then forms the next. ``DynamicScheduler`` does the
+same, but an idle server waits up to ``max_wait_s`` after the oldest waiting request's arrival
+for the batch to fill. Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+
+from planner.core.errors import UsageError
+from planner.serving.config import SchedulerConfig
+from planner.serving.decoding import DecodePool
+from planner.serving.kv import KVPool
+from planner.serving.requests import RequestState, SimRequest
+
+Chunks = list[tuple[SimRequest, int]]  # (request, tokens it prefills this step)
+
+_DECODING = RequestState.DECODING
+_PREFILLING = RequestState.PREFILLING
+_PREFILLED = RequestState.PREFILLED
+
+
+class Scheduler:
+    """The queues, the pools and what every policy does alike."""
+
+    __slots__ = ("kv", "batch", "waiting", "running", "prefilling", "finished", "preemptions",
+                 "stamp", "token_budget", "chunk_tokens", "max_seqs", "chunked")
+
+    def __init__(self, cfg: SchedulerConfig, kv: KVPool, batch: DecodePool):
+        self.kv, self.batch = kv, batch
+        self.waiting: deque[SimRequest] = deque()
+        # dicts, so that a finish or a preemption is O(1) and the newest is the last key
+        self.running: dict[int, SimRequest] = {}
+        self.prefilling: dict[int, SimRequest] = {}
+        self.finished = 0  # requests whose every token is out
+        self.preemptions = 0
+        self.stamp = 0  # admissions so far
+        self.token_budget = cfg.max_num_batched_tokens * cfg.ranks  # a step's, all ranks'
+        self.chunk_tokens = cfg.max_num_batched_tokens  # the largest prefill chunk: a rank's
+        self.max_seqs = cfg.max_num_seqs * cfg.ranks
+        self.chunked = cfg.chunked_prefill
+
+    def wait_until(self, now: float, arrivals) -> float | None:
+        """The time to idle until before the next step; None: step now."""
+        return None
+
+    def schedule(self) -> Chunks:
+        """The prefill chunks of the next step, beside the decode pool's requests."""
+        raise NotImplementedError
+
+    def on_step_end(self, chunks: Chunks, now: float) -> None:
+        """The step ended at ``now``: the decoders due are done, the chunks computed."""
+        batch = self.batch
+        q = batch.pop_due()
+        while q is not None:
+            q.generated = q.r.output_tokens
+            q.computed = batch.context(q)
+            self._decoded(q, now)
+            q = batch.pop_due()
+        prefilling = self.prefilling
+        for q, c in chunks:
+            q.computed += c
+            if q.computed < q.target:
+                continue
+            prefilling.pop(q.id, None)
+            q.generated += 1  # the prefill's token
+            if math.isnan(q.r.first_token_s):
+                q.r.first_token_s = now
+            self._prefilled(q, now)
+
+    def _decoded(self, q: SimRequest, now: float) -> None:
+        """``q``'s last token came out of a decode step."""
+        raise NotImplementedError
+
+    def _prefilled(self, q: SimRequest, now: float) -> None:
+        """``q``'s prefill is computed, its first token out (of a recompute: the next)."""
+        raise NotImplementedError
+
+    def stuck(self) -> UsageError:
+        """Why a step found nothing to run while requests wait."""
+        q = self.waiting[0]
+        if not self.chunked and q.target > self.chunk_tokens:
+            return UsageError(f"request {q.id}'s prompt ({q.target:,} tokens) exceeds "
+                              f"max-num-batched-tokens ({self.chunk_tokens:,}) "
+                              "and chunked prefill is off")
+        return UsageError("no request could be scheduled: the KV cache cannot hold the "
+                          "next request beside those running")
+
+    def _admit(self, q: SimRequest, tokens: int) -> bool:
+        """Move the head of the queue into the running set, reserving KV for ``tokens``."""
+        if not self.kv.reserve(q, tokens):
+            return False
+        self.waiting.popleft()
+        self.stamp += 1
+        q.admitted = self.stamp
+        q.state = _PREFILLING
+        self.running[q.id] = q
+        self.prefilling[q.id] = q
+        return True
+
+    def _release(self, q: SimRequest) -> None:
+        if q.state is _DECODING:
+            self.batch.settle(q)  # while its state still says how much it holds
+        self.kv.release(q)
+
+    def _done(self, q: SimRequest, now: float) -> None:
+        q.r.finish_s = now
+        self.finished += 1
+
+
+class ContinuousScheduler(Scheduler):
+    """vLLM's continuous batching with chunked prefill and recompute preemption."""
+
+    __slots__ = ()
+
+    def schedule(self) -> Chunks:
+        batch = self.batch
+        if batch.n:
+            self._make_room_for_decodes()
+        chunks: Chunks = []
+        budget = self._continue_prefills(chunks, self.token_budget - batch.n * batch.k1)
+        self._admit_waiting(chunks, budget)
+        return chunks
+
+    def _make_room_for_decodes(self) -> None:
+        """Decodes first: reserve the blocks the decoding requests' next tokens open (their
+        1 + k slots when speculating, as vLLM's lookahead slots), preempting the newest
+        running requests until they fit."""
+        batch, kv, running = self.batch, self.kv, self.running
+        while True:
+            grow = batch.growth_tokens()
+            if grow <= kv.free_tokens or not running:
+                break
+            self._preempt(running[next(reversed(running))])
+        batch.take_growth(grow)
+
+    def _continue_prefills(self, chunks: Chunks, budget: int) -> int:
+        """Unfinished prefills continue, in admission order; returns the budget left."""
+        per_rank, chunked = self.chunk_tokens, self.chunked
+        for q in list(self.prefilling.values()):
+            if budget <= 0:
+                break
+            left = q.target - q.computed
+            cap = min(budget, per_rank)
+            chunk = min(left, cap) if chunked else (left if left <= cap else 0)
+            if chunk <= 0:
+                continue
+            if not self._ensure(q, q.computed + chunk):
+                self._preempt(q)
+                continue
+            chunks.append((q, chunk))
+            budget -= chunk
+        return budget
+
+    def _admit_waiting(self, chunks: Chunks, budget: int) -> None:
+        """Admit waiting requests in order while the budget, the seats and the KV allow."""
+        waiting, running, per_rank = self.waiting, self.running, self.chunk_tokens
+        while waiting and budget > 0 and len(running) < self.max_seqs:
+            q = waiting[0]
+            cap = min(budget, per_rank)
+            chunk = min(q.target, cap) if self.chunked else q.target
+            if chunk > cap or not self._admit(q, chunk):
+                break
+            chunks.append((q, chunk))
+            budget -= chunk
+
+    def _ensure(self, q: SimRequest, tokens: int) -> bool:
+        """Reserve KV for ``q`` to hold ``tokens``; preempt the newest others if needed."""
+        kv, running = self.kv, self.running
+        need = kv.extra_for(q, tokens)
+        while need > kv.free_tokens:
+            victim = running[next(reversed(running))]
+            if victim is q:
+                return False
+            self._preempt(victim)
+        kv.grow(q, need)
+        return True
+
+    def _preempt(self, q: SimRequest) -> None:
+        """Free ``q``'s KV and queue it first, to recompute what it had (vLLM's recompute
+        preemption)."""
+        del self.running[q.id]
+        self.prefilling.pop(q.id, None)
+        self._release(q)
+        if q.state is _DECODING:
+            q.generated = q.g0 + self.batch.gained(q)
+            self.batch.leave(q)  # its heap entry goes stale: the state check skips it
+        q.state, q.computed = RequestState.PREEMPTED, 0
+        q.target = q.r.prompt_tokens + q.generated
+        q.r.preemptions += 1
+        self.preemptions += 1
+        self.waiting.appendleft(q)
+
+    def _finish(self, q: SimRequest, now: float) -> None:
+        del self.running[q.id]
+        self.prefilling.pop(q.id, None)
+        self._release(q)
+        q.state = RequestState.FINISHED
+        self._done(q, now)
+
+    def _decoded(self, q: SimRequest, now: float) -> None:
+        self._finish(q, now)
+        self.batch.leave(q)
+
+    def _prefilled(self, q: SimRequest, now: float) -> None:
+        if q.generated >= q.r.output_tokens:
+            self._finish(q, now)
+        else:
+            self.batch.join(q)
+
+
+class StaticScheduler(Scheduler):
+    """Whole batches: prefill together, decode together until the longest is done."""
+
+    __slots__ = ("members",)
+
+    def __init__(self, cfg: SchedulerConfig, kv: KVPool, batch: DecodePool):
+        super().__init__(cfg, kv, batch)
+        self.members: list[SimRequest] = []  # the batch being served
+
+    def schedule(self) -> Chunks:
+        if not self.members:
+            self._form_batch()
+        chunks: Chunks = []
+        budget = self.token_budget - self.batch.n * self.batch.k1
+        for q in list(self.prefilling.values()):  # the batch's prompts, chunked
+            if budget <= 0:
+                break
+            chunk = min(q.target - q.computed, budget, self.chunk_tokens)
+            if chunk <= 0:
+                continue
+            chunks.append((q, chunk))
+            budget -= chunk
+        return chunks
+
+    def _form_batch(self) -> None:
+        """The next batch from what is waiting, each request reserving its whole length."""
+        waiting, members = self.waiting, self.members
+        while waiting and len(members) < self.max_seqs:
+            q = waiting[0]
+            if not self._admit(q, q.r.prompt_tokens + q.r.output_tokens):
+                break
+            members.append(q)
+
+    def _decoded(self, q: SimRequest, now: float) -> None:
+        q.state = RequestState.PADDING  # decodes on until the batch's longest is done
+        self.batch.padding += 1
+        self._done(q, now)
+
+    def _prefilled(self, q: SimRequest, now: float) -> None:
+        q.state = _PREFILLED  # decodes start when the whole batch is prefilled
+        if q.generated >= q.r.output_tokens:
+            q.state = RequestState.PADDING_PREFILLED
+            self._done(q, now)
+
+    def on_step_end(self, chunks: Chunks, now: float) -> None:
+        super().on_step_end(chunks, now)
+        members = self.members
+        if not members:
+            return
+        if not self.batch.n and any(q.state is _PREFILLED for q in members) and all(
+                q.state is not _PREFILLING for q in members):
+            self._start_decoding()
+        if all(q.state.finished for q in members):
+            self._end_batch()
+
+    def _start_decoding(self) -> None:
+        """The whole batch is prefilled: it decodes together from here."""
+        batch = self.batch
+        for q in self.members:
+            if q.state is _PREFILLED:
+                batch.join(q)
+            elif q.state is RequestState.PADDING_PREFILLED:  # one token only: pads along
+                batch.join(q)
+                q.state = RequestState.PADDING  # its heap entry is skipped as stale
+                batch.padding += 1
+
+    def _end_batch(self) -> None:
+        """The batch's longest is done: free it all."""
+        batch, running = self.batch, self.running
+        for q in self.members:
+            if q.state is RequestState.PADDING:
+                batch.leave(q)
+            del running[q.id]
+            self._release(q)
+            q.state = RequestState.FINISHED
+        batch.padding = 0
+        self.members = []
+
+
+class DynamicScheduler(StaticScheduler):
+    """Static batches that an idle server holds open for up to ``max_wait_s``."""
+
+    __slots__ = ("max_wait_s",)
+
+    def __init__(self, cfg: SchedulerConfig, kv: KVPool, batch: DecodePool):
+        super().__init__(cfg, kv, batch)
+        self.max_wait_s = cfg.max_wait_s
+
+    def wait_until(self, now: float, arrivals) -> float | None:
+        """Hold the batch open until it fills or its oldest request has waited max_wait_s
+        (the server cannot know that nothing more is coming)."""
+        waiting = self.waiting
+        if self.members or not waiting or len(waiting) >= self.max_seqs:
+            return None
+        deadline = waiting[0].r.arrival_s + self.max_wait_s
+        if not deadline > now:
+            return None
+        nxt = arrivals.next_s()
+        return min(deadline, nxt) if nxt == nxt else deadline  # nan: a closed loop
+
+
+SCHEDULERS: dict[str, type[Scheduler]] = {"continuous": ContinuousScheduler,
+                                          "static": StaticScheduler,
+                                          "dynamic": DynamicScheduler}
+
+
+def make_scheduler(cfg: SchedulerConfig, kv: KVPool, batch: DecodePool) -> Scheduler:
+    """The scheduler of ``cfg.kind`` over these pools."""
+    cls = SCHEDULERS.get(cfg.kind)
+    if cls is None:
+        raise UsageError(f"scheduler: {cfg.kind!r} is not one of {', '.join(SCHEDULERS)}")
+    return cls(cfg, kv, batch)

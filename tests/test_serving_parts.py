@@ -1,0 +1,272 @@
+"""The simulator's parts one at a time (planner/serving/: requests, kv, decoding, schedulers,
+arrivals, occupancy), against counts worked by hand."""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+
+import pytest
+
+from planner.core.errors import UsageError
+from planner.layouts.speculation import SpecConfig
+from planner.serving.arrivals import Arrivals, ClosedLoop
+from planner.serving.config import SchedulerConfig
+from planner.serving.decoding import DecodePool, SpecDecodePool
+from planner.serving.kv import ContiguousKV, PagedKV, kv_pool
+from planner.serving.occupancy import Occupancy
+from planner.serving.requests import RequestResult, RequestState, SimRequest
+from planner.serving.schedulers import (
+    SCHEDULERS,
+    ContinuousScheduler,
+    DynamicScheduler,
+    StaticScheduler,
+    make_scheduler,
+)
+from planner.serving.speculation import SpecServing
+
+
+def _req(i: int, prompt: int, output: int, arrival_s: float = 0.0) -> SimRequest:
+    return SimRequest.of(RequestResult(i, arrival_s, prompt, output))
+
+
+def _step(sched, now: float) -> list:
+    """One step as the event loop runs it, less the pricing."""
+    chunks = sched.schedule()
+    if sched.batch.n:
+        sched.batch.step()
+    sched.on_step_end(chunks, now)
+    return chunks
+
+
+def test_a_state_is_a_member_not_a_string():
+    with pytest.raises(AttributeError):
+        RequestState.DECODNG  # noqa: B018 (the typo a bare string let through)
+    with pytest.raises(ValueError):
+        RequestState("decode")  # the old spelling is no state
+    assert RequestState.DECODING != "decoding"
+    done = {s for s in RequestState if s.finished}
+    assert done == {RequestState.PADDING_PREFILLED, RequestState.PADDING,
+                    RequestState.FINISHED}
+
+
+def test_paged_pool_counts_whole_blocks():
+    """1,000 tokens in blocks of 16: 62 blocks (992 tokens); 17 tokens take 2 blocks, 33 take
+    3; a request that needs more than is free gets nothing."""
+    kv = PagedKV(1000, 16)
+    assert (kv.capacity_tokens, kv.num_blocks, kv.free_blocks) == (992, 62, 62)
+    a, b = _req(0, 17, 1), _req(1, 1, 1)
+    assert kv.reserve(a, 17) and a.reserved == 32 and kv.free_tokens == 960
+    assert kv.blocks(17) == 2 and kv.blocks(32) == 2 and kv.blocks(33) == 3
+    assert kv.extra_for(a, 32) == 0 and kv.extra_for(a, 33) == 16
+    kv.grow(a, kv.extra_for(a, 33))
+    assert a.reserved == 48 and kv.free_tokens == 944 and kv.reserved_tokens == 48
+    kv.grow(a, kv.extra_for(a, 20))  # holds more than 20 already: nothing changes
+    assert a.reserved == 48 and kv.free_tokens == 944
+    assert not kv.reserve(b, 945) and b.reserved == 0 and kv.free_tokens == 944
+    assert kv.reserve(b, 944) and kv.free_tokens == 0 and kv.free_blocks == 0
+    kv.release(a)
+    assert a.reserved == 0 and kv.free_tokens == 48 and kv.free_blocks == 3
+    kv.release(b)
+    assert kv.free_tokens == kv.capacity_tokens
+
+
+def test_contiguous_pool_reserves_max_model_len_whatever_the_length():
+    kv = ContiguousKV(10_000, 4096)
+    assert kv.capacity_tokens == 10_000 and kv.block_growth_tokens == 0  # no rounding
+    a, b, c = _req(0, 1, 1), _req(1, 3000, 1), _req(2, 1, 1)
+    assert kv.reserve(a, 1) and kv.reserve(b, 3000) and a.reserved == b.reserved == 4096
+    assert kv.extra_for(b, 4096) == 0 and not kv.reserve(c, 1)  # 1,808 left
+    kv.release(a)
+    assert kv.free_tokens == 10_000 - 4096
+
+
+def test_kv_pool_picks_the_layout():
+    assert isinstance(kv_pool("paged", 100, block_size=16, max_model_len=64), PagedKV)
+    assert isinstance(kv_pool("contiguous", 100, block_size=16, max_model_len=64), ContiguousKV)
+    with pytest.raises(UsageError, match="kv-layout"):
+        kv_pool("pagd", 100, block_size=16, max_model_len=64)
+
+
+def test_decode_pool_keeps_contexts_and_blocks_in_aggregate():
+    """Contexts 5, 8 and 12 (blocks of 4) with 3, 2 and 9 tokens to go: their sum grows by 3
+    a step; those at 8 and 12 open a block with their next token, the one at 5 three steps
+    later; each is due at the step its last token comes."""
+    kv = PagedKV(400, 4)
+    pool = DecodePool(kv, 4)
+    reqs = [_req(i, p, o) for i, (p, o) in enumerate([(5, 4), (8, 3), (12, 10)])]
+    for q in reqs:
+        q.computed, q.generated = q.r.prompt_tokens, 1
+        pool.join(q)
+    assert all(q.state is RequestState.DECODING for q in reqs)
+    assert [q.finish_G for q in reqs] == [3, 2, 9]
+    assert pool.shape(None)[2] == 25 and pool.growth_tokens() == 2 * 4
+    pool.step()
+    assert pool.shape(None)[2] == 28 and pool.growth_tokens() == 0
+    assert pool.pop_due() is None
+    pool.step()
+    assert [pool.context(q) for q in reqs] == [7, 10, 14]
+    assert pool.pop_due() is reqs[1]
+    reqs[1].state = RequestState.FINISHED
+    pool.leave(reqs[1])
+    assert pool.pop_due() is None
+    pool.step()
+    assert pool.growth_tokens() == 4  # the one at 5 is at 8
+    assert pool.pop_due() is reqs[0]
+    pool.leave(reqs[0])
+    assert pool.n == 1 and pool.shape(None)[2] == 15
+    pool.settle(reqs[2])  # its blocks grew in aggregate: 15 tokens in 4 blocks
+    assert reqs[2].reserved == 16
+
+
+def test_decode_pool_sliding_window_bound():
+    """Three decoders with contexts 5, 8 and 12 under a window of 6: their windowed layers
+    read min(25 + 3, 3 x 6) = 18 keys and hold min(25, 18) = 18."""
+    pool = DecodePool(PagedKV(400, 4), 4)
+    for i, c in enumerate((5, 8, 12)):
+        q = _req(i, c, 10)
+        q.computed = c
+        pool.join(q)
+    dec, dl, past = pool.shape(6)
+    assert past == 25 and dec == [3.0, 28.0, 28.0, 25.0, 28.0, 3.0]
+    assert dl == [3.0, 18.0, 18.0, 18.0, 18.0, 3.0]
+
+
+def _spec(e: float, k: int = 3) -> SpecServing:
+    return SpecServing(SpecConfig("ngram", k, 0.5), e, None, 0.0, 0.0, 2.0)
+
+
+def test_speculative_pool_keeps_e_tokens_a_step_and_reserves_lookahead():
+    """E = 2.5, k = 3: 10 tokens left take 4 steps (floor(4 x 2.5) = 10); a context of 108
+    with 1 + 3 tokens ahead fits its 7 blocks of 16 (112), and needs an 8th after one step
+    (110 + 4 = 114)."""
+    kv = PagedKV(10_000, 16)
+    pool = SpecDecodePool(kv, 16, _spec(2.5))
+    q = _req(0, 108, 11)
+    kv.reserve(q, 108)
+    q.computed, q.generated = 108, 1
+    pool.join(q)
+    assert q.finish_G == 4 and pool.k1 == 4
+    assert pool.growth_tokens() == 0
+    pool.step()
+    assert pool.gained(q) == 2 and pool.context(q) == 110 and pool.growth_tokens() == 16
+    pool.take_growth(pool.growth_tokens())
+    assert q.reserved == 128 and kv.free_tokens == kv.capacity_tokens - 128
+    pool.step()
+    pool.step()
+    assert pool.gained(q) == 7 and pool.pop_due() is None
+    pool.step()
+    assert pool.gained(q) == 10 and pool.pop_due() is q
+    pool.settle(q)  # reserved request by request: nothing to bring up to date
+    assert q.reserved == 128
+
+
+def test_newest_request_is_preempted_when_decodes_need_a_block():
+    """A pool of 4 blocks of 4 tokens, two 4-token prompts of 10 output tokens: the prefill
+    step takes a block each; the first decode step a second each (both contexts at 4); four
+    steps later both open a third, one block is left for two, so the newer is preempted,
+    to recompute its prompt and the 5 tokens it had (9), and cannot come back yet."""
+    cfg = SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=16, block_size=4)
+    kv = PagedKV(16, 4)
+    sched = ContinuousScheduler(cfg, kv, DecodePool(kv, 4))
+    a, b = _req(0, 4, 10), _req(1, 4, 10)
+    sched.waiting.extend([a, b])
+    assert _step(sched, 1.0) == [(a, 4), (b, 4)]
+    assert kv.free_tokens == 8 and a.r.first_token_s == 1.0
+    assert a.state is b.state is RequestState.DECODING
+    _step(sched, 2.0)
+    assert kv.free_tokens == 0  # a second block each
+    for t in (3.0, 4.0, 5.0):
+        _step(sched, t)
+    assert sched.preemptions == 0
+    _step(sched, 6.0)
+    assert sched.preemptions == 1 and b.r.preemptions == 1
+    assert b.state is RequestState.PREEMPTED and list(sched.waiting) == [b]
+    assert (b.target, b.computed, b.generated, b.reserved) == (9, 0, 5, 0)
+    assert list(sched.running) == [0] and kv.free_tokens == 4 and kv.reserved_tokens == 12
+
+
+def test_static_batch_decodes_until_its_longest_is_done():
+    """Outputs of 1, 2 and 4 tokens: each reserves its whole length up front, the one-token
+    request pads from its prefill, and the batch is freed only after its longest's last
+    decode step."""
+    cfg = SchedulerConfig(kind="static", max_num_seqs=8, max_num_batched_tokens=64,
+                          block_size=4)
+    kv = PagedKV(64, 4)
+    sched = StaticScheduler(cfg, kv, DecodePool(kv, 4))
+    reqs = [_req(i, 4, o) for i, o in enumerate((1, 2, 4))]
+    sched.waiting.extend(reqs)
+    _step(sched, 1.0)  # prefill: the first token of each
+    assert kv.reserved_tokens == 8 + 8 + 8 and sched.finished == 1
+    assert sched.batch.n == 3 and sched.batch.padding == 1  # the done one pads along
+    _step(sched, 2.0)
+    assert sched.finished == 2 and reqs[1].r.finish_s == 2.0
+    _step(sched, 3.0)
+    assert sched.members and kv.reserved_tokens == 24
+    _step(sched, 4.0)
+    assert sched.finished == 3 and reqs[2].r.finish_s == 4.0
+    assert not sched.members and not sched.running and kv.free_tokens == 64
+    assert all(q.state is RequestState.FINISHED for q in reqs)
+
+
+class _NextAt:
+    def __init__(self, t: float):
+        self.t = t
+
+    def next_s(self) -> float:
+        return self.t
+
+
+def test_dynamic_batching_holds_an_idle_batch_open():
+    cfg = SchedulerConfig(kind="dynamic", max_num_seqs=2, max_wait_s=0.5)
+    kv = PagedKV(1024, 16)
+    sched = DynamicScheduler(cfg, kv, DecodePool(kv, 16))
+    sched.waiting.append(_req(0, 10, 10, arrival_s=1.0))
+    assert sched.wait_until(1.0, _NextAt(1.2)) == 1.2  # the next arrival comes first
+    assert sched.wait_until(1.2, _NextAt(9.0)) == 1.5  # else until the oldest waited 0.5 s
+    assert sched.wait_until(1.2, _NextAt(math.nan)) == 1.5  # a closed loop: no next time
+    assert sched.wait_until(1.5, _NextAt(9.0)) is None  # it has waited long enough
+    sched.waiting.append(_req(1, 10, 10, arrival_s=1.1))
+    assert sched.wait_until(1.2, _NextAt(9.0)) is None  # the batch is full
+    assert StaticScheduler(cfg, kv, DecodePool(kv, 16)).wait_until(1.2, _NextAt(9.0)) is None
+
+
+def test_a_policy_is_a_class():
+    assert set(SCHEDULERS) == {"continuous", "static", "dynamic"}
+    kv = PagedKV(1024, 16)
+    for kind, cls in SCHEDULERS.items():
+        assert type(make_scheduler(SchedulerConfig(kind=kind), kv, DecodePool(kv, 16))) is cls
+    with pytest.raises(UsageError, match="scheduler"):
+        make_scheduler(SchedulerConfig(kind="orca"), kv, DecodePool(kv, 16))
+
+
+def test_arrivals_open_stream_and_closed_loop():
+    reqs = [_req(i, 1, 1, arrival_s=t) for i, t in enumerate((0.0, 0.5, 0.5, 2.0))]
+    arr, waiting = Arrivals(reqs), deque()
+    arr.arrive(0.5, waiting, 0)
+    assert [q.id for q in waiting] == [0, 1, 2] and arr.next_s() == 2.0
+    closed = ClosedLoop([_req(i, 1, 1) for i in range(5)], 2)
+    waiting = deque()
+    assert math.isnan(closed.next_s())
+    closed.arrive(0.0, waiting, 0)
+    assert [q.r.arrival_s for q in waiting] == [0.0, 0.0] and closed.arrived == 2
+    closed.arrive(1.0, waiting, 0)  # both clients busy
+    assert closed.arrived == 2
+    closed.arrive(3.0, waiting, 1)  # one done: its client sends the next
+    assert closed.arrived == 3 and waiting[-1].r.arrival_s == 3.0
+
+
+def test_occupancy_integrates_over_steps():
+    occ = Occupancy(sample_every_s=1.0)
+    occ.record(0.5, running=4, kv_held=100, kv_reserved=160, tokens_out=3)
+    occ.record(0.25, running=2, kv_held=300, kv_reserved=320, tokens_out=0)
+    assert occ.running_integral == 4 * 0.5 + 2 * 0.25
+    assert occ.kv_held_integral == 100 * 0.5 + 300 * 0.25
+    assert occ.kv_reserved_integral == 160 * 0.5 + 320 * 0.25
+    assert (occ.max_running, occ.peak_kv_held_tokens, occ.peak_kv_reserved_tokens) == \
+        (4, 300, 320)
+    assert occ.steps == 2 and occ.busy_s == 0.75 and occ.itl == [(0.5, 3)]  # padding only
+    assert occ.next_sample_s == 0.0
+    occ.sample(0.75, 2, 0, 320)
+    assert occ.samples == [(0.75, 2, 0, 320)] and occ.next_sample_s == 1.75
+    assert Occupancy().next_sample_s == math.inf
