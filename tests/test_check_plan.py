@@ -272,6 +272,7 @@ def test_continuous_plan_cli(run_cli, tmp_path):
         assert code == 2 and needle in err, (args, err)
 
 
+@pytest.mark.slow
 def test_plan_says_which_gpus_it_left_out_for_want_of_a_price(run_cli, tmp_path):
     """A GPU with no price (a hardware_db copy without its price block; H20 and Gaudi 3 have
     none in hardware_db): a plan over only such GPUs is a usage error that says so, not 'no

@@ -180,6 +180,7 @@ def test_a_hugging_face_snapshot_folder_is_a_model(run_json, run_cli, tmp_path):
     assert code == 2 and "without a config.json" in err
 
 
+@pytest.mark.slow
 def test_compute_says_what_the_matmuls_run_in(run_json, run_cli, tmp_path):
     """T4 and V100 have no bf16: int8 / int4 weights there dequantize to fp16 (--compute
     fp16), and the KV cache follows into fp16. The T4's fp16 datasheet rate is 65 TFLOP/s."""

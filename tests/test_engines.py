@@ -252,6 +252,7 @@ def test_engine_byte_accounting_changes_memory(model, gpu):
     assert math.isclose(vl.precision.quantized_bytes_per_param, 1 + 2.5 / 128)
 
 
+@pytest.mark.slow
 def test_engine_option_on_every_predicting_command(run_cli, run_json, tmp_path):
     ideal = run_json("sweep", "-m", "llama-3.1-8b", "-g", "h100-sxm", "-b", "1,64",
                      "--engine", "ideal")

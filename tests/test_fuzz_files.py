@@ -101,6 +101,7 @@ def corrupted(draw):
 
 
 # LLMPLAN_FUZZ_EXAMPLES=2000 LLMPLAN_FUZZ_RANDOM=1 explores further than CI's fixed sample.
+@pytest.mark.slow
 @settings(max_examples=int(os.environ.get("LLMPLAN_FUZZ_EXAMPLES", "150")), deadline=None,
           derandomize=not os.environ.get("LLMPLAN_FUZZ_RANDOM"),
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])

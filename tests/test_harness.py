@@ -17,6 +17,8 @@ torch = pytest.importorskip("torch")
 
 from planner.io import catalog  # noqa: E402
 
+# Each run of LLMPLAN imports torch in a new process (seconds): the tests that start one, or
+# use the calibration fixture that does, are marked slow; -m "not slow" keeps the rest.
 LLMPLAN = [sys.executable, "-m", "planner"]
 ENV = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
 
@@ -39,6 +41,7 @@ def lines(path: Path) -> list[dict]:
     return [json.loads(x) for x in path.read_text().splitlines()]
 
 
+@pytest.mark.slow
 def test_calibration_is_plausible(calibration):
     cal = catalog.load_calibration(calibration)
     assert 0.5 < cal.memory_bandwidth_gb_per_s < 5000  # any CPU from a laptop to a server
@@ -50,6 +53,7 @@ def test_calibration_is_plausible(calibration):
     assert cal.details["bandwidth"]["copy_bytes_per_s"] > 0
 
 
+@pytest.mark.slow
 def test_estimate_uses_the_calibration(calibration, run_json):
     d = run_json("estimate", "-m", "gpt2", "-g", "h100-sxm", "-p", "512",
                  "--calibration", str(calibration))
@@ -58,6 +62,7 @@ def test_estimate_uses_the_calibration(calibration, run_json):
     assert d["bandwidth_bytes_per_s"] == pytest.approx(cal.memory_bandwidth_gb_per_s * 1e9)
 
 
+@pytest.mark.slow
 def test_measure_tiny_model_for_real(calibration, tmp_path):
     out, prom = tmp_path / "m.jsonl", tmp_path / "m.prom"
     r = llmplan("measure", "-m", "tiny-llama-test", "--device", "cpu", "-b", "1,2", "-c",
@@ -87,6 +92,7 @@ def test_measure_tiny_model_for_real(calibration, tmp_path):
     assert {"device", "model", "precision", "batch", "context"} <= set(tpot[0].labels)
 
 
+@pytest.mark.slow
 def test_killed_run_keeps_lines_and_resume_completes(calibration, tmp_path):
     out = tmp_path / "k.jsonl"
     args = ["measure", "-m", "tiny-llama-test", "--device", "cpu", "-b", "1,2,3", "-c",
@@ -109,6 +115,7 @@ def test_killed_run_keeps_lines_and_resume_completes(calibration, tmp_path):
     assert after[:len(before)] == before  # finished points were kept, not redone
 
 
+@pytest.mark.slow
 def test_points_over_the_memory_cap_are_skipped(calibration, tmp_path):
     out = tmp_path / "cap.jsonl"
     r = llmplan("measure", "-m", "tiny-llama-test", "--device", "cpu", "-b", "1,64", "-c",
@@ -121,6 +128,7 @@ def test_points_over_the_memory_cap_are_skipped(calibration, tmp_path):
     assert big["status"] == "skipped" and "exceeds the 0.02 GiB cap" in big["reason"]
 
 
+@pytest.mark.slow
 def test_unsupported_precision_is_recorded(calibration, tmp_path):
     out = tmp_path / "fp8.jsonl"
     r = llmplan("measure", "-m", "tiny-llama-test", "--device", "cpu", "-b", "1", "-c", "16",
@@ -139,6 +147,7 @@ def test_unsupported_precision_is_recorded(calibration, tmp_path):
     assert rec["status"] == "skipped" and "Llama-shaped" in rec["reason"]
 
 
+@pytest.mark.slow
 def test_a_run_that_measured_nothing_exits_1(calibration, tmp_path):
     out = tmp_path / "none.jsonl"
     r = llmplan("measure", "-m", "gpt2", "--layers", "1", "--device", "cpu", "-b", "1", "-c",
@@ -148,6 +157,7 @@ def test_a_run_that_measured_nothing_exits_1(calibration, tmp_path):
     assert [x["status"] for x in lines(out)] == ["skipped"]  # the record is still written
 
 
+@pytest.mark.slow
 def test_oom_skips_larger_contexts_of_that_batch(calibration, tmp_path, monkeypatch):
     from harness import measure
     from harness.device import detect
@@ -172,6 +182,7 @@ def test_oom_skips_larger_contexts_of_that_batch(calibration, tmp_path, monkeypa
     assert len(lines(plan.out)) == 9
 
 
+@pytest.mark.slow
 def test_device_cuda_without_cuda_exits_3():
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA")
@@ -180,12 +191,14 @@ def test_device_cuda_without_cuda_exits_3():
     assert len(r.stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.slow
 def test_measure_bad_input(calibration):
     r = llmplan("measure", "-m", "mixtral-8x7b", "--device", "cpu", "--layers", "99",
                 "--calibration", str(calibration))
     assert r.returncode == 2 and "--layers: 99 exceeds" in r.stderr
 
 
+@pytest.mark.slow
 def test_report_draws_measurements(calibration, tmp_path, run_cli):
     out = tmp_path / "r.jsonl"
     r = llmplan("measure", "-m", "tiny-llama-test", "--device", "cpu", "-b", "1", "-c",
@@ -205,6 +218,7 @@ def test_report_draws_measurements(calibration, tmp_path, run_cli):
     assert (roof.series == "measured").sum() == 2
 
 
+@pytest.mark.slow
 def test_measure_output_paths_are_checked_first(tmp_path):
     for args, needle in ((["--out", str(tmp_path / "missing" / "x.jsonl")], "does not exist"),
                          (["--out", str(tmp_path)], "is a directory"),
@@ -216,6 +230,7 @@ def test_measure_output_paths_are_checked_first(tmp_path):
     assert not (tmp_path / "missing").exists()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("tail", [b'{"status": "ok", "conf', b""])
 def test_resume_cuts_a_torn_last_line_before_appending(calibration, tmp_path, tail):
     """A kill mid-write leaves a fragment; the resumed run must not append onto it (seen
@@ -248,6 +263,7 @@ def test_repair_tail_keeps_a_whole_record_without_its_newline(tmp_path):
     assert repair_tail(p) is None
 
 
+@pytest.mark.slow
 def test_resume_keeps_the_recorded_calibration(calibration, tmp_path):
     out = tmp_path / "c.jsonl"
     base = ["measure", "-m", "tiny-llama-test", "--device", "cpu", "-b", "1", "--out",
@@ -266,6 +282,7 @@ def test_resume_keeps_the_recorded_calibration(calibration, tmp_path):
     assert r.returncode == 2 and "differs from the calibration" in r.stderr
 
 
+@pytest.mark.slow
 def test_calibration_covers_only_the_measured_precisions_and_is_reused(tmp_path):
     from harness.calibrate import needed_dtypes
 
@@ -286,6 +303,7 @@ def test_calibration_covers_only_the_measured_precisions_and_is_reused(tmp_path)
     assert "calibrating" in r.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("delay_s", [0.05, 0.5, 2.0])
 def test_ctrl_c_at_any_moment_is_one_line_and_exit_130(calibration, tmp_path, delay_s):
     """Start-up (imports), calibration loading, measuring: SIGINT never prints a
@@ -308,6 +326,7 @@ def test_ctrl_c_at_any_moment_is_one_line_and_exit_130(calibration, tmp_path, de
         assert [ln for ln in err.splitlines() if ln.startswith("llmplan: interrupted")], err
 
 
+@pytest.mark.slow
 def test_each_point_records_memory_and_kernels(calibration, tmp_path):
     out = tmp_path / "mk.jsonl"
     r = llmplan("measure", "-m", "tiny-llama-test", "--device", "cpu", "-b", "2", "-c", "32",
@@ -386,6 +405,7 @@ def test_int8_without_a_kernel_is_a_recorded_skip(monkeypatch):
         decoder.Linear(64, 64, weights="int8", dtype=torch.bfloat16, device="cpu")
 
 
+@pytest.mark.slow
 def test_attention_backend_choices(calibration):
     r = llmplan("measure", "-m", "tiny-llama-test", "--device", "cpu", "--attention-backend",
                 "flash", "--calibration", str(calibration))
@@ -413,6 +433,7 @@ def test_fp8_linear_matches_its_dequantized_weights():
     assert (y.float() - ref).abs().max() / ref.abs().max() < 0.0625
 
 
+@pytest.mark.slow
 def test_a_calibration_without_the_measured_precision_is_refused(tmp_path):
     cal = tmp_path / "bf16-only.yaml"
     cal.write_text("device: cpu\nmemory_bandwidth_gb_per_s: 20\nmatmul_tflops: {bf16: 0.2}\n"
@@ -422,6 +443,7 @@ def test_a_calibration_without_the_measured_precision_is_refused(tmp_path):
     assert r.returncode == 2 and "no fp16 matmul rate" in r.stderr
 
 
+@pytest.mark.slow
 def test_gpu_validate_script_runs_end_to_end_on_cpu(tmp_path):
     """benchmarks/gpu_validate.sh with DEVICE=cpu: every step, the engines table, the
     report; then a second run resumes (nothing is measured twice)."""
@@ -441,6 +463,7 @@ def test_gpu_validate_script_runs_end_to_end_on_cpu(tmp_path):
     assert (v / "tiny-llama-test-bf16.jsonl").read_text() == first  # resumed, not redone
 
 
+@pytest.mark.slow
 def test_compiled_layer_computes_what_the_eager_one_does():
     """--mode compile (the default on CUDA) runs the same math through torch.compile: the
     logits of a decode step and of a prefill agree with eager ones, weights shared."""
@@ -460,12 +483,14 @@ def test_compiled_layer_computes_what_the_eager_one_does():
         assert torch.allclose(a, b, rtol=0.05, atol=0.05)
 
 
+@pytest.mark.slow
 def test_measure_mode_choices(calibration):
     r = llmplan("measure", "-m", "tiny-llama-test", "--device", "cpu", "--mode", "fast",
                 "--calibration", str(calibration))
     assert r.returncode == 2 and "--mode" in r.stderr
 
 
+@pytest.mark.slow
 def test_collectives_on_cpu_are_timed_and_feed_the_tp_model(tmp_path, run_json):
     """gloo across 2 processes: all-reduce and all-to-all curves, nccl-tests' bus bandwidth,
     and the fit saved in the profile, which the TP model then uses."""
@@ -529,6 +554,7 @@ def test_experts_route_each_token_to_its_top_k():
     assert ex.nbytes == 4 * (4 * 256 + 4 * 3 * 256 * 512)  # router + experts, fp32 here
 
 
+@pytest.mark.slow
 def test_measure_a_moe_model(calibration, tmp_path):
     out = tmp_path / "moe.jsonl"
     r = llmplan("measure", "-m", str(TINY_MOE), "--device", "cpu", "-b", "1,8", "-c", "32",
@@ -542,6 +568,7 @@ def test_measure_a_moe_model(calibration, tmp_path):
         assert x["measured"]["mode"] == "eager" and "MoE" in x["measured"]["mode_reason"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("details", ["{skipped: 5, device: 7}", "{skipped: [fp16], device: x}"])
 def test_a_damaged_profile_record_is_refused_or_remeasured_not_a_traceback(tmp_path, details):
     prof = tmp_path / "m.calibration.yaml"

@@ -347,7 +347,8 @@ def test_validation_measurements_are_bounded(run_cli, tmp_path):
 @pytest.mark.parametrize("args", [
     ["estimate", "-m", "llama-2-7b", "-g", "h100-sxm", "-p", "4000", "-o", "97"],
     ["sweep", "-m", "llama-3.1-8b,llama-2-7b", "-g", "h100-sxm", "-p", "512,4000", "-o", "97"],
-    ["report", "-m", "llama-2-7b", "-g", "h100-sxm", "-p", "4000", "-o", "97", "--out", "OUT"],
+    pytest.param(["report", "-m", "llama-2-7b", "-g", "h100-sxm", "-p", "4000", "-o", "97",
+                  "--out", "OUT"], marks=pytest.mark.slow),  # PNGs: seconds
     ["plan", "-m", "llama-2-7b", "-g", "h100-sxm", "-p", "4000", "-o", "97", "--ttft", "2s",
      "--tpot", "50ms", "--rps", "1", "--scheduler", "static"],
 ])

@@ -164,6 +164,7 @@ def _simulated_result(run_json, tmp_path, engine: Path, rate: str, name: str) ->
     return p
 
 
+@pytest.mark.slow
 def test_calibrate_recovers_known_parameters(run_cli, run_json, tmp_path):
     """Runs simulated with a profile whose step cost and prefill efficiency differ from
     vLLM's are fitted back from vLLM's values, and the written profile works with --engine."""
@@ -189,6 +190,7 @@ def test_calibrate_recovers_known_parameters(run_cli, run_json, tmp_path):
     assert e["engine"]["name"] == "fitted"
 
 
+@pytest.mark.slow
 def test_calibrate_reports_held_out_error(run_cli, tmp_path, monkeypatch):
     # what is checked is the report, not the fit: 40 requests a run while fitting (not up to
     # 400) still fit every run and hold each one out, in a third of the time

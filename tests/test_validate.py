@@ -91,6 +91,7 @@ def overall():
             + summarize_served(run_served(catalog.load_served()), by_source=False))
 
 
+@pytest.mark.slow
 def test_held_out_error_within_the_recorded_figures(overall):
     """CI's guard: a change that worsens held-out accuracy fails here."""
     limits = recorded_limits()
@@ -100,6 +101,7 @@ def test_held_out_error_within_the_recorded_figures(overall):
         assert held[phase].median_abs_error <= lim, (phase, held[phase].median_abs_error, lim)
 
 
+@pytest.mark.slow
 def test_engines_beat_the_ideal_roofline_on_held_out_rows(overall):
     for s in overall:
         assert s.median_abs_error < s.ideal_median_abs_error, s
