@@ -18,7 +18,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from planner.core.estimate import prepare  # noqa: E402
 from planner.core.specs import Options, Precision  # noqa: E402
 from planner.io import catalog  # noqa: E402
-from planner.layouts.speculation import SpecConfig  # noqa: E402
+from planner.layouts.speculation import SpeculationConfig  # noqa: E402
 from planner.serving.cost import StepCoster  # noqa: E402
 from planner.serving.metrics import summary  # noqa: E402
 from planner.serving.sim import SchedulerConfig, simulate  # noqa: E402
@@ -51,7 +51,7 @@ def main() -> None:
     t1 = time.perf_counter()
     print(f"static batching: {args.requests:,} requests, {res.steps:,} steps: simulation "
           f"{t1 - t0:.2f} s; {summary(res)['request_throughput']:.1f} req/s simulated")
-    spec = spec_serving(m, hw, prep, opts, tp=1, cfg=SpecConfig("ngram", 3, 0.6))
+    spec = spec_serving(m, hw, prep, opts, tp=1, cfg=SpeculationConfig("ngram", 3, 0.6))
     reqs = synthetic(args.spec_requests, prompt_tokens=1024, output_tokens=256)
     t0 = time.perf_counter()
     res = simulate(reqs, coster, SchedulerConfig(), spec=spec)

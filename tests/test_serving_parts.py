@@ -9,7 +9,7 @@ from collections import deque
 import pytest
 
 from planner.core.errors import UsageError
-from planner.layouts.speculation import SpecConfig
+from planner.layouts.speculation import SpeculationConfig
 from planner.serving.arrivals import Arrivals, ClosedLoop
 from planner.serving.config import SchedulerConfig
 from planner.serving.decoding import DecodePool, SpecDecodePool
@@ -133,7 +133,7 @@ def test_decode_pool_sliding_window_bound():
 
 
 def _spec(e: float, k: int = 3) -> SpecServing:
-    return SpecServing(SpecConfig("ngram", k, 0.5), e, None, 0.0, 0.0, 2.0)
+    return SpecServing(SpeculationConfig("ngram", k, 0.5), e, None, 0.0, 0.0, 2.0)
 
 
 def test_speculative_pool_keeps_e_tokens_a_step_and_reserves_lookahead():
