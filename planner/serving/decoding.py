@@ -59,14 +59,17 @@ class DecodePool:
         """KV tokens cached for ``q``."""
         return q.c0 + self.G - q.G0
 
-    def _steps_left(self, left: int) -> int:
+    def steps_for(self, left: int) -> int:
+        """Decode steps that generate ``left`` more tokens: one a step."""
         return left
 
     def join(self, q: SimRequest) -> None:
+        """``q``'s prefill is computed: it decodes from this step on, and is due once the
+        steps its remaining tokens take have run."""
         q.state = _DECODING
         G = self.G
         q.c0, q.g0, q.G0 = q.computed, q.generated, G
-        q.finish_G = G + self._steps_left(q.r.output_tokens - q.generated)
+        q.finish_G = G + self.steps_for(q.r.output_tokens - q.generated)
         off = q.computed - G
         self.n += 1
         self.sum_c0_minus_G0 += off
@@ -145,8 +148,8 @@ class SpecDecodePool(DecodePool):
     def context(self, q: SimRequest) -> int:
         return q.c0 + self.gained(q)
 
-    def _steps_left(self, left: int) -> int:
-        """The first step count whose floor(n E) reaches what is left."""
+    def steps_for(self, left: int) -> int:
+        """The first step count n whose floor(n E) reaches ``left``."""
         e = self.per_step
         steps = max(0, math.ceil(left / e - 1e-9))
         while int(e * steps + 1e-9) < left:

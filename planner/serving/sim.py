@@ -98,7 +98,7 @@ def simulate(requests: list[Request], coster: StepCoster, cfg: SchedulerConfig, 
     kv = _kv_pool(coster, cfg, spec)
     results = [RequestResult(q.id, q.arrival_s, q.prompt_tokens, q.output_tokens)
                for q in requests]
-    reqs = [SimRequest(r, r.id, r.prompt_tokens) for r in results]
+    reqs = [SimRequest.of(r) for r in results]
     batch = decode_pool(cfg, kv, spec)
     for q in reqs:  # its whole length, and the k slots a speculator reserves ahead
         need = kv.tokens_for(q.r.prompt_tokens + q.r.output_tokens + batch.k1 - 1)
