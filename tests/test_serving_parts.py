@@ -9,6 +9,7 @@ from collections import deque
 import pytest
 
 from planner.core.errors import UsageError
+from planner.io import catalog
 from planner.layouts.speculation import SpeculationConfig
 from planner.serving.arrivals import Arrivals, ClosedLoop
 from planner.serving.config import SchedulerConfig
@@ -270,3 +271,51 @@ def test_occupancy_integrates_over_steps():
     occ.sample(0.75, 2, 0, 320)
     assert occ.samples == [(0.75, 2, 0, 320)] and occ.next_sample_s == 1.75
     assert Occupancy().next_sample_s == math.inf
+
+
+# A stream that once made the continuous scheduler loop until its step limit: Llama-3.1-8B on an
+# L4 with two data-parallel ranks and a 192-token step budget. Making room for one unfinished
+# prefill preempted a newer one later in the same pass, which then got a chunk and KV blocks
+# while it sat in the waiting queue: the blocks leaked, the pool filled, nothing could run.
+LEAK_STREAM = [
+    (0.0486290898793247, 3763, 740), (0.12717062479997945, 2281, 649),
+    (0.15084104216400188, 1262, 695), (0.15084104216400188, 4465, 591),
+    (0.16271773929699065, 2682, 855), (1.7385179747680515, 4351, 341),
+    (2.7306987183059146, 2356, 132), (5.218685853703357, 276, 268),
+    (5.239784913524398, 400, 586), (7.983871510572307, 1510, 262),
+    (8.012661872886051, 1180, 657), (12.62700179275063, 2996, 866),
+    (12.814769645115959, 853, 550), (14.551686152605612, 46, 708),
+    (16.2974030709178, 2683, 725), (16.642258078439394, 3084, 842),
+    (16.66886453313215, 2942, 442), (17.46476487455101, 168, 860),
+    (17.46476487455101, 684, 427), (18.147489162895223, 603, 757),
+    (18.196466307135687, 2611, 383), (18.21770444768504, 2418, 239),
+    (18.231214261295026, 2262, 167), (18.23158538321196, 1, 759),
+    (18.32693768304859, 975, 9), (18.35871225498923, 1948, 349),
+    (18.459034812798446, 3415, 709), (18.465117533251664, 3469, 551),
+    (18.465117533251664, 4290, 128), (21.841798616159135, 106, 78),
+    (22.540345869907288, 4293, 447), (22.540345869907288, 3972, 96),
+    (23.408447186502812, 2503, 333), (26.675868046337595, 3427, 457),
+    (26.675868046337595, 1172, 552), (26.675868046337595, 1749, 280),
+    (27.07578909962423, 739, 793), (27.1363306730719, 4248, 171),
+    (27.1363306730719, 40, 572), (27.22846981292686, 2597, 839),
+    (27.344924667741324, 2329, 441), (27.832150477851847, 3782, 587),
+    (27.844873579191745, 1225, 325), (27.844873579191745, 4461, 665),
+    (29.049877504129476, 1515, 807), (29.071235542229296, 1491, 706),
+]
+
+
+def test_a_prefill_preempted_in_the_same_pass_gets_no_chunk():
+    from planner.core.specs import Options
+    from planner.layouts.deployment import Deployment
+    from planner.serving import run
+    from planner.serving.sim import simulate
+    from planner.serving.traffic import Request
+
+    dep = Deployment.build(catalog.load_model("llama-3.1-8b"), catalog.load_hardware("l4"),
+                           engine=catalog.load_engine("vllm"), options=Options())
+    cfg = SchedulerConfig(max_num_seqs=24, max_num_batched_tokens=192, block_size=32,
+                          max_model_len=6000, ranks=2)
+    reqs = [Request(i, a, p, o) for i, (a, p, o) in enumerate(LEAK_STREAM)]
+    res = simulate(reqs, run.coster(dep), cfg, max_steps=200_000)
+    assert len(res.requests) == len(reqs) and res.preemptions > 0
+    assert res.peak_kv_reserved_tokens <= res.kv_capacity_tokens

@@ -164,6 +164,8 @@ class ContinuousScheduler(Scheduler):
         for q in list(self.prefilling.values()):
             if budget <= 0:
                 break
+            if q.id not in self.prefilling:  # preempted to make room for an older one
+                continue
             left = q.target - q.computed
             cap = min(budget, per_rank)
             chunk = min(left, cap) if chunked else (left if left <= cap else 0)
