@@ -169,7 +169,7 @@ def test_bad_ep_is_one_line(run_cli, args, msg):
 import numpy as np  # noqa: E402
 
 from planner.core.ops import StepShape  # noqa: E402
-from planner.serving.layouts import ExpertCoster, PipelineCoster, layout_coster  # noqa: E402
+from planner.serving.costers import ExpertCoster, PipelineCoster, layout_coster  # noqa: E402
 
 
 def test_ep_prefill_on_one_gpu_is_the_estimate():
@@ -386,7 +386,7 @@ def test_plan_refuses_ep_for_a_dense_model(run_cli):
 
 
 def test_check_holds_pipeline_and_expert_deployments_to_their_limits(run_cli, tmp_path):
-    from planner.layouts.layout import layout_figures
+    from planner.layouts.figures import layout_figures
 
     b = tmp_path / "b.yaml"
     b.write_text("""deployments:

@@ -59,12 +59,12 @@ def _message(r) -> str:
 
 def _figures(d, dep):
     """A budget deployment's figures at the workload's sequences and, for ``fits_at``, at
-    that many: the estimate of a TP group, or the layout's (``planner.layouts.layout``)
+    that many: the estimate of a TP group, or the layout's (``planner.layouts.figures``)
     for pipeline stages or expert parallelism."""
     from planner.core.estimate import resolve_price
     from planner.core.specs import Workload
     from planner.layouts.deployment import estimate_deployment
-    from planner.layouts.layout import layout_figures
+    from planner.layouts.figures import layout_figures
 
     wl, lay = dep.workload, d.layout
     layered = lay.pp > 1 or lay.ep > 1

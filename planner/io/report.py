@@ -24,7 +24,7 @@ from planner.core.specs import (  # noqa: E402
 )
 from planner.io import fmt  # noqa: E402
 from planner.layouts.deployment import Deployment, Layout  # noqa: E402
-from planner.layouts.layout import LayoutFigures, layout_figures  # noqa: E402
+from planner.layouts.figures import LayoutFigures, layout_figures  # noqa: E402
 
 COLORS = plt.get_cmap("tab10").colors
 
@@ -57,7 +57,7 @@ class Case:
 
     @property
     def layered(self) -> bool:
-        """Pipeline stages or expert parallelism: figures from ``planner.layouts.layout``."""
+        """Pipeline stages or expert parallelism: figures from ``planner.layouts.figures``."""
         return self.pp > 1 or self.ep > 1
 
     def layout(self, batch, *, ideal: bool = False) -> LayoutFigures:

@@ -34,7 +34,7 @@ from planner.core.specs import (
     Precision,
 )
 from planner.layouts.deployment import Layout
-from planner.layouts.layout import layout_figures
+from planner.layouts.figures import layout_figures
 
 MAX_LIST = 1_000_000
 

@@ -2,6 +2,7 @@
 their states (``requests``), the scheduler's settings (``config``), the KV pool (``kv``), the
 decode pool (``decoding``), one scheduler per batching policy (``schedulers``), arrivals
 (``arrivals``), step costing with the estimate's operator and engine model (``cost``,
-``layouts``, ``steps``), speculative decoding (``speculation``), occupancy over time
-(``occupancy``), metrics (``metrics``) and the event loop that ties them (``sim``). Pure;
+``costers``, ``steps``), speculative decoding (``speculation``), occupancy over time
+(``occupancy``), metrics (``metrics``), the event loop that ties them (``sim``) and one
+replica of a ``Deployment`` served the way every command simulates (``run``). Pure;
 imports layouts/ and core/."""

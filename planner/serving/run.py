@@ -2,7 +2,7 @@
 simulates (``simulate``, ``plan``, ``report``'s serving curve, ``compare``, ``validate``).
 
 The replica's step coster comes from its layout (a TP group, pipeline stages or expert-parallel
-GPUs: ``planner.serving.layouts.layout_coster``), its scheduler from the engine profile's
+GPUs: ``planner.serving.costers.layout_coster``), its scheduler from the engine profile's
 defaults unless one is given, and speculative decoding, when asked for, from
 ``planner.serving.speculation``. Pure.
 """
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from planner.core.errors import UsageError
 from planner.layouts.deployment import Deployment
-from planner.serving.layouts import layout_coster
+from planner.serving.costers import layout_coster
 from planner.serving.sim import SchedulerConfig, SimResult, simulate
 from planner.serving.traffic import Request
 

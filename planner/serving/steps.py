@@ -1,5 +1,5 @@
 """A step's shape and its time: the decode pool's share, each prefill chunk's, the layout's
-step coster (``planner.serving.cost``, ``planner.serving.layouts``) and any drafter.
+step coster (``planner.serving.cost``, ``planner.serving.costers``) and any drafter.
 
 A prefill chunk of c tokens after ``computed`` adds c x computed + c (c + 1) / 2 attended
 pairs (``planner.core.ops.StepShape``); its sliding-window attention is costed exactly
