@@ -21,10 +21,10 @@ from planner.cli.options import (
     TpOpt,
     WeightsOpt,
     WeightsOption,
-    check_quantized_layers,
     json_out,
     output_path,
     positive,
+    precision_of,
     stderr,
     stdout,
 )
@@ -71,7 +71,7 @@ def served_setup(model: str, gpu: str, spec, tp: int, weights, kv_cache,
                  group_size: int = DEFAULT_GROUP_SIZE, quantized_layers="all"):
     """The deployment a served run was measured on (``planner.layouts.deployment``), ready
     for prediction: the engine's scheduler budget is the prefill chunk."""
-    from planner.core.specs import Options, Precision
+    from planner.core.specs import Options
     from planner.io import catalog
     from planner.layouts.deployment import Deployment, Layout
 
@@ -80,9 +80,7 @@ def served_setup(model: str, gpu: str, spec, tp: int, weights, kv_cache,
     m = catalog.load_model(model)
     hw = catalog.load_hardware(gpu)
     eng = spec.model()
-    value = lambda v: getattr(v, "value", v)  # noqa: E731 (an enum or its value)
-    prec = Precision.of(value(weights), value(kv_cache) if kv_cache else None, group_size,
-                        quantized_layers=check_quantized_layers(m, quantized_layers))
+    prec = precision_of(m, weights, kv_cache, group_size, quantized_layers=quantized_layers)
     return Deployment.build(m, hw, engine=eng, precision=prec, layout=Layout(tp=tp),
                             options=Options(prefill_chunk_tokens=eng.max_num_batched_tokens))
 

@@ -260,9 +260,6 @@ def check_layout(m, tp: int, pp: int, ep: int):
         raise LlmplanError(f"--pp: at most 1024 stages, got {pp}")
     if ep > 100_000:
         raise LlmplanError(f"--ep: at most 100,000 GPUs, got {ep}")
-    if ep > 1 and (tp > 1 or pp > 1):
-        raise LlmplanError("--ep runs attention data-parallel on each GPU: give --tp 1 and "
-                           "--pp 1 with it")
     return Layout(tp, pp, ep).check(m)
 
 
@@ -303,6 +300,17 @@ def _value(v):
     return getattr(v, "value", v)
 
 
+def precision_of(m, weights, kv_cache=None, group_size: int = DEFAULT_GROUP_SIZE,
+                 compute=None, quantized_layers="all"):
+    """The precision the flags ask for (enums or plain values), checked against the model."""
+    from planner.core.specs import Precision
+
+    positive("--group-size", group_size)
+    return Precision.of(_value(weights), _value(kv_cache) if kv_cache else None, group_size,
+                        _value(compute) if compute else None,
+                        check_quantized_layers(m, quantized_layers))
+
+
 def build_deployment(m, *, gpu: str, engine: str, tp: int = 1, pp: int = 1, ep: int = 1,
                      weights="bf16", kv_cache=None, group_size: int = DEFAULT_GROUP_SIZE,
                      quantized_layers="all", compute=None, calibration: Path | None = None,
@@ -310,17 +318,14 @@ def build_deployment(m, *, gpu: str, engine: str, tp: int = 1, pp: int = 1, ep: 
     """The deployment the options describe (``planner.layouts.deployment.Deployment``): the
     GPU, engine and calibration loaded, the precision and layout checked, the engine
     prepared. Every command that predicts builds its deployment here."""
-    from planner.core.specs import Precision
     from planner.io import catalog
     from planner.layouts.deployment import Deployment
 
-    positive("--group-size", group_size)
+    positive("--group-size", group_size)  # before the files, as every command checks numbers
     hw = catalog.load_hardware(gpu)
     eng = catalog.load_engine(engine)
     cal = catalog.load_calibration(calibration) if calibration else None
-    prec = Precision.of(_value(weights), _value(kv_cache) if kv_cache else None, group_size,
-                        _value(compute) if compute else None,
-                        check_quantized_layers(m, quantized_layers))
+    prec = precision_of(m, weights, kv_cache, group_size, compute, quantized_layers)
     layout = check_layout(m, tp, pp, ep)
     return Deployment.build(m, hw, engine=eng, precision=prec, layout=layout, options=options,
                             calibration=cal)
