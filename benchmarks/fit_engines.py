@@ -39,7 +39,7 @@ PLANS: dict[str, tuple[list[str], dict[str, str]]] = {
                {"trtllm-v0.8.0": r"-llama-2-7b-", "trtllm-v0.9.0": r"-llama-2-7b-"}),
     # vLLM 0.6.3 rows of Qwen2.5-7B and -32B (bf16, GPTQ int8 / int4, AWQ; prompts of 1 to
     # 129,024 tokens) fit; the 0.5B, 1.5B, 3B, 14B and 72B rows and vLLM's CI rows are held out.
-    "vllm": (["step_overhead_us", "kernel_gap_us", "gemm_bandwidth_frac",
+    "vllm-v0": (["step_overhead_us", "kernel_gap_us", "gemm_bandwidth_frac",
               "attention_bandwidth_frac", "quantized.int8.bandwidth_frac",
               "quantized.int4.bandwidth_frac"],
              {"qwen2.5-speed-benchmark": r"^vllm-(7b|32b)-"}),

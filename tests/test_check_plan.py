@@ -245,7 +245,8 @@ def test_continuous_plan_sizes_the_fewest_replicas(run_cli):
     def ok(n: int) -> bool:
         reqs = synthetic(150, prompt_tokens=1024, output_tokens=128,
                          request_rate=targets.requests_per_s / n, seed=0)
-        return _percentile_ok(summary(simulate(reqs, coster, SchedulerConfig())), targets, 90)
+        return _percentile_ok(summary(simulate(reqs, coster, SchedulerConfig())), targets,
+                              SimSettings(percentile=90))
 
     n = int(top["replicas"])
     assert ok(n)

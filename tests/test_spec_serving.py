@@ -42,7 +42,7 @@ def test_one_request_by_hand_when_every_proposal_is_accepted():
                               sequences=1, prefill=False) for j in range(50)]
     prefill = coster.step_time(StepShape.uniform(1, 512, 0), sequences=1, prefill=True,
                                decodes=False)
-    assert r.ttft_s == pytest.approx(prefill)
+    assert r.ttft_s == pytest.approx(prefill + coster.engine.request_path_s(512))
     assert r.tpot_s == pytest.approx(sum(steps) / 200)
     assert res.steps == 51
 

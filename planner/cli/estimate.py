@@ -41,11 +41,14 @@ from planner.cli.options import (
     UtilOpt,
     WeightsOpt,
     WeightsOption,
+    band_fields,
     build_deployment,
     check_context,
+    figure_bands,
     json_out,
     options_from,
     positive,
+    render_bands,
     speculation_config,
     stderr,
     stdout,
@@ -98,7 +101,8 @@ def estimate(
     as_json: JsonOpt = False,
 ) -> None:
     """Predict memory, timing, utilisation and cost of one deployment."""
-    from planner.io import catalog
+    from planner.evidence.bands import static_regime
+    from planner.io import catalog, fmt
     from planner.layouts.deployment import estimate_deployment
 
     for name, v in (("--batch", batch), ("--prompt-tokens", prompt_tokens),
@@ -119,10 +123,21 @@ def estimate(
                                             output_tokens=output_tokens),
                               speculation=spec, price_usd_per_gpu_hour=price_per_hour,
                               measured_tpot_s=measured_tpot, measured_ttft_s=measured_ttft)
+    est = res.estimate
+    regime = static_regime(batch)
+    applied = figure_bands(dep.engine.name, {
+        "ttft_s": (est.ttft_s, "prefill", regime, False),
+        "tpot_s": (est.tpot_s, "decode", regime, False),
+        "latency_s": (est.latency_s, "end-to-end", regime, False),
+        "throughput_tokens_per_s": (est.throughput_tokens_per_s, "decode", regime, True)})
     if as_json:
-        json_out(res.to_dict())
+        json_out({**res.to_dict(), **band_fields(applied)})
     else:
         _render(res, explain)
+        render_bands(stdout, applied, {
+            "ttft_s": ("TTFT", fmt.seconds), "tpot_s": ("TPOT", fmt.seconds),
+            "latency_s": ("latency", fmt.seconds),
+            "throughput_tokens_per_s": ("throughput", lambda v: f"{v:,.0f} tok/s")})
     if require_fit and not res.fits:
         if not as_json:
             need = res.memory_needed_per_gpu_bytes

@@ -329,3 +329,43 @@ def build_deployment(m, *, gpu: str, engine: str, tp: int = 1, pp: int = 1, ep: 
     layout = check_layout(m, tp, pp, ep)
     return Deployment.build(m, hw, engine=eng, precision=prec, layout=layout, options=options,
                             calibration=cal)
+
+
+def figure_bands(engine_name: str, figures: dict[str, tuple[float, str, str, bool]]) -> dict:
+    """Each predicted figure with its error band from planner/data/bands.yaml
+    (``planner.evidence.bands``): ``figures`` maps a name (``ttft_s``) to (value, phase,
+    regime, is a rate). The ideal engine is a bound, not a prediction: no band."""
+    from planner.evidence.bands import apply
+    from planner.io import catalog
+
+    if engine_name == "ideal":
+        return {}
+    bands = catalog.load_bands()
+    out = {}
+    for name, (value, phase, regime, rate) in figures.items():
+        a = apply(bands, value, engine_name, phase, regime, inverse=rate)
+        if a is not None:
+            out[name] = a
+    return out
+
+
+def band_fields(applied: dict) -> dict:
+    """``name_low``, ``name_high`` for JSON, and ``bands``: each band's evidence."""
+    d: dict = {}
+    for name, a in applied.items():
+        d[f"{name}_low"], d[f"{name}_high"] = a.low, a.high
+    d["bands"] = {name: a.as_dict() for name, a in applied.items()}
+    return d
+
+
+def render_bands(console, applied: dict, labels: dict[str, tuple[str, object]]) -> None:
+    """A table of the figures' bands: ``labels`` maps a name to (label, formatter)."""
+    from planner.io.render import table
+
+    if not applied:
+        return
+    rows = [[labels[n][0], labels[n][1](a.value), f"{labels[n][1](a.low)} - "
+             f"{labels[n][1](a.high)}", a.basis] for n, a in applied.items() if n in labels]
+    console.print(table("How far off it may be (p10-p90 of measured / predicted on held-out "
+                        "published runs)", ["figure", "predicted", "band", "evidence"], rows,
+                        left=4, compact=True, fold=(3,)))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from enum import Enum
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -38,6 +39,11 @@ from planner.cli.options import (
     stdout,
 )
 from planner.core.errors import LlmplanError
+
+
+class SizeAt(str, Enum):
+    predicted = "predicted"
+    high = "high"
 
 
 def plan(
@@ -86,6 +92,11 @@ def plan(
     memory_utilization: UtilOpt = DEFAULT_UTIL,
     reserve_gib: ReserveOpt = DEFAULT_RESERVE_GIB,
     allow_longer_context: LongerOpt = False,
+    size_at: Annotated[SizeAt, typer.Option(
+        "--size-at", help="Size replicas at the predicted TTFT / TPOT, or at the high end "
+        "of the engine's error band (p90 of measured / predicted on held-out served runs: "
+        "planner/data/bands.yaml), so that a server as slow as the slowest tenth of those "
+        "measurements still meets the targets. Continuous sizing only.")] = SizeAt.predicted,
     as_json: Annotated[bool, typer.Option("--json", help="All rows as JSON.")] = False,
 ) -> None:
     """Find the cheapest configurations that meet TTFT and TPOT targets at a traffic level:
@@ -132,7 +143,8 @@ def plan(
                          weights=wl, kv_cache=kvl, calibration=cal,
                          price_per_hour=price_per_hour, engine=eng,
                          settings=SimSettings(percentile=percentile, num_requests=sim_requests,
-                                              range_ratio=range_ratio),
+                                              range_ratio=range_ratio,
+                                              **_size_factors(eng.name, size_at)),
                          top=top, csv=csv, plot=plot, as_json=as_json,
                          label=(ttft, tpot, req), compute=cdt, quantized_layers=ql,
                          options=opts)
@@ -233,6 +245,29 @@ def _some_precision_runs(gpus, weights, compute, cal, eng) -> None:
     raise LlmplanError(f"no GPU asked for runs these weights: {why}")
 
 
+def _size_factors(engine_name: str, size_at: SizeAt) -> dict:
+    """``ttft_factor`` and ``tpot_factor`` for ``SimSettings``: 1, or the high end of the
+    engine's served TTFT and TPOT bands in the regime plan sizes for (a server that keeps up
+    with its share of the traffic)."""
+    if size_at == SizeAt.predicted:
+        return {}
+    from planner.evidence.bands import pick
+    from planner.io import catalog
+
+    bands = catalog.load_bands()
+    out = {}
+    for key, phase in (("ttft_factor", "served TTFT"), ("tpot_factor", "served TPOT")):
+        b = pick(bands, engine_name, phase, "unsaturated")
+        if b is None:
+            raise LlmplanError(f"--size-at high: no error band for {phase} in "
+                               f"{catalog.BANDS_FILE}")
+        out[key] = max(1.0, b.high_ratio)
+        stderr.print(f"sizing at the high end of the {phase} band: x{b.high_ratio:.2f} "
+                     f"({b.engine if b.engine != 'all' else 'all engines'}, {b.n} held-out "
+                     f"figures from {b.sources} sources)")
+    return out
+
+
 def _plan_continuous(m, gpus, *, prompt_tokens, output_tokens, targets, tps, weights, kv_cache,
                      calibration, price_per_hour, engine, settings, top, csv, plot, as_json,
                      label, compute=None, pps=(1,), eps=(1,), quantized_layers="all",
@@ -280,3 +315,7 @@ def _plan_continuous(m, gpus, *, prompt_tokens, output_tokens, targets, tps, wei
                        ["#", "gpu", "layout", "w", "kv", "req/s\neach", f"{name}\nTTFT ms",
                         f"{name}\nTPOT ms", "rep-\nlicas", "GPUs", "$/h", "$/1M\nout"], rows,
                        left=5, compact=True))
+    if settings.ttft_factor != 1.0 or settings.tpot_factor != 1.0:
+        stdout.print(f"sized at the high end of the error band: TTFT x"
+                     f"{settings.ttft_factor:.2f}, TPOT x{settings.tpot_factor:.2f} held to "
+                     "the targets (the table shows the predicted figures)")

@@ -46,12 +46,15 @@ from planner.cli.options import (
     UtilOpt,
     WeightsOpt,
     WeightsOption,
+    band_fields,
     build_deployment,
     check_context,
+    figure_bands,
     json_out,
     options_from,
     output_path,
     positive,
+    render_bands,
     speculation_config,
     stderr,
     stdout,
@@ -238,11 +241,37 @@ def simulate(
         stderr.print(f"wrote {len(res.requests):,} requests to {trace}")
     if plot is not None:
         _plot(plot, dep, cfg, res, len(reqs), request_rate, max_concurrency)
+    applied = _served_bands(dep, cfg, d, request_rate, max_concurrency)
+    d.update(band_fields(applied))
     if as_json:
         json_out({k: (None if isinstance(v, float) and not math.isfinite(v) else v)
                   for k, v in d.items()})
         return
     _render(d)
+    render_bands(stdout, applied, {
+        **{f"{s}_{k}_ms": (f"{s} {k.upper()}", lambda v: f"{v:,.1f} ms")
+           for s in ("mean", "median") for k in ("ttft", "tpot")},
+        "output_throughput": ("output throughput", lambda v: f"{v:,.0f} tok/s")})
+
+
+def _served_bands(dep, cfg, d: dict, request_rate: float, max_concurrency) -> dict:
+    """The served figures' error bands (planner/data/bands.yaml), in the regime the simulated
+    server was in: saturated or keeping up with the offered rate."""
+    from planner.evidence.bands import served_regime
+
+    rate = math.nan if max_concurrency is not None else request_rate
+    regime = served_regime(rate, d.get("request_throughput"), d.get("max_running_requests"),
+                           cfg.max_num_seqs)
+    d["regime"] = regime
+    figs = {}
+    for s in ("mean", "median"):  # the statistics the served runs were compared on
+        for k, phase in (("ttft", "served TTFT"), ("tpot", "served TPOT")):
+            v = d.get(f"{s}_{k}_ms")
+            if v is not None and math.isfinite(v):
+                figs[f"{s}_{k}_ms"] = (v, phase, regime, False)
+    if math.isfinite(d.get("output_throughput", math.nan)):
+        figs["output_throughput"] = (d["output_throughput"], "served throughput", regime, False)
+    return figure_bands(dep.engine.name, figs)
 
 
 def _scheduler(dep, a: dict):
@@ -285,7 +314,8 @@ def _requests(dataset, num_requests, prompt_tokens, output_tokens, range_ratio, 
     from planner.serving.traffic import replay, synthetic
 
     if dataset is not None:
-        return replay(read_trace(dataset))
+        return replay(read_trace(dataset), request_rate=request_rate, burstiness=burstiness,
+                      closed_loop=max_concurrency is not None, seed=seed)
     return synthetic(num_requests, prompt_tokens=prompt_tokens, output_tokens=output_tokens,
                      range_ratio=range_ratio, request_rate=request_rate,
                      burstiness=burstiness, closed_loop=max_concurrency is not None, seed=seed)

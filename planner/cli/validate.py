@@ -56,12 +56,14 @@ def run_served(manifests, engine_override: str | None = None):
             where = f"served run {ds.source.id}:{entry.id}"
             try:
                 engine = engine_override or entry.engine or ds.source.engine
-                setup = served_setup(entry.model, entry.gpu, catalog.load_engine_spec(engine),
+                spec = catalog.load_engine_spec(engine)
+                setup = served_setup(entry.model, entry.gpu, spec,
                                      entry.tp, entry.weights, entry.kv_cache)
                 ideal = served_setup(entry.model, entry.gpu, ideal_spec, entry.tp,
                                      entry.weights, entry.kv_cache)
                 runs = read_result_file(folder / entry.file)
-                out += compare_entry(ds.source, entry, runs, setup, ideal)
+                out += compare_entry(ds.source, entry, runs, setup, ideal,
+                                     spec.fitted_rows())
             except LlmplanError as err:
                 raise LlmplanError(f"{where}: {err}") from None
     return out
@@ -100,12 +102,18 @@ def validate(
     check: Annotated[bool, typer.Option(
         "--check", help="Exit 1 when a held-out median error rises above the figure recorded "
         "in planner/data/validation_recorded.yaml.")] = False,
+    write_bands: Annotated[Optional[Path], typer.Option(
+        "--write-bands", help="Write the error bands built from these held-out figures to a "
+        "YAML file (the built-in table is planner/data/bands.yaml, which estimate, simulate "
+        "and plan read).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the results as JSON.")] = False,
 ) -> None:
     """Predict published measurements (one file per source) and show the error: median and
     90th percentile per source and engine, in-sample (rows a parameter was fitted on) and
     held out apart. Published serving runs (real benchmark result files) are replayed through
-    the simulator and compared on TTFT, TPOT and output throughput: all held out."""
+    the simulator and compared on TTFT, TPOT and output throughput. Band coverage: the share
+    of held-out figures inside the p10-p90 band built from every other source."""
+    from planner.evidence import bands as bands_mod
     from planner.evidence.served import summarize_served
     from planner.evidence.validate import summarize
     from planner.io import catalog, fmt
@@ -114,6 +122,7 @@ def validate(
 
     output_path(csv, "--csv")
     output_path(plot, "--plot", ".png")
+    output_path(write_bands, "--write-bands", ".yaml")
     datasets = catalog.load_datasets(dataset)
     manifests = catalog.load_served(served_dataset) if served or served_dataset else []
     if dataset and not served_dataset:
@@ -133,6 +142,12 @@ def validate(
     per_source = summarize(comps) + summarize_served(served_comps)
     overall = summarize(comps, by_source=False) + summarize_served(served_comps,
                                                                    by_source=False)
+    figures = bands_mod.figures_of(comps, served_comps)
+    cover = bands_mod.coverage(figures)
+    if write_bands:
+        catalog.write_bands(write_bands, bands_mod.build(figures),
+                            sources=sorted({f.source for f in figures}))
+        stderr.print(f"wrote {write_bands}")
     failed: list[str] = []
     if check:
         limits = recorded_limits()
@@ -156,6 +171,8 @@ def validate(
                   "overall": [s.as_dict() for s in overall],
                   "sources": [d.source.model_dump(mode="json") for d in datasets],
                   "served_sources": [d.source.model_dump(mode="json") for d, _ in manifests],
+                  "band_coverage": [{"engine": c.engine, "phase": c.phase, "n": c.n,
+                                     "inside": c.inside, "frac": c.frac} for c in cover],
                   "check": {"passed": not failed, "failures": failed} if check else None})
     else:
         if rows:
@@ -175,6 +192,13 @@ def validate(
                            [[s.phase, s.split, s.n, fmt.pct(s.median_abs_error),
                              fmt.pct(s.p90_abs_error), fmt.pct(s.ideal_median_abs_error)]
                             for s in overall], left=2, compact=True))
+        cov = [c for c in cover if c.phase == "all"]
+        if cov:
+            stdout.print(table(
+                "Band coverage (held out, leave one source out; target 70-90% for p10-p90)",
+                ["engine", "figures", "inside band", "coverage"],
+                [[c.engine, c.n, c.inside, fmt.pct(c.frac)] for c in cov], left=2,
+                compact=True))
     for f in failed:
         stderr.print(f"[red]check failed:[/] {f}")
     if failed:

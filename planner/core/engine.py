@@ -86,6 +86,39 @@ class Kernels(_Sourced):
         return self
 
 
+class Versions(_Frozen):
+    """The releases of an engine a profile covers: ``from_`` (inclusive) up to ``until``
+    (exclusive; None: every later release), dotted numbers such as ``0.8`` or ``0.10.1``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    family: str = Field(min_length=1, pattern=r"^[a-z0-9][a-z0-9._-]*$")  # vllm, sglang, ...
+    from_: str = Field(alias="from", pattern=r"^[0-9]+(\.[0-9]+)*$")
+    until: str | None = Field(None, pattern=r"^[0-9]+(\.[0-9]+)*$")
+    source: str = Field(min_length=1)  # where the boundary comes from (a release note)
+    note: str | None = None
+
+    @model_validator(mode="after")
+    def _order(self) -> Versions:
+        if self.until is not None and version_key(self.until) <= version_key(self.from_):
+            raise ValueError(f"versions: until {self.until} must come after from {self.from_}")
+        return self
+
+    def covers(self, version: str) -> bool:
+        v = version_key(version)
+        return version_key(self.from_) <= v and (self.until is None
+                                                 or v < version_key(self.until))
+
+
+def version_key(version: str) -> tuple[int, ...]:
+    """``0.10.1`` -> (0, 10, 1): release numbers compared as numbers, not as text."""
+    parts = version.strip().split(".")
+    if not parts or not all(p.isdigit() for p in parts):
+        raise ValueError(f"not a release number: {version!r} (expected digits and dots, "
+                         "such as 0.8 or 0.10.1)")
+    return tuple(int(p) for p in parts)
+
+
 class QuantPath(_Frozen):
     """Efficiency of one quantized GEMM path, relative to the GPU's achievable ceilings (the
     16-bit matmul rate for weight-only paths, whose tensor cores run in 16-bit)."""
@@ -120,6 +153,7 @@ class EngineSpec(_Frozen):
     source: str = Field(min_length=1)
     date: str = Field(min_length=1)
     description: str | None = None
+    versions: Versions | None = None  # the releases it covers (``--engine vllm@0.6``)
     # which ceilings the efficiencies multiply: the datasheet's (ideal only) or the GPU's
     # achievable ones (published measurements, or a calibration when one is given)
     ceilings: Literal["datasheet", "achievable"] = "achievable"
@@ -127,6 +161,11 @@ class EngineSpec(_Frozen):
     per_sequence_overhead_us: Num  # and of each sequence in it (sampling, detokenizing)
     prefill_step_overhead_us: Num  # exposed CPU cost of one prefill pass (per chunk)
     cuda_graphs: Flag  # decode steps replayed from CUDA graphs
+    # the request path outside the engine's steps, paid once per request before its first
+    # token: the API server's HTTP handling, tokenization and hand-off to the engine, and the
+    # first token's detokenization and streaming; and tokenization per prompt token
+    request_overhead_us: Num | None = None
+    prompt_token_overhead_us: Num | None = None
     kernel_gap_us: Num  # device-side fixed cost per kernel
     host_launch_us: Num  # host cost per kernel launched outside a graph
     kernels: Kernels
@@ -188,6 +227,10 @@ class EngineSpec(_Frozen):
             per_sequence_overhead_s=self.per_sequence_overhead_us.value / 1e6,
             prefill_step_overhead_s=self.prefill_step_overhead_us.value / 1e6,
             cuda_graphs=self.cuda_graphs.value,
+            request_overhead_s=(0.0 if self.request_overhead_us is None
+                                else self.request_overhead_us.value / 1e6),
+            prompt_token_overhead_s=(0.0 if self.prompt_token_overhead_us is None
+                                     else self.prompt_token_overhead_us.value / 1e6),
             kernel_gap_s=self.kernel_gap_us.value / 1e6,
             host_launch_s=self.host_launch_us.value / 1e6,
             kernels=tuple(sorted(self.kernels.value.items())),
@@ -227,6 +270,8 @@ class Engine:
     per_sequence_overhead_s: float = 0.0
     prefill_step_overhead_s: float = 0.0
     cuda_graphs: bool = True
+    request_overhead_s: float = 0.0  # per request, on its first token (and so its latency)
+    prompt_token_overhead_s: float = 0.0  # per prompt token (tokenization), likewise
     kernel_gap_s: float = 0.0
     host_launch_s: float = 0.0
     kernels: tuple[tuple[str, float], ...] = ()
@@ -251,6 +296,10 @@ class Engine:
     max_num_batched_tokens: int = 8192
     block_size: int = 16
     chunked_prefill: bool = True
+
+    def request_path_s(self, prompt_tokens: float) -> float:
+        """The request path's cost outside the engine's steps, added to a request's TTFT."""
+        return self.request_overhead_s + self.prompt_token_overhead_s * prompt_tokens
 
     def kernels_for(self, name: str, kind: str) -> float:
         km = dict(self.kernels)

@@ -13,8 +13,9 @@ keeps its published value. Each run's traffic is replayed through the simulator
 engine's profile, and once more with the ideal engine, and the measured TTFT, TPOT and output
 throughput are compared with both.
 
-No engine parameter is fitted on these runs, so every figure here is held out. Pure: no I/O
-(the CLI reads the files).
+A run is in-sample when an engine parameter names it in ``fitted_on`` (the host costs of a
+profile fitted by ``benchmarks/fit_served.py`` on whole sources); every other run is held out.
+Pure: no I/O (the CLI reads the files).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from planner.core.arith import no_bool_numbers
 from planner.core.specs import DType
+from planner.evidence.bands import served_regime
 from planner.evidence.compare import compare_run
 from planner.evidence.runs import ServedRun
 from planner.evidence.validate import Errors, Summary, summarize
@@ -120,7 +122,8 @@ class ServedComparison(Errors):
     measured: float
     predicted: float
     ideal: float
-    in_sample: bool = False  # no parameter is fitted on served runs
+    in_sample: bool = False  # set for the runs of a source an engine's host costs were fitted on
+    regime: str = "unsaturated"  # or "saturated" (planner.evidence.bands.served_regime)
 
 
 def _pick(run: ServedRun, keys: tuple[str, ...]) -> str | None:
@@ -131,12 +134,20 @@ def _pick(run: ServedRun, keys: tuple[str, ...]) -> str | None:
 
 
 def compare_entry(source: ServedSource, entry: ServedEntry, runs: list[ServedRun],
-                  setup: Deployment, ideal: Deployment) -> list[ServedComparison]:
+                  setup: Deployment, ideal: Deployment,
+                  fitted_rows: frozenset[str] | set[str] = frozenset()
+                  ) -> list[ServedComparison]:
     """Every run of one result file, simulated with the engine's profile and the ideal
-    engine's, against what was measured."""
+    engine's, against what was measured. ``fitted_rows``: the engine's ``fitted_on`` entries
+    (``source:run``): a run named there is in-sample."""
     out: list[ServedComparison] = []
+    fitted = f"{source.id}:{entry.id}" in fitted_rows
     for run in runs:
-        real = {m.metric: m for m in compare_run(run, setup).rows}
+        cmp = compare_run(run, setup)
+        real = {m.metric: m for m in cmp.rows}
+        regime = served_regime(run.request_rate, cmp.simulated.get("request_throughput"),
+                               cmp.simulated.get("max_running_requests"),
+                               setup.engine.max_num_seqs)
         bound = {m.metric: m for m in compare_run(run, ideal).rows}
         label = entry.id if len(runs) == 1 else f"{entry.id} {run.label}"
         for phase, keys in METRIC_GROUPS:
@@ -151,7 +162,7 @@ def compare_entry(source: ServedSource, entry: ServedEntry, runs: list[ServedRun
             out.append(ServedComparison(
                 source.id, label, setup.engine.name, k, phase, entry.model, entry.gpu, entry.tp,
                 run.traffic, run.mean_input_tokens, run.mean_output_tokens, run.metrics[k], p,
-                b))
+                b, fitted, regime))
     return out
 
 

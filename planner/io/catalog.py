@@ -189,9 +189,35 @@ def load_hardware(ref: str) -> HardwareSpec:
 
 
 def load_engine_spec(ref: str) -> EngineSpec:
-    """A built-in engine profile name (engines_db/) or a YAML file of the same schema."""
+    """A built-in engine profile name (engines_db/), ``FAMILY@VERSION`` (``vllm@0.6.3``: the
+    built-in profile whose ``versions`` cover that release), or a YAML file of the same
+    schema."""
+    if "@" in ref and not Path(ref).suffix in (".yaml", ".yml", ".json"):
+        return _engine_for_version(ref)
     path = _resolve(ref, "engines_db", "engine")
     return validate(EngineSpec, read_yaml(path), str(path))
+
+
+def _engine_for_version(ref: str) -> EngineSpec:
+    from planner.core.engine import version_key
+
+    family, _, version = ref.partition("@")
+    try:
+        version_key(version)
+    except ValueError as e:
+        raise SpecError(f"--engine {ref}: {e}") from None
+    specs = [load_engine_spec(n) for n in _names("engines_db")]
+    mine = [s for s in specs if s.versions is not None and s.versions.family == family]
+    if not mine:
+        families = sorted({s.versions.family for s in specs if s.versions is not None})
+        raise SpecError(f"--engine {ref}: no profile of an engine called '{family}' states the "
+                        f"releases it covers (engines with versions: {', '.join(families)})")
+    for s in mine:
+        if s.versions.covers(version):
+            return s
+    spans = "; ".join(f"{s.name}: {s.versions.from_} - {s.versions.until or 'latest'}"
+                      for s in sorted(mine, key=lambda s: version_key(s.versions.from_)))
+    raise SpecError(f"--engine {ref}: no {family} profile covers release {version} ({spans})")
 
 
 def load_engine(ref: str) -> Engine:
@@ -482,3 +508,36 @@ def _model_from_hf_config(cfg: dict, path: str) -> ModelSpec:
                         "first_dense_layers": cfg.get("first_k_dense_replace") or 0,
                         "router_bias": cfg.get("topk_method") == "noaux_tc"}
     return validate(ModelSpec, d, path)
+
+
+BANDS_FILE = _HERE / "data" / "bands.yaml"
+
+
+def load_bands(path: Path | None = None) -> list:
+    """The error bands (``planner.evidence.bands``) that estimate, simulate and plan put
+    around their figures: planner/data/bands.yaml, written by ``llmplan validate
+    --write-bands``."""
+    from planner.evidence.bands import from_table
+
+    p = Path(path) if path else BANDS_FILE
+    data = read_yaml(p)
+    if not isinstance(data, dict) or not isinstance(data.get("bands"), list):
+        raise SpecError(f"{p}: expected a mapping with a 'bands' list")
+    try:
+        return from_table(data["bands"], str(p))
+    except ValueError as e:
+        raise SpecError(str(e)) from None
+
+
+def write_bands(path: Path, bands: list, *, sources: list[str]) -> None:
+    from planner.evidence.bands import HIGH_Q, LOW_Q, MIN_FIGURES, MIN_SOURCES, to_table
+
+    head = ("# Error bands: the 10th and 90th percentiles of measured / predicted over the\n"
+            "# held-out figures of `llmplan validate` (static rows and served runs; times as\n"
+            "# measured / predicted, static rates as predicted / measured), by engine, phase\n"
+            "# and regime, with fallbacks to every regime and every engine (engine or regime\n"
+            "# 'all'). Written by `llmplan validate --write-bands planner/data/bands.yaml`;\n"
+            "# tests/test_bands.py checks it matches a fresh validate. Do not edit by hand.\n")
+    body = {"quantiles": [LOW_Q, HIGH_Q], "min_figures": MIN_FIGURES,
+            "min_sources": MIN_SOURCES, "sources": sources, "bands": to_table(bands)}
+    Path(path).write_text(head + yaml.safe_dump(body, sort_keys=False, width=100))

@@ -110,6 +110,7 @@ def simulate(requests: list[Request], coster: StepCoster, cfg: SchedulerConfig, 
     arr = arrivals(reqs, cfg.max_concurrency)
     occ = Occupancy(sample_every_s)
     t = _serve(sched, arr, StepPricer(coster, batch), occ, n=len(reqs), max_steps=max_steps)
+    t = _request_path(results, coster.engine, t)
     return SimResult(results, t, occ.steps, kv.capacity_tokens, occ.itl, occ.samples,
                      busy_s=occ.busy_s, running_integral=occ.running_integral,
                      kv_held_integral=occ.kv_held_integral,
@@ -133,6 +134,24 @@ def _kv_pool(coster: StepCoster, cfg: SchedulerConfig, spec: SpecServing | None)
                          f"({kv.capacity_tokens} tokens); use more GPUs (--tp) or a smaller "
                          "precision")
     return kv
+
+
+def _request_path(results: list[RequestResult], engine, end_s: float) -> float:
+    """The engine's request path outside its steps (the API server's handling, tokenization,
+    hand-off, the first token's detokenization and streaming: ``Engine.request_path_s``)
+    delays every request's first token and so its last; its time between tokens is unchanged.
+    Each request is shifted after the steps are simulated, which is exact for an open stream
+    (the engine sees the same stream, later) and, for a closed loop of clients, leaves out the
+    client's own wait for the path (a client would send its next request that much later).
+    Returns when the last request is done."""
+    if not (engine.request_overhead_s or engine.prompt_token_overhead_s):
+        return end_s
+    for r in results:
+        d = engine.request_path_s(r.prompt_tokens)
+        r.first_token_s += d
+        r.finish_s += d
+        end_s = max(end_s, r.finish_s)
+    return end_s
 
 
 def _serve(sched: Scheduler, arr: Arrivals, pricer: StepPricer, occ: Occupancy, *, n: int,

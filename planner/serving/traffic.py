@@ -57,11 +57,23 @@ def synthetic(num_requests: int, *, prompt_tokens: int, output_tokens: int,
     return out
 
 
-def replay(rows: list[tuple[int, int, float | None]]) -> list[Request]:
-    """Requests from a trace: (prompt_tokens, output_tokens, arrival_s or None). Rows without
-    an arrival time arrive at t = 0; the stream is ordered by arrival."""
-    reqs = [Request(i, 0.0 if a is None else float(a), int(p), int(o))
-            for i, (p, o, a) in enumerate(rows)]
+def replay(rows: list[tuple[int, int, float | None]], *, request_rate: float = math.inf,
+           burstiness: float = 1.0, closed_loop: bool = False, seed: int = 0) -> list[Request]:
+    """Requests from a trace: (prompt_tokens, output_tokens, arrival_s or None). Rows with an
+    arrival time keep it; rows without one arrive as ``synthetic`` sends them: at
+    ``request_rate`` with gamma gaps of shape ``burstiness`` (every one at t = 0 at an infinite
+    rate), or when a client of a closed loop is free. The stream is ordered by arrival."""
+    timed = [a is not None for _, _, a in rows]
+    if any(timed) and not all(timed):
+        raise UsageError("a trace gives arrival_s on some rows and not on others: give it on "
+                         "every row, or on none (then --request-rate sets the arrivals)")
+    if rows and not any(timed):
+        paced = synthetic(len(rows), prompt_tokens=1, output_tokens=1,
+                          request_rate=request_rate, burstiness=burstiness,
+                          closed_loop=closed_loop, seed=seed)
+        return [Request(i, q.arrival_s, int(p), int(o))
+                for i, (q, (p, o, _)) in enumerate(zip(paced, rows, strict=True))]
+    reqs = [Request(i, float(a), int(p), int(o)) for i, (p, o, a) in enumerate(rows)]
     reqs.sort(key=lambda r: (r.arrival_s, r.id))
     return [Request(i, r.arrival_s, r.prompt_tokens, r.output_tokens)
             for i, r in enumerate(reqs)]

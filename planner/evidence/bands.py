@@ -1,0 +1,234 @@
+"""Error bands: how far a prediction has been from measurements before, as a range around it.
+
+Every held-out comparison of ``llmplan validate`` (a published static-batch row, or a published
+served run replayed through the simulator) gives a ratio measured / predicted. Grouped by the
+engine profile that predicted it, the phase (prefill, decode, end-to-end; served TTFT, TPOT,
+throughput) and the regime (batch 1 or batched; a served stream the simulated server keeps up
+with, or one that saturates it), the 10th and 90th percentiles of those ratios make a band: a new
+prediction P of that kind is given as P x [q10, q90], with the number of held-out figures and
+sources the band rests on. In-sample rows (those a parameter was fitted on) never enter a band.
+
+Where a group has fewer than ``MIN_FIGURES`` figures or fewer than ``MIN_SOURCES`` sources, the
+band widens to the engine's figures of that phase in every regime, then to every engine's of
+that phase and regime, then to every engine's of that phase; the ``basis`` says which, so a
+user can tell a band measured on their case from one borrowed from others.
+
+``coverage`` checks the bands honestly: each held-out figure of a source is tested against the
+band built WITHOUT that source (leave one source out), so a band is never scored on the rows it
+was made from. Pure: the table is written and read by the callers.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from planner.core.arith import quantile
+
+MIN_FIGURES = 5
+MIN_SOURCES = 2
+LOW_Q, HIGH_Q = 0.1, 0.9
+
+# the phase of each figure a prediction reports, by the key it has in estimate / simulate
+STATIC_PHASES = {"ttft_s": "prefill", "tpot_s": "decode", "latency_s": "end-to-end"}
+SERVED_PHASES = {"ttft": "served TTFT", "tpot": "served TPOT", "itl": "served TPOT",
+                 "output_throughput": "served throughput"}
+
+
+@dataclass(frozen=True)
+class Figure:
+    """One held-out comparison: who predicted it, of what kind, and measured / predicted."""
+
+    engine: str
+    phase: str
+    regime: str
+    source: str
+    ratio: float  # measured / predicted
+
+
+@dataclass(frozen=True)
+class Band:
+    engine: str  # the engine the figures came from, or "all"
+    phase: str
+    regime: str  # or "all"
+    low_ratio: float  # 10th percentile of measured / predicted
+    median_ratio: float
+    high_ratio: float  # 90th percentile
+    n: int
+    sources: int
+
+    def as_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+@dataclass(frozen=True)
+class Applied:
+    """A band put around one predicted value."""
+
+    value: float
+    low: float
+    high: float
+    n: int
+    sources: int
+    basis: str  # which figures: "vllm, served TPOT, unsaturated" or a wider fallback
+    borrowed: bool  # True when not the engine's own figures in this regime
+
+    def as_dict(self) -> dict:
+        return {"low": self.low, "high": self.high, "n": self.n, "sources": self.sources,
+                "basis": self.basis, "borrowed": self.borrowed}
+
+
+def static_regime(batch) -> str:
+    return "batch-1" if batch == 1 else "batched"
+
+
+def served_regime(request_rate: float, simulated_request_throughput: float | None,
+                  max_running: float | None = None, max_num_seqs: int | None = None) -> str:
+    """``saturated``: every request sent at once, a simulated server that does not keep up
+    with the offered rate (it completes under 90% of it), or one that fills its batch."""
+    if math.isinf(request_rate):
+        return "saturated"
+    if max_running is not None and max_num_seqs and max_running >= max_num_seqs:
+        return "saturated"
+    if (math.isfinite(request_rate) and simulated_request_throughput is not None
+            and simulated_request_throughput < 0.9 * request_rate):
+        return "saturated"
+    return "unsaturated"
+
+
+# static metrics that are rates (higher is faster): their ratio is taken as predicted /
+# measured, the time ratio, so one band covers a phase's times and rates alike
+_STATIC_RATES = ("user_tokens_per_s", "throughput_tokens_per_s",
+                 "throughput_tokens_per_s_per_gpu")
+_STATIC_PHASE = {"user_tokens_per_s": "decode", "tpot_s": "decode", "ttft_s": "prefill",
+                 "throughput_tokens_per_s": "end-to-end",
+                 "throughput_tokens_per_s_per_gpu": "end-to-end", "latency_s": "end-to-end"}
+
+
+def figures_of(static: list, served: list) -> list[Figure]:
+    """The held-out figures of ``llmplan validate``'s comparisons: static rows
+    (``planner.evidence.validate.Comparison``) and served runs
+    (``planner.evidence.served.ServedComparison``); in-sample ones are left out."""
+    out = []
+    for c in static:
+        if c.in_sample or not (c.measured > 0 and c.predicted > 0):
+            continue
+        ratio = c.predicted / c.measured if c.metric in _STATIC_RATES else \
+            c.measured / c.predicted
+        out.append(Figure(c.engine, _STATIC_PHASE[c.metric], static_regime(c.batch), c.source,
+                          ratio))
+    for c in served:
+        if c.in_sample or not (c.measured > 0 and c.predicted > 0):
+            continue
+        out.append(Figure(c.engine, c.phase, c.regime, c.source, c.measured / c.predicted))
+    return out
+
+
+def build(figures: list[Figure]) -> list[Band]:
+    """A band for every (engine, phase, regime) with figures, and the fallbacks
+    (engine, phase, all), (all, phase, regime) and (all, phase, all)."""
+    groups: dict[tuple[str, str, str], list[Figure]] = {}
+    for f in figures:
+        if not (f.ratio > 0 and math.isfinite(f.ratio)):
+            continue
+        for key in ((f.engine, f.phase, f.regime), (f.engine, f.phase, "all"),
+                    ("all", f.phase, f.regime), ("all", f.phase, "all")):
+            groups.setdefault(key, []).append(f)
+    out = []
+    for (eng, phase, regime), fs in sorted(groups.items()):
+        r = [f.ratio for f in fs]
+        out.append(Band(eng, phase, regime, quantile(r, LOW_Q), quantile(r, 0.5),
+                        quantile(r, HIGH_Q), len(fs), len({f.source for f in fs})))
+    return out
+
+
+def _enough(b: Band | None) -> bool:
+    return b is not None and b.n >= MIN_FIGURES and b.sources >= MIN_SOURCES
+
+
+def pick(bands: list[Band], engine: str, phase: str, regime: str) -> Band | None:
+    """The narrowest band with enough evidence for a prediction of this kind, or None when
+    no band of the phase exists at all."""
+    table = {(b.engine, b.phase, b.regime): b for b in bands}
+    chain = [(engine, phase, regime), (engine, phase, "all"), ("all", phase, regime),
+             ("all", phase, "all")]
+    for key in chain:
+        if _enough(table.get(key)):
+            return table[key]
+    for key in reversed(chain):  # nothing has enough: the widest there is, marked as thin
+        if key in table:
+            return table[key]
+    return None
+
+
+def apply(bands: list[Band], value: float, engine: str, phase: str, regime: str, *,
+          inverse: bool = False) -> Applied | None:
+    """``value`` with its band. ``inverse``: the value is a rate (tokens/s) whose band comes
+    from a time's (1 / TPOT): low and high swap and invert."""
+    b = pick(bands, engine, phase, regime)
+    if b is None or not math.isfinite(value):
+        return None
+    lo, hi = (value / b.high_ratio, value / b.low_ratio) if inverse else \
+        (value * b.low_ratio, value * b.high_ratio)
+    borrowed = (b.engine, b.regime) != (engine, regime)
+    who = f"{b.engine} engines" if b.engine == "all" else b.engine
+    regime_txt = "every regime" if b.regime == "all" else b.regime
+    basis = f"{who}, {b.phase}, {regime_txt}: {b.n} held-out figures from {b.sources} " \
+            f"source{'s' if b.sources != 1 else ''}"
+    if not _enough(b):
+        basis += " (too few to trust)"
+    elif borrowed:
+        basis += f" (none enough for {engine}, {regime})"
+    return Applied(value, lo, hi, b.n, b.sources, basis, borrowed)
+
+
+@dataclass(frozen=True)
+class Coverage:
+    engine: str
+    phase: str
+    n: int  # held-out figures that had a band from other sources
+    inside: int
+
+    @property
+    def frac(self) -> float:
+        return self.inside / self.n if self.n else math.nan
+
+
+def coverage(figures: list[Figure]) -> list[Coverage]:
+    """For each held-out figure, is measured / predicted inside the band built from every
+    OTHER source's figures? Counted per (engine, phase), and per engine over all phases."""
+    sources = sorted({f.source for f in figures})
+    tally: dict[tuple[str, str], list[int]] = {}
+    for s in sources:
+        others = build([f for f in figures if f.source != s])
+        for f in (f for f in figures if f.source == s):
+            b = pick(others, f.engine, f.phase, f.regime)
+            if b is None:
+                continue
+            hit = int(b.low_ratio <= f.ratio <= b.high_ratio)
+            for key in ((f.engine, f.phase), (f.engine, "all")):
+                t = tally.setdefault(key, [0, 0])
+                t[0] += 1
+                t[1] += hit
+    return [Coverage(e, p, n, k) for (e, p), (n, k) in sorted(tally.items())]
+
+
+def to_table(bands: list[Band]) -> list[dict]:
+    return [{k: (round(v, 4) if isinstance(v, float) else v) for k, v in b.as_dict().items()}
+            for b in bands]
+
+
+def from_table(rows: list[dict], where: str) -> list[Band]:
+    out = []
+    for i, r in enumerate(rows):
+        try:
+            b = Band(str(r["engine"]), str(r["phase"]), str(r["regime"]),
+                     float(r["low_ratio"]), float(r["median_ratio"]), float(r["high_ratio"]),
+                     int(r["n"]), int(r["sources"]))
+        except (KeyError, TypeError, ValueError) as e:
+            raise ValueError(f"{where}: bands[{i}]: {e}") from None
+        if not (0 < b.low_ratio <= b.median_ratio <= b.high_ratio < math.inf) or b.n < 1:
+            raise ValueError(f"{where}: bands[{i}]: ratios must satisfy 0 < low <= median <= "
+                             "high and n >= 1")
+        out.append(b)
+    return out
