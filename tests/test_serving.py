@@ -19,6 +19,7 @@ from planner.io import catalog
 from planner.serving.cost import StepCoster
 from planner.serving.metrics import summary, weighted_quantile
 from planner.serving.sim import SchedulerConfig, simulate
+from planner.core.errors import UsageError
 from planner.serving.traffic import replay, synthetic
 
 OPTS = Options()
@@ -168,8 +169,23 @@ def test_traffic_follows_vllm():
     ps = [q.prompt_tokens for q in reqs]
     assert min(ps) == 500 and max(ps) == 1500
     assert [q.arrival_s for q in synthetic(5, prompt_tokens=1, output_tokens=1)] == [0.0] * 5
-    rows = replay([(10, 5, 2.0), (20, 5, None), (30, 5, 1.0)])
+    rows = replay([(10, 5, 2.0), (20, 5, 0.0), (30, 5, 1.0)])
     assert [r.prompt_tokens for r in rows] == [20, 30, 10] and rows[0].arrival_s == 0.0
+
+
+def test_a_trace_without_arrival_times_arrives_at_the_request_rate():
+    """Rows without arrival_s arrive as vLLM's client would send them at --request-rate:
+    the same gaps synthetic() draws, in the trace's order; every one at t = 0 only at an
+    infinite rate; a trace that times some rows and not others is refused."""
+    rows = [(100 + i, 10, None) for i in range(2000)]
+    paced = replay(rows, request_rate=4.0, seed=7)
+    ref = synthetic(2000, prompt_tokens=1, output_tokens=1, request_rate=4.0, seed=7)
+    assert [r.arrival_s for r in paced] == [r.arrival_s for r in ref]
+    assert [r.prompt_tokens for r in paced] == [100 + i for i in range(2000)]
+    assert paced[-1].arrival_s / 1999 == pytest.approx(0.25, rel=0.06)  # mean gap 1 / rate
+    assert {r.arrival_s for r in replay(rows[:5])} == {0.0}
+    with pytest.raises(UsageError, match="some rows and not on others"):
+        replay([(10, 5, 1.0), (20, 5, None)])
 
 
 def test_weighted_quantile():
@@ -202,12 +218,20 @@ def test_simulate_cli(run_cli, tmp_path):
 def test_simulate_replays_a_trace(run_cli, tmp_path):
     ds = tmp_path / "d.jsonl"
     ds.write_text('{"prompt_tokens": 100, "output_tokens": 10, "arrival_s": 0.5}\n'
-                  '{"prompt_tokens": 200, "output_tokens": 20}\n')
+                  '{"prompt_tokens": 200, "output_tokens": 20, "arrival_s": 0.0}\n')
     code, out, err = run_cli("simulate", "-m", "llama-3.1-8b", "-g", "h100-sxm",
                              "--dataset", str(ds), "--json")
     assert code == 0, err
     d = json.loads(out)
     assert d["completed"] == 2 and d["total_input_tokens"] == 300
+    # without arrival times, the trace is sent at --request-rate (here 0.5 req/s: 40
+    # requests take about 80 s, where all at once they would take a few seconds)
+    ds.write_text("".join('{"prompt_tokens": 100, "output_tokens": 10}\n'
+                          for _ in range(40)))
+    code, out, err = run_cli("simulate", "-m", "llama-3.1-8b", "-g", "h100-sxm",
+                             "--dataset", str(ds), "--request-rate", "0.5", "--json")
+    assert code == 0, err
+    assert json.loads(out)["duration"] > 40
 
 
 @pytest.mark.parametrize("args,msg", [

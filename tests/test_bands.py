@@ -1,0 +1,197 @@
+"""Error bands (planner.evidence.bands), engine profiles by release, and the request path."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from planner.core.engine import version_key
+from planner.core.errors import SpecError
+from planner.evidence.bands import (
+    Band,
+    Figure,
+    apply,
+    build,
+    coverage,
+    from_table,
+    pick,
+    served_regime,
+)
+from planner.io import catalog
+
+
+def _figs(engine, phase, regime, ratios, sources):
+    return [Figure(engine, phase, regime, s, r) for r, s in zip(ratios, sources, strict=True)]
+
+
+def test_a_band_is_the_10th_and_90th_percentile_of_measured_over_predicted():
+    # 11 ratios 0.80, 0.82, ..., 1.00 from two sources: p10 = 0.82, median 0.90, p90 = 0.98
+    ratios = [0.80 + 0.02 * i for i in range(11)]
+    figs = _figs("vllm", "served TPOT", "unsaturated", ratios, ["a", "b"] * 5 + ["a"])
+    b = {(x.engine, x.phase, x.regime): x for x in build(figs)}
+    own = b[("vllm", "served TPOT", "unsaturated")]
+    assert (own.low_ratio, own.median_ratio, own.high_ratio) == pytest.approx((0.82, 0.90, 0.98))
+    assert own.n == 11 and own.sources == 2
+    # the fallbacks hold the same figures
+    assert b[("all", "served TPOT", "all")].n == 11
+    # a prediction of 10 ms: measured has been 8.2-9.8 ms
+    a = apply(build(figs), 0.010, "vllm", "served TPOT", "unsaturated")
+    assert (a.low, a.high) == pytest.approx((0.0082, 0.0098)) and not a.borrowed
+    # a rate: 1 / TPOT's band, inverted
+    r = apply(build(figs), 100.0, "vllm", "served TPOT", "unsaturated", inverse=True)
+    assert (r.low, r.high) == pytest.approx((100 / 0.98, 100 / 0.82))
+
+
+def test_too_little_evidence_borrows_a_wider_band_and_says_so():
+    mine = _figs("sglang", "decode", "batch-1", [1.1, 1.2], ["x", "x"])
+    others = _figs("trtllm", "decode", "batch-1", [0.9, 1.0, 1.0, 1.1, 0.95, 1.05],
+                   ["p", "q", "p", "q", "p", "q"])
+    bands = build(mine + others)
+    b = pick(bands, "sglang", "decode", "batch-1")
+    assert (b.engine, b.regime) == ("all", "batch-1") and b.n == 8
+    a = apply(bands, 1.0, "sglang", "decode", "batch-1")
+    assert a.borrowed and "none enough for sglang" in a.basis
+    # an engine never measured at all gets every engine's band
+    assert pick(bands, "my-profile", "decode", "batched").engine == "all"
+    # nothing of the phase: no band
+    assert pick(bands, "sglang", "served TTFT", "saturated") is None
+
+
+def test_coverage_leaves_the_scored_source_out():
+    # source c's ratios are far from a and b's: built without c, c falls outside
+    figs = (_figs("e", "decode", "batch-1", [1.0, 1.01, 0.99, 1.02, 0.98, 1.0], ["a"] * 6)
+            + _figs("e", "decode", "batch-1", [1.0, 1.01, 0.99, 1.02, 0.98, 1.0], ["b"] * 6)
+            + _figs("e", "decode", "batch-1", [2.0, 2.1], ["c"] * 2))
+    cov = {(c.engine, c.phase): c for c in coverage(figs)}
+    allc = cov[("e", "all")]
+    assert allc.n == 14
+    # c's two figures are outside a+b's band; a's own six are scored on b (+ c's two) alone
+    c_only = coverage([f for f in figs if f.source != "a"])
+    assert {(c.engine, c.phase): c.inside for c in c_only}[("e", "all")] <= 6
+    assert allc.inside < allc.n
+
+
+@given(st.lists(st.floats(0.2, 5.0), min_size=5, max_size=40), st.floats(1e-4, 10.0))
+def test_band_holds_the_value_scaled_by_its_quantiles(ratios, value):
+    figs = _figs("e", "prefill", "batched", ratios, [f"s{i % 3}" for i in range(len(ratios))])
+    a = apply(build(figs), value, "e", "prefill", "batched")
+    assert a.low <= value * max(ratios) * (1 + 1e-9)
+    assert a.low <= a.high
+    assert a.low >= value * min(ratios) * (1 - 1e-9)
+
+
+def test_served_regime():
+    assert served_regime(math.inf, 3.0) == "saturated"
+    assert served_regime(10.0, 9.5) == "unsaturated"
+    assert served_regime(10.0, 7.0) == "saturated"  # completes under 90% of what was sent
+    assert served_regime(math.nan, 5.0, 256, 256) == "saturated"  # a closed loop, batch full
+    assert served_regime(math.nan, 5.0, 12, 256) == "unsaturated"
+
+
+def test_the_built_in_table_loads_and_is_checked():
+    bands = catalog.load_bands()
+    assert any(b.phase == "served TTFT" for b in bands)
+    assert all(b.low_ratio <= b.median_ratio <= b.high_ratio for b in bands)
+    with pytest.raises(ValueError, match="low <= median <= high"):
+        from_table([{"engine": "e", "phase": "p", "regime": "r", "low_ratio": 2,
+                     "median_ratio": 1, "high_ratio": 3, "n": 4, "sources": 1}], "x.yaml")
+
+
+@pytest.mark.slow
+def test_the_built_in_table_is_what_validate_builds_now(run_cli, tmp_path):
+    """planner/data/bands.yaml must not go stale: a fresh validate writes the same table."""
+    out = tmp_path / "bands.yaml"
+    code, _, err = run_cli("validate", "--no-rows", "--write-bands", str(out))
+    assert code == 0, err
+    fresh = {(b.engine, b.phase, b.regime): b for b in catalog.load_bands(out)}
+    kept = {(b.engine, b.phase, b.regime): b for b in catalog.load_bands()}
+    assert fresh.keys() == kept.keys()
+    for k, b in fresh.items():
+        assert (kept[k].low_ratio, kept[k].high_ratio, kept[k].n) == pytest.approx(
+            (b.low_ratio, b.high_ratio, b.n), rel=1e-3), k
+
+
+def test_estimate_and_simulate_carry_bands(run_json):
+    d = run_json("estimate", "-m", "llama-3.1-8b", "-g", "h100-sxm", "-b", "1")
+    bands = catalog.load_bands()
+    b = pick(bands, "vllm", "decode", "batch-1")
+    assert d["tpot_s_low"] == pytest.approx(d["tpot_s"] * b.low_ratio)
+    assert d["tpot_s_high"] == pytest.approx(d["tpot_s"] * b.high_ratio)
+    assert d["bands"]["tpot_s"]["n"] == b.n
+    ideal = run_json("estimate", "-m", "llama-3.1-8b", "-g", "h100-sxm", "-e", "ideal")
+    assert "tpot_s_low" not in ideal  # a bound, not a prediction
+    s = run_json("simulate", "-m", "llama-3.1-8b", "-g", "h100-sxm", "-n", "100",
+                 "--request-rate", "2")
+    assert s["regime"] == "unsaturated"
+    b = pick(bands, "vllm", "served TPOT", "unsaturated")
+    assert s["mean_tpot_ms_high"] == pytest.approx(s["mean_tpot_ms"] * b.high_ratio)
+
+
+def test_plan_sized_at_the_high_end_never_uses_fewer_gpus(run_cli):
+    args = ["plan", "-m", "llama-3.1-8b", "-g", "h100-sxm", "--tp", "1", "--weights", "bf16",
+            "--kv-cache", "16", "--ttft", "300ms", "--tpot", "12ms", "--rps", "20", "--json"]
+    code, out, err = run_cli(*args)
+    assert code == 0, err
+    code2, out2, err2 = run_cli(*args, "--size-at", "high")
+    assert code2 == 0, err2
+    pred, high = json.loads(out)[0], json.loads(out2)[0]
+    assert high["total_gpus"] >= pred["total_gpus"]
+    assert high["sized_at_tpot_factor"] > 1 and pred["sized_at_tpot_factor"] == 1
+
+
+def test_engine_profiles_by_release():
+    assert catalog.load_engine_spec("vllm@0.6.3").name == "vllm-v0"
+    assert catalog.load_engine_spec("vllm@0.7").name == "vllm-v0"
+    assert catalog.load_engine_spec("vllm@0.8").name == "vllm"
+    assert catalog.load_engine_spec("vllm@0.19.1").name == "vllm"
+    assert catalog.load_engine_spec("sglang@0.4.5").name == "sglang"
+    assert version_key("0.10.1") > version_key("0.9.2")  # numbers, not text
+    with pytest.raises(SpecError, match="no vllm profile covers release 0.5"):
+        catalog.load_engine_spec("vllm@0.5")
+    with pytest.raises(SpecError, match="not a release number"):
+        catalog.load_engine_spec("vllm@latest")
+
+
+def test_every_profile_states_versions_that_do_not_overlap():
+    specs = [catalog.load_engine_spec(n) for n in catalog._names("engines_db")]
+    fam: dict[str, list] = {}
+    for s in specs:
+        if s.versions is not None:
+            fam.setdefault(s.versions.family, []).append(s.versions)
+    assert set(fam) >= {"vllm", "sglang", "trtllm"}
+    for vs in fam.values():
+        vs.sort(key=lambda v: version_key(v.from_))
+        for a, b in zip(vs, vs[1:], strict=False):
+            assert a.until is not None and version_key(a.until) <= version_key(b.from_)
+
+
+def test_the_request_path_delays_the_first_token_not_the_tokens_after():
+    """By hand: a lone request's TTFT is its steps' plus request_overhead + prompt x
+    per-token cost; its TPOT is unchanged."""
+    from dataclasses import replace as dc_replace
+
+    from planner.core.estimate import prepare
+    from planner.core.specs import Options, Precision
+    from planner.serving.cost import StepCoster
+    from planner.serving.sim import SchedulerConfig, simulate
+    from planner.serving.traffic import Request
+
+    m, hw = catalog.load_model("llama-3.1-8b"), catalog.load_hardware("h100-sxm")
+    base = catalog.load_engine("vllm")
+    free = dc_replace(base, request_overhead_s=0.0, prompt_token_overhead_s=0.0)
+    paid = dc_replace(base, request_overhead_s=0.012, prompt_token_overhead_s=2e-6)
+    out = []
+    for e in (free, paid):
+        c = StepCoster(m, hw, prepare(hw, Precision(), None, Options(), e), Options())
+        out.append(simulate([Request(0, 0.0, 1000, 50)], c, SchedulerConfig()).requests[0])
+    assert out[1].ttft_s - out[0].ttft_s == pytest.approx(0.012 + 1000 * 2e-6)
+    assert out[1].tpot_s == pytest.approx(out[0].tpot_s)
+
+
+def test_band_dataclass_round_trips():
+    b = Band("e", "decode", "batch-1", 0.9, 1.0, 1.2, 10, 3)
+    assert from_table([b.as_dict()], "x")[0] == b
