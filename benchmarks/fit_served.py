@@ -59,7 +59,10 @@ def _runs(engine: str):
     for ds, folder in catalog.load_served():
         for e in ds.runs:
             if (e.engine or ds.source.engine) == engine:
-                out.append((ds.source.id, e, read_result_file(folder / e.file)))
+                runs = read_result_file(folder / e.file)
+                if e.traffic is not None:
+                    runs = [e.traffic.apply(r) for r in runs]
+                out.append((ds.source.id, e, runs))
     return out
 
 

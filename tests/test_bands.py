@@ -133,7 +133,7 @@ def test_estimate_and_simulate_carry_bands(run_json):
 
 def test_plan_sized_at_the_high_end_never_uses_fewer_gpus(run_cli):
     args = ["plan", "-m", "llama-3.1-8b", "-g", "h100-sxm", "--tp", "1", "--weights", "bf16",
-            "--kv-cache", "16", "--ttft", "300ms", "--tpot", "12ms", "--rps", "20", "--json"]
+            "--kv-cache", "16", "--ttft", "2s", "--tpot", "40ms", "--rps", "20", "--json"]
     code, out, err = run_cli(*args)
     assert code == 0, err
     code2, out2, err2 = run_cli(*args, "--size-at", "high")

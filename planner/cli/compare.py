@@ -39,7 +39,7 @@ MAX_FILE_BYTES = 200 * 1024 * 1024
 
 def read_result_file(path: Path):
     """The runs of one result file, whatever its format."""
-    from planner.evidence.formats import read_runs
+    from planner.evidence.formats import PRINTED_MARK, read_printed, read_runs
     from planner.io import catalog
 
     if path.is_dir():
@@ -49,6 +49,8 @@ def read_result_file(path: Path):
     if path.stat().st_size > MAX_FILE_BYTES:
         raise LlmplanError(f"{path}: larger than {MAX_FILE_BYTES // 2**20} MiB")
     text = catalog.read_text(path)
+    if PRINTED_MARK in text and not text.lstrip().startswith(("{", "[")):
+        return read_printed(text, str(path))
     try:
         data = json.loads(text)
     except (json.JSONDecodeError, RecursionError):
@@ -67,10 +69,37 @@ def read_result_file(path: Path):
     return read_runs(data, str(path))
 
 
+# scheduler flags of a server command, by engine, and the Engine field each sets: what a
+# served run was measured with when its server was not left at the engine's defaults
+SERVER_FLAGS = {
+    "--max-num-seqs": "max_num_seqs", "--max-num-batched-tokens": "max_num_batched_tokens",
+    "--max-running-requests": "max_num_seqs", "--chunked-prefill-size": "max_num_batched_tokens",
+    "--max_batch_size": "max_num_seqs", "--max_num_tokens": "max_num_batched_tokens",
+}
+
+
+def server_overrides(command: str | None) -> dict:
+    """The scheduler settings a server command sets (vLLM's, SGLang's and trtllm-serve's flag
+    names), as ``Engine`` fields; ``--enable_chunked_prefill`` turns chunking on."""
+    out: dict = {}
+    if not command:
+        return out
+    words = command.replace("=", " ").split()
+    for i, w in enumerate(words):
+        if w in SERVER_FLAGS and i + 1 < len(words) and words[i + 1].isdigit():
+            out[SERVER_FLAGS[w]] = int(words[i + 1])
+        if w in ("--enable_chunked_prefill", "--enable-chunked-prefill"):
+            out["chunked_prefill"] = True
+    return out
+
+
 def served_setup(model: str, gpu: str, spec, tp: int, weights, kv_cache,
-                 group_size: int = DEFAULT_GROUP_SIZE, quantized_layers="all"):
+                 group_size: int = DEFAULT_GROUP_SIZE, quantized_layers="all",
+                 server: dict | None = None):
     """The deployment a served run was measured on (``planner.layouts.deployment``), ready
-    for prediction: the engine's scheduler budget is the prefill chunk."""
+    for prediction: the engine's scheduler budget is the prefill chunk. ``server``: the
+    scheduler settings its server command set (``server_overrides``)."""
+    from dataclasses import replace
     from planner.core.specs import Options
     from planner.io import catalog
     from planner.layouts.deployment import Deployment, Layout
@@ -80,6 +109,8 @@ def served_setup(model: str, gpu: str, spec, tp: int, weights, kv_cache,
     m = catalog.load_model(model)
     hw = catalog.load_hardware(gpu)
     eng = spec.model()
+    if server:
+        eng = replace(eng, **server)
     prec = precision_of(m, weights, kv_cache, group_size, quantized_layers=quantized_layers)
     return Deployment.build(m, hw, engine=eng, precision=prec, layout=Layout(tp=tp),
                             options=Options(prefill_chunk_tokens=eng.max_num_batched_tokens))

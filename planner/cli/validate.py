@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 import typer
 
 from planner.cli.options import json_out, output_path, stderr, stdout
-from planner.core.errors import LlmplanError
+from planner.core.errors import LlmplanError, UsageError
 
 RECORDED = Path(__file__).resolve().parent.parent / "data" / "validation_recorded.yaml"
 
@@ -42,14 +42,18 @@ def run_validation(datasets, engine_override: str | None = None):
     return out
 
 
+unserved: list[str] = []  # served runs the simulator could not replay, with the reason
+
+
 def run_served(manifests, engine_override: str | None = None):
     """Every served-run comparison of ``manifests`` ((ServedDataset, folder) pairs): each
     result file read, its runs simulated with the engine's profile and the ideal engine's."""
-    from planner.cli.compare import read_result_file, served_setup
+    from planner.cli.compare import read_result_file, served_setup, server_overrides
     from planner.evidence.served import compare_entry
     from planner.io import catalog
 
     out = []
+    unserved.clear()
     ideal_spec = catalog.load_engine_spec("ideal")
     for ds, folder in manifests:
         for entry in ds.runs:
@@ -57,16 +61,34 @@ def run_served(manifests, engine_override: str | None = None):
             try:
                 engine = engine_override or entry.engine or ds.source.engine
                 spec = catalog.load_engine_spec(engine)
+                server = server_overrides(entry.traffic.server_command
+                                          if entry.traffic else None)
                 setup = served_setup(entry.model, entry.gpu, spec,
-                                     entry.tp, entry.weights, entry.kv_cache)
+                                     entry.tp, entry.weights, entry.kv_cache,
+                                     quantized_layers=_quantized_layers(entry),
+                                     server=server)
                 ideal = served_setup(entry.model, entry.gpu, ideal_spec, entry.tp,
-                                     entry.weights, entry.kv_cache)
+                                     entry.weights, entry.kv_cache,
+                                     quantized_layers=_quantized_layers(entry), server=server)
                 runs = read_result_file(folder / entry.file)
+                if entry.traffic is not None:
+                    runs = [entry.traffic.apply(r) for r in runs]
                 out += compare_entry(ds.source, entry, runs, setup, ideal,
                                      spec.fitted_rows())
+            except UsageError as err:
+                # the simulator cannot serve what the real server did (a prompt longer than
+                # the KV cache it predicts): a miss of the model, counted and shown, not a
+                # reason to stop
+                unserved.append(f"{where}: {err}")
             except LlmplanError as err:
                 raise LlmplanError(f"{where}: {err}") from None
     return out
+
+
+def _quantized_layers(entry) -> str:
+    """gpt-oss ships MXFP4 experts with the rest in 16-bit: an mxfp4 run quantizes only its
+    experts, as ``--quantized-layers experts`` says."""
+    return "experts" if entry.weights.value == "mxfp4" else "all"
 
 
 def recorded_limits() -> dict:
@@ -199,6 +221,8 @@ def validate(
                 ["engine", "figures", "inside band", "coverage"],
                 [[c.engine, c.n, c.inside, fmt.pct(c.frac)] for c in cov], left=2,
                 compact=True))
+    for u in unserved:
+        stderr.print(f"[yellow]not replayed:[/] {u}")
     for f in failed:
         stderr.print(f"[red]check failed:[/] {f}")
     if failed:

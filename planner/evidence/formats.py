@@ -22,6 +22,8 @@ Pure: the caller reads the file.
 from __future__ import annotations
 
 import math
+from dataclasses import replace
+import re
 from typing import Any
 
 from planner.core.errors import LlmplanError
@@ -431,3 +433,68 @@ def read_genai_perf(data: dict, where: str) -> list[ServedRun]:
         num_prompts=completed, completed=completed, mean_input_tokens=mean_in,
         mean_output_tokens=mean_out, metrics=metrics, burstiness=burst,
         duration_s=completed / rps, model_id=model_id)]
+
+
+# The block `vllm bench serve` (and benchmark_serving.py) and SGLang's bench_serving print at
+# the end of a run, as users paste it into issues and posts: "Label: value" lines between
+# "==== Serving Benchmark Result ====" and a closing rule.
+PRINTED_MARK = "Serving Benchmark Result"
+_PRINTED_KEYS = {
+    "successful requests": "completed",
+    "benchmark duration (s)": "duration",
+    "total input tokens": "total_input_tokens",
+    "total generated tokens": "total_output_tokens",
+    "request throughput (req/s)": "request_throughput",
+    "output token throughput (tok/s)": "output_throughput",
+    "total token throughput (tok/s)": "total_token_throughput",
+    "request rate configured (rps)": "request_rate",
+    "traffic request rate": "request_rate",
+    "maximum request concurrency": "max_concurrency",
+    "max request concurrency": "max_concurrency",
+}
+_PRINTED_STAT = re.compile(r"^(mean|median|p\d+(?:\.\d+)?) (ttft|tpot|itl|e2el|e2e latency) "
+                           r"\(ms\)$")
+
+
+def read_printed(text: str, where: str) -> list[ServedRun]:
+    """The runs of a printed result block (one per block; a text may hold several). Its
+    request rate is the configured one when the block prints it (recent vLLM, SGLang); an
+    older block's traffic must come from the command that produced it (a served manifest's
+    ``traffic``)."""
+    blocks = text.split(PRINTED_MARK)[1:]
+    if not blocks:
+        raise FormatError(f"{where}: no '{PRINTED_MARK}' block")
+    runs = []
+    for i, block in enumerate(blocks, 1):
+        w = f"{where}:{i}" if len(blocks) > 1 else where
+        obj: dict[str, Any] = {}
+        sglang = False
+        for line in block.splitlines():
+            label, sep, value = line.partition(":")
+            if not sep:
+                continue
+            label, value = label.strip().lower(), value.strip()
+            m = _PRINTED_STAT.match(label)
+            if m:
+                stat, what = m.group(1), m.group(2)
+                sglang |= what == "e2e latency"
+                key = f"{stat}_{'e2e_latency' if what == 'e2e latency' else what}_ms"
+            elif label in _PRINTED_KEYS:
+                key = _PRINTED_KEYS[label]
+            else:
+                sglang |= label in ("backend", "traffic request rate")
+                continue
+            if value.lower() in ("inf", "infinity"):
+                obj[key] = math.inf
+                continue
+            try:
+                obj[key] = float(value.replace(",", ""))
+            except ValueError:
+                continue  # "not set", "None"
+        for k in ("completed", "max_concurrency", "total_input_tokens", "total_output_tokens"):
+            if k in obj and math.isfinite(obj[k]):
+                obj[k] = int(obj[k])
+        if "completed" not in obj:
+            raise FormatError(f"{w}: the block has no 'Successful requests' line")
+        runs += read_sglang([obj], w) if sglang else read_vllm(obj, w)
+    return [replace(r, tool=r.tool + " (printed)") for r in runs]

@@ -21,7 +21,7 @@ Pure: no I/O (the CLI reads the files).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -52,8 +52,11 @@ class _Strict(BaseModel):
 class ServedSource(_Strict):
     id: str = Field(min_length=1, pattern=r"^[a-z0-9][a-z0-9._-]*$")
     url: str = Field(min_length=1)  # the folder or file, at the commit copied
-    repo: str = Field(min_length=3)  # owner/name
-    commit: str = Field(pattern=r"^[0-9a-f]{40}$")
+    # a repository's committed result files, or pages (issue comments, posts) whose printed
+    # result blocks were copied: a page has no commit, each run names its URL in ``path``
+    kind: Literal["repository", "page"] = "repository"
+    repo: str = Field(min_length=3)  # owner/name (for pages, the tracker's repository or site)
+    commit: str | None = Field(None, pattern=r"^[0-9a-f]{40}$")
     date: str = Field(min_length=1)
     engine: str = Field(min_length=1)  # engines_db name that predicts its runs
     engine_version: str = Field(min_length=1)
@@ -62,19 +65,58 @@ class ServedSource(_Strict):
     notes: str | None = None
 
 
+class Traffic(_Strict):
+    """What the client sent, from its command, for a result that does not record it (a
+    printed block of an older release prints no request rate)."""
+
+    dataset: str | None = None
+    num_prompts: int | None = Field(None, gt=0, le=10_000_000)
+    request_rate: float | None = Field(None, gt=0, allow_inf_nan=True)  # .inf: all at once
+    burstiness: float | None = Field(None, gt=0, le=1e6)
+    max_concurrency: int | None = Field(None, gt=0, le=10_000_000)
+    input_len: int | None = Field(None, gt=0, le=10_000_000)
+    output_len: int | None = Field(None, gt=0, le=10_000_000)
+    range_ratio: float | None = Field(None, ge=0, le=1)
+    ignore_eos: bool | None = None
+    client_command: str | None = None
+    server_command: str | None = None
+
+    @field_validator("request_rate")
+    @classmethod
+    def _not_nan(cls, v):
+        if v is not None and math.isnan(v):
+            raise ValueError("request_rate: not a number")
+        return v
+
+    def apply(self, run: ServedRun) -> ServedRun:
+        """The run with the traffic its command states put over what the file says."""
+        upd: dict = {}
+        if self.request_rate is not None:
+            upd["request_rate"] = self.request_rate
+        if self.max_concurrency is not None:
+            upd["max_concurrency"] = self.max_concurrency
+        if self.burstiness is not None:
+            upd["burstiness"] = self.burstiness
+        if self.num_prompts is not None:
+            upd["num_prompts"] = self.num_prompts
+        return replace(run, **upd) if upd else run
+
+
 class ServedEntry(_Strict):
     id: str = Field(min_length=1, pattern=r"^[a-z0-9][a-z0-9._-]*$")
     file: str = Field(min_length=1, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")  # beside the manifest
     path: str = Field(min_length=1)  # where it lies in the source repository
     commit: str | None = Field(None, pattern=r"^[0-9a-f]{40}$")  # when not the source's
     sha256: str = Field(pattern=r"^[0-9a-f]{64}$")  # of the file as published
-    kept: Literal["verbatim", "extract"] = "verbatim"
+    kept: Literal["verbatim", "extract", "excerpt"] = "verbatim"  # excerpt: a printed block
     model: str = Field(min_length=1)
     gpu: str = Field(min_length=1)
     tp: int = Field(1, gt=0, le=1024)
     weights: DType = DType.bf16
     kv_cache: DType | None = None
     engine: str | None = None  # this run's, when not the source's
+    engine_version: str | None = None  # this run's, when not the source's
+    traffic: Traffic | None = None
     # figures not compared, each for a reason the note gives (a measurement the simulator
     # cannot reproduce by construction, such as prompts served from a warm prefix cache)
     skip: list[Literal["TTFT", "TPOT", "throughput"]] = Field(default_factory=list)
@@ -94,8 +136,20 @@ class ServedDataset(_Strict):
     left_out: list[str] = Field(default_factory=list)
 
     def url_of(self, e: ServedEntry) -> str:
+        if self.source.kind == "page":
+            return e.path
         return f"https://github.com/{self.source.repo}/blob/{e.commit or self.source.commit}/" \
                f"{e.path}"
+
+    @model_validator(mode="after")
+    def _commit(self) -> ServedDataset:
+        if self.source.kind == "repository" and self.source.commit is None:
+            raise ValueError("source.commit: a repository source names the commit copied")
+        if self.source.kind == "page":
+            for r in self.runs:
+                if not r.path.startswith("https://"):
+                    raise ValueError(f"run {r.id}: path must be the page's https:// URL")
+        return self
 
     @model_validator(mode="after")
     def _unique(self) -> ServedDataset:
