@@ -240,7 +240,8 @@ CalibrationOpt = Annotated[Optional[Path], typer.Option(
 GroupSizeOpt = Annotated[int, typer.Option(help="Weights per scale for int8/int4.")]
 DEFAULT_ENGINE = "vllm"
 EngineOpt = Annotated[str, typer.Option(
-    "--engine", "-e", help="Engine profile: ideal, vllm, sglang, trtllm, gpt-fast, hf-eager "
+    "--engine", "-e", help="Engine profile: ideal, vllm, vllm-v0, sglang, trtllm, gpt-fast, "
+    "hf-eager, FAMILY@RELEASE (vllm@0.6.3 picks the profile covering that release) "
     "(engines_db) or a YAML file. ideal = the datasheet roofline with no overheads.")]
 ChunkOpt = Annotated[int, typer.Option(
     help="Tokens per prefill pass (chunked prefill; bounds activation memory). 0: whole batch.")]
