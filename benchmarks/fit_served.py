@@ -26,6 +26,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from planner.cli.compare import read_result_file, served_setup  # noqa: E402
+from planner.cli.validate import shape_lengths  # noqa: E402
 from planner.evidence.compare import _sim_value, simulate_run  # noqa: E402
 from planner.evidence.fit import _golden, round_sig3, set_params, soft_l1  # noqa: E402
 from planner.evidence.served import METRIC_GROUPS, _pick  # noqa: E402
@@ -61,7 +62,7 @@ def _runs(engine: str):
             if (e.engine or ds.source.engine) == engine:
                 runs = read_result_file(folder / e.file)
                 if e.traffic is not None:
-                    runs = [e.traffic.apply(r) for r in runs]
+                    runs = [shape_lengths(e.traffic.apply(r), e.traffic.dataset) for r in runs]
                 out.append((ds.source.id, e, runs))
     return out
 

@@ -195,3 +195,28 @@ def test_the_request_path_delays_the_first_token_not_the_tokens_after():
 def test_band_dataclass_round_trips():
     b = Band("e", "decode", "batch-1", 0.9, 1.0, 1.2, 10, 3)
     assert from_table([b.as_dict()], "x")[0] == b
+
+
+def test_shaped_lengths_keep_the_shape_at_the_runs_means():
+    from planner.serving.traffic import shaped_lengths
+
+    pairs = [(10, 100), (30, 300)]  # means 20 and 200
+    got = shaped_lengths(pairs, 2, mean_prompt=200, mean_output=50, seed=3)
+    assert sorted(got) == [(100, 25), (300, 75)]  # each scaled x10 and x0.25, each once
+    many = shaped_lengths(catalog.load_lengths("sharegpt"), 500, mean_prompt=1000,
+                          mean_output=300)
+    assert sum(p for p, _ in many) / 500 == pytest.approx(1000, rel=0.01)
+    assert sum(o for _, o in many) / 500 == pytest.approx(300, rel=0.01)
+    outs = sorted(o for _, o in many)
+    assert outs[-1] > 3 * outs[250]  # ShareGPT's long tail, which a mean-only replay loses
+    with pytest.raises(SpecError, match="unknown length distribution"):
+        catalog.load_lengths("nope")
+
+
+def test_simulate_sharegpt_lengths_take_longer_than_constant_ones(run_json):
+    args = ["simulate", "-m", "llama-3.1-8b", "-g", "h100-sxm", "-n", "500", "-p", "200",
+            "-o", "200"]
+    flat = run_json(*args)
+    shaped = run_json(*args, "--dataset-name", "sharegpt")
+    assert shaped["total_output_tokens"] == pytest.approx(flat["total_output_tokens"], rel=0.01)
+    assert shaped["duration"] > 1.1 * flat["duration"]  # the longest requests finish last

@@ -159,6 +159,11 @@ def simulate(
         help="Lengths uniform within +-this fraction (vLLM's random dataset).")] = 0.0,
     dataset: Annotated[Optional[Path], typer.Option(
         help="JSONL or CSV of prompt_tokens, output_tokens and optional arrival_s.")] = None,
+    dataset_name: Annotated[str, typer.Option(
+        "--dataset-name", metavar="random|sharegpt",
+        help="Lengths as vLLM's bench serve draws them: random (uniform within "
+        "--range-ratio of -p / -o) or sharegpt (the published ShareGPT length distribution, "
+        "planner/data/lengths, scaled so its means are -p and -o).")] = "random",
     seed: Annotated[int, typer.Option(help="Random seed of lengths and arrivals.")] = 0,
     scheduler: Annotated[Scheduler, typer.Option(
         help="continuous (vLLM-style iteration-level), static batches, or dynamic batches "
@@ -222,7 +227,8 @@ def simulate(
     cfg = _scheduler(dep, locals())
     # the step budget is the prefill chunk, as in the engines
     dep = dep.with_options(prefill_chunk_tokens=cfg.max_num_batched_tokens)
-    reqs = _requests(dataset, num_requests, prompt_tokens, output_tokens, range_ratio,
+    reqs = _requests(dataset, dataset_name, num_requests, prompt_tokens, output_tokens,
+                     range_ratio,
                      request_rate, burstiness, max_concurrency, seed)
     longest = max(reqs, key=lambda r: r.prompt_tokens + r.output_tokens)
     check_context(m, longest.prompt_tokens, longest.output_tokens, allow_longer_context,
@@ -308,14 +314,26 @@ def _check_numbers(a: dict) -> None:
         raise LlmplanError("--num-requests: at most 10,000,000")
 
 
-def _requests(dataset, num_requests, prompt_tokens, output_tokens, range_ratio, request_rate,
-              burstiness, max_concurrency, seed):
+def _requests(dataset, dataset_name, num_requests, prompt_tokens, output_tokens, range_ratio,
+              request_rate, burstiness, max_concurrency, seed):
     """The request stream: a trace file's, or vLLM's random dataset."""
     from planner.serving.traffic import replay, synthetic
 
     if dataset is not None:
         return replay(read_trace(dataset), request_rate=request_rate, burstiness=burstiness,
                       closed_loop=max_concurrency is not None, seed=seed)
+    if dataset_name != "random":
+        from planner.io import catalog
+        from planner.serving.traffic import shaped_lengths
+
+        if dataset_name not in catalog.length_names():
+            raise LlmplanError(f"--dataset-name: '{dataset_name}' is not random or one of "
+                               f"{', '.join(catalog.length_names())}")
+        lens = shaped_lengths(catalog.load_lengths(dataset_name), num_requests,
+                              mean_prompt=prompt_tokens, mean_output=output_tokens, seed=seed)
+        return replay([(p, o, None) for p, o in lens], request_rate=request_rate,
+                      burstiness=burstiness, closed_loop=max_concurrency is not None,
+                      seed=seed)
     return synthetic(num_requests, prompt_tokens=prompt_tokens, output_tokens=output_tokens,
                      range_ratio=range_ratio, request_rate=request_rate,
                      burstiness=burstiness, closed_loop=max_concurrency is not None, seed=seed)

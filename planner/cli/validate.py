@@ -72,7 +72,8 @@ def run_served(manifests, engine_override: str | None = None):
                                      quantized_layers=_quantized_layers(entry), server=server)
                 runs = read_result_file(folder / entry.file)
                 if entry.traffic is not None:
-                    runs = [entry.traffic.apply(r) for r in runs]
+                    runs = [shape_lengths(entry.traffic.apply(r), entry.traffic.dataset)
+                            for r in runs]
                 out += compare_entry(ds.source, entry, runs, setup, ideal,
                                      spec.fitted_rows())
             except UsageError as err:
@@ -83,6 +84,26 @@ def run_served(manifests, engine_override: str | None = None):
             except LlmplanError as err:
                 raise LlmplanError(f"{where}: {err}") from None
     return out
+
+
+def shape_lengths(run, dataset: str | None):
+    """A run that publishes only mean lengths, of a dataset whose length distribution is
+    kept (planner/data/lengths: ShareGPT's), replayed with lengths of that shape at the run's
+    means, not every request at the mean: the longest requests set an all-at-once run's
+    duration."""
+    from dataclasses import replace
+
+    from planner.io import catalog
+    from planner.serving.traffic import shaped_lengths
+
+    if run.input_lens or not dataset or dataset not in catalog.length_names():
+        return run
+    n = run.num_prompts or run.completed
+    lens = shaped_lengths(catalog.load_lengths(dataset), n, mean_prompt=run.mean_input_tokens,
+                          mean_output=run.mean_output_tokens)
+    return replace(run, input_lens=tuple(p for p, _ in lens),
+                   output_lens=tuple(o for _, o in lens),
+                   notes=run.notes + (f"lengths: {dataset}'s distribution at the run's means",))
 
 
 def _quantized_layers(entry) -> str:

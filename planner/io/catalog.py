@@ -541,3 +541,26 @@ def write_bands(path: Path, bands: list, *, sources: list[str]) -> None:
     body = {"quantiles": [LOW_Q, HIGH_Q], "min_figures": MIN_FIGURES,
             "min_sources": MIN_SOURCES, "sources": sources, "bands": to_table(bands)}
     Path(path).write_text(head + yaml.safe_dump(body, sort_keys=False, width=100))
+
+
+LENGTHS_DIR = _HERE / "data" / "lengths"
+
+
+def length_names() -> list[str]:
+    return sorted(p.stem for p in LENGTHS_DIR.glob("*.yaml"))
+
+
+def load_lengths(name: str) -> list[tuple[int, int]]:
+    """A published (prompt, output) length distribution by name (planner/data/lengths)."""
+    path = LENGTHS_DIR / f"{name}.yaml"
+    if name not in length_names():
+        raise SpecError(f"unknown length distribution '{name}'; known: "
+                        f"{', '.join(length_names())}")
+    data = read_yaml(path)
+    try:
+        pairs = [(int(p), int(o)) for p, o in data["pairs"]]
+    except (KeyError, TypeError, ValueError):
+        raise SpecError(f"{path}: pairs: expected a list of [prompt, output] integers") from None
+    if not pairs or min(min(p) for p in pairs) < 1:
+        raise SpecError(f"{path}: pairs: need at least one pair of positive lengths")
+    return pairs

@@ -77,3 +77,26 @@ def replay(rows: list[tuple[int, int, float | None]], *, request_rate: float = m
     reqs.sort(key=lambda r: (r.arrival_s, r.id))
     return [Request(i, r.arrival_s, r.prompt_tokens, r.output_tokens)
             for i, r in enumerate(reqs)]
+
+
+def shaped_lengths(pairs: list[tuple[int, int]], n: int, *, mean_prompt: float,
+                   mean_output: float, seed: int = 0) -> list[tuple[int, int]]:
+    """``n`` (prompt, output) lengths drawn from a published distribution of ``pairs`` (such
+    as ShareGPT's, ``planner/data/lengths``), each scaled so that the distribution's means are
+    ``mean_prompt`` and ``mean_output``: the shape kept, the scale the run's (another model's
+    tokenizer counts the same text differently). Drawn without replacement in a seeded order,
+    then again, so ``n`` up to ``len(pairs)`` takes each pair at most once. Integers, at
+    least 1."""
+    if not pairs:
+        raise UsageError("a length distribution needs at least one (prompt, output) pair")
+    if not (mean_prompt > 0 and mean_output > 0):
+        raise UsageError("the mean prompt and output lengths must be positive")
+    mp = sum(p for p, _ in pairs) / len(pairs)
+    mo = sum(o for _, o in pairs) / len(pairs)
+    order = list(range(len(pairs)))
+    random.Random(seed).shuffle(order)
+    out = []
+    for k in range(n):
+        p, o = pairs[order[k % len(order)]]
+        out.append((max(1, round(p * mean_prompt / mp)), max(1, round(o * mean_output / mo))))
+    return out
