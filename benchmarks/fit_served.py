@@ -34,10 +34,12 @@ from planner.io import catalog  # noqa: E402
 
 # engine -> (parameters, fit sources)
 PLANS: dict[str, tuple[list[str], list[str]]] = {
-    # vLLM V1: the per-step host cost (TPOT) and the request path (TTFT), on simon-mo's
-    # R1-Benchmark runs of vLLM 0.8.2 / 0.8.4 (Llama-3.2-3B, Llama-3.1-8B, QwQ-32B, DeepSeek-R1 on
-    # H100 and H200, TP 1-8); every other V1 source held out.
-    "vllm": (["step_overhead_us", "request_overhead_us"], ["r1-benchmark"]),
+    # vLLM V1: the per-step host cost (TPOT), on Massed Compute's runs of vLLM 0.8.5 and a 2026
+    # nightly (Llama-3.1-8B / 3.3-70B, Qwen2.5-7B, Qwen3-32B / 30B-A3B on L40S and H100 PCIe,
+    # TP 1-2, 1 to 32 requests in flight); every other V1 source held out. (A request-path
+    # cost fitted on R1-Benchmark's runs ended at the edge of its range and was refused: the
+    # TTFT those runs miss grows with the prefill.)
+    "vllm": (["step_overhead_us"], ["massed-compute-gpu-benchmark"]),
 }
 
 # Physical ranges (microseconds), each with its reason.

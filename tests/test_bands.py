@@ -220,3 +220,23 @@ def test_simulate_sharegpt_lengths_take_longer_than_constant_ones(run_json):
     shaped = run_json(*args, "--dataset-name", "sharegpt")
     assert shaped["total_output_tokens"] == pytest.approx(flat["total_output_tokens"], rel=0.01)
     assert shaped["duration"] > 1.1 * flat["duration"]  # the longest requests finish last
+
+
+def test_targets_are_computed_on_held_out_figures_only():
+    from types import SimpleNamespace as NS
+
+    from planner.evidence.validate import targets
+
+    served = [NS(in_sample=False, phase="served TPOT", error=e) for e in (0.05, -0.10, 0.30)]
+    served.append(NS(in_sample=True, phase="served TPOT", error=5.0))  # fitted: not counted
+    static = [NS(in_sample=False, batch=1, metric="tpot_s", engine="vllm", error=-0.04),
+              NS(in_sample=False, batch=1, metric="tpot_s", engine="hf-eager", error=0.9),
+              NS(in_sample=False, batch=8, metric="tpot_s", engine="vllm", error=0.9)]
+    t = {r.label: r for r in targets(static, served)}
+    med = t["served TPOT, median"]
+    assert (med.n, med.value, med.met) == (3, pytest.approx(0.10), True)
+    assert t["served TPOT, mean per run"].value == pytest.approx(0.15)
+    b1 = t["batch-1 decode, current engines, median"]
+    assert (b1.n, b1.value, b1.met) == (1, pytest.approx(0.04), True)
+    ttft = t["served TTFT, median"]
+    assert ttft.n == 0 and not ttft.met  # no evidence is not a pass

@@ -158,7 +158,7 @@ def validate(
     of held-out figures inside the p10-p90 band built from every other source."""
     from planner.evidence import bands as bands_mod
     from planner.evidence.served import summarize_served
-    from planner.evidence.validate import summarize
+    from planner.evidence.validate import summarize, targets
     from planner.io import catalog, fmt
     from planner.io.render import table
     from planner.search.sweep import parse_str_list
@@ -214,6 +214,9 @@ def validate(
                   "overall": [s.as_dict() for s in overall],
                   "sources": [d.source.model_dump(mode="json") for d in datasets],
                   "served_sources": [d.source.model_dump(mode="json") for d, _ in manifests],
+                  "targets": [{"target": t.label, "n": t.n, "value": t.value,
+                               "limit": t.limit, "met": t.met}
+                              for t in targets(comps, served_comps)],
                   "band_coverage": [{"engine": c.engine, "phase": c.phase, "n": c.n,
                                      "inside": c.inside, "frac": c.frac} for c in cover],
                   "check": {"passed": not failed, "failures": failed} if check else None})
@@ -235,6 +238,11 @@ def validate(
                            [[s.phase, s.split, s.n, fmt.pct(s.median_abs_error),
                              fmt.pct(s.p90_abs_error), fmt.pct(s.ideal_median_abs_error)]
                             for s in overall], left=2, compact=True))
+        tg = targets(comps, served_comps)
+        stdout.print(table("Targets (held out; issue 24)", ["target", "n", "now", "limit", ""],
+                           [[t.label, t.n, "-" if not t.n else fmt.pct(t.value),
+                             fmt.pct(t.limit), "met" if t.met else "missed"] for t in tg],
+                           left=1, compact=True))
         cov = [c for c in cover if c.phase == "all"]
         if cov:
             stdout.print(table(

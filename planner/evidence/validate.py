@@ -250,3 +250,50 @@ def summarize(rows: list, *, by_source: bool = True, phase_of=None) -> list[Summ
                            quantile([c.error for c in cs], 0.5),
                            quantile([abs(c.ideal_error) for c in cs], 0.5)))
     return out
+
+
+# The accuracy targets the project holds itself to (issue 24), each on held-out figures only:
+# (label, what it is computed over, statistic, limit).
+CURRENT_ENGINES = ("vllm", "sglang", "trtllm")
+TARGETS: tuple[tuple[str, str, str, float], ...] = (
+    ("served TPOT, median", "served TPOT", "median", 0.10),
+    ("served TTFT, median", "served TTFT", "median", 0.20),
+    ("served throughput, median", "served throughput", "median", 0.10),
+    ("served TPOT, p90", "served TPOT", "p90", 0.30),
+    ("served TTFT, p90", "served TTFT", "p90", 0.30),
+    ("served throughput, p90", "served throughput", "p90", 0.30),
+    ("served TPOT, mean per run", "served TPOT", "mean", 0.08),
+    ("served TTFT, mean per run", "served TTFT", "mean", 0.15),
+    ("batch-1 decode, current engines, median", "batch-1 decode", "median", 0.08),
+)
+
+
+@dataclass(frozen=True)
+class TargetResult:
+    label: str
+    n: int
+    value: float  # nan when no held-out figure covers it
+    limit: float
+
+    @property
+    def met(self) -> bool:
+        return self.n > 0 and self.value <= self.limit
+
+
+def targets(static: list, served: list) -> list[TargetResult]:
+    """Each target's held-out figure: |error| of the served runs by phase (every engine), and
+    of the static batch-1 decode rows of the current engines' profiles."""
+    out = []
+    for label, what, stat, limit in TARGETS:
+        if what == "batch-1 decode":
+            errs = [abs(c.error) for c in static if not c.in_sample and c.batch == 1
+                    and PHASE[c.metric] == "decode" and c.engine in CURRENT_ENGINES]
+        else:
+            errs = [abs(c.error) for c in served if not c.in_sample and c.phase == what]
+        if not errs:
+            out.append(TargetResult(label, 0, float("nan"), limit))
+            continue
+        v = sum(errs) / len(errs) if stat == "mean" else \
+            quantile(errs, 0.5 if stat == "median" else 0.9)
+        out.append(TargetResult(label, len(errs), v, limit))
+    return out
