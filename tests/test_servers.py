@@ -179,7 +179,9 @@ def test_calibrate_recovers_known_parameters(run_cli, run_json, tmp_path):
     out = tmp_path / "fitted.yaml"
     d = run_json("calibrate", *map(str, files), *M, *G, "--out", str(out),
                  "--no-leave-one-out")
-    assert d["values"]["step_overhead_us"] == pytest.approx(1500, rel=0.03)
+    # 1500 from vLLM's 656: the search within the physical ranges lands within 5% (the
+    # simulated figures move in small steps with the step cost, so the optimum is flat)
+    assert d["values"]["step_overhead_us"] == pytest.approx(1500, rel=0.05)
     assert d["values"]["gemm_compute_frac"] == pytest.approx(0.7, rel=0.03)
     assert "allreduce_latency_us" in d["unidentified"]  # TP 1: nothing to see
     assert max(abs(e["in_sample"]) for e in d["errors"]) < 0.02
@@ -198,8 +200,38 @@ def test_calibrate_reports_held_out_error(run_cli, tmp_path, monkeypatch):
     files = [str(FIX / "vllm_bench_serve.json"), str(FIX / "sglang_bench_serving.jsonl")]
     out = tmp_path / "p.yaml"
     code, text, err = run_cli("calibrate", *files, *M, *G, "--out", str(out))
-    assert code == 0, err
-    assert "leave-one-out" in text and "in-sample" in text and out.exists()
+    assert "leave-one-out" in text and "in-sample" in text
+    # the fixtures are illustrative numbers: their fit drives the prefill efficiency to the
+    # top of its range, so it is reported, refused and not written
+    assert code == 1 and "refused: gemm_compute_frac" in err and not out.exists()
+
+
+@pytest.mark.slow
+def test_calibrate_refuses_a_fit_outside_the_physical_range(run_cli, run_json, tmp_path):
+    """Runs simulated with a 40 ms step cost (no engine with CUDA graphs pays that) drive
+    the fit to the edge of the physical ranges: refused, exit 1, nothing written."""
+    spec = catalog.load_engine_spec("vllm").model_dump(mode="json", exclude_none=True,
+                                                       by_alias=True)
+    spec.update(name="too-fast")
+    spec["step_overhead_us"]["value"] = 40000.0
+    truth = tmp_path / "truth.yaml"
+    truth.write_text(yaml.safe_dump(spec))
+    files = [_simulated_result(run_json, tmp_path, truth, r, f"run-{r}.json")
+             for r in ("2", "inf")]
+    out = tmp_path / "fitted.yaml"
+    code, _, err = run_cli("calibrate", *map(str, files), *M, *G, "--out", str(out),
+                           "--no-leave-one-out")
+    assert code == 1, err
+    assert "refused:" in err and "ends at the edge of its physical range" in err
+    assert not out.exists()
+
+
+def test_calibrate_ranges_have_reasons():
+    from planner.evidence.calibrate import RANGES, at_edge
+
+    assert all(lo < hi and len(why) > 20 for lo, hi, why in RANGES.values())
+    assert at_edge("gemm_bandwidth_frac", 0.6) and not at_edge("gemm_bandwidth_frac", 0.9)
+    assert at_edge("step_overhead_us", 20.0) and not at_edge("step_overhead_us", 121.0)
 
 
 def test_calibrate_refuses_a_bad_out_path(run_cli, tmp_path):

@@ -25,6 +25,7 @@ from planner.cli.options import (
     WeightsOption,
     json_out,
     output_path,
+    stderr,
     stdout,
 )
 from planner.core.errors import LlmplanError
@@ -72,14 +73,18 @@ def calibrate(
                   leave_one_out=leave_one_out)
     except ValueError as err:
         raise LlmplanError(f"calibrate: {err}") from None
-    _write_profile(res, out, spec.name)
+    if not res.refused:
+        _write_profile(res, out, spec.name)
     if as_json:
-        json_out({"profile": str(out), "base_engine": spec.name, "values": res.values,
+        json_out({"profile": None if res.refused else str(out), "refused": list(res.refused),
+                  "base_engine": spec.name, "values": res.values,
                   "unidentified": res.unidentified, "runs": list(res.runs),
                   "errors": [e.__dict__ for e in res.errors]})
+        _refuse(res, out)
         return
     stdout.print(f"[bold]fitted[/] {len(res.runs)} run(s) of {plain(s.model.name)} on {tp} x "
-                 f"{plain(s.hardware.name)}, from {plain(spec.name)}; wrote {plain(out)}")
+                 f"{plain(s.hardware.name)}, from {plain(spec.name)}; "
+                 + ("[red]not written[/]" if res.refused else f"wrote {plain(out)}"))
     rows = [[p, f"{spec.parameters()[p].value:g}", f"{v:g}"] for p, v in res.values.items()]
     rows += [[p, f"{spec.parameters()[p].value:g}", f"kept: {why}"]
              for p, why in res.unidentified.items()]
@@ -95,6 +100,19 @@ def calibrate(
     stdout.print(f"median |error|: base {fmt.pct(_median_abs([e.before for e in res.errors]))}"
                  f", in-sample {fmt.pct(med)}"
                  + (f", leave-one-out {fmt.pct(held)}" if not math.isnan(held) else ""))
+    _refuse(res, out)
+
+
+def _refuse(res, out: Path) -> None:
+    """A fit the physics refuses (a value at the edge of its range): not bad input (exit 2)
+    but a fit that stands in for something the model lacks; nothing was written (exit 1)."""
+    if not res.refused:
+        return
+    for why in res.refused:
+        stderr.print(f"refused: {why}")
+    stderr.print(f"calibrate: nothing written to {out}; the model is missing something "
+                 "these runs show: give runs of more shapes, or fit fewer parameters")
+    raise typer.Exit(1)
 
 
 def _median_abs(v: list[float | None]) -> float:

@@ -9,7 +9,9 @@ and its residuals are log(predicted / measured) of the mean TTFT, the mean TPOT 
 the output throughput it reports; the loss is the same soft-L1 as ``planner.evidence.fit``
 and the search the same bounded coordinate descent in log space.
 
-A parameter the runs cannot identify is left at the base engine's value and named: one whose
+Each parameter is searched within a physical range (``RANGES``, each with its reason); a fit that
+ends at a range's edge is refused (``ProfileFit.refused``) and ``llmplan calibrate`` writes
+nothing. A parameter the runs cannot identify is left at the base engine's value and named: one whose
 change by a quarter moves no residual by more than half a percent (a prefill efficiency when
 every prompt is short, an all-reduce latency at TP 1). Errors are reported in-sample (fitted on
 every run) and leave-one-out (each run predicted by a fit on the others), so a user sees how
@@ -33,7 +35,37 @@ DEFAULT_PARAMS = ("step_overhead_us", "gemm_bandwidth_frac", "gemm_compute_frac"
 # measured figure -> the simulator's key for it
 FIT_METRICS = {"mean_ttft_s": "mean_ttft_ms", "mean_tpot_s": "mean_tpot_ms",
                "output_throughput": "output_throughput"}
-FIT_MAX_REQUESTS = 400  # each run is simulated on at most this many requests while fitting
+FIT_MAX_REQUESTS = 200  # each run is simulated on at most this many requests while fitting
+# Physical ranges of the fitted parameters, each with its reason. The search stays inside them,
+# and a value that ends at an edge (within EDGE) is refused: it would be standing in for
+# something the model lacks (three vLLM runs once "fitted" a GEMM bandwidth fraction of 0.44
+# with a 22 us step: a pair that fits those points and nothing else).
+RANGES: dict[str, tuple[float, float, str]] = {
+    "step_overhead_us": (20.0, 15000.0, "a step's exposed host work is at least tens of "
+                         "microseconds; above 15 ms it is no serving engine with CUDA graphs"),
+    "gemm_bandwidth_frac": (0.6, 1.0, "a decode GEMM streams its weights as a copy does: "
+                            "cuBLAS, CUTLASS and Marlin reach 60-100% of copy bandwidth"),
+    "gemm_compute_frac": (0.4, 1.0, "a prefill GEMM of a real model reaches at least 40% of "
+                          "the best shape's rate"),
+    "allreduce_latency_us": (2.0, 500.0, "an all-reduce over NVLink or PCIe costs microseconds "
+                             "to a few hundred"),
+}
+EDGE = 0.02
+
+
+def range_of(name: str) -> tuple[float, float]:
+    r = RANGES.get(name)
+    return (r[0], r[1]) if r else bounds_of(name)
+
+
+def at_edge(name: str, v: float) -> str | None:
+    """Why a fitted ``v`` is refused, or None."""
+    if name not in RANGES:
+        return None
+    lo, hi, why = RANGES[name]
+    if v <= lo * (1 + EDGE) or v >= hi * (1 - EDGE):
+        return f"{name} = {v:g} ends at the edge of its physical range {lo:g}-{hi:g} ({why})"
+    return None
 IDENTIFY_STEP = 1.25  # a parameter moved by this factor ...
 IDENTIFY_MIN = 0.005  # ... must move some residual by more than this (log) to be fitted
 
@@ -63,6 +95,7 @@ class ProfileFit:
     unidentified: dict[str, str]  # parameter -> why it stayed at the base value
     errors: tuple[MetricError, ...]
     runs: tuple[str, ...]
+    refused: tuple[str, ...] = ()  # why the fit is not physical (a value at a range's edge)
 
 
 def run_id(run: ServedRun) -> str:
@@ -134,7 +167,7 @@ def _identifiable(pred: _Predictor, values: dict[str, float], idx: list[int]) ->
     base = pred.residuals(values, idx)
     out = {}
     for p, v in values.items():
-        lo, hi = bounds_of(p)
+        lo, hi = range_of(p)
         moved = 0.0
         for f in (IDENTIFY_STEP, 1 / IDENTIFY_STEP):
             w = min(max(v * f, lo), hi)
@@ -155,13 +188,13 @@ def _fit(pred: _Predictor, values: dict[str, float], idx: list[int], *,
     def cost(vals: dict[str, float]) -> float:
         return sum(soft_l1(r) for r in pred.residuals(vals, idx))
 
-    got, _ = descend(cost, values, cost(values), sweeps=sweeps, tol=tol)
+    got, _ = descend(cost, values, cost(values), sweeps=sweeps, tol=tol, bounds=range_of)
     return {p: round_sig3(v) for p, v in got.items()}
 
 
 def calibrate(runs: list[ServedRun], base: Deployment, spec: EngineSpec, *, name: str,
               date: str, params: tuple[str, ...] = DEFAULT_PARAMS, sweeps: int = 8,
-              tol: float = 2e-3, leave_one_out: bool = True) -> ProfileFit:
+              tol: float = 5e-3, leave_one_out: bool = True) -> ProfileFit:
     """Fit ``params`` of ``spec`` to ``runs`` measured on ``base``'s deployment."""
     runs = [r for r in runs if r.batch is None and _measured(r)]
     if not runs:
@@ -170,7 +203,7 @@ def calibrate(runs: list[ServedRun], base: Deployment, spec: EngineSpec, *, name
         params = tuple(p for p in params if p != "allreduce_latency_us")
     pred = _Predictor(base, spec, runs)
     idx = list(range(len(runs)))
-    start = {p: get_param(spec, p) for p in params}
+    start = {p: min(max(get_param(spec, p), range_of(p)[0]), range_of(p)[1]) for p in params}
     unidentified = _identifiable(pred, start, idx)
     if base.tp == 1 and "allreduce_latency_us" in DEFAULT_PARAMS:
         unidentified["allreduce_latency_us"] = "every run is at TP 1: no all-reduce"
@@ -206,7 +239,10 @@ def calibrate(runs: list[ServedRun], base: Deployment, spec: EngineSpec, *, name
         "engine_version": f"{spec.engine_version}; calibrated by llmplan on {len(runs)} "
                           f"run(s) of {base.model.name} on {base.tp} x {base.hardware.name}",
         "source": f"llmplan calibrate: {', '.join(sorted({r.source for r in runs}))}"})
-    return ProfileFit(fitted, values, tuple(values), unidentified, tuple(errors), ids)
+    # a value the search drove to an edge (one left where the base profile had it is not)
+    refused = tuple(r for p, v in values.items()
+                    if abs(v / start[p] - 1) > 0.01 and (r := at_edge(p, v)))
+    return ProfileFit(fitted, values, tuple(values), unidentified, tuple(errors), ids, refused)
 
 
 __all__ = ["ProfileFit", "MetricError", "calibrate", "run_id"]

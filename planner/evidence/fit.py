@@ -112,14 +112,14 @@ def fit(spec: EngineSpec, params: list[str], datasets: list[Dataset], *, models,
 
 
 def descend(cost, values: dict[str, float], best: float, *, sweeps: int = 40,
-            tol: float = 1e-4) -> tuple[dict[str, float], float]:
+            tol: float = 1e-4, bounds=bounds_of) -> tuple[dict[str, float], float]:
     """Cyclic coordinate descent of ``cost(values)`` over the named parameters, each by a
-    golden-section search of its log within ``bounds_of`` it; (values, cost) at the end."""
+    golden-section search of its log within ``bounds(name)``; (values, cost) at the end."""
     values = dict(values)
     for _ in range(sweeps):
         start = best
         for p in values:
-            lo, hi = bounds_of(p)
+            lo, hi = bounds(p)
 
             def f(logv: float, p: str = p) -> float:
                 return cost({**values, p: math.exp(logv)})
