@@ -240,3 +240,23 @@ def test_targets_are_computed_on_held_out_figures_only():
     assert (b1.n, b1.value, b1.met) == (1, pytest.approx(0.04), True)
     ttft = t["served TTFT, median"]
     assert ttft.n == 0 and not ttft.met  # no evidence is not a pass
+
+
+def test_vllm_scheduler_defaults_follow_the_gpu_as_its_source_does():
+    """vLLM's get_batch_defaults: 1024 sequences and 8192 tokens a step on a GPU of 70 GiB or
+    more whose name has no 'a100'; 256 and 2048 below 70 GiB and on every A100. A server's
+    own flags stand over either."""
+    from planner.cli.compare import served_setup, server_overrides
+    from planner.core.estimate import prepare
+    from planner.core.specs import Options, Precision
+
+    e = catalog.load_engine("vllm")
+    got = {g: prepare(catalog.load_hardware(g), Precision(), None, Options(), e).engine
+           for g in ("h100-sxm", "h200", "a100-sxm-80gb", "l40s")}
+    assert [(x.max_num_seqs, x.max_num_batched_tokens) for x in got.values()] == \
+        [(1024, 8192), (1024, 8192), (256, 2048), (256, 2048)]
+    spec = catalog.load_engine_spec("vllm")
+    s = served_setup("llama-3.1-8b", "a100-sxm-80gb", spec, 1, "bf16", None,
+                     server=server_overrides("vllm serve x --max-num-batched-tokens 4096"))
+    assert (s.engine.max_num_seqs, s.engine.max_num_batched_tokens) == (256, 4096)
+    assert s.options.prefill_chunk_tokens == 4096

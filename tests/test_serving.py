@@ -337,4 +337,4 @@ def test_scheduler_defaults_come_from_the_engine(run_cli):
     assert code == 0, err
     code, out, _ = run_cli("simulate", "-m", "llama-3.1-8b", "-g", "h100-sxm", "-n", "600",
                            "-p", "128", "-o", "32", "--engine", "sglang", "--json")
-    assert json.loads(out)["max_running_requests"] > 256  # SGLang's 2048, not vLLM's 256
+    assert json.loads(out)["max_running_requests"] > 256  # SGLang's 2048 (vLLM: 256 or 1024)

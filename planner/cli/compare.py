@@ -108,7 +108,7 @@ def served_setup(model: str, gpu: str, spec, tp: int, weights, kv_cache,
     positive("--group-size", group_size)
     m = catalog.load_model(model)
     hw = catalog.load_hardware(gpu)
-    eng = spec.model()
+    eng = spec.model().for_gpu(hw.memory_bytes, hw.name)
     if server:
         eng = replace(eng, **server)
     prec = precision_of(m, weights, kv_cache, group_size, quantized_layers=quantized_layers)

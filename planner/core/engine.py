@@ -34,7 +34,7 @@ Pure: the YAML is read by ``planner.io.catalog``; this module only validates and
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -127,6 +127,19 @@ class QuantPath(_Frozen):
     compute_frac: Frac
 
 
+class SmallGpuDefaults(_Frozen):
+    """Scheduler defaults an engine picks on smaller GPUs (vLLM's OpenAI server: below 70 GiB,
+    or any A100), in place of ``ServingDefaults``' own."""
+
+    max_num_seqs: int = Field(ge=1, le=1_000_000)
+    max_num_batched_tokens: int = Field(ge=1, le=100_000_000)
+    below_memory_gib: float = Field(gt=0, le=100_000)  # a GPU with less memory than this
+    names: tuple[str, ...] = ()  # or whose name holds one of these (lower case)
+    source: str = Field(min_length=1)
+    date: str | None = None
+    note: str | None = None
+
+
 class ServingDefaults(_Frozen):
     """The engine's own scheduler defaults, which ``simulate`` and ``plan`` start from."""
 
@@ -134,6 +147,7 @@ class ServingDefaults(_Frozen):
     max_num_batched_tokens: Num  # tokens per step at most (prefill chunks and decodes)
     block_size: Num  # KV tokens per block (page)
     chunked_prefill: Flag
+    small_gpu: SmallGpuDefaults | None = None
 
     @model_validator(mode="after")
     def _check(self) -> ServingDefaults:
@@ -211,7 +225,9 @@ class EngineSpec(_Frozen):
             out[f"quantized.{q}.compute_frac"] = path.compute_frac
         if self.serving is not None:
             for name in type(self.serving).model_fields:
-                out[f"serving.{name}"] = getattr(self.serving, name)
+                v = getattr(self.serving, name)
+                if isinstance(v, _Sourced):
+                    out[f"serving.{name}"] = v
         return out
 
     def fitted_rows(self) -> set[str]:
@@ -254,6 +270,11 @@ class EngineSpec(_Frozen):
                 "max_num_batched_tokens": int(self.serving.max_num_batched_tokens.value),
                 "block_size": int(self.serving.block_size.value),
                 "chunked_prefill": self.serving.chunked_prefill.value}),
+            **({} if self.serving is None or self.serving.small_gpu is None else {
+                "small_gpu": (self.serving.small_gpu.max_num_seqs,
+                              self.serving.small_gpu.max_num_batched_tokens,
+                              self.serving.small_gpu.below_memory_gib * 2**30,
+                              self.serving.small_gpu.names)}),
         )
 
 
@@ -296,6 +317,20 @@ class Engine:
     max_num_batched_tokens: int = 8192
     block_size: int = 16
     chunked_prefill: bool = True
+    # (max_num_seqs, max_num_batched_tokens, below this many bytes of memory, or a GPU name
+    # holding one of these): the defaults on smaller GPUs, resolved by ``for_gpu``
+    small_gpu: tuple | None = None
+
+    def for_gpu(self, memory_bytes: float, gpu_name: str) -> Engine:
+        """The engine with its scheduler defaults for this GPU (vLLM picks smaller ones below
+        70 GiB and on A100s); resolved once, so later overrides (a server's flags) stand."""
+        if self.small_gpu is None:
+            return self
+        seqs, tokens, below, names = self.small_gpu
+        small = memory_bytes < below or any(n in gpu_name.lower() for n in names)
+        if not small:
+            return replace(self, small_gpu=None)
+        return replace(self, small_gpu=None, max_num_seqs=seqs, max_num_batched_tokens=tokens)
 
     def request_path_s(self, prompt_tokens: float) -> float:
         """The request path's cost outside the engine's steps, added to a request's TTFT."""

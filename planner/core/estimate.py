@@ -420,6 +420,7 @@ def prepare(hw: HardwareSpec, p: Precision, calibration: Calibration | None, o: 
             engine: Engine = IDEAL) -> Prepared:
     """Resolve the engine's ceilings and byte accounting for ``hw`` and ``p``; raises a
     ``UsageError`` when the GPU cannot run the precision."""
+    engine = engine.for_gpu(hw.memory_bytes, hw.name)
     c = ceilings(hw, calibration, o, engine)
     ref = c if engine.ceilings == "datasheet" else ceilings(hw, calibration, o, IDEAL)
     p = p.model_copy(update={"zero_point_bytes": engine.zero_point_bytes_per_group,
