@@ -8,7 +8,7 @@ every module's imports and fails on one that runs upward):
                 rich rendering, number formatting, watch (Prometheus scrape)
     search/     many deployments at once: the vectorized sweep, the SLO plan
     evidence/   measurements against predictions: validate, fit, budgets, served runs,
-                result-file formats, compare, calibrate
+                result-file formats, compare, calibrate, error bands
     serving/    request streams served step by step: traffic, KV pool, schedulers, step
                 costing, metrics, the event loop (pure)
     layouts/    one replica over several GPUs: the deployment value, pipeline and expert
