@@ -85,7 +85,13 @@ def _mark_fitted(text: str) -> str:
 
 def _write(path: Path, values: dict[str, float], rows: tuple[str, ...]) -> None:
     """Rewrite the ``value`` and ``fitted_on`` of each parameter in the YAML text, keeping
-    its comments and layout."""
+    its comments and layout, and say in each fitted note how it was set."""
+    path.write_text(_mark_fitted(with_values(path, values, rows)))
+
+
+def with_values(path: Path, values: dict[str, float], rows) -> str:
+    """The YAML text of ``path`` with each parameter's ``value`` and ``fitted_on`` replaced
+    (and its ``estimated: true`` dropped: a fitted value is no longer a guess)."""
     text = path.read_text()
     quoted = "[" + ", ".join(f'"{r}"' for r in rows) + "]"
     for name, v in values.items():
@@ -106,7 +112,7 @@ def _write(path: Path, values: dict[str, float], rows: tuple[str, ...]) -> None:
                           text, count=1, flags=re.M)
         if n != 1:
             raise SystemExit(f"{path}: could not find parameter {name} to write")
-    path.write_text(_mark_fitted(text))
+    return text
 
 
 def main() -> None:

@@ -17,13 +17,14 @@ from __future__ import annotations
 
 import argparse
 import math
-import re
 import sys
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+
+from fit_engines import with_values  # noqa: E402  (beside this script)
 
 from planner.cli.compare import read_result_file, served_setup  # noqa: E402
 from planner.cli.validate import shape_lengths  # noqa: E402
@@ -156,17 +157,8 @@ def main() -> int:
         return 1
     if args.write:
         path = ROOT / "engines_db" / f"{args.engine}.yaml"
-        text = path.read_text()
         rows = sorted({f"{src}:{e.id}" for src, e, _ in fit_items})
-        quoted = "[" + ", ".join(f'"{r}"' for r in rows) + "]"
-        for p, v in values.items():
-            block = re.compile(rf"(^{p}:\n  value: )[^\n]+\n(  fitted_on: [^\n]*\n)?", re.M)
-            text, n = block.subn(rf"\g<1>{v:g}\n  fitted_on: {quoted}\n", text, count=1)
-            text = re.sub(rf"(^{p}:\n(?:  (?!estimated:).*\n)*?)  estimated: true\n", r"\1",
-                          text, count=1, flags=re.M)
-            if n != 1:
-                raise SystemExit(f"{path}: no parameter {p} to write")
-        path.write_text(text)
+        path.write_text(with_values(path, values, rows))
         catalog.load_engine_spec(str(path))
         print(f"wrote {path}")
     return 0

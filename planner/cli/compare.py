@@ -100,6 +100,7 @@ def served_setup(model: str, gpu: str, spec, tp: int, weights, kv_cache,
     for prediction: the engine's scheduler budget is the prefill chunk. ``server``: the
     scheduler settings its server command set (``server_overrides``)."""
     from dataclasses import replace
+
     from planner.core.specs import Options
     from planner.io import catalog
     from planner.layouts.deployment import Deployment, Layout

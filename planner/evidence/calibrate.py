@@ -11,11 +11,11 @@ and the search the same bounded coordinate descent in log space.
 
 Each parameter is searched within a physical range (``RANGES``, each with its reason); a fit that
 ends at a range's edge is refused (``ProfileFit.refused``) and ``llmplan calibrate`` writes
-nothing. A parameter the runs cannot identify is left at the base engine's value and named: one whose
-change by a quarter moves no residual by more than half a percent (a prefill efficiency when
-every prompt is short, an all-reduce latency at TP 1). Errors are reported in-sample (fitted on
-every run) and leave-one-out (each run predicted by a fit on the others), so a user sees how
-well the fit carries to a run it did not see. Pure: no I/O.
+nothing. A parameter the runs cannot identify is left at the base engine's value and named:
+one whose change by a quarter moves no residual by more than half a percent (a prefill
+efficiency when every prompt is short, an all-reduce latency at TP 1). Errors are reported
+in-sample (fitted on every run) and leave-one-out (each run predicted by a fit on the others),
+so a user sees how well the fit carries to a run it did not see. Pure: no I/O.
 """
 
 from __future__ import annotations

@@ -22,8 +22,8 @@ Pure: the caller reads the file.
 from __future__ import annotations
 
 import math
-from dataclasses import replace
 import re
+from dataclasses import replace
 from typing import Any
 
 from planner.core.errors import LlmplanError

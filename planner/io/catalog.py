@@ -192,7 +192,7 @@ def load_engine_spec(ref: str) -> EngineSpec:
     """A built-in engine profile name (engines_db/), ``FAMILY@VERSION`` (``vllm@0.6.3``: the
     built-in profile whose ``versions`` cover that release), or a YAML file of the same
     schema."""
-    if "@" in ref and not Path(ref).suffix in (".yaml", ".yml", ".json"):
+    if "@" in ref and Path(ref).suffix not in (".yaml", ".yml", ".json"):
         return _engine_for_version(ref)
     path = _resolve(ref, "engines_db", "engine")
     return validate(EngineSpec, read_yaml(path), str(path))
