@@ -26,11 +26,10 @@ sys.path.insert(0, str(ROOT))
 
 from fit_engines import with_values  # noqa: E402  (beside this script)
 
-from planner.cli.compare import read_result_file, served_setup  # noqa: E402
-from planner.cli.validate import shape_lengths  # noqa: E402
+from planner.cli.validate import replay_setup, replayed_runs  # noqa: E402
 from planner.evidence.compare import _sim_value, simulate_run  # noqa: E402
 from planner.evidence.fit import _golden, round_sig3, set_params, soft_l1  # noqa: E402
-from planner.evidence.served import METRIC_GROUPS, _pick  # noqa: E402
+from planner.evidence.served import compared_figures  # noqa: E402
 from planner.io import catalog  # noqa: E402
 
 # engine -> (parameters, fit sources)
@@ -58,33 +57,22 @@ RANGES: dict[str, tuple[float, float, str]] = {
 
 
 def _runs(engine: str):
-    """(source id, entry, runs) of every served file this engine predicts."""
-    out = []
-    for ds, folder in catalog.load_served():
-        for e in ds.runs:
-            if (e.engine or ds.source.engine) == engine:
-                runs = read_result_file(folder / e.file)
-                if e.traffic is not None:
-                    runs = [shape_lengths(e.traffic.apply(r), e.traffic.dataset) for r in runs]
-                out.append((ds.source.id, e, runs))
-    return out
+    """(source id, entry, runs) of every served file this engine predicts, read once and
+    replayed as `llmplan validate` replays them."""
+    return [(ds.source.id, e, replayed_runs(e, folder))
+            for ds, folder in catalog.load_served() for e in ds.runs
+            if (e.engine or ds.source.engine) == engine]
 
 
 def _residuals(spec, items):
     """(source, figure, log(simulated / measured)) of every compared figure."""
     out = []
     for src, e, runs in items:
-        setup = served_setup(e.model, e.gpu, spec, e.tp, e.weights, e.kv_cache)
+        setup = replay_setup(e, spec)
         for run in runs:
             sim, _ = simulate_run(run, setup)
-            for phase, keys in METRIC_GROUPS:
-                if phase.split()[-1] in e.skip:
-                    continue
-                k = _pick(run, keys)
-                if k is None:
-                    continue
-                p = _sim_value(sim, k)
-                if p and math.isfinite(p):
+            for phase, k, p in compared_figures(e, run, lambda k, sim=sim: _sim_value(sim, k)):
+                if p > 0:
                     out.append((src, phase, math.log(p / run.metrics[k])))
     return out
 

@@ -88,7 +88,7 @@ def overall():
     from planner.evidence.served import summarize_served
 
     return (summarize(run_validation(DATASETS), by_source=False)
-            + summarize_served(run_served(catalog.load_served()), by_source=False))
+            + summarize_served(run_served(catalog.load_served())[0], by_source=False))
 
 
 @pytest.mark.slow

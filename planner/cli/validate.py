@@ -42,39 +42,23 @@ def run_validation(datasets, engine_override: str | None = None):
     return out
 
 
-unserved: list[str] = []  # served runs the simulator could not replay, with the reason
-
-
-def run_served(manifests, engine_override: str | None = None):
+def run_served(manifests, engine_override: str | None = None) -> tuple[list, list[str]]:
     """Every served-run comparison of ``manifests`` ((ServedDataset, folder) pairs): each
-    result file read, its runs simulated with the engine's profile and the ideal engine's."""
-    from planner.cli.compare import read_result_file, served_setup, server_overrides
+    result file read, its runs simulated with the engine's profile and the ideal engine's;
+    and the runs the simulator could not replay, each with the reason."""
     from planner.evidence.served import compare_entry
     from planner.io import catalog
 
-    out = []
-    unserved.clear()
+    out, unserved = [], []
     ideal_spec = catalog.load_engine_spec("ideal")
     for ds, folder in manifests:
         for entry in ds.runs:
             where = f"served run {ds.source.id}:{entry.id}"
             try:
-                engine = engine_override or entry.engine or ds.source.engine
-                spec = catalog.load_engine_spec(engine)
-                server = server_overrides(entry.traffic.server_command
-                                          if entry.traffic else None)
-                setup = served_setup(entry.model, entry.gpu, spec,
-                                     entry.tp, entry.weights, entry.kv_cache,
-                                     quantized_layers=_quantized_layers(entry),
-                                     server=server)
-                ideal = served_setup(entry.model, entry.gpu, ideal_spec, entry.tp,
-                                     entry.weights, entry.kv_cache,
-                                     quantized_layers=_quantized_layers(entry), server=server)
-                runs = read_result_file(folder / entry.file)
-                if entry.traffic is not None:
-                    runs = [shape_lengths(entry.traffic.apply(r), entry.traffic.dataset)
-                            for r in runs]
-                out += compare_entry(ds.source, entry, runs, setup, ideal,
+                spec = catalog.load_engine_spec(engine_override or entry.engine
+                                                or ds.source.engine)
+                out += compare_entry(ds.source, entry, replayed_runs(entry, folder),
+                                     replay_setup(entry, spec), replay_setup(entry, ideal_spec),
                                      spec.fitted_rows())
             except UsageError as err:
                 # the simulator cannot serve what the real server did (a prompt longer than
@@ -83,7 +67,29 @@ def run_served(manifests, engine_override: str | None = None):
                 unserved.append(f"{where}: {err}")
             except LlmplanError as err:
                 raise LlmplanError(f"{where}: {err}") from None
-    return out
+    return out, unserved
+
+
+def replayed_runs(entry, folder):
+    """The runs of a served entry's result file as they are replayed: the traffic its client
+    command states over what the file says, and a kept length distribution where the file
+    gives only mean lengths."""
+    from planner.cli.compare import read_result_file
+
+    runs = read_result_file(folder / entry.file)
+    if entry.traffic is None:
+        return runs
+    return [shape_lengths(entry.traffic.apply(r), entry.traffic.dataset) for r in runs]
+
+
+def replay_setup(entry, spec):
+    """The deployment a served entry was measured on, with ``spec``'s engine: its model, GPU,
+    TP and precision, and the scheduler flags of its server command."""
+    from planner.cli.compare import served_setup, server_overrides
+
+    server = server_overrides(entry.traffic.server_command if entry.traffic else None)
+    return served_setup(entry.model, entry.gpu, spec, entry.tp, entry.weights, entry.kv_cache,
+                        quantized_layers=_quantized_layers(entry), server=server)
 
 
 def shape_lengths(run, dataset: str | None):
@@ -181,7 +187,7 @@ def validate(
         datasets = [d for d in datasets if d.source.id in wanted]
         manifests = [(d, f) for d, f in manifests if d.source.id in wanted]
     comps = run_validation(datasets, engine)
-    served_comps = run_served(manifests, engine)
+    served_comps, unserved = run_served(manifests, engine)
     per_source = summarize(comps) + summarize_served(served_comps)
     overall = summarize(comps, by_source=False) + summarize_served(served_comps,
                                                                    by_source=False)

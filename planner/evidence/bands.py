@@ -24,15 +24,12 @@ import math
 from dataclasses import dataclass
 
 from planner.core.arith import quantile
+from planner.evidence.validate import PHASE
 
 MIN_FIGURES = 5
 MIN_SOURCES = 2
 LOW_Q, HIGH_Q = 0.1, 0.9
 
-# the phase of each figure a prediction reports, by the key it has in estimate / simulate
-STATIC_PHASES = {"ttft_s": "prefill", "tpot_s": "decode", "latency_s": "end-to-end"}
-SERVED_PHASES = {"ttft": "served TTFT", "tpot": "served TPOT", "itl": "served TPOT",
-                 "output_throughput": "served throughput"}
 
 
 @dataclass(frozen=True)
@@ -100,9 +97,6 @@ def served_regime(request_rate: float, simulated_request_throughput: float | Non
 # measured, the time ratio, so one band covers a phase's times and rates alike
 _STATIC_RATES = ("user_tokens_per_s", "throughput_tokens_per_s",
                  "throughput_tokens_per_s_per_gpu")
-_STATIC_PHASE = {"user_tokens_per_s": "decode", "tpot_s": "decode", "ttft_s": "prefill",
-                 "throughput_tokens_per_s": "end-to-end",
-                 "throughput_tokens_per_s_per_gpu": "end-to-end", "latency_s": "end-to-end"}
 
 
 def figures_of(static: list, served: list) -> list[Figure]:
@@ -115,7 +109,7 @@ def figures_of(static: list, served: list) -> list[Figure]:
             continue
         ratio = c.predicted / c.measured if c.metric in _STATIC_RATES else \
             c.measured / c.predicted
-        out.append(Figure(c.engine, _STATIC_PHASE[c.metric], static_regime(c.batch), c.source,
+        out.append(Figure(c.engine, PHASE[c.metric], static_regime(c.batch), c.source,
                           ratio))
     for c in served:
         if c.in_sample or not (c.measured > 0 and c.predicted > 0):

@@ -187,6 +187,24 @@ def _pick(run: ServedRun, keys: tuple[str, ...]) -> str | None:
     return None
 
 
+def compared_figures(entry: ServedEntry, run: ServedRun,
+                     predicted) -> list[tuple[str, str, float]]:
+    """(phase, metric, predicted) of each figure a run is compared on: per phase, the first
+    metric of its group the run reports, unless the entry skips the phase; ``predicted(metric)``
+    gives the simulated value, and a figure without a finite one is left out."""
+    out = []
+    for phase, keys in METRIC_GROUPS:
+        if phase.split()[-1] in entry.skip:
+            continue
+        k = _pick(run, keys)
+        if k is None:
+            continue
+        p = predicted(k)
+        if p is not None and math.isfinite(p):
+            out.append((phase, k, p))
+    return out
+
+
 def compare_entry(source: ServedSource, entry: ServedEntry, runs: list[ServedRun],
                   setup: Deployment, ideal: Deployment,
                   fitted_rows: frozenset[str] | set[str] = frozenset()
@@ -204,14 +222,9 @@ def compare_entry(source: ServedSource, entry: ServedEntry, runs: list[ServedRun
                                setup.engine.max_num_seqs)
         bound = {m.metric: m for m in compare_run(run, ideal).rows}
         label = entry.id if len(runs) == 1 else f"{entry.id} {run.label}"
-        for phase, keys in METRIC_GROUPS:
-            if phase.split()[-1] in entry.skip:
-                continue
-            k = _pick(run, keys)
-            if k is None:
-                continue
-            p, b = real[k].simulated, bound[k].simulated
-            if p is None or b is None or not (math.isfinite(p) and math.isfinite(b)):
+        for phase, k, p in compared_figures(entry, run, lambda k, real=real: real[k].simulated):
+            b = bound[k].simulated
+            if b is None or not math.isfinite(b):
                 continue
             out.append(ServedComparison(
                 source.id, label, setup.engine.name, k, phase, entry.model, entry.gpu, entry.tp,
