@@ -260,3 +260,11 @@ def test_vllm_scheduler_defaults_follow_the_gpu_as_its_source_does():
                      server=server_overrides("vllm serve x --max-num-batched-tokens 4096"))
     assert (s.engine.max_num_seqs, s.engine.max_num_batched_tokens) == (256, 4096)
     assert s.options.prefill_chunk_tokens == 4096
+
+
+def test_plan_reports_the_batch_limit_the_gpu_runs_with(run_json):
+    """The row's batch is the scheduler's own on that GPU: 256 on an A100, 1024 on an H100."""
+    rows = run_json("plan", "-m", "llama-3.1-8b", "-g", "a100-sxm-80gb,h100-sxm", "--tp", "1",
+                    "--weights", "bf16", "--kv-cache", "16", "--ttft", "2s", "--tpot", "60ms",
+                    "--rps", "4")
+    assert {r["gpu"]: r["batch"] for r in rows} == {"a100-sxm-80gb": 256, "h100-sxm": 1024}

@@ -267,7 +267,7 @@ def search_continuous(model: ModelSpec, gpus: list[HardwareSpec], *, prompt_toke
                      "latency_s": s[f"{name}_e2el_ms"] / 1e3,
                      "mean_running_requests": s["mean_running_requests"],
                      "max_running_requests": s["max_running_requests"],
-                     "batch": engine.max_num_seqs, "meets_targets": True,
+                     "batch": dep.engine.max_num_seqs, "meets_targets": True,
                      "replicas": replicas, "total_gpus": replicas * gpus_each,
                      "price_usd_per_gpu_hour": price, "usd_per_hour": usd_per_hour,
                      "cost_usd_per_million_output_tokens_at_traffic":
