@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 
 import pytest
@@ -296,3 +297,80 @@ def test_values_beyond_any_benchmark_are_refused(key, value, msg):
     d[key] = value
     with pytest.raises(FormatError, match=msg):
         read_runs(d, "x")
+
+
+VLLM_BLOCK = """some log line
+============ Serving Benchmark Result ============
+Successful requests:                     100
+Maximum request concurrency:             4
+Benchmark duration (s):                  50.00
+Total input tokens:                      23,000
+Total generated tokens:                  22000
+Request throughput (req/s):              2.00
+Output token throughput (tok/s):         440.00
+---------------Time to First Token----------------
+Mean TTFT (ms):                          59.01
+Median TTFT (ms):                        60.38
+P99 TTFT (ms):                           73.49
+-----Time per Output Token (excl. 1st token)------
+Mean TPOT (ms):                          7.28
+---------------Inter-token Latency----------------
+Mean ITL (ms):                           7.26
+==================================================
+"""
+
+SGLANG_BLOCK = """============ Serving Benchmark Result ============
+Backend:                                 sglang
+Traffic request rate:                    4.0
+Max request concurrency:                 not set
+Successful requests:                     200
+Benchmark duration (s):                  60.0
+Total input tokens:                      100000
+Total generated tokens:                  50000
+Output token throughput (tok/s):         833.3
+Mean E2E Latency (ms):                   3000.0
+Median TTFT (ms):                        80.0
+Median ITL (ms):                         12.0
+==================================================
+"""
+
+
+def test_a_printed_vllm_block_reads_as_its_result_file():
+    from planner.evidence.formats import read_printed
+
+    (r,) = read_printed(VLLM_BLOCK, "x.txt")
+    assert (r.completed, r.max_concurrency, r.closed_loop) == (100, 4, True)
+    assert (r.mean_input_tokens, r.mean_output_tokens) == (230.0, 220.0)  # totals / requests
+    assert r.metrics["mean_ttft_s"] == pytest.approx(0.05901)
+    assert r.metrics["median_ttft_s"] == pytest.approx(0.06038)
+    assert r.metrics["p99_ttft_s"] == pytest.approx(0.07349)
+    assert r.metrics["mean_tpot_s"] == pytest.approx(0.00728)
+    assert r.metrics["output_throughput"] == pytest.approx(440.0)
+    assert r.tool == "vllm-bench-serve (printed)" and r.duration_s == 50.0
+
+
+def test_a_printed_sglang_block_and_several_blocks():
+    from planner.evidence.formats import read_printed
+
+    (s,) = read_printed(SGLANG_BLOCK, "s.txt")
+    assert s.tool == "sglang-bench-serving (printed)" and s.source == "s.txt"
+    assert (s.request_rate, s.max_concurrency) == (4.0, None)  # "not set"
+    assert s.metrics["mean_e2el_s"] == pytest.approx(3.0)
+    assert s.metrics["median_itl_s"] == pytest.approx(0.012)
+    both = read_printed(VLLM_BLOCK + SGLANG_BLOCK, "two.txt")
+    assert [r.source for r in both] == ["two.txt:1", "two.txt:2"]
+
+
+@pytest.mark.parametrize("text,msg", [
+    ("no block here", "no 'Serving Benchmark Result' block"),
+    ("==== Serving Benchmark Result ====\nMean TTFT (ms): 5\n", "no 'Successful requests'"),
+    ("==== Serving Benchmark Result ====\nSuccessful requests: abc\n",
+     "'successful requests': not a number"),
+    ("==== Serving Benchmark Result ====\nSuccessful requests: 3\nTotal input tokens: 3\n"
+     "Total generated tokens: 3\nMean TTFT (ms): -1\n", "mean_ttft_ms"),
+])
+def test_a_bad_printed_block_is_refused_by_name(text, msg):
+    from planner.evidence.formats import read_printed
+
+    with pytest.raises(FormatError, match=re.escape(msg)):
+        read_printed(text, "b.txt")

@@ -490,11 +490,15 @@ def read_printed(text: str, where: str) -> list[ServedRun]:
             try:
                 obj[key] = float(value.replace(",", ""))
             except ValueError:
-                continue  # "not set", "None"
+                if value.lower() in ("not set", "none", "n/a", ""):
+                    continue  # a limit the run did not set
+                raise FormatError(f"{w}: '{label}': not a number: {value[:40]!r}") from None
         for k in ("completed", "max_concurrency", "total_input_tokens", "total_output_tokens"):
             if k in obj and math.isfinite(obj[k]):
                 obj[k] = int(obj[k])
         if "completed" not in obj:
             raise FormatError(f"{w}: the block has no 'Successful requests' line")
-        runs += read_sglang([obj], w) if sglang else read_vllm(obj, w)
+        # one block is one run: named by its place in the text, not as a JSON Lines line
+        runs += [replace(r, source=w) for r in read_sglang([obj], w)] if sglang else \
+            read_vllm(obj, w)
     return [replace(r, tool=r.tool + " (printed)") for r in runs]
