@@ -180,6 +180,16 @@ def simulate(
         "--chunked-prefill/--no-chunked-prefill",
         help="Split long prompts into chunks of the step budget (default: the engine's).")
     ] = None,
+    capacity_policy: Annotated[Optional[str], typer.Option(
+        metavar="max-utilization|guaranteed-no-evict",
+        help="max-utilization: KV blocks as tokens arrive, preempting when they run out "
+        "(vLLM, SGLang); guaranteed-no-evict: admit a request only when its whole length "
+        "fits, never preempt (TensorRT-LLM). Default: the engine's.")] = None,
+    mixed_batches: Annotated[Optional[bool], typer.Option(
+        "--mixed-batches/--separate-prefill",
+        help="Prefill chunks share a step with the running decodes (vLLM, TensorRT-LLM), "
+        "or a step that prefills runs no decodes (SGLang without --enable-mixed-chunk). "
+        "Default: the engine's.")] = None,
     kv_layout: Annotated[KVLayout, typer.Option(
         help="paged: blocks on demand; contiguous: max-model-len reserved per request.")] =
     KVLayout.paged,
@@ -239,6 +249,7 @@ def simulate(
     spec = speculation_config(*flags)
     sp = None if spec is None else run.speculation_serving(dep, spec, cfg)
     res = run.run(dep, reqs, cfg, speculation=sp, sample_every_s=0.0 if plot else None)
+    _refusals(res)
     d = _result(dep, cfg, reqs, sp, summary(res, ttft_slo_s=ttft_slo, tpot_slo_s=tpot_slo),
                 request_rate=request_rate, burstiness=burstiness,
                 max_concurrency=max_concurrency)
@@ -285,7 +296,8 @@ def _scheduler(dep, a: dict):
     from planner.serving import run
 
     given = {k: a[k] for k in ("max_num_seqs", "max_num_batched_tokens", "block_size",
-                               "chunked_prefill") if a[k] is not None}
+                               "chunked_prefill", "capacity_policy", "mixed_batches")
+             if a[k] is not None}
     cfg = run.scheduler(dep, kind=a["scheduler"].value, **given,
                         kv_layout=a["kv_layout"].value,
                         max_model_len=a["max_model_len"] or dep.model.max_position_embeddings,
@@ -293,6 +305,18 @@ def _scheduler(dep, a: dict):
                         max_wait_s=a["max_wait"] if a["scheduler"] == Scheduler.dynamic else 0.0)
     cfg.check()
     return cfg
+
+
+def _refusals(res) -> None:
+    """Requests the engine would refuse are reported, not fatal, unless none was served."""
+    if not res.failed:
+        return
+    reason = next(r.failed for r in res.requests if r.failed)
+    n = len(res.requests)
+    if res.failed == n:
+        raise LlmplanError(f"every request was refused: {reason}")
+    stderr.print(f"[yellow]{res.failed:,} of {n:,} requests refused[/] (as the engine "
+                 f"would), the first because {reason}; the figures are over the rest")
 
 
 def _check_numbers(a: dict) -> None:
@@ -373,7 +397,7 @@ def _plot(plot: Path, dep, cfg, res, n: int, request_rate, max_concurrency) -> N
 
 def _write_trace(path: Path, res) -> None:
     cols = ["id", "arrival_s", "first_token_s", "finish_s", "prompt_tokens", "output_tokens",
-            "ttft_s", "tpot_s", "e2e_s", "preemptions"]
+            "ttft_s", "tpot_s", "e2e_s", "preemptions", "failed"]
     rows = [{c: getattr(r, c) for c in cols} for r in res.requests]
     with path.open("w", newline="") as f:
         if path.suffix.lower() == ".jsonl":
@@ -427,6 +451,8 @@ def _render(d: dict) -> None:
                      f"{fmt.pct(d['kv_cache_used_frac_peak'])} peak; reserved "
                      f"{fmt.pct(d['kv_cache_reserved_frac_peak'])} peak"],
         ["preemptions", f"{d['preemptions']:,}"],
+        *([["refused", f"{d['failed']:,}: {d['failed_reason']}"]] if d.get("failed")
+          else []),
     ], left=2))
     rows = []
     for name, key in (("TTFT", "ttft"), ("TPOT", "tpot"), ("ITL", "itl"),

@@ -127,6 +127,57 @@ class QuantPath(_Frozen):
     compute_frac: Frac
 
 
+class Policy(_Sourced):
+    """How the scheduler reserves KV cache for a request (TensorRT-LLM's names):
+    ``max-utilization`` allocates blocks as tokens arrive and preempts when they run out
+    (vLLM, SGLang); ``guaranteed-no-evict`` admits a request only when its prompt and its
+    whole output fit beside what the running requests will still need, and never preempts
+    (TensorRT-LLM's default capacity scheduler)."""
+
+    value: Literal["max-utilization", "guaranteed-no-evict"]
+
+
+class GraphSizes(_Frozen):
+    """The decode batch sizes an engine captures CUDA graphs at: ``sizes``, then from each
+    ``[start, step]`` of ``steps`` every step-th size up to the next start, all up to
+    min(``cap``, ``cap_per_seq`` x max_num_seqs, max_num_batched_tokens). A decode step of n sequences replays the
+    smallest captured size >= n (padding the rest); one larger than every size runs without
+    a graph."""
+
+    sizes: tuple[int, ...] = ()
+    steps: tuple[tuple[int, int], ...] = ()
+    cap: int = Field(ge=1, le=1_000_000)
+    cap_per_seq: float | None = Field(None, gt=0, le=1000)
+    source: str = Field(min_length=1)
+    date: str | None = None
+    note: str | None = None
+
+    @model_validator(mode="after")
+    def _check(self) -> GraphSizes:
+        if any(s < 1 for s in self.sizes) or any(a < 1 or b < 1 for a, b in self.steps):
+            raise ValueError("cuda_graph_sizes: sizes and steps must be at least 1")
+        starts = [a for a, _ in self.steps]
+        if starts != sorted(set(starts)):
+            raise ValueError("cuda_graph_sizes: steps must start in increasing order")
+        return self
+
+
+def graph_sizes(rule: tuple, max_num_seqs: int,
+                max_num_batched_tokens: int | None = None) -> tuple[int, ...]:
+    """The captured sizes of ``Engine.graph_rule`` (sizes, steps, cap, cap_per_seq) for a
+    scheduler of ``max_num_seqs`` sequences and ``max_num_batched_tokens`` a step,
+    ascending."""
+    sizes, steps, cap, per_seq = rule
+    top = cap if per_seq is None else min(cap, int(per_seq * max_num_seqs))
+    if max_num_batched_tokens is not None:
+        top = min(top, max_num_batched_tokens)
+    out = {s for s in sizes if s <= top}
+    for i, (start, step) in enumerate(steps):
+        end = steps[i + 1][0] if i + 1 < len(steps) else top + 1
+        out.update(range(start, min(end, top + 1), step))
+    return tuple(sorted(out))
+
+
 class SmallGpuDefaults(_Frozen):
     """Scheduler defaults an engine picks on smaller GPUs (vLLM's OpenAI server: below 70 GiB,
     or any A100), in place of ``ServingDefaults``' own."""
@@ -148,6 +199,11 @@ class ServingDefaults(_Frozen):
     block_size: Num  # KV tokens per block (page)
     chunked_prefill: Flag
     small_gpu: SmallGpuDefaults | None = None
+    capacity_policy: Policy | None = None  # None: max-utilization
+    # prefill chunks share a step with the running decodes (vLLM, TensorRT-LLM's in-flight
+    # batching); False: a step that prefills runs no decodes (SGLang without mixed chunking)
+    mixed_batches: Flag | None = None
+    cuda_graph_sizes: GraphSizes | None = None  # None: any decode batch replays a graph
 
     @model_validator(mode="after")
     def _check(self) -> ServingDefaults:
@@ -270,12 +326,29 @@ class EngineSpec(_Frozen):
                 "max_num_batched_tokens": int(self.serving.max_num_batched_tokens.value),
                 "block_size": int(self.serving.block_size.value),
                 "chunked_prefill": self.serving.chunked_prefill.value}),
+            **self._scheduling(),
             **({} if self.serving is None or self.serving.small_gpu is None else {
                 "small_gpu": (self.serving.small_gpu.max_num_seqs,
                               self.serving.small_gpu.max_num_batched_tokens,
                               self.serving.small_gpu.below_memory_gib * 2**30,
                               self.serving.small_gpu.names)}),
         )
+
+
+    def _scheduling(self) -> dict:
+        """The scheduling fields a profile states, as ``Engine`` fields."""
+        sv = self.serving
+        if sv is None:
+            return {}
+        out: dict = {}
+        if sv.capacity_policy is not None:
+            out["capacity_policy"] = sv.capacity_policy.value
+        if sv.mixed_batches is not None:
+            out["mixed_batches"] = sv.mixed_batches.value
+        if sv.cuda_graph_sizes is not None:
+            g = sv.cuda_graph_sizes
+            out["graph_rule"] = (g.sizes, g.steps, g.cap, g.cap_per_seq)
+        return out
 
 
 @dataclass(frozen=True)
@@ -317,6 +390,11 @@ class Engine:
     max_num_batched_tokens: int = 8192
     block_size: int = 16
     chunked_prefill: bool = True
+    capacity_policy: str = "max-utilization"  # or "guaranteed-no-evict" (``Policy``)
+    mixed_batches: bool = True  # prefill chunks and decodes share a step
+    # CUDA-graph capture sizes, (sizes, steps, cap, cap_per_seq) as ``GraphSizes`` states
+    # them (``graph_sizes``); None: any decode batch replays a graph, unpadded
+    graph_rule: tuple | None = None
     # (max_num_seqs, max_num_batched_tokens, below this many bytes of memory, or a GPU name
     # holding one of these): the defaults on smaller GPUs, resolved by ``for_gpu``
     small_gpu: tuple | None = None

@@ -163,7 +163,10 @@ def simulate_run(run: ServedRun, s: Deployment) -> tuple[dict, tuple[str, ...]]:
                 for r, (p, o) in zip(reqs, lens, strict=False)]  # lens may be fewer
     cfg = serving.scheduler(s, max_model_len=s.model.max_position_embeddings,
                             max_concurrency=run.max_concurrency if closed else None)
-    return summary(serving.run(s, reqs, cfg)), tuple(notes)
+    sim = summary(serving.run(s, reqs, cfg))
+    if sim["failed"]:
+        notes.append(f"{sim['failed']:,} simulated requests refused: {sim['failed_reason']}")
+    return sim, tuple(notes)
 
 
 def _sim_value(sim: dict, metric: str) -> float | None:

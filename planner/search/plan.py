@@ -135,7 +135,7 @@ def _percentile_ok(summary: dict, targets: Targets, settings: SimSettings) -> bo
     p = settings.percentile
     ttft, tpot = summary[f"p{p}_ttft_ms" if p != 50 else "median_ttft_ms"], \
         summary[f"p{p}_tpot_ms" if p != 50 else "median_tpot_ms"]
-    return (summary["completed"] > 0 and ttft is not None
+    return (summary["completed"] > 0 and not summary.get("failed") and ttft is not None
             and ttft * settings.ttft_factor <= targets.ttft_s * 1e3
             and (tpot is None or tpot * settings.tpot_factor <= targets.tpot_s * 1e3))
 

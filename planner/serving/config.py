@@ -10,6 +10,7 @@ import math
 from dataclasses import dataclass
 from typing import Literal
 
+from planner.core.engine import graph_sizes
 from planner.core.errors import UsageError
 
 
@@ -28,15 +29,28 @@ class SchedulerConfig:
     # its own max_num_seqs and max_num_batched_tokens, so a step holds ranks times as much,
     # and no prefill chunk exceeds one rank's budget (left at 1, the coster's layout sets it)
     ranks: int = 1
+    # how KV is reserved: allocated as tokens arrive, preempting when it runs out
+    # ("max-utilization"), or a request's whole length at admission, never preempting
+    # ("guaranteed-no-evict", TensorRT-LLM's default)
+    capacity_policy: Literal["max-utilization", "guaranteed-no-evict"] = "max-utilization"
+    mixed_batches: bool = True  # False: a step that prefills runs no decodes (SGLang's)
+    # the decode batch sizes replayed from CUDA graphs, ascending (a decode step pads up to
+    # the next; beyond the largest it runs without a graph); empty: any size, unpadded
+    graph_sizes: tuple[int, ...] = ()
 
     @classmethod
     def for_engine(cls, e, **overrides) -> SchedulerConfig:
         """The engine profile's own scheduler defaults (``planner.core.engine.Engine``), with any
         field overridden."""
-        return cls(**{"max_num_seqs": e.max_num_seqs,
-                      "max_num_batched_tokens": e.max_num_batched_tokens,
-                      "block_size": e.block_size, "chunked_prefill": e.chunked_prefill,
-                      **overrides})
+        kw = {"max_num_seqs": e.max_num_seqs,
+              "max_num_batched_tokens": e.max_num_batched_tokens,
+              "block_size": e.block_size, "chunked_prefill": e.chunked_prefill,
+              "capacity_policy": e.capacity_policy, "mixed_batches": e.mixed_batches,
+              **overrides}
+        if "graph_sizes" not in kw and e.cuda_graphs and e.graph_rule is not None:
+            kw["graph_sizes"] = graph_sizes(e.graph_rule, kw["max_num_seqs"],
+                                            kw["max_num_batched_tokens"])
+        return cls(**kw)
 
     def check(self) -> None:
         for name in ("max_num_seqs", "max_num_batched_tokens", "block_size", "max_model_len",
@@ -47,6 +61,9 @@ class SchedulerConfig:
             raise UsageError(f"max-num-batched-tokens ({self.max_num_batched_tokens}) is below "
                              f"max-num-seqs ({self.max_num_seqs}): a step could not decode "
                              "every running request")
+        if self.capacity_policy not in ("max-utilization", "guaranteed-no-evict"):
+            raise UsageError(f"capacity-policy: {self.capacity_policy!r} is not "
+                             "max-utilization or guaranteed-no-evict")
         if self.max_concurrency is not None and self.max_concurrency <= 0:
             raise UsageError("max-concurrency: must be positive")
         if not (self.max_wait_s >= 0 and math.isfinite(self.max_wait_s)):

@@ -155,16 +155,20 @@ class StepCoster:
     def fixed_s(self, sequences: int, *, prefill: bool, decodes: bool) -> float:
         return host_s(self.engine, sequences, prefill=prefill, decodes=decodes)
 
-    def step_time(self, shape: StepShape, *, sequences: int, prefill: bool,
-                  decodes: bool = True) -> float:
-        """A step of ``shape`` over ``sequences`` sequences; ``prefill``: it holds a prefill
-        chunk, so it is not replayed from a CUDA graph; ``decodes``: it holds decodes."""
-        return self.gpu_s(shape, prefill=prefill) + self.fixed_s(sequences, prefill=prefill,
-                                                                   decodes=decodes)
+    pads_graphs = True  # the simulator may pad its decode steps to captured graph sizes
 
-    def gpu_s(self, shape: StepShape, *, prefill: bool) -> float:
+    def step_time(self, shape: StepShape, *, sequences: int, prefill: bool,
+                  decodes: bool = True, graphed: bool | None = None) -> float:
+        """A step of ``shape`` over ``sequences`` sequences; ``prefill``: it holds a prefill
+        chunk, so it is not replayed from a CUDA graph; ``decodes``: it holds decodes;
+        ``graphed=False``: a decode step run without a graph (above the captured sizes)."""
+        return self.gpu_s(shape, prefill=prefill, graphed=graphed) + self.fixed_s(
+            sequences, prefill=prefill, decodes=decodes)
+
+    def gpu_s(self, shape: StepShape, *, prefill: bool, graphed: bool | None = None) -> float:
         """The step's operators alone, without the engine's host cost."""
-        graphed = self.engine.cuda_graphs and not prefill
+        if graphed is None:
+            graphed = self.engine.cuda_graphs and not prefill
         return (self.linear_s(int(round(shape.tokens)), graphed)
                 + self.head_s(int(round(shape.logit_rows)), graphed)
                 + self.attention_s(shape, graphed))

@@ -108,8 +108,9 @@ class DecodePool:
         self.kv.free_tokens -= grow
 
     def settle(self, q: SimRequest) -> None:
-        """Bring ``q.reserved`` up to date (grown in aggregate) before it is released."""
-        q.reserved = self.kv.tokens_for(self.context(q))
+        """Bring ``q.reserved`` up to date (grown in aggregate) before it is released; a
+        reservation made whole at admission stays as it is."""
+        q.reserved = max(q.reserved, self.kv.tokens_for(self.context(q)))
 
     def shape(self, window: int | None) -> tuple[list[float], list[float] | None, int]:
         """The decoders' share of a step as the StepShape's six amounts (each adding one token
@@ -125,7 +126,7 @@ class DecodePool:
         dl = [float(n), float(w), float(w), float(min(past, n * window)), float(w), float(n)]
         return dec, dl, past
 
-    def draft_s(self, past: int, chunks: list) -> float:
+    def draft_s(self, past: int, chunks: list, decodes: bool = True) -> float:
         """The drafter's time in a step: none without speculation."""
         return 0.0
 
@@ -197,11 +198,12 @@ class SpecDecodePool(DecodePool):
             dl[4] += k1 * span
         return dec, dl, past
 
-    def draft_s(self, past: int, chunks: list) -> float:
+    def draft_s(self, past: int, chunks: list, decodes: bool = True) -> float:
         """The drafter's GPU time in a step: k decode steps over the decoding requests (each
-        proposing one token after its context), and the prefill of the step's prompt chunks.
-        Its sliding-window layers, if any, are costed as full ones (an upper bound)."""
-        spec, n = self.spec, self.n
+        proposing one token after its context; none where the step runs no decodes), and the
+        prefill of the step's prompt chunks. Its sliding-window layers, if any, are costed as
+        full ones (an upper bound)."""
+        spec, n = self.spec, self.n if decodes else 0
         if spec.draft is None:  # n-gram lookup: on the host
             return 0.0
         t = 0.0

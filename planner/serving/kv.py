@@ -63,11 +63,16 @@ class KVPool:
 
 
 class PagedKV(KVPool):
+    """Blocks allocated as a request's tokens reach them (``on_demand``), or a request's whole
+    length in blocks at admission (a scheduler that never preempts: TensorRT-LLM's
+    guaranteed-no-evict)."""
+
     __slots__ = ("block_size",)
     layout = "paged"
 
-    def __init__(self, capacity_tokens: int, block_size: int):
-        super().__init__(capacity_tokens // block_size * block_size, block_size)
+    def __init__(self, capacity_tokens: int, block_size: int, *, on_demand: bool = True):
+        super().__init__(capacity_tokens // block_size * block_size,
+                         block_size if on_demand else 0)
         self.block_size = block_size
 
     def tokens_for(self, tokens: int) -> int:
@@ -100,10 +105,11 @@ class ContiguousKV(KVPool):
 
 
 def kv_pool(layout: str, capacity_tokens: int, *, block_size: int,
-            max_model_len: int) -> KVPool:
-    """The pool of ``layout`` ("paged" or "contiguous") over ``capacity_tokens``."""
+            max_model_len: int, on_demand: bool = True) -> KVPool:
+    """The pool of ``layout`` ("paged" or "contiguous") over ``capacity_tokens``;
+    ``on_demand``: paged blocks are allocated as tokens reach them (else reserved whole)."""
     if layout == "paged":
-        return PagedKV(capacity_tokens, block_size)
+        return PagedKV(capacity_tokens, block_size, on_demand=on_demand)
     if layout == "contiguous":
         return ContiguousKV(capacity_tokens, max_model_len)
     raise UsageError(f"kv-layout: {layout!r} is not paged or contiguous")

@@ -7,7 +7,10 @@ ITL and E2EL the `mean_`, `median_`, `std_` and `p99_` (its default --metric-per
 each in milliseconds: TPOT per request is (e2e latency - TTFT) / (output tokens - 1), over the
 requests with more than one output token; ITL is every gap between consecutive tokens of a
 request. The same keys here make a simulated run and a measured one comparable key by key;
-p90 is added for each, and llmplan's own figures carry their unit in the name.
+p90 is added for each, and llmplan's own figures carry their unit in the name. Requests the
+engine refused (``RequestResult.failed``) are counted in ``failed``, the first one's reason in
+``failed_reason``, and left out of every other figure, as `bench serve` leaves out failed
+requests.
 """
 
 from __future__ import annotations
@@ -97,5 +100,7 @@ def summary(res: SimResult, *, ttft_slo_s: float | None = None,
         "steps": res.steps,
         "arrived": res.arrived,
         "in_flight": res.in_flight,
+        "failed": res.failed,
+        "failed_reason": next((r.failed for r in res.requests if r.failed), None),
     })
     return d

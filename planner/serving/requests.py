@@ -44,6 +44,9 @@ class RequestResult:
     first_token_s: float = math.nan
     finish_s: float = math.nan
     preemptions: int = 0
+    # why the engine refused it (a prompt beyond its step budget with chunked prefill off,
+    # a request larger than the whole KV cache): it is not served and not in the figures
+    failed: str = ""
 
     @property
     def ttft_s(self) -> float:

@@ -17,7 +17,19 @@ allow, a long prompt getting a chunk (with chunked prefill; without it a prompt 
 budget whole). KV blocks are allocated as a request's tokens reach a new block; when a step
 needs a block and none is free, the newest running request is preempted: its blocks are freed
 and it goes back to the front of the queue, to recompute its prompt and the tokens it had
-generated (vLLM's recompute preemption).
+generated (vLLM's recompute preemption). A preempted request whose prompt and generated
+tokens no longer fit one step's budget, with chunked prefill off, is refused as vLLM V0's
+scheduler ignores it (``RequestResult.failed``).
+
+Two switches of ``SchedulerConfig`` change it to other engines' schedulers.
+``capacity_policy="guaranteed-no-evict"`` is TensorRT-LLM's default capacity scheduler
+(tensorrt_llm/_torch/pyexecutor/scheduler.py): a request is admitted only when the blocks of
+its whole prompt and output are free beside what the running requests were promised, so a
+step never runs out of blocks and nothing is preempted; the pool reserves each request's
+whole length at admission. ``mixed_batches=False`` is SGLang's default (no
+``--enable-mixed-chunk``, python/sglang/srt/managers/scheduler.py ``get_next_batch_to_run``):
+a step that can prefill (a chunk to continue or a request to admit) runs those prefills
+alone, and the running requests decode only in steps with no prefill; their tokens wait.
 
 ``StaticScheduler`` forms a batch of up to ``max_num_seqs`` waiting requests (each reserving
 its whole length), runs their prefill, then decodes the whole batch until its longest request
@@ -48,7 +60,8 @@ class Scheduler:
     """The queues, the pools and what every policy does alike."""
 
     __slots__ = ("kv", "batch", "waiting", "running", "prefilling", "finished", "preemptions",
-                 "stamp", "token_budget", "chunk_tokens", "max_seqs", "chunked")
+                 "stamp", "token_budget", "chunk_tokens", "max_seqs", "chunked", "whole",
+                 "mixed", "decodes", "refused")
 
     def __init__(self, cfg: SchedulerConfig, kv: KVPool, batch: DecodePool):
         self.kv, self.batch = kv, batch
@@ -63,6 +76,10 @@ class Scheduler:
         self.chunk_tokens = cfg.max_num_batched_tokens  # the largest prefill chunk: a rank's
         self.max_seqs = cfg.max_num_seqs * cfg.ranks
         self.chunked = cfg.chunked_prefill
+        self.whole = cfg.capacity_policy == "guaranteed-no-evict"  # reserve whole lengths
+        self.mixed = cfg.mixed_batches
+        self.decodes = True  # whether the step ``schedule`` filled runs the decode pool
+        self.refused = 0  # requests refused while queued (their recompute grew too long)
 
     def wait_until(self, now: float, arrivals) -> float | None:
         """The time to idle until before the next step; None: step now."""
@@ -111,7 +128,10 @@ class Scheduler:
                           "next request beside those running")
 
     def _admit(self, q: SimRequest, tokens: int) -> bool:
-        """Move the head of the queue into the running set, reserving KV for ``tokens``."""
+        """Move the head of the queue into the running set, reserving KV for ``tokens`` (its
+        whole length under guaranteed-no-evict)."""
+        if self.whole:
+            tokens = q.r.prompt_tokens + q.r.output_tokens + self.batch.k1 - 1
         if not self.kv.reserve(q, tokens):
             return False
         self.waiting.popleft()
@@ -131,6 +151,14 @@ class Scheduler:
         q.r.finish_s = now
         self.finished += 1
 
+    def _refuse_head(self, reason: str) -> None:
+        """The head of the queue can never run: it leaves unserved, ``reason`` recorded."""
+        q = self.waiting.popleft()
+        q.r.failed = reason
+        q.state = RequestState.FINISHED
+        self.finished += 1
+        self.refused += 1
+
 
 class ContinuousScheduler(Scheduler):
     """vLLM's continuous batching with chunked prefill and recompute preemption."""
@@ -139,11 +167,24 @@ class ContinuousScheduler(Scheduler):
 
     def schedule(self) -> Chunks:
         batch = self.batch
+        if not self.mixed:
+            return self._schedule_apart()
         if batch.n:
             self._make_room_for_decodes()
         chunks: Chunks = []
         budget = self._continue_prefills(chunks, self.token_budget - batch.n * batch.k1)
         self._admit_waiting(chunks, budget)
+        return chunks
+
+    def _schedule_apart(self) -> Chunks:
+        """SGLang's order: prefill whatever can be prefilled, in a step of its own; decode
+        only when nothing can."""
+        chunks: Chunks = []
+        budget = self._continue_prefills(chunks, self.token_budget)
+        self._admit_waiting(chunks, budget)
+        self.decodes = not chunks
+        if self.decodes and self.batch.n:
+            self._make_room_for_decodes()
         return chunks
 
     def _make_room_for_decodes(self) -> None:
@@ -183,6 +224,11 @@ class ContinuousScheduler(Scheduler):
         waiting, running, per_rank = self.waiting, self.running, self.chunk_tokens
         while waiting and budget > 0 and len(running) < self.max_seqs:
             q = waiting[0]
+            if not self.chunked and q.target > per_rank:  # a recompute grown too long
+                self._refuse_head(f"its recompute ({q.target:,} tokens) exceeds "
+                                  f"max-num-batched-tokens ({per_rank:,}) and chunked "
+                                  "prefill is off")
+                continue
             cap = min(budget, per_rank)
             chunk = min(q.target, cap) if self.chunked else q.target
             if chunk > cap or not self._admit(q, chunk):

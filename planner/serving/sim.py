@@ -37,7 +37,13 @@ The parts, each in its module of ``planner.serving``: the requests and their sta
 (``decoding``), the batching policies (``schedulers``), the arrivals (``arrivals``: an open
 stream or a closed loop of clients), the step's shape and time (``steps``) and what the replica
 held over time (``occupancy``). ``simulate`` builds them and runs the event loop that ties
-them together. Pure: no I/O, no printing.
+them together.
+
+A request the engine would refuse is not served and does not end the run: one longer than the
+whole KV cache (vLLM refuses it at admission), or, with chunked prefill off, one whose prompt
+exceeds a step's token budget (TensorRT-LLM rejects it: "should not exceed max_num_tokens").
+Its ``RequestResult.failed`` says why; the figures are over the requests served, as `bench
+serve` counts only the successful ones. Pure: no I/O, no printing.
 """
 
 from __future__ import annotations
@@ -78,6 +84,7 @@ class SimResult:
     preemptions: int = 0
     arrived: int = 0
     in_flight: int = 0
+    failed: int = 0  # requests refused (``RequestResult.failed`` says why)
 
 
 def kv_capacity_tokens(coster: StepCoster, cfg: SchedulerConfig) -> int:
@@ -100,16 +107,12 @@ def simulate(requests: list[Request], coster: StepCoster, cfg: SchedulerConfig, 
                for q in requests]
     reqs = [SimRequest.of(r) for r in results]
     batch = decode_pool(cfg, kv, spec)
-    for q in reqs:  # its whole length, and the k slots a speculator reserves ahead
-        need = kv.tokens_for(q.r.prompt_tokens + q.r.output_tokens + batch.k1 - 1)
-        if need > kv.capacity_tokens:
-            raise UsageError(f"request {q.id} ({q.r.prompt_tokens} + {q.r.output_tokens} "
-                             f"tokens) needs {need:,} KV tokens; the replica holds "
-                             f"{kv.capacity_tokens:,}")
+    reqs = [q for q in reqs if not _refused(q, kv, batch.k1, cfg)]
     sched = make_scheduler(cfg, kv, batch)
     arr = arrivals(reqs, cfg.max_concurrency)
     occ = Occupancy(sample_every_s)
-    t = _serve(sched, arr, StepPricer(coster, batch), occ, n=len(reqs), max_steps=max_steps)
+    pricer = StepPricer(coster, batch, cfg.graph_sizes)
+    t = _serve(sched, arr, pricer, occ, n=len(reqs), max_steps=max_steps)
     t = _request_path(results, coster.engine, t)
     return SimResult(results, t, occ.steps, kv.capacity_tokens, occ.itl, occ.samples,
                      busy_s=occ.busy_s, running_integral=occ.running_integral,
@@ -118,7 +121,22 @@ def simulate(requests: list[Request], coster: StepCoster, cfg: SchedulerConfig, 
                      max_running=occ.max_running, peak_kv_held_tokens=occ.peak_kv_held_tokens,
                      peak_kv_reserved_tokens=occ.peak_kv_reserved_tokens,
                      preemptions=sched.preemptions, arrived=arr.arrived,
-                     in_flight=arr.arrived - sched.finished)
+                     in_flight=arr.arrived - sched.finished,
+                     failed=len(results) - len(reqs) + sched.refused)
+
+
+def _refused(q: SimRequest, kv: KVPool, k1: int, cfg: SchedulerConfig) -> bool:
+    """Whether the engine refuses ``q`` on arrival; if so, ``q.r.failed`` says why."""
+    r = q.r
+    need = kv.tokens_for(r.prompt_tokens + r.output_tokens + k1 - 1)  # and the k lookahead
+    if need > kv.capacity_tokens:
+        r.failed = (f"{r.prompt_tokens:,} + {r.output_tokens:,} tokens need {need:,} KV "
+                    f"tokens; the replica holds {kv.capacity_tokens:,}")
+    elif (cfg.kind == "continuous" and not cfg.chunked_prefill
+          and r.prompt_tokens > cfg.max_num_batched_tokens):
+        r.failed = (f"its prompt ({r.prompt_tokens:,} tokens) exceeds max-num-batched-tokens "
+                    f"({cfg.max_num_batched_tokens:,}) and chunked prefill is off")
+    return bool(r.failed)
 
 
 def _kv_pool(coster: StepCoster, cfg: SchedulerConfig, spec: SpecServing | None) -> KVPool:
@@ -127,7 +145,8 @@ def _kv_pool(coster: StepCoster, cfg: SchedulerConfig, spec: SpecServing | None)
     if spec is not None:
         capacity = spec.kv_capacity_tokens(capacity)
     kv = kv_pool(cfg.kv_layout, capacity, block_size=cfg.block_size,
-                 max_model_len=cfg.max_model_len)
+                 max_model_len=cfg.max_model_len,
+                 on_demand=cfg.capacity_policy != "guaranteed-no-evict")
     if kv.capacity_tokens < cfg.block_size:
         drafter = " and the drafter's" if spec is not None and spec.draft_weight_bytes else ""
         raise UsageError(f"the weights{drafter} leave no room for a KV cache on this GPU "
@@ -157,12 +176,17 @@ def _request_path(results: list[RequestResult], engine, end_s: float) -> float:
 def _serve(sched: Scheduler, arr: Arrivals, pricer: StepPricer, occ: Occupancy, *, n: int,
            max_steps: int) -> float:
     """The event loop: arrivals, then a step the scheduler fills and the pricer times, until
-    every request is done. Returns the time the last step ended."""
+    every request is done. Returns the time the last step ended.
+
+    A step that runs no decodes (``Scheduler.decodes``, SGLang's prefill batches) makes the
+    decoding requests wait: their next token's gap is that step and the decode step after it
+    (``stall_s`` counted for the requests that sat out the last such step)."""
     kv, batch = sched.kv, sched.batch
     running, waiting, prefilling = sched.running, sched.waiting, sched.prefilling
     arrive, schedule, end_step = arr.arrive, sched.schedule, sched.on_step_end
     wait_until, time_s, record = sched.wait_until, pricer.time_s, occ.record
-    t = 0.0
+    t = stall_s = 0.0
+    stalled = 0
     arrive(0.0, waiting, 0)
     while sched.finished < n:
         if occ.steps >= max_steps:
@@ -179,16 +203,27 @@ def _serve(sched: Scheduler, arr: Arrivals, pricer: StepPricer, occ: Occupancy, 
             arrive(t, waiting, sched.finished)
             continue
         chunks = schedule()
-        n_dec = batch.n
+        decodes = sched.decodes
+        n_dec = batch.n if decodes else 0
         if not chunks and not n_dec:
             if arr.pending and not waiting:
                 t = max(t, arr.next_s())
                 arrive(t, waiting, sched.finished)
                 continue
             raise sched.stuck()
-        dt, past = time_s(chunks)
+        dt, past = time_s(chunks, decodes)
+        out = n_dec - batch.padding
+        if n_dec and stall_s:  # tokens that also waited the prefill steps before this one
+            late = min(stalled, out)
+            if late:
+                occ.itl.append((dt + stall_s, late))
+            out -= late
+            stall_s = 0.0
+        elif not decodes and batch.n:
+            stall_s += dt
+            stalled = batch.n
         record(dt, len(running), past + sum(q.computed for q in prefilling.values()),
-               kv.capacity_tokens - kv.free_tokens, n_dec - batch.padding)
+               kv.capacity_tokens - kv.free_tokens, out)
         t += dt
         if n_dec:
             batch.step()

@@ -4,10 +4,21 @@ step coster (``planner.serving.cost``, ``planner.serving.costers``) and any draf
 A prefill chunk of c tokens after ``computed`` adds c x computed + c (c + 1) / 2 attended
 pairs (``planner.core.ops.StepShape``); its sliding-window attention is costed exactly
 (``window_pairs``). The decoders' share comes from the pool (``planner.serving.decoding``),
-summed over them in aggregate. Pure: no I/O.
+summed over them in aggregate. A step that runs no decodes (SGLang's prefill batches) leaves
+the decoders' share out.
+
+CUDA graphs (``SchedulerConfig.graph_sizes``, vLLM's capture sizes): a decode-only step of T
+tokens replays the graph of the smallest captured size >= T, so its linear layers and its
+sampling run over that many rows (the padding's attention is empty); a decode step above the
+largest captured size runs without a graph, paying each kernel's host launch. Applied to a
+replica of one tensor-parallel group; pipeline and expert-parallel layouts keep the unpadded,
+graphed decode step. Pure: no I/O.
 """
 
 from __future__ import annotations
+
+import bisect
+from dataclasses import replace
 
 from planner.core.ops import StepShape, window_pairs
 from planner.serving.decoding import DecodePool
@@ -16,20 +27,30 @@ from planner.serving.decoding import DecodePool
 class StepPricer:
     """Seconds a step takes, given its prefill chunks beside the decode pool's requests."""
 
-    __slots__ = ("coster", "batch", "window", "split_parts")
+    __slots__ = ("coster", "batch", "window", "split_parts", "graph_sizes")
 
-    def __init__(self, coster, batch: DecodePool):
+    def __init__(self, coster, batch: DecodePool, graph_sizes: tuple[int, ...] = ()):
         self.coster, self.batch = coster, batch
+        # padding to captured sizes, where the coster can take it (one TP group)
+        self.graph_sizes = graph_sizes if getattr(coster, "pads_graphs", False) else ()
         self.window = coster.model.sliding_window
         # a layout that places the decodes apart from the prefill chunks (expert
         # parallelism's data-parallel ranks) prices the two parts
         self.split_parts = getattr(coster, "splits_parts", False)
 
-    def time_s(self, chunks: list) -> tuple[float, int]:
-        """The step's seconds, and the KV tokens its decoders have cached."""
+    def time_s(self, chunks: list, decodes: bool = True) -> tuple[float, int]:
+        """The step's seconds, and the KV tokens its decoders have cached; ``decodes``:
+        the decode pool runs in this step."""
         batch, window = self.batch, self.window
-        n_dec = batch.n
+        n_dec = batch.n if decodes else 0
         dec, dl, past = batch.shape(window)
+        if not decodes:
+            dec = [0.0] * 6
+            dl = None if dl is None else [0.0] * 6
+        if n_dec and not chunks and self.graph_sizes:
+            return self._graphed_decode_s(StepShape(*dec, None if dl is None else
+                                                    StepShape(*dl)), n_dec) \
+                + batch.draft_s(past, chunks), past
         shape = _with_chunks(dec, dl, chunks, window)
         if chunks and n_dec and self.split_parts:
             parts = (StepShape(*dec, None if dl is None else StepShape(*dl)), len(chunks))
@@ -38,7 +59,23 @@ class StepPricer:
         else:
             dt = self.coster.step_time(shape, sequences=n_dec + len(chunks),
                                        prefill=bool(chunks), decodes=bool(n_dec))
-        return dt + batch.draft_s(past, chunks), past
+        return dt + batch.draft_s(past, chunks, decodes), past
+
+    def _graphed_decode_s(self, shape: StepShape, n_dec: int) -> float:
+        """A decode-only step: padded to the captured size, or eager above the largest."""
+        sizes, tokens = self.graph_sizes, int(shape.tokens)
+        i = bisect.bisect_left(sizes, tokens)
+        if i == len(sizes):
+            return self.coster.step_time(shape, sequences=n_dec, prefill=False,
+                                         graphed=False)
+        pad = sizes[i] - tokens
+        if pad:
+            local = shape.local
+            shape = replace(shape, tokens=shape.tokens + pad, logit_rows=shape.logit_rows + pad,
+                            local=None if local is None else replace(
+                                local, tokens=local.tokens + pad,
+                                logit_rows=local.logit_rows + pad))
+        return self.coster.step_time(shape, sequences=n_dec, prefill=False)
 
 
 def _with_chunks(dec: list[float], dl: list[float] | None, chunks: list,

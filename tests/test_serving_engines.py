@@ -1,0 +1,191 @@
+"""The serving simulator as each engine schedules: CUDA-graph capture sizes (vLLM),
+guaranteed-no-evict admission (TensorRT-LLM), prefill batches apart from decodes (SGLang), and
+requests an engine refuses. Each against figures worked out by hand from the step coster."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import pytest
+
+from planner.core.engine import graph_sizes
+from planner.core.estimate import prepare
+from planner.core.ops import StepShape
+from planner.core.specs import Options, Precision
+from planner.io import catalog
+from planner.serving.config import SchedulerConfig
+from planner.serving.cost import StepCoster
+from planner.serving.decoding import DecodePool
+from planner.serving.kv import PagedKV
+from planner.serving.metrics import summary
+from planner.serving.sim import simulate
+from planner.serving.steps import StepPricer
+from planner.serving.traffic import Request, synthetic
+
+OPTS = Options()
+
+
+@pytest.fixture(scope="module")
+def vllm():
+    m, hw = catalog.load_model("llama-3.1-8b"), catalog.load_hardware("h100-sxm")
+    eng = replace(catalog.load_engine("vllm"), request_overhead_s=0.0,
+                  prompt_token_overhead_s=0.0)
+    prep = prepare(hw, Precision(), None, OPTS, eng)
+    return eng, StepCoster(m, hw, prep, OPTS)
+
+
+def test_vllm_v1_capture_sizes():
+    """[1, 2, 4] + range(8, 256, 8) + range(256, max + 1, 16), max = min(2 x seqs, 512)."""
+    rule = catalog.load_engine("vllm").graph_rule
+    big = graph_sizes(rule, 1024, 8192)
+    assert len(big) == 51 and big[:5] == (1, 2, 4, 8, 16) and big[-2:] == (496, 512)
+    assert 248 in big and 256 in big and 264 not in big and 272 in big
+    assert graph_sizes(rule, 64, 8192)[-1] == 128  # 2 x max_num_seqs
+    assert graph_sizes(rule, 1024, 100)[-1] == 96  # no larger than the step budget
+    assert catalog.load_engine("vllm-v0").graph_rule is not None
+    assert graph_sizes(catalog.load_engine("vllm-v0").graph_rule, 256)[-1] == 256
+    cfg = SchedulerConfig.for_engine(catalog.load_engine("vllm"), max_num_seqs=100)
+    assert cfg.graph_sizes[-1] == 200
+    eager = replace(catalog.load_engine("vllm"), cuda_graphs=False)
+    assert SchedulerConfig.for_engine(eager).graph_sizes == ()
+
+
+def _decode_pool(n: int, context: int) -> DecodePool:
+    """A pool of ``n`` requests decoding after ``context`` cached tokens each."""
+    from planner.serving.requests import RequestResult, SimRequest
+
+    kv = PagedKV(10**9, 16)
+    pool = DecodePool(kv, 16)
+    for i in range(n):
+        q = SimRequest.of(RequestResult(i, 0.0, context, 100))
+        q.computed = context
+        pool.join(q)
+    return pool
+
+
+def test_a_decode_batch_of_37_runs_as_the_captured_40(vllm):
+    eng, c = vllm
+    sizes = graph_sizes(eng.graph_rule, 1024, 8192)
+    pool = _decode_pool(37, 500)
+    got, _ = StepPricer(c, pool, sizes).time_s([])
+    dec = StepShape.uniform(37, 1, 500)
+    padded = replace(dec, tokens=40.0, logit_rows=40.0)  # 3 empty rows: no attention
+    assert got == pytest.approx(c.step_time(padded, sequences=37, prefill=False), rel=1e-12)
+    assert got > c.step_time(dec, sequences=37, prefill=False)  # the padding costs
+    # unpadded where the engine captures no sizes, and a size captured exactly is not padded
+    assert StepPricer(c, pool, ()).time_s([])[0] == pytest.approx(
+        c.step_time(dec, sequences=37, prefill=False), rel=1e-12)
+    pool40 = _decode_pool(40, 500)
+    assert StepPricer(c, pool40, sizes).time_s([])[0] == pytest.approx(
+        c.step_time(StepShape.uniform(40, 1, 500), sequences=40, prefill=False), rel=1e-12)
+
+
+def test_a_decode_batch_above_the_largest_graph_runs_eagerly(vllm):
+    eng, c = vllm
+    sizes = graph_sizes(eng.graph_rule, 1024, 8192)  # up to 512
+    pool = _decode_pool(600, 300)
+    got, _ = StepPricer(c, pool, sizes).time_s([])
+    dec = StepShape.uniform(600, 1, 300)
+    eager = c.step_time(dec, sequences=600, prefill=False, graphed=False)
+    assert got == pytest.approx(eager, rel=1e-12)
+    assert eager > c.step_time(dec, sequences=600, prefill=False)  # host launches exposed
+
+
+def test_guaranteed_no_evict_admits_whole_lengths_and_never_preempts():
+    """A cache of 8,192 tokens; requests of 1,000 + 1,000 tokens (125 blocks of 16):
+    no-evict runs at most 4 at once and preempts none; on-demand allocation admits more and
+    then has to preempt."""
+    m, hw = catalog.load_model("llama-3.1-8b"), catalog.load_hardware("h100-sxm")
+    eng = catalog.load_engine("trtllm")
+    prep = prepare(hw, Precision(), None, OPTS, eng)
+
+    class Small(StepCoster):
+        def kv_capacity_tokens(self, max_num_seqs, step_tokens):
+            return 8192
+
+    c = Small(m, hw, prep, OPTS)
+    reqs = synthetic(12, prompt_tokens=1000, output_tokens=1000, seed=1)
+    base = dict(max_num_seqs=64, max_num_batched_tokens=8192, block_size=16)
+    whole = simulate(reqs, c, SchedulerConfig(capacity_policy="guaranteed-no-evict", **base))
+    s = summary(whole)
+    assert s["completed"] == 12 and s["preemptions"] == 0 and s["failed"] == 0
+    assert s["max_running_requests"] == 8192 // 2000 == 4
+    assert s["kv_cache_reserved_frac_peak"] == pytest.approx(4 * 2000 / 8192)
+    greedy = summary(simulate(reqs, c, SchedulerConfig(**base)))
+    assert greedy["completed"] == 12 and greedy["preemptions"] > 0
+    assert greedy["max_running_requests"] > 4
+    # the engine profile says so
+    assert SchedulerConfig.for_engine(eng).capacity_policy == "guaranteed-no-evict"
+
+
+def test_separate_prefill_makes_the_decodes_wait(vllm):
+    """A decodes alone; B arrives during A's first decode step. Mixed (vLLM): B's prefill
+    shares A's next step. Apart (SGLang): B's prefill runs alone, A's token waits for it, so
+    there is one step more and A's gap across it is B's prefill plus the next decode."""
+    eng, c = vllm
+    reqs_of = lambda: [Request(0, 0.0, 16, 6), Request(1, 0.0, 4000, 2)]  # noqa: E731
+    pre_a = c.step_time(StepShape.uniform(1, 16, 0), sequences=1, prefill=True,
+                        decodes=False)
+    d1 = c.step_time(StepShape.uniform(1, 1, 16), sequences=1, prefill=False)
+    reqs = reqs_of()
+    reqs[1] = Request(1, pre_a + d1 / 2, 4000, 2)
+    base = dict(max_num_seqs=8, max_num_batched_tokens=8192)
+    apart = simulate([replace(r) for r in reqs], c, SchedulerConfig(mixed_batches=False,
+                                                                      **base))
+    mixed = simulate([replace(r) for r in reqs], c, SchedulerConfig(**base))
+    assert apart.steps == mixed.steps + 1
+    a = apart.requests[0]
+    # by hand: A's prefill, its first decode, B's prefill alone, then A and B decode together
+    # (B's second token ends B), then A alone for the rest
+    pre_b = c.step_time(StepShape.uniform(1, 4000, 0), sequences=1, prefill=True,
+                        decodes=False)
+    both = c.step_time(StepShape(2.0, 16 + 1 + 1 + 4000 + 1, 18 + 4001, 17 + 4000, 18 + 4001,
+                                 2.0), sequences=2, prefill=False)
+    t = pre_a
+    assert a.first_token_s == pytest.approx(t, rel=1e-12)
+    t += d1 + pre_b
+    b = apart.requests[1]
+    assert b.first_token_s == pytest.approx(t, rel=1e-12)
+    t += both
+    assert b.finish_s == pytest.approx(t, rel=1e-12)
+    for ctx in (19, 20, 21):
+        t += c.step_time(StepShape.uniform(1, 1, ctx - 1), sequences=1, prefill=False)
+    assert a.finish_s == pytest.approx(t, rel=1e-9)
+    # the ITL across B's prefill is counted once, as one long gap
+    assert max(v for v, _ in apart.itl) == pytest.approx(pre_b + both, rel=1e-12)
+    assert max(v for v, _ in mixed.itl) < pre_b + both
+
+
+def test_a_recompute_that_outgrows_the_budget_is_refused(vllm):
+    """Chunked prefill off, a step budget of 1,024 and a cache so small that requests are
+    preempted: one preempted after generating more than 24 tokens would need to recompute
+    1,000 + 25 > 1,024 tokens in one step, which vLLM V0 refuses; the rest are served."""
+    eng, c0 = vllm
+
+    class Small(StepCoster):
+        def kv_capacity_tokens(self, max_num_seqs, step_tokens):
+            return 6000
+
+    c = Small(c0.model, c0.hardware, c0.prep, OPTS)
+    reqs = synthetic(30, prompt_tokens=1000, output_tokens=400, seed=3)
+    res = simulate(reqs, c, SchedulerConfig(max_num_seqs=64, max_num_batched_tokens=1024,
+                                            chunked_prefill=False))
+    s = summary(res)
+    assert s["preemptions"] > 0 and 0 < s["failed"] < 30
+    assert s["completed"] + s["failed"] == 30 and s["in_flight"] == 0
+    for r in res.requests:
+        if r.failed:
+            assert r.failed.startswith("its recompute (") and "(1,024)" in r.failed
+            assert r.preemptions >= 1 and math.isnan(r.finish_s)
+    assert "recompute" in s["failed_reason"]
+
+
+def test_a_request_larger_than_the_cache_is_refused_not_fatal(vllm):
+    eng, c = vllm
+    cap = c.kv_capacity_tokens(256, 8192)
+    reqs = [Request(0, 0.0, 100, 10), Request(1, 0.0, cap, 10), Request(2, 0.0, 100, 10)]
+    res = simulate(reqs, c, SchedulerConfig())
+    s = summary(res)
+    assert s["completed"] == 2 and s["failed"] == 1
+    assert f"the replica holds {cap // 16 * 16:,}" in res.requests[1].failed
