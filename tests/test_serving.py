@@ -249,11 +249,40 @@ def test_simulate_replays_a_trace(run_cli, tmp_path):
     (["--ttft-slo", "0"], "--ttft-slo"),
     (["-p", "500000"], "exceeds llama-3.1-8b's context of 131,072"),
     (["-p", "500000", "--allow-longer-context"], "KV tokens"),
+    (["--prefix-tokens", "-5"], "--prefix-tokens"),
+    (["--prefix-cache", "maybe"], "--prefix-cache: must be on or off"),
+    (["--capacity-policy", "fifo"], "capacity-policy"),
+    (["--prefix-tokens", "10", "--dataset-name", "sharegpt"], "only with the random"),
 ])
 def test_simulate_bad_input(run_cli, args, msg):
     code, _, err = run_cli("simulate", "-m", "llama-3.1-8b", "-g", "h100-sxm", "-n", "5",
                            *args)
     assert code == 2 and msg in err, err
+
+
+def test_simulate_a_trace_with_shared_prefixes(run_cli, tmp_path):
+    """Named prefixes: 3 requests share "sys" (1,600 tokens, whole blocks), one has its own;
+    sent one at a time, the second and third find it cached: 2 x 1,600 of 6,800 tokens."""
+    ds = tmp_path / "p.csv"
+    ds.write_text("prompt_tokens,output_tokens,arrival_s,prefix_id,prefix_tokens\n"
+                  "1700,5,0,sys,1600\n1700,5,10,sys,1600\n1700,5,20,sys,1600\n"
+                  "1700,5,30,,\n")
+    args = ("simulate", "-m", "llama-3.1-8b", "-g", "h100-sxm", "--dataset", str(ds))
+    code, out, err = run_cli(*args, "--json")
+    assert code == 0, err
+    d = json.loads(out)
+    assert d["prefix_caching"] is True  # vllm's default
+    assert d["prefix_cache_hit_rate"] == pytest.approx(2 * 1600 / 6800)
+    code, out, err = run_cli(*args, "--prefix-cache", "off", "--json")
+    assert json.loads(out)["prefix_cache_hit_rate"] is None
+    code, out, err = run_cli(*args)
+    assert "47.1% of prompt tokens found cached" in out
+    ds.write_text("prompt_tokens,output_tokens,prefix_id,prefix_tokens\n100,5,a,200\n")
+    code, _, err = run_cli(*args)
+    assert code == 2 and "row 1: prefix_tokens must be in 1..prompt_tokens (100)" in err
+    ds.write_text("prompt_tokens,output_tokens,prefix_tokens\n100,5,20\n")
+    code, _, err = run_cli(*args)
+    assert code == 2 and "prefix_tokens without a prefix_id" in err
 
 
 def test_bad_trace_rows(run_cli, tmp_path):

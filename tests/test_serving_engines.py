@@ -8,6 +8,8 @@ import math
 from dataclasses import replace
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from planner.core.engine import graph_sizes
 from planner.core.estimate import prepare
@@ -189,3 +191,99 @@ def test_a_request_larger_than_the_cache_is_refused_not_fatal(vllm):
     s = summary(res)
     assert s["completed"] == 2 and s["failed"] == 1
     assert f"the replica holds {cap // 16 * 16:,}" in res.requests[1].failed
+
+
+def _one_at_a_time(n: int, prompt: int, output: int, prefixes: list[int],
+                   prefix_tokens: int) -> list[Request]:
+    """Requests 100 s apart (each is done before the next arrives), with these prefix ids."""
+    return [Request(i, 100.0 * i, prompt, output, prefixes[i], prefix_tokens)
+            for i in range(n)]
+
+
+def test_a_cached_prefix_is_computed_once(vllm):
+    """Ten requests of 3,000 prompt tokens whose first 2,010 are shared, one at a time: the
+    first computes all 3,000; 2,010 is not whole 16-token blocks, so 2,000 are cached and each
+    later one computes 1,000: the hit rate is 9 x 2,000 / 30,000, and their TTFT is a
+    1,000-token prefill after 2,000 cached tokens."""
+    eng, c = vllm
+    reqs = _one_at_a_time(10, 3000, 50, [7] * 10, 2010)
+    on = simulate(reqs, c, SchedulerConfig(prefix_caching=True))
+    s = summary(on)
+    assert s["prefix_cache_hit_rate"] == pytest.approx(9 * 2000 / 30000, rel=1e-12)
+    assert [r.cached_tokens for r in on.requests] == [0] + [2000] * 9
+    cold = c.step_time(StepShape.uniform(1, 3000, 0), sequences=1, prefill=True, decodes=False)
+    warm = c.step_time(StepShape.uniform(1, 1000, 2000), sequences=1, prefill=True,
+                       decodes=False)
+    assert on.requests[0].ttft_s == pytest.approx(cold, rel=1e-12)
+    assert all(r.ttft_s == pytest.approx(warm, rel=1e-12) for r in on.requests[1:])
+    off = simulate(reqs, c, SchedulerConfig())
+    assert summary(off)["prefix_cache_hit_rate"] is None
+    assert all(r.ttft_s == pytest.approx(cold, rel=1e-12) for r in off.requests)
+    # different prefixes share nothing
+    other = simulate(_one_at_a_time(10, 3000, 50, list(range(10)), 2010), c,
+                     SchedulerConfig(prefix_caching=True))
+    assert summary(other)["prefix_cache_hit_rate"] == 0.0
+
+
+def test_unused_prefixes_are_evicted_least_recently_used_first(vllm):
+    """A cache of 4,096 tokens and prefixes of 1,024: after four requests the pool is full of
+    cached prefixes no one uses; the fifth evicts the oldest (prefix 0) rather than wait or
+    preempt, so prefix 0 misses when it returns and prefix 4 hits."""
+    eng, c0 = vllm
+
+    class Small(StepCoster):
+        def kv_capacity_tokens(self, max_num_seqs, step_tokens):
+            return 4096
+
+    c = Small(c0.model, c0.hardware, c0.prep, OPTS)
+    order = [0, 1, 2, 3, 4, 0, 4]
+    res = simulate(_one_at_a_time(7, 1040, 10, order, 1024), c,
+                   SchedulerConfig(prefix_caching=True))
+    s = summary(res)
+    assert s["completed"] == 7 and s["preemptions"] == 0
+    assert [r.cached_tokens for r in res.requests] == [0, 0, 0, 0, 0, 0, 1024]
+
+
+def test_concurrent_requests_share_one_copy_of_a_prefix(vllm):
+    """Forty requests at once after one that cached a 4,096-token prefix: the cache holds
+    one copy, so the KV holding data stays below the forty private copies' worth."""
+    eng, c = vllm
+    first = [Request(0, 0.0, 4196, 4, 1, 4096)]
+    rest = [Request(i, 10.0, 4196, 64, 1, 4096) for i in range(1, 41)]
+    res = simulate(first + rest, c, SchedulerConfig(prefix_caching=True))
+    s = summary(res)
+    cap = s["kv_capacity_tokens"]
+    assert s["prefix_cache_hit_rate"] == pytest.approx(40 * 4096 / (41 * 4196), rel=1e-12)
+    one_copy = 4096 + 40 * (100 + 64)
+    assert s["kv_cache_used_frac_peak"] * cap <= one_copy
+    assert s["kv_cache_reserved_frac_peak"] * cap <= one_copy + 40 * 16
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(1, 40), st.integers(0, 3), st.integers(1, 2000), st.integers(1, 300),
+       st.sampled_from([0.5, 5.0, math.inf]), st.booleans(), st.booleans())
+def test_any_stream_with_prefixes_completes(n, groups, p, o, rate, whole, mixed):
+    m, hw = catalog.load_model("llama-3.1-8b"), catalog.load_hardware("h100-sxm")
+    eng = catalog.load_engine("vllm")
+    prep = prepare(hw, Precision(), None, OPTS, eng)
+
+    class Small(StepCoster):  # tight enough to evict and preempt
+        def kv_capacity_tokens(self, max_num_seqs, step_tokens):
+            return 12_000
+
+    c = Small(m, hw, prep, OPTS)
+    reqs = synthetic(n, prompt_tokens=p, output_tokens=o, request_rate=rate, seed=n)
+    reqs = [replace(r, prefix_id=(i % groups) if groups else -1,
+                    prefix_tokens=min(r.prompt_tokens, 1 + p // 2) if groups else 0)
+            for i, r in enumerate(reqs)]
+    cfg = SchedulerConfig(max_num_seqs=16, max_num_batched_tokens=2048, prefix_caching=True,
+                          capacity_policy="guaranteed-no-evict" if whole else
+                          "max-utilization", mixed_batches=mixed)
+    res = simulate(reqs, c, cfg)
+    s = summary(res)
+    assert s["completed"] + s["failed"] == n and s["in_flight"] == 0
+    assert s["kv_cache_reserved_frac_peak"] <= 1.0
+    assert 0.0 <= s["prefix_cache_hit_rate"] < 1.0
+    for r in res.requests:
+        assert r.failed or r.arrival_s <= r.first_token_s <= r.finish_s
+        assert 0 <= r.cached_tokens < r.prompt_tokens + r.output_tokens

@@ -88,8 +88,31 @@ def _token_count(v: object) -> int:
     return int(v)
 
 
-def read_trace(path: Path) -> list[tuple[int, int, float | None]]:
-    """(prompt_tokens, output_tokens, arrival_s or None) rows of a JSONL or CSV trace."""
+def _prefix(path: Path, i: int, r: dict, prompt: int) -> tuple[int, int]:
+    """A trace row's shared prefix: any prefix_id (a name or number; rows with the same one
+    share their first prefix_tokens tokens) and its prefix_tokens, within the prompt."""
+    pid = r.get("prefix_id")
+    if pid in (None, ""):
+        if r.get("prefix_tokens") not in (None, "", 0, "0"):
+            raise LlmplanError(f"{path}: row {i}: prefix_tokens without a prefix_id")
+        return -1, 0
+    try:
+        n = _token_count(r.get("prefix_tokens"))
+    except (TypeError, ValueError, OverflowError):
+        raise LlmplanError(f"{path}: row {i}: prefix_tokens must be an integer beside "
+                           "prefix_id") from None
+    if not 0 < n <= prompt:
+        raise LlmplanError(f"{path}: row {i}: prefix_tokens must be in 1..prompt_tokens "
+                           f"({prompt:,}), got {n:,}")
+    return _PREFIX_IDS.setdefault((path, str(pid)), len(_PREFIX_IDS)), n
+
+
+_PREFIX_IDS: dict[tuple[Path, str], int] = {}  # a trace's prefix names, as numbers
+
+
+def read_trace(path: Path) -> list[tuple]:
+    """(prompt_tokens, output_tokens, arrival_s or None, prefix_id, prefix_tokens) rows of a
+    JSONL or CSV trace; a row without a prefix_id shares no prefix (-1, 0)."""
     from planner.io.catalog import read_text
 
     rows: list[dict] = []
@@ -124,7 +147,7 @@ def read_trace(path: Path) -> list[tuple[int, int, float | None]]:
                 a is not None and not (a >= 0 and math.isfinite(a))):
             raise LlmplanError(f"{path}: row {i}: token counts must be in 1..{MAX_TRACE_TOKENS:,} "
                                "and arrival_s a finite number >= 0")
-        out.append((p, o, a))
+        out.append((p, o, a, *_prefix(path, i, r, p)))
     if not out:
         raise LlmplanError(f"{path}: no requests")
     return out
@@ -157,8 +180,20 @@ def simulate(
     output_tokens: OutputOpt = DEFAULT_OUTPUT_TOKENS,
     range_ratio: Annotated[float, typer.Option(
         help="Lengths uniform within +-this fraction (vLLM's random dataset).")] = 0.0,
+    prefix_tokens: Annotated[int, typer.Option(
+        "--prefix-tokens", "--random-prefix-len",
+        help="The same first tokens before every prompt (vLLM's --random-prefix-len): a "
+        "prompt is this many plus its -p tokens, and a prefix cache computes them once.")
+    ] = 0,
+    prefix_cache: Annotated[Optional[str], typer.Option(
+        "--prefix-cache", metavar="on|off",
+        help="Automatic prefix caching: requests sharing a prefix (--prefix-tokens, a "
+        "--dataset's prefix_id) find it computed. Default: the engine's (on for vllm, "
+        "sglang, trtllm; off for vllm-v0).")] = None,
     dataset: Annotated[Optional[Path], typer.Option(
-        help="JSONL or CSV of prompt_tokens, output_tokens and optional arrival_s.")] = None,
+        help="JSONL or CSV of prompt_tokens, output_tokens and optional arrival_s, "
+        "prefix_id and prefix_tokens (rows with the same prefix_id share their first "
+        "prefix_tokens).")] = None,
     dataset_name: Annotated[str, typer.Option(
         "--dataset-name", metavar="random|sharegpt",
         help="Lengths as vLLM's bench serve draws them: random (uniform within "
@@ -239,7 +274,7 @@ def simulate(
     dep = dep.with_options(prefill_chunk_tokens=cfg.max_num_batched_tokens)
     reqs = _requests(dataset, dataset_name, num_requests, prompt_tokens, output_tokens,
                      range_ratio,
-                     request_rate, burstiness, max_concurrency, seed)
+                     request_rate, burstiness, max_concurrency, seed, prefix_tokens)
     longest = max(reqs, key=lambda r: r.prompt_tokens + r.output_tokens)
     check_context(m, longest.prompt_tokens, longest.output_tokens, allow_longer_context,
                   where="the longest request")
@@ -298,6 +333,10 @@ def _scheduler(dep, a: dict):
     given = {k: a[k] for k in ("max_num_seqs", "max_num_batched_tokens", "block_size",
                                "chunked_prefill", "capacity_policy", "mixed_batches")
              if a[k] is not None}
+    if a["prefix_cache"] is not None:
+        if a["prefix_cache"] not in ("on", "off"):
+            raise LlmplanError(f"--prefix-cache: must be on or off, got {a['prefix_cache']!r}")
+        given["prefix_caching"] = a["prefix_cache"] == "on"
     cfg = run.scheduler(dep, kind=a["scheduler"].value, **given,
                         kv_layout=a["kv_layout"].value,
                         max_model_len=a["max_model_len"] or dep.model.max_position_embeddings,
@@ -326,6 +365,9 @@ def _check_numbers(a: dict) -> None:
                  "max_model_len", "prompt_tokens", "output_tokens", "max_concurrency"):
         positive("--" + flag.replace("_", "-"), a[flag])
     positive("--request-rate", a["request_rate"], allow_inf=True)
+    if not 0 <= a["prefix_tokens"] <= MAX_TRACE_TOKENS:
+        raise LlmplanError(f"--prefix-tokens: must be in 0..{MAX_TRACE_TOKENS:,}, got "
+                           f"{a['prefix_tokens']:,}")
     positive("--burstiness", a["burstiness"])
     positive("--max-wait", a["max_wait"], allow_zero=True)
     if not 0 <= a["seed"] < 2**64:
@@ -339,10 +381,13 @@ def _check_numbers(a: dict) -> None:
 
 
 def _requests(dataset, dataset_name, num_requests, prompt_tokens, output_tokens, range_ratio,
-              request_rate, burstiness, max_concurrency, seed):
+              request_rate, burstiness, max_concurrency, seed, prefix_tokens=0):
     """The request stream: a trace file's, or vLLM's random dataset."""
     from planner.serving.traffic import replay, synthetic
 
+    if prefix_tokens and (dataset is not None or dataset_name != "random"):
+        raise LlmplanError("--prefix-tokens: only with the random dataset (a --dataset gives "
+                           "its prefixes in prefix_id / prefix_tokens columns)")
     if dataset is not None:
         return replay(read_trace(dataset), request_rate=request_rate, burstiness=burstiness,
                       closed_loop=max_concurrency is not None, seed=seed)
@@ -360,7 +405,8 @@ def _requests(dataset, dataset_name, num_requests, prompt_tokens, output_tokens,
                       seed=seed)
     return synthetic(num_requests, prompt_tokens=prompt_tokens, output_tokens=output_tokens,
                      range_ratio=range_ratio, request_rate=request_rate,
-                     burstiness=burstiness, closed_loop=max_concurrency is not None, seed=seed)
+                     burstiness=burstiness, closed_loop=max_concurrency is not None, seed=seed,
+                     prefix_tokens=prefix_tokens)
 
 
 def _result(dep, cfg, reqs, sp, d: dict, *, request_rate, burstiness, max_concurrency) -> dict:
@@ -378,6 +424,8 @@ def _result(dep, cfg, reqs, sp, d: dict, *, request_rate, burstiness, max_concur
             "ep": lay.ep, "num_gpus": lay.num_gpus, "engine": dep.engine.name,
             "weights": prec.weights.value, "quantized_layers": prec.quantized_layers,
             "kv_cache": prec.kv_cache.value, "scheduler": cfg.kind, "kv_layout": cfg.kv_layout,
+            "capacity_policy": cfg.capacity_policy, "mixed_batches": cfg.mixed_batches,
+            "prefix_caching": cfg.prefix_caching,
             # as vLLM's result file writes it: a number, or "inf"
             "request_rate": None if max_concurrency is not None else
             (request_rate if math.isfinite(request_rate) else "inf"),
@@ -397,7 +445,7 @@ def _plot(plot: Path, dep, cfg, res, n: int, request_rate, max_concurrency) -> N
 
 def _write_trace(path: Path, res) -> None:
     cols = ["id", "arrival_s", "first_token_s", "finish_s", "prompt_tokens", "output_tokens",
-            "ttft_s", "tpot_s", "e2e_s", "preemptions", "failed"]
+            "ttft_s", "tpot_s", "e2e_s", "preemptions", "cached_tokens", "failed"]
     rows = [{c: getattr(r, c) for c in cols} for r in res.requests]
     with path.open("w", newline="") as f:
         if path.suffix.lower() == ".jsonl":
@@ -419,6 +467,16 @@ def _spec_line(sp: dict) -> str:
     return (f"{who}, k = {sp['num_speculative_tokens']}, acceptance "
             f"{sp['acceptance_rate']:g}: {sp['tokens_per_step']:.2f} tokens per step and "
             f"request{mem}")
+
+
+def _prefix_line(d: dict) -> str:
+    if not d["prefix_caching"]:
+        return "off"
+    if d["prefix_cache_hit_rate"] is None:
+        return "on, not simulated under static batching or a contiguous cache"
+    from planner.io import fmt
+
+    return f"on; {fmt.pct(d['prefix_cache_hit_rate'])} of prompt tokens found cached"
 
 
 def _render(d: dict) -> None:
@@ -451,6 +509,7 @@ def _render(d: dict) -> None:
                      f"{fmt.pct(d['kv_cache_used_frac_peak'])} peak; reserved "
                      f"{fmt.pct(d['kv_cache_reserved_frac_peak'])} peak"],
         ["preemptions", f"{d['preemptions']:,}"],
+        ["prefix cache", _prefix_line(d)],
         *([["refused", f"{d['failed']:,}: {d['failed_reason']}"]] if d.get("failed")
           else []),
     ], left=2))

@@ -204,6 +204,7 @@ class ServingDefaults(_Frozen):
     # batching); False: a step that prefills runs no decodes (SGLang without mixed chunking)
     mixed_batches: Flag | None = None
     cuda_graph_sizes: GraphSizes | None = None  # None: any decode batch replays a graph
+    prefix_caching: Flag | None = None  # automatic prefix caching on by default (None: off)
 
     @model_validator(mode="after")
     def _check(self) -> ServingDefaults:
@@ -345,6 +346,8 @@ class EngineSpec(_Frozen):
             out["capacity_policy"] = sv.capacity_policy.value
         if sv.mixed_batches is not None:
             out["mixed_batches"] = sv.mixed_batches.value
+        if sv.prefix_caching is not None:
+            out["prefix_caching"] = sv.prefix_caching.value
         if sv.cuda_graph_sizes is not None:
             g = sv.cuda_graph_sizes
             out["graph_rule"] = (g.sizes, g.steps, g.cap, g.cap_per_seq)
@@ -392,6 +395,7 @@ class Engine:
     chunked_prefill: bool = True
     capacity_policy: str = "max-utilization"  # or "guaranteed-no-evict" (``Policy``)
     mixed_batches: bool = True  # prefill chunks and decodes share a step
+    prefix_caching: bool = False  # automatic prefix caching on by default
     # CUDA-graph capture sizes, (sizes, steps, cap, cap_per_seq) as ``GraphSizes`` states
     # them (``graph_sizes``); None: any decode batch replays a graph, unpadded
     graph_rule: tuple | None = None

@@ -37,6 +37,9 @@ class SchedulerConfig:
     # the decode batch sizes replayed from CUDA graphs, ascending (a decode step pads up to
     # the next; beyond the largest it runs without a graph); empty: any size, unpadded
     graph_sizes: tuple[int, ...] = ()
+    # automatic prefix caching: a request finds its shared prefix's blocks computed (paged KV
+    # under continuous batching; ignored otherwise)
+    prefix_caching: bool = False
 
     @classmethod
     def for_engine(cls, e, **overrides) -> SchedulerConfig:
@@ -46,6 +49,7 @@ class SchedulerConfig:
               "max_num_batched_tokens": e.max_num_batched_tokens,
               "block_size": e.block_size, "chunked_prefill": e.chunked_prefill,
               "capacity_policy": e.capacity_policy, "mixed_batches": e.mixed_batches,
+              "prefix_caching": e.prefix_caching,
               **overrides}
         if "graph_sizes" not in kw and e.cuda_graphs and e.graph_rule is not None:
             kw["graph_sizes"] = graph_sizes(e.graph_rule, kw["max_num_seqs"],

@@ -110,7 +110,7 @@ class DecodePool:
     def settle(self, q: SimRequest) -> None:
         """Bring ``q.reserved`` up to date (grown in aggregate) before it is released; a
         reservation made whole at admission stays as it is."""
-        q.reserved = max(q.reserved, self.kv.tokens_for(self.context(q)))
+        q.reserved = max(q.reserved, self.kv.tokens_for(self.context(q)) - q.shared)
 
     def shape(self, window: int | None) -> tuple[list[float], list[float] | None, int]:
         """The decoders' share of a step as the StepShape's six amounts (each adding one token
@@ -168,13 +168,13 @@ class SpecDecodePool(DecodePool):
     def growth_tokens(self) -> int:
         """Each request's lookahead: KV for its context + 1 + k tokens."""
         kv, k1, context = self.kv, self.k1, self.context
-        return sum(max(0, kv.tokens_for(context(q) + k1) - q.reserved)
+        return sum(max(0, kv.tokens_for(context(q) + k1) - q.shared - q.reserved)
                    for q in self.members.values())
 
     def take_growth(self, grow: int) -> None:
         kv, k1, context = self.kv, self.k1, self.context
         for q in self.members.values():
-            q.reserved = max(q.reserved, kv.tokens_for(context(q) + k1))
+            q.reserved = max(q.reserved, kv.tokens_for(context(q) + k1) - q.shared)
         kv.free_tokens -= grow
 
     def settle(self, q: SimRequest) -> None:

@@ -7,10 +7,22 @@ reserves ``max_model_len`` tokens for each request up front, as servers did befo
 PagedAttention. Both count tokens (blocks x block_size), so the scheduler, the decode pool and
 the metrics see one unit; a request's holding is its ``reserved`` field, which the pool keeps
 in step with ``free_tokens``. The scheduler decides what to reserve and whom to preempt; the
-pool only counts. Pure: no I/O.
+pool only counts.
+
+``PrefixCache`` is automatic prefix caching (vLLM's, vllm/v1/core/kv_cache_manager.py and
+block_pool.py; SGLang's radix cache and TensorRT-LLM's block reuse alike): once a request has
+computed the whole blocks of its shared prefix, they are kept under the prefix's id, and a
+later request with that prefix starts with them computed and holds them with the others
+rather than as its own. Blocks no running request refers to stay cached until the pool needs
+them, then go least recently used first (vLLM's free queue hands out the least recently freed
+cached block first), before any running request is preempted. Prefixes are whole: a request
+finds its prefix's blocks or none (a cache keyed by block would also share a partial prefix);
+at least one prompt token is always computed, as in vLLM. Pure: no I/O.
 """
 
 from __future__ import annotations
+
+from collections import OrderedDict
 
 from planner.core.errors import UsageError
 from planner.serving.requests import SimRequest
@@ -19,7 +31,7 @@ from planner.serving.requests import SimRequest
 class KVPool:
     """``capacity_tokens`` of KV cache, of which ``free_tokens`` are not reserved."""
 
-    __slots__ = ("capacity_tokens", "free_tokens", "block_growth_tokens")
+    __slots__ = ("capacity_tokens", "free_tokens", "block_growth_tokens", "prefixes")
     layout = ""
 
     def __init__(self, capacity_tokens: int, block_growth_tokens: int):
@@ -27,6 +39,14 @@ class KVPool:
         self.free_tokens = capacity_tokens
         # what a request's next block takes of the pool as it grows (0: reserved whole)
         self.block_growth_tokens = block_growth_tokens
+        self.prefixes: PrefixCache | None = None  # prefix caching on: the cached prefixes
+
+    def make_room(self, need: int) -> bool:
+        """Whether ``need`` tokens are free, once cached prefixes no request uses are
+        evicted for them (least recently used first)."""
+        if need > self.free_tokens and self.prefixes is not None:
+            self.free_tokens += self.prefixes.evict(need - self.free_tokens)
+        return need <= self.free_tokens
 
     def tokens_for(self, tokens: int) -> int:
         """KV tokens reserved to hold ``tokens``."""
@@ -40,15 +60,16 @@ class KVPool:
         """Reserve what a request being admitted needs to hold ``tokens``; False, and nothing
         reserved, where the pool has not that much free."""
         need = self.tokens_for(tokens)
-        if need > self.free_tokens:
+        if not self.make_room(need):
             return False
         self.free_tokens -= need
         q.reserved = need
         return True
 
     def extra_for(self, q: SimRequest, tokens: int) -> int:
-        """Tokens ``q`` needs beyond its reservation to hold ``tokens`` (<= 0: none)."""
-        return self.tokens_for(tokens) - q.reserved
+        """Tokens ``q`` needs beyond its reservation (and the cached prefix it holds with
+        others) to hold ``tokens`` (<= 0: none)."""
+        return self.tokens_for(tokens) - q.shared - q.reserved
 
     def grow(self, q: SimRequest, extra: int) -> None:
         """Reserve ``extra`` more tokens for ``q`` (nothing for extra <= 0)."""
@@ -57,9 +78,13 @@ class KVPool:
             q.reserved += extra
 
     def release(self, q: SimRequest) -> None:
-        """Free everything ``q`` holds (it finished, or it is preempted)."""
+        """Free everything ``q`` holds (it finished, or it is preempted); a cached prefix it
+        used stays cached."""
         self.free_tokens += q.reserved
         q.reserved = 0
+        if q.shared:
+            self.prefixes.unref(q.prefix, q.shared)
+            q.shared = 0
 
 
 class PagedKV(KVPool):
@@ -102,6 +127,80 @@ class ContiguousKV(KVPool):
 
     def tokens_for(self, tokens: int) -> int:
         return self.max_model_len
+
+
+class PrefixCache:
+    """Cached prefixes by id: their KV tokens (whole blocks), and how many running requests
+    use each; those none uses, least recently released first, can be evicted."""
+
+    __slots__ = ("block", "entries", "idle", "hit_tokens", "query_tokens", "double_counted")
+
+    def __init__(self, block_size: int):
+        self.block = block_size
+        self.entries: dict[int, list[int]] = {}  # prefix id -> [tokens, requests using it]
+        self.idle: OrderedDict[int, int] = OrderedDict()  # unused ones: id -> tokens, LRU
+        self.hit_tokens = 0  # prompt tokens admissions found cached
+        self.query_tokens = 0  # prompt tokens of every admission (vLLM's hit-rate base)
+        # the requests' shared tokens beyond one copy of each prefix in use: what summing
+        # every running request's context counts twice
+        self.double_counted = 0
+
+    def lookup(self, q: SimRequest) -> int:
+        """Tokens of ``q``'s prefix cached for it: its prefix's whole blocks, leaving at least
+        one token of what ``q`` must compute to be computed; 0 where not cached."""
+        e = self.entries.get(q.prefix) if q.prefix >= 0 else None
+        if e is None:
+            return 0
+        b = self.block
+        return min(e[0], (q.target - 1) // b * b)
+
+    def pin(self, q: SimRequest, hit: int) -> None:
+        """``q`` holds ``hit`` cached tokens of its prefix with the others: no eviction."""
+        e = self.entries[q.prefix]
+        e[1] += 1
+        self.idle.pop(q.prefix, None)
+        q.shared = hit
+        self.double_counted += hit if e[1] > 1 else hit - e[0]
+
+    def unpin(self, q: SimRequest) -> None:
+        """``q`` was not admitted after all."""
+        self.unref(q.prefix, q.shared)
+        q.shared = 0
+
+    def count(self, q: SimRequest, hit: int) -> None:
+        """``q`` is admitted, ``hit`` of the ``q.target`` tokens it needed found cached."""
+        self.query_tokens += q.target
+        self.hit_tokens += hit
+        q.r.cached_tokens = hit
+
+    def publish(self, q: SimRequest) -> int:
+        """``q`` has computed its prefix's whole blocks: cache them (the first to do so;
+        a request that computed them beside it keeps its own copy). Returns the tokens that
+        move from ``q``'s reservation to the cache."""
+        tokens = q.prefix_tokens // self.block * self.block
+        if not tokens or q.prefix in self.entries:
+            return 0
+        self.entries[q.prefix] = [tokens, 1]
+        q.shared = tokens
+        return tokens
+
+    def unref(self, prefix: int, shared: int) -> None:
+        """A request holding ``shared`` tokens of the prefix no longer uses it."""
+        e = self.entries[prefix]
+        e[1] -= 1
+        self.double_counted -= shared if e[1] else shared - e[0]
+        if not e[1]:
+            self.idle[prefix] = e[0]
+
+    def evict(self, need: int) -> int:
+        """Evict unused prefixes, least recently used first, until ``need`` tokens are freed
+        or none is left; returns the tokens freed."""
+        freed = 0
+        while freed < need and self.idle:
+            prefix, tokens = self.idle.popitem(last=False)
+            del self.entries[prefix]
+            freed += tokens
+        return freed
 
 
 def kv_pool(layout: str, capacity_tokens: int, *, block_size: int,

@@ -101,6 +101,9 @@ def summary(res: SimResult, *, ttft_slo_s: float | None = None,
         "arrived": res.arrived,
         "in_flight": res.in_flight,
         "failed": res.failed,
+        # vLLM's prefix cache hit rate: prompt tokens found cached over those queried
+        "prefix_cache_hit_rate": None if not res.prefix_query_tokens else
+        res.prefix_hit_tokens / res.prefix_query_tokens,
         "failed_reason": next((r.failed for r in res.requests if r.failed), None),
     })
     return d

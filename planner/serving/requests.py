@@ -47,6 +47,7 @@ class RequestResult:
     # why the engine refused it (a prompt beyond its step budget with chunked prefill off,
     # a request larger than the whole KV cache): it is not served and not in the figures
     failed: str = ""
+    cached_tokens: int = 0  # prompt tokens its (last) admission found in the prefix cache
 
     @property
     def ttft_s(self) -> float:
@@ -82,7 +83,12 @@ class SimRequest:
     G0: int = 0
     finish_G: int = 0
     state: RequestState = RequestState.WAITING
+    # its prompt's shared prefix (``planner.serving.traffic.Request``), and the KV tokens of
+    # it that the prefix cache holds for it rather than its own reservation
+    prefix: int = -1
+    prefix_tokens: int = 0
+    shared: int = 0
 
     @classmethod
-    def of(cls, r: RequestResult) -> SimRequest:
-        return cls(r, r.id, r.prompt_tokens)
+    def of(cls, r: RequestResult, prefix: int = -1, prefix_tokens: int = 0) -> SimRequest:
+        return cls(r, r.id, r.prompt_tokens, prefix=prefix, prefix_tokens=prefix_tokens)

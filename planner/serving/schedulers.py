@@ -31,6 +31,11 @@ whole length at admission. ``mixed_batches=False`` is SGLang's default (no
 a step that can prefill (a chunk to continue or a request to admit) runs those prefills
 alone, and the running requests decode only in steps with no prefill; their tokens wait.
 
+With prefix caching (the KV pool's ``PrefixCache``, continuous batching), a request admitted
+while its prefix is cached starts with those tokens computed and holds them with the others;
+one that computes its prefix caches it for those after it. Making room evicts cached
+prefixes no request uses before it preempts anyone.
+
 ``StaticScheduler`` forms a batch of up to ``max_num_seqs`` waiting requests (each reserving
 its whole length), runs their prefill, then decodes the whole batch until its longest request
 is done (finished sequences are padding), then forms the next. ``DynamicScheduler`` does the
@@ -98,9 +103,12 @@ class Scheduler:
             q.computed = batch.context(q)
             self._decoded(q, now)
             q = batch.pop_due()
-        prefilling = self.prefilling
+        prefilling, cache = self.prefilling, self.kv.prefixes
         for q, c in chunks:
             q.computed += c
+            if cache is not None and q.prefix >= 0 and not q.shared and \
+                    q.computed >= q.prefix_tokens:
+                q.reserved -= cache.publish(q)
             if q.computed < q.target:
                 continue
             prefilling.pop(q.id, None)
@@ -127,13 +135,22 @@ class Scheduler:
         return UsageError("no request could be scheduled: the KV cache cannot hold the "
                           "next request beside those running")
 
-    def _admit(self, q: SimRequest, tokens: int) -> bool:
+    def _admit(self, q: SimRequest, tokens: int, hit: int = 0) -> bool:
         """Move the head of the queue into the running set, reserving KV for ``tokens`` (its
-        whole length under guaranteed-no-evict)."""
+        whole length under guaranteed-no-evict) beyond the ``hit`` tokens of its prefix
+        found cached, which it starts with computed."""
         if self.whole:
-            tokens = q.r.prompt_tokens + q.r.output_tokens + self.batch.k1 - 1
+            tokens = q.r.prompt_tokens + q.r.output_tokens + self.batch.k1 - 1 - hit
+        cache = self.kv.prefixes
+        if hit:
+            cache.pin(q, hit)  # before reserving, which may evict what is not in use
         if not self.kv.reserve(q, tokens):
+            if hit:
+                cache.unpin(q)
             return False
+        if cache is not None:
+            cache.count(q, hit)
+            q.computed = hit
         self.waiting.popleft()
         self.stamp += 1
         q.admitted = self.stamp
@@ -194,7 +211,7 @@ class ContinuousScheduler(Scheduler):
         batch, kv, running = self.batch, self.kv, self.running
         while True:
             grow = batch.growth_tokens()
-            if grow <= kv.free_tokens or not running:
+            if kv.make_room(grow) or not running:
                 break
             self._preempt(running[next(reversed(running))])
         batch.take_growth(grow)
@@ -222,16 +239,19 @@ class ContinuousScheduler(Scheduler):
     def _admit_waiting(self, chunks: Chunks, budget: int) -> None:
         """Admit waiting requests in order while the budget, the seats and the KV allow."""
         waiting, running, per_rank = self.waiting, self.running, self.chunk_tokens
+        cache = self.kv.prefixes
         while waiting and budget > 0 and len(running) < self.max_seqs:
             q = waiting[0]
-            if not self.chunked and q.target > per_rank:  # a recompute grown too long
+            hit = cache.lookup(q) if cache is not None else 0
+            left = q.target - hit
+            if not self.chunked and left > per_rank:  # a recompute grown too long
                 self._refuse_head(f"its recompute ({q.target:,} tokens) exceeds "
                                   f"max-num-batched-tokens ({per_rank:,}) and chunked "
                                   "prefill is off")
                 continue
             cap = min(budget, per_rank)
-            chunk = min(q.target, cap) if self.chunked else q.target
-            if chunk > cap or not self._admit(q, chunk):
+            chunk = min(left, cap) if self.chunked else left
+            if chunk > cap or not self._admit(q, chunk, hit):
                 break
             chunks.append((q, chunk))
             budget -= chunk
@@ -240,7 +260,7 @@ class ContinuousScheduler(Scheduler):
         """Reserve KV for ``q`` to hold ``tokens``; preempt the newest others if needed."""
         kv, running = self.kv, self.running
         need = kv.extra_for(q, tokens)
-        while need > kv.free_tokens:
+        while not kv.make_room(need):
             victim = running[next(reversed(running))]
             if victim is q:
                 return False

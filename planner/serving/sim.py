@@ -55,7 +55,7 @@ from planner.serving.arrivals import Arrivals, arrivals
 from planner.serving.config import SchedulerConfig
 from planner.serving.cost import StepCoster
 from planner.serving.decoding import check_spec, decode_pool
-from planner.serving.kv import KVPool, kv_pool
+from planner.serving.kv import KVPool, PrefixCache, kv_pool
 from planner.serving.occupancy import Occupancy
 from planner.serving.requests import RequestResult, SimRequest
 from planner.serving.schedulers import Scheduler, make_scheduler
@@ -85,6 +85,9 @@ class SimResult:
     arrived: int = 0
     in_flight: int = 0
     failed: int = 0  # requests refused (``RequestResult.failed`` says why)
+    # prefix caching: prompt tokens admissions found cached, of those they needed (None: off)
+    prefix_hit_tokens: int | None = None
+    prefix_query_tokens: int | None = None
 
 
 def kv_capacity_tokens(coster: StepCoster, cfg: SchedulerConfig) -> int:
@@ -105,7 +108,8 @@ def simulate(requests: list[Request], coster: StepCoster, cfg: SchedulerConfig, 
     kv = _kv_pool(coster, cfg, spec)
     results = [RequestResult(q.id, q.arrival_s, q.prompt_tokens, q.output_tokens)
                for q in requests]
-    reqs = [SimRequest.of(r) for r in results]
+    reqs = [SimRequest.of(r, q.prefix_id, q.prefix_tokens)
+            for r, q in zip(results, requests, strict=True)]
     batch = decode_pool(cfg, kv, spec)
     reqs = [q for q in reqs if not _refused(q, kv, batch.k1, cfg)]
     sched = make_scheduler(cfg, kv, batch)
@@ -122,7 +126,10 @@ def simulate(requests: list[Request], coster: StepCoster, cfg: SchedulerConfig, 
                      peak_kv_reserved_tokens=occ.peak_kv_reserved_tokens,
                      preemptions=sched.preemptions, arrived=arr.arrived,
                      in_flight=arr.arrived - sched.finished,
-                     failed=len(results) - len(reqs) + sched.refused)
+                     failed=len(results) - len(reqs) + sched.refused,
+                     prefix_hit_tokens=None if kv.prefixes is None else kv.prefixes.hit_tokens,
+                     prefix_query_tokens=None if kv.prefixes is None else
+                     kv.prefixes.query_tokens)
 
 
 def _refused(q: SimRequest, kv: KVPool, k1: int, cfg: SchedulerConfig) -> bool:
@@ -147,6 +154,8 @@ def _kv_pool(coster: StepCoster, cfg: SchedulerConfig, spec: SpecServing | None)
     kv = kv_pool(cfg.kv_layout, capacity, block_size=cfg.block_size,
                  max_model_len=cfg.max_model_len,
                  on_demand=cfg.capacity_policy != "guaranteed-no-evict")
+    if cfg.prefix_caching and cfg.kind == "continuous" and cfg.kv_layout == "paged":
+        kv.prefixes = PrefixCache(cfg.block_size)
     if kv.capacity_tokens < cfg.block_size:
         drafter = " and the drafter's" if spec is not None and spec.draft_weight_bytes else ""
         raise UsageError(f"the weights{drafter} leave no room for a KV cache on this GPU "
@@ -222,8 +231,10 @@ def _serve(sched: Scheduler, arr: Arrivals, pricer: StepPricer, occ: Occupancy, 
         elif not decodes and batch.n:
             stall_s += dt
             stalled = batch.n
-        record(dt, len(running), past + sum(q.computed for q in prefilling.values()),
-               kv.capacity_tokens - kv.free_tokens, out)
+        held = past + sum(q.computed for q in prefilling.values())
+        if kv.prefixes is not None:
+            held -= kv.prefixes.double_counted
+        record(dt, len(running), held, kv.capacity_tokens - kv.free_tokens, out)
         t += dt
         if n_dec:
             batch.step()

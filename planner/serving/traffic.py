@@ -5,14 +5,17 @@ are gamma-distributed with shape ``burstiness`` and mean 1 / rate (burstiness 1 
 process; below 1 burstier, above 1 more regular); an infinite rate sends every request at
 t = 0; the first request arrives at t = 0. Lengths follow vLLM's random dataset: each prompt and
 output length is drawn uniformly from [L (1 - range_ratio), L (1 + range_ratio)], integers,
-at least 1. Pure: the caller reads any trace file.
+at least 1. ``prefix_tokens`` (vLLM's ``--random-prefix-len``) puts the same first tokens in
+front of every prompt: its length is that prefix plus the drawn one. A request's prefix
+(``prefix_id``, ``prefix_tokens``) is what a prefix cache can share with others of the same
+id. Pure: the caller reads any trace file.
 """
 
 from __future__ import annotations
 
 import math
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from planner.core.errors import UsageError
 
@@ -23,6 +26,10 @@ class Request:
     arrival_s: float  # nan in a closed loop: a request is sent when a client is free
     prompt_tokens: int
     output_tokens: int
+    # the first prefix_tokens of the prompt are those of every request with this prefix_id
+    # (-1: none shared), which a prefix cache computes once
+    prefix_id: int = -1
+    prefix_tokens: int = 0
 
 
 def lengths(rng: random.Random, mean: int, range_ratio: float) -> int:
@@ -34,8 +41,9 @@ def lengths(rng: random.Random, mean: int, range_ratio: float) -> int:
 def synthetic(num_requests: int, *, prompt_tokens: int, output_tokens: int,
               range_ratio: float = 0.0, request_rate: float = math.inf,
               burstiness: float = 1.0, closed_loop: bool = False,
-              seed: int = 0) -> list[Request]:
-    """``num_requests`` requests of random lengths arriving at ``request_rate``."""
+              seed: int = 0, prefix_tokens: int = 0) -> list[Request]:
+    """``num_requests`` requests of random lengths arriving at ``request_rate``, each prompt
+    after ``prefix_tokens`` shared ones."""
     if num_requests <= 0:
         raise UsageError("the number of requests must be positive")
     if not 0 <= range_ratio < 1:
@@ -44,6 +52,9 @@ def synthetic(num_requests: int, *, prompt_tokens: int, output_tokens: int,
         raise UsageError(f"request rate must be positive, got {request_rate:g}")
     if not (burstiness > 0 and math.isfinite(burstiness)):
         raise UsageError(f"burstiness must be positive and finite, got {burstiness:g}")
+    if prefix_tokens < 0:
+        raise UsageError(f"prefix tokens must be >= 0, got {prefix_tokens}")
+    shared = (0, prefix_tokens) if prefix_tokens else (-1, 0)
     rng = random.Random(seed)
     out: list[Request] = []
     t = 0.0
@@ -51,19 +62,21 @@ def synthetic(num_requests: int, *, prompt_tokens: int, output_tokens: int,
         p = lengths(rng, prompt_tokens, range_ratio)
         o = lengths(rng, output_tokens, range_ratio)
         arrival = math.nan if closed_loop else (0.0 if math.isinf(request_rate) else t)
-        out.append(Request(i, arrival, p, o))
+        out.append(Request(i, arrival, prefix_tokens + p, o, *shared))
         if not closed_loop and not math.isinf(request_rate):
             t += rng.gammavariate(burstiness, 1.0 / (request_rate * burstiness))
     return out
 
 
-def replay(rows: list[tuple[int, int, float | None]], *, request_rate: float = math.inf,
+def replay(rows: list[tuple], *, request_rate: float = math.inf,
            burstiness: float = 1.0, closed_loop: bool = False, seed: int = 0) -> list[Request]:
-    """Requests from a trace: (prompt_tokens, output_tokens, arrival_s or None). Rows with an
+    """Requests from a trace: (prompt_tokens, output_tokens, arrival_s or None), and
+    optionally (prefix_id, prefix_tokens) after them. Rows with an
     arrival time keep it; rows without one arrive as ``synthetic`` sends them: at
     ``request_rate`` with gamma gaps of shape ``burstiness`` (every one at t = 0 at an infinite
     rate), or when a client of a closed loop is free. The stream is ordered by arrival."""
-    timed = [a is not None for _, _, a in rows]
+    rows = [tuple(r) + (-1, 0)[len(r) - 3:] if len(r) < 5 else tuple(r) for r in rows]
+    timed = [r[2] is not None for r in rows]
     if any(timed) and not all(timed):
         raise UsageError("a trace gives arrival_s on some rows and not on others: give it on "
                          "every row, or on none (then --request-rate sets the arrivals)")
@@ -71,12 +84,12 @@ def replay(rows: list[tuple[int, int, float | None]], *, request_rate: float = m
         paced = synthetic(len(rows), prompt_tokens=1, output_tokens=1,
                           request_rate=request_rate, burstiness=burstiness,
                           closed_loop=closed_loop, seed=seed)
-        return [Request(i, q.arrival_s, int(p), int(o))
-                for i, (q, (p, o, _)) in enumerate(zip(paced, rows, strict=True))]
-    reqs = [Request(i, float(a), int(p), int(o)) for i, (p, o, a) in enumerate(rows)]
+        return [Request(i, q.arrival_s, int(p), int(o), int(g), int(n))
+                for i, (q, (p, o, _, g, n)) in enumerate(zip(paced, rows, strict=True))]
+    reqs = [Request(i, float(a), int(p), int(o), int(g), int(n))
+            for i, (p, o, a, g, n) in enumerate(rows)]
     reqs.sort(key=lambda r: (r.arrival_s, r.id))
-    return [Request(i, r.arrival_s, r.prompt_tokens, r.output_tokens)
-            for i, r in enumerate(reqs)]
+    return [replace(r, id=i) for i, r in enumerate(reqs)]
 
 
 def shaped_lengths(pairs: list[tuple[int, int]], n: int, *, mean_prompt: float,
