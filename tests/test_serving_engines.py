@@ -287,3 +287,17 @@ def test_any_stream_with_prefixes_completes(n, groups, p, o, rate, whole, mixed)
     for r in res.requests:
         assert r.failed or r.arrival_s <= r.first_token_s <= r.finish_s
         assert 0 <= r.cached_tokens < r.prompt_tokens + r.output_tokens
+
+
+def test_a_conversation_extends_its_cached_prefix_turn_by_turn(vllm):
+    """Three turns of one conversation (the same prefix id, each turn's prefix the previous
+    turn's prompt and answer): turn 2 finds turn 1's prompt cached (992 of its 1,000 tokens,
+    whole blocks) and caches its own 1,200-token prefix; turn 3 finds those 1,200. The
+    answers' own blocks are not cached (vLLM would also reuse them: an under-estimate of
+    200 tokens a turn)."""
+    eng, c = vllm
+    turns = [Request(0, 0.0, 1000, 200, 5, 1000), Request(1, 100.0, 1500, 200, 5, 1200),
+             Request(2, 200.0, 2000, 200, 5, 1700)]
+    res = simulate(turns, c, SchedulerConfig(prefix_caching=True))
+    assert [r.cached_tokens for r in res.requests] == [0, 992, 1200]
+    assert summary(res)["prefix_cache_hit_rate"] == pytest.approx((992 + 1200) / 4500)

@@ -174,15 +174,24 @@ class PrefixCache:
         q.r.cached_tokens = hit
 
     def publish(self, q: SimRequest) -> int:
-        """``q`` has computed its prefix's whole blocks: cache them (the first to do so;
-        a request that computed them beside it keeps its own copy). Returns the tokens that
-        move from ``q``'s reservation to the cache."""
+        """``q`` has computed its prefix's whole blocks: cache them (the first to do so; a
+        request that computed them beside it keeps its own copy), or, where ``q`` started
+        from a shorter cached copy of its prefix (the next turn of a conversation: the same
+        id, a longer prefix), extend that copy with the blocks ``q`` added. Returns the tokens
+        that move from ``q``'s reservation to the cache."""
         tokens = q.prefix_tokens // self.block * self.block
-        if not tokens or q.prefix in self.entries:
+        e = self.entries.get(q.prefix)
+        if e is None:
+            if not tokens:
+                return 0
+            self.entries[q.prefix] = [tokens, 1]
+            q.shared = tokens
+            return tokens
+        if not q.shared or tokens <= e[0] or q.shared != e[0]:
             return 0
-        self.entries[q.prefix] = [tokens, 1]
-        q.shared = tokens
-        return tokens
+        moved = tokens - q.shared
+        e[0] = q.shared = tokens  # its users' shares are unchanged: double_counted too
+        return moved
 
     def unref(self, prefix: int, shared: int) -> None:
         """A request holding ``shared`` tokens of the prefix no longer uses it."""

@@ -106,7 +106,7 @@ class Scheduler:
         prefilling, cache = self.prefilling, self.kv.prefixes
         for q, c in chunks:
             q.computed += c
-            if cache is not None and q.prefix >= 0 and not q.shared and \
+            if cache is not None and q.prefix >= 0 and q.shared < q.prefix_tokens and \
                     q.computed >= q.prefix_tokens:
                 q.reserved -= cache.publish(q)
             if q.computed < q.target:
