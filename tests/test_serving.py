@@ -285,6 +285,15 @@ def test_simulate_a_trace_with_shared_prefixes(run_cli, tmp_path):
     assert code == 2 and "prefix_tokens without a prefix_id" in err
 
 
+def test_sonnet_prompts_share_their_first_200_tokens(run_json):
+    """vLLM's sonnet dataset: 550-token prompts whose first 200 are the same; 192 of them are
+    whole 16-token blocks, found cached by every request after the first."""
+    d = run_json("simulate", "-m", "llama-3.1-8b", "-g", "h100-sxm", "-p", "550", "-o", "150",
+                 "--dataset-name", "sonnet", "-n", "200", "--request-rate", "5")
+    assert d["total_input_tokens"] == 200 * 550
+    assert d["prefix_cache_hit_rate"] == pytest.approx(199 * 192 / (200 * 550))
+
+
 def test_bad_trace_rows(run_cli, tmp_path):
     for text, msg in (('{"prompt_tokens": 1}\n', "missing output_tokens"),
                       ('[1, 2]\n', "not a JSON object"),

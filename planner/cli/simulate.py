@@ -195,10 +195,12 @@ def simulate(
         "prefix_id and prefix_tokens (rows with the same prefix_id share their first "
         "prefix_tokens).")] = None,
     dataset_name: Annotated[str, typer.Option(
-        "--dataset-name", metavar="random|sharegpt",
+        "--dataset-name", metavar="random|sharegpt|sonnet",
         help="Lengths as vLLM's bench serve draws them: random (uniform within "
-        "--range-ratio of -p / -o) or sharegpt (the published ShareGPT length distribution, "
-        "planner/data/lengths, scaled so its means are -p and -o).")] = "random",
+        "--range-ratio of -p / -o), sharegpt (the published ShareGPT length distribution, "
+        "planner/data/lengths, scaled so its means are -p and -o) or sonnet (prompts of -p "
+        "tokens whose first --prefix-tokens, 200 unless given, are the same in every "
+        "request, as vLLM's sonnet dataset builds them).")] = "random",
     seed: Annotated[int, typer.Option(help="Random seed of lengths and arrivals.")] = 0,
     scheduler: Annotated[Scheduler, typer.Option(
         help="continuous (vLLM-style iteration-level), static batches, or dynamic batches "
@@ -385,9 +387,19 @@ def _requests(dataset, dataset_name, num_requests, prompt_tokens, output_tokens,
     """The request stream: a trace file's, or vLLM's random dataset."""
     from planner.serving.traffic import replay, synthetic
 
-    if prefix_tokens and (dataset is not None or dataset_name != "random"):
-        raise LlmplanError("--prefix-tokens: only with the random dataset (a --dataset gives "
-                           "its prefixes in prefix_id / prefix_tokens columns)")
+    if prefix_tokens and (dataset is not None or dataset_name not in ("random", "sonnet")):
+        raise LlmplanError("--prefix-tokens: only with the random and sonnet datasets (a "
+                           "--dataset gives its prefixes in prefix_id / prefix_tokens "
+                           "columns)")
+    if dataset is None and dataset_name == "sonnet":
+        # vLLM's SonnetDataset (benchmarks/benchmark_dataset.py): every prompt starts with the
+        # same prefix_len tokens of sonnet lines (200 by default), then lines drawn at random
+        # up to input_len tokens in all; -p is that input_len
+        shared = min(prefix_tokens or 200, prompt_tokens - 1)
+        return synthetic(num_requests, prompt_tokens=prompt_tokens - shared,
+                         output_tokens=output_tokens, request_rate=request_rate,
+                         burstiness=burstiness, closed_loop=max_concurrency is not None,
+                         seed=seed, prefix_tokens=shared)
     if dataset is not None:
         return replay(read_trace(dataset), request_rate=request_rate, burstiness=burstiness,
                       closed_loop=max_concurrency is not None, seed=seed)
