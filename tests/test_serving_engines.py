@@ -301,3 +301,13 @@ def test_a_conversation_extends_its_cached_prefix_turn_by_turn(vllm):
     res = simulate(turns, c, SchedulerConfig(prefix_caching=True))
     assert [r.cached_tokens for r in res.requests] == [0, 992, 1200]
     assert summary(res)["prefix_cache_hit_rate"] == pytest.approx((992 + 1200) / 4500)
+
+
+def test_a_request_beyond_max_model_len_is_refused(vllm):
+    """vLLM's server answers 400 to a request whose prompt and output exceed max-model-len;
+    the rest are served."""
+    eng, c = vllm
+    reqs = [Request(0, 0.0, 3000, 100), Request(1, 0.0, 4000, 97), Request(2, 0.0, 4000, 96)]
+    res = simulate(reqs, c, SchedulerConfig(max_model_len=4096))
+    assert [bool(r.failed) for r in res.requests] == [False, True, False]
+    assert res.requests[1].failed == "4,000 + 97 tokens exceed max-model-len (4,096)"

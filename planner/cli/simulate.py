@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv as csv_mod
 import json
 import math
+from dataclasses import replace
 from enum import Enum
 from pathlib import Path
 from typing import Annotated, Optional
@@ -233,7 +234,9 @@ def simulate(
     block_size: Annotated[Optional[int], typer.Option(
         help="Tokens per KV block (default: the engine's).")] = None,
     max_model_len: Annotated[Optional[int], typer.Option(
-        help="Reservation per request of a contiguous cache (default: the model's context).")
+        help="The longest request (prompt + output) the server takes, longer ones refused as "
+        "vLLM refuses them; a contiguous cache reserves this much per request (default: "
+        "the model's context, or the longest request with --allow-longer-context).")
     ] = None,
     memory_utilization: UtilOpt = DEFAULT_UTIL,
     reserve_gib: ReserveOpt = DEFAULT_RESERVE_GIB,
@@ -280,6 +283,9 @@ def simulate(
     longest = max(reqs, key=lambda r: r.prompt_tokens + r.output_tokens)
     check_context(m, longest.prompt_tokens, longest.output_tokens, allow_longer_context,
                   where="the longest request")
+    if allow_longer_context and max_model_len is None:  # the server is started to take them
+        cfg = replace(cfg, max_model_len=max(cfg.max_model_len,
+                                             longest.prompt_tokens + longest.output_tokens))
     flags = (speculative, draft_model, num_speculative_tokens, acceptance_rate)
     if any(v is not None for v in flags):
         run.check_speculation(dep, cfg)

@@ -40,7 +40,8 @@ held over time (``occupancy``). ``simulate`` builds them and runs the event loop
 them together.
 
 A request the engine would refuse is not served and does not end the run: one longer than the
-whole KV cache (vLLM refuses it at admission), or, with chunked prefill off, one whose prompt
+whole KV cache (vLLM refuses it at admission), one whose prompt and output exceed
+``max_model_len`` (vLLM's OpenAI server answers 400), or, with chunked prefill off, one whose prompt
 exceeds a step's token budget (TensorRT-LLM rejects it: "should not exceed max_num_tokens").
 Its ``RequestResult.failed`` says why; the figures are over the requests served, as `bench
 serve` counts only the successful ones. Pure: no I/O, no printing.
@@ -139,6 +140,9 @@ def _refused(q: SimRequest, kv: KVPool, k1: int, cfg: SchedulerConfig) -> bool:
     if need > kv.capacity_tokens:
         r.failed = (f"{r.prompt_tokens:,} + {r.output_tokens:,} tokens need {need:,} KV "
                     f"tokens; the replica holds {kv.capacity_tokens:,}")
+    elif r.prompt_tokens + r.output_tokens > cfg.max_model_len:
+        r.failed = (f"{r.prompt_tokens:,} + {r.output_tokens:,} tokens exceed max-model-len "
+                    f"({cfg.max_model_len:,})")
     elif (cfg.kind == "continuous" and not cfg.chunked_prefill
           and r.prompt_tokens > cfg.max_num_batched_tokens):
         r.failed = (f"its prompt ({r.prompt_tokens:,} tokens) exceeds max-num-batched-tokens "
