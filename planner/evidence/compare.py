@@ -139,8 +139,10 @@ def utilization(run: ServedRun, s: Deployment) -> tuple[float | None, ...]:
     return n, bw, mbu, flops_s, mfu
 
 
-def simulate_run(run: ServedRun, s: Deployment) -> tuple[dict, tuple[str, ...]]:
-    """The simulator's summary for the run's traffic (keys as vLLM's result file)."""
+def simulate_run(run: ServedRun, s: Deployment, *,
+                 step_coster=None) -> tuple[dict, tuple[str, ...]]:
+    """The simulator's summary for the run's traffic (keys as vLLM's result file).
+    ``step_coster``: ``planner.serving.run.coster(s)``, built once for many runs."""
     from planner.serving import run as serving
     from planner.serving.metrics import summary
     from planner.serving.traffic import Request, synthetic
@@ -163,7 +165,7 @@ def simulate_run(run: ServedRun, s: Deployment) -> tuple[dict, tuple[str, ...]]:
                 for r, (p, o) in zip(reqs, lens, strict=False)]  # lens may be fewer
     cfg = serving.scheduler(s, max_model_len=s.model.max_position_embeddings,
                             max_concurrency=run.max_concurrency if closed else None)
-    return summary(serving.run(s, reqs, cfg)), tuple(notes)
+    return summary(serving.run(s, reqs, cfg, step_coster=step_coster)), tuple(notes)
 
 
 def _sim_value(sim: dict, metric: str) -> float | None:
