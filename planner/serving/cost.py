@@ -228,15 +228,22 @@ class StepCoster:
                   decodes: bool = True) -> float:
         """A step of ``shape`` over ``sequences`` sequences; ``prefill``: it holds a prefill
         chunk, so it is not replayed from a CUDA graph; ``decodes``: it holds decodes."""
-        return self.gpu_s(shape, prefill=prefill) + self.fixed_s(sequences, prefill=prefill,
-                                                                   decodes=decodes)
+        return self.gpu_s(shape, prefill=prefill) + host_s(self.engine, sequences,
+                                                            prefill=prefill, decodes=decodes)
 
     def gpu_s(self, shape: StepShape, *, prefill: bool) -> float:
-        """The step's operators alone, without the engine's host cost."""
+        """The step's operators alone, without the engine's host cost: ``linear_s`` +
+        ``head_s`` + ``attention_s`` (their caches read here first: a simulation asks this
+        every step)."""
         graphed = self.engine.cuda_graphs and not prefill
-        return (self.linear_s(int(round(shape.tokens)), graphed)
-                + self.head_s(int(round(shape.logit_rows)), graphed)
-                + self.attention_s(shape, graphed))
+        tokens, rows = int(round(shape.tokens)), int(round(shape.logit_rows))
+        linear = self._linear.get((tokens, graphed))
+        if linear is None:
+            linear = self.linear_s(tokens, graphed)
+        head = self._head.get((rows, graphed)) if rows > 0 else 0.0
+        if head is None:
+            head = self.head_s(rows, graphed)
+        return linear + head + self.attention_s(shape, graphed)
 
     def kv_capacity_tokens(self, max_num_seqs: int, step_tokens: int) -> int:
         """Tokens of KV cache the replica holds (``planner.core.memory.kv_capacity_tokens``)."""

@@ -187,8 +187,10 @@ def _serve(sched: Scheduler, arr: Arrivals, pricer: StepPricer, occ: Occupancy, 
                 continue
             raise sched.stuck()
         dt, past = time_s(chunks)
-        record(dt, len(running), past + sum(q.computed for q in prefilling.values()),
-               kv.capacity_tokens - kv.free_tokens, n_dec - batch.padding)
+        if prefilling:
+            past += sum(q.computed for q in prefilling.values())
+        record(dt, len(running), past, kv.capacity_tokens - kv.free_tokens,
+               n_dec - batch.padding)
         t += dt
         if n_dec:
             batch.step()
