@@ -37,6 +37,7 @@ DEFAULT_PARAMS = ("step_overhead_us", "gemm_bandwidth_frac", "gemm_compute_frac"
 # measured figure -> the simulator's key for it
 FIT_METRICS = {"mean_ttft_s": "mean_ttft_ms", "mean_tpot_s": "mean_tpot_ms",
                "output_throughput": "output_throughput"}
+_FIT_ITL = any("_itl_" in v for v in FIT_METRICS.values())  # else the summary skips them
 FIT_MAX_REQUESTS = 200  # each run is simulated on at most this many requests while fitting
 # Physical ranges of the fitted parameters, each with its reason. The search stays inside them,
 # and a value that ends at an edge (within EDGE) is refused: it would be standing in for
@@ -149,7 +150,7 @@ class _Predictor:
             run = self.runs[i]
             short = run if run.num_prompts <= FIT_MAX_REQUESTS else replace(
                 run, num_prompts=FIT_MAX_REQUESTS)
-            sim, _ = simulate_run(short, dep, step_coster=coster)
+            sim, _ = simulate_run(short, dep, step_coster=coster, itl=_FIT_ITL)
             got = {k: sim[v] / (1e3 if v.endswith("_ms") else 1.0)
                    for k, v in FIT_METRICS.items()
                    if sim.get(v) is not None and math.isfinite(sim[v])}

@@ -139,10 +139,11 @@ def utilization(run: ServedRun, s: Deployment) -> tuple[float | None, ...]:
     return n, bw, mbu, flops_s, mfu
 
 
-def simulate_run(run: ServedRun, s: Deployment, *,
-                 step_coster=None) -> tuple[dict, tuple[str, ...]]:
+def simulate_run(run: ServedRun, s: Deployment, *, step_coster=None,
+                 itl: bool = True) -> tuple[dict, tuple[str, ...]]:
     """The simulator's summary for the run's traffic (keys as vLLM's result file).
-    ``step_coster``: ``planner.serving.run.coster(s)``, built once for many runs."""
+    ``step_coster``: ``planner.serving.run.coster(s)``, built once for many runs; ``itl``:
+    False leaves the ITL statistics out of the summary."""
     from planner.serving import run as serving
     from planner.serving.metrics import summary
     from planner.serving.traffic import Request, synthetic
@@ -165,7 +166,7 @@ def simulate_run(run: ServedRun, s: Deployment, *,
                 for r, (p, o) in zip(reqs, lens, strict=False)]  # lens may be fewer
     cfg = serving.scheduler(s, max_model_len=s.model.max_position_embeddings,
                             max_concurrency=run.max_concurrency if closed else None)
-    return summary(serving.run(s, reqs, cfg, step_coster=step_coster)), tuple(notes)
+    return summary(serving.run(s, reqs, cfg, step_coster=step_coster), itl=itl), tuple(notes)
 
 
 def _sim_value(sim: dict, metric: str) -> float | None:
