@@ -16,7 +16,8 @@ from planner.core.ops import StepShape, decode_ops, prefill_ops
 from planner.core.roofline import step_time
 from planner.core.specs import Options, Parallelism, Precision, Workload
 from planner.io import catalog
-from planner.serving.cost import StepCoster
+from planner.serving.cost import CostCache, StepCoster
+from planner.serving.costers import layout_coster
 from planner.serving.metrics import summary, weighted_quantile
 from planner.serving.sim import SchedulerConfig, simulate
 from planner.serving.traffic import replay, synthetic
@@ -51,6 +52,34 @@ def test_step_cost_is_the_estimates(engine, batch, ctx):
                     fixed_s=eng.prefill_step_overhead_s + eng.per_sequence_overhead_s).time_s
     got = c.step_time(StepShape.uniform(1, ctx, 0), sequences=1, prefill=True, decodes=False)
     assert got == pytest.approx(pre, rel=1e-9)
+
+
+def test_costers_sharing_a_cache_time_steps_as_fresh_ones():
+    """A fit builds a coster per engine profile tried, all on one CostCache: each must give
+    the times a fresh coster gives, bit for bit, whichever profile filled the cache first
+    (host costs alone differing, efficiencies differing, a concatenating cache, pipeline
+    stages)."""
+    m, hw = catalog.load_model("llama-3.1-8b"), catalog.load_hardware("h100-sxm")
+    vllm = catalog.load_engine_spec("vllm")
+    from planner.evidence.fit import set_params
+
+    specs = [vllm, set_params(vllm, {"step_overhead_us": 1500.0}),
+             set_params(vllm, {"gemm_bandwidth_frac": 0.7, "gemm_compute_frac": 0.6}),
+             catalog.load_engine_spec("hf-eager"), vllm]
+    shapes = [(StepShape.uniform(b, 1, ctx - 1), b, False) for b, ctx in ((1, 9), (37, 900))]
+    shapes += [(StepShape.uniform(1, 700, 0), 1, True), (StepShape.uniform(3, 100, 20), 3, True)]
+    reqs = synthetic(30, prompt_tokens=600, output_tokens=40, request_rate=20.0, seed=1)
+    for pp in (1, 2):
+        cache = CostCache()
+        for spec in specs:
+            prep = prepare(hw, Precision(), None, OPTS, spec.model())
+            shared = layout_coster(m, hw, prep, OPTS, pp=pp, cache=cache)
+            fresh = layout_coster(m, hw, prep, OPTS, pp=pp)
+            for shape, n, prefill in shapes:
+                kw = dict(sequences=n, prefill=prefill)
+                assert shared.step_time(shape, **kw) == fresh.step_time(shape, **kw)
+            cfg = SchedulerConfig.for_engine(prep.engine)
+            assert summary(simulate(reqs, shared, cfg)) == summary(simulate(reqs, fresh, cfg))
 
 
 def test_low_rate_sees_the_single_request_estimate(setup):

@@ -171,3 +171,22 @@ def test_fit_recovers_a_known_parameter(model, gpu):
     assert set(res.engine.gemm_bandwidth_frac.fitted_on) == {"synthetic:r0", "synthetic:r1",
                                                              "synthetic:r2"}
     assert math.isfinite(res.before_rms_log_error)
+
+
+def test_golden_section_costs_only_points_it_compares():
+    """Each line search of a fit costs two points, then one a step while the bracket is wider
+    than the tolerance; the point a last step would add decides nothing and is not costed
+    (in calibrate, every cost is a simulation of each run)."""
+    from planner.evidence.fit import _golden
+
+    seen = []
+
+    def f(x: float) -> float:
+        seen.append(x)
+        return (x - 0.3) ** 2
+
+    a, b, tol = 0.0, 1.0, 1e-3
+    x = _golden(f, a, b, tol)
+    steps = math.ceil(math.log(tol / (b - a)) / math.log((math.sqrt(5) - 1) / 2))
+    assert x == pytest.approx(0.3, abs=tol)
+    assert len(seen) == 2 + steps - 1

@@ -29,12 +29,15 @@ from planner.evidence.compare import mean_tpot_s, simulate_run
 from planner.evidence.fit import bounds_of, descend, get_param, round_sig3, set_params, soft_l1
 from planner.evidence.runs import ServedRun
 from planner.layouts.deployment import Deployment
+from planner.serving import run as serving
+from planner.serving.cost import CostCache
 
 DEFAULT_PARAMS = ("step_overhead_us", "gemm_bandwidth_frac", "gemm_compute_frac",
                   "allreduce_latency_us")
 # measured figure -> the simulator's key for it
 FIT_METRICS = {"mean_ttft_s": "mean_ttft_ms", "mean_tpot_s": "mean_tpot_ms",
                "output_throughput": "output_throughput"}
+_FIT_ITL = any("_itl_" in v for v in FIT_METRICS.values())  # else the summary skips them
 FIT_MAX_REQUESTS = 200  # each run is simulated on at most this many requests while fitting
 # Physical ranges of the fitted parameters, each with its reason. The search stays inside them,
 # and a value that ends at an edge (within EDGE) is refused: it would be standing in for
@@ -119,12 +122,16 @@ def _measured(run: ServedRun) -> dict[str, float]:
 class _Predictor:
     """Predictions of the runs for an engine spec, cached by parameter values and run, and
     simulated only for the runs asked about (a leave-one-out fit never simulates the run it
-    leaves out)."""
+    leaves out). One step coster per parameter values serves every run, and the costers of
+    all the values tried share their operators, and their timed sums where only host costs
+    differ (``planner.serving.cost.CostCache``)."""
 
     def __init__(self, base: Deployment, spec: EngineSpec, runs: list[ServedRun]):
         self.base, self.spec, self.runs = base, spec, runs
         self._cache: dict[tuple[tuple, int], dict[str, float]] = {}
-        self._setup: tuple[tuple, Deployment] | None = None  # the last values' deployment
+        self._costs = CostCache()
+        # the last values' deployment and step coster
+        self._setup: tuple[tuple, Deployment, object] | None = None
 
     def setup(self, values: dict[str, float]) -> Deployment:
         spec = set_params(self.spec, values) if values else self.spec
@@ -137,11 +144,13 @@ class _Predictor:
         got = self._cache.get((key, i))
         if got is None:
             if self._setup is None or self._setup[0] != key:
-                self._setup = (key, self.setup(values))
+                dep = self.setup(values)
+                self._setup = (key, dep, serving.coster(dep, self._costs))
+            _, dep, coster = self._setup
             run = self.runs[i]
             short = run if run.num_prompts <= FIT_MAX_REQUESTS else replace(
                 run, num_prompts=FIT_MAX_REQUESTS)
-            sim, _ = simulate_run(short, self._setup[1])
+            sim, _ = simulate_run(short, dep, step_coster=coster, itl=_FIT_ITL)
             got = {k: sim[v] / (1e3 if v.endswith("_ms") else 1.0)
                    for k, v in FIT_METRICS.items()
                    if sim.get(v) is not None and math.isfinite(sim[v])}

@@ -139,8 +139,11 @@ def utilization(run: ServedRun, s: Deployment) -> tuple[float | None, ...]:
     return n, bw, mbu, flops_s, mfu
 
 
-def simulate_run(run: ServedRun, s: Deployment) -> tuple[dict, tuple[str, ...]]:
-    """The simulator's summary for the run's traffic (keys as vLLM's result file)."""
+def simulate_run(run: ServedRun, s: Deployment, *, step_coster=None,
+                 itl: bool = True) -> tuple[dict, tuple[str, ...]]:
+    """The simulator's summary for the run's traffic (keys as vLLM's result file).
+    ``step_coster``: ``planner.serving.run.coster(s)``, built once for many runs; ``itl``:
+    False leaves the ITL statistics out of the summary."""
     from planner.serving import run as serving
     from planner.serving.metrics import summary
     from planner.serving.traffic import Request, synthetic
@@ -163,7 +166,7 @@ def simulate_run(run: ServedRun, s: Deployment) -> tuple[dict, tuple[str, ...]]:
                 for r, (p, o) in zip(reqs, lens, strict=False)]  # lens may be fewer
     cfg = serving.scheduler(s, max_model_len=s.model.max_position_embeddings,
                             max_concurrency=run.max_concurrency if closed else None)
-    sim = summary(serving.run(s, reqs, cfg))
+    sim = summary(serving.run(s, reqs, cfg, step_coster=step_coster), itl=itl)
     if sim["failed"]:
         notes.append(f"{sim['failed']:,} simulated requests refused: {sim['failed_reason']}")
     return sim, tuple(notes)

@@ -139,14 +139,17 @@ def _golden(f, a: float, b: float, tol: float) -> float:
     c, d = b - g * (b - a), a + g * (b - a)
     fc, fd = f(c), f(d)
     while b - a > tol:
+        # the new point is costed only if the search goes on: its cost decides nothing else
         if fc < fd:
             b, d, fd = d, c, fc
             c = b - g * (b - a)
-            fc = f(c)
+            if b - a > tol:
+                fc = f(c)
         else:
             a, c, fc = c, d, fd
             d = a + g * (b - a)
-            fd = f(d)
+            if b - a > tol:
+                fd = f(d)
     return (a + b) / 2
 
 

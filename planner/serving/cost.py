@@ -15,6 +15,12 @@ hundreds of thousands of steps, so the cost is split by what each operator depen
 
 ``StepCoster.step_time(uniform shape)`` equals the estimate's step time (a test holds them
 equal), so a simulated request at low load sees the TTFT and TPOT ``estimate`` predicts.
+
+A fit (``planner.evidence.calibrate``) simulates one replica under hundreds of engine profiles
+that differ in a few parameters. A ``CostCache`` shared by their costers keeps the operators of
+each step shape, which no engine parameter changes, and the timed sums of them per engine
+timing: the engine less its host costs (per step, sequence and request), which no operator
+reads. A coster built on one gives the same times as a fresh one, bit for bit.
 """
 
 from __future__ import annotations
@@ -41,27 +47,70 @@ def host_s(e: Engine, sequences, *, prefill: bool, decodes: bool) -> float:
     return step + e.per_sequence_overhead_s * sequences
 
 
+# the engine's host costs: what ``host_s`` and the request path read, and no operator
+HOST_FIELDS = ("step_overhead_s", "per_sequence_overhead_s", "prefill_step_overhead_s",
+               "request_overhead_s", "prompt_token_overhead_s")
+_NO_HOST = {f: 0.0 for f in HOST_FIELDS}
+
+
+class CostCache:
+    """What the step costers of one replica share across engine profiles: the operators of
+    each step shape (they depend on the model, precision, TP, stage and attention, not on the
+    engine's efficiencies) and the timed sums per engine timing (the engine without its host
+    costs, and the ceilings). Pass one to ``StepCoster`` (``cache=``) for each profile tried."""
+
+    __slots__ = ("_ops", "_times")
+
+    def __init__(self) -> None:
+        # replica key -> (linear ops by tokens, head ops by rows, the unit shapes' ops)
+        self._ops: dict[tuple, tuple[dict, dict, dict]] = {}
+        # (replica key, engine without host costs) -> (ceilings, linear s, head s)
+        self._times: dict[tuple, tuple] = {}
+
+    @staticmethod
+    def _replica(c: StepCoster) -> tuple:
+        return (c.model, c.prep.precision, c.tp, c.stage, c.options.attention,
+                c.engine.lm_head_sharded)
+
+    def ops(self, c: StepCoster) -> tuple[dict, dict, dict]:
+        return self._ops.setdefault(self._replica(c), ({}, {}, {}))
+
+    def times(self, c: StepCoster) -> tuple[dict, dict]:
+        key = (self._replica(c), c.options, replace(c.engine, **_NO_HOST))
+        got = self._times.get(key)
+        if got is None or got[0] != c.prep.ceilings:
+            got = self._times[key] = (c.prep.ceilings, {}, {})
+        return got[1], got[2]
+
+
 class StepCoster:
     """Seconds per step for a model, GPU, precision, TP degree and engine."""
 
     def __init__(self, model: ModelSpec, hardware: HardwareSpec, prep: Prepared,
                  options: Options, *, tp: int = 1,
-                 stage: tuple[int, int, bool, bool] | None = None):
+                 stage: tuple[int, int, bool, bool] | None = None,
+                 cache: CostCache | None = None):
         """``stage``: cost only a pipeline stage's operators, (first layer, end, holds the
-        embedding, holds the head) as ``planner.layouts.pipeline.stage_ops`` selects them."""
+        embedding, holds the head) as ``planner.layouts.pipeline.stage_ops`` selects them.
+        ``cache``: share the operators and their times with other costers of this replica
+        (``CostCache``)."""
         self.model, self.prep, self.options, self.tp = model, prep, options, tp
         self.stage = stage
         self.hardware = hardware
         self.hw_memory_bytes = hardware.memory_bytes
         self.engine: Engine = prep.engine
-        self._linear: dict[tuple[int, bool], float] = {}
-        self._head: dict[tuple[int, bool], float] = {}
-        unit = self._ops(StepShape(tokens=1.0, attn_pairs=1.0, kv_read_tokens=1.0,
-                                   kv_held_tokens=1.0, score_elems=0.0, logit_rows=1.0))
+        if cache is None:
+            self._linear_ops, self._head_ops, self._unit_ops = {}, {}, {}
+            self._linear: dict[tuple[int, bool], float] = {}
+            self._head: dict[tuple[int, bool], float] = {}
+        else:
+            self._linear_ops, self._head_ops, self._unit_ops = cache.ops(self)
+            self._linear, self._head = cache.times(self)
+        unit, scored_ops = self._units()
         # full and sliding-window layers cost alike per unit of work (their counts differ)
         name = "attention" if "attention" in unit else "attention_local"
         attn = replace(unit[name], count=1)
-        scored = self._ops(StepShape(1.0, 1.0, 1.0, 1.0, 1.0, 1.0))[name]
+        scored = scored_ops[name]
         self._attn = attn
         self._n_full = unit["attention"].count if "attention" in unit else 0
         self._n_local = unit["attention_local"].count if "attention_local" in unit else 0
@@ -85,6 +134,16 @@ class StepCoster:
         self._per_kernel = c.kernel_overhead_s if c.kernel_overhead_s is not None else \
             self.engine.kernel_gap_s
 
+    def _units(self) -> tuple[dict[str, Op], dict[str, Op]]:
+        """The operators of a unit of attention work, without and with a score element."""
+        got = self._unit_ops.get("unit")
+        if got is None:
+            got = self._unit_ops["unit"] = (
+                self._ops(StepShape(tokens=1.0, attn_pairs=1.0, kv_read_tokens=1.0,
+                                    kv_held_tokens=1.0, score_elems=0.0, logit_rows=1.0)),
+                self._ops(StepShape(1.0, 1.0, 1.0, 1.0, 1.0, 1.0)))
+        return got
+
     def _ops(self, shape: StepShape) -> dict[str, Op]:
         ops = shape_ops(self.model, self.prep.precision, shape, tp=self.tp,
                         attention=self.options.attention,
@@ -102,13 +161,20 @@ class StepCoster:
         key = (tokens, graphed)
         t = self._linear.get(key)
         if t is None:
-            ops = self._ops(StepShape(float(tokens), 0.0, 0.0, 0.0, 0.0, 0.0))
+            t = sum(self._time(op, graphed) for op in self._linear_ops_of(tokens))
+            self._linear[key] = t
+        return t
+
+    def _linear_ops_of(self, tokens: int) -> list[Op]:
+        ops = self._linear_ops.get((tokens, self._concat))
+        if ops is None:
             skip = {"attention", "attention_local", *_SAMPLING}
             if self._concat:
                 skip.add("rope_kv_write")
-            t = sum(self._time(op, graphed) for name, op in ops.items() if name not in skip)
-            self._linear[key] = t
-        return t
+            shape_ops = self._ops(StepShape(float(tokens), 0.0, 0.0, 0.0, 0.0, 0.0))
+            ops = [op for name, op in shape_ops.items() if name not in skip]
+            self._linear_ops[(tokens, self._concat)] = ops
+        return ops
 
     def head_s(self, rows: int, graphed: bool) -> float:
         """Final norm and lm_head for ``rows`` sequences that sample a token."""
@@ -117,8 +183,11 @@ class StepCoster:
         key = (rows, graphed)
         t = self._head.get(key)
         if t is None:
-            ops = self._ops(StepShape(0.0, 0.0, 0.0, 0.0, 0.0, float(rows)))
-            t = sum(self._time(ops[n], graphed) for n in _SAMPLING if n in ops)
+            ops = self._head_ops.get(rows)
+            if ops is None:
+                shape_ops = self._ops(StepShape(0.0, 0.0, 0.0, 0.0, 0.0, float(rows)))
+                ops = self._head_ops[rows] = [shape_ops[n] for n in _SAMPLING if n in shape_ops]
+            t = sum(self._time(op, graphed) for op in ops)
             self._head[key] = t
         return t
 
@@ -162,16 +231,23 @@ class StepCoster:
         """A step of ``shape`` over ``sequences`` sequences; ``prefill``: it holds a prefill
         chunk, so it is not replayed from a CUDA graph; ``decodes``: it holds decodes;
         ``graphed=False``: a decode step run without a graph (above the captured sizes)."""
-        return self.gpu_s(shape, prefill=prefill, graphed=graphed) + self.fixed_s(
-            sequences, prefill=prefill, decodes=decodes)
+        return self.gpu_s(shape, prefill=prefill, graphed=graphed) + host_s(
+            self.engine, sequences, prefill=prefill, decodes=decodes)
 
     def gpu_s(self, shape: StepShape, *, prefill: bool, graphed: bool | None = None) -> float:
-        """The step's operators alone, without the engine's host cost."""
+        """The step's operators alone, without the engine's host cost: ``linear_s`` +
+        ``head_s`` + ``attention_s`` (their caches read here first: a simulation asks this
+        every step)."""
         if graphed is None:
             graphed = self.engine.cuda_graphs and not prefill
-        return (self.linear_s(int(round(shape.tokens)), graphed)
-                + self.head_s(int(round(shape.logit_rows)), graphed)
-                + self.attention_s(shape, graphed))
+        tokens, rows = int(round(shape.tokens)), int(round(shape.logit_rows))
+        linear = self._linear.get((tokens, graphed))
+        if linear is None:
+            linear = self.linear_s(tokens, graphed)
+        head = self._head.get((rows, graphed)) if rows > 0 else 0.0
+        if head is None:
+            head = self.head_s(rows, graphed)
+        return linear + head + self.attention_s(shape, graphed)
 
     def kv_capacity_tokens(self, max_num_seqs: int, step_tokens: int) -> int:
         """Tokens of KV cache the replica holds (``planner.core.memory.kv_capacity_tokens``)."""

@@ -47,7 +47,7 @@ from planner.core.ops import StepShape, check_tp
 from planner.core.specs import HardwareSpec, ModelSpec, Options
 from planner.layouts.expert import ExpertStep
 from planner.layouts.pipeline import stage_layers, weights_of_stage
-from planner.serving.cost import StepCoster, host_s
+from planner.serving.cost import CostCache, StepCoster, host_s
 
 
 class _Layout:
@@ -72,13 +72,13 @@ class PipelineCoster(_Layout):
     """Seconds per step of a replica of ``pp`` stages, each on ``tp`` GPUs."""
 
     def __init__(self, model: ModelSpec, hardware: HardwareSpec, prep: Prepared,
-                 options: Options, *, tp: int = 1, pp: int = 2):
+                 options: Options, *, tp: int = 1, pp: int = 2, cache: CostCache | None = None):
         check_tp(model, tp)
         self.model, self.hardware, self.prep, self.options = model, hardware, prep, options
         self.engine, self.tp, self.pp = prep.engine, tp, pp
         self.ranges = stage_layers(model.num_layers, pp)
         self.stages = [StepCoster(model, hardware, prep, options, tp=tp,
-                                  stage=(s, t, i == 0, i == pp - 1))
+                                  stage=(s, t, i == 0, i == pp - 1), cache=cache)
                        for i, (s, t) in enumerate(self.ranges)]
         c = prep.ceilings
         per_node = c.gpus_per_node
@@ -170,13 +170,15 @@ def _add(a: StepShape, b: StepShape) -> StepShape:
 
 
 def layout_coster(model: ModelSpec, hardware: HardwareSpec, prep: Prepared, options: Options,
-                  *, tp: int = 1, pp: int = 1, ep: int = 1):
-    """The step coster of a replica of tp x pp GPUs, or of ep expert-parallel GPUs."""
+                  *, tp: int = 1, pp: int = 1, ep: int = 1, cache: CostCache | None = None):
+    """The step coster of a replica of tp x pp GPUs, or of ep expert-parallel GPUs.
+    ``cache``: shared with the costers of this replica under other engine profiles (TP and
+    pipeline layouts; the expert-parallel coster keeps its own)."""
     if ep > 1 and (tp > 1 or pp > 1):
         raise UsageError("ep runs attention data-parallel on each GPU: give tp 1 and pp 1 "
                          "with it", fields=("ep", "tp", "pp"))
     if ep > 1:
         return ExpertCoster(model, hardware, prep, options, ep=ep)
     if pp > 1:
-        return PipelineCoster(model, hardware, prep, options, tp=tp, pp=pp)
-    return StepCoster(model, hardware, prep, options, tp=tp)
+        return PipelineCoster(model, hardware, prep, options, tp=tp, pp=pp, cache=cache)
+    return StepCoster(model, hardware, prep, options, tp=tp, cache=cache)

@@ -63,7 +63,9 @@ def _itl_stats(pairs: list[tuple[float, int]]) -> dict[str, float | None]:
 
 
 def summary(res: SimResult, *, ttft_slo_s: float | None = None,
-            tpot_slo_s: float | None = None) -> dict:
+            tpot_slo_s: float | None = None, itl: bool = True) -> dict:
+    """The run's figures; ``itl=False`` leaves out the ITL statistics (a sort of every step's
+    gap), for a caller that reads none of them (a fit simulating hundreds of times)."""
     done = [r for r in res.requests if not math.isnan(r.finish_s)]
     dur = res.duration_s or math.nan
     inp = sum(r.prompt_tokens for r in done)
@@ -79,7 +81,7 @@ def summary(res: SimResult, *, ttft_slo_s: float | None = None,
         "total_token_throughput": (inp + out) / dur,
         **_stats([r.ttft_s for r in done], "ttft"),
         **_stats(tpots, "tpot"),
-        **_itl_stats(res.itl),
+        **(_itl_stats(res.itl) if itl else {}),
         **_stats([r.e2e_s for r in done], "e2el"),
     }
     if ttft_slo_s is not None or tpot_slo_s is not None:

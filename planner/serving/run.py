@@ -11,16 +11,18 @@ from __future__ import annotations
 
 from planner.core.errors import UsageError
 from planner.layouts.deployment import Deployment
+from planner.serving.cost import CostCache
 from planner.serving.costers import layout_coster
 from planner.serving.sim import SchedulerConfig, SimResult, simulate
 from planner.serving.traffic import Request
 
 
-def coster(dep: Deployment):
-    """The step coster of one replica of ``dep``."""
+def coster(dep: Deployment, cache: CostCache | None = None):
+    """The step coster of one replica of ``dep``; ``cache``: what it shares with the costers
+    of this replica under other engine profiles (``planner.serving.cost.CostCache``)."""
     lay = dep.layout
     return layout_coster(dep.model, dep.hardware, dep.prepared, dep.options, tp=lay.tp,
-                         pp=lay.pp, ep=lay.ep)
+                         pp=lay.pp, ep=lay.ep, cache=cache)
 
 
 def scheduler(dep: Deployment, **overrides) -> SchedulerConfig:

@@ -218,6 +218,8 @@ class ContinuousScheduler(Scheduler):
 
     def _continue_prefills(self, chunks: Chunks, budget: int) -> int:
         """Unfinished prefills continue, in admission order; returns the budget left."""
+        if not self.prefilling:
+            return budget
         per_rank, chunked = self.chunk_tokens, self.chunked
         for q in list(self.prefilling.values()):
             if budget <= 0:

@@ -235,7 +235,7 @@ def _serve(sched: Scheduler, arr: Arrivals, pricer: StepPricer, occ: Occupancy, 
         elif not decodes and batch.n:
             stall_s += dt
             stalled = batch.n
-        held = past + sum(q.computed for q in prefilling.values())
+        held = past + sum(q.computed for q in prefilling.values()) if prefilling else past
         if kv.prefixes is not None:
             held -= kv.prefixes.double_counted
         record(dt, len(running), held, kv.capacity_tokens - kv.free_tokens, out)

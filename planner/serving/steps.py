@@ -81,6 +81,8 @@ class StepPricer:
 def _with_chunks(dec: list[float], dl: list[float] | None, chunks: list,
                  window: int | None) -> StepShape:
     """The decoders' share ``dec`` (``dl`` in the sliding-window layers) plus the chunks'."""
+    if not chunks:  # the pool's amounts are floats already
+        return StepShape(*dec, None if window is None else StepShape(*dl))
     tokens, pairs, kv_read, held, score, rows = dec
     for q, c in chunks:
         tokens += c
