@@ -26,7 +26,7 @@ sys.path.insert(0, str(ROOT))
 
 from fit_engines import with_values  # noqa: E402  (beside this script)
 
-from planner.cli.validate import replay_setup, replayed_runs  # noqa: E402
+from planner.cli.validate import at_release, replay_setup, replayed_runs  # noqa: E402
 from planner.evidence.compare import _sim_value, simulate_run  # noqa: E402
 from planner.evidence.fit import _golden, round_sig3, set_params, soft_l1  # noqa: E402
 from planner.evidence.served import compared_figures  # noqa: E402
@@ -59,7 +59,7 @@ RANGES: dict[str, tuple[float, float, str]] = {
 def _runs(engine: str):
     """(source id, entry, runs) of every served file this engine predicts, read once and
     replayed as `llmplan validate` replays them."""
-    return [(ds.source.id, e, replayed_runs(e, folder))
+    return [(ds.source.id, e, replayed_runs(e, folder), ds.source.engine_version)
             for ds, folder in catalog.load_served() for e in ds.runs
             if (e.engine or ds.source.engine) == engine]
 
@@ -67,8 +67,8 @@ def _runs(engine: str):
 def _residuals(spec, items):
     """(source, figure, log(simulated / measured)) of every compared figure."""
     out = []
-    for src, e, runs in items:
-        setup = replay_setup(e, spec)
+    for src, e, runs, version in items:
+        setup = replay_setup(e, at_release(spec, e.engine_version or version))
         for run in runs:
             sim, _ = simulate_run(run, setup)
             for phase, k, p in compared_figures(e, run, lambda k, sim=sim: _sim_value(sim, k)):
@@ -123,7 +123,7 @@ def main() -> int:
             break
     values = {p: round_sig3(v) for p, v in values.items()}
     fitted = set_params(spec, values)
-    n_fit = sum(len(r) for *_, r in fit_items)
+    n_fit = sum(len(i[2]) for i in fit_items)
     print(f"{args.engine}: {', '.join(params)} fitted on sources {', '.join(sources)} "
           f"({n_fit} runs) in {time.perf_counter() - t0:.0f} s")
     refused = []
@@ -145,7 +145,7 @@ def main() -> int:
         return 1
     if args.write:
         path = ROOT / "engines_db" / f"{args.engine}.yaml"
-        rows = sorted({f"{src}:{e.id}" for src, e, _ in fit_items})
+        rows = sorted({f"{src}:{e.id}" for src, e, *_ in fit_items})
         path.write_text(with_values(path, values, rows))
         catalog.load_engine_spec(str(path))
         print(f"wrote {path}")

@@ -155,6 +155,29 @@ def test_engine_profiles_by_release():
         catalog.load_engine_spec("vllm@latest")
 
 
+def test_a_release_starts_with_its_own_scheduler_defaults():
+    """vLLM before 0.8.5 ran 256 sequences and 2,048 tokens a step on every GPU (its
+    _set_default_args_v1); 0.8.5 and later pick 1024 / 8192 on an H100 and 256 / 2048 on an
+    A100. A served run's engine version text picks the release it was measured on."""
+    from planner.cli.validate import at_release
+    from planner.core.engine import release_in
+
+    old = catalog.load_engine_spec("vllm@0.8.2").model()
+    assert (old.max_num_seqs, old.max_num_batched_tokens, old.small_gpu) == (256, 2048, None)
+    h100 = catalog.load_hardware("h100-sxm")
+    assert old.for_gpu(h100.memory_bytes, h100.name).max_num_seqs == 256
+    new = catalog.load_engine_spec("vllm@0.8.5").model().for_gpu(h100.memory_bytes, h100.name)
+    assert (new.max_num_seqs, new.max_num_batched_tokens) == (1024, 8192)
+    assert release_in("vLLM 0.8.2 (Llama; 2025-03-30) and 0.8.4; SGLang 0.4.4.post3",
+                      "vllm") == "0.8.2"
+    assert release_in("vLLM 0.8.2 and SGLang 0.4.4.post3", "sglang") == "0.4.4"
+    assert release_in("TensorRT-LLM 1.2.0rc1", "trtllm") == "1.2.0"
+    assert release_in("SGLang from lmsysorg/sglang:latest", "sglang") is None
+    spec = catalog.load_engine_spec("vllm")
+    assert at_release(spec, "vLLM 0.8.3").model().max_num_seqs == 256
+    assert at_release(spec, "vLLM 0.11.0") is spec and at_release(spec, None) is spec
+
+
 def test_every_profile_states_versions_that_do_not_overlap():
     specs = [catalog.load_engine_spec(n) for n in catalog._names("engines_db")]
     fam: dict[str, list] = {}

@@ -321,6 +321,8 @@ def test_ctrl_c_at_any_moment_is_one_line_and_exit_130(calibration, tmp_path, de
     if frames and not any(("/planner/" in f or "/harness/" in f) for f in frames):
         return  # on a loaded machine the signal beat the interpreter's own start-up (runpy)
     assert "Traceback" not in err, err
+    if p.returncode == -signal.SIGINT and not err.strip():
+        return  # killed before the interpreter had installed its own SIGINT handler
     assert p.returncode in (130, 0), err
     if p.returncode == 130:
         assert [ln for ln in err.splitlines() if ln.startswith("llmplan: interrupted")], err

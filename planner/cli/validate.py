@@ -57,6 +57,7 @@ def run_served(manifests, engine_override: str | None = None) -> tuple[list, lis
             try:
                 spec = catalog.load_engine_spec(engine_override or entry.engine
                                                 or ds.source.engine)
+                spec = at_release(spec, entry.engine_version or ds.source.engine_version)
                 out += compare_entry(ds.source, entry, replayed_runs(entry, folder),
                                      replay_setup(entry, spec), replay_setup(entry, ideal_spec),
                                      spec.fitted_rows())
@@ -68,6 +69,17 @@ def run_served(manifests, engine_override: str | None = None) -> tuple[list, lis
             except LlmplanError as err:
                 raise LlmplanError(f"{where}: {err}") from None
     return out, unserved
+
+
+def at_release(spec, engine_version: str | None):
+    """``spec`` as the release a served run names in its engine version starts (its
+    scheduler defaults: ``EngineSpec.at_version``); as it is where none is named."""
+    from planner.core.engine import release_in
+
+    if spec.versions is None:
+        return spec
+    version = release_in(engine_version, spec.versions.family)
+    return spec if version is None else spec.at_version(version)
 
 
 def replayed_runs(entry, folder):

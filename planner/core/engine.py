@@ -110,6 +110,23 @@ class Versions(_Frozen):
                                                  or v < version_key(self.until))
 
 
+# how each engine family's releases are named in free text ("vLLM 0.8.2", "TensorRT-LLM 1.0")
+_FAMILY_NAMES = {"vllm": ("vllm",), "sglang": ("sglang",),
+                 "trtllm": ("tensorrt-llm", "tensorrt_llm", "trtllm", "trt-llm")}
+
+
+def release_in(text: str | None, family: str) -> str | None:
+    """The first release of ``family`` that ``text`` names ("vLLM 0.8.2 (...) and 0.8.4" ->
+    "0.8.2"), digits and dots only; None where it names none."""
+    import re
+
+    if not text:
+        return None
+    names = "|".join(re.escape(n) for n in _FAMILY_NAMES.get(family, (family,)))
+    m = re.search(rf"(?:{names})[^0-9]{{0,12}}?v?([0-9]+(?:\.[0-9]+)+)", text, re.IGNORECASE)
+    return m.group(1) if m else None
+
+
 def version_key(version: str) -> tuple[int, ...]:
     """``0.10.1`` -> (0, 10, 1): release numbers compared as numbers, not as text."""
     parts = version.strip().split(".")
@@ -191,6 +208,18 @@ class SmallGpuDefaults(_Frozen):
     note: str | None = None
 
 
+class EarlierDefaults(_Frozen):
+    """The scheduler defaults of the releases before ``until`` that a profile covers, where
+    they differ (vLLM before 0.8.5: 256 sequences and 2,048 tokens a step on every GPU)."""
+
+    until: str = Field(pattern=r"^[0-9]+(\.[0-9]+)*$")
+    max_num_seqs: int = Field(ge=1, le=1_000_000)
+    max_num_batched_tokens: int = Field(ge=1, le=100_000_000)
+    source: str = Field(min_length=1)
+    date: str | None = None
+    note: str | None = None
+
+
 class ServingDefaults(_Frozen):
     """The engine's own scheduler defaults, which ``simulate`` and ``plan`` start from."""
 
@@ -205,6 +234,7 @@ class ServingDefaults(_Frozen):
     mixed_batches: Flag | None = None
     cuda_graph_sizes: GraphSizes | None = None  # None: any decode batch replays a graph
     prefix_caching: Flag | None = None  # automatic prefix caching on by default (None: off)
+    earlier: tuple[EarlierDefaults, ...] = ()  # releases before each ``until``, oldest first
 
     @model_validator(mode="after")
     def _check(self) -> ServingDefaults:
@@ -268,6 +298,23 @@ class EngineSpec(_Frozen):
             raise ValueError(f"quantized: missing {', '.join(sorted(missing))}")
         if self.gemm_tile_m.value < 1:
             raise ValueError("gemm_tile_m: must be at least 1")
+        return self
+
+    def at_version(self, version: str) -> EngineSpec:
+        """The profile as the release ``version`` starts: the scheduler defaults of the
+        earliest ``serving.earlier`` entry it comes before (every GPU alike), else as it is."""
+        sv = self.serving
+        if sv is None or not sv.earlier:
+            return self
+        v = version_key(version)
+        for e in sorted(sv.earlier, key=lambda e: version_key(e.until)):
+            if v < version_key(e.until):
+                why = f"releases before {e.until}" + (f": {e.note}" if e.note else "")
+                num = lambda x: Num(value=x, source=e.source, date=e.date, note=why)  # noqa: E731
+                return self.model_copy(update={"serving": sv.model_copy(update={
+                    "max_num_seqs": num(e.max_num_seqs),
+                    "max_num_batched_tokens": num(e.max_num_batched_tokens),
+                    "small_gpu": None, "earlier": ()})})
         return self
 
     def parameters(self) -> dict[str, _Sourced]:

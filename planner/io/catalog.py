@@ -214,7 +214,7 @@ def _engine_for_version(ref: str) -> EngineSpec:
                         f"releases it covers (engines with versions: {', '.join(families)})")
     for s in mine:
         if s.versions.covers(version):
-            return s
+            return s.at_version(version)
     spans = "; ".join(f"{s.name}: {s.versions.from_} - {s.versions.until or 'latest'}"
                       for s in sorted(mine, key=lambda s: version_key(s.versions.from_)))
     raise SpecError(f"--engine {ref}: no {family} profile covers release {version} ({spans})")
