@@ -190,14 +190,14 @@ def json_out(obj: object) -> None:
 
 
 def options_from(time_model: TimeModel, attention: Attention, kernel_overhead_us: float,
-                 reserve_gib: float, memory_utilization: float,
+                 reserve_gib: float, memory_utilization: float | None,
                  prefill_chunk_tokens: int = 8192) -> Options:
     """Validated model options from the shared CLI flags."""
     positive("--kernel-overhead-us", kernel_overhead_us, allow_zero=True)
     positive("--prefill-chunk-tokens", prefill_chunk_tokens, allow_zero=True)
     positive("--reserve-gib", reserve_gib, allow_zero=True)
     positive("--memory-utilization", memory_utilization)
-    if memory_utilization > 1:
+    if memory_utilization is not None and memory_utilization > 1:
         raise LlmplanError(f"--memory-utilization: must be at most 1, got {memory_utilization:g}")
     if kernel_overhead_us > 1e6:
         raise LlmplanError(f"--kernel-overhead-us: must be at most 1e6 (one second per kernel), "
@@ -233,8 +233,11 @@ AttentionOpt = Annotated[Attention, typer.Option(
     help="flash: O(N) attention memory; naive: materialize the O(N^2) scores.")]
 OverheadOpt = Annotated[float, typer.Option(help="Fixed cost per kernel.")]
 ReserveOpt = Annotated[float, typer.Option(help="Runtime reserve: CUDA context, workspaces.")]
-UtilOpt = Annotated[float, typer.Option(
-    help="Fraction of device memory usable (like vLLM's gpu_memory_utilization).")]
+UtilOpt = Annotated[Optional[float], typer.Option(
+    help="The engine's memory fraction, on the engine's own basis: of total memory for vLLM "
+    "(gpu_memory_utilization) and SGLang (mem_fraction_static, for weights and KV cache "
+    "only), of the memory weights and activations leave for TensorRT-LLM "
+    "(free_gpu_memory_fraction). Default: the engine profile's (llmplan engines).")]
 CalibrationOpt = Annotated[Optional[Path], typer.Option(
     help="Measured ceilings from `llmplan measure --calibrate`.")]
 GroupSizeOpt = Annotated[int, typer.Option(help="Weights per scale for int8/int4.")]

@@ -275,7 +275,7 @@ class Estimate:
         chunk = self.options.prefill_chunk_tokens or e.max_num_batched_tokens
         cap = kv_capacity_tokens(self.model, self.hardware, self.precision, tp=self.tp,
                                  options=self.options, lm_head_sharded=e.lm_head_sharded,
-                                 max_num_seqs=e.max_num_seqs, step_tokens=chunk)
+                                 max_num_seqs=e.max_num_seqs, step_tokens=chunk, engine=e)
         cap = cap // e.block_size * e.block_size  # whole blocks, as the engine's pool
         return kv_concurrency(cap, prompt_tokens=int(self.prompt_tokens),
                               output_tokens=int(self.output_tokens), block_size=e.block_size,
@@ -301,6 +301,8 @@ class Estimate:
             "compute": p.compute_dtype.value,
             "time_model": self.options.time_model,
             "attention": self.options.attention,
+            "memory_utilization_frac": self.memory.utilization_frac,
+            "memory_utilization_basis": self.memory.utilization_basis,
             "ceilings_source": self.ceilings.source,
             **cols,
             "price_source": self.price_source,
@@ -496,7 +498,7 @@ def assemble(model: ModelSpec, hardware: HardwareSpec, prep: Prepared, o: Option
     if memory is None:
         memory = memory_plan(model, hardware, p, batch=batch, prompt_tokens=prompt_tokens,
                              output_tokens=output_tokens, tp=tp, options=o,
-                             lm_head_sharded=sharded)
+                             lm_head_sharded=sharded, engine=e)
     ideal = None
     if with_ideal and not e.is_ideal:
         # the same deployment (precision, byte accounting, memory) on the ideal time model

@@ -473,8 +473,10 @@ class Options(_Frozen):
     # CUDA context, cuBLAS/NCCL workspaces and allocator slack (a 1 GiB default: a CUDA
     # context alone takes 300-500 MiB on recent drivers).
     reserve_bytes: float = Field(1 * GIB, ge=0)
-    # Fraction of device memory the engine may use (vLLM's gpu_memory_utilization default).
-    memory_utilization_frac: float = Field(0.9, gt=0, le=1)
+    # The engine's memory fraction (vLLM's gpu_memory_utilization, SGLang's mem_fraction_static,
+    # TensorRT-LLM's free_gpu_memory_fraction), on the engine's basis
+    # (planner.core.engine.MEMORY_BASES); None: the engine's default.
+    memory_utilization_frac: float | None = Field(None, gt=0, le=1)
     # Tokens prefilled per forward pass (vLLM's max_num_batched_tokens with chunked prefill;
     # 8192 is its V1 default for serving). Bounds prefill activations; None: the whole batch
     # at once. TTFT is still the time of all the batch's prefill FLOPs and bytes.

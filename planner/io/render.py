@@ -104,6 +104,16 @@ def _print_header(console: Console, e: Estimate) -> None:
                   f"attention: {e.options.attention}[/]")
 
 
+# what each memory basis's fraction is a fraction of (planner.core.engine.MEMORY_BASES)
+_BASIS_TEXT = {"total": "of capacity",
+               "static": "of capacity less the reserve, for weights and KV cache",
+               "free": "of what weights, activations and reserve leave, for KV cache"}
+
+
+def _usable_note(mem) -> str:
+    return f"{fmt.pct(mem.utilization_frac)} {_BASIS_TEXT[mem.utilization_basis]}"
+
+
 def _memory(e: Estimate) -> Table:
     mem = e.memory
     kc = e.kv_concurrency()
@@ -117,8 +127,7 @@ def _memory(e: Estimate) -> Table:
         ("reserve", fmt.gib(mem.reserve_bytes), "CUDA context, workspaces"),
         ("total", fmt.gib(mem.total_bytes),
          f"{fmt.pct(mem.used_frac)} of {fmt.gib(mem.capacity_bytes)}"),
-        ("usable", fmt.gib(mem.usable_bytes),
-         f"{fmt.pct(e.options.memory_utilization_frac)} of capacity"),
+        ("usable", fmt.gib(mem.usable_bytes), _usable_note(mem)),
         ("fits", fits, ""),
         ("concurrency, paged KV", f"{kc.paged:,}",
          f"{kc.capacity_tokens:,} KV tokens in {kc.block_size}-token blocks; "

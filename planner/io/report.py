@@ -439,19 +439,18 @@ def _layout_memory(case: Case, batch: int):
         from planner.layouts.expert import expert_parallel
 
         r = expert_parallel(case.model, case.hw, prep, o, ep=case.ep, **kw)
-        w, kv, total = r.weights_bytes, r.kv_cache_bytes, r.total_bytes
+        w, kv, total, usable = r.weights_bytes, r.kv_cache_bytes, r.total_bytes, r.usable_bytes
     else:
         from planner.layouts.pipeline import pipeline
 
         r = pipeline(case.model, case.hw, prep, o, tp=case.tp, pp=case.pp, **kw)
         s = max(r.stages, key=lambda st: st.total_bytes)
-        w, kv, total = s.weights_bytes, s.kv_cache_bytes, s.total_bytes
+        w, kv, total, usable = s.weights_bytes, s.kv_cache_bytes, s.total_bytes, s.usable_bytes
     cap = case.hw.memory_bytes
     return SimpleNamespace(weights_bytes=w, kv_cache_bytes=kv,
                            activation_bytes=total - w - kv - o.reserve_bytes,
                            reserve_bytes=o.reserve_bytes, total_bytes=total, capacity_bytes=cap,
-                           usable_bytes=cap * o.memory_utilization_frac,
-                           fits=total <= cap * o.memory_utilization_frac)
+                           usable_bytes=usable, fits=total <= usable)
 
 
 def memory_table(case: Case) -> pd.DataFrame:

@@ -176,4 +176,5 @@ class StepCoster:
         return kv_capacity_tokens(self.model, self.hardware, self.prep.precision, tp=self.tp,
                                   options=self.options,
                                   lm_head_sharded=self.engine.lm_head_sharded,
-                                  max_num_seqs=max_num_seqs, step_tokens=step_tokens)
+                                  max_num_seqs=max_num_seqs, step_tokens=step_tokens,
+                                  engine=self.engine)
