@@ -19,6 +19,7 @@ from planner.cli.options import (
     CalibrationOpt,
     ChunkOpt,
     ComputeOpt,
+    CpuOffloadOpt,
     DraftOpt,
     EngineOpt,
     GpuOpt,
@@ -44,6 +45,7 @@ from planner.cli.options import (
     band_fields,
     build_deployment,
     check_context,
+    check_offload_speculation,
     figure_bands,
     json_out,
     options_from,
@@ -74,6 +76,7 @@ def estimate(
     reserve_gib: ReserveOpt = DEFAULT_RESERVE_GIB,
     memory_utilization: UtilOpt = DEFAULT_UTIL,
     prefill_chunk_tokens: ChunkOpt = DEFAULT_CHUNK,
+    cpu_offload_gb: CpuOffloadOpt = 0.0,
     calibration: CalibrationOpt = None,
     price_per_hour: Annotated[Optional[float], typer.Option(
         help="USD per GPU-hour (default: hardware_db's price, if any).")] = None,
@@ -110,7 +113,7 @@ def estimate(
                     ("--measured-tpot", measured_tpot), ("--measured-ttft", measured_ttft)):
         positive(name, v)
     opts = options_from(time_model, attention, kernel_overhead_us, reserve_gib,
-                        memory_utilization, prefill_chunk_tokens)
+                        memory_utilization, prefill_chunk_tokens, cpu_offload_gb)
     m = catalog.load_model(model)
     check_context(m, prompt_tokens, output_tokens, allow_longer_context)
     dep = build_deployment(m, gpu=gpu, engine=engine, tp=tp, pp=pp, ep=ep, weights=weights,
@@ -119,6 +122,7 @@ def estimate(
                            calibration=calibration, options=opts)
     spec = speculation_config(speculative, draft_model, num_speculative_tokens,
                               acceptance_rate)
+    check_offload_speculation(opts, spec)
     res = estimate_deployment(dep, Workload(batch=batch, prompt_tokens=prompt_tokens,
                                             output_tokens=output_tokens),
                               speculation=spec, price_usd_per_gpu_hour=price_per_hour,

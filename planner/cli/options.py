@@ -191,8 +191,9 @@ def json_out(obj: object) -> None:
 
 def options_from(time_model: TimeModel, attention: Attention, kernel_overhead_us: float,
                  reserve_gib: float, memory_utilization: float | None,
-                 prefill_chunk_tokens: int = 8192) -> Options:
+                 prefill_chunk_tokens: int = 8192, cpu_offload_gb: float = 0.0) -> Options:
     """Validated model options from the shared CLI flags."""
+    positive("--cpu-offload-gb", cpu_offload_gb, allow_zero=True)
     positive("--kernel-overhead-us", kernel_overhead_us, allow_zero=True)
     positive("--prefill-chunk-tokens", prefill_chunk_tokens, allow_zero=True)
     positive("--reserve-gib", reserve_gib, allow_zero=True)
@@ -207,7 +208,8 @@ def options_from(time_model: TimeModel, attention: Attention, kernel_overhead_us
     return Options(time_model=time_model.value, attention=attention.value,
                    kernel_overhead_s=kernel_overhead_us * 1e-6, reserve_bytes=reserve_gib * GIB,
                    memory_utilization_frac=memory_utilization,
-                   prefill_chunk_tokens=prefill_chunk_tokens or None)
+                   prefill_chunk_tokens=prefill_chunk_tokens or None,
+                   cpu_offload_bytes=cpu_offload_gb * GIB)
 
 
 WEIGHT_CHOICES = ("bf16", "fp16", "fp8", "int8", "int4", "mxfp4")
@@ -238,6 +240,12 @@ UtilOpt = Annotated[Optional[float], typer.Option(
     "(gpu_memory_utilization) and SGLang (mem_fraction_static, for weights and KV cache "
     "only), of the memory weights and activations leave for TensorRT-LLM "
     "(free_gpu_memory_fraction). Default: the engine profile's (llmplan engines).")]
+CpuOffloadOpt = Annotated[float, typer.Option(
+    "--cpu-offload-gb",
+    help="GiB of weights per GPU kept in host memory (vLLM's cpu_offload_gb): the GPU holds "
+    "that much less of them and that much more KV cache, and every forward pass brings them "
+    "over the GPU's host link (hardware_db host_link). At most the decoder layers' weights; "
+    "tensor-parallel replicas only.")]
 CalibrationOpt = Annotated[Optional[Path], typer.Option(
     help="Measured ceilings from `llmplan measure --calibrate`.")]
 GroupSizeOpt = Annotated[int, typer.Option(help="Weights per scale for int8/int4.")]
@@ -274,6 +282,14 @@ def check_quantized_layers(m, quantized_layers) -> str:
         raise LlmplanError(f"--quantized-layers experts: {m.name} has no routed experts "
                            "(not a mixture-of-experts model)")
     return q
+
+
+def check_offload_speculation(options, spec) -> None:
+    """Weights in host memory and speculative decoding are not modelled together: vLLM's
+    offload budget is shared by the drafter's layers."""
+    if spec is not None and options.cpu_offload_bytes:
+        raise LlmplanError("--cpu-offload-gb with --speculative: not modelled together (the "
+                           "drafter's layers share vLLM's offload budget)")
 
 
 def speculation_config(method, draft_model, k, a):

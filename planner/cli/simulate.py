@@ -22,6 +22,7 @@ from planner.cli.options import (
     AttentionOpt,
     CalibrationOpt,
     ComputeOpt,
+    CpuOffloadOpt,
     DraftOpt,
     EngineOpt,
     EpOpt,
@@ -49,6 +50,7 @@ from planner.cli.options import (
     band_fields,
     build_deployment,
     check_context,
+    check_offload_speculation,
     figure_bands,
     json_out,
     options_from,
@@ -190,6 +192,7 @@ def simulate(
     ] = None,
     memory_utilization: UtilOpt = DEFAULT_UTIL,
     reserve_gib: ReserveOpt = DEFAULT_RESERVE_GIB,
+    cpu_offload_gb: CpuOffloadOpt = 0.0,
     ttft_slo: Annotated[Optional[float], typer.Option(
         help="TTFT target in seconds: report the goodput.")] = None,
     tpot_slo: Annotated[Optional[float], typer.Option(
@@ -216,7 +219,7 @@ def simulate(
 
     _check_numbers(locals())
     opts = options_from(time_model, attention, kernel_overhead_us, reserve_gib,
-                        memory_utilization)
+                        memory_utilization, cpu_offload_gb=cpu_offload_gb)
     output_path(trace, "--trace")
     output_path(plot, "--plot", ".png")
     m = catalog.load_model(model)
@@ -237,6 +240,7 @@ def simulate(
     if any(v is not None for v in flags):
         run.check_speculation(dep, cfg)
     spec = speculation_config(*flags)
+    check_offload_speculation(opts, spec)
     sp = None if spec is None else run.speculation_serving(dep, spec, cfg)
     res = run.run(dep, reqs, cfg, speculation=sp, sample_every_s=0.0 if plot else None)
     d = _result(dep, cfg, reqs, sp, summary(res, ttft_slo_s=ttft_slo, tpot_slo_s=tpot_slo),

@@ -35,6 +35,7 @@ from planner.core.ops import (
     count_params,
     decode_ops,
     flops_per_token_2n,
+    host_transfer_ops,
     prefill_ops,
     total_flops,
 )
@@ -208,6 +209,7 @@ class Estimate:
             "active_params": self.active_params,
             "weight_bytes_per_param": self.precision.quantized_bytes_per_param,
             "weights_bytes": m.weights_bytes,
+            "cpu_offload_bytes": m.offloaded_weights_bytes,
             "kv_cache_bytes_per_token": self.kv_cache_bytes_per_token,
             "kv_cache_bytes": m.kv_cache_bytes,
             "activation_bytes": m.activation_bytes,
@@ -483,15 +485,18 @@ def assemble(model: ModelSpec, hardware: HardwareSpec, prep: Prepared, o: Option
     e, p, c = prep.engine, prep.precision, prep.ceilings
     ctx = prompt_tokens + output_tokens / 2
     sharded = e.lm_head_sharded
+    offload = o.cpu_offload_bytes
     decode = step_time(decode_ops(model, p, batch=batch, context_tokens=ctx, tp=tp,
-                                  attention=o.attention, lm_head_sharded=sharded), c, tp=tp,
+                                  attention=o.attention, lm_head_sharded=sharded)
+                       + host_transfer_ops(offload), c, tp=tp,
                        options=o, engine=e, graphed=e.cuda_graphs,
                        fixed_s=e.step_overhead_s + e.per_sequence_overhead_s * batch)
     # one prefill pass per chunk of the batch's prompt tokens
     chunks = 1 if o.prefill_chunk_tokens is None else \
         -(-(batch * prompt_tokens) // o.prefill_chunk_tokens)
     prefill = step_time(prefill_ops(model, p, batch=batch, prompt_tokens=prompt_tokens,
-                                    tp=tp, attention=o.attention, lm_head_sharded=sharded), c,
+                                    tp=tp, attention=o.attention, lm_head_sharded=sharded)
+                        + host_transfer_ops(offload, chunks), c,
                         tp=tp, options=o, engine=e, graphed=False,
                         fixed_s=e.prefill_step_overhead_s * chunks
                         + e.per_sequence_overhead_s * batch)

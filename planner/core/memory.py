@@ -50,6 +50,24 @@ def weight_bytes(m: ModelSpec, prec: Precision, *, tp: int = 1,
     return sum(weight_bytes_breakdown(m, prec, tp=tp, lm_head_sharded=lm_head_sharded).values())
 
 
+def resident_weight_bytes(m: ModelSpec, prec: Precision, *, tp: int = 1,
+                          lm_head_sharded: bool = True, options: Options | None = None) -> float:
+    """Weight bytes one GPU holds: its share of the checkpoint less what the options keep in
+    host memory (``Options.cpu_offload_bytes``, vLLM's cpu_offload_gb)."""
+    off = (options or Options()).cpu_offload_bytes
+    return weight_bytes(m, prec, tp=tp, lm_head_sharded=lm_head_sharded) - off
+
+
+def offloadable_weight_bytes(m: ModelSpec, prec: Precision, *, tp: int = 1,
+                             lm_head_sharded: bool = True) -> float:
+    """Weight bytes per GPU that vLLM's cpu_offload_gb can move to host memory: the decoder
+    layers' (its ``make_layers`` offloads layer by layer; embeddings, the final norm and the
+    lm_head stay on the GPU)."""
+    bd = weight_bytes_breakdown(m, prec, tp=tp, lm_head_sharded=lm_head_sharded)
+    return sum(v for k, v in bd.items()
+               if k not in ("embed/tokens", "embed/positions", "norms/final", "lm_head"))
+
+
 def kv_cache_bytes_per_token(m: ModelSpec, prec: Precision, *, tp: int = 1) -> float:
     """KV bytes one token adds to one GPU's cache in every layer (below any sliding window).
 
@@ -183,6 +201,7 @@ class MemoryPlan:
     max_batch: int  # largest batch that fits at this context (an array in a sweep)
     utilization_frac: float = 0.9  # the engine's memory fraction and its basis
     utilization_basis: str = "total"
+    offloaded_weights_bytes: float = 0.0  # kept in host memory (not in weights_bytes)
 
     @property
     def total_bytes(self) -> float:
@@ -225,7 +244,7 @@ def max_batch(m: ModelSpec, hw: HardwareSpec, prec: Precision, *, prompt_tokens:
     o = options or Options()
     frac, basis = memory_share(o, engine, hw.memory_bytes)
     C, R = hw.memory_bytes, o.reserve_bytes
-    W = weight_bytes(m, prec, tp=tp, lm_head_sharded=lm_head_sharded)
+    W = resident_weight_bytes(m, prec, tp=tp, lm_head_sharded=lm_head_sharded, options=o)
     per_token, logits, naive = _activation_terms(m, prec, tp=tp)
     if o.attention == "naive":
         per_token = per_token + naive * prompt_tokens
@@ -254,7 +273,8 @@ def kv_capacity_tokens(m: ModelSpec, hw: HardwareSpec, prec: Precision, *, tp: i
     per_seq = max(1, -(-step_tokens // max_num_seqs))
     budget = kv_budget_bytes(
         hw.memory_bytes,
-        weights_bytes=weight_bytes(m, prec, tp=tp, lm_head_sharded=lm_head_sharded),
+        weights_bytes=resident_weight_bytes(m, prec, tp=tp, lm_head_sharded=lm_head_sharded,
+                                            options=o),
         activation_bytes=activation_bytes(m, prec, batch=max_num_seqs, prompt_tokens=per_seq,
                                           tp=tp, attention=o.attention,
                                           chunk_tokens=step_tokens),
@@ -314,7 +334,7 @@ def memory_plan(m: ModelSpec, hw: HardwareSpec, prec: Precision, *, batch: int,
                 engine: Engine | None = None) -> MemoryPlan:
     o = options or Options()
     frac, basis = memory_share(o, engine, hw.memory_bytes)
-    w = weight_bytes(m, prec, tp=tp, lm_head_sharded=lm_head_sharded)
+    w = resident_weight_bytes(m, prec, tp=tp, lm_head_sharded=lm_head_sharded, options=o)
     act = activation_bytes(m, prec, batch=batch, prompt_tokens=prompt_tokens, tp=tp,
                            attention=o.attention, chunk_tokens=o.prefill_chunk_tokens)
     return MemoryPlan(
@@ -330,12 +350,13 @@ def memory_plan(m: ModelSpec, hw: HardwareSpec, prec: Precision, *, batch: int,
                             output_tokens=output_tokens, tp=tp, options=o,
                             lm_head_sharded=lm_head_sharded, engine=engine),
         utilization_frac=frac, utilization_basis=basis,
+        offloaded_weights_bytes=o.cpu_offload_bytes,
     )
 
 
 __all__ = [
     "KVConcurrency", "MemoryPlan", "activation_bytes", "kv_budget_bytes", "kv_cache_bytes",
     "kv_cache_bytes_per_token", "kv_capacity_tokens", "kv_concurrency", "max_batch",
-    "memory_plan", "memory_share", "sliding_share", "usable_bytes", "weight_bytes",
-    "weight_bytes_breakdown",
+    "memory_plan", "memory_share", "offloadable_weight_bytes", "resident_weight_bytes",
+    "sliding_share", "usable_bytes", "weight_bytes", "weight_bytes_breakdown",
 ]

@@ -119,7 +119,9 @@ def _memory(e: Estimate) -> Table:
     kc = e.kv_concurrency()
     fits = "[green]yes[/]" if mem.fits else "[red]NO[/]"
     return _section(f"Memory{' per GPU' if e.tp > 1 else ''}", [
-        ("weights", fmt.gib(mem.weights_bytes), f"{fmt.count(e.params)} params"),
+        ("weights", fmt.gib(mem.weights_bytes), f"{fmt.count(e.params)} params" + (
+            f"; {fmt.gib(mem.offloaded_weights_bytes)} more in host memory, over the host "
+            "link every step" if mem.offloaded_weights_bytes else "")),
         ("KV cache", fmt.gib(mem.kv_cache_bytes),
          f"{e.kv_cache_bytes_per_token / 1024:,.1f} KiB/token x {e.batch} x "
          f"{e.context_tokens} tokens{_window_note(e.model)}"),
@@ -261,7 +263,7 @@ def operator_table(title: str, step: StepTime, width: int = 200) -> Table:
     for ot in step.ops:
         op = ot.op
         inten = op.intensity_flops_per_byte
-        comm = op.kind == "allreduce"
+        comm = op.kind in ("allreduce", "host_transfer")
         add(op.name, str(op.count), op.dtype.value, fmt.si(op.flops * op.count, ""),
             fmt.si(op.bytes * op.count, "B") if not comm
             else fmt.si(op.comm_bytes * op.count, "B"),
