@@ -580,6 +580,16 @@ def plot_serving(cases: list[Case], df: pd.DataFrame, out_dir: Path) -> tuple[Pa
 # --------------------------------------------------------------------------- measurements
 
 
+def _finite_positive(*values) -> None:
+    """The figures a chart divides and plots: finite numbers above zero (a value of 400
+    digits or Infinity would reach the axes)."""
+    import math
+
+    for v in values:
+        if isinstance(v, bool) or not (math.isfinite(float(v)) and v > 0):
+            raise ValueError(f"{v!r} is not a finite positive number")
+
+
 def load_measured(path: Path) -> list[dict]:
     """Records of a `llmplan measure` JSONL file (a torn last line is skipped)."""
     import json
@@ -609,7 +619,11 @@ def load_measured(path: Path) -> list[dict]:
                 cal["tpot_s"] + cal["ttft_s"] + cal["decode_flops"] / cal["decode_weight_kv_bytes"]
                 rec["config"]["batch"] + rec["config"]["context"]
                 rec["config"]["weights"].upper()
-            except (KeyError, TypeError, AttributeError, ZeroDivisionError) as err:
+                _finite_positive(rec["measured"]["tpot_s"]["median_s"],
+                                 rec["measured"]["ttft_s"], cal["tpot_s"], cal["ttft_s"],
+                                 cal["decode_flops"], cal["decode_weight_kv_bytes"])
+            except (KeyError, TypeError, AttributeError, ZeroDivisionError, ValueError,
+                    OverflowError) as err:
                 raise SpecError(f"{path}: line {i}: not a `llmplan measure` record "
                                 f"({type(err).__name__}: {err})") from None
         recs.append(rec)
