@@ -24,11 +24,14 @@ from planner.cli.options import (
     ComputeOpt,
     CpuOffloadOpt,
     DraftOpt,
+    DtypeOpt,
+    EnforceEagerOpt,
     EngineOpt,
     EpOpt,
     GpuOpt,
     GroupSizeOpt,
     JsonOpt,
+    KvCacheDtypeOpt,
     KVOption,
     LongerOpt,
     ModelOpt,
@@ -36,6 +39,7 @@ from planner.cli.options import (
     OverheadOpt,
     PpOpt,
     PromptOpt,
+    QuantizationOpt,
     QuantizedLayers,
     QuantizedLayersOpt,
     ReserveOpt,
@@ -45,12 +49,12 @@ from planner.cli.options import (
     TimeModelOpt,
     TpOpt,
     UtilOpt,
-    WeightsOpt,
     WeightsOption,
     band_fields,
     build_deployment,
     check_context,
     check_offload_speculation,
+    engine_precision,
     figure_bands,
     json_out,
     options_from,
@@ -139,8 +143,12 @@ def simulate(
     tp: TpOpt = 1,
     pp: PpOpt = 1,
     ep: EpOpt = 1,
-    weights: WeightsOption = WeightsOpt.bf16,
+    weights: WeightsOption = None,
     kv_cache: KVOption = None,
+    quantization: QuantizationOpt = None,
+    dtype: DtypeOpt = None,
+    kv_cache_dtype: KvCacheDtypeOpt = None,
+    enforce_eager: EnforceEagerOpt = False,
     group_size: GroupSizeOpt = DEFAULT_GROUP_SIZE,
     quantized_layers: QuantizedLayersOpt = QuantizedLayers.all,
     compute: ComputeOpt = None,
@@ -180,6 +188,7 @@ def simulate(
     ] = None,
     chunked_prefill: Annotated[Optional[bool], typer.Option(
         "--chunked-prefill/--no-chunked-prefill",
+        "--enable-chunked-prefill/--no-enable-chunked-prefill",
         help="Split long prompts into chunks of the step budget (default: the engine's).")
     ] = None,
     kv_layout: Annotated[KVLayout, typer.Option(
@@ -223,10 +232,13 @@ def simulate(
     output_path(trace, "--trace")
     output_path(plot, "--plot", ".png")
     m = catalog.load_model(model)
+    weights, kv_cache, compute = engine_precision(weights, quantization, dtype, kv_cache,
+                                                  kv_cache_dtype, compute)
     dep = build_deployment(m, gpu=gpu, engine=engine, tp=tp, pp=pp, ep=ep, weights=weights,
                            kv_cache=kv_cache, group_size=group_size,
                            quantized_layers=quantized_layers, compute=compute,
-                           calibration=calibration, options=opts)
+                           calibration=calibration, options=opts,
+                           enforce_eager=enforce_eager)
     cfg = _scheduler(dep, locals())
     # the step budget is the prefill chunk, as in the engines
     dep = dep.with_options(prefill_chunk_tokens=cfg.max_num_batched_tokens)
