@@ -29,17 +29,6 @@ def test_estimate_and_simulate_agree_on_kv_capacity(engine, run_json):
     assert est["kv_capacity_tokens"] == sim["kv_capacity_tokens"]
 
 
-@pytest.mark.parametrize("engine", ["sglang", "trtllm"])
-def test_the_kv_pool_depends_on_the_engines_scheduler(engine, run_json):
-    """Not a constant: an engine with 2048 running sequences keeps more activation memory
-    for a full step than vLLM's 256, so its pool is smaller (hand check: both step budgets
-    are 8192 tokens; only the sequences differ)."""
-    args = ("-m", "llama-3.1-8b", "-g", "h100-sxm")
-    vllm = run_json("estimate", *args, "-e", "vllm")["kv_concurrency"]["kv_capacity_tokens"]
-    other = run_json("estimate", *args, "-e", engine)["kv_concurrency"]["kv_capacity_tokens"]
-    assert other < vllm
-
-
 def test_simulate_takes_the_deployment_options_estimate_takes(run_json):
     base = ("-m", "llama-3.1-8b", "-g", "h100-sxm", "-n", "20", "-p", "512", "-o", "32")
     plain = run_json("simulate", *base)

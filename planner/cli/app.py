@@ -100,8 +100,12 @@ def _click_exceptions() -> dict[str, tuple[type[BaseException], ...]]:
 def main(argv: list[str] | None = None) -> int:
     """Entry point: runs the app and turns every user error into one line and exit code 2."""
     exc = _click_exceptions()
-    _register_plugins(sys.argv[1:] if argv is None else argv)
+    args = sys.argv[1:] if argv is None else argv
+    _register_plugins(args)
     try:
+        from planner.cli.flags import check_duplicates
+
+        check_duplicates(args)  # --tp 2 -tp 4: the parser alone would keep the last
         rv = app(args=argv, standalone_mode=False, prog_name="llmplan")
     except exc["NoArgsIsHelpError"] as err:
         print(err.ctx.get_help() if err.ctx else str(err))

@@ -83,16 +83,20 @@ def engines(as_json: JsonOpt = False) -> None:
                      "gemm_bandwidth_frac": e.gemm_bandwidth_frac,
                      "attention_bandwidth_frac": e.attention_bandwidth_frac,
                      "allreduce_latency_us": spec.allreduce_latency_us.value,
+                     "memory_utilization_frac": e.memory_utilization_frac,
+                     "memory_basis": e.memory_basis,
                      "fitted_rows": sorted(spec.fitted_rows()), "source": spec.source})
     if as_json:
         json_out(rows)
         return
     stdout.print(table("Engine profiles (engines_db; --json for versions and sources)",
                        ["name", "ceilings", "step", "graphs", "kernel", "GEMM BW", "attn BW",
-                        "all-reduce", "fitted on"],
+                        "all-reduce", "memory", "fitted on"],
                        [[r["name"], r["ceilings"], f"{r['step_overhead_us']:g} us",
                          "yes" if r["cuda_graphs"] else "no", f"{r['kernel_gap_us']:g} us",
                          f"{r['gemm_bandwidth_frac']:.0%}",
                          f"{r['attention_bandwidth_frac']:.0%}",
-                         f"{r['allreduce_latency_us']:g} us", f"{len(r['fitted_rows'])} rows"]
+                         f"{r['allreduce_latency_us']:g} us",
+                         f"{r['memory_utilization_frac']:g} {r['memory_basis']}",
+                         f"{len(r['fitted_rows'])} rows"]
                         for r in rows], left=2, compact=True))

@@ -69,52 +69,69 @@ def read_result_file(path: Path):
     return read_runs(data, str(path))
 
 
-# scheduler flags of a server command, by engine, and the Engine field each sets: what a
-# served run was measured with when its server was not left at the engine's defaults
-SERVER_FLAGS = {
-    "--max-num-seqs": "max_num_seqs", "--max-num-batched-tokens": "max_num_batched_tokens",
-    "--max-running-requests": "max_num_seqs", "--chunked-prefill-size": "max_num_batched_tokens",
-    "--max_batch_size": "max_num_seqs", "--max_num_tokens": "max_num_batched_tokens",
-}
-
-
 def server_overrides(command: str | None) -> dict:
-    """The scheduler settings a server command sets (vLLM's, SGLang's and trtllm-serve's flag
-    names), as ``Engine`` fields; ``--enable_chunked_prefill`` turns chunking on."""
-    out: dict = {}
-    if not command:
-        return out
-    words = command.replace("=", " ").split()
-    for i, w in enumerate(words):
-        if w in SERVER_FLAGS and i + 1 < len(words) and words[i + 1].isdigit():
-            out[SERVER_FLAGS[w]] = int(words[i + 1])
-        if w in ("--enable_chunked_prefill", "--enable-chunked-prefill"):
-            out["chunked_prefill"] = True
-    return out
+    """What a server command (vLLM's, SGLang's or trtllm-serve's flag names) sets, keyed by
+    our option (planner/cli/flags.py, the table the CLI's vLLM names come from too)."""
+    from planner.cli.flags import server_flags
+
+    return server_flags(command)
+
+
+# our scheduler options a server command sets, and the Engine field each is
+ENGINE_FIELDS = {"--max-num-seqs": "max_num_seqs",
+                 "--max-num-batched-tokens": "max_num_batched_tokens",
+                 "--block-size": "block_size", "--chunked-prefill": "chunked_prefill",
+                 "--prefix-cache": "prefix_caching", "--mixed-batches": "mixed_batches"}
+
+
+def _agree(ours: str, theirs, given, what: str) -> None:
+    if theirs is not None and given is not None and _plain(given) != theirs:
+        raise LlmplanError(f"the server command's {ours} {theirs} and the run's {what} "
+                           f"{_plain(given)} disagree")
+
+
+def _plain(v):
+    return getattr(v, "value", v)
 
 
 def served_setup(model: str, gpu: str, spec, tp: int, weights, kv_cache,
                  group_size: int = DEFAULT_GROUP_SIZE, quantized_layers="all",
                  server: dict | None = None):
     """The deployment a served run was measured on (``planner.layouts.deployment``), ready
-    for prediction: the engine's scheduler budget is the prefill chunk. ``server``: the
-    scheduler settings its server command set (``server_overrides``)."""
+    for prediction: the engine's scheduler budget is the prefill chunk. ``server``: what its
+    server command set (``server_overrides``): the scheduler's limits, chunking, CUDA graphs
+    (--enforce-eager), the memory fraction, weights in host memory, pipeline stages; its TP,
+    weights and KV cache must be the run's."""
     from dataclasses import replace
 
-    from planner.core.specs import Options
+    from planner.core.specs import GIB, Options
     from planner.io import catalog
     from planner.layouts.deployment import Deployment, Layout
 
+    s = dict(server or {})
     positive("--tp", tp)
     positive("--group-size", group_size)
+    _agree("--tp", s.get("--tp"), tp, "TP")
+    _agree("--quantization", s.get("--weights"), weights, "weights")
+    kv_cache = kv_cache if kv_cache is not None or s.get("--kv-cache") is None else \
+        s["--kv-cache"]
+    _agree("--kv-cache-dtype", s.get("--kv-cache"), kv_cache, "KV cache")
     m = catalog.load_model(model)
     hw = catalog.load_hardware(gpu)
     eng = spec.model().for_gpu(hw.memory_bytes, hw.name)
-    if server:
-        eng = replace(eng, **server)
+    eng = replace(eng, **{f: s[o] for o, f in ENGINE_FIELDS.items() if o in s})
+    if s.get("--enforce-eager"):
+        eng = replace(eng, cuda_graphs=False)
     prec = precision_of(m, weights, kv_cache, group_size, quantized_layers=quantized_layers)
-    return Deployment.build(m, hw, engine=eng, precision=prec, layout=Layout(tp=tp),
-                            options=Options(prefill_chunk_tokens=eng.max_num_batched_tokens))
+    dtype = s.get("--dtype")
+    if dtype is not None and dtype != prec.half_dtype.value:
+        raise LlmplanError(f"the server command's --dtype {dtype} and the run's 16-bit type "
+                           f"{prec.half_dtype.value} disagree")
+    opts = Options(prefill_chunk_tokens=eng.max_num_batched_tokens,
+                   memory_utilization_frac=s.get("--memory-utilization"),
+                   cpu_offload_bytes=s.get("--cpu-offload-gb", 0.0) * GIB)
+    return Deployment.build(m, hw, engine=eng, precision=prec,
+                            layout=Layout(tp=tp, pp=s.get("--pp", 1)), options=opts)
 
 
 def server_setup(model: str, gpu: str, engine: str, tp: int, weights, kv_cache, group_size: int,

@@ -12,6 +12,7 @@ from planner.cli.options import (
     DEFAULT_ENGINE,
     DEFAULT_RESERVE_GIB,
     DEFAULT_UTIL,
+    PP_NAMES,
     AcceptanceOpt,
     Attention,
     AttentionOpt,
@@ -19,17 +20,22 @@ from planner.cli.options import (
     CalibrationOpt,
     ChunkOpt,
     ComputeOpt,
+    CpuOffloadOpt,
     DraftOpt,
+    DtypeOpt,
+    EnforceEagerOpt,
     EngineOpt,
     GpuOpt,
     GroupSizeOpt,
     JsonOpt,
+    KvCacheDtypeOpt,
     KVOption,
     LongerOpt,
     ModelOpt,
     OutputOpt,
     OverheadOpt,
     PromptOpt,
+    QuantizationOpt,
     QuantizedLayers,
     QuantizedLayersOpt,
     ReserveOpt,
@@ -39,11 +45,12 @@ from planner.cli.options import (
     TimeModelOpt,
     TpOpt,
     UtilOpt,
-    WeightsOpt,
     WeightsOption,
     band_fields,
     build_deployment,
     check_context,
+    check_offload_speculation,
+    engine_precision,
     figure_bands,
     json_out,
     options_from,
@@ -61,8 +68,12 @@ def estimate(
     gpu: GpuOpt,
     engine: EngineOpt = DEFAULT_ENGINE,
     tp: TpOpt = 1,
-    weights: WeightsOption = WeightsOpt.bf16,
+    weights: WeightsOption = None,
     kv_cache: KVOption = None,
+    quantization: QuantizationOpt = None,
+    dtype: DtypeOpt = None,
+    kv_cache_dtype: KvCacheDtypeOpt = None,
+    enforce_eager: EnforceEagerOpt = False,
     batch: BatchOpt = _W["batch"].default,
     prompt_tokens: PromptOpt = _W["prompt_tokens"].default,
     output_tokens: OutputOpt = _W["output_tokens"].default,
@@ -74,6 +85,7 @@ def estimate(
     reserve_gib: ReserveOpt = DEFAULT_RESERVE_GIB,
     memory_utilization: UtilOpt = DEFAULT_UTIL,
     prefill_chunk_tokens: ChunkOpt = DEFAULT_CHUNK,
+    cpu_offload_gb: CpuOffloadOpt = 0.0,
     calibration: CalibrationOpt = None,
     price_per_hour: Annotated[Optional[float], typer.Option(
         help="USD per GPU-hour (default: hardware_db's price, if any).")] = None,
@@ -88,7 +100,7 @@ def estimate(
     allow_longer_context: LongerOpt = False,
     compute: ComputeOpt = None,
     pp: Annotated[int, typer.Option(
-        "--pp", help="Pipeline-parallel stages, each on --tp GPUs: adds the Pipeline section "
+        *PP_NAMES, help="Pipeline-parallel stages, each on --tp GPUs: adds the Pipeline section "
         "(memory per stage, TPOT with micro-batches in flight, TTFT, transfers).")] = 1,
     ep: Annotated[int, typer.Option(
         "--ep", help="Expert-parallel GPUs for a MoE model (attention data-parallel, each GPU "
@@ -110,15 +122,19 @@ def estimate(
                     ("--measured-tpot", measured_tpot), ("--measured-ttft", measured_ttft)):
         positive(name, v)
     opts = options_from(time_model, attention, kernel_overhead_us, reserve_gib,
-                        memory_utilization, prefill_chunk_tokens)
+                        memory_utilization, prefill_chunk_tokens, cpu_offload_gb)
     m = catalog.load_model(model)
     check_context(m, prompt_tokens, output_tokens, allow_longer_context)
+    weights, kv_cache, compute = engine_precision(weights, quantization, dtype, kv_cache,
+                                                  kv_cache_dtype, compute)
     dep = build_deployment(m, gpu=gpu, engine=engine, tp=tp, pp=pp, ep=ep, weights=weights,
                            kv_cache=kv_cache, group_size=group_size,
                            quantized_layers=quantized_layers, compute=compute,
-                           calibration=calibration, options=opts)
+                           calibration=calibration, options=opts,
+                           enforce_eager=enforce_eager)
     spec = speculation_config(speculative, draft_model, num_speculative_tokens,
                               acceptance_rate)
+    check_offload_speculation(opts, spec)
     res = estimate_deployment(dep, Workload(batch=batch, prompt_tokens=prompt_tokens,
                                             output_tokens=output_tokens),
                               speculation=spec, price_usd_per_gpu_hour=price_per_hour,

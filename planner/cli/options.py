@@ -15,6 +15,7 @@ from typing import Annotated, Optional
 import typer
 from rich.console import Console
 
+from planner.cli.flags import DTYPES, KV_CACHE_DTYPES, QUANTIZATIONS, cli_aliases
 from planner.core.errors import LlmplanError
 from planner.core.specs import DEFAULT_GROUP_SIZE, GIB, Options, Workload
 
@@ -66,15 +67,36 @@ ModelOpt = Annotated[str, typer.Option(
     "--model", "-m",
     help="Built-in model name, a YAML file, an HF config.json or a snapshot folder.")]
 GpuOpt = Annotated[str, typer.Option("--gpu", "-g", help="Built-in GPU name or a YAML file.")]
-TpOpt = Annotated[int, typer.Option("--tp", help="Tensor-parallel GPUs.")]
+TP_NAMES = ("--tp", *cli_aliases("--tp"))  # with vLLM's --tensor-parallel-size, -tp
+PP_NAMES = ("--pp", *cli_aliases("--pp"))
+TpOpt = Annotated[int, typer.Option(*TP_NAMES, help="Tensor-parallel GPUs.")]
 PpOpt = Annotated[int, typer.Option(
-    "--pp", help="Pipeline-parallel stages, each on --tp GPUs (vLLM's split of the layers).")]
+    *PP_NAMES, help="Pipeline-parallel stages, each on --tp GPUs (vLLM's split of the layers).")]
 EpOpt = Annotated[int, typer.Option(
     "--ep", help="Expert-parallel GPUs for a MoE model: each holds 1/N of the routed experts, "
                  "attention data-parallel (give --tp 1 --pp 1 with it).")]
-WeightsOption = Annotated[WeightsOpt, typer.Option("--weights", help="Weight precision.")]
+WeightsOption = Annotated[Optional[WeightsOpt], typer.Option(
+    "--weights", help="Weight precision (default bf16).")]
 KVOption = Annotated[Optional[KVOpt], typer.Option(
     "--kv-cache", help="KV-cache precision (default: the 16-bit type of the weights).")]
+# vLLM's spellings of the same choices, with their own vocabularies (planner/cli/flags.py)
+KvCacheDtype = Enum("KvCacheDtype", {k: k for k in KV_CACHE_DTYPES}, type=str)
+Quantization = Enum("Quantization", {k: k for k in QUANTIZATIONS}, type=str)
+ModelDtype = Enum("ModelDtype", {k: k for k in DTYPES}, type=str)
+KvCacheDtypeOpt = Annotated[Optional[KvCacheDtype], typer.Option(
+    "--kv-cache-dtype", help="vLLM's name for --kv-cache: auto (the model's 16-bit type), "
+    "bfloat16, float16, fp8 / fp8_e4m3 / fp8_e5m2 (one byte).")]
+QuantizationOpt = Annotated[Optional[Quantization], typer.Option(
+    "--quantization", help="vLLM's --quantization where it names one storage type: fp8; "
+    "awq, gptq (and their _marlin kernels): int4 in groups of --group-size 128; mxfp4. "
+    "For --weights (an 8-bit GPTQ checkpoint is --weights int8).")]
+DtypeOpt = Annotated[Optional[ModelDtype], typer.Option(
+    "--dtype", help="vLLM's --dtype, the model's 16-bit type: bfloat16, float16 / half, "
+    "auto. With 16-bit weights it is their type; with int8 / int4 / mxfp4 weights the type "
+    "the matmuls run in (--compute).")]
+EnforceEagerOpt = Annotated[bool, typer.Option(
+    "--enforce-eager", help="No CUDA graphs (vLLM's --enforce-eager): every decode step "
+    "launches its kernels from the host, at the engine's host_launch_us each.")]
 BatchOpt = Annotated[int, typer.Option("--batch", "-b", help="Concurrent sequences.")]
 PromptOpt = Annotated[int, typer.Option("--prompt-tokens", "-p",
                                         help="Prompt tokens per sequence.")]
@@ -190,14 +212,15 @@ def json_out(obj: object) -> None:
 
 
 def options_from(time_model: TimeModel, attention: Attention, kernel_overhead_us: float,
-                 reserve_gib: float, memory_utilization: float,
-                 prefill_chunk_tokens: int = 8192) -> Options:
+                 reserve_gib: float, memory_utilization: float | None,
+                 prefill_chunk_tokens: int = 8192, cpu_offload_gb: float = 0.0) -> Options:
     """Validated model options from the shared CLI flags."""
+    positive("--cpu-offload-gb", cpu_offload_gb, allow_zero=True)
     positive("--kernel-overhead-us", kernel_overhead_us, allow_zero=True)
     positive("--prefill-chunk-tokens", prefill_chunk_tokens, allow_zero=True)
     positive("--reserve-gib", reserve_gib, allow_zero=True)
     positive("--memory-utilization", memory_utilization)
-    if memory_utilization > 1:
+    if memory_utilization is not None and memory_utilization > 1:
         raise LlmplanError(f"--memory-utilization: must be at most 1, got {memory_utilization:g}")
     if kernel_overhead_us > 1e6:
         raise LlmplanError(f"--kernel-overhead-us: must be at most 1e6 (one second per kernel), "
@@ -207,7 +230,8 @@ def options_from(time_model: TimeModel, attention: Attention, kernel_overhead_us
     return Options(time_model=time_model.value, attention=attention.value,
                    kernel_overhead_s=kernel_overhead_us * 1e-6, reserve_bytes=reserve_gib * GIB,
                    memory_utilization_frac=memory_utilization,
-                   prefill_chunk_tokens=prefill_chunk_tokens or None)
+                   prefill_chunk_tokens=prefill_chunk_tokens or None,
+                   cpu_offload_bytes=cpu_offload_gb * GIB)
 
 
 WEIGHT_CHOICES = ("bf16", "fp16", "fp8", "int8", "int4", "mxfp4")
@@ -233,8 +257,18 @@ AttentionOpt = Annotated[Attention, typer.Option(
     help="flash: O(N) attention memory; naive: materialize the O(N^2) scores.")]
 OverheadOpt = Annotated[float, typer.Option(help="Fixed cost per kernel.")]
 ReserveOpt = Annotated[float, typer.Option(help="Runtime reserve: CUDA context, workspaces.")]
-UtilOpt = Annotated[float, typer.Option(
-    help="Fraction of device memory usable (like vLLM's gpu_memory_utilization).")]
+UtilOpt = Annotated[Optional[float], typer.Option(
+    "--memory-utilization", *cli_aliases("--memory-utilization"),
+    help="The engine's memory fraction, on the engine's own basis: of total memory for vLLM "
+    "(gpu_memory_utilization) and SGLang (mem_fraction_static, for weights and KV cache "
+    "only), of the memory weights and activations leave for TensorRT-LLM "
+    "(free_gpu_memory_fraction). Default: the engine profile's (llmplan engines).")]
+CpuOffloadOpt = Annotated[float, typer.Option(
+    "--cpu-offload-gb",
+    help="GiB of weights per GPU kept in host memory (vLLM's cpu_offload_gb): the GPU holds "
+    "that much less of them and that much more KV cache, and every forward pass brings them "
+    "over the GPU's host link (hardware_db host_link). At most the decoder layers' weights; "
+    "tensor-parallel replicas only.")]
 CalibrationOpt = Annotated[Optional[Path], typer.Option(
     help="Measured ceilings from `llmplan measure --calibrate`.")]
 GroupSizeOpt = Annotated[int, typer.Option(help="Weights per scale for int8/int4.")]
@@ -273,6 +307,14 @@ def check_quantized_layers(m, quantized_layers) -> str:
     return q
 
 
+def check_offload_speculation(options, spec) -> None:
+    """Weights in host memory and speculative decoding are not modelled together: vLLM's
+    offload budget is shared by the drafter's layers."""
+    if spec is not None and options.cpu_offload_bytes:
+        raise LlmplanError("--cpu-offload-gb with --speculative: not modelled together (the "
+                           "drafter's layers share vLLM's offload budget)")
+
+
 def speculation_config(method, draft_model, k, a):
     """The speculative-decoding configuration the flags ask for; None when none is."""
     from planner.io import catalog
@@ -301,6 +343,56 @@ def _value(v):
     return getattr(v, "value", v)
 
 
+def _choice(value, table: dict, flag: str):
+    """An enum or text of a vLLM vocabulary (planner/cli/flags.py) as ours; None if not
+    given."""
+    if value is None:
+        return None
+    key = _value(value)
+    if key not in table:
+        raise LlmplanError(f"{flag}: '{key}' is not one of {', '.join(table)}")
+    return table[key]
+
+
+def engine_precision(weights=None, quantization=None, dtype=None, kv_cache=None,
+                     kv_cache_dtype=None, compute=None) -> tuple[str, str | None, str | None]:
+    """(weights, kv_cache, compute) from our flags and vLLM's names for them, refused in one
+    line where two say different things: ``--quantization`` stands for ``--weights``
+    (awq / gptq: int4), ``--kv-cache-dtype`` for ``--kv-cache`` (auto: the default), and
+    ``--dtype`` is the 16-bit type: the weights' when they are 16-bit, the matmuls' for
+    weight-only int8 / int4 / mxfp4, the KV cache's default beside fp8 weights."""
+    w = _value(weights) if weights is not None else None
+    kv = _value(kv_cache) if kv_cache is not None else None
+    c = _value(compute) if compute is not None else None
+    if quantization is not None:
+        q = _choice(quantization, QUANTIZATIONS, "--quantization")
+        if w is not None and w != q:
+            raise LlmplanError(f"--weights {w} and --quantization {_value(quantization)} "
+                               f"({q}) disagree: give one")
+        w = q
+    if kv_cache_dtype is not None:
+        k = _choice(kv_cache_dtype, KV_CACHE_DTYPES, "--kv-cache-dtype")
+        if kv is not None and kv != k:
+            raise LlmplanError(f"--kv-cache {kv} and --kv-cache-dtype "
+                               f"{_value(kv_cache_dtype)} disagree: give one")
+        kv = kv if k is None else k
+    d = _choice(dtype, DTYPES, "--dtype")
+    if d is not None:
+        if w is None or w in ("bf16", "fp16"):
+            if weights is not None and w != d:
+                raise LlmplanError(f"--weights {w} and --dtype {_value(dtype)} disagree: "
+                                   "give one")
+            w = d
+        elif w in ("int8", "int4", "mxfp4"):
+            if c is not None and c != d:
+                raise LlmplanError(f"--compute {c} and --dtype {_value(dtype)} disagree: "
+                                   "give one")
+            c = d
+        elif kv is None:  # fp8 weights: the 16-bit type is the KV cache's
+            kv = d
+    return w or "bf16", kv, c
+
+
 def precision_of(m, weights, kv_cache=None, group_size: int = DEFAULT_GROUP_SIZE,
                  compute=None, quantized_layers="all"):
     """The precision the flags ask for (enums or plain values), checked against the model."""
@@ -315,16 +407,21 @@ def precision_of(m, weights, kv_cache=None, group_size: int = DEFAULT_GROUP_SIZE
 def build_deployment(m, *, gpu: str, engine: str, tp: int = 1, pp: int = 1, ep: int = 1,
                      weights="bf16", kv_cache=None, group_size: int = DEFAULT_GROUP_SIZE,
                      quantized_layers="all", compute=None, calibration: Path | None = None,
-                     options=None):
+                     options=None, enforce_eager: bool = False):
     """The deployment the options describe (``planner.layouts.deployment.Deployment``): the
     GPU, engine and calibration loaded, the precision and layout checked, the engine
-    prepared. Every command that predicts builds its deployment here."""
+    prepared (``enforce_eager``: without its CUDA graphs). Every command that predicts builds
+    its deployment here."""
+    from dataclasses import replace
+
     from planner.io import catalog
     from planner.layouts.deployment import Deployment
 
     positive("--group-size", group_size)  # before the files, as every command checks numbers
     hw = catalog.load_hardware(gpu)
     eng = catalog.load_engine(engine)
+    if enforce_eager:
+        eng = replace(eng, cuda_graphs=False)
     cal = catalog.load_calibration(calibration) if calibration else None
     prec = precision_of(m, weights, kv_cache, group_size, compute, quantized_layers)
     layout = check_layout(m, tp, pp, ep)

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from enum import Enum
 from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
 
+from planner.cli.flags import KV_CACHE_DTYPES, QUANTIZATIONS
 from planner.cli.options import (
     DEFAULT_ENGINE,
     DEFAULT_OUTPUT_TOKENS,
@@ -16,9 +18,12 @@ from planner.cli.options import (
     DEFAULT_RESERVE_GIB,
     DEFAULT_UTIL,
     KV_CHOICES,
+    PP_NAMES,
+    TP_NAMES,
     WEIGHT_CHOICES,
     Attention,
     ComputeOpt,
+    EnforceEagerOpt,
     EngineOpt,
     LongerOpt,
     OutputOpt,
@@ -58,17 +63,25 @@ def plan(
         help="Traffic: output tokens per second (instead of --rps).")] = None,
     gpu: Annotated[Optional[str], typer.Option(
         "--gpu", "-g", help="GPUs to consider (default: all of hardware_db).")] = None,
-    tp: Annotated[str, typer.Option(help="Tensor-parallel GPUs per replica (or per stage).")]
-    = "1,2,4,8",
+    tp: Annotated[str, typer.Option(
+        *TP_NAMES, help="Tensor-parallel GPUs per replica (or per stage).")] = "1,2,4,8",
     pp: Annotated[str, typer.Option(
-        help="Pipeline stages per replica, each of --tp GPUs.")] = "1,2",
+        *PP_NAMES, help="Pipeline stages per replica, each of --tp GPUs.")] = "1,2",
     ep: Annotated[str, typer.Option(
         help="Expert-parallel GPUs per replica, attention data-parallel (MoE models; with TP "
              "and PP 1). auto: 1 and the powers of two up to 16 that divide the experts.")] =
     "auto",
-    weights: Annotated[str, typer.Option(help="Weight precisions.")] = "bf16,fp8,int8,int4",
-    kv_cache: Annotated[str, typer.Option(help="KV precisions (16 = the weights' 16-bit).")
-                        ] = "16,fp8",
+    weights: Annotated[Optional[str], typer.Option(
+        help=f"Weight precisions (default {DEFAULT_WEIGHTS}).")] = None,
+    kv_cache: Annotated[Optional[str], typer.Option(
+        help=f"KV precisions, 16 = the weights' 16-bit (default {DEFAULT_KV}).")] = None,
+    quantization: Annotated[Optional[str], typer.Option(
+        help="vLLM's --quantization names for --weights, comma-separated: fp8; awq, gptq (and "
+        "their _marlin kernels): int4; mxfp4.")] = None,
+    kv_cache_dtype: Annotated[Optional[str], typer.Option(
+        help="vLLM's --kv-cache-dtype names for --kv-cache, comma-separated: auto (16), "
+        "bfloat16, float16, fp8, fp8_e4m3, fp8_e5m2.")] = None,
+    enforce_eager: EnforceEagerOpt = False,
     price_per_hour: Annotated[Optional[float], typer.Option(
         help="USD per GPU-hour for every GPU (default: hardware_db prices; unpriced GPUs are "
              "left out).")] = None,
@@ -120,11 +133,18 @@ def plan(
     check_context(m, prompt_tokens, output_tokens, allow_longer_context)
     gpus = [catalog.load_hardware(g) for g in (parse_str_list(gpu) if gpu
                                                 else catalog.gpu_names())]
-    wl = [DType(w) for w in parse_choices(weights, WEIGHT_CHOICES, "--weights")]
+    wl = [DType(w) for w in _choices_or_alias(weights, WEIGHT_CHOICES, "--weights",
+                                              quantization, QUANTIZATIONS, "--quantization",
+                                              DEFAULT_WEIGHTS)]
     kvl = [None if k == "16" else DType(k)
-           for k in parse_choices(kv_cache, ("16", *KV_CHOICES), "--kv-cache")]
+           for k in _choices_or_alias(kv_cache, ("16", *KV_CHOICES), "--kv-cache",
+                                      kv_cache_dtype, {k: v or "16" for k, v in
+                                                       KV_CACHE_DTYPES.items()},
+                                      "--kv-cache-dtype", DEFAULT_KV)]
     cal = catalog.load_calibration(calibration) if calibration else None
     eng = catalog.load_engine(engine)
+    if enforce_eager:
+        eng = replace(eng, cuda_graphs=False)
     for p_ in (csv, plot):
         output_path(p_, "--csv" if p_ is csv else "--plot", None if p_ is csv else ".png")
     # a GPU with no price cannot be costed: say which are left out, before any search
@@ -155,6 +175,25 @@ def plan(
                 engine=eng, compute=cdt, quantized_layers=ql, options=opts)
     _show_static(df, m, prompt_tokens=prompt_tokens, output_tokens=output_tokens, top=top,
                  csv=csv, plot=plot, as_json=as_json, label=(ttft, tpot, req))
+
+
+DEFAULT_WEIGHTS = "bf16,fp8,int8,int4"
+DEFAULT_KV = "16,fp8"
+
+
+def _choices_or_alias(ours: str | None, allowed: tuple[str, ...], flag: str,
+                      alias: str | None, table: dict, alias_flag: str,
+                      default: str) -> list[str]:
+    """A comma-separated list of ours, or of vLLM's names for the same choices (each mapped
+    through ``table``, planner/cli/flags.py); the two given together must name the same."""
+    mine = parse_choices(ours, allowed, flag) if ours is not None else None
+    if alias is None:
+        return mine if mine is not None else parse_choices(default, allowed, flag)
+    theirs = list(dict.fromkeys(table[v] for v in parse_choices(alias, tuple(table),
+                                                                 alias_flag)))
+    if mine is not None and set(mine) != set(theirs):
+        raise LlmplanError(f"{flag} {ours} and {alias_flag} {alias} disagree: give one")
+    return theirs
 
 
 def _check_targets(a: dict) -> tuple[float, float]:

@@ -23,12 +23,16 @@ from planner.cli.options import (
     AttentionOpt,
     CalibrationOpt,
     ComputeOpt,
+    CpuOffloadOpt,
     DraftOpt,
+    DtypeOpt,
+    EnforceEagerOpt,
     EngineOpt,
     EpOpt,
     GpuOpt,
     GroupSizeOpt,
     JsonOpt,
+    KvCacheDtypeOpt,
     KVOption,
     LongerOpt,
     ModelOpt,
@@ -36,6 +40,7 @@ from planner.cli.options import (
     OverheadOpt,
     PpOpt,
     PromptOpt,
+    QuantizationOpt,
     QuantizedLayers,
     QuantizedLayersOpt,
     ReserveOpt,
@@ -45,11 +50,12 @@ from planner.cli.options import (
     TimeModelOpt,
     TpOpt,
     UtilOpt,
-    WeightsOpt,
     WeightsOption,
     band_fields,
     build_deployment,
     check_context,
+    check_offload_speculation,
+    engine_precision,
     figure_bands,
     json_out,
     options_from,
@@ -161,8 +167,12 @@ def simulate(
     tp: TpOpt = 1,
     pp: PpOpt = 1,
     ep: EpOpt = 1,
-    weights: WeightsOption = WeightsOpt.bf16,
+    weights: WeightsOption = None,
     kv_cache: KVOption = None,
+    quantization: QuantizationOpt = None,
+    dtype: DtypeOpt = None,
+    kv_cache_dtype: KvCacheDtypeOpt = None,
+    enforce_eager: EnforceEagerOpt = False,
     group_size: GroupSizeOpt = DEFAULT_GROUP_SIZE,
     quantized_layers: QuantizedLayersOpt = QuantizedLayers.all,
     compute: ComputeOpt = None,
@@ -216,6 +226,7 @@ def simulate(
     ] = None,
     chunked_prefill: Annotated[Optional[bool], typer.Option(
         "--chunked-prefill/--no-chunked-prefill",
+        "--enable-chunked-prefill/--no-enable-chunked-prefill",
         help="Split long prompts into chunks of the step budget (default: the engine's).")
     ] = None,
     capacity_policy: Annotated[Optional[str], typer.Option(
@@ -240,6 +251,7 @@ def simulate(
     ] = None,
     memory_utilization: UtilOpt = DEFAULT_UTIL,
     reserve_gib: ReserveOpt = DEFAULT_RESERVE_GIB,
+    cpu_offload_gb: CpuOffloadOpt = 0.0,
     ttft_slo: Annotated[Optional[float], typer.Option(
         help="TTFT target in seconds: report the goodput.")] = None,
     tpot_slo: Annotated[Optional[float], typer.Option(
@@ -266,14 +278,17 @@ def simulate(
 
     _check_numbers(locals())
     opts = options_from(time_model, attention, kernel_overhead_us, reserve_gib,
-                        memory_utilization)
+                        memory_utilization, cpu_offload_gb=cpu_offload_gb)
     output_path(trace, "--trace")
     output_path(plot, "--plot", ".png")
     m = catalog.load_model(model)
+    weights, kv_cache, compute = engine_precision(weights, quantization, dtype, kv_cache,
+                                                  kv_cache_dtype, compute)
     dep = build_deployment(m, gpu=gpu, engine=engine, tp=tp, pp=pp, ep=ep, weights=weights,
                            kv_cache=kv_cache, group_size=group_size,
                            quantized_layers=quantized_layers, compute=compute,
-                           calibration=calibration, options=opts)
+                           calibration=calibration, options=opts,
+                           enforce_eager=enforce_eager)
     cfg = _scheduler(dep, locals())
     # the step budget is the prefill chunk, as in the engines
     dep = dep.with_options(prefill_chunk_tokens=cfg.max_num_batched_tokens)
@@ -290,6 +305,7 @@ def simulate(
     if any(v is not None for v in flags):
         run.check_speculation(dep, cfg)
     spec = speculation_config(*flags)
+    check_offload_speculation(opts, spec)
     sp = None if spec is None else run.speculation_serving(dep, spec, cfg)
     res = run.run(dep, reqs, cfg, speculation=sp, sample_every_s=0.0 if plot else None)
     _refusals(res)

@@ -47,6 +47,15 @@ MATMUL_FRAC: dict[str, dict[str, float]] = {
     "blackwell": {"16bit": 0.78, "8bit": 0.76},
     "cdna3": {"16bit": 0.54, "8bit": 0.49},
 }
+# Pinned host-to-device copy / the link's one-way datasheet figure: published copies over PCIe
+# reach about 0.78 of it (protocol and DMA overheads): nvbandwidth's host_to_device_memcpy_ce
+# on A100 SXM4 80GB, Gen4 x16, 24.8 of 32 GB/s (0.775; https://forums.developer.nvidia.com/t/
+# asymmetric-pcie-bandwidth-in-bidirectional-transfers-h2d-drops-56-while-d2h-maintains-
+# performance/352186); CUDA's bandwidthTest pinned H2D on a P100 PCIe, Gen3 x16, 12.15 of 16
+# GB/s (0.76; https://github.com/mpicbg-scicomp/gearshifft/pull/82, 2017-03-27); nvbandwidth on
+# H100, Gen5 x16, 52.8 of 64 GB/s device-to-host (0.82; https://github.com/NVIDIA/nvbandwidth/
+# issues/24, 2024-09-11: host-to-device by SM copies reached only 35.2 there).
+HOST_LINK_FRAC = 0.78
 # For a GPU whose technology is not listed: the lowest fractions above, so an unknown GPU is
 # never predicted faster than a known one of the same datasheet.
 DEFAULT_BANDWIDTH_FRAC = min(BANDWIDTH_FRAC.values())
@@ -72,6 +81,20 @@ class AchievableCeilings:
     bandwidth_source: str
     flops: dict[DType, tuple[float, str]]  # FLOP/s and where the figure came from
     notes: tuple[str, ...] = ()
+
+
+def host_link_bytes_per_s(hw: HardwareSpec, achievable_figure: bool) -> float | None:
+    """One direction of the GPU's link to host memory: the datasheet's figure, or (for an
+    engine on achievable ceilings) the published or estimated copy rate, else the datasheet's
+    x ``HOST_LINK_FRAC``; None when hardware_db states no host link."""
+    h = hw.host_link
+    if h is None:
+        return None
+    if not achievable_figure:
+        return h.bandwidth_bytes_per_s
+    if h.achievable is not None:
+        return h.achievable.value * 1e9
+    return h.bandwidth_bytes_per_s * HOST_LINK_FRAC
 
 
 def achievable(hw: HardwareSpec) -> AchievableCeilings:

@@ -195,6 +195,32 @@ def graph_sizes(rule: tuple, max_num_seqs: int,
     return tuple(sorted(out))
 
 
+# What an engine's memory fraction is a fraction of (``planner.core.memory.kv_budget_bytes``):
+# total: all it allocates within f of the GPU's memory (vLLM's gpu_memory_utilization);
+# static: its weights and KV pool within f of the memory free once the CUDA context is up,
+# activations and CUDA graphs in the rest (SGLang's mem_fraction_static); free: the KV cache
+# takes f of what the weights and a profiled forward pass leave (TensorRT-LLM's
+# kv_cache_config.free_gpu_memory_fraction).
+MEMORY_BASES = ("total", "static", "free")
+
+
+class ReserveTier(_Frozen):
+    below_gib: float = Field(gt=0, le=100_000)  # a GPU with less memory than this
+    reserve_gib: float = Field(ge=0, le=100_000)
+
+
+class MemoryFraction(_Sourced):
+    """The engine's default memory fraction and what it is a fraction of (``MEMORY_BASES``);
+    ``--memory-utilization`` gives another fraction on the same basis. ``reserve_by_memory``:
+    an engine that works its default out from the GPU's memory, (memory - reserve) / memory
+    with the reserve of the first tier the GPU is below (SGLang); ``value`` is then what that
+    gives on an 80 GB GPU, for listings."""
+
+    basis: Literal["total", "static", "free"]
+    value: float = Field(gt=0, le=1, allow_inf_nan=False)
+    reserve_by_memory: tuple[ReserveTier, ...] = ()
+
+
 class SmallGpuDefaults(_Frozen):
     """Scheduler defaults an engine picks on smaller GPUs (vLLM's OpenAI server: below 70 GiB,
     or any A100), in place of ``ServingDefaults``' own."""
@@ -290,6 +316,7 @@ class EngineSpec(_Frozen):
     lm_head_quantized: Flag
     zero_point_bytes_per_group: Num
     serving: ServingDefaults | None = None
+    memory_fraction: MemoryFraction | None = None  # None: 0.9 of total memory, as vLLM
 
     @model_validator(mode="after")
     def _check(self) -> EngineSpec:
@@ -369,6 +396,12 @@ class EngineSpec(_Frozen):
             lm_head_sharded=self.lm_head_sharded.value,
             lm_head_quantized=self.lm_head_quantized.value,
             zero_point_bytes_per_group=self.zero_point_bytes_per_group.value,
+            **({} if self.memory_fraction is None else {
+                "memory_utilization_frac": self.memory_fraction.value,
+                "memory_basis": self.memory_fraction.basis,
+                "memory_reserve_tiers": tuple(
+                    (t.below_gib * 2**30, t.reserve_gib * 2**30)
+                    for t in self.memory_fraction.reserve_by_memory) or None}),
             **({} if self.serving is None else {
                 "max_num_seqs": int(self.serving.max_num_seqs.value),
                 "max_num_batched_tokens": int(self.serving.max_num_batched_tokens.value),
@@ -435,6 +468,12 @@ class Engine:
     lm_head_sharded: bool = True
     lm_head_quantized: bool = False
     zero_point_bytes_per_group: float = 0.0
+    # the memory fraction it sizes its KV cache from by default, and its basis (MEMORY_BASES)
+    memory_utilization_frac: float = 0.9
+    memory_basis: str = "total"
+    # ((below this many bytes of memory, reserve bytes), ...): a default worked out from the
+    # GPU's memory, (memory - reserve) / memory (``memory_frac_for``)
+    memory_reserve_tiers: tuple | None = None
     # scheduler defaults (vLLM's where a profile states none)
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 8192
@@ -460,6 +499,15 @@ class Engine:
         if not small:
             return replace(self, small_gpu=None)
         return replace(self, small_gpu=None, max_num_seqs=seqs, max_num_batched_tokens=tokens)
+
+    def memory_frac_for(self, memory_bytes: float) -> float:
+        """The engine's default memory fraction on a GPU of ``memory_bytes``: its stated one,
+        or (memory - reserve) / memory by its reserve tiers, rounded to 0.001 as SGLang's
+        ServerArgs rounds it."""
+        for below, reserve in self.memory_reserve_tiers or ():
+            if memory_bytes < below:
+                return round((memory_bytes - reserve) / memory_bytes, 3)
+        return self.memory_utilization_frac
 
     def request_path_s(self, prompt_tokens: float) -> float:
         """The request path's cost outside the engine's steps, added to a request's TTFT."""
@@ -498,11 +546,14 @@ class Engine:
 
     def ideal_bound(self) -> Engine:
         """The ideal time model with this engine's byte accounting: the roofline bound of the
-        very deployment this engine runs (same weights in memory, no inefficiency)."""
+        very deployment this engine runs (same weights and memory fraction, no inefficiency)."""
         return Engine(name="ideal", display_name="ideal roofline", version="-",
                       source=IDEAL.source, lm_head_sharded=self.lm_head_sharded,
                       lm_head_quantized=self.lm_head_quantized,
-                      zero_point_bytes_per_group=self.zero_point_bytes_per_group)
+                      zero_point_bytes_per_group=self.zero_point_bytes_per_group,
+                      memory_utilization_frac=self.memory_utilization_frac,
+                      memory_basis=self.memory_basis,
+                      memory_reserve_tiers=self.memory_reserve_tiers)
 
 
 # The pure roofline (background notes): datasheet peaks, every efficiency 1, no fixed costs.

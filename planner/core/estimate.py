@@ -35,6 +35,7 @@ from planner.core.ops import (
     count_params,
     decode_ops,
     flops_per_token_2n,
+    host_transfer_ops,
     prefill_ops,
     total_flops,
 )
@@ -208,6 +209,7 @@ class Estimate:
             "active_params": self.active_params,
             "weight_bytes_per_param": self.precision.quantized_bytes_per_param,
             "weights_bytes": m.weights_bytes,
+            "cpu_offload_bytes": m.offloaded_weights_bytes,
             "kv_cache_bytes_per_token": self.kv_cache_bytes_per_token,
             "kv_cache_bytes": m.kv_cache_bytes,
             "activation_bytes": m.activation_bytes,
@@ -275,7 +277,7 @@ class Estimate:
         chunk = self.options.prefill_chunk_tokens or e.max_num_batched_tokens
         cap = kv_capacity_tokens(self.model, self.hardware, self.precision, tp=self.tp,
                                  options=self.options, lm_head_sharded=e.lm_head_sharded,
-                                 max_num_seqs=e.max_num_seqs, step_tokens=chunk)
+                                 max_num_seqs=e.max_num_seqs, step_tokens=chunk, engine=e)
         cap = cap // e.block_size * e.block_size  # whole blocks, as the engine's pool
         return kv_concurrency(cap, prompt_tokens=int(self.prompt_tokens),
                               output_tokens=int(self.output_tokens), block_size=e.block_size,
@@ -301,6 +303,8 @@ class Estimate:
             "compute": p.compute_dtype.value,
             "time_model": self.options.time_model,
             "attention": self.options.attention,
+            "memory_utilization_frac": self.memory.utilization_frac,
+            "memory_utilization_basis": self.memory.utilization_basis,
             "ceilings_source": self.ceilings.source,
             **cols,
             "price_source": self.price_source,
@@ -481,22 +485,25 @@ def assemble(model: ModelSpec, hardware: HardwareSpec, prep: Prepared, o: Option
     e, p, c = prep.engine, prep.precision, prep.ceilings
     ctx = prompt_tokens + output_tokens / 2
     sharded = e.lm_head_sharded
+    offload = o.cpu_offload_bytes
     decode = step_time(decode_ops(model, p, batch=batch, context_tokens=ctx, tp=tp,
-                                  attention=o.attention, lm_head_sharded=sharded), c, tp=tp,
+                                  attention=o.attention, lm_head_sharded=sharded)
+                       + host_transfer_ops(offload), c, tp=tp,
                        options=o, engine=e, graphed=e.cuda_graphs,
                        fixed_s=e.step_overhead_s + e.per_sequence_overhead_s * batch)
     # one prefill pass per chunk of the batch's prompt tokens
     chunks = 1 if o.prefill_chunk_tokens is None else \
         -(-(batch * prompt_tokens) // o.prefill_chunk_tokens)
     prefill = step_time(prefill_ops(model, p, batch=batch, prompt_tokens=prompt_tokens,
-                                    tp=tp, attention=o.attention, lm_head_sharded=sharded), c,
+                                    tp=tp, attention=o.attention, lm_head_sharded=sharded)
+                        + host_transfer_ops(offload, chunks), c,
                         tp=tp, options=o, engine=e, graphed=False,
                         fixed_s=e.prefill_step_overhead_s * chunks
                         + e.per_sequence_overhead_s * batch)
     if memory is None:
         memory = memory_plan(model, hardware, p, batch=batch, prompt_tokens=prompt_tokens,
                              output_tokens=output_tokens, tp=tp, options=o,
-                             lm_head_sharded=sharded)
+                             lm_head_sharded=sharded, engine=e)
     ideal = None
     if with_ideal and not e.is_ideal:
         # the same deployment (precision, byte accounting, memory) on the ideal time model

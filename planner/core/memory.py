@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from planner.core.arith import floor_nonneg, vmax, vmin
+from planner.core.engine import IDEAL, MEMORY_BASES, Engine
 from planner.core.ops import kv_elements_per_token_per_layer, param_breakdown
 from planner.core.specs import HardwareSpec, ModelSpec, Options, Precision
 
@@ -47,6 +48,24 @@ def weight_bytes_breakdown(m: ModelSpec, prec: Precision, *, tp: int = 1,
 def weight_bytes(m: ModelSpec, prec: Precision, *, tp: int = 1,
                  lm_head_sharded: bool = True) -> float:
     return sum(weight_bytes_breakdown(m, prec, tp=tp, lm_head_sharded=lm_head_sharded).values())
+
+
+def resident_weight_bytes(m: ModelSpec, prec: Precision, *, tp: int = 1,
+                          lm_head_sharded: bool = True, options: Options | None = None) -> float:
+    """Weight bytes one GPU holds: its share of the checkpoint less what the options keep in
+    host memory (``Options.cpu_offload_bytes``, vLLM's cpu_offload_gb)."""
+    off = (options or Options()).cpu_offload_bytes
+    return weight_bytes(m, prec, tp=tp, lm_head_sharded=lm_head_sharded) - off
+
+
+def offloadable_weight_bytes(m: ModelSpec, prec: Precision, *, tp: int = 1,
+                             lm_head_sharded: bool = True) -> float:
+    """Weight bytes per GPU that vLLM's cpu_offload_gb can move to host memory: the decoder
+    layers' (its ``make_layers`` offloads layer by layer; embeddings, the final norm and the
+    lm_head stay on the GPU)."""
+    bd = weight_bytes_breakdown(m, prec, tp=tp, lm_head_sharded=lm_head_sharded)
+    return sum(v for k, v in bd.items()
+               if k not in ("embed/tokens", "embed/positions", "norms/final", "lm_head"))
 
 
 def kv_cache_bytes_per_token(m: ModelSpec, prec: Precision, *, tp: int = 1) -> float:
@@ -125,6 +144,50 @@ def activation_bytes(m: ModelSpec, prec: Precision, *, batch: int, prompt_tokens
     return peak
 
 
+def memory_share(o: Options, engine: Engine | None, capacity_bytes: float) -> tuple[float, str]:
+    """(fraction, basis) of the memory the engine sizes its KV cache from: the fraction the
+    options give (``--memory-utilization``), else the engine's default on a GPU of
+    ``capacity_bytes`` (``Engine.memory_frac_for``), on the engine's basis
+    (``planner.core.engine.MEMORY_BASES``)."""
+    e = engine or IDEAL
+    frac = o.memory_utilization_frac
+    return (e.memory_frac_for(capacity_bytes) if frac is None else frac), e.memory_basis
+
+
+def kv_budget_bytes(capacity_bytes, *, weights_bytes, activation_bytes, reserve_bytes,
+                    frac: float, basis: str):
+    """Bytes of one GPU's memory the engine gives its KV cache, C capacity, W weights, A
+    activations, R reserve (CUDA context, workspaces), f the fraction, by its basis:
+
+        total   f C - W - A - R                       vLLM's gpu_memory_utilization
+        static  min(f (C - R) - W, C - W - A - R)     SGLang's mem_fraction_static
+        free    f (C - W - A - R)                     TensorRT-LLM's free_gpu_memory_fraction
+
+    vLLM caps everything it allocates at f C; SGLang's fraction covers the weights and the KV
+    pool only, of the memory free once the CUDA context is up, leaving the rest (1 - f) to
+    activations and CUDA graphs; TensorRT-LLM gives the KV cache f of what is free after the
+    weights and a profiled forward pass. Numbers or arrays (a sweep)."""
+    W, A, R, C = weights_bytes, activation_bytes, reserve_bytes, capacity_bytes
+    if basis == "total":
+        return C * frac - W - A - R
+    if basis == "static":
+        return vmin(frac * (C - R) - W, C - W - A - R)
+    if basis == "free":
+        return frac * (C - W - A - R)
+    raise ValueError(f"memory basis {basis!r} is not one of {', '.join(MEMORY_BASES)}")
+
+
+def usable_bytes(capacity_bytes, *, weights_bytes, activation_bytes, reserve_bytes,
+                 frac: float, basis: str):
+    """Memory the deployment may fill: its weights, activations and reserve plus the KV
+    budget (``kv_budget_bytes``); f C on vLLM's basis."""
+    if basis == "total":
+        return capacity_bytes * frac
+    return weights_bytes + activation_bytes + reserve_bytes + kv_budget_bytes(
+        capacity_bytes, weights_bytes=weights_bytes, activation_bytes=activation_bytes,
+        reserve_bytes=reserve_bytes, frac=frac, basis=basis)
+
+
 @dataclass(frozen=True)
 class MemoryPlan:
     """Per-GPU memory of one deployment, in bytes."""
@@ -134,8 +197,11 @@ class MemoryPlan:
     activation_bytes: float
     reserve_bytes: float
     capacity_bytes: float
-    usable_bytes: float  # capacity x memory_utilization_frac
+    usable_bytes: float  # what the engine's memory fraction lets it fill (``usable_bytes``)
     max_batch: int  # largest batch that fits at this context (an array in a sweep)
+    utilization_frac: float = 0.9  # the engine's memory fraction and its basis
+    utilization_basis: str = "total"
+    offloaded_weights_bytes: float = 0.0  # kept in host memory (not in weights_bytes)
 
     @property
     def total_bytes(self) -> float:
@@ -150,48 +216,70 @@ class MemoryPlan:
         return self.total_bytes / self.capacity_bytes
 
 
+def _largest_batch(free, kv, logits, per_token, prompt_tokens, chunk):
+    """Largest B with B x (kv + logits) + A(B) <= free, A(B) the prefill activations: linear
+    in B until the chunk is full (B x prompt >= chunk), constant after; solved in both regions,
+    keeping the one that holds."""
+    unchunked = floor_nonneg(free / (kv + logits + prompt_tokens * per_token))
+    if chunk is None:
+        return unchunked
+    chunked = floor_nonneg((free - chunk * per_token) / (kv + logits))
+    # the chunk is full once batch x prompt reaches it
+    saturated = (chunk / prompt_tokens) * (kv + logits + prompt_tokens * per_token) <= free
+    return saturated * vmax(chunked, chunk // prompt_tokens) + (1 - saturated) * unchunked
+
+
 def max_batch(m: ModelSpec, hw: HardwareSpec, prec: Precision, *, prompt_tokens: int,
               output_tokens: int, tp: int = 1, options: Options | None = None,
-              lm_head_sharded: bool = True) -> int:
+              lm_head_sharded: bool = True, engine: Engine | None = None) -> int:
     """Largest batch whose weights, KV cache (prompt + output tokens per sequence), prefill
-    activations and reserve fit in the usable memory.
+    activations and reserve fit in the memory the engine lets them use (``kv_budget_bytes``:
+    its memory fraction on its basis).
 
-    Memory is B x (kv + logits) + A(B) with A linear in B until the prefill chunk is full
-    (B x prompt >= chunk), and constant after: solve in both regions and keep the one that
-    holds. Token counts may be arrays (a sweep); the result is then an array."""
+    Memory is B x (kv + logits) + A(B) with A linear in B until the prefill chunk is full and
+    constant after (``_largest_batch``). On TensorRT-LLM's basis the KV cache may take f of
+    what the rest leaves: B x kv / f + B x logits + A(B) <= C - W - R; on SGLang's, B x kv <=
+    f (C - R) - W as well as everything within C. Token counts may be arrays (a sweep); the
+    result is then an array."""
     o = options or Options()
-    free = (hw.memory_bytes * o.memory_utilization_frac
-            - weight_bytes(m, prec, tp=tp, lm_head_sharded=lm_head_sharded) - o.reserve_bytes)
+    frac, basis = memory_share(o, engine, hw.memory_bytes)
+    C, R = hw.memory_bytes, o.reserve_bytes
+    W = resident_weight_bytes(m, prec, tp=tp, lm_head_sharded=lm_head_sharded, options=o)
     per_token, logits, naive = _activation_terms(m, prec, tp=tp)
     if o.attention == "naive":
         per_token = per_token + naive * prompt_tokens
     kv = kv_cache_bytes(m, prec, batch=1, seq_len=prompt_tokens + output_tokens, tp=tp)
-    unchunked = floor_nonneg(free / (kv + logits + prompt_tokens * per_token))
-    if o.prefill_chunk_tokens is None:
-        n = unchunked
-    else:
-        c = o.prefill_chunk_tokens
-        chunked = floor_nonneg((free - c * per_token) / (kv + logits))
-        # the chunk is full once batch x prompt reaches it
-        saturated = (c / prompt_tokens) * (kv + logits + prompt_tokens * per_token) <= free
-        n = saturated * vmax(chunked, c // prompt_tokens) + (1 - saturated) * unchunked
+    chunk = o.prefill_chunk_tokens
+    if basis == "total":
+        n = _largest_batch(C * frac - W - R, kv, logits, per_token, prompt_tokens, chunk)
+    elif basis == "free":
+        n = _largest_batch(C - W - R, kv / frac, logits, per_token, prompt_tokens, chunk)
+    else:  # static: the pool's own bound, and everything within the GPU
+        n = vmin(floor_nonneg((frac * (C - R) - W) / kv),
+                 _largest_batch(C - W - R, kv, logits, per_token, prompt_tokens, chunk))
     return int(n) if isinstance(n, float) else n
 
 
 def kv_capacity_tokens(m: ModelSpec, hw: HardwareSpec, prec: Precision, *, tp: int = 1,
                        options: Options | None = None, lm_head_sharded: bool = True,
-                       max_num_seqs: int = 256, step_tokens: int = 8192) -> int:
-    """Tokens of KV cache a serving replica holds: usable memory less the weights, the
-    activations of a full step (``step_tokens`` tokens over ``max_num_seqs`` sequences) and the
-    reserve, over the KV bytes of one token (vLLM sizes its block pool the same way)."""
+                       max_num_seqs: int = 256, step_tokens: int = 8192,
+                       engine: Engine | None = None) -> int:
+    """Tokens of KV cache a serving replica holds: the engine's KV budget (``kv_budget_bytes``:
+    its memory fraction on its basis, less the weights held on the GPU, the activations of a
+    full step of ``step_tokens`` tokens over ``max_num_seqs`` sequences and the reserve) over
+    the KV bytes of one token (vLLM, SGLang and TensorRT-LLM size their pools so)."""
     o = options or Options()
+    frac, basis = memory_share(o, engine, hw.memory_bytes)
     per_seq = max(1, -(-step_tokens // max_num_seqs))
-    free = (hw.memory_bytes * o.memory_utilization_frac
-            - weight_bytes(m, prec, tp=tp, lm_head_sharded=lm_head_sharded)
-            - activation_bytes(m, prec, batch=max_num_seqs, prompt_tokens=per_seq, tp=tp,
-                               attention=o.attention, chunk_tokens=step_tokens)
-            - o.reserve_bytes)
-    return max(0, int(free // kv_cache_bytes_per_token(m, prec, tp=tp)))
+    budget = kv_budget_bytes(
+        hw.memory_bytes,
+        weights_bytes=resident_weight_bytes(m, prec, tp=tp, lm_head_sharded=lm_head_sharded,
+                                            options=o),
+        activation_bytes=activation_bytes(m, prec, batch=max_num_seqs, prompt_tokens=per_seq,
+                                          tp=tp, attention=o.attention,
+                                          chunk_tokens=step_tokens),
+        reserve_bytes=o.reserve_bytes, frac=frac, basis=basis)
+    return max(0, int(budget // kv_cache_bytes_per_token(m, prec, tp=tp)))
 
 
 @dataclass(frozen=True)
@@ -242,26 +330,33 @@ def kv_concurrency(capacity_tokens: int, *, prompt_tokens: int, output_tokens: i
 
 def memory_plan(m: ModelSpec, hw: HardwareSpec, prec: Precision, *, batch: int,
                 prompt_tokens: int, output_tokens: int, tp: int = 1,
-                options: Options | None = None, lm_head_sharded: bool = True) -> MemoryPlan:
+                options: Options | None = None, lm_head_sharded: bool = True,
+                engine: Engine | None = None) -> MemoryPlan:
     o = options or Options()
+    frac, basis = memory_share(o, engine, hw.memory_bytes)
+    w = resident_weight_bytes(m, prec, tp=tp, lm_head_sharded=lm_head_sharded, options=o)
+    act = activation_bytes(m, prec, batch=batch, prompt_tokens=prompt_tokens, tp=tp,
+                           attention=o.attention, chunk_tokens=o.prefill_chunk_tokens)
     return MemoryPlan(
-        weights_bytes=weight_bytes(m, prec, tp=tp, lm_head_sharded=lm_head_sharded),
+        weights_bytes=w,
         kv_cache_bytes=kv_cache_bytes(m, prec, batch=batch,
                                       seq_len=prompt_tokens + output_tokens, tp=tp),
-        activation_bytes=activation_bytes(m, prec, batch=batch, prompt_tokens=prompt_tokens,
-                                          tp=tp, attention=o.attention,
-                                          chunk_tokens=o.prefill_chunk_tokens),
+        activation_bytes=act,
         reserve_bytes=o.reserve_bytes,
         capacity_bytes=hw.memory_bytes,
-        usable_bytes=hw.memory_bytes * o.memory_utilization_frac,
+        usable_bytes=usable_bytes(hw.memory_bytes, weights_bytes=w, activation_bytes=act,
+                                  reserve_bytes=o.reserve_bytes, frac=frac, basis=basis),
         max_batch=max_batch(m, hw, prec, prompt_tokens=prompt_tokens,
                             output_tokens=output_tokens, tp=tp, options=o,
-                            lm_head_sharded=lm_head_sharded),
+                            lm_head_sharded=lm_head_sharded, engine=engine),
+        utilization_frac=frac, utilization_basis=basis,
+        offloaded_weights_bytes=o.cpu_offload_bytes,
     )
 
 
 __all__ = [
-    "KVConcurrency", "MemoryPlan", "activation_bytes", "kv_cache_bytes",
+    "KVConcurrency", "MemoryPlan", "activation_bytes", "kv_budget_bytes", "kv_cache_bytes",
     "kv_cache_bytes_per_token", "kv_capacity_tokens", "kv_concurrency", "max_batch",
-    "memory_plan", "sliding_share", "weight_bytes", "weight_bytes_breakdown",
+    "memory_plan", "memory_share", "offloadable_weight_bytes", "resident_weight_bytes",
+    "sliding_share", "usable_bytes", "weight_bytes", "weight_bytes_breakdown",
 ]

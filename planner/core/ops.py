@@ -24,7 +24,7 @@ from planner.core.arith import vmax, vmin
 from planner.core.errors import UsageError
 from planner.core.specs import DType, ModelSpec, Precision
 
-OpKind = Literal["matmul", "attention", "norm", "elementwise", "allreduce"]
+OpKind = Literal["matmul", "attention", "norm", "elementwise", "allreduce", "host_transfer"]
 
 
 # --------------------------------------------------------------------------- parameters
@@ -522,6 +522,19 @@ def prefill_ops(m: ModelSpec, prec: Precision, *, batch: int, prompt_tokens: int
     """The prefill of ``batch`` prompts of ``prompt_tokens`` each, in one causal pass."""
     return step_ops(m, prec, batch=batch, new_tokens=prompt_tokens, past_tokens=0, tp=tp,
                     attention=attention, lm_head_sharded=lm_head_sharded)
+
+
+def host_transfer_ops(offload_bytes: float, passes: float = 1) -> list[Op]:
+    """The weights one GPU keeps in host memory (vLLM's cpu_offload_gb), brought over the host
+    link in each of ``passes`` forward passes: every pass reads them, and vLLM's offloaded
+    layers copy their parameters to the GPU (or read them in place over unified addressing)
+    before computing (vllm/model_executor/models/utils.py ``maybe_offload_to_cpu``). Timed
+    by ``planner.core.roofline.op_time`` at the link's bandwidth, in series with the step.
+    None without offloading."""
+    if not offload_bytes:
+        return []
+    return [Op("weights_from_host", "host_transfer", passes, flops=0.0,
+               comm_bytes=offload_bytes)]
 
 
 def total_flops(ops: list[Op]) -> float:

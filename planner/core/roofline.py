@@ -20,9 +20,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from functools import cached_property
 
-from planner.core.achievable import achievable
+from planner.core.achievable import achievable, host_link_bytes_per_s
 from planner.core.arith import vmax, vmin
 from planner.core.engine import IDEAL, Engine
+from planner.core.errors import UsageError
 from planner.core.ops import Op
 from planner.core.specs import Calibration, DType, HardwareSpec, Options
 
@@ -48,6 +49,8 @@ class Ceilings:
     gpus_per_node: int | None = None
     inter_node_bytes_per_s: float | None = None
     inter_node_latency_s: float | None = None
+    # one direction of the GPU's link to host memory (hardware_db ``host_link``); None: unknown
+    host_link_bytes_per_s: float | None = None
 
     def link(self, across_nodes: bool) -> tuple[float, float]:
         """(bytes/s one way per GPU, extra latency) of a transfer within a server, or between
@@ -112,6 +115,8 @@ def ceilings(hw: HardwareSpec, calibration: Calibration | None = None,
                     gpus_per_node=node.gpus_per_node if node is not None else None,
                     inter_node_bytes_per_s=inter.bandwidth_gb_per_s * 1e9 if inter else None,
                     inter_node_latency_s=(inter.latency_us or 0.0) * 1e-6 if inter else None,
+                    host_link_bytes_per_s=host_link_bytes_per_s(
+                        hw, engine.ceilings == "achievable"),
                     kernel_overhead_s=overhead, source=source, notes=tuple(notes),
                     bandwidth_source=bw_src, flops_source=tuple(src.items()),
                     allreduce_bus_bytes_per_s=ar_bus, allreduce_latency_s=ar_lat)
@@ -136,6 +141,8 @@ class OpTime:
     def bound(self) -> str:
         if self.op.kind == "allreduce":
             return "comm"
+        if self.op.kind == "host_transfer":
+            return "host link"
         return "compute" if self.compute_s > self.memory_s else "memory"
 
 
@@ -183,6 +190,12 @@ def op_time(op: Op, c: Ceilings, *, tp: int = 1, options: Options | None = None,
             bus, lat = link * frac, e.allreduce_latency_s + extra
         comm = (2 * (tp - 1) / tp * op.comm_bytes / bus + lat) if tp > 1 else 0.0
         return OpTime(op, 0.0, 0.0, comm * n, comm * n, frac, 1.0)
+    if op.kind == "host_transfer":
+        if not c.host_link_bytes_per_s:
+            raise UsageError("weights kept in host memory need the GPU's host link: its "
+                             "hardware file states no host_link", fields=("cpu_offload_gb",))
+        t = op.comm_bytes / c.host_link_bytes_per_s
+        return OpTime(op, 0.0, 0.0, t * n, t * n, kernels=0.0)
     bw_frac, c_frac = op_efficiency(op, e)
     flops = op.flops
     scalar_zero = isinstance(op.m_rows, (int, float)) and op.m_rows == 0

@@ -347,6 +347,26 @@ class SourcedFigure(_Frozen):
     note: str | None = None
 
 
+class HostLink(_Frozen):
+    """The GPU's link to its host's memory, one direction (PCIe, or NVLink-C2C to a Grace CPU):
+    what weights kept in host memory cross every forward pass (vLLM's cpu_offload_gb).
+    ``bandwidth_gb_per_s`` is the datasheet's figure for one direction; ``achievable`` what a
+    pinned host-to-device copy reaches (published, or a documented fraction marked
+    ``estimated``: planner/core/achievable.py)."""
+
+    kind: str  # pcie5-x16, pcie4-x16, nvlink-c2c, ...
+    bandwidth_gb_per_s: float = Field(gt=0, le=1_000_000)  # one direction
+    source: str = Field(min_length=1)
+    date: str | None = None
+    estimated: bool = False
+    note: str | None = None
+    achievable: SourcedFigure | None = None
+
+    @property
+    def bandwidth_bytes_per_s(self) -> float:
+        return self.bandwidth_gb_per_s * GB
+
+
 class Achievable(_Frozen):
     """What a published benchmark reaches on this GPU: copy bandwidth and the best dense
     matmul rate per precision (mamf-finder's "maximum achievable matmul FLOPS")."""
@@ -366,6 +386,7 @@ class HardwareSpec(_Frozen):
     memory_bandwidth_gb_per_s: float = Field(gt=0, le=1_000_000)
     peak_tflops: dict[DType, float]  # dense tensor-core TFLOP/s (TOPS for int8) per type
     interconnect: Interconnect
+    host_link: HostLink | None = None  # None: unknown (no --cpu-offload-gb)
     node: Node | None = None  # None: a single GPU or an unknown server
     tdp_w: float | None = Field(None, gt=0, le=100_000)  # None where no datasheet gives it
     price: Price | None = None
@@ -393,6 +414,11 @@ class HardwareSpec(_Frozen):
                 if peak is not None and fig.value > 1.05 * peak:
                     raise ValueError(f"achievable.matmul_tflops.{dt.value}: {fig.value:g} "
                                      f"exceeds the datasheet's dense {peak:g}")
+        h = self.host_link
+        if h is not None and h.achievable is not None and \
+                h.achievable.value > 1.05 * h.bandwidth_gb_per_s:
+            raise ValueError(f"host_link.achievable: {h.achievable.value:g} exceeds the "
+                             f"datasheet's {h.bandwidth_gb_per_s:g} GB/s")
         return self
 
     @property
@@ -473,8 +499,13 @@ class Options(_Frozen):
     # CUDA context, cuBLAS/NCCL workspaces and allocator slack (a 1 GiB default: a CUDA
     # context alone takes 300-500 MiB on recent drivers).
     reserve_bytes: float = Field(1 * GIB, ge=0)
-    # Fraction of device memory the engine may use (vLLM's gpu_memory_utilization default).
-    memory_utilization_frac: float = Field(0.9, gt=0, le=1)
+    # The engine's memory fraction (vLLM's gpu_memory_utilization, SGLang's mem_fraction_static,
+    # TensorRT-LLM's free_gpu_memory_fraction), on the engine's basis
+    # (planner.core.engine.MEMORY_BASES); None: the engine's default.
+    memory_utilization_frac: float | None = Field(None, gt=0, le=1)
+    # Weight bytes per GPU kept in host memory and brought over the host link every forward
+    # pass (vLLM's cpu_offload_gb, in bytes): that much less on the GPU, that much more KV.
+    cpu_offload_bytes: float = Field(0.0, ge=0)
     # Tokens prefilled per forward pass (vLLM's max_num_batched_tokens with chunked prefill;
     # 8192 is its V1 default for serving). Bounds prefill activations; None: the whole batch
     # at once. TTFT is still the time of all the batch's prefill FLOPs and bytes.

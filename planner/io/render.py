@@ -104,12 +104,24 @@ def _print_header(console: Console, e: Estimate) -> None:
                   f"attention: {e.options.attention}[/]")
 
 
+# what each memory basis's fraction is a fraction of (planner.core.engine.MEMORY_BASES)
+_BASIS_TEXT = {"total": "of capacity",
+               "static": "of capacity less the reserve, for weights and KV cache",
+               "free": "of what weights, activations and reserve leave, for KV cache"}
+
+
+def _usable_note(mem) -> str:
+    return f"{fmt.pct(mem.utilization_frac)} {_BASIS_TEXT[mem.utilization_basis]}"
+
+
 def _memory(e: Estimate) -> Table:
     mem = e.memory
     kc = e.kv_concurrency()
     fits = "[green]yes[/]" if mem.fits else "[red]NO[/]"
     return _section(f"Memory{' per GPU' if e.tp > 1 else ''}", [
-        ("weights", fmt.gib(mem.weights_bytes), f"{fmt.count(e.params)} params"),
+        ("weights", fmt.gib(mem.weights_bytes), f"{fmt.count(e.params)} params" + (
+            f"; {fmt.gib(mem.offloaded_weights_bytes)} more in host memory, over the host "
+            "link every step" if mem.offloaded_weights_bytes else "")),
         ("KV cache", fmt.gib(mem.kv_cache_bytes),
          f"{e.kv_cache_bytes_per_token / 1024:,.1f} KiB/token x {e.batch} x "
          f"{e.context_tokens} tokens{_window_note(e.model)}"),
@@ -117,8 +129,7 @@ def _memory(e: Estimate) -> Table:
         ("reserve", fmt.gib(mem.reserve_bytes), "CUDA context, workspaces"),
         ("total", fmt.gib(mem.total_bytes),
          f"{fmt.pct(mem.used_frac)} of {fmt.gib(mem.capacity_bytes)}"),
-        ("usable", fmt.gib(mem.usable_bytes),
-         f"{fmt.pct(e.options.memory_utilization_frac)} of capacity"),
+        ("usable", fmt.gib(mem.usable_bytes), _usable_note(mem)),
         ("fits", fits, ""),
         ("concurrency, paged KV", f"{kc.paged:,}",
          f"{kc.capacity_tokens:,} KV tokens in {kc.block_size}-token blocks; "
@@ -252,7 +263,7 @@ def operator_table(title: str, step: StepTime, width: int = 200) -> Table:
     for ot in step.ops:
         op = ot.op
         inten = op.intensity_flops_per_byte
-        comm = op.kind == "allreduce"
+        comm = op.kind in ("allreduce", "host_transfer")
         add(op.name, str(op.count), op.dtype.value, fmt.si(op.flops * op.count, ""),
             fmt.si(op.bytes * op.count, "B") if not comm
             else fmt.si(op.comm_bytes * op.count, "B"),

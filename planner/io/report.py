@@ -439,19 +439,18 @@ def _layout_memory(case: Case, batch: int):
         from planner.layouts.expert import expert_parallel
 
         r = expert_parallel(case.model, case.hw, prep, o, ep=case.ep, **kw)
-        w, kv, total = r.weights_bytes, r.kv_cache_bytes, r.total_bytes
+        w, kv, total, usable = r.weights_bytes, r.kv_cache_bytes, r.total_bytes, r.usable_bytes
     else:
         from planner.layouts.pipeline import pipeline
 
         r = pipeline(case.model, case.hw, prep, o, tp=case.tp, pp=case.pp, **kw)
         s = max(r.stages, key=lambda st: st.total_bytes)
-        w, kv, total = s.weights_bytes, s.kv_cache_bytes, s.total_bytes
+        w, kv, total, usable = s.weights_bytes, s.kv_cache_bytes, s.total_bytes, s.usable_bytes
     cap = case.hw.memory_bytes
     return SimpleNamespace(weights_bytes=w, kv_cache_bytes=kv,
                            activation_bytes=total - w - kv - o.reserve_bytes,
                            reserve_bytes=o.reserve_bytes, total_bytes=total, capacity_bytes=cap,
-                           usable_bytes=cap * o.memory_utilization_frac,
-                           fits=total <= cap * o.memory_utilization_frac)
+                           usable_bytes=usable, fits=total <= usable)
 
 
 def memory_table(case: Case) -> pd.DataFrame:
@@ -581,6 +580,16 @@ def plot_serving(cases: list[Case], df: pd.DataFrame, out_dir: Path) -> tuple[Pa
 # --------------------------------------------------------------------------- measurements
 
 
+def _finite_positive(*values) -> None:
+    """The figures a chart divides and plots: finite numbers above zero (a value of 400
+    digits or Infinity would reach the axes)."""
+    import math
+
+    for v in values:
+        if isinstance(v, bool) or not (math.isfinite(float(v)) and v > 0):
+            raise ValueError(f"{v!r} is not a finite positive number")
+
+
 def load_measured(path: Path) -> list[dict]:
     """Records of a `llmplan measure` JSONL file (a torn last line is skipped)."""
     import json
@@ -610,7 +619,11 @@ def load_measured(path: Path) -> list[dict]:
                 cal["tpot_s"] + cal["ttft_s"] + cal["decode_flops"] / cal["decode_weight_kv_bytes"]
                 rec["config"]["batch"] + rec["config"]["context"]
                 rec["config"]["weights"].upper()
-            except (KeyError, TypeError, AttributeError, ZeroDivisionError) as err:
+                _finite_positive(rec["measured"]["tpot_s"]["median_s"],
+                                 rec["measured"]["ttft_s"], cal["tpot_s"], cal["ttft_s"],
+                                 cal["decode_flops"], cal["decode_weight_kv_bytes"])
+            except (KeyError, TypeError, AttributeError, ZeroDivisionError, ValueError,
+                    OverflowError) as err:
                 raise SpecError(f"{path}: line {i}: not a `llmplan measure` record "
                                 f"({type(err).__name__}: {err})") from None
         recs.append(rec)

@@ -257,7 +257,7 @@ def derive(w: Window, setup) -> dict:
         per_token = kv_cache_bytes_per_token(m, p, tp=setup.tp)
         if w.kv_usage is not None:
             cap = kv_capacity_tokens(m, hw, p, tp=setup.tp, options=setup.options,
-                                     lm_head_sharded=e.lm_head_sharded)
+                                     lm_head_sharded=e.lm_head_sharded, engine=e)
             kv = w.kv_usage * cap * per_token * setup.tp
         else:
             kv = n * (prompt + gen / 2) * per_token * setup.tp

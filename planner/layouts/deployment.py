@@ -109,6 +109,7 @@ class Deployment:
         o = options or Options()
         layout.check(model)
         prep = prepare(hardware, precision or Precision(), calibration, o, engine)
+        check_offload(model, hardware, prep, layout, o)
         return cls(model, hardware, prep, layout, o, calibration)
 
     @property
@@ -129,6 +130,34 @@ class Deployment:
         o = self.options.model_copy(update=changes)
         return replace(self, options=o, prepared=prepare(
             self.hardware, self.prepared.precision, self.calibration, o, self.engine))
+
+
+def check_offload(model: ModelSpec, hardware: HardwareSpec, prep: Prepared, layout: Layout,
+                  o: Options) -> None:
+    """Weights kept in host memory (``Options.cpu_offload_bytes``): a tensor-parallel replica
+    (pipeline stages and expert parallelism hold other shares, not modelled with it), a GPU
+    whose host link hardware_db states, and no more than the decoder layers' weights one GPU
+    holds (all vLLM's cpu_offload_gb can move)."""
+    from planner.core.memory import offloadable_weight_bytes
+
+    off = o.cpu_offload_bytes
+    if not off:
+        return
+    gib = 2**30
+    if layout.pp > 1 or layout.ep > 1:
+        raise UsageError("cpu_offload_gb is modelled for tensor-parallel replicas only, not "
+                         "with pp or ep above 1", fields=("cpu_offload_gb", "pp", "ep"))
+    if hardware.host_link is None:
+        raise UsageError(f"cpu_offload_gb: {hardware.name}'s hardware file states no "
+                         "host_link (the link weights in host memory cross every step)",
+                         fields=("cpu_offload_gb",))
+    most = offloadable_weight_bytes(model, prep.precision, tp=layout.tp,
+                                    lm_head_sharded=prep.engine.lm_head_sharded)
+    if off > most:
+        raise UsageError(f"cpu_offload_gb: {off / gib:g} GiB is more than the {most / gib:.2f} "
+                         f"GiB of decoder-layer weights each GPU holds ({model.name}, tp "
+                         f"{layout.tp}); embeddings and lm_head stay on the GPU",
+                         fields=("cpu_offload_gb",))
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,14 @@ from planner.core.arith import vmax, vmin
 from planner.core.errors import UsageError
 from planner.core.estimate import Prepared
 from planner.core.headline import Headline
-from planner.core.memory import ROUTED, activation_bytes, kv_cache_bytes, weight_bytes_breakdown
+from planner.core.memory import (
+    ROUTED,
+    activation_bytes,
+    kv_cache_bytes,
+    memory_share,
+    usable_bytes,
+    weight_bytes_breakdown,
+)
 from planner.core.ops import StepShape, shape_ops
 from planner.core.roofline import op_time
 from planner.core.specs import HardwareSpec, ModelSpec, Options
@@ -61,6 +68,7 @@ class ExpertParallel:
     fixed_s: float
     crosses_node: bool
     ttft_s: float  # each GPU prefills its own sequences' prompts, the experts at the top load
+    usable_bytes: float = 0.0  # what the engine's memory fraction lets each GPU fill
 
     @property
     def imbalance(self):
@@ -175,7 +183,9 @@ def expert_parallel(m: ModelSpec, hw: HardwareSpec, prep: Prepared, o: Options, 
     act = activation_bytes(m, p, batch=b, prompt_tokens=prompt_tokens, attention=o.attention,
                            chunk_tokens=o.prefill_chunk_tokens)
     total = w + kv + act + o.reserve_bytes
+    frac, basis = memory_share(o, e, hw.memory_bytes)
+    usable = usable_bytes(hw.memory_bytes, weights_bytes=w, activation_bytes=act,
+                          reserve_bytes=o.reserve_bytes, frac=frac, basis=basis)
     fixed = e.step_overhead_s + e.per_sequence_overhead_s * b
-    return ExpertParallel(ep, b, batch * k / ep, top, w, kv, total,
-                          total <= hw.memory_bytes * o.memory_utilization_frac, dense, experts,
-                          a2a, fixed, x.crosses_node, ttft)
+    return ExpertParallel(ep, b, batch * k / ep, top, w, kv, total, total <= usable, dense, experts,
+                          a2a, fixed, x.crosses_node, ttft, usable)

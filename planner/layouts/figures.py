@@ -10,7 +10,9 @@ replica. Numbers, or broadcastable arrays (a sweep). Pure.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import reduce
 
+from planner.core.arith import vmin
 from planner.core.errors import UsageError
 from planner.core.estimate import Prepared
 from planner.core.headline import Headline
@@ -96,15 +98,19 @@ def layout_figures(m: ModelSpec, hw: HardwareSpec, prep: Prepared, o: Options, *
                             output_tokens=output_tokens)
         memory, extra = r.total_bytes, {"expert_imbalance": r.imbalance,
                                         "all_to_all_s": r.all_to_all_s}
+        usable = r.usable_bytes
     elif pp > 1:
         from planner.layouts.pipeline import pipeline
 
         r = pipeline(m, hw, prep, o, tp=tp, pp=pp, batch=batch, prompt_tokens=prompt_tokens,
                      output_tokens=output_tokens)
         memory, extra = r.max_memory_per_gpu_bytes, {"micro_batches": r.micro_batches}
+        # the stage with the least headroom under its own usable memory binds
+        headroom = reduce(vmin, (st.usable_bytes - st.total_bytes for st in r.stages))
+        usable = r.stages[0].usable_bytes if prep.engine.memory_basis == "total" else \
+            memory + headroom
     else:
         raise UsageError("layout_figures: a TP group alone is estimate's")
     return LayoutFigures(tp, pp, ep, batch, output_tokens, r.ttft_s, r.tpot_s,
-                         LayoutMemory(memory, hw.memory_bytes * o.memory_utilization_frac,
-                                      hw.memory_bytes),
+                         LayoutMemory(memory, usable, hw.memory_bytes),
                          price_usd_per_gpu_hour, extra)

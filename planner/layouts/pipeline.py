@@ -30,7 +30,13 @@ from planner.core.arith import vmax, vmin
 from planner.core.errors import UsageError
 from planner.core.estimate import Prepared
 from planner.core.headline import Headline
-from planner.core.memory import activation_bytes, kv_cache_bytes, weight_bytes_breakdown
+from planner.core.memory import (
+    activation_bytes,
+    kv_cache_bytes,
+    memory_share,
+    usable_bytes,
+    weight_bytes_breakdown,
+)
 from planner.core.ops import Op, decode_ops, prefill_ops
 from planner.core.roofline import op_time
 from planner.core.specs import HardwareSpec, ModelSpec, Options, Precision
@@ -100,6 +106,7 @@ class Stage:
     prefill_s: float  # the batch's prefill through this stage
     send_s: float  # hidden state to the next stage (0 for the last)
     crosses_node: bool
+    usable_bytes: float = 0.0  # what the engine's memory fraction lets this GPU fill
 
 
 @dataclass(frozen=True)
@@ -193,7 +200,7 @@ def pipeline(m: ModelSpec, hw: HardwareSpec, prep: Prepared, o: Options, *, tp: 
                       attention=o.attention, lm_head_sharded=sharded)
     act = activation_bytes(m, p, batch=batch, prompt_tokens=prompt_tokens, tp=tp,
                            attention=o.attention, chunk_tokens=o.prefill_chunk_tokens)
-    usable = hw.memory_bytes * o.memory_utilization_frac
+    frac, basis = memory_share(o, e, hw.memory_bytes)
     per_node = c.gpus_per_node
     stages: list[Stage] = []
     links: list[tuple[float, float]] = []
@@ -203,6 +210,8 @@ def pipeline(m: ModelSpec, hw: HardwareSpec, prep: Prepared, o: Options, *, tp: 
         kv = kv_cache_bytes(m, p, batch=batch, seq_len=prompt_tokens + output_tokens, tp=tp,
                             layers=range(s, t))
         total = w + kv + act + o.reserve_bytes
+        usable = usable_bytes(hw.memory_bytes, weights_bytes=w, activation_bytes=act,
+                              reserve_bytes=o.reserve_bytes, frac=frac, basis=basis)
 
         def timed(ops: list[Op], graphed: bool, s=s, t=t, first=first, last=last) -> float:
             return sum(op_time(op, c, tp=tp, options=o, engine=e, graphed=graphed).time_s
@@ -214,7 +223,8 @@ def pipeline(m: ModelSpec, hw: HardwareSpec, prep: Prepared, o: Options, *, tp: 
         links.append((link, lat))
         send = 0.0 if last else 2 * mb * m.hidden_size * p.activation_bytes / link + lat
         stages.append(Stage(i, (s, t), w, kv, act, total, total <= usable,
-                            timed(dec, e.cuda_graphs), timed(pre, False), send, crosses))
+                            timed(dec, e.cuda_graphs), timed(pre, False), send, crosses,
+                            usable))
     fixed = e.step_overhead_s + e.per_sequence_overhead_s * mb
     traverse = sum(st.decode_s + st.send_s for st in stages) + fixed
     # the host prepares one micro-batch while the GPUs run the others: a cycle is bound by

@@ -218,7 +218,7 @@ def speculate(m: ModelSpec, hw: HardwareSpec, prep: Prepared, o: Options, *, tp:
     w, kv = _extra_memory(m, prep, tp, cfg, batch, seq)
     mem = memory_plan(m, hw, prep.precision, batch=batch, prompt_tokens=prompt_tokens,
                       output_tokens=output_tokens, tp=tp, options=o,
-                      lm_head_sharded=prep.engine.lm_head_sharded)
+                      lm_head_sharded=prep.engine.lm_head_sharded, engine=prep.engine)
     fits = mem.total_bytes + w + kv <= mem.usable_bytes
     points, b, breakeven = [], 1, None
     while b <= max(mem.max_batch, 1):

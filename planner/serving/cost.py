@@ -29,7 +29,7 @@ from dataclasses import replace
 
 from planner.core.engine import Engine
 from planner.core.estimate import Prepared
-from planner.core.ops import Op, StepShape, shape_ops
+from planner.core.ops import Op, StepShape, host_transfer_ops, shape_ops
 from planner.core.roofline import combine, op_time
 from planner.core.specs import HardwareSpec, ModelSpec, Options
 from planner.layouts.pipeline import stage_ops
@@ -148,6 +148,7 @@ class StepCoster:
         ops = shape_ops(self.model, self.prep.precision, shape, tp=self.tp,
                         attention=self.options.attention,
                         lm_head_sharded=self.engine.lm_head_sharded)
+        ops += host_transfer_ops(self.options.cpu_offload_bytes)  # once per forward pass
         if self.stage is not None:
             ops = stage_ops(ops, self.model, *self.stage)
         return {op.name: op for op in ops}
@@ -256,4 +257,5 @@ class StepCoster:
         return kv_capacity_tokens(self.model, self.hardware, self.prep.precision, tp=self.tp,
                                   options=self.options,
                                   lm_head_sharded=self.engine.lm_head_sharded,
-                                  max_num_seqs=max_num_seqs, step_tokens=step_tokens)
+                                  max_num_seqs=max_num_seqs, step_tokens=step_tokens,
+                                  engine=self.engine)

@@ -39,8 +39,10 @@ from planner.core.estimate import Prepared
 from planner.core.memory import (
     ROUTED,
     activation_bytes,
+    kv_budget_bytes,
     kv_cache_bytes_per_token,
     kv_elements_per_token_per_layer,
+    memory_share,
     weight_bytes_breakdown,
 )
 from planner.core.ops import StepShape, check_tp
@@ -104,14 +106,17 @@ class PipelineCoster(_Layout):
         """The tightest stage's: its free memory over its layers' KV bytes per token (every
         layer caching the whole context, as the simulator's pool does)."""
         m, p, o = self.model, self.prep.precision, self.options
-        usable = self.hardware.memory_bytes * o.memory_utilization_frac
+        frac, basis = memory_share(o, self.engine, self.hardware.memory_bytes)
         act = self._activation_bytes(max_num_seqs, step_tokens, self.tp)
         per_layer = kv_elements_per_token_per_layer(m, self.tp) * p.kv_bytes
         out = None
         for i, (s, t) in enumerate(self.ranges):
             w = weights_of_stage(m, p, self.tp, s, t, i == 0, i == self.pp - 1,
                                  lm_head_sharded=self.engine.lm_head_sharded)
-            n = max(0, int((usable - w - act - o.reserve_bytes) // ((t - s) * per_layer)))
+            budget = kv_budget_bytes(self.hardware.memory_bytes, weights_bytes=w,
+                                     activation_bytes=act, reserve_bytes=o.reserve_bytes,
+                                     frac=frac, basis=basis)
+            n = max(0, int(budget // ((t - s) * per_layer)))
             out = n if out is None else min(out, n)
         return out or 0
 
@@ -156,8 +161,9 @@ class ExpertCoster(_Layout):
         bd = weight_bytes_breakdown(m, p, lm_head_sharded=self.engine.lm_head_sharded)
         w = sum(v / (self.ep if key in ROUTED else 1) for key, v in bd.items())
         act = self._activation_bytes(max_num_seqs, step_tokens, 1)
-        free = self.hardware.memory_bytes * o.memory_utilization_frac - w - act - \
-            o.reserve_bytes
+        frac, basis = memory_share(o, self.engine, self.hardware.memory_bytes)
+        free = kv_budget_bytes(self.hardware.memory_bytes, weights_bytes=w, activation_bytes=act,
+                               reserve_bytes=o.reserve_bytes, frac=frac, basis=basis)
         return self.ep * max(0, int(free // kv_cache_bytes_per_token(m, p)))
 
 

@@ -1,0 +1,218 @@
+"""Serving engines' own flag names and what each stands for here: one table.
+
+The CLI accepts vLLM's names beside its own (``--tensor-parallel-size`` / ``-tp`` for ``--tp``,
+``--gpu-memory-utilization`` for ``--memory-utilization``, ...), and the replay of a published
+serving run reads its server command (vLLM's, SGLang's or trtllm-serve's) with the same table,
+so a name means one thing wherever llmplan meets it. Each entry names the engine's argument
+definition it was read from.
+
+Our options an engine flag stands for (``EngineFlag.ours``): ``--tp``, ``--pp``,
+``--memory-utilization`` (on the engine's own basis: ``planner.core.engine.MEMORY_BASES``),
+``--kv-cache``, ``--weights``, ``--dtype`` (the 16-bit type), ``--chunked-prefill``,
+``--enforce-eager`` (no CUDA graphs), ``--cpu-offload-gb``, ``--max-num-seqs``,
+``--max-num-batched-tokens``, ``--block-size``, ``--prefix-cache`` (automatic prefix
+caching, True or False here) and ``--mixed-batches`` (prefill chunks beside decodes).
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass
+
+from planner.core.errors import LlmplanError
+
+VLLM_ARGS = "https://github.com/vllm-project/vllm/blob/v0.11.0/vllm/engine/arg_utils.py"
+VLLM_CACHE = ("https://github.com/vllm-project/vllm/blob/"
+              "c1d86421174a87056edc90a41dc9942391509e84/vllm/config/cache.py")
+SGLANG_ARGS = "https://github.com/sgl-project/sglang/blob/v0.5.3/python/sglang/srt/server_args.py"
+TRTLLM_SERVE = ("https://github.com/NVIDIA/TensorRT-LLM/blob/"
+                "0004396720054fd8e205cbf616f21f0b57c6b412/tensorrt_llm/commands/serve.py")
+
+# vLLM's CacheDType (vllm/config/cache.py), with SGLang's bf16 spellings: auto keeps the
+# model's 16-bit type; fp8 is e4m3 (fp8_inc is Gaudi's), stored in one byte like e5m2
+KV_CACHE_DTYPES: dict[str, str | None] = {
+    "auto": None, "bfloat16": "bf16", "bf16": "bf16", "float16": "fp16", "fp16": "fp16",
+    "fp8": "fp8", "fp8_e4m3": "fp8", "fp8_e5m2": "fp8", "fp8_inc": "fp8"}
+# vLLM's --quantization where it names one storage type: AWQ and GPTQ checkpoints are 4-bit
+# with groups of 128 (llmplan's default --group-size; an 8-bit GPTQ checkpoint is --weights
+# int8); every other method has no single equivalent here and is refused by name
+QUANTIZATIONS: dict[str, str] = {
+    "fp8": "fp8", "awq": "int4", "awq_marlin": "int4", "gptq": "int4", "gptq_marlin": "int4",
+    "mxfp4": "mxfp4"}
+# vLLM's --dtype: the type of everything not quantized (float32 is not planned for)
+DTYPES: dict[str, str | None] = {
+    "auto": None, "bfloat16": "bf16", "float16": "fp16", "half": "fp16"}
+
+
+@dataclass(frozen=True)
+class EngineFlag:
+    """One engine flag: ``names`` as the engines spell it, the option of ours it stands for,
+    and how its value reads: ``value`` for a flag that takes none (what it sets ours to),
+    else ``choices`` (the engine's values -> ours) or a number of ``number`` type."""
+
+    names: tuple[str, ...]
+    ours: str
+    engines: tuple[str, ...]
+    source: str
+    value: object = None
+    choices: dict | None = None
+    number: type | None = None
+
+    @property
+    def takes_value(self) -> bool:
+        return self.value is None
+
+    def read(self, text: str, name: str | None = None) -> object:
+        """The engine's value as ours; ``LlmplanError`` naming the flag (as ``name`` spells
+        it) when it is not one."""
+        name = name or self.names[0]
+        if self.choices is not None:
+            if text not in self.choices:
+                raise LlmplanError(f"{name}: '{text}' is not one of "
+                                   f"{', '.join(self.choices)} (the values llmplan maps)")
+            return self.choices[text]
+        try:
+            return (self.number or str)(text)
+        except ValueError:
+            raise LlmplanError(f"{name}: '{text}' is not a number") from None
+
+
+V, S, T = ("vllm",), ("sglang",), ("trtllm",)
+VS = ("vllm", "sglang")
+FLAGS: tuple[EngineFlag, ...] = (
+    # vLLM (EngineArgs.add_cli_args; CacheConfig for the KV-cache and offload fields)
+    EngineFlag(("--tensor-parallel-size", "-tp"), "--tp", VS, VLLM_ARGS, number=int),
+    EngineFlag(("--pipeline-parallel-size", "-pp"), "--pp", V, VLLM_ARGS, number=int),
+    EngineFlag(("--gpu-memory-utilization",), "--memory-utilization", V, VLLM_CACHE,
+               number=float),
+    EngineFlag(("--kv-cache-dtype",), "--kv-cache", VS, VLLM_CACHE, choices=KV_CACHE_DTYPES),
+    EngineFlag(("--quantization", "-q"), "--weights", VS, VLLM_ARGS, choices=QUANTIZATIONS),
+    EngineFlag(("--dtype",), "--dtype", VS, VLLM_ARGS, choices=DTYPES),
+    EngineFlag(("--enable-chunked-prefill",), "--chunked-prefill", V, VLLM_ARGS, value=True),
+    EngineFlag(("--no-enable-chunked-prefill",), "--chunked-prefill", V, VLLM_ARGS,
+               value=False),
+    EngineFlag(("--enforce-eager",), "--enforce-eager", V, VLLM_ARGS, value=True),
+    EngineFlag(("--cpu-offload-gb",), "--cpu-offload-gb", VS, VLLM_CACHE, number=float),
+    EngineFlag(("--max-num-seqs",), "--max-num-seqs", V, VLLM_ARGS, number=int),
+    EngineFlag(("--max-num-batched-tokens",), "--max-num-batched-tokens", V, VLLM_ARGS,
+               number=int),
+    EngineFlag(("--block-size",), "--block-size", V, VLLM_ARGS, number=int),
+    EngineFlag(("--enable-prefix-caching",), "--prefix-cache", V, VLLM_ARGS, value=True),
+    EngineFlag(("--no-enable-prefix-caching",), "--prefix-cache", V, VLLM_ARGS, value=False),
+    # SGLang (ServerArgs.add_cli_args); argparse also takes --tp for --tp-size
+    EngineFlag(("--tp-size", "--tp"), "--tp", S, SGLANG_ARGS, number=int),
+    EngineFlag(("--pp-size",), "--pp", S, SGLANG_ARGS, number=int),
+    EngineFlag(("--mem-fraction-static",), "--memory-utilization", S, SGLANG_ARGS,
+               number=float),
+    EngineFlag(("--chunked-prefill-size",), "--max-num-batched-tokens", S, SGLANG_ARGS,
+               number=int),
+    EngineFlag(("--max-running-requests",), "--max-num-seqs", S, SGLANG_ARGS, number=int),
+    EngineFlag(("--disable-cuda-graph",), "--enforce-eager", S, SGLANG_ARGS, value=True),
+    EngineFlag(("--page-size",), "--block-size", S, SGLANG_ARGS, number=int),
+    EngineFlag(("--disable-radix-cache",), "--prefix-cache", S, SGLANG_ARGS, value=False),
+    EngineFlag(("--enable-mixed-chunk",), "--mixed-batches", S, SGLANG_ARGS, value=True),
+    # trtllm-serve (tensorrt_llm/commands/serve.py)
+    EngineFlag(("--tp_size",), "--tp", T, TRTLLM_SERVE, number=int),
+    EngineFlag(("--pp_size",), "--pp", T, TRTLLM_SERVE, number=int),
+    EngineFlag(("--kv_cache_free_gpu_memory_fraction",), "--memory-utilization", T,
+               TRTLLM_SERVE, number=float),
+    EngineFlag(("--max_batch_size",), "--max-num-seqs", T, TRTLLM_SERVE, number=int),
+    EngineFlag(("--max_num_tokens",), "--max-num-batched-tokens", T, TRTLLM_SERVE, number=int),
+    EngineFlag(("--enable_chunked_prefill",), "--chunked-prefill", T, TRTLLM_SERVE,
+               value=True),
+)
+BY_NAME: dict[str, EngineFlag] = {n: f for f in FLAGS for n in f.names}
+
+
+def cli_aliases(ours: str) -> tuple[str, ...]:
+    """vLLM's names for one of our options, as the CLI accepts them beside ours."""
+    return tuple(n for f in FLAGS if f.ours == ours and "vllm" in f.engines
+                 and f.takes_value for n in f.names)
+
+
+# Our options whose vLLM names share one parameter (the CLI's parser keeps the last of them):
+# a command line that gives two of them different values is refused (``check_duplicates``),
+# with our own spellings of the boolean ones
+SAME_PARAMETER: dict[str, dict[str, object]] = {
+    "--tp": {n: None for n in ("--tp", *cli_aliases("--tp"))},
+    "--pp": {n: None for n in ("--pp", *cli_aliases("--pp"))},
+    "--memory-utilization": {n: None for n in ("--memory-utilization",
+                                               *cli_aliases("--memory-utilization"))},
+    "--chunked-prefill": {"--chunked-prefill": True, "--no-chunked-prefill": False,
+                          "--enable-chunked-prefill": True,
+                          "--no-enable-chunked-prefill": False},
+    "--cpu-offload-gb": {"--cpu-offload-gb": None},
+}
+
+
+def check_duplicates(argv: list[str]) -> None:
+    """Refuse a command line that gives one option twice with different values under any of
+    its names (``--tp 2 --tensor-parallel-size 4``, ``--chunked-prefill
+    --no-enable-chunked-prefill``): the parser would silently keep the last."""
+    seen: dict[str, tuple[str, str]] = {}
+    for i, word in enumerate(argv):
+        if word == "--":
+            break
+        name, eq, inline = word.partition("=")
+        for ours, names in SAME_PARAMETER.items():
+            if name not in names:
+                continue
+            flag_value = names[name]
+            if flag_value is not None:
+                value = str(flag_value)
+            elif eq:
+                value = inline
+            elif i + 1 < len(argv):
+                value = argv[i + 1]
+            else:
+                continue
+            said = f"{name} {value}" if flag_value is None else name
+            if ours in seen and not _same(seen[ours][0], value):
+                raise LlmplanError(f"{seen[ours][1]} and {said} disagree: give {ours} once")
+            seen.setdefault(ours, (value, said))
+
+
+def _same(a: str, b: str) -> bool:
+    """Two spellings of one value: 0.9 and 0.90 are the same number."""
+    try:
+        return float(a) == float(b)
+    except ValueError:
+        return a == b
+
+
+def server_flags(command: str | None) -> dict[str, object]:
+    """What a server command line (vLLM's, SGLang's or trtllm-serve's) sets, keyed by our
+    option (``{"--tp": 8, "--max-num-batched-tokens": 4096}``); flags llmplan does not model
+    are passed over. SGLang's ``--chunked-prefill-size`` -1 (or 0) turns chunking off."""
+    out: dict[str, object] = {}
+    if not command:
+        return out
+    try:
+        words = shlex.split(command)
+    except ValueError:
+        words = command.split()
+    i = 0
+    while i < len(words):
+        name, eq, inline = words[i].partition("=")
+        f = BY_NAME.get(name)
+        i += 1
+        if f is None:
+            continue
+        if not f.takes_value:
+            value = f.value
+        else:
+            if eq:
+                text = inline
+            elif i < len(words):
+                text, i = words[i], i + 1
+            else:
+                raise LlmplanError(f"{name}: no value in the server command")
+            value = f.read(text, name)
+        ours = f.ours
+        if f.names[0] == "--chunked-prefill-size" and isinstance(value, int) and value <= 0:
+            ours, value = "--chunked-prefill", False
+        if ours in out and out[ours] != value:
+            raise LlmplanError(f"the server command gives {ours} twice: {out[ours]} and "
+                               f"{value}")
+        out[ours] = value
+    return out
