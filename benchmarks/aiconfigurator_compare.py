@@ -151,7 +151,14 @@ def ours(c: Case) -> dict:
     j = json.loads(p.stdout)
     return {"our_ttft_s": j["ttft_s"], "our_tpot_s": j["tpot_s"], "our_fits": j["fits"],
             "our_decode_overhead_s": j.get("decode_overhead_s"),
-            "our_engine": f"{j['engine']['name']}: {j['engine']['version']}", "our_error": ""}
+            "our_engine": j["engine"]["name"], "our_error": ""}
+
+
+def _git_describe() -> str:
+    """The llmplan commit the figures come from (engine profiles included), `-dirty` if edited."""
+    p = subprocess.run(["git", "describe", "--always", "--dirty"], capture_output=True,
+                       text=True, cwd=ROOT)
+    return p.stdout.strip() or "unknown"
 
 
 def _ratio(a, b):
@@ -161,7 +168,8 @@ def _ratio(a, b):
 def run(cases: list[Case], jobs: int) -> list[dict]:
     cli_estimate = require_aiconfigurator()
     import importlib.metadata as md
-    stamp = {"aiconfigurator_version": md.version("aiconfigurator"),
+    stamp = {"llmplan_commit": _git_describe(),
+             "aiconfigurator_version": md.version("aiconfigurator"),
              "aiconfigurator_core_version": md.version("aiconfigurator-core"),
              "bench_version": BENCH_VERSION,
              "date": dt.date.today().isoformat()}
@@ -181,8 +189,16 @@ COLUMNS = ["backend", "model", "gpu", "tp", "weights", "batch", "isl", "osl",
            "their_ttft_s", "our_ttft_s", "ttft_ratio", "their_tpot_s", "our_tpot_s",
            "tpot_ratio", "their_fits", "our_fits", "their_ttft_silicon_frac",
            "their_tpot_silicon_frac", "our_decode_overhead_s", "their_db", "our_engine",
-           "their_error", "our_error", "aiconfigurator_version", "aiconfigurator_core_version",
-           "bench_version", "date"]
+           "their_error", "our_error", "llmplan_commit", "aiconfigurator_version",
+           "aiconfigurator_core_version", "bench_version", "date"]
+
+
+def _cell(v) -> str:
+    if v is None:
+        return ""
+    if isinstance(v, float):
+        return f"{v:.6g}"
+    return str(v)
 
 
 def write_csv(rows: list[dict], path: Path) -> None:
@@ -191,19 +207,25 @@ def write_csv(rows: list[dict], path: Path) -> None:
         w = csv.DictWriter(f, fieldnames=COLUMNS, extrasaction="ignore")
         w.writeheader()
         for r in rows:
-            w.writerow({k: ("" if r.get(k) is None else r.get(k)) for k in COLUMNS})
+            w.writerow({k: _cell(r.get(k)) for k in COLUMNS})
 
 
 def read_csv(path: Path) -> list[dict]:
-    def parse(v: str):
-        if v in ("True", "False"):
+    """Rows as `run` returns them: counts as int, times and ratios as float, flags as bool."""
+    ints = {"tp", "batch", "isl", "osl", "bench_version"}
+    bools = {"their_fits", "our_fits"}
+    floats = {k for k in COLUMNS if k.endswith(("_s", "_ratio", "_frac"))}
+
+    def parse(k: str, v: str):
+        if v == "":
+            return None
+        if k in ints:
+            return int(v)
+        if k in bools:
             return v == "True"
-        try:
-            return float(v) if any(ch in v for ch in ".e") else int(v)
-        except ValueError:
-            return v if v != "" else None
+        return float(v) if k in floats else v
     with path.open(newline="") as f:
-        return [{k: parse(v) for k, v in r.items()} for r in csv.DictReader(f)]
+        return [{k: parse(k, v) for k, v in r.items()} for r in csv.DictReader(f)]
 
 
 def _ms(x) -> str:
