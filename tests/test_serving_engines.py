@@ -32,7 +32,7 @@ OPTS = Options()
 def vllm():
     m, hw = catalog.load_model("llama-3.1-8b"), catalog.load_hardware("h100-sxm")
     eng = replace(catalog.load_engine("vllm"), request_overhead_s=0.0,
-                  prompt_token_overhead_s=0.0)
+                  prompt_token_overhead_s=0.0, frontend_request_s=0.0, frontend_token_s=0.0)
     prep = prepare(hw, Precision(), None, OPTS, eng)
     return eng, StepCoster(m, hw, prep, OPTS)
 

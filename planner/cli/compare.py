@@ -81,7 +81,8 @@ def server_overrides(command: str | None) -> dict:
 ENGINE_FIELDS = {"--max-num-seqs": "max_num_seqs",
                  "--max-num-batched-tokens": "max_num_batched_tokens",
                  "--block-size": "block_size", "--chunked-prefill": "chunked_prefill",
-                 "--prefix-cache": "prefix_caching", "--mixed-batches": "mixed_batches"}
+                 "--prefix-cache": "prefix_caching", "--mixed-batches": "mixed_batches",
+                 "--api-server-count": "api_servers"}
 
 
 def _agree(ours: str, theirs, given, what: str) -> None:

@@ -11,7 +11,8 @@ Our options an engine flag stands for (``EngineFlag.ours``): ``--tp``, ``--pp``,
 ``--kv-cache``, ``--weights``, ``--dtype`` (the 16-bit type), ``--chunked-prefill``,
 ``--enforce-eager`` (no CUDA graphs), ``--cpu-offload-gb``, ``--max-num-seqs``,
 ``--max-num-batched-tokens``, ``--block-size``, ``--prefix-cache`` (automatic prefix
-caching, True or False here) and ``--mixed-batches`` (prefill chunks beside decodes).
+caching, True or False here), ``--mixed-batches`` (prefill chunks beside decodes) and
+``--api-server-count`` (API-server processes: ``planner.serving.frontend``).
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ from planner.core.errors import LlmplanError
 VLLM_ARGS = "https://github.com/vllm-project/vllm/blob/v0.11.0/vllm/engine/arg_utils.py"
 VLLM_CACHE = ("https://github.com/vllm-project/vllm/blob/"
               "c1d86421174a87056edc90a41dc9942391509e84/vllm/config/cache.py")
+# --api-server-count (PR #17546, vLLM 0.9): API-server processes in front of the engine
+VLLM_API_SERVERS = "https://github.com/vllm-project/vllm/pull/17546"
 SGLANG_ARGS = "https://github.com/sgl-project/sglang/blob/v0.5.3/python/sglang/srt/server_args.py"
 TRTLLM_SERVE = ("https://github.com/NVIDIA/TensorRT-LLM/blob/"
                 "0004396720054fd8e205cbf616f21f0b57c6b412/tensorrt_llm/commands/serve.py")
@@ -98,6 +101,8 @@ FLAGS: tuple[EngineFlag, ...] = (
                number=int),
     EngineFlag(("--block-size",), "--block-size", V, VLLM_ARGS, number=int),
     EngineFlag(("--enable-prefix-caching",), "--prefix-cache", V, VLLM_ARGS, value=True),
+    EngineFlag(("--api-server-count", "-asc"), "--api-server-count", V, VLLM_API_SERVERS,
+               number=int),
     EngineFlag(("--no-enable-prefix-caching",), "--prefix-cache", V, VLLM_ARGS, value=False),
     # SGLang (ServerArgs.add_cli_args); argparse also takes --tp for --tp-size
     EngineFlag(("--tp-size", "--tp"), "--tp", S, SGLANG_ARGS, number=int),

@@ -239,6 +239,11 @@ def simulate(
         help="Prefill chunks share a step with the running decodes (vLLM, TensorRT-LLM), "
         "or a step that prefills runs no decodes (SGLang without --enable-mixed-chunk). "
         "Default: the engine's.")] = None,
+    api_server_count: Annotated[Optional[int], typer.Option(
+        "--api-server-count", "-asc",
+        help="API-server processes in front of the engine (vLLM's --api-server-count): they "
+        "share the profile's per-request and per-token API-server time, which caps the "
+        "requests a second admitted and the tokens a second streamed. Default 1.")] = None,
     kv_layout: Annotated[KVLayout, typer.Option(
         help="paged: blocks on demand; contiguous: max-model-len reserved per request.")] =
     KVLayout.paged,
@@ -357,6 +362,8 @@ def _scheduler(dep, a: dict):
     given = {k: a[k] for k in ("max_num_seqs", "max_num_batched_tokens", "block_size",
                                "chunked_prefill", "capacity_policy", "mixed_batches")
              if a[k] is not None}
+    if a["api_server_count"] is not None:
+        given["api_servers"] = a["api_server_count"]
     if a["prefix_cache"] is not None:
         if a["prefix_cache"] not in ("on", "off"):
             raise LlmplanError(f"--prefix-cache: must be on or off, got {a['prefix_cache']!r}")
@@ -459,7 +466,9 @@ def _result(dep, cfg, reqs, sp, d: dict, *, request_rate, burstiness, max_concur
             "weights": prec.weights.value, "quantized_layers": prec.quantized_layers,
             "kv_cache": prec.kv_cache.value, "scheduler": cfg.kind, "kv_layout": cfg.kv_layout,
             "capacity_policy": cfg.capacity_policy, "mixed_batches": cfg.mixed_batches,
-            "prefix_caching": cfg.prefix_caching,
+            "prefix_caching": cfg.prefix_caching, "api_servers": cfg.api_servers,
+            "api_server_request_s": dep.engine.frontend_request_s,
+            "api_server_token_s": dep.engine.frontend_token_s,
             # as vLLM's result file writes it: a number, or "inf"
             "request_rate": None if max_concurrency is not None else
             (request_rate if math.isfinite(request_rate) else "inf"),
@@ -503,6 +512,19 @@ def _spec_line(sp: dict) -> str:
             f"request{mem}")
 
 
+def _api_line(d: dict) -> str:
+    """The engine's API server: its capacity and whether it set the pace."""
+    n, a, t = d["api_servers"], d["api_server_request_s"], d["api_server_token_s"]
+    cap = []
+    if a:
+        cap.append(f"admits up to {n / a:,.0f} req/s")
+    if t:
+        cap.append(f"streams up to {n / t:,.0f} tok/s")
+    return (f"{n} process{'es' if n > 1 else ''} ({', '.join(cap)}); requests waited "
+            f"{d['mean_api_server_wait_s'] * 1e3:,.1f} ms mean for it; its streaming set the "
+            f"pace {d['api_server_stream_bound_frac']:.0%} of the run")
+
+
 def _prefix_line(d: dict) -> str:
     if not d["prefix_caching"]:
         return "off"
@@ -544,6 +566,8 @@ def _render(d: dict) -> None:
                      f"{fmt.pct(d['kv_cache_reserved_frac_peak'])} peak"],
         ["preemptions", f"{d['preemptions']:,}"],
         ["prefix cache", _prefix_line(d)],
+        *([["API server", _api_line(d)]] if d["api_server_request_s"] or d["api_server_token_s"]
+          else []),
         *([["refused", f"{d['failed']:,}: {d['failed_reason']}"]] if d.get("failed")
           else []),
     ], left=2))

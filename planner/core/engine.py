@@ -293,6 +293,10 @@ class EngineSpec(_Frozen):
     # first token's detokenization and streaming; and tokenization per prompt token
     request_overhead_us: Num | None = None
     prompt_token_overhead_us: Num | None = None
+    # the API server's CPU time, serial within its process (``planner.serving.frontend``): per
+    # request before the engine sees it, and per output token streamed
+    frontend_request_us: Num | None = None
+    frontend_token_us: Num | None = None
     kernel_gap_us: Num  # device-side fixed cost per kernel
     host_launch_us: Num  # host cost per kernel launched outside a graph
     kernels: Kernels
@@ -378,6 +382,10 @@ class EngineSpec(_Frozen):
                                 else self.request_overhead_us.value / 1e6),
             prompt_token_overhead_s=(0.0 if self.prompt_token_overhead_us is None
                                      else self.prompt_token_overhead_us.value / 1e6),
+            frontend_request_s=(0.0 if self.frontend_request_us is None
+                                else self.frontend_request_us.value / 1e6),
+            frontend_token_s=(0.0 if self.frontend_token_us is None
+                              else self.frontend_token_us.value / 1e6),
             kernel_gap_s=self.kernel_gap_us.value / 1e6,
             host_launch_s=self.host_launch_us.value / 1e6,
             kernels=tuple(sorted(self.kernels.value.items())),
@@ -449,6 +457,9 @@ class Engine:
     cuda_graphs: bool = True
     request_overhead_s: float = 0.0  # per request, on its first token (and so its latency)
     prompt_token_overhead_s: float = 0.0  # per prompt token (tokenization), likewise
+    frontend_request_s: float = 0.0  # API-server CPU per request, serial (a queue)
+    frontend_token_s: float = 0.0  # API-server CPU per output token streamed, serial
+    api_servers: int = 1  # API-server processes sharing that work (vLLM's --api-server-count)
     kernel_gap_s: float = 0.0
     host_launch_s: float = 0.0
     kernels: tuple[tuple[str, float], ...] = ()
@@ -509,9 +520,12 @@ class Engine:
                 return round((memory_bytes - reserve) / memory_bytes, 3)
         return self.memory_utilization_frac
 
-    def request_path_s(self, prompt_tokens: float) -> float:
-        """The request path's cost outside the engine's steps, added to a request's TTFT."""
-        return self.request_overhead_s + self.prompt_token_overhead_s * prompt_tokens
+    def request_path_s(self, prompt_tokens: float, *, admitted: bool = False) -> float:
+        """The request path's cost outside the engine's steps, added to a request's TTFT: the
+        fixed path, tokenization, and the API server's own handling of the request as an idle
+        server gives it (``admitted``: left out, where the simulator queues it)."""
+        return (self.request_overhead_s + self.prompt_token_overhead_s * prompt_tokens
+                + (0.0 if admitted else self.frontend_request_s))
 
     def kernels_for(self, name: str, kind: str) -> float:
         km = dict(self.kernels)

@@ -40,6 +40,9 @@ class SchedulerConfig:
     # automatic prefix caching: a request finds its shared prefix's blocks computed (paged KV
     # under continuous batching; ignored otherwise)
     prefix_caching: bool = False
+    # API-server processes in front of the engine (vLLM's --api-server-count): they share the
+    # per-request and per-token work of the profile's front end (``planner.serving.frontend``)
+    api_servers: int = 1
 
     @classmethod
     def for_engine(cls, e, **overrides) -> SchedulerConfig:
@@ -49,7 +52,7 @@ class SchedulerConfig:
               "max_num_batched_tokens": e.max_num_batched_tokens,
               "block_size": e.block_size, "chunked_prefill": e.chunked_prefill,
               "capacity_policy": e.capacity_policy, "mixed_batches": e.mixed_batches,
-              "prefix_caching": e.prefix_caching,
+              "prefix_caching": e.prefix_caching, "api_servers": e.api_servers,
               **overrides}
         if "graph_sizes" not in kw and e.cuda_graphs and e.graph_rule is not None:
             kw["graph_sizes"] = graph_sizes(e.graph_rule, kw["max_num_seqs"],
@@ -58,7 +61,7 @@ class SchedulerConfig:
 
     def check(self) -> None:
         for name in ("max_num_seqs", "max_num_batched_tokens", "block_size", "max_model_len",
-                     "ranks"):
+                     "ranks", "api_servers"):
             if getattr(self, name) <= 0:
                 raise UsageError(f"{name.replace('_', '-')}: must be positive")
         if self.max_num_batched_tokens < self.max_num_seqs:

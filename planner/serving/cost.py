@@ -49,7 +49,8 @@ def host_s(e: Engine, sequences, *, prefill: bool, decodes: bool) -> float:
 
 # the engine's host costs: what ``host_s`` and the request path read, and no operator
 HOST_FIELDS = ("step_overhead_s", "per_sequence_overhead_s", "prefill_step_overhead_s",
-               "request_overhead_s", "prompt_token_overhead_s")
+               "request_overhead_s", "prompt_token_overhead_s", "frontend_request_s",
+               "frontend_token_s")
 _NO_HOST = {f: 0.0 for f in HOST_FIELDS}
 
 

@@ -107,5 +107,9 @@ def summary(res: SimResult, *, ttft_slo_s: float | None = None,
         "prefix_cache_hit_rate": None if not res.prefix_query_tokens else
         res.prefix_hit_tokens / res.prefix_query_tokens,
         "failed_reason": next((r.failed for r in res.requests if r.failed), None),
+        # the API server (planner.serving.frontend): mean seconds a request waited for it
+        # before the engine saw it, and the share of the run its streaming set the pace
+        "mean_api_server_wait_s": res.api_server_wait_s / len(done) if done else math.nan,
+        "api_server_stream_bound_frac": res.api_server_stream_s / dur,
     })
     return d

@@ -88,7 +88,11 @@ class SimRequest:
     prefix: int = -1
     prefix_tokens: int = 0
     shared: int = 0
+    # when the engine sees it: its arrival, or later once the API server has handled it
+    # (``planner.serving.frontend``)
+    visible_s: float = 0.0
 
     @classmethod
     def of(cls, r: RequestResult, prefix: int = -1, prefix_tokens: int = 0) -> SimRequest:
-        return cls(r, r.id, r.prompt_tokens, prefix=prefix, prefix_tokens=prefix_tokens)
+        return cls(r, r.id, r.prompt_tokens, prefix=prefix, prefix_tokens=prefix_tokens,
+                   visible_s=r.arrival_s)

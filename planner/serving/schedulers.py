@@ -393,11 +393,12 @@ class DynamicScheduler(StaticScheduler):
 
     def wait_until(self, now: float, arrivals) -> float | None:
         """Hold the batch open until it fills or its oldest request has waited max_wait_s
-        (the server cannot know that nothing more is coming)."""
+        (the server cannot know that nothing more is coming), counted from when the engine saw
+        it (``SimRequest.visible_s``: after the API server)."""
         waiting = self.waiting
         if self.members or not waiting or len(waiting) >= self.max_seqs:
             return None
-        deadline = waiting[0].r.arrival_s + self.max_wait_s
+        deadline = waiting[0].visible_s + self.max_wait_s
         if not deadline > now:
             return None
         nxt = arrivals.next_s()

@@ -36,7 +36,8 @@ The parts, each in its module of ``planner.serving``: the requests and their sta
 (``requests``), the scheduler's settings (``config``), the KV pool (``kv``), the decode pool
 (``decoding``), the batching policies (``schedulers``), the arrivals (``arrivals``: an open
 stream or a closed loop of clients), the step's shape and time (``steps``) and what the replica
-held over time (``occupancy``). ``simulate`` builds them and runs the event loop that ties
+held over time (``occupancy``), and the API server in front of the engine (``frontend``: a
+queue for requests, a pace for streamed tokens). ``simulate`` builds them and runs the event loop that ties
 them together.
 
 A request the engine would refuse is not served and does not end the run: one longer than the
@@ -56,6 +57,7 @@ from planner.serving.arrivals import Arrivals, arrivals
 from planner.serving.config import SchedulerConfig
 from planner.serving.cost import StepCoster
 from planner.serving.decoding import check_spec, decode_pool
+from planner.serving.frontend import Frontend
 from planner.serving.kv import KVPool, PrefixCache, kv_pool
 from planner.serving.occupancy import Occupancy
 from planner.serving.requests import RequestResult, SimRequest
@@ -89,6 +91,11 @@ class SimResult:
     # prefix caching: prompt tokens admissions found cached, of those they needed (None: off)
     prefix_hit_tokens: int | None = None
     prefix_query_tokens: int | None = None
+    # the API server (``planner.serving.frontend``): seconds requests waited for it before the
+    # engine saw them (summed over the requests served), and seconds its token streaming
+    # added to steps over the engine's own time
+    api_server_wait_s: float = 0.0
+    api_server_stream_s: float = 0.0
 
 
 def kv_capacity_tokens(coster: StepCoster, cfg: SchedulerConfig) -> int:
@@ -114,10 +121,14 @@ def simulate(requests: list[Request], coster: StepCoster, cfg: SchedulerConfig, 
     batch = decode_pool(cfg, kv, spec)
     reqs = [q for q in reqs if not _refused(q, kv, batch.k1, cfg)]
     sched = make_scheduler(cfg, kv, batch)
-    arr = arrivals(reqs, cfg.max_concurrency)
+    e = coster.engine
+    front = Frontend(e.frontend_request_s, e.frontend_token_s, cfg.api_servers)
+    arr = arrivals(reqs, cfg.max_concurrency, front if front.active else None)
     occ = Occupancy(sample_every_s)
     pricer = StepPricer(coster, batch, cfg.graph_sizes)
-    t = _serve(sched, arr, pricer, occ, n=len(reqs), max_steps=max_steps)
+    t, stream_s = _serve(sched, arr, pricer, occ, n=len(reqs), max_steps=max_steps,
+                         front=front if front.token_s else None)
+    wait_s = sum(q.visible_s - q.r.arrival_s for q in reqs if not q.r.failed)
     t = _request_path(results, coster.engine, t)
     return SimResult(results, t, occ.steps, kv.capacity_tokens, occ.itl, occ.samples,
                      busy_s=occ.busy_s, running_integral=occ.running_integral,
@@ -130,7 +141,8 @@ def simulate(requests: list[Request], coster: StepCoster, cfg: SchedulerConfig, 
                      failed=len(results) - len(reqs) + sched.refused,
                      prefix_hit_tokens=None if kv.prefixes is None else kv.prefixes.hit_tokens,
                      prefix_query_tokens=None if kv.prefixes is None else
-                     kv.prefixes.query_tokens)
+                     kv.prefixes.query_tokens,
+                     api_server_wait_s=wait_s, api_server_stream_s=stream_s)
 
 
 def _refused(q: SimRequest, kv: KVPool, k1: int, cfg: SchedulerConfig) -> bool:
@@ -179,7 +191,7 @@ def _request_path(results: list[RequestResult], engine, end_s: float) -> float:
     if not (engine.request_overhead_s or engine.prompt_token_overhead_s):
         return end_s
     for r in results:
-        d = engine.request_path_s(r.prompt_tokens)
+        d = engine.request_path_s(r.prompt_tokens, admitted=True)
         r.first_token_s += d
         r.finish_s += d
         end_s = max(end_s, r.finish_s)
@@ -187,9 +199,11 @@ def _request_path(results: list[RequestResult], engine, end_s: float) -> float:
 
 
 def _serve(sched: Scheduler, arr: Arrivals, pricer: StepPricer, occ: Occupancy, *, n: int,
-           max_steps: int) -> float:
+           max_steps: int, front: Frontend | None = None) -> tuple[float, float]:
     """The event loop: arrivals, then a step the scheduler fills and the pricer times, until
-    every request is done. Returns the time the last step ended.
+    every request is done. Returns the time the last step ended, and the seconds ``front`` (an
+    API server that costs time per token streamed) added to steps: a step is seen to take no
+    less than its tokens need (``Frontend.step_floor_s``).
 
     A step that runs no decodes (``Scheduler.decodes``, SGLang's prefill batches) makes the
     decoding requests wait: their next token's gap is that step and the decode step after it
@@ -198,7 +212,7 @@ def _serve(sched: Scheduler, arr: Arrivals, pricer: StepPricer, occ: Occupancy, 
     running, waiting, prefilling = sched.running, sched.waiting, sched.prefilling
     arrive, schedule, end_step = arr.arrive, sched.schedule, sched.on_step_end
     wait_until, time_s, record = sched.wait_until, pricer.time_s, occ.record
-    t = stall_s = 0.0
+    t = stall_s = stream_s = 0.0
     stalled = 0
     arrive(0.0, waiting, 0)
     while sched.finished < n:
@@ -226,6 +240,11 @@ def _serve(sched: Scheduler, arr: Arrivals, pricer: StepPricer, occ: Occupancy, 
             raise sched.stuck()
         dt, past = time_s(chunks, decodes)
         out = n_dec - batch.padding
+        if front is not None:
+            floor = front.step_floor_s(out)
+            if floor > dt:
+                stream_s += floor - dt
+                dt = floor
         if n_dec and stall_s:  # tokens that also waited the prefill steps before this one
             late = min(stalled, out)
             if late:
@@ -246,4 +265,4 @@ def _serve(sched: Scheduler, arr: Arrivals, pricer: StepPricer, occ: Occupancy, 
         arrive(t, waiting, sched.finished)
         if t >= occ.next_sample_s:
             occ.sample(t, len(running), len(waiting), kv.capacity_tokens - kv.free_tokens)
-    return t
+    return t, stream_s
