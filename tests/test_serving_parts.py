@@ -319,3 +319,60 @@ def test_a_prefill_preempted_in_the_same_pass_gets_no_chunk():
     res = simulate(reqs, run.coster(dep), cfg, max_steps=200_000)
     assert len(res.requests) == len(reqs) and res.preemptions > 0
     assert res.peak_kv_reserved_tokens <= res.kv_capacity_tokens
+
+
+def test_a_preempted_request_finds_its_own_blocks():
+    """Prefix caching on, 10 blocks of 16: A's 100-token prompt is computed and its first
+    token out (101 tokens of context, 100 written); preempted, its 6 whole blocks (96 tokens)
+    stay cached, out of the free pool; admitted again it starts with those 96 computed and
+    prefills the other 5 of its 101 tokens in one block more."""
+    from planner.serving.kv import PrefixCache
+
+    kv = PagedKV(160, 16)
+    kv.prefixes = PrefixCache(16)
+    batch = DecodePool(kv, 16)
+    sched = ContinuousScheduler(SchedulerConfig(max_num_batched_tokens=256, max_num_seqs=8,
+                                                prefix_caching=True), kv, batch)
+    a = _req(0, 100, 50)
+    sched.waiting.append(a)
+    assert _step(sched, 1.0) == [(a, 100)] and a.state is RequestState.DECODING
+    kept = batch.context(a)
+    sched._preempt(a)
+    assert a.state is RequestState.PREEMPTED and a.target == 101
+    assert kv.free_tokens == 160 - kept // 16 * 16 == 64
+    assert kv.prefixes.lookup(a) == (0, 96)
+    chunks = sched.schedule()
+    assert chunks == [(a, 5)] and a.computed == 96
+    assert a.reserved == 96 + 16 and kv.free_tokens == 160 - 112
+    assert a.r.cached_tokens == 0  # the hit rate counts shared prefixes, not recomputes
+
+
+def test_kept_blocks_are_evicted_from_their_tail():
+    """A preempted request's 6 kept blocks: a need of 20 tokens takes two whole blocks from
+    their tail and leaves it the first 4; more than they hold takes them all."""
+    from planner.serving.kv import PrefixCache
+
+    kv = PagedKV(160, 16)
+    kv.prefixes = cache = PrefixCache(16)
+    a = _req(0, 100, 50)
+    kv.free_tokens -= cache.stash(a, 100, 0)
+    assert kv.free_tokens == 64 and kv.make_room(84)
+    assert kv.free_tokens == 96 and cache.lookup(a) == (0, 64)
+    assert kv.make_room(160) and kv.free_tokens == 160 and cache.lookup(a) == (0, 0)
+
+
+def test_kept_blocks_follow_their_prefix():
+    """Kept blocks computed after a shared prefix of 32 are found only while the prefix is
+    cached: with it, the request starts from 32 + its own; without it, from nothing."""
+    from planner.serving.kv import PrefixCache
+
+    cache = PrefixCache(16)
+    a = SimRequest.of(RequestResult(0, 0.0, 100, 10), prefix=7, prefix_tokens=40)
+    cache.stash(a, 90, 32)  # 80 whole tokens, 32 of them the prefix's
+    a.target = 100
+    assert cache.lookup(a) == (0, 0)  # its prefix is not cached
+    cache.entries[7] = [32, 0]
+    cache.idle[7] = 32
+    assert cache.lookup(a) == (32, 48)
+    del cache.entries[7], cache.idle[7]
+    assert cache.lookup(a) == (0, 0)

@@ -17,7 +17,14 @@ rather than as its own. Blocks no running request refers to stay cached until th
 them, then go least recently used first (vLLM's free queue hands out the least recently freed
 cached block first), before any running request is preempted. Prefixes are whole: a request
 finds its prefix's blocks or none (a cache keyed by block would also share a partial prefix);
-at least one prompt token is always computed, as in vLLM. Pure: no I/O.
+at least one prompt token is always computed, as in vLLM.
+
+A preempted request's own blocks are freed the same way: with prefix caching on they keep
+their contents (vLLM frees a request's blocks into the free queue still hashed; SGLang inserts
+a retracted request into its radix tree), so when it is admitted again it finds the whole
+blocks of what it had computed, unless the pool evicted them meanwhile, and recomputes only
+the rest (``PrefixCache.stash``). They are kept under the request's own key, after its
+prefix's blocks, and found only with them. Pure: no I/O.
 """
 
 from __future__ import annotations
@@ -26,6 +33,8 @@ from collections import OrderedDict
 
 from planner.core.errors import UsageError
 from planner.serving.requests import SimRequest
+
+OWN = -2  # a preempted request's own cached blocks are keyed OWN - its id (prefix ids >= 0)
 
 
 class KVPool:
@@ -137,7 +146,9 @@ class PrefixCache:
 
     def __init__(self, block_size: int):
         self.block = block_size
-        self.entries: dict[int, list[int]] = {}  # prefix id -> [tokens, requests using it]
+        # prefix id -> [tokens, requests using it]; a preempted request's own blocks
+        # (OWN - id) -> [tokens, 0, the prefix tokens they follow]
+        self.entries: dict[int, list[int]] = {}
         self.idle: OrderedDict[int, int] = OrderedDict()  # unused ones: id -> tokens, LRU
         self.hit_tokens = 0  # prompt tokens admissions found cached
         self.query_tokens = 0  # prompt tokens of every admission (vLLM's hit-rate base)
@@ -145,14 +156,46 @@ class PrefixCache:
         # every running request's context counts twice
         self.double_counted = 0
 
-    def lookup(self, q: SimRequest) -> int:
-        """Tokens of ``q``'s prefix cached for it: its prefix's whole blocks, leaving at least
-        one token of what ``q`` must compute to be computed; 0 where not cached."""
-        e = self.entries.get(q.prefix) if q.prefix >= 0 else None
-        if e is None:
-            return 0
+    def lookup(self, q: SimRequest) -> tuple[int, int]:
+        """Tokens cached for ``q``, leaving at least one token of what it must compute to be
+        computed: (its prefix's whole blocks, held with others; its own blocks kept from a
+        preemption, which follow the prefix tokens they were computed after and are found
+        only with them); (0, 0) where nothing is cached."""
         b = self.block
-        return min(e[0], (q.target - 1) // b * b)
+        cap = (q.target - 1) // b * b
+        e = self.entries.get(q.prefix) if q.prefix >= 0 else None
+        hit = 0 if e is None else min(e[0], cap)
+        own = self.entries.get(OWN - q.id)
+        if own is not None and own[0] + own[2] > hit and (not own[2] or hit >= own[2]):
+            start = own[2]
+            return start, min(own[0], cap - start)
+        return hit, 0
+
+    def stash(self, q: SimRequest, kept: int, shared: int) -> int:
+        """``q`` is preempted with ``kept`` tokens of KV written, ``shared`` of them its
+        prefix's cached blocks: its own whole blocks beyond those stay cached, unused (the
+        pool may evict them). Returns the tokens kept out of the pool."""
+        own = kept // self.block * self.block - shared
+        if own <= 0:
+            return 0
+        key = OWN - q.id
+        self.entries[key] = [own, 0, shared]
+        self.idle[key] = own
+        return own
+
+    def claim(self, q: SimRequest) -> int:
+        """``q`` takes back its own cached blocks (before reserving, which may evict what is
+        not in use); returns their tokens."""
+        key = OWN - q.id
+        self.idle.pop(key, None)
+        e = self.entries.pop(key, None)
+        return 0 if e is None else e[0]
+
+    def unclaim(self, q: SimRequest, tokens: int, shared: int) -> None:
+        """``q`` was not admitted after all: its blocks are cached again, unused."""
+        key = OWN - q.id
+        self.entries[key] = [tokens, 0, shared]
+        self.idle[key] = tokens
 
     def pin(self, q: SimRequest, hit: int) -> None:
         """``q`` holds ``hit`` cached tokens of its prefix with the others: no eviction."""
@@ -203,11 +246,20 @@ class PrefixCache:
 
     def evict(self, need: int) -> int:
         """Evict unused prefixes, least recently used first, until ``need`` tokens are freed
-        or none is left; returns the tokens freed."""
-        freed = 0
-        while freed < need and self.idle:
-            prefix, tokens = self.idle.popitem(last=False)
-            del self.entries[prefix]
+        or none is left; returns the tokens freed. A preempted request's own blocks go from
+        their tail, as many whole blocks as are needed (vLLM frees a request's blocks in
+        reverse, so its last blocks are handed out first)."""
+        freed, idle, b = 0, self.idle, self.block
+        while freed < need and idle:
+            key, tokens = next(iter(idle.items()))
+            short = need - freed
+            if key <= OWN and tokens > short:
+                take = -(-short // b) * b
+                if take < tokens:
+                    self.entries[key][0] = idle[key] = tokens - take
+                    return freed + take
+            del idle[key]
+            del self.entries[key]
             freed += tokens
         return freed
 

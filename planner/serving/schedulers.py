@@ -17,7 +17,9 @@ allow, a long prompt getting a chunk (with chunked prefill; without it a prompt 
 budget whole). KV blocks are allocated as a request's tokens reach a new block; when a step
 needs a block and none is free, the newest running request is preempted: its blocks are freed
 and it goes back to the front of the queue, to recompute its prompt and the tokens it had
-generated (vLLM's recompute preemption). A preempted request whose prompt and generated
+generated (vLLM's recompute preemption); with prefix caching on, the whole blocks it had
+computed stay cached until the pool evicts them, and its recompute starts from those it finds
+(``planner.serving.kv.PrefixCache.stash``). A preempted request whose prompt and generated
 tokens no longer fit one step's budget, with chunked prefill off, is refused as vLLM V0's
 scheduler ignores it (``RequestResult.failed``).
 
@@ -135,22 +137,28 @@ class Scheduler:
         return UsageError("no request could be scheduled: the KV cache cannot hold the "
                           "next request beside those running")
 
-    def _admit(self, q: SimRequest, tokens: int, hit: int = 0) -> bool:
+    def _admit(self, q: SimRequest, tokens: int, hit: int = 0, own: int = 0) -> bool:
         """Move the head of the queue into the running set, reserving KV for ``tokens`` (its
         whole length under guaranteed-no-evict) beyond the ``hit`` tokens of its prefix
-        found cached, which it starts with computed."""
+        found cached and the ``own`` tokens of its own kept from a preemption, which it
+        starts with computed."""
         if self.whole:
-            tokens = q.r.prompt_tokens + q.r.output_tokens + self.batch.k1 - 1 - hit
+            tokens = q.r.prompt_tokens + q.r.output_tokens + self.batch.k1 - 1 - hit - own
         cache = self.kv.prefixes
         if hit:
             cache.pin(q, hit)  # before reserving, which may evict what is not in use
+        kept = cache.claim(q) if own else 0
         if not self.kv.reserve(q, tokens):
             if hit:
                 cache.unpin(q)
+            if kept:
+                cache.unclaim(q, kept, hit)
             return False
         if cache is not None:
-            cache.count(q, hit)
-            q.computed = hit
+            cache.count(q, hit)  # the hit rate counts prefixes, not recomputes
+            q.computed = hit + own
+            q.reserved += own
+            self.kv.free_tokens += kept - own  # blocks beyond what it can use go back
         self.waiting.popleft()
         self.stamp += 1
         q.admitted = self.stamp
@@ -244,8 +252,8 @@ class ContinuousScheduler(Scheduler):
         cache = self.kv.prefixes
         while waiting and budget > 0 and len(running) < self.max_seqs:
             q = waiting[0]
-            hit = cache.lookup(q) if cache is not None else 0
-            left = q.target - hit
+            hit, own = cache.lookup(q) if cache is not None else (0, 0)
+            left = q.target - hit - own
             if not self.chunked and left > per_rank:  # a recompute grown too long
                 self._refuse_head(f"its recompute ({q.target:,} tokens) exceeds "
                                   f"max-num-batched-tokens ({per_rank:,}) and chunked "
@@ -253,7 +261,7 @@ class ContinuousScheduler(Scheduler):
                 continue
             cap = min(budget, per_rank)
             chunk = min(left, cap) if self.chunked else left
-            if chunk > cap or not self._admit(q, chunk, hit):
+            if chunk > cap or not self._admit(q, chunk, hit, own):
                 break
             chunks.append((q, chunk))
             budget -= chunk
@@ -275,10 +283,14 @@ class ContinuousScheduler(Scheduler):
         preemption)."""
         del self.running[q.id]
         self.prefilling.pop(q.id, None)
+        decoding = q.state is _DECODING
+        kept, shared = (self.batch.context(q) if decoding else q.computed), q.shared
         self._release(q)
-        if q.state is _DECODING:
+        if decoding:
             q.generated = q.g0 + self.batch.gained(q)
             self.batch.leave(q)  # its heap entry goes stale: the state check skips it
+        if self.kv.prefixes is not None:  # its blocks stay cached, evictable
+            self.kv.free_tokens -= self.kv.prefixes.stash(q, kept, shared)
         q.state, q.computed = RequestState.PREEMPTED, 0
         q.target = q.r.prompt_tokens + q.generated
         q.r.preemptions += 1
