@@ -290,6 +290,23 @@ def print_summary(rows: list[dict]) -> None:
     print(f"aiconfigurator {', '.join(vers)}; databases: {', '.join(dbs)}")
 
 
+def rerun_ours(rows: list[dict], jobs: int, backends) -> list[dict]:
+    """The recorded rows with our side computed again at this commit and theirs kept as
+    recorded (aiconfigurator need not be installed): for a change of llmplan's profiles."""
+    keep = [r for r in rows if not backends or r["backend"] in backends]
+    cases = [Case(*(r[k] for k in ("backend", "model", "gpu", "tp", "weights", "batch", "isl",
+                                   "osl"))) for r in keep]
+    stamp = {"llmplan_commit": _git_describe(), "date": dt.date.today().isoformat()}
+    out = []
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        for r, new in zip(keep, pool.map(ours, cases), strict=True):
+            row = {**r, **new, **stamp}
+            row["ttft_ratio"] = _ratio(row.get("our_ttft_s"), row.get("their_ttft_s"))
+            row["tpot_ratio"] = _ratio(row.get("our_tpot_s"), row.get("their_tpot_s"))
+            out.append(row)
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--backend", action="append", choices=sorted(BACKENDS),
@@ -303,10 +320,18 @@ def main() -> int:
     ap.add_argument("--csv", type=Path, default=DEFAULT_CSV, help="rows to this CSV")
     ap.add_argument("--from-csv", action="store_true",
                     help="re-print the table and summary from --csv; runs nothing")
+    ap.add_argument("--ours-from-csv", action="store_true",
+                    help="read --csv, compute our side again (their recorded figures kept; "
+                    "aiconfigurator not needed) and write it back")
     ap.add_argument("--no-rows", action="store_true", help="the summary only")
     a = ap.parse_args()
     if a.from_csv:
         rows = read_csv(a.csv)
+    elif a.ours_from_csv:
+        rows = rerun_ours(read_csv(a.csv), a.jobs, a.backend)
+        if not a.backend:
+            write_csv(rows, a.csv)
+            print(f"{len(rows)} rows -> {a.csv}", file=sys.stderr)
     else:
         cases = grid(a.backend or list(BACKENDS), a.gpu or list(GPUS), a.model or list(MODELS),
                      a.quick)

@@ -35,12 +35,16 @@ from planner.io import catalog  # noqa: E402
 
 # engine -> (parameters, fit sources)
 PLANS: dict[str, tuple[list[str], list[str]]] = {
-    # vLLM V1: the per-step host cost (TPOT), on Massed Compute's runs of vLLM 0.8.5 and a 2026
-    # nightly (Llama-3.1-8B / 3.3-70B, Qwen2.5-7B, Qwen3-32B / 30B-A3B on L40S and H100 PCIe,
-    # TP 1-2, 1 to 32 requests in flight); every other V1 source held out. (A request-path
-    # cost fitted on R1-Benchmark's runs ended at the edge of its range and was refused: the
-    # TTFT those runs miss grows with the prefill.)
-    "vllm": (["step_overhead_us"], ["massed-compute-gpu-benchmark"]),
+    # vLLM V1, jointly: the per-step host cost (TPOT at low load) and the GEMMs' share of the
+    # achievable compute rate (prefill, and decode at large batches), on two sources: Massed
+    # Compute's runs of vLLM 0.8.5 and a 2026 nightly (Llama-3.1-8B / 3.3-70B, Qwen2.5-7B,
+    # Qwen3-32B / 30B-A3B on L40S and H100 PCIe, TP 1-2, 1 to 32 requests in flight) and
+    # R1-Benchmark's vLLM 0.8.2-0.8.4 runs on H200 (Llama-3.2-3B to DeepSeek-R1, whose TTFT the
+    # 0.9 guess left 45% short, the miss growing with the prefill); every other V1 source held
+    # out. (A request-path cost fitted on R1-Benchmark alone ended at the edge of its range
+    # and was refused, for the same reason.)
+    "vllm": (["step_overhead_us", "gemm_compute_frac"],
+             ["massed-compute-gpu-benchmark", "r1-benchmark"]),
     # vLLM V1's API server (planner.serving.frontend): its CPU time per request admitted and
     # per token streamed, on GPUStack's Performance Lab runs, the one source that sends
     # bursts of 500-1,000 requests at once, where that process is the bottleneck; every
@@ -50,7 +54,7 @@ PLANS: dict[str, tuple[list[str], list[str]]] = {
     "vllm/frontend": (["frontend_request_us", "frontend_token_us"], ["gpustack-perf-lab"]),
 }
 
-# Physical ranges (microseconds), each with its reason.
+# Physical ranges (microseconds, or fractions), each with its reason.
 RANGES: dict[str, tuple[float, float, str]] = {
     "frontend_request_us": (100.0, 20000.0,
                             "parsing a request, rendering its chat template and handing it to "
@@ -59,6 +63,12 @@ RANGES: dict[str, tuple[float, float, str]] = {
     "frontend_token_us": (2.0, 300.0,
                           "detokenizing a token and writing one server-sent event take "
                           "microseconds to a few hundred of them in Python"),
+    "gemm_compute_frac": (0.3, 1.0,
+                          "a model's prefill GEMMs reach a fraction of the GPU's achievable "
+                          "rate: above 1 is impossible, below 0.3 would be a broken kernel"),
+    "attention_compute_frac": (0.2, 1.0,
+                               "FlashAttention reaches 50-75% of the peak; below 0.2 would be "
+                               "a broken kernel"),
     "step_overhead_us": (20.0, 3000.0,
                          "a decode step's exposed host work (input preparation, sampling) is "
                          "at least tens of microseconds, and V1 was built to keep it under the "
