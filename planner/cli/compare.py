@@ -233,8 +233,8 @@ def impossible_mbu(run, s) -> str | None:
     return (f"{run.source}: measured MBU {mbu:.0%} is impossible: reading the weights and KV "
             f"cache once per decode step in the measured TPOT needs {bw / 1e9:,.0f} GB/s, "
             f"above the {peak / 1e9:,.0f} GB/s of {s.tp} x {s.hardware.name}; the deployment "
-            f"given is probably wrong (weights {s.precision.weights.value} from "
-            f"{s.weights_source}: the server's are smaller? --tp {s.tp}: it ran on more "
+            f"given is probably wrong (weights {s.precision.weights.value} ("
+            f"{s.weights_source}): the server's are smaller? --tp {s.tp}: it ran on more "
             "GPUs?)")
 
 
