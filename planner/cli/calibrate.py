@@ -10,7 +10,15 @@ from typing import Annotated, Optional
 
 import typer
 
-from planner.cli.compare import FilesArg, fmt_error, fmt_metric, read_result_files, server_setup
+from planner.cli.compare import (
+    FilesArg,
+    StrictOpt,
+    check_runs,
+    fmt_error,
+    fmt_metric,
+    read_result_files,
+    server_setup,
+)
 from planner.cli.options import (
     DEFAULT_ENGINE,
     GpuOpt,
@@ -21,7 +29,6 @@ from planner.cli.options import (
     QuantizedLayers,
     QuantizedLayersOpt,
     TpOpt,
-    WeightsOpt,
     WeightsOption,
     json_out,
     output_path,
@@ -29,7 +36,6 @@ from planner.cli.options import (
     stdout,
 )
 from planner.core.errors import LlmplanError
-from planner.core.specs import DEFAULT_GROUP_SIZE
 
 
 def calibrate(
@@ -43,10 +49,11 @@ def calibrate(
     DEFAULT_ENGINE,
     name: Annotated[Optional[str], typer.Option(
         help="Name of the new profile (default: the output file's stem).")] = None,
-    weights: WeightsOption = WeightsOpt.bf16,
+    weights: WeightsOption = None,
     kv_cache: KVOption = None,
-    group_size: GroupSizeOpt = DEFAULT_GROUP_SIZE,
+    group_size: GroupSizeOpt = None,
     quantized_layers: QuantizedLayersOpt = QuantizedLayers.all,
+    strict: StrictOpt = False,
     leave_one_out: Annotated[bool, typer.Option(
         "--leave-one-out/--no-leave-one-out",
         help="Also fit once per run without it, to show the held-out error.")] = True,
@@ -68,6 +75,7 @@ def calibrate(
     s, spec = server_setup(model, gpu, base_engine, tp, weights, kv_cache, group_size,
                       quantized_layers)
     runs = read_result_files(files)
+    check_runs(runs, s, strict)
     try:
         res = fit(runs, s, spec, name=name, date=_date.today().isoformat(),
                   leave_one_out=leave_one_out)

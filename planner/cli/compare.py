@@ -19,17 +19,15 @@ from planner.cli.options import (
     QuantizedLayers,
     QuantizedLayersOpt,
     TpOpt,
-    WeightsOpt,
     WeightsOption,
     json_out,
     output_path,
     positive,
-    precision_of,
+    resolve_precision,
     stderr,
     stdout,
 )
 from planner.core.errors import LlmplanError
-from planner.core.specs import DEFAULT_GROUP_SIZE
 
 FilesArg = Annotated[list[Path], typer.Argument(
     help="Result files: vLLM `bench serve` JSON, SGLang `bench_serving` JSONL, guidellm "
@@ -96,13 +94,14 @@ def _plain(v):
 
 
 def served_setup(model: str, gpu: str, spec, tp: int, weights, kv_cache,
-                 group_size: int = DEFAULT_GROUP_SIZE, quantized_layers="all",
+                 group_size: int | None = None, quantized_layers="all",
                  server: dict | None = None):
     """The deployment a served run was measured on (``planner.layouts.deployment``), ready
     for prediction: the engine's scheduler budget is the prefill chunk. ``server``: what its
     server command set (``server_overrides``): the scheduler's limits, chunking, CUDA graphs
     (--enforce-eager), the memory fraction, weights in host memory, pipeline stages; its TP,
-    weights and KV cache must be the run's."""
+    weights and KV cache must be the run's. ``weights`` None: the server command's
+    --quantization, else the checkpoint's quantization_config, else bf16."""
     from dataclasses import replace
 
     from planner.core.specs import GIB, Options
@@ -114,6 +113,7 @@ def served_setup(model: str, gpu: str, spec, tp: int, weights, kv_cache,
     positive("--group-size", group_size)
     _agree("--tp", s.get("--tp"), tp, "TP")
     _agree("--quantization", s.get("--weights"), weights, "weights")
+    weights = weights if weights is not None else s.get("--weights")
     kv_cache = kv_cache if kv_cache is not None or s.get("--kv-cache") is None else \
         s["--kv-cache"]
     _agree("--kv-cache-dtype", s.get("--kv-cache"), kv_cache, "KV cache")
@@ -123,7 +123,8 @@ def served_setup(model: str, gpu: str, spec, tp: int, weights, kv_cache,
     eng = replace(eng, **{f: s[o] for o, f in ENGINE_FIELDS.items() if o in s})
     if s.get("--enforce-eager"):
         eng = replace(eng, cuda_graphs=False)
-    prec = precision_of(m, weights, kv_cache, group_size, quantized_layers=quantized_layers)
+    prec, source = resolve_precision(m, weights, kv_cache, group_size,
+                                     quantized_layers=quantized_layers)
     dtype = s.get("--dtype")
     if dtype is not None and dtype != prec.half_dtype.value:
         raise LlmplanError(f"the server command's --dtype {dtype} and the run's 16-bit type "
@@ -132,7 +133,8 @@ def served_setup(model: str, gpu: str, spec, tp: int, weights, kv_cache,
                    memory_utilization_frac=s.get("--memory-utilization"),
                    cpu_offload_bytes=s.get("--cpu-offload-gb", 0.0) * GIB)
     return Deployment.build(m, hw, engine=eng, precision=prec,
-                            layout=Layout(tp=tp, pp=s.get("--pp", 1)), options=opts)
+                            layout=Layout(tp=tp, pp=s.get("--pp", 1)), options=opts,
+                            weights_source=source)
 
 
 def server_setup(model: str, gpu: str, engine: str, tp: int, weights, kv_cache, group_size: int,
@@ -142,6 +144,111 @@ def server_setup(model: str, gpu: str, engine: str, tp: int, weights, kv_cache, 
     spec = catalog.load_engine_spec(engine)
     return served_setup(model, gpu, spec, tp, weights, kv_cache, group_size,
                         quantized_layers), spec
+
+
+StrictOpt = Annotated[bool, typer.Option(
+    "--strict", help="A result file that states another model, TP, weights or KV-cache type "
+    "than -m / --tp / --weights / --kv-cache, or a run whose measured MBU is above 100%, is "
+    "an error (exit 2) instead of a warning.")]
+
+
+def _squash(name: str) -> str:
+    """A model name's letters and digits, lower case, without its organisation or folder:
+    "meta-llama/Llama-3.1-8B-Instruct" -> "llama318binstruct"."""
+    return "".join(ch for ch in name.rstrip("/").split("/")[-1].lower() if ch.isalnum())
+
+
+def _model_names(m) -> set[str]:
+    """Names the model goes by: its own, its display name, the repository of its source URL
+    (huggingface.co/ORG/REPO/...) and a config.json's folder."""
+    names = {m.name, m.display_name or ""}
+    src = m.source or ""
+    if "huggingface.co/" in src:
+        parts = src.split("huggingface.co/", 1)[1].split("/")
+        names.add(parts[1] if len(parts) > 1 else parts[0])
+    elif src.endswith(".json"):
+        names.add(Path(src).parent.name)
+    return {_squash(n) for n in names if n and _squash(n)}
+
+
+def same_model(model_id: str, m) -> bool:
+    """Whether a result's model id names the model (one name within the other, so an
+    -Instruct or -AWQ variant of Llama-3.1-8B is it and Llama-3.1-70B is not)."""
+    theirs = _squash(model_id)
+    return not theirs or any(n in theirs or theirs in n for n in _model_names(m))
+
+
+def _their_weights(run) -> str | None:
+    """The run's weights in llmplan's names, where the file states them."""
+    from planner.cli.flags import QUANTIZATIONS
+
+    if run.server_weights is not None:
+        return run.server_weights
+    q = run.server_quantization
+    return QUANTIZATIONS.get(q.lower()) if q else None
+
+
+def disagreements(run, s) -> list[str]:
+    """What the run's file states about its deployment that the prediction's does not
+    share: the model id, TP, the weights (a server's --quantization, llmplan measure's
+    weights), the KV-cache type and, with 16-bit weights, their type. Only fields the file
+    has are compared."""
+    from planner.cli.flags import DTYPES, KV_CACHE_DTYPES
+
+    p, by = s.precision, run.stated_by
+    out = []
+    if run.model_id and not same_model(run.model_id, s.model):
+        out.append(f"{run.source}: the run served '{run.model_id[:80]}', not {s.model.name} "
+                   "(-m)")
+    if run.server_tp is not None and run.server_tp != s.tp:
+        out.append(f"{run.source}: its {by} says TP {run.server_tp}; the prediction uses "
+                   f"--tp {s.tp}")
+    w = _their_weights(run)
+    gptq8 = w == "int4" and p.weights.value == "int8" and "gptq" in (
+        run.server_quantization or "").lower()  # GPTQ is 4- or 8-bit
+    if w is not None and w != p.weights.value and not gptq8:
+        said = run.server_weights or f"--quantization {run.server_quantization}"
+        out.append(f"{run.source}: its {by} says weights {said} ({w}); the prediction uses "
+                   f"{p.weights.value} ({s.weights_source})")
+    kv = run.server_kv_cache
+    kv = KV_CACHE_DTYPES.get(kv.lower(), kv) if kv else None
+    if kv is not None and kv != p.kv_cache.value:
+        out.append(f"{run.source}: its {by} says KV cache {run.server_kv_cache}; the "
+                   f"prediction uses {p.kv_cache.value}")
+    d = DTYPES.get((run.server_dtype or "").lower())
+    if d is not None and p.weights.value in ("bf16", "fp16") and d != p.weights.value:
+        out.append(f"{run.source}: its {by} says dtype {run.server_dtype}; the prediction "
+                   f"uses {p.weights.value} weights")
+    return out
+
+
+def impossible_mbu(run, s) -> str | None:
+    """A run whose decode steps would read the weights and KV cache faster than the GPUs'
+    datasheet bandwidth: the deployment given is not the one measured."""
+    from planner.evidence.compare import utilization
+
+    _, bw, mbu, _, _ = utilization(run, s)
+    if mbu is None or mbu <= 1:
+        return None
+    peak = s.hardware.memory_bandwidth_bytes_per_s * s.tp
+    return (f"{run.source}: measured MBU {mbu:.0%} is impossible: reading the weights and KV "
+            f"cache once per decode step in the measured TPOT needs {bw / 1e9:,.0f} GB/s, "
+            f"above the {peak / 1e9:,.0f} GB/s of {s.tp} x {s.hardware.name}; the deployment "
+            f"given is probably wrong (weights {s.precision.weights.value} ("
+            f"{s.weights_source}): the server's are smaller? --tp {s.tp}: it ran on more "
+            "GPUs?)")
+
+
+def check_runs(runs, s, strict: bool) -> None:
+    """Warn on stderr, one line each, where a result file and the deployment given disagree
+    or a measured MBU is impossible; with ``strict`` the first is an error (exit 2)."""
+    problems = [t for r in runs for t in disagreements(r, s)]
+    problems += [t for r in runs if (t := impossible_mbu(r, s)) is not None]
+    if strict and problems:
+        more = f" (+{len(problems) - 1} more)" if len(problems) > 1 else ""
+        raise LlmplanError(f"--strict: {problems[0]}{more}")
+    for t in problems:
+        stderr.print(f"warning: {t}", markup=False, highlight=False, soft_wrap=True)
 
 
 def read_result_files(files: list[Path]):
@@ -173,10 +280,11 @@ def compare(
     gpu: GpuOpt,
     tp: TpOpt = 1,
     engine: EngineOpt = DEFAULT_ENGINE,
-    weights: WeightsOption = WeightsOpt.bf16,
+    weights: WeightsOption = None,
     kv_cache: KVOption = None,
-    group_size: GroupSizeOpt = DEFAULT_GROUP_SIZE,
+    group_size: GroupSizeOpt = None,
     quantized_layers: QuantizedLayersOpt = QuantizedLayers.all,
+    strict: StrictOpt = False,
     plot: Annotated[Optional[Path], typer.Option(
         "--plot", help="PNG of predicted vs measured, one point per run and figure.")] = None,
     as_json: JsonOpt = False,
@@ -190,7 +298,9 @@ def compare(
 
     output_path(plot, "--plot", ".png")
     s, _ = server_setup(model, gpu, engine, tp, weights, kv_cache, group_size, quantized_layers)
-    comps = [compare_run(r, s) for r in read_result_files(files)]
+    runs = read_result_files(files)
+    check_runs(runs, s, strict)
+    comps = [compare_run(r, s) for r in runs]
     if plot is not None:
         from planner.io.report import plot_served
 
@@ -200,15 +310,20 @@ def compare(
     if as_json:
         json_out({"model": s.model.name, "gpu": s.hardware.name, "tp": tp,
                   "engine": s.engine.name, "weights": s.precision.weights.value,
+                  "weights_source": s.weights_source,
                   "quantized_layers": s.precision.quantized_layers,
                   "runs": [c.as_dict() for c in comps]})
         return
     stdout.print(f"[bold]{plain(s.model.label)}[/] on {tp} x {plain(s.hardware.display_name)}, "
-                 f"engine {plain(s.engine.name)}, weights {s.precision.weights.value}")
+                 f"engine {plain(s.engine.name)}, weights {s.precision.weights.value} "
+                 f"({s.weights_source})")
     for c in comps:
         r = c.run
         util = (f"MBU {fmt.pct(c.mbu)} ({c.achieved_bandwidth_bytes_per_s / 1e9:,.0f} GB/s at "
                 f"{c.concurrency:,.1f} decoding)" if c.mbu is not None else "MBU -")
+        if c.mbu_impossible:
+            util = ("MBU [red]impossible[/] (above 100% of the datasheet bandwidth: the "
+                    "deployment given is probably wrong)")
         util += f", MFU {fmt.pct(c.mfu)}" if c.mfu is not None else ", MFU -"
         rows = [[SHORT.get(m.metric, m.metric.removesuffix("_s")),
                  fmt_metric(m.metric, m.measured), fmt_metric(m.metric, m.simulated),

@@ -59,8 +59,9 @@ from planner.cli.options import (
     speculation_config,
     stderr,
     stdout,
+    weights_source_text,
 )
-from planner.core.specs import DEFAULT_GROUP_SIZE, GIB, Workload
+from planner.core.specs import GIB, Workload
 
 
 def estimate(
@@ -77,7 +78,7 @@ def estimate(
     batch: BatchOpt = _W["batch"].default,
     prompt_tokens: PromptOpt = _W["prompt_tokens"].default,
     output_tokens: OutputOpt = _W["output_tokens"].default,
-    group_size: GroupSizeOpt = DEFAULT_GROUP_SIZE,
+    group_size: GroupSizeOpt = None,
     quantized_layers: QuantizedLayersOpt = QuantizedLayers.all,
     time_model: TimeModelOpt = TimeModel.roofline,
     attention: AttentionOpt = Attention.flash,
@@ -125,8 +126,9 @@ def estimate(
                         memory_utilization, prefill_chunk_tokens, cpu_offload_gb)
     m = catalog.load_model(model)
     check_context(m, prompt_tokens, output_tokens, allow_longer_context)
+    ckpt = m.quantization.weights if m.quantization is not None else None
     weights, kv_cache, compute = engine_precision(weights, quantization, dtype, kv_cache,
-                                                  kv_cache_dtype, compute)
+                                                  kv_cache_dtype, compute, checkpoint=ckpt)
     dep = build_deployment(m, gpu=gpu, engine=engine, tp=tp, pp=pp, ep=ep, weights=weights,
                            kv_cache=kv_cache, group_size=group_size,
                            quantized_layers=quantized_layers, compute=compute,
@@ -146,10 +148,14 @@ def estimate(
         "tpot_s": (est.tpot_s, "decode", regime, False),
         "latency_s": (est.latency_s, "end-to-end", regime, False),
         "throughput_tokens_per_s": (est.throughput_tokens_per_s, "decode", regime, True)})
+    source = weights_source_text(m, dep.precision, dep.weights_source,
+                                 group_size if dep.weights_source == "checkpoint" else None)
     if as_json:
-        json_out({**res.to_dict(), **band_fields(applied)})
+        json_out({**res.to_dict(), "weights_source_detail": source, **band_fields(applied)})
     else:
-        _render(res, explain)
+        _render(res, explain, source)
+        for n in m.quantization.notes if dep.weights_source == "checkpoint" else ():
+            stdout.print(f"[yellow]note:[/] {n}")
         render_bands(stdout, applied, {
             "ttft_s": ("TTFT", fmt.seconds), "tpot_s": ("TPOT", fmt.seconds),
             "latency_s": ("latency", fmt.seconds),
@@ -164,7 +170,7 @@ def estimate(
         raise typer.Exit(1)
 
 
-def _render(res, explain: bool) -> None:
+def _render(res, explain: bool, weights_source: str | None = None) -> None:
     from planner.io.render import (
         render_estimate,
         render_expert,
@@ -173,7 +179,7 @@ def _render(res, explain: bool) -> None:
     )
 
     est = res.estimate
-    render_estimate(stdout, est, explain=explain)
+    render_estimate(stdout, est, explain=explain, weights_source=weights_source)
     if res.pipeline is not None:
         render_pipeline(stdout, res.pipeline, est.batch, est.output_tokens,
                         est.price_usd_per_gpu_hour)

@@ -76,7 +76,8 @@ EpOpt = Annotated[int, typer.Option(
     "--ep", help="Expert-parallel GPUs for a MoE model: each holds 1/N of the routed experts, "
                  "attention data-parallel (give --tp 1 --pp 1 with it).")]
 WeightsOption = Annotated[Optional[WeightsOpt], typer.Option(
-    "--weights", help="Weight precision (default bf16).")]
+    "--weights", help="Weight precision (default: what an HF config.json's "
+    "quantization_config says the checkpoint stores, else bf16).")]
 KVOption = Annotated[Optional[KVOpt], typer.Option(
     "--kv-cache", help="KV-cache precision (default: the 16-bit type of the weights).")]
 # vLLM's spellings of the same choices, with their own vocabularies (planner/cli/flags.py)
@@ -271,7 +272,9 @@ CpuOffloadOpt = Annotated[float, typer.Option(
     "tensor-parallel replicas only.")]
 CalibrationOpt = Annotated[Optional[Path], typer.Option(
     help="Measured ceilings from `llmplan measure --calibrate`.")]
-GroupSizeOpt = Annotated[int, typer.Option(help="Weights per scale for int8/int4.")]
+GroupSizeOpt = Annotated[Optional[int], typer.Option(
+    help="Weights per scale for int8/int4 (default: the checkpoint's quantization_config, "
+         "else 128).")]
 DEFAULT_ENGINE = "vllm"
 EngineOpt = Annotated[str, typer.Option(
     "--engine", "-e", help="Engine profile: ideal, vllm, vllm-v0, sglang, trtllm, gpt-fast, "
@@ -355,12 +358,15 @@ def _choice(value, table: dict, flag: str):
 
 
 def engine_precision(weights=None, quantization=None, dtype=None, kv_cache=None,
-                     kv_cache_dtype=None, compute=None) -> tuple[str, str | None, str | None]:
+                     kv_cache_dtype=None, compute=None, *, checkpoint=None
+                     ) -> tuple[str | None, str | None, str | None]:
     """(weights, kv_cache, compute) from our flags and vLLM's names for them, refused in one
     line where two say different things: ``--quantization`` stands for ``--weights``
     (awq / gptq: int4), ``--kv-cache-dtype`` for ``--kv-cache`` (auto: the default), and
     ``--dtype`` is the 16-bit type: the weights' when they are 16-bit, the matmuls' for
-    weight-only int8 / int4 / mxfp4, the KV cache's default beside fp8 weights."""
+    weight-only int8 / int4 / mxfp4, the KV cache's default beside fp8 weights. Weights None:
+    not given (the checkpoint's, ``checkpoint``, when it has a quantization_config, else
+    bf16); ``--dtype`` then speaks of the checkpoint's type."""
     w = _value(weights) if weights is not None else None
     kv = _value(kv_cache) if kv_cache is not None else None
     c = _value(compute) if compute is not None else None
@@ -378,40 +384,79 @@ def engine_precision(weights=None, quantization=None, dtype=None, kv_cache=None,
         kv = kv if k is None else k
     d = _choice(dtype, DTYPES, "--dtype")
     if d is not None:
-        if w is None or w in ("bf16", "fp16"):
+        stored = w or _value(checkpoint)
+        if stored is None or stored in ("bf16", "fp16"):
             if weights is not None and w != d:
                 raise LlmplanError(f"--weights {w} and --dtype {_value(dtype)} disagree: "
                                    "give one")
             w = d
-        elif w in ("int8", "int4", "mxfp4"):
+        elif stored in ("int8", "int4", "mxfp4"):
             if c is not None and c != d:
                 raise LlmplanError(f"--compute {c} and --dtype {_value(dtype)} disagree: "
                                    "give one")
             c = d
         elif kv is None:  # fp8 weights: the 16-bit type is the KV cache's
             kv = d
-    return w or "bf16", kv, c
+    return w, kv, c
 
 
-def precision_of(m, weights, kv_cache=None, group_size: int = DEFAULT_GROUP_SIZE,
-                 compute=None, quantized_layers="all"):
-    """The precision the flags ask for (enums or plain values), checked against the model."""
-    from planner.core.specs import Precision
+WEIGHTS_SOURCES = ("checkpoint", "--weights", "default")
+
+
+def resolve_precision(m, weights=None, kv_cache=None, group_size: int | None = None,
+                      compute=None, quantized_layers=None):
+    """(precision, source): what ``--weights`` asks for (source "--weights"); without it, what
+    the checkpoint's quantization_config says it stores ("checkpoint": ``--group-size``,
+    ``--kv-cache``, ``--compute`` and ``--quantized-layers experts`` still apply over it, and a
+    config that cannot be read is a one-line error here); else bf16 ("default")."""
+    from planner.core.specs import DType, Precision
 
     positive("--group-size", group_size)
-    return Precision.of(_value(weights), _value(kv_cache) if kv_cache else None, group_size,
-                        _value(compute) if compute else None,
-                        check_quantized_layers(m, quantized_layers))
+    kv = _value(kv_cache) if kv_cache else None
+    c = _value(compute) if compute else None
+    ql = _value(quantized_layers)
+    q = m.quantization
+    if weights is None and q is not None:
+        p = q.precision(kv, group_size=group_size, quantized_layers=ql)
+        if c is not None:
+            p = p.model_copy(update={"compute": DType(c)})
+        check_quantized_layers(m, p.quantized_layers)
+        return p, "checkpoint"
+    p = Precision.of(_value(weights) or "bf16", kv, group_size or DEFAULT_GROUP_SIZE, c,
+                     check_quantized_layers(m, ql))
+    return p, ("--weights" if weights is not None else "default")
+
+
+def precision_of(m, weights, kv_cache=None, group_size: int | None = None,
+                 compute=None, quantized_layers="all"):
+    """The precision the flags ask for (enums or plain values), checked against the model."""
+    return resolve_precision(m, weights, kv_cache, group_size, compute, quantized_layers)[0]
+
+
+def weights_source_text(m, p, source: str, group_size: int | None = None) -> str:
+    """Where the weights' precision came from, for the human output: "AWQ, group 128, zero
+    points, from config.json quantization_config", "--weights (over the checkpoint's AWQ,
+    ...)", "default"."""
+    q = m.quantization
+    if source == "checkpoint":
+        extra = f"; group {group_size} from --group-size" if group_size else ""
+        return f"{q.label}{extra}, from {q.file} quantization_config"
+    if source == "--weights":
+        return "--weights" + (f"; {q.file}'s quantization_config ({q.label}) set aside"
+                              if q is not None and q.problem is None else "")
+    if m.source.endswith(".json"):
+        return f"default: no quantization_config in {m.source}"
+    return "default"
 
 
 def build_deployment(m, *, gpu: str, engine: str, tp: int = 1, pp: int = 1, ep: int = 1,
-                     weights="bf16", kv_cache=None, group_size: int = DEFAULT_GROUP_SIZE,
-                     quantized_layers="all", compute=None, calibration: Path | None = None,
+                     weights=None, kv_cache=None, group_size: int | None = None,
+                     quantized_layers=None, compute=None, calibration: Path | None = None,
                      options=None, enforce_eager: bool = False):
     """The deployment the options describe (``planner.layouts.deployment.Deployment``): the
     GPU, engine and calibration loaded, the precision and layout checked, the engine
     prepared (``enforce_eager``: without its CUDA graphs). Every command that predicts builds
-    its deployment here."""
+    its deployment here. ``weights`` None: the checkpoint's (``resolve_precision``)."""
     from dataclasses import replace
 
     from planner.io import catalog
@@ -423,10 +468,11 @@ def build_deployment(m, *, gpu: str, engine: str, tp: int = 1, pp: int = 1, ep: 
     if enforce_eager:
         eng = replace(eng, cuda_graphs=False)
     cal = catalog.load_calibration(calibration) if calibration else None
-    prec = precision_of(m, weights, kv_cache, group_size, compute, quantized_layers)
+    prec, source = resolve_precision(m, weights, kv_cache, group_size, compute,
+                                     quantized_layers)
     layout = check_layout(m, tp, pp, ep)
     return Deployment.build(m, hw, engine=eng, precision=prec, layout=layout, options=options,
-                            calibration=cal)
+                            calibration=cal, weights_source=source)
 
 
 def figure_bands(engine_name: str, figures: dict[str, tuple[float, str, str, bool]]) -> dict:

@@ -18,7 +18,6 @@ from planner.cli.options import (
     QuantizedLayers,
     QuantizedLayersOpt,
     TpOpt,
-    WeightsOpt,
     WeightsOption,
     json_out,
     positive,
@@ -26,7 +25,6 @@ from planner.cli.options import (
     stdout,
 )
 from planner.core.errors import LlmplanError
-from planner.core.specs import DEFAULT_GROUP_SIZE
 
 
 def watch(
@@ -36,9 +34,9 @@ def watch(
     gpu: GpuOpt,
     tp: TpOpt = 1,
     engine: EngineOpt = DEFAULT_ENGINE,
-    weights: WeightsOption = WeightsOpt.bf16,
+    weights: WeightsOption = None,
     kv_cache: KVOption = None,
-    group_size: GroupSizeOpt = DEFAULT_GROUP_SIZE,
+    group_size: GroupSizeOpt = None,
     quantized_layers: QuantizedLayersOpt = QuantizedLayers.all,
     interval: Annotated[float, typer.Option(
         help="Seconds between scrapes: the window rates and latencies are taken over.")] = 5.0,

@@ -427,8 +427,9 @@ def prepare(hw: HardwareSpec, p: Precision, calibration: Calibration | None, o: 
     engine = engine.for_gpu(hw.memory_bytes, hw.name)
     c = ceilings(hw, calibration, o, engine)
     ref = c if engine.ceilings == "datasheet" else ceilings(hw, calibration, o, IDEAL)
-    p = p.model_copy(update={"zero_point_bytes": engine.zero_point_bytes_per_group,
-                             "lm_head_quantized": engine.lm_head_quantized})
+    if not p.from_checkpoint:  # a checkpoint's own scales and lm_head are what load
+        p = p.model_copy(update={"zero_point_bytes": engine.zero_point_bytes_per_group,
+                                 "lm_head_quantized": engine.lm_head_quantized})
     p, notes = resolve_precision(hw, p, c)
     return Prepared(engine, p, c, ref, tuple(notes))
 

@@ -13,7 +13,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from planner.core.arith import no_bool_numbers
-from planner.core.errors import UsageError
+from planner.core.errors import SpecError, UsageError
 
 GIB = 1024**3
 GB = 1e9
@@ -93,6 +93,13 @@ class Precision(_Frozen):
     zero_point_bytes: float = Field(0.0, ge=0, le=64)
     lm_head_quantized: bool = False
     quantized_layers: Literal["all", "experts"] = "all"
+    # fp8 weights with a scale per block (DeepSeek-V3's 128 x 128 blocks: 16,384 weights per
+    # fp32 scale of ``scale_bytes``) or per output channel; None: one per tensor (no bytes
+    # worth counting)
+    fp8_scale_group: int | None = Field(None, gt=0, le=10**9)
+    # scales, zero points and the lm_head as a checkpoint stores them (its config.json's
+    # quantization_config): the engine's defaults for them (``prepare``) do not apply
+    from_checkpoint: bool = False
 
     @model_validator(mode="after")
     def _check(self) -> Precision:
@@ -143,6 +150,8 @@ class Precision(_Frozen):
             b += (self.scale_bytes + self.zero_point_bytes) / self.group_size
         elif self.weights == DType.mxfp4:
             b += MX_SCALE_BYTES / MX_BLOCK
+        elif self.weights == DType.fp8 and self.fp8_scale_group:
+            b += self.scale_bytes / self.fp8_scale_group
         return b
 
     def quantizes(self, component: str) -> bool:
@@ -162,6 +171,53 @@ class Precision(_Frozen):
     def activation_bytes(self) -> float:
         """Activations stay in the 16-bit type."""
         return dtype_bytes(self.half_dtype)
+
+
+class CheckpointQuant(_Frozen):
+    """How a checkpoint stores its weights, as its config.json's ``quantization_config``
+    says (read by ``planner.io.catalog``): the storage type, its scales and zero points, which
+    layers it covers and whether the lm_head is among them. ``problem``: why the config cannot
+    be used (an unknown ``quant_method``, a malformed field), raised only when the weights'
+    precision is taken from it, so that ``--weights`` can still stand in for it."""
+
+    method: str  # quant_method as written: awq, gptq, fp8, compressed-tensors, ...
+    file: str  # the config.json it was read from
+    weights: DType | None = None
+    group_size: int | None = Field(None, gt=0, le=10**9)  # int8 / int4: weights per scale
+    scale_bytes: float = Field(2, gt=0, le=64)
+    zero_point_bytes: float = Field(0.0, ge=0, le=64)
+    fp8_scale_group: int | None = Field(None, gt=0, le=10**9)
+    compute: DType | None = None  # None: 16-bit for weight-only int, fp8 for fp8
+    quantized_layers: Literal["all", "experts"] = "all"
+    lm_head_quantized: bool = False
+    details: tuple[str, ...] = ()  # what the label says beside the method: "group 128", ...
+    notes: tuple[str, ...] = ()  # what is read but not modelled
+    problem: str | None = None
+
+    @property
+    def label(self) -> str:
+        """"AWQ, group 128, zero points": the method and what sets its bytes."""
+        name = {"awq": "AWQ", "gptq": "GPTQ", "fp8": "FP8", "mxfp4": "MXFP4",
+                "bitsandbytes": "bitsandbytes"}.get(self.method, self.method)
+        return ", ".join((name, *self.details))
+
+    def precision(self, kv_cache: DType | str | None = None, *,
+                  group_size: int | None = None,
+                  quantized_layers: str | None = None) -> Precision:
+        """The precision the checkpoint ships, with a user's ``--kv-cache``, ``--group-size``
+        and ``--quantized-layers experts`` over it; a ``SpecError`` (``problem``) when the
+        config cannot say."""
+        if self.problem is not None or self.weights is None:
+            raise SpecError(self.problem or f"{self.file}: quantization_config: no weight type")
+        p = Precision.of(self.weights, kv_cache, compute=self.compute)
+        return p.model_copy(update={
+            "group_size": group_size or self.group_size or DEFAULT_GROUP_SIZE,
+            "scale_bytes": self.scale_bytes, "zero_point_bytes": self.zero_point_bytes,
+            "fp8_scale_group": self.fp8_scale_group,
+            "lm_head_quantized": self.lm_head_quantized,
+            "quantized_layers": quantized_layers if quantized_layers == "experts"
+            else self.quantized_layers,
+            "from_checkpoint": True})
 
 
 # --------------------------------------------------------------------------- model
@@ -237,6 +293,9 @@ class ModelSpec(_Frozen):
     # input embedding table (gpt-oss's model card counts the unembedding only)
     official_active_params_scope: Literal["all", "no_embedding"] = "all"
     official_params_source: str | None = None
+    # how the checkpoint stores its weights (an HF config's quantization_config); None:
+    # the 16-bit type, or whatever --weights says
+    quantization: CheckpointQuant | None = None
 
     @model_validator(mode="after")
     def _check(self) -> ModelSpec:

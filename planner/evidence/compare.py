@@ -69,6 +69,12 @@ class RunComparison:
     simulated: dict = field(default_factory=dict)  # the simulator's whole summary
     notes: tuple[str, ...] = ()
 
+    @property
+    def mbu_impossible(self) -> bool:
+        """Above 100%: the run moved the bytes a step needs faster than the datasheet allows,
+        so the deployment it is compared with (precision, TP) is not the one measured."""
+        return self.mbu is not None and self.mbu > 1
+
     def as_dict(self) -> dict:
         r = self.run
         return {
@@ -79,7 +85,8 @@ class RunComparison:
             "mean_output_tokens": r.mean_output_tokens, "model_id": r.model_id,
             "decode_concurrency": self.concurrency,
             "achieved_bandwidth_bytes_per_s": self.achieved_bandwidth_bytes_per_s,
-            "mbu": self.mbu, "achieved_flops_per_s": self.achieved_flops_per_s,
+            "mbu": self.mbu, "mbu_impossible": self.mbu_impossible,
+            "achieved_flops_per_s": self.achieved_flops_per_s,
             "mfu": self.mfu,
             "metrics": {m.metric: {"measured": m.measured, "simulated": m.simulated,
                                    "steady_state": m.steady, "error": m.error,

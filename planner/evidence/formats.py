@@ -130,6 +130,31 @@ def _means(obj: dict, where: str, completed: int) -> tuple[float, float]:
     return inp / completed, out / completed
 
 
+def _text(obj: dict, key: str) -> str | None:
+    v = obj.get(key)
+    return v[:200] if isinstance(v, str) and v else None
+
+
+def _whole(v) -> int | None:
+    """A TP size as a tool writes it: a number, or text of digits (vLLM's --metadata)."""
+    if isinstance(v, bool):
+        return None
+    if isinstance(v, int):
+        return v
+    if isinstance(v, str) and v.strip().isdigit() and len(v.strip()) < 7:
+        return int(v)
+    return None
+
+
+def _stated(obj: dict, stated_by: str, *, tp_keys: tuple[str, ...], quant_key: str,
+            kv_key: str, dtype_key: str) -> dict:
+    """The deployment fields a result states (ServedRun.server_*); only those present."""
+    tp = next((_whole(obj[k]) for k in tp_keys if k in obj), None)
+    d = {"server_tp": tp, "server_quantization": _text(obj, quant_key),
+         "server_kv_cache": _text(obj, kv_key), "server_dtype": _text(obj, dtype_key)}
+    return {**d, "stated_by": stated_by if any(v is not None for v in d.values()) else None}
+
+
 def read_vllm(obj: dict, where: str) -> list[ServedRun]:
     completed = _int(obj, "completed", where, required=True)
     mean_in, mean_out = _means(obj, where, completed)
@@ -147,7 +172,10 @@ def read_vllm(obj: dict, where: str) -> list[ServedRun]:
         burstiness=min(_num(obj, "burstiness", where, allow_inf=True) or 1.0, 1e6),
         duration_s=_num(obj, "duration", where),
         input_lens=_lens(obj, "input_lens", where), output_lens=_lens(obj, "output_lens", where),
-        model_id=obj.get("model_id") if isinstance(obj.get("model_id"), str) else None)]
+        model_id=obj.get("model_id") if isinstance(obj.get("model_id"), str) else None,
+        # `vllm bench serve --metadata tp=1 ...` writes its keys into the result
+        **_stated(obj, "--metadata", tp_keys=("tp", "tensor_parallel_size", "tp_size"),
+                  quant_key="quantization", kv_key="kv_cache_dtype", dtype_key="dtype"))]
 
 
 def read_sglang(objs: list[dict], where: str) -> list[ServedRun]:
@@ -164,6 +192,7 @@ def read_sglang(objs: list[dict], where: str) -> list[ServedRun]:
         if total is not None:
             metrics.setdefault("total_token_throughput", total)
         rate_txt = "inf" if rate is None or math.isinf(rate) else f"{rate:g}"
+        info = obj.get("server_info") if isinstance(obj.get("server_info"), dict) else {}
         runs.append(ServedRun(
             source=w, tool="sglang-bench-serving",
             label=f"{obj.get('backend') or 'sglang'} rate={rate_txt}"
@@ -171,7 +200,10 @@ def read_sglang(objs: list[dict], where: str) -> list[ServedRun]:
             request_rate=math.inf if rate is None else rate, max_concurrency=mc,
             num_prompts=_int(obj, "num_prompts", w) or completed, completed=completed,
             mean_input_tokens=mean_in, mean_output_tokens=mean_out, metrics=metrics,
-            duration_s=_num(obj, "duration", w)))
+            duration_s=_num(obj, "duration", w),
+            model_id=_text(info, "model_path") or _text(info, "served_model_name"),
+            **_stated(info, "server_info", tp_keys=("tp_size",), quant_key="quantization",
+                      kv_key="kv_cache_dtype", dtype_key="dtype")))
     return runs
 
 
@@ -201,7 +233,8 @@ def read_measure(objs: list[dict], where: str) -> list[ServedRun]:
             request_rate=math.inf, max_concurrency=None, num_prompts=batch, completed=batch,
             mean_input_tokens=float(ctx), mean_output_tokens=1.0, metrics=metrics,
             batch=batch, model_id=cfg.get("model") if isinstance(cfg.get("model"), str)
-            else None))
+            else None, server_weights=_text(cfg, "weights"), server_kv_cache=_text(cfg, "kv_cache"),
+            stated_by="config" if _text(cfg, "weights") or _text(cfg, "kv_cache") else None))
     return runs
 
 

@@ -43,6 +43,16 @@ class ServedRun:
     # a static batch measured by `llmplan measure`: its batch and context, no traffic
     batch: int | None = None
     notes: tuple[str, ...] = ()
+    # the deployment the file states, where it states one, as the tool wrote it (SGLang's
+    # server_info, vLLM's --metadata keys, llmplan measure's config): TP, the server's
+    # --quantization, llmplan's weights name, the KV-cache and 16-bit types; ``stated_by``
+    # names the field they came from
+    server_tp: int | None = None
+    server_quantization: str | None = None
+    server_weights: str | None = None
+    server_kv_cache: str | None = None
+    server_dtype: str | None = None
+    stated_by: str | None = None
 
     def __post_init__(self):
         for k, v in self.metrics.items():

@@ -406,11 +406,16 @@ def _qwen_moe_layer(cfg: dict, i: int, path: str) -> bool:
 
 
 def model_from_hf_config(cfg: dict, path: str) -> ModelSpec:
-    """Translate the fields of an official HF config into a ``ModelSpec``."""
+    """Translate the fields of an official HF config into a ``ModelSpec``, with how the
+    checkpoint stores its weights (``quantization_config``: planner/io/quant_config.py)."""
+    from planner.io.quant_config import checkpoint_quant
+
     try:
-        return _model_from_hf_config(cfg, path)
+        m = _model_from_hf_config(cfg, path)
     except (TypeError, OverflowError) as err:  # a list or a string where a size belongs
         raise SpecError(f"{path}: a size field is not a number ({err})") from None
+    q = checkpoint_quant(cfg, path, moe=m.moe is not None, hidden_size=m.hidden_size)
+    return m if q is None else m.model_copy(update={"quantization": q})
 
 
 def _model_from_hf_config(cfg: dict, path: str) -> ModelSpec:

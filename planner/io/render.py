@@ -68,11 +68,14 @@ def _tp_link(hw, tp: int) -> str:
             f"{net.kind}, {net.bandwidth_gb_per_s:g} GB/s per GPU")
 
 
-def render_estimate(console: Console, e: Estimate, *, explain: bool = False) -> None:
-    """The estimate as `llmplan estimate` prints it: what was planned, then memory, compute,
-    roofline, timing, utilisation and cost, the notes, and with ``explain`` each step's
-    operators."""
+def render_estimate(console: Console, e: Estimate, *, explain: bool = False,
+                    weights_source: str | None = None) -> None:
+    """The estimate as `llmplan estimate` prints it: what was planned (``weights_source``:
+    where the weights' precision came from), then memory, compute, roofline, timing,
+    utilisation and cost, the notes, and with ``explain`` each step's operators."""
     _print_header(console, e)
+    if weights_source is not None:
+        console.print(f"weights: {e.precision.weights.value} ({escape(weights_source)})")
     for section in (_memory, _compute, _roofline, _timing, _utilisation, _cost):
         console.print(section(e))
     for n in e.notes:

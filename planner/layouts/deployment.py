@@ -98,19 +98,23 @@ class Deployment:
     layout: Layout = Layout()
     options: Options = Options()
     calibration: Calibration | None = None
+    # where the weights' precision came from: "checkpoint" (the model's quantization_config),
+    # "--weights" (the user's) or "default" (bf16)
+    weights_source: str = "default"
 
     @classmethod
     def build(cls, model: ModelSpec, hardware: HardwareSpec, *, engine: Engine = IDEAL,
               precision: Precision | None = None, layout: Layout = Layout(),
               options: Options | None = None,
-              calibration: Calibration | None = None) -> Deployment:
+              calibration: Calibration | None = None,
+              weights_source: str = "default") -> Deployment:
         """Check the layout against the model and prepare the engine for the precision
         (a ``UsageError`` when the GPU cannot run it)."""
         o = options or Options()
         layout.check(model)
         prep = prepare(hardware, precision or Precision(), calibration, o, engine)
         check_offload(model, hardware, prep, layout, o)
-        return cls(model, hardware, prep, layout, o, calibration)
+        return cls(model, hardware, prep, layout, o, calibration, weights_source)
 
     @property
     def engine(self) -> Engine:
@@ -191,6 +195,7 @@ class DeploymentEstimate:
         """``Estimate.to_dict`` with the layout's and speculation's sections."""
         e = self.estimate
         d = e.to_dict(operators=True)
+        d.update(weights_fields(self.deployment))
         if self.speculation is not None:
             d["speculative"] = self.speculation.as_dict()
         if self.pipeline is not None:
@@ -199,6 +204,25 @@ class DeploymentEstimate:
         if self.expert is not None:
             d["expert_parallel"] = self.expert.as_dict(e.batch)
         return d
+
+
+def weights_fields(dep: Deployment) -> dict:
+    """JSON fields on where the weights' precision came from: ``weights_source``
+    ("checkpoint", "--weights" or "default") and ``checkpoint_quantization``, what the
+    model's quantization_config says (null without one), with ``used`` False where
+    --weights stood in for it."""
+    q = dep.model.quantization
+    ck = None
+    if q is not None:
+        ck = {"file": q.file, "method": q.method, "label": q.label,
+              "weights": q.weights.value if q.weights else None, "group_size": q.group_size,
+              "scale_bytes": q.scale_bytes, "zero_point_bytes": q.zero_point_bytes,
+              "fp8_scale_group": q.fp8_scale_group, "quantized_layers": q.quantized_layers,
+              "lm_head_quantized": q.lm_head_quantized, "notes": list(q.notes),
+              "problem": q.problem, "used": dep.weights_source == "checkpoint"}
+    p = dep.precision
+    return {"weights_source": dep.weights_source, "checkpoint_quantization": ck,
+            "weight_group_size": p.group_size if p.weights.value in ("int8", "int4") else None}
 
 
 def estimate_deployment(dep: Deployment, workload: Workload, *, speculation=None,

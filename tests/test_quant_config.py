@@ -1,0 +1,326 @@
+"""Checkpoints as they ship: an HF config.json's quantization_config sets the weights'
+precision (AWQ, GPTQ, fp8 blocks, compressed-tensors, bitsandbytes, MXFP4), --weights and
+--group-size win over it, and the output says where the precision came from; compare and
+calibrate warn where a result file disagrees with the deployment given.
+
+Weight bytes are derived by hand for Llama-3.1-8B's shape (tests/fixtures/hf/llama-3.1-8b.json:
+hidden 4096, intermediate 14336, 32 layers, 32 query and 8 KV heads of 128, vocabulary
+128,256, lm_head untied):
+  per layer, linear: q 4096 x 4096 + k, v 4096 x 1024 each + o 4096 x 4096 = 41,943,040
+                     gate, up, down 3 x 4096 x 14336                        = 176,160,768
+  32 layers of linear layers: 32 x 218,103,808                             = 6,979,321,856
+  embeddings 128,256 x 4096 = 525,336,576; lm_head the same; norms 2 x 4096 x 32 + 4096
+  = 266,240: 16-bit bytes 2 x (525,336,576 x 2 + 266,240)                  = 2,101,878,784
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from planner.core.errors import SpecError
+from planner.core.memory import param_breakdown
+from planner.core.specs import DType
+from planner.io.catalog import load_model, model_from_hf_config
+
+HF = Path(__file__).parent / "fixtures" / "hf"
+SERVERS = Path(__file__).parent / "fixtures" / "servers"
+LINEAR_8B = 6_979_321_856  # the decoder's linear weights (above)
+HALF_8B_BYTES = 2_101_878_784  # embeddings, lm_head and norms in 16-bit
+LM_HEAD_8B = 525_336_576
+G = ("-g", "h100-sxm")
+
+AWQ = {"bits": 4, "group_size": 128, "modules_to_not_convert": None, "quant_method": "awq",
+       "version": "gemm", "zero_point": True}  # hugging-quants/...-AWQ-INT4's, verbatim
+GPTQ = {"bits": 4, "group_size": 128, "desc_act": True, "sym": True, "damp_percent": 0.01,
+        "true_sequential": True, "quant_method": "gptq", "checkpoint_format": "gptq",
+        "model_file_base_name": None, "model_name_or_path": None}
+FP8_BLOCK = {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8",
+             "weight_block_size": [128, 128]}  # deepseek-ai/DeepSeek-V3's
+CT_W4A16 = {"quant_method": "compressed-tensors", "format": "pack-quantized",
+            "config_groups": {"group_0": {
+                "targets": ["Linear"], "input_activations": None, "output_activations": None,
+                "weights": {"num_bits": 4, "type": "int", "strategy": "group",
+                            "group_size": 128, "symmetric": True, "dynamic": False,
+                            "actorder": None, "block_structure": None, "observer": "minmax"}}},
+            "ignore": ["lm_head"], "kv_cache_scheme": None, "quantization_status": "compressed"}
+BNB_NF4 = {"quant_method": "bitsandbytes", "load_in_4bit": True, "load_in_8bit": False,
+           "bnb_4bit_quant_type": "nf4", "bnb_4bit_use_double_quant": True,
+           "bnb_4bit_compute_dtype": "bfloat16", "bnb_4bit_quant_storage": "uint8",
+           "llm_int8_skip_modules": None, "llm_int8_threshold": 6.0}
+
+
+def _llama(tmp_path: Path, qc: dict | None, name: str = "q", **extra) -> str:
+    cfg = json.loads((HF / "llama-3.1-8b.json").read_text())
+    if qc is not None:
+        cfg["quantization_config"] = qc
+    cfg.update(extra)
+    folder = tmp_path / name
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(cfg))
+    return str(folder / "config.json")
+
+
+def _weights_bytes(run_json, model: str, *args: str) -> dict:
+    return run_json("estimate", "-m", model, *G, *args)
+
+
+# --------------------------------------------------------------------------- weight bytes
+
+
+def test_awq_8b_weight_bytes_by_hand(run_json, tmp_path):
+    """int4 in groups of 128: half a byte per weight, an fp16 scale (2 bytes) and a packed
+    4-bit zero (0.5 bytes) per group: 0.5 + 2.5 / 128 = 66.5 / 128 bytes per weight."""
+    d = _weights_bytes(run_json, _llama(tmp_path, AWQ, torch_dtype="float16"))
+    quantized = LINEAR_8B // 128 * 66.5  # 54,525,952 groups x 66.5 = 3,625,975,808
+    assert d["weights_bytes"] == quantized + HALF_8B_BYTES == 5_727_854_592  # 5.33 GiB
+    assert d["weights"] == "int4" and d["weights_source"] == "checkpoint"
+    assert d["compute"] == "fp16"  # AWQ kernels run in the checkpoint's float16
+    assert "AWQ, group 128" in d["weights_source_detail"]
+    # the same file without its quantization_config: every weight in bf16, 14.96 GiB
+    bf16 = _weights_bytes(run_json, _llama(tmp_path, None, "plain"))
+    assert bf16["weights_bytes"] == 2 * (LINEAR_8B + 2 * LM_HEAD_8B + 266_240) == 16_060_522_496
+    assert bf16["weights_source"] == "default"
+
+
+def test_awq_human_output_says_where_the_precision_came_from(run_cli, tmp_path):
+    path = _llama(tmp_path, AWQ)
+    code, out, err = run_cli("estimate", "-m", path, *G)
+    assert code == 0, err
+    flat = "".join(out.split())  # rich folds a long path anywhere
+    assert "".join(f"weights: int4 (AWQ, group 128, zero points, from {path} "
+                   "quantization_config)".split()) in flat
+    assert "5.33 GiB" in out
+
+
+def test_gptq_symmetric_act_order(run_json, tmp_path):
+    """Symmetric GPTQ holds no zero points once loaded (vLLM's Marlin path): 0.5 + 2 / 128
+    = 66 / 128 bytes per weight; act-order adds no bytes worth counting."""
+    d = _weights_bytes(run_json, _llama(tmp_path, GPTQ))
+    assert d["weights_bytes"] == LINEAR_8B // 128 * 66 + HALF_8B_BYTES == 5_700_591_616
+    assert d["checkpoint_quantization"]["label"] == "GPTQ, 4-bit, group 128, symmetric, act-order"
+    # lm_head: true quantizes the lm_head too: 525,336,576 x 66 / 128 = 270,876,672 bytes
+    d = _weights_bytes(run_json, _llama(tmp_path, {**GPTQ, "lm_head": True}, "head"))
+    assert d["weights_bytes"] == (LINEAR_8B + LM_HEAD_8B) // 128 * 66 + \
+        2 * (LM_HEAD_8B + 266_240) == 4_920_795_136
+
+
+def test_gptq_8bit_asymmetric(tmp_path):
+    m = load_model(_llama(tmp_path, {**GPTQ, "bits": 8, "sym": False, "group_size": 32}))
+    p = m.quantization.precision()
+    assert p.weights == DType.int8 and p.group_size == 32
+    assert p.quantized_bytes_per_param == 1 + (2 + 1) / 32  # an 8-bit zero per group
+
+
+def test_fp8_block_scales(run_json, tmp_path):
+    """One fp32 scale per 128 x 128 block: 1 + 4 / 16,384 bytes per weight; W8A8."""
+    d = _weights_bytes(run_json, _llama(tmp_path, FP8_BLOCK))
+    assert d["weights_bytes"] == LINEAR_8B + LINEAR_8B // 16384 * 4 + HALF_8B_BYTES \
+        == 9_082_904_576
+    assert d["weights"] == "fp8" and d["compute"] == "fp8"
+
+
+def test_deepseek_v3_fp8_every_linear_layer(tmp_path):
+    cfg = json.loads((HF / "deepseek-v3.json").read_text())
+    cfg["quantization_config"] = FP8_BLOCK
+    m = model_from_hf_config(cfg, "deepseek-v3/config.json")
+    p = m.quantization.precision()
+    assert (p.weights, p.quantized_layers, p.fp8_scale_group, p.lm_head_quantized) == \
+        (DType.fp8, "all", 16384, False)
+
+
+def test_compressed_tensors_int4_ignoring_lm_head(run_json, tmp_path):
+    """W4A16, symmetric groups of 128 (no zero points): 0.5 + 2 / 128 bytes per weight, the
+    lm_head ignored (16-bit)."""
+    d = _weights_bytes(run_json, _llama(tmp_path, CT_W4A16))
+    assert d["weights_bytes"] == LINEAR_8B // 128 * 66 + HALF_8B_BYTES == 5_700_591_616
+    assert d["checkpoint_quantization"]["lm_head_quantized"] is False
+    # without "lm_head" in ignore the lm_head is one more Linear, quantized with the rest
+    d = _weights_bytes(run_json, _llama(tmp_path, {**CT_W4A16, "ignore": []}, "all"))
+    assert d["weights_bytes"] == 4_920_795_136  # as GPTQ with lm_head: true
+
+
+def test_compressed_tensors_fp8_dynamic_channel(tmp_path):
+    grp = {"targets": ["Linear"],
+           "weights": {"num_bits": 8, "type": "float", "strategy": "channel", "symmetric": True},
+           "input_activations": {"num_bits": 8, "type": "float", "strategy": "token",
+                                 "dynamic": True}}
+    m = load_model(_llama(tmp_path, {"quant_method": "compressed-tensors",
+                                     "config_groups": {"group_0": grp},
+                                     "ignore": ["lm_head"]}))
+    p = m.quantization.precision()
+    assert (p.weights, p.compute_dtype, p.fp8_scale_group) == (DType.fp8, DType.fp8, 4096)
+    # weight-only fp8 (no input activations): the matmuls in 16-bit
+    grp = {**grp, "input_activations": None}
+    m = load_model(_llama(tmp_path, {"quant_method": "compressed-tensors",
+                                     "config_groups": {"group_0": grp}}, "w8a16"))
+    assert m.quantization.precision().compute_dtype == DType.bf16
+
+
+def test_mxfp4_gpt_oss_experts_only(run_json):
+    """gpt-oss-20b's own config: MXFP4 routed experts (4 + 8 / 32 bits: 0.53125 bytes per
+    weight), everything else bf16. Routed experts: 24 layers x 32 experts x 3 x 2880 x 2880
+    = 19,110,297,600 weights."""
+    path = str(HF / "gpt-oss-20b.json")
+    d = _weights_bytes(run_json, path)
+    m = load_model(path)
+    bd = param_breakdown(m)
+    experts = bd["moe/routed_experts"]
+    assert experts == 24 * 32 * 3 * 2880 * 2880 == 19_110_297_600
+    assert d["weights_bytes"] == experts * 0.53125 + (sum(bd.values()) - experts) * 2
+    assert (d["weights"], d["quantized_layers"], d["weights_source"]) == \
+        ("mxfp4", "experts", "checkpoint")
+    same = _weights_bytes(run_json, "gpt-oss-20b", "--weights", "mxfp4",
+                          "--quantized-layers", "experts")
+    assert same["weights_bytes"] == d["weights_bytes"]
+
+
+def test_bitsandbytes_nf4_double_quant(run_json, tmp_path):
+    """Blocks of 64 with an 8-bit absmax and an fp32 scale per 256 absmax values:
+    0.5 + (1 + 4 / 256) / 64 = 33,808 / 65,536 bytes per weight."""
+    d = _weights_bytes(run_json, _llama(tmp_path, BNB_NF4))
+    assert d["weights_bytes"] == LINEAR_8B // 65536 * 33808 + HALF_8B_BYTES == 5_702_295_552
+    assert d["compute"] == "bf16"
+    m = load_model(_llama(tmp_path, {**BNB_NF4, "bnb_4bit_use_double_quant": False}, "fp32"))
+    assert m.quantization.precision().quantized_bytes_per_param == 0.5 + 4 / 64
+    m = load_model(_llama(tmp_path, {"quant_method": "bitsandbytes", "load_in_8bit": True},
+                          "int8"))
+    assert m.quantization.precision().weights == DType.int8
+
+
+# --------------------------------------------------------------------------- precedence
+
+
+def test_weights_and_group_size_win_over_the_checkpoint(run_json, run_cli, tmp_path):
+    path = _llama(tmp_path, AWQ)
+    d = _weights_bytes(run_json, path, "--weights", "int8")
+    assert (d["weights"], d["weights_source"]) == ("int8", "--weights")
+    assert d["checkpoint_quantization"]["used"] is False
+    assert d["weight_group_size"] == 128
+    # --group-size alone keeps the checkpoint's int4 and zero points: 0.5 + 2.5 / 64
+    d = _weights_bytes(run_json, path, "--group-size", "64")
+    assert d["weights_source"] == "checkpoint" and d["weight_group_size"] == 64
+    assert d["weights_bytes"] == LINEAR_8B // 128 * 69 + HALF_8B_BYTES == 5_864_169_472
+    # vLLM's --dtype float16 beside an int4 checkpoint is the matmuls' type, not the weights'
+    d = _weights_bytes(run_json, path, "--dtype", "float16")
+    assert (d["weights"], d["compute"]) == ("int4", "fp16")
+    code, out, _ = run_cli("estimate", "-m", path, *G, "--weights", "bf16")
+    assert code == 0 and "(--weights;" in " ".join(out.split())
+    # a built-in model has no checkpoint: the default
+    assert _weights_bytes(run_json, "llama-3.1-8b")["weights_source"] == "default"
+
+
+# --------------------------------------------------------------------------- bad configs
+
+
+@pytest.mark.parametrize("qc,field", [
+    ({"quant_method": "hqq", "nbits": 4}, "quantization_config.quant_method"),
+    ({**GPTQ, "bits": 3}, "quantization_config.bits"),
+    ({**AWQ, "group_size": "128"}, "quantization_config.group_size"),
+    ({**FP8_BLOCK, "weight_block_size": [128]}, "quantization_config.weight_block_size"),
+    ({**AWQ, "modules_to_not_convert": "lm_head"}, "quantization_config.modules_to_not_convert"),
+    ({"quant_method": "compressed-tensors", "config_groups": {
+        "g": {"targets": ["Linear"], "weights": {"num_bits": 4, "type": "float",
+                                                  "group_size": 16}}}},
+     "quantization_config.config_groups.g.weights.type"),
+    ({"quant_method": "bitsandbytes", "load_in_4bit": True, "bnb_4bit_quant_type": "int4"},
+     "quantization_config.bnb_4bit_quant_type"),
+    ("awq", "quantization_config"),
+])
+def test_bad_quantization_config_is_one_line_exit_2(run_cli, tmp_path, qc, field):
+    path = _llama(tmp_path, qc)
+    code, out, err = run_cli("estimate", "-m", path, *G)
+    assert code == 2 and not out
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and path in lines[0] and f"{field}:" in lines[0], err
+    # --weights stands in for a config llmplan cannot read
+    code, _, err = run_cli("estimate", "-m", path, *G, "--weights", "int4")
+    assert code == 0, err
+
+
+def test_problem_raises_spec_error(tmp_path):
+    m = load_model(_llama(tmp_path, {"quant_method": "eetq"}))
+    with pytest.raises(SpecError, match="quant_method: 'eetq' is not supported"):
+        m.quantization.precision()
+
+
+def test_unmodelled_modules_are_a_note(run_cli, tmp_path):
+    path = _llama(tmp_path, {**AWQ, "modules_to_not_convert": ["model.layers.0.mlp.down_proj"]})
+    code, out, err = run_cli("estimate", "-m", path, *G)
+    assert code == 0, err
+    assert "model.layers.0.mlp.down_proj left in 16-bit" in " ".join(out.split())
+
+
+# --------------------------------------------------------------------------- compare
+
+
+def _result(tmp_path: Path, **changes) -> str:
+    d = json.loads((SERVERS / "vllm_bench_serve.json").read_text())
+    d.update(changes)
+    p = tmp_path / "r.json"
+    p.write_text(json.dumps(d))
+    return str(p)
+
+
+def test_compare_warns_on_model_and_tp(run_cli, tmp_path):
+    r = _result(tmp_path, model_id="meta-llama/Llama-3.1-70B-Instruct", tp="2")
+    code, out, err = run_cli("compare", r, "-m", "llama-3.1-8b", *G)
+    assert code == 0, err
+    warnings = [ln for ln in err.splitlines() if ln.startswith("warning:")]
+    assert len(warnings) == 2
+    assert "'meta-llama/Llama-3.1-70B-Instruct', not llama-3.1-8b" in warnings[0]
+    assert "--metadata says TP 2; the prediction uses --tp 1" in warnings[1]
+    code, out, err = run_cli("compare", r, "-m", "llama-3.1-8b", *G, "--strict")
+    assert code == 2 and not out
+    assert len(err.strip().splitlines()) == 1 and "(+1 more)" in err
+
+
+def test_compare_agrees_quietly(run_cli):
+    """The fixtures' own model (an -Instruct variant of the same name), TP and precision."""
+    code, _, err = run_cli("compare", str(SERVERS / "vllm_bench_serve.json"),
+                           str(SERVERS / "sglang_bench_serving.jsonl"), "-m", "llama-3.1-8b",
+                           *G, "--strict")
+    assert code == 0 and "warning" not in err, err
+
+
+def test_sglang_server_info_quantization_disagrees(run_cli, tmp_path):
+    line = json.loads((SERVERS / "sglang_bench_serving.jsonl").read_text().splitlines()[0])
+    line["server_info"].update(quantization="fp8", kv_cache_dtype="fp8_e4m3")
+    p = tmp_path / "s.jsonl"
+    p.write_text(json.dumps(line) + "\n")
+    code, _, err = run_cli("compare", str(p), "-m", "llama-3.1-8b", *G)
+    assert code == 0
+    assert "server_info says weights --quantization fp8 (fp8); the prediction uses bf16 " \
+        "(default)" in " ".join(err.split())
+    assert "KV cache fp8_e4m3" in err
+    code, _, err = run_cli("compare", str(p), "-m", "llama-3.1-8b", *G, "--weights", "fp8",
+                           "--kv-cache", "fp8", "--strict")
+    assert code == 0, err
+
+
+def test_impossible_mbu_is_flagged(run_cli, run_json, tmp_path):
+    """A 3 ms TPOT for Llama-3.1-8B in bf16 on one H100: 16 GB of weights in 3 ms is
+    5.4 TB/s, above its 3.35 TB/s."""
+    r = _result(tmp_path, mean_tpot_ms=3.0)
+    code, out, err = run_cli("compare", r, "-m", "llama-3.1-8b", *G)
+    assert code == 0
+    assert "MBU impossible" in " ".join(out.split())
+    assert "is impossible" in err and "deployment given is probably wrong" in " ".join(
+        err.split())
+    (run,) = run_json("compare", r, "-m", "llama-3.1-8b", *G)["runs"]
+    assert run["mbu"] > 1 and run["mbu_impossible"] is True
+    code, _, err = run_cli("compare", r, "-m", "llama-3.1-8b", *G, "--strict")
+    assert code == 2 and "MBU" in err and len(err.strip().splitlines()) == 1
+    # the same run against int4 weights is possible: the warning goes
+    code, out, err = run_cli("compare", r, "-m", "llama-3.1-8b", *G, "--weights", "int4")
+    assert "MBU impossible" not in " ".join(out.split()) and "is impossible" not in err
+
+
+def test_calibrate_strict_refuses_a_disagreeing_file(run_cli, tmp_path):
+    r = _result(tmp_path, tp="4")
+    code, _, err = run_cli("calibrate", r, "-m", "llama-3.1-8b", *G, "--out",
+                           str(tmp_path / "p.yaml"), "--strict")
+    assert code == 2 and "TP 4" in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "p.yaml").exists()
