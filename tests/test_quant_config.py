@@ -324,3 +324,36 @@ def test_calibrate_strict_refuses_a_disagreeing_file(run_cli, tmp_path):
                            str(tmp_path / "p.yaml"), "--strict")
     assert code == 2 and "TP 4" in err and len(err.strip().splitlines()) == 1
     assert not (tmp_path / "p.yaml").exists()
+
+
+def test_simulate_and_plan_take_the_checkpoints_precision(run_json, tmp_path):
+    """An AWQ checkpoint simulates as int4 with its own group (64 here, not the default 128),
+    --dtype float16 beside it sets the matmuls and not the weights, and the JSON says where the
+    precision came from; plan sizes the checkpoint as it ships unless --weights is given."""
+    qc = {**AWQ, "group_size": 64}
+    path = _llama(tmp_path, qc)
+    sim = ("simulate", "-m", path, *G, "-n", "20", "-p", "128", "-o", "16")
+    d = run_json(*sim)
+    assert d["weights"] == "int4" and d["weights_source"] == "checkpoint"
+    assert d["weight_group_size"] == 64
+    f16 = run_json(*sim, "--dtype", "float16")
+    assert f16["weights"] == "int4"
+    over = run_json(*sim, "--weights", "bf16")
+    assert over["weights"] == "bf16" and over["weights_source"] == "--weights"
+    assert over["kv_capacity_tokens"] < d["kv_capacity_tokens"]  # 16-bit weights leave less
+
+
+def test_plan_sizes_a_quantized_checkpoint_as_it_ships(run_cli, tmp_path):
+    path = _llama(tmp_path, AWQ)
+    args = ("plan", "-m", path, *G, "--rps", "2", "-p", "512", "-o", "128", "--ttft", "2s",
+            "--tpot", "100ms", "--json")
+    code, out, err = run_cli(*args)
+    assert code == 0, err
+    rows = json.loads(out)
+    rows = rows["rows"] if isinstance(rows, dict) else rows
+    assert rows and {r["weights"] for r in rows} == {"int4"}
+    assert "from" in err and "quantization_config" in err
+    code, out, err = run_cli(*args, "--weights", "bf16,int4")
+    rows = json.loads(out)
+    rows = rows["rows"] if isinstance(rows, dict) else rows
+    assert code == 0 and {r["weights"] for r in rows} == {"bf16", "int4"}

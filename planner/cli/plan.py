@@ -72,7 +72,8 @@ def plan(
              "and PP 1). auto: 1 and the powers of two up to 16 that divide the experts.")] =
     "auto",
     weights: Annotated[Optional[str], typer.Option(
-        help=f"Weight precisions (default {DEFAULT_WEIGHTS}).")] = None,
+        help=f"Weight precisions (default {DEFAULT_WEIGHTS}; for an HF config with a "
+        "quantization_config, the checkpoint's own).")] = None,
     kv_cache: Annotated[Optional[str], typer.Option(
         help=f"KV precisions, 16 = the weights' 16-bit (default {DEFAULT_KV}).")] = None,
     quantization: Annotated[Optional[str], typer.Option(
@@ -133,9 +134,18 @@ def plan(
     check_context(m, prompt_tokens, output_tokens, allow_longer_context)
     gpus = [catalog.load_hardware(g) for g in (parse_str_list(gpu) if gpu
                                                 else catalog.gpu_names())]
-    wl = [DType(w) for w in _choices_or_alias(weights, WEIGHT_CHOICES, "--weights",
-                                              quantization, QUANTIZATIONS, "--quantization",
-                                              DEFAULT_WEIGHTS)]
+    q = m.quantization
+    if weights is None and quantization is None and q is not None and q.problem is None:
+        # a quantized checkpoint runs as it ships: its precision, not a search over others
+        wl = [q.weights]
+        if q.quantized_layers == "experts":
+            ql = "experts"
+        stderr.print(f"weights: {q.weights.value} ({q.label}, from {q.file} "
+                     "quantization_config; --weights searches others)")
+    else:
+        wl = [DType(w) for w in _choices_or_alias(weights, WEIGHT_CHOICES, "--weights",
+                                                  quantization, QUANTIZATIONS,
+                                                  "--quantization", DEFAULT_WEIGHTS)]
     kvl = [None if k == "16" else DType(k)
            for k in _choices_or_alias(kv_cache, ("16", *KV_CHOICES), "--kv-cache",
                                       kv_cache_dtype, {k: v or "16" for k, v in

@@ -67,7 +67,6 @@ from planner.cli.options import (
     stdout,
 )
 from planner.core.errors import LlmplanError
-from planner.core.specs import DEFAULT_GROUP_SIZE
 
 
 class Scheduler(str, Enum):
@@ -173,7 +172,7 @@ def simulate(
     dtype: DtypeOpt = None,
     kv_cache_dtype: KvCacheDtypeOpt = None,
     enforce_eager: EnforceEagerOpt = False,
-    group_size: GroupSizeOpt = DEFAULT_GROUP_SIZE,
+    group_size: GroupSizeOpt = None,
     quantized_layers: QuantizedLayersOpt = QuantizedLayers.all,
     compute: ComputeOpt = None,
     calibration: CalibrationOpt = None,
@@ -287,8 +286,9 @@ def simulate(
     output_path(trace, "--trace")
     output_path(plot, "--plot", ".png")
     m = catalog.load_model(model)
+    ckpt = m.quantization.weights if m.quantization is not None else None
     weights, kv_cache, compute = engine_precision(weights, quantization, dtype, kv_cache,
-                                                  kv_cache_dtype, compute)
+                                                  kv_cache_dtype, compute, checkpoint=ckpt)
     dep = build_deployment(m, gpu=gpu, engine=engine, tp=tp, pp=pp, ep=ep, weights=weights,
                            kv_cache=kv_cache, group_size=group_size,
                            quantized_layers=quantized_layers, compute=compute,
@@ -460,10 +460,13 @@ def _result(dep, cfg, reqs, sp, d: dict, *, request_rate, burstiness, max_concur
                             "tokens_per_step": sp.tokens_per_step,
                             "draft_weight_bytes": sp.draft_weight_bytes,
                             "draft_kv_bytes_per_token": sp.draft_kv_bytes_per_token}
+    from planner.layouts.deployment import weights_fields
+
     lay, prec = dep.layout, dep.precision
     return {"model": dep.model.name, "gpu": dep.hardware.name, "tp": lay.tp, "pp": lay.pp,
             "ep": lay.ep, "num_gpus": lay.num_gpus, "engine": dep.engine.name,
             "weights": prec.weights.value, "quantized_layers": prec.quantized_layers,
+            **weights_fields(dep),
             "kv_cache": prec.kv_cache.value, "scheduler": cfg.kind, "kv_layout": cfg.kv_layout,
             "capacity_policy": cfg.capacity_policy, "mixed_batches": cfg.mixed_batches,
             "prefix_caching": cfg.prefix_caching, "api_servers": cfg.api_servers,
