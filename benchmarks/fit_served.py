@@ -28,6 +28,7 @@ sys.path.insert(0, str(ROOT))
 from fit_engines import with_values  # noqa: E402  (beside this script)
 
 from planner.cli.validate import at_release, replay_setup, replayed_runs  # noqa: E402
+from planner.core.engine import release_in  # noqa: E402
 from planner.evidence.compare import _sim_value, simulate_run  # noqa: E402
 from planner.evidence.fit import _golden, round_sig3, set_params, soft_l1  # noqa: E402
 from planner.evidence.served import compared_figures  # noqa: E402
@@ -35,23 +36,29 @@ from planner.io import catalog  # noqa: E402
 
 # engine -> (parameters, fit sources)
 PLANS: dict[str, tuple[list[str], list[str]]] = {
-    # vLLM V1, jointly: the per-step host cost (TPOT at low load) and the GEMMs' share of the
-    # achievable compute rate (prefill, and decode at large batches), on two sources: Massed
-    # Compute's runs of vLLM 0.8.5 and a 2026 nightly (Llama-3.1-8B / 3.3-70B, Qwen2.5-7B,
-    # Qwen3-32B / 30B-A3B on L40S and H100 PCIe, TP 1-2, 1 to 32 requests in flight) and
-    # R1-Benchmark's vLLM 0.8.2-0.8.4 runs on H200 (Llama-3.2-3B to DeepSeek-R1, whose TTFT the
-    # 0.9 guess left 45% short, the miss growing with the prefill); every other V1 source held
-    # out. (A request-path cost fitted on R1-Benchmark alone ended at the edge of its range
-    # and was refused, for the same reason.)
-    "vllm": (["step_overhead_us", "gemm_compute_frac"],
-             ["massed-compute-gpu-benchmark", "r1-benchmark"]),
-    # vLLM V1's API server (planner.serving.frontend): its CPU time per request admitted and
-    # per token streamed, on GPUStack's Performance Lab runs, the one source that sends
-    # bursts of 500-1,000 requests at once, where that process is the bottleneck; every
-    # other source held out. (Its fit, 1.46 ms and 188 us a token, was not written: held-out
-    # errors rose, and 188 us a token is below the peak rate one of those runs printed;
-    # engines_db/vllm.yaml keeps the documented guesses.)
-    "vllm/frontend": (["frontend_request_us", "frontend_token_us"], ["gpustack-perf-lab"]),
+    # Each V1 line, jointly: the per-step host cost (TPOT at low load) and the GEMMs' share of
+    # the achievable compute rate (prefill, and decode at large batches), on the runs of the
+    # releases the profile covers (``_runs``), every other source held out.
+    # vLLM 0.12 and later (async scheduling on): the step cost on Massed Compute's runs of a
+    # 2026 nightly (Qwen3-32B / 30B-A3B, DeepSeek-R1-Distill 8B / 32B on H100 PCIe, 1 to 32
+    # requests in flight); Scicom's 0.14 runs held out. (Fitted beside it, the GEMM compute
+    # share ended at 0.99, the edge of its range, and was refused: 0.9 stays a guess.)
+    "vllm": (["step_overhead_us"], ["massed-compute-gpu-benchmark"]),
+    # vLLM 0.8-0.11: Massed Compute's 0.8.5 runs (Llama-3.1-8B / 3.3-70B, Qwen2.5-7B,
+    # Nemotron on L40S and H100 PCIe) and R1-Benchmark's 0.8.2-0.8.4 runs on H200 (Llama-3.2-3B
+    # to DeepSeek-R1, whose TTFT the 0.9 guess left 45% short, the miss growing with the
+    # prefill); GPUStack's 0.10-0.11 and llm-k8s' 0.8.3 runs held out. (A request-path cost
+    # fitted on R1-Benchmark alone ended at the edge of its range and was refused, for the
+    # same reason.)
+    "vllm-0.8": (["step_overhead_us", "gemm_compute_frac"],
+                 ["massed-compute-gpu-benchmark", "r1-benchmark"]),
+    # vLLM's API server (planner.serving.frontend): its CPU time per request admitted and per
+    # token streamed, on GPUStack's Performance Lab runs (0.10-0.11), the one source that sends
+    # bursts of 500-1,000 requests at once, where that process is the bottleneck; every other
+    # source held out. (Its fit, 1.46 ms and 188 us a token, was not written: held-out errors
+    # rose, and 188 us a token is below the peak rate one of those runs printed; the profiles
+    # keep the documented guesses.)
+    "vllm-0.8/frontend": (["frontend_request_us", "frontend_token_us"], ["gpustack-perf-lab"]),
 }
 
 # Physical ranges (microseconds, or fractions), each with its reason.
@@ -82,18 +89,32 @@ RANGES: dict[str, tuple[float, float, str]] = {
 
 
 def _runs(engine: str):
-    """(source id, entry, runs) of every served file this engine predicts, read once and
-    replayed as `llmplan validate` replays them."""
-    return [(ds.source.id, e, replayed_runs(e, folder), ds.source.engine_version)
-            for ds, folder in catalog.load_served() for e in ds.runs
-            if (e.engine or ds.source.engine) == engine]
+    """(source id, entry, runs) of every served file this profile predicts, read once and
+    replayed as `llmplan validate` replays them: the runs of its engine (or its family, as
+    the manifests name it) whose release it covers (a run naming no release, a nightly
+    build, belongs to the newest line)."""
+    spec = catalog.load_engine_spec(engine)
+    fam = spec.versions.family if spec.versions is not None else engine
+    out = []
+    for ds, folder in catalog.load_served():
+        for e in ds.runs:
+            if (e.engine or ds.source.engine) not in (engine, fam):
+                continue
+            version = e.engine_version or ds.source.engine_version
+            if spec.versions is not None:
+                v = release_in(version, fam)
+                if not (spec.versions.covers(v) if v is not None
+                        else spec.versions.until is None):
+                    continue
+            out.append((ds.source.id, e, replayed_runs(e, folder), version))
+    return out
 
 
 def _residuals(spec, items):
     """(source, figure, log(simulated / measured)) of every compared figure."""
     out = []
     for src, e, runs, version in items:
-        setup = replay_setup(e, at_release(spec, e.engine_version or version))
+        setup = replay_setup(e, at_release(spec, e.engine_version or version, pick=False))
         for run in runs:
             sim, _ = simulate_run(run, setup)
             for phase, k, p in compared_figures(e, run, lambda k, sim=sim: _sim_value(sim, k)):

@@ -145,7 +145,9 @@ def test_plan_sized_at_the_high_end_never_uses_fewer_gpus(run_cli):
 def test_engine_profiles_by_release():
     assert catalog.load_engine_spec("vllm@0.6.3").name == "vllm-v0"
     assert catalog.load_engine_spec("vllm@0.7").name == "vllm-v0"
-    assert catalog.load_engine_spec("vllm@0.8").name == "vllm"
+    assert catalog.load_engine_spec("vllm@0.8").name == "vllm-0.8"
+    assert catalog.load_engine_spec("vllm@0.11.0").name == "vllm-0.8"
+    assert catalog.load_engine_spec("vllm@0.12").name == "vllm"
     assert catalog.load_engine_spec("vllm@0.19.1").name == "vllm"
     assert catalog.load_engine_spec("sglang@0.4.5").name == "sglang"
     assert version_key("0.10.1") > version_key("0.9.2")  # numbers, not text
@@ -175,7 +177,10 @@ def test_a_release_starts_with_its_own_scheduler_defaults():
     assert release_in("SGLang from lmsysorg/sglang:latest", "sglang") is None
     spec = catalog.load_engine_spec("vllm")
     assert at_release(spec, "vLLM 0.8.3").model().max_num_seqs == 256
-    assert at_release(spec, "vLLM 0.11.0") is spec and at_release(spec, None) is spec
+    # a run names its release: the profile of that release, unless told to keep the one given
+    assert at_release(spec, "vLLM 0.11.0").name == "vllm-0.8"
+    assert at_release(spec, "vLLM 0.11.0", pick=False).name == "vllm"
+    assert at_release(spec, "vLLM 0.14.1") is spec and at_release(spec, None) is spec
 
 
 def test_every_profile_states_versions_that_do_not_overlap():

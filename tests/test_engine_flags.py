@@ -175,7 +175,8 @@ def test_enforce_eager_reaches_the_simulator(run_json):
     ("vllm serve m --no-enable-prefix-caching", {"--prefix-cache": False}),
     ("python3 -m sglang.launch_server --model-path m --enable-mixed-chunk "
      "--disable-radix-cache", {"--mixed-batches": True, "--prefix-cache": False}),
-    ("vllm serve m --host 0.0.0.0 --port 8000 --async-scheduling", {}),
+    ("vllm serve m --host 0.0.0.0 --port 8000 --async-scheduling",
+     {"--async-scheduling": True}),
     (None, {}),
 ])
 def test_server_commands_read_with_the_table(command, expected):

@@ -168,8 +168,10 @@ def _simulated_result(run_json, tmp_path, engine: Path, rate: str, name: str) ->
 @pytest.mark.slow
 def test_calibrate_recovers_known_parameters(run_cli, run_json, tmp_path):
     """Runs simulated with a profile whose step cost and prefill efficiency differ from
-    vLLM's are fitted back from vLLM's values, and the written profile works with --engine."""
-    spec = catalog.load_engine_spec("vllm").model_dump(mode="json", exclude_none=True)
+    vLLM 0.8-0.11's are fitted back from that profile's values, and the written profile works
+    with --engine. (vllm-0.8, not vllm: the newest line's async scheduling hides the step
+    cost under the GPU's step, so runs cannot show it.)"""
+    spec = catalog.load_engine_spec("vllm-0.8").model_dump(mode="json", exclude_none=True)
     spec.update(name="truth")
     spec["step_overhead_us"]["value"] = 1500.0
     spec["gemm_compute_frac"]["value"] = 0.7
@@ -179,10 +181,11 @@ def test_calibrate_recovers_known_parameters(run_cli, run_json, tmp_path):
              for r in ("2", "6", "inf")]
     out = tmp_path / "fitted.yaml"
     d = run_json("calibrate", *map(str, files), *M, *G, "--out", str(out),
-                 "--no-leave-one-out")
-    # 1500 from vLLM's 656: the search within the physical ranges lands within 5% (the
-    # simulated figures move in small steps with the step cost, so the optimum is flat)
-    assert d["values"]["step_overhead_us"] == pytest.approx(1500, rel=0.05)
+                 "--no-leave-one-out", "--base-engine", "vllm-0.8")
+    # 1500 from vllm-0.8's 1160: the search within the physical ranges lands within 15% (the
+    # simulated figures move in small steps with the step cost, so the optimum is flat: 1330
+    # fits these three runs within 2% as well as 1500 does)
+    assert d["values"]["step_overhead_us"] == pytest.approx(1500, rel=0.15)
     assert d["values"]["gemm_compute_frac"] == pytest.approx(0.7, rel=0.03)
     assert "allreduce_latency_us" in d["unidentified"]  # TP 1: nothing to see
     assert max(abs(e["in_sample"]) for e in d["errors"]) < 0.02
@@ -248,23 +251,28 @@ def test_calibrate_answer_on_published_runs(run_json, tmp_path):
     d = run_json("calibrate", *(str(SERVED / f) for f in R1_LLAMA), *R1_SETUP,
                  "--out", str(tmp_path / "p.yaml"))
     assert d["refused"] == []
-    assert set(d["unidentified"]) == {"allreduce_latency_us", "gemm_compute_frac"}
+    # since vLLM 0.8-0.11 is its own profile (vllm-0.8: served prefill at 0.51 of the
+    # achievable GEMM rate, fitted on R1-Benchmark and Massed Compute), the prefill is
+    # compute-bound in these replays and the GEMMs' compute share is identified: 0.516 beside
+    # the profile's step cost and bandwidth share, which the search leaves where they start
+    assert set(d["unidentified"]) == {"allreduce_latency_us"}
     assert d["values"] == pytest.approx(
-        {"step_overhead_us": 873.0, "gemm_bandwidth_frac": 0.708}, rel=5e-3)
+        {"step_overhead_us": 1160.0, "gemm_bandwidth_frac": 0.988, "gemm_compute_frac": 0.516},
+        rel=5e-3)
     # (run, figure): error in sample, and held out (predicted by a fit on the other three)
     want = {
-        ("vllm082-1000in-2000out", "mean_ttft_s"): (-0.1603, -0.1577),
-        ("vllm082-1000in-2000out", "mean_tpot_s"): (0.0474, 0.0657),
-        ("vllm082-1000in-2000out", "output_throughput"): (-0.0649, -0.0774),
-        ("vllm082-5000in-1000out", "mean_ttft_s"): (-0.0546, -0.0319),
-        ("vllm082-5000in-1000out", "mean_tpot_s"): (0.1488, 0.1576),
-        ("vllm082-5000in-1000out", "output_throughput"): (-0.1460, -0.1519),
-        ("vllm082-10000in-500out", "mean_ttft_s"): (0.0972, 0.1037),
-        ("vllm082-10000in-500out", "mean_tpot_s"): (0.0559, 0.0603),
-        ("vllm082-10000in-500out", "output_throughput"): (-0.1168, -0.1206),
-        ("sglang0443-1000in-2000out", "mean_ttft_s"): (-0.6705, -0.6796),
-        ("sglang0443-1000in-2000out", "mean_tpot_s"): (-0.0964, -0.1773),
-        ("sglang0443-1000in-2000out", "output_throughput"): (0.0504, 0.1293),
+        ("vllm082-1000in-2000out", "mean_ttft_s"): (-0.1208, -0.1195),
+        ("vllm082-1000in-2000out", "mean_tpot_s"): (0.0722, 0.0998),
+        ("vllm082-1000in-2000out", "output_throughput"): (-0.0818, -0.1001),
+        ("vllm082-5000in-1000out", "mean_ttft_s"): (-0.0282, -0.0094),
+        ("vllm082-5000in-1000out", "mean_tpot_s"): (0.1610, 0.1744),
+        ("vllm082-5000in-1000out", "output_throughput"): (-0.1540, -0.1626),
+        ("vllm082-10000in-500out", "mean_ttft_s"): (0.1060, 0.1159),
+        ("vllm082-10000in-500out", "mean_tpot_s"): (0.0619, 0.0685),
+        ("vllm082-10000in-500out", "output_throughput"): (-0.1219, -0.1277),
+        ("sglang0443-1000in-2000out", "mean_ttft_s"): (-0.6550, -0.6772),
+        ("sglang0443-1000in-2000out", "mean_tpot_s"): (-0.0750, -0.1698),
+        ("sglang0443-1000in-2000out", "output_throughput"): (0.0314, 0.1216),
     }
     got = {(e["run"].split("-h200x1-")[1].split(".json")[0], e["metric"]):
            (e["in_sample"], e["held_out"]) for e in d["errors"]}
@@ -274,15 +282,18 @@ def test_calibrate_answer_on_published_runs(run_json, tmp_path):
 
 
 @pytest.mark.slow
-def test_calibrate_three_vllm_runs_fit_a_250_us_step(run_json, tmp_path):
-    """R1-Benchmark's three vLLM 0.8.2 runs alone, replayed with 0.8.2's scheduler defaults,
-    fit a 250 us step at the profile's 0.988 bandwidth efficiency within the physical ranges
-    (README; without the ranges, once a 22 us step with a 0.44 efficiency)."""
+def test_calibrate_three_vllm_runs_fit_within_the_ranges(run_json, tmp_path):
+    """R1-Benchmark's three vLLM 0.8.2 runs alone, replayed with 0.8.2's scheduler defaults
+    and vllm-0.8's profile, fit a 151 us step, a 0.643 bandwidth share and a 0.493 compute
+    share, each within its physical range (without the ranges, once a 22 us step with a 0.44
+    efficiency; with vllm's 0.9 compute share, 250 us at 0.988). Three runs trade the step
+    cost against the bandwidth share; the four-file fit above keeps both where they start."""
     d = run_json("calibrate", *(str(SERVED / f) for f in R1_LLAMA[:3]), *R1_SETUP,
                  "--out", str(tmp_path / "p.yaml"), "--no-leave-one-out")
     assert d["refused"] == []
     assert d["values"] == pytest.approx(
-        {"step_overhead_us": 250.0, "gemm_bandwidth_frac": 0.988}, rel=5e-3)
+        {"step_overhead_us": 151.0, "gemm_bandwidth_frac": 0.643, "gemm_compute_frac": 0.493},
+        rel=5e-3)
 
 
 def test_calibrate_ranges_have_reasons():

@@ -11,7 +11,8 @@ Our options an engine flag stands for (``EngineFlag.ours``): ``--tp``, ``--pp``,
 ``--kv-cache``, ``--weights``, ``--dtype`` (the 16-bit type), ``--chunked-prefill``,
 ``--enforce-eager`` (no CUDA graphs), ``--cpu-offload-gb``, ``--max-num-seqs``,
 ``--max-num-batched-tokens``, ``--block-size``, ``--prefix-cache`` (automatic prefix
-caching, True or False here), ``--mixed-batches`` (prefill chunks beside decodes) and
+caching, True or False here), ``--mixed-batches`` (prefill chunks beside decodes),
+``--async-scheduling`` (the host's work beside the GPU's, True or False) and
 ``--api-server-count`` (API-server processes: ``planner.serving.frontend``).
 """
 
@@ -101,6 +102,8 @@ FLAGS: tuple[EngineFlag, ...] = (
                number=int),
     EngineFlag(("--block-size",), "--block-size", V, VLLM_ARGS, number=int),
     EngineFlag(("--enable-prefix-caching",), "--prefix-cache", V, VLLM_ARGS, value=True),
+    EngineFlag(("--async-scheduling",), "--async-scheduling", V, VLLM_ARGS, value=True),
+    EngineFlag(("--no-async-scheduling",), "--async-scheduling", V, VLLM_ARGS, value=False),
     EngineFlag(("--api-server-count", "-asc"), "--api-server-count", V, VLLM_API_SERVERS,
                number=int),
     EngineFlag(("--no-enable-prefix-caching",), "--prefix-cache", V, VLLM_ARGS, value=False),

@@ -8,20 +8,22 @@ from typing import Annotated, Optional
 import typer
 
 from planner.cli.options import json_out, output_path, stderr, stdout
-from planner.core.errors import LlmplanError, UsageError
+from planner.core.errors import LlmplanError, SpecError, UsageError
 
 RECORDED = Path(__file__).resolve().parent.parent / "data" / "validation_recorded.yaml"
 
 
 def run_validation(datasets, engine_override: str | None = None):
     """Every comparison of ``datasets``; the models, GPUs and engines they name are loaded
-    once each."""
+    once each. A dataset's engine is the profile of the release its source names (a vLLM
+    0.9.1 dataset is predicted by vllm-0.8), unless ``engine_override`` sets one for all."""
     from planner.evidence.validate import compare
     from planner.io import catalog
 
-    models, gpus, engines = {}, {}, {}
+    models, gpus, specs = {}, {}, {}
     out = []
     for ds in datasets:
+        engines = {}  # this dataset's: a name means the release its source measured
         if engine_override:
             ds = ds.model_copy(update={
                 "source": ds.source.model_copy(update={"engine": engine_override}),
@@ -35,7 +37,12 @@ def run_validation(datasets, engine_override: str | None = None):
                     gpus[r.gpu] = catalog.load_hardware(r.gpu)
                 name = r.engine or ds.source.engine
                 if name not in engines:
-                    engines[name] = catalog.load_engine_spec(name)
+                    key = (name, None if engine_override else ds.source.engine_version)
+                    if key not in specs:
+                        spec = catalog.load_engine_spec(name)
+                        specs[key] = spec if engine_override else \
+                            at_release(spec, ds.source.engine_version)
+                    engines[name] = specs[key]
             except LlmplanError as err:
                 raise LlmplanError(f"{where}: {err}") from None
         out += compare(ds, models=models, gpus=gpus, engines=engines)
@@ -57,7 +64,8 @@ def run_served(manifests, engine_override: str | None = None) -> tuple[list, lis
             try:
                 spec = catalog.load_engine_spec(engine_override or entry.engine
                                                 or ds.source.engine)
-                spec = at_release(spec, entry.engine_version or ds.source.engine_version)
+                spec = at_release(spec, entry.engine_version or ds.source.engine_version,
+                                  pick=engine_override is None)
                 out += compare_entry(ds.source, entry, replayed_runs(entry, folder),
                                      replay_setup(entry, spec), replay_setup(entry, ideal_spec),
                                      spec.fitted_rows())
@@ -71,15 +79,25 @@ def run_served(manifests, engine_override: str | None = None) -> tuple[list, lis
     return out, unserved
 
 
-def at_release(spec, engine_version: str | None):
-    """``spec`` as the release a served run names in its engine version starts (its
-    scheduler defaults: ``EngineSpec.at_version``); as it is where none is named."""
+def at_release(spec, engine_version: str | None, *, pick: bool = True):
+    """``spec`` as the release a served run names in its engine version starts: with
+    ``pick``, the engine's profile that covers that release (``vllm`` for a 0.10 run is
+    vllm-0.8), and its scheduler defaults at that release (``EngineSpec.at_version``); as it
+    is where none is named (a nightly build is the newest line)."""
     from planner.core.engine import release_in
+    from planner.io import catalog
 
     if spec.versions is None:
         return spec
     version = release_in(engine_version, spec.versions.family)
-    return spec if version is None else spec.at_version(version)
+    if version is None:
+        return spec
+    if pick and not spec.versions.covers(version):
+        try:
+            return catalog.load_engine_spec(f"{spec.versions.family}@{version}")
+        except SpecError:
+            pass  # no profile covers it: the one named, as it starts that release
+    return spec.at_version(version)
 
 
 def replayed_runs(entry, folder):

@@ -260,6 +260,9 @@ class ServingDefaults(_Frozen):
     mixed_batches: Flag | None = None
     cuda_graph_sizes: GraphSizes | None = None  # None: any decode batch replays a graph
     prefix_caching: Flag | None = None  # automatic prefix caching on by default (None: off)
+    # the host's work for the next step (scheduling, input preparation) runs while the GPU
+    # runs this one, so a step takes the longer of the two, not their sum (None: off)
+    async_scheduling: Flag | None = None
     earlier: tuple[EarlierDefaults, ...] = ()  # releases before each ``until``, oldest first
 
     @model_validator(mode="after")
@@ -436,6 +439,8 @@ class EngineSpec(_Frozen):
             out["mixed_batches"] = sv.mixed_batches.value
         if sv.prefix_caching is not None:
             out["prefix_caching"] = sv.prefix_caching.value
+        if sv.async_scheduling is not None:
+            out["async_scheduling"] = sv.async_scheduling.value
         if sv.cuda_graph_sizes is not None:
             g = sv.cuda_graph_sizes
             out["graph_rule"] = (g.sizes, g.steps, g.cap, g.cap_per_seq)
@@ -493,6 +498,9 @@ class Engine:
     capacity_policy: str = "max-utilization"  # or "guaranteed-no-evict" (``Policy``)
     mixed_batches: bool = True  # prefill chunks and decodes share a step
     prefix_caching: bool = False  # automatic prefix caching on by default
+    # the next step's host work overlaps this step's GPU work: a step takes the longer of
+    # the two (``planner.core.roofline.with_host``), not their sum
+    async_scheduling: bool = False
     # CUDA-graph capture sizes, (sizes, steps, cap, cap_per_seq) as ``GraphSizes`` states
     # them (``graph_sizes``); None: any decode batch replays a graph, unpadded
     graph_rule: tuple | None = None

@@ -37,7 +37,7 @@ from planner.core.memory import (
     weight_bytes_breakdown,
 )
 from planner.core.ops import StepShape, shape_ops
-from planner.core.roofline import op_time
+from planner.core.roofline import op_time, with_host
 from planner.core.specs import HardwareSpec, ModelSpec, Options
 
 
@@ -69,6 +69,7 @@ class ExpertParallel:
     crosses_node: bool
     ttft_s: float  # each GPU prefills its own sequences' prompts, the experts at the top load
     usable_bytes: float = 0.0  # what the engine's memory fraction lets each GPU fill
+    overlapped: bool = False  # async scheduling: the host's work beside the GPU's
 
     @property
     def imbalance(self):
@@ -76,7 +77,8 @@ class ExpertParallel:
 
     @property
     def tpot_s(self):
-        return self.dense_s + self.experts_s + self.all_to_all_s + self.fixed_s
+        return with_host(self.dense_s + self.experts_s + self.all_to_all_s, self.fixed_s,
+                         self.overlapped)
 
     @property
     def gpus(self) -> int:
@@ -188,4 +190,5 @@ def expert_parallel(m: ModelSpec, hw: HardwareSpec, prep: Prepared, o: Options, 
                           reserve_bytes=o.reserve_bytes, frac=frac, basis=basis)
     fixed = e.step_overhead_s + e.per_sequence_overhead_s * b
     return ExpertParallel(ep, b, batch * k / ep, top, w, kv, total, total <= usable, dense, experts,
-                          a2a, fixed, x.crosses_node, ttft, usable)
+                          a2a, fixed, x.crosses_node, ttft, usable,
+                          e.async_scheduling and graphed)

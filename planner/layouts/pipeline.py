@@ -38,7 +38,7 @@ from planner.core.memory import (
     weight_bytes_breakdown,
 )
 from planner.core.ops import Op, decode_ops, prefill_ops
-from planner.core.roofline import op_time
+from planner.core.roofline import op_time, with_host
 from planner.core.specs import HardwareSpec, ModelSpec, Options, Precision
 
 FIRST_ONLY = {"embed"}
@@ -226,7 +226,9 @@ def pipeline(m: ModelSpec, hw: HardwareSpec, prep: Prepared, o: Options, *, tp: 
                             timed(dec, e.cuda_graphs), timed(pre, False), send, crosses,
                             usable))
     fixed = e.step_overhead_s + e.per_sequence_overhead_s * mb
-    traverse = sum(st.decode_s + st.send_s for st in stages) + fixed
+    # vLLM turns async scheduling off under pipeline parallelism (a single stage keeps it)
+    traverse = with_host(sum(st.decode_s + st.send_s for st in stages), fixed,
+                         e.async_scheduling and e.cuda_graphs and pp == 1)
     # the host prepares one micro-batch while the GPUs run the others: a cycle is bound by
     # the slowest stage or by the host, whichever is longer
     cycle = mb_count * vmax(reduce(vmax, (st.decode_s + st.send_s for st in stages)), fixed)

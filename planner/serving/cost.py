@@ -30,7 +30,7 @@ from dataclasses import replace
 from planner.core.engine import Engine
 from planner.core.estimate import Prepared
 from planner.core.ops import Op, StepShape, host_transfer_ops, shape_ops
-from planner.core.roofline import combine, op_time
+from planner.core.roofline import combine, op_time, with_host
 from planner.core.specs import HardwareSpec, ModelSpec, Options
 from planner.layouts.pipeline import stage_ops
 
@@ -233,8 +233,12 @@ class StepCoster:
         """A step of ``shape`` over ``sequences`` sequences; ``prefill``: it holds a prefill
         chunk, so it is not replayed from a CUDA graph; ``decodes``: it holds decodes;
         ``graphed=False``: a decode step run without a graph (above the captured sizes)."""
-        return self.gpu_s(shape, prefill=prefill, graphed=graphed) + host_s(
-            self.engine, sequences, prefill=prefill, decodes=decodes)
+        e = self.engine
+        if graphed is None:
+            graphed = e.cuda_graphs and not prefill
+        return with_host(self.gpu_s(shape, prefill=prefill, graphed=graphed),
+                         host_s(e, sequences, prefill=prefill, decodes=decodes),
+                         e.async_scheduling and graphed)
 
     def gpu_s(self, shape: StepShape, *, prefill: bool, graphed: bool | None = None) -> float:
         """The step's operators alone, without the engine's host cost: ``linear_s`` +

@@ -46,6 +46,7 @@ from planner.core.memory import (
     weight_bytes_breakdown,
 )
 from planner.core.ops import StepShape, check_tp
+from planner.core.roofline import with_host
 from planner.core.specs import HardwareSpec, ModelSpec, Options
 from planner.layouts.expert import ExpertStep
 from planner.layouts.pipeline import stage_layers, weights_of_stage
@@ -100,7 +101,11 @@ class PipelineCoster(_Layout):
         per_stage = [st.gpu_s(part, prefill=prefill) + (sends[i] if i < len(sends) else 0.0)
                      for i, st in enumerate(self.stages)]
         host = self.fixed_s(per, prefill=prefill, decodes=decodes)
-        return max(sum(per_stage) + host, m * max(max(per_stage), host))
+        # vLLM turns async scheduling off under pipeline parallelism (one stage keeps it)
+        overlapped = (self.engine.async_scheduling and self.engine.cuda_graphs
+                      and not prefill and self.pp == 1)
+        return max(with_host(sum(per_stage), host, overlapped),
+                   m * max(max(per_stage), host))
 
     def kv_capacity_tokens(self, max_num_seqs: int, step_tokens: int) -> int:
         """The tightest stage's: its free memory over its layers' KV bytes per token (every
@@ -150,8 +155,9 @@ class ExpertCoster(_Layout):
             own = _add(dec.scaled(-(-n_dec // self.ep) / n_dec),
                        _add(shape, dec.scaled(-1.0)).scaled(1 / min(n_chunks, self.ep)))
         experts, _ = self.x.experts_s(shape.tokens, graphed)
-        return (self.x.dense_s(own, graphed) + experts + self.x.all_to_all_s(own.tokens)
-                + self.fixed_s(per, prefill=prefill, decodes=decodes))
+        return with_host(self.x.dense_s(own, graphed) + experts + self.x.all_to_all_s(own.tokens),
+                         self.fixed_s(per, prefill=prefill, decodes=decodes),
+                         self.engine.async_scheduling and graphed)
 
     def kv_capacity_tokens(self, max_num_seqs: int, step_tokens: int) -> int:
         """``ep`` GPUs' caches: each GPU's memory less its weights (1/ep of the routed
