@@ -97,7 +97,7 @@ def test_text_section(run_cli):
     assert "Speculative decoding" in out and "stops paying" in out
 
 
-# --------------------------------------------------------------------------- the headline (issue 25 s3)
+# ------------------------------------------------------- the headline (issue 25, section 3)
 
 from planner.layouts.speculation import (  # noqa: E402
     acceptance_for_length,
