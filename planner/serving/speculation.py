@@ -7,8 +7,9 @@ E = (1 - a^(k+1)) / (1 - a) of them (``planner.layouts.speculation.expected_toke
 drafter runs k decode steps of its own over the decoding requests (a draft model, or one
 decoder layer for MTP and EAGLE heads) and prefills every prompt chunk the target
 prefills, so that it holds their KV too; n-gram prompt lookup runs on the host and costs the
-GPU nothing. The drafter's weights and its KV cache (one token of it per token of the target's) come out of the same memory as the target's
-block pool, as in vLLM, whose draft and target share one KV pool.
+GPU nothing. The drafter's weights and its KV cache (one token of it per token of the
+target's) come out of the same memory as the target's block pool, as in vLLM, whose draft
+and target share one KV pool.
 
 The simulator advances every decoding request by E tokens per step: after n steps a request
 has generated floor(n E) tokens (capped at its output), so the steps it needs are
