@@ -124,6 +124,25 @@ def test_cli(run_json, run_cli):
     assert code == 2 and "go with --speculative" in err
     for extra, msg in ((["--pp", "2"], "TP replica only"),
                        (["--scheduler", "static"], "continuous only"),
-                       ([], "give --num-speculative-tokens")):
+                       ([], "give --acceptance-rate")):
         code, _, err = run_cli(*base, "--speculative", "ngram", *extra)
         assert code == 2 and msg in err, err
+
+
+def test_simulate_headline_is_speculative_with_the_baseline_beside(run_json, run_cli):
+    base = ("simulate", "-m", "llama-3.1-8b", "-g", "h100-sxm", "--num-requests", "40",
+            "--request-rate", "2", "--prompt-tokens", "256", "--output-tokens", "64")
+    plain = run_json(*base)
+    d = run_json(*base, "--speculative", "eagle3")
+    assert "2503.01840" in d["speculative"]["acceptance_source"]
+    b = d["baseline"]
+    # the baseline object is the same requests served without speculation
+    for k in ("mean_tpot_ms", "output_throughput", "mean_ttft_ms", "p99_tpot_ms"):
+        assert b[k] == pytest.approx(plain[k], rel=1e-12), k
+    assert d["speedup"] == pytest.approx(b["mean_tpot_ms"] / d["mean_tpot_ms"])
+    assert d["mean_tpot_ms"] < plain["mean_tpot_ms"] / 2 and d["speedup"] > 2
+    assert d["mean_tpot_ms_low"] < d["mean_tpot_ms"] < d["mean_tpot_ms_high"]
+    code, out, _ = run_cli(*base, "--speculative", "eagle3")
+    assert code == 0 and "without speculation" in out
+    code, _, err = run_cli(*base, "--speculative", "eagle3", "--acceptance-rate", "2")
+    assert code == 2 and "--acceptance-rate: must be in [0, 1]" in err

@@ -135,19 +135,19 @@ def estimate(
                            calibration=calibration, options=opts,
                            enforce_eager=enforce_eager)
     spec = speculation_config(speculative, draft_model, num_speculative_tokens,
-                              acceptance_rate)
+                              acceptance_rate, model=m)
     check_offload_speculation(opts, spec)
     res = estimate_deployment(dep, Workload(batch=batch, prompt_tokens=prompt_tokens,
                                             output_tokens=output_tokens),
                               speculation=spec, price_usd_per_gpu_hour=price_per_hour,
                               measured_tpot_s=measured_tpot, measured_ttft_s=measured_ttft)
-    est = res.estimate
+    h = res.headline  # the speculative figures when speculation is asked for
     regime = static_regime(batch)
     applied = figure_bands(dep.engine.name, {
-        "ttft_s": (est.ttft_s, "prefill", regime, False),
-        "tpot_s": (est.tpot_s, "decode", regime, False),
-        "latency_s": (est.latency_s, "end-to-end", regime, False),
-        "throughput_tokens_per_s": (est.throughput_tokens_per_s, "decode", regime, True)})
+        "ttft_s": (h.ttft_s, "prefill", regime, False),
+        "tpot_s": (h.tpot_s, "decode", regime, False),
+        "latency_s": (h.latency_s, "end-to-end", regime, False),
+        "throughput_tokens_per_s": (h.throughput_tokens_per_s, "decode", regime, True)})
     source = weights_source_text(m, dep.precision, dep.weights_source,
                                  group_size if dep.weights_source == "checkpoint" else None)
     if as_json:
@@ -179,7 +179,8 @@ def _render(res, explain: bool, weights_source: str | None = None) -> None:
     )
 
     est = res.estimate
-    render_estimate(stdout, est, explain=explain, weights_source=weights_source)
+    render_estimate(stdout, est, explain=explain, weights_source=weights_source,
+                    speculation=res.speculation)
     if res.pipeline is not None:
         render_pipeline(stdout, res.pipeline, est.batch, est.output_tokens,
                         est.price_usd_per_gpu_hour)

@@ -118,24 +118,29 @@ QuantizedLayersOpt = Annotated[QuantizedLayers, typer.Option(
 class SpeculativeMethod(str, Enum):
     draft_model = "draft-model"
     mtp = "mtp"
+    eagle = "eagle"
+    eagle3 = "eagle3"
     ngram = "ngram"
 
 
 SpeculativeOpt = Annotated[Optional[SpeculativeMethod], typer.Option(
     "--speculative",
-    help="Speculative decoding: a draft model, the model's own MTP layer (DeepSeek), or "
-         "n-gram prompt lookup.")]
+    help="Speculative decoding: a draft model, the model's own MTP layer (DeepSeek), an EAGLE "
+         "or EAGLE-3 head, or n-gram prompt lookup. The headline TPOT, latency, throughput "
+         "and cost are then the speculative ones, the figures without it beside them.")]
 DraftOpt = Annotated[Optional[str], typer.Option(
     "--draft-model",
     help="The draft model (built-in name, YAML or config.json) for --speculative "
          "draft-model.")]
 SpeculativeTokensOpt = Annotated[Optional[int], typer.Option(
     "--num-speculative-tokens",
-    help="Tokens proposed per step, k (default 1 for mtp; required otherwise).")]
+    help="Tokens proposed per step, k (default: the k of the published acceptance used; "
+         "required with --acceptance-rate where there is none).")]
 AcceptanceOpt = Annotated[Optional[float], typer.Option(
     "--acceptance-rate",
-    help="Probability that each proposed token is accepted (default 0.85 for mtp, from "
-         "DeepSeek-V3's report; required otherwise).")]
+    help="Probability that each proposed token is accepted, in [0, 1] (default: the "
+         "published figure for the method and model family in planner/data/speculation.yaml, "
+         "source named in the output; none for ngram, whose acceptance is the traffic's).")]
 LongerOpt = Annotated[bool, typer.Option(
     "--allow-longer-context",
     help="Accept prompt + output tokens beyond the model's max_position_embeddings.")]
@@ -318,27 +323,61 @@ def check_offload_speculation(options, spec) -> None:
                            "drafter's layers share vLLM's offload budget)")
 
 
-def speculation_config(method, draft_model, k, a):
-    """The speculative-decoding configuration the flags ask for; None when none is."""
+def speculation_config(method, draft_model, k, a, model=None):
+    """The speculative-decoding configuration the flags ask for; None when none is. Without
+    --acceptance-rate the rate (and k, unless given) is the published one for the method and
+    ``model`` (planner/data/speculation.yaml), its source carried into the output."""
     from planner.io import catalog
-    from planner.layouts.speculation import MTP_ACCEPTANCE, MTP_TOKENS, SpeculationConfig
+    from planner.layouts.speculation import (
+        SpeculationConfig,
+        check_method,
+        check_tokenizer,
+        published_acceptance,
+    )
 
     if all(v is None for v in (method, draft_model, k, a)):
         return None
     if method is None:
         raise LlmplanError("--draft-model, --num-speculative-tokens and --acceptance-rate go "
-                           "with --speculative draft-model|mtp|ngram")
-    if method == SpeculativeMethod.mtp:
-        k = MTP_TOKENS if k is None else k
-        a = MTP_ACCEPTANCE if a is None else a
-    if k is None or a is None:
-        raise LlmplanError(f"--speculative {method.value}: give --num-speculative-tokens and "
-                           "--acceptance-rate (measured on your traffic; there is no default)")
-    if isinstance(a, float) and not 0 <= a <= 1:
+                           "with --speculative draft-model|mtp|eagle|eagle3|ngram")
+    if a is not None and not 0 <= a <= 1:
         raise LlmplanError(f"--acceptance-rate: must be in [0, 1], got {a:g}")
     positive("--num-speculative-tokens", k)
+    if (method == SpeculativeMethod.draft_model) != (draft_model is not None):
+        raise LlmplanError("--draft-model goes with --speculative draft-model, and that "
+                           "needs it")
+    if model is not None:
+        check_method(model, method.value)
     draft = catalog.load_model(draft_model) if draft_model else None
-    return SpeculationConfig(method.value, k, a, draft)
+    if draft is not None and model is not None:
+        check_tokenizer(model, draft)
+    source = "--acceptance-rate"
+    entry = None if model is None else published_acceptance(
+        catalog.load_acceptance(), model, method.value, draft)
+    if a is None:
+        if entry is None:
+            raise LlmplanError(_no_published(method.value, model, draft))
+        a, source = entry.acceptance, entry.text
+    if k is None and entry is not None:
+        k = entry.k  # the k the published figure was measured at
+    if k is None:
+        raise LlmplanError(f"--speculative {method.value}: give --num-speculative-tokens with "
+                           "--acceptance-rate (the k your rate was measured at)")
+    return SpeculationConfig(method.value, k, a, draft, acceptance_source=source)
+
+
+def _no_published(method: str, model, draft) -> str:
+    """Why there is no default acceptance, as one line."""
+    if method == "ngram":
+        return ("--speculative ngram: give --acceptance-rate and --num-speculative-tokens, "
+                "measured on your traffic (prompt lookup accepts what the output repeats of "
+                "the prompt: a property of the workload, so there is no default)")
+    who = model.name if model is not None else "this model"
+    if draft is not None:
+        who += f" drafted by {draft.name}"
+    return (f"--speculative {method}: no published acceptance for {who} in "
+            "planner/data/speculation.yaml; give --acceptance-rate and "
+            "--num-speculative-tokens")
 
 
 def _value(v):

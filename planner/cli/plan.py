@@ -21,8 +21,10 @@ from planner.cli.options import (
     PP_NAMES,
     TP_NAMES,
     WEIGHT_CHOICES,
+    AcceptanceOpt,
     Attention,
     ComputeOpt,
+    DraftOpt,
     EnforceEagerOpt,
     EngineOpt,
     LongerOpt,
@@ -31,6 +33,7 @@ from planner.cli.options import (
     QuantizedLayers,
     QuantizedLayersOpt,
     ReserveOpt,
+    SpeculativeTokensOpt,
     TimeModel,
     UtilOpt,
     check_context,
@@ -111,6 +114,16 @@ def plan(
         "of the engine's error band (p90 of measured / predicted on held-out served runs: "
         "planner/data/bands.yaml), so that a server as slow as the slowest tenth of those "
         "measurements still meets the targets. Continuous sizing only.")] = SizeAt.predicted,
+    speculative: Annotated[Optional[str], typer.Option(
+        "--speculative", help="Size each tensor-parallel configuration with and without "
+        "speculative decoding and keep it only where it lowers the cost at the targets (the "
+        "spec column). auto: every method the model can run (mtp where it ships MTP layers, "
+        "draft-model with --draft-model, eagle / eagle3 where planner/data/speculation.yaml "
+        "has its family, ngram with --acceptance-rate); or one of draft-model, mtp, eagle, "
+        "eagle3, ngram. Continuous sizing only.")] = None,
+    draft_model: DraftOpt = None,
+    num_speculative_tokens: SpeculativeTokensOpt = None,
+    acceptance_rate: AcceptanceOpt = None,
     as_json: Annotated[bool, typer.Option("--json", help="All rows as JSON.")] = False,
 ) -> None:
     """Find the cheapest configurations that meet TTFT and TPOT targets at a traffic level:
@@ -151,6 +164,8 @@ def plan(
                                       kv_cache_dtype, {k: v or "16" for k, v in
                                                        KV_CACHE_DTYPES.items()},
                                       "--kv-cache-dtype", DEFAULT_KV)]
+    specs = _speculations(m, speculative, draft_model, num_speculative_tokens,
+                          acceptance_rate, scheduler)
     cal = catalog.load_calibration(calibration) if calibration else None
     eng = catalog.load_engine(engine)
     if enforce_eager:
@@ -177,7 +192,7 @@ def plan(
                                               **_size_factors(eng.name, size_at)),
                          top=top, csv=csv, plot=plot, as_json=as_json,
                          label=(ttft, tpot, req), compute=cdt, quantized_layers=ql,
-                         options=opts)
+                         options=opts, speculations=specs)
         return
     df = search(m, gpus, prompt_tokens=prompt_tokens, output_tokens=output_tokens,
                 targets=Targets(t_ttft, t_tpot, req), tps=tps, pps=pps, eps=eps,
@@ -276,6 +291,46 @@ def _show_static(df, m, *, prompt_tokens, output_tokens, top, csv, plot, as_json
                        rows, left=5, compact=True))
 
 
+def _speculations(m, speculative, draft_model, k, a, scheduler) -> tuple:
+    """The speculative configurations to size beside each configuration: none without
+    --speculative; auto: every method the model can run with a known acceptance."""
+    from planner.cli.options import SpeculativeMethod, speculation_config
+
+    if speculative is None:
+        if any(v is not None for v in (draft_model, k, a)):
+            raise LlmplanError("--draft-model, --num-speculative-tokens and --acceptance-rate "
+                               "go with --speculative")
+        return ()
+    if scheduler != "continuous":
+        raise LlmplanError("--speculative: sized with --scheduler continuous only")
+    names = [x.value for x in SpeculativeMethod]
+    if speculative != "auto" and speculative not in names:
+        raise LlmplanError(f"--speculative: '{speculative}' is not auto or one of "
+                           f"{', '.join(names)}")
+    if speculative != "auto":
+        return (speculation_config(SpeculativeMethod(speculative), draft_model, k, a, model=m),)
+    out = []
+    for method in SpeculativeMethod:
+        if (method == SpeculativeMethod.draft_model) != (draft_model is not None):
+            continue
+        try:
+            out.append(speculation_config(method, draft_model, k, a, model=m))
+        except LlmplanError:
+            continue  # no MTP layer, no published acceptance: not a method this model has
+    if not out:
+        raise LlmplanError(f"--speculative auto: no method for {m.name} has a known acceptance "
+                           "(planner/data/speculation.yaml); give --acceptance-rate with "
+                           "--num-speculative-tokens for ngram, or --draft-model")
+    stderr.print("speculation tried: " + "; ".join(
+        f"{c.method} k = {c.k}, acceptance {c.acceptance:.3g}" for c in out))
+    return tuple(out)
+
+
+def _spec_cell(r) -> str:
+    """The speculative method a row keeps, or "-"."""
+    return r.speculative if isinstance(r.speculative, str) else "-"
+
+
 def _some_precision_runs(gpus, weights, compute, cal, eng) -> None:
     """At least one GPU runs at least one of the weight precisions asked for; otherwise the
     reason (a T4 has no bf16) is the error, not "no configuration meets the targets"."""
@@ -320,7 +375,7 @@ def _size_factors(engine_name: str, size_at: SizeAt) -> dict:
 def _plan_continuous(m, gpus, *, prompt_tokens, output_tokens, targets, tps, weights, kv_cache,
                      calibration, price_per_hour, engine, settings, top, csv, plot, as_json,
                      label, compute=None, pps=(1,), eps=(1,), quantized_layers="all",
-                     options=None) -> None:
+                     options=None, speculations=()) -> None:
     from planner.io.render import plain, table
     from planner.io.report import plot_pareto
     from planner.layouts.deployment import Layout
@@ -331,7 +386,7 @@ def _plan_continuous(m, gpus, *, prompt_tokens, output_tokens, targets, tps, wei
                            calibration=calibration, price_usd_per_gpu_hour=price_per_hour,
                            engine=engine, settings=settings, top=top, compute=compute,
                            pps=pps, eps=eps, quantized_layers=quantized_layers,
-                           options=options)
+                           options=options, speculations=speculations)
     ttft, tpot, req = label
     p = settings.percentile
     name = "median" if p == 50 else f"p{p}"
@@ -356,14 +411,19 @@ def _plan_continuous(m, gpus, *, prompt_tokens, output_tokens, targets, tps, wei
                      f"{r.rate_per_replica:,.3g}", f"{getattr(r, f'{name}_ttft_s') * 1e3:,.0f}",
                      f"{getattr(r, f'{name}_tpot_s') * 1e3:,.1f}", int(r.replicas),
                      int(r.total_gpus), f"{r.usd_per_hour:,.2f}",
-                     f"{r.cost_usd_per_million_output_tokens_at_traffic:,.3f}"])
+                     f"{r.cost_usd_per_million_output_tokens_at_traffic:,.3f}"]
+                    + ([_spec_cell(r)] if speculations else []))
     stdout.print(table(f"{plain(m.label)}: {name} TTFT <= {plain(ttft)} and TPOT <= "
                        f"{plain(tpot)} at {req:g} "
                        f"req/s; {len(df)} configurations simulated (continuous batching, "
                        f"engine {engine.name}), each replica sized for the rate shown",
                        ["#", "gpu", "layout", "w", "kv", "req/s\neach", f"{name}\nTTFT ms",
-                        f"{name}\nTPOT ms", "rep-\nlicas", "GPUs", "$/h", "$/1M\nout"], rows,
+                        f"{name}\nTPOT ms", "rep-\nlicas", "GPUs", "$/h", "$/1M\nout",
+                        *(["spec"] if speculations else [])], rows,
                        left=5, compact=True))
+    if speculations:
+        stdout.print("spec: the speculative method a row keeps because it lowers the cost "
+                     "at the targets; -: it does not (--json: baseline_usd_per_hour)")
     if settings.ttft_factor != 1.0 or settings.tpot_factor != 1.0:
         stdout.print(f"sized at the high end of the error band: TTFT x"
                      f"{settings.ttft_factor:.2f}, TPOT x{settings.tpot_factor:.2f} held to "

@@ -309,7 +309,7 @@ def simulate(
     flags = (speculative, draft_model, num_speculative_tokens, acceptance_rate)
     if any(v is not None for v in flags):
         run.check_speculation(dep, cfg)
-    spec = speculation_config(*flags)
+    spec = speculation_config(*flags, model=m)
     check_offload_speculation(opts, spec)
     sp = None if spec is None else run.speculation_serving(dep, spec, cfg)
     res = run.run(dep, reqs, cfg, speculation=sp, sample_every_s=0.0 if plot else None)
@@ -317,6 +317,9 @@ def simulate(
     d = _result(dep, cfg, reqs, sp, summary(res, ttft_slo_s=ttft_slo, tpot_slo_s=tpot_slo),
                 request_rate=request_rate, burstiness=burstiness,
                 max_concurrency=max_concurrency)
+    if sp is not None:  # the same requests without speculation, beside the headline
+        d.update(_baseline(summary(run.run(dep, reqs, cfg), ttft_slo_s=ttft_slo,
+                                   tpot_slo_s=tpot_slo, itl=False), d))
     if trace is not None:
         _write_trace(trace, res)
         stderr.print(f"wrote {len(res.requests):,} requests to {trace}")
@@ -456,6 +459,7 @@ def _result(dep, cfg, reqs, sp, d: dict, *, request_rate, burstiness, max_concur
         c = sp.config
         d["speculative"] = {"method": c.method, "num_speculative_tokens": c.k,
                             "acceptance_rate": c.acceptance,
+                            "acceptance_source": c.acceptance_source,
                             "draft_model": c.draft.name if c.draft else None,
                             "tokens_per_step": sp.tokens_per_step,
                             "draft_weight_bytes": sp.draft_weight_bytes,
@@ -477,6 +481,20 @@ def _result(dep, cfg, reqs, sp, d: dict, *, request_rate, burstiness, max_concur
             (request_rate if math.isfinite(request_rate) else "inf"),
             "burstiness": burstiness, "max_concurrency": max_concurrency,
             "num_prompts": len(reqs), **d}
+
+
+BASELINE_KEYS = ("completed", "duration", "request_throughput", "output_throughput",
+                 "total_token_throughput", "request_goodput",
+                 *(f"{s}_{k}_ms" for k in ("ttft", "tpot", "e2el")
+                   for s in ("mean", "median", "p90", "p99")))
+
+
+def _baseline(base: dict, d: dict) -> dict:
+    """``baseline``: the run's figures without speculation (the headline keys carry the
+    speculative ones); ``speedup``: its mean TPOT / the speculative mean TPOT."""
+    t, tb = d.get("mean_tpot_ms"), base.get("mean_tpot_ms")
+    return {"baseline": {k: base[k] for k in BASELINE_KEYS if k in base},
+            "speedup": tb / t if t and tb else None, "headline": "speculative"}
 
 
 def _plot(plot: Path, dep, cfg, res, n: int, request_rate, max_concurrency) -> None:
@@ -580,3 +598,11 @@ def _render(d: dict) -> None:
         vals = [d.get(f"{s}_{key}_ms") for s in ("mean", "median", "p90", "p99")]
         rows.append([name, *("-" if v is None else f"{v:,.1f}" for v in vals)])
     stdout.print(table("Latency (ms)", ["", "mean", "median", "p90", "p99"], rows, left=1))
+    b = d.get("baseline")
+    if b is not None:
+        sp = "-" if d["speedup"] is None else f"{d['speedup']:.2f}x"
+        tpot = b.get("mean_tpot_ms")
+        stdout.print(f"without speculation (the same requests): mean TPOT "
+                     f"{'-' if tpot is None else f'{tpot:,.1f} ms'}, mean TTFT "
+                     f"{b['mean_ttft_ms']:,.1f} ms, output throughput "
+                     f"{b['output_throughput']:,.0f} tok/s; speculation's TPOT speedup {sp}")

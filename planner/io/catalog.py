@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import yaml
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, Field, ValidationError
 
 from planner.core.engine import Engine, EngineSpec
 from planner.core.errors import SpecError
@@ -546,6 +546,56 @@ def write_bands(path: Path, bands: list, *, sources: list[str]) -> None:
     body = {"quantiles": [LOW_Q, HIGH_Q], "min_figures": MIN_FIGURES,
             "min_sources": MIN_SOURCES, "sources": sources, "bands": to_table(bands)}
     Path(path).write_text(head + yaml.safe_dump(body, sort_keys=False, width=100))
+
+
+SPECULATION_FILE = _HERE / "data" / "speculation.yaml"
+
+
+class _Acceptance(BaseModel):
+    model_config = {"extra": "forbid"}
+    method: str
+    k: int = Field(ge=1, le=64)
+    length: float | None = Field(default=None, ge=1)
+    rate: float | None = Field(default=None, ge=0, le=1)
+    source: str
+    retrieved: str
+    estimated: bool
+    models: list[str] = []
+    architectures: list[str] = []
+    drafts: list[str] = []
+    note: str = ""
+
+
+def load_acceptance(path: Path | None = None) -> tuple:
+    """Published acceptance of speculative decoding by method and model family
+    (planner/data/speculation.yaml) as ``planner.layouts.speculation.PublishedAcceptance``."""
+    from planner.layouts.speculation import METHODS, PublishedAcceptance, acceptance_for_length
+
+    p = Path(path) if path else SPECULATION_FILE
+    data = read_yaml(p)
+    if not isinstance(data, dict) or not isinstance(data.get("entries"), list):
+        raise SpecError(f"{p}: expected a mapping with an 'entries' list")
+    out = []
+    for i, raw in enumerate(data["entries"]):
+        e = validate(_Acceptance, raw, f"{p}: entries.{i}")
+        where = f"{p}: entries.{i}"
+        if e.method not in METHODS:
+            raise SpecError(f"{where}: method '{e.method}' is not one of {', '.join(METHODS)}")
+        if (e.length is None) == (e.rate is None):
+            raise SpecError(f"{where}: give exactly one of length and rate")
+        if e.length is not None and e.length > e.k + 1:
+            raise SpecError(f"{where}: length {e.length:g} is more than k + 1 = {e.k + 1}")
+        if not (e.models or e.architectures):
+            raise SpecError(f"{where}: name the models or architectures it covers")
+        entry = PublishedAcceptance(
+            method=e.method, source=" ".join(e.source.split()), retrieved=e.retrieved, k=e.k,
+            length=e.length, rate=e.rate, estimated=e.estimated,
+            models=tuple(x.lower() for x in e.models), architectures=tuple(e.architectures),
+            drafts=tuple(x.lower() for x in e.drafts), note=" ".join(e.note.split()))
+        if e.length is not None:
+            acceptance_for_length(e.length, e.k)
+        out.append(entry)
+    return tuple(out)
 
 
 LENGTHS_DIR = _HERE / "data" / "lengths"

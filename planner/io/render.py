@@ -69,15 +69,23 @@ def _tp_link(hw, tp: int) -> str:
 
 
 def render_estimate(console: Console, e: Estimate, *, explain: bool = False,
-                    weights_source: str | None = None) -> None:
+                    weights_source: str | None = None, speculation=None) -> None:
     """The estimate as `llmplan estimate` prints it: what was planned (``weights_source``:
     where the weights' precision came from), then memory, compute, roofline, timing,
-    utilisation and cost, the notes, and with ``explain`` each step's operators."""
+    utilisation and cost, the notes, and with ``explain`` each step's operators. With
+    ``speculation`` (a ``SpeculationResult``) timing and cost show the speculative figures,
+    those without speculation beside them."""
     _print_header(console, e)
     if weights_source is not None:
         console.print(f"weights: {e.precision.weights.value} ({escape(weights_source)})")
-    for section in (_memory, _compute, _roofline, _timing, _utilisation, _cost):
+    for section in (_memory, _compute, _roofline):
         console.print(section(e))
+    if speculation is None:
+        console.print(_timing(e))
+    else:
+        console.print(_spec_timing(e, speculation))
+    console.print(_utilisation(e))
+    console.print(_cost(e) if speculation is None else _spec_cost(e, speculation))
     for n in e.notes:
         console.print(f"[yellow]note:[/] {n}")
     if explain:
@@ -206,6 +214,46 @@ def _timing(e: Estimate) -> Table:
     return _section(title, rows)
 
 
+def _spec_headline(e: Estimate, s):
+    from dataclasses import replace
+
+    return replace(e.headline, tpot_s=s.tpot_s)
+
+
+def _spec_timing(e: Estimate, s) -> Table:
+    """Timing with speculative decoding: its figures, then those without it."""
+    h, b = _spec_headline(e, s), e.headline
+    without = "[dim]without speculation[/]"
+    rows = [
+        ("TTFT", fmt.seconds(h.ttft_s), "prefill of the batch (speculation leaves it)"),
+        ("TPOT", fmt.seconds(h.tpot_s), f"{without} {fmt.seconds(b.tpot_s)}: "
+                                        f"{s.speedup:.2f}x at batch {s.batch}"),
+        ("latency", fmt.seconds(h.latency_s), f"{without} {fmt.seconds(b.latency_s)}"),
+        ("decode throughput", f"{h.throughput_tokens_per_s:,.0f} tok/s",
+         f"{without} {b.throughput_tokens_per_s:,.0f} tok/s"),
+        ("end-to-end throughput", f"{h.e2e_throughput_tokens_per_s:,.0f} tok/s",
+         f"{without} {b.e2e_throughput_tokens_per_s:,.0f} tok/s"),
+        ("break-even batch", "-" if s.break_even_batch is None else f"{s.break_even_batch:,}",
+         "first batch where speculation is slower" if s.break_even_batch else
+         f"faster at every batch up to {s.batch_limit:,} (what fits, max_num_seqs)"),
+    ]
+    if e.tp > 1:
+        rows.append(("TP communication", fmt.seconds(e.decode.comm_s), _tp_link(e.hardware, e.tp)))
+    return _section(f"Timing ({e.engine.name}, speculative decoding: {s.config.method}; "
+                    "without it beside)", rows)
+
+
+def _spec_cost(e: Estimate, s) -> Table:
+    cost, base = _spec_headline(e, s).cost_usd_per_million_output_tokens, \
+        e.cost_usd_per_million_output_tokens
+    return _section("Cost", [
+        ("price", fmt.usd(e.price_usd_per_gpu_hour) + "/GPU-h" if e.price_usd_per_gpu_hour
+         else "n/a", e.price_source or "no price in hardware_db: pass --price-per-hour"),
+        ("per 1M output tokens", fmt.usd(cost),
+         f"[dim]without speculation[/] {fmt.usd(base)}" if cost else ""),
+    ])
+
+
 def _utilisation(e: Estimate) -> Table:
     b = e.ideal
     util = [
@@ -289,9 +337,11 @@ def render_speculative(console, s) -> None:
     """The speculative-decoding section of ``llmplan estimate``."""
     c = s.config
     who = {"draft-model": f"draft {plain(c.draft.name) if c.draft else '-'}",
-           "mtp": "the model's MTP layer", "ngram": "n-gram prompt lookup"}[c.method]
-    title = f"Speculative decoding ({who}, k = {c.k}, acceptance {c.acceptance:g})"
+           "mtp": "the model's MTP layer", "ngram": "n-gram prompt lookup",
+           "eagle": "an EAGLE head", "eagle3": "an EAGLE-3 head"}[c.method]
+    title = f"Speculative decoding ({who}, k = {c.k}, acceptance {c.acceptance:.3g})"
     console.print(_section(title, [
+        ("acceptance from", "", escape(c.acceptance_source)),
         ("tokens per step", f"{s.tokens_per_step:.2f}", "(1 - a^(k+1)) / (1 - a), per sequence"),
         ("step", fmt.seconds(s.step_s), f"verify {fmt.seconds(s.verify_s)} (k + 1 tokens) + "
                                         f"draft {fmt.seconds(s.draft_s)}"),
@@ -302,8 +352,8 @@ def render_speculative(console, s) -> None:
          f"weights {fmt.gib(s.extra_weights_bytes)}, KV {fmt.gib(s.extra_kv_cache_bytes)}; "
          + ("fits" if s.fits else "[red]does not fit[/]")),
         ("stops paying", "-" if s.break_even_batch is None else f"batch {s.break_even_batch}",
-         "first batch (doubling) where it is slower" if s.break_even_batch else
-         "faster at every batch that fits"),
+         "first batch where it is slower" if s.break_even_batch else
+         f"faster at every batch up to {s.batch_limit:,} (what fits, max_num_seqs)"),
     ]))
     console.print(table(None, ["batch", "TPOT", "with spec.", "speedup"],
                         [[f"{p.batch:,}", fmt.seconds(p.baseline_tpot_s), fmt.seconds(p.tpot_s),

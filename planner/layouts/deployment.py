@@ -191,19 +191,47 @@ class DeploymentEstimate:
             return self.expert.total_bytes
         return self.estimate.memory.total_bytes
 
+    @property
+    def baseline(self):
+        """The headline figures without speculation (``planner.core.headline.Headline``)."""
+        return self.estimate.headline
+
+    @property
+    def headline(self):
+        """The headline figures as served: with speculative decoding when it is asked for
+        (its TPOT at the workload's batch; TTFT unchanged), else the estimate's own."""
+        if self.speculation is None:
+            return self.baseline
+        return replace(self.baseline, tpot_s=self.speculation.tpot_s)
+
     def to_dict(self) -> dict:
-        """``Estimate.to_dict`` with the layout's and speculation's sections."""
+        """``Estimate.to_dict`` with the layout's and speculation's sections. With
+        speculation the headline keys (``tpot_s``, ``latency_s``, throughputs, cost) are the
+        speculative figures, ``baseline`` holds them without it, ``speedup`` is baseline TPOT
+        / TPOT and ``speculation_break_even_batch`` the first batch where it is slower."""
         e = self.estimate
         d = e.to_dict(operators=True)
         d.update(weights_fields(self.deployment))
         if self.speculation is not None:
-            d["speculative"] = self.speculation.as_dict()
+            s = self.speculation
+            d["baseline"] = _headline_keys(self.baseline)
+            d.update(_headline_keys(self.headline))
+            d["speedup"] = s.speedup
+            d["speculation_break_even_batch"] = s.break_even_batch
+            d["headline"] = "speculative"
+            d["speculative"] = s.as_dict()
         if self.pipeline is not None:
             d["pipeline"] = self.pipeline.as_dict(e.batch, e.output_tokens,
                                                   e.price_usd_per_gpu_hour)
         if self.expert is not None:
             d["expert_parallel"] = self.expert.as_dict(e.batch)
         return d
+
+
+def _headline_keys(h) -> dict:
+    keys = ("tpot_s", "latency_s", "throughput_tokens_per_s", "e2e_throughput_tokens_per_s",
+            "cost_usd_per_million_output_tokens")
+    return {k: v for k, v in h.as_dict().items() if k in keys}
 
 
 def weights_fields(dep: Deployment) -> dict:
@@ -249,6 +277,10 @@ def estimate_deployment(dep: Deployment, workload: Workload, *, speculation=None
         pipe = pipeline(m, hw, prep, o, tp=lay.tp, pp=lay.pp, **sizes)
     if speculation is not None:
         from planner.layouts.speculation import speculate
+
+        if lay.pp > 1 or lay.ep > 1:
+            raise UsageError("speculative is modelled on a tensor-parallel replica only (pp 1, "
+                             "ep 1)", fields=("speculative", "pp", "ep"))
 
         spec = speculate(m, hw, prep, o, tp=lay.tp, cfg=speculation, **sizes)
     return DeploymentEstimate(dep, est, pipe, expert, spec)

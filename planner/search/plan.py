@@ -142,12 +142,13 @@ def _percentile_ok(summary: dict, targets: Targets, settings: SimSettings) -> bo
 
 def replicas_needed(dep: Deployment, *, prompt_tokens: int, output_tokens: int,
                     targets: Targets, settings: SimSettings, upper_rate: float,
-                    max_factor: int = 64) -> tuple[int, dict | None]:
+                    max_factor: int = 64, speculation=None) -> tuple[int, dict | None]:
     """The fewest replicas that serve ``targets.requests_per_s`` with the
     ``settings.percentile`` TTFT and TPOT within the targets: each replica simulated with
     Poisson traffic at its share of the rate. Starts from the analytic bound (no fewer
     replicas can do) and searches upward, doubling then bisecting: a few simulations per
-    configuration. (0, None) when even ``max_factor`` times the bound cannot."""
+    configuration. (0, None) when even ``max_factor`` times the bound cannot.
+    ``speculation``: what ``planner.serving.run.speculation_serving`` returns, or None."""
     from planner.serving import run
     from planner.serving.metrics import summary
     from planner.serving.traffic import synthetic
@@ -160,7 +161,8 @@ def replicas_needed(dep: Deployment, *, prompt_tokens: int, output_tokens: int,
             reqs = synthetic(settings.num_requests, prompt_tokens=prompt_tokens,
                              output_tokens=output_tokens, range_ratio=settings.range_ratio,
                              request_rate=targets.requests_per_s / n, seed=settings.seed)
-            seen[n] = summary(run.run(dep, reqs, cfg, step_coster=coster))
+            seen[n] = summary(run.run(dep, reqs, cfg, step_coster=coster,
+                                      speculation=speculation), itl=False)
         return _percentile_ok(seen[n], targets, settings)
 
     floor = max(1, math.ceil(targets.requests_per_s / upper_rate))  # fewer cannot serve it
@@ -183,6 +185,40 @@ def replicas_needed(dep: Deployment, *, prompt_tokens: int, output_tokens: int,
     return hi, seen[hi]
 
 
+def _speculative_tpots(dep: Deployment, speculations, ctx: float, batches: list) -> dict:
+    """Each speculation the deployment can run -> {batch: its TPOT with it}, by the
+    estimate's cost of the verify and draft steps (``speculation_tpot``)."""
+    from planner.core.errors import UsageError
+    from planner.layouts.speculation import check_draft, speculation_tpot
+
+    out = {}
+    for cfg in speculations:
+        try:
+            check_draft(dep.model, cfg, dep.tp)
+        except UsageError:
+            continue  # a draft that cannot split over this TP
+        out[cfg] = {b: speculation_tpot(dep.model, dep.prepared, dep.options, tp=dep.tp,
+                                        cfg=cfg, batch=b, ctx=ctx).tpot_s for b in batches}
+    return out
+
+
+def _speculation_fields(spec, sized: dict, usd_per_hour_each: float, tried: list) -> dict:
+    """A plan row's speculation: the method kept (None: none), its k, rate and its source,
+    the cost without it and the cheapest with it (None where that way cannot meet the
+    targets) and the methods tried."""
+    base = sized.get(None)
+    with_spec = [n for c, (n, _) in sized.items() if c is not None]
+    return {"speculative": spec.method if spec else None,
+            "num_speculative_tokens": spec.k if spec else None,
+            "acceptance_rate": spec.acceptance if spec else None,
+            "acceptance_source": spec.acceptance_source if spec else None,
+            "baseline_usd_per_hour": base[0] * usd_per_hour_each if base else None,
+            # the cheapest way with speculation (None: none met the targets)
+            "speculative_usd_per_hour": min(with_spec) * usd_per_hour_each if with_spec
+            else None,
+            "speculation_tried": tried}
+
+
 def search_continuous(model: ModelSpec, gpus: list[HardwareSpec], *, prompt_tokens: int,
                       output_tokens: int, targets: Targets, tps=(1, 2, 4, 8),
                       weights=(DType.bf16, DType.fp8, DType.int8, DType.int4),
@@ -191,7 +227,7 @@ def search_continuous(model: ModelSpec, gpus: list[HardwareSpec], *, prompt_toke
                       price_usd_per_gpu_hour: float | None = None, engine: Engine = IDEAL,
                       settings: SimSettings | None = None, top: int = 10,
                       compute: DType | None = None, pps=(1,), eps=(1,),
-           quantized_layers: str = "all") -> pd.DataFrame:
+                      quantized_layers: str = "all", speculations=()) -> pd.DataFrame:
     """The cheapest configurations sized by simulating continuous batching.
 
     Screened analytically first: a configuration must fit, be priced and meet both targets
@@ -200,7 +236,16 @@ def search_continuous(model: ModelSpec, gpus: list[HardwareSpec], *, prompt_toke
     best batched prefill rate) bounds the rate it can sustain, so its cost at that rate bounds
     its cost from below. Configurations are simulated in order of that
     bound, and the search stops once the bound of the next is above the ``top``-th cost found:
-    no configuration left could make the list."""
+    no configuration left could make the list.
+
+    ``speculations`` (``planner.layouts.speculation.SpeculationConfig``s): each tensor-parallel
+    configuration is also sized with each of them, and a row speculates only where that
+    lowers its cost at the targets (``speculative`` names the method; ``baseline_usd_per_hour``
+    is the cost without, None where it cannot meet them). A configuration whose single request
+    meets the TPOT target only with speculation is screened in; each way has its own bound on
+    the rate, from its own TPOT by batch, and the search is cut by the best of them."""
+    from planner.serving import run
+
     o = options or Options()
     st = settings or SimSettings()
     df = search(model, gpus, prompt_tokens=prompt_tokens, output_tokens=output_tokens,
@@ -215,41 +260,61 @@ def search_continuous(model: ModelSpec, gpus: list[HardwareSpec], *, prompt_toke
     groups: dict[tuple, list[dict]] = {}  # plain rows: pandas per group costs seconds here
     for r in df[cols].to_dict("records"):
         groups.setdefault(tuple(r[k] for k in keys), []).append(r)
+    gpu_by_name = {h.name: h for h in gpus}
+
+    def deployment(gpu, tp, pp, ep, w, kv) -> Deployment:
+        prec_kv = None if kv == Precision.of(w, compute=compute).kv_cache.value else DType(kv)
+        return Deployment.build(model, gpu_by_name[gpu], engine=engine, precision=Precision.of(
+            w, prec_kv, compute=compute, quantized_layers=quantized_layers),
+            layout=Layout(tp, pp, ep), options=o, calibration=calibration)
+
+    ctx = prompt_tokens + output_tokens / 2
     cands = []
     for key, g in groups.items():
         one = next((r for r in g if r["batch"] == 1), None)
-        if one is None or not bool(one["fits"]) or not float(one["ttft_s"]) <= targets.ttft_s \
-                or not float(one["tpot_s"]) <= targets.tpot_s:
+        if one is None or not bool(one["fits"]) or not float(one["ttft_s"]) <= targets.ttft_s:
             continue
-        ok = [r for r in g if bool(r["fits"]) and float(r["tpot_s"]) <= targets.tpot_s]
-        b = max(ok, key=lambda r: r["batch"] / r["tpot_s"])  # the first of equals
-        # a request costs the replica at least its share of a batched decode step per output
-        # token and its prompt at the best prefill rate any batch reaches
-        decode_s = float(b["tpot_s"] / b["batch"]) * output_tokens
+        fit = [r for r in g if bool(r["fits"])]
+        tpots = {None: {r["batch"]: float(r["tpot_s"]) for r in fit}}
+        if speculations and key[2] == 1 and key[3] == 1:  # speculation: TP replicas only
+            tpots.update(_speculative_tpots(deployment(*key), speculations, ctx,
+                                            [r["batch"] for r in fit]))
+        # a request costs the replica at least its prompt at the best prefill rate any batch
+        # reaches and its share of a batched decode step (within the TPOT target) per token
         prefill_s = min(float(r["ttft_s"]) / (r["batch"] * prompt_tokens) for r in g
                         if r["ttft_s"] == r["ttft_s"]) * prompt_tokens
-        upper = 1.0 / (decode_s + prefill_s)  # requests/s: an upper bound
+        bounds = {}  # speculation (None: without) -> requests/s: an upper bound
+        for cfg, by_batch in tpots.items():
+            ok = {b: t for b, t in by_batch.items() if t <= targets.tpot_s}
+            if 1 in ok:  # a single request meets the target
+                bounds[cfg] = 1.0 / (min(t / b for b, t in ok.items()) * output_tokens
+                                     + prefill_s)
+        if not bounds:
+            continue
         gpus_each = int(one["num_gpus"])
         price = float(one["price_usd_per_gpu_hour"])
-        lb = math.ceil(targets.requests_per_s / upper) * gpus_each * price
-        cands.append((lb, key, upper, price, one, gpus_each))
+        lb = math.ceil(targets.requests_per_s / max(bounds.values())) * gpus_each * price
+        cands.append((lb, key, price, one, gpus_each, bounds))
     cands.sort(key=lambda c: c[0])
-    gpu_by_name = {h.name: h for h in gpus}
     rows = []
     costs: list[float] = []
-    for lb, (gpu, tp, pp, ep, w, kv), upper, price, one, gpus_each in cands:
+    for lb, (gpu, tp, pp, ep, w, kv), price, one, gpus_each, bounds in cands:
         if len(costs) >= top and lb > sorted(costs)[top - 1]:
             break
-        hw = gpu_by_name[gpu]
-        prec_kv = None if kv == Precision.of(w, compute=compute).kv_cache.value else DType(kv)
-        dep = Deployment.build(model, hw, engine=engine, precision=Precision.of(
-            w, prec_kv, compute=compute, quantized_layers=quantized_layers),
-            layout=Layout(tp, pp, ep), options=o, calibration=calibration)
-        replicas, s = replicas_needed(dep, prompt_tokens=prompt_tokens,
-                                      output_tokens=output_tokens, targets=targets,
-                                      settings=st, upper_rate=upper)
-        if not replicas or s is None:
+        dep = deployment(gpu, tp, pp, ep, w, kv)
+        sized = {}  # speculation (None: without) -> (replicas, summary)
+        for cfg, bound in bounds.items():
+            sp = None if cfg is None else run.speculation_serving(dep, cfg, run.scheduler(dep))
+            n, s = replicas_needed(dep, prompt_tokens=prompt_tokens,
+                                   output_tokens=output_tokens, targets=targets,
+                                   settings=st, upper_rate=bound, speculation=sp)
+            if n and s is not None:
+                sized[cfg] = (n, s)
+        if not sized:
             continue
+        # speculation is kept only where it lowers the cost: ties go to decoding without it
+        spec = min(sized, key=lambda c: (sized[c][0], c is not None))
+        replicas, s = sized[spec]
         rate = targets.requests_per_s / replicas
         usd_per_hour = replicas * gpus_each * price
         costs.append(usd_per_hour)
@@ -272,9 +337,11 @@ def search_continuous(model: ModelSpec, gpus: list[HardwareSpec], *, prompt_toke
                      "price_usd_per_gpu_hour": price, "usd_per_hour": usd_per_hour,
                      "cost_usd_per_million_output_tokens_at_traffic":
                          usd_per_hour / (targets.requests_per_s * output_tokens * 3600) * 1e6,
-                     "lower_bound_usd_per_hour": lb, "analytic_rate_bound": upper,
+                     "lower_bound_usd_per_hour": lb, "analytic_rate_bound": bounds[spec],
                      "single_request_ttft_s": float(one["ttft_s"]),
-                     "single_request_tpot_s": float(one["tpot_s"])})
+                     "single_request_tpot_s": float(one["tpot_s"]),
+                     **_speculation_fields(spec, sized, gpus_each * price,
+                                           [c.method for c in bounds if c])})
     out = pd.DataFrame(rows)
     if len(out):
         out = out.sort_values(["usd_per_hour", "total_gpus"]).reset_index(drop=True)

@@ -4,12 +4,12 @@ With speculation each decoding request takes 1 + k tokens of the step's budget (
 schedules the k proposed tokens as tokens of the step); the target verifies k + 1 tokens per
 request in that step (every position's logits) and each request keeps, on average,
 E = (1 - a^(k+1)) / (1 - a) of them (``planner.layouts.speculation.expected_tokens``). The
-drafter runs k decode steps of its own over the decoding requests (a draft model, or the MTP
-layer) and prefills every prompt chunk the target prefills, so that it holds their KV too; n-gram
-prompt
-lookup runs on the host and costs the GPU nothing. The drafter's weights and its KV cache
-(one token of it per token of the target's) come out of the same memory as the target's
-block pool, as in vLLM, whose draft and target share one KV pool.
+drafter runs k decode steps of its own over the decoding requests (a draft model, or one
+decoder layer for MTP and EAGLE heads) and prefills every prompt chunk the target
+prefills, so that it holds their KV too; n-gram prompt lookup runs on the host and costs the
+GPU nothing. The drafter's weights and its KV cache (one token of it per token of the
+target's) come out of the same memory as the target's block pool, as in vLLM, whose draft
+and target share one KV pool.
 
 The simulator advances every decoding request by E tokens per step: after n steps a request
 has generated floor(n E) tokens (capped at its output), so the steps it needs are
@@ -28,9 +28,9 @@ from planner.core.specs import HardwareSpec, ModelSpec, Options
 from planner.layouts.speculation import (
     SpeculationConfig,
     check_draft,
+    drafter,
     expected_tokens,
     extra_weight_bytes,
-    mtp_layer,
 )
 from planner.serving.cost import StepCoster
 
@@ -64,8 +64,8 @@ def spec_serving(m: ModelSpec, hw: HardwareSpec, prep: Prepared, o: Options, *, 
     p = prep.precision
     draft = None
     draft_kv = 0.0
-    if cfg.method != "ngram":
-        d = cfg.draft if cfg.method == "draft-model" else mtp_layer(m)
+    d = drafter(m, cfg)
+    if d is not None:
         draft = StepCoster(d, hw, prep, o, tp=tp)
         draft_kv = kv_cache_bytes_per_token(d, p, tp=tp)
     return SpecServing(cfg, expected_tokens(cfg.acceptance, cfg.k), draft,
