@@ -141,7 +141,11 @@ def test_simulate_headline_is_speculative_with_the_baseline_beside(run_json, run
         assert b[k] == pytest.approx(plain[k], rel=1e-12), k
     assert d["speedup"] == pytest.approx(b["mean_tpot_ms"] / d["mean_tpot_ms"])
     assert d["mean_tpot_ms"] < plain["mean_tpot_ms"] / 2 and d["speedup"] > 2
-    assert d["mean_tpot_ms_low"] < d["mean_tpot_ms"] < d["mean_tpot_ms_high"]
+    # the band rides on the speculative figure, as plain decoding's rides on its own (a band
+    # need not hold its prediction: a profile's held-out ratios can all lie above 1)
+    assert 0 < d["mean_tpot_ms_low"] < d["mean_tpot_ms_high"]
+    assert d["mean_tpot_ms_low"] / d["mean_tpot_ms"] == pytest.approx(
+        plain["mean_tpot_ms_low"] / plain["mean_tpot_ms"], rel=1e-6)
     code, out, _ = run_cli(*base, "--speculative", "eagle3")
     assert code == 0 and "without speculation" in out
     code, _, err = run_cli(*base, "--speculative", "eagle3", "--acceptance-rate", "2")
