@@ -111,6 +111,7 @@ def test_counter_reset_counts_from_zero():
 @pytest.mark.parametrize("args,msg", [
     (["http://127.0.0.1:9/metrics", "--once"], "cannot scrape"),
     (["ftp://x/metrics", "--once"], "http"),
+    (["http://127.0.0.1:99999/metrics", "--once"], "port"),
     (["http://127.0.0.1:9/metrics", "--interval", "-1", "--once"], "--interval"),
     (["http://127.0.0.1:9/metrics", "--json"], "--once or --count"),
     (["http://127.0.0.1:9/metrics", "--once", "--serve-metrics", "70000"], "--serve-metrics"),

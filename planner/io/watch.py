@@ -183,7 +183,8 @@ def scrape(url: str, *, timeout_s: float = 5.0, max_bytes: int = MAX_SCRAPE_BYTE
         try:
             parts.port  # noqa: B018 (raises on a port out of range)
         except ValueError:
-            parts = parts._replace(scheme="")
+            raise LlmplanError(f"{clean(current, one_line=True)}: the port is not a number "
+                               "in 0..65535") from None
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise LlmplanError(f"{clean(current, one_line=True)}: expected an http:// or "
                                "https:// URL of a /metrics page")
