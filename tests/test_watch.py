@@ -111,6 +111,7 @@ def test_counter_reset_counts_from_zero():
 @pytest.mark.parametrize("args,msg", [
     (["http://127.0.0.1:9/metrics", "--once"], "cannot scrape"),
     (["ftp://x/metrics", "--once"], "http"),
+    (["http://127.0.0.1:99999/metrics", "--once"], "port"),
     (["http://127.0.0.1:9/metrics", "--interval", "-1", "--once"], "--interval"),
     (["http://127.0.0.1:9/metrics", "--json"], "--once or --count"),
     (["http://127.0.0.1:9/metrics", "--once", "--serve-metrics", "70000"], "--serve-metrics"),
@@ -243,3 +244,250 @@ def test_a_page_that_is_not_metrics_names_the_url(run_cli, tmp_path):
         srv.shutdown()
     assert code == 2 and url in err and "Prometheus" in err
     assert len(err.strip().splitlines()) == 1
+
+
+# --- a hostile server: slow, huge, redirecting, escaping, or lying ---
+
+def _serve(respond):
+    """A local HTTP server whose every GET is answered by ``respond(handler, n)`` (n: the
+    request's number from 1): (base URL, server)."""
+    import http.server
+    import threading
+
+    count = [0]
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 (http.server's name)
+            count[0] += 1
+            respond(self, count[0])
+
+        def log_message(self, *a):
+            pass
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    srv.daemon_threads = True
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    return f"http://127.0.0.1:{srv.server_port}", srv
+
+
+@pytest.fixture
+def hostile():
+    servers = []
+
+    def start(respond):
+        base, srv = _serve(respond)
+        servers.append(srv)
+        return base
+    yield start
+    for s in servers:
+        s.shutdown()
+        s.server_close()
+
+
+def _text(h, body: str, status: int = 200, reason: str | None = None) -> None:
+    data = body.encode()
+    h.send_response(status, reason)
+    h.send_header("Content-Type", "text/plain")
+    h.send_header("Content-Length", str(len(data)))
+    h.end_headers()
+    h.wfile.write(data)
+
+
+def _trickle(h, n):
+    """One byte every 0.1 s, forever (until the client hangs up): each read succeeds."""
+    h.wfile.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\n\r\n")
+    h.wfile.flush()
+    try:
+        for _ in range(600):
+            h.wfile.write(b"#")
+            h.wfile.flush()
+            time.sleep(0.1)
+    except OSError:
+        pass
+
+
+def _trickle_headers(h, n):
+    try:
+        for _ in range(600):
+            h.wfile.write(b"X")
+            h.wfile.flush()
+            time.sleep(0.1)
+    except OSError:
+        pass
+
+
+@pytest.mark.parametrize("respond", [_trickle, _trickle_headers])
+def test_timeout_bounds_the_whole_scrape(hostile, run_cli, respond):
+    """A server that sends a byte every 0.1 s never trips a per-read timeout of 1 s; the
+    whole-scrape deadline stops it after 1 s, in the body or in the headers."""
+    url = hostile(respond) + "/metrics"
+    t0 = time.monotonic()
+    code, _, err = run_cli("watch", url, "-m", "llama-3.1-8b", "-g", "h100-sxm", "--once",
+                           "--interval", "0.1", "--timeout", "1")
+    assert time.monotonic() - t0 < 3
+    assert code == 2 and "within 1 s" in err and url in err
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_a_page_over_the_size_limit_is_refused(hostile):
+    from planner.io.watch import MAX_SCRAPE_BYTES, scrape
+
+    def big_unannounced(h, n):  # no Content-Length: read until the limit, then refused
+        h.send_response(200)
+        h.end_headers()
+        try:
+            h.wfile.write(b"# " + b"x" * 5000 + b"\n")
+        except OSError:
+            pass
+
+    def big_announced(h, n):  # a Content-Length over the limit: refused before reading
+        h.send_response(200)
+        h.send_header("Content-Length", str(MAX_SCRAPE_BYTES + 1))
+        h.end_headers()
+
+    with pytest.raises(Exception, match="larger than the .* MiB limit") as e:
+        scrape(hostile(big_unannounced) + "/metrics", max_bytes=4096, timeout_s=2)
+    assert len(str(e.value).splitlines()) == 1
+    with pytest.raises(Exception, match="larger than the 16 MiB limit"):
+        scrape(hostile(big_announced) + "/metrics", timeout_s=2)
+    assert MAX_SCRAPE_BYTES == 16 * 2**20
+
+
+def test_a_redirect_is_an_error_unless_followed_to_the_same_host(hostile, run_cli, endpoint):
+    real, _ = endpoint  # the fake server on another port of 127.0.0.1: the same host
+
+    def redirect(h, n):
+        h.send_response(302)
+        h.send_header("Location", real if h.path == "/same" else
+                      "http://evil.example:8000/metrics")
+        h.end_headers()
+
+    base = hostile(redirect)
+    args = ("-m", "llama-3.1-8b", "-g", "h100-sxm", "--once", "--interval", "0.1",
+            "--timeout", "2")
+    code, _, err = run_cli("watch", base + "/same", *args)
+    assert code == 2 and "HTTP 302" in err and real in err and "--follow-redirects" in err
+    assert len(err.strip().splitlines()) == 1
+    code, out, err = run_cli("watch", base + "/same", *args, "--follow-redirects", "--json")
+    assert code == 0, err
+    assert json.loads(out)["running_requests"] == fm.RUNNING
+    code, _, err = run_cli("watch", base + "/other", *args, "--follow-redirects")
+    assert code == 2 and "another host, evil.example" in err
+    assert len(err.strip().splitlines()) == 1
+
+
+HOSTILE = "\x1b[2J\x1b]0;pwned\x07\x1b[31mred\x9b\x00\x08\r"
+
+
+def _no_controls(text: str) -> None:
+    import re
+
+    assert not re.search(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]", text), repr(text)
+
+
+@pytest.mark.parametrize("respond", [
+    lambda h, n: _text(h, "not found", 404, "Gone" + HOSTILE),
+    lambda h, n: _text(h, f"vllm:num_requests_running{{x=\"{HOSTILE}\" 3\n"),
+    lambda h, n: (h.send_response(301), h.send_header("Location", "/m" + HOSTILE),
+                  h.end_headers()),
+], ids=["reason", "malformed-line", "location"])
+def test_server_text_reaches_the_terminal_without_control_characters(hostile, run_cli,
+                                                                      respond):
+    url = hostile(respond) + "/metrics"
+    code, out, err = run_cli("watch", url, "-m", "llama-3.1-8b", "-g", "h100-sxm", "--once",
+                             "--interval", "0.1", "--timeout", "2")
+    assert code == 2 and url in err and len(err.strip().splitlines()) == 1
+    _no_controls(out + err)
+
+
+def test_clean_removes_escapes_and_controls_but_not_text():
+    from planner.io.watch import clean
+
+    assert clean("a\x1b[1;31mb\x1b[0m\tc\nd\x07\x9be\x7f") == "ab\tc\nde"
+    assert clean("x\x1b]8;;http://a\x1b\\link\x1b]8;;\x1b\\y") == "xlinky"
+    assert clean("\x1b]0;pwned\x07title") == "title"  # an OSC's text goes with its escape
+    assert clean("two\nlines\there", one_line=True) == "two lines here"
+
+
+def _lying_page(running: str, kv: str, waiting: str = "2", gen_step: float = 200.0):
+    def respond(h, n):
+        _text(h, "# TYPE vllm:num_requests_running gauge\n"
+                 f"vllm:num_requests_running {running}\n"
+                 f"vllm:num_requests_waiting {waiting}\n"
+                 f"vllm:kv_cache_usage_perc {kv}\n"
+                 f"vllm:generation_tokens_total {n * gen_step}\n"
+                 f"vllm:prompt_tokens_total {n * 10 * gen_step}\n")
+    return respond
+
+
+def test_implausible_counts_are_flagged_not_shown(hostile, run_cli):
+    url = hostile(_lying_page("-3", "1.5", waiting="NaN")) + "/metrics"
+    args = ("watch", url, "-m", "llama-3.1-8b", "-g", "h100-sxm", "--once", "--interval",
+            "0.1", "--timeout", "2")
+    code, out, err = run_cli(*args, "--json")
+    assert code == 0, err
+    d = json.loads(out)
+    bad = d["implausible"]
+    assert d["running_requests"] is None and "below zero" in bad["running_requests"]
+    assert d["waiting_requests"] is None and "NaN" in bad["waiting_requests"]
+    assert d["kv_cache_used_frac"] is None and "above 1" in bad["kv_cache_used_frac"]
+    assert d["mbu"] is None and d["predicted_tpot_s"] is None  # no running count to use
+    assert d["output_tokens_per_s"] > 0 and "output_tokens_per_s" not in bad
+    code, out, err = run_cli(*args)
+    assert code == 0, err
+    headline = " ".join(out.split("TTFT")[0].split())  # rich may wrap it
+    assert "implausible running" in headline and "implausible waiting" in headline
+    assert "KV implausible" in headline and "-3" not in headline and "150" not in headline
+    assert "why" not in headline and "below zero" in out
+
+
+def test_an_mbu_above_100_percent_is_flagged(hostile, run_cli):
+    # one running request, 10^7 output tokens per scrape: more bytes than an H100 can move
+    url = hostile(_lying_page("1", "0.5", gen_step=1e7)) + "/metrics"
+    code, out, err = run_cli("watch", url, "-m", "llama-3.1-8b", "-g", "h100-sxm", "--once",
+                             "--interval", "0.1", "--timeout", "2", "--json")
+    assert code == 0, err
+    d = json.loads(out)
+    assert d["mbu"] is None and d["achieved_bandwidth_bytes_per_s"] is None
+    assert "above the GPUs' bandwidth peak" in d["implausible"]["mbu"]
+    assert d["running_requests"] == 1 and d["kv_cache_used_frac"] == 0.5
+
+
+def test_parse_then_window_flag_inf_and_negative():
+    from planner.io.watch import implausible
+
+    a = parse("vllm:num_requests_running +Inf\nvllm:kv_cache_usage_perc -0.1\n", t_s=0.0)
+    assert set(implausible(a)) == {"running", "kv_usage"}
+    w = window(a, parse("vllm:num_requests_running 4\nvllm:kv_cache_usage_perc 0.2\n",
+                        t_s=1.0))
+    assert w.running is None and w.kv_usage is None  # either scrape's lie taints the window
+    assert set(w.implausible) == {"running_requests", "kv_cache_used_frac"}
+
+
+def test_exporter_listens_on_loopback_by_default():
+    from planner.io.watch import Exporter
+
+    ex = Exporter(_free_port(), {"model": "m", "gpu": "g"})
+    try:
+        assert ex.server.server_address[0] == "127.0.0.1"
+    finally:
+        ex.close()
+    ex = Exporter(_free_port(), {"model": "m", "gpu": "g"}, addr="0.0.0.0")
+    try:
+        assert ex.server.server_address[0] == "0.0.0.0"
+    finally:
+        ex.close()
+
+
+def test_bind_is_in_help_and_a_bad_one_is_one_line(run_cli):
+    code, out, _ = run_cli("watch", "--help")
+    assert code == 0 and "--bind" in out and "0.0.0.0" in out and "--follow-redirects" in out
+    code, _, err = run_cli("watch", "http://127.0.0.1:9/metrics", "-m", "llama-3.1-8b", "-g",
+                           "h100-sxm", "--once", "--serve-metrics", str(_free_port()),
+                           "--bind", "no-such-host.invalid")
+    assert code == 2 and "--bind no-such-host.invalid" in err
+    assert len(err.strip().splitlines()) == 1
+    code, _, err = run_cli("watch", "http://127.0.0.1:9/metrics", "-m", "llama-3.1-8b", "-g",
+                           "h100-sxm", "--once", "--serve-metrics", str(_free_port()),
+                           "--bind", "")
+    assert code == 2 and "--bind" in err and len(err.strip().splitlines()) == 1

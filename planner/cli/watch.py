@@ -51,15 +51,25 @@ def watch(
         "--serve-metrics", help="Serve the derived figures as Prometheus gauges "
         "(llmplan_mbu, llmplan_mfu, llmplan_predicted_tpot_seconds, ...) on this port.")] =
     None,
-    timeout: Annotated[float, typer.Option(help="Seconds a scrape may take.")] = 5.0,
+    bind: Annotated[str, typer.Option(
+        "--bind", metavar="HOST", help="The address --serve-metrics listens on: this machine "
+        "only by default; 0.0.0.0 (or ::) to listen on every interface.")] = "127.0.0.1",
+    timeout: Annotated[float, typer.Option(
+        help="Seconds a whole scrape may take: connect, every read, every redirect.")] = 5.0,
+    follow_redirects: Annotated[bool, typer.Option(
+        "--follow-redirects", help="Follow a redirect to the same host (another host is "
+        "refused). By default a redirect is an error naming where it points.")] = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Scrape a running vLLM or SGLang server's Prometheus metrics and show, per window:
     running and waiting requests, token throughput, TTFT and TPOT, KV cache use, and the
     achieved bandwidth, MBU and MFU against the GPUs' ceilings, beside llmplan's TPOT for the
-    running concurrency."""
+    running concurrency. A figure that cannot be true (a negative or NaN count, KV cache use
+    or MBU above 100%) is shown as implausible, with why, instead of as a number. A page
+    over 16 MiB is refused."""
     import time
 
+    from planner.io.render import plain
     from planner.io.watch import Exporter, derive, now_s, parse, scrape, window
 
     positive("--interval", interval)
@@ -69,6 +79,8 @@ def watch(
     if timeout > 600:
         raise LlmplanError(f"--timeout: at most 600 seconds, got {timeout:g}")
     positive("--count", count)
+    if not bind.strip():  # the empty address would mean every interface
+        raise LlmplanError("--bind: a host name or address (0.0.0.0 for every interface)")
     if serve_metrics is not None and not 0 < serve_metrics < 65536:
         raise LlmplanError(f"--serve-metrics: a port in 1..65535, got {serve_metrics}")
     if as_json and not once and count is None:
@@ -77,7 +89,7 @@ def watch(
 
     def snap():
         t = now_s()
-        text = scrape(url, timeout_s=timeout)
+        text = scrape(url, timeout_s=timeout, follow_redirects=follow_redirects)
         try:
             return parse(text, model_name=model_name, t_s=t)
         except LlmplanError as err:
@@ -85,8 +97,10 @@ def watch(
 
     exporter = None
     if serve_metrics is not None:
-        exporter = Exporter(serve_metrics, {"model": s.model.name, "gpu": s.hardware.name})
-        stderr.print(f"serving llmplan_* gauges on :{serve_metrics}/metrics")
+        exporter = Exporter(serve_metrics, {"model": s.model.name, "gpu": s.hardware.name},
+                            addr=bind)
+        host = f"[{bind}]" if ":" in bind else bind
+        stderr.print(f"serving llmplan_* gauges on http://{plain(host)}:{serve_metrics}/metrics")
     windows = 1 if once else count
     done = 0
     try:
@@ -112,23 +126,37 @@ def watch(
 
 
 def _print_window(f: dict, s, url: str) -> None:
+    """Two lines of figures and a third for the MBU; a figure the server reported but that
+    cannot be true reads "implausible", and a last line says why (text from the server has
+    had its control characters removed by planner.io.watch)."""
     from planner.io import fmt
     from planner.io.render import plain
 
-    def t(v):
-        return "-" if v is None else fmt.seconds(v)
+    bad = f.get("implausible", {})
 
-    def pct(v):
-        return "-" if v is None else fmt.pct(v)
+    def num(key: str, show) -> str:
+        if key in bad:
+            return "[red]implausible[/]"
+        return "-" if f.get(key) is None else show(f[key])
+
+    def t(key: str) -> str:
+        return num(key, fmt.seconds)
+
+    def pct(key: str) -> str:
+        return num(key, fmt.pct)
 
     bw = f.get("achieved_bandwidth_bytes_per_s")
     stdout.print(
         f"[bold]{plain(url)}[/] ({f['server']}, {f['window_s']:.1f} s): "
-        f"{f['running_requests']:.0f} running, {f['waiting_requests']:.0f} waiting, KV "
-        f"{pct(f['kv_cache_used_frac'])}; {f['output_tokens_per_s']:,.0f} out tok/s, "
-        f"{f['prompt_tokens_per_s']:,.0f} prompt tok/s\n"
-        f"  TTFT mean {t(f['mean_ttft_s'])} p99 {t(f['p99_ttft_s'])}; TPOT mean "
-        f"{t(f['mean_tpot_s'])} p99 {t(f['p99_tpot_s'])}; llmplan's TPOT at this "
-        f"concurrency {t(f['predicted_tpot_s'])}\n"
-        f"  MBU {pct(f['mbu'])}" + (f" ({bw / 1e9:,.0f} GB/s)" if bw else "")
-        + f", MFU {pct(f['mfu'])} of {s.tp} x {plain(s.hardware.name)}")
+        f"{num('running_requests', '{:.0f}'.format)} running, "
+        f"{num('waiting_requests', '{:.0f}'.format)} waiting, KV "
+        f"{pct('kv_cache_used_frac')}; {num('output_tokens_per_s', '{:,.0f}'.format)} out "
+        f"tok/s, {num('prompt_tokens_per_s', '{:,.0f}'.format)} prompt tok/s\n"
+        f"  TTFT mean {t('mean_ttft_s')} p99 {t('p99_ttft_s')}; TPOT mean "
+        f"{t('mean_tpot_s')} p99 {t('p99_tpot_s')}; llmplan's TPOT at this "
+        f"concurrency {t('predicted_tpot_s')}\n"
+        f"  MBU {pct('mbu')}" + (f" ({bw / 1e9:,.0f} GB/s)" if bw else "")
+        + f", MFU {pct('mfu')} of {s.tp} x {plain(s.hardware.name)}")
+    reasons = dict.fromkeys(bad.values())  # one figure's reason may cover several keys
+    if reasons:
+        stdout.print("  [red]implausible[/]: " + "; ".join(plain(r) for r in reasons))

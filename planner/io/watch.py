@@ -32,9 +32,8 @@ tokens per second over the dense peak (MFU); and llmplan's TPOT at the running c
 from __future__ import annotations
 
 import math
+import re
 import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass, field
 
 from planner.core.errors import LlmplanError
@@ -55,7 +54,6 @@ NAMES: dict[str, tuple[str, ...]] = {
     "e2e": ("vllm:e2e_request_latency_seconds", "sglang:e2e_request_latency_seconds"),
 }
 HISTOGRAMS = ("ttft", "tpot", "e2e")
-MAX_SCRAPE_BYTES = 50 * 1024 * 1024
 
 
 @dataclass
@@ -110,7 +108,8 @@ def parse(text: str, *, model_name: str | None = None, t_s: float = 0.0) -> Snap
     try:
         families = list(text_string_to_metric_families(text))
     except (ValueError, TypeError, IndexError) as err:
-        raise LlmplanError(f"not the Prometheus text format: {err}") from None
+        raise LlmplanError(f"not the Prometheus text format: {clean(err, one_line=True)}") \
+            from None
     for fam in families:
         for s in fam.samples:
             if model_name is not None and s.labels.get("model_name", model_name) != model_name:
@@ -153,37 +152,170 @@ def parse(text: str, *, model_name: str | None = None, t_s: float = 0.0) -> Snap
     return Snapshot(t_s, server, values, hists, found)
 
 
-def scrape(url: str, *, timeout_s: float = 5.0) -> str:
-    """The text of one scrape of ``url`` (its /metrics page)."""
-    if not url.startswith(("http://", "https://")):
-        raise LlmplanError(f"{url}: expected an http:// or https:// URL of a /metrics page")
-    try:
-        with urllib.request.urlopen(url, timeout=timeout_s) as r:  # noqa: S310 (http only)
-            body = r.read(MAX_SCRAPE_BYTES + 1)
-    except (urllib.error.URLError, OSError, ValueError) as err:
-        reason = getattr(err, "reason", err)
-        raise LlmplanError(f"{url}: cannot scrape: {reason}") from None
-    if len(body) > MAX_SCRAPE_BYTES:
-        raise LlmplanError(f"{url}: the page is larger than {MAX_SCRAPE_BYTES // 2**20} MiB")
-    return body.decode("utf-8", errors="replace")
+MAX_SCRAPE_BYTES = 16 * 2**20  # a vLLM or SGLang page is some 100 kB; a larger one is not metrics
+MAX_REDIRECTS = 5
+
+# what a server's text may not bring to the terminal: ANSI escape sequences (CSI, OSC, and the
+# two-character ones), then any other C0 control but tab and newline, DEL, and the C1 controls
+_ANSI = re.compile(r"\x1b(?:\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)?|[@-Z\\-_])")
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def clean(text: object, *, one_line: bool = False) -> str:
+    """``text`` from the server with its escape sequences and control characters removed
+    (with ``one_line``, newlines and tabs become spaces too)."""
+    s = _CONTROL.sub("", _ANSI.sub("", str(text)))
+    return " ".join(s.split()) if one_line else s
+
+
+def scrape(url: str, *, timeout_s: float = 5.0, max_bytes: int = MAX_SCRAPE_BYTES,
+           follow_redirects: bool = False) -> str:
+    """The text of one scrape of ``url`` (its /metrics page). ``timeout_s`` bounds the whole
+    scrape (name lookup, connect, every read, every redirect), not each read: a server that
+    sends a byte a second still times out. A page over ``max_bytes`` is refused; a redirect
+    is an error unless ``follow_redirects``, and then followed to the same host only."""
+    from urllib.parse import urljoin, urlsplit
+
+    deadline_s = time.monotonic() + timeout_s
+    current = url
+    for _ in range(MAX_REDIRECTS + 1):
+        parts = urlsplit(current)
+        try:
+            parts.port  # noqa: B018 (raises on a port out of range)
+        except ValueError:
+            raise LlmplanError(f"{clean(current, one_line=True)}: the port is not a number "
+                               "in 0..65535") from None
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise LlmplanError(f"{clean(current, one_line=True)}: expected an http:// or "
+                               "https:// URL of a /metrics page")
+        status, reason, location, body = _get(parts, deadline_s=deadline_s,
+                                              timeout_s=timeout_s, max_bytes=max_bytes, url=url)
+        if 300 <= status < 400 and location is not None:
+            target = urljoin(current, clean(location, one_line=True))
+            if not follow_redirects:
+                raise LlmplanError(f"{url}: the server redirects (HTTP {status}) to {target}; "
+                                   "give --follow-redirects to follow it (same host only)")
+            new_host = urlsplit(target).hostname
+            if (new_host or "").lower() != (urlsplit(url).hostname or "").lower():
+                raise LlmplanError(f"{url}: refused a redirect to another host, {new_host} "
+                                   f"({target})")
+            current = target
+            continue
+        if not 200 <= status < 300:
+            raise LlmplanError(f"{url}: cannot scrape: HTTP {status} "
+                               f"{clean(reason, one_line=True)}".rstrip())
+        return body.decode("utf-8", errors="replace")
+    raise LlmplanError(f"{url}: more than {MAX_REDIRECTS} redirects")
+
+
+def _get(parts, *, deadline_s: float, timeout_s: float, max_bytes: int, url: str):
+    """(status, reason, Location, body) of one GET, on a worker thread that the caller waits
+    on until ``deadline_s`` and then cuts off by shutting its socket (a name lookup that
+    hangs is left to finish on the daemon thread)."""
+    import http.client
+    import socket
+    import threading
+
+    kind = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
+    remaining_s = deadline_s - time.monotonic()
+    conn = kind(parts.hostname, parts.port, timeout=max(remaining_s, 1e-3))
+    result: dict = {}
+
+    def fetch() -> None:
+        try:
+            path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+            conn.request("GET", path, headers={"Accept": "text/plain", "User-Agent": "llmplan"})
+            r = conn.getresponse()
+            length = r.getheader("Content-Length")
+            if length is not None and length.isdigit() and int(length) > max_bytes:
+                result["too_big"] = True
+                return
+            chunks, got = [], 0
+            while got <= max_bytes:
+                chunk = r.read(min(65536, max_bytes + 1 - got))
+                if not chunk:
+                    break
+                chunks.append(chunk)
+                got += len(chunk)
+            result["too_big"] = got > max_bytes
+            result["answer"] = (r.status, r.reason, r.getheader("Location"), b"".join(chunks))
+        except (OSError, http.client.HTTPException, ValueError) as err:
+            result["error"] = err
+        finally:
+            conn.close()
+
+    worker = threading.Thread(target=fetch, daemon=True, name="llmplan-scrape")
+    worker.start()
+    worker.join(max(deadline_s - time.monotonic(), 0.0))
+    if worker.is_alive():
+        sock = conn.sock
+        if sock is not None:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+        raise LlmplanError(f"{url}: cannot scrape: no complete answer within {timeout_s:g} s "
+                           "(the limit covers the connect and every read)")
+    if result.get("too_big"):
+        raise LlmplanError(f"{url}: the page is larger than the {max_bytes / 2**20:g} MiB "
+                           "limit on a scrape")
+    if "error" in result:
+        err = result["error"]
+        reason = getattr(err, "reason", None) or getattr(err, "strerror", None) or err
+        raise LlmplanError(f"{url}: cannot scrape: {clean(reason, one_line=True)}")
+    return result["answer"]
+
+
+# the output figures a metric feeds: where the metric cannot be true, these are left out
+FEEDS = {
+    "running": ("running_requests",), "waiting": ("waiting_requests",),
+    "kv_usage": ("kv_cache_used_frac",),
+    "generation_tokens": ("output_tokens_per_s", "mean_output_tokens"),
+    "prompt_tokens": ("prompt_tokens_per_s", "mean_prompt_tokens"),
+    "requests": ("requests_per_s",),
+    "ttft": ("mean_ttft_s", "p50_ttft_s", "p99_ttft_s"),
+    "tpot": ("mean_tpot_s", "p50_tpot_s", "p99_tpot_s"),
+    "e2e": ("requests_per_s",),
+}
+
+
+def implausible(snap: Snapshot) -> dict[str, str]:
+    """figure -> why its metric in ``snap`` cannot be true: a value that is not a finite
+    number, a request count or counter below zero, a KV cache used beyond 0..1."""
+    why: dict[str, str] = {}
+    for fig, v in snap.values.items():
+        name = snap.names[fig]
+        if not math.isfinite(v):
+            why[fig] = f"{name} is {'NaN' if math.isnan(v) else v}: not a finite number"
+        elif v < 0:
+            why[fig] = f"{name} = {v:g}: a count below zero"
+        elif fig == "kv_usage" and v > 1:
+            why[fig] = f"{name} = {v:g}: above 1, more than the whole KV cache"
+    for fig, h in snap.histograms.items():
+        bad = [x for x in (h.sum, h.count, *h.buckets.values()) if not math.isfinite(x)]
+        if bad or h.count < 0:
+            why[fig] = f"{snap.names[fig]} has {bad[0] if bad else 'a negative count'}"
+    return why
 
 
 @dataclass(frozen=True)
 class Window:
-    """Two snapshots' difference: what the server did between them."""
+    """Two snapshots' difference: what the server did between them. A figure the server
+    reported but that cannot be true is None, and ``implausible`` says why (by output key)."""
 
     seconds: float
     server: str
-    running: float
-    waiting: float
+    running: float | None
+    waiting: float | None
     kv_usage: float | None
-    output_tokens_per_s: float
-    prompt_tokens_per_s: float
+    output_tokens_per_s: float | None
+    prompt_tokens_per_s: float | None
     requests_per_s: float | None
     mean_prompt_tokens: float | None
     mean_output_tokens: float | None
     ttft: Histogram | None
     tpot: Histogram | None
+    implausible: dict[str, str] = field(default_factory=dict)
 
     def figures(self) -> dict:
         def h(x: Histogram | None, q: float | None) -> float | None:
@@ -191,7 +323,7 @@ class Window:
                 return None
             return x.mean() if q is None else x.quantile(q)
 
-        return {
+        out = {
             "window_s": self.seconds, "server": self.server,
             "running_requests": self.running, "waiting_requests": self.waiting,
             "kv_cache_used_frac": self.kv_usage,
@@ -205,29 +337,45 @@ class Window:
             "mean_tpot_s": h(self.tpot, None), "p50_tpot_s": h(self.tpot, 0.5),
             "p99_tpot_s": h(self.tpot, 0.99),
         }
+        for key in self.implausible:
+            out[key] = None
+        out["implausible"] = dict(self.implausible)
+        return out
 
 
 def window(old: Snapshot, new: Snapshot) -> Window:
     dt = new.t_s - old.t_s
     if dt <= 0:
         raise LlmplanError("two scrapes at the same instant: no window")
+    # a metric that cannot be true in either scrape is left out of the window
+    why = {**implausible(old), **implausible(new)}
+    values = {k: v for k, v in new.values.items() if k not in why}
+    old_values = {k: v for k, v in old.values.items() if k not in why}
 
     def delta(k: str) -> float | None:
-        if k not in new.values or k not in old.values:
+        if k not in values or k not in old_values:
             return None
-        d = new.values[k] - old.values[k]
-        return d if d >= 0 else new.values[k]  # a counter reset (server restart)
+        d = values[k] - old_values[k]
+        return d if d >= 0 else values[k]  # a counter reset (server restart)
 
     gen, prompt, reqs = delta("generation_tokens"), delta("prompt_tokens"), delta("requests")
     hist = {k: (new.histograms[k].minus(old.histograms[k])
-                if k in new.histograms and k in old.histograms else None) for k in HISTOGRAMS}
+                if k in new.histograms and k in old.histograms and k not in why else None)
+            for k in HISTOGRAMS}
     done = reqs if reqs else (hist["e2e"].count if hist["e2e"] else None)
+    by_key = {key: reason for fig, reason in why.items() for key in FEEDS[fig]}
+
+    def rate(x: float | None, fig: str) -> float | None:
+        return None if fig in why else (x or 0.0) / dt
+
     return Window(
-        dt, new.server, new.values.get("running", 0.0), new.values.get("waiting", 0.0),
-        new.values.get("kv_usage"), (gen or 0.0) / dt, (prompt or 0.0) / dt,
+        dt, new.server,
+        None if "running" in why else values.get("running", 0.0),
+        None if "waiting" in why else values.get("waiting", 0.0),
+        values.get("kv_usage"), rate(gen, "generation_tokens"), rate(prompt, "prompt_tokens"),
         done / dt if done is not None else None,
         prompt / done if done and prompt is not None else None,
-        gen / done if done and gen is not None else None, hist["ttft"], hist["tpot"])
+        gen / done if done and gen is not None else None, hist["ttft"], hist["tpot"], by_key)
 
 
 def derive(w: Window, setup) -> dict:
@@ -245,7 +393,7 @@ def derive(w: Window, setup) -> dict:
     n = w.running
     out.update(mbu=None, mfu=None, achieved_bandwidth_bytes_per_s=None,
                predicted_tpot_s=None, kv_cache_held_bytes=None)
-    if n >= 1:
+    if n is not None and n >= 1:
         est = estimate(m, hw, precision=p, options=setup.options,
                        workload=Workload(batch=max(1, round(n)), prompt_tokens=prompt,
                                          output_tokens=gen),
@@ -262,20 +410,41 @@ def derive(w: Window, setup) -> dict:
         else:
             kv = n * (prompt + gen / 2) * per_token * setup.tp
         out["kv_cache_held_bytes"] = kv
-        if w.output_tokens_per_s > 0:
+        if w.output_tokens_per_s is not None and w.output_tokens_per_s > 0:
             steps_per_s = w.output_tokens_per_s / n
             step_bytes = weight_bytes(m, p, tp=setup.tp,
                                       lm_head_sharded=e.lm_head_sharded) * setup.tp + kv
             bw = step_bytes * steps_per_s
-            out["achieved_bandwidth_bytes_per_s"] = bw
-            out["mbu"] = bw / (hw.memory_bandwidth_bytes_per_s * setup.tp)
+            peak = hw.memory_bandwidth_bytes_per_s * setup.tp
+            _above_peak(out, "mbu", "achieved_bandwidth_bytes_per_s", bw, peak,
+                        "bandwidth", "B/s", hint="a wrong --gpu or --tp, or several tokens "
+                        "counted to a step, as speculative decoding does")
+    if w.prompt_tokens_per_s is None or w.output_tokens_per_s is None:
+        out["achieved_flops_per_s"] = None
+        return out
     ctx = prompt + gen // 2
     per_prompt_token = total_flops(prefill_ops(m, p, batch=1, prompt_tokens=prompt)) / prompt
     per_out_token = total_flops(decode_ops(m, p, batch=1, context_tokens=ctx))
     flops_s = w.prompt_tokens_per_s * per_prompt_token + w.output_tokens_per_s * per_out_token
-    out["achieved_flops_per_s"] = flops_s
-    out["mfu"] = flops_s / (hw.peak_flops_per_s(p.compute_dtype) * setup.tp)
+    peak = hw.peak_flops_per_s(p.compute_dtype) * setup.tp
+    _above_peak(out, "mfu", "achieved_flops_per_s", flops_s, peak, "dense compute", "FLOP/s",
+                hint="a wrong --gpu or --tp")
     return out
+
+
+def _above_peak(out: dict, frac_key: str, rate_key: str, achieved: float, peak: float,
+                what: str, unit: str, hint: str) -> None:
+    """``out[frac_key] = achieved / peak``, or, where that is above 1 (no GPU beats its
+    datasheet peak), both left out and the reason, with ``hint``, under
+    ``out["implausible"]``."""
+    frac = achieved / peak
+    if frac <= 1:
+        out[frac_key], out[rate_key] = frac, achieved
+        return
+    out[frac_key], out[rate_key] = None, None
+    out["implausible"][frac_key] = (
+        f"{frac_key.upper()} {frac:.0%}: {achieved:.3g} {unit} is above the GPUs' "
+        f"{what} peak of {peak:.3g} {unit} ({hint})")
 
 
 class Exporter:
@@ -298,7 +467,9 @@ class Exporter:
         "llmplan_waiting_requests": ("waiting_requests", "Requests waiting"),
     }
 
-    def __init__(self, port: int, labels: dict[str, str], *, addr: str = "0.0.0.0"):
+    def __init__(self, port: int, labels: dict[str, str], *, addr: str = "127.0.0.1"):
+        """Listens on ``addr`` (this machine only by default; ``0.0.0.0`` or ``::`` for every
+        interface) at ``port``."""
         from prometheus_client import CollectorRegistry, Gauge, start_http_server
 
         self.registry = CollectorRegistry()
@@ -308,7 +479,8 @@ class Exporter:
         try:
             got = start_http_server(port, addr=addr, registry=self.registry)
         except OSError as err:
-            raise LlmplanError(f"--serve-metrics {port}: cannot listen: {err.strerror}") from None
+            raise LlmplanError(f"--serve-metrics {port} --bind {addr}: cannot listen: "
+                               f"{err.strerror or err}") from None
         self.server = got[0] if isinstance(got, tuple) else None
 
     def update(self, figures: dict) -> None:
