@@ -123,7 +123,7 @@ def load_done(path: Path) -> dict[tuple, dict]:
     from planner.io import boundary
 
     done: dict[tuple, dict] = {}
-    if not os.path.lexists(path):
+    if not path.exists():  # a pipe or a folder there exists: read_text refuses it
         return done
     text = boundary.read_text(path, what="results file", max_bytes=boundary.RESULT_BYTES)
     boundary.check_json_depth(text, str(path))

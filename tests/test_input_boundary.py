@@ -230,3 +230,16 @@ def test_shipped_files_are_well_inside_the_limits():
         files = list(ROOT.glob(pattern))
         assert files, pattern
         assert max(f.stat().st_size for f in files) * 10 < limit, pattern
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no named pipes on this platform")
+def test_measure_resume_and_report_refuse_a_named_pipe(tmp_path):
+    from harness.measure import load_done
+    from planner.io.report import load_measured
+
+    p = tmp_path / "results.jsonl"
+    os.mkfifo(p)
+    with _Unblock(p):
+        for read in (load_done, load_measured):
+            with pytest.raises(SpecError, match="is a named pipe, not a regular file"):
+                read(p)
