@@ -161,8 +161,17 @@ def mutate_text(rng: random.Random, data: bytes, is_json: bool) -> tuple[bytes, 
             f"{c}: &{c} [*{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}]\n".encode()
             for p, c in zip("abcdefgh", "bcdefghi", strict=True)),
         b"[" * 5000 + b"]" * 5000, b"x: " + b"9" * 5000 + b"\n",
+        # the input boundary's classes (issue 27): nesting past libyaml's composer and past
+        # Python's recursion limit, block and flow; a float literal beyond a float; not a file
+        b"- " * 50_000 + b"x\n", b"{a: " * 50_000 + b"1" + b"}" * 50_000,
+        b"deployments: " + b"[" * 999 + b"]" * 999 + b"\n",
+        b"".join(b"  " * i + b"- a:\n" for i in range(1000)), b"x: 1.0e+999\n",
+        b'{"x": ' + b"9" * 5000 + b"}", FIFO, DIRECTORY,
     ])
     return special, False, f"replaced by {special[:20]!r}"
+
+
+FIFO, DIRECTORY = b"\0fifo\0", b"\0directory\0"  # written as a named pipe / a folder
 
 
 def mutate_jsonl(rng: random.Random, data: bytes) -> tuple[bytes, bool, str]:
@@ -252,7 +261,12 @@ def make_cases(n: int, seed: int, setup: Path) -> list[Case]:
 def run_case(case: Case, timeout_s: float) -> Outcome:
     with tempfile.TemporaryDirectory(prefix="llmplan-fuzz-") as d:
         for name, content in case.files.items():
-            (Path(d) / name).write_bytes(content)
+            if content == FIFO and hasattr(os, "mkfifo"):
+                os.mkfifo(Path(d) / name)  # a read that opens it would hang: a failure
+            elif content == DIRECTORY:
+                (Path(d) / name).mkdir()
+            else:
+                (Path(d) / name).write_bytes(content)
         if case.args and case.args[0] == "check" and "examples/budget.yaml" in case.args:
             case_args = [str(ROOT / a) if a.startswith("examples/") else a for a in case.args]
         else:

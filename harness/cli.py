@@ -216,8 +216,6 @@ def measure(
 def _collectives(info, profile: Path, world: int | None, quick: bool, as_json: bool) -> None:
     """Measure the collectives, print them as nccl-tests does, and merge the all-reduce fit
     into ``profile`` (calibrated first when there is none)."""
-    import yaml
-
     from harness import calibrate as cal_mod
     from harness.collectives import measure as measure_collectives
     from planner.io import catalog
@@ -230,7 +228,7 @@ def _collectives(info, profile: Path, world: int | None, quick: bool, as_json: b
     stderr.print(f"timing all-reduce and all-to-all on {info.kind} ...")
     res = measure_collectives(info.kind, world=world, max_bytes=(1 << 22) if quick else None,
                               budget_s=0.02 if quick else 0.2)
-    data = yaml.safe_load(profile.read_text())
+    data = catalog.read_yaml(profile, what="calibration file")
     data.setdefault("details", {})["collectives"] = res
     ar = (res.get("fit") or {}).get("all_reduce")
     if ar:

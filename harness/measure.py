@@ -120,17 +120,19 @@ def load_done(path: Path) -> dict[tuple, dict]:
     line that is not a whole `llmplan measure` record is an error naming the line, since
     resuming would carry it into the results."""
     from planner.core.errors import SpecError
-    from planner.io.catalog import read_text
+    from planner.io import boundary
 
     done: dict[tuple, dict] = {}
-    if not path.exists():
+    if not path.exists():  # a pipe or a folder there exists: read_text refuses it
         return done
-    lines = read_text(path).splitlines()
+    text = boundary.read_text(path, what="results file", max_bytes=boundary.RESULT_BYTES)
+    boundary.check_json_depth(text, str(path))
+    lines = text.splitlines()
     for i, line in enumerate(lines, 1):
         if not line.strip():
             continue
         try:
-            rec = json.loads(line)
+            rec = boundary.loads_json(line, f"{path}:{i}", checked=True)
         except (json.JSONDecodeError, RecursionError, ValueError):
             if i == len(lines):
                 continue

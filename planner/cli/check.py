@@ -107,7 +107,7 @@ def check(
     output_path(junit, "--junit")
     b = catalog.load_budget(budget)
     cal = catalog.load_calibration(calibration) if calibration else None
-    text = catalog.read_text(budget)
+    text = catalog.read_text(budget, what="budget file")
     results, lines = [], {}
     for i, dep in enumerate(b.deployments):
         lines[dep.label] = catalog.yaml_line(text, ("deployments", i))

@@ -32,32 +32,27 @@ from planner.core.errors import LlmplanError
 FilesArg = Annotated[list[Path], typer.Argument(
     help="Result files: vLLM `bench serve` JSON, SGLang `bench_serving` JSONL, guidellm "
          "report JSON, genai-perf profile export JSON, or `llmplan measure` JSONL.")]
-MAX_FILE_BYTES = 200 * 1024 * 1024
+MAX_FILE_BYTES = 200 * 1024 * 1024  # planner.io.boundary.RESULT_BYTES
 
 
 def read_result_file(path: Path):
     """The runs of one result file, whatever its format."""
     from planner.evidence.formats import PRINTED_MARK, read_printed, read_runs
-    from planner.io import catalog
+    from planner.io import boundary, catalog
 
-    if path.is_dir():
-        raise LlmplanError(f"{path}: is a directory; give a result file")
-    if not path.is_file():
-        raise LlmplanError(f"{path}: no such file")
-    if path.stat().st_size > MAX_FILE_BYTES:
-        raise LlmplanError(f"{path}: larger than {MAX_FILE_BYTES // 2**20} MiB")
-    text = catalog.read_text(path)
+    text = catalog.read_text(path, what="result file", max_bytes=MAX_FILE_BYTES)
     if PRINTED_MARK in text and not text.lstrip().startswith(("{", "[")):
         return read_printed(text, str(path))
+    boundary.check_json_depth(text, str(path))
     try:
-        data = json.loads(text)
+        data = boundary.loads_json(text, str(path), checked=True)
     except (json.JSONDecodeError, RecursionError):
         data = []
         for i, line in enumerate(text.splitlines(), 1):
             if not line.strip():
                 continue
             try:
-                obj = json.loads(line)
+                obj = boundary.loads_json(line, f"{path}:{i}", checked=True)
             except (json.JSONDecodeError, RecursionError):
                 raise LlmplanError(f"{path}:{i}: neither a JSON document nor JSON Lines"
                                    ) from None

@@ -119,18 +119,20 @@ _PREFIX_IDS: dict[tuple[Path, str], int] = {}  # a trace's prefix names, as numb
 def read_trace(path: Path) -> list[tuple]:
     """(prompt_tokens, output_tokens, arrival_s or None, prefix_id, prefix_tokens) rows of a
     JSONL or CSV trace; a row without a prefix_id shares no prefix (-1, 0)."""
-    from planner.io.catalog import read_text
+    from planner.io import boundary
 
     rows: list[dict] = []
-    text = read_text(path)
+    text = boundary.read_text(path, what="dataset (JSONL or CSV)",
+                              max_bytes=boundary.RESULT_BYTES)
     if path.suffix.lower() == ".csv":
         rows = list(csv_mod.DictReader(text.splitlines()))
     else:
+        boundary.check_json_depth(text, str(path))
         for i, line in enumerate(text.splitlines(), 1):
             if not line.strip():
                 continue
             try:
-                obj = json.loads(line)
+                obj = boundary.loads_json(line, f"{path}:{i}", checked=True)
             except (json.JSONDecodeError, RecursionError):
                 raise LlmplanError(f"{path}:{i}: not a JSON object") from None
             if not isinstance(obj, dict):

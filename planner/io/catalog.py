@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import os
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -16,6 +17,7 @@ from pydantic import BaseModel, Field, ValidationError
 from planner.core.engine import Engine, EngineSpec
 from planner.core.errors import SpecError
 from planner.core.specs import Calibration, HardwareSpec, ModelSpec
+from planner.io import boundary
 
 _HERE = Path(__file__).resolve().parent.parent  # planner/
 S = TypeVar("S", bound=BaseModel)
@@ -69,27 +71,22 @@ def validate(cls: type[S], data: Any, path: str) -> S:
         raise SpecError(_format_validation(path, err)) from None
 
 
-def read_text(path: Path) -> str:
-    """A file's UTF-8 text, or a ``SpecError`` naming the file and what is wrong."""
-    try:
-        return path.read_text(encoding="utf-8")
-    except OSError as err:
-        raise SpecError(f"{path}: cannot read: {err.strerror}") from None
-    except UnicodeDecodeError as err:
-        raise SpecError(f"{path}: not UTF-8 text (byte {err.start}: "
-                        f"{err.object[err.start:err.start + 1]!r})") from None
+def read_text(path: Path, *, what: str = "file", max_bytes: int = boundary.SPEC_BYTES) -> str:
+    """A regular file's UTF-8 text, within its kind's size, or a ``SpecError`` naming the
+    file and what is wrong (``planner.io.boundary``)."""
+    return boundary.read_text(path, what=what, max_bytes=max_bytes)
 
 
-def read_json(path: Path) -> Any:
+def read_json(path: Path, *, what: str = "file", max_bytes: int = boundary.SPEC_BYTES) -> Any:
     """A JSON document: malformed, too deep or with a number too long is one line."""
-    text = read_text(path)
+    text = read_text(path, what=what, max_bytes=max_bytes)
     try:
-        return json.loads(text)
+        return boundary.loads_json(text, str(path))
     except json.JSONDecodeError as err:
         raise SpecError(f"{path}: line {err.lineno}: malformed JSON: {err.msg}") from None
     except RecursionError:
         raise SpecError(f"{path}: JSON nested too deeply") from None
-    except ValueError as err:  # an integer of thousands of digits
+    except ValueError as err:
         raise SpecError(f"{path}: malformed JSON: {str(err).splitlines()[0]}") from None
 
 
@@ -112,10 +109,14 @@ def _expanded_nodes(node, memo: dict) -> int:
     return memo[key]
 
 
-def read_yaml(path: Path) -> Any:
-    text = read_text(path)
+def read_yaml(path: Path, *, what: str = "file", max_bytes: int = boundary.SPEC_BYTES) -> Any:
+    """A YAML document behind the input boundary: a regular file within its size, nested at
+    most ``boundary.MAX_DEPTH`` deep, no number too long, aliases that expand to at most
+    ``MAX_YAML_NODES`` nodes; anything else is one line."""
+    text = read_text(path, what=what, max_bytes=max_bytes)
     loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml's where the wheel has it
     try:
+        boundary.check_yaml(text, path)  # before anything is composed
         if "*" in text:  # size the graph, aliases expanded, before building anything
             n = _expanded_nodes(yaml.compose(text, Loader=loader), {})
             if n > MAX_YAML_NODES:
@@ -124,7 +125,7 @@ def read_yaml(path: Path) -> Any:
         return yaml.load(text, Loader=loader)
     except RecursionError:
         raise SpecError(f"{path}: YAML nested too deeply") from None
-    except ValueError as err:  # a scalar YAML resolves but Python cannot build (5000 digits)
+    except ValueError as err:  # a scalar YAML resolves but Python cannot build
         raise SpecError(f"{path}: unreadable value: {str(err).split(';')[0]}") from None
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
@@ -134,24 +135,32 @@ def read_yaml(path: Path) -> Any:
 
 
 def is_file(p: Path, what: str) -> bool:
-    """Whether ``p`` is a file; a path the OS refuses to look up (a name too long, a NUL
-    byte) is a ``SpecError`` naming ``what`` it was meant to be."""
+    """Whether ``p`` is a regular file: False if nothing or a directory is there (a name may
+    still mean a built-in entry); a named pipe or a device there, or a path the OS refuses to
+    look up (a name too long, a NUL byte), is a ``SpecError`` naming ``what`` it was meant to
+    be. Nothing is opened."""
     try:
-        return p.is_file()
-    except (OSError, ValueError) as err:
-        ref = str(p)
-        raise SpecError(f"{ref[:80]}{'...' if len(ref) > 80 else ''}: not a usable "
-                        f"{what} name or path ({getattr(err, 'strerror', None) or err})") from None
+        if os.path.isdir(p):
+            return False
+        os.stat(p)
+    except (FileNotFoundError, NotADirectoryError):
+        return False
+    except (OSError, ValueError):
+        pass  # regular_file words it
+    boundary.regular_file(p, what)
+    return True
 
 
 def _resolve(ref: str, kind: str, what: str) -> Path:
     if not ref.strip():
         raise SpecError(f"no {what} given")
     p = Path(ref)
-    is_file_ = is_file(p, what)
-    if p.suffix in (".yaml", ".yml", ".json") or is_file_:
-        if not is_file_:
+    if p.suffix in (".yaml", ".yml", ".json"):
+        if not is_file(p, f"{what} file") and not os.path.isdir(p):
             raise SpecError(f"{ref}: no such file")
+        boundary.regular_file(p, f"{what} file")  # a directory, a pipe: one line
+        return p
+    if is_file(p, what):
         return p
     known = _names(kind)
     if ref in known:
@@ -175,7 +184,7 @@ def load_model(ref: str) -> ModelSpec:
         if not is_file(cfg, "model"):
             raise SpecError(f"{ref}: a folder without a config.json (a Hugging Face snapshot "
                             "holds one)")
-        return model_from_hf_config(read_json(cfg), str(cfg))
+        return model_from_hf_config(read_json(cfg, what="model config"), str(cfg))
     path = _resolve(ref, "models_db", "model")
     if path.suffix == ".json":
         return model_from_hf_config(read_json(path), str(path))
@@ -235,9 +244,8 @@ def load_datasets(paths: list[Path] | None = None) -> list:
     out = []
     for f in files:
         p = Path(f)
-        if not p.is_file():
-            raise SpecError(f"{p}: no such dataset file")
-        out.append(validate(Dataset, read_yaml(p), str(p)))
+        data = read_yaml(p, what="dataset file", max_bytes=boundary.DATASET_BYTES)
+        out.append(validate(Dataset, data, str(p)))
     ids = [d.source.id for d in out]
     dup = sorted({i for i in ids if ids.count(i) > 1})
     if dup:
@@ -257,9 +265,8 @@ def load_served(paths: list[Path] | None = None) -> list:
     out = []
     for f in files:
         p = Path(f)
-        if not p.is_file():
-            raise SpecError(f"{p}: no such served-run manifest")
-        out.append((validate(ServedDataset, read_yaml(p), str(p)), p.parent))
+        data = read_yaml(p, what="served-run manifest", max_bytes=boundary.DATASET_BYTES)
+        out.append((validate(ServedDataset, data, str(p)), p.parent))
     ids = [d.source.id for d, _ in out]
     dup = sorted({i for i in ids if ids.count(i) > 1})
     if dup:
@@ -295,9 +302,7 @@ def load_budget(path: str | Path):
     from planner.evidence.budget import Budget
 
     p = Path(path)
-    if not p.is_file():
-        raise SpecError(f"{p}: no such budget file")
-    data = read_yaml(p)
+    data = read_yaml(p, what="budget file")
     if not isinstance(data, dict):
         raise SpecError(f"{p}: expected a mapping with a 'deployments' list")
     try:
@@ -319,9 +324,8 @@ def load_budget(path: str | Path):
 
 def load_calibration(path: str | Path) -> Calibration:
     p = Path(path)
-    if not is_file(p, "calibration"):
-        raise SpecError(f"{p}: no such calibration file")
-    data = read_json(p) if p.suffix == ".json" else read_yaml(p)
+    read = read_json if p.suffix == ".json" else read_yaml
+    data = read(p, what="calibration file")
     return validate(Calibration, data, str(p))
 
 

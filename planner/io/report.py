@@ -595,15 +595,15 @@ def load_measured(path: Path) -> list[dict]:
     import json
 
     from planner.core.errors import SpecError
-    from planner.io.catalog import is_file, read_text
+    from planner.io import boundary
 
-    if not is_file(path, "measurement"):
-        raise SpecError(f"{path}: no such measurement file")
+    text = boundary.read_text(path, what="measurement file", max_bytes=boundary.RESULT_BYTES)
+    boundary.check_json_depth(text, str(path))
     recs = []
-    text_lines = read_text(path).splitlines()
+    text_lines = text.splitlines()
     for i, line in enumerate(text_lines, 1):
         try:
-            rec = json.loads(line)
+            rec = boundary.loads_json(line, f"{path}:{i}", checked=True)
         except (json.JSONDecodeError, RecursionError, ValueError):
             if i != len(text_lines):  # only the last line may be torn by a crash
                 raise SpecError(f"{path}: line {i}: not JSON") from None
