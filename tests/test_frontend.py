@@ -4,7 +4,6 @@ its streaming rate, by hand, in the simulator, and from the CLI."""
 from __future__ import annotations
 
 import json
-import math
 from collections import deque
 from dataclasses import replace
 

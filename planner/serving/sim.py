@@ -37,8 +37,8 @@ The parts, each in its module of ``planner.serving``: the requests and their sta
 (``decoding``), the batching policies (``schedulers``), the arrivals (``arrivals``: an open
 stream or a closed loop of clients), the step's shape and time (``steps``) and what the replica
 held over time (``occupancy``), and the API server in front of the engine (``frontend``: a
-queue for requests, a pace for streamed tokens). ``simulate`` builds them and runs the event loop that ties
-them together.
+queue for requests, a pace for streamed tokens). ``simulate`` builds them and runs the event
+loop that ties them together.
 
 A request the engine would refuse is not served and does not end the run: one longer than the
 whole KV cache (vLLM refuses it at admission), one whose prompt and output exceed
