@@ -23,13 +23,8 @@ class Arrivals:
         self.pending = deque(reqs)  # sent, not yet seen by the engine, in arrival order
         self.arrived = 0
         self.front = front
-        if front is not None and front.request_s:
-            admit = front.admit
-            for q in reqs:
-                q.visible_s = admit(q.r.arrival_s)
-        else:
-            for q in reqs:
-                q.visible_s = q.r.arrival_s
+        for q in reqs:
+            q.visible_s = q.r.arrival_s if front is None else front.admit(q.r.arrival_s)
 
     def next_s(self) -> float:
         """When the engine sees the next request (nan: none is in flight to it)."""
@@ -59,8 +54,7 @@ class ClosedLoop(Arrivals):
     def arrive(self, now: float, waiting: deque, finished: int) -> None:
         """Each client whose last request is finished sends its next one at ``now``; the
         engine sees it once the API server has handled it."""
-        unsent, pending = self.unsent, self.pending
-        front = self.front if self.front is not None and self.front.request_s else None
+        unsent, pending, front = self.unsent, self.pending, self.front
         while unsent and self.sent - finished < self.clients:
             q = unsent.popleft()
             q.r.arrival_s = now

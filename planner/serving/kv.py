@@ -178,9 +178,7 @@ class PrefixCache:
         own = kept // self.block * self.block - shared
         if own <= 0:
             return 0
-        key = OWN - q.id
-        self.entries[key] = [own, 0, shared]
-        self.idle[key] = own
+        self._keep(q, own, shared)
         return own
 
     def claim(self, q: SimRequest) -> int:
@@ -193,6 +191,10 @@ class PrefixCache:
 
     def unclaim(self, q: SimRequest, tokens: int, shared: int) -> None:
         """``q`` was not admitted after all: its blocks are cached again, unused."""
+        self._keep(q, tokens, shared)
+
+    def _keep(self, q: SimRequest, tokens: int, shared: int) -> None:
+        """Cache ``tokens`` of ``q``'s own blocks, after ``shared`` prefix tokens, unused."""
         key = OWN - q.id
         self.entries[key] = [tokens, 0, shared]
         self.idle[key] = tokens
