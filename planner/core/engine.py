@@ -535,6 +535,13 @@ class Engine:
         return (self.request_overhead_s + self.prompt_token_overhead_s * prompt_tokens
                 + (0.0 if admitted else self.frontend_request_s))
 
+    def hides_host(self, graphed: bool, pp: int = 1) -> bool:
+        """Whether a step's host work runs beside its GPU work (``roofline.with_host``): with
+        async scheduling, under a step replayed from a CUDA graph (an eager step keeps the
+        host busy launching its kernels), and not under pipeline parallelism, where vLLM turns
+        async scheduling off."""
+        return self.async_scheduling and graphed and pp == 1
+
     def kernels_for(self, name: str, kind: str) -> float:
         km = dict(self.kernels)
         return km.get(name, km.get(kind, 1.0))

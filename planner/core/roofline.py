@@ -283,11 +283,9 @@ def with_host(gpu_s, host_s, overlapped: bool):
 
 def step_time(ops: list[Op], c: Ceilings, *, tp: int = 1, options: Options | None = None,
               engine: Engine = IDEAL, graphed: bool = True, fixed_s: float = 0.0) -> StepTime:
-    # async scheduling hides the host's work under a step replayed from a CUDA graph; an
-    # eager step keeps the host busy launching its kernels
     return StepTime(tuple(op_time(op, c, tp=tp, options=options, engine=engine,
                                   graphed=graphed) for op in ops), fixed_s,
-                    engine.async_scheduling and graphed)
+                    engine.hides_host(graphed))
 
 
 def ridge_flops_per_byte(peak_flops_per_s: float, bandwidth_bytes_per_s: float) -> float:

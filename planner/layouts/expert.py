@@ -191,4 +191,4 @@ def expert_parallel(m: ModelSpec, hw: HardwareSpec, prep: Prepared, o: Options, 
     fixed = e.step_overhead_s + e.per_sequence_overhead_s * b
     return ExpertParallel(ep, b, batch * k / ep, top, w, kv, total, total <= usable, dense, experts,
                           a2a, fixed, x.crosses_node, ttft, usable,
-                          e.async_scheduling and graphed)
+                          e.hides_host(graphed))

@@ -226,9 +226,8 @@ def pipeline(m: ModelSpec, hw: HardwareSpec, prep: Prepared, o: Options, *, tp: 
                             timed(dec, e.cuda_graphs), timed(pre, False), send, crosses,
                             usable))
     fixed = e.step_overhead_s + e.per_sequence_overhead_s * mb
-    # vLLM turns async scheduling off under pipeline parallelism (a single stage keeps it)
     traverse = with_host(sum(st.decode_s + st.send_s for st in stages), fixed,
-                         e.async_scheduling and e.cuda_graphs and pp == 1)
+                         e.hides_host(e.cuda_graphs, pp))
     # the host prepares one micro-batch while the GPUs run the others: a cycle is bound by
     # the slowest stage or by the host, whichever is longer
     cycle = mb_count * vmax(reduce(vmax, (st.decode_s + st.send_s for st in stages)), fixed)

@@ -238,7 +238,7 @@ class StepCoster:
             graphed = e.cuda_graphs and not prefill
         return with_host(self.gpu_s(shape, prefill=prefill, graphed=graphed),
                          host_s(e, sequences, prefill=prefill, decodes=decodes),
-                         e.async_scheduling and graphed)
+                         e.hides_host(graphed))
 
     def gpu_s(self, shape: StepShape, *, prefill: bool, graphed: bool | None = None) -> float:
         """The step's operators alone, without the engine's host cost: ``linear_s`` +

@@ -101,9 +101,7 @@ class PipelineCoster(_Layout):
         per_stage = [st.gpu_s(part, prefill=prefill) + (sends[i] if i < len(sends) else 0.0)
                      for i, st in enumerate(self.stages)]
         host = self.fixed_s(per, prefill=prefill, decodes=decodes)
-        # vLLM turns async scheduling off under pipeline parallelism (one stage keeps it)
-        overlapped = (self.engine.async_scheduling and self.engine.cuda_graphs
-                      and not prefill and self.pp == 1)
+        overlapped = self.engine.hides_host(self.engine.cuda_graphs and not prefill, self.pp)
         return max(with_host(sum(per_stage), host, overlapped),
                    m * max(max(per_stage), host))
 
@@ -157,7 +155,7 @@ class ExpertCoster(_Layout):
         experts, _ = self.x.experts_s(shape.tokens, graphed)
         return with_host(self.x.dense_s(own, graphed) + experts + self.x.all_to_all_s(own.tokens),
                          self.fixed_s(per, prefill=prefill, decodes=decodes),
-                         self.engine.async_scheduling and graphed)
+                         self.engine.hides_host(graphed))
 
     def kv_capacity_tokens(self, max_num_seqs: int, step_tokens: int) -> int:
         """``ep`` GPUs' caches: each GPU's memory less its weights (1/ep of the routed
