@@ -293,27 +293,27 @@ def _text(h, body: str, status: int = 200, reason: str | None = None) -> None:
     h.wfile.write(data)
 
 
-def _trickle(h, n):
-    """One byte every 0.1 s, forever (until the client hangs up): each read succeeds."""
-    h.wfile.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\n\r\n")
-    h.wfile.flush()
+def _drip(h, byte: bytes) -> None:
+    """One byte every 0.1 s for a minute (until the client hangs up): each read succeeds."""
     try:
         for _ in range(600):
-            h.wfile.write(b"#")
+            h.wfile.write(byte)
             h.wfile.flush()
             time.sleep(0.1)
     except OSError:
         pass
+
+
+def _trickle(h, n):
+    """Headers at once, then the body a byte at a time."""
+    h.wfile.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\n\r\n")
+    h.wfile.flush()
+    _drip(h, b"#")
 
 
 def _trickle_headers(h, n):
-    try:
-        for _ in range(600):
-            h.wfile.write(b"X")
-            h.wfile.flush()
-            time.sleep(0.1)
-    except OSError:
-        pass
+    """The status line itself a byte at a time: the headers never end."""
+    _drip(h, b"X")
 
 
 @pytest.mark.parametrize("respond", [_trickle, _trickle_headers])
