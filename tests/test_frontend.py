@@ -166,4 +166,4 @@ def test_cli_api_server_count(run_cli):
     assert d4["mean_api_server_wait_s"] < d1["mean_api_server_wait_s"]
     assert 0.0 <= d1["api_server_stream_bound_frac"] <= 1.0
     code, out, err = run_cli(*args, "--api-server-count", "0")
-    assert code == 2 and "api-servers" in err and len(err.strip().splitlines()) == 1
+    assert code == 2 and "--api-server-count" in err and len(err.strip().splitlines()) == 1

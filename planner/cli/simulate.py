@@ -398,7 +398,8 @@ def _check_numbers(a: dict) -> None:
     """The bounds of simulate's own numeric flags (the deployment's are checked where it is
     built)."""
     for flag in ("num_requests", "max_num_seqs", "max_num_batched_tokens", "block_size",
-                 "max_model_len", "prompt_tokens", "output_tokens", "max_concurrency"):
+                 "max_model_len", "prompt_tokens", "output_tokens", "max_concurrency",
+                 "api_server_count"):
         positive("--" + flag.replace("_", "-"), a[flag])
     positive("--request-rate", a["request_rate"], allow_inf=True)
     if not 0 <= a["prefix_tokens"] <= MAX_TRACE_TOKENS:
