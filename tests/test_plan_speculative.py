@@ -12,7 +12,8 @@ PLAN = ("plan", "-m", "llama-3.1-8b", "--gpu", "h100-sxm", "--pp", "1", "--weigh
 def test_low_load_tight_tpot_picks_speculation(run_json, run_cli):
     # one request on an H100 decodes Llama-3.1-8B at ~6.9 ms a token (estimate): a 5 ms
     # TPOT target needs two GPUs without speculation, one with EAGLE-3 (~1.8 ms)
-    args = (*PLAN, "--tp", "1,2", "--ttft", "1s", "--tpot", "5ms", "--rps", "0.5")
+    args = (*PLAN, "--tp", "1,2", "--ttft", "1s", "--tpot", "5ms", "--rps", "0.5",
+            "--disaggregated", "off")
     plain = run_json(*args)
     assert [r["tp"] for r in plain] == [2]
     rows = run_json(*args, "--speculative", "auto")

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from planner.core.errors import LlmplanError, UsageError
+from planner.core.errors import UsageError
 from planner.core.estimate import estimate, prepare
 from planner.core.ops import StepShape, decode_ops, prefill_ops
 from planner.core.roofline import step_time

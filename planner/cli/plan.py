@@ -124,6 +124,12 @@ def plan(
     draft_model: DraftOpt = None,
     num_speculative_tokens: SpeculativeTokensOpt = None,
     acceptance_rate: AcceptanceOpt = None,
+    disaggregated: Annotated[str, typer.Option(
+        "--disaggregated", metavar="both|off|only",
+        help="Also size disaggregated layouts (P prefill + D decode instances, each side its "
+        "own TP and weights, the KV sent between them over NVLink or the inter-node "
+        "network) and rank them with the aggregated ones (layout P6xTP1+D1xTP2); off: "
+        "aggregated only; only: disaggregated only. Continuous sizing only.")] = "both",
     as_json: Annotated[bool, typer.Option("--json", help="All rows as JSON.")] = False,
 ) -> None:
     """Find the cheapest configurations that meet TTFT and TPOT targets at a traffic level:
@@ -192,7 +198,7 @@ def plan(
                                               **_size_factors(eng.name, size_at)),
                          top=top, csv=csv, plot=plot, as_json=as_json,
                          label=(ttft, tpot, req), compute=cdt, quantized_layers=ql,
-                         options=opts, speculations=specs)
+                         options=opts, speculations=specs, disaggregated=disaggregated)
         return
     df = search(m, gpus, prompt_tokens=prompt_tokens, output_tokens=output_tokens,
                 targets=Targets(t_ttft, t_tpot, req), tps=tps, pps=pps, eps=eps,
@@ -243,6 +249,11 @@ def _check_targets(a: dict) -> tuple[float, float]:
             raise LlmplanError(f"{name}: must be a finite number, got {v:g}")
     if a["scheduler"] not in ("continuous", "static"):
         raise LlmplanError(f"--scheduler: '{a['scheduler']}' is not one of continuous, static")
+    if a["disaggregated"] not in ("both", "off", "only"):
+        raise LlmplanError(f"--disaggregated: must be both, off or only, got "
+                           f"{a['disaggregated']!r}")
+    if a["disaggregated"] == "only" and a["scheduler"] != "continuous":
+        raise LlmplanError("--disaggregated only: sized with --scheduler continuous only")
     if a["percentile"] not in (50, 90, 99):
         raise LlmplanError(f"--percentile: must be 50, 90 or 99, got {a['percentile']}")
     positive("--sim-requests", a["sim_requests"])
@@ -328,7 +339,8 @@ def _speculations(m, speculative, draft_model, k, a, scheduler) -> tuple:
 
 def _spec_cell(r) -> str:
     """The speculative method a row keeps, or "-"."""
-    return r.speculative if isinstance(r.speculative, str) else "-"
+    v = r.get("speculative")
+    return v if isinstance(v, str) else "-"
 
 
 def _some_precision_runs(gpus, weights, compute, cal, eng) -> None:
@@ -375,18 +387,36 @@ def _size_factors(engine_name: str, size_at: SizeAt) -> dict:
 def _plan_continuous(m, gpus, *, prompt_tokens, output_tokens, targets, tps, weights, kv_cache,
                      calibration, price_per_hour, engine, settings, top, csv, plot, as_json,
                      label, compute=None, pps=(1,), eps=(1,), quantized_layers="all",
-                     options=None, speculations=()) -> None:
+                     options=None, speculations=(), disaggregated="off") -> None:
+    import numpy as np
+    import pandas as pd
+
     from planner.io.render import plain, table
     from planner.io.report import plot_pareto
     from planner.layouts.deployment import Layout
+    from planner.search.disagg import pd_label, search_disaggregated
     from planner.search.plan import search_continuous
 
-    df = search_continuous(m, gpus, prompt_tokens=prompt_tokens, output_tokens=output_tokens,
-                           targets=targets, tps=tps, weights=weights, kv_cache=kv_cache,
-                           calibration=calibration, price_usd_per_gpu_hour=price_per_hour,
-                           engine=engine, settings=settings, top=top, compute=compute,
-                           pps=pps, eps=eps, quantized_layers=quantized_layers,
-                           options=options, speculations=speculations)
+    kw = dict(prompt_tokens=prompt_tokens, output_tokens=output_tokens, targets=targets,
+              tps=tps, weights=weights, kv_cache=kv_cache, calibration=calibration,
+              price_usd_per_gpu_hour=price_per_hour, engine=engine, settings=settings,
+              top=top, compute=compute, quantized_layers=quantized_layers, options=options)
+    frames = []
+    if disaggregated != "only":
+        frames.append(search_continuous(m, gpus, pps=pps, eps=eps, speculations=speculations,
+                                        **kw).assign(disaggregated=False))
+    if disaggregated != "off":
+        frames.append(search_disaggregated(m, gpus, **kw))
+    frames = [f for f in frames if len(f)]
+    df = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+    if len(df):
+        df = df.drop(columns=["rank"], errors="ignore").sort_values(
+            ["usd_per_hour", "total_gpus"]).reset_index(drop=True)
+        df.insert(0, "rank", np.arange(1, len(df) + 1))
+        for col in ("prefill_instances", "prefill_tp", "decode_instances", "decode_tp",
+                    "replicas", "total_gpus", "num_gpus", "tp", "pp", "ep", "batch"):
+            if col in df:  # counts stay whole numbers where the other kind of row has none
+                df[col] = df[col].astype("Int64")
     ttft, tpot, req = label
     p = settings.percentile
     name = "median" if p == 50 else f"p{p}"
@@ -406,12 +436,16 @@ def _plan_continuous(m, gpus, *, prompt_tokens, output_tokens, targets, tps, wei
                      f"{req:g} req/s")
         raise typer.Exit(1)
     rows = []
-    for r in df.head(top).itertuples():
-        rows.append([int(r.rank), r.gpu, Layout(r.tp, r.pp, r.ep).label, r.weights, r.kv_cache,
-                     f"{r.rate_per_replica:,.3g}", f"{getattr(r, f'{name}_ttft_s') * 1e3:,.0f}",
-                     f"{getattr(r, f'{name}_tpot_s') * 1e3:,.1f}", int(r.replicas),
-                     int(r.total_gpus), f"{r.usd_per_hour:,.2f}",
-                     f"{r.cost_usd_per_million_output_tokens_at_traffic:,.3f}"]
+    for r in df.head(top).to_dict("records"):
+        pd_row = bool(r.get("disaggregated"))
+        rows.append([int(r["rank"]), r["gpu"],
+                     pd_label(r) if pd_row else Layout(r["tp"], r["pp"], r["ep"]).label,
+                     r["weights"], r["kv_cache"], f"{r['rate_per_replica']:,.3g}",
+                     f"{r[f'{name}_ttft_s'] * 1e3:,.0f}", f"{r[f'{name}_tpot_s'] * 1e3:,.1f}",
+                     f"{int(r['prefill_instances'])}+{int(r['decode_instances'])}" if pd_row
+                     else int(r["replicas"]),
+                     int(r["total_gpus"]), f"{r['usd_per_hour']:,.2f}",
+                     f"{r['cost_usd_per_million_output_tokens_at_traffic']:,.3f}"]
                     + ([_spec_cell(r)] if speculations else []))
     stdout.print(table(f"{plain(m.label)}: {name} TTFT <= {plain(ttft)} and TPOT <= "
                        f"{plain(tpot)} at {req:g} "
@@ -421,6 +455,11 @@ def _plan_continuous(m, gpus, *, prompt_tokens, output_tokens, targets, tps, wei
                         f"{name}\nTPOT ms", "rep-\nlicas", "GPUs", "$/h", "$/1M\nout",
                         *(["spec"] if speculations else [])], rows,
                        left=5, compact=True))
+    if len(df) and df["disaggregated"].astype(bool).head(top).any():
+        stdout.print("P<n>xTP<a>+D<m>xTP<b>: disaggregated, n prefill instances of TP a and m "
+                     "decode instances of TP b (replicas n+m; req/s each: per decode "
+                     "instance), the KV sent between them (--json: kv_link, "
+                     "kv_transfer_mean_s)")
     if speculations:
         stdout.print("spec: the speculative method a row keeps because it lowers the cost "
                      "at the targets; -: it does not (--json: baseline_usd_per_hour)")

@@ -272,6 +272,47 @@ def simulate(
     draft_model: DraftOpt = None,
     num_speculative_tokens: SpeculativeTokensOpt = None,
     acceptance_rate: AcceptanceOpt = None,
+    prefill_instances: Annotated[Optional[int], typer.Option(
+        "--prefill-instances", rich_help_panel="Disaggregated prefill / decode",
+        help="Serve disaggregated: this many prefill instances compute the prompts, and "
+        "their KV crosses to --decode-instances decode instances (vLLM's, SGLang's and "
+        "Dynamo's P/D). Giving either turns it on; the other defaults to 1.")] = None,
+    decode_instances: Annotated[Optional[int], typer.Option(
+        "--decode-instances", rich_help_panel="Disaggregated prefill / decode",
+        help="Decode instances of a disaggregated deployment.")] = None,
+    prefill_tp: Annotated[Optional[int], typer.Option(
+        rich_help_panel="Disaggregated prefill / decode",
+        help="Tensor-parallel GPUs of each prefill instance (default: --tp).")] = None,
+    decode_tp: Annotated[Optional[int], typer.Option(
+        rich_help_panel="Disaggregated prefill / decode",
+        help="Tensor-parallel GPUs of each decode instance (default: --tp).")] = None,
+    prefill_gpu: Annotated[Optional[str], typer.Option(
+        rich_help_panel="Disaggregated prefill / decode", metavar="GPU",
+        help="The prefill instances' GPU (default: --gpu).")] = None,
+    decode_gpu: Annotated[Optional[str], typer.Option(
+        rich_help_panel="Disaggregated prefill / decode", metavar="GPU",
+        help="The decode instances' GPU (default: --gpu).")] = None,
+    prefill_max_num_seqs: Annotated[Optional[int], typer.Option(
+        rich_help_panel="Disaggregated prefill / decode",
+        help="Running requests at most on a prefill instance (default: --max-num-seqs).")
+    ] = None,
+    decode_max_num_seqs: Annotated[Optional[int], typer.Option(
+        rich_help_panel="Disaggregated prefill / decode",
+        help="Running requests at most on a decode instance (default: --max-num-seqs).")
+    ] = None,
+    prefill_max_num_batched_tokens: Annotated[Optional[int], typer.Option(
+        rich_help_panel="Disaggregated prefill / decode",
+        help="Tokens per step on a prefill instance (default: --max-num-batched-tokens).")
+    ] = None,
+    decode_max_num_batched_tokens: Annotated[Optional[int], typer.Option(
+        rich_help_panel="Disaggregated prefill / decode",
+        help="Tokens per step on a decode instance (default: --max-num-batched-tokens).")
+    ] = None,
+    kv_link: Annotated[str, typer.Option(
+        rich_help_panel="Disaggregated prefill / decode", metavar="auto|intra-node|inter-node",
+        help="The link the KV crosses between the pools: the GPUs' own (NVLink) within a "
+        "server, or the inter-node network from hardware_db; auto: within a server when "
+        "both pools are one GPU type and fit one server.")] = "auto",
     as_json: JsonOpt = False,
 ) -> None:
     """Simulate one replica serving a request stream: continuous or static batching, paged or
@@ -296,6 +337,9 @@ def simulate(
                            quantized_layers=quantized_layers, compute=compute,
                            calibration=calibration, options=opts,
                            enforce_eager=enforce_eager)
+    if prefill_instances is not None or decode_instances is not None:
+        _simulate_disaggregated(m, locals())
+        return
     cfg = _scheduler(dep, locals())
     # the step budget is the prefill chunk, as in the engines
     dep = dep.with_options(prefill_chunk_tokens=cfg.max_num_batched_tokens)
@@ -338,6 +382,144 @@ def simulate(
         **{f"{s}_{k}_ms": (f"{s} {k.upper()}", lambda v: f"{v:,.1f} ms")
            for s in ("mean", "median") for k in ("ttft", "tpot")},
         "output_throughput": ("output throughput", lambda v: f"{v:,.0f} tok/s")})
+
+
+DISAGG_CONFLICTS = ("speculative", "draft_model", "num_speculative_tokens", "acceptance_rate",
+                    "max_concurrency", "trace", "plot")
+
+
+def _simulate_disaggregated(m, a: dict) -> None:
+    """``simulate`` with --prefill-instances / --decode-instances: the two pools built from
+    the command's options with each side's own GPU, TP and scheduler limits, served and
+    reported (``planner.serving.disagg``)."""
+    from planner.serving import run
+    from planner.serving.disagg import pool_figures, transfer_figures
+    from planner.serving.metrics import summary
+
+    given = [k for k in DISAGG_CONFLICTS if a[k] not in (None, False)]
+    if given:
+        raise LlmplanError(f"--{given[0].replace('_', '-')}: not simulated with disaggregated "
+                           "prefill / decode (an open stream of requests, no speculation, "
+                           "no trace or plot)")
+    if a["pp"] > 1 or a["ep"] > 1:
+        raise LlmplanError("--pp / --ep: disaggregated pools are tensor-parallel replicas "
+                           "(give each side's --prefill-tp / --decode-tp)")
+    if a["scheduler"] != Scheduler.continuous:
+        raise LlmplanError("--scheduler: disaggregated pools are simulated with continuous "
+                           "batching only")
+    weights, kv_cache, compute = engine_precision(
+        a["weights"], a["quantization"], a["dtype"], a["kv_cache"], a["kv_cache_dtype"],
+        a["compute"], checkpoint=m.quantization.weights if m.quantization is not None else None)
+    counts = {side: a[f"{side}_instances"] or 1 for side in ("prefill", "decode")}
+    deps, cfgs = {}, {}
+    for side in ("prefill", "decode"):
+        dep = build_deployment(m, gpu=a[f"{side}_gpu"] or a["gpu"], engine=a["engine"],
+                               tp=a[f"{side}_tp"] or a["tp"], weights=weights,
+                               kv_cache=kv_cache, group_size=a["group_size"],
+                               quantized_layers=a["quantized_layers"], compute=compute,
+                               calibration=a["calibration"], options=a["opts"],
+                               enforce_eager=a["enforce_eager"])
+        over = dict(a)
+        for what in ("max_num_seqs", "max_num_batched_tokens"):
+            if a[f"{side}_{what}"] is not None:
+                over[what] = a[f"{side}_{what}"]
+        cfg = _scheduler(dep, over)
+        deps[side] = dep.with_options(prefill_chunk_tokens=cfg.max_num_batched_tokens)
+        cfgs[side] = cfg
+    reqs = _requests(a["dataset"], a["dataset_name"], a["num_requests"], a["prompt_tokens"],
+                     a["output_tokens"], a["range_ratio"], a["request_rate"], a["burstiness"],
+                     None, a["seed"], a["prefix_tokens"])
+    longest = max(reqs, key=lambda r: r.prompt_tokens + r.output_tokens)
+    check_context(m, longest.prompt_tokens, longest.output_tokens, a["allow_longer_context"],
+                  where="the longest request")
+    if a["allow_longer_context"] and a["max_model_len"] is None:
+        need = longest.prompt_tokens + longest.output_tokens
+        cfgs = {k: replace(c, max_model_len=max(c.max_model_len, need)) for k, c in cfgs.items()}
+    link = run.kv_link(deps["prefill"], deps["decode"], prefill_instances=counts["prefill"],
+                       decode_instances=counts["decode"], where=a["kv_link"])
+    res = run.run_disaggregated(deps["prefill"], deps["decode"], reqs,
+                                prefill_instances=counts["prefill"],
+                                decode_instances=counts["decode"],
+                                prefill_cfg=cfgs["prefill"], decode_cfg=cfgs["decode"],
+                                link=link)
+    whole = res.combined()
+    _refusals(whole)
+    d = summary(whole, ttft_slo_s=a["ttft_slo"], tpot_slo_s=a["tpot_slo"])
+    pools = {}
+    for side, runs in (("prefill", res.prefill), ("decode", res.decode)):
+        dep, cfg = deps[side], cfgs[side]
+        pools[side] = {"instances": counts[side], "gpu": dep.hardware.name, "tp": dep.tp,
+                       "num_gpus": counts[side] * dep.layout.num_gpus,
+                       "max_num_seqs": cfg.max_num_seqs,
+                       "max_num_batched_tokens": cfg.max_num_batched_tokens,
+                       **pool_figures(runs, res.duration_s)}
+    done = res.prefill_done_s
+    pools["prefill"]["mean_prompt_done_s"] = sum(done) / len(done) if done else None
+    xfer = transfer_figures(res)
+    dec, prec = deps["decode"], deps["decode"].precision
+    out = {"model": m.name, "layout": "disaggregated",
+           "gpu": dec.hardware.name, "tp": dec.tp, "pp": 1, "ep": 1,
+           "num_gpus": pools["prefill"]["num_gpus"] + pools["decode"]["num_gpus"],
+           "engine": dec.engine.name, "weights": prec.weights.value,
+           "quantized_layers": prec.quantized_layers, "kv_cache": prec.kv_cache.value,
+           "scheduler": "continuous", "prefix_caching": cfgs["prefill"].prefix_caching,
+           "request_rate": a["request_rate"] if math.isfinite(a["request_rate"]) else "inf",
+           "burstiness": a["burstiness"], "max_concurrency": None, "num_prompts": len(reqs),
+           "prefill": pools["prefill"], "decode": pools["decode"], "kv_transfer": xfer, **d}
+    if a["as_json"]:
+        json_out({k: (None if isinstance(v, float) and not math.isfinite(v) else v)
+                  for k, v in out.items()})
+        return
+    _render_disaggregated(out)
+
+
+def _render_disaggregated(d: dict) -> None:
+    from planner.io import fmt
+    from planner.io.render import plain, table
+
+    rate = f"{d['request_rate']} req/s"
+    stdout.print(f"[bold]{plain(d['model'])}[/] disaggregated, engine {plain(d['engine'])}: "
+                 f"{d['prefill']['instances']} prefill + {d['decode']['instances']} decode "
+                 f"instances, {d['num_gpus']} GPUs; {d['num_prompts']:,} requests at {rate}")
+    rows = []
+    for side in ("prefill", "decode"):
+        p = d[side]
+        rows.append([side, f"{p['instances']} x TP{p['tp']} {plain(p['gpu'])}",
+                     fmt.pct(p.get("busy_frac_mean", math.nan)),
+                     f"{p.get('mean_running_requests', math.nan):,.1f}",
+                     f"{p.get('kv_cache_reserved_frac_peak', math.nan):.0%}",
+                     f"{p.get('preemptions', 0):,}"])
+    stdout.print(table("Pools (busy: share of the run in steps; running: mean requests; KV: "
+                       "peak reserved)", ["pool", "instances", "busy", "running", "KV",
+                                          "preempted"], rows, left=2))
+    x = d["kv_transfer"]
+    stdout.print(f"KV transfer over {x['link']} ({x['gpu_pairs']} GPU pair"
+                 f"{'s' if x['gpu_pairs'] > 1 else ''}, {x['link_bytes_per_s'] / 1e9:,.0f} GB/s): "
+                 f"{fmt.gib(x['bytes_per_request_mean'] or 0)} per request, "
+                 f"{(x['mean_transfer_s'] or 0) * 1e3:,.2f} ms mean on the wire + "
+                 f"{(x['mean_link_wait_s'] or 0) * 1e3:,.2f} ms waiting for the link; "
+                 f"{(x['bandwidth_used_bytes_per_s'] or 0) / 1e9:,.2f} GB/s used, busiest link "
+                 f"{(x['link_busy_frac_max'] or 0):.0%} busy")
+    pd_ = d["prefill"].get("mean_prompt_done_s")
+    if pd_ is not None and d.get("mean_ttft_ms") is not None:
+        rest = d["mean_ttft_ms"] - pd_ * 1e3 - ((x["mean_transfer_s"] or 0)
+                                                 + (x["mean_link_wait_s"] or 0)) * 1e3
+        stdout.print(f"mean TTFT {d['mean_ttft_ms']:,.1f} ms = {pd_ * 1e3:,.1f} ms to the "
+                     f"prompt's end on a prefill instance + "
+                     f"{((x['mean_transfer_s'] or 0) + (x['mean_link_wait_s'] or 0)) * 1e3:,.2f}"
+                     f" ms KV transfer + {rest:,.1f} ms on a decode instance to its first token")
+    rows = []
+    for name, key in (("TTFT", "ttft"), ("TPOT", "tpot"), ("ITL", "itl"),
+                      ("end-to-end", "e2el")):
+        vals = [d.get(f"{s}_{key}_ms") for s in ("mean", "median", "p90", "p99")]
+        rows.append([name, *("-" if v is None else f"{v:,.1f}" for v in vals)])
+    stdout.print(table("Latency (ms)", ["", "mean", "median", "p90", "p99"], rows, left=1))
+    stdout.print(f"completed {d['completed']:,} in {d['duration']:,.2f} s: "
+                 f"{d['output_throughput']:,.0f} output tok/s"
+                 + (f", goodput {d['request_goodput']:,.3g} req/s" if "request_goodput" in d
+                    else ""))
+    stdout.print("error bands: none (no published disaggregated runs are held out to set "
+                 "them)")
 
 
 def _served_bands(dep, cfg, d: dict, request_rate: float, max_concurrency) -> dict:
@@ -399,7 +581,9 @@ def _check_numbers(a: dict) -> None:
     built)."""
     for flag in ("num_requests", "max_num_seqs", "max_num_batched_tokens", "block_size",
                  "max_model_len", "prompt_tokens", "output_tokens", "max_concurrency",
-                 "api_server_count"):
+                 "api_server_count", *(f"{side}_{what}" for side in ("prefill", "decode")
+                                       for what in ("instances", "tp", "max_num_seqs",
+                                                    "max_num_batched_tokens"))):
         positive("--" + flag.replace("_", "-"), a[flag])
     positive("--request-rate", a["request_rate"], allow_inf=True)
     if not 0 <= a["prefix_tokens"] <= MAX_TRACE_TOKENS:

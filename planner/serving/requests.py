@@ -91,8 +91,12 @@ class SimRequest:
     # when the engine sees it: its arrival, or later once the API server has handled it
     # (``planner.serving.frontend``)
     visible_s: float = 0.0
+    # prompt tokens whose KV arrives with it (computed by a prefill instance): it starts with
+    # them computed at its first admission; a recompute after a preemption computes them
+    loaded: int = 0
 
     @classmethod
-    def of(cls, r: RequestResult, prefix: int = -1, prefix_tokens: int = 0) -> SimRequest:
+    def of(cls, r: RequestResult, prefix: int = -1, prefix_tokens: int = 0,
+           loaded: int = 0) -> SimRequest:
         return cls(r, r.id, r.prompt_tokens, prefix=prefix, prefix_tokens=prefix_tokens,
-                   visible_s=r.arrival_s)
+                   visible_s=r.arrival_s, loaded=loaded)

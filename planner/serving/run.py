@@ -58,3 +58,89 @@ def run(dep: Deployment, requests: list[Request], cfg: SchedulerConfig | None = 
     ``coster(dep)`` (its per-shape caches) across runs of the same deployment."""
     return simulate(requests, step_coster or coster(dep), cfg or scheduler(dep),
                     sample_every_s=sample_every_s, spec=speculation)
+
+
+KV_LINKS = ("auto", "intra-node", "inter-node")
+
+
+def kv_link(prefill: Deployment, decode: Deployment, *, prefill_instances: int,
+            decode_instances: int, where: str = "auto"):
+    """The link a prompt's KV crosses from a prefill instance to a decode instance
+    (``planner.serving.disagg.KVLink``): the GPUs' own link within a server
+    (``interconnect``: NVLink, or PCIe where that is all the GPU has), or the inter-node
+    network's per-GPU share (``node.inter_node``, with its latency) between servers. "auto":
+    within a server when both pools are of one GPU and all their GPUs fit one server of it,
+    else between servers (within, where hardware_db states no inter-node network). Each of
+    the min(prefill TP, decode TP) GPU pairs carries its share
+    of the KV at once."""
+    from planner.serving.disagg import KVLink
+
+    if where not in KV_LINKS:
+        raise UsageError(f"kv-link: {where!r} is not one of {', '.join(KV_LINKS)}",
+                         fields=("kv_link",))
+    hp, hd = prefill.hardware, decode.hardware
+    gpus = prefill_instances * prefill.layout.num_gpus + decode_instances * \
+        decode.layout.num_gpus
+    per_node = hp.node.gpus_per_node if hp.node is not None else None
+    one_server = hp.name == hd.name and per_node is not None and gpus <= per_node
+    networked = all(h.node is not None and h.node.inter_node is not None for h in (hp, hd))
+    # auto without an inter-node figure: the GPUs' own link, as collectives fall back to it
+    # (``Ceilings.link``)
+    across = (not one_server and networked) if where == "auto" else where == "inter-node"
+    if not across and hp.name != hd.name:
+        raise UsageError(f"kv-link intra-node: the pools are on different GPUs ({hp.name}, "
+                         f"{hd.name}), which share no server", fields=("kv_link",))
+    pairs = min(prefill.layout.tp, decode.layout.tp)
+    if across:
+        nets = [h.node.inter_node if h.node is not None else None for h in (hp, hd)]
+        missing = next((h.name for h, n in zip((hp, hd), nets, strict=True) if n is None), None)
+        if missing:
+            raise UsageError(f"kv-link: {missing}'s hardware file states no node.inter_node "
+                             "network, which the KV would cross between servers",
+                             fields=("kv_link",))
+        bw = min(n.bandwidth_gb_per_s for n in nets) * 1e9
+        lat = max((n.latency_us or 0.0) for n in nets) * 1e-6
+        kind = nets[0].kind if nets[0].kind == nets[1].kind else f"{nets[0].kind}/{nets[1].kind}"
+        return KVLink(bw * pairs, lat, kind, pairs)
+    ic = hp.interconnect
+    return KVLink(ic.unidirectional_bytes_per_s * pairs, 0.0, ic.kind, pairs)
+
+
+def check_pools(prefill: Deployment, decode: Deployment) -> None:
+    """The two pools of a disaggregated deployment: one model, one KV cache layout (the KV
+    crosses as it is), tensor-parallel replicas."""
+    if prefill.model.name != decode.model.name:
+        raise UsageError(f"the prefill and decode pools serve different models "
+                         f"({prefill.model.name}, {decode.model.name})")
+    if prefill.precision.kv_cache != decode.precision.kv_cache:
+        raise UsageError(f"the prefill pool's KV cache is {prefill.precision.kv_cache.value} "
+                         f"and the decode pool's {decode.precision.kv_cache.value}: the KV "
+                         "crosses as it is, so they must match", fields=("kv_cache",))
+    for name, dep in (("prefill", prefill), ("decode", decode)):
+        if dep.layout.pp > 1 or dep.layout.ep > 1:
+            raise UsageError(f"disaggregated serving: the {name} pool is simulated on "
+                             "tensor-parallel replicas only (pp 1, ep 1)",
+                             fields=("pp", "ep"))
+
+
+def run_disaggregated(prefill: Deployment, decode: Deployment, requests: list[Request], *,
+                      prefill_instances: int, decode_instances: int,
+                      prefill_cfg: SchedulerConfig | None = None,
+                      decode_cfg: SchedulerConfig | None = None, link=None,
+                      prefill_coster=None, decode_coster=None):
+    """Serve ``requests`` on ``prefill_instances`` replicas of ``prefill`` and
+    ``decode_instances`` of ``decode`` (``planner.serving.disagg``); ``link``: a
+    ``KVLink``, by default ``kv_link``'s "auto"."""
+    from planner.core.memory import kv_cache_bytes_per_token
+    from planner.serving.disagg import Pool, simulate_disaggregated
+
+    check_pools(prefill, decode)
+    link = link or kv_link(prefill, decode, prefill_instances=prefill_instances,
+                           decode_instances=decode_instances)
+    return simulate_disaggregated(
+        requests,
+        Pool(prefill_coster or coster(prefill), prefill_cfg or scheduler(prefill),
+             prefill_instances),
+        Pool(decode_coster or coster(decode), decode_cfg or scheduler(decode),
+             decode_instances),
+        link, kv_cache_bytes_per_token(decode.model, decode.precision))

@@ -159,6 +159,8 @@ class Scheduler:
             q.computed = hit + own
             q.reserved += own
             self.kv.free_tokens += kept - own  # blocks beyond what it can use go back
+        if q.loaded:  # its KV arrived with it; a recompute after a preemption computes it
+            q.computed, q.loaded = q.loaded, 0
         self.waiting.popleft()
         self.stamp += 1
         q.admitted = self.stamp
@@ -253,7 +255,8 @@ class ContinuousScheduler(Scheduler):
         while waiting and budget > 0 and len(running) < self.max_seqs:
             q = waiting[0]
             hit, own = cache.lookup(q) if cache is not None else (0, 0)
-            left = q.target - hit - own
+            loaded = q.loaded  # KV that came with it: held from admission, not computed
+            left = q.target - hit - own - loaded
             if not self.chunked and left > per_rank:  # a recompute grown too long
                 self._refuse_head(f"its recompute ({q.target:,} tokens) exceeds "
                                   f"max-num-batched-tokens ({per_rank:,}) and chunked "
@@ -261,7 +264,7 @@ class ContinuousScheduler(Scheduler):
                 continue
             cap = min(budget, per_rank)
             chunk = min(left, cap) if self.chunked else left
-            if chunk > cap or not self._admit(q, chunk, hit, own):
+            if chunk > cap or not self._admit(q, chunk + loaded, hit, own):
                 break
             chunks.append((q, chunk))
             budget -= chunk

@@ -116,8 +116,11 @@ def simulate(requests: list[Request], coster: StepCoster, cfg: SchedulerConfig, 
     kv = _kv_pool(coster, cfg, spec)
     results = [RequestResult(q.id, q.arrival_s, q.prompt_tokens, q.output_tokens)
                for q in requests]
-    reqs = [SimRequest.of(r, q.prefix_id, q.prefix_tokens)
+    reqs = [SimRequest.of(r, q.prefix_id, q.prefix_tokens, q.loaded_tokens)
             for r, q in zip(results, requests, strict=True)]
+    if any(q.loaded for q in reqs) and cfg.kind != "continuous":
+        raise UsageError("requests that arrive with their KV (a disaggregated decode "
+                         "instance) are simulated with continuous batching only")
     batch = decode_pool(cfg, kv, spec)
     reqs = [q for q in reqs if not _refused(q, kv, batch.k1, cfg)]
     sched = make_scheduler(cfg, kv, batch)

@@ -30,6 +30,9 @@ class Request:
     # (-1: none shared), which a prefix cache computes once
     prefix_id: int = -1
     prefix_tokens: int = 0
+    # prompt tokens whose KV arrives with the request, computed elsewhere (a disaggregated
+    # decode instance receives them from a prefill instance: ``planner.serving.disagg``)
+    loaded_tokens: int = 0
 
 
 def lengths(rng: random.Random, mean: int, range_ratio: float) -> int:

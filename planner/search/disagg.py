@@ -1,0 +1,284 @@
+"""`llmplan plan`'s disaggregated layouts: P prefill instances and D decode instances (xPyD),
+each side with its own TP and weight precision, the cheapest that meet the targets.
+
+Each side is sized on its own first, by simulating it alone (``planner.serving.sim``):
+- a decode instance takes its share of the rate, each request arriving with its prompt's KV
+  (all but the last token computed: ``Request.loaded_tokens``); the fewest D whose
+  percentile TPOT meets the target, and the decode side's share of TTFT (from arrival to the
+  first token) at that D;
+- a prefill instance takes its share of the rate, each request with one output token; the
+  fewest P whose percentile time to the prompt's end meets the TTFT target less the decode
+  side's share and the KV transfer (bytes / the link's rate).
+Both sides are searched as ``planner.search.plan.replicas_needed`` searches replicas:
+from the analytic bound (no fewer instances can serve the rate), doubling then bisecting.
+Then the pair is simulated whole (``planner.serving.disagg``, the instances in turn, the KV
+over the link between them) and grown, prefill or decode by the target it misses, until it
+meets both: the figures a row shows are the whole simulation's.
+
+Pairs are tried in order of a lower bound on their cost (each side's analytic bound), and the
+search stops once the next bound is above the ``top``-th cost found. Both pools are of one GPU
+type and one KV precision (the KV crosses as it is). Imports pandas.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from planner.core.errors import UsageError
+from planner.core.specs import DType, Options, Precision
+from planner.layouts.deployment import Deployment, Layout
+
+
+@dataclass(frozen=True)
+class Side:
+    """One side's candidate instance: its deployment, its scheduler, and the most requests a
+    second one instance can serve (an analytic bound)."""
+
+    dep: Deployment
+    cfg: object  # planner.serving.config.SchedulerConfig
+    rate_bound: float
+    gpus: int
+    price: float
+
+
+def _pct(s: dict, name: str, p: int) -> float | None:
+    key = f"median_{name}_ms" if p == 50 else f"p{p}_{name}_ms"
+    v = s.get(key)
+    return None if v is None else v / 1e3
+
+
+class _Sizer:
+    """The fewest instances of one side that meet a test: simulations cached by count, so
+    one side's runs serve every threshold asked of it."""
+
+    def __init__(self, side: Side, make, settings, rate: float, max_factor: int = 64):
+        self.side, self.make, self.st, self.rate = side, make, settings, rate
+        self.max_factor = max_factor
+        self.seen: dict[int, dict] = {}
+        from planner.serving import run
+
+        self.coster = run.coster(side.dep)
+
+    def summary(self, n: int) -> dict:
+        if n not in self.seen:
+            from planner.serving.metrics import summary
+            from planner.serving.sim import simulate
+
+            reqs = self.make(self.rate / n)
+            self.seen[n] = summary(simulate(reqs, self.coster, self.side.cfg), itl=False)
+        return self.seen[n]
+
+    def fewest(self, ok) -> int:
+        """The fewest instances whose simulation passes ``ok(summary)`` (0: none within
+        ``max_factor`` times the analytic bound)."""
+        floor = max(1, math.ceil(self.rate / self.side.rate_bound))
+        if ok(self.summary(floor)):
+            return floor
+        lo, hi = floor, max(floor + 1, math.ceil(floor / 0.75))
+        step = hi - lo
+        while not ok(self.summary(hi)):
+            lo, step = hi, step * 2
+            hi = lo + step
+            if hi > self.max_factor * floor:
+                return 0
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if ok(self.summary(mid)):
+                hi = mid
+            else:
+                lo = mid
+        return hi
+
+
+def _served(s: dict) -> bool:
+    return s["completed"] > 0 and not s.get("failed")
+
+
+def search_disaggregated(model, gpus, *, prompt_tokens: int, output_tokens: int, targets,
+                         tps=(1, 2, 4, 8), weights=(DType.bf16, DType.fp8),
+                         kv_cache=(None, DType.fp8), options: Options | None = None,
+                         calibration=None, price_usd_per_gpu_hour: float | None = None,
+                         engine=None, settings=None, top: int = 10,
+                         compute: DType | None = None, quantized_layers: str = "all",
+                         max_adjust: int = 6):
+    """Rows in the shape ``search_continuous`` returns (``disaggregated`` True, the layout's
+    ``prefill_*`` / ``decode_*`` and ``kv_transfer_*`` fields), the cheapest first."""
+    import pandas as pd
+
+    from planner.search.plan import SimSettings, Targets, search
+    from planner.serving import run
+    from planner.serving.disagg import transfer_figures
+    from planner.serving.metrics import summary
+    from planner.serving.traffic import Request, synthetic
+
+    o = options or Options()
+    st = settings or SimSettings()
+    p_ = st.percentile
+    df = search(model, gpus, prompt_tokens=prompt_tokens, output_tokens=output_tokens,
+                targets=Targets(math.inf, targets.tpot_s, targets.requests_per_s), tps=tps,
+                weights=weights, kv_cache=kv_cache, options=o, calibration=calibration,
+                price_usd_per_gpu_hour=price_usd_per_gpu_hour, engine=engine,
+                batches=[1, 2, 4, 8, 16, 32, 64, 128, 192, 256], compute=compute,
+                quantized_layers=quantized_layers)
+    df = df[df["supported"].astype(bool) & df["priced"] & (df["pp"] == 1) & (df["ep"] == 1)]
+    keys = ["gpu", "tp", "weights", "kv_cache"]
+    groups: dict[tuple, list[dict]] = {}
+    for r in df[keys + ["batch", "fits", "ttft_s", "tpot_s", "num_gpus",
+                        "price_usd_per_gpu_hour"]].to_dict("records"):
+        groups.setdefault(tuple(r[k] for k in keys), []).append(r)
+    by_name = {h.name: h for h in gpus}
+
+    def deployment(gpu, tp, w, kv, chunk: int | None = None) -> Deployment:
+        prec_kv = None if kv == Precision.of(w, compute=compute).kv_cache.value else DType(kv)
+        return Deployment.build(model, by_name[gpu], engine=engine, precision=Precision.of(
+            w, prec_kv, compute=compute, quantized_layers=quantized_layers),
+            layout=Layout(tp), options=o.model_copy(update={"prefill_chunk_tokens": chunk})
+            if chunk else o, calibration=calibration)
+
+    prefill: dict[tuple, list[Side]] = {}  # (gpu, kv) -> sides
+    decode: dict[tuple, list[Side]] = {}
+    for (gpu, tp, w, kv), g in groups.items():
+        one = next((r for r in g if r["batch"] == 1), None)
+        if one is None or not bool(one["fits"]):
+            continue
+        try:
+            dep = deployment(gpu, tp, w, kv)
+        except UsageError:
+            continue
+        cfg = run.scheduler(dep, max_model_len=model.max_position_embeddings)
+        dep = dep.with_options(prefill_chunk_tokens=cfg.max_num_batched_tokens)
+        price, n = float(one["price_usd_per_gpu_hour"]), int(one["num_gpus"])
+        fit = [r for r in g if bool(r["fits"]) and r["ttft_s"] == r["ttft_s"]]
+        # prefill: a prompt costs at least its share of the best batched prefill
+        if float(one["ttft_s"]) <= targets.ttft_s:
+            per = min(float(r["ttft_s"]) / r["batch"] for r in fit)
+            prefill.setdefault((gpu, kv), []).append(Side(dep, cfg, 1 / per, n, price))
+        # decode: a request costs at least its share of a batched step within the target
+        ok = [float(r["tpot_s"]) / r["batch"] for r in fit
+              if float(r["tpot_s"]) <= targets.tpot_s]
+        if float(one["tpot_s"]) <= targets.tpot_s and ok:
+            decode.setdefault((gpu, kv), []).append(
+                Side(dep, cfg, 1 / (min(ok) * output_tokens), n, price))
+    rate = targets.requests_per_s
+    n_req = st.num_requests
+
+    def stream(r: float, out: int, loaded: bool) -> list:
+        reqs = synthetic(n_req, prompt_tokens=prompt_tokens, output_tokens=out,
+                         range_ratio=st.range_ratio, request_rate=r, seed=st.seed)
+        if not loaded:
+            return reqs
+        return [Request(q.id, q.arrival_s, q.prompt_tokens, q.output_tokens,
+                        loaded_tokens=q.prompt_tokens - 1) for q in reqs]
+
+    sizers: dict[int, _Sizer] = {}
+
+    def sizer(side: Side, pre: bool) -> _Sizer:
+        key = id(side)
+        if key not in sizers:
+            sizers[key] = _Sizer(side, (lambda r: stream(r, 1, False)) if pre else
+                                 (lambda r: stream(r, output_tokens, True)), st, rate)
+        return sizers[key]
+
+    pairs = []
+    for key, pres in prefill.items():
+        for d in decode.get(key, ()):
+            for p in pres:
+                lb = (math.ceil(rate / p.rate_bound) * p.gpus * p.price
+                      + math.ceil(rate / d.rate_bound) * d.gpus * d.price)
+                pairs.append((lb, p, d))
+    pairs.sort(key=lambda x: x[0])
+    rows, costs = [], []
+    for lb, p, d in pairs:
+        if len(costs) >= top and lb > sorted(costs)[top - 1]:
+            break
+        ds = sizer(d, False)
+        n_d = ds.fewest(lambda s: _served(s) and (_pct(s, "tpot", p_) or 0) * st.tpot_factor
+                        <= targets.tpot_s)
+        if not n_d:
+            continue
+        d_ttft = _pct(ds.summary(n_d), "ttft", p_) or 0.0
+        try:
+            link = run.kv_link(p.dep, d.dep, prefill_instances=max(1, math.ceil(
+                rate / p.rate_bound)), decode_instances=n_d)
+        except UsageError:
+            continue  # no link stated between them
+        wire = link.transfer_s(prompt_tokens * _kv_bytes(d.dep))
+        budget = targets.ttft_s / st.ttft_factor - d_ttft - wire
+        if budget <= 0:
+            continue
+        ps = sizer(p, True)
+        n_p = ps.fewest(lambda s, b=budget: _served(s) and
+                        (_pct(s, "ttft", p_) or math.inf) <= b)
+        if not n_p:
+            continue
+        # the pair simulated whole, grown by the side whose target it misses
+        reqs = stream(rate, output_tokens, False)
+        for _ in range(max_adjust):
+            link = run.kv_link(p.dep, d.dep, prefill_instances=n_p, decode_instances=n_d)
+            res = run.run_disaggregated(p.dep, d.dep, reqs, prefill_instances=n_p,
+                                        decode_instances=n_d, prefill_cfg=p.cfg,
+                                        decode_cfg=d.cfg, link=link,
+                                        prefill_coster=ps.coster, decode_coster=ds.coster)
+            s = summary(res.combined(), itl=False)
+            ttft, tpot = _pct(s, "ttft", p_), _pct(s, "tpot", p_) or 0.0
+            ttft_ok = _served(s) and ttft is not None and ttft * st.ttft_factor <= \
+                targets.ttft_s
+            tpot_ok = _served(s) and tpot * st.tpot_factor <= targets.tpot_s
+            if ttft_ok and tpot_ok:
+                break
+            if not tpot_ok:
+                n_d += 1
+            if not ttft_ok:
+                n_p += 1
+        else:
+            continue
+        usd = n_p * p.gpus * p.price + n_d * d.gpus * d.price
+        costs.append(usd)
+        x = transfer_figures(res)
+        name = "median" if p_ == 50 else f"p{p_}"
+        pd_, dd = p.dep, d.dep
+        rows.append({
+            "gpu": pd_.hardware.name, "tp": dd.tp, "pp": 1, "ep": 1,
+            "num_gpus": p.gpus + d.gpus, "weights": _w(pd_, dd),
+            "quantized_layers": quantized_layers, "kv_cache": dd.precision.kv_cache.value,
+            "engine": dd.engine.name, "scheduler": "continuous", "disaggregated": True,
+            "prefill_instances": n_p, "prefill_tp": pd_.tp,
+            "prefill_weights": pd_.precision.weights.value,
+            "decode_instances": n_d, "decode_tp": dd.tp,
+            "decode_weights": dd.precision.weights.value,
+            "kv_link": x["link"], "kv_transfer_mean_s": x["mean_transfer_s"],
+            "kv_bandwidth_used_bytes_per_s": x["bandwidth_used_bytes_per_s"],
+            "rate_per_replica": rate / n_d, "percentile": p_,
+            f"{name}_ttft_s": ttft, f"{name}_tpot_s": tpot,
+            "sized_at_ttft_factor": st.ttft_factor, "sized_at_tpot_factor": st.tpot_factor,
+            "latency_s": s[f"{name}_e2el_ms"] / 1e3,
+            "mean_running_requests": s["mean_running_requests"],
+            "max_running_requests": s["max_running_requests"],
+            "batch": d.cfg.max_num_seqs, "meets_targets": True,
+            "replicas": n_p + n_d, "total_gpus": n_p * p.gpus + n_d * d.gpus,
+            "price_usd_per_gpu_hour": d.price, "usd_per_hour": usd,
+            "cost_usd_per_million_output_tokens_at_traffic":
+                usd / (rate * output_tokens * 3600) * 1e6,
+            "lower_bound_usd_per_hour": lb})
+    out = pd.DataFrame(rows)
+    if len(out):
+        out = out.sort_values(["usd_per_hour", "total_gpus"]).reset_index(drop=True)
+    return out
+
+
+def _kv_bytes(dep: Deployment) -> float:
+    from planner.core.memory import kv_cache_bytes_per_token
+
+    return kv_cache_bytes_per_token(dep.model, dep.precision)
+
+
+def _w(p: Deployment, d: Deployment) -> str:
+    a, b = p.precision.weights.value, d.precision.weights.value
+    return a if a == b else f"{a}/{b}"
+
+
+def pd_label(r) -> str:
+    """"P6xTP1+D1xTP2": a disaggregated row's layout (a row of ``search_disaggregated``)."""
+    return f"P{int(r['prefill_instances'])}xTP{int(r['prefill_tp'])}+" \
+        f"D{int(r['decode_instances'])}xTP{int(r['decode_tp'])}"
