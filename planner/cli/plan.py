@@ -128,7 +128,7 @@ def plan(
         "--disaggregated", metavar="both|off|only",
         help="Also size disaggregated layouts (P prefill + D decode instances, each side its "
         "own TP and weights, the KV sent between them over NVLink or the inter-node "
-        "network) and rank them with the aggregated ones (layout P6xTP1+D1xTP2); off: "
+        "network) and rank them with the aggregated ones (layout 6P1D TP1/2); off: "
         "aggregated only; only: disaggregated only. Continuous sizing only.")] = "both",
     as_json: Annotated[bool, typer.Option("--json", help="All rows as JSON.")] = False,
 ) -> None:
@@ -451,15 +451,15 @@ def _plan_continuous(m, gpus, *, prompt_tokens, output_tokens, targets, tps, wei
                        f"{plain(tpot)} at {req:g} "
                        f"req/s; {len(df)} configurations simulated (continuous batching, "
                        f"engine {engine.name}), each replica sized for the rate shown",
-                       ["#", "gpu", "layout", "w", "kv", "req/s\neach", f"{name}\nTTFT ms",
-                        f"{name}\nTPOT ms", "rep-\nlicas", "GPUs", "$/h", "$/1M\nout",
+                       ["#", "gpu", "layout", "w", "kv", "req/s\neach", f"{name}\nTTFT\nms",
+                        f"{name}\nTPOT\nms", "rep-\nlicas", "GPUs", "$/h", "$/1M\nout",
                         *(["spec"] if speculations else [])], rows,
                        left=5, compact=True))
     if len(df) and df["disaggregated"].astype(bool).head(top).any():
-        stdout.print("P<n>xTP<a>+D<m>xTP<b>: disaggregated, n prefill instances of TP a and m "
+        stdout.print("<n>P<m>D TP<a>/<b>: disaggregated, n prefill instances of TP a and m "
                      "decode instances of TP b (replicas n+m; req/s each: per decode "
-                     "instance), the KV sent between them (--json: kv_link, "
-                     "kv_transfer_mean_s)")
+                     "instance; w: prefill/decode where they differ), the KV sent between "
+                     "them (--json: kv_link, kv_transfer_mean_s)")
     if speculations:
         stdout.print("spec: the speculative method a row keeps because it lowers the cost "
                      "at the targets; -: it does not (--json: baseline_usd_per_hour)")

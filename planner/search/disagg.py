@@ -279,6 +279,8 @@ def _w(p: Deployment, d: Deployment) -> str:
 
 
 def pd_label(r) -> str:
-    """"P6xTP1+D1xTP2": a disaggregated row's layout (a row of ``search_disaggregated``)."""
-    return f"P{int(r['prefill_instances'])}xTP{int(r['prefill_tp'])}+" \
-        f"D{int(r['decode_instances'])}xTP{int(r['decode_tp'])}"
+    """"6P1D TP1/2": a disaggregated row's layout in the xPyD notation (6 prefill and 1 decode
+    instances), then the prefill and decode instances' TP (a row of
+    ``search_disaggregated``)."""
+    return f"{int(r['prefill_instances'])}P{int(r['decode_instances'])}D " \
+        f"TP{int(r['prefill_tp'])}/{int(r['decode_tp'])}"
