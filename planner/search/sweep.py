@@ -159,7 +159,7 @@ def iter_sweep(g: Grid, *, calibration: Calibration | None = None,
                                                       g.tps, g.pps, g.eps):
         prec = Precision.of(w, kv, g.group_size, g.compute, g.quantized_layers)
         base = {"model": m.name, "gpu": hw.name, "tp": tp, "pp": pp, "ep": ep,
-                "num_gpus": tp * pp * ep, "weights": prec.weights.value,
+                "num_gpus": pp * max(tp, ep), "weights": prec.weights.value,
                 "quantized_layers": prec.quantized_layers,
                 "kv_cache": prec.kv_cache.value, "engine": g.engine.name}
         try:
