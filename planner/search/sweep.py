@@ -98,7 +98,7 @@ class Grid:
     kv_cache: Sequence[DType | None] = (None,)  # None: the weights' 16-bit type
     tps: Sequence[int] = (1,)
     pps: Sequence[int] = (1,)  # pipeline stages, each of tp GPUs
-    eps: Sequence[int] = (1,)  # expert-parallel GPUs (MoE; only with tp = pp = 1)
+    eps: Sequence[int] = (1,)  # expert-parallel GPUs (MoE; a multiple of tp, pp 1)
     group_size: int = DEFAULT_GROUP_SIZE
     options: Options = field(default_factory=Options)
     engine: Engine = IDEAL
