@@ -9,7 +9,7 @@ and all-reduce efficiency (0.8, engines_db)."""
 from __future__ import annotations
 
 import math
-from functools import lru_cache
+from functools import cache
 
 import pytest
 from hypothesis import given, settings
@@ -35,7 +35,7 @@ LINK = 450e9  # H100 / H200 NVLink, one way per GPU (hardware_db)
 AR_FRAC, LAT = 0.8, 10e-6  # vLLM's all-reduce bandwidth fraction and collective latency
 
 
-@lru_cache(maxsize=None)
+@cache
 def _prep(gpu: str, weights: str, quantized_layers: str = "all", imbalance=None):
     hw, eng = catalog.load_hardware(gpu), catalog.load_engine("vllm")
     o = Options(expert_imbalance=imbalance)
