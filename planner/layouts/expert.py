@@ -20,7 +20,10 @@ is the flattened tp x dp, and ``use_all2all_kernels`` holds only with dp > 1; it
 * d = 1: the hidden states are already on every GPU of the TP group, so nothing is
   dispatched; each GPU applies its local experts to the token-expert pairs that reach them and
   the outputs (with the shared experts') are summed by the TP group's all-reduce over the N GPUs,
-  T x hidden x 2 bytes, timed as every TP all-reduce (``planner.core.roofline``).
+  T x hidden x 2 bytes, timed as every TP all-reduce (``planner.core.roofline``). SGLang's
+  ``--tp N --ep N`` does the same (sgl-project/sglang@3e4a39ee73308590c5c753108bdcb8d333f7f1c6,
+  python/sglang/srt/models/deepseek_v2.py ``DeepseekV2MoE.forward_normal``: the experts, plus
+  the shared experts, then ``tensor_model_parallel_all_reduce`` when tp > 1).
 * d > 1: each GPU of a group dispatches its 1/t share of the group's tokens to the GPUs holding
   their top-k experts and combines the results back (an all-to-all of (b / t) x k x hidden x 2
   bytes each way per GPU, (N - 1) / N of it off the GPU, over NVLink or, past one server, the
