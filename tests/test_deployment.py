@@ -58,6 +58,8 @@ def test_simulate_refuses_a_request_beyond_the_context_unless_asked(run_cli):
     (Layout(tp=4), 4, "TP4", "4"),
     (Layout(tp=8, pp=2), 16, "TP8xPP2", "16 (TP 8 x PP 2)"),
     (Layout(ep=16), 16, "EP16", "16 (EP)"),
+    (Layout(tp=8, ep=8), 8, "TP8xEP8", "8 (TP 8, EP 8)"),
+    (Layout(tp=2, ep=8), 8, "TP2xEP8", "8 (TP 2 x DP 4, EP 8)"),
 ])
 def test_layout_names_and_counts_its_gpus(layout, gpus, label, text):
     assert (layout.num_gpus, layout.label, layout.gpus_text) == (gpus, label, text)
@@ -78,7 +80,8 @@ def test_a_layout_takes_numpys_integers_as_ints():
     ("llama-3.1-8b", Layout(tp=3), "does not divide"),
     ("llama-3.1-8b", Layout(pp=64), "exceeds the model's 32 layers"),
     ("llama-3.1-8b", Layout(ep=2), "no experts"),
-    ("mixtral-8x7b", Layout(tp=2, ep=2), "data-parallel"),
+    ("mixtral-8x7b", Layout(tp=4, ep=2), "not a multiple of tp 4"),
+    ("mixtral-8x7b", Layout(ep=2, pp=2), "give pp 1"),
     ("mixtral-8x7b", Layout(ep=3), "does not divide"),
 ])
 def test_a_layout_checks_itself_against_the_model(model, layout, match):

@@ -157,7 +157,8 @@ def test_ep16_memory_and_all_to_all_by_hand():
 @pytest.mark.parametrize("args,msg", [
     (["-m", "llama-3.1-8b", "--ep", "4"], "no experts"),
     (["-m", "mixtral-8x7b", "--ep", "3"], "does not divide"),
-    (["-m", "mixtral-8x7b", "--ep", "2", "--tp", "2"], "--tp 1"),
+    (["-m", "mixtral-8x7b", "--ep", "2", "--tp", "4"], "--ep 2 is not a multiple of --tp 4"),
+    (["-m", "mixtral-8x7b", "--ep", "2", "--pp", "2"], "give --pp 1"),
 ])
 def test_bad_ep_is_one_line(run_cli, args, msg):
     code, _, err = run_cli("estimate", *args, "-g", "h100-sxm")
@@ -270,9 +271,9 @@ def test_ep_kv_pool_is_every_gpus():
     m, hw, prep, opts, c = _costers("ep")
     one = layout_coster(m, hw, prep, opts, ep=1)  # a plain StepCoster
     assert c.kv_capacity_tokens(256, 8192) > 7 * one.kv_capacity_tokens(256, 8192)
-    with pytest.raises(UsageError, match="give tp 1 and pp 1") as err:
-        layout_coster(m, hw, prep, opts, tp=2, ep=2)
-    assert flagged(err.value).endswith("give --tp 1 and --pp 1 with it")
+    with pytest.raises(UsageError, match="not a multiple of tp") as err:
+        layout_coster(m, hw, prep, opts, tp=4, ep=2)
+    assert flagged(err.value).startswith("--ep 2 is not a multiple of --tp 4")
 
 
 @pytest.mark.parametrize("layout", ["pp", "ep"])
@@ -304,7 +305,7 @@ def test_simulate_cli_takes_a_layout(run_json, run_cli):
     d = run_json("simulate", "-m", "qwen3-30b-a3b", "-g", "h100-sxm", "--ep", "4", "-n", "30")
     assert d["ep"] == 4 and d["num_gpus"] == 4 and d["completed"] == 30
     for args, msg in ((["-m", "llama-3.1-8b", "--ep", "2"], "no experts"),
-                      (["-m", "qwen3-30b-a3b", "--ep", "2", "--pp", "2"], "--tp 1"),
+                      (["-m", "qwen3-30b-a3b", "--ep", "2", "--pp", "2"], "give --pp 1"),
                       (["-m", "tiny-llama-test", "--pp", "9"], "exceeds")):
         code, _, err = run_cli("simulate", *args, "-g", "h100-sxm", "-n", "5")
         assert code == 2 and msg in err and len(err.strip().splitlines()) == 1
@@ -331,10 +332,12 @@ def test_sweep_rows_of_a_layout_are_its_estimate(run_json, tmp_path):
             r.cost_usd_per_million_output_tokens(hw.price.usd_per_gpu_hour, b, 90))
     assert write_csv(iter_sweep(g), tmp_path / "s.csv") == 4
     rows = run_json("sweep", "-m", "qwen3-30b-a3b", "-g", "h100-sxm", "--ep", "1,4", "--tp",
-                    "1,2", "-b", "16", "-p", "512", "-o", "128")
+                    "1,2,8", "-b", "16", "-p", "512", "-o", "128")
     by = {(r["tp"], r["ep"]): r for r in rows}
     assert by[(1, 4)]["supported"] and by[(1, 4)]["num_gpus"] == 4
-    assert not by[(2, 4)]["supported"] and "data-parallel" in by[(2, 4)]["note"]
+    # TP 2 inside EP 4: two attention groups on the experts' 4 GPUs
+    assert by[(2, 4)]["supported"] and by[(2, 4)]["num_gpus"] == 4
+    assert not by[(8, 4)]["supported"] and "not a multiple of tp 8" in by[(8, 4)]["note"]
     x = expert_parallel(m := catalog.load_model("qwen3-30b-a3b"), hw,
                         prepare(hw, Precision(), None, Options(), eng), Options(), ep=4,
                         batch=16, prompt_tokens=512, output_tokens=128)

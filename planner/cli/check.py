@@ -10,11 +10,13 @@ import typer
 
 from planner.cli.options import (
     DEFAULT_ENGINE,
+    ExpertImbalanceOpt,
     check_context,
     check_quantized_layers,
     json_out,
     output_path,
     stdout,
+    with_expert_imbalance,
 )
 from planner.core.errors import LlmplanError
 
@@ -95,16 +97,18 @@ def check(
     junit: Annotated[Optional[Path], typer.Option(
         help="Also write JUnit XML (one test case per limit).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the results as JSON.")] = False,
+    expert_imbalance: ExpertImbalanceOpt = None,
 ) -> None:
     """Check deployments against capacity budgets: exit 0 if every limit holds, 1 if any
     fails, 2 for a bad budget file."""
-    from planner.core.specs import Precision
+    from planner.core.specs import Options, Precision
     from planner.evidence.budget import evaluate
     from planner.io import catalog
     from planner.io.render import plain, table
     from planner.layouts.deployment import Deployment, Layout
 
     output_path(junit, "--junit")
+    opts = with_expert_imbalance(Options(), expert_imbalance)
     b = catalog.load_budget(budget)
     cal = catalog.load_calibration(calibration) if calibration else None
     text = catalog.read_text(budget, what="budget file")
@@ -120,7 +124,8 @@ def check(
             prec = Precision.of(dep.weights, dep.kv_cache, compute=dep.compute,
                                 quantized_layers=check_quantized_layers(m, dep.quantized_layers))
             d = Deployment.build(m, hw, engine=eng, precision=prec,
-                                 layout=Layout(dep.tp, dep.pp, dep.ep), calibration=cal)
+                                 layout=Layout(dep.tp, dep.pp, dep.ep), options=opts,
+                                 calibration=cal)
             est, at = _figures(d, dep)
         except (LlmplanError, ValueError) as err:  # ValueError: pydantic's, e.g. weights fp32
             errs = getattr(err, "errors", None)

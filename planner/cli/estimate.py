@@ -25,6 +25,7 @@ from planner.cli.options import (
     DtypeOpt,
     EnforceEagerOpt,
     EngineOpt,
+    ExpertImbalanceOpt,
     GpuOpt,
     GroupSizeOpt,
     JsonOpt,
@@ -60,6 +61,7 @@ from planner.cli.options import (
     stderr,
     stdout,
     weights_source_text,
+    with_expert_imbalance,
 )
 from planner.core.specs import GIB, Workload
 
@@ -104,9 +106,11 @@ def estimate(
         *PP_NAMES, help="Pipeline-parallel stages, each on --tp GPUs: adds the Pipeline section "
         "(memory per stage, TPOT with micro-batches in flight, TTFT, transfers).")] = 1,
     ep: Annotated[int, typer.Option(
-        "--ep", help="Expert-parallel GPUs for a MoE model (attention data-parallel, each GPU "
-        "1/N of the experts and of the batch): adds the Expert parallel section (TTFT, TPOT, "
-        "load imbalance, all-to-all, memory).")] = 1,
+        "--ep", help="Expert-parallel GPUs for a MoE model, each 1/N of the routed experts; "
+        "attention TP over --tp of them in N / --tp data-parallel groups (--tp 1: "
+        "data-parallel attention; --tp N: one TP group). Adds the Expert parallel section "
+        "(TTFT, TPOT, load imbalance, all-to-all or all-reduce, memory per GPU).")] = 1,
+    expert_imbalance: ExpertImbalanceOpt = None,
     speculative: SpeculativeOpt = None,
     draft_model: DraftOpt = None,
     num_speculative_tokens: SpeculativeTokensOpt = None,
@@ -122,8 +126,9 @@ def estimate(
                     ("--output-tokens", output_tokens), ("--price-per-hour", price_per_hour),
                     ("--measured-tpot", measured_tpot), ("--measured-ttft", measured_ttft)):
         positive(name, v)
-    opts = options_from(time_model, attention, kernel_overhead_us, reserve_gib,
-                        memory_utilization, prefill_chunk_tokens, cpu_offload_gb)
+    opts = with_expert_imbalance(options_from(
+        time_model, attention, kernel_overhead_us, reserve_gib, memory_utilization,
+        prefill_chunk_tokens, cpu_offload_gb), expert_imbalance)
     m = catalog.load_model(model)
     check_context(m, prompt_tokens, output_tokens, allow_longer_context)
     ckpt = m.quantization.weights if m.quantization is not None else None

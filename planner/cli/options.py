@@ -18,6 +18,7 @@ from rich.console import Console
 from planner.cli.flags import DTYPES, KV_CACHE_DTYPES, QUANTIZATIONS, cli_aliases
 from planner.core.errors import LlmplanError
 from planner.core.specs import DEFAULT_GROUP_SIZE, GIB, Options, Workload
+from planner.layouts.expert import EXPERT_IMBALANCE
 
 stdout = Console()
 stderr = Console(stderr=True)
@@ -73,8 +74,16 @@ TpOpt = Annotated[int, typer.Option(*TP_NAMES, help="Tensor-parallel GPUs.")]
 PpOpt = Annotated[int, typer.Option(
     *PP_NAMES, help="Pipeline-parallel stages, each on --tp GPUs (vLLM's split of the layers).")]
 EpOpt = Annotated[int, typer.Option(
-    "--ep", help="Expert-parallel GPUs for a MoE model: each holds 1/N of the routed experts, "
-                 "attention data-parallel (give --tp 1 --pp 1 with it).")]
+    "--ep", help="Expert-parallel GPUs for a MoE model: each holds 1/N of the routed experts; "
+                 "attention and the other weights tensor-parallel over --tp of them, in N / "
+                 "--tp data-parallel groups (--tp 1: attention data-parallel on every GPU; "
+                 "--tp N: one TP group, vLLM's --enable-expert-parallel). A multiple of "
+                 "--tp; no --pp with it.")]
+ExpertImbalanceOpt = Annotated[Optional[float], typer.Option(
+    "--expert-imbalance", help="With --ep: the busiest GPU's routed token-expert pairs over "
+    "the mean (max / mean load, >= 1); uniform routing's expected maximum stays the floor. "
+    f"Default {EXPERT_IMBALANCE:.2f}: SGLang's DeepSeek-V3 EP32 prefill, balanced routing "
+    "over its default placement (lmsys.org/blog/2025-05-05-large-scale-ep; estimated).")]
 WeightsOption = Annotated[Optional[WeightsOpt], typer.Option(
     "--weights", help="Weight precision (default: what an HF config.json's "
     "quantization_config says the checkpoint stores, else bf16).")]
@@ -304,6 +313,16 @@ def check_layout(m, tp: int, pp: int, ep: int):
     if ep > 100_000:
         raise LlmplanError(f"--ep: at most 100,000 GPUs, got {ep}")
     return Layout(tp, pp, ep).check(m)
+
+
+def with_expert_imbalance(opts: Options, value: float | None) -> Options:
+    """``opts`` with ``--expert-imbalance`` (None: the default), a finite factor >= 1."""
+    if value is None:
+        return opts
+    if not math.isfinite(value) or value < 1:
+        raise LlmplanError(f"--expert-imbalance: must be a finite max / mean load of at "
+                           f"least 1, got {value:g}")
+    return opts.model_copy(update={"expert_imbalance": float(value)})
 
 
 def check_quantized_layers(m, quantized_layers) -> str:

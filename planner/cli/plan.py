@@ -27,6 +27,7 @@ from planner.cli.options import (
     DraftOpt,
     EnforceEagerOpt,
     EngineOpt,
+    ExpertImbalanceOpt,
     LongerOpt,
     OutputOpt,
     PromptOpt,
@@ -45,6 +46,7 @@ from planner.cli.options import (
     positive,
     stderr,
     stdout,
+    with_expert_imbalance,
 )
 from planner.core.errors import LlmplanError
 
@@ -71,9 +73,11 @@ def plan(
     pp: Annotated[str, typer.Option(
         *PP_NAMES, help="Pipeline stages per replica, each of --tp GPUs.")] = "1,2",
     ep: Annotated[str, typer.Option(
-        help="Expert-parallel GPUs per replica, attention data-parallel (MoE models; with TP "
-             "and PP 1). auto: 1 and the powers of two up to 16 that divide the experts.")] =
-    "auto",
+        help="Expert-parallel GPUs per replica (MoE models; no PP): the routed experts over "
+             "them, attention TP over each --tp dividing it (TP 1: data-parallel attention; "
+             "TP = EP: one TP group). auto: 1 and the powers of two up to 16 that divide the "
+             "experts.")] = "auto",
+    expert_imbalance: ExpertImbalanceOpt = None,
     weights: Annotated[Optional[str], typer.Option(
         help=f"Weight precisions (default {DEFAULT_WEIGHTS}; for an HF config with a "
         "quantization_config, the checkpoint's own).")] = None,
@@ -141,8 +145,9 @@ def plan(
     from planner.search.sweep import parse_int_list, parse_str_list
 
     t_ttft, t_tpot = _check_targets(locals())
-    opts = options_from(TimeModel.roofline, Attention.flash, 0.0, reserve_gib,
-                        memory_utilization)
+    opts = with_expert_imbalance(options_from(TimeModel.roofline, Attention.flash, 0.0,
+                                              reserve_gib, memory_utilization),
+                                 expert_imbalance)
     req = rps if rps is not None else tokens_per_s / output_tokens
     m = catalog.load_model(model)
     tps, pps = parse_int_list(tp, "--tp"), parse_int_list(pp, "--pp")
@@ -150,6 +155,11 @@ def plan(
     ql = check_quantized_layers(m, quantized_layers)
     if max(eps) > 1 and m.moe is None:
         raise LlmplanError(f"--ep: {m.name} has no experts (not a mixture-of-experts model)")
+    if max(eps) > 1 and not as_json:
+        from planner.layouts.expert import expert_imbalance as imbalance_of
+
+        factor, source = imbalance_of(opts)
+        stderr.print(f"expert imbalance {factor:.2f}x ({source['from']}) for the EP layouts")
     check_context(m, prompt_tokens, output_tokens, allow_longer_context)
     gpus = [catalog.load_hardware(g) for g in (parse_str_list(gpu) if gpu
                                                 else catalog.gpu_names())]

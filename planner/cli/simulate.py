@@ -29,6 +29,7 @@ from planner.cli.options import (
     EnforceEagerOpt,
     EngineOpt,
     EpOpt,
+    ExpertImbalanceOpt,
     GpuOpt,
     GroupSizeOpt,
     JsonOpt,
@@ -65,6 +66,7 @@ from planner.cli.options import (
     speculation_config,
     stderr,
     stdout,
+    with_expert_imbalance,
 )
 from planner.core.errors import LlmplanError
 
@@ -168,6 +170,7 @@ def simulate(
     tp: TpOpt = 1,
     pp: PpOpt = 1,
     ep: EpOpt = 1,
+    expert_imbalance: ExpertImbalanceOpt = None,
     weights: WeightsOption = None,
     kv_cache: KVOption = None,
     quantization: QuantizationOpt = None,
@@ -324,8 +327,9 @@ def simulate(
     from planner.serving.metrics import summary
 
     _check_numbers(locals())
-    opts = options_from(time_model, attention, kernel_overhead_us, reserve_gib,
-                        memory_utilization, cpu_offload_gb=cpu_offload_gb)
+    opts = with_expert_imbalance(options_from(time_model, attention, kernel_overhead_us,
+                                              reserve_gib, memory_utilization,
+                                              cpu_offload_gb=cpu_offload_gb), expert_imbalance)
     output_path(trace, "--trace")
     output_path(plot, "--plot", ".png")
     m = catalog.load_model(model)
@@ -656,6 +660,7 @@ def _result(dep, cfg, reqs, sp, d: dict, *, request_rate, burstiness, max_concur
     lay, prec = dep.layout, dep.precision
     return {"model": dep.model.name, "gpu": dep.hardware.name, "tp": lay.tp, "pp": lay.pp,
             "ep": lay.ep, "num_gpus": lay.num_gpus, "engine": dep.engine.name,
+            **_expert_fields(dep),
             "weights": prec.weights.value, "quantized_layers": prec.quantized_layers,
             **weights_fields(dep),
             "kv_cache": prec.kv_cache.value, "scheduler": cfg.kind, "kv_layout": cfg.kv_layout,
@@ -674,6 +679,23 @@ BASELINE_KEYS = ("completed", "duration", "request_throughput", "output_throughp
                  "total_token_throughput", "request_goodput",
                  *(f"{s}_{k}_ms" for k in ("ttft", "tpot", "e2el")
                    for s in ("mean", "median", "p90", "p99")))
+
+
+def _expert_fields(dep) -> dict:
+    """With --ep: the attention groups and the expert imbalance used, with its source."""
+    if dep.layout.ep == 1:
+        return {}
+    from planner.layouts.expert import expert_imbalance
+
+    factor, source = expert_imbalance(dep.options)
+    return {"dp": dep.layout.dp, "expert_imbalance": factor, "expert_imbalance_source": source}
+
+
+def _imbalance_text(d: dict) -> str:
+    if "expert_imbalance" not in d:
+        return ""
+    given = d["expert_imbalance_source"]["from"]
+    return f"; expert imbalance {d['expert_imbalance']:.2f}x ({given})"
 
 
 def _baseline(base: dict, d: dict) -> dict:
@@ -756,7 +778,7 @@ def _render(d: dict) -> None:
                  f"{plain(d['gpu'])}, engine "
                  f"{plain(d['engine'])}, "
                  f"{d['scheduler']} batching, {d['kv_layout']} KV; {d['num_prompts']:,} "
-                 f"requests at {rate}")
+                 f"requests at {rate}" + _imbalance_text(d))
     stdout.print(table("Serving", ["what", "value"], [
         ["completed", f"{d['completed']:,} in {d['duration']:,.2f} s"],
         ["request throughput", f"{d['request_throughput']:,.3g} req/s"],

@@ -106,8 +106,9 @@ def sweep(
     pp: Annotated[str, typer.Option(
         help="Pipeline-parallel stages, each of --tp GPUs. " + LIST_HELP)] = "1",
     ep: Annotated[str, typer.Option(
-        help="Expert-parallel GPUs (MoE models, attention data-parallel; rows with --tp or "
-             "--pp above 1 are marked unsupported). " + LIST_HELP)] = "1",
+        help="Expert-parallel GPUs (MoE models; attention TP over --tp of them, so a multiple "
+             "of --tp; rows that are not, or with --pp above 1, are marked unsupported). "
+             + LIST_HELP)] = "1",
     group_size: GroupSizeOpt = DEFAULT_GROUP_SIZE,
     quantized_layers: QuantizedLayersOpt = QuantizedLayers.all,
     time_model: TimeModelOpt = TimeModel.roofline,

@@ -569,3 +569,7 @@ class Options(_Frozen):
     # 8192 is its V1 default for serving). Bounds prefill activations; None: the whole batch
     # at once. TTFT is still the time of all the batch's prefill FLOPs and bytes.
     prefill_chunk_tokens: int | None = Field(8192, gt=0)
+    # Expert parallelism: the busiest GPU's routed token-expert pairs over the mean (max / mean
+    # load, >= 1); None: the published default of planner.layouts.expert (EXPERT_IMBALANCE).
+    # Uniform routing's expected maximum stays the floor.
+    expert_imbalance: float | None = Field(None, ge=1, allow_inf_nan=False)

@@ -131,7 +131,7 @@ class Deployment(_Strict):
     gpu: str
     tp: int = Field(1, gt=0, le=100_000)
     pp: int = Field(1, gt=0, le=1024)  # pipeline stages, each of tp GPUs
-    ep: int = Field(1, gt=0, le=100_000)  # expert-parallel GPUs (MoE, with tp = pp = 1)
+    ep: int = Field(1, gt=0, le=100_000)  # expert-parallel GPUs (MoE; a multiple of tp)
     engine: str | None = None  # engines_db name or YAML path (default: check's --engine)
     weights: DType = DType.bf16
     kv_cache: DType | None = None
@@ -146,7 +146,8 @@ class Deployment(_Strict):
     def label(self) -> str:
         if self.name:
             return self.name
-        layout = f"EP{self.ep} " if self.ep > 1 else \
+        layout = (f"TP{self.tp}xEP{self.ep} " if self.tp > 1 else f"EP{self.ep} ") \
+            if self.ep > 1 else \
             f"{self.tp}x{self.pp}x" if self.pp > 1 else f"{self.tp}x"
         experts = " experts" if self.quantized_layers == "experts" else ""
         return f"{self.model} on {layout}{self.gpu} {self.weights.value}{experts}"

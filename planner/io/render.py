@@ -394,20 +394,39 @@ def render_expert(console, x, batch: int) -> None:
     """The Expert parallel section of ``llmplan estimate --ep``."""
     fits = "[green]yes[/]" if x.fits else "[red]NO[/]"
     link = "the network" if x.crosses_node else "the intra-node link"
-    console.print(_section(
-        f"Expert parallel: {x.ep} GPUs, each 1/{x.ep} of the experts and {x.batch_per_gpu} "
-        "of the sequences (attention data-parallel)", [
-            ("TTFT", fmt.seconds(x.ttft_s), "each GPU prefills its own sequences; the "
-                                             "experts at the most loaded GPU's tokens"),
-            ("TPOT", fmt.seconds(x.tpot_s),
-             f"own batch {fmt.seconds(x.dense_s)} + experts {fmt.seconds(x.experts_s)} + "
-             f"all-to-all {fmt.seconds(x.all_to_all_s)} + host {fmt.seconds(x.fixed_s)}"),
-            ("decode throughput", f"{batch / x.tpot_s:,.0f} tok/s", "batch / TPOT"),
-            ("expert load", f"{x.imbalance:.2f}x", f"most loaded GPU {x.pairs_max:,.0f} "
-                                                   f"token-experts, mean {x.pairs_mean:,.0f}"),
-            ("all-to-all", fmt.seconds(x.all_to_all_s), f"dispatch + combine per MoE layer "
-                                                         f"over {link}"),
-            ("memory per GPU", fmt.gib(x.total_bytes),
-             f"weights {fmt.gib(x.weights_bytes)}, KV {fmt.gib(x.kv_cache_bytes)}"),
-            ("fits", fits, ""),
-        ]))
+    if x.tp == 1:
+        title = (f"Expert parallel: {x.ep} GPUs, each 1/{x.ep} of the experts and "
+                 f"{x.batch_per_gpu} of the sequences (attention data-parallel)")
+    else:
+        groups = f"{x.dp} attention groups of TP {x.tp}, each" if x.dp > 1 else \
+            f"attention TP {x.tp} over all of them,"
+        title = (f"Expert parallel: {x.ep} GPUs, each 1/{x.ep} of the experts; {groups} "
+                 f"{x.batch_per_gpu} of the sequences")
+    if x.dp == 1:
+        comm = ("experts' all-reduce", fmt.seconds(x.moe_reduce_s),
+                f"no dispatch (the tokens are on every GPU); outputs summed over {x.ep} GPUs "
+                f"per MoE layer over {link if x.crosses_node else 'the TP link'}")
+    else:
+        gather = f" + TP all-gather {fmt.seconds(x.moe_reduce_s)}" if x.tp > 1 else ""
+        comm = ("all-to-all", fmt.seconds(x.comm_s),
+                f"dispatch + combine {fmt.seconds(x.all_to_all_s)} per MoE layer over "
+                f"{link}{gather}")
+    src = x.imbalance_source or {}
+    given = "--expert-imbalance" if src.get("from") == "--expert-imbalance" else \
+        f"default, estimated from {src.get('url', '?')}"
+    console.print(_section(title, [
+        ("TTFT", fmt.seconds(x.ttft_s), "each group prefills its own sequences; the "
+                                         "experts at the most loaded GPU's tokens"),
+        ("TPOT", fmt.seconds(x.tpot_s),
+         f"own batch {fmt.seconds(x.dense_s)} + experts {fmt.seconds(x.experts_s)} + "
+         f"{comm[0]} {fmt.seconds(x.comm_s)} + host {fmt.seconds(x.fixed_s)}"),
+        ("decode throughput", f"{batch / x.tpot_s:,.0f} tok/s", "batch / TPOT"),
+        ("expert load", f"{x.imbalance:.2f}x", f"most loaded GPU {x.pairs_max:,.0f} "
+                                               f"token-experts, mean {x.pairs_mean:,.0f}"),
+        ("expert imbalance", f"{x.imbalance_factor:.2f}x",
+         f"max / mean asked ({given}); uniform routing the floor"),
+        comm,
+        ("memory per GPU", fmt.gib(x.total_bytes),
+         f"weights {fmt.gib(x.weights_bytes)}, KV {fmt.gib(x.kv_cache_bytes)}"),
+        ("fits", fits, ""),
+    ]))

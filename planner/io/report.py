@@ -89,6 +89,8 @@ class Case:
     def _layout_words(self) -> tuple[str, str]:
         """(label prefix, file-name prefix)."""
         if self.ep > 1:
+            if self.tp > 1:
+                return f"TP{self.tp}xEP{self.ep} ", f"tp{self.tp}-ep{self.ep}-"
             return f"EP{self.ep} ", f"ep{self.ep}-"
         if self.pp > 1:
             return f"TP{self.tp}xPP{self.pp} ", f"tp{self.tp}-pp{self.pp}-"
@@ -438,7 +440,7 @@ def _layout_memory(case: Case, batch: int):
     if case.ep > 1:
         from planner.layouts.expert import expert_parallel
 
-        r = expert_parallel(case.model, case.hw, prep, o, ep=case.ep, **kw)
+        r = expert_parallel(case.model, case.hw, prep, o, ep=case.ep, tp=case.tp, **kw)
         w, kv, total, usable = r.weights_bytes, r.kv_cache_bytes, r.total_bytes, r.usable_bytes
     else:
         from planner.layouts.pipeline import pipeline

@@ -29,8 +29,11 @@ from planner.core.specs import (
 @dataclass(frozen=True)
 class Layout:
     """One replica's GPUs: ``tp``-way tensor parallel groups, ``pp`` pipeline stages of them,
-    or ``ep`` expert-parallel GPUs (each holding 1/ep of the experts, attention running
-    data-parallel: ``dp`` = ep ranks of attention)."""
+    or, for a MoE model, ``ep`` expert-parallel GPUs: the routed experts spread over all ``ep``
+    (1/ep of them on each), attention and every other weight tensor-parallel over ``tp`` GPUs
+    in ``dp`` = ep / tp data-parallel groups (``tp`` 1: attention data-parallel on every GPU,
+    SGLang's DP attention; ``tp`` = ``ep``: one TP group, vLLM's ``--tensor-parallel-size N
+    --enable-expert-parallel``). The replica has ``ep`` GPUs; ep must be a multiple of tp."""
 
     tp: int = 1
     pp: int = 1
@@ -50,37 +53,46 @@ class Layout:
 
     @property
     def dp(self) -> int:
-        """Data-parallel ranks of attention within the replica."""
-        return self.ep
+        """Data-parallel attention groups within the replica (each of ``tp`` GPUs)."""
+        return self.ep // self.tp if self.ep > 1 else 1
 
     @property
     def num_gpus(self) -> int:
-        return self.tp * self.pp * self.ep
+        # with experts spread, ep = tp x dp GPUs (pp 1); else tp x pp
+        return self.pp * max(self.tp, self.ep)
 
     @property
     def label(self) -> str:
-        """"TP4", "TP8xPP2", "EP16"."""
+        """"TP4", "TP8xPP2", "EP16" (attention data-parallel), "TP8xEP8" (attention TP 8
+        over the experts' 8 GPUs), "TP2xEP8" (four TP 2 attention groups)."""
         if self.ep > 1:
-            return f"EP{self.ep}"
+            return f"TP{self.tp}xEP{self.ep}" if self.tp > 1 else f"EP{self.ep}"
         return f"TP{self.tp}" + (f"xPP{self.pp}" if self.pp > 1 else "")
 
     @property
     def gpus_text(self) -> str:
-        """"4", "8 (TP 4 x PP 2)", "16 (EP)": the GPUs of one replica."""
+        """"4", "8 (TP 4 x PP 2)", "16 (EP)", "8 (TP 8, EP 8)", "8 (TP 2 x DP 4, EP 8)": the
+        GPUs of one replica."""
         if self.ep > 1:
-            return f"{self.ep} (EP)"
+            if self.tp == 1:
+                return f"{self.ep} (EP)"
+            dp = f" x DP {self.dp}" if self.dp > 1 else ""
+            return f"{self.ep} (TP {self.tp}{dp}, EP {self.ep})"
         return f"{self.num_gpus} (TP {self.tp} x PP {self.pp})" if self.pp > 1 else str(self.tp)
 
     def check(self, m: ModelSpec) -> Layout:
         """A layout the model allows: TP dividing its heads, at most one stage per layer, EP
-        dividing its experts and only with TP = PP = 1. Returns itself."""
+        dividing its experts, a multiple of TP and without pipeline stages. Returns itself."""
         from planner.core.ops import check_tp
         from planner.layouts.expert import check_ep
         from planner.layouts.pipeline import stage_layers
 
-        if self.ep > 1 and (self.tp > 1 or self.pp > 1):
-            raise UsageError("ep runs attention data-parallel on each GPU: give tp 1 and pp "
-                             "1 with it", fields=("ep", "tp", "pp"))
+        if self.ep > 1 and self.pp > 1:
+            raise UsageError("ep spreads the experts over one stage's GPUs: give pp 1 with it",
+                             fields=("ep", "pp"))
+        if self.ep > 1 and self.ep % self.tp:
+            raise UsageError(f"ep {self.ep} is not a multiple of tp {self.tp}: the ep GPUs "
+                             "hold whole attention groups of tp", fields=("ep", "tp"))
         check_tp(m, self.tp)
         stage_layers(m.num_layers, self.pp)
         if self.ep > 1:
@@ -270,7 +282,7 @@ def estimate_deployment(dep: Deployment, workload: Workload, *, speculation=None
     if lay.ep > 1:
         from planner.layouts.expert import expert_parallel
 
-        expert = expert_parallel(m, hw, prep, o, ep=lay.ep, **sizes)
+        expert = expert_parallel(m, hw, prep, o, ep=lay.ep, tp=lay.tp, **sizes)
     if lay.pp > 1:
         from planner.layouts.pipeline import pipeline
 

@@ -1,5 +1,6 @@
 """One replica's headline figures under any layout: a TP group, TP x PP pipeline stages, or EP
-expert-parallel GPUs, in the shape sweep, plan and check consume.
+expert-parallel GPUs (attention TP over --tp of them), in the shape sweep, plan and check
+consume.
 
 For TP alone the figures are ``estimate``'s; with pipeline stages or expert parallelism they
 come from ``planner.layouts.pipeline`` and ``planner.layouts.expert``. Memory is that of the
@@ -52,7 +53,7 @@ class LayoutFigures:
 
     @property
     def num_gpus(self) -> int:
-        return self.tp * self.pp * self.ep
+        return Layout(self.tp, self.pp, self.ep).num_gpus
 
     @property
     def headline(self) -> Headline:
@@ -94,10 +95,11 @@ def layout_figures(m: ModelSpec, hw: HardwareSpec, prep: Prepared, o: Options, *
     if ep > 1:
         from planner.layouts.expert import expert_parallel
 
-        r = expert_parallel(m, hw, prep, o, ep=ep, batch=batch, prompt_tokens=prompt_tokens,
-                            output_tokens=output_tokens)
+        r = expert_parallel(m, hw, prep, o, ep=ep, tp=tp, batch=batch,
+                            prompt_tokens=prompt_tokens, output_tokens=output_tokens)
         memory, extra = r.total_bytes, {"expert_imbalance": r.imbalance,
-                                        "all_to_all_s": r.all_to_all_s}
+                                        "all_to_all_s": r.all_to_all_s,
+                                        "moe_reduce_s": r.moe_reduce_s}
         usable = r.usable_bytes
     elif pp > 1:
         from planner.layouts.pipeline import pipeline

@@ -5,7 +5,7 @@ KV precision x batch with the vectorized sweep, keeps the
 configurations that are supported, fit, and meet the TTFT and TPOT targets, and sizes each for
 the traffic with static batching: a replica completes ``batch`` requests every ``latency_s``,
 so it serves batch / latency requests per second, and the traffic needs
-ceil(requests per second / that) replicas of tp x pp x ep GPUs each.
+ceil(requests per second / that) replicas of the layout's GPUs each (tp x pp; ep with experts).
 Ranked by the cost per million
 output tokens at that traffic (GPUs x price per GPU-hour / output tokens per hour), then by
 latency. Imports numpy and pandas (through the sweep).
@@ -60,9 +60,11 @@ def search(model: ModelSpec, gpus: list[HardwareSpec], *, prompt_tokens: int,
                 compute=compute, quantized_layers=quantized_layers)
     chunks = list(iter_sweep(grid, calibration=calibration,
                              price_usd_per_gpu_hour=price_usd_per_gpu_hour))
-    experts = [n for n in eps if n > 1]
-    if experts:  # expert parallelism runs attention data-parallel: TP and PP are 1
-        chunks += iter_sweep(replace(grid, tps=[1], pps=[1], eps=experts),
+    for ep in (n for n in eps if n > 1):
+        # the experts over ep GPUs, attention TP over each searched tp dividing it (tp 1: data-
+        # parallel attention; tp = ep: one TP group), no pipeline stages
+        chunks += iter_sweep(replace(grid, tps=[t for t in tps if ep % t == 0], pps=[1],
+                                     eps=[ep]),
                              calibration=calibration,
                              price_usd_per_gpu_hour=price_usd_per_gpu_hour)
     df = to_frame(chunks)

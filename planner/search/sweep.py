@@ -98,7 +98,7 @@ class Grid:
     kv_cache: Sequence[DType | None] = (None,)  # None: the weights' 16-bit type
     tps: Sequence[int] = (1,)
     pps: Sequence[int] = (1,)  # pipeline stages, each of tp GPUs
-    eps: Sequence[int] = (1,)  # expert-parallel GPUs (MoE; only with tp = pp = 1)
+    eps: Sequence[int] = (1,)  # expert-parallel GPUs (MoE; a multiple of tp, pp 1)
     group_size: int = DEFAULT_GROUP_SIZE
     options: Options = field(default_factory=Options)
     engine: Engine = IDEAL
@@ -159,7 +159,7 @@ def iter_sweep(g: Grid, *, calibration: Calibration | None = None,
                                                       g.tps, g.pps, g.eps):
         prec = Precision.of(w, kv, g.group_size, g.compute, g.quantized_layers)
         base = {"model": m.name, "gpu": hw.name, "tp": tp, "pp": pp, "ep": ep,
-                "num_gpus": tp * pp * ep, "weights": prec.weights.value,
+                "num_gpus": pp * max(tp, ep), "weights": prec.weights.value,
                 "quantized_layers": prec.quantized_layers,
                 "kv_cache": prec.kv_cache.value, "engine": g.engine.name}
         try:

@@ -19,14 +19,16 @@ the host cost being the engine's per step and per sequence of one micro-batch. A
 of one sequence is one micro-batch. The KV pool is that of the tightest stage: each stage
 holds its own layers' cache of every token.
 
-Expert parallel (``ExpertCoster``): attention is data-parallel, so the replica's sequences are
-spread evenly over the ``ep`` GPUs, each with its own scheduler limits (``max_num_seqs`` and a
-step budget per GPU, as vLLM's data-parallel engines each have; modelled as one scheduler of
-``ranks = ep`` over the pooled cache: the balanced case). A step costs the busiest GPU's share
-of the non-expert work (ceil(sequences / ep) of the decodes; a prefill chunk runs whole on one
-GPU, the chunks spread over min(chunks, ep) of them), the routed experts at the most loaded
-GPU's token-expert pairs, and the all-to-alls of that share. The KV pool is ``ep`` times one
-GPU's.
+Expert parallel (``ExpertCoster``): the replica's ``ep`` GPUs hold the routed experts, 1/ep
+each, and run everything else tensor-parallel in ``dp`` = ep / tp attention groups
+(``planner.layouts.expert``). The sequences are spread evenly over the groups, each with its
+own scheduler limits (``max_num_seqs`` and a step budget per group, as vLLM's data-parallel
+engines each have; modelled as one scheduler of ``ranks = dp`` over the pooled cache: the
+balanced case; one TP group is one scheduler). A step costs the busiest group's share of the
+non-expert work (ceil(sequences / dp) of the decodes; a prefill chunk runs whole in one group,
+the chunks spread over min(chunks, dp) of them), the routed experts at the most loaded GPU's
+token-expert pairs, and the MoE's communication of that share (all-to-alls and the TP group's
+gather, or one TP group's all-reduce). The KV pool is ``dp`` times one group's.
 
 Pure: no I/O.
 """
@@ -34,16 +36,13 @@ Pure: no I/O.
 from __future__ import annotations
 
 from planner.core.engine import Engine
-from planner.core.errors import UsageError
 from planner.core.estimate import Prepared
 from planner.core.memory import (
-    ROUTED,
     activation_bytes,
     kv_budget_bytes,
     kv_cache_bytes_per_token,
     kv_elements_per_token_per_layer,
     memory_share,
-    weight_bytes_breakdown,
 )
 from planner.core.ops import StepShape, check_tp
 from planner.core.roofline import with_host
@@ -125,50 +124,51 @@ class PipelineCoster(_Layout):
 
 
 class ExpertCoster(_Layout):
-    """Seconds per step of an expert-parallel replica of ``ep`` GPUs, attention data-parallel."""
-
-    tp = 1
+    """Seconds per step of an expert-parallel replica of ``ep`` GPUs, attention
+    tensor-parallel over ``tp`` of them in ep / tp data-parallel groups."""
 
     def __init__(self, model: ModelSpec, hardware: HardwareSpec, prep: Prepared,
-                 options: Options, *, ep: int):
+                 options: Options, *, ep: int, tp: int = 1):
         self.model, self.hardware, self.prep, self.options = model, hardware, prep, options
-        self.engine, self.ep = prep.engine, ep
-        self.dp_ranks = ep  # each GPU schedules its own sequences (SchedulerConfig.ranks)
-        self.x = ExpertStep(model, prep, options, ep)
+        self.engine, self.ep, self.tp = prep.engine, ep, tp
+        self.x = ExpertStep(model, prep, options, ep, tp)
+        self.dp_ranks = self.x.dp  # each group schedules its own sequences (SchedulerConfig.ranks)
 
     splits_parts = True  # the simulator passes a mixed step's decodes apart (``parts``)
 
     def step_time(self, shape: StepShape, *, sequences: int, prefill: bool,
                   decodes: bool = True, parts: tuple[StepShape, int] | None = None) -> float:
         """``parts``: (the decodes' shape, the number of prefill chunks) of a step that mixes
-        them: a chunk runs whole on one GPU, so the busiest GPU holds its share of the
-        decodes and of the chunks (1 / min(chunks, ep)), not a share of every token."""
+        them: a chunk runs whole in one group, so the busiest group holds its share of the
+        decodes and of the chunks (1 / min(chunks, dp)), not a share of every token."""
         graphed = self.engine.cuda_graphs and not prefill
-        per = -(-max(sequences, 1) // self.ep)  # the busiest GPU's sequences
+        dp = self.dp_ranks
+        per = -(-max(sequences, 1) // dp)  # the busiest group's sequences
         if parts is None:
             own = shape.scaled(per / max(sequences, 1))
         else:
             dec, n_chunks = parts
             n_dec = max(dec.tokens, 1.0)
-            own = _add(dec.scaled(-(-n_dec // self.ep) / n_dec),
-                       _add(shape, dec.scaled(-1.0)).scaled(1 / min(n_chunks, self.ep)))
+            own = _add(dec.scaled(-(-n_dec // dp) / n_dec),
+                       _add(shape, dec.scaled(-1.0)).scaled(1 / min(n_chunks, dp)))
         experts, _ = self.x.experts_s(shape.tokens, graphed)
-        return with_host(self.x.dense_s(own, graphed) + experts + self.x.all_to_all_s(own.tokens),
+        comm = self.x.all_to_all_s(own.tokens) + self.x.moe_reduce_s(own.tokens, graphed)
+        return with_host(self.x.dense_s(own, graphed) + experts + comm,
                          self.fixed_s(per, prefill=prefill, decodes=decodes),
                          self.engine.hides_host(graphed))
 
     def kv_capacity_tokens(self, max_num_seqs: int, step_tokens: int) -> int:
-        """``ep`` GPUs' caches: each GPU's memory less its weights (1/ep of the routed
-        experts, every other weight whole) and the activations of a full step of its own
-        (``max_num_seqs`` and ``step_tokens`` are one rank's)."""
+        """``dp`` groups' caches: each GPU's memory less its weights (1/ep of the routed
+        experts, every other weight as ``tp`` shards it) and the activations of a full step
+        of its group (``max_num_seqs`` and ``step_tokens`` are one rank's), over the KV bytes
+        per token each GPU of a group holds."""
         m, p, o = self.model, self.prep.precision, self.options
-        bd = weight_bytes_breakdown(m, p, lm_head_sharded=self.engine.lm_head_sharded)
-        w = sum(v / (self.ep if key in ROUTED else 1) for key, v in bd.items())
-        act = self._activation_bytes(max_num_seqs, step_tokens, 1)
+        w = self.x.weights_bytes()
+        act = self._activation_bytes(max_num_seqs, step_tokens, self.tp)
         frac, basis = memory_share(o, self.engine, self.hardware.memory_bytes)
         free = kv_budget_bytes(self.hardware.memory_bytes, weights_bytes=w, activation_bytes=act,
                                reserve_bytes=o.reserve_bytes, frac=frac, basis=basis)
-        return self.ep * max(0, int(free // kv_cache_bytes_per_token(m, p)))
+        return self.dp_ranks * max(0, int(free // kv_cache_bytes_per_token(m, p, tp=self.tp)))
 
 
 def _add(a: StepShape, b: StepShape) -> StepShape:
@@ -181,14 +181,15 @@ def _add(a: StepShape, b: StepShape) -> StepShape:
 
 def layout_coster(model: ModelSpec, hardware: HardwareSpec, prep: Prepared, options: Options,
                   *, tp: int = 1, pp: int = 1, ep: int = 1, cache: CostCache | None = None):
-    """The step coster of a replica of tp x pp GPUs, or of ep expert-parallel GPUs.
-    ``cache``: shared with the costers of this replica under other engine profiles (TP and
-    pipeline layouts; the expert-parallel coster keeps its own)."""
-    if ep > 1 and (tp > 1 or pp > 1):
-        raise UsageError("ep runs attention data-parallel on each GPU: give tp 1 and pp 1 "
-                         "with it", fields=("ep", "tp", "pp"))
+    """The step coster of a replica of tp x pp GPUs, or of ep expert-parallel GPUs with
+    attention TP over ``tp`` of them. ``cache``: shared with the costers of this replica under
+    other engine profiles (TP and pipeline layouts; the expert-parallel coster keeps its
+    own)."""
     if ep > 1:
-        return ExpertCoster(model, hardware, prep, options, ep=ep)
+        from planner.layouts.deployment import Layout
+
+        Layout(tp, pp, ep).check(model)
+        return ExpertCoster(model, hardware, prep, options, ep=ep, tp=tp)
     if pp > 1:
         return PipelineCoster(model, hardware, prep, options, tp=tp, pp=pp, cache=cache)
     return StepCoster(model, hardware, prep, options, tp=tp, cache=cache)
