@@ -153,3 +153,23 @@ def test_plan_takes_the_memory_options_simulate_takes(run_json):
     less = run_json(*args, "--memory-utilization", "0.3", "--reserve-gib", "4")[0]
     # the same weights in a smaller share of the GPU: 80 GB x (0.9 - 0.3) less headroom
     assert less["memory_headroom_frac"] < full["memory_headroom_frac"] - 0.5
+
+
+def test_layout_figures_are_the_headline(run_json, run_cli):
+    """With pipeline stages or expert parallelism the deployment's figures lead: the top-level
+    JSON is the layout's (one TP group's in ``tp_group``), and the table opens with the
+    layout's section, not with one TP group that does not fit (issue 26)."""
+    d = run_json("estimate", "-m", "deepseek-v3", "-g", "h200", "--tp", "8", "--ep", "8",
+                 "--weights", "fp8", "-b", "64", "-p", "1000", "-o", "1000")
+    x = d["expert_parallel"]
+    assert d["headline"] == "expert_parallel" and d["num_gpus"] == 8
+    assert (d["tpot_s"], d["ttft_s"], d["fits"]) == (x["tpot_s"], x["ttft_s"], x["fits"])
+    assert d["throughput_tokens_per_s"] == pytest.approx(64 / x["tpot_s"])
+    assert d["tp_group"]["tpot_s"] != d["tpot_s"] and d["mbu"] is None
+    p = run_json("estimate", "-m", "llama-3.1-70b", "-g", "h100-sxm", "--tp", "2", "--pp", "2",
+                 "-b", "8")
+    assert p["headline"] == "pipeline" and p["tpot_s"] == p["pipeline"]["tpot_s"]
+    assert p["num_gpus"] == 4
+    code, out, _ = run_cli("estimate", "-m", "llama-3.1-70b", "-g", "h100-sxm", "--tp", "2",
+                           "--pp", "2", "-b", "8")
+    assert code == 0 and out.lstrip().startswith("Pipeline")

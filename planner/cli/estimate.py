@@ -184,12 +184,16 @@ def _render(res, explain: bool, weights_source: str | None = None) -> None:
     )
 
     est = res.estimate
+    if res.layout_section is not None:  # the deployment's figures first, then one TP group's
+        if res.pipeline is not None:
+            render_pipeline(stdout, res.pipeline, est.batch, est.output_tokens,
+                            est.price_usd_per_gpu_hour)
+        if res.expert is not None:
+            render_expert(stdout, res.expert, est.batch)
+        stdout.print(f"[dim]Below: one tensor-parallel group of this layout on its own (TP "
+                     f"{est.tp}), the operators and roofline its figures above are built "
+                     "from; its memory, timing and cost are not the deployment's.[/]")
     render_estimate(stdout, est, explain=explain, weights_source=weights_source,
                     speculation=res.speculation)
-    if res.pipeline is not None:
-        render_pipeline(stdout, res.pipeline, est.batch, est.output_tokens,
-                        est.price_usd_per_gpu_hour)
-    if res.expert is not None:
-        render_expert(stdout, res.expert, est.batch)
     if res.speculation is not None:
         render_speculative(stdout, res.speculation)

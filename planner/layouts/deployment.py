@@ -204,9 +204,25 @@ class DeploymentEstimate:
         return self.estimate.memory.total_bytes
 
     @property
+    def layout_section(self) -> str | None:
+        """"pipeline" or "expert_parallel" where the replica is more than one TP group, whose
+        figures are then the deployment's (the estimate's are one TP group's)."""
+        if self.pipeline is not None:
+            return "pipeline"
+        if self.expert is not None:
+            return "expert_parallel"
+        return None
+
+    @property
     def baseline(self):
-        """The headline figures without speculation (``planner.core.headline.Headline``)."""
-        return self.estimate.headline
+        """The headline figures without speculation (``planner.core.headline.Headline``): the
+        layout's where it has pipeline stages or expert parallelism, else the TP group's."""
+        e = self.estimate
+        if self.pipeline is not None:
+            return self.pipeline.headline(e.batch, e.output_tokens, e.price_usd_per_gpu_hour)
+        if self.expert is not None:
+            return self.expert.headline(e.batch, e.output_tokens, e.price_usd_per_gpu_hour)
+        return e.headline
 
     @property
     def headline(self):
@@ -224,6 +240,19 @@ class DeploymentEstimate:
         e = self.estimate
         d = e.to_dict(operators=True)
         d.update(weights_fields(self.deployment))
+        if self.layout_section is not None:
+            # the top-level figures are the deployment's; one TP group's stay in tp_group
+            d["tp_group"] = {**_headline_keys(e.headline), "ttft_s": e.headline.ttft_s,
+                             "fits": e.memory.fits}
+            for k in ("mbu", "mfu", "prefill_mfu"):  # one TP group's, not predicted for all
+                if k in d:
+                    d["tp_group"][k] = d[k]
+                    d[k] = None
+            d.update(_headline_keys(self.baseline))
+            d["ttft_s"] = self.baseline.ttft_s
+            d["fits"] = self.fits
+            d["num_gpus"] = self.deployment.layout.num_gpus
+            d["headline"] = self.layout_section
         if self.speculation is not None:
             s = self.speculation
             d["baseline"] = _headline_keys(self.baseline)
