@@ -46,8 +46,9 @@ def _register() -> None:
     )
 
     for command in (estimate.estimate, catalog.models, catalog.gpus, catalog.engines,
-                    sweep.sweep, report.report, check.check, plan.plan, validate.validate,
-                    simulate.simulate, compare.compare, calibrate.calibrate, watch.watch):
+                    catalog.prices, sweep.sweep, report.report, check.check, plan.plan,
+                    validate.validate, simulate.simulate, compare.compare, calibrate.calibrate,
+                    watch.watch):
         app.command()(command)
 
 

@@ -1,8 +1,13 @@
-"""`llmplan models`, `gpus` and `engines`: the built-in databases as tables or JSON."""
+"""`llmplan models`, `gpus`, `engines` and `prices`: the built-in databases as tables or
+JSON."""
 
 from __future__ import annotations
 
-from planner.cli.options import JsonOpt, json_out, stdout
+from typing import Annotated, Optional
+
+import typer
+
+from planner.cli.options import JsonOpt, PricesOpt, json_out, stdout
 
 
 def models(as_json: JsonOpt = False) -> None:
@@ -34,14 +39,15 @@ def models(as_json: JsonOpt = False) -> None:
                         for r in rows], left=2, compact=True))
 
 
-def gpus(as_json: JsonOpt = False) -> None:
-    """List the built-in GPUs."""
+def gpus(prices: PricesOpt = None, as_json: JsonOpt = False) -> None:
+    """List the built-in GPUs, each priced in the --prices set."""
     from planner.io import catalog
     from planner.io.render import plain, table
 
     rows = []
+    set_name = catalog.load_price_set(prices).name
     for name in catalog.gpu_names():
-        h = catalog.load_hardware(name)
+        h = catalog.load_hardware(name, prices)
         rows.append({"name": name, "display_name": h.display_name, "vendor": h.vendor,
                      "memory_gib": h.memory_gib,
                      "memory_bandwidth_gb_per_s": h.memory_bandwidth_gb_per_s,
@@ -50,11 +56,13 @@ def gpus(as_json: JsonOpt = False) -> None:
                      "interconnect_gb_per_s": h.interconnect.bandwidth_gb_per_s,
                      "tdp_w": h.tdp_w,
                      "usd_per_gpu_hour": h.price.usd_per_gpu_hour if h.price else None,
+                     "price_set": set_name, "price_missing": h.price_missing,
                      "source": h.source})
     if as_json:
         json_out(rows)
         return
-    stdout.print(table("Built-in GPUs (dense peak TFLOP/s; --json for sources)",
+    stdout.print(table(f"Built-in GPUs (dense peak TFLOP/s; $/h: price set {set_name}, - where "
+                       "it sells none; --json for sources)",
                        ["name", "mem\nGiB", "mem\nGB/s", "bf16", "fp16", "fp8", "int8",
                         "link", "link\nGB/s", "TDP\nW", "$/h"],
                        [[plain(r["name"]), f"{r['memory_gib']:g}",
@@ -100,3 +108,64 @@ def engines(as_json: JsonOpt = False) -> None:
                          f"{r['memory_utilization_frac']:g} {r['memory_basis']}",
                          f"{len(r['fitted_rows'])} rows"]
                         for r in rows], left=2, compact=True))
+
+
+def prices(
+    name: Annotated[Optional[str], typer.Argument(
+        metavar="[SET|FILE]", help="A price set to show GPU by GPU (default: list the sets).")
+    ] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """List the price sets (planner/data/prices), or one set's price per GPU-hour for each
+    GPU with the offers behind it, and the GPUs it does not sell with the reason."""
+    from planner.core.prices import Listed, NotSold, Owned
+    from planner.io import catalog
+    from planner.io.render import plain, table
+
+    if name is None:
+        sets = [catalog.load_price_set(n) for n in catalog.price_set_names()]
+        rows = [{"name": s.name, "title": s.title, "basis": s.basis, "date": s.date,
+                 "kind": s.kind, "default": s.name == catalog.default_prices(),
+                 "priced": sum(1 for g in s.gpus if s.hourly(g) is not None),
+                 "not_sold": sum(1 for g in s.gpus.values() if isinstance(g, NotSold))}
+                for s in sets]
+        if as_json:
+            json_out(rows)
+            return
+        stdout.print(table("Price sets (llmplan prices SET for one; --prices SET on estimate, "
+                           "plan, sweep, check, report)",
+                           ["set", "what", "date", "priced", "unsold"],
+                           [[plain(r["name"]) + (" *" if r["default"] else ""),
+                             plain(r["title"]), r["date"], r["priced"], r["not_sold"]]
+                            for r in rows], left=3, compact=True, fold=(1,)))
+        stdout.print("* the default (or $LLMPLAN_PRICES)")
+        return
+    s = catalog.load_price_set(name)
+    rows = []
+    for gpu, g in sorted(s.gpus.items()):
+        r = {"gpu": gpu, "usd_per_gpu_hour": s.hourly(gpu)}
+        if isinstance(g, Listed):
+            r["offers"] = [o.model_dump(exclude_none=True) for o in g.offers]
+        elif isinstance(g, Owned):
+            r.update(g.model_dump(exclude_none=True))
+        else:
+            r["not_sold"] = g.not_sold
+        rows.append(r)
+    if as_json:
+        json_out({"name": s.name, "title": s.title, "basis": s.basis, "date": s.date,
+                  "notes": list(s.notes), "assumptions": s.assumptions.model_dump()
+                  if s.assumptions else None, "gpus": rows})
+        return
+    out = []
+    for r in rows:
+        if r["usd_per_gpu_hour"] is None:
+            out.append([plain(r["gpu"]), "not sold: " + plain(r["not_sold"]), "-"])
+        elif "offers" in r:
+            out.append([plain(r["gpu"]), plain(", ".join(
+                f"{o['provider']} {o['usd_per_gpu_hour']:.2f}" for o in r["offers"])),
+                f"{r['usd_per_gpu_hour']:.2f}"])
+        else:
+            out.append([plain(r["gpu"]), f"${r['purchase_usd']:,.0f}, {r['power_w']:g} W",
+                        f"{r['usd_per_gpu_hour']:.2f}"])
+    stdout.print(table(f"{plain(s.title)} ({plain(s.name)}, {s.date}): {plain(s.basis)}",
+                       ["gpu", "from", "$/GPU-h"], out, left=2, compact=True, fold=(1,)))

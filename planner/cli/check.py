@@ -11,6 +11,7 @@ import typer
 from planner.cli.options import (
     DEFAULT_ENGINE,
     ExpertImbalanceOpt,
+    PriceOpt,
     check_context,
     check_quantized_layers,
     json_out,
@@ -98,6 +99,12 @@ def check(
         help="Also write JUnit XML (one test case per limit).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the results as JSON.")] = False,
     expert_imbalance: ExpertImbalanceOpt = None,
+    prices: Annotated[Optional[str], typer.Option(
+        "--prices", metavar="SET|FILE",
+        help="The price set costs are on for deployments that name none (a deployment's "
+        "own `prices:` wins): hyperscaler-on-demand (default), specialty-on-demand, "
+        "committed-1y, committed-3y, owned, or a YAML file.")] = None,
+    price: PriceOpt = None,
 ) -> None:
     """Check deployments against capacity budgets: exit 0 if every limit holds, 1 if any
     fails, 2 for a bad budget file."""
@@ -109,6 +116,7 @@ def check(
 
     output_path(junit, "--junit")
     opts = with_expert_imbalance(Options(), expert_imbalance)
+    overrides = catalog.parse_price_overrides(price)
     b = catalog.load_budget(budget)
     cal = catalog.load_calibration(calibration) if calibration else None
     text = catalog.read_text(budget, what="budget file")
@@ -117,7 +125,8 @@ def check(
         lines[dep.label] = catalog.yaml_line(text, ("deployments", i))
         where = f"{budget}:{lines[dep.label] or '?'}"
         try:
-            m, hw = catalog.load_model(dep.model), catalog.load_hardware(dep.gpu)
+            m = catalog.load_model(dep.model)
+            hw = catalog.load_hardware(dep.gpu, dep.prices or prices, overrides)
             check_context(m, dep.workload.prompt_tokens, dep.workload.output_tokens,
                           dep.allow_longer_context, "workload prompt_tokens + output_tokens")
             eng = catalog.load_engine(dep.engine or engine)
@@ -130,8 +139,13 @@ def check(
         except (LlmplanError, ValueError) as err:  # ValueError: pydantic's, e.g. weights fp32
             errs = getattr(err, "errors", None)
             msg = errs()[0]["msg"].removeprefix("Value error, ") if callable(errs) else str(err)
+            # the budget file's keys where the message names the command line's flags
             msg = msg.replace("with --compute", "with compute: (fp16, bf16, fp8 or int8) in "
                                                  "the deployment")
+            msg = msg.replace("--weights fp16 (vLLM's --dtype half, as vLLM itself asks on "
+                              "such GPUs) or --compute fp16",
+                              "weights: fp16, or compute: (fp16, bf16, fp8 or int8) in the "
+                              "deployment")
             raise LlmplanError(f"{where}: deployment {dep.label}: {msg}") from None
         results += evaluate(dep, est, at)
     failed = [r for r in results if not r.passed]

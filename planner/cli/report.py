@@ -26,6 +26,8 @@ from planner.cli.options import (
     OutputOpt,
     OverheadOpt,
     PpOpt,
+    PriceOpt,
+    PricesOpt,
     PromptOpt,
     QuantizedLayers,
     QuantizedLayersOpt,
@@ -62,7 +64,7 @@ def report(
     output_tokens: OutputOpt = DEFAULT_OUTPUT_TOKENS,
     time_model: TimeModelOpt = TimeModel.roofline,
     attention: AttentionOpt = Attention.flash,
-    kernel_overhead_us: OverheadOpt = 0.0,
+    kernel_overhead_us: OverheadOpt = None,
     reserve_gib: ReserveOpt = DEFAULT_RESERVE_GIB,
     memory_utilization: UtilOpt = DEFAULT_UTIL,
     prefill_chunk_tokens: ChunkOpt = DEFAULT_CHUNK,
@@ -77,6 +79,8 @@ def report(
              "throughput, TTFT and TPOT); 0 leaves it out.")] = 300,
     compute: ComputeOpt = None,
     allow_longer_context: LongerOpt = False,
+    prices: PricesOpt = None,
+    price: PriceOpt = None,
 ) -> None:
     """Roofline, throughput-vs-latency, memory and serving PNGs, each with the CSV it plots.
     With --pp or --ep the throughput, memory (the fullest GPU) and serving charts are the
@@ -103,8 +107,11 @@ def report(
 
     layout = check_layout(m, tp, pp, ep)
     cases = []
+    overrides = catalog.parse_price_overrides(price)
+    catalog.check_price_names(overrides, [catalog.load_hardware(g).name
+                                          for g in parse_str_list(gpu)])
     for g in parse_str_list(gpu):
-        hw = catalog.load_hardware(g)
+        hw = catalog.load_hardware(g, prices, overrides)
         for w in parse_choices(weights, WEIGHT_CHOICES, "--weights"):
             prec = Precision.of(w, kv_cache, compute=compute.value if compute else None,
                                 quantized_layers=check_quantized_layers(m, quantized_layers))

@@ -26,6 +26,8 @@ from planner.cli.options import (
     JsonOpt,
     LongerOpt,
     OverheadOpt,
+    PriceOpt,
+    PricesOpt,
     QuantizedLayers,
     QuantizedLayersOpt,
     ReserveOpt,
@@ -53,7 +55,8 @@ LIST_HELP = "Comma-separated; numbers take ranges: 4..256 doubles, 128..1024+128
 def build_grid(model: str, gpu: str, batch: str, prompt_tokens: str, output_tokens: str,
                weights: str, kv_cache: str | None, tp: str, group_size: int, options,
                engine: str = DEFAULT_ENGINE, compute: str | None = None, pp: str = "1",
-               ep: str = "1", quantized_layers: str = "all"):
+               ep: str = "1", quantized_layers: str = "all", prices: str | None = None,
+               price: list[str] | None = None):
     """Parse the list options into a Grid (shared by sweep and report)."""
     from planner.core.specs import DType
     from planner.io import catalog
@@ -70,9 +73,12 @@ def build_grid(model: str, gpu: str, batch: str, prompt_tokens: str, output_toke
     if kv_cache is not None and not parse_str_list(kv_cache):
         raise LlmplanError("--kv-cache: no value given")
     names(weights, "--weights")
+    overrides = catalog.parse_price_overrides(price)
+    gpus = [catalog.load_hardware(g, prices, overrides) for g in names(gpu, "--gpu")]
+    catalog.check_price_names(overrides, [g.name for g in gpus])
     return Grid(
         models=[catalog.load_model(m) for m in names(model, "--model")],
-        gpus=[catalog.load_hardware(g) for g in names(gpu, "--gpu")],
+        gpus=gpus,
         batches=parse_int_list(batch, "--batch"),
         prompt_tokens=parse_int_list(prompt_tokens, "--prompt-tokens"),
         output_tokens=parse_int_list(output_tokens, "--output-tokens"),
@@ -113,13 +119,16 @@ def sweep(
     quantized_layers: QuantizedLayersOpt = QuantizedLayers.all,
     time_model: TimeModelOpt = TimeModel.roofline,
     attention: AttentionOpt = Attention.flash,
-    kernel_overhead_us: OverheadOpt = 0.0,
+    kernel_overhead_us: OverheadOpt = None,
     reserve_gib: ReserveOpt = DEFAULT_RESERVE_GIB,
     memory_utilization: UtilOpt = DEFAULT_UTIL,
     prefill_chunk_tokens: ChunkOpt = DEFAULT_CHUNK,
     calibration: CalibrationOpt = None,
     price_per_hour: Annotated[Optional[float], typer.Option(
-        help="USD per GPU-hour for every GPU.")] = None,
+        help="USD per GPU-hour for every GPU (default: each GPU's price in the --prices "
+        "set).")] = None,
+    prices: PricesOpt = None,
+    price: PriceOpt = None,
     csv: Annotated[Optional[Path], typer.Option(
         "--csv", help="Write every row to this CSV (streamed).")] = None,
     limit: Annotated[int, typer.Option(help="Rows shown in the table.")] = 40,
@@ -140,7 +149,7 @@ def sweep(
     output_path(csv, "--csv")
     grid = build_grid(model, gpu, batch, prompt_tokens, output_tokens, weights, kv_cache, tp,
                       group_size, opts, engine, compute.value if compute else None, pp, ep,
-                      quantized_layers.value)
+                      quantized_layers.value, prices, price)
     for m in grid.models:  # the longest sequence of the grid must fit every model
         check_context(m, max(grid.prompt_tokens), max(grid.output_tokens), allow_longer_context,
                       "--prompt-tokens + --output-tokens (largest)")

@@ -455,8 +455,12 @@ def resolve_price(hw: HardwareSpec, override: float | None) -> tuple[float | Non
     """USD per GPU-hour and where it comes from: the override, hardware_db, or none."""
     if override is not None:
         return override, "--price-per-hour"
-    if hw.price is not None:
-        return hw.price.usd_per_gpu_hour, f"{hw.price.source} ({hw.price.date})"
+    p = hw.price
+    if p is not None:
+        if p.price_set:
+            return p.usd_per_gpu_hour, f"price set {p.price_set}: {p.label} ({p.date}), " \
+                f"{p.source}"
+        return p.usd_per_gpu_hour, f"{p.source} ({p.date})"
     return None, None
 
 

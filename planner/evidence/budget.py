@@ -69,7 +69,8 @@ def _not_a(value: Any, kind: str) -> str:
 # name -> (kind, "max" | "min", the Estimate figure it limits, how it reads)
 LIMITS: dict[str, tuple[str, str, str, str]] = {
     "memory_frac": ("frac", "max", "memory_used_frac", "memory used / capacity"),
-    "ttft_s": ("time", "max", "ttft_s", "TTFT"),
+    # a static batch: every prompt of `batch` prefilled together before the first token
+    "ttft_s": ("time", "max", "ttft_s", "batch TTFT (all prompts at once)"),
     "tpot_s": ("time", "max", "tpot_s", "TPOT"),
     "latency_s": ("time", "max", "latency_s", "end-to-end latency"),
     "throughput_tokens_per_s": ("number", "min", "throughput_tokens_per_s",
@@ -141,6 +142,9 @@ class Deployment(_Strict):
     allow_longer_context: bool = False  # prompt + output beyond the model's context
     limits: Limits
     price_per_hour: float | None = Field(None, gt=0)
+    # the price set its cost is on (a planner/data/prices name or a file; default: check's
+    # --prices, else the default set)
+    prices: str | None = None
 
     @property
     def label(self) -> str:

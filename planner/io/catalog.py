@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import math
 import os
 from pathlib import Path
 from typing import Any, TypeVar
@@ -192,9 +193,14 @@ def load_model(ref: str) -> ModelSpec:
     return validate(ModelSpec, data, str(path))
 
 
-def load_hardware(ref: str) -> HardwareSpec:
+def load_hardware(ref: str, prices: str | None = None,
+                  price_overrides: dict[str, float] | None = None) -> HardwareSpec:
+    """A built-in GPU name or a YAML file, priced on one basis: the price set ``prices``
+    (``load_price_set``; None: ``DEFAULT_PRICES``) with any ``--price GPU=USD`` overrides
+    (``priced``). A GPU the set does not sell has no price (``price_reason`` says why)."""
     path = _resolve(ref, "hardware_db", "GPU")
-    return validate(HardwareSpec, read_yaml(path), str(path))
+    hw = validate(HardwareSpec, read_yaml(path), str(path))
+    return priced(hw, _price_set(prices), price_overrides)[0]
 
 
 def load_engine_spec(ref: str) -> EngineSpec:
@@ -623,3 +629,107 @@ def load_lengths(name: str) -> list[tuple[int, int]]:
     if not pairs or min(min(p) for p in pairs) < 1:
         raise SpecError(f"{path}: pairs: need at least one pair of positive lengths")
     return pairs
+
+
+PRICES_DIR = _HERE / "data" / "prices"
+DEFAULT_PRICES = "hyperscaler-on-demand"  # the basis a cost is on unless --prices says
+
+
+def price_set_names() -> list[str]:
+    return sorted(p.stem for p in PRICES_DIR.glob("*.yaml"))
+
+
+def default_prices() -> str:
+    """The price set costs are on unless --prices says: $LLMPLAN_PRICES (a set's name or a
+    file: a team's own owned-GPU costs, say), else ``DEFAULT_PRICES``."""
+    return os.environ.get("LLMPLAN_PRICES") or DEFAULT_PRICES
+
+
+def _price_set(ref: str | None):
+    """``load_price_set``, read once per set and process (every GPU loaded is priced)."""
+    key = default_prices() if ref is None else ref
+    if key not in _PRICE_SETS:
+        _PRICE_SETS[key] = load_price_set(key)
+    return _PRICE_SETS[key]
+
+
+_PRICE_SETS: dict = {}
+
+
+def price_reason(gpu: str, prices: str | None = None) -> str:
+    """Why ``gpu`` has no price in the set ``prices`` (None: the default)."""
+    return _price_set(prices).not_sold(gpu)
+
+
+def load_price_set(ref: str | None = None):
+    """A named price set (planner/data/prices: ``price_set_names()``) or a YAML file of the
+    same schema (``planner.core.prices.PriceSet``); None: ``DEFAULT_PRICES``."""
+    from planner.core.prices import PriceSet
+
+    ref = default_prices() if ref is None else ref
+    if not ref.strip():
+        raise SpecError("--prices: no price set given")
+    p = Path(ref)
+    if p.suffix in (".yaml", ".yml"):
+        if not is_file(p, "price set file"):
+            raise SpecError(f"{ref}: no such file")
+        path = p
+    elif ref in price_set_names():
+        path = PRICES_DIR / f"{ref}.yaml"
+    else:
+        close = difflib.get_close_matches(ref, price_set_names(), n=3, cutoff=0.5)
+        raise SpecError(f"--prices: unknown price set '{ref}'"
+                        + (f"; did you mean {', '.join(close)}?" if close else "")
+                        + f" (known: {', '.join(price_set_names())}, or a YAML file)")
+    return validate(PriceSet, read_yaml(path), str(path))
+
+
+def parse_price_overrides(items: list[str] | None) -> dict[str, float]:
+    """``--price GPU=USD_PER_HOUR`` (repeatable, or comma-separated): {gpu: USD per GPU-hour}."""
+    out: dict[str, float] = {}
+    for item in items or ():
+        for part in item.split(","):
+            name, sep, value = part.partition("=")
+            name = name.strip()
+            try:
+                usd = float(value) if sep else math.nan
+            except ValueError:
+                usd = math.nan
+            if not name or not (math.isfinite(usd) and 0 < usd <= 10_000):
+                raise SpecError(f"--price: expected GPU=USD_PER_HOUR with 0 < USD <= 10,000, "
+                                f"got {part.strip()!r}")
+            out[name] = usd
+    return out
+
+
+def check_price_names(overrides: dict[str, float], gpus: list[str]) -> None:
+    """Every GPU a --price names is one the command costs."""
+    for name in overrides:
+        if name not in gpus:
+            raise SpecError(f"--price: '{name}' is not a GPU this command costs "
+                            f"({', '.join(gpus) if len(gpus) <= 6 else 'see llmplan list'})")
+
+
+def priced(hw: HardwareSpec, prices, overrides: dict[str, float] | None = None,
+           every_gpu: float | None = None) -> tuple[HardwareSpec, str | None]:
+    """``hw`` with its price from, in order: ``every_gpu`` (--price-per-hour),
+    ``overrides`` (--price GPU=USD), the price set ``prices``, or, for a GPU the set does not
+    list at all (a user's own GPU file), the file's own ``price``. Returns the priced spec and,
+    where it has no price, why."""
+    from planner.core.specs import Price
+
+    if every_gpu is not None:
+        return hw.model_copy(update={"price": Price(usd_per_gpu_hour=every_gpu,
+                                                    source="--price-per-hour",
+                                                    date="command line")}), None
+    if overrides and hw.name in overrides:
+        return hw.model_copy(update={"price": Price(
+            usd_per_gpu_hour=overrides[hw.name], source=f"--price {hw.name}="
+            f"{overrides[hw.name]:g}", date="command line")}), None
+    if prices.entry(hw.name) is None and hw.price is not None:
+        return hw, None  # a GPU the set does not know keeps its own file's price
+    p = prices.price(hw.name)
+    if p is None:
+        why = f"not sold in price set {prices.name}: {prices.not_sold(hw.name)}"
+        return hw.model_copy(update={"price": None, "price_missing": why}), why
+    return hw.model_copy(update={"price": p, "price_missing": None}), None

@@ -248,7 +248,7 @@ def _spec_cost(e: Estimate, s) -> Table:
         e.cost_usd_per_million_output_tokens
     return _section("Cost", [
         ("price", fmt.usd(e.price_usd_per_gpu_hour) + "/GPU-h" if e.price_usd_per_gpu_hour
-         else "n/a", e.price_source or "no price in hardware_db: pass --price-per-hour"),
+         else "n/a", _price_text(e)),
         ("per 1M output tokens", fmt.usd(cost),
          f"[dim]without speculation[/] {fmt.usd(base)}" if cost else ""),
     ])
@@ -276,11 +276,20 @@ def _utilisation(e: Estimate) -> Table:
     return _section("Utilisation", util)
 
 
+def _price_text(e: Estimate) -> str:
+    """Where the price comes from, without its URL (in --json): the price set and the offer,
+    or why there is none."""
+    if e.price_source:
+        return e.price_source.split(", http")[0]
+    why = e.hardware.price_missing or "no price"
+    return f"{why}; --prices SET or --price GPU=USD"
+
+
 def _cost(e: Estimate) -> Table:
     cost = e.cost_usd_per_million_output_tokens
     return _section("Cost", [
         ("price", fmt.usd(e.price_usd_per_gpu_hour) + "/GPU-h" if e.price_usd_per_gpu_hour
-         else "n/a", e.price_source or "no price in hardware_db: pass --price-per-hour"),
+         else "n/a", _price_text(e)),
         ("per 1M output tokens", fmt.usd(cost), "end-to-end throughput" if cost else ""),
     ])
 
