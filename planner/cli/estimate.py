@@ -35,6 +35,8 @@ from planner.cli.options import (
     ModelOpt,
     OutputOpt,
     OverheadOpt,
+    PriceOpt,
+    PricesOpt,
     PromptOpt,
     QuantizationOpt,
     QuantizedLayers,
@@ -84,14 +86,16 @@ def estimate(
     quantized_layers: QuantizedLayersOpt = QuantizedLayers.all,
     time_model: TimeModelOpt = TimeModel.roofline,
     attention: AttentionOpt = Attention.flash,
-    kernel_overhead_us: OverheadOpt = 0.0,
+    kernel_overhead_us: OverheadOpt = None,
     reserve_gib: ReserveOpt = DEFAULT_RESERVE_GIB,
     memory_utilization: UtilOpt = DEFAULT_UTIL,
     prefill_chunk_tokens: ChunkOpt = DEFAULT_CHUNK,
     cpu_offload_gb: CpuOffloadOpt = 0.0,
     calibration: CalibrationOpt = None,
     price_per_hour: Annotated[Optional[float], typer.Option(
-        help="USD per GPU-hour (default: hardware_db's price, if any).")] = None,
+        help="USD per GPU-hour (default: the GPU's price in the --prices set).")] = None,
+    prices: PricesOpt = None,
+    price: PriceOpt = None,
     measured_tpot: Annotated[Optional[float], typer.Option(
         help="A measured TPOT in seconds: report its bandwidth, MBU and MFU.")] = None,
     measured_ttft: Annotated[Optional[float], typer.Option(
@@ -137,7 +141,7 @@ def estimate(
     dep = build_deployment(m, gpu=gpu, engine=engine, tp=tp, pp=pp, ep=ep, weights=weights,
                            kv_cache=kv_cache, group_size=group_size,
                            quantized_layers=quantized_layers, compute=compute,
-                           calibration=calibration, options=opts,
+                           calibration=calibration, options=opts, prices=prices, price=price,
                            enforce_eager=enforce_eager)
     spec = speculation_config(speculative, draft_model, num_speculative_tokens,
                               acceptance_rate, model=m)

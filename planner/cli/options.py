@@ -113,9 +113,20 @@ PromptOpt = Annotated[int, typer.Option("--prompt-tokens", "-p",
 OutputOpt = Annotated[int, typer.Option("--output-tokens", "-o",
                                         help="Output tokens per sequence.")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object, nothing else.")]
+PricesOpt = Annotated[Optional[str], typer.Option(
+    "--prices", metavar="SET|FILE",
+    help="The price set every cost is on (one basis, planner/data/prices): "
+    "hyperscaler-on-demand (the default, or $LLMPLAN_PRICES), specialty-on-demand, "
+    "committed-1y, committed-3y, owned, or a YAML file of that schema (llmplan list "
+    "--prices).")]
+PriceOpt = Annotated[Optional[list[str]], typer.Option(
+    "--price", metavar="GPU=USD",
+    help="USD per GPU-hour for one GPU, over the price set (repeatable, or "
+    "comma-separated: h100-sxm=2.5,h200=3.1).")]
 ComputeOpt = Annotated[Optional[ComputeChoice], typer.Option(
-    "--compute", help="Type the matmuls run in (default: from the weights; fp16 for int8 / "
-                      "int4 weights on a T4 or V100, which have no bf16).")]
+    "--compute", help="Type the matmuls run in (default: from the weights, bf16 for bf16 "
+                      "weights, which a T4 or V100 lacks: give --weights fp16 or --compute "
+                      "fp16 there; fp16 for int8 / int4 weights on those GPUs).")]
 class QuantizedLayers(str, Enum):
     all = "all"
     experts = "experts"
@@ -226,7 +237,8 @@ def json_out(obj: object) -> None:
 
 
 
-def options_from(time_model: TimeModel, attention: Attention, kernel_overhead_us: float,
+def options_from(time_model: TimeModel, attention: Attention,
+                 kernel_overhead_us: float | None,
                  reserve_gib: float, memory_utilization: float | None,
                  prefill_chunk_tokens: int = 8192, cpu_offload_gb: float = 0.0) -> Options:
     """Validated model options from the shared CLI flags."""
@@ -237,13 +249,14 @@ def options_from(time_model: TimeModel, attention: Attention, kernel_overhead_us
     positive("--memory-utilization", memory_utilization)
     if memory_utilization is not None and memory_utilization > 1:
         raise LlmplanError(f"--memory-utilization: must be at most 1, got {memory_utilization:g}")
-    if kernel_overhead_us > 1e6:
+    if kernel_overhead_us is not None and kernel_overhead_us > 1e6:
         raise LlmplanError(f"--kernel-overhead-us: must be at most 1e6 (one second per kernel), "
                            f"got {kernel_overhead_us:g}")
     if reserve_gib > 1e5:
         raise LlmplanError(f"--reserve-gib: must be at most 1e5, got {reserve_gib:g}")
     return Options(time_model=time_model.value, attention=attention.value,
-                   kernel_overhead_s=kernel_overhead_us * 1e-6, reserve_bytes=reserve_gib * GIB,
+                   kernel_overhead_s=None if kernel_overhead_us is None else
+                   kernel_overhead_us * 1e-6, reserve_bytes=reserve_gib * GIB,
                    memory_utilization_frac=memory_utilization,
                    prefill_chunk_tokens=prefill_chunk_tokens or None,
                    cpu_offload_bytes=cpu_offload_gb * GIB)
@@ -270,7 +283,9 @@ TimeModelOpt = Annotated[TimeModel, typer.Option(
     help="roofline: max(compute, memory) per operator; additive: their sum.")]
 AttentionOpt = Annotated[Attention, typer.Option(
     help="flash: O(N) attention memory; naive: materialize the O(N^2) scores.")]
-OverheadOpt = Annotated[float, typer.Option(help="Fixed cost per kernel.")]
+OverheadOpt = Annotated[Optional[float], typer.Option(
+    help="Fixed cost per kernel in microseconds, in place of the engine profile's (0: none); "
+    "the ideal bound has none.")]
 ReserveOpt = Annotated[float, typer.Option(help="Runtime reserve: CUDA context, workspaces.")]
 UtilOpt = Annotated[Optional[float], typer.Option(
     "--memory-utilization", *cli_aliases("--memory-utilization"),
@@ -510,18 +525,22 @@ def weights_source_text(m, p, source: str, group_size: int | None = None) -> str
 def build_deployment(m, *, gpu: str, engine: str, tp: int = 1, pp: int = 1, ep: int = 1,
                      weights=None, kv_cache=None, group_size: int | None = None,
                      quantized_layers=None, compute=None, calibration: Path | None = None,
-                     options=None, enforce_eager: bool = False):
+                     options=None, enforce_eager: bool = False, prices: str | None = None,
+                     price: list[str] | None = None):
     """The deployment the options describe (``planner.layouts.deployment.Deployment``): the
     GPU, engine and calibration loaded, the precision and layout checked, the engine
-    prepared (``enforce_eager``: without its CUDA graphs). Every command that predicts builds
-    its deployment here. ``weights`` None: the checkpoint's (``resolve_precision``)."""
+    prepared (``enforce_eager``: without its CUDA graphs), the GPU priced from the price set
+    ``prices`` with the ``price`` overrides (--prices, --price). Every command that predicts
+    builds its deployment here. ``weights`` None: the checkpoint's (``resolve_precision``)."""
     from dataclasses import replace
 
     from planner.io import catalog
     from planner.layouts.deployment import Deployment
 
     positive("--group-size", group_size)  # before the files, as every command checks numbers
-    hw = catalog.load_hardware(gpu)
+    overrides = catalog.parse_price_overrides(price)
+    hw = catalog.load_hardware(gpu, prices, overrides)
+    catalog.check_price_names(overrides, [hw.name])
     eng = catalog.load_engine(engine)
     if enforce_eager:
         eng = replace(eng, cuda_graphs=False)

@@ -30,6 +30,8 @@ from planner.cli.options import (
     ExpertImbalanceOpt,
     LongerOpt,
     OutputOpt,
+    PriceOpt,
+    PricesOpt,
     PromptOpt,
     QuantizedLayers,
     QuantizedLayersOpt,
@@ -91,8 +93,10 @@ def plan(
         "bfloat16, float16, fp8, fp8_e4m3, fp8_e5m2.")] = None,
     enforce_eager: EnforceEagerOpt = False,
     price_per_hour: Annotated[Optional[float], typer.Option(
-        help="USD per GPU-hour for every GPU (default: hardware_db prices; unpriced GPUs are "
-             "left out).")] = None,
+        help="USD per GPU-hour for every GPU (default: each GPU's price in the --prices set; "
+             "GPUs it does not sell are left out and named).")] = None,
+    prices: PricesOpt = None,
+    price: PriceOpt = None,
     calibration: Annotated[Optional[Path], typer.Option(help="Measured ceilings.")] = None,
     top: Annotated[int, typer.Option(help="Rows shown.")] = 10,
     csv: Annotated[Optional[Path], typer.Option("--csv", help="All rows to CSV.")] = None,
@@ -145,7 +149,7 @@ def plan(
     from planner.search.sweep import parse_int_list, parse_str_list
 
     t_ttft, t_tpot = _check_targets(locals())
-    opts = with_expert_imbalance(options_from(TimeModel.roofline, Attention.flash, 0.0,
+    opts = with_expert_imbalance(options_from(TimeModel.roofline, Attention.flash, None,
                                               reserve_gib, memory_utilization),
                                  expert_imbalance)
     req = rps if rps is not None else tokens_per_s / output_tokens
@@ -161,8 +165,12 @@ def plan(
         factor, source = imbalance_of(opts)
         stderr.print(f"expert imbalance {factor:.2f}x ({source['from']}) for the EP layouts")
     check_context(m, prompt_tokens, output_tokens, allow_longer_context)
-    gpus = [catalog.load_hardware(g) for g in (parse_str_list(gpu) if gpu
-                                                else catalog.gpu_names())]
+    overrides = catalog.parse_price_overrides(price)
+    gpus = [catalog.load_hardware(g, prices, overrides) for g in (parse_str_list(gpu) if gpu
+                                                                  else catalog.gpu_names())]
+    catalog.check_price_names(overrides, [g.name for g in gpus])
+    price_set = "--price-per-hour" if price_per_hour is not None else \
+        catalog.load_price_set(prices).name
     q = m.quantization
     if weights is None and quantization is None and q is not None and q.problem is None:
         # a quantized checkpoint runs as it ships: its precision, not a search over others
@@ -189,13 +197,16 @@ def plan(
     for p_ in (csv, plot):
         output_path(p_, "--csv" if p_ is csv else "--plot", None if p_ is csv else ".png")
     # a GPU with no price cannot be costed: say which are left out, before any search
-    unpriced = [g.name for g in gpus if g.price is None] if price_per_hour is None else []
+    unpriced = [g for g in gpus if g.price is None] if price_per_hour is None else []
     if unpriced and len(unpriced) == len(gpus):
-        raise LlmplanError(f"no price for {', '.join(unpriced)} in hardware_db: the plan ranks "
-                           "by cost; give --price-per-hour (USD per GPU-hour)")
+        raise LlmplanError(f"no price for {', '.join(g.name for g in unpriced)} in price set "
+                           f"{price_set}: the plan ranks by cost; give --prices another set, "
+                           "--price GPU=USD or --price-per-hour")
     if unpriced and not as_json:
-        stderr.print(f"[yellow]left out, no price:[/] {', '.join(unpriced)} "
-                     "(--price-per-hour to include)")
+        stderr.print(f"[yellow]left out, not sold in price set {price_set}:[/] "
+                     + ", ".join(g.name for g in unpriced)
+                     + f" (why: llmplan prices {price_set}; --prices another set or --price "
+                     "GPU=USD to include them)")
     cdt = DType(compute.value) if compute else None
     _some_precision_runs(gpus, wl, cdt, cal, eng)
     if scheduler == "continuous":
@@ -208,18 +219,28 @@ def plan(
                                               **_size_factors(eng.name, size_at)),
                          top=top, csv=csv, plot=plot, as_json=as_json,
                          label=(ttft, tpot, req), compute=cdt, quantized_layers=ql,
-                         options=opts, speculations=specs, disaggregated=disaggregated)
+                         options=opts, speculations=specs, disaggregated=disaggregated,
+                         price_set=price_set)
         return
     df = search(m, gpus, prompt_tokens=prompt_tokens, output_tokens=output_tokens,
                 targets=Targets(t_ttft, t_tpot, req), tps=tps, pps=pps, eps=eps,
                 weights=wl, kv_cache=kvl, calibration=cal, price_usd_per_gpu_hour=price_per_hour,
                 engine=eng, compute=cdt, quantized_layers=ql, options=opts)
+    df["price_set"] = price_set
     _show_static(df, m, prompt_tokens=prompt_tokens, output_tokens=output_tokens, top=top,
-                 csv=csv, plot=plot, as_json=as_json, label=(ttft, tpot, req))
+                 csv=csv, plot=plot, as_json=as_json, label=(ttft, tpot, req),
+                 price_set=price_set)
 
 
 DEFAULT_WEIGHTS = "bf16,fp8,int8,int4"
 DEFAULT_KV = "16,fp8"
+
+
+def _targets_s(ttft: str, tpot: str) -> tuple[float, float]:
+    """The targets' text (already checked) in seconds."""
+    from planner.evidence.budget import parse_quantity
+
+    return parse_quantity(ttft, "time"), parse_quantity(tpot, "time")
 
 
 def _choices_or_alias(ours: str | None, allowed: tuple[str, ...], flag: str,
@@ -275,7 +296,7 @@ def _check_targets(a: dict) -> tuple[float, float]:
 
 
 def _show_static(df, m, *, prompt_tokens, output_tokens, top, csv, plot, as_json,
-                 label) -> None:
+                 label, price_set: str = "") -> None:
     """The static-batching plan's rows: CSV, plot, JSON or the table of the cheapest."""
     from planner.io.render import plain, table
     from planner.io.report import plot_pareto
@@ -294,7 +315,10 @@ def _show_static(df, m, *, prompt_tokens, output_tokens, top, csv, plot, as_json
         json_out(df.astype(object).where(df.notna(), None).to_dict(orient="records"))
         return
     if not len(feas):
-        stdout.print(f"no configuration of {len(df):,} meets TTFT <= {ttft} and TPOT <= {tpot}")
+        from planner.search.plan import Targets, nearest_miss
+
+        stdout.print(f"no configuration of {len(df):,} meets TTFT <= {ttft} and TPOT <= {tpot}: "
+                     + nearest_miss(df, Targets(*_targets_s(ttft, tpot), req)))
         raise typer.Exit(1)
     rows = []
     for r in feas.head(top).itertuples():
@@ -306,7 +330,8 @@ def _show_static(df, m, *, prompt_tokens, output_tokens, top, csv, plot, as_json
                      f"{r.usd_per_hour:,.2f}",
                      f"{r.cost_usd_per_million_output_tokens_at_traffic:,.3f}"])
     stdout.print(table(f"{plain(m.label)}: {len(feas):,} of {len(df):,} configurations meet "
-                       f"TTFT <= {ttft}, TPOT <= {tpot} at {req:g} req/s",
+                       f"TTFT <= {ttft}, TPOT <= {tpot} at {req:g} req/s; prices: "
+                       f"{plain(price_set)}",
                        ["#", "gpu", "layout", "w", "kv", "batch", "rep-\nlicas", "GPUs",
                         "TTFT\nms", "TPOT\nms", "free\nmem", "bound", "$/h", "$/1M\nout"],
                        rows, left=5, compact=True))
@@ -397,7 +422,8 @@ def _size_factors(engine_name: str, size_at: SizeAt) -> dict:
 def _plan_continuous(m, gpus, *, prompt_tokens, output_tokens, targets, tps, weights, kv_cache,
                      calibration, price_per_hour, engine, settings, top, csv, plot, as_json,
                      label, compute=None, pps=(1,), eps=(1,), quantized_layers="all",
-                     options=None, speculations=(), disaggregated="off") -> None:
+                     options=None, speculations=(), disaggregated="off",
+                     price_set: str = "") -> None:
     import numpy as np
     import pandas as pd
 
@@ -412,17 +438,23 @@ def _plan_continuous(m, gpus, *, prompt_tokens, output_tokens, targets, tps, wei
               price_usd_per_gpu_hour=price_per_hour, engine=engine, settings=settings,
               top=top, compute=compute, quantized_layers=quantized_layers, options=options)
     frames = []
+    from planner.search.plan import screen
+
+    screened = screen(m, gpus, pps=pps if disaggregated != "only" else (1,),
+                      eps=eps if disaggregated != "only" else (1,),
+                      **{k: v for k, v in kw.items() if k not in ("settings", "top")})
     if disaggregated != "only":
         frames.append(search_continuous(m, gpus, pps=pps, eps=eps, speculations=speculations,
-                                        **kw).assign(disaggregated=False))
+                                        screened=screened, **kw).assign(disaggregated=False))
     if disaggregated != "off":
-        frames.append(search_disaggregated(m, gpus, **kw))
+        frames.append(search_disaggregated(m, gpus, screened=screened, **kw))
     frames = [f for f in frames if len(f)]
     df = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
     if len(df):
         df = df.drop(columns=["rank"], errors="ignore").sort_values(
             ["usd_per_hour", "total_gpus"]).reset_index(drop=True)
         df.insert(0, "rank", np.arange(1, len(df) + 1))
+        df["price_set"] = price_set
         for col in ("prefill_instances", "prefill_tp", "decode_instances", "decode_tp",
                     "replicas", "total_gpus", "num_gpus", "tp", "pp", "ep", "batch"):
             if col in df:  # counts stay whole numbers where the other kind of row has none
@@ -442,8 +474,13 @@ def _plan_continuous(m, gpus, *, prompt_tokens, output_tokens, targets, tps, wei
         json_out(df.astype(object).where(df.notna(), None).to_dict(orient="records"))
         return
     if not len(df):
+        from planner.search.plan import nearest_miss, search
+
+        static = search(m, gpus, pps=pps, eps=eps,
+                        batches=[1, 2, 4, 8, 16, 32, 64, 128, 192, 256],
+                        **{k: v for k, v in kw.items() if k not in ("settings", "top")})
         stdout.print(f"no configuration meets {name} TTFT <= {ttft} and TPOT <= {tpot} at "
-                     f"{req:g} req/s")
+                     f"{req:g} req/s: " + nearest_miss(static, targets))
         raise typer.Exit(1)
     rows = []
     for r in df.head(top).to_dict("records"):
@@ -460,7 +497,8 @@ def _plan_continuous(m, gpus, *, prompt_tokens, output_tokens, targets, tps, wei
     stdout.print(table(f"{plain(m.label)}: {name} TTFT <= {plain(ttft)} and TPOT <= "
                        f"{plain(tpot)} at {req:g} "
                        f"req/s; {len(df)} configurations simulated (continuous batching, "
-                       f"engine {engine.name}), each replica sized for the rate shown",
+                       f"engine {engine.name}), each replica sized for the rate shown; "
+                       f"prices: {plain(price_set)}",
                        ["#", "gpu", "layout", "w", "kv", "req/s\neach", f"{name}\nTTFT\nms",
                         f"{name}\nTPOT\nms", "rep-\nlicas", "GPUs", "$/h", "$/1M\nout",
                         *(["spec"] if speculations else [])], rows,

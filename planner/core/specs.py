@@ -393,6 +393,9 @@ class Price(_Frozen):
     source: str = Field(min_length=1)
     date: str = Field(min_length=1)
     note: str | None = None
+    # the price set it comes from (planner/data/prices) and what in it: "AWS p5.48xlarge"
+    price_set: str | None = None
+    label: str | None = None
 
 
 class SourcedFigure(_Frozen):
@@ -449,6 +452,8 @@ class HardwareSpec(_Frozen):
     node: Node | None = None  # None: a single GPU or an unknown server
     tdp_w: float | None = Field(None, gt=0, le=100_000)  # None where no datasheet gives it
     price: Price | None = None
+    # why it has no price in the price set it was loaded with (set by the loader)
+    price_missing: str | None = None
     memory_type: str | None = None  # HBM2e, HBM3, GDDR6, ...: picks the estimated fraction
     architecture: str | None = None  # volta, turing, ampere, ada, hopper, blackwell, cdna3
     achievable: Achievable | None = None
@@ -492,9 +497,12 @@ class HardwareSpec(_Frozen):
         """Dense peak for matmuls in ``dtype``; an error names what the datasheet has."""
         if dtype not in self.peak_tflops:
             have = ", ".join(d.value for d in self.peak_tflops)
+            hint = ("run it in fp16: --weights fp16 (vLLM's --dtype half, as vLLM itself asks "
+                    "on such GPUs) or --compute fp16"
+                    if dtype is DType.bf16 and DType.fp16 in self.peak_tflops else
+                    "choose another precision, or say what the matmuls run in with --compute")
             raise UsageError(f"{self.name} has no {dtype.value} tensor-core rate "
-                             f"(its datasheet lists: {have}); choose another precision, or "
-                             "say what the matmuls run in with --compute")
+                             f"(its datasheet lists: {have}); {hint}")
         return self.peak_tflops[dtype] * TERA
 
 
@@ -554,7 +562,8 @@ class Options(_Frozen):
 
     time_model: Literal["roofline", "additive"] = "roofline"
     attention: Literal["flash", "naive"] = "flash"
-    kernel_overhead_s: float = Field(0.0, ge=0, le=1.0)
+    # a fixed cost per kernel over the engine profile's (None: the profile's; 0: none)
+    kernel_overhead_s: float | None = Field(None, ge=0, le=1.0)
     # CUDA context, cuBLAS/NCCL workspaces and allocator slack (a 1 GiB default: a CUDA
     # context alone takes 300-500 MiB on recent drivers).
     reserve_bytes: float = Field(1 * GIB, ge=0)

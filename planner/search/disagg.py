@@ -101,12 +101,13 @@ def search_disaggregated(model, gpus, *, prompt_tokens: int, output_tokens: int,
                          calibration=None, price_usd_per_gpu_hour: float | None = None,
                          engine=None, settings=None, top: int = 10,
                          compute: DType | None = None, quantized_layers: str = "all",
-                         max_adjust: int = 6):
+                         max_adjust: int = 6, screened=None):
     """Rows in the shape ``search_continuous`` returns (``disaggregated`` True, the layout's
-    ``prefill_*`` / ``decode_*`` and ``kv_transfer_*`` fields), the cheapest first."""
+    ``prefill_*`` / ``decode_*`` and ``kv_transfer_*`` fields), the cheapest first.
+    ``screened``: ``planner.search.plan.screen``'s rows, when the caller has them."""
     import pandas as pd
 
-    from planner.search.plan import SimSettings, Targets, search
+    from planner.search.plan import SimSettings, screen
     from planner.serving import run
     from planner.serving.disagg import transfer_figures
     from planner.serving.metrics import summary
@@ -115,12 +116,11 @@ def search_disaggregated(model, gpus, *, prompt_tokens: int, output_tokens: int,
     o = options or Options()
     st = settings or SimSettings()
     p_ = st.percentile
-    df = search(model, gpus, prompt_tokens=prompt_tokens, output_tokens=output_tokens,
-                targets=Targets(math.inf, targets.tpot_s, targets.requests_per_s), tps=tps,
-                weights=weights, kv_cache=kv_cache, options=o, calibration=calibration,
-                price_usd_per_gpu_hour=price_usd_per_gpu_hour, engine=engine,
-                batches=[1, 2, 4, 8, 16, 32, 64, 128, 192, 256], compute=compute,
-                quantized_layers=quantized_layers)
+    df = screened if screened is not None else screen(
+        model, gpus, prompt_tokens=prompt_tokens, output_tokens=output_tokens,
+        targets=targets, tps=tps, weights=weights, kv_cache=kv_cache, options=o,
+        calibration=calibration, price_usd_per_gpu_hour=price_usd_per_gpu_hour,
+        engine=engine, compute=compute, quantized_layers=quantized_layers)
     df = df[df["supported"].astype(bool) & df["priced"] & (df["pp"] == 1) & (df["ep"] == 1)]
     keys = ["gpu", "tp", "weights", "kv_cache"]
     groups: dict[tuple, list[dict]] = {}

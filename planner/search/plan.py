@@ -101,6 +101,17 @@ def search(model: ModelSpec, gpus: list[HardwareSpec], *, prompt_tokens: int,
     return df.sort_values(["rank"], na_position="last").reset_index(drop=True)
 
 
+SCREEN_BATCHES = [1, 2, 4, 8, 16, 32, 64, 128, 192, 256]
+
+
+def screen(model: ModelSpec, gpus: list[HardwareSpec], *, targets: Targets, **kw) -> pd.DataFrame:
+    """The static sweep continuous sizing screens candidates with (no TTFT target: a single
+    request's TTFT is held to it after), at ``SCREEN_BATCHES``; shared by the aggregated and
+    the disaggregated searches (``planner.search.disagg``), so the sweep runs once."""
+    return search(model, gpus, targets=Targets(math.inf, targets.tpot_s, targets.requests_per_s),
+                  batches=SCREEN_BATCHES, **kw)
+
+
 def pareto_front(feasible: pd.DataFrame) -> pd.DataFrame:
     """Configurations no other beats on both cost at the traffic and latency."""
     f = feasible.sort_values(["latency_s", "cost_usd_per_million_output_tokens_at_traffic"])
@@ -229,7 +240,8 @@ def search_continuous(model: ModelSpec, gpus: list[HardwareSpec], *, prompt_toke
                       price_usd_per_gpu_hour: float | None = None, engine: Engine = IDEAL,
                       settings: SimSettings | None = None, top: int = 10,
                       compute: DType | None = None, pps=(1,), eps=(1,),
-                      quantized_layers: str = "all", speculations=()) -> pd.DataFrame:
+                      quantized_layers: str = "all", speculations=(),
+                      screened: pd.DataFrame | None = None) -> pd.DataFrame:
     """The cheapest configurations sized by simulating continuous batching.
 
     Screened analytically first: a configuration must fit, be priced and meet both targets
@@ -250,12 +262,11 @@ def search_continuous(model: ModelSpec, gpus: list[HardwareSpec], *, prompt_toke
 
     o = options or Options()
     st = settings or SimSettings()
-    df = search(model, gpus, prompt_tokens=prompt_tokens, output_tokens=output_tokens,
-                targets=Targets(math.inf, targets.tpot_s, targets.requests_per_s), tps=tps,
-                weights=weights, kv_cache=kv_cache, options=o, calibration=calibration,
-                price_usd_per_gpu_hour=price_usd_per_gpu_hour, engine=engine,
-                batches=[1, 2, 4, 8, 16, 32, 64, 128, 192, 256], compute=compute, pps=pps,
-                eps=eps, quantized_layers=quantized_layers)
+    df = screened if screened is not None else screen(
+        model, gpus, prompt_tokens=prompt_tokens, output_tokens=output_tokens,
+        targets=targets, tps=tps, weights=weights, kv_cache=kv_cache, options=o,
+        calibration=calibration, price_usd_per_gpu_hour=price_usd_per_gpu_hour,
+        engine=engine, compute=compute, pps=pps, eps=eps, quantized_layers=quantized_layers)
     df = df[df["supported"].astype(bool) & df["priced"]]
     keys = ["gpu", "tp", "pp", "ep", "weights", "kv_cache"]
     cols = keys + ["batch", "fits", "ttft_s", "tpot_s", "num_gpus", "price_usd_per_gpu_hour"]
@@ -349,3 +360,54 @@ def search_continuous(model: ModelSpec, gpus: list[HardwareSpec], *, prompt_toke
         out = out.sort_values(["usd_per_hour", "total_gpus"]).reset_index(drop=True)
         out.insert(0, "rank", np.arange(1, len(out) + 1))
     return out
+
+
+def nearest_miss(df: pd.DataFrame, targets: Targets) -> str:
+    """Why a search found nothing: what binds (memory, the TPOT or TTFT target for even a
+    single request, or the traffic) and the configuration nearest to meeting both targets,
+    with how far it is from each. ``df``: ``search``'s rows."""
+
+    def num(col: str) -> pd.Series:
+        return pd.to_numeric(df[col], errors="coerce")
+
+    ok = df["supported"].astype(bool) & df["priced"].astype(bool)
+    if not ok.any():
+        return "no configuration searched is supported and priced"
+    fit = ok & df["fits"].astype(bool)
+    if not fit.any():
+        need = num("total_memory_bytes").where(ok)
+        i = (need / num("usable_memory_bytes")).where(ok).idxmin()
+        r = df.loc[i]
+        return (f"memory binds: nothing fits; the closest, {_label(r)} at batch "
+                f"{int(r['batch'])}, needs {r['total_memory_bytes'] / 2**30:,.1f} GiB per GPU "
+                f"of {r['usable_memory_bytes'] / 2**30:,.1f} usable")
+    ttft, tpot = num("ttft_s"), num("tpot_s")
+    over = pd.concat([ttft / targets.ttft_s, tpot / targets.tpot_s], axis=1).max(axis=1)
+    i = over.where(fit).idxmin()
+    r = df.loc[i]
+    one = fit & (df["batch"] == 1)
+    binds = []
+    if one.any() and tpot.where(one).min() > targets.tpot_s:
+        j = tpot.where(one).idxmin()
+        binds.append(f"TPOT binds: the fastest single request decodes at "
+                     f"{tpot[j] * 1e3:,.1f} ms ({_label(df.loc[j])})")
+    if one.any() and ttft.where(one).min() > targets.ttft_s:
+        j = ttft.where(one).idxmin()
+        binds.append(f"TTFT binds: the fastest single prompt takes {ttft[j]:,.3g} s "
+                     f"({_label(df.loc[j])})")
+    if not binds:
+        binds.append(f"the traffic binds: configurations meet the targets for one request, "
+                     f"but none serves {targets.requests_per_s:g} req/s within them")
+    return ("; ".join(binds) + f". Nearest: {_label(r)} at batch {int(r['batch'])}, TTFT "
+            f"{ttft[i]:,.3g} s ({_rel(ttft[i], targets.ttft_s)}), TPOT {tpot[i] * 1e3:,.1f} ms "
+            f"({_rel(tpot[i], targets.tpot_s)})")
+
+
+def _label(r) -> str:
+    return (f"{r['gpu']} {Layout(int(r['tp']), int(r['pp']), int(r['ep'])).label} "
+            f"{r['weights']}/{r['kv_cache']}")
+
+
+def _rel(value: float, target: float) -> str:
+    d = value / target - 1
+    return f"{d:.0%} over the target" if d > 0 else "within it"
