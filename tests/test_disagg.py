@@ -5,8 +5,8 @@ decode free of prefill interference, and the command's output and refusals."""
 from __future__ import annotations
 
 import json
-import re
 import math
+import re
 
 import pytest
 from hypothesis import given, settings

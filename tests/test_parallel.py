@@ -364,7 +364,7 @@ def test_continuous_plan_sizes_expert_parallel_replicas(run_json):
     rows = run_json("plan", "-m", "qwen3-30b-a3b", "-g", "h100-sxm", "--weights", "bf16",
                     "--kv-cache", "16", "--tp", "1", "--pp", "1", "--ep", "1,4",
                     "--ttft", "2s", "--tpot", "50ms", "--rps", "20", "--sim-requests", "100",
-                    "--top", "4")
+                    "--top", "4", "--disaggregated", "off")
     eps = {r["ep"] for r in rows}
     assert eps == {1, 4}
     for r in rows:

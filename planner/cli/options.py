@@ -108,10 +108,12 @@ EnforceEagerOpt = Annotated[bool, typer.Option(
     "--enforce-eager", help="No CUDA graphs (vLLM's --enforce-eager): every decode step "
     "launches its kernels from the host, at the engine's host_launch_us each.")]
 BatchOpt = Annotated[int, typer.Option("--batch", "-b", help="Concurrent sequences.")]
-PromptOpt = Annotated[int, typer.Option("--prompt-tokens", "-p",
-                                        help="Prompt tokens per sequence.")]
-OutputOpt = Annotated[int, typer.Option("--output-tokens", "-o",
-                                        help="Output tokens per sequence.")]
+PromptOpt = Annotated[int, typer.Option(
+    "--prompt-tokens", "-p", "--random-input-len", "--input-len",
+    help="Prompt tokens per sequence (vLLM bench's --random-input-len / --input-len).")]
+OutputOpt = Annotated[int, typer.Option(
+    "--output-tokens", "-o", "--random-output-len", "--output-len",
+    help="Output tokens per sequence (vLLM bench's --random-output-len / --output-len).")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object, nothing else.")]
 PricesOpt = Annotated[Optional[str], typer.Option(
     "--prices", metavar="SET|FILE",

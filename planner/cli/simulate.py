@@ -183,18 +183,22 @@ def simulate(
     calibration: CalibrationOpt = None,
     time_model: TimeModelOpt = TimeModel.roofline,
     attention: AttentionOpt = Attention.flash,
-    kernel_overhead_us: OverheadOpt = 0.0,
+    kernel_overhead_us: OverheadOpt = None,
     request_rate: Annotated[float, typer.Option(
         help="Requests per second (gamma arrivals; inf: all at t = 0).")] = math.inf,
     burstiness: Annotated[float, typer.Option(
         help="Gamma shape of the arrival gaps: 1 Poisson, < 1 burstier (as vLLM's).")] = 1.0,
     max_concurrency: Annotated[Optional[int], typer.Option(
         help="A closed loop of this many clients instead of an arrival rate.")] = None,
-    num_requests: Annotated[int, typer.Option("--num-requests", "-n")] = 1000,
+    num_requests: Annotated[int, typer.Option(
+        "--num-requests", "-n", "--num-prompts",
+        help="Requests in the stream (vLLM bench's --num-prompts).")] = 1000,
     prompt_tokens: PromptOpt = DEFAULT_PROMPT_TOKENS,
     output_tokens: OutputOpt = DEFAULT_OUTPUT_TOKENS,
     range_ratio: Annotated[float, typer.Option(
-        help="Lengths uniform within +-this fraction (vLLM's random dataset).")] = 0.0,
+        "--range-ratio", "--random-range-ratio",
+        help="Lengths uniform within +-this fraction (vLLM's random dataset, "
+        "--random-range-ratio).")] = 0.0,
     prefix_tokens: Annotated[int, typer.Option(
         "--prefix-tokens", "--random-prefix-len",
         help="The same first tokens before every prompt (vLLM's --random-prefix-len): a "
@@ -350,6 +354,8 @@ def simulate(
     reqs = _requests(dataset, dataset_name, num_requests, prompt_tokens, output_tokens,
                      range_ratio,
                      request_rate, burstiness, max_concurrency, seed, prefix_tokens)
+    if dataset is not None and _timed(reqs, request_rate, max_concurrency):
+        request_rate = math.nan  # the dataset's arrival_s set the arrivals
     longest = max(reqs, key=lambda r: r.prompt_tokens + r.output_tokens)
     check_context(m, longest.prompt_tokens, longest.output_tokens, allow_longer_context,
                   where="the longest request")
@@ -433,6 +439,7 @@ def _simulate_disaggregated(m, a: dict) -> None:
     reqs = _requests(a["dataset"], a["dataset_name"], a["num_requests"], a["prompt_tokens"],
                      a["output_tokens"], a["range_ratio"], a["request_rate"], a["burstiness"],
                      None, a["seed"], a["prefix_tokens"])
+    timed = a["dataset"] is not None and _timed(reqs, a["request_rate"], None)
     longest = max(reqs, key=lambda r: r.prompt_tokens + r.output_tokens)
     check_context(m, longest.prompt_tokens, longest.output_tokens, a["allow_longer_context"],
                   where="the longest request")
@@ -467,7 +474,9 @@ def _simulate_disaggregated(m, a: dict) -> None:
            "engine": dec.engine.name, "weights": prec.weights.value,
            "quantized_layers": prec.quantized_layers, "kv_cache": prec.kv_cache.value,
            "scheduler": "continuous", "prefix_caching": cfgs["prefill"].prefix_caching,
-           "request_rate": a["request_rate"] if math.isfinite(a["request_rate"]) else "inf",
+           "request_rate": None if timed else
+           a["request_rate"] if math.isfinite(a["request_rate"]) else "inf",
+           "arrivals": "dataset" if timed else "rate",
            "burstiness": a["burstiness"], "max_concurrency": None, "num_prompts": len(reqs),
            "prefill": pools["prefill"], "decode": pools["decode"], "kv_transfer": xfer, **d}
     if a["as_json"]:
@@ -481,7 +490,8 @@ def _render_disaggregated(d: dict) -> None:
     from planner.io import fmt
     from planner.io.render import plain, table
 
-    rate = f"{d['request_rate']} req/s"
+    rate = "the dataset's arrival times" if d["arrivals"] == "dataset" else \
+        f"{d['request_rate']} req/s"
     stdout.print(f"[bold]{plain(d['model'])}[/] disaggregated, engine {plain(d['engine'])}: "
                  f"{d['prefill']['instances']} prefill + {d['decode']['instances']} decode "
                  f"instances, {d['num_gpus']} GPUs; {d['num_prompts']:,} requests at {rate}")
@@ -605,6 +615,13 @@ def _check_numbers(a: dict) -> None:
         raise LlmplanError("--num-requests: at most 10,000,000")
 
 
+def _timed(reqs, request_rate: float, max_concurrency) -> bool:
+    """Whether a dataset's own arrival_s set the arrivals: at an infinite rate and no closed
+    loop (which a timed dataset refuses beside it), any arrival after t = 0 is its own."""
+    return max_concurrency is None and math.isinf(request_rate) and \
+        any(r.arrival_s > 0 for r in reqs)
+
+
 def _requests(dataset, dataset_name, num_requests, prompt_tokens, output_tokens, range_ratio,
               request_rate, burstiness, max_concurrency, seed, prefix_tokens=0):
     """The request stream: a trace file's, or vLLM's random dataset."""
@@ -624,7 +641,12 @@ def _requests(dataset, dataset_name, num_requests, prompt_tokens, output_tokens,
                          burstiness=burstiness, closed_loop=max_concurrency is not None,
                          seed=seed, prefix_tokens=shared)
     if dataset is not None:
-        return replay(read_trace(dataset), request_rate=request_rate, burstiness=burstiness,
+        rows = read_trace(dataset)
+        if rows[0][2] is not None and (not math.isinf(request_rate) or
+                                       max_concurrency is not None):
+            raise LlmplanError(f"{dataset}: its rows give arrival_s, which sets the arrivals: "
+                               "drop --request-rate / --max-concurrency, or the column")
+        return replay(rows, request_rate=request_rate, burstiness=burstiness,
                       closed_loop=max_concurrency is not None, seed=seed)
     if dataset_name != "random":
         from planner.io import catalog
@@ -669,8 +691,11 @@ def _result(dep, cfg, reqs, sp, d: dict, *, request_rate, burstiness, max_concur
             "api_server_request_s": dep.engine.frontend_request_s,
             "api_server_token_s": dep.engine.frontend_token_s,
             # as vLLM's result file writes it: a number, or "inf"
-            "request_rate": None if max_concurrency is not None else
-            (request_rate if math.isfinite(request_rate) else "inf"),
+            "request_rate": None if max_concurrency is not None or math.isnan(request_rate)
+            else (request_rate if math.isfinite(request_rate) else "inf"),
+            # the dataset's own arrival_s, a closed loop, or a rate
+            "arrivals": "dataset" if math.isnan(request_rate) else
+            "closed loop" if max_concurrency is not None else "rate",
             "burstiness": burstiness, "max_concurrency": max_concurrency,
             "num_prompts": len(reqs), **d}
 
@@ -709,7 +734,8 @@ def _baseline(base: dict, d: dict) -> dict:
 def _plot(plot: Path, dep, cfg, res, n: int, request_rate, max_concurrency) -> None:
     from planner.io.report import plot_simulation
 
-    rate = f"closed loop of {max_concurrency}" if max_concurrency else f"{request_rate:g} req/s"
+    rate = f"closed loop of {max_concurrency}" if max_concurrency else \
+        "the dataset's arrival times" if math.isnan(request_rate) else f"{request_rate:g} req/s"
     csv_path = plot_simulation(res, plot, title=(
         f"{dep.model.label} on {dep.layout.gpus_text} x {dep.hardware.display_name}, engine "
         f"{dep.engine.name}, {cfg.kind} batching, {cfg.kv_layout} KV: {n:,} requests at {rate}"))
@@ -771,6 +797,7 @@ def _render(d: dict) -> None:
     from planner.layouts.deployment import Layout
 
     rate = f"closed loop of {d['max_concurrency']} clients" if d["max_concurrency"] else \
+        "the dataset's arrival times" if d.get("arrivals") == "dataset" else \
         f"{d['request_rate']} req/s"
     from planner.io.render import plain
 

@@ -157,9 +157,9 @@ class Policy(_Sourced):
 class GraphSizes(_Frozen):
     """The decode batch sizes an engine captures CUDA graphs at: ``sizes``, then from each
     ``[start, step]`` of ``steps`` every step-th size up to the next start, all up to
-    min(``cap``, ``cap_per_seq`` x max_num_seqs, max_num_batched_tokens). A decode step of n sequences replays the
-    smallest captured size >= n (padding the rest); one larger than every size runs without
-    a graph."""
+    min(``cap``, ``cap_per_seq`` x max_num_seqs, max_num_batched_tokens). A decode step of n
+    sequences replays the smallest captured size >= n (padding the rest); one larger than
+    every size runs without a graph."""
 
     sizes: tuple[int, ...] = ()
     steps: tuple[tuple[int, int], ...] = ()
@@ -344,7 +344,9 @@ class EngineSpec(_Frozen):
         for e in sorted(sv.earlier, key=lambda e: version_key(e.until)):
             if v < version_key(e.until):
                 why = f"releases before {e.until}" + (f": {e.note}" if e.note else "")
-                num = lambda x: Num(value=x, source=e.source, date=e.date, note=why)  # noqa: E731
+                def num(x, e=e, why=why):
+                    return Num(value=x, source=e.source, date=e.date, note=why)
+
                 return self.model_copy(update={"serving": sv.model_copy(update={
                     "max_num_seqs": num(e.max_num_seqs),
                     "max_num_batched_tokens": num(e.max_num_batched_tokens),

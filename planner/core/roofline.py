@@ -91,7 +91,8 @@ def ceilings(hw: HardwareSpec, calibration: Calibration | None = None,
             flops[dt], src[dt] = v, s
         source = "achievable"
         notes += ach.notes
-    overhead = o.kernel_overhead_s if o.kernel_overhead_s else None
+    # --kernel-overhead-us replaces an engine's fixed cost per kernel; the ideal bound has none
+    overhead = None if engine.name == IDEAL.name else o.kernel_overhead_s
     if calibration is not None:
         source = f"calibration ({calibration.device})"
         bw, bw_src = calibration.memory_bandwidth_gb_per_s * 1e9, source

@@ -1,0 +1,68 @@
+"""Issue 26 §2: the bugs a new user tripped over, each held closed."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+EST = ("estimate", "-m", "llama-3.1-8b", "-g", "h100-sxm")
+
+
+def test_kernel_overhead_zero_means_none_and_the_ideal_bound_never_moves(run_json):
+    base = run_json(*EST)
+    zero = run_json(*EST, "--kernel-overhead-us", "0")
+    five = run_json(*EST, "--kernel-overhead-us", "5")
+    # 0 is honoured (no per-kernel cost), not read as "the engine's default"
+    assert zero["tpot_s"] < base["tpot_s"] < five["tpot_s"]
+    # 5 us per kernel against none: TPOT grows by exactly the decode step's kernels x 5 us
+    kernels = sum(o["kernels"] for o in five["operators"]["decode"])
+    assert kernels > 200
+    assert five["tpot_s"] - zero["tpot_s"] == pytest.approx(kernels * 5e-6, rel=1e-9)
+    # the ideal roofline has no fixed costs whatever is given
+    assert base["ideal"]["tpot_s"] == zero["ideal"]["tpot_s"] == five["ideal"]["tpot_s"]
+
+
+def test_a_gpu_without_bf16_names_fp16(run_cli):
+    code, _, err = run_cli("estimate", "-m", "llama-3.1-8b", "-g", "t4")
+    assert code == 2 and "--weights fp16" in err and "--compute fp16" in err
+    assert len(err.strip().splitlines()) == 1
+    code, _, err = run_cli("estimate", "-m", "llama-3.1-8b", "-g", "t4", "--weights", "fp16")
+    assert code == 0, err
+
+
+def test_a_timed_dataset_is_not_called_infinite_rate(run_cli, tmp_path):
+    p = tmp_path / "t.jsonl"
+    p.write_text('{"prompt_tokens": 100, "output_tokens": 20, "arrival_s": 0}\n'
+                 '{"prompt_tokens": 100, "output_tokens": 20, "arrival_s": 0.5}\n')
+    sim = ("simulate", "-m", "llama-3.1-8b", "-g", "h100-sxm", "--dataset", str(p))
+    code, out, err = run_cli(*sim)
+    assert code == 0, err
+    assert "at the dataset's arrival times" in " ".join(out.split()) and "inf req/s" not in out
+    code, out, err = run_cli(*sim, "--json")
+    d = json.loads(out)
+    assert d["request_rate"] is None and d["arrivals"] == "dataset"
+    code, _, err = run_cli(*sim, "--request-rate", "3")
+    assert code == 2 and "arrival_s" in err
+
+
+def test_a_budget_names_its_ttft_as_the_batch_prefill(run_cli, tmp_path):
+    p = tmp_path / "b.yaml"
+    p.write_text("deployments:\n  - model: llama-3.1-8b\n    gpu: h100-sxm\n"
+                 "    workload: {batch: 8, prompt_tokens: 512, output_tokens: 64}\n"
+                 "    limits: {ttft_s: 10s}\n")
+    code, out, err = run_cli("check", str(p), "--json")
+    assert code == 0, err
+    assert "batch TTFT (all prompts at once)" in out
+
+
+@pytest.mark.parametrize("alias, ours", [("--random-input-len", "-p"),
+                                         ("--random-output-len", "-o"),
+                                         ("--num-prompts", "-n"),
+                                         ("--random-range-ratio", "--range-ratio")])
+def test_vllm_bench_names_are_accepted(run_json, alias, ours):
+    sim = ["simulate", "-m", "llama-3.1-8b", "-g", "h100-sxm", "--request-rate", "2"]
+    given = {"-n": "20", "-p": "300", "-o": "30", "--range-ratio": "0.2"}
+    ours_args = [x for k, v in given.items() for x in (k, v)]
+    theirs = [x for k, v in given.items() for x in ((alias if k == ours else k), v)]
+    assert run_json(*sim, *theirs) == run_json(*sim, *ours_args)
