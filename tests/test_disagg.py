@@ -266,3 +266,22 @@ def test_plan_disaggregated_modes(run_cli):
     assert re.search(r"\d+P\d+D TP\d/\d", out) and "disaggregated, n prefill instances" in out
     code, out, err = run_cli(*AIC, "--disaggregated", "sometimes")
     assert code == 2 and "--disaggregated" in err
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("gpu, weights, agg_gpus, pd_gpus", [
+    ("h100-sxm", "bf16", 20, 14), ("h100-sxm", "fp8", 12, 10),
+    ("h200", "bf16", 20, 14), ("h200", "fp8", 10, 7)])
+def test_the_four_aiconfigurator_cases(run_json, gpu, weights, agg_gpus, pd_gpus):
+    """Issue 25's four cases (Llama-3.1-70B, H100 / H200 x bf16 / fp8 weights, 20 req/s,
+    2,048 / 256, TTFT <= 3 s, TPOT <= 50 ms): the disaggregated answer is found and is the
+    cheaper one, and both answers stay where this version of the model puts them (a change
+    that moves them is a change to look at: the README quotes them)."""
+    rows = run_json("plan", "-m", "llama-3.1-70b", "-g", gpu, "-p", "2048", "-o", "256",
+                    "--ttft", "3s", "--tpot", "50ms", "--rps", "20", "--weights", weights,
+                    "--top", "40")
+    agg = [r for r in rows if not r["disaggregated"]]
+    dis = [r for r in rows if r["disaggregated"]]
+    assert rows[0]["disaggregated"] and dis[0]["total_gpus"] < agg[0]["total_gpus"]
+    assert (agg[0]["total_gpus"], dis[0]["total_gpus"]) == (agg_gpus, pd_gpus)
+    assert all(r["p90_ttft_s"] <= 3 and r["p90_tpot_s"] <= 0.05 for r in rows)
