@@ -66,3 +66,37 @@ def test_vllm_bench_names_are_accepted(run_json, alias, ours):
     ours_args = [x for k, v in given.items() for x in (k, v)]
     theirs = [x for k, v in given.items() for x in ((alias if k == ours else k), v)]
     assert run_json(*sim, *theirs) == run_json(*sim, *ours_args)
+
+
+@pytest.mark.parametrize("args, key, value", [
+    (("estimate", "-m", "llama-3.1-8b", "-g", "h100-sxm", "--measured-tpot", "14ms"),
+     ("measured", "tpot_s"), 0.014),
+    (("estimate", "-m", "llama-3.1-8b", "-g", "h100-sxm", "--measured-ttft", "0.8"),
+     ("measured", "ttft_s"), 0.8),
+])
+def test_durations_take_units(run_json, args, key, value):
+    d = run_json(*args)
+    assert d[key[0]][key[1]] == pytest.approx(value)
+
+
+def test_simulate_slos_take_units(run_json, run_cli):
+    sim = ("simulate", "-m", "llama-3.1-8b", "-g", "h100-sxm", "-n", "40", "--request-rate",
+           "4")
+    a = run_json(*sim, "--ttft-slo", "200ms", "--tpot-slo", "10ms")
+    b = run_json(*sim, "--ttft-slo", "0.2", "--tpot-slo", "0.01")
+    assert a["request_goodput"] == b["request_goodput"]
+    code, _, err = run_cli(*sim, "--ttft-slo", "fast")
+    assert code == 2 and "--ttft-slo" in err and "not a time" in err
+
+
+def test_names_are_case_insensitive_and_unknown_ones_suggest(run_json, run_cli):
+    a = run_json("estimate", "-m", "Llama-3.1-8B", "-g", "H100-SXM", "--engine", "VLLM",
+                 "--prices", "Hyperscaler-On-Demand")
+    b = run_json("estimate", "-m", "llama-3.1-8b", "-g", "h100-sxm")
+    assert (a["model"], a["gpu"], a["tpot_s"]) == (b["model"], b["gpu"], b["tpot_s"])
+    assert run_json("estimate", "-m", "llama-3.1-8b", "-g", "h100-sxm", "--engine",
+                    "VLLM@0.6.3")["tpot_s"] > 0
+    code, _, err = run_cli("estimate", "-m", "llama-3.1-8", "-g", "h100-sxm")
+    # close names suggested and the lister named, not every known name (300-590 characters)
+    assert code == 2 and "did you mean llama-3.1-8b" in err and "llmplan models" in err
+    assert len(err) < 250

@@ -53,6 +53,7 @@ from planner.cli.options import (
     build_deployment,
     check_context,
     check_offload_speculation,
+    duration_option,
     engine_precision,
     figure_bands,
     json_out,
@@ -96,10 +97,12 @@ def estimate(
         help="USD per GPU-hour (default: the GPU's price in the --prices set).")] = None,
     prices: PricesOpt = None,
     price: PriceOpt = None,
-    measured_tpot: Annotated[Optional[float], typer.Option(
-        help="A measured TPOT in seconds: report its bandwidth, MBU and MFU.")] = None,
-    measured_ttft: Annotated[Optional[float], typer.Option(
-        help="A measured TTFT in seconds: report its prefill FLOP/s and MFU.")] = None,
+    measured_tpot: Annotated[Optional[float], duration_option(
+        "--measured-tpot", help="A measured TPOT (14ms, 0.014): report its bandwidth, MBU and "
+        "MFU.")] = None,
+    measured_ttft: Annotated[Optional[float], duration_option(
+        "--measured-ttft", help="A measured TTFT (800ms, 0.8): report its prefill FLOP/s and "
+        "MFU.")] = None,
     explain: Annotated[bool, typer.Option(
         "--explain", help="Show the per-operator table behind the totals.")] = False,
     require_fit: Annotated[bool, typer.Option(

@@ -115,6 +115,23 @@ OutputOpt = Annotated[int, typer.Option(
     "--output-tokens", "-o", "--random-output-len", "--output-len",
     help="Output tokens per sequence (vLLM bench's --random-output-len / --output-len).")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object, nothing else.")]
+def duration_s(text: str) -> float:
+    """A duration from the command line in seconds: 500ms, 3s, 2min, 150us or a bare number of
+    seconds (typer's parser for every duration option)."""
+    from planner.evidence.budget import parse_quantity
+
+    try:
+        v = parse_quantity(text, "time")
+    except ValueError as err:
+        raise typer.BadParameter(str(err)) from None
+    return v
+
+
+def duration_option(*names: str, help: str, metavar: str = "DURATION"):
+    """A duration option (``duration_s``): units welcome, seconds without one."""
+    return typer.Option(*names, parser=duration_s, metavar=metavar, help=help)
+
+
 PricesOpt = Annotated[Optional[str], typer.Option(
     "--prices", metavar="SET|FILE",
     help="The price set every cost is on (one basis, planner/data/prices): "

@@ -56,6 +56,7 @@ from planner.cli.options import (
     build_deployment,
     check_context,
     check_offload_speculation,
+    duration_option,
     engine_precision,
     figure_bands,
     json_out,
@@ -225,8 +226,9 @@ def simulate(
         help="continuous (vLLM-style iteration-level), static batches, or dynamic batches "
              "(static, waiting up to --max-wait for a batch to fill).")] =
     Scheduler.continuous,
-    max_wait: Annotated[float, typer.Option(
-        help="Dynamic batching: seconds a batch waits for more requests.")] = 0.05,
+    max_wait: Annotated[float, duration_option(
+        "--max-wait", help="Dynamic batching: how long a batch waits for more requests "
+        "(50ms, 0.05).")] = 0.05,
     max_num_seqs: Annotated[Optional[int], typer.Option(
         help="Running requests at most (default: the engine's).")] = None,
     max_num_batched_tokens: Annotated[Optional[int], typer.Option(
@@ -265,10 +267,10 @@ def simulate(
     memory_utilization: UtilOpt = DEFAULT_UTIL,
     reserve_gib: ReserveOpt = DEFAULT_RESERVE_GIB,
     cpu_offload_gb: CpuOffloadOpt = 0.0,
-    ttft_slo: Annotated[Optional[float], typer.Option(
-        help="TTFT target in seconds: report the goodput.")] = None,
-    tpot_slo: Annotated[Optional[float], typer.Option(
-        help="TPOT target in seconds: report the goodput.")] = None,
+    ttft_slo: Annotated[Optional[float], duration_option(
+        "--ttft-slo", help="TTFT target (2s, 500ms): report the goodput.")] = None,
+    tpot_slo: Annotated[Optional[float], duration_option(
+        "--tpot-slo", help="TPOT target (50ms): report the goodput.")] = None,
     trace: Annotated[Optional[Path], typer.Option(
         help="Write one row per request (CSV, or JSONL for .jsonl).")] = None,
     allow_longer_context: LongerOpt = False,

@@ -19,6 +19,7 @@ from planner.cli.options import (
     QuantizedLayersOpt,
     TpOpt,
     WeightsOption,
+    duration_option,
     json_out,
     positive,
     stderr,
@@ -38,8 +39,9 @@ def watch(
     kv_cache: KVOption = None,
     group_size: GroupSizeOpt = None,
     quantized_layers: QuantizedLayersOpt = QuantizedLayers.all,
-    interval: Annotated[float, typer.Option(
-        help="Seconds between scrapes: the window rates and latencies are taken over.")] = 5.0,
+    interval: Annotated[float, duration_option(
+        "--interval", help="Time between scrapes (5s, 500ms): the window rates and latencies "
+        "are taken over.")] = 5.0,
     model_name: Annotated[Optional[str], typer.Option(
         help="Only the series whose model_name label is this (a server with several).")] =
     None,
@@ -54,8 +56,9 @@ def watch(
     bind: Annotated[str, typer.Option(
         "--bind", metavar="HOST", help="The address --serve-metrics listens on: this machine "
         "only by default; 0.0.0.0 (or ::) to listen on every interface.")] = "127.0.0.1",
-    timeout: Annotated[float, typer.Option(
-        help="Seconds a whole scrape may take: connect, every read, every redirect.")] = 5.0,
+    timeout: Annotated[float, duration_option(
+        "--timeout", help="How long a whole scrape may take (5s): connect, every read, every "
+        "redirect.")] = 5.0,
     follow_redirects: Annotated[bool, typer.Option(
         "--follow-redirects", help="Follow a redirect to the same host (another host is "
         "refused). By default a redirect is an error naming where it points.")] = False,

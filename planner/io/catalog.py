@@ -166,10 +166,14 @@ def _resolve(ref: str, kind: str, what: str) -> Path:
     known = _names(kind)
     if ref in known:
         return db_dir(kind) / f"{ref}.yaml"
-    close = difflib.get_close_matches(ref, known, n=3, cutoff=0.5)
+    folded = {k.casefold(): k for k in known}  # H100-SXM, Llama-3.1-8B: the same entries
+    if ref.casefold() in folded:
+        return db_dir(kind) / f"{folded[ref.casefold()]}.yaml"
+    close = difflib.get_close_matches(ref.casefold(), known, n=3, cutoff=0.5)
     hint = f"; did you mean {', '.join(close)}?" if close else ""
+    lister = {"models_db": "models", "hardware_db": "gpus", "engines_db": "engines"}[kind]
     raise SpecError(f"unknown {what} '{ref}' (not a file, not in {kind}/){hint} "
-                    f"Known: {', '.join(known)}")
+                    f"(llmplan {lister} lists them)")
 
 
 def load_model(ref: str) -> ModelSpec:
@@ -222,7 +226,8 @@ def _engine_for_version(ref: str) -> EngineSpec:
     except ValueError as e:
         raise SpecError(f"--engine {ref}: {e}") from None
     specs = [load_engine_spec(n) for n in _names("engines_db")]
-    mine = [s for s in specs if s.versions is not None and s.versions.family == family]
+    mine = [s for s in specs if s.versions is not None
+            and s.versions.family.casefold() == family.casefold()]
     if not mine:
         families = sorted({s.versions.family for s in specs if s.versions is not None})
         raise SpecError(f"--engine {ref}: no profile of an engine called '{family}' states the "
@@ -674,8 +679,8 @@ def load_price_set(ref: str | None = None):
         if not is_file(p, "price set file"):
             raise SpecError(f"{ref}: no such file")
         path = p
-    elif ref in price_set_names():
-        path = PRICES_DIR / f"{ref}.yaml"
+    elif ref.casefold() in {n.casefold() for n in price_set_names()}:
+        path = PRICES_DIR / f"{ref.casefold()}.yaml"
     else:
         close = difflib.get_close_matches(ref, price_set_names(), n=3, cutoff=0.5)
         raise SpecError(f"--prices: unknown price set '{ref}'"
