@@ -133,3 +133,61 @@ def test_roofline_axis_reaches_down_to_cpu_measurements():
     assert lo <= 1e9 and hi == pytest.approx(3 * 989e12)
     lo, _ = roofline_ylim(pd.DataFrame({"attainable_flops_per_s": [1e14]}), 989e12, None)
     assert lo == pytest.approx(989e12 / 1e5)  # five decades when every point is above it
+
+
+def _text_overlaps(fig) -> list[tuple[str, str]]:
+    """Pairs of visible texts of ``fig`` (titles, labels, ticks, legends, annotations) whose
+    boxes overlap, measured with the renderer (an annotation's box without its arrow)."""
+    import itertools
+
+    from matplotlib.text import Text
+
+    fig.canvas.draw()
+    r = fig.canvas.get_renderer()
+    ticks, drawn = set(), []
+    for ax in fig.axes:
+        for axis in (ax.xaxis, ax.yaxis):
+            for tick in axis.get_major_ticks() + axis.get_minor_ticks():
+                ticks |= {id(tick.label1), id(tick.label2)}
+            for tick in axis._update_ticks():  # those inside the view: the ones drawn
+                drawn += [t for t in (tick.label1, tick.label2) if t.get_visible()]
+    texts = [t for t in fig.findobj(Text) if id(t) not in ticks and t.get_visible()] + drawn
+    boxes = []
+    for t in texts:
+        if not t.get_text().strip():
+            continue
+        bb = Text.get_window_extent(t, r)
+        if bb.width >= 1 and bb.height >= 1:
+            boxes.append((t.get_text(), bb.expanded(0.98, 0.9)))
+    return [(a[:30], b[:30]) for (a, A), (b, B) in itertools.combinations(boxes, 2)
+            if A.overlaps(B)]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("args", [
+    ["report", "-m", "llama-3.1-8b", "-g", "h100-sxm,a100-sxm-80gb", "--weights", "bf16,fp8",
+     "--serving-requests", "60"],
+    ["report", "-m", "deepseek-v3", "-g", "h200", "--weights", "fp8", "--tp", "8", "--ep", "8",
+     "--serving-requests", "0"],
+    ["plan", "-m", "llama-3.1-70b", "-p", "2048", "-o", "256", "--ttft", "3s", "--tpot", "50ms",
+     "--rps", "20", "--top", "3"],
+    ["simulate", "-m", "llama-3.1-8b", "-g", "h100-sxm", "-n", "200", "--request-rate", "8"],
+])
+def test_no_two_labels_of_a_chart_overlap(run_cli, tmp_path, monkeypatch, args):
+    """Issue 26 §3: every chart kind rendered, and no two of its texts overlap."""
+    import matplotlib.pyplot as plt
+
+    figs = []
+    monkeypatch.setattr(plt, "close", lambda fig=None: figs.append(fig))
+    out = ["--out", str(tmp_path)] if args[0] == "report" else ["--plot",
+                                                               str(tmp_path / "p.png")]
+    code, _, err = run_cli(*args, *out)
+    assert code == 0, err
+    figs = [f for f in figs if f is not None and not isinstance(f, str)]
+    assert figs
+    for f in figs:
+        assert _text_overlaps(f) == [], f.axes[0].get_title() if f.axes else ""
+    if args[0] == "report" and "h100-sxm,a100-sxm-80gb" in args:
+        # a roofline and a memory chart for each GPU and precision, not the first alone
+        assert len(list(tmp_path.glob("*_roofline.png"))) == 4
+        assert len(list(tmp_path.glob("*_memory.png"))) == 4

@@ -185,7 +185,7 @@ class Labels:
         return dropped
 
 
-def plain_log_ticks(ax) -> None:
+def plain_log_ticks(ax, axes: str = "xy") -> None:
     """Log axes labelled 5, 10, 20, 50 ... rather than 5 x 10^0; an axis spanning less
     than a decade labels every minor tick (0.3, 0.4, ...), so it never shows one number."""
     def plain(v: float, _=None) -> str:
@@ -198,7 +198,9 @@ def plain_log_ticks(ax) -> None:
             return plain(v) if short or f"{v:.0e}"[0] in "25" else ""
         return minor
 
-    for axis, lim in ((ax.xaxis, ax.get_xlim), (ax.yaxis, ax.get_ylim)):
+    for name, axis, lim in (("x", ax.xaxis, ax.get_xlim), ("y", ax.yaxis, ax.get_ylim)):
+        if name not in axes:
+            continue
         axis.set_major_formatter(matplotlib.ticker.FuncFormatter(plain))
         axis.set_minor_formatter(matplotlib.ticker.FuncFormatter(minor_of(lim)))
 
@@ -501,14 +503,15 @@ def write_reports(cases: list[Case], out_dir: Path, *, batch: int,
                   measured: pd.DataFrame | None = None,
                   measured_ceilings: dict | None = None,
                   serving_requests: int = 0) -> list[Path]:
-    """The charts: roofline and memory for the first case, throughput for all, and with
-    ``serving_requests`` the simulated serving curve for all."""
-    first = cases[0]
+    """The charts: roofline and memory for each case (each GPU and precision), throughput for
+    all together, and with ``serving_requests`` the simulated serving curve for all."""
     paths = []
-    paths += plot_roofline(first, roofline_table(first, batch, measured), out_dir,
-                           measured_ceilings)
+    for case in cases:  # each GPU and precision asked for its own roofline and memory
+        paths += plot_roofline(case, roofline_table(case, batch, measured), out_dir,
+                               measured_ceilings)
     paths += plot_throughput(cases, throughput_table(cases), out_dir)
-    paths += plot_memory(first, memory_table(first), out_dir)
+    for case in cases:
+        paths += plot_memory(case, memory_table(case), out_dir)
     if serving_requests:
         paths += plot_serving(cases, serving_table(cases, serving_requests), out_dir)
     return list(paths)
@@ -569,11 +572,13 @@ def plot_serving(cases: list[Case], df: pd.DataFrame, out_dir: Path) -> tuple[Pa
     for ax in axes:
         ax.set_xlabel("request rate offered (req/s, Poisson)")
         ax.grid(True, which="both", alpha=0.25)
-        ax.legend(fontsize=7, loc="upper left")
+        # under the axes, where it covers no curve
+        ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=2,
+                  frameon=False)
     c0 = cases[0]
     fig.suptitle(f"{c0.model.label}: one replica under load, continuous batching, paged KV, "
                  f"engine {c0.engine.name} (simulated); prompt {c0.prompt_tokens} / output "
-                 f"{c0.output_tokens} tokens", fontsize=10)
+                 f"{c0.output_tokens} tokens", fontsize=10, y=1.03)
     fig.tight_layout()
     tag = "_".join(sorted({c.precision.weights.value for c in cases}))
     return _save(fig, df, out_dir, f"{c0.model.name}_serving_{tag}")
@@ -874,6 +879,18 @@ def plot_served(comps, path: Path, *, title: str) -> None:
     plt.close(fig)
 
 
+def _pareto_line(r: dict, continuous: bool) -> str:
+    """One configuration of a plan row, as the plot's key reads it."""
+    if r.get("disaggregated") is True:
+        from planner.search.disagg import pd_label
+
+        return (f"{pd_label(r)} {r['gpu']} ({int(r['total_gpus'])} GPUs), {r['weights']} "
+                f"weights, {r['kv_cache']} KV")
+    batch = f"{r['rate_per_replica']:.3g} req/s each" if continuous else f"batch {r['batch']}"
+    return (f"{int(r['replicas'])} x {Layout(int(r['tp']), int(r['pp']), int(r['ep'])).label} "
+            f"{r['gpu']}, {r['weights']} weights, {r['kv_cache']} KV, {batch}")
+
+
 def plot_pareto(df: pd.DataFrame, path, *, title: str, top: int = 5) -> None:
     from planner.search.plan import pareto_front
 
@@ -888,19 +905,28 @@ def plot_pareto(df: pd.DataFrame, path, *, title: str, top: int = 5) -> None:
     lines = []
     continuous = "scheduler" in feas and len(feas) and feas["scheduler"].iloc[0] == "continuous"
     pct = f"p{int(feas['percentile'].iloc[0])} " if continuous else ""
-    for r in feas.head(top).itertuples():
-        cost = r.cost_usd_per_million_output_tokens_at_traffic
-        ax.scatter([r.latency_s], [cost], s=40, facecolor="none", edgecolor="black", zorder=4)
-        labels.add(r.latency_s, cost, f"#{int(r.rank)}", color="black", dx=5, dy=4,
+    shown = set()
+    for r in feas.head(top).to_dict("records"):
+        cost = r["cost_usd_per_million_output_tokens_at_traffic"]
+        ax.scatter([r["latency_s"]], [cost], s=40, facecolor="none", edgecolor="black",
+                   zorder=4)
+        labels.add(r["latency_s"], cost, f"#{int(r['rank'])}", color="black", dx=5, dy=4,
                    fontsize=8)
-        batch = f"{r.rate_per_replica:.3g} req/s each" if continuous else f"batch {r.batch}"
-        lines.append(f"#{int(r.rank)}  {int(r.replicas)} x {Layout(r.tp, r.pp, r.ep).label} "
-                     f"{r.gpu}, {r.weights} "
-                     f"weights, {r.kv_cache} KV, {batch}: ${cost:,.2f}/1M, "
-                     f"{r.latency_s:.1f} s")
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    plain_log_ticks(ax)
+        shown.add(int(r["rank"]))
+        lines.append(f"#{int(r['rank'])}  {_pareto_line(r, continuous)}: ${cost:,.2f}/1M, "
+                     f"{r['latency_s']:.1f} s")
+    for r in front.to_dict("records"):  # every point of the front named, the top ones or not
+        if "rank" in r and int(r["rank"]) not in shown:
+            labels.add(r["latency_s"], r["cost_usd_per_million_output_tokens_at_traffic"],
+                       f"#{int(r['rank'])}", color="tab:red", dx=5, dy=4, fontsize=8)
+    logs = ""
+    for axis, values in (("x", feas["latency_s"]),
+                         ("y", feas["cost_usd_per_million_output_tokens_at_traffic"])):
+        lo, hi = float(values.min()), float(values.max())
+        if lo > 0 and hi / lo > 10:  # log only where the points span more than a decade
+            getattr(ax, f"set_{axis}scale")("log")
+            logs += axis
+    plain_log_ticks(ax, logs)
     ax.set_xlabel(f"{pct}end-to-end latency per request (s{', simulated' if continuous else ''})")
     # The key to the numbered points goes under the axes, where it covers no point.
     ax.text(0.0, -0.12, "cheapest:\n" + "\n".join(lines), transform=ax.transAxes,
