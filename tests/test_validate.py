@@ -190,3 +190,11 @@ def test_golden_section_costs_only_points_it_compares():
     steps = math.ceil(math.log(tol / (b - a)) / math.log((math.sqrt(5) - 1) / 2))
     assert x == pytest.approx(0.3, abs=tol)
     assert len(seen) == 2 + steps - 1
+
+
+def test_validate_check_prints_its_verdict(run_cli):
+    """Issue 26: `validate --check` ends with a verdict line, so a CI log says what passed."""
+    code, _, err = run_cli("validate", "--source", "gpt-fast-readme,gpt-fast-blog", "--check",
+                           "--no-rows")
+    last = " ".join(err.split()).split("validate --check: ")[-1]
+    assert code == 0 and last.startswith("passed: ") and "held-out median errors" in last

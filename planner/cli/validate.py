@@ -290,6 +290,12 @@ def validate(
         stderr.print(f"[yellow]not replayed:[/] {u}")
     for f in failed:
         stderr.print(f"[red]check failed:[/] {f}")
+    if check and not as_json:  # the verdict, on the last line where CI logs end
+        checked = sum(1 for s in overall if s.split == "held-out"
+                      and recorded_limits().get(s.phase) is not None)
+        stderr.print(f"validate --check: {'FAILED' if failed else 'passed'}: "
+                     f"{checked - len(failed)} of {checked} held-out median errors at or "
+                     "below the figures recorded in planner/data/validation_recorded.yaml")
     if failed:
         raise typer.Exit(1)
 
