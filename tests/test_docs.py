@@ -173,3 +173,12 @@ def test_a_missing_budget_is_still_refused_by_name(tmp_path, run_cli, monkeypatc
     monkeypatch.chdir(tmp_path)
     code, _, err = run_cli("check", "examples/no-such-budget.yaml")
     assert code == 2 and "examples/no-such-budget.yaml" in err
+
+
+def test_check_help_names_the_shipped_example_whole():
+    r = subprocess.run([sys.executable, "-m", "planner", "check", "--help"], cwd=ROOT,
+                       capture_output=True, text=True, timeout=60,
+                       env={**os.environ, "COLUMNS": "80"})
+    assert r.returncode == 0
+    assert "examples/budget.yaml" in r.stdout and "ship with llmplan" in r.stdout
+    assert max(len(ln) for ln in r.stdout.splitlines()) <= 80

@@ -116,8 +116,8 @@ def resolve_budget(budget: Path) -> Path:
 
 def check(
     budget: Annotated[Path, typer.Argument(help=(
-        "Budget YAML. examples/budget.yaml and examples/budget-failing.yaml are shipped "
-        "with llmplan: given as examples/NAME and absent here, the shipped copy is used."))],
+        "Budget YAML. The examples the docs use ship with llmplan: examples/budget.yaml "
+        "where no such file is here is the shipped copy."))],
     engine: Annotated[str, typer.Option(
         "--engine", "-e", help="Engine profile for deployments that name none (a deployment's "
         "own `engine:` wins).")] = DEFAULT_ENGINE,
