@@ -182,3 +182,14 @@ def test_check_help_names_the_shipped_example_whole():
     assert r.returncode == 0
     assert "examples/budget.yaml" in r.stdout and "ship with llmplan" in r.stdout
     assert max(len(ln) for ln in r.stdout.splitlines()) <= 80
+
+
+@pytest.mark.parametrize("source", ["README.md", *[f"docs/{p.name}" for p in DOCS]])
+def test_shown_output_fits_80_columns(source):
+    """The outputs pasted in fenced blocks were run at COLUMNS=80: no line is wider."""
+    text = (ROOT / source).read_text()
+    fenced = [b for b in code_blocks(text) if b in re.findall(r"```[^\n]*\n(.*?)\n```", text,
+                                                               flags=re.S)]
+    for block in fenced:
+        for line in block.splitlines():
+            assert len(line) <= 80, (source, line)
