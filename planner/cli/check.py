@@ -88,8 +88,36 @@ def _figures(d, dep):
     return at(wl.sequences), at(dep.limits.fits_at) if dep.limits.fits_at else None
 
 
+_PACKAGE = Path(__file__).resolve().parent.parent  # planner/
+
+
+def example_dirs() -> tuple[Path, ...]:
+    """Where the example budgets are: the checkout's ``examples/`` (a clone, an editable
+    install), or the copy a wheel carries inside the package (pyproject's force-include)."""
+    return (_PACKAGE.parent / "examples", _PACKAGE / "_data" / "examples")
+
+
+def resolve_budget(budget: Path) -> Path:
+    """``budget`` as given when it exists; else, for ``examples/NAME`` (the path the docs
+    use), the shipped example of that name, so a wheel install runs the docs' command from
+    any directory. Anything else is left for the loader to refuse by name."""
+    if budget.exists() or budget.is_absolute() or budget.parts[:1] != ("examples",):
+        return budget
+    for folder in example_dirs():
+        shipped = folder.joinpath(*budget.parts[1:])
+        if shipped.is_file():
+            import sys
+
+            print(f"{budget}: not in this directory; using the example shipped with llmplan: "
+                  f"{shipped}", file=sys.stderr)
+            return shipped
+    return budget
+
+
 def check(
-    budget: Annotated[Path, typer.Argument(help="Budget YAML (see examples/budget.yaml).")],
+    budget: Annotated[Path, typer.Argument(help=(
+        "Budget YAML. The examples the docs use ship with llmplan: examples/budget.yaml "
+        "where no such file is here is the shipped copy."))],
     engine: Annotated[str, typer.Option(
         "--engine", "-e", help="Engine profile for deployments that name none (a deployment's "
         "own `engine:` wins).")] = DEFAULT_ENGINE,
@@ -115,6 +143,7 @@ def check(
     from planner.layouts.deployment import Deployment, Layout
 
     output_path(junit, "--junit")
+    budget = resolve_budget(budget)
     opts = with_expert_imbalance(Options(), expert_imbalance)
     overrides = catalog.parse_price_overrides(price)
     b = catalog.load_budget(budget)
