@@ -100,3 +100,15 @@ def test_names_are_case_insensitive_and_unknown_ones_suggest(run_json, run_cli):
     # close names suggested and the lister named, not every known name (300-590 characters)
     assert code == 2 and "did you mean llama-3.1-8b" in err and "llmplan models" in err
     assert len(err) < 250
+
+
+def test_report_says_when_measurements_are_from_another_device(run_cli, tmp_path):
+    """Issue 26: CPU measurements drawn beside an H100 roofline come with a word saying so."""
+    from pathlib import Path
+
+    res = Path(__file__).parent / "fixtures" / "measure" / "cpu-results.jsonl"
+    code, _, err = run_cli("report", "-m", "tiny-llama-test", "-g", "h100-sxm", "--measured",
+                           str(res), "--out", str(tmp_path), "--serving-requests", "0")
+    text = " ".join(err.split())
+    assert code == 0, err
+    assert "was measured on AMD EPYC (cpu), not on h100-sxm" in text

@@ -125,6 +125,15 @@ def report(
 
         records = load_measured(measured)
         meas, meas_ceil = measured_roofline_points(records)
+        dev = records[0]["env"]["device"]
+        name, kind = dev.get("name") or dev.get("kind"), dev.get("kind")
+        gpus = ", ".join(c.hw.name for c in cases)
+        if kind == "cpu" or not any(_same_device(name, c.hw) for c in cases):
+            from planner.cli.options import stderr
+
+            stderr.print(f"[yellow]note:[/] {measured} was measured on {name} ({kind}), not "
+                         f"on {gpus}: its points are drawn against its own measured ceilings "
+                         "beside that roofline, not as that GPU's performance")
     if not 0 <= serving_requests <= 100_000:
         raise LlmplanError(f"--serving-requests: must be 0 to 100,000, got {serving_requests}")
     paths = write_reports(cases, out, batch=batch, measured=meas, measured_ceilings=meas_ceil,
@@ -133,3 +142,12 @@ def report(
         paths += plot_accuracy(records, out, f"{measured.stem}_predicted_vs_measured")
     for p in paths:
         stdout.print(str(p))
+
+
+def _same_device(name: str | None, hw) -> bool:
+    """Whether a device name a measurement recorded (torch's "NVIDIA H100 80GB HBM3") is the
+    GPU of hardware_db ``hw``: its name's words ("h100", "sxm") all in it."""
+    if not name:
+        return False
+    text = name.casefold()
+    return all(w in text for w in hw.name.casefold().split("-")[:1])
