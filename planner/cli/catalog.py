@@ -97,16 +97,17 @@ def engines(as_json: JsonOpt = False) -> None:
     if as_json:
         json_out(rows)
         return
-    stdout.print(table("Engine profiles (engines_db; --json for versions and sources)",
-                       ["name", "ceilings", "step", "graphs", "kernel", "GEMM BW", "attn BW",
-                        "all-reduce", "memory", "fitted on"],
-                       [[r["name"], r["ceilings"], f"{r['step_overhead_us']:g} us",
-                         "yes" if r["cuda_graphs"] else "no", f"{r['kernel_gap_us']:g} us",
+    stdout.print(table("Engine profiles (engines_db; --json for versions and sources; times "
+                       "in us; BW: share of the bandwidth reached)",
+                       ["name", "ceilings", "step", "graphs", "kernel", "GEMM\nBW",
+                        "attn\nBW", "all-\nreduce", "memory", "fitted\nrows"],
+                       [[r["name"], r["ceilings"], f"{r['step_overhead_us']:g}",
+                         "yes" if r["cuda_graphs"] else "no", f"{r['kernel_gap_us']:.3g}",
                          f"{r['gemm_bandwidth_frac']:.0%}",
                          f"{r['attention_bandwidth_frac']:.0%}",
-                         f"{r['allreduce_latency_us']:g} us",
-                         f"{r['memory_utilization_frac']:g} {r['memory_basis']}",
-                         f"{len(r['fitted_rows'])} rows"]
+                         f"{r['allreduce_latency_us']:.3g}",
+                         f"{r['memory_utilization_frac']:.2g} {r['memory_basis']}",
+                         len(r["fitted_rows"])]
                         for r in rows], left=2, compact=True))
 
 
