@@ -1,0 +1,55 @@
+"""`llmplan-check FILE...`: `llmplan check` over several budget files, the way a CI step or a
+pre-commit hook runs it (the composite Action in action.yml, .pre-commit-hooks.yaml).
+
+Each file is checked as `llmplan check FILE` checks it, with the same options (--engine,
+--calibration, --prices, --price, --expert-imbalance) and, with ``--junit-dir DIR``, its JUnit
+XML written to DIR/<file stem>.xml. Under GitHub Actions `check` annotates the failing
+limits on the pull request itself. The exit code is the worst of the files': 2 when a file
+is bad, else 1 when a limit fails, else 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="llmplan-check", description="llmplan check over several budget files: exit 0 "
+        "when every limit holds, 1 when one fails, 2 for a bad file.")
+    p.add_argument("budgets", nargs="+", type=Path, help="budget YAML files")
+    p.add_argument("--engine", "-e", help="engine profile for deployments that name none")
+    p.add_argument("--calibration", help="measured ceilings (llmplan measure --calibrate)")
+    p.add_argument("--prices", help="the price set costs are on (llmplan prices)")
+    p.add_argument("--price", action="append", default=[], metavar="GPU=USD",
+                   help="USD per GPU-hour for one GPU (repeatable)")
+    p.add_argument("--expert-imbalance", help="max / mean expert load")
+    p.add_argument("--junit-dir", type=Path, help="write DIR/<budget stem>.xml per file")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    from planner.cli.app import main as llmplan
+
+    a = _parser().parse_args(sys.argv[1:] if argv is None else argv)
+    common: list[str] = []
+    for flag in ("engine", "calibration", "prices", "expert_imbalance"):
+        v = getattr(a, flag)
+        if v is not None:
+            common += [f"--{flag.replace('_', '-')}", v]
+    for p in a.price:
+        common += ["--price", p]
+    if a.junit_dir is not None:
+        a.junit_dir.mkdir(parents=True, exist_ok=True)
+    codes = []
+    for budget in a.budgets:
+        junit = [] if a.junit_dir is None else ["--junit", str(a.junit_dir / f"{budget.stem}.xml")]
+        print(f"== {budget}", flush=True)
+        codes.append(llmplan(["check", str(budget), *common, *junit]) or 0)
+    return 2 if 2 in codes else 1 if 1 in codes else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
