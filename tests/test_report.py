@@ -24,7 +24,9 @@ def test_report_cli_writes_pngs_and_csvs(run_cli, tmp_path):
                              "--serving-requests", "0")
     assert code == 0, err
     files = sorted(p.name for p in tmp_path.iterdir())
-    assert len(files) == 6  # roofline, throughput and memory, each PNG with its CSV
+    # a roofline and a memory chart per GPU and precision (2 x 2) and one throughput chart,
+    # each PNG with its CSV
+    assert len(files) == 2 * (4 + 4 + 1)
     for p in tmp_path.glob("*.png"):
         with Image.open(p) as im:
             assert im.size[0] > 800 and im.size[1] > 500
