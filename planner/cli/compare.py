@@ -302,13 +302,17 @@ def compare(
         plot_served(comps, plot, title=f"{s.model.label} on {tp} x {s.hardware.display_name}, "
                                        f"engine {s.engine.name}: predicted vs measured")
         stderr.print(f"wrote {plot}")
+    payload = {"model": s.model.name, "gpu": s.hardware.name, "tp": tp,
+               "engine": s.engine.name, "weights": s.precision.weights.value,
+               "weights_source": s.weights_source,
+               "quantized_layers": s.precision.quantized_layers,
+               "runs": [c.as_dict() for c in comps]}
     if as_json:
-        json_out({"model": s.model.name, "gpu": s.hardware.name, "tp": tp,
-                  "engine": s.engine.name, "weights": s.precision.weights.value,
-                  "weights_source": s.weights_source,
-                  "quantized_layers": s.precision.quantized_layers,
-                  "runs": [c.as_dict() for c in comps]})
+        json_out(payload)
         return
+    from planner.io.gate import gate
+
+    gate(payload, "compare's tables")  # the figures the tables show
     stdout.print(f"[bold]{plain(s.model.label)}[/] on {tp} x {plain(s.hardware.display_name)}, "
                  f"engine {plain(s.engine.name)}, weights {s.precision.weights.value} "
                  f"({s.weights_source})")

@@ -385,10 +385,16 @@ def simulate(
         _plot(plot, dep, cfg, res, len(reqs), request_rate, max_concurrency)
     applied = _served_bands(dep, cfg, d, request_rate, max_concurrency)
     d.update(band_fields(applied))
+    # a top-level figure that is not finite does not apply (the rate of "every request at
+    # t = 0", a TPOT with one output token): null; the gate refuses any other
+    payload = {k: (None if isinstance(v, float) and not math.isfinite(v) else v)
+               for k, v in d.items()}
     if as_json:
-        json_out({k: (None if isinstance(v, float) and not math.isfinite(v) else v)
-                  for k, v in d.items()})
+        json_out(payload)
         return
+    from planner.io.gate import gate
+
+    gate(payload, "simulate's tables")  # the figures the tables show
     _render(d)
     render_bands(stdout, applied, {
         **{f"{s}_{k}_ms": (f"{s} {k.upper()}", lambda v: f"{v:,.1f} ms")

@@ -159,7 +159,7 @@ def sweep(
         raise LlmplanError(f"the grid has {grid.size:,} configurations; at most "
                            f"{limit_rows:,} {where}")
     cal = catalog.load_calibration(calibration) if calibration else None
-    chunks = iter_sweep(grid, calibration=cal, price_usd_per_gpu_hour=price_per_hour)
+    chunks = gated(iter_sweep(grid, calibration=cal, price_usd_per_gpu_hour=price_per_hour))
     if csv is not None:
         rows = write_csv(chunks, csv)
         stderr.print(f"wrote {rows:,} rows to {csv}")
@@ -169,6 +169,18 @@ def sweep(
         json_out(df.astype(object).where(df.notna(), None).to_dict(orient="records"))
         return
     render_sweep(df, limit)
+
+
+def gated(chunks):
+    """The sweep's chunks, each through the output gate (planner.io.gate) as it is computed:
+    a row with an impossible figure stops the CSV, JSON or table there, naming the row."""
+    from planner.io.gate import gate_columns
+
+    row = 0
+    for c in chunks:
+        gate_columns({**c.constants, **c.arrays}, "sweep", first_row=row)
+        row += c.n
+        yield c
 
 
 def render_sweep(df, limit: int) -> None:
