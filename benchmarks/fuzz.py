@@ -297,6 +297,12 @@ def prepare(setup: Path) -> None:
         for k in range(1, 9)))
 
 
+def _failure_line(o: Outcome) -> str:
+    return json.dumps({"index": o.case.index, "verdict": o.verdict, "code": o.code,
+                       "kind": o.case.kind, "what": o.case.what, "args": o.case.args,
+                       "stderr": o.stderr[-4000:]}) + "\n"
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--cases", type=int, default=10_000)
@@ -316,12 +322,21 @@ def main() -> int:
           f"seed {a.seed}", flush=True)
     t0 = time.perf_counter()
     outcomes: list[Outcome] = []
+    # each failing case is written as it completes: a run stopped early keeps what it found
+    fails_file = a.failures_out.open("w") if a.failures_out else None
     with ThreadPoolExecutor(a.jobs) as pool:
         for k, o in enumerate(pool.map(lambda c: run_case(c, a.timeout_s), cases), 1):
             outcomes.append(o)
+            if fails_file is not None and o.verdict != "ok":
+                fails_file.write(_failure_line(o))
+                fails_file.flush()
             if k % 500 == 0:
-                print(f"  {k} cases, {time.perf_counter() - t0:.0f} s", flush=True)
+                counts = collections.Counter(x.verdict for x in outcomes)
+                print(f"  {k} cases, {time.perf_counter() - t0:.0f} s; "
+                      + ", ".join(f"{v}: {n}" for v, n in sorted(counts.items())), flush=True)
     wall = time.perf_counter() - t0
+    if fails_file is not None:
+        fails_file.close()
 
     by_code = collections.Counter("hang" if o.code is None else o.code for o in outcomes)
     by_verdict = collections.Counter(o.verdict for o in outcomes)
@@ -340,12 +355,6 @@ def main() -> int:
         last = o.stderr.strip().splitlines()[-1:] or [""]
         print(f"[{o.verdict}] #{o.case.index} {o.case.kind}: {o.case.what[:70]} -> "
               f"{last[0][:110]}")
-    if a.failures_out:
-        with a.failures_out.open("w") as f:
-            for o in bad:
-                f.write(json.dumps({"index": o.case.index, "verdict": o.verdict, "code": o.code,
-                                    "kind": o.case.kind, "what": o.case.what,
-                                    "args": o.case.args, "stderr": o.stderr[-4000:]}) + "\n")
     shutil.rmtree(setup, ignore_errors=True)
     failures = sum(1 for o in bad if o.verdict != "suspect acceptance")
     return 1 if failures else 0
