@@ -263,3 +263,150 @@ def test_sweep_refuses_a_bad_row_before_printing_it(run_cli, monkeypatch, as_jso
     code, _, err = run_cli("sweep", "-m", "llama-3.1-8b", "-g", "h100-sxm", "--batch", "1,2",
                            "--csv", str(tmp_path / "s.csv"))
     assert code == 2 and "tpot_s" in err
+
+
+# -- output contracts of sweep and simulate ---------------------------------------------------
+
+SWEEP_GRIDS = [
+    ["-m", "llama-3.1-8b,gpt-oss-20b", "-g", "t4,h100-sxm", "-b", "1,8", "--weights",
+     "int4,bf16"],  # unsupported groups (no bf16 on a T4) before and between supported ones
+    ["-m", "qwen3-30b-a3b", "-g", "h100-sxm", "--ep", "1,4", "--tp", "1,2", "-b", "16"],
+    ["-m", "llama-3.1-70b", "-g", "h100-sxm", "--pp", "1,2", "-b", "1,32", "-p", "1,4096"],
+]
+
+
+@pytest.mark.parametrize("grid", SWEEP_GRIDS, ids=lambda g: g[1])
+def test_sweep_json_is_the_frame_streamed(run_cli, grid):
+    """Row for row and value for value what the whole-frame JSON was (a column only later
+    groups have is absent from earlier rows instead of null)."""
+    from planner.cli.options import (
+        DEFAULT_CHUNK,
+        DEFAULT_RESERVE_GIB,
+        DEFAULT_UTIL,
+        Attention,
+        TimeModel,
+        options_from,
+    )
+    from planner.cli.sweep import build_grid
+    from planner.search.sweep import iter_sweep, to_frame
+
+    code, out, err = run_cli("sweep", *grid, "--json")
+    assert code == 0, err
+    rows = json.loads(out)
+    a = dict(zip(grid[::2], grid[1::2], strict=True))
+    g = build_grid(a["-m"], a["-g"], a.get("-b", "1"), a.get("-p", "1024"), "256",
+                   a.get("--weights", "bf16"), None, a.get("--tp", "1"), 128,
+                   options_from(TimeModel.roofline, Attention.flash, 0.0, DEFAULT_RESERVE_GIB,
+                                DEFAULT_UTIL, DEFAULT_CHUNK),
+                   "vllm", None, a.get("--pp", "1"), a.get("--ep", "1"), "all")
+    df = to_frame(iter_sweep(g))
+    ref = df.astype(object).where(df.notna(), None).to_dict(orient="records")
+    assert len(rows) == len(ref)
+    for want, got in zip(ref, rows, strict=True):
+        assert {k: v for k, v in want.items() if k in got} == \
+            {k: v for k, v in got.items() if k in want}
+        assert all(want[k] is None for k in want if k not in got)
+
+
+def test_sweep_json_writes_each_chunk_before_computing_the_next():
+    import io
+
+    from planner.io import catalog
+    from planner.search.sweep import Grid, iter_sweep, write_json
+
+    g = Grid(models=[catalog.load_model("llama-3.1-8b")],
+             gpus=[catalog.load_hardware("h100-sxm")], batches=list(range(1, 31)),
+             prompt_tokens=list(range(1, 101)), output_tokens=[16])
+    buf = io.StringIO()
+    seen = []
+
+    def chunks():
+        for c in iter_sweep(g, chunk_rows=500):
+            seen.append(buf.tell())  # what was written before this chunk was handed over
+            yield c
+    assert write_json(chunks(), buf) == 3000
+    assert len(seen) == 6 and seen[0] == 0
+    assert all(b > a for a, b in zip(seen, seen[1:], strict=False))
+    assert len(json.loads(buf.getvalue())) == 3000
+
+
+def test_sweep_json_with_csv_writes_both(run_cli, tmp_path):
+    import pandas as pd
+
+    csv = tmp_path / "s.csv"
+    code, out, err = run_cli("sweep", *SWEEP_GRIDS[0], "--json", "--csv", str(csv))
+    assert code == 0, err
+    rows, df = json.loads(out), pd.read_csv(csv)
+    assert len(rows) == len(df) == 16 and "wrote 16 rows" in err
+    assert [(r["model"], r["gpu"], r["weights"], r["batch"]) for r in rows] == \
+        list(df[["model", "gpu", "weights", "batch"]].itertuples(index=False, name=None))
+    ok = df["supported"].to_numpy()
+    got = np.array([r["tpot_s"] if r["supported"] else np.nan for r in rows])
+    assert np.allclose(got[ok], df["tpot_s"].to_numpy()[ok], rtol=1e-6)  # float32 in the CSV
+
+
+def test_step_progress_reports_and_changes_nothing():
+    """The simulator priced through StepProgress gives the same result, and the callback
+    sees a fraction that rises, stays under 1, and counts the steps."""
+    from planner.cli.options import build_deployment
+    from planner.cli.progress import EVERY_STEPS, StepProgress
+    from planner.io import catalog
+    from planner.serving import run
+    from planner.serving.metrics import summary
+    from planner.serving.traffic import synthetic
+
+    dep = build_deployment(catalog.load_model("llama-3.1-8b"), gpu="h100-sxm", engine="vllm")
+    reqs = synthetic(1200, prompt_tokens=300, output_tokens=800, request_rate=math.inf, seed=1)
+    seen = []
+    wrapped = StepProgress(run.coster(dep), sum(r.output_tokens for r in reqs),
+                           lambda f, s: seen.append((f, s)))
+    with_bar = summary(run.run(dep, reqs, step_coster=wrapped))
+    plain = summary(run.run(dep, reqs))
+    assert json.dumps(with_bar, sort_keys=True) == json.dumps(plain, sort_keys=True)
+    assert len(seen) == wrapped.steps // EVERY_STEPS >= 2
+    fracs = [f for f, _ in seen]
+    assert fracs == sorted(fracs) and 0 < fracs[-1] <= 0.99
+    assert [s for _, s in seen] == [EVERY_STEPS * (i + 1) for i in range(len(seen))]
+
+
+def _on_a_terminal(args: list[str]) -> tuple[int, bytes, bytes]:
+    """Run llmplan with stderr on a pseudo-terminal and stdout on a pipe."""
+    import os
+    import pty
+    import select
+    import subprocess
+    import sys
+
+    master, slave = pty.openpty()
+    p = subprocess.Popen([sys.executable, "-m", "planner", *args], stdout=subprocess.PIPE,
+                         stderr=slave, env={**os.environ, "PYTHONPATH": str(ROOT),
+                                            "COLUMNS": "100"})
+    os.close(slave)
+    err = b""
+    while True:
+        ready, _, _ = select.select([master], [], [], 0.2)
+        if ready:
+            try:
+                chunk = os.read(master, 65536)
+            except OSError:  # the other end closed
+                break
+            if not chunk:
+                break
+            err += chunk
+        elif p.poll() is not None:
+            break
+    out = p.stdout.read()
+    p.wait()
+    os.close(master)
+    return p.returncode, out, err
+
+
+def test_simulate_shows_progress_on_a_terminal_only():
+    sim = ["simulate", "-m", "llama-3.1-8b", "-g", "h100-sxm", "-n", "60000"]
+    code, out, err = _on_a_terminal(sim)
+    assert code == 0 and b"simulating 60,000 requests" in err and b"about" in err
+    assert b"simulating" not in out and b"Serving" in out  # the table on stdout, clean
+    code, out, err = _on_a_terminal([*sim, "--json"])
+    assert code == 0 and b"simulating" not in err and json.loads(out)["completed"] == 60000
+    code, out, err = _on_a_terminal([*sim[:-1], "50"])  # too short to show one
+    assert code == 0 and b"simulating" not in err

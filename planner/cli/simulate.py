@@ -370,7 +370,12 @@ def simulate(
     spec = speculation_config(*flags, model=m)
     check_offload_speculation(opts, spec)
     sp = None if spec is None else run.speculation_serving(dep, spec, cfg)
-    res = run.run(dep, reqs, cfg, speculation=sp, sample_every_s=0.0 if plot else None)
+    from planner.cli.progress import simulation_progress
+
+    with simulation_progress(dep, reqs, enabled=not as_json,  # on stderr, when a terminal
+                             tokens_per_step=sp.tokens_per_step if sp else 1.0) as step_coster:
+        res = run.run(dep, reqs, cfg, speculation=sp, sample_every_s=0.0 if plot else None,
+                      step_coster=step_coster)
     _refusals(res)
     d = _result(dep, cfg, reqs, sp, summary(res, ttft_slo_s=ttft_slo, tpot_slo_s=tpot_slo),
                 request_rate=request_rate, burstiness=burstiness,
