@@ -5,7 +5,8 @@
 Each case runs one `llmplan` command in a fresh process with a mutated argument or input
 file. The contract (DESIGN: bad input) is exit 0 / 1 / 2 with, on exit 2, one line on
 stderr; a case fails when it prints a traceback, exits with another code, writes a
-multi-line error, or runs past --timeout-s (a hang). A mutation that writes an
+multi-line error, or runs past --timeout-s and HANG_FACTOR times its command's clean run
+(a hang). A mutation that writes an
 out-of-range number (NaN, inf, a negative, a bool, 1e30) into a numeric field and still
 exits 0 is listed as a *suspect acceptance* for a person to look at: some fields
 legitimately take 0 or a negative (an offset), so it is not counted as a failure.
@@ -281,6 +282,23 @@ def run_case(case: Case, timeout_s: float) -> Outcome:
             return Outcome(case, None, "", time.perf_counter() - t0)
 
 
+# A case is a hang when it runs past --timeout-s and past this many times the clean run of its
+# command: `validate` replays every published serving run through the simulator (36 s with a
+# fuzz beside it on 2 cores), so a fixed 60 s called two of its cases hangs that were not.
+HANG_FACTOR = 3.0
+
+
+def clean_seconds(jobs: int, timeout_s: float) -> dict[str, float]:
+    """Seconds each command takes on its unmutated base line (the first of CLI_OPTIONS)."""
+    bases: dict[str, tuple] = {}
+    for base in CLI_OPTIONS:
+        bases.setdefault(base[0], base)
+    cases = [Case(-1, "clean", list(b)) for b in bases.values()]
+    with ThreadPoolExecutor(jobs) as pool:
+        runs = list(pool.map(lambda c: run_case(c, 10 * timeout_s), cases))
+    return {c.args[0]: o.seconds for c, o in zip(cases, runs, strict=True)}
+
+
 def prepare(setup: Path) -> None:
     """A real calibration, results file and dataset to corrupt."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
@@ -320,14 +338,20 @@ def main() -> int:
     cases = make_cases(a.cases, a.seed, setup)
     if a.only is not None:
         cases = [cases[int(a.only)]]
+    clean = clean_seconds(a.jobs, a.timeout_s)
+    slow = {k: round(v, 1) for k, v in clean.items() if HANG_FACTOR * v > a.timeout_s}
     print(f"set-up {time.perf_counter() - t0:.1f} s; {len(cases)} cases, {a.jobs} jobs, "
-          f"seed {a.seed}", flush=True)
+          f"seed {a.seed}; longer limits for commands slow when clean (s): {slow}", flush=True)
+
+    def limit_s(case: Case) -> float:
+        return max(a.timeout_s, HANG_FACTOR * clean.get(case.args[0] if case.args else "", 0))
+
     t0 = time.perf_counter()
     outcomes: list[Outcome] = []
     # each failing case is written as it completes: a run stopped early keeps what it found
     fails_file = a.failures_out.open("w") if a.failures_out else None
     with ThreadPoolExecutor(a.jobs) as pool:
-        for k, o in enumerate(pool.map(lambda c: run_case(c, a.timeout_s), cases), 1):
+        for k, o in enumerate(pool.map(lambda c: run_case(c, limit_s(c)), cases), 1):
             outcomes.append(o)
             if fails_file is not None and o.verdict != "ok":
                 fails_file.write(_failure_line(o))
