@@ -232,6 +232,9 @@ def measure(
         if as_json:
             json_out({"out": str(dest), "summary": summary})
         else:
+            from planner.io.gate import gate
+
+            gate({"summary": summary}, "measure's summary")  # what the table sums up
             _print_points(records, hw is not None)
             _print_summary(summary)
             stdout.print(f"results: {dest}")
