@@ -192,6 +192,9 @@ COMMANDS = [
     ["simulate", "-m", "llama-3.1-8b", "-g", "h100-sxm", "-n", "60", "--request-rate", "4",
      "--ttft-slo", "0.5", "--tpot-slo", "0.05"],
     ["plan", "-m", "llama-3.1-8b", "--ttft", "2s", "--tpot", "50ms", "--rps", "10"],
+    ["estimate", "-m", "deepseek-v3", "-g", "h200", "--tp", "8", "--ep", "8", "--weights", "fp8"],
+    ["simulate", "-m", "llama-3.1-8b", "-g", "h100-sxm", "-n", "60", "--request-rate", "5",
+     "--prefill-instances", "2", "--decode-instances", "1"],  # disaggregated
     ["sweep", "-m", "llama-3.1-8b", "-g", "h100-sxm,t4", "--batch", "1,64"],
     ["check", str(ROOT / "examples" / "budget-failing.yaml")],
     ["compare", str(SERVERS / "vllm_bench_serve.json"), "-m", "llama-3.1-8b", "-g", "h100-sxm"],

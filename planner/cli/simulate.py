@@ -492,10 +492,14 @@ def _simulate_disaggregated(m, a: dict) -> None:
            "arrivals": "dataset" if timed else "rate",
            "burstiness": a["burstiness"], "max_concurrency": None, "num_prompts": len(reqs),
            "prefill": pools["prefill"], "decode": pools["decode"], "kv_transfer": xfer, **d}
+    payload = {k: (None if isinstance(v, float) and not math.isfinite(v) else v)
+               for k, v in out.items()}
     if a["as_json"]:
-        json_out({k: (None if isinstance(v, float) and not math.isfinite(v) else v)
-                  for k, v in out.items()})
+        json_out(payload)
         return
+    from planner.io.gate import gate
+
+    gate(payload, "simulate's tables")  # the figures the tables show
     _render_disaggregated(out)
 
 
