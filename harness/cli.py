@@ -4,11 +4,13 @@ point (the planner never imports the harness). torch is imported only when it ru
 from __future__ import annotations
 
 import sys
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
 
+from harness.bench import NOISY_REPEAT, NOISY_SPREAD
 from planner.cli.options import (
     json_out,
     output_path,
@@ -80,6 +82,13 @@ def measure(
         help="Attention kernel on CUDA: auto (FlashAttention on compute capability 8.0+, "
              "the memory-efficient kernel before), flash, efficient, cudnn or math.")
     ] = "auto",
+    max_spread: Annotated[float, typer.Option(
+        "--max-spread", help="A point whose timing has a p90 above this many times its median "
+        "is recorded as noisy (the machine was busy), not ok, and left out of summaries.")
+    ] = NOISY_SPREAD,
+    max_drift: Annotated[float, typer.Option(
+        "--max-drift", help="A point whose decode step, timed again seconds later, differs "
+        "by more than this factor is recorded as noisy.")] = NOISY_REPEAT,
     prometheus: Annotated[Optional[Path], typer.Option(
         help="Also write the figures in Prometheus text format (textfile collector).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
@@ -96,6 +105,10 @@ def measure(
     positive("--max-memory", max_memory)
     positive("--threads", threads)
     positive("--layers", layers)
+    for flag, v in (("--max-spread", max_spread), ("--max-drift", max_drift)):
+        positive(flag, v)
+        if v < 1:
+            raise LlmplanError(f"{flag}: a ratio of timings, at least 1; got {v:g}")
     if len(parse_choices(attention_backend, ("auto", "flash", "efficient", "cudnn", "math"),
                          "--attention-backend")) != 1:
         raise LlmplanError("--attention-backend: give one backend")
@@ -139,78 +152,102 @@ def measure(
                      quick_calibration, as_json)
         return
     dest = out or (Path("results") / f"measure-{m.name}-{_slug(info)}.jsonl" if m else None)
-    # a resumed file keeps the calibration its points were predicted with: never two in a file
-    recorded = _recorded_calibration(dest) if resume and dest is not None else None
-    if calibration is not None and not calibrate_only:
-        cal = catalog.load_calibration(calibration)
-        if recorded is not None and _cal_key(recorded) != _cal_key(cal):
-            raise LlmplanError(f"--calibration: {calibration} differs from the calibration "
-                               f"{dest} was measured with; resume without --calibration, or "
-                               "write a new --out")
-    elif recorded is not None and not calibrate_only:
-        cal = recorded
-        stderr.print(f"resuming with the calibration recorded in {dest}")
-    else:
-        cal_dest = calibration_out or (out.with_suffix(".calibration.yaml") if out else
-                                       Path("results") / f"calibration-{_slug(info)}.yaml")
-        need = ("bf16", "fp16", "fp8") if calibrate_only else cal_mod.needed_dtypes(wlist)
-        cal = None if recalibrate or calibrate_only else _reusable(cal_dest, info, need)
-        if cal is not None:
-            stderr.print(f"reusing the calibration in {cal_dest} (--recalibrate to measure "
-                         "again)")
+    from harness.measure import sole_writer
+
+    if dest is not None and not calibrate_only:
+        dest.parent.mkdir(parents=True, exist_ok=True)  # the default results/ folder
+    # one writer per results file: a second run is refused here, before it calibrates
+    with sole_writer(dest) if dest is not None and not calibrate_only else nullcontext():
+        # a resumed file keeps the calibration its points were predicted with: never two in a file
+        recorded = _recorded_calibration(dest) if resume and dest is not None else None
+        if calibration is not None and not calibrate_only:
+            cal = catalog.load_calibration(calibration)
+            if recorded is not None and _cal_key(recorded) != _cal_key(cal):
+                raise LlmplanError(f"--calibration: {calibration} differs from the calibration "
+                                   f"{dest} was measured with; resume without --calibration, or "
+                                   "write a new --out")
+        elif recorded is not None and not calibrate_only:
+            cal = recorded
+            stderr.print(f"resuming with the calibration recorded in {dest}")
         else:
-            shapes = _decode_shapes(m, batches) if m else []
-            stderr.print(f"calibrating {info.name} ({', '.join(need)}) ...")
-            profile = cal_mod.calibrate(info, dtypes=need, decode_shapes=shapes,
-                                        quick=quick_calibration)
-            cal_mod.save(profile, cal_dest)
-            cal = catalog.load_calibration(cal_dest)
-            stderr.print(f"calibration saved to {cal_dest}")
-        if calibrate_only:
-            _print_calibration(cal, hw, as_json)
-            return
-    if m is None:
-        raise LlmplanError("--model: required unless --calibrate")
-    missing = [d for d in cal_mod.needed_dtypes(wlist) if d not in _covered(cal)]
-    if missing:
-        raise LlmplanError(f"the calibration has no {', '.join(missing)} matmul rate to predict "
-                           f"--weights {weights} with; calibrate again (--recalibrate, or "
-                           "leave out --calibration)")
+            cal_dest = calibration_out or (out.with_suffix(".calibration.yaml") if out else
+                                           Path("results") / f"calibration-{_slug(info)}.yaml")
+            need = ("bf16", "fp16", "fp8") if calibrate_only else cal_mod.needed_dtypes(wlist)
+            cal = None if recalibrate or calibrate_only else _reusable(cal_dest, info, need)
+            if cal is not None:
+                stderr.print(f"reusing the calibration in {cal_dest} (--recalibrate to measure "
+                             "again)")
+            else:
+                shapes = _decode_shapes(m, batches) if m else []
+                stderr.print(f"calibrating {info.name} ({', '.join(need)}) ...")
+                profile = cal_mod.calibrate(info, dtypes=need, decode_shapes=shapes,
+                                            quick=quick_calibration)
+                cal_mod.save(profile, cal_dest)
+                cal = catalog.load_calibration(cal_dest)
+                stderr.print(f"calibration saved to {cal_dest}")
+            if calibrate_only:
+                _print_calibration(cal, hw, as_json)
+                return
+        if m is None:
+            raise LlmplanError("--model: required unless --calibrate")
+        missing = [d for d in cal_mod.needed_dtypes(wlist) if d not in _covered(cal)]
+        if missing:
+            raise LlmplanError(f"the calibration has no {', '.join(missing)} matmul rate to "
+                               f"predict --weights {weights} with; calibrate again "
+                               "(--recalibrate, or leave out --calibration)")
 
-    from harness.measure import Plan, load_done, run, stderr_progress, summarize, write_prometheus
+        from harness.measure import (
+            Plan,
+            load_done,
+            run,
+            stderr_progress,
+            summarize,
+            write_prometheus,
+        )
 
-    # default cap: 90% of the GPU memory free at the start (another process's share is not
-    # ours), half the available RAM on a CPU
-    cap = (max_memory * GIB if max_memory else
-           (info.free_memory_bytes or info.memory_bytes) * 0.9 if info.kind == "cuda"
-           else info.memory_bytes * 0.5)
-    plan = Plan(model=m, layers=n_layers, weights=wlist, kv_cache=kv_cache, batches=batches,
-                contexts=contexts, max_memory_bytes=cap, out=dest, resume=resume,
-                budget_s=budget_s, attention_backend=attention_backend, mode=run_mode,
-                argv=["llmplan", *sys.argv[1:]])
-    if resume:
-        load_done(dest)  # a corrupt results file is refused before the progress bar starts
-    total = len(wlist) * len(batches) * len(contexts)
-    advance, prog = stderr_progress(total)
-    try:
-        with prog:
-            records = run(plan, info, cal, hw, progress=advance)
-    except KeyboardInterrupt:
-        raise Interrupted(f"finished points are in {dest}; rerun with --resume") from None
-    summary = summarize(records)
-    if prometheus:
-        write_prometheus(records, prometheus)
-    if as_json:
-        json_out({"out": str(dest), "summary": summary})
-    else:
-        _print_points(records, hw is not None)
-        _print_summary(summary)
-        stdout.print(f"results: {dest}")
-    if records and not summary["points"]["ok"]:
-        # nothing was measured: a script must not read this run as a success
-        stderr.print(f"no point was measured ({summary['points']['skipped']} skipped, "
-                     f"{summary['points']['oom']} OOM, {summary['points']['error']} errors)")
-        raise typer.Exit(1)
+        # default cap: 90% of the GPU memory free at the start (another process's share is not
+        # ours), half the available RAM on a CPU
+        cap = (max_memory * GIB if max_memory else
+               (info.free_memory_bytes or info.memory_bytes) * 0.9 if info.kind == "cuda"
+               else info.memory_bytes * 0.5)
+        plan = Plan(model=m, layers=n_layers, weights=wlist, kv_cache=kv_cache, batches=batches,
+                    contexts=contexts, max_memory_bytes=cap, out=dest, resume=resume,
+                    budget_s=budget_s, attention_backend=attention_backend, mode=run_mode,
+                    max_spread=max_spread, max_drift=max_drift,
+                    argv=["llmplan", *sys.argv[1:]])
+        if resume:
+            load_done(dest)  # a corrupt results file is refused before the progress bar starts
+        total = len(wlist) * len(batches) * len(contexts)
+        advance, prog = stderr_progress(total)
+        try:
+            with prog:
+                records = run(plan, info, cal, hw, progress=advance,
+                              warn=lambda t: prog.console.print(f"[yellow]warning:[/] {t}",
+                                                                markup=True, highlight=False))
+        except KeyboardInterrupt:
+            raise Interrupted(f"finished points are in {dest}; rerun with --resume") from None
+        summary = summarize(records)
+        if prometheus:
+            write_prometheus(records, prometheus)
+        if as_json:
+            json_out({"out": str(dest), "summary": summary})
+        else:
+            from planner.io.gate import gate
+
+            gate({"summary": summary}, "measure's summary")  # what the table sums up
+            _print_points(records, hw is not None)
+            _print_summary(summary)
+            stdout.print(f"results: {dest}")
+        pts = summary["points"]
+        if records and not pts["ok"]:
+            # nothing was measured: a script must not read this run as a success
+            stderr.print(f"no point was measured cleanly ({pts['noisy']} noisy, "
+                         f"{pts['skipped']} skipped, {pts['oom']} OOM, {pts['error']} errors)")
+            raise typer.Exit(1)
+        if pts["noisy"]:
+            stderr.print(f"[yellow]warning:[/] {pts['noisy']} of {len(records)} points noisy "
+                         f"(the machine was busy), left out of the summary; measure them again "
+                         f"on a quiet machine (a new --out)")
 
 
 def _collectives(info, profile: Path, world: int | None, quick: bool, as_json: bool) -> None:
@@ -364,11 +401,11 @@ def _print_points(records: list[dict], datasheet: bool) -> None:
     for r in records:
         c = r["config"]
         key = [c["weights"], c["batch"], c["context"]]
-        if r["status"] != "ok":
+        if r["status"] not in ("ok", "noisy"):
             rows.append(key + [r["status"], r.get("reason", "")[:36]] + [""] * (len(cols) - 5))
             continue
         p, e = r["prediction"]["calibrated"], r["error"]["calibrated"]
-        row = key + ["ok", fmt.seconds(r["measured"]["tpot_s"]["median_s"]),
+        row = key + [r["status"], fmt.seconds(r["measured"]["tpot_s"]["median_s"]),
                      fmt.seconds(p["tpot_s"]), f"{e['tpot_frac']:+.1%}",
                      fmt.seconds(r["measured"]["ttft_s"]), fmt.seconds(p["ttft_s"]),
                      f"{e['ttft_frac']:+.1%}", fmt.pct(r["utilisation"]["calibrated"]["mbu"])]
@@ -380,8 +417,8 @@ def _print_points(records: list[dict], datasheet: bool) -> None:
 
 def _print_summary(summary: dict) -> None:
     pts = summary["points"]
-    stdout.print(f"points: {pts['ok']} ok, {pts['skipped']} skipped, {pts['oom']} OOM, "
-                 f"{pts['error']} errors")
+    stdout.print(f"points: {pts['ok']} ok, {pts['noisy']} noisy (not in the errors below), "
+                 f"{pts['skipped']} skipped, {pts['oom']} OOM, {pts['error']} errors")
     for k, v in summary.items():
         if k == "points":
             continue

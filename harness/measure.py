@@ -11,14 +11,16 @@ each point completes: an interrupt, an OOM or a crash loses nothing already meas
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from harness.bench import NOISY_REPEAT, NOISY_SPREAD
 from harness.calibrate import HARNESS_VERSION
 from harness.device import DeviceInfo, Telemetry, now_iso
 from planner.core.errors import first_line
@@ -38,6 +40,8 @@ from planner.core.specs import (
 
 PREFILL_CHUNK_TOKENS = 8192  # prefill runs in slices of at most this many tokens
 
+STATUSES = ("ok", "noisy", "skipped", "oom", "error")
+
 
 @dataclass
 class Plan:
@@ -54,6 +58,8 @@ class Plan:
     flush_l2: bool = True
     attention_backend: str = "auto"
     mode: str = "eager"  # or "compiled": torch.compile of the layer (16-bit weights)
+    max_spread: float = NOISY_SPREAD  # a point past either is recorded "noisy" (``noise``)
+    max_drift: float = NOISY_REPEAT
     argv: list[str] = field(default_factory=list)
 
     @property
@@ -88,9 +94,9 @@ def _resumable(rec: object) -> str | None:
             or "layers" not in cfg):
         return ("config: model, layers, weights, kv_cache, batch and context missing or of "
                 "the wrong type")
-    if rec.get("status") not in ("ok", "skipped", "oom", "error"):
-        return f"status: {rec.get('status')!r} is not ok, skipped, oom or error"
-    if rec["status"] != "ok":
+    if rec.get("status") not in STATUSES:
+        return f"status: {rec.get('status')!r} is not one of {', '.join(STATUSES)}"
+    if rec["status"] not in ("ok", "noisy"):
         return None
     paths = list(_OK_NUMBERS)
     if isinstance(rec.get("error"), dict) and "datasheet" in rec["error"]:
@@ -172,6 +178,56 @@ def repair_tail(path: Path) -> str | None:
         f"cut a torn last line of {len(tail)} bytes"
 
 
+def lock_path(path: Path) -> Path:
+    return path.with_name(path.name + ".lock")
+
+
+@contextlib.contextmanager
+def sole_writer(path: Path) -> Iterator[None]:
+    """Hold an exclusive advisory lock (``fcntl.flock``) on ``<path>.lock`` for the block, so
+    two `llmplan measure` runs never write one results file: the second is refused in one
+    line naming the file and the holder's pid, before it calibrates, truncates or appends.
+    The lock file holds the pid and is removed when the block ends; the kernel drops the
+    lock of a killed holder, so a stale file never blocks a later run. Where ``fcntl`` is
+    missing (Windows) nothing is locked."""
+    from planner.core.errors import LlmplanError
+
+    try:
+        import fcntl
+    except ImportError:
+        yield
+        return
+    lock = lock_path(path)
+    while True:
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            holder = os.read(fd, 32).decode(errors="replace").strip()
+            os.close(fd)
+            who = f" (pid {holder})" if holder.isdigit() else ""
+            raise LlmplanError(f"--out: {path} is being written by another `llmplan measure`"
+                               f"{who}; wait for it to finish or choose another --out "
+                               f"(lock {lock})") from None
+        try:  # the file locked must still be the one at the path: a holder that finished
+            same = os.stat(lock).st_ino == os.fstat(fd).st_ino  # removes it
+        except FileNotFoundError:
+            same = False
+        if same:
+            break
+        os.close(fd)
+    try:
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        yield
+    finally:
+        try:
+            os.unlink(lock)  # while still held: no one can lock this file after it is gone
+        except FileNotFoundError:
+            pass
+        os.close(fd)
+
+
 def append(path: Path, rec: dict) -> None:
     with path.open("a") as f:
         f.write(json.dumps(rec, default=float) + "\n")
@@ -213,9 +269,40 @@ def point_memory_bytes(model: ModelSpec, prec: Precision, *, batch: int, context
             + activation_bytes(model, prec, batch=min(batch, slice_b), prompt_tokens=context))
 
 
+def noise(measured: dict, *, max_spread: float = NOISY_SPREAD,
+          max_drift: float = NOISY_REPEAT) -> str | None:
+    """Why a point's timings cannot be trusted (None when they can): a timing whose p90 is
+    more than ``max_spread`` times its median, or a decode step whose second timing, seconds
+    after the first, differs from it by more than ``max_drift`` times."""
+    for name in ("tpot_s", "prefill_slice_s", "tpot_repeat_s"):
+        t = measured.get(name)
+        if not isinstance(t, dict) or not t.get("median_s"):
+            continue
+        spread = t["p90_s"] / t["median_s"]
+        if spread > max_spread:
+            return (f"{name}: p90 is {spread:.1f}x the median over {t['reps']} repeats "
+                    f"(limit {max_spread:g}x): the machine was busy")
+    first = measured["tpot_s"]["median_s"]
+    again = (measured.get("tpot_repeat_s") or {}).get("median_s")
+    if first and again:
+        ratio = max(first, again) / min(first, again)
+        if ratio > max_drift:
+            return (f"decode step {ratio:.1f}x {'slower' if again > first else 'faster'} "
+                    f"when timed again seconds later (limit {max_drift:g}x): the machine "
+                    "was busy")
+    return None
+
+
+def _warn_stderr(text: str) -> None:
+    print(f"warning: {text}", file=sys.stderr, flush=True)
+
+
 def run(plan: Plan, info: DeviceInfo, cal: Calibration, hw: HardwareSpec | None,
-        *, progress: Callable[[str], None] | None = None) -> list[dict]:
-    """Measure every point of ``plan``; returns the records (written as they complete)."""
+        *, progress: Callable[[str], None] | None = None,
+        warn: Callable[[str], None] = _warn_stderr) -> list[dict]:
+    """Measure every point of ``plan``; returns the records (written as they complete). A
+    point whose timings are noisy (``noise``) is recorded with status "noisy" and its reason,
+    and ``warn`` is told."""
     import torch
 
     from harness.bench import is_oom, time_fn
@@ -319,6 +406,12 @@ def run(plan: Plan, info: DeviceInfo, cal: Calibration, hw: HardwareSpec | None,
                                     "matmul rate to predict this point with"})
                     continue
                 _attach_predictions(rec, model, prec, cal_ceil, sheet_ceil, batch, context)
+                why = noise(rec["measured"], max_spread=plan.max_spread,
+                            max_drift=plan.max_drift)
+                if why is not None:
+                    rec.update(status="noisy", reason=why)
+                    warn(f"{weights} batch {batch} context {context} recorded as noisy, left "
+                         f"out of the summary: {why}")
                 emit(rec)
         if dec is not None:
             del dec
@@ -423,6 +516,10 @@ def _measure_point(dec, plan: Plan, info: DeviceInfo, batch: int, context: int,
         prompt = torch.randint(0, vocab, (slice_b, context), device=dev)
         pre = time_fn(lambda: dec.prefill(prompt), kind=dev, budget_s=plan.budget_s,
                       use_graph=False)
+        # the decode step again, seconds after the first timing: a load that came or went
+        # in between shows as two medians that disagree (``noise``)
+        again = time_fn(lambda: dec.decode_step(tok, context - 1), kind=dev,
+                        budget_s=plan.budget_s / 2, flush_l2=plan.flush_l2 and small)
         memory = _peak_memory(dev)
         kernels = count_kernels(lambda: dec.decode_step(tok, context - 1), dev)
     slices = -(-batch // slice_b)  # equal slices; the last may be partial
@@ -430,7 +527,8 @@ def _measure_point(dec, plan: Plan, info: DeviceInfo, batch: int, context: int,
     memory.update({"weights_bytes": dec.param_bytes,
                    "kv_cache_bytes": dec.kv_bytes(batch, context)})
     return {
-        "measured": {"tpot_s": tpot.as_dict(), "prefill_slice_s": pre.as_dict(),
+        "measured": {"tpot_s": tpot.as_dict(), "tpot_repeat_s": again.as_dict(),
+                     "prefill_slice_s": pre.as_dict(),
                      "ttft_s": ttft, "prefill_slices": slices, "prefill_slice_batch": slice_b,
                      "attention_backend": dec.backend, "decode_kernels": kernels["kernels"],
                      "decode_kernels_method": kernels["method"], "memory": memory},
@@ -479,7 +577,8 @@ def _attach_predictions(rec: dict, model: ModelSpec, prec: Precision, cal_ceil: 
 
 
 def summarize(records: list[dict]) -> dict:
-    """Median and worst absolute relative error of TPOT and TTFT, per ceiling source."""
+    """Median and worst absolute relative error of TPOT and TTFT, per ceiling source, over
+    the points measured cleanly (status ok: a noisy point is counted, not averaged in)."""
     import statistics
 
     out: dict = {}
@@ -492,7 +591,7 @@ def summarize(records: list[dict]) -> dict:
                 out[f"{src}_{what}"] = {"median_abs": statistics.median(errs),
                                         "worst_abs": max(errs), "points": len(errs)}
     out["points"] = {s: sum(1 for r in records if r.get("status") == s)
-                     for s in ("ok", "skipped", "oom", "error")}
+                     for s in STATUSES}
     return out
 
 

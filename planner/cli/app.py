@@ -1,8 +1,10 @@
 """The ``llmplan`` typer app: registers every command (one module each beside this one) and
 turns every user error into one line on stderr.
 
-Exit codes: 0 success; 1 a check failed; 2 bad input or usage; 3 a requested device is absent;
-130 interrupted. Every user error is one line on stderr, never a traceback.
+Exit codes: 0 success; 1 a check failed, or an internal error (a bug: "please report");
+2 bad input or usage, or a resource limit (MemoryError, RecursionError); 3 a requested device
+is absent; 130 interrupted. Every error is one line on stderr, never a traceback
+(LLMPLAN_DEBUG=1 prints the traceback of an unexpected one first).
 """
 
 from __future__ import annotations
@@ -98,8 +100,54 @@ def _click_exceptions() -> dict[str, tuple[type[BaseException], ...]]:
             for k in ("NoArgsIsHelpError", "UsageError", "Abort", "Exit")}
 
 
+DEBUG_ENV = "LLMPLAN_DEBUG"  # =1: a traceback before the one line of an unexpected error
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Entry point: runs the app and turns every user error into one line and exit code 2."""
+    """Entry point: runs the app and turns every error into one line on stderr, never a
+    traceback (unless LLMPLAN_DEBUG=1): user errors and resource limits (MemoryError,
+    RecursionError) exit 2, an interrupt 130, an internal error 1 with "please report"."""
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:
+        print("llmplan: interrupted", file=sys.stderr)
+        return 130
+    except (MemoryError, RecursionError) as err:
+        return _crash(err, 2, "out of memory: the inputs ask for more than this machine has; "
+                      "try smaller ones" if isinstance(err, MemoryError) else
+                      "the inputs are nested or chained too deeply to follow")
+    except Exception as err:  # a bug: said in one line, with what to send
+        return _crash(err, 1, f"internal error: {type(err).__name__}: {_one_line(err)}; please "
+                      f"report it to the llmplan maintainers with the command line and the "
+                      f"traceback ({DEBUG_ENV}=1 prints it)")
+
+
+def _one_line(err: BaseException, limit: int = 200) -> str:
+    """An exception's message as one printable line (it may quote a user's file)."""
+    try:
+        text = str(err)
+    except Exception:  # a message that cannot be made: the type says enough
+        text = ""
+    text = " ".join("".join(c if c.isprintable() else " " for c in text).split())
+    return text[:limit] + ("..." if len(text) > limit else "")
+
+
+def _crash(err: BaseException, code: int, message: str) -> int:
+    import os
+
+    if os.environ.get(DEBUG_ENV, "") not in ("", "0"):
+        import traceback
+
+        traceback.print_exception(type(err), err, err.__traceback__, file=sys.stderr)
+    try:
+        sys.stdout.flush()  # what the command printed before it failed stays before the line
+    except (OSError, ValueError):
+        pass
+    print(f"llmplan: error: {message}", file=sys.stderr)
+    return code
+
+
+def _main(argv: list[str] | None) -> int:
     exc = _click_exceptions()
     args = sys.argv[1:] if argv is None else argv
     _register_plugins(args)

@@ -81,13 +81,17 @@ def calibrate(
                   leave_one_out=leave_one_out)
     except ValueError as err:
         raise LlmplanError(f"calibrate: {err}") from None
+    payload = {"profile": None if res.refused else str(out), "refused": list(res.refused),
+               "base_engine": spec.name, "values": res.values,
+               "unidentified": res.unidentified, "runs": list(res.runs),
+               "errors": [e.__dict__ for e in res.errors]}
+    from planner.io.gate import gate
+
+    gate(payload, "calibrate")  # before the profile is written or a table printed
     if not res.refused:
         _write_profile(res, out, spec.name)
     if as_json:
-        json_out({"profile": None if res.refused else str(out), "refused": list(res.refused),
-                  "base_engine": spec.name, "values": res.values,
-                  "unidentified": res.unidentified, "runs": list(res.runs),
-                  "errors": [e.__dict__ for e in res.errors]})
+        json_out(payload)
         _refuse(res, out)
         return
     stdout.print(f"[bold]fitted[/] {len(res.runs)} run(s) of {plain(s.model.name)} on {tp} x "

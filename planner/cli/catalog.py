@@ -8,6 +8,7 @@ from typing import Annotated, Optional
 import typer
 
 from planner.cli.options import JsonOpt, PricesOpt, json_out, stdout
+from planner.io.gate import gate
 
 
 def models(as_json: JsonOpt = False) -> None:
@@ -27,6 +28,7 @@ def models(as_json: JsonOpt = False) -> None:
     if as_json:
         json_out(rows)
         return
+    gate(rows, "the models table")  # the figures the table shows
     from planner.io import fmt
     from planner.io.render import plain
     stdout.print(table("Built-in models (--json for sources)",
@@ -61,6 +63,7 @@ def gpus(prices: PricesOpt = None, as_json: JsonOpt = False) -> None:
     if as_json:
         json_out(rows)
         return
+    gate(rows, "the gpus table")  # the figures the table shows
     stdout.print(table(f"Built-in GPUs (dense peak TFLOP/s; $/h: price set {set_name}, - where "
                        "it sells none; --json for sources)",
                        ["name", "mem\nGiB", "mem\nGB/s", "bf16", "fp16", "fp8", "int8",
@@ -97,6 +100,7 @@ def engines(as_json: JsonOpt = False) -> None:
     if as_json:
         json_out(rows)
         return
+    gate(rows, "the engines table")  # the figures the table shows
     stdout.print(table("Engine profiles (engines_db; --json for versions and sources; times "
                        "in us; BW: share of the bandwidth reached)",
                        ["name", "ceilings", "step", "graphs", "kernel", "GEMM\nBW",
@@ -133,6 +137,7 @@ def prices(
         if as_json:
             json_out(rows)
             return
+        gate(rows, "the price sets table")  # the figures the table shows
         stdout.print(table("Price sets (llmplan prices SET for one; --prices SET on estimate, "
                            "plan, sweep, check, report)",
                            ["set", "what", "date", "priced", "unsold"],
@@ -152,11 +157,13 @@ def prices(
         else:
             r["not_sold"] = g.not_sold
         rows.append(r)
+    payload = {"name": s.name, "title": s.title, "basis": s.basis, "date": s.date,
+               "notes": list(s.notes), "assumptions": s.assumptions.model_dump()
+               if s.assumptions else None, "gpus": rows}
     if as_json:
-        json_out({"name": s.name, "title": s.title, "basis": s.basis, "date": s.date,
-                  "notes": list(s.notes), "assumptions": s.assumptions.model_dump()
-                  if s.assumptions else None, "gpus": rows})
+        json_out(payload)
         return
+    gate(payload, "the price set's table")  # the figures the table shows
     out = []
     for r in rows:
         if r["usd_per_gpu_hour"] is None:

@@ -191,10 +191,14 @@ def check(
                 or lines.get(r.deployment)
             line = f",line={at}" if at else ""
             print(f"::error file={budget}{line},title=llmplan budget::{_message(r)}", file=out)
+    payload = {"budget": str(budget), "passed": not failed,
+               "results": [r.as_dict() for r in results]}
     if as_json:
-        json_out({"budget": str(budget), "passed": not failed,
-                  "results": [r.as_dict() for r in results]})
+        json_out(payload)
     else:
+        from planner.io.gate import gate
+
+        gate(payload, "check's table")  # the figures the table shows
         rows = []
         for r in results:
             op = {"max": "<=", "min": ">=", "eq": "=="}[r.direction]

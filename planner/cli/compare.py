@@ -59,7 +59,25 @@ def read_result_file(path: Path):
             data.append(obj)
     except ValueError as err:  # a number of 5,000 digits
         raise LlmplanError(f"{path}: {err}") from None
-    return read_runs(data, str(path))
+    return _without_noisy(read_runs(data, str(path)), data, path)
+
+
+def _without_noisy(runs: list, data, path: Path) -> list:
+    """The runs of a file less the `llmplan measure` points recorded as noisy (timed on a
+    busy machine: harness.measure.noise), which compare and calibrate leave out, saying so."""
+    if not isinstance(data, list):
+        return runs
+    noisy = {f"{path}:{i}" for i, o in enumerate(data, 1)
+             if isinstance(o, dict) and o.get("status") == "noisy"}
+    kept = [r for r in runs if r.source not in noisy]
+    if len(kept) == len(runs):
+        return runs
+    if not kept:
+        raise LlmplanError(f"{path}: all {len(noisy)} measured points are noisy (timed on a "
+                           "busy machine); measure them again on a quiet one")
+    stderr.print(f"warning: {path}: {len(runs) - len(kept)} noisy point(s) left out (timed on "
+                 "a busy machine)", markup=False, highlight=False, soft_wrap=True)
+    return kept
 
 
 def server_overrides(command: str | None) -> dict:
@@ -302,13 +320,17 @@ def compare(
         plot_served(comps, plot, title=f"{s.model.label} on {tp} x {s.hardware.display_name}, "
                                        f"engine {s.engine.name}: predicted vs measured")
         stderr.print(f"wrote {plot}")
+    payload = {"model": s.model.name, "gpu": s.hardware.name, "tp": tp,
+               "engine": s.engine.name, "weights": s.precision.weights.value,
+               "weights_source": s.weights_source,
+               "quantized_layers": s.precision.quantized_layers,
+               "runs": [c.as_dict() for c in comps]}
     if as_json:
-        json_out({"model": s.model.name, "gpu": s.hardware.name, "tp": tp,
-                  "engine": s.engine.name, "weights": s.precision.weights.value,
-                  "weights_source": s.weights_source,
-                  "quantized_layers": s.precision.quantized_layers,
-                  "runs": [c.as_dict() for c in comps]})
+        json_out(payload)
         return
+    from planner.io.gate import gate
+
+    gate(payload, "compare's tables")  # the figures the tables show
     stdout.print(f"[bold]{plain(s.model.label)}[/] on {tp} x {plain(s.hardware.display_name)}, "
                  f"engine {plain(s.engine.name)}, weights {s.precision.weights.value} "
                  f"({s.weights_source})")

@@ -39,6 +39,15 @@ def run() -> None:
     except KeyboardInterrupt:
         print("llmplan: interrupted", file=sys.stderr)
         code = 130
+    except Exception as err:  # the app failed to import: main's own handling is not there yet
+        if os.environ.get("LLMPLAN_DEBUG", "") not in ("", "0"):
+            import traceback
+
+            traceback.print_exc()
+        print(f"llmplan: error: internal error while starting: {type(err).__name__}: "
+              f"{' '.join(str(err).split())[:200]}; please report it to the llmplan "
+              "maintainers (LLMPLAN_DEBUG=1 prints the traceback)", file=sys.stderr)
+        code = 1
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the work is done: finish tearing down
     if code == 130:
         # A Ctrl-C that landed inside an extension's embedded Python (torch's pybind11) marks

@@ -127,6 +127,7 @@ def estimate(
     """Predict memory, timing, utilisation and cost of one deployment."""
     from planner.evidence.bands import static_regime
     from planner.io import catalog, fmt
+    from planner.io.gate import gate
     from planner.layouts.deployment import estimate_deployment
 
     for name, v in (("--batch", batch), ("--prompt-tokens", prompt_tokens),
@@ -162,9 +163,11 @@ def estimate(
         "throughput_tokens_per_s": (h.throughput_tokens_per_s, "decode", regime, True)})
     source = weights_source_text(m, dep.precision, dep.weights_source,
                                  group_size if dep.weights_source == "checkpoint" else None)
+    payload = {**res.to_dict(), "weights_source_detail": source, **band_fields(applied)}
     if as_json:
-        json_out({**res.to_dict(), "weights_source_detail": source, **band_fields(applied)})
+        json_out(payload)
     else:
+        gate(payload, "estimate's tables")  # the figures the tables show
         _render(res, explain, source)
         for n in m.quantization.notes if dep.weights_source == "checkpoint" else ():
             stdout.print(f"[yellow]note:[/] {n}")

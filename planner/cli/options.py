@@ -251,7 +251,11 @@ def output_path(path: Path | None, flag: str, suffix: str | None = None) -> None
 
 
 def json_out(obj: object) -> None:
-    sys.stdout.write(json.dumps(obj, indent=2, default=str) + "\n")
+    """The one writer of a command's ``--json`` object: through the output gate
+    (``planner.io.gate``: every figure finite and possible, or refused in one line) first."""
+    from planner.io.gate import gate
+
+    sys.stdout.write(json.dumps(gate(obj), indent=2, default=str) + "\n")
 
 
 

@@ -304,6 +304,9 @@ def _show_static(df, m, *, prompt_tokens, output_tokens, top, csv, plot, as_json
 
     ttft, tpot, req = label
     feas = df[df["meets_targets"]]
+    from planner.io.gate import gate_frame
+
+    gate_frame(df, "plan")  # every row, before the CSV, JSON or table
     if csv:
         df.to_csv(csv, index=False)
         stderr.print(f"wrote {len(df):,} rows to {csv}")
@@ -462,6 +465,9 @@ def _plan_continuous(m, gpus, *, prompt_tokens, output_tokens, targets, tps, wei
     ttft, tpot, req = label
     p = settings.percentile
     name = "median" if p == 50 else f"p{p}"
+    from planner.io.gate import gate_frame
+
+    gate_frame(df, "plan")  # every row, before the CSV, JSON or table
     if csv:
         df.to_csv(csv, index=False)
         stderr.print(f"wrote {len(df):,} rows to {csv}")

@@ -370,7 +370,12 @@ def simulate(
     spec = speculation_config(*flags, model=m)
     check_offload_speculation(opts, spec)
     sp = None if spec is None else run.speculation_serving(dep, spec, cfg)
-    res = run.run(dep, reqs, cfg, speculation=sp, sample_every_s=0.0 if plot else None)
+    from planner.cli.progress import simulation_progress
+
+    with simulation_progress(dep, reqs, enabled=not as_json,  # on stderr, when a terminal
+                             tokens_per_step=sp.tokens_per_step if sp else 1.0) as step_coster:
+        res = run.run(dep, reqs, cfg, speculation=sp, sample_every_s=0.0 if plot else None,
+                      step_coster=step_coster)
     _refusals(res)
     d = _result(dep, cfg, reqs, sp, summary(res, ttft_slo_s=ttft_slo, tpot_slo_s=tpot_slo),
                 request_rate=request_rate, burstiness=burstiness,
@@ -385,10 +390,16 @@ def simulate(
         _plot(plot, dep, cfg, res, len(reqs), request_rate, max_concurrency)
     applied = _served_bands(dep, cfg, d, request_rate, max_concurrency)
     d.update(band_fields(applied))
+    # a top-level figure that is not finite does not apply (the rate of "every request at
+    # t = 0", a TPOT with one output token): null; the gate refuses any other
+    payload = {k: (None if isinstance(v, float) and not math.isfinite(v) else v)
+               for k, v in d.items()}
     if as_json:
-        json_out({k: (None if isinstance(v, float) and not math.isfinite(v) else v)
-                  for k, v in d.items()})
+        json_out(payload)
         return
+    from planner.io.gate import gate
+
+    gate(payload, "simulate's tables")  # the figures the tables show
     _render(d)
     render_bands(stdout, applied, {
         **{f"{s}_{k}_ms": (f"{s} {k.upper()}", lambda v: f"{v:,.1f} ms")
@@ -481,10 +492,14 @@ def _simulate_disaggregated(m, a: dict) -> None:
            "arrivals": "dataset" if timed else "rate",
            "burstiness": a["burstiness"], "max_concurrency": None, "num_prompts": len(reqs),
            "prefill": pools["prefill"], "decode": pools["decode"], "kv_transfer": xfer, **d}
+    payload = {k: (None if isinstance(v, float) and not math.isfinite(v) else v)
+               for k, v in out.items()}
     if a["as_json"]:
-        json_out({k: (None if isinstance(v, float) and not math.isfinite(v) else v)
-                  for k, v in out.items()})
+        json_out(payload)
         return
+    from planner.io.gate import gate
+
+    gate(payload, "simulate's tables")  # the figures the tables show
     _render_disaggregated(out)
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -35,7 +36,6 @@ from planner.cli.options import (
     TimeModelOpt,
     UtilOpt,
     check_context,
-    json_out,
     options_from,
     output_path,
     parse_choices,
@@ -140,7 +140,7 @@ def sweep(
     with --pp or --ep above 1 carry the layout's timing, its largest per-GPU memory and its
     cost over all its GPUs (no operator-level columns)."""
     from planner.io import catalog
-    from planner.search.sweep import iter_sweep, to_frame, write_csv
+    from planner.search.sweep import JsonArray, iter_sweep, to_frame, write_csv, write_json
 
     positive("--price-per-hour", price_per_hour)
     positive("--limit", limit)
@@ -153,22 +153,39 @@ def sweep(
     for m in grid.models:  # the longest sequence of the grid must fit every model
         check_context(m, max(grid.prompt_tokens), max(grid.output_tokens), allow_longer_context,
                       "--prompt-tokens + --output-tokens (largest)")
-    limit_rows = MAX_CSV_ROWS if csv is not None else MAX_TABLE_ROWS
+    # the CSV and the JSON are streamed, a chunk at a time; the table holds every row
+    limit_rows = MAX_CSV_ROWS if csv is not None or as_json else MAX_TABLE_ROWS
     if grid.size > limit_rows:
-        where = "to a CSV" if csv else f"in a table or JSON (--csv streams up to {MAX_CSV_ROWS:,})"
+        where = "to a CSV or JSON" if csv or as_json else \
+            f"in a table (--csv or --json stream up to {MAX_CSV_ROWS:,})"
         raise LlmplanError(f"the grid has {grid.size:,} configurations; at most "
                            f"{limit_rows:,} {where}")
     cal = catalog.load_calibration(calibration) if calibration else None
-    chunks = iter_sweep(grid, calibration=cal, price_usd_per_gpu_hour=price_per_hour)
+    chunks = gated(iter_sweep(grid, calibration=cal, price_usd_per_gpu_hour=price_per_hour))
+    # --json and --csv stream their rows as they are computed; given both, each row goes to
+    # both (the JSON array on stdout, the CSV to the file)
     if csv is not None:
-        rows = write_csv(chunks, csv)
+        arr = JsonArray(sys.stdout) if as_json else None
+        rows = write_csv(chunks, csv, also=None if arr is None else arr.write)
+        if arr is not None:
+            arr.close()
         stderr.print(f"wrote {rows:,} rows to {csv}")
-        return
-    df = to_frame(chunks)
-    if as_json:
-        json_out(df.astype(object).where(df.notna(), None).to_dict(orient="records"))
-        return
-    render_sweep(df, limit)
+    elif as_json:
+        write_json(chunks, sys.stdout)
+    else:
+        render_sweep(to_frame(chunks), limit)
+
+
+def gated(chunks):
+    """The sweep's chunks, each through the output gate (planner.io.gate) as it is computed:
+    a row with an impossible figure stops the CSV, JSON or table there, naming the row."""
+    from planner.io.gate import gate_columns
+
+    row = 0
+    for c in chunks:
+        gate_columns({**c.constants, **c.arrays}, "sweep", first_row=row)
+        row += c.n
+        yield c
 
 
 def render_sweep(df, limit: int) -> None:

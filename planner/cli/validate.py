@@ -243,20 +243,25 @@ def validate(
 
         plot_validation(comps + served_comps, plot)
         stderr.print(f"wrote {plot}")
+    payload = {"rows": [c.as_dict() for c in comps],
+               "served_rows": [c.as_dict() for c in served_comps],
+               "summary": [s.as_dict() for s in per_source],
+               "overall": [s.as_dict() for s in overall],
+               "sources": [d.source.model_dump(mode="json") for d in datasets],
+               "served_sources": [d.source.model_dump(mode="json") for d, _ in manifests],
+               "targets": [{"target": t.label, "n": t.n,  # no figure: null, not NaN
+                            "value": t.value if t.n else None,
+                            "limit": t.limit, "met": t.met}
+                           for t in targets(comps, served_comps)],
+               "band_coverage": [{"engine": c.engine, "phase": c.phase, "n": c.n,
+                                  "inside": c.inside, "frac": c.frac} for c in cover],
+               "check": {"passed": not failed, "failures": failed} if check else None}
     if as_json:
-        json_out({"rows": [c.as_dict() for c in comps],
-                  "served_rows": [c.as_dict() for c in served_comps],
-                  "summary": [s.as_dict() for s in per_source],
-                  "overall": [s.as_dict() for s in overall],
-                  "sources": [d.source.model_dump(mode="json") for d in datasets],
-                  "served_sources": [d.source.model_dump(mode="json") for d, _ in manifests],
-                  "targets": [{"target": t.label, "n": t.n, "value": t.value,
-                               "limit": t.limit, "met": t.met}
-                              for t in targets(comps, served_comps)],
-                  "band_coverage": [{"engine": c.engine, "phase": c.phase, "n": c.n,
-                                     "inside": c.inside, "frac": c.frac} for c in cover],
-                  "check": {"passed": not failed, "failures": failed} if check else None})
+        json_out(payload)
     else:
+        from planner.io.gate import gate
+
+        gate(payload, "validate's tables")  # the figures the tables show
         if rows:
             if comps:
                 stdout.print(_rows_table(comps, stdout.width))

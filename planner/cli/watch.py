@@ -122,7 +122,9 @@ def watch(
                               "tp": tp, "engine": s.engine.name, "metric_names": new.names,
                               **figs})
             else:
-                _print_window(figs, s, url)
+                from planner.io.gate import gate
+
+                _print_window(gate(figs, "watch's lines"), s, url)
     finally:
         if exporter is not None:
             exporter.close()

@@ -15,9 +15,11 @@ Imports numpy (and pandas / pyarrow where a frame or a CSV is asked for): only `
 from __future__ import annotations
 
 import itertools
+import json
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TextIO
 
 import numpy as np
 
@@ -310,27 +312,104 @@ def _arrow_table(chunk: Chunk, names: list[str]):
     return pa.table(cols, names=names)
 
 
-def _tables(chunks: Iterator[Chunk]) -> Iterator[tuple[list[str], object]]:
-    """Arrow tables of the chunks with their column names; chunks of unsupported groups that
-    come first wait until a supported one fixes the full set of columns."""
+def _named(chunks: Iterator[Chunk]) -> Iterator[tuple[list[str], Chunk]]:
+    """The chunks with the file's column names; chunks of unsupported groups that come first
+    wait until a supported one fixes the full set of columns."""
     pending: list[Chunk] = []
     names: list[str] | None = None
     for chunk in chunks:
         if names is None and not chunk.constants.get("supported"):
             pending.append(chunk)
             continue
-        batch = [chunk, *pending] if names is None else [chunk]
+        batch = [*pending, chunk] if names is None else [chunk]  # in the grid's order
         names = names or _order(batch)
         for c in batch:
-            yield names, _arrow_table(c, names)
+            yield names, c
         pending = []
     if pending:
         names = _order(pending)
         for c in pending:
-            yield names, _arrow_table(c, names)
+            yield names, c
 
 
-def write_csv(chunks: Iterator[Chunk], path: str | Path, *, threads: int = 2) -> int:
+class JsonArray:
+    """Rows written to ``out`` as one JSON array, one row object a line, a chunk at a time:
+    one chunk's rows are in memory at once, so millions of rows print in constant memory.
+    Each row has the columns of the first supported group (as ``to_frame`` orders them; null
+    where its group has none: an unsupported row's figures, a missing price), then any of
+    its own; a column only a later group has is absent from earlier rows. Numbers are written
+    as ``json.dumps`` writes them (shortest round-trip digits), column by column."""
+
+    SLICE_ROWS = 8192  # rows formatted at once: a few MB of text
+
+    def __init__(self, out: TextIO):
+        self.out, self.rows = out, 0  # "[" waits for the first rows: a sweep refused in its
+        # first chunk (planner.io.gate) prints nothing
+
+    def write(self, names: list[str], chunk: Chunk) -> None:
+        cols = [*names, *(k for k in chunk.names if k not in names)]
+        parts, per_row = [], []
+        for k in cols:  # the row template: constants inline, a %s for each per-row column
+            key = json.dumps(k)
+            if k in chunk.arrays:
+                parts.append(f"{key}: %s")
+                per_row.append(k)
+            else:
+                v = chunk.constants.get(k) if k in chunk.constants else None
+                parts.append(f"{key}: {_json_value(v)}".replace("%", "%%"))
+        template = "{" + ", ".join(parts) + "}"
+        for lo in range(0, chunk.n, self.SLICE_ROWS):  # the text of a slice at a time
+            hi = min(lo + self.SLICE_ROWS, chunk.n)
+            values = [_json_column(k, chunk.arrays[k][lo:hi]) for k in per_row]
+            rows = [template % r for r in zip(*values, strict=True)] if values else \
+                [template] * (hi - lo)
+            self.out.write(("," if self.rows else "[") + "\n" + ",\n".join(rows))
+            self.rows += len(rows)
+
+    def close(self) -> int:
+        self.out.write("\n]\n" if self.rows else "[]\n")
+        return self.rows
+
+
+def _json_value(v) -> str:
+    """One value as JSON: NaN (a missing figure) as null, numpy scalars as numbers."""
+    if hasattr(v, "item") and not isinstance(v, str):
+        v = v.item()
+    if isinstance(v, float) and v != v:
+        return "null"
+    return json.dumps(v)
+
+
+def _json_column(name: str, a: np.ndarray) -> list[str]:
+    """A per-row column as JSON texts, as ``to_frame`` types it: the compute-bound flag as
+    two words, a count column of whole numbers as integers, NaN as null."""
+    if name == "bound" and a.dtype == bool:
+        return np.where(a, '"compute"', '"memory"').tolist()
+    if a.dtype == bool:
+        return np.where(a, "true", "false").tolist()
+    if a.dtype.kind == "f":
+        nan = np.isnan(a)
+        if name in _INT_COLUMNS and not nan.any():
+            return a.astype(np.int64).astype(str).tolist()
+        text = list(map(repr, a.tolist()))  # the shortest round-trip digits, as json.dumps
+        for i in np.flatnonzero(nan).tolist():
+            text[i] = "null"
+        return text
+    if a.dtype.kind in "iu":
+        return a.astype(str).tolist()
+    return [_json_value(v) for v in a.tolist()]
+
+
+def write_json(chunks: Iterator[Chunk], out: TextIO) -> int:
+    """Stream chunks to ``out`` as they are computed (``JsonArray``); returns the rows."""
+    arr = JsonArray(out)
+    for names, c in _named(chunks):
+        arr.write(names, c)
+    return arr.close()
+
+
+def write_csv(chunks: Iterator[Chunk], path: str | Path, *, threads: int = 2,
+              also=None) -> int:
     """Stream chunks to a CSV file as they are computed; returns the rows written.
 
     Byte and FLOP counts are written as exact integers, other per-row figures with float32's
@@ -339,13 +418,17 @@ def write_csv(chunks: Iterator[Chunk], path: str | Path, *, threads: int = 2) ->
     pyarrow's C++ writer formats slices of each chunk on ``threads`` threads into memory
     buffers, written to the file in order; the header is written once and each slice appended
     with its own column types (a column can be a per-group constant in one group and per-row in
-    another). Falls back to pandas when pyarrow is missing.
+    another). Falls back to pandas when pyarrow is missing. ``also(names, chunk)`` is called
+    with each chunk as it is written (``JsonArray.write``: the same rows as JSON).
     """
     try:
         import pyarrow as pa
         import pyarrow.csv as pacsv
     except ImportError:
-        df = to_frame(chunks)
+        named = list(_named(chunks))
+        for names, c in named if also is not None else ():
+            also(names, c)
+        df = to_frame([c for _, c in named])
         df.to_csv(path, index=False)
         return len(df)
     from collections import deque
@@ -362,7 +445,10 @@ def write_csv(chunks: Iterator[Chunk], path: str | Path, *, threads: int = 2) ->
     with ThreadPoolExecutor(threads) as pool, open(path, "wb") as f:
         inflight: deque = deque()
         header_done = False
-        for names, table in _tables(chunks):
+        for names, c in _named(chunks):
+            if also is not None:
+                also(names, c)
+            table = _arrow_table(c, names)
             if not header_done:
                 f.write((",".join(f'"{n}"' for n in names) + "\n").encode())
                 header_done = True

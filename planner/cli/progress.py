@@ -1,0 +1,83 @@
+"""Progress of a long simulation on stderr, without touching the simulator.
+
+The simulator (planner/serving) is pure: it prints nothing and knows no terminal. It prices
+every step through the step coster it is given (``run.run(..., step_coster=...)``); the CLI
+hands it ``StepProgress``, the deployment's own coster wrapped so that each step also counts
+toward a callback. The callback draws a bar on stderr, only when stderr is a terminal, not
+under ``--json``, and only once the run has lasted ``SHOW_AFTER_S`` (a short run never
+flickers one).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+SHOW_AFTER_S = 0.5  # a run shorter than this shows no bar
+EVERY_STEPS = 256  # the callback's rate: a clock read per 256 steps costs nothing measurable
+
+
+class StepProgress:
+    """A step coster that reports ``report(fraction, steps)`` every ``EVERY_STEPS`` steps,
+    delegating everything to ``inner``. The fraction is the sequences stepped over the
+    requests' output tokens (each decode step advances each running sequence by a token, or
+    by ``tokens_per_step`` under speculation, a prefill chunk by its first): an estimate,
+    held below 1 until the run ends (recomputed prefills move it at another pace)."""
+
+    def __init__(self, inner, total_tokens: int, report: Callable[[float, int], None], *,
+                 tokens_per_step: float = 1.0):
+        self._inner = inner
+        self._total = max(1.0, total_tokens / max(tokens_per_step, 1.0))
+        self._report = report
+        self.steps = 0
+        self.sequences = 0
+
+    def __getattr__(self, name: str):  # model, engine, dp_ranks, kv_capacity_tokens...
+        return getattr(self._inner, name)
+
+    def step_time(self, *args, **kwargs) -> float:
+        self.steps += 1
+        self.sequences += kwargs.get("sequences", 0)
+        if self.steps % EVERY_STEPS == 0:
+            self._report(min(self.sequences / self._total, 0.99), self.steps)
+        return self._inner.step_time(*args, **kwargs)
+
+
+@contextmanager
+def simulation_progress(dep, requests, *, enabled: bool,
+                        tokens_per_step: float = 1.0) -> Iterator[StepProgress | None]:
+    """The step coster to simulate ``requests`` on ``dep`` with: one that draws progress on
+    stderr when ``enabled`` and stderr is a terminal, else None (the simulator's own).
+    ``tokens_per_step``: a speculative run's expected tokens per request and step."""
+    if not enabled or not sys.stderr.isatty():
+        yield None
+        return
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from planner.serving import run
+
+    start = time.monotonic()
+    bar: list[Progress] = []
+
+    def report(fraction: float, steps: int) -> None:
+        if not bar:
+            if time.monotonic() - start < SHOW_AFTER_S:
+                return
+            p = Progress(TextColumn("simulating {task.fields[what]}"), BarColumn(),
+                         TextColumn("about {task.percentage:>3.0f}%"), TimeElapsedColumn(),
+                         console=Console(file=sys.stderr), transient=True)
+            p.add_task("sim", total=1.0, what=f"{len(requests):,} requests")
+            p.start()
+            bar.append(p)
+        bar[0].update(bar[0].task_ids[0], completed=fraction,
+                      what=f"{len(requests):,} requests, {steps:,} steps")
+
+    try:
+        yield StepProgress(run.coster(dep), sum(r.output_tokens for r in requests), report,
+                           tokens_per_step=tokens_per_step)
+    finally:
+        if bar:
+            bar[0].stop()
