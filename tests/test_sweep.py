@@ -159,3 +159,17 @@ def test_csv_counts_are_exact_unquoted_integers(run_cli, tmp_path):
     assert float(row["weight_bytes_per_param"]) == 2.0  # a ratio stays a number
     line = text.splitlines()[1]
     assert '"8030261248"' not in line and ",8030261248," in line
+
+
+def test_csv_writes_supported_as_a_boolean(run_cli, tmp_path):
+    """Issue 26: the CSV wrote `supported` as the string "true" while `fits` was a boolean."""
+    import pandas as pd
+
+    path = tmp_path / "s.csv"
+    code, _, err = run_cli("sweep", "-m", "llama-3.1-8b", "-g", "h100-sxm,t4", "-b", "1,2",
+                           "--csv", str(path))
+    assert code == 0, err
+    assert '"true"' not in path.read_text()
+    d = pd.read_csv(path)
+    assert d["supported"].dtype == bool and d["fits"].dtype == bool
+    assert d["supported"].tolist() == [True, True, False, False]

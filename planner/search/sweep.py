@@ -294,8 +294,12 @@ def _arrow_table(chunk: Chunk, names: list[str]):
             elif a.dtype == np.float64:
                 a = a.astype(np.float32)  # 7 significant digits: the CSV's precision
             cols.append(pa.array(a))
-        elif isinstance(chunk.constants.get(k), (int, float)) and \
-                not isinstance(chunk.constants.get(k), bool):
+        elif isinstance(chunk.constants.get(k), bool):
+            # a per-group flag (supported): a boolean as the per-row ones (fits) are, unquoted
+            if zeros is None:
+                zeros = pa.array(np.zeros(chunk.n, dtype=np.int8))
+            cols.append(pa.DictionaryArray.from_arrays(zeros, pa.array([chunk.constants[k]])))
+        elif isinstance(chunk.constants.get(k), (int, float)):
             # a per-group number: typed (unquoted), and exact where it is a count
             v = chunk.constants[k]
             if zeros is None:
