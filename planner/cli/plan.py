@@ -446,11 +446,16 @@ def _plan_continuous(m, gpus, *, prompt_tokens, output_tokens, targets, tps, wei
     screened = screen(m, gpus, pps=pps if disaggregated != "only" else (1,),
                       eps=eps if disaggregated != "only" else (1,),
                       **{k: v for k, v in kw.items() if k not in ("settings", "top")})
-    if disaggregated != "only":
-        frames.append(search_continuous(m, gpus, pps=pps, eps=eps, speculations=speculations,
-                                        screened=screened, **kw).assign(disaggregated=False))
-    if disaggregated != "off":
-        frames.append(search_disaggregated(m, gpus, screened=screened, **kw))
+    from planner.cli.progress import task_progress
+
+    with task_progress("sizing configurations", enabled=not as_json) as advance:
+        if disaggregated != "only":
+            frames.append(search_continuous(m, gpus, pps=pps, eps=eps,
+                                            speculations=speculations, screened=screened,
+                                            advance=advance, **kw).assign(disaggregated=False))
+        if disaggregated != "off":
+            frames.append(search_disaggregated(m, gpus, screened=screened, advance=advance,
+                                               **kw))
     frames = [f for f in frames if len(f)]
     df = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
     if len(df):

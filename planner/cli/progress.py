@@ -81,3 +81,46 @@ def simulation_progress(dep, requests, *, enabled: bool,
     finally:
         if bar:
             bar[0].stop()
+
+
+SHOW_AFTER_TASK_S = 2.0  # a command's own work: a bar only once it has taken this long
+
+
+@contextmanager
+def task_progress(what: str, *, total: int | None = None,
+                  enabled: bool = True) -> Iterator[Callable[[str], None]]:
+    """``advance(detail)`` to call once per unit of ``what`` (a served run replayed, a
+    configuration sized): a bar (``total`` known) or a count on stderr, only when stderr is a
+    terminal, ``enabled`` (not under --json) and the work has lasted ``SHOW_AFTER_TASK_S``."""
+    if not enabled or not sys.stderr.isatty():
+        yield lambda detail="": None
+        return
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    start = time.monotonic()
+    bar: list[Progress] = []
+    done = [0]
+
+    def advance(detail: str = "") -> None:
+        done[0] += 1
+        if not bar:
+            if time.monotonic() - start < SHOW_AFTER_TASK_S:
+                return
+            cols = [TextColumn("{task.description}")]
+            if total:
+                cols += [BarColumn(), TextColumn("{task.completed:,.0f} of {task.total:,.0f}")]
+            else:
+                cols += [TextColumn("{task.completed:,.0f}")]
+            p = Progress(*cols, TextColumn("{task.fields[detail]}"), TimeElapsedColumn(),
+                         console=Console(file=sys.stderr), transient=True)
+            p.add_task(what, total=total, detail="")
+            p.start()
+            bar.append(p)
+        bar[0].update(bar[0].task_ids[0], completed=done[0], detail=detail[:40])
+
+    try:
+        yield advance
+    finally:
+        if bar:
+            bar[0].stop()

@@ -49,10 +49,12 @@ def run_validation(datasets, engine_override: str | None = None):
     return out
 
 
-def run_served(manifests, engine_override: str | None = None) -> tuple[list, list[str]]:
+def run_served(manifests, engine_override: str | None = None,
+               advance=None) -> tuple[list, list[str]]:
     """Every served-run comparison of ``manifests`` ((ServedDataset, folder) pairs): each
     result file read, its runs simulated with the engine's profile and the ideal engine's;
-    and the runs the simulator could not replay, each with the reason."""
+    and the runs the simulator could not replay, each with the reason. ``advance(detail)``:
+    called once per result file replayed (progress)."""
     from planner.evidence.served import compare_entry
     from planner.io import catalog
 
@@ -76,6 +78,8 @@ def run_served(manifests, engine_override: str | None = None) -> tuple[list, lis
                 unserved.append(f"{where}: {err}")
             except LlmplanError as err:
                 raise LlmplanError(f"{where}: {err}") from None
+            if advance is not None:
+                advance(f"{ds.source.id}")
     return out, unserved
 
 
@@ -217,7 +221,11 @@ def validate(
         datasets = [d for d in datasets if d.source.id in wanted]
         manifests = [(d, f) for d, f in manifests if d.source.id in wanted]
     comps = run_validation(datasets, engine)
-    served_comps, unserved = run_served(manifests, engine)
+    from planner.cli.progress import task_progress
+
+    with task_progress("replaying served runs", total=sum(len(d.runs) for d, _ in manifests),
+                       enabled=not as_json) as advance:
+        served_comps, unserved = run_served(manifests, engine, advance)
     per_source = summarize(comps) + summarize_served(served_comps)
     overall = summarize(comps, by_source=False) + summarize_served(served_comps,
                                                                    by_source=False)

@@ -101,7 +101,7 @@ def search_disaggregated(model, gpus, *, prompt_tokens: int, output_tokens: int,
                          calibration=None, price_usd_per_gpu_hour: float | None = None,
                          engine=None, settings=None, top: int = 10,
                          compute: DType | None = None, quantized_layers: str = "all",
-                         max_adjust: int = 6, screened=None):
+                         max_adjust: int = 6, screened=None, advance=None):
     """Rows in the shape ``search_continuous`` returns (``disaggregated`` True, the layout's
     ``prefill_*`` / ``decode_*`` and ``kv_transfer_*`` fields), the cheapest first.
     ``screened``: ``planner.search.plan.screen``'s rows, when the caller has them."""
@@ -192,6 +192,8 @@ def search_disaggregated(model, gpus, *, prompt_tokens: int, output_tokens: int,
     for lb, p, d in pairs:
         if len(costs) >= top and lb > sorted(costs)[top - 1]:
             break
+        if advance is not None:  # progress: one pair more being sized
+            advance(f"{p.dep.hardware.name} P TP{p.dep.tp} / D TP{d.dep.tp}")
         ds = sizer(d, False)
         n_d = ds.fewest(lambda s: _served(s) and (_pct(s, "tpot", p_) or 0) * st.tpot_factor
                         <= targets.tpot_s)

@@ -241,7 +241,7 @@ def search_continuous(model: ModelSpec, gpus: list[HardwareSpec], *, prompt_toke
                       settings: SimSettings | None = None, top: int = 10,
                       compute: DType | None = None, pps=(1,), eps=(1,),
                       quantized_layers: str = "all", speculations=(),
-                      screened: pd.DataFrame | None = None) -> pd.DataFrame:
+                      screened: pd.DataFrame | None = None, advance=None) -> pd.DataFrame:
     """The cheapest configurations sized by simulating continuous batching.
 
     Screened analytically first: a configuration must fit, be priced and meet both targets
@@ -315,6 +315,8 @@ def search_continuous(model: ModelSpec, gpus: list[HardwareSpec], *, prompt_toke
         if len(costs) >= top and lb > sorted(costs)[top - 1]:
             break
         dep = deployment(gpu, tp, pp, ep, w, kv)
+        if advance is not None:  # progress: one configuration more being sized
+            advance(f"{gpu} {Layout(tp, pp, ep).label} {w}")
         sized = {}  # speculation (None: without) -> (replicas, summary)
         for cfg, bound in bounds.items():
             sp = None if cfg is None else run.speculation_serving(dep, cfg, run.scheduler(dep))
