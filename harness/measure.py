@@ -112,6 +112,21 @@ def _resumable(rec: object) -> str | None:
             node = node.get(key) if isinstance(node, dict) else None
         if not _finite_number(node):
             return f"{'.'.join(path)}: not a finite number"
+    return _non_finite(rec)
+
+
+def _non_finite(node: object, path: str = "") -> str | None:
+    """Where a record holds a NaN or an infinity (a resumed point's every number is summed
+    up or printed: one hidden under a key the checks above do not name, such as
+    error.calibrated_harness_kernels.tpot_frac, would reach the summary)."""
+    if isinstance(node, float) and not math.isfinite(node):
+        return f"{path.lstrip('.')}: not a finite number"
+    items = node.items() if isinstance(node, dict) else enumerate(node) \
+        if isinstance(node, list) else ()
+    for k, v in items:
+        why = _non_finite(v, f"{path}.{k}")
+        if why:
+            return why
     return None
 
 

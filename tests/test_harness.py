@@ -816,3 +816,26 @@ def test_noise_limits_are_ratios_of_at_least_one(calibration, tmp_path):
                         str(calibration), "--out", str(tmp_path / "x.jsonl"), flag, bad)
             assert r.returncode == 2 and r.stderr.count("\n") == 1, (flag, bad, r.stderr)
             assert flag in r.stderr and "Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+@pytest.mark.parametrize("path", [("error", "calibrated_harness_kernels", "tpot_frac"),
+                                  ("achieved", "bandwidth_bytes_per_s"),
+                                  ("measured", "tpot_repeat_s", "median_s"),
+                                  ("telemetry", "samples")])
+def test_a_resumed_record_with_a_non_finite_number_anywhere_is_refused(tmp_path, bad, path):
+    """Found by benchmarks/fuzz.py: a NaN under a key the named checks missed reached the
+    summary (and the output gate) after the progress bar had started."""
+    from harness import measure
+    from planner.core.errors import SpecError
+
+    rec = json.loads((ROOT / "tests" / "fixtures" / "measure" / "cpu-results.jsonl")
+                     .read_text().splitlines()[0])
+    node = rec
+    for k in path[:-1]:
+        node = node.setdefault(k, {})
+    node[path[-1]] = bad
+    f = tmp_path / "r.jsonl"
+    f.write_text(json.dumps(rec) + "\n" + json.dumps(rec) + "\n")
+    with pytest.raises(SpecError, match=".".join(path)):
+        measure.load_done(f)
