@@ -51,3 +51,41 @@ def run_json(run_cli):
         assert code == 0, err
         return json.loads(out)
     return run
+
+
+@pytest.fixture
+def on_a_terminal():
+    """Run llmplan in a subprocess with stderr on a pseudo-terminal and stdout on a pipe:
+    (exit code, stdout, what stderr showed), for what only a terminal is shown (progress)."""
+    def run(args: list[str]) -> tuple[int, bytes, bytes]:
+        """Run llmplan with stderr on a pseudo-terminal and stdout on a pipe."""
+        import os
+        import pty
+        import select
+        import subprocess
+        import sys
+
+        master, slave = pty.openpty()
+        root = str(Path(__file__).resolve().parent.parent)
+        p = subprocess.Popen([sys.executable, "-m", "planner", *args], stdout=subprocess.PIPE,
+                             stderr=slave, env={**os.environ, "PYTHONPATH": root,
+                                                "COLUMNS": "100"})
+        os.close(slave)
+        err = b""
+        while True:
+            ready, _, _ = select.select([master], [], [], 0.2)
+            if ready:
+                try:
+                    chunk = os.read(master, 65536)
+                except OSError:  # the other end closed
+                    break
+                if not chunk:
+                    break
+                err += chunk
+            elif p.poll() is not None:
+                break
+        out = p.stdout.read()
+        p.wait()
+        os.close(master)
+        return p.returncode, out, err
+    return run

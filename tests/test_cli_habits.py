@@ -133,37 +133,11 @@ def test_task_progress_draws_on_a_terminal_only(monkeypatch, capsys):
     assert capsys.readouterr().err == ""
 
 
-def _on_a_terminal(args: list[str]) -> tuple[int, bytes]:
-    """Run the CLI with stderr on a pseudo-terminal: (exit code, what stderr showed)."""
-    import os
-    import pty
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    root = Path(__file__).resolve().parent.parent
-    master, slave = pty.openpty()
-    p = subprocess.Popen([sys.executable, "-m", "planner", *args], stdout=subprocess.DEVNULL,
-                         stderr=slave, env={**os.environ, "PYTHONPATH": str(root),
-                                            "COLUMNS": "100"})
-    os.close(slave)
-    seen = b""
-    while True:
-        try:
-            data = os.read(master, 4096)
-        except OSError:
-            break
-        if not data:
-            break
-        seen += data
-    return p.wait(), seen
-
-
 @pytest.mark.slow
-def test_plan_over_the_database_shows_progress_on_a_terminal_not_under_json():
+def test_plan_over_the_database_shows_progress_on_a_terminal_not_under_json(on_a_terminal):
     plan = ["plan", "-m", "llama-3.1-70b", "-p", "2048", "-o", "256", "--ttft", "3s",
             "--tpot", "50ms", "--rps", "20"]
-    code, seen = _on_a_terminal(plan)
+    code, _, seen = on_a_terminal(plan)
     assert code == 0 and b"sizing configurations" in seen
-    code, seen = _on_a_terminal([*plan, "--json"])
+    code, _, seen = on_a_terminal([*plan, "--json"])
     assert code == 0 and b"sizing configurations" not in seen

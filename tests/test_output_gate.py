@@ -368,44 +368,12 @@ def test_step_progress_reports_and_changes_nothing():
     assert [s for _, s in seen] == [EVERY_STEPS * (i + 1) for i in range(len(seen))]
 
 
-def _on_a_terminal(args: list[str]) -> tuple[int, bytes, bytes]:
-    """Run llmplan with stderr on a pseudo-terminal and stdout on a pipe."""
-    import os
-    import pty
-    import select
-    import subprocess
-    import sys
-
-    master, slave = pty.openpty()
-    p = subprocess.Popen([sys.executable, "-m", "planner", *args], stdout=subprocess.PIPE,
-                         stderr=slave, env={**os.environ, "PYTHONPATH": str(ROOT),
-                                            "COLUMNS": "100"})
-    os.close(slave)
-    err = b""
-    while True:
-        ready, _, _ = select.select([master], [], [], 0.2)
-        if ready:
-            try:
-                chunk = os.read(master, 65536)
-            except OSError:  # the other end closed
-                break
-            if not chunk:
-                break
-            err += chunk
-        elif p.poll() is not None:
-            break
-    out = p.stdout.read()
-    p.wait()
-    os.close(master)
-    return p.returncode, out, err
-
-
-def test_simulate_shows_progress_on_a_terminal_only():
+def test_simulate_shows_progress_on_a_terminal_only(on_a_terminal):
     sim = ["simulate", "-m", "llama-3.1-8b", "-g", "h100-sxm", "-n", "60000"]
-    code, out, err = _on_a_terminal(sim)
+    code, out, err = on_a_terminal(sim)
     assert code == 0 and b"simulating 60,000 requests" in err and b"about" in err
     assert b"simulating" not in out and b"Serving" in out  # the table on stdout, clean
-    code, out, err = _on_a_terminal([*sim, "--json"])
+    code, out, err = on_a_terminal([*sim, "--json"])
     assert code == 0 and b"simulating" not in err and json.loads(out)["completed"] == 60000
-    code, out, err = _on_a_terminal([*sim[:-1], "50"])  # too short to show one
+    code, out, err = on_a_terminal([*sim[:-1], "50"])  # too short to show one
     assert code == 0 and b"simulating" not in err
