@@ -291,13 +291,13 @@ def noise(measured: dict, *, max_spread: float = NOISY_SPREAD,
     after the first, differs from it by more than ``max_drift`` times."""
     for name in ("tpot_s", "prefill_slice_s", "tpot_repeat_s"):
         t = measured.get(name)
-        if not isinstance(t, dict) or not t.get("median_s"):
-            continue
+        if not isinstance(t, dict) or not t.get("median_s") or not t.get("p90_s"):
+            continue  # no spread recorded (a single timing): nothing to judge it by
         spread = t["p90_s"] / t["median_s"]
         if spread > max_spread:
-            return (f"{name}: p90 is {spread:.1f}x the median over {t['reps']} repeats "
-                    f"(limit {max_spread:g}x): the machine was busy")
-    first = measured["tpot_s"]["median_s"]
+            return (f"{name}: p90 is {spread:.1f}x the median over {t.get('reps', '?')} "
+                    f"repeats (limit {max_spread:g}x): the machine was busy")
+    first = (measured.get("tpot_s") or {}).get("median_s")
     again = (measured.get("tpot_repeat_s") or {}).get("median_s")
     if first and again:
         ratio = max(first, again) / min(first, again)
