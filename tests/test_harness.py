@@ -737,6 +737,7 @@ def test_noisy_points_are_recorded_warned_and_left_out_of_the_summary(tmp_path, 
     assert "170.0x slower" in written[1]["reason"] and "faster" in written[2]["reason"]
     err = capsys.readouterr().err
     assert err.count("warning:") == 2 and "batch 1 context 32" in err
+    assert "load average" in err and "--threads" in err  # what the busy machine was doing
     s = measure.summarize(recs)
     assert s["points"]["noisy"] == 2 and s["calibrated_tpot_frac"]["points"] == 2
     assert measure.load_done(plan.out).keys() == {measure.point_key(r) for r in recs}
