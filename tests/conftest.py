@@ -55,37 +55,43 @@ def run_json(run_cli):
 
 @pytest.fixture
 def on_a_terminal():
-    """Run llmplan in a subprocess with stderr on a pseudo-terminal and stdout on a pipe:
-    (exit code, stdout, what stderr showed), for what only a terminal is shown (progress)."""
+    """Run llmplan in a subprocess with stderr on a pseudo-terminal and stdout to a file:
+    (exit code, stdout, what stderr showed), for what only a terminal is shown (progress).
+    stdout goes to a file, not a pipe nobody reads while the run lasts: a large --json would
+    fill the pipe and block the child forever. Each run is limited to 600 s."""
     def run(args: list[str]) -> tuple[int, bytes, bytes]:
-        """Run llmplan with stderr on a pseudo-terminal and stdout on a pipe."""
         import os
         import pty
         import select
         import subprocess
         import sys
+        import tempfile
+        import time
 
         master, slave = pty.openpty()
         root = str(Path(__file__).resolve().parent.parent)
-        p = subprocess.Popen([sys.executable, "-m", "planner", *args], stdout=subprocess.PIPE,
-                             stderr=slave, env={**os.environ, "PYTHONPATH": root,
-                                                "COLUMNS": "100"})
-        os.close(slave)
-        err = b""
-        while True:
-            ready, _, _ = select.select([master], [], [], 0.2)
-            if ready:
-                try:
-                    chunk = os.read(master, 65536)
-                except OSError:  # the other end closed
+        with tempfile.TemporaryFile() as out_file:
+            p = subprocess.Popen([sys.executable, "-m", "planner", *args], stdout=out_file,
+                                 stderr=slave, env={**os.environ, "PYTHONPATH": root,
+                                                    "COLUMNS": "100"})
+            os.close(slave)
+            err, deadline = b"", time.monotonic() + 600
+            while time.monotonic() < deadline:
+                ready, _, _ = select.select([master], [], [], 0.2)
+                if ready:
+                    try:
+                        chunk = os.read(master, 65536)
+                    except OSError:  # the other end closed
+                        break
+                    if not chunk:
+                        break
+                    err += chunk
+                elif p.poll() is not None:
                     break
-                if not chunk:
-                    break
-                err += chunk
-            elif p.poll() is not None:
-                break
-        out = p.stdout.read()
-        p.wait()
-        os.close(master)
-        return p.returncode, out, err
+            else:
+                p.kill()
+            p.wait()
+            os.close(master)
+            out_file.seek(0)
+            return p.returncode, out_file.read(), err
     return run
