@@ -47,7 +47,7 @@ def gpus(prices: PricesOpt = None, as_json: JsonOpt = False) -> None:
     from planner.io.render import plain, table
 
     rows = []
-    set_name = catalog.load_price_set(prices).name
+    set_name = catalog.price_set(prices).name
     for name in catalog.gpu_names():
         h = catalog.load_hardware(name, prices)
         rows.append({"name": name, "display_name": h.display_name, "vendor": h.vendor,

@@ -170,7 +170,7 @@ def plan(
                                                                   else catalog.gpu_names())]
     catalog.check_price_names(overrides, [g.name for g in gpus])
     price_set = "--price-per-hour" if price_per_hour is not None else \
-        catalog.load_price_set(prices).name
+        catalog.price_set(prices).name
     q = m.quantization
     if weights is None and quantization is None and q is not None and q.problem is None:
         # a quantized checkpoint runs as it ships: its precision, not a search over others

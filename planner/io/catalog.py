@@ -204,7 +204,7 @@ def load_hardware(ref: str, prices: str | None = None,
     (``priced``). A GPU the set does not sell has no price (``price_reason`` says why)."""
     path = _resolve(ref, "hardware_db", "GPU")
     hw = validate(HardwareSpec, read_yaml(path), str(path))
-    return priced(hw, _price_set(prices), price_overrides)[0]
+    return priced(hw, price_set(prices), price_overrides)[0]
 
 
 def load_engine_spec(ref: str) -> EngineSpec:
@@ -650,7 +650,7 @@ def default_prices() -> str:
     return os.environ.get("LLMPLAN_PRICES") or DEFAULT_PRICES
 
 
-def _price_set(ref: str | None):
+def price_set(ref: str | None = None):
     """``load_price_set``, read once per set and process (every GPU loaded is priced)."""
     key = default_prices() if ref is None else ref
     if key not in _PRICE_SETS:
@@ -663,7 +663,7 @@ _PRICE_SETS: dict = {}
 
 def price_reason(gpu: str, prices: str | None = None) -> str:
     """Why ``gpu`` has no price in the set ``prices`` (None: the default)."""
-    return _price_set(prices).not_sold(gpu)
+    return price_set(prices).not_sold(gpu)
 
 
 def load_price_set(ref: str | None = None):

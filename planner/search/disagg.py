@@ -42,12 +42,6 @@ class Side:
     price: float
 
 
-def _pct(s: dict, name: str, p: int) -> float | None:
-    key = f"median_{name}_ms" if p == 50 else f"p{p}_{name}_ms"
-    v = s.get(key)
-    return None if v is None else v / 1e3
-
-
 class _Sizer:
     """The fewest instances of one side that meet a test: simulations cached by count, so
     one side's runs serve every threshold asked of it."""
@@ -72,23 +66,10 @@ class _Sizer:
     def fewest(self, ok) -> int:
         """The fewest instances whose simulation passes ``ok(summary)`` (0: none within
         ``max_factor`` times the analytic bound)."""
+        from planner.search.plan import fewest_passing
+
         floor = max(1, math.ceil(self.rate / self.side.rate_bound))
-        if ok(self.summary(floor)):
-            return floor
-        lo, hi = floor, max(floor + 1, math.ceil(floor / 0.75))
-        step = hi - lo
-        while not ok(self.summary(hi)):
-            lo, step = hi, step * 2
-            hi = lo + step
-            if hi > self.max_factor * floor:
-                return 0
-        while hi - lo > 1:
-            mid = (lo + hi) // 2
-            if ok(self.summary(mid)):
-                hi = mid
-            else:
-                lo = mid
-        return hi
+        return fewest_passing(lambda n: ok(self.summary(n)), floor, self.max_factor)
 
 
 def _served(s: dict) -> bool:
@@ -107,7 +88,7 @@ def search_disaggregated(model, gpus, *, prompt_tokens: int, output_tokens: int,
     ``screened``: ``planner.search.plan.screen``'s rows, when the caller has them."""
     import pandas as pd
 
-    from planner.search.plan import SimSettings, screen
+    from planner.search.plan import SimSettings, percentile_s, screen
     from planner.serving import run
     from planner.serving.disagg import transfer_figures
     from planner.serving.metrics import summary
@@ -195,11 +176,11 @@ def search_disaggregated(model, gpus, *, prompt_tokens: int, output_tokens: int,
         if advance is not None:  # progress: one pair more being sized
             advance(f"{p.dep.hardware.name} P TP{p.dep.tp} / D TP{d.dep.tp}")
         ds = sizer(d, False)
-        n_d = ds.fewest(lambda s: _served(s) and (_pct(s, "tpot", p_) or 0) * st.tpot_factor
-                        <= targets.tpot_s)
+        n_d = ds.fewest(lambda s: _served(s) and (percentile_s(s, "tpot", p_) or 0)
+                        * st.tpot_factor <= targets.tpot_s)
         if not n_d:
             continue
-        d_ttft = _pct(ds.summary(n_d), "ttft", p_) or 0.0
+        d_ttft = percentile_s(ds.summary(n_d), "ttft", p_) or 0.0
         try:
             link = run.kv_link(p.dep, d.dep, prefill_instances=max(1, math.ceil(
                 rate / p.rate_bound)), decode_instances=n_d)
@@ -211,7 +192,7 @@ def search_disaggregated(model, gpus, *, prompt_tokens: int, output_tokens: int,
             continue
         ps = sizer(p, True)
         n_p = ps.fewest(lambda s, b=budget: _served(s) and
-                        (_pct(s, "ttft", p_) or math.inf) <= b)
+                        (percentile_s(s, "ttft", p_) or math.inf) <= b)
         if not n_p:
             continue
         # the pair simulated whole, grown by the side whose target it misses
@@ -223,7 +204,7 @@ def search_disaggregated(model, gpus, *, prompt_tokens: int, output_tokens: int,
                                         decode_cfg=d.cfg, link=link,
                                         prefill_coster=ps.coster, decode_coster=ds.coster)
             s = summary(res.combined(), itl=False)
-            ttft, tpot = _pct(s, "ttft", p_), _pct(s, "tpot", p_) or 0.0
+            ttft, tpot = percentile_s(s, "ttft", p_), percentile_s(s, "tpot", p_) or 0.0
             ttft_ok = _served(s) and ttft is not None and ttft * st.ttft_factor <= \
                 targets.ttft_s
             tpot_ok = _served(s) and tpot * st.tpot_factor <= targets.tpot_s

@@ -144,10 +144,21 @@ class SimSettings:
     tpot_factor: float = 1.0
 
 
+def percentile_key(name: str, p: int) -> str:
+    """The summary key of a run's ``p``-th percentile of ``name`` ("ttft", "tpot"), in ms
+    (p 50: the median)."""
+    return f"median_{name}_ms" if p == 50 else f"p{p}_{name}_ms"
+
+
+def percentile_s(summary: dict, name: str, p: int) -> float | None:
+    """That percentile in seconds, None where the run has none."""
+    v = summary.get(percentile_key(name, p))
+    return None if v is None else v / 1e3
+
+
 def _percentile_ok(summary: dict, targets: Targets, settings: SimSettings) -> bool:
     p = settings.percentile
-    ttft, tpot = summary[f"p{p}_ttft_ms" if p != 50 else "median_ttft_ms"], \
-        summary[f"p{p}_tpot_ms" if p != 50 else "median_tpot_ms"]
+    ttft, tpot = summary[percentile_key("ttft", p)], summary[percentile_key("tpot", p)]
     return (summary["completed"] > 0 and not summary.get("failed") and ttft is not None
             and ttft * settings.ttft_factor <= targets.ttft_s * 1e3
             and (tpot is None or tpot * settings.tpot_factor <= targets.tpot_s * 1e3))
@@ -179,8 +190,16 @@ def replicas_needed(dep: Deployment, *, prompt_tokens: int, output_tokens: int,
         return _percentile_ok(seen[n], targets, settings)
 
     floor = max(1, math.ceil(targets.requests_per_s / upper_rate))  # fewer cannot serve it
+    n = fewest_passing(ok, floor, max_factor)
+    return (n, seen[n]) if n else (0, None)
+
+
+def fewest_passing(ok, floor: int, max_factor: int = 64) -> int:
+    """The fewest counts n >= ``floor`` with ``ok(n)``, for an ``ok`` that holds from some
+    count on (more replicas never serve worse): ``floor`` first, then widening, then
+    bisecting; 0 when none up to ``max_factor`` x ``floor`` does."""
     if ok(floor):
-        return floor, seen[floor]
+        return floor
     # sustained rates come out at 60-90% of the bound: try 1/0.75 of the floor first
     lo, hi = floor, max(floor + 1, math.ceil(floor / 0.75))
     step = hi - lo
@@ -188,14 +207,14 @@ def replicas_needed(dep: Deployment, *, prompt_tokens: int, output_tokens: int,
         lo, step = hi, step * 2
         hi = lo + step
         if hi > max_factor * floor:
-            return 0, None
+            return 0
     while hi - lo > 1:  # lo fails, hi works
         mid = (lo + hi) // 2
         if ok(mid):
             hi = mid
         else:
             lo = mid
-    return hi, seen[hi]
+    return hi
 
 
 def _speculative_tpots(dep: Deployment, speculations, ctx: float, batches: list) -> dict:
