@@ -222,25 +222,19 @@ def plan(
                          options=opts, speculations=specs, disaggregated=disaggregated,
                          price_set=price_set)
         return
+    targets = Targets(t_ttft, t_tpot, req)
     df = search(m, gpus, prompt_tokens=prompt_tokens, output_tokens=output_tokens,
-                targets=Targets(t_ttft, t_tpot, req), tps=tps, pps=pps, eps=eps,
+                targets=targets, tps=tps, pps=pps, eps=eps,
                 weights=wl, kv_cache=kvl, calibration=cal, price_usd_per_gpu_hour=price_per_hour,
                 engine=eng, compute=cdt, quantized_layers=ql, options=opts)
     df["price_set"] = price_set
     _show_static(df, m, prompt_tokens=prompt_tokens, output_tokens=output_tokens, top=top,
                  csv=csv, plot=plot, as_json=as_json, label=(ttft, tpot, req),
-                 price_set=price_set)
+                 targets=targets, price_set=price_set)
 
 
 DEFAULT_WEIGHTS = "bf16,fp8,int8,int4"
 DEFAULT_KV = "16,fp8"
-
-
-def _targets_s(ttft: str, tpot: str) -> tuple[float, float]:
-    """The targets' text (already checked) in seconds."""
-    from planner.evidence.budget import parse_quantity
-
-    return parse_quantity(ttft, "time"), parse_quantity(tpot, "time")
 
 
 def _choices_or_alias(ours: str | None, allowed: tuple[str, ...], flag: str,
@@ -296,8 +290,9 @@ def _check_targets(a: dict) -> tuple[float, float]:
 
 
 def _show_static(df, m, *, prompt_tokens, output_tokens, top, csv, plot, as_json,
-                 label, price_set: str = "") -> None:
-    """The static-batching plan's rows: CSV, plot, JSON or the table of the cheapest."""
+                 label, targets, price_set: str = "") -> None:
+    """The static-batching plan's rows: CSV, plot, JSON or the table of the cheapest
+    (``targets``: what they were searched against, in seconds)."""
     from planner.io.render import plain, table
     from planner.io.report import plot_pareto
     from planner.layouts.deployment import Layout
@@ -318,10 +313,10 @@ def _show_static(df, m, *, prompt_tokens, output_tokens, top, csv, plot, as_json
         json_out(df.astype(object).where(df.notna(), None).to_dict(orient="records"))
         return
     if not len(feas):
-        from planner.search.plan import Targets, nearest_miss
+        from planner.search.plan import nearest_miss
 
         stdout.print(f"no configuration of {len(df):,} meets TTFT <= {ttft} and TPOT <= {tpot}: "
-                     + nearest_miss(df, Targets(*_targets_s(ttft, tpot), req)))
+                     + nearest_miss(df, targets))
         raise typer.Exit(1)
     rows = []
     for r in feas.head(top).itertuples():
