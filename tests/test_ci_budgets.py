@@ -99,8 +99,16 @@ def test_the_container_recipe_copies_what_exists_and_no_torch():
     assert "torch" not in deps
 
 
-@pytest.mark.parametrize("args", [["--help"], []])
-def test_llmplan_check_usage(args, capsys):
+@pytest.mark.parametrize("args", [[], ["--junit-dir"], [GOOD, "--no-such-option"]])
+def test_llmplan_check_bad_usage_is_one_line(args, capsys):
     with pytest.raises(SystemExit) as e:
         check_budgets(args)
-    assert e.value.code in (0, 2)
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and len(err.strip().splitlines()) == 1
+    assert err.startswith("llmplan-check: error: ")
+
+
+def test_llmplan_check_help(capsys):
+    with pytest.raises(SystemExit) as e:
+        check_budgets(["--help"])
+    assert e.value.code == 0 and "--junit-dir" in capsys.readouterr().out

@@ -15,8 +15,16 @@ import sys
 from pathlib import Path
 
 
+class _OneLine(argparse.ArgumentParser):
+    """Bad usage is one line on stderr and exit 2, as every llmplan command's is (argparse
+    prints its whole usage block first)."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} ({self.prog} --help)\n")
+
+
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = _OneLine(
         prog="llmplan-check", description="llmplan check over several budget files: exit 0 "
         "when every limit holds, 1 when one fails, 2 for a bad file.")
     p.add_argument("budgets", nargs="+", type=Path, help="budget YAML files")
