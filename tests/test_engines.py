@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -12,7 +13,7 @@ from planner.core.achievable import BANDWIDTH_FRAC, achievable, matmul_frac_for
 from planner.core.engine import IDEAL, Engine
 from planner.core.estimate import estimate
 from planner.core.ops import Op
-from planner.core.roofline import Ceilings, op_time
+from planner.core.roofline import Ceilings, ceilings, op_time
 from planner.core.specs import DType, Parallelism, Precision, Workload
 from planner.io import catalog
 
@@ -134,6 +135,25 @@ def test_allreduce_by_hand():
     # ring over 4 GPUs: 2 x 3/4 x 8 MB / (100 GB/s x 0.5) + 10 us = 240 + 10 us
     op = Op("ar", "allreduce", 1, flops=0.0, comm_bytes=8e6)
     assert op_time(op, C, tp=4, engine=H).time_s == pytest.approx(250e-6)
+
+
+def test_pcie_groups_above_two_pay_nccls_ring_latency():
+    # 8 PCIe GPUs: the engine's own all-reduce does not run there; NCCL's ring takes 2 x 7 hops
+    # of 3.2 us = 44.8 us; 2 GPUs keep the engine's 10 us; NVLink keeps it at every size
+    op = Op("ar", "allreduce", 1, flops=0.0, comm_bytes=0.0)
+    pcie = dataclasses.replace(C, pcie_only=True)
+    assert op_time(op, pcie, tp=8, engine=H).time_s == pytest.approx(44.8e-6)
+    assert op_time(op, pcie, tp=4, engine=H).time_s == pytest.approx(19.2e-6)
+    assert op_time(op, pcie, tp=2, engine=H).time_s == pytest.approx(10e-6)
+    assert op_time(op, C, tp=8, engine=H).time_s == pytest.approx(10e-6)
+
+
+@pytest.mark.parametrize("gpu,pcie", [("l40s", True), ("h100-pcie", True), ("h100-sxm", False),
+                                      ("a100-sxm-80gb", False)])
+def test_pcie_only_is_read_from_the_interconnect_for_real_engines_only(gpu, pcie):
+    hw = catalog.load_hardware(gpu)
+    assert ceilings(hw, engine=catalog.load_engine("vllm")).pcie_only is pcie
+    assert ceilings(hw, engine=IDEAL).pcie_only is False  # the ideal bound has no fallback
 
 
 def test_gqa_without_kv_reuse_reads_kv_per_query_head():

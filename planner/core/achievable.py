@@ -56,10 +56,32 @@ MATMUL_FRAC: dict[str, dict[str, float]] = {
 # H100, Gen5 x16, 52.8 of 64 GB/s device-to-host (0.82; https://github.com/NVIDIA/nvbandwidth/
 # issues/24, 2024-09-11: host-to-device by SM copies reached only 35.2 there).
 HOST_LINK_FRAC = 0.78
+# The all-reduce a real engine falls back to on GPUs joined only by PCIe. vLLM's and SGLang's
+# custom all-reduce runs on such GPUs only for two of them ("Custom allreduce is disabled because
+# it's not supported on more than two PCIe-only GPUs": vllm/distributed/device_communicators/
+# custom_all_reduce.py, quoted in https://github.com/vllm-project/vllm/issues/56128, 2026-09-09;
+# FlashInfer's copy of the kernel dispatches nothing else without NVLink, https://github.com/
+# flashinfer-ai/flashinfer/pull/4393, 2026-08-07), so 3 or more GPUs use NCCL, whose small-message
+# all-reduce is latency-bound: a ring of N GPUs takes 2 (N - 1) hops. Measured per all-reduce:
+# 4 GPUs behind one PCIe switch, inside a CUDA graph, 19.4 us at 4 KB and 24.2 us at 32 KB
+# (https://github.com/haohervchb/sglang-V100/pull/2, 2026-09-12); 8 GPUs, nccl-tests at 8 bytes,
+# 42.6 us on RTX 4090s (https://github.com/NVIDIA/nccl/issues/1530) and 54.2 us on RTX 3090s
+# (https://github.com/NVIDIA/nccl/issues/1439, 2024-09-11). 3.2 us a hop gives 19.2 and 44.8 us.
+PCIE_NCCL_HOP_S = 3.2e-6
+# the largest group an engine's own all-reduce still serves over PCIe alone
+PCIE_CUSTOM_ALLREDUCE_MAX_GPUS = 2
 # For a GPU whose technology is not listed: the lowest fractions above, so an unknown GPU is
 # never predicted faster than a known one of the same datasheet.
 DEFAULT_BANDWIDTH_FRAC = min(BANDWIDTH_FRAC.values())
 DEFAULT_MATMUL_FRAC = min(f for g in MATMUL_FRAC.values() for f in g.values())
+
+
+def pcie_allreduce_latency_s(gpus: int) -> float:
+    """The latency of NCCL's all-reduce over ``gpus`` GPUs joined only by PCIe, where an
+    engine's own all-reduce does not run (more than two GPUs); 0 where it does."""
+    if gpus <= PCIE_CUSTOM_ALLREDUCE_MAX_GPUS:
+        return 0.0
+    return 2 * (gpus - 1) * PCIE_NCCL_HOP_S
 
 
 def bandwidth_frac(hw: HardwareSpec) -> float:

@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from functools import cached_property
 
-from planner.core.achievable import achievable, host_link_bytes_per_s
+from planner.core.achievable import achievable, host_link_bytes_per_s, pcie_allreduce_latency_s
 from planner.core.arith import vmax, vmin
 from planner.core.engine import IDEAL, Engine
 from planner.core.errors import UsageError
@@ -51,6 +51,16 @@ class Ceilings:
     inter_node_latency_s: float | None = None
     # one direction of the GPU's link to host memory (hardware_db ``host_link``); None: unknown
     host_link_bytes_per_s: float | None = None
+    # GPUs joined only by PCIe, under a real engine: groups of more than two run NCCL's
+    # all-reduce, not the engine's own (planner.core.achievable.pcie_allreduce_latency_s)
+    pcie_only: bool = False
+
+    def group_allreduce_latency_s(self, engine_latency_s: float, gpus: int) -> float:
+        """An all-reduce's fixed cost over ``gpus`` GPUs within a server: the engine's own,
+        or NCCL's over PCIe where the engine's own does not run there."""
+        if not self.pcie_only:
+            return engine_latency_s
+        return max(engine_latency_s, pcie_allreduce_latency_s(gpus))
 
     def link(self, across_nodes: bool) -> tuple[float, float]:
         """(bytes/s one way per GPU, extra latency) of a transfer within a server, or between
@@ -118,6 +128,8 @@ def ceilings(hw: HardwareSpec, calibration: Calibration | None = None,
                     inter_node_latency_s=(inter.latency_us or 0.0) * 1e-6 if inter else None,
                     host_link_bytes_per_s=host_link_bytes_per_s(
                         hw, engine.ceilings == "achievable"),
+                    pcie_only=(engine.ceilings == "achievable"
+                               and hw.interconnect.kind.lower().startswith("pcie")),
                     kernel_overhead_s=overhead, source=source, notes=tuple(notes),
                     bandwidth_source=bw_src, flops_source=tuple(src.items()),
                     allreduce_bus_bytes_per_s=ar_bus, allreduce_latency_s=ar_lat)
@@ -188,7 +200,7 @@ def op_time(op: Op, c: Ceilings, *, tp: int = 1, options: Options | None = None,
         else:
             frac = e.allreduce_bandwidth_frac
             link, extra = c.link_for(tp)
-            bus, lat = link * frac, e.allreduce_latency_s + extra
+            bus, lat = link * frac, c.group_allreduce_latency_s(e.allreduce_latency_s, tp) + extra
         comm = (2 * (tp - 1) / tp * op.comm_bytes / bus + lat) if tp > 1 else 0.0
         return OpTime(op, 0.0, 0.0, comm * n, comm * n, frac, 1.0)
     if op.kind == "host_transfer":
