@@ -52,6 +52,12 @@ PLANS: dict[str, tuple[list[str], list[str]]] = {
     # same reason.)
     "vllm-0.8": (["step_overhead_us", "gemm_compute_frac"],
                  ["massed-compute-gpu-benchmark", "r1-benchmark"]),
+    # SGLang (0.4 and later): the request path's fixed cost (TTFT at low load; it had none),
+    # on Massed Compute's SGLang 0.5.14 runs (the other half of the sweep the vllm line was
+    # fitted on: H100 PCIe and L40S, 1 to 32 requests in flight); DataCrunch's, GPUStack's,
+    # R1-Benchmark's and Scicom's SGLang runs held out. (Fitted beside it, the GEMM compute
+    # share ended at 0.3, the edge of its range, and held-out TPOT doubled: refused.)
+    "sglang": (["request_overhead_us"], ["massed-compute-sglang"]),
     # vLLM's API server (planner.serving.frontend): its CPU time per request admitted and per
     # token streamed, on GPUStack's Performance Lab runs (0.10-0.11), the one source that sends
     # bursts of 500-1,000 requests at once, where that process is the bottleneck; every other
