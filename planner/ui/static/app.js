@@ -1,0 +1,245 @@
+// llmplan ui: form handling and drawing only. Every figure comes from the server's answer,
+// which is what `llmplan VIEW ... --json` prints for the same inputs (planner/ui/api.py).
+"use strict";
+
+const llmplan = (window.llmplan = { meta: null, last: {}, commands: {}, upload: {}, runs: 0 });
+const MiB = 1048576;
+const GiB = 1073741824;
+
+function $(sel, root) { return (root || document).querySelector(sel); }
+function $$(sel, root) { return Array.from((root || document).querySelectorAll(sel)); }
+function form(view) { return $("#form-" + view); }
+
+function fillSelect(sel, names, value, blank) {
+  sel.textContent = "";
+  if (blank) sel.append(new Option(blank, ""));
+  for (const n of names) sel.append(new Option(n, n));
+  sel.value = value == null ? "" : String(value);
+}
+
+function setup(meta) {
+  llmplan.meta = meta;
+  for (const f of $$("form.form")) {
+    const view = f.id.slice("form-".length);
+    const d = meta.defaults[view] || {};
+    const choices = { model: meta.models, gpu: meta.gpus, engine: meta.engines,
+                      weights: meta.weights, kv_cache: meta.kv_cache };
+    for (const el of $$("[name]", f)) {
+      const name = el.name;
+      if (el.tagName === "SELECT" && choices[name]) {
+        const blank = d[name] === null && !el.multiple ? "default" : null;
+        fillSelect(el, choices[name], d[name] !== undefined ? d[name] : el.dataset.value, blank);
+      } else if (el.tagName === "INPUT" && el.type !== "file" && d[name] != null) {
+        el.value = String(d[name]);
+      }
+      if (el.dataset.value !== undefined && el.tagName === "SELECT") el.value = el.dataset.value;
+      if (el.dataset.value !== undefined && el.tagName === "INPUT") el.value = el.dataset.value;
+    }
+    if ($("[name=model]", f)) $("[name=model]", f).value = "llama-3.1-8b";
+    if ($("[name=gpu]", f) && !$("[name=gpu]", f).multiple) $("[name=gpu]", f).value = "h100-sxm";
+    f.addEventListener("change", (ev) => {
+      if (ev.target.name === "model_file") return readUpload(view, ev.target);
+      if (f.dataset.auto !== undefined) run(view);
+    });
+    f.addEventListener("submit", (ev) => { ev.preventDefault(); run(view); });
+    const clear = $(".clear-upload", f);
+    if (clear) clear.addEventListener("click", () => {
+      delete llmplan.upload[view];
+      $("[name=model_file]", f).value = "";
+      $("[name=model]", f).disabled = false;
+      clear.hidden = true;
+      run(view);
+    });
+  }
+  for (const b of $$("#tabs button")) b.addEventListener("click", () => show(b.dataset.view));
+  for (const b of $$("button.copy")) b.addEventListener("click", () => copy(b.dataset.view));
+  for (const b of $$("button.download")) b.addEventListener("click", () => download(b.dataset.view));
+  run("estimate");
+}
+
+function show(view) {
+  for (const b of $$("#tabs button")) b.classList.toggle("active", b.dataset.view === view);
+  for (const s of $$(".view")) s.classList.toggle("active", s.id === "view-" + view);
+  for (const c of $$("#view-" + view + " .js-plotly-plot")) Plotly.Plots.resize(c);
+}
+
+function readUpload(view, input) {
+  const file = input.files[0];
+  const f = form(view);
+  if (!file) return;
+  const limit = llmplan.meta.max_upload_bytes;
+  if (file.size > limit) {  // the CLI's own words for a file that large (planner/io/boundary.py)
+    showError(view, { field: "model", error: "llmplan: error: " + file.name + ": " +
+      (file.size / MiB).toFixed(1) + " MiB, larger than the " + Math.floor(limit / MiB) +
+      " MiB a file may be" });
+    input.value = "";
+    return;
+  }
+  const reader = new FileReader();
+  reader.onload = () => {
+    llmplan.upload[view] = { name: file.name, text: String(reader.result) };
+    $("[name=model]", f).disabled = true;
+    $(".clear-upload", f).hidden = false;
+    run(view);
+  };
+  reader.readAsText(file);
+}
+
+function fields(view) {
+  const out = {};
+  for (const el of $$("[name]", form(view))) {
+    if (el.type === "file" || el.disabled) continue;
+    if (el.multiple) out[el.name] = Array.from(el.selectedOptions).map((o) => o.value).join(",");
+    else out[el.name] = el.value;
+  }
+  return out;
+}
+
+function showError(view, answer) {
+  const f = form(view);
+  for (const e of $$(".err", f)) e.textContent = "";
+  for (const el of $$(".bad", f)) el.classList.remove("bad");
+  if (!answer) return;
+  let span = $('.err[data-for="' + (answer.field || "") + '"]', f) || $('.err[data-for=""]', f);
+  span.textContent = answer.error;
+  const input = answer.field && $('[name="' + answer.field + '"]', f);
+  if (input) input.classList.add("bad");
+}
+
+async function run(view) {
+  const f = form(view);
+  const body = { fields: fields(view) };
+  if (llmplan.upload[view]) body.config = llmplan.upload[view];
+  const seq = (f.dataset.seq = String(Number(f.dataset.seq || 0) + 1));
+  $("#view-" + view + " .results").classList.add("busy");
+  let answer;
+  try {
+    const r = await fetch("/api/" + view, { method: "POST", body: JSON.stringify(body),
+                                              headers: { "Content-Type": "application/json" } });
+    answer = await r.json();
+  } catch (err) {
+    answer = { error: "llmplan ui: the server did not answer (" + err + ")", field: null };
+  }
+  if (seq !== f.dataset.seq) return;  // a newer request is on its way
+  $("#view-" + view + " .results").classList.remove("busy");
+  if (answer.error) {
+    showError(view, answer);
+  } else {
+    showError(view, null);
+    llmplan.last[view] = answer.json;
+    llmplan.commands[view] = answer.command;
+    $("#cmd-" + view).textContent = answer.command;
+    DRAW[view](answer.json);
+  }
+  llmplan.runs += 1;
+  document.body.dataset.runs = String(llmplan.runs);
+}
+
+function copy(view) {
+  const text = llmplan.commands[view] || "";
+  if (navigator.clipboard) navigator.clipboard.writeText(text).catch(() => {});
+  const sel = window.getSelection();
+  const range = document.createRange();
+  range.selectNodeContents($("#cmd-" + view));
+  sel.removeAllRanges();
+  sel.addRange(range);
+}
+
+function download(view) {
+  if (!llmplan.last[view]) return;
+  const blob = new Blob([JSON.stringify(llmplan.last[view], null, 2) + "\n"],
+                        { type: "application/json" });
+  const a = document.createElement("a");
+  a.href = URL.createObjectURL(blob);
+  a.download = "llmplan-" + view + ".json";
+  a.click();
+  setTimeout(() => URL.revokeObjectURL(a.href), 1000);
+}
+
+// ------------------------------------------------------------------------- formatting
+function num(v, digits) {
+  if (v == null || !isFinite(v)) return "-";
+  return Number(v).toLocaleString("en-US", { maximumSignificantDigits: digits || 3 });
+}
+function ms(s) { return s == null ? "-" : num(s * 1e3) + " ms"; }
+function tps(v) { return v == null ? "-" : num(v) + " tok/s"; }
+function gib(b) { return b == null ? "-" : num(b / GiB) + " GiB"; }
+
+function card(name, value, low, high, fmt) {
+  const band = low != null && high != null ? "band " + fmt(low) + " - " + fmt(high) : "no error band";
+  return '<div class="card" data-key="' + name.key + '"><div class="name">' + name.label +
+    '</div><div class="value">' + fmt(value) + '</div><div class="band">' + band + "</div></div>";
+}
+
+const LAYOUT = { margin: { l: 60, r: 20, t: 40, b: 50 }, font: { size: 11 },
+                 title: { x: 0.02, xanchor: "left" } };
+const CONFIG = { displaylogo: false, responsive: true, displayModeBar: "hover" };
+
+// ------------------------------------------------------------------------- estimate
+function drawEstimate(d) {
+  const keys = [["ttft_s", "TTFT", ms], ["tpot_s", "TPOT", ms], ["latency_s", "latency", ms],
+                ["throughput_tokens_per_s", "throughput", tps]];
+  $("#headline-estimate").innerHTML = keys.map(([k, label, fmt]) =>
+    card({ key: k, label: label }, d[k], d[k + "_low"], d[k + "_high"], fmt)).join("") +
+    '<div class="card" data-key="fits"><div class="name">memory</div><div class="value">' +
+    (d.fits ? "fits" : "does not fit") + '</div><div class="band">' + gib(d.total_memory_bytes) +
+    " of " + gib(d.usable_memory_bytes) + " usable</div></div>" +
+    '<div class="card" data-key="bound"><div class="name">decode</div><div class="value">' +
+    d.bound + '-bound</div><div class="band">MBU ' + num(d.mbu * 100) + "%, MFU " +
+    num(d.mfu * 100) + "%</div></div>";
+  const parts = [["weights", d.weights_bytes], ["KV cache", d.kv_cache_bytes],
+                 ["activations", d.activation_bytes], ["reserve", d.reserve_bytes]];
+  Plotly.react("chart-memory", parts.map(([name, b]) => ({
+    type: "bar", orientation: "h", name: name, y: ["needed"], x: [b / GiB],
+    hovertemplate: name + ": %{x:.2f} GiB<extra></extra>" })), {
+    ...LAYOUT, barmode: "stack", title: { ...LAYOUT.title, text: "Memory per GPU (GiB)" },
+    xaxis: { title: { text: "GiB" } }, legend: { orientation: "h", y: -0.3 },
+    shapes: [{ type: "line", x0: d.usable_memory_bytes / GiB, x1: d.usable_memory_bytes / GiB,
+               y0: -0.5, y1: 0.5, line: { color: "#c62828", dash: "dash" } }],
+    annotations: [{ x: d.usable_memory_bytes / GiB, y: 0.5, text: "usable", showarrow: false,
+                    yanchor: "bottom", font: { color: "#c62828" } }] }, CONFIG);
+  drawRoofline(d);
+  const kv = d.kv_concurrency || {};
+  const rows = [["KV cache per token", num(d.kv_cache_bytes_per_token / 1024) + " KiB"],
+                ["KV capacity", num(kv.kv_capacity_tokens, 6) + " tokens"],
+                ["concurrent sequences, paged", num(kv.max_concurrency_paged, 6)],
+                ["concurrent sequences, contiguous", num(kv.max_concurrency_contiguous, 6)],
+                ["max model length", num(kv.max_model_len, 7)],
+                ["max batch (memory)", num(d.max_batch, 6)],
+                ["optimal batch (roofline)", num(d.optimal_batch)]];
+  $("#kv-estimate").innerHTML = "<tr><th colspan=2>KV concurrency</th></tr>" + rows.map(
+    ([k, v]) => "<tr><td>" + k + '</td><td class="num">' + v + "</td></tr>").join("");
+}
+
+function drawRoofline(d) {
+  const ops = d.operators || {};
+  const traces = [];
+  let lo = Infinity, hi = 0;
+  for (const [phase, color] of [["decode", "#1565c0"], ["prefill", "#ef6c00"]]) {
+    const pts = (ops[phase] || []).filter((o) => o.flops > 0 && o.time_s > 0);
+    for (const o of pts) { lo = Math.min(lo, o.intensity_flops_per_byte); hi = Math.max(hi, o.intensity_flops_per_byte); }
+    traces.push({ type: "scatter", mode: "markers", name: phase + " operators",
+                  x: pts.map((o) => o.intensity_flops_per_byte),
+                  y: pts.map((o) => o.flops / o.time_s),
+                  text: pts.map((o) => o.name + " (" + o.bound + "-bound)"),
+                  marker: { color: color, size: 9 },
+                  hovertemplate: "%{text}<br>%{x:.3g} FLOP/B, %{y:.3g} FLOP/s<extra></extra>" });
+  }
+  if (!isFinite(lo)) { lo = 1; hi = 1000; }
+  const x0 = Math.min(lo, d.ridge_flops_per_byte) / 4, x1 = Math.max(hi, d.ridge_flops_per_byte) * 4;
+  const xs = [x0, d.ridge_flops_per_byte, x1];
+  traces.push({ type: "scatter", mode: "lines", name: "roofline", x: xs,
+                y: xs.map((x) => Math.min(d.peak_flops_per_s, x * d.bandwidth_bytes_per_s)),
+                line: { color: "#455a64" }, hoverinfo: "skip" });
+  Plotly.react("chart-roofline", traces, {
+    ...LAYOUT, title: { ...LAYOUT.title, text: "Roofline: the step's operators" },
+    xaxis: { type: "log", title: { text: "arithmetic intensity (FLOP/byte)" } },
+    yaxis: { type: "log", exponentformat: "SI", title: { text: "FLOP/s" } }, legend: { orientation: "h", y: -0.25 } },
+    CONFIG);
+}
+
+const DRAW = { estimate: drawEstimate };
+
+fetch("/api/meta").then((r) => r.json()).then(setup).catch((err) => {
+  document.body.insertAdjacentText("afterbegin", "llmplan ui: cannot load /api/meta: " + err);
+});
