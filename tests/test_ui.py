@@ -219,3 +219,40 @@ def test_without_plotly_the_command_says_what_to_install():
     assert r.returncode == 2
     assert r.stderr.strip() == 'llmplan ui needs the ui extra: pip install "llmplan[ui]"'
     assert r.stdout == ""
+
+
+SMALL_PLAN = {"model": "llama-3.1-8b", "gpu": "h100-sxm", "ttft": "2s", "tpot": "50ms",
+              "rps": "6", "tp": "1,2", "pp": "1", "weights": "bf16,fp8", "kv_cache": "16",
+              "disaggregated": "off", "sim_requests": "60"}
+
+
+def test_plan_is_the_cli_json_ranked_the_same(url):
+    status, r = post(url, "/api/plan", {"fields": SMALL_PLAN})
+    assert status == 200, r
+    rows = r["json"]
+    assert rows == cli_json(r["command"])
+    assert [x["rank"] for x in rows] == list(range(1, len(rows) + 1)) and len(rows) == 4
+    extra = r["extra"]
+    assert extra["price_set"] == rows[0]["price_set"] == "hyperscaler-on-demand"
+    assert extra["layout"] == [f"TP{x['tp']}" for x in rows]
+    # the front: no configuration both cheaper and faster than one on it
+    cost = "cost_usd_per_million_output_tokens_at_traffic"
+    front = [x for x in rows if x["rank"] in extra["pareto_ranks"]]
+    assert front
+    for f in front:
+        assert not any(x[cost] < f[cost] and x["latency_s"] < f["latency_s"] for x in rows)
+    assert extra["ttft_key"] == "p90_ttft_s" and "p90_ttft_s" in rows[0]
+
+
+@pytest.mark.parametrize(("field", "value"), [
+    ("ttft", "soon"), ("rps", "-1"), ("tpot", "nan"), ("gpu", "h100-sxm,nosuch"),
+    ("tp", "1,x"), ("percentile", "75"), ("prices", "no-such-set"),
+])
+def test_a_bad_plan_value_gets_the_cli_error_with_its_field(url, field, value):
+    fields = {**SMALL_PLAN, field: value}
+    status, r = post(url, "/api/plan", {"fields": fields})
+    assert status == 400, r
+    expected = cli(["plan", *api.argv_of("plan", fields)])
+    assert expected.returncode == 2
+    assert r["error"] == expected.stderr.strip()
+    assert r["field"] == field

@@ -164,3 +164,31 @@ def test_a_bad_value_shows_the_cli_error_beside_its_field(browser, url):
     set_field(browser, "estimate", "batch", "8")  # the server kept serving
     assert err.text == ""
     assert last(browser, "estimate")[0]["batch"] == 8
+
+
+def test_the_plan_view_ranks_what_plan_ranks(browser, url, tmp_path):
+    browser.get(url)
+    wait_run(browser, 0)
+    browser.find_element(By.CSS_SELECTOR, '#tabs button[data-view="plan"]').click()
+    for name, value in (("rps", "6"), ("tp", "1,2"), ("pp", "1"), ("weights", "bf16,fp8"),
+                        ("kv_cache", "16"), ("sim_requests", "60")):
+        el = browser.find_element(By.CSS_SELECTOR, f"#form-plan [name={name}]")
+        el.clear()
+        el.send_keys(value)
+    Select(browser.find_element(By.CSS_SELECTOR, "#form-plan [name=disaggregated]")
+           ).select_by_value("off")
+    before = runs(browser)
+    browser.find_element(By.CSS_SELECTOR, "#form-plan button[type=submit]").click()
+    wait_run(browser, before)
+    rows, command = last(browser, "plan")
+    assert command.startswith("llmplan plan --model llama-3.1-8b --gpu h100-sxm ")
+    expected = cli_json(command)
+    assert rows == expected
+    table = browser.find_elements(By.CSS_SELECTOR, "#table-plan tr")[1:]
+    shown = [[td.text for td in tr.find_elements(By.TAG_NAME, "td")][:5] for tr in table]
+    assert shown == [[str(r["rank"]), r["gpu"], f"TP{r['tp']}", r["weights"], r["kv_cache"]]
+                     for r in expected]
+    assert "price set hyperscaler-on-demand" in browser.find_element(By.ID, "summary-plan").text
+    front = browser.execute_script("return document.getElementById('chart-pareto').data[1]")
+    assert front["x"] and all(x in [r["latency_s"] for r in expected] for x in front["x"])
+    shot(browser, "ui-plan.png", tmp_path)

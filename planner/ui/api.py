@@ -39,20 +39,48 @@ class ApiError(Exception):
 
 def _commands() -> dict[str, Callable]:
     from planner.cli.estimate import estimate
+    from planner.cli.plan import plan
 
-    return {"estimate": estimate}
+    return {"estimate": estimate, "plan": plan}
 
 
-def _runners() -> dict[str, Callable[[dict], object]]:
+def _runners() -> dict[str, Callable[[dict], tuple[object, dict]]]:
+    """Each view's run: (what ``--json`` prints, what the drawing needs beside it)."""
     from planner.cli.estimate import estimate_run
 
-    return {"estimate": lambda a: estimate_run(a).payload}
+    return {"estimate": lambda a: (estimate_run(a).payload, {}), "plan": _plan}
+
+
+def _plan(a: dict) -> tuple[list, dict]:
+    """plan's rows, with each row's layout as the table says it, the ranks on the cost-latency
+    Pareto front (planner/search/plan.py) and the price set."""
+    from planner.cli.plan import plan_records, plan_run
+    from planner.layouts.deployment import Layout
+    from planner.search.disagg import pd_label
+    from planner.search.plan import pareto_front
+
+    df = plan_run(a)
+    rows = plan_records(df)
+    feasible = df[df["meets_targets"].astype(bool)] if len(df) else df
+    p = a.get("percentile", 90)
+    name = "median" if p == 50 else f"p{p}"
+    return rows, {
+        "layout": [pd_label(r) if r.get("disaggregated") else
+                   Layout(int(r["tp"]), int(r["pp"]), int(r["ep"])).label for r in rows],
+        "pareto_ranks": [int(r) for r in pareto_front(feasible)["rank"]] if len(feasible)
+        else [],
+        "price_set": rows[0]["price_set"] if rows else None,
+        "ttft_key": f"{name}_ttft_s", "tpot_key": f"{name}_tpot_s",
+    }
 
 
 # The form fields of each view, in the order the command line says them.
 FIELDS = {
     "estimate": ("model", "gpu", "engine", "weights", "kv_cache", "tp", "pp", "ep", "batch",
                  "prompt_tokens", "output_tokens"),
+    "plan": ("model", "gpu", "engine", "ttft", "tpot", "rps", "prompt_tokens",
+             "output_tokens", "tp", "pp", "ep", "weights", "kv_cache", "prices", "percentile",
+             "disaggregated", "sim_requests"),
 }
 
 
@@ -114,7 +142,7 @@ def argv_of(command: str, fields: dict, model_path: str | None = None) -> list[s
     return [*argv, "--json"]
 
 
-NAMES_ONLY = ("model", "gpu", "engine")  # the page never reads a path a request names
+NAMES_ONLY = ("model", "gpu", "engine", "prices")  # the page never reads a path a request names
 
 
 def _is_path(ref: str) -> bool:
@@ -131,7 +159,7 @@ def parse(command: str, argv: list[str]) -> dict:
                                        prog_name=f"llmplan {command}")
 
 
-def _cli_error(command: str, err: BaseException) -> ApiError | None:
+def _cli_error(command: str, err: BaseException, values: dict) -> ApiError | None:
     """The one line ``llmplan`` prints for ``err`` (planner/cli/app.py's forms), and the
     field it is about; None for an error that is not the user's."""
     from planner.cli.app import _click_exceptions
@@ -140,17 +168,18 @@ def _cli_error(command: str, err: BaseException) -> ApiError | None:
     if isinstance(err, exc["UsageError"]):
         msg = err.format_message().replace("Value error, ", "")
         param = getattr(err, "param", None)
-        field = param.name if param is not None else _field_in(command, msg)
+        field = param.name if param is not None else _field_in(command, msg, values)
         return ApiError(f"llmplan {command}: error: {msg}", field)
     if isinstance(err, LlmplanError):
         fields = getattr(err, "fields", ())
         line = flagged(err)
         return ApiError(f"llmplan: error: {line}", fields[0] if fields else
-                        _field_in(command, line))
+                        _field_in(command, line, values))
     if isinstance(err, ValueError) and type(err).__name__ == "ValidationError":
         first = err.errors()[0]
         where = ".".join(str(x) for x in first["loc"]) or err.title
-        return ApiError(f"llmplan: error: {where}: {first['msg']}", _field_in(command, where))
+        return ApiError(f"llmplan: error: {where}: {first['msg']}",
+                        _field_in(command, where, values))
     return None
 
 
@@ -158,12 +187,16 @@ _NAMED = (("unknown model", "model"), ("config.json", "model"), ("unknown GPU", 
           ("unknown engine", "engine"), ("price set", "prices"))
 
 
-def _field_in(command: str, message: str) -> str | None:
-    """The field a message is about: the first option it names, else what it speaks of."""
-    for flag in re.findall(r"--[a-z][a-z0-9-]*", message):
-        name = field_of_flag(command, flag)
-        if name in FIELDS[command]:
+def _field_in(command: str, message: str, values: dict | None = None) -> str | None:
+    """The field a message is about: of the options it names, the one whose value it quotes
+    ("--ttft/--tpot: 'nan' is not a time"), else the first; else what it speaks of."""
+    named = [field_of_flag(command, f) for f in re.findall(r"--[a-z][a-z0-9-]*", message)]
+    named = [n for n in named if n in FIELDS[command]]
+    for name in named:
+        if f"'{(values or {}).get(name)}'" in message:
             return name
+    if named:
+        return named[0]
     for words, name in _NAMED:
         if words in message and name in FIELDS[command]:
             return name
@@ -186,16 +219,18 @@ def run(command: str, body: dict) -> dict:
         # the upload stands for a file of its name in the folder the command is run in
         here = str(Path(model_path).parent) + "/" if model_path else None
         try:
-            payload = as_cli_json(_runners()[command](parse(command, argv)))
+            payload, extra = _runners()[command](parse(command, argv))
+            payload = as_cli_json(payload)
         except Exception as err:
-            api = _cli_error(command, err)
+            api = _cli_error(command, err, fields)
             if api is None:
                 raise
             raise ApiError(str(api).replace(here, "") if here else str(api), api.field) \
                 from None
     if here:
         payload = json.loads(json.dumps(payload).replace(json.dumps(here)[1:-1], ""))
-    return {"json": payload, "command": "llmplan " + command + " " + shlex.join(shown)}
+    return {"json": payload, "command": "llmplan " + command + " " + shlex.join(shown),
+            "extra": extra}
 
 
 def _write_config(config: object, folder: Path) -> str:
@@ -236,6 +271,7 @@ def meta() -> dict:
         "models": catalog.model_names(), "gpus": catalog.gpu_names(),
         "engines": list(dict.fromkeys(["ideal", *catalog.engine_names()])),
         "weights": [w.value for w in WeightsOpt], "kv_cache": [k.value for k in KVOpt],
+        "prices": catalog.price_set_names(), "default_prices": catalog.price_set().name,
         "defaults": {cmd: {k: _plain(v) for k, v in command_defaults(fn).items()
                            if k in FIELDS[cmd]} for cmd, fn in _commands().items()},
         "max_upload_bytes": SPEC_BYTES, "max_body_bytes": MAX_BODY_BYTES,

@@ -23,20 +23,23 @@ function setup(meta) {
     const view = f.id.slice("form-".length);
     const d = meta.defaults[view] || {};
     const choices = { model: meta.models, gpu: meta.gpus, engine: meta.engines,
-                      weights: meta.weights, kv_cache: meta.kv_cache };
+                      weights: meta.weights, kv_cache: meta.kv_cache, prices: meta.prices };
     for (const el of $$("[name]", f)) {
+      if (el.type === "file") continue;
       const name = el.name;
+      const init = el.dataset.value !== undefined ? el.dataset.value : d[name];
       if (el.tagName === "SELECT" && choices[name]) {
-        const blank = d[name] === null && !el.multiple ? "default" : null;
-        fillSelect(el, choices[name], d[name] !== undefined ? d[name] : el.dataset.value, blank);
-      } else if (el.tagName === "INPUT" && el.type !== "file" && d[name] != null) {
-        el.value = String(d[name]);
+        const blank = d[name] === null && !el.multiple ?
+          (name === "prices" ? "default (" + meta.default_prices + ")" : "default") : null;
+        fillSelect(el, choices[name], null, blank);
       }
-      if (el.dataset.value !== undefined && el.tagName === "SELECT") el.value = el.dataset.value;
-      if (el.dataset.value !== undefined && el.tagName === "INPUT") el.value = el.dataset.value;
+      if (el.multiple) {
+        const want = String(init || "").split(",");
+        for (const o of el.options) o.selected = want.includes(o.value);
+      } else if (init != null) {
+        el.value = String(init);
+      }
     }
-    if ($("[name=model]", f)) $("[name=model]", f).value = "llama-3.1-8b";
-    if ($("[name=gpu]", f) && !$("[name=gpu]", f).multiple) $("[name=gpu]", f).value = "h100-sxm";
     f.addEventListener("change", (ev) => {
       if (ev.target.name === "model_file") return readUpload(view, ev.target);
       if (f.dataset.auto !== undefined) run(view);
@@ -129,7 +132,7 @@ async function run(view) {
     llmplan.last[view] = answer.json;
     llmplan.commands[view] = answer.command;
     $("#cmd-" + view).textContent = answer.command;
-    DRAW[view](answer.json);
+    DRAW[view](answer.json, answer.extra || {});
   }
   llmplan.runs += 1;
   document.body.dataset.runs = String(llmplan.runs);
@@ -238,7 +241,48 @@ function drawRoofline(d) {
     CONFIG);
 }
 
-const DRAW = { estimate: drawEstimate };
+// ------------------------------------------------------------------------- plan
+function drawPlan(rows, extra) {
+  const tk = extra.ttft_key, pk = extra.tpot_key;
+  const meets = rows.filter((r) => r.meets_targets);
+  $("#summary-plan").textContent = rows.length ?
+    rows.length + " configurations sized, " + meets.length + " meet the targets; ranked by " +
+    "cost on price set " + extra.price_set + "." :
+    "No configuration meets the targets (llmplan plan without --json says the nearest miss).";
+  const head = ["#", "gpu", "layout", "w", "kv", "req/s each", tk.split("_")[0] + " TTFT ms",
+                tk.split("_")[0] + " TPOT ms", "replicas", "GPUs", "$/h", "$/1M out"];
+  const body = rows.slice(0, 25).map((r, i) => [
+    r.rank, r.gpu, extra.layout[i], r.weights, r.kv_cache, num(r.rate_per_replica),
+    num(r[tk] * 1e3), num(r[pk] * 1e3),
+    r.disaggregated ? r.prefill_instances + "+" + r.decode_instances : r.replicas,
+    r.total_gpus, num(r.usd_per_hour, 4), num(r.cost_usd_per_million_output_tokens_at_traffic, 4)]);
+  $("#table-plan").innerHTML = "<tr>" + head.map((h) => "<th>" + h + "</th>").join("") +
+    "</tr>" + body.map((cells) => "<tr>" + cells.map((c, j) =>
+      "<td" + (j >= 5 ? ' class="num"' : "") + ">" + esc(c) + "</td>").join("") + "</tr>").join("");
+  const label = (r) => "#" + r.rank + " " + r.gpu + " " + extra.layout[rows.indexOf(r)] + " " + r.weights;
+  const byRank = new Map(rows.map((r) => [r.rank, r]));
+  const front = extra.pareto_ranks.map((k) => byRank.get(k));
+  const cost = "cost_usd_per_million_output_tokens_at_traffic";
+  Plotly.react("chart-pareto", [
+    { type: "scatter", mode: "markers", name: "meets the targets (" + meets.length + ")",
+      x: meets.map((r) => r.latency_s), y: meets.map((r) => r[cost]), text: meets.map(label),
+      marker: { color: "#90a4ae", size: 8 },
+      hovertemplate: "%{text}<br>%{x:.3g} s, $%{y:.3g} per 1M<extra></extra>" },
+    { type: "scatter", mode: "lines+markers", name: "Pareto front (cost vs latency)",
+      x: front.map((r) => r.latency_s), y: front.map((r) => r[cost]), text: front.map(label),
+      marker: { color: "#c62828", size: 9 }, line: { color: "#c62828" },
+      hovertemplate: "%{text}<br>%{x:.3g} s, $%{y:.3g} per 1M<extra></extra>" }], {
+    ...LAYOUT, title: { ...LAYOUT.title, text: "Cost against latency (prices: " + extra.price_set + ")" },
+    xaxis: { title: { text: tk.split("_")[0] + " end-to-end latency per request (s, simulated)" } },
+    yaxis: { title: { text: "USD per 1M output tokens" } },
+    legend: { orientation: "h", y: -0.25 } }, CONFIG);
+}
+
+function esc(v) {
+  return String(v == null ? "-" : v).replace(/[&<>"]/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;" })[c]);
+}
+
+const DRAW = { estimate: drawEstimate, plan: drawPlan };
 
 fetch("/api/meta").then((r) => r.json()).then(setup).catch((err) => {
   document.body.insertAdjacentText("afterbegin", "llmplan ui: cannot load /api/meta: " + err);
