@@ -256,3 +256,39 @@ def test_a_bad_plan_value_gets_the_cli_error_with_its_field(url, field, value):
     assert expected.returncode == 2
     assert r["error"] == expected.stderr.strip()
     assert r["field"] == field
+
+
+def test_simulate_is_the_cli_json_once_per_rate(url):
+    fields = {**BASE, "request_rate": "2,8,inf", "num_requests": "150", "seed": "3"}
+    status, r = post(url, "/api/simulate", {"fields": fields})
+    assert status == 200, r
+    assert r["command"].startswith('for rate in 2 8 inf; do llmplan simulate --model ')
+    assert '--request-rate "$rate"' in r["command"] and r["command"].endswith("; done")
+    # the loop the page offers to copy, run by a shell: one JSON object per rate
+    out = subprocess.run(["bash", "-c", f'llmplan() {{ "{sys.executable}" -m planner "$@"; }}; '
+                          + r["command"]], capture_output=True, text=True, cwd=ROOT,
+                         env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}, timeout=300)
+    assert out.returncode == 0, out.stderr
+    objects, text = [], out.stdout.strip()
+    while text:
+        obj, end = json.JSONDecoder().raw_decode(text)
+        objects.append(obj)
+        text = text[end:].strip()
+    assert r["json"] == objects
+    assert [d["request_rate"] for d in objects] == [2.0, 8.0, "inf"]
+    assert all(d["num_prompts"] == 150 for d in objects)
+    # one rate: the plain command
+    status, one = post(url, "/api/simulate", {"fields": {**fields, "request_rate": "8"}})
+    assert one["command"].startswith("llmplan simulate ") and one["json"] == [objects[1]]
+
+
+@pytest.mark.parametrize(("value", "expected"), [
+    ("2,-1", "llmplan: error: --request-rate: must be positive, got -1"),
+    ("2,,4", "--request-rate: give 1 to 12 values, comma-separated"),
+    (",".join(["1"] * 13), "--request-rate: give 1 to 12 values"),
+    ("", "--request-rate: give one or more values"),
+])
+def test_a_bad_rate_list_names_the_field(url, value, expected):
+    status, r = post(url, "/api/simulate", {"fields": {**BASE, "request_rate": value}})
+    assert status == 400 and r["field"] == "request_rate"
+    assert expected in r["error"]

@@ -85,12 +85,14 @@ def wait_run(driver, before: int) -> None:
 
 
 def set_field(driver, view: str, name: str, value: str) -> None:
-    """Type a value as a user does; Tab leaves the field, which sends the change."""
+    """Type over a field's text as a user does (select all, type; WebDriver's clear() would
+    send a change of its own); Tab leaves the field, which sends the change."""
     before = runs(driver)
     el = driver.find_element(By.CSS_SELECTOR, f"#form-{view} [name={name}]")
-    el.clear()
+    el.send_keys(Keys.CONTROL, "a")
     el.send_keys(value, Keys.TAB)
     wait_run(driver, before)
+    assert el.get_attribute("value") == value
 
 
 def last(driver, view: str) -> tuple[dict, str]:
@@ -170,8 +172,8 @@ def test_the_plan_view_ranks_what_plan_ranks(browser, url, tmp_path):
     browser.get(url)
     wait_run(browser, 0)
     browser.find_element(By.CSS_SELECTOR, '#tabs button[data-view="plan"]').click()
-    for name, value in (("rps", "6"), ("tp", "1,2"), ("pp", "1"), ("weights", "bf16,fp8"),
-                        ("kv_cache", "16"), ("sim_requests", "60")):
+    for name, value in (("rps", "6"), ("tp", "1"), ("pp", "1"), ("weights", "bf16,fp8"),
+                        ("kv_cache", "16"), ("sim_requests", "40")):
         el = browser.find_element(By.CSS_SELECTOR, f"#form-plan [name={name}]")
         el.clear()
         el.send_keys(value)
@@ -192,3 +194,25 @@ def test_the_plan_view_ranks_what_plan_ranks(browser, url, tmp_path):
     front = browser.execute_script("return document.getElementById('chart-pareto').data[1]")
     assert front["x"] and all(x in [r["latency_s"] for r in expected] for x in front["x"])
     shot(browser, "ui-plan.png", tmp_path)
+
+
+def test_the_simulate_view_draws_one_point_per_rate(browser, url, tmp_path):
+    browser.get(url)
+    wait_run(browser, 0)
+    browser.find_element(By.CSS_SELECTOR, '#tabs button[data-view="simulate"]').click()
+    for name, value in (("request_rate", "1,4,16"), ("num_requests", "120")):
+        el = browser.find_element(By.CSS_SELECTOR, f"#form-simulate [name={name}]")
+        el.clear()
+        el.send_keys(value)
+    before = runs(browser)
+    browser.find_element(By.CSS_SELECTOR, "#form-simulate button[type=submit]").click()
+    wait_run(browser, before)
+    page, command = last(browser, "simulate")
+    assert command.startswith("for rate in 1 4 16; do llmplan simulate --model llama-3.1-8b ")
+    assert [d["request_rate"] for d in page] == [1.0, 4.0, 16.0]
+    curve = browser.execute_script("return document.getElementById('chart-curve').data[0]")
+    assert curve["x"] == pytest.approx([d["output_throughput"] for d in page])
+    assert curve["y"] == pytest.approx([d["median_e2el_ms"] for d in page])
+    rows = browser.find_elements(By.CSS_SELECTOR, "#table-simulate tr")[1:]
+    assert [tr.find_elements(By.TAG_NAME, "td")[0].text for tr in rows] == ["1", "4", "16"]
+    shot(browser, "ui-simulate.png", tmp_path)

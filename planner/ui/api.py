@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import re
 import shlex
 import tempfile
@@ -40,15 +41,18 @@ class ApiError(Exception):
 def _commands() -> dict[str, Callable]:
     from planner.cli.estimate import estimate
     from planner.cli.plan import plan
+    from planner.cli.simulate import simulate
 
-    return {"estimate": estimate, "plan": plan}
+    return {"estimate": estimate, "plan": plan, "simulate": simulate}
 
 
 def _runners() -> dict[str, Callable[[dict], tuple[object, dict]]]:
     """Each view's run: (what ``--json`` prints, what the drawing needs beside it)."""
     from planner.cli.estimate import estimate_run
+    from planner.cli.simulate import simulate_run
 
-    return {"estimate": lambda a: (estimate_run(a).payload, {}), "plan": _plan}
+    return {"estimate": lambda a: (estimate_run(a).payload, {}), "plan": _plan,
+            "simulate": lambda a: (simulate_run(a), {})}
 
 
 def _plan(a: dict) -> tuple[list, dict]:
@@ -81,6 +85,9 @@ FIELDS = {
     "plan": ("model", "gpu", "engine", "ttft", "tpot", "rps", "prompt_tokens",
              "output_tokens", "tp", "pp", "ep", "weights", "kv_cache", "prices", "percentile",
              "disaggregated", "sim_requests"),
+    "simulate": ("model", "gpu", "engine", "weights", "kv_cache", "tp", "pp", "ep",
+                 "request_rate", "num_requests", "prompt_tokens", "output_tokens",
+                 "max_num_seqs", "seed"),
 }
 
 
@@ -205,32 +212,72 @@ def _field_in(command: str, message: str, values: dict | None = None) -> str | N
 
 def run(command: str, body: dict) -> dict:
     """A view's request answered: the command's JSON and its command line, or an
-    ``ApiError`` carrying the CLI's one-line error and the field."""
+    ``ApiError`` carrying the CLI's one-line error and the field. A view with a series
+    (simulate's request rates) runs the command once per value: its JSON is the list of
+    their objects, its command line a shell loop over the values."""
     if command not in FIELDS:
         raise ApiError(f"llmplan: error: no such view {command!r}", None, 404)
     if not isinstance(body, dict):
         raise ApiError("llmplan: error: the request is not a JSON object")
     fields = body.get("fields") or {}
     config = body.get("config")
+    if not isinstance(fields, dict):
+        raise ApiError("llmplan: error: the request's fields are not an object")
+    series = SERIES.get(command)
+    values = _series(fields, series) if series else [None]
+    runs = [fields if v is None else {**fields, series: v} for v in values]
     with tempfile.TemporaryDirectory(prefix="llmplan-ui-") as tmp:
         model_path = _write_config(config, Path(tmp)) if config is not None else None
-        argv = argv_of(command, fields, model_path)
-        shown = argv_of(command, fields, config["name"] if config is not None else None)
         # the upload stands for a file of its name in the folder the command is run in
         here = str(Path(model_path).parent) + "/" if model_path else None
-        try:
-            payload, extra = _runners()[command](parse(command, argv))
-            payload = as_cli_json(payload)
-        except Exception as err:
-            api = _cli_error(command, err, fields)
-            if api is None:
-                raise
-            raise ApiError(str(api).replace(here, "") if here else str(api), api.field) \
-                from None
+        payloads, extra = [], {}
+        for f in runs:
+            argv = argv_of(command, f, model_path)
+            try:
+                payload, extra = _runners()[command](parse(command, argv))
+            except Exception as err:
+                api = _cli_error(command, err, f)
+                if api is None:
+                    raise
+                raise ApiError(str(api).replace(here, "") if here else str(api),
+                               api.field) from None
+            payloads.append(as_cli_json(payload))
+    payload = payloads if series else payloads[0]
     if here:
         payload = json.loads(json.dumps(payload).replace(json.dumps(here)[1:-1], ""))
-    return {"json": payload, "command": "llmplan " + command + " " + shlex.join(shown),
-            "extra": extra}
+    shown_model = config["name"] if config is not None else None
+    return {"json": payload, "extra": extra,
+            "command": _command_line(command, fields, shown_model, series, values)}
+
+
+# A field a view takes as a comma-separated list, the command run once per value.
+SERIES = {"simulate": "request_rate"}
+MAX_SERIES = 12
+
+
+def _series(fields: dict, name: str) -> list[str]:
+    text = fields.get(name)
+    if not isinstance(text, str) or not text.strip():
+        raise ApiError(f"llmplan: error: {flag_of('simulate', name)}: give one or more "
+                       "values, comma-separated", name)
+    values = [v.strip() for v in text.split(",")]
+    if "" in values or len(values) > MAX_SERIES:
+        raise ApiError(f"llmplan: error: {flag_of('simulate', name)}: give 1 to "
+                       f"{MAX_SERIES} values, comma-separated, got {text!r}", name)
+    return values
+
+
+def _command_line(command: str, fields: dict, model: str | None, series: str | None,
+                  values: list) -> str:
+    """The command line of the inputs: a shell loop where a series has several values."""
+    if series is None or len(values) == 1:
+        f = fields if series is None else {**fields, series: values[0]}
+        return f"llmplan {command} " + shlex.join(argv_of(command, f, model))
+    mark = "VALUE_OF_THE_LOOP"
+    line = shlex.join(argv_of(command, {**fields, series: mark}, model))
+    var = series.split("_")[-1]
+    return (f"for {var} in {' '.join(shlex.quote(v) for v in values)}; do llmplan {command} "
+            + line.replace(mark, f'"${var}"') + "; done")
 
 
 def _write_config(config: object, folder: Path) -> str:
@@ -279,4 +326,7 @@ def meta() -> dict:
 
 
 def _plain(v: object) -> object:
+    """A default as the form shows it: an enum's value, inf as "inf" (JSON has no inf)."""
+    if isinstance(v, float) and not math.isfinite(v):
+        return str(v)
     return getattr(v, "value", v)

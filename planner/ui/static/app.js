@@ -282,7 +282,44 @@ function esc(v) {
   return String(v == null ? "-" : v).replace(/[&<>"]/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;" })[c]);
 }
 
-const DRAW = { estimate: drawEstimate, plan: drawPlan };
+// ------------------------------------------------------------------------- simulate
+function drawSimulate(runs) {
+  const rate = (d) => d.request_rate === "inf" ? "inf" : num(d.request_rate);
+  const tput = runs.map((d) => d.output_throughput);
+  const hover = "%{text} req/s offered<br>%{x:.4g} tok/s, %{y:.4g} ms<extra></extra>";
+  const line = (name, key, color, dash) => ({
+    type: "scatter", mode: "lines+markers", name: name, x: tput, y: runs.map((d) => d[key]),
+    text: runs.map(rate), line: { color: color, dash: dash || "solid" }, hovertemplate: hover });
+  Plotly.react("chart-curve", [
+    line("median end-to-end", "median_e2el_ms", "#1565c0"),
+    line("p99 end-to-end", "p99_e2el_ms", "#1565c0", "dot")], {
+    ...LAYOUT, title: { ...LAYOUT.title, text: "Latency against throughput" },
+    xaxis: { title: { text: "output throughput (tokens/s)" } },
+    yaxis: { title: { text: "latency per request (ms)" } }, legend: { orientation: "h", y: -0.25 } },
+    CONFIG);
+  const offered = runs.map((d) => d.request_throughput);
+  const byRate = (name, key, color, dash) => ({
+    type: "scatter", mode: "lines+markers", name: name, x: offered, y: runs.map((d) => d[key]),
+    text: runs.map(rate), line: { color: color, dash: dash || "solid" },
+    hovertemplate: "%{text} req/s offered<br>%{x:.4g} req/s served, %{y:.4g} ms<extra></extra>" });
+  Plotly.react("chart-rates", [
+    byRate("median TTFT", "median_ttft_ms", "#ef6c00"), byRate("p99 TTFT", "p99_ttft_ms", "#ef6c00", "dot"),
+    byRate("median TPOT", "median_tpot_ms", "#2e7d32"), byRate("p99 TPOT", "p99_tpot_ms", "#2e7d32", "dot")], {
+    ...LAYOUT, title: { ...LAYOUT.title, text: "TTFT and TPOT against the load" },
+    xaxis: { title: { text: "requests served per second" } },
+    yaxis: { title: { text: "ms" }, rangemode: "tozero" }, legend: { orientation: "h", y: -0.25 } },
+    CONFIG);
+  const head = ["req/s offered", "req/s served", "output tok/s", "median TTFT ms", "p99 TTFT ms",
+                "median TPOT ms", "p99 TPOT ms", "median e2e ms", "max running", "preempted", "regime"];
+  const rows = runs.map((d) => [rate(d), num(d.request_throughput), num(d.output_throughput, 4),
+    num(d.median_ttft_ms), num(d.p99_ttft_ms), num(d.median_tpot_ms), num(d.p99_tpot_ms),
+    num(d.median_e2el_ms, 4), d.max_running_requests, d.preemptions, d.regime]);
+  $("#table-simulate").innerHTML = "<tr>" + head.map((h) => "<th>" + h + "</th>").join("") +
+    "</tr>" + rows.map((cells) => "<tr>" + cells.map((c, j) =>
+      "<td" + (j < 10 ? ' class="num"' : "") + ">" + esc(c) + "</td>").join("") + "</tr>").join("");
+}
+
+const DRAW = { estimate: drawEstimate, plan: drawPlan, simulate: drawSimulate };
 
 fetch("/api/meta").then((r) => r.json()).then(setup).catch((err) => {
   document.body.insertAdjacentText("afterbegin", "llmplan ui: cannot load /api/meta: " + err);
