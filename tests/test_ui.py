@@ -38,7 +38,8 @@ def url():
 
 def post(url: str, path: str, body: object) -> tuple[int, dict]:
     data = body if isinstance(body, bytes) else json.dumps(body).encode()
-    req = urllib.request.Request(url + path.lstrip("/"), data=data, method="POST")
+    req = urllib.request.Request(url + path.lstrip("/"), data=data, method="POST",
+                                 headers={"Content-Type": "application/json"})
     try:
         with urllib.request.urlopen(req, timeout=120) as r:
             return r.status, json.loads(r.read())
@@ -133,7 +134,8 @@ def test_a_body_over_the_limit_is_refused_before_it_is_read(url):
     the body first would wait for it until the client gave up)."""
     host, port = url.split("//")[1].rstrip("/").rsplit(":", 1)
     with socket.create_connection((host, int(port)), timeout=10) as s:
-        s.sendall(b"POST /api/estimate HTTP/1.1\r\nHost: x\r\nContent-Length: 52428800\r\n\r\n")
+        s.sendall(b"POST /api/estimate HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: "
+                  b"application/json\r\nContent-Length: 52428800\r\n\r\n")
         head = b""
         while chunk := s.recv(65536):  # the server closes the connection after its answer
             head += chunk
@@ -146,13 +148,17 @@ def test_a_body_over_the_limit_is_refused_before_it_is_read(url):
 @pytest.mark.parametrize("raw", [
     b"\x00\xff garbage\r\n\r\n",
     b"GET /" + b"a" * 70000 + b" HTTP/1.1\r\n\r\n",
-    b"POST /api/estimate HTTP/1.1\r\nContent-Length: -5\r\n\r\n",
-    b"POST /api/estimate HTTP/1.1\r\nContent-Length: 12\r\n\r\n\xff\xfe{not json}",
-    b"POST /api/nothing HTTP/1.1\r\nContent-Length: 2\r\n\r\n{}",
+    *(b"POST %s HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n%s"
+      % (path, rest) for path, rest in (
+          (b"/api/estimate", b"Content-Length: -5\r\n\r\n"),
+          (b"/api/estimate", b"Content-Length: 12\r\n\r\n\xff\xfe{not json}"),
+          (b"/api/estimate", b"Content-Length: x\r\n\r\n{}"),
+          (b"/api/estimate", b"\r\n{}"),  # no length
+          (b"/api/nothing", b"Content-Length: 2\r\n\r\n{}"),
+          (b"/api/estimate", b"Content-Length: 5\r\n\r\n"))),  # the body never comes
     b"BREW /pot HTTP/1.1\r\n\r\n",
-    b"POST /api/estimate HTTP/1.1\r\nContent-Length: 5\r\n\r\n",  # the body never comes
 ])
-def test_the_server_survives_garbage(url, raw):
+def test_the_server_survives_garbage(url, raw, capfd):
     host, port = url.split("//")[1].rstrip("/").rsplit(":", 1)
     with socket.create_connection((host, int(port)), timeout=10) as s:
         s.sendall(raw)
@@ -163,6 +169,8 @@ def test_the_server_survives_garbage(url, raw):
     assert b"Traceback" not in answer
     status, r = post(url, "/api/estimate", {"fields": {**BASE, "batch": "2"}})
     assert status == 200 and r["json"]["batch"] == 2
+    out, err = capfd.readouterr()
+    assert "Traceback" not in err and out == ""  # one line a request, on stderr
 
 
 @pytest.mark.parametrize("body", [
@@ -176,6 +184,34 @@ def test_wrong_shapes_get_one_line_json_errors(url, body):
     assert status == 400
     assert r["error"].startswith("llmplan") and "\n" not in r["error"]
     assert "Traceback" not in r["error"]
+
+
+def test_only_loopback_names_and_json_are_answered(url):
+    """DNS rebinding (another site's name pointed at 127.0.0.1) and a cross-site form's
+    text/plain POST are refused; the page's own requests are not."""
+    host, port = url.split("//")[1].rstrip("/").rsplit(":", 1)
+    body = json.dumps({"fields": {**BASE, "batch": "2"}}).encode()
+
+    def raw(host_header: str, content_type: str) -> int:
+        with socket.create_connection((host, int(port)), timeout=60) as s:
+            s.sendall(b"POST /api/estimate HTTP/1.1\r\nHost: %s\r\nContent-Type: %s\r\n"
+                      b"Content-Length: %d\r\nConnection: close\r\n\r\n%s"
+                      % (host_header.encode(), content_type.encode(), len(body), body))
+            answer = b""
+            while chunk := s.recv(65536):
+                answer += chunk
+        return int(answer.split(b" ", 2)[1])
+
+    assert raw(f"evil.example:{port}", "application/json") == 403
+    assert raw("evil.example", "application/json") == 403
+    assert raw(f"127.0.0.1:{port}", "text/plain") == 415
+    assert raw(f"localhost:{port}", "application/json") == 200
+    assert raw(f"127.0.0.1:{port}", "application/json; charset=utf-8") == 200
+    assert raw(f"[::1]:{port}", "application/json") == 200
+    req = urllib.request.Request(url, headers={"Host": "evil.example"})
+    with pytest.raises(urllib.error.HTTPError) as err:
+        urllib.request.urlopen(req, timeout=10)
+    assert err.value.code == 403
 
 
 def test_the_page_and_plotly_come_from_this_server(url):

@@ -216,3 +216,35 @@ def test_the_simulate_view_draws_one_point_per_rate(browser, url, tmp_path):
     rows = browser.find_elements(By.CSS_SELECTOR, "#table-simulate tr")[1:]
     assert [tr.find_elements(By.TAG_NAME, "td")[0].text for tr in rows] == ["1", "4", "16"]
     shot(browser, "ui-simulate.png", tmp_path)
+
+
+def test_an_uploaded_config_json_is_estimated_and_a_bad_one_refused(browser, url, tmp_path):
+    browser.get(url)
+    wait_run(browser, 0)
+    good = tmp_path / "config.json"
+    good.write_text((ROOT / "tests" / "fixtures" / "hf" / "llama-3.1-8b.json").read_text())
+    upload = browser.find_element(By.CSS_SELECTOR, "#form-estimate [name=model_file]")
+    before = runs(browser)
+    upload.send_keys(str(good))
+    wait_run(browser, before)
+    d, command = last(browser, "estimate")
+    assert "--model config.json" in command and d["params"] > 8e9
+    err = browser.find_element(By.CSS_SELECTOR, '#form-estimate .err[data-for="model"]')
+    assert err.text == ""
+
+    bad = tmp_path / "bad" / "config.json"
+    bad.parent.mkdir()
+    bad.write_text('{"hidden_size": 4096,')
+    before = runs(browser)
+    upload.send_keys(str(bad))
+    wait_run(browser, before)
+    assert err.text == "llmplan: error: config.json: line 1: malformed JSON: Expecting " \
+        "property name enclosed in double quotes"
+
+    big = tmp_path / "big" / "config.json"  # refused in the browser, before it is sent
+    big.parent.mkdir()
+    big.write_bytes(b" " * (50 * 2**20))
+    upload.send_keys(str(big))
+    WebDriverWait(browser, 30).until(lambda d: "50.0 MiB" in err.text)
+    assert err.text == ("llmplan: error: config.json: 50.0 MiB, larger than the 4 MiB a file "
+                        "may be")

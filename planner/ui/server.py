@@ -57,7 +57,19 @@ class Handler(BaseHTTPRequestHandler):
         except (OSError, ValueError):
             pass
 
+    def _refused_host(self) -> bool:
+        """A server on a loopback address answers only requests addressed to one: a web page
+        elsewhere whose name is made to point at 127.0.0.1 (DNS rebinding) sends its own
+        name as the Host, and is refused."""
+        if not self.server.loopback or is_loopback(_host_name(self.headers.get("Host") or "")):
+            return False
+        self._json(403, {"error": "llmplan: error: this server answers requests to "
+                                  "127.0.0.1 or localhost only", "field": None}, close=True)
+        return True
+
     def do_GET(self) -> None:  # noqa: N802 (the base's name)
+        if self._refused_host():
+            return
         path = self.path.split("?", 1)[0]
         if path in ("/", "/index.html"):
             return self._file(STATIC / "index.html", FILES["index.html"])
@@ -71,9 +83,16 @@ class Handler(BaseHTTPRequestHandler):
         self._json(404, {"error": f"no such page: {_printable(path, 100)}", "field": None})
 
     def do_POST(self) -> None:  # noqa: N802 (the base's name)
+        if self._refused_host():
+            return
         path = self.path.split("?", 1)[0]
         if not path.startswith("/api/"):
             self._json(404, {"error": f"no such page: {_printable(path, 100)}",
+                             "field": None}, close=True)
+            return
+        if (self.headers.get("Content-Type") or "").split(";")[0].strip() != "application/json":
+            # a form on another site can POST text/plain without asking; JSON it cannot
+            self._json(415, {"error": "llmplan: error: the API takes application/json",
                              "field": None}, close=True)
             return
         body = self._body()
@@ -147,6 +166,7 @@ class Server(ThreadingHTTPServer):
 
     def __init__(self, host: str, port: int):
         self.plotly_path = plotly_js()
+        self.loopback = is_loopback(host)
         if ":" in host:
             self.address_family = socket.AF_INET6
         super().__init__((host, port), Handler)
@@ -161,6 +181,13 @@ class Server(ThreadingHTTPServer):
     def url(self) -> str:
         host, port = self.server_address[:2]
         return f"http://{'[' + host + ']' if ':' in host else host}:{port}/"
+
+
+def _host_name(header: str) -> str:
+    """A Host header's name: '127.0.0.1:8765' -> '127.0.0.1', '[::1]:8765' -> '::1'."""
+    if header.startswith("["):
+        return header[1:].split("]", 1)[0]
+    return header.rsplit(":", 1)[0] if header.count(":") == 1 else header
 
 
 def is_loopback(host: str) -> bool:
