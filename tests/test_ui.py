@@ -74,8 +74,15 @@ def test_estimate_is_the_cli_json_and_its_command_gives_it(url, fields):
     assert status == 200, r
     assert r["command"].endswith(" --json")
     assert r["json"] == cli_json(r["command"])
-    assert r["json"]["batch"] == int(fields["batch"])
-    assert "tpot_s_low" in r["json"] and r["json"]["operators"]["decode"]
+    d = r["json"]
+    assert d["batch"] == int(fields["batch"])
+    assert "tpot_s_low" in d and d["operators"]["decode"]
+    # the memory a GPU of the layout needs: a pipeline stage's, an EP GPU's, else the estimate's
+    need = d["pipeline"]["max_memory_per_gpu_bytes"] if "pipeline" in d else \
+        d["expert_parallel"]["total_bytes"] if "expert_parallel" in d else d["total_memory_bytes"]
+    assert r["extra"]["memory_per_gpu_bytes"] == pytest.approx(need)
+    assert r["extra"]["layout_section"] == ("pipeline" if "pipeline" in d else
+                                            "expert_parallel" if "expert_parallel" in d else None)
 
 
 @pytest.mark.parametrize(("field", "value"), [

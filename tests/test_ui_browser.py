@@ -56,6 +56,7 @@ def browser(tmp_path_factory):
                  "--window-size=1400,1000",
                  f"--user-data-dir={tmp_path_factory.mktemp('chromium')}"):
         opts.add_argument(flag)
+    opts.set_capability("goog:loggingPrefs", {"browser": "ALL"})
     service = webdriver.ChromeService(executable_path=CHROMEDRIVER)
     try:
         driver = webdriver.Chrome(options=opts, service=service)
@@ -98,6 +99,14 @@ def set_field(driver, view: str, name: str, value: str) -> None:
 def last(driver, view: str) -> tuple[dict, str]:
     return driver.execute_script(f"return [window.llmplan.last.{view}, "
                                  f"window.llmplan.commands.{view}]")
+
+
+def no_script_errors(driver) -> None:
+    """The page's console holds no error but the favicon it does not have."""
+    errors = [e["message"] for e in driver.get_log("browser")
+              if e["level"] == "SEVERE" and "favicon.ico" not in e["message"]
+              and "the server responded with a status of 400" not in e["message"]]
+    assert errors == []
 
 
 def shot(driver, name: str, tmp_path: Path) -> Path:
@@ -149,6 +158,7 @@ def test_estimate_page_redraws_and_shows_the_cli_figures(browser, url, tmp_path)
     d, command = last(browser, "estimate")
     assert "--weights fp8" in command and d["weights"] == "fp8"
     assert d == cli_json(command)
+    no_script_errors(browser)
     png = shot(browser, "ui-estimate.png", tmp_path)
     assert png.stat().st_size > 10_000
 
@@ -193,6 +203,7 @@ def test_the_plan_view_ranks_what_plan_ranks(browser, url, tmp_path):
     assert "price set hyperscaler-on-demand" in browser.find_element(By.ID, "summary-plan").text
     front = browser.execute_script("return document.getElementById('chart-pareto').data[1]")
     assert front["x"] and all(x in [r["latency_s"] for r in expected] for x in front["x"])
+    no_script_errors(browser)
     shot(browser, "ui-plan.png", tmp_path)
 
 
@@ -215,6 +226,7 @@ def test_the_simulate_view_draws_one_point_per_rate(browser, url, tmp_path):
     assert curve["y"] == pytest.approx([d["median_e2el_ms"] for d in page])
     rows = browser.find_elements(By.CSS_SELECTOR, "#table-simulate tr")[1:]
     assert [tr.find_elements(By.TAG_NAME, "td")[0].text for tr in rows] == ["1", "4", "16"]
+    no_script_errors(browser)
     shot(browser, "ui-simulate.png", tmp_path)
 
 

@@ -48,11 +48,21 @@ def _commands() -> dict[str, Callable]:
 
 def _runners() -> dict[str, Callable[[dict], tuple[object, dict]]]:
     """Each view's run: (what ``--json`` prints, what the drawing needs beside it)."""
-    from planner.cli.estimate import estimate_run
     from planner.cli.simulate import simulate_run
 
-    return {"estimate": lambda a: (estimate_run(a).payload, {}), "plan": _plan,
+    return {"estimate": _estimate, "plan": _plan,
             "simulate": lambda a: (simulate_run(a), {})}
+
+
+def _estimate(a: dict) -> tuple[dict, dict]:
+    """estimate's object, with the memory a GPU of the layout needs and whether the operators
+    and memory breakdown are one TP group's (a pipeline or expert-parallel layout: its
+    headline figures are the layout's, its breakdown one TP group's, as the CLI says)."""
+    from planner.cli.estimate import estimate_run
+
+    run = estimate_run(a)
+    return run.payload, {"memory_per_gpu_bytes": run.res.memory_needed_per_gpu_bytes,
+                         "layout_section": run.res.layout_section}
 
 
 def _plan(a: dict) -> tuple[list, dict]:

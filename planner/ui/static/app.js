@@ -179,14 +179,15 @@ const LAYOUT = { margin: { l: 60, r: 20, t: 40, b: 50 }, font: { size: 11 },
 const CONFIG = { displaylogo: false, responsive: true, displayModeBar: "hover" };
 
 // ------------------------------------------------------------------------- estimate
-function drawEstimate(d) {
+function drawEstimate(d, extra) {
+  const group = extra.layout_section ? " (one TP group of the layout)" : "";
   const keys = [["ttft_s", "TTFT", ms], ["tpot_s", "TPOT", ms], ["latency_s", "latency", ms],
                 ["throughput_tokens_per_s", "throughput", tps]];
   $("#headline-estimate").innerHTML = keys.map(([k, label, fmt]) =>
     card({ key: k, label: label }, d[k], d[k + "_low"], d[k + "_high"], fmt)).join("") +
-    '<div class="card" data-key="fits"><div class="name">memory</div><div class="value">' +
-    (d.fits ? "fits" : "does not fit") + '</div><div class="band">' + gib(d.total_memory_bytes) +
-    " of " + gib(d.usable_memory_bytes) + " usable</div></div>" +
+    '<div class="card" data-key="fits"><div class="name">memory per GPU</div><div class="value">' +
+    (d.fits ? "fits" : "does not fit") + '</div><div class="band">' +
+    gib(extra.memory_per_gpu_bytes) + " of " + gib(d.usable_memory_bytes) + " usable</div></div>" +
     '<div class="card" data-key="bound"><div class="name">decode</div><div class="value">' +
     d.bound + '-bound</div><div class="band">MBU ' + num(d.mbu * 100) + "%, MFU " +
     num(d.mfu * 100) + "%</div></div>";
@@ -195,13 +196,13 @@ function drawEstimate(d) {
   Plotly.react("chart-memory", parts.map(([name, b]) => ({
     type: "bar", orientation: "h", name: name, y: ["needed"], x: [b / GiB],
     hovertemplate: name + ": %{x:.2f} GiB<extra></extra>" })), {
-    ...LAYOUT, barmode: "stack", title: { ...LAYOUT.title, text: "Memory per GPU (GiB)" },
+    ...LAYOUT, barmode: "stack", title: { ...LAYOUT.title, text: group ? "Memory of one TP group on its own (GiB)" : "Memory per GPU (GiB)" },
     xaxis: { title: { text: "GiB" } }, legend: { orientation: "h", y: -0.3 },
     shapes: [{ type: "line", x0: d.usable_memory_bytes / GiB, x1: d.usable_memory_bytes / GiB,
                y0: -0.5, y1: 0.5, line: { color: "#c62828", dash: "dash" } }],
     annotations: [{ x: d.usable_memory_bytes / GiB, y: 0.5, text: "usable", showarrow: false,
                     yanchor: "bottom", font: { color: "#c62828" } }] }, CONFIG);
-  drawRoofline(d);
+  drawRoofline(d, group);
   const kv = d.kv_concurrency || {};
   const rows = [["KV cache per token", num(d.kv_cache_bytes_per_token / 1024) + " KiB"],
                 ["KV capacity", num(kv.kv_capacity_tokens, 6) + " tokens"],
@@ -214,7 +215,7 @@ function drawEstimate(d) {
     ([k, v]) => "<tr><td>" + k + '</td><td class="num">' + v + "</td></tr>").join("");
 }
 
-function drawRoofline(d) {
+function drawRoofline(d, group) {
   const ops = d.operators || {};
   const traces = [];
   let lo = Infinity, hi = 0;
@@ -235,7 +236,7 @@ function drawRoofline(d) {
                 y: xs.map((x) => Math.min(d.peak_flops_per_s, x * d.bandwidth_bytes_per_s)),
                 line: { color: "#455a64" }, hoverinfo: "skip" });
   Plotly.react("chart-roofline", traces, {
-    ...LAYOUT, title: { ...LAYOUT.title, text: "Roofline: the step's operators" },
+    ...LAYOUT, title: { ...LAYOUT.title, text: "Roofline: the step's operators" + group },
     xaxis: { type: "log", title: { text: "arithmetic intensity (FLOP/byte)" } },
     yaxis: { type: "log", exponentformat: "SI", title: { text: "FLOP/s" } }, legend: { orientation: "h", y: -0.25 } },
     CONFIG);
