@@ -5,7 +5,8 @@ prints, and a bad value gets the CLI's own one-line error.
 
 A request is ``{"fields": {name: text}, "config": {"name": "config.json", "text": ...}}``
 (``config``: an uploaded HF config.json, which stands for ``--model``). The answer is
-``{"json": ..., "command": "llmplan ..."}`` or ``{"error": "llmplan: error: ...", "field":
+``{"json": ..., "command": "llmplan ...", "extra": {...}}`` (``extra``: what the drawing needs
+beside the JSON, from library functions too) or ``{"error": "llmplan: error: ...", "field":
 name or null}``, ``field`` naming the form field the error is about.
 """
 
