@@ -254,6 +254,19 @@ def test_the_command_warns_off_loopback_and_prints_its_url():
     assert "warning: listening on 0.0.0.0, not a loopback address" in err
 
 
+def test_a_bad_port_or_a_taken_one_is_one_line(run_cli):
+    code, out, err = run_cli("ui", "--port", "70000")
+    assert code == 2 and err.strip() == "llmplan: error: --port: must be 0 to 65535, got 70000"
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        code, out, err = run_cli("ui", "--port", str(port))
+    assert code == 2 and out == ""
+    assert err.startswith(f"llmplan: error: --host 127.0.0.1 --port {port}: cannot listen: ")
+    assert len(err.strip().splitlines()) == 1
+
+
 def test_without_plotly_the_command_says_what_to_install():
     code = ("import sys; sys.modules['plotly'] = None; from planner.cli.app import main; "
             "sys.exit(main(['ui', '--port', '0']))")
@@ -330,7 +343,7 @@ def test_simulate_is_the_cli_json_once_per_rate(url):
     ("2,,4", "--request-rate: give 1 to 12 values, comma-separated"),
     (",".join(["1"] * 13), "--request-rate: give 1 to 12 values"),
     ("", "--request-rate: give one or more values"),
-])
+], ids=["negative", "empty-item", "13-rates", "none"])
 def test_a_bad_rate_list_names_the_field(url, value, expected):
     status, r = post(url, "/api/simulate", {"fields": {**BASE, "request_rate": value}})
     assert status == 400 and r["field"] == "request_rate"
