@@ -189,7 +189,7 @@ function drawEstimate(d, extra) {
     (d.fits ? "fits" : "does not fit") + '</div><div class="band">' +
     gib(extra.memory_per_gpu_bytes) + " of " + gib(d.usable_memory_bytes) + " usable</div></div>" +
     '<div class="card" data-key="bound"><div class="name">decode</div><div class="value">' +
-    d.bound + '-bound</div><div class="band">MBU ' + num(d.mbu * 100) + "%, MFU " +
+    esc(d.bound) + '-bound</div><div class="band">MBU ' + num(d.mbu * 100) + "%, MFU " +
     num(d.mfu * 100) + "%</div></div>";
   const parts = [["weights", d.weights_bytes], ["KV cache", d.kv_cache_bytes],
                  ["activations", d.activation_bytes], ["reserve", d.reserve_bytes]];
