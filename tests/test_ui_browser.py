@@ -57,12 +57,16 @@ def browser(tmp_path_factory):
                  f"--user-data-dir={tmp_path_factory.mktemp('chromium')}"):
         opts.add_argument(flag)
     opts.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    downloads = tmp_path_factory.mktemp("downloads")
+    opts.add_experimental_option("prefs", {"download.default_directory": str(downloads),
+                                           "download.prompt_for_download": False})
     service = webdriver.ChromeService(executable_path=CHROMEDRIVER)
     try:
         driver = webdriver.Chrome(options=opts, service=service)
     except Exception as err:  # a chromium that cannot start here (no shared memory, ...)
         pytest.skip(f"chromium did not start: {str(err).splitlines()[0]}")
     driver.set_page_load_timeout(60)
+    driver.downloads = downloads
     yield driver
     driver.quit()
 
@@ -226,6 +230,13 @@ def test_the_simulate_view_draws_one_point_per_rate(browser, url, tmp_path):
     assert curve["y"] == pytest.approx([d["median_e2el_ms"] for d in page])
     rows = browser.find_elements(By.CSS_SELECTOR, "#table-simulate tr")[1:]
     assert [tr.find_elements(By.TAG_NAME, "td")[0].text for tr in rows] == ["1", "4", "16"]
+    # "copy as CLI command" selects the command; "download JSON" saves the objects drawn
+    browser.find_element(By.CSS_SELECTOR, 'button.copy[data-view="simulate"]').click()
+    assert browser.execute_script("return window.getSelection().toString()") == command
+    browser.find_element(By.CSS_SELECTOR, 'button.download[data-view="simulate"]').click()
+    saved = browser.downloads / "llmplan-simulate.json"
+    WebDriverWait(browser, 30).until(lambda d: saved.is_file() and saved.stat().st_size > 0)
+    assert json.loads(saved.read_text()) == page
     no_script_errors(browser)
     shot(browser, "ui-simulate.png", tmp_path)
 
