@@ -3,6 +3,8 @@
 The package is in layers; each may import only the layers below it (tests/test_layers.py walks
 every module's imports and fails on one that runs upward):
 
+    ui/         the local web page (`llmplan ui`): a server and JSON API over the commands'
+                own functions, with its static page; the one layer above cli/
     cli/        one module per command: parse options, one library call, render
     io/         files and pictures: catalog (YAML / HF config.json -> specs), report PNGs,
                 rich rendering, number formatting, watch (Prometheus scrape)

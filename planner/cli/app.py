@@ -29,7 +29,7 @@ app = typer.Typer(
 
 
 BUILTIN = ("estimate", "models", "gpus", "engines", "sweep", "report", "check", "plan",
-           "validate", "simulate", "compare", "calibrate", "watch")
+           "validate", "simulate", "compare", "calibrate", "watch", "ui")
 
 
 def _register() -> None:
@@ -43,6 +43,7 @@ def _register() -> None:
         report,
         simulate,
         sweep,
+        ui,
         validate,
         watch,
     )
@@ -50,7 +51,7 @@ def _register() -> None:
     for command in (estimate.estimate, catalog.models, catalog.gpus, catalog.engines,
                     catalog.prices, sweep.sweep, report.report, check.check, plan.plan,
                     validate.validate, simulate.simulate, compare.compare, calibrate.calibrate,
-                    watch.watch):
+                    watch.watch, ui.ui):
         app.command()(command)
 
 

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Optional
+from typing import Annotated, Any, NamedTuple, Optional
 
 import typer
 
+from planner.cli.calls import command_defaults
 from planner.cli.options import (
     _W,
     DEFAULT_CHUNK,
@@ -125,9 +126,64 @@ def estimate(
     as_json: JsonOpt = False,
 ) -> None:
     """Predict memory, timing, utilisation and cost of one deployment."""
-    from planner.evidence.bands import static_regime
-    from planner.io import catalog, fmt
+    from planner.io import fmt
     from planner.io.gate import gate
+
+    res, m, dep, applied, source, payload = estimate_run(locals())
+    if as_json:
+        json_out(payload)
+    else:
+        gate(payload, "estimate's tables")  # the figures the tables show
+        _render(res, explain, source)
+        for n in m.quantization.notes if dep.weights_source == "checkpoint" else ():
+            stdout.print(f"[yellow]note:[/] {n}")
+        render_bands(stdout, applied, {
+            "ttft_s": ("TTFT", fmt.seconds), "tpot_s": ("TPOT", fmt.seconds),
+            "latency_s": ("latency", fmt.seconds),
+            "throughput_tokens_per_s": ("throughput", lambda v: f"{v:,.0f} tok/s")})
+    if require_fit and not res.fits:
+        if not as_json:
+            need = res.memory_needed_per_gpu_bytes
+            usable = "" if res.pipeline or res.expert else \
+                f", {res.estimate.memory.usable_bytes / GIB:.1f} GiB usable"
+            stderr.print(f"does not fit: {need / GIB:.1f} GiB needed"
+                         f"{' per GPU' if not usable else ''}{usable}")
+        raise typer.Exit(1)
+
+
+class EstimateRun(NamedTuple):
+    """What ``estimate`` computes: the result, the pieces its tables need, and ``payload``,
+    the object ``--json`` prints."""
+
+    res: Any
+    model: Any
+    deployment: Any
+    bands: dict
+    weights_source: str
+    payload: dict
+
+
+def estimate_run(a: dict) -> EstimateRun:
+    """One deployment's estimate from ``estimate``'s parameters by name (``a``: the values
+    typer hands the command; a name left out takes the command's default). The one place the
+    figures of ``llmplan estimate`` and its ``--json`` object are made: the command renders
+    them, the web page (planner/ui) serves them."""
+    a = {**command_defaults(estimate), **a}
+    (model, gpu, engine, tp, pp, ep, weights, kv_cache, quantization, dtype, kv_cache_dtype,
+     enforce_eager, batch, prompt_tokens, output_tokens, group_size, quantized_layers,
+     time_model, attention, kernel_overhead_us, reserve_gib, memory_utilization,
+     prefill_chunk_tokens, cpu_offload_gb, calibration, price_per_hour, prices, price,
+     measured_tpot, measured_ttft, allow_longer_context, compute, expert_imbalance,
+     speculative, draft_model, num_speculative_tokens, acceptance_rate) = (a[k] for k in (
+        "model", "gpu", "engine", "tp", "pp", "ep", "weights", "kv_cache", "quantization",
+        "dtype", "kv_cache_dtype", "enforce_eager", "batch", "prompt_tokens", "output_tokens",
+        "group_size", "quantized_layers", "time_model", "attention", "kernel_overhead_us",
+        "reserve_gib", "memory_utilization", "prefill_chunk_tokens", "cpu_offload_gb",
+        "calibration", "price_per_hour", "prices", "price", "measured_tpot", "measured_ttft",
+        "allow_longer_context", "compute", "expert_imbalance", "speculative", "draft_model",
+        "num_speculative_tokens", "acceptance_rate"))
+    from planner.evidence.bands import static_regime
+    from planner.io import catalog
     from planner.layouts.deployment import estimate_deployment
 
     for name, v in (("--batch", batch), ("--prompt-tokens", prompt_tokens),
@@ -164,25 +220,7 @@ def estimate(
     source = weights_source_text(m, dep.precision, dep.weights_source,
                                  group_size if dep.weights_source == "checkpoint" else None)
     payload = {**res.to_dict(), "weights_source_detail": source, **band_fields(applied)}
-    if as_json:
-        json_out(payload)
-    else:
-        gate(payload, "estimate's tables")  # the figures the tables show
-        _render(res, explain, source)
-        for n in m.quantization.notes if dep.weights_source == "checkpoint" else ():
-            stdout.print(f"[yellow]note:[/] {n}")
-        render_bands(stdout, applied, {
-            "ttft_s": ("TTFT", fmt.seconds), "tpot_s": ("TPOT", fmt.seconds),
-            "latency_s": ("latency", fmt.seconds),
-            "throughput_tokens_per_s": ("throughput", lambda v: f"{v:,.0f} tok/s")})
-    if require_fit and not res.fits:
-        if not as_json:
-            need = res.memory_needed_per_gpu_bytes
-            usable = "" if res.pipeline or res.expert else \
-                f", {res.estimate.memory.usable_bytes / GIB:.1f} GiB usable"
-            stderr.print(f"does not fit: {need / GIB:.1f} GiB needed"
-                         f"{' per GPU' if not usable else ''}{usable}")
-        raise typer.Exit(1)
+    return EstimateRun(res, m, dep, applied, source, payload)
 
 
 def _render(res, explain: bool, weights_source: str | None = None) -> None:

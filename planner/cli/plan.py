@@ -10,6 +10,7 @@ from typing import Annotated, Optional
 
 import typer
 
+from planner.cli.calls import command_defaults
 from planner.cli.flags import KV_CACHE_DTYPES, QUANTIZATIONS
 from planner.cli.options import (
     DEFAULT_ENGINE,
@@ -143,12 +144,35 @@ def plan(
     """Find the cheapest configurations that meet TTFT and TPOT targets at a traffic level:
     each sized by simulating continuous batching (or, with --scheduler static, static
     batches)."""
+    plan_run(locals(), emit=True)
+
+
+def plan_run(a: dict, *, emit: bool = False):
+    """``plan``'s search from its parameters by name (``a``: the values typer hands the
+    command; a name left out takes the command's default): every configuration sized and
+    ranked, the frame whose rows ``--json`` prints (``plan_records``). With ``emit``, the
+    command's output too (the table, or the JSON, CSV and plot asked for); the web page
+    (planner/ui) takes the frame alone."""
+    a = {**command_defaults(plan), **a}
+    (model, ttft, tpot, engine, prompt_tokens, output_tokens, rps, tokens_per_s, gpu, tp, pp,
+     ep, expert_imbalance, weights, kv_cache, quantization, kv_cache_dtype, enforce_eager,
+     price_per_hour, prices, price, calibration, top, csv, plot, scheduler, percentile,
+     sim_requests, range_ratio, compute, quantized_layers, memory_utilization, reserve_gib,
+     allow_longer_context, size_at, speculative, draft_model, num_speculative_tokens,
+     acceptance_rate, disaggregated, as_json) = (a[k] for k in (
+        "model", "ttft", "tpot", "engine", "prompt_tokens", "output_tokens", "rps",
+        "tokens_per_s", "gpu", "tp", "pp", "ep", "expert_imbalance", "weights", "kv_cache",
+        "quantization", "kv_cache_dtype", "enforce_eager", "price_per_hour", "prices",
+        "price", "calibration", "top", "csv", "plot", "scheduler", "percentile",
+        "sim_requests", "range_ratio", "compute", "quantized_layers", "memory_utilization",
+        "reserve_gib", "allow_longer_context", "size_at", "speculative", "draft_model",
+        "num_speculative_tokens", "acceptance_rate", "disaggregated", "as_json"))
     from planner.core.specs import DType
     from planner.io import catalog
     from planner.search.plan import SimSettings, Targets, default_eps, search
     from planner.search.sweep import parse_int_list, parse_str_list
 
-    t_ttft, t_tpot = _check_targets(locals())
+    t_ttft, t_tpot = _check_targets(a)
     opts = with_expert_imbalance(options_from(TimeModel.roofline, Attention.flash, None,
                                               reserve_gib, memory_utilization),
                                  expert_imbalance)
@@ -210,27 +234,36 @@ def plan(
     cdt = DType(compute.value) if compute else None
     _some_precision_runs(gpus, wl, cdt, cal, eng)
     if scheduler == "continuous":
-        _plan_continuous(m, gpus, prompt_tokens=prompt_tokens, output_tokens=output_tokens,
-                         targets=Targets(t_ttft, t_tpot, req), tps=tps, pps=pps, eps=eps,
-                         weights=wl, kv_cache=kvl, calibration=cal,
-                         price_per_hour=price_per_hour, engine=eng,
-                         settings=SimSettings(percentile=percentile, num_requests=sim_requests,
-                                              range_ratio=range_ratio,
-                                              **_size_factors(eng.name, size_at)),
-                         top=top, csv=csv, plot=plot, as_json=as_json,
-                         label=(ttft, tpot, req), compute=cdt, quantized_layers=ql,
-                         options=opts, speculations=specs, disaggregated=disaggregated,
-                         price_set=price_set)
-        return
+        return _plan_continuous(m, gpus, prompt_tokens=prompt_tokens,
+                                output_tokens=output_tokens,
+                                targets=Targets(t_ttft, t_tpot, req), tps=tps, pps=pps, eps=eps,
+                                weights=wl, kv_cache=kvl, calibration=cal,
+                                price_per_hour=price_per_hour, engine=eng,
+                                settings=SimSettings(percentile=percentile,
+                                                     num_requests=sim_requests,
+                                                     range_ratio=range_ratio,
+                                                     **_size_factors(eng.name, size_at)),
+                                top=top, csv=csv, plot=plot, as_json=as_json,
+                                label=(ttft, tpot, req), compute=cdt, quantized_layers=ql,
+                                options=opts, speculations=specs, disaggregated=disaggregated,
+                                price_set=price_set, emit=emit)
     targets = Targets(t_ttft, t_tpot, req)
     df = search(m, gpus, prompt_tokens=prompt_tokens, output_tokens=output_tokens,
                 targets=targets, tps=tps, pps=pps, eps=eps,
                 weights=wl, kv_cache=kvl, calibration=cal, price_usd_per_gpu_hour=price_per_hour,
                 engine=eng, compute=cdt, quantized_layers=ql, options=opts)
     df["price_set"] = price_set
+    if not emit:
+        return df
     _show_static(df, m, prompt_tokens=prompt_tokens, output_tokens=output_tokens, top=top,
                  csv=csv, plot=plot, as_json=as_json, label=(ttft, tpot, req),
                  targets=targets, price_set=price_set)
+    return df
+
+
+def plan_records(df) -> list[dict]:
+    """The rows ``plan --json`` prints: every column, a missing value as null."""
+    return df.astype(object).where(df.notna(), None).to_dict(orient="records")
 
 
 DEFAULT_WEIGHTS = "bf16,fp8,int8,int4"
@@ -310,7 +343,7 @@ def _show_static(df, m, *, prompt_tokens, output_tokens, top, csv, plot, as_json
                     f"{output_tokens}, TTFT <= {ttft}, TPOT <= {tpot}, {req:g} req/s")
         stderr.print(f"wrote {plot}")
     if as_json:
-        json_out(df.astype(object).where(df.notna(), None).to_dict(orient="records"))
+        json_out(plan_records(df))
         return
     if not len(feas):
         from planner.search.plan import nearest_miss
@@ -421,7 +454,7 @@ def _plan_continuous(m, gpus, *, prompt_tokens, output_tokens, targets, tps, wei
                      calibration, price_per_hour, engine, settings, top, csv, plot, as_json,
                      label, compute=None, pps=(1,), eps=(1,), quantized_layers="all",
                      options=None, speculations=(), disaggregated="off",
-                     price_set: str = "") -> None:
+                     price_set: str = "", emit: bool = True):
     import numpy as np
     import pandas as pd
 
@@ -468,6 +501,8 @@ def _plan_continuous(m, gpus, *, prompt_tokens, output_tokens, targets, tps, wei
     from planner.io.gate import gate_frame
 
     gate_frame(df, "plan")  # every row, before the CSV, JSON or table
+    if not emit:
+        return df
     if csv:
         df.to_csv(csv, index=False)
         stderr.print(f"wrote {len(df):,} rows to {csv}")
@@ -477,8 +512,8 @@ def _plan_continuous(m, gpus, *, prompt_tokens, output_tokens, targets, tps, wei
                     "(continuous batching, simulated)")
         stderr.print(f"wrote {plot}")
     if as_json:
-        json_out(df.astype(object).where(df.notna(), None).to_dict(orient="records"))
-        return
+        json_out(plan_records(df))
+        return df
     if not len(df):
         from planner.search.plan import nearest_miss, search
 
@@ -521,3 +556,4 @@ def _plan_continuous(m, gpus, *, prompt_tokens, output_tokens, targets, tps, wei
         stdout.print(f"sized at the high end of the error band: TTFT x"
                      f"{settings.ttft_factor:.2f}, TPOT x{settings.tpot_factor:.2f} held to "
                      "the targets (the table shows the predicted figures)")
+    return df

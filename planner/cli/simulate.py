@@ -12,6 +12,7 @@ from typing import Annotated, Optional
 
 import typer
 
+from planner.cli.calls import command_defaults
 from planner.cli.options import (
     DEFAULT_ENGINE,
     DEFAULT_OUTPUT_TOKENS,
@@ -328,6 +329,39 @@ def simulate(
     contiguous KV, each step costed by the estimate's operator and engine model. A replica is
     --tp GPUs, --tp x --pp over pipeline stages, or --ep expert-parallel GPUs. --speculative
     decodes 1 + k tokens per request and step, keeping the expected (1 - a^(k+1)) / (1 - a)."""
+    simulate_run(locals(), emit=True)
+
+
+def simulate_run(a: dict, *, emit: bool = False) -> dict:
+    """One simulated run from ``simulate``'s parameters by name (``a``: the values typer hands
+    the command; a name left out takes the command's default): the object ``--json`` prints.
+    With ``emit``, the command's output too (the tables, or the JSON, trace and plot asked
+    for); the web page (planner/ui) takes the object alone."""
+    a = {**command_defaults(simulate), **a}
+    (model, gpu, engine, tp, pp, ep, expert_imbalance, weights, kv_cache, quantization, dtype,
+     kv_cache_dtype, enforce_eager, group_size, quantized_layers, compute, calibration,
+     time_model, attention, kernel_overhead_us, request_rate, burstiness, max_concurrency,
+     num_requests, prompt_tokens, output_tokens, range_ratio, prefix_tokens, prefix_cache,
+     dataset, dataset_name, seed, scheduler, max_wait, max_num_seqs, max_num_batched_tokens,
+     chunked_prefill, capacity_policy, mixed_batches, api_server_count, kv_layout, block_size,
+     max_model_len, memory_utilization, reserve_gib, cpu_offload_gb, ttft_slo, tpot_slo, trace,
+     allow_longer_context, plot, speculative, draft_model, num_speculative_tokens,
+     acceptance_rate, prefill_instances, decode_instances, prefill_tp, decode_tp, prefill_gpu,
+     decode_gpu, prefill_max_num_seqs, decode_max_num_seqs, prefill_max_num_batched_tokens,
+     decode_max_num_batched_tokens, kv_link, as_json) = (a[k] for k in (
+        "model", "gpu", "engine", "tp", "pp", "ep", "expert_imbalance", "weights", "kv_cache",
+        "quantization", "dtype", "kv_cache_dtype", "enforce_eager", "group_size",
+        "quantized_layers", "compute", "calibration", "time_model", "attention",
+        "kernel_overhead_us", "request_rate", "burstiness", "max_concurrency", "num_requests",
+        "prompt_tokens", "output_tokens", "range_ratio", "prefix_tokens", "prefix_cache",
+        "dataset", "dataset_name", "seed", "scheduler", "max_wait", "max_num_seqs",
+        "max_num_batched_tokens", "chunked_prefill", "capacity_policy", "mixed_batches",
+        "api_server_count", "kv_layout", "block_size", "max_model_len", "memory_utilization",
+        "reserve_gib", "cpu_offload_gb", "ttft_slo", "tpot_slo", "trace",
+        "allow_longer_context", "plot", "speculative", "draft_model", "num_speculative_tokens",
+        "acceptance_rate", "prefill_instances", "decode_instances", "prefill_tp", "decode_tp",
+        "prefill_gpu", "decode_gpu", "prefill_max_num_seqs", "decode_max_num_seqs",
+        "prefill_max_num_batched_tokens", "decode_max_num_batched_tokens", "kv_link", "as_json"))
     from planner.io import catalog
     from planner.serving import run
     from planner.serving.metrics import summary
@@ -348,8 +382,7 @@ def simulate(
                            calibration=calibration, options=opts,
                            enforce_eager=enforce_eager)
     if prefill_instances is not None or decode_instances is not None:
-        _simulate_disaggregated(m, locals())
-        return
+        return _simulate_disaggregated(m, locals())
     cfg = _scheduler(dep, locals())
     # the step budget is the prefill chunk, as in the engines
     dep = dep.with_options(prefill_chunk_tokens=cfg.max_num_batched_tokens)
@@ -394,9 +427,11 @@ def simulate(
     # t = 0", a TPOT with one output token): null; the gate refuses any other
     payload = {k: (None if isinstance(v, float) and not math.isfinite(v) else v)
                for k, v in d.items()}
+    if not emit:
+        return payload
     if as_json:
         json_out(payload)
-        return
+        return payload
     from planner.io.gate import gate
 
     gate(payload, "simulate's tables")  # the figures the tables show
@@ -405,13 +440,14 @@ def simulate(
         **{f"{s}_{k}_ms": (f"{s} {k.upper()}", lambda v: f"{v:,.1f} ms")
            for s in ("mean", "median") for k in ("ttft", "tpot")},
         "output_throughput": ("output throughput", lambda v: f"{v:,.0f} tok/s")})
+    return payload
 
 
 DISAGG_CONFLICTS = ("speculative", "draft_model", "num_speculative_tokens", "acceptance_rate",
                     "max_concurrency", "trace", "plot")
 
 
-def _simulate_disaggregated(m, a: dict) -> None:
+def _simulate_disaggregated(m, a: dict) -> dict:
     """``simulate`` with --prefill-instances / --decode-instances: the two pools built from
     the command's options with each side's own GPU, TP and scheduler limits, served and
     reported (``planner.serving.disagg``)."""
@@ -494,13 +530,16 @@ def _simulate_disaggregated(m, a: dict) -> None:
            "prefill": pools["prefill"], "decode": pools["decode"], "kv_transfer": xfer, **d}
     payload = {k: (None if isinstance(v, float) and not math.isfinite(v) else v)
                for k, v in out.items()}
+    if not a["emit"]:
+        return payload
     if a["as_json"]:
         json_out(payload)
-        return
+        return payload
     from planner.io.gate import gate
 
     gate(payload, "simulate's tables")  # the figures the tables show
     _render_disaggregated(out)
+    return payload
 
 
 def _render_disaggregated(d: dict) -> None:
