@@ -205,6 +205,54 @@ def plain_log_ticks(ax, axes: str = "xy") -> None:
         axis.set_minor_formatter(matplotlib.ticker.FuncFormatter(minor_of(lim)))
 
 
+def thin_tick_labels(fig, *, pad_px: float = 3.0) -> None:
+    """Blank the tick labels that would touch another: on each axis of ``fig`` (its layout
+    final), the major labels first, then the minor ones in order, each kept only when its box
+    (measured with the renderer, ``pad_px`` apart) is clear of every label kept so far. A log
+    axis spanning under a decade labels every minor tick (``plain_log_ticks``); at 600, 700,
+    800 ... the wider numbers run into each other."""
+    from matplotlib.text import Text
+
+    fig.canvas.draw()
+    r = fig.canvas.get_renderer()
+    for ax in fig.axes:
+        for axis in (ax.xaxis, ax.yaxis):
+            kept_boxes, kept = [], {"major": set(), "minor": set()}
+            drawn = {id(t) for t in axis._update_ticks()}  # the ticks inside the view
+            for which, ticks in (("major", axis.get_major_ticks()),
+                                 ("minor", axis.get_minor_ticks())):
+                for tick in ticks:
+                    label = tick.label1
+                    if id(tick) not in drawn or not label.get_visible() \
+                            or not label.get_text().strip():
+                        continue
+                    box = Text.get_window_extent(label, r).padded(pad_px / 2)
+                    if not any(box.overlaps(k) for k in kept_boxes):
+                        kept_boxes.append(box)
+                        kept[which].add(round(float(tick.get_loc()), 12))
+            for which in ("major", "minor"):
+                inner = getattr(axis, f"get_{which}_formatter")()
+                getattr(axis, f"set_{which}_formatter")(_Only(inner, kept[which]))
+
+
+class _Only(matplotlib.ticker.Formatter):
+    """A formatter that writes ``inner``'s label at the kept values and nothing elsewhere."""
+
+    def __init__(self, inner, kept: set) -> None:
+        self.inner, self.kept = inner, kept
+
+    def set_axis(self, axis) -> None:
+        super().set_axis(axis)
+        self.inner.set_axis(axis)
+
+    def set_locs(self, locs) -> None:
+        super().set_locs(locs)
+        self.inner.set_locs(locs)
+
+    def __call__(self, x, pos=None) -> str:
+        return self.inner(x, pos) if round(float(x), 12) in self.kept else ""
+
+
 def _save(fig, df: pd.DataFrame, out_dir: Path, name: str) -> tuple[Path, Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
     png, csv = out_dir / f"{name}.png", out_dir / f"{name}.csv"
@@ -684,8 +732,9 @@ def accuracy_table(records: list[dict]) -> pd.DataFrame:
 
 
 def _square_loglog(ax, lo: float, hi: float, quantity: str, title: str, *,
-                   legend_size: int) -> None:
-    """A predicted-against-measured panel: both axes log, over the same range."""
+                   legend_size: int, under: bool = False) -> None:
+    """A predicted-against-measured panel: both axes log, over the same range; its key in
+    the upper left corner, or ``under`` the axes."""
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlim(lo, hi)
@@ -695,7 +744,11 @@ def _square_loglog(ax, lo: float, hi: float, quantity: str, title: str, *,
     ax.set_ylabel(f"predicted {quantity}")
     ax.set_title(title, fontsize=10)
     ax.grid(True, which="major", alpha=0.3)
-    ax.legend(fontsize=legend_size, loc="upper left")
+    if under:  # the key under the axes, where it covers no point
+        ax.legend(fontsize=legend_size, loc="upper center", bbox_to_anchor=(0.5, -0.13),
+                  frameon=False)
+    else:
+        ax.legend(fontsize=legend_size, loc="upper left")
 
 
 PREDICTION_LABELS = {"calibrated": "calibrated ceilings", "datasheet": "datasheet ceilings",
@@ -737,6 +790,15 @@ METRIC_LABELS = {"user_tokens_per_s": "tokens/s per sequence", "tpot_s": "TPOT (
                  "mean_tpot_s": "served: mean TPOT (s)", "median_tpot_s": "served: median TPOT (s)",
                  "mean_itl_s": "served: mean ITL (s)", "median_itl_s": "served: median ITL (s)",
                  "output_throughput": "served: output tokens/s"}
+# each panel's title: what a reader calls the figure (the keys above are the CSV's)
+METRIC_TITLES = {"user_tokens_per_s": "Tokens per second per sequence", "tpot_s": "TPOT",
+                 "ttft_s": "TTFT", "throughput_tokens_per_s": "Output tokens per second",
+                 "throughput_tokens_per_s_per_gpu": "Output tokens per second per GPU",
+                 "latency_s": "Latency of a static batch",
+                 "mean_ttft_s": "Served: mean TTFT", "median_ttft_s": "Served: median TTFT",
+                 "mean_tpot_s": "Served: mean TPOT", "median_tpot_s": "Served: median TPOT",
+                 "mean_itl_s": "Served: mean ITL", "median_itl_s": "Served: median ITL",
+                 "output_throughput": "Served: output tokens per second"}
 
 
 def plot_validation(comps, path: Path) -> None:
@@ -754,19 +816,14 @@ def plot_validation(comps, path: Path) -> None:
         return c.source if len(engines_of[c.source]) == 1 else f"{c.source} / {c.engine}"
 
     sources = sorted({series(c) for c in comps})
-    ncols = min(3, len(metrics))
-    nrows = -(-len(metrics) // ncols)
-    fig, axes = plt.subplots(nrows, ncols, figsize=(6.4 * ncols, 6.2 * nrows), squeeze=False)
-    for ax in axes.flat[len(metrics):]:
-        ax.set_visible(False)
-    for ax, metric in zip(axes.flat[:len(metrics)], metrics, strict=True):
+    entries = max(len({(series(c), c.in_sample) for c in comps if c.metric == m})
+                  for m in metrics) + 3  # the longest key: its series and the three bands
+    fig, axes = _grid(len(metrics), width=6.0, height=5.6 + 0.14 * entries)
+    for ax, metric in zip(axes, metrics, strict=True):
         sub = [c for c in comps if c.metric == metric]
         vals = [v for c in sub for v in (c.measured, c.predicted)]
         lo, hi = min(vals) / 1.6, max(vals) * 1.6
-        x = np.geomspace(lo, hi, 50)
-        ax.fill_between(x, x / 1.25, x * 1.25, color="grey", alpha=0.10, label="within 25%")
-        ax.fill_between(x, x / 1.1, x * 1.1, color="grey", alpha=0.22, label="within 10%")
-        ax.plot(x, x, color="black", lw=1, label="prediction = measurement")
+        _bands(ax, lo, hi)
         for i, src in enumerate(sources):
             pts = [c for c in sub if series(c) == src]
             if not pts:
@@ -781,10 +838,11 @@ def plot_validation(comps, path: Path) -> None:
                            marker=marker, facecolor=face, edgecolor=color, zorder=3,
                            label=f"{src} ({'held out' if held else 'in-sample'}, n={len(p)}, "
                                  f"median |err| {med:.0%})")
-        _square_loglog(ax, lo, hi, METRIC_LABELS[metric], metric, legend_size=7)
-    fig.tight_layout()
+        _square_loglog(ax, lo, hi, METRIC_LABELS[metric], METRIC_TITLES[metric],
+                       legend_size=7, under=True)
     fig.suptitle(f"llmplan validate: {len(comps)} published measurements, predicted with each "
-                 "row's engine profile", fontsize=10, y=1.0, va="bottom")
+                 "row's engine profile", fontsize=10)
+    thin_tick_labels(fig)
     fig.savefig(path, dpi=130, bbox_inches="tight")
     plt.close(fig)
 
@@ -838,43 +896,73 @@ def plot_simulation(res, path: Path, *, title: str) -> Path:
 
 
 SERVED_PANELS = (("ttft", "TTFT (ms)"), ("tpot", "TPOT (ms)"), ("itl", "ITL (ms)"),
-                 ("e2el", "end-to-end latency (ms)"), ("throughput", "throughput (per s)"))
+                 ("e2el", "end-to-end latency (ms)"), ("requests", "requests per second"),
+                 ("tokens", "tokens per second"))
+
+
+def _served_kind(metric: str) -> tuple[str, str, float]:
+    """(panel, series, scale) of a compared figure: request_throughput on the requests/s
+    panel, output and total token throughput on the tokens/s one (their units differ, so
+    never one axis), latencies (``mean_ttft_s``) in ms on their own panel, one series per
+    statistic."""
+    if "throughput" in metric:
+        kind = "requests" if metric.startswith("request") else "tokens"
+        return kind, metric.replace("_", " "), 1.0
+    stat, kind = metric.split("_")[:2]
+    return kind, stat, 1e3
+
+
+def _grid(n: int, *, width: float, height: float):
+    """Up to three panels a row, laid out so that keys under the axes stay clear of the row
+    below; panels past ``n`` hidden."""
+    ncols = min(3, n)
+    nrows = -(-n // ncols)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(width * ncols, height * nrows),
+                             squeeze=False, layout="constrained")
+    for ax in axes.flat[n:]:
+        ax.set_visible(False)
+    return fig, list(axes.flat[:n])
+
+
+def _bands(ax, lo: float, hi: float) -> None:
+    """The y = x line of a predicted-against-measured panel with its +-10% and +-25% bands."""
+    x = np.geomspace(lo, hi, 50)
+    ax.fill_between(x, x / 1.25, x * 1.25, color="grey", alpha=0.10, label="within 25%")
+    ax.fill_between(x, x / 1.1, x * 1.1, color="grey", alpha=0.22, label="within 10%")
+    ax.plot(x, x, color="black", lw=1, label="prediction = measurement")
 
 
 def plot_served(comps, path: Path, *, title: str) -> None:
     """`llmplan compare --plot`: the simulated figure of each measured run against the
-    measurement, log-log, a panel per kind of figure (mean, median and p99 marked apart), the
-    y = x line with +-10% and +-25% bands."""
+    measurement, log-log, a panel per kind of figure (mean, median and p99 marked apart;
+    requests/s and tokens/s on panels of their own), the y = x line with +-10% and +-25%
+    bands, each panel's key under it."""
     pts: dict[str, list[tuple[float, float, str]]] = {}
     for c in comps:
         for m in c.rows:
             if m.simulated is None or not m.measured:
                 continue
-            kind = "throughput" if "throughput" in m.metric else m.metric.split("_")[1]
-            stat = m.metric if kind == "throughput" else m.metric.split("_")[0]
-            k = 1.0 if kind == "throughput" else 1e3  # latencies in milliseconds
+            kind, stat, k = _served_kind(m.metric)
             pts.setdefault(kind, []).append((m.measured * k, m.simulated * k, stat))
     panels = [(k, label) for k, label in SERVED_PANELS if k in pts]
     if not panels:
         raise ValueError("no simulated figure to plot")
-    fig, axes = plt.subplots(1, len(panels), figsize=(5.6 * len(panels), 5.4), squeeze=False)
-    for ax, (kind, label) in zip(axes.flat, panels, strict=True):
+    fig, axes = _grid(len(panels), width=5.0, height=6.4)
+    for ax, (kind, label) in zip(axes, panels, strict=True):
         p = pts[kind]
         vals = [v for a, b, _ in p for v in (a, b)]
         lo, hi = min(vals) / 1.6, max(vals) * 1.6
-        x = np.geomspace(lo, hi, 50)
-        ax.fill_between(x, x / 1.25, x * 1.25, color="grey", alpha=0.10, label="within 25%")
-        ax.fill_between(x, x / 1.1, x * 1.1, color="grey", alpha=0.22, label="within 10%")
-        ax.plot(x, x, color="black", lw=1, label="prediction = measurement")
+        _bands(ax, lo, hi)
         for i, stat in enumerate(sorted({s for _, _, s in p})):
             sub = [(a, b) for a, b, s in p if s == stat]
             med = statistics.median(abs(b / a - 1) for a, b in sub)
             ax.scatter([a for a, _ in sub], [b for _, b in sub], s=34,
                        marker=MARKERS[i % len(MARKERS)], color=COLORS[i % len(COLORS)],
-                       zorder=3, label=f"{stat.replace('_', ' ')} (n={len(sub)}, median "
-                                       f"|err| {med:.0%})")
-        _square_loglog(ax, lo, hi, label, label, legend_size=7)
+                       zorder=3, label=f"{stat} (n={len(sub)}, median |err| {med:.0%})")
+        _square_loglog(ax, lo, hi, label, label[0].upper() + label[1:], legend_size=7,
+                       under=True)
     fig.suptitle(title, fontsize=10)
+    thin_tick_labels(fig)
     fig.savefig(path, dpi=130, bbox_inches="tight")
     plt.close(fig)
 
