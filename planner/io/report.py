@@ -144,10 +144,11 @@ class Labels:
             fontsize: int = 7) -> None:
         self.pending.append((x, y, text, color, dx, dy, fontsize))
 
-    def place(self, avoid: tuple = (), points=()) -> int:
-        """Draw the labels clear of each other, of the ``avoid`` artists (the legend) and of
-        the markers at ``points`` (data coordinates; the labelled points are added); returns
-        how many found no free spot."""
+    def place(self, avoid: tuple = (), points=(), lines=()) -> int:
+        """Draw the labels clear of each other, of the ``avoid`` artists (the legend), of
+        the markers at ``points`` (data coordinates; the labelled points are added) and of
+        the ``lines`` (each a sequence of (x, y) vertices in data coordinates, the segments
+        between them avoided); returns how many found no free spot."""
         from matplotlib.text import Text
         from matplotlib.transforms import Bbox
 
@@ -159,6 +160,7 @@ class Labels:
         for px, py in self.ax.transData.transform(np.asarray(xy, dtype=float).reshape(-1, 2)):
             if np.isfinite(px) and np.isfinite(py):
                 taken.append(Bbox.from_extents(px - r_px, py - r_px, px + r_px, py + r_px))
+        taken += self._line_boxes(lines)
         dropped = 0
         for x, y, text, color, dx, dy, fontsize in self.pending:
             spots = [(dx, dy, "left", False), (5, -3, "left", False), (-5, -3, "right", False),
@@ -183,6 +185,25 @@ class Labels:
                 dropped += 1
         self.pending = []
         return dropped
+
+    def _line_boxes(self, lines) -> list:
+        """Small boxes strung along each line's segments, a few pixels apart, inside the
+        axes: what a label must not sit on."""
+        from matplotlib.transforms import Bbox
+
+        frame = self.ax.get_window_extent(self.ax.figure.canvas.get_renderer())
+        half = 1.0 * self.ax.figure.dpi / 100
+        boxes = []
+        for line in lines:
+            v = self.ax.transData.transform(np.asarray(list(line), dtype=float).reshape(-1, 2))
+            for (x0, y0), (x1, y1) in zip(v[:-1], v[1:], strict=True):
+                if not np.all(np.isfinite([x0, y0, x1, y1])):
+                    continue
+                n = max(2, int(np.hypot(x1 - x0, y1 - y0) / 3) + 1)
+                for x, y in zip(np.linspace(x0, x1, n), np.linspace(y0, y1, n), strict=True):
+                    if frame.x0 <= x <= frame.x1 and frame.y0 <= y <= frame.y1:
+                        boxes.append(Bbox.from_extents(x - half, y - half, x + half, y + half))
+        return boxes
 
 
 def plain_log_ticks(ax, axes: str = "xy") -> None:
@@ -344,34 +365,33 @@ def plot_roofline(case: Case, df: pd.DataFrame, out_dir: Path,
     ax.annotate(f"ridge point {ridge:,.0f} FLOP/B", (ridge, peak * 1.5),
                 textcoords="offset points", xytext=(4, 0), ha="left", fontsize=8,
                 color="grey")  # above the roof, where no point can be
+    ceilings = [list(zip(x, np.minimum(peak, bw * x), strict=True))]  # lines labels avoid
     engine = str(df["engine"].iloc[0]) if "engine" in df else "ideal"
     if engine != "ideal":
         ep = float(df["engine_peak_flops_per_s"].iloc[0])
         eb = float(df["engine_bandwidth_bytes_per_s"].iloc[0])
+        ceilings.append(list(zip(x, np.minimum(ep, eb * x), strict=True)))
         ax.plot(x, np.minimum(ep, eb * x), color="tab:blue", lw=1.2, ls="--",
                 label=f"{df['engine_ceilings_source'].iloc[0]} ceilings ({engine}'s points "
                       f"sit below them): {ep / 1e12:,.0f} TFLOP/s, {eb / 1e12:.2f} TB/s")
     if measured_ceilings:
         mp, mb = measured_ceilings["flops_per_s"], measured_ceilings["bandwidth_bytes_per_s"]
+        ceilings.append(list(zip(x, np.minimum(mp, mb * x), strict=True)))
         ax.plot(x, np.minimum(mp, mb * x), color="tab:red", lw=1.2, ls="--",
                 label=f"measured ceilings: {fmt.si(mp, 'FLOP/s')}, {fmt.si(mb, 'B/s')}")
-    styles = {"decode": ("o", COLORS[0]), "prefill": ("s", COLORS[1])}
     labels = Labels(ax)
+    lines = ceilings
     for series, sub in df.groupby("series", sort=False):
         if series.startswith(("decode operators", "prefill operators")):
-            marker, color = styles[series.split()[0]]
+            marker, color = OPERATOR_STYLES[series.split()[0]]
             ax.scatter(sub["intensity_flops_per_byte"], sub["attainable_flops_per_s"],
                        marker=marker, color=color, s=28, alpha=0.8, label=series, zorder=3)
-            for r in sub.itertuples():
-                if r.label in ("qkv_proj", "attention", "mlp_gate_up_proj", "lm_head",
-                               "experts_gate_up_proj", "mla_q_up_proj", "o_proj",
-                               "mlp_down_proj", "mlp_up_proj"):
-                    labels.add(r.intensity_flops_per_byte, r.attainable_flops_per_s, r.label,
-                               color=color, dx=6, dy=-10)
         elif series == "decode step":
             ax.plot(sub["intensity_flops_per_byte"], sub["attainable_flops_per_s"], "-^",
                     color=COLORS[2], ms=6, lw=1.2, label="decode step, batch 1 to max that fits",
                     zorder=4)
+            lines.append(list(zip(sub["intensity_flops_per_byte"],
+                                  sub["attainable_flops_per_s"], strict=True)))
             for r in _spread(sub):
                 labels.add(r.intensity_flops_per_byte, r.attainable_flops_per_s, r.label,
                            color=COLORS[2], dx=-28, dy=6)
@@ -396,10 +416,53 @@ def plot_roofline(case: Case, df: pd.DataFrame, out_dir: Path,
     ax.set_title(case.title + ("\n(the operators of one TP group; the other charts are the "
                                "layout's)" if case.layered else ""), fontsize=10)
     ax.grid(True, which="major", alpha=0.3)
+    for x_, y_, text, color in operator_labels(df):
+        labels.add(x_, y_, text, color=color, dx=6, dy=-10)
     labels.place(avoid=(ax.legend(fontsize=7, loc="lower right"),),
                  points=zip(df["intensity_flops_per_byte"], df["attainable_flops_per_s"],
-                            strict=True))
+                            strict=True), lines=lines)
     return _save(fig, df, out_dir, f"{case.slug}_roofline")
+
+
+OPERATOR_STYLES = {"decode": ("o", COLORS[0]), "prefill": ("s", COLORS[1])}
+# the operators worth a name on the roofline (norms and activations sit bunched near 1 FLOP/B)
+NAMED_OPERATORS = ("qkv_proj", "attention", "mlp_gate_up_proj", "lm_head",
+                   "experts_gate_up_proj", "mla_q_up_proj", "o_proj", "mlp_down_proj",
+                   "mlp_up_proj")
+
+
+def operator_labels(df: pd.DataFrame, *, within_dec: float = 0.06
+                    ) -> list[tuple[float, float, str, tuple]]:
+    """(x, y, text, color) of the roofline's operator labels: the named operators of both
+    phases, those that sit on one spot (within ``within_dec`` decades on both axes) under one
+    label naming each once. A decode step's weight-bound matmuls all run at about the batch
+    in FLOP/B, and prefill's lm_head (the last token's logits only) is decode's own point:
+    a label each would stack five names, lm_head twice, on one marker."""
+    ops = df[df["series"].str.startswith(("decode operators", "prefill operators"))
+             & df["label"].isin(NAMED_OPERATORS)]
+    groups: list[dict] = []
+    for r in ops.itertuples():
+        lx, ly = np.log10(r.intensity_flops_per_byte), np.log10(r.attainable_flops_per_s)
+        phase = r.series.split()[0]
+        for g in groups:
+            if abs(g["lx"] - lx) < within_dec and abs(g["ly"] - ly) < within_dec:
+                break
+        else:
+            g = {"lx": lx, "ly": ly, "x": r.intensity_flops_per_byte,
+                 "y": r.attainable_flops_per_s, "names": [], "phases": set()}
+            groups.append(g)
+        if r.label not in g["names"]:
+            g["names"].append(r.label)
+        g["phases"].add(phase)
+    out = []
+    for g in groups:
+        names = g["names"]
+        text = "\n".join(", ".join(names[i:i + 2]) for i in range(0, len(names), 2))
+        if len(g["phases"]) > 1:
+            text += "\n(decode and prefill)"
+        phase = "decode" if "decode" in g["phases"] else "prefill"
+        out.append((g["x"], g["y"], text, OPERATOR_STYLES[phase][1]))
+    return out
 
 
 # --------------------------------------------------------------------------- 2. throughput
