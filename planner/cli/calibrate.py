@@ -42,13 +42,15 @@ def calibrate(
     files: FilesArg,
     model: ModelOpt,
     gpu: GpuOpt,
-    out: Annotated[Path, typer.Option("--out", "-o", help="Engine profile YAML to write.")],
+    out: Annotated[Path, typer.Option("--out", "-o", help="Engine profile YAML to write.",
+        metavar="YAML")],
     tp: TpOpt = 1,
     base_engine: Annotated[str, typer.Option(
-        "--base-engine", help="Engine profile whose other parameters the fit keeps.")] =
+        "--base-engine", help="Engine profile whose other parameters the fit keeps.",
+        metavar="ENGINE")] =
     DEFAULT_ENGINE,
     name: Annotated[Optional[str], typer.Option(
-        help="Name of the new profile (default: the output file's stem).")] = None,
+        help="Name of the new profile (default: the output file's stem).", metavar="NAME")] = None,
     weights: WeightsOption = None,
     kv_cache: KVOption = None,
     group_size: GroupSizeOpt = None,

@@ -94,7 +94,8 @@ def estimate(
     cpu_offload_gb: CpuOffloadOpt = 0.0,
     calibration: CalibrationOpt = None,
     price_per_hour: Annotated[Optional[float], typer.Option(
-        help="USD per GPU-hour (default: the GPU's price in the --prices set).")] = None,
+        help="USD per GPU-hour (default: the GPU's price in the --prices set).",
+        metavar="USD")] = None,
     prices: PricesOpt = None,
     price: PriceOpt = None,
     measured_tpot: Annotated[Optional[float], duration_option(
@@ -111,12 +112,14 @@ def estimate(
     compute: ComputeOpt = None,
     pp: Annotated[int, typer.Option(
         *PP_NAMES, help="Pipeline-parallel stages, each on --tp GPUs: adds the Pipeline section "
-        "(memory per stage, TPOT with micro-batches in flight, TTFT, transfers).")] = 1,
+        "(memory per stage, TPOT with micro-batches in flight, TTFT, transfers).",
+        metavar="N")] = 1,
     ep: Annotated[int, typer.Option(
         "--ep", help="Expert-parallel GPUs for a MoE model, each 1/N of the routed experts; "
         "attention TP over --tp of them in N / --tp data-parallel groups (--tp 1: "
         "data-parallel attention; --tp N: one TP group). Adds the Expert parallel section "
-        "(TTFT, TPOT, load imbalance, all-to-all or all-reduce, memory per GPU).")] = 1,
+        "(TTFT, TPOT, load imbalance, all-to-all or all-reduce, memory per GPU).",
+        metavar="N")] = 1,
     expert_imbalance: ExpertImbalanceOpt = None,
     speculative: SpeculativeOpt = None,
     draft_model: DraftOpt = None,

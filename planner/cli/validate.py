@@ -166,29 +166,33 @@ def recorded_limits() -> dict:
 
 def validate(
     source: Annotated[Optional[str], typer.Option(
-        help="Only these sources (comma-separated ids).")] = None,
+        help="Only these sources (comma-separated ids).", metavar="ID,...")] = None,
     engine: Annotated[Optional[str], typer.Option(
         "--engine", "-e", help="Predict every row with this engine instead of the row's own "
-        "(e.g. ideal: the roofline's error).")] = None,
+        "(e.g. ideal: the roofline's error).", metavar="ENGINE")] = None,
     dataset: Annotated[Optional[list[Path]], typer.Option(
-        help="Dataset files to use instead of the built-in ones (repeatable).")] = None,
+        help="Dataset files to use instead of the built-in ones (repeatable).",
+        metavar="FILE")] = None,
     served: Annotated[bool, typer.Option(
         "--served/--no-served", help="Also replay the published serving runs "
         "(planner/data/served) through the simulator.")] = True,
     served_dataset: Annotated[Optional[list[Path]], typer.Option(
-        help="Served-run manifests to use instead of the built-in ones (repeatable).")] = None,
+        help="Served-run manifests to use instead of the built-in ones (repeatable).",
+        metavar="FILE")] = None,
     rows: Annotated[bool, typer.Option("--rows/--no-rows",
                                        help="Show every row, not only the summary.")] = True,
-    csv: Annotated[Optional[Path], typer.Option("--csv", help="Every comparison to CSV.")] = None,
+    csv: Annotated[Optional[Path], typer.Option("--csv", help="Every comparison to CSV.",
+        metavar="CSV")] = None,
     plot: Annotated[Optional[Path], typer.Option(
-        "--plot", help="PNG of predicted vs measured (log-log, +-10% and +-25% bands).")] = None,
+        "--plot", help="PNG of predicted vs measured (log-log, +-10% and +-25% bands).",
+        metavar="PNG")] = None,
     check: Annotated[bool, typer.Option(
         "--check", help="Exit 1 when a held-out median error rises above the figure recorded "
         "in planner/data/validation_recorded.yaml.")] = False,
     write_bands: Annotated[Optional[Path], typer.Option(
         "--write-bands", help="Write the error bands built from these held-out figures to a "
         "YAML file (the built-in table is planner/data/bands.yaml, which estimate, simulate "
-        "and plan read).")] = None,
+        "and plan read).", metavar="YAML")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the results as JSON.")] = False,
 ) -> None:
     """Predict published measurements (one file per source) and show the error: median and
