@@ -7,9 +7,11 @@ from typing import Annotated, Optional
 import typer
 
 from planner.cli.options import (
-    _W,
+    DEFAULT_BATCH,
     DEFAULT_CHUNK,
     DEFAULT_ENGINE,
+    DEFAULT_OUTPUT_TOKENS,
+    DEFAULT_PROMPT_TOKENS,
     DEFAULT_RESERVE_GIB,
     DEFAULT_UTIL,
     PP_NAMES,
@@ -80,9 +82,9 @@ def estimate(
     dtype: DtypeOpt = None,
     kv_cache_dtype: KvCacheDtypeOpt = None,
     enforce_eager: EnforceEagerOpt = False,
-    batch: BatchOpt = _W["batch"].default,
-    prompt_tokens: PromptOpt = _W["prompt_tokens"].default,
-    output_tokens: OutputOpt = _W["output_tokens"].default,
+    batch: BatchOpt = DEFAULT_BATCH,
+    prompt_tokens: PromptOpt = DEFAULT_PROMPT_TOKENS,
+    output_tokens: OutputOpt = DEFAULT_OUTPUT_TOKENS,
     group_size: GroupSizeOpt = None,
     quantized_layers: QuantizedLayersOpt = QuantizedLayers.all,
     time_model: TimeModelOpt = TimeModel.roofline,

@@ -59,9 +59,12 @@ class Attention(str, Enum):
 
 # Defaults are declared once, in the specs.
 _W = Workload.model_fields
-# the workload every command defaults to (declared once, in Workload)
+# The workload every command defaults to (declared once, in Workload): estimate, sweep,
+# simulate, plan, report and a budget of check that leaves it out; tests/test_defaults.py
+# holds them together.
 DEFAULT_PROMPT_TOKENS = _W["prompt_tokens"].default
 DEFAULT_OUTPUT_TOKENS = _W["output_tokens"].default
+DEFAULT_BATCH = _W["batch"].default  # concurrent sequences of a static batch
 _O = Options.model_fields
 
 ModelOpt = Annotated[str, typer.Option(

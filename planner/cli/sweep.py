@@ -9,6 +9,7 @@ from typing import Annotated, Optional
 import typer
 
 from planner.cli.options import (
+    DEFAULT_BATCH,
     DEFAULT_CHUNK,
     DEFAULT_ENGINE,
     DEFAULT_OUTPUT_TOKENS,
@@ -102,13 +103,12 @@ def sweep(
     gpu: Annotated[str, typer.Option("--gpu", "-g", help="GPUs, comma-separated.",
         metavar="GPU,...")],
     engine: EngineOpt = DEFAULT_ENGINE,
-    batch: Annotated[str, typer.Option("--batch", "-b", help=LIST_HELP, metavar="N,...")] = "1",
+    batch: Annotated[str, typer.Option("--batch", "-b", help=LIST_HELP,
+        metavar="N,...")] = str(DEFAULT_BATCH),
     prompt_tokens: Annotated[str, typer.Option("--prompt-tokens", "-p", help=LIST_HELP,
-        metavar="TOKENS,...")] =
-    str(DEFAULT_PROMPT_TOKENS),
+        metavar="TOKENS,...")] = str(DEFAULT_PROMPT_TOKENS),
     output_tokens: Annotated[str, typer.Option("--output-tokens", "-o", help=LIST_HELP,
-        metavar="TOKENS,...")] =
-    str(DEFAULT_OUTPUT_TOKENS),
+        metavar="TOKENS,...")] = str(DEFAULT_OUTPUT_TOKENS),
     weights: Annotated[str, typer.Option(help="Weight precisions, comma-separated.",
         metavar="PRECISION,...")] = "bf16",
     kv_cache: Annotated[Optional[str], typer.Option(
