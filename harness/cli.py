@@ -215,7 +215,6 @@ def measure(
             Plan,
             load_done,
             run,
-            stderr_progress,
             summarize,
             write_prometheus,
         )
@@ -232,13 +231,16 @@ def measure(
                     argv=["llmplan", *sys.argv[1:]])
         if resume:
             load_done(dest)  # a corrupt results file is refused before the progress bar starts
+        from planner.cli.progress import task_progress
+
         total = len(wlist) * len(batches) * len(contexts)
-        advance, prog = stderr_progress(total)
         try:
-            with prog:
+            # a bar on a terminal only, never under --json (planner/cli/progress.py); the
+            # warnings print above it
+            with task_progress("measuring", total=total, enabled=not as_json) as advance:
                 records = run(plan, info, cal, hw, progress=advance,
-                              warn=lambda t: prog.console.print(f"[yellow]warning:[/] {t}",
-                                                                markup=True, highlight=False))
+                              warn=lambda t: stderr.print(f"[yellow]warning:[/] {t}",
+                                                          highlight=False))
         except KeyboardInterrupt:
             raise Interrupted(f"finished points are in {dest}; rerun with --resume") from None
         summary = summarize(records)

@@ -78,9 +78,13 @@ def calibrate(
                       quantized_layers)
     runs = read_result_files(files)
     check_runs(runs, s, strict)
+    from planner.cli.progress import task_progress
+
     try:
-        res = fit(runs, s, spec, name=name, date=_date.today().isoformat(),
-                  leave_one_out=leave_one_out)
+        # runs simulated over and over as the fit searches: a count on a terminal, not --json
+        with task_progress("calibrating: runs simulated", enabled=not as_json) as advance:
+            res = fit(runs, s, spec, name=name, date=_date.today().isoformat(),
+                      leave_one_out=leave_one_out, progress=advance)
     except ValueError as err:
         raise LlmplanError(f"calibrate: {err}") from None
     payload = {"profile": None if res.refused else str(out), "refused": list(res.refused),
