@@ -178,9 +178,10 @@ def _text_overlaps(fig) -> list[tuple[str, str]]:
     ["plan", "-m", "llama-3.1-70b", "-p", "2048", "-o", "256", "--ttft", "3s", "--tpot", "50ms",
      "--rps", "20", "--top", "3"],
     ["simulate", "-m", "llama-3.1-8b", "-g", "h100-sxm", "-n", "200", "--request-rate", "8"],
-    # the roofline where a decode step's matmuls bunch at 8-32 FLOP/B beside the batch ladder
+    # the roofline where a decode step's matmuls bunch at 8-32 FLOP/B beside the batch ladder,
+    # and (fp8) a prefill label reaching for the ridge point's note
     ["report", "-m", "llama-3.1-70b", "-g", "h100-sxm", "--tp", "4", "-p", "2048", "-o", "256",
-     "-b", "32", "--serving-requests", "0"],
+     "-b", "32", "--weights", "bf16,fp8", "--serving-requests", "0"],
     ["compare", *(str(SERVERS / f) for f in (
         "vllm_bench_serve.json", "sglang_bench_serving.jsonl", "guidellm_report.json",
         "genai_perf_profile_export.json")), "-m", "llama-3.1-8b", "-g", "h100-sxm"],

@@ -160,6 +160,7 @@ class Labels:
         for px, py in self.ax.transData.transform(np.asarray(xy, dtype=float).reshape(-1, 2)):
             if np.isfinite(px) and np.isfinite(py):
                 taken.append(Bbox.from_extents(px - r_px, py - r_px, px + r_px, py + r_px))
+        texts = list(taken[:len([a for a in avoid if a is not None])])  # what a leader avoids
         taken += self._line_boxes(lines)
         dropped = 0
         for x, y, text, color, dx, dy, fontsize in self.pending:
@@ -177,14 +178,31 @@ class Labels:
                 box = Text.get_window_extent(ann, renderer).expanded(1.04, 1.15)
                 inside = (frame.x0 <= box.x0 and box.x1 <= frame.x1 and frame.y0 <= box.y0
                           and box.y1 <= frame.y1)
-                if inside and not any(box.overlaps(t) for t in taken):
+                if inside and not any(box.overlaps(t) for t in taken) and not (
+                        leader and self._crosses(ann, box, texts, r_px)):
                     taken.append(box)
+                    texts.append(box)
                     break
                 ann.remove()
             else:
                 dropped += 1
         self.pending = []
         return dropped
+
+    def _crosses(self, ann, box, texts, r_px: float) -> bool:
+        """Whether a leader line from the label's box to its point would run through a
+        label already placed or the legend (near its own point it may cross markers)."""
+        px, py = self.ax.transData.transform(ann.xy)
+        # the leader leaves the box's edge nearest the point: the box's centre, clipped to it
+        cx, cy = min(max(px, box.x0), box.x1), min(max(py, box.y0), box.y1)
+        n = max(2, int(np.hypot(px - cx, py - cy) / 2))
+        for t in np.linspace(0, 1, n):
+            x, y = cx + (px - cx) * t, cy + (py - cy) * t
+            if np.hypot(px - x, py - y) <= 3 * r_px:
+                break  # its own marker and those bunched on it
+            if any(b.x0 <= x <= b.x1 and b.y0 <= y <= b.y1 for b in texts):
+                return True
+        return False
 
     def _line_boxes(self, lines) -> list:
         """Small boxes strung along each line's segments, a few pixels apart, inside the
@@ -362,7 +380,7 @@ def plot_roofline(case: Case, df: pd.DataFrame, out_dir: Path,
                   f"{peak / 1e12:,.0f} TFLOP/s {df['compute_dtype'].iloc[0]}, "
                   f"{bw / 1e12:.2f} TB/s")
     ax.axvline(ridge, color="grey", ls=":", lw=1)
-    ax.annotate(f"ridge point {ridge:,.0f} FLOP/B", (ridge, peak * 1.5),
+    ridge_note = ax.annotate(f"ridge point {ridge:,.0f} FLOP/B", (ridge, peak * 1.5),
                 textcoords="offset points", xytext=(4, 0), ha="left", fontsize=8,
                 color="grey")  # above the roof, where no point can be
     ceilings = [list(zip(x, np.minimum(peak, bw * x), strict=True))]  # lines labels avoid
@@ -380,6 +398,8 @@ def plot_roofline(case: Case, df: pd.DataFrame, out_dir: Path,
         ax.plot(x, np.minimum(mp, mb * x), color="tab:red", lw=1.2, ls="--",
                 label=f"measured ceilings: {fmt.si(mp, 'FLOP/s')}, {fmt.si(mb, 'B/s')}")
     labels = Labels(ax)
+    for x_, y_, text, color in operator_labels(df):  # placed first: the ladder's give way
+        labels.add(x_, y_, text, color=color, dx=6, dy=-10)
     lines = ceilings
     for series, sub in df.groupby("series", sort=False):
         if series.startswith(("decode operators", "prefill operators")):
@@ -416,9 +436,8 @@ def plot_roofline(case: Case, df: pd.DataFrame, out_dir: Path,
     ax.set_title(case.title + ("\n(the operators of one TP group; the other charts are the "
                                "layout's)" if case.layered else ""), fontsize=10)
     ax.grid(True, which="major", alpha=0.3)
-    for x_, y_, text, color in operator_labels(df):
-        labels.add(x_, y_, text, color=color, dx=6, dy=-10)
-    labels.place(avoid=(ax.legend(fontsize=7, loc="lower right"),),
+    fig.canvas.draw()  # the ridge note's offset resolved, to be measured and avoided
+    labels.place(avoid=(ax.legend(fontsize=7, loc="lower right"), ridge_note),
                  points=zip(df["intensity_flops_per_byte"], df["attainable_flops_per_s"],
                             strict=True), lines=lines)
     return _save(fig, df, out_dir, f"{case.slug}_roofline")
@@ -444,13 +463,15 @@ def operator_labels(df: pd.DataFrame, *, within_dec: float = 0.06
     for r in ops.itertuples():
         lx, ly = np.log10(r.intensity_flops_per_byte), np.log10(r.attainable_flops_per_s)
         phase = r.series.split()[0]
-        for g in groups:
-            if abs(g["lx"] - lx) < within_dec and abs(g["ly"] - ly) < within_dec:
+        for g in groups:  # near any point of a group (a chain of near points is one spot)
+            if any(abs(gx - lx) < within_dec and abs(gy - ly) < within_dec
+                   for gx, gy in g["at"]):
                 break
         else:
-            g = {"lx": lx, "ly": ly, "x": r.intensity_flops_per_byte,
-                 "y": r.attainable_flops_per_s, "names": [], "phases": set()}
+            g = {"at": [], "x": r.intensity_flops_per_byte, "y": r.attainable_flops_per_s,
+                 "names": [], "phases": set()}
             groups.append(g)
+        g["at"].append((lx, ly))
         if r.label not in g["names"]:
             g["names"].append(r.label)
         g["phases"].add(phase)
