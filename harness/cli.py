@@ -30,12 +30,15 @@ WEIGHT_CHOICES = ("bf16", "fp16", "fp8", "int8", "int4")
 def measure(
     model: Annotated[Optional[str], typer.Option(
         "--model", "-m",
-        help="Built-in model, YAML or config.json (Llama-shaped: dense or MoE, GQA).")
+        help="Built-in model, YAML or config.json (Llama-shaped: dense or MoE, GQA).",
+        metavar="MODEL")
     ] = None,
     gpu: Annotated[Optional[str], typer.Option(
-        "--gpu", "-g", help="hardware_db entry to compare with (default: matched by name).")
+        "--gpu", "-g", help="hardware_db entry to compare with (default: matched by name).",
+        metavar="GPU")
     ] = None,
-    device: Annotated[str, typer.Option(help="auto, cuda or cpu.")] = "auto",
+    device: Annotated[str, typer.Option(help="auto, cuda or cpu.",
+        metavar="auto|cuda|cpu")] = "auto",
     calibrate_only: Annotated[bool, typer.Option(
         "--calibrate", help="Only measure the device's ceilings and save the profile.")] = False,
     collectives: Annotated[bool, typer.Option(
@@ -43,32 +46,40 @@ def measure(
                               "gloo across processes on a CPU) and save the fitted latency "
                               "and bus bandwidth into the calibration profile.")] = False,
     world_size: Annotated[Optional[int], typer.Option(
-        help="Ranks for --collectives (default: every visible GPU; 2 processes on a CPU).")
+        help="Ranks for --collectives (default: every visible GPU; 2 processes on a CPU).",
+        metavar="N")
     ] = None,
     calibration: Annotated[Optional[Path], typer.Option(
-        help="Use this calibration profile instead of measuring one.")] = None,
+        help="Use this calibration profile instead of measuring one.", metavar="FILE")] = None,
     calibration_out: Annotated[Optional[Path], typer.Option(
         help="Where to save the calibration (default: beside --out, or "
-             "results/calibration-<device>.yaml).")] = None,
-    batch: Annotated[str, typer.Option("--batch", "-b", help="Batches: 1,2,4..256.")] = "1,4,16",
+             "results/calibration-<device>.yaml).", metavar="FILE")] = None,
+    batch: Annotated[str, typer.Option("--batch", "-b", help="Batches: 1,2,4..256.",
+        metavar="N,...")] = "1,4,16",
     context: Annotated[str, typer.Option("--context", "-c",
-                                         help="Contexts: 512,2048,8192.")] = "128,512",
+                                         help="Contexts: 512,2048,8192.",
+                                         metavar="TOKENS,...")] = "128,512",
     weights: Annotated[str, typer.Option(
-        help="Weight precisions: bf16, fp16, fp8, int8, int4.")] = "bf16",
-    kv_cache: Annotated[str, typer.Option(help="KV-cache precision: bf16 or fp16.")] = "bf16",
+        help="Weight precisions: bf16, fp16, fp8, int8, int4.", metavar="PRECISION,...")] = "bf16",
+    kv_cache: Annotated[str, typer.Option(help="KV-cache precision: bf16 or fp16.",
+        metavar="PRECISION")] = "bf16",
     layers: Annotated[Optional[int], typer.Option(
         help="Build and time N distinct layers (for models that do not fit); the comparison "
-             "is with the N-layer prediction.")] = None,
+             "is with the N-layer prediction.", metavar="N")] = None,
     out: Annotated[Optional[Path], typer.Option(
-        help="JSON Lines results (default: results/measure-<model>-<device>.jsonl).")] = None,
+        help="JSON Lines results (default: results/measure-<model>-<device>.jsonl).",
+        metavar="JSONL")] = None,
     resume: Annotated[bool, typer.Option(
         "--resume", help="Skip the points --out already holds.")] = False,
     max_memory: Annotated[Optional[float], typer.Option(
         "--max-memory", help="GiB a point may use; points predicted over it are skipped "
-                             "(default: 90% of the GPU memory free at start, half the RAM).")
+                             "(default: 90% of the GPU memory free at start, half the RAM).",
+                             metavar="GIB")
     ] = None,
-    budget_s: Annotated[float, typer.Option(help="Seconds of repetitions per timing.")] = 0.5,
-    threads: Annotated[Optional[int], typer.Option(help="torch threads on CPU.")] = None,
+    budget_s: Annotated[float, typer.Option(help="Seconds of repetitions per timing.",
+        metavar="SECONDS")] = 0.5,
+    threads: Annotated[Optional[int], typer.Option(help="torch threads on CPU.",
+        metavar="N")] = None,
     quick_calibration: Annotated[bool, typer.Option(
         "--quick-calibration", help="Smaller calibration sizes (tests, smoke runs).")] = False,
     recalibrate: Annotated[bool, typer.Option(
@@ -77,20 +88,24 @@ def measure(
     ] = False,
     mode: Annotated[str, typer.Option(
         help="auto (compile on CUDA, eager on a CPU), compile (torch.compile of the layer, "
-             "fused as a tuned engine runs it; 16-bit weights) or eager.")] = "auto",
+             "fused as a tuned engine runs it; 16-bit weights) or eager.",
+             metavar="MODE")] = "auto",
     attention_backend: Annotated[str, typer.Option(
         help="Attention kernel on CUDA: auto (FlashAttention on compute capability 8.0+, "
-             "the memory-efficient kernel before), flash, efficient, cudnn or math.")
+             "the memory-efficient kernel before), flash, efficient, cudnn or math.",
+             metavar="BACKEND")
     ] = "auto",
     max_spread: Annotated[float, typer.Option(
         "--max-spread", help="A point whose timing has a p90 above this many times its median "
-        "is recorded as noisy (the machine was busy), not ok, and left out of summaries.")
+        "is recorded as noisy (the machine was busy), not ok, and left out of summaries.",
+        metavar="RATIO")
     ] = NOISY_SPREAD,
     max_drift: Annotated[float, typer.Option(
         "--max-drift", help="A point whose decode step, timed again seconds later, differs "
-        "by more than this factor is recorded as noisy.")] = NOISY_REPEAT,
+        "by more than this factor is recorded as noisy.", metavar="FRACTION")] = NOISY_REPEAT,
     prometheus: Annotated[Optional[Path], typer.Option(
-        help="Also write the figures in Prometheus text format (textfile collector).")] = None,
+        help="Also write the figures in Prometheus text format (textfile collector).",
+        metavar="FILE")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
 ) -> None:
     """Run real decode and prefill steps of a model's shape and compare with predictions."""
@@ -200,7 +215,6 @@ def measure(
             Plan,
             load_done,
             run,
-            stderr_progress,
             summarize,
             write_prometheus,
         )
@@ -217,13 +231,16 @@ def measure(
                     argv=["llmplan", *sys.argv[1:]])
         if resume:
             load_done(dest)  # a corrupt results file is refused before the progress bar starts
+        from planner.cli.progress import task_progress
+
         total = len(wlist) * len(batches) * len(contexts)
-        advance, prog = stderr_progress(total)
         try:
-            with prog:
+            # a bar on a terminal only, never under --json (planner/cli/progress.py); the
+            # warnings print above it
+            with task_progress("measuring", total=total, enabled=not as_json) as advance:
                 records = run(plan, info, cal, hw, progress=advance,
-                              warn=lambda t: prog.console.print(f"[yellow]warning:[/] {t}",
-                                                                markup=True, highlight=False))
+                              warn=lambda t: stderr.print(f"[yellow]warning:[/] {t}",
+                                                          highlight=False))
         except KeyboardInterrupt:
             raise Interrupted(f"finished points are in {dest}; rerun with --resume") from None
         summary = summarize(records)

@@ -662,18 +662,3 @@ def write_prometheus(records: list[dict], path: str | Path) -> None:
         g["mfu"].labels(*lv).set(r["utilisation"]["calibrated"]["mfu"])
         g["err"].labels(*lv).set(r["error"]["calibrated"]["tpot_frac"])
     write_to_textfile(str(path), reg)
-
-
-def stderr_progress(total: int):
-    """A rich progress bar on stderr; returns (advance callback, context manager)."""
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
-
-    prog = Progress("[progress.description]{task.description}", BarColumn(),
-                    MofNCompleteColumn(), TimeElapsedColumn(),
-                    console=Console(file=sys.stderr), transient=False)
-    task = prog.add_task("measuring", total=total)
-
-    def advance(status: str) -> None:
-        prog.update(task, advance=1, description=f"measuring ({status})")
-    return advance, prog

@@ -95,8 +95,9 @@ def test_github_annotations(run_cli, monkeypatch, capsys):
     ("deployments:\n  - model: gpt2\n    gpu: h100-sxm\n    workload: {batch: 1, "
      "prompt_tokens: 8, output_tokens: 8}\n    limits: {tpot: 5ms}\n",
      "deployments.0.limits.tpot: unknown key"),
-    ("deployments:\n  - model: gpt2\n    gpu: h100-sxm\n    limits: {}\n",
-     ":2: deployments.0.workload: missing required field"),
+    # (a workload left out is the default one, tests/test_defaults.py; limits are not)
+    ("deployments:\n  - model: gpt2\n    gpu: h100-sxm\n",
+     ":2: deployments.0.limits: missing required field"),
     ("deployments:\n  - model: gpt9\n    gpu: h100-sxm\n    workload: {batch: 1, "
      "prompt_tokens: 8, output_tokens: 8}\n    limits: {}\n", ":2: deployment gpt9"),
     ("deployments: [\n", "malformed YAML"),

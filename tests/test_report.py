@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pandas as pd
 import pytest
 from PIL import Image
@@ -9,6 +11,8 @@ from PIL import Image
 from planner.io import catalog
 from planner.io.report import Case, batch_ladder, memory_table, roofline_table, throughput_table
 from planner.layouts.deployment import Deployment, Layout
+
+SERVERS = Path(__file__).resolve().parent / "fixtures" / "servers"
 
 
 def test_batch_ladder():
@@ -174,7 +178,16 @@ def _text_overlaps(fig) -> list[tuple[str, str]]:
     ["plan", "-m", "llama-3.1-70b", "-p", "2048", "-o", "256", "--ttft", "3s", "--tpot", "50ms",
      "--rps", "20", "--top", "3"],
     ["simulate", "-m", "llama-3.1-8b", "-g", "h100-sxm", "-n", "200", "--request-rate", "8"],
-])
+    # the roofline where a decode step's matmuls bunch at 8-32 FLOP/B beside the batch ladder,
+    # and (fp8) a prefill label reaching for the ridge point's note
+    ["report", "-m", "llama-3.1-70b", "-g", "h100-sxm", "--tp", "4", "-p", "2048", "-o", "256",
+     "-b", "32", "--weights", "bf16,fp8", "--serving-requests", "0"],
+    ["compare", *(str(SERVERS / f) for f in (
+        "vllm_bench_serve.json", "sglang_bench_serving.jsonl", "guidellm_report.json",
+        "genai_perf_profile_export.json")), "-m", "llama-3.1-8b", "-g", "h100-sxm"],
+    ["validate", "--no-rows", "--source", "gpt-fast-blog,qwen2.5-speed-benchmark,trtllm-v0.9.0,"
+     "trtllm-v0.8.0,sglang-bench-one-batch,datacrunch-h200"],
+], ids=["report", "report-ep", "plan", "simulate", "roofline-70b-tp4", "compare", "validate"])
 def test_no_two_labels_of_a_chart_overlap(run_cli, tmp_path, monkeypatch, args):
     """Issue 26 §3: every chart kind rendered, and no two of its texts overlap."""
     import matplotlib.pyplot as plt
@@ -189,7 +202,69 @@ def test_no_two_labels_of_a_chart_overlap(run_cli, tmp_path, monkeypatch, args):
     assert figs
     for f in figs:
         assert _text_overlaps(f) == [], f.axes[0].get_title() if f.axes else ""
+    if args[0] in ("compare", "validate"):  # predicted-against-measured panels
+        (f,) = figs
+        r = f.canvas.get_renderer()
+        titles = []
+        for ax in (a for a in f.axes if a.get_visible()):
+            titles.append(ax.get_title())
+            # a readable title, not the CSV's key (tpot_s, mean_ttft_s)
+            assert "_" not in ax.get_title() and ax.get_title()[0].isupper(), ax.get_title()
+            # the key under the axes, over no point
+            assert not ax.get_legend().get_window_extent(r).overlaps(ax.get_window_extent(r))
+        if args[0] == "compare":  # requests/s and tokens/s never share an axis
+            assert {"Requests per second", "Tokens per second"} <= set(titles), titles
     if args[0] == "report" and "h100-sxm,a100-sxm-80gb" in args:
         # a roofline and a memory chart for each GPU and precision, not the first alone
         assert len(list(tmp_path.glob("*_roofline.png"))) == 4
         assert len(list(tmp_path.glob("*_memory.png"))) == 4
+
+
+def _roofline_figure(monkeypatch, tmp_path, model: str, gpu: str, batch: int, tp: int = 1):
+    """The roofline chart of ``model`` on ``gpu`` at ``batch``, as drawn (not closed)."""
+    import matplotlib.pyplot as plt
+
+    from planner.io.report import plot_roofline
+
+    figs = []
+    monkeypatch.setattr(plt, "close", lambda fig=None: figs.append(fig))
+    case = Case(Deployment.build(catalog.load_model(model), catalog.load_hardware(gpu),
+                                 engine=catalog.load_engine("vllm"), layout=Layout(tp=tp)),
+                2048, 256)
+    plot_roofline(case, roofline_table(case, batch), tmp_path)
+    (fig,) = figs
+    return fig
+
+
+@pytest.mark.parametrize("model,gpu,batch,tp", [("llama-3.1-8b", "h100-sxm", 16, 1),
+                                                ("llama-3.1-70b", "h100-sxm", 32, 4)])
+def test_roofline_names_each_operator_once_and_off_the_lines(monkeypatch, tmp_path, model,
+                                                            gpu, batch, tp):
+    """Issue 26 §3: prefill's lm_head is decode's own point (the last token's logits), and a
+    decode step's matmuls bunch at about the batch in FLOP/B: one label names each operator
+    of a spot once; and no label sits on the roof, the ceilings or the decode-step line."""
+    import re
+
+    from matplotlib.lines import Line2D
+    from matplotlib.text import Text
+
+    fig = _roofline_figure(monkeypatch, tmp_path, model, gpu, batch, tp)
+    ax = fig.axes[0]
+    names = [n for t in ax.texts for n in re.findall(r"[a-z_]+_proj|lm_head|attention",
+                                                     t.get_text())]
+    # decode and prefill each draw qkv, o, gate_up, down, attention and lm_head: prefill's
+    # lm_head shares decode's label, so 11 names, each phase's once
+    assert len(names) == 11 and names.count("lm_head") == 1, names
+    fig.canvas.draw()  # the positions as drawn on the figure, not savefig's tight crop
+    r = fig.canvas.get_renderer()
+    lines = [ln for ln in ax.get_lines() if isinstance(ln, Line2D) and len(ln.get_xdata()) > 2]
+    assert len(lines) >= 3  # the roof, the achievable ceilings, the decode step
+    for t in ax.texts:
+        if t.get_text().startswith("ridge point"):
+            continue
+        box = Text.get_window_extent(t, r)
+        for ln in lines:
+            path = ln.get_transform().transform_path(ln.get_path())
+            dense = path.interpolated(50).vertices
+            inside = [(x, y) for x, y in dense if box.contains(x, y)]
+            assert not inside, (t.get_text(), ln.get_label())

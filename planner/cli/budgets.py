@@ -27,14 +27,19 @@ def _parser() -> argparse.ArgumentParser:
     p = _OneLine(
         prog="llmplan-check", description="llmplan check over several budget files: exit 0 "
         "when every limit holds, 1 when one fails, 2 for a bad file.")
-    p.add_argument("budgets", nargs="+", type=Path, help="budget YAML files")
-    p.add_argument("--engine", "-e", help="engine profile for deployments that name none")
-    p.add_argument("--calibration", help="measured ceilings (llmplan measure --calibrate)")
-    p.add_argument("--prices", help="the price set costs are on (llmplan prices)")
+    p.add_argument("budgets", nargs="+", type=Path, metavar="FILE",
+                   help="budget YAML files")
+    p.add_argument("--engine", "-e", metavar="ENGINE",
+                   help="engine profile for deployments that name none")
+    p.add_argument("--calibration", metavar="FILE",
+                   help="measured ceilings (llmplan measure --calibrate)")
+    p.add_argument("--prices", metavar="SET|FILE",
+                   help="the price set costs are on (llmplan prices)")
     p.add_argument("--price", action="append", default=[], metavar="GPU=USD",
                    help="USD per GPU-hour for one GPU (repeatable)")
-    p.add_argument("--expert-imbalance", help="max / mean expert load")
-    p.add_argument("--junit-dir", type=Path, help="write DIR/<budget stem>.xml per file")
+    p.add_argument("--expert-imbalance", metavar="RATIO", help="max / mean expert load")
+    p.add_argument("--junit-dir", type=Path, metavar="DIR",
+                   help="write DIR/<budget stem>.xml per file")
     return p
 
 

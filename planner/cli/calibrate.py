@@ -42,13 +42,15 @@ def calibrate(
     files: FilesArg,
     model: ModelOpt,
     gpu: GpuOpt,
-    out: Annotated[Path, typer.Option("--out", "-o", help="Engine profile YAML to write.")],
+    out: Annotated[Path, typer.Option("--out", "-o", help="Engine profile YAML to write.",
+        metavar="YAML")],
     tp: TpOpt = 1,
     base_engine: Annotated[str, typer.Option(
-        "--base-engine", help="Engine profile whose other parameters the fit keeps.")] =
+        "--base-engine", help="Engine profile whose other parameters the fit keeps.",
+        metavar="ENGINE")] =
     DEFAULT_ENGINE,
     name: Annotated[Optional[str], typer.Option(
-        help="Name of the new profile (default: the output file's stem).")] = None,
+        help="Name of the new profile (default: the output file's stem).", metavar="NAME")] = None,
     weights: WeightsOption = None,
     kv_cache: KVOption = None,
     group_size: GroupSizeOpt = None,
@@ -76,9 +78,13 @@ def calibrate(
                       quantized_layers)
     runs = read_result_files(files)
     check_runs(runs, s, strict)
+    from planner.cli.progress import task_progress
+
     try:
-        res = fit(runs, s, spec, name=name, date=_date.today().isoformat(),
-                  leave_one_out=leave_one_out)
+        # runs simulated over and over as the fit searches: a count on a terminal, not --json
+        with task_progress("calibrating: runs simulated", enabled=not as_json) as advance:
+            res = fit(runs, s, spec, name=name, date=_date.today().isoformat(),
+                      leave_one_out=leave_one_out, progress=advance)
     except ValueError as err:
         raise LlmplanError(f"calibrate: {err}") from None
     payload = {"profile": None if res.refused else str(out), "refused": list(res.refused),
@@ -102,17 +108,30 @@ def calibrate(
              for p, why in res.unidentified.items()]
     stdout.print(table("Parameters", ["parameter", "base", "fitted"], rows, left=1,
                        compact=True, fold=(2,)))
-    stdout.print(table("Error per run and figure (predicted / measured - 1)",
-                       ["run", "figure", "measured", "base", "in-sample", "held out"],
-                       [[e.run, e.metric.removesuffix("_s"), fmt_metric(e.metric, e.measured),
-                         fmt_error(e.before), fmt_error(e.in_sample), fmt_error(e.held_out)]
-                        for e in res.errors], left=2, compact=True, fold=(0,)))
+    stdout.print(_errors_table(res.errors, stdout.width))
     med = _median_abs([e.in_sample for e in res.errors])
     held = _median_abs([e.held_out for e in res.errors])
     stdout.print(f"median |error|: base {fmt.pct(_median_abs([e.before for e in res.errors]))}"
                  f", in-sample {fmt.pct(med)}"
                  + (f", leave-one-out {fmt.pct(held)}" if not math.isnan(held) else ""))
     _refuse(res, out)
+
+
+def _errors_table(errors, width: int):
+    """Error per run and figure, each run's id (file#run, tool, rate) on a line of its own
+    over its figures: ids run to 40 characters, more than an 80-column table can give them."""
+    from planner.io.render import grouped_table
+
+    groups: list[tuple[str, list]] = []
+    for e in errors:
+        if not groups or groups[-1][0] != e.run:
+            groups.append((e.run, []))
+        groups[-1][1].append(["  " + e.metric.removesuffix("_s"),
+                              fmt_metric(e.metric, e.measured), fmt_error(e.before),
+                              fmt_error(e.in_sample), fmt_error(e.held_out)])
+    return grouped_table("Error per run and figure (predicted / measured - 1)",
+                         ["figure", "measured", "base", "in-sample", "held out"], groups,
+                         width=width, left=1)
 
 
 def _refuse(res, out: Path) -> None:

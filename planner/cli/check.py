@@ -120,11 +120,11 @@ def check(
         "where no such file is here is the shipped copy."))],
     engine: Annotated[str, typer.Option(
         "--engine", "-e", help="Engine profile for deployments that name none (a deployment's "
-        "own `engine:` wins).")] = DEFAULT_ENGINE,
+        "own `engine:` wins).", metavar="ENGINE")] = DEFAULT_ENGINE,
     calibration: Annotated[Optional[Path], typer.Option(
-        help="Use measured ceilings from `llmplan measure --calibrate`.")] = None,
+        help="Use measured ceilings from `llmplan measure --calibrate`.", metavar="FILE")] = None,
     junit: Annotated[Optional[Path], typer.Option(
-        help="Also write JUnit XML (one test case per limit).")] = None,
+        help="Also write JUnit XML (one test case per limit).", metavar="XML")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the results as JSON.")] = False,
     expert_imbalance: ExpertImbalanceOpt = None,
     prices: Annotated[Optional[str], typer.Option(

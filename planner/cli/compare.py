@@ -299,7 +299,8 @@ def compare(
     quantized_layers: QuantizedLayersOpt = QuantizedLayers.all,
     strict: StrictOpt = False,
     plot: Annotated[Optional[Path], typer.Option(
-        "--plot", help="PNG of predicted vs measured, one point per run and figure.")] = None,
+        "--plot", help="PNG of predicted vs measured, one point per run and figure.",
+        metavar="PNG")] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Measured serving runs against llmplan's prediction for the same traffic (the

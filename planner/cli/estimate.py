@@ -8,9 +8,11 @@ import typer
 
 from planner.cli.calls import command_defaults
 from planner.cli.options import (
-    _W,
+    DEFAULT_BATCH,
     DEFAULT_CHUNK,
     DEFAULT_ENGINE,
+    DEFAULT_OUTPUT_TOKENS,
+    DEFAULT_PROMPT_TOKENS,
     DEFAULT_RESERVE_GIB,
     DEFAULT_UTIL,
     PP_NAMES,
@@ -81,9 +83,9 @@ def estimate(
     dtype: DtypeOpt = None,
     kv_cache_dtype: KvCacheDtypeOpt = None,
     enforce_eager: EnforceEagerOpt = False,
-    batch: BatchOpt = _W["batch"].default,
-    prompt_tokens: PromptOpt = _W["prompt_tokens"].default,
-    output_tokens: OutputOpt = _W["output_tokens"].default,
+    batch: BatchOpt = DEFAULT_BATCH,
+    prompt_tokens: PromptOpt = DEFAULT_PROMPT_TOKENS,
+    output_tokens: OutputOpt = DEFAULT_OUTPUT_TOKENS,
     group_size: GroupSizeOpt = None,
     quantized_layers: QuantizedLayersOpt = QuantizedLayers.all,
     time_model: TimeModelOpt = TimeModel.roofline,
@@ -95,7 +97,8 @@ def estimate(
     cpu_offload_gb: CpuOffloadOpt = 0.0,
     calibration: CalibrationOpt = None,
     price_per_hour: Annotated[Optional[float], typer.Option(
-        help="USD per GPU-hour (default: the GPU's price in the --prices set).")] = None,
+        help="USD per GPU-hour (default: the GPU's price in the --prices set).",
+        metavar="USD")] = None,
     prices: PricesOpt = None,
     price: PriceOpt = None,
     measured_tpot: Annotated[Optional[float], duration_option(
@@ -112,12 +115,14 @@ def estimate(
     compute: ComputeOpt = None,
     pp: Annotated[int, typer.Option(
         *PP_NAMES, help="Pipeline-parallel stages, each on --tp GPUs: adds the Pipeline section "
-        "(memory per stage, TPOT with micro-batches in flight, TTFT, transfers).")] = 1,
+        "(memory per stage, TPOT with micro-batches in flight, TTFT, transfers).",
+        metavar="N")] = 1,
     ep: Annotated[int, typer.Option(
         "--ep", help="Expert-parallel GPUs for a MoE model, each 1/N of the routed experts; "
         "attention TP over --tp of them in N / --tp data-parallel groups (--tp 1: "
         "data-parallel attention; --tp N: one TP group). Adds the Expert parallel section "
-        "(TTFT, TPOT, load imbalance, all-to-all or all-reduce, memory per GPU).")] = 1,
+        "(TTFT, TPOT, load imbalance, all-to-all or all-reduce, memory per GPU).",
+        metavar="N")] = 1,
     expert_imbalance: ExpertImbalanceOpt = None,
     speculative: SpeculativeOpt = None,
     draft_model: DraftOpt = None,

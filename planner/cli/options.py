@@ -59,31 +59,38 @@ class Attention(str, Enum):
 
 # Defaults are declared once, in the specs.
 _W = Workload.model_fields
-# the workload every command defaults to (declared once, in Workload)
+# The workload every command defaults to (declared once, in Workload): estimate, sweep,
+# simulate, plan, report and a budget of check that leaves it out; tests/test_defaults.py
+# holds them together.
 DEFAULT_PROMPT_TOKENS = _W["prompt_tokens"].default
 DEFAULT_OUTPUT_TOKENS = _W["output_tokens"].default
+DEFAULT_BATCH = _W["batch"].default  # concurrent sequences of a static batch
 _O = Options.model_fields
 
 ModelOpt = Annotated[str, typer.Option(
     "--model", "-m",
-    help="Built-in model name, a YAML file, an HF config.json or a snapshot folder.")]
-GpuOpt = Annotated[str, typer.Option("--gpu", "-g", help="Built-in GPU name or a YAML file.")]
+    help="Built-in model name, a YAML file, an HF config.json or a snapshot folder.",
+    metavar="MODEL")]
+GpuOpt = Annotated[str, typer.Option("--gpu", "-g", help="Built-in GPU name or a YAML file.",
+    metavar="GPU")]
 TP_NAMES = ("--tp", *cli_aliases("--tp"))  # with vLLM's --tensor-parallel-size, -tp
 PP_NAMES = ("--pp", *cli_aliases("--pp"))
-TpOpt = Annotated[int, typer.Option(*TP_NAMES, help="Tensor-parallel GPUs.")]
+TpOpt = Annotated[int, typer.Option(*TP_NAMES, help="Tensor-parallel GPUs.", metavar="N")]
 PpOpt = Annotated[int, typer.Option(
-    *PP_NAMES, help="Pipeline-parallel stages, each on --tp GPUs (vLLM's split of the layers).")]
+    *PP_NAMES, help="Pipeline-parallel stages, each on --tp GPUs (vLLM's split of the layers).",
+    metavar="N")]
 EpOpt = Annotated[int, typer.Option(
     "--ep", help="Expert-parallel GPUs for a MoE model: each holds 1/N of the routed experts; "
                  "attention and the other weights tensor-parallel over --tp of them, in N / "
                  "--tp data-parallel groups (--tp 1: attention data-parallel on every GPU; "
                  "--tp N: one TP group, vLLM's --enable-expert-parallel). A multiple of "
-                 "--tp; no --pp with it.")]
+                 "--tp; no --pp with it.", metavar="N")]
 ExpertImbalanceOpt = Annotated[Optional[float], typer.Option(
     "--expert-imbalance", help="With --ep: the busiest GPU's routed token-expert pairs over "
     "the mean (max / mean load, >= 1); uniform routing's expected maximum stays the floor. "
     f"Default {EXPERT_IMBALANCE:.2f}: SGLang's DeepSeek-V3 EP32 prefill, balanced routing "
-    "over its default placement (lmsys.org/blog/2025-05-05-large-scale-ep; estimated).")]
+    "over its default placement (lmsys.org/blog/2025-05-05-large-scale-ep; estimated).",
+    metavar="RATIO")]
 WeightsOption = Annotated[Optional[WeightsOpt], typer.Option(
     "--weights", help="Weight precision (default: what an HF config.json's "
     "quantization_config says the checkpoint stores, else bf16).")]
@@ -107,13 +114,15 @@ DtypeOpt = Annotated[Optional[ModelDtype], typer.Option(
 EnforceEagerOpt = Annotated[bool, typer.Option(
     "--enforce-eager", help="No CUDA graphs (vLLM's --enforce-eager): every decode step "
     "launches its kernels from the host, at the engine's host_launch_us each.")]
-BatchOpt = Annotated[int, typer.Option("--batch", "-b", help="Concurrent sequences.")]
+BatchOpt = Annotated[int, typer.Option("--batch", "-b", help="Concurrent sequences.", metavar="N")]
 PromptOpt = Annotated[int, typer.Option(
     "--prompt-tokens", "-p", "--random-input-len", "--input-len",
-    help="Prompt tokens per sequence (vLLM bench's --random-input-len / --input-len).")]
+    help="Prompt tokens per sequence (vLLM bench's --random-input-len / --input-len).",
+    metavar="TOKENS")]
 OutputOpt = Annotated[int, typer.Option(
     "--output-tokens", "-o", "--random-output-len", "--output-len",
-    help="Output tokens per sequence (vLLM bench's --random-output-len / --output-len).")]
+    help="Output tokens per sequence (vLLM bench's --random-output-len / --output-len).",
+    metavar="TOKENS")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object, nothing else.")]
 def duration_s(text: str) -> float:
     """A duration from the command line in seconds: 500ms, 3s, 2min, 150us or a bare number of
@@ -170,16 +179,17 @@ SpeculativeOpt = Annotated[Optional[SpeculativeMethod], typer.Option(
 DraftOpt = Annotated[Optional[str], typer.Option(
     "--draft-model",
     help="The draft model (built-in name, YAML or config.json) for --speculative "
-         "draft-model.")]
+         "draft-model.", metavar="MODEL")]
 SpeculativeTokensOpt = Annotated[Optional[int], typer.Option(
     "--num-speculative-tokens",
     help="Tokens proposed per step, k (default: the k of the published acceptance used; "
-         "required with --acceptance-rate where there is none).")]
+         "required with --acceptance-rate where there is none).", metavar="K")]
 AcceptanceOpt = Annotated[Optional[float], typer.Option(
     "--acceptance-rate",
     help="Probability that each proposed token is accepted, in [0, 1] (default: the "
          "published figure for the method and model family in planner/data/speculation.yaml, "
-         "source named in the output; none for ngram, whose acceptance is the traffic's).")]
+         "source named in the output; none for ngram, whose acceptance is the traffic's).",
+         metavar="FRACTION")]
 LongerOpt = Annotated[bool, typer.Option(
     "--allow-longer-context",
     help="Accept prompt + output tokens beyond the model's max_position_embeddings.")]
@@ -308,32 +318,36 @@ AttentionOpt = Annotated[Attention, typer.Option(
     help="flash: O(N) attention memory; naive: materialize the O(N^2) scores.")]
 OverheadOpt = Annotated[Optional[float], typer.Option(
     help="Fixed cost per kernel in microseconds, in place of the engine profile's (0: none); "
-    "the ideal bound has none.")]
-ReserveOpt = Annotated[float, typer.Option(help="Runtime reserve: CUDA context, workspaces.")]
+    "the ideal bound has none.", metavar="US")]
+ReserveOpt = Annotated[float, typer.Option(help="Runtime reserve: CUDA context, workspaces.",
+    metavar="GIB")]
 UtilOpt = Annotated[Optional[float], typer.Option(
     "--memory-utilization", *cli_aliases("--memory-utilization"),
     help="The engine's memory fraction, on the engine's own basis: of total memory for vLLM "
     "(gpu_memory_utilization) and SGLang (mem_fraction_static, for weights and KV cache "
     "only), of the memory weights and activations leave for TensorRT-LLM "
-    "(free_gpu_memory_fraction). Default: the engine profile's (llmplan engines).")]
+    "(free_gpu_memory_fraction). Default: the engine profile's (llmplan engines).",
+    metavar="FRACTION")]
 CpuOffloadOpt = Annotated[float, typer.Option(
     "--cpu-offload-gb",
     help="GiB of weights per GPU kept in host memory (vLLM's cpu_offload_gb): the GPU holds "
     "that much less of them and that much more KV cache, and every forward pass brings them "
     "over the GPU's host link (hardware_db host_link). At most the decoder layers' weights; "
-    "tensor-parallel replicas only.")]
+    "tensor-parallel replicas only.", metavar="GIB")]
 CalibrationOpt = Annotated[Optional[Path], typer.Option(
-    help="Measured ceilings from `llmplan measure --calibrate`.")]
+    help="Measured ceilings from `llmplan measure --calibrate`.", metavar="FILE")]
 GroupSizeOpt = Annotated[Optional[int], typer.Option(
     help="Weights per scale for int8/int4 (default: the checkpoint's quantization_config, "
-         "else 128).")]
+         "else 128).", metavar="N")]
 DEFAULT_ENGINE = "vllm"
 EngineOpt = Annotated[str, typer.Option(
     "--engine", "-e", help="Engine profile: ideal, vllm, vllm-v0, sglang, trtllm, gpt-fast, "
     "hf-eager, FAMILY@RELEASE (vllm@0.6.3 picks the profile covering that release) "
-    "(engines_db) or a YAML file. ideal = the datasheet roofline with no overheads.")]
+    "(engines_db) or a YAML file. ideal = the datasheet roofline with no overheads.",
+    metavar="ENGINE")]
 ChunkOpt = Annotated[int, typer.Option(
-    help="Tokens per prefill pass (chunked prefill; bounds activation memory). 0: whole batch.")]
+    help="Tokens per prefill pass (chunked prefill; bounds activation memory). 0: whole batch.",
+    metavar="TOKENS")]
 DEFAULT_CHUNK = _O["prefill_chunk_tokens"].default
 DEFAULT_RESERVE_GIB = _O["reserve_bytes"].default / GIB
 DEFAULT_UTIL = _O["memory_utilization_frac"].default

@@ -60,59 +60,67 @@ class SizeAt(str, Enum):
 
 
 def plan(
-    model: Annotated[str, typer.Option("--model", "-m", help="Model to serve.")],
-    ttft: Annotated[str, typer.Option(help="TTFT target, e.g. 2s or 800ms.")],
-    tpot: Annotated[str, typer.Option(help="TPOT target, e.g. 50ms.")],
+    model: Annotated[str, typer.Option("--model", "-m", help="Model to serve.", metavar="MODEL")],
+    ttft: Annotated[str, typer.Option(help="TTFT target, e.g. 2s or 800ms.", metavar="DURATION")],
+    tpot: Annotated[str, typer.Option(help="TPOT target, e.g. 50ms.", metavar="DURATION")],
     engine: EngineOpt = DEFAULT_ENGINE,
     prompt_tokens: PromptOpt = DEFAULT_PROMPT_TOKENS,
     output_tokens: OutputOpt = DEFAULT_OUTPUT_TOKENS,
-    rps: Annotated[Optional[float], typer.Option(help="Traffic: requests per second.")] = None,
+    rps: Annotated[Optional[float], typer.Option(help="Traffic: requests per second.",
+        metavar="RATE")] = None,
     tokens_per_s: Annotated[Optional[float], typer.Option(
-        help="Traffic: output tokens per second (instead of --rps).")] = None,
+        help="Traffic: output tokens per second (instead of --rps).", metavar="RATE")] = None,
     gpu: Annotated[Optional[str], typer.Option(
-        "--gpu", "-g", help="GPUs to consider (default: all of hardware_db).")] = None,
+        "--gpu", "-g", help="GPUs to consider (default: all of hardware_db).",
+        metavar="GPU,...")] = None,
     tp: Annotated[str, typer.Option(
-        *TP_NAMES, help="Tensor-parallel GPUs per replica (or per stage).")] = "1,2,4,8",
+        *TP_NAMES, help="Tensor-parallel GPUs per replica (or per stage).",
+        metavar="N,...")] = "1,2,4,8",
     pp: Annotated[str, typer.Option(
-        *PP_NAMES, help="Pipeline stages per replica, each of --tp GPUs.")] = "1,2",
+        *PP_NAMES, help="Pipeline stages per replica, each of --tp GPUs.",
+        metavar="N,...")] = "1,2",
     ep: Annotated[str, typer.Option(
         help="Expert-parallel GPUs per replica (MoE models; no PP): the routed experts over "
              "them, attention TP over each --tp dividing it (TP 1: data-parallel attention; "
              "TP = EP: one TP group). auto: 1 and the powers of two up to 16 that divide the "
-             "experts.")] = "auto",
+             "experts.", metavar="N,...")] = "auto",
     expert_imbalance: ExpertImbalanceOpt = None,
     weights: Annotated[Optional[str], typer.Option(
         help=f"Weight precisions (default {DEFAULT_WEIGHTS}; for an HF config with a "
-        "quantization_config, the checkpoint's own).")] = None,
+        "quantization_config, the checkpoint's own).", metavar="PRECISION,...")] = None,
     kv_cache: Annotated[Optional[str], typer.Option(
-        help=f"KV precisions, 16 = the weights' 16-bit (default {DEFAULT_KV}).")] = None,
+        help=f"KV precisions, 16 = the weights' 16-bit (default {DEFAULT_KV}).",
+        metavar="PRECISION,...")] = None,
     quantization: Annotated[Optional[str], typer.Option(
         help="vLLM's --quantization names for --weights, comma-separated: fp8; awq, gptq (and "
-        "their _marlin kernels): int4; mxfp4.")] = None,
+        "their _marlin kernels): int4; mxfp4.", metavar="NAME,...")] = None,
     kv_cache_dtype: Annotated[Optional[str], typer.Option(
         help="vLLM's --kv-cache-dtype names for --kv-cache, comma-separated: auto (16), "
-        "bfloat16, float16, fp8, fp8_e4m3, fp8_e5m2.")] = None,
+        "bfloat16, float16, fp8, fp8_e4m3, fp8_e5m2.", metavar="NAME,...")] = None,
     enforce_eager: EnforceEagerOpt = False,
     price_per_hour: Annotated[Optional[float], typer.Option(
         help="USD per GPU-hour for every GPU (default: each GPU's price in the --prices set; "
-             "GPUs it does not sell are left out and named).")] = None,
+             "GPUs it does not sell are left out and named).", metavar="USD")] = None,
     prices: PricesOpt = None,
     price: PriceOpt = None,
-    calibration: Annotated[Optional[Path], typer.Option(help="Measured ceilings.")] = None,
-    top: Annotated[int, typer.Option(help="Rows shown.")] = 10,
-    csv: Annotated[Optional[Path], typer.Option("--csv", help="All rows to CSV.")] = None,
+    calibration: Annotated[Optional[Path], typer.Option(help="Measured ceilings.",
+        metavar="FILE")] = None,
+    top: Annotated[int, typer.Option(help="Rows shown.", metavar="N")] = 10,
+    csv: Annotated[Optional[Path], typer.Option("--csv", help="All rows to CSV.",
+        metavar="CSV")] = None,
     plot: Annotated[Optional[Path], typer.Option(
-        "--plot", help="PNG of cost vs latency with the Pareto front.")] = None,
+        "--plot", help="PNG of cost vs latency with the Pareto front.", metavar="PNG")] = None,
     scheduler: Annotated[str, typer.Option(
         help="continuous: size replicas by simulating continuous batching (vLLM-style); "
-             "static: a batch every end-to-end latency.")] = "continuous",
+             "static: a batch every end-to-end latency.",
+             metavar="continuous|static")] = "continuous",
     percentile: Annotated[int, typer.Option(
         help="With continuous sizing, the TTFT / TPOT percentile held to the targets "
-             "(50, 90 or 99).")] = 90,
+             "(50, 90 or 99).", metavar="50|90|99")] = 90,
     sim_requests: Annotated[int, typer.Option(
-        help="Requests simulated per candidate replica count.")] = 200,
+        help="Requests simulated per candidate replica count.", metavar="N")] = 200,
     range_ratio: Annotated[float, typer.Option(
-        help="Simulated lengths uniform within +-this fraction.")] = 0.0,
+        help="Simulated lengths uniform within +-this fraction.", metavar="FRACTION")] = 0.0,
     compute: ComputeOpt = None,
     quantized_layers: QuantizedLayersOpt = QuantizedLayers.all,
     memory_utilization: UtilOpt = DEFAULT_UTIL,
@@ -129,7 +137,7 @@ def plan(
         "spec column). auto: every method the model can run (mtp where it ships MTP layers, "
         "draft-model with --draft-model, eagle / eagle3 where planner/data/speculation.yaml "
         "has its family, ngram with --acceptance-rate); or one of draft-model, mtp, eagle, "
-        "eagle3, ngram. Continuous sizing only.")] = None,
+        "eagle3, ngram. Continuous sizing only.", metavar="METHOD,...")] = None,
     draft_model: DraftOpt = None,
     num_speculative_tokens: SpeculativeTokensOpt = None,
     acceptance_rate: AcceptanceOpt = None,

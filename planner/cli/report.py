@@ -48,18 +48,22 @@ from planner.core.errors import LlmplanError
 
 def report(
     model: Annotated[str, typer.Option("--model", "-m",
-                                       help="Built-in model, YAML or config.json.")],
-    gpu: Annotated[str, typer.Option("--gpu", "-g", help="GPUs, comma-separated.")],
+                                       help="Built-in model, YAML or config.json.",
+                                       metavar="MODEL")],
+    gpu: Annotated[str, typer.Option("--gpu", "-g", help="GPUs, comma-separated.",
+        metavar="GPU,...")],
     engine: EngineOpt = DEFAULT_ENGINE,
-    weights: Annotated[str, typer.Option(help="Weight precisions, comma-separated.")] = "bf16",
+    weights: Annotated[str, typer.Option(help="Weight precisions, comma-separated.",
+        metavar="PRECISION,...")] = "bf16",
     kv_cache: Annotated[Optional[str], typer.Option(
-        help="KV precision (default: the weights' 16-bit type).")] = None,
-    tp: Annotated[int, typer.Option(help="Tensor-parallel GPUs.")] = 1,
+        help="KV precision (default: the weights' 16-bit type).", metavar="PRECISION")] = None,
+    tp: Annotated[int, typer.Option(help="Tensor-parallel GPUs.", metavar="N")] = 1,
     pp: PpOpt = 1,
     ep: EpOpt = 1,
     quantized_layers: QuantizedLayersOpt = QuantizedLayers.all,
     batch: Annotated[int, typer.Option(
-        "--batch", "-b", help="Batch at which operators are placed on the roofline.")] = 16,
+        "--batch", "-b", help="Batch at which operators are placed on the roofline.",
+        metavar="N")] = 16,
     prompt_tokens: PromptOpt = DEFAULT_PROMPT_TOKENS,
     output_tokens: OutputOpt = DEFAULT_OUTPUT_TOKENS,
     time_model: TimeModelOpt = TimeModel.roofline,
@@ -71,12 +75,13 @@ def report(
     calibration: CalibrationOpt = None,
     measured: Annotated[Optional[Path], typer.Option(
         help="JSONL from `llmplan measure`: draw its points over the roofline and a "
-             "predicted-vs-measured chart.")] = None,
-    out: Annotated[Path, typer.Option("--out", help="Directory for PNGs and CSVs.")] = Path(
+             "predicted-vs-measured chart.", metavar="JSONL")] = None,
+    out: Annotated[Path, typer.Option("--out", help="Directory for PNGs and CSVs.",
+        metavar="DIR")] = Path(
         "reports"),
     serving_requests: Annotated[int, typer.Option(
         help="Requests simulated per point of the serving chart (request rate against "
-             "throughput, TTFT and TPOT); 0 leaves it out.")] = 300,
+             "throughput, TTFT and TPOT); 0 leaves it out.", metavar="N")] = 300,
     compute: ComputeOpt = None,
     allow_longer_context: LongerOpt = False,
     prices: PricesOpt = None,

@@ -187,24 +187,27 @@ def simulate(
     attention: AttentionOpt = Attention.flash,
     kernel_overhead_us: OverheadOpt = None,
     request_rate: Annotated[float, typer.Option(
-        help="Requests per second (gamma arrivals; inf: all at t = 0).")] = math.inf,
+        help="Requests per second (gamma arrivals; inf: all at t = 0).",
+        metavar="RATE")] = math.inf,
     burstiness: Annotated[float, typer.Option(
-        help="Gamma shape of the arrival gaps: 1 Poisson, < 1 burstier (as vLLM's).")] = 1.0,
+        help="Gamma shape of the arrival gaps: 1 Poisson, < 1 burstier (as vLLM's).",
+        metavar="SHAPE")] = 1.0,
     max_concurrency: Annotated[Optional[int], typer.Option(
-        help="A closed loop of this many clients instead of an arrival rate.")] = None,
+        help="A closed loop of this many clients instead of an arrival rate.", metavar="N")] = None,
     num_requests: Annotated[int, typer.Option(
         "--num-requests", "-n", "--num-prompts",
-        help="Requests in the stream (vLLM bench's --num-prompts).")] = 1000,
+        help="Requests in the stream (vLLM bench's --num-prompts).", metavar="N")] = 1000,
     prompt_tokens: PromptOpt = DEFAULT_PROMPT_TOKENS,
     output_tokens: OutputOpt = DEFAULT_OUTPUT_TOKENS,
     range_ratio: Annotated[float, typer.Option(
         "--range-ratio", "--random-range-ratio",
         help="Lengths uniform within +-this fraction (vLLM's random dataset, "
-        "--random-range-ratio).")] = 0.0,
+        "--random-range-ratio).", metavar="FRACTION")] = 0.0,
     prefix_tokens: Annotated[int, typer.Option(
         "--prefix-tokens", "--random-prefix-len",
         help="The same first tokens before every prompt (vLLM's --random-prefix-len): a "
-        "prompt is this many plus its -p tokens, and a prefix cache computes them once.")
+        "prompt is this many plus its -p tokens, and a prefix cache computes them once.",
+        metavar="TOKENS")
     ] = 0,
     prefix_cache: Annotated[Optional[str], typer.Option(
         "--prefix-cache", metavar="on|off",
@@ -214,7 +217,7 @@ def simulate(
     dataset: Annotated[Optional[Path], typer.Option(
         help="JSONL or CSV of prompt_tokens, output_tokens and optional arrival_s, "
         "prefix_id and prefix_tokens (rows with the same prefix_id share their first "
-        "prefix_tokens).")] = None,
+        "prefix_tokens).", metavar="FILE")] = None,
     dataset_name: Annotated[str, typer.Option(
         "--dataset-name", metavar="random|sharegpt|sonnet",
         help="Lengths as vLLM's bench serve draws them: random (uniform within "
@@ -222,7 +225,8 @@ def simulate(
         "planner/data/lengths, scaled so its means are -p and -o) or sonnet (prompts of -p "
         "tokens whose first --prefix-tokens, 200 unless given, are the same in every "
         "request, as vLLM's sonnet dataset builds them).")] = "random",
-    seed: Annotated[int, typer.Option(help="Random seed of lengths and arrivals.")] = 0,
+    seed: Annotated[int, typer.Option(help="Random seed of lengths and arrivals.",
+        metavar="N")] = 0,
     scheduler: Annotated[Scheduler, typer.Option(
         help="continuous (vLLM-style iteration-level), static batches, or dynamic batches "
              "(static, waiting up to --max-wait for a batch to fill).")] =
@@ -231,9 +235,10 @@ def simulate(
         "--max-wait", help="Dynamic batching: how long a batch waits for more requests "
         "(50ms, 0.05).")] = 0.05,
     max_num_seqs: Annotated[Optional[int], typer.Option(
-        help="Running requests at most (default: the engine's).")] = None,
+        help="Running requests at most (default: the engine's).", metavar="N")] = None,
     max_num_batched_tokens: Annotated[Optional[int], typer.Option(
-        help="Tokens per step at most, prefill chunks and decodes (default: the engine's).")
+        help="Tokens per step at most, prefill chunks and decodes (default: the engine's).",
+        metavar="TOKENS")
     ] = None,
     chunked_prefill: Annotated[Optional[bool], typer.Option(
         "--chunked-prefill/--no-chunked-prefill",
@@ -254,16 +259,18 @@ def simulate(
         "--api-server-count", "-asc",
         help="API-server processes in front of the engine (vLLM's --api-server-count): they "
         "share the profile's per-request and per-token API-server time, which caps the "
-        "requests a second admitted and the tokens a second streamed. Default 1.")] = None,
+        "requests a second admitted and the tokens a second streamed. Default 1.",
+        metavar="N")] = None,
     kv_layout: Annotated[KVLayout, typer.Option(
         help="paged: blocks on demand; contiguous: max-model-len reserved per request.")] =
     KVLayout.paged,
     block_size: Annotated[Optional[int], typer.Option(
-        help="Tokens per KV block (default: the engine's).")] = None,
+        help="Tokens per KV block (default: the engine's).", metavar="TOKENS")] = None,
     max_model_len: Annotated[Optional[int], typer.Option(
         help="The longest request (prompt + output) the server takes, longer ones refused as "
         "vLLM refuses them; a contiguous cache reserves this much per request (default: "
-        "the model's context, or the longest request with --allow-longer-context).")
+        "the model's context, or the longest request with --allow-longer-context).",
+        metavar="TOKENS")
     ] = None,
     memory_utilization: UtilOpt = DEFAULT_UTIL,
     reserve_gib: ReserveOpt = DEFAULT_RESERVE_GIB,
@@ -273,11 +280,11 @@ def simulate(
     tpot_slo: Annotated[Optional[float], duration_option(
         "--tpot-slo", help="TPOT target (50ms): report the goodput.")] = None,
     trace: Annotated[Optional[Path], typer.Option(
-        help="Write one row per request (CSV, or JSONL for .jsonl).")] = None,
+        help="Write one row per request (CSV, or JSONL for .jsonl).", metavar="FILE")] = None,
     allow_longer_context: LongerOpt = False,
     plot: Annotated[Optional[Path], typer.Option(
         "--plot", help="PNG over time (running, queue, KV) and the TTFT / TPOT "
-        "distributions; its time series as a CSV beside it.")] = None,
+        "distributions; its time series as a CSV beside it.", metavar="PNG")] = None,
     speculative: SpeculativeOpt = None,
     draft_model: DraftOpt = None,
     num_speculative_tokens: SpeculativeTokensOpt = None,
@@ -286,16 +293,16 @@ def simulate(
         "--prefill-instances", rich_help_panel="Disaggregated prefill / decode",
         help="Serve disaggregated: this many prefill instances compute the prompts, and "
         "their KV crosses to --decode-instances decode instances (vLLM's, SGLang's and "
-        "Dynamo's P/D). Giving either turns it on; the other defaults to 1.")] = None,
+        "Dynamo's P/D). Giving either turns it on; the other defaults to 1.", metavar="N")] = None,
     decode_instances: Annotated[Optional[int], typer.Option(
         "--decode-instances", rich_help_panel="Disaggregated prefill / decode",
-        help="Decode instances of a disaggregated deployment.")] = None,
+        help="Decode instances of a disaggregated deployment.", metavar="N")] = None,
     prefill_tp: Annotated[Optional[int], typer.Option(
         rich_help_panel="Disaggregated prefill / decode",
-        help="Tensor-parallel GPUs of each prefill instance (default: --tp).")] = None,
+        help="Tensor-parallel GPUs of each prefill instance (default: --tp).", metavar="N")] = None,
     decode_tp: Annotated[Optional[int], typer.Option(
         rich_help_panel="Disaggregated prefill / decode",
-        help="Tensor-parallel GPUs of each decode instance (default: --tp).")] = None,
+        help="Tensor-parallel GPUs of each decode instance (default: --tp).", metavar="N")] = None,
     prefill_gpu: Annotated[Optional[str], typer.Option(
         rich_help_panel="Disaggregated prefill / decode", metavar="GPU",
         help="The prefill instances' GPU (default: --gpu).")] = None,
@@ -304,19 +311,23 @@ def simulate(
         help="The decode instances' GPU (default: --gpu).")] = None,
     prefill_max_num_seqs: Annotated[Optional[int], typer.Option(
         rich_help_panel="Disaggregated prefill / decode",
-        help="Running requests at most on a prefill instance (default: --max-num-seqs).")
+        help="Running requests at most on a prefill instance (default: --max-num-seqs).",
+        metavar="N")
     ] = None,
     decode_max_num_seqs: Annotated[Optional[int], typer.Option(
         rich_help_panel="Disaggregated prefill / decode",
-        help="Running requests at most on a decode instance (default: --max-num-seqs).")
+        help="Running requests at most on a decode instance (default: --max-num-seqs).",
+        metavar="N")
     ] = None,
     prefill_max_num_batched_tokens: Annotated[Optional[int], typer.Option(
         rich_help_panel="Disaggregated prefill / decode",
-        help="Tokens per step on a prefill instance (default: --max-num-batched-tokens).")
+        help="Tokens per step on a prefill instance (default: --max-num-batched-tokens).",
+        metavar="TOKENS")
     ] = None,
     decode_max_num_batched_tokens: Annotated[Optional[int], typer.Option(
         rich_help_panel="Disaggregated prefill / decode",
-        help="Tokens per step on a decode instance (default: --max-num-batched-tokens).")
+        help="Tokens per step on a decode instance (default: --max-num-batched-tokens).",
+        metavar="TOKENS")
     ] = None,
     kv_link: Annotated[str, typer.Option(
         rich_help_panel="Disaggregated prefill / decode", metavar="auto|intra-node|inter-node",

@@ -9,6 +9,7 @@ from typing import Annotated, Optional
 import typer
 
 from planner.cli.options import (
+    DEFAULT_BATCH,
     DEFAULT_CHUNK,
     DEFAULT_ENGINE,
     DEFAULT_OUTPUT_TOKENS,
@@ -97,24 +98,29 @@ def build_grid(model: str, gpu: str, batch: str, prompt_tokens: str, output_toke
 
 
 def sweep(
-    model: Annotated[str, typer.Option("--model", "-m", help="Models, comma-separated.")],
-    gpu: Annotated[str, typer.Option("--gpu", "-g", help="GPUs, comma-separated.")],
+    model: Annotated[str, typer.Option("--model", "-m", help="Models, comma-separated.",
+        metavar="MODEL,...")],
+    gpu: Annotated[str, typer.Option("--gpu", "-g", help="GPUs, comma-separated.",
+        metavar="GPU,...")],
     engine: EngineOpt = DEFAULT_ENGINE,
-    batch: Annotated[str, typer.Option("--batch", "-b", help=LIST_HELP)] = "1",
-    prompt_tokens: Annotated[str, typer.Option("--prompt-tokens", "-p", help=LIST_HELP)] =
-    str(DEFAULT_PROMPT_TOKENS),
-    output_tokens: Annotated[str, typer.Option("--output-tokens", "-o", help=LIST_HELP)] =
-    str(DEFAULT_OUTPUT_TOKENS),
-    weights: Annotated[str, typer.Option(help="Weight precisions, comma-separated.")] = "bf16",
+    batch: Annotated[str, typer.Option("--batch", "-b", help=LIST_HELP,
+        metavar="N,...")] = str(DEFAULT_BATCH),
+    prompt_tokens: Annotated[str, typer.Option("--prompt-tokens", "-p", help=LIST_HELP,
+        metavar="TOKENS,...")] = str(DEFAULT_PROMPT_TOKENS),
+    output_tokens: Annotated[str, typer.Option("--output-tokens", "-o", help=LIST_HELP,
+        metavar="TOKENS,...")] = str(DEFAULT_OUTPUT_TOKENS),
+    weights: Annotated[str, typer.Option(help="Weight precisions, comma-separated.",
+        metavar="PRECISION,...")] = "bf16",
     kv_cache: Annotated[Optional[str], typer.Option(
-        help="KV precisions (default: the weights' 16-bit type).")] = None,
-    tp: Annotated[str, typer.Option(help="Tensor-parallel sizes. " + LIST_HELP)] = "1",
+        help="KV precisions (default: the weights' 16-bit type).", metavar="PRECISION,...")] = None,
+    tp: Annotated[str, typer.Option(help="Tensor-parallel sizes. " + LIST_HELP,
+        metavar="N,...")] = "1",
     pp: Annotated[str, typer.Option(
-        help="Pipeline-parallel stages, each of --tp GPUs. " + LIST_HELP)] = "1",
+        help="Pipeline-parallel stages, each of --tp GPUs. " + LIST_HELP, metavar="N,...")] = "1",
     ep: Annotated[str, typer.Option(
         help="Expert-parallel GPUs (MoE models; attention TP over --tp of them, so a multiple "
              "of --tp; rows that are not, or with --pp above 1, are marked unsupported). "
-             + LIST_HELP)] = "1",
+             + LIST_HELP, metavar="N,...")] = "1",
     group_size: GroupSizeOpt = DEFAULT_GROUP_SIZE,
     quantized_layers: QuantizedLayersOpt = QuantizedLayers.all,
     time_model: TimeModelOpt = TimeModel.roofline,
@@ -126,12 +132,12 @@ def sweep(
     calibration: CalibrationOpt = None,
     price_per_hour: Annotated[Optional[float], typer.Option(
         help="USD per GPU-hour for every GPU (default: each GPU's price in the --prices "
-        "set).")] = None,
+        "set).", metavar="USD")] = None,
     prices: PricesOpt = None,
     price: PriceOpt = None,
     csv: Annotated[Optional[Path], typer.Option(
-        "--csv", help="Write every row to this CSV (streamed).")] = None,
-    limit: Annotated[int, typer.Option(help="Rows shown in the table.")] = 40,
+        "--csv", help="Write every row to this CSV (streamed).", metavar="CSV")] = None,
+    limit: Annotated[int, typer.Option(help="Rows shown in the table.", metavar="N")] = 40,
     compute: ComputeOpt = None,
     allow_longer_context: LongerOpt = False,
     as_json: JsonOpt = False,

@@ -166,29 +166,33 @@ def recorded_limits() -> dict:
 
 def validate(
     source: Annotated[Optional[str], typer.Option(
-        help="Only these sources (comma-separated ids).")] = None,
+        help="Only these sources (comma-separated ids).", metavar="ID,...")] = None,
     engine: Annotated[Optional[str], typer.Option(
         "--engine", "-e", help="Predict every row with this engine instead of the row's own "
-        "(e.g. ideal: the roofline's error).")] = None,
+        "(e.g. ideal: the roofline's error).", metavar="ENGINE")] = None,
     dataset: Annotated[Optional[list[Path]], typer.Option(
-        help="Dataset files to use instead of the built-in ones (repeatable).")] = None,
+        help="Dataset files to use instead of the built-in ones (repeatable).",
+        metavar="FILE")] = None,
     served: Annotated[bool, typer.Option(
         "--served/--no-served", help="Also replay the published serving runs "
         "(planner/data/served) through the simulator.")] = True,
     served_dataset: Annotated[Optional[list[Path]], typer.Option(
-        help="Served-run manifests to use instead of the built-in ones (repeatable).")] = None,
+        help="Served-run manifests to use instead of the built-in ones (repeatable).",
+        metavar="FILE")] = None,
     rows: Annotated[bool, typer.Option("--rows/--no-rows",
                                        help="Show every row, not only the summary.")] = True,
-    csv: Annotated[Optional[Path], typer.Option("--csv", help="Every comparison to CSV.")] = None,
+    csv: Annotated[Optional[Path], typer.Option("--csv", help="Every comparison to CSV.",
+        metavar="CSV")] = None,
     plot: Annotated[Optional[Path], typer.Option(
-        "--plot", help="PNG of predicted vs measured (log-log, +-10% and +-25% bands).")] = None,
+        "--plot", help="PNG of predicted vs measured (log-log, +-10% and +-25% bands).",
+        metavar="PNG")] = None,
     check: Annotated[bool, typer.Option(
         "--check", help="Exit 1 when a held-out median error rises above the figure recorded "
         "in planner/data/validation_recorded.yaml.")] = False,
     write_bands: Annotated[Optional[Path], typer.Option(
         "--write-bands", help="Write the error bands built from these held-out figures to a "
         "YAML file (the built-in table is planner/data/bands.yaml, which estimate, simulate "
-        "and plan read).")] = None,
+        "and plan read).", metavar="YAML")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the results as JSON.")] = False,
 ) -> None:
     """Predict published measurements (one file per source) and show the error: median and
@@ -274,14 +278,8 @@ def validate(
             if comps:
                 stdout.print(_rows_table(comps, stdout.width))
             if served_comps:
-                stdout.print(_served_table(served_comps))
-        stdout.print(table("Error by source, engine and phase (absolute, relative)",
-                           ["source", "engine", "phase", "split", "n", "median", "p90",
-                            "median\nsigned", "ideal\nmedian"],
-                           [[s.source, s.engine, s.phase, s.split, s.n,
-                             fmt.pct(s.median_abs_error), fmt.pct(s.p90_abs_error),
-                             f"{s.median_error:+.1%}", fmt.pct(s.ideal_median_abs_error)]
-                            for s in per_source], left=4, compact=True, fold=(0,)))
+                stdout.print(_served_table(served_comps, stdout.width))
+        stdout.print(_summary_table(per_source, stdout.width))
         stdout.print(table("All sources", ["phase", "split", "n", "median", "p90",
                                            "ideal median"],
                            [[s.phase, s.split, s.n, fmt.pct(s.median_abs_error),
@@ -318,10 +316,37 @@ SHORT_METRIC = {"user_tokens_per_s": "tok/s/user", "throughput_tokens_per_s_per_
                 "latency_s": "latency"}
 
 
+def _grouped(items, key) -> list[tuple[str, list]]:
+    """``items`` in runs of one ``key`` (their order kept): [(key, [item, ...]), ...]."""
+    out: list[tuple[str, list]] = []
+    for it in items:
+        k = key(it)
+        if not out or out[-1][0] != k:
+            out.append((k, []))
+        out[-1][1].append(it)
+    return out
+
+
+def _summary_table(per_source, width: int):
+    """Error by source, engine and phase; each source id on a line of its own (a column
+    wide enough for the longest would not leave 80 columns for the figures)."""
+    from planner.io import fmt
+    from planner.io.render import grouped_table
+
+    return grouped_table(
+        "Error by source, engine and phase (absolute, relative)",
+        ["engine", "phase", "split", "n", "median", "p90", "median\nsigned", "ideal\nmedian"],
+        [(source, [[s.engine, s.phase, s.split, s.n, fmt.pct(s.median_abs_error),
+                    fmt.pct(s.p90_abs_error), f"{s.median_error:+.1%}",
+                    fmt.pct(s.ideal_median_abs_error)] for s in group])
+         for source, group in _grouped(per_source, lambda s: s.source)],
+        width=width, left=3)
+
+
 def _rows_table(comps, width: int):
     """Every comparison; under 150 columns the source and engine head each group of rows
     and the row name and metric wrap, so that no figure is cut."""
-    from planner.io.render import table
+    from planner.io.render import grouped_table, table
 
     title = f"{len(comps)} published measurements vs predictions"
     if width >= 150:
@@ -330,34 +355,57 @@ def _rows_table(comps, width: int):
                      [[c.source, c.row, c.engine, c.metric, _num(c.metric, c.measured),
                        _num(c.metric, c.predicted), f"{c.error:+.1%}", f"{c.ideal_error:+.1%}",
                        c.split_label] for c in comps], left=4, compact=True)
-    t = table(title, ["row", "metric", "measured", "predicted", "error", "ideal\nerror",
-                      "split"], [], left=2, compact=True, fold=(0, 1))
-    group = None
-    for c in comps:
-        if (c.source, c.engine) != group:
-            group = (c.source, c.engine)
-            t.add_row(f"{c.source} ({c.engine})", style="bold")
-        t.add_row(c.row, SHORT_METRIC.get(c.metric, c.metric), _num(c.metric, c.measured),
-                  _num(c.metric, c.predicted),
-                  f"{c.error:+.1%}", f"{c.ideal_error:+.1%}", c.split_label)
-    return t
+    def key(c):
+        return c.source, c.engine, c.split_label
+
+    first = {}  # each source's rows together, held out before in-sample, in the files' order
+    for i, c in enumerate(comps):
+        first.setdefault(key(c)[:2], i)
+    ordered = sorted(comps, key=lambda c: (first[key(c)[:2]], c.in_sample))
+    columns = ["metric", "measured", "predicted", "error", "ideal\nerror"]
+
+    def figures(c) -> list[str]:
+        return [SHORT_METRIC.get(c.metric, c.metric), _num(c.metric, c.measured),
+                _num(c.metric, c.predicted), f"{c.error:+.1%}", f"{c.ideal_error:+.1%}"]
+
+    cells = [figures(c) for c in comps]
+    need = sum(max(len(h), *(len(r[i]) for r in cells)) + 1 for i, h in enumerate(
+        ["metric", "measured", "predicted", "error", "error"]))
+    if max(len(c.row) for c in comps) + 1 + need <= width:  # the row's id fits as a column
+        return grouped_table(
+            title, ["row", *columns],
+            [(f"{source} ({engine}), {split}", [[c.row, *figures(c)] for c in group])
+             for (source, engine, split), group in _grouped(ordered, key)],
+            width=width, left=2)
+    groups = []  # else each row's id on a line of its own, its figures under it
+    for (source, engine, split), group in _grouped(ordered, key):
+        for i, (row, rows) in enumerate(_grouped(group, lambda c: c.row)):
+            heading = f"  {row}"
+            if i == 0:
+                heading = f"{source} ({engine}), {split}\n{heading}"
+            groups.append((heading, [["    " + f[0], *f[1:]] for f in map(figures, rows)]))
+    return grouped_table(title, columns, groups, width=width, left=1)
 
 
-def _served_table(comps):
-    from planner.io.render import table
+def _served_table(comps, width: int):
+    """Every replayed serving-run figure, under its source and engine, then its run (the
+    run's name, model, layout and traffic on a line of their own, wrapped between words)."""
+    from planner.io.render import grouped_table
 
-    t = table(f"{len(comps)} published serving-run figures vs the simulator",
-              ["run", "traffic", "metric", "measured", "predicted", "error", "ideal\nerror"],
-              [], left=3, compact=True, fold=(0, 1))
-    group = None
-    for c in comps:
-        if (c.source, c.engine) != group:
-            group = (c.source, c.engine)
-            t.add_row(f"{c.source} ({c.engine})", style="bold")
-        t.add_row(f"{c.run} ({c.model}, {c.tp}x{c.gpu})", c.traffic, c.phase.split()[-1],
-                  _num(c.metric, c.measured), _num(c.metric, c.predicted), f"{c.error:+.1%}",
-                  f"{c.ideal_error:+.1%}")
-    return t
+    groups, seen = [], set()
+    for (source, engine, run), group in _grouped(comps, lambda c: (c.source, c.engine, c.run)):
+        c = group[0]
+        heading = f"  {run} ({c.model}, {c.tp} x {c.gpu}): {c.traffic}"
+        if (source, engine) not in seen:  # the source once, over its first run
+            seen.add((source, engine))
+            heading = f"{source} ({engine})\n{heading}"
+        groups.append((heading, [["    " + c.phase.split()[-1], _num(c.metric, c.measured),
+                                  _num(c.metric, c.predicted), f"{c.error:+.1%}",
+                                  f"{c.ideal_error:+.1%}"] for c in group]))
+    return grouped_table(
+        f"{len(comps)} published serving-run figures vs the simulator",
+        ["metric", "measured", "predicted", "error", "ideal\nerror"], groups, width=width,
+        left=1)
 
 
 def _num(metric: str, v: float) -> str:

@@ -43,15 +43,17 @@ def watch(
         "--interval", help="Time between scrapes (5s, 500ms): the window rates and latencies "
         "are taken over.")] = 5.0,
     model_name: Annotated[Optional[str], typer.Option(
-        help="Only the series whose model_name label is this (a server with several).")] =
+        help="Only the series whose model_name label is this (a server with several).",
+        metavar="NAME")] =
     None,
     once: Annotated[bool, typer.Option(
         "--once", help="Scrape twice, one interval apart, print the window and exit.")] = False,
     count: Annotated[Optional[int], typer.Option(
-        help="Stop after this many windows (default: until Ctrl-C).")] = None,
+        help="Stop after this many windows (default: until Ctrl-C).", metavar="N")] = None,
     serve_metrics: Annotated[Optional[int], typer.Option(
         "--serve-metrics", help="Serve the derived figures as Prometheus gauges "
-        "(llmplan_mbu, llmplan_mfu, llmplan_predicted_tpot_seconds, ...) on this port.")] =
+        "(llmplan_mbu, llmplan_mfu, llmplan_predicted_tpot_seconds, ...) on this port.",
+        metavar="PORT")] =
     None,
     bind: Annotated[str, typer.Option(
         "--bind", metavar="HOST", help="The address --serve-metrics listens on: this machine "

@@ -17,7 +17,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from planner.core.arith import no_bool_numbers
-from planner.core.specs import MAX_COUNT, DType
+from planner.core.specs import MAX_COUNT, DType, Workload
 
 _TIME = {"us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "min": 60.0, "m": 60.0, "h": 3600.0}
 _SCALE = {"k": 1e3, "M": 1e6, "G": 1e9}
@@ -87,21 +87,27 @@ class _Strict(BaseModel):
     _no_bools = field_validator("*", mode="before")(no_bool_numbers)
 
 
+_W = Workload.model_fields  # the workload every command defaults to, declared once there
+
+
 class BudgetWorkload(_Strict):
+    """A deployment's workload; what it leaves out is every command's default workload
+    (``planner.core.specs.Workload``: 1 sequence, 1024 prompt and 256 output tokens)."""
+
     batch: int | None = Field(None, gt=0, le=MAX_COUNT)
     concurrent_sequences: int | None = Field(None, gt=0, le=MAX_COUNT)  # a synonym of batch
-    prompt_tokens: int = Field(gt=0, le=MAX_COUNT)
-    output_tokens: int = Field(gt=0, le=MAX_COUNT)
+    prompt_tokens: int = Field(_W["prompt_tokens"].default, gt=0, le=MAX_COUNT)
+    output_tokens: int = Field(_W["output_tokens"].default, gt=0, le=MAX_COUNT)
 
     @model_validator(mode="after")
     def _one(self) -> BudgetWorkload:
-        if (self.batch is None) == (self.concurrent_sequences is None):
-            raise ValueError("give exactly one of batch or concurrent_sequences")
+        if self.batch is not None and self.concurrent_sequences is not None:
+            raise ValueError("give one of batch or concurrent_sequences, not both")
         return self
 
     @property
     def sequences(self) -> int:
-        return self.batch or self.concurrent_sequences  # type: ignore[return-value]
+        return self.batch or self.concurrent_sequences or _W["batch"].default
 
 
 class Limits(_Strict):
@@ -138,7 +144,7 @@ class Deployment(_Strict):
     kv_cache: DType | None = None
     compute: DType | None = None  # what the matmuls run in (fp16 on a T4 or V100)
     quantized_layers: Literal["all", "experts"] = "all"  # experts: a MoE's routed experts only
-    workload: BudgetWorkload
+    workload: BudgetWorkload = BudgetWorkload()  # every command's default workload
     allow_longer_context: bool = False  # prompt + output beyond the model's context
     limits: Limits
     price_per_hour: float | None = Field(None, gt=0)

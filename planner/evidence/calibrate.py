@@ -21,6 +21,7 @@ so a user sees how well the fit carries to a run it did not see. Pure: no I/O.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from planner.core.engine import EngineSpec
@@ -126,8 +127,12 @@ class _Predictor:
     all the values tried share their operators, and their timed sums where only host costs
     differ (``planner.serving.cost.CostCache``)."""
 
-    def __init__(self, base: Deployment, spec: EngineSpec, runs: list[ServedRun]):
+    def __init__(self, base: Deployment, spec: EngineSpec, runs: list[ServedRun],
+                 progress: Callable[[str], None] | None = None):
         self.base, self.spec, self.runs = base, spec, runs
+        # told of each run simulated, with what the fit is doing (``stage``)
+        self.progress = progress or (lambda detail: None)
+        self.stage = "fitting"
         self._cache: dict[tuple[tuple, int], dict[str, float]] = {}
         self._costs = CostCache()
         # the last values' deployment and step coster
@@ -151,6 +156,7 @@ class _Predictor:
             short = run if run.num_prompts <= FIT_MAX_REQUESTS else replace(
                 run, num_prompts=FIT_MAX_REQUESTS)
             sim, _ = simulate_run(short, dep, step_coster=coster, itl=_FIT_ITL)
+            self.progress(self.stage)
             got = {k: sim[v] / (1e3 if v.endswith("_ms") else 1.0)
                    for k, v in FIT_METRICS.items()
                    if sim.get(v) is not None and math.isfinite(sim[v])}
@@ -203,14 +209,16 @@ def _fit(pred: _Predictor, values: dict[str, float], idx: list[int], *,
 
 def calibrate(runs: list[ServedRun], base: Deployment, spec: EngineSpec, *, name: str,
               date: str, params: tuple[str, ...] = DEFAULT_PARAMS, sweeps: int = 8,
-              tol: float = 5e-3, leave_one_out: bool = True) -> ProfileFit:
-    """Fit ``params`` of ``spec`` to ``runs`` measured on ``base``'s deployment."""
+              tol: float = 5e-3, leave_one_out: bool = True,
+              progress: Callable[[str], None] | None = None) -> ProfileFit:
+    """Fit ``params`` of ``spec`` to ``runs`` measured on ``base``'s deployment;
+    ``progress(stage)`` is called after each run simulated (the CLI's progress bar)."""
     runs = [r for r in runs if r.batch is None and _measured(r)]
     if not runs:
         raise ValueError("no serving run with a TTFT, TPOT or throughput to fit")
     if base.tp == 1:
         params = tuple(p for p in params if p != "allreduce_latency_us")
-    pred = _Predictor(base, spec, runs)
+    pred = _Predictor(base, spec, runs, progress)
     idx = list(range(len(runs)))
     start = {p: min(max(get_param(spec, p), range_of(p)[0]), range_of(p)[1]) for p in params}
     unidentified = _identifiable(pred, start, idx)
@@ -221,6 +229,7 @@ def calibrate(runs: list[ServedRun], base: Deployment, spec: EngineSpec, *, name
     held: dict[int, dict[str, float]] = {}
     if leave_one_out and len(runs) > 1 and free:
         for i in idx:
+            pred.stage = f"leaving out run {i + 1} of {len(idx)}"
             others = [j for j in idx if j != i]
             held[i] = pred.predict_run(_fit(pred, free, others, sweeps=sweeps, tol=tol), i)
     before = pred.predict({})

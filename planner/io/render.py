@@ -38,6 +38,37 @@ def table(title: str | None, columns: list[str], rows: list[list], *,
     return t
 
 
+def grouped_table(title: str | None, columns: list[str],
+                  groups: list[tuple[str, list[list]]], *, width: int, left: int = 1,
+                  fold: tuple[int, ...] = ()):
+    """``table``'s compact table with its rows in groups, each under a heading line of its
+    own (a source id, a run id): the heading spans the whole line, so a narrow terminal never
+    folds an id into a column a few characters wide (a heading longer than the line wraps
+    between words). The columns are sized once, over every
+    group's rows at ``width``, so that they line up from group to group."""
+    from rich.console import Group
+    from rich.text import Text
+
+    rows = [[str(x) for x in r] for _, g in groups for r in g]
+    console = Console(width=width)
+    sized = table(None, columns, rows, left=left, compact=True, fold=fold)
+    widths = sized._calculate_column_widths(console, console.options.update_width(width))
+
+    def part(rows_: list[list], *, header: bool) -> Table:
+        t = table(None, columns, rows_, left=left, compact=True, fold=fold)
+        t.show_header = header
+        for col, w in zip(t.columns, widths, strict=True):
+            col.width = w
+        return t
+
+    parts: list = [Text(title, style="italic")] if title else []
+    parts.append(part([], header=True))
+    for heading, g in groups:
+        parts += [Text(heading, style="bold"),  # a long one wraps between words
+                  part(g, header=False)]
+    return Group(*parts)
+
+
 def plain(text: object) -> str:
     """Text from a file or a name, shown as is: rich must not read [brackets] as markup."""
     return escape(str(text))

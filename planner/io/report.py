@@ -144,10 +144,11 @@ class Labels:
             fontsize: int = 7) -> None:
         self.pending.append((x, y, text, color, dx, dy, fontsize))
 
-    def place(self, avoid: tuple = (), points=()) -> int:
-        """Draw the labels clear of each other, of the ``avoid`` artists (the legend) and of
-        the markers at ``points`` (data coordinates; the labelled points are added); returns
-        how many found no free spot."""
+    def place(self, avoid: tuple = (), points=(), lines=()) -> int:
+        """Draw the labels clear of each other, of the ``avoid`` artists (the legend), of
+        the markers at ``points`` (data coordinates; the labelled points are added) and of
+        the ``lines`` (each a sequence of (x, y) vertices in data coordinates, the segments
+        between them avoided); returns how many found no free spot."""
         from matplotlib.text import Text
         from matplotlib.transforms import Bbox
 
@@ -159,6 +160,8 @@ class Labels:
         for px, py in self.ax.transData.transform(np.asarray(xy, dtype=float).reshape(-1, 2)):
             if np.isfinite(px) and np.isfinite(py):
                 taken.append(Bbox.from_extents(px - r_px, py - r_px, px + r_px, py + r_px))
+        texts = list(taken[:len([a for a in avoid if a is not None])])  # what a leader avoids
+        taken += self._line_boxes(lines)
         dropped = 0
         for x, y, text, color, dx, dy, fontsize in self.pending:
             spots = [(dx, dy, "left", False), (5, -3, "left", False), (-5, -3, "right", False),
@@ -175,14 +178,50 @@ class Labels:
                 box = Text.get_window_extent(ann, renderer).expanded(1.04, 1.15)
                 inside = (frame.x0 <= box.x0 and box.x1 <= frame.x1 and frame.y0 <= box.y0
                           and box.y1 <= frame.y1)
-                if inside and not any(box.overlaps(t) for t in taken):
+                if inside and not any(box.overlaps(t) for t in taken) and not (
+                        leader and self._crosses(ann, box, texts, r_px)):
                     taken.append(box)
+                    texts.append(box)
                     break
                 ann.remove()
             else:
                 dropped += 1
         self.pending = []
         return dropped
+
+    def _crosses(self, ann, box, texts, r_px: float) -> bool:
+        """Whether a leader line from the label's box to its point would run through a
+        label already placed or the legend (near its own point it may cross markers)."""
+        px, py = self.ax.transData.transform(ann.xy)
+        # the leader leaves the box's edge nearest the point: the box's centre, clipped to it
+        cx, cy = min(max(px, box.x0), box.x1), min(max(py, box.y0), box.y1)
+        n = max(2, int(np.hypot(px - cx, py - cy) / 2))
+        for t in np.linspace(0, 1, n):
+            x, y = cx + (px - cx) * t, cy + (py - cy) * t
+            if np.hypot(px - x, py - y) <= 3 * r_px:
+                break  # its own marker and those bunched on it
+            if any(b.x0 <= x <= b.x1 and b.y0 <= y <= b.y1 for b in texts):
+                return True
+        return False
+
+    def _line_boxes(self, lines) -> list:
+        """Small boxes strung along each line's segments, a few pixels apart, inside the
+        axes: what a label must not sit on."""
+        from matplotlib.transforms import Bbox
+
+        frame = self.ax.get_window_extent(self.ax.figure.canvas.get_renderer())
+        half = 1.0 * self.ax.figure.dpi / 100
+        boxes = []
+        for line in lines:
+            v = self.ax.transData.transform(np.asarray(list(line), dtype=float).reshape(-1, 2))
+            for (x0, y0), (x1, y1) in zip(v[:-1], v[1:], strict=True):
+                if not np.all(np.isfinite([x0, y0, x1, y1])):
+                    continue
+                n = max(2, int(np.hypot(x1 - x0, y1 - y0) / 3) + 1)
+                for x, y in zip(np.linspace(x0, x1, n), np.linspace(y0, y1, n), strict=True):
+                    if frame.x0 <= x <= frame.x1 and frame.y0 <= y <= frame.y1:
+                        boxes.append(Bbox.from_extents(x - half, y - half, x + half, y + half))
+        return boxes
 
 
 def plain_log_ticks(ax, axes: str = "xy") -> None:
@@ -203,6 +242,54 @@ def plain_log_ticks(ax, axes: str = "xy") -> None:
             continue
         axis.set_major_formatter(matplotlib.ticker.FuncFormatter(plain))
         axis.set_minor_formatter(matplotlib.ticker.FuncFormatter(minor_of(lim)))
+
+
+def thin_tick_labels(fig, *, pad_px: float = 3.0) -> None:
+    """Blank the tick labels that would touch another: on each axis of ``fig`` (its layout
+    final), the major labels first, then the minor ones in order, each kept only when its box
+    (measured with the renderer, ``pad_px`` apart) is clear of every label kept so far. A log
+    axis spanning under a decade labels every minor tick (``plain_log_ticks``); at 600, 700,
+    800 ... the wider numbers run into each other."""
+    from matplotlib.text import Text
+
+    fig.canvas.draw()
+    r = fig.canvas.get_renderer()
+    for ax in fig.axes:
+        for axis in (ax.xaxis, ax.yaxis):
+            kept_boxes, kept = [], {"major": set(), "minor": set()}
+            drawn = {id(t) for t in axis._update_ticks()}  # the ticks inside the view
+            for which, ticks in (("major", axis.get_major_ticks()),
+                                 ("minor", axis.get_minor_ticks())):
+                for tick in ticks:
+                    label = tick.label1
+                    if id(tick) not in drawn or not label.get_visible() \
+                            or not label.get_text().strip():
+                        continue
+                    box = Text.get_window_extent(label, r).padded(pad_px / 2)
+                    if not any(box.overlaps(k) for k in kept_boxes):
+                        kept_boxes.append(box)
+                        kept[which].add(round(float(tick.get_loc()), 12))
+            for which in ("major", "minor"):
+                inner = getattr(axis, f"get_{which}_formatter")()
+                getattr(axis, f"set_{which}_formatter")(_Only(inner, kept[which]))
+
+
+class _Only(matplotlib.ticker.Formatter):
+    """A formatter that writes ``inner``'s label at the kept values and nothing elsewhere."""
+
+    def __init__(self, inner, kept: set) -> None:
+        self.inner, self.kept = inner, kept
+
+    def set_axis(self, axis) -> None:
+        super().set_axis(axis)
+        self.inner.set_axis(axis)
+
+    def set_locs(self, locs) -> None:
+        super().set_locs(locs)
+        self.inner.set_locs(locs)
+
+    def __call__(self, x, pos=None) -> str:
+        return self.inner(x, pos) if round(float(x), 12) in self.kept else ""
 
 
 def _save(fig, df: pd.DataFrame, out_dir: Path, name: str) -> tuple[Path, Path]:
@@ -293,37 +380,38 @@ def plot_roofline(case: Case, df: pd.DataFrame, out_dir: Path,
                   f"{peak / 1e12:,.0f} TFLOP/s {df['compute_dtype'].iloc[0]}, "
                   f"{bw / 1e12:.2f} TB/s")
     ax.axvline(ridge, color="grey", ls=":", lw=1)
-    ax.annotate(f"ridge point {ridge:,.0f} FLOP/B", (ridge, peak * 1.5),
+    ridge_note = ax.annotate(f"ridge point {ridge:,.0f} FLOP/B", (ridge, peak * 1.5),
                 textcoords="offset points", xytext=(4, 0), ha="left", fontsize=8,
                 color="grey")  # above the roof, where no point can be
+    ceilings = [list(zip(x, np.minimum(peak, bw * x), strict=True))]  # lines labels avoid
     engine = str(df["engine"].iloc[0]) if "engine" in df else "ideal"
     if engine != "ideal":
         ep = float(df["engine_peak_flops_per_s"].iloc[0])
         eb = float(df["engine_bandwidth_bytes_per_s"].iloc[0])
+        ceilings.append(list(zip(x, np.minimum(ep, eb * x), strict=True)))
         ax.plot(x, np.minimum(ep, eb * x), color="tab:blue", lw=1.2, ls="--",
                 label=f"{df['engine_ceilings_source'].iloc[0]} ceilings ({engine}'s points "
                       f"sit below them): {ep / 1e12:,.0f} TFLOP/s, {eb / 1e12:.2f} TB/s")
     if measured_ceilings:
         mp, mb = measured_ceilings["flops_per_s"], measured_ceilings["bandwidth_bytes_per_s"]
+        ceilings.append(list(zip(x, np.minimum(mp, mb * x), strict=True)))
         ax.plot(x, np.minimum(mp, mb * x), color="tab:red", lw=1.2, ls="--",
                 label=f"measured ceilings: {fmt.si(mp, 'FLOP/s')}, {fmt.si(mb, 'B/s')}")
-    styles = {"decode": ("o", COLORS[0]), "prefill": ("s", COLORS[1])}
     labels = Labels(ax)
+    for x_, y_, text, color in operator_labels(df):  # placed first: the ladder's give way
+        labels.add(x_, y_, text, color=color, dx=6, dy=-10)
+    lines = ceilings
     for series, sub in df.groupby("series", sort=False):
         if series.startswith(("decode operators", "prefill operators")):
-            marker, color = styles[series.split()[0]]
+            marker, color = OPERATOR_STYLES[series.split()[0]]
             ax.scatter(sub["intensity_flops_per_byte"], sub["attainable_flops_per_s"],
                        marker=marker, color=color, s=28, alpha=0.8, label=series, zorder=3)
-            for r in sub.itertuples():
-                if r.label in ("qkv_proj", "attention", "mlp_gate_up_proj", "lm_head",
-                               "experts_gate_up_proj", "mla_q_up_proj", "o_proj",
-                               "mlp_down_proj", "mlp_up_proj"):
-                    labels.add(r.intensity_flops_per_byte, r.attainable_flops_per_s, r.label,
-                               color=color, dx=6, dy=-10)
         elif series == "decode step":
             ax.plot(sub["intensity_flops_per_byte"], sub["attainable_flops_per_s"], "-^",
                     color=COLORS[2], ms=6, lw=1.2, label="decode step, batch 1 to max that fits",
                     zorder=4)
+            lines.append(list(zip(sub["intensity_flops_per_byte"],
+                                  sub["attainable_flops_per_s"], strict=True)))
             for r in _spread(sub):
                 labels.add(r.intensity_flops_per_byte, r.attainable_flops_per_s, r.label,
                            color=COLORS[2], dx=-28, dy=6)
@@ -348,10 +436,54 @@ def plot_roofline(case: Case, df: pd.DataFrame, out_dir: Path,
     ax.set_title(case.title + ("\n(the operators of one TP group; the other charts are the "
                                "layout's)" if case.layered else ""), fontsize=10)
     ax.grid(True, which="major", alpha=0.3)
-    labels.place(avoid=(ax.legend(fontsize=7, loc="lower right"),),
+    fig.canvas.draw()  # the ridge note's offset resolved, to be measured and avoided
+    labels.place(avoid=(ax.legend(fontsize=7, loc="lower right"), ridge_note),
                  points=zip(df["intensity_flops_per_byte"], df["attainable_flops_per_s"],
-                            strict=True))
+                            strict=True), lines=lines)
     return _save(fig, df, out_dir, f"{case.slug}_roofline")
+
+
+OPERATOR_STYLES = {"decode": ("o", COLORS[0]), "prefill": ("s", COLORS[1])}
+# the operators worth a name on the roofline (norms and activations sit bunched near 1 FLOP/B)
+NAMED_OPERATORS = ("qkv_proj", "attention", "mlp_gate_up_proj", "lm_head",
+                   "experts_gate_up_proj", "mla_q_up_proj", "o_proj", "mlp_down_proj",
+                   "mlp_up_proj")
+
+
+def operator_labels(df: pd.DataFrame, *, within_dec: float = 0.06
+                    ) -> list[tuple[float, float, str, tuple]]:
+    """(x, y, text, color) of the roofline's operator labels: the named operators of both
+    phases, those that sit on one spot (within ``within_dec`` decades on both axes) under one
+    label naming each once. A decode step's weight-bound matmuls all run at about the batch
+    in FLOP/B, and prefill's lm_head (the last token's logits only) is decode's own point:
+    a label each would stack five names, lm_head twice, on one marker."""
+    ops = df[df["series"].str.startswith(("decode operators", "prefill operators"))
+             & df["label"].isin(NAMED_OPERATORS)]
+    groups: list[dict] = []
+    for r in ops.itertuples():
+        lx, ly = np.log10(r.intensity_flops_per_byte), np.log10(r.attainable_flops_per_s)
+        phase = r.series.split()[0]
+        for g in groups:  # near any point of a group (a chain of near points is one spot)
+            if any(abs(gx - lx) < within_dec and abs(gy - ly) < within_dec
+                   for gx, gy in g["at"]):
+                break
+        else:
+            g = {"at": [], "x": r.intensity_flops_per_byte, "y": r.attainable_flops_per_s,
+                 "names": [], "phases": set()}
+            groups.append(g)
+        g["at"].append((lx, ly))
+        if r.label not in g["names"]:
+            g["names"].append(r.label)
+        g["phases"].add(phase)
+    out = []
+    for g in groups:
+        names = g["names"]
+        text = "\n".join(", ".join(names[i:i + 2]) for i in range(0, len(names), 2))
+        if len(g["phases"]) > 1:
+            text += "\n(decode and prefill)"
+        phase = "decode" if "decode" in g["phases"] else "prefill"
+        out.append((g["x"], g["y"], text, OPERATOR_STYLES[phase][1]))
+    return out
 
 
 # --------------------------------------------------------------------------- 2. throughput
@@ -684,8 +816,9 @@ def accuracy_table(records: list[dict]) -> pd.DataFrame:
 
 
 def _square_loglog(ax, lo: float, hi: float, quantity: str, title: str, *,
-                   legend_size: int) -> None:
-    """A predicted-against-measured panel: both axes log, over the same range."""
+                   legend_size: int, under: bool = False) -> None:
+    """A predicted-against-measured panel: both axes log, over the same range; its key in
+    the upper left corner, or ``under`` the axes."""
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlim(lo, hi)
@@ -695,7 +828,11 @@ def _square_loglog(ax, lo: float, hi: float, quantity: str, title: str, *,
     ax.set_ylabel(f"predicted {quantity}")
     ax.set_title(title, fontsize=10)
     ax.grid(True, which="major", alpha=0.3)
-    ax.legend(fontsize=legend_size, loc="upper left")
+    if under:  # the key under the axes, where it covers no point
+        ax.legend(fontsize=legend_size, loc="upper center", bbox_to_anchor=(0.5, -0.13),
+                  frameon=False)
+    else:
+        ax.legend(fontsize=legend_size, loc="upper left")
 
 
 PREDICTION_LABELS = {"calibrated": "calibrated ceilings", "datasheet": "datasheet ceilings",
@@ -737,6 +874,15 @@ METRIC_LABELS = {"user_tokens_per_s": "tokens/s per sequence", "tpot_s": "TPOT (
                  "mean_tpot_s": "served: mean TPOT (s)", "median_tpot_s": "served: median TPOT (s)",
                  "mean_itl_s": "served: mean ITL (s)", "median_itl_s": "served: median ITL (s)",
                  "output_throughput": "served: output tokens/s"}
+# each panel's title: what a reader calls the figure (the keys above are the CSV's)
+METRIC_TITLES = {"user_tokens_per_s": "Tokens per second per sequence", "tpot_s": "TPOT",
+                 "ttft_s": "TTFT", "throughput_tokens_per_s": "Output tokens per second",
+                 "throughput_tokens_per_s_per_gpu": "Output tokens per second per GPU",
+                 "latency_s": "Latency of a static batch",
+                 "mean_ttft_s": "Served: mean TTFT", "median_ttft_s": "Served: median TTFT",
+                 "mean_tpot_s": "Served: mean TPOT", "median_tpot_s": "Served: median TPOT",
+                 "mean_itl_s": "Served: mean ITL", "median_itl_s": "Served: median ITL",
+                 "output_throughput": "Served: output tokens per second"}
 
 
 def plot_validation(comps, path: Path) -> None:
@@ -754,19 +900,14 @@ def plot_validation(comps, path: Path) -> None:
         return c.source if len(engines_of[c.source]) == 1 else f"{c.source} / {c.engine}"
 
     sources = sorted({series(c) for c in comps})
-    ncols = min(3, len(metrics))
-    nrows = -(-len(metrics) // ncols)
-    fig, axes = plt.subplots(nrows, ncols, figsize=(6.4 * ncols, 6.2 * nrows), squeeze=False)
-    for ax in axes.flat[len(metrics):]:
-        ax.set_visible(False)
-    for ax, metric in zip(axes.flat[:len(metrics)], metrics, strict=True):
+    entries = max(len({(series(c), c.in_sample) for c in comps if c.metric == m})
+                  for m in metrics) + 3  # the longest key: its series and the three bands
+    fig, axes = _grid(len(metrics), width=6.0, height=5.6 + 0.14 * entries)
+    for ax, metric in zip(axes, metrics, strict=True):
         sub = [c for c in comps if c.metric == metric]
         vals = [v for c in sub for v in (c.measured, c.predicted)]
         lo, hi = min(vals) / 1.6, max(vals) * 1.6
-        x = np.geomspace(lo, hi, 50)
-        ax.fill_between(x, x / 1.25, x * 1.25, color="grey", alpha=0.10, label="within 25%")
-        ax.fill_between(x, x / 1.1, x * 1.1, color="grey", alpha=0.22, label="within 10%")
-        ax.plot(x, x, color="black", lw=1, label="prediction = measurement")
+        _bands(ax, lo, hi)
         for i, src in enumerate(sources):
             pts = [c for c in sub if series(c) == src]
             if not pts:
@@ -781,10 +922,11 @@ def plot_validation(comps, path: Path) -> None:
                            marker=marker, facecolor=face, edgecolor=color, zorder=3,
                            label=f"{src} ({'held out' if held else 'in-sample'}, n={len(p)}, "
                                  f"median |err| {med:.0%})")
-        _square_loglog(ax, lo, hi, METRIC_LABELS[metric], metric, legend_size=7)
-    fig.tight_layout()
+        _square_loglog(ax, lo, hi, METRIC_LABELS[metric], METRIC_TITLES[metric],
+                       legend_size=7, under=True)
     fig.suptitle(f"llmplan validate: {len(comps)} published measurements, predicted with each "
-                 "row's engine profile", fontsize=10, y=1.0, va="bottom")
+                 "row's engine profile", fontsize=10)
+    thin_tick_labels(fig)
     fig.savefig(path, dpi=130, bbox_inches="tight")
     plt.close(fig)
 
@@ -838,43 +980,73 @@ def plot_simulation(res, path: Path, *, title: str) -> Path:
 
 
 SERVED_PANELS = (("ttft", "TTFT (ms)"), ("tpot", "TPOT (ms)"), ("itl", "ITL (ms)"),
-                 ("e2el", "end-to-end latency (ms)"), ("throughput", "throughput (per s)"))
+                 ("e2el", "end-to-end latency (ms)"), ("requests", "requests per second"),
+                 ("tokens", "tokens per second"))
+
+
+def _served_kind(metric: str) -> tuple[str, str, float]:
+    """(panel, series, scale) of a compared figure: request_throughput on the requests/s
+    panel, output and total token throughput on the tokens/s one (their units differ, so
+    never one axis), latencies (``mean_ttft_s``) in ms on their own panel, one series per
+    statistic."""
+    if "throughput" in metric:
+        kind = "requests" if metric.startswith("request") else "tokens"
+        return kind, metric.replace("_", " "), 1.0
+    stat, kind = metric.split("_")[:2]
+    return kind, stat, 1e3
+
+
+def _grid(n: int, *, width: float, height: float):
+    """Up to three panels a row, laid out so that keys under the axes stay clear of the row
+    below; panels past ``n`` hidden."""
+    ncols = min(3, n)
+    nrows = -(-n // ncols)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(width * ncols, height * nrows),
+                             squeeze=False, layout="constrained")
+    for ax in axes.flat[n:]:
+        ax.set_visible(False)
+    return fig, list(axes.flat[:n])
+
+
+def _bands(ax, lo: float, hi: float) -> None:
+    """The y = x line of a predicted-against-measured panel with its +-10% and +-25% bands."""
+    x = np.geomspace(lo, hi, 50)
+    ax.fill_between(x, x / 1.25, x * 1.25, color="grey", alpha=0.10, label="within 25%")
+    ax.fill_between(x, x / 1.1, x * 1.1, color="grey", alpha=0.22, label="within 10%")
+    ax.plot(x, x, color="black", lw=1, label="prediction = measurement")
 
 
 def plot_served(comps, path: Path, *, title: str) -> None:
     """`llmplan compare --plot`: the simulated figure of each measured run against the
-    measurement, log-log, a panel per kind of figure (mean, median and p99 marked apart), the
-    y = x line with +-10% and +-25% bands."""
+    measurement, log-log, a panel per kind of figure (mean, median and p99 marked apart;
+    requests/s and tokens/s on panels of their own), the y = x line with +-10% and +-25%
+    bands, each panel's key under it."""
     pts: dict[str, list[tuple[float, float, str]]] = {}
     for c in comps:
         for m in c.rows:
             if m.simulated is None or not m.measured:
                 continue
-            kind = "throughput" if "throughput" in m.metric else m.metric.split("_")[1]
-            stat = m.metric if kind == "throughput" else m.metric.split("_")[0]
-            k = 1.0 if kind == "throughput" else 1e3  # latencies in milliseconds
+            kind, stat, k = _served_kind(m.metric)
             pts.setdefault(kind, []).append((m.measured * k, m.simulated * k, stat))
     panels = [(k, label) for k, label in SERVED_PANELS if k in pts]
     if not panels:
         raise ValueError("no simulated figure to plot")
-    fig, axes = plt.subplots(1, len(panels), figsize=(5.6 * len(panels), 5.4), squeeze=False)
-    for ax, (kind, label) in zip(axes.flat, panels, strict=True):
+    fig, axes = _grid(len(panels), width=5.0, height=6.4)
+    for ax, (kind, label) in zip(axes, panels, strict=True):
         p = pts[kind]
         vals = [v for a, b, _ in p for v in (a, b)]
         lo, hi = min(vals) / 1.6, max(vals) * 1.6
-        x = np.geomspace(lo, hi, 50)
-        ax.fill_between(x, x / 1.25, x * 1.25, color="grey", alpha=0.10, label="within 25%")
-        ax.fill_between(x, x / 1.1, x * 1.1, color="grey", alpha=0.22, label="within 10%")
-        ax.plot(x, x, color="black", lw=1, label="prediction = measurement")
+        _bands(ax, lo, hi)
         for i, stat in enumerate(sorted({s for _, _, s in p})):
             sub = [(a, b) for a, b, s in p if s == stat]
             med = statistics.median(abs(b / a - 1) for a, b in sub)
             ax.scatter([a for a, _ in sub], [b for _, b in sub], s=34,
                        marker=MARKERS[i % len(MARKERS)], color=COLORS[i % len(COLORS)],
-                       zorder=3, label=f"{stat.replace('_', ' ')} (n={len(sub)}, median "
-                                       f"|err| {med:.0%})")
-        _square_loglog(ax, lo, hi, label, label, legend_size=7)
+                       zorder=3, label=f"{stat} (n={len(sub)}, median |err| {med:.0%})")
+        _square_loglog(ax, lo, hi, label, label[0].upper() + label[1:], legend_size=7,
+                       under=True)
     fig.suptitle(title, fontsize=10)
+    thin_tick_labels(fig)
     fig.savefig(path, dpi=130, bbox_inches="tight")
     plt.close(fig)
 
