@@ -193,3 +193,21 @@ def test_shown_output_fits_80_columns(source):
     for block in fenced:
         for line in block.splitlines():
             assert len(line) <= 80, (source, line)
+
+
+README_RUNS = [c for c in commands(README)
+               if c[0] not in ("ui", "measure")]  # a server that runs until stopped; the
+# harness's CPU run (tests/test_harness.py runs it)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("argv", README_RUNS, ids=[" ".join(c[:3]) for c in README_RUNS])
+def test_every_readme_example_runs_within_80_columns(argv, tmp_path):
+    """Issue 26's "done when": every README example run at COLUMNS=80 prints no line wider."""
+    argv = [str(tmp_path / "report") if prev == "--out" else a
+            for prev, a in zip(["", *argv], argv)]
+    r = subprocess.run([sys.executable, "-m", "planner", *argv], cwd=ROOT, capture_output=True,
+                       text=True, timeout=600, env={**os.environ, "COLUMNS": "80"})
+    assert r.returncode == 0, (argv, r.stderr[-2000:])
+    wide = [ln for ln in r.stdout.splitlines() if len(ln) > 80]
+    assert not wide, (argv, wide[:3])
