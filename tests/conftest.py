@@ -95,3 +95,18 @@ def on_a_terminal():
             out_file.seek(0)
             return p.returncode, out_file.read(), err
     return run
+
+
+@pytest.fixture(scope="module")
+def ui_url():
+    """``llmplan ui``'s server on a free loopback port, in a thread, for one test module: its
+    URL (tests/test_ui.py and test_ui_browser.py; both skip first where plotly is missing)."""
+    import threading
+
+    from planner.ui.server import Server
+
+    server = Server("127.0.0.1", 0)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield server.url
+    server.shutdown()
+    server.server_close()

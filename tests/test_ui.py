@@ -10,7 +10,6 @@ import shlex
 import socket
 import subprocess
 import sys
-import threading
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -20,20 +19,15 @@ import pytest
 pytest.importorskip("plotly", reason="the ui extra (plotly) is not installed")
 
 from planner.ui import api  # noqa: E402
-from planner.ui.server import Server, is_loopback  # noqa: E402
+from planner.ui.server import is_loopback  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 BASE = {"model": "llama-3.1-8b", "gpu": "h100-sxm"}
 
 
 @pytest.fixture(scope="module")
-def url():
-    server = Server("127.0.0.1", 0)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield server.url
-    server.shutdown()
-    server.server_close()
+def url(ui_url):
+    return ui_url
 
 
 def post(url: str, path: str, body: object) -> tuple[int, dict]:

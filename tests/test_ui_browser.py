@@ -13,7 +13,6 @@ import shlex
 import shutil
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 import pytest
@@ -26,8 +25,6 @@ from selenium.webdriver.common.by import By  # noqa: E402
 from selenium.webdriver.common.keys import Keys  # noqa: E402
 from selenium.webdriver.support.ui import Select, WebDriverWait  # noqa: E402
 
-from planner.ui.server import Server  # noqa: E402
-
 ROOT = Path(__file__).resolve().parent.parent
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 CHROMEDRIVER = shutil.which("chromedriver")
@@ -37,13 +34,8 @@ if CHROMIUM is None or CHROMEDRIVER is None:
 
 
 @pytest.fixture(scope="module")
-def url():
-    server = Server("127.0.0.1", 0)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield server.url
-    server.shutdown()
-    server.server_close()
+def url(ui_url):
+    return ui_url
 
 
 @pytest.fixture(scope="module")
