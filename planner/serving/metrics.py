@@ -16,15 +16,18 @@ requests.
 from __future__ import annotations
 
 import math
+from array import array
+from collections.abc import Sequence
 
 from planner.core.arith import quantile
+from planner.serving.records import RequestRecords
 from planner.serving.sim import SimResult
 
 
-def _stats(values: list[float], name: str) -> dict[str, float | None]:
+def _stats(values: Sequence[float], name: str) -> dict[str, float | None]:
     if not values:
         return {f"{k}_{name}_ms": None for k in ("mean", "median", "std", "p90", "p99")}
-    ms = [v * 1e3 for v in values]
+    ms = array("d", (v * 1e3 for v in values))
     mean = sum(ms) / len(ms)
     std = math.sqrt(sum((v - mean) ** 2 for v in ms) / len(ms))
     return {f"mean_{name}_ms": mean, f"median_{name}_ms": quantile(ms, 0.5),
@@ -66,11 +69,18 @@ def summary(res: SimResult, *, ttft_slo_s: float | None = None,
             tpot_slo_s: float | None = None, itl: bool = True) -> dict:
     """The run's figures; ``itl=False`` leaves out the ITL statistics (a sort of every step's
     gap), for a caller that reads none of them (a fit simulating hundreds of times)."""
-    done = [r for r in res.requests if not math.isnan(r.finish_s)]
+    rec = res.requests if isinstance(res.requests, RequestRecords) else \
+        RequestRecords.of(res.requests)
+    arrival, first, finish = (rec.column(c) for c in ("arrival_s", "first_token_s", "finish_s"))
+    prompt, output = rec.column("prompt_tokens"), rec.column("output_tokens")
+    # the served requests' figures, in the order given (as RequestResult computes each)
+    done = array("q", (i for i in range(len(rec)) if not math.isnan(finish[i])))
     dur = res.duration_s or math.nan
-    inp = sum(r.prompt_tokens for r in done)
-    out = sum(r.output_tokens for r in done)
-    tpots = [r.tpot_s for r in done if r.output_tokens > 1]
+    inp = sum(prompt[i] for i in done)
+    out = sum(output[i] for i in done)
+    ttfts = array("d", (first[i] - arrival[i] for i in done))
+    tpots = array("d", ((finish[i] - first[i]) / (output[i] - 1) for i in done
+                        if output[i] > 1))
     d: dict = {
         "completed": len(done),
         "duration": dur,
@@ -79,16 +89,17 @@ def summary(res: SimResult, *, ttft_slo_s: float | None = None,
         "request_throughput": len(done) / dur,
         "output_throughput": out / dur,
         "total_token_throughput": (inp + out) / dur,
-        **_stats([r.ttft_s for r in done], "ttft"),
+        **_stats(ttfts, "ttft"),
         **_stats(tpots, "tpot"),
         **(_itl_stats(res.itl) if itl else {}),
-        **_stats([r.e2e_s for r in done], "e2el"),
+        **_stats(array("d", (finish[i] - arrival[i] for i in done)), "e2el"),
     }
     if ttft_slo_s is not None or tpot_slo_s is not None:
-        good = [r for r in done
-                if (ttft_slo_s is None or r.ttft_s <= ttft_slo_s)
-                and (tpot_slo_s is None or r.output_tokens <= 1 or r.tpot_s <= tpot_slo_s)]
-        d["request_goodput"] = len(good) / dur
+        good = sum(1 for k, i in enumerate(done)
+                   if (ttft_slo_s is None or ttfts[k] <= ttft_slo_s)
+                   and (tpot_slo_s is None or output[i] <= 1 or
+                        (finish[i] - first[i]) / (output[i] - 1) <= tpot_slo_s))
+        d["request_goodput"] = good / dur
     cap = res.kv_capacity_tokens
     d.update({
         "max_running_requests": res.max_running,
@@ -106,7 +117,7 @@ def summary(res: SimResult, *, ttft_slo_s: float | None = None,
         # vLLM's prefix cache hit rate: prompt tokens found cached over those queried
         "prefix_cache_hit_rate": None if not res.prefix_query_tokens else
         res.prefix_hit_tokens / res.prefix_query_tokens,
-        "failed_reason": next((r.failed for r in res.requests if r.failed), None),
+        "failed_reason": rec.first_failure(),
         # the API server (planner.serving.frontend): mean seconds a request waited for it
         # before the engine saw it, and the share of the run its streaming set the pace
         "mean_api_server_wait_s": res.api_server_wait_s / len(done) if done else math.nan,
