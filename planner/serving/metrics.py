@@ -16,7 +16,6 @@ requests.
 from __future__ import annotations
 
 import math
-from array import array
 from collections.abc import Sequence
 
 from planner.core.arith import quantile
@@ -27,7 +26,7 @@ from planner.serving.sim import SimResult
 def _stats(values: Sequence[float], name: str) -> dict[str, float | None]:
     if not values:
         return {f"{k}_{name}_ms": None for k in ("mean", "median", "std", "p90", "p99")}
-    ms = array("d", (v * 1e3 for v in values))
+    ms = [v * 1e3 for v in values]
     mean = sum(ms) / len(ms)
     std = math.sqrt(sum((v - mean) ** 2 for v in ms) / len(ms))
     return {f"mean_{name}_ms": mean, f"median_{name}_ms": quantile(ms, 0.5),
@@ -73,32 +72,33 @@ def summary(res: SimResult, *, ttft_slo_s: float | None = None,
         RequestRecords.of(res.requests)
     arrival, first, finish = (rec.column(c) for c in ("arrival_s", "first_token_s", "finish_s"))
     prompt, output = rec.column("prompt_tokens"), rec.column("output_tokens")
-    # the served requests' figures, in the order given (as RequestResult computes each)
-    done = array("q", (i for i in range(len(rec)) if not math.isnan(finish[i])))
+    # the served requests' figures (finish_s not nan: ``f == f``), in the order given, each as
+    # RequestResult computes it
+    served = [(a, f1, f, o) for a, f1, f, o in zip(arrival, first, finish, output, strict=True)
+              if f == f]
     dur = res.duration_s or math.nan
-    inp = sum(prompt[i] for i in done)
-    out = sum(output[i] for i in done)
-    ttfts = array("d", (first[i] - arrival[i] for i in done))
-    tpots = array("d", ((finish[i] - first[i]) / (output[i] - 1) for i in done
-                        if output[i] > 1))
+    inp = sum(p for p, f in zip(prompt, finish, strict=True) if f == f)
+    out = sum(o for *_, o in served)
+    ttfts = [f1 - a for a, f1, _, _ in served]
+    tpots = [(f - f1) / (o - 1) for _, f1, f, o in served if o > 1]
+    e2els = [f - a for a, _, f, _ in served]
     d: dict = {
-        "completed": len(done),
+        "completed": len(served),
         "duration": dur,
         "total_input_tokens": inp,
         "total_output_tokens": out,
-        "request_throughput": len(done) / dur,
+        "request_throughput": len(served) / dur,
         "output_throughput": out / dur,
         "total_token_throughput": (inp + out) / dur,
         **_stats(ttfts, "ttft"),
         **_stats(tpots, "tpot"),
         **(_itl_stats(res.itl) if itl else {}),
-        **_stats(array("d", (finish[i] - arrival[i] for i in done)), "e2el"),
+        **_stats(e2els, "e2el"),
     }
     if ttft_slo_s is not None or tpot_slo_s is not None:
-        good = sum(1 for k, i in enumerate(done)
-                   if (ttft_slo_s is None or ttfts[k] <= ttft_slo_s)
-                   and (tpot_slo_s is None or output[i] <= 1 or
-                        (finish[i] - first[i]) / (output[i] - 1) <= tpot_slo_s))
+        good = sum(1 for ttft, (_, f1, f, o) in zip(ttfts, served, strict=True)
+                   if (ttft_slo_s is None or ttft <= ttft_slo_s)
+                   and (tpot_slo_s is None or o <= 1 or (f - f1) / (o - 1) <= tpot_slo_s))
         d["request_goodput"] = good / dur
     cap = res.kv_capacity_tokens
     d.update({
@@ -120,7 +120,8 @@ def summary(res: SimResult, *, ttft_slo_s: float | None = None,
         "failed_reason": rec.first_failure(),
         # the API server (planner.serving.frontend): mean seconds a request waited for it
         # before the engine saw it, and the share of the run its streaming set the pace
-        "mean_api_server_wait_s": res.api_server_wait_s / len(done) if done else math.nan,
+        "mean_api_server_wait_s": res.api_server_wait_s / len(served) if served else
+        math.nan,
         "api_server_stream_bound_frac": res.api_server_stream_s / dur,
     })
     return d

@@ -133,10 +133,11 @@ def simulate(requests: list[Request], coster: StepCoster, cfg: SchedulerConfig, 
                              coster.engine.prompt_token_overhead_s) else None
     refused = set()
     for i, q in enumerate(requests):
-        r = RequestResult(q.id, q.arrival_s, q.prompt_tokens, q.output_tokens)
-        if _refused(r, kv, batch.k1, cfg):
+        reason = _refusal(q.prompt_tokens, q.output_tokens, kv, batch.k1, cfg)
+        if reason:
             refused.add(i)
-            _record(records, i, r, path, on_record)
+            _record(records, i, RequestResult(q.id, q.arrival_s, q.prompt_tokens,
+                                              q.output_tokens, failed=reason), path, on_record)
 
     def stream():  # each request's objects, made as it is next to arrive
         for i, q in enumerate(requests):
@@ -147,9 +148,10 @@ def simulate(requests: list[Request], coster: StepCoster, cfg: SchedulerConfig, 
                 yield s
 
     def done(q: SimRequest) -> None:
-        if not q.r.failed:
-            wait_s[q.index] = q.visible_s - q.r.arrival_s
-        _record(records, q.index, q.r, path, on_record)
+        r = q.r
+        if not r.failed:
+            wait_s[q.index] = q.visible_s - r.arrival_s
+        _record(records, q.index, r, path, on_record)
 
     sched = make_scheduler(cfg, kv, batch)
     sched.on_done = done
@@ -183,27 +185,30 @@ def _record(records: RequestRecords, i: int, r: RequestResult, path,
             on_record: Callable[[RequestResult], None] | None) -> None:
     """Request ``i``'s final figures into its row (and to ``on_record``), shifted by the
     engine's request path (``_request_path``) where ``path`` (the engine) has one."""
-    if path is not None:
-        _request_path([r], path, 0.0)
+    if path is not None:  # as _request_path shifts it
+        d = path.request_path_s(r.prompt_tokens, admitted=True)
+        r.first_token_s += d
+        r.finish_s += d
     records.put(i, r)
     if on_record is not None:
         on_record(r)
 
 
-def _refused(r: RequestResult, kv: KVPool, k1: int, cfg: SchedulerConfig) -> bool:
-    """Whether the engine refuses ``r`` on arrival; if so, ``r.failed`` says why."""
-    need = kv.tokens_for(r.prompt_tokens + r.output_tokens + k1 - 1)  # and the k lookahead
+def _refusal(prompt_tokens: int, output_tokens: int, kv: KVPool, k1: int,
+             cfg: SchedulerConfig) -> str:
+    """Why the engine refuses a request of these lengths on arrival ("" when it does not)."""
+    need = kv.tokens_for(prompt_tokens + output_tokens + k1 - 1)  # and the k lookahead
     if need > kv.capacity_tokens:
-        r.failed = (f"{r.prompt_tokens:,} + {r.output_tokens:,} tokens need {need:,} KV "
-                    f"tokens; the replica holds {kv.capacity_tokens:,}")
-    elif r.prompt_tokens + r.output_tokens > cfg.max_model_len:
-        r.failed = (f"{r.prompt_tokens:,} + {r.output_tokens:,} tokens exceed max-model-len "
-                    f"({cfg.max_model_len:,})")
-    elif (cfg.kind == "continuous" and not cfg.chunked_prefill
-          and r.prompt_tokens > cfg.max_num_batched_tokens):
-        r.failed = (f"its prompt ({r.prompt_tokens:,} tokens) exceeds max-num-batched-tokens "
-                    f"({cfg.max_num_batched_tokens:,}) and chunked prefill is off")
-    return bool(r.failed)
+        return (f"{prompt_tokens:,} + {output_tokens:,} tokens need {need:,} KV "
+                f"tokens; the replica holds {kv.capacity_tokens:,}")
+    if prompt_tokens + output_tokens > cfg.max_model_len:
+        return (f"{prompt_tokens:,} + {output_tokens:,} tokens exceed max-model-len "
+                f"({cfg.max_model_len:,})")
+    if (cfg.kind == "continuous" and not cfg.chunked_prefill
+            and prompt_tokens > cfg.max_num_batched_tokens):
+        return (f"its prompt ({prompt_tokens:,} tokens) exceeds max-num-batched-tokens "
+                f"({cfg.max_num_batched_tokens:,}) and chunked prefill is off")
+    return ""
 
 
 def _kv_pool(coster: StepCoster, cfg: SchedulerConfig, spec: SpecServing | None) -> KVPool:
