@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # this checkout's planner, not an installed one, in the forks
 LLMPLAN = [sys.executable, "-m", "planner"]
 ENTRIES = {"llmplan": LLMPLAN,  # the console scripts, as modules of this checkout
            "llmplan-check": [sys.executable, "-m", "planner.cli.budgets"]}
