@@ -137,10 +137,11 @@ CALIBRATION_READ = {"memory_bandwidth_gb_per_s", "bf16", "fp16", "fp8", "int8",
 
 
 # a figure no output may hold (the output gate's promise): NaN or an infinity, in JSON or text;
-# a request rate of "inf" (every request at once, vLLM's spelling) is a setting, not a figure;
+# a request rate of "inf" (every request at once, vLLM's spelling; a served run's label
+# "rate=inf") is a setting, not a figure;
 # AMD's Infinity Fabric is a link's name
-IMPOSSIBLE = re.compile(r"(?<![\w.\"-])[-+]?(?:nan|inf|infinity)(?![\w-]| req/s| fabric)",
-                        re.IGNORECASE)
+IMPOSSIBLE = re.compile(r"(?<![\w.\"-])(?<!rate=)[-+]?(?:nan|inf|infinity)"
+                        r"(?![\w-]|\s+req/s|\s+fabric)", re.IGNORECASE)
 
 
 @dataclass
@@ -163,6 +164,16 @@ class Outcome:
     stdout: str = ""
     cpu_s: float = 0.0  # the case's own CPU time (user + system): wall time on a busy machine
 
+    def _error_lines(self) -> int:
+        """Lines a refusal may take: one, or for llmplan-check one per budget file at most
+        (each naming its file, as a compiler reports each file)."""
+        lines = self.stderr.strip().splitlines()
+        if self.case.entry != "llmplan-check":
+            return 1
+        files = [a for a in self.case.args if a.endswith((".yaml", ".yml", ".json"))]
+        per_file = all(any(f"{Path(f).name}" in ln for f in files) for ln in lines)
+        return len(lines) if per_file and 1 <= len(lines) <= len(files) else 1
+
     @property
     def verdict(self) -> str:
         if self.code is None:
@@ -171,7 +182,7 @@ class Outcome:
             return "traceback"
         if self.code not in (0, 1, 2):
             return f"exit {self.code}"
-        if self.code == 2 and len(self.stderr.strip().splitlines()) != 1:
+        if self.code == 2 and len(self.stderr.strip().splitlines()) != self._error_lines():
             return "multi-line error"
         if self.code == 1 and "internal error" in self.stderr:
             return "internal error"  # a traceback said in one line: still a bug

@@ -147,8 +147,15 @@ def test_verdict_rules():
     assert v(0, out='{"ttft_s": NaN}') == "impossible figure"
     assert v(0, out="TPOT  inf ms") == "impossible figure"
     assert v(0, out='{"request_rate": "inf"}\nrequests at inf req/s') == "ok"
+    assert v(0, out="20 requests at inf \nreq/s") == "ok"  # wrapped by rich
+    assert v(0, out="200x4-tp4-sglang-offline sglang rate=inf") == "ok"  # a run's label
     assert v(0, out="Infinity-fabric, Infinity Fabric, information, nanoseconds") == "ok"
     assert v(2, "llmplan: error: bad\n") == "ok"
+    check = fuzz.Case(0, "check-cli", ["a.yaml", "b.yaml"], entry="llmplan-check")
+    two = "llmplan: error: a.yaml:1: x\nllmplan: error: b.yaml:2: y\n"
+    assert fuzz.Outcome(check, 2, two, 0.1).verdict == "ok"  # one line per file
+    assert fuzz.Outcome(check, 2, "llmplan: error: x\nllmplan: error: x\n", 0.1).verdict == \
+        "multi-line error"
 
 
 @pytest.mark.parametrize("kind", fuzz.HOSTILE_CLASSES)

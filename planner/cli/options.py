@@ -214,6 +214,17 @@ UPPER_BOUNDS: dict[str, tuple[float, str]] = {
 }
 
 
+# Lower bounds of rates: below them the arrival times of a stream overflow (a rate of 1e-320
+# puts the next request at t = inf) or the run lasts longer than any plan (fuzz, issue 27).
+# One request in about 11.6 days; a gamma shape whose gaps spread 1,000x.
+LOWER_BOUNDS: dict[str, tuple[float, str]] = {
+    "--request-rate": (1e-6, " requests/s (one in 11.6 days)"),
+    "--rps": (1e-6, " requests/s (one in 11.6 days)"),
+    "--tokens-per-s": (1e-6, " tokens/s"),
+    "--burstiness": (1e-6, " (gaps spread 1,000x at 1e-6)"),
+}
+
+
 def positive(name: str, value: float | None, *, allow_zero: bool = False,
              allow_inf: bool = False) -> None:
     """A size or rate from the command line: a finite number above (or at) zero and at most
@@ -232,6 +243,9 @@ def positive(name: str, value: float | None, *, allow_zero: bool = False,
     bound = UPPER_BOUNDS.get(name)
     if bound is not None and math.isfinite(value) and value > bound[0]:
         raise LlmplanError(f"{name}: {value:g} is above the limit of {bound[0]:g}{bound[1]}")
+    low = LOWER_BOUNDS.get(name)
+    if low is not None and 0 < value < low[0]:
+        raise LlmplanError(f"{name}: {value:g} is below the limit of {low[0]:g}{low[1]}")
 
 
 def output_path(path: Path | None, flag: str, suffix: str | None = None) -> None:

@@ -10,6 +10,7 @@ import math
 from collections import deque
 from collections.abc import Iterable
 
+from planner.core.errors import UsageError
 from planner.serving.frontend import Frontend
 from planner.serving.requests import SimRequest
 
@@ -36,6 +37,9 @@ class Arrivals:
             if q is not None:
                 front = self.front
                 q.visible_s = q.r.arrival_s if front is None else front.admit(q.r.arrival_s)
+                if not math.isfinite(q.visible_s):  # a rate so small its times overflowed
+                    raise UsageError(f"request {q.id} arrives at t = {q.visible_s:g} s: the "
+                                     "stream's arrival times are out of range")
                 self.pending.append(q)
 
     def next_s(self) -> float:

@@ -1,0 +1,116 @@
+"""Classes of failure the 10,000-case fuzz of issue 27 found (benchmarks/fuzz.py --seed 2027),
+each generated here over its class rather than the one case found:
+
+- a rate so small that the stream's arrival times overflow (``--request-rate 1e-320``: the
+  next request at t = inf, an internal error; 1e-300: a run of 1e301 s);
+- ``llmplan-check``'s own errors (a ``--junit-dir`` that cannot be made: a traceback) and an
+  option every file refuses alike (the same error once per file: several lines).
+"""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+ROOT = Path(__file__).resolve().parent.parent
+BASE = ["-m", "llama-3.1-8b", "-g", "h100-sxm"]
+tiny = st.floats(min_value=5e-324, max_value=9.9e-7, allow_subnormal=True)
+
+
+def _one_line(code: int, err: str) -> None:
+    assert code == 2, err
+    assert len(err.strip().splitlines()) == 1, err
+
+
+@settings(max_examples=25, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(rate=tiny, flag=st.sampled_from(["--request-rate", "--burstiness"]))
+def test_a_rate_below_its_bound_is_one_line(run_cli, rate, flag):
+    code, _, err = run_cli("simulate", *BASE, "-n", "5", flag, repr(rate))
+    _one_line(code, err)
+    assert "below the limit" in err
+
+
+@pytest.mark.parametrize("rate", ["1e-320", "5e-324", "1e-300", "1e-7"])
+def test_plan_refuses_a_vanishing_rate(run_cli, rate):
+    code, _, err = run_cli("plan", *BASE, "--ttft", "2s", "--tpot", "50ms", "--scheduler",
+                           "static", "--rps", rate)
+    _one_line(code, err)
+
+
+def test_the_smallest_rate_allowed_still_simulates(run_json):
+    d = run_json("simulate", *BASE, "-n", "3", "--request-rate", "1e-6", "--burstiness",
+                 "1e-6")
+    assert d["completed"] == 3 and math.isfinite(d["duration"])
+
+
+def test_arrival_times_out_of_range_are_refused_by_the_simulator():
+    from planner.core.errors import UsageError
+    from planner.core.estimate import prepare
+    from planner.core.specs import Options, Precision
+    from planner.io import catalog
+    from planner.serving.cost import StepCoster
+    from planner.serving.sim import SchedulerConfig, simulate
+    from planner.serving.traffic import Request
+
+    m, hw = catalog.load_model("llama-3.1-8b"), catalog.load_hardware("h100-sxm")
+    eng = catalog.load_engine("vllm")
+    c = StepCoster(m, hw, prepare(hw, Precision(), None, Options(), eng), Options())
+    for t in (math.inf, math.nan):
+        with pytest.raises(UsageError, match="arrival times are out of range"):
+            simulate([Request(0, 0.0, 100, 10), Request(1, t, 100, 10)], c,
+                     SchedulerConfig())
+
+
+def _check(*args: str, cwd: Path) -> tuple[int, str, str]:
+    p = subprocess.run([sys.executable, "-m", "planner.cli.budgets", *args],
+                       capture_output=True, text=True, cwd=cwd, timeout=300,
+                       env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+    return p.returncode, p.stdout, p.stderr
+
+
+BUDGETS = [str(ROOT / "examples" / n) for n in ("budget.yaml", "budget-failing.yaml",
+                                                "budget.yaml")]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("option", [["--price", "h100-sxm=nan"], ["--price", "1e999"],
+                                    ["--expert-imbalance", "nan"]])
+def test_an_option_every_file_refuses_is_said_once(tmp_path, option):
+    code, out, err = _check(*BUDGETS, *option, cwd=tmp_path)
+    _one_line(code, err)
+    assert out.count("== ") == 1  # it stopped at the first file
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("option", [["--prices", "nosuch"], ["--engine", "nosuch"]])
+def test_an_option_a_deployment_refuses_is_one_line_per_file_naming_it(tmp_path, option):
+    code, out, err = _check(*BUDGETS, *option, cwd=tmp_path)
+    lines = err.strip().splitlines()
+    assert code == 2 and len(lines) == len(BUDGETS) and out.count("== ") == len(BUDGETS)
+    for line, budget in zip(lines, BUDGETS, strict=True):
+        assert line.startswith(f"llmplan: error: {budget}:"), line
+
+
+@pytest.mark.slow
+def test_a_junit_dir_that_cannot_be_made_is_one_line(tmp_path):
+    (tmp_path / "file").write_text("x")
+    for bad in ("9" * 400, "file", "file/sub"):
+        code, _, err = _check(BUDGETS[0], "--junit-dir", bad, cwd=tmp_path)
+        _one_line(code, err)
+        assert err.startswith("llmplan-check: error: ")
+
+
+@pytest.mark.slow
+def test_a_bad_file_among_good_ones_is_still_checked_per_file(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("deployments: [\n")
+    code, out, err = _check(str(bad), BUDGETS[0], cwd=tmp_path)
+    assert code == 2 and out.count("\n== ") == 1  # a file's own error stops nothing
+    assert "bad.yaml" in err
