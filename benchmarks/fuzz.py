@@ -1,15 +1,34 @@
-"""Fuzz the CLI as subprocesses: bad values and corrupted files, counted by outcome.
+"""Fuzz the CLI: bad values, corrupted files and hostile servers, counted by outcome.
 
-    python benchmarks/fuzz.py --cases 10000 --jobs 8 --failures-out fuzz-failures.jsonl
+    python benchmarks/fuzz.py --cases 10000 --jobs 1 --failures-out fuzz-failures.jsonl
 
-Each case runs one `llmplan` command in a fresh process with a mutated argument or input
-file. The contract (DESIGN: bad input) is exit 0 / 1 / 2 with, on exit 2, one line on
-stderr; a case fails when it prints a traceback, exits with another code, writes a
-multi-line error, or runs past --timeout-s and HANG_FACTOR times its command's clean run
-(a hang). A mutation that writes an
-out-of-range number (NaN, inf, a negative, a bool, 1e30) into a numeric field and still
-exits 0 is listed as a *suspect acceptance* for a person to look at: some fields
-legitimately take 0 or a negative (an offset), so it is not counted as a failure.
+Each case runs one `llmplan` (or `llmplan-check`) command line with a mutated argument, input
+file or metrics page: by default in a child forked from this process, which has imported the
+planner once (``preload``: the CLI app, every planner module, pandas, matplotlib; never
+torch), so a case costs its own work and not an interpreter's start-up (about 10x less CPU
+a case); ``--mode subprocess`` runs each in a fresh interpreter for full fidelity. Either way
+the case gets stdin from /dev/null, stdout and stderr to files, its own process group (killed
+whole on a hang), an address-space cap (--memory-limit-mib) and a CPU cap, and the same
+entry point the console script calls; tests/test_fuzz_runner.py checks that both modes give
+every case the same exit code, verdict and error line.
+
+The contract (DESIGN: bad input) is exit 0 / 1 / 2 with, on exit 2, one line on stderr (for
+llmplan-check, one per budget file, each naming it); a case fails when it prints a traceback,
+says "internal error" (a traceback in one line), exits with another code, writes a
+multi-line error, prints NaN or an infinity as a figure, or runs past --timeout-s and
+HANG_FACTOR times its command's clean run (a hang). A mutation that writes an out-of-range
+number (NaN, inf, a negative, a bool, 1e30) into a numeric field and still exits 0 is listed
+as a *suspect acceptance* for a person to look at: some fields legitimately take 0 or a
+negative (an offset), so it is not counted as a failure.
+
+Inputs: every database, HF config, budget, calibration, validation dataset, served-run,
+dataset, results and price-set file, corrupted (values, bytes, truncation, nesting past any
+parser's limit, 5,000-digit numbers, a FIFO or a folder for the file); bad values for every
+option, with units for durations, GPU=USD for --price; the disaggregated and tensor x expert
+parallel options; and `watch` against a hostile metrics server in this process (a thread on
+127.0.0.1: pages that drip a byte at a time, exceed the size limit, redirect to itself or other
+hosts, carry terminal escapes, lie with NaN / Inf / negative / huge values, are malformed,
+garbage, the wrong content type, or reset the connection).
 
 Set-up measures a quick CPU calibration and one tiny `measure` run so that calibration
 and results files are real ones before they are corrupted (about 20 s). The case list is
