@@ -114,3 +114,34 @@ def test_a_bad_file_among_good_ones_is_still_checked_per_file(tmp_path):
     code, out, err = _check(str(bad), BUDGETS[0], cwd=tmp_path)
     assert code == 2 and out.count("\n== ") == 1  # a file's own error stops nothing
     assert "bad.yaml" in err
+
+
+# --- watch: a metrics page whose numbers are beyond a float (the parser keeps 400 digits as
+# an int: float() of it overflowed, an internal error), or whose bucket bound is no number
+
+PAGE_NAMES = ["vllm:num_requests_running", "vllm:kv_cache_usage_perc",
+              "vllm:generation_tokens_total", "vllm:time_to_first_token_seconds_bucket",
+              "vllm:time_to_first_token_seconds_sum", "vllm:time_to_first_token_seconds_count"]
+huge = st.integers(1, 400).map(lambda n: ("-" if n % 2 else "") + "9" * (310 + n))
+le_label = st.sampled_from(["0.1", "+Inf", "abc", "", "9" * 400, "-" + "9" * 400, "NaN"])
+
+
+@settings(max_examples=60, deadline=None)
+@given(lines=st.lists(st.tuples(st.sampled_from(PAGE_NAMES), huge | st.just("1"), le_label),
+                      min_size=1, max_size=6))
+def test_a_page_of_numbers_beyond_a_float_is_flagged_or_refused_in_one_line(lines):
+    from planner.core.errors import LlmplanError
+    from planner.io.watch import implausible, parse, window
+
+    text = "".join(f'{n}{{le="{le}",model_name="m"}} {v}\n' if n.endswith("_bucket") else
+                   f'{n}{{model_name="m"}} {v}\n' for n, v, le in lines)
+    try:
+        a, b = parse(text, t_s=0.0), parse(text, t_s=1.0)
+    except LlmplanError as err:
+        assert len(str(err).splitlines()) == 1
+        return
+    implausible(a)
+    w = window(a, b)
+    for k, v in vars(w).items():  # every figure it passes on is finite, or withheld
+        if isinstance(v, float) and k not in ("implausible",):
+            assert math.isfinite(v) or v is None, (k, v)
