@@ -145,3 +145,15 @@ def test_a_page_of_numbers_beyond_a_float_is_flagged_or_refused_in_one_line(line
     for k, v in vars(w).items():  # every figure it passes on is finite, or withheld
         if isinstance(v, float) and k not in ("implausible",):
             assert math.isfinite(v) or v is None, (k, v)
+
+
+@pytest.mark.parametrize("command", [
+    ["estimate", "-m", "qwen3-30b-a3b", "-g", "h100-sxm", "--tp", "2", "--ep", "4"],
+    ["simulate", "-m", "qwen3-30b-a3b", "-g", "h100-sxm", "-n", "5", "--tp", "2", "--ep", "4"],
+    ["check", str(ROOT / "examples" / "budget.yaml")]])
+@pytest.mark.parametrize("value", ["1025", "1e30", "1e308"])
+def test_an_expert_imbalance_no_layout_can_have_is_refused(run_cli, command, value):
+    """max / mean load over N GPUs is at most N (fuzz: 1e30 was accepted and capped)."""
+    code, _, err = run_cli(*command, "--expert-imbalance", value)
+    _one_line(code, err)
+    assert "above the limit of 1024" in err

@@ -367,6 +367,11 @@ def check_layout(m, tp: int, pp: int, ep: int):
     return Layout(tp, pp, ep).check(m)
 
 
+# max / mean load can be at most the number of expert-parallel GPUs, which is at most the
+# routed experts (256 for DeepSeek-V3, the most in models_db): 1,024 leaves room
+MAX_EXPERT_IMBALANCE = 1024.0
+
+
 def with_expert_imbalance(opts: Options, value: float | None) -> Options:
     """``opts`` with ``--expert-imbalance`` (None: the default), a finite factor >= 1."""
     if value is None:
@@ -374,6 +379,10 @@ def with_expert_imbalance(opts: Options, value: float | None) -> Options:
     if not math.isfinite(value) or value < 1:
         raise LlmplanError(f"--expert-imbalance: must be a finite max / mean load of at "
                            f"least 1, got {value:g}")
+    if value > MAX_EXPERT_IMBALANCE:  # the busiest of N GPUs carries at most N x the mean
+        raise LlmplanError(f"--expert-imbalance: {value:g} is above the limit of "
+                           f"{MAX_EXPERT_IMBALANCE:g} (the busiest of N expert-parallel GPUs "
+                           "carries at most N x the mean)")
     return opts.model_copy(update={"expert_imbalance": float(value)})
 
 
