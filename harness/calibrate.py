@@ -14,11 +14,12 @@ The profile is what ``llmplan estimate --calibration`` reads (planner.core.specs
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
-from harness.bench import time_fn
+from harness.bench import NOISY_REPEAT, NOISY_SPREAD, time_fn
 from harness.device import DeviceInfo, now_iso
 from planner.core.errors import first_line
 
@@ -104,11 +105,58 @@ def launch_overhead(kind: str, budget_s: float) -> dict:
     return {"per_kernel_s": t.median_s / reps, "method": t.method, "timing": t.as_dict()}
 
 
+def noise(details: dict, *, max_spread: float = NOISY_SPREAD,
+          max_drift: float = NOISY_REPEAT) -> dict:
+    """How far the calibration's timings can be trusted (the check ``measure`` makes of each
+    point, ``harness.measure.noise``): the worst p90 / median over every timing (copy, read,
+    each matmul, the launch), and the drift of the copy's median timed again at the end,
+    seconds later. ``reason`` (None when clean) says which limit was passed; a busy machine
+    gave this project's CPU calibrations an 8x spread (issue 27)."""
+    bw = details.get("bandwidth") or {}
+    timings = [("bandwidth copy", bw.get("copy")), ("bandwidth read", bw.get("read"))]
+    timings += [(f"{m.get('dtype')} matmul {m.get('m')}x{m.get('k')}x{m.get('n')}",
+                 m.get("timing")) for m in details.get("matmul") or []]
+    timings.append(("launch", (details.get("launch") or {}).get("timing")))
+    worst, worst_name, reps = 1.0, None, None
+    for name, t in timings:
+        if isinstance(t, dict) and t.get("median_s") and t.get("p90_s"):
+            spread = t["p90_s"] / t["median_s"]
+            if spread > worst:
+                worst, worst_name, reps = spread, name, t.get("reps")
+    first = (bw.get("copy") or {}).get("median_s")
+    again = ((details.get("bandwidth_repeat") or {}).get("copy") or {}).get("median_s")
+    drift = max(first, again) / min(first, again) if first and again else None
+    reason = None
+    if worst > max_spread:
+        reason = (f"{worst_name}: p90 is {worst:.1f}x the median over {reps} repeats (limit "
+                  f"{max_spread:g}x)")
+    elif drift is not None and drift > max_drift:
+        reason = (f"the copy timed again at the end was {drift:.1f}x "
+                  f"{'slower' if again > first else 'faster'} (limit {max_drift:g}x)")
+    return {"worst_spread": worst, "worst": worst_name, "drift": drift,
+            "max_spread": max_spread, "max_drift": max_drift, "noisy": reason is not None,
+            "reason": reason, "load_1m": _load()}
+
+
+def _load() -> float | None:
+    import os
+
+    try:
+        return os.getloadavg()[0]
+    except (AttributeError, OSError):
+        return None
+
+
 def calibrate(info: DeviceInfo, *, dtypes: tuple[str, ...] = ("bf16", "fp16", "fp8"),
               decode_shapes: list[tuple[int, int, int]] | None = None,
-              quick: bool = False) -> dict:
+              quick: bool = False, max_spread: float = NOISY_SPREAD,
+              max_drift: float = NOISY_REPEAT,
+              warn: Callable[[str], None] | None = None) -> dict:
     """Run every measurement for ``dtypes``; returns a dict that validates as
-    planner.core.specs.Calibration."""
+    planner.core.specs.Calibration. Its ``details.noise`` records the timings' spread
+    (``noise``); a noisy calibration is marked so and ``warn`` is told why, with the
+    machine's load and what to do (fewer --threads, a quiet machine); ``measure`` does not
+    reuse a noisy profile."""
     s = _sizes(info.kind, quick)
     bw = measure_bandwidth(info.kind, s["bw_bytes"], s["budget_s"])
     rates: dict[str, float] = {}
@@ -135,6 +183,18 @@ def calibrate(info: DeviceInfo, *, dtypes: tuple[str, ...] = ("bf16", "fp16", "f
         except (RuntimeError, TypeError) as err:
             skipped[dt] = f"{type(err).__name__}: {first_line(err)}"
     launch = launch_overhead(info.kind, s["budget_s"])
+    # the copy again, seconds later: a machine that got busy meanwhile shows as drift
+    again = measure_bandwidth(info.kind, s["bw_bytes"], s["budget_s"])
+    details = {"device": info.as_dict(), "bandwidth": bw, "matmul": shapes,
+               "skipped": skipped, "launch": launch, "quick": quick,
+               "bandwidth_repeat": {"copy": again["copy"], "read": again["read"]}}
+    details["noise"] = noise(details, max_spread=max_spread, max_drift=max_drift)
+    if details["noise"]["noisy"] and warn is not None:
+        from harness.measure import _busy_hint
+
+        warn(f"the calibration is noisy: {details['noise']['reason']}: the machine was busy "
+             f"({_busy_hint()}); its ceilings are marked noisy and not reused by a later "
+             "measure")
     return {
         "device": info.hardware_db or info.name,
         "memory_bandwidth_gb_per_s": bw["best_bytes_per_s"] / 1e9,
@@ -142,8 +202,7 @@ def calibrate(info: DeviceInfo, *, dtypes: tuple[str, ...] = ("bf16", "fp16", "f
         "kernel_overhead_us": launch["per_kernel_s"] * 1e6,
         "created": now_iso(),
         "harness_version": HARNESS_VERSION,
-        "details": {"device": info.as_dict(), "bandwidth": bw, "matmul": shapes,
-                    "skipped": skipped, "launch": launch, "quick": quick},
+        "details": details,
     }
 
 

@@ -195,8 +195,10 @@ def measure(
             else:
                 shapes = _decode_shapes(m, batches) if m else []
                 stderr.print(f"calibrating {info.name} ({', '.join(need)}) ...")
-                profile = cal_mod.calibrate(info, dtypes=need, decode_shapes=shapes,
-                                            quick=quick_calibration)
+                profile = cal_mod.calibrate(
+                    info, dtypes=need, decode_shapes=shapes, quick=quick_calibration,
+                    max_spread=max_spread, max_drift=max_drift,
+                    warn=lambda text: stderr.print(f"[yellow]warning:[/] {text}"))
                 cal_mod.save(profile, cal_dest)
                 cal = catalog.load_calibration(cal_dest)
                 stderr.print(f"calibration saved to {cal_dest}")
@@ -355,6 +357,9 @@ def _reusable(path: Path, info, need: tuple[str, ...]):
     same = (dev.get("name") == info.name and dev.get("kind") == info.kind
             and dev.get("torch_threads") == info.torch_threads
             and cal.harness_version == HARNESS_VERSION)
+    noise = cal.details.get("noise")
+    if isinstance(noise, dict) and noise.get("noisy"):
+        return None  # measured on a busy machine: measured again, not trusted
     return cal if same and set(need) <= _covered(cal) else None
 
 
@@ -402,6 +407,10 @@ def _print_calibration(cal, hw, as_json: bool) -> None:
     rows.append(["kernel launch", f"{cal.kernel_overhead_us:.2f} us", "-", "-"])
     for dt, why in cal.details.get("skipped", {}).items():
         rows.append([f"matmul {dt}", "skipped", why[:50], ""])
+    noise = cal.details.get("noise")
+    if isinstance(noise, dict) and noise.get("worst_spread"):
+        rows.append(["timing spread", f"{noise['worst_spread']:.2f}x p90/median",
+                     "noisy" if noise.get("noisy") else "ok", ""])
     stdout.print(table(f"Calibration of {cal.device}", ["ceiling", "measured", "datasheet",
                                                         "of datasheet"], rows))
 

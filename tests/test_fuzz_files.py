@@ -3,7 +3,7 @@
 The contract (DESIGN: bad input): exit 0, 1 or 2, never a traceback; on exit 2 one line on
 stderr. Where a number the planner reads in a model or GPU file is made NaN, infinite,
 negative or a bool, the command must refuse it (exit 2): a silent acceptance fails the test.
-benchmarks/fuzz.py runs the same idea at scale, as subprocesses (10,000 cases); this suite
+benchmarks/fuzz.py runs the same idea at scale, a forked process a case (10,000 cases); this suite
 keeps a bounded sample in CI.
 """
 

@@ -44,6 +44,20 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Every error one line and exit 2, as llmplan's own (a folder that cannot be made, an
+    option every file would refuse alike)."""
+    try:
+        return _main(argv)
+    except OSError as err:  # --junit-dir: a name too long, a file in the way, no permission
+        name = f"{str(err.filename)[:120]}: " if err.filename is not None else ""
+        print(f"llmplan-check: error: {name}{err.strerror or err}", file=sys.stderr)
+        return 2
+
+
+def _main(argv: list[str] | None) -> int:
+    import contextlib
+    import io
+
     from planner.cli.app import main as llmplan
 
     a = _parser().parse_args(sys.argv[1:] if argv is None else argv)
@@ -60,7 +74,14 @@ def main(argv: list[str] | None = None) -> int:
     for budget in a.budgets:
         junit = [] if a.junit_dir is None else ["--junit", str(a.junit_dir / f"{budget.stem}.xml")]
         print(f"== {budget}", flush=True)
-        codes.append(llmplan(["check", str(budget), *common, *junit]) or 0)
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err):
+            code = llmplan(["check", str(budget), *common, *junit]) or 0
+        said = err.getvalue()
+        sys.stderr.write(said)
+        codes.append(code)
+        if code == 2 and str(budget) not in said and budget.name not in said:
+            break  # the options are wrong, not this file: every other file would say so too
     return 2 if 2 in codes else 1 if 1 in codes else 0
 
 

@@ -224,6 +224,17 @@ UPPER_BOUNDS: dict[str, tuple[float, str]] = {
 }
 
 
+# Lower bounds of rates: below them the arrival times of a stream overflow (a rate of 1e-320
+# puts the next request at t = inf) or the run lasts longer than any plan (fuzz, issue 27).
+# One request in about 11.6 days; a gamma shape whose gaps spread 1,000x.
+LOWER_BOUNDS: dict[str, tuple[float, str]] = {
+    "--request-rate": (1e-6, " requests/s (one in 11.6 days)"),
+    "--rps": (1e-6, " requests/s (one in 11.6 days)"),
+    "--tokens-per-s": (1e-6, " tokens/s"),
+    "--burstiness": (1e-6, " (gaps spread 1,000x at 1e-6)"),
+}
+
+
 def positive(name: str, value: float | None, *, allow_zero: bool = False,
              allow_inf: bool = False) -> None:
     """A size or rate from the command line: a finite number above (or at) zero and at most
@@ -242,6 +253,9 @@ def positive(name: str, value: float | None, *, allow_zero: bool = False,
     bound = UPPER_BOUNDS.get(name)
     if bound is not None and math.isfinite(value) and value > bound[0]:
         raise LlmplanError(f"{name}: {value:g} is above the limit of {bound[0]:g}{bound[1]}")
+    low = LOWER_BOUNDS.get(name)
+    if low is not None and 0 < value < low[0]:
+        raise LlmplanError(f"{name}: {value:g} is below the limit of {low[0]:g}{low[1]}")
 
 
 def output_path(path: Path | None, flag: str, suffix: str | None = None) -> None:
@@ -367,6 +381,11 @@ def check_layout(m, tp: int, pp: int, ep: int):
     return Layout(tp, pp, ep).check(m)
 
 
+# max / mean load can be at most the number of expert-parallel GPUs, which is at most the
+# routed experts (256 for DeepSeek-V3, the most in models_db): 1,024 leaves room
+MAX_EXPERT_IMBALANCE = 1024.0
+
+
 def with_expert_imbalance(opts: Options, value: float | None) -> Options:
     """``opts`` with ``--expert-imbalance`` (None: the default), a finite factor >= 1."""
     if value is None:
@@ -374,6 +393,10 @@ def with_expert_imbalance(opts: Options, value: float | None) -> Options:
     if not math.isfinite(value) or value < 1:
         raise LlmplanError(f"--expert-imbalance: must be a finite max / mean load of at "
                            f"least 1, got {value:g}")
+    if value > MAX_EXPERT_IMBALANCE:  # the busiest of N GPUs carries at most N x the mean
+        raise LlmplanError(f"--expert-imbalance: {value:g} is above the limit of "
+                           f"{MAX_EXPERT_IMBALANCE:g} (the busiest of N expert-parallel GPUs "
+                           "carries at most N x the mean)")
     return opts.model_copy(update={"expert_imbalance": float(value)})
 
 

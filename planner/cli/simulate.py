@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv as csv_mod
 import json
 import math
+from contextlib import contextmanager
 from dataclasses import replace
 from enum import Enum
 from pathlib import Path
@@ -280,7 +281,8 @@ def simulate(
     tpot_slo: Annotated[Optional[float], duration_option(
         "--tpot-slo", help="TPOT target (50ms): report the goodput.")] = None,
     trace: Annotated[Optional[Path], typer.Option(
-        help="Write one row per request (CSV, or JSONL for .jsonl).", metavar="FILE")] = None,
+        help="Write one row per request as it finishes (CSV, or JSONL for .jsonl).",
+        metavar="FILE")] = None,
     allow_longer_context: LongerOpt = False,
     plot: Annotated[Optional[Path], typer.Option(
         "--plot", help="PNG over time (running, queue, KV) and the TTFT / TPOT "
@@ -417,9 +419,10 @@ def simulate_run(a: dict, *, emit: bool = False) -> dict:
     from planner.cli.progress import simulation_progress
 
     with simulation_progress(dep, reqs, enabled=not as_json,  # on stderr, when a terminal
-                             tokens_per_step=sp.tokens_per_step if sp else 1.0) as step_coster:
+                             tokens_per_step=sp.tokens_per_step if sp else 1.0) as step_coster, \
+            _trace_sink(trace) as sink:
         res = run.run(dep, reqs, cfg, speculation=sp, sample_every_s=0.0 if plot else None,
-                      step_coster=step_coster)
+                      step_coster=step_coster, on_record=sink)
     _refusals(res)
     d = _result(dep, cfg, reqs, sp, summary(res, ttft_slo_s=ttft_slo, tpot_slo_s=tpot_slo),
                 request_rate=request_rate, burstiness=burstiness,
@@ -428,7 +431,6 @@ def simulate_run(a: dict, *, emit: bool = False) -> dict:
         d.update(_baseline(summary(run.run(dep, reqs, cfg), ttft_slo_s=ttft_slo,
                                    tpot_slo_s=tpot_slo, itl=False), d))
     if trace is not None:
-        _write_trace(trace, res)
         stderr.print(f"wrote {len(res.requests):,} requests to {trace}")
     if plot is not None:
         _plot(plot, dep, cfg, res, len(reqs), request_rate, max_concurrency)
@@ -809,19 +811,33 @@ def _plot(plot: Path, dep, cfg, res, n: int, request_rate, max_concurrency) -> N
     stderr.print(f"wrote {plot} and {csv_path}")
 
 
-def _write_trace(path: Path, res) -> None:
-    cols = ["id", "arrival_s", "first_token_s", "finish_s", "prompt_tokens", "output_tokens",
-            "ttft_s", "tpot_s", "e2e_s", "preemptions", "cached_tokens", "failed"]
-    rows = [{c: getattr(r, c) for c in cols} for r in res.requests]
+TRACE_COLUMNS = ("id", "arrival_s", "first_token_s", "finish_s", "prompt_tokens",
+                 "output_tokens", "ttft_s", "tpot_s", "e2e_s", "preemptions", "cached_tokens",
+                 "failed")
+
+
+@contextmanager
+def _trace_sink(path: Path | None):
+    """The sink the simulator hands each request's result as it is done or refused: one row
+    of ``path`` (CSV, or JSON Lines for .jsonl) written then, so a trace of millions of
+    requests is never held (rows in the order requests finish; ``id`` is the order sent).
+    None: no sink."""
+    if path is None:
+        yield None
+        return
     with path.open("w", newline="") as f:
         if path.suffix.lower() == ".jsonl":
-            for r in rows:
+            def sink(r) -> None:
+                row = {c: getattr(r, c) for c in TRACE_COLUMNS}
                 f.write(json.dumps({k: (None if isinstance(v, float) and not math.isfinite(v)
-                                        else v) for k, v in r.items()}) + "\n")
+                                        else v) for k, v in row.items()}) + "\n")
         else:
-            w = csv_mod.DictWriter(f, fieldnames=cols)
+            w = csv_mod.DictWriter(f, fieldnames=TRACE_COLUMNS)
             w.writeheader()
-            w.writerows(rows)
+
+            def sink(r) -> None:
+                w.writerow({c: getattr(r, c) for c in TRACE_COLUMNS})
+        yield sink
 
 
 def _spec_line(sp: dict) -> str:

@@ -97,6 +97,20 @@ class Snapshot:
     names: dict[str, str]  # figure -> the metric name found
 
 
+def _number(value, what: str) -> float:
+    """A sample's value or bucket bound as a float: an integer beyond a float's range (the
+    parser keeps 400 digits as an int) is an infinity, which ``implausible`` flags; text that
+    is no number is the page's error, in one line."""
+    try:
+        return float(value)
+    except OverflowError:
+        return math.inf if value > 0 else -math.inf
+    except (TypeError, ValueError):
+        raise LlmplanError(f"not the Prometheus text format: {clean(what, one_line=True)}: "
+                           f"{clean(str(value)[:40], one_line=True)!r} is not a number") \
+            from None
+
+
 def parse(text: str, *, model_name: str | None = None, t_s: float = 0.0) -> Snapshot:
     """The figures in one scrape, summed over label sets (one model's when ``model_name``
     is given: the ``model_name`` label vLLM and SGLang both set)."""
@@ -107,20 +121,20 @@ def parse(text: str, *, model_name: str | None = None, t_s: float = 0.0) -> Snap
     hist_by_name: dict[str, Histogram] = {}
     try:
         families = list(text_string_to_metric_families(text))
-    except (ValueError, TypeError, IndexError) as err:
+    except (ValueError, TypeError, IndexError, OverflowError) as err:
         raise LlmplanError(f"not the Prometheus text format: {clean(err, one_line=True)}") \
             from None
     for fam in families:
         for s in fam.samples:
             if model_name is not None and s.labels.get("model_name", model_name) != model_name:
                 continue
-            name, v = s.name, float(s.value)
+            name, v = s.name, _number(s.value, s.name)
             for suffix in ("_bucket", "_sum", "_count"):
                 base = name[: -len(suffix)] if name.endswith(suffix) else None
                 if base is not None and wanted.get(base) in HISTOGRAMS:
                     h = hist_by_name.setdefault(base, Histogram())
                     if suffix == "_bucket":
-                        le = float(s.labels.get("le", "inf"))
+                        le = _number(s.labels.get("le", "inf"), f"{name} le label")
                         h.buckets[le] = h.buckets.get(le, 0.0) + v
                     elif suffix == "_sum":
                         h.sum += v

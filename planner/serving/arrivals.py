@@ -8,23 +8,39 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from collections.abc import Iterable
 
+from planner.core.errors import UsageError
 from planner.serving.frontend import Frontend
 from planner.serving.requests import SimRequest
 
 
 class Arrivals:
     """An open stream: each request arrives at its ``arrival_s`` and reaches the engine at its
-    ``visible_s``."""
+    ``visible_s``. ``reqs`` may be an iterator: each request is drawn from it when it is the
+    next to reach the engine, so a stream made as it is read holds only those in flight."""
 
-    __slots__ = ("pending", "arrived", "front")
+    __slots__ = ("pending", "arrived", "front", "source")
 
-    def __init__(self, reqs: list[SimRequest], front: Frontend | None = None):
-        self.pending = deque(reqs)  # sent, not yet seen by the engine, in arrival order
+    def __init__(self, reqs: Iterable[SimRequest], front: Frontend | None = None):
+        self.pending: deque[SimRequest] = deque()  # sent, not yet seen by the engine
         self.arrived = 0
         self.front = front
-        for q in reqs:
-            q.visible_s = q.r.arrival_s if front is None else front.admit(q.r.arrival_s)
+        self.source = iter(reqs)  # in arrival order
+        self._draw()
+
+    def _draw(self) -> None:
+        """The next request into ``pending`` once it is empty, with when the engine sees it
+        (the API server admits requests in arrival order)."""
+        if not self.pending:
+            q = next(self.source, None)
+            if q is not None:
+                front = self.front
+                q.visible_s = q.r.arrival_s if front is None else front.admit(q.r.arrival_s)
+                if not math.isfinite(q.visible_s):  # a rate so small its times overflowed
+                    raise UsageError(f"request {q.id} arrives at t = {q.visible_s:g} s: the "
+                                     "stream's arrival times are out of range")
+                self.pending.append(q)
 
     def next_s(self) -> float:
         """When the engine sees the next request (nan: none is in flight to it)."""
@@ -36,6 +52,7 @@ class Arrivals:
         while pending and pending[0].visible_s <= now:
             waiting.append(pending.popleft())
             self.arrived += 1
+            self._draw()
 
 
 class ClosedLoop(Arrivals):
@@ -43,20 +60,21 @@ class ClosedLoop(Arrivals):
 
     __slots__ = ("clients", "unsent", "sent")
 
-    def __init__(self, reqs: list[SimRequest], clients: int, front: Frontend | None = None):
-        super().__init__([], front)
-        self.unsent = deque(reqs)
+    def __init__(self, reqs: Iterable[SimRequest], clients: int,
+                 front: Frontend | None = None):
+        super().__init__((), front)
+        self.unsent = iter(reqs)  # drawn as clients send them
         self.clients = clients
         self.sent = 0
-        for q in reqs:
-            q.r.arrival_s = math.nan
 
     def arrive(self, now: float, waiting: deque, finished: int) -> None:
         """Each client whose last request is finished sends its next one at ``now``; the
         engine sees it once the API server has handled it."""
-        unsent, pending, front = self.unsent, self.pending, self.front
-        while unsent and self.sent - finished < self.clients:
-            q = unsent.popleft()
+        pending, front = self.pending, self.front
+        while self.sent - finished < self.clients:
+            q = next(self.unsent, None)
+            if q is None:
+                break
             q.r.arrival_s = now
             q.visible_s = now if front is None else front.admit(now)
             pending.append(q)
@@ -64,7 +82,7 @@ class ClosedLoop(Arrivals):
         super().arrive(now, waiting, finished)
 
 
-def arrivals(reqs: list[SimRequest], max_concurrency: int | None,
+def arrivals(reqs: Iterable[SimRequest], max_concurrency: int | None,
              front: Frontend | None = None) -> Arrivals:
     return (Arrivals(reqs, front) if max_concurrency is None
             else ClosedLoop(reqs, max_concurrency, front))

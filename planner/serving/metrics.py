@@ -16,12 +16,14 @@ requests.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 from planner.core.arith import quantile
+from planner.serving.records import RequestRecords
 from planner.serving.sim import SimResult
 
 
-def _stats(values: list[float], name: str) -> dict[str, float | None]:
+def _stats(values: Sequence[float], name: str) -> dict[str, float | None]:
     if not values:
         return {f"{k}_{name}_ms": None for k in ("mean", "median", "std", "p90", "p99")}
     ms = [v * 1e3 for v in values]
@@ -66,29 +68,38 @@ def summary(res: SimResult, *, ttft_slo_s: float | None = None,
             tpot_slo_s: float | None = None, itl: bool = True) -> dict:
     """The run's figures; ``itl=False`` leaves out the ITL statistics (a sort of every step's
     gap), for a caller that reads none of them (a fit simulating hundreds of times)."""
-    done = [r for r in res.requests if not math.isnan(r.finish_s)]
+    rec = res.requests if isinstance(res.requests, RequestRecords) else \
+        RequestRecords.of(res.requests)
+    arrival, first, finish = (rec.column(c) for c in ("arrival_s", "first_token_s", "finish_s"))
+    prompt, output = rec.column("prompt_tokens"), rec.column("output_tokens")
+    # the served requests' figures (finish_s not nan: ``f == f``), in the order given, each as
+    # RequestResult computes it
+    served = [(a, f1, f, o) for a, f1, f, o in zip(arrival, first, finish, output, strict=True)
+              if f == f]
     dur = res.duration_s or math.nan
-    inp = sum(r.prompt_tokens for r in done)
-    out = sum(r.output_tokens for r in done)
-    tpots = [r.tpot_s for r in done if r.output_tokens > 1]
+    inp = sum(p for p, f in zip(prompt, finish, strict=True) if f == f)
+    out = sum(o for *_, o in served)
+    ttfts = [f1 - a for a, f1, _, _ in served]
+    tpots = [(f - f1) / (o - 1) for _, f1, f, o in served if o > 1]
+    e2els = [f - a for a, _, f, _ in served]
     d: dict = {
-        "completed": len(done),
+        "completed": len(served),
         "duration": dur,
         "total_input_tokens": inp,
         "total_output_tokens": out,
-        "request_throughput": len(done) / dur,
+        "request_throughput": len(served) / dur,
         "output_throughput": out / dur,
         "total_token_throughput": (inp + out) / dur,
-        **_stats([r.ttft_s for r in done], "ttft"),
+        **_stats(ttfts, "ttft"),
         **_stats(tpots, "tpot"),
         **(_itl_stats(res.itl) if itl else {}),
-        **_stats([r.e2e_s for r in done], "e2el"),
+        **_stats(e2els, "e2el"),
     }
     if ttft_slo_s is not None or tpot_slo_s is not None:
-        good = [r for r in done
-                if (ttft_slo_s is None or r.ttft_s <= ttft_slo_s)
-                and (tpot_slo_s is None or r.output_tokens <= 1 or r.tpot_s <= tpot_slo_s)]
-        d["request_goodput"] = len(good) / dur
+        good = sum(1 for ttft, (_, f1, f, o) in zip(ttfts, served, strict=True)
+                   if (ttft_slo_s is None or ttft <= ttft_slo_s)
+                   and (tpot_slo_s is None or o <= 1 or (f - f1) / (o - 1) <= tpot_slo_s))
+        d["request_goodput"] = good / dur
     cap = res.kv_capacity_tokens
     d.update({
         "max_running_requests": res.max_running,
@@ -106,10 +117,11 @@ def summary(res: SimResult, *, ttft_slo_s: float | None = None,
         # vLLM's prefix cache hit rate: prompt tokens found cached over those queried
         "prefix_cache_hit_rate": None if not res.prefix_query_tokens else
         res.prefix_hit_tokens / res.prefix_query_tokens,
-        "failed_reason": next((r.failed for r in res.requests if r.failed), None),
+        "failed_reason": rec.first_failure(),
         # the API server (planner.serving.frontend): mean seconds a request waited for it
         # before the engine saw it, and the share of the run its streaming set the pace
-        "mean_api_server_wait_s": res.api_server_wait_s / len(done) if done else math.nan,
+        "mean_api_server_wait_s": res.api_server_wait_s / len(served) if served else
+        math.nan,
         "api_server_stream_bound_frac": res.api_server_stream_s / dur,
     })
     return d

@@ -94,6 +94,9 @@ class SimRequest:
     # prompt tokens whose KV arrives with it (computed by a prefill instance): it starts with
     # them computed at its first admission; a recompute after a preemption computes them
     loaded: int = 0
+    # its position in the stream given: its row of the run's records
+    # (``planner.serving.records``), written when it is done
+    index: int = -1
 
     @classmethod
     def of(cls, r: RequestResult, prefix: int = -1, prefix_tokens: int = 0,

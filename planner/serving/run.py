@@ -52,12 +52,15 @@ def speculation_serving(dep: Deployment, speculation, cfg: SchedulerConfig):
 
 
 def run(dep: Deployment, requests: list[Request], cfg: SchedulerConfig | None = None, *,
-        speculation=None, step_coster=None, sample_every_s: float | None = None) -> SimResult:
+        speculation=None, step_coster=None, sample_every_s: float | None = None,
+        on_record=None) -> SimResult:
     """Serve ``requests`` on one replica of ``dep``. ``speculation``: what
     ``speculation_serving`` returns, or None. ``step_coster`` reuses a coster built by
-    ``coster(dep)`` (its per-shape caches) across runs of the same deployment."""
+    ``coster(dep)`` (its per-shape caches) across runs of the same deployment.
+    ``on_record``: the caller's sink for each request's result as it is done or refused
+    (``simulate``'s)."""
     return simulate(requests, step_coster or coster(dep), cfg or scheduler(dep),
-                    sample_every_s=sample_every_s, spec=speculation)
+                    sample_every_s=sample_every_s, spec=speculation, on_record=on_record)
 
 
 KV_LINKS = ("auto", "intra-node", "inter-node")

@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from collections.abc import Callable
 
 from planner.core.errors import UsageError
 from planner.serving.config import SchedulerConfig
@@ -68,7 +69,7 @@ class Scheduler:
 
     __slots__ = ("kv", "batch", "waiting", "running", "prefilling", "finished", "preemptions",
                  "stamp", "token_budget", "chunk_tokens", "max_seqs", "chunked", "whole",
-                 "mixed", "decodes", "refused")
+                 "mixed", "decodes", "refused", "on_done")
 
     def __init__(self, cfg: SchedulerConfig, kv: KVPool, batch: DecodePool):
         self.kv, self.batch = kv, batch
@@ -87,6 +88,9 @@ class Scheduler:
         self.mixed = cfg.mixed_batches
         self.decodes = True  # whether the step ``schedule`` filled runs the decode pool
         self.refused = 0  # requests refused while queued (their recompute grew too long)
+        # called with each request as it is done or refused (its figures final): the run's
+        # records keep them (``planner.serving.records``) and let the objects go
+        self.on_done: Callable[[SimRequest], None] | None = None
 
     def wait_until(self, now: float, arrivals) -> float | None:
         """The time to idle until before the next step; None: step now."""
@@ -177,6 +181,8 @@ class Scheduler:
     def _done(self, q: SimRequest, now: float) -> None:
         q.r.finish_s = now
         self.finished += 1
+        if self.on_done is not None:
+            self.on_done(q)
 
     def _refuse_head(self, reason: str) -> None:
         """The head of the queue can never run: it leaves unserved, ``reason`` recorded."""
@@ -185,6 +191,8 @@ class Scheduler:
         q.state = RequestState.FINISHED
         self.finished += 1
         self.refused += 1
+        if self.on_done is not None:
+            self.on_done(q)
 
 
 class ContinuousScheduler(Scheduler):

@@ -50,6 +50,9 @@ serve` counts only the successful ones. Pure: no I/O, no printing.
 
 from __future__ import annotations
 
+import math
+from array import array
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from planner.core.errors import UsageError
@@ -60,6 +63,7 @@ from planner.serving.decoding import check_spec, decode_pool
 from planner.serving.frontend import Frontend
 from planner.serving.kv import KVPool, PrefixCache, kv_pool
 from planner.serving.occupancy import Occupancy
+from planner.serving.records import RequestRecords
 from planner.serving.requests import RequestResult, SimRequest
 from planner.serving.schedulers import Scheduler, make_scheduler
 from planner.serving.speculation import SpecServing
@@ -71,7 +75,7 @@ __all__ = ["RequestResult", "SchedulerConfig", "SimResult", "kv_capacity_tokens"
 
 @dataclass
 class SimResult:
-    requests: list[RequestResult]
+    requests: RequestRecords | list[RequestResult]  # by position in the stream given
     duration_s: float
     steps: int
     kv_capacity_tokens: int
@@ -106,34 +110,62 @@ def kv_capacity_tokens(coster: StepCoster, cfg: SchedulerConfig) -> int:
 
 def simulate(requests: list[Request], coster: StepCoster, cfg: SchedulerConfig, *,
              sample_every_s: float | None = None, max_steps: int = 50_000_000,
-             spec: SpecServing | None = None) -> SimResult:
+             spec: SpecServing | None = None,
+             on_record: Callable[[RequestResult], None] | None = None) -> SimResult:
     """Serve ``requests`` on one replica; every request runs to completion. ``spec``:
-    speculative decoding (``planner.serving.speculation``; continuous batching only)."""
+    speculative decoding (``planner.serving.speculation``; continuous batching only).
+    ``on_record``: called with each request's result as it is done or refused, its figures
+    final (a caller's sink: a trace written as the run goes). A request's objects are made
+    when it is next to arrive and let go when it is done: the run holds those in flight and
+    a row of figures per request (``planner.serving.records``)."""
     if cfg.ranks == 1 and getattr(coster, "dp_ranks", 1) > 1:
         cfg = replace(cfg, ranks=coster.dp_ranks)
     cfg.check()
     check_spec(cfg, spec)
     kv = _kv_pool(coster, cfg, spec)
-    results = [RequestResult(q.id, q.arrival_s, q.prompt_tokens, q.output_tokens)
-               for q in requests]
-    reqs = [SimRequest.of(r, q.prefix_id, q.prefix_tokens, q.loaded_tokens)
-            for r, q in zip(results, requests, strict=True)]
-    if any(q.loaded for q in reqs) and cfg.kind != "continuous":
+    if any(q.loaded_tokens for q in requests) and cfg.kind != "continuous":
         raise UsageError("requests that arrive with their KV (a disaggregated decode "
                          "instance) are simulated with continuous batching only")
     batch = decode_pool(cfg, kv, spec)
-    reqs = [q for q in reqs if not _refused(q, kv, batch.k1, cfg)]
+    records = RequestRecords(len(requests))
+    wait_s = array("d", [math.nan]) * len(requests)  # API-server wait, served requests
+    path = coster.engine if (coster.engine.request_overhead_s or
+                             coster.engine.prompt_token_overhead_s) else None
+    refused = set()
+    for i, q in enumerate(requests):
+        reason = _refusal(q.prompt_tokens, q.output_tokens, kv, batch.k1, cfg)
+        if reason:
+            refused.add(i)
+            _record(records, i, RequestResult(q.id, q.arrival_s, q.prompt_tokens,
+                                              q.output_tokens, failed=reason), path, on_record)
+
+    def stream():  # each request's objects, made as it is next to arrive
+        for i, q in enumerate(requests):
+            if i not in refused:
+                r = RequestResult(q.id, q.arrival_s, q.prompt_tokens, q.output_tokens)
+                s = SimRequest.of(r, q.prefix_id, q.prefix_tokens, q.loaded_tokens)
+                s.index = i
+                yield s
+
+    def done(q: SimRequest) -> None:
+        r = q.r
+        if not r.failed:
+            wait_s[q.index] = q.visible_s - r.arrival_s
+        _record(records, q.index, r, path, on_record)
+
     sched = make_scheduler(cfg, kv, batch)
+    sched.on_done = done
     e = coster.engine
     front = Frontend(e.frontend_request_s, e.frontend_token_s, cfg.api_servers)
-    arr = arrivals(reqs, cfg.max_concurrency, front if front.active else None)
+    arr = arrivals(stream(), cfg.max_concurrency, front if front.active else None)
     occ = Occupancy(sample_every_s)
     pricer = StepPricer(coster, batch, cfg.graph_sizes)
-    t, stream_s = _serve(sched, arr, pricer, occ, n=len(reqs), max_steps=max_steps,
-                         front=front if front.token_s else None)
-    wait_s = sum(q.visible_s - q.r.arrival_s for q in reqs if not q.r.failed)
-    t = _request_path(results, coster.engine, t)
-    return SimResult(results, t, occ.steps, kv.capacity_tokens, occ.itl, occ.samples,
+    t, stream_s = _serve(sched, arr, pricer, occ, n=len(requests) - len(refused),
+                         max_steps=max_steps, front=front if front.token_s else None)
+    if path is not None:  # when the last request is done, its request path included
+        for f in records.column("finish_s"):
+            t = max(t, f)
+    return SimResult(records, t, occ.steps, kv.capacity_tokens, occ.itl, occ.samples,
                      busy_s=occ.busy_s, running_integral=occ.running_integral,
                      kv_held_integral=occ.kv_held_integral,
                      kv_reserved_integral=occ.kv_reserved_integral,
@@ -141,28 +173,42 @@ def simulate(requests: list[Request], coster: StepCoster, cfg: SchedulerConfig, 
                      peak_kv_reserved_tokens=occ.peak_kv_reserved_tokens,
                      preemptions=sched.preemptions, arrived=arr.arrived,
                      in_flight=arr.arrived - sched.finished,
-                     failed=len(results) - len(reqs) + sched.refused,
+                     failed=len(refused) + sched.refused,
                      prefix_hit_tokens=None if kv.prefixes is None else kv.prefixes.hit_tokens,
                      prefix_query_tokens=None if kv.prefixes is None else
                      kv.prefixes.query_tokens,
-                     api_server_wait_s=wait_s, api_server_stream_s=stream_s)
+                     api_server_wait_s=sum(w for w in wait_s if not math.isnan(w)),
+                     api_server_stream_s=stream_s)
 
 
-def _refused(q: SimRequest, kv: KVPool, k1: int, cfg: SchedulerConfig) -> bool:
-    """Whether the engine refuses ``q`` on arrival; if so, ``q.r.failed`` says why."""
-    r = q.r
-    need = kv.tokens_for(r.prompt_tokens + r.output_tokens + k1 - 1)  # and the k lookahead
+def _record(records: RequestRecords, i: int, r: RequestResult, path,
+            on_record: Callable[[RequestResult], None] | None) -> None:
+    """Request ``i``'s final figures into its row (and to ``on_record``), shifted by the
+    engine's request path (``_request_path``) where ``path`` (the engine) has one."""
+    if path is not None:  # as _request_path shifts it
+        d = path.request_path_s(r.prompt_tokens, admitted=True)
+        r.first_token_s += d
+        r.finish_s += d
+    records.put(i, r)
+    if on_record is not None:
+        on_record(r)
+
+
+def _refusal(prompt_tokens: int, output_tokens: int, kv: KVPool, k1: int,
+             cfg: SchedulerConfig) -> str:
+    """Why the engine refuses a request of these lengths on arrival ("" when it does not)."""
+    need = kv.tokens_for(prompt_tokens + output_tokens + k1 - 1)  # and the k lookahead
     if need > kv.capacity_tokens:
-        r.failed = (f"{r.prompt_tokens:,} + {r.output_tokens:,} tokens need {need:,} KV "
-                    f"tokens; the replica holds {kv.capacity_tokens:,}")
-    elif r.prompt_tokens + r.output_tokens > cfg.max_model_len:
-        r.failed = (f"{r.prompt_tokens:,} + {r.output_tokens:,} tokens exceed max-model-len "
-                    f"({cfg.max_model_len:,})")
-    elif (cfg.kind == "continuous" and not cfg.chunked_prefill
-          and r.prompt_tokens > cfg.max_num_batched_tokens):
-        r.failed = (f"its prompt ({r.prompt_tokens:,} tokens) exceeds max-num-batched-tokens "
-                    f"({cfg.max_num_batched_tokens:,}) and chunked prefill is off")
-    return bool(r.failed)
+        return (f"{prompt_tokens:,} + {output_tokens:,} tokens need {need:,} KV "
+                f"tokens; the replica holds {kv.capacity_tokens:,}")
+    if prompt_tokens + output_tokens > cfg.max_model_len:
+        return (f"{prompt_tokens:,} + {output_tokens:,} tokens exceed max-model-len "
+                f"({cfg.max_model_len:,})")
+    if (cfg.kind == "continuous" and not cfg.chunked_prefill
+            and prompt_tokens > cfg.max_num_batched_tokens):
+        return (f"its prompt ({prompt_tokens:,} tokens) exceeds max-num-batched-tokens "
+                f"({cfg.max_num_batched_tokens:,}) and chunked prefill is off")
+    return ""
 
 
 def _kv_pool(coster: StepCoster, cfg: SchedulerConfig, spec: SpecServing | None) -> KVPool:
