@@ -62,13 +62,9 @@ def test_fork_and_subprocess_classify_alike(setup_dir):
         return {o.case.index: o for o in fuzz.run_cases(cases, lambda c: 120, mode=mode,
                                                           memory_mib=8192)}
 
-    t0 = time.perf_counter()
     sub = outcomes("subprocess")
-    t_sub = time.perf_counter() - t0
     fuzz.preload()  # what --mode fork does first (this process has most of it already)
-    t0 = time.perf_counter()
     forked = outcomes("fork")
-    t_fork = time.perf_counter() - t0
     for i, s in sub.items():
         f = forked[i]
         assert (f.code, f.verdict) == (s.code, s.verdict), (s.case.what, s.stderr, f.stderr)
@@ -76,7 +72,7 @@ def test_fork_and_subprocess_classify_alike(setup_dir):
         assert _nonce.sub("", f.stderr) == _nonce.sub("", s.stderr), s.case.what
         if s.code == 0 and "--json" in s.case.args and s.case.kind != "watch":
             assert f.stdout == s.stdout, s.case.what
-    assert t_fork < t_sub / 2, (t_fork, t_sub)  # no interpreter start-up per case
+    # how much faster forking is, is a figure the fuzz run prints, not a timed test here
 
 
 @pytest.mark.parametrize("mode", ["fork", "subprocess"])
