@@ -14,11 +14,13 @@ DEFAULT_PORT = 8765
 
 def ui(
     host: Annotated[str, typer.Option(
-        metavar="ADDRESS", help="Address to listen on. The default, 127.0.0.1, is reachable from this machine "
-        "only; any other address lets anyone who can reach it run llmplan here.")
+        metavar="ADDRESS", help="Address to listen on. The default, 127.0.0.1, is reachable "
+        "from this machine only; any other address lets anyone who can reach it run llmplan "
+        "here.")
     ] = "127.0.0.1",
     port: Annotated[int, typer.Option(
-        metavar="PORT", help="Port to listen on; 0 picks a free one (the URL is printed).")] = DEFAULT_PORT,
+        metavar="PORT",
+        help="Port to listen on; 0 picks a free one (the URL is printed).")] = DEFAULT_PORT,
     open_browser: Annotated[bool, typer.Option(
         "--open/--no-open", help="Open the page in the default browser.")] = False,
 ) -> None:
