@@ -470,7 +470,7 @@ def _plan_continuous(m, gpus, *, prompt_tokens, output_tokens, targets, tps, wei
     from planner.io.report import plot_pareto
     from planner.layouts.deployment import Layout
     from planner.search.disagg import pd_label, search_disaggregated
-    from planner.search.plan import search_continuous
+    from planner.search.plan import percentile_name, search_continuous
 
     kw = dict(prompt_tokens=prompt_tokens, output_tokens=output_tokens, targets=targets,
               tps=tps, weights=weights, kv_cache=kv_cache, calibration=calibration,
@@ -505,7 +505,7 @@ def _plan_continuous(m, gpus, *, prompt_tokens, output_tokens, targets, tps, wei
                 df[col] = df[col].astype("Int64")
     ttft, tpot, req = label
     p = settings.percentile
-    name = "median" if p == 50 else f"p{p}"
+    name = percentile_name(p)
     from planner.io.gate import gate_frame
 
     gate_frame(df, "plan")  # every row, before the CSV, JSON or table

@@ -88,7 +88,7 @@ def search_disaggregated(model, gpus, *, prompt_tokens: int, output_tokens: int,
     ``screened``: ``planner.search.plan.screen``'s rows, when the caller has them."""
     import pandas as pd
 
-    from planner.search.plan import SimSettings, percentile_s, screen
+    from planner.search.plan import SimSettings, percentile_name, percentile_s, screen
     from planner.serving import run
     from planner.serving.disagg import transfer_figures
     from planner.serving.metrics import summary
@@ -219,7 +219,7 @@ def search_disaggregated(model, gpus, *, prompt_tokens: int, output_tokens: int,
         usd = n_p * p.gpus * p.price + n_d * d.gpus * d.price
         costs.append(usd)
         x = transfer_figures(res)
-        name = "median" if p_ == 50 else f"p{p_}"
+        name = percentile_name(p_)
         pd_, dd = p.dep, d.dep
         rows.append({
             "gpu": pd_.hardware.name, "tp": dd.tp, "pp": 1, "ep": 1,

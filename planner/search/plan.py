@@ -144,10 +144,16 @@ class SimSettings:
     tpot_factor: float = 1.0
 
 
+def percentile_name(p: int) -> str:
+    """How a run's summary and plan's columns name the ``p``-th percentile: "median" for
+    50, "p90" for 90."""
+    return "median" if p == 50 else f"p{p}"
+
+
 def percentile_key(name: str, p: int) -> str:
     """The summary key of a run's ``p``-th percentile of ``name`` ("ttft", "tpot"), in ms
     (p 50: the median)."""
-    return f"median_{name}_ms" if p == 50 else f"p{p}_{name}_ms"
+    return f"{percentile_name(p)}_{name}_ms"
 
 
 def percentile_s(summary: dict, name: str, p: int) -> float | None:
@@ -353,7 +359,7 @@ def search_continuous(model: ModelSpec, gpus: list[HardwareSpec], *, prompt_toke
         usd_per_hour = replicas * gpus_each * price
         costs.append(usd_per_hour)
         p = st.percentile
-        name = "median" if p == 50 else f"p{p}"
+        name = percentile_name(p)
         rows.append({"gpu": gpu, "tp": int(tp), "pp": int(pp), "ep": int(ep),
                      "num_gpus": gpus_each, "weights": w,
                      "quantized_layers": quantized_layers, "kv_cache": kv,

@@ -72,13 +72,12 @@ def _plan(a: dict) -> tuple[list, dict]:
     from planner.cli.plan import plan_records, plan_run
     from planner.layouts.deployment import Layout
     from planner.search.disagg import pd_label
-    from planner.search.plan import pareto_front
+    from planner.search.plan import pareto_front, percentile_name
 
     df = plan_run(a)
     rows = plan_records(df)
     feasible = df[df["meets_targets"].astype(bool)] if len(df) else df
-    p = a.get("percentile", 90)
-    name = "median" if p == 50 else f"p{p}"
+    name = percentile_name(a["percentile"])  # parsed: every parameter is there
     return rows, {
         "layout": [pd_label(r) if r.get("disaggregated") else
                    Layout(int(r["tp"]), int(r["pp"]), int(r["ep"])).label for r in rows],
