@@ -72,16 +72,16 @@ def summary(res: SimResult, *, ttft_slo_s: float | None = None,
         RequestRecords.of(res.requests)
     arrival, first, finish = (rec.column(c) for c in ("arrival_s", "first_token_s", "finish_s"))
     prompt, output = rec.column("prompt_tokens"), rec.column("output_tokens")
-    # the served requests' figures (finish_s not nan: ``f == f``), in the order given, each as
-    # RequestResult computes it
-    served = [(a, f1, f, o) for a, f1, f, o in zip(arrival, first, finish, output, strict=True)
-              if f == f]
+    # the served requests (finish_s not nan: ``f == f``), in the order given: TTFT, TPOT (None
+    # for one output token), end-to-end latency and output tokens, as RequestResult defines them
+    served = [(f1 - a, (f - f1) / (o - 1) if o > 1 else None, f - a, o)
+              for a, f1, f, o in zip(arrival, first, finish, output, strict=True) if f == f]
     dur = res.duration_s or math.nan
     inp = sum(p for p, f in zip(prompt, finish, strict=True) if f == f)
     out = sum(o for *_, o in served)
-    ttfts = [f1 - a for a, f1, _, _ in served]
-    tpots = [(f - f1) / (o - 1) for _, f1, f, o in served if o > 1]
-    e2els = [f - a for a, _, f, _ in served]
+    ttfts = [t for t, *_ in served]
+    tpots = [t for _, t, _, _ in served if t is not None]
+    e2els = [e for _, _, e, _ in served]
     d: dict = {
         "completed": len(served),
         "duration": dur,
@@ -96,9 +96,9 @@ def summary(res: SimResult, *, ttft_slo_s: float | None = None,
         **_stats(e2els, "e2el"),
     }
     if ttft_slo_s is not None or tpot_slo_s is not None:
-        good = sum(1 for ttft, (_, f1, f, o) in zip(ttfts, served, strict=True)
+        good = sum(1 for ttft, tpot, _, _ in served
                    if (ttft_slo_s is None or ttft <= ttft_slo_s)
-                   and (tpot_slo_s is None or o <= 1 or (f - f1) / (o - 1) <= tpot_slo_s))
+                   and (tpot_slo_s is None or tpot is None or tpot <= tpot_slo_s))
         d["request_goodput"] = good / dur
     cap = res.kv_capacity_tokens
     d.update({
