@@ -183,9 +183,14 @@ def simulate(requests: list[Request], coster: StepCoster, cfg: SchedulerConfig, 
 
 def _record(records: RequestRecords, i: int, r: RequestResult, path,
             on_record: Callable[[RequestResult], None] | None) -> None:
-    """Request ``i``'s final figures into its row (and to ``on_record``), shifted by the
-    engine's request path (``_request_path``) where ``path`` (the engine) has one."""
-    if path is not None:  # as _request_path shifts it
+    """Request ``i``'s final figures into its row (and to ``on_record``). Where ``path`` (the
+    engine) has a request path outside its steps (the API server's handling, tokenization,
+    hand-off, the first token's detokenization and streaming: ``Engine.request_path_s``), it
+    delays the request's first token and so its last; its time between tokens is unchanged.
+    Shifting each request after its steps are simulated is exact for an open stream (the
+    engine sees the same stream, later) and, for a closed loop of clients, leaves out the
+    client's own wait for the path (a client would send its next request that much later)."""
+    if path is not None:
         d = path.request_path_s(r.prompt_tokens, admitted=True)
         r.first_token_s += d
         r.finish_s += d
@@ -227,24 +232,6 @@ def _kv_pool(coster: StepCoster, cfg: SchedulerConfig, spec: SpecServing | None)
                          f"({kv.capacity_tokens} tokens); use more GPUs (--tp) or a smaller "
                          "precision")
     return kv
-
-
-def _request_path(results: list[RequestResult], engine, end_s: float) -> float:
-    """The engine's request path outside its steps (the API server's handling, tokenization,
-    hand-off, the first token's detokenization and streaming: ``Engine.request_path_s``)
-    delays every request's first token and so its last; its time between tokens is unchanged.
-    Each request is shifted after the steps are simulated, which is exact for an open stream
-    (the engine sees the same stream, later) and, for a closed loop of clients, leaves out the
-    client's own wait for the path (a client would send its next request that much later).
-    Returns when the last request is done."""
-    if not (engine.request_overhead_s or engine.prompt_token_overhead_s):
-        return end_s
-    for r in results:
-        d = engine.request_path_s(r.prompt_tokens, admitted=True)
-        r.first_token_s += d
-        r.finish_s += d
-        end_s = max(end_s, r.finish_s)
-    return end_s
 
 
 def _serve(sched: Scheduler, arr: Arrivals, pricer: StepPricer, occ: Occupancy, *, n: int,
