@@ -26,6 +26,38 @@ NOISY_SPREAD = 2.0
 NOISY_REPEAT = 1.5
 # (the defaults of `measure --max-spread` and `--max-drift`)
 
+
+def timing_spread(t: object) -> float | None:
+    """A recorded timing's p90 / median (``Timing.as_dict``); None where it has no spread (a
+    single timing, or not a timing)."""
+    if not isinstance(t, dict) or not t.get("median_s") or not t.get("p90_s"):
+        return None
+    return t["p90_s"] / t["median_s"]
+
+
+def spread_reason(name: str, spread: float, reps: object, limit: float) -> str:
+    """What a timing past the spread limit says, in ``measure``'s and the calibration's
+    warnings."""
+    return f"{name}: p90 is {spread:.1f}x the median over {reps} repeats (limit {limit:g}x)"
+
+
+def drift(first_s: float | None, again_s: float | None) -> float | None:
+    """How far apart one thing's median and its median timed again later are (>= 1); None
+    where either is missing."""
+    if not first_s or not again_s:
+        return None
+    return max(first_s, again_s) / min(first_s, again_s)
+
+
+def load_average() -> float | None:
+    """The machine's one-minute load average, where the platform has one."""
+    import os
+
+    try:
+        return os.getloadavg()[0]
+    except (AttributeError, OSError):
+        return None
+
 OOM_MESSAGES = ("out of memory", "cublas_status_alloc_failed", "cuda_error_out_of_memory",
                 "failed to allocate")
 

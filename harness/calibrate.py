@@ -19,7 +19,15 @@ from pathlib import Path
 
 import torch
 
-from harness.bench import NOISY_REPEAT, NOISY_SPREAD, time_fn
+from harness.bench import (
+    NOISY_REPEAT,
+    NOISY_SPREAD,
+    drift,
+    load_average,
+    spread_reason,
+    time_fn,
+    timing_spread,
+)
 from harness.device import DeviceInfo, now_iso
 from planner.core.errors import first_line
 
@@ -119,32 +127,21 @@ def noise(details: dict, *, max_spread: float = NOISY_SPREAD,
     timings.append(("launch", (details.get("launch") or {}).get("timing")))
     worst, worst_name, reps = 1.0, None, None
     for name, t in timings:
-        if isinstance(t, dict) and t.get("median_s") and t.get("p90_s"):
-            spread = t["p90_s"] / t["median_s"]
-            if spread > worst:
-                worst, worst_name, reps = spread, name, t.get("reps")
+        spread = timing_spread(t)
+        if spread is not None and spread > worst:
+            worst, worst_name, reps = spread, name, t.get("reps")
     first = (bw.get("copy") or {}).get("median_s")
     again = ((details.get("bandwidth_repeat") or {}).get("copy") or {}).get("median_s")
-    drift = max(first, again) / min(first, again) if first and again else None
+    apart = drift(first, again)
     reason = None
     if worst > max_spread:
-        reason = (f"{worst_name}: p90 is {worst:.1f}x the median over {reps} repeats (limit "
-                  f"{max_spread:g}x)")
-    elif drift is not None and drift > max_drift:
-        reason = (f"the copy timed again at the end was {drift:.1f}x "
+        reason = spread_reason(worst_name, worst, reps, max_spread)
+    elif apart is not None and apart > max_drift:
+        reason = (f"the copy timed again at the end was {apart:.1f}x "
                   f"{'slower' if again > first else 'faster'} (limit {max_drift:g}x)")
-    return {"worst_spread": worst, "worst": worst_name, "drift": drift,
+    return {"worst_spread": worst, "worst": worst_name, "drift": apart,
             "max_spread": max_spread, "max_drift": max_drift, "noisy": reason is not None,
-            "reason": reason, "load_1m": _load()}
-
-
-def _load() -> float | None:
-    import os
-
-    try:
-        return os.getloadavg()[0]
-    except (AttributeError, OSError):
-        return None
+            "reason": reason, "load_1m": load_average()}
 
 
 def calibrate(info: DeviceInfo, *, dtypes: tuple[str, ...] = ("bf16", "fp16", "fp8"),

@@ -20,7 +20,14 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from harness.bench import NOISY_REPEAT, NOISY_SPREAD
+from harness.bench import (
+    NOISY_REPEAT,
+    NOISY_SPREAD,
+    drift,
+    load_average,
+    spread_reason,
+    timing_spread,
+)
 from harness.calibrate import HARNESS_VERSION
 from harness.device import DeviceInfo, Telemetry, now_iso
 from planner.core.errors import first_line
@@ -291,32 +298,26 @@ def noise(measured: dict, *, max_spread: float = NOISY_SPREAD,
     after the first, differs from it by more than ``max_drift`` times."""
     for name in ("tpot_s", "prefill_slice_s", "tpot_repeat_s"):
         t = measured.get(name)
-        if not isinstance(t, dict) or not t.get("median_s") or not t.get("p90_s"):
-            continue  # no spread recorded (a single timing): nothing to judge it by
-        spread = t["p90_s"] / t["median_s"]
-        if spread > max_spread:
-            return (f"{name}: p90 is {spread:.1f}x the median over {t.get('reps', '?')} "
-                    f"repeats (limit {max_spread:g}x): the machine was busy")
+        spread = timing_spread(t)  # None: a single timing, nothing to judge it by
+        if spread is not None and spread > max_spread:
+            return (spread_reason(name, spread, t.get("reps", "?"), max_spread)
+                    + ": the machine was busy")
     first = (measured.get("tpot_s") or {}).get("median_s")
     again = (measured.get("tpot_repeat_s") or {}).get("median_s")
-    if first and again:
-        ratio = max(first, again) / min(first, again)
-        if ratio > max_drift:
-            return (f"decode step {ratio:.1f}x {'slower' if again > first else 'faster'} "
-                    f"when timed again seconds later (limit {max_drift:g}x): the machine "
-                    "was busy")
+    ratio = drift(first, again)
+    if ratio is not None and ratio > max_drift:
+        return (f"decode step {ratio:.1f}x {'slower' if again > first else 'faster'} "
+                f"when timed again seconds later (limit {max_drift:g}x): the machine "
+                "was busy")
     return None
 
 
 def _busy_hint() -> str:
     """The machine's load beside its cores, and what to do about it: fewer threads, or a quiet
     machine (issue 27: a busy CPU gave decode steps 170x slower than seconds earlier)."""
-    import os
-
     cores = os.cpu_count() or 1
-    try:
-        load = os.getloadavg()[0]
-    except (AttributeError, OSError):  # not on every platform
+    load = load_average()
+    if load is None:  # not on every platform
         return f"{cores} cores; measure on a quiet machine or give fewer --threads"
     return (f"load average {load:.1f} on {cores} cores; measure on a quiet machine or give "
             f"--threads below the idle cores ({max(1, int(cores - load))})")
