@@ -274,12 +274,17 @@ def output_path(path: Path | None, flag: str, suffix: str | None = None) -> None
         raise LlmplanError(f"{flag}: {path} must end in {suffix}")
 
 
-def json_out(obj: object) -> None:
-    """The one writer of a command's ``--json`` object: through the output gate
-    (``planner.io.gate``: every figure finite and possible, or refused in one line) first."""
+def json_text(obj: object) -> str:
+    """A command's ``--json`` object as text: through the output gate (``planner.io.gate``:
+    every figure finite and possible, or refused in one line) first."""
     from planner.io.gate import gate
 
-    sys.stdout.write(json.dumps(gate(obj), indent=2, default=str) + "\n")
+    return json.dumps(gate(obj), indent=2, default=str)
+
+
+def json_out(obj: object) -> None:
+    """The one writer of a command's ``--json`` object (``json_text``)."""
+    sys.stdout.write(json_text(obj) + "\n")
 
 
 

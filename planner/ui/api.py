@@ -311,11 +311,11 @@ def _write_config(config: object, folder: Path) -> str:
 
 
 def as_cli_json(obj: object) -> object:
-    """The object as ``--json`` prints it (planner/cli/options.py's json_out: through the
-    output gate, then JSON with ``default=str``), read back."""
-    from planner.io.gate import gate
+    """The object as ``--json`` prints it (planner/cli/options.py's ``json_text``), read
+    back."""
+    from planner.cli.options import json_text
 
-    return json.loads(json.dumps(gate(obj), default=str))
+    return json.loads(json_text(obj))
 
 
 def meta() -> dict:
