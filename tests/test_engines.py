@@ -131,6 +131,36 @@ def test_host_floor_when_not_graphed():
     assert op_time(tiny, C, engine=H, graphed=False).time_s == pytest.approx(20e-6)
 
 
+def test_fp8_gemms_pay_their_input_quantization_kernels():
+    # W8A8 fp8: 2 kernels of the GEMM + 2 quantizing its input = 4 x 2 us on top of the same
+    # roofline time; a weight-only fp8 GEMM (16-bit compute, as on an A100) and a bf16 one
+    # launch only their own 2
+    e = dataclasses.replace(H, fp8_quant_kernels=2.0)
+    c = dataclasses.replace(C, flops_per_s={DType.bf16: 100e12, DType.fp8: 100e12})
+    w8a8 = Op("gemm", "matmul", 3, flops=8e9, weight_bytes=4e8, m_rows=4.0, dtype=DType.fp8,
+              weight_dtype=DType.fp8)
+    weight_only = dataclasses.replace(w8a8, dtype=DType.bf16)
+    t, t16 = op_time(w8a8, c, engine=e), op_time(weight_only, c, engine=e)
+    assert t.kernels == 3 * 4 and t16.kernels == 3 * 2
+    assert t.overhead_s == pytest.approx(3 * 8e-6)
+    assert t.time_s - t16.time_s == pytest.approx(3 * 4e-6)
+    assert op_time(w8a8, c, engine=H).kernels == 3 * 2  # the default: none counted
+
+
+@pytest.mark.parametrize("engine,per_gemm", [("vllm", 2), ("sglang", 1), ("trtllm", 0)])
+def test_llama_fp8_decode_step_launches_the_quantizing_kernels(engine, per_gemm):
+    # Llama-3.1-8B: 32 layers x 4 fp8 GEMMs (QKV, o, gate_up, down); the lm_head stays 16-bit
+    m, hw = catalog.load_model("llama-3.1-8b"), catalog.load_hardware("h100-sxm")
+    e = catalog.load_engine(engine)
+    w = Workload(batch=8, prompt_tokens=512, output_tokens=64)
+
+    def kernels(weights):
+        r = estimate(m, hw, precision=Precision(weights=weights), workload=w, engine=e)
+        return sum(t.kernels for t in r.decode.ops)
+
+    assert kernels(DType.fp8) - kernels(DType.bf16) == 32 * 4 * per_gemm
+
+
 def test_allreduce_by_hand():
     # ring over 4 GPUs: 2 x 3/4 x 8 MB / (100 GB/s x 0.5) + 10 us = 240 + 10 us
     op = Op("ar", "allreduce", 1, flops=0.0, comm_bytes=8e6)

@@ -303,6 +303,9 @@ class EngineSpec(_Frozen):
     kernel_gap_us: Num  # device-side fixed cost per kernel
     host_launch_us: Num  # host cost per kernel launched outside a graph
     kernels: Kernels
+    # kernels launched to quantize the activations of each W8A8 fp8 GEMM (a dynamic scale's
+    # reduction and the cast) beside the GEMM itself; None: none (fused, or no fp8 path)
+    fp8_quant_kernels: Num | None = None
     gemm_bandwidth_frac: Frac
     gemm_compute_frac: Frac
     gemm_tile_m: Num
@@ -394,6 +397,8 @@ class EngineSpec(_Frozen):
             kernel_gap_s=self.kernel_gap_us.value / 1e6,
             host_launch_s=self.host_launch_us.value / 1e6,
             kernels=tuple(sorted(self.kernels.value.items())),
+            fp8_quant_kernels=(0.0 if self.fp8_quant_kernels is None
+                               else self.fp8_quant_kernels.value),
             gemm_bandwidth_frac=self.gemm_bandwidth_frac.value,
             gemm_compute_frac=self.gemm_compute_frac.value,
             gemm_tile_m=self.gemm_tile_m.value,
@@ -470,6 +475,7 @@ class Engine:
     kernel_gap_s: float = 0.0
     host_launch_s: float = 0.0
     kernels: tuple[tuple[str, float], ...] = ()
+    fp8_quant_kernels: float = 0.0  # beside each W8A8 fp8 GEMM: its activations' quantization
     gemm_bandwidth_frac: float = 1.0
     gemm_compute_frac: float = 1.0
     gemm_tile_m: float = 1.0
@@ -568,8 +574,8 @@ class Engine:
         """Everything that sets speed (not byte accounting)."""
         return (self.ceilings, self.step_overhead_s, self.per_sequence_overhead_s,
                 self.prefill_step_overhead_s, self.kernel_gap_s, self.host_launch_s,
-                self.gemm_bandwidth_frac, self.gemm_compute_frac, self.gemm_tile_m,
-                self.overlap_frac,
+                self.fp8_quant_kernels, self.gemm_bandwidth_frac, self.gemm_compute_frac,
+                self.gemm_tile_m, self.overlap_frac,
                 self.attention_bandwidth_frac, self.attention_compute_frac,
                 self.gqa_kv_reuse, self.kv_cache_concat, self.elementwise_bandwidth_frac,
                 tuple(fr for _, fr in self.quantized if fr != (1.0, 1.0)),

@@ -224,6 +224,8 @@ def op_time(op: Op, c: Ceilings, *, tp: int = 1, options: Options | None = None,
         moved = moved + 2 * op.kv_cache_bytes  # the old cache read and written anew
     memory = moved / (c.bandwidth_bytes_per_s * bw_frac)
     k = e.kernels_for(op.name, op.kind)
+    if op.kind == "matmul" and op.dtype == DType.fp8:
+        k = k + e.fp8_quant_kernels  # W8A8: the activations are quantized first
     per_kernel = c.kernel_overhead_s if c.kernel_overhead_s is not None else e.kernel_gap_s
     t = combine(compute, memory, e, o, kernels=k, per_kernel_s=per_kernel, graphed=graphed)
     return OpTime(op, compute * n, memory * n, 0.0, t * n, bw_frac, c_frac, k * n,
