@@ -80,6 +80,21 @@ def test_readme_estimate_command_is_the_one_ci_runs_from_a_wheel():
     assert f"llmplan {args} --json" in ci
 
 
+def test_readme_error_table_quotes_the_recorded_figures():
+    """The README's held-out medians are the ones `validate --check` holds CI to."""
+    import yaml
+
+    rec = yaml.safe_load((ROOT / "planner/data/validation_recorded.yaml").read_text())
+    rec = {k: v["median_abs_error"] for k, v in rec["held_out"].items()}
+    names = {"served TPOT": "served TPOT", "served TTFT": "served TTFT",
+             "served output throughput": "served throughput", "static decode": "decode",
+             "static end-to-end": "end-to-end"}
+    rows = dict(re.findall(r"^\| (served [^|]+?|static [^|]+?) \| ([\d.]+)% \|", README, re.M))
+    assert set(rows) == set(names), rows
+    for label, key in names.items():
+        assert float(rows[label]) == pytest.approx(100 * rec[key], abs=0.05), label
+
+
 def test_readme_test_count_is_stated():
     # "about N of M tests": the counts of `pytest --collect-only` with and without -m "not slow"
     assert re.search(r"about [\d,]+ of [\d,]+ tests", README)
