@@ -147,6 +147,22 @@ def test_fp8_gemms_pay_their_input_quantization_kernels():
     assert op_time(w8a8, c, engine=H).kernels == 3 * 2  # the default: none counted
 
 
+def test_fp8_weights_without_fp8_tensor_cores_run_the_marlin_path():
+    # an A100 has no fp8 tensor cores: fp8 weights are dequantized in a 16-bit GEMM (vLLM's
+    # fp8 Marlin kernel), at the int8 Marlin path's efficiencies, with no input quantization
+    e = dataclasses.replace(H, quantized=((DType.int8, (0.5, 0.25)), (DType.fp8, (0.9, 0.9))),
+                            fp8_quant_kernels=2.0)
+    op = Op("gemm", "matmul", 1, flops=8e9, weight_bytes=4e8, m_rows=16.0, dtype=DType.bf16,
+            weight_dtype=DType.fp8)
+    t = op_time(op, C, engine=e)
+    assert (t.bandwidth_frac, t.compute_frac) == (0.5, 0.25)
+    assert t.memory_s == pytest.approx(4e8 / (1e12 * 0.5))
+    assert t.kernels == 2  # the GEMM's own
+    w8a8 = dataclasses.replace(op, dtype=DType.fp8)
+    c = dataclasses.replace(C, flops_per_s={DType.bf16: 100e12, DType.fp8: 100e12})
+    assert op_time(w8a8, c, engine=e).bandwidth_frac == 0.9
+
+
 @pytest.mark.parametrize("engine,per_gemm", [("vllm", 2), ("sglang", 1), ("trtllm", 0)])
 def test_llama_fp8_decode_step_launches_the_quantizing_kernels(engine, per_gemm):
     # Llama-3.1-8B: 32 layers x 4 fp8 GEMMs (QKV, o, gate_up, down); the lm_head stays 16-bit
