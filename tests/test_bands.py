@@ -258,13 +258,16 @@ def test_targets_are_computed_on_held_out_figures_only():
     served.append(NS(in_sample=True, phase="served TPOT", error=5.0))  # fitted: not counted
     static = [NS(in_sample=False, batch=1, metric="tpot_s", engine="vllm", error=-0.04),
               NS(in_sample=False, batch=1, metric="tpot_s", engine="hf-eager", error=0.9),
-              NS(in_sample=False, batch=8, metric="tpot_s", engine="vllm", error=0.9)]
+              NS(in_sample=False, batch=8, metric="tpot_s", engine="vllm", error=0.9),
+              NS(in_sample=False, batch=1, metric="tpot_s", engine="vllm-0.8", error=0.06),
+              NS(in_sample=False, batch=1, metric="tpot_s", engine="vllm-v0", error=0.9)]
     t = {r.label: r for r in targets(static, served)}
     med = t["served TPOT, median"]
     assert (med.n, med.value, med.met) == (3, pytest.approx(0.10), True)
     assert t["served TPOT, mean per run"].value == pytest.approx(0.15)
     b1 = t["batch-1 decode, current engines, median"]
-    assert (b1.n, b1.value, b1.met) == (1, pytest.approx(0.04), True)
+    # vLLM V1 (vllm, vllm-0.8) counts, V0 does not: median of 0.04 and 0.06
+    assert (b1.n, b1.value, b1.met) == (2, pytest.approx(0.05), True)
     ttft = t["served TTFT, median"]
     assert ttft.n == 0 and not ttft.met  # no evidence is not a pass
 

@@ -254,7 +254,9 @@ def summarize(rows: list, *, by_source: bool = True, phase_of=None) -> list[Summ
 
 # The accuracy targets the project holds itself to (issue 24), each on held-out figures only:
 # (label, what it is computed over, statistic, limit).
-CURRENT_ENGINES = ("vllm", "sglang", "trtllm")
+# "Current engines": vLLM's V1 engine (0.8 and later: the vllm-0.8 and vllm profiles), SGLang
+# and TensorRT-LLM; not vLLM's V0 line (vllm-v0), gpt-fast or HF eager.
+CURRENT_ENGINES = ("vllm", "vllm-0.8", "sglang", "trtllm")
 TARGETS: tuple[tuple[str, str, str, float], ...] = (
     ("served TPOT, median", "served TPOT", "median", 0.10),
     ("served TTFT, median", "served TTFT", "median", 0.20),
