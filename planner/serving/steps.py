@@ -18,7 +18,6 @@ graphed decode step. Pure: no I/O.
 from __future__ import annotations
 
 import bisect
-from dataclasses import replace
 
 from planner.core.ops import StepShape, window_pairs
 from planner.serving.decoding import DecodePool
@@ -48,9 +47,7 @@ class StepPricer:
             dec = [0.0] * 6
             dl = None if dl is None else [0.0] * 6
         if n_dec and not chunks and self.graph_sizes:
-            return self._graphed_decode_s(StepShape(*dec, None if dl is None else
-                                                    StepShape(*dl)), n_dec) \
-                + batch.draft_s(past, chunks), past
+            return self._graphed_decode_s(dec, dl, n_dec) + batch.draft_s(past, chunks), past
         shape = _with_chunks(dec, dl, chunks, window)
         if chunks and n_dec and self.split_parts:
             parts = (StepShape(*dec, None if dl is None else StepShape(*dl)), len(chunks))
@@ -61,20 +58,22 @@ class StepPricer:
                                        prefill=bool(chunks), decodes=bool(n_dec))
         return dt + batch.draft_s(past, chunks, decodes), past
 
-    def _graphed_decode_s(self, shape: StepShape, n_dec: int) -> float:
-        """A decode-only step: padded to the captured size, or eager above the largest."""
-        sizes, tokens = self.graph_sizes, int(shape.tokens)
-        i = bisect.bisect_left(sizes, tokens)
+    def _graphed_decode_s(self, dec: list[float], dl: list[float] | None,
+                          n_dec: int) -> float:
+        """A decode-only step of the decoders' share ``dec`` (``dl`` in the sliding-window
+        layers): padded to the captured size (its tokens and sampled rows), or eager above
+        the largest. The shapes are built once here, padded or not: this runs every step."""
+        sizes = self.graph_sizes
+        i = bisect.bisect_left(sizes, int(dec[0]))
         if i == len(sizes):
+            shape = StepShape(*dec, None if dl is None else StepShape(*dl))
             return self.coster.step_time(shape, sequences=n_dec, prefill=False,
                                          graphed=False)
-        pad = sizes[i] - tokens
-        if pad:
-            local = shape.local
-            shape = replace(shape, tokens=shape.tokens + pad, logit_rows=shape.logit_rows + pad,
-                            local=None if local is None else replace(
-                                local, tokens=local.tokens + pad,
-                                logit_rows=local.logit_rows + pad))
+        pad = sizes[i] - int(dec[0])
+        t, pairs, read, held, score, rows = dec
+        local = None if dl is None else StepShape(dl[0] + pad, dl[1], dl[2], dl[3], dl[4],
+                                                  dl[5] + pad)
+        shape = StepShape(t + pad, pairs, read, held, score, rows + pad, local)
         return self.coster.step_time(shape, sequences=n_dec, prefill=False)
 
 
