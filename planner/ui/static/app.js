@@ -176,7 +176,13 @@ function card(name, value, low, high, fmt) {
 
 const LAYOUT = { margin: { l: 60, r: 20, t: 40, b: 50 }, font: { size: 11 },
                  title: { x: 0.02, xanchor: "left" } };
-const CONFIG = { displaylogo: false, responsive: true, displayModeBar: "hover" };
+// the mode bar keeps the buttons a reader uses (save, zoom, pan, reset): the full bar is as
+// wide as half a chart and covered the charts' titles
+const CONFIG = { displaylogo: false, responsive: true, displayModeBar: "hover",
+                 modeBarButtonsToRemove: ["select2d", "lasso2d", "zoomIn2d", "zoomOut2d",
+                                          "autoScale2d", "toggleSpikelines",
+                                          "hoverClosestCartesian", "hoverCompareCartesian",
+                                          "sendDataToCloud"] };
 
 // ------------------------------------------------------------------------- estimate
 function drawEstimate(d, extra) {
