@@ -8,6 +8,7 @@ write is outside the timed events). On CPU each call is timed with perf_counter.
 
 from __future__ import annotations
 
+import os
 import statistics
 import time
 from collections.abc import Callable
@@ -51,12 +52,22 @@ def drift(first_s: float | None, again_s: float | None) -> float | None:
 
 def load_average() -> float | None:
     """The machine's one-minute load average, where the platform has one."""
-    import os
-
     try:
         return os.getloadavg()[0]
     except (AttributeError, OSError):
         return None
+
+
+def busy_hint() -> str:
+    """The machine's load beside its cores, and what to do about it: fewer threads, or a quiet
+    machine (issue 27: a busy CPU gave decode steps 170x slower than seconds earlier). Said by
+    ``measure``'s noisy points and the calibration's noise warning alike."""
+    cores = os.cpu_count() or 1
+    load = load_average()
+    if load is None:  # not on every platform
+        return f"{cores} cores; measure on a quiet machine or give fewer --threads"
+    return (f"load average {load:.1f} on {cores} cores; measure on a quiet machine or give "
+            f"--threads below the idle cores ({max(1, int(cores - load))})")
 
 OOM_MESSAGES = ("out of memory", "cublas_status_alloc_failed", "cuda_error_out_of_memory",
                 "failed to allocate")

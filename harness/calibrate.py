@@ -22,6 +22,7 @@ import torch
 from harness.bench import (
     NOISY_REPEAT,
     NOISY_SPREAD,
+    busy_hint,
     drift,
     load_average,
     spread_reason,
@@ -187,10 +188,8 @@ def calibrate(info: DeviceInfo, *, dtypes: tuple[str, ...] = ("bf16", "fp16", "f
                "bandwidth_repeat": {"copy": again["copy"], "read": again["read"]}}
     details["noise"] = noise(details, max_spread=max_spread, max_drift=max_drift)
     if details["noise"]["noisy"] and warn is not None:
-        from harness.measure import _busy_hint
-
         warn(f"the calibration is noisy: {details['noise']['reason']}: the machine was busy "
-             f"({_busy_hint()}); its ceilings are marked noisy and not reused by a later "
+             f"({busy_hint()}); its ceilings are marked noisy and not reused by a later "
              "measure")
     return {
         "device": info.hardware_db or info.name,

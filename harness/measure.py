@@ -23,8 +23,8 @@ from pathlib import Path
 from harness.bench import (
     NOISY_REPEAT,
     NOISY_SPREAD,
+    busy_hint,
     drift,
-    load_average,
     spread_reason,
     timing_spread,
 )
@@ -312,17 +312,6 @@ def noise(measured: dict, *, max_spread: float = NOISY_SPREAD,
     return None
 
 
-def _busy_hint() -> str:
-    """The machine's load beside its cores, and what to do about it: fewer threads, or a quiet
-    machine (issue 27: a busy CPU gave decode steps 170x slower than seconds earlier)."""
-    cores = os.cpu_count() or 1
-    load = load_average()
-    if load is None:  # not on every platform
-        return f"{cores} cores; measure on a quiet machine or give fewer --threads"
-    return (f"load average {load:.1f} on {cores} cores; measure on a quiet machine or give "
-            f"--threads below the idle cores ({max(1, int(cores - load))})")
-
-
 def _warn_stderr(text: str) -> None:
     print(f"warning: {text}", file=sys.stderr, flush=True)
 
@@ -441,7 +430,7 @@ def run(plan: Plan, info: DeviceInfo, cal: Calibration, hw: HardwareSpec | None,
                 if why is not None:
                     rec.update(status="noisy", reason=why)
                     warn(f"{weights} batch {batch} context {context} recorded as noisy, left "
-                         f"out of the summary: {why}; {_busy_hint()}")
+                         f"out of the summary: {why}; {busy_hint()}")
                 emit(rec)
         if dec is not None:
             del dec
