@@ -28,14 +28,14 @@ def test_tp_across_nodes_pays_the_inter_node_link():
     e16 = estimate(m, hw, parallelism=Parallelism(tp=16), **kw)
     # ideal engine: 2 (N-1)/N x S / link, S = 32 tokens x 16,384 x 2 bytes, 2 per layer
     s = 32 * 16384 * 2
-    per8 = 2 * 7 / 8 * s / 450e9 + 5e-6
-    per16 = 2 * 15 / 16 * s / 50e9 + 5e-6
+    per8 = 2 * 7 / 8 * s / 450e9 + 2e-6
+    per16 = 2 * 15 / 16 * s / 50e9 + 2e-6
     assert _allreduce_s(e8) == pytest.approx(2 * 126 * per8)
     assert _allreduce_s(e16) == pytest.approx(2 * 126 * per16)
     # a GPU file without a node block keeps its intra-node link at any TP
     bare = hw.model_copy(update={"node": None})
     e16b = estimate(m, bare, parallelism=Parallelism(tp=16), **kw)
-    assert _allreduce_s(e16b) == pytest.approx(2 * 126 * (2 * 15 / 16 * s / 450e9 + 5e-6))
+    assert _allreduce_s(e16b) == pytest.approx(2 * 126 * (2 * 15 / 16 * s / 450e9 + 2e-6))
 
 
 def test_estimate_names_the_link_its_all_reduces_cross(run_cli):

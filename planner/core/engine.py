@@ -382,6 +382,7 @@ class EngineSpec(_Frozen):
         return Engine(
             name=self.name, display_name=self.display_name, version=self.engine_version,
             source=self.source, ceilings=self.ceilings,
+            family=self.versions.family if self.versions is not None else None,
             step_overhead_s=self.step_overhead_us.value / 1e6,
             per_sequence_overhead_s=self.per_sequence_overhead_us.value / 1e6,
             prefill_step_overhead_s=self.prefill_step_overhead_us.value / 1e6,
@@ -463,6 +464,9 @@ class Engine:
     version: str = ""
     source: str = ""
     ceilings: str = "datasheet"
+    # the engine whose releases the profile covers (vllm, sglang, trtllm); None: unnamed. A
+    # GPU's measured all-reduce of this family (hardware_db allreduce_measured) applies to it
+    family: str | None = None
     step_overhead_s: float = 0.0
     per_sequence_overhead_s: float = 0.0
     prefill_step_overhead_s: float = 0.0
@@ -486,8 +490,8 @@ class Engine:
     kv_cache_concat: bool = False
     elementwise_bandwidth_frac: float = 1.0
     quantized: tuple[tuple[DType, tuple[float, float]], ...] = ()
-    # NCCL's small-message all-reduce latency over NVLink is a few microseconds
-    allreduce_latency_s: float = 5e-6
+    # the ideal bound's: just under the fastest small all-reduce timed (engines_db/ideal.yaml)
+    allreduce_latency_s: float = 2e-6
     allreduce_bandwidth_frac: float = 1.0
     lm_head_sharded: bool = True
     lm_head_quantized: bool = False
@@ -579,7 +583,7 @@ class Engine:
                 self.attention_bandwidth_frac, self.attention_compute_frac,
                 self.gqa_kv_reuse, self.kv_cache_concat, self.elementwise_bandwidth_frac,
                 tuple(fr for _, fr in self.quantized if fr != (1.0, 1.0)),
-                self.allreduce_latency_s, self.allreduce_bandwidth_frac)
+                self.allreduce_latency_s, self.allreduce_bandwidth_frac, self.family)
 
     def ideal_bound(self) -> Engine:
         """The ideal time model with this engine's byte accounting: the roofline bound of the

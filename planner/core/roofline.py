@@ -11,12 +11,19 @@ When the N GPUs span servers (N above hardware_db's ``node.gpus_per_node``), the
 inter-node network's share per GPU (``node.inter_node``): a hierarchical all-reduce is as slow
 as its slowest hop, so TP 16 over two 8-GPU H100 servers runs its all-reduces at 50 GB/s a GPU
 (EFA), not NVLink's 450.
+Where the GPU's hardware file times the engine's own all-reduce (``allreduce_measured``: NVIDIA
+aiconfigurator's tables, per message size and GPU count, replayed from a CUDA graph or launched
+eagerly), those times replace the formula within a server: mid-size messages (a prefill's
+megabytes) reach well under the link's large-message bandwidth, and an eager launch costs tens
+of microseconds however small the message.
 The ideal engine uses the datasheet's rates and no costs; a real engine (planner.core.engine) runs
 each operator at a fraction of the GPU's achievable rates and pays its costs.
 """
 
 from __future__ import annotations
 
+import bisect
+import math
 from dataclasses import dataclass, field
 from functools import cached_property
 
@@ -25,7 +32,7 @@ from planner.core.arith import vmax, vmin
 from planner.core.engine import IDEAL, Engine
 from planner.core.errors import UsageError
 from planner.core.ops import Op
-from planner.core.specs import Calibration, DType, HardwareSpec, Options
+from planner.core.specs import Calibration, DType, HardwareSpec, MeasuredAllreduce, Options
 
 
 @dataclass(frozen=True)
@@ -54,6 +61,23 @@ class Ceilings:
     # GPUs joined only by PCIe, under a real engine: groups of more than two run NCCL's
     # all-reduce, not the engine's own (planner.core.achievable.pcie_allreduce_latency_s)
     pcie_only: bool = False
+    # the engine's own all-reduce timed on this GPU (hardware_db allreduce_measured):
+    # ((gpus, graphed, message bytes, seconds), ...), each time the least of its size's and
+    # every larger size's (``measured_allreduce``)
+    allreduce_table: tuple = ()
+
+    def measured_allreduce_s(self, gpus: int, graphed: bool, message_bytes: float
+                             ) -> float | None:
+        """Seconds of one all-reduce of ``message_bytes`` over ``gpus`` GPUs as the engine's
+        own timing on this GPU gives it: log-log interpolation between the sizes timed, the
+        smallest size's time below them, the largest's bandwidth above; None where no timing
+        covers ``gpus`` GPUs in this mode, or they span servers."""
+        if self.gpus_per_node and gpus > self.gpus_per_node:
+            return None
+        for n, g, sizes, secs in self.allreduce_table:
+            if n == gpus and g == graphed:
+                return interpolate_loglog(sizes, secs, message_bytes)
+        return None
 
     def group_allreduce_latency_s(self, engine_latency_s: float, gpus: int) -> float:
         """An all-reduce's fixed cost over ``gpus`` GPUs within a server: the engine's own,
@@ -81,6 +105,43 @@ class Ceilings:
 
     def flops_source_of(self, dtype: DType) -> str:
         return dict(self.flops_source).get(dtype, self.source)
+
+
+def interpolate_loglog(sizes: tuple, secs: tuple, x: float) -> float:
+    """``secs`` at ``x`` on the curve through (``sizes``, ``secs``), straight in log-log
+    between points; flat below the first, proportional to ``x`` beyond the last. ``x`` may
+    be a numpy array (a vectorized sweep)."""
+    if hasattr(x, "clip"):  # an array: element by element, into a copy of its own type
+        out = x.astype(float)  # a new array
+        flat = out.reshape(-1)
+        for i, v in enumerate(flat.tolist()):
+            flat[i] = interpolate_loglog(sizes, secs, v)
+        return out
+    if x <= sizes[0]:
+        return secs[0]
+    if x >= sizes[-1]:
+        return secs[-1] * x / sizes[-1]
+    i = bisect.bisect_right(sizes, x)
+    x0, x1, y0, y1 = sizes[i - 1], sizes[i], secs[i - 1], secs[i]
+    f = math.log(x / x0) / math.log(x1 / x0)
+    return y0 * (y1 / y0) ** f
+
+
+def allreduce_table(m: MeasuredAllreduce) -> tuple:
+    """A GPU's measured all-reduce as ``Ceilings.allreduce_table`` holds it: seconds per
+    (GPU count, graphed), each size's time the least of its own and every larger size's (a
+    larger message cannot take less time: a slower point is a timing run's noise, not the
+    kernel's). Eager launches take the graph's times where none were taken."""
+    sizes = tuple(float(b) for b in m.message_bytes)
+    out = []
+    for graphed, rows in ((True, m.graph_us), (False, m.eager_us or m.graph_us)):
+        for gpus, us in sorted(rows.items()):
+            secs, low = [], math.inf
+            for v in reversed(us):
+                low = min(low, v * 1e-6)
+                secs.append(low)
+            out.append((gpus, graphed, sizes, tuple(reversed(secs))))
+    return tuple(out)
 
 
 def ceilings(hw: HardwareSpec, calibration: Calibration | None = None,
@@ -116,9 +177,12 @@ def ceilings(hw: HardwareSpec, calibration: Calibration | None = None,
         if overhead is None and calibration.kernel_overhead_us:
             overhead = calibration.kernel_overhead_us * 1e-6
     ar_bus = ar_lat = None
+    ar_table: tuple = ()
     if calibration is not None and calibration.allreduce_bus_gb_per_s:
         ar_bus = calibration.allreduce_bus_gb_per_s * 1e9
         ar_lat = (calibration.allreduce_latency_us or 0.0) * 1e-6
+    elif engine.family is not None and engine.family in hw.allreduce_measured:
+        ar_table = allreduce_table(hw.allreduce_measured[engine.family])
     node = hw.node
     inter = node.inter_node if node is not None else None
     return Ceilings(bandwidth_bytes_per_s=bw, flops_per_s=flops,
@@ -132,7 +196,8 @@ def ceilings(hw: HardwareSpec, calibration: Calibration | None = None,
                                and hw.interconnect.kind.lower().startswith("pcie")),
                     kernel_overhead_s=overhead, source=source, notes=tuple(notes),
                     bandwidth_source=bw_src, flops_source=tuple(src.items()),
-                    allreduce_bus_bytes_per_s=ar_bus, allreduce_latency_s=ar_lat)
+                    allreduce_bus_bytes_per_s=ar_bus, allreduce_latency_s=ar_lat,
+                    allreduce_table=ar_table)
 
 
 @dataclass(frozen=True)
@@ -204,6 +269,15 @@ def op_time(op: Op, c: Ceilings, *, tp: int = 1, options: Options | None = None,
             bus, lat = c.allreduce_bus_bytes_per_s, c.allreduce_latency_s or 0.0
             frac = bus / c.link_bytes_per_s
         else:
+            measured = c.measured_allreduce_s(tp, graphed, op.comm_bytes) if tp > 1 else None
+            if measured is not None:  # the engine's own, timed on this GPU
+                # never under the ideal ring (NVLink SHARP's in-switch reduction beats it by
+                # up to 4% at the largest messages timed, 0.5-1 GiB over 8 GPUs): the bound
+                # stays a bound
+                ring = 2 * (tp - 1) / tp * op.comm_bytes / c.link_bytes_per_s
+                measured = vmax(measured, ring + IDEAL.allreduce_latency_s)
+                frac = ring / measured
+                return OpTime(op, 0.0, 0.0, measured * n, measured * n, frac, 1.0)
             frac = e.allreduce_bandwidth_frac
             link, extra = c.link_for(tp)
             bus, lat = link * frac, c.group_allreduce_latency_s(e.allreduce_latency_s, tp) + extra

@@ -437,6 +437,39 @@ class Achievable(_Frozen):
     matmul_tflops: dict[DType, SourcedFigure] = Field(default_factory=dict)
 
 
+class MeasuredAllreduce(_Frozen):
+    """An engine's own tensor-parallel all-reduce timed on this GPU, in one server: the
+    latency of a bf16 all-reduce of each message size over 2, 4 and 8 GPUs, replayed from a
+    CUDA graph (``graph_us``) and launched eagerly (``eager_us``; absent where one timing
+    covers both). Where an engine of this family runs on this GPU with a TP size timed here,
+    these times replace the link-bandwidth formula (``planner.core.roofline``)."""
+
+    engine_version: str = Field(min_length=1)  # the release that was timed
+    device: str | None = None  # the device name the timing run reported
+    source: str = Field(min_length=1)
+    path: str | None = None  # the table within the source
+    date: str | None = None
+    note: str | None = None
+    message_bytes: list[int]
+    graph_us: dict[int, list[float]]
+    eager_us: dict[int, list[float]] | None = None
+
+    @model_validator(mode="after")
+    def _check(self) -> MeasuredAllreduce:
+        b = self.message_bytes
+        if len(b) < 2 or b[0] <= 0 or any(b[i + 1] <= b[i] for i in range(len(b) - 1)):
+            raise ValueError("message_bytes must be two or more positive sizes, increasing")
+        for mode, rows in (("graph_us", self.graph_us), ("eager_us", self.eager_us or {})):
+            for tp, us in rows.items():
+                if tp < 2:
+                    raise ValueError(f"{mode}.{tp}: an all-reduce needs 2 GPUs or more")
+                if len(us) != len(b):
+                    raise ValueError(f"{mode}.{tp}: {len(us)} latencies for {len(b)} sizes")
+                if any(not (0 < v < 1e9) for v in us):
+                    raise ValueError(f"{mode}.{tp}: latencies must be positive microseconds")
+        return self
+
+
 class HardwareSpec(_Frozen):
     """One accelerator, as its datasheet describes it. Peak rates are dense (no sparsity)."""
 
@@ -457,6 +490,8 @@ class HardwareSpec(_Frozen):
     memory_type: str | None = None  # HBM2e, HBM3, GDDR6, ...: picks the estimated fraction
     architecture: str | None = None  # volta, turing, ampere, ada, hopper, blackwell, cdna3
     achievable: Achievable | None = None
+    # engine family (vllm, sglang, trtllm) -> its own all-reduce timed on this GPU
+    allreduce_measured: dict[str, MeasuredAllreduce] = Field(default_factory=dict)
     notes: str | None = None
 
     @model_validator(mode="after")
