@@ -23,13 +23,16 @@ WHEEL = "aiconfigurator-core 0.12.0"
 PYPI = "https://pypi.org/project/aiconfigurator-core/0.12.0/"
 # llmplan GPU -> aiconfigurator system folder
 SYSTEMS = {"h100-sxm": "h100_sxm", "h200": "h200_sxm", "a100-sxm-80gb": "a100_sxm",
-           "l40s": "l40s"}
+           "l40s": "l40s", "b200": "b200_sxm"}
 # llmplan engine family -> (aiconfigurator backend folder, release) per system
 RELEASES = {
-    "vllm": {"h100_sxm": "0.14.0", "h200_sxm": "0.14.0", "a100_sxm": "0.14.0", "l40s": "0.14.0"},
-    "sglang": {"h100_sxm": "0.5.14", "h200_sxm": "0.5.14", "a100_sxm": "0.5.10", "l40s": "0.5.14"},
+    # the B200 was first timed with vLLM 0.19
+    "vllm": {"h100_sxm": "0.14.0", "h200_sxm": "0.14.0", "a100_sxm": "0.14.0", "l40s": "0.14.0",
+             "b200_sxm": "0.19.0"},
+    "sglang": {"h100_sxm": "0.5.14", "h200_sxm": "0.5.14", "a100_sxm": "0.5.10", "l40s": "0.5.14",
+               "b200_sxm": "0.5.14"},
     "trtllm": {"h100_sxm": "1.2.0rc5", "h200_sxm": "1.2.0rc5", "a100_sxm": "1.0.0",
-               "l40s": "1.0.0"},
+               "l40s": "1.0.0", "b200_sxm": "1.2.0rc5"},
 }
 NAMES = {"vllm": "vLLM", "sglang": "SGLang", "trtllm": "TensorRT-LLM"}
 READ_ON = "2026-11-27"  # the wheel states no date of its own

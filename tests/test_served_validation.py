@@ -144,3 +144,28 @@ def test_preempted_requests_reuse_their_cached_blocks_on_a_published_run(run_jso
     for k in ("mean_tpot_s", "mean_ttft_s", "output_throughput"):
         assert abs(rows[k]["error"]) < 0.4, (k, rows[k]["error"])
         assert rows[k]["split"] == "held-out" and rows[k]["engine"] == "vllm-0.8"
+
+
+def test_a_run_after_a_shorter_one_replays_its_cached_beginnings():
+    """Scicom's 2,048-token run on 8 H100s came right after the 1,024-token one with the same
+    seed: each prompt's first 1,024 tokens were cached. Its manifest says so, and the replay
+    finds them: the simulated TTFT is that of prefilling the other half (the files print 1.31 s
+    and 1.30 s for the two runs), well under a cold cache's."""
+    from dataclasses import replace
+
+    from planner.cli.validate import replay_setup, replayed_runs
+    from planner.evidence.compare import simulate_run
+
+    folder = catalog.SERVED_DIR
+    ds = ServedDataset.model_validate(
+        yaml.safe_load((folder / "scicom-llm-benchmaxxing.yaml").read_text()))
+    entry = next(e for e in ds.runs if e.id == "scicom-qwen3-32b-h100-sxm-tp8-in2048-c100")
+    assert entry.traffic.cached_prefix_tokens == 1024
+    run = replayed_runs(entry, folder)[0]
+    assert run.cached_prefix_tokens == 1024
+    setup = replay_setup(entry, catalog.load_engine_spec("vllm"))
+    warm, notes = simulate_run(run, setup)
+    cold, _ = simulate_run(replace(run, cached_prefix_tokens=0), setup)
+    assert any("first 1,024 tokens of each prompt" in n for n in notes)
+    assert warm["mean_ttft_ms"] < 0.75 * cold["mean_ttft_ms"]
+    assert warm["mean_ttft_ms"] == pytest.approx(run.metrics["mean_ttft_s"] * 1e3, rel=0.25)

@@ -303,6 +303,30 @@ def test_a_conversation_extends_its_cached_prefix_turn_by_turn(vllm):
     assert summary(res)["prefix_cache_hit_rate"] == pytest.approx((992 + 1200) / 4500)
 
 
+def test_prefixes_cached_before_the_run_are_found(vllm):
+    """A server that served each prompt's first 1,000 tokens in an earlier run (Scicom's runs
+    of longer prompts with the same seed): each request finds its own 992 tokens (whole
+    blocks of 16) cached and prefills the rest; the cache holds them out of the free pool
+    from the start. With prefix caching off the server kept nothing."""
+    eng, c = vllm
+    reqs = [Request(i, 0.0, 2000, 50, i, 1000) for i in range(4)]
+    warm = {i: 1000 for i in range(4)}
+    cfg = SchedulerConfig(prefix_caching=True)
+    res = simulate(reqs, c, cfg, warm_prefixes=warm)
+    cold = simulate(reqs, c, cfg)
+    assert [r.cached_tokens for r in res.requests] == [992] * 4
+    assert [r.cached_tokens for r in cold.requests] == [0] * 4
+    assert max(r.first_token_s for r in res.requests) < \
+        0.75 * max(r.first_token_s for r in cold.requests)
+    off = simulate(reqs, c, SchedulerConfig(prefix_caching=False), warm_prefixes=warm)
+    assert [r.cached_tokens for r in off.requests] == [0] * 4
+    pool = PagedKV(5000, 16)
+    from planner.serving.kv import PrefixCache
+    pool.prefixes = PrefixCache(16)
+    assert pool.warm({0: 1000, 1: 1000, 2: 4000}) == 992 + 992 + 3008  # while there is room
+    assert pool.free_tokens == 5000 // 16 * 16 - 4992
+
+
 def test_a_request_beyond_max_model_len_is_refused(vllm):
     """vLLM's server answers 400 to a request whose prompt and output exceed max-model-len;
     the rest are served."""

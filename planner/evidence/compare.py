@@ -23,7 +23,7 @@ longer time (pessimistic) or a higher throughput (optimistic). Pure: no I/O.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from planner.core.errors import UsageError
 from planner.core.estimate import estimate
@@ -171,9 +171,18 @@ def simulate_run(run: ServedRun, s: Deployment, *, step_coster=None,
         lens = list(zip(run.input_lens, run.output_lens, strict=True))[:n]
         reqs = [Request(r.id, r.arrival_s, max(1, p), max(1, o))
                 for r, (p, o) in zip(reqs, lens, strict=False)]  # lens may be fewer
+    warm = None
+    if run.cached_prefix_tokens:  # each prompt's own beginning, cached by an earlier run
+        reqs = [replace(r, prefix_id=i, prefix_tokens=min(run.cached_prefix_tokens,
+                                                          r.prompt_tokens - 1))
+                for i, r in enumerate(reqs)]
+        warm = {r.prefix_id: r.prefix_tokens for r in reqs}
+        notes.append(f"the first {run.cached_prefix_tokens:,} tokens of each prompt were in "
+                     "the prefix cache when the run began")
     cfg = serving.scheduler(s, max_model_len=s.model.max_position_embeddings,
                             max_concurrency=run.max_concurrency if closed else None)
-    sim = summary(serving.run(s, reqs, cfg, step_coster=step_coster), itl=itl)
+    sim = summary(serving.run(s, reqs, cfg, step_coster=step_coster, warm_prefixes=warm),
+                  itl=itl)
     if sim["failed"]:
         notes.append(f"{sim['failed']:,} simulated requests refused: {sim['failed_reason']}")
     return sim, tuple(notes)

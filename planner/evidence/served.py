@@ -78,6 +78,9 @@ class Traffic(_Strict):
     output_len: int | None = Field(None, gt=0, le=10_000_000)
     range_ratio: float | None = Field(None, ge=0, le=1)
     ignore_eos: bool | None = None
+    # the first this many tokens of every prompt were cached by the server before the run (the
+    # run before it on the same server, with the same seed, sent the same beginnings)
+    cached_prefix_tokens: int | None = Field(None, gt=0, le=10_000_000)
     client_command: str | None = None
     server_command: str | None = None
 
@@ -99,6 +102,8 @@ class Traffic(_Strict):
             upd["burstiness"] = self.burstiness
         if self.num_prompts is not None:
             upd["num_prompts"] = self.num_prompts
+        if self.cached_prefix_tokens is not None:
+            upd["cached_prefix_tokens"] = self.cached_prefix_tokens
         return replace(run, **upd) if upd else run
 
 

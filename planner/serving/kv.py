@@ -61,6 +61,19 @@ class KVPool:
         """KV tokens reserved to hold ``tokens``."""
         raise NotImplementedError
 
+    def warm(self, prefixes: dict[int, int]) -> int:
+        """Cache ``prefixes`` (prefix id -> tokens) before the run begins, in order, while the
+        pool has room (nothing where prefix caching is off: the server kept nothing); returns
+        the tokens cached."""
+        if self.prefixes is None:
+            return 0
+        cached = 0
+        for prefix, tokens in prefixes.items():
+            took = self.prefixes.warm(prefix, min(tokens, self.free_tokens))
+            self.free_tokens -= took
+            cached += took
+        return cached
+
     @property
     def reserved_tokens(self) -> int:
         return self.capacity_tokens - self.free_tokens
@@ -155,6 +168,17 @@ class PrefixCache:
         # the requests' shared tokens beyond one copy of each prefix in use: what summing
         # every running request's context counts twice
         self.double_counted = 0
+
+    def warm(self, prefix: int, tokens: int) -> int:
+        """Prefix ``prefix``'s first ``tokens`` cached before the run begins (the server
+        computed them for an earlier run), in whole blocks, unused; returns the tokens it
+        takes of the pool."""
+        tokens = tokens // self.block * self.block
+        if tokens <= 0 or prefix in self.entries:
+            return 0
+        self.entries[prefix] = [tokens, 0]
+        self.idle[prefix] = tokens
+        return tokens
 
     def lookup(self, q: SimRequest) -> tuple[int, int]:
         """Tokens cached for ``q``, leaving at least one token of what it must compute to be

@@ -53,14 +53,15 @@ def speculation_serving(dep: Deployment, speculation, cfg: SchedulerConfig):
 
 def run(dep: Deployment, requests: list[Request], cfg: SchedulerConfig | None = None, *,
         speculation=None, step_coster=None, sample_every_s: float | None = None,
-        on_record=None) -> SimResult:
+        on_record=None, warm_prefixes: dict[int, int] | None = None) -> SimResult:
     """Serve ``requests`` on one replica of ``dep``. ``speculation``: what
     ``speculation_serving`` returns, or None. ``step_coster`` reuses a coster built by
     ``coster(dep)`` (its per-shape caches) across runs of the same deployment.
     ``on_record``: the caller's sink for each request's result as it is done or refused
-    (``simulate``'s)."""
+    (``simulate``'s); ``warm_prefixes``: prefixes cached before the run (``simulate``'s)."""
     return simulate(requests, step_coster or coster(dep), cfg or scheduler(dep),
-                    sample_every_s=sample_every_s, spec=speculation, on_record=on_record)
+                    sample_every_s=sample_every_s, spec=speculation, on_record=on_record,
+                    warm_prefixes=warm_prefixes)
 
 
 KV_LINKS = ("auto", "intra-node", "inter-node")

@@ -111,18 +111,23 @@ def kv_capacity_tokens(coster: StepCoster, cfg: SchedulerConfig) -> int:
 def simulate(requests: list[Request], coster: StepCoster, cfg: SchedulerConfig, *,
              sample_every_s: float | None = None, max_steps: int = 50_000_000,
              spec: SpecServing | None = None,
-             on_record: Callable[[RequestResult], None] | None = None) -> SimResult:
+             on_record: Callable[[RequestResult], None] | None = None,
+             warm_prefixes: dict[int, int] | None = None) -> SimResult:
     """Serve ``requests`` on one replica; every request runs to completion. ``spec``:
     speculative decoding (``planner.serving.speculation``; continuous batching only).
     ``on_record``: called with each request's result as it is done or refused, its figures
     final (a caller's sink: a trace written as the run goes). A request's objects are made
     when it is next to arrive and let go when it is done: the run holds those in flight and
-    a row of figures per request (``planner.serving.records``)."""
+    a row of figures per request (``planner.serving.records``). ``warm_prefixes``: prefix id
+    -> tokens already in the prefix cache when the run begins (an earlier run on the same
+    server computed them; ``KVPool.warm``)."""
     if cfg.ranks == 1 and getattr(coster, "dp_ranks", 1) > 1:
         cfg = replace(cfg, ranks=coster.dp_ranks)
     cfg.check()
     check_spec(cfg, spec)
     kv = _kv_pool(coster, cfg, spec)
+    if warm_prefixes:
+        kv.warm(warm_prefixes)
     if any(q.loaded_tokens for q in requests) and cfg.kind != "continuous":
         raise UsageError("requests that arrive with their KV (a disaggregated decode "
                          "instance) are simulated with continuous batching only")
