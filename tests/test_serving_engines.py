@@ -66,6 +66,46 @@ def _decode_pool(n: int, context: int) -> DecodePool:
     return pool
 
 
+@pytest.mark.parametrize("run, gpu, tp", [
+    ("mcs-qwen3-32b-h100pcie-sglang0514-c32", "h100-pcie", 1),
+    ("mcs-llama33-70b-h100pcie-tp2-sglang0514-c32", "h100-pcie", 2),
+    ("mcs-llama31-8b-l40s-sglang0514-c32", "l40s", 1)])
+def test_sglangs_capture_sizes_are_the_ones_its_servers_printed(run, gpu, tp):
+    """SGLang 0.5.14's published runs state the decode batches their servers captured
+    (server_info.cuda_graph_config.decode.bs): 36 sizes up to 256 on an 80 GB H100, 8 up to
+    32 on the 48 GB L40S. The profile's rule gives the same lists for those GPUs and TP."""
+    import json
+
+    info = json.loads((catalog.SERVED_DIR / f"{run}.json").read_text())["server_info"]
+    printed = tuple(info["cuda_graph_config"]["decode"]["bs"])
+    assert info["tp_size"] == tp
+    hw = catalog.load_hardware(gpu)
+    rule = catalog.load_engine("sglang").graph_rule
+    assert graph_sizes(rule, 2048, 8192, memory_bytes=hw.memory_bytes, tp=tp) == printed
+    # at TP 4 and more on the same GPUs SGLang captures twice to five times as many sizes
+    # (512 on the H100, 160 on the L40S); --cuda-graph-max-bs 8 keeps 1, 2, 4, 8
+    assert graph_sizes(rule, 2048, 8192, memory_bytes=hw.memory_bytes, tp=8)[-1] == \
+        {"h100-pcie": 512, "l40s": 160}[gpu]
+    assert graph_sizes(rule, 2048, 8192, memory_bytes=hw.memory_bytes, tp=tp,
+                       max_bs=8) == (1, 2, 4, 8)
+
+
+def test_a_sglang_server_told_to_capture_8_runs_larger_decodes_eagerly():
+    """GPUStack's Qwen3-8B run with --cuda-graph-max-bs 8: the replay's scheduler captures
+    decode batches up to 8 only."""
+    from planner.cli.compare import served_setup, server_overrides
+    from planner.serving import run as serving
+
+    spec = catalog.load_engine_spec("sglang")
+    cmd = "python3 -m sglang.launch_server --model-path Qwen/Qwen3-8B --cuda-graph-max-bs 8"
+    dep = served_setup("qwen3-8b", "h100-sxm", spec, 1, "bf16", None,
+                       server=server_overrides(cmd))
+    assert dep.engine.graph_max_bs == 8
+    assert serving.scheduler(dep).graph_sizes == (1, 2, 4, 8)
+    plain = served_setup("qwen3-8b", "h100-sxm", spec, 1, "bf16", None)
+    assert serving.scheduler(plain).graph_sizes[-1] == 256
+
+
 def test_a_decode_batch_of_37_runs_as_the_captured_40(vllm):
     eng, c = vllm
     sizes = graph_sizes(eng.graph_rule, 1024, 8192)

@@ -93,7 +93,8 @@ ENGINE_FIELDS = {"--max-num-seqs": "max_num_seqs",
                  "--max-num-batched-tokens": "max_num_batched_tokens",
                  "--block-size": "block_size", "--chunked-prefill": "chunked_prefill",
                  "--prefix-cache": "prefix_caching", "--mixed-batches": "mixed_batches",
-                 "--api-server-count": "api_servers", "--async-scheduling": "async_scheduling"}
+                 "--api-server-count": "api_servers", "--async-scheduling": "async_scheduling",
+                 "--cuda-graph-max-bs": "graph_max_bs"}
 
 
 def _agree(ours: str, theirs, given, what: str) -> None:

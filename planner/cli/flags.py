@@ -12,8 +12,10 @@ Our options an engine flag stands for (``EngineFlag.ours``): ``--tp``, ``--pp``,
 ``--enforce-eager`` (no CUDA graphs), ``--cpu-offload-gb``, ``--max-num-seqs``,
 ``--max-num-batched-tokens``, ``--block-size``, ``--prefix-cache`` (automatic prefix
 caching, True or False here), ``--mixed-batches`` (prefill chunks beside decodes),
-``--async-scheduling`` (the host's work beside the GPU's, True or False) and
-``--api-server-count`` (API-server processes: ``planner.serving.frontend``).
+``--async-scheduling`` (the host's work beside the GPU's, True or False),
+``--api-server-count`` (API-server processes: ``planner.serving.frontend``) and, read from
+SGLang's server commands only, ``--cuda-graph-max-bs`` (the largest decode batch captured in
+a CUDA graph).
 """
 
 from __future__ import annotations
@@ -116,6 +118,7 @@ FLAGS: tuple[EngineFlag, ...] = (
                number=int),
     EngineFlag(("--max-running-requests",), "--max-num-seqs", S, SGLANG_ARGS, number=int),
     EngineFlag(("--disable-cuda-graph",), "--enforce-eager", S, SGLANG_ARGS, value=True),
+    EngineFlag(("--cuda-graph-max-bs",), "--cuda-graph-max-bs", S, SGLANG_ARGS, number=int),
     EngineFlag(("--page-size",), "--block-size", S, SGLANG_ARGS, number=int),
     EngineFlag(("--disable-radix-cache",), "--prefix-cache", S, SGLANG_ARGS, value=False),
     EngineFlag(("--enable-mixed-chunk",), "--mixed-batches", S, SGLANG_ARGS, value=True),

@@ -154,17 +154,29 @@ class Policy(_Sourced):
     value: Literal["max-utilization", "guaranteed-no-evict"]
 
 
+class GraphCapTier(_Frozen):
+    """On a GPU with less memory than ``below_gib``: the largest decode batch captured at TP
+    below 4 (``cap``) and at TP 4 or more (``cap_tp4``; None: ``cap``)."""
+
+    below_gib: float = Field(gt=0, le=100_000)
+    cap: int = Field(ge=1, le=1_000_000)
+    cap_tp4: int | None = Field(None, ge=1, le=1_000_000)
+
+
 class GraphSizes(_Frozen):
     """The decode batch sizes an engine captures CUDA graphs at: ``sizes``, then from each
     ``[start, step]`` of ``steps`` every step-th size up to the next start, all up to
-    min(``cap``, ``cap_per_seq`` x max_num_seqs, max_num_batched_tokens). A decode step of n
-    sequences replays the smallest captured size >= n (padding the rest); one larger than
-    every size runs without a graph."""
+    min(``cap``, ``cap_per_seq`` x max_num_seqs, max_num_batched_tokens). ``cap_by_memory``:
+    an engine that picks its cap from the GPU's memory and the TP size (SGLang), the first
+    tier the GPU is below, else ``cap``. A decode step of n sequences replays the smallest
+    captured size >= n (padding the rest); one larger than every size runs without a
+    graph."""
 
     sizes: tuple[int, ...] = ()
     steps: tuple[tuple[int, int], ...] = ()
     cap: int = Field(ge=1, le=1_000_000)
     cap_per_seq: float | None = Field(None, gt=0, le=1000)
+    cap_by_memory: tuple[GraphCapTier, ...] = ()
     source: str = Field(min_length=1)
     date: str | None = None
     note: str | None = None
@@ -176,15 +188,34 @@ class GraphSizes(_Frozen):
         starts = [a for a, _ in self.steps]
         if starts != sorted(set(starts)):
             raise ValueError("cuda_graph_sizes: steps must start in increasing order")
+        below = [t.below_gib for t in self.cap_by_memory]
+        if below != sorted(set(below)):
+            raise ValueError("cuda_graph_sizes: cap_by_memory tiers must rise in below_gib")
         return self
 
 
+def graph_cap(rule: tuple, memory_bytes: float | None = None, tp: int = 1) -> int:
+    """The largest size ``Engine.graph_rule`` captures on a GPU of ``memory_bytes`` at TP
+    ``tp`` (before the scheduler's limits): its memory tier's, or its cap."""
+    _, _, cap, _, tiers = rule
+    if memory_bytes is not None:
+        for below, small, large in tiers:
+            if memory_bytes < below:
+                return small if tp < 4 or large is None else large
+    return cap
+
+
 def graph_sizes(rule: tuple, max_num_seqs: int,
-                max_num_batched_tokens: int | None = None) -> tuple[int, ...]:
-    """The captured sizes of ``Engine.graph_rule`` (sizes, steps, cap, cap_per_seq) for a
-    scheduler of ``max_num_seqs`` sequences and ``max_num_batched_tokens`` a step,
-    ascending."""
-    sizes, steps, cap, per_seq = rule
+                max_num_batched_tokens: int | None = None, *,
+                memory_bytes: float | None = None, tp: int = 1,
+                max_bs: int | None = None) -> tuple[int, ...]:
+    """The captured sizes of ``Engine.graph_rule`` (sizes, steps, cap, cap_per_seq, memory
+    tiers) for a scheduler of ``max_num_seqs`` sequences and ``max_num_batched_tokens`` a
+    step, on a GPU of ``memory_bytes`` at TP ``tp``, ascending. ``max_bs``: the largest
+    size the server was told to capture (SGLang's --cuda-graph-max-bs), in place of the
+    engine's own choice."""
+    sizes, steps, _, per_seq, _ = rule
+    cap = max_bs if max_bs is not None else graph_cap(rule, memory_bytes, tp)
     top = cap if per_seq is None else min(cap, int(per_seq * max_num_seqs))
     if max_num_batched_tokens is not None:
         top = min(top, max_num_batched_tokens)
@@ -451,7 +482,9 @@ class EngineSpec(_Frozen):
             out["async_scheduling"] = sv.async_scheduling.value
         if sv.cuda_graph_sizes is not None:
             g = sv.cuda_graph_sizes
-            out["graph_rule"] = (g.sizes, g.steps, g.cap, g.cap_per_seq)
+            out["graph_rule"] = (g.sizes, g.steps, g.cap, g.cap_per_seq,
+                                 tuple((t.below_gib * 2**30, t.cap, t.cap_tp4)
+                                       for t in g.cap_by_memory))
         return out
 
 
@@ -513,9 +546,13 @@ class Engine:
     # the next step's host work overlaps this step's GPU work: a step takes the longer of
     # the two (``planner.core.roofline.with_host``), not their sum
     async_scheduling: bool = False
-    # CUDA-graph capture sizes, (sizes, steps, cap, cap_per_seq) as ``GraphSizes`` states
-    # them (``graph_sizes``); None: any decode batch replays a graph, unpadded
+    # CUDA-graph capture sizes, (sizes, steps, cap, cap_per_seq, ((below bytes, cap, cap at
+    # TP 4+), ...)) as ``GraphSizes`` states them (``graph_sizes``); None: any decode batch
+    # replays a graph, unpadded
     graph_rule: tuple | None = None
+    # the largest decode batch the server was told to capture (SGLang's --cuda-graph-max-bs);
+    # None: the engine's own choice
+    graph_max_bs: int | None = None
     # (max_num_seqs, max_num_batched_tokens, below this many bytes of memory, or a GPU name
     # holding one of these): the defaults on smaller GPUs, resolved by ``for_gpu``
     small_gpu: tuple | None = None

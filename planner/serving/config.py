@@ -45,9 +45,11 @@ class SchedulerConfig:
     api_servers: int = 1
 
     @classmethod
-    def for_engine(cls, e, **overrides) -> SchedulerConfig:
-        """The engine profile's own scheduler defaults (``planner.core.engine.Engine``), with any
-        field overridden."""
+    def for_engine(cls, e, *, memory_bytes: float | None = None, tp: int = 1,
+                   **overrides) -> SchedulerConfig:
+        """The engine profile's own scheduler defaults (``planner.core.engine.Engine``) on a GPU
+        of ``memory_bytes`` at TP ``tp`` (an engine may size its CUDA graphs by them), with
+        any field overridden."""
         kw = {"max_num_seqs": e.max_num_seqs,
               "max_num_batched_tokens": e.max_num_batched_tokens,
               "block_size": e.block_size, "chunked_prefill": e.chunked_prefill,
@@ -56,7 +58,9 @@ class SchedulerConfig:
               **overrides}
         if "graph_sizes" not in kw and e.cuda_graphs and e.graph_rule is not None:
             kw["graph_sizes"] = graph_sizes(e.graph_rule, kw["max_num_seqs"],
-                                            kw["max_num_batched_tokens"])
+                                            kw["max_num_batched_tokens"],
+                                            memory_bytes=memory_bytes, tp=tp,
+                                            max_bs=e.graph_max_bs)
         return cls(**kw)
 
     def check(self) -> None:

@@ -26,8 +26,10 @@ def coster(dep: Deployment, cache: CostCache | None = None):
 
 
 def scheduler(dep: Deployment, **overrides) -> SchedulerConfig:
-    """The engine profile's scheduler defaults, with any field overridden."""
-    return SchedulerConfig.for_engine(dep.engine, **overrides)
+    """The engine profile's scheduler defaults on the deployment's GPU and TP, with any field
+    overridden."""
+    return SchedulerConfig.for_engine(dep.engine, memory_bytes=dep.hardware.memory_bytes,
+                                      tp=dep.layout.tp, **overrides)
 
 
 def check_speculation(dep: Deployment, cfg: SchedulerConfig) -> None:
