@@ -127,3 +127,18 @@ def test_a_sweep_of_message_sizes_gets_the_same_times():
     arr = c.measured_allreduce_s(4, False, sizes)
     one = [c.measured_allreduce_s(4, False, float(x)) for x in sizes]
     assert arr == pytest.approx(one)
+
+
+def test_the_output_says_whose_all_reduce_it_used(run_json):
+    """`estimate --json` names where a TP all-reduce's time came from: the engine's own
+    timing on an H100, the formula on an L40S (no table taken) and for an engine with no
+    family; nothing on one GPU."""
+    h100 = run_json("estimate", "-m", "llama-3.1-70b", "-g", "h100-sxm", "--tp", "8")
+    assert h100["allreduce_source"].startswith("vLLM 0.14.0's own, timed on NVIDIA H100")
+    l40s = run_json("estimate", "-m", "llama-3.1-70b", "-g", "l40s", "--tp", "4")
+    assert l40s["allreduce_source"].startswith("link formula")
+    fast = run_json("estimate", "-m", "llama-3.1-70b", "-g", "h100-sxm", "--tp", "8",
+                    "-e", "gpt-fast")
+    assert fast["allreduce_source"].startswith("link formula")
+    one = run_json("estimate", "-m", "llama-3.1-8b", "-g", "h100-sxm")
+    assert one["allreduce_source"] is None

@@ -306,6 +306,8 @@ class Estimate:
             "memory_utilization_frac": self.memory.utilization_frac,
             "memory_utilization_basis": self.memory.utilization_basis,
             "ceilings_source": self.ceilings.source,
+            # where a TP all-reduce's time comes from (None on one GPU)
+            "allreduce_source": self.ceilings.allreduce_source(self.tp),
             **cols,
             "price_source": self.price_source,
             "notes": list(self.notes),

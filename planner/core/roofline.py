@@ -65,6 +65,7 @@ class Ceilings:
     # ((gpus, graphed, message bytes, seconds), ...), each time the least of its size's and
     # every larger size's (``measured_allreduce``)
     allreduce_table: tuple = ()
+    allreduce_table_source: str = ""  # whose timing the table is, for the output
 
     def measured_allreduce_s(self, gpus: int, graphed: bool, message_bytes: float
                              ) -> float | None:
@@ -78,6 +79,17 @@ class Ceilings:
             if n == gpus and g == graphed:
                 return interpolate_loglog(sizes, secs, message_bytes)
         return None
+
+    def allreduce_source(self, gpus: int) -> str | None:
+        """Where a TP all-reduce's time over ``gpus`` GPUs comes from (None on one GPU): a
+        calibration's measurement, the engine's own timing on this GPU, or the formula."""
+        if gpus <= 1:
+            return None
+        if self.allreduce_bus_bytes_per_s:
+            return "calibration: the measured bus bandwidth and latency"
+        if self.measured_allreduce_s(gpus, True, 1.0) is not None:
+            return self.allreduce_table_source
+        return "link formula: 2 (N - 1) / N x bytes / (link x the engine's fraction) + latency"
 
     def group_allreduce_latency_s(self, engine_latency_s: float, gpus: int) -> float:
         """An all-reduce's fixed cost over ``gpus`` GPUs within a server: the engine's own,
@@ -178,11 +190,15 @@ def ceilings(hw: HardwareSpec, calibration: Calibration | None = None,
             overhead = calibration.kernel_overhead_us * 1e-6
     ar_bus = ar_lat = None
     ar_table: tuple = ()
+    ar_label = ""
     if calibration is not None and calibration.allreduce_bus_gb_per_s:
         ar_bus = calibration.allreduce_bus_gb_per_s * 1e9
         ar_lat = (calibration.allreduce_latency_us or 0.0) * 1e-6
     elif engine.family is not None and engine.family in hw.allreduce_measured:
-        ar_table = allreduce_table(hw.allreduce_measured[engine.family])
+        m = hw.allreduce_measured[engine.family]
+        ar_table = allreduce_table(m)
+        ar_label = (f"{m.engine_version}'s own, timed on {m.device or hw.name} "
+                    f"(hardware_db allreduce_measured: {m.source})")
     node = hw.node
     inter = node.inter_node if node is not None else None
     return Ceilings(bandwidth_bytes_per_s=bw, flops_per_s=flops,
@@ -197,7 +213,7 @@ def ceilings(hw: HardwareSpec, calibration: Calibration | None = None,
                     kernel_overhead_s=overhead, source=source, notes=tuple(notes),
                     bandwidth_source=bw_src, flops_source=tuple(src.items()),
                     allreduce_bus_bytes_per_s=ar_bus, allreduce_latency_s=ar_lat,
-                    allreduce_table=ar_table)
+                    allreduce_table=ar_table, allreduce_table_source=ar_label)
 
 
 @dataclass(frozen=True)
