@@ -23,7 +23,7 @@ def _ar(message_bytes: float) -> Op:
 
 
 def _engine(name: str):
-    return catalog.load_engine_spec(name).model()
+    return catalog.load_engine(name)
 
 
 def test_interpolation_is_straight_in_log_log():

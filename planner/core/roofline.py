@@ -65,7 +65,19 @@ class Ceilings:
     # ((gpus, graphed, message bytes, seconds), ...), each time the least of its size's and
     # every larger size's (``measured_allreduce``)
     allreduce_table: tuple = ()
-    allreduce_table_source: str = ""  # whose timing the table is, for the output
+    # whose timing the table is and where it was published, for the output
+    allreduce_timed_by: str = ""
+    allreduce_timed_source: str = ""
+
+    def _timed_curve(self, gpus: int, graphed: bool) -> tuple | None:
+        """(sizes, seconds) the table holds for ``gpus`` GPUs in this mode; None where it
+        holds none, or they span servers."""
+        if self.gpus_per_node and gpus > self.gpus_per_node:
+            return None
+        for n, g, sizes, secs in self.allreduce_table:
+            if n == gpus and g == graphed:
+                return sizes, secs
+        return None
 
     def measured_allreduce_s(self, gpus: int, graphed: bool, message_bytes: float
                              ) -> float | None:
@@ -73,23 +85,31 @@ class Ceilings:
         own timing on this GPU gives it: log-log interpolation between the sizes timed, the
         smallest size's time below them, the largest's bandwidth above; None where no timing
         covers ``gpus`` GPUs in this mode, or they span servers."""
-        if self.gpus_per_node and gpus > self.gpus_per_node:
-            return None
-        for n, g, sizes, secs in self.allreduce_table:
-            if n == gpus and g == graphed:
-                return interpolate_loglog(sizes, secs, message_bytes)
-        return None
+        curve = self._timed_curve(gpus, graphed)
+        return None if curve is None else interpolate_loglog(*curve, message_bytes)
 
-    def allreduce_source(self, gpus: int) -> str | None:
-        """Where a TP all-reduce's time over ``gpus`` GPUs comes from (None on one GPU): a
-        calibration's measurement, the engine's own timing on this GPU, or the formula."""
+    def allreduce_origin(self, gpus: int) -> tuple[str, str] | None:
+        """(kind, what) of a TP all-reduce over ``gpus`` GPUs (None on one GPU): a
+        calibration's measurement, the engine's own timing on this GPU ("measured", whose),
+        or the link formula."""
         if gpus <= 1:
             return None
         if self.allreduce_bus_bytes_per_s:
-            return "calibration: the measured bus bandwidth and latency"
-        if self.measured_allreduce_s(gpus, True, 1.0) is not None:
-            return self.allreduce_table_source
-        return "link formula: 2 (N - 1) / N x bytes / (link x the engine's fraction) + latency"
+            return "calibration", "the measured bus bandwidth and latency"
+        if self._timed_curve(gpus, True) is not None:
+            return "measured", self.allreduce_timed_by
+        return ("link formula",
+                "2 (N - 1) / N x bytes / (link x the engine's fraction) + latency")
+
+    def allreduce_source(self, gpus: int) -> str | None:
+        """``allreduce_origin`` in one line, with the timing's source (``--json``)."""
+        origin = self.allreduce_origin(gpus)
+        if origin is None:
+            return None
+        kind, what = origin
+        if kind == "measured":
+            return f"{what} (hardware_db allreduce_measured: {self.allreduce_timed_source})"
+        return f"{kind}: {what}"
 
     def group_allreduce_latency_s(self, engine_latency_s: float, gpus: int) -> float:
         """An all-reduce's fixed cost over ``gpus`` GPUs within a server: the engine's own,
@@ -190,15 +210,14 @@ def ceilings(hw: HardwareSpec, calibration: Calibration | None = None,
             overhead = calibration.kernel_overhead_us * 1e-6
     ar_bus = ar_lat = None
     ar_table: tuple = ()
-    ar_label = ""
+    ar_by = ar_src = ""
     if calibration is not None and calibration.allreduce_bus_gb_per_s:
         ar_bus = calibration.allreduce_bus_gb_per_s * 1e9
         ar_lat = (calibration.allreduce_latency_us or 0.0) * 1e-6
     elif engine.family is not None and engine.family in hw.allreduce_measured:
         m = hw.allreduce_measured[engine.family]
         ar_table = allreduce_table(m)
-        ar_label = (f"{m.engine_version}'s own, timed on {m.device or hw.name} "
-                    f"(hardware_db allreduce_measured: {m.source})")
+        ar_by, ar_src = f"{m.engine_version}'s own, timed on {m.device or hw.name}", m.source
     node = hw.node
     inter = node.inter_node if node is not None else None
     return Ceilings(bandwidth_bytes_per_s=bw, flops_per_s=flops,
@@ -213,7 +232,8 @@ def ceilings(hw: HardwareSpec, calibration: Calibration | None = None,
                     kernel_overhead_s=overhead, source=source, notes=tuple(notes),
                     bandwidth_source=bw_src, flops_source=tuple(src.items()),
                     allreduce_bus_bytes_per_s=ar_bus, allreduce_latency_s=ar_lat,
-                    allreduce_table=ar_table, allreduce_table_source=ar_label)
+                    allreduce_table=ar_table, allreduce_timed_by=ar_by,
+                    allreduce_timed_source=ar_src)
 
 
 @dataclass(frozen=True)

@@ -201,12 +201,9 @@ def _roofline(e: Estimate) -> Table:
          e.ceilings.flops_source_of(p.compute_dtype)),
         ("engine's bandwidth", fmt.si(e.ceilings.bandwidth_bytes_per_s, "B/s"),
          e.ceilings.bandwidth_source)]
-    ar = e.ceilings.allreduce_source(e.tp) if e.ideal is not None else None
-    if ar is not None:  # TP: whose all-reduce times the engine's collectives
-        kind, _, how = ar.partition(": ")
-        engine_ceilings.append(
-            ("engine's all-reduce", kind, how) if kind in ("link formula", "calibration")
-             else ("engine's all-reduce", "measured", ar.split(" (hardware_db")[0]))
+    origin = e.ceilings.allreduce_origin(e.tp) if e.ideal is not None else None
+    if origin is not None:  # TP: whose all-reduce times the engine's collectives
+        engine_ceilings.append(("engine's all-reduce", *origin))
     return _section("Roofline", [
         ("peak compute", fmt.si(e.peak_flops_per_s, "FLOP/s"),
          f"{p.compute_dtype.value}, {e.ref.source}"),
