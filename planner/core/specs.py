@@ -252,6 +252,29 @@ class MLASpec(_Frozen):
     v_head_dim: int = Field(gt=0, le=1_000_000)
 
 
+class ChatTemplate(_Frozen):
+    """What the model's chat template adds around one user message: a chat-completions
+    request's prompt reaches the engine as ``tokens`` more than the message itself (the turn
+    markers, the assistant's generation prompt, a default system message where the template
+    writes one), ``prefix_tokens`` of them before the message. Benchmark clients count the
+    message only."""
+
+    tokens: int = Field(ge=0, le=1_000_000)
+    # of those, the ones before the message: the same in every request (a default system
+    # message), so a prefix cache computes them once
+    prefix_tokens: int = Field(0, ge=0, le=1_000_000)
+    source: str = Field(min_length=1)  # the template (tokenizer_config.json, chat_template)
+    date: str | None = None
+    estimated: bool = False
+    note: str | None = None
+
+    @model_validator(mode="after")
+    def _check(self) -> ChatTemplate:
+        if self.prefix_tokens > self.tokens:
+            raise ValueError("chat_template.prefix_tokens exceeds chat_template.tokens")
+        return self
+
+
 class ModelSpec(_Frozen):
     """A decoder-only transformer, described by the fields of its official config."""
 
@@ -296,6 +319,8 @@ class ModelSpec(_Frozen):
     # how the checkpoint stores its weights (an HF config's quantization_config); None:
     # the 16-bit type, or whatever --weights says
     quantization: CheckpointQuant | None = None
+    # the tokens its chat template adds to one user message (None: not recorded)
+    chat_template: ChatTemplate | None = None
 
     @model_validator(mode="after")
     def _check(self) -> ModelSpec:

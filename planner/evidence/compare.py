@@ -171,6 +171,20 @@ def simulate_run(run: ServedRun, s: Deployment, *, step_coster=None,
         lens = list(zip(run.input_lens, run.output_lens, strict=True))[:n]
         reqs = [Request(r.id, r.arrival_s, max(1, p), max(1, o))
                 for r, (p, o) in zip(reqs, lens, strict=False)]  # lens may be fewer
+    template = chat_template_tokens(run, s.model)
+    if template:
+        # the template's opening (a default system message) is the same in every request:
+        # one prefix, which the server's prefix cache computes once where it caches
+        shared = s.model.chat_template.prefix_tokens if not run.cached_prefix_tokens else 0
+        reqs = [replace(r, prompt_tokens=r.prompt_tokens + template,
+                        prefix_id=0 if shared else r.prefix_id,
+                        prefix_tokens=shared or r.prefix_tokens) for r in reqs]
+        notes.append(f"each prompt {template} tokens longer than the client counted "
+                     f"({s.model.name}'s chat template; the first {shared} the same in "
+                     "every request)")
+    elif run.chat and s.model.chat_template is None:
+        notes.append(f"chat API: {s.model.name}'s chat-template tokens are not recorded; "
+                     "prompts replayed as the client counted them")
     warm = None
     if run.cached_prefix_tokens:  # each prompt's own beginning, cached by an earlier run
         reqs = [replace(r, prefix_id=i, prefix_tokens=min(run.cached_prefix_tokens,
@@ -186,6 +200,14 @@ def simulate_run(run: ServedRun, s: Deployment, *, step_coster=None,
     if sim["failed"]:
         notes.append(f"{sim['failed']:,} simulated requests refused: {sim['failed_reason']}")
     return sim, tuple(notes)
+
+
+def chat_template_tokens(run: ServedRun, model) -> int:
+    """The tokens the server added to each of the run's prompts: its model's chat template,
+    where the client called the chat API (vLLM's bench serve counts the message only)."""
+    if not run.chat or model.chat_template is None:
+        return 0
+    return model.chat_template.tokens
 
 
 def _sim_value(sim: dict, metric: str) -> float | None:

@@ -155,6 +155,13 @@ def _stated(obj: dict, stated_by: str, *, tp_keys: tuple[str, ...], quant_key: s
     return {**d, "stated_by": stated_by if any(v is not None for v in d.values()) else None}
 
 
+def _chat_backend(name) -> bool:
+    """Whether a benchmark client's backend called the chat-completions API (vLLM's
+    openai-chat; SGLang's sglang-oai-chat, vllm-chat, ...), which wraps each prompt in the
+    model's chat template on the server."""
+    return isinstance(name, str) and name.endswith("-chat")
+
+
 def read_vllm(obj: dict, where: str) -> list[ServedRun]:
     completed = _int(obj, "completed", where, required=True)
     mean_in, mean_out = _means(obj, where, completed)
@@ -173,6 +180,7 @@ def read_vllm(obj: dict, where: str) -> list[ServedRun]:
         duration_s=_num(obj, "duration", where),
         input_lens=_lens(obj, "input_lens", where), output_lens=_lens(obj, "output_lens", where),
         model_id=obj.get("model_id") if isinstance(obj.get("model_id"), str) else None,
+        chat=_chat_backend(obj.get("backend")) or _chat_backend(obj.get("endpoint_type")),
         # `vllm bench serve --metadata tp=1 ...` writes its keys into the result
         **_stated(obj, "--metadata", tp_keys=("tp", "tensor_parallel_size", "tp_size"),
                   quant_key="quantization", kv_key="kv_cache_dtype", dtype_key="dtype"))]
@@ -202,6 +210,7 @@ def read_sglang(objs: list[dict], where: str) -> list[ServedRun]:
             mean_input_tokens=mean_in, mean_output_tokens=mean_out, metrics=metrics,
             duration_s=_num(obj, "duration", w),
             model_id=_text(info, "model_path") or _text(info, "served_model_name"),
+            chat=_chat_backend(obj.get("backend")),
             **_stated(info, "server_info", tp_keys=("tp_size",), quant_key="quantization",
                       kv_key="kv_cache_dtype", dtype_key="dtype")))
     return runs

@@ -46,6 +46,9 @@ class ServedRun:
     # the first this many tokens of every prompt were in the server's prefix cache when the
     # run began (an earlier run on the same server sent the same beginnings)
     cached_prefix_tokens: int = 0
+    # sent to a chat-completions endpoint: the server wraps each prompt in the model's chat
+    # template, tokens the client's counts leave out
+    chat: bool = False
     # the deployment the file states, where it states one, as the tool wrote it (SGLang's
     # server_info, vLLM's --metadata keys, llmplan measure's config): TP, the server's
     # --quantization, llmplan's weights name, the KV-cache and 16-bit types; ``stated_by``

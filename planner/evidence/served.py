@@ -81,8 +81,20 @@ class Traffic(_Strict):
     # the first this many tokens of every prompt were cached by the server before the run (the
     # run before it on the same server, with the same seed, sent the same beginnings)
     cached_prefix_tokens: int | None = Field(None, gt=0, le=10_000_000)
+    # the API the client called; None: read from the client command (vLLM bench serve's
+    # --backend openai-chat or --endpoint /v1/chat/completions is the chat API)
+    endpoint: Literal["completions", "chat"] | None = None
     client_command: str | None = None
     server_command: str | None = None
+
+    @property
+    def chat(self) -> bool:
+        """Whether the client sent chat messages, which the server wraps in the model's chat
+        template before the engine sees them."""
+        if self.endpoint is not None:
+            return self.endpoint == "chat"
+        cmd = self.client_command or ""
+        return "openai-chat" in cmd or "/chat/completions" in cmd
 
     @field_validator("request_rate")
     @classmethod
@@ -104,6 +116,8 @@ class Traffic(_Strict):
             upd["num_prompts"] = self.num_prompts
         if self.cached_prefix_tokens is not None:
             upd["cached_prefix_tokens"] = self.cached_prefix_tokens
+        if self.chat:
+            upd["chat"] = True
         return replace(run, **upd) if upd else run
 
 
