@@ -99,3 +99,39 @@ def test_a_model_without_a_recorded_template_is_replayed_as_counted_and_says_so(
     assert chat_template_tokens(run, bare.model) == 0
     assert any("chat-template tokens are not recorded" in s for s in notes)
     assert sim["total_input_tokens"] == sum(run.input_lens[:run.num_prompts])
+
+
+def test_simulate_with_chat_prompts_prefills_the_template(run_json):
+    """`simulate --chat`: Qwen3's 8 template tokens on each of 300 prompts of 1,024 tokens
+    (vLLM's random dataset, fixed lengths), said in the JSON."""
+    args = ("simulate", "-m", "qwen3-8b", "-g", "h100-sxm", "-n", "300",
+            "--request-rate", "10", "-p", "1024", "-o", "64")
+    chat, plain = run_json(*args, "--chat"), run_json(*args)
+    assert plain["total_input_tokens"] == 300 * 1024 and plain["chat_template_tokens"] == 0
+    assert chat["total_input_tokens"] == 300 * (1024 + 8)
+    assert chat["chat_template_tokens"] == 8
+
+
+def test_simulate_chat_needs_the_models_template(run_cli):
+    code, out, err = run_cli("simulate", "-m", "llama-3.1-8b", "-g", "h100-sxm", "-n", "10",
+                             "--chat")
+    assert code == 2 and out == ""
+    assert err.strip().count("\n") == 0 and "--chat: llama-3.1-8b's chat template" in err
+
+
+def test_a_requests_own_prefix_follows_the_templates_opening():
+    """A sonnet-like stream sharing a 200-token prefix, as gpt-oss chat messages: the group
+    shares the 64-token opening and its own 200 after it; a request without a prefix gets a
+    group of its own for the opening alone."""
+    from planner.evidence.compare import with_chat_template
+    from planner.serving.traffic import Request
+
+    t = ChatTemplate(tokens=67, prefix_tokens=64, source="https://example.invalid")
+    reqs = [Request(0, 0.0, 1000, 10, prefix_id=3, prefix_tokens=200),
+            Request(1, 0.0, 500, 10)]
+    a, b = with_chat_template(reqs, t)
+    assert (a.prompt_tokens, a.prefix_id, a.prefix_tokens) == (1067, 3, 264)
+    assert (b.prompt_tokens, b.prefix_id, b.prefix_tokens) == (567, 4, 64)
+    bare = ChatTemplate(tokens=3, prefix_tokens=0, source="https://example.invalid")
+    (c,) = with_chat_template([Request(2, 0.0, 100, 5)], bare)
+    assert (c.prompt_tokens, c.prefix_id, c.prefix_tokens) == (103, -1, 0)

@@ -228,6 +228,12 @@ def simulate(
         "request, as vLLM's sonnet dataset builds them).")] = "random",
     seed: Annotated[int, typer.Option(help="Random seed of lengths and arrivals.",
         metavar="N")] = 0,
+    chat: Annotated[bool, typer.Option(
+        "--chat/--no-chat",
+        help="The prompts are chat messages (vLLM bench's --backend openai-chat): the server "
+        "wraps each in the model's chat template (models_db chat_template: Qwen3 8 tokens, "
+        "gpt-oss 67) and prefills those too; the template's opening, the same in every "
+        "request, is a prefix the prefix cache computes once.")] = False,
     scheduler: Annotated[Scheduler, typer.Option(
         help="continuous (vLLM-style iteration-level), static batches, or dynamic batches "
              "(static, waiting up to --max-wait for a batch to fill).")] =
@@ -355,7 +361,8 @@ def simulate_run(a: dict, *, emit: bool = False) -> dict:
      kv_cache_dtype, enforce_eager, group_size, quantized_layers, compute, calibration,
      time_model, attention, kernel_overhead_us, request_rate, burstiness, max_concurrency,
      num_requests, prompt_tokens, output_tokens, range_ratio, prefix_tokens, prefix_cache,
-     dataset, dataset_name, seed, scheduler, max_wait, max_num_seqs, max_num_batched_tokens,
+     dataset, dataset_name, seed, chat, scheduler, max_wait, max_num_seqs,
+     max_num_batched_tokens,
      chunked_prefill, capacity_policy, mixed_batches, api_server_count, kv_layout, block_size,
      max_model_len, memory_utilization, reserve_gib, cpu_offload_gb, ttft_slo, tpot_slo, trace,
      allow_longer_context, plot, speculative, draft_model, num_speculative_tokens,
@@ -367,7 +374,7 @@ def simulate_run(a: dict, *, emit: bool = False) -> dict:
         "quantized_layers", "compute", "calibration", "time_model", "attention",
         "kernel_overhead_us", "request_rate", "burstiness", "max_concurrency", "num_requests",
         "prompt_tokens", "output_tokens", "range_ratio", "prefix_tokens", "prefix_cache",
-        "dataset", "dataset_name", "seed", "scheduler", "max_wait", "max_num_seqs",
+        "dataset", "dataset_name", "seed", "chat", "scheduler", "max_wait", "max_num_seqs",
         "max_num_batched_tokens", "chunked_prefill", "capacity_policy", "mixed_batches",
         "api_server_count", "kv_layout", "block_size", "max_model_len", "memory_utilization",
         "reserve_gib", "cpu_offload_gb", "ttft_slo", "tpot_slo", "trace",
@@ -402,6 +409,7 @@ def simulate_run(a: dict, *, emit: bool = False) -> dict:
     reqs = _requests(dataset, dataset_name, num_requests, prompt_tokens, output_tokens,
                      range_ratio,
                      request_rate, burstiness, max_concurrency, seed, prefix_tokens)
+    reqs = _chat(reqs, m, chat)
     if dataset is not None and _timed(reqs, request_rate, max_concurrency):
         request_rate = math.nan  # the dataset's arrival_s set the arrivals
     longest = max(reqs, key=lambda r: r.prompt_tokens + r.output_tokens)
@@ -434,6 +442,7 @@ def simulate_run(a: dict, *, emit: bool = False) -> dict:
         stderr.print(f"wrote {len(res.requests):,} requests to {trace}")
     if plot is not None:
         _plot(plot, dep, cfg, res, len(reqs), request_rate, max_concurrency)
+    d["chat_template_tokens"] = m.chat_template.tokens if chat else 0
     applied = _served_bands(dep, cfg, d, request_rate, max_concurrency)
     d.update(band_fields(applied))
     # a top-level figure that is not finite does not apply (the rate of "every request at
@@ -501,6 +510,7 @@ def _simulate_disaggregated(m, a: dict) -> dict:
     reqs = _requests(a["dataset"], a["dataset_name"], a["num_requests"], a["prompt_tokens"],
                      a["output_tokens"], a["range_ratio"], a["request_rate"], a["burstiness"],
                      None, a["seed"], a["prefix_tokens"])
+    reqs = _chat(reqs, m, a["chat"])
     timed = a["dataset"] is not None and _timed(reqs, a["request_rate"], None)
     longest = max(reqs, key=lambda r: r.prompt_tokens + r.output_tokens)
     check_context(m, longest.prompt_tokens, longest.output_tokens, a["allow_longer_context"],
@@ -689,6 +699,18 @@ def _timed(reqs, request_rate: float, max_concurrency) -> bool:
     loop (which a timed dataset refuses beside it), any arrival after t = 0 is its own."""
     return max_concurrency is None and math.isinf(request_rate) and \
         any(r.arrival_s > 0 for r in reqs)
+
+
+def _chat(reqs, m, chat: bool):
+    """The requests as the engine sees chat messages: each in the model's chat template."""
+    if not chat:
+        return reqs
+    if m.chat_template is None:
+        raise LlmplanError(f"--chat: {m.name}'s chat template is not recorded (models_db "
+                           "chat_template: the tokens it adds to one user message)")
+    from planner.evidence.compare import with_chat_template
+
+    return with_chat_template(reqs, m.chat_template)
 
 
 def _requests(dataset, dataset_name, num_requests, prompt_tokens, output_tokens, range_ratio,
@@ -906,6 +928,8 @@ def _render(d: dict) -> None:
                      f"{fmt.pct(d['kv_cache_reserved_frac_peak'])} peak"],
         ["preemptions", f"{d['preemptions']:,}"],
         ["prefix cache", _prefix_line(d)],
+        *([["chat template", f"{d['chat_template_tokens']:,} tokens a prompt beyond -p"]]
+          if d.get("chat_template_tokens") else []),
         *([["API server", _api_line(d)]] if d["api_server_request_s"] or d["api_server_token_s"]
           else []),
         *([["refused", f"{d['failed']:,}: {d['failed_reason']}"]] if d.get("failed")

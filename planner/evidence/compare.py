@@ -173,15 +173,10 @@ def simulate_run(run: ServedRun, s: Deployment, *, step_coster=None,
                 for r, (p, o) in zip(reqs, lens, strict=False)]  # lens may be fewer
     template = chat_template_tokens(run, s.model)
     if template:
-        # the template's opening (a default system message) is the same in every request:
-        # one prefix, which the server's prefix cache computes once where it caches
-        shared = s.model.chat_template.prefix_tokens if not run.cached_prefix_tokens else 0
-        reqs = [replace(r, prompt_tokens=r.prompt_tokens + template,
-                        prefix_id=0 if shared else r.prefix_id,
-                        prefix_tokens=shared or r.prefix_tokens) for r in reqs]
+        reqs = with_chat_template(reqs, s.model.chat_template)
         notes.append(f"each prompt {template} tokens longer than the client counted "
-                     f"({s.model.name}'s chat template; the first {shared} the same in "
-                     "every request)")
+                     f"({s.model.name}'s chat template; the first "
+                     f"{s.model.chat_template.prefix_tokens} the same in every request)")
     elif run.chat and s.model.chat_template is None:
         notes.append(f"chat API: {s.model.name}'s chat-template tokens are not recorded; "
                      "prompts replayed as the client counted them")
@@ -200,6 +195,24 @@ def simulate_run(run: ServedRun, s: Deployment, *, step_coster=None,
     if sim["failed"]:
         notes.append(f"{sim['failed']:,} simulated requests refused: {sim['failed_reason']}")
     return sim, tuple(notes)
+
+
+def with_chat_template(reqs: list, template) -> list:
+    """``reqs`` as the engine sees chat messages: each prompt longer by the template's tokens
+    (a ``ChatTemplate``), whose opening (a default system message) is the same in every
+    request and so one prefix a prefix cache computes once. A request's own shared prefix
+    follows that opening: its group shares both; a request without one joins a group of its
+    own that shares the opening alone."""
+    if not template.tokens:
+        return reqs
+    lone = 1 + max((r.prefix_id for r in reqs), default=-1)  # an id no request has
+    out = []
+    for r in reqs:
+        pid = lone if r.prefix_id < 0 and template.prefix_tokens else r.prefix_id
+        out.append(replace(r, prompt_tokens=r.prompt_tokens + template.tokens, prefix_id=pid,
+                           prefix_tokens=template.prefix_tokens + r.prefix_tokens
+                           if pid >= 0 else 0))
+    return out
 
 
 def chat_template_tokens(run: ServedRun, model) -> int:
