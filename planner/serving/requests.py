@@ -35,7 +35,7 @@ _FINISHED = frozenset({RequestState.PADDING_PREFILLED, RequestState.PADDING,
                        RequestState.FINISHED})
 
 
-@dataclass
+@dataclass(slots=True)
 class RequestResult:
     id: int
     arrival_s: float
