@@ -79,22 +79,23 @@ def summary(res: SimResult, *, ttft_slo_s: float | None = None,
         RequestRecords.of(res.requests)
     arrival, first, finish = (rec.column(c) for c in ("arrival_s", "first_token_s", "finish_s"))
     prompt, output = rec.column("prompt_tokens"), rec.column("output_tokens")
-    # the served requests (finish_s not nan: ``f == f``), in the order given: TTFT, TPOT (None
-    # for one output token), end-to-end latency and output tokens, as RequestResult defines them
-    served = [(f1 - a, (f - f1) / (o - 1) if o > 1 else None, f - a, o)
-              for a, f1, f, o in zip(arrival, first, finish, output, strict=True) if f == f]
+    # the served requests (finish_s not nan: ``f == f``), in the order given: TTFT, TPOT (for
+    # more than one output token), end-to-end latency and output tokens, as RequestResult
+    # defines them; a list of floats each (no tuple per request for the collector to track)
+    ttfts = [f1 - a for a, f1, f in zip(arrival, first, finish, strict=True) if f == f]
+    tpots = [(f - f1) / (o - 1) for f1, f, o in zip(first, finish, output, strict=True)
+             if f == f and o > 1]
+    e2els = [f - a for a, f in zip(arrival, finish, strict=True) if f == f]
     dur = res.duration_s or math.nan
     inp = sum([p for p, f in zip(prompt, finish, strict=True) if f == f])
-    out = sum([o for *_, o in served])
-    ttfts = [t for t, *_ in served]
-    tpots = [t for _, t, _, _ in served if t is not None]
-    e2els = [e for _, _, e, _ in served]
+    out = sum([o for o, f in zip(output, finish, strict=True) if f == f])
+    served = len(ttfts)
     d: dict = {
-        "completed": len(served),
+        "completed": served,
         "duration": dur,
         "total_input_tokens": inp,
         "total_output_tokens": out,
-        "request_throughput": len(served) / dur,
+        "request_throughput": served / dur,
         "output_throughput": out / dur,
         "total_token_throughput": (inp + out) / dur,
         **_stats(ttfts, "ttft"),
@@ -103,9 +104,9 @@ def summary(res: SimResult, *, ttft_slo_s: float | None = None,
         **_stats(e2els, "e2el"),
     }
     if ttft_slo_s is not None or tpot_slo_s is not None:
-        good = sum(1 for ttft, tpot, _, _ in served
-                   if (ttft_slo_s is None or ttft <= ttft_slo_s)
-                   and (tpot_slo_s is None or tpot is None or tpot <= tpot_slo_s))
+        good = sum(1 for a, f1, f, o in zip(arrival, first, finish, output, strict=True)
+                   if f == f and (ttft_slo_s is None or f1 - a <= ttft_slo_s)
+                   and (tpot_slo_s is None or o <= 1 or (f - f1) / (o - 1) <= tpot_slo_s))
         d["request_goodput"] = good / dur
     cap = res.kv_capacity_tokens
     d.update({
@@ -127,7 +128,7 @@ def summary(res: SimResult, *, ttft_slo_s: float | None = None,
         "failed_reason": rec.first_failure(),
         # the API server (planner.serving.frontend): mean seconds a request waited for it
         # before the engine saw it, and the share of the run its streaming set the pace
-        "mean_api_server_wait_s": res.api_server_wait_s / len(served) if served else
+        "mean_api_server_wait_s": res.api_server_wait_s / served if served else
         math.nan,
         "api_server_stream_bound_frac": res.api_server_stream_s / dur,
     })
