@@ -50,11 +50,9 @@ serve` counts only the successful ones. Pure: no I/O, no printing.
 
 from __future__ import annotations
 
-import gc
 import math
 from array import array
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from planner.core.errors import UsageError
@@ -63,6 +61,7 @@ from planner.serving.config import SchedulerConfig
 from planner.serving.cost import StepCoster
 from planner.serving.decoding import check_spec, decode_pool
 from planner.serving.frontend import Frontend
+from planner.serving.gcpause import no_cycle_collection
 from planner.serving.kv import KVPool, PrefixCache, kv_pool
 from planner.serving.occupancy import Occupancy
 from planner.serving.records import RequestRecords
@@ -167,7 +166,7 @@ def simulate(requests: list[Request], coster: StepCoster, cfg: SchedulerConfig, 
     arr = arrivals(stream(), cfg.max_concurrency, front if front.active else None)
     occ = Occupancy(sample_every_s)
     pricer = StepPricer(coster, batch, cfg.graph_sizes)
-    with _no_cycle_collection():
+    with no_cycle_collection():  # the loop makes no cycles: refcounts free all
         t, stream_s = _serve(sched, arr, pricer, occ, n=len(requests) - len(refused),
                              max_steps=max_steps, front=front if front.token_s else None)
     if path is not None:  # when the last request is done, its request path included
@@ -187,23 +186,6 @@ def simulate(requests: list[Request], coster: StepCoster, cfg: SchedulerConfig, 
                      kv.prefixes.query_tokens,
                      api_server_wait_s=sum(w for w in wait_s if not math.isnan(w)),
                      api_server_stream_s=stream_s)
-
-
-@contextmanager
-def _no_cycle_collection() -> Iterator[None]:
-    """Python's cycle collector paused for the event loop. The loop makes a few objects per
-    request and step (a request's two, heap entries, chunk lists, shapes) and none of them in
-    a reference cycle, so reference counting frees each as it is let go; what the collector
-    did was traverse every live request again and again (in flight: up to the whole stream,
-    queued behind the API server), a fifth of a 100,000-request run's time. Restored as it
-    was (a caller that paused it keeps it paused)."""
-    was = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was:
-            gc.enable()
 
 
 def _record(records: RequestRecords, i: int, r: RequestResult, path,
