@@ -87,9 +87,9 @@ class DecodePool:
         """A request whose last token came in the last step, or None. The caller moves it out
         of the DECODING state before asking again (a stale entry, of a request preempted and
         rejoined since, is skipped by its state or its finish step)."""
-        heap, G = self.heap, self.G
+        heap, G, pop = self.heap, self.G, heapq.heappop
         while heap and heap[0][0] <= G:
-            fg, _, _, q = heapq.heappop(heap)
+            fg, _, _, q = pop(heap)
             if q.state is _DECODING and q.finish_G == fg:
                 return q
         return None
@@ -110,7 +110,9 @@ class DecodePool:
     def settle(self, q: SimRequest) -> None:
         """Bring ``q.reserved`` up to date (grown in aggregate) before it is released; a
         reservation made whole at admission stays as it is."""
-        q.reserved = max(q.reserved, self.kv.tokens_for(self.context(q)) - q.shared)
+        held = self.kv.tokens_for(self.context(q)) - q.shared
+        if held > q.reserved:
+            q.reserved = held
 
     def shape(self, window: int | None) -> tuple[list[float], list[float] | None, int]:
         """The decoders' share of a step as the StepShape's six amounts (each adding one token

@@ -103,12 +103,13 @@ class Scheduler:
     def on_step_end(self, chunks: Chunks, now: float) -> None:
         """The step ended at ``now``: the decoders due are done, the chunks computed."""
         batch = self.batch
-        q = batch.pop_due()
+        pop_due, decoded = batch.pop_due, self._decoded
+        q = pop_due()
         while q is not None:
             q.generated = q.r.output_tokens
             q.computed = batch.context(q)
-            self._decoded(q, now)
-            q = batch.pop_due()
+            decoded(q, now)
+            q = pop_due()
         prefilling, cache = self.prefilling, self.kv.prefixes
         for q, c in chunks:
             q.computed += c

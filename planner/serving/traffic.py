@@ -66,9 +66,10 @@ def synthetic(num_requests: int, *, prompt_tokens: int, output_tokens: int,
     rng = random.Random(seed)
     # the loop draws a prompt length, an output length and (when timed) the gap to the next
     # arrival, in that order, from the one generator: a seed gives the same stream
-    randint, gap = rng.randint, rng.gammavariate
+    draw, gap = rng.randrange, rng.gammavariate  # randint(lo, hi) is randrange(lo, hi + 1)
     p_lo, p_hi = length_range(prompt_tokens, range_ratio)
     o_lo, o_hi = length_range(output_tokens, range_ratio)
+    p_hi, o_hi = p_hi + 1, o_hi + 1
     timed = not closed_loop and not math.isinf(request_rate)
     untimed_s = math.nan if closed_loop else 0.0  # a closed loop's, or all at t = 0
     mean_gap_s = 1.0 / (request_rate * burstiness)
@@ -76,8 +77,8 @@ def synthetic(num_requests: int, *, prompt_tokens: int, output_tokens: int,
     t = 0.0
     with no_cycle_collection():  # a Request each, none in a cycle
         for i in range(num_requests):
-            p = randint(p_lo, p_hi)
-            o = randint(o_lo, o_hi)
+            p = draw(p_lo, p_hi)
+            o = draw(o_lo, o_hi)
             out.append(Request(i, t if timed else untimed_s, prefix_tokens + p, o, *shared))
             if timed:
                 t += gap(burstiness, mean_gap_s)
