@@ -301,7 +301,7 @@ class ContinuousScheduler(Scheduler):
         self._release(q)
         if decoding:
             q.generated = q.g0 + self.batch.gained(q)
-            self.batch.leave(q)  # its heap entry goes stale: the state check skips it
+            self.batch.leave(q)  # its entry goes stale: the state check skips it
         if self.kv.prefixes is not None:  # its blocks stay cached, evictable
             self.kv.free_tokens -= self.kv.prefixes.stash(q, kept, shared)
         q.state, q.computed = RequestState.PREEMPTED, 0
@@ -391,7 +391,7 @@ class StaticScheduler(Scheduler):
                 batch.join(q)
             elif q.state is RequestState.PADDING_PREFILLED:  # one token only: pads along
                 batch.join(q)
-                q.state = RequestState.PADDING  # its heap entry is skipped as stale
+                q.state = RequestState.PADDING  # its entry is skipped as stale
                 batch.padding += 1
 
     def _end_batch(self) -> None:
