@@ -376,3 +376,34 @@ def test_kept_blocks_follow_their_prefix():
     assert cache.lookup(a) == (32, 48)
     del cache.entries[7], cache.idle[7]
     assert cache.lookup(a) == (0, 0)
+
+
+def test_decode_pool_hands_out_due_requests_by_finish_step_then_admission():
+    """Each decoding request is handed out at the step its last token comes; those due at
+    one step oldest admitted first, whatever order they joined in; a request preempted and
+    rejoined is due at its new finish step only (its first entry is stale)."""
+    pool = DecodePool(PagedKV(10_000, 4), 4)
+    # joins at each step: (admitted, tokens left); due at the join step + tokens left
+    plan = {0: [(5, 4), (2, 4)], 1: [(9, 4), (1, 2)], 2: [(7, 2), (3, 5)]}
+    reqs = {}
+    seen = []
+    while pool.G < 9:
+        for admitted, left in plan.get(pool.G, ()):
+            q = reqs[admitted] = _req(admitted, 10, left + 1)
+            q.computed, q.generated, q.admitted = 10, 1, admitted
+            pool.join(q)
+        late = reqs.get(9)
+        if pool.G == 3:  # preempted before it is due at 5
+            pool.leave(late)
+            late.state = RequestState.PREEMPTED
+        if pool.G == 4:  # admitted again (stamp 11), 2 tokens left: due at 6
+            late.admitted, late.computed, late.generated = 11, 12, 3
+            pool.join(late)
+        pool.step()
+        q = pool.pop_due()
+        while q is not None:
+            seen.append((pool.G, q.admitted))
+            q.state = RequestState.FINISHED
+            pool.leave(q)
+            q = pool.pop_due()
+    assert seen == [(3, 1), (4, 2), (4, 5), (4, 7), (6, 11), (7, 3)]

@@ -4,5 +4,6 @@ decode pool (``decoding``), one scheduler per batching policy (``schedulers``), 
 (``arrivals``), step costing with the estimate's operator and engine model (``cost``,
 ``costers``, ``steps``), speculative decoding (``speculation``), occupancy over time
 (``occupancy``), metrics (``metrics``), the event loop that ties them (``sim``) and one
-replica of a ``Deployment`` served the way every command simulates (``run``). Pure;
-imports layouts/ and core/."""
+replica of a ``Deployment`` served the way every command simulates (``run``); the cycle
+collector paused while streams are built and run (``gcpause``). Pure; imports layouts/ and
+core/."""

@@ -58,10 +58,14 @@ class Frontend:
         a = self.request_s
         if not a:
             return arrival_s
-        share = a / self.servers
-        start = max(self.free_s, arrival_s)
-        self.free_s = start + share
-        visible = max(arrival_s + a, self.free_s, self.last_s)
+        # max() written out, keeping the first of equals as max does: this runs per request
+        free_s = self.free_s
+        free_s = self.free_s = (arrival_s if arrival_s > free_s else free_s) + a / self.servers
+        visible = arrival_s + a
+        if free_s > visible:
+            visible = free_s
+        if self.last_s > visible:
+            visible = self.last_s
         self.last_s = visible
         return visible
 

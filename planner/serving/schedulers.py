@@ -103,12 +103,13 @@ class Scheduler:
     def on_step_end(self, chunks: Chunks, now: float) -> None:
         """The step ended at ``now``: the decoders due are done, the chunks computed."""
         batch = self.batch
-        q = batch.pop_due()
+        pop_due, decoded = batch.pop_due, self._decoded
+        q = pop_due()
         while q is not None:
             q.generated = q.r.output_tokens
             q.computed = batch.context(q)
-            self._decoded(q, now)
-            q = batch.pop_due()
+            decoded(q, now)
+            q = pop_due()
         prefilling, cache = self.prefilling, self.kv.prefixes
         for q, c in chunks:
             q.computed += c
@@ -148,11 +149,12 @@ class Scheduler:
         starts with computed."""
         if self.whole:
             tokens = q.r.prompt_tokens + q.r.output_tokens + self.batch.k1 - 1 - hit - own
-        cache = self.kv.prefixes
+        kv = self.kv
+        cache = kv.prefixes
         if hit:
             cache.pin(q, hit)  # before reserving, which may evict what is not in use
         kept = cache.claim(q) if own else 0
-        if not self.kv.reserve(q, tokens):
+        if not kv.reserve(q, tokens):
             if hit:
                 cache.unpin(q)
             if kept:
@@ -162,12 +164,11 @@ class Scheduler:
             cache.count(q, hit)  # the hit rate counts prefixes, not recomputes
             q.computed = hit + own
             q.reserved += own
-            self.kv.free_tokens += kept - own  # blocks beyond what it can use go back
+            kv.free_tokens += kept - own  # blocks beyond what it can use go back
         if q.loaded:  # its KV arrived with it; a recompute after a preemption computes it
             q.computed, q.loaded = q.loaded, 0
         self.waiting.popleft()
-        self.stamp += 1
-        q.admitted = self.stamp
+        q.admitted = self.stamp = self.stamp + 1
         q.state = _PREFILLING
         self.running[q.id] = q
         self.prefilling[q.id] = q
@@ -259,20 +260,21 @@ class ContinuousScheduler(Scheduler):
     def _admit_waiting(self, chunks: Chunks, budget: int) -> None:
         """Admit waiting requests in order while the budget, the seats and the KV allow."""
         waiting, running, per_rank = self.waiting, self.running, self.chunk_tokens
-        cache = self.kv.prefixes
-        while waiting and budget > 0 and len(running) < self.max_seqs:
+        cache, chunked, max_seqs, admit = self.kv.prefixes, self.chunked, self.max_seqs, \
+            self._admit
+        while waiting and budget > 0 and len(running) < max_seqs:
             q = waiting[0]
             hit, own = cache.lookup(q) if cache is not None else (0, 0)
             loaded = q.loaded  # KV that came with it: held from admission, not computed
             left = q.target - hit - own - loaded
-            if not self.chunked and left > per_rank:  # a recompute grown too long
+            if not chunked and left > per_rank:  # a recompute grown too long
                 self._refuse_head(f"its recompute ({q.target:,} tokens) exceeds "
                                   f"max-num-batched-tokens ({per_rank:,}) and chunked "
                                   "prefill is off")
                 continue
             cap = min(budget, per_rank)
-            chunk = min(left, cap) if self.chunked else left
-            if chunk > cap or not self._admit(q, chunk + loaded, hit, own):
+            chunk = min(left, cap) if chunked else left
+            if chunk > cap or not admit(q, chunk + loaded, hit, own):
                 break
             chunks.append((q, chunk))
             budget -= chunk
@@ -299,7 +301,7 @@ class ContinuousScheduler(Scheduler):
         self._release(q)
         if decoding:
             q.generated = q.g0 + self.batch.gained(q)
-            self.batch.leave(q)  # its heap entry goes stale: the state check skips it
+            self.batch.leave(q)  # its entry goes stale: the state check skips it
         if self.kv.prefixes is not None:  # its blocks stay cached, evictable
             self.kv.free_tokens -= self.kv.prefixes.stash(q, kept, shared)
         q.state, q.computed = RequestState.PREEMPTED, 0
@@ -389,7 +391,7 @@ class StaticScheduler(Scheduler):
                 batch.join(q)
             elif q.state is RequestState.PADDING_PREFILLED:  # one token only: pads along
                 batch.join(q)
-                q.state = RequestState.PADDING  # its heap entry is skipped as stale
+                q.state = RequestState.PADDING  # its entry is skipped as stale
                 batch.padding += 1
 
     def _end_batch(self) -> None:

@@ -61,6 +61,7 @@ from planner.serving.config import SchedulerConfig
 from planner.serving.cost import StepCoster
 from planner.serving.decoding import check_spec, decode_pool
 from planner.serving.frontend import Frontend
+from planner.serving.gcpause import no_cycle_collection
 from planner.serving.kv import KVPool, PrefixCache, kv_pool
 from planner.serving.occupancy import Occupancy
 from planner.serving.records import RequestRecords
@@ -165,8 +166,9 @@ def simulate(requests: list[Request], coster: StepCoster, cfg: SchedulerConfig, 
     arr = arrivals(stream(), cfg.max_concurrency, front if front.active else None)
     occ = Occupancy(sample_every_s)
     pricer = StepPricer(coster, batch, cfg.graph_sizes)
-    t, stream_s = _serve(sched, arr, pricer, occ, n=len(requests) - len(refused),
-                         max_steps=max_steps, front=front if front.token_s else None)
+    with no_cycle_collection():  # the loop makes no cycles: refcounts free all
+        t, stream_s = _serve(sched, arr, pricer, occ, n=len(requests) - len(refused),
+                             max_steps=max_steps, front=front if front.token_s else None)
     if path is not None:  # when the last request is done, its request path included
         for f in records.column("finish_s"):
             t = max(t, f)

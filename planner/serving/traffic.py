@@ -18,6 +18,7 @@ import random
 from dataclasses import dataclass, replace
 
 from planner.core.errors import UsageError
+from planner.serving.gcpause import no_cycle_collection
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,10 +36,14 @@ class Request:
     loaded_tokens: int = 0
 
 
-def lengths(rng: random.Random, mean: int, range_ratio: float) -> int:
+def length_range(mean: int, range_ratio: float) -> tuple[int, int]:
+    """The lengths vLLM's random dataset draws from, uniformly: [lo, hi], at least 1."""
     lo = max(int(mean * (1 - range_ratio)), 1)
-    hi = max(int(mean * (1 + range_ratio)), lo)
-    return rng.randint(lo, hi)
+    return lo, max(int(mean * (1 + range_ratio)), lo)
+
+
+def lengths(rng: random.Random, mean: int, range_ratio: float) -> int:
+    return rng.randint(*length_range(mean, range_ratio))
 
 
 def synthetic(num_requests: int, *, prompt_tokens: int, output_tokens: int,
@@ -59,15 +64,24 @@ def synthetic(num_requests: int, *, prompt_tokens: int, output_tokens: int,
         raise UsageError(f"prefix tokens must be >= 0, got {prefix_tokens}")
     shared = (0, prefix_tokens) if prefix_tokens else (-1, 0)
     rng = random.Random(seed)
+    # the loop draws a prompt length, an output length and (when timed) the gap to the next
+    # arrival, in that order, from the one generator: a seed gives the same stream
+    draw, gap = rng.randrange, rng.gammavariate  # randint(lo, hi) is randrange(lo, hi + 1)
+    p_lo, p_hi = length_range(prompt_tokens, range_ratio)
+    o_lo, o_hi = length_range(output_tokens, range_ratio)
+    p_hi, o_hi = p_hi + 1, o_hi + 1
+    timed = not closed_loop and not math.isinf(request_rate)
+    untimed_s = math.nan if closed_loop else 0.0  # a closed loop's, or all at t = 0
+    mean_gap_s = 1.0 / (request_rate * burstiness)
     out: list[Request] = []
     t = 0.0
-    for i in range(num_requests):
-        p = lengths(rng, prompt_tokens, range_ratio)
-        o = lengths(rng, output_tokens, range_ratio)
-        arrival = math.nan if closed_loop else (0.0 if math.isinf(request_rate) else t)
-        out.append(Request(i, arrival, prefix_tokens + p, o, *shared))
-        if not closed_loop and not math.isinf(request_rate):
-            t += rng.gammavariate(burstiness, 1.0 / (request_rate * burstiness))
+    with no_cycle_collection():  # a Request each, none in a cycle
+        for i in range(num_requests):
+            p = draw(p_lo, p_hi)
+            o = draw(o_lo, o_hi)
+            out.append(Request(i, t if timed else untimed_s, prefix_tokens + p, o, *shared))
+            if timed:
+                t += gap(burstiness, mean_gap_s)
     return out
 
 
