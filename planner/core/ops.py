@@ -229,6 +229,11 @@ class StepShape:
     ``local``: the same step as the model's sliding-window layers see it (their pairs, reads
     and held cache capped by the window); None where no layer slides, or to cost those layers
     as full ones.
+
+    ``prefill_pairs`` and ``prefill_past_tokens``: the share of ``attn_pairs`` and of the
+    cached tokens that belongs to prefilling sequences (a prompt or its chunk, not a decode):
+    multi-head latent attention runs those in the expanded, per-head form and decodes in the
+    latent one (``_attention``); other attention costs both alike.
     """
 
     tokens: float
@@ -238,18 +243,24 @@ class StepShape:
     score_elems: float
     logit_rows: float
     local: StepShape | None = None
+    prefill_pairs: float = 0.0
+    prefill_past_tokens: float = 0.0
 
     def scaled(self, f) -> StepShape:
         """The step's amounts times ``f``: a share of its sequences (each amount is a sum over
         them; a share of whole sequences is taken as the same share of each sum)."""
         return StepShape(self.tokens * f, self.attn_pairs * f, self.kv_read_tokens * f,
                          self.kv_held_tokens * f, self.score_elems * f, self.logit_rows * f,
-                         None if self.local is None else self.local.scaled(f))
+                         None if self.local is None else self.local.scaled(f),
+                         self.prefill_pairs * f, self.prefill_past_tokens * f)
 
     @classmethod
-    def uniform(cls, batch, new_tokens, past_tokens, window: int | None = None) -> StepShape:
+    def uniform(cls, batch, new_tokens, past_tokens, window: int | None = None, *,
+                prefill: bool | None = None) -> StepShape:
         """``batch`` sequences, each adding ``new_tokens`` after ``past_tokens`` (numbers or
-        broadcastable arrays); ``window``: the sliding window of the model's local layers.
+        broadcastable arrays); ``window``: the sliding window of the model's local layers;
+        ``prefill``: whether the sequences are prefilling (None: where they add more than one
+        token; a speculative verification adds several and is a decode).
 
         Under a window W, the token at position p attends to min(p, W) keys; a sequence reads
         min(past + new, W + new - 1) cached keys (its chunk and the W - 1 before it) and holds
@@ -261,6 +272,9 @@ class StepShape:
                    kv_held_tokens=batch * past_tokens,
                    score_elems=batch * new_tokens * (past_tokens + new_tokens),
                    logit_rows=batch)
+        filling = (new_tokens > 1) if prefill is None else prefill  # an array where they are
+        full = replace(full, prefill_pairs=full.attn_pairs * filling,
+                       prefill_past_tokens=full.kv_held_tokens * filling)
         if window is None:
             return full
         span = vmin(past_tokens + new_tokens, window + new_tokens - 1)
@@ -440,8 +454,9 @@ def _mla_projections(s: _Step) -> tuple[list[Op], int, int, int]:
     # weights and 2 x T x params FLOPs whether absorbed (decode) or not (prefill)
     ops.append(s.matmul("mla_kv_up_proj", L, a.kv_lora_rank,
                         s.heads * (a.qk_nope_head_dim + a.v_head_dim)))
-    # absorbed attention works in the latent space: scores over kv_lora + rope dims,
-    # values are the latent itself
+    # absorbed attention (a decode) works in the latent space: scores over kv_lora + rope
+    # dims, values are the latent itself; a prefill's attention is costed in the expanded
+    # form (``_attention``)
     return (ops, a.kv_lora_rank + a.qk_rope_head_dim, a.kv_lora_rank,
             m.num_attention_heads * a.v_head_dim)
 
@@ -452,6 +467,17 @@ def _attention(s: _Step, name: str, count: int, sh: StepShape, *, qk_dim: int, v
     FLOPs a head; each sequence reads its cache once."""
     T, heads, ab = s.T, s.heads, s.ab
     flops = 2.0 * heads * sh.attn_pairs * (qk_dim + v_dim)
+    a = s.m.mla
+    if a is not None:
+        # vLLM's and SGLang's MLA backends (and TensorRT-LLM's context phase) run a prefill
+        # in the expanded form: kv_b_proj turns the cached latents back into per-head keys
+        # (nope + rope dims) and values, and attention runs over those, 3.4x fewer FLOPs a
+        # pair than the latent form for DeepSeek-V3. The new tokens' expansion is the
+        # mla_kv_up_proj matmul; a chunk's cached context is expanded here.
+        mha = a.qk_nope_head_dim + a.qk_rope_head_dim + a.v_head_dim
+        flops += 2.0 * heads * sh.prefill_pairs * (mha - qk_dim - v_dim)
+        flops += 2.0 * sh.prefill_past_tokens * a.kv_lora_rank * heads * (
+            a.qk_nope_head_dim + a.v_head_dim)
     kv = sh.kv_read_tokens * kv_layer  # each sequence reads its cache once
     act = 2.0 * T * heads * (qk_dim + v_dim) * ab  # q in, out out
     if attention == "naive":

@@ -232,7 +232,7 @@ def _costs(m: ModelSpec, prep: Prepared, o: Options, tp: int, cfg: SpeculationCo
     k = cfg.k
     # k + 1 new tokens per sequence after ctx - 1 cached, every position's logits sampled
     verify = _step(m, prep, o, tp, replace(StepShape.uniform(batch, k + 1, ctx - 1,
-                                                             m.sliding_window),
+                                                             m.sliding_window, prefill=False),
                                            logit_rows=batch * (k + 1)), fixed)
     if cfg.method == "ngram":
         draft = 0.0

@@ -126,6 +126,14 @@ class StepCoster:
             return t.compute_s, t.memory_s
 
         self._attn_c_per_pair = unit_times(replace(attn, kv_bytes=0.0, act_bytes=0.0))[0]
+        # a prefilling sequence's pairs and cached tokens, where they cost otherwise (MLA's
+        # expanded form): the extra compute per unit, 0 for other attention
+        fill = self._ops(StepShape(1.0, 1.0, 1.0, 1.0, 0.0, 1.0, None, 1.0, 0.0))[name]
+        past = self._ops(StepShape(1.0, 1.0, 1.0, 1.0, 0.0, 1.0, None, 0.0, 1.0))[name]
+        self._attn_c_per_fill_pair = unit_times(replace(
+            attn, flops=fill.flops - attn.flops, kv_bytes=0.0, act_bytes=0.0))[0]
+        self._attn_c_per_fill_past = unit_times(replace(
+            attn, flops=past.flops - attn.flops, kv_bytes=0.0, act_bytes=0.0))[0]
         self._attn_m_per_kv = unit_times(replace(attn, flops=0.0, act_bytes=0.0))[1]
         self._attn_m_per_token = unit_times(replace(attn, flops=0.0, kv_bytes=0.0))[1]
         self._attn_m_per_score = unit_times(replace(
@@ -195,6 +203,9 @@ class StepCoster:
 
     def _one_attention_s(self, shape: StepShape, graphed: bool) -> float:
         compute = self._attn_c_per_pair * shape.attn_pairs
+        if shape.prefill_pairs or shape.prefill_past_tokens:
+            compute += (self._attn_c_per_fill_pair * shape.prefill_pairs
+                        + self._attn_c_per_fill_past * shape.prefill_past_tokens)
         memory = (self._attn_m_per_kv * shape.kv_read_tokens
                   + self._attn_m_per_token * shape.tokens
                   + self._attn_m_per_score * shape.score_elems)

@@ -176,7 +176,9 @@ def _add(a: StepShape, b: StepShape) -> StepShape:
     local = None if a.local is None or b.local is None else _add(a.local, b.local)
     return StepShape(a.tokens + b.tokens, a.attn_pairs + b.attn_pairs,
                      a.kv_read_tokens + b.kv_read_tokens, a.kv_held_tokens + b.kv_held_tokens,
-                     a.score_elems + b.score_elems, a.logit_rows + b.logit_rows, local)
+                     a.score_elems + b.score_elems, a.logit_rows + b.logit_rows, local,
+                     a.prefill_pairs + b.prefill_pairs,
+                     a.prefill_past_tokens + b.prefill_past_tokens)
 
 
 def layout_coster(model: ModelSpec, hardware: HardwareSpec, prep: Prepared, options: Options,

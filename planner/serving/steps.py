@@ -83,9 +83,13 @@ def _with_chunks(dec: list[float], dl: list[float] | None, chunks: list,
     if not chunks:  # the pool's amounts are floats already
         return StepShape(*dec, None if window is None else StepShape(*dl))
     tokens, pairs, kv_read, held, score, rows = dec
+    fill_pairs = fill_past = 0.0  # the chunks' share: prefilling sequences
     for q, c in chunks:
         tokens += c
-        pairs += c * q.computed + c * (c + 1) / 2
+        chunk_pairs = c * q.computed + c * (c + 1) / 2
+        pairs += chunk_pairs
+        fill_pairs += chunk_pairs
+        fill_past += q.computed
         kv_read += q.computed + c
         held += q.computed
         score += c * (q.computed + c)
@@ -102,4 +106,4 @@ def _with_chunks(dec: list[float], dl: list[float] | None, chunks: list,
         local = StepShape(float(tokens), float(l_pairs), float(l_read), float(l_held),
                           float(l_score), float(rows))
     return StepShape(float(tokens), float(pairs), float(kv_read), float(held), float(score),
-                     float(rows), local)
+                     float(rows), local, float(fill_pairs), float(fill_past))
