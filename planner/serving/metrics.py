@@ -37,19 +37,25 @@ def _stats(values: Sequence[float], name: str) -> dict[str, float | None]:
             f"p99_{name}_ms": quantile(ms, 0.99)}
 
 
-def weighted_quantile(pairs: list[tuple[float, int]], q: float, *,
-                      presorted: bool = False) -> float:
+def weighted_quantile(pairs: list[tuple[float, int]], q: float) -> float:
     """The q-quantile of values repeated by their weights (the lower value at that rank)."""
-    total = sum(w for _, w in pairs)
+    return _weighted_quantiles(sorted(pairs), (q,))[0]
+
+
+def _weighted_quantiles(ordered: list[tuple[float, int]], qs: tuple[float, ...]
+                        ) -> list[float]:
+    """``weighted_quantile`` at each of ``qs`` over pairs ``ordered`` by value: the first
+    value whose weight so far exceeds the rank, found by bisection over the running weight
+    (summed once for all of them); nan where the weights sum to nothing."""
+    seen = list(accumulate([w for _, w in ordered]))
+    total = seen[-1] if seen else 0
     if not total:
-        return math.nan
-    rank = q * (total - 1)
-    seen = 0
-    for v, w in (pairs if presorted else sorted(pairs)):
-        seen += w
-        if seen > rank:
-            return v
-    return max(v for v, _ in pairs)
+        return [math.nan] * len(qs)
+    out = []
+    for q in qs:
+        i = bisect.bisect_right(seen, q * (total - 1))
+        out.append(ordered[i][0] if i < len(ordered) else ordered[-1][0])
+    return out
 
 
 def _itl_stats(pairs: list[tuple[float, int]]) -> dict[str, float | None]:
@@ -58,17 +64,9 @@ def _itl_stats(pairs: list[tuple[float, int]]) -> dict[str, float | None]:
         return _stats([], "itl")
     mean = sum([v * w for v, w in pairs]) / total
     var = sum([w * (v - mean) ** 2 for v, w in pairs]) / total
-    ordered = sorted(pairs)
-    seen = list(accumulate([w for _, w in ordered]))  # the weight up to each value
-
-    def q(x: float) -> float:
-        """``weighted_quantile`` over ``ordered``: the first value whose weight so far
-        exceeds the rank, found by bisection rather than a walk (a step's gap each)."""
-        i = bisect.bisect_right(seen, x * (total - 1))
-        return (ordered[i][0] if i < len(ordered) else max(v for v, _ in ordered)) * 1e3
-
-    return {"mean_itl_ms": mean * 1e3, "median_itl_ms": q(0.5),
-            "std_itl_ms": math.sqrt(var) * 1e3, "p90_itl_ms": q(0.9), "p99_itl_ms": q(0.99)}
+    median, p90, p99 = (v * 1e3 for v in _weighted_quantiles(sorted(pairs), (0.5, 0.9, 0.99)))
+    return {"mean_itl_ms": mean * 1e3, "median_itl_ms": median,
+            "std_itl_ms": math.sqrt(var) * 1e3, "p90_itl_ms": p90, "p99_itl_ms": p99}
 
 
 def summary(res: SimResult, *, ttft_slo_s: float | None = None,
