@@ -107,7 +107,7 @@ class StepCoster:
         else:
             self._linear_ops, self._head_ops, self._unit_ops = cache.ops(self)
             self._linear, self._head = cache.times(self)
-        unit, scored_ops = self._units()
+        unit, scored_ops, fill_ops, past_ops = self._units()
         # full and sliding-window layers cost alike per unit of work (their counts differ)
         name = "attention" if "attention" in unit else "attention_local"
         attn = replace(unit[name], count=1)
@@ -128,12 +128,11 @@ class StepCoster:
         self._attn_c_per_pair = unit_times(replace(attn, kv_bytes=0.0, act_bytes=0.0))[0]
         # a prefilling sequence's pairs and cached tokens, where they cost otherwise (MLA's
         # expanded form): the extra compute per unit, 0 for other attention
-        fill = self._ops(StepShape(1.0, 1.0, 1.0, 1.0, 0.0, 1.0, None, 1.0, 0.0))[name]
-        past = self._ops(StepShape(1.0, 1.0, 1.0, 1.0, 0.0, 1.0, None, 0.0, 1.0))[name]
         self._attn_c_per_fill_pair = unit_times(replace(
-            attn, flops=fill.flops - attn.flops, kv_bytes=0.0, act_bytes=0.0))[0]
+            attn, flops=fill_ops[name].flops - attn.flops, kv_bytes=0.0, act_bytes=0.0))[0]
         self._attn_c_per_fill_past = unit_times(replace(
-            attn, flops=past.flops - attn.flops, kv_bytes=0.0, act_bytes=0.0))[0]
+            attn, flops=past_ops[name].flops - attn.flops, kv_bytes=0.0, act_bytes=0.0))[0]
+        self._fills_apart = bool(self._attn_c_per_fill_pair or self._attn_c_per_fill_past)
         self._attn_m_per_kv = unit_times(replace(attn, flops=0.0, act_bytes=0.0))[1]
         self._attn_m_per_token = unit_times(replace(attn, flops=0.0, kv_bytes=0.0))[1]
         self._attn_m_per_score = unit_times(replace(
@@ -143,14 +142,17 @@ class StepCoster:
         self._per_kernel = c.kernel_overhead_s if c.kernel_overhead_s is not None else \
             self.engine.kernel_gap_s
 
-    def _units(self) -> tuple[dict[str, Op], dict[str, Op]]:
-        """The operators of a unit of attention work, without and with a score element."""
+    def _units(self) -> tuple[dict[str, Op], ...]:
+        """The operators of a unit of attention work: without and with a score element, and
+        with its pair, then its cached token, a prefilling sequence's."""
         got = self._unit_ops.get("unit")
         if got is None:
             got = self._unit_ops["unit"] = (
                 self._ops(StepShape(tokens=1.0, attn_pairs=1.0, kv_read_tokens=1.0,
                                     kv_held_tokens=1.0, score_elems=0.0, logit_rows=1.0)),
-                self._ops(StepShape(1.0, 1.0, 1.0, 1.0, 1.0, 1.0)))
+                self._ops(StepShape(1.0, 1.0, 1.0, 1.0, 1.0, 1.0)),
+                self._ops(StepShape(1.0, 1.0, 1.0, 1.0, 0.0, 1.0, None, 1.0, 0.0)),
+                self._ops(StepShape(1.0, 1.0, 1.0, 1.0, 0.0, 1.0, None, 0.0, 1.0)))
         return got
 
     def _ops(self, shape: StepShape) -> dict[str, Op]:
@@ -203,7 +205,7 @@ class StepCoster:
 
     def _one_attention_s(self, shape: StepShape, graphed: bool) -> float:
         compute = self._attn_c_per_pair * shape.attn_pairs
-        if shape.prefill_pairs or shape.prefill_past_tokens:
+        if self._fills_apart:
             compute += (self._attn_c_per_fill_pair * shape.prefill_pairs
                         + self._attn_c_per_fill_past * shape.prefill_past_tokens)
         memory = (self._attn_m_per_kv * shape.kv_read_tokens
