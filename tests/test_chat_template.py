@@ -123,8 +123,7 @@ def test_a_requests_own_prefix_follows_the_templates_opening():
     """A sonnet-like stream sharing a 200-token prefix, as gpt-oss chat messages: the group
     shares the 64-token opening and its own 200 after it; a request without a prefix gets a
     group of its own for the opening alone."""
-    from planner.evidence.compare import with_chat_template
-    from planner.serving.traffic import Request
+    from planner.serving.traffic import Request, with_chat_template
 
     t = ChatTemplate(tokens=67, prefix_tokens=64, source="https://example.invalid")
     reqs = [Request(0, 0.0, 1000, 10, prefix_id=3, prefix_tokens=200),

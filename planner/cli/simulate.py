@@ -409,7 +409,7 @@ def simulate_run(a: dict, *, emit: bool = False) -> dict:
     reqs = _requests(dataset, dataset_name, num_requests, prompt_tokens, output_tokens,
                      range_ratio,
                      request_rate, burstiness, max_concurrency, seed, prefix_tokens)
-    reqs = _chat(reqs, m, chat)
+    reqs, template_tokens = _chat(reqs, m, chat)
     if dataset is not None and _timed(reqs, request_rate, max_concurrency):
         request_rate = math.nan  # the dataset's arrival_s set the arrivals
     longest = max(reqs, key=lambda r: r.prompt_tokens + r.output_tokens)
@@ -442,7 +442,7 @@ def simulate_run(a: dict, *, emit: bool = False) -> dict:
         stderr.print(f"wrote {len(res.requests):,} requests to {trace}")
     if plot is not None:
         _plot(plot, dep, cfg, res, len(reqs), request_rate, max_concurrency)
-    d["chat_template_tokens"] = m.chat_template.tokens if chat else 0
+    d["chat_template_tokens"] = template_tokens
     applied = _served_bands(dep, cfg, d, request_rate, max_concurrency)
     d.update(band_fields(applied))
     # a top-level figure that is not finite does not apply (the rate of "every request at
@@ -510,7 +510,7 @@ def _simulate_disaggregated(m, a: dict) -> dict:
     reqs = _requests(a["dataset"], a["dataset_name"], a["num_requests"], a["prompt_tokens"],
                      a["output_tokens"], a["range_ratio"], a["request_rate"], a["burstiness"],
                      None, a["seed"], a["prefix_tokens"])
-    reqs = _chat(reqs, m, a["chat"])
+    reqs, template_tokens = _chat(reqs, m, a["chat"])
     timed = a["dataset"] is not None and _timed(reqs, a["request_rate"], None)
     longest = max(reqs, key=lambda r: r.prompt_tokens + r.output_tokens)
     check_context(m, longest.prompt_tokens, longest.output_tokens, a["allow_longer_context"],
@@ -550,6 +550,7 @@ def _simulate_disaggregated(m, a: dict) -> dict:
            a["request_rate"] if math.isfinite(a["request_rate"]) else "inf",
            "arrivals": "dataset" if timed else "rate",
            "burstiness": a["burstiness"], "max_concurrency": None, "num_prompts": len(reqs),
+           "chat_template_tokens": template_tokens,
            "prefill": pools["prefill"], "decode": pools["decode"], "kv_transfer": xfer, **d}
     payload = {k: (None if isinstance(v, float) and not math.isfinite(v) else v)
                for k, v in out.items()}
@@ -702,15 +703,16 @@ def _timed(reqs, request_rate: float, max_concurrency) -> bool:
 
 
 def _chat(reqs, m, chat: bool):
-    """The requests as the engine sees chat messages: each in the model's chat template."""
+    """The requests as the engine sees chat messages, each in the model's chat template, and
+    the tokens that adds to a prompt (0 without --chat)."""
     if not chat:
-        return reqs
+        return reqs, 0
     if m.chat_template is None:
         raise LlmplanError(f"--chat: {m.name}'s chat template is not recorded (models_db "
                            "chat_template: the tokens it adds to one user message)")
-    from planner.evidence.compare import with_chat_template
+    from planner.serving.traffic import with_chat_template
 
-    return with_chat_template(reqs, m.chat_template)
+    return with_chat_template(reqs, m.chat_template), m.chat_template.tokens
 
 
 def _requests(dataset, dataset_name, num_requests, prompt_tokens, output_tokens, range_ratio,

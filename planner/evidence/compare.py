@@ -153,7 +153,7 @@ def simulate_run(run: ServedRun, s: Deployment, *, step_coster=None,
     False leaves the ITL statistics out of the summary."""
     from planner.serving import run as serving
     from planner.serving.metrics import summary
-    from planner.serving.traffic import Request, synthetic
+    from planner.serving.traffic import Request, synthetic, with_chat_template
 
     notes: list[str] = []
     n = min(run.num_prompts or run.completed, MAX_SIM_REQUESTS)
@@ -195,24 +195,6 @@ def simulate_run(run: ServedRun, s: Deployment, *, step_coster=None,
     if sim["failed"]:
         notes.append(f"{sim['failed']:,} simulated requests refused: {sim['failed_reason']}")
     return sim, tuple(notes)
-
-
-def with_chat_template(reqs: list, template) -> list:
-    """``reqs`` as the engine sees chat messages: each prompt longer by the template's tokens
-    (a ``ChatTemplate``), whose opening (a default system message) is the same in every
-    request and so one prefix a prefix cache computes once. A request's own shared prefix
-    follows that opening: its group shares both; a request without one joins a group of its
-    own that shares the opening alone."""
-    if not template.tokens:
-        return reqs
-    lone = 1 + max((r.prefix_id for r in reqs), default=-1)  # an id no request has
-    out = []
-    for r in reqs:
-        pid = lone if r.prefix_id < 0 and template.prefix_tokens else r.prefix_id
-        out.append(replace(r, prompt_tokens=r.prompt_tokens + template.tokens, prefix_id=pid,
-                           prefix_tokens=template.prefix_tokens + r.prefix_tokens
-                           if pid >= 0 else 0))
-    return out
 
 
 def chat_template_tokens(run: ServedRun, model) -> int:

@@ -130,3 +130,21 @@ def shaped_lengths(pairs: list[tuple[int, int]], n: int, *, mean_prompt: float,
         p, o = pairs[order[k % len(order)]]
         out.append((max(1, round(p * mean_prompt / mp)), max(1, round(o * mean_output / mo))))
     return out
+
+
+def with_chat_template(reqs: list[Request], template) -> list[Request]:
+    """``reqs`` as the engine sees chat messages: each prompt longer by the template's tokens
+    (a ``ChatTemplate``), whose opening (a default system message) is the same in every
+    request and so one prefix a prefix cache computes once. A request's own shared prefix
+    follows that opening: its group shares both; a request without one joins a group of its
+    own that shares the opening alone."""
+    if not template.tokens:
+        return reqs
+    lone = 1 + max((r.prefix_id for r in reqs), default=-1)  # an id no request has
+    out = []
+    for r in reqs:
+        pid = lone if r.prefix_id < 0 and template.prefix_tokens else r.prefix_id
+        out.append(replace(r, prompt_tokens=r.prompt_tokens + template.tokens, prefix_id=pid,
+                           prefix_tokens=template.prefix_tokens + r.prefix_tokens
+                           if pid >= 0 else 0))
+    return out
