@@ -114,11 +114,18 @@ def fit(spec: EngineSpec, params: list[str], datasets: list[Dataset], *, models,
 def descend(cost, values: dict[str, float], best: float, *, sweeps: int = 40,
             tol: float = 1e-4, bounds=bounds_of) -> tuple[dict[str, float], float]:
     """Cyclic coordinate descent of ``cost(values)`` over the named parameters, each by a
-    golden-section search of its log within ``bounds(name)``; (values, cost) at the end."""
+    golden-section search of its log within ``bounds(name)``; (values, cost) at the end. A
+    parameter whose line was searched with every other value as it is now is not searched
+    again: the same line, the same answer (the last sweep, which only confirms, skips one)."""
     values = dict(values)
+    searched: dict[str, dict[str, float]] = {}  # parameter -> the others when last searched
     for _ in range(sweeps):
         start = best
         for p in values:
+            others = {q: v for q, v in values.items() if q != p}
+            if searched.get(p) == others:
+                continue
+            searched[p] = others
             lo, hi = bounds(p)
 
             def f(logv: float, p: str = p) -> float:
