@@ -36,9 +36,10 @@ from planner.io import catalog  # noqa: E402
 
 # engine -> (parameters, fit sources)
 PLANS: dict[str, tuple[list[str], list[str]]] = {
-    # Each V1 line, jointly: the per-step host cost (TPOT at low load) and the GEMMs' share of
-    # the achievable compute rate (prefill, and decode at large batches), on the runs of the
-    # releases the profile covers (``_runs``), every other source held out.
+    # Each V1 line, jointly: the per-step host cost (TPOT at low load) and the share of its
+    # kernels' compute rate every matmul attains in served steps (prefill, and decode at large
+    # batches; plain and quantized GEMMs alike), on the runs of the releases the profile
+    # covers (``_runs``), every other source held out.
     # vLLM 0.12 and later (async scheduling on): the step cost on Massed Compute's runs of a
     # 2026 nightly (Qwen3-32B / 30B-A3B, DeepSeek-R1-Distill 8B / 32B on H100 PCIe, 1 to 32
     # requests in flight); Scicom's 0.14 runs held out. (Fitted beside it, the GEMM compute
@@ -49,8 +50,9 @@ PLANS: dict[str, tuple[list[str], list[str]]] = {
     # to DeepSeek-R1, whose TTFT the 0.9 guess left 45% short, the miss growing with the
     # prefill); GPUStack's 0.10-0.11 and llm-k8s' 0.8.3 runs held out. (A request-path cost
     # fitted on R1-Benchmark alone ended at the edge of its range and was refused, for the
-    # same reason.)
-    "vllm-0.8": (["step_overhead_us", "gemm_compute_frac"],
+    # same reason. Until 2026-11-27 the second parameter was gemm_compute_frac, which slows the
+    # bf16 GEMMs only and left the quantized ones at their kernels' rates.)
+    "vllm-0.8": (["step_overhead_us", "served_compute_frac"],
                  ["massed-compute-gpu-benchmark", "r1-benchmark"]),
     # SGLang (0.4 and later): the request path's fixed cost (TTFT at low load; it had none),
     # on Massed Compute's SGLang 0.5.14 runs (the other half of the sweep the vllm line was
@@ -79,6 +81,10 @@ RANGES: dict[str, tuple[float, float, str]] = {
     "gemm_compute_frac": (0.3, 1.0,
                           "a model's prefill GEMMs reach a fraction of the GPU's achievable "
                           "rate: above 1 is impossible, below 0.3 would be a broken kernel"),
+    "served_compute_frac": (0.3, 1.0,
+                            "the share of its kernels' compute rate a served step's matmuls "
+                            "attain: above 1 would be faster than the kernels themselves, "
+                            "below 0.3 a step spent mostly outside its GEMMs"),
     "attention_compute_frac": (0.2, 1.0,
                                "FlashAttention reaches 50-75% of the peak; below 0.2 would be "
                                "a broken kernel"),

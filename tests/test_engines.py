@@ -163,6 +163,38 @@ def test_fp8_weights_without_fp8_tensor_cores_run_the_marlin_path():
     assert op_time(w8a8, c, engine=e).bandwidth_frac == 0.9
 
 
+def test_served_compute_share_slows_every_matmul_alike():
+    # a served step's matmuls attain s = 0.5 of their kernels' compute rate: a bf16 GEMM's
+    # compute time doubles (0.5 -> 0.25 of 100 TFLOP/s), and so does a quantized one's, at its
+    # own path's efficiency (int4: 0.75 -> 0.375); memory time, attention and element-wise
+    # kernels are untouched
+    e = dataclasses.replace(H, quantized=((DType.int4, (0.9, 0.75)),), overlap_frac=1.0)
+    half = dataclasses.replace(e, served_compute_frac=0.5)
+    gemm = Op("gemm", "matmul", 1, flops=8e12, weight_bytes=4e8, m_rows=4096.0)
+    w4 = dataclasses.replace(gemm, weight_dtype=DType.int4)
+    for op, frac in ((gemm, 0.5), (w4, 0.75)):
+        t, th = op_time(op, C, engine=e), op_time(op, C, engine=half)
+        assert t.compute_frac == frac and th.compute_frac == frac / 2
+        assert t.compute_s == pytest.approx(8e12 / (100e12 * frac))
+        assert th.compute_s == pytest.approx(2 * t.compute_s)
+        assert th.memory_s == t.memory_s
+    attn = Op("attn", "attention", 1, flops=8e12, act_bytes=4e8)
+    norm = Op("norm", "elementwise", 1, flops=1e9, act_bytes=4e8)
+    for op in (attn, norm):
+        assert op_time(op, C, engine=half).time_s == op_time(op, C, engine=e).time_s
+
+
+def test_served_compute_share_is_validated_and_defaults_to_one():
+    spec = catalog.load_engine_spec("vllm-0.8")
+    assert 0.3 <= spec.model().served_compute_frac < 1  # fitted on served runs
+    assert catalog.load_engine("vllm").served_compute_frac == 1.0  # none stated: the kernels'
+    data = spec.model_dump(exclude_none=True)
+    for bad in (0.0, 1.5, -0.2):
+        data["served_compute_frac"]["value"] = bad
+        with pytest.raises(ValueError, match="served_compute_frac"):
+            type(spec).model_validate(data)
+
+
 @pytest.mark.parametrize("engine,per_gemm", [("vllm", 2), ("sglang", 1), ("trtllm", 0)])
 def test_llama_fp8_decode_step_launches_the_quantizing_kernels(engine, per_gemm):
     # Llama-3.1-8B: 32 layers x 4 fp8 GEMMs (QKV, o, gate_up, down); the lm_head stays 16-bit

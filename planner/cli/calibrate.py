@@ -61,10 +61,11 @@ def calibrate(
         help="Also fit once per run without it, to show the held-out error.")] = True,
     as_json: JsonOpt = False,
 ) -> None:
-    """Fit an engine profile's per-step cost, decode bandwidth efficiency, prefill compute
-    efficiency and (with TP) all-reduce latency to measured serving runs; write it as a
-    profile every command takes with --engine PATH."""
+    """Fit an engine profile's per-step cost, decode bandwidth efficiency, the share of its
+    kernels' compute rate every matmul attains (prefill) and (with TP) all-reduce latency to
+    measured serving runs; write it as a profile every command takes with --engine PATH."""
     from planner.evidence.calibrate import calibrate as fit
+    from planner.evidence.fit import get_param
     from planner.io import fmt
     from planner.io.render import plain, table
 
@@ -103,8 +104,8 @@ def calibrate(
     stdout.print(f"[bold]fitted[/] {len(res.runs)} run(s) of {plain(s.model.name)} on {tp} x "
                  f"{plain(s.hardware.name)}, from {plain(spec.name)}; "
                  + ("[red]not written[/]" if res.refused else f"wrote {plain(out)}"))
-    rows = [[p, f"{spec.parameters()[p].value:g}", f"{v:g}"] for p, v in res.values.items()]
-    rows += [[p, f"{spec.parameters()[p].value:g}", f"kept: {why}"]
+    rows = [[p, f"{get_param(spec, p):g}", f"{v:g}"] for p, v in res.values.items()]
+    rows += [[p, f"{get_param(spec, p):g}", f"kept: {why}"]
              for p, why in res.unidentified.items()]
     stdout.print(table("Parameters", ["parameter", "base", "fitted"], rows, left=1,
                        compact=True, fold=(2,)))

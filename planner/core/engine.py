@@ -17,7 +17,9 @@ the GEMM tile height (tile quantization: a decode GEMM of M = batch rows costs a
 rows; NVIDIA, "Matrix Multiplication Background User's Guide", "Tile quantization"), B its
 bytes, R and W the achievable matmul rate of its precision and the achievable bandwidth, e_c and
 e_b the engine's efficiencies for the operator's kind (GEMM, weight-only int8 / int4, fp8,
-attention, element-wise), o the fraction of the shorter of the two times hidden under the
+attention, element-wise; a matmul's e_c, plain or quantized, times the share s of it that the
+release line's served steps attain, 1 unless a profile fitted on served runs says otherwise),
+o the fraction of the shorter of the two times hidden under the
 longer (1: the roofline's perfect overlap; 0: the background notes' additive form; real kernels
 lose most near the ridge point, where the two are equal), k the kernels it launches and
 t_kernel the device-side cost of each (launch latency, ramp-up and tail), t_host the host's cost
@@ -339,6 +341,10 @@ class EngineSpec(_Frozen):
     fp8_quant_kernels: Num | None = None
     gemm_bandwidth_frac: Frac
     gemm_compute_frac: Frac
+    # the share of its kernels' compute rate every matmul attains in this release line's
+    # served steps, plain and quantized alike: a factor on gemm_compute_frac and on each
+    # quantized path's compute_frac (None: 1, the kernels' own rates)
+    served_compute_frac: Frac | None = None
     gemm_tile_m: Num
     overlap_frac: Frac  # share of min(compute, memory) time hidden under the max
     attention_bandwidth_frac: Frac
@@ -433,6 +439,8 @@ class EngineSpec(_Frozen):
                                else self.fp8_quant_kernels.value),
             gemm_bandwidth_frac=self.gemm_bandwidth_frac.value,
             gemm_compute_frac=self.gemm_compute_frac.value,
+            served_compute_frac=(1.0 if self.served_compute_frac is None
+                                 else self.served_compute_frac.value),
             gemm_tile_m=self.gemm_tile_m.value,
             overlap_frac=self.overlap_frac.value,
             attention_bandwidth_frac=self.attention_bandwidth_frac.value,
@@ -515,6 +523,7 @@ class Engine:
     fp8_quant_kernels: float = 0.0  # beside each W8A8 fp8 GEMM: its activations' quantization
     gemm_bandwidth_frac: float = 1.0
     gemm_compute_frac: float = 1.0
+    served_compute_frac: float = 1.0  # times every matmul's compute efficiency
     gemm_tile_m: float = 1.0
     overlap_frac: float = 1.0
     attention_bandwidth_frac: float = 1.0
@@ -616,6 +625,7 @@ class Engine:
         return (self.ceilings, self.step_overhead_s, self.per_sequence_overhead_s,
                 self.prefill_step_overhead_s, self.kernel_gap_s, self.host_launch_s,
                 self.fp8_quant_kernels, self.gemm_bandwidth_frac, self.gemm_compute_frac,
+                self.served_compute_frac,
                 self.gemm_tile_m, self.overlap_frac,
                 self.attention_bandwidth_frac, self.attention_compute_frac,
                 self.gqa_kv_reuse, self.kv_cache_concat, self.elementwise_bandwidth_frac,

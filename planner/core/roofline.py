@@ -264,13 +264,15 @@ def op_efficiency(op: Op, e: Engine) -> tuple[float, float]:
     """(bandwidth, compute) efficiency of ``op`` under engine ``e``. fp8 weights computed in
     16 bits (a GPU without fp8 tensor cores: A100, A10) take the int8 path's: vLLM runs them
     through FP8 Marlin, "based on existing 8-bit integer support in GPTQ Marlin kernel"
-    (https://github.com/vllm-project/vllm/pull/5975, 2024-07-03)."""
+    (https://github.com/vllm-project/vllm/pull/5975, 2024-07-03). A matmul's compute
+    efficiency, plain or quantized, is its kernel's times the share of it the engine's served
+    steps attain (``Engine.served_compute_frac``)."""
     if op.kind == "matmul":
         wdt = op.weight_dtype
         if wdt == DType.fp8 and op.dtype != DType.fp8:
             wdt = DType.int8
-        q = e.quant_fracs(wdt)
-        return q if q is not None else (e.gemm_bandwidth_frac, e.gemm_compute_frac)
+        bw, comp = e.quant_fracs(wdt) or (e.gemm_bandwidth_frac, e.gemm_compute_frac)
+        return bw, comp * e.served_compute_frac
     if op.kind == "attention":
         return e.attention_bandwidth_frac, e.attention_compute_frac
     return e.elementwise_bandwidth_frac, 1.0

@@ -2,8 +2,10 @@
 
 The free parameters are those a serving stack changes most and a measurement can see: the
 fixed cost of a decode step (``step_overhead_us``: scheduling, sampling, what CUDA graphs do
-not hide), the bandwidth efficiency of the decode GEMMs (``gemm_bandwidth_frac``), the compute
-efficiency of prefill (``gemm_compute_frac``) and, with TP, the all-reduce latency
+not hide), the bandwidth efficiency of the decode GEMMs (``gemm_bandwidth_frac``), the share of
+its kernel's compute rate each matmul attains in a served step, plain or quantized
+(``served_compute_frac``: prefill, and decode at large batches) and, with TP, the all-reduce
+latency
 (``allreduce_latency_us``). Each run is predicted by the simulator (``planner.evidence.compare``)
 and its residuals are log(predicted / measured) of the mean TTFT, the mean TPOT (or ITL) and
 the output throughput it reports; the loss is the same soft-L1 as ``planner.evidence.fit``
@@ -33,7 +35,7 @@ from planner.layouts.deployment import Deployment
 from planner.serving import run as serving
 from planner.serving.cost import CostCache
 
-DEFAULT_PARAMS = ("step_overhead_us", "gemm_bandwidth_frac", "gemm_compute_frac",
+DEFAULT_PARAMS = ("step_overhead_us", "gemm_bandwidth_frac", "served_compute_frac",
                   "allreduce_latency_us")
 # measured figure -> the simulator's key for it
 FIT_METRICS = {"mean_ttft_s": "mean_ttft_ms", "mean_tpot_s": "mean_tpot_ms",
@@ -49,8 +51,9 @@ RANGES: dict[str, tuple[float, float, str]] = {
                          "microseconds; above 15 ms it is no serving engine with CUDA graphs"),
     "gemm_bandwidth_frac": (0.6, 1.0, "a decode GEMM streams its weights as a copy does: "
                             "cuBLAS, CUTLASS and Marlin reach 60-100% of copy bandwidth"),
-    "gemm_compute_frac": (0.4, 1.0, "a prefill GEMM of a real model reaches at least 40% of "
-                          "the best shape's rate"),
+    "served_compute_frac": (0.3, 1.0, "a served step's matmuls attain at most their kernels' "
+                            "own rate, and at least 30% of it (below, the step would be spent "
+                            "mostly outside its GEMMs)"),
     "allreduce_latency_us": (2.0, 500.0, "an all-reduce over NVLink or PCIe costs microseconds "
                              "to a few hundred"),
 }
@@ -228,6 +231,9 @@ def calibrate(runs: list[ServedRun], base: Deployment, spec: EngineSpec, *, name
     values = _fit(pred, free, idx, sweeps=sweeps, tol=tol) if free else {}
     held: dict[int, dict[str, float]] = {}
     if leave_one_out and len(runs) > 1 and free:
+        # each fit without a run starts where the whole fit started, not from its answer: on
+        # the flat valleys these losses have, a search started from values fitted with the run
+        # stays near them, and the run would be predicted by its own fit
         for i in idx:
             pred.stage = f"leaving out run {i + 1} of {len(idx)}"
             others = [j for j in idx if j != i]

@@ -27,7 +27,14 @@ FRACTION_BOUNDS = (0.3, 1.0)
 MICROSECOND_BOUNDS = (0.01, 20000.0)
 
 
+# Parameters a profile may leave out, with the value that stands for them: a fit starts there
+# and writes the parameter in (served_compute_frac: a matmul attains its kernel's own rate).
+OPTIONAL_DEFAULTS = {"served_compute_frac": 1.0}
+
+
 def get_param(spec: EngineSpec, name: str) -> float:
+    if name in OPTIONAL_DEFAULTS and getattr(spec, name) is None:
+        return OPTIONAL_DEFAULTS[name]
     return _param(spec, name).value
 
 
@@ -46,6 +53,9 @@ def set_params(spec: EngineSpec, values: dict[str, float],
     data = spec.model_dump()
     for name, v in values.items():
         parts = name.split(".")
+        if data.get(name, 0) is None and name in OPTIONAL_DEFAULTS:
+            data[name] = {"source": "definition: the kernels' own rate",
+                          "note": "absent from the base profile; stands at its default, 1"}
         node = data["quantized"][parts[1]][parts[2]] if parts[0] == "quantized" else data[name]
         node["value"] = v
         if fitted_on is not None:
