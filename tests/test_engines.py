@@ -385,3 +385,15 @@ def test_engine_files_that_are_not_profiles(run_cli, tmp_path):
     code, _, err = run_cli("estimate", "-m", "llama-3.1-8b", "-g", "h100-sxm", "--engine",
                            str(bad))
     assert code == 2 and "gemm_bandwidth_frac.value" in err
+
+
+def test_engines_listing_shows_the_served_compute_share(run_json, run_cli):
+    rows = {r["name"]: r for r in run_json("engines")}
+    r = rows["vllm-0.8"]
+    spec = catalog.load_engine_spec("vllm-0.8")
+    assert r["gemm_compute_frac"] == spec.gemm_compute_frac.value
+    assert r["served_compute_frac"] == spec.served_compute_frac.value
+    assert rows["vllm"]["served_compute_frac"] == 1.0  # none stated: the kernels' own rate
+    code, out, _ = run_cli("engines")
+    line = next(x for x in out.splitlines() if x.startswith("vllm-0.8 "))
+    assert code == 0 and f"{r['gemm_compute_frac'] * r['served_compute_frac']:.0%}" in line

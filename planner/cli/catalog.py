@@ -92,6 +92,8 @@ def engines(as_json: JsonOpt = False) -> None:
                      "step_overhead_us": spec.step_overhead_us.value,
                      "cuda_graphs": e.cuda_graphs, "kernel_gap_us": spec.kernel_gap_us.value,
                      "gemm_bandwidth_frac": e.gemm_bandwidth_frac,
+                     "gemm_compute_frac": e.gemm_compute_frac,
+                     "served_compute_frac": e.served_compute_frac,
                      "attention_bandwidth_frac": e.attention_bandwidth_frac,
                      "allreduce_latency_us": spec.allreduce_latency_us.value,
                      "memory_utilization_frac": e.memory_utilization_frac,
@@ -102,12 +104,14 @@ def engines(as_json: JsonOpt = False) -> None:
         return
     gate(rows, "the engines table")  # the figures the table shows
     stdout.print(table("Engine profiles (engines_db; --json for versions and sources; times "
-                       "in us; BW: share of the bandwidth reached)",
+                       "in us; BW: share of the bandwidth reached; FLOP: of the matmul rate, a "
+                       "16-bit GEMM's)",
                        ["name", "ceilings", "step", "graphs", "kernel", "GEMM\nBW",
-                        "attn\nBW", "all-\nreduce", "memory", "fitted\nrows"],
+                        "GEMM\nFLOP", "attn\nBW", "all-\nreduce", "memory", "fitted\nrows"],
                        [[r["name"], r["ceilings"], f"{r['step_overhead_us']:g}",
                          "yes" if r["cuda_graphs"] else "no", f"{r['kernel_gap_us']:.3g}",
                          f"{r['gemm_bandwidth_frac']:.0%}",
+                         f"{r['gemm_compute_frac'] * r['served_compute_frac']:.0%}",
                          f"{r['attention_bandwidth_frac']:.0%}",
                          f"{r['allreduce_latency_us']:.3g}",
                          f"{r['memory_utilization_frac']:.2g} {r['memory_basis']}",
