@@ -2,7 +2,9 @@
 Llama-3.1-8B on one H100 with the vLLM profile (issue: at most 2 s on one core), under
 continuous batching; then with every serving part switched on (vLLM's defaults: CUDA-graph
 padding and prefix caching, the prompts sharing a 512-token prefix; then SGLang's separate
-prefill steps and TensorRT-LLM's no-evict admission), the same stream under static batching,
+prefill steps and TensorRT-LLM's no-evict admission; then SGLang's own scheduler, its
+admission holding KV back for the running requests' outputs), the same stream under static
+batching,
 and a smaller one (the speculative pool tracks each decoding request, O(running) a step) with
 n-gram speculation.
 
@@ -52,7 +54,10 @@ def main() -> None:
     for name, cfg in (
             ("vLLM defaults (graph padding, prefix cache)", SchedulerConfig.for_engine(eng)),
             ("+ separate prefill, no-evict", SchedulerConfig.for_engine(
-                eng, mixed_batches=False, capacity_policy="guaranteed-no-evict"))):
+                eng, mixed_batches=False, capacity_policy="guaranteed-no-evict")),
+            ("SGLang's scheduler (separate prefill, its admission holding KV back)",
+             SchedulerConfig.for_engine(catalog.load_engine("sglang"),
+                                        memory_bytes=hw.memory_bytes))):
         t0 = time.perf_counter()
         shared = synthetic(args.requests, prompt_tokens=512, output_tokens=256,
                            prefix_tokens=512)

@@ -375,3 +375,30 @@ def test_a_request_beyond_max_model_len_is_refused(vllm):
     res = simulate(reqs, c, SchedulerConfig(max_model_len=4096))
     assert [bool(r.failed) for r in res.requests] == [False, True, False]
     assert res.requests[1].failed == "4,000 + 97 tokens exceed max-model-len (4,096)"
+
+
+def test_sglang_admits_as_its_prefill_adder_does_and_vllm_does_not():
+    """SGLang's profile states its GlobalConfig: the ratio starts at 0.7, falls over 600
+    decode steps to 0.7 x 0.14 = 0.098, outputs count up to 4,096 tokens, a retraction adds
+    20 steps a request; vLLM's and TensorRT-LLM's hold nothing back for future tokens."""
+    s = SchedulerConfig.for_engine(catalog.load_engine("sglang"))
+    init, low, fall, clip, retract = s.decode_reserve
+    assert (init, clip, retract) == (0.7, 4096, 20)
+    assert low == pytest.approx(0.098) and fall == pytest.approx((0.7 - 0.098) / 600)
+    for name in ("vllm", "vllm-0.8", "trtllm"):
+        assert SchedulerConfig.for_engine(catalog.load_engine(name)).decode_reserve is None
+
+
+def test_sglangs_admission_spares_the_preemptions_of_a_tight_kv_pool():
+    """Qwen3-32B in bf16 on one H100 leaves SGLang a small KV pool: 400 requests sent at
+    once, admitted as vLLM admits them, preempt hundreds of times; held back as SGLang
+    holds them, a few, with fewer running at once."""
+    m, hw = catalog.load_model("qwen3-32b"), catalog.load_hardware("h100-sxm")
+    eng = catalog.load_engine("sglang")
+    coster = StepCoster(m, hw, prepare(hw, Precision(), None, OPTS, eng), OPTS)
+    reqs = synthetic(400, prompt_tokens=220, output_tokens=200, seed=3)
+    sglang = SchedulerConfig.for_engine(eng, memory_bytes=hw.memory_bytes)
+    held = simulate([replace(r) for r in reqs], coster, sglang)
+    eager = simulate([replace(r) for r in reqs], coster, replace(sglang, decode_reserve=None))
+    assert eager.preemptions > 100 > held.preemptions
+    assert held.max_running < eager.max_running

@@ -407,3 +407,80 @@ def test_decode_pool_hands_out_due_requests_by_finish_step_then_admission():
             pool.leave(q)
             q = pool.pop_due()
     assert seen == [(3, 1), (4, 2), (4, 5), (4, 7), (6, 11), (7, 3)]
+
+
+def test_decode_pool_counts_what_its_decoders_have_left_up_to_a_clip():
+    """Two decoders, 10 and 4 output tokens, one generated each at joining; a clip of 5:
+    the longer counts 5 until it has fewer left (after 4 steps: 5, then 3 after 6)."""
+    kv = PagedKV(1000, 1)
+    pool = DecodePool(kv, 1)
+    pool.clip = 5
+    long_, short = _req(0, 8, 10), _req(1, 8, 4)
+    for q in (long_, short):
+        q.computed, q.generated = 8, 1
+        pool.join(q)
+    assert pool.left_tokens() == 5 + 3
+    assert pool.decoded_tokens() == (2, 14)
+    for _ in range(2):
+        pool.step()
+    assert pool.left_tokens() == 5 + 1 and pool.decoded_tokens() == (6, 14)
+    pool.leave(short)
+    for _ in range(4):
+        pool.step()
+    assert pool.left_tokens() == 3 and pool.decoded_tokens() == (7, 10)
+
+
+def _reserving(reserve: tuple, blocks: int = 4) -> ContinuousScheduler:
+    cfg = SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=16, block_size=4,
+                          mixed_batches=False, decode_reserve=reserve)
+    kv = PagedKV(4 * blocks, 4)
+    return ContinuousScheduler(cfg, kv, DecodePool(kv, 4))
+
+
+def test_sglang_admission_holds_kv_back_for_the_outputs_to_come():
+    """The pool of test_newest_request_is_preempted_when_decodes_need_a_block (16 tokens),
+    under SGLang's rule: the first request asks 4 + 10 of the 16 and leaves 2, so the second
+    (4 + 10 again) waits instead of being admitted and preempted later; a step later the
+    first's 9 tokens to come are held at the ratio 0.7 (6.3) beside its 4 tokens of prompt
+    and 4 of its first block: 16 - 4 - 6.3 = 5.7 < 14, still waiting."""
+    sched = _reserving((0.7, 0.098, 0.001, 4096, 20))
+    a, b = _req(0, 4, 10), _req(1, 4, 10)
+    sched.waiting.extend([a, b])
+    assert _step(sched, 1.0) == [(a, 4)]
+    assert list(sched.waiting) == [b] and sched.ratio == 0.7
+    assert sched._reserve_room() == pytest.approx(16 - 4 - 0.7 * 9)
+    for t in range(2, 12):
+        _step(sched, float(t))
+    assert sched.preemptions == 0 and a.state is RequestState.FINISHED
+    assert b.state is not RequestState.WAITING
+
+
+def test_sglang_ratio_falls_with_each_decode_step_and_rises_after_a_retraction():
+    """A clip of 1 token lets both requests in, as vLLM would (each asks 4 + 1), and the
+    pool runs out at the same step as in test_newest_request_is_preempted_when_decodes_
+    need_a_block. Before it, four decode steps lowered the ratio by 0.1 each from 0.9 (to
+    0.5); the retraction then sets it from the survivor: (5 decoded + 20 x 1) / 10 = 2.5,
+    at most 1."""
+    sched = _reserving((0.9, 0.2, 0.1, 1, 20))
+    a, b = _req(0, 4, 10), _req(1, 4, 10)
+    sched.waiting.extend([a, b])
+    assert _step(sched, 1.0) == [(a, 4), (b, 4)]
+    for t in (2.0, 3.0, 4.0, 5.0):
+        _step(sched, t)
+    assert sched.ratio == pytest.approx(0.5) and sched.preemptions == 0
+    _step(sched, 6.0)
+    assert sched.preemptions == 1 and sched.ratio == 1.0
+
+
+def test_sglang_ratio_floor_and_idle_reset():
+    sched = _reserving((0.9, 0.2, 0.1, 4096, 20), blocks=64)
+    a = _req(0, 4, 30)
+    sched.waiting.append(a)
+    for t in range(1, 20):
+        _step(sched, float(t))
+    assert sched.ratio == pytest.approx(0.2)  # 0.9 less 0.1 a step, held at the least
+    while a.state is not RequestState.FINISHED:
+        _step(sched, 30.0)
+    sched.waiting.append(_req(1, 4, 4))
+    _step(sched, 31.0)  # an idle server starts over
+    assert sched.ratio == 0.9

@@ -156,6 +156,33 @@ class Policy(_Sourced):
     value: Literal["max-utilization", "guaranteed-no-evict"]
 
 
+class DecodeReserve(_Frozen):
+    """Admission that holds KV back for the running requests' future tokens (SGLang's
+    ``PrefillAdder``): a waiting request is admitted only if its uncached prompt and
+    min(its output, ``clip_tokens``) fit in the free and evictable KV less what the running
+    requests may still write, min(their remaining output, ``clip_tokens``) x a ratio, and
+    less what the requests admitted before it in the same step asked for. The ratio starts at
+    ``init_ratio``, falls by (init - init x ``min_ratio_factor``) / ``decay_steps`` with every
+    decode step to init x ``min_ratio_factor``, returns to ``init_ratio`` when the server
+    idles, and after a retraction (a preemption to make room for decodes) is set to
+    min(1, (tokens decoded + ``retract_steps`` x requests decoding) / their outputs)."""
+
+    init_ratio: float = Field(gt=0, le=1)
+    min_ratio_factor: float = Field(gt=0, le=1)
+    decay_steps: float = Field(gt=0, le=1_000_000)
+    clip_tokens: int = Field(ge=1, le=100_000_000)
+    retract_steps: int = Field(ge=0, le=1_000_000)
+    source: str = Field(min_length=1)
+    date: str | None = None
+    note: str | None = None
+
+    def rule(self) -> tuple[float, float, float, int, int]:
+        """(initial ratio, least ratio, fall per decode step, clip, retract steps)."""
+        low = self.init_ratio * self.min_ratio_factor
+        return (self.init_ratio, low, (self.init_ratio - low) / self.decay_steps,
+                self.clip_tokens, self.retract_steps)
+
+
 class GraphCapTier(_Frozen):
     """On a GPU with less memory than ``below_gib``: the largest decode batch captured at TP
     below 4 (``cap``) and at TP 4 or more (``cap_tp4``; None: ``cap``)."""
@@ -291,6 +318,9 @@ class ServingDefaults(_Frozen):
     # prefill chunks share a step with the running decodes (vLLM, TensorRT-LLM's in-flight
     # batching); False: a step that prefills runs no decodes (SGLang without mixed chunking)
     mixed_batches: Flag | None = None
+    # admission holds KV back for the running requests' future tokens (SGLang's); None: a
+    # request is admitted when its prompt's first chunk fits (vLLM's)
+    decode_reserve: DecodeReserve | None = None
     cuda_graph_sizes: GraphSizes | None = None  # None: any decode batch replays a graph
     prefix_caching: Flag | None = None  # automatic prefix caching on by default (None: off)
     # the host's work for the next step (scheduling, input preparation) runs while the GPU
@@ -484,6 +514,8 @@ class EngineSpec(_Frozen):
             out["capacity_policy"] = sv.capacity_policy.value
         if sv.mixed_batches is not None:
             out["mixed_batches"] = sv.mixed_batches.value
+        if sv.decode_reserve is not None:
+            out["decode_reserve"] = sv.decode_reserve.rule()
         if sv.prefix_caching is not None:
             out["prefix_caching"] = sv.prefix_caching.value
         if sv.async_scheduling is not None:
@@ -551,6 +583,9 @@ class Engine:
     chunked_prefill: bool = True
     capacity_policy: str = "max-utilization"  # or "guaranteed-no-evict" (``Policy``)
     mixed_batches: bool = True  # prefill chunks and decodes share a step
+    # (initial ratio, least ratio, fall per decode step, clip, retract steps) of an admission
+    # that holds KV back for the running requests' tokens (``DecodeReserve``); None: none
+    decode_reserve: tuple | None = None
     prefix_caching: bool = False  # automatic prefix caching on by default
     # the next step's host work overlaps this step's GPU work: a step takes the longer of
     # the two (``planner.core.roofline.with_host``), not their sum

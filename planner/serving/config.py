@@ -34,6 +34,10 @@ class SchedulerConfig:
     # ("guaranteed-no-evict", TensorRT-LLM's default)
     capacity_policy: Literal["max-utilization", "guaranteed-no-evict"] = "max-utilization"
     mixed_batches: bool = True  # False: a step that prefills runs no decodes (SGLang's)
+    # admission holds KV back for the running requests' future tokens, SGLang's rule:
+    # (initial ratio, least ratio, fall per decode step, clip, retract steps)
+    # (``planner.core.engine.DecodeReserve``); None: none
+    decode_reserve: tuple | None = None
     # the decode batch sizes replayed from CUDA graphs, ascending (a decode step pads up to
     # the next; beyond the largest it runs without a graph); empty: any size, unpadded
     graph_sizes: tuple[int, ...] = ()
@@ -54,6 +58,7 @@ class SchedulerConfig:
               "max_num_batched_tokens": e.max_num_batched_tokens,
               "block_size": e.block_size, "chunked_prefill": e.chunked_prefill,
               "capacity_policy": e.capacity_policy, "mixed_batches": e.mixed_batches,
+              "decode_reserve": e.decode_reserve,
               "prefix_caching": e.prefix_caching, "api_servers": e.api_servers,
               **overrides}
         if "graph_sizes" not in kw and e.cuda_graphs and e.graph_rule is not None:

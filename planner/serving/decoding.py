@@ -40,7 +40,7 @@ class DecodePool:
     """Decoding requests in aggregate: a token each per step."""
 
     __slots__ = ("kv", "G", "n", "sum_c0_minus_G0", "bucket", "bs", "finishing", "heap",
-                 "due", "due_G", "padding")
+                 "due", "due_G", "padding", "sum_out", "sum_left_G0", "clip", "long")
     k1 = 1  # tokens a decoding request takes of a step
 
     def __init__(self, kv: KVPool, block_size: int):
@@ -58,6 +58,13 @@ class DecodePool:
         self.due: list[tuple[int, int, SimRequest]] = []  # the step's, last first
         self.due_G = -1  # their finish_G
         self.padding = 0  # static batching: finished requests decoding on as padding
+        # what the decoders have still to generate, for an admission that holds KV back for
+        # it (``left_tokens``): the sums of their outputs and of (output - generated at join
+        # + G0), and those with more than ``clip`` tokens left at joining, counted apart
+        self.sum_out = 0
+        self.sum_left_G0 = 0
+        self.clip: int | None = None
+        self.long: dict[int, SimRequest] = {}
 
     def gained(self, q: SimRequest) -> int:
         """Tokens ``q`` generated since it joined."""
@@ -82,6 +89,11 @@ class DecodePool:
         self.n += 1
         self.sum_c0_minus_G0 += off
         self.bucket[off % self.bs] += 1
+        out = q.r.output_tokens
+        self.sum_out += out
+        self.sum_left_G0 += out - q.g0 + G
+        if self.clip is not None and out - q.g0 > self.clip:
+            self.long[q.id] = q
         entry = (q.admitted, q.id, q)
         same = self.finishing.get(q.finish_G)
         if same is None:
@@ -96,6 +108,24 @@ class DecodePool:
         self.n -= 1
         self.sum_c0_minus_G0 -= off
         self.bucket[off % self.bs] -= 1
+        out = q.r.output_tokens
+        self.sum_out -= out
+        self.sum_left_G0 -= out - q.g0 + q.G0
+        if self.long:
+            self.long.pop(q.id, None)
+
+    def left_tokens(self) -> int:
+        """The tokens the decoders have still to generate, each counted up to ``clip``."""
+        left = self.sum_left_G0 - self.n * self.G
+        clip, G = self.clip, self.G
+        for q in self.long.values():
+            mine = q.r.output_tokens - q.g0 + q.G0 - G
+            left -= mine - min(mine, clip)
+        return left
+
+    def decoded_tokens(self) -> tuple[int, int]:
+        """(tokens the decoders have generated, the sum of their outputs)."""
+        return self.sum_out - (self.sum_left_G0 - self.n * self.G), self.sum_out
 
     def pop_due(self) -> SimRequest | None:
         """A request whose last token came in the last step, or None. The caller moves it out
@@ -185,6 +215,15 @@ class SpecDecodePool(DecodePool):
     def leave(self, q: SimRequest) -> None:
         del self.members[q.id]
         super().leave(q)
+
+    def left_tokens(self) -> int:
+        clip = self.clip if self.clip is not None else math.inf
+        return sum(min(q.r.output_tokens - q.g0 - self.gained(q), clip)
+                   for q in self.members.values())
+
+    def decoded_tokens(self) -> tuple[int, int]:
+        done = sum(q.g0 + self.gained(q) for q in self.members.values())
+        return done, self.sum_out
 
     def growth_tokens(self) -> int:
         """Each request's lookahead: KV for its context + 1 + k tokens."""

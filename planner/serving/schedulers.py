@@ -32,6 +32,13 @@ whole length at admission. ``mixed_batches=False`` is SGLang's default (no
 ``--enable-mixed-chunk``, python/sglang/srt/managers/scheduler.py ``get_next_batch_to_run``):
 a step that can prefill (a chunk to continue or a request to admit) runs those prefills
 alone, and the running requests decode only in steps with no prefill; their tokens wait.
+``decode_reserve`` is SGLang's admission (python/sglang/srt/managers/schedule_policy.py
+``PrefillAdder``): a waiting request is admitted only if its uncached prompt and its output
+(up to a clip) fit in the free and evictable KV less the running requests' outputs still to
+come (each up to the clip) times a ratio, and less what the requests admitted before it in the
+same step asked for; the ratio falls with each decode step to a floor, is set from the
+decoders' progress after a retraction, and starts over when the server idles (a request still
+prefilling in chunks is held at the ratio, as a running one).
 
 With prefix caching (the KV pool's ``PrefixCache``, continuous batching), a request admitted
 while its prefix is cached starts with those tokens computed and holds them with the others;
@@ -69,7 +76,8 @@ class Scheduler:
 
     __slots__ = ("kv", "batch", "waiting", "running", "prefilling", "finished", "preemptions",
                  "stamp", "token_budget", "chunk_tokens", "max_seqs", "chunked", "whole",
-                 "mixed", "decodes", "refused", "on_done")
+                 "mixed", "decodes", "refused", "on_done", "reserve", "ratio",
+                 "retracted")
 
     def __init__(self, cfg: SchedulerConfig, kv: KVPool, batch: DecodePool):
         self.kv, self.batch = kv, batch
@@ -86,6 +94,14 @@ class Scheduler:
         self.chunked = cfg.chunked_prefill
         self.whole = cfg.capacity_policy == "guaranteed-no-evict"  # reserve whole lengths
         self.mixed = cfg.mixed_batches
+        # SGLang's admission (``SchedulerConfig.decode_reserve``): KV held back for the
+        # running requests' future tokens, at a ratio of what they have left that falls
+        # with every decode step
+        self.reserve = cfg.decode_reserve
+        self.ratio = cfg.decode_reserve[0] if cfg.decode_reserve is not None else 0.0
+        if self.reserve is not None:
+            batch.clip = self.reserve[3]
+        self.retracted = False  # this step's decodes preempted to make room
         self.decodes = True  # whether the step ``schedule`` filled runs the decode pool
         self.refused = 0  # requests refused while queued (their recompute grew too long)
         # called with each request as it is done or refused (its figures final): the run's
@@ -103,6 +119,12 @@ class Scheduler:
     def on_step_end(self, chunks: Chunks, now: float) -> None:
         """The step ended at ``now``: the decoders due are done, the chunks computed."""
         batch = self.batch
+        if self.reserve is not None and self.decodes and batch.n:
+            # a decode step ran: SGLang trusts the running requests' outputs to be shorter,
+            # unless it had to retract some to run it (the ratio was set then)
+            if not self.retracted:
+                self.ratio = max(self.ratio - self.reserve[2], self.reserve[1])
+            self.retracted = False
         pop_due, decoded = batch.pop_due, self._decoded
         q = pop_due()
         while q is not None:
@@ -228,12 +250,20 @@ class ContinuousScheduler(Scheduler):
         1 + k slots when speculating, as vLLM's lookahead slots), preempting the newest
         running requests until they fit."""
         batch, kv, running = self.batch, self.kv, self.running
+        retracted = False
         while True:
             grow = batch.growth_tokens()
             if kv.make_room(grow) or not running:
                 break
             self._preempt(running[next(reversed(running))])
+            retracted = True
         batch.take_growth(grow)
+        if retracted and self.reserve is not None:
+            # SGLang's retract_decode: the ratio the running requests' outputs have shown
+            done, outs = batch.decoded_tokens()
+            if outs:
+                self.ratio = min(1.0, (done + self.reserve[4] * batch.n) / outs)
+            self.retracted = True
 
     def _continue_prefills(self, chunks: Chunks, budget: int) -> int:
         """Unfinished prefills continue, in admission order; returns the budget left."""
@@ -262,6 +292,10 @@ class ContinuousScheduler(Scheduler):
         waiting, running, per_rank = self.waiting, self.running, self.chunk_tokens
         cache, chunked, max_seqs, admit = self.kv.prefixes, self.chunked, self.max_seqs, \
             self._admit
+        reserve = self.reserve
+        room = clip = 0
+        if reserve is not None and waiting:
+            room, clip = self._reserve_room(), reserve[3]
         while waiting and budget > 0 and len(running) < max_seqs:
             q = waiting[0]
             hit, own = cache.lookup(q) if cache is not None else (0, 0)
@@ -274,10 +308,31 @@ class ContinuousScheduler(Scheduler):
                 continue
             cap = min(budget, per_rank)
             chunk = min(left, cap) if chunked else left
+            if reserve is not None:
+                # SGLang's PrefillAdder.add_one_req: its whole uncached prompt and its output
+                # (up to the clip) must fit in what the running requests leave
+                want = min(q.r.output_tokens - q.generated, clip)
+                if left + want >= room:
+                    break
             if chunk > cap or not admit(q, chunk + loaded, hit, own):
                 break
             chunks.append((q, chunk))
             budget -= chunk
+            if reserve is not None:  # a truncated first chunk reserves no output yet
+                room -= chunk + (want if chunk == left else 0)
+
+    def _reserve_room(self) -> int:
+        """SGLang's rem_total_tokens before a step's admissions: the free and evictable KV
+        less the running requests' tokens still to come, each up to the clip, at the ratio
+        (an idle server starts over from the initial ratio)."""
+        if not self.running:
+            self.ratio = self.reserve[0]
+        clip = self.reserve[3]
+        left = self.batch.left_tokens() + sum(
+            min(q.r.output_tokens - q.generated, clip) for q in self.prefilling.values())
+        kv = self.kv
+        free = kv.free_tokens + (sum(kv.prefixes.idle.values()) if kv.prefixes else 0)
+        return free - self.ratio * left
 
     def _ensure(self, q: SimRequest, tokens: int) -> bool:
         """Reserve KV for ``q`` to hold ``tokens``; preempt the newest others if needed."""
