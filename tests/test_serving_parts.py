@@ -8,6 +8,7 @@ from collections import deque
 
 import pytest
 
+from planner.core.engine import ReserveRule
 from planner.core.errors import UsageError
 from planner.io import catalog
 from planner.layouts.speculation import SpeculationConfig
@@ -430,7 +431,7 @@ def test_decode_pool_counts_what_its_decoders_have_left_up_to_a_clip():
     assert pool.left_tokens() == 3 and pool.decoded_tokens() == (7, 10)
 
 
-def _reserving(reserve: tuple, blocks: int = 4) -> ContinuousScheduler:
+def _reserving(reserve: ReserveRule, blocks: int = 4) -> ContinuousScheduler:
     cfg = SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=16, block_size=4,
                           mixed_batches=False, decode_reserve=reserve)
     kv = PagedKV(4 * blocks, 4)
@@ -443,7 +444,7 @@ def test_sglang_admission_holds_kv_back_for_the_outputs_to_come():
     (4 + 10 again) waits instead of being admitted and preempted later; a step later the
     first's 9 tokens to come are held at the ratio 0.7 (6.3) beside its 4 tokens of prompt
     and 4 of its first block: 16 - 4 - 6.3 = 5.7 < 14, still waiting."""
-    sched = _reserving((0.7, 0.098, 0.001, 4096, 20))
+    sched = _reserving(ReserveRule(0.7, 0.098, 0.001, 4096, 20))
     a, b = _req(0, 4, 10), _req(1, 4, 10)
     sched.waiting.extend([a, b])
     assert _step(sched, 1.0) == [(a, 4)]
@@ -461,7 +462,7 @@ def test_sglang_ratio_falls_with_each_decode_step_and_rises_after_a_retraction()
     need_a_block. Before it, four decode steps lowered the ratio by 0.1 each from 0.9 (to
     0.5); the retraction then sets it from the survivor: (5 decoded + 20 x 1) / 10 = 2.5,
     at most 1."""
-    sched = _reserving((0.9, 0.2, 0.1, 1, 20))
+    sched = _reserving(ReserveRule(0.9, 0.2, 0.1, 1, 20))
     a, b = _req(0, 4, 10), _req(1, 4, 10)
     sched.waiting.extend([a, b])
     assert _step(sched, 1.0) == [(a, 4), (b, 4)]
@@ -473,7 +474,7 @@ def test_sglang_ratio_falls_with_each_decode_step_and_rises_after_a_retraction()
 
 
 def test_sglang_ratio_floor_and_idle_reset():
-    sched = _reserving((0.9, 0.2, 0.1, 4096, 20), blocks=64)
+    sched = _reserving(ReserveRule(0.9, 0.2, 0.1, 4096, 20), blocks=64)
     a = _req(0, 4, 30)
     sched.waiting.append(a)
     for t in range(1, 20):

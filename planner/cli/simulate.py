@@ -781,9 +781,8 @@ def _result(dep, cfg, reqs, sp, d: dict, *, request_rate, burstiness, max_concur
             "kv_cache": prec.kv_cache.value, "scheduler": cfg.kind, "kv_layout": cfg.kv_layout,
             "capacity_policy": cfg.capacity_policy, "mixed_batches": cfg.mixed_batches,
             # SGLang's admission: KV held back for the running requests' outputs
-            "decode_reserve": None if cfg.decode_reserve is None else dict(zip(
-                ("init_ratio", "min_ratio", "ratio_fall_per_step", "clip_tokens",
-                 "retract_steps"), cfg.decode_reserve, strict=True)),
+            "decode_reserve": None if cfg.decode_reserve is None
+            else cfg.decode_reserve._asdict(),
             "prefix_caching": cfg.prefix_caching, "api_servers": cfg.api_servers,
             "api_server_request_s": dep.engine.frontend_request_s,
             "api_server_token_s": dep.engine.frontend_token_s,

@@ -37,7 +37,7 @@ Pure: the YAML is read by ``planner.io.catalog``; this module only validates and
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Literal
+from typing import Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -156,6 +156,16 @@ class Policy(_Sourced):
     value: Literal["max-utilization", "guaranteed-no-evict"]
 
 
+class ReserveRule(NamedTuple):
+    """``DecodeReserve`` as the scheduler applies it."""
+
+    init_ratio: float  # the ratio a server starts (and, idle, starts over) from
+    min_ratio: float  # the least it falls to
+    ratio_fall_per_step: float  # its fall with each decode step
+    clip_tokens: int  # a request's output counts up to this many tokens
+    retract_steps: int  # steps a retraction adds to each decoder's progress
+
+
 class DecodeReserve(_Frozen):
     """Admission that holds KV back for the running requests' future tokens (SGLang's
     ``PrefillAdder``): a waiting request is admitted only if its uncached prompt and
@@ -176,11 +186,10 @@ class DecodeReserve(_Frozen):
     date: str | None = None
     note: str | None = None
 
-    def rule(self) -> tuple[float, float, float, int, int]:
-        """(initial ratio, least ratio, fall per decode step, clip, retract steps)."""
+    def rule(self) -> ReserveRule:
         low = self.init_ratio * self.min_ratio_factor
-        return (self.init_ratio, low, (self.init_ratio - low) / self.decay_steps,
-                self.clip_tokens, self.retract_steps)
+        return ReserveRule(self.init_ratio, low, (self.init_ratio - low) / self.decay_steps,
+                           self.clip_tokens, self.retract_steps)
 
 
 class GraphCapTier(_Frozen):
@@ -583,9 +592,9 @@ class Engine:
     chunked_prefill: bool = True
     capacity_policy: str = "max-utilization"  # or "guaranteed-no-evict" (``Policy``)
     mixed_batches: bool = True  # prefill chunks and decodes share a step
-    # (initial ratio, least ratio, fall per decode step, clip, retract steps) of an admission
-    # that holds KV back for the running requests' tokens (``DecodeReserve``); None: none
-    decode_reserve: tuple | None = None
+    # an admission that holds KV back for the running requests' tokens (``DecodeReserve``);
+    # None: none
+    decode_reserve: ReserveRule | None = None
     prefix_caching: bool = False  # automatic prefix caching on by default
     # the next step's host work overlaps this step's GPU work: a step takes the longer of
     # the two (``planner.core.roofline.with_host``), not their sum

@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from planner.core.engine import EngineSpec
+from planner.core.engine import Engine, EngineSpec
 from planner.evidence.validate import Dataset, compare
 
 # A fitted efficiency below 0.3 or a fixed cost above 20 ms would be compensating for something
@@ -27,9 +27,10 @@ FRACTION_BOUNDS = (0.3, 1.0)
 MICROSECOND_BOUNDS = (0.01, 20000.0)
 
 
-# Parameters a profile may leave out, with the value that stands for them: a fit starts there
-# and writes the parameter in (served_compute_frac: a matmul attains its kernel's own rate).
-OPTIONAL_DEFAULTS = {"served_compute_frac": 1.0}
+# Parameters a profile may leave out, with the value that stands for them (the time model's
+# own default): a fit starts there and writes the parameter in (served_compute_frac: a matmul
+# attains its kernel's own rate).
+OPTIONAL_DEFAULTS = {"served_compute_frac": Engine.served_compute_frac}
 
 
 def get_param(spec: EngineSpec, name: str) -> float:

@@ -10,7 +10,7 @@ import math
 from dataclasses import dataclass
 from typing import Literal
 
-from planner.core.engine import graph_sizes
+from planner.core.engine import ReserveRule, graph_sizes
 from planner.core.errors import UsageError
 
 
@@ -34,10 +34,9 @@ class SchedulerConfig:
     # ("guaranteed-no-evict", TensorRT-LLM's default)
     capacity_policy: Literal["max-utilization", "guaranteed-no-evict"] = "max-utilization"
     mixed_batches: bool = True  # False: a step that prefills runs no decodes (SGLang's)
-    # admission holds KV back for the running requests' future tokens, SGLang's rule:
-    # (initial ratio, least ratio, fall per decode step, clip, retract steps)
+    # admission holds KV back for the running requests' future tokens, SGLang's rule
     # (``planner.core.engine.DecodeReserve``); None: none
-    decode_reserve: tuple | None = None
+    decode_reserve: ReserveRule | None = None
     # the decode batch sizes replayed from CUDA graphs, ascending (a decode step pads up to
     # the next; beyond the largest it runs without a graph); empty: any size, unpadded
     graph_sizes: tuple[int, ...] = ()

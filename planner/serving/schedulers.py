@@ -97,10 +97,10 @@ class Scheduler:
         # SGLang's admission (``SchedulerConfig.decode_reserve``): KV held back for the
         # running requests' future tokens, at a ratio of what they have left that falls
         # with every decode step
-        self.reserve = cfg.decode_reserve
-        self.ratio = cfg.decode_reserve[0] if cfg.decode_reserve is not None else 0.0
-        if self.reserve is not None:
-            batch.clip = self.reserve[3]
+        self.reserve = r = cfg.decode_reserve
+        self.ratio = 0.0
+        if r is not None:
+            self.ratio, batch.clip = r.init_ratio, r.clip_tokens
         self.retracted = False  # this step's decodes preempted to make room
         self.decodes = True  # whether the step ``schedule`` filled runs the decode pool
         self.refused = 0  # requests refused while queued (their recompute grew too long)
@@ -119,11 +119,12 @@ class Scheduler:
     def on_step_end(self, chunks: Chunks, now: float) -> None:
         """The step ended at ``now``: the decoders due are done, the chunks computed."""
         batch = self.batch
-        if self.reserve is not None and self.decodes and batch.n:
+        r = self.reserve
+        if r is not None and self.decodes and batch.n:
             # a decode step ran: SGLang trusts the running requests' outputs to be shorter,
             # unless it had to retract some to run it (the ratio was set then)
             if not self.retracted:
-                self.ratio = max(self.ratio - self.reserve[2], self.reserve[1])
+                self.ratio = max(self.ratio - r.ratio_fall_per_step, r.min_ratio)
             self.retracted = False
         pop_due, decoded = batch.pop_due, self._decoded
         q = pop_due()
@@ -262,7 +263,7 @@ class ContinuousScheduler(Scheduler):
             # SGLang's retract_decode: the ratio the running requests' outputs have shown
             done, outs = batch.decoded_tokens()
             if outs:
-                self.ratio = min(1.0, (done + self.reserve[4] * batch.n) / outs)
+                self.ratio = min(1.0, (done + self.reserve.retract_steps * batch.n) / outs)
             self.retracted = True
 
     def _continue_prefills(self, chunks: Chunks, budget: int) -> int:
@@ -295,7 +296,7 @@ class ContinuousScheduler(Scheduler):
         reserve = self.reserve
         room = clip = 0
         if reserve is not None and waiting:
-            room, clip = self._reserve_room(), reserve[3]
+            room, clip = self._reserve_room(), reserve.clip_tokens
         while waiting and budget > 0 and len(running) < max_seqs:
             q = waiting[0]
             hit, own = cache.lookup(q) if cache is not None else (0, 0)
@@ -325,9 +326,10 @@ class ContinuousScheduler(Scheduler):
         """SGLang's rem_total_tokens before a step's admissions: the free and evictable KV
         less the running requests' tokens still to come, each up to the clip, at the ratio
         (an idle server starts over from the initial ratio)."""
+        r = self.reserve
         if not self.running:
-            self.ratio = self.reserve[0]
-        clip = self.reserve[3]
+            self.ratio = r.init_ratio
+        clip = r.clip_tokens
         left = self.batch.left_tokens() + sum(
             min(q.r.output_tokens - q.generated, clip) for q in self.prefilling.values())
         kv = self.kv
