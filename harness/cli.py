@@ -88,7 +88,7 @@ def measure(
     ] = False,
     mode: Annotated[str, typer.Option(
         help="auto (compile on CUDA, eager on a CPU), compile (torch.compile of the layer, "
-             "fused as a tuned engine runs it; 16-bit weights) or eager.",
+             "fused as a tuned engine runs it; dense models, any weight format) or eager.",
              metavar="MODE")] = "auto",
     attention_backend: Annotated[str, typer.Option(
         help="Attention kernel on CUDA: auto (FlashAttention on compute capability 8.0+, "

@@ -20,6 +20,7 @@ from planner.core.errors import first_line
 from planner.core.specs import ModelSpec
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+RECOMPILE_LIMIT = 64  # graphs of the compiled layer a run may need
 BACKENDS = ("auto", "flash", "efficient", "cudnn", "math")
 
 
@@ -73,17 +74,19 @@ def _pack_int4(q: torch.Tensor, device) -> torch.Tensor:
     return torch._convert_weight_to_int4pack_for_cpu(q.to(dev), tiles)
 
 
-def _int4_mm(x: torch.Tensor, lin) -> torch.Tensor:
+def _int4_mm(x: torch.Tensor, w: torch.Tensor, group: int,
+             scales_zeros: torch.Tensor) -> torch.Tensor:
     if x.device.type == "cuda":
-        return torch._weight_int4pack_mm(x, lin.w, lin.group, lin.scales_zeros)
-    return torch._weight_int4pack_mm_for_cpu(x, lin.w, lin.group, lin.scales_zeros)
+        return torch._weight_int4pack_mm(x, w, group, scales_zeros)
+    return torch._weight_int4pack_mm_for_cpu(x, w, group, scales_zeros)
 
 
 def _probe_int4(lin) -> None:
     """The int4 kernel must exist for this device (and accept this shape): a recorded skip
     otherwise, not an error at every point."""
     try:
-        _int4_mm(torch.zeros(1, lin.k, dtype=lin.scales_zeros.dtype, device=lin.w.device), lin)
+        _int4_mm(torch.zeros(1, lin.k, dtype=lin.scales_zeros.dtype, device=lin.w.device),
+                 lin.w, lin.group, lin.scales_zeros)
     except (RuntimeError, NotImplementedError, AttributeError) as err:
         raise UnsupportedConfig(f"int4 weight-only (tinygemm) cannot run here: "
                                 f"{type(err).__name__}: {first_line(err)[:160]}") \
@@ -110,8 +113,46 @@ def _probe_int8(w: torch.Tensor, scale: torch.Tensor, dtype) -> None:
                                 f"{w.device.type} {dtype}: {_INT8_OK[key]}")
 
 
+def _int8_mm(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, *,
+             cast: bool) -> torch.Tensor:
+    """int8 weight-only, per output channel scales. ``cast``: as gpt-fast runs it on GPUs
+    (quantize.py, WeightOnlyInt8Linear), a cast to 16 bits that the compiled layer fuses
+    into the matmul; aten's _weight_int8pack_mm made an H100 decode step 10x slower than
+    bf16 (64.5 ms against 6.4, Llama-3.1-8B; docs/measure.md). Else aten's kernel (CPUs)."""
+    if cast:
+        return F.linear(x, w.to(x.dtype)) * scale
+    return torch._weight_int8pack_mm(x, w, scale)
+
+
+def linear(args, x: torch.Tensor) -> torch.Tensor:
+    """y = x @ W^T for the weights ``args`` (``Linear.args``): 16-bit; int8 weight-only;
+    int4 weight-only (tinygemm); fp8 W8A8 with the activations quantized per tensor on the
+    fly, rows padded to the kernel's multiple."""
+    if isinstance(args, torch.Tensor):
+        return F.linear(x, args)
+    kind = args[0]
+    shape = x.shape
+    if kind == "int8":
+        _, w, scale, k, n = args
+        y = _int8_mm(x.reshape(-1, k), w, scale, cast=w.device.type == "cuda")
+    elif kind == "int4":
+        _, w, scales_zeros, group, k, n = args
+        y = _int4_mm(x.reshape(-1, k), w, group, scales_zeros)
+    else:  # fp8
+        _, w, scale, out_dtype, pad_rows, k, n = args
+        x2 = x.reshape(-1, k)
+        rows = x2.shape[0]
+        pad = (-rows) % pad_rows
+        if pad:
+            x2 = F.pad(x2, (0, 0, 0, pad))
+        xs = x2.abs().amax().float().clamp(min=1e-12) / FP8_MAX
+        x8 = (x2.float() / xs).to(torch.float8_e4m3fn)
+        y = torch._scaled_mm(x8, w.t(), scale_a=xs, scale_b=scale, out_dtype=out_dtype)[:rows]
+    return y.reshape(*shape[:-1], n)
+
+
 class Linear:
-    """y = x @ W^T, in 16-bit, or int8 weight-only (per output channel scales)."""
+    """y = x @ W^T, in 16-bit, int8 or int4 weight-only, or fp8 W8A8 (``linear``)."""
 
     def __init__(self, k: int, n: int, *, weights: str, dtype, device):
         self.k, self.n = k, n
@@ -123,7 +164,8 @@ class Linear:
             self.w = (w.float() / scale[:, None]).round().clamp(-128, 127).to(torch.int8)
             self.scale = scale.to(dtype)
             self.int8 = True
-            _probe_int8(self.w, self.scale, dtype)
+            if torch.device(device).type != "cuda":  # CUDA runs a cast and a 16-bit matmul
+                _probe_int8(self.w, self.scale, dtype)
         elif weights == "fp8":
             # W8A8 as vLLM and TensorRT-LLM run fp8 checkpoints: e4m3 weights with one
             # scale per tensor, activations quantized per tensor on the fly, torch._scaled_mm
@@ -134,7 +176,10 @@ class Linear:
             self.w = (w.float() / ws).to(torch.float8_e4m3fn)  # [n, k]: column-major B
             self.scale = ws.reshape(())
             self.int8, self.fp8, self.out_dtype = False, True, dtype
-            # _scaled_mm on CUDA wants every dimension a multiple of 16: rows are padded
+            # torch checks k and n for multiples of 16, not the rows; the rows are padded to
+            # 16 on CUDA as vLLM padded its torch._scaled_mm inputs (to 17, its fp8 linear
+            # before the CUTLASS path) where cuBLAS runs faster. The pad and the slice cost:
+            # an H100 step of Llama-3.1-8B ran 1.2 ms slower at batch 1 than at 16
             self.pad_rows = 16 if torch.device(device).type == "cuda" else 1
         elif weights == "int4":
             # weight-only int4 as gpt-fast and torchao run it (tinygemm): groups of 128 along
@@ -160,28 +205,21 @@ class Linear:
         if weights != "int4":
             self.int4 = False
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+    @property
+    def args(self):
+        """The weights as ``linear`` takes them: the bare tensor for 16-bit weights, else a
+        tuple (format, tensors, constants). Tensors and plain constants only, so one
+        compiled layer serves every layer of any weight format without recompiling."""
         if self.int8:
-            shape = x.shape
-            y = torch._weight_int8pack_mm(x.reshape(-1, self.k), self.w, self.scale)
-            return y.reshape(*shape[:-1], self.n)
+            return ("int8", self.w, self.scale, self.k, self.n)
         if self.int4:
-            shape = x.shape
-            y = _int4_mm(x.reshape(-1, self.k), self)
-            return y.reshape(*shape[:-1], self.n)
+            return ("int4", self.w, self.scales_zeros, self.group, self.k, self.n)
         if self.fp8:
-            shape = x.shape
-            x2 = x.reshape(-1, self.k)
-            rows = x2.shape[0]
-            pad = (-rows) % self.pad_rows
-            if pad:
-                x2 = F.pad(x2, (0, 0, 0, pad))
-            xs = x2.abs().amax().float().clamp(min=1e-12) / FP8_MAX
-            x8 = (x2.float() / xs).to(torch.float8_e4m3fn)
-            y = torch._scaled_mm(x8, self.w.t(), scale_a=xs, scale_b=self.scale,
-                                 out_dtype=self.out_dtype)
-            return y[:rows].reshape(*shape[:-1], self.n)
-        return F.linear(x, self.w)
+            return ("fp8", self.w, self.scale, self.out_dtype, self.pad_rows, self.k, self.n)
+        return self.w
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return linear(self.args, x)
 
     @property
     def nbytes(self) -> int:
@@ -216,9 +254,9 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 
 
 def _apply(lin, x: torch.Tensor) -> torch.Tensor:
-    """A projection: a ``Linear`` (eager; any weight format), or a bare 16-bit weight tensor
-    (the compiled path, where one function serves every layer without recompiling)."""
-    return F.linear(x, lin) if isinstance(lin, torch.Tensor) else lin(x)
+    """A projection: a ``Linear`` (eager), or its ``args`` (the compiled path, where one
+    function serves every layer without recompiling), or a MoE block (eager)."""
+    return linear(lin, x) if isinstance(lin, (torch.Tensor, tuple)) else lin(x)
 
 
 def layer_math(x: torch.Tensor, attn_norm, qkv, o, mlp_norm, gate_up, down,
@@ -370,16 +408,21 @@ class Decoder:
         self.backend = self._pick_backend(attention_backend)
         # torch.compile of one layer (fused element-wise kernels, as gpt-fast and the engines
         # run it), reused by every layer: dynamic shapes, so batch, context and position do
-        # not recompile. Dense 16-bit models only: anything else runs eagerly, and
+        # not recompile. Dense models, any weight format (the quantizing of fp8 activations
+        # fuses with its neighbours as vLLM's fused quant kernels do); MoE runs eagerly, and
         # ``mode_reason`` says why.
         self.compiled = None
         self.mode = "eager"
         self.mode_reason: str | None = None
         if compile and moe is not None:
             self.mode_reason = "MoE runs eagerly (group sizes are read on the host)"
-        elif compile and weights not in ("bf16", "fp16"):
-            self.mode_reason = f"{weights} weights run eagerly (compile: 16-bit weights only)"
         elif compile:
+            # every (batch, prompt or decode, first position) combination a sweep visits is
+            # a graph of its own: past dynamo's default limit of 8 the layer would silently
+            # run eagerly while its records said "compiled" (seen on an H100, 2026-11-27)
+            cfg = torch._dynamo.config
+            name = "recompile_limit" if hasattr(cfg, "recompile_limit") else "cache_size_limit"
+            setattr(cfg, name, max(getattr(cfg, name), RECOMPILE_LIMIT))
             self.compiled = torch.compile(layer_math, dynamic=True)
             self.mode = "compiled"
             self.backend = "auto (compiled: torch's choice)"
@@ -459,8 +502,9 @@ class Decoder:
         x = self.embed[tokens]  # [B, T, h]
         for i, lyr in enumerate(self.layers):
             if self.compiled is not None:
-                x = self.compiled(x, lyr.attn_norm, lyr.qkv.w, lyr.o.w, lyr.mlp_norm,
-                                  lyr.gate_up.w, lyr.down.w, self.k_cache[i], self.v_cache[i],
+                x = self.compiled(x, lyr.attn_norm, lyr.qkv.args, lyr.o.args, lyr.mlp_norm,
+                                  lyr.gate_up.args, lyr.down.args, self.k_cache[i],
+                                  self.v_cache[i],
                                   self.cos, self.sin, pos, self.nh, self.nkv, self.hd,
                                   _sdpa_any)
             else:

@@ -64,7 +64,7 @@ class Plan:
     budget_s: float = 0.5
     flush_l2: bool = True
     attention_backend: str = "auto"
-    mode: str = "eager"  # or "compiled": torch.compile of the layer (16-bit weights)
+    mode: str = "eager"  # or "compiled": torch.compile of the layer (dense models)
     max_spread: float = NOISY_SPREAD  # a point past either is recorded "noisy" (``noise``)
     max_drift: float = NOISY_REPEAT
     argv: list[str] = field(default_factory=list)
