@@ -1,11 +1,16 @@
 #!/usr/bin/env bash
 # The first GPU session, in one resumable script: calibrate the GPU, measure Llama-3.1-8B in
 # bf16 (batch 1..256, contexts 512 / 2048 / 8192) and fp8, a 70B shape with --layers, the
-# collectives across the local GPUs, then print
+# collectives across the local GPUs, the decode step operator by operator
+# (benchmarks/gpu_kernels.py, into kernels/breakdown.jsonl), then print
 # the measured figures against every engine profile's prediction.
 #
 #   bash benchmarks/gpu_validate.sh [OUT_DIR]            # on a CUDA box (torch already there)
 #   DEVICE=cpu bash benchmarks/gpu_validate.sh /tmp/v    # the same steps, tiny, on a CPU
+#
+# A short lease: B8 / C8 (8B batches / contexts), FP8_B / FP8_C (the fp8 sweep; default the
+# bf16 one), B70 / C70 / L70 (the 70B shape) and STEP_S override the sweep, e.g.
+#   B8=1,8,32,128 FP8_C=512,2048 STEP_S=150 bash benchmarks/gpu_validate.sh "$OUT/gv"
 #
 # Install: the project goes in without touching the machine's torch. With network access,
 # `pip install --no-deps -e .` and the dependencies pyproject.toml lists, torch left out; on
@@ -42,15 +47,19 @@ EOF
 fi
 LLMPLAN=("$PY" -m planner)
 "${LLMPLAN[@]}" --version || exit 2
+"${LLMPLAN[@]}" measure --help >/dev/null 2>&1 || {  # an entry point: the package must be installed
+    echo "gpu_validate: 'llmplan measure' is not registered; put the llmplan wheel in .whl" \
+        "(pip wheel --no-deps -w .whl .) or install the project" >&2; exit 2; }
 
 if [ "$DEVICE" = cpu ]; then  # the smoke test of this script: same steps, tiny shapes
     M8=tiny-llama-test; B8=1,2,4; C8=32,64; M70=tiny-llama-test; L70=2; B70=1,2; C70=32
     CAL_FLAGS=(--quick-calibration); BUDGET=0.02; EXTRA=(--threads 1)
 else
-    M8=llama-3.1-8b; B8=1,2,4,8,16,32,64,128,256; C8=512,2048,8192
-    M70=llama-3.1-70b; L70=8; B70=1,8,32,128; C70=2048
+    M8=llama-3.1-8b; B8=${B8:-1,2,4,8,16,32,64,128,256}; C8=${C8:-512,2048,8192}
+    M70=llama-3.1-70b; L70=${L70:-8}; B70=${B70:-1,8,32,128}; C70=${C70:-2048}
     CAL_FLAGS=(); BUDGET=0.3; EXTRA=()
 fi
+FP8_B=${FP8_B:-$B8}; FP8_C=${FP8_C:-$C8}
 CAL="$OUT_DIR/calibration.yaml"
 
 step() {  # name, then the llmplan arguments; a step cut short is resumed by a rerun
@@ -75,7 +84,7 @@ fi
 step "$M8 bf16" measure --device "$DEVICE" -m "$M8" -b "$B8" -c "$C8" --weights bf16 \
     --calibration "$CAL" --out "$OUT_DIR/$M8-bf16.jsonl" --resume --budget-s "$BUDGET" \
     --prometheus "$OUT_DIR/$M8-bf16.prom" "${EXTRA[@]}"
-step "$M8 fp8" measure --device "$DEVICE" -m "$M8" -b "$B8" -c "$C8" --weights fp8 \
+step "$M8 fp8" measure --device "$DEVICE" -m "$M8" -b "$FP8_B" -c "$FP8_C" --weights fp8 \
     --calibration "$CAL" --out "$OUT_DIR/$M8-fp8.jsonl" --resume --budget-s "$BUDGET" \
     "${EXTRA[@]}"
 step "$M70 x $L70 layers bf16" measure --device "$DEVICE" -m "$M70" --layers "$L70" \
@@ -83,6 +92,16 @@ step "$M70 x $L70 layers bf16" measure --device "$DEVICE" -m "$M70" --layers "$L
     --out "$OUT_DIR/$M70-${L70}layers-bf16.jsonl" --resume --budget-s "$BUDGET" "${EXTRA[@]}"
 step collectives measure --device "$DEVICE" --collectives --calibration "$CAL" \
     "${CAL_FLAGS[@]}"  # one GPU: recorded as skipped; gloo across 2 processes on a CPU
+
+if [ ! -s "$OUT_DIR/kernels/breakdown.jsonl" ]; then  # where a decode step's time goes
+    mkdir -p "$OUT_DIR/kernels"
+    if [ "$DEVICE" = cpu ]; then KW=bf16; KB=1,2; KC=32; KP=32; else
+        KW=${KERNEL_WEIGHTS:-bf16,fp8,int8,int4}; KB=1,64; KC=512; KP=512,2048; fi
+    echo "== kernels ($(date -u +%H:%M:%S))"
+    timeout --signal=INT "$STEP_S" "$PY" benchmarks/gpu_kernels.py --device "$DEVICE" -m "$M8" \
+        --weights "$KW" -b "$KB" -c "$KC" --prefill "$KP" --calibration "$CAL" \
+        --out "$OUT_DIR/kernels/breakdown.jsonl" || echo "   kernels: exit $?"
+fi
 
 echo "== measured vs every engine profile"
 "$PY" benchmarks/measured_vs_engines.py "$OUT_DIR"/*.jsonl --csv "$OUT_DIR/engines.csv"

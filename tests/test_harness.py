@@ -471,6 +471,15 @@ def test_gpu_validate_script_runs_end_to_end_on_cpu(tmp_path):
     first = (v / "tiny-llama-test-bf16.jsonl").read_text()
     assert len(first.splitlines()) == 6 and (v / "engines.csv").exists()
     assert list((v / "report").glob("*.png"))
+    # the operator breakdown: every projection of the decode step found by its weight shape
+    recs = [json.loads(x) for x in (v / "kernels" / "breakdown.jsonl").read_text().splitlines()]
+    steps = [x for x in recs if "ops" in x]
+    assert len(steps) == 2 and any("prefill_tokens" in x for x in recs)
+    for x in steps:
+        assert [o["op"] for o in x["ops"]][:5] == ["qkv_proj", "o_proj", "mlp_gate_up_proj",
+                                                   "mlp_down_proj", "lm_head"]
+        assert all(math.isfinite(o["measured_us"]) and o["measured_us"] > 0 for o in x["ops"])
+        assert x["ops"][0]["calls"] == 4 and x["ops"][4]["calls"] == 1  # 4 layers, 1 head
     r = subprocess.run(["bash", str(script), str(v)], capture_output=True, text=True, env=env,
                        timeout=600)
     assert r.returncode == 0
@@ -495,6 +504,83 @@ def test_compiled_layer_computes_what_the_eager_one_does():
         compiled = (d.prefill(prompt), d.decode_step(tok, 16), d.decode_step(tok, 23))
     for a, b in zip(eager, compiled, strict=True):
         assert torch.allclose(a, b, rtol=0.05, atol=0.05)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("weights", ["int8", "int4", "fp8"])
+def test_compiled_layer_takes_quantized_weights(weights):
+    """Quantized weights run through the compiled layer too (as gpt-fast and the engines run
+    them: the activations' fp8 quantizing fused with its neighbours), computing what the
+    eager layer computes, from one compilation for every layer and step."""
+    from harness.decoder import Decoder, UnsupportedConfig
+
+    torch.manual_seed(0)
+    torch._dynamo.reset()
+    m = catalog.load_model("tiny-llama-test")
+    try:
+        d = Decoder(m, layers=2, batch=1, max_tokens=1, weights=weights, compile=True)
+    except UnsupportedConfig as err:  # no kernel for it in this torch build
+        pytest.skip(str(err))
+    assert d.mode == "compiled" and d.mode_reason is None
+    assert isinstance(d.layers[0].qkv.args, tuple) and d.layers[0].qkv.args[0] == weights
+    d.alloc_cache(2, 24)
+    tok = torch.randint(0, m.vocab_size, (2, 1))
+    prompt = torch.randint(0, m.vocab_size, (2, 16))
+    with torch.inference_mode():
+        compiled = (d.prefill(prompt), d.decode_step(tok, 16), d.decode_step(tok, 23))
+        d.compiled = None
+        eager = (d.prefill(prompt), d.decode_step(tok, 16), d.decode_step(tok, 23))
+    for a, b in zip(eager, compiled, strict=True):
+        assert torch.isfinite(b).all()
+        assert torch.allclose(a, b, rtol=0.05, atol=0.05)
+
+
+def test_kernel_breakdown_finds_each_projection_by_its_weight_shape():
+    """benchmarks/gpu_kernels.py names a profiled matmul by the weight among its inputs:
+    [k, n] (16-bit, fp8's transposed view), [n, k] (int8's kernel), int4's scales and zeros
+    [k / group, n, 2]; o_proj's square weight is not mistaken for qkv's."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+    from gpu_kernels import match_gemm, weight_dims
+
+    dims = weight_dims(catalog.load_model("llama-3.1-8b"))
+    assert dims["qkv_proj"] == (4096, 6144) and dims["mlp_down_proj"] == (14336, 4096)
+    assert match_gemm([[1, 4096], [4096, 6144]], dims) == "qkv_proj"
+    assert match_gemm([[1, 4096], [4096, 4096]], dims) == "o_proj"
+    assert match_gemm([[16, 4096], [4096, 28672], [], []], dims) == "mlp_gate_up_proj"
+    assert match_gemm([[64, 14336], [4096, 14336], [4096]], dims) == "mlp_down_proj"
+    assert match_gemm([[1, 4096], [768, 32, 32, 4], [32, 6144, 2]], dims) == "qkv_proj"
+    assert match_gemm([[1, 4096], [4096, 128256]], dims) == "lm_head"
+    assert match_gemm([[1, 4096], [4096, 1000]], dims) is None
+
+
+def test_int8_cast_path_computes_what_the_int8_kernel_does():
+    """On CUDA int8 weights are cast and multiplied as gpt-fast does (aten's int8 kernel is
+    10x slower than bf16 there): the same product as aten's kernel, to bf16 rounding."""
+    from harness.decoder import _int8_mm
+
+    torch.manual_seed(0)
+    w = torch.randint(-128, 128, (96, 64), dtype=torch.int8)
+    scale = (torch.rand(96) / 100 + 1e-3).to(torch.bfloat16)
+    x = torch.randn(5, 64, dtype=torch.bfloat16)
+    kernel = _int8_mm(x, w, scale, cast=False)
+    cast = _int8_mm(x, w, scale, cast=True)
+    ref = (x.double() @ w.double().t()) * scale.double()
+    for y in (kernel, cast):
+        assert y.shape == (5, 96)
+        assert ((y.double() - ref).norm() / ref.norm()).item() < 1e-2
+
+
+def test_compiled_decoder_may_compile_every_shape_of_a_sweep():
+    """A sweep's (batch, prompt or decode, position) combinations each need a graph: past
+    dynamo's default of 8 the layer would fall back to eager unseen."""
+    from harness.decoder import RECOMPILE_LIMIT, Decoder
+
+    cfg = torch._dynamo.config
+    name = "recompile_limit" if hasattr(cfg, "recompile_limit") else "cache_size_limit"
+    setattr(cfg, name, 8)
+    Decoder(catalog.load_model("tiny-llama-test"), layers=1, batch=1, max_tokens=8,
+            compile=True)
+    assert getattr(cfg, name) == RECOMPILE_LIMIT >= 32
 
 
 @pytest.mark.slow
