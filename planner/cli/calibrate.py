@@ -4,6 +4,7 @@ held-out error beside."""
 from __future__ import annotations
 
 import math
+import os
 from datetime import date as _date
 from pathlib import Path
 from typing import Annotated, Optional
@@ -59,6 +60,10 @@ def calibrate(
     leave_one_out: Annotated[bool, typer.Option(
         "--leave-one-out/--no-leave-one-out",
         help="Also fit once per run without it, to show the held-out error.")] = True,
+    jobs: Annotated[Optional[int], typer.Option(
+        "--jobs", "-j", metavar="N", min=1,
+        help="Processes for the leave-one-out fits, beside the whole fit (default: the "
+             "machine's CPUs; the figures do not depend on it).")] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Fit an engine profile's per-step cost, decode bandwidth efficiency, the share of its
@@ -85,7 +90,8 @@ def calibrate(
         # runs simulated over and over as the fit searches: a count on a terminal, not --json
         with task_progress("calibrating: runs simulated", enabled=not as_json) as advance:
             res = fit(runs, s, spec, name=name, date=_date.today().isoformat(),
-                      leave_one_out=leave_one_out, progress=advance)
+                      leave_one_out=leave_one_out, progress=advance,
+                      jobs=jobs or os.cpu_count() or 1)
     except ValueError as err:
         raise LlmplanError(f"calibrate: {err}") from None
     payload = {"profile": None if res.refused else str(out), "refused": list(res.refused),

@@ -17,7 +17,8 @@ nothing. A parameter the runs cannot identify is left at the base engine's value
 one whose change by a quarter moves no residual by more than half a percent (a prefill
 efficiency when every prompt is short, an all-reduce latency at TP 1). Errors are reported
 in-sample (fitted on every run) and leave-one-out (each run predicted by a fit on the others),
-so a user sees how well the fit carries to a run it did not see. Pure: no I/O.
+so a user sees how well the fit carries to a run it did not see. Pure: no I/O (with ``jobs``
+> 1 the leave-one-out fits run in forked processes, each as it would run here).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from planner.core.estimate import prepare
 from planner.evidence.compare import mean_tpot_s, simulate_run
 from planner.evidence.fit import bounds_of, descend, get_param, round_sig3, set_params, soft_l1
 from planner.evidence.runs import ServedRun
+from planner.evidence.workers import forked
 from planner.layouts.deployment import Deployment
 from planner.serving import run as serving
 from planner.serving.cost import CostCache
@@ -212,10 +214,12 @@ def _fit(pred: _Predictor, values: dict[str, float], idx: list[int], *,
 
 def calibrate(runs: list[ServedRun], base: Deployment, spec: EngineSpec, *, name: str,
               date: str, params: tuple[str, ...] = DEFAULT_PARAMS, sweeps: int = 8,
-              tol: float = 5e-3, leave_one_out: bool = True,
+              tol: float = 5e-3, leave_one_out: bool = True, jobs: int = 1,
               progress: Callable[[str], None] | None = None) -> ProfileFit:
     """Fit ``params`` of ``spec`` to ``runs`` measured on ``base``'s deployment;
-    ``progress(stage)`` is called after each run simulated (the CLI's progress bar)."""
+    ``progress(stage)`` is called after each run simulated (the CLI's progress bar). ``jobs``
+    > 1: the leave-one-out fits run in that many forked workers beside the whole fit (the
+    same figures; ``planner.evidence.workers``)."""
     runs = [r for r in runs if r.batch is None and _measured(r)]
     if not runs:
         raise ValueError("no serving run with a TTFT, TPOT or throughput to fit")
@@ -228,16 +232,34 @@ def calibrate(runs: list[ServedRun], base: Deployment, spec: EngineSpec, *, name
     if base.tp == 1 and "allreduce_latency_us" in DEFAULT_PARAMS:
         unidentified["allreduce_latency_us"] = "every run is at TP 1: no all-reduce"
     free = {p: v for p, v in start.items() if p not in unidentified}
-    values = _fit(pred, free, idx, sweeps=sweeps, tol=tol) if free else {}
-    held: dict[int, dict[str, float]] = {}
-    if leave_one_out and len(runs) > 1 and free:
+    loo = leave_one_out and len(runs) > 1 and bool(free)
+
+    def without(i: int) -> dict[str, float]:
         # each fit without a run starts where the whole fit started, not from its answer: on
         # the flat valleys these losses have, a search started from values fitted with the run
         # stays near them, and the run would be predicted by its own fit
-        for i in idx:
-            pred.stage = f"leaving out run {i + 1} of {len(idx)}"
-            others = [j for j in idx if j != i]
-            held[i] = pred.predict_run(_fit(pred, free, others, sweeps=sweeps, tol=tol), i)
+        others = [j for j in idx if j != i]
+        return pred.predict_run(_fit(pred, free, others, sweeps=sweeps, tol=tol), i)
+
+    def in_worker(i: int) -> tuple[dict[str, float], int]:
+        # a forked worker: its simulations are counted and reported by the parent
+        simulated = []
+        pred.progress = simulated.append
+        return without(i), len(simulated)
+
+    held: dict[int, dict[str, float]] = {}
+    with forked(in_worker, idx if loo else [], jobs) as results:
+        values = _fit(pred, free, idx, sweeps=sweeps, tol=tol) if free else {}
+        if results is not None:
+            pred.stage = f"leaving out each of {len(idx)} runs"
+            for i, (got, simulated) in zip(idx, results(), strict=True):
+                held[i] = got
+                for _ in range(simulated):
+                    pred.progress(pred.stage)
+        elif loo:
+            for i in idx:
+                pred.stage = f"leaving out run {i + 1} of {len(idx)}"
+                held[i] = without(i)
     before = pred.predict({})
     after = pred.predict(values)
     errors = []
