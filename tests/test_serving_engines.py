@@ -380,10 +380,11 @@ def test_a_request_beyond_max_model_len_is_refused(vllm):
 def test_sglang_admits_as_its_prefill_adder_does_and_vllm_does_not():
     """SGLang's profile states its GlobalConfig: the ratio starts at 0.7, falls over 600
     decode steps to 0.7 x 0.14 = 0.098, outputs count up to 4,096 tokens, a retraction adds
-    20 steps a request; vLLM's and TensorRT-LLM's hold nothing back for future tokens."""
+    20 steps a request and takes the fewest outputs first; vLLM's and TensorRT-LLM's hold
+    nothing back for future tokens."""
     s = SchedulerConfig.for_engine(catalog.load_engine("sglang"))
-    init, low, fall, clip, retract = s.decode_reserve
-    assert (init, clip, retract) == (0.7, 4096, 20)
+    init, low, fall, clip, retract, fewest_first = s.decode_reserve
+    assert (init, clip, retract, fewest_first) == (0.7, 4096, 20, True)
     assert low == pytest.approx(0.098) and fall == pytest.approx((0.7 - 0.098) / 600)
     for name in ("vllm", "vllm-0.8", "trtllm"):
         assert SchedulerConfig.for_engine(catalog.load_engine(name)).decode_reserve is None

@@ -473,6 +473,45 @@ def test_sglang_ratio_falls_with_each_decode_step_and_rises_after_a_retraction()
     assert sched.preemptions == 1 and sched.ratio == 1.0
 
 
+@pytest.mark.parametrize("fewest_outputs_first", [True, False])
+def test_sglang_retracts_the_fewest_outputs_then_the_longest_prompt(fewest_outputs_first):
+    """Two requests admitted in one step decode side by side, with as many outputs each,
+    until the 16-token pool runs out: SGLang's retract_decode takes the longest prompt
+    among the fewest outputs (the older request here, 8 prompt tokens against 4); the
+    newest-first order takes the other."""
+    sched = _reserving(ReserveRule(0.9, 0.2, 0.1, 1, 20, fewest_outputs_first))
+    a, b = _req(0, 8, 10), _req(1, 4, 10)
+    sched.waiting.extend([a, b])
+    assert _step(sched, 1.0) == [(a, 8), (b, 4)]
+    t = 2.0
+    while not sched.preemptions:
+        _step(sched, t)
+        t += 1
+    taken, kept = (a, b) if fewest_outputs_first else (b, a)
+    assert taken.r.preemptions == 1 and kept.r.preemptions == 0
+    assert kept.state is RequestState.DECODING
+
+
+def test_sglang_retraction_spares_a_readmitted_request():
+    """A request retracted before keeps its output tokens: admitted again it has more than
+    a request that has just started decoding, and the next retraction takes the newcomer's
+    fewer outputs although the readmitted request is the newest in the running order."""
+    from planner.serving.schedulers import _DECODING
+
+    sched = _reserving(ReserveRule(0.9, 0.2, 0.1, 1, 20, True), blocks=64)
+    old, new = _req(0, 4, 20), _req(1, 4, 20)
+    sched.waiting.extend([new, old])
+    _step(sched, 1.0)
+    for t in range(2, 5):
+        _step(sched, float(t))
+    assert new.state is _DECODING and old.state is _DECODING
+    old.g0 += 7  # as if 7 tokens came before an earlier retraction (kept, as SGLang keeps them)
+    del sched.running[old.id]
+    sched.running[old.id] = old  # and it was admitted again: the newest running
+    assert next(reversed(sched.running)) == old.id  # what newest-first would take
+    assert sched._fewest_outputs() is new
+
+
 def test_sglang_ratio_floor_and_idle_reset():
     sched = _reserving(ReserveRule(0.9, 0.2, 0.1, 4096, 20), blocks=64)
     a = _req(0, 4, 30)

@@ -164,6 +164,7 @@ class ReserveRule(NamedTuple):
     ratio_fall_per_step: float  # its fall with each decode step
     clip_tokens: int  # a request's output counts up to this many tokens
     retract_steps: int  # steps a retraction adds to each decoder's progress
+    fewest_outputs_first: bool = False  # the victim: fewest outputs, longest prompt; else newest
 
 
 class DecodeReserve(_Frozen):
@@ -175,13 +176,17 @@ class DecodeReserve(_Frozen):
     ``init_ratio``, falls by (init - init x ``min_ratio_factor``) / ``decay_steps`` with every
     decode step to init x ``min_ratio_factor``, returns to ``init_ratio`` when the server
     idles, and after a retraction (a preemption to make room for decodes) is set to
-    min(1, (tokens decoded + ``retract_steps`` x requests decoding) / their outputs)."""
+    min(1, (tokens decoded + ``retract_steps`` x requests decoding) / their outputs).
+    ``retract_order``: which decoding request a retraction takes first, the newest running
+    one, or (``fewest_outputs``) the one with the fewest output tokens, the longest prompt
+    among those (SGLang's ``ScheduleBatch.retract_decode``)."""
 
     init_ratio: float = Field(gt=0, le=1)
     min_ratio_factor: float = Field(gt=0, le=1)
     decay_steps: float = Field(gt=0, le=1_000_000)
     clip_tokens: int = Field(ge=1, le=100_000_000)
     retract_steps: int = Field(ge=0, le=1_000_000)
+    retract_order: Literal["newest", "fewest_outputs"] = "newest"
     source: str = Field(min_length=1)
     date: str | None = None
     note: str | None = None
@@ -189,7 +194,8 @@ class DecodeReserve(_Frozen):
     def rule(self) -> ReserveRule:
         low = self.init_ratio * self.min_ratio_factor
         return ReserveRule(self.init_ratio, low, (self.init_ratio - low) / self.decay_steps,
-                           self.clip_tokens, self.retract_steps)
+                           self.clip_tokens, self.retract_steps,
+                           self.retract_order == "fewest_outputs")
 
 
 class GraphCapTier(_Frozen):

@@ -252,11 +252,15 @@ class ContinuousScheduler(Scheduler):
         running requests until they fit."""
         batch, kv, running = self.batch, self.kv, self.running
         retracted = False
+        # under speculative decoding SGLang retracts from the back (the newest), unsorted
+        by_outputs = self.reserve is not None and self.reserve.fewest_outputs_first \
+            and batch.k1 == 1
         while True:
             grow = batch.growth_tokens()
             if kv.make_room(grow) or not running:
                 break
-            self._preempt(running[next(reversed(running))])
+            self._preempt(self._fewest_outputs() if by_outputs
+                          else running[next(reversed(running))])
             retracted = True
         batch.take_growth(grow)
         if retracted and self.reserve is not None:
@@ -265,6 +269,20 @@ class ContinuousScheduler(Scheduler):
             if outs:
                 self.ratio = min(1.0, (done + self.reserve.retract_steps * batch.n) / outs)
             self.retracted = True
+
+    def _fewest_outputs(self) -> SimRequest:
+        """SGLang's retraction victim: of the decoding requests, the one with the fewest
+        output tokens (those before a retraction count), the longest prompt among them, the
+        newest of full ties; the newest running request when none decodes."""
+        running, gained = self.running, self.batch.gained
+        best, key = None, None
+        for q in running.values():
+            if q.state is not _DECODING:
+                continue
+            k = (q.g0 + gained(q), -q.r.prompt_tokens)
+            if key is None or k <= key:
+                best, key = q, k
+        return best if best is not None else running[next(reversed(running))]
 
     def _continue_prefills(self, chunks: Chunks, budget: int) -> int:
         """Unfinished prefills continue, in admission order; returns the budget left."""
