@@ -127,7 +127,7 @@ def _int8_mm(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, *,
 def linear(args, x: torch.Tensor) -> torch.Tensor:
     """y = x @ W^T for the weights ``args`` (``Linear.args``): 16-bit; int8 weight-only;
     int4 weight-only (tinygemm); fp8 W8A8 with the activations quantized per tensor on the
-    fly, rows padded to the kernel's multiple."""
+    fly, rows padded to ``pad_rows`` (16 on CUDA, ``Linear``)."""
     if isinstance(args, torch.Tensor):
         return F.linear(x, args)
     kind = args[0]

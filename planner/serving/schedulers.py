@@ -259,8 +259,7 @@ class ContinuousScheduler(Scheduler):
             grow = batch.growth_tokens()
             if kv.make_room(grow) or not running:
                 break
-            self._preempt(self._fewest_outputs() if by_outputs
-                          else running[next(reversed(running))])
+            self._preempt(self._fewest_outputs() if by_outputs else self._newest())
             retracted = True
         batch.take_growth(grow)
         if retracted and self.reserve is not None:
@@ -282,7 +281,12 @@ class ContinuousScheduler(Scheduler):
             k = (q.g0 + gained(q), -q.r.prompt_tokens)
             if key is None or k <= key:
                 best, key = q, k
-        return best if best is not None else running[next(reversed(running))]
+        return best if best is not None else self._newest()
+
+    def _newest(self) -> SimRequest:
+        """The running request admitted last: vLLM's preemption victim."""
+        running = self.running
+        return running[next(reversed(running))]
 
     def _continue_prefills(self, chunks: Chunks, budget: int) -> int:
         """Unfinished prefills continue, in admission order; returns the budget left."""
@@ -356,10 +360,10 @@ class ContinuousScheduler(Scheduler):
 
     def _ensure(self, q: SimRequest, tokens: int) -> bool:
         """Reserve KV for ``q`` to hold ``tokens``; preempt the newest others if needed."""
-        kv, running = self.kv, self.running
+        kv = self.kv
         need = kv.extra_for(q, tokens)
         while not kv.make_room(need):
-            victim = running[next(reversed(running))]
+            victim = self._newest()
             if victim is q:
                 return False
             self._preempt(victim)
