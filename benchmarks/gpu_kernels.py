@@ -133,6 +133,9 @@ def main(argv: list[str] | None = None) -> int:
         gpu, hw = "cpu", cpu_hardware(info, cal)
     c = ceilings(hw, cal)
     layers = a.layers or m.num_layers
+    # the model as built (``--layers``), as `measure` predicts it: the layers scale, the
+    # embedding and the head do not
+    built = m if layers == m.num_layers else m.model_copy(update={"num_layers": layers})
     dims = weight_dims(m)
     out = a.out.open("a") if a.out else None
     print(f"{info.name}, torch {torch.__version__}; planner ceilings: "
@@ -158,9 +161,8 @@ def main(argv: list[str] | None = None) -> int:
 
                     graph = time_fn(step, kind=info.kind, budget_s=0.3)
                     gemms, attn_us, kernels = profile(step, cuda=cuda, steps=a.steps)
-                    ops = {o.name: o for o in decode_ops(m, prec, batch=batch,
+                    ops = {o.name: o for o in decode_ops(built, prec, batch=batch,
                                                          context_tokens=ctx)}
-                    scale = layers / m.num_layers
                     rows = {}
                     for shapes, us in gemms:
                         name = match_gemm(shapes, dims) or "other matmul"
@@ -183,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
                         table.append({"op": name, "calls": calls, "measured_us": meas_us,
                                       "predicted_us": per_call_pred_us, "bytes": op.bytes,
                                       "achieved_gb_per_s": gbs})
-                    pred_step = sum(op_time(o, c).time_s for o in ops.values()) * scale
+                    pred_step = sum(op_time(o, c).time_s for o in ops.values())
                     mm_us = sum(v[0] for v in rows.values())
                     step_ms = graph.median_s * 1e3
                     rec = {"device": info.name, "torch": str(torch.__version__),
