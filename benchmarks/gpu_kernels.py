@@ -26,6 +26,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from planner.core.errors import LlmplanError, UsageError, first_line  # noqa: E402
 from planner.core.ops import decode_ops  # noqa: E402
 from planner.core.roofline import ceilings, op_time  # noqa: E402
 from planner.core.specs import DType, Precision  # noqa: E402
@@ -113,6 +114,34 @@ def main(argv: list[str] | None = None) -> int:
                    help="prompt lengths of batch-1 prefill slices to profile ('' for none)")
     p.add_argument("--out", type=Path)
     a = p.parse_args(argv)
+    try:
+        return _run(a)
+    except LlmplanError as err:  # a bad name, file or number: one line, as llmplan says it
+        print(f"gpu_kernels: error: {first_line(err)}", file=sys.stderr)
+        return getattr(err, "exit_code", 2)  # no CUDA device: 3, as measure says it
+    except (MemoryError, RuntimeError) as err:
+        from harness.bench import is_oom
+
+        if not isinstance(err, MemoryError) and not is_oom(err):
+            raise
+        print(f"gpu_kernels: error: out of memory ({first_line(err)[:120]}); ask for "
+              "fewer sequences, a shorter context or --layers", file=sys.stderr)
+        return 2
+
+
+def _run(a: argparse.Namespace) -> int:
+    from harness.cli import WEIGHT_CHOICES
+    from planner.cli.options import parse_choices
+    from planner.search.sweep import parse_int_list
+
+    weight_list = parse_choices(a.weights, WEIGHT_CHOICES, "--weights")
+    batches = parse_int_list(a.batch, "--batch")
+    contexts = parse_int_list(a.context, "--context")
+    prompts = parse_int_list(a.prefill, "--prefill") if a.prefill else []
+    if a.steps < 1:
+        raise UsageError(f"--steps: {a.steps} must be 1 or more")
+    if a.layers is not None and a.layers < 1:
+        raise UsageError(f"--layers: {a.layers} must be 1 or more")
 
     import torch
 
@@ -140,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
     out = a.out.open("a") if a.out else None
     print(f"{info.name}, torch {torch.__version__}; planner ceilings: "
           f"{'calibration ' + a.calibration if cal else gpu + ' datasheet'}")
-    for weights in a.weights.split(","):
+    for weights in weight_list:
         try:
             dec = Decoder(m, layers=a.layers, batch=1, max_tokens=1, weights=weights,
                           device=info.kind, compile=cuda)
@@ -151,8 +180,8 @@ def main(argv: list[str] | None = None) -> int:
                          group_size=128 if weights == "int4" else m.hidden_size,
                          zero_point_bytes=2 if weights == "int4" else 0)
         with torch.inference_mode():
-            for batch in [int(x) for x in a.batch.split(",")]:
-                for ctx in [int(x) for x in a.context.split(",")]:
+            for batch in batches:
+                for ctx in contexts:
                     dec.alloc_cache(batch, ctx)
                     tok = torch.randint(0, m.vocab_size, (batch, 1), device=info.kind)
 
@@ -212,7 +241,7 @@ def main(argv: list[str] | None = None) -> int:
                     if out:
                         out.write(json.dumps(rec) + "\n")
                         out.flush()
-            for prompt in [int(x) for x in a.prefill.split(",") if x]:
+            for prompt in prompts:
                 dec.alloc_cache(1, prompt)
                 toks = torch.randint(0, m.vocab_size, (1, prompt), device=info.kind)
 

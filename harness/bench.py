@@ -70,7 +70,7 @@ def busy_hint() -> str:
             f"--threads below the idle cores ({max(1, int(cores - load))})")
 
 OOM_MESSAGES = ("out of memory", "cublas_status_alloc_failed", "cuda_error_out_of_memory",
-                "failed to allocate")
+                "failed to allocate", "can't allocate memory")  # the last: torch's CPU allocator
 
 
 def is_oom(err: BaseException) -> bool:

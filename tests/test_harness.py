@@ -378,7 +378,27 @@ def test_oom_is_recognised_through_a_graph_capture_error():
     except RuntimeError as outer:
         assert _is_oom(outer)
     assert _is_oom(RuntimeError("CUBLAS_STATUS_ALLOC_FAILED when calling cublasCreate"))
+    assert _is_oom(RuntimeError("[enforce fail at alloc_cpu.cpp:127] err == 0. "
+                                "DefaultCPUAllocator: can't allocate memory: you tried to "
+                                "allocate 2560000000000 bytes. Error code 12"))
     assert not _is_oom(RuntimeError("expected scalar type BFloat16 but found Float"))
+
+
+@pytest.mark.parametrize("args, says", [
+    (["-m", "nosuch"], "unknown model 'nosuch'"),
+    (["-b", "-1"], "--batch: '-1'"),
+    (["--weights", "int3"], "--weights: 'int3'"),
+    (["--steps", "0"], "--steps: 0"),
+    (["--calibration", "/nonexistent.yaml"], "/nonexistent.yaml: no such file"),
+])
+def test_kernel_breakdown_refuses_bad_input_in_one_line(args, says):
+    script = Path(__file__).resolve().parent.parent / "benchmarks" / "gpu_kernels.py"
+    r = subprocess.run([sys.executable, str(script), "--device", "cpu", "-m", "tiny-llama-test",
+                        "--prefill", "", "--steps", "1", *args], capture_output=True,
+                       text=True, env=ENV, timeout=300)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
+    lines = [ln for ln in r.stderr.splitlines() if ln.startswith("gpu_kernels: error:")]
+    assert len(lines) == 1 and says in lines[0], r.stderr[-2000:]
 
 
 def test_nvml_is_opened_by_uuid_not_index():
