@@ -186,3 +186,41 @@ def time_fn(fn: Callable[[], object], *, kind: str, budget_s: float = 0.5,
     if kind == "cuda":
         return time_cuda(fn, budget_s=budget_s, use_graph=use_graph, flush_l2=flush_l2)
     return time_cpu(fn, budget_s=budget_s)
+
+
+def buffers_beyond_l2(nbytes: int, l2_bytes: int, *, at_least: int = 4,
+                      at_most: int = 512) -> int:
+    """How many distinct buffers of ``nbytes`` a chain of kernels cycles through so that
+    together they hold at least four L2 caches: each kernel then reads its operand from
+    memory, as each layer of a decode step reads its own weights, not from the cache."""
+    if nbytes <= 0:
+        raise ValueError(f"nbytes must be positive, got {nbytes}")
+    return max(at_least, min(at_most, -(-4 * l2_bytes // nbytes)))
+
+
+def l2_bytes(kind: str) -> int:
+    """The device's L2 cache (CUDA); on a CPU a nominal 1 MiB (its chains are a smoke test)."""
+    if kind == "cuda":
+        import torch
+
+        return torch.cuda.get_device_properties(0).L2_cache_size
+    return 1 << 20
+
+
+def time_chain(calls: list[Callable[[], object]], *, kind: str,
+               budget_s: float = 0.2) -> Timing:
+    """The time per call of ``calls`` run back to back: one CUDA graph of all of them on a
+    GPU (replayed, events around it), so the graph's own launch is spread over the chain as
+    a step's is over its layers; perf_counter around the eager chain on a CPU. Every figure
+    of the Timing is per call."""
+    if not calls:
+        raise ValueError("time_chain needs at least one call")
+
+    def chain():
+        for c in calls:
+            c()
+    t = time_fn(chain, kind=kind, budget_s=budget_s)
+    n = len(calls)
+    return Timing(median_s=t.median_s / n, p10_s=t.p10_s / n, p90_s=t.p90_s / n,
+                  mean_s=t.mean_s / n, min_s=t.min_s / n, reps=t.reps,
+                  method=f"{t.method}, chain of {n}")

@@ -8,6 +8,9 @@
   8.9 or later). A precision the device or torch cannot run is recorded with the reason.
 - Launch cost: the time of one tiny kernel, replayed from a CUDA graph on GPU (what the decode
   step pays per kernel under graphs), or one eager tiny op on CPU.
+- Fixed costs (GPU): what a one-token matmul and a decode attention kernel pay beyond their
+  bytes at the measured bandwidth, timed as chains of kernels on distinct weights or caches
+  (``fixed_costs``); the calibrated prediction charges them per kernel of their kind.
 
 The profile is what ``llmplan estimate --calibration`` reads (planner.core.specs.Calibration).
 """
@@ -32,7 +35,7 @@ from harness.bench import (
 from harness.device import DeviceInfo, now_iso
 from planner.core.errors import first_line
 
-HARNESS_VERSION = "1"  # bump when the measurement method changes
+HARNESS_VERSION = "2"  # bump when the measurement method changes (2: fixed costs)
 
 
 def _sizes(kind: str, quick: bool) -> dict:
@@ -102,6 +105,71 @@ def matmul_rate(kind: str, dtype: str, m: int, k: int, n: int, budget_s: float) 
             "timing": t.as_dict()}
 
 
+# Decode matmuls of one token, (k, n) of the bf16 weight: the projections of Llama-3.1-8B
+# (qkv, o, down, gate_up) and 70B (o, gate_up), 32 MiB to 0.9 GiB, so the line through them
+# spans the weights a step reads. Decode attention: (batch, context) at 32 query heads,
+# 8 KV heads of 128 (both models' shape), short caches where the fixed cost dominates.
+FIXED_MATMULS = {"cuda": ((4096, 4096), (4096, 6144), (14336, 4096), (4096, 28672),
+                          (8192, 8192), (8192, 57344)),
+                 "cpu": ((512, 512), (512, 2048), (1024, 2048))}
+FIXED_ATTENTION = {"cuda": ((1, 512), (1, 2048), (8, 512), (8, 2048)),
+                   "cpu": ((1, 64), (1, 256))}
+ATTN_HEADS = (32, 8, 128)  # query heads, KV heads, head size
+
+
+def _excess(points: list[dict], bandwidth_bytes_per_s: float) -> float | None:
+    """The median of each kernel's time beyond its bytes at the measured bandwidth (not
+    below 0): the fixed cost the calibrated prediction adds per kernel of its kind."""
+    import statistics
+
+    extra = [p["per_call"]["median_s"] - p["bytes"] / bandwidth_bytes_per_s for p in points]
+    return max(0.0, statistics.median(extra)) if extra else None
+
+
+def fixed_costs(kind: str, bandwidth_bytes_per_s: float, budget_s: float, *,
+                matmuls: tuple[tuple[int, int], ...] | None = None,
+                attention: tuple[tuple[int, int], ...] | None = None) -> dict:
+    """What a one-token matmul and a decode attention kernel pay beyond their bytes at
+    ``bandwidth_bytes_per_s``. Each shape is timed as a chain of kernels on distinct weights
+    (caches) that together hold four L2 caches, one CUDA graph (``bench.time_chain``): a
+    step of many layers, each reading its own from memory. On an H100 the empty kernel
+    costs 1.25 us while each projection paid 2.7-6 us over its bytes at the copy rate
+    (benchmarks/results/h100-sxm-2026-11-27): the empty kernel alone left the calibrated
+    prediction of Llama-3.1-8B's batch-1 step 15% short."""
+    import torch
+    import torch.nn.functional as F
+
+    from harness.bench import buffers_beyond_l2, l2_bytes, time_chain
+
+    dev = "cuda" if kind == "cuda" else "cpu"
+    l2 = l2_bytes(kind)
+    mm_points, attn_points = [], []
+    for k, n in matmuls if matmuls is not None else FIXED_MATMULS[dev]:
+        wbytes = 2 * k * n
+        ws = [torch.randn(k, n, device=dev, dtype=torch.bfloat16)
+              for _ in range(buffers_beyond_l2(wbytes, l2))]
+        x = torch.randn(1, k, device=dev, dtype=torch.bfloat16)
+        t = time_chain([lambda w=w, x=x: x @ w for w in ws], kind=kind, budget_s=budget_s)
+        mm_points.append({"k": k, "n": n, "bytes": wbytes + 2 * (k + n), "buffers": len(ws),
+                          "per_call": t.as_dict()})
+        del ws
+    nh, nkv, hd = ATTN_HEADS
+    for b, ctx in attention if attention is not None else FIXED_ATTENTION[dev]:
+        cache = 2 * 2 * b * nkv * ctx * hd
+        q = torch.randn(b, nh, 1, hd, device=dev, dtype=torch.bfloat16)
+        kvs = [(torch.randn(b, nkv, ctx, hd, device=dev, dtype=torch.bfloat16),
+                torch.randn(b, nkv, ctx, hd, device=dev, dtype=torch.bfloat16))
+               for _ in range(buffers_beyond_l2(cache, l2, at_least=2, at_most=256))]
+        t = time_chain([lambda k=k, v=v, q=q: F.scaled_dot_product_attention(
+            q, k, v, enable_gqa=nh != nkv) for k, v in kvs], kind=kind, budget_s=budget_s)
+        attn_points.append({"batch": b, "context": ctx, "bytes": cache + 2 * 2 * b * nh * hd,
+                            "buffers": len(kvs), "per_call": t.as_dict()})
+        del kvs
+    return {"matmul": mm_points, "attention": attn_points,
+            "matmul_overhead_s": _excess(mm_points, bandwidth_bytes_per_s),
+            "attention_overhead_s": _excess(attn_points, bandwidth_bytes_per_s)}
+
+
 def launch_overhead(kind: str, budget_s: float) -> dict:
     dev = "cuda" if kind == "cuda" else "cpu"
     x = torch.zeros(1, device=dev)
@@ -126,6 +194,11 @@ def noise(details: dict, *, max_spread: float = NOISY_SPREAD,
     timings += [(f"{m.get('dtype')} matmul {m.get('m')}x{m.get('k')}x{m.get('n')}",
                  m.get("timing")) for m in details.get("matmul") or []]
     timings.append(("launch", (details.get("launch") or {}).get("timing")))
+    fixed = details.get("fixed") or {}
+    timings += [(f"matmul chain k={p.get('k')} n={p.get('n')}", p.get("per_call"))
+                for p in fixed.get("matmul") or []]
+    timings += [(f"attention chain batch {p.get('batch')} context {p.get('context')}",
+                 p.get("per_call")) for p in fixed.get("attention") or []]
     worst, worst_name, reps = 1.0, None, None
     for name, t in timings:
         spread = timing_spread(t)
@@ -181,10 +254,15 @@ def calibrate(info: DeviceInfo, *, dtypes: tuple[str, ...] = ("bf16", "fp16", "f
         except (RuntimeError, TypeError) as err:
             skipped[dt] = f"{type(err).__name__}: {first_line(err)}"
     launch = launch_overhead(info.kind, s["budget_s"])
+    # The fixed costs of a matmul and an attention kernel: on a GPU, where they are what a
+    # graphed step pays; a CPU's eager kernels pay the launch cost above, which stands for them
+    fixed = (fixed_costs(info.kind, bw["best_bytes_per_s"], s["budget_s"] / 2,
+                         matmuls=FIXED_MATMULS["cuda"][:3] if quick else None)
+             if info.kind == "cuda" else None)
     # the copy again, seconds later: a machine that got busy meanwhile shows as drift
     again = measure_bandwidth(info.kind, s["bw_bytes"], s["budget_s"])
     details = {"device": info.as_dict(), "bandwidth": bw, "matmul": shapes,
-               "skipped": skipped, "launch": launch, "quick": quick,
+               "skipped": skipped, "launch": launch, "fixed": fixed, "quick": quick,
                "bandwidth_repeat": {"copy": again["copy"], "read": again["read"]}}
     details["noise"] = noise(details, max_spread=max_spread, max_drift=max_drift)
     if details["noise"]["noisy"] and warn is not None:
@@ -196,6 +274,9 @@ def calibrate(info: DeviceInfo, *, dtypes: tuple[str, ...] = ("bf16", "fp16", "f
         "memory_bandwidth_gb_per_s": bw["best_bytes_per_s"] / 1e9,
         "matmul_tflops": rates,
         "kernel_overhead_us": launch["per_kernel_s"] * 1e6,
+        **({} if fixed is None else {
+            f"{name}_overhead_us": fixed[f"{name}_overhead_s"] * 1e6
+            for name in ("matmul", "attention") if fixed[f"{name}_overhead_s"] is not None}),
         "created": now_iso(),
         "harness_version": HARNESS_VERSION,
         "details": details,

@@ -318,7 +318,9 @@ def _collectives(info, profile: Path, world: int | None, quick: bool, as_json: b
 def _cal_key(cal) -> tuple:
     """What a prediction reads from a calibration: equal keys predict alike."""
     return (round(cal.memory_bandwidth_gb_per_s, 6), round(cal.kernel_overhead_us, 6),
-            tuple(sorted((k.value, round(v, 9)) for k, v in cal.matmul_tflops.items())))
+            tuple(sorted((k.value, round(v, 9)) for k, v in cal.matmul_tflops.items())),
+            *(None if v is None else round(v, 6)
+              for v in (cal.matmul_overhead_us, cal.attention_overhead_us)))
 
 
 def _recorded_calibration(path: Path):
@@ -405,6 +407,10 @@ def _print_calibration(cal, hw, as_json: bool) -> None:
                      f"{sheet:,.1f} TFLOP/s" if sheet else "-",
                      f"{v / sheet:.0%}" if sheet else "-"])
     rows.append(["kernel launch", f"{cal.kernel_overhead_us:.2f} us", "-", "-"])
+    for name, v in (("matmul fixed cost", cal.matmul_overhead_us),
+                    ("attention fixed cost", cal.attention_overhead_us)):
+        if v is not None:
+            rows.append([name, f"{v:.2f} us", "-", "-"])
     for dt, why in cal.details.get("skipped", {}).items():
         rows.append([f"matmul {dt}", "skipped", why[:50], ""])
     noise = cal.details.get("noise")

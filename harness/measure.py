@@ -341,7 +341,10 @@ def run(plan: Plan, info: DeviceInfo, cal: Calibration, hw: HardwareSpec | None,
            "torch": str(torch.__version__), "command": plan.argv, "calibration": {
                "memory_bandwidth_gb_per_s": cal.memory_bandwidth_gb_per_s,
                "matmul_tflops": {k.value: v for k, v in cal.matmul_tflops.items()},
-               "kernel_overhead_us": cal.kernel_overhead_us}}
+               "kernel_overhead_us": cal.kernel_overhead_us,
+               **{f"{n}_overhead_us": getattr(cal, f"{n}_overhead_us")
+                  for n in ("matmul", "attention")
+                  if getattr(cal, f"{n}_overhead_us") is not None}}}
     records: list[dict] = []
     compile_failed: str | None = None
 

@@ -44,6 +44,10 @@ class Ceilings:
     flops_per_s: dict[DType, float]
     link_bytes_per_s: float  # one direction, per GPU
     kernel_overhead_s: float | None = None  # per-kernel cost that overrides the engine's
+    # a calibration's measured fixed cost of a memory-bound matmul and of a decode attention
+    # kernel (None: kernel_overhead_s, or the engine's, applies to them too)
+    matmul_overhead_s: float | None = None
+    attention_overhead_s: float | None = None
     source: str = "datasheet"
     notes: tuple[str, ...] = field(default_factory=tuple)
     bandwidth_source: str = "datasheet"
@@ -135,6 +139,15 @@ class Ceilings:
     def peak(self, dtype: DType) -> float:
         return self.flops_per_s[dtype]
 
+    def own_overhead_s(self, kind: str) -> float | None:
+        """The measured fixed cost of a kernel of this operator kind (matmul, attention);
+        None where none was measured."""
+        if kind == "matmul":
+            return self.matmul_overhead_s
+        if kind == "attention":
+            return self.attention_overhead_s
+        return None
+
     def flops_source_of(self, dtype: DType) -> str:
         return dict(self.flops_source).get(dtype, self.source)
 
@@ -196,6 +209,7 @@ def ceilings(hw: HardwareSpec, calibration: Calibration | None = None,
         notes += ach.notes
     # --kernel-overhead-us replaces an engine's fixed cost per kernel; the ideal bound has none
     overhead = None if engine.name == IDEAL.name else o.kernel_overhead_s
+    mm_over = attn_over = None
     if calibration is not None:
         source = f"calibration ({calibration.device})"
         bw, bw_src = calibration.memory_bandwidth_gb_per_s * 1e9, source
@@ -208,6 +222,12 @@ def ceilings(hw: HardwareSpec, calibration: Calibration | None = None,
                          " figure used")
         if overhead is None and calibration.kernel_overhead_us:
             overhead = calibration.kernel_overhead_us * 1e-6
+        if o.kernel_overhead_s is None or engine.name == IDEAL.name:
+            # --kernel-overhead-us is one cost for every kernel: it replaces these too
+            if calibration.matmul_overhead_us is not None:
+                mm_over = calibration.matmul_overhead_us * 1e-6
+            if calibration.attention_overhead_us is not None:
+                attn_over = calibration.attention_overhead_us * 1e-6
     ar_bus = ar_lat = None
     ar_table: tuple = ()
     ar_by = ar_src = ""
@@ -229,7 +249,8 @@ def ceilings(hw: HardwareSpec, calibration: Calibration | None = None,
                         hw, engine.ceilings == "achievable"),
                     pcie_only=(engine.ceilings == "achievable"
                                and hw.interconnect.kind.lower().startswith("pcie")),
-                    kernel_overhead_s=overhead, source=source, notes=tuple(notes),
+                    kernel_overhead_s=overhead, matmul_overhead_s=mm_over,
+                    attention_overhead_s=attn_over, source=source, notes=tuple(notes),
                     bandwidth_source=bw_src, flops_source=tuple(src.items()),
                     allreduce_bus_bytes_per_s=ar_bus, allreduce_latency_s=ar_lat,
                     allreduce_table=ar_table, allreduce_timed_by=ar_by,
@@ -342,9 +363,16 @@ def op_time(op: Op, c: Ceilings, *, tp: int = 1, options: Options | None = None,
         moved = moved + 2 * op.kv_cache_bytes  # the old cache read and written anew
     memory = moved / (c.bandwidth_bytes_per_s * bw_frac)
     k = e.kernels_for(op.name, op.kind)
-    if op.kind == "matmul" and op.dtype == DType.fp8:
-        k = k + e.fp8_quant_kernels  # W8A8: the activations are quantized first
     per_kernel = c.kernel_overhead_s if c.kernel_overhead_s is not None else e.kernel_gap_s
+    own = c.own_overhead_s(op.kind)
+    if own is not None:  # the op's own kernels at their measured cost
+        per_kernel = own
+    if op.kind == "matmul" and op.dtype == DType.fp8 and e.fp8_quant_kernels:
+        # W8A8: the activations are quantized first, by kernels of the plain cost
+        q = e.fp8_quant_kernels
+        plain = c.kernel_overhead_s if c.kernel_overhead_s is not None else e.kernel_gap_s
+        per_kernel = (k * per_kernel + q * plain) / (k + q)
+        k = k + q
     t = combine(compute, memory, e, o, kernels=k, per_kernel_s=per_kernel, graphed=graphed)
     return OpTime(op, compute * n, memory * n, 0.0, t * n, bw_frac, c_frac, k * n,
                   k * per_kernel * n)

@@ -576,6 +576,12 @@ class Calibration(_Frozen):
     memory_bandwidth_gb_per_s: float = Field(gt=0, le=1_000_000)
     matmul_tflops: dict[DType, float] = Field(default_factory=dict)
     kernel_overhead_us: float = Field(0.0, ge=0, le=1_000_000)
+    # What a memory-bound matmul and a decode attention kernel pay beyond their bytes at the
+    # measured bandwidth (harness 2 and later; None: the empty kernel's cost above stands
+    # for them): the median excess of kernels timed back to back in a CUDA graph, each
+    # reading its own weights or cache from memory, as a decode step's layers do
+    matmul_overhead_us: float | None = Field(None, ge=0, le=1_000_000)
+    attention_overhead_us: float | None = Field(None, ge=0, le=1_000_000)
     # measured all-reduce (`llmplan measure --collectives`): t = 2 (n-1)/n x S / bus + latency
     allreduce_latency_us: float | None = Field(None, gt=0, le=1_000_000)
     allreduce_bus_gb_per_s: float | None = Field(None, gt=0, le=1_000_000)

@@ -141,6 +141,8 @@ class StepCoster:
         c = prep.ceilings
         self._per_kernel = c.kernel_overhead_s if c.kernel_overhead_s is not None else \
             self.engine.kernel_gap_s
+        if c.attention_overhead_s is not None:  # a calibration's measured attention kernel
+            self._per_kernel = c.attention_overhead_s
 
     def _units(self) -> tuple[dict[str, Op], ...]:
         """The operators of a unit of attention work: without and with a score element, and

@@ -1,0 +1,219 @@
+"""A calibration's measured fixed costs of a matmul and a decode attention kernel: how the
+harness derives them, how the roofline and the simulator charge them, and the kernel
+micro-benchmark script that measured them on an H100 (benchmarks/gpu_micro.py)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from harness.bench import Timing, buffers_beyond_l2, time_chain
+from harness.calibrate import _excess, fixed_costs
+from planner.core.estimate import prepare
+from planner.core.ops import StepShape, decode_ops
+from planner.core.roofline import ceilings, op_time, step_time
+from planner.core.specs import Calibration, DType, Options, Precision
+from planner.io import catalog
+from planner.serving.cost import StepCoster
+
+ROOT = Path(__file__).resolve().parent.parent
+H100 = ROOT / "benchmarks" / "results" / "h100-sxm-2026-11-27"
+
+
+def _cal(**extra) -> Calibration:
+    return Calibration(device="h100-sxm", memory_bandwidth_gb_per_s=3000.0,
+                       matmul_tflops={DType.bf16: 700.0}, kernel_overhead_us=1.0, **extra)
+
+
+def test_buffers_beyond_l2_cover_four_caches():
+    l2 = 50 << 20
+    assert buffers_beyond_l2(32 << 20, l2) == 7  # 200 MiB / 32 MiB, rounded up
+    assert buffers_beyond_l2(1 << 30, l2) == 4  # never fewer than four
+    assert buffers_beyond_l2(1 << 10, l2) == 512  # nor more than the cap
+    assert buffers_beyond_l2(1 << 30, l2, at_least=2) == 2
+    with pytest.raises(ValueError):
+        buffers_beyond_l2(0, l2)
+
+
+def test_time_chain_reports_per_call_figures():
+    calls = [lambda: sum(range(2000))] * 8
+    t = time_chain(calls, kind="cpu", budget_s=0.02)
+    one = time_chain(calls[:1], kind="cpu", budget_s=0.02)
+    assert "chain of 8" in t.method
+    assert t.min_s <= t.median_s <= t.p90_s
+    # per call: eight calls in a chain take about what one takes alone, not eight times it
+    assert t.median_s < 4 * one.median_s
+    with pytest.raises(ValueError):
+        time_chain([], kind="cpu")
+
+
+def _pt(seconds: float, nbytes: float) -> dict:
+    return {"bytes": nbytes, "per_call": Timing(seconds, seconds, seconds, seconds, seconds,
+                                                10, "x").as_dict()}
+
+
+def test_excess_is_the_median_time_beyond_the_bytes():
+    bw = 1e9  # 1,000 bytes take 1 us
+    pts = [_pt(3e-6, 1000), _pt(5e-6, 1000), _pt(1e-6, 2000)]  # excess 2, 4, -1 us
+    assert _excess(pts, bw) == pytest.approx(2e-6)
+    assert _excess([_pt(1e-6, 5000)], bw) == 0.0  # faster than the bandwidth: no fixed cost
+    assert _excess([], bw) is None
+
+
+def test_fixed_costs_run_on_a_cpu():
+    bw = 20e9
+    got = fixed_costs("cpu", bw, 0.01, matmuls=((256, 256), (256, 512)),
+                      attention=((1, 64),))
+    assert [(p["k"], p["n"]) for p in got["matmul"]] == [(256, 256), (256, 512)]
+    assert got["matmul"][0]["bytes"] == 2 * 256 * 256 + 2 * (256 + 256)
+    assert got["matmul"][0]["buffers"] == buffers_beyond_l2(2 * 256 * 256, 1 << 20)
+    assert got["attention"][0]["bytes"] == 2 * 2 * 8 * 64 * 128 + 2 * 2 * 32 * 128
+    assert got["matmul_overhead_s"] == _excess(got["matmul"], bw) >= 0
+    assert got["attention_overhead_s"] == _excess(got["attention"], bw) >= 0
+
+
+def test_the_calibration_charges_matmuls_and_attention_their_own_fixed_cost():
+    m, hw = catalog.load_model("llama-3.1-8b"), catalog.load_hardware("h100-sxm")
+    prec = Precision()
+    ops = decode_ops(m, prec, batch=1, context_tokens=512)
+    plain = step_time(ops, ceilings(hw, _cal()))
+    own = step_time(ops, ceilings(hw, _cal(matmul_overhead_us=6.0, attention_overhead_us=8.0)))
+    n_mm = sum(t.kernels for t in plain.ops if t.op.kind == "matmul")
+    n_attn = sum(t.kernels for t in plain.ops if t.op.kind == "attention")
+    assert n_mm == 4 * m.num_layers + 1 and n_attn == m.num_layers  # by hand: 4 projections
+    # each kernel of its kind now costs 6 (8) us where the empty kernel's 1 us stood
+    assert own.time_s - plain.time_s == pytest.approx(n_mm * 5e-6 + n_attn * 7e-6, rel=1e-9)
+    # other kernels keep the empty kernel's cost
+    for a, b in zip(plain.ops, own.ops, strict=True):
+        if a.op.kind not in ("matmul", "attention"):
+            assert a.time_s == b.time_s
+
+
+def test_kernel_overhead_flag_replaces_every_measured_cost():
+    m, hw = catalog.load_model("llama-3.1-8b"), catalog.load_hardware("h100-sxm")
+    vllm = catalog.load_engine("vllm")
+    o = Options(kernel_overhead_s=3e-6)
+    ops = decode_ops(m, Precision(), batch=1, context_tokens=512)
+    c = ceilings(hw, _cal(matmul_overhead_us=6.0, attention_overhead_us=8.0), o, vllm)
+    assert c.matmul_overhead_s is None and c.attention_overhead_s is None
+    for op in ops:
+        t = op_time(op, c, options=o, engine=vllm)
+        assert t.overhead_s == pytest.approx(t.kernels * 3e-6)
+
+
+def test_fp8_quantize_kernels_keep_the_plain_cost():
+    m, hw = catalog.load_model("llama-3.1-8b"), catalog.load_hardware("h100-sxm")
+    vllm = catalog.load_engine("vllm")
+    assert vllm.fp8_quant_kernels > 0
+    prec = Precision(weights=DType.fp8, compute=DType.fp8)
+    cal = _cal(matmul_overhead_us=6.0).model_copy(
+        update={"matmul_tflops": {DType.bf16: 700.0, DType.fp8: 1200.0}})
+    c = ceilings(hw, cal, Options(), vllm)
+    op = next(o for o in decode_ops(m, prec, batch=1, context_tokens=512)
+              if o.name == "o_proj")
+    t = op_time(op, c, engine=vllm)
+    k = vllm.kernels_for(op.name, op.kind)
+    q = vllm.fp8_quant_kernels
+    assert t.kernels == pytest.approx((k + q) * op.count)
+    assert t.overhead_s == pytest.approx((k * 6e-6 + q * 1e-6) * op.count)
+
+
+def test_the_simulator_charges_the_measured_attention_cost():
+    m, hw = catalog.load_model("llama-3.1-8b"), catalog.load_hardware("h100-sxm")
+    ideal = catalog.load_engine("ideal")
+    cal = _cal(matmul_overhead_us=6.0, attention_overhead_us=8.0)
+    prep = prepare(hw, Precision(), cal, Options(), ideal)
+    coster = StepCoster(m, hw, prep, Options())
+    got = coster.step_time(StepShape.uniform(1, 1, 511), sequences=1, prefill=False)
+    want = step_time(decode_ops(m, Precision(), batch=1, context_tokens=512),
+                     prep.ceilings, engine=ideal).time_s
+    assert got == pytest.approx(want, rel=1e-6)
+    plain = StepCoster(m, hw, replace(prep, ceilings=replace(prep.ceilings,
+                                                             attention_overhead_s=None)),
+                       Options())
+    before = plain.step_time(StepShape.uniform(1, 1, 511), sequences=1, prefill=False)
+    assert got - before == pytest.approx(m.num_layers * 7e-6, rel=1e-6)
+
+
+def test_the_h100_micro_benchmark_agrees_with_the_figures_quoted():
+    """docs/measure.md quotes these from the committed records: recomputed here."""
+    recs = [json.loads(x) for x in (H100 / "micro.jsonl").read_text().splitlines()]
+    bw = 2977.983759070339e9  # that GPU's calibrated copy rate (calibration.yaml)
+    one = [r for r in recs if r["family"] == "gemm" and r["dtype"] == "bf16"
+           and r["tokens"] == 1]
+    assert len(one) == 10
+    pts = [{"bytes": r["bytes"], "per_call": {"median_s": r["per_call_s"]}} for r in one]
+    assert _excess(pts, bw) * 1e6 == pytest.approx(4.6, abs=0.1)
+    attn = [r for r in recs if r["family"] == "attention" and r.get("phase") == "decode"
+            and r["model"] == "llama-3.1-8b" and (r["batch"], r["context"]) in
+            ((1, 512), (1, 2048), (8, 512), (8, 2048))]
+    pts = [{"bytes": r["bytes"], "per_call": {"median_s": r["per_call_s"]}} for r in attn]
+    assert _excess(pts, bw) * 1e6 == pytest.approx(7.3, abs=0.1)
+
+
+def _micro(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_micro.py"), *args],
+                          capture_output=True, text=True, timeout=300, cwd=ROOT)
+
+
+def test_gpu_micro_runs_on_a_cpu(tmp_path):
+    out = tmp_path / "m.jsonl"
+    r = _micro("-m", "tiny-llama-test", "--device", "cpu", "--tokens", "1,4", "-b", "1",
+               "-c", "64", "--prefill", "64", "--copy-sizes", "65536,1048576",
+               "--dtypes", "bf16", "--budget-s", "0.01", "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    recs = [json.loads(x) for x in out.read_text().splitlines()]
+    fams = [x["family"] for x in recs]
+    assert fams.count("copy") == 2 and fams.count("gemm") == 10 and fams.count("attention") == 2
+    g = next(x for x in recs if x["family"] == "gemm" and x["op"] == "o_proj"
+             and x["tokens"] == 4)
+    m = catalog.load_model("tiny-llama-test")
+    k = m.num_attention_heads * m.head_dim_
+    assert (g["k"], g["n"]) == (k, m.hidden_size)
+    assert g["flops"] == 2 * 4 * k * m.hidden_size
+    assert g["bytes"] == 2 * k * m.hidden_size + 2 * 4 * (k + m.hidden_size)
+    assert all(x["per_call_s"] > 0 for x in recs)
+    assert "fixed cost" in r.stdout
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["-m", "no-such-model"], "no-such-model"),
+    (["--tokens", "0"], "--tokens"),
+    (["--budget-s", "nan"], "--budget-s"),
+    (["--families", "copy,disk"], "--families"),
+])
+def test_gpu_micro_bad_input_is_one_line(args, needle):
+    r = _micro("--device", "cpu", *args)
+    assert r.returncode == 2
+    assert needle in r.stderr and "Traceback" not in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+
+
+def test_the_second_h100_lease_is_predicted_as_recorded():
+    """The harness-2 calibration loads, and today's planner predicts each recorded point
+    exactly as the device run did: the records and the code that made them agree."""
+    from harness.measure import predict
+
+    cal = catalog.load_calibration(H100 / "calibration-v2.yaml")
+    assert cal.matmul_overhead_us == pytest.approx(3.41, abs=0.01)
+    assert cal.attention_overhead_us == pytest.approx(7.25, abs=0.01)
+    hw = catalog.load_hardware("h100-sxm")
+    c = ceilings(hw, cal)
+    recs = [json.loads(x) for x in (H100 / "llama-3.1-8b-bf16-v2.jsonl").read_text()
+            .splitlines()]
+    errs = []
+    for r in recs:
+        cf = r["config"]
+        m = catalog.load_model(cf["model"])
+        p = predict(m, Precision(), c, batch=cf["batch"], context=cf["context"])
+        assert p["tpot_s"] == pytest.approx(r["prediction"]["calibrated"]["tpot_s"], rel=1e-9)
+        if r["status"] == "ok":
+            errs.append(r["error"]["calibrated"]["tpot_frac"])
+    assert len(errs) == 7
+    errs.sort(key=abs)
+    assert abs(errs[3]) == pytest.approx(0.107, abs=0.001)  # the docs' median
