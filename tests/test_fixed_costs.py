@@ -217,3 +217,21 @@ def test_the_second_h100_lease_is_predicted_as_recorded():
     assert len(errs) == 7
     errs.sort(key=abs)
     assert abs(errs[3]) == pytest.approx(0.107, abs=0.001)  # the docs' median
+
+
+def test_the_h200_and_the_h100_run_model_shaped_matmuls_alike():
+    """docs/measure.md (#h200) and hardware_db/h200.yaml's note quote these medians."""
+    import statistics
+
+    def median_tflops(path: Path, dtype: str) -> float:
+        recs = [json.loads(x) for x in path.read_text().splitlines()]
+        rates = [r["flops"] / r["per_call_s"] / 1e12 for r in recs
+                 if r["family"] == "gemm" and r["dtype"] == dtype and r["tokens"] >= 512]
+        assert len(rates) == 50
+        return statistics.median(rates)
+
+    h200 = ROOT / "benchmarks" / "results" / "h200-2026-11-27" / "micro-h200.jsonl"
+    assert round(median_tflops(h200, "bf16")) == round(median_tflops(H100 / "micro.jsonl",
+                                                                      "bf16")) == 679
+    assert round(median_tflops(h200, "fp8")) == 1176
+    assert round(median_tflops(H100 / "micro.jsonl", "fp8")) == 1217
