@@ -235,3 +235,23 @@ def test_the_h200_and_the_h100_run_model_shaped_matmuls_alike():
                                                                       "bf16")) == 679
     assert round(median_tflops(h200, "fp8")) == 1176
     assert round(median_tflops(H100 / "micro.jsonl", "fp8")) == 1217
+
+
+@pytest.mark.parametrize("path,matmul_us,attention_us,empty_us", [
+    (H100 / "calibration-v2.yaml", 3.41, 7.25, 1.25),
+    (H100 / "calibration-h100-c.yaml", 3.36, 7.25, 1.32),
+    (ROOT / "benchmarks" / "results" / "h200-2026-11-27" / "calibration-h200.yaml", 3.59, 7.46,
+     1.24),
+])
+def test_the_recorded_calibrations_hold_the_quoted_fixed_costs(path, matmul_us, attention_us,
+                                                                empty_us):
+    """docs/measure.md and the SGLang / TensorRT-LLM kernel costs quote these; each is the
+    median excess of its own recorded chains, recomputed here."""
+    cal = catalog.load_calibration(path)
+    assert cal.matmul_overhead_us == pytest.approx(matmul_us, abs=0.01)
+    assert cal.attention_overhead_us == pytest.approx(attention_us, abs=0.01)
+    assert cal.kernel_overhead_us == pytest.approx(empty_us, abs=0.01)
+    fixed = cal.details["fixed"]
+    bw = cal.memory_bandwidth_gb_per_s * 1e9
+    assert _excess(fixed["matmul"], bw) * 1e6 == pytest.approx(matmul_us, abs=0.01)
+    assert _excess(fixed["attention"], bw) * 1e6 == pytest.approx(attention_us, abs=0.01)
