@@ -128,7 +128,7 @@ def _int8_mm(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, *,
 def linear(args, x: torch.Tensor) -> torch.Tensor:
     """y = x @ W^T for the weights ``args`` (``Linear.args``): 16-bit; int8 weight-only;
     int4 weight-only (tinygemm); fp8 W8A8 with the activations quantized per tensor on the
-    fly, rows padded to ``pad_rows`` (16 on CUDA, ``Linear``)."""
+    fly."""
     if isinstance(args, torch.Tensor):
         return F.linear(x, args)
     kind = args[0]
@@ -140,15 +140,11 @@ def linear(args, x: torch.Tensor) -> torch.Tensor:
         _, w, scales_zeros, group, k, n = args
         y = _int4_mm(x.reshape(-1, k), w, group, scales_zeros)
     else:  # fp8
-        _, w, scale, out_dtype, pad_rows, k, n = args
+        _, w, scale, out_dtype, k, n = args
         x2 = x.reshape(-1, k)
-        rows = x2.shape[0]
-        pad = (-rows) % pad_rows
-        if pad:
-            x2 = F.pad(x2, (0, 0, 0, pad))
         xs = x2.abs().amax().float().clamp(min=1e-12) / FP8_MAX
         x8 = (x2.float() / xs).to(torch.float8_e4m3fn)
-        y = torch._scaled_mm(x8, w.t(), scale_a=xs, scale_b=scale, out_dtype=out_dtype)[:rows]
+        y = torch._scaled_mm(x8, w.t(), scale_a=xs, scale_b=scale, out_dtype=out_dtype)
     return y.reshape(*shape[:-1], n)
 
 
@@ -177,11 +173,11 @@ class Linear:
             self.w = (w.float() / ws).to(torch.float8_e4m3fn)  # [n, k]: column-major B
             self.scale = ws.reshape(())
             self.int8, self.fp8, self.out_dtype = False, True, dtype
-            # torch checks k and n for multiples of 16, not the rows; the rows are padded to
-            # 16 on CUDA as vLLM padded its torch._scaled_mm inputs (to 17, its fp8 linear
-            # before the CUTLASS path) where cuBLAS runs faster. The pad and the slice cost:
-            # an H100 step of Llama-3.1-8B ran 1.2 ms slower at batch 1 than at 16
-            self.pad_rows = 16 if torch.device(device).type == "cuda" else 1
+            # torch checks k and n for multiples of 16, not the rows. The rows are not padded:
+            # vLLM once padded its torch._scaled_mm inputs to 17 rows where cuBLAS ran faster,
+            # but on an H100 (torch 2.11) one row runs as fast as 16 (Llama-3.1-8B's qkv 12.8
+            # against 12.7 us; benchmarks/results/h100-sxm-2026-11-27/micro.jsonl), and the
+            # pad and its slice had made a batch-1 step 1.2 ms slower than a batch-16 one
         elif weights == "int4":
             # weight-only int4 as gpt-fast and torchao run it (tinygemm): groups of 128 along
             # k, a bf16 scale and zero per group, w = (q - 8) x scale + zero
@@ -216,7 +212,7 @@ class Linear:
         if self.int4:
             return ("int4", self.w, self.scales_zeros, self.group, self.k, self.n)
         if self.fp8:
-            return ("fp8", self.w, self.scale, self.out_dtype, self.pad_rows, self.k, self.n)
+            return ("fp8", self.w, self.scale, self.out_dtype, self.k, self.n)
         return self.w
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
