@@ -29,19 +29,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from gpu_kernels import weight_dims  # noqa: E402  (beside this script)
+
 from harness.bench import buffers_beyond_l2  # noqa: E402
 from planner.core.errors import LlmplanError, UsageError, first_line  # noqa: E402
 from planner.io import catalog  # noqa: E402
 
 FAMILIES = ("copy", "gemm", "attention")
-
-
-def weight_dims(m) -> dict[str, tuple[int, int]]:
-    """(k, n) of each projection of one layer, and the head."""
-    h, hd, i = m.hidden_size, m.head_dim_, m.intermediate_size
-    nh, nkv = m.num_attention_heads, m.num_kv_heads
-    return {"qkv_proj": (h, (nh + 2 * nkv) * hd), "o_proj": (nh * hd, h),
-            "mlp_gate_up_proj": (h, 2 * i), "mlp_down_proj": (i, h), "lm_head": (h, m.vocab_size)}
 
 
 def fit_line(xs: list[float], ys: list[float]) -> tuple[float, float] | None:
@@ -64,7 +58,10 @@ class Timer:
     def per_call_s(self, calls: list) -> tuple[float, float, int]:
         from harness.bench import time_chain
 
-        t = time_chain(calls, kind=self.kind, budget_s=self.budget_s)
+        return self.figures(time_chain(calls, kind=self.kind, budget_s=self.budget_s))
+
+    @staticmethod
+    def figures(t) -> tuple[float, float, int]:
         return t.median_s, t.p90_s / t.median_s, t.reps
 
 
@@ -104,38 +101,33 @@ def attention_points(m, batches: list[int], contexts: list[int], prefill: list[i
     import torch
     import torch.nn.functional as F
 
-    nh, nkv, hd = m.num_attention_heads, m.num_kv_heads, m.head_dim_
+    from harness.calibrate import decode_attention_chain, kv_cache_bytes
+
+    heads = nh, nkv, hd = m.num_attention_heads, m.num_kv_heads, m.head_dim_
     gqa = nh != nkv
     for b in batches:
         for ctx in contexts:
-            kv_bytes = 2 * 2 * b * nkv * ctx * hd
+            kv_bytes = kv_cache_bytes(b, ctx, heads)
             count = buffers_beyond_l2(kv_bytes, l2, at_least=2, at_most=64)
             if count * kv_bytes > max_bytes:
                 yield {"family": "attention", "phase": "decode", "model": m.name, "batch": b,
                        "context": ctx, "error": f"skipped: {count} caches of "
                        f"{kv_bytes / 2**30:.1f} GiB pass --max-gib"}
                 continue
-            kvs = None
             try:
-                q = torch.randn(b, nh, 1, hd, device=dev, dtype=torch.bfloat16)
-                kvs = [(torch.randn(b, nkv, ctx, hd, device=dev, dtype=torch.bfloat16),
-                        torch.randn(b, nkv, ctx, hd, device=dev, dtype=torch.bfloat16))
-                       for _ in range(count)]
-                calls = [lambda k=k, v=v, q=q: F.scaled_dot_product_attention(
-                    q, k, v, enable_gqa=gqa) for k, v in kvs]
-                per_s, spread, reps = timer.per_call_s(calls)
+                t, nbytes = decode_attention_chain(b, ctx, heads, count, kind=timer.kind,
+                                                   budget_s=timer.budget_s)
+                per_s, spread, reps = timer.figures(t)
             except (RuntimeError, MemoryError) as err:
                 yield {"family": "attention", "phase": "decode", "model": m.name, "batch": b,
                        "context": ctx, "error": first_line(err)[:160]}
                 continue
             finally:
-                kvs = None
                 if dev == "cuda":
                     torch.cuda.empty_cache()
             yield {"family": "attention", "phase": "decode", "model": m.name, "batch": b,
-                   "context": ctx, "bytes": kv_bytes + 2 * 2 * b * nh * hd,
-                   "flops": 4 * b * nh * ctx * hd, "copies": count, "per_call_s": per_s,
-                   "spread": spread, "reps": reps}
+                   "context": ctx, "bytes": nbytes, "flops": 4 * b * nh * ctx * hd,
+                   "copies": count, "per_call_s": per_s, "spread": spread, "reps": reps}
     for s in prefill:
         q = torch.randn(1, nh, s, hd, device=dev, dtype=torch.bfloat16)
         k = torch.randn(1, nkv, s, hd, device=dev, dtype=torch.bfloat16)

@@ -126,6 +126,35 @@ def _excess(points: list[dict], bandwidth_bytes_per_s: float) -> float | None:
     return max(0.0, statistics.median(extra)) if extra else None
 
 
+def kv_cache_bytes(batch: int, context: int, heads: tuple[int, int, int]) -> int:
+    """The bf16 K and V one decode attention reads: ``heads`` is (query heads, KV heads,
+    head size)."""
+    _, nkv, hd = heads
+    return 2 * 2 * batch * nkv * context * hd
+
+
+def decode_attention_chain(batch: int, context: int, heads: tuple[int, int, int],
+                           buffers: int, *, kind: str, budget_s: float):
+    """Decode attention (one query token a sequence, torch's SDPA, GQA where the heads say)
+    over ``buffers`` distinct bf16 KV caches of ``batch`` x ``context`` tokens, timed as a
+    chain (``bench.time_chain``). Returns the Timing per call and the bytes one call moves:
+    its cache, its queries and its output."""
+    import torch.nn.functional as F
+
+    from harness.bench import time_chain
+
+    nh, nkv, hd = heads
+    dev = "cuda" if kind == "cuda" else "cpu"
+    q = torch.randn(batch, nh, 1, hd, device=dev, dtype=torch.bfloat16)
+    kvs = [(torch.randn(batch, nkv, context, hd, device=dev, dtype=torch.bfloat16),
+            torch.randn(batch, nkv, context, hd, device=dev, dtype=torch.bfloat16))
+           for _ in range(buffers)]
+    t = time_chain([lambda k=k, v=v: F.scaled_dot_product_attention(q, k, v,
+                                                                   enable_gqa=nh != nkv)
+                    for k, v in kvs], kind=kind, budget_s=budget_s)
+    return t, kv_cache_bytes(batch, context, heads) + 2 * 2 * batch * nh * hd
+
+
 def fixed_costs(kind: str, bandwidth_bytes_per_s: float, budget_s: float, *,
                 matmuls: tuple[tuple[int, int], ...] | None = None,
                 attention: tuple[tuple[int, int], ...] | None = None) -> dict:
@@ -136,9 +165,6 @@ def fixed_costs(kind: str, bandwidth_bytes_per_s: float, budget_s: float, *,
     costs 1.25 us while each projection paid 2.7-6 us over its bytes at the copy rate
     (benchmarks/results/h100-sxm-2026-11-27): the empty kernel alone left the calibrated
     prediction of Llama-3.1-8B's batch-1 step 15% short."""
-    import torch
-    import torch.nn.functional as F
-
     from harness.bench import buffers_beyond_l2, l2_bytes, time_chain
 
     dev = "cuda" if kind == "cuda" else "cpu"
@@ -153,18 +179,13 @@ def fixed_costs(kind: str, bandwidth_bytes_per_s: float, budget_s: float, *,
         mm_points.append({"k": k, "n": n, "bytes": wbytes + 2 * (k + n), "buffers": len(ws),
                           "per_call": t.as_dict()})
         del ws
-    nh, nkv, hd = ATTN_HEADS
     for b, ctx in attention if attention is not None else FIXED_ATTENTION[dev]:
-        cache = 2 * 2 * b * nkv * ctx * hd
-        q = torch.randn(b, nh, 1, hd, device=dev, dtype=torch.bfloat16)
-        kvs = [(torch.randn(b, nkv, ctx, hd, device=dev, dtype=torch.bfloat16),
-                torch.randn(b, nkv, ctx, hd, device=dev, dtype=torch.bfloat16))
-               for _ in range(buffers_beyond_l2(cache, l2, at_least=2, at_most=256))]
-        t = time_chain([lambda k=k, v=v, q=q: F.scaled_dot_product_attention(
-            q, k, v, enable_gqa=nh != nkv) for k, v in kvs], kind=kind, budget_s=budget_s)
-        attn_points.append({"batch": b, "context": ctx, "bytes": cache + 2 * 2 * b * nh * hd,
-                            "buffers": len(kvs), "per_call": t.as_dict()})
-        del kvs
+        buffers = buffers_beyond_l2(kv_cache_bytes(b, ctx, ATTN_HEADS), l2, at_least=2,
+                                    at_most=256)
+        t, nbytes = decode_attention_chain(b, ctx, ATTN_HEADS, buffers, kind=kind,
+                                           budget_s=budget_s)
+        attn_points.append({"batch": b, "context": ctx, "bytes": nbytes, "buffers": buffers,
+                            "per_call": t.as_dict()})
     return {"matmul": mm_points, "attention": attn_points,
             "matmul_overhead_s": _excess(mm_points, bandwidth_bytes_per_s),
             "attention_overhead_s": _excess(attn_points, bandwidth_bytes_per_s)}

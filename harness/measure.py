@@ -342,9 +342,8 @@ def run(plan: Plan, info: DeviceInfo, cal: Calibration, hw: HardwareSpec | None,
                "memory_bandwidth_gb_per_s": cal.memory_bandwidth_gb_per_s,
                "matmul_tflops": {k.value: v for k, v in cal.matmul_tflops.items()},
                "kernel_overhead_us": cal.kernel_overhead_us,
-               **{f"{n}_overhead_us": getattr(cal, f"{n}_overhead_us")
-                  for n in ("matmul", "attention")
-                  if getattr(cal, f"{n}_overhead_us") is not None}}}
+               **cal.model_dump(include={"matmul_overhead_us", "attention_overhead_us"},
+                                exclude_none=True)}}
     records: list[dict] = []
     compile_failed: str | None = None
 

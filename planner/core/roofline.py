@@ -139,14 +139,17 @@ class Ceilings:
     def peak(self, dtype: DType) -> float:
         return self.flops_per_s[dtype]
 
-    def own_overhead_s(self, kind: str) -> float | None:
-        """The measured fixed cost of a kernel of this operator kind (matmul, attention);
-        None where none was measured."""
-        if kind == "matmul":
-            return self.matmul_overhead_s
-        if kind == "attention":
-            return self.attention_overhead_s
-        return None
+    def kernel_cost_s(self, kind: str, engine: Engine) -> float:
+        """The fixed cost of one kernel of an operator of this kind: a calibration's measured
+        matmul or attention kernel, else the per-kernel cost that overrides the engine's
+        (``kernel_overhead_s``), else the engine's own (``kernel_gap_s``). Any other kind
+        (``"plain"``) gets the last two."""
+        own = {"matmul": self.matmul_overhead_s,
+               "attention": self.attention_overhead_s}.get(kind)
+        if own is not None:
+            return own
+        return self.kernel_overhead_s if self.kernel_overhead_s is not None else \
+            engine.kernel_gap_s
 
     def flops_source_of(self, dtype: DType) -> str:
         return dict(self.flops_source).get(dtype, self.source)
@@ -363,15 +366,11 @@ def op_time(op: Op, c: Ceilings, *, tp: int = 1, options: Options | None = None,
         moved = moved + 2 * op.kv_cache_bytes  # the old cache read and written anew
     memory = moved / (c.bandwidth_bytes_per_s * bw_frac)
     k = e.kernels_for(op.name, op.kind)
-    per_kernel = c.kernel_overhead_s if c.kernel_overhead_s is not None else e.kernel_gap_s
-    own = c.own_overhead_s(op.kind)
-    if own is not None:  # the op's own kernels at their measured cost
-        per_kernel = own
+    per_kernel = c.kernel_cost_s(op.kind, e)
     if op.kind == "matmul" and op.dtype == DType.fp8 and e.fp8_quant_kernels:
         # W8A8: the activations are quantized first, by kernels of the plain cost
         q = e.fp8_quant_kernels
-        plain = c.kernel_overhead_s if c.kernel_overhead_s is not None else e.kernel_gap_s
-        per_kernel = (k * per_kernel + q * plain) / (k + q)
+        per_kernel = (k * per_kernel + q * c.kernel_cost_s("plain", e)) / (k + q)
         k = k + q
     t = combine(compute, memory, e, o, kernels=k, per_kernel_s=per_kernel, graphed=graphed)
     return OpTime(op, compute * n, memory * n, 0.0, t * n, bw_frac, c_frac, k * n,

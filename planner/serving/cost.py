@@ -138,11 +138,7 @@ class StepCoster:
         self._attn_m_per_score = unit_times(replace(
             attn, flops=0.0, kv_bytes=0.0, act_bytes=scored.act_bytes - attn.act_bytes))[1]
         self._attn_kernels = self.engine.kernels_for("attention", "attention")
-        c = prep.ceilings
-        self._per_kernel = c.kernel_overhead_s if c.kernel_overhead_s is not None else \
-            self.engine.kernel_gap_s
-        if c.attention_overhead_s is not None:  # a calibration's measured attention kernel
-            self._per_kernel = c.attention_overhead_s
+        self._per_kernel = prep.ceilings.kernel_cost_s("attention", self.engine)
 
     def _units(self) -> tuple[dict[str, Op], ...]:
         """The operators of a unit of attention work: without and with a score element, and
