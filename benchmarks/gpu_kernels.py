@@ -98,8 +98,17 @@ def profile(fn, *, cuda: bool, steps: int):
     return gemms, attn_us / steps, kernels / steps
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """argparse whose refusals (an unknown flag, a value of the wrong type) are one line and
+    exit 2, as the script's own checks and llmplan's are, not a usage block."""
+
+    def error(self, message: str):
+        print(f"{Path(self.prog).stem}: error: {message}", file=sys.stderr)
+        raise SystemExit(2)
+
+
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = OneLineParser(description=__doc__.split("\n\n")[0])
     p.add_argument("-m", "--model", default="llama-3.1-8b")
     p.add_argument("--weights", default="bf16")
     p.add_argument("-b", "--batch", default="1,64")

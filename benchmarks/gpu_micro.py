@@ -29,7 +29,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from gpu_kernels import weight_dims  # noqa: E402  (beside this script)
+from gpu_kernels import OneLineParser, weight_dims  # noqa: E402  (beside this script)
 
 from harness.bench import buffers_beyond_l2  # noqa: E402
 from planner.core.errors import LlmplanError, UsageError, first_line  # noqa: E402
@@ -174,7 +174,7 @@ def summary(recs: list[dict]) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = OneLineParser(description=__doc__.split("\n\n")[0])
     p.add_argument("-m", "--models", default="llama-3.1-8b")
     p.add_argument("--families", default=",".join(FAMILIES))
     p.add_argument("--dtypes", default="bf16,fp8")

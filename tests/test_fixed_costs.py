@@ -186,6 +186,8 @@ def test_gpu_micro_runs_on_a_cpu(tmp_path):
     (["--tokens", "0"], "--tokens"),
     (["--budget-s", "nan"], "--budget-s"),
     (["--families", "copy,disk"], "--families"),
+    (["--budget-s", "abc"], "--budget-s: invalid float value"),
+    (["--no-such-flag"], "unrecognized arguments: --no-such-flag"),
 ])
 def test_gpu_micro_bad_input_is_one_line(args, needle):
     r = _micro("--device", "cpu", *args)

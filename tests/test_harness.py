@@ -390,6 +390,7 @@ def test_oom_is_recognised_through_a_graph_capture_error():
     (["--weights", "int3"], "--weights: 'int3'"),
     (["--steps", "0"], "--steps: 0"),
     (["--calibration", "/nonexistent.yaml"], "/nonexistent.yaml: no such file"),
+    (["--steps", "abc"], "--steps: invalid int value: 'abc'"),
 ])
 def test_kernel_breakdown_refuses_bad_input_in_one_line(args, says):
     script = Path(__file__).resolve().parent.parent / "benchmarks" / "gpu_kernels.py"
