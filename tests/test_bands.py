@@ -29,13 +29,13 @@ def _figs(engine, phase, regime, ratios, sources):
 
 
 def test_a_band_is_the_10th_and_90th_percentile_of_measured_over_predicted():
-    # 11 ratios 0.80, 0.82, ..., 1.00 from two sources: p10 = 0.82, median 0.90, p90 = 0.98
+    # 11 ratios 0.80, 0.82, ..., 1.00 from three sources: p10 = 0.82, median 0.90, p90 = 0.98
     ratios = [0.80 + 0.02 * i for i in range(11)]
-    figs = _figs("vllm", "served TPOT", "unsaturated", ratios, ["a", "b"] * 5 + ["a"])
+    figs = _figs("vllm", "served TPOT", "unsaturated", ratios, ["a", "b", "c"] * 3 + ["a", "b"])
     b = {(x.engine, x.phase, x.regime): x for x in build(figs)}
     own = b[("vllm", "served TPOT", "unsaturated")]
     assert (own.low_ratio, own.median_ratio, own.high_ratio) == pytest.approx((0.82, 0.90, 0.98))
-    assert own.n == 11 and own.sources == 2
+    assert own.n == 11 and own.sources == 3
     # the fallbacks hold the same figures
     assert b[("all", "served TPOT", "all")].n == 11
     # a prediction of 10 ms: measured has been 8.2-9.8 ms
@@ -44,6 +44,20 @@ def test_a_band_is_the_10th_and_90th_percentile_of_measured_over_predicted():
     # a rate: 1 / TPOT's band, inverted
     r = apply(build(figs), 100.0, "vllm", "served TPOT", "unsaturated", inverse=True)
     assert (r.low, r.high) == pytest.approx((100 / 0.98, 100 / 0.82))
+
+
+def test_two_sources_are_not_enough_for_a_band_of_their_own():
+    # however many figures: a band has to span how sources differ, and two cannot show it
+    two = _figs("vllm", "decode", "batched", [0.9, 1.0, 1.1] * 4, ["a", "b"] * 6)
+    third = _figs("trtllm", "decode", "batched", [1.3] * 5, ["c"] * 5)
+    bands = build(two + third)
+    assert pick(bands, "vllm", "decode", "batched").engine == "all"
+    a = apply(bands, 1.0, "vllm", "decode", "batched")
+    assert a.borrowed and a.sources == 3
+    # a third source of the engine's own makes it enough
+    bands = build(two + _figs("vllm", "decode", "batched", [1.0], ["d"]))
+    b = pick(bands, "vllm", "decode", "batched")
+    assert (b.engine, b.regime, b.sources) == ("vllm", "batched", 3)
 
 
 def test_too_little_evidence_borrows_a_wider_band_and_says_so():
