@@ -60,6 +60,39 @@ def test_two_sources_are_not_enough_for_a_band_of_their_own():
     assert (b.engine, b.regime, b.sources) == ("vllm", "batched", 3)
 
 
+def test_a_band_names_the_gpu_classes_it_was_measured_on_and_says_when_yours_is_not_one():
+    hopper = [Figure("vllm", "decode", "batched", s, r, "hopper")
+              for s, r in zip("abcab", [0.9, 1.0, 1.1, 1.0, 0.95], strict=True)]
+    ampere = [Figure("trtllm", "decode", "batched", s, 1.2, "ampere") for s in "pqr"]
+    bands = build(hopper + ampere)
+    own = pick(bands, "vllm", "decode", "batched")
+    assert own.engine == "vllm" and own.gpu_classes == ("hopper",)
+    everyone = {(b.engine, b.regime): b for b in bands}[("all", "all")]
+    assert everyone.gpu_classes == ("ampere", "hopper")
+    # measured on the class asked about: nothing added
+    a = apply(bands, 1.0, "vllm", "decode", "batched", gpu_class="hopper")
+    assert a.gpu_class_measured is True and "GPUs" not in a.basis
+    # the engine was never measured on an Ada GPU, in any phase
+    a = apply(bands, 1.0, "vllm", "decode", "batched", gpu_class="ada")
+    assert a.gpu_class_measured is False
+    assert a.basis.endswith("; vllm has no held-out figure on ada GPUs")
+    # measured on Ampere elsewhere (its prefill), but none of this band's figures are
+    more = build(hopper + ampere + [Figure("vllm", "prefill", "batched", "a", 1.0, "ampere")])
+    a = apply(more, 1.0, "vllm", "decode", "batched", gpu_class="ampere")
+    assert a.gpu_class_measured is False and a.basis.endswith("; none of these on ampere GPUs")
+    assert a.as_dict()["gpu_class"] == "ampere"
+    # no class given, or a table without classes: unknown, nothing said
+    assert apply(bands, 1.0, "vllm", "decode", "batched").gpu_class_measured is None
+    bare = [Band(b.engine, b.phase, b.regime, b.low_ratio, b.median_ratio, b.high_ratio, b.n,
+                 b.sources) for b in bands]
+    assert apply(bare, 1.0, "vllm", "decode", "batched", gpu_class="ada").gpu_class_measured \
+        is None
+    # the table keeps them
+    from planner.evidence.bands import to_table
+    back = from_table(to_table(bands), "t.yaml")
+    assert [b.gpu_classes for b in back] == [b.gpu_classes for b in bands]
+
+
 def test_too_little_evidence_borrows_a_wider_band_and_says_so():
     mine = _figs("sglang", "decode", "batch-1", [1.1, 1.2], ["x", "x"])
     others = _figs("trtllm", "decode", "batch-1", [0.9, 1.0, 1.0, 1.1, 0.95, 1.05],
@@ -112,6 +145,10 @@ def test_the_built_in_table_loads_and_is_checked():
     with pytest.raises(ValueError, match="low <= median <= high"):
         from_table([{"engine": "e", "phase": "p", "regime": "r", "low_ratio": 2,
                      "median_ratio": 1, "high_ratio": 3, "n": 4, "sources": 1}], "x.yaml")
+    with pytest.raises(ValueError, match=r"bands\[0\]: gpu_classes: expected a list"):
+        from_table([{"engine": "e", "phase": "p", "regime": "r", "low_ratio": 1,
+                     "median_ratio": 1, "high_ratio": 3, "n": 4, "sources": 1,
+                     "gpu_classes": "hopper"}], "x.yaml")
 
 
 @pytest.mark.slow
@@ -126,6 +163,7 @@ def test_the_built_in_table_is_what_validate_builds_now(run_cli, tmp_path):
     for k, b in fresh.items():
         assert (kept[k].low_ratio, kept[k].high_ratio, kept[k].n) == pytest.approx(
             (b.low_ratio, b.high_ratio, b.n), rel=1e-3), k
+        assert kept[k].gpu_classes == b.gpu_classes, k
 
 
 def test_estimate_and_simulate_carry_bands(run_json):
@@ -135,6 +173,8 @@ def test_estimate_and_simulate_carry_bands(run_json):
     assert d["tpot_s_low"] == pytest.approx(d["tpot_s"] * b.low_ratio)
     assert d["tpot_s_high"] == pytest.approx(d["tpot_s"] * b.high_ratio)
     assert d["bands"]["tpot_s"]["n"] == b.n
+    assert d["bands"]["tpot_s"]["gpu_class"] == "hopper"
+    assert d["bands"]["tpot_s"]["gpu_class_measured"] is ("hopper" in b.gpu_classes)
     ideal = run_json("estimate", "-m", "llama-3.1-8b", "-g", "h100-sxm", "-e", "ideal")
     assert "tpot_s_low" not in ideal  # a bound, not a prediction
     s = run_json("simulate", "-m", "llama-3.1-8b", "-g", "h100-sxm", "-n", "100",
@@ -235,6 +275,8 @@ def test_the_request_path_delays_the_first_token_not_the_tokens_after():
 
 def test_band_dataclass_round_trips():
     b = Band("e", "decode", "batch-1", 0.9, 1.0, 1.2, 10, 3)
+    assert from_table([b.as_dict()], "x")[0] == b
+    b = Band("e", "decode", "batch-1", 0.9, 1.0, 1.2, 10, 3, ("ampere", "hopper"))
     assert from_table([b.as_dict()], "x")[0] == b
 
 

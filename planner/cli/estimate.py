@@ -221,7 +221,8 @@ def estimate_run(a: dict) -> EstimateRun:
         "ttft_s": (h.ttft_s, "prefill", regime, False),
         "tpot_s": (h.tpot_s, "decode", regime, False),
         "latency_s": (h.latency_s, "end-to-end", regime, False),
-        "throughput_tokens_per_s": (h.throughput_tokens_per_s, "decode", regime, True)})
+        "throughput_tokens_per_s": (h.throughput_tokens_per_s, "decode", regime, True)},
+        gpu_class=dep.hardware.architecture)
     source = weights_source_text(m, dep.precision, dep.weights_source,
                                  group_size if dep.weights_source == "checkpoint" else None)
     payload = {**res.to_dict(), "weights_source_detail": source, **band_fields(applied)}

@@ -617,10 +617,12 @@ def build_deployment(m, *, gpu: str, engine: str, tp: int = 1, pp: int = 1, ep: 
                             calibration=cal, weights_source=source)
 
 
-def figure_bands(engine_name: str, figures: dict[str, tuple[float, str, str, bool]]) -> dict:
+def figure_bands(engine_name: str, figures: dict[str, tuple[float, str, str, bool]],
+                 gpu_class: str | None = None) -> dict:
     """Each predicted figure with its error band from planner/data/bands.yaml
     (``planner.evidence.bands``): ``figures`` maps a name (``ttft_s``) to (value, phase,
-    regime, is a rate). The ideal engine is a bound, not a prediction: no band."""
+    regime, is a rate); ``gpu_class``: the GPU's architecture, so a band measured on other
+    GPUs says so. The ideal engine is a bound, not a prediction: no band."""
     from planner.evidence.bands import apply
     from planner.io import catalog
 
@@ -629,7 +631,8 @@ def figure_bands(engine_name: str, figures: dict[str, tuple[float, str, str, boo
     bands = catalog.load_bands()
     out = {}
     for name, (value, phase, regime, rate) in figures.items():
-        a = apply(bands, value, engine_name, phase, regime, inverse=rate)
+        a = apply(bands, value, engine_name, phase, regime, inverse=rate,
+                  gpu_class=gpu_class or "")
         if a is not None:
             out[name] = a
     return out

@@ -250,7 +250,7 @@ def plan_run(a: dict, *, emit: bool = False):
                                 settings=SimSettings(percentile=percentile,
                                                      num_requests=sim_requests,
                                                      range_ratio=range_ratio,
-                                                     **_size_factors(eng.name, size_at)),
+                                                     **_size_factors(eng.name, size_at, gpus)),
                                 top=top, csv=csv, plot=plot, as_json=as_json,
                                 label=(ttft, tpot, req), compute=cdt, quantized_layers=ql,
                                 options=opts, speculations=specs, disaggregated=disaggregated,
@@ -435,10 +435,11 @@ def _some_precision_runs(gpus, weights, compute, cal, eng) -> None:
     raise LlmplanError(f"no GPU asked for runs these weights: {why}")
 
 
-def _size_factors(engine_name: str, size_at: SizeAt) -> dict:
+def _size_factors(engine_name: str, size_at: SizeAt, gpus=()) -> dict:
     """``ttft_factor`` and ``tpot_factor`` for ``SimSettings``: 1, or the high end of the
     engine's served TTFT and TPOT bands in the regime plan sizes for (a server that keeps up
-    with its share of the traffic)."""
+    with its share of the traffic). Names the GPUs of a class the band's figures were not
+    measured on."""
     if size_at == SizeAt.predicted:
         return {}
     from planner.evidence.bands import pick
@@ -455,6 +456,11 @@ def _size_factors(engine_name: str, size_at: SizeAt) -> dict:
         stderr.print(f"sizing at the high end of the {phase} band: x{b.high_ratio:.2f} "
                      f"({b.engine if b.engine != 'all' else 'all engines'}, {b.n} held-out "
                      f"figures from {b.sources} sources)")
+        unmeasured = sorted(g.name for g in gpus if b.gpu_classes and g.architecture
+                            and g.architecture not in b.gpu_classes)
+        if unmeasured:
+            stderr.print(f"  none of those figures on a GPU of the class of "
+                         f"{', '.join(unmeasured)}: their band is other GPUs' evidence")
     return out
 
 

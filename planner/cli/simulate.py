@@ -633,7 +633,7 @@ def _served_bands(dep, cfg, d: dict, request_rate: float, max_concurrency) -> di
                 figs[f"{s}_{k}_ms"] = (v, phase, regime, False)
     if math.isfinite(d.get("output_throughput", math.nan)):
         figs["output_throughput"] = (d["output_throughput"], "served throughput", regime, False)
-    return figure_bands(dep.engine.name, figs)
+    return figure_bands(dep.engine.name, figs, gpu_class=dep.hardware.architecture)
 
 
 def _scheduler(dep, a: dict):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -152,6 +153,14 @@ def _quantized_layers(entry) -> str:
     return "experts" if entry.weights.value == "mxfp4" else "all"
 
 
+@functools.cache
+def _gpu_class(name: str) -> str:
+    """A validated row's GPU's class (its hardware file's architecture), for the bands."""
+    from planner.io import catalog
+
+    return catalog.load_hardware(name).architecture or ""
+
+
 def recorded_limits() -> dict:
     from planner.io import catalog
 
@@ -233,7 +242,7 @@ def validate(
     per_source = summarize(comps) + summarize_served(served_comps)
     overall = summarize(comps, by_source=False) + summarize_served(served_comps,
                                                                    by_source=False)
-    figures = bands_mod.figures_of(comps, served_comps)
+    figures = bands_mod.figures_of(comps, served_comps, gpu_class=_gpu_class)
     cover = bands_mod.coverage(figures)
     if write_bands:
         catalog.write_bands(write_bands, bands_mod.build(figures),

@@ -13,6 +13,10 @@ band widens to the engine's figures of that phase in every regime, then to every
 that phase and regime, then to every engine's of that phase; the ``basis`` says which, so a
 user can tell a band measured on their case from one borrowed from others.
 
+Each band also lists the GPU classes (architectures: ampere, hopper, ...) its figures were
+measured on; a prediction for a GPU of another class says so, and says when the engine has no
+held-out figure on that class at all, since a band measured on other GPUs is a weaker promise.
+
 ``coverage`` checks the bands honestly: each held-out figure of a source is tested against the
 band built WITHOUT that source (leave one source out), so a band is never scored on the rows it
 was made from. Pure: the table is written and read by the callers.
@@ -47,6 +51,7 @@ class Figure:
     regime: str
     source: str
     ratio: float  # measured / predicted
+    gpu_class: str = ""  # the measured GPU's architecture (hopper, ampere, ...); "" unknown
 
 
 @dataclass(frozen=True)
@@ -59,9 +64,12 @@ class Band:
     high_ratio: float  # 90th percentile
     n: int
     sources: int
+    gpu_classes: tuple[str, ...] = ()  # the GPU classes its figures were measured on
 
     def as_dict(self) -> dict:
-        return dict(self.__dict__)
+        d = dict(self.__dict__)
+        d["gpu_classes"] = list(self.gpu_classes)
+        return d
 
 
 @dataclass(frozen=True)
@@ -75,10 +83,14 @@ class Applied:
     sources: int
     basis: str  # which figures: "vllm, served TPOT, unsaturated" or a wider fallback
     borrowed: bool  # True when not the engine's own figures in this regime
+    gpu_class: str = ""  # the predicted GPU's class, where the caller gave it
+    # True / False: whether the band's figures include that class; None: not known
+    gpu_class_measured: bool | None = None
 
     def as_dict(self) -> dict:
         return {"low": self.low, "high": self.high, "n": self.n, "sources": self.sources,
-                "basis": self.basis, "borrowed": self.borrowed}
+                "basis": self.basis, "borrowed": self.borrowed, "gpu_class": self.gpu_class,
+                "gpu_class_measured": self.gpu_class_measured}
 
 
 def static_regime(batch) -> str:
@@ -105,10 +117,12 @@ _STATIC_RATES = ("user_tokens_per_s", "throughput_tokens_per_s",
                  "throughput_tokens_per_s_per_gpu")
 
 
-def figures_of(static: list, served: list) -> list[Figure]:
+def figures_of(static: list, served: list, gpu_class=None) -> list[Figure]:
     """The held-out figures of ``llmplan validate``'s comparisons: static rows
     (``planner.evidence.validate.Comparison``) and served runs
-    (``planner.evidence.served.ServedComparison``); in-sample ones are left out."""
+    (``planner.evidence.served.ServedComparison``); in-sample ones are left out.
+    ``gpu_class``: a GPU's name to its class (architecture); without it the class is unknown."""
+    cls = gpu_class or (lambda _name: "")
     out = []
     for c in static:
         if c.in_sample or not (c.measured > 0 and c.predicted > 0):
@@ -116,11 +130,12 @@ def figures_of(static: list, served: list) -> list[Figure]:
         ratio = c.predicted / c.measured if c.metric in _STATIC_RATES else \
             c.measured / c.predicted
         out.append(Figure(c.engine, PHASE[c.metric], static_regime(c.batch), c.source,
-                          ratio))
+                          ratio, cls(c.gpu)))
     for c in served:
         if c.in_sample or not (c.measured > 0 and c.predicted > 0):
             continue
-        out.append(Figure(c.engine, c.phase, c.regime, c.source, c.measured / c.predicted))
+        out.append(Figure(c.engine, c.phase, c.regime, c.source, c.measured / c.predicted,
+                          cls(c.gpu)))
     return out
 
 
@@ -138,7 +153,8 @@ def build(figures: list[Figure]) -> list[Band]:
     for (eng, phase, regime), fs in sorted(groups.items()):
         r = [f.ratio for f in fs]
         out.append(Band(eng, phase, regime, quantile(r, LOW_Q), quantile(r, 0.5),
-                        quantile(r, HIGH_Q), len(fs), len({f.source for f in fs})))
+                        quantile(r, HIGH_Q), len(fs), len({f.source for f in fs}),
+                        tuple(sorted({f.gpu_class for f in fs if f.gpu_class}))))
     return out
 
 
@@ -161,10 +177,17 @@ def pick(bands: list[Band], engine: str, phase: str, regime: str) -> Band | None
     return None
 
 
+def engine_gpu_classes(bands: list[Band], engine: str) -> set[str]:
+    """Every GPU class the engine's own held-out figures were measured on, in any phase."""
+    return {c for b in bands if b.engine == engine for c in b.gpu_classes}
+
+
 def apply(bands: list[Band], value: float, engine: str, phase: str, regime: str, *,
-          inverse: bool = False) -> Applied | None:
+          inverse: bool = False, gpu_class: str = "") -> Applied | None:
     """``value`` with its band. ``inverse``: the value is a rate (tokens/s) whose band comes
-    from a time's (1 / TPOT): low and high swap and invert."""
+    from a time's (1 / TPOT): low and high swap and invert. ``gpu_class``: the predicted
+    GPU's architecture; where the band's figures hold none of that class (or the engine was
+    never measured on it at all) the basis says so."""
     b = pick(bands, engine, phase, regime)
     if b is None or not math.isfinite(value):
         return None
@@ -179,7 +202,14 @@ def apply(bands: list[Band], value: float, engine: str, phase: str, regime: str,
         basis += " (too few to trust)"
     elif borrowed:
         basis += f" (none enough for {engine}, {regime})"
-    return Applied(value, lo, hi, b.n, b.sources, basis, borrowed)
+    measured = None
+    if gpu_class and b.gpu_classes:  # a table written before classes were kept: unknown
+        measured = gpu_class in b.gpu_classes
+        if gpu_class not in engine_gpu_classes(bands, engine):
+            basis += f"; {engine} has no held-out figure on {gpu_class} GPUs"
+        elif not measured:
+            basis += f"; none of these on {gpu_class} GPUs"
+    return Applied(value, lo, hi, b.n, b.sources, basis, borrowed, gpu_class, measured)
 
 
 @dataclass(frozen=True)
@@ -222,10 +252,13 @@ def from_table(rows: list[dict], where: str) -> list[Band]:
     out = []
     for i, r in enumerate(rows):
         try:
+            classes = r.get("gpu_classes", [])
+            if not isinstance(classes, list) or not all(isinstance(c, str) for c in classes):
+                raise ValueError("gpu_classes: expected a list of names")
             b = Band(str(r["engine"]), str(r["phase"]), str(r["regime"]),
                      float(r["low_ratio"]), float(r["median_ratio"]), float(r["high_ratio"]),
-                     int(r["n"]), int(r["sources"]))
-        except (KeyError, TypeError, ValueError) as e:
+                     int(r["n"]), int(r["sources"]), tuple(classes))
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
             raise ValueError(f"{where}: bands[{i}]: {e}") from None
         if not (0 < b.low_ratio <= b.median_ratio <= b.high_ratio < math.inf) or b.n < 1:
             raise ValueError(f"{where}: bands[{i}]: ratios must satisfy 0 < low <= median <= "

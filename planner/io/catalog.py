@@ -556,7 +556,8 @@ def write_bands(path: Path, bands: list, *, sources: list[str]) -> None:
             "# held-out figures of `llmplan validate` (static rows and served runs; times as\n"
             "# measured / predicted, static rates as predicted / measured), by engine, phase\n"
             "# and regime, with fallbacks to every regime and every engine (engine or regime\n"
-            "# 'all'). Written by `llmplan validate --write-bands planner/data/bands.yaml`;\n"
+            "# 'all'), each with the GPU classes (architectures) its figures were measured\n"
+            "# on. Written by `llmplan validate --write-bands planner/data/bands.yaml`;\n"
             "# tests/test_bands.py checks it matches a fresh validate. Do not edit by hand.\n")
     body = {"quantiles": [LOW_Q, HIGH_Q], "min_figures": MIN_FIGURES,
             "min_sources": MIN_SOURCES, "sources": sources, "bands": to_table(bands)}
