@@ -1,0 +1,109 @@
+"""Compare llmplan's MoE layer cost with NVIDIA aiconfigurator's measured MoE kernel tables.
+
+    pip download --no-deps aiconfigurator-core==0.12.0 -d /tmp/aic
+    python benchmarks/aiconfigurator_moe.py /tmp/aic/aiconfigurator_core-0.12.0-*.whl \\
+        --gpu h100-sxm --engine vllm
+
+aiconfigurator ships, per GPU system and engine release, the latency of the engine's fused MoE
+layer timed on that GPU (``moe/<engine>/<release>/moe_perf.parquet``: routing, the experts'
+grouped GEMMs and activation, the combine; not the router's gate GEMM) across token counts,
+model shapes, tensor-parallel sizes and weight types. For each MoE model of models_db whose
+shape the table holds (balanced routing, no expert parallelism), this prints theirs beside
+ours: one layer's ``moe_router`` and ``experts_*`` operators as ``llmplan estimate`` costs
+them for that many tokens (one new token per sequence), with the engine's own profile. The
+ratio is theirs / ours: above 1, ours is too fast. Nothing is fitted; the wheel is not
+needed by llmplan itself.
+"""
+
+from __future__ import annotations
+
+import io
+import sys
+import zipfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.gpu_kernels import OneLineParser  # noqa: E402
+
+SYSTEMS = {"h100-sxm": "h100_sxm", "h200": "h200_sxm"}
+# llmplan engine family -> the newest release the wheel times MoE layers of, per system
+RELEASES = {"vllm": {"h100_sxm": "0.24.0", "h200_sxm": "0.24.0"},
+            "sglang": {"h100_sxm": "0.5.14", "h200_sxm": "0.5.14"}}
+# model -> (llmplan weights, aiconfigurator moe_dtype)
+MODELS = {"gpt-oss-120b": ("mxfp4", "w4a16_mxfp4"), "gpt-oss-20b": ("mxfp4", "w4a16_mxfp4"),
+          "qwen3-235b-a22b": ("bf16", "bfloat16"), "qwen3-30b-a3b": ("bf16", "bfloat16"),
+          "deepseek-v3": ("fp8", "fp8_block"), "mixtral-8x7b": ("bf16", "bfloat16")}
+TOKENS = (1, 8, 32, 128, 512, 2048, 8192)
+
+
+def ours_ms(dep, tokens: int) -> float:
+    """One MoE layer of ``dep`` for ``tokens`` sequences of one new token each."""
+    from planner.core.ops import step_ops
+    from planner.core.roofline import op_time
+
+    ops = step_ops(dep.model, dep.precision, batch=tokens, new_tokens=1, past_tokens=0,
+                   tp=dep.tp)
+    total = 0.0
+    for op in ops:
+        if op.name == "moe_router" or op.name.startswith("experts_"):
+            t = op_time(op, dep.prepared.ceilings, tp=dep.tp, options=dep.options,
+                        engine=dep.engine)
+            total += t.time_s / op.count
+    return total * 1e3
+
+
+def rows(table, family: str, gpu: str):
+    from planner.cli.compare import served_setup
+    from planner.core.specs import DType
+    from planner.io import catalog
+
+    spec = catalog.load_engine_spec(family)
+    table = table[(table.distribution == "balanced") & (table.moe_ep_size == 1)]
+    for name, (weights, moe_dtype) in MODELS.items():
+        m = catalog.load_model(name)
+        e = m.moe
+        sub = table[(table.hidden_size == m.hidden_size)
+                    & (table.inter_size == e.expert_intermediate_size)
+                    & (table.num_experts == e.num_experts) & (table.topk == e.experts_per_token)
+                    & (table.moe_dtype == moe_dtype)]
+        for tp in sorted(int(t) for t in sub.moe_tp_size.unique() if t <= 8):
+            dep = served_setup(name, gpu, spec, tp, DType(weights), None,
+                               quantized_layers="experts" if weights == "mxfp4" else "all")
+            at_tp = sub[sub.moe_tp_size == tp]
+            for kernel, g in at_tp.groupby("kernel_source"):
+                for n in TOKENS:
+                    hit = g[g.num_tokens == n]
+                    if hit.empty:
+                        continue
+                    theirs = float(hit.latency.median())
+                    ours = ours_ms(dep, n)
+                    yield name, tp, kernel, n, theirs, ours, theirs / ours
+
+
+def main(argv=None) -> int:
+    ap = OneLineParser(description=__doc__.splitlines()[0])
+    ap.add_argument("wheel", help="the aiconfigurator-core 0.12.0 wheel")
+    ap.add_argument("--gpu", choices=sorted(SYSTEMS), default="h100-sxm")
+    ap.add_argument("--engine", choices=sorted(RELEASES), default="vllm")
+    a = ap.parse_args(argv)
+    import pandas as pd
+
+    system = SYSTEMS[a.gpu]
+    release = RELEASES[a.engine][system]
+    path = f"aiconfigurator_core/systems/data/{system}/moe/{a.engine}/{release}/moe_perf.parquet"
+    try:
+        with zipfile.ZipFile(a.wheel) as whl:
+            table = pd.read_parquet(io.BytesIO(whl.read(path)))
+    except (OSError, zipfile.BadZipFile, KeyError) as err:
+        print(f"aiconfigurator_moe.py: {a.wheel}: cannot read {path}: {err}", file=sys.stderr)
+        return 2
+    print(f"# {a.gpu}, {a.engine} {release} ({path}); ms per MoE layer, ratio = theirs / ours")
+    print(f"{'model':<16} {'tp':>2} {'tokens':>6} {'theirs':>8} {'ours':>8} {'ratio':>6}  kernel")
+    for name, tp, kernel, n, theirs, ours, ratio in rows(table, a.engine, a.gpu):
+        print(f"{name:<16} {tp:>2} {n:>6} {theirs:>8.4f} {ours:>8.4f} {ratio:>6.2f}  {kernel}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

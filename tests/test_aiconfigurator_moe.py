@@ -1,0 +1,58 @@
+"""benchmarks/aiconfigurator_moe.py: llmplan's MoE layer beside a measured table's, as ratios
+(the wheel itself is not in CI: a table of the same columns stands in for it)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from benchmarks import aiconfigurator_moe as aic  # noqa: E402
+
+
+def _table(latency_of) -> pd.DataFrame:
+    """Rows as aiconfigurator's moe_perf.parquet has them: Qwen3-30B-A3B's shape in bf16 at
+    TP 1 and 2, one skewed-routing row and one expert-parallel row that must be left out."""
+    rows = []
+    for tp in (1, 2):
+        for n in (1, 8192):
+            rows.append(dict(kernel_source="k", moe_dtype="bfloat16", num_tokens=n,
+                             hidden_size=2048, inter_size=768, topk=8, num_experts=128,
+                             moe_tp_size=tp, moe_ep_size=1, distribution="balanced",
+                             latency=latency_of(tp, n)))
+    rows.append({**rows[0], "distribution": "power_law_1.2", "latency": 99.0})
+    rows.append({**rows[0], "moe_ep_size": 2, "latency": 99.0})
+    return pd.DataFrame(rows)
+
+
+def test_the_ratio_is_theirs_over_one_layer_of_ours():
+    from planner.cli.compare import served_setup
+    from planner.core.specs import DType
+    from planner.io import catalog
+
+    spec = catalog.load_engine_spec("vllm")
+    ours = {tp: {n: aic.ours_ms(served_setup("qwen3-30b-a3b", "h100-sxm", spec, tp,
+                                              DType.bf16, None), n) for n in (1, 8192)}
+            for tp in (1, 2)}
+    # one token costs far less than 8,192, and a TP-2 GPU holds half of each expert
+    assert 0 < ours[1][1] < ours[1][8192] and ours[2][8192] < ours[1][8192]
+    got = list(aic.rows(_table(lambda tp, n: 2.0 * ours[tp][n]), "vllm", "h100-sxm"))
+    assert [(r[0], r[1], r[3]) for r in got] == [
+        ("qwen3-30b-a3b", 1, 1), ("qwen3-30b-a3b", 1, 8192), ("qwen3-30b-a3b", 2, 1),
+        ("qwen3-30b-a3b", 2, 8192)]
+    assert [r[6] for r in got] == pytest.approx([2.0] * 4)  # the skewed and EP rows left out
+
+
+def test_a_wheel_that_cannot_be_read_is_one_line_and_exit_2(tmp_path):
+    bad = tmp_path / "not-a-wheel.whl"
+    bad.write_text("no zip here")
+    p = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "aiconfigurator_moe.py"),
+                        str(bad)], capture_output=True, text=True, cwd=ROOT)
+    assert p.returncode == 2
+    assert p.stderr.count("\n") == 1 and "cannot read" in p.stderr and not p.stdout
