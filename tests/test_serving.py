@@ -408,3 +408,30 @@ def test_scheduler_defaults_come_from_the_engine(run_cli):
     code, out, _ = run_cli("simulate", "-m", "llama-3.1-8b", "-g", "h100-sxm", "-n", "600",
                            "-p", "128", "-o", "32", "--engine", "sglang", "--json")
     assert json.loads(out)["max_running_requests"] > 256  # SGLang's 2048 (vLLM: 256 or 1024)
+
+
+@pytest.mark.parametrize("model,engine,direct", [
+    ("llama-3.1-8b", "vllm", True), ("deepseek-v3", "sglang", True),  # MLA: fills apart
+    ("qwen3-30b-a3b", "trtllm", True), ("llama-3.1-8b", "hf-eager", False),  # concatenating
+    ("gpt-oss-20b", "vllm", False)])  # sliding-window layers
+@settings(max_examples=40, deadline=None)
+@given(tokens=st.integers(1, 600), per_token=st.floats(1, 40_000), score=st.floats(0, 1e7),
+       sequences=st.integers(1, 600))
+def test_a_decode_step_priced_directly_is_step_time_to_the_bit(model, engine, direct, tokens,
+                                                               per_token, score, sequences):
+    """The simulator prices padded decode steps through ``decode_step_s``, not a StepShape:
+    it must be ``step_time``'s answer exactly, and be offered only where it can be."""
+    m, hw = catalog.load_model(model), catalog.load_hardware("h200")
+    eng = catalog.load_engine(engine)
+    prep = prepare(hw, Precision(weights="fp8") if model == "deepseek-v3" else Precision(),
+                   None, OPTS, eng)
+    c = StepCoster(m, hw, prep, OPTS, tp=8 if model == "deepseek-v3" else 1)
+    assert c.prices_decodes_directly is direct
+    if not direct:
+        return
+    read = tokens * per_token
+    shape = StepShape(float(tokens), read - tokens / 2, read, read - tokens, score,
+                      float(tokens))
+    want = c.step_time(shape, sequences=sequences, prefill=False)
+    assert c.decode_step_s(shape.tokens, shape.attn_pairs, shape.kv_read_tokens,
+                           shape.score_elems, shape.logit_rows, sequences) == want

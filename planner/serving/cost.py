@@ -202,13 +202,19 @@ class StepCoster:
         return t
 
     def _one_attention_s(self, shape: StepShape, graphed: bool) -> float:
-        compute = self._attn_c_per_pair * shape.attn_pairs
+        return self._attention_layer_s(shape.attn_pairs, shape.kv_read_tokens, shape.tokens,
+                                       shape.score_elems, shape.prefill_pairs,
+                                       shape.prefill_past_tokens, graphed)
+
+    def _attention_layer_s(self, pairs: float, kv_read: float, tokens: float, score: float,
+                           fill_pairs: float, fill_past: float, graphed: bool) -> float:
+        """One layer's attention from a step's amounts (``StepShape``'s fields)."""
+        compute = self._attn_c_per_pair * pairs
         if self._fills_apart:
-            compute += (self._attn_c_per_fill_pair * shape.prefill_pairs
-                        + self._attn_c_per_fill_past * shape.prefill_past_tokens)
-        memory = (self._attn_m_per_kv * shape.kv_read_tokens
-                  + self._attn_m_per_token * shape.tokens
-                  + self._attn_m_per_score * shape.score_elems)
+            compute += (self._attn_c_per_fill_pair * fill_pairs
+                        + self._attn_c_per_fill_past * fill_past)
+        memory = (self._attn_m_per_kv * kv_read + self._attn_m_per_token * tokens
+                  + self._attn_m_per_score * score)
         return combine(compute, memory, self.engine, self.options, kernels=self._attn_kernels,
                        per_kernel_s=self._per_kernel, graphed=graphed)
 
@@ -239,6 +245,28 @@ class StepCoster:
 
     pads_graphs = True  # the simulator may pad its decode steps to captured graph sizes
 
+    @property
+    def prices_decodes_directly(self) -> bool:
+        """``decode_step_s`` gives ``step_time``'s answer for this replica: no sliding-window
+        layers and no concatenating cache, whose decode steps take the general path."""
+        return not self._n_local and not self._concat
+
+    def decode_step_s(self, tokens: float, attn_pairs: float, kv_read_tokens: float,
+                      score_elems: float, logit_rows: float, sequences: int) -> float:
+        """``step_time`` of a decode-only step of these amounts (``StepShape``'s, with
+        nothing held back for prefilling sequences), to the bit, without building the
+        shape or passing through ``gpu_s`` and ``attention_s``: the simulator asks it
+        nearly every step. Only where ``prices_decodes_directly``."""
+        e = self.engine
+        graphed = e.cuda_graphs
+        attn = 0.0
+        if self._n_full:
+            attn += self._n_full * self._attention_layer_s(
+                attn_pairs, kv_read_tokens, tokens, score_elems, 0.0, 0.0, graphed)
+        return with_host(self._linear_head_s(tokens, logit_rows, graphed) + attn,
+                         host_s(e, sequences, prefill=False, decodes=True),
+                         e.hides_host(graphed))
+
     def step_time(self, shape: StepShape, *, sequences: int, prefill: bool,
                   decodes: bool = True, graphed: bool | None = None) -> float:
         """A step of ``shape`` over ``sequences`` sequences; ``prefill``: it holds a prefill
@@ -257,14 +285,19 @@ class StepCoster:
         every step)."""
         if graphed is None:
             graphed = self.engine.cuda_graphs and not prefill
-        tokens, rows = int(round(shape.tokens)), int(round(shape.logit_rows))
-        linear = self._linear.get((tokens, graphed))
+        return self._linear_head_s(shape.tokens, shape.logit_rows, graphed) + \
+            self.attention_s(shape, graphed)
+
+    def _linear_head_s(self, tokens: float, logit_rows: float, graphed: bool) -> float:
+        """``linear_s`` + ``head_s`` of a step's tokens and sampled rows, cached."""
+        n, rows = int(round(tokens)), int(round(logit_rows))
+        linear = self._linear.get((n, graphed))
         if linear is None:
-            linear = self.linear_s(tokens, graphed)
+            linear = self.linear_s(n, graphed)
         head = self._head.get((rows, graphed)) if rows > 0 else 0.0
         if head is None:
             head = self.head_s(rows, graphed)
-        return linear + head + self.attention_s(shape, graphed)
+        return linear + head
 
     def kv_capacity_tokens(self, max_num_seqs: int, step_tokens: int) -> int:
         """Tokens of KV cache the replica holds (``planner.core.memory.kv_capacity_tokens``)."""

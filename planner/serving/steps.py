@@ -26,7 +26,7 @@ from planner.serving.decoding import DecodePool
 class StepPricer:
     """Seconds a step takes, given its prefill chunks beside the decode pool's requests."""
 
-    __slots__ = ("coster", "batch", "window", "split_parts", "graph_sizes")
+    __slots__ = ("coster", "batch", "window", "split_parts", "graph_sizes", "direct")
 
     def __init__(self, coster, batch: DecodePool, graph_sizes: tuple[int, ...] = ()):
         self.coster, self.batch = coster, batch
@@ -36,6 +36,10 @@ class StepPricer:
         # a layout that places the decodes apart from the prefill chunks (expert
         # parallelism's data-parallel ranks) prices the two parts
         self.split_parts = getattr(coster, "splits_parts", False)
+        # a padded decode step priced from its amounts, not through a StepShape (the same
+        # answer, faster), where the coster can
+        self.direct = bool(self.graph_sizes) and getattr(coster, "prices_decodes_directly",
+                                                         False)
 
     def time_s(self, chunks: list, decodes: bool = True) -> tuple[float, int]:
         """The step's seconds, and the KV tokens its decoders have cached; ``decodes``:
@@ -71,6 +75,8 @@ class StepPricer:
                                          graphed=False)
         pad = sizes[i] - int(dec[0])
         t, pairs, read, held, score, rows = dec
+        if self.direct and dl is None:
+            return self.coster.decode_step_s(t + pad, pairs, read, score, rows + pad, n_dec)
         local = None if dl is None else StepShape(dl[0] + pad, dl[1], dl[2], dl[3], dl[4],
                                                   dl[5] + pad)
         shape = StepShape(t + pad, pairs, read, held, score, rows + pad, local)
