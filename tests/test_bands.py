@@ -76,6 +76,9 @@ def test_a_band_names_the_gpu_classes_it_was_measured_on_and_says_when_yours_is_
     a = apply(bands, 1.0, "vllm", "decode", "batched", gpu_class="ada")
     assert a.gpu_class_measured is False
     assert a.basis.endswith("; vllm has no held-out figure on ada GPUs")
+    # no engine at all on a Volta GPU
+    a = apply(bands, 1.0, "vllm", "decode", "batched", gpu_class="volta")
+    assert a.basis.endswith("; no engine has a held-out figure on volta GPUs")
     # measured on Ampere elsewhere (its prefill), but none of this band's figures are
     more = build(hopper + ampere + [Figure("vllm", "prefill", "batched", "a", 1.0, "ampere")])
     a = apply(more, 1.0, "vllm", "decode", "batched", gpu_class="ampere")

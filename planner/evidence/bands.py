@@ -205,7 +205,9 @@ def apply(bands: list[Band], value: float, engine: str, phase: str, regime: str,
     measured = None
     if gpu_class and b.gpu_classes:  # a table written before classes were kept: unknown
         measured = gpu_class in b.gpu_classes
-        if gpu_class not in engine_gpu_classes(bands, engine):
+        if not any(gpu_class in x.gpu_classes for x in bands):
+            basis += f"; no engine has a held-out figure on {gpu_class} GPUs"
+        elif gpu_class not in engine_gpu_classes(bands, engine):
             basis += f"; {engine} has no held-out figure on {gpu_class} GPUs"
         elif not measured:
             basis += f"; none of these on {gpu_class} GPUs"
