@@ -72,10 +72,10 @@ def test_a_band_names_the_gpu_classes_it_was_measured_on_and_says_when_yours_is_
     # measured on the class asked about: nothing added
     a = apply(bands, 1.0, "vllm", "decode", "batched", gpu_class="hopper")
     assert a.gpu_class_measured is True and "GPUs" not in a.basis
-    # the engine was never measured on an Ada GPU, in any phase
-    a = apply(bands, 1.0, "vllm", "decode", "batched", gpu_class="ada")
+    # the engine was never measured on an Ampere GPU, in any phase (TensorRT-LLM was)
+    a = apply(bands, 1.0, "vllm", "decode", "batched", gpu_class="ampere")
     assert a.gpu_class_measured is False
-    assert a.basis.endswith("; vllm has no held-out figure on ada GPUs")
+    assert a.basis.endswith("; vllm has no held-out figure on ampere GPUs")
     # no engine at all on a Volta GPU
     a = apply(bands, 1.0, "vllm", "decode", "batched", gpu_class="volta")
     assert a.basis.endswith("; no engine has a held-out figure on volta GPUs")
