@@ -226,3 +226,16 @@ def test_every_readme_example_runs_within_80_columns(argv, tmp_path):
     assert r.returncode == 0, (argv, r.stderr[-2000:])
     wide = [ln for ln in r.stdout.splitlines() if len(ln) > 80]
     assert not wide, (argv, wide[:3])
+
+
+def test_every_and_list_in_ci_fails_the_run_when_a_step_fails():
+    """`set -e` does not stop inside an && list before its last command: a failed install
+    there once skipped the tests and passed. Each such line ends `|| exit 1`, or the next
+    line checks its status."""
+    lines = [ln for ln in CI.splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
+    for i, ln in enumerate(lines):
+        if "&&" not in ln or ln.startswith((" ", "(", "if ")):
+            continue  # the apt-get blocks run in a subshell with || echo: allowed to fail
+        checked = ln.rstrip().endswith("|| exit 1") or (
+            i + 1 < len(lines) and lines[i + 1].startswith('status=$?; [ "$status" -eq 0 ]'))
+        assert checked, ln
