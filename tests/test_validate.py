@@ -198,3 +198,36 @@ def test_validate_check_prints_its_verdict(run_cli):
                            "--no-rows")
     last = " ".join(err.split()).split("validate --check: ")[-1]
     assert code == 0 and last.startswith("passed: ") and "held-out median errors" in last
+
+
+def test_served_error_by_kind_of_model_is_held_out_figures_only():
+    from types import SimpleNamespace as NS
+
+    from planner.evidence.validate import by_model_kind
+
+    def row(model, phase, predicted, in_sample=False):
+        return NS(model=model, phase=phase, measured=1.0, predicted=predicted, ideal=0.5,
+                  in_sample=in_sample, error=predicted - 1.0, ideal_error=-0.5)
+
+    rows = [row("moe-a", "served TPOT", 0.5), row("moe-a", "served TPOT", 0.7),
+            row("moe-b", "served TPOT", 0.9), row("dense-a", "served TPOT", 1.1),
+            row("dense-a", "served TPOT", 3.0, in_sample=True),  # fitted on: left out
+            row("dense-a", "served TTFT", 0.8)]
+    got = {(s.source, s.phase): s for s in by_model_kind(
+        rows, lambda m: "MoE" if m.startswith("moe") else "dense")}
+    assert set(got) == {("MoE", "served TPOT"), ("dense", "served TPOT"),
+                        ("dense", "served TTFT")}
+    moe = got[("MoE", "served TPOT")]
+    # errors -0.5, -0.3, -0.1: median |error| 0.3, signed -0.3
+    assert (moe.n, moe.median_abs_error, moe.median_error) == (3, pytest.approx(0.3),
+                                                               pytest.approx(-0.3))
+    assert got[("dense", "served TPOT")].n == 1 and got[("dense", "served TPOT")].split == \
+        "held-out"
+
+
+def test_validate_json_splits_served_error_by_kind_of_model(run_cli):
+    code, out, err = run_cli("validate", "--source", "llm-k8s-a100,engine-prs", "--json")
+    assert code == 0, err
+    kinds = {(s["source"], s["phase"]): s["n"] for s in json.loads(out)["served_by_model_kind"]}
+    # llm-k8s: Llama-3.3-70B (dense), four runs; engine-prs: DeepSeek-V3 (MoE), one
+    assert kinds[("dense", "served TPOT")] == 4 and kinds[("MoE", "served TPOT")] == 1

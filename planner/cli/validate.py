@@ -154,6 +154,14 @@ def _quantized_layers(entry) -> str:
 
 
 @functools.cache
+def _model_kind(name: str) -> str:
+    """A validated run's model: "MoE" (routed experts) or "dense"."""
+    from planner.io import catalog
+
+    return "MoE" if catalog.load_model(name).moe is not None else "dense"
+
+
+@functools.cache
 def _gpu_class(name: str) -> str:
     """A validated row's GPU's class (its hardware file's architecture), for the bands."""
     from planner.io import catalog
@@ -211,7 +219,7 @@ def validate(
     of held-out figures inside the p10-p90 band built from every other source."""
     from planner.evidence import bands as bands_mod
     from planner.evidence.served import summarize_served
-    from planner.evidence.validate import summarize, targets
+    from planner.evidence.validate import by_model_kind, summarize, targets
     from planner.io import catalog, fmt
     from planner.io.render import table
     from planner.search.sweep import parse_str_list
@@ -242,6 +250,7 @@ def validate(
     per_source = summarize(comps) + summarize_served(served_comps)
     overall = summarize(comps, by_source=False) + summarize_served(served_comps,
                                                                    by_source=False)
+    kinds = by_model_kind(served_comps, _model_kind)
     figures = bands_mod.figures_of(comps, served_comps, gpu_class=_gpu_class)
     cover = bands_mod.coverage(figures)
     if write_bands:
@@ -274,6 +283,7 @@ def validate(
                             "value": t.value if t.n else None,
                             "limit": t.limit, "met": t.met}
                            for t in targets(comps, served_comps)],
+               "served_by_model_kind": [s.as_dict() for s in kinds],
                "band_coverage": [{"engine": c.engine, "phase": c.phase, "n": c.n,
                                   "inside": c.inside, "frac": c.frac} for c in cover],
                "check": {"passed": not failed, "failures": failed} if check else None}
@@ -294,6 +304,12 @@ def validate(
                            [[s.phase, s.split, s.n, fmt.pct(s.median_abs_error),
                              fmt.pct(s.p90_abs_error), fmt.pct(s.ideal_median_abs_error)]
                             for s in overall], left=2, compact=True))
+        if kinds:
+            stdout.print(table(
+                "Served runs by kind of model (held out, every source and engine)",
+                ["model", "phase", "n", "median", "p90", "signed median"],
+                [[s.source, s.phase, s.n, fmt.pct(s.median_abs_error), fmt.pct(s.p90_abs_error),
+                  f"{s.median_error:+.1%}"] for s in kinds], left=3, compact=True))
         tg = targets(comps, served_comps)
         stdout.print(table("Targets (held out; issue 24)", ["target", "n", "now", "limit", ""],
                            [[t.label, t.n, "-" if not t.n else fmt.pct(t.value),

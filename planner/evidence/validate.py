@@ -252,6 +252,24 @@ def summarize(rows: list, *, by_source: bool = True, phase_of=None) -> list[Summ
     return out
 
 
+def by_model_kind(served: list, kind_of) -> list[Summary]:
+    """The held-out served figures' error per kind of model (``kind_of(model name)``, such as
+    "dense" or "MoE") and phase, every source and engine together: where the remaining error
+    lies. In-sample figures are left out."""
+    groups: dict[tuple[str, str], list] = {}
+    for c in served:
+        if not c.in_sample:
+            groups.setdefault((kind_of(c.model), c.phase), []).append(c)
+    out = []
+    for (kind, phase), cs in sorted(groups.items()):
+        errs = [abs(c.error) for c in cs]
+        out.append(Summary(f"{kind} / all / {phase} / held-out", kind, "all", phase,
+                           "held-out", len(cs), quantile(errs, 0.5), quantile(errs, 0.9),
+                           quantile([c.error for c in cs], 0.5),
+                           quantile([abs(c.ideal_error) for c in cs], 0.5)))
+    return out
+
+
 # The accuracy targets the project holds itself to (issue 24), each on held-out figures only:
 # (label, what it is computed over, statistic, limit).
 # "Current engines": vLLM's V1 engine (0.8 and later: the vllm-0.8 and vllm profiles), SGLang
