@@ -257,26 +257,30 @@ class StepCoster:
         nothing held back for prefilling sequences), to the bit, without building the
         shape or passing through ``gpu_s`` and ``attention_s``: the simulator asks it
         nearly every step. Only where ``prices_decodes_directly``."""
-        e = self.engine
-        graphed = e.cuda_graphs
+        graphed = self.engine.cuda_graphs
         attn = 0.0
         if self._n_full:
             attn += self._n_full * self._attention_layer_s(
                 attn_pairs, kv_read_tokens, tokens, score_elems, 0.0, 0.0, graphed)
-        return with_host(self._linear_head_s(tokens, logit_rows, graphed) + attn,
-                         host_s(e, sequences, prefill=False, decodes=True),
-                         e.hides_host(graphed))
+        return self._with_host_s(self._linear_head_s(tokens, logit_rows, graphed) + attn,
+                                 sequences, prefill=False, decodes=True, graphed=graphed)
 
     def step_time(self, shape: StepShape, *, sequences: int, prefill: bool,
                   decodes: bool = True, graphed: bool | None = None) -> float:
         """A step of ``shape`` over ``sequences`` sequences; ``prefill``: it holds a prefill
         chunk, so it is not replayed from a CUDA graph; ``decodes``: it holds decodes;
         ``graphed=False``: a decode step run without a graph (above the captured sizes)."""
-        e = self.engine
         if graphed is None:
-            graphed = e.cuda_graphs and not prefill
-        return with_host(self.gpu_s(shape, prefill=prefill, graphed=graphed),
-                         host_s(e, sequences, prefill=prefill, decodes=decodes),
+            graphed = self.engine.cuda_graphs and not prefill
+        return self._with_host_s(self.gpu_s(shape, prefill=prefill, graphed=graphed),
+                                 sequences, prefill=prefill, decodes=decodes, graphed=graphed)
+
+    def _with_host_s(self, gpu_s: float, sequences: int, *, prefill: bool, decodes: bool,
+                     graphed: bool) -> float:
+        """A step's GPU time with the engine's host cost for it, overlapped where the engine
+        hides it (``roofline.with_host``)."""
+        e = self.engine
+        return with_host(gpu_s, host_s(e, sequences, prefill=prefill, decodes=decodes),
                          e.hides_host(graphed))
 
     def gpu_s(self, shape: StepShape, *, prefill: bool, graphed: bool | None = None) -> float:
