@@ -197,6 +197,23 @@ def test_plan_sized_at_the_high_end_never_uses_fewer_gpus(run_cli):
     pred, high = json.loads(out)[0], json.loads(out2)[0]
     assert high["total_gpus"] >= pred["total_gpus"]
     assert high["sized_at_tpot_factor"] > 1 and pred["sized_at_tpot_factor"] == 1
+    assert "none of those figures" not in err2  # served runs on H100s are in the band
+
+
+def test_plan_names_the_gpus_it_sizes_on_other_gpus_evidence(run_cli):
+    code, _, err = run_cli("plan", "-m", "llama-3.1-8b", "-g", "l40s", "-e", "sglang",
+                           "--weights", "bf16", "--kv-cache", "16", "--ttft", "2s", "--tpot",
+                           "60ms", "--rps", "2", "--size-at", "high", "--top", "1")
+    assert code == 0, err
+    # no held-out served SGLang run on an Ada GPU: both bands say so, naming the GPU
+    assert err.count("none of those figures on a GPU of the class of l40s") == 2, err
+
+
+def test_a_band_knows_whether_it_was_measured_on_a_class():
+    b = Band("e", "decode", "batch-1", 0.9, 1.0, 1.2, 10, 3, ("ampere", "hopper"))
+    assert b.measured_on("hopper") is True and b.measured_on("ada") is False
+    assert b.measured_on(None) is None and b.measured_on("") is None
+    assert Band("e", "decode", "batch-1", 0.9, 1.0, 1.2, 10, 3).measured_on("ada") is None
 
 
 def test_engine_profiles_by_release():

@@ -456,8 +456,7 @@ def _size_factors(engine_name: str, size_at: SizeAt, gpus=()) -> dict:
         stderr.print(f"sizing at the high end of the {phase} band: x{b.high_ratio:.2f} "
                      f"({b.engine if b.engine != 'all' else 'all engines'}, {b.n} held-out "
                      f"figures from {b.sources} sources)")
-        unmeasured = sorted(g.name for g in gpus if b.gpu_classes and g.architecture
-                            and g.architecture not in b.gpu_classes)
+        unmeasured = sorted(g.name for g in gpus if b.measured_on(g.architecture) is False)
         if unmeasured:
             stderr.print(f"  none of those figures on a GPU of the class of "
                          f"{', '.join(unmeasured)}: their band is other GPUs' evidence")

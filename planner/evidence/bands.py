@@ -71,6 +71,13 @@ class Band:
         d["gpu_classes"] = list(self.gpu_classes)
         return d
 
+    def measured_on(self, gpu_class: str | None) -> bool | None:
+        """Whether any of its figures came from a GPU of this class; None where that is not
+        known (no class given, or a table written before classes were kept)."""
+        if not gpu_class or not self.gpu_classes:
+            return None
+        return gpu_class in self.gpu_classes
+
 
 @dataclass(frozen=True)
 class Applied:
@@ -202,9 +209,8 @@ def apply(bands: list[Band], value: float, engine: str, phase: str, regime: str,
         basis += " (too few to trust)"
     elif borrowed:
         basis += f" (none enough for {engine}, {regime})"
-    measured = None
-    if gpu_class and b.gpu_classes:  # a table written before classes were kept: unknown
-        measured = gpu_class in b.gpu_classes
+    measured = b.measured_on(gpu_class)
+    if measured is not None:
         if not any(gpu_class in x.gpu_classes for x in bands):
             basis += f"; no engine has a held-out figure on {gpu_class} GPUs"
         elif gpu_class not in engine_gpu_classes(bands, engine):
