@@ -53,7 +53,10 @@ def ours_ms(dep, tokens: int) -> float:
     return total * 1e3
 
 
-def rows(table, family: str, gpu: str):
+def rows(table, family: str, gpu: str, ours_weights: str | None = None):
+    """(model, tp, kernel, tokens, theirs ms, ours ms, theirs / ours) for each model of MODELS
+    whose shape the table holds. ``ours_weights``: price our layer of the MXFP4 models with
+    their experts stored in this type (bf16: an engine that upcasts MXFP4 at load)."""
     from planner.cli.compare import served_setup
     from planner.core.specs import DType
     from planner.io import catalog
@@ -61,6 +64,8 @@ def rows(table, family: str, gpu: str):
     spec = catalog.load_engine_spec(family)
     table = table[(table.distribution == "balanced") & (table.moe_ep_size == 1)]
     for name, (weights, moe_dtype) in MODELS.items():
+        if weights == "mxfp4" and ours_weights:
+            weights = ours_weights
         m = catalog.load_model(name)
         e = m.moe
         sub = table[(table.hidden_size == m.hidden_size)
@@ -86,6 +91,9 @@ def main(argv=None) -> int:
     ap.add_argument("wheel", help="the aiconfigurator-core 0.12.0 wheel")
     ap.add_argument("--gpu", choices=sorted(SYSTEMS), default="h100-sxm")
     ap.add_argument("--engine", choices=sorted(RELEASES), default="vllm")
+    ap.add_argument("--ours-weights", choices=("bf16",), default=None,
+                    help="price our layer of the MXFP4 (gpt-oss) models with 16-bit experts, "
+                         "as an engine that upcasts MXFP4 at load holds them")
     a = ap.parse_args(argv)
     import pandas as pd
 
@@ -100,7 +108,8 @@ def main(argv=None) -> int:
         return 2
     print(f"# {a.gpu}, {a.engine} {release} ({path}); ms per MoE layer, ratio = theirs / ours")
     print(f"{'model':<16} {'tp':>2} {'tokens':>6} {'theirs':>8} {'ours':>8} {'ratio':>6}  kernel")
-    for name, tp, kernel, n, theirs, ours, ratio in rows(table, a.engine, a.gpu):
+    for name, tp, kernel, n, theirs, ours, ratio in rows(table, a.engine, a.gpu,
+                                                          a.ours_weights):
         print(f"{name:<16} {tp:>2} {n:>6} {theirs:>8.4f} {ours:>8.4f} {ratio:>6.2f}  {kernel}")
     return 0
 

@@ -56,3 +56,25 @@ def test_a_wheel_that_cannot_be_read_is_one_line_and_exit_2(tmp_path):
                         str(bad)], capture_output=True, text=True, cwd=ROOT)
     assert p.returncode == 2
     assert p.stderr.count("\n") == 1 and "cannot read" in p.stderr and not p.stdout
+
+
+def test_ours_with_16_bit_experts_prices_only_the_mxfp4_models_so():
+    """An engine that upcasts MXFP4 at load streams 16-bit experts: --ours-weights bf16 makes
+    our gpt-oss layer dearer at a decode size and leaves a bf16 model's as it was."""
+    from planner.io import catalog
+
+    oss = catalog.load_model("gpt-oss-20b").moe
+    qwen = catalog.load_model("qwen3-30b-a3b").moe
+    rows = []
+    for hidden, e, dtype in ((2880, oss, "w4a16_mxfp4"), (2048, qwen, "bfloat16")):
+        rows.append(dict(kernel_source="k", moe_dtype=dtype, num_tokens=128, hidden_size=hidden,
+                         inter_size=e.expert_intermediate_size, topk=e.experts_per_token,
+                         num_experts=e.num_experts, moe_tp_size=1, moe_ep_size=1,
+                         distribution="balanced", latency=1.0))
+    table = pd.DataFrame(rows)
+    as_is = {r[0]: r[5] for r in aic.rows(table, "sglang", "h100-sxm")}
+    upcast = {r[0]: r[5] for r in aic.rows(table, "sglang", "h100-sxm", "bf16")}
+    assert set(as_is) == {"gpt-oss-20b", "qwen3-30b-a3b"}
+    # 2 bytes a weight against MXFP4's 4.25 bits: well over twice the streaming time
+    assert upcast["gpt-oss-20b"] > 2.5 * as_is["gpt-oss-20b"]
+    assert upcast["qwen3-30b-a3b"] == as_is["qwen3-30b-a3b"]
