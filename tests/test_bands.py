@@ -196,8 +196,51 @@ def test_plan_sized_at_the_high_end_never_uses_fewer_gpus(run_cli):
     assert code2 == 0, err2
     pred, high = json.loads(out)[0], json.loads(out2)[0]
     assert high["total_gpus"] >= pred["total_gpus"]
-    assert high["sized_at_tpot_factor"] > 1 and pred["sized_at_tpot_factor"] == 1
+    bands = catalog.load_bands()
+    tpot_b, ttft_b = (pick(bands, "vllm", f"served {x}", "unsaturated") for x in ("TPOT", "TTFT"))
+    assert high["sized_at_step_factor"] == pytest.approx(tpot_b.high_ratio)
+    assert high["sized_at_step_factor"] * high["sized_at_ttft_factor"] == \
+        pytest.approx(ttft_b.high_ratio)
+    assert pred["sized_at_step_factor"] == 1 and "p90_ttft_s_high" not in pred
+    # the figures it was held to are the slowed replica's, within the targets and above
+    # the predicted ones the table shows
+    assert high["p90_ttft_s"] < high["p90_ttft_s_high"] <= 2
+    assert high["p90_tpot_s"] < high["p90_tpot_s_high"] <= 0.040
     assert "none of those figures" not in err2  # served runs on H100s are in the band
+
+
+def test_sizing_at_slower_steps_sees_the_queue_a_factor_on_the_prediction_misses():
+    """Multiplying a replica's predicted TTFT and TPOT by the bands' high ends passes a
+    replica count at which a server that much slower is past its capacity; simulating the
+    slower server does not, so it sizes more replicas."""
+    from planner.layouts.deployment import Deployment
+    from planner.search.plan import SimSettings, Targets, replicas_needed
+
+    dep = Deployment.build(catalog.load_model("llama-3.1-8b"),
+                           catalog.load_hardware("h100-sxm"), engine=catalog.load_engine("vllm"))
+    kw = dict(prompt_tokens=1024, output_tokens=256, targets=Targets(2.0, 0.040, 20),
+              upper_rate=1e9)
+    factored, _ = replicas_needed(dep, settings=SimSettings(ttft_factor=3.6, tpot_factor=2.07),
+                                  **kw)
+    slowed, s = replicas_needed(dep, settings=SimSettings(ttft_factor=3.6 / 2.07,
+                                                          step_factor=2.07), **kw)
+    assert 0 < factored < slowed
+    assert s["sized_at"]["p90_tpot_ms"] > s["p90_tpot_ms"]  # held to the slower figures
+    # at the factored count the slower replica's p90 TPOT is past the target, where the
+    # predicted one's times 2.07 is well within it: slower steps keep more requests
+    # running, whose larger batches make each step slower still
+    from planner.serving import run
+    from planner.serving.metrics import summary
+    from planner.serving.steps import SlowedCoster
+    from planner.serving.traffic import synthetic
+
+    reqs = synthetic(SimSettings().num_requests, prompt_tokens=1024, output_tokens=256,
+                     request_rate=20 / factored, seed=0)
+    c = run.coster(dep)
+    pred = summary(run.run(dep, reqs, step_coster=c), itl=False)
+    slow = summary(run.run(dep, reqs, step_coster=SlowedCoster(c, 2.07)), itl=False)
+    assert pred["p90_tpot_ms"] * 2.07 < 30 < 40 < slow["p90_tpot_ms"]
+    assert slow["mean_running_requests"] > 2.07 * pred["mean_running_requests"]
 
 
 def test_plan_names_the_gpus_it_sizes_on_other_gpus_evidence(run_cli):

@@ -257,6 +257,18 @@ def test_plan_rows_are_what_the_simulation_says(aic_rows):
         assert tpot == pytest.approx(r["p90_tpot_s"]) and tpot <= 0.05
 
 
+def test_a_disaggregated_pair_sized_at_the_high_end(run_json, aic_rows):
+    """--size-at high: the pair is sized with both pools' steps slowed; its row shows the
+    predicted figures and, as *_high, the slower ones it was held to the targets with."""
+    rows = run_json(*AIC, "--disaggregated", "only", "--top", "1", "--size-at", "high")
+    r = rows[0]
+    assert r["disaggregated"] and r["sized_at_step_factor"] > 1
+    assert r["p90_ttft_s"] < r["p90_ttft_s_high"] <= 3.0
+    assert r["p90_tpot_s"] < r["p90_tpot_s_high"] <= 0.050
+    best = next(x for x in aic_rows if x["disaggregated"])
+    assert r["total_gpus"] >= best["total_gpus"]
+
+
 def test_plan_disaggregated_modes(run_cli):
     code, out, err = run_cli(*AIC, "--disaggregated", "off", "--json")
     assert code == 0, err

@@ -435,3 +435,38 @@ def test_a_decode_step_priced_directly_is_step_time_to_the_bit(model, engine, di
     want = c.step_time(shape, sequences=sequences, prefill=False)
     assert c.decode_step_s(shape.tokens, shape.attn_pairs, shape.kv_read_tokens,
                            shape.score_elems, shape.logit_rows, sequences) == want
+
+
+def test_a_slowed_replica_takes_each_step_that_many_times_longer(setup):
+    """``SlowedCoster``: one request alone meets no queue, so its time between tokens is the
+    factor times the predicted one and its first token the factor times the prefill (the
+    request path outside the steps stays); near saturation the same factor pushes the queue
+    past capacity, and TTFT grows far more than the factor (what ``plan --size-at high``
+    sizes against)."""
+    from planner.serving.steps import SlowedCoster
+
+    m, hw, eng, prep, c = setup
+    cfg = SchedulerConfig(max_num_seqs=256, max_num_batched_tokens=8192)
+    one = [synthetic(1, prompt_tokens=1000, output_tokens=50, request_rate=1.0, seed=0)[0]]
+    base, slow = simulate(one, c, cfg).requests[0], \
+        simulate(one, SlowedCoster(c, 1.5), cfg).requests[0]
+    assert slow.tpot_s == pytest.approx(1.5 * base.tpot_s, rel=1e-12)
+    path = eng.request_path_s(1000)  # the API server and the rest, outside the steps
+    assert path > 0
+    assert slow.ttft_s - path == pytest.approx(1.5 * (base.ttft_s - path), rel=1e-12)
+    # twice slowed is the product
+    twice = simulate(one, SlowedCoster(SlowedCoster(c, 1.5), 2.0), cfg).requests[0]
+    assert twice.tpot_s == pytest.approx(3.0 * base.tpot_s, rel=1e-12)
+    # the rate at which the predicted replica keeps up with room to spare
+    sat = summary(simulate(synthetic(400, prompt_tokens=1000, output_tokens=200,
+                                     request_rate=1e4, seed=3), c, cfg))
+    capacity = sat["request_throughput"]
+    reqs = synthetic(400, prompt_tokens=1000, output_tokens=200,
+                     request_rate=0.8 * capacity, seed=3)
+    fast, slowed = summary(simulate(reqs, c, cfg)), summary(simulate(reqs, SlowedCoster(c, 1.5),
+                                                                     cfg))
+    assert slowed["mean_ttft_ms"] > 5 * fast["mean_ttft_ms"]
+    with pytest.raises(ValueError):
+        SlowedCoster(c, 0.0)
+    with pytest.raises(ValueError):
+        SlowedCoster(c, math.nan)

@@ -128,9 +128,12 @@ def plan(
     allow_longer_context: LongerOpt = False,
     size_at: Annotated[SizeAt, typer.Option(
         "--size-at", help="Size replicas at the predicted TTFT / TPOT, or at the high end "
-        "of the engine's error band (p90 of measured / predicted on held-out served runs: "
+        "of the engine's error bands (p90 of measured / predicted on held-out served runs: "
         "planner/data/bands.yaml), so that a server as slow as the slowest tenth of those "
-        "measurements still meets the targets. Continuous sizing only.")] = SizeAt.predicted,
+        "measurements still meets the targets: each simulated step takes the TPOT band's "
+        "high end times its predicted time (a replica near saturation queues as a slower "
+        "server would), and TTFT is held at the TTFT band's high end at least. Continuous "
+        "sizing only.")] = SizeAt.predicted,
     speculative: Annotated[Optional[str], typer.Option(
         "--speculative", help="Size each tensor-parallel configuration with and without "
         "speculative decoding and keep it only where it lowers the cost at the targets (the "
@@ -436,31 +439,36 @@ def _some_precision_runs(gpus, weights, compute, cal, eng) -> None:
 
 
 def _size_factors(engine_name: str, size_at: SizeAt, gpus=()) -> dict:
-    """``ttft_factor`` and ``tpot_factor`` for ``SimSettings``: 1, or the high end of the
-    engine's served TTFT and TPOT bands in the regime plan sizes for (a server that keeps up
-    with its share of the traffic). Names the GPUs of a class the band's figures were not
-    measured on."""
+    """``SimSettings``' factors: none, or the high end of the engine's served TPOT and TTFT
+    bands in the regime plan sizes for (a server that keeps up with its share of the
+    traffic). The TPOT band's high end slows every simulated step (``step_factor``), so a
+    configuration near saturation queues as a slower server would; TTFT is held at the TTFT
+    band's high end at least (``ttft_factor``: the part of it the slower steps leave). Names
+    the GPUs of a class the bands' figures were not measured on."""
     if size_at == SizeAt.predicted:
         return {}
     from planner.evidence.bands import pick
     from planner.io import catalog
 
     bands = catalog.load_bands()
-    out = {}
-    for key, phase in (("ttft_factor", "served TTFT"), ("tpot_factor", "served TPOT")):
+    high = {}
+    for phase in ("served TPOT", "served TTFT"):
         b = pick(bands, engine_name, phase, "unsaturated")
         if b is None:
             raise LlmplanError(f"--size-at high: no error band for {phase} in "
                                f"{catalog.BANDS_FILE}")
-        out[key] = max(1.0, b.high_ratio)
-        stderr.print(f"sizing at the high end of the {phase} band: x{b.high_ratio:.2f} "
-                     f"({b.engine if b.engine != 'all' else 'all engines'}, {b.n} held-out "
-                     f"figures from {b.sources} sources)")
+        high[phase] = max(1.0, b.high_ratio)
+        what = "every step" if phase == "served TPOT" else "TTFT at least"
+        stderr.print(f"sizing at the high end of the {phase} band: {what} "
+                     f"x{b.high_ratio:.2f} ({b.engine if b.engine != 'all' else 'all engines'}, "
+                     f"{b.n} held-out figures from {b.sources} sources)")
         unmeasured = sorted(g.name for g in gpus if b.measured_on(g.architecture) is False)
         if unmeasured:
             stderr.print(f"  none of those figures on a GPU of the class of "
                          f"{', '.join(unmeasured)}: their band is other GPUs' evidence")
-    return out
+    step = high["served TPOT"]
+    return {"step_factor": step, "tpot_factor": 1.0,
+            "ttft_factor": max(1.0, high["served TTFT"] / step)}
 
 
 def _plan_continuous(m, gpus, *, prompt_tokens, output_tokens, targets, tps, weights, kv_cache,
@@ -565,8 +573,9 @@ def _plan_continuous(m, gpus, *, prompt_tokens, output_tokens, targets, tps, wei
     if speculations:
         stdout.print("spec: the speculative method a row keeps because it lowers the cost "
                      "at the targets; -: it does not (--json: baseline_usd_per_hour)")
-    if settings.ttft_factor != 1.0 or settings.tpot_factor != 1.0:
-        stdout.print(f"sized at the high end of the error band: TTFT x"
-                     f"{settings.ttft_factor:.2f}, TPOT x{settings.tpot_factor:.2f} held to "
-                     "the targets (the table shows the predicted figures)")
+    if not settings.sizes_at_prediction:
+        stdout.print(f"sized at the high end of the error bands: a replica whose every step "
+                     f"takes x{settings.step_factor:.2f} its predicted time, its TTFT x"
+                     f"{settings.ttft_factor:.2f} and TPOT x{settings.tpot_factor:.2f} held to "
+                     "the targets (the table shows the predicted figures; --json: *_high)")
     return df

@@ -50,9 +50,11 @@ class _Sizer:
         self.side, self.make, self.st, self.rate = side, make, settings, rate
         self.max_factor = max_factor
         self.seen: dict[int, dict] = {}
+        from planner.search.plan import sizing_coster
         from planner.serving import run
 
-        self.coster = run.coster(side.dep)
+        self.nominal = run.coster(side.dep)  # as predicted
+        self.coster = sizing_coster(self.nominal, settings)  # as sized
 
     def summary(self, n: int) -> dict:
         if n not in self.seen:
@@ -88,7 +90,13 @@ def search_disaggregated(model, gpus, *, prompt_tokens: int, output_tokens: int,
     ``screened``: ``planner.search.plan.screen``'s rows, when the caller has them."""
     import pandas as pd
 
-    from planner.search.plan import SimSettings, percentile_name, percentile_s, screen
+    from planner.search.plan import (
+        SimSettings,
+        percentile_name,
+        percentile_s,
+        screen,
+        sized_at_fields,
+    )
     from planner.serving import run
     from planner.serving.disagg import transfer_figures
     from planner.serving.metrics import summary
@@ -216,6 +224,14 @@ def search_disaggregated(model, gpus, *, prompt_tokens: int, output_tokens: int,
                 n_p += 1
         else:
             continue
+        high = s
+        if not st.sizes_at_prediction:  # the figures shown are the predicted server's
+            res = run.run_disaggregated(p.dep, d.dep, reqs, prefill_instances=n_p,
+                                        decode_instances=n_d, prefill_cfg=p.cfg,
+                                        decode_cfg=d.cfg, link=link,
+                                        prefill_coster=ps.nominal, decode_coster=ds.nominal)
+            s = summary(res.combined(), itl=False)
+            ttft, tpot = percentile_s(s, "ttft", p_), percentile_s(s, "tpot", p_) or 0.0
         usd = n_p * p.gpus * p.price + n_d * d.gpus * d.price
         costs.append(usd)
         x = transfer_figures(res)
@@ -234,7 +250,7 @@ def search_disaggregated(model, gpus, *, prompt_tokens: int, output_tokens: int,
             "kv_bandwidth_used_bytes_per_s": x["bandwidth_used_bytes_per_s"],
             "rate_per_replica": rate / n_d, "percentile": p_,
             f"{name}_ttft_s": ttft, f"{name}_tpot_s": tpot,
-            "sized_at_ttft_factor": st.ttft_factor, "sized_at_tpot_factor": st.tpot_factor,
+            **sized_at_fields({**s, "sized_at": high}, st, name),
             "latency_s": s[f"{name}_e2el_ms"] / 1e3,
             "mean_running_requests": s["mean_running_requests"],
             "max_running_requests": s["max_running_requests"],

@@ -136,12 +136,41 @@ class SimSettings:
     num_requests: int = 200
     range_ratio: float = 0.0
     seed: int = 0
-    # the simulated TTFT and TPOT are multiplied by these before they are held to the targets:
-    # 1 sizes at the prediction; the high end of the engine's error band (``plan --size-at
-    # high``) sizes so that a server as slow as the slowest 10% of held-out measurements
-    # still meets them
+    # 1 sizes at the prediction. ``plan --size-at high`` sizes so that a server as slow as the
+    # slowest 10% of held-out measurements still meets the targets: each step of the replica
+    # simulated takes ``step_factor`` times its predicted time (the high end of the served
+    # TPOT band), so its queue grows as a slower server's does, steeply near saturation; and
+    # the TTFT and TPOT of that simulation are multiplied by these before they are held to the
+    # targets (the part of the bands' high ends that slower steps do not already account for)
     ttft_factor: float = 1.0
     tpot_factor: float = 1.0
+    step_factor: float = 1.0
+
+    @property
+    def sizes_at_prediction(self) -> bool:
+        return self.ttft_factor == self.tpot_factor == self.step_factor == 1.0
+
+
+def sizing_coster(coster, settings: SimSettings):
+    """The step coster a replica is sized with: ``coster``, its steps slowed by the settings'
+    ``step_factor`` where that is not 1 (``planner.serving.steps.SlowedCoster``)."""
+    from planner.serving.steps import SlowedCoster
+
+    return coster if settings.step_factor == 1.0 else SlowedCoster(coster, settings.step_factor)
+
+
+def sized_at_fields(s: dict, st: SimSettings, name: str) -> dict:
+    """A plan row's record of what it was sized at: the factors, and where steps were
+    slowed, the TTFT and TPOT it was held to the targets with (``*_high``)."""
+    out = {"sized_at_ttft_factor": st.ttft_factor, "sized_at_tpot_factor": st.tpot_factor,
+           "sized_at_step_factor": st.step_factor}
+    if st.sizes_at_prediction:
+        return out
+    high = s.get("sized_at", s)
+    ttft, tpot = high.get(f"{name}_ttft_ms"), high.get(f"{name}_tpot_ms")
+    out[f"{name}_ttft_s_high"] = None if ttft is None else ttft / 1e3 * st.ttft_factor
+    out[f"{name}_tpot_s_high"] = None if tpot is None else tpot / 1e3 * st.tpot_factor
+    return out
 
 
 def percentile_name(p: int) -> str:
@@ -175,29 +204,39 @@ def replicas_needed(dep: Deployment, *, prompt_tokens: int, output_tokens: int,
                     max_factor: int = 64, speculation=None) -> tuple[int, dict | None]:
     """The fewest replicas that serve ``targets.requests_per_s`` with the
     ``settings.percentile`` TTFT and TPOT within the targets: each replica simulated with
-    Poisson traffic at its share of the rate. Starts from the analytic bound (no fewer
-    replicas can do) and searches upward, doubling then bisecting: a few simulations per
-    configuration. (0, None) when even ``max_factor`` times the bound cannot.
+    Poisson traffic at its share of the rate (its steps slowed by ``settings.step_factor``).
+    Starts from the analytic bound (no fewer replicas can do) and searches upward, doubling
+    then bisecting: a few simulations per configuration. (0, None) when even ``max_factor``
+    times the bound cannot. The summary is of the predicted replica at that count; sized at
+    slower steps, it carries the figures it was sized at under ``"sized_at"``.
     ``speculation``: what ``planner.serving.run.speculation_serving`` returns, or None."""
     from planner.serving import run
     from planner.serving.metrics import summary
     from planner.serving.traffic import synthetic
 
     coster, cfg = run.coster(dep), run.scheduler(dep)
+    sizing = sizing_coster(coster, settings)
     seen: dict[int, dict] = {}
+
+    def simulated(n: int, c) -> dict:
+        reqs = synthetic(settings.num_requests, prompt_tokens=prompt_tokens,
+                         output_tokens=output_tokens, range_ratio=settings.range_ratio,
+                         request_rate=targets.requests_per_s / n, seed=settings.seed)
+        return summary(run.run(dep, reqs, cfg, step_coster=c, speculation=speculation),
+                       itl=False)
 
     def ok(n: int) -> bool:
         if n not in seen:
-            reqs = synthetic(settings.num_requests, prompt_tokens=prompt_tokens,
-                             output_tokens=output_tokens, range_ratio=settings.range_ratio,
-                             request_rate=targets.requests_per_s / n, seed=settings.seed)
-            seen[n] = summary(run.run(dep, reqs, cfg, step_coster=coster,
-                                      speculation=speculation), itl=False)
+            seen[n] = simulated(n, sizing)
         return _percentile_ok(seen[n], targets, settings)
 
     floor = max(1, math.ceil(targets.requests_per_s / upper_rate))  # fewer cannot serve it
     n = fewest_passing(ok, floor, max_factor)
-    return (n, seen[n]) if n else (0, None)
+    if not n:
+        return 0, None
+    if sizing is coster:
+        return n, seen[n]
+    return n, {**simulated(n, coster), "sized_at": seen[n]}
 
 
 def fewest_passing(ok, floor: int, max_factor: int = 64) -> int:
@@ -367,8 +406,7 @@ def search_continuous(model: ModelSpec, gpus: list[HardwareSpec], *, prompt_toke
                      "rate_per_replica": rate, "percentile": p,
                      f"{name}_ttft_s": s[f"{name}_ttft_ms"] / 1e3,
                      f"{name}_tpot_s": (s[f"{name}_tpot_ms"] or 0) / 1e3,
-                     "sized_at_ttft_factor": st.ttft_factor,
-                     "sized_at_tpot_factor": st.tpot_factor,
+                     **sized_at_fields(s, st, name),
                      "latency_s": s[f"{name}_e2el_ms"] / 1e3,
                      "mean_running_requests": s["mean_running_requests"],
                      "max_running_requests": s["max_running_requests"],

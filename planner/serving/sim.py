@@ -254,7 +254,8 @@ def _serve(sched: Scheduler, arr: Arrivals, pricer: StepPricer, occ: Occupancy, 
     kv, batch = sched.kv, sched.batch
     running, waiting, prefilling = sched.running, sched.waiting, sched.prefilling
     arrive, schedule, end_step = arr.arrive, sched.schedule, sched.on_step_end
-    wait_until, time_s, record = sched.wait_until, pricer.time_s, occ.record
+    wait_until, record = sched.wait_until, occ.record
+    time_s = pricer.time_s if pricer.scale == 1.0 else pricer.scaled_time_s
     t = stall_s = stream_s = 0.0
     stalled = 0
     arrive(0.0, waiting, 0)

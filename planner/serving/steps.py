@@ -18,18 +18,36 @@ graphed decode step. Pure: no I/O.
 from __future__ import annotations
 
 import bisect
+import math
 
 from planner.core.ops import StepShape, window_pairs
 from planner.serving.decoding import DecodePool
 
 
-class StepPricer:
-    """Seconds a step takes, given its prefill chunks beside the decode pool's requests."""
+class SlowedCoster:
+    """A replica whose every step takes ``factor`` times what ``coster`` prices it at: a
+    server as slow as the slow end of an error band (``plan --size-at high``). Everything else
+    (the model, the engine, the KV capacity) is the coster's."""
 
-    __slots__ = ("coster", "batch", "window", "split_parts", "graph_sizes", "direct")
+    def __init__(self, coster, factor: float):
+        if not (math.isfinite(factor) and factor > 0):
+            raise ValueError(f"a step time factor must be a positive number, not {factor!r}")
+        self._coster = coster
+        self.time_scale = factor * getattr(coster, "time_scale", 1.0)
+
+    def __getattr__(self, name: str):
+        return getattr(self._coster, name)
+
+
+class StepPricer:
+    """Seconds a step takes, given its prefill chunks beside the decode pool's requests (times
+    the coster's ``time_scale``, where it has one: ``SlowedCoster``)."""
+
+    __slots__ = ("coster", "batch", "window", "split_parts", "graph_sizes", "direct", "scale")
 
     def __init__(self, coster, batch: DecodePool, graph_sizes: tuple[int, ...] = ()):
         self.coster, self.batch = coster, batch
+        self.scale = getattr(coster, "time_scale", 1.0)
         # padding to captured sizes, where the coster can take it (one TP group)
         self.graph_sizes = graph_sizes if getattr(coster, "pads_graphs", False) else ()
         self.window = coster.model.sliding_window
@@ -40,6 +58,12 @@ class StepPricer:
         # answer, faster), where the coster can
         self.direct = bool(self.graph_sizes) and getattr(coster, "prices_decodes_directly",
                                                          False)
+
+    def scaled_time_s(self, chunks: list, decodes: bool = True) -> tuple[float, int]:
+        """``time_s`` times the coster's ``time_scale`` (the event loop takes this one where
+        the scale is not 1, so an unscaled step pays no extra call)."""
+        dt, past = self.time_s(chunks, decodes)
+        return dt * self.scale, past
 
     def time_s(self, chunks: list, decodes: bool = True) -> tuple[float, int]:
         """The step's seconds, and the KV tokens its decoders have cached; ``decodes``:
