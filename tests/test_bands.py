@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from planner.core.engine import version_key
 from planner.core.errors import SpecError
 from planner.evidence.bands import (
+    Applied,
     Band,
     Figure,
     apply,
@@ -20,6 +21,7 @@ from planner.evidence.bands import (
     from_table,
     pick,
     served_regime,
+    widen_near_capacity,
 )
 from planner.io import catalog
 
@@ -184,7 +186,16 @@ def test_estimate_and_simulate_carry_bands(run_json):
                  "--request-rate", "2")
     assert s["regime"] == "unsaturated"
     b = pick(bands, "vllm", "served TPOT", "unsaturated")
-    assert s["mean_tpot_ms_high"] == pytest.approx(s["mean_tpot_ms"] * b.high_ratio)
+    assert s["mean_tpot_ms_low"] == pytest.approx(s["mean_tpot_ms"] * b.low_ratio)
+    # the high end is the band's, or wider where a server that much slower is slower still
+    near = s["near_capacity"]
+    assert near["step_factor"] == pytest.approx(b.high_ratio) and near["slowed_keeps_up"]
+    if "mean_tpot_ms" in near["widened"]:
+        assert s["mean_tpot_ms_high"] == pytest.approx(
+            s["mean_tpot_ms"] * near["slowed_mean_tpot_ratio"])
+        assert near["slowed_mean_tpot_ratio"] > b.high_ratio
+    else:
+        assert s["mean_tpot_ms_high"] == pytest.approx(s["mean_tpot_ms"] * b.high_ratio)
 
 
 def test_plan_sized_at_the_high_end_never_uses_fewer_gpus(run_cli):
@@ -417,3 +428,52 @@ def test_plan_reports_the_batch_limit_the_gpu_runs_with(run_json):
                     "--weights", "bf16", "--kv-cache", "16", "--ttft", "2s", "--tpot", "60ms",
                     "--rps", "4")
     assert {r["gpu"]: r["batch"] for r in rows} == {"a100-sxm-80gb": 256, "h100-sxm": 1024}
+
+
+def _applied(value: float, low: float, high: float) -> Applied:
+    return Applied(value, value * low, value * high, 100, 5, "basis", False)
+
+
+def test_bands_widen_where_a_slower_server_falls_behind():
+    """By hand: steps x2 slower; TTFT band x0.9-x3 (so x1.5 beyond the step factor); the
+    slower server's TTFT x10, TPOT x1.5 (inside x2), throughput x0.4 (below x0.5)."""
+    applied = {"mean_ttft_ms": _applied(100.0, 0.9, 3.0),
+               "mean_tpot_ms": _applied(10.0, 0.8, 2.0),
+               "output_throughput": _applied(1000.0, 0.5, 1.1)}
+    nominal = {"mean_ttft_ms": 50.0, "mean_tpot_ms": 8.0, "output_throughput": 900.0}
+    slowed = {"mean_ttft_ms": 500.0, "mean_tpot_ms": 12.0, "output_throughput": 360.0}
+    out, widened = widen_near_capacity(applied, nominal, slowed, 2.0)
+    assert widened == ["mean_ttft_ms", "output_throughput"]
+    assert out["mean_ttft_ms"].high == pytest.approx(100.0 * 10 * 1.5)
+    assert out["mean_ttft_ms"].low == applied["mean_ttft_ms"].low
+    assert "x10.00" in out["mean_ttft_ms"].basis
+    assert out["mean_tpot_ms"] == applied["mean_tpot_ms"]  # x1.5 is inside its band
+    assert out["output_throughput"].low == pytest.approx(400.0)
+    # a slower server that keeps pace within the bands widens nothing
+    same, none = widen_near_capacity(applied, nominal, {"mean_ttft_ms": 100.0,
+                                                        "mean_tpot_ms": 16.0,
+                                                        "output_throughput": 900.0}, 2.0)
+    assert none == [] and same == applied
+
+
+def test_simulate_widens_the_bands_of_a_stream_near_capacity(run_json):
+    """At 16 req/s a Llama-3.1-8B replica on an H100 keeps up; one whose steps take the TPOT
+    band's high end (x2.07) does not, and its TTFT grows without bound: the TTFT band's
+    high end is that server's, far past the band's x3.60. At 1 req/s nothing widens but the
+    TPOT a little, and a closed loop of clients is not checked."""
+    fast = run_json("simulate", "-m", "llama-3.1-8b", "-g", "h100-sxm", "-n", "1500",
+                    "--request-rate", "16")
+    b = pick(catalog.load_bands(), "vllm", "served TTFT", "unsaturated")
+    near = fast["near_capacity"]
+    assert fast["regime"] == "unsaturated" and not near["slowed_keeps_up"]
+    assert "mean_ttft_ms" in near["widened"]
+    assert fast["mean_ttft_ms_high"] > 20 * b.high_ratio * fast["mean_ttft_ms"]
+    assert "widened near capacity" in fast["bands"]["mean_ttft_ms"]["basis"]
+    slow = run_json("simulate", "-m", "llama-3.1-8b", "-g", "h100-sxm", "-n", "300",
+                    "--request-rate", "1")
+    assert slow["near_capacity"]["slowed_keeps_up"]
+    assert "mean_ttft_ms" not in slow["near_capacity"]["widened"]
+    assert slow["mean_ttft_ms_high"] == pytest.approx(slow["mean_ttft_ms"] * b.high_ratio)
+    closed = run_json("simulate", "-m", "llama-3.1-8b", "-g", "h100-sxm", "-n", "200",
+                      "--max-concurrency", "4")
+    assert "near_capacity" not in closed

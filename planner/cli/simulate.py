@@ -444,6 +444,7 @@ def simulate_run(a: dict, *, emit: bool = False) -> dict:
         _plot(plot, dep, cfg, res, len(reqs), request_rate, max_concurrency)
     d["chat_template_tokens"] = template_tokens
     applied = _served_bands(dep, cfg, d, request_rate, max_concurrency)
+    applied = _near_capacity(dep, cfg, reqs, sp, d, applied, request_rate, max_concurrency)
     d.update(band_fields(applied))
     # a top-level figure that is not finite does not apply (the rate of "every request at
     # t = 0", a TPOT with one output token): null; the gate refuses any other
@@ -462,6 +463,13 @@ def simulate_run(a: dict, *, emit: bool = False) -> dict:
         **{f"{s}_{k}_ms": (f"{s} {k.upper()}", lambda v: f"{v:,.1f} ms")
            for s in ("mean", "median") for k in ("ttft", "tpot")},
         "output_throughput": ("output throughput", lambda v: f"{v:,.0f} tok/s")})
+    near = d.get("near_capacity")
+    if near and near["widened"]:
+        keeps = "keeps up with" if near["slowed_keeps_up"] else "does not keep up with"
+        stdout.print(f"near capacity: a server whose steps take x{near['step_factor']:.2f} "
+                     f"their predicted time (the TPOT band's high end) {keeps} this stream "
+                     f"(its first {near['requests']:,} requests); the bands widened above are "
+                     "that server's (--json: near_capacity)")
     return payload
 
 
@@ -634,6 +642,52 @@ def _served_bands(dep, cfg, d: dict, request_rate: float, max_concurrency) -> di
     if math.isfinite(d.get("output_throughput", math.nan)):
         figs["output_throughput"] = (d["output_throughput"], "served throughput", regime, False)
     return figure_bands(dep.engine.name, figs, gpu_class=dep.hardware.architecture)
+
+
+# requests of the stream simulated again for the near-capacity check (a bounded cost: a
+# server past its capacity shows a growing queue well within this many)
+NEAR_CAPACITY_REQUESTS = 5000
+
+
+def _near_capacity(dep, cfg, reqs, sp, d: dict, applied: dict, request_rate: float,
+                   max_concurrency) -> dict:
+    """A stream the simulated server keeps up with may be near its capacity, where a server
+    as slow as the TPOT band's high end would not keep up: its first requests (up to
+    NEAR_CAPACITY_REQUESTS) are simulated again on such a server and, where its latency grows
+    past the bands, the bands widen (``planner.evidence.bands.widen_near_capacity``). JSON:
+    ``near_capacity``."""
+    from planner.evidence.bands import widen_near_capacity
+    from planner.serving import run
+    from planner.serving.metrics import summary
+    from planner.serving.steps import SlowedCoster
+
+    tpot = applied.get("mean_tpot_ms")
+    if (d.get("regime") != "unsaturated" or max_concurrency is not None
+            or not math.isfinite(request_rate) or tpot is None or not tpot.value > 0):
+        return applied
+    factor = tpot.high / tpot.value
+    if not factor > 1.0:
+        return applied
+    subset = reqs[:NEAR_CAPACITY_REQUESTS]
+    coster = run.coster(dep)
+    nominal = summary(run.run(dep, subset, cfg, speculation=sp, step_coster=coster), itl=False)
+    slowed = summary(run.run(dep, subset, cfg, speculation=sp,
+                             step_coster=SlowedCoster(coster, factor)), itl=False)
+    out, widened = widen_near_capacity(applied, nominal, slowed, factor)
+    d["near_capacity"] = {
+        "step_factor": factor, "requests": len(subset), "widened": widened,
+        "slowed_mean_ttft_ratio": slowed["mean_ttft_ms"] / nominal["mean_ttft_ms"],
+        "slowed_mean_tpot_ratio": (slowed["mean_tpot_ms"] / nominal["mean_tpot_ms"]
+                                   if nominal.get("mean_tpot_ms") else None),
+        "slowed_keeps_up": served_regime_of(slowed, request_rate, cfg) == "unsaturated"}
+    return out
+
+
+def served_regime_of(s: dict, request_rate: float, cfg) -> str:
+    from planner.evidence.bands import served_regime
+
+    return served_regime(request_rate, s.get("request_throughput"),
+                         s.get("max_running_requests"), cfg.max_num_seqs)
 
 
 def _scheduler(dep, a: dict):

@@ -25,7 +25,7 @@ was made from. Pure: the table is written and read by the callers.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from planner.core.arith import quantile
 from planner.evidence.validate import PHASE
@@ -273,3 +273,40 @@ def from_table(rows: list[dict], where: str) -> list[Band]:
                              "high and n >= 1")
         out.append(b)
     return out
+
+
+def widen_near_capacity(applied: dict[str, Applied], nominal: dict, slowed: dict,
+                        step_factor: float) -> tuple[dict[str, Applied], list[str]]:
+    """The served bands of a stream the simulated server keeps up with, widened where a
+    server whose every step is ``step_factor`` times slower (the TPOT band's high end) does
+    not: near its capacity, a small per-step error is a large latency error. ``nominal`` and
+    ``slowed``: summaries (``planner.serving.metrics.summary``) of the same requests on the
+    predicted server and on the slower one. A TTFT's high end becomes at least its value
+    times the slower server's TTFT / the predicted one's, times what the TTFT band's high end
+    has beyond the step factor (the request path's share, not slowed); a TPOT's, at least the
+    slower server's TPOT ratio; the output throughput's low end, at most its ratio. Returns
+    the bands and the names widened."""
+    out, widened = dict(applied), []
+    tpot = applied.get("mean_tpot_ms")
+    for name, a in applied.items():
+        stat = name.removesuffix("_ms")
+        base, slow = nominal.get(name), slowed.get(name)
+        if stat == "output_throughput" or not (base and slow and math.isfinite(slow)):
+            continue
+        ratio = slow / base
+        if stat.endswith("ttft") and tpot is not None and a.value > 0:
+            ratio *= max(1.0, (a.high / a.value) / step_factor)
+        high = a.value * ratio
+        if high > a.high:
+            out[name] = replace(a, high=high, basis=a.basis + f"; high end widened near "
+                                f"capacity: a server with steps x{step_factor:.2f} slower "
+                                f"gives x{slow / base:.2f}")
+            widened.append(name)
+    a = applied.get("output_throughput")
+    base, slow = nominal.get("output_throughput"), slowed.get("output_throughput")
+    if a is not None and base and slow and math.isfinite(slow) and a.value * slow / base < a.low:
+        out["output_throughput"] = replace(
+            a, low=a.value * slow / base, basis=a.basis + f"; low end widened near capacity: "
+            f"a server with steps x{step_factor:.2f} slower gives x{slow / base:.2f}")
+        widened.append("output_throughput")
+    return out, widened
