@@ -75,6 +75,55 @@ def test_limits_by_hand(run_cli, tmp_path):
         assert res[0]["predicted"] == pytest.approx(e.tpot_s)
 
 
+def test_slow_end_of_each_band_by_hand():
+    """A time's high end, a rate's low end, the cost at that rate, the MBU at that step."""
+    from planner.evidence.bands import Applied
+    from planner.evidence.budget import slow_end
+
+    bands = {"tpot_s": Applied(0.010, 0.009, 0.016, 50, 5, "b-tpot", False),
+             "throughput_tokens_per_s": Applied(6400.0, 4000.0, 7100.0, 50, 5, "b-thr", False)}
+    assert slow_end("tpot_s", 0.010, "max", bands) == (0.016, "b-tpot")
+    assert slow_end("throughput_tokens_per_s", 6400.0, "min", bands) == (4000.0, "b-thr")
+    cost, why = slow_end("cost_usd_per_million_tokens", 0.48, "max", bands)
+    assert cost == pytest.approx(0.48 * 6400 / 4000) and why == "b-thr"
+    mbu, _ = slow_end("mbu_min", 0.74, "min", bands)
+    assert mbu == pytest.approx(0.74 * 0.010 / 0.016)
+    assert slow_end("latency_s", 20.0, "max", bands) is None  # no band given for it
+    assert slow_end("memory_frac", 0.3, "max", bands) is None  # no band moves memory
+
+
+def test_check_at_the_band_slow_end(run_cli, tmp_path):
+    """--at high holds each timing limit at its error band's slow end: the example budget's
+    70B latency (20 s predicted, 30 s allowed) fails there; a deployment's own `at:` wins,
+    and --at takes only predicted or high."""
+    from planner.evidence.bands import pick
+
+    code, out, err = run_cli("check", str(EXAMPLES / "budget.yaml"), "--at", "high", "--json")
+    assert code == 1, err
+    res = {(r["deployment"], r["limit"]): r for r in json.loads(out)["results"]}
+    lat = res[("chat-70b-fp8", "latency_s")]
+    b = pick(catalog.load_bands(), "vllm", "end-to-end", "batched")
+    assert lat["at"] == "high" and not lat["passed"]
+    assert lat["predicted"] == pytest.approx(lat["prediction"] * b.high_ratio)
+    assert lat["prediction"] <= 30 < lat["predicted"] and "held-out" in lat["band"]
+    assert res[("chat-8b", "memory_frac")]["at"] == "predicted"  # no band moves memory
+    assert res[("chat-8b", "fits")]["at"] == "predicted"
+    body = (EXAMPLES / "budget.yaml").read_text().replace(
+        "  - name: chat-70b-fp8\n", "  - name: chat-70b-fp8\n    at: predicted\n")
+    assert "at: predicted" in body
+    mine = tmp_path / "b.yaml"
+    mine.write_text(body)
+    code, out, err = run_cli("check", str(mine), "--at", "high")
+    assert code == 0, out + err
+    assert "band's slow end" in out  # chat-8b is still held there
+    code, _, err = run_cli("check", str(EXAMPLES / "budget.yaml"), "--at", "p99")
+    assert code == 2 and "--at" in err
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(body.replace("at: predicted", "at: p99"))
+    code, _, err = run_cli("check", str(bad))
+    assert code == 2 and "deployments.1.at" in err and len(err.strip().splitlines()) == 1, err
+
+
 def test_github_annotations(run_cli, monkeypatch, capsys):
     monkeypatch.setenv("GITHUB_ACTIONS", "true")
     code, out, _ = run_cli("check", str(EXAMPLES / "budget-failing.yaml"))

@@ -38,7 +38,9 @@ def test_llmplan_check_over_several_files(tmp_path, monkeypatch, capsys):
 def _check_step() -> dict:
     action = yaml.safe_load((ROOT / "action.yml").read_text())
     assert action["runs"]["using"] == "composite"
-    assert {"budgets", "engine", "prices", "python-version", "junit-dir"} <= set(action["inputs"])
+    assert {"budgets", "engine", "prices", "at", "python-version", "junit-dir"} <= \
+        set(action["inputs"])
+    assert action["inputs"]["at"]["default"] == "predicted"
     return next(s for s in action["runs"]["steps"] if s.get("name") == "Check the budgets")
 
 
@@ -55,6 +57,7 @@ def test_the_actions_script_on_the_shipped_examples(tmp_path):
     exe.chmod(0o755)
     env = {**os.environ, "PATH": f"{shim}:{os.environ['PATH']}", "GITHUB_ACTIONS": "true",
            "PYTHONPATH": str(ROOT), "LLMPLAN_ENGINE": "vllm", "LLMPLAN_PRICE_SET": "",
+           "LLMPLAN_AT": "predicted",
            "LLMPLAN_JUNIT_DIR": str(tmp_path / "junit"), "COLUMNS": "100"}
     r = subprocess.run(["bash", "-c", script], cwd=ROOT, env=env, capture_output=True,
                        text=True, timeout=300)
@@ -68,6 +71,11 @@ def test_the_actions_script_on_the_shipped_examples(tmp_path):
     ok = subprocess.run(["bash", "-c", step["run"].replace("${{ inputs.budgets }}", GOOD)],
                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert ok.returncode == 0, ok.stderr
+    # at its error bands' slow end the shipped example breaks a limit (docs/check.md)
+    env["LLMPLAN_AT"] = "high"
+    high = subprocess.run(["bash", "-c", step["run"].replace("${{ inputs.budgets }}", GOOD)],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert high.returncode == 1 and "band's slow end" in high.stdout, high.stderr
 
 
 def test_the_pre_commit_hook():

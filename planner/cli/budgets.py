@@ -2,7 +2,7 @@
 pre-commit hook runs it (the composite Action in action.yml, .pre-commit-hooks.yaml).
 
 Each file is checked as `llmplan check FILE` checks it, with the same options (--engine,
---calibration, --prices, --price, --expert-imbalance) and, with ``--junit-dir DIR``, its JUnit
+--calibration, --prices, --price, --expert-imbalance, --at) and, with ``--junit-dir DIR``, its JUnit
 XML written to DIR/<file stem>.xml. Under GitHub Actions `check` annotates the failing
 limits on the pull request itself. The exit code is the worst of the files': 2 when a file
 is bad, else 1 when a limit fails, else 0.
@@ -38,6 +38,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--price", action="append", default=[], metavar="GPU=USD",
                    help="USD per GPU-hour for one GPU (repeatable)")
     p.add_argument("--expert-imbalance", metavar="RATIO", help="max / mean expert load")
+    p.add_argument("--at", metavar="predicted|high",
+                   help="hold the limits at the prediction or at its error band's slow end")
     p.add_argument("--junit-dir", type=Path, metavar="DIR",
                    help="write DIR/<budget stem>.xml per file")
     return p
@@ -62,7 +64,7 @@ def _main(argv: list[str] | None) -> int:
 
     a = _parser().parse_args(sys.argv[1:] if argv is None else argv)
     common: list[str] = []
-    for flag in ("engine", "calibration", "prices", "expert_imbalance"):
+    for flag in ("engine", "calibration", "prices", "expert_imbalance", "at"):
         v = getattr(a, flag)
         if v is not None:
             common += [f"--{flag.replace('_', '-')}", v]

@@ -54,6 +54,8 @@ def _junit(results, path: Path, budget: Path) -> None:
 def _message(r) -> str:
     op = {"max": "<=", "min": ">=", "eq": "=="}[r.direction]
     got = _fmt_value(r.limit, r.predicted)
+    if r.at == "high":
+        got += f" at its error band's slow end (predicted {_fmt_value(r.limit, r.prediction)})"
     want = _fmt_value(r.limit, r.bound)
     by = f" ({abs(r.margin_frac):.1%} {'inside' if r.passed else 'outside'})" \
         if r.margin_frac is not None else ""
@@ -86,6 +88,21 @@ def _figures(d, dep):
                                    price_usd_per_gpu_hour=dep.price_per_hour).estimate
 
     return at(wl.sequences), at(dep.limits.fits_at) if dep.limits.fits_at else None
+
+
+def _bands(d, dep, est) -> dict:
+    """The error bands of a budget deployment's figures, as ``estimate`` puts them (static:
+    batch 1 or batched, by the workload's sequences)."""
+    from planner.cli.options import figure_bands
+    from planner.evidence.bands import static_regime
+
+    regime = static_regime(dep.workload.sequences)
+    figs = {"ttft_s": (est.ttft_s, "prefill", regime, False),
+            "tpot_s": (est.tpot_s, "decode", regime, False),
+            "latency_s": (est.latency_s, "end-to-end", regime, False),
+            "throughput_tokens_per_s": (est.throughput_tokens_per_s, "decode", regime, True)}
+    return figure_bands(d.engine.name, {k: v for k, v in figs.items() if v[0] is not None},
+                        gpu_class=d.hardware.architecture)
 
 
 _PACKAGE = Path(__file__).resolve().parent.parent  # planner/
@@ -133,6 +150,13 @@ def check(
         "own `prices:` wins): hyperscaler-on-demand (default), specialty-on-demand, "
         "committed-1y, committed-3y, owned, or a YAML file.")] = None,
     price: PriceOpt = None,
+    at: Annotated[Optional[str], typer.Option(
+        "--at", metavar="predicted|high",
+        help="Hold the limits at the prediction, or at the slow end of its error band "
+        "(the high end of TTFT, TPOT and latency, the low end of throughput and MBU, the "
+        "cost at that throughput: p90 of measured / predicted on held-out published runs, "
+        "planner/data/bands.yaml), for deployments that name none (a deployment's own "
+        "`at:` wins). Default: predicted.")] = None,
 ) -> None:
     """Check deployments against capacity budgets: exit 0 if every limit holds, 1 if any
     fails, 2 for a bad budget file."""
@@ -143,6 +167,8 @@ def check(
     from planner.layouts.deployment import Deployment, Layout
 
     output_path(junit, "--junit")
+    if at not in (None, "predicted", "high"):
+        raise LlmplanError(f"--at: must be predicted or high, got {at!r}")
     budget = resolve_budget(budget)
     opts = with_expert_imbalance(Options(), expert_imbalance)
     overrides = catalog.parse_price_overrides(price)
@@ -164,7 +190,7 @@ def check(
             d = Deployment.build(m, hw, engine=eng, precision=prec,
                                  layout=Layout(dep.tp, dep.pp, dep.ep), options=opts,
                                  calibration=cal)
-            est, at = _figures(d, dep)
+            est, at_fits = _figures(d, dep)
         except (LlmplanError, ValueError) as err:  # ValueError: pydantic's, e.g. weights fp32
             errs = getattr(err, "errors", None)
             msg = errs()[0]["msg"].removeprefix("Value error, ") if callable(errs) else str(err)
@@ -176,7 +202,9 @@ def check(
                               "weights: fp16, or compute: (fp16, bf16, fp8 or int8) in the "
                               "deployment")
             raise LlmplanError(f"{where}: deployment {dep.label}: {msg}") from None
-        results += evaluate(dep, est, at)
+        held = dep.at or at or "predicted"
+        results += evaluate(dep, est, at_fits,
+                            _bands(d, dep, est) if held == "high" else None)
     failed = [r for r in results if not r.passed]
     if junit:
         _junit(results, junit, budget)
@@ -202,7 +230,8 @@ def check(
         rows = []
         for r in results:
             op = {"max": "<=", "min": ">=", "eq": "=="}[r.direction]
-            rows.append([plain(r.deployment), r.what, _fmt_value(r.limit, r.predicted),
+            what = r.what + (" (band's slow end)" if r.at == "high" else "")
+            rows.append([plain(r.deployment), what, _fmt_value(r.limit, r.predicted),
                          f"{op} {_fmt_value(r.limit, r.bound)}",
                          "[green]pass[/]" if r.passed else "[red]FAIL[/]",
                          f"{r.margin_frac:+.1%}" if r.margin_frac is not None else ""])

@@ -151,6 +151,9 @@ class Deployment(_Strict):
     # the price set its cost is on (a planner/data/prices name or a file; default: check's
     # --prices, else the default set)
     prices: str | None = None
+    # hold the limits at the prediction, or at the slow end of its error band (the high end
+    # of a time, the low end of a rate); default: check's --at, else predicted
+    at: Literal["predicted", "high"] | None = None
 
     @property
     def label(self) -> str:
@@ -177,14 +180,48 @@ class Result:
     direction: str  # "max", "min" or "eq"
     passed: bool
     margin_frac: float | None  # how far inside (+) or outside (-) the limit, relative
+    # "predicted", or "high": ``predicted`` is the slow end of the figure's error band, and
+    # ``prediction`` the prediction itself, ``band`` the evidence the band rests on
+    at: str = "predicted"
+    prediction: float | None = None
+    band: str | None = None
 
     def as_dict(self) -> dict:
         return dict(self.__dict__)
 
 
-def evaluate(dep: Deployment, est, fits_at_est=None) -> list[Result]:
+# the limits an error band moves, each as (the band's figure, how): a time's high end, a
+# rate's low end, a cost per token as the rate falls, an MBU as the step time grows
+BAND_OF = {"ttft_s": ("ttft_s", "same"), "tpot_s": ("tpot_s", "same"),
+           "latency_s": ("latency_s", "same"),
+           "throughput_tokens_per_s": ("throughput_tokens_per_s", "same"),
+           "cost_usd_per_million_tokens": ("throughput_tokens_per_s", "inverse"),
+           "mbu_min": ("tpot_s", "inverse")}
+
+
+def slow_end(name: str, value: float, direction: str, bands: dict) -> tuple[float, str] | None:
+    """The limit ``name``'s figure at the slow end of its error band (``bands``: the figure
+    name -> ``planner.evidence.bands.Applied``), with the band's evidence; None where no band
+    moves it."""
+    if name not in BAND_OF or BAND_OF[name][0] not in bands:
+        return None
+    a = bands[BAND_OF[name][0]]
+    if not (a.value > 0):
+        return None
+    how = BAND_OF[name][1]
+    if how == "same":  # the end that is worse for this limit
+        return (a.high if direction == "max" else a.low), a.basis
+    # inversely proportional to the banded figure: a slower rate costs more per token, a
+    # longer step uses less of the bandwidth
+    worse = a.low if name.startswith("cost") else a.high
+    return value * a.value / worse, a.basis
+
+
+def evaluate(dep: Deployment, est, fits_at_est=None, bands: dict | None = None) -> list[Result]:
     """Compare one deployment's estimate with its limits (``fits_at_est``: the estimate at
-    ``limits.fits_at`` sequences, when that limit is set)."""
+    ``limits.fits_at`` sequences, when that limit is set). ``bands``: the estimate's error
+    bands (figure name -> ``Applied``) where the deployment is held at their slow end
+    (``at: high``); a limit no band moves is held at the prediction."""
     out: list[Result] = []
     lim = dep.limits
     if lim.fits is not None:
@@ -204,10 +241,14 @@ def evaluate(dep: Deployment, est, fits_at_est=None) -> list[Result]:
         if value is None:  # e.g. no price for this GPU, no MBU for a pipeline
             out.append(Result(dep.label, name, what, None, bound, direction, False, None))
             continue
+        at, prediction, basis = "predicted", None, None
+        slow = slow_end(name, float(value), direction, bands) if bands is not None else None
+        if slow is not None:
+            at, prediction, (value, basis) = "high", float(value), slow
         if direction == "max":
             ok, margin = value <= bound, (bound - value) / bound
         else:
             ok, margin = value >= bound, (value - bound) / bound
         out.append(Result(dep.label, name, what, float(value), bound, direction, bool(ok),
-                          margin))
+                          margin, at, prediction, basis))
     return out
