@@ -205,14 +205,21 @@ def search_disaggregated(model, gpus, *, prompt_tokens: int, output_tokens: int,
             continue
         # the pair simulated whole, grown by the side whose target it misses
         reqs = stream(rate, output_tokens, False)
-        for _ in range(max_adjust):
+
+        def pair(n_p: int, n_d: int, pre, dec, p=p, d=d, reqs=reqs):
+            """The pair at these counts on these costers: (result, link, summary, the
+            percentile's TTFT and TPOT)."""
             link = run.kv_link(p.dep, d.dep, prefill_instances=n_p, decode_instances=n_d)
             res = run.run_disaggregated(p.dep, d.dep, reqs, prefill_instances=n_p,
                                         decode_instances=n_d, prefill_cfg=p.cfg,
                                         decode_cfg=d.cfg, link=link,
-                                        prefill_coster=ps.coster, decode_coster=ds.coster)
+                                        prefill_coster=pre, decode_coster=dec)
             s = summary(res.combined(), itl=False)
-            ttft, tpot = percentile_s(s, "ttft", p_), percentile_s(s, "tpot", p_) or 0.0
+            return res, link, s, percentile_s(s, "ttft", p_), \
+                percentile_s(s, "tpot", p_) or 0.0
+
+        for _ in range(max_adjust):
+            res, link, s, ttft, tpot = pair(n_p, n_d, ps.coster, ds.coster)
             ttft_ok = _served(s) and ttft is not None and ttft * st.ttft_factor <= \
                 targets.ttft_s
             tpot_ok = _served(s) and tpot * st.tpot_factor <= targets.tpot_s
@@ -226,12 +233,7 @@ def search_disaggregated(model, gpus, *, prompt_tokens: int, output_tokens: int,
             continue
         high = s
         if not st.sizes_at_prediction:  # the figures shown are the predicted server's
-            res = run.run_disaggregated(p.dep, d.dep, reqs, prefill_instances=n_p,
-                                        decode_instances=n_d, prefill_cfg=p.cfg,
-                                        decode_cfg=d.cfg, link=link,
-                                        prefill_coster=ps.nominal, decode_coster=ds.nominal)
-            s = summary(res.combined(), itl=False)
-            ttft, tpot = percentile_s(s, "ttft", p_), percentile_s(s, "tpot", p_) or 0.0
+            res, link, s, ttft, tpot = pair(n_p, n_d, ps.nominal, ds.nominal)
         usd = n_p * p.gpus * p.price + n_d * d.gpus * d.price
         costs.append(usd)
         x = transfer_figures(res)
