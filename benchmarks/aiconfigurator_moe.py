@@ -26,10 +26,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.gpu_kernels import OneLineParser  # noqa: E402
 
-SYSTEMS = {"h100-sxm": "h100_sxm", "h200": "h200_sxm"}
+SYSTEMS = {"h100-sxm": "h100_sxm", "h200": "h200_sxm", "a100-sxm-80gb": "a100_sxm"}
 # llmplan engine family -> the newest release the wheel times MoE layers of, per system
-RELEASES = {"vllm": {"h100_sxm": "0.24.0", "h200_sxm": "0.24.0"},
-            "sglang": {"h100_sxm": "0.5.14", "h200_sxm": "0.5.14"}}
+RELEASES = {"vllm": {"h100_sxm": "0.24.0", "h200_sxm": "0.24.0", "a100_sxm": "0.14.0"},
+            "sglang": {"h100_sxm": "0.5.14", "h200_sxm": "0.5.14", "a100_sxm": "0.5.10"}}
 # model -> (llmplan weights, aiconfigurator moe_dtype)
 MODELS = {"gpt-oss-120b": ("mxfp4", "w4a16_mxfp4"), "gpt-oss-20b": ("mxfp4", "w4a16_mxfp4"),
           "qwen3-235b-a22b": ("bf16", "bfloat16"), "qwen3-30b-a3b": ("bf16", "bfloat16"),
@@ -53,7 +53,8 @@ def ours_ms(dep, tokens: int) -> float:
     return total * 1e3
 
 
-def rows(table, family: str, gpu: str, ours_weights: str | None = None):
+def rows(table, family: str, gpu: str, ours_weights: str | None = None,
+         distribution: str = "balanced", spec=None, tokens=TOKENS, models=None):
     """(model, tp, kernel, tokens, theirs ms, ours ms, theirs / ours) for each model of MODELS
     whose shape the table holds. ``ours_weights``: price our layer of the MXFP4 models with
     their experts stored in this type (bf16: an engine that upcasts MXFP4 at load)."""
@@ -61,9 +62,11 @@ def rows(table, family: str, gpu: str, ours_weights: str | None = None):
     from planner.core.specs import DType
     from planner.io import catalog
 
-    spec = catalog.load_engine_spec(family)
-    table = table[(table.distribution == "balanced") & (table.moe_ep_size == 1)]
+    spec = spec if spec is not None else catalog.load_engine_spec(family)
+    table = table[(table.distribution == distribution) & (table.moe_ep_size == 1)]
     for name, (weights, moe_dtype) in MODELS.items():
+        if models is not None and name not in models:
+            continue
         if weights == "mxfp4" and ours_weights:
             weights = ours_weights
         m = catalog.load_model(name)
@@ -77,13 +80,54 @@ def rows(table, family: str, gpu: str, ours_weights: str | None = None):
                                quantized_layers="experts" if weights == "mxfp4" else "all")
             at_tp = sub[sub.moe_tp_size == tp]
             for kernel, g in at_tp.groupby("kernel_source"):
-                for n in TOKENS:
+                for n in tokens:
                     hit = g[g.num_tokens == n]
                     if hit.empty:
                         continue
                     theirs = float(hit.latency.median())
                     ours = ours_ms(dep, n)
                     yield name, tp, kernel, n, theirs, ours, theirs / ours
+
+
+# sizes at which a layer's experts see 64 or more tokens each (Qwen3: 8 of 128 a token): what
+# the fused MoE kernel's arithmetic costs, the part of a prefill chunk it takes
+COMPUTE_TOKENS = (2048, 4096, 8192)
+
+
+def _median(xs) -> float:
+    xs = sorted(xs)
+    n = len(xs)
+    return xs[n // 2] if n % 2 else 0.5 * (xs[n // 2 - 1] + xs[n // 2])
+
+
+def derive_experts_compute(table, family: str, gpu: str,
+                           distribution: str = "balanced") -> tuple[float, int]:
+    """The factor on the routed experts' compute efficiency (``experts_compute_frac`` for
+    this GPU's architecture) with which the median ratio theirs / ours over the 16-bit MoE
+    models' rows at COMPUTE_TOKENS is 1, by bisection to 0.005; and how many rows it rests on.
+    The profile's own factor for the architecture is replaced, not compounded."""
+    from planner.core.engine import ArchFracs
+    from planner.io import catalog
+
+    spec = catalog.load_engine_spec(family)
+    arch = catalog.load_hardware(gpu).architecture
+    bf16 = {n for n, (w, _) in MODELS.items() if w == "bf16"}
+
+    def ratio(f: float) -> tuple[float, int]:
+        old = spec.experts_compute_frac
+        fr = ArchFracs(source="benchmarks/aiconfigurator_moe.py",
+                       value={**(old.value if old else {}), arch: f})
+        rs = [r[6] for r in rows(table, family, gpu, distribution=distribution,
+                                 spec=spec.model_copy(update={"experts_compute_frac": fr}),
+                                 tokens=COMPUTE_TOKENS, models=bf16)]
+        return _median(rs), len(rs)
+
+    lo, hi = 0.05, 2.0
+    while hi - lo > 0.005:
+        mid = 0.5 * (lo + hi)
+        lo, hi = (mid, hi) if ratio(mid)[0] < 1.0 else (lo, mid)
+    f = round(0.5 * (lo + hi), 2)
+    return f, ratio(f)[1]
 
 
 def main(argv=None) -> int:
@@ -94,6 +138,14 @@ def main(argv=None) -> int:
     ap.add_argument("--ours-weights", choices=("bf16",), default=None,
                     help="price our layer of the MXFP4 (gpt-oss) models with 16-bit experts, "
                          "as an engine that upcasts MXFP4 at load holds them")
+    ap.add_argument("--distribution", default="balanced",
+                    help="the table's routing distribution to compare with (balanced; the "
+                         "A100 vLLM table has only power_law_1.01 and power_law_1.2, skewed "
+                         "routing, where ours is balanced)")
+    ap.add_argument("--derive-experts-compute", action="store_true",
+                    help="print the factor on the routed experts' compute efficiency with "
+                         "which ours matches the 16-bit models' rows at 2,048-8,192 tokens "
+                         "(engines_db experts_compute_frac for this GPU's architecture)")
     a = ap.parse_args(argv)
     import pandas as pd
 
@@ -106,10 +158,17 @@ def main(argv=None) -> int:
     except (OSError, zipfile.BadZipFile, KeyError) as err:
         print(f"aiconfigurator_moe.py: {a.wheel}: cannot read {path}: {err}", file=sys.stderr)
         return 2
-    print(f"# {a.gpu}, {a.engine} {release} ({path}); ms per MoE layer, ratio = theirs / ours")
+    if a.derive_experts_compute:
+        f, n = derive_experts_compute(table, a.engine, a.gpu, a.distribution)
+        print(f"# {a.gpu}, {a.engine} {release} ({path}), {a.distribution} routing")
+        print(f"experts_compute_frac: {f:.2f} (median ratio 1 over {n} rows of the 16-bit "
+              f"models at {', '.join(map(str, COMPUTE_TOKENS))} tokens)")
+        return 0
+    print(f"# {a.gpu}, {a.engine} {release} ({path}), {a.distribution} routing; ms per MoE "
+          "layer, ratio = theirs / ours")
     print(f"{'model':<16} {'tp':>2} {'tokens':>6} {'theirs':>8} {'ours':>8} {'ratio':>6}  kernel")
     for name, tp, kernel, n, theirs, ours, ratio in rows(table, a.engine, a.gpu,
-                                                          a.ours_weights):
+                                                          a.ours_weights, a.distribution):
         print(f"{name:<16} {tp:>2} {n:>6} {theirs:>8.4f} {ours:>8.4f} {ratio:>6.2f}  {kernel}")
     return 0
 

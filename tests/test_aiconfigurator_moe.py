@@ -78,3 +78,30 @@ def test_ours_with_16_bit_experts_prices_only_the_mxfp4_models_so():
     # 2 bytes a weight against MXFP4's 4.25 bits: well over twice the streaming time
     assert upcast["gpt-oss-20b"] > 2.5 * as_is["gpt-oss-20b"]
     assert upcast["qwen3-30b-a3b"] == as_is["qwen3-30b-a3b"]
+
+
+def test_the_fused_moe_factor_is_the_one_that_reproduces_the_table():
+    """--derive-experts-compute: a table timed as our layer would be with the experts at half
+    their compute rate on the A100 (Ampere) gives back 0.5 there; the factor is the
+    architecture's, replacing the profile's own rather than compounding it."""
+    from planner.core.engine import ArchFracs
+    from planner.io import catalog
+
+    spec = catalog.load_engine_spec("vllm")
+    half = spec.model_copy(update={"experts_compute_frac": ArchFracs(
+        source="test", value={"ampere": 0.5})})
+    shape = catalog.load_model("qwen3-30b-a3b").moe
+    rows = [dict(kernel_source="k", moe_dtype="bfloat16", num_tokens=n, hidden_size=2048,
+                 inter_size=shape.expert_intermediate_size, topk=shape.experts_per_token,
+                 num_experts=shape.num_experts, moe_tp_size=tp, moe_ep_size=1,
+                 distribution="balanced", latency=0.0)
+            for tp in (1, 2) for n in aic.COMPUTE_TOKENS]
+    table = pd.DataFrame(rows)
+    ours_half = {(r[1], r[3]): r[5] for r in aic.rows(table, "vllm", "a100-sxm-80gb",
+                                                       spec=half, tokens=aic.COMPUTE_TOKENS)}
+    table["latency"] = [ours_half[(r["moe_tp_size"], r["num_tokens"])] for r in rows]
+    f, n = aic.derive_experts_compute(table, "vllm", "a100-sxm-80gb")
+    assert n == 6 and f == pytest.approx(0.5, abs=0.01)
+    own = {(r[1], r[3]): r[5] for r in aic.rows(table, "vllm", "a100-sxm-80gb",
+                                                 tokens=aic.COMPUTE_TOKENS)}
+    assert all(ours_half[k] > own[k] for k in own)  # 0.5 is slower than the profile's 0.68

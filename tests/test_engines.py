@@ -184,6 +184,40 @@ def test_served_compute_share_slows_every_matmul_alike():
         assert op_time(op, C, engine=half).time_s == op_time(op, C, engine=e).time_s
 
 
+def test_fused_moe_factor_slows_16_bit_experts_on_its_architectures_only():
+    """experts_compute_frac: resolved for the GPU's architecture (1 where it names none),
+    applied to a routed expert's 16-bit matmul and nothing else."""
+    e = dataclasses.replace(H, quantized=((DType.int4, (0.9, 0.75)),), overlap_frac=1.0,
+                            experts_compute_by_arch=(("ampere", 0.5), ("hopper", 0.8)))
+    assert e.for_gpu(80e9, "a100", "ampere").experts_compute_frac == 0.5
+    assert e.for_gpu(80e9, "h100", "Hopper").experts_compute_frac == 0.8
+    assert e.for_gpu(48e9, "l40s", "ada").experts_compute_frac == 1.0
+    assert e.for_gpu(48e9, "mine", None).experts_compute_frac == 1.0
+    half = e.for_gpu(80e9, "a100", "ampere")
+    expert = Op("experts_gate_up_proj", "matmul", 1, flops=8e12, weight_bytes=4e8,
+                m_rows=4096.0)
+    dense = dataclasses.replace(expert, name="mlp_gate_up_proj")
+    w4 = dataclasses.replace(expert, weight_dtype=DType.int4)
+    t, th = op_time(expert, C, engine=e.for_gpu(48e9, "l40s", "ada")), \
+        op_time(expert, C, engine=half)
+    assert th.compute_frac == pytest.approx(t.compute_frac * 0.5)
+    assert th.compute_s == pytest.approx(2 * t.compute_s) and th.memory_s == t.memory_s
+    for op in (dense, w4):  # a plain GEMM, quantized experts: their own paths
+        assert op_time(op, C, engine=half).time_s == op_time(op, C, engine=e).time_s
+
+
+def test_fused_moe_factors_of_the_profiles_are_sourced_and_checked():
+    spec = catalog.load_engine_spec("vllm")
+    f = spec.experts_compute_frac
+    assert set(f.value) == {"ampere", "hopper"} and "aiconfigurator" in f.source
+    assert all(0 < v <= 1 for v in f.value.values())
+    data = spec.model_dump(exclude_none=True)
+    for bad in ({}, {"ampere": 0.0}, {"ampere": 3.0}, {"ampere": float("nan")}):
+        data["experts_compute_frac"]["value"] = bad
+        with pytest.raises(ValueError, match="experts_compute_frac"):
+            type(spec).model_validate(data)
+
+
 def test_served_compute_share_is_validated_and_defaults_to_one():
     spec = catalog.load_engine_spec("vllm-0.8")
     assert 0.3 <= spec.model().served_compute_frac < 1  # fitted on served runs

@@ -133,7 +133,7 @@ def served_setup(model: str, gpu: str, spec, tp: int, weights, kv_cache,
     _agree("--kv-cache-dtype", s.get("--kv-cache"), kv_cache, "KV cache")
     m = catalog.load_model(model)
     hw = catalog.load_hardware(gpu)
-    eng = spec.model().for_gpu(hw.memory_bytes, hw.name)
+    eng = spec.model().for_gpu(hw.memory_bytes, hw.name, hw.architecture)
     eng = replace(eng, **{f: s[o] for o, f in ENGINE_FIELDS.items() if o in s})
     if s.get("--enforce-eager"):
         eng = replace(eng, cuda_graphs=False)

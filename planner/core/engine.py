@@ -37,7 +37,7 @@ Pure: the YAML is read by ``planner.io.catalog``; this module only validates and
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Literal, NamedTuple
+from typing import Annotated, Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -72,6 +72,14 @@ class Frac(_Sourced):
 
 class Flag(_Sourced):
     value: bool
+
+
+class ArchFracs(_Sourced):
+    """A factor by GPU architecture (a hardware file's ``architecture``: ampere, hopper,
+    ...); an architecture not named keeps 1."""
+
+    value: dict[str, Annotated[float, Field(gt=0, le=2, allow_inf_nan=False)]] = Field(
+        min_length=1)
 
 
 class Kernels(_Sourced):
@@ -390,6 +398,9 @@ class EngineSpec(_Frozen):
     # served steps, plain and quantized alike: a factor on gemm_compute_frac and on each
     # quantized path's compute_frac (None: 1, the kernels' own rates)
     served_compute_frac: Frac | None = None
+    # times the routed experts' matmuls' compute efficiency, by GPU architecture: the
+    # engine's fused MoE kernel against its plain GEMMs (None: 1 on every GPU)
+    experts_compute_frac: ArchFracs | None = None
     gemm_tile_m: Num
     overlap_frac: Frac  # share of min(compute, memory) time hidden under the max
     attention_bandwidth_frac: Frac
@@ -486,6 +497,8 @@ class EngineSpec(_Frozen):
             gemm_compute_frac=self.gemm_compute_frac.value,
             served_compute_frac=(1.0 if self.served_compute_frac is None
                                  else self.served_compute_frac.value),
+            experts_compute_by_arch=(() if self.experts_compute_frac is None else tuple(
+                sorted(self.experts_compute_frac.value.items()))),
             gemm_tile_m=self.gemm_tile_m.value,
             overlap_frac=self.overlap_frac.value,
             attention_bandwidth_frac=self.attention_bandwidth_frac.value,
@@ -571,6 +584,10 @@ class Engine:
     gemm_bandwidth_frac: float = 1.0
     gemm_compute_frac: float = 1.0
     served_compute_frac: float = 1.0  # times every matmul's compute efficiency
+    # times the routed experts' matmuls' compute efficiency on this GPU (``for_gpu`` resolves
+    # it from ``experts_compute_by_arch``: (architecture, factor), ...)
+    experts_compute_frac: float = 1.0
+    experts_compute_by_arch: tuple[tuple[str, float], ...] = ()
     gemm_tile_m: float = 1.0
     overlap_frac: float = 1.0
     attention_bandwidth_frac: float = 1.0
@@ -616,16 +633,22 @@ class Engine:
     # holding one of these): the defaults on smaller GPUs, resolved by ``for_gpu``
     small_gpu: tuple | None = None
 
-    def for_gpu(self, memory_bytes: float, gpu_name: str) -> Engine:
+    def for_gpu(self, memory_bytes: float, gpu_name: str,
+                architecture: str | None = None) -> Engine:
         """The engine with its scheduler defaults for this GPU (vLLM picks smaller ones below
-        70 GiB and on A100s); resolved once, so later overrides (a server's flags) stand."""
-        if self.small_gpu is None:
-            return self
-        seqs, tokens, below, names = self.small_gpu
+        70 GiB and on A100s) and its experts' compute factor for the GPU's ``architecture``;
+        resolved once, so later overrides (a server's flags) stand."""
+        e = self
+        if e.experts_compute_by_arch:
+            e = replace(e, experts_compute_by_arch=(), experts_compute_frac=dict(
+                e.experts_compute_by_arch).get((architecture or "").lower(), 1.0))
+        if e.small_gpu is None:
+            return e
+        seqs, tokens, below, names = e.small_gpu
         small = memory_bytes < below or any(n in gpu_name.lower() for n in names)
         if not small:
-            return replace(self, small_gpu=None)
-        return replace(self, small_gpu=None, max_num_seqs=seqs, max_num_batched_tokens=tokens)
+            return replace(e, small_gpu=None)
+        return replace(e, small_gpu=None, max_num_seqs=seqs, max_num_batched_tokens=tokens)
 
     def memory_frac_for(self, memory_bytes: float) -> float:
         """The engine's default memory fraction on a GPU of ``memory_bytes``: its stated one,
@@ -675,7 +698,8 @@ class Engine:
         return (self.ceilings, self.step_overhead_s, self.per_sequence_overhead_s,
                 self.prefill_step_overhead_s, self.kernel_gap_s, self.host_launch_s,
                 self.fp8_quant_kernels, self.gemm_bandwidth_frac, self.gemm_compute_frac,
-                self.served_compute_frac,
+                self.served_compute_frac, self.experts_compute_frac,
+                self.experts_compute_by_arch,
                 self.gemm_tile_m, self.overlap_frac,
                 self.attention_bandwidth_frac, self.attention_compute_frac,
                 self.gqa_kv_reuse, self.kv_cache_concat, self.elementwise_bandwidth_frac,

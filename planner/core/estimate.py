@@ -426,7 +426,7 @@ def prepare(hw: HardwareSpec, p: Precision, calibration: Calibration | None, o: 
             engine: Engine = IDEAL) -> Prepared:
     """Resolve the engine's ceilings and byte accounting for ``hw`` and ``p``; raises a
     ``UsageError`` when the GPU cannot run the precision."""
-    engine = engine.for_gpu(hw.memory_bytes, hw.name)
+    engine = engine.for_gpu(hw.memory_bytes, hw.name, hw.architecture)
     c = ceilings(hw, calibration, o, engine)
     ref = c if engine.ceilings == "datasheet" else ceilings(hw, calibration, o, IDEAL)
     if not p.from_checkpoint:  # a checkpoint's own scales and lm_head are what load

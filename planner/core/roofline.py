@@ -290,12 +290,17 @@ def op_efficiency(op: Op, e: Engine) -> tuple[float, float]:
     through FP8 Marlin, "based on existing 8-bit integer support in GPTQ Marlin kernel"
     (https://github.com/vllm-project/vllm/pull/5975, 2024-07-03). A matmul's compute
     efficiency, plain or quantized, is its kernel's times the share of it the engine's served
-    steps attain (``Engine.served_compute_frac``)."""
+    steps attain (``Engine.served_compute_frac``); a routed expert's in 16 bits also times the
+    engine's fused-MoE factor on this GPU (``Engine.experts_compute_frac``: derived from
+    16-bit MoE kernels only)."""
     if op.kind == "matmul":
         wdt = op.weight_dtype
         if wdt == DType.fp8 and op.dtype != DType.fp8:
             wdt = DType.int8
-        bw, comp = e.quant_fracs(wdt) or (e.gemm_bandwidth_frac, e.gemm_compute_frac)
+        q = e.quant_fracs(wdt)
+        bw, comp = q or (e.gemm_bandwidth_frac, e.gemm_compute_frac)
+        if q is None and e.experts_compute_frac != 1.0 and op.name.startswith("experts_"):
+            comp *= e.experts_compute_frac  # 16-bit experts in the fused MoE kernel
         return bw, comp * e.served_compute_frac
     if op.kind == "attention":
         return e.attention_bandwidth_frac, e.attention_compute_frac
