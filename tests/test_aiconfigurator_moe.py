@@ -105,3 +105,10 @@ def test_the_fused_moe_factor_is_the_one_that_reproduces_the_table():
     own = {(r[1], r[3]): r[5] for r in aic.rows(table, "vllm", "a100-sxm-80gb",
                                                  tokens=aic.COMPUTE_TOKENS)}
     assert all(ours_half[k] > own[k] for k in own)  # 0.5 is slower than the profile's 0.68
+
+
+def test_a_gpu_without_that_engines_table_is_one_line_and_exit_2(tmp_path):
+    p = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "aiconfigurator_moe.py"),
+                        str(tmp_path / "any.whl"), "--gpu", "l40s", "--engine", "vllm"],
+                       capture_output=True, text=True, cwd=ROOT)
+    assert p.returncode == 2 and p.stderr.count("\n") == 1 and "no vllm MoE layer" in p.stderr
