@@ -466,6 +466,12 @@ def test_a_slowed_replica_takes_each_step_that_many_times_longer(setup):
     fast, slowed = summary(simulate(reqs, c, cfg)), summary(simulate(reqs, SlowedCoster(c, 1.5),
                                                                      cfg))
     assert slowed["mean_ttft_ms"] > 5 * fast["mean_ttft_ms"]
+    import copy
+    import pickle
+
+    for twin in (copy.copy(SlowedCoster(c, 1.5)), copy.deepcopy(SlowedCoster(c, 1.5)),
+                 pickle.loads(pickle.dumps(SlowedCoster(c, 1.5)))):
+        assert twin.time_scale == 1.5 and twin.engine.name == c.engine.name
     with pytest.raises(ValueError):
         SlowedCoster(c, 0.0)
     with pytest.raises(ValueError):

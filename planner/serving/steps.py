@@ -36,6 +36,10 @@ class SlowedCoster:
         self.time_scale = factor * getattr(coster, "time_scale", 1.0)
 
     def __getattr__(self, name: str):
+        # only what the instance lacks reaches here; "_coster" itself is missing only while a
+        # copy or an unpickling builds the instance, which must not recurse
+        if name == "_coster":
+            raise AttributeError(name)
         return getattr(self._coster, name)
 
 
