@@ -16,6 +16,7 @@ from planner.cli.options import (
     check_quantized_layers,
     json_out,
     output_path,
+    static_bands,
     stdout,
     with_expert_imbalance,
 )
@@ -88,21 +89,6 @@ def _figures(d, dep):
                                    price_usd_per_gpu_hour=dep.price_per_hour).estimate
 
     return at(wl.sequences), at(dep.limits.fits_at) if dep.limits.fits_at else None
-
-
-def _bands(d, dep, est) -> dict:
-    """The error bands of a budget deployment's figures, as ``estimate`` puts them (static:
-    batch 1 or batched, by the workload's sequences)."""
-    from planner.cli.options import figure_bands
-    from planner.evidence.bands import static_regime
-
-    regime = static_regime(dep.workload.sequences)
-    figs = {"ttft_s": (est.ttft_s, "prefill", regime, False),
-            "tpot_s": (est.tpot_s, "decode", regime, False),
-            "latency_s": (est.latency_s, "end-to-end", regime, False),
-            "throughput_tokens_per_s": (est.throughput_tokens_per_s, "decode", regime, True)}
-    return figure_bands(d.engine.name, {k: v for k, v in figs.items() if v[0] is not None},
-                        gpu_class=d.hardware.architecture)
 
 
 _PACKAGE = Path(__file__).resolve().parent.parent  # planner/
@@ -203,8 +189,8 @@ def check(
                               "deployment")
             raise LlmplanError(f"{where}: deployment {dep.label}: {msg}") from None
         held = dep.at or at or "predicted"
-        results += evaluate(dep, est, at_fits,
-                            _bands(d, dep, est) if held == "high" else None)
+        results += evaluate(dep, est, at_fits, static_bands(d, est, dep.workload.sequences)
+                            if held == "high" else None)
     failed = [r for r in results if not r.passed]
     if junit:
         _junit(results, junit, budget)

@@ -58,12 +58,12 @@ from planner.cli.options import (
     check_offload_speculation,
     duration_option,
     engine_precision,
-    figure_bands,
     json_out,
     options_from,
     positive,
     render_bands,
     speculation_config,
+    static_bands,
     stderr,
     stdout,
     weights_source_text,
@@ -187,7 +187,6 @@ def estimate_run(a: dict) -> EstimateRun:
         "calibration", "price_per_hour", "prices", "price", "measured_tpot", "measured_ttft",
         "allow_longer_context", "compute", "expert_imbalance", "speculative", "draft_model",
         "num_speculative_tokens", "acceptance_rate"))
-    from planner.evidence.bands import static_regime
     from planner.io import catalog
     from planner.layouts.deployment import estimate_deployment
 
@@ -215,14 +214,8 @@ def estimate_run(a: dict) -> EstimateRun:
                                             output_tokens=output_tokens),
                               speculation=spec, price_usd_per_gpu_hour=price_per_hour,
                               measured_tpot_s=measured_tpot, measured_ttft_s=measured_ttft)
-    h = res.headline  # the speculative figures when speculation is asked for
-    regime = static_regime(batch)
-    applied = figure_bands(dep.engine.name, {
-        "ttft_s": (h.ttft_s, "prefill", regime, False),
-        "tpot_s": (h.tpot_s, "decode", regime, False),
-        "latency_s": (h.latency_s, "end-to-end", regime, False),
-        "throughput_tokens_per_s": (h.throughput_tokens_per_s, "decode", regime, True)},
-        gpu_class=dep.hardware.architecture)
+    # the speculative figures when speculation is asked for
+    applied = static_bands(dep, res.headline, batch)
     source = weights_source_text(m, dep.precision, dep.weights_source,
                                  group_size if dep.weights_source == "checkpoint" else None)
     payload = {**res.to_dict(), "weights_source_detail": source, **band_fields(applied)}

@@ -617,6 +617,23 @@ def build_deployment(m, *, gpu: str, engine: str, tp: int = 1, pp: int = 1, ep: 
                             calibration=cal, weights_source=source)
 
 
+def static_bands(dep, figures, batch: int) -> dict:
+    """The error bands of a static batch's headline figures (``figures``: anything with
+    ``ttft_s``, ``tpot_s``, ``latency_s``, ``throughput_tokens_per_s``) on deployment ``dep``,
+    as ``estimate`` prints them and ``check --at high`` holds them: batch 1 or batched; a
+    figure that is None has none."""
+    from planner.evidence.bands import static_regime
+
+    regime = static_regime(batch)
+    figs = {"ttft_s": (figures.ttft_s, "prefill", regime, False),
+            "tpot_s": (figures.tpot_s, "decode", regime, False),
+            "latency_s": (figures.latency_s, "end-to-end", regime, False),
+            "throughput_tokens_per_s": (figures.throughput_tokens_per_s, "decode", regime,
+                                        True)}
+    return figure_bands(dep.engine.name, {k: v for k, v in figs.items() if v[0] is not None},
+                        gpu_class=dep.hardware.architecture)
+
+
 def figure_bands(engine_name: str, figures: dict[str, tuple[float, str, str, bool]],
                  gpu_class: str | None = None) -> dict:
     """Each predicted figure with its error band from planner/data/bands.yaml

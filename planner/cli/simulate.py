@@ -627,11 +627,7 @@ def _render_disaggregated(d: dict) -> None:
 def _served_bands(dep, cfg, d: dict, request_rate: float, max_concurrency) -> dict:
     """The served figures' error bands (planner/data/bands.yaml), in the regime the simulated
     server was in: saturated or keeping up with the offered rate."""
-    from planner.evidence.bands import served_regime
-
-    rate = math.nan if max_concurrency is not None else request_rate
-    regime = served_regime(rate, d.get("request_throughput"), d.get("max_running_requests"),
-                           cfg.max_num_seqs)
+    regime = _regime(d, math.nan if max_concurrency is not None else request_rate, cfg)
     d["regime"] = regime
     figs = {}
     for s in ("mean", "median"):  # the statistics the served runs were compared on
@@ -670,7 +666,9 @@ def _near_capacity(dep, cfg, reqs, sp, d: dict, applied: dict, request_rate: flo
         return applied
     subset = reqs[:NEAR_CAPACITY_REQUESTS]
     coster = run.coster(dep)
-    nominal = summary(run.run(dep, subset, cfg, speculation=sp, step_coster=coster), itl=False)
+    # the whole stream's figures are the run's own; a longer stream's first requests run again
+    nominal = d if len(subset) == len(reqs) else summary(
+        run.run(dep, subset, cfg, speculation=sp, step_coster=coster), itl=False)
     slowed = summary(run.run(dep, subset, cfg, speculation=sp,
                              step_coster=SlowedCoster(coster, factor)), itl=False)
     out, widened = widen_near_capacity(applied, nominal, slowed, factor)
@@ -679,11 +677,13 @@ def _near_capacity(dep, cfg, reqs, sp, d: dict, applied: dict, request_rate: flo
         "slowed_mean_ttft_ratio": slowed["mean_ttft_ms"] / nominal["mean_ttft_ms"],
         "slowed_mean_tpot_ratio": (slowed["mean_tpot_ms"] / nominal["mean_tpot_ms"]
                                    if nominal.get("mean_tpot_ms") else None),
-        "slowed_keeps_up": served_regime_of(slowed, request_rate, cfg) == "unsaturated"}
+        "slowed_keeps_up": _regime(slowed, request_rate, cfg) == "unsaturated"}
     return out
 
 
-def served_regime_of(s: dict, request_rate: float, cfg) -> str:
+def _regime(s: dict, request_rate: float, cfg) -> str:
+    """The served regime of a run's summary ``s`` at ``request_rate`` (NaN: a closed loop)
+    under the scheduler ``cfg`` (``planner.evidence.bands.served_regime``)."""
     from planner.evidence.bands import served_regime
 
     return served_regime(request_rate, s.get("request_throughput"),

@@ -287,14 +287,13 @@ def widen_near_capacity(applied: dict[str, Applied], nominal: dict, slowed: dict
     slower server's TPOT ratio; the output throughput's low end, at most its ratio. Returns
     the bands and the names widened."""
     out, widened = dict(applied), []
-    tpot = applied.get("mean_tpot_ms")
     for name, a in applied.items():
         stat = name.removesuffix("_ms")
         base, slow = nominal.get(name), slowed.get(name)
         if stat == "output_throughput" or not (base and slow and math.isfinite(slow)):
             continue
         ratio = slow / base
-        if stat.endswith("ttft") and tpot is not None and a.value > 0:
+        if stat.endswith("ttft") and a.value > 0:
             ratio *= max(1.0, (a.high / a.value) / step_factor)
         high = a.value * ratio
         if high > a.high:
