@@ -458,9 +458,9 @@ def test_bands_widen_where_a_slower_server_falls_behind():
 
 def test_simulate_widens_the_bands_of_a_stream_near_capacity(run_json):
     """At 16 req/s a Llama-3.1-8B replica on an H100 keeps up; one whose steps take the TPOT
-    band's high end (x2.07) does not, and its TTFT grows without bound: the TTFT band's
-    high end is that server's, far past the band's x3.60. At 1 req/s nothing widens but the
-    TPOT a little, and a closed loop of clients is not checked."""
+    band's high end (x2.01 on 2026-11-27) does not, and its TTFT grows without bound: the
+    TTFT band's high end is that server's, far past the band's own (x3.60). At 1 req/s
+    nothing widens but the TPOT a little, and a closed loop of clients is not checked."""
     fast = run_json("simulate", "-m", "llama-3.1-8b", "-g", "h100-sxm", "-n", "1500",
                     "--request-rate", "16")
     b = pick(catalog.load_bands(), "vllm", "served TTFT", "unsaturated")
