@@ -165,6 +165,11 @@ def main(argv=None) -> int:
     except (OSError, zipfile.BadZipFile, KeyError) as err:
         print(f"aiconfigurator_moe.py: {a.wheel}: cannot read {path}: {err}", file=sys.stderr)
         return 2
+    kinds = sorted(set(table.distribution))
+    if a.distribution not in kinds:
+        print(f"aiconfigurator_moe.py: --distribution: {path} holds no {a.distribution!r} "
+              f"routing (it holds {', '.join(kinds)})", file=sys.stderr)
+        return 2
     if a.derive_experts_compute:
         f, n = derive_experts_compute(table, a.engine, a.gpu, a.distribution)
         print(f"# {a.gpu}, {a.engine} {release} ({path}), {a.distribution} routing")

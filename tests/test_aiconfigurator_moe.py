@@ -112,3 +112,23 @@ def test_a_gpu_without_that_engines_table_is_one_line_and_exit_2(tmp_path):
                         str(tmp_path / "any.whl"), "--gpu", "l40s", "--engine", "vllm"],
                        capture_output=True, text=True, cwd=ROOT)
     assert p.returncode == 2 and p.stderr.count("\n") == 1 and "no vllm MoE layer" in p.stderr
+
+
+def test_a_routing_the_table_lacks_is_one_line_and_exit_2(tmp_path):
+    """--distribution names what the table holds; a typo is refused, not an empty table."""
+    import io
+    import zipfile
+
+    buf = io.BytesIO()
+    _table(lambda tp, n: 1.0).to_parquet(buf)
+    wheel = tmp_path / "aic.whl"
+    with zipfile.ZipFile(wheel, "w") as z:
+        z.writestr("aiconfigurator_core/systems/data/h100_sxm/moe/vllm/0.24.0/moe_perf.parquet",
+                   buf.getvalue())
+    run = [sys.executable, str(ROOT / "benchmarks" / "aiconfigurator_moe.py"), str(wheel)]
+    ok = subprocess.run(run, capture_output=True, text=True, cwd=ROOT)
+    assert ok.returncode == 0 and "qwen3-30b-a3b" in ok.stdout, ok.stderr
+    p = subprocess.run([*run, "--distribution", "power_law_9"], capture_output=True, text=True,
+                       cwd=ROOT)
+    assert p.returncode == 2 and p.stderr.count("\n") == 1 and not p.stdout
+    assert "holds no 'power_law_9'" in p.stderr and "balanced" in p.stderr
