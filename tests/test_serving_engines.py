@@ -134,6 +134,41 @@ def test_a_decode_batch_above_the_largest_graph_runs_eagerly(vllm):
     assert eager > c.step_time(dec, sequences=600, prefill=False)  # host launches exposed
 
 
+def test_tensorrt_llms_pytorch_backend_captures_1_to_32_64_128_and_does_not_pad():
+    """TorchLlmArgs' default CudaGraphConfig: max_batch_size 128, enable_padding off, so
+    range(1, 32) + [32, 64, 128]; a decode batch of another size runs without a graph."""
+    eng = catalog.load_engine("trtllm")
+    assert eng.graph_padding is False
+    sizes = graph_sizes(eng.graph_rule, 2048, 8192)
+    assert sizes == tuple(range(1, 33)) + (64, 128)
+    cfg = SchedulerConfig.for_engine(eng)
+    assert cfg.graph_sizes == sizes and cfg.graph_padding is False
+    # vLLM and SGLang pad
+    assert SchedulerConfig.for_engine(catalog.load_engine("vllm")).graph_padding is True
+    assert SchedulerConfig.for_engine(catalog.load_engine("sglang")).graph_padding is True
+
+
+def test_an_unpadded_engine_runs_a_batch_between_its_sizes_eagerly(vllm):
+    """With padding off a decode batch of 37 (between 32 and 64) runs eagerly, not as the
+    captured 64; one of exactly 32 replays its graph unpadded; above 128, eager as before."""
+    _, c = vllm
+    sizes = tuple(range(1, 33)) + (64, 128)
+    for n, graphed in ((37, False), (32, True), (64, True), (100, False), (200, False)):
+        pool = _decode_pool(n, 500)
+        dec = StepShape.uniform(n, 1, 500)
+        want = c.step_time(dec, sequences=n, prefill=False, graphed=graphed)
+        assert StepPricer(c, pool, sizes, pads=False).time_s([])[0] == pytest.approx(
+            want, rel=1e-12), n
+    # the same batch of 37 with padding on replays the graph of 64
+    pool = _decode_pool(37, 500)
+    padded = replace(StepShape.uniform(37, 1, 500), tokens=64.0, logit_rows=64.0)
+    assert StepPricer(c, pool, sizes).time_s([])[0] == pytest.approx(
+        c.step_time(padded, sequences=37, prefill=False), rel=1e-12)
+    eager = c.step_time(StepShape.uniform(37, 1, 500), sequences=37, prefill=False,
+                        graphed=False)
+    assert eager > c.step_time(StepShape.uniform(37, 1, 500), sequences=37, prefill=False)
+
+
 def test_guaranteed_no_evict_admits_whole_lengths_and_never_preempts():
     """A cache of 8,192 tokens; requests of 1,000 + 1,000 tokens (125 blocks of 16):
     no-evict runs at most 4 at once and preempts none; on-demand allocation admits more and

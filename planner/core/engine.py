@@ -222,13 +222,16 @@ class GraphSizes(_Frozen):
     an engine that picks its cap from the GPU's memory and the TP size (SGLang), the first
     tier the GPU is below, else ``cap``. A decode step of n sequences replays the smallest
     captured size >= n (padding the rest); one larger than every size runs without a
-    graph."""
+    graph. ``padding`` false: only a batch of exactly a captured size replays its graph, any
+    other runs without one (TensorRT-LLM's PyTorch backend, whose enable_padding is off by
+    default)."""
 
     sizes: tuple[int, ...] = ()
     steps: tuple[tuple[int, int], ...] = ()
     cap: int = Field(ge=1, le=1_000_000)
     cap_per_seq: float | None = Field(None, gt=0, le=1000)
     cap_by_memory: tuple[GraphCapTier, ...] = ()
+    padding: bool = True
     source: str = Field(min_length=1)
     date: str | None = None
     note: str | None = None
@@ -553,6 +556,7 @@ class EngineSpec(_Frozen):
             out["graph_rule"] = (g.sizes, g.steps, g.cap, g.cap_per_seq,
                                  tuple((t.below_gib * 2**30, t.cap, t.cap_tp4)
                                        for t in g.cap_by_memory))
+            out["graph_padding"] = g.padding
         return out
 
 
@@ -626,6 +630,9 @@ class Engine:
     # TP 4+), ...)) as ``GraphSizes`` states them (``graph_sizes``); None: any decode batch
     # replays a graph, unpadded
     graph_rule: tuple | None = None
+    # a decode batch between captured sizes pads up to the next (False: it runs without a
+    # graph; ``GraphSizes.padding``)
+    graph_padding: bool = True
     # the largest decode batch the server was told to capture (SGLang's --cuda-graph-max-bs);
     # None: the engine's own choice
     graph_max_bs: int | None = None

@@ -40,6 +40,10 @@ class SchedulerConfig:
     # the decode batch sizes replayed from CUDA graphs, ascending (a decode step pads up to
     # the next; beyond the largest it runs without a graph); empty: any size, unpadded
     graph_sizes: tuple[int, ...] = ()
+    # a decode step between captured sizes pads up to the next; False: only one of exactly a
+    # captured size replays a graph, any other runs without one (TensorRT-LLM's PyTorch
+    # backend)
+    graph_padding: bool = True
     # automatic prefix caching: a request finds its shared prefix's blocks computed (paged KV
     # under continuous batching; ignored otherwise)
     prefix_caching: bool = False
@@ -59,7 +63,7 @@ class SchedulerConfig:
               "capacity_policy": e.capacity_policy, "mixed_batches": e.mixed_batches,
               "decode_reserve": e.decode_reserve,
               "prefix_caching": e.prefix_caching, "api_servers": e.api_servers,
-              **overrides}
+              "graph_padding": e.graph_padding, **overrides}
         if "graph_sizes" not in kw and e.cuda_graphs and e.graph_rule is not None:
             kw["graph_sizes"] = graph_sizes(e.graph_rule, kw["max_num_seqs"],
                                             kw["max_num_batched_tokens"],

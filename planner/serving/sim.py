@@ -165,7 +165,7 @@ def simulate(requests: list[Request], coster: StepCoster, cfg: SchedulerConfig, 
     front = Frontend(e.frontend_request_s, e.frontend_token_s, cfg.api_servers)
     arr = arrivals(stream(), cfg.max_concurrency, front if front.active else None)
     occ = Occupancy(sample_every_s)
-    pricer = StepPricer(coster, batch, cfg.graph_sizes)
+    pricer = StepPricer(coster, batch, cfg.graph_sizes, cfg.graph_padding)
     with no_cycle_collection():  # the loop makes no cycles: refcounts free all
         t, stream_s = _serve(sched, arr, pricer, occ, n=len(requests) - len(refused),
                              max_steps=max_steps, front=front if front.token_s else None)

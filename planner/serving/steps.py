@@ -10,7 +10,9 @@ the decoders' share out.
 CUDA graphs (``SchedulerConfig.graph_sizes``, vLLM's capture sizes): a decode-only step of T
 tokens replays the graph of the smallest captured size >= T, so its linear layers and its
 sampling run over that many rows (the padding's attention is empty); a decode step above the
-largest captured size runs without a graph, paying each kernel's host launch. Applied to a
+largest captured size runs without a graph, paying each kernel's host launch, as does one
+between captured sizes where the engine does not pad (``SchedulerConfig.graph_padding``,
+TensorRT-LLM's PyTorch backend). Applied to a
 replica of one tensor-parallel group; pipeline and expert-parallel layouts keep the unpadded,
 graphed decode step. Pure: no I/O.
 """
@@ -47,10 +49,13 @@ class StepPricer:
     """Seconds a step takes, given its prefill chunks beside the decode pool's requests (times
     the coster's ``time_scale``, where it has one: ``SlowedCoster``)."""
 
-    __slots__ = ("coster", "batch", "window", "split_parts", "graph_sizes", "direct", "scale")
+    __slots__ = ("coster", "batch", "window", "split_parts", "graph_sizes", "pads", "direct",
+                 "scale")
 
-    def __init__(self, coster, batch: DecodePool, graph_sizes: tuple[int, ...] = ()):
+    def __init__(self, coster, batch: DecodePool, graph_sizes: tuple[int, ...] = (),
+                 pads: bool = True):
         self.coster, self.batch = coster, batch
+        self.pads = pads  # False: a batch between captured sizes runs without a graph
         self.scale = getattr(coster, "time_scale", 1.0)
         # padding to captured sizes, where the coster can take it (one TP group)
         self.graph_sizes = graph_sizes if getattr(coster, "pads_graphs", False) else ()
@@ -94,10 +99,11 @@ class StepPricer:
                           n_dec: int) -> float:
         """A decode-only step of the decoders' share ``dec`` (``dl`` in the sliding-window
         layers): padded to the captured size (its tokens and sampled rows), or eager above
-        the largest. The shapes are built once here, padded or not: this runs every step."""
+        the largest (or between sizes, where the engine does not pad). The shapes are built
+        once here, padded or not: this runs every step."""
         sizes = self.graph_sizes
         i = bisect.bisect_left(sizes, int(dec[0]))
-        if i == len(sizes):
+        if i == len(sizes) or (not self.pads and sizes[i] != int(dec[0])):
             shape = StepShape(*dec, None if dl is None else StepShape(*dl))
             return self.coster.step_time(shape, sequences=n_dec, prefill=False,
                                          graphed=False)
