@@ -173,6 +173,8 @@ def test_enforce_eager_reaches_the_simulator(run_json):
      {"--tp": 2, "--max-num-seqs": 64, "--max-num-batched-tokens": 8192,
       "--memory-utilization": 0.85, "--chunked-prefill": True}),
     ("vllm serve m --no-enable-prefix-caching", {"--prefix-cache": False}),
+    ("trtllm-serve m --backend trt", {"--trtllm-backend": "tensorrt"}),
+    ("trtllm-serve m --backend pytorch", {"--trtllm-backend": "pytorch"}),
     ("python3 -m sglang.launch_server --model-path m --enable-mixed-chunk "
      "--disable-radix-cache", {"--mixed-batches": True, "--prefix-cache": False}),
     ("vllm serve m --host 0.0.0.0 --port 8000 --async-scheduling",
@@ -188,6 +190,7 @@ def test_server_commands_read_with_the_table(command, expected):
     ("vllm serve m --kv-cache-dtype fp8_ds_mla", "--kv-cache-dtype: 'fp8_ds_mla'"),
     ("vllm serve m --tp-size 2 -tp 4", "gives --tp twice"),
     ("vllm serve m --max-num-seqs", "--max-num-seqs: no value"),
+    ("trtllm-serve m --backend _autodeploy", "--backend: '_autodeploy' is not one of"),
 ])
 def test_bad_server_commands_are_named(command, says):
     with pytest.raises(LlmplanError, match=says):
@@ -235,3 +238,20 @@ def test_a_replayed_server_command_sets_the_scheduler():
                                          "--enable-mixed-chunk --disable-radix-cache"))
     cfg = run.scheduler(s)
     assert (cfg.mixed_batches, cfg.prefix_caching) == (True, False)
+
+
+def test_trtllm_serves_with_the_pytorch_backends_graphs_unless_told_tensorrt():
+    """trtllm-serve's default backend (PyTorch) captures decode batches of 1-32, 64 and 128
+    and does not pad; --backend tensorrt runs a built engine, every decode step as the
+    profile's fit priced it."""
+    from planner.serving import run
+
+    spec = catalog.load_engine_spec("trtllm")
+    default = run.scheduler(served_setup("llama-3.1-8b", "h100-sxm", spec, 1, "bf16", None,
+                                         server=server_flags("trtllm-serve m")))
+    assert default.graph_sizes == tuple(range(1, 33)) + (64, 128)
+    assert default.graph_padding is False
+    trt = served_setup("llama-3.1-8b", "h100-sxm", spec, 1, "bf16", None,
+                       server=server_flags("trtllm-serve m --backend tensorrt"))
+    cfg = run.scheduler(trt)
+    assert cfg.graph_sizes == () and trt.engine.cuda_graphs

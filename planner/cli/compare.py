@@ -137,6 +137,10 @@ def served_setup(model: str, gpu: str, spec, tp: int, weights, kv_cache,
     eng = replace(eng, **{f: s[o] for o, f in ENGINE_FIELDS.items() if o in s})
     if s.get("--enforce-eager"):
         eng = replace(eng, cuda_graphs=False)
+    if s.get("--trtllm-backend") == "tensorrt":
+        # trtllm-serve --backend tensorrt: a built TensorRT engine, whose decode steps the
+        # profile's fit priced at every batch size (no PyTorch-backend capture sizes)
+        eng = replace(eng, graph_rule=None, graph_padding=True)
     prec, source = resolve_precision(m, weights, kv_cache, group_size,
                                      quantized_layers=quantized_layers)
     dtype = s.get("--dtype")

@@ -131,6 +131,10 @@ FLAGS: tuple[EngineFlag, ...] = (
     EngineFlag(("--max_num_tokens",), "--max-num-batched-tokens", T, TRTLLM_SERVE, number=int),
     EngineFlag(("--enable_chunked_prefill",), "--chunked-prefill", T, TRTLLM_SERVE,
                value=True),
+    # the PyTorch backend (the default) replays CUDA graphs of decode batches of exactly its
+    # captured sizes; a TensorRT engine's steps run as the trtllm profile was fitted on them
+    EngineFlag(("--backend",), "--trtllm-backend", T, TRTLLM_SERVE,
+               choices={"pytorch": "pytorch", "tensorrt": "tensorrt", "trt": "tensorrt"}),
 )
 BY_NAME: dict[str, EngineFlag] = {n: f for f in FLAGS for n in f.names}
 
