@@ -229,6 +229,25 @@ def test_served_compute_share_is_validated_and_defaults_to_one():
             type(spec).model_validate(data)
 
 
+def test_trtllms_capture_sizes_start_at_1_0_and_a_rule_must_capture_something():
+    """Before 1.0 trtllm-serve ran a TensorRT engine by default ('Default is cpp path'): no
+    PyTorch-backend capture sizes. A capture rule with neither sizes nor steps would capture
+    nothing while reading as "any batch graphed": refused in one line naming the field."""
+    for release, captured in (("0.12", False), ("0.19.1", False), ("1.0", True), ("1.2", True)):
+        e = catalog.load_engine_spec(f"trtllm@{release}").model()
+        assert (e.graph_rule is not None) == captured, release
+        assert e.graph_padding == (not captured), release
+    spec = catalog.load_engine_spec("trtllm")
+    data = spec.model_dump(exclude_none=True, by_alias=True)
+    del data["serving"]["cuda_graph_sizes"]["sizes"]
+    with pytest.raises(ValueError, match="give sizes or steps"):
+        type(spec).model_validate(data)
+    data["serving"]["cuda_graph_sizes"]["sizes"] = [1, 2]
+    data["serving"]["cuda_graph_sizes"]["since"] = "one"
+    with pytest.raises(ValueError, match="since"):
+        type(spec).model_validate(data)
+
+
 @pytest.mark.parametrize("engine,per_gemm", [("vllm", 2), ("sglang", 1), ("trtllm", 0)])
 def test_llama_fp8_decode_step_launches_the_quantizing_kernels(engine, per_gemm):
     # Llama-3.1-8B: 32 layers x 4 fp8 GEMMs (QKV, o, gate_up, down); the lm_head stays 16-bit

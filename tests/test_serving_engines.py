@@ -169,6 +169,35 @@ def test_an_unpadded_engine_runs_a_batch_between_its_sizes_eagerly(vllm):
     assert eager > c.step_time(StepShape.uniform(37, 1, 500), sequences=37, prefill=False)
 
 
+def test_an_unpadded_engine_keys_its_graphs_by_requests_under_speculation():
+    """TensorRT-LLM picks a decode graph by batch size, the requests, with speculation as
+    without: 10 requests decoding 1 + 3 tokens each (40 tokens) replay the graph of 10; 33
+    requests (between its sizes 32 and 64) run eagerly."""
+    from planner.core.specs import Options as Opts
+    from planner.layouts.speculation import SpeculationConfig
+    from planner.serving.decoding import SpecDecodePool
+    from planner.serving.requests import RequestResult, SimRequest
+    from planner.serving.speculation import spec_serving
+
+    m, hw = catalog.load_model("llama-3.1-8b"), catalog.load_hardware("h100-sxm")
+    eng = catalog.load_engine("trtllm")
+    prep = prepare(hw, Precision(), None, Opts(), eng)
+    c = StepCoster(m, hw, prep, Opts())
+    cfg = SchedulerConfig.for_engine(eng, memory_bytes=hw.memory_bytes)
+    spec = spec_serving(m, hw, prep, Opts(), tp=1, cfg=SpeculationConfig("ngram", 3, 0.5))
+    for n, graphed in ((10, True), (32, True), (33, False)):
+        pool = SpecDecodePool(PagedKV(10**9, 16), 16, spec)
+        for i in range(n):
+            q = SimRequest.of(RequestResult(i, 0.0, 500, 100))
+            q.computed = 500
+            pool.join(q)
+        dec, _, _ = pool.shape(None)
+        assert int(dec[0]) == 4 * n  # 1 + 3 tokens a request
+        want = c.step_time(StepShape(*dec), sequences=n, prefill=False, graphed=graphed)
+        got = StepPricer(c, pool, cfg.graph_sizes, cfg.graph_padding).time_s([])[0]
+        assert got == pytest.approx(want + pool.draft_s(pool.shape(None)[2], []), rel=1e-12), n
+
+
 def test_guaranteed_no_evict_admits_whole_lengths_and_never_preempts():
     """A cache of 8,192 tokens; requests of 1,000 + 1,000 tokens (125 blocks of 16):
     no-evict runs at most 4 at once and preempts none; on-demand allocation admits more and

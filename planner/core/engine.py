@@ -232,12 +232,19 @@ class GraphSizes(_Frozen):
     cap_per_seq: float | None = Field(None, gt=0, le=1000)
     cap_by_memory: tuple[GraphCapTier, ...] = ()
     padding: bool = True
+    # the release these sizes start at (``EngineSpec.at_version``); before it the engine
+    # captured none of its own: every decode step is priced as the profile's fit priced it
+    since: str | None = Field(None, pattern=r"^[0-9]+(\.[0-9]+)*$")
     source: str = Field(min_length=1)
     date: str | None = None
+    estimated: bool = False
     note: str | None = None
 
     @model_validator(mode="after")
     def _check(self) -> GraphSizes:
+        if not self.sizes and not self.steps:
+            raise ValueError("give sizes or steps (with neither, no decode "
+                             "batch would be captured)")
         if any(s < 1 for s in self.sizes) or any(a < 1 or b < 1 for a, b in self.steps):
             raise ValueError("cuda_graph_sizes: sizes and steps must be at least 1")
         starts = [a for a, _ in self.steps]
@@ -435,11 +442,18 @@ class EngineSpec(_Frozen):
 
     def at_version(self, version: str) -> EngineSpec:
         """The profile as the release ``version`` starts: the scheduler defaults of the
-        earliest ``serving.earlier`` entry it comes before (every GPU alike), else as it is."""
+        earliest ``serving.earlier`` entry it comes before (every GPU alike), else as it is;
+        and no capture sizes before the release they start at (``GraphSizes.since``)."""
         sv = self.serving
-        if sv is None or not sv.earlier:
+        if sv is None:
             return self
         v = version_key(version)
+        g = sv.cuda_graph_sizes
+        if g is not None and g.since is not None and v < version_key(g.since):
+            sv = sv.model_copy(update={"cuda_graph_sizes": None})
+            self = self.model_copy(update={"serving": sv})
+        if not sv.earlier:
+            return self
         for e in sorted(sv.earlier, key=lambda e: version_key(e.until)):
             if v < version_key(e.until):
                 why = f"releases before {e.until}" + (f": {e.note}" if e.note else "")

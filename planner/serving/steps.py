@@ -11,10 +11,10 @@ CUDA graphs (``SchedulerConfig.graph_sizes``, vLLM's capture sizes): a decode-on
 tokens replays the graph of the smallest captured size >= T, so its linear layers and its
 sampling run over that many rows (the padding's attention is empty); a decode step above the
 largest captured size runs without a graph, paying each kernel's host launch, as does one
-between captured sizes where the engine does not pad (``SchedulerConfig.graph_padding``,
-TensorRT-LLM's PyTorch backend). Applied to a
-replica of one tensor-parallel group; pipeline and expert-parallel layouts keep the unpadded,
-graphed decode step. Pure: no I/O.
+whose request count is not a captured size where the engine does not pad
+(``SchedulerConfig.graph_padding``, TensorRT-LLM's PyTorch backend). Applied to a replica of
+one tensor-parallel group; pipeline and expert-parallel layouts keep the unpadded, graphed
+decode step, for every engine. Pure: no I/O.
 """
 
 from __future__ import annotations
@@ -99,11 +99,22 @@ class StepPricer:
                           n_dec: int) -> float:
         """A decode-only step of the decoders' share ``dec`` (``dl`` in the sliding-window
         layers): padded to the captured size (its tokens and sampled rows), or eager above
-        the largest (or between sizes, where the engine does not pad). The shapes are built
-        once here, padded or not: this runs every step."""
+        the largest. An engine that does not pad (TensorRT-LLM's PyTorch backend) replays the
+        graph of a decode batch of exactly a captured size, counted in requests as it keys
+        them (with speculation a request decodes 1 + k tokens), and runs any other eagerly.
+        The shapes are built once here, padded or not: this runs every step."""
         sizes = self.graph_sizes
+        if not self.pads:
+            i = bisect.bisect_left(sizes, n_dec)
+            graphed = i < len(sizes) and sizes[i] == n_dec
+            if graphed and self.direct and dl is None:
+                t, pairs, read, _, score, rows = dec
+                return self.coster.decode_step_s(t, pairs, read, score, rows, n_dec)
+            shape = StepShape(*dec, None if dl is None else StepShape(*dl))
+            return self.coster.step_time(shape, sequences=n_dec, prefill=False,
+                                         graphed=graphed)
         i = bisect.bisect_left(sizes, int(dec[0]))
-        if i == len(sizes) or (not self.pads and sizes[i] != int(dec[0])):
+        if i == len(sizes):
             shape = StepShape(*dec, None if dl is None else StepShape(*dl))
             return self.coster.step_time(shape, sequences=n_dec, prefill=False,
                                          graphed=False)
