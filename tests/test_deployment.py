@@ -18,15 +18,23 @@ from planner.layouts.deployment import Deployment, Layout, estimate_deployment
 
 @pytest.mark.parametrize("engine", catalog.engine_names())
 def test_estimate_and_simulate_agree_on_kv_capacity(engine, run_json):
-    """The KV pool estimate reports is the one simulate serves from, for every profile: the
-    engine's block size, max_num_seqs and step budget (sglang's 1-token pages and 2048
-    sequences, trtllm's 32-token blocks)."""
+    """The KV pool estimate reports is the one simulate serves from, for every profile, at
+    the same step budget: the engine's block size, max_num_seqs and step budget (sglang's
+    1-token pages and 2048 sequences, trtllm's 32-token blocks; vllm-v0's 512-token chunks
+    at Llama-3.1-8B's 128K context, where estimate's own default is 8,192)."""
+    from planner.serving import run
+
     args = ("-m", "llama-3.1-8b", "-g", "h100-sxm", "-e", engine)
-    est = run_json("estimate", *args)["kv_concurrency"]
+    dep = Deployment.build(catalog.load_model("llama-3.1-8b"), catalog.load_hardware("h100-sxm"),
+                           engine=catalog.load_engine(engine))
+    budget = run.scheduler(dep).max_num_batched_tokens
+    est = run_json("estimate", *args, "--prefill-chunk-tokens", str(budget))["kv_concurrency"]
     sim = run_json("simulate", *args, "-n", "20", "-p", "256", "-o", "16")
     eng = catalog.load_engine(engine)
     assert est["block_size"] == eng.block_size
     assert est["kv_capacity_tokens"] == sim["kv_capacity_tokens"]
+    if engine == "vllm-v0":
+        assert budget == 512
 
 
 def test_simulate_takes_the_deployment_options_estimate_takes(run_json):

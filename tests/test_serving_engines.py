@@ -198,6 +198,51 @@ def test_an_unpadded_engine_keys_its_graphs_by_requests_under_speculation():
         assert got == pytest.approx(want + pool.draft_s(pool.shape(None)[2], []), rel=1e-12), n
 
 
+@pytest.mark.parametrize("model, context, chunked, budget", [
+    ("llama-3.1-8b", None, True, 512),     # 131,072 tokens of context: chunked, 512 a step
+    ("llama-2-7b", None, False, 4096),     # 4,096: unchunked, the whole context a step
+    ("llama-3.1-8b", 8192, False, 8192),   # --max-model-len 8192: unchunked
+    ("llama-3.1-8b", 32768, False, 32768),  # 32K is not above 32K
+    ("llama-3.1-8b", 1024, False, 2048),   # at least 2,048 tokens a step
+])
+def test_vllm_v0_chunks_prefill_by_default_only_above_32k_of_context(model, context, chunked,
+                                                                      budget):
+    """vLLM 0.6-0.7 (EngineArgs.create_engine_config, SchedulerConfig): chunked prefill is on
+    by default for a max-model-len above 32K, with 512 tokens a step; at or below it a
+    prompt is prefilled whole in a step of its own of max(max-model-len, 2048) tokens."""
+    from planner.layouts.deployment import Deployment
+    from planner.serving import run
+
+    dep = Deployment.build(catalog.load_model(model), catalog.load_hardware("h100-sxm"),
+                           engine=catalog.load_engine("vllm-v0"))
+    cfg = run.scheduler(dep, **({} if context is None else {"max_model_len": context}))
+    assert (cfg.chunked_prefill, cfg.mixed_batches, cfg.max_num_batched_tokens) == \
+        (chunked, chunked, budget)
+    assert cfg.max_num_seqs == 256
+
+
+def test_vllm_v0_flags_stand_over_its_context_rule():
+    """--no-chunked-prefill on a long context takes the whole context a step, as V0 does;
+    --enable-chunked-prefill on a short one takes the 512-token chunks; a budget given
+    stands as given. Other engines ignore the context length."""
+    from planner.layouts.deployment import Deployment
+    from planner.serving import run
+
+    dep = Deployment.build(catalog.load_model("llama-3.1-8b"), catalog.load_hardware("h100-sxm"),
+                           engine=catalog.load_engine("vllm-v0"))
+    off = run.scheduler(dep, chunked_prefill=False)
+    assert (off.chunked_prefill, off.mixed_batches, off.max_num_batched_tokens) == \
+        (False, False, 131072)
+    on = run.scheduler(dep, chunked_prefill=True, max_model_len=4096)
+    assert (on.chunked_prefill, on.max_num_batched_tokens) == (True, 512)
+    given = run.scheduler(dep, max_num_batched_tokens=2048, max_model_len=4096)
+    assert given.max_num_batched_tokens == 2048
+    v1 = Deployment.build(catalog.load_model("llama-2-7b"), catalog.load_hardware("h100-sxm"),
+                          engine=catalog.load_engine("vllm"))
+    cfg = run.scheduler(v1)
+    assert (cfg.chunked_prefill, cfg.max_num_batched_tokens) == (True, 8192)
+
+
 def test_guaranteed_no_evict_admits_whole_lengths_and_never_preempts():
     """A cache of 8,192 tokens; requests of 1,000 + 1,000 tokens (125 blocks of 16):
     no-evict runs at most 4 at once and preempts none; on-demand allocation admits more and

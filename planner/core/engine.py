@@ -327,6 +327,19 @@ class SmallGpuDefaults(_Frozen):
     note: str | None = None
 
 
+class ShortContextDefaults(_Frozen):
+    """Scheduler defaults that depend on the served context length (vLLM's V0 engine, 0.6-0.7):
+    chunked prefill is on by default only where max-model-len exceeds ``max_model_len``; at
+    or below it prefill is not chunked, a step that prefills runs no decodes, and a step takes
+    max(max-model-len, ``min_batched_tokens``) tokens."""
+
+    max_model_len: int = Field(ge=1, le=100_000_000)
+    min_batched_tokens: int = Field(ge=1, le=100_000_000)
+    source: str = Field(min_length=1)
+    date: str | None = None
+    note: str | None = None
+
+
 class EarlierDefaults(_Frozen):
     """The scheduler defaults of the releases before ``until`` that a profile covers, where
     they differ (vLLM before 0.8.5: 256 sequences and 2,048 tokens a step on every GPU)."""
@@ -347,6 +360,8 @@ class ServingDefaults(_Frozen):
     block_size: Num  # KV tokens per block (page)
     chunked_prefill: Flag
     small_gpu: SmallGpuDefaults | None = None
+    # defaults by the served context length (``ShortContextDefaults``); None: the same at any
+    short_context: ShortContextDefaults | None = None
     capacity_policy: Policy | None = None  # None: max-utilization
     # prefill chunks share a step with the running decodes (vLLM, TensorRT-LLM's in-flight
     # batching); False: a step that prefills runs no decodes (SGLang without mixed chunking)
@@ -565,6 +580,9 @@ class EngineSpec(_Frozen):
             out["prefix_caching"] = sv.prefix_caching.value
         if sv.async_scheduling is not None:
             out["async_scheduling"] = sv.async_scheduling.value
+        if sv.short_context is not None:
+            out["short_context"] = (sv.short_context.max_model_len,
+                                    sv.short_context.min_batched_tokens)
         if sv.cuda_graph_sizes is not None:
             g = sv.cuda_graph_sizes
             out["graph_rule"] = (g.sizes, g.steps, g.cap, g.cap_per_seq,
@@ -647,6 +665,10 @@ class Engine:
     # a decode batch between captured sizes pads up to the next (False: it runs without a
     # graph; ``GraphSizes.padding``)
     graph_padding: bool = True
+    # (max_model_len, min_batched_tokens): at or below that context length prefill is not
+    # chunked, runs in steps of its own of max(max_model_len, min_batched_tokens) tokens
+    # (``ShortContextDefaults``, vLLM V0); None: the defaults hold at any length
+    short_context: tuple | None = None
     # the largest decode batch the server was told to capture (SGLang's --cuda-graph-max-bs);
     # None: the engine's own choice
     graph_max_bs: int | None = None

@@ -53,17 +53,28 @@ class SchedulerConfig:
 
     @classmethod
     def for_engine(cls, e, *, memory_bytes: float | None = None, tp: int = 1,
-                   **overrides) -> SchedulerConfig:
+                   context_tokens: int | None = None, **overrides) -> SchedulerConfig:
         """The engine profile's own scheduler defaults (``planner.core.engine.Engine``) on a GPU
         of ``memory_bytes`` at TP ``tp`` (an engine may size its CUDA graphs by them), with
-        any field overridden."""
+        any field overridden. ``context_tokens``: the served context length where no
+        max_model_len is given (the model's), for defaults that depend on it
+        (``Engine.short_context``)."""
         kw = {"max_num_seqs": e.max_num_seqs,
               "max_num_batched_tokens": e.max_num_batched_tokens,
               "block_size": e.block_size, "chunked_prefill": e.chunked_prefill,
               "capacity_policy": e.capacity_policy, "mixed_batches": e.mixed_batches,
               "decode_reserve": e.decode_reserve,
               "prefix_caching": e.prefix_caching, "api_servers": e.api_servers,
-              "graph_padding": e.graph_padding, **overrides}
+              "graph_padding": e.graph_padding}
+        if e.short_context is not None and "max_num_batched_tokens" not in overrides:
+            # vLLM V0: chunked prefill by default only above 32K of context; unchunked, a
+            # prompt is prefilled in a step of its own that takes the whole context
+            limit, floor = e.short_context
+            context = overrides.get("max_model_len") or context_tokens or cls.max_model_len
+            if not overrides.get("chunked_prefill", context > limit):
+                kw.update(chunked_prefill=False, mixed_batches=False,
+                          max_num_batched_tokens=max(context, floor))
+        kw.update(overrides)
         if "graph_sizes" not in kw and e.cuda_graphs and e.graph_rule is not None:
             kw["graph_sizes"] = graph_sizes(e.graph_rule, kw["max_num_seqs"],
                                             kw["max_num_batched_tokens"],

@@ -27,9 +27,12 @@ def coster(dep: Deployment, cache: CostCache | None = None):
 
 def scheduler(dep: Deployment, **overrides) -> SchedulerConfig:
     """The engine profile's scheduler defaults on the deployment's GPU and TP, with any field
-    overridden."""
+    overridden; defaults that depend on the served context length take the model's where no
+    max_model_len is given (vLLM's default max-model-len)."""
     return SchedulerConfig.for_engine(dep.engine, memory_bytes=dep.hardware.memory_bytes,
-                                      tp=dep.layout.tp, **overrides)
+                                      tp=dep.layout.tp,
+                                      context_tokens=dep.model.max_position_embeddings,
+                                      **overrides)
 
 
 def check_speculation(dep: Deployment, cfg: SchedulerConfig) -> None:
