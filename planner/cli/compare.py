@@ -140,7 +140,7 @@ def served_setup(model: str, gpu: str, spec, tp: int, weights, kv_cache,
     if s.get("--trtllm-backend") == "tensorrt":
         # trtllm-serve --backend tensorrt: a built TensorRT engine, whose decode steps the
         # profile's fit priced at every batch size (no PyTorch-backend capture sizes)
-        eng = replace(eng, graph_rule=None, graph_padding=True)
+        eng = replace(eng, graph_rule=None)
     prec, source = resolve_precision(m, weights, kv_cache, group_size,
                                      quantized_layers=quantized_layers)
     dtype = s.get("--dtype")

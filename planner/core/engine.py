@@ -466,20 +466,18 @@ class EngineSpec(_Frozen):
         g = sv.cuda_graph_sizes
         if g is not None and g.since is not None and v < version_key(g.since):
             sv = sv.model_copy(update={"cuda_graph_sizes": None})
-            self = self.model_copy(update={"serving": sv})
-        if not sv.earlier:
-            return self
         for e in sorted(sv.earlier, key=lambda e: version_key(e.until)):
             if v < version_key(e.until):
                 why = f"releases before {e.until}" + (f": {e.note}" if e.note else "")
                 def num(x, e=e, why=why):
                     return Num(value=x, source=e.source, date=e.date, note=why)
 
-                return self.model_copy(update={"serving": sv.model_copy(update={
+                sv = sv.model_copy(update={
                     "max_num_seqs": num(e.max_num_seqs),
                     "max_num_batched_tokens": num(e.max_num_batched_tokens),
-                    "small_gpu": None, "earlier": ()})})
-        return self
+                    "small_gpu": None, "earlier": ()})
+                break
+        return self if sv is self.serving else self.model_copy(update={"serving": sv})
 
     def parameters(self) -> dict[str, _Sourced]:
         """Every sourced number of the profile, by dotted name."""

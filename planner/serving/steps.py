@@ -104,21 +104,13 @@ class StepPricer:
         them (with speculation a request decodes 1 + k tokens), and runs any other eagerly.
         The shapes are built once here, padded or not: this runs every step."""
         sizes = self.graph_sizes
-        if not self.pads:
-            i = bisect.bisect_left(sizes, n_dec)
-            graphed = i < len(sizes) and sizes[i] == n_dec
-            if graphed and self.direct and dl is None:
-                t, pairs, read, _, score, rows = dec
-                return self.coster.decode_step_s(t, pairs, read, score, rows, n_dec)
-            shape = StepShape(*dec, None if dl is None else StepShape(*dl))
-            return self.coster.step_time(shape, sequences=n_dec, prefill=False,
-                                         graphed=graphed)
-        i = bisect.bisect_left(sizes, int(dec[0]))
-        if i == len(sizes):
+        key = int(dec[0]) if self.pads else n_dec
+        i = bisect.bisect_left(sizes, key)
+        if i == len(sizes) or (not self.pads and sizes[i] != key):
             shape = StepShape(*dec, None if dl is None else StepShape(*dl))
             return self.coster.step_time(shape, sequences=n_dec, prefill=False,
                                          graphed=False)
-        pad = sizes[i] - int(dec[0])
+        pad = sizes[i] - key  # 0 where the engine does not pad
         t, pairs, read, held, score, rows = dec
         if self.direct and dl is None:
             return self.coster.decode_step_s(t + pad, pairs, read, score, rows + pad, n_dec)
