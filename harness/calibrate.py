@@ -52,12 +52,13 @@ def _sizes(kind: str, quick: bool) -> dict:
 
 def needed_dtypes(weights: list[str]) -> tuple[str, ...]:
     """The matmul precisions a measurement of these weight precisions runs: 16-bit weights
-    in their own type, int8 / int4 weight-only in bf16 (dequantized), fp8 in fp8."""
+    in their own type, int8 / int4 weight-only in bf16 (dequantized), fp8 in fp8 beside bf16
+    (attention and the head stay 16-bit, and the prediction prices them at bf16's rate)."""
     out: list[str] = []
     for w in weights:
-        dt = {"fp16": "fp16", "fp8": "fp8"}.get(w, "bf16")
-        if dt not in out:
-            out.append(dt)
+        for dt in {"fp16": ("fp16",), "fp8": ("fp8", "bf16")}.get(w, ("bf16",)):
+            if dt not in out:
+                out.append(dt)
     return tuple(out)
 
 

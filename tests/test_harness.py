@@ -300,6 +300,8 @@ def test_calibration_covers_only_the_measured_precisions_and_is_reused(tmp_path)
 
     assert needed_dtypes(["bf16"]) == ("bf16",)
     assert needed_dtypes(["int8", "fp16", "bf16", "fp8"]) == ("bf16", "fp16", "fp8")
+    # fp8 weights: attention and the head run in bf16, which the prediction needs the rate of
+    assert needed_dtypes(["fp8"]) == ("fp8", "bf16")
     out = tmp_path / "m.jsonl"
     args = ["measure", "-m", "tiny-llama-test", "--device", "cpu", "-b", "1", "-c", "16",
             "--out", str(out), "--budget-s", "0.02", "--threads", "1", "--quick-calibration"]
