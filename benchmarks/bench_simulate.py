@@ -4,7 +4,7 @@ continuous batching; then with every serving part switched on (vLLM's defaults: 
 padding and prefix caching, the prompts sharing a 512-token prefix; then SGLang's separate
 prefill steps and TensorRT-LLM's no-evict admission; then SGLang's own scheduler, its
 admission holding KV back for the running requests' outputs), the same stream under static
-batching,
+batching, vLLM 0.6's multi-step scheduling (8 steps a block, tokens streamed or in bursts),
 and a smaller one (the speculative pool tracks each decoding request, O(running) a step) with
 n-gram speculation.
 
@@ -67,6 +67,16 @@ def main() -> None:
         print(f"{name}: {args.requests:,} requests, {res.steps:,} steps, prefix hit rate "
               f"{s['prefix_cache_hit_rate']:.0%}: traffic, simulation and summary "
               f"{t1 - t0:.2f} s (target <= 2 s)")
+    v0 = catalog.load_engine("vllm-v0")
+    v0_coster = StepCoster(m, hw, prepare(hw, Precision(), None, opts, v0), opts)
+    for name, stream in (("streamed", True), ("in bursts", False)):
+        cfg = SchedulerConfig.for_engine(v0, context_tokens=m.max_position_embeddings,
+                                         scheduler_steps=8, multi_step_stream=stream)
+        t0 = time.perf_counter()
+        res = simulate(reqs, v0_coster, cfg)
+        t1 = time.perf_counter()
+        print(f"vLLM 0.6 multi-step (8 steps a block, {name}): {args.requests:,} requests, "
+              f"{res.steps:,} steps: simulation {t1 - t0:.2f} s (target <= 2 s)")
     t0 = time.perf_counter()
     res = simulate(reqs, coster, SchedulerConfig(kind="static"))
     t1 = time.perf_counter()

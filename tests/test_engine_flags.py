@@ -171,7 +171,7 @@ def test_enforce_eager_reaches_the_simulator(run_json):
     ("trtllm-serve m --tp_size 2 --max_batch_size 64 --max_num_tokens 8192 "
      "--kv_cache_free_gpu_memory_fraction 0.85 --enable_chunked_prefill --max_seq_len=40960",
      {"--tp": 2, "--max-num-seqs": 64, "--max-num-batched-tokens": 8192,
-      "--memory-utilization": 0.85, "--chunked-prefill": True}),
+      "--memory-utilization": 0.85, "--chunked-prefill": True, "--max-model-len": 40960}),
     ("vllm serve m --no-enable-prefix-caching", {"--prefix-cache": False}),
     ("trtllm-serve m --backend trt", {"--trtllm-backend": "tensorrt"}),
     ("trtllm-serve m --backend pytorch", {"--trtllm-backend": "pytorch"}),

@@ -88,13 +88,17 @@ def server_overrides(command: str | None) -> dict:
     return server_flags(command)
 
 
+# vLLM V0's multi-step scheduling, refused for an engine without it
+MULTI_STEP_FLAGS = ("--num-scheduler-steps", "--multi-step-stream-outputs")
 # our scheduler options a server command sets, and the Engine field each is
 ENGINE_FIELDS = {"--max-num-seqs": "max_num_seqs",
                  "--max-num-batched-tokens": "max_num_batched_tokens",
                  "--block-size": "block_size", "--chunked-prefill": "chunked_prefill",
                  "--prefix-cache": "prefix_caching", "--mixed-batches": "mixed_batches",
                  "--api-server-count": "api_servers", "--async-scheduling": "async_scheduling",
-                 "--cuda-graph-max-bs": "graph_max_bs"}
+                 "--cuda-graph-max-bs": "graph_max_bs", "--max-model-len": "max_model_len",
+                 "--num-scheduler-steps": "scheduler_steps",
+                 "--multi-step-stream-outputs": "multi_step_stream"}
 
 
 def _agree(ours: str, theirs, given, what: str) -> None:
@@ -134,6 +138,12 @@ def served_setup(model: str, gpu: str, spec, tp: int, weights, kv_cache,
     m = catalog.load_model(model)
     hw = catalog.load_hardware(gpu)
     eng = spec.model().for_gpu(hw.memory_bytes, hw.name, hw.architecture)
+    if s.get("--num-scheduler-steps", 1) != 1 and eng.scheduler_steps is None:
+        raise LlmplanError(f"the server command's --num-scheduler-steps: multi-step "
+                           f"scheduling is vLLM V0's (engine vllm-v0); {eng.name} has none")
+    for flag in ("--max-model-len", "--num-scheduler-steps"):
+        if s.get(flag, 1) < 1:
+            raise LlmplanError(f"the server command's {flag} {s[flag]}: must be positive")
     eng = replace(eng, **{f: s[o] for o, f in ENGINE_FIELDS.items() if o in s})
     if s.get("--enforce-eager"):
         eng = replace(eng, cuda_graphs=False)

@@ -13,19 +13,25 @@ Our options an engine flag stands for (``EngineFlag.ours``): ``--tp``, ``--pp``,
 ``--max-num-batched-tokens``, ``--block-size``, ``--prefix-cache`` (automatic prefix
 caching, True or False here), ``--mixed-batches`` (prefill chunks beside decodes),
 ``--async-scheduling`` (the host's work beside the GPU's, True or False),
-``--api-server-count`` (API-server processes: ``planner.serving.frontend``) and, read from
-SGLang's server commands only, ``--cuda-graph-max-bs`` (the largest decode batch captured in
-a CUDA graph).
+``--api-server-count`` (API-server processes: ``planner.serving.frontend``),
+``--max-model-len`` (the longest request taken), ``--num-scheduler-steps`` and
+``--multi-step-stream-outputs`` (vLLM V0's multi-step scheduling) and, read from SGLang's
+server commands only, ``--cuda-graph-max-bs`` (the largest decode batch captured in a CUDA
+graph).
 """
 
 from __future__ import annotations
 
+import re
 import shlex
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from planner.core.errors import LlmplanError
 
 VLLM_ARGS = "https://github.com/vllm-project/vllm/blob/v0.11.0/vllm/engine/arg_utils.py"
+# the V0 engine's (0.6-0.7): multi-step scheduling, gone from the V1 engine
+VLLM_V0_ARGS = "https://github.com/vllm-project/vllm/blob/v0.6.3/vllm/engine/arg_utils.py"
 VLLM_CACHE = ("https://github.com/vllm-project/vllm/blob/"
               "c1d86421174a87056edc90a41dc9942391509e84/vllm/config/cache.py")
 # --api-server-count (PR #17546, vLLM 0.9): API-server processes in front of the engine
@@ -48,6 +54,27 @@ QUANTIZATIONS: dict[str, str] = {
 # vLLM's --dtype: the type of everything not quantized (float32 is not planned for)
 DTYPES: dict[str, str | None] = {
     "auto": None, "bfloat16": "bf16", "float16": "fp16", "half": "fp16"}
+# vLLM's StoreBoolean reads true / false in any case (``EngineFlag.fold_case``)
+BOOLEANS: dict[str, bool] = {"true": True, "false": False}
+
+
+def human_int(text: str) -> int | None:
+    """vLLM's human_readable_int (vllm/engine/arg_utils.py): a whole number, or one with a
+    suffix, lower case decimal (25.6k = 25,600), upper case binary (16K = 16,384); for
+    --max-model-len also auto or -1 (the longest that fits the memory, 0.11 and later),
+    which is None here: the model's context, as llmplan serves it by default."""
+    text = text.strip()
+    if text in ("auto", "-1"):
+        return None
+    m = re.fullmatch(r"(\d+(?:\.\d+)?)([kmgtKMGT]?)", text)
+    if m is None:
+        raise ValueError(text)
+    number, suffix = m.groups()
+    if suffix in "kmgt" and suffix:
+        return int(float(number) * 1000 ** ("kmgt".index(suffix) + 1))
+    if "." in number:
+        raise ValueError(text)
+    return int(number) * 1024 ** ("KMGT".index(suffix) + 1 if suffix else 0)
 
 
 @dataclass(frozen=True)
@@ -62,7 +89,10 @@ class EngineFlag:
     source: str
     value: object = None
     choices: dict | None = None
-    number: type | None = None
+    number: Callable[[str], object] | None = None  # int, float or human_int
+    # what a flag whose value is optional (argparse's nargs="?") stands for given bare
+    const: object = None
+    fold_case: bool = False  # choices read in any case
 
     @property
     def takes_value(self) -> bool:
@@ -73,6 +103,8 @@ class EngineFlag:
         it) when it is not one."""
         name = name or self.names[0]
         if self.choices is not None:
+            if self.fold_case:
+                text = text.lower()
             if text not in self.choices:
                 raise LlmplanError(f"{name}: '{text}' is not one of "
                                    f"{', '.join(self.choices)} (the values llmplan maps)")
@@ -109,6 +141,12 @@ FLAGS: tuple[EngineFlag, ...] = (
     EngineFlag(("--api-server-count", "-asc"), "--api-server-count", V, VLLM_API_SERVERS,
                number=int),
     EngineFlag(("--no-enable-prefix-caching",), "--prefix-cache", V, VLLM_ARGS, value=False),
+    EngineFlag(("--max-model-len",), "--max-model-len", V, VLLM_ARGS, number=human_int),
+    EngineFlag(("--num-scheduler-steps",), "--num-scheduler-steps", V, VLLM_V0_ARGS,
+               number=int),
+    # StoreBoolean, nargs="?": "--multi-step-stream-outputs False", or bare for True
+    EngineFlag(("--multi-step-stream-outputs",), "--multi-step-stream-outputs", V,
+               VLLM_V0_ARGS, choices=BOOLEANS, const=True, fold_case=True),
     # SGLang (ServerArgs.add_cli_args); argparse also takes --tp for --tp-size
     EngineFlag(("--tp-size", "--tp"), "--tp", S, SGLANG_ARGS, number=int),
     EngineFlag(("--pp-size",), "--pp", S, SGLANG_ARGS, number=int),
@@ -122,6 +160,7 @@ FLAGS: tuple[EngineFlag, ...] = (
     EngineFlag(("--page-size",), "--block-size", S, SGLANG_ARGS, number=int),
     EngineFlag(("--disable-radix-cache",), "--prefix-cache", S, SGLANG_ARGS, value=False),
     EngineFlag(("--enable-mixed-chunk",), "--mixed-batches", S, SGLANG_ARGS, value=True),
+    EngineFlag(("--context-length",), "--max-model-len", S, SGLANG_ARGS, number=human_int),
     # trtllm-serve (tensorrt_llm/commands/serve.py)
     EngineFlag(("--tp_size",), "--tp", T, TRTLLM_SERVE, number=int),
     EngineFlag(("--pp_size",), "--pp", T, TRTLLM_SERVE, number=int),
@@ -129,6 +168,7 @@ FLAGS: tuple[EngineFlag, ...] = (
                TRTLLM_SERVE, number=float),
     EngineFlag(("--max_batch_size",), "--max-num-seqs", T, TRTLLM_SERVE, number=int),
     EngineFlag(("--max_num_tokens",), "--max-num-batched-tokens", T, TRTLLM_SERVE, number=int),
+    EngineFlag(("--max_seq_len",), "--max-model-len", T, TRTLLM_SERVE, number=int),
     EngineFlag(("--enable_chunked_prefill",), "--chunked-prefill", T, TRTLLM_SERVE,
                value=True),
     # the PyTorch backend (the default) replays CUDA graphs of decode batches of exactly its
@@ -215,6 +255,9 @@ def server_flags(command: str | None) -> dict[str, object]:
             continue
         if not f.takes_value:
             value = f.value
+        elif f.const is not None and not eq and (i == len(words) or
+                                                 words[i].startswith("-")):
+            value = f.const
         else:
             if eq:
                 text = inline
@@ -223,6 +266,8 @@ def server_flags(command: str | None) -> dict[str, object]:
             else:
                 raise LlmplanError(f"{name}: no value in the server command")
             value = f.read(text, name)
+            if value is None:  # --max-model-len auto: as if not given
+                continue
         ours = f.ours
         if f.names[0] == "--chunked-prefill-size" and isinstance(value, int) and value <= 0:
             ours, value = "--chunked-prefill", False

@@ -268,6 +268,17 @@ def simulate(
         "share the profile's per-request and per-token API-server time, which caps the "
         "requests a second admitted and the tokens a second streamed. Default 1.",
         metavar="N")] = None,
+    num_scheduler_steps: Annotated[Optional[int], typer.Option(
+        "--num-scheduler-steps",
+        help="vLLM V0's multi-step scheduling (engine vllm-v0): forward steps per scheduler "
+        "call; a decode batch runs this many steps before anything waiting is admitted, the "
+        "host's work of the later ones beside the GPU's. Default: the engine's (1).",
+        metavar="N")] = None,
+    multi_step_stream_outputs: Annotated[Optional[bool], typer.Option(
+        "--multi-step-stream-outputs/--no-multi-step-stream-outputs",
+        help="With --num-scheduler-steps: each step's tokens stream as it ends (vLLM's "
+        "default since 0.6.3), or a block's reach the client at its end, in bursts (0.6.0-"
+        "0.6.2; vLLM's --multi-step-stream-outputs False).")] = None,
     kv_layout: Annotated[KVLayout, typer.Option(
         help="paged: blocks on demand; contiguous: max-model-len reserved per request.")] =
     KVLayout.paged,
@@ -363,7 +374,8 @@ def simulate_run(a: dict, *, emit: bool = False) -> dict:
      num_requests, prompt_tokens, output_tokens, range_ratio, prefix_tokens, prefix_cache,
      dataset, dataset_name, seed, chat, scheduler, max_wait, max_num_seqs,
      max_num_batched_tokens,
-     chunked_prefill, capacity_policy, mixed_batches, api_server_count, kv_layout, block_size,
+     chunked_prefill, capacity_policy, mixed_batches, api_server_count, num_scheduler_steps,
+     multi_step_stream_outputs, kv_layout, block_size,
      max_model_len, memory_utilization, reserve_gib, cpu_offload_gb, ttft_slo, tpot_slo, trace,
      allow_longer_context, plot, speculative, draft_model, num_speculative_tokens,
      acceptance_rate, prefill_instances, decode_instances, prefill_tp, decode_tp, prefill_gpu,
@@ -376,7 +388,9 @@ def simulate_run(a: dict, *, emit: bool = False) -> dict:
         "prompt_tokens", "output_tokens", "range_ratio", "prefix_tokens", "prefix_cache",
         "dataset", "dataset_name", "seed", "chat", "scheduler", "max_wait", "max_num_seqs",
         "max_num_batched_tokens", "chunked_prefill", "capacity_policy", "mixed_batches",
-        "api_server_count", "kv_layout", "block_size", "max_model_len", "memory_utilization",
+        "api_server_count", "num_scheduler_steps", "multi_step_stream_outputs", "kv_layout",
+        "block_size",
+        "max_model_len", "memory_utilization",
         "reserve_gib", "cpu_offload_gb", "ttft_slo", "tpot_slo", "trace",
         "allow_longer_context", "plot", "speculative", "draft_model", "num_speculative_tokens",
         "acceptance_rate", "prefill_instances", "decode_instances", "prefill_tp", "decode_tp",
@@ -699,6 +713,10 @@ def _scheduler(dep, a: dict):
              if a[k] is not None}
     if a["api_server_count"] is not None:
         given["api_servers"] = a["api_server_count"]
+    if a["num_scheduler_steps"] is not None:
+        given["scheduler_steps"] = a["num_scheduler_steps"]
+    if a["multi_step_stream_outputs"] is not None:
+        given["multi_step_stream"] = a["multi_step_stream_outputs"]
     if a["prefix_cache"] is not None:
         if a["prefix_cache"] not in ("on", "off"):
             raise LlmplanError(f"--prefix-cache: must be on or off, got {a['prefix_cache']!r}")
@@ -729,9 +747,9 @@ def _check_numbers(a: dict) -> None:
     built)."""
     for flag in ("num_requests", "max_num_seqs", "max_num_batched_tokens", "block_size",
                  "max_model_len", "prompt_tokens", "output_tokens", "max_concurrency",
-                 "api_server_count", *(f"{side}_{what}" for side in ("prefill", "decode")
-                                       for what in ("instances", "tp", "max_num_seqs",
-                                                    "max_num_batched_tokens"))):
+                 "api_server_count", "num_scheduler_steps",
+                 *(f"{side}_{what}" for side in ("prefill", "decode")
+                   for what in ("instances", "tp", "max_num_seqs", "max_num_batched_tokens"))):
         positive("--" + flag.replace("_", "-"), a[flag])
     positive("--request-rate", a["request_rate"], allow_inf=True)
     if not 0 <= a["prefix_tokens"] <= MAX_TRACE_TOKENS:

@@ -120,9 +120,14 @@ def replayed_runs(entry, folder):
 def replay_setup(entry, spec):
     """The deployment a served entry was measured on, with ``spec``'s engine: its model, GPU,
     TP and precision, and the scheduler flags of its server command."""
-    from planner.cli.compare import served_setup, server_overrides
+    from planner.cli.compare import MULTI_STEP_FLAGS, served_setup, server_overrides
 
     server = server_overrides(entry.traffic.server_command if entry.traffic else None)
+    if spec.serving is None or spec.serving.scheduler_steps is None:
+        # replayed with an engine that has no multi-step scheduling (the ideal baseline,
+        # --engine): as that engine runs, every step scheduled
+        for flag in MULTI_STEP_FLAGS:
+            server.pop(flag, None)
     return served_setup(entry.model, entry.gpu, spec, entry.tp, entry.weights, entry.kv_cache,
                         quantized_layers=_quantized_layers(entry), server=server)
 

@@ -74,6 +74,13 @@ class Flag(_Sourced):
     value: bool
 
 
+class FlagSince(Flag):
+    """A default that holds from the release ``since`` on; the releases before it had the
+    opposite (vLLM's multi_step_stream_outputs: on from 0.6.3, off before)."""
+
+    since: str = Field(pattern=r"^[0-9]+(\.[0-9]+)*$")
+
+
 class ArchFracs(_Sourced):
     """A factor by GPU architecture (a hardware file's ``architecture``: ampere, hopper,
     ...); an architecture not named keeps 1."""
@@ -374,11 +381,19 @@ class ServingDefaults(_Frozen):
     # the host's work for the next step (scheduling, input preparation) runs while the GPU
     # runs this one, so a step takes the longer of the two, not their sum (None: off)
     async_scheduling: Flag | None = None
+    # forward steps per scheduler call by default (vLLM V0's --num-scheduler-steps, 0.6-0.7:
+    # multi-step scheduling); None: the engine has no such option
+    scheduler_steps: Num | None = None
+    # multi-step: each step's tokens stream as it ends, from ``since`` on (None: on)
+    multi_step_stream: FlagSince | None = None
     earlier: tuple[EarlierDefaults, ...] = ()  # releases before each ``until``, oldest first
 
     @model_validator(mode="after")
     def _check(self) -> ServingDefaults:
-        for name in ("max_num_seqs", "max_num_batched_tokens", "block_size"):
+        for name in ("max_num_seqs", "max_num_batched_tokens", "block_size",
+                     "scheduler_steps"):
+            if getattr(self, name) is None:
+                continue
             v = getattr(self, name).value
             if v < 1 or v != int(v):
                 raise ValueError(f"{name}: must be a whole number of at least 1, got {v}")
@@ -458,7 +473,8 @@ class EngineSpec(_Frozen):
     def at_version(self, version: str) -> EngineSpec:
         """The profile as the release ``version`` starts: the scheduler defaults of the
         earliest ``serving.earlier`` entry it comes before (every GPU alike), else as it is;
-        and no capture sizes before the release they start at (``GraphSizes.since``)."""
+        no capture sizes before the release they start at (``GraphSizes.since``), and a
+        ``FlagSince`` default reversed before its release."""
         sv = self.serving
         if sv is None:
             return self
@@ -466,6 +482,11 @@ class EngineSpec(_Frozen):
         g = sv.cuda_graph_sizes
         if g is not None and g.since is not None and v < version_key(g.since):
             sv = sv.model_copy(update={"cuda_graph_sizes": None})
+        ms = sv.multi_step_stream
+        if ms is not None and v < version_key(ms.since):
+            sv = sv.model_copy(update={"multi_step_stream": ms.model_copy(update={
+                "value": not ms.value,
+                "note": f"releases before {ms.since}" + (f": {ms.note}" if ms.note else "")})})
         for e in sorted(sv.earlier, key=lambda e: version_key(e.until)):
             if v < version_key(e.until):
                 why = f"releases before {e.until}" + (f": {e.note}" if e.note else "")
@@ -578,6 +599,10 @@ class EngineSpec(_Frozen):
             out["prefix_caching"] = sv.prefix_caching.value
         if sv.async_scheduling is not None:
             out["async_scheduling"] = sv.async_scheduling.value
+        if sv.scheduler_steps is not None:
+            out["scheduler_steps"] = int(sv.scheduler_steps.value)
+        if sv.multi_step_stream is not None:
+            out["multi_step_stream"] = sv.multi_step_stream.value
         if sv.short_context is not None:
             out["short_context"] = (sv.short_context.max_model_len,
                                     sv.short_context.min_batched_tokens)
@@ -667,6 +692,15 @@ class Engine:
     # chunked, runs in steps of its own of max(max_model_len, min_batched_tokens) tokens
     # (``ShortContextDefaults``, vLLM V0); None: the defaults hold at any length
     short_context: tuple | None = None
+    # forward steps per scheduler call (vLLM V0's multi-step scheduling,
+    # ``planner.serving.schedulers.MultiStepScheduler``); None: the engine has none
+    scheduler_steps: int | None = None
+    # multi-step: each step's tokens stream as it ends (vLLM's --multi-step-stream-outputs);
+    # False: a block's tokens reach the client at its end
+    multi_step_stream: bool = True
+    # the server's max-model-len (vLLM's --max-model-len, SGLang's --context-length,
+    # trtllm-serve's --max_seq_len); None: the model's context length
+    max_model_len: int | None = None
     # the largest decode batch the server was told to capture (SGLang's --cuda-graph-max-bs);
     # None: the engine's own choice
     graph_max_bs: int | None = None

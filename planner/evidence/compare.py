@@ -188,7 +188,8 @@ def simulate_run(run: ServedRun, s: Deployment, *, step_coster=None,
         warm = {r.prefix_id: r.prefix_tokens for r in reqs}
         notes.append(f"the first {run.cached_prefix_tokens:,} tokens of each prompt were in "
                      "the prefix cache when the run began")
-    cfg = serving.scheduler(s, max_model_len=s.model.max_position_embeddings,
+    cfg = serving.scheduler(s, max_model_len=s.engine.max_model_len or
+                            s.model.max_position_embeddings,
                             max_concurrency=run.max_concurrency if closed else None)
     sim = summary(serving.run(s, reqs, cfg, step_coster=step_coster, warm_prefixes=warm),
                   itl=itl)

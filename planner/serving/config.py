@@ -50,6 +50,12 @@ class SchedulerConfig:
     # API-server processes in front of the engine (vLLM's --api-server-count): they share the
     # per-request and per-token work of the profile's front end (``planner.serving.frontend``)
     api_servers: int = 1
+    # forward steps per scheduler call (vLLM V0's --num-scheduler-steps): a decode batch runs
+    # this many steps before the scheduler admits anything (``MultiStepScheduler``)
+    scheduler_steps: int = 1
+    # multi-step: each step's tokens stream as it ends (vLLM's multi_step_stream_outputs, on
+    # by default since 0.6.3); False: a block's tokens reach the client at its end, a burst
+    multi_step_stream: bool = True
 
     @classmethod
     def for_engine(cls, e, *, memory_bytes: float | None = None, tp: int = 1,
@@ -58,22 +64,34 @@ class SchedulerConfig:
         of ``memory_bytes`` at TP ``tp`` (an engine may size its CUDA graphs by them), with
         any field overridden. ``context_tokens``: the served context length where no
         max_model_len is given (the model's), for defaults that depend on it
-        (``Engine.short_context``)."""
+        (``Engine.short_context``); a server's own max-model-len (``Engine.max_model_len``)
+        stands before it."""
+        steps = overrides.get("scheduler_steps", e.scheduler_steps or 1)
+        if steps != 1 and e.scheduler_steps is None:
+            raise UsageError(f"--num-scheduler-steps {steps}: multi-step scheduling is vLLM V0's "
+                             f"(engine vllm-v0, releases 0.6-0.7); {e.name} has none")
         kw = {"max_num_seqs": e.max_num_seqs,
               "max_num_batched_tokens": e.max_num_batched_tokens,
               "block_size": e.block_size, "chunked_prefill": e.chunked_prefill,
               "capacity_policy": e.capacity_policy, "mixed_batches": e.mixed_batches,
               "decode_reserve": e.decode_reserve,
               "prefix_caching": e.prefix_caching, "api_servers": e.api_servers,
-              "graph_padding": e.graph_padding}
+              "graph_padding": e.graph_padding, "scheduler_steps": e.scheduler_steps or 1,
+              "multi_step_stream": e.multi_step_stream}
+        if e.max_model_len is not None:
+            kw["max_model_len"] = context_tokens = e.max_model_len
         if e.short_context is not None and "max_num_batched_tokens" not in overrides:
             # vLLM V0: chunked prefill by default only above 32K of context; unchunked, a
-            # prompt is prefilled in a step of its own that takes the whole context
+            # prompt is prefilled in a step of its own that takes the whole context. Under
+            # multi-step scheduling a chunked step takes the whole context too: it does not
+            # chunk prompts (``chunks_prompts``)
             limit, floor = e.short_context
             context = overrides.get("max_model_len") or context_tokens or cls.max_model_len
             if not overrides.get("chunked_prefill", context > limit):
                 kw.update(chunked_prefill=False, mixed_batches=False,
                           max_num_batched_tokens=max(context, floor))
+            elif steps > 1:
+                kw.update(max_num_batched_tokens=max(context, floor))
         kw.update(overrides)
         if "graph_sizes" not in kw and e.cuda_graphs and e.graph_rule is not None:
             kw["graph_sizes"] = graph_sizes(e.graph_rule, kw["max_num_seqs"],
@@ -82,9 +100,23 @@ class SchedulerConfig:
                                             max_bs=e.graph_max_bs)
         return cls(**kw)
 
+    @property
+    def chunks_prompts(self) -> bool:
+        """Whether a prompt longer than a step's budget is prefilled in chunks: with chunked
+        prefill, and not under vLLM V0's multi-step scheduling, which schedules a prompt
+        only whole, beside the decodes ("Multi-step Chunked-Prefill doesn't allow
+        prompt-chunking", vllm/config.py SchedulerConfig)."""
+        return self.chunked_prefill and self.scheduler_steps == 1
+
+    @property
+    def unchunked_why(self) -> str:
+        """Why prompts are not chunked, as a refusal says it."""
+        return "chunked prefill is off" if not self.chunked_prefill else \
+            "multi-step scheduling does not chunk prompts"
+
     def check(self) -> None:
         for name in ("max_num_seqs", "max_num_batched_tokens", "block_size", "max_model_len",
-                     "ranks", "api_servers"):
+                     "ranks", "api_servers", "scheduler_steps"):
             if getattr(self, name) <= 0:
                 raise UsageError(f"{name.replace('_', '-')}: must be positive")
         if self.max_num_batched_tokens < self.max_num_seqs:
@@ -94,6 +126,9 @@ class SchedulerConfig:
         if self.capacity_policy not in ("max-utilization", "guaranteed-no-evict"):
             raise UsageError(f"capacity-policy: {self.capacity_policy!r} is not "
                              "max-utilization or guaranteed-no-evict")
+        if self.scheduler_steps > 1 and self.kind != "continuous":
+            raise UsageError("--num-scheduler-steps: multi-step scheduling is simulated with "
+                             "scheduler continuous only")
         if self.max_concurrency is not None and self.max_concurrency <= 0:
             raise UsageError("max-concurrency: must be positive")
         if not (self.max_wait_s >= 0 and math.isfinite(self.max_wait_s)):

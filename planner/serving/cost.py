@@ -25,6 +25,7 @@ reads. A coster built on one gives the same times as a fresh one, bit for bit.
 
 from __future__ import annotations
 
+import copy
 from dataclasses import replace
 
 from planner.core.engine import Engine
@@ -139,6 +140,13 @@ class StepCoster:
             attn, flops=0.0, kv_bytes=0.0, act_bytes=scored.act_bytes - attn.act_bytes))[1]
         self._attn_kernels = self.engine.kernels_for("attention", "attention")
         self._per_kernel = prep.ceilings.kernel_cost_s("attention", self.engine)
+
+    def with_engine(self, engine: Engine) -> StepCoster:
+        """This coster under ``engine``, whose timings of the operators are this one's (it
+        differs in host costs or their overlap only): the caches are shared, not rebuilt."""
+        other = copy.copy(self)
+        other.engine = engine
+        return other
 
     def _units(self) -> tuple[dict[str, Op], ...]:
         """The operators of a unit of attention work: without and with a score element, and

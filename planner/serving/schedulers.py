@@ -74,9 +74,11 @@ _PREFILLED = RequestState.PREFILLED
 class Scheduler:
     """The queues, the pools and what every policy does alike."""
 
+    inner = False  # the step ``schedule`` filled continues a multi-step block
+
     __slots__ = ("kv", "batch", "waiting", "running", "prefilling", "finished", "preemptions",
-                 "stamp", "token_budget", "chunk_tokens", "max_seqs", "chunked", "whole",
-                 "mixed", "decodes", "refused", "on_done", "reserve", "ratio",
+                 "stamp", "token_budget", "chunk_tokens", "max_seqs", "chunked", "unchunked",
+                 "whole", "mixed", "decodes", "refused", "on_done", "reserve", "ratio",
                  "retracted")
 
     def __init__(self, cfg: SchedulerConfig, kv: KVPool, batch: DecodePool):
@@ -91,7 +93,8 @@ class Scheduler:
         self.token_budget = cfg.max_num_batched_tokens * cfg.ranks  # a step's, all ranks'
         self.chunk_tokens = cfg.max_num_batched_tokens  # the largest prefill chunk: a rank's
         self.max_seqs = cfg.max_num_seqs * cfg.ranks
-        self.chunked = cfg.chunked_prefill
+        self.chunked = cfg.chunks_prompts
+        self.unchunked = cfg.unchunked_why  # a refusal's reason when not chunked
         self.whole = cfg.capacity_policy == "guaranteed-no-evict"  # reserve whole lengths
         self.mixed = cfg.mixed_batches
         # SGLang's admission (``SchedulerConfig.decode_reserve``): KV held back for the
@@ -161,7 +164,7 @@ class Scheduler:
         if not self.chunked and q.target > self.chunk_tokens:
             return UsageError(f"request {q.id}'s prompt ({q.target:,} tokens) exceeds "
                               f"max-num-batched-tokens ({self.chunk_tokens:,}) "
-                              "and chunked prefill is off")
+                              f"and {self.unchunked}")
         return UsageError("no request could be scheduled: the KV cache cannot hold the "
                           "next request beside those running")
 
@@ -326,8 +329,8 @@ class ContinuousScheduler(Scheduler):
             left = q.target - hit - own - loaded
             if not chunked and left > per_rank:  # a recompute grown too long
                 self._refuse_head(f"its recompute ({q.target:,} tokens) exceeds "
-                                  f"max-num-batched-tokens ({per_rank:,}) and chunked "
-                                  "prefill is off")
+                                  f"max-num-batched-tokens ({per_rank:,}) and "
+                                  f"{self.unchunked}")
                 continue
             cap = min(budget, per_rank)
             chunk = min(left, cap) if chunked else left
@@ -405,6 +408,81 @@ class ContinuousScheduler(Scheduler):
             self._finish(q, now)
         else:
             self.batch.join(q)
+
+
+class MultiStepScheduler(ContinuousScheduler):
+    """vLLM V0's multi-step scheduling (``--num-scheduler-steps`` N, 0.6-0.7): the scheduler
+    runs once for N forward steps. A step that decodes opens a block of N: the N - 1 after it
+    decode the same requests, with no admission and no prefill chunk, however many requests
+    wait (vLLM's ``_has_remaining_steps`` skips the scheduler until the block is done). A
+    prefill without chunked prefill is a block of one step (``init_multi_step_from_lookahead_
+    slots``: no lookahead slots for it). With chunked prefill on, prompts are still not
+    chunked (``SchedulerConfig.chunks_prompts``: each is scheduled whole, when it fits the
+    step's budget, beside the decodes), and a step holding prefills opens a block too, whose
+    later steps decode the requests decoding by then, those it prefilled among them (its
+    lookahead slots "for when the prefills turn into decodes"). ``inner`` says the step
+    being filled is one of a block's later ones, which the event loop prices with the host's
+    work beside the GPU's (``planner.serving.sim``): scheduling and input preparation ran
+    once, for the block. Requests that finish within a
+    block leave it at their last token; vLLM computes them to the block's end and discards
+    those tokens, a cost (their KV reads) left out here.
+
+    Tokens stream as each step ends (``multi_step_stream_outputs``, on by default since 0.6.3)
+    or, with it off (0.6.0-0.6.2's only way), in bursts: a block's tokens reach the client
+    when the block ends, so a first token or a last one that came mid-block is seen then
+    (``held``; the event loop counts one inter-token gap per request and block)."""
+
+    __slots__ = ("steps", "left", "inner", "bursts", "held_first", "held_done")
+
+    def __init__(self, cfg: SchedulerConfig, kv: KVPool, batch: DecodePool):
+        super().__init__(cfg, kv, batch)
+        self.steps = cfg.scheduler_steps
+        self.left = 0  # steps of the current block still to run
+        self.inner = False
+        self.bursts = not cfg.multi_step_stream
+        self.held_first: list[SimRequest] = []  # first tokens out at the block's end
+        self.held_done: list[SimRequest] = []  # last tokens likewise
+
+    def schedule(self) -> Chunks:
+        batch = self.batch
+        if self.left and batch.n:
+            self.left -= 1
+            self.inner = self.decodes = True
+            self._make_room_for_decodes()
+            return []
+        self.inner = False
+        chunks = super().schedule()
+        opens = self.decodes and batch.n if not chunks else self.mixed
+        self.left = self.steps - 1 if opens else 0
+        return chunks
+
+    def on_step_end(self, chunks: Chunks, now: float) -> None:
+        super().on_step_end(chunks, now)
+        if not self.left or not self.batch.n:  # the block is done
+            self.left = 0
+            if self.held_first or self.held_done:
+                self._deliver(now)
+
+    def _prefilled(self, q: SimRequest, now: float) -> None:
+        if self.bursts and q.r.first_token_s == now:
+            self.held_first.append(q)
+        super()._prefilled(q, now)
+
+    def _done(self, q: SimRequest, now: float) -> None:
+        # held even at a block's last step: its first token may be held too, and both are
+        # out before the step's end (``on_step_end`` delivers them)
+        if self.bursts:
+            self.held_done.append(q)
+        else:
+            super()._done(q, now)
+
+    def _deliver(self, now: float) -> None:
+        """The block's tokens reach the client: the first and last tokens held are out now."""
+        for q in self.held_first:
+            q.r.first_token_s = now
+        for q in self.held_done:
+            super()._done(q, now)
+        self.held_first, self.held_done = [], []
 
 
 class StaticScheduler(Scheduler):
@@ -519,4 +597,6 @@ def make_scheduler(cfg: SchedulerConfig, kv: KVPool, batch: DecodePool) -> Sched
     cls = SCHEDULERS.get(cfg.kind)
     if cls is None:
         raise UsageError(f"scheduler: {cfg.kind!r} is not one of {', '.join(SCHEDULERS)}")
+    if cls is ContinuousScheduler and cfg.scheduler_steps > 1:
+        cls = MultiStepScheduler
     return cls(cfg, kv, batch)

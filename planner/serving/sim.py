@@ -166,9 +166,11 @@ def simulate(requests: list[Request], coster: StepCoster, cfg: SchedulerConfig, 
     arr = arrivals(stream(), cfg.max_concurrency, front if front.active else None)
     occ = Occupancy(sample_every_s)
     pricer = StepPricer(coster, batch, cfg.graph_sizes, cfg.graph_padding)
+    inner = _inner_pricer(coster, batch, cfg, spec) if cfg.scheduler_steps > 1 else None
     with no_cycle_collection():  # the loop makes no cycles: refcounts free all
         t, stream_s = _serve(sched, arr, pricer, occ, n=len(requests) - len(refused),
-                             max_steps=max_steps, front=front if front.token_s else None)
+                             max_steps=max_steps, front=front if front.token_s else None,
+                             inner=inner)
     if path is not None:  # when the last request is done, its request path included
         for f in records.column("finish_s"):
             t = max(t, f)
@@ -216,11 +218,29 @@ def _refusal(prompt_tokens: int, output_tokens: int, kv: KVPool, k1: int,
     if prompt_tokens + output_tokens > cfg.max_model_len:
         return (f"{prompt_tokens:,} + {output_tokens:,} tokens exceed max-model-len "
                 f"({cfg.max_model_len:,})")
-    if (cfg.kind == "continuous" and not cfg.chunked_prefill
+    if (cfg.kind == "continuous" and not cfg.chunks_prompts
             and prompt_tokens > cfg.max_num_batched_tokens):
         return (f"its prompt ({prompt_tokens:,} tokens) exceeds max-num-batched-tokens "
-                f"({cfg.max_num_batched_tokens:,}) and chunked prefill is off")
+                f"({cfg.max_num_batched_tokens:,}) and {cfg.unchunked_why}")
     return ""
+
+
+def _inner_pricer(coster: StepCoster, batch, cfg: SchedulerConfig,
+                  spec: SpecServing | None) -> StepPricer:
+    """The pricer of a multi-step block's later steps (``MultiStepScheduler``): the engine's
+    host work for them (output processing, the graph's launch) runs beside the GPU's, as
+    under async scheduling, since scheduling and input preparation ran once for the block; a
+    step run without a CUDA graph still keeps the host busy launching its kernels
+    (``Engine.hides_host``). On a TP replica without speculation, as vLLM V0 ran it."""
+    if spec is not None:
+        raise UsageError("--num-scheduler-steps: multi-step scheduling and speculative "
+                         "decoding are not simulated together (vLLM V0 refused the pair)")
+    try:
+        hidden = coster.with_engine(replace(coster.engine, async_scheduling=True))
+    except AttributeError:  # a pipeline or expert-parallel layout's coster
+        raise UsageError("--num-scheduler-steps: multi-step scheduling is simulated on a TP "
+                         "replica only (pp 1, ep 1)") from None
+    return StepPricer(hidden, batch, cfg.graph_sizes, cfg.graph_padding)
 
 
 def _kv_pool(coster: StepCoster, cfg: SchedulerConfig, spec: SpecServing | None) -> KVPool:
@@ -242,7 +262,8 @@ def _kv_pool(coster: StepCoster, cfg: SchedulerConfig, spec: SpecServing | None)
 
 
 def _serve(sched: Scheduler, arr: Arrivals, pricer: StepPricer, occ: Occupancy, *, n: int,
-           max_steps: int, front: Frontend | None = None) -> tuple[float, float]:
+           max_steps: int, front: Frontend | None = None,
+           inner: StepPricer | None = None) -> tuple[float, float]:
     """The event loop: arrivals, then a step the scheduler fills and the pricer times, until
     every request is done. Returns the time the last step ended, and the seconds ``front`` (an
     API server that costs time per token streamed) added to steps: a step is seen to take no
@@ -250,14 +271,21 @@ def _serve(sched: Scheduler, arr: Arrivals, pricer: StepPricer, occ: Occupancy, 
 
     A step that runs no decodes (``Scheduler.decodes``, SGLang's prefill batches) makes the
     decoding requests wait: their next token's gap is that step and the decode step after it
-    (``stall_s`` counted for the requests that sat out the last such step)."""
+    (``stall_s`` counted for the requests that sat out the last such step). ``inner``: the
+    pricer of a multi-step block's later steps (``Scheduler.inner``)."""
     kv, batch = sched.kv, sched.batch
     running, waiting, prefilling = sched.running, sched.waiting, sched.prefilling
     arrive, schedule, end_step = arr.arrive, sched.schedule, sched.on_step_end
     wait_until, record = sched.wait_until, occ.record
     time_s = pricer.time_s if pricer.scale == 1.0 else pricer.scaled_time_s
+    inner_s = None if inner is None else (inner.time_s if inner.scale == 1.0 else
+                                          inner.scaled_time_s)
     t = stall_s = stream_s = 0.0
     stalled = 0
+    # multi-step bursts (``MultiStepScheduler.bursts``): a block's seconds so far and the
+    # requests it decodes, each seeing one gap when the block's tokens reach it
+    bursts = getattr(sched, "bursts", False)
+    burst_s, burst_n = 0.0, 0
     arrive(0.0, waiting, 0)
     while sched.finished < n:
         if occ.steps >= max_steps:
@@ -282,14 +310,20 @@ def _serve(sched: Scheduler, arr: Arrivals, pricer: StepPricer, occ: Occupancy, 
                 arrive(t, waiting, sched.finished)
                 continue
             raise sched.stuck()
-        dt, past = time_s(chunks, decodes)
+        dt, past = (inner_s if inner_s is not None and sched.inner else time_s)(chunks,
+                                                                                decodes)
         out = n_dec - batch.padding
         if front is not None:
             floor = front.step_floor_s(out)
             if floor > dt:
                 stream_s += floor - dt
                 dt = floor
-        if n_dec and stall_s:  # tokens that also waited the prefill steps before this one
+        if bursts and n_dec:  # held to the block's end (a gap over the stall before it)
+            if not burst_s:
+                burst_n = out
+            burst_s += dt
+            out = 0
+        elif n_dec and stall_s:  # tokens that also waited the prefill steps before this one
             late = min(stalled, out)
             if late:
                 occ.itl.append((dt + stall_s, late))
@@ -306,6 +340,15 @@ def _serve(sched: Scheduler, arr: Arrivals, pricer: StepPricer, occ: Occupancy, 
         if n_dec:
             batch.step()
         end_step(chunks, t)
+        if burst_s and not sched.left:
+            # the requests decoding before the prefill steps ahead of the block waited those
+            # too; any prefilled in them saw their first token then
+            late = min(stalled, burst_n) if stall_s else 0
+            if late:
+                occ.itl.append((burst_s + stall_s, late))
+            if burst_n > late:
+                occ.itl.append((burst_s, burst_n - late))
+            burst_s = stall_s = 0.0
         arrive(t, waiting, sched.finished)
         if t >= occ.next_sample_s:
             occ.sample(t, len(running), len(waiting), kv.capacity_tokens - kv.free_tokens)

@@ -37,6 +37,11 @@ class SlowedCoster:
         self._coster = coster
         self.time_scale = factor * getattr(coster, "time_scale", 1.0)
 
+    def with_engine(self, engine):
+        """The coster's ``with_engine``, as slow."""
+        return SlowedCoster(self._coster.with_engine(engine),
+                            self.time_scale / getattr(self._coster, "time_scale", 1.0))
+
     def __getattr__(self, name: str):
         # only what the instance lacks reaches here; "_coster" itself is missing only while a
         # copy or an unpickling builds the instance, which must not recurse
