@@ -493,6 +493,8 @@ def test_gpu_validate_script_runs_end_to_end_on_cpu(tmp_path):
     v = tmp_path / "v"
     first = (v / "tiny-llama-test-bf16.jsonl").read_text()
     assert len(first.splitlines()) == 6 and (v / "engines.csv").exists()
+    # the fp8 step: one point on a CPU (emulated fp8 is slow on some)
+    assert len((v / "tiny-llama-test-fp8.jsonl").read_text().splitlines()) == 1
     assert list((v / "report").glob("*.png"))
     # the operator breakdown: every projection of the decode step found by its weight shape
     recs = [json.loads(x) for x in (v / "kernels" / "breakdown.jsonl").read_text().splitlines()]
