@@ -380,3 +380,24 @@ def test_simulate_shows_progress_on_a_terminal_only(on_a_terminal):
     assert code == 0 and b"simulating" not in err and json.loads(out)["completed"] == 60000
     code, out, err = on_a_terminal([*sim[:-1], "50"])  # too short to show one
     assert code == 0 and b"simulating" not in err
+
+
+def test_step_progress_counts_every_step_of_the_simulation():
+    """Decode steps priced from their amounts and a multi-step block's later steps (vllm-v0,
+    --num-scheduler-steps) count toward the bar as the others do: every step is counted."""
+    from planner.cli.options import build_deployment
+    from planner.cli.progress import StepProgress
+    from planner.io import catalog
+    from planner.serving import run
+    from planner.serving.traffic import synthetic
+
+    for engine, steps in (("vllm", 1), ("vllm-v0", 8)):
+        dep = build_deployment(catalog.load_model("llama-3.1-8b"), gpu="h100-sxm",
+                               engine=engine)
+        reqs = synthetic(300, prompt_tokens=300, output_tokens=200, request_rate=20.0, seed=1)
+        wrapped = StepProgress(run.coster(dep), sum(r.output_tokens for r in reqs),
+                               lambda f, s: None)
+        cfg = run.scheduler(dep, scheduler_steps=steps)
+        res = run.run(dep, reqs, cfg, step_coster=wrapped)
+        assert wrapped.steps == res.steps, engine
+        assert wrapped.sequences >= sum(r.output_tokens for r in reqs) - len(reqs)

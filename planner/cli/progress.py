@@ -10,6 +10,7 @@ flickers one).
 
 from __future__ import annotations
 
+import copy
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -31,18 +32,41 @@ class StepProgress:
         self._inner = inner
         self._total = max(1.0, total_tokens / max(tokens_per_step, 1.0))
         self._report = report
+        self._counter = self  # copies (``with_engine``) count here
         self.steps = 0
         self.sequences = 0
 
     def __getattr__(self, name: str):  # model, engine, dp_ranks, kv_capacity_tokens...
+        # only what the instance lacks reaches here; "_inner" itself, and dunders, only
+        # while a copy builds the instance, which must not recurse
+        if name == "_inner" or name.startswith("__"):
+            raise AttributeError(name)
         return getattr(self._inner, name)
 
+    def _tick(self, sequences: int) -> None:
+        c = self._counter
+        c.steps += 1
+        c.sequences += sequences
+        if c.steps % EVERY_STEPS == 0:
+            c._report(min(c.sequences / c._total, 0.99), c.steps)
+
     def step_time(self, *args, **kwargs) -> float:
-        self.steps += 1
-        self.sequences += kwargs.get("sequences", 0)
-        if self.steps % EVERY_STEPS == 0:
-            self._report(min(self.sequences / self._total, 0.99), self.steps)
+        self._tick(kwargs.get("sequences", 0))
         return self._inner.step_time(*args, **kwargs)
+
+    def decode_step_s(self, tokens, attn_pairs, kv_read_tokens, score_elems, logit_rows,
+                      sequences) -> float:
+        """The inner coster's decode step priced from its amounts (most decode steps)."""
+        self._tick(sequences)
+        return self._inner.decode_step_s(tokens, attn_pairs, kv_read_tokens, score_elems,
+                                         logit_rows, sequences)
+
+    def with_engine(self, engine) -> StepProgress:
+        """The inner coster's ``with_engine`` (a multi-step block's later steps), its steps
+        counted here too."""
+        other = copy.copy(self)
+        other._inner = self._inner.with_engine(engine)
+        return other
 
 
 @contextmanager
