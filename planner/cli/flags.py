@@ -197,6 +197,8 @@ SAME_PARAMETER: dict[str, dict[str, object]] = {
                           "--enable-chunked-prefill": True,
                           "--no-enable-chunked-prefill": False},
     "--cpu-offload-gb": {"--cpu-offload-gb": None},
+    "--multi-step-stream-outputs": {"--multi-step-stream-outputs": True,
+                                    "--no-multi-step-stream-outputs": False},
 }
 
 
