@@ -423,9 +423,9 @@ class MultiStepScheduler(ContinuousScheduler):
     lookahead slots "for when the prefills turn into decodes"). ``inner`` says the step
     being filled is one of a block's later ones, which the event loop prices with the host's
     work beside the GPU's (``planner.serving.sim``): scheduling and input preparation ran
-    once, for the block. Requests that finish within a
-    block leave it at their last token; vLLM computes them to the block's end and discards
-    those tokens, a cost (their KV reads) left out here.
+    once, for the block. Requests that finish within a block leave it at their last token;
+    vLLM computes them to the block's end and discards those tokens, a cost (their KV reads)
+    left out here.
 
     Tokens stream as each step ends (``multi_step_stream_outputs``, on by default since 0.6.3)
     or, with it off (0.6.0-0.6.2's only way), in bursts: a block's tokens reach the client

@@ -310,8 +310,8 @@ def _serve(sched: Scheduler, arr: Arrivals, pricer: StepPricer, occ: Occupancy, 
                 arrive(t, waiting, sched.finished)
                 continue
             raise sched.stuck()
-        dt, past = (inner_s if inner_s is not None and sched.inner else time_s)(chunks,
-                                                                                decodes)
+        price = inner_s if inner_s is not None and sched.inner else time_s
+        dt, past = price(chunks, decodes)
         out = n_dec - batch.padding
         if front is not None:
             floor = front.step_floor_s(out)
