@@ -125,6 +125,7 @@ def served_setup(model: str, gpu: str, spec, tp: int, weights, kv_cache,
     from planner.core.specs import GIB, Options
     from planner.io import catalog
     from planner.layouts.deployment import Deployment, Layout
+    from planner.serving.config import check_scheduler_steps
 
     s = dict(server or {})
     positive("--tp", tp)
@@ -138,12 +139,10 @@ def served_setup(model: str, gpu: str, spec, tp: int, weights, kv_cache,
     m = catalog.load_model(model)
     hw = catalog.load_hardware(gpu)
     eng = spec.model().for_gpu(hw.memory_bytes, hw.name, hw.architecture)
-    if s.get("--num-scheduler-steps", 1) != 1 and eng.scheduler_steps is None:
-        raise LlmplanError(f"the server command's --num-scheduler-steps: multi-step "
-                           f"scheduling is vLLM V0's (engine vllm-v0); {eng.name} has none")
     for flag in ("--max-model-len", "--num-scheduler-steps"):
         if s.get(flag, 1) < 1:
             raise LlmplanError(f"the server command's {flag} {s[flag]}: must be positive")
+    check_scheduler_steps(eng, s.get("--num-scheduler-steps", 1))
     eng = replace(eng, **{f: s[o] for o, f in ENGINE_FIELDS.items() if o in s})
     if s.get("--enforce-eager"):
         eng = replace(eng, cuda_graphs=False)

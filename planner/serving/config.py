@@ -14,6 +14,14 @@ from planner.core.engine import ReserveRule, graph_sizes
 from planner.core.errors import UsageError
 
 
+def check_scheduler_steps(e, steps: int) -> None:
+    """Refuse multi-step scheduling (``steps`` > 1) for an engine without it: only vLLM V0
+    has it (``Engine.scheduler_steps`` None: none)."""
+    if steps != 1 and e.scheduler_steps is None:
+        raise UsageError(f"--num-scheduler-steps {steps}: multi-step scheduling is vLLM V0's "
+                         f"(engine vllm-v0, releases 0.6-0.7); {e.name} has none")
+
+
 @dataclass(frozen=True)
 class SchedulerConfig:
     kind: Literal["continuous", "static", "dynamic"] = "continuous"
@@ -67,9 +75,7 @@ class SchedulerConfig:
         (``Engine.short_context``); a server's own max-model-len (``Engine.max_model_len``)
         stands before it."""
         steps = overrides.get("scheduler_steps", e.scheduler_steps or 1)
-        if steps != 1 and e.scheduler_steps is None:
-            raise UsageError(f"--num-scheduler-steps {steps}: multi-step scheduling is vLLM V0's "
-                             f"(engine vllm-v0, releases 0.6-0.7); {e.name} has none")
+        check_scheduler_steps(e, steps)
         kw = {"max_num_seqs": e.max_num_seqs,
               "max_num_batched_tokens": e.max_num_batched_tokens,
               "block_size": e.block_size, "chunked_prefill": e.chunked_prefill,

@@ -75,6 +75,7 @@ class Scheduler:
     """The queues, the pools and what every policy does alike."""
 
     inner = False  # the step ``schedule`` filled continues a multi-step block
+    bursts = False  # a multi-step block's tokens reach the client at its end
 
     __slots__ = ("kv", "batch", "waiting", "running", "prefilling", "finished", "preemptions",
                  "stamp", "token_budget", "chunk_tokens", "max_seqs", "chunked", "unchunked",

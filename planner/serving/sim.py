@@ -277,14 +277,13 @@ def _serve(sched: Scheduler, arr: Arrivals, pricer: StepPricer, occ: Occupancy, 
     running, waiting, prefilling = sched.running, sched.waiting, sched.prefilling
     arrive, schedule, end_step = arr.arrive, sched.schedule, sched.on_step_end
     wait_until, record = sched.wait_until, occ.record
-    time_s = pricer.time_s if pricer.scale == 1.0 else pricer.scaled_time_s
-    inner_s = None if inner is None else (inner.time_s if inner.scale == 1.0 else
-                                          inner.scaled_time_s)
+    time_s = pricer.timer
+    inner_s = None if inner is None else inner.timer
     t = stall_s = stream_s = 0.0
     stalled = 0
     # multi-step bursts (``MultiStepScheduler.bursts``): a block's seconds so far and the
     # requests it decodes, each seeing one gap when the block's tokens reach it
-    bursts = getattr(sched, "bursts", False)
+    bursts = sched.bursts
     burst_s, burst_n = 0.0, 0
     arrive(0.0, waiting, 0)
     while sched.finished < n:

@@ -73,6 +73,12 @@ class StepPricer:
         self.direct = bool(self.graph_sizes) and getattr(coster, "prices_decodes_directly",
                                                          False)
 
+    @property
+    def timer(self):
+        """``time_s``, or ``scaled_time_s`` where the coster has a time scale (an unscaled
+        step pays no extra call): the event loop's."""
+        return self.time_s if self.scale == 1.0 else self.scaled_time_s
+
     def scaled_time_s(self, chunks: list, decodes: bool = True) -> tuple[float, int]:
         """``time_s`` times the coster's ``time_scale`` (the event loop takes this one where
         the scale is not 1, so an unscaled step pays no extra call)."""
