@@ -117,7 +117,8 @@ def served_setup(model: str, gpu: str, spec, tp: int, weights, kv_cache,
     """The deployment a served run was measured on (``planner.layouts.deployment``), ready
     for prediction: the engine's scheduler budget is the prefill chunk. ``server``: what its
     server command set (``server_overrides``): the scheduler's limits, chunking, CUDA graphs
-    (--enforce-eager), the memory fraction, weights in host memory, pipeline stages; its TP,
+    (--enforce-eager), vLLM's --performance-mode, the memory fraction, weights in host
+    memory, pipeline stages; its TP,
     weights and KV cache must be the run's. ``weights`` None: the server command's
     --quantization, else the checkpoint's quantization_config, else bf16."""
     from dataclasses import replace
@@ -143,6 +144,8 @@ def served_setup(model: str, gpu: str, spec, tp: int, weights, kv_cache,
         if s.get(flag, 1) < 1:
             raise LlmplanError(f"the server command's {flag} {s[flag]}: must be positive")
     check_scheduler_steps(eng, s.get("--num-scheduler-steps", 1))
+    # vLLM's --performance-mode changes the defaults; the limits the command gives stand
+    eng = eng.in_mode(s.get("--performance-mode"))
     eng = replace(eng, **{f: s[o] for o, f in ENGINE_FIELDS.items() if o in s})
     if s.get("--enforce-eager"):
         eng = replace(eng, cuda_graphs=False)

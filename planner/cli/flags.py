@@ -15,7 +15,8 @@ caching, True or False here), ``--mixed-batches`` (prefill chunks beside decodes
 ``--async-scheduling`` (the host's work beside the GPU's, True or False),
 ``--api-server-count`` (API-server processes: ``planner.serving.frontend``),
 ``--max-model-len`` (the longest request taken), ``--num-scheduler-steps`` and
-``--multi-step-stream-outputs`` (vLLM V0's multi-step scheduling) and, read from SGLang's
+``--multi-step-stream-outputs`` (vLLM V0's multi-step scheduling), ``--performance-mode``
+(vLLM 0.17 and later: ``planner.core.engine.Engine.in_mode``) and, read from SGLang's
 server commands only, ``--cuda-graph-max-bs`` (the largest decode batch captured in a CUDA
 graph).
 """
@@ -34,6 +35,8 @@ VLLM_ARGS = "https://github.com/vllm-project/vllm/blob/v0.11.0/vllm/engine/arg_u
 VLLM_V0_ARGS = "https://github.com/vllm-project/vllm/blob/v0.6.3/vllm/engine/arg_utils.py"
 VLLM_CACHE = ("https://github.com/vllm-project/vllm/blob/"
               "c1d86421174a87056edc90a41dc9942391509e84/vllm/config/cache.py")
+# --performance-mode (PR #34936, vLLM 0.17): balanced, interactivity or throughput
+VLLM_PERFORMANCE_MODE = "https://github.com/vllm-project/vllm/pull/34936"
 # --api-server-count (PR #17546, vLLM 0.9): API-server processes in front of the engine
 VLLM_API_SERVERS = "https://github.com/vllm-project/vllm/pull/17546"
 SGLANG_ARGS = "https://github.com/sgl-project/sglang/blob/v0.5.3/python/sglang/srt/server_args.py"
@@ -147,6 +150,8 @@ FLAGS: tuple[EngineFlag, ...] = (
     # StoreBoolean, nargs="?": "--multi-step-stream-outputs False", or bare for True
     EngineFlag(("--multi-step-stream-outputs",), "--multi-step-stream-outputs", V,
                VLLM_V0_ARGS, choices=BOOLEANS, const=True, fold_case=True),
+    EngineFlag(("--performance-mode",), "--performance-mode", V, VLLM_PERFORMANCE_MODE,
+               choices={m: m for m in ("balanced", "interactivity", "throughput")}),
     # SGLang (ServerArgs.add_cli_args); argparse also takes --tp for --tp-size
     EngineFlag(("--tp-size", "--tp"), "--tp", S, SGLANG_ARGS, number=int),
     EngineFlag(("--pp-size",), "--pp", S, SGLANG_ARGS, number=int),

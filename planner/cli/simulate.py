@@ -279,6 +279,12 @@ def simulate(
         help="With --num-scheduler-steps: each step's tokens stream as it ends (vLLM's "
         "default since 0.6.3), or a block's reach the client at its end, in bursts (0.6.0-"
         "0.6.2; vLLM's --multi-step-stream-outputs False).")] = None,
+    performance_mode: Annotated[Optional[str], typer.Option(
+        "--performance-mode", metavar="balanced|interactivity|throughput",
+        help="vLLM's --performance-mode (0.17 and later; engine vllm): throughput doubles "
+        "the default --max-num-seqs and --max-num-batched-tokens (a value given stands); "
+        "interactivity captures CUDA graphs at every decode batch of 1-32, so small batches "
+        "pad less; balanced (vLLM's default) changes nothing.")] = None,
     kv_layout: Annotated[KVLayout, typer.Option(
         help="paged: blocks on demand; contiguous: max-model-len reserved per request.")] =
     KVLayout.paged,
@@ -375,7 +381,7 @@ def simulate_run(a: dict, *, emit: bool = False) -> dict:
      dataset, dataset_name, seed, chat, scheduler, max_wait, max_num_seqs,
      max_num_batched_tokens,
      chunked_prefill, capacity_policy, mixed_batches, api_server_count, num_scheduler_steps,
-     multi_step_stream_outputs, kv_layout, block_size,
+     multi_step_stream_outputs, performance_mode, kv_layout, block_size,
      max_model_len, memory_utilization, reserve_gib, cpu_offload_gb, ttft_slo, tpot_slo, trace,
      allow_longer_context, plot, speculative, draft_model, num_speculative_tokens,
      acceptance_rate, prefill_instances, decode_instances, prefill_tp, decode_tp, prefill_gpu,
@@ -388,7 +394,8 @@ def simulate_run(a: dict, *, emit: bool = False) -> dict:
         "prompt_tokens", "output_tokens", "range_ratio", "prefix_tokens", "prefix_cache",
         "dataset", "dataset_name", "seed", "chat", "scheduler", "max_wait", "max_num_seqs",
         "max_num_batched_tokens", "chunked_prefill", "capacity_policy", "mixed_batches",
-        "api_server_count", "num_scheduler_steps", "multi_step_stream_outputs", "kv_layout",
+        "api_server_count", "num_scheduler_steps", "multi_step_stream_outputs",
+        "performance_mode", "kv_layout",
         "block_size", "max_model_len", "memory_utilization",
         "reserve_gib", "cpu_offload_gb", "ttft_slo", "tpot_slo", "trace",
         "allow_longer_context", "plot", "speculative", "draft_model", "num_speculative_tokens",
@@ -447,7 +454,7 @@ def simulate_run(a: dict, *, emit: bool = False) -> dict:
     _refusals(res)
     d = _result(dep, cfg, reqs, sp, summary(res, ttft_slo_s=ttft_slo, tpot_slo_s=tpot_slo),
                 request_rate=request_rate, burstiness=burstiness,
-                max_concurrency=max_concurrency)
+                max_concurrency=max_concurrency, performance_mode=performance_mode)
     if sp is not None:  # the same requests without speculation, beside the headline
         d.update(_baseline(summary(run.run(dep, reqs, cfg), ttft_slo_s=ttft_slo,
                                    tpot_slo_s=tpot_slo, itl=False), d))
@@ -720,7 +727,7 @@ def _scheduler(dep, a: dict):
         if a["prefix_cache"] not in ("on", "off"):
             raise LlmplanError(f"--prefix-cache: must be on or off, got {a['prefix_cache']!r}")
         given["prefix_caching"] = a["prefix_cache"] == "on"
-    cfg = run.scheduler(dep, kind=a["scheduler"].value, **given,
+    cfg = run.scheduler(dep, mode=a["performance_mode"], kind=a["scheduler"].value, **given,
                         kv_layout=a["kv_layout"].value,
                         max_model_len=a["max_model_len"] or dep.model.max_position_embeddings,
                         max_concurrency=a["max_concurrency"],
@@ -830,8 +837,10 @@ def _requests(dataset, dataset_name, num_requests, prompt_tokens, output_tokens,
                      prefix_tokens=prefix_tokens)
 
 
-def _result(dep, cfg, reqs, sp, d: dict, *, request_rate, burstiness, max_concurrency) -> dict:
-    """The JSON object: the deployment, the traffic, then the metrics as vLLM keys them."""
+def _result(dep, cfg, reqs, sp, d: dict, *, request_rate, burstiness, max_concurrency,
+            performance_mode: str | None = None) -> dict:
+    """The JSON object: the deployment, the traffic, then the metrics as vLLM keys them.
+    ``performance_mode``: vLLM's --performance-mode as given (None: not given)."""
     if sp is not None:
         c = sp.config
         d["speculative"] = {"method": c.method, "num_speculative_tokens": c.k,
@@ -855,6 +864,9 @@ def _result(dep, cfg, reqs, sp, d: dict, *, request_rate, burstiness, max_concur
             "decode_reserve": None if cfg.decode_reserve is None
             else cfg.decode_reserve._asdict(),
             "prefix_caching": cfg.prefix_caching, "api_servers": cfg.api_servers,
+            "performance_mode": performance_mode,
+            "max_num_seqs": cfg.max_num_seqs,
+            "max_num_batched_tokens": cfg.max_num_batched_tokens,
             "api_server_request_s": dep.engine.frontend_request_s,
             "api_server_token_s": dep.engine.frontend_token_s,
             # as vLLM's result file writes it: a number, or "inf"
@@ -996,6 +1008,10 @@ def _render(d: dict) -> None:
           else []),
         ["running requests", f"mean {d['mean_running_requests']:,.1f}, max "
                              f"{d['max_running_requests']:,}"],
+        ["scheduler limits", f"{d['max_num_seqs']:,} requests, "
+                             f"{d['max_num_batched_tokens']:,} tokens a step"
+         + (f" (--performance-mode {d['performance_mode']})" if d.get("performance_mode")
+            else "")],
         *([["speculative decoding", _spec_line(d["speculative"])]] if d.get("speculative")
           else []),
         ["KV cache", f"{d['kv_capacity_tokens']:,} tokens; holding "

@@ -128,6 +128,8 @@ def replay_setup(entry, spec):
         # --engine): as that engine runs, every step scheduled
         for flag in MULTI_STEP_FLAGS:
             server.pop(flag, None)
+    if spec.serving is None or spec.serving.performance_modes is None:
+        server.pop("--performance-mode", None)  # likewise: that engine's own defaults
     return served_setup(entry.model, entry.gpu, spec, entry.tp, entry.weights, entry.kv_cache,
                         quantized_layers=_quantized_layers(entry), server=server)
 

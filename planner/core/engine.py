@@ -42,6 +42,7 @@ from typing import Annotated, Literal, NamedTuple
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from planner.core.arith import no_bool_numbers
+from planner.core.errors import UsageError
 from planner.core.specs import DType
 
 
@@ -347,6 +348,25 @@ class ShortContextDefaults(_Frozen):
     note: str | None = None
 
 
+PERFORMANCE_MODES = ("balanced", "interactivity", "throughput")
+
+
+class PerformanceModes(_Frozen):
+    """vLLM's --performance-mode (0.17 and later): ``balanced`` keeps the defaults;
+    ``throughput`` multiplies the default max_num_seqs and max_num_batched_tokens by
+    ``throughput_factor`` (a value the server is given stands); ``interactivity`` captures a
+    CUDA graph at every decode batch size from 1 to ``interactivity_graph_sizes_to`` (or the
+    largest captured size, if smaller) beside the usual ones, so that small batches pad
+    less."""
+
+    since: str = Field(pattern=r"^[0-9]+(\.[0-9]+)*$")  # the first release with the option
+    throughput_factor: int = Field(ge=1, le=64)
+    interactivity_graph_sizes_to: int = Field(ge=1, le=100_000)
+    source: str = Field(min_length=1)
+    date: str | None = None
+    note: str | None = None
+
+
 class EarlierDefaults(_Frozen):
     """The scheduler defaults of the releases before ``until`` that a profile covers, where
     they differ (vLLM before 0.8.5: 256 sequences and 2,048 tokens a step on every GPU)."""
@@ -386,6 +406,9 @@ class ServingDefaults(_Frozen):
     scheduler_steps: Num | None = None
     # multi-step: each step's tokens stream as it ends, from ``since`` on (None: on)
     multi_step_stream: FlagSince | None = None
+    # --performance-mode and what each mode changes (``PerformanceModes``); None: no such
+    # option (refused)
+    performance_modes: PerformanceModes | None = None
     earlier: tuple[EarlierDefaults, ...] = ()  # releases before each ``until``, oldest first
 
     @model_validator(mode="after")
@@ -473,8 +496,9 @@ class EngineSpec(_Frozen):
     def at_version(self, version: str) -> EngineSpec:
         """The profile as the release ``version`` starts: the scheduler defaults of the
         earliest ``serving.earlier`` entry it comes before (every GPU alike), else as it is;
-        no capture sizes before the release they start at (``GraphSizes.since``), and a
-        ``FlagSince`` default reversed before its release."""
+        no capture sizes before the release they start at (``GraphSizes.since``), no
+        --performance-mode before its release, and a ``FlagSince`` default reversed before
+        its release."""
         sv = self.serving
         if sv is None:
             return self
@@ -482,6 +506,9 @@ class EngineSpec(_Frozen):
         g = sv.cuda_graph_sizes
         if g is not None and g.since is not None and v < version_key(g.since):
             sv = sv.model_copy(update={"cuda_graph_sizes": None})
+        pm = sv.performance_modes
+        if pm is not None and v < version_key(pm.since):
+            sv = sv.model_copy(update={"performance_modes": None})
         ms = sv.multi_step_stream
         if ms is not None and v < version_key(ms.since):
             sv = sv.model_copy(update={"multi_step_stream": ms.model_copy(update={
@@ -603,6 +630,10 @@ class EngineSpec(_Frozen):
             out["scheduler_steps"] = int(sv.scheduler_steps.value)
         if sv.multi_step_stream is not None:
             out["multi_step_stream"] = sv.multi_step_stream.value
+        if sv.performance_modes is not None:
+            pm = sv.performance_modes
+            out["performance_modes"] = (pm.since, pm.throughput_factor,
+                                        pm.interactivity_graph_sizes_to)
         if sv.short_context is not None:
             out["short_context"] = (sv.short_context.max_model_len,
                                     sv.short_context.min_batched_tokens)
@@ -707,6 +738,9 @@ class Engine:
     # (max_num_seqs, max_num_batched_tokens, below this many bytes of memory, or a GPU name
     # holding one of these): the defaults on smaller GPUs, resolved by ``for_gpu``
     small_gpu: tuple | None = None
+    # (first release, throughput factor, interactivity's finest sizes up to): vLLM's
+    # --performance-mode (``PerformanceModes``, ``in_mode``); None: the engine has none
+    performance_modes: tuple | None = None
 
     def for_gpu(self, memory_bytes: float, gpu_name: str,
                 architecture: str | None = None) -> Engine:
@@ -724,6 +758,31 @@ class Engine:
         if not small:
             return replace(e, small_gpu=None)
         return replace(e, small_gpu=None, max_num_seqs=seqs, max_num_batched_tokens=tokens)
+
+    def in_mode(self, mode: str | None) -> Engine:
+        """The engine under vLLM's --performance-mode ``mode`` (None: not given): its
+        scheduler defaults multiplied (throughput) or its CUDA graphs captured at every small
+        decode batch (interactivity), as ``PerformanceModes`` says. Applied to the defaults
+        for the GPU (after ``for_gpu``), before any limit the server is given, which stands.
+        A ``UsageError`` for an engine or release without the option."""
+        if mode is None:
+            return self
+        if mode not in PERFORMANCE_MODES:
+            raise UsageError(f"--performance-mode: {mode!r} is not one of "
+                             f"{', '.join(PERFORMANCE_MODES)}")
+        if self.performance_modes is None:
+            which = ", a release before 0.17" if self.family == "vllm" else ""
+            raise UsageError(f"--performance-mode {mode}: an option of vLLM 0.17 and later; "
+                             f"the engine here ({self.name}{which}) has none")
+        _, factor, finest = self.performance_modes
+        if mode == "throughput":
+            return replace(self, max_num_seqs=self.max_num_seqs * factor,
+                           max_num_batched_tokens=self.max_num_batched_tokens * factor)
+        if mode == "interactivity" and self.graph_rule is not None:
+            sizes, *rest = self.graph_rule
+            return replace(self, graph_rule=(
+                tuple(sorted(set(sizes) | set(range(1, finest + 1)))), *rest))
+        return self
 
     def memory_frac_for(self, memory_bytes: float) -> float:
         """The engine's default memory fraction on a GPU of ``memory_bytes``: its stated one,

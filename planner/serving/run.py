@@ -25,11 +25,13 @@ def coster(dep: Deployment, cache: CostCache | None = None):
                          pp=lay.pp, ep=lay.ep, cache=cache)
 
 
-def scheduler(dep: Deployment, **overrides) -> SchedulerConfig:
-    """The engine profile's scheduler defaults on the deployment's GPU and TP, with any field
+def scheduler(dep: Deployment, mode: str | None = None, **overrides) -> SchedulerConfig:
+    """The engine profile's scheduler defaults on the deployment's GPU and TP, under vLLM's
+    --performance-mode ``mode`` (``Engine.in_mode``; None: not given), with any field
     overridden; defaults that depend on the served context length take the model's where no
     max_model_len is given (vLLM's default max-model-len)."""
-    return SchedulerConfig.for_engine(dep.engine, memory_bytes=dep.hardware.memory_bytes,
+    return SchedulerConfig.for_engine(dep.engine.in_mode(mode),
+                                      memory_bytes=dep.hardware.memory_bytes,
                                       tp=dep.layout.tp,
                                       context_tokens=dep.model.max_position_embeddings,
                                       **overrides)
