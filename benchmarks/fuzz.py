@@ -91,7 +91,8 @@ CLI_OPTIONS = {  # command line -> options that take a value ("": a positional a
                                       "--max-concurrency", "--range-ratio", "--seed",
                                       "--max-num-seqs", "--max-num-batched-tokens",
                                       "--block-size", "--max-model-len", "--ttft-slo",
-                                      "--tpot-slo", "-n", "--dataset", "--trace"],
+                                      "--tpot-slo", "-n", "--dataset", "--trace",
+                                      "--performance-mode"],
     ("simulate", *BASE, "-n", "20", "--scheduler", "dynamic"): ["--max-wait"],
     # disaggregated serving: prefill and decode instances, their GPUs and the KV link
     ("simulate", *BASE, "-n", "20", *DISAGG):
