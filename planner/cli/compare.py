@@ -118,9 +118,9 @@ def served_setup(model: str, gpu: str, spec, tp: int, weights, kv_cache,
     for prediction: the engine's scheduler budget is the prefill chunk. ``server``: what its
     server command set (``server_overrides``): the scheduler's limits, chunking, CUDA graphs
     (--enforce-eager), vLLM's --performance-mode, the memory fraction, weights in host
-    memory, pipeline stages; its TP,
-    weights and KV cache must be the run's. ``weights`` None: the server command's
-    --quantization, else the checkpoint's quantization_config, else bf16."""
+    memory, pipeline stages; its TP, weights and KV cache must be the run's. ``weights``
+    None: the server command's --quantization, else the checkpoint's quantization_config,
+    else bf16."""
     from dataclasses import replace
 
     from planner.core.specs import GIB, Options

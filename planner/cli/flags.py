@@ -28,6 +28,7 @@ import shlex
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from planner.core.engine import PERFORMANCE_MODES
 from planner.core.errors import LlmplanError
 
 VLLM_ARGS = "https://github.com/vllm-project/vllm/blob/v0.11.0/vllm/engine/arg_utils.py"
@@ -151,7 +152,7 @@ FLAGS: tuple[EngineFlag, ...] = (
     EngineFlag(("--multi-step-stream-outputs",), "--multi-step-stream-outputs", V,
                VLLM_V0_ARGS, choices=BOOLEANS, const=True, fold_case=True),
     EngineFlag(("--performance-mode",), "--performance-mode", V, VLLM_PERFORMANCE_MODE,
-               choices={m: m for m in ("balanced", "interactivity", "throughput")}),
+               choices={m: m for m in PERFORMANCE_MODES}),
     # SGLang (ServerArgs.add_cli_args); argparse also takes --tp for --tp-size
     EngineFlag(("--tp-size", "--tp"), "--tp", S, SGLANG_ARGS, number=int),
     EngineFlag(("--pp-size",), "--pp", S, SGLANG_ARGS, number=int),
