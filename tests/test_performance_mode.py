@@ -147,3 +147,26 @@ def test_simulate_refuses_the_mode_in_one_line(engine, says, run_cli):
                              "--performance-mode", "throughput")
     assert code == 2 and says in err
     assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+
+
+PLAN = ("plan", "-m", "llama-3.1-8b", "--ttft", "1", "--tpot", "0.05", "--rps", "20", "-p",
+        "1000", "-o", "200", "-g", "h100-sxm", "--tp", "1", "--weights", "bf16", "--kv-cache",
+        "16", "--disaggregated", "off", "--sim-requests", "100")
+
+
+def test_plan_sizes_replicas_under_the_mode(run_json):
+    """At 20 req/s over a few replicas no running set nears 1,024: throughput's doubled
+    limits size the same replicas, and the rows say the limit the replicas ran with."""
+    base = run_json(*PLAN)
+    fast = run_json(*PLAN, "--performance-mode", "throughput")
+    assert {r["batch"] for r in base} == {1024} and {r["batch"] for r in fast} == {2048}
+    assert [r["replicas"] for r in fast] == [r["replicas"] for r in base]
+
+
+@pytest.mark.parametrize("extra, says", [
+    (("-e", "sglang"), "(sglang) has none"),
+    (("--scheduler", "static"), "--performance-mode: sized with --scheduler continuous only"),
+])
+def test_plan_refuses_the_mode_in_one_line(extra, says, run_cli):
+    code, _, err = run_cli(*PLAN, *extra, "--performance-mode", "throughput")
+    assert code == 2 and says in err and len(err.strip().splitlines()) == 1

@@ -134,6 +134,12 @@ def plan(
         "high end times its predicted time (a replica near saturation queues as a slower "
         "server would), and TTFT is held at the TTFT band's high end at least. Continuous "
         "sizing only.")] = SizeAt.predicted,
+    performance_mode: Annotated[Optional[str], typer.Option(
+        "--performance-mode", metavar="balanced|interactivity|throughput",
+        help="Size replicas that run under vLLM's --performance-mode (0.17 and later; "
+        "engine vllm): throughput doubles the default max-num-seqs and "
+        "max-num-batched-tokens, interactivity captures CUDA graphs at every decode batch "
+        "of 1-32. Continuous sizing only.")] = None,
     speculative: Annotated[Optional[str], typer.Option(
         "--speculative", help="Size each tensor-parallel configuration with and without "
         "speculative decoding and keep it only where it lowers the cost at the targets (the "
@@ -169,15 +175,16 @@ def plan_run(a: dict, *, emit: bool = False):
      ep, expert_imbalance, weights, kv_cache, quantization, kv_cache_dtype, enforce_eager,
      price_per_hour, prices, price, calibration, top, csv, plot, scheduler, percentile,
      sim_requests, range_ratio, compute, quantized_layers, memory_utilization, reserve_gib,
-     allow_longer_context, size_at, speculative, draft_model, num_speculative_tokens,
-     acceptance_rate, disaggregated, as_json) = (a[k] for k in (
+     allow_longer_context, size_at, performance_mode, speculative, draft_model,
+     num_speculative_tokens, acceptance_rate, disaggregated, as_json) = (a[k] for k in (
         "model", "ttft", "tpot", "engine", "prompt_tokens", "output_tokens", "rps",
         "tokens_per_s", "gpu", "tp", "pp", "ep", "expert_imbalance", "weights", "kv_cache",
         "quantization", "kv_cache_dtype", "enforce_eager", "price_per_hour", "prices",
         "price", "calibration", "top", "csv", "plot", "scheduler", "percentile",
         "sim_requests", "range_ratio", "compute", "quantized_layers", "memory_utilization",
-        "reserve_gib", "allow_longer_context", "size_at", "speculative", "draft_model",
-        "num_speculative_tokens", "acceptance_rate", "disaggregated", "as_json"))
+        "reserve_gib", "allow_longer_context", "size_at", "performance_mode", "speculative",
+        "draft_model", "num_speculative_tokens", "acceptance_rate", "disaggregated",
+        "as_json"))
     from planner.core.specs import DType
     from planner.io import catalog
     from planner.search.plan import SimSettings, Targets, default_eps, search
@@ -227,6 +234,10 @@ def plan_run(a: dict, *, emit: bool = False):
                           acceptance_rate, scheduler)
     cal = catalog.load_calibration(calibration) if calibration else None
     eng = catalog.load_engine(engine)
+    if performance_mode is not None:
+        if scheduler != "continuous":
+            raise LlmplanError("--performance-mode: sized with --scheduler continuous only")
+        eng.in_mode(performance_mode)  # refused here, in one line, where the engine has none
     if enforce_eager:
         eng = replace(eng, cuda_graphs=False)
     for p_ in (csv, plot):
@@ -253,6 +264,7 @@ def plan_run(a: dict, *, emit: bool = False):
                                 settings=SimSettings(percentile=percentile,
                                                      num_requests=sim_requests,
                                                      range_ratio=range_ratio,
+                                                     performance_mode=performance_mode,
                                                      **_size_factors(eng.name, size_at, gpus)),
                                 top=top, csv=csv, plot=plot, as_json=as_json,
                                 label=(ttft, tpot, req), compute=cdt, quantized_layers=ql,
@@ -559,7 +571,10 @@ def _plan_continuous(m, gpus, *, prompt_tokens, output_tokens, targets, tps, wei
     stdout.print(table(f"{plain(m.label)}: {name} TTFT <= {plain(ttft)} and TPOT <= "
                        f"{plain(tpot)} at {req:g} "
                        f"req/s; {len(df)} configurations simulated (continuous batching, "
-                       f"engine {engine.name}), each replica sized for the rate shown; "
+                       f"engine {engine.name}"
+                       + (f", --performance-mode {settings.performance_mode}"
+                          if settings.performance_mode else "")
+                       + "), each replica sized for the rate shown; "
                        f"prices: {plain(price_set)}",
                        ["#", "gpu", "layout", "w", "kv", "req/s\neach", f"{name}\nTTFT\nms",
                         f"{name}\nTPOT\nms", "rep-\nlicas", "GPUs", "$/h", "$/1M\nout",

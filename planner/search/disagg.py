@@ -135,7 +135,8 @@ def search_disaggregated(model, gpus, *, prompt_tokens: int, output_tokens: int,
             dep = deployment(gpu, tp, w, kv)
         except UsageError:
             continue
-        cfg = run.scheduler(dep, max_model_len=model.max_position_embeddings)
+        cfg = run.scheduler(dep, mode=st.performance_mode,
+                            max_model_len=model.max_position_embeddings)
         dep = dep.with_options(prefill_chunk_tokens=cfg.max_num_batched_tokens)
         price, n = float(one["price_usd_per_gpu_hour"]), int(one["num_gpus"])
         fit = [r for r in g if bool(r["fits"]) and r["ttft_s"] == r["ttft_s"]]

@@ -145,6 +145,8 @@ class SimSettings:
     ttft_factor: float = 1.0
     tpot_factor: float = 1.0
     step_factor: float = 1.0
+    # vLLM's --performance-mode the replicas run under (``Engine.in_mode``); None: not given
+    performance_mode: str | None = None
 
     @property
     def sizes_at_prediction(self) -> bool:
@@ -214,7 +216,7 @@ def replicas_needed(dep: Deployment, *, prompt_tokens: int, output_tokens: int,
     from planner.serving.metrics import summary
     from planner.serving.traffic import synthetic
 
-    coster, cfg = run.coster(dep), run.scheduler(dep)
+    coster, cfg = run.coster(dep), run.scheduler(dep, mode=settings.performance_mode)
     sizing = sizing_coster(coster, settings)
     seen: dict[int, dict] = {}
 
@@ -381,9 +383,10 @@ def search_continuous(model: ModelSpec, gpus: list[HardwareSpec], *, prompt_toke
         dep = deployment(gpu, tp, pp, ep, w, kv)
         if advance is not None:  # progress: one configuration more being sized
             advance(f"{gpu} {Layout(tp, pp, ep).label} {w}")
+        sched = run.scheduler(dep, mode=st.performance_mode)
         sized = {}  # speculation (None: without) -> (replicas, summary)
         for cfg, bound in bounds.items():
-            sp = None if cfg is None else run.speculation_serving(dep, cfg, run.scheduler(dep))
+            sp = None if cfg is None else run.speculation_serving(dep, cfg, sched)
             n, s = replicas_needed(dep, prompt_tokens=prompt_tokens,
                                    output_tokens=output_tokens, targets=targets,
                                    settings=st, upper_rate=bound, speculation=sp)
@@ -410,7 +413,7 @@ def search_continuous(model: ModelSpec, gpus: list[HardwareSpec], *, prompt_toke
                      "latency_s": s[f"{name}_e2el_ms"] / 1e3,
                      "mean_running_requests": s["mean_running_requests"],
                      "max_running_requests": s["max_running_requests"],
-                     "batch": dep.engine.max_num_seqs, "meets_targets": True,
+                     "batch": sched.max_num_seqs, "meets_targets": True,
                      "replicas": replicas, "total_gpus": replicas * gpus_each,
                      "price_usd_per_gpu_hour": price, "usd_per_hour": usd_per_hour,
                      "cost_usd_per_million_output_tokens_at_traffic":
