@@ -268,3 +268,28 @@ def test_roofline_names_each_operator_once_and_off_the_lines(monkeypatch, tmp_pa
             dense = path.interpolated(50).vertices
             inside = [(x, y) for x, y in dense if box.contains(x, y)]
             assert not inside, (t.get_text(), ln.get_label())
+
+
+def test_a_measurement_file_of_only_noisy_points_is_drawn_without_them(run_cli, tmp_path):
+    """`llmplan measure` on a busy machine records every point noisy: the report still draws
+    the model's charts, says why the measured points are missing, and draws no accuracy
+    chart; a file with no point at all, clean or noisy, stays an error."""
+    import json
+
+    fixture = Path(__file__).resolve().parent / "fixtures" / "measure" / "cpu-results.jsonl"
+    recs = [json.loads(x) for x in fixture.read_text().splitlines()]
+    assert any(r["status"] == "ok" for r in recs)
+    noisy = tmp_path / "noisy.jsonl"
+    noisy.write_text("".join(json.dumps({**r, "status": "noisy", "reason": "busy"} if
+                                        r["status"] == "ok" else r) + "\n" for r in recs))
+    code, out, err = run_cli("report", "-m", "tiny-llama-test", "-g", "h100-sxm",
+                             "--serving-requests", "0", "--measured", str(noisy),
+                             "--out", str(tmp_path / "r"))
+    assert code == 0 and "every measured point is noisy" in " ".join(err.split())
+    assert list((tmp_path / "r").glob("*roofline.png"))
+    assert not list((tmp_path / "r").glob("*predicted_vs_measured*"))
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text(json.dumps({**recs[0], "status": "error", "reason": "x"}) + "\n")
+    code, _, err = run_cli("report", "-m", "tiny-llama-test", "-g", "h100-sxm",
+                           "--measured", str(empty), "--out", str(tmp_path / "e"))
+    assert code == 2 and "no measured points (status ok)" in " ".join(err.split())

@@ -126,19 +126,22 @@ def report(
             cases.append(Case(dep, prompt_tokens, output_tokens))
     meas, meas_ceil, records = None, None, None
     if measured is not None:
+        from planner.cli.options import stderr
         from planner.io.report import load_measured, measured_roofline_points, plot_accuracy
 
-        records = load_measured(measured)
-        meas, meas_ceil = measured_roofline_points(records)
-        dev = records[0]["env"]["device"]
-        name, kind = dev.get("name") or dev.get("kind"), dev.get("kind")
-        gpus = ", ".join(c.hw.name for c in cases)
-        if kind == "cpu" or not any(_same_device(name, c.hw) for c in cases):
-            from planner.cli.options import stderr
-
-            stderr.print(f"[yellow]note:[/] {measured} was measured on {name} ({kind}), not "
-                         f"on {gpus}: its points are drawn against its own measured ceilings "
-                         "beside that roofline, not as that GPU's performance")
+        records = load_measured(measured, noisy_only_ok=True) or None
+        if records is None:  # every point was timed on a busy machine
+            stderr.print(f"[yellow]warning:[/] {measured}: every measured point is noisy "
+                         "(timed on a busy machine); the report is drawn without them")
+        else:
+            meas, meas_ceil = measured_roofline_points(records)
+            dev = records[0]["env"]["device"]
+            name, kind = dev.get("name") or dev.get("kind"), dev.get("kind")
+            gpus = ", ".join(c.hw.name for c in cases)
+            if kind == "cpu" or not any(_same_device(name, c.hw) for c in cases):
+                stderr.print(f"[yellow]note:[/] {measured} was measured on {name} ({kind}), "
+                             f"not on {gpus}: its points are drawn against its own measured "
+                             "ceilings beside that roofline, not as that GPU's performance")
     if not 0 <= serving_requests <= 100_000:
         raise LlmplanError(f"--serving-requests: must be 0 to 100,000, got {serving_requests}")
     paths = write_reports(cases, out, batch=batch, measured=meas, measured_ceilings=meas_ceil,
