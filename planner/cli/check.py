@@ -30,7 +30,8 @@ def _fmt_value(limit: str, v) -> str:
         return "n/a"
     if isinstance(v, bool):
         return "yes" if v else "no"
-    if limit in ("ttft_s", "tpot_s", "latency_s"):
+    if limit in ("ttft_s", "tpot_s", "latency_s", "served_ttft_s", "served_tpot_s",
+                 "served_latency_s"):
         return fmt.seconds(v)
     if limit in ("memory_frac", "mbu_min"):
         return fmt.pct(v)
@@ -91,6 +92,58 @@ def _figures(d, dep):
     return at(wl.sequences), at(dep.limits.fits_at) if dep.limits.fits_at else None
 
 
+def _served(d, dep, held: str):
+    """A budget deployment's served figures under its ``traffic``: one replica simulated at
+    its share of the rate (``planner.serving.run``: continuous batching, the engine's
+    scheduler defaults), as ``evaluate_served`` takes them; and where it is held at the slow
+    end (``held`` "high"), the same replica with every step slowed to the served TPOT band's
+    high end and its TTFT held at the TTFT band's, as ``plan --size-at high`` sizes one
+    (``planner.evidence.bands.served_band_factors``), with the bands it rests on. The ideal
+    engine, a bound, has no band."""
+    from planner.evidence.bands import served_band_factors
+    from planner.io import catalog
+    from planner.search.plan import SimSettings, percentile_key, sizing_coster
+    from planner.serving import run
+    from planner.serving.metrics import summary
+    from planner.serving.traffic import synthetic
+
+    t, wl = dep.traffic, dep.workload
+    reqs = synthetic(t.num_requests, prompt_tokens=wl.prompt_tokens,
+                     output_tokens=wl.output_tokens, range_ratio=t.range_ratio,
+                     request_rate=t.request_rate / t.replicas, seed=t.seed)
+    # as simulate serves: the model's context (the workload's, where it is allowed longer),
+    # and the step budget as the prefill chunk
+    cfg = run.scheduler(d, max_model_len=max(d.model.max_position_embeddings,
+                                             wl.prompt_tokens + wl.output_tokens))
+    d = d.with_options(prefill_chunk_tokens=cfg.max_num_batched_tokens)
+    coster = run.coster(d)
+
+    def figures(step_coster, st: SimSettings) -> dict:
+        s = summary(run.run(d, reqs, cfg, step_coster=step_coster), itl=False)
+        if s["completed"] == 0:
+            raise LlmplanError(f"traffic: no request was served ({s.get('failed_reason')})")
+
+        def seconds(name: str, factor: float = 1.0):
+            v = s.get(percentile_key(name, t.percentile))
+            return None if v is None else v / 1e3 * factor
+
+        return {"served_ttft_s": seconds("ttft", st.ttft_factor),
+                "served_tpot_s": seconds("tpot", st.tpot_factor),
+                "served_latency_s": seconds("e2el"),
+                "served_output_tokens_per_s": s["output_throughput"] * t.replicas}
+
+    nominal = figures(coster, SimSettings())
+    if held != "high" or d.engine.name == "ideal":
+        return nominal, None
+    factors, used = served_band_factors(catalog.load_bands(), d.engine.name)
+    tpot, ttft = used["served TPOT"], used["served TTFT"]
+    basis = (f"every step x{factors['step_factor']:.2f} (served TPOT band's high end, "
+             f"{tpot.engine if tpot.engine != 'all' else 'all engines'}, {tpot.n} held-out "
+             f"figures from {tpot.sources} sources), TTFT at least x{ttft.high_ratio:.2f}")
+    return nominal, (figures(sizing_coster(coster, SimSettings(**factors)),
+                             SimSettings(**factors)), basis)
+
+
 _PACKAGE = Path(__file__).resolve().parent.parent  # planner/
 
 
@@ -147,7 +200,7 @@ def check(
     """Check deployments against capacity budgets: exit 0 if every limit holds, 1 if any
     fails, 2 for a bad budget file."""
     from planner.core.specs import Options, Precision
-    from planner.evidence.budget import evaluate
+    from planner.evidence.budget import evaluate, evaluate_served
     from planner.io import catalog
     from planner.io.render import plain, table
     from planner.layouts.deployment import Deployment, Layout
@@ -177,6 +230,8 @@ def check(
                                  layout=Layout(dep.tp, dep.pp, dep.ep), options=opts,
                                  calibration=cal)
             est, at_fits = _figures(d, dep)
+            held = dep.at or at or "predicted"
+            served = _served(d, dep, held) if dep.traffic is not None else None
         except (LlmplanError, ValueError) as err:  # ValueError: pydantic's, e.g. weights fp32
             errs = getattr(err, "errors", None)
             msg = errs()[0]["msg"].removeprefix("Value error, ") if callable(errs) else str(err)
@@ -188,9 +243,10 @@ def check(
                               "weights: fp16, or compute: (fp16, bf16, fp8 or int8) in the "
                               "deployment")
             raise LlmplanError(f"{where}: deployment {dep.label}: {msg}") from None
-        held = dep.at or at or "predicted"
         results += evaluate(dep, est, at_fits, static_bands(d, est, dep.workload.sequences)
                             if held == "high" else None)
+        if served is not None:
+            results += evaluate_served(dep, *served)
     failed = [r for r in results if not r.passed]
     if junit:
         _junit(results, junit, budget)

@@ -452,24 +452,18 @@ def _some_precision_runs(gpus, weights, compute, cal, eng) -> None:
 
 def _size_factors(engine_name: str, size_at: SizeAt, gpus=()) -> dict:
     """``SimSettings``' factors: none, or the high end of the engine's served TPOT and TTFT
-    bands in the regime plan sizes for (a server that keeps up with its share of the
-    traffic). The TPOT band's high end slows every simulated step (``step_factor``), so a
-    configuration near saturation queues as a slower server would; TTFT is held at the TTFT
-    band's high end at least (``ttft_factor``: the part of it the slower steps leave). Names
-    the GPUs of a class the bands' figures were not measured on."""
+    bands (``planner.evidence.bands.served_band_factors``), saying which and naming the GPUs of
+    a class the bands' figures were not measured on."""
     if size_at == SizeAt.predicted:
         return {}
-    from planner.evidence.bands import pick
+    from planner.evidence.bands import served_band_factors
     from planner.io import catalog
 
-    bands = catalog.load_bands()
-    high = {}
-    for phase in ("served TPOT", "served TTFT"):
-        b = pick(bands, engine_name, phase, "unsaturated")
-        if b is None:
-            raise LlmplanError(f"--size-at high: no error band for {phase} in "
-                               f"{catalog.BANDS_FILE}")
-        high[phase] = max(1.0, b.high_ratio)
+    try:
+        factors, used = served_band_factors(catalog.load_bands(), engine_name)
+    except LlmplanError as err:
+        raise LlmplanError(f"--size-at high: {err} ({catalog.BANDS_FILE})") from None
+    for phase, b in used.items():
         what = "every step" if phase == "served TPOT" else "TTFT at least"
         stderr.print(f"sizing at the high end of the {phase} band: {what} "
                      f"x{b.high_ratio:.2f} ({b.engine if b.engine != 'all' else 'all engines'}, "
@@ -478,9 +472,7 @@ def _size_factors(engine_name: str, size_at: SizeAt, gpus=()) -> dict:
         if unmeasured:
             stderr.print(f"  none of those figures on a GPU of the class of "
                          f"{', '.join(unmeasured)}: their band is other GPUs' evidence")
-    step = high["served TPOT"]
-    return {"step_factor": step, "tpot_factor": 1.0,
-            "ttft_factor": max(1.0, high["served TTFT"] / step)}
+    return factors
 
 
 def _plan_continuous(m, gpus, *, prompt_tokens, output_tokens, targets, tps, weights, kv_cache,

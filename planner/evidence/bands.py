@@ -28,6 +28,7 @@ import math
 from dataclasses import dataclass, replace
 
 from planner.core.arith import quantile
+from planner.core.errors import UsageError
 from planner.evidence.validate import PHASE
 
 MIN_FIGURES = 5
@@ -182,6 +183,25 @@ def pick(bands: list[Band], engine: str, phase: str, regime: str) -> Band | None
         if key in table:
             return table[key]
     return None
+
+
+def served_band_factors(bands, engine_name: str) -> tuple[dict, dict]:
+    """A replica's sizing factors (``planner.search.plan.SimSettings``) at the high end of the
+    engine's served TPOT and TTFT bands (``bands``: this table as loaded) in the regime a
+    replica is sized for (one that keeps up with its share of the traffic): the TPOT band's
+    high end slows every simulated step (``step_factor``), so a replica near saturation
+    queues as a slower server would; TTFT is held at the TTFT band's high end at least
+    (``ttft_factor``: the part of it the slower steps leave). Also each band used, by
+    phase. A ``UsageError`` where the table has no such band."""
+    used, high = {}, {}
+    for phase in ("served TPOT", "served TTFT"):
+        b = pick(bands, engine_name, phase, "unsaturated")
+        if b is None:
+            raise UsageError(f"no error band for {phase} in the bands table")
+        used[phase], high[phase] = b, max(1.0, b.high_ratio)
+    step = high["served TPOT"]
+    return ({"step_factor": step, "tpot_factor": 1.0,
+             "ttft_factor": max(1.0, high["served TTFT"] / step)}, used)
 
 
 def engine_gpu_classes(bands: list[Band], engine: str) -> set[str]:

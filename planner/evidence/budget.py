@@ -81,6 +81,18 @@ LIMITS: dict[str, tuple[str, str, str, str]] = {
 }
 
 
+# served limits, held on a simulated replica under the deployment's ``traffic``: name ->
+# (kind, "max" | "min", the run summary's figure, how it reads); the times at the traffic's
+# percentile, the throughput the deployment's (every replica's) output tokens a second
+SERVED_LIMITS: dict[str, tuple[str, str, str, str]] = {
+    "served_ttft_s": ("time", "max", "ttft", "served TTFT"),
+    "served_tpot_s": ("time", "max", "tpot", "served TPOT"),
+    "served_latency_s": ("time", "max", "e2el", "served end-to-end latency"),
+    "served_output_tokens_per_s": ("number", "min", "output_throughput",
+                                   "served output throughput"),
+}
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
@@ -110,6 +122,21 @@ class BudgetWorkload(_Strict):
         return self.batch or self.concurrent_sequences or _W["batch"].default
 
 
+class BudgetTraffic(_Strict):
+    """The traffic a deployment's served limits are held at: Poisson arrivals at
+    ``request_rate`` split evenly over ``replicas`` replicas of the deployment, each
+    simulated with ``num_requests`` requests of the workload's prompt and output tokens
+    (uniform within ``range_ratio``), continuous batching with the engine's defaults; the
+    times at the ``percentile``-th percentile (50: the median)."""
+
+    request_rate: float = Field(gt=0, le=1e9)  # requests a second, all replicas together
+    replicas: int = Field(1, gt=0, le=MAX_COUNT)
+    num_requests: int = Field(500, ge=10, le=100_000)
+    percentile: Literal[50, 90, 99] = 90
+    range_ratio: float = Field(0.0, ge=0, lt=1)
+    seed: int = Field(0, ge=0, lt=2**63)
+
+
 class Limits(_Strict):
     memory_frac: float | None = None
     fits: bool | None = None  # must fit (true) at the workload's concurrency
@@ -120,13 +147,18 @@ class Limits(_Strict):
     throughput_tokens_per_s: float | None = None
     cost_usd_per_million_tokens: float | None = None
     mbu_min: float | None = None
+    served_ttft_s: float | None = None
+    served_tpot_s: float | None = None
+    served_latency_s: float | None = None
+    served_output_tokens_per_s: float | None = None
 
-    @field_validator(*LIMITS, mode="before")
+    @field_validator(*LIMITS, *SERVED_LIMITS, mode="before")
     @classmethod
     def _units(cls, v: Any, info) -> Any:
         if v is None:
             return v
-        parsed = parse_quantity(v, LIMITS[info.field_name][0])  # type: ignore[arg-type]
+        kind = (LIMITS.get(info.field_name) or SERVED_LIMITS[info.field_name])[0]
+        parsed = parse_quantity(v, kind)  # type: ignore[arg-type]
         if parsed <= 0:
             raise ValueError(f"must be positive, got {v}")
         return parsed
@@ -154,6 +186,20 @@ class Deployment(_Strict):
     # hold the limits at the prediction, or at the slow end of its error band (the high end
     # of a time, the low end of a rate); default: check's --at, else predicted
     at: Literal["predicted", "high"] | None = None
+    # the traffic the served_* limits are held at (``BudgetTraffic``); needed by them only
+    traffic: BudgetTraffic | None = None
+
+    @model_validator(mode="after")
+    def _served(self) -> Deployment:
+        served = [n for n in SERVED_LIMITS if getattr(self.limits, n) is not None]
+        if served and self.traffic is None:
+            raise ValueError(f"{served[0]}: a served limit needs the deployment's traffic: "
+                             "(request_rate:, and replicas:, num_requests:, percentile: "
+                             "as wanted)")
+        if self.traffic is not None and not served:
+            raise ValueError("traffic: no served limit (served_ttft_s, served_tpot_s, "
+                             "served_latency_s, served_output_tokens_per_s) is held at it")
+        return self
 
     @property
     def label(self) -> str:
@@ -215,6 +261,44 @@ def slow_end(name: str, value: float, direction: str, bands: dict) -> tuple[floa
     # longer step uses less of the bandwidth
     worse = a.low if name.startswith("cost") else a.high
     return value * a.value / worse, a.basis
+
+
+def served_what(name: str, traffic: BudgetTraffic) -> str:
+    """How a served limit reads in the table: its figure, percentile and traffic."""
+    what = SERVED_LIMITS[name][3]
+    if SERVED_LIMITS[name][0] == "time":
+        what = f"{'median' if traffic.percentile == 50 else f'p{traffic.percentile}'} {what}"
+    each = f", {traffic.replicas} replicas" if traffic.replicas > 1 else ""
+    return f"{what}, {traffic.request_rate:g} req/s{each}"
+
+
+def evaluate_served(dep: Deployment, figures: dict[str, float | None],
+                    high: tuple[dict[str, float | None], str] | None = None) -> list[Result]:
+    """Hold a deployment's served limits: ``figures`` (limit name -> the simulated value:
+    seconds, or output tokens a second over every replica; None where the run gave none),
+    and where it is held at the slow end of the served error bands, ``high``: the same
+    figures of a replica slowed to that end, and the evidence they rest on."""
+    out: list[Result] = []
+    for name, (_, direction, _, _) in SERVED_LIMITS.items():
+        bound = getattr(dep.limits, name)
+        if bound is None:
+            continue
+        what = served_what(name, dep.traffic)
+        value = figures.get(name)
+        at, prediction, basis = "predicted", None, None
+        if high is not None and value is not None:
+            at, prediction, value, basis = "high", value, high[0].get(name), high[1]
+        if value is None:  # no token after the first, say: nothing to hold
+            out.append(Result(dep.label, name, what, None, bound, direction, False, None,
+                              at, prediction, basis))
+            continue
+        if direction == "max":
+            ok, margin = value <= bound, (bound - value) / bound
+        else:
+            ok, margin = value >= bound, (value - bound) / bound
+        out.append(Result(dep.label, name, what, float(value), bound, direction, bool(ok),
+                          margin, at, prediction, basis))
+    return out
 
 
 def evaluate(dep: Deployment, est, fits_at_est=None, bands: dict | None = None) -> list[Result]:
