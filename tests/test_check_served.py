@@ -134,3 +134,30 @@ def test_traffic_without_a_served_limit_is_refused(tmp_path, run_cli):
 """
     code, _, err = run_cli("check", _budget(tmp_path, body))
     assert code == 2 and "traffic: no served limit" in err
+
+
+@pytest.mark.parametrize("mode, engine, code, says", [
+    ("throughput", "vllm", 0, None),
+    ("throughput", "sglang", 2, "performance_mode: throughput: an option of vLLM 0.17"),
+    ("fast", "vllm", 2, "performance_mode"),
+])
+def test_a_served_deployment_may_run_under_vllms_performance_mode(mode, engine, code, says,
+                                                                  tmp_path, run_cli):
+    body = BASE.format(gpu="h100-sxm", rate=1, replicas=1, p=90).replace(
+        "    gpu: h100-sxm\n", f"    gpu: h100-sxm\n    engine: {engine}\n"
+                            f"    performance_mode: {mode}\n")
+    got, out, err = run_cli("check", _budget(tmp_path, body), "--json")
+    assert got == code, err
+    if says is not None:
+        assert says in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_performance_mode_without_traffic_is_refused(tmp_path, run_cli):
+    body = """deployments:
+  - model: llama-3.1-8b
+    gpu: h100-sxm
+    performance_mode: throughput
+    limits: {tpot_s: 1s}
+"""
+    code, _, err = run_cli("check", _budget(tmp_path, body))
+    assert code == 2 and "performance_mode: it sets the served replica" in " ".join(err.split())

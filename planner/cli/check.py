@@ -95,11 +95,11 @@ def _figures(d, dep):
 def _served(d, dep, held: str):
     """A budget deployment's served figures under its ``traffic``: one replica simulated at
     its share of the rate (``planner.serving.run``: continuous batching, the engine's
-    scheduler defaults), as ``evaluate_served`` takes them; and where it is held at the slow
-    end (``held`` "high"), the same replica with every step slowed to the served TPOT band's
-    high end and its TTFT held at the TTFT band's, as ``plan --size-at high`` sizes one
-    (``planner.evidence.bands.served_band_factors``), with the bands it rests on. The ideal
-    engine, a bound, has no band."""
+    scheduler defaults under any ``performance_mode``), as ``evaluate_served`` takes them;
+    and where it is held at the slow end (``held`` "high"), the same replica with every step
+    slowed to the served TPOT band's high end and its TTFT held at the TTFT band's, as ``plan
+    --size-at high`` sizes one (``planner.evidence.bands.served_band_factors``), with the
+    bands it rests on. The ideal engine, a bound, has no band."""
     from planner.evidence.bands import served_band_factors
     from planner.io import catalog
     from planner.search.plan import SimSettings, percentile_key, sizing_coster
@@ -113,8 +113,9 @@ def _served(d, dep, held: str):
                      request_rate=t.request_rate / t.replicas, seed=t.seed)
     # as simulate serves: the model's context (the workload's, where it is allowed longer),
     # and the step budget as the prefill chunk
-    cfg = run.scheduler(d, max_model_len=max(d.model.max_position_embeddings,
-                                             wl.prompt_tokens + wl.output_tokens))
+    cfg = run.scheduler(d, mode=dep.performance_mode,
+                        max_model_len=max(d.model.max_position_embeddings,
+                                          wl.prompt_tokens + wl.output_tokens))
     d = d.with_options(prefill_chunk_tokens=cfg.max_num_batched_tokens)
     coster = run.coster(d)
 
@@ -238,6 +239,7 @@ def check(
             # the budget file's keys where the message names the command line's flags
             msg = msg.replace("with --compute", "with compute: (fp16, bf16, fp8 or int8) in "
                                                  "the deployment")
+            msg = msg.replace("--performance-mode ", "performance_mode: ")
             msg = msg.replace("--weights fp16 (vLLM's --dtype half, as vLLM itself asks on "
                               "such GPUs) or --compute fp16",
                               "weights: fp16, or compute: (fp16, bf16, fp8 or int8) in the "

@@ -188,6 +188,9 @@ class Deployment(_Strict):
     at: Literal["predicted", "high"] | None = None
     # the traffic the served_* limits are held at (``BudgetTraffic``); needed by them only
     traffic: BudgetTraffic | None = None
+    # vLLM's --performance-mode the served replica runs under (vLLM 0.17 and later); None:
+    # not given
+    performance_mode: Literal["balanced", "interactivity", "throughput"] | None = None
 
     @model_validator(mode="after")
     def _served(self) -> Deployment:
@@ -199,6 +202,9 @@ class Deployment(_Strict):
         if self.traffic is not None and not served:
             raise ValueError("traffic: no served limit (served_ttft_s, served_tpot_s, "
                              "served_latency_s, served_output_tokens_per_s) is held at it")
+        if self.performance_mode is not None and self.traffic is None:
+            raise ValueError("performance_mode: it sets the served replica's scheduler; give "
+                             "the deployment a traffic: and served limits")
         return self
 
     @property
