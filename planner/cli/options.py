@@ -111,6 +111,12 @@ DtypeOpt = Annotated[Optional[ModelDtype], typer.Option(
     "--dtype", help="vLLM's --dtype, the model's 16-bit type: bfloat16, float16 / half, "
     "auto. With 16-bit weights it is their type; with int8 / int4 / mxfp4 weights the type "
     "the matmuls run in (--compute).")]
+PerformanceModeOpt = Annotated[Optional[str], typer.Option(
+    "--performance-mode", metavar="balanced|interactivity|throughput",
+    help="vLLM's --performance-mode (0.17 and later; engine vllm): throughput doubles the "
+    "default --max-num-seqs and --max-num-batched-tokens (a value given stands); "
+    "interactivity captures CUDA graphs at every decode batch of 1-32, so small batches pad "
+    "less; balanced (vLLM's default) changes nothing.")]
 EnforceEagerOpt = Annotated[bool, typer.Option(
     "--enforce-eager", help="No CUDA graphs (vLLM's --enforce-eager): every decode step "
     "launches its kernels from the host, at the engine's host_launch_us each.")]

@@ -31,6 +31,7 @@ from planner.cli.options import (
     ExpertImbalanceOpt,
     LongerOpt,
     OutputOpt,
+    PerformanceModeOpt,
     PriceOpt,
     PricesOpt,
     PromptOpt,
@@ -134,12 +135,7 @@ def plan(
         "high end times its predicted time (a replica near saturation queues as a slower "
         "server would), and TTFT is held at the TTFT band's high end at least. Continuous "
         "sizing only.")] = SizeAt.predicted,
-    performance_mode: Annotated[Optional[str], typer.Option(
-        "--performance-mode", metavar="balanced|interactivity|throughput",
-        help="Size replicas that run under vLLM's --performance-mode (0.17 and later; "
-        "engine vllm): throughput doubles the default max-num-seqs and "
-        "max-num-batched-tokens, interactivity captures CUDA graphs at every decode batch "
-        "of 1-32. Continuous sizing only.")] = None,
+    performance_mode: PerformanceModeOpt = None,
     speculative: Annotated[Optional[str], typer.Option(
         "--speculative", help="Size each tensor-parallel configuration with and without "
         "speculative decoding and keep it only where it lowers the cost at the targets (the "

@@ -41,6 +41,7 @@ from planner.cli.options import (
     ModelOpt,
     OutputOpt,
     OverheadOpt,
+    PerformanceModeOpt,
     PpOpt,
     PromptOpt,
     QuantizationOpt,
@@ -279,12 +280,7 @@ def simulate(
         help="With --num-scheduler-steps: each step's tokens stream as it ends (vLLM's "
         "default since 0.6.3), or a block's reach the client at its end, in bursts (0.6.0-"
         "0.6.2; vLLM's --multi-step-stream-outputs False).")] = None,
-    performance_mode: Annotated[Optional[str], typer.Option(
-        "--performance-mode", metavar="balanced|interactivity|throughput",
-        help="vLLM's --performance-mode (0.17 and later; engine vllm): throughput doubles "
-        "the default --max-num-seqs and --max-num-batched-tokens (a value given stands); "
-        "interactivity captures CUDA graphs at every decode batch of 1-32, so small batches "
-        "pad less; balanced (vLLM's default) changes nothing.")] = None,
+    performance_mode: PerformanceModeOpt = None,
     kv_layout: Annotated[KVLayout, typer.Option(
         help="paged: blocks on demand; contiguous: max-model-len reserved per request.")] =
     KVLayout.paged,

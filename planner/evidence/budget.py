@@ -294,17 +294,26 @@ def evaluate_served(dep: Deployment, figures: dict[str, float | None],
         at, prediction, basis = "predicted", None, None
         if high is not None and value is not None:
             at, prediction, value, basis = "high", value, high[0].get(name), high[1]
-        if value is None:  # no token after the first, say: nothing to hold
-            out.append(Result(dep.label, name, what, None, bound, direction, False, None,
-                              at, prediction, basis))
-            continue
-        if direction == "max":
-            ok, margin = value <= bound, (bound - value) / bound
-        else:
-            ok, margin = value >= bound, (value - bound) / bound
-        out.append(Result(dep.label, name, what, float(value), bound, direction, bool(ok),
-                          margin, at, prediction, basis))
+        out.append(_held(dep.label, name, what, value, bound, direction, at, prediction,
+                         basis))
     return out
+
+
+def _held(label: str, name: str, what: str, value: float | None, bound: float, direction: str,
+          at: str = "predicted", prediction: float | None = None,
+          basis: str | None = None) -> Result:
+    """A limit held: ``value`` against ``bound`` in ``direction`` ("max" or "min"), with how
+    far inside or outside; a figure with no value (no price, no MBU, no token after the
+    first) fails, with nothing to measure by."""
+    if value is None:
+        return Result(label, name, what, None, bound, direction, False, None, at, prediction,
+                      basis)
+    if direction == "max":
+        ok, margin = value <= bound, (bound - value) / bound
+    else:
+        ok, margin = value >= bound, (value - bound) / bound
+    return Result(label, name, what, float(value), bound, direction, bool(ok), margin, at,
+                  prediction, basis)
 
 
 def evaluate(dep: Deployment, est, fits_at_est=None, bands: dict | None = None) -> list[Result]:
@@ -328,17 +337,11 @@ def evaluate(dep: Deployment, est, fits_at_est=None, bands: dict | None = None) 
         if bound is None:
             continue
         value = getattr(est, attr) if attr != "memory_used_frac" else est.memory.used_frac
-        if value is None:  # e.g. no price for this GPU, no MBU for a pipeline
-            out.append(Result(dep.label, name, what, None, bound, direction, False, None))
-            continue
         at, prediction, basis = "predicted", None, None
-        slow = slow_end(name, float(value), direction, bands) if bands is not None else None
+        slow = slow_end(name, float(value), direction, bands) \
+            if bands is not None and value is not None else None
         if slow is not None:
             at, prediction, (value, basis) = "high", float(value), slow
-        if direction == "max":
-            ok, margin = value <= bound, (bound - value) / bound
-        else:
-            ok, margin = value >= bound, (value - bound) / bound
-        out.append(Result(dep.label, name, what, float(value), bound, direction, bool(ok),
-                          margin, at, prediction, basis))
+        # no value: no price for this GPU, no MBU for a pipeline
+        out.append(_held(dep.label, name, what, value, bound, direction, at, prediction, basis))
     return out
