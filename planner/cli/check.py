@@ -141,8 +141,8 @@ def _served(d, dep, held: str):
     basis = (f"every step x{factors['step_factor']:.2f} (served TPOT band's high end, "
              f"{tpot.engine if tpot.engine != 'all' else 'all engines'}, {tpot.n} held-out "
              f"figures from {tpot.sources} sources), TTFT at least x{ttft.high_ratio:.2f}")
-    return nominal, (figures(sizing_coster(coster, SimSettings(**factors)),
-                             SimSettings(**factors)), basis)
+    st = SimSettings(**factors)
+    return nominal, (figures(sizing_coster(coster, st), st), basis)
 
 
 _PACKAGE = Path(__file__).resolve().parent.parent  # planner/
