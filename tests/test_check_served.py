@@ -161,3 +161,23 @@ def test_a_performance_mode_without_traffic_is_refused(tmp_path, run_cli):
 """
     code, _, err = run_cli("check", _budget(tmp_path, body))
     assert code == 2 and "performance_mode: it sets the served replica" in " ".join(err.split())
+
+
+def test_a_served_budget_takes_sharegpts_lengths_as_simulate_does(tmp_path, run_cli, run_json):
+    """dataset_name: sharegpt draws ShareGPT's published length shape at the workload's means
+    (planner/data/lengths), as simulate --dataset-name sharegpt does: the same figures."""
+    body = BASE.format(gpu="h100-sxm", rate=6, replicas=1, p=90).replace(
+        "num_requests: 200,", "num_requests: 200, dataset_name: sharegpt,")
+    code, out, err = run_cli("check", _budget(tmp_path, body), "--json")
+    assert code == 0, err
+    got = {r["limit"]: r["predicted"] for r in json.loads(out)["results"]}
+    s = run_json("simulate", "-m", "llama-3.1-8b", "-g", "h100-sxm", "-p", "512", "-o", "128",
+                 "--dataset-name", "sharegpt", "--request-rate", "6", "--num-requests", "200",
+                 "--seed", "3")
+    assert got["served_tpot_s"] == pytest.approx(s["p90_tpot_ms"] / 1e3, rel=1e-12)
+    assert got["served_ttft_s"] == pytest.approx(s["p90_ttft_ms"] / 1e3, rel=1e-12)
+    random = run_json("simulate", "-m", "llama-3.1-8b", "-g", "h100-sxm", "-p", "512", "-o",
+                      "128", "--request-rate", "6", "--num-requests", "200", "--seed", "3")
+    assert random["p90_ttft_ms"] != s["p90_ttft_ms"]  # the shape is not the fixed lengths'
+    code, _, err = run_cli("check", _budget(tmp_path, body.replace("sharegpt", "alpaca")))
+    assert code == 2 and "traffic dataset_name: 'alpaca' is not one of random, sonnet" in err

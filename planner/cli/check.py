@@ -100,17 +100,17 @@ def _served(d, dep, held: str):
     slowed to the served TPOT band's high end and its TTFT held at the TTFT band's, as ``plan
     --size-at high`` sizes one (``planner.evidence.bands.served_band_factors``), with the
     bands it rests on. The ideal engine, a bound, has no band."""
+    from planner.cli.simulate import request_stream
     from planner.evidence.bands import served_band_factors
     from planner.io import catalog
     from planner.search.plan import SimSettings, percentile_key, sizing_coster
     from planner.serving import run
     from planner.serving.metrics import summary
-    from planner.serving.traffic import synthetic
 
     t, wl = dep.traffic, dep.workload
-    reqs = synthetic(t.num_requests, prompt_tokens=wl.prompt_tokens,
-                     output_tokens=wl.output_tokens, range_ratio=t.range_ratio,
-                     request_rate=t.request_rate / t.replicas, seed=t.seed)
+    reqs = request_stream(None, t.dataset_name, t.num_requests, wl.prompt_tokens,
+                          wl.output_tokens, t.range_ratio, t.request_rate / t.replicas, 1.0,
+                          None, t.seed)
     # as simulate serves: the model's context (the workload's, where it is allowed longer),
     # and the step budget as the prefill chunk
     cfg = run.scheduler(d, mode=dep.performance_mode,
@@ -240,6 +240,7 @@ def check(
             msg = msg.replace("with --compute", "with compute: (fp16, bf16, fp8 or int8) in "
                                                  "the deployment")
             msg = msg.replace("--performance-mode ", "performance_mode: ")
+            msg = msg.replace("--dataset-name: ", "traffic dataset_name: ")
             msg = msg.replace("--weights fp16 (vLLM's --dtype half, as vLLM itself asks on "
                               "such GPUs) or --compute fp16",
                               "weights: fp16, or compute: (fp16, bf16, fp8 or int8) in the "

@@ -422,9 +422,9 @@ def simulate_run(a: dict, *, emit: bool = False) -> dict:
     cfg = _scheduler(dep, locals())
     # the step budget is the prefill chunk, as in the engines
     dep = dep.with_options(prefill_chunk_tokens=cfg.max_num_batched_tokens)
-    reqs = _requests(dataset, dataset_name, num_requests, prompt_tokens, output_tokens,
-                     range_ratio,
-                     request_rate, burstiness, max_concurrency, seed, prefix_tokens)
+    reqs = request_stream(dataset, dataset_name, num_requests, prompt_tokens, output_tokens,
+                          range_ratio, request_rate, burstiness, max_concurrency, seed,
+                          prefix_tokens)
     reqs, template_tokens = _chat(reqs, m, chat)
     if dataset is not None and _timed(reqs, request_rate, max_concurrency):
         request_rate = math.nan  # the dataset's arrival_s set the arrivals
@@ -531,9 +531,10 @@ def _simulate_disaggregated(m, a: dict) -> dict:
         cfg = _scheduler(dep, over)
         deps[side] = dep.with_options(prefill_chunk_tokens=cfg.max_num_batched_tokens)
         cfgs[side] = cfg
-    reqs = _requests(a["dataset"], a["dataset_name"], a["num_requests"], a["prompt_tokens"],
-                     a["output_tokens"], a["range_ratio"], a["request_rate"], a["burstiness"],
-                     None, a["seed"], a["prefix_tokens"])
+    reqs = request_stream(a["dataset"], a["dataset_name"], a["num_requests"],
+                          a["prompt_tokens"], a["output_tokens"], a["range_ratio"],
+                          a["request_rate"], a["burstiness"], None, a["seed"],
+                          a["prefix_tokens"])
     reqs, template_tokens = _chat(reqs, m, a["chat"])
     timed = a["dataset"] is not None and _timed(reqs, a["request_rate"], None)
     longest = max(reqs, key=lambda r: r.prompt_tokens + r.output_tokens)
@@ -789,9 +790,12 @@ def _chat(reqs, m, chat: bool):
     return with_chat_template(reqs, m.chat_template), m.chat_template.tokens
 
 
-def _requests(dataset, dataset_name, num_requests, prompt_tokens, output_tokens, range_ratio,
-              request_rate, burstiness, max_concurrency, seed, prefix_tokens=0):
-    """The request stream: a trace file's, or vLLM's random dataset."""
+def request_stream(dataset, dataset_name, num_requests, prompt_tokens, output_tokens,
+                   range_ratio, request_rate, burstiness, max_concurrency, seed,
+                   prefix_tokens=0):
+    """The request stream: a trace file's, or lengths as vLLM's bench serve draws them
+    (``--dataset-name``: random, sharegpt or sonnet); ``simulate``'s, and ``check``'s for a
+    served budget."""
     from planner.serving.traffic import replay, synthetic
 
     if prefix_tokens and (dataset is not None or dataset_name not in ("random", "sonnet")):
@@ -820,8 +824,8 @@ def _requests(dataset, dataset_name, num_requests, prompt_tokens, output_tokens,
         from planner.serving.traffic import shaped_lengths
 
         if dataset_name not in catalog.length_names():
-            raise LlmplanError(f"--dataset-name: '{dataset_name}' is not random or one of "
-                               f"{', '.join(catalog.length_names())}")
+            raise LlmplanError(f"--dataset-name: '{dataset_name}' is not one of random, "
+                               f"sonnet, {', '.join(catalog.length_names())}")
         lens = shaped_lengths(catalog.load_lengths(dataset_name), num_requests,
                               mean_prompt=prompt_tokens, mean_output=output_tokens, seed=seed)
         return replay([(p, o, None) for p, o in lens], request_rate=request_rate,

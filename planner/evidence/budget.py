@@ -126,11 +126,15 @@ class BudgetTraffic(_Strict):
     """The traffic a deployment's served limits are held at: Poisson arrivals at
     ``request_rate`` split evenly over ``replicas`` replicas of the deployment, each
     simulated with ``num_requests`` requests of the workload's prompt and output tokens
-    (uniform within ``range_ratio``), continuous batching with the engine's defaults; the
-    times at the ``percentile``-th percentile (50: the median)."""
+    (``dataset_name``'s lengths: uniform within ``range_ratio``, or a published shape at
+    those means), continuous batching with the engine's defaults; the times at the
+    ``percentile``-th percentile (50: the median)."""
 
     request_rate: float = Field(gt=0, le=1e9)  # requests a second, all replicas together
     replicas: int = Field(1, gt=0, le=MAX_COUNT)
+    # lengths as vLLM's bench serve draws them: random (the workload's, within
+    # range_ratio), sharegpt (ShareGPT's shape at the workload's means) or sonnet
+    dataset_name: str = Field("random", min_length=1, max_length=64)
     num_requests: int = Field(500, ge=10, le=100_000)
     percentile: Literal[50, 90, 99] = 90
     range_ratio: float = Field(0.0, ge=0, lt=1)
