@@ -24,20 +24,17 @@ from planner.core.errors import LlmplanError
 
 
 def _fmt_value(limit: str, v) -> str:
+    """A limit's value in the units its kind reads in (``LIMITS``, ``SERVED_LIMITS``)."""
+    from planner.evidence.budget import LIMITS, SERVED_LIMITS
     from planner.io import fmt
 
     if v is None:
         return "n/a"
     if isinstance(v, bool):
         return "yes" if v else "no"
-    if limit in ("ttft_s", "tpot_s", "latency_s", "served_ttft_s", "served_tpot_s",
-                 "served_latency_s"):
-        return fmt.seconds(v)
-    if limit in ("memory_frac", "mbu_min"):
-        return fmt.pct(v)
-    if limit.startswith("cost"):
-        return fmt.usd(v)
-    return f"{v:,.4g}"
+    kind = (LIMITS.get(limit) or SERVED_LIMITS.get(limit) or ("number",))[0]
+    return {"time": fmt.seconds, "frac": fmt.pct, "usd": fmt.usd}.get(
+        kind, lambda x: f"{x:,.4g}")(v)
 
 
 def _junit(results, path: Path, budget: Path) -> None:
@@ -102,6 +99,7 @@ def _served(d, dep, held: str):
     bands it rests on. The ideal engine, a bound, has no band."""
     from planner.cli.simulate import request_stream
     from planner.evidence.bands import served_band_factors
+    from planner.evidence.budget import SERVED_LIMITS
     from planner.io import catalog
     from planner.search.plan import SimSettings, percentile_key, sizing_coster
     from planner.serving import run
@@ -124,14 +122,16 @@ def _served(d, dep, held: str):
         if s["completed"] == 0:
             raise LlmplanError(f"traffic: no request was served ({s.get('failed_reason')})")
 
-        def seconds(name: str, factor: float = 1.0):
-            v = s.get(percentile_key(name, t.percentile))
-            return None if v is None else v / 1e3 * factor
-
-        return {"served_ttft_s": seconds("ttft", st.ttft_factor),
-                "served_tpot_s": seconds("tpot", st.tpot_factor),
-                "served_latency_s": seconds("e2el"),
-                "served_output_tokens_per_s": s["output_throughput"] * t.replicas}
+        # TTFT and TPOT held at the bands' factors beyond the slowed steps (1 as predicted)
+        factors = {"ttft": st.ttft_factor, "tpot": st.tpot_factor}
+        out = {}
+        for name, (kind, _, figure, _) in SERVED_LIMITS.items():
+            if kind == "time":  # at the percentile, ms in the summary
+                v = s.get(percentile_key(figure, t.percentile))
+                out[name] = None if v is None else v / 1e3 * factors.get(figure, 1.0)
+            else:  # a rate: every replica's together
+                out[name] = s[figure] * t.replicas
+        return out
 
     nominal = figures(coster, SimSettings())
     if held != "high" or d.engine.name == "ideal":

@@ -17,6 +17,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from planner.core.arith import no_bool_numbers
+from planner.core.engine import PERFORMANCE_MODES
 from planner.core.specs import MAX_COUNT, DType, Workload
 
 _TIME = {"us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "min": 60.0, "m": 60.0, "h": 3600.0}
@@ -194,7 +195,7 @@ class Deployment(_Strict):
     traffic: BudgetTraffic | None = None
     # vLLM's --performance-mode the served replica runs under (vLLM 0.17 and later); None:
     # not given
-    performance_mode: Literal["balanced", "interactivity", "throughput"] | None = None
+    performance_mode: Literal[PERFORMANCE_MODES] | None = None  # type: ignore[valid-type]
 
     @model_validator(mode="after")
     def _served(self) -> Deployment:
