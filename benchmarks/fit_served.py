@@ -54,12 +54,16 @@ PLANS: dict[str, tuple[list[str], list[str]]] = {
     # bf16 GEMMs only and left the quantized ones at their kernels' rates.)
     "vllm-0.8": (["step_overhead_us", "served_compute_frac"],
                  ["massed-compute-gpu-benchmark", "r1-benchmark"]),
-    # SGLang (0.4 and later): the request path's fixed cost (TTFT at low load; it had none),
-    # on Massed Compute's SGLang 0.5.14 runs (the other half of the sweep the vllm line was
-    # fitted on: H100 PCIe and L40S, 1 to 32 requests in flight); DataCrunch's, GPUStack's,
-    # R1-Benchmark's and Scicom's SGLang runs held out. (Fitted beside it, the GEMM compute
-    # share ended at 0.3, the edge of its range, and held-out TPOT doubled: refused.)
-    "sglang": (["request_overhead_us"], ["massed-compute-sglang"]),
+    # SGLang (0.4 and later), jointly: the request path's fixed cost (TTFT at low load), the
+    # per-step host cost and the served compute share, on two sources of opposite regimes:
+    # Massed Compute's SGLang 0.5.14 runs (the other half of the sweep the vllm line was fitted
+    # on: H100 PCIe and L40S, 1 to 32 requests in flight) and DataCrunch's (Llama-3.3-70B at
+    # TP 4 and Llama-3.1-405B at TP 8 on H200, up to saturation); GPUStack's, R1-Benchmark's,
+    # Scicom's, bbuf's and the engine PRs' SGLang runs held out. (The request path alone on
+    # Massed Compute was the fit until 2026-12-02; the compute share fitted beside it there
+    # ended at 0.3, the edge of its range: those runs, 1 to 32 in flight, hardly depend on it.)
+    "sglang": (["served_compute_frac", "step_overhead_us", "request_overhead_us"],
+               ["datacrunch-h200", "massed-compute-sglang"]),
     # vLLM's API server (planner.serving.frontend): its CPU time per request admitted and per
     # token streamed, on GPUStack's Performance Lab runs (0.10-0.11), the one source that sends
     # bursts of 500-1,000 requests at once, where that process is the bottleneck; every other
