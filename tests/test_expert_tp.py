@@ -144,6 +144,9 @@ def test_groups_dispatch_their_share_and_gather_it_back():
 # Again when vllm's 16-bit routed experts took the fused MoE kernel's compute rate on Hopper
 # (engines_db experts_compute_frac 0.86, an engine change): the bf16 Qwen3 and Mixtral
 # figures moved, most their prefill; memory and pairs did not
+# Again when vllm held MXFP4 experts as its Marlin MoE kernel lays them out (engines_db
+# mxfp4_expert_padding: x 1.0904 for gpt-oss-120b's whole experts): gpt-oss's bytes, step
+# times and KV capacity moved; its pairs did not
 TODAY = {
     ("deepseek-v3", "h200", 16, "fp8", 512, 2000, 500): (
         0.033918775585235525, 20.7692252223316, 67977866240.0, 292.4807152708811,
@@ -155,8 +158,8 @@ TODAY = {
         0.011021037704201417, 0.20157105582825616, 28277456896.0, 21.76810754640353,
         0.010998125259353293, 0.03186781191844255, 1492292),
     ("gpt-oss-120b", "h100-sxm", 8, "mxfp4", 16, 1000, 1000): (
-        0.00452919295060972, 0.04881471900327431, 11869439616.0, 13.395570552176823,
-        0.004516358470095773, 0.0212576929469419, 7041360),
+        0.004709250159894892, 0.051121675616212045, 12557543040.0, 13.395570552176823,
+        0.0046964156793809445, 0.021964806339499522, 6966696),
 }
 
 

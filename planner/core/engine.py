@@ -322,6 +322,16 @@ class MemoryFraction(_Sourced):
     reserve_by_memory: tuple[ReserveTier, ...] = ()
 
 
+class ExpertPadding(_Sourced):
+    """How the engine stores a routed expert's MXFP4 weights: the hidden size padded up to a
+    multiple of ``hidden_multiple`` and each TP rank's share of the intermediate size up to
+    one of ``intermediate_multiple`` (the experts' bytes, and the matmuls over them, grow by
+    ``Precision.expert_pad_factor``)."""
+
+    hidden_multiple: int = Field(ge=1, le=65536)
+    intermediate_multiple: int = Field(ge=1, le=65536)
+
+
 class SmallGpuDefaults(_Frozen):
     """Scheduler defaults an engine picks on smaller GPUs (vLLM's OpenAI server: below 70 GiB,
     or any A100), in place of ``ServingDefaults``' own."""
@@ -483,6 +493,8 @@ class EngineSpec(_Frozen):
     zero_point_bytes_per_group: Num
     serving: ServingDefaults | None = None
     memory_fraction: MemoryFraction | None = None  # None: 0.9 of total memory, as vLLM
+    # MXFP4 routed experts as the engine's kernels lay them out (None: as the checkpoint)
+    mxfp4_expert_padding: ExpertPadding | None = None
 
     @model_validator(mode="after")
     def _check(self) -> EngineSpec:
@@ -590,6 +602,9 @@ class EngineSpec(_Frozen):
             lm_head_sharded=self.lm_head_sharded.value,
             lm_head_quantized=self.lm_head_quantized.value,
             zero_point_bytes_per_group=self.zero_point_bytes_per_group.value,
+            mxfp4_expert_pad=(None if self.mxfp4_expert_padding is None else (
+                self.mxfp4_expert_padding.hidden_multiple,
+                self.mxfp4_expert_padding.intermediate_multiple)),
             **({} if self.memory_fraction is None else {
                 "memory_utilization_frac": self.memory_fraction.value,
                 "memory_basis": self.memory_fraction.basis,
@@ -692,6 +707,9 @@ class Engine:
     lm_head_sharded: bool = True
     lm_head_quantized: bool = False
     zero_point_bytes_per_group: float = 0.0
+    # (hidden multiple, intermediate multiple) MXFP4 routed experts are padded to
+    # (``ExpertPadding``); None: stored as the checkpoint
+    mxfp4_expert_pad: tuple[int, int] | None = None
     # the memory fraction it sizes its KV cache from by default, and its basis (MEMORY_BASES)
     memory_utilization_frac: float = 0.9
     memory_basis: str = "total"
@@ -847,6 +865,7 @@ class Engine:
                       source=IDEAL.source, lm_head_sharded=self.lm_head_sharded,
                       lm_head_quantized=self.lm_head_quantized,
                       zero_point_bytes_per_group=self.zero_point_bytes_per_group,
+                      mxfp4_expert_pad=self.mxfp4_expert_pad,
                       memory_utilization_frac=self.memory_utilization_frac,
                       memory_basis=self.memory_basis,
                       memory_reserve_tiers=self.memory_reserve_tiers)

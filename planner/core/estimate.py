@@ -432,6 +432,9 @@ def prepare(hw: HardwareSpec, p: Precision, calibration: Calibration | None, o: 
     if not p.from_checkpoint:  # a checkpoint's own scales and lm_head are what load
         p = p.model_copy(update={"zero_point_bytes": engine.zero_point_bytes_per_group,
                                  "lm_head_quantized": engine.lm_head_quantized})
+    # the engine's own layout of MXFP4 experts, whatever the checkpoint
+    p = p.model_copy(update={"expert_pad": engine.mxfp4_expert_pad
+                             if p.weights is DType.mxfp4 else None})
     p, notes = resolve_precision(hw, p, c)
     return Prepared(engine, p, c, ref, tuple(notes))
 

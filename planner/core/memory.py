@@ -41,6 +41,8 @@ def weight_bytes_breakdown(m: ModelSpec, prec: Precision, *, tp: int = 1,
             prec.quantizes("experts" if key == "moe/routed_experts" else key)
         per_param = prec.quantized_bytes_per_param if quantized else prec.half_bytes
         replicated = key in _REPLICATED or (key == "lm_head" and not lm_head_sharded)
+        if key == "moe/routed_experts":  # as the engine lays them out (``expert_pad``)
+            n = n * prec.expert_pad_factor(m, tp)
         out[key] = n * per_param / (1 if replicated else tp)
     return out
 

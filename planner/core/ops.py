@@ -507,10 +507,12 @@ def _moe_ops(s: _Step) -> list[Op]:
     inter = e.expert_intermediate_size / s.tp
     hit = expected_distinct_experts(e.num_experts, e.experts_per_token, T)
     routed_tokens = T * e.experts_per_token
+    pad = s.prec.expert_pad_factor(s.m, s.tp)  # the engine's padded layout: more to read
     for op in s.mlp("experts_", n_moe, inter, tokens=routed_tokens,
                     biased=s.m.mlp_bias or e.expert_bias):
         if op.kind == "matmul":  # weights of every expert the batch reaches
-            op = Op(op.name, op.kind, op.count, op.flops, weight_bytes=op.weight_bytes * hit,
+            op = Op(op.name, op.kind, op.count, op.flops * pad,
+                    weight_bytes=op.weight_bytes * pad * hit,
                     act_bytes=op.act_bytes, dtype=op.dtype, weight_dtype=op.weight_dtype,
                     m_rows=routed_tokens / vmax(hit, 1e-30))  # 0 rows in an empty step
         ops.append(op)

@@ -7,6 +7,7 @@ place, so the rest of the core only ever sees base units.
 
 from __future__ import annotations
 
+import math
 from enum import Enum
 from typing import Literal
 
@@ -100,6 +101,10 @@ class Precision(_Frozen):
     # scales, zero points and the lm_head as a checkpoint stores them (its config.json's
     # quantization_config): the engine's defaults for them (``prepare``) do not apply
     from_checkpoint: bool = False
+    # the engine stores the routed experts padded: the hidden size up to a multiple of the
+    # first, each TP rank's share of the experts' intermediate size up to one of the second
+    # (vLLM's MXFP4 MoE layout, ``Engine.mxfp4_expert_pad``); None: as the checkpoint
+    expert_pad: tuple[int, int] | None = None
 
     @model_validator(mode="after")
     def _check(self) -> Precision:
@@ -123,6 +128,16 @@ class Precision(_Frozen):
             DType.fp16 if DType.fp16 in (w, c) else DType.bf16)
         return cls(weights=w, kv_cache=kv, group_size=group_size, compute=c,
                    quantized_layers=quantized_layers)
+
+    def expert_pad_factor(self, m: ModelSpec, tp: int = 1) -> float:
+        """Stored over checkpoint bytes (and FLOPs) of a routed expert's matmuls under
+        ``expert_pad``: gpt-oss-120b at TP 1 under (256, 128), hidden 2,880 -> 3,072 and
+        intermediate 2,880 -> 2,944, is 1.0904."""
+        if self.expert_pad is None or m.moe is None:
+            return 1.0
+        h_mult, i_mult = self.expert_pad
+        h, i = m.hidden_size, m.moe.expert_intermediate_size / tp
+        return (math.ceil(h / h_mult) * h_mult) * (math.ceil(i / i_mult) * i_mult) / (h * i)
 
     @property
     def half_dtype(self) -> DType:
