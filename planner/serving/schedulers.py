@@ -277,14 +277,15 @@ class ContinuousScheduler(Scheduler):
         """SGLang's retraction victim: of the decoding requests, the one with the fewest
         output tokens (those before a retraction count), the longest prompt among them, the
         newest of full ties; the newest running request when none decodes."""
-        running, gained = self.running, self.batch.gained
-        best, key = None, None
-        for q in running.values():
+        # a request's outputs are g0 + G - G0 (the plain pool's ``gained``: SGLang sorts so
+        # only without speculation); G is the same for all, so g0 - G0 orders them
+        best, fewest, longest = None, 0, 0
+        for q in self.running.values():
             if q.state is not _DECODING:
                 continue
-            k = (q.g0 + gained(q), -q.r.prompt_tokens)
-            if key is None or k <= key:
-                best, key = q, k
+            outs, prompt = q.g0 - q.G0, q.r.prompt_tokens
+            if best is None or outs < fewest or (outs == fewest and prompt >= longest):
+                best, fewest, longest = q, outs, prompt
         return best if best is not None else self._newest()
 
     def _newest(self) -> SimRequest:
