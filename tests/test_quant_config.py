@@ -164,17 +164,24 @@ def test_mxfp4_gpt_oss_experts_only(run_json):
     weight), everything else bf16. Routed experts: 24 layers x 32 experts x 3 x 2880 x 2880
     = 19,110,297,600 weights."""
     path = str(HF / "gpt-oss-20b.json")
-    d = _weights_bytes(run_json, path)
+    # SGLang's profile holds the experts as the checkpoint stores them
+    d = _weights_bytes(run_json, path, "-e", "sglang")
     m = load_model(path)
     bd = param_breakdown(m)
     experts = bd["moe/routed_experts"]
     assert experts == 24 * 32 * 3 * 2880 * 2880 == 19_110_297_600
-    assert d["weights_bytes"] == experts * 0.53125 + (sum(bd.values()) - experts) * 2
+    rest = (sum(bd.values()) - experts) * 2
+    assert d["weights_bytes"] == experts * 0.53125 + rest
     assert (d["weights"], d["quantized_layers"], d["weights_source"]) == \
         ("mxfp4", "experts", "checkpoint")
     same = _weights_bytes(run_json, "gpt-oss-20b", "--weights", "mxfp4",
-                          "--quantized-layers", "experts")
+                          "--quantized-layers", "experts", "-e", "sglang")
     assert same["weights_bytes"] == d["weights_bytes"]
+    # vLLM (the default profile) pads them for its Marlin MoE kernel: hidden 2,880 -> 3,072,
+    # intermediate 2,880 -> 2,944 (engines_db mxfp4_expert_padding)
+    padded = _weights_bytes(run_json, path)
+    assert padded["weights_bytes"] == pytest.approx(
+        experts * 3072 * 2944 / (2880 * 2880) * 0.53125 + rest, rel=1e-12)
 
 
 def test_bitsandbytes_nf4_double_quant(run_json, tmp_path):
