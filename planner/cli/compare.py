@@ -80,12 +80,13 @@ def _without_noisy(runs: list, data, path: Path) -> list:
     return kept
 
 
-def server_overrides(command: str | None) -> dict:
+def server_overrides(command: str | None, base: Path | None = None) -> dict:
     """What a server command (vLLM's, SGLang's or trtllm-serve's flag names) sets, keyed by
-    our option (planner/cli/flags.py, the table the CLI's vLLM names come from too)."""
+    our option (planner/cli/flags.py, the table the CLI's vLLM names come from too); a
+    trtllm-serve options file it names is read from ``base``."""
     from planner.cli.flags import server_flags
 
-    return server_flags(command)
+    return server_flags(command, base)
 
 
 # vLLM V0's multi-step scheduling, refused for an engine without it
@@ -98,7 +99,8 @@ ENGINE_FIELDS = {"--max-num-seqs": "max_num_seqs",
                  "--api-server-count": "api_servers", "--async-scheduling": "async_scheduling",
                  "--cuda-graph-max-bs": "graph_max_bs", "--max-model-len": "max_model_len",
                  "--num-scheduler-steps": "scheduler_steps",
-                 "--multi-step-stream-outputs": "multi_step_stream"}
+                 "--multi-step-stream-outputs": "multi_step_stream",
+                 "--capacity-policy": "capacity_policy"}
 
 
 def _agree(ours: str, theirs, given, what: str) -> None:
@@ -149,6 +151,10 @@ def served_setup(model: str, gpu: str, spec, tp: int, weights, kv_cache,
     eng = replace(eng, **{f: s[o] for o, f in ENGINE_FIELDS.items() if o in s})
     if s.get("--enforce-eager"):
         eng = replace(eng, cuda_graphs=False)
+    if "--cuda-graph-sizes" in s:  # a trtllm-serve options file's cuda_graph_config
+        sizes = s["--cuda-graph-sizes"]
+        eng = replace(eng, graph_rule=(sizes, (), sizes[-1], None, ()),
+                      graph_padding=s["--cuda-graph-padding"])
     if s.get("--trtllm-backend") == "tensorrt":
         # trtllm-serve --backend tensorrt: a built TensorRT engine, whose decode steps the
         # profile's fit priced at every batch size (no PyTorch-backend capture sizes)
@@ -163,7 +169,8 @@ def served_setup(model: str, gpu: str, spec, tp: int, weights, kv_cache,
                    memory_utilization_frac=s.get("--memory-utilization"),
                    cpu_offload_bytes=s.get("--cpu-offload-gb", 0.0) * GIB)
     return Deployment.build(m, hw, engine=eng, precision=prec,
-                            layout=Layout(tp=tp, pp=s.get("--pp", 1)), options=opts,
+                            layout=Layout(tp=tp, pp=s.get("--pp", 1), ep=s.get("--ep", 1)),
+                            options=opts,
                             weights_source=source)
 
 

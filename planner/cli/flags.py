@@ -16,9 +16,10 @@ caching, True or False here), ``--mixed-batches`` (prefill chunks beside decodes
 ``--api-server-count`` (API-server processes: ``planner.serving.frontend``),
 ``--max-model-len`` (the longest request taken), ``--num-scheduler-steps`` and
 ``--multi-step-stream-outputs`` (vLLM V0's multi-step scheduling), ``--performance-mode``
-(vLLM 0.17 and later: ``planner.core.engine.Engine.in_mode``) and, read from SGLang's
+(vLLM 0.17 and later: ``planner.core.engine.Engine.in_mode``), read from SGLang's
 server commands only, ``--cuda-graph-max-bs`` (the largest decode batch captured in a CUDA
-graph).
+graph), and from a trtllm-serve options file (``planner.io.trtllm_options``) ``--ep``,
+``--capacity-policy``, ``--cuda-graph-sizes`` and ``--cuda-graph-padding``.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import re
 import shlex
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 from planner.core.engine import PERFORMANCE_MODES
 from planner.core.errors import LlmplanError
@@ -168,10 +170,15 @@ FLAGS: tuple[EngineFlag, ...] = (
     EngineFlag(("--enable-mixed-chunk",), "--mixed-batches", S, SGLANG_ARGS, value=True),
     EngineFlag(("--context-length",), "--max-model-len", S, SGLANG_ARGS, number=human_int),
     # trtllm-serve (tensorrt_llm/commands/serve.py)
-    EngineFlag(("--tp_size",), "--tp", T, TRTLLM_SERVE, number=int),
-    EngineFlag(("--pp_size",), "--pp", T, TRTLLM_SERVE, number=int),
-    EngineFlag(("--kv_cache_free_gpu_memory_fraction",), "--memory-utilization", T,
-               TRTLLM_SERVE, number=float),
+    EngineFlag(("--tp_size", "--tensor_parallel_size"), "--tp", T, TRTLLM_SERVE, number=int),
+    EngineFlag(("--pp_size", "--pipeline_parallel_size"), "--pp", T, TRTLLM_SERVE, number=int),
+    EngineFlag(("--ep_size", "--moe_expert_parallel_size"), "--ep", T, TRTLLM_SERVE,
+               number=int),
+    EngineFlag(("--kv_cache_free_gpu_memory_fraction", "--free_gpu_memory_fraction"),
+               "--memory-utilization", T, TRTLLM_SERVE, number=float),
+    # its LLM-API options file, laid over the command's own arguments
+    # (``planner.io.trtllm_options``); read where the server command is
+    EngineFlag(("--config", "--extra_llm_api_options"), "--llm-api-options", T, TRTLLM_SERVE),
     EngineFlag(("--max_batch_size",), "--max-num-seqs", T, TRTLLM_SERVE, number=int),
     EngineFlag(("--max_num_tokens",), "--max-num-batched-tokens", T, TRTLLM_SERVE, number=int),
     EngineFlag(("--max_seq_len",), "--max-model-len", T, TRTLLM_SERVE, number=int),
@@ -243,10 +250,13 @@ def _same(a: str, b: str) -> bool:
         return a == b
 
 
-def server_flags(command: str | None) -> dict[str, object]:
+def server_flags(command: str | None, base: Path | None = None) -> dict[str, object]:
     """What a server command line (vLLM's, SGLang's or trtllm-serve's) sets, keyed by our
     option (``{"--tp": 8, "--max-num-batched-tokens": 4096}``); flags llmplan does not model
-    are passed over. SGLang's ``--chunked-prefill-size`` -1 (or 0) turns chunking off."""
+    are passed over. SGLang's ``--chunked-prefill-size`` -1 (or 0) turns chunking off.
+    trtllm-serve's ``--config`` / ``--extra_llm_api_options`` file (a path from ``base``,
+    else the working directory) is read and laid over the command's flags, as trtllm-serve
+    lays it (``planner.io.trtllm_options``); vLLM's own ``--config`` is passed over."""
     out: dict[str, object] = {}
     if not command:
         return out
@@ -254,6 +264,8 @@ def server_flags(command: str | None) -> dict[str, object]:
         words = shlex.split(command)
     except ValueError:
         words = command.split()
+    options: dict[str, object] = {}
+    trtllm = bool(words) and Path(words[0]).name == "trtllm-serve"
     i = 0
     while i < len(words):
         name, eq, inline = words[i].partition("=")
@@ -277,10 +289,16 @@ def server_flags(command: str | None) -> dict[str, object]:
             if value is None:  # --max-model-len auto: as if not given
                 continue
         ours = f.ours
+        if ours == "--llm-api-options":
+            if trtllm:
+                from planner.io.trtllm_options import read_llm_api_options
+
+                options = read_llm_api_options(Path(base or ".") / value)
+            continue
         if f.names[0] == "--chunked-prefill-size" and isinstance(value, int) and value <= 0:
             ours, value = "--chunked-prefill", False
         if ours in out and out[ours] != value:
             raise LlmplanError(f"the server command gives {ours} twice: {out[ours]} and "
                                f"{value}")
         out[ours] = value
-    return out
+    return {**out, **options}

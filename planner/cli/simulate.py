@@ -253,6 +253,12 @@ def simulate(
         "--enable-chunked-prefill/--no-enable-chunked-prefill",
         help="Split long prompts into chunks of the step budget (default: the engine's).")
     ] = None,
+    extra_llm_api_options: Annotated[Optional[Path], typer.Option(
+        "--extra-llm-api-options", "--extra_llm_api_options", metavar="FILE",
+        help="TensorRT-LLM's LLM-API options file, as trtllm-serve --config reads it (--engine "
+        "trtllm): its parallelism, scheduler limits and capacity policy, chunked prefill, "
+        "KV-cache fraction, block reuse and type, and CUDA-graph batch sizes and padding, "
+        "over the engine's defaults; a flag given here as well must agree with it.")] = None,
     capacity_policy: Annotated[Optional[str], typer.Option(
         metavar="max-utilization|guaranteed-no-evict",
         help="max-utilization: KV blocks as tokens arrive, preempting when they run out "
@@ -369,7 +375,8 @@ def simulate_run(a: dict, *, emit: bool = False) -> dict:
     the command; a name left out takes the command's default): the object ``--json`` prints.
     With ``emit``, the command's output too (the tables, or the JSON, trace and plot asked
     for); the web page (planner/ui) takes the object alone."""
-    a = {**command_defaults(simulate), **a}
+    defaults = command_defaults(simulate)
+    a = with_llm_api_options({**defaults, **a}, defaults)
     (model, gpu, engine, tp, pp, ep, expert_imbalance, weights, kv_cache, quantization, dtype,
      kv_cache_dtype, enforce_eager, group_size, quantized_layers, compute, calibration,
      time_model, attention, kernel_overhead_us, request_rate, burstiness, max_concurrency,
@@ -398,6 +405,8 @@ def simulate_run(a: dict, *, emit: bool = False) -> dict:
         "acceptance_rate", "prefill_instances", "decode_instances", "prefill_tp", "decode_tp",
         "prefill_gpu", "decode_gpu", "prefill_max_num_seqs", "decode_max_num_seqs",
         "prefill_max_num_batched_tokens", "decode_max_num_batched_tokens", "kv_link", "as_json"))
+    # a TensorRT-LLM options file's cuda_graph_config: the sizes captured, and padding
+    graph = (a.get("cuda_graph_sizes"), a.get("cuda_graph_padding"))
     from planner.io import catalog
     from planner.serving import run
     from planner.serving.metrics import summary
@@ -459,6 +468,8 @@ def simulate_run(a: dict, *, emit: bool = False) -> dict:
     if plot is not None:
         _plot(plot, dep, cfg, res, len(reqs), request_rate, max_concurrency)
     d["chat_template_tokens"] = template_tokens
+    if a.get("extra_llm_api_options") is not None:
+        d["llm_api_options"] = str(a["extra_llm_api_options"])
     applied = _served_bands(dep, cfg, d, request_rate, max_concurrency)
     applied = _near_capacity(dep, cfg, reqs, sp, d, applied, request_rate, max_concurrency)
     d.update(band_fields(applied))
@@ -720,6 +731,9 @@ def _scheduler(dep, a: dict):
         given["scheduler_steps"] = a["num_scheduler_steps"]
     if a["multi_step_stream_outputs"] is not None:
         given["multi_step_stream"] = a["multi_step_stream_outputs"]
+    sizes, padding = a.get("graph", (None, None))
+    if sizes is not None:
+        given.update(graph_sizes=sizes, graph_padding=padding)
     if a["prefix_cache"] is not None:
         if a["prefix_cache"] not in ("on", "off"):
             raise LlmplanError(f"--prefix-cache: must be on or off, got {a['prefix_cache']!r}")
@@ -731,6 +745,48 @@ def _scheduler(dep, a: dict):
                         max_wait_s=a["max_wait"] if a["scheduler"] == Scheduler.dynamic else 0.0)
     cfg.check()
     return cfg
+
+
+# a trtllm-serve options file's settings (``planner.io.trtllm_options``) as simulate's
+# parameters
+LLM_API_PARAMS = {"--tp": "tp", "--pp": "pp", "--ep": "ep", "--max-num-seqs": "max_num_seqs",
+                  "--max-num-batched-tokens": "max_num_batched_tokens",
+                  "--max-model-len": "max_model_len", "--chunked-prefill": "chunked_prefill",
+                  "--memory-utilization": "memory_utilization",
+                  "--prefix-cache": "prefix_cache", "--kv-cache": "kv_cache",
+                  "--block-size": "block_size", "--capacity-policy": "capacity_policy",
+                  "--enforce-eager": "enforce_eager",
+                  "--cuda-graph-sizes": "cuda_graph_sizes",
+                  "--cuda-graph-padding": "cuda_graph_padding"}
+
+
+def with_llm_api_options(a: dict, defaults: dict) -> dict:
+    """``a`` with a TensorRT-LLM options file's settings (--extra-llm-api-options) laid in:
+    for the trtllm engine only; a flag the command was given as well must agree with the
+    file (trtllm-serve would let the file win; here two sayings of one setting are a
+    mistake to point at)."""
+    path = a.get("extra_llm_api_options")
+    if path is None:
+        return a
+    from planner.io import catalog
+    from planner.io.trtllm_options import KEY_OF, read_llm_api_options
+
+    spec = catalog.load_engine_spec(a["engine"])
+    family = spec.versions.family if spec.versions is not None else spec.name
+    if family != "trtllm":
+        raise LlmplanError(f"--extra-llm-api-options: TensorRT-LLM's options file; the engine "
+                           f"here is {spec.name} (give --engine trtllm)")
+    out = dict(a)
+    for ours, value in read_llm_api_options(Path(path)).items():
+        name = LLM_API_PARAMS[ours]
+        if ours == "--prefix-cache":
+            value = "on" if value else "off"
+        given = getattr(a.get(name), "value", a.get(name))
+        if given is not None and given != defaults.get(name) and given != value:
+            raise LlmplanError(f"--{name.replace('_', '-')} {given} and {path}'s "
+                               f"{KEY_OF[ours]} ({value}) disagree: give it once")
+        out[name] = value
+    return out
 
 
 def _refusals(res) -> None:

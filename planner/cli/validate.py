@@ -70,7 +70,8 @@ def run_served(manifests, engine_override: str | None = None,
                 spec = at_release(spec, entry.engine_version or ds.source.engine_version,
                                   pick=engine_override is None)
                 out += compare_entry(ds.source, entry, replayed_runs(entry, folder),
-                                     replay_setup(entry, spec), replay_setup(entry, ideal_spec),
+                                     replay_setup(entry, spec, folder),
+                                     replay_setup(entry, ideal_spec, folder),
                                      spec.fitted_rows())
             except UsageError as err:
                 # the simulator cannot serve what the real server did (a prompt longer than
@@ -117,12 +118,13 @@ def replayed_runs(entry, folder):
     return [shape_lengths(entry.traffic.apply(r), entry.traffic.dataset) for r in runs]
 
 
-def replay_setup(entry, spec):
+def replay_setup(entry, spec, folder: Path | None = None):
     """The deployment a served entry was measured on, with ``spec``'s engine: its model, GPU,
-    TP and precision, and the scheduler flags of its server command."""
+    TP and precision, and the scheduler flags of its server command (an options file it
+    names, in the manifest's ``folder``)."""
     from planner.cli.compare import MULTI_STEP_FLAGS, served_setup, server_overrides
 
-    server = server_overrides(entry.traffic.server_command if entry.traffic else None)
+    server = server_overrides(entry.traffic.server_command if entry.traffic else None, folder)
     if spec.serving is None or spec.serving.scheduler_steps is None:
         # replayed with an engine that has no multi-step scheduling (the ideal baseline,
         # --engine): as that engine runs, every step scheduled

@@ -1,0 +1,183 @@
+"""TensorRT-LLM's LLM-API options file (trtllm-serve --config / --extra_llm_api_options),
+read into llmplan's options (planner/io/trtllm_options.py): on `simulate
+--extra-llm-api-options`, and in a trtllm-serve command replayed by `validate`, where the file
+is laid over the command's own flags as trtllm-serve lays it."""
+
+from __future__ import annotations
+
+import pytest
+
+from planner.cli.flags import server_flags
+from planner.io import catalog
+from planner.io.trtllm_options import cuda_graph_batch_sizes, read_llm_api_options
+
+FULL = """\
+tensor_parallel_size: 2
+max_batch_size: 256
+max_num_tokens: 4096
+max_seq_len: 16384
+enable_chunked_prefill: true
+kv_cache_config:
+  free_gpu_memory_fraction: 0.85
+  enable_block_reuse: false
+  dtype: fp8
+  tokens_per_block: 64
+scheduler_config:
+  capacity_scheduler_policy: MAX_UTILIZATION
+cuda_graph_config:
+  enable_padding: true
+  max_batch_size: 256
+moe_config:
+  backend: CUTLASS
+"""
+SIM = ("simulate", "-m", "llama-3.1-8b", "-g", "h100-sxm", "-e", "trtllm", "-n", "300",
+       "--request-rate", "20", "--seed", "3")
+
+
+def _write(tmp_path, text: str, name: str = "extra.yaml"):
+    p = tmp_path / name
+    p.write_text(text)
+    return p
+
+
+def test_default_sizes_are_the_profiles():
+    """No cuda_graph_config: max_batch_size 0 is taken as 128 and padding is off, which gives
+    the sizes engines_db/trtllm.yaml states (1-32, 64, 128)."""
+    sizes = catalog.load_engine_spec("trtllm").serving.cuda_graph_sizes.sizes
+    assert cuda_graph_batch_sizes(128, False) == tuple(sizes) == \
+        tuple(range(1, 33)) + (64, 128)
+
+
+@pytest.mark.parametrize("most, padding, expected", [
+    # 1, 2, 4, the multiples of 8 to 128; no power of two from 256 below 2^8; 256 appended
+    (256, True, (1, 2, 4) + tuple(range(8, 129, 8)) + (256,)),
+    # 1-32, 64, 128, then 256 and 512 (below 2^ceil(log2 1000) = 1024), then 1000 itself
+    (1000, False, tuple(range(1, 33)) + (64, 128, 256, 512, 1000)),
+    # a small cap keeps the sizes under it and adds itself
+    (12, True, (1, 2, 4, 8, 12)),
+    (1, False, (1,)),
+])
+def test_generated_sizes_by_hand(most, padding, expected):
+    assert cuda_graph_batch_sizes(most, padding) == expected
+
+
+def test_a_whole_file_by_hand(tmp_path):
+    got = read_llm_api_options(_write(tmp_path, FULL))
+    assert got == {
+        "--tp": 2, "--max-num-seqs": 256, "--max-num-batched-tokens": 4096,
+        "--max-model-len": 16384, "--chunked-prefill": True, "--memory-utilization": 0.85,
+        "--prefix-cache": False, "--kv-cache": "fp8", "--block-size": 64,
+        "--capacity-policy": "max-utilization",
+        "--cuda-graph-sizes": (1, 2, 4) + tuple(range(8, 129, 8)) + (256,),
+        "--cuda-graph-padding": True}  # moe_config is passed over
+    assert read_llm_api_options(_write(tmp_path, "cuda_graph_config: null\n", "off.yaml")) \
+        == {"--enforce-eager": True}
+    assert read_llm_api_options(_write(tmp_path, "", "empty.yaml")) == {}
+    given = read_llm_api_options(_write(
+        tmp_path, "cuda_graph_config:\n  batch_sizes: [64, 1, 8, 8]\n", "sizes.yaml"))
+    assert given == {"--cuda-graph-sizes": (1, 8, 64), "--cuda-graph-padding": False}
+    ep = read_llm_api_options(_write(
+        tmp_path, "tensor_parallel_size: 8\nmoe_expert_parallel_size: 8\n", "ep.yaml"))
+    assert ep == {"--tp": 8, "--ep": 8}
+
+
+def test_simulate_takes_the_file_as_its_own_flags(tmp_path, run_json):
+    """The scheduler and KV settings of a file (its CUDA graphs left at the engine's
+    defaults) simulate exactly as the same settings given as flags."""
+    cfg = _write(tmp_path, "max_batch_size: 64\nmax_num_tokens: 2048\nenable_chunked_prefill: "
+                           "true\nkv_cache_config:\n  free_gpu_memory_fraction: 0.5\n  "
+                           "enable_block_reuse: false\nscheduler_config:\n  "
+                           "capacity_scheduler_policy: MAX_UTILIZATION\n")
+    a = run_json(*SIM, "--extra-llm-api-options", str(cfg))
+    b = run_json(*SIM, "--max-num-seqs", "64", "--max-num-batched-tokens", "2048",
+                 "--chunked-prefill", "--memory-utilization", "0.5", "--prefix-cache", "off",
+                 "--capacity-policy", "max-utilization")
+    assert a.pop("llm_api_options") == str(cfg) and b.pop("llm_api_options", None) is None
+    assert a == b
+    assert (a["max_num_seqs"], a["max_num_batched_tokens"]) == (64, 2048)
+    # trtllm-serve's spelling of the option too; a flag that agrees with the file is fine
+    c = run_json(*SIM, "--extra_llm_api_options", str(cfg), "--max-num-seqs", "64")
+    c.pop("llm_api_options")
+    assert c == b
+
+
+def test_cuda_graph_config_reaches_the_simulator(tmp_path, run_json):
+    """null: no CUDA graphs, as --enforce-eager; padding over more sizes changes the decode
+    steps (TensorRT-LLM without padding runs a batch of 37 eagerly)."""
+    off = _write(tmp_path, "cuda_graph_config: null\n", "off.yaml")
+    a = run_json(*SIM, "--extra-llm-api-options", str(off))
+    a.pop("llm_api_options")
+    assert a == run_json(*SIM, "--enforce-eager")
+    pad = _write(tmp_path, "cuda_graph_config:\n  enable_padding: true\n  max_batch_size: "
+                           "512\n", "pad.yaml")
+    p = run_json(*SIM, "--extra-llm-api-options", str(pad))
+    plain = run_json(*SIM)
+    assert p["mean_tpot_ms"] != plain["mean_tpot_ms"]
+
+
+@pytest.mark.parametrize("text, problem", [
+    ("max_batch_size: -4\n", "max_batch_size: must be a whole number of at least 1"),
+    ("kv_cache_config: [1, 2]\n", "kv_cache_config: must be a mapping"),
+    ("scheduler_config:\n  capacity_scheduler_policy: STATIC_BATCH\n",
+     "'STATIC_BATCH' is not one of GUARANTEED_NO_EVICT, MAX_UTILIZATION"),
+    ("max_batch_size: [\n", "malformed YAML"),
+    ("tensor_parallel_size: 8\nmoe_expert_parallel_size: 4\n", "splits the experts both ways"),
+    ("- 1\n- 2\n", "must be a mapping of LLM-API options"),
+    ("cuda_graph_config:\n  batch_sizes: [1, 8, 64]\n  max_batch_size: 32\n",
+     "32 is not the largest of batch_sizes (64)"),
+    ("kv_cache_config:\n  dtype: nvfp4\n", "'nvfp4' is not one of auto, fp8"),
+    ("enable_chunked_prefill: 1\n", "enable_chunked_prefill: must be true or false"),
+    ("kv_cache_config:\n  free_gpu_memory_fraction: 1.5\n", "must be a fraction in (0, 1]"),
+])
+def test_a_bad_file_is_one_line(text, problem, tmp_path, run_cli):
+    cfg = _write(tmp_path, text)
+    code, _, err = run_cli(*SIM, "--extra-llm-api-options", str(cfg))
+    assert code == 2 and problem in err and str(cfg) in err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+
+
+def test_refused_where_it_does_not_apply(tmp_path, run_cli):
+    cfg = _write(tmp_path, "max_batch_size: 256\n")
+    code, _, err = run_cli("simulate", "-m", "llama-3.1-8b", "-g", "h100-sxm", "-n", "10",
+                           "--extra-llm-api-options", str(cfg))
+    assert code == 2 and "the engine here is vllm" in err
+    code, _, err = run_cli(*SIM, "--max-num-seqs", "64", "--extra-llm-api-options", str(cfg))
+    assert code == 2 and "--max-num-seqs 64" in err and "max_batch_size (256) disagree" in err
+    code, _, err = run_cli(*SIM, "--extra-llm-api-options", str(tmp_path / "none.yaml"))
+    assert code == 2 and "no such file" in err
+
+
+def test_a_server_command_lays_the_file_over_its_flags(tmp_path):
+    """trtllm-serve reads the file after its own arguments and lets it win; the path is the
+    manifest's folder's; vLLM's own --config is passed over."""
+    _write(tmp_path, "max_batch_size: 128\nkv_cache_config:\n  enable_block_reuse: false\n")
+    got = server_flags("trtllm-serve Qwen/Qwen3-8B --max_batch_size 64 --tp_size 2 "
+                       "--extra_llm_api_options extra.yaml", tmp_path)
+    assert got == {"--max-num-seqs": 128, "--tp": 2, "--prefix-cache": False}
+    assert server_flags("trtllm-serve Qwen/Qwen3-8B --config=extra.yaml", tmp_path) == \
+        {"--max-num-seqs": 128, "--prefix-cache": False}
+    assert server_flags("vllm serve Qwen/Qwen3-8B --config extra.yaml --max-num-seqs 32",
+                        tmp_path) == {"--max-num-seqs": 32}
+    # trtllm-serve's long spellings of TP, PP, EP and the KV fraction
+    assert server_flags("trtllm-serve M --tensor_parallel_size 4 --pipeline_parallel_size 2 "
+                        "--moe_expert_parallel_size 4 --free_gpu_memory_fraction 0.8") == \
+        {"--tp": 4, "--pp": 2, "--ep": 4, "--memory-utilization": 0.8}
+
+
+def test_a_replayed_command_runs_with_the_files_graphs(tmp_path):
+    """served_setup (validate's replay) takes the file's CUDA graphs and capacity policy."""
+    from planner.cli.compare import served_setup
+    from planner.serving import run
+
+    _write(tmp_path, "cuda_graph_config:\n  enable_padding: true\n  max_batch_size: 256\n"
+                     "scheduler_config:\n  capacity_scheduler_policy: MAX_UTILIZATION\n")
+    server = server_flags("trtllm-serve meta-llama/Llama-3.1-8B-Instruct --config extra.yaml",
+                          tmp_path)
+    dep = served_setup("llama-3.1-8b", "h100-sxm", catalog.load_engine_spec("trtllm"), 1,
+                       None, None, server=server)
+    cfg = run.scheduler(dep)
+    assert cfg.graph_padding and cfg.capacity_policy == "max-utilization"
+    assert cfg.graph_sizes == (1, 2, 4) + tuple(range(8, 129, 8)) + (256,)
+    plain = run.scheduler(served_setup("llama-3.1-8b", "h100-sxm",
+                                       catalog.load_engine_spec("trtllm"), 1, None, None))
+    assert not plain.graph_padding and plain.capacity_policy == "guaranteed-no-evict"
