@@ -45,6 +45,12 @@ PLANS: dict[str, tuple[list[str], list[str]]] = {
     # requests in flight); Scicom's 0.14 runs held out. (Fitted beside it, the GEMM compute
     # share ended at 0.99, the edge of its range, and was refused: 0.9 stays a guess.)
     "vllm": (["step_overhead_us"], ["massed-compute-gpu-benchmark"]),
+    # vLLM 0.12 and later, the hand-off of each step to the worker processes where the model
+    # spans several GPUs (MultiprocExecutor; none on one GPU, so the step cost above, fitted
+    # on one-GPU runs, stands): on Scicom's vLLM 0.15 runs at TP 8 (small models, short
+    # prompts, where a step's GPU work is shortest and the hand-off shows); Scicom's 0.14 runs
+    # at TP 8 and every other source held out.
+    "vllm/workers": (["worker_step_overhead_us"], ["scicom-benchmaq-vllm"]),
     # vLLM 0.8-0.11: Massed Compute's 0.8.5 runs (Llama-3.1-8B / 3.3-70B, Qwen2.5-7B,
     # Nemotron on L40S and H100 PCIe) and R1-Benchmark's 0.8.2-0.8.4 runs on H200 (Llama-3.2-3B
     # to DeepSeek-R1, whose TTFT the 0.9 guess left 45% short, the miss growing with the
@@ -99,6 +105,10 @@ RANGES: dict[str, tuple[float, float, str]] = {
     "request_overhead_us": (500.0, 60000.0,
                             "HTTP handling, a process hand-off and streaming cost at least half "
                             "a millisecond; more than 60 ms would be queueing, not a fixed path"),
+    "worker_step_overhead_us": (20.0, 5000.0,
+                                "handing a step to other processes over shared memory and "
+                                "taking the sampled tokens back costs tens of microseconds at "
+                                "least; more than 5 ms a step would be a different bottleneck"),
     "per_sequence_overhead_us": (0.5, 100.0,
                                  "per running request, Python bookkeeping of microseconds"),
 }

@@ -459,6 +459,11 @@ class EngineSpec(_Frozen):
     # request before the engine sees it, and per output token streamed
     frontend_request_us: Num | None = None
     frontend_token_us: Num | None = None
+    # the hand-off of each step to the engine's worker processes where the model spans more
+    # than one GPU (vLLM V1's MultiprocExecutor: the scheduler output broadcast to the workers,
+    # the sampled tokens back from the first), on the step's path: no async scheduling hides
+    # it (None: 0)
+    worker_step_overhead_us: Num | None = None
     kernel_gap_us: Num  # device-side fixed cost per kernel
     host_launch_us: Num  # host cost per kernel launched outside a graph
     kernels: Kernels
@@ -578,6 +583,8 @@ class EngineSpec(_Frozen):
                                 else self.frontend_request_us.value / 1e6),
             frontend_token_s=(0.0 if self.frontend_token_us is None
                               else self.frontend_token_us.value / 1e6),
+            worker_step_overhead_s=(0.0 if self.worker_step_overhead_us is None
+                                    else self.worker_step_overhead_us.value / 1e6),
             kernel_gap_s=self.kernel_gap_us.value / 1e6,
             host_launch_s=self.host_launch_us.value / 1e6,
             kernels=tuple(sorted(self.kernels.value.items())),
@@ -681,6 +688,8 @@ class Engine:
     prompt_token_overhead_s: float = 0.0  # per prompt token (tokenization), likewise
     frontend_request_s: float = 0.0  # API-server CPU per request, serial (a queue)
     frontend_token_s: float = 0.0  # API-server CPU per output token streamed, serial
+    # per step where the replica runs in several worker processes, not hidden (``worker_s``)
+    worker_step_overhead_s: float = 0.0
     api_servers: int = 1  # API-server processes sharing that work (vLLM's --api-server-count)
     kernel_gap_s: float = 0.0
     host_launch_s: float = 0.0
@@ -844,6 +853,12 @@ class Engine:
     @property
     def is_ideal(self) -> bool:
         return self.time_model_key() == IDEAL.time_model_key()
+
+    def worker_s(self, gpus: int) -> float:
+        """The hand-off of a step to the worker processes of a replica of ``gpus`` GPUs
+        (``worker_step_overhead_s``): none on one GPU, where the engine runs the model in its
+        own process."""
+        return self.worker_step_overhead_s if gpus > 1 else 0.0
 
     def time_model_key(self) -> tuple:
         """Everything that sets speed (not byte accounting)."""

@@ -500,7 +500,8 @@ def assemble(model: ModelSpec, hardware: HardwareSpec, prep: Prepared, o: Option
                                   attention=o.attention, lm_head_sharded=sharded)
                        + host_transfer_ops(offload), c, tp=tp,
                        options=o, engine=e, graphed=e.cuda_graphs,
-                       fixed_s=e.step_overhead_s + e.per_sequence_overhead_s * batch)
+                       fixed_s=e.step_overhead_s + e.per_sequence_overhead_s * batch,
+                       serial_s=e.worker_s(tp))
     # one prefill pass per chunk of the batch's prompt tokens
     chunks = 1 if o.prefill_chunk_tokens is None else \
         -(-(batch * prompt_tokens) // o.prefill_chunk_tokens)
@@ -509,7 +510,8 @@ def assemble(model: ModelSpec, hardware: HardwareSpec, prep: Prepared, o: Option
                         + host_transfer_ops(offload, chunks), c,
                         tp=tp, options=o, engine=e, graphed=False,
                         fixed_s=e.prefill_step_overhead_s * chunks
-                        + e.per_sequence_overhead_s * batch)
+                        + e.per_sequence_overhead_s * batch,
+                        serial_s=e.worker_s(tp) * chunks)
     if memory is None:
         memory = memory_plan(model, hardware, p, batch=batch, prompt_tokens=prompt_tokens,
                              output_tokens=output_tokens, tp=tp, options=o,

@@ -389,10 +389,12 @@ class StepTime:
     ops: tuple[OpTime, ...]
     fixed_s: float = 0.0  # the engine's CPU cost of the step
     overlapped: bool = False  # async scheduling: that cost runs beside the GPU's work
+    serial_s: float = 0.0  # a host cost on the step's path that nothing hides (``Engine.worker_s``)
 
     @cached_property
     def time_s(self) -> float:
-        return with_host(sum(t.time_s for t in self.ops), self.fixed_s, self.overlapped)
+        return with_host(sum(t.time_s for t in self.ops), self.fixed_s, self.overlapped) + \
+            self.serial_s
 
     @property
     def flops(self) -> float:
@@ -424,7 +426,7 @@ class StepTime:
         """Kernel costs plus the step's fixed cost, as much of it as is exposed."""
         ops = sum(t.overhead_s for t in self.ops)
         if not self.overlapped:
-            return ops + self.fixed_s
+            return ops + self.fixed_s + self.serial_s
         return ops + self.time_s - sum(t.time_s for t in self.ops)
 
     @property
@@ -447,10 +449,11 @@ def with_host(gpu_s, host_s, overlapped: bool):
 
 
 def step_time(ops: list[Op], c: Ceilings, *, tp: int = 1, options: Options | None = None,
-              engine: Engine = IDEAL, graphed: bool = True, fixed_s: float = 0.0) -> StepTime:
+              engine: Engine = IDEAL, graphed: bool = True, fixed_s: float = 0.0,
+              serial_s: float = 0.0) -> StepTime:
     return StepTime(tuple(op_time(op, c, tp=tp, options=options, engine=engine,
                                   graphed=graphed) for op in ops), fixed_s,
-                    engine.hides_host(graphed))
+                    engine.hides_host(graphed), serial_s)
 
 
 def ridge_flops_per_byte(peak_flops_per_s: float, bandwidth_bytes_per_s: float) -> float:

@@ -30,7 +30,8 @@ MICROSECOND_BOUNDS = (0.01, 20000.0)
 # Parameters a profile may leave out, with the value that stands for them (the time model's
 # own default): a fit starts there and writes the parameter in (served_compute_frac: a matmul
 # attains its kernel's own rate).
-OPTIONAL_DEFAULTS = {"served_compute_frac": Engine.served_compute_frac}
+OPTIONAL_DEFAULTS = {"served_compute_frac": Engine.served_compute_frac,
+                     "worker_step_overhead_us": Engine.worker_step_overhead_s * 1e6}
 
 
 def get_param(spec: EngineSpec, name: str) -> float:

@@ -126,6 +126,7 @@ class ExpertParallel:
     moe_reduce_s: float = 0.0  # the experts' all-reduce (one TP group) or the TP gather
     imbalance_factor: float = 1.0  # the max / mean load asked for (uniform routing the floor)
     imbalance_source: dict | None = None
+    handoff_s: float = 0.0  # a step's hand-off to the worker processes (``Engine.worker_s``)
 
     @property
     def dp(self) -> int:
@@ -147,7 +148,7 @@ class ExpertParallel:
     @property
     def tpot_s(self):
         return with_host(self.dense_s + self.experts_s + self.comm_s, self.fixed_s,
-                         self.overlapped)
+                         self.overlapped) + self.handoff_s
 
     @property
     def gpus(self) -> int:
@@ -286,7 +287,8 @@ def expert_parallel(m: ModelSpec, hw: HardwareSpec, prep: Prepared, o: Options, 
         -(-(b * prompt_tokens) // o.prefill_chunk_tokens)
     ttft = pre_dense + pre_experts + x.all_to_all_s(b * prompt_tokens) + \
         x.moe_reduce_s(b * prompt_tokens, False) + \
-        e.prefill_step_overhead_s * chunks + e.per_sequence_overhead_s * b
+        e.prefill_step_overhead_s * chunks + e.per_sequence_overhead_s * b + \
+        e.worker_s(ep) * chunks
     w = x.weights_bytes()
     kv = kv_cache_bytes(m, p, batch=b, seq_len=prompt_tokens + output_tokens, tp=tp)
     act = activation_bytes(m, p, batch=b, prompt_tokens=prompt_tokens, tp=tp,
@@ -298,4 +300,5 @@ def expert_parallel(m: ModelSpec, hw: HardwareSpec, prep: Prepared, o: Options, 
     fixed = e.step_overhead_s + e.per_sequence_overhead_s * b
     return ExpertParallel(ep, b, batch * k / ep, top, w, kv, total, total <= usable, dense,
                           experts, a2a, fixed, x.crosses_node, ttft, usable,
-                          e.hides_host(graphed), tp, reduce, x.imbalance, x.imbalance_source)
+                          e.hides_host(graphed), tp, reduce, x.imbalance, x.imbalance_source,
+                          e.worker_s(ep))

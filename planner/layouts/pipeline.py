@@ -226,16 +226,20 @@ def pipeline(m: ModelSpec, hw: HardwareSpec, prep: Prepared, o: Options, *, tp: 
                             timed(dec, e.cuda_graphs), timed(pre, False), send, crosses,
                             usable))
     fixed = e.step_overhead_s + e.per_sequence_overhead_s * mb
+    # the hand-off to the stages' worker processes, on every step's path (``Engine.worker_s``)
+    handoff = e.worker_s(tp * pp)
     traverse = with_host(sum(st.decode_s + st.send_s for st in stages), fixed,
-                         e.hides_host(e.cuda_graphs, pp))
+                         e.hides_host(e.cuda_graphs, pp)) + handoff
     # the host prepares one micro-batch while the GPUs run the others: a cycle is bound by
     # the slowest stage or by the host, whichever is longer
-    cycle = mb_count * vmax(reduce(vmax, (st.decode_s + st.send_s for st in stages)), fixed)
+    cycle = mb_count * vmax(reduce(vmax, (st.decode_s + st.send_s for st in stages)),
+                            fixed) + handoff
     chunks = 1 if o.prefill_chunk_tokens is None else \
         -(-(batch * prompt_tokens) // o.prefill_chunk_tokens)
     # the prefill sends every prompt token's states across each boundary
     pre_bytes = 2 * batch * prompt_tokens * m.hidden_size * p.activation_bytes
     prefill_send = sum(pre_bytes / link + lat for link, lat in links[:-1])
     ttft = sum(st.prefill_s for st in stages) + prefill_send + \
-        e.prefill_step_overhead_s * chunks + e.per_sequence_overhead_s * batch
+        e.prefill_step_overhead_s * chunks + e.per_sequence_overhead_s * batch + \
+        handoff * chunks
     return Pipeline(pp, tp, mb_count, mb, tuple(stages), vmax(traverse, cycle), ttft, fixed)

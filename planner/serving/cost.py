@@ -51,7 +51,7 @@ def host_s(e: Engine, sequences, *, prefill: bool, decodes: bool) -> float:
 # the engine's host costs: what ``host_s`` and the request path read, and no operator
 HOST_FIELDS = ("step_overhead_s", "per_sequence_overhead_s", "prefill_step_overhead_s",
                "request_overhead_s", "prompt_token_overhead_s", "frontend_request_s",
-               "frontend_token_s")
+               "frontend_token_s", "worker_step_overhead_s")
 _NO_HOST = {f: 0.0 for f in HOST_FIELDS}
 
 
@@ -289,7 +289,7 @@ class StepCoster:
         hides it (``roofline.with_host``)."""
         e = self.engine
         return with_host(gpu_s, host_s(e, sequences, prefill=prefill, decodes=decodes),
-                         e.hides_host(graphed))
+                         e.hides_host(graphed)) + e.worker_s(self.tp)
 
     def gpu_s(self, shape: StepShape, *, prefill: bool, graphed: bool | None = None) -> float:
         """The step's operators alone, without the engine's host cost: ``linear_s`` +

@@ -102,7 +102,7 @@ class PipelineCoster(_Layout):
         host = self.fixed_s(per, prefill=prefill, decodes=decodes)
         overlapped = self.engine.hides_host(self.engine.cuda_graphs and not prefill, self.pp)
         return max(with_host(sum(per_stage), host, overlapped),
-                   m * max(max(per_stage), host))
+                   m * max(max(per_stage), host)) + self.engine.worker_s(self.tp * self.pp)
 
     def kv_capacity_tokens(self, max_num_seqs: int, step_tokens: int) -> int:
         """The tightest stage's: its free memory over its layers' KV bytes per token (every
@@ -155,7 +155,7 @@ class ExpertCoster(_Layout):
         comm = self.x.all_to_all_s(own.tokens) + self.x.moe_reduce_s(own.tokens, graphed)
         return with_host(self.x.dense_s(own, graphed) + experts + comm,
                          self.fixed_s(per, prefill=prefill, decodes=decodes),
-                         self.engine.hides_host(graphed))
+                         self.engine.hides_host(graphed)) + self.engine.worker_s(self.x.ep)
 
     def kv_capacity_tokens(self, max_num_seqs: int, step_tokens: int) -> int:
         """``dp`` groups' caches: each GPU's memory less its weights (1/ep of the routed
