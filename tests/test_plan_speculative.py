@@ -10,19 +10,20 @@ PLAN = ("plan", "-m", "llama-3.1-8b", "--gpu", "h100-sxm", "--pp", "1", "--weigh
 
 
 def test_low_load_tight_tpot_picks_speculation(run_json, run_cli):
-    # one request on an H100 decodes Llama-3.1-8B at ~6.9 ms a token (estimate): a 5 ms
-    # TPOT target needs two GPUs without speculation, one with EAGLE-3 (~1.8 ms)
-    args = (*PLAN, "--tp", "1,2", "--ttft", "1s", "--tpot", "5ms", "--rps", "0.5",
+    # one request on an H100 decodes Llama-3.1-8B at ~6.9 ms a token (estimate): a 5.5 ms
+    # TPOT target needs two GPUs without speculation (p90 5.3 ms, the 1.51 ms hand-off to
+    # vLLM's two worker processes included), one with EAGLE-3 (~1.8 ms)
+    args = (*PLAN, "--tp", "1,2", "--ttft", "1s", "--tpot", "5.5ms", "--rps", "0.5",
             "--disaggregated", "off")
     plain = run_json(*args)
     assert [r["tp"] for r in plain] == [2]
     rows = run_json(*args, "--speculative", "auto")
     top = rows[0]
     assert top["tp"] == 1 and top["speculative"] == "eagle3"
-    assert top["baseline_usd_per_hour"] is None  # one GPU cannot meet 5 ms without it
+    assert top["baseline_usd_per_hour"] is None  # one GPU cannot meet 5.5 ms without it
     assert "2503.01840" in top["acceptance_source"] and top["num_speculative_tokens"] == 7
     assert top["usd_per_hour"] < plain[0]["usd_per_hour"]
-    assert top["p90_tpot_s"] <= 0.005
+    assert top["p90_tpot_s"] <= 0.0055
     # on two GPUs both ways need one replica: speculation does not lower the cost, not kept
     two = next(r for r in rows if r["tp"] == 2)
     assert two["speculative"] is None
