@@ -72,3 +72,18 @@ def test_pipeline_and_expert_replicas_pay_it_too():
     xa, xb = (expert_parallel(moe, hw, prepare(hw, Precision(), None, o, e), o, ep=4, batch=32,
                               prompt_tokens=1024, output_tokens=128) for e in (plain, slow))
     assert xb.tpot_s - xa.tpot_s == pytest.approx(H, abs=1e-12)
+
+
+def test_the_explain_tables_show_it(run_cli):
+    """Its own row in the operator tables and in the engine-overhead line, at TP 8; none on
+    one GPU (vllm's fitted 1.51 ms)."""
+    code, out, err = run_cli("estimate", "-m", "qwen3-8b", "-g", "h100-sxm", "-tp", "8",
+                             "-b", "10", "--explain")
+    assert code == 0, err
+    assert "+ worker hand-off 1.51 ms" in out
+    assert any(line.startswith("worker hand-off") and "1.51 ms" in line
+               for line in out.splitlines())
+    code, out, err = run_cli("estimate", "-m", "qwen3-8b", "-g", "h100-sxm", "-b", "10",
+                             "--explain")
+    assert code == 0, err
+    assert "worker hand-off" not in out

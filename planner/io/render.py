@@ -243,7 +243,9 @@ def _timing(e: Estimate) -> Table:
     if b is not None:
         rows.append(("engine overhead", fmt.seconds(e.decode.overhead_s),
                      f"per decode step: {e.decode.kernels:,.0f} kernels + fixed "
-                     f"{fmt.seconds(e.decode.fixed_s)}"))
+                     f"{fmt.seconds(e.decode.fixed_s)}"
+                     + (f" + worker hand-off {fmt.seconds(e.decode.serial_s)}"
+                        if e.decode.serial_s else "")))
     title = "Timing" if b is None else f"Timing ({e.engine.name}; the ideal roofline beside)"
     return _section(title, rows)
 
@@ -367,6 +369,9 @@ def operator_table(title: str, step: StepTime, width: int = 200) -> Table:
     if step.fixed_s:
         add("fixed (per step)", "", "", "", "", "", "", "", "",
             fmt.seconds(step.fixed_s), fmt.pct(step.fixed_s / total), "cpu")
+    if step.serial_s:
+        add("worker hand-off", "", "", "", "", "", "", "", "",
+            fmt.seconds(step.serial_s), fmt.pct(step.serial_s / total), "cpu")
     add("total", "", "", fmt.si(step.flops, ""), fmt.si(step.bytes, "B"),
         f"{step.flops / step.bytes:,.1f}", "", "", f"{step.kernels:,.0f}",
         fmt.seconds(total), "100%", step.bound, style="bold")
