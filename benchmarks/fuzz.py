@@ -94,6 +94,8 @@ CLI_OPTIONS = {  # command line -> options that take a value ("": a positional a
                                       "--tpot-slo", "-n", "--dataset", "--trace",
                                       "--performance-mode"],
     ("simulate", *BASE, "-n", "20", "--scheduler", "dynamic"): ["--max-wait"],
+    # TensorRT-LLM's options file (planner/io/trtllm_options.py)
+    ("simulate", *BASE, "-e", "trtllm", "-n", "20"): ["--extra-llm-api-options"],
     # disaggregated serving: prefill and decode instances, their GPUs and the KV link
     ("simulate", *BASE, "-n", "20", *DISAGG):
         ["--prefill-instances", "--decode-instances", "--prefill-tp", "--decode-tp",
@@ -147,13 +149,19 @@ OPTION_VALUES = {"--price": PRICE_VALUES, "--prices": PRICES_VALUES, "": PRICES_
 PATH_OPTIONS = {"--csv", "--trace", "--junit", "--plot", "--dataset", "--calibration",
                 "--served-dataset", "--junit-dir", "--prices", "",
                 "--engine", "-m", "-g", "--source", "--out", "--base-engine",
-                "--prefill-gpu", "--decode-gpu", "--kv-link"}
+                "--prefill-gpu", "--decode-gpu", "--kv-link", "--extra-llm-api-options"}
 SERVED_READ = re.compile(r"^((mean|median|p90|p99)_(ttft|tpot|itl|e2el|e2e_latency)_ms|completed|"
                          r"total_(input|output)_tokens|request_rate|max_concurrency|"
                          r"request_throughput|output_throughput|total_token_throughput)$")
 PRICES_READ = {"usd_per_gpu_hour", "purchase_usd", "power_w", "value"}
 CALIBRATION_READ = {"memory_bandwidth_gb_per_s", "bf16", "fp16", "fp8", "int8",
                     "kernel_overhead_us"}
+# the keys of a TensorRT-LLM options file llmplan reads (planner/io/trtllm_options.py)
+LLM_API_READ = {"tensor_parallel_size", "pipeline_parallel_size", "moe_expert_parallel_size",
+                "max_batch_size", "max_num_tokens", "max_seq_len", "enable_chunked_prefill",
+                "kv_cache_config", "free_gpu_memory_fraction", "enable_block_reuse", "dtype",
+                "tokens_per_block", "scheduler_config", "capacity_scheduler_policy",
+                "cuda_graph_config", "batch_sizes", "enable_padding"}
 
 
 # a figure no output may hold (the output gate's promise): NaN or an infinity, in JSON or text;
@@ -575,6 +583,9 @@ def file_targets(setup: Path) -> list[tuple]:
                 False))
     for p in sorted((ROOT / "tests" / "fixtures" / "servers").glob("*_bench_serv*.json*")):
         out.append(("served", p, ["compare", "FILE", *BASE, "--json"], True))
+    out.append(("llm-api-options", setup / "llm_api_options.yaml",
+                ["simulate", *BASE, "-e", "trtllm", "-n", "20", "--extra-llm-api-options",
+                 "FILE", "--json"], False))
     out.append(("dataset", setup / "dataset.jsonl",
                 ["simulate", *BASE, "--dataset", "FILE", "-n", "20", "--json"], True))
     for p in sorted((ROOT / "planner" / "data" / "prices").glob("*.yaml")):
@@ -640,6 +651,9 @@ def make_cases(n: int, seed: int, setup: Path) -> list[Case]:
                 oor = False  # a key compare does not read (std_ttft_ms, date, ...)
             if kind == "calibration" and what.split(":")[0].strip("- ") not in CALIBRATION_READ:
                 oor = False  # the raw timings under details: are a record, not an input
+            if kind == "llm-api-options" and \
+                    what.split(":")[0].strip("- ") not in LLM_API_READ:
+                oor = False  # moe_config and the like: passed over, as trtllm-serve's flags
             if kind == "prices" and what.split(":")[0].strip("- ") not in PRICES_READ:
                 oor = False  # a date, an offer's instance count: records, not prices
             name = "input" + src.suffix
@@ -962,6 +976,12 @@ def prepare(setup: Path) -> None:
                     # a busy machine's points are noisy; what is fuzzed is their file
                     "--max-spread", "1e6", "--max-drift", "1e6"],
                    check=True, capture_output=True, env=env)
+    (setup / "llm_api_options.yaml").write_text(
+        "max_batch_size: 64\nmax_num_tokens: 4096\nenable_chunked_prefill: true\n"
+        "kv_cache_config:\n  free_gpu_memory_fraction: 0.85\n  enable_block_reuse: false\n"
+        "  dtype: auto\nscheduler_config:\n  capacity_scheduler_policy: MAX_UTILIZATION\n"
+        "cuda_graph_config:\n  enable_padding: true\n  max_batch_size: 64\n"
+        "moe_config:\n  backend: CUTLASS\n")
     (setup / "dataset.jsonl").write_text("".join(
         json.dumps({"prompt_tokens": 100 * k + 7, "output_tokens": 20 + k}) + "\n"
         for k in range(1, 9)))
