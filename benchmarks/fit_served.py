@@ -120,7 +120,7 @@ def _runs(engine: str):
     the manifests name it) whose release it covers (a run naming no release, a nightly
     build, belongs to the newest line)."""
     spec = catalog.load_engine_spec(engine)
-    fam = spec.versions.family if spec.versions is not None else engine
+    fam = spec.family or engine
     out = []
     for ds, folder in catalog.load_served():
         for e in ds.runs:

@@ -772,8 +772,7 @@ def with_llm_api_options(a: dict, defaults: dict) -> dict:
     from planner.io.trtllm_options import KEY_OF, read_llm_api_options
 
     spec = catalog.load_engine_spec(a["engine"])
-    family = spec.versions.family if spec.versions is not None else spec.name
-    if family != "trtllm":
+    if (spec.family or spec.name) != "trtllm":
         raise LlmplanError(f"--extra-llm-api-options: TensorRT-LLM's options file; the engine "
                            f"here is {spec.name} (give --engine trtllm)")
     out = dict(a)

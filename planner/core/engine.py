@@ -510,6 +510,12 @@ class EngineSpec(_Frozen):
             raise ValueError("gemm_tile_m: must be at least 1")
         return self
 
+    @property
+    def family(self) -> str | None:
+        """The engine whose releases the profile covers (``versions.family``); None: the
+        profile names none."""
+        return self.versions.family if self.versions is not None else None
+
     def at_version(self, version: str) -> EngineSpec:
         """The profile as the release ``version`` starts: the scheduler defaults of the
         earliest ``serving.earlier`` entry it comes before (every GPU alike), else as it is;
@@ -570,7 +576,7 @@ class EngineSpec(_Frozen):
         return Engine(
             name=self.name, display_name=self.display_name, version=self.engine_version,
             source=self.source, ceilings=self.ceilings,
-            family=self.versions.family if self.versions is not None else None,
+            family=self.family,
             step_overhead_s=self.step_overhead_us.value / 1e6,
             per_sequence_overhead_s=self.per_sequence_overhead_us.value / 1e6,
             prefill_step_overhead_s=self.prefill_step_overhead_us.value / 1e6,

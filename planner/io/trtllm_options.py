@@ -119,10 +119,9 @@ def read_llm_api_options(path: Path) -> dict[str, object]:
         raise LlmplanError(f"{path}: must be a mapping of LLM-API options (as trtllm-serve "
                            "--config reads it)")
     out: dict[str, object] = {}
-    for key, ours in (("tensor_parallel_size", "--tp"), ("pipeline_parallel_size", "--pp"),
-                      ("max_batch_size", "--max-num-seqs"),
-                      ("max_num_tokens", "--max-num-batched-tokens"),
-                      ("max_seq_len", "--max-model-len")):
+    for ours in ("--tp", "--pp", "--max-num-seqs", "--max-num-batched-tokens",
+                 "--max-model-len"):  # whole numbers at the file's top level
+        key = KEY_OF[ours]
         if data.get(key) is not None:
             out[ours] = r.integer(data[key], key)
     ep = data.get("moe_expert_parallel_size")
