@@ -963,8 +963,23 @@ def clean_seconds(jobs: int, timeout_s: float, mode: str = "fork") -> dict[str, 
             for o in run_cases(cases, lambda c: 10 * timeout_s, mode=mode, jobs=jobs)}
 
 
+def write_inputs(setup: Path) -> None:
+    """The inputs to corrupt that need no measuring: a dataset and a TensorRT-LLM options
+    file."""
+    (setup / "llm_api_options.yaml").write_text(
+        "max_batch_size: 64\nmax_num_tokens: 4096\nenable_chunked_prefill: true\n"
+        "kv_cache_config:\n  free_gpu_memory_fraction: 0.85\n  enable_block_reuse: false\n"
+        "  dtype: auto\nscheduler_config:\n  capacity_scheduler_policy: MAX_UTILIZATION\n"
+        "cuda_graph_config:\n  enable_padding: true\n  max_batch_size: 64\n"
+        "moe_config:\n  backend: CUTLASS\n")
+    (setup / "dataset.jsonl").write_text("".join(
+        json.dumps({"prompt_tokens": 100 * k + 7, "output_tokens": 20 + k}) + "\n"
+        for k in range(1, 9)))
+
+
 def prepare(setup: Path) -> None:
-    """A real calibration, results file and dataset to corrupt."""
+    """A real calibration and results file to corrupt, and the other inputs
+    (``write_inputs``)."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     cal = setup / "calibration.yaml"
     subprocess.run([*LLMPLAN, "measure", "--device", "cpu", "--calibrate", "--quick-calibration",
@@ -976,15 +991,7 @@ def prepare(setup: Path) -> None:
                     # a busy machine's points are noisy; what is fuzzed is their file
                     "--max-spread", "1e6", "--max-drift", "1e6"],
                    check=True, capture_output=True, env=env)
-    (setup / "llm_api_options.yaml").write_text(
-        "max_batch_size: 64\nmax_num_tokens: 4096\nenable_chunked_prefill: true\n"
-        "kv_cache_config:\n  free_gpu_memory_fraction: 0.85\n  enable_block_reuse: false\n"
-        "  dtype: auto\nscheduler_config:\n  capacity_scheduler_policy: MAX_UTILIZATION\n"
-        "cuda_graph_config:\n  enable_padding: true\n  max_batch_size: 64\n"
-        "moe_config:\n  backend: CUTLASS\n")
-    (setup / "dataset.jsonl").write_text("".join(
-        json.dumps({"prompt_tokens": 100 * k + 7, "output_tokens": 20 + k}) + "\n"
-        for k in range(1, 9)))
+    write_inputs(setup)
 
 
 def _failure_line(o: Outcome) -> str:

@@ -6,7 +6,6 @@ class is answered by ``watch`` in one line or a window."""
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
@@ -30,9 +29,7 @@ def setup_dir(tmp_path_factory):
     d = tmp_path_factory.mktemp("fuzz-setup")
     shutil.copy(FIXTURES / "cpu-calibration.yaml", d / "calibration.yaml")
     shutil.copy(FIXTURES / "cpu-results.jsonl", d / "results.jsonl")
-    (d / "dataset.jsonl").write_text("".join(
-        json.dumps({"prompt_tokens": 100 * k + 7, "output_tokens": 20 + k}) + "\n"
-        for k in range(1, 9)))
+    fuzz.write_inputs(d)
     fuzz.HostileServer.start()
     return d
 
