@@ -63,22 +63,24 @@ def test_bad_frontend_refused():
 def test_arrivals_wait_for_the_api_server():
     reqs = [_req(i) for i in range(3)]
     arr, waiting = Arrivals(reqs, Frontend(request_s=1e-3)), deque()
-    arr.arrive(0.0, waiting, 0)
+    arr.arrive(0.0, waiting)
     assert not waiting and arr.next_s() == pytest.approx(1e-3)
-    arr.arrive(2e-3, waiting, 0)
+    arr.arrive(2e-3, waiting)
     assert [q.id for q in waiting] == [0, 1] and arr.next_s() == pytest.approx(3e-3)
 
 
 def test_closed_loop_sends_through_the_api_server():
     """Two clients, 1 ms a request: both send at t = 0, the engine sees them at 1 and 2 ms;
-    the client of the first finished request sends at 5 ms, seen at 6 ms."""
+    the client of the first finished request has it whole at 5 ms and sends then, seen at
+    6 ms."""
     closed, waiting = ClosedLoop([_req(i) for i in range(3)], 2, Frontend(request_s=1e-3)),\
         deque()
-    closed.arrive(0.0, waiting, 0)
+    closed.arrive(0.0, waiting)
     assert not waiting and closed.next_s() == pytest.approx(1e-3)
-    closed.arrive(2e-3, waiting, 0)
+    closed.arrive(2e-3, waiting)
     assert [q.id for q in waiting] == [0, 1] and closed.arrived == 2
-    closed.arrive(5e-3, waiting, 1)
+    closed.release(5e-3)
+    closed.arrive(5e-3, waiting)
     assert closed.pending[0].r.arrival_s == 5e-3
     assert closed.next_s() == pytest.approx(6e-3)
 

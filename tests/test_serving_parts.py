@@ -245,17 +245,25 @@ def test_a_policy_is_a_class():
 def test_arrivals_open_stream_and_closed_loop():
     reqs = [_req(i, 1, 1, arrival_s=t) for i, t in enumerate((0.0, 0.5, 0.5, 2.0))]
     arr, waiting = Arrivals(reqs), deque()
-    arr.arrive(0.5, waiting, 0)
+    arr.arrive(0.5, waiting)
     assert [q.id for q in waiting] == [0, 1, 2] and arr.next_s() == 2.0
-    closed = ClosedLoop([_req(i, 1, 1) for i in range(5)], 2)
+    closed = ClosedLoop([_req(i, 1, 1) for i in range(4)], 2)
     waiting = deque()
-    assert math.isnan(closed.next_s())
-    closed.arrive(0.0, waiting, 0)
+    assert closed.next_s() == 0.0 and closed.more  # both clients free at the start
+    closed.arrive(0.0, waiting)
     assert [q.r.arrival_s for q in waiting] == [0.0, 0.0] and closed.arrived == 2
-    closed.arrive(1.0, waiting, 0)  # both clients busy
+    assert math.isnan(closed.next_s()) and not closed.more  # both clients busy
+    closed.arrive(1.0, waiting)
     assert closed.arrived == 2
-    closed.arrive(3.0, waiting, 1)  # one done: its client sends the next
-    assert closed.arrived == 3 and waiting[-1].r.arrival_s == 3.0
+    closed.release(2.5)  # one has its answer whole at 2.5 s (its path included)
+    assert closed.next_s() == 2.5 and closed.more
+    closed.arrive(3.0, waiting)  # it sent its next at 2.5 s, not when the loop looked
+    assert closed.arrived == 3 and waiting[-1].r.arrival_s == 2.5
+    closed.release(math.nan)  # refused: the client has its answer when the loop last looked
+    closed.arrive(3.5, waiting)
+    assert closed.arrived == 4 and waiting[-1].r.arrival_s == 3.0
+    closed.release(4.0)  # no request left to send
+    assert math.isnan(closed.next_s()) and not closed.more
 
 
 def test_occupancy_integrates_over_steps():

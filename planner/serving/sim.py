@@ -158,12 +158,15 @@ def simulate(requests: list[Request], coster: StepCoster, cfg: SchedulerConfig, 
         if not r.failed:
             wait_s[q.index] = q.visible_s - r.arrival_s
         _record(records, q.index, r, path, on_record)
+        if release is not None:  # the client has it whole at its finish, the path included
+            release(r.finish_s)
 
     sched = make_scheduler(cfg, kv, batch)
     sched.on_done = done
     e = coster.engine
     front = Frontend(e.frontend_request_s, e.frontend_token_s, cfg.api_servers)
     arr = arrivals(stream(), cfg.max_concurrency, front if front.active else None)
+    release = getattr(arr, "release", None)
     occ = Occupancy(sample_every_s)
     pricer = StepPricer(coster, batch, cfg.graph_sizes, cfg.graph_padding)
     inner = _inner_pricer(coster, batch, cfg, spec) if cfg.scheduler_steps > 1 else None
@@ -197,8 +200,8 @@ def _record(records: RequestRecords, i: int, r: RequestResult, path,
     hand-off, the first token's detokenization and streaming: ``Engine.request_path_s``), it
     delays the request's first token and so its last; its time between tokens is unchanged.
     Shifting each request after its steps are simulated is exact for an open stream (the
-    engine sees the same stream, later) and, for a closed loop of clients, leaves out the
-    client's own wait for the path (a client would send its next request that much later)."""
+    engine sees the same stream, later); a closed loop's client sends its next request at the
+    shifted finish (``ClosedLoop.release``), so the engine sees it that much later."""
     if path is not None:
         d = path.request_path_s(r.prompt_tokens, admitted=True)
         r.first_token_s += d
@@ -285,28 +288,28 @@ def _serve(sched: Scheduler, arr: Arrivals, pricer: StepPricer, occ: Occupancy, 
     # requests it decodes, each seeing one gap when the block's tokens reach it
     bursts = sched.bursts
     burst_s, burst_n = 0.0, 0
-    arrive(0.0, waiting, 0)
+    arrive(0.0, waiting)
     while sched.finished < n:
         if occ.steps >= max_steps:
             raise UsageError(f"the simulation did not finish within {max_steps:,} steps")
         if not running and not waiting:
-            if not arr.pending:
+            if not arr.more:
                 break
             t = max(t, arr.next_s())  # idle until the next arrival
-            arrive(t, waiting, sched.finished)
+            arrive(t, waiting)
             continue
         wake = wait_until(t, arr)
         if wake is not None:
             t = wake
-            arrive(t, waiting, sched.finished)
+            arrive(t, waiting)
             continue
         chunks = schedule()
         decodes = sched.decodes
         n_dec = batch.n if decodes else 0
         if not chunks and not n_dec:
-            if arr.pending and not waiting:
+            if arr.more and not waiting:
                 t = max(t, arr.next_s())
-                arrive(t, waiting, sched.finished)
+                arrive(t, waiting)
                 continue
             raise sched.stuck()
         price = inner_s if inner_s is not None and sched.inner else time_s
@@ -348,7 +351,7 @@ def _serve(sched: Scheduler, arr: Arrivals, pricer: StepPricer, occ: Occupancy, 
             if burst_n > late:
                 occ.itl.append((burst_s, burst_n - late))
             burst_s = stall_s = 0.0
-        arrive(t, waiting, sched.finished)
+        arrive(t, waiting)
         if t >= occ.next_sample_s:
             occ.sample(t, len(running), len(waiting), kv.capacity_tokens - kv.free_tokens)
     return t, stream_s
