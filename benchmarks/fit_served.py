@@ -49,8 +49,14 @@ PLANS: dict[str, tuple[list[str], list[str]]] = {
     # spans several GPUs (MultiprocExecutor; none on one GPU, so the step cost above, fitted
     # on one-GPU runs, stands): on Scicom's vLLM 0.15 runs at TP 8 (small models, short
     # prompts, where a step's GPU work is shortest and the hand-off shows); Scicom's 0.14 runs
-    # at TP 8 and every other source held out.
-    "vllm/workers": (["worker_step_overhead_us"], ["scicom-benchmaq-vllm"]),
+    # at TP 8 and every other source held out. Beside it, the engine core's cost per running
+    # request, which its small models at 100-200 clients show (each step about 20 us a request
+    # longer than measured with the 5 us guess; hidden under a long step, as Llama-3.1-70B's).
+    # (The API server's cost per token streamed fits those runs as well, at 55.7 us, and was
+    # refused: one API server could then stream at most 17,950 tokens a second, and the
+    # Qwen3-8B run at 200 clients printed a peak of 21,164.)
+    "vllm/workers": (["worker_step_overhead_us", "per_sequence_overhead_us"],
+                     ["scicom-benchmaq-vllm"]),
     # vLLM 0.8-0.11: Massed Compute's 0.8.5 runs (Llama-3.1-8B / 3.3-70B, Qwen2.5-7B,
     # Nemotron on L40S and H100 PCIe) and R1-Benchmark's 0.8.2-0.8.4 runs on H200 (Llama-3.2-3B
     # to DeepSeek-R1, whose TTFT the 0.9 guess left 45% short, the miss growing with the

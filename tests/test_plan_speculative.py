@@ -11,7 +11,7 @@ PLAN = ("plan", "-m", "llama-3.1-8b", "--gpu", "h100-sxm", "--pp", "1", "--weigh
 
 def test_low_load_tight_tpot_picks_speculation(run_json, run_cli):
     # one request on an H100 decodes Llama-3.1-8B at ~6.9 ms a token (estimate): a 5.5 ms
-    # TPOT target needs two GPUs without speculation (p90 5.3 ms, the 1.51 ms hand-off to
+    # TPOT target needs two GPUs without speculation (p90 5.1 ms, the 1.30 ms hand-off to
     # vLLM's two worker processes included), one with EAGLE-3 (~1.8 ms)
     args = (*PLAN, "--tp", "1,2", "--ttft", "1s", "--tpot", "5.5ms", "--rps", "0.5",
             "--disaggregated", "off")
