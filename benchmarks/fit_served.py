@@ -57,6 +57,14 @@ PLANS: dict[str, tuple[list[str], list[str]]] = {
     # Qwen3-8B run at 200 clients printed a peak of 21,164.)
     "vllm/workers": (["worker_step_overhead_us", "per_sequence_overhead_us"],
                      ["scicom-benchmaq-vllm"]),
+    # vLLM 0.12 and later, the request path's cost per prompt token, on the same runs (prompts
+    # of 128, 1,024 and 4,096 tokens from 10 clients up). Its fit (8.88 us a token, 2026-12-02)
+    # was not written: in-sample TTFT 18.5% -> 12.1%, but held out 7.5% -> 8.8% (Scicom's 0.14
+    # runs, prompts up to 15,000 tokens, do not show it), and 9 us a token is several times
+    # what a Rust tokenizer takes: it stands in for what keeps those clients in step at 25-50
+    # (their waves stay as wide as their last decodes), not for tokenization. Fitted with the
+    # fixed part (20.3 ms and 5.4 us) it made Massed Compute's one-client TTFTs 10 ms long.
+    "vllm/path": (["prompt_token_overhead_us"], ["scicom-benchmaq-vllm"]),
     # vLLM 0.8-0.11: Massed Compute's 0.8.5 runs (Llama-3.1-8B / 3.3-70B, Qwen2.5-7B,
     # Nemotron on L40S and H100 PCIe) and R1-Benchmark's 0.8.2-0.8.4 runs on H200 (Llama-3.2-3B
     # to DeepSeek-R1, whose TTFT the 0.9 guess left 45% short, the miss growing with the
@@ -115,6 +123,10 @@ RANGES: dict[str, tuple[float, float, str]] = {
                                 "handing a step to other processes over shared memory and "
                                 "taking the sampled tokens back costs tens of microseconds at "
                                 "least; more than 5 ms a step would be a different bottleneck"),
+    "prompt_token_overhead_us": (0.05, 50.0,
+                                 "tokenizing a prompt in Rust takes tens of nanoseconds a token "
+                                 "at least; 50 us a token would be a prompt of 4,096 tokens "
+                                 "held 0.2 s before the engine sees it"),
     "per_sequence_overhead_us": (0.5, 100.0,
                                  "per running request, Python bookkeeping of microseconds"),
 }
