@@ -128,6 +128,10 @@ def test_cuda_graph_config_reaches_the_simulator(tmp_path, run_json):
     ("kv_cache_config:\n  dtype: nvfp4\n", "'nvfp4' is not one of auto, fp8"),
     ("enable_chunked_prefill: 1\n", "enable_chunked_prefill: must be true or false"),
     ("kv_cache_config:\n  free_gpu_memory_fraction: 1.5\n", "must be a fraction in (0, 1]"),
+    # simulate's own bound on the flag, said of the file's key, not of --max-num-seqs
+    ("max_batch_size: 123456789012345678901234\n",
+     "max_batch_size: a 24-digit number is out of range"),
+    ("max_num_tokens: 12345678901234567890\n", "max_num_tokens: a 20-digit number"),
 ])
 def test_a_bad_file_is_one_line(text, problem, tmp_path, run_cli):
     cfg = _write(tmp_path, text)

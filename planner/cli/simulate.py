@@ -778,6 +778,11 @@ def with_llm_api_options(a: dict, defaults: dict) -> dict:
     out = dict(a)
     for ours, value in read_llm_api_options(Path(path)).items():
         name = LLM_API_PARAMS[ours]
+        if isinstance(value, int) and not isinstance(value, bool):
+            try:  # simulate's own bounds on the flag, said of the file's key
+                positive(ours, value)
+            except LlmplanError as e:
+                raise LlmplanError(f"{path}: {KEY_OF[ours]}{str(e)[len(ours):]}") from None
         if ours == "--prefix-cache":
             value = "on" if value else "off"
         given = getattr(a.get(name), "value", a.get(name))
