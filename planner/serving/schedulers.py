@@ -586,7 +586,7 @@ class DynamicScheduler(StaticScheduler):
         if not deadline > now:
             return None
         nxt = arrivals.next_s()
-        return min(deadline, nxt) if nxt == nxt else deadline  # nan: a closed loop
+        return min(deadline, nxt) if nxt == nxt else deadline  # nan: none is coming
 
 
 SCHEDULERS: dict[str, type[Scheduler]] = {"continuous": ContinuousScheduler,
