@@ -132,6 +132,8 @@ def test_cuda_graph_config_reaches_the_simulator(tmp_path, run_json):
     ("max_batch_size: 123456789012345678901234\n",
      "max_batch_size: a 24-digit number is out of range"),
     ("max_num_tokens: 12345678901234567890\n", "max_num_tokens: a 20-digit number"),
+    # a refusal further on (the deployment's), of a setting the file made, names its key too
+    ("tensor_parallel_size: 3\n", "tensor_parallel_size 3 does not divide"),
 ])
 def test_a_bad_file_is_one_line(text, problem, tmp_path, run_cli):
     cfg = _write(tmp_path, text)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv as csv_mod
 import json
 import math
+import re
 from contextlib import contextmanager
 from dataclasses import replace
 from enum import Enum
@@ -72,7 +73,7 @@ from planner.cli.options import (
     stdout,
     with_expert_imbalance,
 )
-from planner.core.errors import LlmplanError
+from planner.core.errors import LlmplanError, UsageError
 
 
 class Scheduler(str, Enum):
@@ -377,6 +378,38 @@ def simulate_run(a: dict, *, emit: bool = False) -> dict:
     for); the web page (planner/ui) takes the object alone."""
     defaults = command_defaults(simulate)
     a = with_llm_api_options({**defaults, **a}, defaults)
+    try:
+        return _simulate_run(a, emit)
+    except LlmplanError as e:  # a refusal of a setting the options file made names its key
+        raise said_of_file(e, a) from None
+
+
+def said_of_file(e: LlmplanError, a: dict) -> LlmplanError:
+    """``e`` as said of the options file's keys where it speaks of a setting that file made:
+    a field the message names (``UsageError.fields``: ``tp 3 does not divide ...`` ->
+    ``FILE: tensor_parallel_size 3 does not divide ...``), or the flag it begins with
+    (``--max-num-seqs: ...`` -> ``FILE: max_batch_size: ...``); else ``e`` itself."""
+    keys = a.get("llm_api_keys") or {}
+    if not keys:
+        return e
+    path = a["extra_llm_api_options"]
+    fields = getattr(e, "fields", ())
+    if any(f in keys for f in fields):
+        text = str(e)
+        for f in fields:
+            if f in keys:
+                text = re.sub(rf"(?<![-\w]){re.escape(f)}(?![-\w])", keys[f], text)
+        return UsageError(f"{path}: {text}", fields=tuple(f for f in fields if f not in keys))
+    msg = str(e)
+    for name, key in keys.items():
+        flag = "--" + name.replace("_", "-")
+        if msg.startswith((flag + " ", flag + ":")):
+            return LlmplanError(f"{path}: {key}{msg[len(flag):]}")
+    return e
+
+
+def _simulate_run(a: dict, emit: bool) -> dict:
+    """``simulate_run`` once an options file is laid in."""
     (model, gpu, engine, tp, pp, ep, expert_imbalance, weights, kv_cache, quantization, dtype,
      kv_cache_dtype, enforce_eager, group_size, quantized_layers, compute, calibration,
      time_model, attention, kernel_overhead_us, request_rate, burstiness, max_concurrency,
@@ -776,13 +809,16 @@ def with_llm_api_options(a: dict, defaults: dict) -> dict:
         raise LlmplanError(f"--extra-llm-api-options: TensorRT-LLM's options file; the engine "
                            f"here is {spec.name} (give --engine trtllm)")
     out = dict(a)
-    for ours, value in read_llm_api_options(Path(path)).items():
+    settings = read_llm_api_options(Path(path))
+    out["llm_api_keys"] = {LLM_API_PARAMS[ours]: KEY_OF[ours]  # for said_of_file
+                           for ours in settings}
+    for ours, value in settings.items():
         name = LLM_API_PARAMS[ours]
         if isinstance(value, int) and not isinstance(value, bool):
             try:  # simulate's own bounds on the flag, said of the file's key
                 positive(ours, value)
             except LlmplanError as e:
-                raise LlmplanError(f"{path}: {KEY_OF[ours]}{str(e)[len(ours):]}") from None
+                raise said_of_file(e, out) from None
         if ours == "--prefix-cache":
             value = "on" if value else "off"
         given = getattr(a.get(name), "value", a.get(name))
