@@ -5,7 +5,6 @@ from __future__ import annotations
 import csv as csv_mod
 import json
 import math
-import re
 from contextlib import contextmanager
 from dataclasses import replace
 from enum import Enum
@@ -73,7 +72,7 @@ from planner.cli.options import (
     stdout,
     with_expert_imbalance,
 )
-from planner.core.errors import LlmplanError, UsageError
+from planner.core.errors import LlmplanError, UsageError, said_as
 
 
 class Scheduler(str, Enum):
@@ -394,12 +393,9 @@ def said_of_file(e: LlmplanError, a: dict) -> LlmplanError:
         return e
     path = a["extra_llm_api_options"]
     fields = getattr(e, "fields", ())
-    if any(f in keys for f in fields):
-        text = str(e)
-        for f in fields:
-            if f in keys:
-                text = re.sub(rf"(?<![-\w]){re.escape(f)}(?![-\w])", keys[f], text)
-        return UsageError(f"{path}: {text}", fields=tuple(f for f in fields if f not in keys))
+    if any(f in keys for f in fields):  # the rest said as flags still (``flagged``)
+        return UsageError(f"{path}: {said_as(e, lambda f: keys.get(f, f))}",
+                          fields=tuple(f for f in fields if f not in keys))
     msg = str(e)
     for name, key in keys.items():
         flag = "--" + name.replace("_", "-")
@@ -810,15 +806,11 @@ def with_llm_api_options(a: dict, defaults: dict) -> dict:
                            f"here is {spec.name} (give --engine trtllm)")
     out = dict(a)
     settings = read_llm_api_options(Path(path))
-    out["llm_api_keys"] = {LLM_API_PARAMS[ours]: KEY_OF[ours]  # for said_of_file
-                           for ours in settings}
+    # simulate's checks of these values, further on, are said of the file's keys
+    # (said_of_file)
+    out["llm_api_keys"] = {LLM_API_PARAMS[ours]: KEY_OF[ours] for ours in settings}
     for ours, value in settings.items():
         name = LLM_API_PARAMS[ours]
-        if isinstance(value, int) and not isinstance(value, bool):
-            try:  # simulate's own bounds on the flag, said of the file's key
-                positive(ours, value)
-            except LlmplanError as e:
-                raise said_of_file(e, out) from None
         if ours == "--prefix-cache":
             value = "on" if value else "off"
         given = getattr(a.get(name), "value", a.get(name))

@@ -21,15 +21,21 @@ class UsageError(LlmplanError):
         self.fields = fields
 
 
-def flagged(err: BaseException) -> str:
-    """The message with each field it names said as the CLI's flag: "tp 3 does not divide"
-    -> "--tp 3 does not divide"."""
+def said_as(err: BaseException, name_of) -> str:
+    """The message with each field it names (``UsageError.fields``) said as ``name_of(field)``
+    says it."""
     import re
 
     text = str(err)
     for f in getattr(err, "fields", ()):
-        text = re.sub(rf"(?<![-\w]){re.escape(f)}(?![-\w])", "--" + f.replace("_", "-"), text)
+        text = re.sub(rf"(?<![-\w]){re.escape(f)}(?![-\w])", name_of(f), text)
     return text
+
+
+def flagged(err: BaseException) -> str:
+    """The message with each field it names said as the CLI's flag: "tp 3 does not divide"
+    -> "--tp 3 does not divide"."""
+    return said_as(err, lambda f: "--" + f.replace("_", "-"))
 
 
 class Interrupted(LlmplanError):
