@@ -408,6 +408,10 @@ class ServingDefaults(_Frozen):
     decode_reserve: DecodeReserve | None = None
     cuda_graph_sizes: GraphSizes | None = None  # None: any decode batch replays a graph
     prefix_caching: Flag | None = None  # automatic prefix caching on by default (None: off)
+    # a model mixing full and sliding-window layers caches only the window in the latter
+    # (vLLM's hybrid KV cache manager, ``planner.serving.kv.HybridPagedKV``), from ``since``
+    # on (None: every layer caches the whole context, as the pool counts it)
+    hybrid_kv_cache: FlagSince | None = None
     # the host's work for the next step (scheduling, input preparation) runs while the GPU
     # runs this one, so a step takes the longer of the two, not their sum (None: off)
     async_scheduling: Flag | None = None
@@ -532,11 +536,13 @@ class EngineSpec(_Frozen):
         pm = sv.performance_modes
         if pm is not None and v < version_key(pm.since):
             sv = sv.model_copy(update={"performance_modes": None})
-        ms = sv.multi_step_stream
-        if ms is not None and v < version_key(ms.since):
-            sv = sv.model_copy(update={"multi_step_stream": ms.model_copy(update={
-                "value": not ms.value,
-                "note": f"releases before {ms.since}" + (f": {ms.note}" if ms.note else "")})})
+        for name in ("multi_step_stream", "hybrid_kv_cache"):
+            fs = getattr(sv, name)
+            if fs is not None and v < version_key(fs.since):
+                sv = sv.model_copy(update={name: fs.model_copy(update={
+                    "value": not fs.value,
+                    "note": f"releases before {fs.since}" + (f": {fs.note}" if fs.note
+                                                             else "")})})
         for e in sorted(sv.earlier, key=lambda e: version_key(e.until)):
             if v < version_key(e.until):
                 why = f"releases before {e.until}" + (f": {e.note}" if e.note else "")
@@ -658,6 +664,8 @@ class EngineSpec(_Frozen):
             out["scheduler_steps"] = int(sv.scheduler_steps.value)
         if sv.multi_step_stream is not None:
             out["multi_step_stream"] = sv.multi_step_stream.value
+        if sv.hybrid_kv_cache is not None:
+            out["hybrid_kv_cache"] = sv.hybrid_kv_cache.value
         if sv.performance_modes is not None:
             pm = sv.performance_modes
             out["performance_modes"] = (pm.since, pm.throughput_factor,
@@ -742,6 +750,8 @@ class Engine:
     # None: none
     decode_reserve: ReserveRule | None = None
     prefix_caching: bool = False  # automatic prefix caching on by default
+    # sliding-window layers cache only their window (vLLM's hybrid KV cache manager)
+    hybrid_kv_cache: bool = False
     # the next step's host work overlaps this step's GPU work: a step takes the longer of
     # the two (``planner.core.roofline.with_host``), not their sum
     async_scheduling: bool = False

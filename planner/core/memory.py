@@ -303,6 +303,27 @@ def sliding_share(m: ModelSpec) -> tuple[float, int] | None:
     return None if not n else (n / m.num_layers, m.sliding_window)
 
 
+def kv_cache_groups(m: ModelSpec) -> tuple[int, int, int] | None:
+    """vLLM's hybrid KV cache groups for a model whose layers mix full and sliding-window
+    attention: (layers per group, full-attention groups, sliding-window groups); None where no
+    layer slides or every one does (one kind of layer: one group).
+
+    As vLLM's ``_get_kv_cache_groups_uniform_page_size`` (vllm/v1/core/kv_cache_utils.py)
+    forms them: a group holds as many layers as the kind with fewer has (as many as the kind
+    with more, where that is under 1.5 times the other), each kind split into whole groups,
+    the last padded with empty layers. Every group's block is the same memory (block_size
+    tokens in that many layers) and all share one block pool. gpt-oss-120b, 18 full and 18
+    sliding layers: (18, 1, 1); Gemma-3-27B, 10 full and 52 sliding: (10, 1, 6), two of the
+    sixth group's ten layers padding."""
+    sliding = m.num_sliding_layers
+    full = m.num_layers - sliding
+    if not sliding or not full:
+        return None
+    fewer, more = min(sliding, full), max(sliding, full)
+    per_group = more if more < 1.5 * fewer else fewer
+    return per_group, -(-full // per_group), -(-sliding // per_group)
+
+
 def kv_concurrency(capacity_tokens: int, *, prompt_tokens: int, output_tokens: int,
                    block_size: int = 16, max_model_len: int = 131072,
                    sliding: tuple[float, int] | None = None) -> KVConcurrency:
@@ -358,7 +379,8 @@ def memory_plan(m: ModelSpec, hw: HardwareSpec, prec: Precision, *, batch: int,
 
 __all__ = [
     "KVConcurrency", "MemoryPlan", "activation_bytes", "kv_budget_bytes", "kv_cache_bytes",
-    "kv_cache_bytes_per_token", "kv_capacity_tokens", "kv_concurrency", "max_batch",
+    "kv_cache_bytes_per_token", "kv_cache_groups", "kv_capacity_tokens", "kv_concurrency",
+    "max_batch",
     "memory_plan", "memory_share", "offloadable_weight_bytes", "resident_weight_bytes",
     "sliding_share", "usable_bytes", "weight_bytes", "weight_bytes_breakdown",
 ]

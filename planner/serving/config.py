@@ -55,6 +55,9 @@ class SchedulerConfig:
     # automatic prefix caching: a request finds its shared prefix's blocks computed (paged KV
     # under continuous batching; ignored otherwise)
     prefix_caching: bool = False
+    # a model mixing full and sliding-window layers caches only the window in the latter
+    # (vLLM's hybrid KV cache manager: ``planner.serving.kv.HybridPagedKV``; paged KV only)
+    hybrid_kv_cache: bool = False
     # API-server processes in front of the engine (vLLM's --api-server-count): they share the
     # per-request and per-token work of the profile's front end (``planner.serving.frontend``)
     api_servers: int = 1
@@ -81,7 +84,8 @@ class SchedulerConfig:
               "block_size": e.block_size, "chunked_prefill": e.chunked_prefill,
               "capacity_policy": e.capacity_policy, "mixed_batches": e.mixed_batches,
               "decode_reserve": e.decode_reserve,
-              "prefix_caching": e.prefix_caching, "api_servers": e.api_servers,
+              "prefix_caching": e.prefix_caching, "hybrid_kv_cache": e.hybrid_kv_cache,
+              "api_servers": e.api_servers,
               "graph_padding": e.graph_padding, "scheduler_steps": e.scheduler_steps or 1,
               "multi_step_stream": e.multi_step_stream}
         if e.max_model_len is not None:

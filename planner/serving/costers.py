@@ -106,7 +106,8 @@ class PipelineCoster(_Layout):
 
     def kv_capacity_tokens(self, max_num_seqs: int, step_tokens: int) -> int:
         """The tightest stage's: its free memory over its layers' KV bytes per token (every
-        layer caching the whole context, as the simulator's pool does)."""
+        layer caching the whole context; a hybrid pool, ``planner.serving.kv.HybridPagedKV``,
+        counts it again in one group's tokens)."""
         m, p, o = self.model, self.prep.precision, self.options
         frac, basis = memory_share(o, self.engine, self.hardware.memory_bytes)
         act = self._activation_bytes(max_num_seqs, step_tokens, self.tp)

@@ -88,6 +88,17 @@ class KVPool:
         q.reserved = need
         return True
 
+    def held_for(self, tokens: int, final: int) -> int:
+        """KV tokens a request holds with ``tokens`` cached on its way to ``final``:
+        ``tokens_for(tokens)`` (``HybridPagedKV`` holds its sliding layers' window for its
+        whole length from its admission)."""
+        return self.tokens_for(tokens)
+
+    def held_of(self, tokens: int, requests: int) -> int:
+        """The pool's units that ``tokens`` cached by ``requests`` running requests fill:
+        ``tokens`` (``HybridPagedKV`` adds the blocks their sliding layers hold)."""
+        return tokens
+
     def extra_for(self, q: SimRequest, tokens: int) -> int:
         """Tokens ``q`` needs beyond its reservation (and the cached prefix it holds with
         others) to hold ``tokens`` (<= 0: none)."""
@@ -137,6 +148,69 @@ class PagedKV(KVPool):
     @property
     def free_blocks(self) -> int:
         return self.free_tokens // self.block_size
+
+
+class HybridPagedKV(PagedKV):
+    """vLLM's hybrid KV cache manager (vllm/v1/core/kv_cache_coordinator.py and
+    single_type_kv_cache_manager.py) for a model whose layers mix full and sliding-window
+    attention (``planner.core.memory.kv_cache_groups``): one block pool shared by one group
+    of full-attention layers and ``sliding_groups`` groups of sliding-window layers of as many
+    layers each. The pool counts tokens of one group (``capacity_tokens``: its blocks x
+    block_size). A request holds ceil(tokens / block_size) blocks in the full group, so the
+    prefix cache, growth by a block and preemption count as in ``PagedKV``; and in each
+    sliding group the blocks of its last ``window`` tokens: ``SlidingWindowManager.
+    remove_skipped_blocks`` frees every block before (computed - window + 1) // block_size,
+    so at most ceil((window - 1) / block_size) + 1 (``window_blocks``).
+
+    A request reserves the sliding groups' blocks for its whole length (prompt and output,
+    up to the window) when it is admitted (``window_tokens``); vLLM allocates them block by
+    block until its context passes the window, so a request shorter than the window holds
+    them a little early, and the decode pool's growth by a block is the full group's alone.
+    vLLM allocates a prompt chunk's sliding blocks whole and frees those behind the window
+    at the next step: the pool counts the window only, not a chunk's one-step peak. A cached
+    prefix keeps its full-group blocks only (vLLM keeps its window's sliding blocks too,
+    which a hit needs)."""
+
+    __slots__ = ("sliding_groups", "window_blocks", "window_reserved")
+
+    def __init__(self, capacity_tokens: int, block_size: int, *, sliding_groups: int,
+                 window: int, on_demand: bool = True):
+        super().__init__(capacity_tokens, block_size, on_demand=on_demand)
+        self.sliding_groups = sliding_groups
+        self.window_blocks = -(-(window - 1) // block_size) + 1
+        self.window_reserved = 0  # what the running requests' sliding blocks take
+
+    def window_tokens(self, tokens: int) -> int:
+        """What the sliding groups' blocks take of the pool for a request of ``tokens``."""
+        bs = self.block_size
+        return self.sliding_groups * min(-(-tokens // bs), self.window_blocks) * bs
+
+    def tokens_for(self, tokens: int) -> int:
+        return -(-tokens // self.block_size) * self.block_size + self.window_tokens(tokens)
+
+    def held_for(self, tokens: int, final: int) -> int:
+        return -(-tokens // self.block_size) * self.block_size + self.window_tokens(final)
+
+    def reserve(self, q: SimRequest, tokens: int) -> bool:
+        window = self.window_tokens(q.r.prompt_tokens + q.r.output_tokens)
+        need = -(-tokens // self.block_size) * self.block_size + window
+        if not self.make_room(need):
+            return False
+        self.free_tokens -= need
+        q.reserved = need
+        self.window_reserved += window
+        return True
+
+    def extra_for(self, q: SimRequest, tokens: int) -> int:
+        return self.held_for(tokens, q.r.prompt_tokens + q.r.output_tokens) - q.shared \
+            - q.reserved
+
+    def release(self, q: SimRequest) -> None:
+        self.window_reserved -= self.window_tokens(q.r.prompt_tokens + q.r.output_tokens)
+        super().release(q)
+
+    def held_of(self, tokens: int, requests: int) -> int:
+        return tokens + self.window_reserved
 
 
 class ContiguousKV(KVPool):
@@ -291,9 +365,16 @@ class PrefixCache:
 
 
 def kv_pool(layout: str, capacity_tokens: int, *, block_size: int,
-            max_model_len: int, on_demand: bool = True) -> KVPool:
+            max_model_len: int, on_demand: bool = True,
+            sliding: tuple[int, int] | None = None) -> KVPool:
     """The pool of ``layout`` ("paged" or "contiguous") over ``capacity_tokens``;
-    ``on_demand``: paged blocks are allocated as tokens reach them (else reserved whole)."""
+    ``on_demand``: paged blocks are allocated as tokens reach them (else reserved whole);
+    ``sliding``: (sliding-window groups, window) of a hybrid paged pool (``HybridPagedKV``,
+    ``capacity_tokens`` then counting one group's tokens)."""
+    if layout == "paged" and sliding is not None:
+        groups, window = sliding
+        return HybridPagedKV(capacity_tokens, block_size, sliding_groups=groups,
+                             window=window, on_demand=on_demand)
     if layout == "paged":
         return PagedKV(capacity_tokens, block_size, on_demand=on_demand)
     if layout == "contiguous":

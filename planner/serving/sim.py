@@ -28,9 +28,12 @@ average, so it tracks each decoding request: O(running requests) a step
 Sliding-window layers (Gemma-2/3, gpt-oss, Mistral-7B v0.1): a prefill chunk's windowed
 attention is costed exactly; the decoders, held in aggregate, are costed as reading
 min(sum of their contexts, count x window) keys in those layers, which is exact when every
-context is below the window or every one above it, and an upper bound otherwise. The KV pool
-is sized and filled as if every layer cached the whole context (vLLM before its hybrid KV cache
-manager, 0.10): conservative for these models, where ``estimate`` applies the window.
+context is below the window or every one above it, and an upper bound otherwise. Where the
+engine has vLLM's hybrid KV cache manager (``SchedulerConfig.hybrid_kv_cache``) and the model
+one group of full-attention layers (``planner.core.memory.kv_cache_groups``), the pool is
+``kv.HybridPagedKV``: its sliding layers hold only their window's blocks. Otherwise the pool is
+sized and filled as if every layer cached the whole context (vLLM before that manager, SGLang,
+TensorRT-LLM here).
 
 The parts, each in its module of ``planner.serving``: the requests and their states
 (``requests``), the scheduler's settings (``config``), the KV pool (``kv``), the decode pool
@@ -56,6 +59,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from planner.core.errors import UsageError
+from planner.core.memory import kv_cache_groups
 from planner.serving.arrivals import Arrivals, arrivals
 from planner.serving.config import SchedulerConfig
 from planner.serving.cost import StepCoster
@@ -251,9 +255,19 @@ def _kv_pool(coster: StepCoster, cfg: SchedulerConfig, spec: SpecServing | None)
     capacity = kv_capacity_tokens(coster, cfg)
     if spec is not None:
         capacity = spec.kv_capacity_tokens(capacity)
+    sliding = None
+    groups = kv_cache_groups(coster.model) if cfg.hybrid_kv_cache else None
+    if groups is not None and groups[1] == 1 and cfg.kv_layout == "paged":
+        # one full-attention group: the pool counts its tokens (``HybridPagedKV``); the
+        # memory of ``capacity`` tokens in every layer holds layers / per_group times as many
+        # blocks of one group (vLLM's padded groups of more than one full group left as the
+        # uniform pool counts them)
+        per_group, _, sliding_groups = groups
+        capacity = capacity * coster.model.num_layers // per_group
+        sliding = (sliding_groups, coster.model.sliding_window)
     kv = kv_pool(cfg.kv_layout, capacity, block_size=cfg.block_size,
                  max_model_len=cfg.max_model_len,
-                 on_demand=cfg.capacity_policy != "guaranteed-no-evict")
+                 on_demand=cfg.capacity_policy != "guaranteed-no-evict", sliding=sliding)
     if cfg.prefix_caching and cfg.kind == "continuous" and cfg.kv_layout == "paged":
         kv.prefixes = PrefixCache(cfg.block_size)
     if kv.capacity_tokens < cfg.block_size:
@@ -337,6 +351,7 @@ def _serve(sched: Scheduler, arr: Arrivals, pricer: StepPricer, occ: Occupancy, 
         held = past + sum(q.computed for q in prefilling.values()) if prefilling else past
         if kv.prefixes is not None:
             held -= kv.prefixes.double_counted
+        held = kv.held_of(held, len(running))
         record(dt, len(running), held, kv.capacity_tokens - kv.free_tokens, out)
         t += dt
         if n_dec:

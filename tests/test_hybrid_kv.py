@@ -1,0 +1,121 @@
+"""vLLM's hybrid KV cache manager in the simulator's pool (planner/serving/kv.py
+``HybridPagedKV``): the groups as vLLM forms them, a request's blocks worked by hand, the
+scheduler's accounting closing to zero, and the concurrency it buys a gpt-oss replica."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from planner.core.estimate import prepare
+from planner.core.memory import kv_cache_groups
+from planner.core.specs import DType, Options, Precision
+from planner.io import catalog
+from planner.serving.config import SchedulerConfig
+from planner.serving.cost import StepCoster
+from planner.serving.decoding import DecodePool
+from planner.serving.kv import HybridPagedKV, PagedKV, kv_pool
+from planner.serving.requests import RequestResult, SimRequest
+from planner.serving.schedulers import ContinuousScheduler
+from planner.serving.sim import simulate
+from planner.serving.traffic import synthetic
+
+
+def _req(i: int, prompt: int, output: int) -> SimRequest:
+    return SimRequest.of(RequestResult(i, 0.0, prompt, output))
+
+
+def test_groups_as_vllm_forms_them():
+    """vLLM's _get_kv_cache_groups_uniform_page_size: a group holds as many layers as the
+    kind with fewer (as many as the kind with more where that is under 1.5 times the other).
+    gpt-oss-120b: 18 full, 18 sliding -> groups of 18, one of each. Gemma-3-27B: 62 layers,
+    every sixth full (10), 52 sliding -> groups of 10, one full and ceil(52 / 10) = 6
+    sliding. A model with no sliding layer, or only sliding ones, has no hybrid groups."""
+    assert kv_cache_groups(catalog.load_model("gpt-oss-120b")) == (18, 1, 1)
+    assert kv_cache_groups(catalog.load_model("gpt-oss-20b")) == (12, 1, 1)
+    assert kv_cache_groups(catalog.load_model("gemma-3-27b")) == (10, 1, 6)
+    assert kv_cache_groups(catalog.load_model("gemma-2-9b")) == (21, 1, 1)
+    assert kv_cache_groups(catalog.load_model("llama-3.1-8b")) is None
+    assert kv_cache_groups(catalog.load_model("mistral-7b")) is None  # every layer slides
+
+
+def test_a_request_holds_its_length_in_the_full_group_and_the_window_in_each_sliding_one():
+    """Blocks of 16, a window of 128: a sliding group keeps at most ceil(127 / 16) + 1 = 9
+    blocks (remove_skipped_blocks frees those before (computed - 127) // 16). A request of
+    1,000 tokens: ceil(1000 / 16) = 63 full blocks and 9 in each of 2 sliding groups, 81
+    blocks (1,296 tokens of one group); one of 100 tokens: 7 + 2 x 7 = 21 blocks."""
+    kv = HybridPagedKV(16_000, 16, sliding_groups=2, window=128)
+    assert kv.window_blocks == 9
+    assert kv.tokens_for(1000) == (63 + 2 * 9) * 16
+    assert kv.tokens_for(100) == (7 + 2 * 7) * 16
+    # a request reserves its sliding blocks for its whole length at admission: a 100-token
+    # prompt of 900 output tokens takes 7 full blocks and 2 x 9 sliding ones
+    q = _req(0, 100, 900)
+    assert kv.reserve(q, 100)
+    assert q.reserved == (7 + 18) * 16 and kv.window_reserved == 18 * 16
+    # growing to 1,000 tokens asks for the full group's blocks only
+    assert kv.extra_for(q, 1000) == (63 - 7) * 16
+    kv.release(q)
+    assert kv.free_tokens == kv.capacity_tokens and kv.window_reserved == 0
+
+
+def test_kv_pool_builds_the_hybrid_pool_where_asked():
+    kv = kv_pool("paged", 1600, block_size=16, max_model_len=4096, sliding=(1, 128))
+    assert isinstance(kv, HybridPagedKV)
+    assert type(kv_pool("paged", 1600, block_size=16, max_model_len=4096)) is PagedKV
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.integers(1, 600), st.integers(1, 300)), min_size=1,
+                max_size=12),
+       st.integers(40, 160), st.sampled_from([16, 32, 128]), st.integers(1, 3))
+def test_every_block_comes_back(lengths, blocks, window, sliding):
+    """Whatever the requests, the pool's size, the window and the sliding groups: each step
+    reserves no more than the pool holds, and once every request is done (through
+    preemptions and recomputes) every block is free again and no sliding block is counted
+    as held."""
+    bs = 16
+    kv = HybridPagedKV(blocks * bs, bs, sliding_groups=sliding, window=window)
+    cfg = SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=256, block_size=bs)
+    sched = ContinuousScheduler(cfg, kv, DecodePool(kv, bs))
+    reqs = [_req(i, p, o) for i, (p, o) in enumerate(lengths)
+            if kv.tokens_for(p + o) <= kv.capacity_tokens]
+    sched.waiting.extend(reqs)
+    for step in range(20_000):
+        if sched.finished == len(reqs):
+            break
+        chunks = sched.schedule()
+        assert 0 <= kv.free_tokens <= kv.capacity_tokens
+        if sched.batch.n:
+            sched.batch.step()
+        sched.on_step_end(chunks, float(step))
+    assert sched.finished == len(reqs)
+    assert kv.free_tokens == kv.capacity_tokens and kv.window_reserved == 0
+
+
+def _run(engine: str, n: int = 24) -> tuple[int, int]:
+    """gpt-oss-120b (MXFP4) on one H100 under ``engine``: ``n`` requests of 16,000 + 200
+    tokens at once; (the pool's capacity in tokens, the most requests running)."""
+    m, hw = catalog.load_model("gpt-oss-120b"), catalog.load_hardware("h100-sxm")
+    eng, opts = catalog.load_engine(engine), Options()
+    prep = prepare(hw, Precision(weights=DType.mxfp4), None, opts, eng)
+    coster = StepCoster(m, hw, prep, opts)
+    cfg = SchedulerConfig.for_engine(eng, memory_bytes=hw.memory_bytes)
+    res = simulate(synthetic(n, prompt_tokens=16_000, output_tokens=200), coster, cfg)
+    assert not res.failed
+    return res.kv_capacity_tokens, res.max_running
+
+
+def test_gpt_oss_holds_about_twice_the_long_requests_with_the_hybrid_manager():
+    """Half of gpt-oss-120b's layers slide over 128 tokens: with the hybrid manager (vLLM
+    0.10 and later) a request of 16,200 tokens holds 1,013 blocks of its full group and 9 of
+    its sliding one where vLLM 0.9 held 1,013 in every layer, so the same memory (twice the
+    blocks, each of 18 layers instead of 36) holds 2 x 1,013 / 1,022 = 1.98 times as many:
+    4 whole requests before, 8 after (each run also holds one more whose first chunk fits
+    beside them, the rest of its prompt to come)."""
+    before, running_before = _run("vllm@0.9")
+    after, running_after = _run("vllm@0.10")
+    assert abs(after - 2 * before) <= 32  # the same memory in blocks of one group
+    assert before // (1013 * 16) == 4 and after // ((1013 + 9) * 16) == 8
+    assert running_before >= 4 and running_after >= 8
+    assert running_after >= 1.9 * running_before
