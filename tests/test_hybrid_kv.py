@@ -119,3 +119,29 @@ def test_gpt_oss_holds_about_twice_the_long_requests_with_the_hybrid_manager():
     assert before // (1013 * 16) == 4 and after // ((1013 + 9) * 16) == 8
     assert running_before >= 4 and running_after >= 8
     assert running_after >= 1.9 * running_before
+
+
+def test_vllms_flag_turns_it_off_on_the_command_line_and_in_a_server_command(run_json,
+                                                                             run_cli):
+    """--disable-hybrid-kv-cache-manager (vLLM's name) or --no-hybrid-kv-cache: the pool of
+    every layer at full context, half the tokens; a server command with vLLM's flag says
+    the same to a replay; two spellings that disagree are refused."""
+    from planner.cli.flags import server_flags
+
+    args = ("simulate", "-m", "gpt-oss-120b", "-g", "h100-sxm", "--weights", "mxfp4",
+            "-n", "4", "-p", "2000", "-o", "20")
+    on = run_json(*args)
+    off = run_json(*args, "--disable-hybrid-kv-cache-manager")
+    assert on["hybrid_kv_cache"] and not off["hybrid_kv_cache"]
+    assert abs(on["kv_capacity_tokens"] - 2 * off["kv_capacity_tokens"]) <= 32
+    assert run_json(*args, "--no-hybrid-kv-cache")["kv_capacity_tokens"] == \
+        off["kv_capacity_tokens"]
+    # a model with no sliding layer is not changed by it
+    dense = ("simulate", "-m", "llama-3.1-8b", "-g", "h100-sxm", "-n", "4")
+    assert not run_json(*dense)["hybrid_kv_cache"]
+    assert run_json(*dense)["kv_capacity_tokens"] == \
+        run_json(*dense, "--no-hybrid-kv-cache")["kv_capacity_tokens"]
+    code, _, err = run_cli(*args, "--hybrid-kv-cache", "--disable-hybrid-kv-cache-manager")
+    assert code == 2 and "disagree" in err
+    assert server_flags("vllm serve openai/gpt-oss-120b --disable-hybrid-kv-cache-manager") \
+        == {"--hybrid-kv-cache": False}

@@ -100,7 +100,8 @@ ENGINE_FIELDS = {"--max-num-seqs": "max_num_seqs",
                  "--cuda-graph-max-bs": "graph_max_bs", "--max-model-len": "max_model_len",
                  "--num-scheduler-steps": "scheduler_steps",
                  "--multi-step-stream-outputs": "multi_step_stream",
-                 "--capacity-policy": "capacity_policy"}
+                 "--capacity-policy": "capacity_policy",
+                 "--hybrid-kv-cache": "hybrid_kv_cache"}
 
 
 def _agree(ours: str, theirs, given, what: str) -> None:

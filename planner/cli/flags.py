@@ -13,6 +13,8 @@ Our options an engine flag stands for (``EngineFlag.ours``): ``--tp``, ``--pp``,
 ``--max-num-batched-tokens``, ``--block-size``, ``--prefix-cache`` (automatic prefix
 caching, True or False here), ``--mixed-batches`` (prefill chunks beside decodes),
 ``--async-scheduling`` (the host's work beside the GPU's, True or False),
+``--hybrid-kv-cache`` (vLLM's hybrid KV cache manager: sliding-window layers cache their
+window only, True or False),
 ``--api-server-count`` (API-server processes: ``planner.serving.frontend``),
 ``--max-model-len`` (the longest request taken), ``--num-scheduler-steps`` and
 ``--multi-step-stream-outputs`` (vLLM V0's multi-step scheduling), ``--performance-mode``
@@ -147,6 +149,10 @@ FLAGS: tuple[EngineFlag, ...] = (
     EngineFlag(("--api-server-count", "-asc"), "--api-server-count", V, VLLM_API_SERVERS,
                number=int),
     EngineFlag(("--no-enable-prefix-caching",), "--prefix-cache", V, VLLM_ARGS, value=False),
+    EngineFlag(("--disable-hybrid-kv-cache-manager",), "--hybrid-kv-cache", V, VLLM_ARGS,
+               value=False),
+    EngineFlag(("--no-disable-hybrid-kv-cache-manager",), "--hybrid-kv-cache", V, VLLM_ARGS,
+               value=True),
     EngineFlag(("--max-model-len",), "--max-model-len", V, VLLM_ARGS, number=human_int),
     EngineFlag(("--num-scheduler-steps",), "--num-scheduler-steps", V, VLLM_V0_ARGS,
                number=int),
@@ -212,6 +218,9 @@ SAME_PARAMETER: dict[str, dict[str, object]] = {
     "--cpu-offload-gb": {"--cpu-offload-gb": None},
     "--multi-step-stream-outputs": {"--multi-step-stream-outputs": True,
                                     "--no-multi-step-stream-outputs": False},
+    "--hybrid-kv-cache": {"--hybrid-kv-cache": True, "--no-hybrid-kv-cache": False,
+                          "--no-disable-hybrid-kv-cache-manager": True,
+                          "--disable-hybrid-kv-cache-manager": False},
 }
 
 

@@ -253,6 +253,12 @@ def simulate(
         "--enable-chunked-prefill/--no-enable-chunked-prefill",
         help="Split long prompts into chunks of the step budget (default: the engine's).")
     ] = None,
+    hybrid_kv_cache: Annotated[Optional[bool], typer.Option(
+        "--hybrid-kv-cache/--no-hybrid-kv-cache",
+        "--no-disable-hybrid-kv-cache-manager/--disable-hybrid-kv-cache-manager",
+        help="A model that mixes sliding-window and full-attention layers (gpt-oss, "
+        "Gemma-2/3) caches only the window in the former, as vLLM's hybrid KV cache manager "
+        "does (default: the engine's; on for vllm, and vllm-0.8 from 0.10).")] = None,
     extra_llm_api_options: Annotated[Optional[Path], typer.Option(
         "--extra-llm-api-options", "--extra_llm_api_options", metavar="FILE",
         help="TensorRT-LLM's LLM-API options file, as trtllm-serve --config reads it (--engine "
@@ -412,7 +418,8 @@ def _simulate_run(a: dict, emit: bool) -> dict:
      num_requests, prompt_tokens, output_tokens, range_ratio, prefix_tokens, prefix_cache,
      dataset, dataset_name, seed, chat, scheduler, max_wait, max_num_seqs,
      max_num_batched_tokens,
-     chunked_prefill, capacity_policy, mixed_batches, api_server_count, num_scheduler_steps,
+     chunked_prefill, hybrid_kv_cache, capacity_policy, mixed_batches, api_server_count,
+     num_scheduler_steps,
      multi_step_stream_outputs, performance_mode, kv_layout, block_size,
      max_model_len, memory_utilization, reserve_gib, cpu_offload_gb, ttft_slo, tpot_slo, trace,
      allow_longer_context, plot, speculative, draft_model, num_speculative_tokens,
@@ -425,8 +432,8 @@ def _simulate_run(a: dict, emit: bool) -> dict:
         "kernel_overhead_us", "request_rate", "burstiness", "max_concurrency", "num_requests",
         "prompt_tokens", "output_tokens", "range_ratio", "prefix_tokens", "prefix_cache",
         "dataset", "dataset_name", "seed", "chat", "scheduler", "max_wait", "max_num_seqs",
-        "max_num_batched_tokens", "chunked_prefill", "capacity_policy", "mixed_batches",
-        "api_server_count", "num_scheduler_steps", "multi_step_stream_outputs",
+        "max_num_batched_tokens", "chunked_prefill", "hybrid_kv_cache", "capacity_policy",
+        "mixed_batches", "api_server_count", "num_scheduler_steps", "multi_step_stream_outputs",
         "performance_mode", "kv_layout",
         "block_size", "max_model_len", "memory_utilization",
         "reserve_gib", "cpu_offload_gb", "ttft_slo", "tpot_slo", "trace",
@@ -752,7 +759,8 @@ def _scheduler(dep, a: dict):
     from planner.serving import run
 
     given = {k: a[k] for k in ("max_num_seqs", "max_num_batched_tokens", "block_size",
-                               "chunked_prefill", "capacity_policy", "mixed_batches")
+                               "chunked_prefill", "capacity_policy", "mixed_batches",
+                               "hybrid_kv_cache")
              if a[k] is not None}
     if a["api_server_count"] is not None:
         given["api_servers"] = a["api_server_count"]
@@ -939,6 +947,7 @@ def _result(dep, cfg, reqs, sp, d: dict, *, request_rate, burstiness, max_concur
                             "draft_weight_bytes": sp.draft_weight_bytes,
                             "draft_kv_bytes_per_token": sp.draft_kv_bytes_per_token}
     from planner.layouts.deployment import weights_fields
+    from planner.serving.sim import hybrid_kv_groups
 
     lay, prec = dep.layout, dep.precision
     return {"model": dep.model.name, "gpu": dep.hardware.name, "tp": lay.tp, "pp": lay.pp,
@@ -952,6 +961,9 @@ def _result(dep, cfg, reqs, sp, d: dict, *, request_rate, burstiness, max_concur
             "decode_reserve": None if cfg.decode_reserve is None
             else cfg.decode_reserve._asdict(),
             "prefix_caching": cfg.prefix_caching, "api_servers": cfg.api_servers,
+            # the pool is vLLM's hybrid one: sliding-window layers hold their window only,
+            # and kv_capacity_tokens counts tokens of one group of layers
+            "hybrid_kv_cache": hybrid_kv_groups(dep.model, cfg) is not None,
             "performance_mode": performance_mode,
             "max_num_seqs": cfg.max_num_seqs,
             "max_num_batched_tokens": cfg.max_num_batched_tokens,
@@ -1102,8 +1114,11 @@ def _render(d: dict) -> None:
             else "")],
         *([["speculative decoding", _spec_line(d["speculative"])]] if d.get("speculative")
           else []),
-        ["KV cache", f"{d['kv_capacity_tokens']:,} tokens; holding "
-                     f"{fmt.pct(d['kv_cache_used_frac_mean'])} mean, "
+        ["KV cache", f"{d['kv_capacity_tokens']:,} tokens"
+                     + (" of one group of layers, the sliding-window ones holding their "
+                        "window (vLLM's hybrid KV cache manager)" if d.get("hybrid_kv_cache")
+                        else "")
+                     + f"; holding {fmt.pct(d['kv_cache_used_frac_mean'])} mean, "
                      f"{fmt.pct(d['kv_cache_used_frac_peak'])} peak; reserved "
                      f"{fmt.pct(d['kv_cache_reserved_frac_peak'])} peak"],
         ["preemptions", f"{d['preemptions']:,}"],

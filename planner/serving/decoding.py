@@ -36,11 +36,6 @@ from planner.serving.speculation import SpecServing
 _DECODING = RequestState.DECODING
 
 
-def _length(q: SimRequest) -> int:
-    """``q``'s whole length, prompt and output: what its KV reaches by its last token."""
-    return q.r.prompt_tokens + q.r.output_tokens
-
-
 class DecodePool:
     """Decoding requests in aggregate: a token each per step."""
 
@@ -164,7 +159,7 @@ class DecodePool:
     def settle(self, q: SimRequest) -> None:
         """Bring ``q.reserved`` up to date (grown in aggregate) before it is released; a
         reservation made whole at admission stays as it is."""
-        held = self.kv.held_for(self.context(q), _length(q)) - q.shared
+        held = self.kv.need_for(q, self.context(q)) - q.shared
         if held > q.reserved:
             q.reserved = held
 
@@ -233,13 +228,12 @@ class SpecDecodePool(DecodePool):
     def growth_tokens(self) -> int:
         """Each request's lookahead: KV for its context + 1 + k tokens."""
         kv, k1, context = self.kv, self.k1, self.context
-        return sum(max(0, kv.held_for(context(q) + k1, _length(q)) - q.shared - q.reserved)
-                   for q in self.members.values())
+        return sum(max(0, kv.extra_for(q, context(q) + k1)) for q in self.members.values())
 
     def take_growth(self, grow: int) -> None:
         kv, k1, context = self.kv, self.k1, self.context
         for q in self.members.values():
-            q.reserved = max(q.reserved, kv.held_for(context(q) + k1, _length(q)) - q.shared)
+            q.reserved = max(q.reserved, kv.need_for(q, context(q) + k1) - q.shared)
         kv.free_tokens -= grow
 
     def settle(self, q: SimRequest) -> None:

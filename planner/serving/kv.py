@@ -78,31 +78,30 @@ class KVPool:
     def reserved_tokens(self) -> int:
         return self.capacity_tokens - self.free_tokens
 
+    def need_for(self, q: SimRequest, tokens: int) -> int:
+        """KV tokens ``q`` holds with ``tokens`` of it cached: ``tokens_for(tokens)``
+        (``HybridPagedKV`` adds its sliding layers' window for its whole length)."""
+        return self.tokens_for(tokens)
+
     def reserve(self, q: SimRequest, tokens: int) -> bool:
         """Reserve what a request being admitted needs to hold ``tokens``; False, and nothing
         reserved, where the pool has not that much free."""
-        need = self.tokens_for(tokens)
+        need = self.need_for(q, tokens)
         if not self.make_room(need):
             return False
         self.free_tokens -= need
         q.reserved = need
         return True
 
-    def held_for(self, tokens: int, final: int) -> int:
-        """KV tokens a request holds with ``tokens`` cached on its way to ``final``:
-        ``tokens_for(tokens)`` (``HybridPagedKV`` holds its sliding layers' window for its
-        whole length from its admission)."""
-        return self.tokens_for(tokens)
-
-    def held_of(self, tokens: int, requests: int) -> int:
-        """The pool's units that ``tokens`` cached by ``requests`` running requests fill:
-        ``tokens`` (``HybridPagedKV`` adds the blocks their sliding layers hold)."""
+    def held_of(self, tokens: int) -> int:
+        """The pool's units that ``tokens`` cached by the running requests fill: ``tokens``
+        (``HybridPagedKV`` adds the blocks their sliding layers hold)."""
         return tokens
 
     def extra_for(self, q: SimRequest, tokens: int) -> int:
         """Tokens ``q`` needs beyond its reservation (and the cached prefix it holds with
         others) to hold ``tokens`` (<= 0: none)."""
-        return self.tokens_for(tokens) - q.shared - q.reserved
+        return self.need_for(q, tokens) - q.shared - q.reserved
 
     def grow(self, q: SimRequest, extra: int) -> None:
         """Reserve ``extra`` more tokens for ``q`` (nothing for extra <= 0)."""
@@ -188,28 +187,21 @@ class HybridPagedKV(PagedKV):
     def tokens_for(self, tokens: int) -> int:
         return -(-tokens // self.block_size) * self.block_size + self.window_tokens(tokens)
 
-    def held_for(self, tokens: int, final: int) -> int:
-        return -(-tokens // self.block_size) * self.block_size + self.window_tokens(final)
+    def need_for(self, q: SimRequest, tokens: int) -> int:
+        return -(-tokens // self.block_size) * self.block_size + self.window_tokens(
+            q.r.prompt_tokens + q.r.output_tokens)
 
     def reserve(self, q: SimRequest, tokens: int) -> bool:
-        window = self.window_tokens(q.r.prompt_tokens + q.r.output_tokens)
-        need = -(-tokens // self.block_size) * self.block_size + window
-        if not self.make_room(need):
+        if not super().reserve(q, tokens):
             return False
-        self.free_tokens -= need
-        q.reserved = need
-        self.window_reserved += window
+        self.window_reserved += self.window_tokens(q.r.prompt_tokens + q.r.output_tokens)
         return True
-
-    def extra_for(self, q: SimRequest, tokens: int) -> int:
-        return self.held_for(tokens, q.r.prompt_tokens + q.r.output_tokens) - q.shared \
-            - q.reserved
 
     def release(self, q: SimRequest) -> None:
         self.window_reserved -= self.window_tokens(q.r.prompt_tokens + q.r.output_tokens)
         super().release(q)
 
-    def held_of(self, tokens: int, requests: int) -> int:
+    def held_of(self, tokens: int) -> int:
         return tokens + self.window_reserved
 
 

@@ -75,7 +75,8 @@ from planner.serving.speculation import SpecServing
 from planner.serving.steps import StepPricer
 from planner.serving.traffic import Request
 
-__all__ = ["RequestResult", "SchedulerConfig", "SimResult", "kv_capacity_tokens", "simulate"]
+__all__ = ["RequestResult", "SchedulerConfig", "SimResult", "hybrid_kv_groups",
+           "kv_capacity_tokens", "simulate"]
 
 
 @dataclass
@@ -250,19 +251,29 @@ def _inner_pricer(coster: StepCoster, batch, cfg: SchedulerConfig,
     return StepPricer(hidden, batch, cfg.graph_sizes, cfg.graph_padding)
 
 
+def hybrid_kv_groups(model, cfg: SchedulerConfig) -> tuple[int, int] | None:
+    """(layers per group, sliding-window groups) where the replica's pool is vLLM's hybrid
+    one (``kv.HybridPagedKV``): the scheduler has the manager, the KV cache is paged, and
+    the model's layers form one full-attention group and sliding ones
+    (``planner.core.memory.kv_cache_groups``); None otherwise (a model whose full layers
+    make several groups keeps the pool that counts every layer at full context)."""
+    groups = kv_cache_groups(model) if cfg.hybrid_kv_cache else None
+    if groups is None or groups[1] != 1 or cfg.kv_layout != "paged":
+        return None
+    return groups[0], groups[2]
+
+
 def _kv_pool(coster: StepCoster, cfg: SchedulerConfig, spec: SpecServing | None) -> KVPool:
     """The replica's KV pool, which a drafter's weights and cache share."""
     capacity = kv_capacity_tokens(coster, cfg)
     if spec is not None:
         capacity = spec.kv_capacity_tokens(capacity)
     sliding = None
-    groups = kv_cache_groups(coster.model) if cfg.hybrid_kv_cache else None
-    if groups is not None and groups[1] == 1 and cfg.kv_layout == "paged":
-        # one full-attention group: the pool counts its tokens (``HybridPagedKV``); the
-        # memory of ``capacity`` tokens in every layer holds layers / per_group times as many
-        # blocks of one group (vLLM's padded groups of more than one full group left as the
-        # uniform pool counts them)
-        per_group, _, sliding_groups = groups
+    groups = hybrid_kv_groups(coster.model, cfg)
+    if groups is not None:
+        # the pool counts one group's tokens (``HybridPagedKV``): the memory of ``capacity``
+        # tokens in every layer holds layers / per_group times as many blocks of one group
+        per_group, sliding_groups = groups
         capacity = capacity * coster.model.num_layers // per_group
         sliding = (sliding_groups, coster.model.sliding_window)
     kv = kv_pool(cfg.kv_layout, capacity, block_size=cfg.block_size,
@@ -351,7 +362,7 @@ def _serve(sched: Scheduler, arr: Arrivals, pricer: StepPricer, occ: Occupancy, 
         held = past + sum(q.computed for q in prefilling.values()) if prefilling else past
         if kv.prefixes is not None:
             held -= kv.prefixes.double_counted
-        held = kv.held_of(held, len(running))
+        held = kv.held_of(held)
         record(dt, len(running), held, kv.capacity_tokens - kv.free_tokens, out)
         t += dt
         if n_dec:
