@@ -32,8 +32,9 @@ from __future__ import annotations
 from collections import OrderedDict
 
 from planner.core.errors import UsageError
-from planner.serving.requests import SimRequest
+from planner.serving.requests import RequestState, SimRequest
 
+_PREFILLING = RequestState.PREFILLING
 OWN = -2  # a preempted request's own cached blocks are keyed OWN - its id (prefix ids >= 0)
 
 
@@ -92,6 +93,10 @@ class KVPool:
         self.free_tokens -= need
         q.reserved = need
         return True
+
+    def after_chunk(self, q: SimRequest) -> None:
+        """``q``'s prompt chunk is computed: nothing to give back (``HybridPagedKV`` frees
+        the sliding blocks the chunk needed behind the window)."""
 
     def held_of(self, tokens: int) -> int:
         """The pool's units that ``tokens`` cached by the running requests fill: ``tokens``
@@ -161,41 +166,83 @@ class HybridPagedKV(PagedKV):
     remove_skipped_blocks`` frees every block before (computed - window + 1) // block_size,
     so at most ceil((window - 1) / block_size) + 1 (``window_blocks``).
 
-    A request reserves the sliding groups' blocks for its whole length (prompt and output,
-    up to the window) when it is admitted (``window_tokens``); vLLM allocates them block by
+    A request holds the sliding groups' blocks for its whole length (prompt and output, up
+    to the window) from its admission (``window_tokens``); vLLM allocates them block by
     block until its context passes the window, so a request shorter than the window holds
     them a little early, and the decode pool's growth by a block is the full group's alone.
-    vLLM allocates a prompt chunk's sliding blocks whole and frees those behind the window
-    at the next step: the pool counts the window only, not a chunk's one-step peak. A cached
-    prefix keeps its full-group blocks only (vLLM keeps its window's sliding blocks too,
-    which a hit needs)."""
+    A prompt chunk takes, in each sliding group, every block from the window before it to
+    its end (vLLM allocates the chunk's slots whole), and gives back those behind the window
+    once it is computed (``after_chunk``; vLLM frees them at its next allocation): the
+    4.54 GiB vLLM asks for gpt-oss-120b's 131,072-token request with 1,024-token steps. A
+    cached prefix keeps its full-group blocks only (vLLM keeps its window's sliding blocks
+    too, which a hit needs)."""
 
-    __slots__ = ("sliding_groups", "window_blocks", "window_reserved")
+    __slots__ = ("sliding_groups", "window", "window_blocks", "chunk_blocks",
+                 "window_reserved")
 
     def __init__(self, capacity_tokens: int, block_size: int, *, sliding_groups: int,
-                 window: int, on_demand: bool = True):
+                 window: int, step_tokens: int, on_demand: bool = True):
         super().__init__(capacity_tokens, block_size, on_demand=on_demand)
         self.sliding_groups = sliding_groups
+        self.window = window
         self.window_blocks = -(-(window - 1) // block_size) + 1
-        self.window_reserved = 0  # what the running requests' sliding blocks take
+        # the most a chunk of ``step_tokens`` takes in a sliding group: SlidingWindowSpec.
+        # max_memory_usage_bytes' ceil((window - 1 + max_num_batched_tokens) / block) + 1
+        self.chunk_blocks = -(-(window - 1 + step_tokens) // block_size) + 1
+        self.window_reserved = 0  # what the running requests' sliding blocks take for good
 
     def window_tokens(self, tokens: int) -> int:
         """What the sliding groups' blocks take of the pool for a request of ``tokens``."""
         bs = self.block_size
         return self.sliding_groups * min(-(-tokens // bs), self.window_blocks) * bs
 
+    def _chunk_tokens(self, q: SimRequest, start: int, end: int) -> int:
+        """What the sliding groups take while ``q`` computes its tokens ``start`` to ``end``:
+        the blocks from the window before ``start`` to ``end``, or its window for good where
+        that is more (only the latter where a request reserves its whole length at once)."""
+        bs = self.block_size
+        held = self.window_tokens(q.r.prompt_tokens + q.r.output_tokens)
+        if not self.block_growth_tokens:
+            return held
+        blocks = -(-end // bs) - max(0, start - self.window + 1) // bs
+        return max(held, self.sliding_groups * blocks * bs)
+
     def tokens_for(self, tokens: int) -> int:
-        return -(-tokens // self.block_size) * self.block_size + self.window_tokens(tokens)
+        """The most a request of ``tokens`` holds at once: its blocks in the full group, and
+        in each sliding group those of a step's chunk and the window before it (vLLM's
+        check that one request of max_model_len fits, check_enough_kv_cache_memory)."""
+        b = -(-tokens // self.block_size)
+        return (b + self.sliding_groups * min(b, max(self.window_blocks, self.chunk_blocks))) \
+            * self.block_size
 
     def need_for(self, q: SimRequest, tokens: int) -> int:
         return -(-tokens // self.block_size) * self.block_size + self.window_tokens(
             q.r.prompt_tokens + q.r.output_tokens)
 
     def reserve(self, q: SimRequest, tokens: int) -> bool:
-        if not super().reserve(q, tokens):
+        # its first chunk: ``tokens`` after the prefix tokens it found cached
+        need = -(-tokens // self.block_size) * self.block_size + self._chunk_tokens(
+            q, q.shared, q.shared + tokens)
+        if not self.make_room(need):
             return False
+        self.free_tokens -= need
+        q.reserved = need
         self.window_reserved += self.window_tokens(q.r.prompt_tokens + q.r.output_tokens)
         return True
+
+    def extra_for(self, q: SimRequest, tokens: int) -> int:
+        if q.state is not _PREFILLING:  # a decode's lookahead: its window is held already
+            return self.need_for(q, tokens) - q.shared - q.reserved
+        return -(-tokens // self.block_size) * self.block_size + self._chunk_tokens(
+            q, q.computed, tokens) - q.shared - q.reserved
+
+    def after_chunk(self, q: SimRequest) -> None:
+        if not self.block_growth_tokens:
+            return
+        back = q.reserved + q.shared - self.need_for(q, q.computed)
+        if back > 0:
+            q.reserved -= back
+            self.free_tokens += back
 
     def release(self, q: SimRequest) -> None:
         self.window_reserved -= self.window_tokens(q.r.prompt_tokens + q.r.output_tokens)
@@ -358,15 +405,15 @@ class PrefixCache:
 
 def kv_pool(layout: str, capacity_tokens: int, *, block_size: int,
             max_model_len: int, on_demand: bool = True,
-            sliding: tuple[int, int] | None = None) -> KVPool:
+            sliding: tuple[int, int, int] | None = None) -> KVPool:
     """The pool of ``layout`` ("paged" or "contiguous") over ``capacity_tokens``;
     ``on_demand``: paged blocks are allocated as tokens reach them (else reserved whole);
-    ``sliding``: (sliding-window groups, window) of a hybrid paged pool (``HybridPagedKV``,
-    ``capacity_tokens`` then counting one group's tokens)."""
+    ``sliding``: (sliding-window groups, window, the step's token budget) of a hybrid paged
+    pool (``HybridPagedKV``, ``capacity_tokens`` then counting one group's tokens)."""
     if layout == "paged" and sliding is not None:
-        groups, window = sliding
+        groups, window, step_tokens = sliding
         return HybridPagedKV(capacity_tokens, block_size, sliding_groups=groups,
-                             window=window, on_demand=on_demand)
+                             window=window, step_tokens=step_tokens, on_demand=on_demand)
     if layout == "paged":
         return PagedKV(capacity_tokens, block_size, on_demand=on_demand)
     if layout == "contiguous":

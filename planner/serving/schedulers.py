@@ -137,12 +137,13 @@ class Scheduler:
             q.computed = batch.context(q)
             decoded(q, now)
             q = pop_due()
-        prefilling, cache = self.prefilling, self.kv.prefixes
+        prefilling, cache, after_chunk = self.prefilling, self.kv.prefixes, self.kv.after_chunk
         for q, c in chunks:
             q.computed += c
             if cache is not None and q.prefix >= 0 and q.shared < q.prefix_tokens and \
                     q.computed >= q.prefix_tokens:
                 q.reserved -= cache.publish(q)
+            after_chunk(q)
             if q.computed < q.target:
                 continue
             prefilling.pop(q.id, None)
