@@ -18,7 +18,7 @@ from planner.serving.kv import HybridPagedKV, PagedKV, kv_pool
 from planner.serving.requests import RequestResult, RequestState, SimRequest
 from planner.serving.schedulers import ContinuousScheduler
 from planner.serving.sim import simulate
-from planner.serving.traffic import synthetic
+from planner.serving.traffic import Request, synthetic
 
 
 def _req(i: int, prompt: int, output: int) -> SimRequest:
@@ -178,3 +178,44 @@ def test_one_long_request_needs_what_vllm_said_it_needs():
     q = _req(0, 131_000, 72)
     assert round(kv.need_for(q, 131_072) * per_group_bytes / 2**30, 3) == 4.505
     assert round(kv_cache_bytes_per_token(m, prec) * 131_072 / 2**30, 2) == 9.0
+
+
+def test_a_static_batch_keeps_its_whole_reservation():
+    """Static batching reserves each request's whole length at admission (no chunk takes
+    more, none gives any back): 300 + 100 tokens in blocks of 16, a window of 128, one
+    sliding group: 25 full blocks and 9 sliding ones, held through the prefill and the
+    decodes, all free again once the batch is done."""
+    from planner.serving.schedulers import StaticScheduler
+
+    kv = HybridPagedKV(4000, 16, sliding_groups=1, window=128, step_tokens=None)
+    cfg = SchedulerConfig(kind="static", max_num_seqs=4, max_num_batched_tokens=256,
+                          block_size=16)
+    sched = StaticScheduler(cfg, kv, DecodePool(kv, 16))
+    q = _req(0, 300, 100)
+    sched.waiting.append(q)
+    for step in range(1000):
+        if sched.finished:
+            break
+        chunks = sched.schedule()
+        if q.state is not RequestState.FINISHED:
+            assert q.reserved == (25 + 9) * 16
+        if sched.batch.n:
+            sched.batch.step()
+        sched.on_step_end(chunks, float(step))
+    assert sched.finished == 1 and kv.free_tokens == kv.capacity_tokens
+
+
+def test_simulate_gives_a_static_batch_the_whole_reservation():
+    """Through ``simulate``: one request of 300 + 100 tokens of gpt-oss-20b, batched
+    statically, reserves 25 full blocks and 9 sliding ones (544 tokens of one group) and
+    nothing more at any step (continuous batching would take its prompt's 19 sliding blocks
+    for the step that computes it)."""
+    m, hw = catalog.load_model("gpt-oss-20b"), catalog.load_hardware("h100-sxm")
+    eng, opts = catalog.load_engine("vllm"), Options()
+    coster = StepCoster(m, hw, prepare(hw, Precision(weights=DType.mxfp4), None, opts, eng),
+                        opts)
+    req = [Request(0, 0.0, 300, 100)]
+    static = SchedulerConfig.for_engine(eng, memory_bytes=hw.memory_bytes, kind="static")
+    assert simulate(req, coster, static).peak_kv_reserved_tokens == (25 + 9) * 16
+    cont = SchedulerConfig.for_engine(eng, memory_bytes=hw.memory_bytes)
+    assert simulate(req, coster, cont).peak_kv_reserved_tokens == (19 + 19) * 16

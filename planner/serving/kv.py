@@ -177,18 +177,23 @@ class HybridPagedKV(PagedKV):
     cached prefix keeps its full-group blocks only (vLLM keeps its window's sliding blocks
     too, which a hit needs)."""
 
-    __slots__ = ("sliding_groups", "window", "window_blocks", "chunk_blocks",
+    __slots__ = ("sliding_groups", "window", "window_blocks", "chunk_blocks", "chunked",
                  "window_reserved")
 
     def __init__(self, capacity_tokens: int, block_size: int, *, sliding_groups: int,
-                 window: int, step_tokens: int, on_demand: bool = True):
+                 window: int, step_tokens: int | None, on_demand: bool = True):
         super().__init__(capacity_tokens, block_size, on_demand=on_demand)
         self.sliding_groups = sliding_groups
         self.window = window
         self.window_blocks = -(-(window - 1) // block_size) + 1
-        # the most a chunk of ``step_tokens`` takes in a sliding group: SlidingWindowSpec.
-        # max_memory_usage_bytes' ceil((window - 1 + max_num_batched_tokens) / block) + 1
-        self.chunk_blocks = -(-(window - 1 + step_tokens) // block_size) + 1
+        # prompts come in chunks of at most ``step_tokens`` that reserve as they go (None:
+        # each request reserves its whole length at once, static batching or a no-evict
+        # policy, and holds its window from the start)
+        self.chunked = step_tokens is not None and on_demand
+        # the most a chunk takes in a sliding group: SlidingWindowSpec.max_memory_usage_bytes'
+        # ceil((window - 1 + max_num_batched_tokens) / block_size) + 1
+        self.chunk_blocks = -(-(window - 1 + step_tokens) // block_size) + 1 if self.chunked \
+            else self.window_blocks
         self.window_reserved = 0  # what the running requests' sliding blocks take for good
 
     def window_tokens(self, tokens: int) -> int:
@@ -199,10 +204,10 @@ class HybridPagedKV(PagedKV):
     def _chunk_tokens(self, q: SimRequest, start: int, end: int) -> int:
         """What the sliding groups take while ``q`` computes its tokens ``start`` to ``end``:
         the blocks from the window before ``start`` to ``end``, or its window for good where
-        that is more (only the latter where a request reserves its whole length at once)."""
+        that is more (only the latter where requests reserve their whole length at once)."""
         bs = self.block_size
         held = self.window_tokens(q.r.prompt_tokens + q.r.output_tokens)
-        if not self.block_growth_tokens:
+        if not self.chunked:
             return held
         blocks = -(-end // bs) - max(0, start - self.window + 1) // bs
         return max(held, self.sliding_groups * blocks * bs)
@@ -237,7 +242,7 @@ class HybridPagedKV(PagedKV):
             q, q.computed, tokens) - q.shared - q.reserved
 
     def after_chunk(self, q: SimRequest) -> None:
-        if not self.block_growth_tokens:
+        if not self.chunked:
             return
         back = q.reserved + q.shared - self.need_for(q, q.computed)
         if back > 0:
@@ -405,11 +410,12 @@ class PrefixCache:
 
 def kv_pool(layout: str, capacity_tokens: int, *, block_size: int,
             max_model_len: int, on_demand: bool = True,
-            sliding: tuple[int, int, int] | None = None) -> KVPool:
+            sliding: tuple[int, int, int | None] | None = None) -> KVPool:
     """The pool of ``layout`` ("paged" or "contiguous") over ``capacity_tokens``;
     ``on_demand``: paged blocks are allocated as tokens reach them (else reserved whole);
-    ``sliding``: (sliding-window groups, window, the step's token budget) of a hybrid paged
-    pool (``HybridPagedKV``, ``capacity_tokens`` then counting one group's tokens)."""
+    ``sliding``: (sliding-window groups, window, the step's token budget, None where requests
+    reserve their whole length at once) of a hybrid paged pool (``HybridPagedKV``,
+    ``capacity_tokens`` then counting one group's tokens)."""
     if layout == "paged" and sliding is not None:
         groups, window, step_tokens = sliding
         return HybridPagedKV(capacity_tokens, block_size, sliding_groups=groups,

@@ -275,7 +275,9 @@ def _kv_pool(coster: StepCoster, cfg: SchedulerConfig, spec: SpecServing | None)
         # tokens in every layer holds layers / per_group times as many blocks of one group
         per_group, sliding_groups = groups
         capacity = capacity * coster.model.num_layers // per_group
-        sliding = (sliding_groups, coster.model.sliding_window, cfg.max_num_batched_tokens)
+        # static batches reserve each request's whole length at once: no chunk's peak
+        sliding = (sliding_groups, coster.model.sliding_window,
+                   cfg.max_num_batched_tokens if cfg.kind == "continuous" else None)
     kv = kv_pool(cfg.kv_layout, capacity, block_size=cfg.block_size,
                  max_model_len=cfg.max_model_len,
                  on_demand=cfg.capacity_policy != "guaranteed-no-evict", sliding=sliding)
