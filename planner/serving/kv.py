@@ -84,10 +84,15 @@ class KVPool:
         (``HybridPagedKV`` adds its sliding layers' window for its whole length)."""
         return self.tokens_for(tokens)
 
+    def admission_need(self, q: SimRequest, tokens: int) -> int:
+        """KV tokens ``q`` takes when admitted to compute its first ``tokens``: ``need_for``
+        (``HybridPagedKV`` adds its first chunk's peak in the sliding layers)."""
+        return self.need_for(q, tokens)
+
     def reserve(self, q: SimRequest, tokens: int) -> bool:
         """Reserve what a request being admitted needs to hold ``tokens``; False, and nothing
         reserved, where the pool has not that much free."""
-        need = self.need_for(q, tokens)
+        need = self.admission_need(q, tokens)
         if not self.make_room(need):
             return False
         self.free_tokens -= need
@@ -190,55 +195,57 @@ class HybridPagedKV(PagedKV):
         # each request reserves its whole length at once, static batching or a no-evict
         # policy, and holds its window from the start)
         self.chunked = step_tokens is not None and on_demand
-        # the most a chunk takes in a sliding group: SlidingWindowSpec.max_memory_usage_bytes'
-        # ceil((window - 1 + max_num_batched_tokens) / block_size) + 1
+        # the most a chunk takes in a sliding group (never fewer than the window's):
+        # SlidingWindowSpec.max_memory_usage_bytes' ceil((window - 1 +
+        # max_num_batched_tokens) / block_size) + 1
         self.chunk_blocks = -(-(window - 1 + step_tokens) // block_size) + 1 if self.chunked \
             else self.window_blocks
         self.window_reserved = 0  # what the running requests' sliding blocks take for good
 
     def window_tokens(self, tokens: int) -> int:
         """What the sliding groups' blocks take of the pool for a request of ``tokens``."""
-        bs = self.block_size
-        return self.sliding_groups * min(-(-tokens // bs), self.window_blocks) * bs
+        return self.sliding_groups * min(self.blocks(tokens), self.window_blocks) \
+            * self.block_size
+
+    def _window_of(self, q: SimRequest) -> int:
+        """What ``q``'s sliding blocks take for good: its window, for its whole length."""
+        return self.window_tokens(q.r.prompt_tokens + q.r.output_tokens)
 
     def _chunk_tokens(self, q: SimRequest, start: int, end: int) -> int:
         """What the sliding groups take while ``q`` computes its tokens ``start`` to ``end``:
         the blocks from the window before ``start`` to ``end``, or its window for good where
         that is more (only the latter where requests reserve their whole length at once)."""
-        bs = self.block_size
-        held = self.window_tokens(q.r.prompt_tokens + q.r.output_tokens)
+        held = self._window_of(q)
         if not self.chunked:
             return held
-        blocks = -(-end // bs) - max(0, start - self.window + 1) // bs
-        return max(held, self.sliding_groups * blocks * bs)
+        blocks = self.blocks(end) - max(0, start - self.window + 1) // self.block_size
+        return max(held, self.sliding_groups * blocks * self.block_size)
 
     def tokens_for(self, tokens: int) -> int:
         """The most a request of ``tokens`` holds at once: its blocks in the full group, and
         in each sliding group those of a step's chunk and the window before it (vLLM's
         check that one request of max_model_len fits, check_enough_kv_cache_memory)."""
-        b = -(-tokens // self.block_size)
-        return (b + self.sliding_groups * min(b, max(self.window_blocks, self.chunk_blocks))) \
-            * self.block_size
+        b = self.blocks(tokens)
+        return (b + self.sliding_groups * min(b, self.chunk_blocks)) * self.block_size
 
     def need_for(self, q: SimRequest, tokens: int) -> int:
-        return -(-tokens // self.block_size) * self.block_size + self.window_tokens(
-            q.r.prompt_tokens + q.r.output_tokens)
+        return self.blocks(tokens) * self.block_size + self._window_of(q)
+
+    def admission_need(self, q: SimRequest, tokens: int) -> int:
+        # its first chunk: ``tokens`` after the prefix tokens it found cached
+        return self.blocks(tokens) * self.block_size + self._chunk_tokens(
+            q, q.shared, q.shared + tokens)
 
     def reserve(self, q: SimRequest, tokens: int) -> bool:
-        # its first chunk: ``tokens`` after the prefix tokens it found cached
-        need = -(-tokens // self.block_size) * self.block_size + self._chunk_tokens(
-            q, q.shared, q.shared + tokens)
-        if not self.make_room(need):
+        if not super().reserve(q, tokens):
             return False
-        self.free_tokens -= need
-        q.reserved = need
-        self.window_reserved += self.window_tokens(q.r.prompt_tokens + q.r.output_tokens)
+        self.window_reserved += self._window_of(q)
         return True
 
     def extra_for(self, q: SimRequest, tokens: int) -> int:
         if q.state is not _PREFILLING:  # a decode's lookahead: its window is held already
-            return self.need_for(q, tokens) - q.shared - q.reserved
-        return -(-tokens // self.block_size) * self.block_size + self._chunk_tokens(
+            return super().extra_for(q, tokens)
+        return self.blocks(tokens) * self.block_size + self._chunk_tokens(
             q, q.computed, tokens) - q.shared - q.reserved
 
     def after_chunk(self, q: SimRequest) -> None:
@@ -250,7 +257,7 @@ class HybridPagedKV(PagedKV):
             self.free_tokens += back
 
     def release(self, q: SimRequest) -> None:
-        self.window_reserved -= self.window_tokens(q.r.prompt_tokens + q.r.output_tokens)
+        self.window_reserved -= self._window_of(q)
         super().release(q)
 
     def held_of(self, tokens: int) -> int:
