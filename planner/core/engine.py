@@ -8,7 +8,7 @@ its overlap scheduler does not hide. An engine profile (engines_db/NAME.yaml) st
 numbers, each with its source:
 
     t_c, t_m = F' / (R x e_c), B / (W x e_b)
-    t_op   = max(t_c, t_m) + (1 - o) x min(t_c, t_m) + k x t_kernel    (per operator instance)
+    t_op   = max(t_c, t_m) + (1 - o) x min(t_c, t_m) + k x t_kernel + t_fixed  (per instance)
     t_op   = max(t_op, k x t_host)          when the operator is not replayed from a CUDA graph
     t_step = sum of t_op + t_step_fixed + batch x t_sequence
 
@@ -22,8 +22,9 @@ release line's served steps attain, 1 unless a profile fitted on served runs say
 o the fraction of the shorter of the two times hidden under the
 longer (1: the roofline's perfect overlap; 0: the background notes' additive form; real kernels
 lose most near the ridge point, where the two are equal), k the kernels it launches and
-t_kernel the device-side cost of each (launch latency, ramp-up and tail), t_host the host's cost
-to launch a kernel eagerly. An
+t_kernel the device-side cost of each (launch latency, ramp-up and tail), t_fixed device time
+the profile adds to that operator by name (``operator_fixed_us``: a measured block's time its
+operators do not account for), t_host the host's cost to launch a kernel eagerly. An
 all-reduce of S bytes over N GPUs costs t_lat + 2 (N - 1) / N x S / (link x e_link).
 
 Byte accounting differs between engines too: whether the lm_head is split across TP ranks
@@ -101,6 +102,23 @@ class Kernels(_Sourced):
         for k, v in self.value.items():
             if not 0 <= v <= 10_000:
                 raise ValueError(f"kernels.{k} must be a number in 0..10000, got {v}")
+        return self
+
+
+class OperatorFixed(_Sourced):
+    """Device time per operator instance beyond its kernels' own fixed cost, in microseconds,
+    by operator name: what a measured block of kernels takes that its operators' rooflines and
+    kernel costs do not account for. Device work: a CUDA graph does not remove it, and it adds
+    no launches to an eager step."""
+
+    value: dict[str, float] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _check(self) -> OperatorFixed:
+        for k, v in self.value.items():
+            if not 0 <= v <= 100_000:
+                raise ValueError(f"operator_fixed_us.{k} must be a number in 0..100000, "
+                                 f"got {v}")
         return self
 
 
@@ -471,6 +489,7 @@ class EngineSpec(_Frozen):
     kernel_gap_us: Num  # device-side fixed cost per kernel
     host_launch_us: Num  # host cost per kernel launched outside a graph
     kernels: Kernels
+    operator_fixed_us: OperatorFixed | None = None  # None: no operator pays more
     # kernels launched to quantize the activations of each W8A8 fp8 GEMM (a dynamic scale's
     # reduction and the cast) beside the GEMM itself; None: none (fused, or no fp8 path)
     fp8_quant_kernels: Num | None = None
@@ -600,6 +619,8 @@ class EngineSpec(_Frozen):
             kernel_gap_s=self.kernel_gap_us.value / 1e6,
             host_launch_s=self.host_launch_us.value / 1e6,
             kernels=tuple(sorted(self.kernels.value.items())),
+            operator_fixed_s=(() if self.operator_fixed_us is None else tuple(
+                sorted((k, v / 1e6) for k, v in self.operator_fixed_us.value.items()))),
             fp8_quant_kernels=(0.0 if self.fp8_quant_kernels is None
                                else self.fp8_quant_kernels.value),
             gemm_bandwidth_frac=self.gemm_bandwidth_frac.value,
@@ -708,6 +729,8 @@ class Engine:
     kernel_gap_s: float = 0.0
     host_launch_s: float = 0.0
     kernels: tuple[tuple[str, float], ...] = ()
+    # device time per instance of the named operators beyond their kernels' (``fixed_for``)
+    operator_fixed_s: tuple[tuple[str, float], ...] = ()
     fp8_quant_kernels: float = 0.0  # beside each W8A8 fp8 GEMM: its activations' quantization
     gemm_bandwidth_frac: float = 1.0
     gemm_compute_frac: float = 1.0
@@ -854,6 +877,14 @@ class Engine:
         km = dict(self.kernels)
         return km.get(name, km.get(kind, 1.0))
 
+    def fixed_for(self, name: str) -> float:
+        """Seconds of device time an instance of operator ``name`` takes beyond its kernels'
+        (``EngineSpec.operator_fixed_us``); 0 for the rest."""
+        for n, s in self.operator_fixed_s:
+            if n == name:
+                return s
+        return 0.0
+
     def quant_fracs(self, weight_dtype: DType | None) -> tuple[float, float] | None:
         """(bandwidth, compute) efficiency of the GEMM path for weights stored in
         ``weight_dtype``; None for 16-bit weights (the plain GEMM efficiencies apply). MXFP4
@@ -880,7 +911,8 @@ class Engine:
         """Everything that sets speed (not byte accounting)."""
         return (self.ceilings, self.step_overhead_s, self.per_sequence_overhead_s,
                 self.prefill_step_overhead_s, self.kernel_gap_s, self.host_launch_s,
-                self.fp8_quant_kernels, self.gemm_bandwidth_frac, self.gemm_compute_frac,
+                self.operator_fixed_s, self.fp8_quant_kernels, self.gemm_bandwidth_frac,
+                self.gemm_compute_frac,
                 self.served_compute_frac, self.experts_compute_frac,
                 self.experts_compute_by_arch,
                 self.gemm_tile_m, self.overlap_frac,

@@ -263,7 +263,8 @@ def ceilings(hw: HardwareSpec, calibration: Calibration | None = None,
 @dataclass(frozen=True)
 class OpTime:
     """One operator's timing per step (all its instances). ``compute_s`` and ``memory_s``
-    are at the engine's efficiencies; ``overhead_s`` is its kernels' fixed cost."""
+    are at the engine's efficiencies; ``overhead_s`` is its kernels' fixed cost and any the
+    engine adds to the operator (``Engine.fixed_for``)."""
 
     op: Op
     compute_s: float
@@ -308,17 +309,19 @@ def op_efficiency(op: Op, e: Engine) -> tuple[float, float]:
 
 
 def combine(compute: float, memory: float, e: Engine, o: Options, *, kernels: float,
-            per_kernel_s: float, graphed: bool) -> float:
+            per_kernel_s: float, graphed: bool, fixed_s: float = 0.0) -> float:
     """One operator instance's time from its compute and memory times under engine ``e``:
     the roofline's max (less the engine's lost overlap) or the additive form, its kernels'
-    fixed costs, and the host's launch floor when nothing is replayed from a CUDA graph."""
+    fixed costs and any device time the engine's profile adds to the operator (``fixed_s``,
+    ``Engine.fixed_for``), and the host's launch floor when nothing is replayed from a CUDA
+    graph."""
     if o.time_model == "additive":
         t = compute + memory
     elif e.overlap_frac == 1.0:
         t = vmax(compute, memory)
     else:  # only part of the shorter time hides under the longer
         t = compute + memory - e.overlap_frac * vmin(compute, memory)
-    t = t + kernels * per_kernel_s
+    t = t + kernels * per_kernel_s + fixed_s
     if not graphed and e.host_launch_s:
         t = vmax(t, kernels * e.host_launch_s)  # the host cannot launch faster than this
     return t
@@ -377,9 +380,11 @@ def op_time(op: Op, c: Ceilings, *, tp: int = 1, options: Options | None = None,
         q = e.fp8_quant_kernels
         per_kernel = (k * per_kernel + q * c.kernel_cost_s("plain", e)) / (k + q)
         k = k + q
-    t = combine(compute, memory, e, o, kernels=k, per_kernel_s=per_kernel, graphed=graphed)
+    fixed = e.fixed_for(op.name)
+    t = combine(compute, memory, e, o, kernels=k, per_kernel_s=per_kernel, graphed=graphed,
+                fixed_s=fixed)
     return OpTime(op, compute * n, memory * n, 0.0, t * n, bw_frac, c_frac, k * n,
-                  k * per_kernel * n)
+                  (k * per_kernel + fixed) * n)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,184 @@
+"""Compare llmplan's MLA attention block at decode with NVIDIA aiconfigurator's measured one.
+
+    pip download --no-deps aiconfigurator-core==0.12.0 -d /tmp/aic
+    python benchmarks/aiconfigurator_mla.py /tmp/aic/aiconfigurator_core-0.12.0-*.whl \\
+        --gpu h200 [--derive-kernels]
+
+aiconfigurator ships, per GPU system, the latency of vLLM 0.24's whole DeepSeek-V3 MLA
+attention block at decode, replayed from a CUDA graph (``mla/vllm/0.24.0/
+mla_generation_module_perf.parquet``: the fused q_a / kv_a down-projection, their norms,
+q_b, rotary, the absorbed W_UK and W_UV batched GEMMs, the KV-cache write, FlashAttention-MLA
+or FlashMLA, o_proj; tensor parallelism emulated by the heads a GPU holds, 128 / TP; no
+all-reduce), by batch, cached context, GEMM type (bf16, fp8 block-wise) and KV-cache type.
+This prints theirs beside ours: one layer's ``mla_*``, ``rope_kv_write``, ``attention`` and
+``o_proj`` operators of a decode step of DeepSeek-V3 as ``llmplan estimate`` costs them with
+the vllm profile. The ratio is theirs / ours: above 1, ours is too fast.
+
+``--derive-fixed`` prints the device time, in microseconds, the block takes beyond its
+operators' roofline and kernel costs with which the median ratio is 1 over the rows where
+fixed costs set the time (batch 1-16, 1,024-4,096 cached tokens, every TP and type; H100 and
+H200 together), for the engine profile named (``--engine``): engines_db's
+``operator_fixed_us.mla_kv_up_proj`` (counted on the absorbed W_UK / W_UV batched GEMMs,
+whose transposes and copies are most of the block's small kernels). No served or static row
+is used; the wheel is not needed by llmplan itself.
+"""
+
+from __future__ import annotations
+
+import io
+import sys
+import zipfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.gpu_kernels import OneLineParser  # noqa: E402
+
+SYSTEMS = {"h100-sxm": "h100_sxm", "h200": "h200_sxm"}
+# llmplan engine family -> the wheel's (backend, release) whose measured block stands for it:
+# the wheel times no SGLang block (only its attention kernel and batched GEMMs), so vLLM's,
+# the same absorbed-MLA decode path, stands for SGLang's
+TABLES = {"vllm": ("vllm", "0.24.0"), "vllm-0.8": ("vllm", "0.24.0"),
+          "trtllm": ("trtllm", "1.3.0rc20"),
+          "sglang": ("vllm", "0.24.0")}
+PATH = ("aiconfigurator_core/systems/data/{system}/mla/{backend}/{release}/"
+        "mla_generation_module_perf.parquet")
+# their GEMM type -> our weights; their KV-cache type -> ours
+WEIGHTS = {"bfloat16": "bf16", "fp8_block": "fp8"}
+KV = {"bfloat16": "bf16", "fp8": "fp8"}
+MLA_OPS = ("mla_down_proj", "mla_q_up_proj", "mla_kv_up_proj", "rope_kv_write", "attention",
+           "o_proj")
+BATCHES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+CONTEXTS = (1024, 4096, 16384)
+# where the block's fixed costs set its time: what --derive-kernels matches
+FIXED_BATCHES, FIXED_CONTEXTS = (1, 2, 4, 8, 16), (1024, 4096)
+
+
+def ours_us(dep, batch: int, context: int) -> float:
+    """One layer's MLA attention block of a decode step of ``batch`` sequences at ``context``
+    cached tokens each."""
+    from planner.core.ops import step_ops
+    from planner.core.roofline import op_time
+
+    total = 0.0
+    for op in step_ops(dep.model, dep.precision, batch=batch, new_tokens=1,
+                       past_tokens=context, tp=dep.tp):
+        if op.name in MLA_OPS:
+            t = op_time(op, dep.prepared.ceilings, tp=dep.tp, options=dep.options,
+                        engine=dep.engine)
+            total += t.time_s / op.count
+    return total * 1e6
+
+
+def rows(table, gpu: str, spec, batches=BATCHES, contexts=CONTEXTS):
+    """(tp, weights, kv, batch, context, kernel, theirs us, ours us, theirs / ours), ours
+    with the engine profile ``spec``."""
+    from planner.cli.compare import served_setup
+    from planner.core.specs import DType
+    from planner.io import catalog
+
+    table = table.astype({"num_heads": int, "batch_size": int, "step": int})
+    heads = catalog.load_model("deepseek-v3").num_attention_heads
+    for (gemm, kv), sub in table.groupby(["gemm_type", "kv_cache_dtype"]):
+        if gemm not in WEIGHTS or kv not in KV:
+            continue
+        for tp in (1, 2, 4, 8):
+            at = sub[sub.num_heads == heads // tp]
+            if at.empty:
+                continue
+            dep = served_setup("deepseek-v3", gpu, spec, tp, DType(WEIGHTS[gemm]),
+                               DType(KV[kv]))
+            for b in batches:
+                for ctx in contexts:
+                    hit = at[(at.batch_size == b) & (at.step == ctx)]
+                    if hit.empty:
+                        continue
+                    theirs = float(hit.latency.median()) * 1e3
+                    ours = ours_us(dep, b, ctx)
+                    yield (tp, WEIGHTS[gemm], KV[kv], b, ctx, hit.kernel_source.iloc[0],
+                           theirs, ours, theirs / ours)
+
+
+def _median(xs) -> float:
+    xs = sorted(xs)
+    n = len(xs)
+    return xs[n // 2] if n % 2 else 0.5 * (xs[n // 2 - 1] + xs[n // 2])
+
+
+def derive_fixed(tables: dict, family: str) -> tuple[float, int]:
+    """The device time, in microseconds, an MLA layer's attention block takes beyond its
+    operators' (``operator_fixed_us.mla_kv_up_proj``) with which the median ratio theirs /
+    ours over the FIXED_* rows of every table is 1, by bisection to 0.5 us; and how many rows
+    it rests on."""
+    from planner.core.engine import OperatorFixed
+    from planner.io import catalog
+
+    spec = catalog.load_engine_spec(family)
+    old = spec.operator_fixed_us
+
+    def ratio(us: float) -> tuple[float, int]:
+        node = OperatorFixed(source="benchmarks/aiconfigurator_mla.py",
+                             value={**(old.value if old else {}), "mla_kv_up_proj": us})
+        s = spec.model_copy(update={"operator_fixed_us": node})
+        rs = [r[-1] for gpu, table in tables.items()
+              for r in rows(table, gpu, s, FIXED_BATCHES, FIXED_CONTEXTS)]
+        return _median(rs), len(rs)
+
+    lo, hi = 0.0, 500.0
+    while hi - lo > 0.5:
+        mid = 0.5 * (lo + hi)
+        lo, hi = (mid, hi) if ratio(mid)[0] > 1.0 else (lo, mid)
+    us = round(0.5 * (lo + hi))
+    return us, ratio(us)[1]
+
+
+def main(argv=None) -> int:
+    ap = OneLineParser(description=__doc__.splitlines()[0])
+    ap.add_argument("wheel", help="the aiconfigurator-core 0.12.0 wheel")
+    ap.add_argument("--gpu", choices=sorted(SYSTEMS), action="append",
+                    help="H100 SXM or H200 (default: both)")
+    ap.add_argument("--engine", choices=sorted(TABLES), default="vllm",
+                    help="the profile whose block is ours, and the wheel's table to compare "
+                         "with (sglang: vLLM's; the wheel times no SGLang block)")
+    ap.add_argument("--derive-fixed", action="store_true",
+                    help="print the device time beyond its operators' with which our block "
+                         "matches theirs where fixed costs set the time (engines_db "
+                         "operator_fixed_us.mla_kv_up_proj)")
+    a = ap.parse_args(argv)
+    import pandas as pd
+
+    from planner.io import catalog
+
+    backend, release = TABLES[a.engine]
+    tables = {}
+    for gpu in a.gpu or sorted(SYSTEMS):
+        path = PATH.format(system=SYSTEMS[gpu], backend=backend, release=release)
+        try:
+            with zipfile.ZipFile(a.wheel) as whl:
+                tables[gpu] = pd.read_parquet(io.BytesIO(whl.read(path)))
+        except (OSError, zipfile.BadZipFile, KeyError) as err:
+            print(f"aiconfigurator_mla.py: {a.wheel}: cannot read {path}: {err}",
+                  file=sys.stderr)
+            return 2
+    if a.derive_fixed:
+        us, n = derive_fixed(tables, a.engine)
+        print(f"# {a.engine} profile against {backend} {release}'s MLA generation module, "
+              f"{', '.join(tables)}")
+        print(f"operator_fixed_us.mla_kv_up_proj: {us:g} (median ratio 1 over {n} rows at batch "
+              f"{FIXED_BATCHES[0]}-{FIXED_BATCHES[-1]}, {FIXED_CONTEXTS[0]:,}-"
+              f"{FIXED_CONTEXTS[-1]:,} cached tokens)")
+        return 0
+    spec = catalog.load_engine_spec(a.engine)
+    print(f"# DeepSeek-V3's MLA attention block at decode, one layer, us: {backend} {release} "
+          f"(theirs) against the {a.engine} profile (ours); ratio = theirs / ours")
+    print(f"{'gpu':<9} {'tp':>2} {'weights':<7} {'kv':<4} {'batch':>5} {'context':>7} "
+          f"{'theirs':>8} {'ours':>8} {'ratio':>6}  kernel")
+    for gpu, table in tables.items():
+        for tp, w, kv, b, ctx, kernel, theirs, ours, ratio in rows(table, gpu, spec):
+            print(f"{gpu:<9} {tp:>2} {w:<7} {kv:<4} {b:>5} {ctx:>7,} {theirs:>8.1f} "
+                  f"{ours:>8.1f} {ratio:>6.2f}  {kernel}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
