@@ -227,6 +227,36 @@ NUMERIC_YAML = re.compile(
 NUMERIC_JSON = re.compile(r'("[\w.-]+"\s*:\s*)(-?[\d.]+(?:e[+-]?\d+)?)')
 
 
+def json_parent(text: str, pos: int) -> str:
+    """The keys of the objects that enclose ``pos`` in JSON ``text``, outermost first, joined
+    by dots ("" at the top level; a list adds nothing): where a mutated number sits, so a key
+    read at the top level and repeated in a section nothing reads (a multimodal config's
+    ``vision_config.hidden_size``) is told apart."""
+    stack: list[str | None] = []  # per open container: its key in the parent object
+    key, last, i = None, None, 0
+    while i < pos:
+        c = text[i]
+        if c == '"':  # a string: skip it whole, escapes included
+            j = i + 1
+            while j < len(text) and text[j] != '"':
+                j += 2 if text[j] == "\\" else 1
+            last = text[i + 1:j]
+            i = j + 1
+            continue
+        if c == ":":
+            key = last
+        elif c in "{[":
+            stack.append(key)
+            key = None
+        elif c in "}]" and stack:
+            stack.pop()
+            key = None
+        elif c == ",":
+            key = None
+        i += 1
+    return ".".join(k for k in stack[1:] if k is not None)
+
+
 def mutate_text(rng: random.Random, data: bytes, is_json: bool) -> tuple[bytes, bool, str]:
     """One corruption of a YAML / JSON / JSONL file: (content, out of range?, description)."""
     text = data.decode()
@@ -239,7 +269,9 @@ def mutate_text(rng: random.Random, data: bytes, is_json: bool) -> tuple[bytes, 
                 m = rng.choice(spots)
                 bad = rng.choice(BAD_JSON_VALUES)
                 new = text[:m.start(2)] + bad + text[m.end(2):]
-                return new.encode(), bad in OUT_OF_RANGE, f"{m.group(1).strip()} {bad}"
+                parent = json_parent(text, m.start())
+                where = f"{parent}." if parent else ""
+                return new.encode(), bad in OUT_OF_RANGE, f"{where}{m.group(1).strip()} {bad}"
         else:
             spots = [i for i, ln in enumerate(lines) if NUMERIC_YAML.match(ln.rstrip("\n"))]
             if spots:
@@ -597,6 +629,12 @@ def file_targets(setup: Path) -> list[tuple]:
     return out
 
 
+# the config.json sections whose keys the planner reads: the top level, a multimodal Gemma-3's
+# text_config (its language model) and the checkpoint's quantization_config; vision_config and
+# the like are passed over
+HF_SECTIONS_READ = ("", "text_config", "quantization_config")
+
+
 def hf_fields_read() -> set[str]:
     """The config.json keys the planner reads: a mutation of any other key is ignored by
     design (``initializer_range: NaN`` changes no estimate), so it is no suspect."""
@@ -643,9 +681,10 @@ def make_cases(n: int, seed: int, setup: Path) -> list[Case]:
             kind, src, cmd, is_json = target[:4]
             entry = target[4] if len(target) > 4 else "llmplan"
             content, oor, what = mutate_text(rng, src.read_bytes(), is_json)
-            if kind == "hf-config" and what.split('"')[1:2] and \
-                    what.split('"')[1] not in hf_read:
-                oor = False
+            if kind == "hf-config" and what.split('"')[1:2] and (
+                    what.split('"')[1] not in hf_read
+                    or what.split('"')[0].rstrip(".") not in HF_SECTIONS_READ):
+                oor = False  # a key nothing reads, or one in a section nothing reads
             if kind == "served" and not SERVED_READ.match(what.split('"')[1] if '"' in what
                                                           else ""):
                 oor = False  # a key compare does not read (std_ttft_ms, date, ...)

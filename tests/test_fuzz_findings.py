@@ -157,3 +157,49 @@ def test_an_expert_imbalance_no_layout_can_have_is_refused(run_cli, command, val
     code, _, err = run_cli(*command, "--expert-imbalance", value)
     _one_line(code, err)
     assert "above the limit of 1024" in err
+
+
+@settings(max_examples=60, deadline=None)
+@given(doc=st.recursive(
+    st.integers(0, 99),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(
+        st.from_regex(r"[a-z_]{1,6}", fullmatch=True) | st.just('q"}{[,:'), inner,
+        max_size=3),
+    max_leaves=12))
+def test_a_mutated_numbers_section_is_its_enclosing_keys(doc):
+    """A config's number mutated in a section nothing reads (Gemma-3's vision_config repeats
+    hidden_size, num_hidden_layers, ...) was flagged as a suspect acceptance: the fuzzer knew
+    the key's name, not where it sat. json_parent names the enclosing objects' keys, as a
+    walk of the parsed document does."""
+    import json
+
+    sys.path.insert(0, str(ROOT))
+    from benchmarks.fuzz import NUMERIC_JSON, json_parent
+
+    def walk(node, path):
+        if isinstance(node, dict):
+            for k, v in node.items():
+                if isinstance(v, int):
+                    yield ".".join(path), k
+                yield from walk(v, [*path, k])
+        elif isinstance(node, list):
+            for v in node:
+                yield from walk(v, path)
+
+    text = json.dumps({"top": doc, "n": 1})
+    expected = [(p, k) for p, k in walk({"top": doc, "n": 1}, [])
+                if NUMERIC_JSON.fullmatch(f'"{k}": 0')]
+    got = [(json_parent(text, m.start()), json.loads(m.group(1).rstrip().rstrip(":")))
+           for m in NUMERIC_JSON.finditer(text)]
+    assert got == expected
+
+
+def test_only_the_sections_the_planner_reads_make_a_suspect(tmp_path):
+    sys.path.insert(0, str(ROOT))
+    from benchmarks.fuzz import HF_SECTIONS_READ, json_parent
+
+    text = (ROOT / "tests/fixtures/hf/gemma-3-27b.json").read_text()
+    at = {json_parent(text, text.index(f'"{k}"', text.index(f'"{s}"'))): s
+          for s, k in (("text_config", "hidden_size"), ("vision_config", "hidden_size"))}
+    assert set(at) == {"text_config", "vision_config"}
+    assert "text_config" in HF_SECTIONS_READ and "vision_config" not in HF_SECTIONS_READ
