@@ -354,6 +354,7 @@ def _op_rows(step: StepTime, c: Ceilings) -> list[dict]:
         "bound": t.bound,
         "kernels": t.kernels,
         "overhead_s": t.overhead_s,
+        "operator_fixed_s": t.fixed_s,
         "bandwidth_frac": t.bandwidth_frac,
         "compute_frac": t.compute_frac,
         "bandwidth_source": c.bandwidth_source,

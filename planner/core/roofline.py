@@ -275,6 +275,7 @@ class OpTime:
     compute_frac: float = 1.0
     kernels: float = 1.0
     overhead_s: float = 0.0
+    fixed_s: float = 0.0  # the part of overhead_s the engine adds to the operator by name
 
     @property
     def bound(self) -> str:
@@ -384,7 +385,7 @@ def op_time(op: Op, c: Ceilings, *, tp: int = 1, options: Options | None = None,
     t = combine(compute, memory, e, o, kernels=k, per_kernel_s=per_kernel, graphed=graphed,
                 fixed_s=fixed)
     return OpTime(op, compute * n, memory * n, 0.0, t * n, bw_frac, c_frac, k * n,
-                  (k * per_kernel + fixed) * n)
+                  (k * per_kernel + fixed) * n, fixed * n)
 
 
 @dataclass(frozen=True)
@@ -437,6 +438,12 @@ class StepTime:
     @property
     def kernels(self) -> float:
         return sum(t.kernels for t in self.ops)
+
+    @property
+    def operator_fixed_s(self) -> float:
+        """Device time the engine adds to named operators beyond their kernels
+        (``Engine.fixed_for``), part of ``overhead_s``."""
+        return sum(t.fixed_s for t in self.ops)
 
     @property
     def bound(self) -> str:

@@ -242,8 +242,10 @@ def _timing(e: Estimate) -> Table:
         rows.append(("TP communication", fmt.seconds(e.decode.comm_s), _tp_link(e.hardware, e.tp)))
     if b is not None:
         rows.append(("engine overhead", fmt.seconds(e.decode.overhead_s),
-                     f"per decode step: {e.decode.kernels:,.0f} kernels + fixed "
-                     f"{fmt.seconds(e.decode.fixed_s)}"
+                     f"per decode step: {e.decode.kernels:,.0f} kernels"
+                     + (f" + operators' own {fmt.seconds(e.decode.operator_fixed_s)}"
+                        if e.decode.operator_fixed_s else "")
+                     + f" + fixed {fmt.seconds(e.decode.fixed_s)}"
                      + (f" + worker hand-off {fmt.seconds(e.decode.serial_s)}"
                         if e.decode.serial_s else "")))
     title = "Timing" if b is None else f"Timing ({e.engine.name}; the ideal roofline beside)"
