@@ -32,6 +32,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.aiconfigurator_moe import _median  # noqa: E402
 from benchmarks.gpu_kernels import OneLineParser  # noqa: E402
 
 SYSTEMS = {"h100-sxm": "h100_sxm", "h200": "h200_sxm"}
@@ -97,12 +98,6 @@ def rows(table, gpu: str, spec, batches=BATCHES, contexts=CONTEXTS):
                     ours = ours_us(dep, b, ctx)
                     yield (tp, WEIGHTS[gemm], KV[kv], b, ctx, hit.kernel_source.iloc[0],
                            theirs, ours, theirs / ours)
-
-
-def _median(xs) -> float:
-    xs = sorted(xs)
-    n = len(xs)
-    return xs[n // 2] if n % 2 else 0.5 * (xs[n // 2 - 1] + xs[n // 2])
 
 
 def derive_fixed(tables: dict, family: str) -> tuple[float, int]:

@@ -1,0 +1,69 @@
+"""benchmarks/aiconfigurator_mla.py: llmplan's MLA attention block at decode beside a measured
+table's, and the device time derived from it (the wheel itself is not in CI: a table of the
+same columns stands in for it)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from benchmarks import aiconfigurator_mla as aic  # noqa: E402
+
+
+def _ours_us(spec, tp: int, batch: int, context: int) -> float:
+    from planner.cli.compare import served_setup
+    from planner.core.specs import DType
+
+    return aic.ours_us(served_setup("deepseek-v3", "h200", spec, tp, DType.fp8, DType.bf16),
+                       batch, context)
+
+
+def _table(latency_us_of) -> pd.DataFrame:
+    """Rows as mla_generation_module_perf.parquet has them (milliseconds; heads a GPU holds,
+    as strings the way TensorRT-LLM's table stores them), DeepSeek-V3's fp8 block-wise GEMMs
+    and bf16 KV cache at TP 1 and 8, and a row of a type ours has no counterpart of."""
+    rows = [dict(kernel_source="k", gemm_type="fp8_block", kv_cache_dtype="bfloat16",
+                 num_heads=str(128 // tp), batch_size=str(b), step=str(ctx),
+                 latency=latency_us_of(tp, b, ctx) / 1e3)
+            for tp in (1, 8) for b in aic.FIXED_BATCHES for ctx in aic.FIXED_CONTEXTS]
+    rows.append({**rows[0], "gemm_type": "nvfp4", "latency": 99.0})
+    return pd.DataFrame(rows)
+
+
+def test_the_ratio_is_theirs_over_one_block_of_ours():
+    from planner.io import catalog
+
+    spec = catalog.load_engine_spec("vllm")
+    table = _table(lambda tp, b, ctx: 1.5 * _ours_us(spec, tp, b, ctx))
+    got = list(aic.rows(table, "h200", spec, aic.FIXED_BATCHES, aic.FIXED_CONTEXTS))
+    assert len(got) == 2 * len(aic.FIXED_BATCHES) * len(aic.FIXED_CONTEXTS)  # nvfp4 left out
+    assert {r[1:3] for r in got} == {("fp8", "bf16")}
+    assert [r[-1] for r in got] == pytest.approx([1.5] * len(got))
+
+
+def test_the_derived_time_is_what_a_table_adds_to_ours(monkeypatch):
+    """A table that is ours, without the profile's own figure, plus 40 us everywhere derives
+    40 us (the bisection's half-microsecond, rounded)."""
+    from planner.io import catalog
+
+    base = catalog.load_engine_spec("sglang").model_copy(update={"operator_fixed_us": None})
+    tables = {"h200": _table(lambda tp, b, ctx: _ours_us(base, tp, b, ctx) + 40.0)}
+    monkeypatch.setattr(catalog, "load_engine_spec", lambda name: base)
+    us, n = aic.derive_fixed(tables, "sglang")
+    assert (us, n) == (40, 2 * len(aic.FIXED_BATCHES) * len(aic.FIXED_CONTEXTS))
+
+
+def test_a_wheel_that_cannot_be_read_is_one_line_and_exit_2(tmp_path):
+    bad = tmp_path / "not-a-wheel.whl"
+    bad.write_text("no zip here")
+    p = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "aiconfigurator_mla.py"),
+                        str(bad)], capture_output=True, text=True, cwd=ROOT)
+    assert p.returncode == 2
+    assert p.stderr.count("\n") == 1 and "cannot read" in p.stderr and not p.stdout
