@@ -2,17 +2,19 @@
 
     pip download --no-deps aiconfigurator-core==0.12.0 -d /tmp/aic
     python benchmarks/aiconfigurator_mla.py /tmp/aic/aiconfigurator_core-0.12.0-*.whl \\
-        --gpu h200 [--derive-kernels]
+        --gpu h200 [--engine vllm] [--derive-fixed]
 
-aiconfigurator ships, per GPU system, the latency of vLLM 0.24's whole DeepSeek-V3 MLA
-attention block at decode, replayed from a CUDA graph (``mla/vllm/0.24.0/
-mla_generation_module_perf.parquet``: the fused q_a / kv_a down-projection, their norms,
-q_b, rotary, the absorbed W_UK and W_UV batched GEMMs, the KV-cache write, FlashAttention-MLA
-or FlashMLA, o_proj; tensor parallelism emulated by the heads a GPU holds, 128 / TP; no
-all-reduce), by batch, cached context, GEMM type (bf16, fp8 block-wise) and KV-cache type.
+aiconfigurator ships, per GPU system, the latency of vLLM 0.24's and TensorRT-LLM 1.3.0rc20's
+whole DeepSeek-V3 MLA attention block at decode, replayed from a CUDA graph (``mla/vllm/0.24.0/``
+or ``mla/trtllm/1.3.0rc20/mla_generation_module_perf.parquet``: the fused q_a / kv_a
+down-projection, their norms, q_b, rotary, the absorbed W_UK and W_UV batched GEMMs, the
+KV-cache write, the MLA attention kernel, o_proj; tensor parallelism emulated by the heads a
+GPU holds, 128 / TP; no all-reduce), by batch, cached context, GEMM type (bf16, fp8
+block-wise) and KV-cache type.
 This prints theirs beside ours: one layer's ``mla_*``, ``rope_kv_write``, ``attention`` and
 ``o_proj`` operators of a decode step of DeepSeek-V3 as ``llmplan estimate`` costs them with
-the vllm profile. The ratio is theirs / ours: above 1, ours is too fast.
+the profile named (``--engine``; sglang's beside vLLM's table: the wheel times no SGLang
+block). The ratio is theirs / ours: above 1, ours is too fast.
 
 ``--derive-fixed`` prints the device time, in microseconds, the block takes beyond its
 operators' roofline and kernel costs with which the median ratio is 1 over the rows where
@@ -51,7 +53,7 @@ MLA_OPS = ("mla_down_proj", "mla_q_up_proj", "mla_kv_up_proj", "rope_kv_write", 
            "o_proj")
 BATCHES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 CONTEXTS = (1024, 4096, 16384)
-# where the block's fixed costs set its time: what --derive-kernels matches
+# where the block's fixed costs set its time: what --derive-fixed matches
 FIXED_BATCHES, FIXED_CONTEXTS = (1, 2, 4, 8, 16), (1024, 4096)
 
 
