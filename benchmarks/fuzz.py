@@ -240,7 +240,7 @@ def json_parent(text: str, pos: int) -> str:
             j = i + 1
             while j < len(text) and text[j] != '"':
                 j += 2 if text[j] == "\\" else 1
-            last = text[i + 1:j]
+            last = json.loads(text[i:j + 1])  # the key as the document means it
             i = j + 1
             continue
         if c == ":":

@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -160,6 +160,7 @@ def test_an_expert_imbalance_no_layout_can_have_is_refused(run_cli, command, val
 
 
 @settings(max_examples=60, deadline=None)
+@example(doc={"_": 0, 'q"}{[,:': {"_": 0}})  # an escaped key: the path holds it unescaped
 @given(doc=st.recursive(
     st.integers(0, 99),
     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(
