@@ -147,16 +147,15 @@ def main(argv=None) -> int:
     from planner.io import catalog
 
     backend, release = TABLES[a.engine]
-    tables = {}
-    for gpu in a.gpu or sorted(SYSTEMS):
-        path = PATH.format(system=SYSTEMS[gpu], backend=backend, release=release)
-        try:
-            with zipfile.ZipFile(a.wheel) as whl:
+    tables, path = {}, a.wheel
+    try:
+        with zipfile.ZipFile(a.wheel) as whl:  # opened once for every GPU's table
+            for gpu in a.gpu or sorted(SYSTEMS):
+                path = PATH.format(system=SYSTEMS[gpu], backend=backend, release=release)
                 tables[gpu] = pd.read_parquet(io.BytesIO(whl.read(path)))
-        except (OSError, zipfile.BadZipFile, KeyError) as err:
-            print(f"aiconfigurator_mla.py: {a.wheel}: cannot read {path}: {err}",
-                  file=sys.stderr)
-            return 2
+    except (OSError, zipfile.BadZipFile, KeyError) as err:
+        print(f"aiconfigurator_mla.py: {a.wheel}: cannot read {path}: {err}", file=sys.stderr)
+        return 2
     if a.derive_fixed:
         us, n = derive_fixed(tables, a.engine)
         print(f"# {a.engine} profile against {backend} {release}'s MLA generation module, "

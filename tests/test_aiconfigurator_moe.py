@@ -49,10 +49,11 @@ def test_the_ratio_is_theirs_over_one_layer_of_ours():
     assert [r[6] for r in got] == pytest.approx([2.0] * 4)  # the skewed and EP rows left out
 
 
-def test_a_wheel_that_cannot_be_read_is_one_line_and_exit_2(tmp_path):
+@pytest.mark.parametrize("script", ["aiconfigurator_moe.py", "aiconfigurator_mla.py"])
+def test_a_wheel_that_cannot_be_read_is_one_line_and_exit_2(tmp_path, script):
     bad = tmp_path / "not-a-wheel.whl"
     bad.write_text("no zip here")
-    p = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "aiconfigurator_moe.py"),
+    p = subprocess.run([sys.executable, str(ROOT / "benchmarks" / script),
                         str(bad)], capture_output=True, text=True, cwd=ROOT)
     assert p.returncode == 2
     assert p.stderr.count("\n") == 1 and "cannot read" in p.stderr and not p.stdout
