@@ -150,7 +150,7 @@ def _runs(engine: str):
                 if not (spec.versions.covers(v) if v is not None
                         else spec.versions.until is None):
                     continue
-            out.append((ds.source.id, e, replayed_runs(e, folder), version))
+            out.append((ds.source.id, e, replayed_runs(e, folder, ds), version))
     return out
 
 

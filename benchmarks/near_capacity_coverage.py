@@ -49,7 +49,7 @@ def main() -> int:
                 continue  # in-sample: not a held-out figure
             setup = replay_setup(e, spec)
             coster = serving.coster(setup)
-            for r in replayed_runs(e, folder):
+            for r in replayed_runs(e, folder, ds):
                 try:
                     figures = _figures(e, r, setup, coster)
                 except UsageError as err:  # a run the simulator cannot serve, as validate

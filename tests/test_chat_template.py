@@ -70,7 +70,7 @@ def _gpustack(run_id: str):
     ds = ServedDataset.model_validate(
         yaml.safe_load((folder / "gpustack-perf-lab.yaml").read_text()))
     entry = next(e for e in ds.runs if e.id == run_id)
-    return replayed_runs(entry, folder)[0], replay_setup(entry,
+    return replayed_runs(entry, folder, ds)[0], replay_setup(entry,
                                                          catalog.load_engine_spec("vllm"))
 
 

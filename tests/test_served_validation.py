@@ -161,7 +161,7 @@ def test_a_run_after_a_shorter_one_replays_its_cached_beginnings():
         yaml.safe_load((folder / "scicom-llm-benchmaxxing.yaml").read_text()))
     entry = next(e for e in ds.runs if e.id == "scicom-qwen3-32b-h100-sxm-tp8-in2048-c100")
     assert entry.traffic.cached_prefix_tokens == 1024
-    run = replayed_runs(entry, folder)[0]
+    run = replayed_runs(entry, folder, ds)[0]
     assert run.cached_prefix_tokens == 1024
     setup = replay_setup(entry, catalog.load_engine_spec("vllm"))
     warm, notes = simulate_run(run, setup)

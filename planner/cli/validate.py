@@ -69,7 +69,7 @@ def run_served(manifests, engine_override: str | None = None,
                                                 or ds.source.engine)
                 spec = at_release(spec, entry.engine_version or ds.source.engine_version,
                                   pick=engine_override is None)
-                out += compare_entry(ds.source, entry, replayed_runs(entry, folder),
+                out += compare_entry(ds.source, entry, replayed_runs(entry, folder, ds),
                                      replay_setup(entry, spec, folder),
                                      replay_setup(entry, ideal_spec, folder),
                                      spec.fitted_rows())
@@ -106,16 +106,43 @@ def at_release(spec, engine_version: str | None, *, pick: bool = True):
     return spec.at_version(version)
 
 
-def replayed_runs(entry, folder):
+def replayed_runs(entry, folder, dataset):
     """The runs of a served entry's result file as they are replayed: the traffic its client
-    command states over what the file says, and a kept length distribution where the file
-    gives only mean lengths."""
+    command states over what the file says, a kept length distribution where the file gives
+    only mean lengths, and each request's cached beginning where earlier runs of ``dataset``
+    (the entry's manifest) sent it."""
     from planner.cli.compare import read_result_file
 
     runs = read_result_file(folder / entry.file)
     if entry.traffic is None:
         return runs
-    return [shape_lengths(entry.traffic.apply(r), entry.traffic.dataset) for r in runs]
+    runs = [shape_lengths(entry.traffic.apply(r), entry.traffic.dataset) for r in runs]
+    if entry.traffic.cached_prefix_runs:
+        runs = [cached_beginnings(r, entry, folder, dataset) for r in runs]
+    return runs
+
+
+def cached_beginnings(run, entry, folder, dataset):
+    """``run`` with each request's cached prefix: request i's first min(its length, the
+    longest prompt i of the runs its manifest entry names in traffic.cached_prefix_runs)
+    tokens, which a prefix cache kept from those runs."""
+    from dataclasses import replace
+
+    from planner.cli.compare import read_result_file
+
+    where = f"{entry.id}: traffic.cached_prefix_runs"
+    if not run.input_lens:
+        raise LlmplanError(f"{where}: {entry.file} lists no per-request input_lens")
+    longest = [0] * len(run.input_lens)
+    for before_id in entry.traffic.cached_prefix_runs:
+        before = dataset.entry(before_id)
+        lens = [r.input_lens for r in read_result_file(folder / before.file)]
+        if len(lens) != 1 or not lens[0] or len(lens[0]) != len(longest):
+            raise LlmplanError(f"{where}: {before.file} does not list one input length for "
+                               f"each of the {len(longest)} requests")
+        longest = [max(a, b) for a, b in zip(longest, lens[0], strict=True)]
+    return replace(run, cached_prefix_lens=tuple(
+        min(p, c) for p, c in zip(run.input_lens, longest, strict=True)))
 
 
 def replay_setup(entry, spec, folder: Path | None = None):

@@ -181,13 +181,19 @@ def simulate_run(run: ServedRun, s: Deployment, *, step_coster=None,
         notes.append(f"chat API: {s.model.name}'s chat-template tokens are not recorded; "
                      "prompts replayed as the client counted them")
     warm = None
-    if run.cached_prefix_tokens:  # each prompt's own beginning, cached by an earlier run
-        reqs = [replace(r, prefix_id=i, prefix_tokens=min(run.cached_prefix_tokens,
-                                                          r.prompt_tokens - 1))
-                for i, r in enumerate(reqs)]
-        warm = {r.prefix_id: r.prefix_tokens for r in reqs}
-        notes.append(f"the first {run.cached_prefix_tokens:,} tokens of each prompt were in "
-                     "the prefix cache when the run began")
+    cached = run.cached_prefix_lens or (run.cached_prefix_tokens,) * len(reqs)
+    if any(cached):  # each prompt's own beginning, cached by an earlier run
+        reqs = [replace(r, prefix_id=i, prefix_tokens=min(c, r.prompt_tokens - 1)) if c else r
+                for i, (r, c) in enumerate(zip(reqs, cached, strict=False))]
+        warm = {r.prefix_id: r.prefix_tokens for r in reqs if r.prefix_tokens}
+        if run.cached_prefix_lens:
+            share = sum(r.prefix_tokens for r in reqs) / max(1, sum(r.prompt_tokens
+                                                                    for r in reqs))
+            notes.append(f"{share:.0%} of the prompt tokens were in the prefix cache when the "
+                         "run began (each prompt's beginning, sent by the runs before it)")
+        else:
+            notes.append(f"the first {run.cached_prefix_tokens:,} tokens of each prompt were "
+                         "in the prefix cache when the run began")
     cfg = serving.scheduler(s, max_model_len=s.engine.max_model_len or
                             s.model.max_position_embeddings,
                             max_concurrency=run.max_concurrency if closed else None)

@@ -11,7 +11,8 @@ naming the file, the field and the problem. Where each tool's schema comes from:
   also per-request ``input_lens`` and ``output_lens``.
 - SGLang ``python -m sglang.bench_serving --output-file`` (python/sglang/bench_serving.py):
   JSON Lines, one object per run appended; the same ``_ms`` statistics but end-to-end latency
-  as ``{mean,median,std,p99}_e2e_latency_ms``; ``request_rate`` a number or Infinity.
+  as ``{mean,median,std,p99}_e2e_latency_ms``; ``request_rate`` a number or Infinity; with
+  --output-details also per-request ``input_lens`` and ``output_lens``.
 - guidellm ``guidellm benchmark --output-path X.json`` and genai-perf's
   ``profile_export_genai_perf.json``: see their readers.
 - ``llmplan measure`` JSON Lines: one object per measured static batch.
@@ -209,6 +210,7 @@ def read_sglang(objs: list[dict], where: str) -> list[ServedRun]:
             num_prompts=_int(obj, "num_prompts", w) or completed, completed=completed,
             mean_input_tokens=mean_in, mean_output_tokens=mean_out, metrics=metrics,
             duration_s=_num(obj, "duration", w),
+            input_lens=_lens(obj, "input_lens", w), output_lens=_lens(obj, "output_lens", w),
             model_id=_text(info, "model_path") or _text(info, "served_model_name"),
             chat=_chat_backend(obj.get("backend")),
             **_stated(info, "server_info", tp_keys=("tp_size",), quant_key="quantization",

@@ -46,6 +46,9 @@ class ServedRun:
     # the first this many tokens of every prompt were in the server's prefix cache when the
     # run began (an earlier run on the same server sent the same beginnings)
     cached_prefix_tokens: int = 0
+    # per request, where the runs before it cached beginnings of different lengths (prompt i
+    # of each began prompt i of this one); overrides ``cached_prefix_tokens``
+    cached_prefix_lens: tuple[int, ...] | None = None
     # sent to a chat-completions endpoint: the server wraps each prompt in the model's chat
     # template, tokens the client's counts leave out
     chat: bool = False

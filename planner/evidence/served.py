@@ -81,6 +81,12 @@ class Traffic(_Strict):
     # the first this many tokens of every prompt were cached by the server before the run (the
     # run before it on the same server, with the same seed, sent the same beginnings)
     cached_prefix_tokens: int | None = Field(None, gt=0, le=10_000_000)
+    # the runs of this manifest before this one on the same server with the same seed, whose
+    # prompt of each index began this run's prompt of that index (SGLang's random dataset
+    # repeats one ShareGPT prompt per index to each run's length): request i's first
+    # min(its length, the longest of theirs at i) tokens were cached; their files list the
+    # lengths of every request
+    cached_prefix_runs: list[str] | None = Field(None, min_length=1)
     # the API the client called; None: read from the client command (vLLM bench serve's
     # --backend openai-chat or --endpoint /v1/chat/completions is the chat API)
     endpoint: Literal["completions", "chat"] | None = None
@@ -176,7 +182,21 @@ class ServedDataset(_Strict):
         dup = sorted({i for i in ids if ids.count(i) > 1})
         if dup:
             raise ValueError(f"run id {', '.join(dup)} appears twice")
+        for r in self.runs:
+            before = r.traffic.cached_prefix_runs if r.traffic else None
+            if not before:
+                continue
+            if r.traffic.cached_prefix_tokens is not None:
+                raise ValueError(f"run {r.id}: traffic: cached_prefix_tokens and "
+                                 "cached_prefix_runs both given; give one")
+            for b in before:
+                if b == r.id or b not in ids:
+                    raise ValueError(f"run {r.id}: traffic.cached_prefix_runs: {b!r} is not "
+                                     "another run of this manifest")
         return self
+
+    def entry(self, run_id: str) -> ServedEntry:
+        return next(r for r in self.runs if r.id == run_id)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,144 @@
+"""Runs whose prompts began with those of the runs before them on the same server.
+
+SGLang's ``bench_serving --dataset-name random`` builds prompt i of every run from the same
+ShareGPT conversation (shuffled with the seed, default 1), repeated or cut to that run's
+length i; Scicom's harness ran 1,024-, 2,048-, 4,096- and 8,192-token runs in that order
+against one server with the radix cache on. So request i of a later run found the beginning
+that the earlier runs sent in the cache: min(its length, the longest earlier prompt i)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import yaml
+
+from planner.evidence.formats import FormatError, read_sglang
+from planner.evidence.served import ServedDataset
+from planner.io import catalog
+
+SERVED = catalog.SERVED_DIR
+H100 = "scicom-benchmaq-h100-sglang"
+LLAMA = "scicom-maq-llama31-70b-sglang-tp8-h100"
+H100_DENSE_BF16_FLOPS = 989e12  # hardware_db/h100-sxm.yaml, dense
+
+
+def _dataset(name: str) -> ServedDataset:
+    return ServedDataset.model_validate(yaml.safe_load((SERVED / f"{name}.yaml").read_text()))
+
+
+def _published(length: int) -> dict:
+    return json.loads((SERVED / f"{LLAMA}-{length}.jsonl").read_text().splitlines()[0])
+
+
+def test_the_sglang_reader_keeps_each_requests_lengths():
+    base = {"completed": 2, "request_rate": 4.0, "total_input_tokens": 300,
+            "total_output_tokens": 20, "mean_ttft_ms": 10.0}
+    run = read_sglang([{**base, "input_lens": [100, 200], "output_lens": [5, 15]}], "f")[0]
+    assert run.input_lens == (100, 200) and run.output_lens == (5, 15)
+    assert read_sglang([base], "f")[0].input_lens is None  # written with --output-details only
+    with pytest.raises(FormatError, match="f:1: input_lens"):
+        read_sglang([{**base, "input_lens": [100, "x"]}], "f")
+
+
+def test_each_request_of_the_last_run_replays_the_beginning_the_earlier_runs_sent():
+    """By hand from the published lengths of requests 0-3 (1,024 / 2,048 / 4,096 / 8,192-token
+    runs): 37 / 1,061 / 1,061 / 5,157 -> 1,061 of 5,157 cached; 235 in all four -> all 235;
+    908 / 1,932 / 3,980 / 3,980 -> all 3,980; 72 / 1,096 / 1,096 / 5,192 -> 1,096."""
+    from planner.cli.validate import replayed_runs
+
+    ds = _dataset(H100)
+    run = replayed_runs(ds.entry(f"{LLAMA}-8192"), SERVED, ds)[0]
+    assert run.input_lens[:4] == (5157, 235, 3980, 5192)
+    assert run.cached_prefix_lens[:4] == (1061, 235, 3980, 1096)
+    first = replayed_runs(ds.entry(f"{LLAMA}-1024"), SERVED, ds)[0]
+    assert first.cached_prefix_lens is None and first.cached_prefix_tokens == 0
+
+
+@pytest.mark.parametrize("length", [2048, 4096, 8192])
+def test_the_published_first_tokens_need_the_cache(length):
+    """The evidence, from the files alone: prefilling every prompt token before the last first
+    token (2 x 70.6e9 FLOP a token, decodes and attention left out: a lower bound) would take
+    Llama-3.1-70B on 8 H100s to 777-877 TFLOP/s a GPU, near the dense 989 peak, where the cold
+    first run reached 395; with each prompt's cached beginning taken off it is 406-417 in every
+    later run, the first run's pace."""
+    flops_per_token = 2 * 70.6e9
+
+    def per_gpu(tokens: int, d: dict) -> float:
+        return tokens * flops_per_token / max(d["ttfts"]) / 8
+
+    cold = per_gpu(sum(_published(1024)["input_lens"]), _published(1024))
+    d = _published(length)
+    earlier = [_published(n)["input_lens"] for n in (1024, 2048, 4096) if n < length]
+    cached = sum(min(p, max(e[i] for e in earlier)) for i, p in enumerate(d["input_lens"]))
+    assert per_gpu(sum(d["input_lens"]), d) > 0.75 * H100_DENSE_BF16_FLOPS
+    assert per_gpu(sum(d["input_lens"]) - cached, d) == pytest.approx(cold, rel=0.1)
+
+
+def test_replaying_the_cached_beginnings_brings_the_first_tokens_to_the_published_ones():
+    from dataclasses import replace
+
+    from planner.cli.validate import replay_setup, replayed_runs
+    from planner.evidence.compare import simulate_run
+
+    ds = _dataset(H100)
+    entry = ds.entry(f"{LLAMA}-8192")
+    run = replayed_runs(entry, SERVED, ds)[0]
+    setup = replay_setup(entry, catalog.load_engine_spec("sglang"))
+    warm, notes = simulate_run(run, setup)
+    cold, _ = simulate_run(replace(run, cached_prefix_lens=None), setup)
+    measured = run.metrics["mean_ttft_s"] * 1e3
+    assert any("of the prompt tokens were in the prefix cache" in n for n in notes)
+    assert warm["mean_ttft_ms"] < 0.7 * cold["mean_ttft_ms"]
+    assert abs(warm["mean_ttft_ms"] / measured - 1) < abs(cold["mean_ttft_ms"] / measured - 1)
+
+
+MANIFEST = {
+    "source": {"id": "try", "url": "https://example.invalid/runs", "repo": "someone/runs",
+               "commit": "0123456789abcdef0123456789abcdef01234567", "date": "2026-11-21",
+               "engine": "vllm", "engine_version": "0.11", "hardware_note": "1xH100-80GB-SXM"},
+    "runs": [{"id": "first", "file": "vllm_bench_serve_detailed.json", "path": "r/a.json",
+              "sha256": "0" * 64, "model": "llama-3.1-8b", "gpu": "h100-sxm"},
+             {"id": "second", "file": "vllm_bench_serve_detailed.json", "path": "r/b.json",
+              "sha256": "0" * 64, "model": "llama-3.1-8b", "gpu": "h100-sxm",
+              "traffic": {"cached_prefix_runs": ["first"]}}],
+}
+
+
+def _manifest(tmp_path: Path, data: dict) -> Path:
+    for f in ("vllm_bench_serve_detailed.json", "vllm_bench_serve.json"):
+        shutil.copy(Path(__file__).parent / "fixtures" / "servers" / f, tmp_path)
+    p = tmp_path / "try.yaml"
+    p.write_text(yaml.safe_dump(data))
+    return p
+
+
+def test_a_run_after_the_same_prompts_replays_them_from_the_cache(run_json, tmp_path):
+    d = run_json("validate", "--served-dataset", str(_manifest(tmp_path, MANIFEST)),
+                 "--no-rows")
+    ttft = {r["run"]: r["predicted"] for r in d["served_rows"] if r["metric"] == "mean_ttft_s"}
+    assert ttft["second"] < 0.8 * ttft["first"]
+
+
+@pytest.mark.parametrize("change, says", [
+    ({"traffic": {"cached_prefix_runs": ["nope"]}}, "'nope' is not another run"),
+    ({"traffic": {"cached_prefix_runs": ["second"]}}, "'second' is not another run"),
+    ({"traffic": {"cached_prefix_runs": ["first"], "cached_prefix_tokens": 10}}, "give one"),
+    ({"file": "vllm_bench_serve.json"}, "lists no per-request input_lens"),
+])
+def test_a_wrong_cached_prefix_runs_is_one_line_naming_the_run(run_cli, tmp_path, change, says):
+    bad = dict(MANIFEST, runs=[MANIFEST["runs"][0], {**MANIFEST["runs"][1], **change}])
+    code, _, err = run_cli("validate", "--served-dataset", str(_manifest(tmp_path, bad)),
+                           "--no-rows")
+    assert code == 2 and says in err and "second" in err, err
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_an_earlier_run_without_lengths_is_named(run_cli, tmp_path):
+    bad = dict(MANIFEST, runs=[{**MANIFEST["runs"][0], "file": "vllm_bench_serve.json"},
+                               MANIFEST["runs"][1]])
+    code, _, err = run_cli("validate", "--served-dataset", str(_manifest(tmp_path, bad)),
+                           "--no-rows")
+    assert code == 2 and "vllm_bench_serve.json does not list one input length" in err, err
