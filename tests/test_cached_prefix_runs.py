@@ -142,3 +142,25 @@ def test_an_earlier_run_without_lengths_is_named(run_cli, tmp_path):
     code, _, err = run_cli("validate", "--served-dataset", str(_manifest(tmp_path, bad)),
                            "--no-rows")
     assert code == 2 and "vllm_bench_serve.json does not list one input length" in err, err
+
+
+def test_compare_replays_a_sweeps_cached_beginnings(run_json):
+    """`compare --cached-from` is the same replay for a user's own sweep: the 2,048-token run
+    after the 1,024-token one on the same server (46% of its prompt tokens cached)."""
+    args = ("compare", str(SERVED / f"{LLAMA}-2048.jsonl"), "-m", "llama-3.1-70b", "-g",
+            "h100-sxm", "--tp", "8", "-e", "sglang")
+    cold = run_json(*args)["runs"][0]
+    warm = run_json(*args, "--cached-from", str(SERVED / f"{LLAMA}-1024.jsonl"))["runs"][0]
+    assert cold["notes"] == [] and warm["notes"][0].startswith("46% of the prompt tokens")
+    ttft = warm["metrics"]["mean_ttft_s"]
+    assert ttft["simulated"] < 0.7 * cold["metrics"]["mean_ttft_s"]["simulated"]
+    assert abs(ttft["error"]) < abs(cold["metrics"]["mean_ttft_s"]["error"])
+
+
+def test_compare_cached_from_a_file_without_lengths_is_one_line(run_cli):
+    code, _, err = run_cli("compare", str(SERVED / f"{LLAMA}-2048.jsonl"), "-m",
+                           "llama-3.1-70b", "-g", "h100-sxm", "--tp", "8", "--cached-from",
+                           str(Path(__file__).parent / "fixtures" / "servers" /
+                               "vllm_bench_serve.json"))
+    assert code == 2 and len(err.strip().splitlines()) == 1
+    assert "vllm_bench_serve.json does not list one input length for each of the 100" in err

@@ -323,6 +323,13 @@ def compare(
     group_size: GroupSizeOpt = None,
     quantized_layers: QuantizedLayersOpt = QuantizedLayers.all,
     strict: StrictOpt = False,
+    cached_from: Annotated[Optional[list[Path]], typer.Option(
+        "--cached-from", metavar="FILE",
+        help="The result file of a run sent to the same server before these, with the same "
+             "seed and prompt count (a sweep over lengths: SGLang's random dataset begins "
+             "prompt i of every run alike): request i's first min(its length, that run's "
+             "request i) tokens are replayed from the prefix cache. Repeatable; every file "
+             "must list each request's input length.")] = None,
     plot: Annotated[Optional[Path], typer.Option(
         "--plot", help="PNG of predicted vs measured, one point per run and figure.",
         metavar="PNG")] = None,
@@ -338,6 +345,11 @@ def compare(
     output_path(plot, "--plot", ".png")
     s, _ = server_setup(model, gpu, engine, tp, weights, kv_cache, group_size, quantized_layers)
     runs = read_result_files(files)
+    if cached_from:
+        from planner.evidence.compare import warmed_by
+
+        earlier = [(str(f), read_result_file(f)) for f in cached_from]
+        runs = [warmed_by(r, earlier, r.source) for r in runs]
     check_runs(runs, s, strict)
     comps = [compare_run(r, s) for r in runs]
     if plot is not None:

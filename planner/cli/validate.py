@@ -123,26 +123,14 @@ def replayed_runs(entry, folder, dataset):
 
 
 def cached_beginnings(run, entry, folder, dataset):
-    """``run`` with each request's cached prefix: request i's first min(its length, the
-    longest prompt i of the runs its manifest entry names in traffic.cached_prefix_runs)
-    tokens, which a prefix cache kept from those runs."""
-    from dataclasses import replace
-
+    """``run`` with each request's cached prefix, from the files of the runs its manifest
+    entry names in traffic.cached_prefix_runs (``planner.evidence.compare.warmed_by``)."""
     from planner.cli.compare import read_result_file
+    from planner.evidence.compare import warmed_by
 
-    where = f"{entry.id}: traffic.cached_prefix_runs"
-    if not run.input_lens:
-        raise LlmplanError(f"{where}: {entry.file} lists no per-request input_lens")
-    longest = [0] * len(run.input_lens)
-    for before_id in entry.traffic.cached_prefix_runs:
-        before = dataset.entry(before_id)
-        lens = [r.input_lens for r in read_result_file(folder / before.file)]
-        if len(lens) != 1 or not lens[0] or len(lens[0]) != len(longest):
-            raise LlmplanError(f"{where}: {before.file} does not list one input length for "
-                               f"each of the {len(longest)} requests")
-        longest = [max(a, b) for a, b in zip(longest, lens[0], strict=True)]
-    return replace(run, cached_prefix_lens=tuple(
-        min(p, c) for p, c in zip(run.input_lens, longest, strict=True)))
+    earlier = [(b.file, read_result_file(folder / b.file))
+               for b in map(dataset.entry, entry.traffic.cached_prefix_runs)]
+    return warmed_by(run, earlier, f"{entry.id}: traffic.cached_prefix_runs: {entry.file}")
 
 
 def replay_setup(entry, spec, folder: Path | None = None):

@@ -25,7 +25,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, replace
 
-from planner.core.errors import UsageError
+from planner.core.errors import LlmplanError, UsageError
 from planner.core.estimate import estimate
 from planner.core.memory import kv_cache_bytes, weight_bytes
 from planner.core.ops import decode_ops, prefill_ops, total_flops
@@ -202,6 +202,27 @@ def simulate_run(run: ServedRun, s: Deployment, *, step_coster=None,
     if sim["failed"]:
         notes.append(f"{sim['failed']:,} simulated requests refused: {sim['failed_reason']}")
     return sim, tuple(notes)
+
+
+def warmed_by(run: ServedRun, earlier: list[tuple[str, list[ServedRun]]],
+              where: str) -> ServedRun:
+    """``run`` as replayed after ``earlier`` ((file name, its runs) in the order sent) on the
+    same server, whose prompt of each index began this run's prompt of that index (a sweep of
+    lengths with one seed: SGLang's random dataset repeats one ShareGPT conversation per
+    index to each run's length): request i's first min(its length, the longest earlier prompt
+    i) tokens are in the prefix cache. Each file must list one length per request."""
+    if not run.input_lens:
+        raise LlmplanError(f"{where} lists no per-request input_lens (SGLang's bench_serving "
+                         "--output-details, vLLM's bench serve --save-detailed)")
+    longest = [0] * len(run.input_lens)
+    for name, runs in earlier:
+        lens = runs[0].input_lens if len(runs) == 1 else None
+        if not lens or len(lens) != len(longest):
+            raise LlmplanError(f"{where}: {name} does not list one input length for each of "
+                             f"the {len(longest)} requests")
+        longest = [max(a, b) for a, b in zip(longest, lens, strict=True)]
+    return replace(run, cached_prefix_lens=tuple(
+        min(p, c) for p, c in zip(run.input_lens, longest, strict=True)))
 
 
 def chat_template_tokens(run: ServedRun, model) -> int:
