@@ -196,6 +196,10 @@ def test_estimate_and_simulate_carry_bands(run_json):
         assert near["slowed_mean_tpot_ratio"] > b.high_ratio
     else:
         assert s["mean_tpot_ms_high"] == pytest.approx(s["mean_tpot_ms"] * b.high_ratio)
+    e2e = pick(bands, "vllm", "served E2E", "unsaturated")  # a band of its own
+    assert e2e is not None and s["bands"]["mean_e2el_ms"]["n"] == e2e.n
+    assert s["mean_e2el_ms_low"] == pytest.approx(s["mean_e2el_ms"] * e2e.low_ratio)
+    assert s["mean_e2el_ms_high"] >= s["mean_e2el_ms"] * e2e.high_ratio * (1 - 1e-9)
 
 
 def test_plan_sized_at_the_high_end_never_uses_fewer_gpus(run_cli):

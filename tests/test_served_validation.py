@@ -12,6 +12,7 @@ from planner.evidence.served import ServedDataset
 from planner.io import catalog
 
 FIXTURES = Path(__file__).parent / "fixtures" / "servers"
+E2EL_MS = 1066.1863177834205  # the fixture's mean_e2el_ms
 
 MANIFEST = {
     "source": {"id": "try", "url": "https://example.invalid/runs", "repo": "someone/runs",
@@ -37,7 +38,7 @@ def test_served_figures_are_the_simulators_for_that_run(run_json, tmp_path):
     d = run_json("validate", "--served-dataset", str(p), "--source", "try")
     assert d["rows"] == []
     served = {r["metric"]: r for r in d["served_rows"]}
-    assert set(served) == {"mean_ttft_s", "mean_tpot_s", "output_throughput"}
+    assert set(served) == {"mean_ttft_s", "mean_tpot_s", "output_throughput", "mean_e2el_s"}
     runs = run_json("compare", str(FIXTURES / "vllm_bench_serve.json"), "-m", "llama-3.1-8b",
                     "-g", "h100-sxm")
     ideal = run_json("compare", str(FIXTURES / "vllm_bench_serve.json"), "-m", "llama-3.1-8b",
@@ -54,6 +55,8 @@ def test_served_figures_are_the_simulators_for_that_run(run_json, tmp_path):
     assert served["mean_ttft_s"]["measured"] == pytest.approx(31.490826678050915e-3)
     assert served["mean_tpot_s"]["measured"] == pytest.approx(8.147208591380863e-3)
     assert served["output_throughput"]["measured"] == pytest.approx(501.045058889198)
+    assert served["mean_e2el_s"]["measured"] == pytest.approx(E2EL_MS * 1e-3)
+    assert served["mean_e2el_s"]["phase"] == "served E2E"
     phases = {s["phase"]: s for s in d["overall"]}
     assert phases["served TPOT"]["n"] == 1
     assert phases["served TPOT"]["median_abs_error"] == pytest.approx(
@@ -83,7 +86,8 @@ def test_a_skipped_figure_is_not_compared_and_needs_a_reason(run_json, run_cli, 
     run = dict(MANIFEST["runs"][0], skip=["TTFT"], note="prompts served from a warm cache")
     d = run_json("validate", "--served-dataset", str(_manifest(tmp_path, dict(MANIFEST,
                  runs=[run]))), "--source", "try")
-    assert {r["phase"] for r in d["served_rows"]} == {"served TPOT", "served throughput"}
+    assert {r["phase"] for r in d["served_rows"]} == {"served TPOT", "served throughput",
+                                                      "served E2E"}
     run.pop("note")
     code, _, err = run_cli("validate", "--served-dataset", str(_manifest(tmp_path, dict(
         MANIFEST, runs=[run]))), "--source", "try")
@@ -169,3 +173,18 @@ def test_a_run_after_a_shorter_one_replays_its_cached_beginnings():
     assert any("first 1,024 tokens of each prompt" in n for n in notes)
     assert warm["mean_ttft_ms"] < 0.75 * cold["mean_ttft_ms"]
     assert warm["mean_ttft_ms"] == pytest.approx(run.metrics["mean_ttft_s"] * 1e3, rel=0.25)
+
+
+def test_a_runs_e2e_latency_is_compared_and_skippable(run_json, tmp_path):
+    """Issue 24's per-run target counts E2E latency: a file that gives it is compared on it
+    (mean, else median), its own phase with its own target line; `skip: [E2E]` leaves it out.
+    """
+    d = run_json("validate", "--served-dataset", str(_manifest(tmp_path)), "--source", "try")
+    row = next(r for r in d["served_rows"] if r["phase"] == "served E2E")
+    assert row["metric"] == "mean_e2el_s" and row["split"] == "held-out"
+    target = next(t for t in d["targets"] if t["target"] == "served E2E, mean per run")
+    assert target["n"] == 1 and target["value"] == pytest.approx(abs(row["error"]))
+    run = dict(MANIFEST["runs"][0], skip=["E2E"], note="its E2E counted the client's queue")
+    d = run_json("validate", "--served-dataset", str(_manifest(tmp_path, dict(MANIFEST,
+                 runs=[run]))), "--source", "try")
+    assert "served E2E" not in {r["phase"] for r in d["served_rows"]}

@@ -525,7 +525,8 @@ def _simulate_run(a: dict, emit: bool) -> dict:
     render_bands(stdout, applied, {
         **{f"{s}_{k}_ms": (f"{s} {k.upper()}", lambda v: f"{v:,.1f} ms")
            for s in ("mean", "median") for k in ("ttft", "tpot")},
-        "output_throughput": ("output throughput", lambda v: f"{v:,.0f} tok/s")})
+        "output_throughput": ("output throughput", lambda v: f"{v:,.0f} tok/s"),
+        **{f"{s}_e2el_ms": (f"{s} E2E", lambda v: f"{v:,.1f} ms") for s in ("mean", "median")}})
     near = d.get("near_capacity")
     if near and near["widened"]:
         keeps = "keeps up with" if near["slowed_keeps_up"] else "does not keep up with"
@@ -695,7 +696,8 @@ def _served_bands(dep, cfg, d: dict, request_rate: float, max_concurrency) -> di
     d["regime"] = regime
     figs = {}
     for s in ("mean", "median"):  # the statistics the served runs were compared on
-        for k, phase in (("ttft", "served TTFT"), ("tpot", "served TPOT")):
+        for k, phase in (("ttft", "served TTFT"), ("tpot", "served TPOT"),
+                         ("e2el", "served E2E")):
             v = d.get(f"{s}_{k}_ms")
             if v is not None and math.isfinite(v):
                 figs[f"{s}_{k}_ms"] = (v, phase, regime, False)

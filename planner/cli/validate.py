@@ -239,8 +239,9 @@ def validate(
     """Predict published measurements (one file per source) and show the error: median and
     90th percentile per source and engine, in-sample (rows a parameter was fitted on) and
     held out apart. Published serving runs (real benchmark result files) are replayed through
-    the simulator and compared on TTFT, TPOT and output throughput. Band coverage: the share
-    of held-out figures inside the p10-p90 band built from every other source."""
+    the simulator and compared on TTFT, TPOT, output throughput and (where the file has it)
+    E2E latency. Band coverage: the share of held-out figures inside the p10-p90 band built
+    from every other source."""
     from planner.evidence import bands as bands_mod
     from planner.evidence.served import summarize_served
     from planner.evidence.validate import by_model_kind, summarize, targets

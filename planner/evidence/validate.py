@@ -284,6 +284,7 @@ TARGETS: tuple[tuple[str, str, str, float], ...] = (
     ("served throughput, p90", "served throughput", "p90", 0.30),
     ("served TPOT, mean per run", "served TPOT", "mean", 0.08),
     ("served TTFT, mean per run", "served TTFT", "mean", 0.15),
+    ("served E2E, mean per run", "served E2E", "mean", 0.08),
     ("batch-1 decode, current engines, median", "batch-1 decode", "median", 0.08),
 )
 
