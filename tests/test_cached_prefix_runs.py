@@ -164,3 +164,19 @@ def test_compare_cached_from_a_file_without_lengths_is_one_line(run_cli):
                                "vllm_bench_serve.json"))
     assert code == 2 and len(err.strip().splitlines()) == 1
     assert "vllm_bench_serve.json does not list one input length for each of the 100" in err
+
+
+def test_an_earlier_file_of_several_runs_is_refused_by_name():
+    from planner.core.errors import LlmplanError
+    from planner.evidence.compare import warmed_by
+    from planner.evidence.formats import read_sglang
+
+    base = {"completed": 2, "request_rate": 4.0, "total_input_tokens": 300,
+            "total_output_tokens": 20, "mean_ttft_ms": 10.0, "input_lens": [100, 200],
+            "output_lens": [5, 15]}
+    run = read_sglang([base], "now.jsonl")[0]
+    two = read_sglang([base, base], "sweep.jsonl")
+    with pytest.raises(LlmplanError, match="sweep.jsonl holds 2 runs"):
+        warmed_by(run, [("sweep.jsonl", two)], "now.jsonl")
+    warm = warmed_by(run, [("one.jsonl", two[:1]), ("two.jsonl", two[1:])], "now.jsonl")
+    assert warm.cached_prefix_lens == (100, 200)

@@ -216,7 +216,10 @@ def warmed_by(run: ServedRun, earlier: list[tuple[str, list[ServedRun]]],
                          "--output-details, vLLM's bench serve --save-detailed)")
     longest = [0] * len(run.input_lens)
     for name, runs in earlier:
-        lens = runs[0].input_lens if len(runs) == 1 else None
+        if len(runs) != 1:
+            raise LlmplanError(f"{where}: {name} holds {len(runs)} runs; name a file of one "
+                               "run, the one sent before")
+        lens = runs[0].input_lens
         if not lens or len(lens) != len(longest):
             raise LlmplanError(f"{where}: {name} does not list one input length for each of "
                              f"the {len(longest)} requests")
