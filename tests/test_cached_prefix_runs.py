@@ -180,3 +180,38 @@ def test_an_earlier_file_of_several_runs_is_refused_by_name():
         warmed_by(run, [("sweep.jsonl", two)], "now.jsonl")
     warm = warmed_by(run, [("one.jsonl", two[:1]), ("two.jsonl", two[1:])], "now.jsonl")
     assert warm.cached_prefix_lens == (100, 200)
+
+
+def test_compare_sweep_warms_each_run_with_the_ones_before_it(run_json):
+    """`--sweep`: the files in the order given ran on one server; the 2,048-token run replays
+    as it does with `--cached-from` the 1,024-token one, and the first run stays cold."""
+    files = [str(SERVED / f"{LLAMA}-{n}.jsonl") for n in (1024, 2048)]
+    args = ("-m", "llama-3.1-70b", "-g", "h100-sxm", "--tp", "8", "-e", "sglang")
+    swept = run_json("compare", *files, "--sweep", *args)["runs"]
+    alone = run_json("compare", files[1], "--cached-from", files[0], *args)["runs"][0]
+    assert swept[0]["notes"] == [] and swept[1]["notes"] == alone["notes"]
+    assert swept[1]["metrics"]["mean_ttft_s"]["simulated"] == pytest.approx(
+        alone["metrics"]["mean_ttft_s"]["simulated"])
+
+
+def test_calibrate_on_a_sweep_sees_the_cache(run_cli, tmp_path):
+    """Calibrating on Scicom's four-length sweep without --sweep starts from figures 92% off
+    (median, base profile) and ends 62% off; with it, 26% and 4%. (Either fit ends at the edge
+    of its ranges, SGLang's GEMMs there at their kernels' full rates, and is refused: exit 1.)
+    """
+    import statistics
+
+    files = [str(SERVED / f"{LLAMA}-{n}.jsonl") for n in (1024, 2048, 4096, 8192)]
+
+    def errors(*extra: str) -> tuple[float, float]:
+        code, out, _ = run_cli("calibrate", *files, *extra, "-m", "llama-3.1-70b", "-g",
+                               "h100-sxm", "--tp", "8", "--base-engine", "sglang", "-o",
+                               str(tmp_path / "p.yaml"), "--no-leave-one-out", "--json")
+        assert code in (0, 1)
+        d = json.loads(out)
+        return tuple(statistics.median(abs(e[k]) for e in d["errors"])
+                     for k in ("before", "in_sample"))
+
+    (cold, cold_fit), (warm, warm_fit) = errors(), errors("--sweep")
+    assert cold > 0.8 and cold_fit > 0.5
+    assert warm < 0.35 and warm_fit < 0.1

@@ -12,13 +12,16 @@ from typing import Annotated, Optional
 import typer
 
 from planner.cli.compare import (
+    CachedFromOpt,
     FilesArg,
     StrictOpt,
+    SweepOpt,
     check_runs,
     fmt_error,
     fmt_metric,
     read_result_files,
     server_setup,
+    warm_runs,
 )
 from planner.cli.options import (
     DEFAULT_ENGINE,
@@ -57,6 +60,8 @@ def calibrate(
     group_size: GroupSizeOpt = None,
     quantized_layers: QuantizedLayersOpt = QuantizedLayers.all,
     strict: StrictOpt = False,
+    cached_from: CachedFromOpt = None,
+    sweep: SweepOpt = False,
     leave_one_out: Annotated[bool, typer.Option(
         "--leave-one-out/--no-leave-one-out",
         help="Also fit once per run without it, to show the held-out error.")] = True,
@@ -82,7 +87,7 @@ def calibrate(
         raise LlmplanError(f"--name: '{name}' must be letters, digits, '-', '_' or '.'")
     s, spec = server_setup(model, gpu, base_engine, tp, weights, kv_cache, group_size,
                       quantized_layers)
-    runs = read_result_files(files)
+    runs = warm_runs(read_result_files(files), cached_from, sweep)
     check_runs(runs, s, strict)
     from planner.cli.progress import task_progress
 

@@ -190,6 +190,34 @@ StrictOpt = Annotated[bool, typer.Option(
     "an error (exit 2) instead of a warning.")]
 
 
+CachedFromOpt = Annotated[Optional[list[Path]], typer.Option(
+    "--cached-from", metavar="FILE",
+    help="The result file of a run sent to the same server before these, with the same seed "
+         "and prompt count (a sweep over lengths: SGLang's random dataset begins prompt i of "
+         "every run alike): request i's first min(its length, that run's request i) tokens "
+         "are replayed from the prefix cache. Repeatable; every file must list each "
+         "request's input length.")]
+SweepOpt = Annotated[bool, typer.Option(
+    "--sweep", help="The runs, in the order given (files, then a file's runs), were sent one "
+    "after another to one server with the same seed and prompt count: each finds in the "
+    "prefix cache the beginnings the runs before it sent (as --cached-from names them).")]
+
+
+def warm_runs(runs: list, cached_from: list[Path] | None, sweep: bool) -> list:
+    """``runs`` as replayed after the runs of ``cached_from`` (and, with ``sweep``, after the
+    ones before each in ``runs``) on the same server: each request's cached beginning
+    (``planner.evidence.compare.warmed_by``)."""
+    from planner.evidence.compare import warmed_by
+
+    before = [(str(f), read_result_file(f)) for f in cached_from or ()]
+    out = []
+    for r in runs:
+        out.append(warmed_by(r, before, r.source) if before else r)
+        if sweep:
+            before = [*before, (r.source, [r])]
+    return out
+
+
 def _squash(name: str) -> str:
     """A model name's letters and digits, lower case, without its organisation or folder:
     "meta-llama/Llama-3.1-8B-Instruct" -> "llama318binstruct"."""
@@ -323,13 +351,8 @@ def compare(
     group_size: GroupSizeOpt = None,
     quantized_layers: QuantizedLayersOpt = QuantizedLayers.all,
     strict: StrictOpt = False,
-    cached_from: Annotated[Optional[list[Path]], typer.Option(
-        "--cached-from", metavar="FILE",
-        help="The result file of a run sent to the same server before these, with the same "
-             "seed and prompt count (a sweep over lengths: SGLang's random dataset begins "
-             "prompt i of every run alike): request i's first min(its length, that run's "
-             "request i) tokens are replayed from the prefix cache. Repeatable; every file "
-             "must list each request's input length.")] = None,
+    cached_from: CachedFromOpt = None,
+    sweep: SweepOpt = False,
     plot: Annotated[Optional[Path], typer.Option(
         "--plot", help="PNG of predicted vs measured, one point per run and figure.",
         metavar="PNG")] = None,
@@ -345,11 +368,7 @@ def compare(
     output_path(plot, "--plot", ".png")
     s, _ = server_setup(model, gpu, engine, tp, weights, kv_cache, group_size, quantized_layers)
     runs = read_result_files(files)
-    if cached_from:
-        from planner.evidence.compare import warmed_by
-
-        earlier = [(str(f), read_result_file(f)) for f in cached_from]
-        runs = [warmed_by(r, earlier, r.source) for r in runs]
+    runs = warm_runs(runs, cached_from, sweep)
     check_runs(runs, s, strict)
     comps = [compare_run(r, s) for r in runs]
     if plot is not None:
