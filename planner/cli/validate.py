@@ -117,20 +117,14 @@ def replayed_runs(entry, folder, dataset):
     if entry.traffic is None:
         return runs
     runs = [shape_lengths(entry.traffic.apply(r), entry.traffic.dataset) for r in runs]
-    if entry.traffic.cached_prefix_runs:
-        runs = [cached_beginnings(r, entry, folder, dataset) for r in runs]
+    if entry.traffic.cached_prefix_runs:  # the earlier runs' files, read once for all runs
+        from planner.evidence.compare import warmed_by
+
+        earlier = [(b.file, read_result_file(folder / b.file))
+                   for b in map(dataset.entry, entry.traffic.cached_prefix_runs)]
+        where = f"{entry.id}: traffic.cached_prefix_runs: {entry.file}"
+        runs = [warmed_by(r, earlier, where) for r in runs]
     return runs
-
-
-def cached_beginnings(run, entry, folder, dataset):
-    """``run`` with each request's cached prefix, from the files of the runs its manifest
-    entry names in traffic.cached_prefix_runs (``planner.evidence.compare.warmed_by``)."""
-    from planner.cli.compare import read_result_file
-    from planner.evidence.compare import warmed_by
-
-    earlier = [(b.file, read_result_file(folder / b.file))
-               for b in map(dataset.entry, entry.traffic.cached_prefix_runs)]
-    return warmed_by(run, earlier, f"{entry.id}: traffic.cached_prefix_runs: {entry.file}")
 
 
 def replay_setup(entry, spec, folder: Path | None = None):
