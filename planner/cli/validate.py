@@ -108,20 +108,28 @@ def at_release(spec, engine_version: str | None, *, pick: bool = True):
 
 def replayed_runs(entry, folder, dataset):
     """The runs of a served entry's result file as they are replayed: the traffic its client
-    command states over what the file says, a kept length distribution where the file gives
-    only mean lengths, and each request's cached beginning where earlier runs of ``dataset``
-    (the entry's manifest) sent it."""
+    command states over what the file says; where the file gives only mean lengths, each
+    request's drawn again from the client's seed (a random dataset) or a kept length
+    distribution (the dataset the file, else the manifest, names); and each request's cached
+    beginning where earlier runs of ``dataset`` (the entry's manifest) sent it."""
     from planner.cli.compare import read_result_file
 
     runs = read_result_file(folder / entry.file)
     if entry.traffic is None:
         return runs
-    runs = [shape_lengths(entry.traffic.apply(r), entry.traffic.dataset) for r in runs]
-    if entry.traffic.cached_prefix_runs:  # the earlier runs' files, read once for all runs
+    traffic = entry.traffic
+    runs = [traffic.apply(r) for r in runs]
+    if traffic.seed is not None:
+        from planner.evidence.redraw import redrawn
+
+        runs = [redrawn(r, traffic.seed, f"{entry.id}: traffic.seed: {r.source}")
+                for r in runs]
+    runs = [shape_lengths(r, r.dataset or traffic.dataset) for r in runs]
+    if traffic.cached_prefix_runs:  # the earlier runs' files, read once for all runs
         from planner.evidence.compare import warmed_by
 
         earlier = [(b.file, read_result_file(folder / b.file))
-                   for b in map(dataset.entry, entry.traffic.cached_prefix_runs)]
+                   for b in map(dataset.entry, traffic.cached_prefix_runs)]
         where = f"{entry.id}: traffic.cached_prefix_runs: {entry.file}"
         runs = [warmed_by(r, earlier, where) for r in runs]
     return runs

@@ -28,7 +28,7 @@ from dataclasses import replace
 from typing import Any
 
 from planner.core.errors import LlmplanError
-from planner.evidence.runs import LATENCIES, METRIC_KEYS, THROUGHPUTS, ServedRun
+from planner.evidence.runs import LATENCIES, METRIC_KEYS, THROUGHPUTS, RandomLengths, ServedRun
 
 EXPECTED = ("a vLLM `bench serve` result JSON, SGLang `bench_serving` JSONL, a guidellm "
             "benchmark report, a genai-perf profile export, or `llmplan measure` JSONL")
@@ -211,11 +211,26 @@ def read_sglang(objs: list[dict], where: str) -> list[ServedRun]:
             mean_input_tokens=mean_in, mean_output_tokens=mean_out, metrics=metrics,
             duration_s=_num(obj, "duration", w),
             input_lens=_lens(obj, "input_lens", w), output_lens=_lens(obj, "output_lens", w),
+            dataset=_text(obj, "dataset_name"), random_lengths=_random_lengths(obj, w),
             model_id=_text(info, "model_path") or _text(info, "served_model_name"),
             chat=_chat_backend(obj.get("backend")),
             **_stated(info, "server_info", tp_keys=("tp_size",), quant_key="quantization",
                       kv_key="kv_cache_dtype", dtype_key="dtype")))
     return runs
+
+
+def _random_lengths(obj: dict, where: str) -> RandomLengths | None:
+    """SGLang's random dataset's nominal lengths and range ratio, where the run drew from it."""
+    if obj.get("dataset_name") != "random":
+        return None
+    inp, out = _int(obj, "random_input_len", where), _int(obj, "random_output_len", where)
+    ratio = _num(obj, "random_range_ratio", where)
+    if inp is None or out is None or ratio is None:
+        return None
+    if not inp or ratio > 1:
+        raise FormatError(f"{where}: random_input_len {inp}, random_range_ratio {ratio:g}: "
+                          "expected a length of at least 1 and a ratio in [0, 1]")
+    return RandomLengths(inp, out, ratio)
 
 
 def read_measure(objs: list[dict], where: str) -> list[ServedRun]:

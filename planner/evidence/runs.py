@@ -20,6 +20,17 @@ METRIC_KEYS = tuple(f"{s}_{m}_s" for m in LATENCIES for s in STATS) + THROUGHPUT
 
 
 @dataclass(frozen=True)
+class RandomLengths:
+    """A benchmark client's random dataset as its file states it: each request's prompt and
+    output lengths drawn uniformly from [ratio x nominal, nominal] (SGLang's
+    --random-input-len, --random-output-len, --random-range-ratio)."""
+
+    input_len: int
+    output_len: int
+    range_ratio: float
+
+
+@dataclass(frozen=True)
 class ServedRun:
     """One benchmark run against one server configuration."""
 
@@ -39,6 +50,10 @@ class ServedRun:
     duration_s: float | None = None
     input_lens: tuple[int, ...] | None = None  # per request, when the file lists them
     output_lens: tuple[int, ...] | None = None
+    # the dataset the client drew its prompts from, where the file names it (SGLang's
+    # dataset_name: "random", "sharegpt", ...), and a random dataset's nominal lengths
+    dataset: str | None = None
+    random_lengths: RandomLengths | None = None
     model_id: str | None = None  # the served model as the tool names it
     # a static batch measured by `llmplan measure`: its batch and context, no traffic
     batch: int | None = None

@@ -89,6 +89,10 @@ class Traffic(_Strict):
     # min(its length, the longest of theirs at i) tokens were cached; their files list the
     # lengths of every request
     cached_prefix_runs: list[str] | None = Field(None, min_length=1)
+    # the client's random seed (SGLang's bench_serving --seed, default 1), where its command
+    # or defaults state it: a run of its random dataset whose file lists no per-request
+    # lengths is replayed with the lengths drawn again from it (planner.evidence.redraw)
+    seed: int | None = Field(None, ge=0, lt=2**32)
     # the API the client called; None: read from the client command (vLLM bench serve's
     # --backend openai-chat or --endpoint /v1/chat/completions is the chat API)
     endpoint: Literal["completions", "chat"] | None = None

@@ -1,0 +1,55 @@
+"""The lengths a benchmark client drew for a run, drawn again from its seed.
+
+SGLang's ``bench_serving`` writes each request's lengths only with ``--output-details``; an
+older result line (0.4) gives the totals alone. Its random dataset draws them with numpy's
+global generator, seeded from ``--seed`` (default 1) at the start of each invocation: the
+prompt lengths first, then the output lengths, each uniform on [ratio x nominal, nominal]
+(the prompt's low end at least 1). From
+https://github.com/sgl-project/sglang/blob/v0.4.0/python/sglang/bench_serving.py
+(``sample_random_requests``; ``run_benchmark`` seeds ``np.random``). The same seed, count and
+nominal lengths give the same lengths, so a redraw is checked against the totals the file
+reports, and refused where they differ. Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from planner.core.errors import LlmplanError
+from planner.evidence.runs import RandomLengths, ServedRun
+
+
+def sglang_random_lengths(seed: int, n: int, spec: RandomLengths
+                          ) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The prompt and output lengths of ``n`` requests SGLang's random dataset draws with
+    ``seed``."""
+    import numpy as np
+
+    rng = np.random.RandomState(seed)  # the legacy generator np.random.seed() resets
+    low = max(int(spec.input_len * spec.range_ratio), 1)
+    inputs = rng.randint(low, spec.input_len + 1, size=n)
+    outputs = rng.randint(int(spec.output_len * spec.range_ratio), spec.output_len + 1, size=n)
+    return tuple(int(x) for x in inputs), tuple(int(x) for x in outputs)
+
+
+def redrawn(run: ServedRun, seed: int, where: str) -> ServedRun:
+    """``run`` with each request's lengths drawn again from the client's ``seed``, where its
+    file lists none and names SGLang's random dataset; else as it is. The draw must add up
+    to the totals the file reports."""
+    spec = run.random_lengths
+    if run.input_lens or spec is None or run.tool != "sglang-bench-serving":
+        return run
+    n = run.num_prompts or run.completed
+    inputs, outputs = sglang_random_lengths(seed, n, spec)
+    stated = (round(run.mean_input_tokens * run.completed),
+              round(run.mean_output_tokens * run.completed))
+    if n != run.completed or (sum(inputs), sum(outputs)) != stated:
+        raise LlmplanError(
+            f"{where}: lengths drawn again with seed {seed} for {n:,} requests add up to "
+            f"{sum(inputs):,} prompt / {sum(outputs):,} output tokens, where the file says "
+            f"{stated[0]:,} / {stated[1]:,} for {run.completed:,} completed: another seed or "
+            "client release")
+    return replace(run, input_lens=inputs, output_lens=outputs,
+                   notes=run.notes + (f"lengths: each request's, drawn again from the "
+                                      f"client's seed {seed} (they add up to the file's "
+                                      "totals)",))

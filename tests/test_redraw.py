@@ -1,0 +1,123 @@
+"""A run's lengths drawn again from its client's seed, where its file gives totals only.
+
+DataCrunch's SGLang 0.4 result lines (the sglang profile's fit source) give each run's total
+prompt and output tokens, not each request's. Their client commands pass no --seed, so
+bench_serving drew with its default 1; the redraw must give exactly the published totals."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import yaml
+from hypothesis import given
+from hypothesis import strategies as st
+
+from planner.core.errors import LlmplanError
+from planner.evidence.formats import FormatError, read_sglang
+from planner.evidence.redraw import redrawn, sglang_random_lengths
+from planner.evidence.runs import RandomLengths
+from planner.io import catalog
+
+SERVED = catalog.SERVED_DIR
+ONLINE_70B = "datacrunch-llama33-70b-h200x4-tp4-sglang-online"
+RANDOM_1K = RandomLengths(1024, 1024, 0.0)
+
+
+def _lines(name: str) -> list[dict]:
+    return [json.loads(x) for x in (SERVED / f"{name}.jsonl").read_text().splitlines() if x]
+
+
+@pytest.mark.parametrize("name", [ONLINE_70B, "datacrunch-llama33-70b-h200x4-tp4-sglang-offline",
+                                  "datacrunch-llama31-405b-h200x8-tp8-sglang-online"])
+def test_seed_1_gives_every_published_random_runs_totals(name):
+    random_runs = [d for d in _lines(name) if d["dataset_name"] == "random"]
+    assert len(random_runs) >= 4
+    for d in random_runs:
+        spec = RandomLengths(d["random_input_len"], d["random_output_len"],
+                             d["random_range_ratio"])
+        inputs, outputs = sglang_random_lengths(1, d["completed"], spec)
+        assert (sum(inputs), sum(outputs)) == (d["total_input_tokens"],
+                                               d["total_output_tokens"])
+
+
+def test_another_seed_does_not():
+    """The check can fail: seed 0 misses the first online run's published 152,612 / 160,347."""
+    inputs, outputs = sglang_random_lengths(0, 300, RANDOM_1K)
+    assert (sum(inputs), sum(outputs)) != (152_612, 160_347)
+    assert tuple(map(sum, sglang_random_lengths(1, 300, RANDOM_1K))) == (152_612, 160_347)
+
+
+@given(seed=st.integers(0, 2**32 - 1), n=st.integers(1, 300),
+       inp=st.integers(1, 5000), out=st.integers(0, 5000), ratio=st.floats(0, 1))
+def test_lengths_lie_in_the_range_the_ratio_gives(seed, n, inp, out, ratio):
+    inputs, outputs = sglang_random_lengths(seed, n, RandomLengths(inp, out, ratio))
+    assert len(inputs) == len(outputs) == n
+    assert all(max(int(inp * ratio), 1) <= x <= inp for x in inputs)
+    assert all(int(out * ratio) <= x <= out for x in outputs)
+
+
+@given(seed=st.integers(0, 2**32 - 1), n=st.integers(1, 200), more=st.integers(1, 200))
+def test_a_longer_run_begins_with_the_shorter_ones_prompts(seed, n, more):
+    """The prompt lengths are drawn first, one after another: 1,200 prompts at 4 req/s begin
+    with the 600 sent at 2 req/s (DataCrunch's online sweep)."""
+    short = sglang_random_lengths(seed, n, RANDOM_1K)[0]
+    assert sglang_random_lengths(seed, n + more, RANDOM_1K)[0][:n] == short
+
+
+BASE = {"completed": 300, "request_rate": 1.0, "dataset_name": "random",
+        "random_input_len": 1024, "random_output_len": 1024, "random_range_ratio": 0.0,
+        "total_input_tokens": 152_612, "total_output_tokens": 160_347, "median_ttft_ms": 85.7}
+
+
+def test_the_sglang_reader_keeps_the_random_datasets_lengths():
+    run = read_sglang([BASE], "f")[0]
+    assert run.dataset == "random" and run.random_lengths == RANDOM_1K
+    share = read_sglang([{**BASE, "dataset_name": "sharegpt"}], "f")[0]
+    assert share.dataset == "sharegpt" and share.random_lengths is None
+    with pytest.raises(FormatError, match="f:1: random_input_len 1024, random_range_ratio 2"):
+        read_sglang([{**BASE, "random_range_ratio": 2}], "f")
+
+
+def test_redrawn_replays_each_requests_lengths_and_checks_the_totals():
+    run = redrawn(read_sglang([BASE], "f")[0], 1, "here")
+    assert len(run.input_lens) == 300 and sum(run.output_lens) == 160_347
+    assert "seed 1" in run.notes[-1]
+    with pytest.raises(LlmplanError, match="here: lengths drawn again with seed 2 .* 152,612"):
+        redrawn(read_sglang([BASE], "f")[0], 2, "here")
+    listed = read_sglang([{**BASE, "completed": 2, "input_lens": [1, 2],
+                           "output_lens": [3, 4]}], "f")[0]
+    assert redrawn(listed, 2, "here") is listed  # the file's own lengths stand
+    shared = read_sglang([{**BASE, "dataset_name": "sharegpt"}], "f")[0]
+    assert redrawn(shared, 1, "here") is shared
+
+
+def test_datacrunchs_runs_replay_each_requests_lengths():
+    from planner.cli.validate import replayed_runs
+
+    ds, folder = next((d, f) for d, f in catalog.load_served()
+                      if d.source.id == "datacrunch-h200")
+    runs = replayed_runs(ds.entry(ONLINE_70B), folder, ds)
+    assert [r.dataset for r in runs] == ["random"] * 5 + ["sharegpt"] * 2
+    for r in runs:  # every request's own lengths, none at the mean
+        assert len(r.input_lens) == r.completed and len(set(r.input_lens)) > 100
+    assert runs[2].input_lens[:600] == runs[1].input_lens  # the same draws, one seed
+    assert "ShareGPT" in runs[-1].notes[-1] or "sharegpt" in runs[-1].notes[-1]
+
+
+def _manifest(tmp_path, seed) -> str:
+    shutil.copy(SERVED / f"{ONLINE_70B}.jsonl", tmp_path)
+    data = yaml.safe_load((SERVED / "datacrunch-h200.yaml").read_text())
+    data["runs"] = [dict(data["runs"][0], traffic={"seed": seed})]
+    (tmp_path / "m.yaml").write_text(yaml.safe_dump(data))
+    return str(tmp_path / "m.yaml")
+
+
+@pytest.mark.parametrize("seed, says", [(-1, "traffic.seed"), ("one", "traffic.seed"),
+                                        (7, "lengths drawn again with seed 7")])
+def test_a_wrong_seed_is_one_line(run_cli, tmp_path, seed, says):
+    code, _, err = run_cli("validate", "--served-dataset", _manifest(tmp_path, seed),
+                           "--no-rows")
+    assert code == 2 and says in err, err
+    assert len(err.strip().splitlines()) == 1
