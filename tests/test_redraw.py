@@ -121,3 +121,50 @@ def test_a_wrong_seed_is_one_line(run_cli, tmp_path, seed, says):
                            "--no-rows")
     assert code == 2 and says in err, err
     assert len(err.strip().splitlines()) == 1
+
+
+def test_compare_seed_replays_each_requests_lengths(run_json):
+    args = (str(SERVED / f"{ONLINE_70B}.jsonl"), "-m", "llama-3.3-70b", "-g", "h200",
+            "--tp", "4", "-e", "sglang")
+    plain, drawn = run_json("compare", *args), run_json("compare", *args, "--seed", "1")
+    assert "seed 1" in drawn["runs"][0]["notes"][-1]
+    assert not any("seed" in n for n in plain["runs"][0]["notes"])
+
+    def ttft(d, i):
+        return d["runs"][i]["metrics"]["median_ttft_s"]["simulated"]
+    # some prompts of up to 1,024 tokens now, not all 509: the median first token moves
+    assert ttft(drawn, 0) != pytest.approx(ttft(plain, 0), rel=1e-3)
+
+
+def test_compare_with_another_seed_is_one_line(run_cli):
+    code, _, err = run_cli("compare", str(SERVED / f"{ONLINE_70B}.jsonl"), "-m",
+                           "llama-3.3-70b", "-g", "h200", "--tp", "4", "-e", "sglang",
+                           "--seed", "3")
+    assert code == 2 and "--seed: " in err and "seed 3" in err and "152,612" in err, err
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_calibrate_takes_the_seed_too(run_cli, tmp_path):
+    """The wrong seed is refused before any fit: the option reaches calibrate's replay."""
+    code, _, err = run_cli("calibrate", str(SERVED / f"{ONLINE_70B}.jsonl"), "-m",
+                           "llama-3.3-70b", "-g", "h200", "--tp", "4", "--base-engine",
+                           "sglang", "-o", str(tmp_path / "p.yaml"), "--seed", "3")
+    assert code == 2 and "--seed: " in err and "seed 3" in err, err
+    assert not (tmp_path / "p.yaml").exists()
+
+
+def test_a_printed_block_is_redrawn_from_its_manifests_command():
+    """sgl-project/sglang#7631's block (SGLang 0.4.8, DeepSeek-V3 on 8x H20) prints totals
+    only; its command: random 1,024 / 512 at range ratio 0, 200 prompts, no --seed. Seed 1
+    gives the block's 103,005 input and 53,590 generated tokens."""
+    from planner.cli.validate import replayed_runs
+
+    ds, folder = next((d, f) for d, f in catalog.load_served() if d.source.id == "engine-prs")
+    entry = ds.entry("sglang-pr7631-deepseek-v3-h20-tp8-r1024-c8-tuned")
+    run = replayed_runs(entry, folder, ds)[0]
+    assert run.random_lengths == RandomLengths(1024, 512, 0.0)
+    assert (len(run.input_lens), sum(run.input_lens), sum(run.output_lens)) == (
+        200, 103_005, 53_590)
+    unseeded = entry.model_copy(update={"traffic": entry.traffic.model_copy(
+        update={"seed": None})})
+    assert replayed_runs(unseeded, folder, ds)[0].input_lens is None  # the means, as before

@@ -14,6 +14,7 @@ import typer
 from planner.cli.compare import (
     CachedFromOpt,
     FilesArg,
+    SeedOpt,
     StrictOpt,
     SweepOpt,
     check_runs,
@@ -62,6 +63,7 @@ def calibrate(
     strict: StrictOpt = False,
     cached_from: CachedFromOpt = None,
     sweep: SweepOpt = False,
+    seed: SeedOpt = None,
     leave_one_out: Annotated[bool, typer.Option(
         "--leave-one-out/--no-leave-one-out",
         help="Also fit once per run without it, to show the held-out error.")] = True,
@@ -87,7 +89,7 @@ def calibrate(
         raise LlmplanError(f"--name: '{name}' must be letters, digits, '-', '_' or '.'")
     s, spec = server_setup(model, gpu, base_engine, tp, weights, kv_cache, group_size,
                       quantized_layers)
-    runs = warm_runs(read_result_files(files), cached_from, sweep)
+    runs = warm_runs(read_result_files(files), cached_from, sweep, seed)
     check_runs(runs, s, strict)
     from planner.cli.progress import task_progress
 

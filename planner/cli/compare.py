@@ -203,13 +203,27 @@ SweepOpt = Annotated[bool, typer.Option(
     "prefix cache the beginnings the runs before it sent (as --cached-from names them).")]
 
 
-def warm_runs(runs: list, cached_from: list[Path] | None, sweep: bool) -> list:
-    """``runs`` as replayed after the runs of ``cached_from`` (and, with ``sweep``, after the
-    ones before each in ``runs``) on the same server: each request's cached beginning
-    (``planner.evidence.compare.warmed_by``)."""
-    from planner.evidence.compare import warmed_by
+SeedOpt = Annotated[Optional[int], typer.Option(
+    "--seed", metavar="N", min=0, max=2**32 - 1,
+    help="The client's random seed (SGLang's bench_serving --seed; its default is 1): a run "
+         "of SGLang's random dataset whose file gives only totals is replayed with each "
+         "request's lengths drawn again from it, which must add up to the file's totals.")]
 
-    before = [(str(f), read_result_file(f)) for f in cached_from or ()]
+
+def warm_runs(runs: list, cached_from: list[Path] | None, sweep: bool,
+              seed: int | None = None) -> list:
+    """``runs`` as replayed: with ``seed``, each request's lengths drawn again where a file
+    gives totals only (``planner.evidence.redraw``); after the runs of ``cached_from`` (and,
+    with ``sweep``, after the ones before each in ``runs``) on the same server, each
+    request's cached beginning (``planner.evidence.compare.warmed_by``)."""
+    from planner.evidence.compare import warmed_by
+    from planner.evidence.redraw import redrawn
+
+    def drawn(rs: list) -> list:
+        return rs if seed is None else [redrawn(r, seed, f"--seed: {r.source}") for r in rs]
+
+    runs = drawn(runs)
+    before = [(str(f), drawn(read_result_file(f))) for f in cached_from or ()]
     out = []
     for r in runs:
         out.append(warmed_by(r, before, r.source) if before else r)
@@ -353,6 +367,7 @@ def compare(
     strict: StrictOpt = False,
     cached_from: CachedFromOpt = None,
     sweep: SweepOpt = False,
+    seed: SeedOpt = None,
     plot: Annotated[Optional[Path], typer.Option(
         "--plot", help="PNG of predicted vs measured, one point per run and figure.",
         metavar="PNG")] = None,
@@ -368,7 +383,7 @@ def compare(
     output_path(plot, "--plot", ".png")
     s, _ = server_setup(model, gpu, engine, tp, weights, kv_cache, group_size, quantized_layers)
     runs = read_result_files(files)
-    runs = warm_runs(runs, cached_from, sweep)
+    runs = warm_runs(runs, cached_from, sweep, seed)
     check_runs(runs, s, strict)
     comps = [compare_run(r, s) for r in runs]
     if plot is not None:

@@ -34,10 +34,11 @@ def sglang_random_lengths(seed: int, n: int, spec: RandomLengths
 
 def redrawn(run: ServedRun, seed: int, where: str) -> ServedRun:
     """``run`` with each request's lengths drawn again from the client's ``seed``, where its
-    file lists none and names SGLang's random dataset; else as it is. The draw must add up
-    to the totals the file reports."""
+    file lists none and SGLang's random dataset is named (by the file, or for a printed
+    block by its manifest's traffic); else as it is. The draw must add up to the totals the
+    file reports."""
     spec = run.random_lengths
-    if run.input_lens or spec is None or run.tool != "sglang-bench-serving":
+    if run.input_lens or spec is None or not run.tool.startswith("sglang-bench-serving"):
         return run
     n = run.num_prompts or run.completed
     inputs, outputs = sglang_random_lengths(seed, n, spec)

@@ -30,7 +30,7 @@ from planner.core.arith import no_bool_numbers
 from planner.core.specs import DType
 from planner.evidence.bands import served_regime
 from planner.evidence.compare import compare_run
-from planner.evidence.runs import ServedRun
+from planner.evidence.runs import RandomLengths, ServedRun
 from planner.evidence.validate import Errors, Summary, summarize
 from planner.layouts.deployment import Deployment
 
@@ -128,6 +128,11 @@ class Traffic(_Strict):
             upd["num_prompts"] = self.num_prompts
         if self.cached_prefix_tokens is not None:
             upd["cached_prefix_tokens"] = self.cached_prefix_tokens
+        if (run.random_lengths is None and self.dataset == "random" and self.range_ratio
+                is not None and self.input_len is not None and self.output_len is not None):
+            # a printed block does not say how its random lengths were drawn; the command does
+            upd["random_lengths"] = RandomLengths(self.input_len, self.output_len,
+                                                  self.range_ratio)
         if self.chat:
             upd["chat"] = True
         return replace(run, **upd) if upd else run
