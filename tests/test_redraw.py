@@ -168,3 +168,39 @@ def test_a_printed_block_is_redrawn_from_its_manifests_command():
     unseeded = entry.model_copy(update={"traffic": entry.traffic.model_copy(
         update={"seed": None})})
     assert replayed_runs(unseeded, folder, ds)[0].input_lens is None  # the means, as before
+
+
+def test_simulate_sends_the_lengths_sglangs_bench_serving_sends(run_json):
+    """--dataset-name sglang-random --seed 1 with DataCrunch's first command (300 prompts,
+    --random-input 1024 --random-output 1024): the published 152,612 / 160,347 tokens."""
+    d = run_json("simulate", "-m", "llama-3.3-70b", "-g", "h200", "--tp", "4", "-e", "sglang",
+                 "-n", "300", "-p", "1024", "-o", "1024", "--request-rate", "1",
+                 "--dataset-name", "sglang-random", "--seed", "1")
+    assert (d["total_input_tokens"], d["total_output_tokens"]) == (152_612, 160_347)
+    vllm_style = run_json("simulate", "-m", "llama-3.3-70b", "-g", "h200", "--tp", "4", "-e",
+                          "sglang", "-n", "300", "-p", "1024", "-o", "1024",
+                          "--request-rate", "1", "--seed", "1")
+    assert vllm_style["total_input_tokens"] == 300 * 1024  # vLLM's ratio 0: fixed lengths
+
+
+def test_sglang_random_from_the_range_ratio_up(run_json):
+    d = run_json("simulate", "-m", "llama-3.1-8b", "-g", "h100-sxm", "-n", "200", "-p", "1000",
+                 "-o", "100", "--range-ratio", "0.5", "--dataset-name", "sglang-random")
+    inputs, outputs = sglang_random_lengths(0, 200, RandomLengths(1000, 100, 0.5))
+    assert d["total_input_tokens"] == sum(inputs) and d["total_output_tokens"] == sum(outputs)
+    assert min(inputs) >= 500 and max(inputs) <= 1000
+
+
+def test_a_served_budget_takes_sglangs_random_lengths(run_json, tmp_path):
+    """SGLang's ratio 0 sends prompts of 1 to 1,024 tokens (median about 512), vLLM's all of
+    1,024: the median first token of the same traffic is earlier."""
+    def ttft(name):
+        budget = {"deployments": [{
+            "name": "d", "model": "llama-3.1-8b", "gpu": "h100-sxm",
+            "workload": {"prompt_tokens": 1024, "output_tokens": 128},
+            "traffic": {"request_rate": 4, "num_requests": 50, "dataset_name": name,
+                        "percentile": 50},
+            "limits": {"served_ttft_s": "10s"}}]}
+        (tmp_path / "b.yaml").write_text(yaml.safe_dump(budget))
+        return run_json("check", str(tmp_path / "b.yaml"))["results"][0]["predicted"]
+    assert ttft("sglang-random") < 0.8 * ttft("random")

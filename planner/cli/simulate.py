@@ -204,7 +204,8 @@ def simulate(
     range_ratio: Annotated[float, typer.Option(
         "--range-ratio", "--random-range-ratio",
         help="Lengths uniform within +-this fraction (vLLM's random dataset, "
-        "--random-range-ratio).", metavar="FRACTION")] = 0.0,
+        "--random-range-ratio); with --dataset-name sglang-random, from this fraction of -p "
+        "/ -o up to them, as SGLang's.", metavar="FRACTION")] = 0.0,
     prefix_tokens: Annotated[int, typer.Option(
         "--prefix-tokens", "--random-prefix-len",
         help="The same first tokens before every prompt (vLLM's --random-prefix-len): a "
@@ -221,12 +222,15 @@ def simulate(
         "prefix_id and prefix_tokens (rows with the same prefix_id share their first "
         "prefix_tokens).", metavar="FILE")] = None,
     dataset_name: Annotated[str, typer.Option(
-        "--dataset-name", metavar="random|sharegpt|sonnet",
+        "--dataset-name", metavar="random|sharegpt|sonnet|sglang-random",
         help="Lengths as vLLM's bench serve draws them: random (uniform within "
         "--range-ratio of -p / -o), sharegpt (the published ShareGPT length distribution, "
         "planner/data/lengths, scaled so its means are -p and -o) or sonnet (prompts of -p "
         "tokens whose first --prefix-tokens, 200 unless given, are the same in every "
-        "request, as vLLM's sonnet dataset builds them).")] = "random",
+        "request, as vLLM's sonnet dataset builds them); or as SGLang's bench_serving "
+        "draws its random dataset: sglang-random (uniform from --range-ratio x -p / -o up "
+        "to -p / -o, with numpy seeded by --seed: bench_serving --seed N sends the same "
+        "lengths).")] = "random",
     seed: Annotated[int, typer.Option(help="Random seed of lengths and arrivals.",
         metavar="N")] = 0,
     chat: Annotated[bool, typer.Option(
@@ -892,14 +896,26 @@ def request_stream(dataset, dataset_name, num_requests, prompt_tokens, output_to
                    range_ratio, request_rate, burstiness, max_concurrency, seed,
                    prefix_tokens=0):
     """The request stream: a trace file's, or lengths as vLLM's bench serve draws them
-    (``--dataset-name``: random, sharegpt or sonnet); ``simulate``'s, and ``check``'s for a
-    served budget."""
+    (``--dataset-name``: random, sharegpt or sonnet) or SGLang's bench_serving its random
+    dataset (sglang-random); ``simulate``'s, and ``check``'s for a served budget."""
     from planner.serving.traffic import replay, synthetic
 
     if prefix_tokens and (dataset is not None or dataset_name not in ("random", "sonnet")):
         raise LlmplanError("--prefix-tokens: only with the random and sonnet datasets (a "
                            "--dataset gives its prefixes in prefix_id / prefix_tokens "
                            "columns)")
+    if dataset is None and dataset_name == "sglang-random":
+        # SGLang's bench_serving --dataset-name random: -p and -o are the longest lengths
+        # (--random-input-len / --random-output-len); a request asked for no output token
+        # still runs one step
+        from planner.evidence.redraw import sglang_random_lengths
+        from planner.evidence.runs import RandomLengths
+
+        inputs, outputs = sglang_random_lengths(
+            seed, num_requests, RandomLengths(prompt_tokens, output_tokens, range_ratio))
+        return replay([(p, max(o, 1), None) for p, o in zip(inputs, outputs, strict=True)],
+                      request_rate=request_rate, burstiness=burstiness,
+                      closed_loop=max_concurrency is not None, seed=seed)
     if dataset is None and dataset_name == "sonnet":
         # vLLM's SonnetDataset (benchmarks/benchmark_dataset.py): every prompt starts with the
         # same prefix_len tokens of sonnet lines (200 by default), then lines drawn at random
@@ -923,7 +939,7 @@ def request_stream(dataset, dataset_name, num_requests, prompt_tokens, output_to
 
         if dataset_name not in catalog.length_names():
             raise LlmplanError(f"--dataset-name: '{dataset_name}' is not one of random, "
-                               f"sonnet, {', '.join(catalog.length_names())}")
+                               f"sonnet, sglang-random, {', '.join(catalog.length_names())}")
         lens = shaped_lengths(catalog.load_lengths(dataset_name), num_requests,
                               mean_prompt=prompt_tokens, mean_output=output_tokens, seed=seed)
         return replay([(p, o, None) for p, o in lens], request_rate=request_rate,

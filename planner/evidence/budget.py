@@ -134,7 +134,8 @@ class BudgetTraffic(_Strict):
     request_rate: float = Field(gt=0, le=1e9)  # requests a second, all replicas together
     replicas: int = Field(1, gt=0, le=MAX_COUNT)
     # lengths as vLLM's bench serve draws them: random (the workload's, within
-    # range_ratio), sharegpt (ShareGPT's shape at the workload's means) or sonnet
+    # range_ratio), sharegpt (ShareGPT's shape at the workload's means) or sonnet; or
+    # sglang-random, as SGLang's bench_serving (from range_ratio of them up to them)
     dataset_name: str = Field("random", min_length=1, max_length=64)
     num_requests: int = Field(500, ge=10, le=100_000)
     percentile: Literal[50, 90, 99] = 90
