@@ -94,6 +94,9 @@ CLI_OPTIONS = {  # command line -> options that take a value ("": a positional a
                                       "--tpot-slo", "-n", "--dataset", "--trace",
                                       "--performance-mode"],
     ("simulate", *BASE, "-n", "20", "--scheduler", "dynamic"): ["--max-wait"],
+    # SGLang's random lengths (numpy seeded by --seed, from --range-ratio of -p / -o up)
+    ("simulate", *BASE, "-n", "20", "--dataset-name", "sglang-random"):
+        ["--range-ratio", "--seed", "-p", "-o", "--dataset-name"],
     # TensorRT-LLM's options file (planner/io/trtllm_options.py)
     ("simulate", *BASE, "-e", "trtllm", "-n", "20"): ["--extra-llm-api-options"],
     # disaggregated serving: prefill and decode instances, their GPUs and the KV link
@@ -116,7 +119,7 @@ CLI_OPTIONS = {  # command line -> options that take a value ("": a positional a
                                         "--expert-imbalance"],
     ("validate",): ["--engine", "--source", "--csv", "--served-dataset"],
     ("compare", "tests/fixtures/servers/vllm_bench_serve.json", *BASE):
-        ["--tp", "--engine", "--weights", "--plot", "-m", "-g"],
+        ["--tp", "--engine", "--weights", "--plot", "-m", "-g", "--seed", "--cached-from"],
     ("calibrate", "tests/fixtures/servers/vllm_bench_serve.json", *BASE, "--no-leave-one-out"):
         ["--out", "--name", "--base-engine", "--tp"],
     ("watch", "http://127.0.0.1:9/metrics", *BASE, "--once", "--timeout", "1"):
