@@ -204,3 +204,11 @@ def test_a_served_budget_takes_sglangs_random_lengths(run_json, tmp_path):
         (tmp_path / "b.yaml").write_text(yaml.safe_dump(budget))
         return run_json("check", str(tmp_path / "b.yaml"))["results"][0]["predicted"]
     assert ttft("sglang-random") < 0.8 * ttft("random")
+
+
+def test_a_seed_that_draws_nothing_is_one_line(run_cli):
+    """A file that lists each request's lengths (or a printed block) has nothing to draw."""
+    code, _, err = run_cli("compare", "tests/fixtures/servers/vllm_bench_serve.json", "-m",
+                           "llama-3.1-8b", "-g", "h100-sxm", "--seed", "1")
+    assert code == 2 and "--seed: no run given" in err, err
+    assert len(err.strip().splitlines()) == 1

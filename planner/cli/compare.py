@@ -27,7 +27,7 @@ from planner.cli.options import (
     stderr,
     stdout,
 )
-from planner.core.errors import LlmplanError
+from planner.core.errors import LlmplanError, UsageError
 
 FilesArg = Annotated[list[Path], typer.Argument(
     help="Result files: vLLM `bench serve` JSON, SGLang `bench_serving` JSONL, guidellm "
@@ -219,11 +219,22 @@ def warm_runs(runs: list, cached_from: list[Path] | None, sweep: bool,
     from planner.evidence.compare import warmed_by
     from planner.evidence.redraw import redrawn
 
+    redrawn_n = 0
+
     def drawn(rs: list) -> list:
-        return rs if seed is None else [redrawn(r, seed, f"--seed: {r.source}") for r in rs]
+        nonlocal redrawn_n
+        if seed is None:
+            return rs
+        out = [redrawn(r, seed, f"--seed: {r.source}") for r in rs]
+        redrawn_n += sum(a is not b for a, b in zip(rs, out, strict=True))
+        return out
 
     runs = drawn(runs)
     before = [(str(f), drawn(read_result_file(f))) for f in cached_from or ()]
+    if seed is not None and not redrawn_n:
+        raise UsageError("--seed: no run given is of SGLang's random dataset without "
+                         "per-request lengths (its result line names the dataset and its "
+                         "lengths; a printed block does not): nothing to draw again")
     out = []
     for r in runs:
         out.append(warmed_by(r, before, r.source) if before else r)
