@@ -212,3 +212,17 @@ def test_a_seed_that_draws_nothing_is_one_line(run_cli):
                            "llama-3.1-8b", "-g", "h100-sxm", "--seed", "1")
     assert code == 2 and "--seed: no run given" in err, err
     assert len(err.strip().splitlines()) == 1
+
+
+def test_the_seed_draws_the_earlier_runs_lengths_too(run_json, tmp_path):
+    """--cached-from needs each request's length from the earlier file as well: one that gives
+    totals only is drawn again from the seed. The same run sent twice: the second finds every
+    prompt but its last token cached."""
+    line = (SERVED / f"{ONLINE_70B}.jsonl").read_text().splitlines()[0]
+    (tmp_path / "a.jsonl").write_text(line + "\n")
+    d = run_json("compare", str(tmp_path / "a.jsonl"), "--cached-from",
+                 str(tmp_path / "a.jsonl"), "--seed", "1", "-m", "llama-3.3-70b", "-g",
+                 "h200", "--tp", "4", "-e", "sglang")
+    notes = d["runs"][0]["notes"]
+    assert any("seed 1" in n for n in notes)
+    assert any(n.startswith("100% of the prompt tokens were in the prefix cache") for n in notes)
