@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 import yaml
@@ -226,3 +227,20 @@ def test_the_seed_draws_the_earlier_runs_lengths_too(run_json, tmp_path):
     notes = d["runs"][0]["notes"]
     assert any("seed 1" in n for n in notes)
     assert any(n.startswith("100% of the prompt tokens were in the prefix cache") for n in notes)
+
+
+def test_a_manifest_seed_that_draws_nothing_is_one_line(run_cli, tmp_path):
+    shutil.copy(Path(__file__).parent / "fixtures" / "servers" / "vllm_bench_serve.json",
+                tmp_path)
+    data = {"source": {"id": "try", "url": "https://example.com/r", "repo": "o/r",
+                       "commit": "0123456789abcdef0123456789abcdef01234567",
+                       "date": "2026-11-21", "engine": "vllm", "engine_version": "0.11",
+                       "hardware_note": "1xH100-80GB-SXM"},
+            "runs": [{"id": "one", "file": "vllm_bench_serve.json", "path": "r/a.json",
+                      "sha256": "0" * 64, "model": "llama-3.1-8b", "gpu": "h100-sxm",
+                      "traffic": {"seed": 1}}]}
+    (tmp_path / "m.yaml").write_text(yaml.safe_dump(data))
+    code, _, err = run_cli("validate", "--served-dataset", str(tmp_path / "m.yaml"),
+                           "--no-rows")
+    assert code == 2 and "one: traffic.seed: no run of vllm_bench_serve.json" in err, err
+    assert len(err.strip().splitlines()) == 1
