@@ -244,3 +244,17 @@ def test_a_manifest_seed_that_draws_nothing_is_one_line(run_cli, tmp_path):
                            "--no-rows")
     assert code == 2 and "one: traffic.seed: no run of vllm_bench_serve.json" in err, err
     assert len(err.strip().splitlines()) == 1
+
+
+def test_a_vllm_runs_random_command_states_no_sglang_lengths():
+    """vLLM's random dataset reads --random-range-ratio as a spread around the length, not
+    SGLang's low end: a vLLM run whose manifest states that dataset, its lengths and ratio
+    (Scicom's vLLM 0.15 runs) carries no RandomLengths, which are SGLang's."""
+    from planner.cli.validate import replayed_runs
+
+    ds, folder = next((d, f) for d, f in catalog.load_served()
+                      if d.source.id == "scicom-benchmaq-vllm")
+    entry = next(e for e in ds.runs if e.traffic and e.traffic.dataset == "random"
+                 and e.traffic.range_ratio is not None and e.traffic.input_len)
+    run = replayed_runs(entry, folder, ds)[0]
+    assert run.tool.startswith("vllm") and run.random_lengths is None

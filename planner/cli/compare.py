@@ -217,24 +217,17 @@ def warm_runs(runs: list, cached_from: list[Path] | None, sweep: bool,
     with ``sweep``, after the ones before each in ``runs``) on the same server, each
     request's cached beginning (``planner.evidence.compare.warmed_by``)."""
     from planner.evidence.compare import warmed_by
-    from planner.evidence.redraw import redrawn
+    from planner.evidence.redraw import redrawn_all
 
-    redrawn_n = 0
-
-    def drawn(rs: list) -> list:
-        nonlocal redrawn_n
-        if seed is None:
-            return rs
-        out = [redrawn(r, seed, f"--seed: {r.source}") for r in rs]
-        redrawn_n += sum(a is not b for a, b in zip(rs, out, strict=True))
-        return out
-
-    runs = drawn(runs)
-    before = [(str(f), drawn(read_result_file(f))) for f in cached_from or ()]
-    if seed is not None and not redrawn_n:
-        raise UsageError("--seed: no run given is of SGLang's random dataset without "
-                         "per-request lengths (its result line names the dataset and its "
-                         "lengths; a printed block does not): nothing to draw again")
+    before = [(str(f), read_result_file(f)) for f in cached_from or ()]
+    if seed is not None:
+        runs, n = redrawn_all(runs, seed, "--seed")
+        drawn = [(name, *redrawn_all(rs, seed, "--seed")) for name, rs in before]
+        before = [(name, rs) for name, rs, _ in drawn]
+        if not n + sum(k for *_, k in drawn):
+            raise UsageError("--seed: no run given is of SGLang's random dataset without "
+                             "per-request lengths (its result line names the dataset and its "
+                             "lengths; a printed block does not): nothing to draw again")
     out = []
     for r in runs:
         out.append(warmed_by(r, before, r.source) if before else r)

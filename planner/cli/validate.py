@@ -120,15 +120,13 @@ def replayed_runs(entry, folder, dataset):
     traffic = entry.traffic
     runs = [traffic.apply(r) for r in runs]
     if traffic.seed is not None:
-        from planner.evidence.redraw import redrawn
+        from planner.evidence.redraw import redrawn_all
 
-        drawn = [redrawn(r, traffic.seed, f"{entry.id}: traffic.seed: {r.source}")
-                 for r in runs]
-        if all(a is b for a, b in zip(runs, drawn, strict=True)):
+        runs, n = redrawn_all(runs, traffic.seed, f"{entry.id}: traffic.seed")
+        if not n:
             raise LlmplanError(f"{entry.id}: traffic.seed: no run of {entry.file} is of "
                                "SGLang's random dataset without per-request lengths: "
                                "nothing to draw again")
-        runs = drawn
     runs = [shape_lengths(r, r.dataset or traffic.dataset) for r in runs]
     if traffic.cached_prefix_runs:  # the earlier runs' files, read once for all runs
         from planner.evidence.compare import warmed_by

@@ -37,8 +37,8 @@ def redrawn(run: ServedRun, seed: int, where: str) -> ServedRun:
     file lists none and SGLang's random dataset is named (by the file, or for a printed
     block by its manifest's traffic); else as it is. The draw must add up to the totals the
     file reports."""
-    spec = run.random_lengths
-    if run.input_lens or spec is None or not run.tool.startswith("sglang-bench-serving"):
+    spec = run.random_lengths  # set for SGLang's clients only (formats, Traffic.apply)
+    if run.input_lens or spec is None:
         return run
     n = run.num_prompts or run.completed
     inputs, outputs = sglang_random_lengths(seed, n, spec)
@@ -54,3 +54,10 @@ def redrawn(run: ServedRun, seed: int, where: str) -> ServedRun:
                    notes=run.notes + (f"lengths: each request's, drawn again from the "
                                       f"client's seed {seed} (they add up to the file's "
                                       "totals)",))
+
+
+def redrawn_all(runs: list[ServedRun], seed: int, where: str) -> tuple[list[ServedRun], int]:
+    """``runs``, each as ``redrawn`` gives it (``where``: what the seed came from), and how
+    many of them were drawn again."""
+    out = [redrawn(r, seed, f"{where}: {r.source}") for r in runs]
+    return out, sum(a is not b for a, b in zip(runs, out, strict=True))

@@ -128,9 +128,12 @@ class Traffic(_Strict):
             upd["num_prompts"] = self.num_prompts
         if self.cached_prefix_tokens is not None:
             upd["cached_prefix_tokens"] = self.cached_prefix_tokens
-        if (run.random_lengths is None and self.dataset == "random" and self.range_ratio
-                is not None and self.input_len is not None and self.output_len is not None):
-            # a printed block does not say how its random lengths were drawn; the command does
+        if (run.tool.startswith("sglang-bench-serving") and run.random_lengths is None
+                and self.dataset == "random" and None not in (
+                    self.range_ratio, self.input_len, self.output_len)):
+            # a printed SGLang block does not say how its random lengths were drawn; the
+            # command does (vLLM's random dataset reads its ratio otherwise: RandomLengths is
+            # SGLang's)
             upd["random_lengths"] = RandomLengths(self.input_len, self.output_len,
                                                   self.range_ratio)
         if self.chat:
