@@ -258,3 +258,78 @@ def test_a_vllm_runs_random_command_states_no_sglang_lengths():
                  and e.traffic.range_ratio is not None and e.traffic.input_len)
     run = replayed_runs(entry, folder, ds)[0]
     assert run.tool.startswith("vllm") and run.random_lengths is None
+
+
+# --- lengths from a twin run: the same requests, whose file lists them ---
+
+NEBIUS = "r1bench-deepseek-r1-nebius-h200x8-tp8-vllm084-sharegpt"
+BREWSTER = "r1bench-deepseek-r1-h200x8-tp8-vllm084-sharegpt"
+
+
+def _r1_benchmark():
+    return next((d, f) for d, f in catalog.load_served() if d.source.id == "r1-benchmark")
+
+
+def test_the_nebius_sharegpt_run_replays_its_twins_lengths():
+    """R1-Benchmark's Nebius ShareGPT summary lists no lengths; the DGX H200 run of the same
+    command (500 ShareGPT prompts, seed 0) lists them, and both files total 102,975 / 107,666
+    tokens. The replay takes each request's, not the mean 206 / 215."""
+    from planner.cli.validate import replayed_runs
+
+    ds, folder = _r1_benchmark()
+    run = replayed_runs(ds.entry(NEBIUS), folder, ds)[0]
+    twin = json.loads((SERVED / f"{BREWSTER}.json").read_text())
+    assert run.input_lens == tuple(twin["input_lens"])
+    assert run.output_lens == tuple(twin["output_lens"])
+    assert (sum(run.input_lens), sum(run.output_lens)) == (102_975, 107_666)
+    assert max(run.input_lens) > 3 * 206  # not every request at the mean
+    assert "from " + BREWSTER in run.notes[-1]
+
+
+def _twin_manifest(tmp_path, twin_id, totals=None) -> str:
+    for e in (NEBIUS, BREWSTER):
+        shutil.copy(SERVED / f"{e}.json", tmp_path)
+    if totals is not None:  # the summary's totals changed: not the same requests
+        p = tmp_path / f"{NEBIUS}.json"
+        d = json.loads(p.read_text())
+        d["total_input_tokens"], d["total_output_tokens"] = totals
+        p.write_text(json.dumps(d))
+    data = yaml.safe_load((SERVED / "r1-benchmark.yaml").read_text())
+    data["runs"] = [e for e in data["runs"] if e["id"] in (NEBIUS, BREWSTER)]
+    for e in data["runs"]:
+        e["sha256"] = "0" * 64
+        if e["id"] == NEBIUS:
+            e["traffic"]["lengths_from"] = twin_id
+    (tmp_path / "m.yaml").write_text(yaml.safe_dump(data, allow_unicode=True))
+    return str(tmp_path / "m.yaml")
+
+
+@pytest.mark.parametrize("twin_id, totals, says", [
+    (NEBIUS, None, f"run {NEBIUS}: traffic.lengths_from: '{NEBIUS}' is not another run"),
+    ("r1bench-elsewhere", None, "traffic.lengths_from: 'r1bench-elsewhere' is not another run"),
+    (BREWSTER, (102_976, 107_666), "add up to 102,975 prompt / 107,666 output tokens, where "
+                                   "this file says 102,976 / 107,666"),
+])
+def test_a_wrong_twin_is_one_line(run_cli, tmp_path, twin_id, totals, says):
+    code, _, err = run_cli("validate", "--served-dataset", _twin_manifest(tmp_path, twin_id,
+                                                                          totals), "--no-rows")
+    assert code == 2 and says in err, err
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_a_twin_that_lists_no_lengths_is_refused():
+    from planner.evidence.redraw import copied_lengths
+    from planner.evidence.runs import ServedRun
+
+    run = ServedRun(source="a.json", tool="vllm-bench-serve", label="a", request_rate=10.0,
+                    max_concurrency=None, num_prompts=2, completed=2, mean_input_tokens=3.0,
+                    mean_output_tokens=4.0)
+    with pytest.raises(LlmplanError, match="b.json must hold one run that lists"):
+        copied_lengths(run, [run], "b.json", "x")
+    twin = ServedRun(**{**run.__dict__, "input_lens": (2, 4), "output_lens": (5, 3)})
+    got = copied_lengths(run, [twin], "b.json", "x")
+    assert (got.input_lens, got.output_lens) == ((2, 4), (5, 3))
+    assert copied_lengths(twin, [run], "b.json", "x") is twin  # lists its own: as it is
+    with pytest.raises(LlmplanError, match="not the same requests"):
+        copied_lengths(run, [ServedRun(**{**twin.__dict__, "output_lens": (5, 4)})],
+                       "b.json", "x")

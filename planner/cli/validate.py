@@ -127,6 +127,13 @@ def replayed_runs(entry, folder, dataset):
             raise LlmplanError(f"{entry.id}: traffic.seed: no run of {entry.file} is of "
                                "SGLang's random dataset without per-request lengths: "
                                "nothing to draw again")
+    if traffic.lengths_from:
+        from planner.evidence.redraw import copied_lengths
+
+        twin = dataset.entry(traffic.lengths_from)
+        where = f"{entry.id}: traffic.lengths_from: {entry.file}"
+        twin_runs = read_result_file(folder / twin.file)
+        runs = [copied_lengths(r, twin_runs, twin.file, where) for r in runs]
     runs = [shape_lengths(r, r.dataset or traffic.dataset) for r in runs]
     if traffic.cached_prefix_runs:  # the earlier runs' files, read once for all runs
         from planner.evidence.compare import warmed_by

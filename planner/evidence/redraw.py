@@ -1,4 +1,5 @@
-"""The lengths a benchmark client drew for a run, drawn again from its seed.
+"""The lengths a benchmark client sent for a run whose file gives only totals: drawn again
+from the client's seed, or taken from a run of the same requests whose file lists them.
 
 SGLang's ``bench_serving`` writes each request's lengths only with ``--output-details``; an
 older result line (0.4) gives the totals alone. Its random dataset draws them with numpy's
@@ -8,7 +9,13 @@ prompt lengths first, then the output lengths, each uniform on [ratio x nominal,
 https://github.com/sgl-project/sglang/blob/v0.4.0/python/sglang/bench_serving.py
 (``sample_random_requests``; ``run_benchmark`` seeds ``np.random``). The same seed, count and
 nominal lengths give the same lengths, so a redraw is checked against the totals the file
-reports, and refused where they differ. Pure: no I/O.
+reports, and refused where they differ.
+
+vLLM's ``benchmark_serving`` samples ShareGPT with its ``--seed`` (default 0), so two runs of
+one client release with the same seed and prompt count send the same prompts in the same
+order; a summary file without ``input_lens`` (one saved without ``--save-detailed``, or cut
+down to its metrics) takes them from such a twin whose file keeps them, checked against its
+own totals. Pure: no I/O.
 """
 
 from __future__ import annotations
@@ -61,3 +68,26 @@ def redrawn_all(runs: list[ServedRun], seed: int, where: str) -> tuple[list[Serv
     many of them were drawn again."""
     out = [redrawn(r, seed, f"{where}: {r.source}") for r in runs]
     return out, sum(a is not b for a, b in zip(runs, out, strict=True))
+
+
+def copied_lengths(run: ServedRun, twin: list[ServedRun], name: str, where: str) -> ServedRun:
+    """``run`` with each request's lengths taken from ``twin``, the runs of file ``name``: a
+    run of the same requests (the same client, dataset, seed and prompt count) whose file
+    lists them. ``twin`` must hold one run with one length per request, and those lengths must
+    add up to the totals ``run``'s file reports; a run that lists its own is left as it is."""
+    if run.input_lens:
+        return run
+    if len(twin) != 1 or not twin[0].input_lens or not twin[0].output_lens:
+        raise LlmplanError(f"{where}: {name} must hold one run that lists each request's "
+                           "input_lens and output_lens")
+    inputs, outputs = twin[0].input_lens, twin[0].output_lens
+    stated = (round(run.mean_input_tokens * run.completed),
+              round(run.mean_output_tokens * run.completed))
+    if len(inputs) != run.completed or (sum(inputs), sum(outputs)) != stated:
+        raise LlmplanError(
+            f"{where}: {name}'s {len(inputs):,} requests add up to {sum(inputs):,} prompt / "
+            f"{sum(outputs):,} output tokens, where this file says {stated[0]:,} / "
+            f"{stated[1]:,} for {run.completed:,} completed: not the same requests")
+    return replace(run, input_lens=inputs, output_lens=outputs,
+                   notes=run.notes + (f"lengths: each request's, from {name}, a run of the "
+                                      "same requests (they add up to this file's totals)",))

@@ -93,6 +93,11 @@ class Traffic(_Strict):
     # or defaults state it: a run of its random dataset whose file lists no per-request
     # lengths is replayed with the lengths drawn again from it (planner.evidence.redraw)
     seed: int | None = Field(None, ge=0, lt=2**32)
+    # the run of this manifest that sent the same requests (the same client, dataset, seed
+    # and prompt count) and whose file lists each request's lengths, where this run's file
+    # gives only totals: replayed with those lengths, checked against the totals
+    # (planner.evidence.redraw.copied_lengths)
+    lengths_from: str | None = Field(None, min_length=1)
     # the API the client called; None: read from the client command (vLLM bench serve's
     # --backend openai-chat or --endpoint /v1/chat/completions is the chat API)
     endpoint: Literal["completions", "chat"] | None = None
@@ -197,6 +202,10 @@ class ServedDataset(_Strict):
         if dup:
             raise ValueError(f"run id {', '.join(dup)} appears twice")
         for r in self.runs:
+            twin = r.traffic.lengths_from if r.traffic else None
+            if twin is not None and (twin == r.id or twin not in ids):
+                raise ValueError(f"run {r.id}: traffic.lengths_from: {twin!r} is not another "
+                                 "run of this manifest")
             before = r.traffic.cached_prefix_runs if r.traffic else None
             if not before:
                 continue
