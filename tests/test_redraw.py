@@ -286,7 +286,7 @@ def test_the_nebius_sharegpt_run_replays_its_twins_lengths():
     assert "from " + BREWSTER in run.notes[-1]
 
 
-def _twin_manifest(tmp_path, twin_id, totals=None) -> str:
+def _twin_manifest(tmp_path, twin_id, totals=None, extra=None) -> str:
     for e in (NEBIUS, BREWSTER):
         shutil.copy(SERVED / f"{e}.json", tmp_path)
     if totals is not None:  # the summary's totals changed: not the same requests
@@ -295,25 +295,46 @@ def _twin_manifest(tmp_path, twin_id, totals=None) -> str:
         d["total_input_tokens"], d["total_output_tokens"] = totals
         p.write_text(json.dumps(d))
     data = yaml.safe_load((SERVED / "r1-benchmark.yaml").read_text())
-    data["runs"] = [e for e in data["runs"] if e["id"] in (NEBIUS, BREWSTER)]
+    # the summary first: its refusal comes before the twin's own replay (DeepSeek-R1, TP 8)
+    data["runs"] = sorted((e for e in data["runs"] if e["id"] in (NEBIUS, BREWSTER)),
+                          key=lambda e: e["id"] != NEBIUS)
     for e in data["runs"]:
         e["sha256"] = "0" * 64
         if e["id"] == NEBIUS:
-            e["traffic"]["lengths_from"] = twin_id
+            e["traffic"].update(extra or {}, lengths_from=twin_id)
     (tmp_path / "m.yaml").write_text(yaml.safe_dump(data, allow_unicode=True))
     return str(tmp_path / "m.yaml")
 
 
-@pytest.mark.parametrize("twin_id, totals, says", [
-    (NEBIUS, None, f"run {NEBIUS}: traffic.lengths_from: '{NEBIUS}' is not another run"),
-    ("r1bench-elsewhere", None, "traffic.lengths_from: 'r1bench-elsewhere' is not another run"),
-    (BREWSTER, (102_976, 107_666), "add up to 102,975 prompt / 107,666 output tokens, where "
-                                   "this file says 102,976 / 107,666"),
+@pytest.mark.parametrize("twin_id, totals, extra, says", [
+    (NEBIUS, None, None, f"run {NEBIUS}: traffic.lengths_from: '{NEBIUS}' is not another run"),
+    ("r1bench-elsewhere", None, None,
+     "traffic.lengths_from: 'r1bench-elsewhere' is not another run"),
+    ("", None, None, "lengths_from"),
+    (BREWSTER, None, {"seed": 0}, "seed and lengths_from both given"),
+    (BREWSTER, (102_976, 107_666), None, "500 requests add up to 102,975 prompt / 107,666 "
+                                         "output tokens, where this file says 102,976 / 107,666"),
 ])
-def test_a_wrong_twin_is_one_line(run_cli, tmp_path, twin_id, totals, says):
-    code, _, err = run_cli("validate", "--served-dataset", _twin_manifest(tmp_path, twin_id,
-                                                                          totals), "--no-rows")
+def test_a_wrong_twin_is_one_line(run_cli, tmp_path, twin_id, totals, extra, says):
+    code, _, err = run_cli("validate", "--served-dataset",
+                           _twin_manifest(tmp_path, twin_id, totals, extra), "--no-rows")
     assert code == 2 and says in err, err
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_a_twin_for_a_run_that_lists_its_lengths_is_one_line(run_cli, tmp_path):
+    """Naming a twin for a file that lists its own lengths takes nothing: refused, as a seed
+    that draws nothing is."""
+    path = _twin_manifest(tmp_path, NEBIUS)
+    data = yaml.safe_load(open(path))
+    for e in data["runs"]:  # the twin relation turned round: the detailed run names the summary
+        e.get("traffic", {}).pop("lengths_from", None)
+        if e["id"] == BREWSTER:
+            e["traffic"] = {"dataset": "sharegpt", "lengths_from": NEBIUS}
+    data["runs"].reverse()  # the refused entry first
+    (tmp_path / "m.yaml").write_text(yaml.safe_dump(data, allow_unicode=True))
+    code, _, err = run_cli("validate", "--served-dataset", path, "--no-rows")
+    assert code == 2 and f"{BREWSTER}: traffic.lengths_from" in err and "nothing to take" in err
     assert len(err.strip().splitlines()) == 1
 
 
@@ -333,3 +354,12 @@ def test_a_twin_that_lists_no_lengths_is_refused():
     with pytest.raises(LlmplanError, match="not the same requests"):
         copied_lengths(run, [ServedRun(**{**twin.__dict__, "output_lens": (5, 4)})],
                        "b.json", "x")
+    for wrong in ({"input_lens": (2, 4), "output_lens": (8,)},  # the sums match, the counts not
+                  {"input_lens": (1, 1, 4), "output_lens": (5, 3)}):
+        with pytest.raises(LlmplanError, match="not the same requests"):
+            copied_lengths(run, [ServedRun(**{**twin.__dict__, **wrong})], "b.json", "x")
+    with pytest.raises(LlmplanError, match="for 3 sent, 2 completed: not the same"):
+        copied_lengths(ServedRun(**{**run.__dict__, "num_prompts": 3}), [twin], "b.json", "x")
+    for twins in ([twin, twin], [ServedRun(**{**twin.__dict__, "output_lens": None})]):
+        with pytest.raises(LlmplanError, match="must hold one run that lists"):
+            copied_lengths(run, twins, "b.json", "x")

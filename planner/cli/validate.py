@@ -109,9 +109,10 @@ def at_release(spec, engine_version: str | None, *, pick: bool = True):
 def replayed_runs(entry, folder, dataset):
     """The runs of a served entry's result file as they are replayed: the traffic its client
     command states over what the file says; where the file gives only mean lengths, each
-    request's drawn again from the client's seed (a random dataset) or a kept length
-    distribution (the dataset the file, else the manifest, names); and each request's cached
-    beginning where earlier runs of ``dataset`` (the entry's manifest) sent it."""
+    request's drawn again from the client's seed (a random dataset), taken from a run of
+    ``dataset`` (the entry's manifest) that sent the same requests and lists them, or shaped
+    by a kept length distribution (the dataset the file, else the manifest, names); and each
+    request's cached beginning where earlier runs of ``dataset`` sent it."""
     from planner.cli.compare import read_result_file
 
     runs = read_result_file(folder / entry.file)
@@ -133,7 +134,11 @@ def replayed_runs(entry, folder, dataset):
         twin = dataset.entry(traffic.lengths_from)
         where = f"{entry.id}: traffic.lengths_from: {entry.file}"
         twin_runs = read_result_file(folder / twin.file)
-        runs = [copied_lengths(r, twin_runs, twin.file, where) for r in runs]
+        copied = [copied_lengths(r, twin_runs, twin.file, where) for r in runs]
+        if all(a is b for a, b in zip(runs, copied, strict=True)):
+            raise LlmplanError(f"{where}: every run of it lists its own per-request lengths "
+                               "(or traffic.seed drew them): nothing to take")
+        runs = copied
     runs = [shape_lengths(r, r.dataset or traffic.dataset) for r in runs]
     if traffic.cached_prefix_runs:  # the earlier runs' files, read once for all runs
         from planner.evidence.compare import warmed_by

@@ -11,11 +11,10 @@ https://github.com/sgl-project/sglang/blob/v0.4.0/python/sglang/bench_serving.py
 nominal lengths give the same lengths, so a redraw is checked against the totals the file
 reports, and refused where they differ.
 
-vLLM's ``benchmark_serving`` samples ShareGPT with its ``--seed`` (default 0), so two runs of
-one client release with the same seed and prompt count send the same prompts in the same
-order; a summary file without ``input_lens`` (one saved without ``--save-detailed``, or cut
-down to its metrics) takes them from such a twin whose file keeps them, checked against its
-own totals. Pure: no I/O.
+vLLM's ``benchmark_serving`` samples ShareGPT with its ``--seed`` (default 0), so two runs
+with the same dataset file, tokenizer, seed and prompt count send the same prompts; a summary
+file without ``input_lens`` takes them from such a twin whose file keeps them. The same
+count and totals are checked; the same order is assumed. Pure: no I/O.
 """
 
 from __future__ import annotations
@@ -39,6 +38,34 @@ def sglang_random_lengths(seed: int, n: int, spec: RandomLengths
     return tuple(int(x) for x in inputs), tuple(int(x) for x in outputs)
 
 
+def _stated_totals(run: ServedRun) -> tuple[int, int]:
+    """The prompt and output tokens the run's file reports in all (its means x completed)."""
+    return (round(run.mean_input_tokens * run.completed),
+            round(run.mean_output_tokens * run.completed))
+
+
+def _with_lengths(run: ServedRun, inputs: tuple[int, ...], outputs: tuple[int, ...],
+                  note: str) -> ServedRun | None:
+    """``run`` replayed with these per-request lengths, or None where they are not its
+    requests': one pair for each request sent and completed, adding up to its totals."""
+    n = run.num_prompts or run.completed
+    if not (len(inputs) == len(outputs) == n == run.completed) or \
+            (sum(inputs), sum(outputs)) != _stated_totals(run):
+        return None
+    return replace(run, input_lens=inputs, output_lens=outputs, notes=run.notes + (note,))
+
+
+def _sums(inputs: tuple[int, ...], outputs: tuple[int, ...]) -> str:
+    return (f"{len(inputs):,} requests add up to {sum(inputs):,} prompt / {sum(outputs):,} "
+            "output tokens")
+
+
+def _stated(run: ServedRun) -> str:
+    total_in, total_out = _stated_totals(run)
+    return (f"{total_in:,} / {total_out:,} for {run.num_prompts or run.completed:,} sent, "
+            f"{run.completed:,} completed")
+
+
 def redrawn(run: ServedRun, seed: int, where: str) -> ServedRun:
     """``run`` with each request's lengths drawn again from the client's ``seed``, where its
     file lists none and SGLang's random dataset is named (by the file, or for a printed
@@ -47,20 +74,14 @@ def redrawn(run: ServedRun, seed: int, where: str) -> ServedRun:
     spec = run.random_lengths  # set for SGLang's clients only (formats, Traffic.apply)
     if run.input_lens or spec is None:
         return run
-    n = run.num_prompts or run.completed
-    inputs, outputs = sglang_random_lengths(seed, n, spec)
-    stated = (round(run.mean_input_tokens * run.completed),
-              round(run.mean_output_tokens * run.completed))
-    if n != run.completed or (sum(inputs), sum(outputs)) != stated:
-        raise LlmplanError(
-            f"{where}: lengths drawn again with seed {seed} for {n:,} requests add up to "
-            f"{sum(inputs):,} prompt / {sum(outputs):,} output tokens, where the file says "
-            f"{stated[0]:,} / {stated[1]:,} for {run.completed:,} completed: another seed or "
-            "client release")
-    return replace(run, input_lens=inputs, output_lens=outputs,
-                   notes=run.notes + (f"lengths: each request's, drawn again from the "
-                                      f"client's seed {seed} (they add up to the file's "
-                                      "totals)",))
+    inputs, outputs = sglang_random_lengths(seed, run.num_prompts or run.completed, spec)
+    out = _with_lengths(run, inputs, outputs, f"lengths: each request's, drawn again from "
+                        f"the client's seed {seed} (they add up to the file's totals)")
+    if out is None:
+        raise LlmplanError(f"{where}: lengths drawn again with seed {seed} for "
+                           f"{_sums(inputs, outputs)}, where the file says {_stated(run)}: "
+                           "another seed or client release")
+    return out
 
 
 def redrawn_all(runs: list[ServedRun], seed: int, where: str) -> tuple[list[ServedRun], int]:
@@ -72,8 +93,8 @@ def redrawn_all(runs: list[ServedRun], seed: int, where: str) -> tuple[list[Serv
 
 def copied_lengths(run: ServedRun, twin: list[ServedRun], name: str, where: str) -> ServedRun:
     """``run`` with each request's lengths taken from ``twin``, the runs of file ``name``: a
-    run of the same requests (the same client, dataset, seed and prompt count) whose file
-    lists them. ``twin`` must hold one run with one length per request, and those lengths must
+    run of the same requests (the same dataset file, seed and prompt count) whose file lists
+    them. ``twin`` must hold one run with one length per request, and those lengths must
     add up to the totals ``run``'s file reports; a run that lists its own is left as it is."""
     if run.input_lens:
         return run
@@ -81,13 +102,9 @@ def copied_lengths(run: ServedRun, twin: list[ServedRun], name: str, where: str)
         raise LlmplanError(f"{where}: {name} must hold one run that lists each request's "
                            "input_lens and output_lens")
     inputs, outputs = twin[0].input_lens, twin[0].output_lens
-    stated = (round(run.mean_input_tokens * run.completed),
-              round(run.mean_output_tokens * run.completed))
-    if len(inputs) != run.completed or (sum(inputs), sum(outputs)) != stated:
-        raise LlmplanError(
-            f"{where}: {name}'s {len(inputs):,} requests add up to {sum(inputs):,} prompt / "
-            f"{sum(outputs):,} output tokens, where this file says {stated[0]:,} / "
-            f"{stated[1]:,} for {run.completed:,} completed: not the same requests")
-    return replace(run, input_lens=inputs, output_lens=outputs,
-                   notes=run.notes + (f"lengths: each request's, from {name}, a run of the "
-                                      "same requests (they add up to this file's totals)",))
+    out = _with_lengths(run, inputs, outputs, f"lengths: each request's, from {name}, a run "
+                        "of the same requests (they add up to this file's totals)")
+    if out is None:
+        raise LlmplanError(f"{where}: {name}'s {_sums(inputs, outputs)}, where this file "
+                           f"says {_stated(run)}: not the same requests")
+    return out

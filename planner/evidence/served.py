@@ -206,6 +206,9 @@ class ServedDataset(_Strict):
             if twin is not None and (twin == r.id or twin not in ids):
                 raise ValueError(f"run {r.id}: traffic.lengths_from: {twin!r} is not another "
                                  "run of this manifest")
+            if twin is not None and r.traffic.seed is not None:
+                raise ValueError(f"run {r.id}: traffic: seed and lengths_from both given; "
+                                 "give one")
             before = r.traffic.cached_prefix_runs if r.traffic else None
             if not before:
                 continue
