@@ -119,7 +119,8 @@ CLI_OPTIONS = {  # command line -> options that take a value ("": a positional a
                                         "--expert-imbalance"],
     ("validate",): ["--engine", "--source", "--csv", "--served-dataset"],
     ("compare", "tests/fixtures/servers/vllm_bench_serve.json", *BASE):
-        ["--tp", "--engine", "--weights", "--plot", "-m", "-g", "--seed", "--cached-from"],
+        ["--tp", "--engine", "--weights", "--plot", "-m", "-g", "--seed", "--cached-from",
+         "--lengths-from", "--dataset-name"],
     ("calibrate", "tests/fixtures/servers/vllm_bench_serve.json", *BASE, "--no-leave-one-out"):
         ["--out", "--name", "--base-engine", "--tp"],
     ("watch", "http://127.0.0.1:9/metrics", *BASE, "--once", "--timeout", "1"):
@@ -152,7 +153,8 @@ OPTION_VALUES = {"--price": PRICE_VALUES, "--prices": PRICES_VALUES, "": PRICES_
 PATH_OPTIONS = {"--csv", "--trace", "--junit", "--plot", "--dataset", "--calibration",
                 "--served-dataset", "--junit-dir", "--prices", "",
                 "--engine", "-m", "-g", "--source", "--out", "--base-engine",
-                "--prefill-gpu", "--decode-gpu", "--kv-link", "--extra-llm-api-options"}
+                "--prefill-gpu", "--decode-gpu", "--kv-link", "--extra-llm-api-options",
+                "--lengths-from"}
 SERVED_READ = re.compile(r"^((mean|median|p90|p99)_(ttft|tpot|itl|e2el|e2e_latency)_ms|completed|"
                          r"total_(input|output)_tokens|request_rate|max_concurrency|"
                          r"request_throughput|output_throughput|total_token_throughput)$")

@@ -363,3 +363,75 @@ def test_a_twin_that_lists_no_lengths_is_refused():
     for twins in ([twin, twin], [ServedRun(**{**twin.__dict__, "output_lens": None})]):
         with pytest.raises(LlmplanError, match="must hold one run that lists"):
             copied_lengths(run, twins, "b.json", "x")
+
+
+# --- compare / calibrate: --lengths-from and --dataset-name for a user's files ---
+
+DS_SETUP = ["-m", "deepseek-r1", "-g", "h200", "--tp", "8", "--weights", "fp8",
+            "-e", "vllm@0.8.4"]
+
+
+def test_compare_lengths_from_replays_the_twins_requests(run_json):
+    """The Nebius summary with --lengths-from its DGX twin is the same 500 requests at the
+    same rate: the simulated server is the twin's own, figure for figure."""
+    nebius, brewster = (str(SERVED / f"{x}.json") for x in (NEBIUS, BREWSTER))
+    got = run_json("compare", nebius, *DS_SETUP, "--lengths-from", brewster)
+    own = run_json("compare", brewster, *DS_SETUP)
+    sim = {k: v["simulated"] for k, v in got["runs"][0]["metrics"].items()}
+    assert sim == {k: v["simulated"] for k, v in own["runs"][0]["metrics"].items()}
+    at_mean = run_json("compare", nebius, *DS_SETUP)
+    assert at_mean["runs"][0]["metrics"]["output_throughput"]["simulated"] > \
+        1.1 * sim["output_throughput"]  # every request at the mean: 24% too fast
+    assert any("from " in n and BREWSTER in n for n in got["runs"][0]["notes"])
+
+
+def test_compare_dataset_name_shapes_a_summarys_lengths(run_json):
+    nebius = str(SERVED / f"{NEBIUS}.json")
+    got = run_json("compare", nebius, *DS_SETUP, "--dataset-name", "sharegpt")
+    assert any("sharegpt's distribution" in n for n in got["runs"][0]["notes"])
+    at_mean = run_json("compare", nebius, *DS_SETUP)
+    assert got["runs"][0]["metrics"]["output_throughput"]["simulated"] != \
+        at_mean["runs"][0]["metrics"]["output_throughput"]["simulated"]
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--dataset-name", "nosuch"], "--dataset-name: 'nosuch' is not a dataset"),
+    (["--lengths-from", str(SERVED / f"{NEBIUS}.json")], "must hold one run that lists"),
+    (["--lengths-from", str(SERVED / f"{BREWSTER}.json"), "--seed", "1"],
+     "--seed and --lengths-from both given"),
+    (["--lengths-from", str(SERVED / "r1bench-llama31-8b-fp8-h200x1-vllm082-1000in-2000out.json")],
+     "50 requests add up to 50,000 prompt / 100,000 output tokens, where this file says "
+     "102,975 / 107,666 for 500 sent, 500 completed: not the same requests"),
+])
+def test_compare_wrong_lengths_is_one_line(run_cli, args, says):
+    code, _, err = run_cli("compare", str(SERVED / f"{NEBIUS}.json"), *DS_SETUP, *args)
+    assert code == 2 and says in err, err
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_compare_lengths_from_a_file_that_lists_its_own_is_one_line(run_cli):
+    brewster = str(SERVED / f"{BREWSTER}.json")
+    code, _, err = run_cli("compare", brewster, *DS_SETUP, "--lengths-from", brewster)
+    assert code == 2 and "every run given lists its own per-request lengths" in err, err
+
+
+def test_calibrate_takes_the_twins_lengths(run_cli, tmp_path):
+    """A summary saved without --save-detailed (vLLM's default drops input_lens and
+    output_lens) and a detailed run of the same requests: calibrate fits on the twin's
+    lengths. Made from the fixture: lengths that vary, the same totals."""
+    detailed = json.loads((Path(__file__).parent / "fixtures" / "servers" /
+                           "vllm_bench_serve_detailed.json").read_text())
+    detailed["input_lens"] = [512, 1536] * 4  # 8,192 in all, as the file says
+    summary = {k: v for k, v in detailed.items() if k not in ("input_lens", "output_lens")}
+    (tmp_path / "detailed.json").write_text(json.dumps(detailed))
+    (tmp_path / "summary.json").write_text(json.dumps(summary))
+    args = ["calibrate", str(tmp_path / "summary.json"), "-m", "llama-3.1-8b", "-g",
+            "h100-sxm", "--no-leave-one-out", "--out", str(tmp_path / "p.yaml"), "--json"]
+    code, out, err = run_cli(*args, "--lengths-from", str(tmp_path / "detailed.json"))
+    assert code in (0, 1), err  # 1: a fit refused at a range's edge, still reported
+    twin = json.loads(out)
+    code, out, err = run_cli(*args)
+    at_mean = json.loads(out)
+    # the same measured figures, fitted from other simulated requests
+    assert [e["measured"] for e in twin["errors"]] == [e["measured"] for e in at_mean["errors"]]
+    assert [e["in_sample"] for e in twin["errors"]] != [e["in_sample"] for e in at_mean["errors"]]

@@ -13,7 +13,9 @@ import typer
 
 from planner.cli.compare import (
     CachedFromOpt,
+    DatasetNameOpt,
     FilesArg,
+    LengthsFromOpt,
     SeedOpt,
     StrictOpt,
     SweepOpt,
@@ -64,6 +66,8 @@ def calibrate(
     cached_from: CachedFromOpt = None,
     sweep: SweepOpt = False,
     seed: SeedOpt = None,
+    lengths_from: LengthsFromOpt = None,
+    dataset_name: DatasetNameOpt = None,
     leave_one_out: Annotated[bool, typer.Option(
         "--leave-one-out/--no-leave-one-out",
         help="Also fit once per run without it, to show the held-out error.")] = True,
@@ -89,7 +93,8 @@ def calibrate(
         raise LlmplanError(f"--name: '{name}' must be letters, digits, '-', '_' or '.'")
     s, spec = server_setup(model, gpu, base_engine, tp, weights, kv_cache, group_size,
                       quantized_layers)
-    runs = warm_runs(read_result_files(files), cached_from, sweep, seed)
+    runs = warm_runs(read_result_files(files), cached_from, sweep, seed, lengths_from,
+                     dataset_name)
     check_runs(runs, s, strict)
     from planner.cli.progress import task_progress
 

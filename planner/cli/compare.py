@@ -210,24 +210,93 @@ SeedOpt = Annotated[Optional[int], typer.Option(
          "request's lengths drawn again from it, which must add up to the file's totals.")]
 
 
-def warm_runs(runs: list, cached_from: list[Path] | None, sweep: bool,
-              seed: int | None = None) -> list:
-    """``runs`` as replayed: with ``seed``, each request's lengths drawn again where a file
-    gives totals only (``planner.evidence.redraw``); after the runs of ``cached_from`` (and,
-    with ``sweep``, after the ones before each in ``runs``) on the same server, each
-    request's cached beginning (``planner.evidence.compare.warmed_by``)."""
-    from planner.evidence.compare import warmed_by
-    from planner.evidence.redraw import redrawn_all
+LengthsFromOpt = Annotated[Optional[Path], typer.Option(
+    "--lengths-from", metavar="FILE",
+    help="The result file of a run that sent the same requests (the same dataset file, seed "
+         "and prompt count) and lists each request's lengths (vLLM's bench serve "
+         "--save-detailed, SGLang's --output-details): a file given that lists none is "
+         "replayed with them, checked against its totals.")]
+DatasetNameOpt = Annotated[Optional[str], typer.Option(
+    "--dataset-name", metavar="sharegpt",
+    help="The dataset a file that lists no per-request lengths and names no dataset was "
+         "drawn from (vLLM's bench serve does not record it): sharegpt replays its requests "
+         "at lengths of ShareGPT's distribution at the file's means (planner/data/lengths), "
+         "not every one at the mean. A file that names its dataset (SGLang's) is shaped so "
+         "without it.")]
 
-    before = [(str(f), read_result_file(f)) for f in cached_from or ()]
+
+def shape_lengths(run, dataset: str | None):
+    """A run that publishes only mean lengths, of a dataset whose length distribution is
+    kept (planner/data/lengths: ShareGPT's), replayed with lengths of that shape at the run's
+    means, not every request at the mean: the longest requests set an all-at-once run's
+    duration."""
+    from dataclasses import replace
+
+    from planner.io import catalog
+    from planner.serving.traffic import shaped_lengths
+
+    if run.input_lens or not dataset or dataset not in catalog.length_names():
+        return run
+    n = run.num_prompts or run.completed
+    lens = shaped_lengths(catalog.load_lengths(dataset), n, mean_prompt=run.mean_input_tokens,
+                          mean_output=run.mean_output_tokens)
+    return replace(run, input_lens=tuple(p for p, _ in lens),
+                   output_lens=tuple(o for _, o in lens),
+                   notes=run.notes + (f"lengths: {dataset}'s distribution at the run's means",))
+
+
+def _lengths_of(runs: list, seed: int | None, lengths_from: Path | None,
+                dataset: str | None) -> tuple[list, int]:
+    """``runs`` with each request's lengths where a file gives only totals: drawn again from
+    ``seed``, taken from ``lengths_from``'s run, or shaped like ``dataset`` (the one a file
+    names first); and how many were drawn again or taken."""
+    from planner.evidence.redraw import copied_lengths, redrawn_all
+
+    n = 0
     if seed is not None:
         runs, n = redrawn_all(runs, seed, "--seed")
-        drawn = [(name, *redrawn_all(rs, seed, "--seed")) for name, rs in before]
-        before = [(name, rs) for name, rs, _ in drawn]
-        if not n + sum(k for *_, k in drawn):
-            raise UsageError("--seed: no run given is of SGLang's random dataset without "
-                             "per-request lengths (its result line names the dataset and its "
-                             "lengths; a printed block does not): nothing to draw again")
+    if lengths_from is not None:
+        twin = read_result_file(lengths_from)
+        copied = [copied_lengths(r, twin, str(lengths_from), f"--lengths-from: {r.source}")
+                  for r in runs]
+        n += sum(a is not b for a, b in zip(runs, copied, strict=True))
+        runs = copied
+    return [shape_lengths(r, r.dataset or dataset) for r in runs], n
+
+
+def warm_runs(runs: list, cached_from: list[Path] | None, sweep: bool,
+              seed: int | None = None, lengths_from: Path | None = None,
+              dataset: str | None = None) -> list:
+    """``runs`` as replayed: where a file gives totals only, each request's lengths drawn
+    again with ``seed`` (``planner.evidence.redraw``), taken from ``lengths_from``'s run of
+    the same requests, or shaped like the dataset the file (else ``dataset``) names; after
+    the runs of ``cached_from`` (and, with ``sweep``, after the ones before each in ``runs``)
+    on the same server, each request's cached beginning
+    (``planner.evidence.compare.warmed_by``)."""
+    from planner.evidence.compare import warmed_by
+
+    if dataset is not None:
+        from planner.io import catalog
+
+        if dataset not in catalog.length_names():
+            raise UsageError(f"--dataset-name: '{dataset}' is not a dataset whose length "
+                             f"distribution is kept ({', '.join(catalog.length_names())})")
+    if seed is not None and lengths_from is not None:
+        raise UsageError("--seed and --lengths-from both given: the lengths come from one "
+                         "or the other; give one")
+    before = [(str(f), read_result_file(f)) for f in cached_from or ()]
+    runs, n = _lengths_of(runs, seed, lengths_from, dataset)
+    drawn = [(name, *_lengths_of(rs, seed, lengths_from, dataset))
+             for name, rs in before]
+    before = [(name, rs) for name, rs, _ in drawn]
+    n += sum(k for *_, k in drawn)
+    if seed is not None and not n:
+        raise UsageError("--seed: no run given is of SGLang's random dataset without "
+                         "per-request lengths (its result line names the dataset and its "
+                         "lengths; a printed block does not): nothing to draw again")
+    if lengths_from is not None and not n:
+        raise UsageError(f"--lengths-from: every run given lists its own per-request "
+                         f"lengths: nothing to take from {lengths_from}")
     out = []
     for r in runs:
         out.append(warmed_by(r, before, r.source) if before else r)
@@ -372,6 +441,8 @@ def compare(
     cached_from: CachedFromOpt = None,
     sweep: SweepOpt = False,
     seed: SeedOpt = None,
+    lengths_from: LengthsFromOpt = None,
+    dataset_name: DatasetNameOpt = None,
     plot: Annotated[Optional[Path], typer.Option(
         "--plot", help="PNG of predicted vs measured, one point per run and figure.",
         metavar="PNG")] = None,
@@ -387,7 +458,7 @@ def compare(
     output_path(plot, "--plot", ".png")
     s, _ = server_setup(model, gpu, engine, tp, weights, kv_cache, group_size, quantized_layers)
     runs = read_result_files(files)
-    runs = warm_runs(runs, cached_from, sweep, seed)
+    runs = warm_runs(runs, cached_from, sweep, seed, lengths_from, dataset_name)
     check_runs(runs, s, strict)
     comps = [compare_run(r, s) for r in runs]
     if plot is not None:

@@ -113,7 +113,7 @@ def replayed_runs(entry, folder, dataset):
     ``dataset`` (the entry's manifest) that sent the same requests and lists them, or shaped
     by a kept length distribution (the dataset the file, else the manifest, names); and each
     request's cached beginning where earlier runs of ``dataset`` sent it."""
-    from planner.cli.compare import read_result_file
+    from planner.cli.compare import read_result_file, shape_lengths
 
     runs = read_result_file(folder / entry.file)
     if entry.traffic is None:
@@ -166,26 +166,6 @@ def replay_setup(entry, spec, folder: Path | None = None):
         server.pop("--performance-mode", None)  # likewise: that engine's own defaults
     return served_setup(entry.model, entry.gpu, spec, entry.tp, entry.weights, entry.kv_cache,
                         quantized_layers=_quantized_layers(entry), server=server)
-
-
-def shape_lengths(run, dataset: str | None):
-    """A run that publishes only mean lengths, of a dataset whose length distribution is
-    kept (planner/data/lengths: ShareGPT's), replayed with lengths of that shape at the run's
-    means, not every request at the mean: the longest requests set an all-at-once run's
-    duration."""
-    from dataclasses import replace
-
-    from planner.io import catalog
-    from planner.serving.traffic import shaped_lengths
-
-    if run.input_lens or not dataset or dataset not in catalog.length_names():
-        return run
-    n = run.num_prompts or run.completed
-    lens = shaped_lengths(catalog.load_lengths(dataset), n, mean_prompt=run.mean_input_tokens,
-                          mean_output=run.mean_output_tokens)
-    return replace(run, input_lens=tuple(p for p, _ in lens),
-                   output_lens=tuple(o for _, o in lens),
-                   notes=run.notes + (f"lengths: {dataset}'s distribution at the run's means",))
 
 
 def _quantized_layers(entry) -> str:
