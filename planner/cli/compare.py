@@ -248,8 +248,8 @@ def shape_lengths(run, dataset: str | None):
 def _lengths_of(runs: list, seed: int | None, lengths_from: Path | None,
                 dataset: str | None) -> tuple[list, int]:
     """``runs`` with each request's lengths where a file gives only totals: drawn again from
-    ``seed``, taken from ``lengths_from``'s run, or shaped like ``dataset`` (the one a file
-    names first); and how many were drawn again or taken."""
+    ``seed``, taken from ``lengths_from``'s run, or (``dataset`` not None) shaped like the
+    dataset the file names, else ``dataset``; and how many were drawn again or taken."""
     from planner.evidence.redraw import copied_lengths, redrawn_all
 
     n = 0
@@ -261,6 +261,8 @@ def _lengths_of(runs: list, seed: int | None, lengths_from: Path | None,
                   for r in runs]
         n += sum(a is not b for a, b in zip(runs, copied, strict=True))
         runs = copied
+    if dataset is None:
+        return runs, n
     return [shape_lengths(r, r.dataset or dataset) for r in runs], n
 
 
@@ -285,9 +287,10 @@ def warm_runs(runs: list, cached_from: list[Path] | None, sweep: bool,
         raise UsageError("--seed and --lengths-from both given: the lengths come from one "
                          "or the other; give one")
     before = [(str(f), read_result_file(f)) for f in cached_from or ()]
-    runs, n = _lengths_of(runs, seed, lengths_from, dataset)
-    drawn = [(name, *_lengths_of(rs, seed, lengths_from, dataset))
-             for name, rs in before]
+    # the files given are shaped like their dataset (a length distribution at their means);
+    # the earlier runs' are not: a cached beginning needs each request's own length
+    runs, n = _lengths_of(runs, seed, lengths_from, dataset or "")
+    drawn = [(name, *_lengths_of(rs, seed, lengths_from, None)) for name, rs in before]
     before = [(name, rs) for name, rs, _ in drawn]
     n += sum(k for *_, k in drawn)
     if seed is not None and not n:
