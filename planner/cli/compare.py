@@ -214,8 +214,8 @@ LengthsFromOpt = Annotated[Optional[Path], typer.Option(
     "--lengths-from", metavar="FILE",
     help="The result file of a run that sent the same requests (the same dataset file, seed "
          "and prompt count) and lists each request's lengths (vLLM's bench serve "
-         "--save-detailed, SGLang's --output-details): a file given that lists none is "
-         "replayed with them, checked against its totals.")]
+         "--save-detailed, SGLang's --output-details): each file given that lists none is "
+         "replayed with them, checked against its totals (not the --cached-from files).")]
 DatasetNameOpt = Annotated[Optional[str], typer.Option(
     "--dataset-name", metavar="sharegpt",
     help="The dataset a file that lists no per-request lengths and names no dataset was "
@@ -287,10 +287,11 @@ def warm_runs(runs: list, cached_from: list[Path] | None, sweep: bool,
         raise UsageError("--seed and --lengths-from both given: the lengths come from one "
                          "or the other; give one")
     before = [(str(f), read_result_file(f)) for f in cached_from or ()]
-    # the files given are shaped like their dataset (a length distribution at their means);
-    # the earlier runs' are not: a cached beginning needs each request's own length
+    # the files given take --lengths-from's lengths (the same requests) or are shaped like
+    # their dataset (a length distribution at their means); the earlier runs' are neither:
+    # they sent other lengths, and a cached beginning needs each request's own
     runs, n = _lengths_of(runs, seed, lengths_from, dataset or "")
-    drawn = [(name, *_lengths_of(rs, seed, lengths_from, None)) for name, rs in before]
+    drawn = [(name, *_lengths_of(rs, seed, None, None)) for name, rs in before]
     before = [(name, rs) for name, rs, _ in drawn]
     n += sum(k for *_, k in drawn)
     if seed is not None and not n:
