@@ -227,6 +227,31 @@ def test_every_readme_example_runs_within_80_columns(argv, tmp_path):
     assert r.returncode == 0, (argv, r.stderr[-2000:])
     wide = [ln for ln in r.stdout.splitlines() if len(ln) > 80]
     assert not wide, (argv, wide[:3])
+    if argv[0] != "report":  # its excerpt names the README's --out folder, not tmp_path
+        printed = {ln.rstrip() for ln in r.stdout.splitlines()}
+        stale = [ln for ln in readme_excerpt(argv) if ln != "..." and ln not in printed]
+        assert not stale, (argv, stale[:3])
+
+
+def readme_excerpt(argv: list[str]) -> list[str]:
+    """The lines of the fenced block the README shows under the command ``argv`` (none where
+    the command is not on a line of its own, or no block follows it)."""
+    line = "    llmplan " + " ".join(argv) + "\n"
+    if line not in README:  # the set-up estimate, inside its venv line (checked above)
+        return []
+    rest = README.split(line, 1)[1]
+    head = rest.lstrip("\n")
+    if not head.startswith("```"):
+        return []
+    return head.split("\n", 1)[1].split("\n```", 1)[0].splitlines()
+
+
+def test_readme_excerpts_are_found_under_their_commands():
+    """The check above compares each README example's excerpt with what the command prints
+    today; it must find them (a README reshuffle that hid them would make it pass vacuously)."""
+    shown = {c[0]: readme_excerpt(c) for c in README_RUNS}
+    for name in ("simulate", "plan", "check", "validate", "compare"):
+        assert len(shown[name]) >= 3, name
 
 
 def test_every_and_list_in_ci_fails_the_run_when_a_step_fails():
