@@ -354,10 +354,13 @@ def test_a_twin_that_lists_no_lengths_is_refused():
     with pytest.raises(LlmplanError, match="not the same requests"):
         copied_lengths(run, [ServedRun(**{**twin.__dict__, "output_lens": (5, 4)})],
                        "b.json", "x")
-    for wrong in ({"input_lens": (2, 4), "output_lens": (8,)},  # the sums match, the counts not
-                  {"input_lens": (1, 1, 4), "output_lens": (5, 3)}):
-        with pytest.raises(LlmplanError, match="not the same requests"):
-            copied_lengths(run, [ServedRun(**{**twin.__dict__, **wrong})], "b.json", "x")
+    with pytest.raises(LlmplanError, match="b.json lists 2 input_lens and 1 output_lens"):
+        # the sums match, the lists do not
+        copied_lengths(run, [ServedRun(**{**twin.__dict__, "output_lens": (8,)})],
+                       "b.json", "x")
+    with pytest.raises(LlmplanError, match="3 requests add up to 6 prompt / 8 output tokens"):
+        copied_lengths(run, [ServedRun(**{**twin.__dict__, "input_lens": (1, 1, 4),
+                                          "output_lens": (5, 3, 0)})], "b.json", "x")
     with pytest.raises(LlmplanError, match="for 3 sent, 2 completed: not the same"):
         copied_lengths(ServedRun(**{**run.__dict__, "num_prompts": 3}), [twin], "b.json", "x")
     for twins in ([twin, twin], [ServedRun(**{**twin.__dict__, "output_lens": None})]):
@@ -435,3 +438,73 @@ def test_calibrate_takes_the_twins_lengths(run_cli, tmp_path):
     # the same measured figures, fitted from other simulated requests
     assert [e["measured"] for e in twin["errors"]] == [e["measured"] for e in at_mean["errors"]]
     assert [e["in_sample"] for e in twin["errors"]] != [e["in_sample"] for e in at_mean["errors"]]
+
+
+def _summary_and_detailed(tmp_path) -> tuple[str, str]:
+    """A vLLM summary (no input_lens / output_lens, as bench serve saves without
+    --save-detailed) and the detailed file of the same requests, from the fixture."""
+    detailed = json.loads((Path(__file__).parent / "fixtures" / "servers" /
+                           "vllm_bench_serve_detailed.json").read_text())
+    detailed["input_lens"] = [512, 1536] * 4  # 8,192 in all, as the file says
+    summary = {k: v for k, v in detailed.items() if k not in ("input_lens", "output_lens")}
+    (tmp_path / "detailed.json").write_text(json.dumps(detailed))
+    (tmp_path / "summary.json").write_text(json.dumps(summary))
+    return str(tmp_path / "summary.json"), str(tmp_path / "detailed.json")
+
+
+LLAMA = ["-m", "llama-3.1-8b", "-g", "h100-sxm"]
+
+
+@pytest.mark.parametrize("extra, says", [
+    (["--sweep", "--dataset-name", "sharegpt"], "--dataset-name with --lengths-from, --sweep"),
+    (["--cached-from", "DETAILED", "--dataset-name", "sharegpt"], "--dataset-name with"),
+    (["--lengths-from", "DETAILED", "--dataset-name", "sharegpt"], "--dataset-name with"),
+    # a summary as the run before: its lengths are not taken from the twin (other lengths)
+    (["--cached-from", "SUMMARY", "--lengths-from", "DETAILED"],
+     "does not list one input length"),
+    (["--lengths-from", "/nonexistent.json"], "--lengths-from: /nonexistent.json"),
+])
+def test_lengths_options_with_the_cache_are_one_line(run_cli, tmp_path, extra, says):
+    summary, detailed = _summary_and_detailed(tmp_path)
+    extra = [{"DETAILED": detailed, "SUMMARY": summary}.get(a, a) for a in extra]
+    code, _, err = run_cli("compare", summary, *LLAMA, *extra)
+    assert code == 2 and says in err, err
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_dataset_name_that_shapes_nothing_is_one_line(run_cli, tmp_path):
+    _, detailed = _summary_and_detailed(tmp_path)
+    code, _, err = run_cli("compare", detailed, *LLAMA, "--dataset-name", "sharegpt")
+    assert code == 2 and "--dataset-name: every run given lists its own" in err, err
+
+
+def test_lengths_from_takes_only_for_the_files_that_list_none(run_json, tmp_path):
+    summary, detailed = _summary_and_detailed(tmp_path)
+    d = run_json("compare", summary, detailed, *LLAMA, "--lengths-from", detailed)
+    took = ["from " in " ".join(r["notes"]) for r in d["runs"]]
+    assert took == [True, False]
+
+
+def test_compare_shapes_an_sglang_sharegpt_line_by_itself(run_json):
+    """DataCrunch's SGLang 0.4 lines name their dataset; the ShareGPT ones list no lengths and
+    are shaped like ShareGPT at their means without any option, as validate replays them."""
+    d = run_json("compare", str(SERVED / f"{ONLINE_70B}.jsonl"), "-m", "llama-3.3-70b",
+                 "-g", "h200", "--tp", "4", "-e", "sglang")
+    shaped = ["sharegpt's distribution" in " ".join(r["notes"]) for r in d["runs"]]
+    assert shaped == [False] * 5 + [True] * 2
+
+
+def test_shaping_a_huge_summary_stops_at_the_requests_simulated(tmp_path):
+    """A file may say a billion requests; the replay simulates the first 5,000, and the
+    shaped lengths are as many, not a billion (that took minutes and gigabytes)."""
+    from dataclasses import replace
+
+    from planner.cli.compare import read_result_file, shape_lengths
+    from planner.evidence.compare import MAX_SIM_REQUESTS
+
+    summary, _ = _summary_and_detailed(tmp_path)
+    run = replace(read_result_file(Path(summary))[0], num_prompts=10**9, completed=10**9)
+    assert len(shape_lengths(run, "sharegpt").input_lens) == MAX_SIM_REQUESTS
+    assert shape_lengths(replace(run, mean_output_tokens=0.0), "sharegpt") == \
+        replace(run, mean_output_tokens=0.0)  # no output to shape: left at its means
+

@@ -221,8 +221,9 @@ DatasetNameOpt = Annotated[Optional[str], typer.Option(
     help="The dataset a file that lists no per-request lengths and names no dataset was "
          "drawn from (vLLM's bench serve does not record it): sharegpt replays its requests "
          "at lengths of ShareGPT's distribution at the file's means (planner/data/lengths), "
-         "not every one at the mean. A file that names its dataset (SGLang's) is shaped so "
-         "without it.")]
+         "not every one at the mean. An SGLang line that names ShareGPT is shaped so "
+         "without it. Not with --lengths-from, --sweep or --cached-from (a cached beginning "
+         "needs each request's own length).")]
 
 
 def shape_lengths(run, dataset: str | None):
@@ -232,12 +233,15 @@ def shape_lengths(run, dataset: str | None):
     duration."""
     from dataclasses import replace
 
+    from planner.evidence.compare import MAX_SIM_REQUESTS
     from planner.io import catalog
     from planner.serving.traffic import shaped_lengths
 
-    if run.input_lens or not dataset or dataset not in catalog.length_names():
+    if run.input_lens or not dataset or dataset not in catalog.length_names() or \
+            run.mean_input_tokens <= 0 or run.mean_output_tokens <= 0:
         return run
-    n = run.num_prompts or run.completed
+    # no more than are simulated (compare_run replays the first MAX_SIM_REQUESTS)
+    n = min(run.num_prompts or run.completed, MAX_SIM_REQUESTS)
     lens = shaped_lengths(catalog.load_lengths(dataset), n, mean_prompt=run.mean_input_tokens,
                           mean_output=run.mean_output_tokens)
     return replace(run, input_lens=tuple(p for p, _ in lens),
@@ -256,7 +260,10 @@ def _lengths_of(runs: list, seed: int | None, lengths_from: Path | None,
     if seed is not None:
         runs, n = redrawn_all(runs, seed, "--seed")
     if lengths_from is not None:
-        twin = read_result_file(lengths_from)
+        try:
+            twin = read_result_file(lengths_from)
+        except LlmplanError as err:
+            raise LlmplanError(f"--lengths-from: {err}") from None
         copied = [copied_lengths(r, twin, str(lengths_from), f"--lengths-from: {r.source}")
                   for r in runs]
         n += sum(a is not b for a, b in zip(runs, copied, strict=True))
@@ -264,6 +271,7 @@ def _lengths_of(runs: list, seed: int | None, lengths_from: Path | None,
     if dataset is None:
         return runs, n
     return [shape_lengths(r, r.dataset or dataset) for r in runs], n
+
 
 
 def warm_runs(runs: list, cached_from: list[Path] | None, sweep: bool,
@@ -281,16 +289,30 @@ def warm_runs(runs: list, cached_from: list[Path] | None, sweep: bool,
         from planner.io import catalog
 
         if dataset not in catalog.length_names():
-            raise UsageError(f"--dataset-name: '{dataset}' is not a dataset whose length "
-                             f"distribution is kept ({', '.join(catalog.length_names())})")
+            raise UsageError(f"--dataset-name: '{dataset[:80]}' is not a dataset whose "
+                             "length distribution is kept "
+                             f"({', '.join(catalog.length_names())})")
+        if lengths_from is not None or sweep or cached_from:
+            raise UsageError("--dataset-name with --lengths-from, --sweep or --cached-from: "
+                             "those take each request's own lengths, not a distribution's; "
+                             "give one")
     if seed is not None and lengths_from is not None:
         raise UsageError("--seed and --lengths-from both given: the lengths come from one "
                          "or the other; give one")
     before = [(str(f), read_result_file(f)) for f in cached_from or ()]
     # the files given take --lengths-from's lengths (the same requests) or are shaped like
-    # their dataset (a length distribution at their means); the earlier runs' are neither:
-    # they sent other lengths, and a cached beginning needs each request's own
-    runs, n = _lengths_of(runs, seed, lengths_from, dataset or "")
+    # their dataset (a length distribution at their means), but not where a run warms the
+    # prefix cache for another or finds its beginnings there (--sweep, --cached-from): a
+    # cached beginning needs each request's own length. The earlier runs' files are
+    # neither: they sent other lengths
+    warming = bool(sweep or cached_from)
+    given = runs
+    runs, n = _lengths_of(runs, seed, lengths_from, None if warming else dataset or "")
+    # runs --dataset-name shaped: changed, and naming no dataset of their own
+    if dataset is not None and not any(a is not b and not a.dataset
+                                       for a, b in zip(given, runs, strict=True)):
+        raise UsageError("--dataset-name: every run given lists its own per-request lengths "
+                         "or names its dataset: nothing to shape")
     drawn = [(name, *_lengths_of(rs, seed, None, None)) for name, rs in before]
     before = [(name, rs) for name, rs, _ in drawn]
     n += sum(k for *_, k in drawn)

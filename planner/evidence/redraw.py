@@ -102,6 +102,10 @@ def copied_lengths(run: ServedRun, twin: list[ServedRun], name: str, where: str)
         raise LlmplanError(f"{where}: {name} must hold one run that lists each request's "
                            "input_lens and output_lens")
     inputs, outputs = twin[0].input_lens, twin[0].output_lens
+    if len(inputs) != len(outputs):
+        raise LlmplanError(f"{where}: {name} lists {len(inputs):,} input_lens and "
+                           f"{len(outputs):,} output_lens; give a file with one of each per "
+                           "request")
     out = _with_lengths(run, inputs, outputs, f"lengths: each request's, from {name}, a run "
                         "of the same requests (they add up to this file's totals)")
     if out is None:
