@@ -508,3 +508,11 @@ def test_shaping_a_huge_summary_stops_at_the_requests_simulated(tmp_path):
     assert shape_lengths(replace(run, mean_output_tokens=0.0), "sharegpt") == \
         replace(run, mean_output_tokens=0.0)  # no output to shape: left at its means
 
+
+
+def test_compare_says_when_every_request_is_at_the_mean(run_cli, tmp_path):
+    summary, detailed = _summary_and_detailed(tmp_path)
+    code, out, _ = run_cli("compare", summary, *LLAMA)
+    assert code == 0 and "every request at the file's means" in " ".join(out.split())
+    code, out, _ = run_cli("compare", summary, *LLAMA, "--lengths-from", detailed)
+    assert code == 0 and "every request at the file's means" not in " ".join(out.split())

@@ -331,6 +331,17 @@ def warm_runs(runs: list, cached_from: list[Path] | None, sweep: bool,
     return out
 
 
+def _at_the_mean(run) -> tuple[str, ...]:
+    """A note where the run is replayed with every request at its file's mean lengths (the
+    file lists none, and nothing gave them), naming what would give each request's."""
+    if run.input_lens or run.batch is not None:
+        return ()
+    return (f"lengths: every request at the file's means ({run.mean_input_tokens:,.0f} + "
+            f"{run.mean_output_tokens:,.0f} tokens; it lists none): exact for fixed lengths; "
+            "where they varied, --lengths-from FILE, --dataset-name sharegpt or --seed N "
+            "replays each request's (docs/servers.md)",)
+
+
 def _squash(name: str) -> str:
     """A model name's letters and digits, lower case, without its organisation or folder:
     "meta-llama/Llama-3.1-8B-Instruct" -> "llama318binstruct"."""
@@ -525,5 +536,5 @@ def compare(
         stdout.print(f"  measured {util}")
         stdout.print(table(None, ["figure", "measured", "simulated", "error", "steady\nstate",
                                   "error"], rows, left=1, compact=True))
-        for n in r.notes + c.notes:
+        for n in r.notes + c.notes + _at_the_mean(r):
             stdout.print(f"  [dim]{plain(n)}[/]")
