@@ -422,15 +422,10 @@ def test_calibrate_takes_the_twins_lengths(run_cli, tmp_path):
     """A summary saved without --save-detailed (vLLM's default drops input_lens and
     output_lens) and a detailed run of the same requests: calibrate fits on the twin's
     lengths. Made from the fixture: lengths that vary, the same totals."""
-    detailed = json.loads((Path(__file__).parent / "fixtures" / "servers" /
-                           "vllm_bench_serve_detailed.json").read_text())
-    detailed["input_lens"] = [512, 1536] * 4  # 8,192 in all, as the file says
-    summary = {k: v for k, v in detailed.items() if k not in ("input_lens", "output_lens")}
-    (tmp_path / "detailed.json").write_text(json.dumps(detailed))
-    (tmp_path / "summary.json").write_text(json.dumps(summary))
-    args = ["calibrate", str(tmp_path / "summary.json"), "-m", "llama-3.1-8b", "-g",
-            "h100-sxm", "--no-leave-one-out", "--out", str(tmp_path / "p.yaml"), "--json"]
-    code, out, err = run_cli(*args, "--lengths-from", str(tmp_path / "detailed.json"))
+    summary, detailed = _summary_and_detailed(tmp_path)
+    args = ["calibrate", summary, "-m", "llama-3.1-8b", "-g", "h100-sxm",
+            "--no-leave-one-out", "--out", str(tmp_path / "p.yaml"), "--json"]
+    code, out, err = run_cli(*args, "--lengths-from", detailed)
     assert code in (0, 1), err  # 1: a fit refused at a range's edge, still reported
     twin = json.loads(out)
     code, out, err = run_cli(*args)
