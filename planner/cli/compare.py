@@ -217,7 +217,7 @@ LengthsFromOpt = Annotated[Optional[Path], typer.Option(
          "--save-detailed, SGLang's --output-details): each file given that lists none is "
          "replayed with them, checked against its totals (not the --cached-from files).")]
 DatasetNameOpt = Annotated[Optional[str], typer.Option(
-    "--dataset-name", metavar="sharegpt",
+    "--dataset-name", metavar="DATASET",
     help="The dataset a file that lists no per-request lengths and names no dataset was "
          "drawn from (vLLM's bench serve does not record it): sharegpt replays its requests "
          "at lengths of ShareGPT's distribution at the file's means (planner/data/lengths), "
