@@ -254,7 +254,7 @@ def _lengths_of(runs: list, seed: int | None, lengths_from: Path | None,
     """``runs`` with each request's lengths where a file gives only totals: drawn again from
     ``seed``, taken from ``lengths_from``'s run, or (``dataset`` not None) shaped like the
     dataset the file names, else ``dataset``; and how many were drawn again or taken."""
-    from planner.evidence.redraw import copied_lengths, redrawn_all
+    from planner.evidence.redraw import copied_all, redrawn_all
 
     n = 0
     if seed is not None:
@@ -264,14 +264,11 @@ def _lengths_of(runs: list, seed: int | None, lengths_from: Path | None,
             twin = read_result_file(lengths_from)
         except LlmplanError as err:
             raise LlmplanError(f"--lengths-from: {err}") from None
-        copied = [copied_lengths(r, twin, str(lengths_from), f"--lengths-from: {r.source}")
-                  for r in runs]
-        n += sum(a is not b for a, b in zip(runs, copied, strict=True))
-        runs = copied
+        runs, k = copied_all(runs, twin, str(lengths_from), "--lengths-from")
+        n += k
     if dataset is None:
         return runs, n
     return [shape_lengths(r, r.dataset or dataset) for r in runs], n
-
 
 
 def warm_runs(runs: list, cached_from: list[Path] | None, sweep: bool,

@@ -129,16 +129,15 @@ def replayed_runs(entry, folder, dataset):
                                "SGLang's random dataset without per-request lengths: "
                                "nothing to draw again")
     if traffic.lengths_from:
-        from planner.evidence.redraw import copied_lengths
+        from planner.evidence.redraw import copied_all
 
         twin = dataset.entry(traffic.lengths_from)
-        where = f"{entry.id}: traffic.lengths_from: {entry.file}"
-        twin_runs = read_result_file(folder / twin.file)
-        copied = [copied_lengths(r, twin_runs, twin.file, where) for r in runs]
-        if all(a is b for a, b in zip(runs, copied, strict=True)):
-            raise LlmplanError(f"{where}: every run of it lists its own per-request lengths "
-                               "(or traffic.seed drew them): nothing to take")
-        runs = copied
+        runs, n = copied_all(runs, read_result_file(folder / twin.file), twin.file,
+                             f"{entry.id}: traffic.lengths_from")
+        if not n:
+            raise LlmplanError(f"{entry.id}: traffic.lengths_from: every run of "
+                               f"{entry.file} lists its own per-request lengths: nothing "
+                               "to take")
     runs = [shape_lengths(r, r.dataset or traffic.dataset) for r in runs]
     if traffic.cached_prefix_runs:  # the earlier runs' files, read once for all runs
         from planner.evidence.compare import warmed_by

@@ -112,3 +112,12 @@ def copied_lengths(run: ServedRun, twin: list[ServedRun], name: str, where: str)
         raise LlmplanError(f"{where}: {name}'s {_sums(inputs, outputs)}, where this file "
                            f"says {_stated(run)}: not the same requests")
     return out
+
+
+def copied_all(runs: list[ServedRun], twin: list[ServedRun], name: str,
+               where: str) -> tuple[list[ServedRun], int]:
+    """``runs``, each as ``copied_lengths`` gives it from ``twin`` (the runs of file
+    ``name``; ``where``: what named the file), and how many of them took its lengths."""
+    out = [copied_lengths(r, twin, name, f"{where}: {r.source}") for r in runs]
+    return out, sum(a is not b for a, b in zip(runs, out, strict=True))
+
