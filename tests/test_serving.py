@@ -437,6 +437,62 @@ def test_a_decode_step_priced_directly_is_step_time_to_the_bit(model, engine, di
                            shape.score_elems, shape.logit_rows, sequences) == want
 
 
+@pytest.mark.parametrize("model,engine,tp,time_model", [
+    ("llama-3.1-8b", "vllm", 1, "roofline"), ("llama-3.1-8b", "vllm", 2, "roofline"),
+    ("llama-3.1-8b", "vllm-v0", 1, "roofline"), ("llama-3.1-8b", "vllm", 1, "additive"),
+    ("deepseek-v3", "sglang", 8, "roofline"), ("qwen3-30b-a3b", "trtllm", 1, "roofline")])
+@settings(max_examples=40, deadline=None)
+@given(tokens=st.integers(1, 600), per_token=st.integers(1, 40_000),
+       sequences=st.integers(1, 600))
+def test_the_uniform_decode_pricer_is_decode_step_s_to_the_bit(model, engine, tp, time_model,
+                                                               tokens, per_token, sequences):
+    """``uniform_decode_pricer``: the plain pool's decode step in one call, with the
+    replica's constants bound, must give ``decode_step_s``'s answer exactly (async
+    scheduling or not, a worker hand-off above one GPU or not, either time model)."""
+    m, hw = catalog.load_model(model), catalog.load_hardware("h200")
+    eng = catalog.load_engine(engine)
+    opts = Options(time_model=time_model)
+    prep = prepare(hw, Precision(weights="fp8") if model == "deepseek-v3" else Precision(),
+                   None, opts, eng)
+    c = StepCoster(m, hw, prep, opts, tp=tp)
+    price = c.uniform_decode_pricer()
+    attended = tokens * per_token  # each decoder's cache plus its new token, summed
+    assert price(tokens, attended, sequences) == c.decode_step_s(
+        float(tokens), float(attended), float(attended), float(attended), float(tokens),
+        sequences)
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+def test_a_simulation_is_the_same_with_the_uniform_decode_pricer_or_without(engine,
+                                                                            monkeypatch):
+    """The event loop prices the plain pool's padded decode steps with the bound pricer; with
+    it taken away (every step through ``step_time``'s shapes) the run is the same to the
+    bit: every request's first token and finish, and the summary."""
+    m, hw = catalog.load_model("llama-3.1-8b"), catalog.load_hardware("h100-sxm")
+    eng = catalog.load_engine(engine)
+    prep = prepare(hw, Precision(), None, OPTS, eng)
+    cfg = SchedulerConfig.for_engine(eng, memory_bytes=hw.memory_bytes, max_num_seqs=64,
+                                     max_num_batched_tokens=2048)  # SGLang's apart
+    assert cfg.graph_sizes
+    reqs = synthetic(300, prompt_tokens=700, output_tokens=90, request_rate=30.0, seed=5,
+                     range_ratio=0.5)
+    calls = []
+    bound = StepCoster.uniform_decode_pricer
+
+    def counted(self):
+        price = bound(self)
+        return lambda *a: calls.append(a) or price(*a)
+
+    monkeypatch.setattr(StepCoster, "uniform_decode_pricer", counted)
+    fast = simulate(reqs, StepCoster(m, hw, prep, OPTS), cfg)
+    assert calls  # the bound pricer took the decode steps
+    monkeypatch.setattr(StepCoster, "prices_decodes_directly", False)
+    slow = simulate(reqs, StepCoster(m, hw, prep, OPTS), cfg)
+    assert [(r.first_token_s, r.finish_s) for r in fast.requests] == \
+        [(r.first_token_s, r.finish_s) for r in slow.requests]
+    assert summary(fast) == summary(slow)
+
+
 def test_a_slowed_replica_takes_each_step_that_many_times_longer(setup):
     """``SlowedCoster``: one request alone meets no queue, so its time between tokens is the
     factor times the predicted one and its first token the factor times the prefill (the

@@ -273,6 +273,56 @@ class StepCoster:
         return self._with_host_s(self._linear_head_s(tokens, logit_rows, graphed) + attn,
                                  sequences, prefill=False, decodes=True, graphed=graphed)
 
+    def uniform_decode_pricer(self):
+        """``decode_step_s`` of a decode-only step whose every sequence adds one token after
+        its context (the plain decode pool's step), as one function with this replica's
+        constants bound: ``f(tokens, attended, sequences)`` for ``tokens`` padded rows (the
+        captured graph's size), ``attended`` cached-plus-new tokens (the step's attended
+        pairs, cache read and score elements alike) and ``sequences`` real ones. The same
+        operations in the same order as ``decode_step_s``, so the same answer to the bit
+        (tested), without its eight calls a step. Only where ``prices_decodes_directly``."""
+        e, linear, head = self.engine, self._linear, self._head
+        graphed = e.cuda_graphs
+        n_full = self._n_full
+        c_pair, m_kv = self._attn_c_per_pair, self._attn_m_per_kv
+        m_token, m_score = self._attn_m_per_token, self._attn_m_per_score
+        additive = self.options.time_model == "additive"
+        overlap = e.overlap_frac
+        kernels_s = self._attn_kernels * self._per_kernel
+        launch_s = self._attn_kernels * e.host_launch_s if not graphed and e.host_launch_s \
+            else None
+        step_s, per_seq_s = e.step_overhead_s, e.per_sequence_overhead_s
+        hides, worker_s = e.hides_host(graphed), e.worker_s(self.tp)
+        linear_s, head_s = self.linear_s, self.head_s
+
+        def price(tokens: int, attended: int, sequences: int) -> float:
+            # one layer's attention (``_attention_layer_s``: nothing prefills, so no fill
+            # term; ``combine``'s fixed time is 0)
+            compute = c_pair * attended
+            memory = m_kv * attended + m_token * tokens + m_score * attended
+            if additive:
+                t = compute + memory
+            elif overlap == 1.0:
+                t = compute if compute >= memory else memory
+            else:
+                t = compute + memory - overlap * (compute if compute <= memory else memory)
+            t = t + kernels_s
+            if launch_s is not None and launch_s > t:
+                t = launch_s
+            attn = n_full * t if n_full else 0.0
+            lin = linear.get((tokens, graphed))
+            if lin is None:
+                lin = linear_s(tokens, graphed)
+            hd = head.get((tokens, graphed))
+            if hd is None:
+                hd = head_s(tokens, graphed)
+            gpu = lin + hd + attn
+            host = step_s + per_seq_s * sequences
+            t = (gpu + host + abs(gpu - host)) / 2 if hides else gpu + host
+            return t + worker_s
+
+        return price
+
     def step_time(self, shape: StepShape, *, sequences: int, prefill: bool,
                   decodes: bool = True, graphed: bool | None = None) -> float:
         """A step of ``shape`` over ``sequences`` sequences; ``prefill``: it holds a prefill

@@ -236,6 +236,8 @@ class ContinuousScheduler(Scheduler):
         if batch.n:
             self._make_room_for_decodes()
         chunks: Chunks = []
+        if not self.prefilling and not self.waiting:  # a decode-only step
+            return chunks
         budget = self._continue_prefills(chunks, self.token_budget - batch.n * batch.k1)
         self._admit_waiting(chunks, budget)
         return chunks
@@ -256,6 +258,10 @@ class ContinuousScheduler(Scheduler):
         1 + k slots when speculating, as vLLM's lookahead slots), preempting the newest
         running requests until they fit."""
         batch, kv, running = self.batch, self.kv, self.running
+        grow = batch.growth_tokens()
+        if grow <= kv.free_tokens:  # the common step: room without evicting or preempting
+            batch.take_growth(grow)
+            return
         retracted = False
         # under speculative decoding SGLang retracts from the back (the newest), unsorted
         by_outputs = self.reserve is not None and self.reserve.fewest_outputs_first \
@@ -318,6 +324,8 @@ class ContinuousScheduler(Scheduler):
 
     def _admit_waiting(self, chunks: Chunks, budget: int) -> None:
         """Admit waiting requests in order while the budget, the seats and the KV allow."""
+        if not self.waiting:
+            return
         waiting, running, per_rank = self.waiting, self.running, self.chunk_tokens
         cache, chunked, max_seqs, admit = self.kv.prefixes, self.chunked, self.max_seqs, \
             self._admit
