@@ -182,6 +182,25 @@ def test_a_hugging_face_snapshot_folder_is_a_model(run_json, run_cli, tmp_path):
     assert code == 2 and "without a config.json" in err
 
 
+@pytest.mark.parametrize("field,value,named", [
+    ("max_window_layers", "-Infinity", "max_window_layers: -inf"),  # read only with a window
+    ("rms_norm_eps", "NaN", "rms_norm_eps: nan"),
+    ("rope_scaling", '{"factor": Infinity, "rope_type": "llama"}', "rope_scaling.factor: inf"),
+    ("layer_types", '["full_attention", NaN]', "layer_types[1]: nan")])
+def test_a_config_with_nan_or_infinity_is_refused_naming_the_field(run_cli, tmp_path, field,
+                                                                    value, named):
+    """JSON has no NaN or Infinity, but Python's reader takes them: a config holding one, in a
+    field read or not, is refused in one line naming the field, exit 2."""
+    text = (HF / "qwen3-8b.json").read_text()
+    cfg = json.loads(text)
+    cfg[field] = "@@"
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(cfg).replace('"@@"', value))
+    code, out, err = run_cli("estimate", "-m", str(path), "-g", "h100-sxm")
+    assert code == 2 and not out
+    assert f"{path}: {named} is not a number" in err and len(err.strip().splitlines()) == 1
+
+
 @pytest.mark.slow
 def test_compute_says_what_the_matmuls_run_in(run_json, run_cli, tmp_path):
     """T4 and V100 have no bf16: int8 / int4 weights there dequantize to fp16 (--compute

@@ -425,12 +425,32 @@ def model_from_hf_config(cfg: dict, path: str) -> ModelSpec:
     checkpoint stores its weights (``quantization_config``: planner/io/quant_config.py)."""
     from planner.io.quant_config import checkpoint_quant
 
+    bad = _non_finite(cfg)
+    if bad is not None:  # JSON has no NaN or Infinity; Python's reader lets them through
+        field, value = bad
+        raise SpecError(f"{path}: {field}: {value} is not a number a config can hold")
     try:
         m = _model_from_hf_config(cfg, path)
     except (TypeError, OverflowError) as err:  # a list or a string where a size belongs
         raise SpecError(f"{path}: a size field is not a number ({err})") from None
     q = checkpoint_quant(cfg, path, moe=m.moe is not None, hidden_size=m.hidden_size)
     return m if q is None else m.model_copy(update={"quantization": q})
+
+
+def _non_finite(node: Any, at: str = "") -> tuple[str, float] | None:
+    """The first NaN or infinite number in a parsed JSON document, with its field's path
+    (``rope_scaling.factor``, ``layer_types[3]``), or None. No field of a model config may be
+    one, read or not."""
+    if isinstance(node, float) and not math.isfinite(node):
+        return at or "(the document)", node
+    items = node.items() if isinstance(node, dict) else \
+        enumerate(node) if isinstance(node, list) else ()
+    for k, v in items:
+        got = _non_finite(v, f"{at}[{k}]" if isinstance(k, int) else
+                          f"{at}.{k}" if at else str(k))
+        if got is not None:
+            return got
+    return None
 
 
 def _model_from_hf_config(cfg: dict, path: str) -> ModelSpec:
