@@ -61,6 +61,17 @@ class StepProgress:
         return self._inner.decode_step_s(tokens, attn_pairs, kv_read_tokens, score_elems,
                                          logit_rows, sequences)
 
+    def uniform_decode_pricer(self):
+        """The inner coster's bound decode-step pricer (the plain pool's padded decode
+        steps), each step counted."""
+        price, tick = self._inner.uniform_decode_pricer(), self._tick
+
+        def counted(tokens: int, attended: int, sequences: int) -> float:
+            tick(sequences)
+            return price(tokens, attended, sequences)
+
+        return counted
+
     def with_engine(self, engine) -> StepProgress:
         """The inner coster's ``with_engine`` (a multi-step block's later steps), its steps
         counted here too."""
