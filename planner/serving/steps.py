@@ -55,7 +55,7 @@ class StepPricer:
     the coster's ``time_scale``, where it has one: ``SlowedCoster``)."""
 
     __slots__ = ("coster", "batch", "window", "split_parts", "graph_sizes", "pads", "direct",
-                 "scale", "uniform", "largest")
+                 "scale", "uniform")
 
     def __init__(self, coster, batch: DecodePool, graph_sizes: tuple[int, ...] = (),
                  pads: bool = True):
@@ -77,7 +77,6 @@ class StepPricer:
         self.uniform = coster.uniform_decode_pricer() if (
             self.direct and self.pads and self.window is None
             and type(batch) is DecodePool) else None
-        self.largest = self.graph_sizes[-1] if self.graph_sizes else 0
 
     @property
     def timer(self):
@@ -96,12 +95,14 @@ class StepPricer:
         the decode pool runs in this step."""
         batch, window = self.batch, self.window
         n_dec = batch.n if decodes else 0
-        if n_dec and not chunks and self.uniform is not None and n_dec <= self.largest:
-            # what ``_graphed_decode_s`` gives this step from the pool's ``shape``, to the bit
-            past = batch.sum_c0_minus_G0 + n_dec * batch.G
+        if n_dec and not chunks and self.uniform is not None:
+            # what ``_graphed_decode_s`` gives this step from the pool's ``shape``, to the bit,
+            # up to the largest captured size (above it the step runs eagerly, below)
             sizes = self.graph_sizes
-            return self.uniform(sizes[bisect.bisect_left(sizes, n_dec)], past + n_dec,
-                                n_dec), past
+            i = bisect.bisect_left(sizes, n_dec)
+            if i < len(sizes):
+                past = batch.sum_c0_minus_G0 + n_dec * batch.G
+                return self.uniform(sizes[i], past + n_dec, n_dec), past
         dec, dl, past = batch.shape(window)
         if not decodes:
             dec = [0.0] * 6
