@@ -215,3 +215,32 @@ def test_calibrate_on_a_sweep_sees_the_cache(run_cli, tmp_path):
     (cold, cold_fit), (warm, warm_fit) = errors(), errors("--sweep")
     assert cold > 0.8 and cold_fit > 0.5
     assert warm < 0.35 and warm_fit < 0.1
+
+
+def test_an_earlier_run_of_fewer_requests_warms_only_the_indices_it_sent():
+    """The SGLang cookbook's Qwen3 page sends 10, then 80, then 500 requests with seed 1 to
+    one server: request i < 10 of the 80-request run began as the 10-request run's request i
+    did (its first ten lengths are those ten, drawn first), so all of it is cached; the other
+    70 are cold. The earlier runs' lengths are drawn again from the seed (their blocks give
+    totals only)."""
+    from planner.cli.validate import replayed_runs
+
+    ds = _dataset("sglang-cookbook")
+    page = "cookbook-qwen3-235b-a22b-b200x8-tp8-r1000in-1000out"
+    first = replayed_runs(ds.entry(f"{page}-c1"), SERVED, ds)[0]
+    second = replayed_runs(ds.entry(f"{page}-c16"), SERVED, ds)[0]
+    third = replayed_runs(ds.entry(f"{page}-c100"), SERVED, ds)[0]
+    assert second.input_lens[:10] == first.input_lens
+    assert second.cached_prefix_lens == first.input_lens + (0,) * 70
+    assert third.cached_prefix_lens == second.input_lens + (0,) * 420
+
+
+def test_a_longer_earlier_run_warms_with_its_first_requests():
+    from planner.evidence.compare import warmed_by
+
+    base = {"completed": 2, "request_rate": 4.0, "total_input_tokens": 300,
+            "total_output_tokens": 20, "mean_ttft_ms": 10.0}
+    run = read_sglang([{**base, "input_lens": [100, 200], "output_lens": [5, 15]}], "n")[0]
+    longer = read_sglang([{**base, "completed": 3, "total_input_tokens": 450,
+                           "input_lens": [150, 50, 250], "output_lens": [5, 5, 10]}], "b")
+    assert warmed_by(run, [("b", longer)], "n").cached_prefix_lens == (100, 50)

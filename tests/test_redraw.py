@@ -511,3 +511,51 @@ def test_compare_says_when_every_request_is_at_the_mean(run_cli, tmp_path):
     assert code == 0 and "every request at the file's means" in " ".join(out.split())
     code, out, _ = run_cli("compare", summary, *LLAMA, "--lengths-from", detailed)
     assert code == 0 and "every request at the file's means" not in " ".join(out.split())
+
+
+COOKBOOK = "sglang-cookbook"
+
+
+def _printed_totals(name: str) -> tuple[int, int, int]:
+    text = (SERVED / f"{name}.txt").read_text()
+
+    def field(label):
+        return int(text.split(label)[1].split()[0])
+
+    return (field("Successful requests:"), field("Total input tokens:"),
+            field("Total generated tokens:"))
+
+
+@pytest.mark.parametrize("page, floor", [("qwen3-235b-a22b-b200x8-tp8", 0),
+                                         ("deepseek-r1-b200x8-tp8", 0),
+                                         ("deepseek-v3.1-mi300x-x8-tp8", 1)])
+def test_each_cookbook_page_matches_one_client_releases_draw(page, floor):
+    """SGLang 0.5.6's client drew output lengths from 0 (bench_serving.py's own draw); the
+    0.5.7 page's from 1 (compute_random_lens floors both at 1). Every block's totals are
+    those of exactly one of the two draws with seed 1, the same for all nine of a page."""
+    for io in ("r1000in-1000out", "r1000in-8000out", "r8000in-1000out"):
+        for conc in (1, 16, 100, 64):
+            name = f"cookbook-{page}-{io}-c{conc}"
+            if not (SERVED / f"{name}.txt").exists():
+                continue
+            n, total_in, total_out = _printed_totals(name)
+            inp, out = (int(x) for x in io[1:].replace("out", "").split("in-"))
+            sums = {f: tuple(map(sum, sglang_random_lengths(1, n, RandomLengths(inp, out, 0.0),
+                                                            f))) for f in (0, 1)}
+            assert sums[floor] == (total_in, total_out), name
+            assert sums[1 - floor] != (total_in, total_out), name
+
+
+def test_the_redraw_takes_the_later_clients_floor_and_says_when_neither_fits():
+    spec = RandomLengths(1000, 1000, 0.0)
+    later = sglang_random_lengths(1, 10, spec, output_floor=1)
+    assert later[1] == tuple(x + 1 for x in sglang_random_lengths(1, 10, spec)[1])
+    base = {"completed": 10, "request_rate": 4.0, "dataset_name": "random",
+            "random_input_len": 1000, "random_output_len": 1000, "random_range_ratio": 0.0,
+            "total_input_tokens": sum(later[0]), "total_output_tokens": sum(later[1]),
+            "mean_ttft_ms": 50.0}
+    run = redrawn(read_sglang([base], "f")[0], 1, "f")
+    assert (run.input_lens, run.output_lens) == later
+    with pytest.raises(LlmplanError, match="another seed or client release"):
+        redrawn(read_sglang([{**base, "total_output_tokens": sum(later[1]) + 5}], "f")[0], 1,
+                "f")

@@ -113,7 +113,28 @@ def replayed_runs(entry, folder, dataset):
     ``dataset`` (the entry's manifest) that sent the same requests and lists them, or shaped
     by a kept length distribution (the dataset the file, else the manifest, names); and each
     request's cached beginning where earlier runs of ``dataset`` sent it."""
-    from planner.cli.compare import read_result_file, shape_lengths
+    from planner.cli.compare import shape_lengths
+
+    runs = _sent_runs(entry, folder, dataset)
+    traffic = entry.traffic
+    if traffic is None:
+        return runs
+    runs = [shape_lengths(r, r.dataset or traffic.dataset) for r in runs]
+    if traffic.cached_prefix_runs:  # the earlier runs, each with the lengths it sent
+        from planner.evidence.compare import warmed_by
+
+        earlier = [(b.file, _sent_runs(b, folder, dataset))
+                   for b in map(dataset.entry, traffic.cached_prefix_runs)]
+        where = f"{entry.id}: traffic.cached_prefix_runs: {entry.file}"
+        runs = [warmed_by(r, earlier, where) for r in runs]
+    return runs
+
+
+def _sent_runs(entry, folder, dataset):
+    """The runs of a served entry's file with the traffic its client command states, and
+    each request's lengths where they are known exactly: listed in the file, drawn again
+    from the client's seed, or taken from a twin run that sent the same requests."""
+    from planner.cli.compare import read_result_file
 
     runs = read_result_file(folder / entry.file)
     if entry.traffic is None:
@@ -138,14 +159,6 @@ def replayed_runs(entry, folder, dataset):
             raise LlmplanError(f"{entry.id}: traffic.lengths_from: every run of "
                                f"{entry.file} lists its own per-request lengths: nothing "
                                "to take")
-    runs = [shape_lengths(r, r.dataset or traffic.dataset) for r in runs]
-    if traffic.cached_prefix_runs:  # the earlier runs' files, read once for all runs
-        from planner.evidence.compare import warmed_by
-
-        earlier = [(b.file, read_result_file(folder / b.file))
-                   for b in map(dataset.entry, traffic.cached_prefix_runs)]
-        where = f"{entry.id}: traffic.cached_prefix_runs: {entry.file}"
-        runs = [warmed_by(r, earlier, where) for r in runs]
     return runs
 
 

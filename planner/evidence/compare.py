@@ -210,7 +210,9 @@ def warmed_by(run: ServedRun, earlier: list[tuple[str, list[ServedRun]]],
     same server, whose prompt of each index began this run's prompt of that index (a sweep of
     lengths with one seed: SGLang's random dataset repeats one ShareGPT conversation per
     index to each run's length): request i's first min(its length, the longest earlier prompt
-    i) tokens are in the prefix cache. Each file must list one length per request."""
+    i) tokens are in the prefix cache. Each file must list its requests' lengths; one of
+    fewer requests warms only the indices it sent (SGLang's seeded draw is sequential: the
+    first n requests of a longer run are those of a run of n)."""
     if not run.input_lens:
         raise LlmplanError(f"{where} lists no per-request input_lens (SGLang's bench_serving "
                          "--output-details, vLLM's bench serve --save-detailed)")
@@ -220,10 +222,11 @@ def warmed_by(run: ServedRun, earlier: list[tuple[str, list[ServedRun]]],
             raise LlmplanError(f"{where}: {name} holds {len(runs)} runs; name a file of one "
                                "run, the one sent before")
         lens = runs[0].input_lens
-        if not lens or len(lens) != len(longest):
+        if not lens:
             raise LlmplanError(f"{where}: {name} does not list one input length for each of "
                              f"the {len(longest)} requests")
-        longest = [max(a, b) for a, b in zip(longest, lens, strict=True)]
+        # an earlier run of fewer requests leaves the rest cold; of more, its first ones count
+        longest = [max(a, b) for a, b in zip(longest, lens, strict=False)] + longest[len(lens):]
     return replace(run, cached_prefix_lens=tuple(
         min(p, c) for p, c in zip(run.input_lens, longest, strict=True)))
 

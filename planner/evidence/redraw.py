@@ -7,9 +7,12 @@ global generator, seeded from ``--seed`` (default 1) at the start of each invoca
 prompt lengths first, then the output lengths, each uniform on [ratio x nominal, nominal]
 (the prompt's low end at least 1). From
 https://github.com/sgl-project/sglang/blob/v0.4.0/python/sglang/bench_serving.py
-(``sample_random_requests``; ``run_benchmark`` seeds ``np.random``). The same seed, count and
-nominal lengths give the same lengths, so a redraw is checked against the totals the file
-reports, and refused where they differ.
+(``sample_random_requests``; ``run_benchmark`` seeds ``np.random``). Later releases draw both
+through one ``compute_random_lens`` (python/sglang/benchmark/datasets/common.py), whose low
+end is at least 1 for the outputs too (``output_floor``). The same seed, count and nominal
+lengths give the same lengths, so a redraw is checked against the totals the file reports:
+the earlier release's draw is tried first, then the later one's, and a run neither matches
+is refused.
 
 vLLM's ``benchmark_serving`` samples ShareGPT with its ``--seed`` (default 0), so two runs
 with the same dataset file, tokenizer, seed and prompt count send the same prompts; a summary
@@ -24,17 +27,22 @@ from dataclasses import replace
 from planner.core.errors import LlmplanError
 from planner.evidence.runs import RandomLengths, ServedRun
 
+# The least output length each SGLang client release draws: 0 before its datasets were split
+# out (bench_serving.py's own draw), 1 after (compute_random_lens), in the order tried.
+OUTPUT_FLOORS = (0, 1)
 
-def sglang_random_lengths(seed: int, n: int, spec: RandomLengths
+
+def sglang_random_lengths(seed: int, n: int, spec: RandomLengths, output_floor: int = 0
                           ) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """The prompt and output lengths of ``n`` requests SGLang's random dataset draws with
-    ``seed``."""
+    ``seed``; ``output_floor``: the release's least output length (``OUTPUT_FLOORS``)."""
     import numpy as np
 
     rng = np.random.RandomState(seed)  # the legacy generator np.random.seed() resets
     low = max(int(spec.input_len * spec.range_ratio), 1)
     inputs = rng.randint(low, spec.input_len + 1, size=n)
-    outputs = rng.randint(int(spec.output_len * spec.range_ratio), spec.output_len + 1, size=n)
+    out_low = max(int(spec.output_len * spec.range_ratio), output_floor)
+    outputs = rng.randint(out_low, spec.output_len + 1, size=n)
     return tuple(int(x) for x in inputs), tuple(int(x) for x in outputs)
 
 
@@ -74,14 +82,17 @@ def redrawn(run: ServedRun, seed: int, where: str) -> ServedRun:
     spec = run.random_lengths  # set for SGLang's clients only (formats, Traffic.apply)
     if run.input_lens or spec is None:
         return run
-    inputs, outputs = sglang_random_lengths(seed, run.num_prompts or run.completed, spec)
-    out = _with_lengths(run, inputs, outputs, f"lengths: each request's, drawn again from "
-                        f"the client's seed {seed} (they add up to the file's totals)")
-    if out is None:
-        raise LlmplanError(f"{where}: lengths drawn again with seed {seed} for "
-                           f"{_sums(inputs, outputs)}, where the file says {_stated(run)}: "
-                           "another seed or client release")
-    return out
+    n = run.num_prompts or run.completed
+    for floor in OUTPUT_FLOORS:
+        inputs, outputs = sglang_random_lengths(seed, n, spec, floor)
+        out = _with_lengths(run, inputs, outputs, f"lengths: each request's, drawn again "
+                            f"from the client's seed {seed} (they add up to the file's totals)")
+        if out is not None:
+            return out
+    inputs, outputs = sglang_random_lengths(seed, n, spec)
+    raise LlmplanError(f"{where}: lengths drawn again with seed {seed} for "
+                       f"{_sums(inputs, outputs)}, where the file says {_stated(run)}: "
+                       "another seed or client release")
 
 
 def redrawn_all(runs: list[ServedRun], seed: int, where: str) -> tuple[list[ServedRun], int]:
