@@ -188,3 +188,20 @@ def test_a_runs_e2e_latency_is_compared_and_skippable(run_json, tmp_path):
     d = run_json("validate", "--served-dataset", str(_manifest(tmp_path, dict(MANIFEST,
                  runs=[run]))), "--source", "try")
     assert "served E2E" not in {r["phase"] for r in d["served_rows"]}
+
+
+def test_a_closed_loop_is_a_stream_the_server_keeps_up_with():
+    """A closed loop of clients prints rate inf, yet no request waits for another client's:
+    its figures build the unsaturated bands (as `simulate` classes its own closed loops),
+    and a burst of every request at once stays saturated. GPUStack's Qwen3-8B under vLLM 0.11
+    at 4 clients and its Qwen3-14B burst of 1,000 ShareGPT prompts."""
+    from planner.cli.validate import run_served
+
+    (ds, folder), = [m for m in catalog.load_served() if m[0].source.id == "gpustack-perf-lab"]
+    keep = {"gpustack-qwen3-8b-h100-sxm-vllm-c4", "gpustack-qwen3-14b-h100-sxm-sglang-sharegpt"}
+    small = ds.model_copy(update={"runs": [r for r in ds.runs if r.id in keep]})
+    comps, unserved = run_served([(small, folder)])
+    assert not unserved
+    regimes = {c.run: c.regime for c in comps}
+    assert regimes == {"gpustack-qwen3-8b-h100-sxm-vllm-c4": "unsaturated",
+                       "gpustack-qwen3-14b-h100-sxm-sglang-sharegpt": "saturated"}, regimes

@@ -282,7 +282,11 @@ def compare_entry(source: ServedSource, entry: ServedEntry, runs: list[ServedRun
     for run in runs:
         cmp = compare_run(run, setup)
         real = {m.metric: m for m in cmp.rows}
-        regime = served_regime(run.request_rate, cmp.simulated.get("request_throughput"),
+        # a closed loop (clients, no rate) offers what the server takes: no rate to fall
+        # behind (NaN), as simulate classifies its own; saturated only where its batch fills
+        closed = run.max_concurrency is not None and not math.isfinite(run.request_rate)
+        regime = served_regime(math.nan if closed else run.request_rate,
+                               cmp.simulated.get("request_throughput"),
                                cmp.simulated.get("max_running_requests"),
                                setup.engine.max_num_seqs)
         bound = {m.metric: m for m in compare_run(run, ideal).rows}
