@@ -104,3 +104,33 @@ def test_no_sparse_figures_slipped_in():
 def test_turing_and_volta_have_no_bf16():
     for name in ("t4", "v100-sxm2-32gb"):
         assert DType.bf16 not in catalog.load_hardware(name).peak_tflops
+
+
+def test_a_spec_file_is_read_once_per_text_and_again_when_edited(tmp_path):
+    """The loaders keep what they read by the file's text: a built-in GPU loads once per
+    process (validate loads it for every run), and an edited file (even of the same size,
+    within one clock tick) is read again."""
+    assert catalog.load_engine_spec("vllm") is catalog.load_engine_spec("vllm")
+    src = (catalog.db_dir("engines_db") / "ideal.yaml").read_text()
+    f = tmp_path / "mine.yaml"
+    f.write_text(src)
+    first = catalog.load_engine_spec(str(f))
+    name = first.display_name  # "ideal roofline"
+    edited = src.replace(name, name[::-1])
+    assert len(edited) == len(src) and edited != src
+    f.write_text(edited)
+    second = catalog.load_engine_spec(str(f))
+    assert second.display_name != name and second is not first
+    f.write_text(src)
+    assert catalog.load_engine_spec(str(f)).display_name == name
+
+
+def test_the_spec_memo_is_bounded(tmp_path, monkeypatch):
+    monkeypatch.setattr(catalog, "_SPECS", {})
+    monkeypatch.setattr(catalog, "_SPECS_MAX", 3)
+    src = (catalog.db_dir("engines_db") / "ideal.yaml").read_text()
+    for i in range(7):
+        f = tmp_path / f"e{i}.yaml"
+        f.write_text(src + f"\n# {i}\n")
+        catalog.load_engine_spec(str(f))
+        assert len(catalog._SPECS) <= 3

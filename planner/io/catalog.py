@@ -6,6 +6,7 @@ file, the field and what is wrong.
 from __future__ import annotations
 
 import difflib
+import hashlib
 import json
 import math
 import os
@@ -114,7 +115,33 @@ def read_yaml(path: Path, *, what: str = "file", max_bytes: int = boundary.SPEC_
     """A YAML document behind the input boundary: a regular file within its size, nested at
     most ``boundary.MAX_DEPTH`` deep, no number too long, aliases that expand to at most
     ``MAX_YAML_NODES`` nodes; anything else is one line."""
-    text = read_text(path, what=what, max_bytes=max_bytes)
+    return _parse_yaml(read_text(path, what=what, max_bytes=max_bytes), path)
+
+
+# Specs already read, by class, path and the text's digest: `validate` replays hundreds of
+# runs, each loading its GPU, model and engine profile (and every profile of the engine's
+# family to pick the release's), and parsing the YAML was a quarter of its time. Keyed by
+# the text, so an edited file is read again; the objects are frozen. Bounded: a process
+# that reads many distinct files (a fuzzer) keeps only the newest.
+_SPECS: dict[tuple[type, str, str], Any] = {}
+_SPECS_MAX = 512
+
+
+def _load_spec(cls: type[S], path: Path) -> S:
+    """``cls`` validated from the YAML file at ``path``, once per distinct text."""
+    text = read_text(path)
+    key = (cls, str(path), hashlib.blake2b(text.encode(), digest_size=16).hexdigest())
+    spec = _SPECS.get(key)
+    if spec is None:
+        spec = validate(cls, _parse_yaml(text, path), str(path))
+        if len(_SPECS) >= _SPECS_MAX:
+            _SPECS.clear()
+        _SPECS[key] = spec
+    return spec
+
+
+def _parse_yaml(text: str, path: Path) -> Any:
+    """``read_yaml``'s checks and parse of a text already read from ``path``."""
     loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml's where the wheel has it
     try:
         boundary.check_yaml(text, path)  # before anything is composed
@@ -193,8 +220,7 @@ def load_model(ref: str) -> ModelSpec:
     path = _resolve(ref, "models_db", "model")
     if path.suffix == ".json":
         return model_from_hf_config(read_json(path), str(path))
-    data = read_yaml(path)
-    return validate(ModelSpec, data, str(path))
+    return _load_spec(ModelSpec, path)
 
 
 def load_hardware(ref: str, prices: str | None = None,
@@ -203,7 +229,7 @@ def load_hardware(ref: str, prices: str | None = None,
     (``load_price_set``; None: ``DEFAULT_PRICES``) with any ``--price GPU=USD`` overrides
     (``priced``). A GPU the set does not sell has no price (``price_reason`` says why)."""
     path = _resolve(ref, "hardware_db", "GPU")
-    hw = validate(HardwareSpec, read_yaml(path), str(path))
+    hw = _load_spec(HardwareSpec, path)
     return priced(hw, price_set(prices), price_overrides)[0]
 
 
@@ -214,7 +240,7 @@ def load_engine_spec(ref: str) -> EngineSpec:
     if "@" in ref and Path(ref).suffix not in (".yaml", ".yml", ".json"):
         return _engine_for_version(ref)
     path = _resolve(ref, "engines_db", "engine")
-    return validate(EngineSpec, read_yaml(path), str(path))
+    return _load_spec(EngineSpec, path)
 
 
 def _engine_for_version(ref: str) -> EngineSpec:
