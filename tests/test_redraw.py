@@ -513,9 +513,6 @@ def test_compare_says_when_every_request_is_at_the_mean(run_cli, tmp_path):
     assert code == 0 and "every request at the file's means" not in " ".join(out.split())
 
 
-COOKBOOK = "sglang-cookbook"
-
-
 def _printed_totals(name: str) -> tuple[int, int, int]:
     text = (SERVED / f"{name}.txt").read_text()
 
