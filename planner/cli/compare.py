@@ -193,14 +193,14 @@ StrictOpt = Annotated[bool, typer.Option(
 CachedFromOpt = Annotated[Optional[list[Path]], typer.Option(
     "--cached-from", metavar="FILE",
     help="The result file of a run sent to the same server before these, with the same seed "
-         "and prompt count (a sweep over lengths: SGLang's random dataset begins prompt i of "
+         "(a sweep over lengths or client counts: SGLang's random dataset begins prompt i of "
          "every run alike): request i's first min(its length, that run's request i) tokens "
-         "are replayed from the prefix cache. Repeatable; every file must list each "
-         "request's input length.")]
+         "are replayed from the prefix cache; a run of fewer requests warms only those. "
+         "Repeatable; every file must list each request's input length.")]
 SweepOpt = Annotated[bool, typer.Option(
     "--sweep", help="The runs, in the order given (files, then a file's runs), were sent one "
-    "after another to one server with the same seed and prompt count: each finds in the "
-    "prefix cache the beginnings the runs before it sent (as --cached-from names them).")]
+    "after another to one server with the same seed: each finds in the prefix cache the "
+    "beginnings the runs before it sent (as --cached-from names them).")]
 
 
 SeedOpt = Annotated[Optional[int], typer.Option(
