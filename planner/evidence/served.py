@@ -282,10 +282,9 @@ def compare_entry(source: ServedSource, entry: ServedEntry, runs: list[ServedRun
     for run in runs:
         cmp = compare_run(run, setup)
         real = {m.metric: m for m in cmp.rows}
-        # a closed loop (clients, no rate) offers what the server takes: no rate to fall
-        # behind (NaN), as simulate classifies its own; saturated only where its batch fills
-        closed = run.max_concurrency is not None and not math.isfinite(run.request_rate)
-        regime = served_regime(math.nan if closed else run.request_rate,
+        # a closed loop offers what the server takes: no rate to fall behind (NaN), as
+        # simulate classifies its own; saturated only where its batch fills
+        regime = served_regime(math.nan if run.closed_loop else run.request_rate,
                                cmp.simulated.get("request_throughput"),
                                cmp.simulated.get("max_running_requests"),
                                setup.engine.max_num_seqs)
