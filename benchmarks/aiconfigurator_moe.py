@@ -27,12 +27,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.gpu_kernels import OneLineParser  # noqa: E402
 
 SYSTEMS = {"h100-sxm": "h100_sxm", "h200": "h200_sxm", "a100-sxm-80gb": "a100_sxm",
-           "l40s": "l40s"}
+           "l40s": "l40s", "b200": "b200_sxm"}
 # llmplan engine family -> the newest release the wheel times MoE layers of, per system
-RELEASES = {"vllm": {"h100_sxm": "0.24.0", "h200_sxm": "0.24.0", "a100_sxm": "0.14.0"},
-            "sglang": {"h100_sxm": "0.5.14", "h200_sxm": "0.5.14", "a100_sxm": "0.5.10"},
+RELEASES = {"vllm": {"h100_sxm": "0.24.0", "h200_sxm": "0.24.0", "a100_sxm": "0.14.0",
+                     "l40s": "0.24.0", "b200_sxm": "0.24.0"},
+            "sglang": {"h100_sxm": "0.5.14", "h200_sxm": "0.5.14", "a100_sxm": "0.5.10",
+                       "l40s": "0.5.14", "b200_sxm": "0.5.14"},
             "trtllm": {"h100_sxm": "1.3.0rc20", "h200_sxm": "1.3.0rc20", "a100_sxm": "1.0.0",
-                       "l40s": "1.3.0rc20"}}
+                       "l40s": "1.3.0rc20", "b200_sxm": "1.3.0rc20"}}
 # model -> (llmplan weights, aiconfigurator moe_dtype)
 MODELS = {"gpt-oss-120b": ("mxfp4", "w4a16_mxfp4"), "gpt-oss-20b": ("mxfp4", "w4a16_mxfp4"),
           "qwen3-235b-a22b": ("bf16", "bfloat16"), "qwen3-30b-a3b": ("bf16", "bfloat16"),
@@ -153,11 +155,7 @@ def main(argv=None) -> int:
     import pandas as pd
 
     system = SYSTEMS[a.gpu]
-    release = RELEASES[a.engine].get(system)
-    if release is None:
-        print(f"aiconfigurator_moe.py: the wheel times no {a.engine} MoE layer on {a.gpu} "
-              f"(it does for {', '.join(sorted(RELEASES[a.engine]))})", file=sys.stderr)
-        return 2
+    release = RELEASES[a.engine][system]  # every engine's MoE layer is timed on every system
     path = f"aiconfigurator_core/systems/data/{system}/moe/{a.engine}/{release}/moe_perf.parquet"
     try:
         with zipfile.ZipFile(a.wheel) as whl:

@@ -108,15 +108,8 @@ def test_the_fused_moe_factor_is_the_one_that_reproduces_the_table():
     assert all(ours_half[k] > own[k] for k in own)  # 0.5 is slower than the profile's 0.68
 
 
-def test_a_gpu_without_that_engines_table_is_one_line_and_exit_2(tmp_path):
-    p = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "aiconfigurator_moe.py"),
-                        str(tmp_path / "any.whl"), "--gpu", "l40s", "--engine", "vllm"],
-                       capture_output=True, text=True, cwd=ROOT)
-    assert p.returncode == 2 and p.stderr.count("\n") == 1 and "no vllm MoE layer" in p.stderr
-
-
-def test_a_routing_the_table_lacks_is_one_line_and_exit_2(tmp_path):
-    """--distribution names what the table holds; a typo is refused, not an empty table."""
+def _wheel(tmp_path, system: str, engine: str, release: str) -> Path:
+    """A wheel holding the stand-in table where aiconfigurator keeps that system's table."""
     import io
     import zipfile
 
@@ -124,8 +117,30 @@ def test_a_routing_the_table_lacks_is_one_line_and_exit_2(tmp_path):
     _table(lambda tp, n: 1.0).to_parquet(buf)
     wheel = tmp_path / "aic.whl"
     with zipfile.ZipFile(wheel, "w") as z:
-        z.writestr("aiconfigurator_core/systems/data/h100_sxm/moe/vllm/0.24.0/moe_perf.parquet",
-                   buf.getvalue())
+        z.writestr(f"aiconfigurator_core/systems/data/{system}/moe/{engine}/{release}/"
+                   "moe_perf.parquet", buf.getvalue())
+    return wheel
+
+
+@pytest.mark.parametrize("gpu,system,engine,release", [
+    ("l40s", "l40s", "vllm", "0.24.0"), ("b200", "b200_sxm", "sglang", "0.5.14")])
+def test_the_l40s_and_b200_tables_are_read_from_their_systems(tmp_path, gpu, system, engine,
+                                                               release):
+    """Ada's and Blackwell's factors (engines_db experts_compute_frac) come from these tables:
+    --gpu l40s / b200 read the L40S's and the B200's own, not another GPU's."""
+    run = [sys.executable, str(ROOT / "benchmarks" / "aiconfigurator_moe.py"),
+           str(_wheel(tmp_path, system, engine, release)), "--gpu", gpu, "--engine", engine]
+    ok = subprocess.run(run, capture_output=True, text=True, cwd=ROOT)
+    assert ok.returncode == 0 and f"# {gpu}, {engine} {release}" in ok.stdout, ok.stderr
+    assert "qwen3-30b-a3b" in ok.stdout
+    other = subprocess.run([*run[:3], "--gpu", "h100-sxm", "--engine", engine],
+                           capture_output=True, text=True, cwd=ROOT)
+    assert other.returncode == 2 and "cannot read" in other.stderr
+
+
+def test_a_routing_the_table_lacks_is_one_line_and_exit_2(tmp_path):
+    """--distribution names what the table holds; a typo is refused, not an empty table."""
+    wheel = _wheel(tmp_path, "h100_sxm", "vllm", "0.24.0")
     run = [sys.executable, str(ROOT / "benchmarks" / "aiconfigurator_moe.py"), str(wheel)]
     ok = subprocess.run(run, capture_output=True, text=True, cwd=ROOT)
     assert ok.returncode == 0 and "qwen3-30b-a3b" in ok.stdout, ok.stderr
