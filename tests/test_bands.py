@@ -156,21 +156,6 @@ def test_the_built_in_table_loads_and_is_checked():
                      "gpu_classes": "hopper"}], "x.yaml")
 
 
-@pytest.mark.slow
-def test_the_built_in_table_is_what_validate_builds_now(run_cli, tmp_path):
-    """planner/data/bands.yaml must not go stale: a fresh validate writes the same table."""
-    out = tmp_path / "bands.yaml"
-    code, _, err = run_cli("validate", "--no-rows", "--write-bands", str(out))
-    assert code == 0, err
-    fresh = {(b.engine, b.phase, b.regime): b for b in catalog.load_bands(out)}
-    kept = {(b.engine, b.phase, b.regime): b for b in catalog.load_bands()}
-    assert fresh.keys() == kept.keys()
-    for k, b in fresh.items():
-        assert (kept[k].low_ratio, kept[k].high_ratio, kept[k].n) == pytest.approx(
-            (b.low_ratio, b.high_ratio, b.n), rel=1e-3), k
-        assert kept[k].gpu_classes == b.gpu_classes, k
-
-
 def test_estimate_and_simulate_carry_bands(run_json):
     d = run_json("estimate", "-m", "llama-3.1-8b", "-g", "h100-sxm", "-b", "1")
     bands = catalog.load_bands()

@@ -81,14 +81,21 @@ def test_in_sample_rows_are_exactly_the_fitted_ones():
 
 
 @pytest.fixture(scope="module")
-def overall():
-    """Every static row and every served run replayed, summarised over all sources (the
-    served replay takes seconds: computed once for the tests below)."""
+def replayed():
+    """Every static row predicted and every served run replayed, as `llmplan validate` does
+    (about a minute: computed once for the tests below)."""
     from planner.cli.validate import run_served
+
+    return run_validation(DATASETS), run_served(catalog.load_served())[0]
+
+
+@pytest.fixture(scope="module")
+def overall(replayed):
+    """The replay summarised over all sources."""
     from planner.evidence.served import summarize_served
 
-    return (summarize(run_validation(DATASETS), by_source=False)
-            + summarize_served(run_served(catalog.load_served())[0], by_source=False))
+    comps, served = replayed
+    return summarize(comps, by_source=False) + summarize_served(served, by_source=False)
 
 
 @pytest.mark.slow
@@ -105,6 +112,38 @@ def test_held_out_error_within_the_recorded_figures(overall):
 def test_engines_beat_the_ideal_roofline_on_held_out_rows(overall):
     for s in overall:
         assert s.median_abs_error < s.ideal_median_abs_error, s
+
+
+@pytest.mark.slow
+def test_the_built_in_bands_are_what_validate_builds_now(replayed, tmp_path):
+    """planner/data/bands.yaml must not go stale: the bands `validate --write-bands` builds
+    from this replay, written and read back, are the built-in table."""
+    from planner.cli.validate import _gpu_class
+    from planner.evidence import bands as bands_mod
+
+    figures = bands_mod.figures_of(*replayed, gpu_class=_gpu_class)
+    out = tmp_path / "bands.yaml"
+    catalog.write_bands(out, bands_mod.build(figures), sources=sorted({f.source for f in figures}))
+    fresh = {(b.engine, b.phase, b.regime): b for b in catalog.load_bands(out)}
+    kept = {(b.engine, b.phase, b.regime): b for b in catalog.load_bands()}
+    assert fresh.keys() == kept.keys()
+    for k, b in fresh.items():
+        assert (kept[k].low_ratio, kept[k].high_ratio, kept[k].n) == pytest.approx(
+            (b.low_ratio, b.high_ratio, b.n), rel=1e-3), k
+        assert kept[k].gpu_classes == b.gpu_classes, k
+
+
+def test_validate_writes_the_bands_of_the_sources_it_replays(run_cli, tmp_path):
+    """--write-bands from the command line: the bands of the sources asked for, read back by
+    the loader estimate uses."""
+    out = tmp_path / "bands.yaml"
+    code, _, err = run_cli("validate", "--source", "gpt-fast-readme,gpt-fast-blog", "--no-rows",
+                           "--write-bands", str(out))
+    assert code == 0 and f"wrote {out}" in " ".join(err.split()), err
+    bands = catalog.load_bands(out)
+    # gpt-fast's rows, the blog's one HF-eager row, and the every-engine band beside them
+    assert {b.engine for b in bands} == {"gpt-fast", "hf-eager", "all"}
+    assert all(b.low_ratio <= b.median_ratio <= b.high_ratio for b in bands)
 
 
 def test_validate_cli_outputs(run_cli, tmp_path):

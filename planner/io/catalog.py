@@ -604,7 +604,7 @@ def write_bands(path: Path, bands: list, *, sources: list[str]) -> None:
             "# and regime, with fallbacks to every regime and every engine (engine or regime\n"
             "# 'all'), each with the GPU classes (architectures) its figures were measured\n"
             "# on. Written by `llmplan validate --write-bands planner/data/bands.yaml`;\n"
-            "# tests/test_bands.py checks it matches a fresh validate. Do not edit by hand.\n")
+            "# tests/test_validate.py checks it matches a fresh validate. Do not edit by hand.\n")
     body = {"quantiles": [LOW_Q, HIGH_Q], "min_figures": MIN_FIGURES,
             "min_sources": MIN_SOURCES, "sources": sources, "bands": to_table(bands)}
     Path(path).write_text(head + yaml.safe_dump(body, sort_keys=False, width=100))
