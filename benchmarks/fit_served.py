@@ -84,6 +84,14 @@ PLANS: dict[str, tuple[list[str], list[str]]] = {
     # ended at 0.3, the edge of its range: those runs, 1 to 32 in flight, hardly depend on it.)
     "sglang": (["served_compute_frac", "step_overhead_us", "request_overhead_us"],
                ["datacrunch-h200", "massed-compute-sglang"]),
+    # SGLang, the host's time on each MoE layer of an eager pass (a prefill): its routing
+    # set-up and the fused MoE kernels' launches from Python, on those two sources and the SGLang
+    # cookbook's runs (Qwen3-235B, DeepSeek-R1 / V3.1, gpt-oss-120b at TP 8), the one source
+    # whose first tokens show it; bbuf's and the engine PR's DeepSeek-V3, Scicom's gpt-oss-120b
+    # and the rest held out. (Fitted jointly with request_overhead_us it took that to 38.7 ms,
+    # more than Massed Compute's Llama-3.1-8B takes for a whole first token, and was not taken.)
+    "sglang/moe": (["moe_layer_host_us"],
+                   ["datacrunch-h200", "massed-compute-sglang", "sglang-cookbook"]),
     # vLLM's API server (planner.serving.frontend): its CPU time per request admitted and per
     # token streamed, on GPUStack's Performance Lab runs (0.10-0.11), the one source that sends
     # bursts of 500-1,000 requests at once, where that process is the bottleneck; every other
@@ -127,6 +135,10 @@ RANGES: dict[str, tuple[float, float, str]] = {
                                  "tokenizing a prompt in Rust takes tens of nanoseconds a token "
                                  "at least; 50 us a token would be a prompt of 4,096 tokens "
                                  "held 0.2 s before the engine sees it"),
+    "moe_layer_host_us": (10.0, 5000.0,
+                          "a MoE layer's routing set-up and fused-kernel launches from Python "
+                          "take tens of microseconds at least; above 5 ms a layer the host "
+                          "would be doing something else"),
     "per_sequence_overhead_us": (0.5, 100.0,
                                  "per running request, Python bookkeeping of microseconds"),
 }

@@ -471,3 +471,34 @@ def test_engines_listing_shows_the_served_compute_share(run_json, run_cli):
     code, out, _ = run_cli("engines")
     line = next(x for x in out.splitlines() if x.startswith("vllm-0.8 "))
     assert code == 0 and f"{r['gemm_compute_frac'] * r['served_compute_frac']:.0%}" in line
+
+
+def test_an_eager_moe_layer_pays_the_engines_host_time_once_a_layer():
+    """moe_layer_host_us: an eager pass (a prefill) of a MoE model cannot take less than the
+    host's time on its MoE layers, one charge a layer; a graphed decode step does not pay it,
+    and neither does a dense model."""
+    base = dataclasses.replace(catalog.load_engine("sglang"), moe_layer_host_s=0.0,
+                               host_launch_s=0.0)
+    slow = dataclasses.replace(base, moe_layer_host_s=2e-3)
+    hw = catalog.load_hardware("h100-sxm")
+
+    def run(e, name):
+        return estimate(catalog.load_model(name), hw, engine=e, precision=Precision(),
+                        parallelism=Parallelism(tp=1),
+                        workload=Workload(batch=1, prompt_tokens=1, output_tokens=4))
+
+    moe = catalog.load_model("qwen3-30b-a3b")
+    a, b = run(base, "qwen3-30b-a3b"), run(slow, "qwen3-30b-a3b")
+    # one token reads a few GB at most: the host's 48 x 2 ms is the floor
+    assert moe.num_moe_layers == 48 and a.prefill.time_s < 0.05
+    assert b.prefill.time_s >= 48 * 2e-3
+    assert b.decode.time_s == a.decode.time_s  # replayed from a graph
+    charged = [t for t in b.prefill.ops if t.time_s != next(
+        u for u in a.prefill.ops if u.op.name == t.op.name).time_s]
+    assert [t.op.name for t in charged] == ["experts_down_proj"]
+    dense = run(slow, "llama-3.1-8b"), run(base, "llama-3.1-8b")
+    assert dense[0].prefill.time_s == dense[1].prefill.time_s
+    data = catalog.load_engine_spec("sglang").model_dump(exclude_none=True)
+    data["moe_layer_host_us"]["value"] = -1.0
+    with pytest.raises(ValueError, match="moe_layer_host_us"):
+        type(catalog.load_engine_spec("sglang")).model_validate(data)

@@ -488,6 +488,10 @@ class EngineSpec(_Frozen):
     worker_step_overhead_us: Num | None = None
     kernel_gap_us: Num  # device-side fixed cost per kernel
     host_launch_us: Num  # host cost per kernel launched outside a graph
+    # host time an eager pass (a prefill outside a CUDA graph) spends on each mixture-of-experts
+    # layer beyond its kernels' launches: routing set-up and the fused MoE kernels' launches
+    # from Python (None: none)
+    moe_layer_host_us: Num | None = None
     kernels: Kernels
     operator_fixed_us: OperatorFixed | None = None  # None: no operator pays more
     # kernels launched to quantize the activations of each W8A8 fp8 GEMM (a dynamic scale's
@@ -618,6 +622,8 @@ class EngineSpec(_Frozen):
                                     else self.worker_step_overhead_us.value / 1e6),
             kernel_gap_s=self.kernel_gap_us.value / 1e6,
             host_launch_s=self.host_launch_us.value / 1e6,
+            moe_layer_host_s=(0.0 if self.moe_layer_host_us is None
+                              else self.moe_layer_host_us.value / 1e6),
             kernels=tuple(sorted(self.kernels.value.items())),
             operator_fixed_s=(() if self.operator_fixed_us is None else tuple(
                 sorted((k, v / 1e6) for k, v in self.operator_fixed_us.value.items()))),
@@ -728,6 +734,7 @@ class Engine:
     api_servers: int = 1  # API-server processes sharing that work (vLLM's --api-server-count)
     kernel_gap_s: float = 0.0
     host_launch_s: float = 0.0
+    moe_layer_host_s: float = 0.0  # an eager pass's host time per MoE layer beyond launches
     kernels: tuple[tuple[str, float], ...] = ()
     # device time per instance of the named operators beyond their kernels' (``fixed_for``)
     operator_fixed_s: tuple[tuple[str, float], ...] = ()
@@ -911,8 +918,8 @@ class Engine:
         """Everything that sets speed (not byte accounting)."""
         return (self.ceilings, self.step_overhead_s, self.per_sequence_overhead_s,
                 self.prefill_step_overhead_s, self.kernel_gap_s, self.host_launch_s,
-                self.operator_fixed_s, self.fp8_quant_kernels, self.gemm_bandwidth_frac,
-                self.gemm_compute_frac,
+                self.moe_layer_host_s, self.operator_fixed_s, self.fp8_quant_kernels,
+                self.gemm_bandwidth_frac, self.gemm_compute_frac,
                 self.served_compute_frac, self.experts_compute_frac,
                 self.experts_compute_by_arch,
                 self.gemm_tile_m, self.overlap_frac,

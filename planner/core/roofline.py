@@ -34,6 +34,11 @@ from planner.core.errors import UsageError
 from planner.core.ops import Op
 from planner.core.specs import Calibration, DType, HardwareSpec, MeasuredAllreduce, Options
 
+# the operator an eager pass's per-MoE-layer host time (``Engine.moe_layer_host_s``) is charged
+# to: one instance a MoE layer, gated or not (planner.core.ops builds it for every routed-expert
+# model)
+MOE_HOST_OP = "experts_down_proj"
+
 
 @dataclass(frozen=True)
 class Ceilings:
@@ -310,12 +315,14 @@ def op_efficiency(op: Op, e: Engine) -> tuple[float, float]:
 
 
 def combine(compute: float, memory: float, e: Engine, o: Options, *, kernels: float,
-            per_kernel_s: float, graphed: bool, fixed_s: float = 0.0) -> float:
+            per_kernel_s: float, graphed: bool, fixed_s: float = 0.0,
+            host_s: float = 0.0) -> float:
     """One operator instance's time from its compute and memory times under engine ``e``:
     the roofline's max (less the engine's lost overlap) or the additive form, its kernels'
     fixed costs and any device time the engine's profile adds to the operator (``fixed_s``,
     ``Engine.fixed_for``), and the host's launch floor when nothing is replayed from a CUDA
-    graph."""
+    graph: its launches and any host time the engine spends on the operator beyond them
+    (``host_s``: ``Engine.moe_layer_host_s`` on a MoE layer's expert down-projection)."""
     if o.time_model == "additive":
         t = compute + memory
     elif e.overlap_frac == 1.0:
@@ -323,8 +330,8 @@ def combine(compute: float, memory: float, e: Engine, o: Options, *, kernels: fl
     else:  # only part of the shorter time hides under the longer
         t = compute + memory - e.overlap_frac * vmin(compute, memory)
     t = t + kernels * per_kernel_s + fixed_s
-    if not graphed and e.host_launch_s:
-        t = vmax(t, kernels * e.host_launch_s)  # the host cannot launch faster than this
+    if not graphed and (e.host_launch_s or host_s):
+        t = vmax(t, kernels * e.host_launch_s + host_s)  # the host cannot go faster than this
     return t
 
 
@@ -382,8 +389,9 @@ def op_time(op: Op, c: Ceilings, *, tp: int = 1, options: Options | None = None,
         per_kernel = (k * per_kernel + q * c.kernel_cost_s("plain", e)) / (k + q)
         k = k + q
     fixed = e.fixed_for(op.name)
+    host = e.moe_layer_host_s if op.name == MOE_HOST_OP else 0.0
     t = combine(compute, memory, e, o, kernels=k, per_kernel_s=per_kernel, graphed=graphed,
-                fixed_s=fixed)
+                fixed_s=fixed, host_s=host)
     return OpTime(op, compute * n, memory * n, 0.0, t * n, bw_frac, c_frac, k * n,
                   (k * per_kernel + fixed) * n, fixed * n)
 
