@@ -118,12 +118,10 @@ def test_engines_beat_the_ideal_roofline_on_held_out_rows(overall):
 def test_the_built_in_bands_are_what_validate_builds_now(replayed, tmp_path):
     """planner/data/bands.yaml must not go stale: the bands `validate --write-bands` builds
     from this replay, written and read back, are the built-in table."""
-    from planner.cli.validate import _gpu_class
-    from planner.evidence import bands as bands_mod
+    from planner.cli.validate import band_figures, write_band_table
 
-    figures = bands_mod.figures_of(*replayed, gpu_class=_gpu_class)
     out = tmp_path / "bands.yaml"
-    catalog.write_bands(out, bands_mod.build(figures), sources=sorted({f.source for f in figures}))
+    write_band_table(out, band_figures(*replayed))
     fresh = {(b.engine, b.phase, b.regime): b for b in catalog.load_bands(out)}
     kept = {(b.engine, b.phase, b.regime): b for b in catalog.load_bands()}
     assert fresh.keys() == kept.keys()

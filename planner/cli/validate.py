@@ -202,6 +202,22 @@ def _gpu_class(name: str) -> str:
     return catalog.load_hardware(name).architecture or ""
 
 
+def band_figures(comps, served_comps) -> list:
+    """The held-out figures of a replay (static rows and served runs, each with its GPU's
+    class) that the error bands and their coverage are built from."""
+    from planner.evidence import bands as bands_mod
+
+    return bands_mod.figures_of(comps, served_comps, gpu_class=_gpu_class)
+
+
+def write_band_table(path: Path, figures: list) -> None:
+    """The bands built from ``figures``, written as planner/data/bands.yaml is."""
+    from planner.evidence import bands as bands_mod
+    from planner.io import catalog
+
+    catalog.write_bands(path, bands_mod.build(figures), sources=sorted({f.source for f in figures}))
+
+
 def recorded_limits() -> dict:
     from planner.io import catalog
 
@@ -285,11 +301,10 @@ def validate(
     overall = summarize(comps, by_source=False) + summarize_served(served_comps,
                                                                    by_source=False)
     kinds = by_model_kind(served_comps, _model_kind)
-    figures = bands_mod.figures_of(comps, served_comps, gpu_class=_gpu_class)
+    figures = band_figures(comps, served_comps)
     cover = bands_mod.coverage(figures)
     if write_bands:
-        catalog.write_bands(write_bands, bands_mod.build(figures),
-                            sources=sorted({f.source for f in figures}))
+        write_band_table(write_bands, figures)
         stderr.print(f"wrote {write_bands}")
     failed: list[str] = []
     if check:
