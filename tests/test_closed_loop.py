@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 from dataclasses import replace
 from pathlib import Path
 
@@ -109,3 +110,78 @@ def test_scicom_vllm_clients_in_step(run_cli, tmp_path):
     assert width <= np.median([w[-1] - w[0] for w in measured])
     assert d["mean_ttft_ms"] == pytest.approx(pub["mean_ttft_ms"], rel=0.2)
     assert d["mean_tpot_ms"] == pytest.approx(pub["mean_tpot_ms"], rel=0.1)
+
+
+def test_a_rate_beside_the_cap_paces_the_loop():
+    """``--request-rate`` and ``--max-concurrency`` together (vllm bench serve makes each
+    request's task at its arrival time; the task waits on a semaphore of N and starts its clock
+    once it holds it): a request goes out at its time or when a client is free, whichever is
+    later."""
+    from collections import deque
+
+    from planner.serving.arrivals import ClosedLoop
+    from planner.serving.requests import RequestResult, SimRequest
+
+    reqs = [SimRequest.of(RequestResult(i, t, 8, 2)) for i, t in
+            enumerate((0.0, 0.1, 0.2, 5.0))]
+    loop, waiting = ClosedLoop(reqs, 2), deque()
+    assert loop.next_s() == 0.0
+    loop.arrive(0.05, waiting)  # the second is not due before 0.1, though a client is free
+    assert [q.r.arrival_s for q in waiting] == [0.0] and loop.next_s() == 0.1
+    loop.arrive(0.5, waiting)  # the third (due 0.2) waits for a client
+    assert [q.r.arrival_s for q in waiting] == [0.0, 0.1] and math.isnan(loop.next_s())
+    loop.release(1.0)  # a client free at 1.0 sends the third then, late
+    assert loop.next_s() == 1.0
+    loop.arrive(1.2, waiting)
+    assert waiting[-1].id == 2 and waiting[-1].r.arrival_s == 1.0
+    loop.release(1.5)  # free at 1.5, but the fourth is due at 5.0
+    assert loop.next_s() == 5.0
+    loop.arrive(4.9, waiting)
+    assert len(waiting) == 3
+    loop.arrive(6.0, waiting)
+    assert waiting[-1].id == 3 and waiting[-1].r.arrival_s == 5.0 and loop.arrived == 4
+
+
+@settings(max_examples=20, deadline=None)
+@given(clients=st.integers(1, 10), n=st.integers(1, 50), rate=st.floats(0.5, 400.0),
+       prompt=st.integers(16, 2000), out=st.integers(1, 60), seed=st.integers(0, 9))
+def test_a_paced_loop_sends_no_request_early_and_holds_at_most_its_clients(
+        small, clients, n, rate, prompt, out, seed):
+    """Each request goes out no earlier than its arrival time, and when it goes out fewer
+    than ``clients`` others are in flight; a cap no smaller than the stream changes nothing
+    (the open stream's figures), and an infinite rate leaves the plain closed loop."""
+    from planner.serving.metrics import summary
+
+    timed = synthetic(n, prompt_tokens=prompt, output_tokens=out, request_rate=rate, seed=seed)
+    c = _coster(small, request_overhead_s=0.01, prompt_token_overhead_s=1e-6)
+    res = simulate(timed, c, SchedulerConfig(max_concurrency=clients))
+    due = {q.id: q.arrival_s for q in timed}
+    done = sorted(r.finish_s for r in res.requests)
+    for r in res.requests:
+        assert r.arrival_s >= due[r.id]
+        in_flight = sum(1 for s in res.requests if s.arrival_s < r.arrival_s) - \
+            sum(1 for f in done if f <= r.arrival_s)
+        assert in_flight < clients
+    uncapped = simulate(timed, c, SchedulerConfig(max_concurrency=n))
+    open_stream = simulate(timed, c, SchedulerConfig())
+    assert summary(uncapped) == summary(open_stream)
+    untimed = synthetic(n, prompt_tokens=prompt, output_tokens=out, closed_loop=True, seed=seed)
+    at_once = [replace(q, arrival_s=0.0) for q in untimed]
+    assert summary(simulate(untimed, c, SchedulerConfig(max_concurrency=clients))) == \
+        summary(simulate(at_once, c, SchedulerConfig(max_concurrency=clients)))
+
+
+def test_simulate_takes_a_rate_and_a_cap_together(run_cli):
+    """`simulate --request-rate R --max-concurrency N`: at most N in flight, the rate kept in
+    the JSON, and the server held below the rate where N is what limits it."""
+    args = ("simulate", "-m", "llama-3.2-1b", "-g", "h100-sxm", "-n", "200", "-p", "512",
+            "-o", "64", "--range-ratio", "0", "--json")
+    code, out, err = run_cli(*args, "--request-rate", "200", "--max-concurrency", "4")
+    assert code == 0, err
+    d = json.loads(out)
+    assert d["arrivals"] == "rate and closed loop" and d["request_rate"] == 200
+    assert d["max_concurrency"] == 4 and d["max_running_requests"] <= 4
+    assert d["request_throughput"] < 0.9 * 200
+    code, out, err = run_cli(*args, "--request-rate", "200")
+    assert code == 0, err
+    assert json.loads(out)["max_running_requests"] > 4

@@ -195,7 +195,10 @@ def simulate(
         help="Gamma shape of the arrival gaps: 1 Poisson, < 1 burstier (as vLLM's).",
         metavar="SHAPE")] = 1.0,
     max_concurrency: Annotated[Optional[int], typer.Option(
-        help="A closed loop of this many clients instead of an arrival rate.", metavar="N")] = None,
+        help="At most this many requests in flight: a closed loop of N clients, each sending "
+        "its next request when it has its last (vllm bench serve --max-concurrency); with "
+        "--request-rate too, a request goes out at its arrival time or when a client is free, "
+        "whichever is later.", metavar="N")] = None,
     num_requests: Annotated[int, typer.Option(
         "--num-requests", "-n", "--num-prompts",
         help="Requests in the stream (vLLM bench's --num-prompts).", metavar="N")] = 1000,
@@ -696,7 +699,8 @@ def _render_disaggregated(d: dict) -> None:
 def _served_bands(dep, cfg, d: dict, request_rate: float, max_concurrency) -> dict:
     """The served figures' error bands (planner/data/bands.yaml), in the regime the simulated
     server was in: saturated or keeping up with the offered rate."""
-    regime = _regime(d, math.nan if max_concurrency is not None else request_rate, cfg)
+    untimed = max_concurrency is not None and math.isinf(request_rate)  # the loop alone
+    regime = _regime(d, math.nan if untimed else request_rate, cfg)
     d["regime"] = regime
     figs = {}
     for s in ("mean", "median"):  # the statistics the served runs were compared on
@@ -897,8 +901,12 @@ def request_stream(dataset, dataset_name, num_requests, prompt_tokens, output_to
                    prefix_tokens=0):
     """The request stream: a trace file's, or lengths as vLLM's bench serve draws them
     (``--dataset-name``: random, sharegpt or sonnet) or SGLang's bench_serving its random
-    dataset (sglang-random); ``simulate``'s, and ``check``'s for a served budget."""
+    dataset (sglang-random); ``simulate``'s, and ``check``'s for a served budget. With
+    ``max_concurrency`` and no finite rate the requests are untimed (a closed loop sends each
+    when a client is free); with both, timed at the rate and paced by the loop as well."""
     from planner.serving.traffic import replay, synthetic
+
+    closed = max_concurrency is not None and math.isinf(request_rate)
 
     if prefix_tokens and (dataset is not None or dataset_name not in ("random", "sonnet")):
         raise LlmplanError("--prefix-tokens: only with the random and sonnet datasets (a "
@@ -915,7 +923,7 @@ def request_stream(dataset, dataset_name, num_requests, prompt_tokens, output_to
             seed, num_requests, RandomLengths(prompt_tokens, output_tokens, range_ratio))
         return replay([(p, max(o, 1), None) for p, o in zip(inputs, outputs, strict=True)],
                       request_rate=request_rate, burstiness=burstiness,
-                      closed_loop=max_concurrency is not None, seed=seed)
+                      closed_loop=closed, seed=seed)
     if dataset is None and dataset_name == "sonnet":
         # vLLM's SonnetDataset (benchmarks/benchmark_dataset.py): every prompt starts with the
         # same prefix_len tokens of sonnet lines (200 by default), then lines drawn at random
@@ -923,7 +931,7 @@ def request_stream(dataset, dataset_name, num_requests, prompt_tokens, output_to
         shared = min(prefix_tokens or 200, prompt_tokens - 1)
         return synthetic(num_requests, prompt_tokens=prompt_tokens - shared,
                          output_tokens=output_tokens, request_rate=request_rate,
-                         burstiness=burstiness, closed_loop=max_concurrency is not None,
+                         burstiness=burstiness, closed_loop=closed,
                          seed=seed, prefix_tokens=shared)
     if dataset is not None:
         rows = read_trace(dataset)
@@ -932,7 +940,7 @@ def request_stream(dataset, dataset_name, num_requests, prompt_tokens, output_to
             raise LlmplanError(f"{dataset}: its rows give arrival_s, which sets the arrivals: "
                                "drop --request-rate / --max-concurrency, or the column")
         return replay(rows, request_rate=request_rate, burstiness=burstiness,
-                      closed_loop=max_concurrency is not None, seed=seed)
+                      closed_loop=closed, seed=seed)
     if dataset_name != "random":
         from planner.io import catalog
         from planner.serving.traffic import shaped_lengths
@@ -943,11 +951,11 @@ def request_stream(dataset, dataset_name, num_requests, prompt_tokens, output_to
         lens = shaped_lengths(catalog.load_lengths(dataset_name), num_requests,
                               mean_prompt=prompt_tokens, mean_output=output_tokens, seed=seed)
         return replay([(p, o, None) for p, o in lens], request_rate=request_rate,
-                      burstiness=burstiness, closed_loop=max_concurrency is not None,
+                      burstiness=burstiness, closed_loop=closed,
                       seed=seed)
     return synthetic(num_requests, prompt_tokens=prompt_tokens, output_tokens=output_tokens,
                      range_ratio=range_ratio, request_rate=request_rate,
-                     burstiness=burstiness, closed_loop=max_concurrency is not None, seed=seed,
+                     burstiness=burstiness, closed_loop=closed, seed=seed,
                      prefix_tokens=prefix_tokens)
 
 
@@ -988,11 +996,13 @@ def _result(dep, cfg, reqs, sp, d: dict, *, request_rate, burstiness, max_concur
             "api_server_request_s": dep.engine.frontend_request_s,
             "api_server_token_s": dep.engine.frontend_token_s,
             # as vLLM's result file writes it: a number, or "inf"
-            "request_rate": None if max_concurrency is not None or math.isnan(request_rate)
+            "request_rate": None if (max_concurrency is not None and math.isinf(request_rate))
+            or math.isnan(request_rate)
             else (request_rate if math.isfinite(request_rate) else "inf"),
-            # the dataset's own arrival_s, a closed loop, or a rate
+            # the dataset's own arrival_s, a closed loop, a rate, or a rate a closed loop paces
             "arrivals": "dataset" if math.isnan(request_rate) else
-            "closed loop" if max_concurrency is not None else "rate",
+            ("closed loop" if math.isinf(request_rate) else "rate and closed loop")
+            if max_concurrency is not None else "rate",
             "burstiness": burstiness, "max_concurrency": max_concurrency,
             "num_prompts": len(reqs), **d}
 
@@ -1031,8 +1041,10 @@ def _baseline(base: dict, d: dict) -> dict:
 def _plot(plot: Path, dep, cfg, res, n: int, request_rate, max_concurrency) -> None:
     from planner.io.report import plot_simulation
 
-    rate = f"closed loop of {max_concurrency}" if max_concurrency else \
-        "the dataset's arrival times" if math.isnan(request_rate) else f"{request_rate:g} req/s"
+    rate = "the dataset's arrival times" if math.isnan(request_rate) else \
+        f"closed loop of {max_concurrency}" if max_concurrency and math.isinf(request_rate) else \
+        f"{request_rate:g} req/s" + (f", at most {max_concurrency} in flight"
+                                     if max_concurrency else "")
     csv_path = plot_simulation(res, plot, title=(
         f"{dep.model.label} on {dep.layout.gpus_text} x {dep.hardware.display_name}, engine "
         f"{dep.engine.name}, {cfg.kind} batching, {cfg.kv_layout} KV: {n:,} requests at {rate}"))
@@ -1107,9 +1119,10 @@ def _render(d: dict) -> None:
     from planner.io.render import table
     from planner.layouts.deployment import Layout
 
-    rate = f"closed loop of {d['max_concurrency']} clients" if d["max_concurrency"] else \
-        "the dataset's arrival times" if d.get("arrivals") == "dataset" else \
-        f"{d['request_rate']} req/s"
+    rate = f"closed loop of {d['max_concurrency']} clients" if d.get("arrivals") == \
+        "closed loop" else "the dataset's arrival times" if d.get("arrivals") == "dataset" else \
+        f"{d['request_rate']} req/s" + (f", at most {d['max_concurrency']} in flight"
+                                        if d["max_concurrency"] else "")
     from planner.io.render import plain
 
     stdout.print(f"[bold]{plain(d['model'])}[/] on {Layout(d['tp'], d['pp'], d['ep']).gpus_text} x "

@@ -6,7 +6,8 @@ For each run (``planner.evidence.runs.ServedRun``):
   scheduler defaults: the same number of requests, their lengths (each request's when the file
   lists them, else the run's means), and the same arrival process (gamma gaps at the request
   rate with its burstiness, all at once for an infinite rate, or a closed loop of
-  ``max_concurrency`` clients). Its figures are those of the measured run's keys.
+  ``max_concurrency`` clients, paced by the rate where the run gives both). Its figures are
+  those of the measured run's keys.
 - *steady state*: ``estimate`` at the concurrency the server actually held, by Little's law
   the decoding sequences = output throughput x mean TPOT: its TPOT and output throughput, the
   figures a static model gives for that load.
@@ -161,8 +162,9 @@ def simulate_run(run: ServedRun, s: Deployment, *, step_coster=None,
         notes.append(f"simulated the first {n:,} of {run.num_prompts:,} requests")
     closed = run.closed_loop
     if run.max_concurrency is not None and not closed:
-        notes.append(f"the run capped requests in flight at {run.max_concurrency} beside its "
-                     "rate; the simulation sends at the rate only")
+        notes.append(f"at most {run.max_concurrency} requests in flight beside the rate: each "
+                     "goes out at its arrival time or when one in flight finishes, whichever "
+                     "is later (the benchmark client's semaphore)")
     reqs = synthetic(max(n, 1), prompt_tokens=max(1, round(run.mean_input_tokens)),
                      output_tokens=max(1, round(run.mean_output_tokens)),
                      request_rate=run.request_rate if not closed else math.inf,
@@ -196,7 +198,7 @@ def simulate_run(run: ServedRun, s: Deployment, *, step_coster=None,
                          "in the prefix cache when the run began")
     cfg = serving.scheduler(s, max_model_len=s.engine.max_model_len or
                             s.model.max_position_embeddings,
-                            max_concurrency=run.max_concurrency if closed else None)
+                            max_concurrency=run.max_concurrency)
     sim = summary(serving.run(s, reqs, cfg, step_coster=step_coster, warm_prefixes=warm),
                   itl=itl)
     if sim["failed"]:

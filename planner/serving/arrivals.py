@@ -1,6 +1,7 @@
 """Requests arriving at the replica's queue: an open stream at its arrival times, or a closed
 loop of ``max_concurrency`` clients, each sending its next request when it has its last one
-whole (``vllm bench serve --max-concurrency``). With an API server that costs time per request
+whole (``vllm bench serve --max-concurrency``), and where the requests have arrival times too
+(a rate beside the cap), not before its time. With an API server that costs time per request
 (``planner.serving.frontend``), the engine sees each request once the server has handled it
 (``SimRequest.visible_s``), in arrival order. Pure."""
 
@@ -69,7 +70,15 @@ class ClosedLoop(Arrivals):
     next request's handling and tokenization), so requests that finish together are sent
     together again: with fixed lengths the clients stay in step, wave after wave, as measured
     (Scicom's vLLM 0.15 runs at 10 clients and 4,096-token prompts start in waves about 50 ms
-    wide, the path longer than the last decodes' spread)."""
+    wide, the path longer than the last decodes' spread).
+
+    Requests with arrival times (a finite rate beside the cap: ``vllm bench serve
+    --request-rate R --max-concurrency N``, SGLang's ``bench_serving`` likewise) are paced as
+    well: each benchmark client makes a request's task at its time and the task waits on a
+    semaphore of N, first come first served, and starts its clock once it holds it. So a
+    request goes out at its arrival time or when a client is free, whichever is later, and its
+    ``arrival_s`` becomes that time. Untimed requests (nan: the loop alone) go out as soon as a
+    client is free."""
 
     __slots__ = ("free", "unsent", "next_q", "now")
 
@@ -87,11 +96,17 @@ class ClosedLoop(Arrivals):
         if self.next_q is not None:
             heappush(self.free, at_s if at_s == at_s else self.now)
 
+    def _sends_at(self, free_s: float) -> float:
+        """When the next request goes out with a client free at ``free_s``: then, or at its own
+        arrival time where that is later (nan, untimed, is never later)."""
+        due = self.next_q.r.arrival_s
+        return due if due > free_s else free_s
+
     def next_s(self) -> float:
         """When the engine sees the next request, or a client sends it (nan: neither)."""
         nxt = self.pending[0].visible_s if self.pending else math.inf
-        if self.free and self.next_q is not None and self.free[0] < nxt:
-            nxt = self.free[0]
+        if self.free and self.next_q is not None:
+            nxt = min(nxt, self._sends_at(self.free[0]))
         return nxt if nxt < math.inf else math.nan
 
     @property
@@ -99,13 +114,14 @@ class ClosedLoop(Arrivals):
         return bool(self.pending) or (self.next_q is not None and bool(self.free))
 
     def arrive(self, now: float, waiting: deque) -> None:
-        """Each client free by ``now`` sends its next request at the time it became free (in
-        that order, which ``release``'s times keep: none is earlier than a step already
-        run); the engine sees it once the API server has handled it."""
+        """Each client free by ``now`` sends the next request at the time it became free, or
+        at the request's arrival time where that is later and still by ``now`` (in that order,
+        which ``release``'s times keep: none is earlier than a step already run); the engine
+        sees it once the API server has handled it."""
         pending, front, free = self.pending, self.front, self.free
         self.now = now
-        while free and free[0] <= now and self.next_q is not None:
-            q, sent_s = self.next_q, heappop(free)
+        while free and self.next_q is not None and self._sends_at(free[0]) <= now:
+            q, sent_s = self.next_q, self._sends_at(heappop(free))
             self.next_q = next(self.unsent, None)
             q.r.arrival_s = sent_s
             q.visible_s = sent_s if front is None else front.admit(sent_s)
