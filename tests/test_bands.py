@@ -31,21 +31,60 @@ def _figs(engine, phase, regime, ratios, sources):
 
 
 def test_a_band_is_the_10th_and_90th_percentile_of_measured_over_predicted():
-    # 11 ratios 0.80, 0.82, ..., 1.00 from three sources: p10 = 0.82, median 0.90, p90 = 0.98
-    ratios = [0.80 + 0.02 * i for i in range(11)]
-    figs = _figs("vllm", "served TPOT", "unsaturated", ratios, ["a", "b", "c"] * 3 + ["a", "b"])
+    # 12 ratios 0.80, 0.82, ..., 1.02, four from each of three sources (equal weights): the
+    # i-th smallest stands at (i - 0.5) / 12, so p10 lies 0.7 of the way from the 1st to the
+    # 2nd (0.814), the median halfway from the 6th to the 7th (0.91), p90 0.3 of the way from
+    # the 11th to the 12th (1.006)
+    ratios = [0.80 + 0.02 * i for i in range(12)]
+    figs = _figs("vllm", "served TPOT", "unsaturated", ratios, ["a", "b", "c"] * 4)
     b = {(x.engine, x.phase, x.regime): x for x in build(figs)}
     own = b[("vllm", "served TPOT", "unsaturated")]
-    assert (own.low_ratio, own.median_ratio, own.high_ratio) == pytest.approx((0.82, 0.90, 0.98))
-    assert own.n == 11 and own.sources == 3
+    assert (own.low_ratio, own.median_ratio, own.high_ratio) == \
+        pytest.approx((0.814, 0.91, 1.006))
+    assert own.n == 12 and own.sources == 3
     # the fallbacks hold the same figures
-    assert b[("all", "served TPOT", "all")].n == 11
-    # a prediction of 10 ms: measured has been 8.2-9.8 ms
+    assert b[("all", "served TPOT", "all")].n == 12
+    # a prediction of 10 ms: measured has been 8.14-10.06 ms
     a = apply(build(figs), 0.010, "vllm", "served TPOT", "unsaturated")
-    assert (a.low, a.high) == pytest.approx((0.0082, 0.0098)) and not a.borrowed
+    assert (a.low, a.high) == pytest.approx((0.00814, 0.01006)) and not a.borrowed
     # a rate: 1 / TPOT's band, inverted
     r = apply(build(figs), 100.0, "vllm", "served TPOT", "unsaturated", inverse=True)
-    assert (r.low, r.high) == pytest.approx((100 / 0.98, 100 / 0.82))
+    assert (r.low, r.high) == pytest.approx((100 / 1.006, 100 / 0.814))
+
+
+def test_each_source_counts_as_one_in_a_band():
+    """One source measured 1.0x its predictions 100 times, two others 2.0x and 3.0x once each.
+    Counted figure by figure, the band would be 1.0-1.0 (98 of 102 figures are 1.0) and say
+    nothing of how the other two differ. With each source one third of the weight, the 1.0s
+    fill the first third, 2.0 stands at the middle (1.5 / 3) and 3.0 at 2.5 / 3: p10 1.0,
+    median 2.0, p90 3.0 (above 3.0's position, the largest holds)."""
+    figs = (_figs("e", "decode", "batched", [1.0] * 100, ["big"] * 100)
+            + _figs("e", "decode", "batched", [2.0, 3.0], ["p", "q"]))
+    band = pick(build(figs), "e", "decode", "batched")
+    assert (band.low_ratio, band.median_ratio, band.high_ratio) == pytest.approx((1.0, 2.0, 3.0))
+    assert band.n == 102 and band.sources == 3
+
+
+def test_weighted_quantile_by_hand_and_against_numpy():
+    from planner.core.arith import weighted_quantile
+
+    # weights 1, 1, 2 of a total 4: 10 at 0.125, 20 at 0.375, 30 at 0.75
+    assert weighted_quantile([30.0, 10.0, 20.0], [2.0, 1.0, 1.0], 0.5) == pytest.approx(
+        20 + 10 * (0.5 - 0.375) / (0.75 - 0.375))
+    assert weighted_quantile([30.0, 10.0, 20.0], [2.0, 1.0, 1.0], 0.1) == 10.0
+    assert weighted_quantile([30.0, 10.0, 20.0], [2.0, 1.0, 1.0], 0.9) == 30.0
+    assert math.isnan(weighted_quantile([], [], 0.5))
+
+
+@given(st.lists(st.floats(0.01, 100.0), min_size=1, max_size=30),
+       st.floats(0.0, 1.0), st.floats(0.1, 10.0))
+def test_equal_weights_give_numpys_hazen_quantile(values, q, w):
+    import numpy as np
+
+    from planner.core.arith import weighted_quantile
+
+    assert weighted_quantile(values, [w] * len(values), q) == pytest.approx(
+        float(np.quantile(values, q, method="hazen")), rel=1e-9, abs=1e-12)
 
 
 def test_two_sources_are_not_enough_for_a_band_of_their_own():

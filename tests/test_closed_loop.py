@@ -171,6 +171,26 @@ def test_a_paced_loop_sends_no_request_early_and_holds_at_most_its_clients(
         summary(simulate(at_once, c, SchedulerConfig(max_concurrency=clients)))
 
 
+def test_runpod_vllm_run_capped_beside_its_rate():
+    """A vLLM 0.18 run of Qwen3-8B on one H100 (adithyaJRunpod/vllm_bench, held out): 1,024
+    requests of 128 + 128 tokens at 90 req/s with at most 128 in flight. The cap held it to
+    76.4 req/s and a mean ITL of 11.5 ms; replayed at the rate alone, the simulated server
+    took up to 300-odd requests at once and came to 33 ms (+187%)."""
+    from planner.cli.validate import replay_setup, replayed_runs
+    from planner.evidence.compare import simulate_run
+
+    ds, folder = next((d, f) for d, f in catalog.load_served()
+                      if d.source.id == "runpod-vllm-bench")
+    entry = ds.entry("rpvb-20260331-225633-batched-tokens-4096")
+    [run] = replayed_runs(entry, folder, ds)
+    sim, notes = simulate_run(run, replay_setup(entry, catalog.load_engine_spec("vllm"), folder))
+    assert run.metrics["mean_itl_s"] == pytest.approx(0.01149, abs=1e-5)
+    assert sim["mean_itl_ms"] / 1e3 == pytest.approx(run.metrics["mean_itl_s"], rel=0.25)
+    assert sim["max_running_requests"] <= 128
+    assert sim["request_throughput"] == pytest.approx(76.37, rel=0.15)
+    assert any("at most 128 requests in flight" in x for x in notes)
+
+
 def test_simulate_takes_a_rate_and_a_cap_together(run_cli):
     """`simulate --request-rate R --max-concurrency N`: at most N in flight, the rate kept in
     the JSON, and the server held below the rate where N is what limits it."""

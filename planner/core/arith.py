@@ -60,3 +60,25 @@ def quantile(values: list[float], q: float) -> float:
     lo = math.floor(pos)
     hi = min(lo + 1, len(v) - 1)
     return v[lo] + (v[hi] - v[lo]) * (pos - lo)
+
+
+def weighted_quantile(values: list[float], weights: list[float], q: float) -> float:
+    """The ``q`` quantile of ``values``, each counting for its (positive) weight: the sorted
+    values stand at the middles of their weights' shares of the total, linear between them,
+    and the smallest and largest hold below and above those (Hazen's plotting positions,
+    weighted; with equal weights numpy's ``quantile(method="hazen")``)."""
+    pairs = sorted(zip(values, weights, strict=True))
+    if not pairs:
+        return math.nan
+    total = math.fsum(w for _, w in pairs)
+    at, pos = 0.0, []
+    for _, w in pairs:
+        pos.append((at + w / 2) / total)
+        at += w
+    if q <= pos[0]:
+        return pairs[0][0]
+    for i in range(1, len(pairs)):
+        if q <= pos[i]:
+            (v0, _), (v1, _) = pairs[i - 1], pairs[i]
+            return v0 + (v1 - v0) * (q - pos[i - 1]) / (pos[i] - pos[i - 1])
+    return pairs[-1][0]

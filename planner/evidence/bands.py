@@ -7,6 +7,10 @@ throughput) and the regime (batch 1 or batched; a served stream the simulated se
 with, or one that saturates it), the 10th and 90th percentiles of those ratios make a band: a new
 prediction P of that kind is given as P x [q10, q90], with the number of held-out figures and
 sources the band rests on. In-sample rows (those a parameter was fitted on) never enter a band.
+Each source counts as one in a band's percentiles, its figures sharing its weight
+(``planner.core.arith.weighted_quantile``): a source's figures share its GPUs, client and way
+of measuring and err together, and a user's deployment is a new source, so a band has to span
+how sources differ, not how the largest source's runs do.
 
 Where a group has fewer than ``MIN_FIGURES`` figures or fewer than ``MIN_SOURCES`` sources, the
 band widens to the engine's figures of that phase in every regime, then to every engine's of
@@ -27,7 +31,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from planner.core.arith import quantile
+from planner.core.arith import weighted_quantile
 from planner.core.errors import UsageError
 from planner.evidence.validate import PHASE
 
@@ -149,7 +153,8 @@ def figures_of(static: list, served: list, gpu_class=None) -> list[Figure]:
 
 def build(figures: list[Figure]) -> list[Band]:
     """A band for every (engine, phase, regime) with figures, and the fallbacks
-    (engine, phase, all), (all, phase, regime) and (all, phase, all)."""
+    (engine, phase, all), (all, phase, regime) and (all, phase, all); in each, a source's
+    figures share one weight."""
     groups: dict[tuple[str, str, str], list[Figure]] = {}
     for f in figures:
         if not (f.ratio > 0 and math.isfinite(f.ratio)):
@@ -159,10 +164,13 @@ def build(figures: list[Figure]) -> list[Band]:
             groups.setdefault(key, []).append(f)
     out = []
     for (eng, phase, regime), fs in sorted(groups.items()):
-        r = [f.ratio for f in fs]
-        out.append(Band(eng, phase, regime, quantile(r, LOW_Q), quantile(r, 0.5),
-                        quantile(r, HIGH_Q), len(fs), len({f.source for f in fs}),
-                        tuple(sorted({f.gpu_class for f in fs if f.gpu_class}))))
+        per_source: dict[str, int] = {}
+        for f in fs:
+            per_source[f.source] = per_source.get(f.source, 0) + 1
+        r, w = [f.ratio for f in fs], [1.0 / per_source[f.source] for f in fs]
+        out.append(Band(eng, phase, regime, weighted_quantile(r, w, LOW_Q),
+                        weighted_quantile(r, w, 0.5), weighted_quantile(r, w, HIGH_Q), len(fs),
+                        len(per_source), tuple(sorted({f.gpu_class for f in fs if f.gpu_class}))))
     return out
 
 
