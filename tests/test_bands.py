@@ -65,15 +65,15 @@ def test_each_source_counts_as_one_in_a_band():
     assert band.n == 102 and band.sources == 3
 
 
-def test_weighted_quantile_by_hand_and_against_numpy():
-    from planner.core.arith import weighted_quantile
+def test_hazen_quantile_by_hand_and_against_numpy():
+    from planner.core.arith import hazen_quantile
 
     # weights 1, 1, 2 of a total 4: 10 at 0.125, 20 at 0.375, 30 at 0.75
-    assert weighted_quantile([30.0, 10.0, 20.0], [2.0, 1.0, 1.0], 0.5) == pytest.approx(
+    assert hazen_quantile([30.0, 10.0, 20.0], [2.0, 1.0, 1.0], 0.5) == pytest.approx(
         20 + 10 * (0.5 - 0.375) / (0.75 - 0.375))
-    assert weighted_quantile([30.0, 10.0, 20.0], [2.0, 1.0, 1.0], 0.1) == 10.0
-    assert weighted_quantile([30.0, 10.0, 20.0], [2.0, 1.0, 1.0], 0.9) == 30.0
-    assert math.isnan(weighted_quantile([], [], 0.5))
+    assert hazen_quantile([30.0, 10.0, 20.0], [2.0, 1.0, 1.0], 0.1) == 10.0
+    assert hazen_quantile([30.0, 10.0, 20.0], [2.0, 1.0, 1.0], 0.9) == 30.0
+    assert math.isnan(hazen_quantile([], [], 0.5))
 
 
 @given(st.lists(st.floats(0.01, 100.0), min_size=1, max_size=30),
@@ -81,9 +81,9 @@ def test_weighted_quantile_by_hand_and_against_numpy():
 def test_equal_weights_give_numpys_hazen_quantile(values, q, w):
     import numpy as np
 
-    from planner.core.arith import weighted_quantile
+    from planner.core.arith import hazen_quantile
 
-    assert weighted_quantile(values, [w] * len(values), q) == pytest.approx(
+    assert hazen_quantile(values, [w] * len(values), q) == pytest.approx(
         float(np.quantile(values, q, method="hazen")), rel=1e-9, abs=1e-12)
 
 

@@ -76,7 +76,8 @@ def test_the_simulators_step_is_the_estimates_for_a_deepseek_prefill(past):
                      options=opts, engine=eng, graphed=False, tp=8,
                      fixed_s=eng.prefill_step_overhead_s + eng.per_sequence_overhead_s,
                      serial_s=eng.worker_s(8)).time_s  # the hand-off to 8 workers
-    got = c.step_time(shape, sequences=1, prefill=True, decodes=False)
+    # a lone prefill, as the estimate's: nothing before it to run its host work beside
+    got = c.idle().step_time(shape, sequences=1, prefill=True, decodes=False)
     assert got == pytest.approx(want, rel=1e-9)
     # the simulator's mixed step: 20 decodes at 800 cached tokens, and the chunk
     dec = StepShape.uniform(20, 1, 800)

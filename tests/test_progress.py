@@ -41,7 +41,9 @@ def test_calibrate_tells_its_progress_which_stage_it_is_in(monkeypatch):
 
 @pytest.mark.slow
 def test_calibrate_shows_progress_on_a_terminal_only(on_a_terminal, tmp_path):
-    args = ["calibrate", str(SERVERS / "vllm_bench_serve.json"), "-m", "llama-3.1-8b", "-g",
+    # four runs, a fit of several seconds: one run's fit can end before the bar's half second
+    args = ["calibrate", str(SERVERS / "vllm_bench_serve.json"),
+            str(SERVERS / "sglang_bench_serving.jsonl"), "-m", "llama-3.1-8b", "-g",
             "h100-sxm", "--out", str(tmp_path / "p.yaml"), "--no-leave-one-out"]
     code, _, seen = on_a_terminal(args)
     assert code in (0, 1) and b"calibrating: runs simulated" in seen, seen[-2000:]

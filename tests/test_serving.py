@@ -16,7 +16,7 @@ from planner.core.ops import StepShape, decode_ops, prefill_ops
 from planner.core.roofline import step_time
 from planner.core.specs import Options, Parallelism, Precision, Workload
 from planner.io import catalog
-from planner.serving.cost import CostCache, StepCoster
+from planner.serving.cost import CostCache, StepCoster, host_s
 from planner.serving.costers import layout_coster
 from planner.serving.metrics import summary, weighted_quantile
 from planner.serving.sim import SchedulerConfig, simulate
@@ -50,7 +50,19 @@ def test_step_cost_is_the_estimates(engine, batch, ctx):
                                 lm_head_sharded=eng.lm_head_sharded), prep.ceilings,
                     options=OPTS, engine=eng, graphed=False,
                     fixed_s=eng.prefill_step_overhead_s + eng.per_sequence_overhead_s).time_s
-    got = c.step_time(StepShape.uniform(1, ctx, 0), sequences=1, prefill=True, decodes=False)
+    shape = StepShape.uniform(1, ctx, 0)
+    got = c.step_time(shape, sequences=1, prefill=True, decodes=False)
+    if eng.overlaps_host():
+        # async scheduling: a served prefill's host work runs beside the step before it, the
+        # host launching this one's kernels first; an idle engine's (nothing before it) is the
+        # estimate's
+        host = host_s(eng, 1, prefill=True, decodes=False)
+        assert c.launch_s > 0
+        assert got == pytest.approx(max(c.gpu_s(shape, prefill=True), c.launch_s + host),
+                                    rel=1e-9)
+        assert got < pre
+        c = c.idle()
+        got = c.step_time(shape, sequences=1, prefill=True, decodes=False)
     assert got == pytest.approx(pre, rel=1e-9)
 
 
@@ -391,9 +403,10 @@ def test_dynamic_batching_waits_to_fill_its_batches(setup):
     # a lone request waits out the window before its prefill starts
     lone = synthetic(1, prompt_tokens=256, output_tokens=8)
     r = simulate(lone, c, SchedulerConfig(kind="dynamic", max_wait_s=0.5)).requests[0]
-    assert r.ttft_s == pytest.approx(0.5 + c.step_time(StepShape.uniform(1, 256, 0),
-                                                       sequences=1, prefill=True,
-                                                       decodes=False)
+    idle = c.idle()  # no step before it
+    assert r.ttft_s == pytest.approx(0.5 + idle.step_time(StepShape.uniform(1, 256, 0),
+                                                          sequences=1, prefill=True,
+                                                          decodes=False)
                               + c.engine.request_path_s(256), rel=1e-9)
 
 

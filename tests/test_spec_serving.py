@@ -40,8 +40,9 @@ def test_one_request_by_hand_when_every_proposal_is_accepted():
     r = res.requests[0]
     steps = [coster.step_time(replace(StepShape.uniform(1, 4, 512 + 4 * j), logit_rows=4.0),
                               sequences=1, prefill=False) for j in range(50)]
-    prefill = coster.step_time(StepShape.uniform(1, 512, 0), sequences=1, prefill=True,
-                               decodes=False)
+    idle = coster.idle()  # its first step
+    prefill = idle.step_time(StepShape.uniform(1, 512, 0), sequences=1, prefill=True,
+                             decodes=False)
     assert r.ttft_s == pytest.approx(prefill + coster.engine.request_path_s(512))
     assert r.tpot_s == pytest.approx(sum(steps) / 200)
     assert res.steps == 51

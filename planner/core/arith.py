@@ -62,11 +62,12 @@ def quantile(values: list[float], q: float) -> float:
     return v[lo] + (v[hi] - v[lo]) * (pos - lo)
 
 
-def weighted_quantile(values: list[float], weights: list[float], q: float) -> float:
+def hazen_quantile(values: list[float], weights: list[float], q: float) -> float:
     """The ``q`` quantile of ``values``, each counting for its (positive) weight: the sorted
     values stand at the middles of their weights' shares of the total, linear between them,
     and the smallest and largest hold below and above those (Hazen's plotting positions,
-    weighted; with equal weights numpy's ``quantile(method="hazen")``)."""
+    weighted; with equal weights numpy's ``quantile(method="hazen")``). For real weights
+    (``planner.serving.metrics.weighted_quantile`` repeats values by whole counts)."""
     pairs = sorted(zip(values, weights, strict=True))
     if not pairs:
         return math.nan

@@ -11,6 +11,8 @@ numbers, each with its source:
     t_op   = max(t_c, t_m) + (1 - o) x min(t_c, t_m) + k x t_kernel + t_fixed  (per instance)
     t_op   = max(t_op, k x t_host)          when the operator is not replayed from a CUDA graph
     t_step = sum of t_op + t_step_fixed + batch x t_sequence
+    t_step = max(sum of t_op, sum of k x t_host + t_step_fixed + batch x t_sequence)
+             with async scheduling, for a step that follows another (t_host where eager)
 
 where F is the operator's FLOPs, F' = F x ceil(M / m_tile) x m_tile / M its FLOPs padded to
 the GEMM tile height (tile quantization: a decode GEMM of M = batch rows costs a whole tile of
@@ -872,6 +874,14 @@ class Engine:
         server gives it (``admitted``: left out, where the simulator queues it)."""
         return (self.request_overhead_s + self.prompt_token_overhead_s * prompt_tokens
                 + (0.0 if admitted else self.frontend_request_s))
+
+    def overlaps_host(self, pp: int = 1) -> bool:
+        """Whether a served step's host work runs beside the GPU work of the step before it,
+        graphed or not (async scheduling: the engine core prepares step N + 1 while the GPU
+        runs step N, the forward's kernels once launched); not under pipeline parallelism,
+        where vLLM turns async scheduling off. An eager step's launches stay on the host's
+        path (``planner.serving.cost.StepCoster.launch_s``)."""
+        return self.async_scheduling and pp == 1
 
     def hides_host(self, graphed: bool, pp: int = 1) -> bool:
         """Whether a step's host work runs beside its GPU work (``roofline.with_host``): with

@@ -502,7 +502,7 @@ def assemble(model: ModelSpec, hardware: HardwareSpec, prep: Prepared, o: Option
                        + host_transfer_ops(offload), c, tp=tp,
                        options=o, engine=e, graphed=e.cuda_graphs,
                        fixed_s=e.step_overhead_s + e.per_sequence_overhead_s * batch,
-                       serial_s=e.worker_s(tp))
+                       serial_s=e.worker_s(tp), stream=True)
     # one prefill pass per chunk of the batch's prompt tokens
     chunks = 1 if o.prefill_chunk_tokens is None else \
         -(-(batch * prompt_tokens) // o.prefill_chunk_tokens)

@@ -404,11 +404,12 @@ class StepTime:
     fixed_s: float = 0.0  # the engine's CPU cost of the step
     overlapped: bool = False  # async scheduling: that cost runs beside the GPU's work
     serial_s: float = 0.0  # a host cost on the step's path that nothing hides (``Engine.worker_s``)
+    launch_s: float = 0.0  # overlapped outside a CUDA graph: the host launches the step first
 
     @cached_property
     def time_s(self) -> float:
-        return with_host(sum(t.time_s for t in self.ops), self.fixed_s, self.overlapped) + \
-            self.serial_s
+        return with_host(sum(t.time_s for t in self.ops), self.fixed_s, self.overlapped,
+                         self.launch_s) + self.serial_s
 
     @property
     def flops(self) -> float:
@@ -459,21 +460,39 @@ class StepTime:
         return "compute" if self.compute_s > self.memory_s else "memory"
 
 
-def with_host(gpu_s, host_s, overlapped: bool):
+def with_host(gpu_s, host_s, overlapped: bool, launch_s=0.0):
     """A step's time from its GPU work and the engine's host work for it: their sum, or,
     with async scheduling (``overlapped``: the host prepares the next step while the GPU
-    replays this one from a CUDA graph), the longer of the two. Numbers or numpy arrays."""
+    runs this one), the longer of the GPU's work and the host's, which is the step's kernel
+    launches (``launch_s``: none for a step replayed from a CUDA graph) and then that work.
+    Numbers or numpy arrays."""
     if not overlapped:
         return gpu_s + host_s
+    host_s = host_s + launch_s
     return (gpu_s + host_s + abs(gpu_s - host_s)) / 2
+
+
+def launch_time_s(times, e: Engine) -> float:
+    """The host's time launching these operators' kernels one by one, outside a CUDA graph
+    (``OpTime.kernels`` at the engine's ``host_launch_s`` each), and the time it spends on each
+    MoE layer beyond them (``Engine.moe_layer_host_s``)."""
+    kernels = sum(t.kernels for t in times)
+    moe = sum(t.op.count for t in times if t.op.name == MOE_HOST_OP)
+    return kernels * e.host_launch_s + moe * e.moe_layer_host_s
 
 
 def step_time(ops: list[Op], c: Ceilings, *, tp: int = 1, options: Options | None = None,
               engine: Engine = IDEAL, graphed: bool = True, fixed_s: float = 0.0,
-              serial_s: float = 0.0) -> StepTime:
-    return StepTime(tuple(op_time(op, c, tp=tp, options=options, engine=engine,
-                                  graphed=graphed) for op in ops), fixed_s,
-                    engine.hides_host(graphed), serial_s)
+              serial_s: float = 0.0, stream: bool = False) -> StepTime:
+    """``stream``: a step that follows another (a decode step), whose host work runs beside
+    that one's GPU work under async scheduling, graphed or not (``Engine.overlaps_host``; an
+    eager step's launches first); otherwise (a lone prefill) only a graphed step's does."""
+    times = tuple(op_time(op, c, tp=tp, options=options, engine=engine, graphed=graphed)
+                  for op in ops)
+    if not stream:
+        return StepTime(times, fixed_s, engine.hides_host(graphed), serial_s)
+    launch = 0.0 if graphed else launch_time_s(times, engine)
+    return StepTime(times, fixed_s, engine.overlaps_host(), serial_s, launch)
 
 
 def ridge_flops_per_byte(peak_flops_per_s: float, bandwidth_bytes_per_s: float) -> float:

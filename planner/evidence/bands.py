@@ -8,7 +8,7 @@ with, or one that saturates it), the 10th and 90th percentiles of those ratios m
 prediction P of that kind is given as P x [q10, q90], with the number of held-out figures and
 sources the band rests on. In-sample rows (those a parameter was fitted on) never enter a band.
 Each source counts as one in a band's percentiles, its figures sharing its weight
-(``planner.core.arith.weighted_quantile``): a source's figures share its GPUs, client and way
+(``planner.core.arith.hazen_quantile``): a source's figures share its GPUs, client and way
 of measuring and err together, and a user's deployment is a new source, so a band has to span
 how sources differ, not how the largest source's runs do.
 
@@ -31,7 +31,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from planner.core.arith import weighted_quantile
+from planner.core.arith import hazen_quantile
 from planner.core.errors import UsageError
 from planner.evidence.validate import PHASE
 
@@ -168,8 +168,8 @@ def build(figures: list[Figure]) -> list[Band]:
         for f in fs:
             per_source[f.source] = per_source.get(f.source, 0) + 1
         r, w = [f.ratio for f in fs], [1.0 / per_source[f.source] for f in fs]
-        out.append(Band(eng, phase, regime, weighted_quantile(r, w, LOW_Q),
-                        weighted_quantile(r, w, 0.5), weighted_quantile(r, w, HIGH_Q), len(fs),
+        out.append(Band(eng, phase, regime, hazen_quantile(r, w, LOW_Q),
+                        hazen_quantile(r, w, 0.5), hazen_quantile(r, w, HIGH_Q), len(fs),
                         len(per_source), tuple(sorted({f.gpu_class for f in fs if f.gpu_class}))))
     return out
 

@@ -220,7 +220,7 @@ def _step(m: ModelSpec, prep: Prepared, o: Options, tp: int, shape: StepShape,
     ops = shape_ops(m, prep.precision, shape, tp=tp, attention=o.attention,
                     lm_head_sharded=e.lm_head_sharded)
     return step_time(ops, prep.ceilings, tp=tp, options=o, engine=e, graphed=e.cuda_graphs,
-                     fixed_s=fixed_s, serial_s=e.worker_s(tp)).time_s
+                     fixed_s=fixed_s, serial_s=e.worker_s(tp), stream=True).time_s
 
 
 def _costs(m: ModelSpec, prep: Prepared, o: Options, tp: int, cfg: SpeculationConfig, batch: int,
@@ -240,7 +240,8 @@ def _costs(m: ModelSpec, prep: Prepared, o: Options, tp: int, cfg: SpeculationCo
         d = drafter(m, cfg)
         one = step_time(decode_ops(d, prep.precision, batch=batch, context_tokens=ctx, tp=tp,
                                    attention=o.attention, lm_head_sharded=e.lm_head_sharded),
-                        prep.ceilings, tp=tp, options=o, engine=e, graphed=e.cuda_graphs)
+                        prep.ceilings, tp=tp, options=o, engine=e, graphed=e.cuda_graphs,
+                        stream=True)
         draft = k * one.time_s
     return base, verify, draft
 

@@ -31,7 +31,7 @@ from dataclasses import replace
 from planner.core.engine import Engine
 from planner.core.estimate import Prepared
 from planner.core.ops import Op, StepShape, host_transfer_ops, shape_ops
-from planner.core.roofline import combine, op_time, with_host
+from planner.core.roofline import combine, launch_time_s, op_time, with_host
 from planner.core.specs import HardwareSpec, ModelSpec, Options
 from planner.layouts.pipeline import stage_ops
 
@@ -140,13 +140,41 @@ class StepCoster:
             attn, flops=0.0, kv_bytes=0.0, act_bytes=scored.act_bytes - attn.act_bytes))[1]
         self._attn_kernels = self.engine.kernels_for("attention", "attention")
         self._per_kernel = prep.ceilings.kernel_cost_s("attention", self.engine)
+        self._launch_s: float | None = None
 
     def with_engine(self, engine: Engine) -> StepCoster:
         """This coster under ``engine``, whose timings of the operators are this one's (it
         differs in host costs or their overlap only): the caches are shared, not rebuilt."""
         other = copy.copy(self)
         other.engine = engine
+        other._launch_s = None
         return other
+
+    def idle(self) -> StepCoster:
+        """This coster for a step the engine runs after idle time: async scheduling has no
+        step before it to run its host work beside (a lone request's prefill, as the static
+        estimate prices it; the simulator's for such a step)."""
+        if not self.engine.async_scheduling:
+            return self
+        return self.with_engine(replace(self.engine, async_scheduling=False))
+
+    @property
+    def launch_s(self) -> float:
+        """The host's time launching a step's kernels one by one, outside any CUDA graph:
+        every operator's kernels at the engine's ``host_launch_s`` each, and the host time
+        it spends on each MoE layer beyond them (``Engine.moe_layer_host_s``). The same for
+        any number of tokens (the operators are the same); each operator's own time already
+        has it as its floor (``roofline.combine``)."""
+        if self._launch_s is None:
+            e = self.engine
+            ops = self._linear_ops_of(1) + self._head_ops_of(1)
+            attention = (self._n_full + self._n_local) * self._attn_kernels
+            if self._concat:
+                attention += e.kernels_for(self._kv_write.name, self._kv_write.kind)
+            self._launch_s = launch_time_s(
+                [op_time(op, self.prep.ceilings, tp=self.tp, options=self.options, engine=e,
+                         graphed=False) for op in ops], e) + attention * e.host_launch_s
+        return self._launch_s
 
     def _units(self) -> tuple[dict[str, Op], ...]:
         """The operators of a unit of attention work: without and with a score element, and
@@ -201,11 +229,7 @@ class StepCoster:
         key = (rows, graphed)
         t = self._head.get(key)
         if t is None:
-            ops = self._head_ops.get(rows)
-            if ops is None:
-                shape_ops = self._ops(StepShape(0.0, 0.0, 0.0, 0.0, 0.0, float(rows)))
-                ops = self._head_ops[rows] = [shape_ops[n] for n in _SAMPLING if n in shape_ops]
-            t = sum(self._time(op, graphed) for op in ops)
+            t = sum(self._time(op, graphed) for op in self._head_ops_of(rows))
             self._head[key] = t
         return t
 
@@ -225,6 +249,13 @@ class StepCoster:
                   + self._attn_m_per_score * score)
         return combine(compute, memory, self.engine, self.options, kernels=self._attn_kernels,
                        per_kernel_s=self._per_kernel, graphed=graphed)
+
+    def _head_ops_of(self, rows: int) -> list[Op]:
+        ops = self._head_ops.get(rows)
+        if ops is None:
+            shape_ops = self._ops(StepShape(0.0, 0.0, 0.0, 0.0, 0.0, float(rows)))
+            ops = self._head_ops[rows] = [shape_ops[n] for n in _SAMPLING if n in shape_ops]
+        return ops
 
     def attention_s(self, shape: StepShape, graphed: bool) -> float:
         """Attention of every layer (the sliding-window layers see ``shape.local``) and, for
@@ -252,6 +283,9 @@ class StepCoster:
         return host_s(self.engine, sequences, prefill=prefill, decodes=decodes)
 
     pads_graphs = True  # the simulator may pad its decode steps to captured graph sizes
+    # under async scheduling, each step's host work runs beside the step before it
+    # (``Engine.overlaps_host``; the simulator's event loop)
+    overlaps_steps = True
 
     @property
     def prices_decodes_directly(self) -> bool:
@@ -292,7 +326,8 @@ class StepCoster:
         launch_s = self._attn_kernels * e.host_launch_s if not graphed and e.host_launch_s \
             else None
         step_s, per_seq_s = e.step_overhead_s, e.per_sequence_overhead_s
-        hides, worker_s = e.hides_host(graphed), e.worker_s(self.tp)
+        hides, worker_s = e.overlaps_host(), e.worker_s(self.tp)
+        launched_s = 0.0 if graphed else self.launch_s
         linear_s, head_s = self.linear_s, self.head_s
 
         def price(tokens: int, attended: int, sequences: int) -> float:
@@ -318,7 +353,11 @@ class StepCoster:
                 hd = head_s(tokens, graphed)
             gpu = lin + hd + attn
             host = step_s + per_seq_s * sequences
-            t = (gpu + host + abs(gpu - host)) / 2 if hides else gpu + host
+            if hides:  # the host launches the step, then prepares the next (with_host)
+                host += launched_s
+                t = (gpu + host + abs(gpu - host)) / 2
+            else:
+                t = gpu + host
             return t + worker_s
 
         return price
@@ -336,10 +375,12 @@ class StepCoster:
     def _with_host_s(self, gpu_s: float, sequences: int, *, prefill: bool, decodes: bool,
                      graphed: bool) -> float:
         """A step's GPU time with the engine's host cost for it, overlapped where the engine
-        hides it (``roofline.with_host``)."""
+        runs its host work beside the step before (``Engine.overlaps_host``), a step outside
+        a CUDA graph holding the host for its launches first (``roofline.with_host``)."""
         e = self.engine
         return with_host(gpu_s, host_s(e, sequences, prefill=prefill, decodes=decodes),
-                         e.hides_host(graphed)) + e.worker_s(self.tp)
+                         e.overlaps_host(), 0.0 if graphed else self.launch_s) + \
+            e.worker_s(self.tp)
 
     def gpu_s(self, shape: StepShape, *, prefill: bool, graphed: bool | None = None) -> float:
         """The step's operators alone, without the engine's host cost: ``linear_s`` +

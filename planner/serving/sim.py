@@ -175,10 +175,17 @@ def simulate(requests: list[Request], coster: StepCoster, cfg: SchedulerConfig, 
     occ = Occupancy(sample_every_s)
     pricer = StepPricer(coster, batch, cfg.graph_sizes, cfg.graph_padding)
     inner = _inner_pricer(coster, batch, cfg, spec) if cfg.scheduler_steps > 1 else None
+    # async scheduling, where the coster prices it (one TP group): a step's host work runs
+    # beside the step before it, and a step after idle time has none to run beside
+    cold = None
+    if getattr(coster, "overlaps_steps", False) and e.overlaps_host():
+        # (``with_engine``, which the costers wrapping one pass through: progress, slowed)
+        cold = StepPricer(coster.with_engine(replace(e, async_scheduling=False)), batch,
+                          cfg.graph_sizes, cfg.graph_padding)
     with no_cycle_collection():  # the loop makes no cycles: refcounts free all
         t, stream_s = _serve(sched, arr, pricer, occ, n=len(requests) - len(refused),
                              max_steps=max_steps, front=front if front.token_s else None,
-                             inner=inner)
+                             inner=inner, cold=cold)
     if path is not None:  # when the last request is done, its request path included
         for f in records.column("finish_s"):
             t = max(t, f)
@@ -293,7 +300,8 @@ def _kv_pool(coster: StepCoster, cfg: SchedulerConfig, spec: SpecServing | None)
 
 def _serve(sched: Scheduler, arr: Arrivals, pricer: StepPricer, occ: Occupancy, *, n: int,
            max_steps: int, front: Frontend | None = None,
-           inner: StepPricer | None = None) -> tuple[float, float]:
+           inner: StepPricer | None = None,
+           cold: StepPricer | None = None) -> tuple[float, float]:
     """The event loop: arrivals, then a step the scheduler fills and the pricer times, until
     every request is done. Returns the time the last step ended, and the seconds ``front`` (an
     API server that costs time per token streamed) added to steps: a step is seen to take no
@@ -302,7 +310,17 @@ def _serve(sched: Scheduler, arr: Arrivals, pricer: StepPricer, occ: Occupancy, 
     A step that runs no decodes (``Scheduler.decodes``, SGLang's prefill batches) makes the
     decoding requests wait: their next token's gap is that step and the decode step after it
     (``stall_s`` counted for the requests that sat out the last such step). ``inner``: the
-    pricer of a multi-step block's later steps (``Scheduler.inner``)."""
+    pricer of a multi-step block's later steps (``Scheduler.inner``).
+
+    ``cold``: given where the engine schedules each step while the GPU runs the one before
+    (async scheduling, ``Engine.overlaps_host``), the pricer of a step with nothing before it
+    to hide its host work under (the engine was idle: the same steps, host time added). The
+    step after a busy one holds only the requests the engine had seen when that one began, so
+    one arriving during a step waits for the step after next; an idle engine schedules an
+    arrival at once."""
+    ahead = cold is not None
+    cold_s = None if cold is None else cold.timer
+    fresh = True  # the engine is idle before the next step
     kv, batch = sched.kv, sched.batch
     running, waiting, prefilling = sched.running, sched.waiting, sched.prefilling
     arrive, schedule, end_step = arr.arrive, sched.schedule, sched.on_step_end
@@ -324,11 +342,13 @@ def _serve(sched: Scheduler, arr: Arrivals, pricer: StepPricer, occ: Occupancy, 
                 break
             t = max(t, arr.next_s())  # idle until the next arrival
             arrive(t, waiting)
+            fresh = True
             continue
         wake = wait_until(t, arr)
         if wake is not None:
             t = wake
             arrive(t, waiting)
+            fresh = True
             continue
         chunks = schedule()
         decodes = sched.decodes
@@ -337,9 +357,12 @@ def _serve(sched: Scheduler, arr: Arrivals, pricer: StepPricer, occ: Occupancy, 
             if arr.more and not waiting:
                 t = max(t, arr.next_s())
                 arrive(t, waiting)
+                fresh = True
                 continue
             raise sched.stuck()
-        price = inner_s if inner_s is not None and sched.inner else time_s
+        price = inner_s if inner_s is not None and sched.inner else \
+            cold_s if fresh and ahead else time_s
+        fresh = False
         dt, past = price(chunks, decodes)
         out = n_dec - batch.padding
         if front is not None:
@@ -379,7 +402,7 @@ def _serve(sched: Scheduler, arr: Arrivals, pricer: StepPricer, occ: Occupancy, 
             if burst_n > late:
                 occ.itl.append((burst_s, burst_n - late))
             burst_s = stall_s = 0.0
-        arrive(t, waiting)
+        arrive(t - dt if ahead else t, waiting)
         if t >= occ.next_sample_s:
             occ.sample(t, len(running), len(waiting), kv.capacity_tokens - kv.free_tokens)
     return t, stream_s
