@@ -132,6 +132,11 @@ def test_cuda_graph_config_reaches_the_simulator(tmp_path, run_json):
     ("max_batch_size: 123456789012345678901234\n",
      "max_batch_size: a 24-digit number is out of range"),
     ("max_num_tokens: 12345678901234567890\n", "max_num_tokens: a 20-digit number"),
+    # the reader's own bound where no flag checks the value after it (fuzz seed 105)
+    ("cuda_graph_config:\n  max_batch_size: 100000000000000000000000\n",
+     "cuda_graph_config.max_batch_size: a 24-digit number is out of range"),
+    ("cuda_graph_config:\n  batch_sizes: [1, 10000000000000000000]\n",
+     "cuda_graph_config.batch_sizes: a 20-digit number is out of range"),
     # a refusal further on (the deployment's), of a setting the file made, names its key too
     ("tensor_parallel_size: 3\n", "tensor_parallel_size 3 does not divide"),
 ])

@@ -88,6 +88,8 @@ class _Reader:
     def integer(self, v, key: str, low: int = 1) -> int:
         if isinstance(v, bool) or not isinstance(v, int) or v < low:
             raise self.fail(key, f"must be a whole number of at least {low}, got {v!r}")
+        if v > 10**18:  # as the command line's bound (planner.cli.options.positive)
+            raise self.fail(key, f"a {len(str(v))}-digit number is out of range")
         return v
 
     def flag(self, v, key: str) -> bool:
