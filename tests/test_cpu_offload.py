@@ -12,7 +12,7 @@ from planner.core.ops import StepShape, decode_ops, host_transfer_ops, prefill_o
 from planner.core.roofline import step_time
 from planner.core.specs import Options, Precision, Workload
 from planner.io import catalog
-from planner.serving.cost import StepCoster
+from planner.serving.cost import StepCoster, idle_coster
 from planner.serving.metrics import summary
 from planner.serving.sim import SchedulerConfig, simulate
 from planner.serving.traffic import synthetic
@@ -79,7 +79,7 @@ def test_the_simulators_step_is_the_estimates(batch, ctx):
                     graphed=False,
                     fixed_s=eng.prefill_step_overhead_s + eng.per_sequence_overhead_s).time_s
     # a lone prefill, as the estimate's: nothing before it to run its host work beside
-    got = c.idle().step_time(StepShape.uniform(1, ctx, 0), sequences=1, prefill=True,
+    got = idle_coster(c).step_time(StepShape.uniform(1, ctx, 0), sequences=1, prefill=True,
                              decodes=False)
     assert got == pytest.approx(pre, rel=1e-9)
 

@@ -12,7 +12,7 @@ from planner.core.ops import StepShape, decode_ops, prefill_ops, shape_ops, step
 from planner.core.roofline import step_time
 from planner.core.specs import DType, Options, Precision
 from planner.io import catalog
-from planner.serving.cost import StepCoster
+from planner.serving.cost import StepCoster, idle_coster
 from planner.serving.steps import _with_chunks
 
 HEADS = 128
@@ -77,7 +77,7 @@ def test_the_simulators_step_is_the_estimates_for_a_deepseek_prefill(past):
                      fixed_s=eng.prefill_step_overhead_s + eng.per_sequence_overhead_s,
                      serial_s=eng.worker_s(8)).time_s  # the hand-off to 8 workers
     # a lone prefill, as the estimate's: nothing before it to run its host work beside
-    got = c.idle().step_time(shape, sequences=1, prefill=True, decodes=False)
+    got = idle_coster(c).step_time(shape, sequences=1, prefill=True, decodes=False)
     assert got == pytest.approx(want, rel=1e-9)
     # the simulator's mixed step: 20 decodes at 800 cached tokens, and the chunk
     dec = StepShape.uniform(20, 1, 800)

@@ -16,7 +16,7 @@ from planner.core.ops import StepShape, decode_ops, prefill_ops
 from planner.core.roofline import step_time
 from planner.core.specs import Options, Parallelism, Precision, Workload
 from planner.io import catalog
-from planner.serving.cost import CostCache, StepCoster, host_s
+from planner.serving.cost import CostCache, StepCoster, host_s, idle_coster
 from planner.serving.costers import layout_coster
 from planner.serving.metrics import summary, weighted_quantile
 from planner.serving.sim import SchedulerConfig, simulate
@@ -61,7 +61,7 @@ def test_step_cost_is_the_estimates(engine, batch, ctx):
         assert got == pytest.approx(max(c.gpu_s(shape, prefill=True), c.launch_s + host),
                                     rel=1e-9)
         assert got < pre
-        c = c.idle()
+        c = idle_coster(c)
         got = c.step_time(shape, sequences=1, prefill=True, decodes=False)
     assert got == pytest.approx(pre, rel=1e-9)
 
@@ -403,7 +403,7 @@ def test_dynamic_batching_waits_to_fill_its_batches(setup):
     # a lone request waits out the window before its prefill starts
     lone = synthetic(1, prompt_tokens=256, output_tokens=8)
     r = simulate(lone, c, SchedulerConfig(kind="dynamic", max_wait_s=0.5)).requests[0]
-    idle = c.idle()  # no step before it
+    idle = idle_coster(c)  # no step before it
     assert r.ttft_s == pytest.approx(0.5 + idle.step_time(StepShape.uniform(1, 256, 0),
                                                           sequences=1, prefill=True,
                                                           decodes=False)

@@ -17,7 +17,7 @@ from planner.core.ops import StepShape
 from planner.core.specs import Options, Precision
 from planner.io import catalog
 from planner.serving.config import SchedulerConfig
-from planner.serving.cost import StepCoster
+from planner.serving.cost import StepCoster, idle_coster
 from planner.serving.decoding import DecodePool
 from planner.serving.kv import PagedKV
 from planner.serving.metrics import summary
@@ -365,7 +365,7 @@ def test_a_cached_prefix_is_computed_once(vllm):
     assert [r.cached_tokens for r in on.requests] == [0] + [2000] * 9
     # each prefill is the first step of an idle engine: no step before it to hide its host
     # work under (async scheduling)
-    idle = c.idle()
+    idle = idle_coster(c)
     cold = idle.step_time(StepShape.uniform(1, 3000, 0), sequences=1, prefill=True,
                           decodes=False)
     warm = idle.step_time(StepShape.uniform(1, 1000, 2000), sequences=1, prefill=True,

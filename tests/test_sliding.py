@@ -14,7 +14,7 @@ from planner.core.ops import StepShape, decode_ops, prefill_ops, window_pairs
 from planner.core.roofline import step_time
 from planner.core.specs import Options, Parallelism, Precision, Workload
 from planner.io import catalog
-from planner.serving.cost import StepCoster
+from planner.serving.cost import StepCoster, idle_coster
 
 BF16 = Precision()
 
@@ -109,7 +109,7 @@ def test_simulator_step_is_the_estimates_with_windows(engine, batch, ctx):
                     options=opts, engine=eng, graphed=False,
                     fixed_s=eng.prefill_step_overhead_s + eng.per_sequence_overhead_s).time_s
     # a lone prefill, as the estimate's: nothing before it to run its host work beside
-    got = c.idle().step_time(StepShape.uniform(1, ctx, 0, window=m.sliding_window),
+    got = idle_coster(c).step_time(StepShape.uniform(1, ctx, 0, window=m.sliding_window),
                              sequences=1, prefill=True, decodes=False)
     assert got == pytest.approx(pre, rel=1e-9)
 

@@ -15,7 +15,7 @@ from planner.core.ops import StepShape
 from planner.core.specs import Options, Precision
 from planner.io import catalog
 from planner.layouts.speculation import SpeculationConfig, speculate
-from planner.serving.cost import StepCoster
+from planner.serving.cost import StepCoster, idle_coster
 from planner.serving.sim import SchedulerConfig, simulate
 from planner.serving.speculation import spec_serving
 from planner.serving.traffic import Request, synthetic
@@ -40,7 +40,7 @@ def test_one_request_by_hand_when_every_proposal_is_accepted():
     r = res.requests[0]
     steps = [coster.step_time(replace(StepShape.uniform(1, 4, 512 + 4 * j), logit_rows=4.0),
                               sequences=1, prefill=False) for j in range(50)]
-    idle = coster.idle()  # its first step
+    idle = idle_coster(coster)  # its first step
     prefill = idle.step_time(StepShape.uniform(1, 512, 0), sequences=1, prefill=True,
                              decodes=False)
     assert r.ttft_s == pytest.approx(prefill + coster.engine.request_path_s(512))

@@ -699,8 +699,8 @@ def _render_disaggregated(d: dict) -> None:
 def _served_bands(dep, cfg, d: dict, request_rate: float, max_concurrency) -> dict:
     """The served figures' error bands (planner/data/bands.yaml), in the regime the simulated
     server was in: saturated or keeping up with the offered rate."""
-    untimed = max_concurrency is not None and math.isinf(request_rate)  # the loop alone
-    regime = _regime(d, math.nan if untimed else request_rate, cfg)
+    regime = _regime(d, math.nan if loop_alone(request_rate, max_concurrency) else request_rate,
+                     cfg)
     d["regime"] = regime
     figs = {}
     for s in ("mean", "median"):  # the statistics the served runs were compared on
@@ -896,6 +896,13 @@ def _chat(reqs, m, chat: bool):
     return with_chat_template(reqs, m.chat_template), m.chat_template.tokens
 
 
+def loop_alone(request_rate: float, max_concurrency: int | None) -> bool:
+    """A closed loop of ``max_concurrency`` clients with no rate beside it (an infinite one):
+    each request goes out when a client is free. With a finite rate the loop paces the rate's
+    arrival times; with none (NaN) a dataset's own times set them."""
+    return max_concurrency is not None and math.isinf(request_rate)
+
+
 def request_stream(dataset, dataset_name, num_requests, prompt_tokens, output_tokens,
                    range_ratio, request_rate, burstiness, max_concurrency, seed,
                    prefix_tokens=0):
@@ -906,7 +913,7 @@ def request_stream(dataset, dataset_name, num_requests, prompt_tokens, output_to
     when a client is free); with both, timed at the rate and paced by the loop as well."""
     from planner.serving.traffic import replay, synthetic
 
-    closed = max_concurrency is not None and math.isinf(request_rate)
+    closed = loop_alone(request_rate, max_concurrency)
 
     if prefix_tokens and (dataset is not None or dataset_name not in ("random", "sonnet")):
         raise LlmplanError("--prefix-tokens: only with the random and sonnet datasets (a "
@@ -996,7 +1003,7 @@ def _result(dep, cfg, reqs, sp, d: dict, *, request_rate, burstiness, max_concur
             "api_server_request_s": dep.engine.frontend_request_s,
             "api_server_token_s": dep.engine.frontend_token_s,
             # as vLLM's result file writes it: a number, or "inf"
-            "request_rate": None if (max_concurrency is not None and math.isinf(request_rate))
+            "request_rate": None if loop_alone(request_rate, max_concurrency)
             or math.isnan(request_rate)
             else (request_rate if math.isfinite(request_rate) else "inf"),
             # the dataset's own arrival_s, a closed loop, a rate, or a rate a closed loop paces
@@ -1042,7 +1049,7 @@ def _plot(plot: Path, dep, cfg, res, n: int, request_rate, max_concurrency) -> N
     from planner.io.report import plot_simulation
 
     rate = "the dataset's arrival times" if math.isnan(request_rate) else \
-        f"closed loop of {max_concurrency}" if max_concurrency and math.isinf(request_rate) else \
+        f"closed loop of {max_concurrency}" if loop_alone(request_rate, max_concurrency) else \
         f"{request_rate:g} req/s" + (f", at most {max_concurrency} in flight"
                                      if max_concurrency else "")
     csv_path = plot_simulation(res, plot, title=(

@@ -48,6 +48,15 @@ def host_s(e: Engine, sequences, *, prefill: bool, decodes: bool) -> float:
     return step + e.per_sequence_overhead_s * sequences
 
 
+def idle_coster(coster):
+    """``coster`` (a ``StepCoster``, or one wrapping it) for a step the engine runs after idle
+    time: under async scheduling no step runs before it to hide its host work under (a lone
+    request's prefill, as the static estimate prices it)."""
+    e = coster.engine
+    return coster.with_engine(replace(e, async_scheduling=False)) if e.async_scheduling \
+        else coster
+
+
 # the engine's host costs: what ``host_s`` and the request path read, and no operator
 HOST_FIELDS = ("step_overhead_s", "per_sequence_overhead_s", "prefill_step_overhead_s",
                "request_overhead_s", "prompt_token_overhead_s", "frontend_request_s",
@@ -150,14 +159,6 @@ class StepCoster:
         other._launch_s = None
         return other
 
-    def idle(self) -> StepCoster:
-        """This coster for a step the engine runs after idle time: async scheduling has no
-        step before it to run its host work beside (a lone request's prefill, as the static
-        estimate prices it; the simulator's for such a step)."""
-        if not self.engine.async_scheduling:
-            return self
-        return self.with_engine(replace(self.engine, async_scheduling=False))
-
     @property
     def launch_s(self) -> float:
         """The host's time launching a step's kernels one by one, outside any CUDA graph:
@@ -166,14 +167,13 @@ class StepCoster:
         any number of tokens (the operators are the same); each operator's own time already
         has it as its floor (``roofline.combine``)."""
         if self._launch_s is None:
-            e = self.engine
-            ops = self._linear_ops_of(1) + self._head_ops_of(1)
-            attention = (self._n_full + self._n_local) * self._attn_kernels
-            if self._concat:
-                attention += e.kernels_for(self._kv_write.name, self._kv_write.kind)
-            self._launch_s = launch_time_s(
-                [op_time(op, self.prep.ceilings, tp=self.tp, options=self.options, engine=e,
-                         graphed=False) for op in ops], e) + attention * e.host_launch_s
+            ops = [*self._linear_ops_of(1), *self._head_ops_of(1),
+                   replace(self._attn, count=self._n_full + self._n_local)]
+            if self._concat:  # its KV write is priced apart from the linear operators
+                ops.append(self._kv_write)
+            self._launch_s = launch_time_s([op_time(op, self.prep.ceilings, tp=self.tp,
+                                                    options=self.options, engine=self.engine,
+                                                    graphed=False) for op in ops], self.engine)
         return self._launch_s
 
     def _units(self) -> tuple[dict[str, Op], ...]:

@@ -62,7 +62,7 @@ from planner.core.errors import UsageError
 from planner.core.memory import kv_cache_groups
 from planner.serving.arrivals import Arrivals, arrivals
 from planner.serving.config import SchedulerConfig
-from planner.serving.cost import StepCoster
+from planner.serving.cost import StepCoster, idle_coster
 from planner.serving.decoding import check_spec, decode_pool
 from planner.serving.frontend import Frontend
 from planner.serving.gcpause import no_cycle_collection
@@ -179,9 +179,7 @@ def simulate(requests: list[Request], coster: StepCoster, cfg: SchedulerConfig, 
     # beside the step before it, and a step after idle time has none to run beside
     cold = None
     if getattr(coster, "overlaps_steps", False) and e.overlaps_host():
-        # (``with_engine``, which the costers wrapping one pass through: progress, slowed)
-        cold = StepPricer(coster.with_engine(replace(e, async_scheduling=False)), batch,
-                          cfg.graph_sizes, cfg.graph_padding)
+        cold = StepPricer(idle_coster(coster), batch, cfg.graph_sizes, cfg.graph_padding)
     with no_cycle_collection():  # the loop makes no cycles: refcounts free all
         t, stream_s = _serve(sched, arr, pricer, occ, n=len(requests) - len(refused),
                              max_steps=max_steps, front=front if front.token_s else None,
@@ -246,7 +244,7 @@ def _inner_pricer(coster: StepCoster, batch, cfg: SchedulerConfig,
     host work for them (output processing, the graph's launch) runs beside the GPU's, as
     under async scheduling, since scheduling and input preparation ran once for the block; a
     step run without a CUDA graph still keeps the host busy launching its kernels
-    (``Engine.hides_host``). On a TP replica without speculation, as vLLM V0 ran it."""
+    first (``StepCoster.launch_s``). On a TP replica without speculation, as vLLM V0 ran it."""
     if spec is not None:
         raise UsageError("--num-scheduler-steps: multi-step scheduling and speculative "
                          "decoding are not simulated together (vLLM V0 refused the pair)")
