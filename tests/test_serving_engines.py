@@ -352,6 +352,25 @@ def _one_at_a_time(n: int, prompt: int, output: int, prefixes: list[int],
             for i in range(n)]
 
 
+def test_async_scheduling_admits_an_arrival_the_step_after_next(vllm):
+    """vLLM's engine core schedules step N + 1 as it launches step N. A decodes alone; B
+    arrives halfway through A's first decode step, when the step after it is already
+    scheduled: B's prefill waits for that step too, so B's first token comes no sooner than
+    half a decode step, a whole one and a step at least as long as a decode (its own) after
+    it arrives. Scheduled as it arrives (async off), B joins the very next step."""
+    eng, c = vllm
+    pre_a = idle_coster(c).step_time(StepShape.uniform(1, 16, 0), sequences=1, prefill=True,
+                                     decodes=False)
+    d1 = c.step_time(StepShape.uniform(1, 1, 16), sequences=1, prefill=False)
+    d2 = c.step_time(StepShape.uniform(1, 1, 17), sequences=1, prefill=False)
+    reqs = [Request(0, 0.0, 16, 6), Request(1, pre_a + d1 / 2, 4, 2)]
+    a, b = simulate([replace(r) for r in reqs], c, SchedulerConfig()).requests
+    assert a.first_token_s == pytest.approx(pre_a, rel=1e-12)  # an idle engine's first step
+    assert b.ttft_s >= d1 / 2 + d2 + d2
+    now = simulate([replace(r) for r in reqs], idle_coster(c), SchedulerConfig()).requests[1]
+    assert now.ttft_s < d1 / 2 + d2 + d2
+
+
 def test_a_cached_prefix_is_computed_once(vllm):
     """Ten requests of 3,000 prompt tokens whose first 2,010 are shared, one at a time: the
     first computes all 3,000; 2,010 is not whole 16-token blocks, so 2,000 are cached and each
