@@ -183,6 +183,30 @@ def test_malformed_dataset_is_one_line(run_cli, tmp_path):
     assert code == 2 and "not UTF-8" in err
 
 
+def test_a_benchmark_without_the_scheduler_overlaps_nothing(model, gpu):
+    """SGLang's bench_one_batch runs the model without the engine's scheduler
+    (``scheduler: false``): each decode step pays SGLang's host cost after its GPU work. Behind
+    the overlap scheduler (a live server) a GPU-bound step pays it not at all; so the decode
+    step of Llama-3.1-8B at batch 1 on an H100 differs by exactly the host cost of one step
+    with one sequence."""
+    def dataset(scheduler: bool) -> Dataset:
+        return Dataset.model_validate({
+            "source": {"id": "hand", "url": "https://example.org", "date": "2025-01-01",
+                       "engine": "sglang", "engine_version": "0.4.5", "scheduler": scheduler,
+                       "metric_definitions": {"tpot_s": "one decode step"}},
+            "rows": [{"id": "a", "model": "llama-3.1-8b", "gpu": "h100-sxm", "batch": 1,
+                      "prompt_tokens": 1000, "output_tokens": 100, "tpot_s": 0.01}]})
+    spec = catalog.load_engine_spec("sglang")
+    e = spec.model()
+    args = {"models": {"llama-3.1-8b": model("llama-3.1-8b")},
+            "gpus": {"h100-sxm": gpu("h100-sxm")}, "engines": {"sglang": spec}}
+    [served] = compare(dataset(True), **args)
+    [alone] = compare(dataset(False), **args)
+    assert e.async_scheduling and served.predicted > 5 * e.step_overhead_s
+    assert alone.predicted - served.predicted == pytest.approx(
+        e.step_overhead_s + e.per_sequence_overhead_s, rel=1e-9)
+
+
 def test_fit_recovers_a_known_parameter(model, gpu):
     """Rows made by a profile with a known bandwidth efficiency; the fit, started elsewhere,
     finds it again."""

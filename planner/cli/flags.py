@@ -174,6 +174,9 @@ FLAGS: tuple[EngineFlag, ...] = (
     EngineFlag(("--page-size",), "--block-size", S, SGLANG_ARGS, number=int),
     EngineFlag(("--disable-radix-cache",), "--prefix-cache", S, SGLANG_ARGS, value=False),
     EngineFlag(("--enable-mixed-chunk",), "--mixed-batches", S, SGLANG_ARGS, value=True),
+    # the overlap scheduler, SGLang's counterpart of vLLM's async scheduling (on by default)
+    EngineFlag(("--disable-overlap-schedule",), "--async-scheduling", S, SGLANG_ARGS,
+               value=False),
     EngineFlag(("--context-length",), "--max-model-len", S, SGLANG_ARGS, number=human_int),
     # trtllm-serve (tensorrt_llm/commands/serve.py)
     EngineFlag(("--tp_size", "--tensor_parallel_size"), "--tp", T, TRTLLM_SERVE, number=int),

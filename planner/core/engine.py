@@ -433,8 +433,9 @@ class ServingDefaults(_Frozen):
     # on (None: every layer caches the whole context, as the pool counts it)
     hybrid_kv_cache: FlagSince | None = None
     # the host's work for the next step (scheduling, input preparation) runs while the GPU
-    # runs this one, so a step takes the longer of the two, not their sum (None: off)
-    async_scheduling: Flag | None = None
+    # runs this one, so a step takes the longer of the two, not their sum (None: off); a
+    # ``since`` puts the releases before it the other way
+    async_scheduling: FlagSince | Flag | None = None
     # forward steps per scheduler call by default (vLLM V0's --num-scheduler-steps, 0.6-0.7:
     # multi-step scheduling); None: the engine has no such option
     scheduler_steps: Num | None = None
@@ -561,9 +562,9 @@ class EngineSpec(_Frozen):
         pm = sv.performance_modes
         if pm is not None and v < version_key(pm.since):
             sv = sv.model_copy(update={"performance_modes": None})
-        for name in ("multi_step_stream", "hybrid_kv_cache"):
+        for name in ("multi_step_stream", "hybrid_kv_cache", "async_scheduling"):
             fs = getattr(sv, name)
-            if fs is not None and v < version_key(fs.since):
+            if isinstance(fs, FlagSince) and v < version_key(fs.since):
                 sv = sv.model_copy(update={name: fs.model_copy(update={
                     "value": not fs.value,
                     "note": f"releases before {fs.since}" + (f": {fs.note}" if fs.note

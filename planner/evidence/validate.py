@@ -23,7 +23,7 @@ engine when one of that profile's parameters names it in ``fitted_on``; every ot
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -78,6 +78,10 @@ class Source(_Strict):
     # how the source defines each metric it reports, in its own words
     metric_definitions: dict[str, str] = Field(min_length=1)
     measured_ceilings: MeasuredCeilings | None = None
+    # False: the benchmark runs the model without the engine's scheduler (SGLang's
+    # bench_one_batch drives its ModelRunner directly), so no step's host work runs beside
+    # the GPU's, whatever the engine's async scheduling
+    scheduler: bool = True
     notes: str | None = None
 
 
@@ -184,6 +188,14 @@ def metric_of(e: Estimate, metric: str) -> float:
     return e.batch * e.output_tokens / e.latency_s
 
 
+def engine_of(ds: Dataset, spec: EngineSpec):
+    """The engine that predicts ``ds``'s rows: ``spec``'s, without async scheduling where the
+    source ran the model without the engine's scheduler (``Source.scheduler``)."""
+    e = spec.model()
+    return e if ds.source.scheduler or not e.async_scheduling else \
+        replace(e, async_scheduling=False)
+
+
 def compare(ds: Dataset, *, models: dict[str, ModelSpec], gpus: dict[str, HardwareSpec],
             engines: dict[str, EngineSpec]) -> list[Comparison]:
     """Predict every row of ``ds`` with its engine and compare each measured metric."""
@@ -200,7 +212,7 @@ def compare(ds: Dataset, *, models: dict[str, ModelSpec], gpus: dict[str, Hardwa
             e = estimate(models[r.model], gpus[r.gpu], precision=prec, calibration=cal,
                          workload=Workload(batch=r.batch, prompt_tokens=r.prompt_tokens,
                                            output_tokens=r.output_tokens),
-                         parallelism=Parallelism(tp=r.tp), engine=spec.model())
+                         parallelism=Parallelism(tp=r.tp), engine=engine_of(ds, spec))
         except LlmplanError as err:
             raise LlmplanError(f"validation row {ds.source.id}:{r.id}: {err}") from None
         fitted = f"{ds.source.id}:{r.id}" in spec.fitted_rows()
