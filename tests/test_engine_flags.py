@@ -287,3 +287,8 @@ def test_trtllm_serves_with_the_pytorch_backends_graphs_unless_told_tensorrt():
                        server=server_flags("trtllm-serve m --backend tensorrt"))
     cfg = run.scheduler(trt)
     assert cfg.graph_sizes == () and trt.engine.cuda_graphs
+    # the PyTorch backend's overlap scheduler (1.0 and later), not a built engine's runtime
+    pytorch = served_setup("llama-3.1-8b", "h100-sxm", spec, 1, "bf16", None,
+                           server=server_flags("trtllm-serve m"))
+    assert pytorch.engine.async_scheduling and not trt.engine.async_scheduling
+    assert not spec.at_version("0.9.0").model().async_scheduling

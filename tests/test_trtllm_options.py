@@ -79,6 +79,25 @@ def test_a_whole_file_by_hand(tmp_path):
     ep = read_llm_api_options(_write(
         tmp_path, "tensor_parallel_size: 8\nmoe_expert_parallel_size: 8\n", "ep.yaml"))
     assert ep == {"--tp": 8, "--ep": 8}
+    serial = read_llm_api_options(_write(tmp_path, "disable_overlap_scheduler: true\n",
+                                         "serial.yaml"))
+    assert serial == {"--async-scheduling": False}
+
+
+def test_the_overlap_scheduler_from_the_file_or_the_flag(tmp_path, run_json):
+    """TensorRT-LLM's PyTorch backend overlaps a step's host work with the GPU's (the
+    profile's default from 1.0); disable_overlap_scheduler: true puts it back in series, as
+    --no-async-scheduling does; and a step that pays its host work after its GPU work is not
+    faster."""
+    serial = _write(tmp_path, "disable_overlap_scheduler: true\n", "serial.yaml")
+    a = run_json(*SIM, "--extra-llm-api-options", str(serial))
+    a.pop("llm_api_options")
+    b = run_json(*SIM, "--no-async-scheduling")
+    assert a == b and a["async_scheduling"] is False
+    on = run_json(*SIM)
+    assert on["async_scheduling"] is True
+    assert on["mean_tpot_ms"] < a["mean_tpot_ms"]
+    assert run_json(*SIM, "--async-scheduling") == on
 
 
 def test_simulate_takes_the_file_as_its_own_flags(tmp_path, run_json):
@@ -127,6 +146,7 @@ def test_cuda_graph_config_reaches_the_simulator(tmp_path, run_json):
      "32 is not the largest of batch_sizes (64)"),
     ("kv_cache_config:\n  dtype: nvfp4\n", "'nvfp4' is not one of auto, fp8"),
     ("enable_chunked_prefill: 1\n", "enable_chunked_prefill: must be true or false"),
+    ("disable_overlap_scheduler: yes please\n", "disable_overlap_scheduler: must be true or false"),
     ("kv_cache_config:\n  free_gpu_memory_fraction: 1.5\n", "must be a fraction in (0, 1]"),
     # simulate's own bound on the flag, said of the file's key, not of --max-num-seqs
     ("max_batch_size: 123456789012345678901234\n",

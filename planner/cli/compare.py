@@ -158,8 +158,9 @@ def served_setup(model: str, gpu: str, spec, tp: int, weights, kv_cache,
                       graph_padding=s["--cuda-graph-padding"])
     if s.get("--trtllm-backend") == "tensorrt":
         # trtllm-serve --backend tensorrt: a built TensorRT engine, whose decode steps the
-        # profile's fit priced at every batch size (no PyTorch-backend capture sizes)
-        eng = replace(eng, graph_rule=None)
+        # profile's fit priced at every batch size (no PyTorch-backend capture sizes) and
+        # with its host work in series (no PyTorch-backend overlap scheduler)
+        eng = replace(eng, graph_rule=None, async_scheduling=False)
     prec, source = resolve_precision(m, weights, kv_cache, group_size,
                                      quantized_layers=quantized_layers)
     dtype = s.get("--dtype")

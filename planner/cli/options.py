@@ -597,10 +597,11 @@ def build_deployment(m, *, gpu: str, engine: str, tp: int = 1, pp: int = 1, ep: 
                      weights=None, kv_cache=None, group_size: int | None = None,
                      quantized_layers=None, compute=None, calibration: Path | None = None,
                      options=None, enforce_eager: bool = False, prices: str | None = None,
-                     price: list[str] | None = None):
+                     price: list[str] | None = None, async_scheduling: bool | None = None):
     """The deployment the options describe (``planner.layouts.deployment.Deployment``): the
     GPU, engine and calibration loaded, the precision and layout checked, the engine
-    prepared (``enforce_eager``: without its CUDA graphs), the GPU priced from the price set
+    prepared (``enforce_eager``: without its CUDA graphs; ``async_scheduling``: its host
+    work beside the GPU's or not, None: the engine's default), the GPU priced from the price set
     ``prices`` with the ``price`` overrides (--prices, --price). Every command that predicts
     builds its deployment here. ``weights`` None: the checkpoint's (``resolve_precision``)."""
     from dataclasses import replace
@@ -615,6 +616,8 @@ def build_deployment(m, *, gpu: str, engine: str, tp: int = 1, pp: int = 1, ep: 
     eng = catalog.load_engine(engine)
     if enforce_eager:
         eng = replace(eng, cuda_graphs=False)
+    if async_scheduling is not None:
+        eng = replace(eng, async_scheduling=async_scheduling)
     cal = catalog.load_calibration(calibration) if calibration else None
     prec, source = resolve_precision(m, weights, kv_cache, group_size, compute,
                                      quantized_layers)

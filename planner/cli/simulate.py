@@ -266,6 +266,12 @@ def simulate(
         help="A model that mixes sliding-window and full-attention layers (gpt-oss, "
         "Gemma-2/3) caches only the window in the former, as vLLM's hybrid KV cache manager "
         "does (default: the engine's; on for vllm, and vllm-0.8 from 0.10).")] = None,
+    async_scheduling: Annotated[Optional[bool], typer.Option(
+        "--async-scheduling/--no-async-scheduling",
+        "--enable-overlap-schedule/--disable-overlap-schedule",
+        help="The host prepares the next step while the GPU runs this one, so a step takes "
+        "the longer of the two: vLLM's async scheduling, SGLang's and TensorRT-LLM's overlap "
+        "schedulers (default: the engine's; on for vllm, sglang and trtllm).")] = None,
     extra_llm_api_options: Annotated[Optional[Path], typer.Option(
         "--extra-llm-api-options", "--extra_llm_api_options", metavar="FILE",
         help="TensorRT-LLM's LLM-API options file, as trtllm-serve --config reads it (--engine "
@@ -468,7 +474,7 @@ def _simulate_run(a: dict, emit: bool) -> dict:
                            kv_cache=kv_cache, group_size=group_size,
                            quantized_layers=quantized_layers, compute=compute,
                            calibration=calibration, options=opts,
-                           enforce_eager=enforce_eager)
+                           enforce_eager=enforce_eager, async_scheduling=a["async_scheduling"])
     if prefill_instances is not None or decode_instances is not None:
         return _simulate_disaggregated(m, locals())
     cfg = _scheduler(dep, locals())
@@ -578,7 +584,8 @@ def _simulate_disaggregated(m, a: dict) -> dict:
                                kv_cache=kv_cache, group_size=a["group_size"],
                                quantized_layers=a["quantized_layers"], compute=compute,
                                calibration=a["calibration"], options=a["opts"],
-                               enforce_eager=a["enforce_eager"])
+                               enforce_eager=a["enforce_eager"],
+                               async_scheduling=a["async_scheduling"])
         over = dict(a)
         for what in ("max_num_seqs", "max_num_batched_tokens"):
             if a[f"{side}_{what}"] is not None:
@@ -804,7 +811,8 @@ LLM_API_PARAMS = {"--tp": "tp", "--pp": "pp", "--ep": "ep", "--max-num-seqs": "m
                   "--block-size": "block_size", "--capacity-policy": "capacity_policy",
                   "--enforce-eager": "enforce_eager",
                   "--cuda-graph-sizes": "cuda_graph_sizes",
-                  "--cuda-graph-padding": "cuda_graph_padding"}
+                  "--cuda-graph-padding": "cuda_graph_padding",
+                  "--async-scheduling": "async_scheduling"}
 
 
 def with_llm_api_options(a: dict, defaults: dict) -> dict:
@@ -997,6 +1005,8 @@ def _result(dep, cfg, reqs, sp, d: dict, *, request_rate, burstiness, max_concur
             # the pool is vLLM's hybrid one: sliding-window layers hold their window only,
             # and kv_capacity_tokens counts tokens of one group of layers
             "hybrid_kv_cache": hybrid_kv_groups(dep.model, cfg) is not None,
+            # the host's work for a step beside the GPU's work on the step before
+            "async_scheduling": dep.engine.overlaps_host(dep.layout.pp),
             "performance_mode": performance_mode,
             "max_num_seqs": cfg.max_num_seqs,
             "max_num_batched_tokens": cfg.max_num_batched_tokens,

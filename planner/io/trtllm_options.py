@@ -16,6 +16,8 @@ server command's flags:
     kv_cache_config.dtype                           --kv-cache (auto: the model's)
     kv_cache_config.tokens_per_block                --block-size
     scheduler_config.capacity_scheduler_policy      --capacity-policy
+    disable_overlap_scheduler                       --async-scheduling (its negation: the
+                                                    PyTorch backend's overlap scheduler)
     cuda_graph_config                               null: --enforce-eager; else the decode
                                                     batch sizes captured and whether a batch
                                                     pads up to one (--cuda-graph-sizes,
@@ -51,7 +53,8 @@ KEY_OF = {"--tp": "tensor_parallel_size", "--pp": "pipeline_parallel_size",
           "--kv-cache": "kv_cache_config.dtype", "--block-size": "kv_cache_config.tokens_per_block",
           "--capacity-policy": "scheduler_config.capacity_scheduler_policy",
           "--enforce-eager": "cuda_graph_config", "--cuda-graph-sizes": "cuda_graph_config",
-          "--cuda-graph-padding": "cuda_graph_config.enable_padding"}
+          "--cuda-graph-padding": "cuda_graph_config.enable_padding",
+          "--async-scheduling": "disable_overlap_scheduler"}
 
 
 def cuda_graph_batch_sizes(max_batch_size: int, enable_padding: bool) -> tuple[int, ...]:
@@ -147,6 +150,9 @@ def read_llm_api_options(path: Path) -> dict[str, object]:
         out["--capacity-policy"] = r.choice(sched["capacity_scheduler_policy"],
                                             "scheduler_config.capacity_scheduler_policy",
                                             POLICIES)
+    if data.get("disable_overlap_scheduler") is not None:
+        out["--async-scheduling"] = not r.flag(data["disable_overlap_scheduler"],
+                                               "disable_overlap_scheduler")
     if "cuda_graph_config" in data:
         _cuda_graphs(r, data["cuda_graph_config"], out)
     return out
