@@ -497,6 +497,9 @@ def _simulate_run(a: dict, emit: bool) -> dict:
         run.check_speculation(dep, cfg)
     spec = speculation_config(*flags, model=m)
     check_offload_speculation(opts, spec)
+    plain = dep  # the same requests without speculation run on it (the baseline)
+    if spec is not None:  # the engine as it serves with this method (async scheduling)
+        dep = dep.with_engine(dep.engine.for_speculation(spec.method))
     sp = None if spec is None else run.speculation_serving(dep, spec, cfg)
     from planner.cli.progress import simulation_progress
 
@@ -510,7 +513,7 @@ def _simulate_run(a: dict, emit: bool) -> dict:
                 request_rate=request_rate, burstiness=burstiness,
                 max_concurrency=max_concurrency, performance_mode=performance_mode)
     if sp is not None:  # the same requests without speculation, beside the headline
-        d.update(_baseline(summary(run.run(dep, reqs, cfg), ttft_slo_s=ttft_slo,
+        d.update(_baseline(summary(run.run(plain, reqs, cfg), ttft_slo_s=ttft_slo,
                                    tpot_slo_s=tpot_slo, itl=False), d))
     if trace is not None:
         stderr.print(f"wrote {len(res.requests):,} requests to {trace}")

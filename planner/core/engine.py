@@ -397,6 +397,13 @@ class PerformanceModes(_Frozen):
     note: str | None = None
 
 
+class SpeculativeMethods(_Sourced):
+    """Speculative decoding methods, by llmplan's names (draft-model, mtp, ngram, eagle,
+    eagle3)."""
+
+    value: tuple[Literal["draft-model", "mtp", "ngram", "eagle", "eagle3"], ...]
+
+
 class EarlierDefaults(_Frozen):
     """The scheduler defaults of the releases before ``until`` that a profile covers, where
     they differ (vLLM before 0.8.5: 256 sequences and 2,048 tokens a step on every GPU)."""
@@ -436,6 +443,9 @@ class ServingDefaults(_Frozen):
     # runs this one, so a step takes the longer of the two, not their sum (None: off); a
     # ``since`` puts the releases before it the other way
     async_scheduling: FlagSince | Flag | None = None
+    # the speculative methods (``planner.layouts.speculation.Method``) under which async
+    # scheduling stays on; any other turns it off. None: every method keeps it
+    async_speculation: SpeculativeMethods | None = None
     # forward steps per scheduler call by default (vLLM V0's --num-scheduler-steps, 0.6-0.7:
     # multi-step scheduling); None: the engine has no such option
     scheduler_steps: Num | None = None
@@ -690,6 +700,8 @@ class EngineSpec(_Frozen):
             out["prefix_caching"] = sv.prefix_caching.value
         if sv.async_scheduling is not None:
             out["async_scheduling"] = sv.async_scheduling.value
+        if sv.async_speculation is not None:
+            out["async_speculation"] = tuple(sv.async_speculation.value)
         if sv.scheduler_steps is not None:
             out["scheduler_steps"] = int(sv.scheduler_steps.value)
         if sv.multi_step_stream is not None:
@@ -788,6 +800,8 @@ class Engine:
     # the next step's host work overlaps this step's GPU work: a step takes the longer of
     # the two (``planner.core.roofline.with_host``), not their sum
     async_scheduling: bool = False
+    # the speculative methods that keep it on (``for_speculation``); None: every method
+    async_speculation: tuple[str, ...] | None = None
     # CUDA-graph capture sizes, (sizes, steps, cap, cap_per_seq, ((below bytes, cap, cap at
     # TP 4+), ...)) as ``GraphSizes`` states them (``graph_sizes``); None: any decode batch
     # replays a graph, unpadded
@@ -883,6 +897,15 @@ class Engine:
         where vLLM turns async scheduling off. An eager step's launches stay on the host's
         path (``planner.serving.cost.StepCoster.launch_s``)."""
         return self.async_scheduling and pp == 1
+
+    def for_speculation(self, method: str) -> Engine:
+        """The engine as it serves with speculative decoding by ``method``: without async
+        scheduling where the engine turns it off for that method (``async_speculation``:
+        vLLM keeps it for EAGLE and MTP only, SGLang's overlap scheduler for none)."""
+        if not self.async_scheduling or self.async_speculation is None or \
+                method in self.async_speculation:
+            return self
+        return replace(self, async_scheduling=False)
 
     def hides_host(self, graphed: bool, pp: int = 1) -> bool:
         """Whether a step's host work runs beside its GPU work (``roofline.with_host``): with

@@ -141,6 +141,14 @@ class Deployment:
     def tp(self) -> int:
         return self.layout.tp
 
+    def with_engine(self, engine: Engine) -> Deployment:
+        """The same deployment served by ``engine`` (re-prepared), such as the engine as it
+        runs with speculative decoding (``Engine.for_speculation``)."""
+        if engine == self.engine:
+            return self
+        return replace(self, prepared=prepare(self.hardware, self.prepared.precision,
+                                              self.calibration, self.options, engine))
+
     def with_options(self, **changes) -> Deployment:
         """The same deployment under other options (re-prepared: ceilings depend on them)."""
         o = self.options.model_copy(update=changes)

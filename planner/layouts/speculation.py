@@ -215,8 +215,8 @@ def mtp_layer(m: ModelSpec) -> ModelSpec:
 
 
 def _step(m: ModelSpec, prep: Prepared, o: Options, tp: int, shape: StepShape,
-          fixed_s: float) -> float:
-    e = prep.engine
+          fixed_s: float, e=None) -> float:
+    e = e or prep.engine
     ops = shape_ops(m, prep.precision, shape, tp=tp, attention=o.attention,
                     lm_head_sharded=e.lm_head_sharded)
     return step_time(ops, prep.ceilings, tp=tp, options=o, engine=e, graphed=e.cuda_graphs,
@@ -225,15 +225,18 @@ def _step(m: ModelSpec, prep: Prepared, o: Options, tp: int, shape: StepShape,
 
 def _costs(m: ModelSpec, prep: Prepared, o: Options, tp: int, cfg: SpeculationConfig, batch: int,
            ctx: float) -> tuple[float, float, float]:
-    """(baseline TPOT, verification step, drafting) in seconds at ``batch`` and ``ctx``."""
+    """(baseline TPOT, verification step, drafting) in seconds at ``batch`` and ``ctx``; the
+    speculative steps under the engine as it runs with ``cfg``'s method (async scheduling
+    off where the engine turns it off for it: ``Engine.for_speculation``)."""
     e = prep.engine
     fixed = e.step_overhead_s + e.per_sequence_overhead_s * batch
     base = _step(m, prep, o, tp, StepShape.uniform(batch, 1, ctx - 1, m.sliding_window), fixed)
+    e = e.for_speculation(cfg.method)
     k = cfg.k
     # k + 1 new tokens per sequence after ctx - 1 cached, every position's logits sampled
     verify = _step(m, prep, o, tp, replace(StepShape.uniform(batch, k + 1, ctx - 1,
                                                              m.sliding_window, prefill=False),
-                                           logit_rows=batch * (k + 1)), fixed)
+                                           logit_rows=batch * (k + 1)), fixed, e)
     if cfg.method == "ngram":
         draft = 0.0
     else:

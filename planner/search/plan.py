@@ -386,8 +386,11 @@ def search_continuous(model: ModelSpec, gpus: list[HardwareSpec], *, prompt_toke
         sched = run.scheduler(dep, mode=st.performance_mode)
         sized = {}  # speculation (None: without) -> (replicas, summary)
         for cfg, bound in bounds.items():
-            sp = None if cfg is None else run.speculation_serving(dep, cfg, sched)
-            n, s = replicas_needed(dep, prompt_tokens=prompt_tokens,
+            # the engine as it serves with the method (async scheduling: for_speculation)
+            served = dep if cfg is None else dep.with_engine(dep.engine.for_speculation(
+                cfg.method))
+            sp = None if cfg is None else run.speculation_serving(served, cfg, sched)
+            n, s = replicas_needed(served, prompt_tokens=prompt_tokens,
                                    output_tokens=output_tokens, targets=targets,
                                    settings=st, upper_rate=bound, speculation=sp)
             if n and s is not None:
