@@ -901,7 +901,7 @@ class Engine:
     def for_speculation(self, method: str) -> Engine:
         """The engine as it serves with speculative decoding by ``method``: without async
         scheduling where the engine turns it off for that method (``async_speculation``:
-        vLLM keeps it for EAGLE and MTP only, SGLang's overlap scheduler for none)."""
+        vLLM keeps it for EAGLE, MTP and a draft model, SGLang's overlap scheduler for none)."""
         if not self.async_scheduling or self.async_speculation is None or \
                 method in self.async_speculation:
             return self
