@@ -166,6 +166,15 @@ def test_cli_json(run_cli):
     assert math.isfinite(d["mean_tpot_ms"]) and d["mean_ttft_ms"] > 1e3 * x["mean_transfer_s"]
 
 
+def test_both_pools_take_the_async_scheduling_flag(run_json):
+    """--no-async-scheduling reaches the prefill and the decode instances alike: each decode
+    step pays its host work after its GPU work, so TPOT is longer than with vLLM's default."""
+    disagg = (*BASE, "--prefill-instances", "1", "--decode-instances", "1")
+    on, off = run_json(*disagg), run_json(*disagg, "--no-async-scheduling")
+    assert off["mean_tpot_ms"] > on["mean_tpot_ms"]
+    assert off["completed"] == on["completed"] == 40
+
+
 def test_cli_table(run_cli):
     code, out, err = run_cli(*BASE, "--decode-instances", "2")
     assert code == 0, err

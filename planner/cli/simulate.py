@@ -470,11 +470,12 @@ def _simulate_run(a: dict, emit: bool) -> dict:
     ckpt = m.quantization.weights if m.quantization is not None else None
     weights, kv_cache, compute = engine_precision(weights, quantization, dtype, kv_cache,
                                                   kv_cache_dtype, compute, checkpoint=ckpt)
+    async_scheduling = a["async_scheduling"]  # None: the engine's (and the disaggregated pools')
     dep = build_deployment(m, gpu=gpu, engine=engine, tp=tp, pp=pp, ep=ep, weights=weights,
                            kv_cache=kv_cache, group_size=group_size,
                            quantized_layers=quantized_layers, compute=compute,
                            calibration=calibration, options=opts,
-                           enforce_eager=enforce_eager, async_scheduling=a["async_scheduling"])
+                           enforce_eager=enforce_eager, async_scheduling=async_scheduling)
     if prefill_instances is not None or decode_instances is not None:
         return _simulate_disaggregated(m, locals())
     cfg = _scheduler(dep, locals())
