@@ -59,7 +59,7 @@ def table(whl: zipfile.ZipFile, system: str, family: str):
     release = RELEASES[family][system]
     path = (f"aiconfigurator_core/systems/data/{system}/comm/{family}/{release}/"
             "custom_allreduce_perf.parquet")
-    d = pd.read_parquet(io.BytesIO(whl.read(path)))
+    d = pd.read_parquet(io.BytesIO(whl.read(path)), use_threads=False)  # see aiconfigurator_moe
     d = d[(d.op_name == "all_reduce") & (d.allreduce_dtype == "bfloat16")]
     modes = {}
     for src, rows in d.groupby("kernel_source"):

@@ -152,7 +152,7 @@ def main(argv=None) -> int:
         with zipfile.ZipFile(a.wheel) as whl:  # opened once for every GPU's table
             for gpu in a.gpu or sorted(SYSTEMS):
                 path = PATH.format(system=SYSTEMS[gpu], backend=backend, release=release)
-                tables[gpu] = pd.read_parquet(io.BytesIO(whl.read(path)))
+                tables[gpu] = pd.read_parquet(io.BytesIO(whl.read(path)), use_threads=False)
     except (OSError, zipfile.BadZipFile, KeyError) as err:
         print(f"aiconfigurator_mla.py: {a.wheel}: cannot read {path}: {err}", file=sys.stderr)
         return 2

@@ -159,7 +159,8 @@ def main(argv=None) -> int:
     path = f"aiconfigurator_core/systems/data/{system}/moe/{a.engine}/{release}/moe_perf.parquet"
     try:
         with zipfile.ZipFile(a.wheel) as whl:
-            table = pd.read_parquet(io.BytesIO(whl.read(path)))
+            # one thread: pyarrow's pool could abort the exit right after a refusal
+            table = pd.read_parquet(io.BytesIO(whl.read(path)), use_threads=False)
     except (OSError, zipfile.BadZipFile, KeyError) as err:
         print(f"aiconfigurator_moe.py: {a.wheel}: cannot read {path}: {err}", file=sys.stderr)
         return 2
