@@ -292,3 +292,25 @@ def test_trtllm_serves_with_the_pytorch_backends_graphs_unless_told_tensorrt():
                            server=server_flags("trtllm-serve m"))
     assert pytorch.engine.async_scheduling and not trt.engine.async_scheduling
     assert not spec.at_version("0.9.0").model().async_scheduling
+
+
+def test_estimate_and_plan_take_the_async_scheduling_flag(run_json):
+    """vLLM's decode step of Llama-3.1-8B at batch 16 on an H100 is GPU-bound (7.7 ms against a
+    host cost of 0.725 ms + 16 x 40.5 us): with async scheduling it takes its GPU time alone,
+    with --no-async-scheduling (SGLang's spelling --disable-overlap-schedule too) the host's
+    work after it, exactly. plan sizes with it: a slower step never needs fewer replicas."""
+    base = ("estimate", "-m", "llama-3.1-8b", "-g", "h100-sxm", "-b", "16", "-p", "2048",
+            "-o", "256")
+    on, off = run_json(*base), run_json(*base, "--no-async-scheduling")
+    e = catalog.load_engine("vllm")
+    assert on["engine"]["async_scheduling"] and not off["engine"]["async_scheduling"]
+    assert off["tpot_s"] - on["tpot_s"] == pytest.approx(
+        e.step_overhead_s + 16 * e.per_sequence_overhead_s, rel=1e-9)
+    assert run_json(*base, "--disable-overlap-schedule")["tpot_s"] == off["tpot_s"]
+    plan = ("plan", "-m", "llama-3.1-8b", "--gpu", "h100-sxm", "--tp", "1", "--pp", "1",
+            "--weights", "bf16", "--kv-cache", "16", "--sim-requests", "100", "--ttft", "2s",
+            "--tpot", "30ms", "--rps", "20", "-p", "512", "-o", "128")
+    fast, slow = run_json(*plan)[0], run_json(*plan, "--no-async-scheduling")[0]
+    assert slow["replicas"] >= fast["replicas"]
+    assert slow["p90_tpot_s"] > fast["p90_tpot_s"]
+    assert slow["single_request_tpot_s"] > fast["single_request_tpot_s"]

@@ -17,6 +17,7 @@ from planner.cli.options import (
     DEFAULT_UTIL,
     PP_NAMES,
     AcceptanceOpt,
+    AsyncSchedulingOpt,
     Attention,
     AttentionOpt,
     BatchOpt,
@@ -83,6 +84,7 @@ def estimate(
     dtype: DtypeOpt = None,
     kv_cache_dtype: KvCacheDtypeOpt = None,
     enforce_eager: EnforceEagerOpt = False,
+    async_scheduling: AsyncSchedulingOpt = None,
     batch: BatchOpt = DEFAULT_BATCH,
     prompt_tokens: PromptOpt = DEFAULT_PROMPT_TOKENS,
     output_tokens: OutputOpt = DEFAULT_OUTPUT_TOKENS,
@@ -206,7 +208,7 @@ def estimate_run(a: dict) -> EstimateRun:
                            kv_cache=kv_cache, group_size=group_size,
                            quantized_layers=quantized_layers, compute=compute,
                            calibration=calibration, options=opts, prices=prices, price=price,
-                           enforce_eager=enforce_eager)
+                           enforce_eager=enforce_eager, async_scheduling=a["async_scheduling"])
     spec = speculation_config(speculative, draft_model, num_speculative_tokens,
                               acceptance_rate, model=m)
     check_offload_speculation(opts, spec)

@@ -120,6 +120,12 @@ PerformanceModeOpt = Annotated[Optional[str], typer.Option(
 EnforceEagerOpt = Annotated[bool, typer.Option(
     "--enforce-eager", help="No CUDA graphs (vLLM's --enforce-eager): every decode step "
     "launches its kernels from the host, at the engine's host_launch_us each.")]
+AsyncSchedulingOpt = Annotated[Optional[bool], typer.Option(
+    "--async-scheduling/--no-async-scheduling",
+    "--enable-overlap-schedule/--disable-overlap-schedule",
+    help="The host prepares the next step while the GPU runs this one, so a step takes the "
+    "longer of the two: vLLM's async scheduling, SGLang's and TensorRT-LLM's overlap "
+    "schedulers (default: the engine's; on for vllm, sglang and trtllm).")]
 BatchOpt = Annotated[int, typer.Option("--batch", "-b", help="Concurrent sequences.", metavar="N")]
 PromptOpt = Annotated[int, typer.Option(
     "--prompt-tokens", "-p", "--random-input-len", "--input-len",

@@ -23,6 +23,7 @@ from planner.cli.options import (
     TP_NAMES,
     WEIGHT_CHOICES,
     AcceptanceOpt,
+    AsyncSchedulingOpt,
     Attention,
     ComputeOpt,
     DraftOpt,
@@ -99,6 +100,7 @@ def plan(
         help="vLLM's --kv-cache-dtype names for --kv-cache, comma-separated: auto (16), "
         "bfloat16, float16, fp8, fp8_e4m3, fp8_e5m2.", metavar="NAME,...")] = None,
     enforce_eager: EnforceEagerOpt = False,
+    async_scheduling: AsyncSchedulingOpt = None,
     price_per_hour: Annotated[Optional[float], typer.Option(
         help="USD per GPU-hour for every GPU (default: each GPU's price in the --prices set; "
              "GPUs it does not sell are left out and named).", metavar="USD")] = None,
@@ -236,6 +238,8 @@ def plan_run(a: dict, *, emit: bool = False):
         eng.in_mode(performance_mode)  # refused here, in one line, where the engine has none
     if enforce_eager:
         eng = replace(eng, cuda_graphs=False)
+    if a["async_scheduling"] is not None:
+        eng = replace(eng, async_scheduling=a["async_scheduling"])
     for p_ in (csv, plot):
         output_path(p_, "--csv" if p_ is csv else "--plot", None if p_ is csv else ".png")
     # a GPU with no price cannot be costed: say which are left out, before any search

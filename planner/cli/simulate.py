@@ -21,6 +21,7 @@ from planner.cli.options import (
     DEFAULT_RESERVE_GIB,
     DEFAULT_UTIL,
     AcceptanceOpt,
+    AsyncSchedulingOpt,
     Attention,
     AttentionOpt,
     CalibrationOpt,
@@ -266,12 +267,7 @@ def simulate(
         help="A model that mixes sliding-window and full-attention layers (gpt-oss, "
         "Gemma-2/3) caches only the window in the former, as vLLM's hybrid KV cache manager "
         "does (default: the engine's; on for vllm, and vllm-0.8 from 0.10).")] = None,
-    async_scheduling: Annotated[Optional[bool], typer.Option(
-        "--async-scheduling/--no-async-scheduling",
-        "--enable-overlap-schedule/--disable-overlap-schedule",
-        help="The host prepares the next step while the GPU runs this one, so a step takes "
-        "the longer of the two: vLLM's async scheduling, SGLang's and TensorRT-LLM's overlap "
-        "schedulers (default: the engine's; on for vllm, sglang and trtllm).")] = None,
+    async_scheduling: AsyncSchedulingOpt = None,
     extra_llm_api_options: Annotated[Optional[Path], typer.Option(
         "--extra-llm-api-options", "--extra_llm_api_options", metavar="FILE",
         help="TensorRT-LLM's LLM-API options file, as trtllm-serve --config reads it (--engine "
