@@ -599,6 +599,18 @@ def weights_source_text(m, p, source: str, group_size: int | None = None) -> str
     return "default"
 
 
+def engine_flags(eng, *, enforce_eager: bool = False, async_scheduling: bool | None = None):
+    """``eng`` as the command's engine flags run it: without CUDA graphs (--enforce-eager),
+    with async scheduling on or off (--async-scheduling; None: the engine's default)."""
+    from dataclasses import replace
+
+    if enforce_eager:
+        eng = replace(eng, cuda_graphs=False)
+    if async_scheduling is not None:
+        eng = replace(eng, async_scheduling=async_scheduling)
+    return eng
+
+
 def build_deployment(m, *, gpu: str, engine: str, tp: int = 1, pp: int = 1, ep: int = 1,
                      weights=None, kv_cache=None, group_size: int | None = None,
                      quantized_layers=None, compute=None, calibration: Path | None = None,
@@ -610,8 +622,6 @@ def build_deployment(m, *, gpu: str, engine: str, tp: int = 1, pp: int = 1, ep: 
     work beside the GPU's or not, None: the engine's default), the GPU priced from the price set
     ``prices`` with the ``price`` overrides (--prices, --price). Every command that predicts
     builds its deployment here. ``weights`` None: the checkpoint's (``resolve_precision``)."""
-    from dataclasses import replace
-
     from planner.io import catalog
     from planner.layouts.deployment import Deployment
 
@@ -619,11 +629,8 @@ def build_deployment(m, *, gpu: str, engine: str, tp: int = 1, pp: int = 1, ep: 
     overrides = catalog.parse_price_overrides(price)
     hw = catalog.load_hardware(gpu, prices, overrides)
     catalog.check_price_names(overrides, [hw.name])
-    eng = catalog.load_engine(engine)
-    if enforce_eager:
-        eng = replace(eng, cuda_graphs=False)
-    if async_scheduling is not None:
-        eng = replace(eng, async_scheduling=async_scheduling)
+    eng = engine_flags(catalog.load_engine(engine), enforce_eager=enforce_eager,
+                       async_scheduling=async_scheduling)
     cal = catalog.load_calibration(calibration) if calibration else None
     prec, source = resolve_precision(m, weights, kv_cache, group_size, compute,
                                      quantized_layers)

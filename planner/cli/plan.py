@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-from dataclasses import replace
 from enum import Enum
 from pathlib import Path
 from typing import Annotated, Optional
@@ -44,6 +43,7 @@ from planner.cli.options import (
     UtilOpt,
     check_context,
     check_quantized_layers,
+    engine_flags,
     json_out,
     options_from,
     output_path,
@@ -236,10 +236,7 @@ def plan_run(a: dict, *, emit: bool = False):
         if scheduler != "continuous":
             raise LlmplanError("--performance-mode: sized with --scheduler continuous only")
         eng.in_mode(performance_mode)  # refused here, in one line, where the engine has none
-    if enforce_eager:
-        eng = replace(eng, cuda_graphs=False)
-    if a["async_scheduling"] is not None:
-        eng = replace(eng, async_scheduling=a["async_scheduling"])
+    eng = engine_flags(eng, enforce_eager=enforce_eager, async_scheduling=a["async_scheduling"])
     for p_ in (csv, plot):
         output_path(p_, "--csv" if p_ is csv else "--plot", None if p_ is csv else ".png")
     # a GPU with no price cannot be costed: say which are left out, before any search

@@ -495,8 +495,8 @@ def _simulate_run(a: dict, emit: bool) -> dict:
     spec = speculation_config(*flags, model=m)
     check_offload_speculation(opts, spec)
     plain = dep  # the same requests without speculation run on it (the baseline)
-    if spec is not None:  # the engine as it serves with this method (async scheduling)
-        dep = dep.with_engine(dep.engine.for_speculation(spec.method))
+    # the engine as it serves with the method (async scheduling: for_speculation)
+    dep = dep.for_speculation(None if spec is None else spec.method)
     sp = None if spec is None else run.speculation_serving(dep, spec, cfg)
     from planner.cli.progress import simulation_progress
 

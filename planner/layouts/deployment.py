@@ -141,9 +141,11 @@ class Deployment:
     def tp(self) -> int:
         return self.layout.tp
 
-    def with_engine(self, engine: Engine) -> Deployment:
-        """The same deployment served by ``engine`` (re-prepared), such as the engine as it
-        runs with speculative decoding (``Engine.for_speculation``)."""
+    def for_speculation(self, method: str | None) -> Deployment:
+        """The same deployment as its engine serves with speculative decoding by ``method``
+        (``Engine.for_speculation``: async scheduling off where the engine turns it off for
+        that method; re-prepared then); itself for None (no speculation)."""
+        engine = self.engine if method is None else self.engine.for_speculation(method)
         if engine == self.engine:
             return self
         return replace(self, prepared=prepare(self.hardware, self.prepared.precision,

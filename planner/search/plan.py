@@ -387,8 +387,7 @@ def search_continuous(model: ModelSpec, gpus: list[HardwareSpec], *, prompt_toke
         sized = {}  # speculation (None: without) -> (replicas, summary)
         for cfg, bound in bounds.items():
             # the engine as it serves with the method (async scheduling: for_speculation)
-            served = dep if cfg is None else dep.with_engine(dep.engine.for_speculation(
-                cfg.method))
+            served = dep.for_speculation(None if cfg is None else cfg.method)
             sp = None if cfg is None else run.speculation_serving(served, cfg, sched)
             n, s = replicas_needed(served, prompt_tokens=prompt_tokens,
                                    output_tokens=output_tokens, targets=targets,
