@@ -220,7 +220,10 @@ def estimate_run(a: dict) -> EstimateRun:
     applied = static_bands(dep, res.headline, batch)
     source = weights_source_text(m, dep.precision, dep.weights_source,
                                  group_size if dep.weights_source == "checkpoint" else None)
-    payload = {**res.to_dict(), "weights_source_detail": source, **band_fields(applied)}
+    payload = {**res.to_dict(), "weights_source_detail": source, **band_fields(applied),
+               # a decode step's host work beside the step before's GPU work, in this
+               # layout (not across pipeline stages), as simulate reports it
+               "async_scheduling": dep.engine.overlaps_host(dep.layout.pp)}
     return EstimateRun(res, m, dep, applied, source, payload)
 
 

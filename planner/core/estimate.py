@@ -263,9 +263,7 @@ class Estimate:
         return {"name": e.name, "display_name": e.display_name, "version": e.version,
                 "source": e.source, "ceilings": self.ceilings.source,
                 "bandwidth_source": self.ceilings.bandwidth_source,
-                "flops_source": self.ceilings.flops_source_of(self.precision.compute_dtype),
-                # a decode step's host work beside the step before's GPU work
-                "async_scheduling": e.overlaps_host()}
+                "flops_source": self.ceilings.flops_source_of(self.precision.compute_dtype)}
 
     def kv_concurrency(self, *, max_model_len: int | None = None):
         """Requests of this workload's length the KV cache holds at once, paged (the engine's
