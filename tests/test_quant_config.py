@@ -184,6 +184,74 @@ def test_mxfp4_gpt_oss_experts_only(run_json):
         experts * 3072 * 2944 / (2880 * 2880) * 0.53125 + rest, rel=1e-12)
 
 
+def test_built_in_gpt_oss_is_estimated_as_released(run_json):
+    """A built-in model whose checkpoint ships quantized carries its config.json's
+    quantization_config (models_db), read as that config.json's is: the name and the file
+    give the same precision and bytes, and the detail names the official config."""
+    for engine in ("sglang", "vllm"):  # held as stored; and padded for vLLM's MoE kernel
+        by_name = _weights_bytes(run_json, "gpt-oss-20b", "-e", engine)
+        by_file = _weights_bytes(run_json, str(HF / "gpt-oss-20b.json"), "-e", engine)
+        assert by_name["weights_bytes"] == by_file["weights_bytes"]
+        assert (by_name["weights"], by_name["quantized_layers"], by_name["weights_source"]) \
+            == ("mxfp4", "experts", "checkpoint")
+    assert "https://huggingface.co/openai/gpt-oss-20b/blob/main/config.json" in \
+        by_name["weights_source_detail"]
+
+
+def test_built_in_gpt_oss_120b_fits_one_h100_as_vllm_loaded_it(run_json):
+    """vLLM logged 'Model loading took 65.9651 GiB' for gpt-oss-120b on an H100 running its
+    Marlin MXFP4 MoE path (vllm-project/vllm#23278, 2025-08-20); as bf16 it is 218 GiB."""
+    d = _weights_bytes(run_json, "gpt-oss-120b")
+    assert d["weights_bytes"] / 2**30 == pytest.approx(65.9651, rel=0.005)
+    assert d["fits"] is True
+    bf16 = _weights_bytes(run_json, "gpt-oss-120b", "--weights", "bf16")
+    assert bf16["weights_source"] == "--weights" and bf16["fits"] is False
+
+
+def test_built_in_deepseek_is_fp8_blocks_as_released():
+    """DeepSeek-V3 and -R1 ship FP8 weights with an fp32 scale per 128 x 128 block, W8A8,
+    the matmuls' 16-bit type bf16 (torch_dtype)."""
+    for name in ("deepseek-v3", "deepseek-r1"):
+        m = load_model(name)
+        assert m.quantization.file == m.source
+        p = m.quantization.precision()
+        assert (p.weights, p.compute_dtype, p.quantized_layers, p.fp8_scale_group) == \
+            (DType.fp8, DType.fp8, "all", 128 * 128)
+
+
+def test_models_lists_how_each_checkpoint_ships(run_json, run_cli):
+    rows = {r["name"]: r for r in run_json("models")}
+    assert rows["gpt-oss-120b"]["checkpoint_quantization"] == \
+        {"weights": "mxfp4", "quantized_layers": "experts", "label": "MXFP4, experts only"}
+    assert rows["deepseek-r1"]["checkpoint_quantization"]["weights"] == "fp8"
+    assert rows["llama-3.1-8b"]["checkpoint_quantization"] is None
+    code, out, _ = run_cli("models")
+    line = next(x for x in out.splitlines() if x.startswith("gpt-oss-20b "))
+    assert code == 0 and line.split()[-1] == "mxfp4*"
+
+
+def test_a_model_files_quantization_config_is_read_as_a_config_jsons(run_cli, tmp_path):
+    """A user's model YAML may carry one too: a block llmplan cannot read is one line and
+    exit 2 naming that file and the field, unless --weights stands in; null is none."""
+    text = (Path(__file__).parent.parent / "models_db" / "llama-3.1-8b.yaml").read_text()
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(text + "quantization_config: {quant_method: hqq, nbits: 4}\n")
+    code, out, err = run_cli("estimate", "-m", str(bad), *G)
+    lines = err.strip().splitlines()
+    assert code == 2 and not out and len(lines) == 1, err
+    assert str(bad) in lines[0] and "quantization_config.quant_method:" in lines[0]
+    code, _, err = run_cli("estimate", "-m", str(bad), *G, "--weights", "int4")
+    assert code == 0, err
+    awq = tmp_path / "awq.yaml"
+    awq.write_text(text + "torch_dtype: float16\nquantization_config: " + json.dumps(AWQ)
+                   + "\n")
+    m = load_model(str(awq))
+    assert m.quantization.method == "awq" and m.quantization.compute == DType.fp16
+    none = tmp_path / "none.yaml"
+    none.write_text(text + "quantization_config: null\n")
+    assert load_model(str(none)).quantization is None
+
+
 def test_bitsandbytes_nf4_double_quant(run_json, tmp_path):
     """Blocks of 64 with an 8-bit absmax and an fp32 scale per 256 absmax values:
     0.5 + (1 + 4 / 256) / 64 = 33,808 / 65,536 bytes per weight."""

@@ -20,25 +20,39 @@ def models(as_json: JsonOpt = False) -> None:
     rows = []
     for name in catalog.model_names():
         m = catalog.load_model(name)
+        q = m.quantization  # how its checkpoint ships (quantization_config); None: unquantized
         rows.append({"name": name, "architecture": m.architecture, "params": count_params(m),
                      "active_params": active_params(m), "layers": m.num_layers,
                      "hidden_size": m.hidden_size, "attention_heads": m.num_attention_heads,
                      "kv_heads": m.num_kv_heads, "max_context_tokens": m.max_position_embeddings,
-                     "moe": m.moe is not None, "mla": m.mla is not None, "source": m.source})
+                     "moe": m.moe is not None, "mla": m.mla is not None,
+                     "checkpoint_quantization": None if q is None else {
+                         "weights": q.weights.value if q.weights else None,
+                         "quantized_layers": q.quantized_layers, "label": q.label},
+                     "source": m.source})
     if as_json:
         json_out(rows)
         return
     gate(rows, "the models table")  # the figures the table shows
     from planner.io import fmt
     from planner.io.render import plain
-    stdout.print(table("Built-in models (--json for sources)",
+    stdout.print(table("Built-in models (quant: the checkpoint's, * experts only; --json for "
+                       "sources)",
                        ["name", "arch", "params", "active", "layers", "hidden", "heads",
-                        "kv", "context"],
+                        "kv", "context", "quant"],
                        [[plain(r["name"]), plain(r["architecture"]), fmt.count(r["params"]),
                          fmt.count(r["active_params"]), r["layers"], r["hidden_size"],
                          r["attention_heads"], r["kv_heads"],
-                         fmt.tokens_short(r["max_context_tokens"])]
+                         fmt.tokens_short(r["max_context_tokens"]),
+                         _quant(r["checkpoint_quantization"])]
                         for r in rows], left=2, compact=True))
+
+
+def _quant(q: dict | None) -> str:
+    """A checkpoint's weight type as released ("-": not quantized), * for experts only."""
+    if q is None:
+        return "-"
+    return (q["weights"] or "?") + ("*" if q["quantized_layers"] == "experts" else "")
 
 
 def gpus(prices: PricesOpt = None, as_json: JsonOpt = False) -> None:

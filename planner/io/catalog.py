@@ -10,6 +10,7 @@ import hashlib
 import json
 import math
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -127,13 +128,15 @@ _SPECS: dict[tuple[type, str, str], Any] = {}
 _SPECS_MAX = 512
 
 
-def _load_spec(cls: type[S], path: Path) -> S:
-    """``cls`` validated from the YAML file at ``path``, once per distinct text."""
+def _load_spec(cls: type[S], path: Path, build: Callable[[Any, str], S] | None = None) -> S:
+    """``cls`` validated from the YAML file at ``path`` (by ``build`` where given), once per
+    distinct text."""
     text = read_text(path)
     key = (cls, str(path), hashlib.blake2b(text.encode(), digest_size=16).hexdigest())
     spec = _SPECS.get(key)
     if spec is None:
-        spec = validate(cls, _parse_yaml(text, path), str(path))
+        data = _parse_yaml(text, path)
+        spec = validate(cls, data, str(path)) if build is None else build(data, str(path))
         if len(_SPECS) >= _SPECS_MAX:
             _SPECS.clear()
         _SPECS[key] = spec
@@ -220,7 +223,30 @@ def load_model(ref: str) -> ModelSpec:
     path = _resolve(ref, "models_db", "model")
     if path.suffix == ".json":
         return model_from_hf_config(read_json(path), str(path))
-    return _load_spec(ModelSpec, path)
+    return _load_spec(ModelSpec, path, build=_model_of_yaml)
+
+
+def _model_of_yaml(data: Any, path: str) -> ModelSpec:
+    """A model file's spec. Its ``quantization_config`` (with ``torch_dtype``, where the
+    config has one), copied verbatim from the official config.json its ``source`` names,
+    says how the checkpoint stores its weights, read as a config.json's is
+    (planner/io/quant_config.py): a built-in model and its own config.json give the same
+    default precision. A block the reader cannot use is named with this file's path when
+    the precision is taken from it, as a config.json's is."""
+    from planner.io.quant_config import FIELD, checkpoint_quant
+
+    if not isinstance(data, dict) or FIELD not in data:
+        return validate(ModelSpec, data, path)
+    data = dict(data)
+    qc, half = data.pop(FIELD), data.pop("torch_dtype", None)
+    m = validate(ModelSpec, data, path)
+    cfg = {FIELD: qc} if half is None else {FIELD: qc, "torch_dtype": half}
+    q = checkpoint_quant(cfg, path, moe=m.moe is not None, hidden_size=m.hidden_size)
+    if q is None:  # "quantization_config: null": none, as in a config.json
+        return m
+    if q.problem is None and m.source.endswith("config.json"):
+        q = q.model_copy(update={"file": m.source})  # the config the block was copied from
+    return m.model_copy(update={"quantization": q})
 
 
 def load_hardware(ref: str, prices: str | None = None,
