@@ -352,6 +352,17 @@ class ExpertPadding(_Sourced):
     intermediate_multiple: int = Field(ge=1, le=65536)
 
 
+class Unsupported(_Sourced):
+    """Weights the engine does not run on GPUs of some architectures (a hardware file's
+    ``architecture``): its support matrix or its own refusal, ``reason`` in its words.
+    ``quantized_layers``: only where they cover those layers (None: either)."""
+
+    weights: tuple[Literal["fp8", "int8", "int4", "mxfp4"], ...] = Field(min_length=1)
+    architectures: tuple[str, ...] = Field(min_length=1)
+    quantized_layers: Literal["all", "experts"] | None = None
+    reason: str = Field(min_length=1)
+
+
 class SmallGpuDefaults(_Frozen):
     """Scheduler defaults an engine picks on smaller GPUs (vLLM's OpenAI server: below 70 GiB,
     or any A100), in place of ``ServingDefaults``' own."""
@@ -540,6 +551,8 @@ class EngineSpec(_Frozen):
     memory_fraction: MemoryFraction | None = None  # None: 0.9 of total memory, as vLLM
     # MXFP4 routed experts as the engine's kernels lay them out (None: as the checkpoint)
     mxfp4_expert_padding: ExpertPadding | None = None
+    # weights it does not run on some GPU architectures (``Engine.refusal``)
+    unsupported: tuple[Unsupported, ...] = ()
 
     @model_validator(mode="after")
     def _check(self) -> EngineSpec:
@@ -664,6 +677,9 @@ class EngineSpec(_Frozen):
             mxfp4_expert_pad=(None if self.mxfp4_expert_padding is None else (
                 self.mxfp4_expert_padding.hidden_multiple,
                 self.mxfp4_expert_padding.intermediate_multiple)),
+            unsupported=tuple((u.weights, tuple(a.lower() for a in u.architectures),
+                               u.quantized_layers, u.reason, u.source)
+                              for u in self.unsupported),
             **({} if self.memory_fraction is None else {
                 "memory_utilization_frac": self.memory_fraction.value,
                 "memory_basis": self.memory_fraction.basis,
@@ -778,6 +794,9 @@ class Engine:
     # (hidden multiple, intermediate multiple) MXFP4 routed experts are padded to
     # (``ExpertPadding``); None: stored as the checkpoint
     mxfp4_expert_pad: tuple[int, int] | None = None
+    # ((weights, ...), (architectures, ...), quantized layers or None, reason, source): what
+    # it does not run where (``refusal``)
+    unsupported: tuple = ()
     # the memory fraction it sizes its KV cache from by default, and its basis (MEMORY_BASES)
     memory_utilization_frac: float = 0.9
     memory_basis: str = "total"
@@ -831,6 +850,16 @@ class Engine:
     # (first release, throughput factor, interactivity's finest sizes up to): vLLM's
     # --performance-mode (``PerformanceModes``, ``in_mode``); None: the engine has none
     performance_modes: tuple | None = None
+
+    def refusal(self, weights: str, quantized_layers: str,
+                architecture: str | None) -> str | None:
+        """Why the engine does not run these weights on a GPU of this architecture (its
+        reason and source), or None where it does."""
+        arch = (architecture or "").lower()
+        for ws, archs, layers, reason, source in self.unsupported:
+            if weights in ws and arch in archs and layers in (None, quantized_layers):
+                return f"{reason} ({source})"
+        return None
 
     def for_gpu(self, memory_bytes: float, gpu_name: str,
                 architecture: str | None = None) -> Engine:

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field, replace
 
 from planner.core.arith import vmin
 from planner.core.engine import IDEAL, Engine
+from planner.core.errors import UsageError
 from planner.core.headline import Headline
 from planner.core.memory import MemoryPlan, kv_cache_bytes_per_token, memory_plan
 from planner.core.ops import (
@@ -428,6 +429,12 @@ def prepare(hw: HardwareSpec, p: Precision, calibration: Calibration | None, o: 
     """Resolve the engine's ceilings and byte accounting for ``hw`` and ``p``; raises a
     ``UsageError`` when the GPU cannot run the precision."""
     engine = engine.for_gpu(hw.memory_bytes, hw.name, hw.architecture)
+    why = engine.refusal(p.weights.value, p.quantized_layers, hw.architecture)
+    if why is not None:
+        which = " (routed experts)" if p.quantized_layers == "experts" else ""
+        raise UsageError(f"{engine.display_name or engine.name} does not run "
+                         f"{p.weights.value}{which} weights on {hw.name} "
+                         f"({hw.architecture}): {why}; --weights or --engine for another")
     c = ceilings(hw, calibration, o, engine)
     ref = c if engine.ceilings == "datasheet" else ceilings(hw, calibration, o, IDEAL)
     if not p.from_checkpoint:  # a checkpoint's own scales and lm_head are what load
