@@ -6,7 +6,7 @@ import dataclasses
 import math
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from planner.core.achievable import BANDWIDTH_FRAC, achievable, matmul_frac_for
@@ -353,6 +353,9 @@ def _est(engine, m, g, b, p, o, prec, tp=1):
         _cache[key] = (catalog.load_engine(engine), catalog.load_model(m),
                        catalog.load_hardware(g))
     e, mm, hw = _cache[key]
+    # a pair the engine does not run (TensorRT-LLM's fp8 on an A100: engines_db
+    # ``unsupported``) is refused, not estimated (tests/test_engine_support.py)
+    assume(e.refusal(prec.weights.value, prec.quantized_layers, hw.architecture) is None)
     return estimate(mm, hw, engine=e, precision=prec, parallelism=Parallelism(tp=tp),
                     workload=Workload(batch=b, prompt_tokens=p, output_tokens=o))
 
