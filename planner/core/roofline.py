@@ -445,6 +445,16 @@ class StepTime:
         return ops + self.time_s - sum(t.time_s for t in self.ops)
 
     @property
+    def exposed_host_s(self) -> float:
+        """The part of the step's host work (its fixed cost, and under async scheduling an
+        eager step's launches) that the step waits for: all of the fixed cost, or, with that
+        work beside the GPU's (``overlapped``), only what outlasts the GPU's work."""
+        if not self.overlapped:
+            return self.fixed_s
+        exposed = self.time_s - self.serial_s - sum(t.time_s for t in self.ops)
+        return exposed if exposed > 1e-9 else 0.0  # below a nanosecond: rounding's residue
+
+    @property
     def kernels(self) -> float:
         return sum(t.kernels for t in self.ops)
 

@@ -245,11 +245,37 @@ def _timing(e: Estimate) -> Table:
                      f"per decode step: {e.decode.kernels:,.0f} kernels"
                      + (f" + operators' own {fmt.seconds(e.decode.operator_fixed_s)}"
                         if e.decode.operator_fixed_s else "")
-                     + f" + fixed {fmt.seconds(e.decode.fixed_s)}"
+                     + _host_text(e.decode)
                      + (f" + worker hand-off {fmt.seconds(e.decode.serial_s)}"
                         if e.decode.serial_s else "")))
     title = "Timing" if b is None else f"Timing ({e.engine.name}; the ideal roofline beside)"
     return _section(title, rows)
+
+
+def _host_text(step: StepTime) -> str:
+    """The step's fixed host cost as the step pays it: all of it, or under async scheduling
+    (the host's work beside the GPU's) only what outlasts the GPU's work."""
+    fixed = fmt.seconds(step.fixed_s)
+    if not step.overlapped:
+        return f" + fixed {fixed}"
+    exposed = step.exposed_host_s
+    if exposed <= 0:
+        return f"; its fixed {fixed} of host work runs beside the GPU's (async scheduling)"
+    return (f" + host work {fmt.seconds(exposed)} beyond the GPU's (async scheduling; "
+            f"fixed {fixed})")
+
+
+def _ep_host_text(x) -> str:
+    """An expert-parallel step's host cost as ``_host_text`` gives a step's, and the
+    hand-off to its workers."""
+    hand = f" + worker hand-off {fmt.seconds(x.handoff_s)}" if x.handoff_s else ""
+    if not x.overlapped:
+        return f" + host {fmt.seconds(x.fixed_s)}{hand}"
+    exposed = x.tpot_s - x.handoff_s - (x.dense_s + x.experts_s + x.comm_s)
+    if exposed < 1e-9:  # rounding's residue
+        return f"{hand}; host {fmt.seconds(x.fixed_s)} beside it (async scheduling)"
+    return (f" + host {fmt.seconds(exposed)} beyond it (async scheduling; of "
+            f"{fmt.seconds(x.fixed_s)}){hand}")
 
 
 def _spec_headline(e: Estimate, s):
@@ -342,7 +368,12 @@ def _print_operators(console: Console, e: Estimate) -> None:
                   f"({c.bandwidth_source}), {p.compute_dtype.value} "
                   f"{fmt.si(c.peak(p.compute_dtype), 'FLOP/s')} "
                   f"({c.flops_source_of(p.compute_dtype)}); kernels: per step, each "
-                  f"paying the engine's per-kernel cost; fixed: the engine's per-step cost[/]")
+                  f"paying the engine's per-kernel cost; fixed: the engine's per-step cost"
+                  + "".join(f"; {name}: its {fmt.seconds(st.fixed_s)} of host work runs "
+                            "beside the GPU's (async scheduling), the row the part that "
+                            "outlasts it" for name, st in (("decode", e.decode),
+                                                          ("prefill", e.prefill))
+                            if st.overlapped and st.fixed_s) + "[/]")
 
 
 def operator_table(title: str, step: StepTime, width: int = 200) -> Table:
@@ -369,8 +400,10 @@ def operator_table(title: str, step: StepTime, width: int = 200) -> Table:
             "-" if comm else f"{ot.compute_frac:.0%}", f"{ot.kernels:,.0f}",
             fmt.seconds(ot.time_s), fmt.pct(ot.time_s / total), ot.bound)
     if step.fixed_s:
-        add("fixed (per step)", "", "", "", "", "", "", "", "",
-            fmt.seconds(step.fixed_s), fmt.pct(step.fixed_s / total), "cpu")
+        # under async scheduling the step waits only for what outlasts the GPU's work
+        host = step.exposed_host_s
+        add("fixed (per step)" if not step.overlapped else "host beyond GPU", "", "", "", "",
+            "", "", "", "", fmt.seconds(host), fmt.pct(host / total), "cpu")
     if step.serial_s:
         add("worker hand-off", "", "", "", "", "", "", "", "",
             fmt.seconds(step.serial_s), fmt.pct(step.serial_s / total), "cpu")
@@ -469,7 +502,7 @@ def render_expert(console, x, batch: int) -> None:
                                          "experts at the most loaded GPU's tokens"),
         ("TPOT", fmt.seconds(x.tpot_s),
          f"own batch {fmt.seconds(x.dense_s)} + experts {fmt.seconds(x.experts_s)} + "
-         f"{comm[0]} {fmt.seconds(x.comm_s)} + host {fmt.seconds(x.fixed_s)}"),
+         f"{comm[0]} {fmt.seconds(x.comm_s)}" + _ep_host_text(x)),
         ("decode throughput", f"{batch / x.tpot_s:,.0f} tok/s", "batch / TPOT"),
         ("expert load", f"{x.imbalance:.2f}x", f"most loaded GPU {x.pairs_max:,.0f} "
                                                f"token-experts, mean {x.pairs_mean:,.0f}"),
