@@ -10,7 +10,7 @@ import re
 import pytest
 
 from planner.core.estimate import estimate
-from planner.core.specs import Workload
+from planner.core.specs import Parallelism, Workload
 from planner.io import catalog
 
 
@@ -88,3 +88,37 @@ def test_the_tables_add_up_to_the_step(run_cli, model, engine, text):
     assert text in flat
     rows, total = _operator_rows(out, "Decode step operators")
     assert rows == pytest.approx(total, rel=0.02)  # each row printed to 3 figures
+
+
+def test_each_operator_names_what_sets_its_time():
+    """Llama-3.1-8B at batch 1 under vLLM: a layer's norm moves 41 kB (1.31 MB over 32
+    layers), 0.02 us at the achievable bandwidth against its kernel's fixed 2.06 us, so its
+    kernel's fixed cost sets its time (latency); the gate/up GEMM reads 235 MB a layer,
+    81 us, far above its 2 us (memory). The step's total is what takes most of it: memory.
+    Its prefill of 1,024 tokens is compute-bound in the GEMMs."""
+    e = _est("llama-3.1-8b", "vllm")
+    ops = {t.op.name: t for t in e.decode.ops}
+    assert ops["attn_norm"].bound == "latency"
+    assert ops["mlp_gate_up_proj"].bound == "memory"
+    assert e.decode.limiter == "memory"
+    assert {t.op.name: t.bound for t in e.prefill.ops}["mlp_gate_up_proj"] == "compute"
+
+
+def test_the_host_sets_an_eager_moe_prefill():
+    """SGLang runs a prefill outside CUDA graphs, and a MoE layer's set-up on the host
+    (moe_layer_host_us, on the experts' down-projection) outlasts the GPU's work for a
+    1,024-token prompt of gpt-oss-120b on 8 H100s: the host sets that operator's time and
+    most of the pass's; a decode step at batch 1, replayed from a graph, is mostly its
+    kernels' fixed costs."""
+    hw = catalog.load_hardware("h100-sxm")
+    e = estimate(catalog.load_model("gpt-oss-120b"), hw,
+                 workload=Workload(batch=1, prompt_tokens=1024, output_tokens=256),
+                 parallelism=Parallelism(tp=8), engine=catalog.load_engine("sglang"))
+    down = next(t for t in e.prefill.ops if t.op.name == "experts_down_proj")
+    host_us = catalog.load_engine("sglang").moe_layer_host_s * 1e6
+    assert down.bound == "host"
+    assert down.time_s / down.op.count >= host_us * 1e-6
+    assert e.prefill.limiter == "host"
+    assert e.decode.limiter == "latency"
+    allreduce = next(t for t in e.decode.ops if t.op.kind == "allreduce")
+    assert allreduce.bound == "comm"

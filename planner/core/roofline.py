@@ -281,13 +281,22 @@ class OpTime:
     kernels: float = 1.0
     overhead_s: float = 0.0
     fixed_s: float = 0.0  # the part of overhead_s the engine adds to the operator by name
+    host_floor_s: float = 0.0  # outside a CUDA graph: the host's launches (and MoE set-up)
 
     @property
     def bound(self) -> str:
+        """What sets the operator's time: its arithmetic (compute), its bytes (memory), its
+        kernels' fixed costs where they outweigh both (latency: kernels too small to reach
+        either roof, as at batch 1), or outside a CUDA graph the host launching them (host);
+        comm and host link for transfers."""
         if self.op.kind == "allreduce":
             return "comm"
         if self.op.kind == "host_transfer":
             return "host link"
+        if self.host_floor_s > 0 and self.host_floor_s >= self.time_s:
+            return "host"
+        if self.overhead_s > max(self.compute_s, self.memory_s):
+            return "latency"
         return "compute" if self.compute_s > self.memory_s else "memory"
 
 
@@ -392,8 +401,9 @@ def op_time(op: Op, c: Ceilings, *, tp: int = 1, options: Options | None = None,
     host = e.moe_layer_host_s if op.name == MOE_HOST_OP else 0.0
     t = combine(compute, memory, e, o, kernels=k, per_kernel_s=per_kernel, graphed=graphed,
                 fixed_s=fixed, host_s=host)
+    floor = 0.0 if graphed or not (e.host_launch_s or host) else k * e.host_launch_s + host
     return OpTime(op, compute * n, memory * n, 0.0, t * n, bw_frac, c_frac, k * n,
-                  (k * per_kernel + fixed) * n, fixed * n)
+                  (k * per_kernel + fixed) * n, fixed * n, floor * n)
 
 
 @dataclass(frozen=True)
@@ -468,6 +478,15 @@ class StepTime:
     def bound(self) -> str:
         """Which of the step's total compute and memory times is larger."""
         return "compute" if self.compute_s > self.memory_s else "memory"
+
+    @property
+    def limiter(self) -> str:
+        """What takes most of the step's time: its operators' time summed by what sets each
+        (``OpTime.bound``), beside the host's work the step waits for (cpu)."""
+        by: dict[str, float] = {"cpu": self.exposed_host_s + self.serial_s}
+        for t in self.ops:
+            by[t.bound] = by.get(t.bound, 0.0) + t.time_s
+        return max(by, key=by.__getitem__)
 
 
 def with_host(gpu_s, host_s, overlapped: bool, launch_s=0.0):

@@ -368,7 +368,11 @@ def _print_operators(console: Console, e: Estimate) -> None:
                   f"({c.bandwidth_source}), {p.compute_dtype.value} "
                   f"{fmt.si(c.peak(p.compute_dtype), 'FLOP/s')} "
                   f"({c.flops_source_of(p.compute_dtype)}); kernels: per step, each "
-                  f"paying the engine's per-kernel cost; fixed: the engine's per-step cost"
+                  f"paying the engine's per-kernel cost; bound: what sets an operator's "
+                  f"time, its arithmetic (compute), its bytes (memory), its kernels' fixed "
+                  f"costs where they outweigh both (latency) or outside a CUDA graph the "
+                  f"host launching them (host), and in the total row what takes most of the "
+                  f"step; fixed: the engine's per-step cost"
                   + "".join(f"; {name}: its {fmt.seconds(st.fixed_s)} of host work runs "
                             "beside the GPU's (async scheduling), the row the part that "
                             "outlasts it" for name, st in (("decode", e.decode),
@@ -409,7 +413,7 @@ def operator_table(title: str, step: StepTime, width: int = 200) -> Table:
             fmt.seconds(step.serial_s), fmt.pct(step.serial_s / total), "cpu")
     add("total", "", "", fmt.si(step.flops, ""), fmt.si(step.bytes, "B"),
         f"{step.flops / step.bytes:,.1f}", "", "", f"{step.kernels:,.0f}",
-        fmt.seconds(total), "100%", step.bound, style="bold")
+        fmt.seconds(total), "100%", step.limiter, style="bold")
     if not wide:
         t.caption = "dtype and FLOP/B: in a terminal of 90 columns or more, or with --json"
         t.caption_justify = "left"
