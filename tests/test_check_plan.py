@@ -75,6 +75,30 @@ def test_limits_by_hand(run_cli, tmp_path):
         assert res[0]["predicted"] == pytest.approx(e.tpot_s)
 
 
+@pytest.mark.parametrize("fits,code,rows", [(None, 1, 3), ("false", 0, 3), ("true", 1, 3)])
+def test_a_deployment_that_does_not_fit_fails_its_latency_limits(run_cli, tmp_path, fits,
+                                                                 code, rows):
+    """Llama-3.1-70B in bf16 on one H100: 141 GB of weights (70.6B x 2 bytes) against 80 GB.
+    Its TPOT and latency limits pass on paper; without a fits: limit the budget still fails,
+    on an implied fits row; fits: false (a budget asserting that it does not fit) passes."""
+    b = tmp_path / "b.yaml"
+    extra = f", fits: {fits}" if fits else ""
+    b.write_text(f"""deployments:
+  - model: llama-3.1-70b
+    gpu: h100-sxm
+    workload: {{batch: 8, prompt_tokens: 1024, output_tokens: 256}}
+    limits: {{tpot_s: 60ms, latency_s: 30s{extra}}}
+""")
+    got, out, err = run_cli("check", str(b), "--json")
+    assert got == code, err
+    res = json.loads(out)["results"]
+    assert len(res) == rows
+    assert res[0]["limit"] == "fits" and res[0]["predicted"] is False
+    assert res[0]["passed"] == (fits == "false")
+    assert ("implied" in res[0]["what"]) == (fits is None)
+    assert all(r["passed"] for r in res[1:])
+
+
 def test_slow_end_of_each_band_by_hand():
     """A time's high end, a rate's low end, the cost at that rate, the MBU at that step."""
     from planner.evidence.bands import Applied

@@ -333,6 +333,11 @@ def evaluate(dep: Deployment, est, fits_at_est=None, bands: dict | None = None) 
         ok = bool(est.memory.fits) == lim.fits
         out.append(Result(dep.label, "fits", f"fits at {dep.workload.sequences} sequences",
                           bool(est.memory.fits), lim.fits, "eq", ok, None))
+    elif not est.memory.fits:
+        # a latency, throughput or cost limit rates a deployment that must load: one that
+        # does not fit has none of those figures, so it fails even where no fits: is set
+        out.append(Result(dep.label, "fits", f"fits at {dep.workload.sequences} sequences "
+                          "(implied by its other limits)", False, True, "eq", False, None))
     if lim.fits_at is not None:
         ok = bool(fits_at_est.memory.fits)
         out.append(Result(dep.label, "fits_at", f"fits at {lim.fits_at} sequences",
