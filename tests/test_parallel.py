@@ -250,6 +250,32 @@ def test_simulated_step_is_the_layouts_estimate(layout, batch):
     assert pre == pytest.approx(one.ttft_s, rel=1e-9)
 
 
+@pytest.mark.parametrize("pp", [2, 4])
+def test_a_prompt_beside_a_decode_is_prefilled_whole_in_one_micro_batch(pp):
+    """A 6,000-token prompt of Llama-3.1-8B arriving while another request decodes: its
+    chunk is one sequence's, so it runs whole in one micro-batch through every stage, and
+    its first token comes no sooner than on an idle replica (it had come 40% sooner: the
+    step's tokens were split over the micro-batches), and not much later: one decode
+    beside it adds a few percent."""
+    from planner.serving.metrics import summary
+    from planner.serving.sim import SchedulerConfig, simulate
+    from planner.serving.traffic import replay
+
+    m, hw, eng = catalog.load_model("llama-3.1-8b"), catalog.load_hardware("h100-sxm"), \
+        catalog.load_engine("vllm")
+    opts = Options()
+    prep = prepare(hw, Precision(), None, opts, eng)
+    c = PipelineCoster(m, hw, prep, opts, tp=1, pp=pp)
+    cfg = SchedulerConfig.for_engine(eng)
+    alone = simulate(replay([(6000, 10, 1.0)]), c, cfg)
+    beside = simulate(replay([(16, 2000, 0.0), (6000, 10, 1.0)]), c, cfg)
+    ttft_alone = alone.requests[0].ttft_s
+    ttft = next(r for r in beside.requests if r.prompt_tokens == 6000).ttft_s
+    assert ttft >= ttft_alone
+    assert ttft <= 1.15 * ttft_alone
+    assert summary(beside)["completed"] == 2
+
+
 def test_pipeline_kv_pool_is_the_tightest_stage_by_hand():
     # Llama-3.1-70B bf16 over PP 2 x TP 1 H200s: the last stage holds 40 layers, the lm_head
     # and the final norm (test_llama_70b_memory_per_stage_by_hand), 40 x 4,096 B per token

@@ -16,7 +16,9 @@ turn, so the step takes
         m x max(max over stages of (stage + send), host))
 
 the host cost being the engine's per step and per sequence of one micro-batch. A prefill chunk
-of one sequence is one micro-batch. The KV pool is that of the tightest stage: each stage
+of one sequence is in one micro-batch whole: in a step that mixes chunks and decodes the
+largest micro-batch holds its share of the decodes and of the chunks (as a data-parallel group
+does below). The KV pool is that of the tightest stage: each stage
 holds its own layers' cache of every token.
 
 Expert parallel (``ExpertCoster``): the replica's ``ep`` GPUs hold the routed experts, 1/ep
@@ -91,11 +93,26 @@ class PipelineCoster(_Layout):
             self._links.append((link, self.engine.allreduce_latency_s + extra))
         self._hidden_bytes = 2 * model.hidden_size * prep.precision.activation_bytes
 
+    splits_parts = True  # the simulator passes a mixed step's decodes apart (``parts``)
+
     def step_time(self, shape: StepShape, *, sequences: int, prefill: bool,
-                  decodes: bool = True) -> float:
+                  decodes: bool = True, parts: tuple[StepShape, int] | None = None) -> float:
+        """``parts``: (the decodes' shape, the number of prefill chunks) of a step that mixes
+        them: a chunk is one sequence's, so it runs whole in one micro-batch, and the largest
+        micro-batch holds its share of the decodes and of the chunks (1 / min(chunks, m)),
+        not a share of every token (which would split one prompt's prefill over the
+        stages' micro-batches as soon as anything else decodes beside it)."""
         m = max(1, min(sequences, self.pp))
         per = -(-sequences // m)  # the largest micro-batch's sequences
-        part = shape.scaled(per / sequences) if m > 1 else shape
+        if m == 1:
+            part = shape
+        elif parts is None:
+            part = shape.scaled(per / sequences)
+        else:
+            dec, n_chunks = parts
+            n_dec = max(dec.tokens, 1.0)
+            part = _add(dec.scaled(-(-n_dec // m) / n_dec),
+                        _add(shape, dec.scaled(-1.0)).scaled(1 / min(n_chunks, m)))
         sends = [self._hidden_bytes * part.tokens / link + lat for link, lat in self._links]
         per_stage = [st.gpu_s(part, prefill=prefill) + (sends[i] if i < len(sends) else 0.0)
                      for i, st in enumerate(self.stages)]
