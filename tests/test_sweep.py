@@ -173,3 +173,31 @@ def test_csv_writes_supported_as_a_boolean(run_cli, tmp_path):
     d = pd.read_csv(path)
     assert d["supported"].dtype == bool and d["fits"].dtype == bool
     assert d["supported"].tolist() == [True, True, False, False]
+
+
+def test_sweep_says_when_it_sets_a_checkpoints_quantization_aside(run_cli):
+    """sweep costs bf16 unless --weights is given, and says so where the model's checkpoint
+    stores something else (gpt-oss-120b: MXFP4 experts), naming the flags for it as
+    released; given --weights, nothing is said."""
+    code, out, err = run_cli("sweep", "-m", "gpt-oss-120b", "-g", "h100-sxm", "-b", "1")
+    assert code == 0, err
+    flat = " ".join(err.split())
+    assert "gpt-oss-120b's checkpoint stores MXFP4" in flat
+    assert "--weights mxfp4 --quantized-layers experts" in flat
+    code, out, err = run_cli("sweep", "-m", "gpt-oss-120b", "-g", "h100-sxm", "-b", "1",
+                             "--weights", "mxfp4", "--quantized-layers", "experts")
+    assert code == 0, err
+    assert "checkpoint stores" not in err
+    code, out, err = run_cli("sweep", "-m", "llama-3.1-8b", "-g", "h100-sxm", "-b", "1")
+    assert code == 0 and "checkpoint stores" not in err
+
+
+def test_the_price_help_and_errors_name_commands_that_exist(run_cli):
+    code, out, err = run_cli("plan", "-m", "llama-3.1-8b", "-g", "h100-sxm,h200,a100-sxm-80gb,"
+                             "l40s,l4,a10g,b200", "--ttft", "1s", "--tpot", "50ms", "--rps",
+                             "1", "--price", "foo=1")
+    assert code == 2
+    assert "llmplan gpus" in err and "llmplan list" not in err
+    code, out, err = run_cli("estimate", "--help")
+    assert "llmplan list" not in " ".join(out.split())
+    assert "llmplan prices" in " ".join(out.split())

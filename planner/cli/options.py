@@ -157,8 +157,8 @@ PricesOpt = Annotated[Optional[str], typer.Option(
     "--prices", metavar="SET|FILE",
     help="The price set every cost is on (one basis, planner/data/prices): "
     "hyperscaler-on-demand (the default, or $LLMPLAN_PRICES), specialty-on-demand, "
-    "committed-1y, committed-3y, owned, or a YAML file of that schema (llmplan list "
-    "--prices).")]
+    "committed-1y, committed-3y, owned, or a YAML file of that schema (llmplan "
+    "prices).")]
 PriceOpt = Annotated[Optional[list[str]], typer.Option(
     "--price", metavar="GPU=USD",
     help="USD per GPU-hour for one GPU, over the price set (repeatable, or "
@@ -372,7 +372,8 @@ GroupSizeOpt = Annotated[Optional[int], typer.Option(
          "else 128).", metavar="N")]
 DEFAULT_ENGINE = "vllm"
 EngineOpt = Annotated[str, typer.Option(
-    "--engine", "-e", help="Engine profile: ideal, vllm, vllm-v0, sglang, trtllm, gpt-fast, "
+    "--engine", "-e", help="Engine profile: ideal, vllm, vllm-0.8, vllm-v0, sglang, trtllm, "
+    "gpt-fast, "
     "hf-eager, FAMILY@RELEASE (vllm@0.6.3 picks the profile covering that release) "
     "(engines_db) or a YAML file. ideal = the datasheet roofline with no overheads.",
     metavar="ENGINE")]

@@ -24,7 +24,6 @@ from planner.cli.options import (
     ChunkOpt,
     ComputeOpt,
     EngineOpt,
-    GroupSizeOpt,
     JsonOpt,
     LongerOpt,
     OverheadOpt,
@@ -109,8 +108,10 @@ def sweep(
         metavar="TOKENS,...")] = str(DEFAULT_PROMPT_TOKENS),
     output_tokens: Annotated[str, typer.Option("--output-tokens", "-o", help=LIST_HELP,
         metavar="TOKENS,...")] = str(DEFAULT_OUTPUT_TOKENS),
-    weights: Annotated[str, typer.Option(help="Weight precisions, comma-separated.",
-        metavar="PRECISION,...")] = "bf16",
+    weights: Annotated[Optional[str], typer.Option(
+        help="Weight precisions, comma-separated (default bf16: unlike estimate, sweep does "
+             "not take a checkpoint's quantization_config, and says so on stderr where a "
+             "model has one).", metavar="PRECISION,...")] = None,
     kv_cache: Annotated[Optional[str], typer.Option(
         help="KV precisions (default: the weights' 16-bit type).", metavar="PRECISION,...")] = None,
     tp: Annotated[str, typer.Option(help="Tensor-parallel sizes. " + LIST_HELP,
@@ -121,7 +122,8 @@ def sweep(
         help="Expert-parallel GPUs (MoE models; attention TP over --tp of them, so a multiple "
              "of --tp; rows that are not, or with --pp above 1, are marked unsupported). "
              + LIST_HELP, metavar="N,...")] = "1",
-    group_size: GroupSizeOpt = DEFAULT_GROUP_SIZE,
+    group_size: Annotated[int, typer.Option(
+        help="Weights per scale for int8/int4.", metavar="N")] = DEFAULT_GROUP_SIZE,
     quantized_layers: QuantizedLayersOpt = QuantizedLayers.all,
     time_model: TimeModelOpt = TimeModel.roofline,
     attention: AttentionOpt = Attention.flash,
@@ -153,9 +155,18 @@ def sweep(
     opts = options_from(time_model, attention, kernel_overhead_us, reserve_gib,
                         memory_utilization, prefill_chunk_tokens)
     output_path(csv, "--csv")
-    grid = build_grid(model, gpu, batch, prompt_tokens, output_tokens, weights, kv_cache, tp,
-                      group_size, opts, engine, compute.value if compute else None, pp, ep,
-                      quantized_layers.value, prices, price)
+    grid = build_grid(model, gpu, batch, prompt_tokens, output_tokens, weights or "bf16",
+                      kv_cache, tp, group_size, opts, engine,
+                      compute.value if compute else None, pp, ep, quantized_layers.value,
+                      prices, price)
+    for m in grid.models if weights is None else ():
+        q = m.quantization
+        if q is not None and q.problem is None:
+            experts = " --quantized-layers experts" if q.precision(None).quantized_layers \
+                == "experts" else ""
+            stderr.print(f"[yellow]note:[/] {m.name}'s checkpoint stores {q.label} "
+                         f"({q.file}); sweep costs --weights bf16 unless given (as released: "
+                         f"--weights {q.weights.value}{experts})")
     for m in grid.models:  # the longest sequence of the grid must fit every model
         check_context(m, max(grid.prompt_tokens), max(grid.output_tokens), allow_longer_context,
                       "--prompt-tokens + --output-tokens (largest)")

@@ -785,7 +785,7 @@ def check_price_names(overrides: dict[str, float], gpus: list[str]) -> None:
     for name in overrides:
         if name not in gpus:
             raise SpecError(f"--price: '{name}' is not a GPU this command costs "
-                            f"({', '.join(gpus) if len(gpus) <= 6 else 'see llmplan list'})")
+                            f"({', '.join(gpus) if len(gpus) <= 6 else 'see llmplan gpus'})")
 
 
 def priced(hw: HardwareSpec, prices, overrides: dict[str, float] | None = None,
