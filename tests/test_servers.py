@@ -11,7 +11,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from planner.core.estimate import estimate
 from planner.core.memory import kv_cache_bytes, weight_bytes
+from planner.core.specs import Workload
 from planner.evidence.formats import FormatError, detect, read_runs
 from planner.io import catalog
 
@@ -132,10 +134,45 @@ def test_measured_mbu_by_hand(run_json):
     n = d["output_throughput"] * d["mean_tpot_ms"] / 1e3  # Little's law: decoding sequences
     ctx = round(d["total_input_tokens"] / d["completed"]
                 + d["total_output_tokens"] / d["completed"] / 2)
-    step = weight_bytes(m, p) + n * kv_cache_bytes(m, p, batch=1, seq_len=ctx)
+    # the bytes estimate's MBU counts for a decode step of that many sequences at that
+    # context (the weights read, not the embedding table; each sequence's KV): a step at
+    # context ctx is estimate's for a prompt of ctx - 1 and 2 output tokens
+    est = estimate(m, catalog.load_hardware("h100-sxm"), precision=p,
+                   workload=Workload(batch=round(n), prompt_tokens=ctx - 1, output_tokens=2))
+    assert est.decode_context_tokens == ctx
+    step = est.decode.weight_and_kv_bytes
+    emb = m.vocab_size * m.hidden_size * 2
+    assert weight_bytes(m, p) - emb < step < weight_bytes(m, p) - emb + \
+        round(n) * kv_cache_bytes(m, p, batch=1, seq_len=ctx) * 1.01
     assert run["decode_concurrency"] == pytest.approx(n)
     assert run["mbu"] == pytest.approx(step / (d["mean_tpot_ms"] / 1e3) / 3.35e12)
     assert 0 < run["mfu"] < run["mbu"] < 1
+
+
+def test_measured_mbu_of_a_moe_run_counts_the_experts_its_tokens_pick(run_json, tmp_path):
+    """Qwen3-30B-A3B at about 4 sequences decoding: a step reads the experts 4 tokens pick
+    (8 of 128 each), not all 128, so a run at llmplan's own predicted TPOT has the MBU that
+    estimate --measured-tpot gives it (65%), not an impossible 250% that --strict refuses."""
+    m, hw = catalog.load_model("qwen3-30b-a3b"), catalog.load_hardware("h100-sxm")
+    est = estimate(m, hw, workload=Workload(batch=4, prompt_tokens=1024, output_tokens=2),
+                   engine=catalog.load_engine("vllm"))
+    d = _load("vllm_bench_serve.json")
+    tpot_s = est.tpot_s
+    n_prompts = 100
+    d.update({"completed": n_prompts, "num_prompts": n_prompts,
+              "total_input_tokens": 1024 * n_prompts, "total_output_tokens": 2 * n_prompts,
+              "mean_tpot_ms": tpot_s * 1e3, "median_tpot_ms": tpot_s * 1e3,
+              "output_throughput": 4 / tpot_s, "duration": 2 * n_prompts * tpot_s / 4,
+              "model_id": "Qwen/Qwen3-30B-A3B"})
+    for k in ("input_lens", "output_lens", "ttfts", "itls", "generated_texts", "errors"):
+        d.pop(k, None)
+    f = tmp_path / "qwen_moe.json"
+    f.write_text(json.dumps(d))
+    (run,) = run_json("compare", str(f), "-m", "qwen3-30b-a3b", "-g", "h100-sxm",
+                      "--strict")["runs"]
+    assert run["decode_concurrency"] == pytest.approx(4)
+    assert run["mbu"] == pytest.approx(est.decode.weight_and_kv_bytes / tpot_s / 3.35e12)
+    assert 0.3 < run["mbu"] < 1
 
 
 def test_compare_plot_and_text(run_cli, tmp_path):

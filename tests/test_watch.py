@@ -71,7 +71,13 @@ def test_once_json_reads_the_window(run_cli, endpoint):
     opts = Options(prefill_chunk_tokens=eng.max_num_batched_tokens)
     kv = fm.KV_USAGE * kv_capacity_tokens(m, hw, p, options=opts) * \
         kv_cache_bytes_per_token(m, p)
-    step_bytes = weight_bytes(m, p) + kv
+    # the weights a step of that many sequences reads (not the embedding table: its rows)
+    read = sum(t.op.weight_bytes * t.op.count for t in estimate(
+        m, hw, workload=Workload(batch=round(fm.RUNNING), prompt_tokens=1000,
+                                 output_tokens=100), options=opts, engine=eng).decode.ops)
+    assert read == pytest.approx(weight_bytes(m, p) - m.vocab_size * m.hidden_size * 2,
+                                 rel=1e-3)
+    step_bytes = read + kv
     bw = step_bytes * (200 / dt) / fm.RUNNING
     assert d["achieved_bandwidth_bytes_per_s"] == pytest.approx(bw, rel=1e-9)
     assert d["mbu"] == pytest.approx(bw / 3.35e12, rel=1e-9)

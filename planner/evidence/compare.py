@@ -11,8 +11,9 @@ For each run (``planner.evidence.runs.ServedRun``):
 - *steady state*: ``estimate`` at the concurrency the server actually held, by Little's law
   the decoding sequences = output throughput x mean TPOT: its TPOT and output throughput, the
   figures a static model gives for that load.
-- *measured utilization*: the bytes a decode step must move at that concurrency (all the
-  weights, and each sequence's KV cache at its mean context, prompt + output / 2) over the
+- *measured utilization*: the bytes a decode step must move at that concurrency (the weights
+  it reads, a MoE model's routed experts only as many as its tokens pick, as ``estimate``'s
+  MBU counts them, and each sequence's KV cache at its mean context, prompt + output / 2) over the
   measured mean TPOT, as a fraction of the datasheet bandwidth of the ``tp`` GPUs (MBU); and
   the FLOPs the run's tokens need (each prompt's prefill, each output token's decode at the
   mean context) over its duration, as a fraction of their dense peak (MFU).
@@ -28,7 +29,6 @@ from dataclasses import dataclass, field, replace
 
 from planner.core.errors import LlmplanError, UsageError
 from planner.core.estimate import estimate
-from planner.core.memory import kv_cache_bytes, weight_bytes
 from planner.core.ops import decode_ops, prefill_ops, total_flops
 from planner.core.specs import Parallelism, Workload
 from planner.evidence.runs import METRIC_KEYS, ServedRun
@@ -128,8 +128,12 @@ def utilization(run: ServedRun, s: Deployment) -> tuple[float | None, ...]:
     ctx = max(1, round(run.mean_input_tokens + run.mean_output_tokens / 2))
     bw = mbu = flops_s = mfu = None
     if n is not None and tpot:
-        step_bytes = (weight_bytes(m, p, lm_head_sharded=s.engine.lm_head_sharded)
-                      + n * kv_cache_bytes(m, p, batch=1, seq_len=ctx))
+        # what a decode step of n sequences reads, as estimate's MBU counts it: the weights
+        # it touches (a MoE model's routed experts only as many as n tokens pick, the
+        # embedding's n rows) and the KV cache at the mean context
+        ops = decode_ops(m, p, batch=max(1, round(n)), context_tokens=ctx,
+                         lm_head_sharded=s.engine.lm_head_sharded)
+        step_bytes = sum((o.weight_bytes + o.kv_bytes) * o.count for o in ops)
         bw = step_bytes / tpot
         mbu = bw / (hw.memory_bandwidth_bytes_per_s * s.tp)
     dur = _duration_s(run)

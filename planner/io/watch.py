@@ -396,7 +396,7 @@ def derive(w: Window, setup) -> dict:
     """The window's figures, its MBU and MFU on ``setup``'s deployment and llmplan's TPOT at
     its concurrency (``setup``: a ``planner.layouts.deployment.Deployment``)."""
     from planner.core.estimate import estimate
-    from planner.core.memory import kv_cache_bytes_per_token, kv_capacity_tokens, weight_bytes
+    from planner.core.memory import kv_cache_bytes_per_token, kv_capacity_tokens
     from planner.core.ops import decode_ops, prefill_ops, total_flops
     from planner.core.specs import Parallelism, Workload
 
@@ -426,8 +426,10 @@ def derive(w: Window, setup) -> dict:
         out["kv_cache_held_bytes"] = kv
         if w.output_tokens_per_s is not None and w.output_tokens_per_s > 0:
             steps_per_s = w.output_tokens_per_s / n
-            step_bytes = weight_bytes(m, p, tp=setup.tp,
-                                      lm_head_sharded=e.lm_head_sharded) * setup.tp + kv
+            # the weights a step of n sequences reads (a MoE model's routed experts only as
+            # many as n tokens pick, the embedding's n rows: estimate's MBU), every GPU's
+            step_bytes = sum(t.op.weight_bytes * t.op.count for t in est.decode.ops) \
+                * setup.tp + kv
             bw = step_bytes * steps_per_s
             peak = hw.memory_bandwidth_bytes_per_s * setup.tp
             _above_peak(out, "mbu", "achieved_bandwidth_bytes_per_s", bw, peak,
