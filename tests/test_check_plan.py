@@ -291,10 +291,19 @@ def test_a_deployment_names_its_engine(run_cli, tmp_path):
 
 def test_continuous_plan_sizes_the_fewest_replicas(run_cli):
     """Each row's replica count is the fewest whose share of the traffic, simulated, keeps
-    p90 TTFT and TPOT within the targets: one replica fewer misses them."""
+    p90 TTFT and TPOT within the targets in the run's steady state (the requests arriving
+    from one lifetime at the targets, 1 + 0.03 x 127 = 4.81 s, for at least two lifetimes
+    and 150 requests): one replica fewer misses them."""
     from planner.core.estimate import prepare
     from planner.core.specs import Options, Precision
-    from planner.search.plan import SimSettings, Targets, _percentile_ok, search_continuous
+    from planner.search.plan import (
+        SimSettings,
+        Targets,
+        _percentile_ok,
+        request_lifetime_s,
+        search_continuous,
+        sizing_requests,
+    )
     from planner.serving.cost import StepCoster
     from planner.serving.metrics import summary
     from planner.serving.sim import SchedulerConfig, simulate
@@ -316,11 +325,19 @@ def test_continuous_plan_sizes_the_fewest_replicas(run_cli):
     prep = prepare(hw, Precision.of(top["weights"]), None, Options(), eng)
     coster = StepCoster(m, hw, prep, Options(), tp=int(top["tp"]))
 
+    life = request_lifetime_s(targets, 128)
+    assert life == pytest.approx(1.0 + 0.03 * 127)
+
     def ok(n: int) -> bool:
-        reqs = synthetic(150, prompt_tokens=1024, output_tokens=128,
-                         request_rate=targets.requests_per_s / n, seed=0)
-        return _percentile_ok(summary(simulate(reqs, coster, SchedulerConfig())), targets,
-                              SimSettings(percentile=90))
+        rate = targets.requests_per_s / n
+        count, window = sizing_requests(rate, life, st)
+        assert window[0] == pytest.approx(life)
+        assert window[1] - window[0] >= max(2 * life, 150 / rate) - 1e-9
+        reqs = synthetic(count, prompt_tokens=1024, output_tokens=128, request_rate=rate,
+                         seed=0)
+        s = summary(simulate(reqs, coster, SchedulerConfig()), window=window)
+        assert s["measured_requests"] < s["completed"]  # ramp-up and drain left out
+        return _percentile_ok(s, targets, SimSettings(percentile=90))
 
     n = int(top["replicas"])
     assert ok(n)
@@ -420,3 +437,53 @@ def test_plan_that_finds_nothing_says_what_binds(run_cli, sched):
                            "1", "--ttft", "3s", "--tpot", "50ms", "--rps", "1", "--scheduler",
                            sched, "--weights", "bf16", "--disaggregated", "off")
     assert code == 1 and "memory binds: nothing fits" in " ".join(out.split())
+
+
+def test_the_steady_state_window_by_hand():
+    """A replica at 10 requests a second whose requests live at most 5 s at the targets: the
+    200 measured arrive over max(200 / 10, 5) = 20 s from t = 5 s, and the run simulates
+    10 x (20 + 2 x 5) = 300 requests; at 1,000 a second with 10 s lifetimes the 5,000-request
+    cap spans 5 s, its margins a quarter each; an infinite rate measures every request."""
+    from planner.search.plan import (
+        MAX_SIZING_REQUESTS,
+        SimSettings,
+        Targets,
+        request_lifetime_s,
+        sizing_requests,
+    )
+
+    st = SimSettings()
+    assert request_lifetime_s(Targets(1.0, 0.02, 1.0), 201) == pytest.approx(5.0)
+    n, w = sizing_requests(10.0, 5.0, st)
+    assert n == 300 and w == pytest.approx((5.0, 25.0))
+    n, w = sizing_requests(1000.0, 10.0, st)
+    assert n == MAX_SIZING_REQUESTS == 5000 and w == pytest.approx((1.25, 3.75))
+    assert sizing_requests(math.inf, 5.0, st) == (200, None)
+
+
+def test_a_search_cut_in_order_is_the_same_in_workers():
+    """Candidates by lower bound 1..6 costing 3, 1, 4, 10, 2, 8, the top 2 kept: one process
+    sizes the first three (the fourth's bound, 4, is above the second-cheapest cost so far,
+    3) and stops; forked workers size more but return the same three, in order."""
+    from planner.evidence.workers import cut_in_order
+
+    costs = [3, 1, 4, 10, 2, 8]
+    sized = []
+
+    def size(i):
+        sized.append(i)
+        return {"usd_per_hour": costs[i], "i": i}
+
+    one = cut_in_order([1, 2, 3, 4, 5, 6], size, 2, jobs=1)
+    assert [r["i"] for r in one] == [0, 1, 2] and sized == [0, 1, 2]
+    assert cut_in_order([1, 2, 3, 4, 5, 6], size, 2, jobs=2) == one
+    # a candidate that cannot be sized (None) is passed over, not counted
+    assert [r["i"] for r in cut_in_order([1, 2, 3, 4], lambda i: None if i == 1 else size(i),
+                                         2, jobs=2)] == [0, 2, 3]
+
+
+def test_plan_rows_do_not_depend_on_jobs(run_json):
+    args = ["plan", "-m", "llama-3.1-8b", "-g", "h100-sxm,a100-sxm-80gb", "--ttft", "1s",
+            "--tpot", "40ms", "--rps", "30", "--top", "3"]
+    one, two = run_json(*args, "-j", "1"), run_json(*args, "-j", "2")
+    assert len(one) >= 3 and one == two

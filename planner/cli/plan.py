@@ -121,7 +121,10 @@ def plan(
         help="With continuous sizing, the TTFT / TPOT percentile held to the targets "
              "(50, 90 or 99).", metavar="50|90|99")] = 90,
     sim_requests: Annotated[int, typer.Option(
-        help="Requests simulated per candidate replica count.", metavar="N")] = 200,
+        help="Requests measured per candidate replica count, at least: those arriving in "
+             "the run's steady state (from one request lifetime at the targets after the "
+             "start, for at least one more lifetime, and not in the last one), the run "
+             "simulating every request from the start (up to 5,000).", metavar="N")] = 200,
     range_ratio: Annotated[float, typer.Option(
         help="Simulated lengths uniform within +-this fraction.", metavar="FRACTION")] = 0.0,
     compute: ComputeOpt = None,
@@ -154,6 +157,10 @@ def plan(
         "own TP and weights, the KV sent between them over NVLink or the inter-node "
         "network) and rank them with the aggregated ones (layout 6P1D TP1/2); off: "
         "aggregated only; only: disaggregated only. Continuous sizing only.")] = "both",
+    jobs: Annotated[Optional[int], typer.Option(
+        "--jobs", "-j", metavar="N", min=1,
+        help="Processes sizing configurations side by side (default: the machine's CPUs; "
+             "the rows do not depend on it).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="All rows as JSON.")] = False,
 ) -> None:
     """Find the cheapest configurations that meet TTFT and TPOT targets at a traffic level:
@@ -183,8 +190,14 @@ def plan_run(a: dict, *, emit: bool = False):
         "reserve_gib", "allow_longer_context", "size_at", "performance_mode", "speculative",
         "draft_model", "num_speculative_tokens", "acceptance_rate", "disaggregated",
         "as_json"))
+    import os
+
     from planner.core.specs import DType
     from planner.io import catalog
+
+    # the command's own process forks its workers; the web page (planner/ui) serves from
+    # threads, where a fork is unsafe, and sizes in one process
+    jobs = a.get("jobs") or ((os.cpu_count() or 1) if emit else 1)
     from planner.search.plan import SimSettings, Targets, default_eps, search
     from planner.search.sweep import parse_int_list, parse_str_list
 
@@ -266,7 +279,7 @@ def plan_run(a: dict, *, emit: bool = False):
                                 top=top, csv=csv, plot=plot, as_json=as_json,
                                 label=(ttft, tpot, req), compute=cdt, quantized_layers=ql,
                                 options=opts, speculations=specs, disaggregated=disaggregated,
-                                price_set=price_set, emit=emit)
+                                price_set=price_set, emit=emit, jobs=jobs)
     targets = Targets(t_ttft, t_tpot, req)
     df = search(m, gpus, prompt_tokens=prompt_tokens, output_tokens=output_tokens,
                 targets=targets, tps=tps, pps=pps, eps=eps,
@@ -475,7 +488,7 @@ def _size_factors(engine_name: str, size_at: SizeAt, gpus=()) -> dict:
 def _plan_continuous(m, gpus, *, prompt_tokens, output_tokens, targets, tps, weights, kv_cache,
                      calibration, price_per_hour, engine, settings, top, csv, plot, as_json,
                      label, compute=None, pps=(1,), eps=(1,), quantized_layers="all",
-                     options=None, speculations=(), disaggregated="off",
+                     options=None, speculations=(), disaggregated="off", jobs=1,
                      price_set: str = "", emit: bool = True):
     import numpy as np
     import pandas as pd
@@ -502,10 +515,11 @@ def _plan_continuous(m, gpus, *, prompt_tokens, output_tokens, targets, tps, wei
         if disaggregated != "only":
             frames.append(search_continuous(m, gpus, pps=pps, eps=eps,
                                             speculations=speculations, screened=screened,
-                                            advance=advance, **kw).assign(disaggregated=False))
+                                            advance=advance, jobs=jobs, **kw)
+                          .assign(disaggregated=False))
         if disaggregated != "off":
             frames.append(search_disaggregated(m, gpus, screened=screened, advance=advance,
-                                               **kw))
+                                               jobs=jobs, **kw))
     frames = [f for f in frames if len(f)]
     df = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
     if len(df):

@@ -1,4 +1,5 @@
-"""Independent computations in forked worker processes: `llmplan calibrate --jobs`.
+"""Independent computations in forked worker processes: `llmplan calibrate --jobs`, and
+`llmplan plan --jobs` sizing candidate configurations side by side.
 
 A leave-one-out fit per run is independent of every other fit and of the fit on all runs: run
 side by side on a machine's cores, they give the very figures a single process gives (each is
@@ -61,4 +62,66 @@ def forked(task: Callable[[int], Any], items: list[int],
         _TASK = None
 
 
-__all__ = ["can_fork", "forked"]
+def cut_in_order(bounds: list[float], size: Callable[[int], Any], top: int, jobs: int = 1,
+                 cost: Callable[[Any], float] = lambda r: r["usd_per_hour"],
+                 started: Callable[[int], None] | None = None) -> list[Any]:
+    """A search over candidates sorted by a lower bound on their cost (``bounds``): each is
+    sized (``size(i)``: a result, or None where it cannot be), and the search stops at the
+    first candidate whose bound is above the ``top``-th cost found before it, since none
+    after it can make the list. The results in candidate order (Nones left out).
+
+    With ``jobs`` > 1 the candidates are sized in that many forked workers, submitted in
+    order while their bound can still make the list by what has come back so far: a superset
+    of what one process sizes, as fewer costs are known at each submission. The results are
+    then cut by the same rule, in order, so they are exactly one process's whatever ``jobs``
+    is. ``started(i)``: called in this process as candidate i is submitted (progress)."""
+    global _TASK
+
+    def over(i: int, costs: list[float]) -> bool:
+        return len(costs) >= top and bounds[i] > sorted(costs)[top - 1]
+
+    n = len(bounds)
+    results: dict[int, Any] = {}
+    if jobs > 1 and n > 1 and can_fork():
+        _TASK = size
+        pool = mp.get_context("fork").Pool(processes=min(jobs, n), initializer=_ignore_sigint)
+        try:
+            pending: dict[int, Any] = {}
+            costs: list[float] = []
+            nxt = 0
+            while True:
+                while len(pending) < jobs and nxt < n and not over(nxt, costs):
+                    if started is not None:
+                        started(nxt)
+                    pending[nxt] = pool.apply_async(_run, (nxt,))
+                    nxt += 1
+                if not pending:
+                    break
+                done = [i for i, r in pending.items() if r.ready()] or [min(pending)]
+                for i in done:
+                    results[i] = pending.pop(i).get()
+                    if results[i] is not None:
+                        costs.append(cost(results[i]))
+            pool.close()
+        except BaseException:
+            pool.terminate()
+            raise
+        finally:
+            pool.join()
+            _TASK = None
+    out: list[Any] = []
+    costs = []
+    for i in range(n):
+        if over(i, costs):
+            break
+        if i not in results:
+            if started is not None:
+                started(i)
+            results[i] = size(i)
+        if results[i] is not None:
+            out.append(results[i])
+            costs.append(cost(results[i]))
+    return out
+
+
+__all__ = ["can_fork", "cut_in_order", "forked"]

@@ -50,6 +50,7 @@ class _Sizer:
         self.side, self.make, self.st, self.rate = side, make, settings, rate
         self.max_factor = max_factor
         self.seen: dict[int, dict] = {}
+        self.seen_early: dict[int, dict] = {}
         from planner.search.plan import sizing_coster
         from planner.serving import run
 
@@ -61,17 +62,32 @@ class _Sizer:
             from planner.serving.metrics import summary
             from planner.serving.sim import simulate
 
-            reqs = self.make(self.rate / n)
-            self.seen[n] = summary(simulate(reqs, self.coster, self.side.cfg), itl=False)
+            reqs, window = self.make(self.rate / n)
+            self.seen[n] = summary(simulate(reqs, self.coster, self.side.cfg), itl=False,
+                                   window=window)
         return self.seen[n]
+
+    def early(self, n: int) -> dict:
+        """The first ``num_requests`` requests alone, the run filling: a count that misses a
+        target there, less loaded than it will be, misses it in the steady state too."""
+        if n not in self.seen_early:
+            from planner.serving.metrics import summary
+            from planner.serving.sim import simulate
+
+            reqs, _ = self.make(self.rate / n)
+            self.seen_early[n] = summary(simulate(reqs[:self.st.num_requests], self.coster,
+                                                  self.side.cfg), itl=False)
+        return self.seen_early[n]
 
     def fewest(self, ok) -> int:
         """The fewest instances whose simulation passes ``ok(summary)`` (0: none within
-        ``max_factor`` times the analytic bound)."""
+        ``max_factor`` times the analytic bound): the run's first requests first, then its
+        steady state."""
         from planner.search.plan import fewest_passing
 
         floor = max(1, math.ceil(self.rate / self.side.rate_bound))
-        return fewest_passing(lambda n: ok(self.summary(n)), floor, self.max_factor)
+        return fewest_passing(lambda n: ok(self.early(n)) and ok(self.summary(n)), floor,
+                              self.max_factor)
 
 
 def _served(s: dict) -> bool:
@@ -84,18 +100,24 @@ def search_disaggregated(model, gpus, *, prompt_tokens: int, output_tokens: int,
                          calibration=None, price_usd_per_gpu_hour: float | None = None,
                          engine=None, settings=None, top: int = 10,
                          compute: DType | None = None, quantized_layers: str = "all",
-                         max_adjust: int = 6, screened=None, advance=None):
+                         max_adjust: int = 6, screened=None, advance=None, jobs: int = 1):
     """Rows in the shape ``search_continuous`` returns (``disaggregated`` True, the layout's
     ``prefill_*`` / ``decode_*`` and ``kv_transfer_*`` fields), the cheapest first.
-    ``screened``: ``planner.search.plan.screen``'s rows, when the caller has them."""
+    ``screened``: ``planner.search.plan.screen``'s rows, when the caller has them. ``jobs`` >
+    1: pairs sized side by side in forked workers, with the same rows
+    (``planner.evidence.workers.cut_in_order``; each worker keeps its own cache of each
+    side's runs)."""
     import pandas as pd
 
+    from planner.evidence.workers import cut_in_order
     from planner.search.plan import (
         SimSettings,
         percentile_name,
         percentile_s,
+        request_lifetime_s,
         screen,
         sized_at_fields,
+        sizing_requests,
     )
     from planner.serving import run
     from planner.serving.disagg import transfer_figures
@@ -151,15 +173,19 @@ def search_disaggregated(model, gpus, *, prompt_tokens: int, output_tokens: int,
             decode.setdefault((gpu, kv), []).append(
                 Side(dep, cfg, 1 / (min(ok) * output_tokens), n, price))
     rate = targets.requests_per_s
-    n_req = st.num_requests
 
-    def stream(r: float, out: int, loaded: bool) -> list:
-        reqs = synthetic(n_req, prompt_tokens=prompt_tokens, output_tokens=out,
+    def stream(r: float, out: int, loaded: bool) -> tuple[list, tuple[float, float] | None]:
+        """The requests one side (or the pair) is simulated with at ``r`` a second, and the
+        arrival window of its steady state whose requests are measured (``sizing_requests``:
+        a prefill instance's requests live one TTFT at the target)."""
+        life = targets.ttft_s if out == 1 else request_lifetime_s(targets, out)
+        count, window = sizing_requests(r, life, st)
+        reqs = synthetic(count, prompt_tokens=prompt_tokens, output_tokens=out,
                          range_ratio=st.range_ratio, request_rate=r, seed=st.seed)
         if not loaded:
-            return reqs
+            return reqs, window
         return [Request(q.id, q.arrival_s, q.prompt_tokens, q.output_tokens,
-                        loaded_tokens=q.prompt_tokens - 1) for q in reqs]
+                        loaded_tokens=q.prompt_tokens - 1) for q in reqs], window
 
     sizers: dict[int, _Sizer] = {}
 
@@ -178,36 +204,34 @@ def search_disaggregated(model, gpus, *, prompt_tokens: int, output_tokens: int,
                       + math.ceil(rate / d.rate_bound) * d.gpus * d.price)
                 pairs.append((lb, p, d))
     pairs.sort(key=lambda x: x[0])
-    rows, costs = [], []
-    for lb, p, d in pairs:
-        if len(costs) >= top and lb > sorted(costs)[top - 1]:
-            break
-        if advance is not None:  # progress: one pair more being sized
-            advance(f"{p.dep.hardware.name} P TP{p.dep.tp} / D TP{d.dep.tp}")
+
+    def size(i: int) -> dict | None:
+        """Pair i sized: its plan row, or None where no counts meet the targets."""
+        lb, p, d = pairs[i]
         ds = sizer(d, False)
         n_d = ds.fewest(lambda s: _served(s) and (percentile_s(s, "tpot", p_) or 0)
                         * st.tpot_factor <= targets.tpot_s)
         if not n_d:
-            continue
+            return None
         d_ttft = percentile_s(ds.summary(n_d), "ttft", p_) or 0.0
         try:
             link = run.kv_link(p.dep, d.dep, prefill_instances=max(1, math.ceil(
                 rate / p.rate_bound)), decode_instances=n_d)
         except UsageError:
-            continue  # no link stated between them
+            return None  # no link stated between them
         wire = link.transfer_s(prompt_tokens * _kv_bytes(d.dep))
         budget = targets.ttft_s / st.ttft_factor - d_ttft - wire
         if budget <= 0:
-            continue
+            return None
         ps = sizer(p, True)
         n_p = ps.fewest(lambda s, b=budget: _served(s) and
                         (percentile_s(s, "ttft", p_) or math.inf) <= b)
         if not n_p:
-            continue
+            return None
         # the pair simulated whole, grown by the side whose target it misses
-        reqs = stream(rate, output_tokens, False)
+        reqs, window = stream(rate, output_tokens, False)
 
-        def pair(n_p: int, n_d: int, pre, dec, p=p, d=d, reqs=reqs):
+        def pair(n_p: int, n_d: int, pre, dec, p=p, d=d, reqs=reqs, window=window):
             """The pair at these counts on these costers: (result, link, summary, the
             percentile's TTFT and TPOT)."""
             link = run.kv_link(p.dep, d.dep, prefill_instances=n_p, decode_instances=n_d)
@@ -215,7 +239,7 @@ def search_disaggregated(model, gpus, *, prompt_tokens: int, output_tokens: int,
                                         decode_instances=n_d, prefill_cfg=p.cfg,
                                         decode_cfg=d.cfg, link=link,
                                         prefill_coster=pre, decode_coster=dec)
-            s = summary(res.combined(), itl=False)
+            s = summary(res.combined(), itl=False, window=window)
             return res, link, s, percentile_s(s, "ttft", p_), \
                 percentile_s(s, "tpot", p_) or 0.0
 
@@ -231,16 +255,15 @@ def search_disaggregated(model, gpus, *, prompt_tokens: int, output_tokens: int,
             if not ttft_ok:
                 n_p += 1
         else:
-            continue
+            return None
         high = s
         if not st.sizes_at_prediction:  # the figures shown are the predicted server's
             res, link, s, ttft, tpot = pair(n_p, n_d, ps.nominal, ds.nominal)
         usd = n_p * p.gpus * p.price + n_d * d.gpus * d.price
-        costs.append(usd)
         x = transfer_figures(res)
         name = percentile_name(p_)
         pd_, dd = p.dep, d.dep
-        rows.append({
+        return {
             "gpu": pd_.hardware.name, "tp": dd.tp, "pp": 1, "ep": 1,
             "num_gpus": p.gpus + d.gpus, "weights": _w(pd_, dd),
             "quantized_layers": quantized_layers, "kv_cache": dd.precision.kv_cache.value,
@@ -262,7 +285,14 @@ def search_disaggregated(model, gpus, *, prompt_tokens: int, output_tokens: int,
             "price_usd_per_gpu_hour": d.price, "usd_per_hour": usd,
             "cost_usd_per_million_output_tokens_at_traffic":
                 usd / (rate * output_tokens * 3600) * 1e6,
-            "lower_bound_usd_per_hour": lb})
+            "lower_bound_usd_per_hour": lb}
+
+    def started(i: int) -> None:
+        if advance is not None:  # progress: one pair more being sized
+            _, p, d = pairs[i]
+            advance(f"{p.dep.hardware.name} P TP{p.dep.tp} / D TP{d.dep.tp}")
+
+    rows = cut_in_order([x[0] for x in pairs], size, top, jobs, started=started)
     out = pd.DataFrame(rows)
     if len(out):
         out = out.sort_values(["usd_per_hour", "total_gpus"]).reset_index(drop=True)

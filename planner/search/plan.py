@@ -153,6 +153,40 @@ class SimSettings:
         return self.ttft_factor == self.tpot_factor == self.step_factor == 1.0
 
 
+# A replica is sized on its steady state, not on a benchmark's ramp-up: the requests measured
+# arrive once the run has filled (one request lifetime at the targets after the start) and
+# before its arrivals end (one lifetime before the last), over a window of at least
+# STEADY_LIFETIMES lifetimes holding at least ``num_requests`` of them; the run simulates every
+# request from the start. Sized on the first 200 requests of a stream whose requests live 4 s
+# at 33 requests a second, a replica's p90 TPOT had been 14 ms where its steady state gives 20
+# (the requests of the ramp-up see a half-full batch).
+STEADY_LIFETIMES = 1.0
+MAX_SIZING_REQUESTS = 5_000
+
+
+def request_lifetime_s(targets: Targets, output_tokens: int) -> float:
+    """The longest a request meeting the targets lives: its TTFT and every later token at
+    the targets."""
+    return targets.ttft_s + targets.tpot_s * max(0, output_tokens - 1)
+
+
+def sizing_requests(rate: float, lifetime_s: float, settings: SimSettings
+                    ) -> tuple[int, tuple[float, float] | None]:
+    """(requests to simulate, the arrival window in seconds whose requests are measured) for
+    one replica at ``rate`` requests a second; at most MAX_SIZING_REQUESTS, the margins
+    shrunk to a quarter of the run each where that cap is met. No window (every request
+    measured) for an infinite rate, where every request arrives at once."""
+    if not (math.isfinite(rate) and rate > 0):
+        return settings.num_requests, None
+    window = max(settings.num_requests / rate, STEADY_LIFETIMES * lifetime_s)
+    n = math.ceil(rate * (window + 2 * lifetime_s))
+    if n <= MAX_SIZING_REQUESTS:
+        return n, (lifetime_s, lifetime_s + window)
+    span = MAX_SIZING_REQUESTS / rate
+    edge = min(lifetime_s, span / 4)
+    return MAX_SIZING_REQUESTS, (edge, span - edge)
+
+
 def sizing_coster(coster, settings: SimSettings):
     """The step coster a replica is sized with: ``coster``, its steps slowed by the settings'
     ``step_factor`` where that is not 1 (``planner.serving.steps.SlowedCoster``)."""
@@ -220,16 +254,26 @@ def replicas_needed(dep: Deployment, *, prompt_tokens: int, output_tokens: int,
     sizing = sizing_coster(coster, settings)
     seen: dict[int, dict] = {}
 
-    def simulated(n: int, c) -> dict:
-        reqs = synthetic(settings.num_requests, prompt_tokens=prompt_tokens,
-                         output_tokens=output_tokens, range_ratio=settings.range_ratio,
-                         request_rate=targets.requests_per_s / n, seed=settings.seed)
+    life = request_lifetime_s(targets, output_tokens)
+
+    def simulated(n: int, c, steady: bool = True) -> dict:
+        rate = targets.requests_per_s / n
+        count, window = sizing_requests(rate, life, settings) if steady else \
+            (settings.num_requests, None)
+        reqs = synthetic(count, prompt_tokens=prompt_tokens, output_tokens=output_tokens,
+                         range_ratio=settings.range_ratio, request_rate=rate,
+                         seed=settings.seed)
         return summary(run.run(dep, reqs, cfg, step_coster=c, speculation=speculation),
-                       itl=False)
+                       itl=False, window=window)
 
     def ok(n: int) -> bool:
         if n not in seen:
-            seen[n] = simulated(n, sizing)
+            # the run's first requests first: a replica that misses the targets while it
+            # fills, less loaded than it will be, misses them in its steady state too, and
+            # costs a short run to find out
+            early = simulated(n, sizing, steady=False)
+            seen[n] = simulated(n, sizing) if _percentile_ok(early, targets, settings) \
+                else early
         return _percentile_ok(seen[n], targets, settings)
 
     floor = max(1, math.ceil(targets.requests_per_s / upper_rate))  # fewer cannot serve it
@@ -307,8 +351,11 @@ def search_continuous(model: ModelSpec, gpus: list[HardwareSpec], *, prompt_toke
                       settings: SimSettings | None = None, top: int = 10,
                       compute: DType | None = None, pps=(1,), eps=(1,),
                       quantized_layers: str = "all", speculations=(),
-                      screened: pd.DataFrame | None = None, advance=None) -> pd.DataFrame:
-    """The cheapest configurations sized by simulating continuous batching.
+                      screened: pd.DataFrame | None = None, advance=None,
+                      jobs: int = 1) -> pd.DataFrame:
+    """The cheapest configurations sized by simulating continuous batching; ``jobs`` > 1:
+    configurations sized side by side in forked workers, with the same rows
+    (``planner.evidence.workers.cut_in_order``).
 
     Screened analytically first: a configuration must fit, be priced and meet both targets
     for a single request. Its optimistic rate (each request costing only its share of the
@@ -324,6 +371,7 @@ def search_continuous(model: ModelSpec, gpus: list[HardwareSpec], *, prompt_toke
     is the cost without, None where it cannot meet them). A configuration whose single request
     meets the TPOT target only with speculation is screened in; each way has its own bound on
     the rate, from its own TPOT by batch, and the search is cut by the best of them."""
+    from planner.evidence.workers import cut_in_order
     from planner.serving import run
 
     o = options or Options()
@@ -375,14 +423,12 @@ def search_continuous(model: ModelSpec, gpus: list[HardwareSpec], *, prompt_toke
         lb = math.ceil(targets.requests_per_s / max(bounds.values())) * gpus_each * price
         cands.append((lb, key, price, one, gpus_each, bounds))
     cands.sort(key=lambda c: c[0])
-    rows = []
-    costs: list[float] = []
-    for lb, (gpu, tp, pp, ep, w, kv), price, one, gpus_each, bounds in cands:
-        if len(costs) >= top and lb > sorted(costs)[top - 1]:
-            break
+
+    def size(i: int) -> dict | None:
+        """Candidate i sized: its plan row, or None where no replica count meets the
+        targets."""
+        lb, (gpu, tp, pp, ep, w, kv), price, one, gpus_each, bounds = cands[i]
         dep = deployment(gpu, tp, pp, ep, w, kv)
-        if advance is not None:  # progress: one configuration more being sized
-            advance(f"{gpu} {Layout(tp, pp, ep).label} {w}")
         sched = run.scheduler(dep, mode=st.performance_mode)
         sized = {}  # speculation (None: without) -> (replicas, summary)
         for cfg, bound in bounds.items():
@@ -395,36 +441,42 @@ def search_continuous(model: ModelSpec, gpus: list[HardwareSpec], *, prompt_toke
             if n and s is not None:
                 sized[cfg] = (n, s)
         if not sized:
-            continue
+            return None
         # speculation is kept only where it lowers the cost: ties go to decoding without it
         spec = min(sized, key=lambda c: (sized[c][0], c is not None))
         replicas, s = sized[spec]
         rate = targets.requests_per_s / replicas
         usd_per_hour = replicas * gpus_each * price
-        costs.append(usd_per_hour)
         p = st.percentile
         name = percentile_name(p)
-        rows.append({"gpu": gpu, "tp": int(tp), "pp": int(pp), "ep": int(ep),
-                     "num_gpus": gpus_each, "weights": w,
-                     "quantized_layers": quantized_layers, "kv_cache": kv,
-                     "engine": engine.name, "scheduler": "continuous",
-                     "rate_per_replica": rate, "percentile": p,
-                     f"{name}_ttft_s": s[f"{name}_ttft_ms"] / 1e3,
-                     f"{name}_tpot_s": (s[f"{name}_tpot_ms"] or 0) / 1e3,
-                     **sized_at_fields(s, st, name),
-                     "latency_s": s[f"{name}_e2el_ms"] / 1e3,
-                     "mean_running_requests": s["mean_running_requests"],
-                     "max_running_requests": s["max_running_requests"],
-                     "batch": sched.max_num_seqs, "meets_targets": True,
-                     "replicas": replicas, "total_gpus": replicas * gpus_each,
-                     "price_usd_per_gpu_hour": price, "usd_per_hour": usd_per_hour,
-                     "cost_usd_per_million_output_tokens_at_traffic":
-                         usd_per_hour / (targets.requests_per_s * output_tokens * 3600) * 1e6,
-                     "lower_bound_usd_per_hour": lb, "analytic_rate_bound": bounds[spec],
-                     "single_request_ttft_s": float(one["ttft_s"]),
-                     "single_request_tpot_s": float(one["tpot_s"]),
-                     **_speculation_fields(spec, sized, gpus_each * price,
-                                           [c.method for c in bounds if c])})
+        return {"gpu": gpu, "tp": int(tp), "pp": int(pp), "ep": int(ep),
+                "num_gpus": gpus_each, "weights": w,
+                "quantized_layers": quantized_layers, "kv_cache": kv,
+                "engine": engine.name, "scheduler": "continuous",
+                "rate_per_replica": rate, "percentile": p,
+                f"{name}_ttft_s": s[f"{name}_ttft_ms"] / 1e3,
+                f"{name}_tpot_s": (s[f"{name}_tpot_ms"] or 0) / 1e3,
+                **sized_at_fields(s, st, name),
+                "latency_s": s[f"{name}_e2el_ms"] / 1e3,
+                "mean_running_requests": s["mean_running_requests"],
+                "max_running_requests": s["max_running_requests"],
+                "batch": sched.max_num_seqs, "meets_targets": True,
+                "replicas": replicas, "total_gpus": replicas * gpus_each,
+                "price_usd_per_gpu_hour": price, "usd_per_hour": usd_per_hour,
+                "cost_usd_per_million_output_tokens_at_traffic":
+                    usd_per_hour / (targets.requests_per_s * output_tokens * 3600) * 1e6,
+                "lower_bound_usd_per_hour": lb, "analytic_rate_bound": bounds[spec],
+                "single_request_ttft_s": float(one["ttft_s"]),
+                "single_request_tpot_s": float(one["tpot_s"]),
+                **_speculation_fields(spec, sized, gpus_each * price,
+                                      [c.method for c in bounds if c])}
+
+    def started(i: int) -> None:
+        if advance is not None:  # progress: one configuration more being sized
+            gpu, tp, pp, ep, w, _ = cands[i][1]
+            advance(f"{gpu} {Layout(tp, pp, ep).label} {w}")
+
+    rows = cut_in_order([c[0] for c in cands], size, top, jobs, started=started)
     out = pd.DataFrame(rows)
     if len(out):
         out = out.sort_values(["usd_per_hour", "total_gpus"]).reset_index(drop=True)

@@ -70,9 +70,14 @@ def _itl_stats(pairs: list[tuple[float, int]]) -> dict[str, float | None]:
 
 
 def summary(res: SimResult, *, ttft_slo_s: float | None = None,
-            tpot_slo_s: float | None = None, itl: bool = True) -> dict:
+            tpot_slo_s: float | None = None, itl: bool = True,
+            window: tuple[float, float] | None = None) -> dict:
     """The run's figures; ``itl=False`` leaves out the ITL statistics (a sort of every step's
-    gap), for a caller that reads none of them (a fit simulating hundreds of times)."""
+    gap), for a caller that reads none of them (a fit simulating hundreds of times).
+    ``window``: the TTFT, TPOT and end-to-end statistics are of the requests arriving in
+    [start, end) seconds only (``plan`` sizes a replica on its steady state: the run's
+    ramp-up and drain left out), counted in ``measured_requests``; the run's totals are of
+    every request."""
     rec = res.requests if isinstance(res.requests, RequestRecords) else \
         RequestRecords.of(res.requests)
     arrival, first, finish = (rec.column(c) for c in ("arrival_s", "first_token_s", "finish_s"))
@@ -80,14 +85,20 @@ def summary(res: SimResult, *, ttft_slo_s: float | None = None,
     # the served requests (finish_s not nan: ``f == f``), in the order given: TTFT, TPOT (for
     # more than one output token), end-to-end latency and output tokens, as RequestResult
     # defines them; a list of floats each (no tuple per request for the collector to track)
-    ttfts = [f1 - a for a, f1, f in zip(arrival, first, finish, strict=True) if f == f]
-    tpots = [(f - f1) / (o - 1) for f1, f, o in zip(first, finish, output, strict=True)
+    if window is None:
+        a_, f1_, f_, o_ = arrival, first, finish, output
+    else:
+        t0, t1 = window
+        keep = [i for i, a in enumerate(arrival) if t0 <= a < t1]
+        a_, f1_, f_, o_ = ([col[i] for i in keep] for col in (arrival, first, finish, output))
+    ttfts = [f1 - a for a, f1, f in zip(a_, f1_, f_, strict=True) if f == f]
+    tpots = [(f - f1) / (o - 1) for f1, f, o in zip(f1_, f_, o_, strict=True)
              if f == f and o > 1]
-    e2els = [f - a for a, f in zip(arrival, finish, strict=True) if f == f]
+    e2els = [f - a for a, f in zip(a_, f_, strict=True) if f == f]
     dur = res.duration_s or math.nan
     inp = sum([p for p, f in zip(prompt, finish, strict=True) if f == f])
     out = sum([o for o, f in zip(output, finish, strict=True) if f == f])
-    served = len(ttfts)
+    served = sum([1 for f in finish if f == f])
     d: dict = {
         "completed": served,
         "duration": dur,
@@ -130,4 +141,7 @@ def summary(res: SimResult, *, ttft_slo_s: float | None = None,
         math.nan,
         "api_server_stream_bound_frac": res.api_server_stream_s / dur,
     })
+    if window is not None:
+        d.update({"measured_requests": len(ttfts), "measured_from_s": window[0],
+                  "measured_to_s": window[1]})
     return d
