@@ -494,3 +494,23 @@ def test_report_draws_a_layout(run_cli, tmp_path):
     r = pipeline(m, hw, prepare(hw, Precision(), None, Options(), catalog.load_engine("vllm")),
                  Options(), tp=8, pp=2, batch=1, prompt_tokens=2048, output_tokens=256)
     assert mem["total_bytes"].iloc[0] == pytest.approx(r.max_memory_per_gpu_bytes)
+
+
+def test_the_all_to_all_line_gives_a_steps_time_and_a_layers(run_cli):
+    """DeepSeek-V3 over 16 H200s, batch 512: the all-to-all figure is a step's, over its 58
+    MoE layers (61 layers, the first 3 dense), and the line says so and gives one layer's
+    share; it is part of the step's TPOT, not one layer's."""
+    from planner.layouts.expert import expert_parallel
+
+    m, hw = catalog.load_model("deepseek-v3"), catalog.load_hardware("h200")
+    opts = Options()
+    prep = prepare(hw, Precision.of("fp8"), None, opts, catalog.load_engine("vllm"))
+    x = expert_parallel(m, hw, prep, opts, ep=16, batch=512, prompt_tokens=1024,
+                        output_tokens=256)
+    assert x.moe_layers == m.num_moe_layers == 58
+    assert x.all_to_all_s < x.tpot_s
+    code, out, err = run_cli("estimate", "-m", "deepseek-v3", "-g", "h200", "--ep", "16",
+                             "-b", "512")
+    assert code == 0, err
+    flat = " ".join(out.split())
+    assert "a step (each of 58 MoE layers'" in flat and "per MoE layer" not in flat

@@ -492,12 +492,14 @@ def render_expert(console, x, batch: int) -> None:
     if x.dp == 1:
         comm = ("experts' all-reduce", fmt.seconds(x.moe_reduce_s),
                 f"no dispatch (the tokens are on every GPU); outputs summed over {x.ep} GPUs "
-                f"per MoE layer over {link if x.crosses_node else 'the TP link'}")
+                f"in each of {x.moe_layers} MoE layers, over "
+                f"{link if x.crosses_node else 'the TP link'}; per step")
     else:
         gather = f" + TP all-gather {fmt.seconds(x.moe_reduce_s)}" if x.tp > 1 else ""
         comm = ("all-to-all", fmt.seconds(x.comm_s),
-                f"dispatch + combine {fmt.seconds(x.all_to_all_s)} per MoE layer over "
-                f"{link}{gather}")
+                f"dispatch + combine {fmt.seconds(x.all_to_all_s)} a step (each of "
+                f"{x.moe_layers} MoE layers' {fmt.seconds(x.all_to_all_s / x.moe_layers)}) "
+                f"over {link}{gather}")
     src = x.imbalance_source or {}
     given = "--expert-imbalance" if src.get("from") == "--expert-imbalance" else \
         f"default, estimated from {src.get('url', '?')}"

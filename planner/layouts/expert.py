@@ -127,6 +127,7 @@ class ExpertParallel:
     imbalance_factor: float = 1.0  # the max / mean load asked for (uniform routing the floor)
     imbalance_source: dict | None = None
     handoff_s: float = 0.0  # a step's hand-off to the worker processes (``Engine.worker_s``)
+    moe_layers: int = 1  # the MoE layers each step's all-to-alls and collectives run in
 
     @property
     def dp(self) -> int:
@@ -301,4 +302,4 @@ def expert_parallel(m: ModelSpec, hw: HardwareSpec, prep: Prepared, o: Options, 
     return ExpertParallel(ep, b, batch * k / ep, top, w, kv, total, total <= usable, dense,
                           experts, a2a, fixed, x.crosses_node, ttft, usable,
                           e.hides_host(graphed), tp, reduce, x.imbalance, x.imbalance_source,
-                          e.worker_s(ep))
+                          e.worker_s(ep), m.num_moe_layers)
