@@ -545,3 +545,29 @@ def test_a_slowed_replica_takes_each_step_that_many_times_longer(setup):
         SlowedCoster(c, 0.0)
     with pytest.raises(ValueError):
         SlowedCoster(c, math.nan)
+
+
+def test_a_trace_takes_its_first_n_rows_and_vllms_prefix_cache_names(run_json, run_cli,
+                                                                       tmp_path):
+    """-n over a --dataset takes its first N rows (vLLM bench's --num-prompts); more than it
+    holds, or a --dataset-name beside it, is refused in one line. --enable-prefix-caching /
+    --no-enable-prefix-caching are vLLM's names for --prefix-cache on / off."""
+    f = tmp_path / "t.jsonl"
+    f.write_text("".join(json.dumps({"prompt_tokens": 500 + i, "output_tokens": 50}) + "\n"
+                         for i in range(100)))
+    base = ["simulate", "-m", "llama-3.1-8b", "-g", "h100-sxm", "--dataset", str(f),
+            "--request-rate", "5"]
+    assert run_json(*base)["completed"] == 100
+    d = run_json(*base, "-n", "20")
+    assert d["completed"] == 20 and d["total_input_tokens"] == sum(500 + i for i in range(20))
+    code, _, err = run_cli(*base, "-n", "200")
+    assert code == 2 and "holds 100 rows, fewer than 200" in err
+    code, _, err = run_cli(*base, "--dataset-name", "sharegpt")
+    assert code == 2 and "--dataset-name sharegpt and --dataset" in err
+    shared = ["simulate", "-m", "llama-3.1-8b", "-g", "h100-sxm", "-n", "200",
+              "--prefix-tokens", "512", "--request-rate", "5"]
+    assert run_json(*shared)["prefix_cache_hit_rate"] > 0.3
+    assert run_json(*shared, "--enable-prefix-caching")["prefix_cache_hit_rate"] > 0.3
+    assert run_json(*shared, "--no-enable-prefix-caching")["prefix_cache_hit_rate"] is None
+    code, _, err = run_cli(*shared, "--prefix-cache", "on", "--no-enable-prefix-caching")
+    assert code == 2 and "disagree" in err

@@ -200,9 +200,11 @@ def simulate(
         "its next request when it has its last (vllm bench serve --max-concurrency); with "
         "--request-rate too, a request goes out at its arrival time or when a client is free, "
         "whichever is later.", metavar="N")] = None,
-    num_requests: Annotated[int, typer.Option(
+    num_requests: Annotated[Optional[int], typer.Option(
         "--num-requests", "-n", "--num-prompts",
-        help="Requests in the stream (vLLM bench's --num-prompts).", metavar="N")] = 1000,
+        help="Requests in the stream (vLLM bench's --num-prompts; default 1,000, or every "
+        "row of a --dataset, whose first N rows it takes when given).",
+        metavar="N")] = None,
     prompt_tokens: PromptOpt = DEFAULT_PROMPT_TOKENS,
     output_tokens: OutputOpt = DEFAULT_OUTPUT_TOKENS,
     range_ratio: Annotated[float, typer.Option(
@@ -221,6 +223,9 @@ def simulate(
         help="Automatic prefix caching: requests sharing a prefix (--prefix-tokens, a "
         "--dataset's prefix_id) find it computed. Default: the engine's (on for vllm, "
         "sglang, trtllm; off for vllm-v0).")] = None,
+    enable_prefix_caching: Annotated[Optional[bool], typer.Option(
+        "--enable-prefix-caching/--no-enable-prefix-caching",
+        help="vLLM's names for --prefix-cache on / off.")] = None,
     dataset: Annotated[Optional[Path], typer.Option(
         help="JSONL or CSV of prompt_tokens, output_tokens and optional arrival_s, "
         "prefix_id and prefix_tokens (rows with the same prefix_id share their first "
@@ -452,6 +457,7 @@ def _simulate_run(a: dict, emit: bool) -> dict:
         "prefill_max_num_batched_tokens", "decode_max_num_batched_tokens", "kv_link", "as_json"))
     # a TensorRT-LLM options file's cuda_graph_config: the sizes captured, and padding
     graph = (a.get("cuda_graph_sizes"), a.get("cuda_graph_padding"))
+    enable_prefix_caching = a.get("enable_prefix_caching")  # vLLM's --prefix-cache (_scheduler)
     from planner.io import catalog
     from planner.serving import run
     from planner.serving.metrics import summary
@@ -788,10 +794,17 @@ def _scheduler(dep, a: dict):
     sizes, padding = a.get("graph", (None, None))
     if sizes is not None:
         given.update(graph_sizes=sizes, graph_padding=padding)
-    if a["prefix_cache"] is not None:
-        if a["prefix_cache"] not in ("on", "off"):
-            raise LlmplanError(f"--prefix-cache: must be on or off, got {a['prefix_cache']!r}")
-        given["prefix_caching"] = a["prefix_cache"] == "on"
+    prefix_cache = a["prefix_cache"]
+    if prefix_cache is not None and prefix_cache not in ("on", "off"):
+        raise LlmplanError(f"--prefix-cache: must be on or off, got {prefix_cache!r}")
+    if a.get("enable_prefix_caching") is not None:  # vLLM's names for it
+        vllm = "on" if a["enable_prefix_caching"] else "off"
+        flag = "--enable-prefix-caching" if vllm == "on" else "--no-enable-prefix-caching"
+        if prefix_cache not in (None, vllm):
+            raise LlmplanError(f"--prefix-cache {prefix_cache} and {flag} disagree: give one")
+        prefix_cache = vllm
+    if prefix_cache is not None:
+        given["prefix_caching"] = prefix_cache == "on"
     cfg = run.scheduler(dep, mode=a["performance_mode"], kind=a["scheduler"].value, **given,
                         kv_layout=a["kv_layout"].value,
                         max_model_len=a["max_model_len"] or dep.model.max_position_embeddings,
@@ -880,7 +893,7 @@ def _check_numbers(a: dict) -> None:
     positive("--tpot-slo", a["tpot_slo"])
     if not (0 <= a["range_ratio"] < 1):
         raise LlmplanError(f"--range-ratio: must be in [0, 1), got {a['range_ratio']:g}")
-    if a["num_requests"] > 10_000_000:
+    if (a["num_requests"] or 0) > 10_000_000:
         raise LlmplanError("--num-requests: at most 10,000,000")
 
 
@@ -911,6 +924,9 @@ def loop_alone(request_rate: float, max_concurrency: int | None) -> bool:
     return max_concurrency is not None and math.isinf(request_rate)
 
 
+DEFAULT_NUM_REQUESTS = 1000  # simulate's -n where neither it nor a --dataset gives one
+
+
 def request_stream(dataset, dataset_name, num_requests, prompt_tokens, output_tokens,
                    range_ratio, request_rate, burstiness, max_concurrency, seed,
                    prefix_tokens=0):
@@ -922,6 +938,11 @@ def request_stream(dataset, dataset_name, num_requests, prompt_tokens, output_to
     from planner.serving.traffic import replay, synthetic
 
     closed = loop_alone(request_rate, max_concurrency)
+    if dataset is not None and dataset_name != "random":
+        raise LlmplanError(f"--dataset-name {dataset_name} and --dataset: a trace gives its "
+                           "own lengths; give one")
+    given = num_requests
+    num_requests = DEFAULT_NUM_REQUESTS if num_requests is None else num_requests
 
     if prefix_tokens and (dataset is not None or dataset_name not in ("random", "sonnet")):
         raise LlmplanError("--prefix-tokens: only with the random and sonnet datasets (a "
@@ -950,6 +971,11 @@ def request_stream(dataset, dataset_name, num_requests, prompt_tokens, output_to
                          seed=seed, prefix_tokens=shared)
     if dataset is not None:
         rows = read_trace(dataset)
+        if given is not None:  # vLLM bench's --num-prompts over a dataset: its first N
+            if given > len(rows):
+                raise LlmplanError(f"--num-requests: {dataset} holds {len(rows):,} rows, "
+                                   f"fewer than {given:,}")
+            rows = rows[:given]
         if rows[0][2] is not None and (not math.isinf(request_rate) or
                                        max_concurrency is not None):
             raise LlmplanError(f"{dataset}: its rows give arrival_s, which sets the arrivals: "

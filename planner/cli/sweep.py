@@ -155,7 +155,8 @@ def sweep(
     opts = options_from(time_model, attention, kernel_overhead_us, reserve_gib,
                         memory_utilization, prefill_chunk_tokens)
     output_path(csv, "--csv")
-    grid = build_grid(model, gpu, batch, prompt_tokens, output_tokens, weights or "bf16",
+    grid = build_grid(model, gpu, batch, prompt_tokens, output_tokens,
+                      "bf16" if weights is None else weights,
                       kv_cache, tp, group_size, opts, engine,
                       compute.value if compute else None, pp, ep, quantized_layers.value,
                       prices, price)
