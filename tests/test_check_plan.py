@@ -261,6 +261,13 @@ def test_plan_cli(run_cli, tmp_path):
     (["--ttft", "2s", "--tpot", "50ms"], "exactly one of --rps or --tokens-per-s"),
     (["--ttft", "2s", "--tpot", "50ms", "--rps", "-3"], "--rps: must be positive"),
     (["--ttft", "2s", "--tpot", "50ms", "--rps", "1", "--weights", "fp3"], "--weights: 'fp3'"),
+    # a layout the model cannot take is a bad command, not a search that found nothing
+    (["--ttft", "2s", "--tpot", "50ms", "--rps", "1", "--tp", "3"],
+     "--tp: tp 3 does not divide llama-3.1-8b's 32 attention heads"),
+    (["--ttft", "2s", "--tpot", "50ms", "--rps", "1", "--pp", "96"],
+     "--pp: pp 96 exceeds the model's 32 layers"),
+    (["--ttft", "2s", "--tpot", "50ms", "--rps", "1", "--tp", "3,5"],
+     "--tp: none of 3, 5 runs llama-3.1-8b"),
 ])
 def test_plan_bad_input(run_cli, args, needle):
     code, _, err = run_cli("plan", "-m", "llama-3.1-8b", *args)
@@ -487,3 +494,11 @@ def test_plan_rows_do_not_depend_on_jobs(run_json):
             "--tpot", "40ms", "--rps", "30", "--top", "3"]
     one, two = run_json(*args, "-j", "1"), run_json(*args, "-j", "2")
     assert len(one) >= 3 and one == two
+
+
+def test_plan_says_which_sizes_it_left_out(run_cli):
+    code, out, err = run_cli("plan", "-m", "llama-3.1-8b", "-g", "h100-sxm", "--ttft", "1s",
+                             "--tpot", "40ms", "--rps", "5", "--tp", "3,1", "--top", "1")
+    assert code == 0, err
+    assert "left out: --tp 3 (tp 3 does not divide llama-3.1-8b's 32 attention heads)" in \
+        " ".join(err.split())

@@ -169,6 +169,35 @@ def plan(
     plan_run(locals(), emit=True)
 
 
+def _layouts_allowed(m, flag: str, values: list[int], quiet: bool) -> list[int]:
+    """The sizes of ``flag`` the model allows (TP dividing its attention heads, no more
+    stages than layers, EP dividing its experts), the others said on stderr; none allowed is
+    a bad command (exit 2), not a search that finds nothing."""
+    from planner.core.errors import UsageError
+    from planner.core.ops import check_tp
+    from planner.layouts.expert import check_ep
+    from planner.layouts.pipeline import stage_layers
+
+    check = {"--tp": lambda n: check_tp(m, n),
+             "--pp": lambda n: stage_layers(m.num_layers, n),
+             "--ep": lambda n: check_ep(m, n) if n > 1 else None}[flag]
+    ok, why = [], {}
+    for n in values:
+        try:
+            check(n)
+            ok.append(n)
+        except UsageError as e:
+            why[n] = str(e)
+    if not ok:
+        raise LlmplanError(f"{flag}: {why[values[0]]}" if len(values) == 1 else
+                           f"{flag}: none of {', '.join(map(str, values))} runs {m.name}: "
+                           + "; ".join(why.values()))
+    if why and not quiet:
+        stderr.print(f"[yellow]left out:[/] {flag} " + "; ".join(
+            f"{n} ({w})" for n, w in why.items()))
+    return ok
+
+
 def plan_run(a: dict, *, emit: bool = False):
     """``plan``'s search from its parameters by name (``a``: the values typer hands the
     command; a name left out takes the command's default): every configuration sized and
@@ -212,6 +241,8 @@ def plan_run(a: dict, *, emit: bool = False):
     ql = check_quantized_layers(m, quantized_layers)
     if max(eps) > 1 and m.moe is None:
         raise LlmplanError(f"--ep: {m.name} has no experts (not a mixture-of-experts model)")
+    tps, pps, eps = (_layouts_allowed(m, flag, values, as_json)
+                     for flag, values in (("--tp", tps), ("--pp", pps), ("--ep", eps)))
     if max(eps) > 1 and not as_json:
         from planner.layouts.expert import expert_imbalance as imbalance_of
 
