@@ -93,7 +93,10 @@ def test_hf_config_matches_database(model, fixture, db_name):
     skip = {"name", "display_name", "source", "official_params", "official_active_params",
             "official_params_source", "official_active_params_scope",
             "quantization",  # how the checkpoint stores its weights, not its architecture
+            "torch_dtype",  # the same: every fixture's is bfloat16 (bf16, the default) or
+            # float32 / none (no 16-bit type stated), as the built-in models leave it
             "chat_template"}  # the tokenizer's, not in config.json
+    assert m.torch_dtype in ("bf16", None)
     ours, db = m.model_dump(), model(db_name).model_dump()
     assert {k: v for k, v in ours.items() if k not in skip} == \
         {k: v for k, v in db.items() if k not in skip}

@@ -19,6 +19,7 @@ import json
 from pathlib import Path
 
 import pytest
+import yaml
 
 from planner.core.errors import SpecError
 from planner.core.memory import param_breakdown
@@ -433,3 +434,36 @@ def test_plan_sizes_a_quantized_checkpoint_as_it_ships(run_cli, tmp_path):
     rows = rows["rows"] if isinstance(rows, dict) else rows
     # a disaggregated row reads prefill/decode where its two sides' weights differ
     assert code == 0 and {w for r in rows for w in r["weights"].split("/")} == {"bf16", "int4"}
+
+
+def test_a_configs_torch_dtype_is_the_default_16_bit_type(run_json, run_cli, tmp_path):
+    """Llama-2-7b-hf's config.json says torch_dtype float16: estimated in fp16 (vLLM's
+    --dtype auto), so a T4 (no bf16 tensor cores) takes it as it takes --weights fp16;
+    --dtype auto keeps it, --weights bf16 sets it aside. A bfloat16 or absent torch_dtype
+    is bf16, as before; a model YAML may carry it in the config's spelling."""
+    cfg = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096,
+           "intermediate_size": 11008, "num_attention_heads": 32, "num_hidden_layers": 32,
+           "num_key_value_heads": 32, "max_position_embeddings": 4096, "vocab_size": 32000,
+           "rms_norm_eps": 1e-5, "_name_or_path": "meta-llama/Llama-2-7b-hf"}
+    f16, b16, none = (tmp_path / n / "config.json" for n in ("f16", "b16", "none"))
+    for path, dt in ((f16, "float16"), (b16, "bfloat16"), (none, None)):
+        path.parent.mkdir()
+        path.write_text(json.dumps({**cfg, **({"torch_dtype": dt} if dt else {})}))
+    assert run_json("estimate", "-m", str(f16), "-g", "h100-sxm")["weights"] == "fp16"
+    assert run_json("estimate", "-m", str(f16), "-g", "h100-sxm", "--dtype",
+                    "auto")["weights"] == "fp16"
+    assert run_json("estimate", "-m", str(f16), "-g", "h100-sxm", "--weights",
+                    "bf16")["weights"] == "bf16"
+    assert run_json("estimate", "-m", str(b16), "-g", "h100-sxm")["weights"] == "bf16"
+    assert run_json("estimate", "-m", str(none), "-g", "h100-sxm")["weights"] == "bf16"
+    t4 = run_json("estimate", "-m", str(f16), "-g", "t4")
+    assert t4["weights"] == "fp16" and t4["compute"] == "fp16"
+    code, _, err = run_cli("estimate", "-m", str(none), "-g", "t4")
+    assert code == 2 and "fp16" in err  # bf16 on a T4 is still refused, naming the way out
+    y = tmp_path / "m.yaml"
+    y.write_text(yaml.safe_dump({"name": "l2", "architecture": "llama", "source": "x",
+                                 "vocab_size": 32000, "hidden_size": 4096, "num_layers": 32,
+                                 "num_attention_heads": 32, "num_kv_heads": 32,
+                                 "intermediate_size": 11008, "max_position_embeddings": 4096,
+                                 "torch_dtype": "float16"}))
+    assert run_json("estimate", "-m", str(y), "-g", "h100-sxm")["weights"] == "fp16"

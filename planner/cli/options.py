@@ -93,7 +93,8 @@ ExpertImbalanceOpt = Annotated[Optional[float], typer.Option(
     metavar="RATIO")]
 WeightsOption = Annotated[Optional[WeightsOpt], typer.Option(
     "--weights", help="Weight precision (default: what an HF config.json's "
-    "quantization_config says the checkpoint stores, else bf16).")]
+    "quantization_config says the checkpoint stores, else its torch_dtype (float16: fp16), "
+    "else bf16).")]
 KVOption = Annotated[Optional[KVOpt], typer.Option(
     "--kv-cache", help="KV-cache precision (default: the 16-bit type of the weights).")]
 # vLLM's spellings of the same choices, with their own vocabularies (planner/cli/flags.py)
@@ -559,7 +560,8 @@ def resolve_precision(m, weights=None, kv_cache=None, group_size: int | None = N
     """(precision, source): what ``--weights`` asks for (source "--weights"); without it, what
     the checkpoint's quantization_config says it stores ("checkpoint": ``--group-size``,
     ``--kv-cache``, ``--compute`` and ``--quantized-layers experts`` still apply over it, and a
-    config that cannot be read is a one-line error here); else bf16 ("default")."""
+    config that cannot be read is a one-line error here); else the config's 16-bit
+    ``torch_dtype`` (float16: fp16; vLLM's --dtype auto), else bf16 ("default")."""
     from planner.core.specs import DType, Precision
 
     positive("--group-size", group_size)
@@ -573,8 +575,8 @@ def resolve_precision(m, weights=None, kv_cache=None, group_size: int | None = N
             p = p.model_copy(update={"compute": DType(c)})
         check_quantized_layers(m, p.quantized_layers)
         return p, "checkpoint"
-    p = Precision.of(_value(weights) or "bf16", kv, group_size or DEFAULT_GROUP_SIZE, c,
-                     check_quantized_layers(m, ql))
+    p = Precision.of(_value(weights) or m.torch_dtype or "bf16", kv,
+                     group_size or DEFAULT_GROUP_SIZE, c, check_quantized_layers(m, ql))
     return p, ("--weights" if weights is not None else "default")
 
 
@@ -595,6 +597,8 @@ def weights_source_text(m, p, source: str, group_size: int | None = None) -> str
     if source == "--weights":
         return "--weights" + (f"; {q.file}'s quantization_config ({q.label}) set aside"
                               if q is not None and q.problem is None else "")
+    if m.torch_dtype is not None:
+        return f"default: the checkpoint's torch_dtype ({m.torch_dtype}), from {m.source}"
     if m.source.endswith(".json"):
         return f"default: no quantization_config in {m.source}"
     return "default"

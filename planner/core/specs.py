@@ -334,6 +334,10 @@ class ModelSpec(_Frozen):
     # how the checkpoint stores its weights (an HF config's quantization_config); None:
     # the 16-bit type, or whatever --weights says
     quantization: CheckpointQuant | None = None
+    # the 16-bit type its config.json says the checkpoint stores (torch_dtype float16 or
+    # bfloat16), the default weights where nothing else says (vLLM's --dtype auto); None:
+    # not stated (bf16 then)
+    torch_dtype: Literal["fp16", "bf16"] | None = None
     # the tokens its chat template adds to one user message (None: not recorded)
     chat_template: ChatTemplate | None = None
 

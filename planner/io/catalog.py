@@ -233,13 +233,17 @@ def _model_of_yaml(data: Any, path: str) -> ModelSpec:
     (planner/io/quant_config.py): a built-in model and its own config.json give the same
     default precision. A block the reader cannot use is named with this file's path when
     the precision is taken from it, as a config.json's is."""
-    from planner.io.quant_config import FIELD, checkpoint_quant
+    from planner.io.quant_config import FIELD, checkpoint_half, checkpoint_quant
 
+    if isinstance(data, dict) and data.get("torch_dtype") in ("float16", "bfloat16"):
+        # the config.json spelling, read as a config.json's is
+        data = {**data, "torch_dtype": checkpoint_half(data).value}
     if not isinstance(data, dict) or FIELD not in data:
         return validate(ModelSpec, data, path)
     data = dict(data)
-    qc, half = data.pop(FIELD), data.pop("torch_dtype", None)
+    qc, half = data.pop(FIELD), data.get("torch_dtype")
     m = validate(ModelSpec, data, path)
+    half = {"fp16": "float16", "bf16": "bfloat16"}.get(half, half)
     cfg = {FIELD: qc} if half is None else {FIELD: qc, "torch_dtype": half}
     q = checkpoint_quant(cfg, path, moe=m.moe is not None, hidden_size=m.hidden_size)
     if q is None:  # "quantization_config: null": none, as in a config.json
@@ -475,7 +479,7 @@ def _qwen_moe_layer(cfg: dict, i: int, path: str) -> bool:
 def model_from_hf_config(cfg: dict, path: str) -> ModelSpec:
     """Translate the fields of an official HF config into a ``ModelSpec``, with how the
     checkpoint stores its weights (``quantization_config``: planner/io/quant_config.py)."""
-    from planner.io.quant_config import checkpoint_quant
+    from planner.io.quant_config import checkpoint_half, checkpoint_quant
 
     bad = _non_finite(cfg)
     if bad is not None:  # JSON has no NaN or Infinity; Python's reader lets them through
@@ -486,6 +490,9 @@ def model_from_hf_config(cfg: dict, path: str) -> ModelSpec:
     except (TypeError, OverflowError) as err:  # a list or a string where a size belongs
         raise SpecError(f"{path}: a size field is not a number ({err})") from None
     q = checkpoint_quant(cfg, path, moe=m.moe is not None, hidden_size=m.hidden_size)
+    half = checkpoint_half(cfg)
+    if half is not None:
+        m = m.model_copy(update={"torch_dtype": half.value})
     return m if q is None else m.model_copy(update={"quantization": q})
 
 

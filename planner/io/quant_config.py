@@ -74,6 +74,13 @@ def checkpoint_quant(cfg: dict, path: str, *, moe: bool,
             f"{e['msg'].removeprefix('Value error, ')}"))
 
 
+def checkpoint_half(cfg: dict) -> DType | None:
+    """The 16-bit type a config.json says its checkpoint stores (``torch_dtype``, ``dtype`` in
+    newer configs: float16 or bfloat16); None for any other (float32: vLLM's auto picks a
+    16-bit type by its own rules, not modelled here) or none."""
+    return _half(cfg)
+
+
 def _half(cfg: dict) -> DType | None:
     """The checkpoint's 16-bit type (``torch_dtype``, ``dtype`` in newer configs): the type
     weight-only kernels compute in (vLLM's dtype auto)."""
