@@ -514,3 +514,24 @@ def test_the_all_to_all_line_gives_a_steps_time_and_a_layers(run_cli):
     assert code == 0, err
     flat = " ".join(out.split())
     assert "a step (each of 58 MoE layers'" in flat and "per MoE layer" not in flat
+
+
+def test_a_layouts_json_gives_its_own_memory_at_the_top_level(run_json):
+    """Llama-3.1-70B over 2 pipeline stages of one H100: the top-level memory fields are the
+    fullest stage's (65.7 GiB of weights, under its usable 72 GiB, so it fits), where they had
+    been one GPU holding the whole model (141 GB, used 171%) beside fits: true; that group's
+    figures are in tp_group. Likewise an expert-parallel GPU's."""
+    d = run_json("estimate", "-m", "llama-3.1-70b", "-g", "h100-sxm", "--pp", "2", "-b", "8")
+    st = max(d["pipeline"]["stages"], key=lambda s: s["total_bytes"])
+    assert d["fits"] is True
+    assert d["total_memory_bytes"] == pytest.approx(st["total_bytes"])
+    assert d["weights_bytes"] == pytest.approx(st["weights_bytes"])
+    assert d["memory_used_frac"] == pytest.approx(st["total_bytes"] / st["usable_bytes"])
+    assert d["memory_used_frac"] < 1
+    assert d["tp_group"]["total_memory_bytes"] > d["tp_group"]["usable_memory_bytes"]
+    assert d["max_batch"] is None  # computed for one TP group only
+    x = run_json("estimate", "-m", "qwen3-30b-a3b", "-g", "h100-sxm", "--ep", "4", "-b", "64")
+    ep = x["expert_parallel"]
+    assert x["total_memory_bytes"] == pytest.approx(ep["total_bytes"])
+    assert x["weights_bytes"] == pytest.approx(ep["weights_bytes"])
+    assert x["tp_group"]["weights_bytes"] > 3 * x["weights_bytes"]

@@ -242,6 +242,17 @@ class DeploymentEstimate:
             return self.baseline
         return replace(self.baseline, tpot_s=self.speculation.tpot_s)
 
+    def _layout_memory(self) -> dict:
+        if self.pipeline is not None:
+            st = max(self.pipeline.stages, key=lambda s: s.total_bytes / (s.usable_bytes or 1))
+            return _per_gpu_memory(st.weights_bytes, st.kv_cache_bytes, st.activation_bytes,
+                                   st.total_bytes, st.usable_bytes)
+        x = self.expert
+        return _per_gpu_memory(x.weights_bytes, x.kv_cache_bytes,
+                               x.total_bytes - x.weights_bytes - x.kv_cache_bytes
+                               - self.deployment.options.reserve_bytes,
+                               x.total_bytes, x.usable_bytes)
+
     def to_dict(self) -> dict:
         """``Estimate.to_dict`` with the layout's and speculation's sections. With
         speculation the headline keys (``tpot_s``, ``latency_s``, throughputs, cost) are the
@@ -263,6 +274,12 @@ class DeploymentEstimate:
             d["fits"] = self.fits
             d["num_gpus"] = self.deployment.layout.num_gpus
             d["headline"] = self.layout_section
+            # memory: one TP group holding the whole model is tp_group's; the top level is
+            # the layout's most loaded GPU (its tightest stage, or an expert-parallel GPU)
+            mem = ("weights_bytes", "kv_cache_bytes", "activation_bytes", "total_memory_bytes",
+                   "usable_memory_bytes", "memory_used_frac", "max_batch", "kv_concurrency")
+            d["tp_group"].update({k: d[k] for k in mem if k in d})
+            d.update(self._layout_memory())
         if self.speculation is not None:
             s = self.speculation
             d["baseline"] = _headline_keys(self.baseline)
@@ -277,6 +294,16 @@ class DeploymentEstimate:
         if self.expert is not None:
             d["expert_parallel"] = self.expert.as_dict(e.batch)
         return d
+
+
+def _per_gpu_memory(weights, kv, act, total, usable) -> dict:
+    """The top-level memory fields of a layout, from its most loaded GPU's figures; the
+    largest batch that fits and the paged concurrency are one TP group's, not the layout's
+    (None: not computed for it)."""
+    return {"weights_bytes": weights, "kv_cache_bytes": kv, "activation_bytes": act,
+            "total_memory_bytes": total, "usable_memory_bytes": usable,
+            "memory_used_frac": total / usable if usable else None, "max_batch": None,
+            "kv_concurrency": None}
 
 
 def _headline_keys(h) -> dict:
