@@ -489,3 +489,16 @@ def test_a_bad_printed_block_is_refused_by_name(text, msg):
 
     with pytest.raises(FormatError, match=re.escape(msg)):
         read_printed(text, "b.txt")
+
+
+def test_an_sglang_servers_file_compared_with_another_engine_is_warned(run_cli):
+    """SGLang's bench_serving saves the server's /get_server_info, which only an SGLang
+    server answers: compared with the vllm profile (the default) it is one warning line a
+    run, an error under --strict; with --engine sglang none."""
+    f = str(FIX / "sglang_bench_serving.jsonl")
+    code, _, err = run_cli("compare", f, *M, *G)
+    assert code == 0 and "its server_info is an SGLang server's" in err
+    code, _, err = run_cli("compare", f, *M, *G, "--strict")
+    assert code == 2 and "--engine sglang" in err
+    code, _, err = run_cli("compare", f, *M, *G, "-e", "sglang")
+    assert code == 0 and "server_info is an SGLang" not in err

@@ -379,8 +379,9 @@ def _their_weights(run) -> str | None:
 def disagreements(run, s) -> list[str]:
     """What the run's file states about its deployment that the prediction's does not
     share: the model id, TP, the weights (a server's --quantization, llmplan measure's
-    weights), the KV-cache type and, with 16-bit weights, their type. Only fields the file
-    has are compared."""
+    weights), the KV-cache type and, with 16-bit weights, their type, and the engine where
+    the file carries an SGLang server's server_info. Only fields the file has are
+    compared."""
     from planner.cli.flags import DTYPES, KV_CACHE_DTYPES
 
     p, by = s.precision, run.stated_by
@@ -407,6 +408,10 @@ def disagreements(run, s) -> list[str]:
     if d is not None and p.weights.value in ("bf16", "fp16") and d != p.weights.value:
         out.append(f"{run.source}: its {by} says dtype {run.server_dtype}; the prediction "
                    f"uses {p.weights.value} weights")
+    if by == "server_info" and not s.engine.name.startswith("sglang"):
+        # only SGLang's server answers bench_serving's /get_server_info
+        out.append(f"{run.source}: its server_info is an SGLang server's; the prediction "
+                   f"uses the {s.engine.name} profile (--engine sglang)")
     return out
 
 
