@@ -43,16 +43,23 @@ def forked(task: Callable[[int], Any], items: list[int],
     function that waits for and returns the results in ``items``' order, or None where the
     work is not forked (``jobs`` <= 1, a single item, no fork). The body of the ``with`` runs
     in the parent meanwhile. Leaving it (an error, Ctrl-C) ends the workers."""
-    global _TASK
     if jobs <= 1 or len(items) < 2 or not can_fork():
         yield None
         return
-    _TASK = task
-    pool = mp.get_context("fork").Pool(processes=min(jobs, len(items)),
-                                       initializer=_ignore_sigint)
-    try:
+    with _pool(task, min(jobs, len(items))) as pool:
         pending = [pool.apply_async(_run, (i,)) for i in items]
         yield lambda: [p.get() for p in pending]
+
+
+@contextmanager
+def _pool(task: Callable[[int], Any], processes: int) -> Iterator[Any]:
+    """A pool of forked workers running ``task`` (``_run``); closed when the body ends, ended
+    at once where it raises (an error, Ctrl-C)."""
+    global _TASK
+    _TASK = task
+    pool = mp.get_context("fork").Pool(processes=processes, initializer=_ignore_sigint)
+    try:
+        yield pool
         pool.close()
     except BaseException:
         pool.terminate()
@@ -75,7 +82,6 @@ def cut_in_order(bounds: list[float], size: Callable[[int], Any], top: int, jobs
     of what one process sizes, as fewer costs are known at each submission. The results are
     then cut by the same rule, in order, so they are exactly one process's whatever ``jobs``
     is. ``started(i)``: called in this process as candidate i is submitted (progress)."""
-    global _TASK
 
     def over(i: int, costs: list[float]) -> bool:
         return len(costs) >= top and bounds[i] > sorted(costs)[top - 1]
@@ -83,9 +89,7 @@ def cut_in_order(bounds: list[float], size: Callable[[int], Any], top: int, jobs
     n = len(bounds)
     results: dict[int, Any] = {}
     if jobs > 1 and n > 1 and can_fork():
-        _TASK = size
-        pool = mp.get_context("fork").Pool(processes=min(jobs, n), initializer=_ignore_sigint)
-        try:
+        with _pool(size, min(jobs, n)) as pool:
             pending: dict[int, Any] = {}
             costs: list[float] = []
             nxt = 0
@@ -102,13 +106,6 @@ def cut_in_order(bounds: list[float], size: Callable[[int], Any], top: int, jobs
                     results[i] = pending.pop(i).get()
                     if results[i] is not None:
                         costs.append(cost(results[i]))
-            pool.close()
-        except BaseException:
-            pool.terminate()
-            raise
-        finally:
-            pool.join()
-            _TASK = None
     out: list[Any] = []
     costs = []
     for i in range(n):
