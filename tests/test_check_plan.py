@@ -502,3 +502,31 @@ def test_plan_says_which_sizes_it_left_out(run_cli):
     assert code == 0, err
     assert "left out: --tp 3 (tp 3 does not divide llama-3.1-8b's 32 attention heads)" in \
         " ".join(err.split())
+
+
+def test_a_plan_row_is_simulate_over_its_steady_window(run_json):
+    """Llama-3.1-8B fp8 on H100s at 100 requests a second (1 s, 20 ms): each replica's
+    requests live at most 1 + 0.02 x 255 = 6.1 s, so the row's figures are of those arriving
+    from 6.1 s over 12.2 s (two lifetimes; 200 requests take 8 s at 25 a second), and
+    `simulate -n N --measure-window FROM,TO` at the row's rate gives them. Three replicas
+    (33 a second each) would pass on a run's first 200 requests, not in steady state:
+    simulated over 70 s (seeds 1-3), their p90 TPOT is 21-23 ms; it takes four."""
+    rows = run_json("plan", "-m", "llama-3.1-8b", "-g", "h100-sxm", "-p", "1024", "-o", "256",
+                    "--ttft", "1s", "--tpot", "20ms", "--rps", "100", "--disaggregated", "off",
+                    "--weights", "fp8", "--kv-cache", "fp8", "--tp", "1", "--top", "1")
+    r = rows[0]
+    assert r["replicas"] == 4 and r["rate_per_replica"] == pytest.approx(25)
+    assert r["measured_from_s"] == pytest.approx(6.1)
+    assert r["measured_to_s"] == pytest.approx(6.1 + 12.2)
+    assert r["simulated_requests"] == math.ceil(25 * (12.2 + 2 * 6.1))
+    sim = ["simulate", "-m", "llama-3.1-8b", "-g", "h100-sxm", "-p", "1024", "-o", "256",
+           "--weights", "fp8", "--kv-cache", "fp8"]
+    d = run_json(*sim, "-n", str(r["simulated_requests"]), "--request-rate", "25",
+                 "--measure-window", f"{r['measured_from_s']},{r['measured_to_s']}")
+    assert d["p90_tpot_ms"] / 1e3 == pytest.approx(r["p90_tpot_s"], rel=1e-9)
+    assert d["p90_ttft_ms"] / 1e3 == pytest.approx(r["p90_ttft_s"], rel=1e-9)
+    assert d["measured_requests"] < d["completed"]
+    three = sorted(run_json(*sim, "-n", "3000", "--request-rate", str(100 / 3), "--seed",
+                            str(seed), "--measure-window", "10,80")["p90_tpot_ms"]
+                   for seed in (1, 2, 3))
+    assert three[1] > 20  # 21.4, 22.6, 22.8 ms

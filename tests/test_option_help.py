@@ -31,6 +31,7 @@ from planner.cli.options import duration_option
 BARE = {"<str>", "<int>", "<float>", "<path>", "<text>", "<bool>", "<file>", "TEXT", "INTEGER",
         "FLOAT", "PATH", "FILENAME", "DIRECTORY", "BOOLEAN"}
 OURS = re.compile(r"^[A-Z][A-Z0-9_]*(=[A-Z]+)?(\|[A-Za-z0-9_]+)*(,\.\.\.)?$"  # N, GPU,..., SET|FILE
+                  r"|^[A-Z]+,[A-Z]+$"  # a pair: FROM,TO
                   r"|^[a-z0-9-]+(\|[a-z0-9-]+)+$")  # choices spelled out: auto|cuda|cpu
 CHOICES = re.compile(r"^<[^<>|]+(\|[^<>|]+)+>$")
 FILE_WORDS = {"FILE", "DIR", "PNG", "CSV", "YAML", "JSONL", "XML"}

@@ -294,6 +294,9 @@ def test_simulate_replays_a_trace(run_cli, tmp_path):
     (["--prefix-cache", "maybe"], "--prefix-cache: must be on or off"),
     (["--capacity-policy", "fifo"], "capacity-policy"),
     (["--prefix-tokens", "10", "--dataset-name", "sharegpt"], "only with the random"),
+    (["--measure-window", "5"], "--measure-window: expected FROM,TO"),
+    (["--measure-window", "10,5"], "--measure-window: expected 0 <= FROM < TO"),
+    (["--measure-window", "nan,5"], "--measure-window: expected 0 <= FROM < TO"),
 ])
 def test_simulate_bad_input(run_cli, args, msg):
     code, _, err = run_cli("simulate", "-m", "llama-3.1-8b", "-g", "h100-sxm", "-n", "5",

@@ -123,7 +123,7 @@ def plan(
     sim_requests: Annotated[int, typer.Option(
         help="Requests measured per candidate replica count, at least: those arriving in "
              "the run's steady state (from one request lifetime at the targets after the "
-             "start, for at least one more lifetime, and not in the last one), the run "
+             "start, for at least two more lifetimes, and not in the last one), the run "
              "simulating every request from the start (up to 5,000).", metavar="N")] = 200,
     range_ratio: Annotated[float, typer.Option(
         help="Simulated lengths uniform within +-this fraction.", metavar="FRACTION")] = 0.0,

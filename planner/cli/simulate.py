@@ -325,6 +325,12 @@ def simulate(
         "--ttft-slo", help="TTFT target (2s, 500ms): report the goodput.")] = None,
     tpot_slo: Annotated[Optional[float], duration_option(
         "--tpot-slo", help="TPOT target (50ms): report the goodput.")] = None,
+    measure_window: Annotated[Optional[str], typer.Option(
+        "--measure-window", metavar="FROM,TO",
+        help="The TTFT, TPOT and end-to-end statistics of the requests arriving from FROM to "
+        "TO seconds only (a steady state, the run's ramp-up and drain left out: plan's rows "
+        "give theirs as measured_from_s, measured_to_s); every request is simulated.")
+    ] = None,
     trace: Annotated[Optional[Path], typer.Option(
         help="Write one row per request as it finishes (CSV, or JSONL for .jsonl).",
         metavar="FILE")] = None,
@@ -458,6 +464,7 @@ def _simulate_run(a: dict, emit: bool) -> dict:
     # a TensorRT-LLM options file's cuda_graph_config: the sizes captured, and padding
     graph = (a.get("cuda_graph_sizes"), a.get("cuda_graph_padding"))
     enable_prefix_caching = a.get("enable_prefix_caching")  # vLLM's --prefix-cache (_scheduler)
+    window = _window(a.get("measure_window"))
     from planner.io import catalog
     from planner.serving import run
     from planner.serving.metrics import summary
@@ -512,7 +519,8 @@ def _simulate_run(a: dict, emit: bool) -> dict:
         res = run.run(dep, reqs, cfg, speculation=sp, sample_every_s=0.0 if plot else None,
                       step_coster=step_coster, on_record=sink)
     _refusals(res)
-    d = _result(dep, cfg, reqs, sp, summary(res, ttft_slo_s=ttft_slo, tpot_slo_s=tpot_slo),
+    d = _result(dep, cfg, reqs, sp, summary(res, ttft_slo_s=ttft_slo, tpot_slo_s=tpot_slo,
+                                            window=window),
                 request_rate=request_rate, burstiness=burstiness,
                 max_concurrency=max_concurrency, performance_mode=performance_mode)
     if sp is not None:  # the same requests without speculation, beside the headline
@@ -620,7 +628,8 @@ def _simulate_disaggregated(m, a: dict) -> dict:
                                 link=link)
     whole = res.combined()
     _refusals(whole)
-    d = summary(whole, ttft_slo_s=a["ttft_slo"], tpot_slo_s=a["tpot_slo"])
+    d = summary(whole, ttft_slo_s=a["ttft_slo"], tpot_slo_s=a["tpot_slo"],
+                window=_window(a.get("measure_window")))
     pools = {}
     for side, runs in (("prefill", res.prefill), ("decode", res.decode)):
         dep, cfg = deps[side], cfgs[side]
@@ -700,7 +709,7 @@ def _render_disaggregated(d: dict) -> None:
                       ("end-to-end", "e2el")):
         vals = [d.get(f"{s}_{key}_ms") for s in ("mean", "median", "p90", "p99")]
         rows.append([name, *("-" if v is None else f"{v:,.1f}" for v in vals)])
-    stdout.print(table("Latency (ms)", ["", "mean", "median", "p90", "p99"], rows, left=1))
+    stdout.print(table(_latency_title(d), ["", "mean", "median", "p90", "p99"], rows, left=1))
     stdout.print(f"completed {d['completed']:,} in {d['duration']:,.2f} s: "
                  f"{d['output_throughput']:,.0f} output tok/s"
                  + (f", goodput {d['request_goodput']:,.3g} req/s" if "request_goodput" in d
@@ -925,6 +934,28 @@ def loop_alone(request_rate: float, max_concurrency: int | None) -> bool:
 
 
 DEFAULT_NUM_REQUESTS = 1000  # simulate's -n where neither it nor a --dataset gives one
+
+
+def _latency_title(d: dict) -> str:
+    if d.get("measured_from_s") is None:
+        return "Latency (ms)"
+    return (f"Latency (ms) of the {d['measured_requests']:,} requests arriving "
+            f"{d['measured_from_s']:g}-{d['measured_to_s']:g} s (ITL: every request's)")
+
+
+def _window(text: str | None) -> tuple[float, float] | None:
+    """--measure-window FROM,TO: seconds of arrival, 0 <= FROM < TO."""
+    if text is None:
+        return None
+    parts = text.split(",")
+    try:
+        lo, hi = (float(x) for x in parts)
+    except ValueError:
+        raise LlmplanError(f"--measure-window: expected FROM,TO in seconds (30,90), got "
+                           f"{text!r}") from None
+    if not (math.isfinite(lo) and math.isfinite(hi) and 0 <= lo < hi):
+        raise LlmplanError(f"--measure-window: expected 0 <= FROM < TO, got {text!r}")
+    return lo, hi
 
 
 def request_stream(dataset, dataset_name, num_requests, prompt_tokens, output_tokens,
@@ -1209,7 +1240,7 @@ def _render(d: dict) -> None:
                       ("end-to-end", "e2el")):
         vals = [d.get(f"{s}_{key}_ms") for s in ("mean", "median", "p90", "p99")]
         rows.append([name, *("-" if v is None else f"{v:,.1f}" for v in vals)])
-    stdout.print(table("Latency (ms)", ["", "mean", "median", "p90", "p99"], rows, left=1))
+    stdout.print(table(_latency_title(d), ["", "mean", "median", "p90", "p99"], rows, left=1))
     b = d.get("baseline")
     if b is not None:
         sp = "-" if d["speedup"] is None else f"{d['speedup']:.2f}x"

@@ -118,6 +118,7 @@ def search_disaggregated(model, gpus, *, prompt_tokens: int, output_tokens: int,
         screen,
         sized_at_fields,
         sizing_requests,
+        steady_fields,
     )
     from planner.serving import run
     from planner.serving.disagg import transfer_figures
@@ -277,7 +278,7 @@ def search_disaggregated(model, gpus, *, prompt_tokens: int, output_tokens: int,
             "rate_per_replica": rate / n_d, "percentile": p_,
             f"{name}_ttft_s": ttft, f"{name}_tpot_s": tpot,
             **sized_at_fields({**s, "sized_at": high}, st, name),
-            "latency_s": s[f"{name}_e2el_ms"] / 1e3,
+            "latency_s": s[f"{name}_e2el_ms"] / 1e3, **steady_fields(s),
             "mean_running_requests": s["mean_running_requests"],
             "max_running_requests": s["max_running_requests"],
             "batch": d.cfg.max_num_seqs, "meets_targets": True,

@@ -160,7 +160,7 @@ class SimSettings:
 # request from the start. Sized on the first 200 requests of a stream whose requests live 4 s
 # at 33 requests a second, a replica's p90 TPOT had been 14 ms where its steady state gives 20
 # (the requests of the ramp-up see a half-full batch).
-STEADY_LIFETIMES = 1.0
+STEADY_LIFETIMES = 2.0
 MAX_SIZING_REQUESTS = 5_000
 
 
@@ -185,6 +185,15 @@ def sizing_requests(rate: float, lifetime_s: float, settings: SimSettings
     span = MAX_SIZING_REQUESTS / rate
     edge = min(lifetime_s, span / 4)
     return MAX_SIZING_REQUESTS, (edge, span - edge)
+
+
+def steady_fields(s: dict) -> dict:
+    """A plan row's record of the run it shows: the requests simulated and the arrival window
+    of those measured (``simulate -n N --measure-window FROM,TO`` at the row's rate gives its
+    figures), None where every request was measured."""
+    return {"simulated_requests": s["arrived"],
+            "measured_from_s": s.get("measured_from_s"),
+            "measured_to_s": s.get("measured_to_s")}
 
 
 def sizing_coster(coster, settings: SimSettings):
@@ -458,6 +467,7 @@ def search_continuous(model: ModelSpec, gpus: list[HardwareSpec], *, prompt_toke
                 f"{name}_tpot_s": (s[f"{name}_tpot_ms"] or 0) / 1e3,
                 **sized_at_fields(s, st, name),
                 "latency_s": s[f"{name}_e2el_ms"] / 1e3,
+                **steady_fields(s),
                 "mean_running_requests": s["mean_running_requests"],
                 "max_running_requests": s["max_running_requests"],
                 "batch": sched.max_num_seqs, "meets_targets": True,
