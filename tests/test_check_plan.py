@@ -472,7 +472,10 @@ def test_a_search_cut_in_order_is_the_same_in_workers():
     """Candidates by lower bound 1..6 costing 3, 1, 4, 10, 2, 8, the top 2 kept: one process
     sizes the first three (the fourth's bound, 4, is above the second-cheapest cost so far,
     3) and stops; forked workers size more but return the same three, in order."""
-    from planner.evidence.workers import cut_in_order
+    from functools import partial
+
+    from planner.evidence.workers import prefetched
+    from planner.search.plan import cut_in_order
 
     costs = [3, 1, 4, 10, 2, 8]
     sized = []
@@ -481,12 +484,14 @@ def test_a_search_cut_in_order_is_the_same_in_workers():
         sized.append(i)
         return {"usd_per_hour": costs[i], "i": i}
 
-    one = cut_in_order([1, 2, 3, 4, 5, 6], size, 2, jobs=1)
+    one = cut_in_order([1, 2, 3, 4, 5, 6], size, 2)
     assert [r["i"] for r in one] == [0, 1, 2] and sized == [0, 1, 2]
-    assert cut_in_order([1, 2, 3, 4, 5, 6], size, 2, jobs=2) == one
+    two = partial(prefetched, jobs=2)
+    assert set(two([1, 2, 3, 4, 5, 6], size, 2, lambda r: r["usd_per_hour"])) >= {0, 1, 2}
+    assert cut_in_order([1, 2, 3, 4, 5, 6], size, 2, prefetch=two) == one
     # a candidate that cannot be sized (None) is passed over, not counted
     assert [r["i"] for r in cut_in_order([1, 2, 3, 4], lambda i: None if i == 1 else size(i),
-                                         2, jobs=2)] == [0, 2, 3]
+                                         2, prefetch=two)] == [0, 2, 3]
 
 
 def test_plan_rows_do_not_depend_on_jobs(run_json):

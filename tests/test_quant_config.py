@@ -354,11 +354,13 @@ def test_compare_warns_on_model_and_tp(run_cli, tmp_path):
 
 
 def test_compare_agrees_quietly(run_cli):
-    """The fixtures' own model (an -Instruct variant of the same name), TP and precision."""
-    code, _, err = run_cli("compare", str(SERVERS / "vllm_bench_serve.json"),
-                           str(SERVERS / "sglang_bench_serving.jsonl"), "-m", "llama-3.1-8b",
-                           *G, "--strict")
-    assert code == 0 and "warning" not in err, err
+    """The fixtures' own model (an -Instruct variant of the same name), TP, precision and
+    engine (the SGLang file's server_info is an SGLang server's)."""
+    for f, engine in (("vllm_bench_serve.json", "vllm"), ("sglang_bench_serving.jsonl",
+                                                          "sglang")):
+        code, _, err = run_cli("compare", str(SERVERS / f), "-m", "llama-3.1-8b", *G, "-e",
+                               engine, "--strict")
+        assert code == 0 and "warning" not in err, err
 
 
 def test_sglang_server_info_quantization_disagrees(run_cli, tmp_path):
@@ -366,13 +368,13 @@ def test_sglang_server_info_quantization_disagrees(run_cli, tmp_path):
     line["server_info"].update(quantization="fp8", kv_cache_dtype="fp8_e4m3")
     p = tmp_path / "s.jsonl"
     p.write_text(json.dumps(line) + "\n")
-    code, _, err = run_cli("compare", str(p), "-m", "llama-3.1-8b", *G)
+    code, _, err = run_cli("compare", str(p), "-m", "llama-3.1-8b", *G, "-e", "sglang")
     assert code == 0
     assert "server_info says weights --quantization fp8 (fp8); the prediction uses bf16 " \
         "(default)" in " ".join(err.split())
     assert "KV cache fp8_e4m3" in err
     code, _, err = run_cli("compare", str(p), "-m", "llama-3.1-8b", *G, "--weights", "fp8",
-                           "--kv-cache", "fp8", "--strict")
+                           "--kv-cache", "fp8", "-e", "sglang", "--strict")
     assert code == 0, err
 
 

@@ -521,9 +521,12 @@ def _plan_continuous(m, gpus, *, prompt_tokens, output_tokens, targets, tps, wei
                      label, compute=None, pps=(1,), eps=(1,), quantized_layers="all",
                      options=None, speculations=(), disaggregated="off", jobs=1,
                      price_set: str = "", emit: bool = True):
+    from functools import partial
+
     import numpy as np
     import pandas as pd
 
+    from planner.evidence.workers import prefetched
     from planner.io.render import plain, table
     from planner.io.report import plot_pareto
     from planner.layouts.deployment import Layout
@@ -533,24 +536,26 @@ def _plan_continuous(m, gpus, *, prompt_tokens, output_tokens, targets, tps, wei
     kw = dict(prompt_tokens=prompt_tokens, output_tokens=output_tokens, targets=targets,
               tps=tps, weights=weights, kv_cache=kv_cache, calibration=calibration,
               price_usd_per_gpu_hour=price_per_hour, engine=engine, settings=settings,
-              top=top, compute=compute, quantized_layers=quantized_layers, options=options)
+              top=top, compute=compute, quantized_layers=quantized_layers, options=options,
+              prefetch=partial(prefetched, jobs=jobs) if jobs > 1 else None)
     frames = []
     from planner.search.plan import screen
 
     screened = screen(m, gpus, pps=pps if disaggregated != "only" else (1,),
                       eps=eps if disaggregated != "only" else (1,),
-                      **{k: v for k, v in kw.items() if k not in ("settings", "top")})
+                      **{k: v for k, v in kw.items() if k not in ("settings", "top",
+                                                                  "prefetch")})
     from planner.cli.progress import task_progress
 
     with task_progress("sizing configurations", enabled=not as_json) as advance:
         if disaggregated != "only":
             frames.append(search_continuous(m, gpus, pps=pps, eps=eps,
                                             speculations=speculations, screened=screened,
-                                            advance=advance, jobs=jobs, **kw)
+                                            advance=advance, **kw)
                           .assign(disaggregated=False))
         if disaggregated != "off":
             frames.append(search_disaggregated(m, gpus, screened=screened, advance=advance,
-                                               jobs=jobs, **kw))
+                                               **kw))
     frames = [f for f in frames if len(f)]
     df = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
     if len(df):
@@ -586,7 +591,8 @@ def _plan_continuous(m, gpus, *, prompt_tokens, output_tokens, targets, tps, wei
 
         static = search(m, gpus, pps=pps, eps=eps,
                         batches=[1, 2, 4, 8, 16, 32, 64, 128, 192, 256],
-                        **{k: v for k, v in kw.items() if k not in ("settings", "top")})
+                        **{k: v for k, v in kw.items() if k not in ("settings", "top",
+                                                                    "prefetch")})
         stdout.print(f"no configuration meets {name} TTFT <= {ttft} and TPOT <= {tpot} at "
                      f"{req:g} req/s: " + nearest_miss(static, targets))
         raise typer.Exit(1)

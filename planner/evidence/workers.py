@@ -69,56 +69,41 @@ def _pool(task: Callable[[int], Any], processes: int) -> Iterator[Any]:
         _TASK = None
 
 
-def cut_in_order(bounds: list[float], size: Callable[[int], Any], top: int, jobs: int = 1,
-                 cost: Callable[[Any], float] = lambda r: r["usd_per_hour"],
-                 started: Callable[[int], None] | None = None) -> list[Any]:
-    """A search over candidates sorted by a lower bound on their cost (``bounds``): each is
-    sized (``size(i)``: a result, or None where it cannot be), and the search stops at the
-    first candidate whose bound is above the ``top``-th cost found before it, since none
-    after it can make the list. The results in candidate order (Nones left out).
-
-    With ``jobs`` > 1 the candidates are sized in that many forked workers, submitted in
-    order while their bound can still make the list by what has come back so far: a superset
-    of what one process sizes, as fewer costs are known at each submission. The results are
-    then cut by the same rule, in order, so they are exactly one process's whatever ``jobs``
-    is. ``started(i)``: called in this process as candidate i is submitted (progress)."""
-
-    def over(i: int, costs: list[float]) -> bool:
-        return len(costs) >= top and bounds[i] > sorted(costs)[top - 1]
-
+def prefetched(bounds: list[float], size: Callable[[int], Any], top: int,
+               cost: Callable[[Any], float], started: Callable[[int], None] | None = None, *,
+               jobs: int) -> dict[int, Any]:
+    """Candidates of a search cut by a lower bound on their cost (``bounds``, sorted; the
+    rule: ``planner.search.plan.cut_in_order``) sized side by side in up to ``jobs`` forked
+    workers: submitted in order while their bound can still make the ``top`` by what has come
+    back so far, so a superset of what one process sizes (fewer costs are known at each
+    submission). Index -> ``size(i)``; the caller cuts them in order, so its results do not
+    depend on ``jobs``. Empty where the work is not forked. ``started(i)``: called here as
+    candidate i is submitted (progress)."""
     n = len(bounds)
     results: dict[int, Any] = {}
-    if jobs > 1 and n > 1 and can_fork():
-        with _pool(size, min(jobs, n)) as pool:
-            pending: dict[int, Any] = {}
-            costs: list[float] = []
-            nxt = 0
-            while True:
-                while len(pending) < jobs and nxt < n and not over(nxt, costs):
-                    if started is not None:
-                        started(nxt)
-                    pending[nxt] = pool.apply_async(_run, (nxt,))
-                    nxt += 1
-                if not pending:
-                    break
-                done = [i for i, r in pending.items() if r.ready()] or [min(pending)]
-                for i in done:
-                    results[i] = pending.pop(i).get()
-                    if results[i] is not None:
-                        costs.append(cost(results[i]))
-    out: list[Any] = []
-    costs = []
-    for i in range(n):
-        if over(i, costs):
-            break
-        if i not in results:
-            if started is not None:
-                started(i)
-            results[i] = size(i)
-        if results[i] is not None:
-            out.append(results[i])
-            costs.append(cost(results[i]))
-    return out
+    if jobs <= 1 or n < 2 or not can_fork():
+        return results
+    costs: list[float] = []
+
+    def over(i: int) -> bool:
+        return len(costs) >= top and bounds[i] > sorted(costs)[top - 1]
+
+    with _pool(size, min(jobs, n)) as pool:
+        pending: dict[int, Any] = {}
+        nxt = 0
+        while True:
+            while len(pending) < jobs and nxt < n and not over(nxt):
+                if started is not None:
+                    started(nxt)
+                pending[nxt] = pool.apply_async(_run, (nxt,))
+                nxt += 1
+            if not pending:
+                return results
+            done = [i for i, r in pending.items() if r.ready()] or [min(pending)]
+            for i in done:
+                results[i] = pending.pop(i).get()
+                if results[i] is not None:
+                    costs.append(cost(results[i]))
 
 
-__all__ = ["can_fork", "cut_in_order", "forked"]
+__all__ = ["can_fork", "forked", "prefetched"]

@@ -100,18 +100,18 @@ def search_disaggregated(model, gpus, *, prompt_tokens: int, output_tokens: int,
                          calibration=None, price_usd_per_gpu_hour: float | None = None,
                          engine=None, settings=None, top: int = 10,
                          compute: DType | None = None, quantized_layers: str = "all",
-                         max_adjust: int = 6, screened=None, advance=None, jobs: int = 1):
+                         max_adjust: int = 6, screened=None, advance=None, prefetch=None):
     """Rows in the shape ``search_continuous`` returns (``disaggregated`` True, the layout's
     ``prefill_*`` / ``decode_*`` and ``kv_transfer_*`` fields), the cheapest first.
-    ``screened``: ``planner.search.plan.screen``'s rows, when the caller has them. ``jobs`` >
-    1: pairs sized side by side in forked workers, with the same rows
-    (``planner.evidence.workers.cut_in_order``; each worker keeps its own cache of each
+    ``screened``: ``planner.search.plan.screen``'s rows, when the caller has them.
+    ``prefetch``: pairs sized beforehand, side by side, with the same rows
+    (``planner.search.plan.cut_in_order``; each forked worker keeps its own cache of each
     side's runs)."""
     import pandas as pd
 
-    from planner.evidence.workers import cut_in_order
     from planner.search.plan import (
         SimSettings,
+        cut_in_order,
         percentile_name,
         percentile_s,
         request_lifetime_s,
@@ -293,7 +293,7 @@ def search_disaggregated(model, gpus, *, prompt_tokens: int, output_tokens: int,
             _, p, d = pairs[i]
             advance(f"{p.dep.hardware.name} P TP{p.dep.tp} / D TP{d.dep.tp}")
 
-    rows = cut_in_order([x[0] for x in pairs], size, top, jobs, started=started)
+    rows = cut_in_order([x[0] for x in pairs], size, top, started=started, prefetch=prefetch)
     out = pd.DataFrame(rows)
     if len(out):
         out = out.sort_values(["usd_per_hour", "total_gpus"]).reset_index(drop=True)

@@ -187,6 +187,32 @@ def sizing_requests(rate: float, lifetime_s: float, settings: SimSettings
     return MAX_SIZING_REQUESTS, (edge, span - edge)
 
 
+def cut_in_order(bounds: list[float], size, top: int, *,
+                 cost=lambda r: r["usd_per_hour"], started=None, prefetch=None) -> list:
+    """A search over candidates sorted by a lower bound on their cost (``bounds``): each is
+    sized (``size(i)``: a result, or None where it cannot be), and the search stops at the
+    first candidate whose bound is above the ``top``-th cost found before it, since none
+    after it can make the list. The results in candidate order (Nones left out).
+    ``prefetch(bounds, size, top, cost, started)``: index -> result for candidates sized
+    beforehand (``planner.evidence.workers.prefetched``: side by side in forked workers), a
+    superset of those this cut reaches or a part of them; the rest are sized here, so the
+    results are the same with or without it. ``started(i)``: as candidate i is sized
+    (progress)."""
+    known = prefetch(bounds, size, top, cost, started) if prefetch is not None else {}
+    out, costs = [], []
+    for i in range(len(bounds)):
+        if len(costs) >= top and bounds[i] > sorted(costs)[top - 1]:
+            break
+        if i not in known:
+            if started is not None:
+                started(i)
+            known[i] = size(i)
+        if known[i] is not None:
+            out.append(known[i])
+            costs.append(cost(known[i]))
+    return out
+
+
 def steady_fields(s: dict) -> dict:
     """A plan row's record of the run it shows: the requests simulated and the arrival window
     of those measured (``simulate -n N --measure-window FROM,TO`` at the row's rate gives its
@@ -361,10 +387,9 @@ def search_continuous(model: ModelSpec, gpus: list[HardwareSpec], *, prompt_toke
                       compute: DType | None = None, pps=(1,), eps=(1,),
                       quantized_layers: str = "all", speculations=(),
                       screened: pd.DataFrame | None = None, advance=None,
-                      jobs: int = 1) -> pd.DataFrame:
-    """The cheapest configurations sized by simulating continuous batching; ``jobs`` > 1:
-    configurations sized side by side in forked workers, with the same rows
-    (``planner.evidence.workers.cut_in_order``).
+                      prefetch=None) -> pd.DataFrame:
+    """The cheapest configurations sized by simulating continuous batching; ``prefetch``:
+    configurations sized beforehand, side by side, with the same rows (``cut_in_order``).
 
     Screened analytically first: a configuration must fit, be priced and meet both targets
     for a single request. Its optimistic rate (each request costing only its share of the
@@ -380,7 +405,6 @@ def search_continuous(model: ModelSpec, gpus: list[HardwareSpec], *, prompt_toke
     is the cost without, None where it cannot meet them). A configuration whose single request
     meets the TPOT target only with speculation is screened in; each way has its own bound on
     the rate, from its own TPOT by batch, and the search is cut by the best of them."""
-    from planner.evidence.workers import cut_in_order
     from planner.serving import run
 
     o = options or Options()
@@ -486,7 +510,7 @@ def search_continuous(model: ModelSpec, gpus: list[HardwareSpec], *, prompt_toke
             gpu, tp, pp, ep, w, _ = cands[i][1]
             advance(f"{gpu} {Layout(tp, pp, ep).label} {w}")
 
-    rows = cut_in_order([c[0] for c in cands], size, top, jobs, started=started)
+    rows = cut_in_order([c[0] for c in cands], size, top, started=started, prefetch=prefetch)
     out = pd.DataFrame(rows)
     if len(out):
         out = out.sort_values(["usd_per_hour", "total_gpus"]).reset_index(drop=True)
