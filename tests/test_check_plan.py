@@ -387,7 +387,7 @@ def test_plan_says_which_gpus_it_left_out_for_want_of_a_price(run_cli, tmp_path)
         path.write_text(yaml.safe_dump(d))
         unpriced.append(str(path))
     base = ["plan", "-m", "llama-3.1-8b", "--ttft", "2s", "--tpot", "50ms", "--rps", "1",
-            "--top", "1"]
+            "--top", "1", "--tp", "1", "--weights", "bf16,fp8"]
     code, _, err = run_cli(*base, "-g", ",".join(unpriced))
     assert code == 2 and "no price for h100-pcie-unpriced, h100-nvl-unpriced" in err
     assert "--price-per-hour" in err
@@ -496,9 +496,11 @@ def test_a_search_cut_in_order_is_the_same_in_workers():
 
 def test_plan_rows_do_not_depend_on_jobs(run_json):
     args = ["plan", "-m", "llama-3.1-8b", "-g", "h100-sxm,a100-sxm-80gb", "--ttft", "1s",
-            "--tpot", "40ms", "--rps", "30", "--top", "3"]
+            "--tpot", "40ms", "--rps", "30", "--top", "3", "--tp", "1,2", "--weights",
+            "bf16,fp8", "--kv-cache", "16"]
     one, two = run_json(*args, "-j", "1"), run_json(*args, "-j", "2")
-    assert len(one) >= 3 and one == two
+    assert len(one) >= 6 and one == two
+    assert {r["disaggregated"] for r in one} == {True, False}  # both searches forked
 
 
 def test_plan_says_which_sizes_it_left_out(run_cli):

@@ -69,14 +69,18 @@ class _Sizer:
 
     def early(self, n: int) -> dict:
         """The first ``num_requests`` requests alone, the run filling: a count that misses a
-        target there, less loaded than it will be, misses it in the steady state too."""
+        target there, less loaded than it will be, misses it in the steady state too; the
+        whole run where it is hardly longer."""
         if n not in self.seen_early:
             from planner.serving.metrics import summary
             from planner.serving.sim import simulate
 
             reqs, _ = self.make(self.rate / n)
-            self.seen_early[n] = summary(simulate(reqs[:self.st.num_requests], self.coster,
-                                                  self.side.cfg), itl=False)
+            if len(reqs) <= 2 * self.st.num_requests:  # hardly shorter: the whole run
+                self.seen_early[n] = self.summary(n)
+            else:
+                self.seen_early[n] = summary(simulate(reqs[:self.st.num_requests],
+                                                      self.coster, self.side.cfg), itl=False)
         return self.seen_early[n]
 
     def fewest(self, ok) -> int:

@@ -303,12 +303,14 @@ def replicas_needed(dep: Deployment, *, prompt_tokens: int, output_tokens: int,
 
     def ok(n: int) -> bool:
         if n not in seen:
-            # the run's first requests first: a replica that misses the targets while it
-            # fills, less loaded than it will be, misses them in its steady state too, and
-            # costs a short run to find out
-            early = simulated(n, sizing, steady=False)
-            seen[n] = simulated(n, sizing) if _percentile_ok(early, targets, settings) \
-                else early
+            # the run's first requests first, where the whole run is much longer: a replica
+            # that misses the targets while it fills, less loaded than it will be, misses them
+            # in its steady state too, and costs a short run to find out
+            count, _ = sizing_requests(targets.requests_per_s / n, life, settings)
+            early = simulated(n, sizing, steady=False) \
+                if count > 2 * settings.num_requests else None
+            seen[n] = simulated(n, sizing) if early is None or _percentile_ok(
+                early, targets, settings) else early
         return _percentile_ok(seen[n], targets, settings)
 
     floor = max(1, math.ceil(targets.requests_per_s / upper_rate))  # fewer cannot serve it
