@@ -469,3 +469,11 @@ def test_a_configs_torch_dtype_is_the_default_16_bit_type(run_json, run_cli, tmp
                                  "intermediate_size": 11008, "max_position_embeddings": 4096,
                                  "torch_dtype": "float16"}))
     assert run_json("estimate", "-m", str(y), "-g", "h100-sxm")["weights"] == "fp16"
+    # float32 beside a quantization_config (an AWQ copy of a float32 config): no 16-bit type
+    # stated, the AWQ weights read as before, bf16 the type they compute in
+    awq = {"quant_method": "awq", "bits": 4, "group_size": 128, "zero_point": True,
+           "version": "gemm"}
+    y.write_text(yaml.safe_dump({**yaml.safe_load(y.read_text()), "torch_dtype": "float32",
+                                 "quantization_config": awq}))
+    d = run_json("estimate", "-m", str(y), "-g", "h100-sxm")
+    assert d["weights"] == "int4" and d["compute"] == "bf16"

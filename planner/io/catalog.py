@@ -235,15 +235,18 @@ def _model_of_yaml(data: Any, path: str) -> ModelSpec:
     the precision is taken from it, as a config.json's is."""
     from planner.io.quant_config import FIELD, checkpoint_half, checkpoint_quant
 
-    if isinstance(data, dict) and data.get("torch_dtype") in ("float16", "bfloat16"):
-        # the config.json spelling, read as a config.json's is
-        data = {**data, "torch_dtype": checkpoint_half(data).value}
+    raw = data.get("torch_dtype") if isinstance(data, dict) else None
+    if raw in ("float16", "bfloat16", "float32"):
+        # a config.json's spelling, read as a config.json's is (float32: no 16-bit type)
+        half = checkpoint_half(data)
+        data = {**data, "torch_dtype": None if half is None else half.value}
     if not isinstance(data, dict) or FIELD not in data:
         return validate(ModelSpec, data, path)
     data = dict(data)
-    qc, half = data.pop(FIELD), data.get("torch_dtype")
+    qc = data.pop(FIELD)
     m = validate(ModelSpec, data, path)
-    half = {"fp16": "float16", "bf16": "bfloat16"}.get(half, half)
+    # the quantization_config reader takes the 16-bit type as the config spells it
+    half = {"fp16": "float16", "bf16": "bfloat16"}.get(raw, raw)
     cfg = {FIELD: qc} if half is None else {FIELD: qc, "torch_dtype": half}
     q = checkpoint_quant(cfg, path, moe=m.moe is not None, hidden_size=m.hidden_size)
     if q is None:  # "quantization_config: null": none, as in a config.json
