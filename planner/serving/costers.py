@@ -104,15 +104,7 @@ class PipelineCoster(_Layout):
         stages' micro-batches as soon as anything else decodes beside it)."""
         m = max(1, min(sequences, self.pp))
         per = -(-sequences // m)  # the largest micro-batch's sequences
-        if m == 1:
-            part = shape
-        elif parts is None:
-            part = shape.scaled(per / sequences)
-        else:
-            dec, n_chunks = parts
-            n_dec = max(dec.tokens, 1.0)
-            part = _add(dec.scaled(-(-n_dec // m) / n_dec),
-                        _add(shape, dec.scaled(-1.0)).scaled(1 / min(n_chunks, m)))
+        part = shape if m == 1 else _busiest(shape, sequences, m, parts)
         sends = [self._hidden_bytes * part.tokens / link + lat for link, lat in self._links]
         per_stage = [st.gpu_s(part, prefill=prefill) + (sends[i] if i < len(sends) else 0.0)
                      for i, st in enumerate(self.stages)]
@@ -162,13 +154,7 @@ class ExpertCoster(_Layout):
         graphed = self.engine.cuda_graphs and not prefill
         dp = self.dp_ranks
         per = -(-max(sequences, 1) // dp)  # the busiest group's sequences
-        if parts is None:
-            own = shape.scaled(per / max(sequences, 1))
-        else:
-            dec, n_chunks = parts
-            n_dec = max(dec.tokens, 1.0)
-            own = _add(dec.scaled(-(-n_dec // dp) / n_dec),
-                       _add(shape, dec.scaled(-1.0)).scaled(1 / min(n_chunks, dp)))
+        own = _busiest(shape, sequences, dp, parts)
         experts, _ = self.x.experts_s(shape.tokens, graphed)
         comm = self.x.all_to_all_s(own.tokens) + self.x.moe_reduce_s(own.tokens, graphed)
         return with_host(self.x.dense_s(own, graphed) + experts + comm,
@@ -187,6 +173,21 @@ class ExpertCoster(_Layout):
         free = kv_budget_bytes(self.hardware.memory_bytes, weights_bytes=w, activation_bytes=act,
                                reserve_bytes=o.reserve_bytes, frac=frac, basis=basis)
         return self.dp_ranks * max(0, int(free // kv_cache_bytes_per_token(m, p, tp=self.tp)))
+
+
+def _busiest(shape: StepShape, sequences: int, groups: int,
+             parts: tuple[StepShape, int] | None) -> StepShape:
+    """The share of a step's work the busiest of ``groups`` (micro-batches, data-parallel
+    groups) holds: ceil(sequences / groups) of them; or, for a step that mixes decodes and
+    prefill chunks (``parts``: the decodes' shape and the number of chunks), its share of
+    the decodes and of the chunks, 1 / min(chunks, groups), a chunk being one sequence's and
+    run whole in one group."""
+    if parts is None:
+        return shape.scaled(-(-max(sequences, 1) // groups) / max(sequences, 1))
+    dec, n_chunks = parts
+    n_dec = max(dec.tokens, 1.0)
+    return _add(dec.scaled(-(-n_dec // groups) / n_dec),
+                _add(shape, dec.scaled(-1.0)).scaled(1 / min(n_chunks, groups)))
 
 
 def _add(a: StepShape, b: StepShape) -> StepShape:
