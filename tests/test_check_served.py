@@ -6,6 +6,7 @@ for them wrongly refused by file, line and field."""
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -37,27 +38,111 @@ BASE = """deployments:
 """
 
 
-@pytest.mark.parametrize("gpu, rate, replicas, p", [("h100-sxm", 8, 2, 90),
-                                                    ("a100-sxm-80gb", 3, 1, 50)])
-def test_served_figures_are_what_simulate_gives(gpu, rate, replicas, p, tmp_path, run_cli,
-                                                run_json):
-    """A replica at its share of the rate, 200 requests, seed 3: check's figures are
-    simulate's for that traffic (the A100 has vLLM's 2,048-token step, which the replica's
-    prefill chunk follows in both), the throughput every replica's together."""
+@pytest.mark.parametrize("gpu, rate, replicas, p, n, window", [
+    # the limits' lifetime: min(100 s, 10 s + 127 x 1 s) = 100 s; two lifetimes of window
+    # (over 200 requests' 50 s at 4 a second), one lifetime each side: 4 x 400 s
+    ("h100-sxm", 8, 2, 90, 1600, (100, 300)),
+    # 3 a second: 200 requests arrive in 67 s, under two lifetimes again: 3 x 400 s
+    ("a100-sxm-80gb", 3, 1, 50, 1200, (100, 300))])
+def test_served_figures_are_what_simulate_gives(gpu, rate, replicas, p, n, window, tmp_path,
+                                                run_cli, run_json):
+    """A replica at its share of the rate, seed 3, measured at its steady state: the requests
+    arriving one request lifetime (at the limits) after the start, over two lifetimes, the
+    stream ending a lifetime later. check's figures are simulate's for that traffic and
+    window (the A100 has vLLM's 2,048-token step, which the replica's prefill chunk follows
+    in both), the throughput every replica's together."""
     code, out, err = run_cli("check", _budget(tmp_path, BASE.format(gpu=gpu, rate=rate,
                                                                     replicas=replicas, p=p)),
                              "--json")
     assert code == 0, err
-    got = {r["limit"]: r["predicted"] for r in json.loads(out)["results"]}
+    results = json.loads(out)["results"]
+    got = {r["limit"]: r["predicted"] for r in results}
+    run = results[0]["run"]
+    assert (run["measure"], run["simulated_requests"]) == ("steady", n)
+    assert (run["measured_from_s"], run["measured_to_s"]) == pytest.approx(window)
     s = run_json("simulate", "-m", "llama-3.1-8b", "-g", gpu, "-p", "512", "-o", "128",
-                 "--request-rate", str(rate / replicas), "--num-requests", "200",
-                 "--seed", "3")
+                 "--request-rate", str(rate / replicas), "--num-requests", str(n),
+                 "--seed", "3", "--measure-window", f"{window[0]},{window[1]}")
+    assert run["measured_requests"] == s["measured_requests"] >= 200
     name = "median" if p == 50 else f"p{p}"
     assert got["served_ttft_s"] == pytest.approx(s[f"{name}_ttft_ms"] / 1e3, rel=1e-12)
     assert got["served_tpot_s"] == pytest.approx(s[f"{name}_tpot_ms"] / 1e3, rel=1e-12)
     assert got["served_latency_s"] == pytest.approx(s[f"{name}_e2el_ms"] / 1e3, rel=1e-12)
     assert got["served_output_tokens_per_s"] == pytest.approx(
         s["output_throughput"] * replicas, rel=1e-12)
+
+
+def test_measure_all_holds_a_run_from_an_empty_replica(tmp_path, run_cli, run_json):
+    """``measure: all``: every one of num_requests requests, ramp-up included, as
+    ``simulate -n N`` measures them."""
+    body = BASE.format(gpu="h100-sxm", rate=8, replicas=2, p=90).replace(
+        "seed: 3,", "seed: 3, measure: all,")
+    code, out, err = run_cli("check", _budget(tmp_path, body), "--json")
+    assert code == 0, err
+    results = json.loads(out)["results"]
+    got = {r["limit"]: r["predicted"] for r in results}
+    assert results[0]["run"] == {"measure": "all", "simulated_requests": 200,
+                                 "measured_requests": 200, "measured_from_s": None,
+                                 "measured_to_s": None}
+    s = run_json("simulate", "-m", "llama-3.1-8b", "-g", "h100-sxm", "-p", "512", "-o", "128",
+                 "--request-rate", "4", "--num-requests", "200", "--seed", "3")
+    assert got["served_tpot_s"] == pytest.approx(s["p90_tpot_ms"] / 1e3, rel=1e-12)
+    assert got["served_ttft_s"] == pytest.approx(s["p90_ttft_ms"] / 1e3, rel=1e-12)
+
+
+NEAR_CAPACITY = """deployments:
+  - name: one
+    model: llama-3.1-8b
+    gpu: h100-sxm
+    workload: {{prompt_tokens: 512, output_tokens: 128}}
+    traffic: {{request_rate: 40, num_requests: 200, seed: 3, measure: {measure}}}
+    limits:
+      served_ttft_s: 1s
+      served_tpot_s: 15ms
+"""
+
+
+def test_a_replica_that_meets_a_limit_only_while_it_fills_fails(tmp_path, run_cli):
+    """Llama-3.1-8B at 40 requests a second on one H100: the first 200 requests (5 s, the
+    batch still filling) have a p90 TPOT of about 14 ms, inside 15 ms; at its steady state
+    (the requests arriving 2.9-8.7 s: a lifetime at the limits is 1 s + 127 x 15 ms = 2.905
+    s; 465 simulated) about 21 ms. The budget fails, as plan would not size this replica."""
+    code, out, _ = run_cli("check", _budget(tmp_path, NEAR_CAPACITY.format(measure="all")),
+                           "--json")
+    ramp = {r["limit"]: r for r in json.loads(out)["results"]}["served_tpot_s"]
+    assert code == 0 and ramp["predicted"] < 0.015
+    code, out, _ = run_cli("check", _budget(tmp_path, NEAR_CAPACITY.format(measure="steady")),
+                           "--json")
+    steady = {r["limit"]: r for r in json.loads(out)["results"]}["served_tpot_s"]
+    assert code == 1 and not steady["passed"] and steady["predicted"] > 0.018
+    assert steady["run"]["simulated_requests"] == 465  # ceil(40 x 4 x 2.905)
+    assert steady["run"]["measured_from_s"] == pytest.approx(2.905)
+    assert steady["run"]["measured_to_s"] == pytest.approx(3 * 2.905)
+
+
+def test_a_throughput_limit_alone_measures_after_the_runs_own_lifetime(tmp_path, run_cli,
+                                                                      run_json):
+    """No time limit to take a lifetime from: the p90 end-to-end latency of num_requests
+    from an empty replica stands for it."""
+    body = """deployments:
+  - name: one
+    model: llama-3.1-8b
+    gpu: h100-sxm
+    workload: {prompt_tokens: 512, output_tokens: 128}
+    traffic: {request_rate: 4, num_requests: 100, seed: 3}
+    limits:
+      served_output_tokens_per_s: 1
+"""
+    code, out, err = run_cli("check", _budget(tmp_path, body), "--json")
+    assert code == 0, err
+    run = json.loads(out)["results"][0]["run"]
+    first = run_json("simulate", "-m", "llama-3.1-8b", "-g", "h100-sxm", "-p", "512", "-o",
+                     "128", "--request-rate", "4", "--num-requests", "100", "--seed", "3")
+    life = first["p90_e2el_ms"] / 1e3
+    assert run["measured_from_s"] == pytest.approx(life)
+    # 100 requests arrive in 25 s, longer than two lifetimes of about 1 s
+    assert run["measured_to_s"] == pytest.approx(life + 25)
+    assert run["simulated_requests"] == math.ceil(4 * (25 + 2 * life))
 
 
 def test_the_served_example_passes_and_fails_at_the_slow_end(run_cli):
@@ -114,6 +199,7 @@ def test_a_broken_served_limit_fails_with_its_margin(tmp_path, run_cli):
     (("request_rate: 1,", "request_rate: 0,"), "request_rate"),
     (("request_rate: 1,", "request_rate: .nan,"), "request_rate"),
     (("served_tpot_s: 1s", "served_tpot_s: fast"), "served_tpot_s"),
+    (("seed: 3,", "seed: 3, measure: ramp,"), "measure"),
 ])
 def test_a_bad_served_budget_is_named_in_one_line(edit, says, tmp_path, run_cli):
     body = BASE.format(gpu="h100-sxm", rate=1, replicas=1, p=90).replace(*edit)
@@ -170,14 +256,18 @@ def test_a_served_budget_takes_sharegpts_lengths_as_simulate_does(tmp_path, run_
         "num_requests: 200,", "num_requests: 200, dataset_name: sharegpt,")
     code, out, err = run_cli("check", _budget(tmp_path, body), "--json")
     assert code == 0, err
-    got = {r["limit"]: r["predicted"] for r in json.loads(out)["results"]}
+    results = json.loads(out)["results"]
+    got, run = {r["limit"]: r["predicted"] for r in results}, results[0]["run"]
     s = run_json("simulate", "-m", "llama-3.1-8b", "-g", "h100-sxm", "-p", "512", "-o", "128",
-                 "--dataset-name", "sharegpt", "--request-rate", "6", "--num-requests", "200",
-                 "--seed", "3")
+                 "--dataset-name", "sharegpt", "--request-rate", "6", "--num-requests",
+                 str(run["simulated_requests"]), "--seed", "3", "--measure-window",
+                 f"{run['measured_from_s']!r},{run['measured_to_s']!r}")
     assert got["served_tpot_s"] == pytest.approx(s["p90_tpot_ms"] / 1e3, rel=1e-12)
     assert got["served_ttft_s"] == pytest.approx(s["p90_ttft_ms"] / 1e3, rel=1e-12)
     random = run_json("simulate", "-m", "llama-3.1-8b", "-g", "h100-sxm", "-p", "512", "-o",
-                      "128", "--request-rate", "6", "--num-requests", "200", "--seed", "3")
+                      "128", "--request-rate", "6", "--num-requests",
+                      str(run["simulated_requests"]), "--seed", "3", "--measure-window",
+                      f"{run['measured_from_s']!r},{run['measured_to_s']!r}")
     assert random["p90_ttft_ms"] != s["p90_ttft_ms"]  # the shape is not the fixed lengths'
     code, _, err = run_cli("check", _budget(tmp_path, body.replace("sharegpt", "alpaca")))
     assert code == 2 and "traffic dataset_name: 'alpaca' is not one of random, sonnet" in err

@@ -89,6 +89,28 @@ def _figures(d, dep):
     return at(wl.sequences), at(dep.limits.fits_at) if dep.limits.fits_at else None
 
 
+def served_run_text(run: dict) -> str:
+    """Which simulated requests a deployment's served limits were measured on, in words."""
+    n, m = run["simulated_requests"], run["measured_requests"]
+    if run["measured_from_s"] is None:
+        return f"measured on {m:,} of {n:,} requests simulated from an empty replica " \
+               "(measure: all)"
+    return (f"measured on the {m:,} requests arriving {run['measured_from_s']:.3g}-"
+            f"{run['measured_to_s']:.3g} s, of {n:,} simulated per replica (steady state)")
+
+
+def served_lifetime_s(limits, output_tokens: int) -> float | None:
+    """The longest a request meeting a deployment's served time limits lives: its
+    end-to-end limit, or its TTFT limit and every later token at the TPOT limit, whichever
+    is shorter; None where the limits set neither."""
+    lives = []
+    if limits.served_latency_s is not None:
+        lives.append(limits.served_latency_s)
+    if limits.served_ttft_s is not None and limits.served_tpot_s is not None:
+        lives.append(limits.served_ttft_s + limits.served_tpot_s * max(0, output_tokens - 1))
+    return min(lives) if lives else None
+
+
 def _served(d, dep, held: str):
     """A budget deployment's served figures under its ``traffic``: one replica simulated at
     its share of the rate (``planner.serving.run``: continuous batching, the engine's
@@ -96,19 +118,37 @@ def _served(d, dep, held: str):
     and where it is held at the slow end (``held`` "high"), the same replica with every step
     slowed to the served TPOT band's high end and its TTFT held at the TTFT band's, as ``plan
     --size-at high`` sizes one (``planner.evidence.bands.served_band_factors``), with the
-    bands it rests on. The ideal engine, a bound, has no band."""
+    bands it rests on. The ideal engine, a bound, has no band. Also the run the times were
+    measured on (requests simulated, the arrival window measured; ``traffic.measure``).
+
+    At ``measure: steady`` the times are those of the replica's steady state, as ``plan``
+    sizes one (``planner.search.plan.sizing_requests``): a stream long enough that at least
+    ``num_requests`` requests arrive once the replica has filled (one request lifetime after
+    the start) and one lifetime before the stream ends, over two lifetimes at least. The
+    lifetime is that of a request meeting the time limits (``served_lifetime_s``); where
+    they set none (a throughput limit, or a TTFT limit alone), the end-to-end latency at the
+    traffic's percentile of a first run of ``num_requests`` from an empty server."""
     from planner.cli.simulate import request_stream
     from planner.evidence.bands import served_band_factors
     from planner.evidence.budget import SERVED_LIMITS
     from planner.io import catalog
-    from planner.search.plan import SimSettings, percentile_key, sizing_coster
+    from planner.search.plan import (
+        MAX_SIZING_REQUESTS,
+        SimSettings,
+        percentile_key,
+        sizing_coster,
+        sizing_requests,
+    )
     from planner.serving import run
     from planner.serving.metrics import summary
 
     t, wl = dep.traffic, dep.workload
-    reqs = request_stream(None, t.dataset_name, t.num_requests, wl.prompt_tokens,
-                          wl.output_tokens, t.range_ratio, t.request_rate / t.replicas, 1.0,
-                          None, t.seed)
+    rate = t.request_rate / t.replicas
+
+    def stream(n: int):
+        return request_stream(None, t.dataset_name, n, wl.prompt_tokens, wl.output_tokens,
+                              t.range_ratio, rate, 1.0, None, t.seed)
+
     # as simulate serves: the model's context (the workload's, where it is allowed longer),
     # and the step budget as the prefill chunk
     cfg = run.scheduler(d, mode=dep.performance_mode,
@@ -117,11 +157,13 @@ def _served(d, dep, held: str):
     d = d.with_options(prefill_chunk_tokens=cfg.max_num_batched_tokens)
     coster = run.coster(d)
 
-    def figures(step_coster, st: SimSettings) -> dict:
-        s = summary(run.run(d, reqs, cfg, step_coster=step_coster), itl=False)
+    def simulated(reqs, step_coster, window):
+        s = summary(run.run(d, reqs, cfg, step_coster=step_coster), itl=False, window=window)
         if s["completed"] == 0:
             raise LlmplanError(f"traffic: no request was served ({s.get('failed_reason')})")
+        return s
 
+    def figures(s: dict, st: SimSettings) -> dict:
         # TTFT and TPOT held at the bands' factors beyond the slowed steps (1 as predicted)
         factors = {"ttft": st.ttft_factor, "tpot": st.tpot_factor}
         out = {}
@@ -133,16 +175,32 @@ def _served(d, dep, held: str):
                 out[name] = s[figure] * t.replicas
         return out
 
-    nominal = figures(coster, SimSettings())
+    window, pilot = None, None
+    reqs = stream(t.num_requests)
+    if t.measure == "steady":
+        life = served_lifetime_s(dep.limits, wl.output_tokens)
+        if life is None:  # the run's own: the percentile's end-to-end latency from empty
+            pilot = simulated(reqs, coster, None)
+            life = (pilot.get(percentile_key("e2el", t.percentile)) or 0.0) / 1e3
+        n, window = sizing_requests(rate, life, SimSettings(num_requests=t.num_requests),
+                                    cap=max(MAX_SIZING_REQUESTS, 2 * t.num_requests))
+        reqs, pilot = stream(n), None
+    served_run = {"measure": t.measure, "simulated_requests": len(reqs),
+                  "measured_from_s": window[0] if window else None,
+                  "measured_to_s": window[1] if window else None}
+    nominal_s = pilot or simulated(reqs, coster, window)
+    served_run["measured_requests"] = nominal_s.get("measured_requests", nominal_s["completed"])
+    nominal = figures(nominal_s, SimSettings())
     if held != "high" or d.engine.name == "ideal":
-        return nominal, None
+        return nominal, None, served_run
     factors, used = served_band_factors(catalog.load_bands(), d.engine.name)
     tpot, ttft = used["served TPOT"], used["served TTFT"]
     basis = (f"every step x{factors['step_factor']:.2f} (served TPOT band's high end, "
              f"{tpot.engine if tpot.engine != 'all' else 'all engines'}, {tpot.n} held-out "
              f"figures from {tpot.sources} sources), TTFT at least x{ttft.high_ratio:.2f}")
     st = SimSettings(**factors)
-    return nominal, (figures(sizing_coster(coster, st), st), basis)
+    return nominal, (figures(simulated(reqs, sizing_coster(coster, st), window), st),
+                     basis), served_run
 
 
 _PACKAGE = Path(__file__).resolve().parent.parent  # planner/
@@ -249,7 +307,8 @@ def check(
         results += evaluate(dep, est, at_fits, static_bands(d, est, dep.workload.sequences)
                             if held == "high" else None)
         if served is not None:
-            results += evaluate_served(dep, *served)
+            figures, high, run = served
+            results += evaluate_served(dep, figures, high, run)
     failed = [r for r in results if not r.passed]
     if junit:
         _junit(results, junit, budget)
@@ -282,6 +341,9 @@ def check(
                          f"{r.margin_frac:+.1%}" if r.margin_frac is not None else ""])
         stdout.print(table(f"Budget {budget}", ["deployment", "limit", "predicted", "limit",
                                                 "result", "margin"], rows, left=2))
+        runs = {r.deployment: r.run for r in results if r.run is not None}
+        for label, run in runs.items():
+            stdout.print(plain(f"{label}: served limits {served_run_text(run)}"))
         stdout.print(f"{len(results) - len(failed)} passed, {len(failed)} failed")
     if failed:
         raise typer.Exit(1)

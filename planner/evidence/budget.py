@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -126,10 +126,13 @@ class BudgetWorkload(_Strict):
 class BudgetTraffic(_Strict):
     """The traffic a deployment's served limits are held at: Poisson arrivals at
     ``request_rate`` split evenly over ``replicas`` replicas of the deployment, each
-    simulated with ``num_requests`` requests of the workload's prompt and output tokens
-    (``dataset_name``'s lengths: uniform within ``range_ratio``, or a published shape at
-    those means), continuous batching with the engine's defaults; the times at the
-    ``percentile``-th percentile (50: the median)."""
+    simulated with the workload's prompt and output tokens (``dataset_name``'s lengths:
+    uniform within ``range_ratio``, or a published shape at those means), continuous
+    batching with the engine's defaults; the times at the ``percentile``-th percentile (50:
+    the median). ``measure``: ``steady`` (the default) holds the times of at least
+    ``num_requests`` requests arriving once the replica has filled and before the stream
+    ends, as ``plan`` sizes a replica (``planner.search.plan.sizing_requests``); ``all``
+    holds those of a run of ``num_requests`` from an empty server, ramp-up included."""
 
     request_rate: float = Field(gt=0, le=1e9)  # requests a second, all replicas together
     replicas: int = Field(1, gt=0, le=MAX_COUNT)
@@ -141,6 +144,7 @@ class BudgetTraffic(_Strict):
     percentile: Literal[50, 90, 99] = 90
     range_ratio: float = Field(0.0, ge=0, lt=1)
     seed: int = Field(0, ge=0, lt=2**63)
+    measure: Literal["steady", "all"] = "steady"
 
 
 class Limits(_Strict):
@@ -243,6 +247,10 @@ class Result:
     at: str = "predicted"
     prediction: float | None = None
     band: str | None = None
+    # a served limit's simulated run: ``measure``, ``simulated_requests``,
+    # ``measured_requests`` and the arrival window measured (``measured_from_s``,
+    # ``measured_to_s``; None where every request was)
+    run: dict | None = None
 
     def as_dict(self) -> dict:
         return dict(self.__dict__)
@@ -285,11 +293,13 @@ def served_what(name: str, traffic: BudgetTraffic) -> str:
 
 
 def evaluate_served(dep: Deployment, figures: dict[str, float | None],
-                    high: tuple[dict[str, float | None], str] | None = None) -> list[Result]:
+                    high: tuple[dict[str, float | None], str] | None = None,
+                    run: dict | None = None) -> list[Result]:
     """Hold a deployment's served limits: ``figures`` (limit name -> the simulated value:
     seconds, or output tokens a second over every replica; None where the run gave none),
     and where it is held at the slow end of the served error bands, ``high``: the same
-    figures of a replica slowed to that end, and the evidence they rest on."""
+    figures of a replica slowed to that end, and the evidence they rest on. ``run``: the
+    simulated run they were measured on, kept with each result."""
     out: list[Result] = []
     for name, (_, direction, _, _) in SERVED_LIMITS.items():
         bound = getattr(dep.limits, name)
@@ -300,8 +310,8 @@ def evaluate_served(dep: Deployment, figures: dict[str, float | None],
         at, prediction, basis = "predicted", None, None
         if high is not None and value is not None:
             at, prediction, value, basis = "high", value, high[0].get(name), high[1]
-        out.append(_held(dep.label, name, what, value, bound, direction, at, prediction,
-                         basis))
+        out.append(replace(_held(dep.label, name, what, value, bound, direction, at,
+                                 prediction, basis), run=run))
     return out
 
 

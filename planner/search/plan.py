@@ -170,21 +170,21 @@ def request_lifetime_s(targets: Targets, output_tokens: int) -> float:
     return targets.ttft_s + targets.tpot_s * max(0, output_tokens - 1)
 
 
-def sizing_requests(rate: float, lifetime_s: float, settings: SimSettings
-                    ) -> tuple[int, tuple[float, float] | None]:
+def sizing_requests(rate: float, lifetime_s: float, settings: SimSettings, *,
+                    cap: int = MAX_SIZING_REQUESTS) -> tuple[int, tuple[float, float] | None]:
     """(requests to simulate, the arrival window in seconds whose requests are measured) for
-    one replica at ``rate`` requests a second; at most MAX_SIZING_REQUESTS, the margins
-    shrunk to a quarter of the run each where that cap is met. No window (every request
-    measured) for an infinite rate, where every request arrives at once."""
+    one replica at ``rate`` requests a second; at most ``cap``, the margins shrunk to a
+    quarter of the run each where that cap is met. No window (every request measured) for an
+    infinite rate, where every request arrives at once."""
     if not (math.isfinite(rate) and rate > 0):
         return settings.num_requests, None
     window = max(settings.num_requests / rate, STEADY_LIFETIMES * lifetime_s)
     n = math.ceil(rate * (window + 2 * lifetime_s))
-    if n <= MAX_SIZING_REQUESTS:
+    if n <= cap:
         return n, (lifetime_s, lifetime_s + window)
-    span = MAX_SIZING_REQUESTS / rate
+    span = cap / rate
     edge = min(lifetime_s, span / 4)
-    return MAX_SIZING_REQUESTS, (edge, span - edge)
+    return cap, (edge, span - edge)
 
 
 def cut_in_order(bounds: list[float], size, top: int, *,
