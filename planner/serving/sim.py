@@ -63,14 +63,14 @@ from planner.core.memory import kv_cache_groups
 from planner.serving.arrivals import Arrivals, arrivals
 from planner.serving.config import SchedulerConfig
 from planner.serving.cost import StepCoster, idle_coster
-from planner.serving.decoding import check_spec, decode_pool
+from planner.serving.decoding import DecodePool, check_spec, decode_pool
 from planner.serving.frontend import Frontend
 from planner.serving.gcpause import no_cycle_collection
 from planner.serving.kv import KVPool, PrefixCache, kv_pool
 from planner.serving.occupancy import Occupancy
 from planner.serving.records import RequestRecords
 from planner.serving.requests import RequestResult, SimRequest
-from planner.serving.schedulers import Scheduler, make_scheduler
+from planner.serving.schedulers import ContinuousScheduler, Scheduler, make_scheduler
 from planner.serving.speculation import SpecServing
 from planner.serving.steps import StepPricer
 from planner.serving.traffic import Request
@@ -296,6 +296,11 @@ def _kv_pool(coster: StepCoster, cfg: SchedulerConfig, spec: SpecServing | None)
     return kv
 
 
+# The event loop's inner loop over runs of decode-only steps (``_serve``); tests turn it off
+# to hold its steps to the loop's own, to the bit.
+QUICK_DECODE_RUNS = True
+
+
 def _serve(sched: Scheduler, arr: Arrivals, pricer: StepPricer, occ: Occupancy, *, n: int,
            max_steps: int, front: Frontend | None = None,
            inner: StepPricer | None = None,
@@ -331,10 +336,54 @@ def _serve(sched: Scheduler, arr: Arrivals, pricer: StepPricer, occ: Occupancy, 
     # requests it decodes, each seeing one gap when the block's tokens reach it
     bursts = sched.bursts
     burst_s, burst_n = 0.0, 0
+    # A run of decode-only steps (nothing waits, nothing prefills, no request is due) is
+    # stepped by the inner loop below: what the loop's calls do for such a step, and nothing
+    # else (vLLM's mixed batches under the plain decode pool, its steps padded to their
+    # captured sizes). Where it applies, the same steps to the bit, in the same order.
+    quick = (QUICK_DECODE_RUNS and type(sched) is ContinuousScheduler and sched.mixed
+             and sched.reserve is None and not bursts and inner is None
+             and type(batch) is DecodePool and pricer.uniform is not None and batch.padding == 0)
+    largest = pricer.graph_sizes[-1] if quick else 0
+    bucket, bs, unit = batch.bucket, batch.bs, kv.block_growth_tokens
+    prefixes, held_of, sample = kv.prefixes, kv.held_of, occ.sample
     arrive(0.0, waiting)
     while sched.finished < n:
         if occ.steps >= max_steps:
             raise UsageError(f"the simulation did not finish within {max_steps:,} steps")
+        if quick and not fresh and not waiting and not prefilling and not stall_s \
+                and 0 < batch.n <= largest:
+            stepped, n_dec = False, batch.n
+            while True:
+                if occ.steps >= max_steps:
+                    raise UsageError(f"the simulation did not finish within {max_steps:,} "
+                                     "steps")
+                grow = bucket[(-batch.G) % bs] * unit  # the pool's ``growth_tokens``
+                if grow > kv.free_tokens:  # room must be made: the scheduler's step
+                    break
+                kv.free_tokens -= grow
+                dt, past = time_s([], True)
+                if front is not None:
+                    floor = front.step_floor_s(n_dec)
+                    if floor > dt:
+                        stream_s += floor - dt
+                        dt = floor
+                held = past - prefixes.double_counted if prefixes is not None else past
+                record(dt, len(running), held_of(held), kv.capacity_tokens - kv.free_tokens,
+                       n_dec)
+                t += dt
+                batch.step()
+                stepped = True
+                heap = batch.heap
+                due = bool(heap) and heap[0] <= batch.G
+                if due:  # a request may be done: the scheduler's end of step
+                    end_step([], t)
+                arrive(t - dt if ahead else t, waiting)
+                if t >= occ.next_sample_s:
+                    sample(t, len(running), len(waiting), kv.capacity_tokens - kv.free_tokens)
+                if due or waiting:
+                    break
+            if stepped:
+                continue
         if not running and not waiting:
             if not arr.more:
                 break
