@@ -67,7 +67,7 @@ def _cfg(eng, hw, **kw):
 
 
 @settings(max_examples=12, deadline=None)
-@given(rate=st.floats(0.5, 60), ratio=st.sampled_from([0.0, 0.5, 0.9]),
+@given(rate=st.floats(0.5, 60) | st.just(math.inf), ratio=st.sampled_from([0.0, 0.5, 0.9]),
        output=st.integers(2, 400), clients=st.sampled_from([None, 1, 7, 64]),
        prefix=st.sampled_from([0, 300]), seed=st.integers(0, 50))
 def test_the_same_steps_with_and_without_the_inner_loop(h100, rate, ratio, output, clients,
@@ -129,3 +129,17 @@ def test_an_api_server_that_streams_slowly_floors_the_same_steps(monkeypatch):
         loop, _ = _run(coster, cfg, reqs, False, mp)
     assert loop.api_server_stream_s > 0
     _same_run(quick, loop)
+
+
+def test_a_queue_no_seat_can_take_leaves_the_steps_to_the_inner_loop(h100, monkeypatch):
+    """Every request sent at once to 16 seats: the queue waits while the seats decode, and
+    those steps are the inner loop's."""
+    coster, eng, hw = h100
+    cfg = _cfg(eng, hw, max_num_seqs=16)
+    reqs = synthetic(200, prompt_tokens=300, output_tokens=200, seed=5)
+    with pytest.MonkeyPatch.context() as mp:
+        quick, calls = _run(coster, cfg, reqs, True, mp)
+    with pytest.MonkeyPatch.context() as mp:
+        loop, _ = _run(coster, cfg, reqs, False, mp)
+    _same_run(quick, loop)
+    assert calls < quick.steps / 4

@@ -336,10 +336,11 @@ def _serve(sched: Scheduler, arr: Arrivals, pricer: StepPricer, occ: Occupancy, 
     # requests it decodes, each seeing one gap when the block's tokens reach it
     bursts = sched.bursts
     burst_s, burst_n = 0.0, 0
-    # A run of decode-only steps (nothing waits, nothing prefills, no request is due) is
-    # stepped by the inner loop below: what the loop's calls do for such a step, and nothing
-    # else (vLLM's mixed batches under the plain decode pool, its steps padded to their
-    # captured sizes). Where it applies, the same steps to the bit, in the same order.
+    # A run of decode-only steps (nothing prefills, nothing waits that could be admitted, no
+    # request is due) is stepped by the inner loop below: what the loop's calls do for such
+    # a step, and nothing else (vLLM's mixed batches under the plain decode pool, its steps
+    # padded to their captured sizes). Where it applies, the same steps to the bit, in the
+    # same order.
     quick = (QUICK_DECODE_RUNS and type(sched) is ContinuousScheduler and sched.mixed
              and sched.reserve is None and not bursts and inner is None
              and type(batch) is DecodePool and pricer.uniform is not None and batch.padding == 0)
@@ -350,9 +351,13 @@ def _serve(sched: Scheduler, arr: Arrivals, pricer: StepPricer, occ: Occupancy, 
     while sched.finished < n:
         if occ.steps >= max_steps:
             raise UsageError(f"the simulation did not finish within {max_steps:,} steps")
-        if quick and not fresh and not waiting and not prefilling and not stall_s \
-                and 0 < batch.n <= largest:
+        # a queue that cannot be admitted (every seat taken, or no token of the step's
+        # budget left beside the decodes) leaves a decode-only step decode-only
+        if quick and not fresh and not prefilling and not stall_s and 0 < batch.n <= largest \
+                and (not waiting or len(running) >= sched.max_seqs
+                     or sched.token_budget - batch.n <= 0):
             stepped, n_dec = False, batch.n
+            full = len(running) >= sched.max_seqs or sched.token_budget - n_dec <= 0
             while True:
                 if occ.steps >= max_steps:
                     raise UsageError(f"the simulation did not finish within {max_steps:,} "
@@ -380,7 +385,7 @@ def _serve(sched: Scheduler, arr: Arrivals, pricer: StepPricer, occ: Occupancy, 
                 arrive(t - dt if ahead else t, waiting)
                 if t >= occ.next_sample_s:
                     sample(t, len(running), len(waiting), kv.capacity_tokens - kv.free_tokens)
-                if due or waiting:
+                if due or (waiting and not full):
                     break
             if stepped:
                 continue
