@@ -537,3 +537,18 @@ def test_a_plan_row_is_simulate_over_its_steady_window(run_json):
                             str(seed), "--measure-window", "10,80")["p90_tpot_ms"]
                    for seed in (1, 2, 3))
     assert three[1] > 20  # 21.4, 22.6, 22.8 ms
+
+
+def test_a_replica_whose_queue_grows_through_its_window_is_not_sized_on_it():
+    """plan's test of a replica's steady state: latencies within the targets do not pass a
+    replica that finishes under 90% of what arrives in the window measured."""
+    from planner.search.plan import SimSettings, Targets, _percentile_ok
+
+    s = {"completed": 500, "failed": 0, "p90_ttft_ms": 100.0, "p90_tpot_ms": 10.0,
+         "measured_arrival_rate": 10.0, "measured_request_throughput": 9.5}
+    targets = Targets(requests_per_s=10, ttft_s=1.0, tpot_s=0.05)
+    assert _percentile_ok(s, targets, SimSettings())
+    assert not _percentile_ok({**s, "measured_request_throughput": 8.9}, targets,
+                              SimSettings())
+    no_window = {k: v for k, v in s.items() if not k.startswith("measured")}
+    assert _percentile_ok(no_window, targets, SimSettings())

@@ -68,8 +68,10 @@ def test_served_figures_are_what_simulate_gives(gpu, rate, replicas, p, n, windo
     assert got["served_ttft_s"] == pytest.approx(s[f"{name}_ttft_ms"] / 1e3, rel=1e-12)
     assert got["served_tpot_s"] == pytest.approx(s[f"{name}_tpot_ms"] / 1e3, rel=1e-12)
     assert got["served_latency_s"] == pytest.approx(s[f"{name}_e2el_ms"] / 1e3, rel=1e-12)
+    # the steady state's: what arrived in the window, every token served (it keeps up)
+    assert run["keeps_up"] is True and not run["capped"] and run["lifetime_s"] == window[0]
     assert got["served_output_tokens_per_s"] == pytest.approx(
-        s["output_throughput"] * replicas, rel=1e-12)
+        s["measured_output_throughput"] * replicas, rel=1e-12)
 
 
 def test_measure_all_holds_a_run_from_an_empty_replica(tmp_path, run_cli, run_json):
@@ -83,7 +85,8 @@ def test_measure_all_holds_a_run_from_an_empty_replica(tmp_path, run_cli, run_js
     got = {r["limit"]: r["predicted"] for r in results}
     assert results[0]["run"] == {"measure": "all", "simulated_requests": 200,
                                  "measured_requests": 200, "measured_from_s": None,
-                                 "measured_to_s": None}
+                                 "measured_to_s": None, "lifetime_s": None,
+                                 "capped": False, "keeps_up": None}
     s = run_json("simulate", "-m", "llama-3.1-8b", "-g", "h100-sxm", "-p", "512", "-o", "128",
                  "--request-rate", "4", "--num-requests", "200", "--seed", "3")
     assert got["served_tpot_s"] == pytest.approx(s["p90_tpot_ms"] / 1e3, rel=1e-12)
@@ -271,3 +274,91 @@ def test_a_served_budget_takes_sharegpts_lengths_as_simulate_does(tmp_path, run_
     assert random["p90_ttft_ms"] != s["p90_ttft_ms"]  # the shape is not the fixed lengths'
     code, _, err = run_cli("check", _budget(tmp_path, body.replace("sharegpt", "alpaca")))
     assert code == 2 and "traffic dataset_name: 'alpaca' is not one of random, sonnet" in err
+
+
+OVERLOADED = """deployments:
+  - name: over
+    model: llama-3.1-8b
+    gpu: h100-sxm
+    workload: {{prompt_tokens: 512, output_tokens: 128}}
+    traffic: {{request_rate: {rate}{extra}}}
+    limits:
+      served_latency_s: {limit}
+"""
+
+
+@pytest.mark.parametrize("limit", ["10s", "30s"])
+def test_a_replica_that_does_not_keep_up_fails_its_time_limits(limit, tmp_path, run_cli):
+    """56 requests a second of 512 / 128 tokens on one H100: the replica finishes about 46
+    a second of the 55 arriving in the window, so its queue grows through it and its p90
+    latency there is whatever the window's length makes it (9 s over 10-30 s, more later):
+    a looser limit only measures later. It fails, saying so; ``measure: all`` (every request
+    from an empty replica, no window) is held as it was."""
+    body = OVERLOADED.format(rate=56, extra="", limit=limit)
+    code, out, _ = run_cli("check", _budget(tmp_path, body), "--json")
+    r = json.loads(out)["results"][0]
+    assert code == 1 and not r["passed"] and r["margin_frac"] is None
+    assert "does not keep up: finishes" in r["what"] and r["run"]["keeps_up"] is False
+    assert r["predicted"] < float(limit.removesuffix("s"))  # the latency alone would pass
+    code, out, _ = run_cli("check", _budget(tmp_path, body))
+    assert "does not keep up: its queue grows" in " ".join(out.split())
+    code, out, _ = run_cli("check", _budget(tmp_path, OVERLOADED.format(
+        rate=56, extra=", measure: all", limit=limit)), "--json")
+    r = json.loads(out)["results"][0]
+    assert r["run"]["keeps_up"] is None and "keep up" not in r["what"]
+
+
+def test_a_replica_that_keeps_up_is_held_on_its_latency(tmp_path, run_cli):
+    code, out, _ = run_cli("check", _budget(tmp_path, OVERLOADED.format(
+        rate=8, extra="", limit="10s")), "--json")
+    r = json.loads(out)["results"][0]
+    assert code == 0 and r["run"]["keeps_up"] is True and r["margin_frac"] > 0
+
+
+def test_a_run_capped_short_of_a_steady_state_says_so(tmp_path, run_cli):
+    """A million requests a second: 5,000 requests arrive in 5 ms, so the window cannot
+    start a lifetime after the start; the line says the run was capped, and the throughput
+    is the whole run's (no request finishes within the 2.5 ms window)."""
+    body = OVERLOADED.format(rate="1e6", extra="", limit="10s").replace(
+        "      served_latency_s: 10s\n", "      served_latency_s: 10s\n"
+        "      served_output_tokens_per_s: 1\n")
+    code, out, _ = run_cli("check", _budget(tmp_path, body), "--json")
+    rows = {r["limit"]: r for r in json.loads(out)["results"]}
+    run = rows["served_latency_s"]["run"]
+    assert run["capped"] and run["simulated_requests"] == 5000 and run["lifetime_s"] == 10
+    assert run["measured_from_s"] < run["lifetime_s"]
+    assert rows["served_output_tokens_per_s"]["predicted"] > 1000
+    # 30 a second, a 200 s lifetime: 24,000 requests for a steady window, capped at 5,000
+    # (166.7 s of arrivals), the window a quarter of them in from each end
+    code, out, _ = run_cli("check", _budget(tmp_path, OVERLOADED.format(
+        rate=30, extra="", limit="200s")), "--json")
+    run = json.loads(out)["results"][0]["run"]
+    assert run["capped"] and run["keeps_up"] is True
+    assert (run["measured_from_s"], run["measured_to_s"]) == pytest.approx((5000 / 120,
+                                                                            5000 / 40))
+    code, out, _ = run_cli("check", _budget(tmp_path, OVERLOADED.format(
+        rate=30, extra="", limit="200s")))
+    assert "capped at 5,000 requests" in " ".join(out.split())
+
+
+def test_at_the_slow_end_the_window_starts_after_the_slower_replicas_lifetime(tmp_path,
+                                                                             run_cli):
+    """A throughput limit alone, held at the slow end: the lifetime is the longer of the
+    predicted and the slowed replica's p90 end-to-end latency (the slower replica fills
+    later), and its steady output is what arrives, served: 8 x 256 tokens a second, about."""
+    body = """deployments:
+  - name: t
+    model: llama-3.1-8b
+    gpu: h100-sxm
+    workload: {prompt_tokens: 1024, output_tokens: 256}
+    traffic: {request_rate: 8}
+    limits:
+      served_output_tokens_per_s: 2k
+"""
+    code, out, _ = run_cli("check", _budget(tmp_path, body), "--json")
+    nominal = json.loads(out)["results"][0]
+    code, out, _ = run_cli("check", _budget(tmp_path, body), "--at", "high", "--json")
+    high = json.loads(out)["results"][0]
+    assert code == 0 and high["run"]["keeps_up"] is True
+    assert high["run"]["lifetime_s"] > 2 * nominal["run"]["lifetime_s"]
+    assert high["predicted"] == pytest.approx(2048, rel=0.05)

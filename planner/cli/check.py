@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 from typing import Annotated, Optional
@@ -33,8 +34,14 @@ def _fmt_value(limit: str, v) -> str:
     if isinstance(v, bool):
         return "yes" if v else "no"
     kind = (LIMITS.get(limit) or SERVED_LIMITS.get(limit) or ("number",))[0]
-    return {"time": fmt.seconds, "frac": fmt.pct, "usd": fmt.usd}.get(
-        kind, lambda x: f"{x:,.4g}")(v)
+    return {"time": fmt.seconds, "frac": fmt.pct, "usd": fmt.usd}.get(kind, _number)(v)
+
+
+def _number(x: float) -> str:
+    """Four significant figures, grouped in thousands: 104,900, not 1.049e+05."""
+    if not (1e3 <= abs(x) < 1e15):
+        return f"{x:,.4g}"
+    return f"{round(x, 3 - math.floor(math.log10(abs(x)))):,.0f}"
 
 
 def _junit(results, path: Path, budget: Path) -> None:
@@ -95,8 +102,16 @@ def served_run_text(run: dict) -> str:
     if run["measured_from_s"] is None:
         return f"measured on {m:,} of {n:,} requests simulated from an empty replica " \
                "(measure: all)"
-    return (f"measured on the {m:,} requests arriving {run['measured_from_s']:.3g}-"
-            f"{run['measured_to_s']:.3g} s, of {n:,} simulated per replica (steady state)")
+    text = (f"measured on the {m:,} requests arriving {run['measured_from_s']:.3g}-"
+            f"{run['measured_to_s']:.3g} s, of {n:,} simulated per replica")
+    if run.get("keeps_up") is False:
+        return text + " (the replica does not keep up: its queue grows through the window, " \
+            "so it has no steady state)"
+    if run.get("capped"):
+        return text + (f" (capped at {n:,} requests: the window starts within a request "
+                       f"lifetime, {run['lifetime_s']:.3g} s, of the start and ends within "
+                       "one of the last arrival, so it is not a steady state)")
+    return text + " (steady state)"
 
 
 def served_lifetime_s(limits, output_tokens: int) -> float | None:
@@ -140,7 +155,7 @@ def _served(d, dep, held: str):
         sizing_requests,
     )
     from planner.serving import run
-    from planner.serving.metrics import summary
+    from planner.serving.metrics import keeps_up, summary
 
     t, wl = dep.traffic, dep.workload
     rate = t.request_rate / t.replicas
@@ -163,7 +178,7 @@ def _served(d, dep, held: str):
             raise LlmplanError(f"traffic: no request was served ({s.get('failed_reason')})")
         return s
 
-    def figures(s: dict, st: SimSettings) -> dict:
+    def figures(s: dict, st: SimSettings, capped: bool = False) -> dict:
         # TTFT and TPOT held at the bands' factors beyond the slowed steps (1 as predicted)
         factors = {"ttft": st.ttft_factor, "tpot": st.tpot_factor}
         out = {}
@@ -171,36 +186,56 @@ def _served(d, dep, held: str):
             if kind == "time":  # at the percentile, ms in the summary
                 v = s.get(percentile_key(figure, t.percentile))
                 out[name] = None if v is None else v / 1e3 * factors.get(figure, 1.0)
-            else:  # a rate: every replica's together
-                out[name] = s[figure] * t.replicas
+            else:  # a rate: every replica's together, over the window where there is a
+                # steady one (a capped run's may be too short for any request to finish)
+                rate_of = s[figure] if capped else s.get(f"measured_{figure}", s[figure])
+                out[name] = rate_of * t.replicas
+        # whether the replica kept up with its share of the traffic over the window
+        # (``planner.serving.metrics.keeps_up``): requests a second arriving, and finished
+        out["_keeps_up"] = keeps_up(s)
+        out["_rates"] = (s.get("measured_arrival_rate"), s.get("measured_request_throughput"))
         return out
 
-    window, pilot = None, None
+    high = held == "high" and d.engine.name != "ideal"
+    if high:
+        factors, used = served_band_factors(catalog.load_bands(), d.engine.name)
+        st = SimSettings(**factors)
+        slowed = sizing_coster(coster, st)
+
+    def e2el_s(s: dict) -> float:
+        return (s.get(percentile_key("e2el", t.percentile)) or 0.0) / 1e3
+
+    window, pilot, life = None, None, None
     reqs = stream(t.num_requests)
     if t.measure == "steady":
         life = served_lifetime_s(dep.limits, wl.output_tokens)
-        if life is None:  # the run's own: the percentile's end-to-end latency from empty
+        if life is None:  # the run's own: the percentile's end-to-end latency from empty,
+            # of the replica held (a slower one's requests live longer, and it fills later)
             pilot = simulated(reqs, coster, None)
-            life = (pilot.get(percentile_key("e2el", t.percentile)) or 0.0) / 1e3
+            life = max(e2el_s(pilot), e2el_s(simulated(reqs, slowed, None)) if high else 0.0)
+        cap = max(MAX_SIZING_REQUESTS, 2 * t.num_requests)
         n, window = sizing_requests(rate, life, SimSettings(num_requests=t.num_requests),
-                                    cap=max(MAX_SIZING_REQUESTS, 2 * t.num_requests))
+                                    cap=cap)
         reqs, pilot = stream(n), None
     served_run = {"measure": t.measure, "simulated_requests": len(reqs),
                   "measured_from_s": window[0] if window else None,
-                  "measured_to_s": window[1] if window else None}
+                  "measured_to_s": window[1] if window else None,
+                  "lifetime_s": life if window else None,
+                  # the cap on requests simulated met: the window starts and ends within a
+                  # lifetime of the run's ends, so it is not a steady state
+                  "capped": bool(window) and window[0] < life}
     nominal_s = pilot or simulated(reqs, coster, window)
     served_run["measured_requests"] = nominal_s.get("measured_requests", nominal_s["completed"])
-    nominal = figures(nominal_s, SimSettings())
-    if held != "high" or d.engine.name == "ideal":
+    served_run["keeps_up"] = keeps_up(nominal_s)
+    capped = served_run["capped"]
+    nominal = figures(nominal_s, SimSettings(), capped)
+    if not high:
         return nominal, None, served_run
-    factors, used = served_band_factors(catalog.load_bands(), d.engine.name)
     tpot, ttft = used["served TPOT"], used["served TTFT"]
     basis = (f"every step x{factors['step_factor']:.2f} (served TPOT band's high end, "
              f"{tpot.engine if tpot.engine != 'all' else 'all engines'}, {tpot.n} held-out "
              f"figures from {tpot.sources} sources), TTFT at least x{ttft.high_ratio:.2f}")
-    st = SimSettings(**factors)
-    return nominal, (figures(simulated(reqs, sizing_coster(coster, st), window), st),
-                     basis), served_run
+    return nominal, (figures(simulated(reqs, slowed, window), st, capped), basis), served_run
 
 
 _PACKAGE = Path(__file__).resolve().parent.parent  # planner/

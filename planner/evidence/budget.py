@@ -307,11 +307,20 @@ def evaluate_served(dep: Deployment, figures: dict[str, float | None],
             continue
         what = served_what(name, dep.traffic)
         value = figures.get(name)
-        at, prediction, basis = "predicted", None, None
+        at, prediction, basis, held = "predicted", None, None, figures
         if high is not None and value is not None:
             at, prediction, value, basis = "high", value, high[0].get(name), high[1]
-        out.append(replace(_held(dep.label, name, what, value, bound, direction, at,
-                                 prediction, basis), run=run))
+            held = high[0]
+        r = replace(_held(dep.label, name, what, value, bound, direction, at, prediction,
+                          basis), run=run)
+        if SERVED_LIMITS[name][0] == "time" and held.get("_keeps_up") is False:
+            # a queue that grows through the window: its latencies there are the window's
+            # length, not the replica's, so no time limit holds
+            arriving, finished = held["_rates"]
+            r = replace(r, passed=False, margin_frac=None,
+                        what=f"{what}; does not keep up: finishes "
+                        f"{finished:.3g} of {arriving:.3g} req/s arriving")
+        out.append(r)
     return out
 
 

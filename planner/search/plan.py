@@ -263,9 +263,14 @@ def percentile_s(summary: dict, name: str, p: int) -> float | None:
 
 
 def _percentile_ok(summary: dict, targets: Targets, settings: SimSettings) -> bool:
+    from planner.serving.metrics import keeps_up
+
     p = settings.percentile
     ttft, tpot = summary[percentile_key("ttft", p)], summary[percentile_key("tpot", p)]
+    # a replica whose queue grows through the window measured has no steady state: its
+    # latencies there are the window's length (``keeps_up``; None: no window)
     return (summary["completed"] > 0 and not summary.get("failed") and ttft is not None
+            and keeps_up(summary) is not False
             and ttft * settings.ttft_factor <= targets.ttft_s * 1e3
             and (tpot is None or tpot * settings.tpot_factor <= targets.tpot_s * 1e3))
 
