@@ -552,3 +552,17 @@ def test_a_replica_whose_queue_grows_through_its_window_is_not_sized_on_it():
                               SimSettings())
     no_window = {k: v for k, v in s.items() if not k.startswith("measured")}
     assert _percentile_ok(no_window, targets, SimSettings())
+
+
+@pytest.mark.parametrize("window, says", [
+    ("100,200", "no request arrives in 100-200 s; the stream's 50 arrive at 0-4.796 s"),
+    ("inf,5", "expected 0 <= FROM < TO"), (",", "expected FROM,TO")])
+def test_a_measure_window_the_stream_cannot_fill_is_refused(window, says, run_cli):
+    """Fifty requests at 10 a second arrive in their first 5 s: a window at 100-200 s
+    measures nothing, and says so in one line (exit 2), as a malformed one does."""
+    code, _, err = run_cli("simulate", "-m", "llama-3.1-8b", "-g", "h100-sxm", "-n", "50",
+                           "--request-rate", "10", "--measure-window", window)
+    assert code == 2 and says in err and len(err.strip().splitlines()) == 1
+    code, _, _ = run_cli("simulate", "-m", "llama-3.1-8b", "-g", "h100-sxm", "-n", "50",
+                         "--request-rate", "10", "--measure-window", "1,3")
+    assert code == 0

@@ -229,3 +229,17 @@ def test_sweep_compute_matches_estimate(run_json):
         e = run_json("estimate", "-m", "llama-3.1-8b", "-g", "t4", "-b", str(r["batch"]),
                      "--weights", "int4", "--compute", "fp16")
         assert r["compute"] == "fp16" and r["tpot_s"] == pytest.approx(e["tpot_s"], rel=1e-9)
+
+
+def test_a_measured_time_faster_than_the_gpu_is_warned_of(run_cli):
+    """--measured-tpot 1us (a unit slip for 1ms): Llama-3.1-8B's 15 GB a step in a
+    microsecond is thousands of times the H100's bandwidth: a warning on stderr, the figures
+    still given (exit 0); a plausible measurement warns of nothing."""
+    code, out, err = run_cli("estimate", "-m", "llama-3.1-8b", "-g", "h100-sxm",
+                             "--measured-tpot", "1us", "--measured-ttft", "1e-9")
+    assert code == 0 and "measured MBU" in out
+    assert "--measured-tpot gives" in err and "datasheet bandwidth (mbu)" in err
+    assert "--measured-ttft gives" in err and "(prefill_mfu)" in err
+    code, _, err = run_cli("estimate", "-m", "llama-3.1-8b", "-g", "h100-sxm",
+                           "--measured-tpot", "8ms", "--measured-ttft", "60ms")
+    assert code == 0 and "warning" not in err

@@ -224,7 +224,26 @@ def estimate_run(a: dict) -> EstimateRun:
                # a decode step's host work beside the step before's GPU work, in this
                # layout (not across pipeline stages), as simulate reports it
                "async_scheduling": dep.engine.overlaps_host(dep.layout.pp)}
+    _impossible_measurements(payload.get("measured"))
     return EstimateRun(res, m, dep, applied, source, payload)
+
+
+def _impossible_measurements(measured: dict | None) -> None:
+    """A warning on stderr where a measured TPOT or TTFT means more than the GPU's datasheet
+    bandwidth or FLOP rate: a unit slip (1us for 1ms) more often than a measurement. Not an
+    error: a measurement that shares or skips work this prediction counts (speculative
+    decoding, a cached prefix) can beat it."""
+    if not measured:
+        return
+    import sys
+
+    for key, flag, what in (("mbu", "--measured-tpot", "the datasheet bandwidth"),
+                            ("mfu", "--measured-tpot", "the datasheet FLOP rate"),
+                            ("prefill_mfu", "--measured-ttft", "the datasheet FLOP rate")):
+        v = measured.get(key)
+        if v is not None and v > 1:
+            print(f"llmplan: warning: {flag} gives {v:.0%} of {what} ({key}): faster than "
+                  "the GPU can go; check its unit", file=sys.stderr)
 
 
 def _render(res, explain: bool, weights_source: str | None = None) -> None:

@@ -494,6 +494,7 @@ def _simulate_run(a: dict, emit: bool) -> dict:
                           range_ratio, request_rate, burstiness, max_concurrency, seed,
                           prefix_tokens)
     reqs, template_tokens = _chat(reqs, m, chat)
+    _window_holds(window, reqs)
     if dataset is not None and _timed(reqs, request_rate, max_concurrency):
         request_rate = math.nan  # the dataset's arrival_s set the arrivals
     longest = max(reqs, key=lambda r: r.prompt_tokens + r.output_tokens)
@@ -612,6 +613,7 @@ def _simulate_disaggregated(m, a: dict) -> dict:
                           a["request_rate"], a["burstiness"], None, a["seed"],
                           a["prefix_tokens"])
     reqs, template_tokens = _chat(reqs, m, a["chat"])
+    _window_holds(_window(a.get("measure_window")), reqs)
     timed = a["dataset"] is not None and _timed(reqs, a["request_rate"], None)
     longest = max(reqs, key=lambda r: r.prompt_tokens + r.output_tokens)
     check_context(m, longest.prompt_tokens, longest.output_tokens, a["allow_longer_context"],
@@ -956,6 +958,21 @@ def _window(text: str | None) -> tuple[float, float] | None:
     if not (math.isfinite(lo) and math.isfinite(hi) and 0 <= lo < hi):
         raise LlmplanError(f"--measure-window: expected 0 <= FROM < TO, got {text!r}")
     return lo, hi
+
+
+def _window_holds(window: tuple[float, float] | None, reqs) -> None:
+    """A --measure-window that no request of the stream arrives in is refused, saying when
+    the arrivals are (a closed loop's, set as its clients send, are not known beforehand)."""
+    if window is None:
+        return
+    times = [r.arrival_s for r in reqs]
+    if not times or not all(math.isfinite(t) for t in times):
+        return
+    lo, hi = window
+    if not any(lo <= t < hi for t in times):
+        raise LlmplanError(f"--measure-window: no request arrives in {lo:g}-{hi:g} s; the "
+                           f"stream's {len(times):,} arrive at {min(times):.4g}-"
+                           f"{max(times):.4g} s")
 
 
 def request_stream(dataset, dataset_name, num_requests, prompt_tokens, output_tokens,
