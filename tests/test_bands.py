@@ -510,3 +510,14 @@ def test_simulate_widens_the_bands_of_a_stream_near_capacity(run_json):
     closed = run_json("simulate", "-m", "llama-3.1-8b", "-g", "h100-sxm", "-n", "200",
                       "--max-concurrency", "4")
     assert "near_capacity" not in closed
+
+
+def test_a_streams_output_throughput_band_stops_at_what_it_offers(run_json):
+    """8 requests a second of 256 output tokens offer 2,048 tokens a second: a replica that
+    keeps up cannot deliver more, so the band's high end is held there (or at the figure,
+    where the run's sampled lengths put it above)."""
+    d = run_json("simulate", "-m", "llama-3.1-8b", "-g", "h100-sxm", "--request-rate", "8",
+                 "-n", "587")
+    assert d["output_throughput_high"] == pytest.approx(max(2048, d["output_throughput"]))
+    assert d["output_throughput_low"] < d["output_throughput"]
+    assert "held at the offered 2,048 tok/s" in d["bands"]["output_throughput"]["basis"]

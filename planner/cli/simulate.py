@@ -536,6 +536,7 @@ def _simulate_run(a: dict, emit: bool) -> dict:
         d["llm_api_options"] = str(a["extra_llm_api_options"])
     applied = _served_bands(dep, cfg, d, request_rate, max_concurrency)
     applied = _near_capacity(dep, cfg, reqs, sp, d, applied, request_rate, max_concurrency)
+    applied = _offered_cap(applied, reqs, request_rate, max_concurrency)
     d.update(band_fields(applied))
     # a top-level figure that is not finite does not apply (the rate of "every request at
     # t = 0", a TPOT with one output token): null; the gate refuses any other
@@ -558,10 +559,13 @@ def _simulate_run(a: dict, emit: bool) -> dict:
     near = d.get("near_capacity")
     if near and near["widened"]:
         keeps = "keeps up with" if near["slowed_keeps_up"] else "does not keep up with"
+        grows = "" if near["slowed_keeps_up"] else (
+            ": its queue grows with the stream, so the widened high ends grow with "
+            "--num-requests and stand for no bound")
         stdout.print(f"near capacity: a server whose steps take x{near['step_factor']:.2f} "
                      f"their predicted time (the TPOT band's high end) {keeps} this stream "
-                     f"(its first {near['requests']:,} requests); the bands widened above are "
-                     "that server's (--json: near_capacity)")
+                     f"(its first {near['requests']:,} requests){grows}; the bands widened "
+                     "above are that server's (--json: near_capacity)")
     return payload
 
 
@@ -777,6 +781,21 @@ def _near_capacity(dep, cfg, reqs, sp, d: dict, applied: dict, request_rate: flo
                                    if nominal.get("mean_tpot_ms") else None),
         "slowed_keeps_up": _regime(slowed, request_rate, cfg) == "unsaturated"}
     return out
+
+
+def _offered_cap(applied: dict, reqs, request_rate: float, max_concurrency) -> dict:
+    """An open stream's output throughput cannot pass what it offers (its rate times its
+    requests' mean output): the band's high end is held there, or at the figure itself where
+    that is above (a run's sampled lengths and times)."""
+    a = applied.get("output_throughput")
+    if a is None or max_concurrency is not None or not (0 < request_rate < math.inf):
+        return applied
+    offered = request_rate * sum(r.output_tokens for r in reqs) / len(reqs)
+    cap = max(offered, a.value)
+    if a.high <= cap:
+        return applied
+    return {**applied, "output_throughput": replace(
+        a, high=cap, basis=a.basis + f"; high end held at the offered {offered:,.0f} tok/s")}
 
 
 def _regime(s: dict, request_rate: float, cfg) -> str:
