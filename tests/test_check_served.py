@@ -274,6 +274,7 @@ def test_a_served_budget_takes_sharegpts_lengths_as_simulate_does(tmp_path, run_
     assert random["p90_ttft_ms"] != s["p90_ttft_ms"]  # the shape is not the fixed lengths'
     code, _, err = run_cli("check", _budget(tmp_path, body.replace("sharegpt", "alpaca")))
     assert code == 2 and "traffic dataset_name: 'alpaca' is not one of random, sonnet" in err
+    assert "budget.yaml:6: deployment one" in err  # the traffic block's line
 
 
 OVERLOADED = """deployments:

@@ -338,6 +338,8 @@ def check(
                               "such GPUs) or --compute fp16",
                               "weights: fp16, or compute: (fp16, bf16, fp8 or int8) in the "
                               "deployment")
+            if msg.startswith("traffic"):  # the traffic block's own line
+                where = f"{budget}:{catalog.yaml_line(text, ('deployments', i, 'traffic')) or '?'}"
             raise LlmplanError(f"{where}: deployment {dep.label}: {msg}") from None
         results += evaluate(dep, est, at_fits, static_bands(d, est, dep.workload.sequences)
                             if held == "high" else None)
