@@ -242,11 +242,12 @@ def to_frame(chunks: Iterator[Chunk] | list[Chunk]):
     if not chunks:
         return pd.DataFrame()
     names = _order(chunks)
+    have = [set(c.names) for c in chunks]  # each chunk's columns, listed once
     data = {}
     for k in names:
         parts = []
-        for c in chunks:
-            part = c.column(k) if k in c.names else np.full(c.n, None if k == "bound" else np.nan)
+        for c, cols in zip(chunks, have, strict=True):
+            part = c.column(k) if k in cols else np.full(c.n, None if k == "bound" else np.nan)
             if k == "bound" and part.dtype == bool:
                 part = np.where(part, "compute", "memory").astype(object)
             parts.append(part)
