@@ -43,6 +43,28 @@ def test_report_cli_writes_pngs_and_csvs(run_cli, tmp_path):
         assert sub["fits"].all()
 
 
+def test_a_gpu_that_cannot_hold_the_model_gets_its_memory_chart_only(run_cli, tmp_path):
+    """Llama-3.1-70B in bf16 (141 GB) on one H100 beside an MI300X: the H100 holds no batch,
+    so its throughput point, roofline ladder and serving run would be of a deployment that
+    cannot load. It is drawn in memory only, said on stderr; the MI300X gets every chart,
+    its serving run included."""
+    code, out, err = run_cli("report", "-m", "llama-3.1-70b", "-g", "mi300x,h100-sxm",
+                             "--out", str(tmp_path), "--serving-requests", "40")
+    assert code == 0, err
+    names = {p.name for p in tmp_path.iterdir()}
+    assert "llama-3.1-70b_h100-sxm_bf16_memory.png" in names
+    assert not any("h100-sxm" in n and "memory" not in n for n in names)
+    assert {"llama-3.1-70b_mi300x_bf16_roofline.png", "llama-3.1-70b_serving_bf16.png"} <= names
+    tl = pd.read_csv(next(tmp_path.glob("*throughput_latency*.csv")))
+    assert set(tl["case"]) == {"mi300x bf16"} and tl["fits"].all()
+    assert "h100-sxm bf16: llama-3.1-70b does not fit at batch 1" in " ".join(err.split())
+    # none fits: the memory chart alone, still exit 0
+    code, out, err = run_cli("report", "-m", "llama-3.1-70b", "-g", "h100-sxm,h100-sxm",
+                             "--weights", "bf16,bf16", "--out", str(tmp_path / "one"))
+    assert code == 0 and sorted(p.name for p in (tmp_path / "one").iterdir()) == [
+        "llama-3.1-70b_h100-sxm_bf16_memory.csv", "llama-3.1-70b_h100-sxm_bf16_memory.png"]
+
+
 def test_roofline_points_lie_under_the_roof():
     case = Case(Deployment.build(catalog.load_model("mixtral-8x7b"),
                                  catalog.load_hardware("h100-sxm"), layout=Layout(tp=2)),

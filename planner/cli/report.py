@@ -115,9 +115,10 @@ def report(
     overrides = catalog.parse_price_overrides(price)
     catalog.check_price_names(overrides, [catalog.load_hardware(g).name
                                           for g in parse_str_list(gpu)])
-    for g in parse_str_list(gpu):
+    # each GPU and precision once, in the order given (a name given twice is drawn once)
+    for g in dict.fromkeys(parse_str_list(gpu)):
         hw = catalog.load_hardware(g, prices, overrides)
-        for w in parse_choices(weights, WEIGHT_CHOICES, "--weights"):
+        for w in dict.fromkeys(parse_choices(weights, WEIGHT_CHOICES, "--weights")):
             prec = Precision.of(w, kv_cache, compute=compute.value if compute else None,
                                 quantized_layers=check_quantized_layers(m, quantized_layers))
             dep = Deployment.build(m, hw, engine=eng, precision=prec, layout=layout,
@@ -144,12 +145,32 @@ def report(
                              "ceilings beside that roofline, not as that GPU's performance")
     if not 0 <= serving_requests <= 100_000:
         raise LlmplanError(f"--serving-requests: must be 0 to 100,000, got {serving_requests}")
+    cases = _fitting(cases, batch)
     paths = write_reports(cases, out, batch=batch, measured=meas, measured_ceilings=meas_ceil,
                           serving_requests=serving_requests)
     if records is not None:
         paths += plot_accuracy(records, out, f"{measured.stem}_predicted_vs_measured")
     for p in paths:
         stdout.print(str(p))
+
+
+def _fitting(cases: list, batch: int) -> list:
+    """The cases as the charts take them, each with the largest batch it holds: a GPU that
+    cannot hold the model at batch 1 gets its memory chart only (the roofline's decode
+    ladder, the throughput curve and the serving runs need a batch that fits), said on
+    stderr; a --batch above what one holds is said too (its roofline is drawn at it)."""
+    from planner.cli.options import stderr
+
+    for c in cases:
+        most = c.max_batch()
+        if most < 1:
+            stderr.print(f"[yellow]warning:[/] {c.label}: {c.model.name} does not fit at batch "
+                         "1; only its memory chart is drawn")
+        elif batch > most:
+            stderr.print(f"[yellow]warning:[/] {c.label}: --batch {batch} does not fit (at "
+                         f"most {most:,}); its roofline is drawn at {batch} all the "
+                         "same, its memory chart marks the limit")
+    return cases
 
 
 def _same_device(name: str | None, hw) -> bool:

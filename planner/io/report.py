@@ -638,14 +638,17 @@ def write_reports(cases: list[Case], out_dir: Path, *, batch: int,
     """The charts: roofline and memory for each case (each GPU and precision), throughput for
     all together, and with ``serving_requests`` the simulated serving curve for all."""
     paths = []
-    for case in cases:  # each GPU and precision asked for its own roofline and memory
+    # a case that holds no batch at all (``Case.max_batch`` 0) gets its memory chart only
+    fit = [c for c in cases if c.max_batch() >= 1]
+    for case in fit:  # each GPU and precision asked for its own roofline and memory
         paths += plot_roofline(case, roofline_table(case, batch, measured), out_dir,
                                measured_ceilings)
-    paths += plot_throughput(cases, throughput_table(cases), out_dir)
+    if fit:
+        paths += plot_throughput(fit, throughput_table(fit), out_dir)
     for case in cases:
         paths += plot_memory(case, memory_table(case), out_dir)
-    if serving_requests:
-        paths += plot_serving(cases, serving_table(cases, serving_requests), out_dir)
+    if serving_requests and fit:
+        paths += plot_serving(fit, serving_table(fit, serving_requests), out_dir)
     return list(paths)
 
 
