@@ -277,6 +277,14 @@ def validate(
     output_path(csv, "--csv")
     output_path(plot, "--plot", ".png")
     output_path(write_bands, "--write-bands", ".yaml")
+    if check:  # the recorded figures are of every built-in row, each predicted by its engine
+        narrowed = [flag for flag, given in (("--source", source), ("--engine", engine),
+                                             ("--dataset", dataset),
+                                             ("--served-dataset", served_dataset),
+                                             ("--no-served", not served)) if given]
+        if narrowed:
+            raise LlmplanError(f"--check: holds the whole built-in validation to "
+                               f"{RECORDED.name}'s figures; not with {', '.join(narrowed)}")
     datasets = catalog.load_datasets(dataset)
     manifests = catalog.load_served(served_dataset) if served or served_dataset else []
     if dataset and not served_dataset:
@@ -330,7 +338,7 @@ def validate(
                "served_sources": [d.source.model_dump(mode="json") for d, _ in manifests],
                "targets": [{"target": t.label, "n": t.n,  # no figure: null, not NaN
                             "value": t.value if t.n else None,
-                            "limit": t.limit, "met": t.met}
+                            "limit": t.limit, "met": t.met if t.n else None}
                            for t in targets(comps, served_comps)],
                "served_by_model_kind": [s.as_dict() for s in kinds],
                "band_coverage": [{"engine": c.engine, "phase": c.phase, "n": c.n,
@@ -362,7 +370,8 @@ def validate(
         tg = targets(comps, served_comps)
         stdout.print(table("Targets (held out; issue 24)", ["target", "n", "now", "limit", ""],
                            [[t.label, t.n, "-" if not t.n else fmt.pct(t.value),
-                             fmt.pct(t.limit), "met" if t.met else "missed"] for t in tg],
+                             fmt.pct(t.limit), ("met" if t.met else "missed") if t.n
+                             else "n/a"] for t in tg],
                            left=1, compact=True))
         cov = [c for c in cover if c.phase == "all"]
         if cov:
