@@ -201,3 +201,16 @@ def test_the_price_help_and_errors_name_commands_that_exist(run_cli):
     code, out, err = run_cli("estimate", "--help")
     assert "llmplan list" not in " ".join(out.split())
     assert "llmplan prices" in " ".join(out.split())
+
+
+def test_a_model_or_gpu_named_twice_is_swept_once(run_cli, tmp_path):
+    """As the numeric axes are: `-m a,b,a -g x,y,x` gives the rows of `-m a,b -g x,y`, byte
+    for byte, in the order first given."""
+    twice, once = tmp_path / "twice.csv", tmp_path / "once.csv"
+    for path, m, g in ((twice, "llama-3.1-8b,mixtral-8x7b,llama-3.1-8b",
+                        "h100-sxm,a100-sxm-80gb,h100-sxm"),
+                       (once, "llama-3.1-8b,mixtral-8x7b", "h100-sxm,a100-sxm-80gb")):
+        code, _, err = run_cli("sweep", "-m", m, "-g", g, "-b", "1,8", "--csv", str(path))
+        assert code == 0, err
+    assert twice.read_bytes() == once.read_bytes()
+    assert len(pd.read_csv(once)) == 2 * 2 * 2
