@@ -315,3 +315,14 @@ def test_a_measurement_file_of_only_noisy_points_is_drawn_without_them(run_cli, 
     code, _, err = run_cli("report", "-m", "tiny-llama-test", "-g", "h100-sxm",
                            "--measured", str(empty), "--out", str(tmp_path / "e"))
     assert code == 2 and "no measured points (status ok)" in " ".join(err.split())
+
+
+def test_the_validation_plot_has_a_panel_for_every_served_figure_compared():
+    """Every metric a served run is compared on (``METRIC_GROUPS``) has its panel and title in
+    validate's plot (served E2E had none: 252 comparisons left out)."""
+    from planner.evidence.served import METRIC_GROUPS
+    from planner.io.report import METRIC_LABELS, METRIC_TITLES
+
+    for _, metrics in METRIC_GROUPS:
+        for m in metrics:
+            assert m in METRIC_LABELS and m in METRIC_TITLES, m

@@ -878,6 +878,8 @@ METRIC_LABELS = {"user_tokens_per_s": "tokens/s per sequence", "tpot_s": "TPOT (
                  "mean_ttft_s": "served: mean TTFT (s)", "median_ttft_s": "served: median TTFT (s)",
                  "mean_tpot_s": "served: mean TPOT (s)", "median_tpot_s": "served: median TPOT (s)",
                  "mean_itl_s": "served: mean ITL (s)", "median_itl_s": "served: median ITL (s)",
+                 "mean_e2el_s": "served: mean end-to-end latency (s)",
+                 "median_e2el_s": "served: median end-to-end latency (s)",
                  "output_throughput": "served: output tokens/s"}
 # each panel's title: what a reader calls the figure (the keys above are the CSV's)
 METRIC_TITLES = {"user_tokens_per_s": "Tokens per second per sequence", "tpot_s": "TPOT",
@@ -887,6 +889,8 @@ METRIC_TITLES = {"user_tokens_per_s": "Tokens per second per sequence", "tpot_s"
                  "mean_ttft_s": "Served: mean TTFT", "median_ttft_s": "Served: median TTFT",
                  "mean_tpot_s": "Served: mean TPOT", "median_tpot_s": "Served: median TPOT",
                  "mean_itl_s": "Served: mean ITL", "median_itl_s": "Served: median ITL",
+                 "mean_e2el_s": "Served: mean end-to-end latency",
+                 "median_e2el_s": "Served: median end-to-end latency",
                  "output_throughput": "Served: output tokens per second"}
 
 
@@ -929,8 +933,11 @@ def plot_validation(comps, path: Path) -> None:
                                  f"median |err| {med:.0%})")
         _square_loglog(ax, lo, hi, METRIC_LABELS[metric], METRIC_TITLES[metric],
                        legend_size=7, under=True)
-    fig.suptitle(f"llmplan validate: {len(comps)} published measurements, predicted with each "
-                 "row's engine profile", fontsize=10)
+    rows = len({(c.source, c.row) for c in comps if getattr(c, "row", None)})
+    runs = sum(1 for c in comps if c.metric == "output_throughput")  # one a served run
+    fig.suptitle(f"llmplan validate: {len(comps):,} comparisons with published measurements "
+                 f"({rows:,} static rows, {runs:,} served runs), predicted with each one's "
+                 "engine profile", fontsize=10)
     thin_tick_labels(fig)
     fig.savefig(path, dpi=130, bbox_inches="tight")
     plt.close(fig)
