@@ -114,15 +114,18 @@ def served_run_text(run: dict) -> str:
     return text + " (steady state)"
 
 
-def served_lifetime_s(limits, output_tokens: int) -> float | None:
+def served_lifetime_s(limits, output_tokens: int, request_rate: float) -> float | None:
     """The longest a request meeting a deployment's served time limits lives: its
-    end-to-end limit, or its TTFT limit and every later token at the TPOT limit, whichever
-    is shorter; None where the limits set neither."""
+    end-to-end limit, or its TTFT limit and every later token at the TPOT limit (``plan``'s
+    ``request_lifetime_s``), whichever is shorter; None where the limits set neither."""
+    from planner.search.plan import Targets, request_lifetime_s
+
     lives = []
     if limits.served_latency_s is not None:
         lives.append(limits.served_latency_s)
     if limits.served_ttft_s is not None and limits.served_tpot_s is not None:
-        lives.append(limits.served_ttft_s + limits.served_tpot_s * max(0, output_tokens - 1))
+        lives.append(request_lifetime_s(Targets(limits.served_ttft_s, limits.served_tpot_s,
+                                                request_rate), output_tokens))
     return min(lives) if lives else None
 
 
@@ -205,18 +208,18 @@ def _served(d, dep, held: str):
     def e2el_s(s: dict) -> float:
         return (s.get(percentile_key("e2el", t.percentile)) or 0.0) / 1e3
 
-    window, pilot, life = None, None, None
+    window, life = None, None
     reqs = stream(t.num_requests)
     if t.measure == "steady":
-        life = served_lifetime_s(dep.limits, wl.output_tokens)
+        life = served_lifetime_s(dep.limits, wl.output_tokens, t.request_rate)
         if life is None:  # the run's own: the percentile's end-to-end latency from empty,
             # of the replica held (a slower one's requests live longer, and it fills later)
-            pilot = simulated(reqs, coster, None)
-            life = max(e2el_s(pilot), e2el_s(simulated(reqs, slowed, None)) if high else 0.0)
+            life = max(e2el_s(simulated(reqs, coster, None)),
+                       e2el_s(simulated(reqs, slowed, None)) if high else 0.0)
         cap = max(MAX_SIZING_REQUESTS, 2 * t.num_requests)
         n, window = sizing_requests(rate, life, SimSettings(num_requests=t.num_requests),
                                     cap=cap)
-        reqs, pilot = stream(n), None
+        reqs = stream(n)
     served_run = {"measure": t.measure, "simulated_requests": len(reqs),
                   "measured_from_s": window[0] if window else None,
                   "measured_to_s": window[1] if window else None,
@@ -224,11 +227,11 @@ def _served(d, dep, held: str):
                   # the cap on requests simulated met: the window starts and ends within a
                   # lifetime of the run's ends, so it is not a steady state
                   "capped": bool(window) and window[0] < life}
-    nominal_s = pilot or simulated(reqs, coster, window)
-    served_run["measured_requests"] = nominal_s.get("measured_requests", nominal_s["completed"])
-    served_run["keeps_up"] = keeps_up(nominal_s)
+    nominal_s = simulated(reqs, coster, window)
     capped = served_run["capped"]
     nominal = figures(nominal_s, SimSettings(), capped)
+    served_run["measured_requests"] = nominal_s.get("measured_requests", nominal_s["completed"])
+    served_run["keeps_up"] = nominal["_keeps_up"]
     if not high:
         return nominal, None, served_run
     tpot, ttft = used["served TPOT"], used["served TTFT"]

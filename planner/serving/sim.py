@@ -296,6 +296,10 @@ def _kv_pool(coster: StepCoster, cfg: SchedulerConfig, spec: SpecServing | None)
     return kv
 
 
+def _too_many_steps(max_steps: int) -> UsageError:
+    return UsageError(f"the simulation did not finish within {max_steps:,} steps")
+
+
 # The event loop's inner loop over runs of decode-only steps (``_serve``); tests turn it off
 # to hold its steps to the loop's own, to the bit.
 QUICK_DECODE_RUNS = True
@@ -350,18 +354,15 @@ def _serve(sched: Scheduler, arr: Arrivals, pricer: StepPricer, occ: Occupancy, 
     arrive(0.0, waiting)
     while sched.finished < n:
         if occ.steps >= max_steps:
-            raise UsageError(f"the simulation did not finish within {max_steps:,} steps")
-        # a queue that cannot be admitted (every seat taken, or no token of the step's
-        # budget left beside the decodes) leaves a decode-only step decode-only
-        if quick and not fresh and not prefilling and not stall_s and 0 < batch.n <= largest \
-                and (not waiting or len(running) >= sched.max_seqs
-                     or sched.token_budget - batch.n <= 0):
-            stepped, n_dec = False, batch.n
+            raise _too_many_steps(max_steps)
+        if quick and not fresh and not prefilling and not stall_s and 0 < batch.n <= largest:
+            n_dec, stepped = batch.n, False
+            # a queue that cannot be admitted (every seat taken, or no token of the step's
+            # budget left beside the decodes) leaves a decode-only step decode-only
             full = len(running) >= sched.max_seqs or sched.token_budget - n_dec <= 0
-            while True:
+            while not waiting or full:
                 if occ.steps >= max_steps:
-                    raise UsageError(f"the simulation did not finish within {max_steps:,} "
-                                     "steps")
+                    raise _too_many_steps(max_steps)
                 grow = bucket[(-batch.G) % bs] * unit  # the pool's ``growth_tokens``
                 if grow > kv.free_tokens:  # room must be made: the scheduler's step
                     break
@@ -385,7 +386,7 @@ def _serve(sched: Scheduler, arr: Arrivals, pricer: StepPricer, occ: Occupancy, 
                 arrive(t - dt if ahead else t, waiting)
                 if t >= occ.next_sample_s:
                     sample(t, len(running), len(waiting), kv.capacity_tokens - kv.free_tokens)
-                if due or (waiting and not full):
+                if due:
                     break
             if stepped:
                 continue
