@@ -702,3 +702,12 @@ def render_bands(console, applied: dict, labels: dict[str, tuple[str, object]]) 
     console.print(table("How far off it may be (p10-p90 of measured / predicted on held-out "
                         "published runs)", ["figure", "predicted", "band", "evidence"], rows,
                         left=4, compact=True, fold=(3,)))
+
+
+def once_by_name(specs) -> list:
+    """Specs (models, GPUs) by name, the first of each name kept, in the order given: a name
+    given twice, or an alias beside it, is one entry."""
+    seen: dict = {}
+    for spec in specs:
+        seen.setdefault(spec.name, spec)
+    return list(seen.values())

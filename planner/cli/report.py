@@ -38,6 +38,7 @@ from planner.cli.options import (
     check_context,
     check_layout,
     check_quantized_layers,
+    once_by_name,
     options_from,
     parse_choices,
     positive,
@@ -116,8 +117,8 @@ def report(
     catalog.check_price_names(overrides, [catalog.load_hardware(g).name
                                           for g in parse_str_list(gpu)])
     # each GPU and precision once, in the order given (a name given twice is drawn once)
-    for g in dict.fromkeys(parse_str_list(gpu)):
-        hw = catalog.load_hardware(g, prices, overrides)
+    for hw in once_by_name(catalog.load_hardware(g, prices, overrides)
+                           for g in parse_str_list(gpu)):
         for w in dict.fromkeys(parse_choices(weights, WEIGHT_CHOICES, "--weights")):
             prec = Precision.of(w, kv_cache, compute=compute.value if compute else None,
                                 quantized_layers=check_quantized_layers(m, quantized_layers))
@@ -145,7 +146,7 @@ def report(
                              "ceilings beside that roofline, not as that GPU's performance")
     if not 0 <= serving_requests <= 100_000:
         raise LlmplanError(f"--serving-requests: must be 0 to 100,000, got {serving_requests}")
-    cases = _fitting(cases, batch)
+    _say_what_does_not_fit(cases, batch)
     paths = write_reports(cases, out, batch=batch, measured=meas, measured_ceilings=meas_ceil,
                           serving_requests=serving_requests)
     if records is not None:
@@ -154,11 +155,11 @@ def report(
         stdout.print(str(p))
 
 
-def _fitting(cases: list, batch: int) -> list:
-    """The cases as the charts take them, each with the largest batch it holds: a GPU that
-    cannot hold the model at batch 1 gets its memory chart only (the roofline's decode
-    ladder, the throughput curve and the serving runs need a batch that fits), said on
-    stderr; a --batch above what one holds is said too (its roofline is drawn at it)."""
+def _say_what_does_not_fit(cases: list, batch: int) -> None:
+    """On stderr: a GPU that cannot hold the model at batch 1 (``write_reports`` draws its
+    memory chart only: the roofline's decode ladder, the throughput curve and the serving
+    runs need a batch that fits), and a --batch above what one holds (its roofline is drawn
+    at it)."""
     from planner.cli.options import stderr
 
     for c in cases:
@@ -170,7 +171,6 @@ def _fitting(cases: list, batch: int) -> list:
             stderr.print(f"[yellow]warning:[/] {c.label}: --batch {batch} does not fit (at "
                          f"most {most:,}); its roofline is drawn at {batch} all the "
                          "same, its memory chart marks the limit")
-    return cases
 
 
 def _same_device(name: str | None, hw) -> bool:

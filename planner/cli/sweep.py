@@ -36,6 +36,7 @@ from planner.cli.options import (
     TimeModelOpt,
     UtilOpt,
     check_context,
+    once_by_name,
     options_from,
     output_path,
     parse_choices,
@@ -76,10 +77,10 @@ def build_grid(model: str, gpu: str, batch: str, prompt_tokens: str, output_toke
     overrides = catalog.parse_price_overrides(price)
     # each GPU and model once, in the order given, as the numeric axes are (a name given
     # twice, or a GPU's alias beside its name, is swept once)
-    gpus = _once(catalog.load_hardware(x, prices, overrides) for x in names(gpu, "--gpu"))
+    gpus = once_by_name(catalog.load_hardware(x, prices, overrides) for x in names(gpu, "--gpu"))
     catalog.check_price_names(overrides, [g.name for g in gpus])
     return Grid(
-        models=_once(catalog.load_model(x) for x in names(model, "--model")),
+        models=once_by_name(catalog.load_model(x) for x in names(model, "--model")),
         gpus=gpus,
         batches=parse_int_list(batch, "--batch"),
         prompt_tokens=parse_int_list(prompt_tokens, "--prompt-tokens"),
@@ -243,11 +244,3 @@ def render_sweep(df, limit: int) -> None:
         stderr.print(f"[yellow]not supported:[/] {note}")
     if len(df) > limit:
         stdout.print(f"[dim]{len(df) - limit:,} more rows: --limit N, --csv PATH or --json[/]")
-
-
-def _once(specs) -> list:
-    """Specs by name, the first of each name kept, in the order given."""
-    seen: dict = {}
-    for spec in specs:
-        seen.setdefault(spec.name, spec)
-    return list(seen.values())
