@@ -293,7 +293,9 @@ class _Only(matplotlib.ticker.Formatter):
 
 
 def _save(fig, df: pd.DataFrame, out_dir: Path, name: str) -> tuple[Path, Path]:
+    """The chart as PNG (its touching tick labels thinned) and its data as CSV."""
     out_dir.mkdir(parents=True, exist_ok=True)
+    thin_tick_labels(fig)
     png, csv = out_dir / f"{name}.png", out_dir / f"{name}.csv"
     fig.savefig(png, dpi=130, bbox_inches="tight")
     plt.close(fig)
