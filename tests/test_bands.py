@@ -435,6 +435,30 @@ def test_targets_are_computed_on_held_out_figures_only():
     assert ttft.n == 0 and not ttft.met  # no evidence is not a pass
 
 
+def test_served_figures_by_engine_count_runs_and_leave_in_sample_out():
+    from types import SimpleNamespace as NS
+
+    from planner.evidence.validate import served_by_engine
+
+    def c(engine, run, phase, error, in_sample=False):
+        return NS(engine=engine, source="s", run=run, phase=phase, error=error,
+                  in_sample=in_sample)
+
+    served = [c("sglang", "a", "served TPOT", 0.4), c("vllm", "a", "served TPOT", -0.02),
+              c("vllm", "a", "served TTFT", 0.30), c("vllm", "b", "served TPOT", 0.16),
+              c("vllm", "c", "served TPOT", -0.06), c("vllm", "d", "served TPOT", 9.0, True),
+              c("gpt-fast", "x", "served TPOT", 0.5)]
+    got = {e.engine: e for e in served_by_engine(served)}
+    assert [e.engine for e in served_by_engine(served)] == ["vllm", "sglang", "gpt-fast"]
+    v = got["vllm"]
+    assert v.runs == 3  # run d was fitted on
+    n, med, mean = v.phases["served TPOT"]
+    assert (n, med, mean) == (3, pytest.approx(0.06), pytest.approx(0.08))
+    assert v.phases["served TTFT"] == (1, pytest.approx(0.30), pytest.approx(0.30))
+    assert "served E2E" not in v.phases
+    assert v.as_dict()["phases"]["served TPOT"]["n"] == 3
+
+
 def test_vllm_scheduler_defaults_follow_the_gpu_as_its_source_does():
     """vLLM's get_batch_defaults: 1024 sequences and 8192 tokens a step on a GPU of 70 GiB or
     more whose name has no 'a100'; 256 and 2048 below 70 GiB and on every A100. A server's

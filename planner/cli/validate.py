@@ -269,7 +269,13 @@ def validate(
     from every other source."""
     from planner.evidence import bands as bands_mod
     from planner.evidence.served import summarize_served
-    from planner.evidence.validate import by_model_kind, summarize, targets
+    from planner.evidence.validate import (
+        SERVED_PHASES,
+        by_model_kind,
+        served_by_engine,
+        summarize,
+        targets,
+    )
     from planner.io import catalog, fmt
     from planner.io.render import table
     from planner.search.sweep import parse_str_list
@@ -309,6 +315,7 @@ def validate(
     overall = summarize(comps, by_source=False) + summarize_served(served_comps,
                                                                    by_source=False)
     kinds = by_model_kind(served_comps, _model_kind)
+    by_engine = served_by_engine(served_comps)
     figures = band_figures(comps, served_comps)
     cover = bands_mod.coverage(figures)
     if write_bands:
@@ -341,6 +348,7 @@ def validate(
                             "limit": t.limit, "met": t.met if t.n else None}
                            for t in targets(comps, served_comps)],
                "served_by_model_kind": [s.as_dict() for s in kinds],
+               "served_by_engine": [e.as_dict() for e in by_engine],
                "band_coverage": [{"engine": c.engine, "phase": c.phase, "n": c.n,
                                   "inside": c.inside, "frac": c.frac} for c in cover],
                "check": {"passed": not failed, "failures": failed} if check else None}
@@ -367,6 +375,12 @@ def validate(
                 ["model", "phase", "n", "median", "p90", "signed median"],
                 [[s.source, s.phase, s.n, fmt.pct(s.median_abs_error), fmt.pct(s.p90_abs_error),
                   f"{s.median_error:+.1%}"] for s in kinds], left=3, compact=True))
+        if by_engine:
+            stdout.print(table(
+                "Held-out served runs by engine: median / mean |error| per run",
+                ["engine", "runs", *(p.removeprefix("served ") for p in SERVED_PHASES)],
+                [[e.engine, e.runs, *(_med_mean(e.phases.get(p)) for p in SERVED_PHASES)]
+                 for e in by_engine], left=1, compact=True))
         tg = targets(comps, served_comps)
         stdout.print(table("Targets (held out; issue 24)", ["target", "n", "now", "limit", ""],
                            [[t.label, t.n, "-" if not t.n else fmt.pct(t.value),
@@ -392,6 +406,11 @@ def validate(
                      "below the figures recorded in planner/data/validation_recorded.yaml")
     if failed:
         raise typer.Exit(1)
+
+
+def _med_mean(fig) -> str:
+    """A phase's held-out (n, median, mean) |error| as 'median / mean'; '-' where no run."""
+    return "-" if fig is None else f"{fig[1]:.1%} / {fig[2]:.1%}"
 
 
 SHORT_METRIC = {"user_tokens_per_s": "tok/s/user", "throughput_tokens_per_s_per_gpu": "tok/s/GPU",

@@ -313,6 +313,44 @@ class TargetResult:
         return self.n > 0 and self.value <= self.limit
 
 
+@dataclass(frozen=True)
+class EngineServed:
+    """One engine profile's held-out served runs: per phase (served TPOT, TTFT, E2E,
+    throughput) the count, the median and the mean |error| (the mean per run: one figure
+    per run and phase)."""
+    engine: str
+    runs: int
+    phases: dict  # phase -> (n, median |error|, mean |error|)
+
+    def as_dict(self) -> dict:
+        return {"engine": self.engine, "runs": self.runs,
+                "phases": {p: {"n": n, "median": med, "mean": mean}
+                           for p, (n, med, mean) in self.phases.items()}}
+
+
+SERVED_PHASES = ("served TPOT", "served TTFT", "served E2E", "served throughput")
+
+
+def served_by_engine(served: list) -> list[EngineServed]:
+    """The served targets' figures for each engine profile apart, held out only: what the
+    all-engine targets mix (the current vLLM line's runs beside SGLang's and older lines')."""
+    groups: dict[str, list] = {}
+    for c in served:
+        if not c.in_sample:
+            groups.setdefault(c.engine, []).append(c)
+    order = {e: i for i, e in enumerate(CURRENT_ENGINES)}
+    out = []
+    for engine in sorted(groups, key=lambda e: (order.get(e, len(order)), e)):
+        cs = groups[engine]
+        phases = {}
+        for phase in SERVED_PHASES:
+            errs = [abs(c.error) for c in cs if c.phase == phase]
+            if errs:
+                phases[phase] = (len(errs), quantile(errs, 0.5), sum(errs) / len(errs))
+        out.append(EngineServed(engine, len({(c.source, c.run) for c in cs}), phases))
+    return out
+
+
 def targets(static: list, served: list) -> list[TargetResult]:
     """Each target's held-out figure: |error| of the served runs by phase (every engine), and
     of the static batch-1 decode rows of the current engines' profiles."""
