@@ -243,3 +243,33 @@ def test_measure_resume_and_report_refuse_a_named_pipe(tmp_path):
         for read in (load_done, load_measured):
             with pytest.raises(SpecError, match="is a named pipe, not a regular file"):
                 read(p)
+
+
+def test_a_key_given_twice_is_refused_with_both_lines(run_cli, tmp_path):
+    """A YAML loader keeps the last of two equal keys silently: a deleted line merges two
+    entries (a price set's rtx-4090 took the T4's price and power, the T4 was gone). Every
+    YAML input is refused, naming the key, its line and the first one's."""
+    src = (ROOT / "planner" / "data" / "prices" / "owned.yaml").read_text()
+    assert "\n  t4:\n" in src
+    merged = tmp_path / "owned.yaml"
+    merged.write_text(src.replace("\n  t4:\n", "\n", 1))
+    code, _, err = run_cli("prices", str(merged))
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert "gpus.rtx-4090.purchase_usd: given twice (first on line" in err
+    model = tmp_path / "m.yaml"
+    model.write_text((ROOT / "models_db" / "llama-3.1-8b.yaml").read_text() + "num_layers: 64\n")
+    code, _, err = run_cli("estimate", "-m", str(model), "-g", "h100-sxm")
+    assert code == 2 and "num_layers: given twice" in err
+    # the same key in two different mappings is no repeat
+    boundary.check_yaml("a: {x: 1}\nb: {x: 2}\n", "f.yaml")
+    with pytest.raises(SpecError, match=r"f.yaml:3: a.x: given twice \(first on line 2\)"):
+        boundary.check_yaml("a:\n  x: 1\n  x: 2\n", "f.yaml")
+
+
+def test_a_control_character_names_its_line(run_cli, tmp_path):
+    p = tmp_path / "m.yaml"
+    p.write_text((ROOT / "models_db" / "llama-3.1-8b.yaml").read_text() + "x: a\x00b\n")
+    n = p.read_text().count("\n")
+    code, _, err = run_cli("estimate", "-m", str(p), "-g", "h100-sxm")
+    assert code == 2 and f"m.yaml: line {n}: malformed YAML: unacceptable character" in err
+    assert "::" not in err

@@ -154,3 +154,18 @@ def test_plan_ranks_within_one_set(run_cli, name):
     for gpu in catalog.gpu_names():
         if s.hourly(gpu) is None:
             assert gpu in err
+
+
+def test_a_price_entrys_error_is_its_own_kinds(run_cli, tmp_path):
+    """An owned entry with a bad purchase price: that field's error, not every kind of
+    entry's missing fields (Listed's usd_per_gpu_hour and offers came first, the real error
+    eighth of sixteen and unshown), and no class names in the path."""
+    src = (Path(__file__).resolve().parent.parent / "planner" / "data" / "prices"
+           / "owned.yaml").read_text()
+    bad = tmp_path / "owned.yaml"
+    bad.write_text(src.replace("purchase_usd: 43055.56", "purchase_usd: true", 1))
+    assert bad.read_text() != src
+    code, _, err = run_cli("prices", str(bad))
+    assert code == 2 and err.strip().endswith("gpus.gb200.purchase_usd: expected a number, "
+                                              "got true"), err
+    assert "Listed" not in err and "Owned" not in err

@@ -18,8 +18,9 @@ lives in ``planner.io.catalog``.
 from __future__ import annotations
 
 import statistics
+from typing import Annotated, Any
 
-from pydantic import Field, model_validator
+from pydantic import Discriminator, Field, Tag, model_validator
 
 from planner.core.specs import Price, _Frozen
 
@@ -64,6 +65,20 @@ class NotSold(_Frozen):
     not_sold: str = Field(min_length=1)
 
 
+def _entry_kind(v: Any) -> str | None:
+    """Which kind of price entry a GPU's mapping is, by the keys it gives (so an error names
+    that kind's fields, not every kind's)."""
+    if isinstance(v, dict):
+        return "NotSold" if "not_sold" in v else "Owned" if "purchase_usd" in v else "Listed"
+    return type(v).__name__ if isinstance(v, Listed | Owned | NotSold) else None
+
+
+# a GPU's entry in a price set; the tags are the classes' names, which error paths leave out
+Entry = Annotated[Annotated[Listed, Tag("Listed")] | Annotated[Owned, Tag("Owned")]
+                  | Annotated[NotSold, Tag("NotSold")], Discriminator(_entry_kind)]
+ENTRY_TAGS = frozenset({"Listed", "Owned", "NotSold"})
+
+
 class Assumption(_Frozen):
     """A figure the owned basis rests on, with its source (or its reason where it is a
     choice, such as a depreciation life)."""
@@ -103,7 +118,7 @@ class PriceSet(_Frozen):
     notes: tuple[str, ...] = ()
     # the owned basis's assumptions; a set with them prices GPUs by purchase and power
     assumptions: OwnedAssumptions | None = None
-    gpus: dict[str, Listed | Owned | NotSold]
+    gpus: dict[str, Entry]
 
     @property
     def kind(self) -> str:

@@ -124,18 +124,21 @@ def _number_problem(value: str, tag: str) -> str | None:
 
 
 class _Frame:
-    __slots__ = ("is_map", "key", "want_key", "depth", "deepest", "anchor")
+    __slots__ = ("is_map", "key", "want_key", "depth", "deepest", "anchor", "lines")
 
     def __init__(self, is_map: bool, depth: int, anchor: str | None):
         self.is_map, self.depth, self.anchor = is_map, depth, anchor
         self.key: Any = None if is_map else 0
         self.want_key = is_map
         self.deepest = depth
+        self.lines: dict[str, int] = {}  # a mapping's keys so far -> the line of each
 
 
 def check_yaml(text: str, path: Path | str) -> None:
     """Refuse a YAML text nested deeper than ``MAX_DEPTH`` (aliases counted where they
-    expand) or holding a number of more than ``MAX_DIGITS`` digits, before it is composed."""
+    expand), holding a number of more than ``MAX_DIGITS`` digits, or giving a mapping's key
+    twice (a YAML loader keeps the last silently: a deleted line merges two entries into
+    one), before it is composed."""
     loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
     stack: list[_Frame] = []
     anchors: dict[str, int] = {}  # anchor -> levels its node spans
@@ -178,6 +181,13 @@ def check_yaml(text: str, path: Path | str) -> None:
             reach(here + anchors.get(ev.anchor, 0), ev.start_mark)
             done()
         elif isinstance(ev, yaml.ScalarEvent):
+            if stack and stack[-1].is_map and stack[-1].want_key and ev.value != "<<":
+                first = stack[-1].lines.setdefault(ev.value, ev.start_mark.line + 1)
+                if first != ev.start_mark.line + 1:
+                    parent = ".".join(str(f.key) for f in stack[:-1] if f.key is not None)
+                    raise SpecError(f"{_short(path)}:{ev.start_mark.line + 1}: "
+                                    f"{parent + '.' if parent else ''}{ev.value}: given twice "
+                                    f"(first on line {first})")
             if not ev.style and ev.implicit[0]:  # plain (libyaml says "", Python None)
                 tag = _RESOLVER.resolve(yaml.ScalarNode, ev.value, (True, False))
                 if tag in (_INT_TAG, _FLOAT_TAG):

@@ -53,8 +53,10 @@ def engine_names() -> list[str]:
 
 def _format_validation(path: str, err: ValidationError) -> str:
     parts = []
+    from planner.core.prices import ENTRY_TAGS  # a price entry's kind: not a key in the file
+
     for e in err.errors()[:3]:
-        loc = ".".join(str(x) for x in e["loc"]) or "(top level)"
+        loc = ".".join(str(x) for x in e["loc"] if x not in ENTRY_TAGS) or "(top level)"
         msg = e["msg"].removeprefix("Value error, ")
         if e["type"] == "extra_forbidden":
             msg = "unknown key (misspelled?)"
@@ -160,9 +162,12 @@ def _parse_yaml(text: str, path: Path) -> Any:
         raise SpecError(f"{path}: unreadable value: {str(err).split(';')[0]}") from None
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
-        where = f" line {mark.line + 1}" if mark is not None else ""
+        line = mark.line + 1 if mark is not None else None
+        if isinstance(err, yaml.reader.ReaderError):  # a character YAML does not allow
+            line = text.count("\n", 0, err.position) + 1
+        where = f" line {line}:" if line is not None else ""
         problem = getattr(err, "problem", None) or str(err).splitlines()[0]
-        raise SpecError(f"{path}:{where}: malformed YAML: {problem}") from None
+        raise SpecError(f"{path}:{where} malformed YAML: {problem}") from None
 
 
 def is_file(p: Path, what: str) -> bool:
