@@ -115,7 +115,7 @@ def test_hf_config_through_cli(run_json):
     (["--model", "llama-3.1-8b", "--gpu", "h100-sxm", "--batch", "0"], "--batch"),
     (["--model", "llama-3.1-8b", "--gpu", "h100-sxm", "--weights", "fp7"], "'fp7' is not one"),
     (["--model", "llama-3.1-8b", "--gpu", "h100-sxm", "--kv-cache", "int4"], "--kv-cache"),
-    (["--model", "llama-3.1-8b", "--gpu", "t4"], "t4 has no bf16"),
+    (["--model", "llama-3.1-8b", "--gpu", "t4", "--weights", "bf16"], "t4 has no bf16"),
     (["--model", "llama-3.1-70b", "--gpu", "h100-sxm", "--tp", "3"], "--tp 3 does not divide"),
     (["--model", str(HF / "unsupported.json"), "--gpu", "h100-sxm"],
      "model_type: 'mamba' is not supported; supported: llama"),

@@ -24,7 +24,8 @@ def test_kernel_overhead_zero_means_none_and_the_ideal_bound_never_moves(run_jso
 
 
 def test_a_gpu_without_bf16_names_fp16(run_cli):
-    code, _, err = run_cli("estimate", "-m", "llama-3.1-8b", "-g", "t4")
+    """An asked-for bf16 (the default falls back to fp16 under vLLM: tests/test_auto_dtype)."""
+    code, _, err = run_cli("estimate", "-m", "llama-3.1-8b", "-g", "t4", "--weights", "bf16")
     assert code == 2 and "--weights fp16" in err and "--compute fp16" in err
     assert len(err.strip().splitlines()) == 1
     code, _, err = run_cli("estimate", "-m", "llama-3.1-8b", "-g", "t4", "--weights", "fp16")

@@ -571,12 +571,13 @@ def resolve_precision(m, weights=None, kv_cache=None, group_size: int | None = N
     q = m.quantization
     if weights is None and q is not None:
         p = q.precision(kv, group_size=group_size, quantized_layers=ql)
-        if c is not None:
-            p = p.model_copy(update={"compute": DType(c)})
+        p = p.model_copy(update={"compute": DType(c)} if c is not None else {"auto": True})
         check_quantized_layers(m, p.quantized_layers)
         return p, "checkpoint"
+    # no --weights (nor --dtype): the 16-bit type is left to the engine (vLLM's --dtype auto)
     p = Precision.of(_value(weights) or m.torch_dtype or "bf16", kv,
-                     group_size or DEFAULT_GROUP_SIZE, c, check_quantized_layers(m, ql))
+                     group_size or DEFAULT_GROUP_SIZE, c, check_quantized_layers(m, ql),
+                     auto=weights is None and c is None)
     return p, ("--weights" if weights is not None else "default")
 
 
@@ -597,6 +598,9 @@ def weights_source_text(m, p, source: str, group_size: int | None = None) -> str
     if source == "--weights":
         return "--weights" + (f"; {q.file}'s quantization_config ({q.label}) set aside"
                               if q is not None and q.problem is None else "")
+    if p.auto and p.weights.value == "fp16" and (m.torch_dtype or "bf16") != "fp16":
+        return (f"default ({m.torch_dtype or 'bf16'}), run in fp16: the engine's fallback on "
+                "this GPU (note below)")
     if m.torch_dtype is not None:
         return f"default: the checkpoint's torch_dtype ({m.torch_dtype}), from {m.source}"
     if m.source.endswith(".json"):

@@ -222,7 +222,7 @@ def plan_run(a: dict, *, emit: bool = False):
     import os
 
     from planner.core.specs import DType
-    from planner.io import catalog
+    from planner.io import catalog, fmt
 
     # the command's own process forks its workers; the web page (planner/ui) serves from
     # threads, where a fork is unsafe, and sizes in one process
@@ -231,6 +231,9 @@ def plan_run(a: dict, *, emit: bool = False):
     from planner.search.sweep import parse_int_list, parse_str_list
 
     t_ttft, t_tpot = _check_targets(a)
+    # a bare number (seconds) is shown with its unit in the titles, as the flags give it else
+    ttft, tpot = (fmt.seconds(t) if not any(ch.isalpha() for ch in str(given)) else given
+                  for t, given in ((t_ttft, ttft), (t_tpot, tpot)))
     opts = with_expert_imbalance(options_from(TimeModel.roofline, Attention.flash, None,
                                               reserve_gib, memory_utilization),
                                  expert_imbalance)
@@ -295,7 +298,9 @@ def plan_run(a: dict, *, emit: bool = False):
                      + f" (why: llmplan prices {price_set}; --prices another set or --price "
                      "GPU=USD to include them)")
     cdt = DType(compute.value) if compute else None
-    _some_precision_runs(gpus, wl, cdt, cal, eng)
+    # no weights asked for: the 16-bit type is the engine's (vLLM's bf16 runs fp16 on a T4)
+    auto = weights is None and quantization is None and cdt is None
+    _some_precision_runs(gpus, wl, cdt, cal, eng, auto)
     if scheduler == "continuous":
         return _plan_continuous(m, gpus, prompt_tokens=prompt_tokens,
                                 output_tokens=output_tokens,
@@ -310,12 +315,13 @@ def plan_run(a: dict, *, emit: bool = False):
                                 top=top, csv=csv, plot=plot, as_json=as_json,
                                 label=(ttft, tpot, req), compute=cdt, quantized_layers=ql,
                                 options=opts, speculations=specs, disaggregated=disaggregated,
-                                price_set=price_set, emit=emit, jobs=jobs)
+                                price_set=price_set, emit=emit, jobs=jobs,
+                                auto_dtype=auto)
     targets = Targets(t_ttft, t_tpot, req)
     df = search(m, gpus, prompt_tokens=prompt_tokens, output_tokens=output_tokens,
                 targets=targets, tps=tps, pps=pps, eps=eps,
                 weights=wl, kv_cache=kvl, calibration=cal, price_usd_per_gpu_hour=price_per_hour,
-                engine=eng, compute=cdt, quantized_layers=ql, options=opts)
+                engine=eng, compute=cdt, quantized_layers=ql, options=opts, auto_dtype=auto)
     df["price_set"] = price_set
     if not emit:
         return df
@@ -473,7 +479,7 @@ def _spec_cell(r) -> str:
     return v if isinstance(v, str) else "-"
 
 
-def _some_precision_runs(gpus, weights, compute, cal, eng) -> None:
+def _some_precision_runs(gpus, weights, compute, cal, eng, auto: bool = False) -> None:
     """At least one GPU runs at least one of the weight precisions asked for; otherwise the
     reason (a T4 has no bf16) is the error, not "no configuration meets the targets"."""
     from planner.core.errors import UsageError
@@ -484,7 +490,7 @@ def _some_precision_runs(gpus, weights, compute, cal, eng) -> None:
     for hw in gpus:
         for w in weights:
             try:
-                prepare(hw, Precision.of(w, compute=compute), cal, Options(), eng)
+                prepare(hw, Precision.of(w, compute=compute, auto=auto), cal, Options(), eng)
                 return
             except UsageError as err:
                 why = why or str(err)
@@ -520,7 +526,7 @@ def _plan_continuous(m, gpus, *, prompt_tokens, output_tokens, targets, tps, wei
                      calibration, price_per_hour, engine, settings, top, csv, plot, as_json,
                      label, compute=None, pps=(1,), eps=(1,), quantized_layers="all",
                      options=None, speculations=(), disaggregated="off", jobs=1,
-                     price_set: str = "", emit: bool = True):
+                     price_set: str = "", emit: bool = True, auto_dtype: bool = False):
     from functools import partial
 
     import numpy as np
@@ -537,7 +543,8 @@ def _plan_continuous(m, gpus, *, prompt_tokens, output_tokens, targets, tps, wei
               tps=tps, weights=weights, kv_cache=kv_cache, calibration=calibration,
               price_usd_per_gpu_hour=price_per_hour, engine=engine, settings=settings,
               top=top, compute=compute, quantized_layers=quantized_layers, options=options,
-              prefetch=partial(prefetched, jobs=jobs) if jobs > 1 else None)
+              prefetch=partial(prefetched, jobs=jobs) if jobs > 1 else None,
+              auto_dtype=auto_dtype)
     frames = []
     from planner.search.plan import screen
 

@@ -57,8 +57,9 @@ def build_grid(model: str, gpu: str, batch: str, prompt_tokens: str, output_toke
                weights: str, kv_cache: str | None, tp: str, group_size: int, options,
                engine: str = DEFAULT_ENGINE, compute: str | None = None, pp: str = "1",
                ep: str = "1", quantized_layers: str = "all", prices: str | None = None,
-               price: list[str] | None = None):
-    """Parse the list options into a Grid (shared by sweep and report)."""
+               price: list[str] | None = None, auto_dtype: bool = False):
+    """Parse the list options into a Grid (shared by sweep and report); ``auto_dtype``: the
+    weights were not asked for (``Grid.auto_dtype``)."""
     from planner.core.specs import DType
     from planner.io import catalog
     from planner.search.sweep import Grid, parse_int_list, parse_str_list
@@ -96,6 +97,7 @@ def build_grid(model: str, gpu: str, batch: str, prompt_tokens: str, output_toke
         engine=catalog.load_engine(engine),
         compute=DType(compute) if compute else None,
         quantized_layers=quantized_layers,
+        auto_dtype=auto_dtype,
     )
 
 
@@ -162,7 +164,7 @@ def sweep(
                       "bf16" if weights is None else weights,
                       kv_cache, tp, group_size, opts, engine,
                       compute.value if compute else None, pp, ep, quantized_layers.value,
-                      prices, price)
+                      prices, price, auto_dtype=weights is None and compute is None)
     for m in grid.models if weights is None else ():
         q = m.quantization
         if q is not None and q.problem is None:

@@ -363,6 +363,14 @@ class Unsupported(_Sourced):
     reason: str = Field(min_length=1)
 
 
+class DtypeFallback(_Sourced):
+    """The 16-bit type the engine runs a model in, left to it (vLLM's ``--dtype auto``), on
+    a GPU without tensor-core support for the checkpoint's type: vLLM serves a bf16
+    checkpoint in fp16 on Turing and Volta (a T4, a V100) rather than refusing."""
+
+    value: Literal["fp16"]
+
+
 class SmallGpuDefaults(_Frozen):
     """Scheduler defaults an engine picks on smaller GPUs (vLLM's OpenAI server: below 70 GiB,
     or any A100), in place of ``ServingDefaults``' own."""
@@ -551,8 +559,13 @@ class EngineSpec(_Frozen):
     memory_fraction: MemoryFraction | None = None  # None: 0.9 of total memory, as vLLM
     # MXFP4 routed experts as the engine's kernels lay them out (None: as the checkpoint)
     mxfp4_expert_padding: ExpertPadding | None = None
+    # the 16-bit type it falls back to where the GPU has none of the checkpoint's (bf16 on a
+    # T4) and the type was left to it; None: it refuses, asking for --dtype
+    auto_dtype_fallback: DtypeFallback | None = None
     # weights it does not run on some GPU architectures (``Engine.refusal``)
     unsupported: tuple[Unsupported, ...] = ()
+    # it refuses to start where its KV cache cannot hold one request of its max-model-len
+    startup_kv_check: Flag | None = None
 
     @model_validator(mode="after")
     def _check(self) -> EngineSpec:
@@ -674,9 +687,13 @@ class EngineSpec(_Frozen):
             lm_head_sharded=self.lm_head_sharded.value,
             lm_head_quantized=self.lm_head_quantized.value,
             zero_point_bytes_per_group=self.zero_point_bytes_per_group.value,
+            auto_dtype_fallback=(None if self.auto_dtype_fallback is None
+                                 else self.auto_dtype_fallback.value),
             mxfp4_expert_pad=(None if self.mxfp4_expert_padding is None else (
                 self.mxfp4_expert_padding.hidden_multiple,
                 self.mxfp4_expert_padding.intermediate_multiple)),
+            startup_kv_check=(self.startup_kv_check is not None
+                              and self.startup_kv_check.value),
             unsupported=tuple((u.weights, tuple(a.lower() for a in u.architectures),
                                u.quantized_layers, u.reason, u.source)
                               for u in self.unsupported),
@@ -794,9 +811,15 @@ class Engine:
     # (hidden multiple, intermediate multiple) MXFP4 routed experts are padded to
     # (``ExpertPadding``); None: stored as the checkpoint
     mxfp4_expert_pad: tuple[int, int] | None = None
+    # the 16-bit type a bf16 model runs in on a GPU without bf16 tensor cores when the type
+    # was left to the engine (``DtypeFallback``: vLLM 0.9+ falls back to fp16); None: refused
+    auto_dtype_fallback: str | None = None
     # ((weights, ...), (architectures, ...), quantized layers or None, reason, source): what
     # it does not run where (``refusal``)
     unsupported: tuple = ()
+    # it refuses to start where its KV cache cannot hold one request of its max-model-len
+    # (vLLM's check_enough_kv_cache_memory; ``planner.core.estimate.startup_max_model_len``)
+    startup_kv_check: bool = False
     # the memory fraction it sizes its KV cache from by default, and its basis (MEMORY_BASES)
     memory_utilization_frac: float = 0.9
     memory_basis: str = "total"

@@ -407,9 +407,44 @@ def estimate_prepared(model: ModelSpec, hardware: HardwareSpec, prep: Prepared, 
     est = assemble(model, hardware, prep, o, tp=tp, batch=w.batch,
                    prompt_tokens=w.prompt_tokens, output_tokens=w.output_tokens,
                    price_usd_per_gpu_hour=price, price_source=price_source, notes=notes)
+    start = startup_max_model_len(est)
+    if start is not None and start[1] > 0:  # none at all: the memory table says it
+        e = est.engine
+        est = replace(est, notes=(*est.notes, (
+            f"{e.display_name or e.name} would not start: its KV cache holds one request of "
+            f"about {start[1]:,} tokens, under its max-model-len of {start[0]:,} (the model's "
+            f"context unless set; it checks at start-up); serve it with a max-model-len of "
+            f"{start[1]:,} or less")))
     if measured_tpot_s is None and measured_ttft_s is None:
         return est
     return _with_measured(est, measured_tpot_s, measured_ttft_s)
+
+
+def startup_max_model_len(est: Estimate) -> tuple[int, int] | None:
+    """(max-model-len, the longest that starts) where the engine checks at start-up that its
+    KV cache holds one request of its max-model-len (vLLM's check_enough_kv_cache_memory,
+    ``Engine.startup_kv_check``) and this deployment's does not; None where it starts (or
+    the engine does not check). The pool is the simulator's (``Estimate.kv_concurrency``).
+    Models with sliding-window layers are not checked: vLLM counts those layers' window plus
+    a step's tokens, which the pool's accounting does not."""
+    from planner.core.memory import kv_concurrency
+
+    e = est.engine
+    if not e.startup_kv_check or est.model.num_sliding_layers:
+        return None
+    need = e.max_model_len or est.model.max_position_embeddings
+    cap = est.kv_concurrency().capacity_tokens
+
+    def starts(n: int) -> bool:
+        return n == 0 or kv_concurrency(cap, prompt_tokens=n, output_tokens=0,
+                                        block_size=e.block_size, max_model_len=n).paged >= 1
+    if starts(need):
+        return None
+    lo, hi = 0, need - 1  # the longest length one request of which the pool holds
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if starts(mid) else (lo, mid - 1)
+    return need, lo
 
 
 @dataclass(frozen=True)
@@ -443,8 +478,29 @@ def prepare(hw: HardwareSpec, p: Precision, calibration: Calibration | None, o: 
     # the engine's own layout of MXFP4 experts, whatever the checkpoint
     p = p.model_copy(update={"expert_pad": engine.mxfp4_expert_pad
                              if p.weights is DType.mxfp4 else None})
+    p, fell_back = auto_dtype(hw, p, engine)
     p, notes = resolve_precision(hw, p, c)
-    return Prepared(engine, p, c, ref, tuple(notes))
+    return Prepared(engine, p, c, ref, tuple(notes) + fell_back)
+
+
+def auto_dtype(hw: HardwareSpec, p: Precision, engine: Engine) -> tuple[Precision, tuple]:
+    """``p`` with its 16-bit parts in the engine's fallback type where the type was left to
+    the engine (``Precision.auto``), the GPU has no bf16 tensor-core rate but has the
+    fallback's, and the engine falls back rather than refuse (vLLM 0.9+ serves a bf16
+    checkpoint in fp16 on a T4 or V100); and the note saying so."""
+    fb = engine.auto_dtype_fallback
+    if not (p.auto and fb and p.half_dtype is DType.bf16
+            and DType.bf16 not in hw.peak_tflops and DType(fb) in hw.peak_tflops):
+        return p, ()
+    half = DType(fb)
+    update: dict = {"kv_cache": half} if p.kv_cache is DType.bf16 else {}
+    if p.weights is DType.bf16:
+        update["weights"] = half
+    elif p.compute is None:  # quantized weights: their matmuls run in the 16-bit type
+        update["compute"] = half
+    return p.model_copy(update=update), (
+        f"{hw.name} has no bf16 tensor cores: {engine.display_name or engine.name} runs the "
+        f"model in {half.value} (its --dtype auto falls back; --weights or --dtype to choose)",)
 
 
 def resolve_precision(hw: HardwareSpec, p: Precision,

@@ -105,6 +105,10 @@ class Precision(_Frozen):
     # first, each TP rank's share of the experts' intermediate size up to one of the second
     # (vLLM's MXFP4 MoE layout, ``Engine.mxfp4_expert_pad``); None: as the checkpoint
     expert_pad: tuple[int, int] | None = None
+    # the 16-bit type was left to the engine (vLLM's --dtype auto: no --weights or --dtype
+    # given, a 16-bit checkpoint): an engine that falls back to fp16 on a GPU without bf16
+    # tensor cores may (``Engine.auto_dtype_fallback``); False: the type was asked for
+    auto: bool = False
 
     @model_validator(mode="after")
     def _check(self) -> Precision:
@@ -119,7 +123,7 @@ class Precision(_Frozen):
     @classmethod
     def of(cls, weights: DType | str, kv_cache: DType | str | None = None,
            group_size: int = DEFAULT_GROUP_SIZE, compute: DType | str | None = None,
-           quantized_layers: str = "all") -> Precision:
+           quantized_layers: str = "all", auto: bool = False) -> Precision:
         """A precision whose KV cache, when not given, is the 16-bit type of the weights or of
         the matmuls (``compute`` fp16: a T4 or V100 running int8 / int4 weights)."""
         w = DType(weights)
@@ -127,7 +131,7 @@ class Precision(_Frozen):
         kv = DType(kv_cache) if kv_cache else (
             DType.fp16 if DType.fp16 in (w, c) else DType.bf16)
         return cls(weights=w, kv_cache=kv, group_size=group_size, compute=c,
-                   quantized_layers=quantized_layers)
+                   quantized_layers=quantized_layers, auto=auto)
 
     def expert_pad_factor(self, m: ModelSpec, tp: int = 1) -> float:
         """Stored over checkpoint bytes (and FLOPs) of a routed expert's matmuls under

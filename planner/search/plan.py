@@ -48,16 +48,17 @@ def search(model: ModelSpec, gpus: list[HardwareSpec], *, prompt_tokens: int,
            calibration: Calibration | None = None,
            price_usd_per_gpu_hour: float | None = None, engine: Engine = IDEAL,
            compute: DType | None = None, pps=(1,), eps=(1,),
-           quantized_layers: str = "all") -> pd.DataFrame:
+           quantized_layers: str = "all", auto_dtype: bool = False) -> pd.DataFrame:
     """Every configuration searched, with ``meets_targets`` and, for those that do, the
     replicas, GPUs, cost at the traffic and ``rank`` (1 = cheapest). ``compute``: the type
-    the matmuls run in (None: from the weights)."""
+    the matmuls run in (None: from the weights); ``auto_dtype``: the weights were not asked
+    for, so the engine's 16-bit fallback applies (``Grid.auto_dtype``)."""
     batches = batches or [1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512,
                           768, 1024]
     grid = Grid(models=[model], gpus=gpus, batches=batches, prompt_tokens=[prompt_tokens],
                 output_tokens=[output_tokens], weights=list(weights), kv_cache=list(kv_cache),
                 tps=list(tps), pps=list(pps), options=options or Options(), engine=engine,
-                compute=compute, quantized_layers=quantized_layers)
+                compute=compute, quantized_layers=quantized_layers, auto_dtype=auto_dtype)
     chunks = list(iter_sweep(grid, calibration=calibration,
                              price_usd_per_gpu_hour=price_usd_per_gpu_hour))
     for ep in (n for n in eps if n > 1):
@@ -394,7 +395,7 @@ def search_continuous(model: ModelSpec, gpus: list[HardwareSpec], *, prompt_toke
                       compute: DType | None = None, pps=(1,), eps=(1,),
                       quantized_layers: str = "all", speculations=(),
                       screened: pd.DataFrame | None = None, advance=None,
-                      prefetch=None) -> pd.DataFrame:
+                      prefetch=None, auto_dtype: bool = False) -> pd.DataFrame:
     """The cheapest configurations sized by simulating continuous batching; ``prefetch``:
     configurations sized beforehand, side by side, with the same rows (``cut_in_order``).
 
@@ -420,7 +421,8 @@ def search_continuous(model: ModelSpec, gpus: list[HardwareSpec], *, prompt_toke
         model, gpus, prompt_tokens=prompt_tokens, output_tokens=output_tokens,
         targets=targets, tps=tps, weights=weights, kv_cache=kv_cache, options=o,
         calibration=calibration, price_usd_per_gpu_hour=price_usd_per_gpu_hour,
-        engine=engine, compute=compute, pps=pps, eps=eps, quantized_layers=quantized_layers)
+        engine=engine, compute=compute, pps=pps, eps=eps, quantized_layers=quantized_layers,
+        auto_dtype=auto_dtype)
     df = df[df["supported"].astype(bool) & df["priced"]]
     keys = ["gpu", "tp", "pp", "ep", "weights", "kv_cache"]
     cols = keys + ["batch", "fits", "ttft_s", "tpot_s", "num_gpus", "price_usd_per_gpu_hour"]
@@ -432,7 +434,7 @@ def search_continuous(model: ModelSpec, gpus: list[HardwareSpec], *, prompt_toke
     def deployment(gpu, tp, pp, ep, w, kv) -> Deployment:
         prec_kv = None if kv == Precision.of(w, compute=compute).kv_cache.value else DType(kv)
         return Deployment.build(model, gpu_by_name[gpu], engine=engine, precision=Precision.of(
-            w, prec_kv, compute=compute, quantized_layers=quantized_layers),
+            w, prec_kv, compute=compute, quantized_layers=quantized_layers, auto=auto_dtype),
             layout=Layout(tp, pp, ep), options=o, calibration=calibration)
 
     ctx = prompt_tokens + output_tokens / 2

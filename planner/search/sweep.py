@@ -106,6 +106,8 @@ class Grid:
     engine: Engine = IDEAL
     compute: DType | None = None  # None: the matmul type follows the weights
     quantized_layers: str = "all"  # or "experts": only a MoE model's routed experts
+    # the weights were not asked for: the 16-bit type is left to the engine (``Precision.auto``)
+    auto_dtype: bool = False
 
     @property
     def size(self) -> int:
@@ -159,7 +161,8 @@ def iter_sweep(g: Grid, *, calibration: Calibration | None = None,
     O = np.asarray(sorted(g.output_tokens), dtype=np.float64)  # noqa: E741
     for m, hw, w, kv, tp, pp, ep in itertools.product(g.models, g.gpus, g.weights, g.kv_cache,
                                                       g.tps, g.pps, g.eps):
-        prec = Precision.of(w, kv, g.group_size, g.compute, g.quantized_layers)
+        prec = Precision.of(w, kv, g.group_size, g.compute, g.quantized_layers,
+                            auto=g.auto_dtype)
         base = {"model": m.name, "gpu": hw.name, "tp": tp, "pp": pp, "ep": ep,
                 "num_gpus": pp * max(tp, ep), "weights": prec.weights.value,
                 "quantized_layers": prec.quantized_layers,
@@ -170,6 +173,8 @@ def iter_sweep(g: Grid, *, calibration: Calibration | None = None,
                 raise UsageError(f"{m.name} has no routed experts to quantize alone")
             prep = prepare(hw, prec, calibration, g.options, g.engine)
             prec, notes = prep.precision, list(prep.notes)
+            # as it runs: an engine's fallback type (bf16 served in fp16 on a T4)
+            base.update(weights=prec.weights.value, kv_cache=prec.kv_cache.value)
         except LlmplanError as err:
             prec, notes = None, [str(err)]
         price, _ = resolve_price(hw, price_usd_per_gpu_hour)

@@ -1,0 +1,45 @@
+"""vLLM checks at start-up that its KV cache holds one request of its max-model-len (the
+model's context unless set: 131,072 for Llama-3.1) and refuses to start otherwise
+(vllm/v1/core/kv_cache_utils.py check_enough_kv_cache_memory; V0's
+raise_if_cache_size_invalid). estimate says so, with the longest max-model-len that starts."""
+
+from __future__ import annotations
+
+import re
+
+
+def test_a_pool_under_the_models_context_is_said_not_to_start(run_json):
+    d = run_json("estimate", "-m", "llama-3.1-70b", "-g", "h100-sxm", "--weights", "fp8",
+                 "--kv-cache", "fp8")
+    cap = d["kv_concurrency"]["kv_capacity_tokens"]
+    # 80 layers x 8 KV heads x 128 x (K, V) x 1 byte = 163,840 bytes a token in fp8
+    assert d["kv_cache_bytes_per_token"] == 80 * 8 * 128 * 2
+    note = next(n for n in d["notes"] if "would not start" in n)
+    assert "max-model-len of 131,072" in note
+    longest = int(re.search(r"max-model-len of ([\d,]+) or less", note)[1].replace(",", ""))
+    # the longest request the pool holds: all of it, in whole blocks of 16
+    assert longest == cap and cap % 16 == 0 and 0 < cap < 131_072
+    for engine in ("vllm-0.8", "vllm-v0"):
+        e = run_json("estimate", "-m", "llama-3.1-70b", "-g", "h100-sxm", "--weights", "fp8",
+                     "--kv-cache", "fp8", "-e", engine)
+        assert any("would not start" in n for n in e["notes"]), engine
+
+
+def test_what_starts_or_is_not_checked_has_no_such_note(run_json):
+    for args in (["-m", "llama-3.1-8b", "-g", "h100-sxm"],  # 8B: the pool holds 131,072
+                 # SGLang and TensorRT-LLM are not said to check
+                 ["-m", "llama-3.1-70b", "-g", "h100-sxm", "--weights", "fp8", "-e", "sglang"],
+                 # sliding-window layers: vLLM counts a step's tokens there; not checked
+                 ["-m", "gpt-oss-120b", "-g", "h100-sxm"],
+                 # the weights alone do not fit: the memory table says so, not this note
+                 ["-m", "llama-3.1-70b", "-g", "h100-sxm"]):
+        d = run_json("estimate", *args)
+        assert not any("would not start" in n for n in d["notes"]), args
+
+
+def test_plan_titles_give_bare_targets_their_units(run_cli):
+    code, out, err = run_cli("plan", "-m", "llama-3.1-8b", "-g", "h100-sxm", "-p", "512", "-o",
+                             "128", "--ttft", "2", "--tpot", "0.05", "--rps", "1", "--top", "1",
+                             "--disaggregated", "off")
+    assert code == 0, err
+    assert "TTFT <= 2 s and TPOT <= 50 ms" in " ".join(out.split())
