@@ -77,7 +77,7 @@ BAD_CLI_VALUES = ["nan", "inf", "-inf", "-1", "0", "1e999", "1e30", "0x10", "", 
 BASE = ["-m", "llama-3.1-8b", "-g", "h100-sxm"]
 MOE = ["-m", "qwen3-30b-a3b", "-g", "h100-sxm"]
 DISAGG = ["--prefill-instances", "1", "--decode-instances", "1"]
-PLAN = ["--ttft", "2s", "--tpot", "50ms", "--scheduler", "static"]
+PLAN = ["--ttft", "2s", "--tpot", "50ms", "--rps", "5", "--scheduler", "static"]
 PRICING = ["--prices", "--price"]
 CLI_OPTIONS = {  # command line -> options that take a value ("": a positional argument)
     ("estimate", *BASE): ["--batch", "--prompt-tokens", "--output-tokens", "--tp",
@@ -121,7 +121,8 @@ CLI_OPTIONS = {  # command line -> options that take a value ("": a positional a
     ("compare", "tests/fixtures/servers/vllm_bench_serve.json", *BASE):
         ["--tp", "--engine", "--weights", "--plot", "-m", "-g", "--seed", "--cached-from",
          "--lengths-from", "--dataset-name"],
-    ("calibrate", "tests/fixtures/servers/vllm_bench_serve.json", *BASE, "--no-leave-one-out"):
+    ("calibrate", "tests/fixtures/servers/vllm_bench_serve.json", *BASE, "--no-leave-one-out",
+     "--out", str(Path(tempfile.gettempdir()) / "llmplan-fuzz-calibrated.yaml")):
         ["--out", "--name", "--base-engine", "--tp"],
     ("watch", "http://127.0.0.1:9/metrics", *BASE, "--once", "--timeout", "1"):
         ["--interval", "--timeout", "--count", "--serve-metrics", "--model-name"],
@@ -998,13 +999,20 @@ HANG_FACTOR = 3.0
 
 
 def clean_seconds(jobs: int, timeout_s: float, mode: str = "fork") -> dict[str, float]:
-    """Seconds each command takes on its unmutated base line (the first of CLI_OPTIONS)."""
+    """Seconds each command takes on its unmutated base line (the first of CLI_OPTIONS).
+    Every base line must run (exit 0, or 1 for a budget or plan that is only not met): a
+    refused base makes each of its cases test that refusal, not the value mutated."""
     bases: dict[str, tuple] = {}
     for base in CLI_OPTIONS:
         bases.setdefault(base[0], base)
     cases = [Case(-1, "clean", list(b)) for b in bases.values()]
-    return {o.case.args[0]: o.seconds
-            for o in run_cases(cases, lambda c: 10 * timeout_s, mode=mode, jobs=jobs)}
+    out = {}
+    for o in run_cases(cases, lambda c: 10 * timeout_s, mode=mode, jobs=jobs):
+        if o.code not in (0, 1) and o.case.args[0] != "watch":  # watch: no server there
+            raise SystemExit(f"fuzz: the base line of {o.case.args[0]} exits {o.code}: "
+                             f"{o.stderr.strip()[:300]}")
+        out[o.case.args[0]] = o.seconds
+    return out
 
 
 def write_inputs(setup: Path) -> None:

@@ -326,6 +326,8 @@ def _cal_key(cal) -> tuple:
 def _recorded_calibration(path: Path):
     """The calibration a results file's points were predicted with (None: no such file or
     no point in it)."""
+    from pydantic import ValidationError
+
     from harness.measure import load_done
     from planner.core.specs import Calibration
 
@@ -336,6 +338,10 @@ def _recorded_calibration(path: Path):
             try:
                 return Calibration(device=str(env.get("device", {}).get("name", "recorded")),
                                    **c)
+            except ValidationError as err:  # each field's error, not pydantic's header
+                raise LlmplanError(f"{path}: the recorded calibration is not valid: " + "; ".join(
+                    f"env.calibration.{'.'.join(str(x) for x in e['loc'])}: {e['msg']}"
+                    for e in err.errors()[:3])) from None
             except (TypeError, ValueError) as err:
                 raise LlmplanError(f"{path}: the recorded calibration is not valid: "
                                    f"{first_line(err)}") from None

@@ -87,3 +87,21 @@ def test_engine_profiles_against_the_measured_steps(folder, names, expected):
     for name, (tpot, ttft) in expected.items():
         assert got[name][0] == pytest.approx(tpot, abs=0.0005), name
         assert got[name][1] == pytest.approx(ttft, abs=0.0005), name
+
+
+def test_a_recorded_calibration_that_is_not_valid_names_its_field(tmp_path):
+    """measure --resume reads the calibration its points were predicted with; a corrupt one
+    names the field (it printed pydantic's header alone: '1 validation error for ...')."""
+    import json
+
+    from harness.cli import _recorded_calibration
+    from planner.core.errors import LlmplanError
+
+    rec = json.loads((H200 / "llama-3.1-8b-bf16.jsonl").read_text().splitlines()[0])
+    assert _recorded_calibration(H200 / "llama-3.1-8b-bf16.jsonl").kernel_overhead_us > 0
+    rec["env"]["calibration"]["kernel_overhead_us"] = None
+    bad = tmp_path / "r.jsonl"
+    bad.write_text(json.dumps(rec) + "\n")
+    with pytest.raises(LlmplanError, match=r"env\.calibration\.kernel_overhead_us: Input "
+                                           "should be a valid number"):
+        _recorded_calibration(bad)

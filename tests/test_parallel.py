@@ -526,8 +526,11 @@ def test_a_layouts_json_gives_its_own_memory_at_the_top_level(run_json):
     assert d["fits"] is True
     assert d["total_memory_bytes"] == pytest.approx(st["total_bytes"])
     assert d["weights_bytes"] == pytest.approx(st["weights_bytes"])
-    assert d["memory_used_frac"] == pytest.approx(st["total_bytes"] / st["usable_bytes"])
-    assert d["memory_used_frac"] < 1
+    # of the GPU's capacity, as one TP group's memory_used_frac is (it was of usable memory)
+    assert d["memory_used_frac"] == pytest.approx(st["total_bytes"] / (80 * 2**30))
+    assert d["memory_used_frac"] < st["total_bytes"] / st["usable_bytes"] < 1
+    one = run_json("estimate", "-m", "llama-3.1-8b", "-g", "h100-sxm", "-b", "8")
+    assert one["memory_used_frac"] == pytest.approx(one["total_memory_bytes"] / (80 * 2**30))
     assert d["tp_group"]["total_memory_bytes"] > d["tp_group"]["usable_memory_bytes"]
     assert d["max_batch"] is None  # computed for one TP group only
     x = run_json("estimate", "-m", "qwen3-30b-a3b", "-g", "h100-sxm", "--ep", "4", "-b", "64")

@@ -43,3 +43,21 @@ def test_plan_titles_give_bare_targets_their_units(run_cli):
                              "--disaggregated", "off")
     assert code == 0, err
     assert "TTFT <= 2 s and TPOT <= 50 ms" in " ".join(out.split())
+
+
+def test_a_prompt_the_engine_refuses_is_said_so(run_json, run_cli):
+    """TensorRT-LLM's defaults: 8,192 tokens a step and chunked prefill off, so a 32,000-token
+    prompt is refused (simulate refuses it). estimate says so beside its TTFT; plan says it
+    is why nothing is found (it called the traffic the bind, every target met for one
+    request)."""
+    d = run_json("estimate", "-m", "llama-3.1-8b", "-g", "h200", "-e", "trtllm", "-p", "32000")
+    assert any("refuses this prompt" in n and "8,192" in n for n in d["notes"])
+    for args in (["-e", "trtllm", "-p", "8000"], ["-p", "32000"]):  # within it; vLLM chunks
+        d = run_json("estimate", "-m", "llama-3.1-8b", "-g", "h200", *args)
+        assert not any("refuses this prompt" in n for n in d["notes"]), args
+    code, out, err = run_cli("plan", "-m", "llama-3.1-8b", "-g", "h200", "-e", "trtllm", "-p",
+                             "32000", "-o", "256", "--ttft", "5s", "--tpot", "50ms", "--rps",
+                             "1", "--disaggregated", "off")
+    flat = " ".join(out.split())
+    assert code == 1 and "TensorRT-LLM refuses every request with its defaults" in flat, err
+    assert "the traffic binds" not in flat

@@ -497,3 +497,14 @@ def test_bind_is_in_help_and_a_bad_one_is_one_line(run_cli):
                            "h100-sxm", "--once", "--serve-metrics", str(_free_port()),
                            "--bind", "")
     assert code == 2 and "--bind" in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_malformed_page_is_quoted_short():
+    """A metrics page's bad line is the server's text: the error quotes at most its start
+    (a 100,000-character label value made a 100 KB error line)."""
+    from planner.core.errors import LlmplanError
+    from planner.io.watch import parse
+
+    with pytest.raises(LlmplanError, match="not the Prometheus text format") as err:
+        parse('vllm:num_requests_running{model_name="' + "x" * 100_000 + '" 1\n')
+    assert len(str(err.value)) < 300

@@ -479,6 +479,26 @@ def _spec_cell(r) -> str:
     return v if isinstance(v, str) else "-"
 
 
+def _prompts_refused(engine, gpus, prompt_tokens: int) -> str | None:
+    """Why every configuration's replica refuses the stream's requests, where the engine's
+    own defaults do on every GPU searched: a prompt above the token budget of a step with
+    chunked prefill off (TensorRT-LLM's max_num_tokens 8,192) is refused on arrival, as the
+    simulator refuses it; the static estimates would otherwise call the traffic the bind."""
+    limits = set()
+    for hw in gpus:
+        e = engine.for_gpu(hw.memory_bytes, hw.name, hw.architecture)
+        if e.chunked_prefill or prompt_tokens <= e.max_num_batched_tokens:
+            return None
+        limits.add(e.max_num_batched_tokens)
+    if not limits:
+        return None
+    return (f"{engine.display_name or engine.name} refuses every request with its defaults: a "
+            f"{prompt_tokens:,}-token prompt is above its step's token budget "
+            f"({', '.join(f'{n:,}' for n in sorted(limits))}) with chunked prefill off. "
+            "simulate sizes a replica with --chunked-prefill or a larger "
+            "--max-num-batched-tokens")
+
+
 def _some_precision_runs(gpus, weights, compute, cal, eng, auto: bool = False) -> None:
     """At least one GPU runs at least one of the weight precisions asked for; otherwise the
     reason (a T4 has no bf16) is the error, not "no configuration meets the targets"."""
@@ -600,8 +620,9 @@ def _plan_continuous(m, gpus, *, prompt_tokens, output_tokens, targets, tps, wei
                         batches=[1, 2, 4, 8, 16, 32, 64, 128, 192, 256],
                         **{k: v for k, v in kw.items() if k not in ("settings", "top",
                                                                     "prefetch")})
+        why = _prompts_refused(engine, gpus, prompt_tokens) or nearest_miss(static, targets)
         stdout.print(f"no configuration meets {name} TTFT <= {ttft} and TPOT <= {tpot} at "
-                     f"{req:g} req/s: " + nearest_miss(static, targets))
+                     f"{req:g} req/s: " + why)
         raise typer.Exit(1)
     rows = []
     for r in df.head(top).to_dict("records"):

@@ -407,6 +407,14 @@ def estimate_prepared(model: ModelSpec, hardware: HardwareSpec, prep: Prepared, 
     est = assemble(model, hardware, prep, o, tp=tp, batch=w.batch,
                    prompt_tokens=w.prompt_tokens, output_tokens=w.output_tokens,
                    price_usd_per_gpu_hour=price, price_source=price_source, notes=notes)
+    e = prep.engine
+    if (not e.chunked_prefill and e.short_context is None and e.name != "ideal"
+            and w.prompt_tokens > e.max_num_batched_tokens):
+        est = replace(est, notes=(*est.notes, (
+            f"{e.display_name or e.name} refuses this prompt with its defaults: "
+            f"{int(w.prompt_tokens):,} tokens are above its step's token budget of "
+            f"{e.max_num_batched_tokens:,} with chunked prefill off (simulate refuses such "
+            "requests); the TTFT here is its prefill's, were it admitted")))
     start = startup_max_model_len(est)
     if start is not None and start[1] > 0:  # none at all: the memory table says it
         e = est.engine

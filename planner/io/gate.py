@@ -34,7 +34,7 @@ from planner.core.errors import LlmplanError
 
 # Fractions that may legitimately exceed 1, keyed by (parent key or "*", leaf key).
 MAY_EXCEED_ONE: dict[tuple[str, str], str] = {
-    ("*", "memory_used_frac"): "memory needed over memory usable: above 1 is a deployment "
+    ("*", "memory_used_frac"): "memory needed over the GPU's memory: above 1 is a deployment "
                                "that does not fit, which the output says (fits: false)",
     ("*", "margin_frac"): "a budget's margin against its limit: a minimum (throughput >= X) "
                           "met twice over is a margin of 1 and more",

@@ -122,8 +122,8 @@ def parse(text: str, *, model_name: str | None = None, t_s: float = 0.0) -> Snap
     try:
         families = list(text_string_to_metric_families(text))
     except (ValueError, TypeError, IndexError, OverflowError) as err:
-        raise LlmplanError(f"not the Prometheus text format: {clean(err, one_line=True)}") \
-            from None
+        raise LlmplanError("not the Prometheus text format: "  # a server's text, cut short
+                           f"{clean(str(err)[:200], one_line=True)}") from None
     for fam in families:
         for s in fam.samples:
             if model_name is not None and s.labels.get("model_name", model_name) != model_name:

@@ -243,15 +243,16 @@ class DeploymentEstimate:
         return replace(self.baseline, tpot_s=self.speculation.tpot_s)
 
     def _layout_memory(self) -> dict:
+        capacity = self.deployment.hardware.memory_bytes
         if self.pipeline is not None:
             st = max(self.pipeline.stages, key=lambda s: s.total_bytes / (s.usable_bytes or 1))
             return _per_gpu_memory(st.weights_bytes, st.kv_cache_bytes, st.activation_bytes,
-                                   st.total_bytes, st.usable_bytes)
+                                   st.total_bytes, st.usable_bytes, capacity)
         x = self.expert
         return _per_gpu_memory(x.weights_bytes, x.kv_cache_bytes,
                                x.total_bytes - x.weights_bytes - x.kv_cache_bytes
                                - self.deployment.options.reserve_bytes,
-                               x.total_bytes, x.usable_bytes)
+                               x.total_bytes, x.usable_bytes, capacity)
 
     def to_dict(self) -> dict:
         """``Estimate.to_dict`` with the layout's and speculation's sections. With
@@ -296,14 +297,14 @@ class DeploymentEstimate:
         return d
 
 
-def _per_gpu_memory(weights, kv, act, total, usable) -> dict:
+def _per_gpu_memory(weights, kv, act, total, usable, capacity) -> dict:
     """The top-level memory fields of a layout, from its most loaded GPU's figures; the
     largest batch that fits and the paged concurrency are one TP group's, not the layout's
-    (None: not computed for it)."""
+    (None: not computed for it). ``memory_used_frac`` is of the GPU's capacity, as one TP
+    group's is (it was of the usable memory here)."""
     return {"weights_bytes": weights, "kv_cache_bytes": kv, "activation_bytes": act,
             "total_memory_bytes": total, "usable_memory_bytes": usable,
-            "memory_used_frac": total / usable if usable else None, "max_batch": None,
-            "kv_concurrency": None}
+            "memory_used_frac": total / capacity, "max_batch": None, "kv_concurrency": None}
 
 
 def _headline_keys(h) -> dict:
