@@ -538,3 +538,23 @@ def test_a_layouts_json_gives_its_own_memory_at_the_top_level(run_json):
     assert x["total_memory_bytes"] == pytest.approx(ep["total_bytes"])
     assert x["weights_bytes"] == pytest.approx(ep["weights_bytes"])
     assert x["tp_group"]["weights_bytes"] > 3 * x["weights_bytes"]
+
+
+def test_an_expert_layouts_cost_and_ideal_are_the_layouts(run_cli, run_json):
+    """DeepSeek-V3 over 8 H200s with data-parallel attention: the text's Expert parallel
+    section gives the deployment's cost for its 8 GPUs (its only dollar figure was one TP
+    group's, which does not fit), and --json's ideal, one TP group's roofline (3.2x the
+    layout's TPOT), moves under tp_group."""
+    args = ("estimate", "-m", "deepseek-v3", "-g", "h200", "--ep", "8", "--tp", "1", "-b", "64")
+    d = run_json(*args)
+    assert d["ideal"] is None and d["tp_group"]["ideal"]["tpot_s"] > d["tpot_s"]
+    code, out, _ = run_cli(*args)
+    section = out.split("Expert parallel:")[1].split("Below: one tensor-parallel group")[0]
+    cost = f"${d['cost_usd_per_million_output_tokens']:,.3f}"
+    assert code == 0 and cost in section and "8 GPUs" in section
+    # 8 GPUs' dollars an hour over the output tokens an hour: 64 sequences of 256 tokens in
+    # TTFT + TPOT x 255
+    latency = d["ttft_s"] + d["tpot_s"] * 255
+    tokens_per_hour = 64 * 256 / latency * 3600
+    assert d["cost_usd_per_million_output_tokens"] == pytest.approx(
+        8 * d["price_usd_per_gpu_hour"] / tokens_per_hour * 1e6)

@@ -260,7 +260,8 @@ def _render(res, explain: bool, weights_source: str | None = None) -> None:
             render_pipeline(stdout, res.pipeline, est.batch, est.output_tokens,
                             est.price_usd_per_gpu_hour)
         if res.expert is not None:
-            render_expert(stdout, res.expert, est.batch)
+            render_expert(stdout, res.expert, est.batch, est.output_tokens,
+                          est.price_usd_per_gpu_hour)
         stdout.print(f"[dim]Below: one tensor-parallel group of this layout on its own (TP "
                      f"{est.tp}), the operators and roofline its figures above are built "
                      "from; its memory, timing and cost are not the deployment's.[/]")

@@ -477,8 +477,9 @@ def render_pipeline(console, p, batch: int, output_tokens: int,
                          for s in p.stages], left=2, compact=True))
 
 
-def render_expert(console, x, batch: int) -> None:
-    """The Expert parallel section of ``llmplan estimate --ep``."""
+def render_expert(console, x, batch: int, output_tokens: int = 1,
+                  price: float | None = None) -> None:
+    """The Expert parallel section of ``llmplan estimate --ep``: the deployment's figures."""
     fits = "[green]yes[/]" if x.fits else "[red]NO[/]"
     link = "the network" if x.crosses_node else "the intra-node link"
     if x.tp == 1:
@@ -500,6 +501,7 @@ def render_expert(console, x, batch: int) -> None:
                 f"dispatch + combine {fmt.seconds(x.all_to_all_s)} a step (each of "
                 f"{x.moe_layers} MoE layers' {fmt.seconds(x.all_to_all_s / x.moe_layers)}) "
                 f"over {link}{gather}")
+    cost = x.headline(batch, output_tokens, price).cost_usd_per_million_output_tokens
     src = x.imbalance_source or {}
     given = "--expert-imbalance" if src.get("from") == "--expert-imbalance" else \
         f"default, estimated from {src.get('url', '?')}"
@@ -518,4 +520,5 @@ def render_expert(console, x, batch: int) -> None:
         ("memory per GPU", fmt.gib(x.total_bytes),
          f"weights {fmt.gib(x.weights_bytes)}, KV {fmt.gib(x.kv_cache_bytes)}"),
         ("fits", fits, ""),
+        ("per 1M output tokens", "n/a" if cost is None else f"${cost:,.3f}", f"{x.gpus} GPUs"),
     ]))

@@ -270,6 +270,9 @@ class DeploymentEstimate:
                 if k in d:
                     d["tp_group"][k] = d[k]
                     d[k] = None
+            # the ideal roofline is one TP group's too (a bound on it, not on the layout: an
+            # EP layout's TPOT ran 3.2 times under it), so it moves with that group's figures
+            d["tp_group"]["ideal"], d["ideal"] = d.get("ideal"), None
             d.update(_headline_keys(self.baseline))
             d["ttft_s"] = self.baseline.ttft_s
             d["fits"] = self.fits
