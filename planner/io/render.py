@@ -211,7 +211,8 @@ def _roofline(e: Estimate) -> Table:
         *engine_ceilings,
         ("ridge point", f"{e.ridge_flops_per_byte:,.0f} FLOP/B", ""),
         ("decode bound", e.bound, f"at batch {e.batch}"),
-        ("optimal batch", f"{e.optimal_batch:,.0f}", "peak x bytes/param / (2 x bandwidth)"),
+        ("optimal batch", f"{e.optimal_batch:,.0f}", "peak x bytes/param / (2 x bandwidth)"
+         + (" x params / active (every expert read)" if e.model.moe is not None else "")),
         ("usable optimum", f"{e.usable_optimal_batch:,}",
          "capped by memory" if mem.max_batch < e.optimal_batch else "memory allows it"),
         ("max batch that fits", f"{mem.max_batch:,}", f"at {e.context_tokens} tokens"),

@@ -422,8 +422,9 @@ def plot_roofline(case: Case, df: pd.DataFrame, out_dir: Path,
             fits = "" if r.get("fits", True) else ", does not fit"
             ax.scatter([r.intensity_flops_per_byte], [r.attainable_flops_per_s], marker="*",
                        s=220, color="gold", edgecolor="black", zorder=5,
-                       label=f"{r.label}: peak x bytes/param / (2 x bandwidth); "
-                             f"its KV reads keep it left of the ridge{fits}")
+                       label=f"{r.label}: peak x bytes/param / (2 x bandwidth)"
+                             + (" x params / active" if case.model.moe is not None else "")
+                             + f"; its KV reads keep it left of the ridge{fits}")
         elif series == "measured":
             dev = sub["device"].iloc[0] if "device" in sub else None
             ax.scatter(sub["intensity_flops_per_byte"], sub["attainable_flops_per_s"],
