@@ -144,3 +144,16 @@ def test_plan_over_the_database_shows_progress_on_a_terminal_not_under_json(on_a
     assert code == 0 and b"sizing configurations" in seen
     code, _, seen = on_a_terminal([*plan, "--json"])
     assert code == 0 and b"sizing configurations" not in seen
+
+
+def test_a_block_size_vllm_refuses_is_refused(run_cli, run_json):
+    """vLLM's --block-size takes 1, 8, 16, 32, 64, 128 (and 256 later): 7 is refused under
+    its profiles, in one line; SGLang's page size is any size."""
+    code, _, err = run_cli("simulate", "-m", "llama-3.1-8b", "-g", "h100-sxm", "-n", "10",
+                           "--block-size", "7")
+    assert code == 2 and "--block-size: vLLM takes 1, 8, 16" in err
+    assert len(err.strip().splitlines()) == 1
+    assert run_json("simulate", "-m", "llama-3.1-8b", "-g", "h100-sxm", "-n", "10",
+                    "--block-size", "32")["completed"] == 10
+    assert run_json("simulate", "-m", "llama-3.1-8b", "-g", "h100-sxm", "-n", "10",
+                    "--block-size", "7", "-e", "sglang")["completed"] == 10

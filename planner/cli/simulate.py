@@ -807,6 +807,11 @@ def _regime(s: dict, request_rate: float, cfg) -> str:
                          s.get("max_running_requests"), cfg.max_num_seqs)
 
 
+# the block sizes vLLM's --block-size takes (vllm/config/cache.py BlockSize: 1-128 through
+# 0.10, 256 added later)
+VLLM_BLOCK_SIZES = (1, 8, 16, 32, 64, 128, 256)
+
+
 def _scheduler(dep, a: dict):
     """The engine's scheduler defaults with the flags given over them, checked."""
     from planner.serving import run
@@ -815,6 +820,10 @@ def _scheduler(dep, a: dict):
                                "chunked_prefill", "capacity_policy", "mixed_batches",
                                "hybrid_kv_cache")
              if a[k] is not None}
+    if ("block_size" in given and dep.engine.name.split("-")[0] == "vllm"
+            and given["block_size"] not in VLLM_BLOCK_SIZES):
+        raise LlmplanError(f"--block-size: vLLM takes {', '.join(map(str, VLLM_BLOCK_SIZES))} "
+                           f"tokens (its CacheConfig's BlockSize), got {given['block_size']}")
     if a["api_server_count"] is not None:
         given["api_servers"] = a["api_server_count"]
     if a["num_scheduler_steps"] is not None:
