@@ -533,7 +533,7 @@ def test_simulate_widens_the_bands_of_a_stream_near_capacity(run_json):
     assert slow["mean_ttft_ms_high"] == pytest.approx(slow["mean_ttft_ms"] * b.high_ratio)
     closed = run_json("simulate", "-m", "llama-3.1-8b", "-g", "h100-sxm", "-n", "200",
                       "--max-concurrency", "4")
-    assert "near_capacity" not in closed
+    assert closed["near_capacity"] is None  # a closed loop: not checked, the key still there
 
 
 def test_a_streams_output_throughput_band_stops_at_what_it_offers(run_json):

@@ -536,6 +536,7 @@ def _simulate_run(a: dict, emit: bool) -> dict:
         d["llm_api_options"] = str(a["extra_llm_api_options"])
     applied = _served_bands(dep, cfg, d, request_rate, max_concurrency)
     applied = _near_capacity(dep, cfg, reqs, sp, d, applied, request_rate, max_concurrency)
+    d.setdefault("near_capacity", None)  # the check applies to open streams kept up with
     applied = _offered_cap(applied, reqs, request_rate, max_concurrency)
     d.update(band_fields(applied))
     # a top-level figure that is not finite does not apply (the rate of "every request at
