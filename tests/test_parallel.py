@@ -558,3 +558,18 @@ def test_an_expert_layouts_cost_and_ideal_are_the_layouts(run_cli, run_json):
     tokens_per_hour = 64 * 256 / latency * 3600
     assert d["cost_usd_per_million_output_tokens"] == pytest.approx(
         8 * d["price_usd_per_gpu_hour"] / tokens_per_hour * 1e6)
+
+
+def test_every_all_reduce_is_a_kernel(run_json):
+    """Tensor parallelism adds one all-reduce kernel after each layer's attention and MLP:
+    Llama-3.1-8B at TP 8 launches 2 x 32 more kernels a decode step than at TP 1 (an
+    all-reduce row had counted one kernel for all its 32, so an eager step's host floor
+    left out 62 launches)."""
+    one = run_json("estimate", "-m", "llama-3.1-8b", "-g", "h200")
+    eight = run_json("estimate", "-m", "llama-3.1-8b", "-g", "h200", "--tp", "8")
+
+    def kernels(d):
+        return sum(o["kernels"] for o in d["operators"]["decode"])
+    rows = [o for o in eight["operators"]["decode"] if o["name"].startswith("allreduce")]
+    assert [(o["count"], o["kernels"]) for o in rows] == [(32, 32), (32, 32)]
+    assert kernels(eight) - kernels(one) == 64

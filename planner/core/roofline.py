@@ -364,12 +364,13 @@ def op_time(op: Op, c: Ceilings, *, tp: int = 1, options: Options | None = None,
                 ring = 2 * (tp - 1) / tp * op.comm_bytes / c.link_bytes_per_s
                 measured = vmax(measured, ring + IDEAL.allreduce_latency_s)
                 frac = ring / measured
-                return OpTime(op, 0.0, 0.0, measured * n, measured * n, frac, 1.0)
+                return OpTime(op, 0.0, 0.0, measured * n, measured * n, frac, 1.0, kernels=n)
             frac = e.allreduce_bandwidth_frac
             link, extra = c.link_for(tp)
             bus, lat = link * frac, c.group_allreduce_latency_s(e.allreduce_latency_s, tp) + extra
         comm = (2 * (tp - 1) / tp * op.comm_bytes / bus + lat) if tp > 1 else 0.0
-        return OpTime(op, 0.0, 0.0, comm * n, comm * n, frac, 1.0)
+        # one all-reduce kernel per instance (a layer's), launched as any other outside a graph
+        return OpTime(op, 0.0, 0.0, comm * n, comm * n, frac, 1.0, kernels=n)
     if op.kind == "host_transfer":
         if not c.host_link_bytes_per_s:
             raise UsageError("weights kept in host memory need the GPU's host link: its "
