@@ -61,3 +61,20 @@ def test_a_prompt_the_engine_refuses_is_said_so(run_json, run_cli):
     flat = " ".join(out.split())
     assert code == 1 and "TensorRT-LLM refuses every request with its defaults" in flat, err
     assert "the traffic binds" not in flat
+
+
+def test_a_static_batch_the_served_pool_cannot_hold_is_said_so(run_json):
+    """gpt-oss-120b with an fp8 KV cache on one H100: the static memory plan fits 170
+    sequences (the prefill's own activations), but vLLM sizes its pool after a whole step's
+    activations and holds 152; served at 170 it preempts, at 150 it does not."""
+    def note(batch):
+        d = run_json("estimate", "-m", "gpt-oss-120b", "-g", "h100-sxm", "--kv-cache", "fp8",
+                     "-b", str(batch))
+        assert d["fits"] and d["kv_concurrency"]["max_concurrency_paged"] == 152
+        return [n for n in d["notes"] if "KV pool holds" in n]
+    assert note(170) and "152 requests" in note(170)[0] and not note(150)
+
+    def preemptions(clients):
+        return run_json("simulate", "-m", "gpt-oss-120b", "-g", "h100-sxm", "--kv-cache", "fp8",
+                        "-n", str(2 * clients), "--max-concurrency", str(clients))["preemptions"]
+    assert preemptions(170) > 0 and preemptions(150) == 0

@@ -421,6 +421,15 @@ def estimate_prepared(model: ModelSpec, hardware: HardwareSpec, prep: Prepared, 
             f"{int(w.prompt_tokens):,} tokens are above its step's token budget of "
             f"{e.max_num_batched_tokens:,} with chunked prefill off (simulate refuses such "
             "requests); the TTFT here is its prefill's, were it admitted")))
+    if e.name != "ideal" and bool(est.memory.fits) and w.batch > 1:
+        kc = est.kv_concurrency()
+        if kc.paged < w.batch:  # the static plan's KV fits; the engine's pool holds fewer
+            chunk = o.prefill_chunk_tokens or e.max_num_batched_tokens
+            est = replace(est, notes=(*est.notes, (
+                f"served, {e.display_name or e.name}'s KV pool holds {kc.paged:,} requests of "
+                f"these lengths, not {w.batch:,}: it sizes the pool after the activations of "
+                f"a step of {chunk:,} tokens and its scheduler's limits, so a batch this large "
+                "is preempted (simulate)")))
     start = startup_max_model_len(est)
     if start is not None and start[1] > 0:  # none at all: the memory table says it
         e = est.engine
