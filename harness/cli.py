@@ -330,6 +330,7 @@ def _recorded_calibration(path: Path):
 
     from harness.measure import load_done
     from planner.core.specs import Calibration
+    from planner.io import catalog
 
     for rec in load_done(path).values():  # validated: a corrupt file is a one-line error
         env = rec.get("env") if isinstance(rec.get("env"), dict) else {}
@@ -339,9 +340,9 @@ def _recorded_calibration(path: Path):
                 return Calibration(device=str(env.get("device", {}).get("name", "recorded")),
                                    **c)
             except ValidationError as err:  # each field's error, not pydantic's header
-                raise LlmplanError(f"{path}: the recorded calibration is not valid: " + "; ".join(
-                    f"env.calibration.{'.'.join(str(x) for x in e['loc'])}: {e['msg']}"
-                    for e in err.errors()[:3])) from None
+                raise LlmplanError(catalog.format_validation(
+                    f"{path}: the recorded calibration is not valid", err,
+                    within="env.calibration")) from None
             except (TypeError, ValueError) as err:
                 raise LlmplanError(f"{path}: the recorded calibration is not valid: "
                                    f"{first_line(err)}") from None

@@ -481,13 +481,14 @@ def _spec_cell(r) -> str:
 
 def _prompts_refused(engine, gpus, prompt_tokens: int) -> str | None:
     """Why every configuration's replica refuses the stream's requests, where the engine's
-    own defaults do on every GPU searched: a prompt above the token budget of a step with
-    chunked prefill off (TensorRT-LLM's max_num_tokens 8,192) is refused on arrival, as the
-    simulator refuses it; the static estimates would otherwise call the traffic the bind."""
+    own defaults do on every GPU searched (``Engine.refuses_prompt``: a prompt above the
+    token budget of a step with chunked prefill off, TensorRT-LLM's max_num_tokens 8,192, is
+    refused on arrival, as the simulator refuses it); the static estimates would otherwise
+    call the traffic the bind."""
     limits = set()
     for hw in gpus:
         e = engine.for_gpu(hw.memory_bytes, hw.name, hw.architecture)
-        if e.chunked_prefill or prompt_tokens <= e.max_num_batched_tokens:
+        if not e.refuses_prompt(prompt_tokens):
             return None
         limits.add(e.max_num_batched_tokens)
     if not limits:

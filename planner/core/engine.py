@@ -874,6 +874,15 @@ class Engine:
     # --performance-mode (``PerformanceModes``, ``in_mode``); None: the engine has none
     performance_modes: tuple | None = None
 
+    def refuses_prompt(self, prompt_tokens: float) -> bool:
+        """Whether its defaults refuse a prompt on arrival, as the simulator's scheduler does
+        (``planner.serving.config.SchedulerConfig.chunks_prompts``): above a step's token
+        budget where prompts are not chunked (TensorRT-LLM's 8,192, chunked prefill off).
+        vLLM V0's unchunked short-context steps take the whole context, so refuse none."""
+        chunks = self.chunked_prefill and (self.scheduler_steps or 1) == 1
+        return (self.short_context is None and not chunks
+                and prompt_tokens > self.max_num_batched_tokens)
+
     def refusal(self, weights: str, quantized_layers: str,
                 architecture: str | None) -> str | None:
         """Why the engine does not run these weights on a GPU of this architecture (its

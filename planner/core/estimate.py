@@ -413,31 +413,28 @@ def estimate_prepared(model: ModelSpec, hardware: HardwareSpec, prep: Prepared, 
     est = assemble(model, hardware, prep, o, tp=tp, batch=w.batch,
                    prompt_tokens=w.prompt_tokens, output_tokens=w.output_tokens,
                    price_usd_per_gpu_hour=price, price_source=price_source, notes=notes)
-    e = prep.engine
-    if (not e.chunked_prefill and e.short_context is None and e.name != "ideal"
-            and w.prompt_tokens > e.max_num_batched_tokens):
-        est = replace(est, notes=(*est.notes, (
-            f"{e.display_name or e.name} refuses this prompt with its defaults: "
-            f"{int(w.prompt_tokens):,} tokens are above its step's token budget of "
-            f"{e.max_num_batched_tokens:,} with chunked prefill off (simulate refuses such "
-            "requests); the TTFT here is its prefill's, were it admitted")))
+    e, name, said = prep.engine, prep.engine.display_name or prep.engine.name, []
+    if e.refuses_prompt(w.prompt_tokens):
+        said.append(f"{name} refuses this prompt with its defaults: {int(w.prompt_tokens):,} "
+                    f"tokens are above its step's token budget of {e.max_num_batched_tokens:,} "
+                    "with chunked prefill off (simulate refuses such requests); the TTFT here "
+                    "is its prefill's, were it admitted")
     if e.name != "ideal" and bool(est.memory.fits) and w.batch > 1:
         kc = est.kv_concurrency()
         if kc.paged < w.batch:  # the static plan's KV fits; the engine's pool holds fewer
             chunk = o.prefill_chunk_tokens or e.max_num_batched_tokens
-            est = replace(est, notes=(*est.notes, (
-                f"served, {e.display_name or e.name}'s KV pool holds {kc.paged:,} requests of "
-                f"these lengths, not {w.batch:,}: it sizes the pool after the activations of "
-                f"a step of {chunk:,} tokens and its scheduler's limits, so a batch this large "
-                "is preempted (simulate)")))
+            said.append(f"served, {name}'s KV pool holds {kc.paged:,} requests of these "
+                        f"lengths, not {w.batch:,}: it sizes the pool after the activations of "
+                        f"a step of {chunk:,} tokens and its scheduler's limits, so a batch "
+                        "this large is preempted (simulate)")
     start = startup_max_model_len(est)
     if start is not None and start[1] > 0:  # none at all: the memory table says it
-        e = est.engine
-        est = replace(est, notes=(*est.notes, (
-            f"{e.display_name or e.name} would not start: its KV cache holds one request of "
-            f"about {start[1]:,} tokens, under its max-model-len of {start[0]:,} (the model's "
-            f"context unless set; it checks at start-up); serve it with a max-model-len of "
-            f"{start[1]:,} or less")))
+        said.append(f"{name} would not start: its KV cache holds one request of about "
+                    f"{start[1]:,} tokens, under its max-model-len of {start[0]:,} (the "
+                    "model's context unless set; it checks at start-up); serve it with a "
+                    f"max-model-len of {start[1]:,} or less")
+    if said:
+        est = replace(est, notes=(*est.notes, *said))
     if measured_tpot_s is None and measured_ttft_s is None:
         return est
     return _with_measured(est, measured_tpot_s, measured_ttft_s)
@@ -450,24 +447,13 @@ def startup_max_model_len(est: Estimate) -> tuple[int, int] | None:
     the engine does not check). The pool is the simulator's (``Estimate.kv_concurrency``).
     Models with sliding-window layers are not checked: vLLM counts those layers' window plus
     a step's tokens, which the pool's accounting does not."""
-    from planner.core.memory import kv_concurrency
-
     e = est.engine
     if not e.startup_kv_check or est.model.num_sliding_layers:
         return None
     need = e.max_model_len or est.model.max_position_embeddings
+    # the pool is whole blocks: one request of n tokens fits while its blocks do, up to cap
     cap = est.kv_concurrency().capacity_tokens
-
-    def starts(n: int) -> bool:
-        return n == 0 or kv_concurrency(cap, prompt_tokens=n, output_tokens=0,
-                                        block_size=e.block_size, max_model_len=n).paged >= 1
-    if starts(need):
-        return None
-    lo, hi = 0, need - 1  # the longest length one request of which the pool holds
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        lo, hi = (mid, hi) if starts(mid) else (lo, mid - 1)
-    return need, lo
+    return None if need <= cap else (need, cap)
 
 
 @dataclass(frozen=True)

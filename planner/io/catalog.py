@@ -51,12 +51,15 @@ def engine_names() -> list[str]:
     return _names("engines_db")
 
 
-def _format_validation(path: str, err: ValidationError) -> str:
-    parts = []
+def format_validation(path: str, err: ValidationError, *, within: str = "") -> str:
+    """A validation error as one line: ``path``, then up to three fields' problems, each
+    field's path under ``within`` (where the validated mapping sits in its file)."""
     from planner.core.prices import ENTRY_TAGS  # a price entry's kind: not a key in the file
 
+    parts = []
     for e in err.errors()[:3]:
-        loc = ".".join(str(x) for x in e["loc"] if x not in ENTRY_TAGS) or "(top level)"
+        loc = ".".join([*filter(None, [within]),
+                        *(str(x) for x in e["loc"] if x not in ENTRY_TAGS)]) or "(top level)"
         msg = e["msg"].removeprefix("Value error, ")
         if e["type"] == "extra_forbidden":
             msg = "unknown key (misspelled?)"
@@ -73,7 +76,7 @@ def validate(cls: type[S], data: Any, path: str) -> S:
     try:
         return cls.model_validate(data)
     except ValidationError as err:
-        raise SpecError(_format_validation(path, err)) from None
+        raise SpecError(format_validation(path, err)) from None
 
 
 def read_text(path: Path, *, what: str = "file", max_bytes: int = boundary.SPEC_BYTES) -> str:
