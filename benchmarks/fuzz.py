@@ -155,7 +155,8 @@ PATH_OPTIONS = {"--csv", "--trace", "--junit", "--plot", "--dataset", "--calibra
                 "--served-dataset", "--junit-dir", "--prices", "",
                 "--engine", "-m", "-g", "--source", "--out", "--base-engine",
                 "--prefill-gpu", "--decode-gpu", "--kv-link", "--extra-llm-api-options",
-                "--lengths-from"}
+                "--lengths-from",
+                "--name", "--model-name"}  # names: calibrate's profile, watch's label filter
 SERVED_READ = re.compile(r"^((mean|median|p90|p99)_(ttft|tpot|itl|e2el|e2e_latency)_ms|completed|"
                          r"total_(input|output)_tokens|request_rate|max_concurrency|"
                          r"request_throughput|output_throughput|total_token_throughput)$")
