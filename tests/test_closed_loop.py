@@ -205,3 +205,40 @@ def test_simulate_takes_a_rate_and_a_cap_together(run_cli):
     code, out, err = run_cli(*args, "--request-rate", "200")
     assert code == 0, err
     assert json.loads(out)["max_running_requests"] > 4
+
+
+def _drawn_stream(n, prompt, out, ratio, rate, closed, seed, prefix):
+    """synthetic's stream as its loop draws it, with no shortcut: a prompt length, an output
+    length and (when timed) a gap per request, from one generator."""
+    import random
+
+    from planner.serving.traffic import Request, length_range
+
+    rng = random.Random(seed)
+    (p_lo, p_hi), (o_lo, o_hi) = length_range(prompt, ratio), length_range(out, ratio)
+    timed = not closed and not math.isinf(rate)
+    t, reqs = 0.0, []
+    for i in range(n):
+        p, o = rng.randrange(p_lo, p_hi + 1), rng.randrange(o_lo, o_hi + 1)
+        reqs.append(Request(i, t if timed else (math.nan if closed else 0.0), prefix + p, o,
+                            *((0, prefix) if prefix else (-1, 0))))
+        if timed:
+            t += rng.gammavariate(1.0, 1.0 / rate)
+    return reqs
+
+
+@settings(max_examples=60, deadline=None)
+@given(n=st.integers(1, 40), prompt=st.integers(1, 3000), out=st.integers(1, 300),
+       ratio=st.sampled_from([0.0, 0.0, 0.3, 0.9]),
+       rate=st.sampled_from([math.inf, 0.5, 40.0]), closed=st.booleans(),
+       seed=st.integers(0, 50), prefix=st.sampled_from([0, 0, 128]))
+def test_synthetic_stream_is_the_drawn_one(n, prompt, out, ratio, rate, closed, seed, prefix):
+    """Fixed lengths sent at once skip the draws (nothing is drawn after them): the stream is
+    still the one the drawing loop gives, request for request, for every seed."""
+    got = synthetic(n, prompt_tokens=prompt, output_tokens=out, range_ratio=ratio,
+                    request_rate=rate, closed_loop=closed, seed=seed, prefix_tokens=prefix)
+    want = _drawn_stream(n, prompt, out, ratio, rate, closed, seed, prefix)
+    key = [(r.id, repr(r.arrival_s), r.prompt_tokens, r.output_tokens, r.prefix_id,
+            r.prefix_tokens) for r in got]
+    assert key == [(r.id, repr(r.arrival_s), r.prompt_tokens, r.output_tokens, r.prefix_id,
+                    r.prefix_tokens) for r in want]
