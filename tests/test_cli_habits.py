@@ -157,3 +157,37 @@ def test_a_block_size_vllm_refuses_is_refused(run_cli, run_json):
                     "--block-size", "32")["completed"] == 10
     assert run_json("simulate", "-m", "llama-3.1-8b", "-g", "h100-sxm", "-n", "10",
                     "--block-size", "7", "-e", "sglang")["completed"] == 10
+
+
+@pytest.mark.parametrize(("x", "digits", "want"), [
+    (1130.4, 3, "1,130"), (999.7, 3, "1,000"), (12.345, 3, "12.3"), (1.5, 3, "1.5"),
+    (0.0456, 3, "0.0456"), (23_590.0, 4, "23,590"), (104_913.0, 4, "104,900"), (0.0, 3, "0"),
+    (-1234.0, 3, "-1,230"), (5e-6, 3, "0.000005")])
+def test_significant_digits_never_in_exponent_form(x, digits, want):
+    from planner.io import fmt
+
+    assert fmt.sig(x, digits) == want
+
+
+def test_seconds_and_prefixes_round_before_choosing_the_unit():
+    """A figure just under a unit's boundary rounds into the next unit, and a long one groups
+    its thousands: no "1e+03 ms", "1.13e+03 s" or "1e+03 G" (a review of 2026-12-04 found
+    them in estimate's latency, its --explain totals and sweep's TTFT)."""
+    from planner.io import fmt
+
+    assert fmt.seconds(1130.4) == "1,130 s"
+    assert fmt.seconds(0.99996) == "1 s"
+    assert fmt.seconds(0.0009996) == "1 ms"
+    assert fmt.seconds(0.0123) == "12.3 ms"
+    assert fmt.si(999.7e9, "FLOP") == "1 TFLOP"
+    assert fmt.si(1.234e18, "FLOP") == "1,230 PFLOP"
+    assert fmt.count(999.7e9) == "1T"
+    assert fmt.per_s(3.4512) == "3.45" and fmt.per_s(12_652.4) == "12,652"
+
+
+def test_long_runs_print_no_exponents(run_cli):
+    code, out, _ = run_cli("estimate", "-m", "llama-3.1-70b", "-g", "a100-sxm-80gb", "--tp", "8",
+                           "-b", "256", "-p", "8192", "-o", "8192", "--explain")
+    assert code == 0 and "e+0" not in out
+    code, out, _ = run_cli("sweep", "-m", "llama-3.1-8b", "-g", "h100-sxm", "-b", "1000")
+    assert code == 0 and "e+0" not in out

@@ -175,6 +175,18 @@ def test_both_pools_take_the_async_scheduling_flag(run_json):
     assert off["completed"] == on["completed"] == 40
 
 
+def test_measure_window_counts_only_its_arrivals(run_json):
+    """--measure-window reaches the disaggregated summary as it does the aggregated one (it
+    had been read from a name the disaggregated path did not carry, and ignored): the latency
+    figures are of the requests arriving in the window, counted, and the totals of all."""
+    disagg = (*BASE, "--prefill-instances", "1", "--decode-instances", "1")
+    whole, part = run_json(*disagg), run_json(*disagg, "--measure-window", "0,5")
+    assert "measured_from_s" not in whole and whole["completed"] == 40
+    assert (part["measured_from_s"], part["measured_to_s"]) == (0.0, 5.0)
+    assert 0 < part["measured_requests"] < 40 and part["completed"] == 40
+    assert part["mean_ttft_ms"] != whole["mean_ttft_ms"]
+
+
 def test_cli_table(run_cli):
     code, out, err = run_cli(*BASE, "--decode-instances", "2")
     assert code == 0, err

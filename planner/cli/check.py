@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import os
 from pathlib import Path
 from typing import Annotated, Optional
@@ -22,6 +21,7 @@ from planner.cli.options import (
     with_expert_imbalance,
 )
 from planner.core.errors import LlmplanError
+from planner.io import fmt
 
 
 def _fmt_value(limit: str, v) -> str:
@@ -39,9 +39,7 @@ def _fmt_value(limit: str, v) -> str:
 
 def _number(x: float) -> str:
     """Four significant figures, grouped in thousands: 104,900, not 1.049e+05."""
-    if not (1e3 <= abs(x) < 1e15):
-        return f"{x:,.4g}"
-    return f"{round(x, 3 - math.floor(math.log10(abs(x)))):,.0f}"
+    return fmt.sig(x, 4)
 
 
 def _junit(results, path: Path, budget: Path) -> None:

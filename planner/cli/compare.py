@@ -456,7 +456,7 @@ def fmt_metric(metric: str, v: float | None) -> str:
 
     if v is None:
         return "-"
-    return fmt.seconds(v) if metric.endswith("_s") else f"{v:,.4g}"
+    return fmt.seconds(v) if metric.endswith("_s") else fmt.sig(v, 4)
 
 
 def fmt_error(v: float | None) -> str:

@@ -147,7 +147,7 @@ def estimate(
         render_bands(stdout, applied, {
             "ttft_s": ("TTFT", fmt.seconds), "tpot_s": ("TPOT", fmt.seconds),
             "latency_s": ("latency", fmt.seconds),
-            "throughput_tokens_per_s": ("throughput", lambda v: f"{v:,.0f} tok/s")})
+            "throughput_tokens_per_s": ("throughput", lambda v: f"{fmt.per_s(v)} tok/s")})
     if require_fit and not res.fits:
         if not as_json:
             need = res.memory_needed_per_gpu_bytes

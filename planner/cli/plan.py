@@ -54,6 +54,7 @@ from planner.cli.options import (
     with_expert_imbalance,
 )
 from planner.core.errors import LlmplanError
+from planner.io import fmt
 
 
 class SizeAt(str, Enum):
@@ -630,7 +631,7 @@ def _plan_continuous(m, gpus, *, prompt_tokens, output_tokens, targets, tps, wei
         pd_row = bool(r.get("disaggregated"))
         rows.append([int(r["rank"]), r["gpu"],
                      pd_label(r) if pd_row else Layout(r["tp"], r["pp"], r["ep"]).label,
-                     r["weights"], r["kv_cache"], f"{r['rate_per_replica']:,.3g}",
+                     r["weights"], r["kv_cache"], f"{fmt.sig(r['rate_per_replica'])}",
                      f"{r[f'{name}_ttft_s'] * 1e3:,.0f}", f"{r[f'{name}_tpot_s'] * 1e3:,.1f}",
                      f"{int(r['prefill_instances'])}+{int(r['decode_instances'])}" if pd_row
                      else int(r["replicas"]),

@@ -74,6 +74,7 @@ from planner.cli.options import (
     with_expert_imbalance,
 )
 from planner.core.errors import LlmplanError, UsageError, said_as
+from planner.io import fmt
 
 
 class Scheduler(str, Enum):
@@ -555,7 +556,7 @@ def _simulate_run(a: dict, emit: bool) -> dict:
     render_bands(stdout, applied, {
         **{f"{s}_{k}_ms": (f"{s} {k.upper()}", lambda v: f"{v:,.1f} ms")
            for s in ("mean", "median") for k in ("ttft", "tpot")},
-        "output_throughput": ("output throughput", lambda v: f"{v:,.0f} tok/s"),
+        "output_throughput": ("output throughput", lambda v: f"{fmt.per_s(v)} tok/s"),
         **{f"{s}_e2el_ms": (f"{s} E2E", lambda v: f"{v:,.1f} ms") for s in ("mean", "median")}})
     near = d.get("near_capacity")
     if near and near["widened"]:
@@ -618,7 +619,7 @@ def _simulate_disaggregated(m, a: dict) -> dict:
                           a["request_rate"], a["burstiness"], None, a["seed"],
                           a["prefix_tokens"])
     reqs, template_tokens = _chat(reqs, m, a["chat"])
-    _window_holds(_window(a.get("measure_window")), reqs)
+    _window_holds(a["window"], reqs)
     timed = a["dataset"] is not None and _timed(reqs, a["request_rate"], None)
     longest = max(reqs, key=lambda r: r.prompt_tokens + r.output_tokens)
     check_context(m, longest.prompt_tokens, longest.output_tokens, a["allow_longer_context"],
@@ -636,7 +637,7 @@ def _simulate_disaggregated(m, a: dict) -> dict:
     whole = res.combined()
     _refusals(whole)
     d = summary(whole, ttft_slo_s=a["ttft_slo"], tpot_slo_s=a["tpot_slo"],
-                window=_window(a.get("measure_window")))
+                window=a["window"])
     pools = {}
     for side, runs in (("prefill", res.prefill), ("decode", res.decode)):
         dep, cfg = deps[side], cfgs[side]
@@ -718,8 +719,8 @@ def _render_disaggregated(d: dict) -> None:
         rows.append([name, *("-" if v is None else f"{v:,.1f}" for v in vals)])
     stdout.print(table(_latency_title(d), ["", "mean", "median", "p90", "p99"], rows, left=1))
     stdout.print(f"completed {d['completed']:,} in {d['duration']:,.2f} s: "
-                 f"{d['output_throughput']:,.0f} output tok/s"
-                 + (f", goodput {d['request_goodput']:,.3g} req/s" if "request_goodput" in d
+                 f"{fmt.per_s(d['output_throughput'])} output tok/s"
+                 + (f", goodput {fmt.sig(d['request_goodput'])} req/s" if "request_goodput" in d
                     else ""))
     stdout.print("error bands: none (no published disaggregated runs are held out to set "
                  "them)")
@@ -796,7 +797,7 @@ def _offered_cap(applied: dict, reqs, request_rate: float, max_concurrency) -> d
     if a.high <= cap:
         return applied
     return {**applied, "output_throughput": replace(
-        a, high=cap, basis=a.basis + f"; high end held at the offered {offered:,.0f} tok/s")}
+        a, high=cap, basis=a.basis + f"; high end held at the offered {fmt.per_s(offered)} tok/s")}
 
 
 def _regime(s: dict, request_rate: float, cfg) -> str:
@@ -1218,7 +1219,7 @@ def _api_line(d: dict) -> str:
     if a:
         cap.append(f"admits up to {n / a:,.0f} req/s")
     if t:
-        cap.append(f"streams up to {n / t:,.0f} tok/s")
+        cap.append(f"streams up to {fmt.per_s(n / t)} tok/s")
     return (f"{n} process{'es' if n > 1 else ''} ({', '.join(cap)}); requests waited "
             f"{d['mean_api_server_wait_s'] * 1e3:,.1f} ms mean for it; its streaming set the "
             f"pace {d['api_server_stream_bound_frac']:.0%} of the run")
@@ -1252,10 +1253,10 @@ def _render(d: dict) -> None:
                  f"requests at {rate}" + _imbalance_text(d))
     stdout.print(table("Serving", ["what", "value"], [
         ["completed", f"{d['completed']:,} in {d['duration']:,.2f} s"],
-        ["request throughput", f"{d['request_throughput']:,.3g} req/s"],
-        ["output throughput", f"{d['output_throughput']:,.0f} tok/s"],
-        ["total token throughput", f"{d['total_token_throughput']:,.0f} tok/s"],
-        *([["goodput", f"{d['request_goodput']:,.3g} req/s"]] if "request_goodput" in d
+        ["request throughput", f"{fmt.sig(d['request_throughput'])} req/s"],
+        ["output throughput", f"{fmt.per_s(d['output_throughput'])} tok/s"],
+        ["total token throughput", f"{fmt.per_s(d['total_token_throughput'])} tok/s"],
+        *([["goodput", f"{fmt.sig(d['request_goodput'])} req/s"]] if "request_goodput" in d
           else []),
         ["running requests", f"mean {d['mean_running_requests']:,.1f}, max "
                              f"{d['max_running_requests']:,}"],
@@ -1294,4 +1295,4 @@ def _render(d: dict) -> None:
         stdout.print(f"without speculation (the same requests): mean TPOT "
                      f"{'-' if tpot is None else f'{tpot:,.1f} ms'}, mean TTFT "
                      f"{b['mean_ttft_ms']:,.1f} ms, output throughput "
-                     f"{b['output_throughput']:,.0f} tok/s; speculation's TPOT speedup {sp}")
+                     f"{fmt.per_s(b['output_throughput'])} tok/s; speculation's TPOT speedup {sp}")

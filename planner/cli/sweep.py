@@ -233,7 +233,7 @@ def render_sweep(df, limit: int) -> None:
         cost = d.get("cost_usd_per_million_output_tokens")
         mbu = d.get("mbu")
         rows.append(key + ["yes" if d["fits"] else "NO", f"{d['total_memory_bytes'] / GIB:,.1f}",
-                           f"{d['ttft_s'] * 1e3:,.4g}", f"{d['tpot_s'] * 1e3:,.4g}",
+                           f"{fmt.sig(d['ttft_s'] * 1e3, 4)}", f"{fmt.sig(d['tpot_s'] * 1e3, 4)}",
                            f"{d['throughput_tokens_per_s']:,.0f}",
                            fmt.pct(mbu) if mbu == mbu and mbu is not None else "-",
                            d["bound"] if isinstance(d.get("bound"), str) else "-",

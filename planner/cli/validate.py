@@ -514,7 +514,7 @@ def _num(metric: str, v: float) -> str:
     from planner.io import fmt
 
     return fmt.seconds(v) if metric.endswith("_s") and not metric.endswith("per_s") else \
-        f"{v:,.4g}"
+        fmt.sig(v, 4)
 
 
 def _write_csv(rows: list[dict], path: Path) -> None:

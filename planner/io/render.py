@@ -233,11 +233,11 @@ def _timing(e: Estimate) -> Table:
                                             "tokens", fmt.seconds(b.tpot_s) if b else "")),
         ("latency", fmt.seconds(e.latency_s), _vs(e, "TTFT + TPOT x (output - 1)",
                                                   fmt.seconds(b.latency_s) if b else "")),
-        ("decode throughput", f"{e.throughput_tokens_per_s:,.0f} tok/s",
-         _vs(e, "batch / TPOT", f"{b.throughput_tokens_per_s:,.0f} tok/s" if b else "")),
-        ("end-to-end throughput", f"{e.e2e_throughput_tokens_per_s:,.0f} tok/s",
+        ("decode throughput", f"{fmt.per_s(e.throughput_tokens_per_s)} tok/s",
+         _vs(e, "batch / TPOT", f"{fmt.per_s(b.throughput_tokens_per_s)} tok/s" if b else "")),
+        ("end-to-end throughput", f"{fmt.per_s(e.e2e_throughput_tokens_per_s)} tok/s",
          _vs(e, "batch x output / latency",
-             f"{b.e2e_throughput_tokens_per_s:,.0f} tok/s" if b else "")),
+             f"{fmt.per_s(b.e2e_throughput_tokens_per_s)} tok/s" if b else "")),
     ]
     if e.tp > 1:
         rows.append(("TP communication", fmt.seconds(e.decode.comm_s), _tp_link(e.hardware, e.tp)))
@@ -294,10 +294,10 @@ def _spec_timing(e: Estimate, s) -> Table:
         ("TPOT", fmt.seconds(h.tpot_s), f"{without} {fmt.seconds(b.tpot_s)}: "
                                         f"{s.speedup:.2f}x at batch {s.batch}"),
         ("latency", fmt.seconds(h.latency_s), f"{without} {fmt.seconds(b.latency_s)}"),
-        ("decode throughput", f"{h.throughput_tokens_per_s:,.0f} tok/s",
-         f"{without} {b.throughput_tokens_per_s:,.0f} tok/s"),
-        ("end-to-end throughput", f"{h.e2e_throughput_tokens_per_s:,.0f} tok/s",
-         f"{without} {b.e2e_throughput_tokens_per_s:,.0f} tok/s"),
+        ("decode throughput", f"{fmt.per_s(h.throughput_tokens_per_s)} tok/s",
+         f"{without} {fmt.per_s(b.throughput_tokens_per_s)} tok/s"),
+        ("end-to-end throughput", f"{fmt.per_s(h.e2e_throughput_tokens_per_s)} tok/s",
+         f"{without} {fmt.per_s(b.e2e_throughput_tokens_per_s)} tok/s"),
         ("break-even batch", "-" if s.break_even_batch is None else f"{s.break_even_batch:,}",
          "first batch where speculation is slower" if s.break_even_batch else
          f"faster at every batch up to {s.batch_limit:,} (what fits, max_num_seqs)"),
@@ -435,7 +435,7 @@ def render_speculative(console, s) -> None:
                                         f"draft {fmt.seconds(s.draft_s)}"),
         ("TPOT", fmt.seconds(s.tpot_s), f"without {fmt.seconds(s.baseline_tpot_s)}: "
                                         f"{s.speedup:.2f}x at batch {s.batch}"),
-        ("decode throughput", f"{s.throughput_tokens_per_s:,.0f} tok/s", "batch / TPOT"),
+        ("decode throughput", f"{fmt.per_s(s.throughput_tokens_per_s)} tok/s", "batch / TPOT"),
         ("drafter memory", fmt.gib(s.extra_weights_bytes + s.extra_kv_cache_bytes),
          f"weights {fmt.gib(s.extra_weights_bytes)}, KV {fmt.gib(s.extra_kv_cache_bytes)}; "
          + ("fits" if s.fits else "[red]does not fit[/]")),
@@ -459,7 +459,7 @@ def render_pipeline(console, p, batch: int, output_tokens: int,
             ("TTFT", fmt.seconds(p.ttft_s), "the batch's prefill through every stage"),
             ("TPOT", fmt.seconds(p.tpot_s), f"{p.micro_batches} micro-batches of "
                                             f"{p.micro_batch} in flight"),
-            ("decode throughput", f"{p.throughput_tokens_per_s(batch):,.0f} tok/s",
+            ("decode throughput", f"{fmt.per_s(p.throughput_tokens_per_s(batch))} tok/s",
              "batch / TPOT"),
             ("latency", fmt.seconds(p.latency_s(output_tokens)), "TTFT + TPOT x (output - 1)"),
             ("memory per GPU", fmt.gib(p.max_memory_per_gpu_bytes), "the fullest stage"),
@@ -512,7 +512,7 @@ def render_expert(console, x, batch: int, output_tokens: int = 1,
         ("TPOT", fmt.seconds(x.tpot_s),
          f"own batch {fmt.seconds(x.dense_s)} + experts {fmt.seconds(x.experts_s)} + "
          f"{comm[0]} {fmt.seconds(x.comm_s)}" + _ep_host_text(x)),
-        ("decode throughput", f"{batch / x.tpot_s:,.0f} tok/s", "batch / TPOT"),
+        ("decode throughput", f"{fmt.per_s(batch / x.tpot_s)} tok/s", "batch / TPOT"),
         ("expert load", f"{x.imbalance:.2f}x", f"most loaded GPU {x.pairs_max:,.0f} "
                                                f"token-experts, mean {x.pairs_mean:,.0f}"),
         ("expert imbalance", f"{x.imbalance_factor:.2f}x",
