@@ -183,6 +183,9 @@ def test_a_hugging_face_snapshot_folder_is_a_model(run_json, run_cli, tmp_path):
     (tmp_path / "empty").mkdir()
     code, _, err = run_cli("estimate", "-m", str(tmp_path / "empty"), "-g", "h100-sxm")
     assert code == 2 and "without a config.json" in err
+    # a config saved under its own name is named by it, not by the folder it sits in
+    assert run_json("estimate", "-m", str(HF / "gpt-oss-20b.json"), "-g",
+                    "h100-sxm")["model"] == "gpt-oss-20b"
 
 
 @pytest.mark.parametrize("field,value,named", [

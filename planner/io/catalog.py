@@ -536,7 +536,9 @@ def _model_from_hf_config(cfg: dict, path: str) -> ModelSpec:
     if mt not in SUPPORTED_MODEL_TYPES:
         raise SpecError(f"{path}: model_type: '{mt}' is not supported; supported: "
                         f"{', '.join(SUPPORTED_MODEL_TYPES)}")
-    name = (cfg.get("_name_or_path") or Path(path).parent.name or Path(path).stem)
+    # a snapshot's config.json is named by its folder; any other file by its own name
+    stem = Path(path).stem
+    name = cfg.get("_name_or_path") or (Path(path).parent.name if stem == "config" else stem)
     name = str(name).rstrip("/").split("/")[-1] or "config"
     d: dict[str, Any] = {"name": name, "architecture": mt, "source": path}
     if mt == "gpt2":
