@@ -191,3 +191,19 @@ def test_long_runs_print_no_exponents(run_cli):
     assert code == 0 and "e+0" not in out
     code, out, _ = run_cli("sweep", "-m", "llama-3.1-8b", "-g", "h100-sxm", "-b", "1000")
     assert code == 0 and "e+0" not in out
+
+
+def test_a_deployment_that_does_not_fit_says_so_beside_its_timing_and_cost(run_cli):
+    """estimate still prices a deployment that does not fit (what it would take with the
+    memory it lacks), but says so where the figures are, and why it does not fit."""
+    code, out, _ = run_cli("estimate", "-m", "llama-3.1-405b", "-g", "h100-sxm",
+                           "--weights", "bf16")
+    assert code == 0
+    lines = out.splitlines()
+    assert any(ln.startswith("Timing") and "does not fit" in ln for ln in lines)
+    assert any(ln.startswith("per 1M output tokens") and "does not fit" in ln for ln in lines)
+    assert "the weights alone" in out and "no room for the KV cache" in out
+    code, out, _ = run_cli("estimate", "-m", "llama-3.1-8b", "-g", "h100-sxm", "-b", "1000")
+    assert code == 0 and "this batch's KV cache" in out
+    code, out, _ = run_cli("estimate", "-m", "llama-3.1-8b", "-g", "h100-sxm", "-b", "64")
+    assert code == 0 and "does not fit" not in out

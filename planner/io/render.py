@@ -172,14 +172,27 @@ def _memory(e: Estimate) -> Table:
         ("total", fmt.gib(mem.total_bytes),
          f"{fmt.pct(mem.used_frac)} of {fmt.gib(mem.capacity_bytes)}"),
         ("usable", fmt.gib(mem.usable_bytes), _usable_note(mem)),
-        ("fits", fits, ""),
+        ("fits", fits, "" if mem.fits else _misfit(mem)),
         ("concurrency, paged KV", f"{kc.paged:,}",
          f"{kc.capacity_tokens:,} KV tokens in {kc.block_size}-token blocks; "
-         f"{fmt.pct(kc.paged_used_frac)} hold tokens"),
+         f"{fmt.pct(kc.paged_used_frac)} hold tokens" if kc.capacity_tokens
+         else "no room for the KV cache beside the weights"),
         ("concurrency, contiguous", f"{kc.contiguous:,}",
          f"{kc.max_model_len:,} tokens reserved each; {fmt.pct(kc.contiguous_used_frac)} "
-         "hold tokens"),
+         "hold tokens" if kc.capacity_tokens else ""),
     ])
+
+
+def _misfit(mem) -> str:
+    """Why a deployment does not fit, in one phrase."""
+    if mem.weights_bytes >= mem.usable_bytes:
+        return (f"the weights alone ({fmt.gib(mem.weights_bytes)}) exceed the usable "
+                f"{fmt.gib(mem.usable_bytes)}: more GPUs (--tp, --pp) or smaller weights")
+    return (f"this batch's KV cache and activations need {fmt.gib(mem.total_bytes)}; a smaller "
+            "batch or more GPUs")
+
+
+NOT_FIT = "[red]does not fit[/]: with the memory it lacks"
 
 
 def _compute(e: Estimate) -> Table:
@@ -250,6 +263,8 @@ def _timing(e: Estimate) -> Table:
                      + (f" + worker hand-off {fmt.seconds(e.decode.serial_s)}"
                         if e.decode.serial_s else "")))
     title = "Timing" if b is None else f"Timing ({e.engine.name}; the ideal roofline beside)"
+    if not e.memory.fits:
+        title += f"; {NOT_FIT}"
     return _section(title, rows)
 
 
@@ -355,7 +370,8 @@ def _cost(e: Estimate) -> Table:
     return _section("Cost", [
         ("price", fmt.usd(e.price_usd_per_gpu_hour) + "/GPU-h" if e.price_usd_per_gpu_hour
          else "n/a", _price_text(e)),
-        ("per 1M output tokens", fmt.usd(cost), "end-to-end throughput" if cost else ""),
+        ("per 1M output tokens", fmt.usd(cost),
+         "" if not cost else "end-to-end throughput" if e.memory.fits else NOT_FIT),
     ])
 
 
