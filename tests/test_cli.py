@@ -246,3 +246,33 @@ def test_a_measured_time_faster_than_the_gpu_is_warned_of(run_cli):
     code, _, err = run_cli("estimate", "-m", "llama-3.1-8b", "-g", "h100-sxm",
                            "--measured-tpot", "8ms", "--measured-ttft", "60ms")
     assert code == 0 and "warning" not in err
+
+
+@pytest.mark.parametrize(("field", "value"), [
+    ("num_key_value_heads", 0), ("num_key_value_heads", []), ("num_key_value_heads", ""),
+    ("num_key_value_heads", True), ("head_dim", 0), ("head_dim", []), ("head_dim", {}),
+    ("head_dim", False), ("head_dim", 127.5), ("attention_bias", "no"), ("mlp_bias", 1),
+    ("tie_word_embeddings", "false")])
+def test_a_config_field_of_the_wrong_kind_is_refused_not_read_as_absent(run_cli, tmp_path,
+                                                                        field, value):
+    """A falsy value is not an absent one: 0, [] or "" key-value heads had been read as full
+    multi-head attention (8x Qwen3-30B-A3B's KV cache), a head_dim of 0 as hidden / heads, and
+    "no" as a bias, each with exit 0. Absent or null still takes the default."""
+    cfg = json.loads((HF / "qwen3-30b-a3b.json").read_text())
+    cfg[field] = value
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(cfg))
+    code, _, err = run_cli("estimate", "-m", str(path), "-g", "h100-sxm")
+    assert code == 2 and f"{field}: expected" in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_null_or_absent_optional_field_takes_the_default(run_json, tmp_path):
+    base = run_json("estimate", "-m", str(HF / "qwen3-30b-a3b.json"), "-g", "h100-sxm")
+    cfg = json.loads((HF / "qwen3-30b-a3b.json").read_text())
+    cfg["attention_bias"] = None
+    cfg.pop("mlp_bias", None)
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(cfg))
+    d = run_json("estimate", "-m", str(path), "-g", "h100-sxm")
+    assert d["kv_cache_bytes_per_token"] == base["kv_cache_bytes_per_token"] == 98_304
+    assert d["params"] == base["params"]

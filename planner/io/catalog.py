@@ -476,6 +476,30 @@ def _req(cfg: dict, key: str, path: str) -> Any:
     return cfg[key]
 
 
+def _opt_int(cfg: dict, key: str, path: str, default: Any, *, least: int = 1) -> Any:
+    """An optional whole-number field: absent or null takes ``default`` (as transformers'
+    configs do); anything else must be a whole number of at least ``least``. Not read as
+    "falsy means absent": a 0, [] or "" num_key_value_heads had become full multi-head
+    attention, 8x the KV cache, with exit 0."""
+    v = cfg.get(key)
+    if v is None:
+        return default
+    if isinstance(v, bool) or not isinstance(v, int) or v < least:
+        raise SpecError(f"{path}: {key}: expected a whole number >= {least} (or null), "
+                        f"got {v!r:.40}")
+    return v
+
+
+def _opt_bool(cfg: dict, key: str, path: str, default: bool) -> bool:
+    """An optional true / false field: absent or null takes ``default``."""
+    v = cfg.get(key)
+    if v is None:
+        return default
+    if not isinstance(v, bool):
+        raise SpecError(f"{path}: {key}: expected true or false (or null), got {v!r:.40}")
+    return v
+
+
 def _qwen_moe_layer(cfg: dict, i: int, path: str) -> bool:
     """Whether layer i of a Qwen3-MoE config is sparse (transformers' Qwen3MoeDecoderLayer)."""
     step = cfg.get("decoder_sparse_step", 1)
@@ -547,9 +571,9 @@ def _model_from_hf_config(cfg: dict, path: str) -> ModelSpec:
                  num_layers=_req(cfg, "n_layer", path),
                  num_attention_heads=_req(cfg, "n_head", path),
                  num_kv_heads=_req(cfg, "n_head", path),
-                 intermediate_size=cfg.get("n_inner") or 4 * h,
+                 intermediate_size=_opt_int(cfg, "n_inner", path, 4 * h),
                  max_position_embeddings=_req(cfg, "n_positions", path),
-                 tie_word_embeddings=cfg.get("tie_word_embeddings", True),
+                 tie_word_embeddings=_opt_bool(cfg, "tie_word_embeddings", path, True),
                  mlp="plain", norm="layernorm", position_embedding="learned",
                  attention_bias=True, attention_out_bias=True, mlp_bias=True)
         return validate(ModelSpec, d, path)
@@ -559,19 +583,20 @@ def _model_from_hf_config(cfg: dict, path: str) -> ModelSpec:
              hidden_size=_req(cfg, "hidden_size", path),
              num_layers=_req(cfg, "num_hidden_layers", path),
              num_attention_heads=heads,
-             num_kv_heads=cfg.get("num_key_value_heads") or heads,
+             num_kv_heads=_opt_int(cfg, "num_key_value_heads", path, heads),
              intermediate_size=_req(cfg, "intermediate_size", path),
              max_position_embeddings=_req(cfg, "max_position_embeddings", path),
-             tie_word_embeddings=cfg.get("tie_word_embeddings", mt in ("gemma", "gemma2")))
-    if cfg.get("head_dim"):
+             tie_word_embeddings=_opt_bool(cfg, "tie_word_embeddings", path,
+                                           mt in ("gemma", "gemma2")))
+    if _opt_int(cfg, "head_dim", path, None) is not None:
         d["head_dim"] = cfg["head_dim"]
     if mt == "qwen2":
         d["attention_bias"] = True  # Qwen2 always carries q, k, v biases
-    elif cfg.get("attention_bias"):
+    elif _opt_bool(cfg, "attention_bias", path, False):
         # Llama's and gpt-oss's flag covers o_proj too; Qwen3's only q, k, v
         d["attention_bias"] = True
         d["attention_out_bias"] = mt not in ("qwen3", "qwen3_moe")
-    if cfg.get("mlp_bias"):
+    if _opt_bool(cfg, "mlp_bias", path, False):
         d["mlp_bias"] = True
     if mt in ("gemma2", "gemma3_text"):
         d["norms_per_layer"] = 4
@@ -612,12 +637,14 @@ def _model_from_hf_config(cfg: dict, path: str) -> ModelSpec:
                     "qk_rope_head_dim": _req(cfg, "qk_rope_head_dim", path),
                     "v_head_dim": _req(cfg, "v_head_dim", path)}
         d["head_dim"] = d["mla"]["qk_nope_head_dim"] + d["mla"]["qk_rope_head_dim"]
-        if cfg.get("n_routed_experts"):
+        if _opt_int(cfg, "n_routed_experts", path, 0, least=0):
             d["moe"] = {"num_experts": cfg["n_routed_experts"],
                         "experts_per_token": _req(cfg, "num_experts_per_tok", path),
                         "expert_intermediate_size": _req(cfg, "moe_intermediate_size", path),
-                        "num_shared_experts": cfg.get("n_shared_experts") or 0,
-                        "first_dense_layers": cfg.get("first_k_dense_replace") or 0,
+                        "num_shared_experts": _opt_int(cfg, "n_shared_experts", path, 0,
+                                                       least=0),
+                        "first_dense_layers": _opt_int(cfg, "first_k_dense_replace", path, 0,
+                                                       least=0),
                         "router_bias": cfg.get("topk_method") == "noaux_tc"}
     return validate(ModelSpec, d, path)
 
