@@ -566,3 +566,17 @@ def test_a_measure_window_the_stream_cannot_fill_is_refused(window, says, run_cl
     code, _, _ = run_cli("simulate", "-m", "llama-3.1-8b", "-g", "h100-sxm", "-n", "50",
                          "--request-rate", "10", "--measure-window", "1,3")
     assert code == 0
+
+
+@pytest.mark.parametrize("scheduler", ["continuous", "static"])
+def test_plan_json_exits_1_when_nothing_meets_the_targets(run_cli, scheduler):
+    """--json prints its rows (none for continuous sizing, every one for static) and exits 1,
+    as the table does, with the reason on stderr: a CI step reading the JSON must not take
+    "nothing meets the targets" for a pass (it had exited 0 with [])."""
+    code, out, err = run_cli("plan", "-m", "llama-3.1-8b", "--rps", "5", "--ttft", "1ms",
+                             "--tpot", "1ms", "-g", "h100-sxm", "--scheduler", scheduler,
+                             "--json")
+    rows = json.loads(out)
+    assert code == 1 and "no configuration" in err
+    assert not any(r["meets_targets"] for r in rows)
+    assert (rows == []) == (scheduler == "continuous")

@@ -415,13 +415,17 @@ def _show_static(df, m, *, prompt_tokens, output_tokens, top, csv, plot, as_json
         stderr.print(f"wrote {plot}")
     if as_json:
         json_out(plan_records(df))
-        return
     if not len(feas):
         from planner.search.plan import nearest_miss
 
-        stdout.print(f"no configuration of {len(df):,} meets TTFT <= {ttft} and TPOT <= {tpot}: "
-                     + nearest_miss(df, targets))
+        # exit 1 under --json too (its rows printed, the reason on stderr): a CI step that
+        # reads the JSON must not take "nothing meets the targets" for a pass
+        (stderr if as_json else stdout).print(
+            f"no configuration of {len(df):,} meets TTFT <= {ttft} and TPOT <= {tpot}: "
+            + nearest_miss(df, targets))
         raise typer.Exit(1)
+    if as_json:
+        return
     rows = []
     for r in feas.head(top).itertuples():
         rows.append([int(r.rank), r.gpu, Layout(r.tp, r.pp, r.ep).label, r.weights,
@@ -614,7 +618,6 @@ def _plan_continuous(m, gpus, *, prompt_tokens, output_tokens, targets, tps, wei
         stderr.print(f"wrote {plot}")
     if as_json:
         json_out(plan_records(df))
-        return df
     if not len(df):
         from planner.search.plan import nearest_miss, search
 
@@ -623,9 +626,12 @@ def _plan_continuous(m, gpus, *, prompt_tokens, output_tokens, targets, tps, wei
                         **{k: v for k, v in kw.items() if k not in ("settings", "top",
                                                                     "prefetch")})
         why = _prompts_refused(engine, gpus, prompt_tokens) or nearest_miss(static, targets)
-        stdout.print(f"no configuration meets {name} TTFT <= {ttft} and TPOT <= {tpot} at "
-                     f"{req:g} req/s: " + why)
+        (stderr if as_json else stdout).print(
+            f"no configuration meets {name} TTFT <= {ttft} and TPOT <= {tpot} at "
+            f"{req:g} req/s: " + why)
         raise typer.Exit(1)
+    if as_json:
+        return df
     rows = []
     for r in df.head(top).to_dict("records"):
         pd_row = bool(r.get("disaggregated"))
