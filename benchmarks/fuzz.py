@@ -15,7 +15,8 @@ every case the same exit code, verdict and error line.
 The contract (DESIGN: bad input) is exit 0 / 1 / 2 with, on exit 2, one line on stderr (for
 llmplan-check, one per budget file, each naming it); a case fails when it prints a traceback,
 says "internal error" (a traceback in one line), exits with another code, writes a
-multi-line error, prints NaN or an infinity as a figure, or runs past --timeout-s and
+multi-line error or a control character raw in its error (a terminal escape the user gave,
+quoted back), prints NaN or an infinity as a figure, or runs past --timeout-s and
 HANG_FACTOR times its command's clean run (a hang). A mutation that writes an out-of-range
 number (NaN, inf, a negative, a bool, 1e30) into a numeric field and still exits 0 is listed
 as a *suspect acceptance* for a person to look at: some fields legitimately take 0 or a
@@ -219,6 +220,9 @@ class Outcome:
             return f"exit {self.code}"
         if self.code == 2 and len(self.stderr.strip().splitlines()) != self._error_lines():
             return "multi-line error"
+        if self.code == 2 and any(not c.isprintable()
+                                  for c in self.stderr.strip().replace("\n", "")):
+            return "terminal escape"  # an error line quoting a control character raw
         if self.code == 1 and "internal error" in self.stderr:
             return "internal error"  # a traceback said in one line: still a bug
         if self.code in (0, 1) and IMPOSSIBLE.search(self.stdout):
@@ -618,7 +622,8 @@ def file_targets(setup: Path) -> list[tuple]:
     for p in sorted((ROOT / "planner" / "data" / "validation").glob("*.yaml")):
         out.append(("validation", p, ["validate", "--dataset", "FILE", "--no-rows"], False))
     out.append(("calibration", setup / "calibration.yaml",
-                ["estimate", "-m", "gpt2", "-g", "h100-sxm", "--calibration", "FILE", "--json"],
+                ["estimate", "-m", "gpt2", "-g", "h100-sxm", "-p", "512", "--calibration", "FILE",
+                 "--json"],
                 False))
     for p in sorted((ROOT / "tests" / "fixtures" / "servers").glob("*_bench_serv*.json*")):
         out.append(("served", p, ["compare", "FILE", *BASE, "--json"], True))
@@ -626,7 +631,7 @@ def file_targets(setup: Path) -> list[tuple]:
                 ["simulate", *BASE, "-e", "trtllm", "-n", "20", "--extra-llm-api-options",
                  "FILE", "--json"], False))
     out.append(("dataset", setup / "dataset.jsonl",
-                ["simulate", *BASE, "--dataset", "FILE", "-n", "20", "--json"], True))
+                ["simulate", *BASE, "--dataset", "FILE", "-n", "8", "--json"], True))
     for p in sorted((ROOT / "planner" / "data" / "prices").glob("*.yaml")):
         out.append(("prices", p, ["prices", "FILE", "--json"], False))
         out.append(("prices", p, ["estimate", *BASE, "--prices", "FILE", "--json"], False))
@@ -1016,6 +1021,26 @@ def clean_seconds(jobs: int, timeout_s: float, mode: str = "fork") -> dict[str, 
     return out
 
 
+def check_file_bases(setup: Path, jobs: int, timeout_s: float, mode: str = "fork") -> None:
+    """Each kind of corrupted file's command must run on its file as it is (the first file of
+    the kind; a validation dataset is left out, its clean run replays every served run): the
+    calibration cases' base had been refused (gpt2's 1,024-token context under the default
+    1,024 + 256 tokens), so each of them tested that refusal and not the file."""
+    seen, cases = set(), []
+    for t in file_targets(setup):
+        kind, path, args = t[0], t[1], t[2]
+        if kind in seen or kind == "validation":
+            continue
+        seen.add(kind)
+        entry = t[4] if len(t) > 4 else "llmplan"
+        cases.append(Case(-1, f"clean {kind}", [str(path) if a == "FILE" else a for a in args],
+                          entry=entry))
+    for o in run_cases(cases, lambda c: 10 * timeout_s, mode=mode, jobs=jobs):
+        if o.code not in (0, 1):
+            raise SystemExit(f"fuzz: the {o.case.kind} base line exits {o.code} on its file as "
+                             f"it is: {o.stderr.strip()[:300]}")
+
+
 def write_inputs(setup: Path) -> None:
     """The inputs to corrupt that need no measuring: a dataset and a TensorRT-LLM options
     file."""
@@ -1082,6 +1107,7 @@ def main() -> int:
     if a.only is not None:
         cases = [cases[int(a.only)]]
     clean = clean_seconds(a.jobs, a.timeout_s, a.mode)
+    check_file_bases(setup, a.jobs, a.timeout_s, a.mode)
     slow = {k: round(v, 1) for k, v in clean.items() if HANG_FACTOR * v > a.timeout_s}
     print(f"set-up {time.perf_counter() - t0:.1f} s; {len(cases)} cases, {a.jobs} jobs, "
           f"{a.mode} mode, seed {a.seed}; longer limits for commands slow when clean (s): "

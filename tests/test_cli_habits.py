@@ -207,3 +207,16 @@ def test_a_deployment_that_does_not_fit_says_so_beside_its_timing_and_cost(run_c
     assert code == 0 and "this batch's KV cache" in out
     code, out, _ = run_cli("estimate", "-m", "llama-3.1-8b", "-g", "h100-sxm", "-b", "64")
     assert code == 0 and "does not fit" not in out
+
+
+@pytest.mark.parametrize("args", [
+    ("estimate", "-m", "\x1b]0;pwned\x07", "-g", "h100-sxm"),
+    ("estimate", "-m", "llama-3.1-8b", "-g", "h100\x1b[2J"),
+    ("plan", "-m", "llama-3.1-8b", "--rps", "1", "--ttft", "1s", "--tpot", "50ms",
+     "--prices", "\x1b[2Jowned")])
+def test_an_error_quoting_a_terminal_escape_writes_it_escaped(run_cli, args):
+    """An error line quotes what the user gave; a control character in it is written as its
+    escape, not sent to the terminal (it had cleared the screen or retitled the window)."""
+    code, _, err = run_cli(*args)
+    assert code == 2 and "\\x1b" in err
+    assert all(c.isprintable() for c in err.strip())

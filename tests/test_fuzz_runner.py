@@ -144,6 +144,8 @@ def test_verdict_rules():
     assert v(0, out="200x4-tp4-sglang-offline sglang rate=inf") == "ok"  # a run's label
     assert v(0, out="Infinity-fabric, Infinity Fabric, information, nanoseconds") == "ok"
     assert v(2, "llmplan: error: bad\n") == "ok"
+    assert v(2, "llmplan: error: unknown model '\x1b]0;t\x07'\n") == "terminal escape"
+    assert v(2, "llmplan: error: unknown model '\\x1b]0;t\\x07'\n") == "ok"  # escaped
     check = fuzz.Case(0, "check-cli", ["a.yaml", "b.yaml"], entry="llmplan-check")
     two = "llmplan: error: a.yaml:1: x\nllmplan: error: b.yaml:2: y\n"
     assert fuzz.Outcome(check, 2, two, 0.1).verdict == "ok"  # one line per file

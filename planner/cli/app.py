@@ -133,6 +133,17 @@ def _one_line(err: BaseException, limit: int = 200) -> str:
     return text[:limit] + ("..." if len(text) > limit else "")
 
 
+def printable(text: str) -> str:
+    """``text`` with every character a terminal would act on written as its escape (\\x1b,
+    \\n): an error line quotes what the user gave (-m, -g, --prices, a file's value), which
+    must not clear the screen or retitle the window."""
+    return "".join(c if c.isprintable() else ascii(c)[1:-1] for c in text)
+
+
+def _say(line: str) -> None:
+    print(printable(line), file=sys.stderr)
+
+
 def _crash(err: BaseException, code: int, message: str) -> int:
     import os
 
@@ -144,7 +155,7 @@ def _crash(err: BaseException, code: int, message: str) -> int:
         sys.stdout.flush()  # what the command printed before it failed stays before the line
     except (OSError, ValueError):
         pass
-    print(f"llmplan: error: {message}", file=sys.stderr)
+    _say(f"llmplan: error: {message}")
     return code
 
 
@@ -164,7 +175,7 @@ def _main(argv: list[str] | None) -> int:
         ctx = err.ctx
         where = f"llmplan {ctx.info_name}" if ctx and ctx.info_name != "llmplan" else "llmplan"
         msg = err.format_message().replace("Value error, ", "")
-        print(f"{where}: error: {msg}", file=sys.stderr)
+        _say(f"{where}: error: {msg}")
         return 2
     except exc["Abort"]:
         print("llmplan: interrupted", file=sys.stderr)
@@ -178,20 +189,20 @@ def _main(argv: list[str] | None) -> int:
         print(f"llmplan: interrupted: {err}", file=sys.stderr)
         return 130
     except LlmplanError as err:
-        print(f"llmplan: error: {flagged(err)}", file=sys.stderr)
+        _say(f"llmplan: error: {flagged(err)}")
         return getattr(err, "exit_code", 2)
     except BrokenPipeError:
         return 0
     except OSError as err:  # a path the OS refuses (name too long, permission, disk full)
         name = f"{str(err.filename)[:120]}: " if err.filename is not None else ""
-        print(f"llmplan: error: {name}{err.strerror or err}", file=sys.stderr)
+        _say(f"llmplan: error: {name}{err.strerror or err}")
         return 2
     except ValueError as err:  # a pydantic check that no edge check caught: still user input
         if type(err).__name__ != "ValidationError":
             raise
         first = err.errors()[0]
         where = ".".join(str(x) for x in first["loc"]) or err.title
-        print(f"llmplan: error: {where}: {first['msg']}", file=sys.stderr)
+        _say(f"llmplan: error: {where}: {first['msg']}")
         return 2
     if rv == 130:  # typer turns a Ctrl-C inside a command into a silent exit code 130
         print("llmplan: interrupted", file=sys.stderr)

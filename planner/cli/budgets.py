@@ -51,8 +51,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return _main(argv)
     except OSError as err:  # --junit-dir: a name too long, a file in the way, no permission
+        from planner.cli.app import printable
+
         name = f"{str(err.filename)[:120]}: " if err.filename is not None else ""
-        print(f"llmplan-check: error: {name}{err.strerror or err}", file=sys.stderr)
+        print(printable(f"llmplan-check: error: {name}{err.strerror or err}"), file=sys.stderr)
         return 2
 
 
@@ -61,6 +63,7 @@ def _main(argv: list[str] | None) -> int:
     import io
 
     from planner.cli.app import main as llmplan
+    from planner.cli.app import printable
 
     a = _parser().parse_args(sys.argv[1:] if argv is None else argv)
     common: list[str] = []
@@ -75,7 +78,7 @@ def _main(argv: list[str] | None) -> int:
     codes = []
     for budget in a.budgets:
         junit = [] if a.junit_dir is None else ["--junit", str(a.junit_dir / f"{budget.stem}.xml")]
-        print(f"== {budget}", flush=True)
+        print(printable(f"== {budget}"), flush=True)
         err = io.StringIO()
         with contextlib.redirect_stderr(err):
             code = llmplan(["check", str(budget), *common, *junit]) or 0
