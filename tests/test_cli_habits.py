@@ -220,3 +220,38 @@ def test_an_error_quoting_a_terminal_escape_writes_it_escaped(run_cli, args):
     code, _, err = run_cli(*args)
     assert code == 2 and "\\x1b" in err
     assert all(c.isprintable() for c in err.strip())
+
+
+def test_file_errors_say_what_was_found_in_plain_words(run_cli, tmp_path):
+    """A fuzz helper's reading of 262 error lines: an empty file had said 'got NoneType', a
+    truncated JSON stopped at 'starting at', an emptied price entry 'Unable to extract tag
+    using discriminator _entry_kind()', and a bad offer also 'Tuple should have at least 1
+    item after validation, not 0'."""
+    from pathlib import Path
+
+    def err_of(*args):
+        code, _, err = run_cli(*args)
+        assert code == 2 and len(err.strip().splitlines()) == 1
+        return err
+
+    empty = tmp_path / "m.yaml"
+    empty.write_text("")
+    assert "the file is empty" in err_of("estimate", "-m", str(empty), "-g", "h100-sxm")
+    listed = tmp_path / "l.yaml"
+    listed.write_text("- a\n- b\n")
+    assert "got a list of 2" in err_of("estimate", "-m", str(listed), "-g", "h100-sxm")
+    cut = tmp_path / "c.json"
+    cut.write_text('{"name": "abc')
+    assert "starting at line 1 column 10" in err_of("estimate", "-m", str(cut), "-g",
+                                                    "h100-sxm")
+    text = (Path(__file__).parents[1] / "planner" / "data" / "prices" /
+            "hyperscaler-on-demand.yaml").read_text()
+    i, j = text.index("  gb200:\n"), text.index("  h100-nvl:\n")
+    emptied = tmp_path / "p.yaml"
+    emptied.write_text(text[:i] + "  gb200:\n" + text[j:])
+    e = err_of("estimate", "-m", "llama-3.1-8b", "-g", "h100-sxm", "--prices", str(emptied))
+    assert "gpus.gb200: expected a price entry" in e and "discriminator" not in e
+    bad = tmp_path / "q.yaml"
+    bad.write_text(text.replace("usd_per_gpu_hour: 6.98", "usd_per_gpu_hour: abc", 1))
+    e = err_of("estimate", "-m", "llama-3.1-8b", "-g", "h100-sxm", "--prices", str(bad))
+    assert "got 'abc'" in e and "at least" not in e

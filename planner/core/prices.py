@@ -75,7 +75,11 @@ def _entry_kind(v: Any) -> str | None:
 
 # a GPU's entry in a price set; the tags are the classes' names, which error paths leave out
 Entry = Annotated[Annotated[Listed, Tag("Listed")] | Annotated[Owned, Tag("Owned")]
-                  | Annotated[NotSold, Tag("NotSold")], Discriminator(_entry_kind)]
+                  | Annotated[NotSold, Tag("NotSold")], Discriminator(
+                      _entry_kind, custom_error_type="price_entry",
+                      custom_error_message="expected a price entry: a mapping with "
+                      "usd_per_gpu_hour and offers (a listed price), purchase_usd (an owned "
+                      "GPU) or not_sold")]
 ENTRY_TAGS = frozenset({"Listed", "Owned", "NotSold"})
 
 

@@ -56,8 +56,12 @@ def format_validation(path: str, err: ValidationError, *, within: str = "") -> s
     field's path under ``within`` (where the validated mapping sits in its file)."""
     from planner.core.prices import ENTRY_TAGS  # a price entry's kind: not a key in the file
 
+    errors = err.errors()
+    # a list whose item failed is also "too short after validation": that one says nothing
+    errors = [e for e in errors if e["type"] != "too_short" or not any(
+        o is not e and tuple(o["loc"][:len(e["loc"])]) == tuple(e["loc"]) for o in errors)]
     parts = []
-    for e in err.errors()[:3]:
+    for e in errors[:3]:
         loc = ".".join([*filter(None, [within]),
                         *(str(x) for x in e["loc"] if x not in ENTRY_TAGS)]) or "(top level)"
         msg = e["msg"].removeprefix("Value error, ")
@@ -65,14 +69,31 @@ def format_validation(path: str, err: ValidationError, *, within: str = "") -> s
             msg = "unknown key (misspelled?)"
         elif e["type"] == "missing":
             msg = "missing required field"
+        elif e["type"] == "too_short":
+            ctx = e.get("ctx") or {}
+            n = ctx.get("min_length", 1)
+            msg = f"needs at least {n} item{'s' if n != 1 else ''}, got " \
+                  f"{ctx.get('actual_length', 0)}"
+        elif e["type"].endswith(("_parsing", "_type")) and "input" in e:
+            msg += f", got {_shown(e['input'])}"  # the value, as the file gave it
         parts.append(f"{loc}: {msg}")
-    more = f" (+{len(err.errors()) - 3} more)" if len(err.errors()) > 3 else ""
+    more = f" (+{len(errors) - 3} more)" if len(errors) > 3 else ""
     return f"{path}: " + "; ".join(parts) + more
+
+
+def _shown(v: Any) -> str:
+    """A value a file gave, short: a number, a quoted string or its kind."""
+    if v is None:
+        return "nothing (null)"
+    if isinstance(v, dict | list | tuple):
+        return f"a {'mapping' if isinstance(v, dict) else 'list'} of {len(v)}"
+    return f"{v!r:.40}"
 
 
 def validate(cls: type[S], data: Any, path: str) -> S:
     if not isinstance(data, dict):
-        raise SpecError(f"{path}: expected a mapping of fields, got {type(data).__name__}")
+        got = "nothing: the file is empty" if data is None else _shown(data)
+        raise SpecError(f"{path}: expected a mapping of fields (key: value lines), got {got}")
     try:
         return cls.model_validate(data)
     except ValidationError as err:
@@ -91,7 +112,8 @@ def read_json(path: Path, *, what: str = "file", max_bytes: int = boundary.SPEC_
     try:
         return boundary.loads_json(text, str(path))
     except json.JSONDecodeError as err:
-        raise SpecError(f"{path}: line {err.lineno}: malformed JSON: {err.msg}") from None
+        where = f" line {err.lineno} column {err.colno}" if err.msg.endswith(" at") else ""
+        raise SpecError(f"{path}: line {err.lineno}: malformed JSON: {err.msg}{where}") from None
     except RecursionError:
         raise SpecError(f"{path}: JSON nested too deeply") from None
     except ValueError as err:
