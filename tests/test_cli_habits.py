@@ -255,3 +255,9 @@ def test_file_errors_say_what_was_found_in_plain_words(run_cli, tmp_path):
     bad.write_text(text.replace("usd_per_gpu_hour: 6.98", "usd_per_gpu_hour: abc", 1))
     e = err_of("estimate", "-m", "llama-3.1-8b", "-g", "h100-sxm", "--prices", str(bad))
     assert "got 'abc'" in e and "at least" not in e
+
+
+def test_validate_names_an_unknown_engine_as_the_options_fault(run_cli):
+    code, _, err = run_cli("validate", "--engine", "vllmm", "--no-served", "--no-rows")
+    assert code == 2 and err.startswith("llmplan: error: --engine: unknown engine 'vllmm'")
+    assert "validation row" not in err

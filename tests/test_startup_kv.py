@@ -6,6 +6,7 @@ raise_if_cache_size_invalid). estimate says so, with the longest max-model-len t
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 
 def test_a_pool_under_the_models_context_is_said_not_to_start(run_json):
@@ -45,7 +46,7 @@ def test_plan_titles_give_bare_targets_their_units(run_cli):
     assert "TTFT <= 2 s and TPOT <= 50 ms" in " ".join(out.split())
 
 
-def test_a_prompt_the_engine_refuses_is_said_so(run_json, run_cli):
+def test_a_prompt_the_engine_refuses_is_said_so(run_json, run_cli, tmp_path):
     """TensorRT-LLM's defaults: 8,192 tokens a step and chunked prefill off, so a 32,000-token
     prompt is refused (simulate refuses it). estimate says so beside its TTFT; plan says it
     is why nothing is found (it called the traffic the bind, every target met for one
@@ -63,6 +64,17 @@ def test_a_prompt_the_engine_refuses_is_said_so(run_json, run_cli):
     flat = " ".join(out.split())
     assert code == 1 and "TensorRT-LLM refuses every request with its defaults" in flat, err
     assert "the traffic binds" not in flat
+    # the way out it names runs: the profile with chunked prefill on plans the same stream
+    assert "serving.chunked_prefill.value: true" in flat
+    text = (Path(__file__).parents[1] / "engines_db" / "trtllm.yaml").read_text()
+    at = text.index("\nserving:")
+    off = "  chunked_prefill:\n    value: false"
+    on = tmp_path / "trtllm-chunked.yaml"
+    on.write_text(text[:at] + text[at:].replace(off, "  chunked_prefill:\n    value: true", 1))
+    code, out, err = run_cli("plan", "-m", "llama-3.1-8b", "-g", "h200", "-e", str(on), "-p",
+                             "32000", "-o", "256", "--ttft", "5s", "--tpot", "50ms", "--rps",
+                             "1", "--disaggregated", "off", "--top", "1")
+    assert code == 0, err
 
 
 def test_a_static_batch_the_served_pool_cannot_hold_is_said_so(run_json):

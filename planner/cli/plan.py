@@ -500,9 +500,10 @@ def _prompts_refused(engine, gpus, prompt_tokens: int) -> str | None:
         return None
     return (f"{engine.display_name or engine.name} refuses every request with its defaults: a "
             f"{prompt_tokens:,}-token prompt is above its step's token budget "
-            f"({', '.join(f'{n:,}' for n in sorted(limits))}) with chunked prefill off. "
-            "simulate sizes a replica with --chunked-prefill or a larger "
-            "--max-num-batched-tokens")
+            f"({', '.join(f'{n:,}' for n in sorted(limits))}) with chunked prefill off. To "
+            "plan with chunked prefill, give --engine a copy of its profile with "
+            "serving.chunked_prefill.value: true (simulate takes --chunked-prefill or a "
+            "larger --max-num-batched-tokens)")
 
 
 def _some_precision_runs(gpus, weights, compute, cal, eng, auto: bool = False) -> None:

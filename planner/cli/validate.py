@@ -305,6 +305,11 @@ def validate(
                 raise LlmplanError(f"--source: unknown source '{w}'; known: {', '.join(known)}")
         datasets = [d for d in datasets if d.source.id in wanted]
         manifests = [(d, f) for d, f in manifests if d.source.id in wanted]
+    if engine is not None:
+        try:  # the option's fault, named as such (not the first row that would use it)
+            catalog.load_engine_spec(engine)
+        except LlmplanError as err:
+            raise LlmplanError(f"--engine: {err}") from None
     comps = run_validation(datasets, engine)
     from planner.cli.progress import task_progress
 

@@ -529,8 +529,8 @@ def render_expert(console, x, batch: int, output_tokens: int = 1,
          f"own batch {fmt.seconds(x.dense_s)} + experts {fmt.seconds(x.experts_s)} + "
          f"{comm[0]} {fmt.seconds(x.comm_s)}" + _ep_host_text(x)),
         ("decode throughput", f"{fmt.per_s(batch / x.tpot_s)} tok/s", "batch / TPOT"),
-        ("expert load", f"{x.imbalance:.2f}x", f"most loaded GPU {x.pairs_max:,.0f} "
-                                               f"token-experts, mean {x.pairs_mean:,.0f}"),
+        ("expert load", f"{x.imbalance:.2f}x", f"most loaded GPU {fmt.sig(x.pairs_max)} "
+                                               f"token-experts, mean {fmt.sig(x.pairs_mean)}"),
         ("expert imbalance", f"{x.imbalance_factor:.2f}x",
          f"max / mean asked ({given}); uniform routing the floor"),
         comm,
