@@ -240,7 +240,12 @@ def test_plan_sized_at_the_high_end_never_uses_fewer_gpus(run_cli):
     assert high["sized_at_step_factor"] == pytest.approx(tpot_b.high_ratio)
     assert high["sized_at_step_factor"] * high["sized_at_ttft_factor"] == \
         pytest.approx(ttft_b.high_ratio)
-    assert pred["sized_at_step_factor"] == 1 and "p90_ttft_s_high" not in pred
+    assert pred["sized_at_step_factor"] == 1
+    # sized at the prediction, a row carries the band around its figures (their p10-p90)
+    assert pred["p90_ttft_s_low"] == pytest.approx(pred["p90_ttft_s"] * ttft_b.low_ratio)
+    assert pred["p90_ttft_s_high"] == pytest.approx(pred["p90_ttft_s"] * ttft_b.high_ratio)
+    assert pred["p90_tpot_s_high"] == pytest.approx(pred["p90_tpot_s"] * tpot_b.high_ratio)
+    assert f"{tpot_b.n} held-out figures" in pred["band_evidence"]
     # the figures it was held to are the slowed replica's, within the targets and above
     # the predicted ones the table shows
     assert high["p90_ttft_s"] < high["p90_ttft_s_high"] <= 2
@@ -545,3 +550,21 @@ def test_a_streams_output_throughput_band_stops_at_what_it_offers(run_json):
     assert d["output_throughput_high"] == pytest.approx(max(2048, d["output_throughput"]))
     assert d["output_throughput_low"] < d["output_throughput"]
     assert "held at the offered 2,048 tok/s" in d["bands"]["output_throughput"]["basis"]
+
+
+def test_plan_says_which_rows_miss_the_targets_at_the_slow_end(run_cli):
+    """Sized at the prediction, plan prints the bands and names the rows shown whose slow end
+    misses a target (a review found a one-H100 plan that --size-at high sized at three, with
+    no band or word in the default table)."""
+    code, out, err = run_cli("plan", "-m", "llama-3.1-8b", "-g", "h100-sxm", "-p", "1024",
+                             "-o", "256", "--ttft", "1s", "--tpot", "30ms", "--rps", "20",
+                             "--weights", "bf16", "--disaggregated", "off", "--top", "3")
+    flat = " ".join(out.split())
+    assert code == 0, err
+    assert "error bands (p10-p90" in flat and "at the slow end, rank" in flat
+    assert "--size-at high sizes replicas" in flat
+    code, out, err = run_cli("plan", "-m", "llama-3.1-8b", "-g", "h100-sxm", "-p", "1024",
+                             "-o", "256", "--ttft", "30s", "--tpot", "1s", "--rps", "1",
+                             "--weights", "bf16", "--disaggregated", "off", "--top", "3")
+    assert code == 0, err
+    assert "meet the targets at the slow end too" in " ".join(out.split())

@@ -524,6 +524,48 @@ def _some_precision_runs(gpus, weights, compute, cal, eng, auto: bool = False) -
     raise LlmplanError(f"no GPU asked for runs these weights: {why}")
 
 
+def _band_columns(df, engine_name: str, name: str, targets, top: int) -> str:
+    """Each aggregated row's {name} TTFT and TPOT with the engine's served error bands
+    (p10-p90 of measured / predicted on held-out published runs of replicas that keep up,
+    ``planner/data/bands.yaml``) as ``*_low`` / ``*_high`` columns, the evidence beside them;
+    disaggregated rows get none (no published disaggregated run is held out). Returns the
+    line the table prints: the bands, and the shown rows whose slow end misses a target."""
+    from planner.evidence.bands import pick
+    from planner.io import catalog
+
+    bands = catalog.load_bands()
+    used = {}
+    agg = ~df["disaggregated"].astype(bool)
+    for metric, phase in (("ttft", "served TTFT"), ("tpot", "served TPOT")):
+        b = pick(bands, engine_name, phase, "unsaturated")
+        if b is None:
+            return ""
+        used[metric] = b
+        col = f"{name}_{metric}_s"
+        df[f"{col}_low"] = (df[col] * b.low_ratio).where(agg)
+        df[f"{col}_high"] = (df[col] * b.high_ratio).where(agg)
+    evidence = "; ".join(
+        f"{m.upper()} {b.engine if b.engine != 'all' else 'all engines'} {b.phase}: "
+        f"{b.n} held-out figures from {b.sources} sources" for m, b in used.items())
+    df["band_evidence"] = [evidence if a else None for a in agg]
+    slow = agg & ((df[f"{name}_ttft_s_high"] > targets.ttft_s)
+                  | (df[f"{name}_tpot_s_high"] > targets.tpot_s))
+    missed = [int(r) for r in df.loc[slow, "rank"] if r <= top]  # of the rows shown
+    t, d = used["ttft"], used["tpot"]
+    line = (f"error bands (p10-p90 of measured / predicted on held-out served runs; "
+            f"--json: *_low, *_high): TTFT x{t.low_ratio:.2f}-{t.high_ratio:.2f}, TPOT "
+            f"x{d.low_ratio:.2f}-{d.high_ratio:.2f} ({t.n} and {d.n} figures); ")
+    if missed:
+        line += (f"at the slow end, rank{'s' if len(missed) > 1 else ''} "
+                 f"{', '.join(map(str, missed))} miss the targets: --size-at high sizes "
+                 "replicas so that the slow end meets them")
+    else:
+        line += "the rows shown meet the targets at the slow end too"
+    if (~agg).any():
+        line += "; disaggregated rows: no band (no published disaggregated run is held out)"
+    return line
+
+
 def _size_factors(engine_name: str, size_at: SizeAt, gpus=()) -> dict:
     """``SimSettings``' factors: none, or the high end of the engine's served TPOT and TTFT
     bands (``planner.evidence.bands.served_band_factors``), saying which and naming the GPUs of
@@ -604,6 +646,8 @@ def _plan_continuous(m, gpus, *, prompt_tokens, output_tokens, targets, tps, wei
     ttft, tpot, req = label
     p = settings.percentile
     name = percentile_name(p)
+    bands_note = _band_columns(df, engine.name, name, targets, top) \
+        if settings.sizes_at_prediction and len(df) else None
     from planner.io.gate import gate_frame
 
     gate_frame(df, "plan")  # every row, before the CSV, JSON or table
@@ -665,6 +709,8 @@ def _plan_continuous(m, gpus, *, prompt_tokens, output_tokens, targets, tps, wei
     if speculations:
         stdout.print("spec: the speculative method a row keeps because it lowers the cost "
                      "at the targets; -: it does not (--json: baseline_usd_per_hour)")
+    if bands_note:
+        stdout.print(bands_note)
     if not settings.sizes_at_prediction:
         stdout.print(f"sized at the high end of the error bands: a replica whose every step "
                      f"takes x{settings.step_factor:.2f} its predicted time, its TTFT x"
