@@ -19,6 +19,7 @@ from planner.evidence.bands import (
     build,
     coverage,
     from_table,
+    kind_note,
     pick,
     served_regime,
     widen_near_capacity,
@@ -568,3 +569,47 @@ def test_plan_says_which_rows_miss_the_targets_at_the_slow_end(run_cli):
                              "--weights", "bf16", "--disaggregated", "off", "--top", "3")
     assert code == 0, err
     assert "meet the targets at the slow end too" in " ".join(out.split())
+
+
+def test_a_kind_of_model_that_errs_apart_is_named_beside_the_band():
+    """MoE runs held out were measured slower than dense ones (validate: MoE served TPOT -25%
+    signed). Their own bands are built, not picked (they covered fewer held-out figures, left
+    out a source at a time), and a prediction for a MoE model says how MoE runs alone have
+    erred where that median is more than 10% off the band's."""
+    dense = [Figure("vllm", "served TPOT", "unsaturated", s, r, "", "dense")
+             for r, s in zip([0.95, 1.0, 1.05, 1.0, 0.98, 1.02], "pqrpqr", strict=True)]
+    moe = [Figure("vllm", "served TPOT", "unsaturated", s, r, "", "MoE")
+           for r, s in zip([1.3, 1.4, 1.5, 1.35, 1.45, 1.4], "abcabc", strict=True)]
+    bands = build(dense + moe)
+    kinds = {(b.engine, b.model_kind) for b in bands if b.model_kind}
+    assert kinds == {("vllm", "MoE"), ("vllm", "dense"), ("all", "MoE"), ("all", "dense")}
+    b = pick(bands, "vllm", "served TPOT", "unsaturated")
+    assert b.model_kind == "" and b.n == 12  # every kind: the band itself is unchanged
+    note = kind_note(bands, "vllm", "served TPOT", "unsaturated", "MoE")
+    assert note.startswith("MoE models alone (vllm): measured / predicted median x1.40")
+    a = apply(bands, 10.0, "vllm", "served TPOT", "unsaturated", model_kind="MoE")
+    assert (a.low, a.high) == (10.0 * b.low_ratio, 10.0 * b.high_ratio) and note in a.basis
+    assert kind_note(bands, "vllm", "served TPOT", "unsaturated", "") == ""
+    # too few MoE figures (two sources): no note
+    thin = build(dense + [f for f in moe if f.source != "c"])
+    assert kind_note(thin, "vllm", "served TPOT", "unsaturated", "MoE") == ""
+    # the table keeps the kind; an unknown kind is refused
+    rows = [x.as_dict() for x in bands]
+    assert [x.model_kind for x in from_table(rows, "t")] == [x.model_kind for x in bands]
+    rows[0]["model_kind"] = "hybrid"
+    with pytest.raises(ValueError, match="model_kind"):
+        from_table(rows, "t")
+
+
+def test_a_band_borrowed_from_every_regime_says_how_few_are_of_this_one():
+    """The batched-decode band of estimate rests on batch-1 figures: the basis says how many of
+    them are batched (a review found 2 of 207 hidden behind 'every regime')."""
+    one = [Figure("x", "decode", "batch-1", s, r) for r, s in
+           zip([1.0, 1.1, 0.9, 1.0, 1.05, 0.95], "pqrpqr", strict=True)]
+    two = [Figure("x", "decode", "batched", "p", 1.8), Figure("x", "decode", "batched", "p", 2.5)]
+    a = apply(build(one + two), 5.0, "x", "decode", "batched")
+    assert "every regime" in a.basis and "batched: 2 of them, from 1 source" in a.basis
+    slow = [Figure("x", "decode", "batch-1", s, r) for r, s in
+            zip([1.2, 1.3, 1.4, 1.25, 1.35, 1.3], "pqrpqr", strict=True)]
+    a = apply(build(slow), 5.0, "x", "decode", "batch-1")
+    assert a.low > 5.0 and "the band lies above it" in a.basis

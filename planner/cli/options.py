@@ -662,15 +662,21 @@ def static_bands(dep, figures, batch: int) -> dict:
             "throughput_tokens_per_s": (figures.throughput_tokens_per_s, "decode", regime,
                                         True)}
     return figure_bands(dep.engine.name, {k: v for k, v in figs.items() if v[0] is not None},
-                        gpu_class=dep.hardware.architecture)
+                        gpu_class=dep.hardware.architecture, model_kind=model_kind(dep.model))
+
+
+def model_kind(model) -> str:
+    """The kind of model the error bands tell apart: "MoE" (routed experts) or "dense"."""
+    return "MoE" if model.moe is not None else "dense"
 
 
 def figure_bands(engine_name: str, figures: dict[str, tuple[float, str, str, bool]],
-                 gpu_class: str | None = None) -> dict:
+                 gpu_class: str | None = None, model_kind: str = "") -> dict:
     """Each predicted figure with its error band from planner/data/bands.yaml
     (``planner.evidence.bands``): ``figures`` maps a name (``ttft_s``) to (value, phase,
     regime, is a rate); ``gpu_class``: the GPU's architecture, so a band measured on other
-    GPUs says so. The ideal engine is a bound, not a prediction: no band."""
+    GPUs says so; ``model_kind``: "MoE" or "dense", whose own band comes first where it has
+    the evidence. The ideal engine is a bound, not a prediction: no band."""
     from planner.evidence.bands import apply
     from planner.io import catalog
 
@@ -680,7 +686,7 @@ def figure_bands(engine_name: str, figures: dict[str, tuple[float, str, str, boo
     out = {}
     for name, (value, phase, regime, rate) in figures.items():
         a = apply(bands, value, engine_name, phase, regime, inverse=rate,
-                  gpu_class=gpu_class or "")
+                  gpu_class=gpu_class or "", model_kind=model_kind)
         if a is not None:
             out[name] = a
     return out

@@ -45,6 +45,7 @@ from planner.cli.options import (
     check_quantized_layers,
     engine_flags,
     json_out,
+    model_kind,
     options_from,
     output_path,
     parse_choices,
@@ -524,13 +525,13 @@ def _some_precision_runs(gpus, weights, compute, cal, eng, auto: bool = False) -
     raise LlmplanError(f"no GPU asked for runs these weights: {why}")
 
 
-def _band_columns(df, engine_name: str, name: str, targets, top: int) -> str:
+def _band_columns(df, engine_name: str, name: str, targets, top: int, kind: str = "") -> str:
     """Each aggregated row's {name} TTFT and TPOT with the engine's served error bands
     (p10-p90 of measured / predicted on held-out published runs of replicas that keep up,
     ``planner/data/bands.yaml``) as ``*_low`` / ``*_high`` columns, the evidence beside them;
     disaggregated rows get none (no published disaggregated run is held out). Returns the
     line the table prints: the bands, and the shown rows whose slow end misses a target."""
-    from planner.evidence.bands import pick
+    from planner.evidence.bands import kind_note, pick
     from planner.io import catalog
 
     bands = catalog.load_bands()
@@ -561,6 +562,9 @@ def _band_columns(df, engine_name: str, name: str, targets, top: int) -> str:
                  "replicas so that the slow end meets them")
     else:
         line += "the rows shown meet the targets at the slow end too"
+    note = kind_note(bands, engine_name, "served TPOT", "unsaturated", kind)
+    if note:
+        line += f"; TPOT of {note}"
     if (~agg).any():
         line += "; disaggregated rows: no band (no published disaggregated run is held out)"
     return line
@@ -646,7 +650,7 @@ def _plan_continuous(m, gpus, *, prompt_tokens, output_tokens, targets, tps, wei
     ttft, tpot, req = label
     p = settings.percentile
     name = percentile_name(p)
-    bands_note = _band_columns(df, engine.name, name, targets, top) \
+    bands_note = _band_columns(df, engine.name, name, targets, top, model_kind(m)) \
         if settings.sizes_at_prediction and len(df) else None
     from planner.io.gate import gate_frame
 

@@ -64,6 +64,7 @@ from planner.cli.options import (
     engine_precision,
     figure_bands,
     json_out,
+    model_kind,
     options_from,
     output_path,
     positive,
@@ -741,7 +742,8 @@ def _served_bands(dep, cfg, d: dict, request_rate: float, max_concurrency) -> di
                 figs[f"{s}_{k}_ms"] = (v, phase, regime, False)
     if math.isfinite(d.get("output_throughput", math.nan)):
         figs["output_throughput"] = (d["output_throughput"], "served throughput", regime, False)
-    return figure_bands(dep.engine.name, figs, gpu_class=dep.hardware.architecture)
+    return figure_bands(dep.engine.name, figs, gpu_class=dep.hardware.architecture,
+                        model_kind=model_kind(dep.model))
 
 
 # requests of the stream simulated again for the near-capacity check (a bounded cost: a

@@ -187,6 +187,7 @@ def _quantized_layers(entry) -> str:
 
 
 @functools.cache
+@functools.cache
 def _model_kind(name: str) -> str:
     """A validated run's model: "MoE" (routed experts) or "dense"."""
     from planner.io import catalog
@@ -207,7 +208,8 @@ def band_figures(comps, served_comps) -> list:
     class) that the error bands and their coverage are built from."""
     from planner.evidence import bands as bands_mod
 
-    return bands_mod.figures_of(comps, served_comps, gpu_class=_gpu_class)
+    return bands_mod.figures_of(comps, served_comps, gpu_class=_gpu_class,
+                                model_kind=_model_kind)
 
 
 def write_band_table(path: Path, figures: list) -> None:

@@ -57,6 +57,7 @@ class Figure:
     source: str
     ratio: float  # measured / predicted
     gpu_class: str = ""  # the measured GPU's architecture (hopper, ampere, ...); "" unknown
+    model_kind: str = ""  # "MoE" or "dense"; "" unknown
 
 
 @dataclass(frozen=True)
@@ -70,10 +71,13 @@ class Band:
     n: int
     sources: int
     gpu_classes: tuple[str, ...] = ()  # the GPU classes its figures were measured on
+    model_kind: str = ""  # "MoE" or "dense": only that kind of model's figures; "": every kind
 
     def as_dict(self) -> dict:
         d = dict(self.__dict__)
         d["gpu_classes"] = list(self.gpu_classes)
+        if not self.model_kind:
+            del d["model_kind"]
         return d
 
     def measured_on(self, gpu_class: str | None) -> bool | None:
@@ -129,12 +133,14 @@ _STATIC_RATES = ("user_tokens_per_s", "throughput_tokens_per_s",
                  "throughput_tokens_per_s_per_gpu")
 
 
-def figures_of(static: list, served: list, gpu_class=None) -> list[Figure]:
+def figures_of(static: list, served: list, gpu_class=None, model_kind=None) -> list[Figure]:
     """The held-out figures of ``llmplan validate``'s comparisons: static rows
     (``planner.evidence.validate.Comparison``) and served runs
     (``planner.evidence.served.ServedComparison``); in-sample ones are left out.
-    ``gpu_class``: a GPU's name to its class (architecture); without it the class is unknown."""
+    ``gpu_class``: a GPU's name to its class (architecture); ``model_kind``: a model's name to
+    "MoE" or "dense"; without them the class and kind are unknown."""
     cls = gpu_class or (lambda _name: "")
+    kind = model_kind or (lambda _name: "")
     out = []
     for c in static:
         if c.in_sample or not (c.measured > 0 and c.predicted > 0):
@@ -142,35 +148,42 @@ def figures_of(static: list, served: list, gpu_class=None) -> list[Figure]:
         ratio = c.predicted / c.measured if c.metric in _STATIC_RATES else \
             c.measured / c.predicted
         out.append(Figure(c.engine, PHASE[c.metric], static_regime(c.batch), c.source,
-                          ratio, cls(c.gpu)))
+                          ratio, cls(c.gpu), kind(c.model)))
     for c in served:
         if c.in_sample or not (c.measured > 0 and c.predicted > 0):
             continue
         out.append(Figure(c.engine, c.phase, c.regime, c.source, c.measured / c.predicted,
-                          cls(c.gpu)))
+                          cls(c.gpu), kind(c.model)))
     return out
 
 
 def build(figures: list[Figure]) -> list[Band]:
     """A band for every (engine, phase, regime) with figures, and the fallbacks
-    (engine, phase, all), (all, phase, regime) and (all, phase, all); in each, a source's
-    figures share one weight."""
-    groups: dict[tuple[str, str, str], list[Figure]] = {}
+    (engine, phase, all), (all, phase, regime) and (all, phase, all); and, where the figures
+    say what kind of model they are of, (engine, phase, regime) and (all, phase, regime) of
+    that kind alone (MoE runs err apart from dense ones: ``pick`` prefers them). In each, a
+    source's figures share one weight."""
+    groups: dict[tuple[str, str, str, str], list[Figure]] = {}
     for f in figures:
         if not (f.ratio > 0 and math.isfinite(f.ratio)):
             continue
-        for key in ((f.engine, f.phase, f.regime), (f.engine, f.phase, "all"),
-                    ("all", f.phase, f.regime), ("all", f.phase, "all")):
+        keys = [(f.engine, f.phase, f.regime, ""), (f.engine, f.phase, "all", ""),
+                ("all", f.phase, f.regime, ""), ("all", f.phase, "all", "")]
+        if f.model_kind:
+            keys += [(f.engine, f.phase, f.regime, f.model_kind),
+                     ("all", f.phase, f.regime, f.model_kind)]
+        for key in keys:
             groups.setdefault(key, []).append(f)
     out = []
-    for (eng, phase, regime), fs in sorted(groups.items()):
+    for (eng, phase, regime, kind), fs in sorted(groups.items()):
         per_source: dict[str, int] = {}
         for f in fs:
             per_source[f.source] = per_source.get(f.source, 0) + 1
         r, w = [f.ratio for f in fs], [1.0 / per_source[f.source] for f in fs]
         out.append(Band(eng, phase, regime, hazen_quantile(r, w, LOW_Q),
                         hazen_quantile(r, w, 0.5), hazen_quantile(r, w, HIGH_Q), len(fs),
-                        len(per_source), tuple(sorted({f.gpu_class for f in fs if f.gpu_class}))))
+                        len(per_source), tuple(sorted({f.gpu_class for f in fs if f.gpu_class})),
+                        kind))
     return out
 
 
@@ -180,10 +193,12 @@ def _enough(b: Band | None) -> bool:
 
 def pick(bands: list[Band], engine: str, phase: str, regime: str) -> Band | None:
     """The narrowest band with enough evidence for a prediction of this kind, or None when
-    no band of the phase exists at all."""
-    table = {(b.engine, b.phase, b.regime): b for b in bands}
-    chain = [(engine, phase, regime), (engine, phase, "all"), ("all", phase, regime),
-             ("all", phase, "all")]
+    no band of the phase exists at all. The bands of one kind of model alone are not picked:
+    chosen first for MoE models they cover fewer held-out figures, left out a source at a time
+    (SGLang's 71% -> 51% on 2026-12-04); ``kind_note`` says how that kind has erred."""
+    table = {(b.engine, b.phase, b.regime, b.model_kind): b for b in bands}
+    chain = [(engine, phase, regime, ""), (engine, phase, "all", ""),
+             ("all", phase, regime, ""), ("all", phase, "all", "")]
     for key in chain:
         if _enough(table.get(key)):
             return table[key]
@@ -191,6 +206,26 @@ def pick(bands: list[Band], engine: str, phase: str, regime: str) -> Band | None
         if key in table:
             return table[key]
     return None
+
+
+def kind_note(bands: list[Band], engine: str, phase: str, regime: str,
+              model_kind: str) -> str:
+    """How predictions for this kind of model ("MoE", "dense") have erred on their own, where
+    that differs from the band's: the kind's band of the engine, else of every engine, in
+    this regime (at least the evidence a band needs), when its median is more than 10% off
+    the band's. "" otherwise."""
+    if not model_kind:
+        return ""
+    b = pick(bands, engine, phase, regime)
+    table = {(x.engine, x.phase, x.regime, x.model_kind): x for x in bands}
+    for key in ((engine, phase, regime, model_kind), ("all", phase, regime, model_kind)):
+        k = table.get(key)
+        if _enough(k) and b is not None and abs(k.median_ratio / b.median_ratio - 1) > 0.1:
+            who = "all engines" if k.engine == "all" else k.engine
+            return (f"{model_kind} models alone ({who}): measured / predicted median "
+                    f"x{k.median_ratio:.2f}, p10-p90 x{k.low_ratio:.2f}-{k.high_ratio:.2f} "
+                    f"({k.n} figures from {k.sources} sources)")
+    return ""
 
 
 def served_band_factors(bands, engine_name: str) -> tuple[dict, dict]:
@@ -218,7 +253,7 @@ def engine_gpu_classes(bands: list[Band], engine: str) -> set[str]:
 
 
 def apply(bands: list[Band], value: float, engine: str, phase: str, regime: str, *,
-          inverse: bool = False, gpu_class: str = "") -> Applied | None:
+          inverse: bool = False, gpu_class: str = "", model_kind: str = "") -> Applied | None:
     """``value`` with its band. ``inverse``: the value is a rate (tokens/s) whose band comes
     from a time's (1 / TPOT): low and high swap and invert. ``gpu_class``: the predicted
     GPU's architecture; where the band's figures hold none of that class (or the engine was
@@ -231,12 +266,24 @@ def apply(bands: list[Band], value: float, engine: str, phase: str, regime: str,
     borrowed = (b.engine, b.regime) != (engine, regime)
     who = f"{b.engine} engines" if b.engine == "all" else b.engine
     regime_txt = "every regime" if b.regime == "all" else b.regime
-    basis = f"{who}, {b.phase}, {regime_txt}: {b.n} held-out figures from {b.sources} " \
-            f"source{'s' if b.sources != 1 else ''}"
+    basis = f"{who}, {b.phase}, {regime_txt}: {b.n} held-out figures from " \
+            f"{b.sources} source{'s' if b.sources != 1 else ''}"
     if not _enough(b):
         basis += " (too few to trust)"
     elif borrowed:
         basis += f" (none enough for {engine}, {regime})"
+    if b.regime == "all" and regime != "all":  # say how few of them are of this regime
+        own = next((x for x in bands if (x.engine, x.phase, x.regime, x.model_kind)
+                    == (b.engine, phase, regime, "")), None)
+        basis += f"; {regime}: {own.n if own else 0} of them" + (
+            f", from {own.sources} source{'s' if own.sources != 1 else ''}" if own else "")
+    if b.low_ratio > 1:
+        basis += "; 9 in 10 measured slower than predicted: the band lies above it"
+    elif b.high_ratio < 1:
+        basis += "; 9 in 10 measured faster than predicted: the band lies below it"
+    note = kind_note(bands, engine, phase, regime, model_kind)
+    if note:
+        basis += f"; {note}"
     measured = b.measured_on(gpu_class)
     if measured is not None:
         if not any(gpu_class in x.gpu_classes for x in bands):
@@ -291,9 +338,12 @@ def from_table(rows: list[dict], where: str) -> list[Band]:
             classes = r.get("gpu_classes", [])
             if not isinstance(classes, list) or not all(isinstance(c, str) for c in classes):
                 raise ValueError("gpu_classes: expected a list of names")
+            kind = r.get("model_kind", "")
+            if kind not in ("", "MoE", "dense"):
+                raise ValueError(f"model_kind: expected MoE or dense, got {kind!r:.20}")
             b = Band(str(r["engine"]), str(r["phase"]), str(r["regime"]),
                      float(r["low_ratio"]), float(r["median_ratio"]), float(r["high_ratio"]),
-                     int(r["n"]), int(r["sources"]), tuple(classes))
+                     int(r["n"]), int(r["sources"]), tuple(classes), kind)
         except (KeyError, TypeError, ValueError, AttributeError) as e:
             raise ValueError(f"{where}: bands[{i}]: {e}") from None
         if not (0 < b.low_ratio <= b.median_ratio <= b.high_ratio < math.inf) or b.n < 1:
