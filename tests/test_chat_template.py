@@ -34,7 +34,8 @@ def test_the_built_in_templates_count_their_turn_markers():
 
 
 def test_a_template_opening_longer_than_the_template_is_refused():
-    with pytest.raises(ValidationError, match="prefix_tokens exceeds"):
+    with pytest.raises(ValidationError,
+                       match=r"prefix_tokens \(9\) exceeds chat_template.tokens \(8\)"):
         ChatTemplate(tokens=8, prefix_tokens=9, source="https://example.invalid")
 
 

@@ -261,3 +261,39 @@ def test_validate_names_an_unknown_engine_as_the_options_fault(run_cli):
     code, _, err = run_cli("validate", "--engine", "vllmm", "--no-served", "--no-rows")
     assert code == 2 and err.startswith("llmplan: error: --engine: unknown engine 'vllmm'")
     assert "validation row" not in err
+
+
+def test_messages_name_the_field_and_the_value(run_cli, tmp_path):
+    """More of a fuzz helper's findings: each refusal names the field it is about and the
+    value found, and blames an option (not a budget's line) for the option's fault."""
+    import json
+    from pathlib import Path
+
+    root = Path(__file__).parents[1]
+
+    def err_of(*args):
+        code, _, err = run_cli(*args)
+        assert code == 2 and len(err.strip().splitlines()) == 1, err
+        return err
+
+    rows = tmp_path / "d.jsonl"
+    rows.write_text('{"prompt_tokens": 10, "output_tokens": -1}\n')
+    assert "row 1: output_tokens: must be in 1..10,000,000, got -1" in err_of(
+        "simulate", "-m", "llama-3.1-8b", "-g", "h100-sxm", "--dataset", str(rows))
+    gpu = tmp_path / "g.yaml"
+    gpu.write_text((root / "hardware_db" / "h100-sxm.yaml").read_text().replace(
+        "memory_bandwidth_gb_per_s: 3350", "memory_bandwidth_gb_per_s: 31", 1))
+    e = err_of("estimate", "-m", "llama-3.1-8b", "-g", str(gpu))
+    assert "the datasheet's memory_bandwidth_gb_per_s, 31 GB/s" in e and "(top level)" not in e
+    cfg = json.loads((root / "tests" / "fixtures" / "hf" / "llama-3.1-8b.json").read_text())
+    big = tmp_path / "big.json"
+    big.write_text(json.dumps(cfg).replace('"hidden_size": 4096', '"hidden_size": 1e999'))
+    assert "big.json:1: hidden_size: 1e999" in err_of("estimate", "-m", str(big), "-g",
+                                                     "h100-sxm")
+    e = err_of("check", "examples/budget.yaml", "--prices", "nosuch")
+    assert e.startswith("llmplan: error: --prices: unknown price set") and "budget.yaml" not in e
+    assert "--engine: unknown engine" in err_of("check", "examples/budget.yaml", "--engine", "x")
+    assert "0.001 <= USD" in err_of("estimate", "-m", "llama-3.1-8b", "-g", "h100-sxm",
+                                    "--price", "h100-sxm=1e-320")
+    e = err_of("estimate", "-m", "llama-3.1-8b", "-g", "h100-sxm", "--tp", "2", "--tp", "")
+    assert "--tp ''" in e

@@ -90,12 +90,14 @@ def test_an_option_every_file_refuses_is_said_once(tmp_path, option):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("option", [["--prices", "nosuch"], ["--engine", "nosuch"]])
-def test_an_option_a_deployment_refuses_is_one_line_per_file_naming_it(tmp_path, option):
+def test_an_unknown_price_set_or_engine_is_the_options_fault_said_once(tmp_path, option):
+    """check loads --prices and --engine before any deployment: an unknown one is the
+    option's fault, said once (it had been told per file, at a deployment's line, as if the
+    file named it)."""
     code, out, err = _check(*BUDGETS, *option, cwd=tmp_path)
-    lines = err.strip().splitlines()
-    assert code == 2 and len(lines) == len(BUDGETS) and out.count("== ") == len(BUDGETS)
-    for line, budget in zip(lines, BUDGETS, strict=True):
-        assert line.startswith(f"llmplan: error: {budget}:"), line
+    _one_line(code, err)
+    assert err.startswith(f"llmplan: error: {option[0]}: unknown"), err
+    assert out.count("== ") == 1  # it stopped at the first file
 
 
 @pytest.mark.slow

@@ -306,6 +306,12 @@ def check(
     budget = resolve_budget(budget)
     opts = with_expert_imbalance(Options(), expert_imbalance)
     overrides = catalog.parse_price_overrides(price)
+    if prices is not None:  # the option's fault, named as such (not a deployment's line)
+        catalog.load_price_set(prices)
+    try:
+        catalog.load_engine_spec(engine)
+    except LlmplanError as err:
+        raise LlmplanError(f"--engine: {err}") from None
     b = catalog.load_budget(budget)
     cal = catalog.load_calibration(calibration) if calibration else None
     text = catalog.read_text(budget, what="budget file")

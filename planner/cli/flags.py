@@ -248,7 +248,8 @@ def check_duplicates(argv: list[str]) -> None:
                 value = argv[i + 1]
             else:
                 continue
-            said = f"{name} {value}" if flag_value is None else name
+            said = f"{name} {value if value.strip() else repr(value)}" if flag_value is None \
+                else name
             if ours in seen and not _same(seen[ours][0], value):
                 raise LlmplanError(f"{seen[ours][1]} and {said} disagree: give {ours} once")
             seen.setdefault(ours, (value, said))

@@ -160,10 +160,13 @@ def read_trace(path: Path) -> list[tuple]:
         except (TypeError, ValueError, OverflowError):
             raise LlmplanError(f"{path}: row {i}: prompt_tokens and output_tokens must be "
                                "integers, arrival_s a number") from None
-        if not (0 < p <= MAX_TRACE_TOKENS and 0 < o <= MAX_TRACE_TOKENS) or (
-                a is not None and not (a >= 0 and math.isfinite(a))):
-            raise LlmplanError(f"{path}: row {i}: token counts must be in 1..{MAX_TRACE_TOKENS:,} "
-                               "and arrival_s a finite number >= 0")
+        for name, v in (("prompt_tokens", p), ("output_tokens", o)):
+            if not 0 < v <= MAX_TRACE_TOKENS:
+                raise LlmplanError(f"{path}: row {i}: {name}: must be in "
+                                   f"1..{MAX_TRACE_TOKENS:,}, got {v:,}")
+        if a is not None and not (a >= 0 and math.isfinite(a)):
+            raise LlmplanError(f"{path}: row {i}: arrival_s: must be a finite number >= 0, "
+                               f"got {a:g}")
         out.append((p, o, a, *_prefix(path, i, r, p)))
     if not out:
         raise LlmplanError(f"{path}: no requests")

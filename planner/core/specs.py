@@ -290,7 +290,8 @@ class ChatTemplate(_Frozen):
     @model_validator(mode="after")
     def _check(self) -> ChatTemplate:
         if self.prefix_tokens > self.tokens:
-            raise ValueError("chat_template.prefix_tokens exceeds chat_template.tokens")
+            raise ValueError(f"chat_template.prefix_tokens ({self.prefix_tokens:,}) exceeds "
+                             f"chat_template.tokens ({self.tokens:,})")
         return self
 
 
@@ -351,7 +352,8 @@ class ModelSpec(_Frozen):
             raise ValueError(f"num_attention_heads ({self.num_attention_heads}) is not a "
                              f"multiple of num_kv_heads ({self.num_kv_heads})")
         if self.head_dim is None and self.hidden_size % self.num_attention_heads:
-            raise ValueError("hidden_size is not a multiple of num_attention_heads; set head_dim")
+            raise ValueError(f"hidden_size ({self.hidden_size}) is not a multiple of "
+                             f"num_attention_heads ({self.num_attention_heads}); set head_dim")
         if self.moe and self.moe.first_dense_layers > self.num_layers:
             raise ValueError("moe.first_dense_layers exceeds num_layers")
         if self.sliding_window_pattern and self.sliding_window is None:
@@ -554,13 +556,17 @@ class HardwareSpec(_Frozen):
         if a is not None:  # a benchmark cannot beat the datasheet (5% for clock boost)
             if a.memory_bandwidth_gb_per_s.value > 1.05 * self.memory_bandwidth_gb_per_s:
                 raise ValueError(f"achievable.memory_bandwidth_gb_per_s: "
-                                 f"{a.memory_bandwidth_gb_per_s.value:g} exceeds the datasheet's "
-                                 f"{self.memory_bandwidth_gb_per_s:g}")
+                                 f"{a.memory_bandwidth_gb_per_s.value:g} GB/s exceeds the "
+                                 f"datasheet's memory_bandwidth_gb_per_s, "
+                                 f"{self.memory_bandwidth_gb_per_s:g} GB/s (one of the two "
+                                 "is wrong)")
             for dt, fig in a.matmul_tflops.items():
                 peak = self.peak_tflops.get(dt)
                 if peak is not None and fig.value > 1.05 * peak:
                     raise ValueError(f"achievable.matmul_tflops.{dt.value}: {fig.value:g} "
-                                     f"exceeds the datasheet's dense {peak:g}")
+                                     f"TFLOP/s exceeds the datasheet's dense "
+                                     f"peak_tflops.{dt.value}, {peak:g} (one of the two is "
+                                     "wrong)")
         h = self.host_link
         if h is not None and h.achievable is not None and \
                 h.achievable.value > 1.05 * h.bandwidth_gb_per_s:

@@ -223,8 +223,12 @@ def check_json_depth(text: str, where: str) -> None:
 
 def _json_number(where: str, text: str):
     def line_of(s: str) -> str:
+        """The number's line and, where a key precedes it, the key: ":3: max_tokens"."""
         i = text.find(s)
-        return f":{text.count(chr(10), 0, i) + 1}" if i >= 0 else ""
+        if i < 0:
+            return ""
+        key = re.search(r'"([^"\\]{1,80})"\s*:\s*$', text[max(0, i - 200):i])
+        return f":{text.count(chr(10), 0, i) + 1}" + (f": {key.group(1)}" if key else "")
 
     def parse_int(s: str) -> int:
         if len(s) - s.startswith("-") > MAX_DIGITS:

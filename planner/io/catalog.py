@@ -63,7 +63,7 @@ def format_validation(path: str, err: ValidationError, *, within: str = "") -> s
     parts = []
     for e in errors[:3]:
         loc = ".".join([*filter(None, [within]),
-                        *(str(x) for x in e["loc"] if x not in ENTRY_TAGS)]) or "(top level)"
+                        *(str(x) for x in e["loc"] if x not in ENTRY_TAGS)])
         msg = e["msg"].removeprefix("Value error, ")
         if e["type"] == "extra_forbidden":
             msg = "unknown key (misspelled?)"
@@ -76,7 +76,7 @@ def format_validation(path: str, err: ValidationError, *, within: str = "") -> s
                   f"{ctx.get('actual_length', 0)}"
         elif e["type"].endswith(("_parsing", "_type")) and "input" in e:
             msg += f", got {_shown(e['input'])}"  # the value, as the file gave it
-        parts.append(f"{loc}: {msg}")
+        parts.append(f"{loc}: {msg}" if loc else msg)  # a whole-file check names its fields
     more = f" (+{len(errors) - 3} more)" if len(errors) > 3 else ""
     return f"{path}: " + "; ".join(parts) + more
 
@@ -842,9 +842,11 @@ def parse_price_overrides(items: list[str] | None) -> dict[str, float]:
                 usd = float(value) if sep else math.nan
             except ValueError:
                 usd = math.nan
-            if not name or not (math.isfinite(usd) and 0 < usd <= 10_000):
-                raise SpecError(f"--price: expected GPU=USD_PER_HOUR with 0 < USD <= 10,000, "
-                                f"got {part.strip()!r}")
+            # a tenth of a cent an hour at least: below it every cost prints as $0.000
+            if not name or not (math.isfinite(usd) and 0.001 <= usd <= 10_000):
+                raise SpecError(f"--price: expected GPU=USD_PER_HOUR with 0.001 <= USD <= "
+                                f"10,000, got {part.strip()[:60]!r}"
+                                + ("..." if len(part.strip()) > 60 else ""))
             out[name] = usd
     return out
 
