@@ -297,3 +297,12 @@ def test_messages_name_the_field_and_the_value(run_cli, tmp_path):
                                     "--price", "h100-sxm=1e-320")
     e = err_of("estimate", "-m", "llama-3.1-8b", "-g", "h100-sxm", "--tp", "2", "--tp", "")
     assert "--tp ''" in e
+
+
+def test_plan_takes_request_rate_as_simulate_names_it(run_cli):
+    base = ("plan", "-m", "llama-3.1-8b", "-g", "h100-sxm", "--ttft", "1s", "--tpot", "50ms",
+            "--top", "1", "--disaggregated", "off", "--json")
+    a, b = run_cli(*base, "--rps", "5"), run_cli(*base, "--request-rate", "5")
+    assert a[0] == b[0] == 0 and a[1] == b[1]
+    code, _, err = run_cli(*base, "--rps", "5", "--request-rate", "6")
+    assert code == 2 and "disagree" in err

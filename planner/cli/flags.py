@@ -219,6 +219,7 @@ SAME_PARAMETER: dict[str, dict[str, object]] = {
                           "--enable-chunked-prefill": True,
                           "--no-enable-chunked-prefill": False},
     "--cpu-offload-gb": {"--cpu-offload-gb": None},
+    "--rps": {"--rps": None, "--request-rate": None},  # plan's two names (simulate has one)
     "--multi-step-stream-outputs": {"--multi-step-stream-outputs": True,
                                     "--no-multi-step-stream-outputs": False},
     "--hybrid-kv-cache": {"--hybrid-kv-cache": True, "--no-hybrid-kv-cache": False,

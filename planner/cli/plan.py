@@ -70,8 +70,9 @@ def plan(
     engine: EngineOpt = DEFAULT_ENGINE,
     prompt_tokens: PromptOpt = DEFAULT_PROMPT_TOKENS,
     output_tokens: OutputOpt = DEFAULT_OUTPUT_TOKENS,
-    rps: Annotated[Optional[float], typer.Option(help="Traffic: requests per second.",
-        metavar="RATE")] = None,
+    rps: Annotated[Optional[float], typer.Option(
+        "--rps", "--request-rate", help="Traffic: requests per second (--request-rate, as "
+        "simulate and vLLM's bench name it).", metavar="RATE")] = None,
     tokens_per_s: Annotated[Optional[float], typer.Option(
         help="Traffic: output tokens per second (instead of --rps).", metavar="RATE")] = None,
     gpu: Annotated[Optional[str], typer.Option(
@@ -717,7 +718,9 @@ def _plan_continuous(m, gpus, *, prompt_tokens, output_tokens, targets, tps, wei
         stdout.print(bands_note)
     if not settings.sizes_at_prediction:
         stdout.print(f"sized at the high end of the error bands: a replica whose every step "
-                     f"takes x{settings.step_factor:.2f} its predicted time, its TTFT x"
-                     f"{settings.ttft_factor:.2f} and TPOT x{settings.tpot_factor:.2f} held to "
-                     "the targets (the table shows the predicted figures; --json: *_high)")
+                     f"takes x{settings.step_factor:.2f} its predicted time, its TTFT times "
+                     f"x{settings.ttft_factor:.2f} more (x"
+                     f"{settings.step_factor * settings.ttft_factor:.2f} in all at least) and "
+                     f"TPOT x{settings.tpot_factor:.2f} held to the targets (the table shows "
+                     "the predicted figures; --json: *_high)")
     return df
