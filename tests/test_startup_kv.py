@@ -92,3 +92,13 @@ def test_a_static_batch_the_served_pool_cannot_hold_is_said_so(run_json):
         return run_json("simulate", "-m", "gpt-oss-120b", "-g", "h100-sxm", "--kv-cache", "fp8",
                         "-n", str(2 * clients), "--max-concurrency", str(clients))["preemptions"]
     assert preemptions(170) > 0 and preemptions(150) == 0
+
+
+def test_require_fit_fails_a_deployment_the_engine_would_not_start(run_cli):
+    """70B fp8 with an fp8 KV cache on one H100 fits, but vLLM would refuse to start it at
+    the model's context: --require-fit, which a CI gate reads, says so with exit 1."""
+    base = ("estimate", "-m", "llama-3.1-70b", "-g", "h100-sxm", "--weights", "fp8",
+            "--kv-cache", "fp8", "--require-fit")
+    code, _, err = run_cli(*base)
+    assert code == 1 and "does not start" in err and "8,384" in err
+    assert run_cli("estimate", "-m", "llama-3.1-8b", "-g", "h100-sxm", "--require-fit")[0] == 0

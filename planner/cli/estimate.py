@@ -112,7 +112,9 @@ def estimate(
     explain: Annotated[bool, typer.Option(
         "--explain", help="Show the per-operator table behind the totals.")] = False,
     require_fit: Annotated[bool, typer.Option(
-        "--require-fit", help="Exit 1 when the deployment does not fit in memory.")] = False,
+        "--require-fit", help="Exit 1 when the deployment does not fit in memory, or its "
+        "engine would not start with it (vLLM checks at start-up that its KV cache holds one "
+        "request of its max-model-len).")] = False,
     allow_longer_context: LongerOpt = False,
     compute: ComputeOpt = None,
     pp: Annotated[int, typer.Option(
@@ -155,6 +157,14 @@ def estimate(
                 f", {res.estimate.memory.usable_bytes / GIB:.1f} GiB usable"
             stderr.print(f"does not fit: {need / GIB:.1f} GiB needed"
                          f"{' per GPU' if not usable else ''}{usable}")
+        raise typer.Exit(1)
+    from planner.core.estimate import startup_max_model_len
+
+    start = None if res.pipeline or res.expert else startup_max_model_len(res.estimate)
+    if require_fit and start is not None:
+        if not as_json:
+            stderr.print(f"does not start: its KV cache holds one request of {start[1]:,} "
+                         f"tokens, under its max-model-len of {start[0]:,}")
         raise typer.Exit(1)
 
 
