@@ -557,12 +557,15 @@ def _band_columns(df, engine_name: str, name: str, targets, top: int, kind: str 
     line = (f"error bands (p10-p90 of measured / predicted on held-out served runs; "
             f"--json: *_low, *_high): TTFT x{t.low_ratio:.2f}-{t.high_ratio:.2f}, TPOT "
             f"x{d.low_ratio:.2f}-{d.high_ratio:.2f} ({t.n} and {d.n} figures); ")
+    shown = agg & (df["rank"] <= top)
     if missed:
         line += (f"at the slow end, rank{'s' if len(missed) > 1 else ''} "
                  f"{', '.join(map(str, missed))} miss the targets: --size-at high sizes "
                  "replicas so that the slow end meets them")
+    elif shown.any():
+        line += "the aggregated rows shown meet the targets at the slow end too"
     else:
-        line += "the rows shown meet the targets at the slow end too"
+        line += "no aggregated row is among those shown"
     note = kind_note(bands, engine_name, "served TPOT", "unsaturated", kind)
     if note:
         line += f"; TPOT of {note}"
