@@ -161,8 +161,8 @@ def build(figures: list[Figure]) -> list[Band]:
     """A band for every (engine, phase, regime) with figures, and the fallbacks
     (engine, phase, all), (all, phase, regime) and (all, phase, all); and, where the figures
     say what kind of model they are of, (engine, phase, regime) and (all, phase, regime) of
-    that kind alone (MoE runs err apart from dense ones: ``pick`` prefers them). In each, a
-    source's figures share one weight."""
+    that kind alone (MoE runs err apart from dense ones: ``kind_note`` says how; ``pick``
+    does not choose them). In each, a source's figures share one weight."""
     groups: dict[tuple[str, str, str, str], list[Figure]] = {}
     for f in figures:
         if not (f.ratio > 0 and math.isfinite(f.ratio)):
@@ -281,7 +281,8 @@ def apply(bands: list[Band], value: float, engine: str, phase: str, regime: str,
         basis += "; 9 in 10 measured slower than predicted: the band lies above it"
     elif b.high_ratio < 1:
         basis += "; 9 in 10 measured faster than predicted: the band lies below it"
-    note = kind_note(bands, engine, phase, regime, model_kind)
+    # a rate's band is its time's inverted: the kind's figures, times, would read backwards
+    note = "" if inverse else kind_note(bands, engine, phase, regime, model_kind)
     if note:
         basis += f"; {note}"
     measured = b.measured_on(gpu_class)
