@@ -306,3 +306,15 @@ def test_plan_takes_request_rate_as_simulate_names_it(run_cli):
     assert a[0] == b[0] == 0 and a[1] == b[1]
     code, _, err = run_cli(*base, "--rps", "5", "--request-rate", "6")
     assert code == 2 and "disagree" in err
+
+
+@pytest.mark.parametrize(("args", "want"), [
+    (("simulate", "-o", "abc"), "llmplan simulate: error: --output-tokens: 'abc': Input should"),
+    (("estimate", "-b", "1.5"), "llmplan estimate: error: --batch: '1.5': Input should"),
+    (("estimate", "--attention=foo"), "llmplan estimate: error: --attention: 'foo' is not one")])
+def test_a_value_the_parser_refuses_names_one_option_and_the_value(run_cli, args, want):
+    """Said as llmplan's own refusals are: the option's long name and the value given, not
+    every alias of it ("Invalid value for '--output-tokens' / '-o' / '--random-output-len' /
+    '--output-len'") without the value."""
+    code, _, err = run_cli(args[0], "-m", "llama-3.1-8b", "-g", "h100-sxm", *args[1:])
+    assert code == 2 and err.startswith(want) and "Invalid value for" not in err

@@ -168,7 +168,7 @@ def test_a_bad_value_shows_the_cli_error_beside_its_field(browser, url):
     field = browser.find_element(By.CSS_SELECTOR, "#form-estimate [name=batch]")
     assert "bad" in field.get_attribute("class")
     set_field(browser, "estimate", "batch", "nan")
-    assert err.text.startswith("llmplan estimate: error: Invalid value for '--batch'")
+    assert err.text.startswith("llmplan estimate: error: --batch: ")
     set_field(browser, "estimate", "batch", "8")  # the server kept serving
     assert err.text == ""
     assert last(browser, "estimate")[0]["batch"] == 8

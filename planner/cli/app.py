@@ -159,6 +159,27 @@ def _crash(err: BaseException, code: int, message: str) -> int:
     return code
 
 
+def bad_value(err, args: list[str]) -> str | None:
+    """An option's refused value as llmplan's own errors say it: the option's long name, the
+    value given and the problem ("--batch: 1.5: Input should be a valid integer"), not every
+    alias of it ("Invalid value for '--output-tokens' / '-o' / '--random-output-len' /
+    '--output-len': ..."). None where the error is not one option's value."""
+    param = getattr(err, "param", None)
+    opts = list(getattr(param, "opts", None) or ())
+    if not opts or not opts[0].startswith("-") or not getattr(err, "message", ""):
+        return None
+    name = next((o for o in opts if o.startswith("--")), opts[0])
+    given = None
+    for i, word in enumerate(args):
+        key, eq, inline = word.partition("=")
+        if key in opts:
+            given = inline if eq else (args[i + 1] if i + 1 < len(args) else None)
+    msg = err.message.replace("Value error, ", "")
+    shown = "" if given is None or f"'{given}'" in msg else \
+        f"{given[:60]!r}{'...' if len(given) > 60 else ''}: "
+    return f"{name}: {shown}{msg}"
+
+
 def _main(argv: list[str] | None) -> int:
     exc = _click_exceptions()
     args = sys.argv[1:] if argv is None else argv
@@ -174,7 +195,7 @@ def _main(argv: list[str] | None) -> int:
     except exc["UsageError"] as err:
         ctx = err.ctx
         where = f"llmplan {ctx.info_name}" if ctx and ctx.info_name != "llmplan" else "llmplan"
-        msg = err.format_message().replace("Value error, ", "")
+        msg = bad_value(err, args) or err.format_message().replace("Value error, ", "")
         _say(f"{where}: error: {msg}")
         return 2
     except exc["Abort"]:

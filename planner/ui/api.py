@@ -176,14 +176,15 @@ def parse(command: str, argv: list[str]) -> dict:
                                        prog_name=f"llmplan {command}")
 
 
-def _cli_error(command: str, err: BaseException, values: dict) -> ApiError | None:
+def _cli_error(command: str, err: BaseException, values: dict,
+               argv: list[str] = ()) -> ApiError | None:
     """The one line ``llmplan`` prints for ``err`` (planner/cli/app.py's forms), and the
     field it is about; None for an error that is not the user's."""
-    from planner.cli.app import _click_exceptions
+    from planner.cli.app import _click_exceptions, bad_value
 
     exc = _click_exceptions()
     if isinstance(err, exc["UsageError"]):
-        msg = err.format_message().replace("Value error, ", "")
+        msg = bad_value(err, list(argv)) or err.format_message().replace("Value error, ", "")
         param = getattr(err, "param", None)
         field = param.name if param is not None else _field_in(command, msg, values)
         return ApiError(f"llmplan {command}: error: {msg}", field)
@@ -246,7 +247,7 @@ def run(command: str, body: dict) -> dict:
             try:
                 payload, extra = _runners()[command](parse(command, argv))
             except Exception as err:
-                api = _cli_error(command, err, f)
+                api = _cli_error(command, err, f, argv)
                 if api is None:
                     raise
                 raise ApiError(str(api).replace(here, "") if here else str(api),
