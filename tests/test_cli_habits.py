@@ -318,3 +318,18 @@ def test_a_value_the_parser_refuses_names_one_option_and_the_value(run_cli, args
     '--output-len'") without the value."""
     code, _, err = run_cli(args[0], "-m", "llama-3.1-8b", "-g", "h100-sxm", *args[1:])
     assert code == 2 and err.startswith(want) and "Invalid value for" not in err
+
+
+@pytest.mark.parametrize(("args", "want"), [
+    (("simulate", "--rps", "3"), "No such option: --rps; simulate calls it --request-rate"),
+    (("simulate", "--ttft", "1"), "No such option: --ttft; simulate calls it --ttft-slo"),
+    (("estimate", "--kv-dtype", "fp8"),
+     "No such option: --kv-dtype; estimate calls it --kv-cache-dtype")])
+def test_another_commands_name_for_an_option_is_translated(run_cli, args, want):
+    """click guessed by spelling (simulate --rps: "Possible options: --ep, --pp, --tp");
+    a name plan or an engine's tool uses for an option this command has is named."""
+    code, _, err = run_cli(args[0], "-m", "llama-3.1-8b", "-g", "h100-sxm", *args[1:])
+    assert code == 2 and want in err
+    # a name no command of ours has for one this command takes: click's guess stands
+    code, _, err = run_cli("estimate", "-m", "llama-3.1-8b", "-g", "h100-sxm", "--rps", "3")
+    assert code == 2 and "calls it" not in err

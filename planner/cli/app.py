@@ -159,6 +159,28 @@ def _crash(err: BaseException, code: int, message: str) -> int:
     return code
 
 
+# names users bring from the other commands or from the engines' own tools, and what each
+# command calls them (a command that takes the name itself never raises for it)
+NAMED_ELSEWHERE = {"--rps": "--request-rate", "--ttft": "--ttft-slo", "--tpot": "--tpot-slo",
+                   "--kv-dtype": "--kv-cache-dtype", "--prompt": "--prompt-tokens",
+                   "--output": "--output-tokens", "--input-len": "--prompt-tokens",
+                   "--concurrency": "--max-concurrency", "--num-prompts": "--num-requests"}
+
+
+def unknown_option(err) -> str | None:
+    """"No such option: --rps; simulate calls it --request-rate" where the name is another
+    command's or an engine tool's for one this command takes (click's guess, by spelling,
+    had offered --ep, --pp, --tp); None otherwise."""
+    name, ctx = getattr(err, "option_name", None), getattr(err, "ctx", None)
+    ours = NAMED_ELSEWHERE.get(name or "")
+    if not ours or ctx is None or ctx.command is None:
+        return None
+    takes = {o for p in ctx.command.params for o in (*getattr(p, "opts", ()),
+                                                      *getattr(p, "secondary_opts", ()))}
+    return f"No such option: {name}; {ctx.info_name} calls it {ours}" if ours in takes \
+        else None
+
+
 def bad_value(err, args: list[str]) -> str | None:
     """An option's refused value as llmplan's own errors say it: the option's long name, the
     value given and the problem ("--batch: 1.5: Input should be a valid integer"), not every
@@ -195,7 +217,8 @@ def _main(argv: list[str] | None) -> int:
     except exc["UsageError"] as err:
         ctx = err.ctx
         where = f"llmplan {ctx.info_name}" if ctx and ctx.info_name != "llmplan" else "llmplan"
-        msg = bad_value(err, args) or err.format_message().replace("Value error, ", "")
+        msg = bad_value(err, args) or unknown_option(err) or \
+            err.format_message().replace("Value error, ", "")
         _say(f"{where}: error: {msg}")
         return 2
     except exc["Abort"]:
