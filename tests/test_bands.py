@@ -613,3 +613,21 @@ def test_a_band_borrowed_from_every_regime_says_how_few_are_of_this_one():
             zip([1.2, 1.3, 1.4, 1.25, 1.35, 1.3], "pqrpqr", strict=True)]
     a = apply(build(slow), 5.0, "x", "decode", "batch-1")
     assert a.low > 5.0 and "the band lies above it" in a.basis
+
+
+def test_a_static_plan_carries_the_static_bands(run_cli):
+    """--scheduler static rows carry estimate's bands (prefill for TTFT, decode for TPOT, by
+    the row's batch) in --json, and the table says them; they had none."""
+    base = ("plan", "-m", "llama-3.1-8b", "-g", "h100-sxm", "--rps", "5", "--ttft", "1s",
+            "--tpot", "50ms", "--scheduler", "static")
+    code, out, err = run_cli(*base, "--json")
+    assert code == 0, err
+    bands = catalog.load_bands()
+    for r in json.loads(out)[:20]:
+        regime = "batch-1" if r["batch"] == 1 else "batched"
+        t, d = pick(bands, "vllm", "prefill", regime), pick(bands, "vllm", "decode", regime)
+        assert r["ttft_s_high"] == pytest.approx(r["ttft_s"] * t.high_ratio)
+        assert r["tpot_s_low"] == pytest.approx(r["tpot_s"] * d.low_ratio)
+        assert "held-out figures" in r["band_evidence"]
+    code, out, err = run_cli(*base, "--top", "3")
+    assert code == 0 and "error bands (p10-p90" in " ".join(out.split())

@@ -405,6 +405,7 @@ def _show_static(df, m, *, prompt_tokens, output_tokens, top, csv, plot, as_json
 
     ttft, tpot, req = label
     feas = df[df["meets_targets"]]
+    bands_note = _static_band_columns(df, m, targets, top) if len(df) else ""
     from planner.io.gate import gate_frame
 
     gate_frame(df, "plan")  # every row, before the CSV, JSON or table
@@ -443,6 +444,48 @@ def _show_static(df, m, *, prompt_tokens, output_tokens, top, csv, plot, as_json
                        ["#", "gpu", "layout", "w", "kv", "batch", "rep-\nlicas", "GPUs",
                         "TTFT\nms", "TPOT\nms", "free\nmem", "bound", "$/h", "$/1M\nout"],
                        rows, left=5, compact=True))
+    if bands_note:
+        stdout.print(bands_note)
+
+
+def _static_band_columns(df, m, targets, top: int) -> str:
+    """The static plan's rows with the error bands of a static batch's figures (estimate's:
+    prefill for TTFT, decode for TPOT, batch 1 or batched by the row's batch) as
+    ``ttft_s_low`` ... ``tpot_s_high`` and ``band_evidence``; the line the table prints:
+    the bands, and the feasible rows shown whose slow end misses a target."""
+    from planner.evidence.bands import pick, static_regime
+    from planner.io import catalog
+
+    bands = catalog.load_bands()
+    engine = str(df["engine"].iloc[0]) if "engine" in df else "vllm"
+    regimes = df["batch"].map(static_regime)
+    said, evidence = [], {r: [] for r in set(regimes)}
+    for metric, phase in (("ttft", "prefill"), ("tpot", "decode")):
+        got = {r: pick(bands, engine, phase, r) for r in set(regimes)}
+        if any(b is None for b in got.values()):
+            return ""
+        col = f"{metric}_s"
+        df[f"{col}_low"] = df[col] * regimes.map(lambda r, g=got: g[r].low_ratio)
+        df[f"{col}_high"] = df[col] * regimes.map(lambda r, g=got: g[r].high_ratio)
+        said += [f"{metric.upper()} {r} x{b.low_ratio:.2f}-{b.high_ratio:.2f} ({b.n} figures"
+                 f"{', of every regime' if b.regime == 'all' else ''})"
+                 for r, b in sorted(got.items())]
+        for r, b in got.items():
+            who = "all engines" if b.engine == "all" else b.engine
+            evidence[r].append(f"{metric.upper()} {who} {b.phase}, "
+                               f"{'every regime' if b.regime == 'all' else b.regime}: "
+                               f"{b.n} held-out figures from {b.sources} sources")
+    df["band_evidence"] = ["; ".join(evidence[r]) for r in regimes]
+    shown = df[df["meets_targets"]].head(top)
+    slow = shown[(shown["ttft_s_high"] > targets.ttft_s) | (shown["tpot_s_high"] > targets.tpot_s)]
+    line = ("error bands (p10-p90 of measured / predicted on held-out published static rows; "
+            f"--json: *_low, *_high): {', '.join(said)}; ")
+    if len(slow):
+        ranks = ", ".join(str(int(r)) for r in slow["rank"])
+        line += f"at the slow end, rank{'s' if len(slow) > 1 else ''} {ranks} miss the targets"
+    else:
+        line += "the rows shown meet the targets at the slow end too"
+    return line
 
 
 def _speculations(m, speculative, draft_model, k, a, scheduler) -> tuple:
