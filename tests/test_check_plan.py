@@ -257,7 +257,7 @@ def test_plan_cli(run_cli, tmp_path):
 
 
 @pytest.mark.parametrize("args,needle", [
-    (["--ttft", "2s", "--tpot", "fast", "--rps", "1"], "--ttft/--tpot: 'fast' is not a time"),
+    (["--ttft", "2s", "--tpot", "fast", "--rps", "1"], "--tpot: 'fast' is not a time"),
     (["--ttft", "2s", "--tpot", "50ms"], "exactly one of --rps or --tokens-per-s"),
     (["--ttft", "2s", "--tpot", "50ms", "--rps", "-3"], "--rps: must be positive"),
     (["--ttft", "2s", "--tpot", "50ms", "--rps", "1", "--weights", "fp3"], "--weights: 'fp3'"),

@@ -239,7 +239,7 @@ def test_file_errors_say_what_was_found_in_plain_words(run_cli, tmp_path):
     assert "the file is empty" in err_of("estimate", "-m", str(empty), "-g", "h100-sxm")
     listed = tmp_path / "l.yaml"
     listed.write_text("- a\n- b\n")
-    assert "got a list of 2" in err_of("estimate", "-m", str(listed), "-g", "h100-sxm")
+    assert "got a list of 2 items" in err_of("estimate", "-m", str(listed), "-g", "h100-sxm")
     cut = tmp_path / "c.json"
     cut.write_text('{"name": "abc')
     assert "starting at line 1 column 10" in err_of("estimate", "-m", str(cut), "-g",

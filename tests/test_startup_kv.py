@@ -5,6 +5,7 @@ raise_if_cache_size_invalid). estimate says so, with the longest max-model-len t
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -101,4 +102,6 @@ def test_require_fit_fails_a_deployment_the_engine_would_not_start(run_cli):
             "--kv-cache", "fp8", "--require-fit")
     code, _, err = run_cli(*base)
     assert code == 1 and "does not start" in err and "8,384" in err
+    code, out, err = run_cli(*base, "--json")  # the reason on stderr under --json too
+    assert code == 1 and "max-model-len of 8,384 or less" in err and json.loads(out)["fits"]
     assert run_cli("estimate", "-m", "llama-3.1-8b", "-g", "h100-sxm", "--require-fit")[0] == 0

@@ -150,21 +150,21 @@ def estimate(
             "ttft_s": ("TTFT", fmt.seconds), "tpot_s": ("TPOT", fmt.seconds),
             "latency_s": ("latency", fmt.seconds),
             "throughput_tokens_per_s": ("throughput", lambda v: f"{fmt.per_s(v)} tok/s")})
+    # the reason goes to stderr under --json too: a CI gate reading the JSON sees the exit 1
     if require_fit and not res.fits:
-        if not as_json:
-            need = res.memory_needed_per_gpu_bytes
-            usable = "" if res.pipeline or res.expert else \
-                f", {res.estimate.memory.usable_bytes / GIB:.1f} GiB usable"
-            stderr.print(f"does not fit: {need / GIB:.1f} GiB needed"
-                         f"{' per GPU' if not usable else ''}{usable}")
+        need = res.memory_needed_per_gpu_bytes
+        usable = "" if res.pipeline or res.expert else \
+            f", {res.estimate.memory.usable_bytes / GIB:.1f} GiB usable"
+        stderr.print(f"does not fit: {need / GIB:.1f} GiB needed"
+                     f"{' per GPU' if not usable else ''}{usable}")
         raise typer.Exit(1)
     from planner.core.estimate import startup_max_model_len
 
     start = None if res.pipeline or res.expert else startup_max_model_len(res.estimate)
     if require_fit and start is not None:
-        if not as_json:
-            stderr.print(f"does not start: its KV cache holds one request of {start[1]:,} "
-                         f"tokens, under its max-model-len of {start[0]:,}")
+        stderr.print(f"does not start: {dep.engine.display_name or dep.engine.name}'s KV cache "
+                     f"holds one request of {start[1]:,} tokens, under its max-model-len of "
+                     f"{start[0]:,}; serve it with a max-model-len of {start[1]:,} or less")
         raise typer.Exit(1)
 
 

@@ -367,12 +367,15 @@ def _check_targets(a: dict) -> tuple[float, float]:
         positive("--" + name.replace("_", "-"), a[name])
     if (a["rps"] is None) == (a["tokens_per_s"] is None):
         raise LlmplanError("give exactly one of --rps or --tokens-per-s")
-    try:
-        t_ttft, t_tpot = parse_quantity(a["ttft"], "time"), parse_quantity(a["tpot"], "time")
-    except ValueError as err:
-        raise LlmplanError(f"--ttft/--tpot: {err}") from None
-    positive("--ttft", t_ttft)
-    positive("--tpot", t_tpot)
+    times = {}
+    for name in ("ttft", "tpot"):
+        try:
+            times[name] = parse_quantity(a[name], "time")
+        except ValueError as err:
+            raise LlmplanError(f"--{name}: {err}") from None
+        if not times[name] > 0:  # said as given, with its unit, not in seconds
+            raise LlmplanError(f"--{name}: must be positive, got {a[name]}")
+    t_ttft, t_tpot = times["ttft"], times["tpot"]
     for name, v in (("--ttft", t_ttft), ("--tpot", t_tpot), ("--rps", a["rps"]),
                     ("--tokens-per-s", a["tokens_per_s"]),
                     ("--price-per-hour", a["price_per_hour"])):

@@ -568,10 +568,16 @@ def _simulate_run(a: dict, emit: bool) -> dict:
         grows = "" if near["slowed_keeps_up"] else (
             ": its queue grows with the stream, so the widened high ends grow with "
             "--num-requests and stand for no bound")
-        stdout.print(f"near capacity: a server whose steps take x{near['step_factor']:.2f} "
+        # "near capacity" only where the slower server falls behind: below it a slower
+        # server still holds more requests at once, whose larger steps (a MoE's more experts
+        # read) widen the bands, far from any capacity
+        head = "near capacity" if not near["slowed_keeps_up"] else "a slower server"
+        stdout.print(f"{head}: a server whose steps take x{near['step_factor']:.2f} "
                      f"their predicted time (the TPOT band's high end) {keeps} this stream "
-                     f"(its first {near['requests']:,} requests){grows}; the bands widened "
-                     "above are that server's (--json: near_capacity)")
+                     f"(its first {near['requests']:,} requests){grows}"
+                     + ("" if not near["slowed_keeps_up"] else
+                        ", holding more requests at once, each step larger")
+                     + "; the bands widened above are that server's (--json: near_capacity)")
     return payload
 
 

@@ -74,11 +74,18 @@ def format_validation(path: str, err: ValidationError, *, within: str = "") -> s
             n = ctx.get("min_length", 1)
             msg = f"needs at least {n} item{'s' if n != 1 else ''}, got " \
                   f"{ctx.get('actual_length', 0)}"
-        elif e["type"].endswith(("_parsing", "_type")) and "input" in e:
+        elif e["type"] in ("model_type", "model_attributes_type", "dict_type"):
+            msg = f"expected a mapping of fields, got {_shown(e.get('input'))}"
+        elif (e["type"].endswith(("_parsing", "_type")) or e["type"] in _RANGE_ERRORS) \
+                and "input" in e:
             msg += f", got {_shown(e['input'])}"  # the value, as the file gave it
         parts.append(f"{loc}: {msg}" if loc else msg)  # a whole-file check names its fields
     more = f" (+{len(errors) - 3} more)" if len(errors) > 3 else ""
     return f"{path}: " + "; ".join(parts) + more
+
+
+_RANGE_ERRORS = ("greater_than", "greater_than_equal", "less_than", "less_than_equal",
+                 "finite_number", "multiple_of")
 
 
 def _shown(v: Any) -> str:
@@ -86,13 +93,16 @@ def _shown(v: Any) -> str:
     if v is None:
         return "nothing (null)"
     if isinstance(v, dict | list | tuple):
-        return f"a {'mapping' if isinstance(v, dict) else 'list'} of {len(v)}"
+        kind = "mapping" if isinstance(v, dict) else "list"
+        return f"an empty {kind}" if not v else \
+            f"a {kind} of {len(v)} item{'s' if len(v) != 1 else ''}"
     return f"{v!r:.40}"
 
 
 def validate(cls: type[S], data: Any, path: str) -> S:
     if not isinstance(data, dict):
-        got = "nothing: the file is empty" if data is None else _shown(data)
+        got = "no fields (the file is empty, only comments, or null)" if data is None \
+            else _shown(data)
         raise SpecError(f"{path}: expected a mapping of fields (key: value lines), got {got}")
     try:
         return cls.model_validate(data)

@@ -87,7 +87,7 @@ def kv_link(prefill: Deployment, decode: Deployment, *, prefill_instances: int,
     from planner.serving.disagg import KVLink
 
     if where not in KV_LINKS:
-        raise UsageError(f"kv-link: {where!r} is not one of {', '.join(KV_LINKS)}",
+        raise UsageError(f"--kv-link: {where!r} is not one of {', '.join(KV_LINKS)}",
                          fields=("kv_link",))
     hp, hd = prefill.hardware, decode.hardware
     gpus = prefill_instances * prefill.layout.num_gpus + decode_instances * \
@@ -99,14 +99,14 @@ def kv_link(prefill: Deployment, decode: Deployment, *, prefill_instances: int,
     # (``Ceilings.link``)
     across = (not one_server and networked) if where == "auto" else where == "inter-node"
     if not across and hp.name != hd.name:
-        raise UsageError(f"kv-link intra-node: the pools are on different GPUs ({hp.name}, "
+        raise UsageError(f"--kv-link intra-node: the pools are on different GPUs ({hp.name}, "
                          f"{hd.name}), which share no server", fields=("kv_link",))
     pairs = min(prefill.layout.tp, decode.layout.tp)
     if across:
         nets = [h.node.inter_node if h.node is not None else None for h in (hp, hd)]
         missing = next((h.name for h, n in zip((hp, hd), nets, strict=True) if n is None), None)
         if missing:
-            raise UsageError(f"kv-link: {missing}'s hardware file states no node.inter_node "
+            raise UsageError(f"--kv-link: {missing}'s hardware file states no node.inter_node "
                              "network, which the KV would cross between servers",
                              fields=("kv_link",))
         bw = min(n.bandwidth_gb_per_s for n in nets) * 1e9

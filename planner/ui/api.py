@@ -207,7 +207,7 @@ _NAMED = (("unknown model", "model"), ("config.json", "model"), ("unknown GPU", 
 
 def _field_in(command: str, message: str, values: dict | None = None) -> str | None:
     """The field a message is about: of the options it names, the one whose value it quotes
-    ("--ttft/--tpot: 'nan' is not a time"), else the first; else what it speaks of."""
+    ("--ttft: 'nan' is not a time"), else the first; else what it speaks of."""
     named = [field_of_flag(command, f) for f in re.findall(r"--[a-z][a-z0-9-]*", message)]
     named = [n for n in named if n in FIELDS[command]]
     for name in named:
