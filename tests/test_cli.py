@@ -252,7 +252,7 @@ def test_a_measured_time_faster_than_the_gpu_is_warned_of(run_cli):
     ("num_key_value_heads", 0), ("num_key_value_heads", []), ("num_key_value_heads", ""),
     ("num_key_value_heads", True), ("head_dim", 0), ("head_dim", []), ("head_dim", {}),
     ("head_dim", False), ("head_dim", 127.5), ("attention_bias", "no"), ("mlp_bias", 1),
-    ("tie_word_embeddings", "false")])
+    ("tie_word_embeddings", "false"), ("torch_dtype", "float7"), ("torch_dtype", 5)])
 def test_a_config_field_of_the_wrong_kind_is_refused_not_read_as_absent(run_cli, tmp_path,
                                                                         field, value):
     """A falsy value is not an absent one: 0, [] or "" key-value heads had been read as full

@@ -76,9 +76,9 @@ def _operator_rows(out: str, title: str) -> tuple[float, float]:
 
 
 @pytest.mark.parametrize("model,engine,text", [
-    ("llama-3.1-8b", "vllm", "323 kernels; its fixed 765 µs of host work runs beside"),
-    ("llama-3.1-8b", "vllm-v0", "323 kernels + fixed 2.77 ms"),
-    ("tiny-llama-test", "vllm", "beyond the GPU's (async scheduling; fixed 765 µs)"),
+    ("llama-3.1-8b", "vllm", "323 kernels; its 765 µs of host work (per step and per request) runs beside"),
+    ("llama-3.1-8b", "vllm-v0", "323 kernels + host work 2.77 ms (per step and per request)"),
+    ("tiny-llama-test", "vllm", "beyond the GPU's (async scheduling; 765 µs in all)"),
 ])
 def test_the_tables_add_up_to_the_step(run_cli, model, engine, text):
     code, out, err = run_cli("estimate", "-m", model, "-g", "h100-sxm", "-e", engine, "-b",

@@ -372,13 +372,17 @@ def widen_near_capacity(applied: dict[str, Applied], nominal: dict, slowed: dict
         if stat == "output_throughput" or not (base and slow and math.isfinite(slow)):
             continue
         ratio = slow / base
+        beyond = ""
         if stat.endswith("ttft") and a.value > 0:
-            ratio *= max(1.0, (a.high / a.value) / step_factor)
+            part = max(1.0, (a.high / a.value) / step_factor)
+            ratio *= part
+            if part > 1:  # the request path's share of the band, which slower steps leave
+                beyond = f", times the TTFT band's x{part:.2f} beyond its steps: x{ratio:.2f}"
         high = a.value * ratio
         if high > a.high:
             out[name] = replace(a, high=high, basis=a.basis + f"; high end widened near "
                                 f"capacity: a server with steps x{step_factor:.2f} slower "
-                                f"gives x{slow / base:.2f}")
+                                f"gives x{slow / base:.2f}{beyond}")
             widened.append(name)
     a = applied.get("output_throughput")
     base, slow = nominal.get("output_throughput"), slowed.get("output_throughput")

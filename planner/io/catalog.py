@@ -556,6 +556,11 @@ def model_from_hf_config(cfg: dict, path: str) -> ModelSpec:
         m = _model_from_hf_config(cfg, path)
     except (TypeError, OverflowError) as err:  # a list or a string where a size belongs
         raise SpecError(f"{path}: a size field is not a number ({err})") from None
+    key = "torch_dtype" if "torch_dtype" in cfg else "dtype"
+    t = cfg.get(key)
+    if t is not None and t not in TORCH_DTYPES:  # "float7" had been read as no type given
+        raise SpecError(f"{path}: {key}: expected a torch type name "
+                        f"({', '.join(TORCH_DTYPES[:3])}, ...), got {t!r:.40}")
     q = checkpoint_quant(cfg, path, moe=m.moe is not None, hidden_size=m.hidden_size)
     half = checkpoint_half(cfg)
     if half is not None:
@@ -679,6 +684,12 @@ def _model_from_hf_config(cfg: dict, path: str) -> ModelSpec:
                                                        least=0),
                         "router_bias": cfg.get("topk_method") == "noaux_tc"}
     return validate(ModelSpec, d, path)
+
+
+# the names a config.json's torch_dtype / dtype takes (torch's dtype names as transformers
+# writes them); any other is refused rather than read as none given
+TORCH_DTYPES = ("bfloat16", "float16", "float32", "float64", "float", "half", "double", "auto",
+                "float8_e4m3fn", "float8_e5m2", "int8", "uint8")
 
 
 BANDS_FILE = _HERE / "data" / "bands.yaml"

@@ -192,7 +192,7 @@ def _misfit(mem) -> str:
             "batch or more GPUs")
 
 
-NOT_FIT = "[red]does not fit[/]: with the memory it lacks"
+NOT_FIT = "[red]does not fit[/]: these assume the memory it lacks"
 
 
 def _compute(e: Estimate) -> Table:
@@ -271,14 +271,16 @@ def _timing(e: Estimate) -> Table:
 def _host_text(step: StepTime) -> str:
     """The step's fixed host cost as the step pays it: all of it, or under async scheduling
     (the host's work beside the GPU's) only what outlasts the GPU's work."""
-    fixed = fmt.seconds(step.fixed_s)
+    # the host's work a step: its cost per step and per running request (not fixed in batch)
+    host = fmt.seconds(step.fixed_s)
     if not step.overlapped:
-        return f" + fixed {fixed}"
+        return f" + host work {host} (per step and per request)"
     exposed = step.exposed_host_s
     if exposed <= 0:
-        return f"; its fixed {fixed} of host work runs beside the GPU's (async scheduling)"
+        return (f"; its {host} of host work (per step and per request) runs beside the GPU's "
+                "(async scheduling)")
     return (f" + host work {fmt.seconds(exposed)} beyond the GPU's (async scheduling; "
-            f"fixed {fixed})")
+            f"{host} in all)")
 
 
 def _ep_host_text(x) -> str:

@@ -558,13 +558,13 @@ def nearest_miss(df: pd.DataFrame, targets: Targets) -> str:
                      f"{tpot[j] * 1e3:,.1f} ms ({_label(df.loc[j])})")
     if one.any() and ttft.where(one).min() > targets.ttft_s:
         j = ttft.where(one).idxmin()
-        binds.append(f"TTFT binds: the fastest single prompt takes {ttft[j]:,.3g} s "
+        binds.append(f"TTFT binds: the fastest single prompt takes {_time(ttft[j])} "
                      f"({_label(df.loc[j])})")
     if not binds:
         binds.append(f"the traffic binds: configurations meet the targets for one request, "
                      f"but none serves {targets.requests_per_s:g} req/s within them")
     return ("; ".join(binds) + f". Nearest: {_label(r)} at batch {int(r['batch'])}, TTFT "
-            f"{ttft[i]:,.3g} s ({_rel(ttft[i], targets.ttft_s)}), TPOT {tpot[i] * 1e3:,.1f} ms "
+            f"{_time(ttft[i])} ({_rel(ttft[i], targets.ttft_s)}), TPOT {_time(tpot[i])} "
             f"({_rel(tpot[i], targets.tpot_s)})")
 
 
@@ -575,4 +575,11 @@ def _label(r) -> str:
 
 def _rel(value: float, target: float) -> str:
     d = value / target - 1
-    return f"{d:.0%} over the target" if d > 0 else "within it"
+    if d <= 0:
+        return "within it"
+    return f"{d:.0%} over the target" if d < 1 else f"{value / target:,.1f}x the target"
+
+
+def _time(t: float) -> str:
+    """A time in the unit the targets are read in: ms below a second, s above."""
+    return f"{t * 1e3:,.1f} ms" if t < 1 else f"{t:,.2f} s"
