@@ -76,7 +76,8 @@ def _operator_rows(out: str, title: str) -> tuple[float, float]:
 
 
 @pytest.mark.parametrize("model,engine,text", [
-    ("llama-3.1-8b", "vllm", "323 kernels; its 765 µs of host work (per step and per request) runs beside"),
+    ("llama-3.1-8b", "vllm",
+     "323 kernels; its 765 µs of host work (per step and per request) runs beside"),
     ("llama-3.1-8b", "vllm-v0", "323 kernels + host work 2.77 ms (per step and per request)"),
     ("tiny-llama-test", "vllm", "beyond the GPU's (async scheduling; 765 µs in all)"),
 ])

@@ -508,3 +508,28 @@ def test_a_malformed_page_is_quoted_short():
     with pytest.raises(LlmplanError, match="not the Prometheus text format") as err:
         parse('vllm:num_requests_running{model_name="' + "x" * 100_000 + '" 1\n')
     assert len(str(err.value)) < 300
+
+
+def test_a_model_name_the_server_does_not_serve_is_named():
+    """--model-name that matches none of the server's metrics says which models it serves
+    (it had said 'no vLLM or SGLang metric in the scrape' of a page full of them)."""
+    from planner.core.errors import LlmplanError
+    from planner.io.watch import parse
+
+    text = ('# TYPE vllm:num_requests_running gauge\n'
+            'vllm:num_requests_running{model_name="m"} 3\n')
+    with pytest.raises(LlmplanError, match="--model-name 'other': no metric of that model in "
+                                           "the scrape; it serves 'm'"):
+        parse(text, model_name="other")
+    assert parse(text, model_name="m").values == {"running": 3.0}
+
+
+def test_an_http_clients_failure_is_said_in_words():
+    import http.client
+
+    from planner.io.watch import _said
+
+    assert _said(http.client.BadStatusLine("NOT-HTTP")).startswith("the answer is not HTTP")
+    assert _said(http.client.IncompleteRead(b"")) == "the answer ended early (0 bytes of it read)"
+    assert "closed the connection" in _said(http.client.RemoteDisconnected("x"))
+    assert _said(OSError("refused")) is None

@@ -124,9 +124,13 @@ def parse(text: str, *, model_name: str | None = None, t_s: float = 0.0) -> Snap
     except (ValueError, TypeError, IndexError, OverflowError) as err:
         raise LlmplanError("not the Prometheus text format: "  # a server's text, cut short
                            f"{clean(str(err)[:200], one_line=True)}") from None
+    wanted_all = set(wanted) | {n + x for n in wanted for x in ("_bucket", "_sum", "_count")}
+    others: set[str] = set()  # the model names the server's own metrics carry, left out
     for fam in families:
         for s in fam.samples:
             if model_name is not None and s.labels.get("model_name", model_name) != model_name:
+                if s.name in wanted_all:
+                    others.add(str(s.labels.get("model_name"))[:60])
                 continue
             name, v = s.name, _number(s.value, s.name)
             for suffix in ("_bucket", "_sum", "_count"):
@@ -159,11 +163,31 @@ def parse(text: str, *, model_name: str | None = None, t_s: float = 0.0) -> Snap
             hists[fig] = pool[name]
         else:
             values[fig] = pool[name]
+    if not found and others:  # the metrics are there, for other models
+        shown = ", ".join(repr(clean(o, one_line=True)) for o in sorted(others)[:5])
+        raise LlmplanError(f"--model-name {clean(model_name or '', one_line=True)[:60]!r}: "
+                           f"no metric of that model in the scrape; it serves {shown}")
     if not found:
         raise LlmplanError("no vLLM or SGLang metric in the scrape (expected names such as "
                            "vllm:num_requests_running or sglang:num_running_reqs)")
     server = "sglang" if any(n.startswith("sglang:") for n in found.values()) else "vllm"
     return Snapshot(t_s, server, values, hists, found)
+
+
+def _said(err: BaseException) -> str | None:
+    """An HTTP client's failure in words (its own text is a class's: "NOT-HTTP",
+    "IncompleteRead(0 bytes read)"); None where its own reason reads well."""
+    import http.client
+
+    if isinstance(err, http.client.RemoteDisconnected):
+        return "the server closed the connection without an answer"
+    if isinstance(err, http.client.BadStatusLine):
+        return f"the answer is not HTTP (its first line: {str(err)[:40]!r})"
+    if isinstance(err, http.client.IncompleteRead):
+        return f"the answer ended early ({len(err.partial):,} bytes of it read)"
+    if isinstance(err, http.client.HTTPException):
+        return f"not a well-formed HTTP answer ({type(err).__name__})"
+    return None
 
 
 MAX_SCRAPE_BYTES = 16 * 2**20  # a vLLM or SGLang page is some 100 kB; a larger one is not metrics
@@ -275,7 +299,8 @@ def _get(parts, *, deadline_s: float, timeout_s: float, max_bytes: int, url: str
                            "limit on a scrape")
     if "error" in result:
         err = result["error"]
-        reason = getattr(err, "reason", None) or getattr(err, "strerror", None) or err
+        reason = _said(err) or getattr(err, "reason", None) or getattr(err, "strerror", None) \
+            or err
         raise LlmplanError(f"{url}: cannot scrape: {clean(reason, one_line=True)}")
     return result["answer"]
 
