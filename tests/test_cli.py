@@ -276,3 +276,21 @@ def test_a_null_or_absent_optional_field_takes_the_default(run_json, tmp_path):
     d = run_json("estimate", "-m", str(path), "-g", "h100-sxm")
     assert d["kv_cache_bytes_per_token"] == base["kv_cache_bytes_per_token"] == 98_304
     assert d["params"] == base["params"]
+
+
+@pytest.mark.parametrize(("fixture", "field", "value", "said"), [
+    ("qwen3-30b-a3b", "num_hidden_layers", 1e30, "num_hidden_layers: expected a whole number"),
+    ("qwen3-30b-a3b", "num_key_value_heads", 3,
+     "num_attention_heads (32) is not a multiple of num_key_value_heads (3)"),
+    ("gpt2", "n_positions", -5, "n_positions: Input should be greater than 0, got -5")])
+def test_a_config_error_names_the_key_as_the_file_spells_it(run_cli, tmp_path, fixture, field,
+                                                            value, said):
+    """An HF config's bad value is named by its key in the file (num_hidden_layers,
+    n_positions), not llmplan's field (num_layers, max_position_embeddings)."""
+    cfg = json.loads((HF / f"{fixture}.json").read_text())
+    cfg[field] = value
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(cfg))
+    code, _, err = run_cli("estimate", "-m", str(path), "-g", "h100-sxm", "-p", "256", "-o",
+                           "16")
+    assert code == 2 and said in err, err

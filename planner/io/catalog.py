@@ -10,6 +10,7 @@ import hashlib
 import json
 import math
 import os
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -51,7 +52,8 @@ def engine_names() -> list[str]:
     return _names("engines_db")
 
 
-def format_validation(path: str, err: ValidationError, *, within: str = "") -> str:
+def format_validation(path: str, err: ValidationError, *, within: str = "",
+                      names: dict[str, str] | None = None) -> str:
     """A validation error as one line: ``path``, then up to three fields' problems, each
     field's path under ``within`` (where the validated mapping sits in its file)."""
     from planner.core.prices import ENTRY_TAGS  # a price entry's kind: not a key in the file
@@ -64,6 +66,7 @@ def format_validation(path: str, err: ValidationError, *, within: str = "") -> s
     for e in errors[:3]:
         loc = ".".join([*filter(None, [within]),
                         *(str(x) for x in e["loc"] if x not in ENTRY_TAGS)])
+        loc = (names or {}).get(loc, loc)  # the key as the file spells it
         msg = e["msg"].removeprefix("Value error, ")
         if e["type"] == "extra_forbidden":
             msg = "unknown key (misspelled?)"
@@ -79,6 +82,9 @@ def format_validation(path: str, err: ValidationError, *, within: str = "") -> s
         elif (e["type"].endswith(("_parsing", "_type")) or e["type"] in _RANGE_ERRORS) \
                 and "input" in e:
             msg += f", got {_shown(e['input'])}"  # the value, as the file gave it
+        for ours, theirs in (names or {}).items():  # a whole-model check's words too
+            if "." not in ours:
+                msg = re.sub(rf"\b{ours}\b", theirs, msg)
         parts.append(f"{loc}: {msg}" if loc else msg)  # a whole-file check names its fields
     more = f" (+{len(errors) - 3} more)" if len(errors) > 3 else ""
     return f"{path}: " + "; ".join(parts) + more
@@ -99,7 +105,7 @@ def _shown(v: Any) -> str:
     return f"{v!r:.40}"
 
 
-def validate(cls: type[S], data: Any, path: str) -> S:
+def validate(cls: type[S], data: Any, path: str, names: dict[str, str] | None = None) -> S:
     if not isinstance(data, dict):
         got = "no fields (the file is empty, only comments, or null)" if data is None \
             else _shown(data)
@@ -107,7 +113,7 @@ def validate(cls: type[S], data: Any, path: str) -> S:
     try:
         return cls.model_validate(data)
     except ValidationError as err:
-        raise SpecError(format_validation(path, err)) from None
+        raise SpecError(format_validation(path, err, names=names)) from None
 
 
 def read_text(path: Path, *, what: str = "file", max_bytes: int = boundary.SPEC_BYTES) -> str:
@@ -613,8 +619,12 @@ def _model_from_hf_config(cfg: dict, path: str) -> ModelSpec:
                  tie_word_embeddings=_opt_bool(cfg, "tie_word_embeddings", path, True),
                  mlp="plain", norm="layernorm", position_embedding="learned",
                  attention_bias=True, attention_out_bias=True, mlp_bias=True)
-        return validate(ModelSpec, d, path)
+        return validate(ModelSpec, d, path, names=_GPT2_KEYS)
 
+    for key in _HF_SIZES:  # a size must be a whole number: 1e30 had failed deep inside
+        v = cfg.get(key)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int)):
+            raise SpecError(f"{path}: {key}: expected a whole number, got {v!r:.40}")
     heads = _req(cfg, "num_attention_heads", path)
     d.update(vocab_size=_req(cfg, "vocab_size", path),
              hidden_size=_req(cfg, "hidden_size", path),
@@ -683,7 +693,28 @@ def _model_from_hf_config(cfg: dict, path: str) -> ModelSpec:
                         "first_dense_layers": _opt_int(cfg, "first_k_dense_replace", path, 0,
                                                        least=0),
                         "router_bias": cfg.get("topk_method") == "noaux_tc"}
-    return validate(ModelSpec, d, path)
+    experts = {"mixtral": "num_local_experts", "gpt_oss": "num_local_experts",
+               "qwen3_moe": "num_experts"}.get(mt, "n_routed_experts")
+    return validate(ModelSpec, d, path, names={
+        **_HF_KEYS, "moe.num_experts": experts,
+        "moe.expert_intermediate_size": "intermediate_size" if mt in ("mixtral", "gpt_oss")
+        else "moe_intermediate_size"})
+
+
+_HF_SIZES = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+             "num_key_value_heads", "intermediate_size", "max_position_embeddings",
+             "num_local_experts", "num_experts", "num_experts_per_tok",
+             "moe_intermediate_size", "n_routed_experts", "kv_lora_rank", "qk_nope_head_dim",
+             "qk_rope_head_dim", "v_head_dim")
+
+# a config.json's keys for ModelSpec's fields, so that an error names what the file says
+_HF_KEYS = {"num_layers": "num_hidden_layers", "num_kv_heads": "num_key_value_heads",
+            "moe.experts_per_token": "num_experts_per_tok",
+            "moe.num_shared_experts": "n_shared_experts",
+            "moe.first_dense_layers": "first_k_dense_replace"}
+_GPT2_KEYS = {"hidden_size": "n_embd", "num_layers": "n_layer", "num_attention_heads": "n_head",
+              "num_kv_heads": "n_head", "max_position_embeddings": "n_positions",
+              "intermediate_size": "n_inner"}
 
 
 # the names a config.json's torch_dtype / dtype takes (torch's dtype names as transformers
