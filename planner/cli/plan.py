@@ -330,7 +330,7 @@ def plan_run(a: dict, *, emit: bool = False):
         return df
     _show_static(df, m, prompt_tokens=prompt_tokens, output_tokens=output_tokens, top=top,
                  csv=csv, plot=plot, as_json=as_json, label=(ttft, tpot, req),
-                 targets=targets, price_set=price_set)
+                 targets=targets, engine_name=eng.name, price_set=price_set)
     return df
 
 
@@ -399,7 +399,7 @@ def _check_targets(a: dict) -> tuple[float, float]:
 
 
 def _show_static(df, m, *, prompt_tokens, output_tokens, top, csv, plot, as_json,
-                 label, targets, price_set: str = "") -> None:
+                 label, targets, engine_name: str, price_set: str = "") -> None:
     """The static-batching plan's rows: CSV, plot, JSON or the table of the cheapest
     (``targets``: what they were searched against, in seconds)."""
     from planner.io.render import plain, table
@@ -408,7 +408,7 @@ def _show_static(df, m, *, prompt_tokens, output_tokens, top, csv, plot, as_json
 
     ttft, tpot, req = label
     feas = df[df["meets_targets"]]
-    bands_note = _static_band_columns(df, m, targets, top) if len(df) else ""
+    bands_note = _static_band_columns(df, engine_name, targets, top) if len(df) else ""
     from planner.io.gate import gate_frame
 
     gate_frame(df, "plan")  # every row, before the CSV, JSON or table
@@ -451,44 +451,68 @@ def _show_static(df, m, *, prompt_tokens, output_tokens, top, csv, plot, as_json
         stdout.print(bands_note)
 
 
-def _static_band_columns(df, m, targets, top: int) -> str:
+def _static_band_columns(df, engine_name: str, targets, top: int) -> str:
     """The static plan's rows with the error bands of a static batch's figures (estimate's:
     prefill for TTFT, decode for TPOT, batch 1 or batched by the row's batch) as
     ``ttft_s_low`` ... ``tpot_s_high`` and ``band_evidence``; the line the table prints:
     the bands, and the feasible rows shown whose slow end misses a target."""
-    from planner.evidence.bands import pick, static_regime
+    import pandas as pd
+
+    from planner.evidence.bands import static_regime
+
+    used = _add_bands(df, engine_name, {"ttft": ("ttft_s", "prefill"),
+                                        "tpot": ("tpot_s", "decode")},
+                      df["batch"].map(static_regime), pd.Series(True, index=df.index))
+    if used is None:
+        return ""
+    said = [f"{metric.upper()} {r} x{b.low_ratio:.2f}-{b.high_ratio:.2f} ({b.n} figures"
+            f"{', of every regime' if b.regime == 'all' else ''})"
+            for metric, got in used.items() for r, b in sorted(got.items())]
+    shown = df["rank"].isin(df.loc[df["meets_targets"], "rank"].head(top))
+    slow = _slow_ranks(df, "ttft_s", "tpot_s", shown, targets)
+    line = ("error bands (p10-p90 of measured / predicted on held-out published static rows; "
+            f"--json: *_low, *_high): {', '.join(said)}; ")
+    if slow:
+        line += (f"at the slow end, rank{'s' if len(slow) > 1 else ''} "
+                 f"{', '.join(map(str, slow))} miss the targets")
+    else:
+        line += "the rows shown meet the targets at the slow end too"
+    return line
+
+
+def _add_bands(df, engine_name: str, metrics: dict[str, tuple[str, str]], regimes, rows):
+    """Each of ``metrics`` (name -> (column, phase)) with the engine's error band of its
+    phase in each row's regime (``regimes``, a Series), as ``<column>_low`` / ``_high`` on
+    the rows of the mask ``rows`` (None elsewhere), and ``band_evidence``; returns the bands
+    used, {name: {regime: Band}}, or None where a phase has no band."""
+    from planner.evidence.bands import pick
     from planner.io import catalog
 
     bands = catalog.load_bands()
-    engine = str(df["engine"].iloc[0]) if "engine" in df else "vllm"
-    regimes = df["batch"].map(static_regime)
-    said, evidence = [], {r: [] for r in set(regimes)}
-    for metric, phase in (("ttft", "prefill"), ("tpot", "decode")):
-        got = {r: pick(bands, engine, phase, r) for r in set(regimes)}
+    used: dict = {}
+    evidence: dict[str, list[str]] = {r: [] for r in set(regimes)}
+    for metric, (col, phase) in metrics.items():
+        got = {r: pick(bands, engine_name, phase, r) for r in set(regimes)}
         if any(b is None for b in got.values()):
-            return ""
-        col = f"{metric}_s"
-        df[f"{col}_low"] = df[col] * regimes.map(lambda r, g=got: g[r].low_ratio)
-        df[f"{col}_high"] = df[col] * regimes.map(lambda r, g=got: g[r].high_ratio)
-        said += [f"{metric.upper()} {r} x{b.low_ratio:.2f}-{b.high_ratio:.2f} ({b.n} figures"
-                 f"{', of every regime' if b.regime == 'all' else ''})"
-                 for r, b in sorted(got.items())]
+            return None
+        used[metric] = got
+        df[f"{col}_low"] = (df[col] * regimes.map(lambda r, g=got: g[r].low_ratio)).where(rows)
+        df[f"{col}_high"] = (df[col] * regimes.map(lambda r, g=got: g[r].high_ratio)).where(rows)
         for r, b in got.items():
             who = "all engines" if b.engine == "all" else b.engine
             evidence[r].append(f"{metric.upper()} {who} {b.phase}, "
                                f"{'every regime' if b.regime == 'all' else b.regime}: "
                                f"{b.n} held-out figures from {b.sources} sources")
-    df["band_evidence"] = ["; ".join(evidence[r]) for r in regimes]
-    shown = df[df["meets_targets"]].head(top)
-    slow = shown[(shown["ttft_s_high"] > targets.ttft_s) | (shown["tpot_s_high"] > targets.tpot_s)]
-    line = ("error bands (p10-p90 of measured / predicted on held-out published static rows; "
-            f"--json: *_low, *_high): {', '.join(said)}; ")
-    if len(slow):
-        ranks = ", ".join(str(int(r)) for r in slow["rank"])
-        line += f"at the slow end, rank{'s' if len(slow) > 1 else ''} {ranks} miss the targets"
-    else:
-        line += "the rows shown meet the targets at the slow end too"
-    return line
+    df["band_evidence"] = ["; ".join(evidence[r]) if keep else None
+                           for r, keep in zip(regimes, rows, strict=True)]
+    return used
+
+
+def _slow_ranks(df, ttft_col: str, tpot_col: str, shown, targets) -> list[int]:
+    """The ranks of the rows ``shown`` (a mask) whose band's slow end misses a target."""
+    slow = shown & ((df[f"{ttft_col}_high"] > targets.ttft_s)
+                    | (df[f"{tpot_col}_high"] > targets.tpot_s))
+    return [int(r) for r in df.loc[slow, "rank"]]
 
 
 def _speculations(m, speculative, draft_model, k, a, scheduler) -> tuple:
@@ -578,32 +602,24 @@ def _band_columns(df, engine_name: str, name: str, targets, top: int, kind: str 
     ``planner/data/bands.yaml``) as ``*_low`` / ``*_high`` columns, the evidence beside them;
     disaggregated rows get none (no published disaggregated run is held out). Returns the
     line the table prints: the bands, and the shown rows whose slow end misses a target."""
-    from planner.evidence.bands import kind_note, pick
+    import pandas as pd
+
+    from planner.evidence.bands import kind_note
     from planner.io import catalog
 
-    bands = catalog.load_bands()
-    used = {}
     agg = ~df["disaggregated"].astype(bool)
-    for metric, phase in (("ttft", "served TTFT"), ("tpot", "served TPOT")):
-        b = pick(bands, engine_name, phase, "unsaturated")
-        if b is None:
-            return ""
-        used[metric] = b
-        col = f"{name}_{metric}_s"
-        df[f"{col}_low"] = (df[col] * b.low_ratio).where(agg)
-        df[f"{col}_high"] = (df[col] * b.high_ratio).where(agg)
-    evidence = "; ".join(
-        f"{m.upper()} {b.engine if b.engine != 'all' else 'all engines'} {b.phase}: "
-        f"{b.n} held-out figures from {b.sources} sources" for m, b in used.items())
-    df["band_evidence"] = [evidence if a else None for a in agg]
-    slow = agg & ((df[f"{name}_ttft_s_high"] > targets.ttft_s)
-                  | (df[f"{name}_tpot_s_high"] > targets.tpot_s))
-    missed = [int(r) for r in df.loc[slow, "rank"] if r <= top]  # of the rows shown
-    t, d = used["ttft"], used["tpot"]
+    ttft_col, tpot_col = f"{name}_ttft_s", f"{name}_tpot_s"
+    used = _add_bands(df, engine_name, {"ttft": (ttft_col, "served TTFT"),
+                                        "tpot": (tpot_col, "served TPOT")},
+                      pd.Series("unsaturated", index=df.index), agg)
+    if used is None:
+        return ""
+    t, d = used["ttft"]["unsaturated"], used["tpot"]["unsaturated"]
+    shown = agg & (df["rank"] <= top)
+    missed = _slow_ranks(df, ttft_col, tpot_col, shown, targets)
     line = (f"error bands (p10-p90 of measured / predicted on held-out served runs; "
             f"--json: *_low, *_high): TTFT x{t.low_ratio:.2f}-{t.high_ratio:.2f}, TPOT "
             f"x{d.low_ratio:.2f}-{d.high_ratio:.2f} ({t.n} and {d.n} figures); ")
-    shown = agg & (df["rank"] <= top)
     if missed:
         line += (f"at the slow end, rank{'s' if len(missed) > 1 else ''} "
                  f"{', '.join(map(str, missed))} miss the targets: --size-at high sizes "
@@ -612,7 +628,7 @@ def _band_columns(df, engine_name: str, name: str, targets, top: int, kind: str 
         line += "the aggregated rows shown meet the targets at the slow end too"
     else:
         line += "no aggregated row is among those shown"
-    note = kind_note(bands, engine_name, "served TPOT", "unsaturated", kind)
+    note = kind_note(catalog.load_bands(), engine_name, "served TPOT", "unsaturated", kind)
     if note:
         line += f"; TPOT of {note}"
     if (~agg).any():
