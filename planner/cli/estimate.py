@@ -158,10 +158,12 @@ def estimate(
         stderr.print(f"does not fit: {need / GIB:.1f} GiB needed"
                      f"{' per GPU' if not usable else ''}{usable}")
         raise typer.Exit(1)
+    if not require_fit or res.pipeline or res.expert:
+        return
     from planner.core.estimate import startup_max_model_len
 
-    start = None if res.pipeline or res.expert else startup_max_model_len(res.estimate)
-    if require_fit and start is not None:
+    start = startup_max_model_len(res.estimate)  # only asked for under --require-fit
+    if start is not None:
         stderr.print(f"does not start: {dep.engine.display_name or dep.engine.name}'s KV cache "
                      f"holds one request of {start[1]:,} tokens, under its max-model-len of "
                      f"{start[0]:,}; serve it with a max-model-len of {start[1]:,} or less")

@@ -675,8 +675,9 @@ def figure_bands(engine_name: str, figures: dict[str, tuple[float, str, str, boo
     """Each predicted figure with its error band from planner/data/bands.yaml
     (``planner.evidence.bands``): ``figures`` maps a name (``ttft_s``) to (value, phase,
     regime, is a rate); ``gpu_class``: the GPU's architecture, so a band measured on other
-    GPUs says so; ``model_kind``: "MoE" or "dense", whose own band comes first where it has
-    the evidence. The ideal engine is a bound, not a prediction: no band."""
+    GPUs says so; ``model_kind``: "MoE" or "dense", whose own error a band's basis names
+    where it differs (``planner.evidence.bands.kind_note``). The ideal engine is a bound, not
+    a prediction: no band."""
     from planner.evidence.bands import apply
     from planner.io import catalog
 

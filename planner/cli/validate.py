@@ -187,12 +187,12 @@ def _quantized_layers(entry) -> str:
 
 
 @functools.cache
-@functools.cache
 def _model_kind(name: str) -> str:
     """A validated run's model: "MoE" (routed experts) or "dense"."""
+    from planner.cli.options import model_kind
     from planner.io import catalog
 
-    return "MoE" if catalog.load_model(name).moe is not None else "dense"
+    return model_kind(catalog.load_model(name))
 
 
 @functools.cache

@@ -269,9 +269,9 @@ def _timing(e: Estimate) -> Table:
 
 
 def _host_text(step: StepTime) -> str:
-    """The step's fixed host cost as the step pays it: all of it, or under async scheduling
-    (the host's work beside the GPU's) only what outlasts the GPU's work."""
-    # the host's work a step: its cost per step and per running request (not fixed in batch)
+    """The step's host work (its cost per step and per running request) as the step pays
+    it: all of it, or under async scheduling (the host's work beside the GPU's) only what
+    outlasts the GPU's work."""
     host = fmt.seconds(step.fixed_s)
     if not step.overlapped:
         return f" + host work {host} (per step and per request)"
@@ -482,7 +482,7 @@ def render_pipeline(console, p, batch: int, output_tokens: int,
             ("latency", fmt.seconds(p.latency_s(output_tokens)), "TTFT + TPOT x (output - 1)"),
             ("memory per GPU", fmt.gib(p.max_memory_per_gpu_bytes), "the fullest stage"),
             ("fits", fits, "every stage"),
-            ("per 1M output tokens", "n/a" if cost is None else f"${cost:,.3f}",
+            ("per 1M output tokens", fmt.usd(cost),
              f"{p.gpus} GPUs"),
         ]))
     console.print(table(None, ["stage", "layers", "weights", "KV", "total", "decode",
@@ -539,5 +539,5 @@ def render_expert(console, x, batch: int, output_tokens: int = 1,
         ("memory per GPU", fmt.gib(x.total_bytes),
          f"weights {fmt.gib(x.weights_bytes)}, KV {fmt.gib(x.kv_cache_bytes)}"),
         ("fits", fits, ""),
-        ("per 1M output tokens", "n/a" if cost is None else f"${cost:,.3f}", f"{x.gpus} GPUs"),
+        ("per 1M output tokens", fmt.usd(cost), f"{x.gpus} GPUs"),
     ]))
