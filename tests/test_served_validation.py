@@ -117,7 +117,8 @@ def test_builtin_served_runs_are_sourced_and_readable():
             assert ds.url_of(e).startswith(f"https://github.com/{ds.source.repo}/blob/") or \
                 (ds.source.kind == "page" and ds.url_of(e).startswith("https://"))
             raw = (folder / e.file).read_bytes()
-            if e.kept in ("verbatim", "excerpt"):  # the published file, or the printed block
+            if e.kept in ("verbatim", "excerpt", "table"):  # the published file, the printed
+                # block, or the table row transcribed
                 assert hashlib.sha256(raw).hexdigest() == e.sha256, e.id
                 assert hashlib.sha256(raw).hexdigest() == e.sha256, e.id
             else:  # the published object less the per-request lists nothing reads
@@ -205,3 +206,34 @@ def test_a_closed_loop_is_a_stream_the_server_keeps_up_with():
     regimes = {c.run: c.regime for c in comps}
     assert regimes == {"gpustack-qwen3-8b-h100-sxm-vllm-c4": "unsaturated",
                        "gpustack-qwen3-14b-h100-sxm-sglang-sharegpt": "saturated"}, regimes
+
+
+def test_a_table_row_without_output_throughput_is_compared_on_its_requests(run_json, tmp_path):
+    """A row of a published table (`kept: table`) that prints requests a second and no output
+    throughput is compared on them; the simulated figure is the same replay's, so with fixed
+    output lengths its error is the output throughput's. A row that prints both is compared
+    on output tokens."""
+    import hashlib
+    import json
+
+    full = json.loads((FIXTURES / "vllm_bench_serve.json").read_text())
+    row = {k: full[k] for k in ("num_prompts", "request_rate", "completed", "total_input_tokens",
+                                "total_output_tokens", "request_throughput", "median_ttft_ms")}
+    (tmp_path / "row.json").write_text(json.dumps(row))
+    run = dict(MANIFEST["runs"][0], file="row.json", kept="table", sha256=hashlib.sha256(
+        (tmp_path / "row.json").read_bytes()).hexdigest())
+    p = tmp_path / "try.yaml"
+    p.write_text(yaml.safe_dump(dict(MANIFEST, runs=[run])))
+    d = run_json("validate", "--served-dataset", str(p), "--source", "try")
+    served = {r["phase"]: r for r in d["served_rows"]}
+    assert set(served) == {"served TTFT", "served throughput"}
+    assert served["served TTFT"]["metric"] == "median_ttft_s"
+    thr = served["served throughput"]
+    assert thr["metric"] == "request_throughput"
+    assert thr["measured"] == pytest.approx(full["request_throughput"])
+    # the same replay compared on output tokens: the same error, as every output is the same
+    # length in the replay of a file that gives only totals (its mean)
+    whole = run_json("validate", "--served-dataset", str(_manifest(tmp_path)), "--source", "try")
+    out = next(r for r in whole["served_rows"] if r["metric"] == "output_throughput")
+    assert thr["predicted"] * full["total_output_tokens"] / full["completed"] == \
+        pytest.approx(out["predicted"], rel=1e-6)

@@ -39,7 +39,9 @@ from planner.layouts.deployment import Deployment
 METRIC_GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("served TTFT", ("mean_ttft_s", "median_ttft_s")),
     ("served TPOT", ("mean_tpot_s", "median_tpot_s", "mean_itl_s", "median_itl_s")),
-    ("served throughput", ("output_throughput",)),
+    # a run whose file gives only requests a second (a published table's row) is compared on
+    # them: with the fixed output lengths such a run states, the error is the same
+    ("served throughput", ("output_throughput", "request_throughput")),
     ("served E2E", ("mean_e2el_s", "median_e2el_s")),  # where the file has it (issue 24's
     # per-run E2E target); not among the figures the served fits use
 )
@@ -152,7 +154,9 @@ class ServedEntry(_Strict):
     path: str = Field(min_length=1)  # where it lies in the source repository
     commit: str | None = Field(None, pattern=r"^[0-9a-f]{40}$")  # when not the source's
     sha256: str = Field(pattern=r"^[0-9a-f]{64}$")  # of the file as published
-    kept: Literal["verbatim", "extract", "excerpt"] = "verbatim"  # excerpt: a printed block
+    # excerpt: a printed block; table: a row of a published table (a report's, where the result
+    # files were not published), its figures as printed under the result file's keys
+    kept: Literal["verbatim", "extract", "excerpt", "table"] = "verbatim"
     model: str = Field(min_length=1)
     gpu: str = Field(min_length=1)
     tp: int = Field(1, gt=0, le=1024)
