@@ -883,7 +883,8 @@ METRIC_LABELS = {"user_tokens_per_s": "tokens/s per sequence", "tpot_s": "TPOT (
                  "mean_itl_s": "served: mean ITL (s)", "median_itl_s": "served: median ITL (s)",
                  "mean_e2el_s": "served: mean end-to-end latency (s)",
                  "median_e2el_s": "served: median end-to-end latency (s)",
-                 "output_throughput": "served: output tokens/s"}
+                 "output_throughput": "served: output tokens/s",
+                 "request_throughput": "served: requests/s"}
 # each panel's title: what a reader calls the figure (the keys above are the CSV's)
 METRIC_TITLES = {"user_tokens_per_s": "Tokens per second per sequence", "tpot_s": "TPOT",
                  "ttft_s": "TTFT", "throughput_tokens_per_s": "Output tokens per second",
@@ -894,7 +895,8 @@ METRIC_TITLES = {"user_tokens_per_s": "Tokens per second per sequence", "tpot_s"
                  "mean_itl_s": "Served: mean ITL", "median_itl_s": "Served: median ITL",
                  "mean_e2el_s": "Served: mean end-to-end latency",
                  "median_e2el_s": "Served: median end-to-end latency",
-                 "output_throughput": "Served: output tokens per second"}
+                 "output_throughput": "Served: output tokens per second",
+                 "request_throughput": "Served: requests per second"}
 
 
 def plot_validation(comps, path: Path) -> None:
@@ -937,7 +939,8 @@ def plot_validation(comps, path: Path) -> None:
         _square_loglog(ax, lo, hi, METRIC_LABELS[metric], METRIC_TITLES[metric],
                        legend_size=7, under=True)
     rows = len({(c.source, c.row) for c in comps if getattr(c, "row", None)})
-    runs = sum(1 for c in comps if c.metric == "output_throughput")  # one a served run
+    # one a served run (its throughput: output tokens, else requests a second)
+    runs = sum(1 for c in comps if c.metric in ("output_throughput", "request_throughput"))
     fig.suptitle(f"llmplan validate: {len(comps):,} comparisons with published measurements "
                  f"({rows:,} static rows, {runs:,} served runs), predicted with each one's "
                  "engine profile", fontsize=10)
