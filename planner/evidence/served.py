@@ -153,7 +153,8 @@ class ServedEntry(_Strict):
     file: str = Field(min_length=1, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")  # beside the manifest
     path: str = Field(min_length=1)  # where it lies in the source repository
     commit: str | None = Field(None, pattern=r"^[0-9a-f]{40}$")  # when not the source's
-    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")  # of the file as published
+    # of the file as published (an excerpt's or a table row's: of the kept file)
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
     # excerpt: a printed block; table: a row of a published table (a report's, where the result
     # files were not published), its figures as printed under the result file's keys
     kept: Literal["verbatim", "extract", "excerpt", "table"] = "verbatim"
