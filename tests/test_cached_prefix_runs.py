@@ -244,3 +244,27 @@ def test_a_longer_earlier_run_warms_with_its_first_requests():
     longer = read_sglang([{**base, "completed": 3, "total_input_tokens": 450,
                            "input_lens": [150, 50, 250], "output_lens": [5, 5, 10]}], "b")
     assert warmed_by(run, [("b", longer)], "n").cached_prefix_lens == (100, 50)
+
+
+A100_ROUND2 = "cssnoeasy-qwen25-7b-a100pcie-tp1-r512-o256-c8-round2"
+
+
+def test_compare_replays_a_repeated_run_from_the_prefix_cache(run_json, run_cli):
+    """A run repeated on one server with one seed (vLLM's random dataset sends the same
+    prompts again) is replayed by `compare --cached-prefix-tokens N` as `validate` replays it
+    from its manifest's traffic.cached_prefix_tokens: the same predicted figures. Cached, the
+    first token needs no prefill and comes sooner; refused beside --sweep, which gives each
+    request its own beginning."""
+    f = str(SERVED / f"{A100_ROUND2}.json")
+    args = (f, "-m", "qwen2.5-7b", "-g", "a100-pcie-80gb", "--weights", "fp16")
+    warm = run_json("compare", *args, "--cached-prefix-tokens", "512")["runs"][0]["metrics"]
+    cold = run_json("compare", *args)["runs"][0]["metrics"]
+    assert warm["median_ttft_s"]["simulated"] < 0.5 * cold["median_ttft_s"]["simulated"]
+    assert warm["request_throughput"]["simulated"] > cold["request_throughput"]["simulated"]
+    d = run_json("validate", "--source", "cssnoeasy-a100-vllm")
+    row = {r["metric"]: r for r in d["served_rows"]
+           if r["run"].startswith(A100_ROUND2)}
+    for k in ("median_ttft_s", "request_throughput"):
+        assert row[k]["predicted"] == pytest.approx(warm[k]["simulated"], rel=1e-9), k
+    code, _, err = run_cli("compare", *args, "--cached-prefix-tokens", "512", "--sweep")
+    assert code == 2 and "--cached-prefix-tokens with --cached-from or --sweep" in err

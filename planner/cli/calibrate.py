@@ -13,6 +13,7 @@ import typer
 
 from planner.cli.compare import (
     CachedFromOpt,
+    CachedPrefixOpt,
     DatasetNameOpt,
     FilesArg,
     LengthsFromOpt,
@@ -64,6 +65,7 @@ def calibrate(
     quantized_layers: QuantizedLayersOpt = QuantizedLayers.all,
     strict: StrictOpt = False,
     cached_from: CachedFromOpt = None,
+    cached_prefix: CachedPrefixOpt = None,
     sweep: SweepOpt = False,
     seed: SeedOpt = None,
     lengths_from: LengthsFromOpt = None,
@@ -94,7 +96,7 @@ def calibrate(
     s, spec = server_setup(model, gpu, base_engine, tp, weights, kv_cache, group_size,
                       quantized_layers)
     runs = warm_runs(read_result_files(files), cached_from, sweep, seed, lengths_from,
-                     dataset_name)
+                     dataset_name, cached_prefix)
     check_runs(runs, s, strict)
     from planner.cli.progress import task_progress
 

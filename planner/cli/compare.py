@@ -198,6 +198,13 @@ CachedFromOpt = Annotated[Optional[list[Path]], typer.Option(
          "every run alike): request i's first min(its length, that run's request i) tokens "
          "are replayed from the prefix cache; a run of fewer requests warms only those. "
          "Repeatable; every file must list each request's input length.")]
+CachedPrefixOpt = Annotated[Optional[int], typer.Option(
+    "--cached-prefix-tokens", metavar="TOKENS", min=1, max=10_000_000,
+    help="The first TOKENS of every prompt were in the server's prefix cache when the runs "
+         "began: a run repeated on one server with the same seed (vLLM's random dataset "
+         "sends the same prompts again) finds its prompts computed, all but the last token "
+         "where TOKENS is the whole prompt. For files that list no per-request lengths; not "
+         "with --cached-from or --sweep, which give each request its own.")]
 SweepOpt = Annotated[bool, typer.Option(
     "--sweep", help="The runs, in the order given (files, then a file's runs), were sent one "
     "after another to one server with the same seed: each finds in the prefix cache the "
@@ -274,14 +281,23 @@ def _lengths_of(runs: list, seed: int | None, lengths_from: Path | None,
 
 def warm_runs(runs: list, cached_from: list[Path] | None, sweep: bool,
               seed: int | None = None, lengths_from: Path | None = None,
-              dataset: str | None = None) -> list:
+              dataset: str | None = None, cached_prefix: int | None = None) -> list:
     """``runs`` as replayed: where a file gives totals only, each request's lengths drawn
     again with ``seed`` (``planner.evidence.redraw``), taken from ``lengths_from``'s run of
     the same requests, or shaped like the dataset the file (else ``dataset``) names; after
     the runs of ``cached_from`` (and, with ``sweep``, after the ones before each in ``runs``)
     on the same server, each request's cached beginning
-    (``planner.evidence.compare.warmed_by``)."""
+    (``planner.evidence.compare.warmed_by``); or, with ``cached_prefix``, the first that many
+    tokens of every prompt cached."""
+    from dataclasses import replace
+
     from planner.evidence.compare import warmed_by
+
+    if cached_prefix is not None:
+        if sweep or cached_from:
+            raise UsageError("--cached-prefix-tokens with --cached-from or --sweep: those "
+                             "give each request its own cached beginning; give one")
+        runs = [replace(r, cached_prefix_tokens=cached_prefix) for r in runs]
 
     if dataset is not None:
         from planner.io import catalog
@@ -479,6 +495,7 @@ def compare(
     quantized_layers: QuantizedLayersOpt = QuantizedLayers.all,
     strict: StrictOpt = False,
     cached_from: CachedFromOpt = None,
+    cached_prefix: CachedPrefixOpt = None,
     sweep: SweepOpt = False,
     seed: SeedOpt = None,
     lengths_from: LengthsFromOpt = None,
@@ -498,7 +515,7 @@ def compare(
     output_path(plot, "--plot", ".png")
     s, _ = server_setup(model, gpu, engine, tp, weights, kv_cache, group_size, quantized_layers)
     runs = read_result_files(files)
-    runs = warm_runs(runs, cached_from, sweep, seed, lengths_from, dataset_name)
+    runs = warm_runs(runs, cached_from, sweep, seed, lengths_from, dataset_name, cached_prefix)
     check_runs(runs, s, strict)
     comps = [compare_run(r, s) for r in runs]
     if plot is not None:
