@@ -268,3 +268,30 @@ def test_compare_replays_a_repeated_run_from_the_prefix_cache(run_json, run_cli)
         assert row[k]["predicted"] == pytest.approx(warm[k]["simulated"], rel=1e-9), k
     code, _, err = run_cli("compare", *args, "--cached-prefix-tokens", "512", "--sweep")
     assert code == 2 and "--cached-prefix-tokens with --cached-from or --sweep" in err
+
+
+def test_a_cached_beginning_is_not_counted_in_the_measured_mfu():
+    """The measured MFU counts the FLOPs the run computed: a prompt found in the prefix cache
+    was computed by an earlier run. The A100 report's round 2 (512 + 256 tokens, all but the
+    last prompt token cached): by hand, a request's prefill less its first 511 tokens' is one
+    token's worth, so the run's FLOPs are its 256 decode tokens' plus that, and its MFU falls
+    in proportion."""
+    from dataclasses import replace
+
+    from planner.cli.compare import read_result_file, served_setup
+    from planner.core.ops import decode_ops, prefill_ops, total_flops
+    from planner.core.specs import DType
+    from planner.evidence.compare import utilization
+
+    run = read_result_file(SERVED / f"{A100_ROUND2}.json")[0]
+    s = served_setup("qwen2.5-7b", "a100-pcie-80gb", catalog.load_engine_spec("vllm"), 1,
+                     DType.fp16, None)
+    cold = utilization(run, s)[3]
+    warm = utilization(replace(run, cached_prefix_tokens=512), s)[3]
+    m, p = s.model, s.precision
+    ctx = round(512 + 256 / 2)
+    prefill = total_flops(prefill_ops(m, p, batch=1, prompt_tokens=512))
+    rest = prefill - total_flops(prefill_ops(m, p, batch=1, prompt_tokens=511))
+    decode = 256 * total_flops(decode_ops(m, p, batch=1, context_tokens=ctx))
+    assert warm / cold == pytest.approx((rest + decode) / (prefill + decode), rel=1e-9)
+    assert 0.2 < warm / cold < 0.5  # the prefill was about two thirds of the work

@@ -120,6 +120,13 @@ def _duration_s(run: ServedRun) -> float | None:
     return run.completed / rt if rt else None
 
 
+def _mean_cached_tokens(run: ServedRun) -> float:
+    """The prompt tokens a request of the run found in the prefix cache, on average."""
+    if run.cached_prefix_lens:
+        return sum(run.cached_prefix_lens) / len(run.cached_prefix_lens)
+    return float(run.cached_prefix_tokens)
+
+
 def utilization(run: ServedRun, s: Deployment) -> tuple[float | None, ...]:
     """(concurrency, achieved bytes/s, MBU, achieved FLOP/s, MFU) of a measured run."""
     p, m, hw = s.precision, s.model, s.hardware
@@ -140,6 +147,10 @@ def utilization(run: ServedRun, s: Deployment) -> tuple[float | None, ...]:
     if dur and run.completed:
         prompt = max(1, round(run.mean_input_tokens))
         per_prompt = total_flops(prefill_ops(m, p, batch=1, prompt_tokens=prompt))
+        cached = min(prompt - 1, round(_mean_cached_tokens(run)))
+        if cached > 0:  # found in the prefix cache: computed by an earlier run, not this one
+            # (causal attention: a prompt's FLOPs less its beginning's are its rest's)
+            per_prompt -= total_flops(prefill_ops(m, p, batch=1, prompt_tokens=cached))
         per_token = total_flops(decode_ops(m, p, batch=1, context_tokens=ctx))
         if run.batch is not None:  # a static batch: one decode step of the whole batch
             flops_s = run.batch * per_token / tpot if tpot else None
