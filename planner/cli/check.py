@@ -13,6 +13,7 @@ from planner.cli.options import (
     ExpertImbalanceOpt,
     PriceOpt,
     check_context,
+    check_engine_option,
     check_quantized_layers,
     json_out,
     output_path,
@@ -308,10 +309,7 @@ def check(
     overrides = catalog.parse_price_overrides(price)
     if prices is not None:  # the option's fault, named as such (not a deployment's line)
         catalog.load_price_set(prices)
-    try:
-        catalog.load_engine_spec(engine)
-    except LlmplanError as err:
-        raise LlmplanError(f"--engine: {err}") from None
+    check_engine_option(engine)
     b = catalog.load_budget(budget)
     cal = catalog.load_calibration(calibration) if calibration else None
     text = catalog.read_text(budget, what="budget file")

@@ -665,6 +665,17 @@ def static_bands(dep, figures, batch: int) -> dict:
                         gpu_class=dep.hardware.architecture, model_kind=model_kind(dep.model))
 
 
+def check_engine_option(name: str) -> None:
+    """Load the engine profile --engine names before any work: a bad name or file is the
+    option's fault, said as such, not the first deployment or row that would use it."""
+    from planner.io import catalog
+
+    try:
+        catalog.load_engine_spec(name)
+    except LlmplanError as err:
+        raise LlmplanError(f"--engine: {err}") from None
+
+
 def model_kind(model) -> str:
     """The kind of model the error bands tell apart: "MoE" (routed experts) or "dense"."""
     return "MoE" if model.moe is not None else "dense"

@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from planner.cli.options import json_out, output_path, stderr, stdout
+from planner.cli.options import check_engine_option, json_out, output_path, stderr, stdout
 from planner.core.errors import LlmplanError, SpecError, UsageError
 
 RECORDED = Path(__file__).resolve().parent.parent / "data" / "validation_recorded.yaml"
@@ -308,10 +308,7 @@ def validate(
         datasets = [d for d in datasets if d.source.id in wanted]
         manifests = [(d, f) for d, f in manifests if d.source.id in wanted]
     if engine is not None:
-        try:  # the option's fault, named as such (not the first row that would use it)
-            catalog.load_engine_spec(engine)
-        except LlmplanError as err:
-            raise LlmplanError(f"--engine: {err}") from None
+        check_engine_option(engine)
     comps = run_validation(datasets, engine)
     from planner.cli.progress import task_progress
 

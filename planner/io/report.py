@@ -939,8 +939,11 @@ def plot_validation(comps, path: Path) -> None:
         _square_loglog(ax, lo, hi, METRIC_LABELS[metric], METRIC_TITLES[metric],
                        legend_size=7, under=True)
     rows = len({(c.source, c.row) for c in comps if getattr(c, "row", None)})
-    # one a served run (its throughput: output tokens, else requests a second)
-    runs = sum(1 for c in comps if c.metric in ("output_throughput", "request_throughput"))
+    from planner.evidence.served import METRIC_GROUPS
+
+    # one a served run: its throughput, whichever figure of the group it is compared on
+    throughput = dict(METRIC_GROUPS)["served throughput"]
+    runs = sum(1 for c in comps if c.metric in throughput)
     fig.suptitle(f"llmplan validate: {len(comps):,} comparisons with published measurements "
                  f"({rows:,} static rows, {runs:,} served runs), predicted with each one's "
                  "engine profile", fontsize=10)
