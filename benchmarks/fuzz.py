@@ -121,10 +121,10 @@ CLI_OPTIONS = {  # command line -> options that take a value ("": a positional a
     ("validate",): ["--engine", "--source", "--csv", "--served-dataset"],
     ("compare", "tests/fixtures/servers/vllm_bench_serve.json", *BASE):
         ["--tp", "--engine", "--weights", "--plot", "-m", "-g", "--seed", "--cached-from",
-         "--lengths-from", "--dataset-name"],
+         "--cached-prefix-tokens", "--lengths-from", "--dataset-name"],
     ("calibrate", "tests/fixtures/servers/vllm_bench_serve.json", *BASE, "--no-leave-one-out",
      "--out", str(Path(tempfile.gettempdir()) / "llmplan-fuzz-calibrated.yaml")):
-        ["--out", "--name", "--base-engine", "--tp"],
+        ["--out", "--name", "--base-engine", "--tp", "--cached-prefix-tokens"],
     ("watch", "http://127.0.0.1:9/metrics", *BASE, "--once", "--timeout", "1"):
         ["--interval", "--timeout", "--count", "--serve-metrics", "--model-name"],
 }
