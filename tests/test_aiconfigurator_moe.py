@@ -49,7 +49,8 @@ def test_the_ratio_is_theirs_over_one_layer_of_ours():
     assert [r[6] for r in got] == pytest.approx([2.0] * 4)  # the skewed and EP rows left out
 
 
-@pytest.mark.parametrize("script", ["aiconfigurator_moe.py", "aiconfigurator_mla.py"])
+@pytest.mark.parametrize("script", ["aiconfigurator_moe.py", "aiconfigurator_mla.py",
+                                    "aiconfigurator_gemm.py"])
 def test_a_wheel_that_cannot_be_read_is_one_line_and_exit_2(tmp_path, script):
     bad = tmp_path / "not-a-wheel.whl"
     bad.write_text("no zip here")

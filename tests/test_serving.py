@@ -37,8 +37,8 @@ def setup():
 @pytest.mark.parametrize("batch,ctx", [(1, 1), (7, 300), (64, 2048)])
 def test_step_cost_is_the_estimates(engine, batch, ctx):
     m, hw = catalog.load_model("llama-3.1-8b"), catalog.load_hardware("a100-sxm-80gb")
-    eng = catalog.load_engine(engine)
-    prep = prepare(hw, Precision(), None, OPTS, eng)
+    prep = prepare(hw, Precision(), None, OPTS, catalog.load_engine(engine))
+    eng = prep.engine  # resolved for the A100: its scheduler defaults, its factors on Ampere
     c = StepCoster(m, hw, prep, OPTS)
     dec = step_time(decode_ops(m, prep.precision, batch=batch, context_tokens=ctx,
                                lm_head_sharded=eng.lm_head_sharded), prep.ceilings,

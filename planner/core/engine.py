@@ -530,6 +530,10 @@ class EngineSpec(_Frozen):
     # reduction and the cast) beside the GEMM itself; None: none (fused, or no fp8 path)
     fp8_quant_kernels: Num | None = None
     gemm_bandwidth_frac: Frac
+    # times gemm_bandwidth_frac for the 16-bit GEMMs (not the routed experts' fused kernel)
+    # on a GPU architecture: how much less of its copy ceiling the engine's GEMM reaches
+    # there than on the architecture the profile was confirmed on (None: 1 on every GPU)
+    gemm_bandwidth_arch_frac: ArchFracs | None = None
     gemm_compute_frac: Frac
     # the share of its kernels' compute rate every matmul attains in this release line's
     # served steps, plain and quantized alike: a factor on gemm_compute_frac and on each
@@ -669,6 +673,8 @@ class EngineSpec(_Frozen):
             fp8_quant_kernels=(0.0 if self.fp8_quant_kernels is None
                                else self.fp8_quant_kernels.value),
             gemm_bandwidth_frac=self.gemm_bandwidth_frac.value,
+            gemm_bandwidth_by_arch=(() if self.gemm_bandwidth_arch_frac is None else tuple(
+                sorted(self.gemm_bandwidth_arch_frac.value.items()))),
             gemm_compute_frac=self.gemm_compute_frac.value,
             served_compute_frac=(1.0 if self.served_compute_frac is None
                                  else self.served_compute_frac.value),
@@ -788,6 +794,10 @@ class Engine:
     operator_fixed_s: tuple[tuple[str, float], ...] = ()
     fp8_quant_kernels: float = 0.0  # beside each W8A8 fp8 GEMM: its activations' quantization
     gemm_bandwidth_frac: float = 1.0
+    # times gemm_bandwidth_frac for the 16-bit GEMMs on this GPU (``for_gpu`` resolves it
+    # from ``gemm_bandwidth_by_arch``: (architecture, factor), ...)
+    gemm_bandwidth_arch_frac: float = 1.0
+    gemm_bandwidth_by_arch: tuple[tuple[str, float], ...] = ()
     gemm_compute_frac: float = 1.0
     served_compute_frac: float = 1.0  # times every matmul's compute efficiency
     # times the routed experts' matmuls' compute efficiency on this GPU (``for_gpu`` resolves
@@ -896,12 +906,16 @@ class Engine:
     def for_gpu(self, memory_bytes: float, gpu_name: str,
                 architecture: str | None = None) -> Engine:
         """The engine with its scheduler defaults for this GPU (vLLM picks smaller ones below
-        70 GiB and on A100s) and its experts' compute factor for the GPU's ``architecture``;
-        resolved once, so later overrides (a server's flags) stand."""
+        70 GiB and on A100s) and its experts' compute and GEMMs' bandwidth factors for the
+        GPU's ``architecture``; resolved once, so later overrides (a server's flags) stand."""
         e = self
+        arch = (architecture or "").lower()
         if e.experts_compute_by_arch:
             e = replace(e, experts_compute_by_arch=(), experts_compute_frac=dict(
-                e.experts_compute_by_arch).get((architecture or "").lower(), 1.0))
+                e.experts_compute_by_arch).get(arch, 1.0))
+        if e.gemm_bandwidth_by_arch:
+            e = replace(e, gemm_bandwidth_by_arch=(), gemm_bandwidth_arch_frac=dict(
+                e.gemm_bandwidth_by_arch).get(arch, 1.0))
         if e.small_gpu is None:
             return e
         seqs, tokens, below, names = e.small_gpu
@@ -1014,7 +1028,8 @@ class Engine:
         return (self.ceilings, self.step_overhead_s, self.per_sequence_overhead_s,
                 self.prefill_step_overhead_s, self.kernel_gap_s, self.host_launch_s,
                 self.moe_layer_host_s, self.operator_fixed_s, self.fp8_quant_kernels,
-                self.gemm_bandwidth_frac, self.gemm_compute_frac,
+                self.gemm_bandwidth_frac, self.gemm_bandwidth_arch_frac,
+                self.gemm_bandwidth_by_arch, self.gemm_compute_frac,
                 self.served_compute_frac, self.experts_compute_frac,
                 self.experts_compute_by_arch,
                 self.gemm_tile_m, self.overlap_frac,

@@ -1,0 +1,123 @@
+"""The share of the copy bandwidth an engine's decode GEMMs reach on each GPU, from NVIDIA
+aiconfigurator's measured GEMM tables, and the factor by GPU architecture it implies.
+
+    pip download --no-deps aiconfigurator-core==0.12.0 -d /tmp/aic
+    python benchmarks/aiconfigurator_gemm.py /tmp/aic/aiconfigurator_core-0.12.0-*.whl \\
+        --engine vllm
+
+aiconfigurator ships, per GPU system and engine release, the latency of the engine's 16-bit
+GEMM (``gemm/<engine>/<release>/gemm_perf.parquet``: M x N x K, the kernel the engine calls)
+timed on that GPU. A decode GEMM (M, the tokens of a step, of 16 or fewer) streams its N x K
+weights once; where they are far larger than the GPU's L2 cache, so that the table's repeated
+timings cannot find them there, its bytes over its latency is the bandwidth the kernel reaches.
+This prints, for each GPU, that rate as a share of the GPU's achievable copy bandwidth in
+hardware_db (the ceiling llmplan's decode GEMMs are priced against), and the median over the
+shapes both tables hold of its ratio to the H100's share: the engine profile's
+``gemm_bandwidth_arch_frac``. The H100 is the reference because the profiles' own
+``gemm_bandwidth_frac`` is what served runs on Hopper confirm (docs/engines.md); the factor
+carries to another architecture how much less of its copy ceiling the same engine's GEMM
+reaches there. Nothing is fitted to a validation row; the wheel is not needed by llmplan.
+"""
+
+from __future__ import annotations
+
+import io
+import statistics
+import sys
+import zipfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.aiconfigurator_moe import RELEASES, SYSTEMS  # noqa: E402
+from benchmarks.gpu_kernels import OneLineParser  # noqa: E402
+
+REFERENCE = "h100-sxm"
+MAX_M = 16  # a decode step's tokens: GEMV-like shapes whose weights set the time
+# weights at least this large: well above the L2 cache of each of these GPUs (the L40S's, 96 MB,
+# the largest of them on one die), so that no timing reads them from L2
+MIN_WEIGHT_BYTES = 256 * 2**20
+
+
+def decode_shares(table, ceiling_gb_per_s: float, max_m: int = MAX_M,
+                  min_weight_bytes: float = MIN_WEIGHT_BYTES) -> dict[tuple, float]:
+    """{(m, n, k): achieved bytes/s / the ceiling} for the table's 16-bit decode GEMMs whose
+    weights are at least ``min_weight_bytes``; the bytes are the activations read, the weights
+    read and the output written, 2 each (the table's latency is in ms)."""
+    t = table[(table.gemm_dtype == "bfloat16") & (table.m <= max_m)
+              & (table.n * table.k * 2 >= min_weight_bytes)]
+    out = {}
+    for (m, n, k), g in t.groupby(["m", "n", "k"]):
+        latency_s = float(g.latency.median()) * 1e-3
+        moved = 2.0 * (m * k + n * k + m * n)
+        out[(int(m), int(n), int(k))] = moved / latency_s / (ceiling_gb_per_s * 1e9)
+    return out
+
+
+def arch_factor(shares: dict[tuple, float], reference: dict[tuple, float]
+                ) -> tuple[float, float, float, int]:
+    """(median, p10, p90, shapes) of the per-shape ratio shares / reference over the shapes
+    both hold."""
+    common = sorted(set(shares) & set(reference))
+    if not common:
+        raise ValueError("no decode GEMM shape is timed on both GPUs")
+    r = sorted(shares[s] / reference[s] for s in common)
+    q = statistics.quantiles(r, n=10, method="inclusive") if len(r) > 1 else [r[0]] * 9
+    return statistics.median(r), q[0], q[-1], len(r)
+
+
+def read_table(wheel: str, gpu: str, engine: str):
+    import pandas as pd
+
+    system = SYSTEMS[gpu]
+    release = RELEASES[engine][system]
+    path = f"aiconfigurator_core/systems/data/{system}/gemm/{engine}/{release}/gemm_perf.parquet"
+    with zipfile.ZipFile(wheel) as whl:
+        # one thread: pyarrow's pool could abort the exit right after a refusal
+        return pd.read_parquet(io.BytesIO(whl.read(path)), use_threads=False), release, path
+
+
+def main(argv=None) -> int:
+    from planner.io import catalog
+
+    ap = OneLineParser(description=__doc__.splitlines()[0])
+    ap.add_argument("wheel", help="the aiconfigurator-core 0.12.0 wheel")
+    ap.add_argument("--engine", choices=sorted(RELEASES), default="vllm")
+    ap.add_argument("--min-weight-mib", type=float, default=MIN_WEIGHT_BYTES / 2**20,
+                    help="the smallest weight matrix counted (default: 256 MiB)")
+    a = ap.parse_args(argv)
+    if not a.min_weight_mib > 0:
+        print("aiconfigurator_gemm.py: --min-weight-mib: must be above 0", file=sys.stderr)
+        return 2
+    shares, rows = {}, []
+    for gpu in [REFERENCE, *(g for g in SYSTEMS if g != REFERENCE)]:
+        try:
+            table, release, path = read_table(a.wheel, gpu, a.engine)
+        except (OSError, zipfile.BadZipFile, KeyError) as err:
+            print(f"aiconfigurator_gemm.py: {a.wheel}: cannot read the {gpu} table: {err}",
+                  file=sys.stderr)
+            return 2
+        hw = catalog.load_hardware(gpu)
+        ceiling = hw.achievable.memory_bandwidth_gb_per_s.value
+        shares[gpu] = decode_shares(table, ceiling, min_weight_bytes=a.min_weight_mib * 2**20)
+        if not shares[gpu]:
+            print(f"aiconfigurator_gemm.py: {path}: no 16-bit GEMM with M <= {MAX_M} and "
+                  f"weights of {a.min_weight_mib:g} MiB or more", file=sys.stderr)
+            return 2
+        rows.append((gpu, hw.architecture, release, ceiling))
+    print(f"# {a.engine}: 16-bit GEMMs with M <= {MAX_M} and weights >= "
+          f"{a.min_weight_mib:g} MiB; share = bytes / latency / hardware_db's achievable copy "
+          f"bandwidth; factor = share / the {REFERENCE}'s, shape by shape")
+    print(f"{'gpu':<14} {'arch':<10} {'release':<8} {'ceiling GB/s':>12} {'shapes':>6} "
+          f"{'share':>6} {'factor':>6} {'p10-p90':>11}")
+    for gpu, arch, release, ceiling in rows:
+        s = shares[gpu]
+        f, lo, hi, n = arch_factor(s, shares[REFERENCE])
+        print(f"{gpu:<14} {arch:<10} {release:<8} {ceiling:>12.0f} {len(s):>6} "
+              f"{statistics.median(s.values()):>6.3f} {f:>6.3f} {lo:>5.3f}-{hi:<5.3f}"
+              + ("" if n == len(s) else f"  ({n} shapes in common)"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

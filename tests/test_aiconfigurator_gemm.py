@@ -1,0 +1,93 @@
+"""benchmarks/aiconfigurator_gemm.py: the share of the copy ceiling a measured decode GEMM
+reaches, and the factor by architecture against the H100's (the wheel itself is not in CI:
+tables of the same columns stand in for it)."""
+
+from __future__ import annotations
+
+import io
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from benchmarks import aiconfigurator_gemm as gemm  # noqa: E402
+from benchmarks import aiconfigurator_moe as moe  # noqa: E402
+
+MIB = 2**20
+
+
+def _table(gb_per_s: float) -> pd.DataFrame:
+    """Rows as aiconfigurator's gemm_perf.parquet has them, every one timed at ``gb_per_s``
+    (latency in ms): two decode shapes of 256 MiB and more, and rows that must be left out:
+    a prefill (M 4096), a 64 MiB matrix (an L2 could hold part of it), an fp8 GEMM."""
+    rows = []
+    for m, n, k, dtype in ((1, 16384, 8192, "bfloat16"), (16, 32768, 8192, "bfloat16"),
+                           (4096, 16384, 8192, "bfloat16"), (1, 4096, 8192, "bfloat16"),
+                           (1, 16384, 8192, "fp8")):
+        moved = 2.0 * (m * k + n * k + m * n)
+        rows.append(dict(framework="VLLM", version="0.24.0", device="d", op_name="gemm",
+                         kernel_source="k", gemm_dtype=dtype, m=m, n=n, k=k,
+                         latency=moved / (gb_per_s * 1e9) * 1e3))
+    return pd.DataFrame(rows)
+
+
+def test_the_share_is_the_bytes_over_the_latency_against_the_ceiling():
+    t = _table(1500.0)
+    t.loc[2:, "latency"] = 1e-9  # the rows left out would be impossibly fast
+    got = gemm.decode_shares(t, ceiling_gb_per_s=2000.0)
+    assert set(got) == {(1, 16384, 8192), (16, 32768, 8192)}  # 256 MiB and 512 MiB of bf16
+    assert list(got.values()) == pytest.approx([0.75, 0.75])
+    # the size floor: a 64 MiB matrix counts once it is lowered to that
+    assert (1, 4096, 8192) in gemm.decode_shares(t, 2000.0, min_weight_bytes=64 * MIB)
+
+
+def test_the_factor_is_the_share_against_the_references_shape_by_shape():
+    h100 = gemm.decode_shares(_table(2900.0), 2900.0)  # the whole ceiling
+    a100 = gemm.decode_shares(_table(1400.0), 1750.0)  # 0.8 of it
+    f, lo, hi, n = gemm.arch_factor(a100, h100)
+    assert (f, lo, hi, n) == (pytest.approx(0.8), pytest.approx(0.8), pytest.approx(0.8), 2)
+    with pytest.raises(ValueError, match="no decode GEMM shape"):
+        gemm.arch_factor({(1, 1, 1): 0.5}, h100)
+
+
+def _wheel(tmp_path: Path, engine: str, gb_per_s_of) -> Path:
+    """A wheel holding a stand-in table where aiconfigurator keeps each system's."""
+    wheel = tmp_path / "aic.whl"
+    with zipfile.ZipFile(wheel, "w") as z:
+        for gpu, system in moe.SYSTEMS.items():
+            buf = io.BytesIO()
+            _table(gb_per_s_of(gpu)).to_parquet(buf)
+            release = moe.RELEASES[engine][system]
+            z.writestr(f"aiconfigurator_core/systems/data/{system}/gemm/{engine}/{release}/"
+                       "gemm_perf.parquet", buf.getvalue())
+    return wheel
+
+
+def test_the_script_prints_each_gpus_factor_from_its_own_table(tmp_path):
+    """Each GPU timed at 0.9 of its hardware_db ceiling, the H100 at all of it: 0.9 for
+    every other GPU; and a wheel that lacks a table is one line and exit 2."""
+    from planner.io import catalog
+
+    def rate(gpu):
+        ceiling = catalog.load_hardware(gpu).achievable.memory_bandwidth_gb_per_s.value
+        return ceiling * (1.0 if gpu == "h100-sxm" else 0.9)
+
+    run = [sys.executable, str(ROOT / "benchmarks" / "aiconfigurator_gemm.py"),
+           str(_wheel(tmp_path, "vllm", rate)), "--engine", "vllm"]
+    p = subprocess.run(run, capture_output=True, text=True, cwd=ROOT)
+    assert p.returncode == 0, p.stderr
+    lines = {ln.split()[0]: ln.split() for ln in p.stdout.splitlines()[2:]}
+    assert set(lines) == set(moe.SYSTEMS)
+    assert lines["a100-sxm-80gb"][1:3] == ["ampere", "0.14.0"]
+    assert [float(lines[g][6]) for g in ("h100-sxm", "a100-sxm-80gb", "l40s", "b200")] == \
+        [1.0, 0.9, 0.9, 0.9]
+    other = subprocess.run([*run[:3], "--engine", "sglang"], capture_output=True, text=True,
+                           cwd=ROOT)
+    assert other.returncode == 2 and "cannot read the h100-sxm table" in other.stderr
+    assert len(other.stderr.strip().splitlines()) == 1
