@@ -223,6 +223,53 @@ def test_fused_moe_factors_of_the_profiles_are_sourced_and_checked():
             type(spec).model_validate(data)
 
 
+def test_gemm_bandwidth_factor_slows_16_bit_gemms_on_its_architectures_only():
+    """gemm_bandwidth_arch_frac: resolved for the GPU's architecture (1 where it names none),
+    applied to a plain 16-bit GEMM's bandwidth and nothing else: not a routed expert (its
+    fused kernel), a quantized GEMM, attention or a norm."""
+    e = dataclasses.replace(H, quantized=((DType.int4, (0.9, 0.75)),), overlap_frac=1.0,
+                            gemm_bandwidth_by_arch=(("ampere", 0.5), ("ada", 0.8)))
+    assert e.for_gpu(80e9, "a100", "Ampere").gemm_bandwidth_arch_frac == 0.5
+    assert e.for_gpu(48e9, "l40s", "ada").gemm_bandwidth_arch_frac == 0.8
+    assert e.for_gpu(80e9, "h100", "hopper").gemm_bandwidth_arch_frac == 1.0
+    assert e.for_gpu(48e9, "mine", None).gemm_bandwidth_arch_frac == 1.0
+    half, ref = e.for_gpu(80e9, "a100", "ampere"), e.for_gpu(80e9, "h100", "hopper")
+    # one decode token through a 400 MB projection: its time is the weights' streaming
+    gemm = Op("mlp_gate_up_proj", "matmul", 1, flops=4e8, weight_bytes=4e8, m_rows=1.0)
+    t, th = op_time(gemm, C, engine=ref), op_time(gemm, C, engine=half)
+    assert th.memory_s == pytest.approx(2 * t.memory_s) and th.compute_s == t.compute_s
+    assert th.time_s > 1.9 * t.time_s
+    expert = dataclasses.replace(gemm, name="experts_gate_up_proj")
+    w4 = dataclasses.replace(gemm, weight_dtype=DType.int4)
+    attn = Op("attn", "attention", 1, flops=8e9, act_bytes=4e8)
+    norm = Op("norm", "elementwise", 1, flops=1e9, act_bytes=4e8)
+    for op in (expert, w4, attn, norm):
+        assert op_time(op, C, engine=half).time_s == op_time(op, C, engine=ref).time_s
+
+
+def test_vllm_gemm_bandwidth_factors_are_sourced_and_slow_the_ampere_decode():
+    """The vllm profile's factors (benchmarks/aiconfigurator_gemm.py on aiconfigurator's vLLM
+    GEMM tables): Hopper, the reference, keeps 1; Llama-3.1-8B's batch-1 decode on an A100,
+    all but its KV read and fixed costs a 16-bit GEMM's weights, slows by nearly 1 / 0.90."""
+    spec = catalog.load_engine_spec("vllm")
+    f = spec.gemm_bandwidth_arch_frac
+    assert "aiconfigurator" in f.source and "hopper" not in f.value
+    assert f.value == {"ampere": 0.90, "ada": 0.88, "blackwell": 0.95}
+    m, hw = catalog.load_model("llama-3.1-8b"), catalog.load_hardware("a100-sxm-80gb")
+    w = Workload(batch=1, prompt_tokens=128, output_tokens=128)
+
+    def tpot(s):
+        return estimate(m, hw, workload=w, engine=s.model()).tpot_s
+
+    flat = spec.model_copy(update={"gemm_bandwidth_arch_frac": None})
+    assert 1.08 < tpot(spec) / tpot(flat) < 1 / 0.90
+    data = spec.model_dump(exclude_none=True)
+    for bad in ({}, {"ampere": 0.0}, {"ampere": 3.0}, {"ampere": float("nan")}):
+        data["gemm_bandwidth_arch_frac"]["value"] = bad
+        with pytest.raises(ValueError, match="gemm_bandwidth_arch_frac"):
+            type(spec).model_validate(data)
+
+
 def test_served_compute_share_is_validated_and_defaults_to_one():
     spec = catalog.load_engine_spec("vllm-0.8")
     assert 0.3 <= spec.model().served_compute_frac < 1  # fitted on served runs
@@ -472,6 +519,9 @@ def test_engines_listing_shows_the_served_compute_share(run_json, run_cli):
     assert r["gemm_compute_frac"] == spec.gemm_compute_frac.value
     assert r["served_compute_frac"] == spec.served_compute_frac.value
     assert rows["vllm"]["served_compute_frac"] == 1.0  # none stated: the kernels' own rate
+    assert rows["vllm"]["gemm_bandwidth_arch_frac"] == {"ada": 0.88, "ampere": 0.9,
+                                                        "blackwell": 0.95}
+    assert rows["vllm-0.8"]["gemm_bandwidth_arch_frac"] == {}  # none named: 1 everywhere
     code, out, _ = run_cli("engines")
     line = next(x for x in out.splitlines() if x.startswith("vllm-0.8 "))
     assert code == 0 and f"{r['gemm_compute_frac'] * r['served_compute_frac']:.0%}" in line

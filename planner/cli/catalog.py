@@ -106,6 +106,8 @@ def engines(as_json: JsonOpt = False) -> None:
                      "step_overhead_us": spec.step_overhead_us.value,
                      "cuda_graphs": e.cuda_graphs, "kernel_gap_us": spec.kernel_gap_us.value,
                      "gemm_bandwidth_frac": e.gemm_bandwidth_frac,
+                     # times it by GPU architecture (16-bit GEMMs; {} where none is named)
+                     "gemm_bandwidth_arch_frac": dict(e.gemm_bandwidth_by_arch),
                      "gemm_compute_frac": e.gemm_compute_frac,
                      "served_compute_frac": e.served_compute_frac,
                      "attention_bandwidth_frac": e.attention_bandwidth_frac,
