@@ -361,5 +361,7 @@ def test_at_the_slow_end_the_window_starts_after_the_slower_replicas_lifetime(tm
     code, out, _ = run_cli("check", _budget(tmp_path, body), "--at", "high", "--json")
     high = json.loads(out)["results"][0]
     assert code == 0 and high["run"]["keeps_up"] is True
-    assert high["run"]["lifetime_s"] > 2 * nominal["run"]["lifetime_s"]
+    step = served_band_factors(catalog.load_bands(), "vllm")[0]["step_factor"]
+    assert step > 1.05  # vLLM's served TPOT band's high end: x1.12 on 2026-12-04
+    assert high["run"]["lifetime_s"] > step * nominal["run"]["lifetime_s"]
     assert high["predicted"] == pytest.approx(2048, rel=0.05)
