@@ -264,7 +264,8 @@ def test_vllm_gemm_bandwidth_factors_are_sourced_and_slow_the_ampere_decode():
     flat = spec.model_copy(update={"gemm_bandwidth_arch_frac": None})
     assert 1.08 < tpot(spec) / tpot(flat) < 1 / 0.90
     data = spec.model_dump(exclude_none=True)
-    for bad in ({}, {"ampere": 0.0}, {"ampere": 3.0}, {"ampere": float("nan")}):
+    for bad in ({}, {"ampere": 0.0}, {"ampere": 3.0}, {"ampere": float("nan")},
+                {"Ampere": 0.9}):  # for_gpu looks architectures up in lower case
         data["gemm_bandwidth_arch_frac"]["value"] = bad
         with pytest.raises(ValueError, match="gemm_bandwidth_arch_frac"):
             type(spec).model_validate(data)

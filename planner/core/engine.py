@@ -92,6 +92,16 @@ class ArchFracs(_Sourced):
     value: dict[str, Annotated[float, Field(gt=0, le=2, allow_inf_nan=False)]] = Field(
         min_length=1)
 
+    @field_validator("value")
+    @classmethod
+    def _lower_case(cls, v: dict) -> dict:
+        # for_gpu looks the GPU's architecture up in lower case: "Ampere" would never apply
+        bad = sorted(k for k in v if k != k.lower() or not k.strip())
+        if bad:
+            raise ValueError(f"architecture {bad[0]!r}: write it in lower case, as "
+                             "hardware_db's architecture (ampere, hopper, ...)")
+        return v
+
 
 class Kernels(_Sourced):
     """Kernels launched per operator instance, by operator name (``qkv_proj``) or kind
