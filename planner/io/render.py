@@ -392,6 +392,10 @@ def _print_operators(console: Console, e: Estimate) -> None:
                   f"costs where they outweigh both (latency) or outside a CUDA graph the "
                   f"host launching them (host), and in the total row what takes most of the "
                   f"step; fixed: the engine's per-step cost"
+                  + (f"; a 16-bit GEMM's eff BW is the profile's times "
+                     f"{e.engine.gemm_bandwidth_arch_frac:g} on this GPU's architecture "
+                     "(gemm_bandwidth_arch_frac)" if e.engine.gemm_bandwidth_arch_frac != 1
+                     else "")
                   + "".join(f"; {name}: its {fmt.seconds(st.fixed_s)} of host work runs "
                             "beside the GPU's (async scheduling), the row the part that "
                             "outlasts it" for name, st in (("decode", e.decode),
