@@ -15,9 +15,13 @@ blocks were made; the YAML, not the wheel, is what llmplan reads (CI has no whee
 from __future__ import annotations
 
 import argparse
-import io
 import sys
 import zipfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.aiconfigurator_moe import wheel_table  # noqa: E402
 
 WHEEL = "aiconfigurator-core 0.12.0"
 PYPI = "https://pypi.org/project/aiconfigurator-core/0.12.0/"
@@ -54,12 +58,10 @@ NOTES = {
 
 
 def table(whl: zipfile.ZipFile, system: str, family: str):
-    import pandas as pd
-
     release = RELEASES[family][system]
     path = (f"aiconfigurator_core/systems/data/{system}/comm/{family}/{release}/"
             "custom_allreduce_perf.parquet")
-    d = pd.read_parquet(io.BytesIO(whl.read(path)), use_threads=False)  # see aiconfigurator_moe
+    d = wheel_table(whl, path)
     d = d[(d.op_name == "all_reduce") & (d.allreduce_dtype == "bfloat16")]
     modes = {}
     for src, rows in d.groupby("kernel_source"):

@@ -21,7 +21,6 @@ reaches there. Nothing is fitted to a validation row; the wheel is not needed by
 
 from __future__ import annotations
 
-import io
 import statistics
 import sys
 import zipfile
@@ -29,7 +28,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.aiconfigurator_moe import RELEASES, SYSTEMS  # noqa: E402
+from benchmarks.aiconfigurator_moe import RELEASES, SYSTEMS, wheel_table  # noqa: E402
 from benchmarks.gpu_kernels import OneLineParser  # noqa: E402
 
 REFERENCE = "h100-sxm"
@@ -66,15 +65,12 @@ def arch_factor(shares: dict[tuple, float], reference: dict[tuple, float]
     return statistics.median(r), q[0], q[-1], len(r)
 
 
-def read_table(wheel: str, gpu: str, engine: str):
-    import pandas as pd
-
+def read_table(whl: zipfile.ZipFile, gpu: str, engine: str):
+    """(the GPU's GEMM table of the engine's release, the release, its path in the wheel)."""
     system = SYSTEMS[gpu]
     release = RELEASES[engine][system]
     path = f"aiconfigurator_core/systems/data/{system}/gemm/{engine}/{release}/gemm_perf.parquet"
-    with zipfile.ZipFile(wheel) as whl:
-        # one thread: pyarrow's pool could abort the exit right after a refusal
-        return pd.read_parquet(io.BytesIO(whl.read(path)), use_threads=False), release, path
+    return wheel_table(whl, path), release, path
 
 
 def main(argv=None) -> int:
@@ -89,14 +85,19 @@ def main(argv=None) -> int:
     if not a.min_weight_mib > 0:
         print("aiconfigurator_gemm.py: --min-weight-mib: must be above 0", file=sys.stderr)
         return 2
-    shares, rows = {}, []
-    for gpu in [REFERENCE, *(g for g in SYSTEMS if g != REFERENCE)]:
-        try:
-            table, release, path = read_table(a.wheel, gpu, a.engine)
-        except (OSError, zipfile.BadZipFile, KeyError) as err:
-            print(f"aiconfigurator_gemm.py: {a.wheel}: cannot read the {gpu} table: {err}",
-                  file=sys.stderr)
-            return 2
+    shares, rows, tables = {}, [], {}
+    gpus = [REFERENCE, *(g for g in SYSTEMS if g != REFERENCE)]
+    gpu = gpus[0]
+    try:
+        with zipfile.ZipFile(a.wheel) as whl:  # opened once for every GPU's table
+            for gpu in gpus:
+                tables[gpu] = read_table(whl, gpu, a.engine)
+    except (OSError, zipfile.BadZipFile, KeyError) as err:
+        print(f"aiconfigurator_gemm.py: {a.wheel}: cannot read the {gpu} table: {err}",
+              file=sys.stderr)
+        return 2
+    for gpu in gpus:
+        table, release, path = tables[gpu]
         hw = catalog.load_hardware(gpu)
         ceiling = hw.achievable.memory_bandwidth_gb_per_s.value
         shares[gpu] = decode_shares(table, ceiling, min_weight_bytes=a.min_weight_mib * 2**20)

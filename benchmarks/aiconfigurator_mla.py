@@ -27,14 +27,13 @@ is used; the wheel is not needed by llmplan itself.
 
 from __future__ import annotations
 
-import io
 import sys
 import zipfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.aiconfigurator_moe import _median  # noqa: E402
+from benchmarks.aiconfigurator_moe import _median, wheel_table  # noqa: E402
 from benchmarks.gpu_kernels import OneLineParser  # noqa: E402
 
 SYSTEMS = {"h100-sxm": "h100_sxm", "h200": "h200_sxm"}
@@ -142,8 +141,6 @@ def main(argv=None) -> int:
                          "matches theirs where fixed costs set the time (engines_db "
                          "operator_fixed_us.mla_kv_up_proj)")
     a = ap.parse_args(argv)
-    import pandas as pd
-
     from planner.io import catalog
 
     backend, release = TABLES[a.engine]
@@ -152,7 +149,7 @@ def main(argv=None) -> int:
         with zipfile.ZipFile(a.wheel) as whl:  # opened once for every GPU's table
             for gpu in a.gpu or sorted(SYSTEMS):
                 path = PATH.format(system=SYSTEMS[gpu], backend=backend, release=release)
-                tables[gpu] = pd.read_parquet(io.BytesIO(whl.read(path)), use_threads=False)
+                tables[gpu] = wheel_table(whl, path)
     except (OSError, zipfile.BadZipFile, KeyError) as err:
         print(f"aiconfigurator_mla.py: {a.wheel}: cannot read {path}: {err}", file=sys.stderr)
         return 2

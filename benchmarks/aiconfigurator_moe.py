@@ -42,6 +42,14 @@ MODELS = {"gpt-oss-120b": ("mxfp4", "w4a16_mxfp4"), "gpt-oss-20b": ("mxfp4", "w4
 TOKENS = (1, 8, 32, 128, 512, 2048, 8192)
 
 
+def wheel_table(whl: zipfile.ZipFile, path: str):
+    """One of the wheel's parquet tables, read in one thread: pyarrow's pool could abort the
+    exit right after a refusal. The other aiconfigurator_*.py scripts read theirs here too."""
+    import pandas as pd
+
+    return pd.read_parquet(io.BytesIO(whl.read(path)), use_threads=False)
+
+
 def ours_ms(dep, tokens: int) -> float:
     """One MoE layer of ``dep`` for ``tokens`` sequences of one new token each."""
     from planner.core.ops import step_ops
@@ -152,15 +160,12 @@ def main(argv=None) -> int:
                          "which ours matches the 16-bit models' rows at 2,048-8,192 tokens "
                          "(engines_db experts_compute_frac for this GPU's architecture)")
     a = ap.parse_args(argv)
-    import pandas as pd
-
     system = SYSTEMS[a.gpu]
     release = RELEASES[a.engine][system]  # every engine's MoE layer is timed on every system
     path = f"aiconfigurator_core/systems/data/{system}/moe/{a.engine}/{release}/moe_perf.parquet"
     try:
         with zipfile.ZipFile(a.wheel) as whl:
-            # one thread: pyarrow's pool could abort the exit right after a refusal
-            table = pd.read_parquet(io.BytesIO(whl.read(path)), use_threads=False)
+            table = wheel_table(whl, path)
     except (OSError, zipfile.BadZipFile, KeyError) as err:
         print(f"aiconfigurator_moe.py: {a.wheel}: cannot read {path}: {err}", file=sys.stderr)
         return 2
