@@ -17,6 +17,13 @@ shapes both tables hold of its ratio to the H100's share: the engine profile's
 ``gemm_bandwidth_frac`` is what served runs on Hopper confirm (docs/engines.md); the factor
 carries to another architecture how much less of its copy ceiling the same engine's GEMM
 reaches there. Nothing is fitted to a validation row; the wheel is not needed by llmplan.
+
+``--derive-fp8-compute`` reads the same tables' W8A8 fp8 GEMMs (``gemm_dtype`` fp8: vLLM's
+CUTLASS scaled-mm, per-tensor weight scales) at prefill sizes, M of 1,024 or more, where the
+arithmetic sets the time. For each GPU with fp8 tensor cores it prints the compute efficiency
+of the profile's fp8 path (``quantized.fp8.compute_frac``) with which the median ratio
+theirs / ours over those fp8 rows equals the same median over the 16-bit rows: the fp8 path
+then stands to its kernel as the 16-bit GEMMs stand to theirs, whatever that is.
 """
 
 from __future__ import annotations
@@ -65,6 +72,71 @@ def arch_factor(shares: dict[tuple, float], reference: dict[tuple, float]
     return statistics.median(r), q[0], q[-1], len(r)
 
 
+# a prefill's GEMMs: the arithmetic sets their time (the tables time M up to 32,768)
+MIN_COMPUTE_M = 1024
+MIN_NK = 4096  # a model's projections: N and K of 4,096 or more (7-8B models and up)
+FP8_GPUS = ("h100-sxm", "h200", "l40s", "b200")  # fp8 tensor cores (not the A100)
+
+
+def ours_gemm_s(m: int, n: int, k: int, weights: str, dep) -> float:
+    """One [m, k] x [k, n] GEMM of ``weights`` (bf16 or fp8) as llmplan costs it under the
+    deployment's engine (``dep``: ``served_setup``'s), with the kernels it launches."""
+    from planner.core.ops import Op
+    from planner.core.roofline import op_time
+    from planner.core.specs import DType
+
+    w = DType(weights)
+    op = Op("mlp_down_proj", "matmul", 1, flops=2.0 * m * n * k,
+            weight_bytes=float(n * k) * (1 if w == DType.fp8 else 2),
+            act_bytes=2.0 * m * (n + k), dtype=w, weight_dtype=w, m_rows=m)
+    return op_time(op, dep.prepared.ceilings, tp=1, options=dep.options,
+                   engine=dep.engine).time_s
+
+
+def compute_ratios(table, gpu: str, spec, weights: str,
+                   min_m: int = MIN_COMPUTE_M) -> list[float]:
+    """theirs / ours for each of the table's GEMM shapes of ``weights`` (bf16 or fp8) with
+    M >= ``min_m`` and N, K >= 1,024, under the profile ``spec``."""
+    from planner.cli.compare import served_setup
+    from planner.core.specs import DType
+
+    dtype = "bfloat16" if weights == "bf16" else weights
+    dep = served_setup("qwen3-8b", gpu, spec, 1, DType(weights), None)
+    t = table[(table.gemm_dtype == dtype) & (table.m >= min_m) & (table.n >= MIN_NK)
+              & (table.k >= MIN_NK)]
+    out = []
+    for (m, n, k), g in t.groupby(["m", "n", "k"]):
+        out.append(float(g.latency.median()) * 1e-3 / ours_gemm_s(int(m), int(n), int(k),
+                                                                   weights, dep))
+    return out
+
+
+def derive_fp8_compute(table, gpu: str, spec) -> tuple[float, float, float, int]:
+    """(fp8 compute_frac, the 16-bit rows' median theirs / ours, the fp8 rows' at that
+    fraction, fp8 rows) for ``gpu``'s table: the fraction with which the two medians agree,
+    by bisection to 0.005, replacing the profile's own."""
+    both = compute_ratios(table, gpu, spec, "bf16"), compute_ratios(table, gpu, spec, "fp8")
+    if not all(both):
+        raise ValueError(f"no {'16-bit' if not both[0] else 'fp8'} GEMM with M >= "
+                         f"{MIN_COMPUTE_M:,} and N, K >= 1,024")
+    target = statistics.median(both[0])
+    q = spec.quantized["fp8"]
+
+    def with_frac(f: float):
+        cf = q.compute_frac.model_copy(update={"value": f})
+        return spec.model_copy(update={"quantized": {
+            **spec.quantized, "fp8": q.model_copy(update={"compute_frac": cf})}})
+
+    lo, hi = 0.05, 1.0
+    while hi - lo > 0.005:
+        mid = 0.5 * (lo + hi)
+        r = statistics.median(compute_ratios(table, gpu, with_frac(mid), "fp8"))
+        lo, hi = (mid, hi) if r < target else (lo, mid)
+    f = round(0.5 * (lo + hi), 2)
+    rs = compute_ratios(table, gpu, with_frac(f), "fp8")
+    return f, target, statistics.median(rs), len(rs)
+
+
 def read_table(whl: zipfile.ZipFile, gpu: str, engine: str):
     """(the GPU's GEMM table of the engine's release, the release, its path in the wheel)."""
     system = SYSTEMS[gpu]
@@ -81,6 +153,10 @@ def main(argv=None) -> int:
     ap.add_argument("--engine", choices=sorted(RELEASES), default="vllm")
     ap.add_argument("--min-weight-mib", type=float, default=MIN_WEIGHT_BYTES / 2**20,
                     help="the smallest weight matrix counted (default: 256 MiB)")
+    ap.add_argument("--derive-fp8-compute", action="store_true",
+                    help="print, for each GPU with fp8 tensor cores, the fp8 path's compute "
+                         "efficiency (engines_db quantized.fp8.compute_frac) with which its "
+                         "fp8 GEMMs at M >= 1,024 stand to the table as its 16-bit ones do")
     a = ap.parse_args(argv)
     if not a.min_weight_mib > 0:
         print("aiconfigurator_gemm.py: --min-weight-mib: must be above 0", file=sys.stderr)
@@ -96,6 +172,8 @@ def main(argv=None) -> int:
         print(f"aiconfigurator_gemm.py: {a.wheel}: cannot read the {gpu} table: {err}",
               file=sys.stderr)
         return 2
+    if a.derive_fp8_compute:
+        return print_fp8_compute(tables, a.engine)
     for gpu in gpus:
         table, release, path = tables[gpu]
         hw = catalog.load_hardware(gpu)
@@ -117,6 +195,33 @@ def main(argv=None) -> int:
         print(f"{gpu:<14} {arch:<10} {release:<8} {ceiling:>12.0f} {len(s):>6} "
               f"{statistics.median(s.values()):>6.3f} {f:>6.3f} {lo:>5.3f}-{hi:<5.3f}"
               + ("" if n == len(s) else f"  ({n} shapes in common)"))
+    return 0
+
+
+def print_fp8_compute(tables: dict, engine: str) -> int:
+    from planner.io import catalog
+
+    spec = catalog.load_engine_spec(engine)
+    if spec.quantized is None or "fp8" not in spec.quantized:
+        print(f"aiconfigurator_gemm.py: --derive-fp8-compute: engine {engine} has no fp8 "
+              "path (quantized.fp8)", file=sys.stderr)
+        return 2
+    print(f"# {engine}: fp8 (W8A8) against 16-bit GEMMs at M >= {MIN_COMPUTE_M:,}, N and K "
+          ">= 1,024; ratio = theirs / ours; the fp8 compute_frac with which the medians agree "
+          f"(the profile's: {spec.quantized['fp8'].compute_frac.value:g})")
+    print(f"{'gpu':<10} {'release':<8} {'rows':>5} {'bf16 ratio':>10} {'fp8 ratio':>9} "
+          f"{'fp8 compute_frac':>16}")
+    fracs = []
+    for gpu in FP8_GPUS:
+        table, release, path = tables[gpu]
+        try:
+            f, target, got, n = derive_fp8_compute(table, gpu, spec)
+        except ValueError as err:
+            print(f"aiconfigurator_gemm.py: {path}: {err}", file=sys.stderr)
+            return 2
+        fracs.append(f)
+        print(f"{gpu:<10} {release:<8} {n:>5} {target:>10.3f} {got:>9.3f} {f:>16.2f}")
+    print(f"median over the {len(fracs)} GPUs: {statistics.median(fracs):.3f}")
     return 0
 
 

@@ -91,3 +91,49 @@ def test_the_script_prints_each_gpus_factor_from_its_own_table(tmp_path):
                            cwd=ROOT)
     assert other.returncode == 2 and "cannot read the h100-sxm table" in other.stderr
     assert len(other.stderr.strip().splitlines()) == 1
+
+
+def _spec_with_fp8_compute(spec, f: float):
+    q = spec.quantized["fp8"]
+    return spec.model_copy(update={"quantized": {**spec.quantized, "fp8": q.model_copy(
+        update={"compute_frac": q.compute_frac.model_copy(update={"value": f})})}})
+
+
+def test_the_fp8_compute_share_is_the_one_that_reproduces_the_table():
+    """--derive-fp8-compute: a table whose 16-bit GEMMs take what ours do and whose fp8 GEMMs
+    take what ours would with an fp8 compute_frac of 0.4 gives back 0.4; rows under M 1,024
+    (here impossibly fast) are not counted."""
+    from planner.cli.compare import served_setup
+    from planner.core.specs import DType
+    from planner.io import catalog
+
+    spec = catalog.load_engine_spec("vllm")
+    slow = _spec_with_fp8_compute(spec, 0.4)
+    rows = []
+    for wt, dtype, s in (("bf16", "bfloat16", spec), ("fp8", "fp8", slow)):
+        dep = served_setup("qwen3-8b", "h100-sxm", s, 1, DType(wt), None)
+        for m, n, k in ((1024, 4096, 4096), (4096, 12288, 4096), (2048, 4096, 12288),
+                        (16, 4096, 4096)):
+            latency = gemm.ours_gemm_s(m, n, k, wt, dep) * 1e3 if m >= 1024 else 1e-9
+            rows.append(dict(gemm_dtype=dtype, m=m, n=n, k=k, latency=latency))
+    f, target, got, n = gemm.derive_fp8_compute(pd.DataFrame(rows), "h100-sxm", spec)
+    assert n == 3 and target == pytest.approx(1.0)
+    assert f == pytest.approx(0.4, abs=0.01) and got == pytest.approx(1.0, abs=0.02)
+
+
+def test_vllm_fp8_compute_share_names_the_derived_one_not_yet_applied():
+    from planner.io import catalog
+
+    fp8 = catalog.load_engine_spec("vllm").quantized["fp8"].compute_frac
+    assert fp8.value == 0.9 and "--derive-fp8-compute" in fp8.note and "0.655" in fp8.note
+
+
+def test_a_wheel_without_prefill_fp8_rows_is_one_line_and_exit_2(tmp_path):
+    """The stand-in tables hold one fp8 GEMM, at M 1 (and a 16-bit one at M 4,096): nothing
+    to derive the share from."""
+    run = [sys.executable, str(ROOT / "benchmarks" / "aiconfigurator_gemm.py"),
+           str(_wheel(tmp_path, "vllm", lambda gpu: 2000.0)), "--engine", "vllm",
+           "--derive-fp8-compute"]
+    p = subprocess.run(run, capture_output=True, text=True, cwd=ROOT)
+    assert p.returncode == 2 and "no fp8 GEMM with M >= 1,024" in p.stderr
+    assert len(p.stderr.strip().splitlines()) == 1

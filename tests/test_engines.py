@@ -557,3 +557,86 @@ def test_an_eager_moe_layer_pays_the_engines_host_time_once_a_layer():
     data["moe_layer_host_us"]["value"] = -1.0
     with pytest.raises(ValueError, match="moe_layer_host_us"):
         type(catalog.load_engine_spec("sglang")).model_validate(data)
+
+
+@pytest.mark.parametrize("bad", [{}, {"hopper": 0.0}, {"hopper": -5.0},
+                                 {"hopper": float("inf")}, {"Hopper": 1956.0}])
+def test_an_fp8_cache_pace_is_refused_where_it_cannot_apply(bad):
+    spec = catalog.load_engine_spec("vllm")
+    data = spec.model_dump(exclude_none=True)
+    data["fp8_kv_attention_gb_per_s"] = {"source": "test", "value": bad}
+    with pytest.raises(ValueError, match="fp8_kv_attention_gb_per_s"):
+        type(spec).model_validate(data)
+
+
+def test_an_fp8_cache_is_read_no_faster_than_the_engines_pace_on_its_architecture():
+    """fp8_kv_attention_gb_per_s, resolved for the GPU's architecture (none where it names
+    none): an attention op reading an fp8 cache takes its cache bytes at the pace where that is
+    under the bandwidth's share, its queries and outputs at the bandwidth's; a 16-bit cache,
+    an MLA latent cache (kv_dtype None) and a GPU of another architecture are unchanged."""
+    e = dataclasses.replace(H, overlap_frac=1.0, attention_bandwidth_frac=0.9,
+                            fp8_kv_attention_by_arch=(("hopper", 300e9),))
+    hop, ada = e.for_gpu(80e9, "h100", "hopper"), e.for_gpu(48e9, "l40s", "ada")
+    assert hop.fp8_kv_attention_bytes_per_s == 300e9 and ada.fp8_kv_attention_bytes_per_s == 0
+    # 6e8 bytes of fp8 cache and 1e8 of queries and outputs, 1 TB/s at 0.9
+    fp8 = Op("attention", "attention", 1, flops=1e6, kv_bytes=6e8, act_bytes=1e8,
+             kv_dtype=DType.fp8)
+    t = op_time(fp8, C, engine=hop)
+    assert t.memory_s == pytest.approx(1e8 / 0.9e12 + 6e8 / 300e9)  # 2.111 ms by hand
+    assert t.bandwidth_frac == pytest.approx(0.3)
+    unpaced = op_time(fp8, C, engine=ada)
+    assert unpaced.memory_s == pytest.approx(7e8 / 0.9e12)
+    for kv in (DType.bf16, None):
+        op = dataclasses.replace(fp8, kv_dtype=kv)
+        assert op_time(op, C, engine=hop).memory_s == pytest.approx(7e8 / 0.9e12)
+    # a pace above the bandwidth's share changes nothing
+    fast = e.for_gpu(80e9, "h100", "hopper")
+    fast = dataclasses.replace(fast, fp8_kv_attention_bytes_per_s=2e12)
+    assert op_time(fp8, C, engine=fast).memory_s == pytest.approx(7e8 / 0.9e12)
+
+
+def test_the_attention_op_names_its_cache_type_but_not_mlas():
+    from planner.core.ops import step_ops
+
+    for name, kv, want in (("llama-3.1-8b", "fp8", DType.fp8), ("llama-3.1-8b", "bf16", DType.bf16),
+                           ("deepseek-v3", "fp8", None)):
+        m = catalog.load_model(name)
+        prec = Precision.of("fp8" if name == "deepseek-v3" else "bf16", kv)
+        attn = [op for op in step_ops(m, prec, batch=4, new_tokens=1, past_tokens=512, tp=8)
+                if op.kind == "attention"]
+        assert attn and all(op.kv_dtype == want for op in attn)
+
+
+def test_an_fp8_cache_pace_slows_a_hopper_decode_and_not_a_16_bit_one():
+    """The paces benchmarks/aiconfigurator_attention.py derives from vLLM 0.24's kernels (not
+    yet in the vllm profile: docs/validation.md#aic-fp8): 1,956 GB/s on Hopper, under the
+    H100's 2.9 TB/s copy rate, so Qwen3-8B's decode at 64 x 768 tokens with an fp8 cache
+    slows; with a bf16 cache, or on an L40S (no pace named for Ada), it does not."""
+    from planner.core.engine import ArchRates
+
+    flat = catalog.load_engine_spec("vllm")
+    assert flat.fp8_kv_attention_gb_per_s is None
+    spec = flat.model_copy(update={"fp8_kv_attention_gb_per_s": ArchRates(
+        source="benchmarks/aiconfigurator_attention.py", value={"hopper": 1956,
+                                                                "blackwell": 4976})})
+    m = catalog.load_model("qwen3-8b")
+    w = Workload(batch=64, prompt_tokens=512, output_tokens=256)
+
+    def tpot(s, gpu, kv):
+        return estimate(m, catalog.load_hardware(gpu), workload=w, engine=s.model(),
+                        precision=Precision.of("bf16", kv)).tpot_s
+
+    slow = tpot(spec, "h100-sxm", "fp8") / tpot(flat, "h100-sxm", "fp8")
+    assert 1.03 < slow < 2900 / 1956
+    assert tpot(spec, "h100-sxm", "bf16") == tpot(flat, "h100-sxm", "bf16")
+    assert tpot(spec, "l40s", "fp8") == tpot(flat, "l40s", "fp8")
+
+
+def test_engines_listing_shows_the_fp8_cache_paces(run_json, tmp_path):
+    rows = {r["name"]: r for r in run_json("engines")}
+    assert rows["vllm"]["fp8_kv_attention_gb_per_s"] == {}  # none named: the bandwidth alone
+    from planner.core.engine import ArchRates
+
+    spec = catalog.load_engine_spec("vllm").model_copy(update={
+        "fp8_kv_attention_gb_per_s": ArchRates(source="t", value={"hopper": 1956})})
+    assert dict(spec.model().fp8_kv_attention_by_arch) == {"hopper": 1956e9}

@@ -111,6 +111,9 @@ def engines(as_json: JsonOpt = False) -> None:
                      "gemm_compute_frac": e.gemm_compute_frac,
                      "served_compute_frac": e.served_compute_frac,
                      "attention_bandwidth_frac": e.attention_bandwidth_frac,
+                     # the most GB/s attention reads an fp8 KV cache at, by architecture
+                     "fp8_kv_attention_gb_per_s": {k: v / 1e9 for k, v in
+                                                   e.fp8_kv_attention_by_arch},
                      "allreduce_latency_us": spec.allreduce_latency_us.value,
                      "memory_utilization_frac": e.memory_utilization_frac,
                      "memory_basis": e.memory_basis,

@@ -85,6 +85,15 @@ class FlagSince(Flag):
     since: str = Field(pattern=r"^[0-9]+(\.[0-9]+)*$")
 
 
+def _architectures_lower_case(v: dict) -> dict:
+    # for_gpu looks the GPU's architecture up in lower case: "Ampere" would never apply
+    bad = sorted(k for k in v if k != k.lower() or not k.strip())
+    if bad:
+        raise ValueError(f"architecture {bad[0]!r}: write it in lower case, as "
+                         "hardware_db's architecture (ampere, hopper, ...)")
+    return v
+
+
 class ArchFracs(_Sourced):
     """A factor by GPU architecture (a hardware file's ``architecture``: ampere, hopper,
     ...); an architecture not named keeps 1."""
@@ -92,15 +101,18 @@ class ArchFracs(_Sourced):
     value: dict[str, Annotated[float, Field(gt=0, le=2, allow_inf_nan=False)]] = Field(
         min_length=1)
 
-    @field_validator("value")
-    @classmethod
-    def _lower_case(cls, v: dict) -> dict:
-        # for_gpu looks the GPU's architecture up in lower case: "Ampere" would never apply
-        bad = sorted(k for k in v if k != k.lower() or not k.strip())
-        if bad:
-            raise ValueError(f"architecture {bad[0]!r}: write it in lower case, as "
-                             "hardware_db's architecture (ampere, hopper, ...)")
-        return v
+    _lower_case = field_validator("value")(classmethod(
+        lambda cls, v: _architectures_lower_case(v)))
+
+
+class ArchRates(_Sourced):
+    """A rate in GB/s by GPU architecture; an architecture not named has none."""
+
+    value: dict[str, Annotated[float, Field(gt=0, le=1e6, allow_inf_nan=False)]] = Field(
+        min_length=1)
+
+    _lower_case = field_validator("value")(classmethod(
+        lambda cls, v: _architectures_lower_case(v)))
 
 
 class Kernels(_Sourced):
@@ -556,6 +568,10 @@ class EngineSpec(_Frozen):
     overlap_frac: Frac  # share of min(compute, memory) time hidden under the max
     attention_bandwidth_frac: Frac
     attention_compute_frac: Frac
+    # the most bytes a second the engine's attention reads an fp8 KV cache at, by GPU
+    # architecture: its kernel converts every cached value, and on some GPUs that, not the
+    # memory, sets the pace (None, or an architecture not named: the bandwidth alone)
+    fp8_kv_attention_gb_per_s: ArchRates | None = None
     # decode attention reads each KV head once for its whole group of query heads (GQA-aware
     # kernels: FlashInfer, FlashAttention, XQA) or once per query head
     gqa_kv_reuse: Flag
@@ -694,6 +710,9 @@ class EngineSpec(_Frozen):
             overlap_frac=self.overlap_frac.value,
             attention_bandwidth_frac=self.attention_bandwidth_frac.value,
             attention_compute_frac=self.attention_compute_frac.value,
+            fp8_kv_attention_by_arch=(() if self.fp8_kv_attention_gb_per_s is None else tuple(
+                sorted((k, v * 1e9) for k, v in
+                       self.fp8_kv_attention_gb_per_s.value.items()))),
             gqa_kv_reuse=self.gqa_kv_reuse.value,
             kv_cache_concat=self.kv_cache_concat.value,
             elementwise_bandwidth_frac=self.elementwise_bandwidth_frac.value,
@@ -818,6 +837,10 @@ class Engine:
     overlap_frac: float = 1.0
     attention_bandwidth_frac: float = 1.0
     attention_compute_frac: float = 1.0
+    # the most bytes a second attention reads an fp8 KV cache at on this GPU (0: no limit
+    # but the bandwidth's; ``for_gpu`` resolves it from ``fp8_kv_attention_by_arch``)
+    fp8_kv_attention_bytes_per_s: float = 0.0
+    fp8_kv_attention_by_arch: tuple[tuple[str, float], ...] = ()
     gqa_kv_reuse: bool = True
     kv_cache_concat: bool = False
     elementwise_bandwidth_frac: float = 1.0
@@ -926,6 +949,9 @@ class Engine:
         if e.gemm_bandwidth_by_arch:
             e = replace(e, gemm_bandwidth_by_arch=(), gemm_bandwidth_arch_frac=dict(
                 e.gemm_bandwidth_by_arch).get(arch, 1.0))
+        if e.fp8_kv_attention_by_arch:
+            e = replace(e, fp8_kv_attention_by_arch=(), fp8_kv_attention_bytes_per_s=dict(
+                e.fp8_kv_attention_by_arch).get(arch, 0.0))
         if e.small_gpu is None:
             return e
         seqs, tokens, below, names = e.small_gpu
@@ -1044,6 +1070,7 @@ class Engine:
                 self.experts_compute_by_arch,
                 self.gemm_tile_m, self.overlap_frac,
                 self.attention_bandwidth_frac, self.attention_compute_frac,
+                self.fp8_kv_attention_bytes_per_s, self.fp8_kv_attention_by_arch,
                 self.gqa_kv_reuse, self.kv_cache_concat, self.elementwise_bandwidth_frac,
                 tuple(fr for _, fr in self.quantized if fr != (1.0, 1.0)),
                 self.allreduce_latency_s, self.allreduce_bandwidth_frac, self.family)

@@ -165,6 +165,7 @@ class Op:
     m_rows: float = 0.0  # a matmul's M: the activation rows of each GEMM (tokens per expert)
     kv_group: float = 1.0  # attention: query heads that share each cached KV head
     kv_cache_bytes: float = 0.0  # KV write: the cache held before (a concatenating cache copies it)
+    kv_dtype: DType | None = None  # attention: the type of the cache it reads (not MLA's)
 
     @property
     def bytes(self) -> float:
@@ -483,8 +484,10 @@ def _attention(s: _Step, name: str, count: int, sh: StepShape, *, qk_dim: int, v
     if attention == "naive":
         # the [new, past+new] score matrix and its softmax, written and read once each
         act += 4.0 * heads * sh.score_elems * ab
+    # MLA's latent cache is read by other kernels (FlashMLA, ...) than the ones whose fp8
+    # pace the engine profiles state (Engine.fp8_kv_attention_bytes_per_s)
     return Op(name, "attention", count, flops=flops, kv_bytes=kv, act_bytes=act, dtype=s.hdt,
-              kv_group=group)
+              kv_group=group, kv_dtype=None if a is not None else s.prec.kv_cache)
 
 
 def _mlp_ops(s: _Step) -> list[Op]:

@@ -395,6 +395,15 @@ def op_time(op: Op, c: Ceilings, *, tp: int = 1, options: Options | None = None,
     if e.kv_cache_concat:
         moved = moved + 2 * op.kv_cache_bytes  # the old cache read and written anew
     memory = moved / (c.bandwidth_bytes_per_s * bw_frac)
+    if (op.kind == "attention" and op.kv_dtype == DType.fp8
+            and e.fp8_kv_attention_bytes_per_s):
+        # the kernel converts each fp8 value of the cache it reads: the cache comes in no
+        # faster than that pace on this GPU (the queries and outputs at the bandwidth's)
+        paced = e.fp8_kv_attention_bytes_per_s / c.bandwidth_bytes_per_s
+        if paced < bw_frac:
+            kv = moved - op.act_bytes
+            memory = memory + kv / c.bandwidth_bytes_per_s * (1.0 / paced - 1.0 / bw_frac)
+            bw_frac = paced  # the efficiency reported: the cache's, most of the bytes
     k = e.kernels_for(op.name, op.kind)
     per_kernel = c.kernel_cost_s(op.kind, e)
     if op.kind == "matmul" and op.dtype == DType.fp8 and e.fp8_quant_kernels:

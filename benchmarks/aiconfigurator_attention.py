@@ -1,0 +1,117 @@
+"""The pace at which an engine's decode attention reads an fp8 KV cache on each GPU, from NVIDIA
+aiconfigurator's measured attention tables, and the figure by GPU architecture it implies.
+
+    pip download --no-deps aiconfigurator-core==0.12.0 -d /tmp/aic
+    python benchmarks/aiconfigurator_attention.py /tmp/aic/aiconfigurator_core-0.12.0-*.whl \\
+        --engine vllm
+
+aiconfigurator ships, per GPU system and engine release, the latency of the engine's decode
+attention (``attention/<engine>/<release>/generation_attention_perf.parquet``: one new token
+for each of ``batch_size`` sequences over ``step`` cached tokens, by query and KV heads, head
+dimension and the cache's type, bf16 or fp8) timed on that GPU. Where the cache is far larger
+than any L2 (its 16-bit form 256 MiB or more), the cache's bytes over the latency is the rate
+the kernel reads it at. This prints, for each GPU and type, that rate (the median over the
+shapes, with the type's default kernel: the one the table times most) and its share of the
+GPU's achievable copy bandwidth in hardware_db; and, by architecture, the median fp8 rate of
+its GPUs where their fp8 kernels reach under 0.9 of the share their 16-bit ones do: the engine
+profile's ``fp8_kv_attention_gb_per_s``. Nothing is fitted to a validation row; the wheel is
+not needed by llmplan.
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import zipfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.aiconfigurator_moe import RELEASES, SYSTEMS, wheel_table  # noqa: E402
+from benchmarks.gpu_kernels import OneLineParser  # noqa: E402
+
+# a cache at least this large in 16 bits: well above the L2 of each of these GPUs
+MIN_CACHE_BYTES = 256 * 2**20
+PACED_BELOW = 0.9  # an fp8 share under this much of the 16-bit share: the kernel sets the pace
+BYTES = {"bfloat16": 2, "fp8": 1}
+
+
+def cache_rates(table) -> dict[str, tuple[str, float, int]]:
+    """{cache type: (kernel, median bytes/s, shapes)} over the table's full-attention decode
+    shapes whose 16-bit cache is at least MIN_CACHE_BYTES, each type with its default kernel
+    (the one with the most rows of it). The cache holds K and V of ``step`` + 1 tokens a
+    sequence (the latency is in ms)."""
+    t = table
+    if "window_size" in t.columns:
+        t = t[t.window_size == 0]
+    elems = t.batch_size * (t.step + 1) * t.num_key_value_heads * t.head_dim * 2
+    t = t[elems * 2 >= MIN_CACHE_BYTES]
+    out = {}
+    for dtype, per in BYTES.items():
+        rows = t[t.kv_cache_dtype == dtype]
+        if rows.empty:
+            continue
+        kernel = rows.kernel_source.value_counts().index[0]
+        rows = rows[rows.kernel_source == kernel]
+        keys = ["batch_size", "step", "num_heads", "num_key_value_heads", "head_dim"]
+        rates = []
+        for (b, s, _h, kv, d), g in rows.groupby(keys):
+            rates.append(b * (s + 1) * kv * d * 2 * per / (float(g.latency.median()) * 1e-3))
+        out[dtype] = (str(kernel), statistics.median(rates), len(rates))
+    return out
+
+
+def arch_paces(per_gpu: dict[str, tuple[str, dict, float]]) -> dict[str, float]:
+    """{architecture: the median fp8 rate in bytes/s of its GPUs whose fp8 share is under
+    PACED_BELOW of their 16-bit share} from {gpu: (architecture, cache_rates, ceiling bytes/s)};
+    an architecture none of whose GPUs is paced so is left out."""
+    paced: dict[str, list[float]] = {}
+    for arch, rates, _ceiling in per_gpu.values():
+        if "fp8" in rates and "bfloat16" in rates and \
+                rates["fp8"][1] < PACED_BELOW * rates["bfloat16"][1]:
+            paced.setdefault(arch, []).append(rates["fp8"][1])
+    return {a: statistics.median(v) for a, v in sorted(paced.items())}
+
+
+def main(argv=None) -> int:
+    from planner.io import catalog
+
+    ap = OneLineParser(description=__doc__.splitlines()[0])
+    ap.add_argument("wheel", help="the aiconfigurator-core 0.12.0 wheel")
+    ap.add_argument("--engine", choices=sorted(RELEASES), default="vllm")
+    a = ap.parse_args(argv)
+    tables, gpu = {}, ""
+    try:
+        with zipfile.ZipFile(a.wheel) as whl:  # opened once for every GPU's table
+            for gpu, system in SYSTEMS.items():
+                release = RELEASES[a.engine][system]
+                path = (f"aiconfigurator_core/systems/data/{system}/attention/{a.engine}/"
+                        f"{release}/generation_attention_perf.parquet")
+                tables[gpu] = (wheel_table(whl, path), release)
+    except (OSError, zipfile.BadZipFile, KeyError) as err:
+        print(f"aiconfigurator_attention.py: {a.wheel}: cannot read the {gpu} table: {err}",
+              file=sys.stderr)
+        return 2
+    per_gpu = {}
+    print(f"# {a.engine}: decode attention over a cache of {MIN_CACHE_BYTES / 2**20:g} MiB or "
+          "more in 16 bits; rate = the cache's bytes / latency (median over the shapes); "
+          "share = of hardware_db's achievable copy bandwidth")
+    print(f"{'gpu':<14} {'arch':<10} {'release':<8} {'cache':<8} {'kernel':<30} "
+          f"{'shapes':>6} {'GB/s':>7} {'share':>6}")
+    for gpu, (table, release) in tables.items():
+        hw = catalog.load_hardware(gpu)
+        ceiling = hw.achievable.memory_bandwidth_gb_per_s.value * 1e9
+        rates = cache_rates(table)
+        per_gpu[gpu] = (hw.architecture, rates, ceiling)
+        for dtype, (kernel, rate, n) in rates.items():
+            print(f"{gpu:<14} {hw.architecture:<10} {release:<8} {dtype:<8} {kernel:<30} "
+                  f"{n:>6} {rate / 1e9:>7.0f} {rate / ceiling:>6.3f}")
+    paces = arch_paces(per_gpu)
+    print(f"fp8_kv_attention_gb_per_s (architectures whose fp8 kernel reaches under "
+          f"{PACED_BELOW:g} of the 16-bit share): "
+          + (", ".join(f"{k}: {v / 1e9:.0f}" for k, v in paces.items()) or "none"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
