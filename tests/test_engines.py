@@ -564,7 +564,7 @@ def test_an_eager_moe_layer_pays_the_engines_host_time_once_a_layer():
 def test_an_fp8_cache_pace_is_refused_where_it_cannot_apply(bad):
     spec = catalog.load_engine_spec("vllm")
     data = spec.model_dump(exclude_none=True)
-    data["fp8_kv_attention_gb_per_s"] = {"source": "test", "value": bad}
+    data["fp8_kv_attention_gb_per_s"]["value"] = bad
     with pytest.raises(ValueError, match="fp8_kv_attention_gb_per_s"):
         type(spec).model_validate(data)
 
@@ -607,18 +607,15 @@ def test_the_attention_op_names_its_cache_type_but_not_mlas():
         assert attn and all(op.kv_dtype == want for op in attn)
 
 
-def test_an_fp8_cache_pace_slows_a_hopper_decode_and_not_a_16_bit_one():
-    """The paces benchmarks/aiconfigurator_attention.py derives from vLLM 0.24's kernels (not
-    yet in the vllm profile: docs/validation.md#aic-fp8): 1,956 GB/s on Hopper, under the
-    H100's 2.9 TB/s copy rate, so Qwen3-8B's decode at 64 x 768 tokens with an fp8 cache
-    slows; with a bf16 cache, or on an L40S (no pace named for Ada), it does not."""
-    from planner.core.engine import ArchRates
-
-    flat = catalog.load_engine_spec("vllm")
-    assert flat.fp8_kv_attention_gb_per_s is None
-    spec = flat.model_copy(update={"fp8_kv_attention_gb_per_s": ArchRates(
-        source="benchmarks/aiconfigurator_attention.py", value={"hopper": 1956,
-                                                                "blackwell": 4976})})
+def test_vllm_fp8_cache_pace_slows_a_hopper_decode_and_not_a_16_bit_one():
+    """The vllm profile's paces (benchmarks/aiconfigurator_attention.py on vLLM 0.24's
+    kernels): 1,956 GB/s on Hopper, under the H100's 2.9 TB/s copy rate, so Qwen3-8B's decode
+    at 64 x 768 tokens with an fp8 cache slows; with a bf16 cache, or on an L40S (no pace named
+    for Ada), it does not."""
+    spec = catalog.load_engine_spec("vllm")
+    assert spec.fp8_kv_attention_gb_per_s.value == {"hopper": 1956, "blackwell": 4976}
+    assert "aiconfigurator" in spec.fp8_kv_attention_gb_per_s.source
+    flat = spec.model_copy(update={"fp8_kv_attention_gb_per_s": None})
     m = catalog.load_model("qwen3-8b")
     w = Workload(batch=64, prompt_tokens=512, output_tokens=256)
 
@@ -632,11 +629,7 @@ def test_an_fp8_cache_pace_slows_a_hopper_decode_and_not_a_16_bit_one():
     assert tpot(spec, "l40s", "fp8") == tpot(flat, "l40s", "fp8")
 
 
-def test_engines_listing_shows_the_fp8_cache_paces(run_json, tmp_path):
+def test_engines_listing_shows_the_fp8_cache_paces(run_json):
     rows = {r["name"]: r for r in run_json("engines")}
-    assert rows["vllm"]["fp8_kv_attention_gb_per_s"] == {}  # none named: the bandwidth alone
-    from planner.core.engine import ArchRates
-
-    spec = catalog.load_engine_spec("vllm").model_copy(update={
-        "fp8_kv_attention_gb_per_s": ArchRates(source="t", value={"hopper": 1956})})
-    assert dict(spec.model().fp8_kv_attention_by_arch) == {"hopper": 1956e9}
+    assert rows["vllm"]["fp8_kv_attention_gb_per_s"] == {"blackwell": 4976.0, "hopper": 1956.0}
+    assert rows["sglang"]["fp8_kv_attention_gb_per_s"] == {}  # none named: the bandwidth alone
