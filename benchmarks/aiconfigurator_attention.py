@@ -14,8 +14,11 @@ the kernel reads it at. This prints, for each GPU and type, that rate (the media
 shapes, with the type's default kernel: the one the table times most) and its share of the
 GPU's achievable copy bandwidth in hardware_db; and, by architecture, the median fp8 rate of
 its GPUs where their fp8 kernels reach under 0.9 of the share their 16-bit ones do: the engine
-profile's ``fp8_kv_attention_gb_per_s``. Nothing is fitted to a validation row; the wheel is
-not needed by llmplan.
+profile's ``fp8_kv_attention_gb_per_s``. With a 16-bit cache it also prints, shape by shape,
+each GPU's share against the H100's, the median by GPU: the profile's
+``attention_bandwidth_arch_frac`` (the H100 is the reference, as for the GEMMs' factor in
+aiconfigurator_gemm.py). Nothing is fitted to a validation row; the wheel is not needed by
+llmplan.
 """
 
 from __future__ import annotations
@@ -36,40 +39,76 @@ PACED_BELOW = 0.9  # an fp8 share under this much of the 16-bit share: the kerne
 BYTES = {"bfloat16": 2, "fp8": 1}
 
 
+REFERENCE = "h100-sxm"
+SHAPE = ["batch_size", "step", "num_heads", "num_key_value_heads", "head_dim"]
+
+
+def _cache_rows(table, dtype: str):
+    """The table's full-attention rows of ``dtype`` whose 16-bit cache is at least
+    MIN_CACHE_BYTES, with the type's default kernel (the one with the most rows of it); None
+    where it has none."""
+    t = table
+    if "window_size" in t.columns:
+        t = t[t.window_size == 0]
+    elems = t.batch_size * (t.step + 1) * t.num_key_value_heads * t.head_dim * 2
+    t = t[(elems * 2 >= MIN_CACHE_BYTES) & (t.kv_cache_dtype == dtype)]
+    if t.empty:
+        return None
+    return t[t.kernel_source == t.kernel_source.value_counts().index[0]]
+
+
+def shape_rates(table, dtype: str = "bfloat16") -> dict[tuple, float]:
+    """{shape: the cache's bytes/s} for the table's rows of ``dtype`` (``_cache_rows``)."""
+    rows = _cache_rows(table, dtype)
+    out = {}
+    if rows is None:
+        return out
+    for (b, s, h, kv, d), g in rows.groupby(SHAPE):
+        out[(int(b), int(s), int(h), int(kv), int(d))] = (
+            b * (s + 1) * kv * d * 2 * BYTES[dtype] / (float(g.latency.median()) * 1e-3))
+    return out
+
+
+def arch_factor(shares: dict[tuple, float], reference: dict[tuple, float]
+                ) -> tuple[float, float, float, int]:
+    """(median, p10, p90, shapes) of the per-shape ratio shares / reference over the shapes
+    both hold."""
+    common = sorted(set(shares) & set(reference))
+    if not common:
+        raise ValueError("no 16-bit attention shape is timed on both GPUs")
+    r = sorted(shares[s] / reference[s] for s in common)
+    q = statistics.quantiles(r, n=10, method="inclusive") if len(r) > 1 else [r[0]] * 9
+    return statistics.median(r), q[0], q[-1], len(r)
+
+
 def cache_rates(table) -> dict[str, tuple[str, float, int]]:
     """{cache type: (kernel, median bytes/s, shapes)} over the table's full-attention decode
     shapes whose 16-bit cache is at least MIN_CACHE_BYTES, each type with its default kernel
     (the one with the most rows of it). The cache holds K and V of ``step`` + 1 tokens a
     sequence (the latency is in ms)."""
-    t = table
-    if "window_size" in t.columns:
-        t = t[t.window_size == 0]
-    elems = t.batch_size * (t.step + 1) * t.num_key_value_heads * t.head_dim * 2
-    t = t[elems * 2 >= MIN_CACHE_BYTES]
     out = {}
-    for dtype, per in BYTES.items():
-        rows = t[t.kv_cache_dtype == dtype]
-        if rows.empty:
+    for dtype in BYTES:
+        rows = _cache_rows(table, dtype)
+        if rows is None:
             continue
-        kernel = rows.kernel_source.value_counts().index[0]
-        rows = rows[rows.kernel_source == kernel]
-        keys = ["batch_size", "step", "num_heads", "num_key_value_heads", "head_dim"]
-        rates = []
-        for (b, s, _h, kv, d), g in rows.groupby(keys):
-            rates.append(b * (s + 1) * kv * d * 2 * per / (float(g.latency.median()) * 1e-3))
-        out[dtype] = (str(kernel), statistics.median(rates), len(rates))
+        rates = shape_rates(table, dtype)
+        out[dtype] = (str(rows.kernel_source.iloc[0]), statistics.median(rates.values()),
+                      len(rates))
     return out
 
 
 def arch_paces(per_gpu: dict[str, tuple[str, dict, float]]) -> dict[str, float]:
-    """{architecture: the median fp8 rate in bytes/s of its GPUs whose fp8 share is under
-    PACED_BELOW of their 16-bit share} from {gpu: (architecture, cache_rates, ceiling bytes/s)};
-    an architecture none of whose GPUs is paced so is left out."""
+    """{architecture: the median pace in bytes/s of its GPUs whose fp8 share is under
+    PACED_BELOW of their 16-bit share} from {gpu: (architecture, cache_rates, the profile's
+    own 16-bit cache rate there in bytes/s)}; an architecture none of whose GPUs is paced so is
+    left out. A GPU's pace is in the profile's terms: its 16-bit rate times the measured fp8
+    rate over the measured 16-bit one, so that an fp8 cache stands to a 16-bit one as the
+    table has it whatever the profile's 16-bit share is."""
     paced: dict[str, list[float]] = {}
-    for arch, rates, _ceiling in per_gpu.values():
+    for arch, rates, ours in per_gpu.values():
         if "fp8" in rates and "bfloat16" in rates and \
                 rates["fp8"][1] < PACED_BELOW * rates["bfloat16"][1]:
-            paced.setdefault(arch, []).append(rates["fp8"][1])
+            paced.setdefault(arch, []).append(ours * rates["fp8"][1] / rates["bfloat16"][1])
     return {a: statistics.median(v) for a, v in sorted(paced.items())}
 
 
@@ -98,17 +137,33 @@ def main(argv=None) -> int:
           "share = of hardware_db's achievable copy bandwidth")
     print(f"{'gpu':<14} {'arch':<10} {'release':<8} {'cache':<8} {'kernel':<30} "
           f"{'shapes':>6} {'GB/s':>7} {'share':>6}")
+    engine = catalog.load_engine(a.engine)
+    ceilings = {}
     for gpu, (table, release) in tables.items():
         hw = catalog.load_hardware(gpu)
-        ceiling = hw.achievable.memory_bandwidth_gb_per_s.value * 1e9
+        ceiling = ceilings[gpu] = hw.achievable.memory_bandwidth_gb_per_s.value * 1e9
         rates = cache_rates(table)
-        per_gpu[gpu] = (hw.architecture, rates, ceiling)
+        e = engine.for_gpu(hw.memory_bytes, hw.name, hw.architecture)
+        ours = ceiling * e.attention_bandwidth_frac * e.attention_bandwidth_arch_frac
+        per_gpu[gpu] = (hw.architecture, rates, ours)
         for dtype, (kernel, rate, n) in rates.items():
             print(f"{gpu:<14} {hw.architecture:<10} {release:<8} {dtype:<8} {kernel:<30} "
                   f"{n:>6} {rate / 1e9:>7.0f} {rate / ceiling:>6.3f}")
+    ref = {k: v / ceilings[REFERENCE] for k, v in shape_rates(tables[REFERENCE][0]).items()}
+    print(f"16-bit cache, share against the {REFERENCE}'s shape by shape "
+          "(attention_bandwidth_arch_frac):")
+    for gpu, (arch, _rates, _ours) in per_gpu.items():
+        mine = {k: v / ceilings[gpu] for k, v in shape_rates(tables[gpu][0]).items()}
+        try:
+            f, lo, hi, n = arch_factor(mine, ref)
+        except ValueError as err:
+            print(f"aiconfigurator_attention.py: {gpu}: {err}", file=sys.stderr)
+            return 2
+        print(f"  {gpu:<14} {arch:<10} {f:.3f} (p10-p90 {lo:.3f}-{hi:.3f}, {n} shapes)")
     paces = arch_paces(per_gpu)
     print(f"fp8_kv_attention_gb_per_s (architectures whose fp8 kernel reaches under "
-          f"{PACED_BELOW:g} of the 16-bit share): "
+          f"{PACED_BELOW:g} of the 16-bit share; the {a.engine} profile's 16-bit rate there "
+          "times the measured fp8 rate over the 16-bit one, the architecture's median): "
           + (", ".join(f"{k}: {v / 1e9:.0f}" for k, v in paces.items()) or "none"))
     return 0
 

@@ -20,10 +20,11 @@ reaches there. Nothing is fitted to a validation row; the wheel is not needed by
 
 ``--derive-fp8-compute`` reads the same tables' W8A8 fp8 GEMMs (``gemm_dtype`` fp8: vLLM's
 CUTLASS scaled-mm, per-tensor weight scales) at prefill sizes, M of 1,024 or more, where the
-arithmetic sets the time. For each GPU with fp8 tensor cores it prints the compute efficiency
-of the profile's fp8 path (``quantized.fp8.compute_frac``) with which the median ratio
-theirs / ours over those fp8 rows equals the same median over the 16-bit rows: the fp8 path
-then stands to its kernel as the 16-bit GEMMs stand to theirs, whatever that is.
+arithmetic sets the time, and N, K of 4,096 or more (a 7-8B model's projections and up). For
+each GPU with fp8 tensor cores it prints the compute efficiency of the profile's fp8 path
+(``quantized.fp8.compute_frac``) with which the median ratio theirs / ours over those fp8 rows
+equals the same median over the 16-bit rows: the fp8 path then stands to its kernel as the
+16-bit GEMMs stand to theirs, whatever that is.
 """
 
 from __future__ import annotations
@@ -96,7 +97,7 @@ def ours_gemm_s(m: int, n: int, k: int, weights: str, dep) -> float:
 def compute_ratios(table, gpu: str, spec, weights: str,
                    min_m: int = MIN_COMPUTE_M) -> list[float]:
     """theirs / ours for each of the table's GEMM shapes of ``weights`` (bf16 or fp8) with
-    M >= ``min_m`` and N, K >= 1,024, under the profile ``spec``."""
+    M >= ``min_m`` and N, K >= MIN_NK, under the profile ``spec``."""
     from planner.cli.compare import served_setup
     from planner.core.specs import DType
 
@@ -118,7 +119,7 @@ def derive_fp8_compute(table, gpu: str, spec) -> tuple[float, float, float, int]
     both = compute_ratios(table, gpu, spec, "bf16"), compute_ratios(table, gpu, spec, "fp8")
     if not all(both):
         raise ValueError(f"no {'16-bit' if not both[0] else 'fp8'} GEMM with M >= "
-                         f"{MIN_COMPUTE_M:,} and N, K >= 1,024")
+                         f"{MIN_COMPUTE_M:,} and N, K >= {MIN_NK:,}")
     target = statistics.median(both[0])
     q = spec.quantized["fp8"]
 
@@ -207,7 +208,8 @@ def print_fp8_compute(tables: dict, engine: str) -> int:
               "path (quantized.fp8)", file=sys.stderr)
         return 2
     print(f"# {engine}: fp8 (W8A8) against 16-bit GEMMs at M >= {MIN_COMPUTE_M:,}, N and K "
-          ">= 1,024; ratio = theirs / ours; the fp8 compute_frac with which the medians agree "
+          f">= {MIN_NK:,}; ratio = theirs / ours; the fp8 compute_frac with which the medians "
+          "agree "
           f"(the profile's: {spec.quantized['fp8'].compute_frac.value:g})")
     print(f"{'gpu':<10} {'release':<8} {'rows':>5} {'bf16 ratio':>10} {'fp8 ratio':>9} "
           f"{'fp8 compute_frac':>16}")

@@ -55,7 +55,9 @@ def test_an_architecture_is_paced_where_its_fp8_share_falls_under_0_9_of_the_16_
     per_gpu = {"h100": gpu("hopper", 2.7e12, 1.9e12), "h200": gpu("hopper", 3.6e12, 2.0e12),
                "l40s": gpu("ada", 675e9, 660e9), "a100": ("ampere", {"bfloat16": ("k", 1.4e12, 1)},
                                                         2e12)}
-    assert attn.arch_paces(per_gpu) == {"hopper": pytest.approx(1.95e12)}
+    # in the profile's terms: its 16-bit rate there (3e12 each here) x fp8 / 16-bit
+    assert attn.arch_paces(per_gpu) == {"hopper": pytest.approx(
+        (3e12 * 1.9 / 2.7 + 3e12 * 2.0 / 3.6) / 2)}
 
 
 def _wheel(tmp_path: Path, rates_of) -> Path:
@@ -72,8 +74,14 @@ def _wheel(tmp_path: Path, rates_of) -> Path:
 
 def test_the_script_prints_each_gpus_rates_and_the_paces(tmp_path):
     """Hopper GPUs read fp8 at 1,900 and 2,000 GB/s against 16-bit rates far above: paced at
-    their median; every other GPU reads fp8 at the 16-bit share's rate: none. A wheel that
-    lacks a table is one line and exit 2."""
+    the median of the profile's 16-bit rate there times fp8 / 16-bit (the H100's 2,900 GB/s x
+    1,900 / 2,700, the H200's 4,010 x 2,000 / 3,600); every other GPU reads fp8 at the 16-bit
+    share's rate: none. A wheel that lacks a table is one line and exit 2."""
+    from planner.io import catalog
+
+    def ours(gpu):
+        return catalog.load_hardware(gpu).achievable.memory_bandwidth_gb_per_s.value
+    pace = (ours("h100-sxm") * 1900 / 2700 + ours("h200") * 2000 / 3600) / 2
     def rates(gpu):
         return (2700.0, 1900.0) if gpu == "h100-sxm" else (3600.0, 2000.0) if gpu == "h200" \
             else (600.0, 600.0)
@@ -82,10 +90,38 @@ def test_the_script_prints_each_gpus_rates_and_the_paces(tmp_path):
            str(_wheel(tmp_path, rates)), "--engine", "vllm"]
     p = subprocess.run(run, capture_output=True, text=True, cwd=ROOT)
     assert p.returncode == 0, p.stderr
-    assert p.stdout.strip().splitlines()[-1].endswith(": hopper: 1950")
+    assert p.stdout.strip().splitlines()[-1].endswith(f": hopper: {pace:.0f}")
     h100 = [ln.split() for ln in p.stdout.splitlines() if ln.startswith("h100-sxm ")]
     assert [r[3] for r in h100] == ["bfloat16", "fp8"] and h100[1][6] == "1900"
     other = subprocess.run([*run[:3], "--engine", "sglang"], capture_output=True, text=True,
                            cwd=ROOT)
     assert other.returncode == 2 and "cannot read the h100-sxm table" in other.stderr
     assert len(other.stderr.strip().splitlines()) == 1
+
+
+def test_the_16_bit_factor_is_the_share_against_the_h100s_shape_by_shape():
+    h100 = {k: v / 2900e9 for k, v in attn.shape_rates(_table(2900.0, 1900.0)).items()}
+    a100 = {k: v / 2000e9 for k, v in attn.shape_rates(_table(1600.0, 1600.0)).items()}
+    assert len(h100) == 2 and set(a100) == set(h100)
+    f, lo, hi, n = attn.arch_factor(a100, h100)
+    assert (f, lo, hi, n) == (pytest.approx(0.8), pytest.approx(0.8), pytest.approx(0.8), 2)
+    with pytest.raises(ValueError, match="no 16-bit attention shape"):
+        attn.arch_factor({(1, 1, 1, 1, 1): 0.5}, h100)
+
+
+def test_the_script_prints_each_gpus_16_bit_factor(tmp_path):
+    """Each GPU's 16-bit cache read at 0.9 of its hardware_db ceiling, the H100's at all of
+    it: 0.9 for every other GPU."""
+    from planner.io import catalog
+
+    def rates(gpu):
+        ceiling = catalog.load_hardware(gpu).achievable.memory_bandwidth_gb_per_s.value
+        return ceiling * (1.0 if gpu == "h100-sxm" else 0.9), 100.0
+
+    run = [sys.executable, str(ROOT / "benchmarks" / "aiconfigurator_attention.py"),
+           str(_wheel(tmp_path, rates)), "--engine", "vllm"]
+    p = subprocess.run(run, capture_output=True, text=True, cwd=ROOT)
+    assert p.returncode == 0, p.stderr
+    lines = p.stdout.split("(attention_bandwidth_arch_frac):\n", 1)[1].splitlines()
+    got = {ln.split()[0]: float(ln.split()[2]) for ln in lines if ln.startswith("  ")}
+    assert got == {"h100-sxm": 1.0, "h200": 0.9, "a100-sxm-80gb": 0.9, "l40s": 0.9, "b200": 0.9}

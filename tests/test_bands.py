@@ -521,7 +521,7 @@ def test_bands_widen_where_a_slower_server_falls_behind():
 
 def test_simulate_widens_the_bands_of_a_stream_near_capacity(run_json):
     """At 22 req/s a Llama-3.1-8B replica on an H100 keeps up; one whose steps take the TPOT
-    band's high end (x1.12 since 2026-12-04, vLLM's own band; x2.01 on 2026-11-27, when 16
+    band's high end (x1.10 since 2026-12-05, vLLM's own band; x2.01 on 2026-11-27, when 16
     req/s showed it) does not, and its TTFT grows without bound: the TTFT band's high end is
     that server's, far past the band's own (x1.69). At 1 req/s nothing widens but the TPOT a
     little, and a closed loop of clients is not checked."""
@@ -531,7 +531,9 @@ def test_simulate_widens_the_bands_of_a_stream_near_capacity(run_json):
     near = fast["near_capacity"]
     assert fast["regime"] == "unsaturated" and not near["slowed_keeps_up"]
     assert "mean_ttft_ms" in near["widened"]
-    assert fast["mean_ttft_ms_high"] > 5 * b.high_ratio * fast["mean_ttft_ms"]
+    # the slowed server's mean TTFT, 4.2x the band's end (x1.10 steps since 2026-12-05; 5x and
+    # more at x1.12)
+    assert fast["mean_ttft_ms_high"] > 3 * b.high_ratio * fast["mean_ttft_ms"]
     assert "widened near capacity" in fast["bands"]["mean_ttft_ms"]["basis"]
     slow = run_json("simulate", "-m", "llama-3.1-8b", "-g", "h100-sxm", "-n", "300",
                     "--request-rate", "1")
@@ -557,11 +559,11 @@ def test_a_streams_output_throughput_band_stops_at_what_it_offers(run_json):
 def test_plan_says_which_rows_miss_the_targets_at_the_slow_end(run_cli):
     """Sized at the prediction, plan prints the bands and names the rows shown whose slow end
     misses a target (a review found a one-H100 plan that --size-at high sized at three, with
-    no band or word in the default table). At 23 ms the one-H100 row's p90 TPOT (21.6 ms, its
+    no band or word in the default table). At 22 ms the one-H100 row's p90 TPOT (20.8 ms, its
     fp8 cache read at vLLM's Hopper pace since 2026-12-05; 18.3 ms before) meets the target and
-    its slow end (x1.12, vLLM's band since 2026-12-04) does not."""
+    its slow end (x1.10, vLLM's band since 2026-12-05) does not."""
     code, out, err = run_cli("plan", "-m", "llama-3.1-8b", "-g", "h100-sxm", "-p", "1024",
-                             "-o", "256", "--ttft", "1s", "--tpot", "23ms", "--rps", "20",
+                             "-o", "256", "--ttft", "1s", "--tpot", "22ms", "--rps", "20",
                              "--weights", "bf16", "--disaggregated", "off", "--top", "3")
     flat = " ".join(out.split())
     assert code == 0, err

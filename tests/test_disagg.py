@@ -304,14 +304,13 @@ def test_plan_disaggregated_modes(run_cli):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("gpu, weights, agg_gpus, pd_gpus", [
-    ("h100-sxm", "bf16", 24, 16), ("h100-sxm", "fp8", 16, 10),
-    ("h200", "bf16", 20, 14), ("h200", "fp8", 12, 9)])
+    ("h100-sxm", "bf16", 24, 16), ("h100-sxm", "fp8", 14, 10),
+    ("h200", "bf16", 20, 14), ("h200", "fp8", 12, 8)])
 def test_the_four_aiconfigurator_cases(run_json, gpu, weights, agg_gpus, pd_gpus):
     """Issue 25's four cases (Llama-3.1-70B, H100 / H200 x bf16 / fp8 weights, 20 req/s,
     2,048 / 256, TTFT <= 3 s, TPOT <= 50 ms): the disaggregated answer is found and is the
     cheaper one, and both answers stay where this version of the model puts them (a change
-    that moves them is a change to look at: docs/plan.md quotes them; the fp8 ones rose from
-    14 and 8 on 2026-12-05, when vllm's fp8 KV cache took its kernel's pace on Hopper)."""
+    that moves them is a change to look at: docs/plan.md quotes them)."""
     rows = run_json("plan", "-m", "llama-3.1-70b", "-g", gpu, "-p", "2048", "-o", "256",
                     "--ttft", "3s", "--tpot", "50ms", "--rps", "20", "--weights", weights,
                     "--top", "40")

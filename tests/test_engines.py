@@ -218,7 +218,8 @@ def test_fused_moe_factors_of_the_profiles_are_sourced_and_checked():
     assert all(0 < v <= 1 for v in f.value.values())
 
 
-@pytest.mark.parametrize("field", ["experts_compute_frac", "gemm_bandwidth_arch_frac"])
+@pytest.mark.parametrize("field", ["experts_compute_frac", "gemm_bandwidth_arch_frac",
+                                   "attention_bandwidth_arch_frac"])
 @pytest.mark.parametrize("bad", [{}, {"ampere": 0.0}, {"ampere": 3.0}, {"ampere": float("nan")},
                                  {"Ampere": 0.9}])  # for_gpu looks architectures up in lower case
 def test_a_factor_by_architecture_is_refused_where_it_cannot_apply(field, bad):
@@ -575,15 +576,18 @@ def test_an_fp8_cache_is_read_no_faster_than_the_engines_pace_on_its_architectur
     under the bandwidth's share, its queries and outputs at the bandwidth's; a 16-bit cache,
     an MLA latent cache (kv_dtype None) and a GPU of another architecture are unchanged."""
     e = dataclasses.replace(H, overlap_frac=1.0, attention_bandwidth_frac=0.9,
-                            fp8_kv_attention_by_arch=(("hopper", 300e9),))
+                            fp8_kv_attention_by_arch=(("hopper", 600e9),))
     hop, ada = e.for_gpu(80e9, "h100", "hopper"), e.for_gpu(48e9, "l40s", "ada")
-    assert hop.fp8_kv_attention_bytes_per_s == 300e9 and ada.fp8_kv_attention_bytes_per_s == 0
+    assert hop.fp8_kv_attention_bytes_per_s == 600e9 and ada.fp8_kv_attention_bytes_per_s == 0
     # 6e8 bytes of fp8 cache and 1e8 of queries and outputs, 1 TB/s at 0.9
     fp8 = Op("attention", "attention", 1, flops=1e6, kv_bytes=6e8, act_bytes=1e8,
              kv_dtype=DType.fp8)
     t = op_time(fp8, C, engine=hop)
-    assert t.memory_s == pytest.approx(1e8 / 0.9e12 + 6e8 / 300e9)  # 2.111 ms by hand
-    assert t.bandwidth_frac == pytest.approx(0.3)
+    assert t.memory_s == pytest.approx(1e8 / 0.9e12 + 6e8 / 600e9)  # 1.111 ms by hand
+    assert t.bandwidth_frac == pytest.approx(7e8 / 1.1111e9, rel=1e-4)  # of all its bytes
+    # a pace under half the 16-bit share: the cache takes the 16-bit time, never more
+    slow = dataclasses.replace(hop, fp8_kv_attention_bytes_per_s=100e9)
+    assert op_time(fp8, C, engine=slow).memory_s == pytest.approx(1e8 / 0.9e12 + 12e8 / 0.9e12)
     unpaced = op_time(fp8, C, engine=ada)
     assert unpaced.memory_s == pytest.approx(7e8 / 0.9e12)
     for kv in (DType.bf16, None):
@@ -609,11 +613,11 @@ def test_the_attention_op_names_its_cache_type_but_not_mlas():
 
 def test_vllm_fp8_cache_pace_slows_a_hopper_decode_and_not_a_16_bit_one():
     """The vllm profile's paces (benchmarks/aiconfigurator_attention.py on vLLM 0.24's
-    kernels): 1,956 GB/s on Hopper, under the H100's 2.9 TB/s copy rate, so Qwen3-8B's decode
+    kernels): 2,128 GB/s on Hopper, under the H100's 2.9 TB/s copy rate, so Qwen3-8B's decode
     at 64 x 768 tokens with an fp8 cache slows; with a bf16 cache, or on an L40S (no pace named
     for Ada), it does not."""
     spec = catalog.load_engine_spec("vllm")
-    assert spec.fp8_kv_attention_gb_per_s.value == {"hopper": 1956, "blackwell": 4976}
+    assert spec.fp8_kv_attention_gb_per_s.value == {"hopper": 2128, "blackwell": 5244}
     assert "aiconfigurator" in spec.fp8_kv_attention_gb_per_s.source
     flat = spec.model_copy(update={"fp8_kv_attention_gb_per_s": None})
     m = catalog.load_model("qwen3-8b")
@@ -624,12 +628,100 @@ def test_vllm_fp8_cache_pace_slows_a_hopper_decode_and_not_a_16_bit_one():
                         precision=Precision.of("bf16", kv)).tpot_s
 
     slow = tpot(spec, "h100-sxm", "fp8") / tpot(flat, "h100-sxm", "fp8")
-    assert 1.03 < slow < 2900 / 1956
+    assert 1.03 < slow < 2900 / 2128
     assert tpot(spec, "h100-sxm", "bf16") == tpot(flat, "h100-sxm", "bf16")
     assert tpot(spec, "l40s", "fp8") == tpot(flat, "l40s", "fp8")
 
 
 def test_engines_listing_shows_the_fp8_cache_paces(run_json):
     rows = {r["name"]: r for r in run_json("engines")}
-    assert rows["vllm"]["fp8_kv_attention_gb_per_s"] == {"blackwell": 4976.0, "hopper": 1956.0}
+    assert rows["vllm"]["fp8_kv_attention_gb_per_s"] == {"blackwell": 5244.0, "hopper": 2128.0}
+    assert rows["vllm"]["attention_bandwidth_arch_frac"] == {"ada": 0.9, "ampere": 0.89,
+                                                             "blackwell": 0.97}
+    assert rows["sglang"]["attention_bandwidth_arch_frac"] == {}
     assert rows["sglang"]["fp8_kv_attention_gb_per_s"] == {}  # none named: the bandwidth alone
+
+
+def test_attention_bandwidth_factor_slows_attention_on_its_architectures_only():
+    """attention_bandwidth_arch_frac: resolved for the GPU's architecture (1 where it names
+    none), applied to attention's bandwidth share and nothing else; an fp8 cache's pace, where
+    lower, still bounds it."""
+    e = dataclasses.replace(H, overlap_frac=1.0, attention_bandwidth_frac=0.9,
+                            attention_bandwidth_by_arch=(("ampere", 0.5),),
+                            fp8_kv_attention_by_arch=(("ampere", 300e9),))
+    # (0.3 of the bandwidth is above half the 0.45 share: the pace holds)
+    amp, hop = e.for_gpu(80e9, "a100", "ampere"), e.for_gpu(80e9, "h100", "hopper")
+    assert amp.attention_bandwidth_arch_frac == 0.5 and hop.attention_bandwidth_arch_frac == 1
+    attn = Op("attention", "attention", 1, flops=1e6, kv_bytes=6e8, act_bytes=1e8,
+              kv_dtype=DType.bf16)
+    assert op_time(attn, C, engine=amp).memory_s == pytest.approx(7e8 / 0.45e12)
+    assert op_time(attn, C, engine=hop).memory_s == pytest.approx(7e8 / 0.9e12)
+    gemm = Op("mlp_gate_up_proj", "matmul", 1, flops=4e8, weight_bytes=4e8, m_rows=1.0)
+    assert op_time(gemm, C, engine=amp).time_s == op_time(gemm, C, engine=hop).time_s
+    fp8 = dataclasses.replace(attn, kv_dtype=DType.fp8)  # 0.3 of the bandwidth < 0.45
+    assert op_time(fp8, C, engine=amp).memory_s == pytest.approx(1e8 / 0.45e12 + 6e8 / 300e9)
+
+
+def test_vllm_attention_factors_are_sourced_and_hopper_keeps_one():
+    spec = catalog.load_engine_spec("vllm")
+    f = spec.attention_bandwidth_arch_frac
+    assert f.value == {"ampere": 0.89, "ada": 0.90, "blackwell": 0.97}
+    assert "aiconfigurator" in f.source and "hopper" not in f.value
+    m, hw = catalog.load_model("qwen2.5-7b"), catalog.load_hardware("a100-sxm-80gb")
+    w = Workload(batch=64, prompt_tokens=1500, output_tokens=128)
+    flat = spec.model_copy(update={"attention_bandwidth_arch_frac": None})
+
+    def tpot(s):
+        return estimate(m, hw, workload=w, engine=s.model()).tpot_s
+
+    assert 1.01 < tpot(spec) / tpot(flat) < 1 / 0.89
+
+
+@pytest.mark.parametrize("gpu", GPUS)
+def test_an_fp8_cache_is_never_slower_than_a_16_bit_one(gpu):
+    """On every GPU in the database, vllm's decode with an fp8 KV cache takes no longer than
+    with a 16-bit one (its pace on an H200 is under half the 16-bit rate there: capped)."""
+    from planner.core.errors import UsageError
+
+    hw = catalog.load_hardware(gpu)
+    m = catalog.load_model("llama-3.1-8b")
+    w = Workload(batch=32, prompt_tokens=4096, output_tokens=256)
+
+    def tpot(kv):
+        return estimate(m, hw, workload=w, engine=catalog.load_engine("vllm"),
+                        precision=Precision.of("bf16", kv)).tpot_s
+
+    try:
+        fp8 = tpot("fp8")
+    except UsageError:
+        pytest.skip("vLLM runs no fp8 KV cache there")
+    assert fp8 <= tpot("bf16")
+
+
+def test_the_fp8_cache_pace_is_part_of_the_time_model_key():
+    e = catalog.load_engine("vllm")
+    paced = e.for_gpu(80e9, "h100", "hopper")
+    unpaced = dataclasses.replace(paced, fp8_kv_attention_bytes_per_s=0.0)
+    assert paced.time_model_key() != unpaced.time_model_key()
+
+
+def test_simulate_reads_an_fp8_cache_at_the_pace(run_json, tmp_path):
+    """The simulator's step costs (planner/serving/cost.py) take the pace: the vllm profile on
+    an H100 decodes slower with an fp8 cache than a copy of it without the pace, and the same
+    with a 16-bit cache."""
+    import yaml
+
+    from planner.io.catalog import db_dir
+
+    data = yaml.safe_load((db_dir("engines_db") / "vllm.yaml").read_text())
+    del data["fp8_kv_attention_gb_per_s"]
+    unpaced = tmp_path / "vllm-unpaced.yaml"
+    unpaced.write_text(yaml.safe_dump(data))
+    args = ["simulate", "-m", "qwen3-8b", "-g", "h100-sxm", "-n", "300", "--request-rate", "20",
+            "-p", "1024", "-o", "256"]
+
+    def tpot(engine, kv):
+        return run_json(*args, "--engine", engine, "--kv-cache", kv)["mean_tpot_ms"]
+
+    assert tpot("vllm", "fp8") > 1.03 * tpot(str(unpaced), "fp8")
+    assert tpot("vllm", "bf16") == tpot(str(unpaced), "bf16")

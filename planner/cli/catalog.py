@@ -111,6 +111,8 @@ def engines(as_json: JsonOpt = False) -> None:
                      "gemm_compute_frac": e.gemm_compute_frac,
                      "served_compute_frac": e.served_compute_frac,
                      "attention_bandwidth_frac": e.attention_bandwidth_frac,
+                     # times it by GPU architecture ({} where none is named)
+                     "attention_bandwidth_arch_frac": dict(e.attention_bandwidth_by_arch),
                      # the most GB/s attention reads an fp8 KV cache at, by architecture
                      "fp8_kv_attention_gb_per_s": {k: v / 1e9 for k, v in
                                                    e.fp8_kv_attention_by_arch},

@@ -567,6 +567,10 @@ class EngineSpec(_Frozen):
     gemm_tile_m: Num
     overlap_frac: Frac  # share of min(compute, memory) time hidden under the max
     attention_bandwidth_frac: Frac
+    # times attention_bandwidth_frac on a GPU architecture: how much less of its copy ceiling
+    # the engine's decode attention reaches there than on the architecture the profile was
+    # confirmed on (None: 1 on every GPU)
+    attention_bandwidth_arch_frac: ArchFracs | None = None
     attention_compute_frac: Frac
     # the most bytes a second the engine's attention reads an fp8 KV cache at, by GPU
     # architecture: its kernel converts every cached value, and on some GPUs that, not the
@@ -709,6 +713,9 @@ class EngineSpec(_Frozen):
             gemm_tile_m=self.gemm_tile_m.value,
             overlap_frac=self.overlap_frac.value,
             attention_bandwidth_frac=self.attention_bandwidth_frac.value,
+            attention_bandwidth_by_arch=(() if self.attention_bandwidth_arch_frac is None
+                                         else tuple(sorted(
+                                             self.attention_bandwidth_arch_frac.value.items()))),
             attention_compute_frac=self.attention_compute_frac.value,
             fp8_kv_attention_by_arch=(() if self.fp8_kv_attention_gb_per_s is None else tuple(
                 sorted((k, v * 1e9) for k, v in
@@ -836,6 +843,10 @@ class Engine:
     gemm_tile_m: float = 1.0
     overlap_frac: float = 1.0
     attention_bandwidth_frac: float = 1.0
+    # times attention_bandwidth_frac on this GPU (``for_gpu`` resolves it from
+    # ``attention_bandwidth_by_arch``: (architecture, factor), ...)
+    attention_bandwidth_arch_frac: float = 1.0
+    attention_bandwidth_by_arch: tuple[tuple[str, float], ...] = ()
     attention_compute_frac: float = 1.0
     # the most bytes a second attention reads an fp8 KV cache at on this GPU (0: no limit
     # but the bandwidth's; ``for_gpu`` resolves it from ``fp8_kv_attention_by_arch``)
@@ -949,6 +960,9 @@ class Engine:
         if e.gemm_bandwidth_by_arch:
             e = replace(e, gemm_bandwidth_by_arch=(), gemm_bandwidth_arch_frac=dict(
                 e.gemm_bandwidth_by_arch).get(arch, 1.0))
+        if e.attention_bandwidth_by_arch:
+            e = replace(e, attention_bandwidth_by_arch=(), attention_bandwidth_arch_frac=dict(
+                e.attention_bandwidth_by_arch).get(arch, 1.0))
         if e.fp8_kv_attention_by_arch:
             e = replace(e, fp8_kv_attention_by_arch=(), fp8_kv_attention_bytes_per_s=dict(
                 e.fp8_kv_attention_by_arch).get(arch, 0.0))
@@ -1069,7 +1083,8 @@ class Engine:
                 self.served_compute_frac, self.experts_compute_frac,
                 self.experts_compute_by_arch,
                 self.gemm_tile_m, self.overlap_frac,
-                self.attention_bandwidth_frac, self.attention_compute_frac,
+                self.attention_bandwidth_frac, self.attention_bandwidth_arch_frac,
+                self.attention_bandwidth_by_arch, self.attention_compute_frac,
                 self.fp8_kv_attention_bytes_per_s, self.fp8_kv_attention_by_arch,
                 self.gqa_kv_reuse, self.kv_cache_concat, self.elementwise_bandwidth_frac,
                 tuple(fr for _, fr in self.quantized if fr != (1.0, 1.0)),

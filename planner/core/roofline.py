@@ -310,7 +310,8 @@ def op_efficiency(op: Op, e: Engine) -> tuple[float, float]:
     engine's fused-MoE factor on this GPU (``Engine.experts_compute_frac``: derived from
     16-bit MoE kernels only). A 16-bit GEMM's bandwidth efficiency is the engine's times its
     factor for this GPU's architecture (``Engine.gemm_bandwidth_arch_frac``: derived from the
-    engine's plain GEMMs, so not the routed experts')."""
+    engine's plain GEMMs, so not the routed experts'); attention's, the engine's times its
+    factor for the architecture (``Engine.attention_bandwidth_arch_frac``)."""
     if op.kind == "matmul":
         wdt = op.weight_dtype
         if wdt == DType.fp8 and op.dtype != DType.fp8:
@@ -322,8 +323,9 @@ def op_efficiency(op: Op, e: Engine) -> tuple[float, float]:
         elif q is None:
             bw *= e.gemm_bandwidth_arch_frac  # the engine's 16-bit GEMM on this architecture
         return bw, comp * e.served_compute_frac
-    if op.kind == "attention":
-        return e.attention_bandwidth_frac, e.attention_compute_frac
+    if op.kind == "attention":  # the engine's decode attention on this architecture
+        return e.attention_bandwidth_frac * e.attention_bandwidth_arch_frac, \
+            e.attention_compute_frac
     return e.elementwise_bandwidth_frac, 1.0
 
 
@@ -398,12 +400,16 @@ def op_time(op: Op, c: Ceilings, *, tp: int = 1, options: Options | None = None,
     if (op.kind == "attention" and op.kv_dtype == DType.fp8
             and e.fp8_kv_attention_bytes_per_s):
         # the kernel converts each fp8 value of the cache it reads: the cache comes in no
-        # faster than that pace on this GPU (the queries and outputs at the bandwidth's)
-        paced = e.fp8_kv_attention_bytes_per_s / c.bandwidth_bytes_per_s
+        # faster than that pace on this GPU, and never slower than the same cache in 16 bits
+        # would (the queries and outputs at the bandwidth's share)
+        paced = vmax(e.fp8_kv_attention_bytes_per_s / c.bandwidth_bytes_per_s, 0.5 * bw_frac)
         if paced < bw_frac:
             kv = moved - op.act_bytes
             memory = memory + kv / c.bandwidth_bytes_per_s * (1.0 / paced - 1.0 / bw_frac)
-            bw_frac = paced  # the efficiency reported: the cache's, most of the bytes
+            # the share reported: of all its bytes (the queries and outputs outweigh the
+            # cache in a prefill); the cache's where a sweep passes arrays
+            bw_frac = (moved / (memory * c.bandwidth_bytes_per_s)
+                       if isinstance(memory, float) and memory > 0 else paced)
     k = e.kernels_for(op.name, op.kind)
     per_kernel = c.kernel_cost_s(op.kind, e)
     if op.kind == "matmul" and op.dtype == DType.fp8 and e.fp8_quant_kernels:

@@ -9,6 +9,7 @@ from rich.table import Table
 
 from planner.core.estimate import Estimate
 from planner.core.roofline import StepTime
+from planner.core.specs import DType
 from planner.io import fmt
 
 
@@ -396,6 +397,15 @@ def _print_operators(console: Console, e: Estimate) -> None:
                      f"{e.engine.gemm_bandwidth_arch_frac:g} on this GPU's architecture "
                      "(gemm_bandwidth_arch_frac)" if e.engine.gemm_bandwidth_arch_frac != 1
                      else "")
+                  + (f"; attention's, the profile's times "
+                     f"{e.engine.attention_bandwidth_arch_frac:g} on this architecture "
+                     "(attention_bandwidth_arch_frac)"
+                     if e.engine.attention_bandwidth_arch_frac != 1 else "")
+                  + (f"; an fp8 KV cache is read at no more than "
+                     f"{fmt.si(e.engine.fp8_kv_attention_bytes_per_s, 'B/s')} on this "
+                     "architecture (fp8_kv_attention_gb_per_s)"
+                     if e.engine.fp8_kv_attention_bytes_per_s
+                     and p.kv_cache == DType.fp8 else "")
                   + "".join(f"; {name}: its {fmt.seconds(st.fixed_s)} of host work runs "
                             "beside the GPU's (async scheduling), the row the part that "
                             "outlasts it" for name, st in (("decode", e.decode),
