@@ -502,3 +502,58 @@ def test_an_sglang_servers_file_compared_with_another_engine_is_warned(run_cli):
     assert code == 2 and "--engine sglang" in err
     code, _, err = run_cli("compare", f, *M, *G, "-e", "sglang")
     assert code == 0 and "server_info is an SGLang" not in err
+
+
+@pytest.mark.slow
+def test_calibrate_on_an_a100_fits_the_architectures_factor(run_json, tmp_path):
+    """Runs of an A100 whose 16-bit GEMMs stream at 0.97 x the vllm profile's share there
+    (0.958 of the copy bandwidth, where the profile's Ampere factor puts 0.889) fit the
+    Ampere factor back, within the share's physical range, and keep the base share: before,
+    the base share itself was fitted within 0.6-1 and would have had to reach 1.08."""
+    spec = catalog.load_engine_spec("vllm").model_dump(mode="json", exclude_none=True)
+    spec.update(name="truth")
+    spec["gemm_bandwidth_arch_frac"]["value"]["ampere"] = 0.97
+    truth = tmp_path / "truth.yaml"
+    truth.write_text(yaml.safe_dump(spec))
+    a100 = ["-g", "a100-sxm-80gb"]
+    files = []
+    for rate in ("2", "8"):
+        d = run_json("simulate", *M, *a100, "--engine", str(truth), "--request-rate", rate,
+                     "-n", "60", "-p", "512", "-o", "256")
+        f = tmp_path / f"run-{rate}.json"
+        f.write_text(json.dumps(d))
+        files.append(str(f))
+    out = tmp_path / "fitted.yaml"
+    d = run_json("calibrate", *files, *M, *a100, "--out", str(out), "--no-leave-one-out",
+                 "--base-engine", "vllm")
+    assert "gemm_bandwidth_frac" not in d["values"] and d["refused"] == []
+    assert d["values"]["gemm_bandwidth_arch_frac.ampere"] == pytest.approx(0.97, abs=0.02)
+    prof = catalog.load_engine_spec(str(out))
+    assert prof.gemm_bandwidth_frac.value == catalog.load_engine_spec(
+        "vllm").gemm_bandwidth_frac.value
+    assert prof.gemm_bandwidth_arch_frac.value["ampere"] == pytest.approx(0.97, abs=0.02)
+    assert prof.gemm_bandwidth_arch_frac.value["ada"] == 0.88  # the others kept
+    assert prof.gemm_bandwidth_arch_frac.source == "llmplan calibrate"
+
+
+def test_the_architecture_factor_is_a_parameter_fit_reads_and_writes():
+    from planner.evidence.calibrate import _on_this_architecture, at_edge
+    from planner.evidence.fit import get_param, set_params
+
+    spec = catalog.load_engine_spec("vllm")
+    assert get_param(spec, "gemm_bandwidth_arch_frac.ampere") == 0.9
+    assert get_param(spec, "gemm_bandwidth_arch_frac.hopper") == 1.0  # unnamed: 1
+    new = set_params(spec, {"gemm_bandwidth_arch_frac.hopper": 0.95}, fitted_on=("r",))
+    assert new.gemm_bandwidth_arch_frac.value == {"ampere": 0.9, "ada": 0.88,
+                                                  "blackwell": 0.95, "hopper": 0.95}
+    params, ranges = _on_this_architecture(("step_overhead_us", "gemm_bandwidth_frac"), spec,
+                                           "Ampere")
+    assert params == ("step_overhead_us", "gemm_bandwidth_arch_frac.ampere")
+    lo, hi, _ = ranges["gemm_bandwidth_arch_frac.ampere"]
+    g = spec.gemm_bandwidth_frac.value
+    assert (lo * g, hi * g) == (pytest.approx(0.6), pytest.approx(1.0))  # the share's range
+    assert at_edge("gemm_bandwidth_arch_frac.ampere", 1.0 / g, ranges)
+    assert not at_edge("gemm_bandwidth_arch_frac.ampere", 0.97, ranges)
+    # an architecture the profile does not scale: the base share, as before
+    assert _on_this_architecture(("gemm_bandwidth_frac",), spec, "hopper")[0] == (
+        "gemm_bandwidth_frac",)

@@ -2,7 +2,8 @@
 
 The free parameters are those a serving stack changes most and a measurement can see: the
 fixed cost of a decode step (``step_overhead_us``: scheduling, sampling, what CUDA graphs do
-not hide), the bandwidth efficiency of the decode GEMMs (``gemm_bandwidth_frac``), the share of
+not hide), the bandwidth efficiency of the decode GEMMs (``gemm_bandwidth_frac``, or its factor
+on the runs' GPU architecture where the profile has one), the share of
 its kernel's compute rate each matmul attains in a served step, plain or quantized
 (``served_compute_frac``: prefill, and decode at large batches) and, with TP, the all-reduce
 latency
@@ -30,7 +31,15 @@ from dataclasses import dataclass, replace
 from planner.core.engine import EngineSpec
 from planner.core.estimate import prepare
 from planner.evidence.compare import mean_tpot_s, simulate_run
-from planner.evidence.fit import bounds_of, descend, get_param, round_sig3, set_params, soft_l1
+from planner.evidence.fit import (
+    ARCH_GEMM_PARAM,
+    bounds_of,
+    descend,
+    get_param,
+    round_sig3,
+    set_params,
+    soft_l1,
+)
 from planner.evidence.runs import ServedRun
 from planner.evidence.workers import forked
 from planner.layouts.deployment import Deployment
@@ -62,16 +71,17 @@ RANGES: dict[str, tuple[float, float, str]] = {
 EDGE = 0.02
 
 
-def range_of(name: str) -> tuple[float, float]:
-    r = RANGES.get(name)
+def range_of(name: str, ranges: dict | None = None) -> tuple[float, float]:
+    r = (ranges or RANGES).get(name)
     return (r[0], r[1]) if r else bounds_of(name)
 
 
-def at_edge(name: str, v: float) -> str | None:
+def at_edge(name: str, v: float, ranges: dict | None = None) -> str | None:
     """Why a fitted ``v`` is refused, or None."""
-    if name not in RANGES:
+    ranges = ranges or RANGES
+    if name not in ranges:
         return None
-    lo, hi, why = RANGES[name]
+    lo, hi, why = ranges[name]
     if v <= lo * (1 + EDGE) or v >= hi * (1 - EDGE):
         return f"{name} = {v:g} ends at the edge of its physical range {lo:g}-{hi:g} ({why})"
     return None
@@ -182,12 +192,13 @@ class _Predictor:
         return out
 
 
-def _identifiable(pred: _Predictor, values: dict[str, float], idx: list[int]) -> dict[str, str]:
+def _identifiable(pred: _Predictor, values: dict[str, float], idx: list[int],
+                  ranges: dict | None = None) -> dict[str, str]:
     """Parameters whose change moves no residual: name -> why."""
     base = pred.residuals(values, idx)
     out = {}
     for p, v in values.items():
-        lo, hi = range_of(p)
+        lo, hi = range_of(p, ranges)
         moved = 0.0
         for f in (IDENTIFY_STEP, 1 / IDENTIFY_STEP):
             w = min(max(v * f, lo), hi)
@@ -204,12 +215,33 @@ def _identifiable(pred: _Predictor, values: dict[str, float], idx: list[int]) ->
 
 
 def _fit(pred: _Predictor, values: dict[str, float], idx: list[int], *,
-         sweeps: int, tol: float) -> dict[str, float]:
+         sweeps: int, tol: float, ranges: dict | None = None) -> dict[str, float]:
     def cost(vals: dict[str, float]) -> float:
         return sum(soft_l1(r) for r in pred.residuals(vals, idx))
 
-    got, _ = descend(cost, values, cost(values), sweeps=sweeps, tol=tol, bounds=range_of)
+    got, _ = descend(cost, values, cost(values), sweeps=sweeps, tol=tol,
+                     bounds=lambda p: range_of(p, ranges))
     return {p: round_sig3(v) for p, v in got.items()}
+
+
+def _on_this_architecture(params: tuple[str, ...], spec: EngineSpec,
+                          architecture: str | None) -> tuple[tuple[str, ...], dict]:
+    """``params`` as runs on a GPU of ``architecture`` fit them, and their ranges. Where the
+    profile scales its 16-bit GEMMs' bandwidth share on that architecture
+    (``gemm_bandwidth_arch_frac``), the runs set the share there, the profile's
+    ``gemm_bandwidth_frac`` times that factor: the factor is fitted, the base share (what
+    the profile's other architectures stand on) kept, and the physical range is the share's,
+    0.6-1 of the copy bandwidth on this GPU, not the parameter's."""
+    arch = (architecture or "").lower()
+    f = spec.gemm_bandwidth_arch_frac
+    if "gemm_bandwidth_frac" not in params or f is None or arch not in f.value:
+        return params, RANGES
+    name = ARCH_GEMM_PARAM + arch
+    g = spec.gemm_bandwidth_frac.value
+    lo, hi, why = RANGES["gemm_bandwidth_frac"]
+    ranges = {**RANGES, name: (lo / g, hi / g, f"times gemm_bandwidth_frac {g:g}, the share of "
+                                               f"copy bandwidth on {arch} GPUs: {why}")}
+    return tuple(name if p == "gemm_bandwidth_frac" else p for p in params), ranges
 
 
 def calibrate(runs: list[ServedRun], base: Deployment, spec: EngineSpec, *, name: str,
@@ -225,10 +257,12 @@ def calibrate(runs: list[ServedRun], base: Deployment, spec: EngineSpec, *, name
         raise ValueError("no serving run with a TTFT, TPOT or throughput to fit")
     if base.tp == 1:
         params = tuple(p for p in params if p != "allreduce_latency_us")
+    params, ranges = _on_this_architecture(params, spec, base.hardware.architecture)
     pred = _Predictor(base, spec, runs, progress)
     idx = list(range(len(runs)))
-    start = {p: min(max(get_param(spec, p), range_of(p)[0]), range_of(p)[1]) for p in params}
-    unidentified = _identifiable(pred, start, idx)
+    start = {p: min(max(get_param(spec, p), range_of(p, ranges)[0]), range_of(p, ranges)[1])
+             for p in params}
+    unidentified = _identifiable(pred, start, idx, ranges)
     if base.tp == 1 and "allreduce_latency_us" in DEFAULT_PARAMS:
         unidentified["allreduce_latency_us"] = "every run is at TP 1: no all-reduce"
     free = {p: v for p, v in start.items() if p not in unidentified}
@@ -239,7 +273,8 @@ def calibrate(runs: list[ServedRun], base: Deployment, spec: EngineSpec, *, name
         # the flat valleys these losses have, a search started from values fitted with the run
         # stays near them, and the run would be predicted by its own fit
         others = [j for j in idx if j != i]
-        return pred.predict_run(_fit(pred, free, others, sweeps=sweeps, tol=tol), i)
+        return pred.predict_run(_fit(pred, free, others, sweeps=sweeps, tol=tol,
+                                     ranges=ranges), i)
 
     def in_worker(i: int) -> tuple[dict[str, float], int]:
         # a forked worker: its simulations are counted and reported by the parent
@@ -249,7 +284,7 @@ def calibrate(runs: list[ServedRun], base: Deployment, spec: EngineSpec, *, name
 
     held: dict[int, dict[str, float]] = {}
     with forked(in_worker, idx if loo else [], jobs) as results:
-        values = _fit(pred, free, idx, sweeps=sweeps, tol=tol) if free else {}
+        values = _fit(pred, free, idx, sweeps=sweeps, tol=tol, ranges=ranges) if free else {}
         if results is not None:
             pred.stage = f"leaving out each of {len(idx)} runs"
             for i, (got, simulated) in zip(idx, results(), strict=True):
@@ -274,7 +309,7 @@ def calibrate(runs: list[ServedRun], base: Deployment, spec: EngineSpec, *, name
     if values:
         data = set_params(spec, values, fitted_on=ids).model_dump()
         for p in values:
-            node = data[p]
+            node = data["gemm_bandwidth_arch_frac" if p.startswith(ARCH_GEMM_PARAM) else p]
             node.update(source="llmplan calibrate", date=date, estimated=False,
                         note=f"fitted by llmplan calibrate to the runs in fitted_on (base "
                              f"{spec.name}: {get_param(spec, p):g})")
@@ -287,7 +322,7 @@ def calibrate(runs: list[ServedRun], base: Deployment, spec: EngineSpec, *, name
         "source": f"llmplan calibrate: {', '.join(sorted({r.source for r in runs}))}"})
     # a value the search drove to an edge (one left where the base profile had it is not)
     refused = tuple(r for p, v in values.items()
-                    if abs(v / start[p] - 1) > 0.01 and (r := at_edge(p, v)))
+                    if abs(v / start[p] - 1) > 0.01 and (r := at_edge(p, v, ranges)))
     return ProfileFit(fitted, values, tuple(values), unidentified, tuple(errors), ids, refused)
 
 

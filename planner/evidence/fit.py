@@ -34,7 +34,15 @@ OPTIONAL_DEFAULTS = {"served_compute_frac": Engine.served_compute_frac,
                      "worker_step_overhead_us": Engine.worker_step_overhead_s * 1e6}
 
 
+# ``gemm_bandwidth_arch_frac.<architecture>``: one architecture's factor on the 16-bit GEMMs'
+# bandwidth share, fitted where runs on a GPU of that architecture set it (1 where unnamed)
+ARCH_GEMM_PARAM = "gemm_bandwidth_arch_frac."
+
+
 def get_param(spec: EngineSpec, name: str) -> float:
+    if name.startswith(ARCH_GEMM_PARAM):
+        f = spec.gemm_bandwidth_arch_frac
+        return 1.0 if f is None else f.value.get(name[len(ARCH_GEMM_PARAM):], 1.0)
     if name in OPTIONAL_DEFAULTS and getattr(spec, name) is None:
         return OPTIONAL_DEFAULTS[name]
     return _param(spec, name).value
@@ -54,6 +62,14 @@ def set_params(spec: EngineSpec, values: dict[str, float],
     """A copy of ``spec`` with new parameter values (and, when given, their fitted rows)."""
     data = spec.model_dump()
     for name, v in values.items():
+        if name.startswith(ARCH_GEMM_PARAM):
+            node = data.get("gemm_bandwidth_arch_frac") or {
+                "source": "llmplan calibrate", "value": {}}
+            node["value"] = {**node["value"], name[len(ARCH_GEMM_PARAM):]: v}
+            data["gemm_bandwidth_arch_frac"] = node
+            if fitted_on is not None:
+                node["fitted_on"] = list(fitted_on)
+            continue
         parts = name.split(".")
         if data.get(name, 0) is None and name in OPTIONAL_DEFAULTS:
             data[name] = {"source": "definition: the kernels' own rate",
