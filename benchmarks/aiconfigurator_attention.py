@@ -30,6 +30,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.aiconfigurator_gemm import arch_factor as _arch_factor  # noqa: E402
 from benchmarks.aiconfigurator_moe import RELEASES, SYSTEMS, wheel_table  # noqa: E402
 from benchmarks.gpu_kernels import OneLineParser  # noqa: E402
 
@@ -72,13 +73,8 @@ def shape_rates(table, dtype: str = "bfloat16") -> dict[tuple, float]:
 def arch_factor(shares: dict[tuple, float], reference: dict[tuple, float]
                 ) -> tuple[float, float, float, int]:
     """(median, p10, p90, shapes) of the per-shape ratio shares / reference over the shapes
-    both hold."""
-    common = sorted(set(shares) & set(reference))
-    if not common:
-        raise ValueError("no 16-bit attention shape is timed on both GPUs")
-    r = sorted(shares[s] / reference[s] for s in common)
-    q = statistics.quantiles(r, n=10, method="inclusive") if len(r) > 1 else [r[0]] * 9
-    return statistics.median(r), q[0], q[-1], len(r)
+    both hold (aiconfigurator_gemm.py's, for attention shapes)."""
+    return _arch_factor(shares, reference, what="16-bit attention")
 
 
 def cache_rates(table) -> dict[str, tuple[str, float, int]]:

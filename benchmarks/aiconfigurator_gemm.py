@@ -61,13 +61,13 @@ def decode_shares(table, ceiling_gb_per_s: float, max_m: int = MAX_M,
     return out
 
 
-def arch_factor(shares: dict[tuple, float], reference: dict[tuple, float]
-                ) -> tuple[float, float, float, int]:
+def arch_factor(shares: dict[tuple, float], reference: dict[tuple, float],
+                what: str = "decode GEMM") -> tuple[float, float, float, int]:
     """(median, p10, p90, shapes) of the per-shape ratio shares / reference over the shapes
-    both hold."""
+    both hold (``what``: the kind of shape, for the error)."""
     common = sorted(set(shares) & set(reference))
     if not common:
-        raise ValueError("no decode GEMM shape is timed on both GPUs")
+        raise ValueError(f"no {what} shape is timed on both GPUs")
     r = sorted(shares[s] / reference[s] for s in common)
     q = statistics.quantiles(r, n=10, method="inclusive") if len(r) > 1 else [r[0]] * 9
     return statistics.median(r), q[0], q[-1], len(r)

@@ -950,22 +950,15 @@ class Engine:
     def for_gpu(self, memory_bytes: float, gpu_name: str,
                 architecture: str | None = None) -> Engine:
         """The engine with its scheduler defaults for this GPU (vLLM picks smaller ones below
-        70 GiB and on A100s) and its experts' compute and GEMMs' bandwidth factors for the
-        GPU's ``architecture``; resolved once, so later overrides (a server's flags) stand."""
+        70 GiB and on A100s) and its figures by architecture (the experts' compute, the GEMMs'
+        and attention's bandwidth factors, the fp8 cache's pace) for the GPU's
+        ``architecture``; resolved once, so later overrides (a server's flags) stand."""
         e = self
         arch = (architecture or "").lower()
-        if e.experts_compute_by_arch:
-            e = replace(e, experts_compute_by_arch=(), experts_compute_frac=dict(
-                e.experts_compute_by_arch).get(arch, 1.0))
-        if e.gemm_bandwidth_by_arch:
-            e = replace(e, gemm_bandwidth_by_arch=(), gemm_bandwidth_arch_frac=dict(
-                e.gemm_bandwidth_by_arch).get(arch, 1.0))
-        if e.attention_bandwidth_by_arch:
-            e = replace(e, attention_bandwidth_by_arch=(), attention_bandwidth_arch_frac=dict(
-                e.attention_bandwidth_by_arch).get(arch, 1.0))
-        if e.fp8_kv_attention_by_arch:
-            e = replace(e, fp8_kv_attention_by_arch=(), fp8_kv_attention_bytes_per_s=dict(
-                e.fp8_kv_attention_by_arch).get(arch, 0.0))
+        for by_arch, field, unnamed in _BY_ARCHITECTURE:
+            pairs = getattr(e, by_arch)
+            if pairs:
+                e = replace(e, **{by_arch: (), field: dict(pairs).get(arch, unnamed)})
         if e.small_gpu is None:
             return e
         seqs, tokens, below, names = e.small_gpu
@@ -1102,6 +1095,13 @@ class Engine:
                       memory_basis=self.memory_basis,
                       memory_reserve_tiers=self.memory_reserve_tiers)
 
+
+# (Engine's field of pairs by architecture, the field for_gpu resolves it into, the value of an
+# architecture the pairs do not name)
+_BY_ARCHITECTURE = (("experts_compute_by_arch", "experts_compute_frac", 1.0),
+                    ("gemm_bandwidth_by_arch", "gemm_bandwidth_arch_frac", 1.0),
+                    ("attention_bandwidth_by_arch", "attention_bandwidth_arch_frac", 1.0),
+                    ("fp8_kv_attention_by_arch", "fp8_kv_attention_bytes_per_s", 0.0))
 
 # The pure roofline (background notes): datasheet peaks, every efficiency 1, no fixed costs.
 # engines_db/ideal.yaml states the same numbers with their sources; a test keeps them equal.
