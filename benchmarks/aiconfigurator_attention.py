@@ -17,8 +17,11 @@ its GPUs where their fp8 kernels reach under 0.9 of the share their 16-bit ones 
 profile's ``fp8_kv_attention_gb_per_s``. With a 16-bit cache it also prints, shape by shape,
 each GPU's share against the H100's, the median by GPU: the profile's
 ``attention_bandwidth_arch_frac`` (the H100 is the reference, as for the GEMMs' factor in
-aiconfigurator_gemm.py). Nothing is fitted to a validation row; the wheel is not needed by
-llmplan.
+aiconfigurator_gemm.py). From the prefill tables (``context_attention_perf.parquet``) it prints
+each GPU's fp8-cache time over its 16-bit-cache time, the median over the shapes both hold
+(each type with its default kernel), and by architecture the median of its GPUs' 16-bit / fp8
+time: the profile's ``fp8_kv_attention_compute_frac``. Nothing is fitted to a validation row;
+the wheel is not needed by llmplan.
 """
 
 from __future__ import annotations
@@ -77,6 +80,27 @@ def arch_factor(shares: dict[tuple, float], reference: dict[tuple, float]
     return _arch_factor(shares, reference, what="16-bit attention")
 
 
+CONTEXT_SHAPE = ["batch_size", "isl", "num_heads", "num_key_value_heads", "head_dim", "step"]
+
+
+def prefill_fp8_ratio(table) -> tuple[float, int] | None:
+    """(median fp8-cache time / 16-bit-cache time, shapes) over the prefill table's full
+    attention shapes both types hold, each with its default kernel; None where it times only
+    one type."""
+    t = table
+    if "window_size" in t.columns:
+        t = t[t.window_size == 0]
+    times = {}
+    for dtype in BYTES:
+        rows = t[t.kv_cache_dtype == dtype]
+        if rows.empty:
+            return None
+        rows = rows[rows.kernel_source == rows.kernel_source.value_counts().index[0]]
+        times[dtype] = rows.groupby(CONTEXT_SHAPE).latency.median()
+    r = (times["fp8"] / times["bfloat16"]).dropna()
+    return (float(r.median()), len(r)) if len(r) else None
+
+
 def cache_rates(table) -> dict[str, tuple[str, float, int]]:
     """{cache type: (kernel, median bytes/s, shapes)} over the table's full-attention decode
     shapes whose 16-bit cache is at least MIN_CACHE_BYTES, each type with its default kernel
@@ -115,14 +139,16 @@ def main(argv=None) -> int:
     ap.add_argument("wheel", help="the aiconfigurator-core 0.12.0 wheel")
     ap.add_argument("--engine", choices=sorted(RELEASES), default="vllm")
     a = ap.parse_args(argv)
-    tables, gpu = {}, ""
+    tables, prefill, gpu = {}, {}, ""
     try:
         with zipfile.ZipFile(a.wheel) as whl:  # opened once for every GPU's table
             for gpu, system in SYSTEMS.items():
                 release = RELEASES[a.engine][system]
-                path = (f"aiconfigurator_core/systems/data/{system}/attention/{a.engine}/"
-                        f"{release}/generation_attention_perf.parquet")
-                tables[gpu] = (wheel_table(whl, path), release)
+                folder = f"aiconfigurator_core/systems/data/{system}/attention/{a.engine}/{release}"
+                tables[gpu] = (wheel_table(whl, f"{folder}/generation_attention_perf.parquet"),
+                               release)
+                if f"{folder}/context_attention_perf.parquet" in whl.namelist():
+                    prefill[gpu] = wheel_table(whl, f"{folder}/context_attention_perf.parquet")
     except (OSError, zipfile.BadZipFile, KeyError) as err:
         print(f"aiconfigurator_attention.py: {a.wheel}: cannot read the {gpu} table: {err}",
               file=sys.stderr)
@@ -156,6 +182,17 @@ def main(argv=None) -> int:
             print(f"aiconfigurator_attention.py: {gpu}: {err}", file=sys.stderr)
             return 2
         print(f"  {gpu:<14} {arch:<10} {f:.3f} (p10-p90 {lo:.3f}-{hi:.3f}, {n} shapes)")
+    print("prefill attention, fp8 cache / 16-bit cache time (fp8_kv_attention_compute_frac: "
+          "the architecture's median 16-bit / fp8):")
+    by_arch: dict[str, list[float]] = {}
+    for gpu, table in prefill.items():
+        got = prefill_fp8_ratio(table)
+        if got is None:
+            continue
+        ratio, n = got
+        by_arch.setdefault(per_gpu[gpu][0], []).append(1.0 / ratio)
+        print(f"  {gpu:<14} {per_gpu[gpu][0]:<10} {ratio:.3f} ({n} shapes)")
+    print("  " + ", ".join(f"{k}: {statistics.median(v):.2f}" for k, v in sorted(by_arch.items())))
     paces = arch_paces(per_gpu)
     print(f"fp8_kv_attention_gb_per_s (architectures whose fp8 kernel reaches under "
           f"{PACED_BELOW:g} of the 16-bit share; the {a.engine} profile's 16-bit rate there "

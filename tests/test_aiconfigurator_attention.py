@@ -122,6 +122,23 @@ def test_the_script_prints_each_gpus_16_bit_factor(tmp_path):
            str(_wheel(tmp_path, rates)), "--engine", "vllm"]
     p = subprocess.run(run, capture_output=True, text=True, cwd=ROOT)
     assert p.returncode == 0, p.stderr
-    lines = p.stdout.split("(attention_bandwidth_arch_frac):\n", 1)[1].splitlines()
+    lines = p.stdout.split("(attention_bandwidth_arch_frac):\n", 1)[1].split(
+        "prefill attention", 1)[0].splitlines()
     got = {ln.split()[0]: float(ln.split()[2]) for ln in lines if ln.startswith("  ")}
     assert got == {"h100-sxm": 1.0, "h200": 0.9, "a100-sxm-80gb": 0.9, "l40s": 0.9, "b200": 0.9}
+
+
+def test_the_prefill_ratio_is_the_fp8_time_over_the_16_bit_time_shape_by_shape():
+    """Two shapes timed 1.2x and 1.0x slower over fp8, and a sliding-window row and a
+    second kernel's row that must be left out: the median of the two, 1.1."""
+    rows = []
+    for i, (b16, f8) in enumerate(((1.0, 1.2), (2.0, 2.0))):
+        for dtype, lat in (("bfloat16", b16), ("fp8", f8)):
+            rows.append(dict(kernel_source="fa3", batch_size=1 + i, isl=4096, num_heads=32,
+                             num_key_value_heads=8, head_dim=128, step=0, window_size=0,
+                             kv_cache_dtype=dtype, latency=lat))
+    rows.append(dict(rows[-1], window_size=1024, latency=100.0))
+    rows.append(dict(rows[-1], window_size=0, kernel_source="other", latency=100.0))
+    assert attn.prefill_fp8_ratio(pd.DataFrame(rows)) == (pytest.approx(1.1), 2)
+    only16 = pd.DataFrame([r for r in rows if r["kv_cache_dtype"] == "bfloat16"])
+    assert attn.prefill_fp8_ratio(only16) is None

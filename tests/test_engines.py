@@ -219,7 +219,8 @@ def test_fused_moe_factors_of_the_profiles_are_sourced_and_checked():
 
 
 @pytest.mark.parametrize("field", ["experts_compute_frac", "gemm_bandwidth_arch_frac",
-                                   "attention_bandwidth_arch_frac"])
+                                   "attention_bandwidth_arch_frac",
+                                   "fp8_kv_attention_compute_frac"])
 @pytest.mark.parametrize("bad", [{}, {"ampere": 0.0}, {"ampere": 3.0}, {"ampere": float("nan")},
                                  {"Ampere": 0.9}])  # for_gpu looks architectures up in lower case
 def test_a_factor_by_architecture_is_refused_where_it_cannot_apply(field, bad):
@@ -639,6 +640,9 @@ def test_engines_listing_shows_the_fp8_cache_paces(run_json):
     assert rows["vllm"]["attention_bandwidth_arch_frac"] == {"ada": 0.9, "ampere": 0.89,
                                                              "blackwell": 0.97}
     assert rows["sglang"]["attention_bandwidth_arch_frac"] == {}
+    assert rows["vllm"]["fp8_kv_attention_compute_frac"] == {"ada": 0.93, "blackwell": 0.98,
+                                                              "hopper": 0.88}
+    assert rows["sglang"]["fp8_kv_attention_compute_frac"] == {}
     assert rows["sglang"]["fp8_kv_attention_gb_per_s"] == {}  # none named: the bandwidth alone
 
 
@@ -725,3 +729,39 @@ def test_simulate_reads_an_fp8_cache_at_the_pace(run_json, tmp_path):
 
     assert tpot("vllm", "fp8") > 1.03 * tpot(str(unpaced), "fp8")
     assert tpot("vllm", "bf16") == tpot(str(unpaced), "bf16")
+
+
+def test_attention_over_an_fp8_cache_computes_at_the_engines_factor():
+    """fp8_kv_attention_compute_frac, resolved for the architecture: a prefill's attention
+    over an fp8 cache, compute-bound, takes 1 / factor the time; over a 16-bit cache, or an
+    MLA latent one (kv_dtype None), or on an architecture not named, the same as before."""
+    e = dataclasses.replace(H, overlap_frac=1.0, attention_compute_frac=0.8,
+                            fp8_kv_attention_compute_by_arch=(("hopper", 0.5),))
+    hop, ada = e.for_gpu(80e9, "h100", "hopper"), e.for_gpu(48e9, "l40s", "ada")
+    assert hop.fp8_kv_attention_compute_frac == 0.5 and ada.fp8_kv_attention_compute_frac == 1
+    # 8e12 FLOPs at 100 TFLOP/s x 0.8: 100 ms; the bytes are far less
+    fp8 = Op("attention", "attention", 1, flops=8e12, kv_bytes=1e8, act_bytes=1e8,
+             kv_dtype=DType.fp8)
+    assert op_time(fp8, C, engine=hop).compute_s == pytest.approx(8e12 / (100e12 * 0.8 * 0.5))
+    for op, eng in ((fp8, ada), (dataclasses.replace(fp8, kv_dtype=DType.bf16), hop),
+                    (dataclasses.replace(fp8, kv_dtype=None), hop)):
+        assert op_time(op, C, engine=eng).compute_s == pytest.approx(8e12 / (100e12 * 0.8))
+
+
+def test_vllm_fp8_cache_prefill_factor_lengthens_a_hopper_prefill_only():
+    spec = catalog.load_engine_spec("vllm")
+    f = spec.fp8_kv_attention_compute_frac
+    assert f.value == {"hopper": 0.88, "ada": 0.93, "blackwell": 0.98}
+    assert "aiconfigurator" in f.source
+    flat = spec.model_copy(update={"fp8_kv_attention_compute_frac": None})
+    m = catalog.load_model("llama-3.1-8b")
+    w = Workload(batch=8, prompt_tokens=8192, output_tokens=64)
+
+    def est(s, kv):
+        return estimate(m, catalog.load_hardware("h100-sxm"), workload=w, engine=s.model(),
+                        precision=Precision.of("bf16", kv))
+
+    # attention is about a seventh of this prefill, so slower by a few percent, never by more
+    # than its own 1 / 0.88
+    assert 1.01 < est(spec, "fp8").ttft_s / est(flat, "fp8").ttft_s < 1 / 0.88
+    assert est(spec, "bf16").ttft_s == est(flat, "bf16").ttft_s

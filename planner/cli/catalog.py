@@ -116,6 +116,9 @@ def engines(as_json: JsonOpt = False) -> None:
                      # the most GB/s attention reads an fp8 KV cache at, by architecture
                      "fp8_kv_attention_gb_per_s": {k: v / 1e9 for k, v in
                                                    e.fp8_kv_attention_by_arch},
+                     # times attention's compute share over an fp8 cache, by architecture
+                     "fp8_kv_attention_compute_frac": dict(
+                         e.fp8_kv_attention_compute_by_arch),
                      "allreduce_latency_us": spec.allreduce_latency_us.value,
                      "memory_utilization_frac": e.memory_utilization_frac,
                      "memory_basis": e.memory_basis,

@@ -576,6 +576,9 @@ class EngineSpec(_Frozen):
     # architecture: its kernel converts every cached value, and on some GPUs that, not the
     # memory, sets the pace (None, or an architecture not named: the bandwidth alone)
     fp8_kv_attention_gb_per_s: ArchRates | None = None
+    # times attention_compute_frac where attention reads an fp8 KV cache, by architecture:
+    # a prefill's attention over an fp8 cache runs slower than over a 16-bit one (None: 1)
+    fp8_kv_attention_compute_frac: ArchFracs | None = None
     # decode attention reads each KV head once for its whole group of query heads (GQA-aware
     # kernels: FlashInfer, FlashAttention, XQA) or once per query head
     gqa_kv_reuse: Flag
@@ -717,6 +720,9 @@ class EngineSpec(_Frozen):
                                          else tuple(sorted(
                                              self.attention_bandwidth_arch_frac.value.items()))),
             attention_compute_frac=self.attention_compute_frac.value,
+            fp8_kv_attention_compute_by_arch=(
+                () if self.fp8_kv_attention_compute_frac is None
+                else tuple(sorted(self.fp8_kv_attention_compute_frac.value.items()))),
             fp8_kv_attention_by_arch=(() if self.fp8_kv_attention_gb_per_s is None else tuple(
                 sorted((k, v * 1e9) for k, v in
                        self.fp8_kv_attention_gb_per_s.value.items()))),
@@ -852,6 +858,10 @@ class Engine:
     # but the bandwidth's; ``for_gpu`` resolves it from ``fp8_kv_attention_by_arch``)
     fp8_kv_attention_bytes_per_s: float = 0.0
     fp8_kv_attention_by_arch: tuple[tuple[str, float], ...] = ()
+    # times attention_compute_frac where attention reads an fp8 cache, on this GPU (from
+    # ``fp8_kv_attention_compute_by_arch``)
+    fp8_kv_attention_compute_frac: float = 1.0
+    fp8_kv_attention_compute_by_arch: tuple[tuple[str, float], ...] = ()
     gqa_kv_reuse: bool = True
     kv_cache_concat: bool = False
     elementwise_bandwidth_frac: float = 1.0
@@ -1079,6 +1089,7 @@ class Engine:
                 self.attention_bandwidth_frac, self.attention_bandwidth_arch_frac,
                 self.attention_bandwidth_by_arch, self.attention_compute_frac,
                 self.fp8_kv_attention_bytes_per_s, self.fp8_kv_attention_by_arch,
+                self.fp8_kv_attention_compute_frac, self.fp8_kv_attention_compute_by_arch,
                 self.gqa_kv_reuse, self.kv_cache_concat, self.elementwise_bandwidth_frac,
                 tuple(fr for _, fr in self.quantized if fr != (1.0, 1.0)),
                 self.allreduce_latency_s, self.allreduce_bandwidth_frac, self.family)
@@ -1101,7 +1112,8 @@ class Engine:
 _BY_ARCHITECTURE = (("experts_compute_by_arch", "experts_compute_frac", 1.0),
                     ("gemm_bandwidth_by_arch", "gemm_bandwidth_arch_frac", 1.0),
                     ("attention_bandwidth_by_arch", "attention_bandwidth_arch_frac", 1.0),
-                    ("fp8_kv_attention_by_arch", "fp8_kv_attention_bytes_per_s", 0.0))
+                    ("fp8_kv_attention_by_arch", "fp8_kv_attention_bytes_per_s", 0.0),
+                    ("fp8_kv_attention_compute_by_arch", "fp8_kv_attention_compute_frac", 1.0))
 
 # The pure roofline (background notes): datasheet peaks, every efficiency 1, no fixed costs.
 # engines_db/ideal.yaml states the same numbers with their sources; a test keeps them equal.

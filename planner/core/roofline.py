@@ -311,7 +311,8 @@ def op_efficiency(op: Op, e: Engine) -> tuple[float, float]:
     16-bit MoE kernels only). A 16-bit GEMM's bandwidth efficiency is the engine's times its
     factor for this GPU's architecture (``Engine.gemm_bandwidth_arch_frac``: derived from the
     engine's plain GEMMs, so not the routed experts'); attention's, the engine's times its
-    factor for the architecture (``Engine.attention_bandwidth_arch_frac``)."""
+    factor for the architecture (``Engine.attention_bandwidth_arch_frac``), and its compute
+    efficiency over an fp8 cache times ``Engine.fp8_kv_attention_compute_frac``."""
     if op.kind == "matmul":
         wdt = op.weight_dtype
         if wdt == DType.fp8 and op.dtype != DType.fp8:
@@ -323,9 +324,10 @@ def op_efficiency(op: Op, e: Engine) -> tuple[float, float]:
         elif q is None:
             bw *= e.gemm_bandwidth_arch_frac  # the engine's 16-bit GEMM on this architecture
         return bw, comp * e.served_compute_frac
-    if op.kind == "attention":  # the engine's decode attention on this architecture
+    if op.kind == "attention":  # the engine's attention on this architecture
+        fp8 = e.fp8_kv_attention_compute_frac if op.kv_dtype == DType.fp8 else 1.0
         return e.attention_bandwidth_frac * e.attention_bandwidth_arch_frac, \
-            e.attention_compute_frac
+            e.attention_compute_frac * fp8
     return e.elementwise_bandwidth_frac, 1.0
 
 
