@@ -47,23 +47,31 @@ REFERENCE = "h100-sxm"
 SHAPE = ["batch_size", "step", "num_heads", "num_key_value_heads", "head_dim"]
 
 
-def _cache_rows(table, dtype: str):
-    """The table's full-attention rows of ``dtype`` whose 16-bit cache is at least
-    MIN_CACHE_BYTES, with the type's default kernel (the one with the most rows of it); None
-    where it has none."""
+def _kernel_rows(table, dtype: str):
+    """The table's full-attention rows of cache type ``dtype`` timed by that type's default
+    kernel (the one with the most rows of it); None where it has none."""
     t = table
     if "window_size" in t.columns:
         t = t[t.window_size == 0]
-    elems = t.batch_size * (t.step + 1) * t.num_key_value_heads * t.head_dim * 2
-    t = t[(elems * 2 >= MIN_CACHE_BYTES) & (t.kv_cache_dtype == dtype)]
+    t = t[t.kv_cache_dtype == dtype]
     if t.empty:
         return None
     return t[t.kernel_source == t.kernel_source.value_counts().index[0]]
 
 
-def shape_rates(table, dtype: str = "bfloat16") -> dict[tuple, float]:
-    """{shape: the cache's bytes/s} for the table's rows of ``dtype`` (``_cache_rows``)."""
-    rows = _cache_rows(table, dtype)
+def _cache_rows(table, dtype: str):
+    """``_kernel_rows`` of a decode table whose 16-bit cache is at least MIN_CACHE_BYTES; None
+    where it has none."""
+    t = _kernel_rows(table, dtype)
+    if t is None:
+        return None
+    elems = t.batch_size * (t.step + 1) * t.num_key_value_heads * t.head_dim * 2
+    t = t[elems * 2 >= MIN_CACHE_BYTES]
+    return None if t.empty else t
+
+
+def _rates(rows, dtype: str) -> dict[tuple, float]:
+    """{shape: the cache's bytes/s} over ``rows`` (``_cache_rows``'; None: none)."""
     out = {}
     if rows is None:
         return out
@@ -71,6 +79,11 @@ def shape_rates(table, dtype: str = "bfloat16") -> dict[tuple, float]:
         out[(int(b), int(s), int(h), int(kv), int(d))] = (
             b * (s + 1) * kv * d * 2 * BYTES[dtype] / (float(g.latency.median()) * 1e-3))
     return out
+
+
+def shape_rates(table, dtype: str = "bfloat16") -> dict[tuple, float]:
+    """{shape: the cache's bytes/s} for the table's rows of ``dtype`` (``_cache_rows``)."""
+    return _rates(_cache_rows(table, dtype), dtype)
 
 
 def arch_factor(shares: dict[tuple, float], reference: dict[tuple, float]
@@ -87,15 +100,11 @@ def prefill_fp8_ratio(table) -> tuple[float, int] | None:
     """(median fp8-cache time / 16-bit-cache time, shapes) over the prefill table's full
     attention shapes both types hold, each with its default kernel; None where it times only
     one type."""
-    t = table
-    if "window_size" in t.columns:
-        t = t[t.window_size == 0]
     times = {}
     for dtype in BYTES:
-        rows = t[t.kv_cache_dtype == dtype]
-        if rows.empty:
+        rows = _kernel_rows(table, dtype)
+        if rows is None:
             return None
-        rows = rows[rows.kernel_source == rows.kernel_source.value_counts().index[0]]
         times[dtype] = rows.groupby(CONTEXT_SHAPE).latency.median()
     r = (times["fp8"] / times["bfloat16"]).dropna()
     return (float(r.median()), len(r)) if len(r) else None
@@ -111,7 +120,7 @@ def cache_rates(table) -> dict[str, tuple[str, float, int]]:
         rows = _cache_rows(table, dtype)
         if rows is None:
             continue
-        rates = shape_rates(table, dtype)
+        rates = _rates(rows, dtype)
         out[dtype] = (str(rows.kernel_source.iloc[0]), statistics.median(rates.values()),
                       len(rates))
     return out

@@ -534,6 +534,8 @@ def test_calibrate_on_an_a100_fits_the_architectures_factor(run_json, tmp_path):
     assert prof.gemm_bandwidth_arch_frac.value["ampere"] == pytest.approx(0.97, abs=0.02)
     assert prof.gemm_bandwidth_arch_frac.value["ada"] == 0.88  # the others kept
     assert prof.gemm_bandwidth_arch_frac.source == "llmplan calibrate"
+    note = prof.gemm_bandwidth_arch_frac.note  # which figure was fitted, whence the others
+    assert "(ampere) (base vllm: 0.9)" in note and "the other architectures' as in vllm" in note
 
 
 def test_the_architecture_factor_is_a_parameter_fit_reads_and_writes():

@@ -85,34 +85,37 @@ class FlagSince(Flag):
     since: str = Field(pattern=r"^[0-9]+(\.[0-9]+)*$")
 
 
-def _architectures_lower_case(v: dict) -> dict:
-    # for_gpu looks the GPU's architecture up in lower case: "Ampere" would never apply
-    bad = sorted(k for k in v if k != k.lower() or not k.strip())
-    if bad:
-        raise ValueError(f"architecture {bad[0]!r}: write it in lower case, as "
-                         "hardware_db's architecture (ampere, hopper, ...)")
-    return v
+class _ByArchitecture(_Sourced):
+    """A figure by GPU architecture (a hardware file's ``architecture``: ampere, hopper, ...),
+    ``value`` typed by each subclass."""
+
+    @field_validator("value", check_fields=False)
+    @classmethod
+    def _lower_case(cls, v: dict) -> dict:
+        # for_gpu looks the GPU's architecture up in lower case: "Ampere" would never apply
+        bad = sorted(k for k in v if k != k.lower() or not k.strip())
+        if bad:
+            raise ValueError(f"architecture {bad[0]!r}: write it in lower case, as "
+                             "hardware_db's architecture (ampere, hopper, ...)")
+        return v
+
+    def pairs(self, scale: float = 1.0) -> tuple[tuple[str, float], ...]:
+        """(architecture, value x ``scale``), ... sorted: the form ``Engine`` holds."""
+        return tuple(sorted((k, v * scale) for k, v in self.value.items()))
 
 
-class ArchFracs(_Sourced):
-    """A factor by GPU architecture (a hardware file's ``architecture``: ampere, hopper,
-    ...); an architecture not named keeps 1."""
+class ArchFracs(_ByArchitecture):
+    """A factor by GPU architecture; an architecture not named keeps 1."""
 
     value: dict[str, Annotated[float, Field(gt=0, le=2, allow_inf_nan=False)]] = Field(
         min_length=1)
 
-    _lower_case = field_validator("value")(classmethod(
-        lambda cls, v: _architectures_lower_case(v)))
 
-
-class ArchRates(_Sourced):
+class ArchRates(_ByArchitecture):
     """A rate in GB/s by GPU architecture; an architecture not named has none."""
 
     value: dict[str, Annotated[float, Field(gt=0, le=1e6, allow_inf_nan=False)]] = Field(
         min_length=1)
-
-    _lower_case = field_validator("value")(classmethod(
-        lambda cls, v: _architectures_lower_case(v)))
 
 
 class Kernels(_Sourced):
@@ -509,6 +512,11 @@ class ServingDefaults(_Frozen):
         return self
 
 
+def _pairs(figure: _ByArchitecture | None, scale: float = 1.0) -> tuple[tuple[str, float], ...]:
+    """A profile's figure by architecture as ``Engine`` holds it; () where it states none."""
+    return () if figure is None else figure.pairs(scale)
+
+
 class EngineSpec(_Frozen):
     """One engine profile, as engines_db/NAME.yaml states it."""
 
@@ -706,26 +714,18 @@ class EngineSpec(_Frozen):
             fp8_quant_kernels=(0.0 if self.fp8_quant_kernels is None
                                else self.fp8_quant_kernels.value),
             gemm_bandwidth_frac=self.gemm_bandwidth_frac.value,
-            gemm_bandwidth_by_arch=(() if self.gemm_bandwidth_arch_frac is None else tuple(
-                sorted(self.gemm_bandwidth_arch_frac.value.items()))),
+            gemm_bandwidth_by_arch=_pairs(self.gemm_bandwidth_arch_frac),
             gemm_compute_frac=self.gemm_compute_frac.value,
             served_compute_frac=(1.0 if self.served_compute_frac is None
                                  else self.served_compute_frac.value),
-            experts_compute_by_arch=(() if self.experts_compute_frac is None else tuple(
-                sorted(self.experts_compute_frac.value.items()))),
+            experts_compute_by_arch=_pairs(self.experts_compute_frac),
             gemm_tile_m=self.gemm_tile_m.value,
             overlap_frac=self.overlap_frac.value,
             attention_bandwidth_frac=self.attention_bandwidth_frac.value,
-            attention_bandwidth_by_arch=(() if self.attention_bandwidth_arch_frac is None
-                                         else tuple(sorted(
-                                             self.attention_bandwidth_arch_frac.value.items()))),
+            attention_bandwidth_by_arch=_pairs(self.attention_bandwidth_arch_frac),
             attention_compute_frac=self.attention_compute_frac.value,
-            fp8_kv_attention_compute_by_arch=(
-                () if self.fp8_kv_attention_compute_frac is None
-                else tuple(sorted(self.fp8_kv_attention_compute_frac.value.items()))),
-            fp8_kv_attention_by_arch=(() if self.fp8_kv_attention_gb_per_s is None else tuple(
-                sorted((k, v * 1e9) for k, v in
-                       self.fp8_kv_attention_gb_per_s.value.items()))),
+            fp8_kv_attention_compute_by_arch=_pairs(self.fp8_kv_attention_compute_frac),
+            fp8_kv_attention_by_arch=_pairs(self.fp8_kv_attention_gb_per_s, 1e9),
             gqa_kv_reuse=self.gqa_kv_reuse.value,
             kv_cache_concat=self.kv_cache_concat.value,
             elementwise_bandwidth_frac=self.elementwise_bandwidth_frac.value,

@@ -309,10 +309,15 @@ def calibrate(runs: list[ServedRun], base: Deployment, spec: EngineSpec, *, name
     if values:
         data = set_params(spec, values, fitted_on=ids).model_dump()
         for p in values:
-            node = data["gemm_bandwidth_arch_frac" if p.startswith(ARCH_GEMM_PARAM) else p]
+            arch = p[len(ARCH_GEMM_PARAM):] if p.startswith(ARCH_GEMM_PARAM) else None
+            node = data["gemm_bandwidth_arch_frac" if arch else p]
+            # one architecture's figure is fitted; the others stay the base profile's
+            kept = (f"; the other architectures' as in {spec.name} ("
+                    f"{spec.gemm_bandwidth_arch_frac.source})" if arch else "")
             node.update(source="llmplan calibrate", date=date, estimated=False,
-                        note=f"fitted by llmplan calibrate to the runs in fitted_on (base "
-                             f"{spec.name}: {get_param(spec, p):g})")
+                        note=f"fitted by llmplan calibrate to the runs in fitted_on"
+                             f"{f' ({arch})' if arch else ''} (base {spec.name}: "
+                             f"{get_param(spec, p):g}){kept}")
         fitted = EngineSpec.model_validate(data)
     fitted = fitted.model_copy(update={
         "name": name, "date": date,
