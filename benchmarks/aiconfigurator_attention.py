@@ -159,7 +159,8 @@ def main(argv=None) -> int:
                 if f"{folder}/context_attention_perf.parquet" in whl.namelist():
                     prefill[gpu] = wheel_table(whl, f"{folder}/context_attention_perf.parquet")
     except (OSError, zipfile.BadZipFile, KeyError) as err:
-        print(f"aiconfigurator_attention.py: {a.wheel}: cannot read the {gpu} table: {err}",
+        what = f"the {gpu} table" if gpu else "it"  # the wheel itself may be what fails
+        print(f"aiconfigurator_attention.py: {a.wheel}: cannot read {what}: {err}",
               file=sys.stderr)
         return 2
     per_gpu = {}

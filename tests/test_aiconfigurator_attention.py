@@ -142,3 +142,12 @@ def test_the_prefill_ratio_is_the_fp8_time_over_the_16_bit_time_shape_by_shape()
     assert attn.prefill_fp8_ratio(pd.DataFrame(rows)) == (pytest.approx(1.1), 2)
     only16 = pd.DataFrame([r for r in rows if r["kv_cache_dtype"] == "bfloat16"])
     assert attn.prefill_fp8_ratio(only16) is None
+
+
+def test_a_file_that_is_no_wheel_is_one_line_naming_it_and_exit_2(tmp_path):
+    bad = tmp_path / "x.whl"
+    bad.write_text("not a zip")
+    p = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "aiconfigurator_attention.py"),
+                        str(bad)], capture_output=True, text=True, cwd=ROOT)
+    assert p.returncode == 2 and p.stderr.strip().splitlines() == [
+        f"aiconfigurator_attention.py: {bad}: cannot read it: File is not a zip file"]
