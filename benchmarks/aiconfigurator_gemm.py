@@ -25,6 +25,14 @@ each GPU with fp8 tensor cores it prints the compute efficiency of the profile's
 (``quantized.fp8.compute_frac``) with which the median ratio theirs / ours over those fp8 rows
 equals the same median over the 16-bit rows: the fp8 path then stands to its kernel as the
 16-bit GEMMs stand to theirs, whatever that is.
+
+``--fp8-row-tiles`` reads the same W8A8 fp8 rows on the Hopper GPUs (N, K of 4,096 or more) at
+every M the tables time above 16. It prints, first, the table's own time at the first M past
+each bound of the profile's ``fp8_gemm_row_tiles`` (and the first multiples of its last
+configuration's rows) against the time at the bound (a step up
+where the kernel's dispatch changes configuration, for the model-independent evidence), then
+theirs / ours by range of M with the profile's row tiles and without them (the engine's
+16-row tile): the tiles should bring each range's median towards the others'.
 """
 
 from __future__ import annotations
@@ -138,6 +146,86 @@ def derive_fp8_compute(table, gpu: str, spec) -> tuple[float, float, float, int]
     return f, target, statistics.median(rs), len(rs)
 
 
+HOPPER_GPUS = ("h100-sxm", "h200")  # the architecture the row tiles are stated for
+ROW_RANGES = ((17, 64), (65, 128), (129, 256), (257, 512), (513, 4096))  # M, by range
+
+
+def edge_steps(table, bounds, dtype: str = "fp8") -> list[tuple[int, int, float, int]]:
+    """(bound, the first M past it that the table times, time there / time at the bound,
+    shapes) for each ``bound`` both M are timed at: the table's GEMMs of ``gemm_dtype``
+    ``dtype`` (fp8: W8A8; bfloat16) with N, K >= MIN_NK, median over the shapes timed at
+    both."""
+    t = table[(table.gemm_dtype == dtype) & (table.n >= MIN_NK) & (table.k >= MIN_NK)]
+    lat = {key: float(g.latency.median()) for key, g in t.groupby(["m", "n", "k"])}
+    ms = sorted({m for m, _, _ in lat})
+    out = []
+    for b in bounds:
+        past = [m for m in ms if m > b]
+        if b not in ms or not past:
+            continue
+        r = [lat[(past[0], n, k)] / lat[(m, n, k)] for m, n, k in lat
+             if m == b and (past[0], n, k) in lat]
+        if r:
+            out.append((int(b), int(past[0]), statistics.median(r), len(r)))
+    return out
+
+
+def fp8_ratios_by_range(table, gpu: str, spec) -> dict[tuple[int, int], list[float]]:
+    """{(first M, last M): [theirs / ours, ...]} over the table's W8A8 fp8 GEMMs with N, K >=
+    MIN_NK and M in each of ROW_RANGES, under the profile ``spec``."""
+    from planner.cli.compare import served_setup
+    from planner.core.specs import DType
+
+    dep = served_setup("qwen3-8b", gpu, spec, 1, DType.fp8, None)
+    t = table[(table.gemm_dtype == "fp8") & (table.n >= MIN_NK) & (table.k >= MIN_NK)]
+    out: dict[tuple[int, int], list[float]] = {r: [] for r in ROW_RANGES}
+    for (m, n, k), g in t.groupby(["m", "n", "k"]):
+        for lo, hi in ROW_RANGES:
+            if lo <= m <= hi:
+                out[(lo, hi)].append(float(g.latency.median()) * 1e-3
+                                     / ours_gemm_s(int(m), int(n), int(k), "fp8", dep))
+    return out
+
+
+def print_fp8_row_tiles(tables: dict, engine: str) -> int:
+    from planner.io import catalog
+
+    spec = catalog.load_engine_spec(engine)
+    tiles = spec.fp8_gemm_row_tiles
+    hopper = None if tiles is None else tiles.value.get("hopper")
+    if not hopper:
+        print(f"aiconfigurator_gemm.py: --fp8-row-tiles: engine {engine} states no Hopper fp8 "
+              "row tiles (fp8_gemm_row_tiles)", file=sys.stderr)
+        return 2
+    plain = spec.model_copy(update={"fp8_gemm_row_tiles": None})
+    print(f"# {engine}: W8A8 fp8 GEMMs, N and K >= {MIN_NK:,}; the profile's Hopper row tiles "
+          "(M up to: rows at a time): "
+          + ", ".join(f"{'more' if b is None else b}: {r}" for b, r in hopper))
+    for gpu in HOPPER_GPUS:
+        table, release, path = tables[gpu]
+        # each bound, and the first multiples of the last configuration's rows
+        bounds = ([b for b, _ in hopper if b is not None]
+                  + [hopper[-1][1] * i for i in range(1, 5)])
+        print(f"{gpu} ({engine} {release}): the table's time one row past each bound / at it")
+        for dtype in ("fp8", "bfloat16"):
+            steps = edge_steps(table, bounds, dtype)
+            if not steps:
+                print(f"aiconfigurator_gemm.py: {path}: no {dtype} GEMM timed at a bound and "
+                      "past it", file=sys.stderr)
+                return 2
+            print(f"  {dtype:<9} " + "  ".join(f"t({m})/t({b}) {r:.2f}"
+                                               for b, m, r, _ in steps))
+        tiled, flat = fp8_ratios_by_range(table, gpu, spec), fp8_ratios_by_range(table, gpu,
+                                                                                  plain)
+        print(f"  {'M':>10} {'shapes':>6} {'theirs/ours, tiles':>20} {'16-row tile':>12}")
+        for lo, hi in ROW_RANGES:
+            a, b = tiled[(lo, hi)], flat[(lo, hi)]
+            if a:
+                print(f"  {f'{lo}-{hi}':>10} {len(a):>6} {statistics.median(a):>20.3f} "
+                      f"{statistics.median(b):>12.3f}")
+    return 0
+
+
 def read_table(whl: zipfile.ZipFile, gpu: str, engine: str):
     """(the GPU's GEMM table of the engine's release, the release, its path in the wheel)."""
     system = SYSTEMS[gpu]
@@ -158,6 +246,10 @@ def main(argv=None) -> int:
                     help="print, for each GPU with fp8 tensor cores, the fp8 path's compute "
                          "efficiency (engines_db quantized.fp8.compute_frac) with which its "
                          "fp8 GEMMs at M >= 1,024 stand to the table as its 16-bit ones do")
+    ap.add_argument("--fp8-row-tiles", action="store_true",
+                    help="print, on the Hopper GPUs, the fp8 GEMMs' time steps at the bounds "
+                         "of the profile's fp8_gemm_row_tiles and theirs / ours by range of M "
+                         "with and without those tiles")
     a = ap.parse_args(argv)
     if not a.min_weight_mib > 0:
         print("aiconfigurator_gemm.py: --min-weight-mib: must be above 0", file=sys.stderr)
@@ -175,6 +267,8 @@ def main(argv=None) -> int:
         return 2
     if a.derive_fp8_compute:
         return print_fp8_compute(tables, a.engine)
+    if a.fp8_row_tiles:
+        return print_fp8_row_tiles(tables, a.engine)
     for gpu in gpus:
         table, release, path = tables[gpu]
         hw = catalog.load_hardware(gpu)

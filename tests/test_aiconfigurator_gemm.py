@@ -137,3 +137,83 @@ def test_a_wheel_without_prefill_fp8_rows_is_one_line_and_exit_2(tmp_path):
     p = subprocess.run(run, capture_output=True, text=True, cwd=ROOT)
     assert p.returncode == 2 and "no fp8 GEMM with M >= 1,024" in p.stderr
     assert len(p.stderr.strip().splitlines()) == 1
+
+
+MS = (16, 17, 64, 65, 128, 129, 256, 257, 512, 513, 768, 769, 1024, 1025)
+
+
+def _fp8_steps_table(spec, gpu: str) -> pd.DataFrame:
+    """W8A8 fp8 rows timed as ours with ``spec``'s row tiles (and 16-bit ones growing with M
+    alone), at M on both sides of each bound, N = K = 4,096."""
+    from planner.cli.compare import served_setup
+    from planner.core.specs import DType
+
+    dep = served_setup("qwen3-8b", gpu, spec, 1, DType.fp8, None)
+    rows = []
+    for m in MS:
+        rows.append(dict(gemm_dtype="fp8", m=m, n=4096, k=4096,
+                         latency=gemm.ours_gemm_s(m, 4096, 4096, "fp8", dep) * 1e3))
+        rows.append(dict(gemm_dtype="bfloat16", m=m, n=4096, k=4096, latency=1e-3 * m))
+    return pd.DataFrame(rows)
+
+
+def test_the_steps_are_the_tables_time_one_row_past_each_bound():
+    """A table whose fp8 GEMMs take time in proportion to the rows the Hopper tiles compute
+    (256 at 129, 512 at 257) and whose 16-bit ones in proportion to M: fp8 doubles one row
+    past 128 and 256, 16-bit grows by a row; a bound the table does not time is left out."""
+    from planner.core.roofline import tiled_rows
+
+    tiles = ((16.0, 16.0), (64.0, 64.0), (128.0, 128.0), (float("inf"), 256.0))
+    t = pd.DataFrame([dict(gemm_dtype=d, m=m, n=4096, k=4096,
+                           latency=1e-3 * (tiled_rows(m, tiles) if d == "fp8" else m))
+                      for m in MS for d in ("fp8", "bfloat16")]
+                     + [dict(gemm_dtype="fp8", m=129, n=1024, k=1024, latency=1.0)])  # N < 4,096
+    steps = {b: (m, r, n) for b, m, r, n in gemm.edge_steps(t, [64, 128, 256, 4096])}
+    assert set(steps) == {64, 128, 256}
+    assert steps[64] == (65, pytest.approx(2.0), 1) and steps[128] == (129, 2.0, 1)
+    assert steps[256][1] == pytest.approx(2.0)
+    assert gemm.edge_steps(t, [128], "bfloat16")[0][2] == pytest.approx(129 / 128)
+
+
+def test_theirs_over_ours_by_range_is_one_where_the_table_is_timed_as_the_tiles_price_it():
+    from planner.io import catalog
+
+    spec = catalog.load_engine_spec("vllm")
+    t = _fp8_steps_table(spec, "h100-sxm")
+    tiled = gemm.fp8_ratios_by_range(t, "h100-sxm", spec)
+    assert all(v == pytest.approx([1.0] * len(v)) for v in tiled.values())
+    assert [len(v) for v in tiled.values()] == [2, 2, 2, 2, 5]  # 17-64 ... 513-4,096
+    flat = gemm.fp8_ratios_by_range(t, "h100-sxm", spec.model_copy(
+        update={"fp8_gemm_row_tiles": None}))
+    assert max(flat[(257, 512)]) > 1.1  # 257 rows: 512 computed, 272 without the tiles
+
+
+def test_the_script_prints_the_steps_and_ranges_on_hopper_and_refuses_an_engine_without_tiles(
+        tmp_path):
+    from planner.io import catalog
+
+    spec = catalog.load_engine_spec("vllm")
+    wheel = tmp_path / "aic.whl"
+    with zipfile.ZipFile(wheel, "w") as z:
+        for gpu, system in moe.SYSTEMS.items():
+            for engine in ("vllm", "trtllm"):
+                buf = io.BytesIO()
+                # the script reads the Hopper tables only: the others stand in as the H100's
+                _fp8_steps_table(spec, gpu if gpu in gemm.HOPPER_GPUS else "h100-sxm"
+                                 ).to_parquet(buf)
+                release = moe.RELEASES[engine][system]
+                z.writestr(f"aiconfigurator_core/systems/data/{system}/gemm/{engine}/"
+                           f"{release}/gemm_perf.parquet", buf.getvalue())
+    run = [sys.executable, str(ROOT / "benchmarks" / "aiconfigurator_gemm.py"), str(wheel),
+           "--engine", "vllm", "--fp8-row-tiles"]
+    p = subprocess.run(run, capture_output=True, text=True, cwd=ROOT)
+    assert p.returncode == 0, p.stderr
+    assert "h100-sxm (vllm 0.24.0)" in p.stdout and "h200 (vllm 0.24.0)" in p.stdout
+    assert p.stdout.count("t(129)/t(128)") == 4  # fp8 and 16-bit, on each GPU
+    ranges = [ln.split() for ln in p.stdout.splitlines() if ln.strip().startswith("257-512")]
+    assert len(ranges) == 2 and all(float(r[2]) == pytest.approx(1.0, abs=0.01)
+                                    and float(r[3]) > 1.1 for r in ranges)
+    other = subprocess.run([*run[:3], "--engine", "trtllm", "--fp8-row-tiles"],
+                           capture_output=True, text=True, cwd=ROOT)
+    assert other.returncode == 2 and "states no Hopper fp8 row tiles" in other.stderr
+    assert len(other.stderr.strip().splitlines()) == 1

@@ -241,7 +241,12 @@ def test_plan_finds_the_cheaper_disaggregated_layout(aic_rows):
     assert best["usd_per_hour"] < agg[0]["usd_per_hour"]
     # within one replica of aiconfigurator's 8 GPUs (its decode group is 2 GPUs)
     assert abs(best["total_gpus"] - 8) <= 2
-    assert agg[0]["total_gpus"] == pytest.approx(10, abs=2)
+    # aiconfigurator answers 10 aggregated; ours was 12 and became 14 (TP2 x 7) when a W8A8 fp8
+    # GEMM on Hopper took its kernel's row tiles (2026-12-05, docs/plan.md): a mixed step of a
+    # 2,048-token chunk and some 35 decodes computes 2,304 rows, where aiconfigurator's own
+    # table times one row past 2,048 at 1.32x the 2,048-row GEMM, so the gap is in how the two
+    # model an aggregated server's steps, which this pins rather than hides
+    assert agg[0]["total_gpus"] == 14
     n = best["prefill_instances"] * best["prefill_tp"] + \
         best["decode_instances"] * best["decode_tp"]
     assert n == best["total_gpus"]
@@ -304,8 +309,8 @@ def test_plan_disaggregated_modes(run_cli):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("gpu, weights, agg_gpus, pd_gpus", [
-    ("h100-sxm", "bf16", 24, 16), ("h100-sxm", "fp8", 14, 10),
-    ("h200", "bf16", 20, 14), ("h200", "fp8", 12, 8)])
+    ("h100-sxm", "bf16", 24, 16), ("h100-sxm", "fp8", 16, 10),
+    ("h200", "bf16", 20, 14), ("h200", "fp8", 14, 9)])
 def test_the_four_aiconfigurator_cases(run_json, gpu, weights, agg_gpus, pd_gpus):
     """Issue 25's four cases (Llama-3.1-70B, H100 / H200 x bf16 / fp8 weights, 20 req/s,
     2,048 / 256, TTFT <= 3 s, TPOT <= 50 ms): the disaggregated answer is found and is the

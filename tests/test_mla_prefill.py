@@ -66,9 +66,10 @@ def test_the_simulators_step_is_the_estimates_for_a_deepseek_prefill(past):
     from types import SimpleNamespace
 
     m, hw = catalog.load_model("deepseek-v3"), catalog.load_hardware("h200")
-    eng, opts = catalog.load_engine("vllm"), Options()
-    prec = Precision(weights=DType.fp8)
-    prep = prepare(hw, prec, None, opts, eng)
+    opts, prec = Options(), Precision(weights=DType.fp8)
+    # the engine as resolved for the H200 (its by-architecture figures: Hopper's fp8 row tiles)
+    prep = prepare(hw, prec, None, opts, catalog.load_engine("vllm"))
+    eng = prep.engine
     c = StepCoster(m, hw, prep, opts, tp=8)
     shape = StepShape.uniform(1, 1024, past)
     want = step_time(shape_ops(m, prep.precision, shape, tp=8,

@@ -119,6 +119,11 @@ def engines(as_json: JsonOpt = False) -> None:
                      # times attention's compute share over an fp8 cache, by architecture
                      "fp8_kv_attention_compute_frac": dict(
                          e.fp8_kv_attention_compute_by_arch),
+                     # a W8A8 fp8 GEMM's rows computed at a time, by architecture: [up to M
+                     # (null: every larger M), rows], ...
+                     "fp8_gemm_row_tiles": {
+                         k: [[None if b == float("inf") else int(b), int(r)] for b, r in t]
+                         for k, t in e.fp8_gemm_row_tiles_by_arch},
                      "allreduce_latency_us": spec.allreduce_latency_us.value,
                      "memory_utilization_frac": e.memory_utilization_frac,
                      "memory_basis": e.memory_basis,

@@ -16,7 +16,9 @@ numbers, each with its source:
 
 where F is the operator's FLOPs, F' = F x ceil(M / m_tile) x m_tile / M its FLOPs padded to
 the GEMM tile height (tile quantization: a decode GEMM of M = batch rows costs a whole tile of
-rows; NVIDIA, "Matrix Multiplication Background User's Guide", "Tile quantization"), B its
+rows; NVIDIA, "Matrix Multiplication Background User's Guide", "Tile quantization"; a W8A8
+fp8 GEMM on an architecture the profile's ``fp8_gemm_row_tiles`` names takes the height of the
+configuration its kernel dispatches for M, up to 256 rows), B its
 bytes, R and W the achievable matmul rate of its precision and the achievable bandwidth, e_c and
 e_b the engine's efficiencies for the operator's kind (GEMM, weight-only int8 / int4, fp8,
 attention, element-wise; a matmul's e_c, plain or quantized, times the share s of it that the
@@ -116,6 +118,39 @@ class ArchRates(_ByArchitecture):
 
     value: dict[str, Annotated[float, Field(gt=0, le=1e6, allow_inf_nan=False)]] = Field(
         min_length=1)
+
+
+class RowTiles(_ByArchitecture):
+    """How a GEMM kernel's rows are computed, by GPU architecture: for each bound on M (the
+    activation rows) up to which one kernel configuration is dispatched, the rows it computes
+    at a time (its tile's rows times its thread-block cluster's along M); the last bound is
+    None (every larger M). A GEMM of M rows computes the whole tiles of the first bound M is
+    within. An architecture not named: the engine's plain tile height (``gemm_tile_m``)."""
+
+    value: dict[str, tuple[tuple[Annotated[int, Field(ge=1, le=1_000_000)] | None,
+                                 Annotated[int, Field(ge=1, le=4096)]], ...]] = Field(
+        min_length=1)
+
+    @field_validator("value")
+    @classmethod
+    def _bounds(cls, v: dict) -> dict:
+        for arch, tiles in v.items():
+            if not tiles:
+                raise ValueError(f"{arch}: no tiles")
+            bounds = [b for b, _ in tiles]
+            if bounds[-1] is not None or None in bounds[:-1]:
+                raise ValueError(f"{arch}: only the last bound is None (every larger M), "
+                                 "and it must be")
+            if any(a >= b for a, b in zip(bounds[:-2], bounds[1:-1], strict=True)):
+                raise ValueError(f"{arch}: the bounds on M must increase")
+        return v
+
+    def pairs(self, scale: float = 1.0) -> tuple[tuple[str, tuple], ...]:
+        """(architecture, ((bound or inf, rows), ...)), ... sorted: the form ``Engine``
+        holds (``scale`` unused: rows are counts)."""
+        inf = float("inf")
+        return tuple(sorted((k, tuple((inf if b is None else float(b), float(r))
+                                      for b, r in t)) for k, t in self.value.items()))
 
 
 class Kernels(_Sourced):
@@ -587,6 +622,10 @@ class EngineSpec(_Frozen):
     # times attention_compute_frac where attention reads an fp8 KV cache, by architecture:
     # a prefill's attention over an fp8 cache runs slower than over a 16-bit one (None: 1)
     fp8_kv_attention_compute_frac: ArchFracs | None = None
+    # the rows a W8A8 fp8 GEMM computes at a time, by the size of M and GPU architecture: its
+    # kernel dispatches one configuration per range of M, some far taller than the 16-row
+    # tile (None: gemm_tile_m everywhere)
+    fp8_gemm_row_tiles: RowTiles | None = None
     # decode attention reads each KV head once for its whole group of query heads (GQA-aware
     # kernels: FlashInfer, FlashAttention, XQA) or once per query head
     gqa_kv_reuse: Flag
@@ -725,6 +764,7 @@ class EngineSpec(_Frozen):
             attention_bandwidth_by_arch=_pairs(self.attention_bandwidth_arch_frac),
             attention_compute_frac=self.attention_compute_frac.value,
             fp8_kv_attention_compute_by_arch=_pairs(self.fp8_kv_attention_compute_frac),
+            fp8_gemm_row_tiles_by_arch=_pairs(self.fp8_gemm_row_tiles),
             fp8_kv_attention_by_arch=_pairs(self.fp8_kv_attention_gb_per_s, 1e9),
             gqa_kv_reuse=self.gqa_kv_reuse.value,
             kv_cache_concat=self.kv_cache_concat.value,
@@ -862,6 +902,12 @@ class Engine:
     # ``fp8_kv_attention_compute_by_arch``)
     fp8_kv_attention_compute_frac: float = 1.0
     fp8_kv_attention_compute_by_arch: tuple[tuple[str, float], ...] = ()
+    # a W8A8 fp8 GEMM's rows computed at a time on this GPU: ((bound on M, rows), ...), the
+    # first bound M is within applies (inf: every larger M); () where the engine's fp8 GEMMs
+    # compute in tiles of gemm_tile_m as the others do. ``for_gpu`` resolves it from
+    # ``fp8_gemm_row_tiles_by_arch``
+    fp8_gemm_row_tiles: tuple[tuple[float, float], ...] = ()
+    fp8_gemm_row_tiles_by_arch: tuple[tuple[str, tuple], ...] = ()
     gqa_kv_reuse: bool = True
     kv_cache_concat: bool = False
     elementwise_bandwidth_frac: float = 1.0
@@ -961,8 +1007,9 @@ class Engine:
                 architecture: str | None = None) -> Engine:
         """The engine with its scheduler defaults for this GPU (vLLM picks smaller ones below
         70 GiB and on A100s) and its figures by architecture (the experts' compute, the GEMMs'
-        and attention's bandwidth factors, the fp8 cache's pace) for the GPU's
-        ``architecture``; resolved once, so later overrides (a server's flags) stand."""
+        and attention's bandwidth factors, the fp8 cache's pace, the fp8 GEMMs' row tiles) for
+        the GPU's ``architecture``; resolved once, so later overrides (a server's flags)
+        stand."""
         e = self
         arch = (architecture or "").lower()
         for by_arch, field, unnamed in _BY_ARCHITECTURE:
@@ -1090,6 +1137,7 @@ class Engine:
                 self.attention_bandwidth_by_arch, self.attention_compute_frac,
                 self.fp8_kv_attention_bytes_per_s, self.fp8_kv_attention_by_arch,
                 self.fp8_kv_attention_compute_frac, self.fp8_kv_attention_compute_by_arch,
+                self.fp8_gemm_row_tiles, self.fp8_gemm_row_tiles_by_arch,
                 self.gqa_kv_reuse, self.kv_cache_concat, self.elementwise_bandwidth_frac,
                 tuple(fr for _, fr in self.quantized if fr != (1.0, 1.0)),
                 self.allreduce_latency_s, self.allreduce_bandwidth_frac, self.family)
@@ -1113,7 +1161,8 @@ _BY_ARCHITECTURE = (("experts_compute_by_arch", "experts_compute_frac", 1.0),
                     ("gemm_bandwidth_by_arch", "gemm_bandwidth_arch_frac", 1.0),
                     ("attention_bandwidth_by_arch", "attention_bandwidth_arch_frac", 1.0),
                     ("fp8_kv_attention_by_arch", "fp8_kv_attention_bytes_per_s", 0.0),
-                    ("fp8_kv_attention_compute_by_arch", "fp8_kv_attention_compute_frac", 1.0))
+                    ("fp8_kv_attention_compute_by_arch", "fp8_kv_attention_compute_frac", 1.0),
+                    ("fp8_gemm_row_tiles_by_arch", "fp8_gemm_row_tiles", ()))
 
 # The pure roofline (background notes): datasheet peaks, every efficiency 1, no fixed costs.
 # engines_db/ideal.yaml states the same numbers with their sources; a test keeps them equal.

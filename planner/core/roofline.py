@@ -300,6 +300,24 @@ class OpTime:
         return "compute" if self.compute_s > self.memory_s else "memory"
 
 
+def tiled_rows(m, tiles: tuple[tuple[float, float], ...]):
+    """The rows a GEMM of ``m`` rows computes under ``tiles`` (``Engine.fp8_gemm_row_tiles``:
+    (bound on M, rows at a time), ...; the first bound ``m`` is within applies, the last is
+    inf): ``m`` rounded up to whole tiles of that configuration. ``m``: a number or an array
+    (a sweep's)."""
+    if hasattr(m, "clip"):  # element-wise, without importing numpy here
+        out, below = 0.0 * m, None
+        for bound, rows in tiles:
+            here = (m <= bound) if below is None else (m <= bound) & ~below
+            out = out + here * (-(-m // rows) * rows)
+            below = m <= bound
+        return out
+    for bound, rows in tiles:
+        if m <= bound:
+            return math.ceil(m / rows) * rows
+    return m  # not reached: the last bound is inf
+
+
 def op_efficiency(op: Op, e: Engine) -> tuple[float, float]:
     """(bandwidth, compute) efficiency of ``op`` under engine ``e``. fp8 weights computed in
     16 bits (a GPU without fp8 tensor cores: A100, A10) take the int8 path's: vLLM runs them
@@ -388,7 +406,12 @@ def op_time(op: Op, c: Ceilings, *, tp: int = 1, options: Options | None = None,
     bw_frac, c_frac = op_efficiency(op, e)
     flops = op.flops
     scalar_zero = isinstance(op.m_rows, (int, float)) and op.m_rows == 0
-    if op.kind == "matmul" and e.gemm_tile_m > 1 and not scalar_zero:
+    row_tiles = (e.fp8_gemm_row_tiles if op.kind == "matmul" and op.dtype == DType.fp8
+                 and not op.name.startswith("experts_") else ())
+    if row_tiles and not scalar_zero:
+        # the fp8 kernel's configuration for this M computes its rows in taller tiles
+        flops = flops * (tiled_rows(op.m_rows, row_tiles) / op.m_rows)
+    elif op.kind == "matmul" and e.gemm_tile_m > 1 and not scalar_zero:
         # tile quantization: M rows are computed in whole tiles of gemm_tile_m
         tiles = -(-op.m_rows // e.gemm_tile_m)
         flops = flops * (tiles * e.gemm_tile_m / op.m_rows)
