@@ -129,3 +129,22 @@ def test_the_engines_listing_shows_the_row_tiles(run_json):
     assert rows["vllm"]["fp8_gemm_row_tiles"] == {
         "hopper": [[16, 16], [64, 64], [128, 128], [None, 256]]}
     assert rows["trtllm"]["fp8_gemm_row_tiles"] == {}
+
+
+def test_a_sweep_prices_each_rows_tiles_as_the_estimate_does():
+    """The sweep passes arrays of M through the same arithmetic (tiled_rows' array branch):
+    each of its fp8 rows on an H100 equals the scalar estimate, across the bounds."""
+    from planner.search.sweep import Grid, sweep
+
+    eng = catalog.load_engine("vllm")
+    m, hw = catalog.load_model("llama-3.1-8b"), catalog.load_hardware("h100-sxm")
+    g = Grid(models=[m], gpus=[hw], batches=[1, 100, 129, 300],
+             prompt_tokens=[200, 520, 1025], output_tokens=[16], weights=[DType.fp8],
+             engine=eng)
+    rows = sweep(g).to_dict(orient="records")
+    assert len(rows) == 12
+    for r in rows:
+        e = estimate(m, hw, engine=eng, precision=Precision.of("fp8", None),
+                     workload=Workload(batch=r["batch"], prompt_tokens=r["prompt_tokens"],
+                                       output_tokens=16))
+        assert (r["ttft_s"], r["tpot_s"]) == pytest.approx((e.ttft_s, e.tpot_s), rel=1e-12)
