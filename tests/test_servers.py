@@ -279,7 +279,7 @@ R1_SETUP = ["-m", "llama-3.1-8b", "-g", "h200", "--weights", "fp8", "--base-engi
 
 
 @pytest.mark.slow
-def test_calibrate_answer_on_published_runs(run_cli, tmp_path):
+def test_calibrate_answer_on_published_runs_is_pinned_and_refused(run_cli, tmp_path):
     """The fit of R1-Benchmark's four Llama-3.1-8B FP8 runs on one H200 (the files
     benchmarks/bench_calibrate.py times) from vLLM 0.8.2's profile, every figure as the
     simulator gave them when each engine's scheduler came from its source (guaranteed-no-evict,

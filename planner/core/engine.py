@@ -44,7 +44,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Annotated, Literal, NamedTuple
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator, model_validator
 
 from planner.core.arith import no_bool_numbers
 from planner.core.errors import UsageError
@@ -127,9 +127,9 @@ class RowTiles(_ByArchitecture):
     None (every larger M). A GEMM of M rows computes the whole tiles of the first bound M is
     within. An architecture not named: the engine's plain tile height (``gemm_tile_m``)."""
 
-    value: dict[str, tuple[tuple[Annotated[int, Field(ge=1, le=1_000_000)] | None,
-                                 Annotated[int, Field(ge=1, le=4096)]], ...]] = Field(
-        min_length=1)
+    value: dict[str, tuple[tuple[Annotated[StrictInt, Field(ge=1, le=1_000_000)] | None,
+                                 Annotated[StrictInt, Field(ge=1, le=4096)]], ...]] = Field(
+        min_length=1)  # strict: "16" or true is not a row count
 
     @field_validator("value")
     @classmethod

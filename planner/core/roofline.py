@@ -407,7 +407,8 @@ def op_time(op: Op, c: Ceilings, *, tp: int = 1, options: Options | None = None,
     flops = op.flops
     scalar_zero = isinstance(op.m_rows, (int, float)) and op.m_rows == 0
     row_tiles = (e.fp8_gemm_row_tiles if op.kind == "matmul" and op.dtype == DType.fp8
-                 and not op.name.startswith("experts_") else ())
+                 and op.weight_dtype == DType.fp8 and not op.name.startswith("experts_")
+                 else ())  # W8A8 fp8 GEMMs: fp8 weights, fp8 arithmetic
     if row_tiles and not scalar_zero:
         # the fp8 kernel's configuration for this M computes its rows in taller tiles
         flops = flops * (tiled_rows(op.m_rows, row_tiles) / op.m_rows)
