@@ -571,14 +571,19 @@ def test_an_fp8_cache_pace_is_refused_where_it_cannot_apply(bad):
         type(spec).model_validate(data)
 
 
+def _on_hopper_and_ada(**fields) -> tuple[Engine, Engine]:
+    """H with ``fields`` (figures by architecture), resolved for an H100 and an L40S."""
+    e = dataclasses.replace(H, **fields)
+    return e.for_gpu(80e9, "h100", "hopper"), e.for_gpu(48e9, "l40s", "ada")
+
+
 def test_an_fp8_cache_is_read_no_faster_than_the_engines_pace_on_its_architecture():
     """fp8_kv_attention_gb_per_s, resolved for the GPU's architecture (none where it names
     none): an attention op reading an fp8 cache takes its cache bytes at the pace where that is
     under the bandwidth's share, its queries and outputs at the bandwidth's; a 16-bit cache,
     an MLA latent cache (kv_dtype None) and a GPU of another architecture are unchanged."""
-    e = dataclasses.replace(H, overlap_frac=1.0, attention_bandwidth_frac=0.9,
-                            fp8_kv_attention_by_arch=(("hopper", 600e9),))
-    hop, ada = e.for_gpu(80e9, "h100", "hopper"), e.for_gpu(48e9, "l40s", "ada")
+    hop, ada = _on_hopper_and_ada(overlap_frac=1.0, attention_bandwidth_frac=0.9,
+                                  fp8_kv_attention_by_arch=(("hopper", 600e9),))
     assert hop.fp8_kv_attention_bytes_per_s == 600e9 and ada.fp8_kv_attention_bytes_per_s == 0
     # 6e8 bytes of fp8 cache and 1e8 of queries and outputs, 1 TB/s at 0.9
     fp8 = Op("attention", "attention", 1, flops=1e6, kv_bytes=6e8, act_bytes=1e8,
@@ -595,8 +600,7 @@ def test_an_fp8_cache_is_read_no_faster_than_the_engines_pace_on_its_architectur
         op = dataclasses.replace(fp8, kv_dtype=kv)
         assert op_time(op, C, engine=hop).memory_s == pytest.approx(7e8 / 0.9e12)
     # a pace above the bandwidth's share changes nothing
-    fast = e.for_gpu(80e9, "h100", "hopper")
-    fast = dataclasses.replace(fast, fp8_kv_attention_bytes_per_s=2e12)
+    fast = dataclasses.replace(hop, fp8_kv_attention_bytes_per_s=2e12)
     assert op_time(fp8, C, engine=fast).memory_s == pytest.approx(7e8 / 0.9e12)
 
 
@@ -735,9 +739,8 @@ def test_attention_over_an_fp8_cache_computes_at_the_engines_factor():
     """fp8_kv_attention_compute_frac, resolved for the architecture: a prefill's attention
     over an fp8 cache, compute-bound, takes 1 / factor the time; over a 16-bit cache, or an
     MLA latent one (kv_dtype None), or on an architecture not named, the same as before."""
-    e = dataclasses.replace(H, overlap_frac=1.0, attention_compute_frac=0.8,
-                            fp8_kv_attention_compute_by_arch=(("hopper", 0.5),))
-    hop, ada = e.for_gpu(80e9, "h100", "hopper"), e.for_gpu(48e9, "l40s", "ada")
+    hop, ada = _on_hopper_and_ada(overlap_frac=1.0, attention_compute_frac=0.8,
+                                  fp8_kv_attention_compute_by_arch=(("hopper", 0.5),))
     assert hop.fp8_kv_attention_compute_frac == 0.5 and ada.fp8_kv_attention_compute_frac == 1
     # 8e12 FLOPs at 100 TFLOP/s x 0.8: 100 ms; the bytes are far less
     fp8 = Op("attention", "attention", 1, flops=8e12, kv_bytes=1e8, act_bytes=1e8,

@@ -301,10 +301,10 @@ class OpTime:
 
 
 def tiled_rows(m, tiles: tuple[tuple[float, float], ...]):
-    """The rows a GEMM of ``m`` rows computes under ``tiles`` (``Engine.fp8_gemm_row_tiles``:
-    (bound on M, rows at a time), ...; the first bound ``m`` is within applies, the last is
-    inf): ``m`` rounded up to whole tiles of that configuration. ``m``: a number or an array
-    (a sweep's)."""
+    """The rows a GEMM of ``m`` rows computes under ``tiles`` ((bound on M, rows at a time),
+    ...; the first bound ``m`` is within applies, the last is inf: ``Engine.fp8_gemm_row_tiles``,
+    or the one tile height ``gemm_tile_m`` for every M): ``m`` rounded up to whole tiles of
+    that configuration. ``m``: a number or an array (a sweep's)."""
     if hasattr(m, "clip"):  # element-wise, without importing numpy here
         out, below = 0.0 * m, None
         for bound, rows in tiles:
@@ -314,7 +314,7 @@ def tiled_rows(m, tiles: tuple[tuple[float, float], ...]):
         return out
     for bound, rows in tiles:
         if m <= bound:
-            return math.ceil(m / rows) * rows
+            return -(-m // rows) * rows  # as the array branch rounds
     return m  # not reached: the last bound is inf
 
 
@@ -406,16 +406,15 @@ def op_time(op: Op, c: Ceilings, *, tp: int = 1, options: Options | None = None,
     bw_frac, c_frac = op_efficiency(op, e)
     flops = op.flops
     scalar_zero = isinstance(op.m_rows, (int, float)) and op.m_rows == 0
-    row_tiles = (e.fp8_gemm_row_tiles if op.kind == "matmul" and op.dtype == DType.fp8
+    if op.kind == "matmul" and not scalar_zero:
+        # tile quantization: M rows are computed in whole tiles, of the height the fp8
+        # kernel's configuration for this M has (W8A8 GEMMs: fp8 weights and arithmetic, not
+        # the routed experts' fused kernel) where the engine states them, else gemm_tile_m
+        tiles = (e.fp8_gemm_row_tiles if op.dtype == DType.fp8
                  and op.weight_dtype == DType.fp8 and not op.name.startswith("experts_")
-                 else ())  # W8A8 fp8 GEMMs: fp8 weights, fp8 arithmetic
-    if row_tiles and not scalar_zero:
-        # the fp8 kernel's configuration for this M computes its rows in taller tiles
-        flops = flops * (tiled_rows(op.m_rows, row_tiles) / op.m_rows)
-    elif op.kind == "matmul" and e.gemm_tile_m > 1 and not scalar_zero:
-        # tile quantization: M rows are computed in whole tiles of gemm_tile_m
-        tiles = -(-op.m_rows // e.gemm_tile_m)
-        flops = flops * (tiles * e.gemm_tile_m / op.m_rows)
+                 else ()) or (((math.inf, e.gemm_tile_m),) if e.gemm_tile_m > 1 else ())
+        if tiles:
+            flops = flops * (tiled_rows(op.m_rows, tiles) / op.m_rows)
     compute = flops / (c.peak(op.dtype) * c_frac)
     moved = op.bytes
     if op.kind == "attention" and not e.gqa_kv_reuse:
