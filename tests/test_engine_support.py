@@ -78,3 +78,14 @@ def test_sweep_marks_the_row_and_plan_skips_it(run_json, run_cli):
     rows = plan["rows"] if isinstance(plan, dict) else plan
     assert rows and ("a100-sxm-80gb", "fp8") not in {(r["gpu"], r["weights"]) for r in rows}
     assert ("a100-sxm-80gb", "bf16") in {(r["gpu"], r["weights"]) for r in rows}
+
+
+@pytest.mark.parametrize("archs", [["volta", "turnig"], ["Volta"], ["hopper", ""]])
+def test_a_rule_naming_no_known_architecture_is_refused(archs):
+    """A misspelt or capitalised architecture would match no GPU and the rule would never
+    refuse anything: the profile is refused instead, naming the field."""
+    spec = catalog.load_engine_spec("vllm")
+    data = spec.model_dump(exclude_none=True)
+    data["unsupported"][0]["architectures"] = archs
+    with pytest.raises(ValueError, match=r"unsupported\.0\.architectures"):
+        type(spec).model_validate(data)

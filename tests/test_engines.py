@@ -222,7 +222,8 @@ def test_fused_moe_factors_of_the_profiles_are_sourced_and_checked():
                                    "attention_bandwidth_arch_frac",
                                    "fp8_kv_attention_compute_frac"])
 @pytest.mark.parametrize("bad", [{}, {"ampere": 0.0}, {"ampere": 3.0}, {"ampere": float("nan")},
-                                 {"Ampere": 0.9}])  # for_gpu looks architectures up in lower case
+                                 {"Ampere": 0.9},  # for_gpu looks architectures up in lower case
+                                 {"hoper": 0.9}])  # a misspelt name would never apply
 def test_a_factor_by_architecture_is_refused_where_it_cannot_apply(field, bad):
     spec = catalog.load_engine_spec("vllm")
     data = spec.model_dump(exclude_none=True)

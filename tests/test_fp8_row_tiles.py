@@ -122,6 +122,7 @@ def test_a_520_token_fp8_prefill_on_an_h100_costs_its_768_rows_and_an_l40s_one_d
     ({"hopper": [[16, 0], [None, 256]]}, "greater than or equal to 1"),
     ({"hopper": []}, "no tiles"),
     ({"Hopper": [[None, 256]]}, "lower case"),
+    ({"hoper": [[None, 256]]}, "'hoper' is not one of"),  # would never apply
     ({"hopper": [["16", 16], [None, 256]]}, "valid integer"),  # strict: no text for a count
     ({"hopper": [[16, True], [None, 256]]}, "valid integer"),
     ({}, "at least 1"),

@@ -48,7 +48,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator, m
 
 from planner.core.arith import no_bool_numbers
 from planner.core.errors import UsageError
-from planner.core.specs import DType
+from planner.core.specs import DType, check_architecture
 
 
 class _Frozen(BaseModel):
@@ -93,12 +93,10 @@ class _ByArchitecture(_Sourced):
 
     @field_validator("value", check_fields=False)
     @classmethod
-    def _lower_case(cls, v: dict) -> dict:
-        # for_gpu looks the GPU's architecture up in lower case: "Ampere" would never apply
-        bad = sorted(k for k in v if k != k.lower() or not k.strip())
-        if bad:
-            raise ValueError(f"architecture {bad[0]!r}: write it in lower case, as "
-                             "hardware_db's architecture (ampere, hopper, ...)")
+    def _known_architectures(cls, v: dict) -> dict:
+        # for_gpu looks the GPU's architecture up by name: "Ampere" or "hoper" would never apply
+        for k in sorted(v):
+            check_architecture(k)
         return v
 
     def pairs(self, scale: float = 1.0) -> tuple[tuple[str, float], ...]:
@@ -421,6 +419,11 @@ class Unsupported(_Sourced):
     architectures: tuple[str, ...] = Field(min_length=1)
     quantized_layers: Literal["all", "experts"] | None = None
     reason: str = Field(min_length=1)
+
+    @field_validator("architectures")
+    @classmethod
+    def _known_architectures(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        return tuple(check_architecture(a) for a in v)
 
 
 class DtypeFallback(_Sourced):
@@ -782,7 +785,7 @@ class EngineSpec(_Frozen):
                 self.mxfp4_expert_padding.intermediate_multiple)),
             startup_kv_check=(self.startup_kv_check is not None
                               and self.startup_kv_check.value),
-            unsupported=tuple((u.weights, tuple(a.lower() for a in u.architectures),
+            unsupported=tuple((u.weights, u.architectures,
                                u.quantized_layers, u.reason, u.source)
                               for u in self.unsupported),
             **({} if self.memory_fraction is None else {

@@ -21,6 +21,24 @@ GB = 1e9
 TERA = 1e12
 
 
+# GPU architectures as a hardware file's ``architecture`` names them and an engine profile's
+# figures by architecture (``experts_compute_frac``, ``fp8_gemm_row_tiles``, ``unsupported``, ...)
+# key them. A name outside this list would match no GPU and apply nowhere, silently, so
+# both are checked against it. AMD: CDNA 2 (MI250), 3 (MI300X, MI325X), 4 (MI350, MI355X);
+# Intel: Gaudi 2 and 3.
+GPU_ARCHITECTURES: tuple[str, ...] = ("volta", "turing", "ampere", "ada", "hopper", "blackwell",
+                                      "cdna2", "cdna3", "cdna4", "gaudi2", "gaudi3")
+
+
+def check_architecture(name: str) -> str:
+    """``name`` if it is one of ``GPU_ARCHITECTURES``; else ValueError saying which are."""
+    if name not in GPU_ARCHITECTURES:
+        hint = "; write it in lower case" if name.lower() in GPU_ARCHITECTURES else ""
+        raise ValueError(f"architecture {name!r} is not one of {', '.join(GPU_ARCHITECTURES)}"
+                         f"{hint}")
+    return name
+
+
 class DType(str, Enum):
     """Element types for weights, KV cache and arithmetic."""
 
@@ -538,11 +556,16 @@ class HardwareSpec(_Frozen):
     # why it has no price in the price set it was loaded with (set by the loader)
     price_missing: str | None = None
     memory_type: str | None = None  # HBM2e, HBM3, GDDR6, ...: picks the estimated fraction
-    architecture: str | None = None  # volta, turing, ampere, ada, hopper, blackwell, cdna3
+    architecture: str | None = None  # one of GPU_ARCHITECTURES: ampere, hopper, cdna3, ...
     achievable: Achievable | None = None
     # engine family (vllm, sglang, trtllm) -> its own all-reduce timed on this GPU
     allreduce_measured: dict[str, MeasuredAllreduce] = Field(default_factory=dict)
     notes: str | None = None
+
+    @field_validator("architecture")
+    @classmethod
+    def _known_architecture(cls, v: str | None) -> str | None:
+        return v if v is None else check_architecture(v)
 
     @model_validator(mode="after")
     def _check(self) -> HardwareSpec:
