@@ -118,7 +118,10 @@ def derive_experts_compute(table, family: str, gpu: str,
     """The factor on the routed experts' compute efficiency (``experts_compute_frac`` for
     this GPU's architecture) with which the median ratio theirs / ours over the 16-bit MoE
     models' rows at COMPUTE_TOKENS is 1, by bisection to 0.005; and how many rows it rests on.
-    The profile's own factor for the architecture is replaced, not compounded."""
+    The profile's own factor for the architecture is replaced, not compounded. The tables time
+    the kernel alone, so the profile's served_compute_frac (what its served steps attain of
+    every matmul's rate, beside everything else a step does) is left out: the factor is the
+    kernel's, and the profile's served share multiplies it as it multiplies every matmul."""
     from planner.core.engine import ArchFracs
     from planner.io import catalog
 
@@ -131,7 +134,8 @@ def derive_experts_compute(table, family: str, gpu: str,
         fr = ArchFracs(source="benchmarks/aiconfigurator_moe.py",
                        value={**(old.value if old else {}), arch: f})
         rs = [r[6] for r in rows(table, family, gpu, distribution=distribution,
-                                 spec=spec.model_copy(update={"experts_compute_frac": fr}),
+                                 spec=spec.model_copy(update={"experts_compute_frac": fr,
+                                                              "served_compute_frac": None}),
                                  tokens=COMPUTE_TOKENS, models=bf16)]
         return _median(rs), len(rs)
 

@@ -109,6 +109,32 @@ def test_the_fused_moe_factor_is_the_one_that_reproduces_the_table():
     assert all(ours_half[k] > own[k] for k in own)  # 0.5 is slower than the profile's 0.68
 
 
+def test_the_derived_factor_is_the_kernels_not_divided_by_the_served_share():
+    """The tables time the kernel alone: a table timed as our layer would be at a kernel
+    factor of 0.5 with no served share gives back 0.5 for SGLang too, whose profile's
+    served_compute_frac (0.674) multiplies every matmul in its served steps. Left in, it
+    would give 0.5 / 0.674 = 0.74, the error SGLang's L40S and B200 figures carried."""
+    from planner.core.engine import ArchFracs
+    from planner.io import catalog
+
+    spec = catalog.load_engine_spec("sglang")
+    assert spec.served_compute_frac is not None and spec.served_compute_frac.value < 0.9
+    kernel = spec.model_copy(update={"experts_compute_frac": ArchFracs(
+        source="test", value={"ada": 0.5}), "served_compute_frac": None})
+    shape = catalog.load_model("qwen3-30b-a3b").moe
+    rows = [dict(kernel_source="k", moe_dtype="bfloat16", num_tokens=n, hidden_size=2048,
+                 inter_size=shape.expert_intermediate_size, topk=shape.experts_per_token,
+                 num_experts=shape.num_experts, moe_tp_size=tp, moe_ep_size=1,
+                 distribution="balanced", latency=0.0)
+            for tp in (1, 2) for n in aic.COMPUTE_TOKENS]
+    table = pd.DataFrame(rows)
+    timed = {(r[1], r[3]): r[5] for r in aic.rows(table, "sglang", "l40s", spec=kernel,
+                                                   tokens=aic.COMPUTE_TOKENS)}
+    table["latency"] = [timed[(r["moe_tp_size"], r["num_tokens"])] for r in rows]
+    f, _ = aic.derive_experts_compute(table, "sglang", "l40s")
+    assert f == pytest.approx(0.5, abs=0.01)
+
+
 def _wheel(tmp_path, system: str, engine: str, release: str) -> Path:
     """A wheel holding the stand-in table where aiconfigurator keeps that system's table."""
     import io
