@@ -39,6 +39,11 @@ RELEASES = {"vllm": {"h100_sxm": "0.24.0", "h200_sxm": "0.24.0", "a100_sxm": "0.
 MODELS = {"gpt-oss-120b": ("mxfp4", "w4a16_mxfp4"), "gpt-oss-20b": ("mxfp4", "w4a16_mxfp4"),
           "qwen3-235b-a22b": ("bf16", "bfloat16"), "qwen3-30b-a3b": ("bf16", "bfloat16"),
           "deepseek-v3": ("fp8", "fp8_block"), "mixtral-8x7b": ("bf16", "bfloat16")}
+# the fp8 lane: the models whose released fp8 checkpoints are block-scaled (128 x 128 weight
+# blocks: DeepSeek-V3's, Qwen's -FP8 releases), priced by us as fp8 weights and arithmetic
+# and timed by the tables as fp8_block
+FP8_MODELS = {"qwen3-235b-a22b": ("fp8", "fp8_block"), "qwen3-30b-a3b": ("fp8", "fp8_block"),
+              "deepseek-v3": ("fp8", "fp8_block")}
 TOKENS = (1, 8, 32, 128, 512, 2048, 8192)
 
 
@@ -67,17 +72,18 @@ def ours_ms(dep, tokens: int) -> float:
 
 
 def rows(table, family: str, gpu: str, ours_weights: str | None = None,
-         distribution: str = "balanced", spec=None, tokens=TOKENS, models=None):
-    """(model, tp, kernel, tokens, theirs ms, ours ms, theirs / ours) for each model of MODELS
-    whose shape the table holds. ``ours_weights``: price our layer of the MXFP4 models with
-    their experts stored in this type (bf16: an engine that upcasts MXFP4 at load)."""
+         distribution: str = "balanced", spec=None, tokens=TOKENS, models=None, lanes=None):
+    """(model, tp, kernel, tokens, theirs ms, ours ms, theirs / ours) for each model of
+    ``lanes`` (MODELS, or FP8_MODELS) whose shape the table holds. ``ours_weights``: price
+    our layer of the MXFP4 models with their experts stored in this type (bf16: an engine
+    that upcasts MXFP4 at load)."""
     from planner.cli.compare import served_setup
     from planner.core.specs import DType
     from planner.io import catalog
 
     spec = spec if spec is not None else catalog.load_engine_spec(family)
     table = table[(table.distribution == distribution) & (table.moe_ep_size == 1)]
-    for name, (weights, moe_dtype) in MODELS.items():
+    for name, (weights, moe_dtype) in (lanes or MODELS).items():
         if models is not None and name not in models:
             continue
         if weights == "mxfp4" and ours_weights:
@@ -110,14 +116,18 @@ COMPUTE_TOKENS = (2048, 4096, 8192)
 def _median(xs) -> float:
     xs = sorted(xs)
     n = len(xs)
+    if not n:
+        return float("nan")
     return xs[n // 2] if n % 2 else 0.5 * (xs[n // 2 - 1] + xs[n // 2])
 
 
-def derive_experts_compute(table, family: str, gpu: str,
-                           distribution: str = "balanced") -> tuple[float, int]:
+def derive_experts_compute(table, family: str, gpu: str, distribution: str = "balanced",
+                           weights: str = "bf16") -> tuple[float, int]:
     """The factor on the routed experts' compute efficiency (``experts_compute_frac`` for
-    this GPU's architecture) with which the median ratio theirs / ours over the 16-bit MoE
-    models' rows at COMPUTE_TOKENS is 1, by bisection to 0.005; and how many rows it rests on.
+    this GPU's architecture; ``experts_fp8_compute_frac`` with ``weights`` fp8) with which
+    the median ratio theirs / ours over the MoE models' rows at COMPUTE_TOKENS (the 16-bit
+    models', or FP8_MODELS' block-scaled lane) is 1, by bisection to 0.005; and how many rows
+    it rests on.
     The profile's own factor for the architecture is replaced, not compounded. The tables time
     the kernel alone, so the profile's served_compute_frac (what its served steps attain of
     every matmul's rate, beside everything else a step does) is left out: the factor is the
@@ -127,18 +137,22 @@ def derive_experts_compute(table, family: str, gpu: str,
 
     spec = catalog.load_engine_spec(family)
     arch = catalog.load_hardware(gpu).architecture
-    bf16 = {n for n, (w, _) in MODELS.items() if w == "bf16"}
+    field = "experts_fp8_compute_frac" if weights == "fp8" else "experts_compute_frac"
+    lanes = FP8_MODELS if weights == "fp8" else MODELS
+    chosen = {n for n, (w, _) in lanes.items() if w == weights}
 
     def ratio(f: float) -> tuple[float, int]:
-        old = spec.experts_compute_frac
+        old = getattr(spec, field)
         fr = ArchFracs(source="benchmarks/aiconfigurator_moe.py",
                        value={**(old.value if old else {}), arch: f})
         rs = [r[6] for r in rows(table, family, gpu, distribution=distribution,
-                                 spec=spec.model_copy(update={"experts_compute_frac": fr,
+                                 spec=spec.model_copy(update={field: fr,
                                                               "served_compute_frac": None}),
-                                 tokens=COMPUTE_TOKENS, models=bf16)]
+                                 tokens=COMPUTE_TOKENS, models=chosen, lanes=lanes)]
         return _median(rs), len(rs)
 
+    if not ratio(1.0)[1]:
+        return float("nan"), 0  # the table times none of these models' rows
     lo, hi = 0.05, 2.0
     while hi - lo > 0.005:
         mid = 0.5 * (lo + hi)
@@ -163,6 +177,10 @@ def main(argv=None) -> int:
                     help="print the factor on the routed experts' compute efficiency with "
                          "which ours matches the 16-bit models' rows at 2,048-8,192 tokens "
                          "(engines_db experts_compute_frac for this GPU's architecture)")
+    ap.add_argument("--fp8", action="store_true",
+                    help="the block-scaled fp8 lane (models whose fp8 checkpoints are "
+                         "block-scaled, fp8_block in the table; with --derive-experts-compute, "
+                         "experts_fp8_compute_frac)")
     a = ap.parse_args(argv)
     system = SYSTEMS[a.gpu]
     release = RELEASES[a.engine][system]  # every engine's MoE layer is timed on every system
@@ -179,16 +197,24 @@ def main(argv=None) -> int:
               f"routing (it holds {', '.join(kinds)})", file=sys.stderr)
         return 2
     if a.derive_experts_compute:
-        f, n = derive_experts_compute(table, a.engine, a.gpu, a.distribution)
+        weights = "fp8" if a.fp8 else "bf16"
+        f, n = derive_experts_compute(table, a.engine, a.gpu, a.distribution, weights)
+        if not n:
+            print(f"aiconfigurator_moe.py: {path} times no {weights} row of these models at "
+                  f"{', '.join(map(str, COMPUTE_TOKENS))} tokens", file=sys.stderr)
+            return 2
+        field, what = (("experts_fp8_compute_frac", "fp8 (block-scaled)") if a.fp8
+                       else ("experts_compute_frac", "16-bit"))
         print(f"# {a.gpu}, {a.engine} {release} ({path}), {a.distribution} routing")
-        print(f"experts_compute_frac: {f:.2f} (median ratio 1 over {n} rows of the 16-bit "
+        print(f"{field}: {f:.2f} (median ratio 1 over {n} rows of the {what} "
               f"models at {', '.join(map(str, COMPUTE_TOKENS))} tokens)")
         return 0
     print(f"# {a.gpu}, {a.engine} {release} ({path}), {a.distribution} routing; ms per MoE "
           "layer, ratio = theirs / ours")
     print(f"{'model':<16} {'tp':>2} {'tokens':>6} {'theirs':>8} {'ours':>8} {'ratio':>6}  kernel")
-    for name, tp, kernel, n, theirs, ours, ratio in rows(table, a.engine, a.gpu,
-                                                          a.ours_weights, a.distribution):
+    for name, tp, kernel, n, theirs, ours, ratio in rows(
+            table, a.engine, a.gpu, a.ours_weights, a.distribution,
+            lanes=FP8_MODELS if a.fp8 else None):
         print(f"{name:<16} {tp:>2} {n:>6} {theirs:>8.4f} {ours:>8.4f} {ratio:>6.2f}  {kernel}")
     return 0
 

@@ -135,6 +135,38 @@ def test_the_derived_factor_is_the_kernels_not_divided_by_the_served_share():
     assert f == pytest.approx(0.5, abs=0.01)
 
 
+def test_the_fp8_moe_factor_is_derived_from_the_block_scaled_lane():
+    """--fp8 --derive-experts-compute: a table whose fp8_block rows are timed as our layer
+    with fp8 experts at 0.4 of their compute rate on the H100 gives back 0.4 for
+    experts_fp8_compute_frac; its 16-bit rows (timed at 9x ours) do not enter it, and the
+    16-bit derivation does not read the fp8 rows."""
+    from planner.core.engine import ArchFracs
+    from planner.io import catalog
+
+    spec = catalog.load_engine_spec("vllm")
+    slow = spec.model_copy(update={"experts_fp8_compute_frac": ArchFracs(
+        source="test", value={"hopper": 0.4})})
+    shape = catalog.load_model("qwen3-30b-a3b").moe
+    rows = [dict(kernel_source="k", moe_dtype=dt, num_tokens=n, hidden_size=2048,
+                 inter_size=shape.expert_intermediate_size, topk=shape.experts_per_token,
+                 num_experts=shape.num_experts, moe_tp_size=tp, moe_ep_size=1,
+                 distribution="balanced", latency=0.0)
+            for dt in ("fp8_block", "bfloat16") for tp in (1, 2) for n in aic.COMPUTE_TOKENS]
+    table = pd.DataFrame(rows)
+    timed = {(r[1], r[3]): r[5] for r in aic.rows(table, "vllm", "h100-sxm", spec=slow,
+                                                   tokens=aic.COMPUTE_TOKENS,
+                                                   lanes=aic.FP8_MODELS)}
+    bf16 = {(r[1], r[3]): r[5] for r in aic.rows(table, "vllm", "h100-sxm",
+                                                  tokens=aic.COMPUTE_TOKENS)}
+    table["latency"] = [timed[(r["moe_tp_size"], r["num_tokens"])] if r["moe_dtype"] ==
+                        "fp8_block" else 9 * bf16[(r["moe_tp_size"], r["num_tokens"])]
+                        for r in rows]
+    f, n = aic.derive_experts_compute(table, "vllm", "h100-sxm", weights="fp8")
+    assert n == 6 and f == pytest.approx(0.4, abs=0.01)
+    f16, _ = aic.derive_experts_compute(table, "vllm", "h100-sxm")
+    assert f16 < 0.2  # the 16-bit rows alone: 9x ours
+
+
 def _wheel(tmp_path, system: str, engine: str, release: str) -> Path:
     """A wheel holding the stand-in table where aiconfigurator keeps that system's table."""
     import io

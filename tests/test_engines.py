@@ -206,6 +206,40 @@ def test_fused_moe_factor_slows_16_bit_experts_on_its_architectures_only():
         assert op_time(op, C, engine=half).time_s == op_time(op, C, engine=e).time_s
 
 
+def test_fp8_moe_factor_slows_fp8_experts_on_its_architectures_only():
+    """experts_fp8_compute_frac: resolved for the GPU's architecture (1 where it names none),
+    applied to a routed expert's matmul in fp8 weights and fp8 arithmetic, by hand: compute
+    8e12 / (200e12 x 0.9 x 0.4) = 111 us, 0.4 of the unfactored 44.4 us. Not to 16-bit
+    experts, a plain fp8 GEMM, or fp8 weights computed in 16 bits (W8A16, an A100's)."""
+    c = dataclasses.replace(C, flops_per_s={DType.bf16: 100e12, DType.fp8: 200e12})
+    e = dataclasses.replace(H, quantized=((DType.fp8, (0.9, 0.9)),), overlap_frac=1.0,
+                            experts_fp8_compute_by_arch=(("hopper", 0.4),))
+    slow, other = e.for_gpu(80e9, "h100", "hopper"), e.for_gpu(48e9, "l40s", "ada")
+    assert (slow.experts_fp8_compute_frac, other.experts_fp8_compute_frac) == (0.4, 1.0)
+    assert slow.experts_compute_frac == 1.0  # the 16-bit factor is another field
+    fp8 = Op("experts_gate_up_proj", "matmul", 1, flops=8e12, weight_bytes=4e8,
+             m_rows=4096.0, dtype=DType.fp8, weight_dtype=DType.fp8)
+    t, ts = op_time(fp8, c, engine=other), op_time(fp8, c, engine=slow)
+    assert t.compute_s == pytest.approx(8e12 / (200e12 * 0.9))
+    assert ts.compute_s == pytest.approx(8e12 / (200e12 * 0.9 * 0.4))
+    assert ts.memory_s == t.memory_s
+    for op in (dataclasses.replace(fp8, dtype=DType.bf16, weight_dtype=DType.bf16),
+               dataclasses.replace(fp8, name="mlp_gate_up_proj"),
+               dataclasses.replace(fp8, dtype=DType.bf16)):  # W8A16: the int8 path's
+        assert op_time(op, c, engine=slow).time_s == op_time(op, c, engine=other).time_s
+
+
+def test_the_fp8_moe_factors_of_the_profiles_are_sourced_and_shown(run_json):
+    rows = {r["name"]: r for r in run_json("engines", "--json")}
+    for name, hopper in (("vllm", 0.42), ("vllm-0.8", 0.42), ("sglang", 0.57)):
+        spec = catalog.load_engine_spec(name)
+        assert spec.experts_fp8_compute_frac.value == {"hopper": hopper}
+        assert "aiconfigurator" in spec.experts_fp8_compute_frac.source
+        assert rows[name]["experts_fp8_compute_frac"] == {"hopper": hopper}
+        assert rows[name]["experts_compute_frac"] == spec.experts_compute_frac.value
+    assert rows["trtllm"]["experts_fp8_compute_frac"] == {}
+
+
 def test_fused_moe_factors_of_the_profiles_are_sourced_and_checked():
     spec = catalog.load_engine_spec("vllm")
     f = spec.experts_compute_frac
@@ -218,7 +252,8 @@ def test_fused_moe_factors_of_the_profiles_are_sourced_and_checked():
     assert all(0 < v <= 1 for v in f.value.values())
 
 
-@pytest.mark.parametrize("field", ["experts_compute_frac", "gemm_bandwidth_arch_frac",
+@pytest.mark.parametrize("field", ["experts_compute_frac", "experts_fp8_compute_frac",
+                                   "gemm_bandwidth_arch_frac",
                                    "attention_bandwidth_arch_frac",
                                    "fp8_kv_attention_compute_frac"])
 @pytest.mark.parametrize("bad", [{}, {"ampere": 0.0}, {"ampere": 3.0}, {"ampere": float("nan")},

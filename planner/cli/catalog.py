@@ -110,6 +110,10 @@ def engines(as_json: JsonOpt = False) -> None:
                      "gemm_bandwidth_arch_frac": dict(e.gemm_bandwidth_by_arch),
                      "gemm_compute_frac": e.gemm_compute_frac,
                      "served_compute_frac": e.served_compute_frac,
+                     # times the routed experts' compute share by architecture, 16-bit and
+                     # W8A8 fp8 experts ({} where none is named)
+                     "experts_compute_frac": dict(e.experts_compute_by_arch),
+                     "experts_fp8_compute_frac": dict(e.experts_fp8_compute_by_arch),
                      "attention_bandwidth_frac": e.attention_bandwidth_frac,
                      # times it by GPU architecture ({} where none is named)
                      "attention_bandwidth_arch_frac": dict(e.attention_bandwidth_by_arch),

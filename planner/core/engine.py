@@ -610,6 +610,9 @@ class EngineSpec(_Frozen):
     # times the routed experts' matmuls' compute efficiency, by GPU architecture: the
     # engine's fused MoE kernel against its plain GEMMs (None: 1 on every GPU)
     experts_compute_frac: ArchFracs | None = None
+    # the same for routed experts in fp8 (fp8 weights, fp8 arithmetic): the engine's fused
+    # fp8 MoE kernel against its plain fp8 GEMMs (None: 1 on every GPU)
+    experts_fp8_compute_frac: ArchFracs | None = None
     gemm_tile_m: Num
     overlap_frac: Frac  # share of min(compute, memory) time hidden under the max
     attention_bandwidth_frac: Frac
@@ -761,6 +764,7 @@ class EngineSpec(_Frozen):
             served_compute_frac=(1.0 if self.served_compute_frac is None
                                  else self.served_compute_frac.value),
             experts_compute_by_arch=_pairs(self.experts_compute_frac),
+            experts_fp8_compute_by_arch=_pairs(self.experts_fp8_compute_frac),
             gemm_tile_m=self.gemm_tile_m.value,
             overlap_frac=self.overlap_frac.value,
             attention_bandwidth_frac=self.attention_bandwidth_frac.value,
@@ -889,6 +893,9 @@ class Engine:
     # it from ``experts_compute_by_arch``: (architecture, factor), ...)
     experts_compute_frac: float = 1.0
     experts_compute_by_arch: tuple[tuple[str, float], ...] = ()
+    # the same for routed experts in fp8 (``experts_fp8_compute_by_arch``)
+    experts_fp8_compute_frac: float = 1.0
+    experts_fp8_compute_by_arch: tuple[tuple[str, float], ...] = ()
     gemm_tile_m: float = 1.0
     overlap_frac: float = 1.0
     attention_bandwidth_frac: float = 1.0
@@ -1134,7 +1141,8 @@ class Engine:
                 self.gemm_bandwidth_frac, self.gemm_bandwidth_arch_frac,
                 self.gemm_bandwidth_by_arch, self.gemm_compute_frac,
                 self.served_compute_frac, self.experts_compute_frac,
-                self.experts_compute_by_arch,
+                self.experts_compute_by_arch, self.experts_fp8_compute_frac,
+                self.experts_fp8_compute_by_arch,
                 self.gemm_tile_m, self.overlap_frac,
                 self.attention_bandwidth_frac, self.attention_bandwidth_arch_frac,
                 self.attention_bandwidth_by_arch, self.attention_compute_frac,
@@ -1161,6 +1169,7 @@ class Engine:
 # (Engine's field of pairs by architecture, the field for_gpu resolves it into, the value of an
 # architecture the pairs do not name)
 _BY_ARCHITECTURE = (("experts_compute_by_arch", "experts_compute_frac", 1.0),
+                    ("experts_fp8_compute_by_arch", "experts_fp8_compute_frac", 1.0),
                     ("gemm_bandwidth_by_arch", "gemm_bandwidth_arch_frac", 1.0),
                     ("attention_bandwidth_by_arch", "attention_bandwidth_arch_frac", 1.0),
                     ("fp8_kv_attention_by_arch", "fp8_kv_attention_bytes_per_s", 0.0),

@@ -326,11 +326,13 @@ def op_efficiency(op: Op, e: Engine) -> tuple[float, float]:
     efficiency, plain or quantized, is its kernel's times the share of it the engine's served
     steps attain (``Engine.served_compute_frac``); a routed expert's in 16 bits also times the
     engine's fused-MoE factor on this GPU (``Engine.experts_compute_frac``: derived from
-    16-bit MoE kernels only). A 16-bit GEMM's bandwidth efficiency is the engine's times its
-    factor for this GPU's architecture (``Engine.gemm_bandwidth_arch_frac``: derived from the
-    engine's plain GEMMs, so not the routed experts'); attention's, the engine's times its
-    factor for the architecture (``Engine.attention_bandwidth_arch_frac``), and its compute
-    efficiency over an fp8 cache times ``Engine.fp8_kv_attention_compute_frac``."""
+    16-bit MoE kernels only), and one in fp8 arithmetic its fused fp8 MoE kernel's
+    (``Engine.experts_fp8_compute_frac``). A 16-bit GEMM's bandwidth efficiency is the
+    engine's times its factor for this GPU's architecture (``Engine.gemm_bandwidth_arch_frac``:
+    derived from the engine's plain GEMMs, so not the routed experts'); attention's, the
+    engine's times its factor for the architecture (``Engine.attention_bandwidth_arch_frac``),
+    and its compute efficiency over an fp8 cache times
+    ``Engine.fp8_kv_attention_compute_frac``."""
     if op.kind == "matmul":
         wdt = op.weight_dtype
         if wdt == DType.fp8 and op.dtype != DType.fp8:
@@ -339,6 +341,8 @@ def op_efficiency(op: Op, e: Engine) -> tuple[float, float]:
         bw, comp = q or (e.gemm_bandwidth_frac, e.gemm_compute_frac)
         if q is None and op.name.startswith("experts_"):
             comp *= e.experts_compute_frac  # 16-bit experts in the fused MoE kernel
+        elif wdt == DType.fp8 and op.name.startswith("experts_"):
+            comp *= e.experts_fp8_compute_frac  # W8A8 fp8 experts in the fused fp8 kernel
         elif q is None:
             bw *= e.gemm_bandwidth_arch_frac  # the engine's 16-bit GEMM on this architecture
         return bw, comp * e.served_compute_frac
