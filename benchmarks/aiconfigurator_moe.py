@@ -39,11 +39,15 @@ RELEASES = {"vllm": {"h100_sxm": "0.24.0", "h200_sxm": "0.24.0", "a100_sxm": "0.
 MODELS = {"gpt-oss-120b": ("mxfp4", "w4a16_mxfp4"), "gpt-oss-20b": ("mxfp4", "w4a16_mxfp4"),
           "qwen3-235b-a22b": ("bf16", "bfloat16"), "qwen3-30b-a3b": ("bf16", "bfloat16"),
           "deepseek-v3": ("fp8", "fp8_block"), "mixtral-8x7b": ("bf16", "bfloat16")}
-# the fp8 lane: the models whose released fp8 checkpoints are block-scaled (128 x 128 weight
-# blocks: DeepSeek-V3's, Qwen's -FP8 releases), priced by us as fp8 weights and arithmetic
-# and timed by the tables as fp8_block
-FP8_MODELS = {"qwen3-235b-a22b": ("fp8", "fp8_block"), "qwen3-30b-a3b": ("fp8", "fp8_block"),
-              "deepseek-v3": ("fp8", "fp8_block")}
+# the fp8 lanes, priced by us as fp8 weights and arithmetic alike: block-scaled (128 x 128
+# weight blocks: DeepSeek-V3's and Qwen's own -FP8 releases; the tables' fp8_block), and one
+# scale per tensor (NVIDIA ModelOpt's FP8 checkpoints, which TensorRT-LLM serves; the tables'
+# fp8, where they time Mixtral's shape too)
+FP8_LANES = {"block": {"qwen3-235b-a22b": ("fp8", "fp8_block"),
+                       "qwen3-30b-a3b": ("fp8", "fp8_block"), "deepseek-v3": ("fp8", "fp8_block")},
+             "tensor": {"qwen3-235b-a22b": ("fp8", "fp8"), "qwen3-30b-a3b": ("fp8", "fp8"),
+                        "mixtral-8x7b": ("fp8", "fp8")}}
+FP8_MODELS = FP8_LANES["block"]
 TOKENS = (1, 8, 32, 128, 512, 2048, 8192)
 
 
@@ -122,12 +126,12 @@ def _median(xs) -> float:
 
 
 def derive_experts_compute(table, family: str, gpu: str, distribution: str = "balanced",
-                           weights: str = "bf16") -> tuple[float, int]:
+                           weights: str = "bf16", fp8_lane: str = "block") -> tuple[float, int]:
     """The factor on the routed experts' compute efficiency (``experts_compute_frac`` for
     this GPU's architecture; ``experts_fp8_compute_frac`` with ``weights`` fp8) with which
     the median ratio theirs / ours over the MoE models' rows at COMPUTE_TOKENS (the 16-bit
-    models', or FP8_MODELS' block-scaled lane) is 1, by bisection to 0.005; and how many rows
-    it rests on.
+    models', or an fp8 lane's: FP8_LANES[fp8_lane]) is 1, by bisection to 0.005; and how many
+    rows it rests on.
     The profile's own factor for the architecture is replaced, not compounded. The tables time
     the kernel alone, so the profile's served_compute_frac (what its served steps attain of
     every matmul's rate, beside everything else a step does) is left out: the factor is the
@@ -138,7 +142,7 @@ def derive_experts_compute(table, family: str, gpu: str, distribution: str = "ba
     spec = catalog.load_engine_spec(family)
     arch = catalog.load_hardware(gpu).architecture
     field = "experts_fp8_compute_frac" if weights == "fp8" else "experts_compute_frac"
-    lanes = FP8_MODELS if weights == "fp8" else MODELS
+    lanes = FP8_LANES[fp8_lane] if weights == "fp8" else MODELS
     chosen = {n for n, (w, _) in lanes.items() if w == weights}
 
     def ratio(f: float) -> tuple[float, int]:
@@ -177,10 +181,10 @@ def main(argv=None) -> int:
                     help="print the factor on the routed experts' compute efficiency with "
                          "which ours matches the 16-bit models' rows at 2,048-8,192 tokens "
                          "(engines_db experts_compute_frac for this GPU's architecture)")
-    ap.add_argument("--fp8", action="store_true",
-                    help="the block-scaled fp8 lane (models whose fp8 checkpoints are "
-                         "block-scaled, fp8_block in the table; with --derive-experts-compute, "
-                         "experts_fp8_compute_frac)")
+    ap.add_argument("--fp8", choices=sorted(FP8_LANES), nargs="?", const="block", default=None,
+                    help="an fp8 lane: block (block-scaled checkpoints, the table's fp8_block; "
+                         "the default) or tensor (one scale per tensor, its fp8); with "
+                         "--derive-experts-compute, experts_fp8_compute_frac")
     a = ap.parse_args(argv)
     system = SYSTEMS[a.gpu]
     release = RELEASES[a.engine][system]  # every engine's MoE layer is timed on every system
@@ -198,12 +202,13 @@ def main(argv=None) -> int:
         return 2
     if a.derive_experts_compute:
         weights = "fp8" if a.fp8 else "bf16"
-        f, n = derive_experts_compute(table, a.engine, a.gpu, a.distribution, weights)
+        f, n = derive_experts_compute(table, a.engine, a.gpu, a.distribution, weights,
+                                      a.fp8 or "block")
         if not n:
             print(f"aiconfigurator_moe.py: {path} times no {weights} row of these models at "
                   f"{', '.join(map(str, COMPUTE_TOKENS))} tokens", file=sys.stderr)
             return 2
-        field, what = (("experts_fp8_compute_frac", "fp8 (block-scaled)") if a.fp8
+        field, what = (("experts_fp8_compute_frac", f"fp8 ({a.fp8} lane)") if a.fp8
                        else ("experts_compute_frac", "16-bit"))
         print(f"# {a.gpu}, {a.engine} {release} ({path}), {a.distribution} routing")
         print(f"{field}: {f:.2f} (median ratio 1 over {n} rows of the {what} "
@@ -214,7 +219,7 @@ def main(argv=None) -> int:
     print(f"{'model':<16} {'tp':>2} {'tokens':>6} {'theirs':>8} {'ours':>8} {'ratio':>6}  kernel")
     for name, tp, kernel, n, theirs, ours, ratio in rows(
             table, a.engine, a.gpu, a.ours_weights, a.distribution,
-            lanes=FP8_MODELS if a.fp8 else None):
+            lanes=FP8_LANES[a.fp8] if a.fp8 else None):
         print(f"{name:<16} {tp:>2} {n:>6} {theirs:>8.4f} {ours:>8.4f} {ratio:>6.2f}  {kernel}")
     return 0
 

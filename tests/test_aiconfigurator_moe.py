@@ -165,6 +165,10 @@ def test_the_fp8_moe_factor_is_derived_from_the_block_scaled_lane():
     assert n == 6 and f == pytest.approx(0.4, abs=0.01)
     f16, _ = aic.derive_experts_compute(table, "vllm", "h100-sxm")
     assert f16 < 0.2  # the 16-bit rows alone: 9x ours
+    # the per-tensor lane reads the table's fp8 rows, of which this one has none
+    f, n = aic.derive_experts_compute(table, "vllm", "h100-sxm", weights="fp8",
+                                      fp8_lane="tensor")
+    assert n == 0 and f != f
 
 
 def _wheel(tmp_path, system: str, engine: str, release: str) -> Path:

@@ -231,13 +231,16 @@ def test_fp8_moe_factor_slows_fp8_experts_on_its_architectures_only():
 
 def test_the_fp8_moe_factors_of_the_profiles_are_sourced_and_shown(run_json):
     rows = {r["name"]: r for r in run_json("engines", "--json")}
-    for name, hopper in (("vllm", 0.42), ("vllm-0.8", 0.42), ("sglang", 0.57)):
+    for name in ("vllm", "vllm-0.8"):
         spec = catalog.load_engine_spec(name)
-        assert spec.experts_fp8_compute_frac.value == {"hopper": hopper}
+        assert spec.experts_fp8_compute_frac.value == {"hopper": 0.42}
         assert "aiconfigurator" in spec.experts_fp8_compute_frac.source
-        assert rows[name]["experts_fp8_compute_frac"] == {"hopper": hopper}
+        assert rows[name]["experts_fp8_compute_frac"] == {"hopper": 0.42}
         assert rows[name]["experts_compute_frac"] == spec.experts_compute_frac.value
-    assert rows["trtllm"]["experts_fp8_compute_frac"] == {}
+    # SGLang's and TensorRT-LLM's tables give no one figure across shapes (docs/validation.md)
+    for name in ("sglang", "trtllm"):
+        assert rows[name]["experts_fp8_compute_frac"] == {}
+    assert rows["trtllm"]["experts_compute_frac"] == {}
 
 
 def test_fused_moe_factors_of_the_profiles_are_sourced_and_checked():
