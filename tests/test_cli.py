@@ -207,6 +207,23 @@ def test_a_config_with_nan_or_infinity_is_refused_naming_the_field(run_cli, tmp_
     assert f"{path}: {named} is not a number" in err and len(err.strip().splitlines()) == 1
 
 
+@pytest.mark.parametrize("value", ["1e30", "2.5", "-1", "true", '"28"'])
+def test_a_layer_count_that_is_not_one_is_refused_where_no_window_applies(run_cli, tmp_path,
+                                                                         value):
+    """Qwen2.5-7B's config slides no layer (use_sliding_window false), so max_window_layers is
+    not read; a value that is no layer count is a corrupt file all the same: one line, exit 2
+    (fuzz seed 137 found 1e30 accepted)."""
+    cfg = json.loads((HF / "qwen2.5-7b.json").read_text())
+    assert cfg["use_sliding_window"] is False and isinstance(cfg["max_window_layers"], int)
+    cfg["max_window_layers"] = "@@"
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(cfg).replace('"@@"', value))
+    code, out, err = run_cli("estimate", "-m", str(path), "-g", "h100-sxm")
+    assert code == 2 and not out
+    assert "max_window_layers: expected a whole number" in err
+    assert len(err.strip().splitlines()) == 1
+
+
 @pytest.mark.slow
 def test_compute_says_what_the_matmuls_run_in(run_json, run_cli, tmp_path):
     """T4 and V100 have no bf16: int8 / int4 weights there dequantize to fp16 (--compute

@@ -475,6 +475,11 @@ def _sliding_window(cfg: dict, mt: str, layers: int, path: str) -> dict[str, Any
     ``max_window_layers`` when ``use_sliding_window``, and the rest (Mistral, Mixtral, Phi-3) on
     every layer whenever ``sliding_window`` is set."""
     window = cfg.get("sliding_window")
+    first = cfg.get("max_window_layers") or 0
+    if mt in ("qwen2", "qwen3", "qwen3_moe") and (
+            not isinstance(first, int) or isinstance(first, bool) or first < 0):
+        # checked where it does not apply too: a layer count that is not one is a corrupt file
+        raise SpecError(f"{path}: max_window_layers: expected a whole number")
     if mt in ("qwen2", "qwen3", "qwen3_moe") and not cfg.get("use_sliding_window"):
         return {}
     if not window or mt in ("llama", "gpt2", "deepseek_v2", "deepseek_v3", "gemma"):
@@ -494,9 +499,6 @@ def _sliding_window(cfg: dict, mt: str, layers: int, path: str) -> dict[str, Any
             raise SpecError(f"{path}: sliding_window_pattern: expected a positive whole number")
         kinds = ["sliding"] * (n - 1) + ["full"]
     elif mt in ("qwen2", "qwen3", "qwen3_moe"):
-        first = cfg.get("max_window_layers") or 0
-        if not isinstance(first, int) or isinstance(first, bool) or first < 0:
-            raise SpecError(f"{path}: max_window_layers: expected a whole number")
         kinds = ["full" if i < first else "sliding" for i in range(layers)]
     else:
         kinds = ["sliding"]
