@@ -82,6 +82,19 @@ def test_ours_with_16_bit_experts_prices_only_the_mxfp4_models_so():
     assert upcast["qwen3-30b-a3b"] == as_is["qwen3-30b-a3b"]
 
 
+def _qwen3_30b_rows(dtypes=("bfloat16",)) -> list[dict]:
+    """Table rows of Qwen3-30B-A3B's MoE shape at TP 1 and 2 and the derivation's token
+    counts, in each ``moe_dtype`` of ``dtypes``, latency to be filled in."""
+    from planner.io import catalog
+
+    shape = catalog.load_model("qwen3-30b-a3b").moe
+    return [dict(kernel_source="k", moe_dtype=dt, num_tokens=n, hidden_size=2048,
+                 inter_size=shape.expert_intermediate_size, topk=shape.experts_per_token,
+                 num_experts=shape.num_experts, moe_tp_size=tp, moe_ep_size=1,
+                 distribution="balanced", latency=0.0)
+            for dt in dtypes for tp in (1, 2) for n in aic.COMPUTE_TOKENS]
+
+
 def test_the_fused_moe_factor_is_the_one_that_reproduces_the_table():
     """--derive-experts-compute: a table timed as our layer would be with the experts at half
     their compute rate on the A100 (Ampere) gives back 0.5 there; the factor is the
@@ -92,12 +105,7 @@ def test_the_fused_moe_factor_is_the_one_that_reproduces_the_table():
     spec = catalog.load_engine_spec("vllm")
     half = spec.model_copy(update={"experts_compute_frac": ArchFracs(
         source="test", value={"ampere": 0.5})})
-    shape = catalog.load_model("qwen3-30b-a3b").moe
-    rows = [dict(kernel_source="k", moe_dtype="bfloat16", num_tokens=n, hidden_size=2048,
-                 inter_size=shape.expert_intermediate_size, topk=shape.experts_per_token,
-                 num_experts=shape.num_experts, moe_tp_size=tp, moe_ep_size=1,
-                 distribution="balanced", latency=0.0)
-            for tp in (1, 2) for n in aic.COMPUTE_TOKENS]
+    rows = _qwen3_30b_rows()
     table = pd.DataFrame(rows)
     ours_half = {(r[1], r[3]): r[5] for r in aic.rows(table, "vllm", "a100-sxm-80gb",
                                                        spec=half, tokens=aic.COMPUTE_TOKENS)}
@@ -121,12 +129,7 @@ def test_the_derived_factor_is_the_kernels_not_divided_by_the_served_share():
     assert spec.served_compute_frac is not None and spec.served_compute_frac.value < 0.9
     kernel = spec.model_copy(update={"experts_compute_frac": ArchFracs(
         source="test", value={"ada": 0.5}), "served_compute_frac": None})
-    shape = catalog.load_model("qwen3-30b-a3b").moe
-    rows = [dict(kernel_source="k", moe_dtype="bfloat16", num_tokens=n, hidden_size=2048,
-                 inter_size=shape.expert_intermediate_size, topk=shape.experts_per_token,
-                 num_experts=shape.num_experts, moe_tp_size=tp, moe_ep_size=1,
-                 distribution="balanced", latency=0.0)
-            for tp in (1, 2) for n in aic.COMPUTE_TOKENS]
+    rows = _qwen3_30b_rows()
     table = pd.DataFrame(rows)
     timed = {(r[1], r[3]): r[5] for r in aic.rows(table, "sglang", "l40s", spec=kernel,
                                                    tokens=aic.COMPUTE_TOKENS)}
@@ -146,12 +149,7 @@ def test_the_fp8_moe_factor_is_derived_from_the_block_scaled_lane():
     spec = catalog.load_engine_spec("vllm")
     slow = spec.model_copy(update={"experts_fp8_compute_frac": ArchFracs(
         source="test", value={"hopper": 0.4})})
-    shape = catalog.load_model("qwen3-30b-a3b").moe
-    rows = [dict(kernel_source="k", moe_dtype=dt, num_tokens=n, hidden_size=2048,
-                 inter_size=shape.expert_intermediate_size, topk=shape.experts_per_token,
-                 num_experts=shape.num_experts, moe_tp_size=tp, moe_ep_size=1,
-                 distribution="balanced", latency=0.0)
-            for dt in ("fp8_block", "bfloat16") for tp in (1, 2) for n in aic.COMPUTE_TOKENS]
+    rows = _qwen3_30b_rows(("fp8_block", "bfloat16"))
     table = pd.DataFrame(rows)
     timed = {(r[1], r[3]): r[5] for r in aic.rows(table, "vllm", "h100-sxm", spec=slow,
                                                    tokens=aic.COMPUTE_TOKENS,
