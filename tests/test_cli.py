@@ -207,7 +207,8 @@ def test_a_config_with_nan_or_infinity_is_refused_naming_the_field(run_cli, tmp_
     assert f"{path}: {named} is not a number" in err and len(err.strip().splitlines()) == 1
 
 
-@pytest.mark.parametrize("value", ["1e30", "2.5", "-1", "true", '"28"'])
+@pytest.mark.parametrize("value", ["1e30", "2.5", "-1", "true", '"28"', "false", "0.0", '""',
+                                   "[]"])
 def test_a_layer_count_that_is_not_one_is_refused_where_no_window_applies(run_cli, tmp_path,
                                                                          value):
     """Qwen2.5-7B's config slides no layer (use_sliding_window false), so max_window_layers is

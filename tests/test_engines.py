@@ -212,8 +212,8 @@ def test_fp8_moe_factor_slows_fp8_experts_on_its_architectures_only():
     8e12 / (200e12 x 0.9 x 0.4) = 111 us, 0.4 of the unfactored 44.4 us. Not to 16-bit
     experts, a plain fp8 GEMM, or fp8 weights computed in 16 bits (W8A16, an A100's)."""
     c = dataclasses.replace(C, flops_per_s={DType.bf16: 100e12, DType.fp8: 200e12})
-    e = dataclasses.replace(H, quantized=((DType.fp8, (0.9, 0.9)),), overlap_frac=1.0,
-                            experts_fp8_compute_by_arch=(("hopper", 0.4),))
+    e = dataclasses.replace(H, quantized=((DType.fp8, (0.9, 0.9)), (DType.int8, (0.8, 0.7))),
+                            overlap_frac=1.0, experts_fp8_compute_by_arch=(("hopper", 0.4),))
     slow, other = e.for_gpu(80e9, "h100", "hopper"), e.for_gpu(48e9, "l40s", "ada")
     assert (slow.experts_fp8_compute_frac, other.experts_fp8_compute_frac) == (0.4, 1.0)
     assert slow.experts_compute_frac == 1.0  # the 16-bit factor is another field
@@ -223,10 +223,13 @@ def test_fp8_moe_factor_slows_fp8_experts_on_its_architectures_only():
     assert t.compute_s == pytest.approx(8e12 / (200e12 * 0.9))
     assert ts.compute_s == pytest.approx(8e12 / (200e12 * 0.9 * 0.4))
     assert ts.memory_s == t.memory_s
+    w8a16 = dataclasses.replace(fp8, dtype=DType.bf16)  # an A100's: the int8 path's rates
+    assert op_time(w8a16, c, engine=other).compute_s == pytest.approx(8e12 / (100e12 * 0.7))
     for op in (dataclasses.replace(fp8, dtype=DType.bf16, weight_dtype=DType.bf16),
-               dataclasses.replace(fp8, name="mlp_gate_up_proj"),
-               dataclasses.replace(fp8, dtype=DType.bf16)):  # W8A16: the int8 path's
+               dataclasses.replace(fp8, name="mlp_gate_up_proj"), w8a16):
         assert op_time(op, c, engine=slow).time_s == op_time(op, c, engine=other).time_s
+    assert slow.time_model_key() != dataclasses.replace(
+        slow, experts_fp8_compute_frac=1.0).time_model_key()
 
 
 def test_the_fp8_moe_factors_of_the_profiles_are_sourced_and_shown(run_json):

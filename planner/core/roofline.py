@@ -339,10 +339,10 @@ def op_efficiency(op: Op, e: Engine) -> tuple[float, float]:
             wdt = DType.int8
         q = e.quant_fracs(wdt)
         bw, comp = q or (e.gemm_bandwidth_frac, e.gemm_compute_frac)
-        if q is None and op.name.startswith("experts_"):
-            comp *= e.experts_compute_frac  # 16-bit experts in the fused MoE kernel
-        elif wdt == DType.fp8 and op.name.startswith("experts_"):
+        if wdt == DType.fp8 and op.name.startswith("experts_"):
             comp *= e.experts_fp8_compute_frac  # W8A8 fp8 experts in the fused fp8 kernel
+        elif q is None and op.name.startswith("experts_"):
+            comp *= e.experts_compute_frac  # 16-bit experts in the fused MoE kernel
         elif q is None:
             bw *= e.gemm_bandwidth_arch_frac  # the engine's 16-bit GEMM on this architecture
         return bw, comp * e.served_compute_frac

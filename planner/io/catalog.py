@@ -475,7 +475,8 @@ def _sliding_window(cfg: dict, mt: str, layers: int, path: str) -> dict[str, Any
     ``max_window_layers`` when ``use_sliding_window``, and the rest (Mistral, Mixtral, Phi-3) on
     every layer whenever ``sliding_window`` is set."""
     window = cfg.get("sliding_window")
-    first = cfg.get("max_window_layers") or 0
+    first = cfg.get("max_window_layers")
+    first = 0 if first is None else first  # absent or null: transformers' default applies
     if mt in ("qwen2", "qwen3", "qwen3_moe") and (
             not isinstance(first, int) or isinstance(first, bool) or first < 0):
         # checked where it does not apply too: a layer count that is not one is a corrupt file
