@@ -106,6 +106,29 @@ def test_the_legend_names_the_gemm_factor_where_the_gpu_takes_one(run_cli):
     assert code == 0 and "gemm_bandwidth_arch_frac" not in " ".join(out.split())
 
 
+@pytest.mark.parametrize("args, shown, hidden", [
+    (("qwen3-30b-a3b", "h100-sxm"), "also times 0.86 on this GPU's architecture",
+     "experts_fp8_compute_frac"),
+    (("qwen3-30b-a3b", "h100-sxm", "--weights", "fp8"), "also times 0.42 on this GPU's "
+     "architecture: the engine's fused MoE kernel against its plain GEMMs "
+     "(experts_fp8_compute_frac)", "(experts_compute_frac)"),
+    # fp8 weights computed in 16 bits on an A100 take the W8A16 path: neither factor
+    (("qwen3-30b-a3b", "a100-sxm-80gb", "--weights", "fp8"), "", "a routed expert's"),
+    (("llama-3.1-8b", "h100-sxm"), "", "a routed expert's"),
+    (("llama-3.1-8b", "h100-sxm", "-e", "vllm-0.8"), "times 0.659, the share this release "
+     "line's served steps attain (served_compute_frac)", "a routed expert's"),
+])
+def test_the_legend_names_the_matmul_factors_that_apply(run_cli, args, shown, hidden):
+    """--explain says which of the profile's factors multiply a matmul's eff FLOP: the served
+    share where the profile states one, and for a MoE model the fused kernel's for its
+    experts' type on this GPU, and names none that does not apply."""
+    code, out, err = run_cli("estimate", "-m", args[0], "-g", args[1], *args[2:], "--explain")
+    assert code == 0, err
+    flat = " ".join(out.split())
+    assert shown in flat and hidden not in flat
+    assert ("served_compute_frac" in flat) == ("vllm-0.8" in args)
+
+
 def test_each_operator_names_what_sets_its_time():
     """Llama-3.1-8B at batch 1 under vLLM: a layer's norm moves 41 kB (1.31 MB over 32
     layers), 0.02 us at the achievable bandwidth against its kernel's fixed 2.06 us, so its

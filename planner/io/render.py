@@ -401,6 +401,7 @@ def _print_operators(console: Console, e: Estimate) -> None:
                      f"{e.engine.attention_bandwidth_arch_frac:g} on this architecture "
                      "(attention_bandwidth_arch_frac)"
                      if e.engine.attention_bandwidth_arch_frac != 1 else "")
+                  + _matmul_factors(e)
                   + (f"; an fp8 KV cache is read at no more than "
                      f"{fmt.si(e.engine.fp8_kv_attention_bytes_per_s, 'B/s')} on this "
                      "architecture (fp8_kv_attention_gb_per_s)"
@@ -411,6 +412,30 @@ def _print_operators(console: Console, e: Estimate) -> None:
                             "outlasts it" for name, st in (("decode", e.decode),
                                                           ("prefill", e.prefill))
                             if st.overlapped and st.fixed_s) + "[/]")
+
+
+def _matmul_factors(e: Estimate) -> str:
+    """--explain's legend for the factors on a matmul's eff FLOP that the profile states: the
+    share its served steps attain (every matmul), and the fused MoE kernel's, for the routed
+    experts' type on this GPU (16-bit, or fp8 weights in fp8 arithmetic)."""
+    eng, out = e.engine, ""
+    if eng.served_compute_frac != 1:
+        out += (f"; every matmul's eff FLOP is its kernel's times "
+                f"{eng.served_compute_frac:g}, the share this release line's served steps "
+                "attain (served_compute_frac)")
+    expert = next((t.op for t in e.decode.ops if t.op.name.startswith("experts_")), None)
+    if expert is None:
+        return out
+    fp8 = expert.weight_dtype == DType.fp8 and expert.dtype == DType.fp8
+    sixteen = expert.weight_dtype in (DType.bf16, DType.fp16)
+    factor, field = ((eng.experts_fp8_compute_frac, "experts_fp8_compute_frac") if fp8 else
+                     (eng.experts_compute_frac, "experts_compute_frac") if sixteen else
+                     (1.0, ""))
+    if factor != 1:
+        out += (f"; a routed expert's eff FLOP also times {factor:g} on this GPU's "
+                f"architecture: the engine's fused MoE kernel against its plain GEMMs "
+                f"({field})")
+    return out
 
 
 def operator_table(title: str, step: StepTime, width: int = 200) -> Table:
