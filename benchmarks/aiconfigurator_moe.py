@@ -50,7 +50,6 @@ FP8_LANES = {"block": {"qwen3-235b-a22b": ("fp8", "fp8_block"),
                        "qwen3-30b-a3b": ("fp8", "fp8_block"), "deepseek-v3": ("fp8", "fp8_block")},
              "tensor": {"qwen3-235b-a22b": ("fp8", "fp8"), "qwen3-30b-a3b": ("fp8", "fp8"),
                         "mixtral-8x7b": ("fp8", "fp8")}}
-FP8_MODELS = FP8_LANES["block"]
 TOKENS = (1, 8, 32, 128, 512, 2048, 8192)
 
 
@@ -81,7 +80,7 @@ def ours_ms(dep, tokens: int) -> float:
 def rows(table, family: str, gpu: str, ours_weights: str | None = None,
          distribution: str = "balanced", spec=None, tokens=TOKENS, models=None, lanes=None):
     """(model, tp, kernel, tokens, theirs ms, ours ms, theirs / ours) for each model of
-    ``lanes`` (MODELS, or FP8_MODELS) whose shape the table holds. ``ours_weights``: price
+    ``lanes`` (MODELS, or one of FP8_LANES) whose shape the table holds. ``ours_weights``: price
     our layer of the MXFP4 models with their experts stored in this type (bf16: an engine
     that upcasts MXFP4 at load)."""
     from planner.cli.compare import served_setup

@@ -153,7 +153,7 @@ def test_the_fp8_moe_factor_is_derived_from_the_block_scaled_lane():
     table = pd.DataFrame(rows)
     timed = {(r[1], r[3]): r[5] for r in aic.rows(table, "vllm", "h100-sxm", spec=slow,
                                                    tokens=aic.COMPUTE_TOKENS,
-                                                   lanes=aic.FP8_MODELS)}
+                                                   lanes=aic.FP8_LANES["block"])}
     bf16 = {(r[1], r[3]): r[5] for r in aic.rows(table, "vllm", "h100-sxm",
                                                   tokens=aic.COMPUTE_TOKENS)}
     table["latency"] = [timed[(r["moe_tp_size"], r["num_tokens"])] if r["moe_dtype"] ==

@@ -318,6 +318,28 @@ def tiled_rows(m, tiles: tuple[tuple[float, float], ...]):
     return m  # not reached: the last bound is inf
 
 
+def _weight_path(op: Op) -> DType:
+    """The weight type whose kernel path a matmul takes: fp8 weights computed in 16 bits
+    take the int8 path's (see ``op_efficiency``)."""
+    wdt = op.weight_dtype
+    return DType.int8 if wdt == DType.fp8 and op.dtype != DType.fp8 else wdt
+
+
+def experts_compute_factor(op: Op, e: Engine) -> tuple[float, str]:
+    """The engine's fused-MoE factor on a routed expert's compute efficiency on this GPU, and
+    the profile field it comes from: ``experts_fp8_compute_frac`` for fp8 weights in fp8
+    arithmetic, ``experts_compute_frac`` for experts on no quantized path (16-bit); (1, "")
+    for other quantized experts, whose kernels differ, and for any other operator."""
+    if op.kind != "matmul" or not op.name.startswith("experts_"):
+        return 1.0, ""
+    wdt = _weight_path(op)
+    if wdt == DType.fp8:
+        return e.experts_fp8_compute_frac, "experts_fp8_compute_frac"
+    if e.quant_fracs(wdt) is None:
+        return e.experts_compute_frac, "experts_compute_frac"
+    return 1.0, ""
+
+
 def op_efficiency(op: Op, e: Engine) -> tuple[float, float]:
     """(bandwidth, compute) efficiency of ``op`` under engine ``e``. fp8 weights computed in
     16 bits (a GPU without fp8 tensor cores: A100, A10) take the int8 path's: vLLM runs them
@@ -334,15 +356,10 @@ def op_efficiency(op: Op, e: Engine) -> tuple[float, float]:
     and its compute efficiency over an fp8 cache times
     ``Engine.fp8_kv_attention_compute_frac``."""
     if op.kind == "matmul":
-        wdt = op.weight_dtype
-        if wdt == DType.fp8 and op.dtype != DType.fp8:
-            wdt = DType.int8
-        q = e.quant_fracs(wdt)
+        q = e.quant_fracs(_weight_path(op))
         bw, comp = q or (e.gemm_bandwidth_frac, e.gemm_compute_frac)
-        if wdt == DType.fp8 and op.name.startswith("experts_"):
-            comp *= e.experts_fp8_compute_frac  # W8A8 fp8 experts in the fused fp8 kernel
-        elif q is None and op.name.startswith("experts_"):
-            comp *= e.experts_compute_frac  # 16-bit experts in the fused MoE kernel
+        if op.name.startswith("experts_"):
+            comp *= experts_compute_factor(op, e)[0]  # the fused MoE kernel's
         elif q is None:
             bw *= e.gemm_bandwidth_arch_frac  # the engine's 16-bit GEMM on this architecture
         return bw, comp * e.served_compute_frac

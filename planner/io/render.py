@@ -8,7 +8,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from planner.core.estimate import Estimate
-from planner.core.roofline import StepTime
+from planner.core.roofline import StepTime, experts_compute_factor
 from planner.core.specs import DType
 from planner.io import fmt
 
@@ -426,11 +426,7 @@ def _matmul_factors(e: Estimate) -> str:
     expert = next((t.op for t in e.decode.ops if t.op.name.startswith("experts_")), None)
     if expert is None:
         return out
-    fp8 = expert.weight_dtype == DType.fp8 and expert.dtype == DType.fp8
-    sixteen = expert.weight_dtype in (DType.bf16, DType.fp16)
-    factor, field = ((eng.experts_fp8_compute_frac, "experts_fp8_compute_frac") if fp8 else
-                     (eng.experts_compute_frac, "experts_compute_frac") if sixteen else
-                     (1.0, ""))
+    factor, field = experts_compute_factor(expert, eng)
     if factor != 1:
         out += (f"; a routed expert's eff FLOP also times {factor:g} on this GPU's "
                 f"architecture: the engine's fused MoE kernel against its plain GEMMs "
