@@ -77,6 +77,49 @@ def ours_ms(dep, tokens: int) -> float:
     return total * 1e3
 
 
+# the shape every table shape is priced in (--shapes table): its attention does not enter
+# the MoE layer, and its heads allow every TP up to 8
+TEMPLATE = "qwen3-30b-a3b"
+# the table's type of each lane's routed experts where every shape it times is priced
+TABLE_LANES = {None: ("bf16", "bfloat16"), "block": ("fp8", "fp8_block"),
+               "tensor": ("fp8", "fp8")}
+
+
+def table_rows(table, family: str, gpu: str, distribution: str = "balanced", spec=None,
+               tokens=TOKENS, lane: str | None = None):
+    """As ``rows``, for every MoE shape the table times in ``lane``'s type (16-bit, or an fp8
+    lane: TABLE_LANES), not only models_db's models: each priced as TEMPLATE with the
+    table's hidden size, expert width, experts and experts per token. The model column is
+    the shape: hidden x expert width / experts top-k."""
+    from dataclasses import replace
+
+    from planner.cli.compare import served_setup
+    from planner.core.specs import DType
+    from planner.io import catalog
+
+    spec = spec if spec is not None else catalog.load_engine_spec(family)
+    weights, moe_dtype = TABLE_LANES[lane]
+    base = catalog.load_model(TEMPLATE)
+    table = table[(table.distribution == distribution) & (table.moe_ep_size == 1)
+                  & (table.moe_dtype == moe_dtype) & (table.moe_tp_size <= 8)
+                  & table.num_tokens.isin(tokens)]
+    deps = {}
+    for (h, inter, n_e, k, tp), g in table.groupby(
+            ["hidden_size", "inter_size", "num_experts", "topk", "moe_tp_size"]):
+        m = base.model_copy(update={"hidden_size": int(h), "moe": base.moe.model_copy(update={
+            "num_experts": int(n_e), "experts_per_token": int(k),
+            "expert_intermediate_size": int(inter)})})
+        if tp not in deps:
+            deps[tp] = served_setup(TEMPLATE, gpu, spec, int(tp), DType(weights), None)
+        dep = replace(deps[tp], model=m)
+        for kernel, gk in g.groupby("kernel_source"):
+            for n, hit in gk.groupby("num_tokens"):
+                theirs = float(hit.latency.median())
+                ours = ours_ms(dep, int(n))
+                yield (f"{h}x{inter}/{n_e}top{k}", int(tp), kernel, int(n), theirs, ours,
+                       theirs / ours)
+
+
 def rows(table, family: str, gpu: str, ours_weights: str | None = None,
          distribution: str = "balanced", spec=None, tokens=TOKENS, models=None, lanes=None):
     """(model, tp, kernel, tokens, theirs ms, ours ms, theirs / ours) for each model of
@@ -127,44 +170,101 @@ def _median(xs) -> float:
     return xs[n // 2] if n % 2 else 0.5 * (xs[n // 2 - 1] + xs[n // 2])
 
 
+def _lane_rows(table, family, gpu, distribution, spec, weights, fp8_lane, shapes):
+    """The ratios theirs / ours at COMPUTE_TOKENS of the lane ``derive_experts_compute``
+    derives over, priced with ``spec``."""
+    if shapes == "table":
+        return [r[6] for r in table_rows(table, family, gpu, distribution, spec=spec,
+                                         tokens=COMPUTE_TOKENS,
+                                         lane=fp8_lane if weights == "fp8" else None)]
+    lanes = FP8_LANES[fp8_lane] if weights == "fp8" else MODELS
+    chosen = {n for n, (w, _) in lanes.items() if w == weights}
+    return [r[6] for r in rows(table, family, gpu, distribution=distribution, spec=spec,
+                               tokens=COMPUTE_TOKENS, models=chosen, lanes=lanes)]
+
+
 def derive_experts_compute(table, family: str, gpu: str, distribution: str = "balanced",
-                           weights: str = "bf16", fp8_lane: str = "block") -> tuple[float, int]:
+                           weights: str = "bf16", fp8_lane: str = "block",
+                           shapes: str = "models", spec=None) -> tuple[float, int]:
     """The factor on the routed experts' compute efficiency (``experts_compute_frac`` for
     this GPU's architecture; ``experts_fp8_compute_frac`` with ``weights`` fp8) with which
     the median ratio theirs / ours over the MoE models' rows at COMPUTE_TOKENS (the 16-bit
-    models', or an fp8 lane's: FP8_LANES[fp8_lane]) is 1, by bisection to 0.005; and how many
-    rows it rests on.
+    models', or an fp8 lane's: FP8_LANES[fp8_lane]; with ``shapes`` "table", every shape the
+    table times in that type) is 1, by bisection to 0.005; and how many rows it rests on.
+    ``spec``: the profile to price with (default: the engine's own; its experts_k_half
+    stands).
     The profile's own factor for the architecture is replaced, not compounded. The tables time
     the kernel alone, so the profile's served_compute_frac (what its served steps attain of
     every matmul's rate, beside everything else a step does) is left out: the factor is the
     kernel's, and the profile's served share multiplies it as it multiplies every matmul."""
+    f, n, _ = _derive(table, family, gpu, distribution, weights, fp8_lane, shapes, spec)
+    return f, n
+
+
+def _derive(table, family, gpu, distribution, weights, fp8_lane, shapes, spec):
     from planner.core.engine import ArchFracs
     from planner.io import catalog
 
-    spec = catalog.load_engine_spec(family)
+    spec = spec if spec is not None else catalog.load_engine_spec(family)
     arch = catalog.load_hardware(gpu).architecture
     field = "experts_fp8_compute_frac" if weights == "fp8" else "experts_compute_frac"
-    lanes = FP8_LANES[fp8_lane] if weights == "fp8" else MODELS
-    chosen = {n for n, (w, _) in lanes.items() if w == weights}
 
-    def ratio(f: float) -> tuple[float, int]:
+    def ratios(f: float) -> list[float]:
         old = getattr(spec, field)
         fr = ArchFracs(source="benchmarks/aiconfigurator_moe.py",
                        value={**(old.value if old else {}), arch: f})
-        rs = [r[6] for r in rows(table, family, gpu, distribution=distribution,
-                                 spec=spec.model_copy(update={field: fr,
-                                                              "served_compute_frac": None}),
-                                 tokens=COMPUTE_TOKENS, models=chosen, lanes=lanes)]
-        return _median(rs), len(rs)
+        return _lane_rows(table, family, gpu, distribution,
+                          spec.model_copy(update={field: fr, "served_compute_frac": None}),
+                          weights, fp8_lane, shapes)
 
-    if not ratio(1.0)[1]:
-        return float("nan"), 0  # the table times none of these models' rows
+    if not ratios(1.0):
+        return float("nan"), 0, []  # the table times none of these rows
     lo, hi = 0.05, 2.0
     while hi - lo > 0.005:
         mid = 0.5 * (lo + hi)
-        lo, hi = (mid, hi) if ratio(mid)[0] < 1.0 else (lo, mid)
+        lo, hi = (mid, hi) if _median(ratios(mid)) < 1.0 else (lo, mid)
     f = round(0.5 * (lo + hi), 2)
-    return f, ratio(f)[1]
+    rs = ratios(f)
+    return f, len(rs), rs
+
+
+K_HALF_GRID = tuple(range(0, 1601, 100))
+
+
+def derive_experts_k_half(table, family: str, gpu: str, distribution: str = "balanced",
+                          weights: str = "bf16", fp8_lane: str = "block", grid=K_HALF_GRID):
+    """For each depth of ``grid`` (``experts_k_half`` for this GPU's architecture), the lane's
+    factor derived over every shape the table times (``derive_experts_compute``, shapes
+    "table") and the spread left: (depth, factor, rows, mean |log ratio|, p90 |ratio - 1|,
+    share of rows within 0.85-1.15), and the depth chosen: the least mean |log ratio| whose
+    factor keeps the kernel at or under the achievable rate (factor x the plain GEMM's
+    compute_frac <= 1). None where no depth does."""
+    import math
+
+    from planner.core.engine import ArchDepths
+    from planner.core.specs import DType
+    from planner.io import catalog
+
+    spec = catalog.load_engine_spec(family)
+    hw = catalog.load_hardware(gpu)
+    eng = spec.model().for_gpu(hw.memory_bytes, hw.name, hw.architecture)
+    plain = (eng.quant_fracs(DType.fp8) or (0.0, eng.gemm_compute_frac))[1] \
+        if weights == "fp8" else eng.gemm_compute_frac
+    out, best = [], None
+    for k in grid:
+        s = spec.model_copy(update={"experts_k_half": None if not k else ArchDepths(
+            source="benchmarks/aiconfigurator_moe.py", value={hw.architecture: k})})
+        f, n, rs = _derive(table, family, gpu, distribution, weights, fp8_lane, "table", s)
+        if not n:
+            return [], None
+        logs = sorted(abs(math.log(r)) for r in rs)
+        off = sorted(abs(r - 1) for r in rs)
+        row = (k, f, n, sum(logs) / n, off[min(n - 1, int(0.9 * n))],
+               sum(0.85 < r < 1.15 for r in rs) / n)
+        out.append(row)
+        if f * plain <= 1.0 and (best is None or row[3] < best[3]):
+            best = row
+    return out, best
 
 
 def main(argv=None) -> int:
@@ -187,6 +287,14 @@ def main(argv=None) -> int:
                     help="an fp8 lane: block (block-scaled checkpoints, the table's fp8_block; "
                          "the default) or tensor (one scale per tensor, its fp8); with "
                          "--derive-experts-compute, experts_fp8_compute_frac")
+    ap.add_argument("--shapes", choices=("models", "table"), default="models",
+                    help="the rows compared and derived over: models_db's MoE models whose "
+                         "shape the table holds (the default), or every MoE shape the table "
+                         f"times (priced as {TEMPLATE} with the table's dimensions)")
+    ap.add_argument("--derive-experts-k-half", action="store_true",
+                    help="print, for each depth of a grid, the lane's factor derived over every "
+                         "shape the table times and the spread it leaves, and the depth with "
+                         "the least (engines_db experts_k_half for this GPU's architecture)")
     a = ap.parse_args(argv)
     system = SYSTEMS[a.gpu]
     release = RELEASES[a.engine][system]  # every engine's MoE layer is timed on every system
@@ -202,10 +310,31 @@ def main(argv=None) -> int:
         print(f"aiconfigurator_moe.py: --distribution: {path} holds no {a.distribution!r} "
               f"routing (it holds {', '.join(kinds)})", file=sys.stderr)
         return 2
+    weights = "fp8" if a.fp8 else "bf16"
+    if a.derive_experts_k_half:
+        grid, best = derive_experts_k_half(table, a.engine, a.gpu, a.distribution, weights,
+                                           a.fp8 or "block")
+        if not grid:
+            print(f"aiconfigurator_moe.py: {path} times no {weights} row at "
+                  f"{', '.join(map(str, COMPUTE_TOKENS))} tokens", file=sys.stderr)
+            return 2
+        field = "experts_fp8_compute_frac" if a.fp8 else "experts_compute_frac"
+        print(f"# {a.gpu}, {a.engine} {release} ({path}), {a.distribution} routing, every "
+              f"{'fp8 (' + a.fp8 + ' lane)' if a.fp8 else '16-bit'} shape at "
+              f"{', '.join(map(str, COMPUTE_TOKENS))} tokens")
+        print(f"{'k_half':>6} {field:>24} {'rows':>4} {'mean|log r|':>11} {'p90|r-1|':>8} "
+              f"{'in 0.85-1.15':>12}")
+        for k, f, n, mlog, p90, inside in grid:
+            print(f"{k:>6} {f:>24.2f} {n:>4} {mlog:>11.3f} {p90:>8.3f} {inside:>12.2f}")
+        if best is None:
+            print("no depth keeps the factor at or under the achievable rate")
+        else:
+            print(f"experts_k_half: {best[0]} ({field} {best[1]:.2f}; mean |log ratio| "
+                  f"{best[3]:.3f} against {grid[0][3]:.3f} with none)")
+        return 0
     if a.derive_experts_compute:
-        weights = "fp8" if a.fp8 else "bf16"
         f, n = derive_experts_compute(table, a.engine, a.gpu, a.distribution, weights,
-                                      a.fp8 or "block")
+                                      a.fp8 or "block", a.shapes)
         if not n:
             print(f"aiconfigurator_moe.py: {path} times no {weights} row of these models at "
                   f"{', '.join(map(str, COMPUTE_TOKENS))} tokens", file=sys.stderr)
@@ -213,16 +342,19 @@ def main(argv=None) -> int:
         field, what = (("experts_fp8_compute_frac", f"fp8 ({a.fp8} lane)") if a.fp8
                        else ("experts_compute_frac", "16-bit"))
         print(f"# {a.gpu}, {a.engine} {release} ({path}), {a.distribution} routing")
-        print(f"{field}: {f:.2f} (median ratio 1 over {n} rows of the {what} "
-              f"models at {', '.join(map(str, COMPUTE_TOKENS))} tokens)")
+        kind = "shapes" if a.shapes == "table" else "models"
+        print(f"{field}: {f:.2f} (median ratio 1 over {n} rows of the {what} {kind} at "
+              f"{', '.join(map(str, COMPUTE_TOKENS))} tokens)")
         return 0
     print(f"# {a.gpu}, {a.engine} {release} ({path}), {a.distribution} routing; ms per MoE "
           "layer, ratio = theirs / ours")
-    print(f"{'model':<16} {'tp':>2} {'tokens':>6} {'theirs':>8} {'ours':>8} {'ratio':>6}  kernel")
-    for name, tp, kernel, n, theirs, ours, ratio in rows(
-            table, a.engine, a.gpu, a.ours_weights, a.distribution,
-            lanes=FP8_LANES[a.fp8] if a.fp8 else None):
-        print(f"{name:<16} {tp:>2} {n:>6} {theirs:>8.4f} {ours:>8.4f} {ratio:>6.2f}  {kernel}")
+    print(f"{'model':<18} {'tp':>2} {'tokens':>6} {'theirs':>8} {'ours':>8} {'ratio':>6}  kernel")
+    found = (table_rows(table, a.engine, a.gpu, a.distribution, lane=a.fp8)
+             if a.shapes == "table" else
+             rows(table, a.engine, a.gpu, a.ours_weights, a.distribution,
+                  lanes=FP8_LANES[a.fp8] if a.fp8 else None))
+    for name, tp, kernel, n, theirs, ours, ratio in found:
+        print(f"{name:<18} {tp:>2} {n:>6} {theirs:>8.4f} {ours:>8.4f} {ratio:>6.2f}  {kernel}")
     return 0
 
 

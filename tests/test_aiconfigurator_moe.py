@@ -209,3 +209,107 @@ def test_a_routing_the_table_lacks_is_one_line_and_exit_2(tmp_path):
                        cwd=ROOT)
     assert p.returncode == 2 and p.stderr.count("\n") == 1 and not p.stdout
     assert "holds no 'power_law_9'" in p.stderr and "balanced" in p.stderr
+
+
+def _shapes_rows() -> list[dict]:
+    """Table rows of three MoE shapes whose expert widths differ fourfold and more (Qwen3-30B-
+    A3B's, a Qwen3-235B-A22B-like and a Mixtral-like), at TP 1 and 4 and the derivation's
+    token counts, 16-bit, latency to be filled in; none of them need be a models_db model."""
+    return [dict(kernel_source="k", moe_dtype="bfloat16", num_tokens=n, hidden_size=h,
+                 inter_size=inter, topk=k, num_experts=e, moe_tp_size=tp, moe_ep_size=1,
+                 distribution="balanced", latency=0.0)
+            for h, inter, e, k in ((2048, 768, 128, 8), (4096, 1536, 128, 8),
+                                   (4096, 14336, 8, 2))
+            for tp in (1, 4) for n in aic.COMPUTE_TOKENS]
+
+
+def _timed_as_ours(spec, gpu="h100-sxm") -> pd.DataFrame:
+    rows = _shapes_rows()
+    table = pd.DataFrame(rows)
+    timed = {(r[0], r[1], r[3]): r[5] for r in aic.table_rows(
+        table, "vllm", gpu, spec=spec, tokens=aic.COMPUTE_TOKENS)}
+    table["latency"] = [timed[(f"{r['hidden_size']}x{r['inter_size']}/{r['num_experts']}top"
+                               f"{r['topk']}", r["moe_tp_size"], r["num_tokens"])]
+                        for r in rows]
+    return table
+
+
+def test_the_depth_and_factor_are_the_ones_that_reproduce_the_table():
+    """--derive-experts-k-half: a table of three shapes timed as our layer would be with a
+    depth of 300 and a factor of 0.9 on the H100 gives back 300 (ratio 1 on every row there,
+    the least spread of the grid) and 0.9; a depth of none leaves a spread the factor cannot
+    remove, the narrow experts' rows slower than ours and the wide ones' faster."""
+    from planner.core.engine import ArchDepths, ArchFracs
+    from planner.io import catalog
+
+    spec = catalog.load_engine_spec("vllm").model_copy(update={
+        "experts_compute_frac": ArchFracs(source="test", value={"hopper": 0.9}),
+        "experts_k_half": ArchDepths(source="test", value={"hopper": 300}),
+        "served_compute_frac": None})
+    table = _timed_as_ours(spec)
+    grid, best = aic.derive_experts_k_half(table, "vllm", "h100-sxm",
+                                           grid=(0, 100, 200, 300, 400, 500))
+    assert [g[0] for g in grid] == [0, 100, 200, 300, 400, 500]
+    assert best[0] == 300 and best[1] == pytest.approx(0.9, abs=0.01) and best[2] == 18
+    assert best[3] < 0.01 and best[5] == 1.0
+    none = grid[0]
+    assert none[3] > 0.05 and none[3] > best[3]
+    # with the depth the profile states instead (500 on Hopper) the factor comes out other
+    f, n = aic.derive_experts_compute(table, "vllm", "h100-sxm", shapes="table")
+    assert n == 18 and f > 0.95
+
+
+def test_a_depth_that_needs_a_kernel_above_the_achievable_rate_is_not_chosen():
+    """The table timed at a depth of 300 with the factor 1.15 (the kernel at 1.035x the
+    achievable rate as K grows, gemm_compute_frac 0.9): the grid finds the spread least
+    there, but refuses it; a depth whose factor stays at or under 1 / 0.9 is chosen (none:
+    0, whose factor is under 1), or none where no depth's does (the factor 1.5)."""
+    from planner.core.engine import ArchDepths, ArchFracs
+    from planner.io import catalog
+
+    spec = catalog.load_engine_spec("vllm").model_copy(update={
+        "experts_compute_frac": ArchFracs(source="test", value={"hopper": 1.15}),
+        "experts_k_half": ArchDepths(source="test", value={"hopper": 300}),
+        "served_compute_frac": None})
+    grid, best = aic.derive_experts_k_half(_timed_as_ours(spec), "vllm", "h100-sxm",
+                                           grid=(0, 300))
+    assert grid[1][3] < grid[0][3] and grid[1][1] == pytest.approx(1.15, abs=0.01)
+    assert best[0] == 0 and best[1] * 0.9 <= 1
+    faster = spec.model_copy(update={"experts_compute_frac": ArchFracs(
+        source="test", value={"hopper": 1.5})})
+    grid, best = aic.derive_experts_k_half(_timed_as_ours(faster), "vllm", "h100-sxm",
+                                           grid=(0, 300))
+    assert best is None and all(g[1] * 0.9 > 1 for g in grid)
+
+
+def test_the_depth_grid_is_printed_from_the_command_line(tmp_path):
+    """--derive-experts-k-half on a wheel's table: a row per depth of the grid and the choice,
+    over every shape the table times (--shapes table lists them); a lane the table does not
+    time is one line and exit 2."""
+    import io
+    import zipfile
+
+    wheel = _wheel(tmp_path, "h100_sxm", "vllm", "0.24.0")
+    p = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "aiconfigurator_moe.py"),
+                        str(wheel), "--derive-experts-k-half", "--fp8"], capture_output=True,
+                       text=True, cwd=ROOT)
+    assert p.returncode == 2 and p.stderr.count("\n") == 1 and not p.stdout
+    assert "times no fp8 row at 2048, 4096, 8192 tokens" in p.stderr
+    rows = [dict(r, latency=1.0) for r in _shapes_rows()]
+    buf = io.BytesIO()
+    pd.DataFrame(rows).to_parquet(buf)
+    with zipfile.ZipFile(wheel, "w") as z:
+        z.writestr("aiconfigurator_core/systems/data/h100_sxm/moe/vllm/0.24.0/moe_perf.parquet",
+                   buf.getvalue())
+    p = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "aiconfigurator_moe.py"),
+                        str(wheel), "--derive-experts-k-half"], capture_output=True, text=True,
+                       cwd=ROOT)
+    assert p.returncode == 0, p.stderr
+    lines = p.stdout.splitlines()
+    assert len([ln for ln in lines if ln.split() and ln.split()[0].isdigit()]) == len(
+        aic.K_HALF_GRID)
+    assert lines[-1].startswith("experts_k_half: ") or lines[-1].startswith("no depth")
+    shown = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "aiconfigurator_moe.py"),
+                            str(wheel), "--shapes", "table"], capture_output=True, text=True,
+                           cwd=ROOT)
+    assert shown.returncode == 0 and "4096x14336/8top2" in shown.stdout

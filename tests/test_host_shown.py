@@ -107,11 +107,20 @@ def test_the_legend_names_the_gemm_factor_where_the_gpu_takes_one(run_cli):
 
 
 @pytest.mark.parametrize("args, shown, hidden", [
-    (("qwen3-30b-a3b", "h100-sxm"), "also times 0.86 on this GPU's architecture",
-     "experts_fp8_compute_frac"),
-    (("qwen3-30b-a3b", "h100-sxm", "--weights", "fp8"), "also times 0.42 on this GPU's "
+    # Qwen3-30B-A3B's GEMM depths: gate_up its hidden size, 2,048 / 2,548 = 0.80; down its
+    # expert width, 768 / 1,268 = 0.61 (engines_db experts_k_half: 500 on Hopper)
+    (("qwen3-30b-a3b", "h100-sxm"), "also times 1.06 on this GPU's architecture: the "
+     "engine's fused MoE kernel against its plain GEMMs (experts_compute_frac); and K / "
+     "(K + 500) for its GEMM's depth K, the kernel's fixed work per output tile "
+     "(gate_up_proj 0.80, down_proj 0.61; experts_k_half)", "experts_fp8_compute_frac"),
+    # at TP 4 the down projection sums over 768 / 4 = 192: 192 / 692 = 0.28
+    (("qwen3-30b-a3b", "h100-sxm", "--tp", "4"), "(gate_up_proj 0.80, down_proj 0.28; "
+     "experts_k_half)", "experts_fp8_compute_frac"),
+    (("qwen3-30b-a3b", "h100-sxm", "--weights", "fp8"), "also times 0.54 on this GPU's "
      "architecture: the engine's fused MoE kernel against its plain GEMMs "
-     "(experts_fp8_compute_frac)", "(experts_compute_frac)"),
+     "(experts_fp8_compute_frac); and K / (K + 500)", "(experts_compute_frac)"),
+    # the B200: a factor (0.74), no depth (FlashInfer's MoE kernel there)
+    (("qwen3-30b-a3b", "b200"), "also times 0.74", "experts_k_half"),
     # fp8 weights computed in 16 bits on an A100 take the W8A16 path: neither factor
     (("qwen3-30b-a3b", "a100-sxm-80gb", "--weights", "fp8"), "", "a routed expert's"),
     (("llama-3.1-8b", "h100-sxm"), "", "a routed expert's"),

@@ -17,3 +17,25 @@ def test_a_moes_optimal_batch_reads_every_expert(run_json):
     assert 8 < d["params"] / d["active_params"] < 10
     dense_model = run_json("estimate", "-m", "llama-3.1-8b", "-g", "h200")
     assert dense_model["optimal_batch"] == pytest.approx(dense)
+
+
+@pytest.mark.parametrize("tp", [1, 2, 4])
+def test_each_matmul_states_the_depth_it_sums_over(tp):
+    """Op.k_dim, which the fused MoE kernel's rate depends on (engines_db experts_k_half):
+    Qwen3-30B-A3B's experts' gate/up projection sums over the hidden size (2,048), their down
+    projection over the expert width TP splits (768 / tp), as a dense MLP's does over its
+    own (Qwen3-8B: 12,288 / tp); the lm_head over the hidden size."""
+    from planner.core.ops import step_ops
+    from planner.core.specs import Precision
+    from planner.io import catalog
+
+    for name, hidden, width in (("qwen3-30b-a3b", 2048, 768), ("qwen3-8b", 4096, 12288)):
+        ops = {op.name: op for op in step_ops(catalog.load_model(name), Precision(), batch=8,
+                                               new_tokens=1, past_tokens=100, tp=tp)}
+        prefix = "experts_" if "a3b" in name else "mlp_"
+        assert ops[f"{prefix}gate_up_proj"].k_dim == hidden
+        assert ops[f"{prefix}down_proj"].k_dim == width / tp
+        assert ops["lm_head"].k_dim == hidden
+        assert ops[f"{prefix}down_proj"].flops == pytest.approx(
+            2 * ops[f"{prefix}down_proj"].k_dim * hidden * 8
+            * (8 if "a3b" in name else 1))

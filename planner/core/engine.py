@@ -22,7 +22,9 @@ configuration its kernel dispatches for M, up to 256 rows), B its
 bytes, R and W the achievable matmul rate of its precision and the achievable bandwidth, e_c and
 e_b the engine's efficiencies for the operator's kind (GEMM, weight-only int8 / int4, fp8,
 attention, element-wise; a matmul's e_c, plain or quantized, times the share s of it that the
-release line's served steps attain, 1 unless a profile fitted on served runs says otherwise),
+release line's served steps attain, 1 unless a profile fitted on served runs says otherwise;
+a routed expert's, 16-bit or fp8, times its fused MoE kernel's factor for the GPU's
+architecture and K / (K + K_half) for the depth K its GEMM sums over, ``experts_k_half``),
 o the fraction of the shorter of the two times hidden under the
 longer (1: the roofline's perfect overlap; 0: the background notes' additive form; real kernels
 lose most near the ridge point, where the two are equal), k the kernels it launches and
@@ -115,6 +117,13 @@ class ArchRates(_ByArchitecture):
     """A rate in GB/s by GPU architecture; an architecture not named has none."""
 
     value: dict[str, Annotated[float, Field(gt=0, le=1e6, allow_inf_nan=False)]] = Field(
+        min_length=1)
+
+
+class ArchDepths(_ByArchitecture):
+    """A GEMM depth (K, in elements) by GPU architecture; an architecture not named has none."""
+
+    value: dict[str, Annotated[float, Field(gt=0, le=100_000, allow_inf_nan=False)]] = Field(
         min_length=1)
 
 
@@ -613,6 +622,11 @@ class EngineSpec(_Frozen):
     # the same for routed experts in fp8 (fp8 weights, fp8 arithmetic): the engine's fused
     # fp8 MoE kernel against its plain fp8 GEMMs (None: 1 on every GPU)
     experts_fp8_compute_frac: ArchFracs | None = None
+    # the GEMM depth K at which the engine's fused MoE kernel reaches half its rate, by GPU
+    # architecture: a routed expert's GEMM of depth K computes at K / (K + this) of the
+    # rate the two factors above give (each output tile's fixed work, amortized over K;
+    # None: no such cost on any GPU). Both lanes, 16-bit and fp8: one kernel template
+    experts_k_half: ArchDepths | None = None
     gemm_tile_m: Num
     overlap_frac: Frac  # share of min(compute, memory) time hidden under the max
     attention_bandwidth_frac: Frac
@@ -765,6 +779,7 @@ class EngineSpec(_Frozen):
                                  else self.served_compute_frac.value),
             experts_compute_by_arch=_pairs(self.experts_compute_frac),
             experts_fp8_compute_by_arch=_pairs(self.experts_fp8_compute_frac),
+            experts_k_half_by_arch=_pairs(self.experts_k_half),
             gemm_tile_m=self.gemm_tile_m.value,
             overlap_frac=self.overlap_frac.value,
             attention_bandwidth_frac=self.attention_bandwidth_frac.value,
@@ -896,6 +911,10 @@ class Engine:
     # the same for routed experts in fp8 (``experts_fp8_compute_by_arch``)
     experts_fp8_compute_frac: float = 1.0
     experts_fp8_compute_by_arch: tuple[tuple[str, float], ...] = ()
+    # the depth at which a routed expert's GEMM reaches half the rate those give on this GPU
+    # (``experts_k_half_by_arch``; 0: none)
+    experts_k_half: float = 0.0
+    experts_k_half_by_arch: tuple[tuple[str, float], ...] = ()
     gemm_tile_m: float = 1.0
     overlap_frac: float = 1.0
     attention_bandwidth_frac: float = 1.0
@@ -1142,8 +1161,8 @@ class Engine:
                 self.gemm_bandwidth_by_arch, self.gemm_compute_frac,
                 self.served_compute_frac, self.experts_compute_frac,
                 self.experts_compute_by_arch, self.experts_fp8_compute_frac,
-                self.experts_fp8_compute_by_arch,
-                self.gemm_tile_m, self.overlap_frac,
+                self.experts_fp8_compute_by_arch, self.experts_k_half,
+                self.experts_k_half_by_arch, self.gemm_tile_m, self.overlap_frac,
                 self.attention_bandwidth_frac, self.attention_bandwidth_arch_frac,
                 self.attention_bandwidth_by_arch, self.attention_compute_frac,
                 self.fp8_kv_attention_bytes_per_s, self.fp8_kv_attention_by_arch,
@@ -1170,6 +1189,7 @@ class Engine:
 # architecture the pairs do not name)
 _BY_ARCHITECTURE = (("experts_compute_by_arch", "experts_compute_frac", 1.0),
                     ("experts_fp8_compute_by_arch", "experts_fp8_compute_frac", 1.0),
+                    ("experts_k_half_by_arch", "experts_k_half", 0.0),
                     ("gemm_bandwidth_by_arch", "gemm_bandwidth_arch_frac", 1.0),
                     ("attention_bandwidth_by_arch", "attention_bandwidth_arch_frac", 1.0),
                     ("fp8_kv_attention_by_arch", "fp8_kv_attention_bytes_per_s", 0.0),

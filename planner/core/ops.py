@@ -166,6 +166,7 @@ class Op:
     kv_group: float = 1.0  # attention: query heads that share each cached KV head
     kv_cache_bytes: float = 0.0  # KV write: the cache held before (a concatenating cache copies it)
     kv_dtype: DType | None = None  # attention: the type of the cache it reads (not MLA's)
+    k_dim: float = 0.0  # a matmul's K: the depth each output sums over (input features per GPU)
 
     @property
     def bytes(self) -> float:
@@ -362,7 +363,7 @@ class _Step:
         return Op(name, "matmul", count, flops=2.0 * tokens * k * n,
                   weight_bytes=w_elems * (self.wb if quantized else self.hb) + bias * self.hb,
                   act_bytes=tokens * (k + n) * self.ab, dtype=self.cdt if quantized else self.hdt,
-                  weight_dtype=prec.weights if quantized else self.hdt, m_rows=tokens)
+                  weight_dtype=prec.weights if quantized else self.hdt, m_rows=tokens, k_dim=k)
 
     def norm(self, name: str, count: int) -> Op:
         # read the residual and the branch output, write the sum and its normalized copy
@@ -517,7 +518,8 @@ def _moe_ops(s: _Step) -> list[Op]:
             op = Op(op.name, op.kind, op.count, op.flops * pad,
                     weight_bytes=op.weight_bytes * pad * hit,
                     act_bytes=op.act_bytes, dtype=op.dtype, weight_dtype=op.weight_dtype,
-                    m_rows=routed_tokens / vmax(hit, 1e-30))  # 0 rows in an empty step
+                    m_rows=routed_tokens / vmax(hit, 1e-30),  # 0 rows in an empty step
+                    k_dim=op.k_dim)
         ops.append(op)
     if e.num_shared_experts:
         ops += s.mlp("shared_", n_moe, e.num_shared_experts * inter)
@@ -536,7 +538,7 @@ def _head_ops(s: _Step, rows: float, lm_head_sharded: bool) -> list[Op]:
     # logits are written in fp32 for sampling
     return [norm, Op(lm.name, lm.kind, 1, lm.flops, weight_bytes=lm.weight_bytes,
                      act_bytes=rows * h * s.ab + rows * vocab * 4, dtype=lm.dtype,
-                     weight_dtype=lm.weight_dtype, m_rows=rows)]
+                     weight_dtype=lm.weight_dtype, m_rows=rows, k_dim=lm.k_dim)]
 
 
 def decode_ops(m: ModelSpec, prec: Precision, *, batch: int, context_tokens: int, tp: int = 1,

@@ -340,6 +340,19 @@ def experts_compute_factor(op: Op, e: Engine) -> tuple[float, str]:
     return 1.0, ""
 
 
+def experts_depth_factor(op: Op, e: Engine) -> float:
+    """The share of its rate a routed expert's GEMM of depth K (``Op.k_dim``) keeps in the
+    engine's fused MoE kernel on this GPU: K / (K + ``Engine.experts_k_half``), each output
+    tile's fixed work (loading its rows' routing, writing the tile out) weighed against the
+    K it sums over. 1 where the profile states no such depth for this GPU, for operators
+    that are not a routed expert's matmul, and for experts whose kernels have no fused-MoE
+    factor (``experts_compute_factor``: 1, quantized paths other than fp8)."""
+    k_half = e.experts_k_half
+    if not k_half or not op.k_dim or not experts_compute_factor(op, e)[1]:
+        return 1.0
+    return op.k_dim / (op.k_dim + k_half)
+
+
 def op_efficiency(op: Op, e: Engine) -> tuple[float, float]:
     """(bandwidth, compute) efficiency of ``op`` under engine ``e``. fp8 weights computed in
     16 bits (a GPU without fp8 tensor cores: A100, A10) take the int8 path's: vLLM runs them
@@ -349,7 +362,8 @@ def op_efficiency(op: Op, e: Engine) -> tuple[float, float]:
     steps attain (``Engine.served_compute_frac``); a routed expert's in 16 bits also times the
     engine's fused-MoE factor on this GPU (``Engine.experts_compute_frac``: derived from
     16-bit MoE kernels only), and one in fp8 arithmetic its fused fp8 MoE kernel's
-    (``Engine.experts_fp8_compute_frac``). A 16-bit GEMM's bandwidth efficiency is the
+    (``Engine.experts_fp8_compute_frac``), either times the kernel's share at the GEMM's
+    depth (``experts_depth_factor``). A 16-bit GEMM's bandwidth efficiency is the
     engine's times its factor for this GPU's architecture (``Engine.gemm_bandwidth_arch_frac``:
     derived from the engine's plain GEMMs, so not the routed experts'); attention's, the
     engine's times its factor for the architecture (``Engine.attention_bandwidth_arch_frac``),
@@ -359,7 +373,8 @@ def op_efficiency(op: Op, e: Engine) -> tuple[float, float]:
         q = e.quant_fracs(_weight_path(op))
         bw, comp = q or (e.gemm_bandwidth_frac, e.gemm_compute_frac)
         if op.name.startswith("experts_"):
-            comp *= experts_compute_factor(op, e)[0]  # the fused MoE kernel's
+            # the fused MoE kernel's, at this GEMM's depth
+            comp *= experts_compute_factor(op, e)[0] * experts_depth_factor(op, e)
         elif q is None:
             bw *= e.gemm_bandwidth_arch_frac  # the engine's 16-bit GEMM on this architecture
         return bw, comp * e.served_compute_frac

@@ -8,7 +8,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from planner.core.estimate import Estimate
-from planner.core.roofline import StepTime, experts_compute_factor
+from planner.core.roofline import StepTime, experts_compute_factor, experts_depth_factor
 from planner.core.specs import DType
 from planner.io import fmt
 
@@ -431,6 +431,13 @@ def _matmul_factors(e: Estimate) -> str:
         out += (f"; a routed expert's eff FLOP also times {factor:g} on this GPU's "
                 f"architecture: the engine's fused MoE kernel against its plain GEMMs "
                 f"({field})")
+    depths = [(t.op.name.removeprefix("experts_"), experts_depth_factor(t.op, eng))
+              for t in e.decode.ops if t.op.kind == "matmul"
+              and t.op.name.startswith("experts_")]
+    if any(d != 1 for _, d in depths):
+        out += (f"; and K / (K + {eng.experts_k_half:g}) for its GEMM's depth K, the "
+                "kernel's fixed work per output tile ("
+                + ", ".join(f"{name} {d:.2f}" for name, d in depths) + "; experts_k_half)")
     return out
 
 
