@@ -13,6 +13,13 @@ ours: one layer's ``moe_router`` and ``experts_*`` operators as ``llmplan estima
 them for that many tokens (one new token per sequence), with the engine's own profile. The
 ratio is theirs / ours: above 1, ours is too fast. Nothing is fitted; the wheel is not
 needed by llmplan itself.
+
+``--shapes table`` compares every MoE shape the table times instead (each priced as our
+Qwen3-30B-A3B with the table's dimensions). ``--derive-experts-compute`` prints the factor on
+the routed experts' compute efficiency with which the median ratio at 2,048-8,192 tokens is 1
+(engines_db experts_compute_frac, or experts_fp8_compute_frac with ``--fp8``);
+``--derive-experts-k-half``, for each depth of a grid, that factor over every shape and the
+spread it leaves, and the depth chosen (engines_db experts_k_half).
 """
 
 from __future__ import annotations
@@ -286,7 +293,8 @@ def main(argv=None) -> int:
     ap.add_argument("--fp8", choices=sorted(FP8_LANES), nargs="?", const="block", default=None,
                     help="an fp8 lane: block (block-scaled checkpoints, the table's fp8_block; "
                          "the default) or tensor (one scale per tensor, its fp8); with "
-                         "--derive-experts-compute, experts_fp8_compute_frac")
+                         "--derive-experts-compute, experts_fp8_compute_frac; with "
+                         "--derive-experts-k-half, the depth over that lane")
     ap.add_argument("--shapes", choices=("models", "table"), default="models",
                     help="the rows compared and derived over: models_db's MoE models whose "
                          "shape the table holds (the default), or every MoE shape the table "
@@ -294,7 +302,8 @@ def main(argv=None) -> int:
     ap.add_argument("--derive-experts-k-half", action="store_true",
                     help="print, for each depth of a grid, the lane's factor derived over every "
                          "shape the table times and the spread it leaves, and the depth with "
-                         "the least (engines_db experts_k_half for this GPU's architecture)")
+                         "the least whose factor keeps the kernel at or under the achievable "
+                         "rate (engines_db experts_k_half for this GPU's architecture)")
     a = ap.parse_args(argv)
     system = SYSTEMS[a.gpu]
     release = RELEASES[a.engine][system]  # every engine's MoE layer is timed on every system

@@ -264,7 +264,7 @@ def test_fused_moe_factors_of_the_profiles_are_sourced_and_checked():
         e = catalog.load_engine("vllm").for_gpu(80e9, gpu, arch)
         wide = 16384 / (16384 + e.experts_k_half)
         assert e.experts_compute_frac * wide * e.gemm_compute_frac < 1
-        assert (e.experts_compute_frac < 1) == (e.experts_k_half == 0)
+        assert e.experts_k_half or e.experts_compute_frac < 1
     assert all(0 < v <= 1.1 for v in f.value.values())
 
 
@@ -273,13 +273,19 @@ def test_a_fused_moe_gemm_keeps_k_over_k_plus_the_depth_of_its_rate():
     lane's rate, by hand: K 500 against 500 halves it (compute 8e12 / (100e12 x 0.5 x 0.8
     x 0.5) = 0.4 s); K 1,500: 0.75. 16-bit and fp8 experts alike; not a plain GEMM, not
     MXFP4 / int4 experts (other kernels), not a matmul whose depth is not stated, not an
-    architecture the profile names none for."""
+    architecture the profile names none for, not a lane whose factor the profile does not
+    state for the architecture (the depth is derived with it: Ada's fp8 experts here)."""
     c = dataclasses.replace(C, flops_per_s={DType.bf16: 100e12, DType.fp8: 200e12})
     e = dataclasses.replace(H, quantized=((DType.fp8, (0.9, 0.9)), (DType.int4, (0.9, 0.75))),
-                            overlap_frac=1.0, experts_compute_by_arch=(("hopper", 0.8),),
-                            experts_k_half_by_arch=(("hopper", 500.0),))
+                            overlap_frac=1.0,
+                            experts_compute_by_arch=(("ada", 0.8), ("hopper", 0.8)),
+                            experts_fp8_compute_by_arch=(("hopper", 0.5),),
+                            experts_k_half_by_arch=(("ada", 500.0), ("hopper", 500.0)))
     hop, ada = e.for_gpu(80e9, "h100", "hopper"), e.for_gpu(48e9, "l40s", "ada")
-    assert (hop.experts_k_half, ada.experts_k_half) == (500.0, 0.0)
+    other = e.for_gpu(80e9, "a100", "ampere")
+    assert (hop.experts_k_half, hop.experts_fp8_k_half) == (500.0, 500.0)
+    assert (ada.experts_k_half, ada.experts_fp8_k_half) == (500.0, 0.0)
+    assert (other.experts_k_half, other.experts_fp8_k_half) == (0.0, 0.0)
     op = Op("experts_down_proj", "matmul", 1, flops=8e12, weight_bytes=4e8, m_rows=4096.0,
             k_dim=500.0)
     assert op_time(op, c, engine=hop).compute_s == pytest.approx(8e12 / (100e12 * 0.2))
@@ -288,14 +294,21 @@ def test_a_fused_moe_gemm_keeps_k_over_k_plus_the_depth_of_its_rate():
         8e12 / (100e12 * 0.5 * 0.8 * 0.75))
     fp8 = dataclasses.replace(op, dtype=DType.fp8, weight_dtype=DType.fp8)
     assert op_time(fp8, c, engine=hop).compute_s == pytest.approx(
-        2 * op_time(fp8, c, engine=dataclasses.replace(hop, experts_k_half=0.0)).compute_s)
+        8e12 / (200e12 * 0.9 * 0.5 * 0.5))
+    assert op_time(fp8, c, engine=hop).compute_s == pytest.approx(
+        2 * op_time(fp8, c, engine=dataclasses.replace(hop, experts_fp8_k_half=0.0)).compute_s)
+    # Ada: the 16-bit lane at its factor and depth, the fp8 lane at neither
+    assert op_time(op, c, engine=ada).compute_s == pytest.approx(8e12 / (100e12 * 0.2))
+    assert op_time(fp8, c, engine=ada).compute_s == pytest.approx(8e12 / (200e12 * 0.9))
     for same in (dataclasses.replace(op, name="mlp_down_proj"),
                  dataclasses.replace(op, weight_dtype=DType.int4, dtype=DType.bf16),
                  dataclasses.replace(op, k_dim=0.0)):
         assert op_time(same, c, engine=hop).compute_s == op_time(
             same, c, engine=dataclasses.replace(hop, experts_k_half=0.0)).compute_s
-    assert op_time(op, c, engine=ada).compute_s == pytest.approx(8e12 / (100e12 * 0.5))
-    assert hop.time_model_key() != dataclasses.replace(hop, experts_k_half=0.0).time_model_key()
+    assert op_time(op, c, engine=other).compute_s == pytest.approx(8e12 / (100e12 * 0.5))
+    for field in ("experts_k_half", "experts_fp8_k_half"):
+        assert hop.time_model_key() != dataclasses.replace(
+            hop, **{field: 0.0}).time_model_key()
 
 
 @pytest.mark.parametrize("bad", [{}, {"hopper": 0}, {"hopper": -5}, {"hopper": float("nan")},

@@ -121,6 +121,8 @@ def test_the_legend_names_the_gemm_factor_where_the_gpu_takes_one(run_cli):
      "(experts_fp8_compute_frac); and K / (K + 500)", "(experts_compute_frac)"),
     # the B200: a factor (0.74), no depth (FlashInfer's MoE kernel there)
     (("qwen3-30b-a3b", "b200"), "also times 0.74", "experts_k_half"),
+    # the L40S's fp8 experts: no fp8 factor stated for Ada, so not its depth either
+    (("qwen3-30b-a3b", "l40s", "--weights", "fp8"), "", "a routed expert's"),
     # fp8 weights computed in 16 bits on an A100 take the W8A16 path: neither factor
     (("qwen3-30b-a3b", "a100-sxm-80gb", "--weights", "fp8"), "", "a routed expert's"),
     (("llama-3.1-8b", "h100-sxm"), "", "a routed expert's"),

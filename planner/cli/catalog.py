@@ -115,7 +115,8 @@ def engines(as_json: JsonOpt = False) -> None:
                      "experts_compute_frac": dict(e.experts_compute_by_arch),
                      "experts_fp8_compute_frac": dict(e.experts_fp8_compute_by_arch),
                      # the GEMM depth at which those experts reach half that rate, by
-                     # architecture ({} where none is named)
+                     # architecture, for each lane whose factor is named there ({} where
+                     # none is named)
                      "experts_k_half": dict(e.experts_k_half_by_arch),
                      "attention_bandwidth_frac": e.attention_bandwidth_frac,
                      # times it by GPU architecture ({} where none is named)

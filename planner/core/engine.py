@@ -625,7 +625,8 @@ class EngineSpec(_Frozen):
     # the GEMM depth K at which the engine's fused MoE kernel reaches half its rate, by GPU
     # architecture: a routed expert's GEMM of depth K computes at K / (K + this) of the
     # rate the two factors above give (each output tile's fixed work, amortized over K;
-    # None: no such cost on any GPU). Both lanes, 16-bit and fp8: one kernel template
+    # None: no such cost on any GPU). Derived with those factors, it applies to a lane,
+    # 16-bit or fp8, whose factor the profile states for the architecture
     experts_k_half: ArchDepths | None = None
     gemm_tile_m: Num
     overlap_frac: Frac  # share of min(compute, memory) time hidden under the max
@@ -911,9 +912,11 @@ class Engine:
     # the same for routed experts in fp8 (``experts_fp8_compute_by_arch``)
     experts_fp8_compute_frac: float = 1.0
     experts_fp8_compute_by_arch: tuple[tuple[str, float], ...] = ()
-    # the depth at which a routed expert's GEMM reaches half the rate those give on this GPU
-    # (``experts_k_half_by_arch``; 0: none)
+    # the depth at which a routed expert's 16-bit GEMM reaches half the rate those give on
+    # this GPU, and an fp8 one's (``for_gpu`` resolves both from ``experts_k_half_by_arch``
+    # for the lanes whose factor the profile states for the architecture; 0: none)
     experts_k_half: float = 0.0
+    experts_fp8_k_half: float = 0.0
     experts_k_half_by_arch: tuple[tuple[str, float], ...] = ()
     gemm_tile_m: float = 1.0
     overlap_frac: float = 1.0
@@ -1041,6 +1044,14 @@ class Engine:
         stand."""
         e = self
         arch = (architecture or "").lower()
+        if e.experts_k_half_by_arch:
+            # the kernel's depth was derived with each lane's factor: it applies to a lane
+            # whose factor the profile states for this architecture, and to no other
+            k_half = dict(e.experts_k_half_by_arch).get(arch, 0.0)
+            e = replace(e, experts_k_half_by_arch=(), experts_k_half=(
+                k_half if arch in dict(e.experts_compute_by_arch) else 0.0),
+                experts_fp8_k_half=(
+                    k_half if arch in dict(e.experts_fp8_compute_by_arch) else 0.0))
         for by_arch, field, unnamed in _BY_ARCHITECTURE:
             pairs = getattr(e, by_arch)
             if pairs:
@@ -1162,7 +1173,8 @@ class Engine:
                 self.served_compute_frac, self.experts_compute_frac,
                 self.experts_compute_by_arch, self.experts_fp8_compute_frac,
                 self.experts_fp8_compute_by_arch, self.experts_k_half,
-                self.experts_k_half_by_arch, self.gemm_tile_m, self.overlap_frac,
+                self.experts_fp8_k_half, self.experts_k_half_by_arch, self.gemm_tile_m,
+                self.overlap_frac,
                 self.attention_bandwidth_frac, self.attention_bandwidth_arch_frac,
                 self.attention_bandwidth_by_arch, self.attention_compute_frac,
                 self.fp8_kv_attention_bytes_per_s, self.fp8_kv_attention_by_arch,
@@ -1189,7 +1201,6 @@ class Engine:
 # architecture the pairs do not name)
 _BY_ARCHITECTURE = (("experts_compute_by_arch", "experts_compute_frac", 1.0),
                     ("experts_fp8_compute_by_arch", "experts_fp8_compute_frac", 1.0),
-                    ("experts_k_half_by_arch", "experts_k_half", 0.0),
                     ("gemm_bandwidth_by_arch", "gemm_bandwidth_arch_frac", 1.0),
                     ("attention_bandwidth_by_arch", "attention_bandwidth_arch_frac", 1.0),
                     ("fp8_kv_attention_by_arch", "fp8_kv_attention_bytes_per_s", 0.0),

@@ -342,15 +342,18 @@ def experts_compute_factor(op: Op, e: Engine) -> tuple[float, str]:
 
 def experts_depth_factor(op: Op, e: Engine) -> float:
     """The share of its rate a routed expert's GEMM of depth K (``Op.k_dim``) keeps in the
-    engine's fused MoE kernel on this GPU: K / (K + ``Engine.experts_k_half``), each output
-    tile's fixed work (loading its rows' routing, writing the tile out) weighed against the
-    K it sums over. 1 where the profile states no such depth for this GPU, for operators
-    that are not a routed expert's matmul, and for experts whose kernels have no fused-MoE
-    factor (``experts_compute_factor``: 1, quantized paths other than fp8)."""
-    k_half = e.experts_k_half
-    if not k_half or not op.k_dim or not experts_compute_factor(op, e)[1]:
+    engine's fused MoE kernel on this GPU: K / (K + ``Engine.experts_k_half``; for fp8
+    experts ``experts_fp8_k_half``), each output tile's fixed work (loading its rows'
+    routing, writing the tile out) weighed against the K it sums over. 1 where the profile
+    states no such depth for this GPU and lane, for operators that are not a routed
+    expert's matmul, and for experts whose kernels have no fused-MoE factor
+    (``experts_compute_factor``: 1, quantized paths other than fp8)."""
+    if not op.k_dim or not (e.experts_k_half or e.experts_fp8_k_half):
         return 1.0
-    return op.k_dim / (op.k_dim + k_half)
+    field = experts_compute_factor(op, e)[1]
+    k_half = (e.experts_fp8_k_half if field == "experts_fp8_compute_frac"
+              else e.experts_k_half if field else 0.0)
+    return op.k_dim / (op.k_dim + k_half) if k_half else 1.0
 
 
 def op_efficiency(op: Op, e: Engine) -> tuple[float, float]:
