@@ -19,7 +19,8 @@ Qwen3-30B-A3B with the table's dimensions). ``--derive-experts-compute`` prints 
 the routed experts' compute efficiency with which the median ratio at 2,048-8,192 tokens is 1
 (engines_db experts_compute_frac, or experts_fp8_compute_frac with ``--fp8``);
 ``--derive-experts-k-half``, for each depth of a grid, that factor over every shape and the
-spread it leaves, and the depth chosen (engines_db experts_k_half).
+spread it leaves, and the depth chosen (engines_db experts_k_half; with ``--fp8``,
+experts_fp8_k_half).
 """
 
 from __future__ import annotations
@@ -240,7 +241,8 @@ K_HALF_GRID = tuple(range(0, 1601, 100))
 
 def derive_experts_k_half(table, family: str, gpu: str, distribution: str = "balanced",
                           weights: str = "bf16", fp8_lane: str = "block", grid=K_HALF_GRID):
-    """For each depth of ``grid`` (``experts_k_half`` for this GPU's architecture), the lane's
+    """For each depth of ``grid`` (``experts_k_half`` for this GPU's architecture; with
+    ``weights`` fp8, the fp8 lane's own, ``experts_fp8_k_half``), the lane's
     factor derived over every shape the table times (``derive_experts_compute``, shapes
     "table") and the spread left: (depth, factor, rows, mean |log ratio|, p90 |ratio - 1|,
     share of rows within 0.85-1.15), and the depth chosen: the least mean |log ratio| whose
@@ -258,9 +260,13 @@ def derive_experts_k_half(table, family: str, gpu: str, distribution: str = "bal
     plain = (eng.quant_fracs(DType.fp8) or (0.0, eng.gemm_compute_frac))[1] \
         if weights == "fp8" else eng.gemm_compute_frac
     out, best = [], None
+    field = "experts_fp8_k_half" if weights == "fp8" else "experts_k_half"
     for k in grid:
-        s = spec.model_copy(update={"experts_k_half": None if not k else ArchDepths(
-            source="benchmarks/aiconfigurator_moe.py", value={hw.architecture: k})})
+        depth = None if not k else ArchDepths(source="benchmarks/aiconfigurator_moe.py",
+                                              value={hw.architecture: k})
+        # no depth for the fp8 lane: neither its own nor the one it would fall back to
+        s = spec.model_copy(update={field: depth, **(
+            {"experts_k_half": None} if weights == "fp8" and not k else {})})
         f, n, rs = _derive(table, family, gpu, distribution, weights, fp8_lane, "table", s)
         if not n:
             return [], None
@@ -294,7 +300,8 @@ def main(argv=None) -> int:
                     help="an fp8 lane: block (block-scaled checkpoints, the table's fp8_block; "
                          "the default) or tensor (one scale per tensor, its fp8); with "
                          "--derive-experts-compute, experts_fp8_compute_frac; with "
-                         "--derive-experts-k-half, the depth over that lane")
+                         "--derive-experts-k-half, that lane's own depth, "
+                         "experts_fp8_k_half")
     ap.add_argument("--shapes", choices=("models", "table"), default="models",
                     help="the rows compared and derived over: models_db's MoE models whose "
                          "shape the table holds (the default), or every MoE shape the table "
@@ -338,7 +345,8 @@ def main(argv=None) -> int:
         if best is None:
             print("no depth keeps the factor at or under the achievable rate")
         else:
-            print(f"experts_k_half: {best[0]} ({field} {best[1]:.2f}; mean |log ratio| "
+            depth = "experts_fp8_k_half" if a.fp8 else "experts_k_half"
+            print(f"{depth}: {best[0]} ({field} {best[1]:.2f}; mean |log ratio| "
                   f"{best[3]:.3f} against {grid[0][3]:.3f} with none)")
         return 0
     if a.derive_experts_compute:

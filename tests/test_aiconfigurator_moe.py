@@ -211,11 +211,11 @@ def test_a_routing_the_table_lacks_is_one_line_and_exit_2(tmp_path):
     assert "holds no 'power_law_9'" in p.stderr and "balanced" in p.stderr
 
 
-def _shapes_rows() -> list[dict]:
+def _shapes_rows(moe_dtype: str = "bfloat16") -> list[dict]:
     """Table rows of three MoE shapes whose expert widths differ fourfold and more (Qwen3-30B-
     A3B's, a Qwen3-235B-A22B-like and a Mixtral-like), at TP 1 and 4 and the derivation's
     token counts, 16-bit, latency to be filled in; none of them need be a models_db model."""
-    return [dict(kernel_source="k", moe_dtype="bfloat16", num_tokens=n, hidden_size=h,
+    return [dict(kernel_source="k", moe_dtype=moe_dtype, num_tokens=n, hidden_size=h,
                  inter_size=inter, topk=k, num_experts=e, moe_tp_size=tp, moe_ep_size=1,
                  distribution="balanced", latency=0.0)
             for h, inter, e, k in ((2048, 768, 128, 8), (4096, 1536, 128, 8),
@@ -223,11 +223,11 @@ def _shapes_rows() -> list[dict]:
             for tp in (1, 4) for n in aic.COMPUTE_TOKENS]
 
 
-def _timed_as_ours(spec, gpu="h100-sxm") -> pd.DataFrame:
-    rows = _shapes_rows()
+def _timed_as_ours(spec, gpu="h100-sxm", lane=None) -> pd.DataFrame:
+    rows = _shapes_rows(aic.TABLE_LANES[lane][1])
     table = pd.DataFrame(rows)
     timed = {(r[0], r[1], r[3]): r[5] for r in aic.table_rows(
-        table, "vllm", gpu, spec=spec, tokens=aic.COMPUTE_TOKENS)}
+        table, "vllm", gpu, spec=spec, tokens=aic.COMPUTE_TOKENS, lane=lane)}
     table["latency"] = [timed[(f"{r['hidden_size']}x{r['inter_size']}/{r['num_experts']}top"
                                f"{r['topk']}", r["moe_tp_size"], r["num_tokens"])]
                         for r in rows]
@@ -257,6 +257,26 @@ def test_the_depth_and_factor_are_the_ones_that_reproduce_the_table():
     # with the depth the profile states instead (500 on Hopper) the factor comes out other
     f, n = aic.derive_experts_compute(table, "vllm", "h100-sxm", shapes="table")
     assert n == 18 and f > 0.95
+
+
+def test_the_fp8_lane_derives_its_own_depth():
+    """--fp8 --derive-experts-k-half: block-scaled rows timed as our layer with the fp8 lane's
+    own depth of 700 and its factor 0.6 give back 700 and 0.6 (experts_fp8_k_half), whatever
+    the 16-bit lane's depth (the profile's 500 stands beside it); a depth of none there is
+    none for the fp8 lane, not the 16-bit lane's."""
+    from planner.core.engine import ArchDepths, ArchFracs
+    from planner.io import catalog
+
+    spec = catalog.load_engine_spec("vllm").model_copy(update={
+        "experts_fp8_compute_frac": ArchFracs(source="test", value={"hopper": 0.6}),
+        "experts_fp8_k_half": ArchDepths(source="test", value={"hopper": 700}),
+        "served_compute_frac": None})
+    assert spec.experts_k_half.value["hopper"] == 500
+    table = _timed_as_ours(spec, lane="block")
+    grid, best = aic.derive_experts_k_half(table, "vllm", "h100-sxm", weights="fp8",
+                                           grid=(0, 500, 700, 900))
+    assert best[0] == 700 and best[1] == pytest.approx(0.6, abs=0.01) and best[3] < 0.01
+    assert grid[1][3] > 0.01 and grid[0][3] > grid[1][3]  # 500 (the 16-bit lane's) and none
 
 
 def test_a_depth_that_needs_a_kernel_above_the_achievable_rate_is_not_chosen():

@@ -236,9 +236,13 @@ def test_the_fp8_moe_factors_of_the_profiles_are_sourced_and_shown(run_json):
     rows = {r["name"]: r for r in run_json("engines", "--json")}
     for name in ("vllm", "vllm-0.8"):
         spec = catalog.load_engine_spec(name)
-        assert spec.experts_fp8_compute_frac.value == {"hopper": 0.54}
+        assert spec.experts_fp8_compute_frac.value == {"hopper": 0.64}
         assert "aiconfigurator" in spec.experts_fp8_compute_frac.source
-        assert rows[name]["experts_fp8_compute_frac"] == {"hopper": 0.54}
+        assert rows[name]["experts_fp8_compute_frac"] == {"hopper": 0.64}
+        assert spec.experts_fp8_k_half.value == {"hopper": 900}
+        assert rows[name]["experts_fp8_k_half"] == {"hopper": 900}
+        e = catalog.load_engine(name).for_gpu(80e9, "h100-sxm", "hopper")
+        assert (e.experts_k_half, e.experts_fp8_k_half) == (500, 900)
         assert rows[name]["experts_compute_frac"] == spec.experts_compute_frac.value
         assert spec.experts_k_half.value == {"hopper": 500, "ada": 1000}
         assert "aiconfigurator" in spec.experts_k_half.source
@@ -246,7 +250,7 @@ def test_the_fp8_moe_factors_of_the_profiles_are_sourced_and_shown(run_json):
     # SGLang's and TensorRT-LLM's tables give no one figure across shapes (docs/validation.md)
     for name in ("sglang", "trtllm"):
         assert rows[name]["experts_fp8_compute_frac"] == {}
-        assert rows[name]["experts_k_half"] == {}
+        assert rows[name]["experts_k_half"] == {} == rows[name]["experts_fp8_k_half"]
     assert rows["trtllm"]["experts_compute_frac"] == {}
 
 
@@ -309,15 +313,24 @@ def test_a_fused_moe_gemm_keeps_k_over_k_plus_the_depth_of_its_rate():
     for field in ("experts_k_half", "experts_fp8_k_half"):
         assert hop.time_model_key() != dataclasses.replace(
             hop, **{field: 0.0}).time_model_key()
+    # the fp8 lane's own depth where the profile states one; the 16-bit lane keeps its own
+    own = dataclasses.replace(e, experts_fp8_k_half_by_arch=(("ada", 700.0), ("hopper", 1500.0)))
+    hop8, ada8 = own.for_gpu(80e9, "h100", "hopper"), own.for_gpu(48e9, "l40s", "ada")
+    assert (hop8.experts_k_half, hop8.experts_fp8_k_half) == (500.0, 1500.0)
+    assert (ada8.experts_k_half, ada8.experts_fp8_k_half) == (500.0, 0.0)  # no fp8 factor
+    assert op_time(fp8, c, engine=hop8).compute_s == pytest.approx(
+        8e12 / (200e12 * 0.9 * 0.5 * 0.25))  # 500 / (500 + 1,500)
+    assert op_time(op, c, engine=hop8).compute_s == pytest.approx(8e12 / (100e12 * 0.2))
 
 
 @pytest.mark.parametrize("bad", [{}, {"hopper": 0}, {"hopper": -5}, {"hopper": float("nan")},
                                  {"hopper": 1e6}, {"Hopper": 500}, {"hoper": 500}])
-def test_a_fused_moe_depth_is_refused_where_it_cannot_apply(bad):
+@pytest.mark.parametrize("field", ["experts_k_half", "experts_fp8_k_half"])
+def test_a_fused_moe_depth_is_refused_where_it_cannot_apply(bad, field):
     spec = catalog.load_engine_spec("vllm")
     data = spec.model_dump(exclude_none=True)
-    data["experts_k_half"]["value"] = bad
-    with pytest.raises(ValueError, match="experts_k_half"):
+    data[field]["value"] = bad
+    with pytest.raises(ValueError, match=field):
         type(spec).model_validate(data)
 
 

@@ -116,9 +116,13 @@ def test_the_legend_names_the_gemm_factor_where_the_gpu_takes_one(run_cli):
     # at TP 4 the down projection sums over 768 / 4 = 192: 192 / 692 = 0.28
     (("qwen3-30b-a3b", "h100-sxm", "--tp", "4"), "(gate_up_proj 0.80, down_proj 0.28; "
      "experts_k_half)", "experts_fp8_compute_frac"),
-    (("qwen3-30b-a3b", "h100-sxm", "--weights", "fp8"), "also times 0.54 on this GPU's "
+    # fp8 experts: the fp8 lane's own depth (experts_fp8_k_half 900): 2,048 / 2,948 = 0.69,
+    # 768 / 1,668 = 0.46
+    (("qwen3-30b-a3b", "h100-sxm", "--weights", "fp8"), "also times 0.64 on this GPU's "
      "architecture: the engine's fused MoE kernel against its plain GEMMs "
-     "(experts_fp8_compute_frac); and K / (K + 500)", "(experts_compute_frac)"),
+     "(experts_fp8_compute_frac); and K / (K + 900) for its GEMM's depth K, the kernel's "
+     "fixed work per output tile (gate_up_proj 0.69, down_proj 0.46; experts_fp8_k_half)",
+     "(experts_compute_frac)"),
     # the B200: a factor (0.74), no depth (FlashInfer's MoE kernel there)
     (("qwen3-30b-a3b", "b200"), "also times 0.74", "experts_k_half"),
     # the L40S's fp8 experts: no fp8 factor stated for Ada, so not its depth either

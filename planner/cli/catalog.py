@@ -118,6 +118,8 @@ def engines(as_json: JsonOpt = False) -> None:
                      # architecture, for each lane whose factor is named there ({} where
                      # none is named)
                      "experts_k_half": dict(e.experts_k_half_by_arch),
+                     # the fp8 lane's own where it differs ({} where none is named)
+                     "experts_fp8_k_half": dict(e.experts_fp8_k_half_by_arch),
                      "attention_bandwidth_frac": e.attention_bandwidth_frac,
                      # times it by GPU architecture ({} where none is named)
                      "attention_bandwidth_arch_frac": dict(e.attention_bandwidth_by_arch),

@@ -628,6 +628,9 @@ class EngineSpec(_Frozen):
     # None: no such cost on any GPU). Derived with those factors, it applies to a lane,
     # 16-bit or fp8, whose factor the profile states for the architecture
     experts_k_half: ArchDepths | None = None
+    # the fp8 lane's own depth, by GPU architecture, where its kernel's differs (None: the
+    # fp8 lane takes experts_k_half, where experts_fp8_compute_frac is stated)
+    experts_fp8_k_half: ArchDepths | None = None
     gemm_tile_m: Num
     overlap_frac: Frac  # share of min(compute, memory) time hidden under the max
     attention_bandwidth_frac: Frac
@@ -781,6 +784,7 @@ class EngineSpec(_Frozen):
             experts_compute_by_arch=_pairs(self.experts_compute_frac),
             experts_fp8_compute_by_arch=_pairs(self.experts_fp8_compute_frac),
             experts_k_half_by_arch=_pairs(self.experts_k_half),
+            experts_fp8_k_half_by_arch=_pairs(self.experts_fp8_k_half),
             gemm_tile_m=self.gemm_tile_m.value,
             overlap_frac=self.overlap_frac.value,
             attention_bandwidth_frac=self.attention_bandwidth_frac.value,
@@ -918,6 +922,9 @@ class Engine:
     experts_k_half: float = 0.0
     experts_fp8_k_half: float = 0.0
     experts_k_half_by_arch: tuple[tuple[str, float], ...] = ()
+    experts_fp8_k_half_by_arch: tuple[tuple[str, float], ...] = ()  # the fp8 lane's own
+    # the profile field the fp8 lane's depth came from (for ``--explain``)
+    experts_fp8_k_half_field: str = "experts_k_half"
     gemm_tile_m: float = 1.0
     overlap_frac: float = 1.0
     attention_bandwidth_frac: float = 1.0
@@ -1044,14 +1051,20 @@ class Engine:
         stand."""
         e = self
         arch = (architecture or "").lower()
-        if e.experts_k_half_by_arch:
+        if e.experts_k_half_by_arch or e.experts_fp8_k_half_by_arch:
             # the kernel's depth was derived with each lane's factor: it applies to a lane
-            # whose factor the profile states for this architecture, and to no other
+            # whose factor the profile states for this architecture, and to no other; the
+            # fp8 lane takes its own where the profile states one
             k_half = dict(e.experts_k_half_by_arch).get(arch, 0.0)
-            e = replace(e, experts_k_half_by_arch=(), experts_k_half=(
-                k_half if arch in dict(e.experts_compute_by_arch) else 0.0),
-                experts_fp8_k_half=(
-                    k_half if arch in dict(e.experts_fp8_compute_by_arch) else 0.0))
+            own = arch in dict(e.experts_fp8_k_half_by_arch)
+            fp8_k_half = dict(e.experts_fp8_k_half_by_arch).get(arch, k_half)
+            e = replace(e, experts_k_half_by_arch=(), experts_fp8_k_half_by_arch=(),
+                        experts_fp8_k_half_field=(
+                            "experts_fp8_k_half" if own else "experts_k_half"),
+                        experts_k_half=(
+                            k_half if arch in dict(e.experts_compute_by_arch) else 0.0),
+                        experts_fp8_k_half=(
+                            fp8_k_half if arch in dict(e.experts_fp8_compute_by_arch) else 0.0))
         for by_arch, field, unnamed in _BY_ARCHITECTURE:
             pairs = getattr(e, by_arch)
             if pairs:
@@ -1173,7 +1186,8 @@ class Engine:
                 self.served_compute_frac, self.experts_compute_frac,
                 self.experts_compute_by_arch, self.experts_fp8_compute_frac,
                 self.experts_fp8_compute_by_arch, self.experts_k_half,
-                self.experts_fp8_k_half, self.experts_k_half_by_arch, self.gemm_tile_m,
+                self.experts_fp8_k_half, self.experts_k_half_by_arch,
+                self.experts_fp8_k_half_by_arch, self.gemm_tile_m,
                 self.overlap_frac,
                 self.attention_bandwidth_frac, self.attention_bandwidth_arch_frac,
                 self.attention_bandwidth_by_arch, self.attention_compute_frac,

@@ -435,12 +435,13 @@ def _matmul_factors(e: Estimate) -> str:
               for t in e.decode.ops if t.op.kind == "matmul"
               and t.op.name.startswith("experts_")]
     if any(d != 1 for _, d in depths):
-        k_half = eng.experts_fp8_k_half if field == "experts_fp8_compute_frac" \
-            else eng.experts_k_half
+        fp8 = field == "experts_fp8_compute_frac"
+        k_half = eng.experts_fp8_k_half if fp8 else eng.experts_k_half
+        named = eng.experts_fp8_k_half_field if fp8 else "experts_k_half"
         out += ("; and" if factor != 1 else "; a routed expert's eff FLOP times") + (
                 f" K / (K + {k_half:g}) for its GEMM's depth K, the "
                 "kernel's fixed work per output tile ("
-                + ", ".join(f"{name} {d:.2f}" for name, d in depths) + "; experts_k_half)")
+                + ", ".join(f"{name} {d:.2f}" for name, d in depths) + f"; {named})")
     return out
 
 
