@@ -20,7 +20,8 @@ the routed experts' compute efficiency with which the median ratio at 2,048-8,19
 (engines_db experts_compute_frac, or experts_fp8_compute_frac with ``--fp8``);
 ``--derive-experts-k-half``, for each depth of a grid, that factor over every shape and the
 spread it leaves, and the depth chosen (engines_db experts_k_half; with ``--fp8``,
-experts_fp8_k_half).
+experts_fp8_k_half). ``--spread`` prints how far the profile as it stands is from the rows
+those derive over: the median ratio by model and the mean |log ratio|.
 """
 
 from __future__ import annotations
@@ -236,6 +237,30 @@ def _derive(table, family, gpu, distribution, weights, fp8_lane, shapes, spec):
     return f, len(rs), rs
 
 
+def spread(table, family: str, gpu: str, distribution: str = "balanced",
+           weights: str = "bf16", fp8_lane: str = "block", shapes: str = "models"):
+    """The ratios theirs / ours at COMPUTE_TOKENS of the rows ``derive_experts_compute``
+    derives over, priced with the profile as it stands less its served share: by model (or
+    shape), and |log ratio| over them all."""
+    import math
+
+    from planner.io import catalog
+
+    spec = catalog.load_engine_spec(family).model_copy(update={"served_compute_frac": None})
+    if shapes == "table":
+        found = table_rows(table, family, gpu, distribution, spec=spec, tokens=COMPUTE_TOKENS,
+                           lane=fp8_lane if weights == "fp8" else None)
+    else:
+        lanes = FP8_LANES[fp8_lane] if weights == "fp8" else MODELS
+        chosen = {n for n, (w, _) in lanes.items() if w == weights}
+        found = rows(table, family, gpu, distribution=distribution, spec=spec,
+                     tokens=COMPUTE_TOKENS, models=chosen, lanes=lanes)
+    by: dict[str, list[float]] = {}
+    for r in found:
+        by.setdefault(r[0], []).append(r[6])
+    return by, [abs(math.log(r)) for rs in by.values() for r in rs]
+
+
 K_HALF_GRID = tuple(range(0, 1601, 100))
 
 
@@ -311,6 +336,10 @@ def main(argv=None) -> int:
                          "shape the table times and the spread it leaves, and the depth with "
                          "the least whose factor keeps the kernel at or under the achievable "
                          "rate (engines_db experts_k_half for this GPU's architecture)")
+    ap.add_argument("--spread", action="store_true",
+                    help="print, at 2,048-8,192 tokens, the median ratio by model (or shape) "
+                         "and the mean |log ratio| over every row, with the profile as it "
+                         "stands (its served share left out, as the derivations leave it)")
     a = ap.parse_args(argv)
     system = SYSTEMS[a.gpu]
     release = RELEASES[a.engine][system]  # every engine's MoE layer is timed on every system
@@ -348,6 +377,21 @@ def main(argv=None) -> int:
             depth = "experts_fp8_k_half" if a.fp8 else "experts_k_half"
             print(f"{depth}: {best[0]} ({field} {best[1]:.2f}; mean |log ratio| "
                   f"{best[3]:.3f} against {grid[0][3]:.3f} with none)")
+        return 0
+    if a.spread:
+        by, logs = spread(table, a.engine, a.gpu, a.distribution, weights, a.fp8 or "block",
+                          a.shapes)
+        if not logs:
+            print(f"aiconfigurator_moe.py: {path} times no {weights} row of these "
+                  f"{a.shapes} at {', '.join(map(str, COMPUTE_TOKENS))} tokens",
+                  file=sys.stderr)
+            return 2
+        print(f"# {a.gpu}, {a.engine} {release} ({path}), {a.distribution} routing, "
+              f"{weights} {a.shapes} at {', '.join(map(str, COMPUTE_TOKENS))} tokens, "
+              "the profile as it stands")
+        for name, rs in by.items():
+            print(f"{name:<18} median ratio {_median(rs):.2f} over {len(rs)} rows")
+        print(f"mean |log ratio| {sum(logs) / len(logs):.3f} over {len(logs)} rows")
         return 0
     if a.derive_experts_compute:
         f, n = derive_experts_compute(table, a.engine, a.gpu, a.distribution, weights,

@@ -333,3 +333,15 @@ def test_the_depth_grid_is_printed_from_the_command_line(tmp_path):
                             str(wheel), "--shapes", "table"], capture_output=True, text=True,
                            cwd=ROOT)
     assert shown.returncode == 0 and "4096x14336/8top2" in shown.stdout
+    # --spread: the three models' shapes among them, each model's median ratio and the mean
+    # |log ratio| over all 18 rows; a lane the table does not time is one line and exit 2
+    base = [sys.executable, str(ROOT / "benchmarks" / "aiconfigurator_moe.py"), str(wheel),
+            "--spread"]
+    sp = subprocess.run(base, capture_output=True, text=True, cwd=ROOT)
+    assert sp.returncode == 0, sp.stderr
+    names = [ln.split()[0] for ln in sp.stdout.splitlines() if "median ratio" in ln]
+    assert sorted(names) == ["mixtral-8x7b", "qwen3-235b-a22b", "qwen3-30b-a3b"]
+    assert sp.stdout.splitlines()[-1].startswith("mean |log ratio| ") and "over 18 rows" in \
+        sp.stdout.splitlines()[-1]
+    none = subprocess.run([*base, "--fp8"], capture_output=True, text=True, cwd=ROOT)
+    assert none.returncode == 2 and none.stderr.count("\n") == 1 and not none.stdout
