@@ -179,17 +179,17 @@ def _median(xs) -> float:
     return xs[n // 2] if n % 2 else 0.5 * (xs[n // 2 - 1] + xs[n // 2])
 
 
-def _lane_rows(table, family, gpu, distribution, spec, weights, fp8_lane, shapes):
-    """The ratios theirs / ours at COMPUTE_TOKENS of the lane ``derive_experts_compute``
-    derives over, priced with ``spec``."""
+def _lane_found(table, family, gpu, distribution, spec, weights, fp8_lane, shapes):
+    """The rows (``rows``' or ``table_rows``' tuples) at COMPUTE_TOKENS of the lane
+    ``derive_experts_compute`` derives over, priced with ``spec``."""
     if shapes == "table":
-        return [r[6] for r in table_rows(table, family, gpu, distribution, spec=spec,
-                                         tokens=COMPUTE_TOKENS,
-                                         lane=fp8_lane if weights == "fp8" else None)]
+        return list(table_rows(table, family, gpu, distribution, spec=spec,
+                               tokens=COMPUTE_TOKENS,
+                               lane=fp8_lane if weights == "fp8" else None))
     lanes = FP8_LANES[fp8_lane] if weights == "fp8" else MODELS
     chosen = {n for n, (w, _) in lanes.items() if w == weights}
-    return [r[6] for r in rows(table, family, gpu, distribution=distribution, spec=spec,
-                               tokens=COMPUTE_TOKENS, models=chosen, lanes=lanes)]
+    return list(rows(table, family, gpu, distribution=distribution, spec=spec,
+                     tokens=COMPUTE_TOKENS, models=chosen, lanes=lanes))
 
 
 def derive_experts_compute(table, family: str, gpu: str, distribution: str = "balanced",
@@ -222,9 +222,10 @@ def _derive(table, family, gpu, distribution, weights, fp8_lane, shapes, spec):
         old = getattr(spec, field)
         fr = ArchFracs(source="benchmarks/aiconfigurator_moe.py",
                        value={**(old.value if old else {}), arch: f})
-        return _lane_rows(table, family, gpu, distribution,
-                          spec.model_copy(update={field: fr, "served_compute_frac": None}),
-                          weights, fp8_lane, shapes)
+        return [r[6] for r in _lane_found(
+            table, family, gpu, distribution,
+            spec.model_copy(update={field: fr, "served_compute_frac": None}),
+            weights, fp8_lane, shapes)]
 
     if not ratios(1.0):
         return float("nan"), 0, []  # the table times none of these rows
@@ -247,16 +248,8 @@ def spread(table, family: str, gpu: str, distribution: str = "balanced",
     from planner.io import catalog
 
     spec = catalog.load_engine_spec(family).model_copy(update={"served_compute_frac": None})
-    if shapes == "table":
-        found = table_rows(table, family, gpu, distribution, spec=spec, tokens=COMPUTE_TOKENS,
-                           lane=fp8_lane if weights == "fp8" else None)
-    else:
-        lanes = FP8_LANES[fp8_lane] if weights == "fp8" else MODELS
-        chosen = {n for n, (w, _) in lanes.items() if w == weights}
-        found = rows(table, family, gpu, distribution=distribution, spec=spec,
-                     tokens=COMPUTE_TOKENS, models=chosen, lanes=lanes)
     by: dict[str, list[float]] = {}
-    for r in found:
+    for r in _lane_found(table, family, gpu, distribution, spec, weights, fp8_lane, shapes):
         by.setdefault(r[0], []).append(r[6])
     return by, [abs(math.log(r)) for rs in by.values() for r in rs]
 

@@ -423,17 +423,17 @@ def _matmul_factors(e: Estimate) -> str:
         out += (f"; every matmul's eff FLOP is its kernel's times "
                 f"{eng.served_compute_frac:g}, the share this release line's served steps "
                 "attain (served_compute_frac)")
-    expert = next((t.op for t in e.decode.ops if t.op.name.startswith("experts_")), None)
-    if expert is None:
+    experts = [t.op for t in e.decode.ops
+               if t.op.kind == "matmul" and t.op.name.startswith("experts_")]
+    if not experts:
         return out
-    factor, field = experts_compute_factor(expert, eng)
+    factor, field = experts_compute_factor(experts[0], eng)
     if factor != 1:
         out += (f"; a routed expert's eff FLOP also times {factor:g} on this GPU's "
                 f"architecture: the engine's fused MoE kernel against its plain GEMMs "
                 f"({field})")
-    depths = [(t.op.name.removeprefix("experts_"), experts_depth_factor(t.op, eng))
-              for t in e.decode.ops if t.op.kind == "matmul"
-              and t.op.name.startswith("experts_")]
+    depths = [(op.name.removeprefix("experts_"), experts_depth_factor(op, eng))
+              for op in experts]
     if any(d != 1 for _, d in depths):
         fp8 = field == "experts_fp8_compute_frac"
         k_half = eng.experts_fp8_k_half if fp8 else eng.experts_k_half
