@@ -26,6 +26,18 @@ each GPU with fp8 tensor cores it prints the compute efficiency of the profile's
 equals the same median over the 16-bit rows: the fp8 path then stands to its kernel as the
 16-bit GEMMs stand to theirs, whatever that is.
 
+``--derive-fp8-decode`` reads the same tables' W8A8 fp8 GEMMs (``gemm_dtype`` fp8, one weight
+scale per tensor) at decode sizes, M of 16 or fewer, beside the 16-bit GEMM of each shape, for
+shapes whose 16-bit weights are 16 MiB or more. An fp8 decode GEMM costs its weights' streaming
+and its fixed costs: the kernels the engine launches beside it (the input's quantization,
+``fp8_quant_kernels``) and its own. Shape by shape it takes (theirs / ours in fp8) / (theirs /
+ours in 16 bits), 1 where our fp8 GEMM stands to our 16-bit one as theirs does, whatever the
+16-bit rate is. For each count of extra kernels from 0 to 6 it finds the fp8 path's bandwidth
+efficiency (``quantized.fp8.bandwidth_frac``) that makes the median of that ratio 1 over the
+shapes of 256 MiB or more (the streaming), and prints the spread left over every shape (the
+small ones show the fixed costs); the count with the least spread on the H100 is the one the
+other GPUs are then shown at.
+
 ``--fp8-row-tiles`` reads the same W8A8 fp8 rows on the Hopper GPUs (N, K of 4,096 or more) at
 every M the tables time above 16. It prints, first, the table's own time at the first M past
 each bound of the profile's ``fp8_gemm_row_tiles`` (and the first multiples of its last
@@ -37,6 +49,7 @@ theirs / ours by range of M with the profile's row tiles and without them (the e
 
 from __future__ import annotations
 
+import math
 import statistics
 import sys
 import zipfile
@@ -146,6 +159,84 @@ def derive_fp8_compute(table, gpu: str, spec) -> tuple[float, float, float, int]
     return f, target, statistics.median(rs), len(rs)
 
 
+# decode shapes whose fixed costs show: 16-bit weights of 16 MiB or more (a 7-8B model's
+# attention projections and up); the bandwidth alone is read above MIN_WEIGHT_BYTES
+MIN_FIXED_WEIGHT_BYTES = 16 * 2**20
+MAX_FP8_KERNELS = 6  # the extra kernels tried beside each fp8 GEMM
+
+
+def decode_pairs(table, min_weight_bytes: float = MIN_FIXED_WEIGHT_BYTES
+                 ) -> dict[tuple, tuple[float, float]]:
+    """{(m, n, k): (16-bit latency s, fp8 latency s)} for the table's decode GEMMs (M <=
+    MAX_M) timed in both types, with 16-bit weights of at least ``min_weight_bytes``."""
+    t = table[(table.m <= MAX_M) & (table.n * table.k * 2 >= min_weight_bytes)]
+    lat = {}
+    for (dtype, m, n, k), g in t.groupby(["gemm_dtype", "m", "n", "k"]):
+        lat[(dtype, int(m), int(n), int(k))] = float(g.latency.median()) * 1e-3
+    return {key[1:]: (v, lat[("fp8", *key[1:])]) for key, v in lat.items()
+            if key[0] == "bfloat16" and ("fp8", *key[1:]) in lat}
+
+
+def with_fp8_decode(spec, bandwidth_frac: float, kernels: float):
+    """``spec`` with its fp8 path's bandwidth efficiency and the kernels beside each W8A8
+    GEMM (``fp8_quant_kernels``) replaced."""
+    from planner.core.engine import Num
+
+    q = spec.quantized["fp8"]
+    bf = q.bandwidth_frac.model_copy(update={"value": bandwidth_frac})
+    n = (spec.fp8_quant_kernels.model_copy(update={"value": kernels})
+         if spec.fp8_quant_kernels is not None
+         else Num(value=kernels, source="benchmarks/aiconfigurator_gemm.py"))
+    return spec.model_copy(update={"quantized": {
+        **spec.quantized, "fp8": q.model_copy(update={"bandwidth_frac": bf})},
+        "fp8_quant_kernels": n})
+
+
+def fp8_decode_ratios(pairs: dict, gpu: str, spec) -> dict[tuple, float]:
+    """{shape: (theirs / ours in fp8) / (theirs / ours in 16 bits)} under ``spec``: 1 where
+    our fp8 GEMM stands to our 16-bit one as theirs do, whatever the 16-bit rate is."""
+    from planner.cli.compare import served_setup
+    from planner.core.specs import DType
+
+    bf = served_setup("qwen3-8b", gpu, spec, 1, DType.bf16, None)
+    f8 = served_setup("qwen3-8b", gpu, spec, 1, DType.fp8, None)
+    return {(m, n, k): (t8 / ours_gemm_s(m, n, k, "fp8", f8))
+            / (t16 / ours_gemm_s(m, n, k, "bf16", bf))
+            for (m, n, k), (t16, t8) in pairs.items()}
+
+
+def derive_fp8_decode(table, gpu: str, spec, kernels: int | None = None
+                      ) -> list[tuple[int, float, float, float, int]]:
+    """[(extra kernels, fp8 bandwidth_frac, mean |log ratio|, its median over the shapes
+    above MIN_WEIGHT_BYTES, shapes)] for each count of kernels beside an fp8 GEMM from 0 to
+    MAX_FP8_KERNELS (or ``kernels`` alone): the fraction, by bisection to 0.005, with which
+    the median paired ratio (``fp8_decode_ratios``) over the large shapes is 1, where the
+    weights' streaming sets the time, and the spread it leaves over every decode shape, where
+    the small ones show the fixed costs."""
+    pairs = decode_pairs(table)
+    if not pairs:
+        raise ValueError(f"no GEMM with M <= {MAX_M} and 16-bit weights of "
+                         f"{MIN_FIXED_WEIGHT_BYTES / 2**20:g} MiB or more timed in 16 bits "
+                         "and fp8")
+    large = {s for s in pairs if s[1] * s[2] * 2 >= MIN_WEIGHT_BYTES}
+    if not large:
+        raise ValueError(f"no decode GEMM with 16-bit weights of "
+                         f"{MIN_WEIGHT_BYTES / 2**20:g} MiB or more timed in both types")
+    out = []
+    for q in ([kernels] if kernels is not None else range(MAX_FP8_KERNELS + 1)):
+        lo, hi = 0.05, 1.0
+        while hi - lo > 0.005:
+            mid = 0.5 * (lo + hi)
+            r = fp8_decode_ratios(pairs, gpu, with_fp8_decode(spec, mid, q))
+            # a higher fraction: ours faster, so theirs / ours larger
+            lo, hi = (lo, mid) if statistics.median(r[s] for s in large) > 1 else (mid, hi)
+        f = round(0.5 * (lo + hi), 2)
+        r = fp8_decode_ratios(pairs, gpu, with_fp8_decode(spec, f, q))
+        spread = statistics.fmean(abs(math.log(v)) for v in r.values())
+        out.append((q, f, spread, statistics.median(r[s] for s in large), len(r)))
+    return out
+
+
 HOPPER_GPUS = ("h100-sxm", "h200")  # the architecture the row tiles are stated for
 ROW_RANGES = ((17, 64), (65, 128), (129, 256), (257, 512), (513, 4096))  # M, by range
 
@@ -246,6 +337,12 @@ def main(argv=None) -> int:
                     help="print, for each GPU with fp8 tensor cores, the fp8 path's compute "
                          "efficiency (engines_db quantized.fp8.compute_frac) with which its "
                          "fp8 GEMMs at M >= 1,024 stand to the table as its 16-bit ones do")
+    ap.add_argument("--derive-fp8-decode", action="store_true",
+                    help="print, for each GPU with fp8 tensor cores and each count of kernels "
+                         "beside an fp8 GEMM (engines_db fp8_quant_kernels), the fp8 path's "
+                         "bandwidth efficiency (quantized.fp8.bandwidth_frac) with which its "
+                         "fp8 GEMMs at M <= 16 stand to the table as its 16-bit ones do, and "
+                         "the spread left; the count with the least on the H100")
     ap.add_argument("--fp8-row-tiles", action="store_true",
                     help="print, on the Hopper GPUs, the fp8 GEMMs' time steps at the bounds "
                          "of the profile's fp8_gemm_row_tiles and theirs / ours by range of M "
@@ -267,6 +364,8 @@ def main(argv=None) -> int:
         return 2
     if a.derive_fp8_compute:
         return print_fp8_compute(tables, a.engine)
+    if a.derive_fp8_decode:
+        return print_fp8_decode(tables, a.engine)
     if a.fp8_row_tiles:
         return print_fp8_row_tiles(tables, a.engine)
     for gpu in gpus:
@@ -318,6 +417,39 @@ def print_fp8_compute(tables: dict, engine: str) -> int:
         fracs.append(f)
         print(f"{gpu:<10} {release:<8} {n:>5} {target:>10.3f} {got:>9.3f} {f:>16.2f}")
     print(f"median over the {len(fracs)} GPUs: {statistics.median(fracs):.3f}")
+    return 0
+
+
+def print_fp8_decode(tables: dict, engine: str) -> int:
+    from planner.io import catalog
+
+    spec = catalog.load_engine_spec(engine)
+    if spec.quantized is None or "fp8" not in spec.quantized:
+        print(f"aiconfigurator_gemm.py: --derive-fp8-decode: engine {engine} has no fp8 "
+              "path (quantized.fp8)", file=sys.stderr)
+        return 2
+    now = 0.0 if spec.fp8_quant_kernels is None else spec.fp8_quant_kernels.value
+    print(f"# {engine}: W8A8 fp8 against 16-bit decode GEMMs (M <= {MAX_M}, 16-bit weights >= "
+          f"{MIN_FIXED_WEIGHT_BYTES / 2**20:g} MiB), shape by shape: ratio = (theirs / ours "
+          f"in fp8) / (theirs / ours in 16 bits); bandwidth_frac makes its median 1 over the "
+          f"shapes of {MIN_WEIGHT_BYTES / 2**20:g} MiB or more (the profile's: "
+          f"{spec.quantized['fp8'].bandwidth_frac.value:g}, fp8_quant_kernels {now:g})")
+    print(f"{'gpu':<10} {'release':<9} {'kernels':>7} {'bandwidth_frac':>14} "
+          f"{'mean |log ratio|':>16} {'median, large':>13} {'shapes':>6}")
+    chosen = None
+    for gpu in FP8_GPUS:
+        table, release, path = tables[gpu]
+        try:
+            rows = derive_fp8_decode(table, gpu, spec, chosen)
+        except ValueError as err:
+            print(f"aiconfigurator_gemm.py: {path}: {err}", file=sys.stderr)
+            return 2
+        best = min(rows, key=lambda r: r[2])
+        for q, f, spread, med, n in rows:
+            print(f"{gpu:<10} {release:<9} {q:>7} {f:>14.2f} {spread:>16.3f} {med:>13.3f} "
+                  f"{n:>6}" + ("  <- least" if (q, f) == best[:2] and len(rows) > 1 else ""))
+        if chosen is None:  # the reference's count; the other GPUs give its fraction there
+            chosen = best[0]
     return 0
 
 

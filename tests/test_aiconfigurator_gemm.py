@@ -217,3 +217,87 @@ def test_the_script_prints_the_steps_and_ranges_on_hopper_and_refuses_an_engine_
                            capture_output=True, text=True, cwd=ROOT)
     assert other.returncode == 2 and "states no Hopper fp8 row tiles" in other.stderr
     assert len(other.stderr.strip().splitlines()) == 1
+
+
+# decode shapes, (n, k): 16-bit weights of 24, 48 and 112 MiB, where the fixed costs show, and
+# of 256 and 448 MiB, where the streaming sets the time
+DECODE_SHAPES = ((3072, 4096), (6144, 4096), (4096, 14336), (16384, 8192), (28672, 8192))
+
+
+def _fp8_decode_table(spec, gpu: str, bandwidth_frac: float, kernels: int) -> pd.DataFrame:
+    """Decode GEMMs at M 1, 8 and 16: the 16-bit ones timed as ours under ``spec``, the fp8
+    ones as ours would be with the fp8 path's ``bandwidth_frac`` and ``kernels`` beside each
+    GEMM; and a 4 MiB shape in both types that must be left out."""
+    from planner.cli.compare import served_setup
+    from planner.core.specs import DType
+
+    slow = gemm.with_fp8_decode(spec, bandwidth_frac, kernels)
+    rows = []
+    for wt, dtype, s in (("bf16", "bfloat16", spec), ("fp8", "fp8", slow)):
+        dep = served_setup("qwen3-8b", gpu, s, 1, DType(wt), None)
+        for m in (1, 8, 16):
+            for n, k in (*DECODE_SHAPES, (1024, 2048)):
+                latency = gemm.ours_gemm_s(m, n, k, wt, dep) * 1e3 if n * k * 2 >= 16 * MIB \
+                    else 1e-9
+                rows.append(dict(gemm_dtype=dtype, m=m, n=n, k=k, latency=latency))
+    return pd.DataFrame(rows)
+
+
+def test_the_fp8_decode_kernels_and_bandwidth_are_the_ones_that_reproduce_the_table():
+    """--derive-fp8-decode: a table whose fp8 decode GEMMs take what ours would with 3 kernels
+    beside each and 0.7 of the bandwidth gives back 3 and 0.7 with no spread left; with
+    fewer kernels the small shapes come out too slow in the table, with more too fast, and
+    the bandwidth that holds the large shapes' median moves the other way."""
+    from planner.io import catalog
+
+    spec = catalog.load_engine_spec("trtllm")
+    rows = gemm.derive_fp8_decode(_fp8_decode_table(spec, "h100-sxm", 0.7, 3), "h100-sxm",
+                                  spec)
+    assert [r[0] for r in rows] == list(range(gemm.MAX_FP8_KERNELS + 1))
+    best = min(rows, key=lambda r: r[2])
+    assert best[:2] == (3, pytest.approx(0.7, abs=0.01)) and best[2] < 0.005
+    assert best[4] == 15  # 5 shapes x 3 M; the 4 MiB shape left out
+    fracs = [r[1] for r in rows]
+    assert fracs == sorted(fracs) and fracs[0] < 0.7 < fracs[-1]
+    assert all(r[3] == pytest.approx(1.0, abs=0.02) for r in rows)
+    assert rows[0][2] > 0.05 and rows[-1][2] > 0.05
+
+
+def test_the_script_prints_the_fp8_decode_grid_and_refuses_a_table_without_fp8_decode_rows(
+        tmp_path):
+    """The H100's least is shown beside its grid, and the other GPUs at that count; tables
+    of 16-bit GEMMs alone: one line and exit 2."""
+    from planner.io import catalog
+
+    spec = catalog.load_engine_spec("trtllm")
+    wheel = tmp_path / "aic.whl"
+    with zipfile.ZipFile(wheel, "w") as z:
+        for gpu, system in moe.SYSTEMS.items():
+            buf = io.BytesIO()
+            _fp8_decode_table(spec, gpu if gpu in gemm.FP8_GPUS else "h100-sxm", 0.8, 2
+                              ).to_parquet(buf)
+            release = moe.RELEASES["trtllm"][system]
+            z.writestr(f"aiconfigurator_core/systems/data/{system}/gemm/trtllm/{release}/"
+                       "gemm_perf.parquet", buf.getvalue())
+    run = [sys.executable, str(ROOT / "benchmarks" / "aiconfigurator_gemm.py"), str(wheel),
+           "--engine", "trtllm", "--derive-fp8-decode"]
+    p = subprocess.run(run, capture_output=True, text=True, cwd=ROOT)
+    assert p.returncode == 0, p.stderr
+    rows = [ln.split() for ln in p.stdout.splitlines()[2:]]
+    h100 = [r for r in rows if r[0] == "h100-sxm"]
+    assert len(h100) == gemm.MAX_FP8_KERNELS + 1
+    assert [r[2:4] for r in h100 if r[-1] == "least"] == [["2", "0.80"]]
+    others = [r for r in rows if r[0] != "h100-sxm"]
+    assert [r[0] for r in others] == ["h200", "l40s", "b200"]
+    assert all(r[2:4] == ["2", "0.80"] for r in others)
+    with zipfile.ZipFile(wheel, "w") as z:  # 16-bit decode rows alone
+        for system in moe.SYSTEMS.values():
+            buf = io.BytesIO()
+            t = _table(2000.0)
+            t[t.gemm_dtype == "bfloat16"].to_parquet(buf)
+            release = moe.RELEASES["trtllm"][system]
+            z.writestr(f"aiconfigurator_core/systems/data/{system}/gemm/trtllm/{release}/"
+                       "gemm_perf.parquet", buf.getvalue())
+    bad = subprocess.run(run, capture_output=True, text=True, cwd=ROOT)
+    assert bad.returncode == 2 and "timed in 16 bits and fp8" in bad.stderr
+    assert len(bad.stderr.strip().splitlines()) == 1

@@ -257,3 +257,52 @@ def test_the_recorded_calibrations_hold_the_quoted_fixed_costs(path, matmul_us, 
     bw = cal.memory_bandwidth_gb_per_s * 1e9
     assert _excess(fixed["matmul"], bw) * 1e6 == pytest.approx(matmul_us, abs=0.01)
     assert _excess(fixed["attention"], bw) * 1e6 == pytest.approx(attention_us, abs=0.01)
+
+
+def _o_proj_fp8(engine):
+    """Llama-3.1-8B's fp8 o_proj at batch 1 on an H100 under ``engine``: (its time, the same
+    GEMM with no kernels beside it)."""
+    m, hw = catalog.load_model("llama-3.1-8b"), catalog.load_hardware("h100-sxm")
+    prec = Precision(weights=DType.fp8, compute=DType.fp8)
+    c = ceilings(hw, None, Options(), engine)
+    op = next(o for o in decode_ops(m, prec, batch=1, context_tokens=512)
+              if o.name == "o_proj")
+    return (op_time(op, c, engine=engine).time_s,
+            op_time(op, c, engine=replace(engine, fp8_quant_kernels=0.0)).time_s, c)
+
+
+def test_trtllm_fp8_gemms_pay_three_plain_kernels_from_the_pytorch_backend_on():
+    """TensorRT-LLM 1.x's fp8 GEMM (FP8QDQLinearMethod: the input's quantization, then
+    cuBLASLt) starts about 10 us above a 16-bit one in aiconfigurator's tables: 3 kernels of
+    the profile's plain cost, 3.4 us each, per fp8 GEMM of 32 layers' o_proj. Releases
+    before 1.0 (a built TensorRT engine, which fuses the quantization) and --backend
+    tensorrt take none."""
+    from planner.cli.compare import served_setup
+    from planner.cli.flags import server_flags
+
+    spec = catalog.load_engine_spec("trtllm")
+    assert spec.fp8_quant_kernels.value == 3 and spec.fp8_quant_kernels.since == "1.0"
+    now, bare, c = _o_proj_fp8(spec.model())
+    assert now - bare == pytest.approx(3 * 32 * c.kernel_cost_s("plain", spec.model()))
+    assert c.kernel_cost_s("plain", spec.model()) == pytest.approx(3.4e-6)
+    assert spec.at_version("0.9.0").model().fp8_quant_kernels == 0.0
+    assert spec.at_version("1.2.0").model().fp8_quant_kernels == 3.0
+    trt = served_setup("llama-3.1-8b", "h100-sxm", spec, 1, "fp8", None,
+                       server=server_flags("trtllm-serve m --backend tensorrt"))
+    pt = served_setup("llama-3.1-8b", "h100-sxm", spec, 1, "fp8", None,
+                      server=server_flags("trtllm-serve m"))
+    assert trt.engine.fp8_quant_kernels == 0.0 and pt.engine.fp8_quant_kernels == 3.0
+    # vLLM's two quantization kernels hold at every release: no since
+    vllm = catalog.load_engine_spec("vllm")
+    assert vllm.at_version("0.9.0").model().fp8_quant_kernels == 2.0
+
+
+def test_a_since_that_is_not_a_release_is_refused(tmp_path):
+    import yaml
+
+    from planner.core.engine import EngineSpec
+
+    doc = yaml.safe_load((ROOT / "engines_db" / "trtllm.yaml").read_text())
+    doc["fp8_quant_kernels"]["since"] = "one"
+    with pytest.raises(ValueError, match="fp8_quant_kernels"):
+        EngineSpec.model_validate(doc)

@@ -89,6 +89,13 @@ class FlagSince(Flag):
     since: str = Field(pattern=r"^[0-9]+(\.[0-9]+)*$")
 
 
+class NumSince(Num):
+    """A figure that holds from the release ``since`` on; the releases before it had none
+    (TensorRT-LLM's fp8_quant_kernels: its PyTorch backend, the default from 1.0)."""
+
+    since: str = Field(pattern=r"^[0-9]+(\.[0-9]+)*$")
+
+
 class _ByArchitecture(_Sourced):
     """A figure by GPU architecture (a hardware file's ``architecture``: ampere, hopper, ...),
     ``value`` typed by each subclass."""
@@ -604,8 +611,9 @@ class EngineSpec(_Frozen):
     kernels: Kernels
     operator_fixed_us: OperatorFixed | None = None  # None: no operator pays more
     # kernels launched to quantize the activations of each W8A8 fp8 GEMM (a dynamic scale's
-    # reduction and the cast) beside the GEMM itself; None: none (fused, or no fp8 path)
-    fp8_quant_kernels: Num | None = None
+    # reduction and the cast) beside the GEMM itself, or that GEMM's fixed cost counted in
+    # kernels; None: none (fused, or no fp8 path); with ``since``, none before that release
+    fp8_quant_kernels: NumSince | Num | None = None
     gemm_bandwidth_frac: Frac
     # times gemm_bandwidth_frac for the 16-bit GEMMs (not the routed experts' fused kernel)
     # on a GPU architecture: how much less of its copy ceiling the engine's GEMM reaches
@@ -694,12 +702,15 @@ class EngineSpec(_Frozen):
         """The profile as the release ``version`` starts: the scheduler defaults of the
         earliest ``serving.earlier`` entry it comes before (every GPU alike), else as it is;
         no capture sizes before the release they start at (``GraphSizes.since``), no
-        --performance-mode before its release, and a ``FlagSince`` default reversed before
-        its release."""
+        --performance-mode before its release, a ``FlagSince`` default reversed before
+        its release, and no fp8 kernels before theirs (``NumSince``)."""
+        v = version_key(version)
+        q = self.fp8_quant_kernels
+        if isinstance(q, NumSince) and v < version_key(q.since):
+            self = self.model_copy(update={"fp8_quant_kernels": None})
         sv = self.serving
         if sv is None:
             return self
-        v = version_key(version)
         g = sv.cuda_graph_sizes
         if g is not None and g.since is not None and v < version_key(g.since):
             sv = sv.model_copy(update={"cuda_graph_sizes": None})
