@@ -297,12 +297,18 @@ def test_trtllm_fp8_gemms_pay_three_plain_kernels_from_the_pytorch_backend_on():
     assert vllm.at_version("0.9.0").model().fp8_quant_kernels == 2.0
 
 
-def test_a_since_that_is_not_a_release_is_refused(tmp_path):
+def test_a_since_that_is_not_a_release_is_refused():
     import yaml
+    from pydantic import ValidationError
 
     from planner.core.engine import EngineSpec
 
     doc = yaml.safe_load((ROOT / "engines_db" / "trtllm.yaml").read_text())
     doc["fp8_quant_kernels"]["since"] = "one"
-    with pytest.raises(ValueError, match="fp8_quant_kernels"):
+    with pytest.raises(ValidationError) as err:
         EngineSpec.model_validate(doc)
+    # the figure with a since is told about that branch alone, not also as a plain Num
+    assert [e["loc"] for e in err.value.errors()] == [("fp8_quant_kernels", "NumSince",
+                                                       "since")]
+    del doc["fp8_quant_kernels"]["since"]  # without one it is a plain count
+    assert type(EngineSpec.model_validate(doc).fp8_quant_kernels).__name__ == "Num"

@@ -46,7 +46,16 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Annotated, Literal, NamedTuple
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    StrictInt,
+    Tag,
+    field_validator,
+    model_validator,
+)
 
 from planner.core.arith import no_bool_numbers
 from planner.core.errors import UsageError
@@ -94,6 +103,14 @@ class NumSince(Num):
     (TensorRT-LLM's fp8_quant_kernels: its PyTorch backend, the default from 1.0)."""
 
     since: str = Field(pattern=r"^[0-9]+(\.[0-9]+)*$")
+
+
+# a figure with ``since`` is a NumSince, one without a Num: one branch validates it, so a
+# malformed file is told about the branch it meant
+NumOrSince = Annotated[Annotated[NumSince, Tag("NumSince")] | Annotated[Num, Tag("Num")],
+                       Discriminator(lambda v: "NumSince" if (
+                           isinstance(v, dict) and "since" in v
+                           or isinstance(v, NumSince)) else "Num")]
 
 
 class _ByArchitecture(_Sourced):
@@ -613,7 +630,7 @@ class EngineSpec(_Frozen):
     # kernels launched to quantize the activations of each W8A8 fp8 GEMM (a dynamic scale's
     # reduction and the cast) beside the GEMM itself, or that GEMM's fixed cost counted in
     # kernels; None: none (fused, or no fp8 path); with ``since``, none before that release
-    fp8_quant_kernels: NumSince | Num | None = None
+    fp8_quant_kernels: NumOrSince | None = None
     gemm_bandwidth_frac: Frac
     # times gemm_bandwidth_frac for the 16-bit GEMMs (not the routed experts' fused kernel)
     # on a GPU architecture: how much less of its copy ceiling the engine's GEMM reaches
