@@ -100,9 +100,10 @@ MIN_NK = 4096  # a model's projections: N and K of 4,096 or more (7-8B models an
 FP8_GPUS = ("h100-sxm", "h200", "l40s", "b200")  # fp8 tensor cores (not the A100)
 
 
-def ours_gemm_s(m: int, n: int, k: int, weights: str, dep) -> float:
-    """One [m, k] x [k, n] GEMM of ``weights`` (bf16 or fp8) as llmplan costs it under the
-    deployment's engine (``dep``: ``served_setup``'s), with the kernels it launches."""
+def ours_gemm_s(m: int, n: int, k: int, weights: str, dep, blocks: bool = False) -> float:
+    """One [m, k] x [k, n] GEMM of ``weights`` (bf16 or fp8; ``blocks``: fp8 weights scaled
+    per block) as llmplan costs it under the deployment's engine (``dep``: ``served_setup``'s),
+    with the kernels it launches."""
     from planner.core.ops import Op
     from planner.core.roofline import op_time
     from planner.core.specs import DType
@@ -110,7 +111,8 @@ def ours_gemm_s(m: int, n: int, k: int, weights: str, dep) -> float:
     w = DType(weights)
     op = Op("mlp_down_proj", "matmul", 1, flops=2.0 * m * n * k,
             weight_bytes=float(n * k) * (1 if w == DType.fp8 else 2),
-            act_bytes=2.0 * m * (n + k), dtype=w, weight_dtype=w, m_rows=m)
+            act_bytes=2.0 * m * (n + k), dtype=w, weight_dtype=w, m_rows=m,
+            fp8_blocks=blocks and w == DType.fp8)
     return op_time(op, dep.prepared.ceilings, tp=1, options=dep.options,
                    engine=dep.engine).time_s
 
@@ -142,21 +144,38 @@ def derive_fp8_compute(table, gpu: str, spec) -> tuple[float, float, float, int]
         raise ValueError(f"no {'16-bit' if not both[0] else 'fp8'} GEMM with M >= "
                          f"{MIN_COMPUTE_M:,} and N, K >= {MIN_NK:,}")
     target = statistics.median(both[0])
-    q = spec.quantized["fp8"]
+    f = fraction_matching(lambda x: statistics.median(
+        compute_ratios(table, gpu, with_fp8_frac(spec, "compute_frac", x), "fp8")), target)
+    rs = compute_ratios(table, gpu, with_fp8_frac(spec, "compute_frac", f), "fp8")
+    return f, target, statistics.median(rs), len(rs)
 
-    def with_frac(f: float):
-        cf = q.compute_frac.model_copy(update={"value": f})
-        return spec.model_copy(update={"quantized": {
-            **spec.quantized, "fp8": q.model_copy(update={"compute_frac": cf})}})
 
-    lo, hi = 0.05, 1.0
+FRAC_BOUNDS = (0.05, 1.0)  # the fp8 path's efficiencies searched
+
+
+def fraction_matching(median_at, target: float) -> float:
+    """The efficiency in FRAC_BOUNDS at which ``median_at`` (theirs / ours, rising with the
+    efficiency: a faster ours) equals ``target``, by bisection to 0.005, rounded to 0.01; a
+    bound where it never does (``at_bound`` tells)."""
+    lo, hi = FRAC_BOUNDS
     while hi - lo > 0.005:
         mid = 0.5 * (lo + hi)
-        r = statistics.median(compute_ratios(table, gpu, with_frac(mid), "fp8"))
-        lo, hi = (mid, hi) if r < target else (lo, mid)
-    f = round(0.5 * (lo + hi), 2)
-    rs = compute_ratios(table, gpu, with_frac(f), "fp8")
-    return f, target, statistics.median(rs), len(rs)
+        lo, hi = (mid, hi) if median_at(mid) < target else (lo, mid)
+    return round(0.5 * (lo + hi), 2)
+
+
+def at_bound(frac: float) -> bool:
+    """The bisection of ``fraction_matching`` ended at an end of FRAC_BOUNDS: no efficiency
+    in them matches."""
+    return frac <= FRAC_BOUNDS[0] + 0.005 or frac >= FRAC_BOUNDS[1] - 0.005
+
+
+def with_fp8_frac(spec, field: str, value: float):
+    """``spec`` with its fp8 path's ``field`` (compute_frac, bandwidth_frac) replaced."""
+    q = spec.quantized["fp8"]
+    node = getattr(q, field).model_copy(update={"value": value})
+    return spec.model_copy(update={"quantized": {
+        **spec.quantized, "fp8": q.model_copy(update={field: node})}})
 
 
 # decode shapes whose fixed costs show: 16-bit weights of 16 MiB or more (a 7-8B model's
@@ -165,73 +184,92 @@ MIN_FIXED_WEIGHT_BYTES = 16 * 2**20
 MAX_FP8_KERNELS = 6  # the extra kernels tried beside each fp8 GEMM
 
 
-def decode_pairs(table, min_weight_bytes: float = MIN_FIXED_WEIGHT_BYTES
-                 ) -> dict[tuple, tuple[float, float]]:
+# the table's type of each fp8 lane: one weight scale per tensor, or per 128 x 128 block
+FP8_LANES = {"tensor": "fp8", "block": "fp8_block"}
+
+
+def decode_pairs(table, min_weight_bytes: float = MIN_FIXED_WEIGHT_BYTES,
+                 lane: str = "tensor") -> dict[tuple, tuple[float, float]]:
     """{(m, n, k): (16-bit latency s, fp8 latency s)} for the table's decode GEMMs (M <=
-    MAX_M) timed in both types, with 16-bit weights of at least ``min_weight_bytes``."""
+    MAX_M) timed in 16 bits and in the fp8 ``lane`` (FP8_LANES), with 16-bit weights of at
+    least ``min_weight_bytes``."""
+    f8 = FP8_LANES[lane]
     t = table[(table.m <= MAX_M) & (table.n * table.k * 2 >= min_weight_bytes)]
     lat = {}
     for (dtype, m, n, k), g in t.groupby(["gemm_dtype", "m", "n", "k"]):
         lat[(dtype, int(m), int(n), int(k))] = float(g.latency.median()) * 1e-3
-    return {key[1:]: (v, lat[("fp8", *key[1:])]) for key, v in lat.items()
-            if key[0] == "bfloat16" and ("fp8", *key[1:]) in lat}
+    return {key[1:]: (v, lat[(f8, *key[1:])]) for key, v in lat.items()
+            if key[0] == "bfloat16" and (f8, *key[1:]) in lat}
 
 
-def with_fp8_decode(spec, bandwidth_frac: float, kernels: float):
+def with_fp8_decode(spec, bandwidth_frac: float, kernels: float, lane: str = "tensor"):
     """``spec`` with its fp8 path's bandwidth efficiency and the kernels beside each W8A8
-    GEMM (``fp8_quant_kernels``) replaced."""
-    from planner.core.engine import Num
+    GEMM of the ``lane`` replaced (``fp8_quant_kernels``: its value, or its ``block``)."""
+    from planner.core.engine import Fp8Kernels
 
-    q = spec.quantized["fp8"]
-    bf = q.bandwidth_frac.model_copy(update={"value": bandwidth_frac})
-    n = (spec.fp8_quant_kernels.model_copy(update={"value": kernels})
-         if spec.fp8_quant_kernels is not None
-         else Num(value=kernels, source="benchmarks/aiconfigurator_gemm.py"))
-    return spec.model_copy(update={"quantized": {
-        **spec.quantized, "fp8": q.model_copy(update={"bandwidth_frac": bf})},
-        "fp8_quant_kernels": n})
+    n = spec.fp8_quant_kernels or Fp8Kernels(value=0.0,
+                                             source="benchmarks/aiconfigurator_gemm.py")
+    n = n.model_copy(update={"block" if lane == "block" else "value": kernels})
+    return with_fp8_frac(spec, "bandwidth_frac", bandwidth_frac).model_copy(
+        update={"fp8_quant_kernels": n})
 
 
-def fp8_decode_ratios(pairs: dict, gpu: str, spec) -> dict[tuple, float]:
-    """{shape: (theirs / ours in fp8) / (theirs / ours in 16 bits)} under ``spec``: 1 where
-    our fp8 GEMM stands to our 16-bit one as theirs do, whatever the 16-bit rate is."""
+def bf16_decode_ratios(pairs: dict, gpu: str, spec) -> dict[tuple, float]:
+    """{shape: theirs / ours in 16 bits} under ``spec`` (what the fp8 path's fields leave
+    alone)."""
     from planner.cli.compare import served_setup
     from planner.core.specs import DType
 
     bf = served_setup("qwen3-8b", gpu, spec, 1, DType.bf16, None)
+    return {(m, n, k): t16 / ours_gemm_s(m, n, k, "bf16", bf)
+            for (m, n, k), (t16, _) in pairs.items()}
+
+
+def fp8_decode_ratios(pairs: dict, gpu: str, spec, lane: str = "tensor",
+                      bf16: dict | None = None) -> dict[tuple, float]:
+    """{shape: (theirs / ours in fp8) / (theirs / ours in 16 bits)} under ``spec``, ours in
+    the fp8 ``lane``: 1 where our fp8 GEMM stands to our 16-bit one as theirs do, whatever
+    the 16-bit rate is. ``bf16``: the 16-bit ratios (``bf16_decode_ratios``), when known."""
+    from planner.cli.compare import served_setup
+    from planner.core.specs import DType
+
+    bf16 = bf16 if bf16 is not None else bf16_decode_ratios(pairs, gpu, spec)
     f8 = served_setup("qwen3-8b", gpu, spec, 1, DType.fp8, None)
-    return {(m, n, k): (t8 / ours_gemm_s(m, n, k, "fp8", f8))
-            / (t16 / ours_gemm_s(m, n, k, "bf16", bf))
-            for (m, n, k), (t16, t8) in pairs.items()}
+    blocks = lane == "block"
+    return {(m, n, k): t8 / ours_gemm_s(m, n, k, "fp8", f8, blocks) / bf16[(m, n, k)]
+            for (m, n, k), (_, t8) in pairs.items()}
 
 
-def derive_fp8_decode(table, gpu: str, spec, kernels: int | None = None
-                      ) -> list[tuple[int, float, float, float, int]]:
+def derive_fp8_decode(table, gpu: str, spec, kernels: int | None = None,
+                      lane: str = "tensor") -> list[tuple[int, float, float, float, int]]:
     """[(extra kernels, fp8 bandwidth_frac, mean |log ratio|, its median over the shapes
-    above MIN_WEIGHT_BYTES, shapes)] for each count of kernels beside an fp8 GEMM from 0 to
-    MAX_FP8_KERNELS (or ``kernels`` alone): the fraction, by bisection to 0.005, with which
-    the median paired ratio (``fp8_decode_ratios``) over the large shapes is 1, where the
-    weights' streaming sets the time, and the spread it leaves over every decode shape, where
-    the small ones show the fixed costs."""
-    pairs = decode_pairs(table)
+    above MIN_WEIGHT_BYTES, shapes)] for each count of kernels beside an fp8 GEMM of the
+    ``lane`` from 0 to MAX_FP8_KERNELS (or ``kernels`` alone): the fraction, by bisection to
+    0.005, with which the median paired ratio (``fp8_decode_ratios``) over the large shapes
+    is 1, where the weights' streaming sets the time, and the spread it leaves over every
+    decode shape, where the small ones show the fixed costs."""
+    pairs = decode_pairs(table, lane=lane)
     if not pairs:
         raise ValueError(f"no GEMM with M <= {MAX_M} and 16-bit weights of "
                          f"{MIN_FIXED_WEIGHT_BYTES / 2**20:g} MiB or more timed in 16 bits "
-                         "and fp8")
+                         f"and {FP8_LANES[lane]}")
     large = {s for s in pairs if s[1] * s[2] * 2 >= MIN_WEIGHT_BYTES}
     if not large:
         raise ValueError(f"no decode GEMM with 16-bit weights of "
                          f"{MIN_WEIGHT_BYTES / 2**20:g} MiB or more timed in both types")
+    bf16 = bf16_decode_ratios(pairs, gpu, spec)
+
+    def ratios(f: float, q: int) -> dict[tuple, float]:
+        return fp8_decode_ratios(pairs, gpu, with_fp8_decode(spec, f, q, lane), lane, bf16)
+
+    def large_median(f: float, q: int) -> float:
+        r = ratios(f, q)
+        return statistics.median(r[s] for s in large)
+
     out = []
     for q in ([kernels] if kernels is not None else range(MAX_FP8_KERNELS + 1)):
-        lo, hi = 0.05, 1.0
-        while hi - lo > 0.005:
-            mid = 0.5 * (lo + hi)
-            r = fp8_decode_ratios(pairs, gpu, with_fp8_decode(spec, mid, q))
-            # a higher fraction: ours faster, so theirs / ours larger
-            lo, hi = (lo, mid) if statistics.median(r[s] for s in large) > 1 else (mid, hi)
-        f = round(0.5 * (lo + hi), 2)
-        r = fp8_decode_ratios(pairs, gpu, with_fp8_decode(spec, f, q))
+        f = fraction_matching(lambda x, q=q: large_median(x, q), 1.0)
+        r = ratios(f, q)
         spread = statistics.fmean(abs(math.log(v)) for v in r.values())
         out.append((q, f, spread, statistics.median(r[s] for s in large), len(r)))
     return out
@@ -337,9 +375,10 @@ def main(argv=None) -> int:
                     help="print, for each GPU with fp8 tensor cores, the fp8 path's compute "
                          "efficiency (engines_db quantized.fp8.compute_frac) with which its "
                          "fp8 GEMMs at M >= 1,024 stand to the table as its 16-bit ones do")
-    ap.add_argument("--derive-fp8-decode", action="store_true",
+    ap.add_argument("--derive-fp8-decode", nargs="?", const="tensor", choices=FP8_LANES,
                     help="print, for each GPU with fp8 tensor cores and each count of kernels "
-                         "beside an fp8 GEMM (engines_db fp8_quant_kernels), the fp8 path's "
+                         "beside an fp8 GEMM (engines_db fp8_quant_kernels; with block, its "
+                         "block: block-scaled weights, the table's fp8_block), the fp8 path's "
                          "bandwidth efficiency (quantized.fp8.bandwidth_frac) with which its "
                          "fp8 GEMMs at M <= 16 stand to the table as its 16-bit ones do, and "
                          "the spread left; the count with the least on the H100")
@@ -365,7 +404,7 @@ def main(argv=None) -> int:
     if a.derive_fp8_compute:
         return print_fp8_compute(tables, a.engine)
     if a.derive_fp8_decode:
-        return print_fp8_decode(tables, a.engine)
+        return print_fp8_decode(tables, a.engine, a.derive_fp8_decode)
     if a.fp8_row_tiles:
         return print_fp8_row_tiles(tables, a.engine)
     for gpu in gpus:
@@ -420,7 +459,7 @@ def print_fp8_compute(tables: dict, engine: str) -> int:
     return 0
 
 
-def print_fp8_decode(tables: dict, engine: str) -> int:
+def print_fp8_decode(tables: dict, engine: str, lane: str = "tensor") -> int:
     from planner.io import catalog
 
     spec = catalog.load_engine_spec(engine)
@@ -428,26 +467,34 @@ def print_fp8_decode(tables: dict, engine: str) -> int:
         print(f"aiconfigurator_gemm.py: --derive-fp8-decode: engine {engine} has no fp8 "
               "path (quantized.fp8)", file=sys.stderr)
         return 2
-    now = 0.0 if spec.fp8_quant_kernels is None else spec.fp8_quant_kernels.value
-    print(f"# {engine}: W8A8 fp8 against 16-bit decode GEMMs (M <= {MAX_M}, 16-bit weights >= "
+    q = spec.fp8_quant_kernels
+    now = 0.0 if q is None else q.block if lane == "block" and q.block is not None else q.value
+    print(f"# {engine}: W8A8 fp8 ({FP8_LANES[lane]}) against 16-bit decode GEMMs (M <= {MAX_M}, "
+          f"16-bit weights >= "
           f"{MIN_FIXED_WEIGHT_BYTES / 2**20:g} MiB), shape by shape: ratio = (theirs / ours "
           f"in fp8) / (theirs / ours in 16 bits); bandwidth_frac makes its median 1 over the "
           f"shapes of {MIN_WEIGHT_BYTES / 2**20:g} MiB or more (the profile's: "
-          f"{spec.quantized['fp8'].bandwidth_frac.value:g}, fp8_quant_kernels {now:g})")
+          f"{spec.quantized['fp8'].bandwidth_frac.value:g}, fp8_quant_kernels"
+          f"{'.block' if lane == 'block' else ''} {now:g})")
     print(f"{'gpu':<10} {'release':<9} {'kernels':>7} {'bandwidth_frac':>14} "
           f"{'mean |log ratio|':>16} {'median, large':>13} {'shapes':>6}")
     chosen = None
     for gpu in FP8_GPUS:
         table, release, path = tables[gpu]
         try:
-            rows = derive_fp8_decode(table, gpu, spec, chosen)
+            rows = derive_fp8_decode(table, gpu, spec, chosen, lane)
         except ValueError as err:
-            print(f"aiconfigurator_gemm.py: {path}: {err}", file=sys.stderr)
-            return 2
+            if chosen is None:  # the reference GPU's table must hold the lane
+                print(f"aiconfigurator_gemm.py: {path}: {err}", file=sys.stderr)
+                return 2
+            print(f"{gpu:<10} {release:<9} (not timed: {err})")
+            continue
         best = min(rows, key=lambda r: r[2])
         for q, f, spread, med, n in rows:
             print(f"{gpu:<10} {release:<9} {q:>7} {f:>14.2f} {spread:>16.3f} {med:>13.3f} "
-                  f"{n:>6}" + ("  <- least" if (q, f) == best[:2] and len(rows) > 1 else ""))
+                  f"{n:>6}" + ("  <- least" if (q, f) == best[:2] and len(rows) > 1 else "")
+                  + ("  (bandwidth_frac at its bound: the median is not 1)" if at_bound(f)
+                     else ""))
         if chosen is None:  # the reference's count; the other GPUs give its fraction there
             chosen = best[0]
     return 0

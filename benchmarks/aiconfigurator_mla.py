@@ -88,8 +88,12 @@ def rows(table, gpu: str, spec, batches=BATCHES, contexts=CONTEXTS):
             at = sub[sub.num_heads == heads // tp]
             if at.empty:
                 continue
-            dep = served_setup("deepseek-v3", gpu, spec, tp, DType(WEIGHTS[gemm]),
+            # fp8_block: the checkpoint as it ships (fp8 in 128 x 128 blocks, the
+            # engine's block-scaled GEMMs); --weights fp8 would be one scale per tensor
+            dep = served_setup("deepseek-v3", gpu, spec, tp,
+                               None if gemm == "fp8_block" else DType(WEIGHTS[gemm]),
                                DType(KV[kv]))
+            assert dep.precision.weights == DType(WEIGHTS[gemm])
             for b in batches:
                 for ctx in contexts:
                     hit = at[(at.batch_size == b) & (at.step == ctx)]

@@ -224,21 +224,22 @@ def test_the_script_prints_the_steps_and_ranges_on_hopper_and_refuses_an_engine_
 DECODE_SHAPES = ((3072, 4096), (6144, 4096), (4096, 14336), (16384, 8192), (28672, 8192))
 
 
-def _fp8_decode_table(spec, gpu: str, bandwidth_frac: float, kernels: int) -> pd.DataFrame:
+def _fp8_decode_table(spec, gpu: str, bandwidth_frac: float, kernels: int,
+                      lane: str = "tensor") -> pd.DataFrame:
     """Decode GEMMs at M 1, 8 and 16: the 16-bit ones timed as ours under ``spec``, the fp8
-    ones as ours would be with the fp8 path's ``bandwidth_frac`` and ``kernels`` beside each
-    GEMM; and a 4 MiB shape in both types that must be left out."""
+    ones of the ``lane`` as ours would be with the fp8 path's ``bandwidth_frac`` and
+    ``kernels`` beside each GEMM; and a 4 MiB shape in both types that must be left out."""
     from planner.cli.compare import served_setup
     from planner.core.specs import DType
 
-    slow = gemm.with_fp8_decode(spec, bandwidth_frac, kernels)
+    slow = gemm.with_fp8_decode(spec, bandwidth_frac, kernels, lane)
     rows = []
-    for wt, dtype, s in (("bf16", "bfloat16", spec), ("fp8", "fp8", slow)):
+    for wt, dtype, s in (("bf16", "bfloat16", spec), ("fp8", gemm.FP8_LANES[lane], slow)):
         dep = served_setup("qwen3-8b", gpu, s, 1, DType(wt), None)
         for m in (1, 8, 16):
             for n, k in (*DECODE_SHAPES, (1024, 2048)):
-                latency = gemm.ours_gemm_s(m, n, k, wt, dep) * 1e3 if n * k * 2 >= 16 * MIB \
-                    else 1e-9
+                latency = gemm.ours_gemm_s(m, n, k, wt, dep, lane == "block") * 1e3 \
+                    if n * k * 2 >= 16 * MIB else 1e-9
                 rows.append(dict(gemm_dtype=dtype, m=m, n=n, k=k, latency=latency))
     return pd.DataFrame(rows)
 
@@ -263,10 +264,29 @@ def test_the_fp8_decode_kernels_and_bandwidth_are_the_ones_that_reproduce_the_ta
     assert rows[0][2] > 0.05 and rows[-1][2] > 0.05
 
 
+def test_the_block_lane_derives_its_own_kernels_beside_the_per_tensor_ones():
+    """--derive-fp8-decode block: the table's fp8_block rows against ours with block-scaled
+    weights, the count set in fp8_quant_kernels.block; the per-tensor rows (here 3 kernels)
+    do not enter it, and the per-tensor derivation does not read the block rows."""
+    from planner.io import catalog
+
+    spec = catalog.load_engine_spec("trtllm")
+    t = pd.concat([_fp8_decode_table(spec, "h100-sxm", 0.75, 1, "block"),
+                   _fp8_decode_table(spec, "h100-sxm", 0.6, 3)])
+    t = t.drop_duplicates(subset=["gemm_dtype", "m", "n", "k"])
+    block = min(gemm.derive_fp8_decode(t, "h100-sxm", spec, lane="block"), key=lambda r: r[2])
+    assert block[:2] == (1, pytest.approx(0.75, abs=0.01)) and block[2] < 0.005
+    tensor = min(gemm.derive_fp8_decode(t, "h100-sxm", spec), key=lambda r: r[2])
+    assert tensor[:2] == (3, pytest.approx(0.6, abs=0.01)) and tensor[2] < 0.005
+    assert gemm.with_fp8_decode(spec, 0.75, 2, "block").fp8_quant_kernels.block == 2
+    assert gemm.with_fp8_decode(spec, 0.75, 2, "block").fp8_quant_kernels.value == 3
+
+
 def test_the_script_prints_the_fp8_decode_grid_and_refuses_a_table_without_fp8_decode_rows(
         tmp_path):
-    """The H100's least is shown beside its grid, and the other GPUs at that count; tables
-    of 16-bit GEMMs alone: one line and exit 2."""
+    """The H100's least is shown beside its grid, and the other GPUs at that count (one
+    whose table lacks the lane is said to be untimed); tables of 16-bit GEMMs alone: one
+    line and exit 2."""
     from planner.io import catalog
 
     spec = catalog.load_engine_spec("trtllm")
@@ -274,8 +294,10 @@ def test_the_script_prints_the_fp8_decode_grid_and_refuses_a_table_without_fp8_d
     with zipfile.ZipFile(wheel, "w") as z:
         for gpu, system in moe.SYSTEMS.items():
             buf = io.BytesIO()
-            _fp8_decode_table(spec, gpu if gpu in gemm.FP8_GPUS else "h100-sxm", 0.8, 2
-                              ).to_parquet(buf)
+            t = _fp8_decode_table(spec, gpu if gpu in gemm.FP8_GPUS else "h100-sxm", 0.8, 2)
+            if gpu == "l40s":  # a table that does not time the lane: said, not fatal
+                t = t[t.gemm_dtype == "bfloat16"]
+            t.to_parquet(buf)
             release = moe.RELEASES["trtllm"][system]
             z.writestr(f"aiconfigurator_core/systems/data/{system}/gemm/trtllm/{release}/"
                        "gemm_perf.parquet", buf.getvalue())
@@ -289,7 +311,8 @@ def test_the_script_prints_the_fp8_decode_grid_and_refuses_a_table_without_fp8_d
     assert [r[2:4] for r in h100 if r[-1] == "least"] == [["2", "0.80"]]
     others = [r for r in rows if r[0] != "h100-sxm"]
     assert [r[0] for r in others] == ["h200", "l40s", "b200"]
-    assert all(r[2:4] == ["2", "0.80"] for r in others)
+    assert all(r[2:4] == ["2", "0.80"] for r in others if r[0] != "l40s")
+    assert "(not timed: no GEMM" in " ".join(others[1])
     with zipfile.ZipFile(wheel, "w") as z:  # 16-bit decode rows alone
         for system in moe.SYSTEMS.values():
             buf = io.BytesIO()

@@ -281,20 +281,62 @@ def test_trtllm_fp8_gemms_pay_three_plain_kernels_from_the_pytorch_backend_on():
     from planner.cli.flags import server_flags
 
     spec = catalog.load_engine_spec("trtllm")
-    assert spec.fp8_quant_kernels.value == 3 and spec.fp8_quant_kernels.since == "1.0"
+    q = spec.fp8_quant_kernels
+    assert (q.value, q.block, q.dense_only, q.since) == (3, 1, True, "1.0")
     now, bare, c = _o_proj_fp8(spec.model())
     assert now - bare == pytest.approx(3 * 32 * c.kernel_cost_s("plain", spec.model()))
     assert c.kernel_cost_s("plain", spec.model()) == pytest.approx(3.4e-6)
-    assert spec.at_version("0.9.0").model().fp8_quant_kernels == 0.0
+    old = spec.at_version("0.9.0").model()
+    assert old.fp8_quant_kernels == 0.0 and old.fp8_block_quant_kernels == 0.0
     assert spec.at_version("1.2.0").model().fp8_quant_kernels == 3.0
     trt = served_setup("llama-3.1-8b", "h100-sxm", spec, 1, "fp8", None,
                        server=server_flags("trtllm-serve m --backend tensorrt"))
     pt = served_setup("llama-3.1-8b", "h100-sxm", spec, 1, "fp8", None,
                       server=server_flags("trtllm-serve m"))
-    assert trt.engine.fp8_quant_kernels == 0.0 and pt.engine.fp8_quant_kernels == 3.0
-    # vLLM's two quantization kernels hold at every release: no since
+    assert (trt.engine.fp8_quant_kernels, trt.engine.fp8_block_quant_kernels) == (0.0, 0.0)
+    assert (pt.engine.fp8_quant_kernels, pt.engine.fp8_block_quant_kernels) == (3.0, 1.0)
+    # vLLM's two quantization kernels hold at every release, and for every lane
     vllm = catalog.load_engine_spec("vllm")
-    assert vllm.at_version("0.9.0").model().fp8_quant_kernels == 2.0
+    v = vllm.at_version("0.9.0").model()
+    assert (v.fp8_quant_kernels, v.fp8_block_quant_kernels, v.fp8_quant_dense_only) == \
+        (2.0, 2.0, False)
+
+
+def _deepseek_decode(engine):
+    """DeepSeek-V3 as its checkpoint ships (fp8 in 128 x 128 blocks) at TP 8 on an H200,
+    batch 1: {operator: (kernels, block-scaled)} of a decode step under ``engine``."""
+    from planner.cli.options import precision_of
+    from planner.core.estimate import estimate
+    from planner.core.specs import Parallelism, Workload
+
+    m, hw = catalog.load_model("deepseek-v3"), catalog.load_hardware("h200")
+    prec = precision_of(m, None)
+    assert prec.fp8_blocks and prec.weights == DType.fp8
+    r = estimate(m, hw, precision=prec, parallelism=Parallelism(tp=8), engine=engine,
+                 workload=Workload(batch=1, prompt_tokens=1024, output_tokens=64))
+    return {t.op.name: (t.kernels, t.op.fp8_blocks) for t in r.decode.ops}
+
+
+def test_block_scaled_fp8_takes_the_block_lanes_kernels_and_experts_none_in_trtllm():
+    """A block-scaled checkpoint's GEMMs (TensorRT-LLM's FP8BlockScalesLinearMethod: one
+    fp8_quantize_1x128 kernel, then the block-scaled GEMM) pay the block lane's 1 kernel, not
+    the per-tensor lane's 3; the routed experts' fused MoE kernel quantizes inside itself
+    (dense_only) and pays none. vLLM charges its 2 everywhere, as before."""
+    trt = catalog.load_engine("trtllm")
+    bare = replace(trt, fp8_quant_kernels=0.0, fp8_block_quant_kernels=0.0)
+    got, base = _deepseek_decode(trt), _deepseek_decode(bare)
+    extra = {n: got[n][0] - base[n][0] for n in got}
+    assert all(got[n][1] for n in ("o_proj", "mla_q_up_proj", "shared_down_proj",
+                                   "experts_down_proj"))
+    assert extra["o_proj"] == 61 and extra["mla_q_up_proj"] == 61  # 1 a layer, 61 layers
+    assert extra["shared_gate_up_proj"] == 58  # the 58 MoE layers' shared expert
+    assert extra["experts_gate_up_proj"] == extra["experts_down_proj"] == 0
+    assert extra["lm_head"] == 0  # 16-bit
+    vllm = catalog.load_engine("vllm")
+    vb = replace(vllm, fp8_quant_kernels=0.0, fp8_block_quant_kernels=0.0)
+    v, v0 = _deepseek_decode(vllm), _deepseek_decode(vb)
+    assert v["experts_down_proj"][0] - v0["experts_down_proj"][0] == 2 * 58
+    assert v["o_proj"][0] - v0["o_proj"][0] == 2 * 61
 
 
 def test_a_since_that_is_not_a_release_is_refused():
@@ -307,8 +349,8 @@ def test_a_since_that_is_not_a_release_is_refused():
     doc["fp8_quant_kernels"]["since"] = "one"
     with pytest.raises(ValidationError) as err:
         EngineSpec.model_validate(doc)
-    # the figure with a since is told about that branch alone, not also as a plain Num
-    assert [e["loc"] for e in err.value.errors()] == [("fp8_quant_kernels", "NumSince",
-                                                       "since")]
-    del doc["fp8_quant_kernels"]["since"]  # without one it is a plain count
-    assert type(EngineSpec.model_validate(doc).fp8_quant_kernels).__name__ == "Num"
+    assert [e["loc"] for e in err.value.errors()] == [("fp8_quant_kernels", "since")]
+    doc["fp8_quant_kernels"]["since"] = "1.0"
+    doc["fp8_quant_kernels"]["block"] = -1
+    with pytest.raises(ValidationError, match="fp8_quant_kernels.block"):
+        EngineSpec.model_validate(doc)

@@ -153,6 +153,12 @@ def test_compressed_tensors_fp8_dynamic_channel(tmp_path):
                                      "ignore": ["lm_head"]}))
     p = m.quantization.precision()
     assert (p.weights, p.compute_dtype, p.fp8_scale_group) == (DType.fp8, DType.fp8, 4096)
+    assert not p.fp8_blocks  # a scale per channel: the engine's per-tensor/channel path
+    blk = {**grp, "weights": {**grp["weights"], "strategy": "block",
+                              "block_structure": [128, 128]}}
+    m = load_model(_llama(tmp_path, {"quant_method": "compressed-tensors",
+                                     "config_groups": {"group_0": blk}}, "blocks"))
+    assert m.quantization.precision().fp8_blocks
     # weight-only fp8 (no input activations): the matmuls in 16-bit
     grp = {**grp, "input_activations": None}
     m = load_model(_llama(tmp_path, {"quant_method": "compressed-tensors",
@@ -218,6 +224,7 @@ def test_built_in_deepseek_is_fp8_blocks_as_released():
         p = m.quantization.precision()
         assert (p.weights, p.compute_dtype, p.quantized_layers, p.fp8_scale_group) == \
             (DType.fp8, DType.fp8, "all", 128 * 128)
+        assert p.fp8_blocks  # the engine's block-scaled GEMM path
 
 
 def test_models_lists_how_each_checkpoint_ships(run_json, run_cli):

@@ -126,7 +126,6 @@ def served_setup(model: str, gpu: str, spec, tp: int, weights, kv_cache,
     else bf16."""
     from dataclasses import replace
 
-    from planner.core.engine import NumSince
     from planner.core.specs import GIB, Options
     from planner.io import catalog
     from planner.layouts.deployment import Deployment, Layout
@@ -163,9 +162,9 @@ def served_setup(model: str, gpu: str, spec, tp: int, weights, kv_cache,
         # with its host work in series (no PyTorch-backend overlap scheduler), and whose fp8
         # GEMMs take their input quantized by the kernel before (no PyTorch-backend
         # quantization kernels: fp8_quant_kernels' since)
-        since = isinstance(spec.fp8_quant_kernels, NumSince)
-        eng = replace(eng, graph_rule=None, async_scheduling=False,
-                      fp8_quant_kernels=0.0 if since else eng.fp8_quant_kernels)
+        if spec.fp8_quant_kernels is not None and spec.fp8_quant_kernels.since is not None:
+            eng = replace(eng, fp8_quant_kernels=0.0, fp8_block_quant_kernels=0.0)
+        eng = replace(eng, graph_rule=None, async_scheduling=False)
     prec, source = resolve_precision(m, weights, kv_cache, group_size,
                                      quantized_layers=quantized_layers)
     dtype = s.get("--dtype")

@@ -96,14 +96,12 @@ def at_release(spec, engine_version: str | None, *, pick: bool = True):
     if spec.versions is None:
         return spec
     version = release_in(engine_version, spec.versions.family)
-    if version is None:
-        return spec
-    if pick and not spec.versions.covers(version):
+    if version is not None and pick and not spec.versions.covers(version):
         try:
             return catalog.load_engine_spec(f"{spec.versions.family}@{version}")
         except SpecError:
             pass  # no profile covers it: the one named, as it starts that release
-    return spec.at_version(version)
+    return spec.as_released(engine_version)
 
 
 def replayed_runs(entry, folder, dataset):

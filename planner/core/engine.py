@@ -49,10 +49,8 @@ from typing import Annotated, Literal, NamedTuple
 from pydantic import (
     BaseModel,
     ConfigDict,
-    Discriminator,
     Field,
     StrictInt,
-    Tag,
     field_validator,
     model_validator,
 )
@@ -98,19 +96,17 @@ class FlagSince(Flag):
     since: str = Field(pattern=r"^[0-9]+(\.[0-9]+)*$")
 
 
-class NumSince(Num):
-    """A figure that holds from the release ``since`` on; the releases before it had none
-    (TensorRT-LLM's fp8_quant_kernels: its PyTorch backend, the default from 1.0)."""
+class Fp8Kernels(Num):
+    """Kernels of the profile's plain cost beside each W8A8 fp8 GEMM (``value``: one weight
+    scale per tensor or channel), its input's quantization or the GEMM's own fixed cost counted
+    in kernels. ``block``: beside a block-scaled one (128 x 128 weight scales: DeepSeek's and
+    Qwen's -FP8 checkpoints), where its path differs (None: ``value``). ``dense_only``: the
+    routed experts' fused MoE kernel quantizes inside itself and pays none. ``since``: none
+    before that release (TensorRT-LLM's PyTorch backend, the default from 1.0)."""
 
-    since: str = Field(pattern=r"^[0-9]+(\.[0-9]+)*$")
-
-
-# a figure with ``since`` is a NumSince, one without a Num: one branch validates it, so a
-# malformed file is told about the branch it meant
-NumOrSince = Annotated[Annotated[NumSince, Tag("NumSince")] | Annotated[Num, Tag("Num")],
-                       Discriminator(lambda v: "NumSince" if (
-                           isinstance(v, dict) and "since" in v
-                           or isinstance(v, NumSince)) else "Num")]
+    block: float | None = Field(None, ge=0, le=100, allow_inf_nan=False)
+    dense_only: bool = False
+    since: str | None = Field(None, pattern=r"^[0-9]+(\.[0-9]+)*$")
 
 
 class _ByArchitecture(_Sourced):
@@ -630,7 +626,7 @@ class EngineSpec(_Frozen):
     # kernels launched to quantize the activations of each W8A8 fp8 GEMM (a dynamic scale's
     # reduction and the cast) beside the GEMM itself, or that GEMM's fixed cost counted in
     # kernels; None: none (fused, or no fp8 path); with ``since``, none before that release
-    fp8_quant_kernels: NumOrSince | None = None
+    fp8_quant_kernels: Fp8Kernels | None = None
     gemm_bandwidth_frac: Frac
     # times gemm_bandwidth_frac for the 16-bit GEMMs (not the routed experts' fused kernel)
     # on a GPU architecture: how much less of its copy ceiling the engine's GEMM reaches
@@ -715,15 +711,24 @@ class EngineSpec(_Frozen):
         profile names none."""
         return self.versions.family if self.versions is not None else None
 
+    def as_released(self, engine_version: str | None) -> EngineSpec:
+        """The profile as the first release of its family that ``engine_version`` (a
+        source's or run's text: "vLLM 0.8.2 (...)") names starts (``at_version``); itself
+        where the text names none or the profile names no family."""
+        if self.versions is None:
+            return self
+        version = release_in(engine_version, self.versions.family)
+        return self if version is None else self.at_version(version)
+
     def at_version(self, version: str) -> EngineSpec:
         """The profile as the release ``version`` starts: the scheduler defaults of the
         earliest ``serving.earlier`` entry it comes before (every GPU alike), else as it is;
         no capture sizes before the release they start at (``GraphSizes.since``), no
         --performance-mode before its release, a ``FlagSince`` default reversed before
-        its release, and no fp8 kernels before theirs (``NumSince``)."""
+        its release, and no fp8 kernels before theirs (``Fp8Kernels.since``)."""
         v = version_key(version)
         q = self.fp8_quant_kernels
-        if isinstance(q, NumSince) and v < version_key(q.since):
+        if q is not None and q.since is not None and v < version_key(q.since):
             self = self.model_copy(update={"fp8_quant_kernels": None})
         sv = self.serving
         if sv is None:
@@ -804,6 +809,12 @@ class EngineSpec(_Frozen):
                 sorted((k, v / 1e6) for k, v in self.operator_fixed_us.value.items()))),
             fp8_quant_kernels=(0.0 if self.fp8_quant_kernels is None
                                else self.fp8_quant_kernels.value),
+            fp8_block_quant_kernels=(0.0 if self.fp8_quant_kernels is None
+                                     else self.fp8_quant_kernels.value
+                                     if self.fp8_quant_kernels.block is None
+                                     else self.fp8_quant_kernels.block),
+            fp8_quant_dense_only=(self.fp8_quant_kernels is not None
+                                  and self.fp8_quant_kernels.dense_only),
             gemm_bandwidth_frac=self.gemm_bandwidth_frac.value,
             gemm_bandwidth_by_arch=_pairs(self.gemm_bandwidth_arch_frac),
             gemm_compute_frac=self.gemm_compute_frac.value,
@@ -930,6 +941,8 @@ class Engine:
     # device time per instance of the named operators beyond their kernels' (``fixed_for``)
     operator_fixed_s: tuple[tuple[str, float], ...] = ()
     fp8_quant_kernels: float = 0.0  # beside each W8A8 fp8 GEMM: its activations' quantization
+    fp8_block_quant_kernels: float = 0.0  # beside a block-scaled one
+    fp8_quant_dense_only: bool = False  # the routed experts' fused kernel pays none
     gemm_bandwidth_frac: float = 1.0
     # times gemm_bandwidth_frac for the 16-bit GEMMs on this GPU (``for_gpu`` resolves it
     # from ``gemm_bandwidth_by_arch``: (architecture, factor), ...)
@@ -1209,6 +1222,7 @@ class Engine:
         return (self.ceilings, self.step_overhead_s, self.per_sequence_overhead_s,
                 self.prefill_step_overhead_s, self.kernel_gap_s, self.host_launch_s,
                 self.moe_layer_host_s, self.operator_fixed_s, self.fp8_quant_kernels,
+                self.fp8_block_quant_kernels, self.fp8_quant_dense_only,
                 self.gemm_bandwidth_frac, self.gemm_bandwidth_arch_frac,
                 self.gemm_bandwidth_by_arch, self.gemm_compute_frac,
                 self.served_compute_frac, self.experts_compute_frac,

@@ -167,6 +167,7 @@ class Op:
     kv_cache_bytes: float = 0.0  # KV write: the cache held before (a concatenating cache copies it)
     kv_dtype: DType | None = None  # attention: the type of the cache it reads (not MLA's)
     k_dim: float = 0.0  # a matmul's K: the depth each output sums over (input features per GPU)
+    fp8_blocks: bool = False  # a matmul's fp8 weights carry a scale per block (128 x 128)
 
     @property
     def bytes(self) -> float:
@@ -363,7 +364,8 @@ class _Step:
         return Op(name, "matmul", count, flops=2.0 * tokens * k * n,
                   weight_bytes=w_elems * (self.wb if quantized else self.hb) + bias * self.hb,
                   act_bytes=tokens * (k + n) * self.ab, dtype=self.cdt if quantized else self.hdt,
-                  weight_dtype=prec.weights if quantized else self.hdt, m_rows=tokens, k_dim=k)
+                  weight_dtype=prec.weights if quantized else self.hdt, m_rows=tokens, k_dim=k,
+                  fp8_blocks=quantized and prec.weights == DType.fp8 and prec.fp8_blocks)
 
     def norm(self, name: str, count: int) -> Op:
         # read the residual and the branch output, write the sum and its normalized copy
@@ -519,7 +521,7 @@ def _moe_ops(s: _Step) -> list[Op]:
                     weight_bytes=op.weight_bytes * pad * hit,
                     act_bytes=op.act_bytes, dtype=op.dtype, weight_dtype=op.weight_dtype,
                     m_rows=routed_tokens / vmax(hit, 1e-30),  # 0 rows in an empty step
-                    k_dim=op.k_dim)
+                    k_dim=op.k_dim, fp8_blocks=op.fp8_blocks)
         ops.append(op)
     if e.num_shared_experts:
         ops += s.mlp("shared_", n_moe, e.num_shared_experts * inter)
@@ -538,7 +540,8 @@ def _head_ops(s: _Step, rows: float, lm_head_sharded: bool) -> list[Op]:
     # logits are written in fp32 for sampling
     return [norm, Op(lm.name, lm.kind, 1, lm.flops, weight_bytes=lm.weight_bytes,
                      act_bytes=rows * h * s.ab + rows * vocab * 4, dtype=lm.dtype,
-                     weight_dtype=lm.weight_dtype, m_rows=rows, k_dim=lm.k_dim)]
+                     weight_dtype=lm.weight_dtype, m_rows=rows, k_dim=lm.k_dim,
+                     fp8_blocks=lm.fp8_blocks)]
 
 
 def decode_ops(m: ModelSpec, prec: Precision, *, batch: int, context_tokens: int, tp: int = 1,

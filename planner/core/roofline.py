@@ -325,6 +325,19 @@ def _weight_path(op: Op) -> DType:
     return DType.int8 if wdt == DType.fp8 and op.dtype != DType.fp8 else wdt
 
 
+def fp8_kernels(op: Op, e: Engine) -> float:
+    """The kernels of the plain cost beside a W8A8 fp8 matmul under engine ``e``: its
+    input's quantization, or the GEMM's fixed cost counted in kernels
+    (``Engine.fp8_quant_kernels``; ``fp8_block_quant_kernels`` for block-scaled weights; none
+    for a routed expert's where the engine's fused MoE kernel quantizes inside itself,
+    ``fp8_quant_dense_only``); 0 for any other operator."""
+    if op.kind != "matmul" or op.dtype != DType.fp8:
+        return 0.0
+    if e.fp8_quant_dense_only and op.name.startswith("experts_"):
+        return 0.0
+    return e.fp8_block_quant_kernels if op.fp8_blocks else e.fp8_quant_kernels
+
+
 def experts_compute_factor(op: Op, e: Engine) -> tuple[float, str]:
     """The engine's fused-MoE factor on a routed expert's compute efficiency on this GPU, and
     the profile field it comes from: ``experts_fp8_compute_frac`` for fp8 weights in fp8
@@ -476,9 +489,8 @@ def op_time(op: Op, c: Ceilings, *, tp: int = 1, options: Options | None = None,
                        if isinstance(memory, float) and memory > 0 else paced)
     k = e.kernels_for(op.name, op.kind)
     per_kernel = c.kernel_cost_s(op.kind, e)
-    if op.kind == "matmul" and op.dtype == DType.fp8 and e.fp8_quant_kernels:
-        # W8A8: the activations are quantized first, by kernels of the plain cost
-        q = e.fp8_quant_kernels
+    q = fp8_kernels(op, e)
+    if q:  # W8A8: the activations are quantized first, by kernels of the plain cost
         per_kernel = (k * per_kernel + q * c.kernel_cost_s("plain", e)) / (k + q)
         k = k + q
     fixed = e.fixed_for(op.name)

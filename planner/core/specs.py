@@ -116,6 +116,10 @@ class Precision(_Frozen):
     # fp32 scale of ``scale_bytes``) or per output channel; None: one per tensor (no bytes
     # worth counting)
     fp8_scale_group: int | None = Field(None, gt=0, le=10**9)
+    # fp8 weights scaled per block (a checkpoint's weight_block_size): the engine runs them
+    # through its block-scaled GEMM, which quantizes its input its own way
+    # (``Engine.fp8_block_quant_kernels``)
+    fp8_blocks: bool = False
     # scales, zero points and the lm_head as a checkpoint stores them (its config.json's
     # quantization_config): the engine's defaults for them (``prepare``) do not apply
     from_checkpoint: bool = False
@@ -224,6 +228,7 @@ class CheckpointQuant(_Frozen):
     scale_bytes: float = Field(2, gt=0, le=64)
     zero_point_bytes: float = Field(0.0, ge=0, le=64)
     fp8_scale_group: int | None = Field(None, gt=0, le=10**9)
+    fp8_blocks: bool = False  # fp8: a scale per block (weight_block_size, block_structure)
     compute: DType | None = None  # None: 16-bit for weight-only int, fp8 for fp8
     quantized_layers: Literal["all", "experts"] = "all"
     lm_head_quantized: bool = False
@@ -250,7 +255,7 @@ class CheckpointQuant(_Frozen):
         return p.model_copy(update={
             "group_size": group_size or self.group_size or DEFAULT_GROUP_SIZE,
             "scale_bytes": self.scale_bytes, "zero_point_bytes": self.zero_point_bytes,
-            "fp8_scale_group": self.fp8_scale_group,
+            "fp8_scale_group": self.fp8_scale_group, "fp8_blocks": self.fp8_blocks,
             "lm_head_quantized": self.lm_head_quantized,
             "quantized_layers": quantized_layers if quantized_layers == "experts"
             else self.quantized_layers,

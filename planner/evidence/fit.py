@@ -106,7 +106,10 @@ def _objective(spec: EngineSpec, datasets: list[Dataset], models, gpus,
                loss=soft_l1) -> tuple[float, int]:
     total, n = 0.0, 0
     for ds in datasets:
-        for c in compare(ds, models=models, gpus=gpus, engines={spec.name: spec}):
+        # each source's rows as ``validate`` predicts them: the profile as their release
+        # starts (``EngineSpec.as_released``: TensorRT-LLM's TensorRT engines before 1.0)
+        s = spec.as_released(ds.source.engine_version)
+        for c in compare(ds, models=models, gpus=gpus, engines={spec.name: s}):
             total += loss(math.log(c.predicted / c.measured))
             n += 1
     return total, n

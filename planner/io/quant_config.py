@@ -212,7 +212,7 @@ def _fp8(qc: dict, *, moe: bool, hidden_size: int, half) -> dict:
             raise _Bad(f"{FIELD}.weight_block_size",
                        f"expected two positive whole numbers, got {block!r:.40}")
         # one fp32 scale (weight_scale_inv) per block
-        d.update(fp8_scale_group=block[0] * block[1], scale_bytes=4,
+        d.update(fp8_scale_group=block[0] * block[1], scale_bytes=4, fp8_blocks=True,
                  details=(f"blocks of {block[0]} x {block[1]}",))
     scheme = qc.get("activation_scheme", "dynamic")
     if scheme not in ("dynamic", "static"):
@@ -314,7 +314,7 @@ def _ct_scheme(grp: dict, field: str, hidden_size: int, half) -> dict:
                     isinstance(b, int) and not isinstance(b, bool) and b > 0 for b in blk)):
                 raise _Bad(f"{wf}.block_structure",
                            f"expected two positive whole numbers, got {blk!r:.40}")
-            d.update(fp8_scale_group=blk[0] * blk[1], scale_bytes=4,
+            d.update(fp8_scale_group=blk[0] * blk[1], scale_bytes=4, fp8_blocks=True,
                      details=("FP8", f"blocks of {blk[0]} x {blk[1]}"))
         elif strategy == "channel":
             d.update(fp8_scale_group=hidden_size, details=("FP8", "per channel"))

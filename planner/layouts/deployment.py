@@ -327,7 +327,8 @@ def weights_fields(dep: Deployment) -> dict:
         ck = {"file": q.file, "method": q.method, "label": q.label,
               "weights": q.weights.value if q.weights else None, "group_size": q.group_size,
               "scale_bytes": q.scale_bytes, "zero_point_bytes": q.zero_point_bytes,
-              "fp8_scale_group": q.fp8_scale_group, "quantized_layers": q.quantized_layers,
+              "fp8_scale_group": q.fp8_scale_group, "fp8_blocks": q.fp8_blocks,
+              "quantized_layers": q.quantized_layers,
               "lm_head_quantized": q.lm_head_quantized, "notes": list(q.notes),
               "problem": q.problem, "used": dep.weights_source == "checkpoint"}
     p = dep.precision
