@@ -354,3 +354,29 @@ def test_a_since_that_is_not_a_release_is_refused():
     doc["fp8_quant_kernels"]["block"] = -1
     with pytest.raises(ValidationError, match="fp8_quant_kernels.block"):
         EngineSpec.model_validate(doc)
+
+
+def test_plan_prices_a_checkpoint_as_it_ships(run_json):
+    """plan without --weights runs a quantized checkpoint as it ships: its own scales, so
+    DeepSeek-V3's block-scaled GEMMs take TensorRT-LLM's block lane (1 kernel) in the search
+    as in estimate, where rebuilding the precision from the weight type alone gave them the
+    per-tensor lane's 3. A type the checkpoint does not store, or released False, is built
+    from the type alone."""
+    from planner.search.sweep import grid_precision
+
+    m = catalog.load_model("deepseek-v3")
+    p = grid_precision(m, DType.fp8, released=True)
+    assert p.fp8_blocks and p.from_checkpoint and p.fp8_scale_group == 128 * 128
+    assert not grid_precision(m, DType.fp8).fp8_blocks
+    assert not grid_precision(m, DType.bf16, released=True).from_checkpoint
+    rows = run_json("plan", "-m", "deepseek-v3", "-g", "h200", "--tp", "8", "-e", "trtllm",
+                    "--ttft", "5s", "--tpot", "100ms", "--rps", "1", "--scheduler", "static",
+                    "-p", "512", "-o", "128")
+    one = next(r for r in rows if r["batch"] == 1 and r["tp"] == 8 and r["ep"] == 1
+               and r["kv_cache"] == "bf16")
+    est = run_json("estimate", "-m", "deepseek-v3", "-g", "h200", "-tp", "8", "-e", "trtllm",
+                   "-b", "1", "-p", "512", "-o", "128")
+    assert one["tpot_s"] == pytest.approx(est["tpot_s"], rel=1e-6)
+    per_tensor = run_json("estimate", "-m", "deepseek-v3", "-g", "h200", "-tp", "8", "-e",
+                          "trtllm", "-b", "1", "-p", "512", "-o", "128", "--weights", "fp8")
+    assert per_tensor["tpot_s"] > 1.2 * est["tpot_s"]

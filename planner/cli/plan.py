@@ -262,7 +262,8 @@ def plan_run(a: dict, *, emit: bool = False):
     price_set = "--price-per-hour" if price_per_hour is not None else \
         catalog.price_set(prices).name
     q = m.quantization
-    if weights is None and quantization is None and q is not None and q.problem is None:
+    released = weights is None and quantization is None and q is not None and q.problem is None
+    if released:
         # a quantized checkpoint runs as it ships: its precision, not a search over others
         wl = [q.weights]
         if q.quantized_layers == "experts":
@@ -319,12 +320,13 @@ def plan_run(a: dict, *, emit: bool = False):
                                 label=(ttft, tpot, req), compute=cdt, quantized_layers=ql,
                                 options=opts, speculations=specs, disaggregated=disaggregated,
                                 price_set=price_set, emit=emit, jobs=jobs,
-                                auto_dtype=auto)
+                                auto_dtype=auto, released=released)
     targets = Targets(t_ttft, t_tpot, req)
     df = search(m, gpus, prompt_tokens=prompt_tokens, output_tokens=output_tokens,
                 targets=targets, tps=tps, pps=pps, eps=eps,
                 weights=wl, kv_cache=kvl, calibration=cal, price_usd_per_gpu_hour=price_per_hour,
-                engine=eng, compute=cdt, quantized_layers=ql, options=opts, auto_dtype=auto)
+                engine=eng, compute=cdt, quantized_layers=ql, options=opts, auto_dtype=auto,
+                released=released)
     df["price_set"] = price_set
     if not emit:
         return df
@@ -665,7 +667,8 @@ def _plan_continuous(m, gpus, *, prompt_tokens, output_tokens, targets, tps, wei
                      calibration, price_per_hour, engine, settings, top, csv, plot, as_json,
                      label, compute=None, pps=(1,), eps=(1,), quantized_layers="all",
                      options=None, speculations=(), disaggregated="off", jobs=1,
-                     price_set: str = "", emit: bool = True, auto_dtype: bool = False):
+                     price_set: str = "", emit: bool = True, auto_dtype: bool = False,
+                     released: bool = False):
     from functools import partial
 
     import numpy as np
@@ -683,7 +686,7 @@ def _plan_continuous(m, gpus, *, prompt_tokens, output_tokens, targets, tps, wei
               price_usd_per_gpu_hour=price_per_hour, engine=engine, settings=settings,
               top=top, compute=compute, quantized_layers=quantized_layers, options=options,
               prefetch=partial(prefetched, jobs=jobs) if jobs > 1 else None,
-              auto_dtype=auto_dtype)
+              auto_dtype=auto_dtype, released=released)
     frames = []
     from planner.search.plan import screen
 

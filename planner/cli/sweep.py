@@ -170,9 +170,11 @@ def sweep(
         if q is not None and q.problem is None:
             experts = " --quantized-layers experts" if q.precision(None).quantized_layers \
                 == "experts" else ""
+            scales = ("; its block scales are not swept: estimate or plan without --weights "
+                      "cost them" if q.fp8_blocks else "")
             stderr.print(f"[yellow]note:[/] {m.name}'s checkpoint stores {q.label} "
                          f"({q.file}); sweep costs --weights bf16 unless given (as released: "
-                         f"--weights {q.weights.value}{experts})")
+                         f"--weights {q.weights.value}{experts}{scales})")
     for m in grid.models:  # the longest sequence of the grid must fit every model
         check_context(m, max(grid.prompt_tokens), max(grid.output_tokens), allow_longer_context,
                       "--prompt-tokens + --output-tokens (largest)")

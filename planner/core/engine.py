@@ -98,11 +98,12 @@ class FlagSince(Flag):
 
 class Fp8Kernels(Num):
     """Kernels of the profile's plain cost beside each W8A8 fp8 GEMM (``value``: one weight
-    scale per tensor or channel), its input's quantization or the GEMM's own fixed cost counted
-    in kernels. ``block``: beside a block-scaled one (128 x 128 weight scales: DeepSeek's and
-    Qwen's -FP8 checkpoints), where its path differs (None: ``value``). ``dense_only``: the
-    routed experts' fused MoE kernel quantizes inside itself and pays none. ``since``: none
-    before that release (TensorRT-LLM's PyTorch backend, the default from 1.0)."""
+    scale per tensor, and per channel, not told apart), its input's quantization or the
+    GEMM's own fixed cost counted in kernels. ``block``: beside a block-scaled one (128 x 128
+    weight scales: DeepSeek's and Qwen's -FP8 checkpoints), where its path differs (None:
+    ``value``). ``dense_only``: the routed experts' fused MoE kernel quantizes inside itself
+    and pays none. ``since``: none before that release (TensorRT-LLM's PyTorch backend, the
+    default from 1.0)."""
 
     block: float | None = Field(None, ge=0, le=100, allow_inf_nan=False)
     dense_only: bool = False

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from planner.core.errors import UsageError
 from planner.core.specs import DType, Options, Precision
 from planner.layouts.deployment import Deployment, Layout
+from planner.search.sweep import grid_precision
 
 
 @dataclass(frozen=True)
@@ -105,7 +106,7 @@ def search_disaggregated(model, gpus, *, prompt_tokens: int, output_tokens: int,
                          engine=None, settings=None, top: int = 10,
                          compute: DType | None = None, quantized_layers: str = "all",
                          max_adjust: int = 6, screened=None, advance=None, prefetch=None,
-                         auto_dtype: bool = False):
+                         auto_dtype: bool = False, released: bool = False):
     """Rows in the shape ``search_continuous`` returns (``disaggregated`` True, the layout's
     ``prefill_*`` / ``decode_*`` and ``kv_transfer_*`` fields), the cheapest first.
     ``screened``: ``planner.search.plan.screen``'s rows, when the caller has them.
@@ -138,7 +139,7 @@ def search_disaggregated(model, gpus, *, prompt_tokens: int, output_tokens: int,
         targets=targets, tps=tps, weights=weights, kv_cache=kv_cache, options=o,
         calibration=calibration, price_usd_per_gpu_hour=price_usd_per_gpu_hour,
         engine=engine, compute=compute, quantized_layers=quantized_layers,
-        auto_dtype=auto_dtype)
+        auto_dtype=auto_dtype, released=released)
     df = df[df["supported"].astype(bool) & df["priced"] & (df["pp"] == 1) & (df["ep"] == 1)]
     keys = ["gpu", "tp", "weights", "kv_cache"]
     groups: dict[tuple, list[dict]] = {}
@@ -149,8 +150,9 @@ def search_disaggregated(model, gpus, *, prompt_tokens: int, output_tokens: int,
 
     def deployment(gpu, tp, w, kv, chunk: int | None = None) -> Deployment:
         prec_kv = None if kv == Precision.of(w, compute=compute).kv_cache.value else DType(kv)
-        return Deployment.build(model, by_name[gpu], engine=engine, precision=Precision.of(
-            w, prec_kv, compute=compute, quantized_layers=quantized_layers, auto=auto_dtype),
+        return Deployment.build(model, by_name[gpu], engine=engine, precision=grid_precision(
+            model, w, prec_kv, compute=compute, quantized_layers=quantized_layers,
+            auto=auto_dtype, released=released),
             layout=Layout(tp), options=o.model_copy(update={"prefill_chunk_tokens": chunk})
             if chunk else o, calibration=calibration)
 

@@ -22,7 +22,7 @@ import pandas as pd
 from planner.core.engine import IDEAL, Engine
 from planner.core.specs import Calibration, DType, HardwareSpec, ModelSpec, Options, Precision
 from planner.layouts.deployment import Deployment, Layout
-from planner.search.sweep import Grid, iter_sweep, to_frame
+from planner.search.sweep import Grid, grid_precision, iter_sweep, to_frame
 
 
 def default_eps(model: ModelSpec, most: int = 16) -> list[int]:
@@ -48,17 +48,20 @@ def search(model: ModelSpec, gpus: list[HardwareSpec], *, prompt_tokens: int,
            calibration: Calibration | None = None,
            price_usd_per_gpu_hour: float | None = None, engine: Engine = IDEAL,
            compute: DType | None = None, pps=(1,), eps=(1,),
-           quantized_layers: str = "all", auto_dtype: bool = False) -> pd.DataFrame:
+           quantized_layers: str = "all", auto_dtype: bool = False,
+           released: bool = False) -> pd.DataFrame:
     """Every configuration searched, with ``meets_targets`` and, for those that do, the
     replicas, GPUs, cost at the traffic and ``rank`` (1 = cheapest). ``compute``: the type
     the matmuls run in (None: from the weights); ``auto_dtype``: the weights were not asked
-    for, so the engine's 16-bit fallback applies (``Grid.auto_dtype``)."""
+    for, so the engine's 16-bit fallback applies (``Grid.auto_dtype``); ``released``: the
+    weights are the checkpoint's as it ships (``Grid.released``)."""
     batches = batches or [1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512,
                           768, 1024]
     grid = Grid(models=[model], gpus=gpus, batches=batches, prompt_tokens=[prompt_tokens],
                 output_tokens=[output_tokens], weights=list(weights), kv_cache=list(kv_cache),
                 tps=list(tps), pps=list(pps), options=options or Options(), engine=engine,
-                compute=compute, quantized_layers=quantized_layers, auto_dtype=auto_dtype)
+                compute=compute, quantized_layers=quantized_layers, auto_dtype=auto_dtype,
+                released=released)
     chunks = list(iter_sweep(grid, calibration=calibration,
                              price_usd_per_gpu_hour=price_usd_per_gpu_hour))
     for ep in (n for n in eps if n > 1):
@@ -395,7 +398,8 @@ def search_continuous(model: ModelSpec, gpus: list[HardwareSpec], *, prompt_toke
                       compute: DType | None = None, pps=(1,), eps=(1,),
                       quantized_layers: str = "all", speculations=(),
                       screened: pd.DataFrame | None = None, advance=None,
-                      prefetch=None, auto_dtype: bool = False) -> pd.DataFrame:
+                      prefetch=None, auto_dtype: bool = False,
+                      released: bool = False) -> pd.DataFrame:
     """The cheapest configurations sized by simulating continuous batching; ``prefetch``:
     configurations sized beforehand, side by side, with the same rows (``cut_in_order``).
 
@@ -422,7 +426,7 @@ def search_continuous(model: ModelSpec, gpus: list[HardwareSpec], *, prompt_toke
         targets=targets, tps=tps, weights=weights, kv_cache=kv_cache, options=o,
         calibration=calibration, price_usd_per_gpu_hour=price_usd_per_gpu_hour,
         engine=engine, compute=compute, pps=pps, eps=eps, quantized_layers=quantized_layers,
-        auto_dtype=auto_dtype)
+        auto_dtype=auto_dtype, released=released)
     df = df[df["supported"].astype(bool) & df["priced"]]
     keys = ["gpu", "tp", "pp", "ep", "weights", "kv_cache"]
     cols = keys + ["batch", "fits", "ttft_s", "tpot_s", "num_gpus", "price_usd_per_gpu_hour"]
@@ -433,8 +437,9 @@ def search_continuous(model: ModelSpec, gpus: list[HardwareSpec], *, prompt_toke
 
     def deployment(gpu, tp, pp, ep, w, kv) -> Deployment:
         prec_kv = None if kv == Precision.of(w, compute=compute).kv_cache.value else DType(kv)
-        return Deployment.build(model, gpu_by_name[gpu], engine=engine, precision=Precision.of(
-            w, prec_kv, compute=compute, quantized_layers=quantized_layers, auto=auto_dtype),
+        return Deployment.build(model, gpu_by_name[gpu], engine=engine, precision=grid_precision(
+            model, w, prec_kv, compute=compute, quantized_layers=quantized_layers,
+            auto=auto_dtype, released=released),
             layout=Layout(tp, pp, ep), options=o, calibration=calibration)
 
     ctx = prompt_tokens + output_tokens / 2

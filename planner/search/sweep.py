@@ -108,12 +108,29 @@ class Grid:
     quantized_layers: str = "all"  # or "experts": only a MoE model's routed experts
     # the weights were not asked for: the 16-bit type is left to the engine (``Precision.auto``)
     auto_dtype: bool = False
+    # the weights are a model's checkpoint as it ships: where a model's quantization_config
+    # stores the weight type, its own scales (block-scaled fp8, group sizes) (``grid_precision``)
+    released: bool = False
 
     @property
     def size(self) -> int:
         return (len(self.models) * len(self.gpus) * len(self.batches) * len(self.prompt_tokens)
                 * len(self.output_tokens) * len(self.weights) * len(self.kv_cache)
                 * len(self.tps) * len(self.pps) * len(self.eps))
+
+
+def grid_precision(m: ModelSpec, weights, kv_cache=None, group_size: int = DEFAULT_GROUP_SIZE,
+                   compute=None, quantized_layers: str = "all", *, auto: bool = False,
+                   released: bool = False) -> Precision:
+    """The precision of a searched configuration: with ``released``, where the model's
+    checkpoint stores ``weights`` (its quantization_config), the checkpoint's own (its
+    scales: fp8 in blocks, int4 groups and zero points), ``compute`` and ``kv_cache`` over it,
+    as ``estimate`` takes a checkpoint without --weights; otherwise ``Precision.of``."""
+    q = m.quantization
+    if released and q is not None and q.problem is None and q.weights == DType(weights):
+        p = q.precision(kv_cache, quantized_layers=quantized_layers)
+        return p.model_copy(update={"compute": DType(compute)} if compute else {"auto": auto})
+    return Precision.of(weights, kv_cache, group_size, compute, quantized_layers, auto=auto)
 
 
 @dataclass
@@ -161,8 +178,8 @@ def iter_sweep(g: Grid, *, calibration: Calibration | None = None,
     O = np.asarray(sorted(g.output_tokens), dtype=np.float64)  # noqa: E741
     for m, hw, w, kv, tp, pp, ep in itertools.product(g.models, g.gpus, g.weights, g.kv_cache,
                                                       g.tps, g.pps, g.eps):
-        prec = Precision.of(w, kv, g.group_size, g.compute, g.quantized_layers,
-                            auto=g.auto_dtype)
+        prec = grid_precision(m, w, kv, g.group_size, g.compute, g.quantized_layers,
+                              auto=g.auto_dtype, released=g.released)
         base = {"model": m.name, "gpu": hw.name, "tp": tp, "pp": pp, "ep": ep,
                 "num_gpus": pp * max(tp, ep), "weights": prec.weights.value,
                 "quantized_layers": prec.quantized_layers,
