@@ -176,3 +176,26 @@ def test_the_host_sets_an_eager_moe_prefill():
     assert e.decode.limiter == "latency"
     allreduce = next(t for t in e.decode.ops if t.op.kind == "allreduce")
     assert allreduce.bound == "comm"
+
+
+@pytest.mark.parametrize("args, shown, hidden", [
+    # TensorRT-LLM 1.x, per tensor: 3 (its cuBLASLt fp8 GEMM's fixed cost counted in kernels)
+    (("llama-3.1-8b", "h100-sxm", "-e", "trtllm", "--weights", "fp8"), "each per-tensor fp8 "
+     "matmul's kernels include 3 of the plain cost beside it", "dense_only"),
+    # vLLM: its 2 quantization kernels, experts included
+    (("qwen3-30b-a3b", "h100-sxm", "--weights", "fp8"), "each per-tensor fp8 matmul's kernels "
+     "include 2 of the plain cost", "dense_only"),
+    # DeepSeek-V3's checkpoint, block-scaled: 1, its experts none
+    (("deepseek-v3", "h200", "-tp", "8", "-e", "trtllm"), "each block-scaled fp8 matmul's "
+     "kernels include 1 of the plain cost beside it: its input's quantization, or its GEMM's "
+     "fixed cost counted in kernels (fp8_quant_kernels.block), none for the routed experts' "
+     "fused MoE kernel (dense_only)", "per-tensor"),
+    # before 1.0 (a TensorRT engine) none, and 16-bit weights none
+    (("llama-3.1-8b", "h100-sxm", "-e", "trtllm@0.9", "--weights", "fp8"), "", "fp8_quant"),
+    (("llama-3.1-8b", "h100-sxm", "-e", "trtllm"), "", "fp8_quant"),
+])
+def test_the_legend_names_the_fp8_kernels_where_they_apply(run_cli, args, shown, hidden):
+    code, out, err = run_cli("estimate", "-m", args[0], "-g", args[1], *args[2:], "--explain")
+    assert code == 0, err
+    flat = " ".join(out.split())
+    assert shown in flat and hidden not in flat

@@ -8,7 +8,12 @@ from rich.markup import escape
 from rich.table import Table
 
 from planner.core.estimate import Estimate
-from planner.core.roofline import StepTime, experts_compute_factor, experts_depth_factor
+from planner.core.roofline import (
+    StepTime,
+    experts_compute_factor,
+    experts_depth_factor,
+    fp8_kernels,
+)
 from planner.core.specs import DType
 from planner.io import fmt
 
@@ -401,7 +406,7 @@ def _print_operators(console: Console, e: Estimate) -> None:
                      f"{e.engine.attention_bandwidth_arch_frac:g} on this architecture "
                      "(attention_bandwidth_arch_frac)"
                      if e.engine.attention_bandwidth_arch_frac != 1 else "")
-                  + _matmul_factors(e)
+                  + _matmul_factors(e) + _fp8_kernels_text(e)
                   + (f"; an fp8 KV cache is read at no more than "
                      f"{fmt.si(e.engine.fp8_kv_attention_bytes_per_s, 'B/s')} on this "
                      "architecture (fp8_kv_attention_gb_per_s)"
@@ -443,6 +448,26 @@ def _matmul_factors(e: Estimate) -> str:
                 "kernel's fixed work per output tile ("
                 + ", ".join(f"{name} {d:.2f}" for name, d in depths) + f"; {named})")
     return out
+
+
+def _fp8_kernels_text(e: Estimate) -> str:
+    """--explain's legend for the kernels a W8A8 fp8 matmul launches beside itself where the
+    step has such matmuls and the profile states any (``roofline.fp8_kernels``)."""
+    eng = e.engine
+    fp8 = [t.op for t in e.decode.ops if t.op.kind == "matmul" and t.op.dtype == DType.fp8]
+    counts = sorted({(op.fp8_blocks, op.name.startswith("experts_"), fp8_kernels(op, eng))
+                     for op in fp8})
+    if not any(q for *_, q in counts):
+        return ""
+    lane = "block-scaled" if any(b for b, *_ in counts) else "per-tensor"
+    dense = max(q for _, experts, q in counts if not experts) if any(
+        not x for _, x, _ in counts) else 0.0
+    text = (f"; each {lane} fp8 matmul's kernels include {dense:g} of the plain cost beside it: "
+            "its input's quantization, or its GEMM's fixed cost counted in kernels "
+            "(fp8_quant_kernels" + (".block" if lane == "block-scaled" else "") + ")")
+    if eng.fp8_quant_dense_only and any(x for _, x, _ in counts):
+        text += ", none for the routed experts' fused MoE kernel (dense_only)"
+    return text
 
 
 def operator_table(title: str, step: StepTime, width: int = 200) -> Table:
