@@ -562,7 +562,7 @@ def resolve_precision(m, weights=None, kv_cache=None, group_size: int | None = N
     ``--kv-cache``, ``--compute`` and ``--quantized-layers experts`` still apply over it, and a
     config that cannot be read is a one-line error here); else the config's 16-bit
     ``torch_dtype`` (float16: fp16; vLLM's --dtype auto), else bf16 ("default")."""
-    from planner.core.specs import DType, Precision
+    from planner.core.specs import Precision
 
     positive("--group-size", group_size)
     kv = _value(kv_cache) if kv_cache else None
@@ -570,8 +570,7 @@ def resolve_precision(m, weights=None, kv_cache=None, group_size: int | None = N
     ql = _value(quantized_layers)
     q = m.quantization
     if weights is None and q is not None:
-        p = q.precision(kv, group_size=group_size, quantized_layers=ql)
-        p = p.model_copy(update={"compute": DType(c)} if c is not None else {"auto": True})
+        p = q.shipped(kv, compute=c, group_size=group_size, quantized_layers=ql)
         check_quantized_layers(m, p.quantized_layers)
         return p, "checkpoint"
     # no --weights (nor --dtype): the 16-bit type is left to the engine (vLLM's --dtype auto)

@@ -109,6 +109,11 @@ class Fp8Kernels(Num):
     dense_only: bool = False
     since: str | None = Field(None, pattern=r"^[0-9]+(\.[0-9]+)*$")
 
+    @property
+    def block_value(self) -> float:
+        """The kernels beside a block-scaled fp8 GEMM: ``block``, else ``value``."""
+        return self.value if self.block is None else self.block
+
 
 class _ByArchitecture(_Sourced):
     """A figure by GPU architecture (a hardware file's ``architecture``: ampere, hopper, ...),
@@ -783,6 +788,7 @@ class EngineSpec(_Frozen):
     def model(self) -> Engine:
         q = {DType(k): (v.bandwidth_frac.value, v.compute_frac.value)
              for k, v in self.quantized.items()}
+        k8 = self.fp8_quant_kernels
         return Engine(
             name=self.name, display_name=self.display_name, version=self.engine_version,
             source=self.source, ceilings=self.ceilings,
@@ -808,14 +814,9 @@ class EngineSpec(_Frozen):
             kernels=tuple(sorted(self.kernels.value.items())),
             operator_fixed_s=(() if self.operator_fixed_us is None else tuple(
                 sorted((k, v / 1e6) for k, v in self.operator_fixed_us.value.items()))),
-            fp8_quant_kernels=(0.0 if self.fp8_quant_kernels is None
-                               else self.fp8_quant_kernels.value),
-            fp8_block_quant_kernels=(0.0 if self.fp8_quant_kernels is None
-                                     else self.fp8_quant_kernels.value
-                                     if self.fp8_quant_kernels.block is None
-                                     else self.fp8_quant_kernels.block),
-            fp8_quant_dense_only=(self.fp8_quant_kernels is not None
-                                  and self.fp8_quant_kernels.dense_only),
+            fp8_quant_kernels=0.0 if k8 is None else k8.value,
+            fp8_block_quant_kernels=0.0 if k8 is None else k8.block_value,
+            fp8_quant_dense_only=k8 is not None and k8.dense_only,
             gemm_bandwidth_frac=self.gemm_bandwidth_frac.value,
             gemm_bandwidth_by_arch=_pairs(self.gemm_bandwidth_arch_frac),
             gemm_compute_frac=self.gemm_compute_frac.value,

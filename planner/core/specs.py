@@ -261,6 +261,15 @@ class CheckpointQuant(_Frozen):
             else self.quantized_layers,
             "from_checkpoint": True})
 
+    def shipped(self, kv_cache: DType | str | None = None, *, compute: DType | str | None = None,
+                group_size: int | None = None, quantized_layers: str | None = None,
+                auto: bool = True) -> Precision:
+        """The checkpoint run as it ships, as a command without --weights takes it
+        (``precision``), with the matmuls' type a user's ``--compute`` names, else ``auto``
+        (the 16-bit type left to the engine: vLLM's --dtype auto)."""
+        p = self.precision(kv_cache, group_size=group_size, quantized_layers=quantized_layers)
+        return p.model_copy(update={"compute": DType(compute)} if compute else {"auto": auto})
+
 
 # --------------------------------------------------------------------------- model
 

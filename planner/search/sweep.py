@@ -128,8 +128,8 @@ def grid_precision(m: ModelSpec, weights, kv_cache=None, group_size: int = DEFAU
     as ``estimate`` takes a checkpoint without --weights; otherwise ``Precision.of``."""
     q = m.quantization
     if released and q is not None and q.problem is None and q.weights == DType(weights):
-        p = q.precision(kv_cache, quantized_layers=quantized_layers)
-        return p.model_copy(update={"compute": DType(compute)} if compute else {"auto": auto})
+        return q.shipped(kv_cache, compute=compute, quantized_layers=quantized_layers,
+                         auto=auto)
     return Precision.of(weights, kv_cache, group_size, compute, quantized_layers, auto=auto)
 
 
