@@ -33,13 +33,17 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_CSV = ROOT / "benchmarks" / "results" / "aiconfigurator_compare.csv"
-BENCH_VERSION = 1  # bump when the grid, the mapping of a case or the summary changes
+BENCH_VERSION = 2  # bump when the grid, the mapping of a case or the summary changes
+# 2 (2026-12-05): fp8 cases priced as a checkpoint with a static activation scale, as the
+# tables' fp8 GEMMs were timed, not as --weights fp8 (quantized at load, a scale per tensor
+# found at run time: one more read of each input, Engine.fp8_dynamic_tensor_reads)
 BAND = (0.85, 1.15)  # issue 24: ours / theirs within this range
 
 # llmplan model -> aiconfigurator's HF id (one of its bundled configs) and the TP sizes tried.
@@ -138,10 +142,30 @@ def theirs(cli_estimate, c: Case) -> dict:
     }
 
 
+_FP8_CHECKPOINTS = Path(tempfile.mkdtemp(prefix="llmplan-aic-"))
+
+
+def fp8_checkpoint(model: str) -> Path:
+    """models_db's ``model`` as an fp8 checkpoint with one static activation scale per
+    tensor (``quantization_config``: fp8, activation_scheme static): what aiconfigurator's
+    fp8 GEMMs were timed with (its vLLM collector builds Fp8Config(activation_scheme=
+    "static"); TensorRT-LLM serves ModelOpt's static FP8 checkpoints), where ``--weights
+    fp8`` over the 16-bit model is vLLM's --quantization fp8, a scale found at run time."""
+    path = _FP8_CHECKPOINTS / f"{model}-fp8-static.yaml"
+    if not path.exists():
+        text = (ROOT / "models_db" / f"{model}.yaml").read_text()
+        path.write_text(text.rstrip("\n") + "\nquantization_config:\n  quant_method: fp8\n"
+                        "  activation_scheme: static\n")
+    return path
+
+
 def ours(c: Case) -> dict:
-    """`llmplan estimate --json` for one case, with the engine profile of its backend."""
-    cmd = [sys.executable, "-m", "planner", "estimate", "-m", c.model, "-g", c.gpu,
-           "-e", BACKENDS[c.backend], "--tp", str(c.tp), "--weights", c.weights,
+    """`llmplan estimate --json` for one case, with the engine profile of its backend; fp8
+    weights as a checkpoint with static activation scales (``fp8_checkpoint``)."""
+    model = ["-m", str(fp8_checkpoint(c.model))] if c.weights == "fp8" else \
+        ["-m", c.model, "--weights", c.weights]
+    cmd = [sys.executable, "-m", "planner", "estimate", *model, "-g", c.gpu,
+           "-e", BACKENDS[c.backend], "--tp", str(c.tp),
            "--kv-cache", "bf16", "-b", str(c.batch), "-p", str(c.isl), "-o", str(c.osl),
            "--json"]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
@@ -296,7 +320,8 @@ def rerun_ours(rows: list[dict], jobs: int, backends) -> list[dict]:
     keep = [r for r in rows if not backends or r["backend"] in backends]
     cases = [Case(*(r[k] for k in ("backend", "model", "gpu", "tp", "weights", "batch", "isl",
                                    "osl"))) for r in keep]
-    stamp = {"llmplan_commit": _git_describe(), "date": dt.date.today().isoformat()}
+    stamp = {"llmplan_commit": _git_describe(), "bench_version": BENCH_VERSION,
+             "date": dt.date.today().isoformat()}
     out = []
     with ThreadPoolExecutor(max_workers=jobs) as pool:
         for r, new in zip(keep, pool.map(ours, cases), strict=True):

@@ -15,7 +15,7 @@ import pytest
 from harness.bench import Timing, buffers_beyond_l2, time_chain
 from harness.calibrate import _excess, fixed_costs
 from planner.core.estimate import prepare
-from planner.core.ops import StepShape, decode_ops
+from planner.core.ops import StepShape, decode_ops, prefill_ops
 from planner.core.roofline import ceilings, op_time, step_time
 from planner.core.specs import Calibration, DType, Options, Precision
 from planner.io import catalog
@@ -284,7 +284,10 @@ def test_trtllm_fp8_gemms_pay_three_plain_kernels_from_the_pytorch_backend_on():
     q = spec.fp8_quant_kernels
     assert (q.value, q.block, q.dense_only, q.since) == (3, 1, True, "1.0")
     now, bare, c = _o_proj_fp8(spec.model())
-    assert now - bare == pytest.approx(3 * 32 * c.kernel_cost_s("plain", spec.model()))
+    e = spec.model()
+    # and the input's quantization pass: one read of 4,096 16-bit values and their fp8 copy
+    quant = 32 * 4096 * 3 / (c.bandwidth_bytes_per_s * e.elementwise_bandwidth_frac)
+    assert now - bare == pytest.approx(3 * 32 * c.kernel_cost_s("plain", e) + quant)
     assert c.kernel_cost_s("plain", spec.model()) == pytest.approx(3.4e-6)
     old = spec.at_version("0.9.0").model()
     assert old.fp8_quant_kernels == 0.0 and old.fp8_block_quant_kernels == 0.0
@@ -339,6 +342,75 @@ def test_block_scaled_fp8_takes_the_block_lanes_kernels_and_experts_none_in_trtl
     assert v["o_proj"][0] - v0["o_proj"][0] == 2 * 61
 
 
+def _fp8_prefill_o_proj(engine, prec, tokens=2048):
+    """Llama-3.1-8B's o_proj (K 4,096) in a prefill of ``tokens`` on an H100 under ``engine``
+    at ``prec``: (its time, its time with no input quantization pass, the ceilings)."""
+    m, hw = catalog.load_model("llama-3.1-8b"), catalog.load_hardware("h100-sxm")
+    c = ceilings(hw, None, Options(), engine)
+    op = next(o for o in prefill_ops(m, prec, batch=1, prompt_tokens=tokens)
+              if o.name == "o_proj")
+    bare = replace(engine, fp8_input_reads=0.0, fp8_dynamic_tensor_reads=0.0)
+    return op_time(op, c, engine=engine), op_time(op, c, engine=bare), c
+
+
+def test_a_w8a8_gemm_reads_its_16_bit_input_once_more_to_quantize_it():
+    """vLLM's Fp8LinearMethod quantizes each fp8 GEMM's input in a pass of its own before
+    the GEMM: a static scale (or one per token or per block) reads the 16-bit input once and
+    writes its fp8 copy, 3 bytes a value; a scale per tensor found at run time
+    (--quantization fp8 over a 16-bit checkpoint) reads it twice first, 5 bytes. By hand,
+    2,048 tokens x 4,096 values x 32 layers, at the profile's elementwise share of the
+    bandwidth, in series with the GEMM."""
+    vllm = catalog.load_engine("vllm")
+    assert (vllm.fp8_input_reads, vllm.fp8_dynamic_tensor_reads) == (1.0, 2.0)
+    static = Precision(weights=DType.fp8, compute=DType.fp8, from_checkpoint=True)
+    online = Precision(weights=DType.fp8, compute=DType.fp8)
+    for prec, per_value in ((static, 3), (online, 5)):
+        t, bare, c = _fp8_prefill_o_proj(vllm, prec)
+        want = 32 * 2048 * 4096 * per_value / (
+            c.bandwidth_bytes_per_s * vllm.elementwise_bandwidth_frac)
+        assert t.time_s - bare.time_s == pytest.approx(want, rel=1e-9)
+        assert t.memory_s - bare.memory_s == pytest.approx(want, rel=1e-9)
+        assert t.compute_s == bare.compute_s
+    # a checkpoint's dynamic per-tensor scheme reads twice as --quantization fp8 does;
+    # block-scaled weights (a scale per token and 128 values) once
+    dyn = static.model_copy(update={"fp8_dynamic_tensor": True})
+    blocks = static.model_copy(update={"fp8_blocks": True})
+    assert _fp8_prefill_o_proj(vllm, dyn)[0].time_s == pytest.approx(
+        _fp8_prefill_o_proj(vllm, online)[0].time_s)
+    t, bare, c = _fp8_prefill_o_proj(vllm, blocks)
+    assert t.time_s - bare.time_s == pytest.approx(
+        32 * 2048 * 4096 * 3 / (c.bandwidth_bytes_per_s * vllm.elementwise_bandwidth_frac))
+    # 16-bit GEMMs have no pass; nor the ideal engine, which states no reads, nor
+    # TensorRT-LLM before 1.0 (a built engine fuses the quantization). SGLang finds a
+    # dynamic scale per token in its one pass
+    bf16 = Precision(weights=DType.bf16)
+    t, bare, _ = _fp8_prefill_o_proj(vllm, bf16)
+    assert t.time_s == bare.time_s
+    ideal = catalog.load_engine("ideal")
+    t, bare, _ = _fp8_prefill_o_proj(ideal, online)
+    assert ideal.fp8_input_reads == 0.0 and t.time_s == bare.time_s
+    sgl = catalog.load_engine("sglang")
+    assert (sgl.fp8_input_reads, sgl.fp8_dynamic_tensor_reads) == (1.0, 1.0)
+    trt = catalog.load_engine_spec("trtllm")
+    assert trt.model().fp8_input_reads == 1.0
+    old = trt.at_version("0.9.0").model()
+    assert old.fp8_input_reads == old.fp8_dynamic_tensor_reads == 0.0
+
+
+def test_a_routed_experts_matmul_pays_no_input_quantization_pass():
+    """A MoE layer's input is quantized once, not once per expert its tokens reach: the
+    routed experts' matmuls (each a GEMM per expert) take no pass of their own."""
+    from planner.core.roofline import fp8_input_quant_s
+
+    m, hw = catalog.load_model("qwen3-30b-a3b"), catalog.load_hardware("h100-sxm")
+    vllm = catalog.load_engine("vllm")
+    c = ceilings(hw, None, Options(), vllm)
+    prec = Precision(weights=DType.fp8, compute=DType.fp8)
+    ops = {o.name: o for o in prefill_ops(m, prec, batch=1, prompt_tokens=2048)}
+    assert fp8_input_quant_s(ops["experts_gate_up_proj"], c, vllm) == 0.0
+    assert fp8_input_quant_s(ops["o_proj"], c, vllm) > 0.0
+
+
 def test_a_since_that_is_not_a_release_is_refused():
     import yaml
     from pydantic import ValidationError
@@ -354,6 +426,12 @@ def test_a_since_that_is_not_a_release_is_refused():
     doc["fp8_quant_kernels"]["block"] = -1
     with pytest.raises(ValidationError, match="fp8_quant_kernels.block"):
         EngineSpec.model_validate(doc)
+    doc["fp8_quant_kernels"]["block"] = 1
+    for field, bad in (("input_reads", -1), ("input_reads", float("nan")),
+                       ("dynamic_tensor_reads", 9)):
+        with pytest.raises(ValidationError, match=f"fp8_quant_kernels.{field}"):
+            EngineSpec.model_validate({**doc, "fp8_quant_kernels": {
+                **doc["fp8_quant_kernels"], field: bad}})
 
 
 def test_plan_prices_a_checkpoint_as_it_ships(run_json):

@@ -80,7 +80,7 @@ def test_the_h200_session_recorded_what_the_docs_say():
     (H200, H200_BF16, {"vllm": (0.048, 0.105), "gpt-fast": (0.119, 0.081),
                        "trtllm": (0.075, 0.140), "sglang": (0.132, 0.263)}),
     (H100, H100_FILES, {"vllm": (0.069, 0.077), "gpt-fast": (0.072, 0.076),
-                        "trtllm": (0.067, 0.114), "sglang": (0.104, 0.294)}),
+                        "trtllm": (0.068, 0.114), "sglang": (0.104, 0.294)}),
 ], ids=["h200", "h100"])
 def test_engine_profiles_against_the_measured_steps(folder, names, expected):
     got = _median_errors(_points(folder, names))

@@ -190,6 +190,12 @@ def test_the_host_sets_an_eager_moe_prefill():
      "kernels include 1 of the plain cost beside it: its input's quantization, or its GEMM's "
      "fixed cost counted in kernels (fp8_quant_kernels.block), none for the routed experts' "
      "fused MoE kernel (dense_only)", "per-tensor"),
+    # and the quantization's pass: --weights fp8 is vLLM's --quantization fp8, two reads
+    (("llama-3.1-8b", "h100-sxm", "--weights", "fp8"), "each 16-bit input value read twice "
+     "and written once in fp8 (fp8_quant_kernels.dynamic_tensor_reads", "input_reads)"),
+    # TensorRT-LLM's static scale: one
+    (("llama-3.1-8b", "h100-sxm", "-e", "trtllm", "--weights", "fp8"), "each 16-bit input "
+     "value read once and written once in fp8 (fp8_quant_kernels.input_reads)", "twice"),
     # before 1.0 (a TensorRT engine) none, and 16-bit weights none
     (("llama-3.1-8b", "h100-sxm", "-e", "trtllm@0.9", "--weights", "fp8"), "", "fp8_quant"),
     (("llama-3.1-8b", "h100-sxm", "-e", "trtllm"), "", "fp8_quant"),

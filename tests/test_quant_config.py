@@ -166,6 +166,35 @@ def test_compressed_tensors_fp8_dynamic_channel(tmp_path):
     assert m.quantization.precision().compute_dtype == DType.bf16
 
 
+def test_an_fp8_checkpoints_activation_scheme_says_how_its_inputs_are_scaled(tmp_path):
+    """vLLM finds one scale per input tensor at run time for an fp8 checkpoint whose
+    activation_scheme is dynamic and whose weights have no blocks (a whole-tensor maximum
+    first: ``fp8_dynamic_tensor``); a static scale, blocks, or compressed-tensors' per-token
+    scales take none; its "tensor" strategy with dynamic: true does."""
+    def flag(qc, name):
+        return load_model(_llama(tmp_path, qc, name)).quantization.precision() \
+            .fp8_dynamic_tensor
+
+    fp8 = {"quant_method": "fp8", "fmt": "e4m3"}
+    assert flag({**fp8, "activation_scheme": "dynamic"}, "dyn") is True
+    assert flag(fp8, "default") is True  # vLLM's Fp8Config default is dynamic
+    assert flag({**fp8, "activation_scheme": "static"}, "static") is False
+    assert flag(FP8_BLOCK, "block") is False
+    grp = {"targets": ["Linear"],
+           "weights": {"num_bits": 8, "type": "float", "strategy": "channel"},
+           "input_activations": {"num_bits": 8, "type": "float", "strategy": "token",
+                                 "dynamic": True}}
+
+    def ct(act, name):
+        return flag({"quant_method": "compressed-tensors",
+                     "config_groups": {"group_0": {**grp, "input_activations": act}}}, name)
+
+    assert ct(grp["input_activations"], "token") is False
+    assert ct({**grp["input_activations"], "strategy": "tensor"}, "tensor") is True
+    assert ct({**grp["input_activations"], "strategy": "tensor", "dynamic": False},
+              "tensor-static") is False
+
+
 def test_mxfp4_gpt_oss_experts_only(run_json):
     """gpt-oss-20b's own config: MXFP4 routed experts (4 + 8 / 32 bits: 0.53125 bytes per
     weight), everything else bf16. Routed experts: 24 layers x 32 experts x 3 x 2880 x 2880

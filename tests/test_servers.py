@@ -299,6 +299,13 @@ def test_calibrate_answer_on_published_runs_is_pinned_and_refused(run_cli, tmp_p
     # runs, was -12% / +3% / +14%; TPOT +2% / +13% / +5%, was +2% / +14% / +6%).
     assert [r.split(" = ")[0] for r in d["refused"]] == ["served_compute_frac"]
     assert "edge of its physical range 0.3-1" in d["refused"][0]
+    # Since later that day each fp8 GEMM's input quantization is a pass of its own before the
+    # GEMM (engines_db fp8_quant_kernels input_reads / dynamic_tensor_reads: these runs'
+    # --quantization fp8 reads each 16-bit input value twice and writes it once, 5 bytes): the
+    # fit drives the share to 0.994, with a 95.5 us step (was 0.985, 138 us); still refused.
+    # In sample the long-prompt runs' TTFT now come out slow, +25% / +23% (was -2% / +11%):
+    # these 0.8.2 runs' prefill was already slower in the model than measured at its share's
+    # top, and the pass widens it (docs/validation.md#fp8-quant-bytes).
     # Before, since each fp8 GEMM pays the two kernels that quantize its input (vLLM's
     # dynamic_scaled_fp8_quant; 2 x 128 GEMMs a step), that share of the step is no longer left
     # to the fitted step cost (1,160 us -> 254 us then). Since the served compute share is a
@@ -309,22 +316,22 @@ def test_calibrate_answer_on_published_runs_is_pinned_and_refused(run_cli, tmp_p
     # three vLLM runs, was -13% / -5% / +10%; TPOT +2% / +14% / +6%, was the same).
     assert set(d["unidentified"]) == {"allreduce_latency_us"}
     assert d["values"] == pytest.approx(
-        {"step_overhead_us": 138.0, "gemm_bandwidth_frac": 0.988, "served_compute_frac": 0.985},
+        {"step_overhead_us": 95.5, "gemm_bandwidth_frac": 0.988, "served_compute_frac": 0.994},
         rel=5e-3)
     # (run, figure): error in sample, and held out (predicted by a fit on the other three)
     want = {
-        ("vllm082-1000in-2000out", "mean_ttft_s"): (-0.0989, -0.0832),
-        ("vllm082-1000in-2000out", "mean_tpot_s"): (0.0152, 0.0109),
-        ("vllm082-1000in-2000out", "output_throughput"): (-0.0403, -0.0369),
-        ("vllm082-5000in-1000out", "mean_ttft_s"): (-0.0180, 0.0169),
-        ("vllm082-5000in-1000out", "mean_tpot_s"): (0.1332, 0.1430),
-        ("vllm082-5000in-1000out", "output_throughput"): (-0.1360, -0.1426),
-        ("vllm082-10000in-500out", "mean_ttft_s"): (0.1117, 0.1387),
-        ("vllm082-10000in-500out", "mean_tpot_s"): (0.0513, 0.0569),
-        ("vllm082-10000in-500out", "output_throughput"): (-0.1143, -0.1204),
-        ("sglang0443-1000in-2000out", "mean_ttft_s"): (-0.6464, -0.6476),
-        ("sglang0443-1000in-2000out", "mean_tpot_s"): (-0.1242, -0.1276),
-        ("sglang0443-1000in-2000out", "output_throughput"): (0.0780, 0.0814),
+        ("vllm082-1000in-2000out", "mean_ttft_s"): (-0.0680, -0.0597),
+        ("vllm082-1000in-2000out", "mean_tpot_s"): (0.0201, 0.0536),
+        ("vllm082-1000in-2000out", "output_throughput"): (-0.0426, -0.0667),
+        ("vllm082-5000in-1000out", "mean_ttft_s"): (0.2453, 0.3272),
+        ("vllm082-5000in-1000out", "mean_tpot_s"): (0.1472, 0.1622),
+        ("vllm082-5000in-1000out", "output_throughput"): (-0.1461, -0.1562),
+        ("vllm082-10000in-500out", "mean_ttft_s"): (0.2291, 0.2534),
+        ("vllm082-10000in-500out", "mean_tpot_s"): (0.0703, 0.0730),
+        ("vllm082-10000in-500out", "output_throughput"): (-0.1364, -0.1399),
+        ("sglang0443-1000in-2000out", "mean_ttft_s"): (-0.6343, -0.6314),
+        ("sglang0443-1000in-2000out", "mean_tpot_s"): (-0.1199, -0.1208),
+        ("sglang0443-1000in-2000out", "output_throughput"): (0.0754, 0.0761),
     }
     got = {(e["run"].split("-h200x1-")[1].split(".json")[0], e["metric"]):
            (e["in_sample"], e["held_out"]) for e in d["errors"]}

@@ -103,10 +103,18 @@ class Fp8Kernels(Num):
     weight scales: DeepSeek's and Qwen's -FP8 checkpoints), where its path differs (None:
     ``value``). ``dense_only``: the routed experts' fused MoE kernel quantizes inside itself
     and pays none. ``since``: none before that release (TensorRT-LLM's PyTorch backend, the
-    default from 1.0)."""
+    default from 1.0). ``input_reads``: how often the quantization reads each 16-bit input
+    element from memory before writing its fp8 copy, a pass of its own before the GEMM (1: a
+    static scale, or a scale per token or per block of 128 found in the same pass; 0: not
+    stated, the pass is left out); ``dynamic_tensor_reads``: the same where one scale for
+    the whole input is found at run time, a maximum over the tensor first (a dynamic
+    per-tensor scheme; vLLM's --quantization fp8 over a 16-bit checkpoint; None:
+    ``input_reads``)."""
 
     block: float | None = Field(None, ge=0, le=100, allow_inf_nan=False)
     dense_only: bool = False
+    input_reads: float = Field(0.0, ge=0, le=4, allow_inf_nan=False)
+    dynamic_tensor_reads: float | None = Field(None, ge=0, le=4, allow_inf_nan=False)
     since: str | None = Field(None, pattern=r"^[0-9]+(\.[0-9]+)*$")
 
     @property
@@ -817,6 +825,10 @@ class EngineSpec(_Frozen):
             fp8_quant_kernels=0.0 if k8 is None else k8.value,
             fp8_block_quant_kernels=0.0 if k8 is None else k8.block_value,
             fp8_quant_dense_only=k8 is not None and k8.dense_only,
+            fp8_input_reads=0.0 if k8 is None else k8.input_reads,
+            fp8_dynamic_tensor_reads=(0.0 if k8 is None else k8.input_reads
+                                      if k8.dynamic_tensor_reads is None
+                                      else k8.dynamic_tensor_reads),
             gemm_bandwidth_frac=self.gemm_bandwidth_frac.value,
             gemm_bandwidth_by_arch=_pairs(self.gemm_bandwidth_arch_frac),
             gemm_compute_frac=self.gemm_compute_frac.value,
@@ -945,6 +957,10 @@ class Engine:
     fp8_quant_kernels: float = 0.0  # beside each W8A8 fp8 GEMM: its activations' quantization
     fp8_block_quant_kernels: float = 0.0  # beside a block-scaled one
     fp8_quant_dense_only: bool = False  # the routed experts' fused kernel pays none
+    # reads of each 16-bit input element by a W8A8 GEMM's quantization pass: a static scale,
+    # or one per token or per block; and one per tensor found at run time
+    fp8_input_reads: float = 0.0
+    fp8_dynamic_tensor_reads: float = 0.0
     gemm_bandwidth_frac: float = 1.0
     # times gemm_bandwidth_frac for the 16-bit GEMMs on this GPU (``for_gpu`` resolves it
     # from ``gemm_bandwidth_by_arch``: (architecture, factor), ...)
@@ -1225,6 +1241,7 @@ class Engine:
                 self.prefill_step_overhead_s, self.kernel_gap_s, self.host_launch_s,
                 self.moe_layer_host_s, self.operator_fixed_s, self.fp8_quant_kernels,
                 self.fp8_block_quant_kernels, self.fp8_quant_dense_only,
+                self.fp8_input_reads, self.fp8_dynamic_tensor_reads,
                 self.gemm_bandwidth_frac, self.gemm_bandwidth_arch_frac,
                 self.gemm_bandwidth_by_arch, self.gemm_compute_frac,
                 self.served_compute_frac, self.experts_compute_frac,

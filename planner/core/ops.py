@@ -168,6 +168,10 @@ class Op:
     kv_dtype: DType | None = None  # attention: the type of the cache it reads (not MLA's)
     k_dim: float = 0.0  # a matmul's K: the depth each output sums over (input features per GPU)
     fp8_blocks: bool = False  # a matmul's fp8 weights carry a scale per block (128 x 128)
+    # a W8A8 fp8 matmul's input takes one scale for the whole tensor, found at run time: a
+    # checkpoint's dynamic per-tensor scheme, or weights the engine quantized at load from a
+    # 16-bit checkpoint (vLLM's --quantization fp8)
+    fp8_dynamic_tensor: bool = False
 
     @property
     def bytes(self) -> float:
@@ -365,7 +369,10 @@ class _Step:
                   weight_bytes=w_elems * (self.wb if quantized else self.hb) + bias * self.hb,
                   act_bytes=tokens * (k + n) * self.ab, dtype=self.cdt if quantized else self.hdt,
                   weight_dtype=prec.weights if quantized else self.hdt, m_rows=tokens, k_dim=k,
-                  fp8_blocks=quantized and prec.weights == DType.fp8 and prec.fp8_blocks)
+                  fp8_blocks=quantized and prec.weights == DType.fp8 and prec.fp8_blocks,
+                  fp8_dynamic_tensor=quantized and prec.weights == DType.fp8
+                  and not prec.fp8_blocks
+                  and (prec.fp8_dynamic_tensor or not prec.from_checkpoint))
 
     def norm(self, name: str, count: int) -> Op:
         # read the residual and the branch output, write the sum and its normalized copy
@@ -521,7 +528,8 @@ def _moe_ops(s: _Step) -> list[Op]:
                     weight_bytes=op.weight_bytes * pad * hit,
                     act_bytes=op.act_bytes, dtype=op.dtype, weight_dtype=op.weight_dtype,
                     m_rows=routed_tokens / vmax(hit, 1e-30),  # 0 rows in an empty step
-                    k_dim=op.k_dim, fp8_blocks=op.fp8_blocks)
+                    k_dim=op.k_dim, fp8_blocks=op.fp8_blocks,
+                    fp8_dynamic_tensor=op.fp8_dynamic_tensor)
         ops.append(op)
     if e.num_shared_experts:
         ops += s.mlp("shared_", n_moe, e.num_shared_experts * inter)
@@ -541,7 +549,7 @@ def _head_ops(s: _Step, rows: float, lm_head_sharded: bool) -> list[Op]:
     return [norm, Op(lm.name, lm.kind, 1, lm.flops, weight_bytes=lm.weight_bytes,
                      act_bytes=rows * h * s.ab + rows * vocab * 4, dtype=lm.dtype,
                      weight_dtype=lm.weight_dtype, m_rows=rows, k_dim=lm.k_dim,
-                     fp8_blocks=lm.fp8_blocks)]
+                     fp8_blocks=lm.fp8_blocks, fp8_dynamic_tensor=lm.fp8_dynamic_tensor)]
 
 
 def decode_ops(m: ModelSpec, prec: Precision, *, batch: int, context_tokens: int, tp: int = 1,

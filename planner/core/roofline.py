@@ -338,6 +338,23 @@ def fp8_kernels(op: Op, e: Engine) -> float:
     return e.fp8_block_quant_kernels if op.fp8_blocks else e.fp8_quant_kernels
 
 
+def fp8_input_quant_s(op: Op, c: Ceilings, e: Engine):
+    """The pass that quantizes a W8A8 fp8 matmul's 16-bit input before the GEMM, one
+    instance: it reads the input ``Engine.fp8_input_reads`` times (with one scale for the
+    whole input found at run time, ``fp8_dynamic_tensor_reads``: its maximum first) and writes
+    its fp8 copy, at the engine's elementwise share of the bandwidth. The GEMM cannot start
+    before it, so nothing hides it. 0 where the engine states no reads, for a routed
+    expert's matmul (its fused MoE kernel quantizes once a layer, not per expert) and for any
+    other operator."""
+    if op.kind != "matmul" or op.dtype != DType.fp8 or op.name.startswith("experts_"):
+        return 0.0
+    reads = e.fp8_dynamic_tensor_reads if op.fp8_dynamic_tensor else e.fp8_input_reads
+    if not reads:
+        return 0.0
+    moved = op.m_rows * op.k_dim * (2.0 * reads + 1.0)  # 16-bit in, 1-byte fp8 out
+    return moved / (c.bandwidth_bytes_per_s * e.elementwise_bandwidth_frac)
+
+
 def experts_compute_factor(op: Op, e: Engine) -> tuple[float, str]:
     """The engine's fused-MoE factor on a routed expert's compute efficiency on this GPU, and
     the profile field it comes from: ``experts_fp8_compute_frac`` for fp8 weights in fp8
@@ -495,8 +512,11 @@ def op_time(op: Op, c: Ceilings, *, tp: int = 1, options: Options | None = None,
         k = k + q
     fixed = e.fixed_for(op.name)
     host = e.moe_layer_host_s if op.name == MOE_HOST_OP else 0.0
+    # W8A8: the input's quantization pass runs before the GEMM, its bytes in series
+    quant = fp8_input_quant_s(op, c, e) if q else 0.0
     t = combine(compute, memory, e, o, kernels=k, per_kernel_s=per_kernel, graphed=graphed,
-                fixed_s=fixed, host_s=host)
+                fixed_s=fixed + quant, host_s=host)
+    memory = memory + quant
     floor = 0.0 if graphed or not (e.host_launch_s or host) else k * e.host_launch_s + host
     return OpTime(op, compute * n, memory * n, 0.0, t * n, bw_frac, c_frac, k * n,
                   (k * per_kernel + fixed) * n, fixed * n, floor * n)

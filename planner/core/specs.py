@@ -120,6 +120,11 @@ class Precision(_Frozen):
     # through its block-scaled GEMM, which quantizes its input its own way
     # (``Engine.fp8_block_quant_kernels``)
     fp8_blocks: bool = False
+    # fp8 W8A8: each input takes one scale for the whole tensor, found at run time (a
+    # checkpoint's dynamic per-tensor activation scheme), so its quantization reads the input
+    # once more for the maximum first (``Engine.fp8_dynamic_tensor_reads``); weights set by
+    # --weights over a 16-bit checkpoint are quantized at load and take this path too
+    fp8_dynamic_tensor: bool = False
     # scales, zero points and the lm_head as a checkpoint stores them (its config.json's
     # quantization_config): the engine's defaults for them (``prepare``) do not apply
     from_checkpoint: bool = False
@@ -229,6 +234,7 @@ class CheckpointQuant(_Frozen):
     zero_point_bytes: float = Field(0.0, ge=0, le=64)
     fp8_scale_group: int | None = Field(None, gt=0, le=10**9)
     fp8_blocks: bool = False  # fp8: a scale per block (weight_block_size, block_structure)
+    fp8_dynamic_tensor: bool = False  # fp8 W8A8: one activation scale per tensor, at run time
     compute: DType | None = None  # None: 16-bit for weight-only int, fp8 for fp8
     quantized_layers: Literal["all", "experts"] = "all"
     lm_head_quantized: bool = False
@@ -256,6 +262,7 @@ class CheckpointQuant(_Frozen):
             "group_size": group_size or self.group_size or DEFAULT_GROUP_SIZE,
             "scale_bytes": self.scale_bytes, "zero_point_bytes": self.zero_point_bytes,
             "fp8_scale_group": self.fp8_scale_group, "fp8_blocks": self.fp8_blocks,
+            "fp8_dynamic_tensor": self.fp8_dynamic_tensor,
             "lm_head_quantized": self.lm_head_quantized,
             "quantized_layers": quantized_layers if quantized_layers == "experts"
             else self.quantized_layers,

@@ -218,6 +218,9 @@ def _fp8(qc: dict, *, moe: bool, hidden_size: int, half) -> dict:
     if scheme not in ("dynamic", "static"):
         raise _Bad(f"{FIELD}.activation_scheme",
                    f"expected dynamic or static, got {scheme!r:.40}")
+    # vLLM's Fp8LinearMethod: a dynamic scheme without blocks takes one scale per input
+    # tensor at run time (with blocks, one per token and 128 of K)
+    d["fp8_dynamic_tensor"] = block is None and scheme == "dynamic"
     names = _strings(qc, "modules_to_not_convert") + _strings(qc, "ignored_layers")
     left = _left_16bit(names, moe=moe, key="modules_to_not_convert")
     return {**d, "quantized_layers": left["quantized_layers"], "notes": left["notes"]}
@@ -324,6 +327,9 @@ def _ct_scheme(grp: dict, field: str, hidden_size: int, half) -> dict:
         if act_bits != 8:  # weight-only fp8 (FP8 Marlin): 16-bit matmuls
             d["compute"] = half or DType.bf16
             d["details"] += ("weight-only",)
+        else:  # one input scale per tensor, found at run time (not per token, not static)
+            d["fp8_dynamic_tensor"] = (act.get("strategy", "tensor") == "tensor"
+                                       and act.get("dynamic") is True)
         return d
     if strategy == "group":
         g, glabel = _group(w, hidden_size, field=wf, default=None)
