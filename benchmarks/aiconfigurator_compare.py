@@ -26,14 +26,17 @@ This file is a benchmark: no test imports it, and CI has no aiconfigurator.
 from __future__ import annotations
 
 import argparse
+import atexit
 import csv
 import datetime as dt
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -143,6 +146,8 @@ def theirs(cli_estimate, c: Case) -> dict:
 
 
 _FP8_CHECKPOINTS = Path(tempfile.mkdtemp(prefix="llmplan-aic-"))
+atexit.register(shutil.rmtree, _FP8_CHECKPOINTS, ignore_errors=True)
+_FP8_LOCK = threading.Lock()  # ours() runs in a thread pool
 
 
 def fp8_checkpoint(model: str) -> Path:
@@ -152,10 +157,11 @@ def fp8_checkpoint(model: str) -> Path:
     "static"); TensorRT-LLM serves ModelOpt's static FP8 checkpoints), where ``--weights
     fp8`` over the 16-bit model is vLLM's --quantization fp8, a scale found at run time."""
     path = _FP8_CHECKPOINTS / f"{model}-fp8-static.yaml"
-    if not path.exists():
-        text = (ROOT / "models_db" / f"{model}.yaml").read_text()
-        path.write_text(text.rstrip("\n") + "\nquantization_config:\n  quant_method: fp8\n"
-                        "  activation_scheme: static\n")
+    with _FP8_LOCK:
+        if not path.exists():
+            text = (ROOT / "models_db" / f"{model}.yaml").read_text()
+            path.write_text(text.rstrip("\n") + "\nquantization_config:\n"
+                            "  quant_method: fp8\n  activation_scheme: static\n")
     return path
 
 

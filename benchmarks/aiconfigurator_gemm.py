@@ -111,7 +111,7 @@ def ours_gemm_s(m: int, n: int, k: int, weights: str, dep, blocks: bool = False)
     w = DType(weights)
     op = Op("mlp_down_proj", "matmul", 1, flops=2.0 * m * n * k,
             weight_bytes=float(n * k) * (1 if w == DType.fp8 else 2),
-            act_bytes=2.0 * m * (n + k), dtype=w, weight_dtype=w, m_rows=m,
+            act_bytes=2.0 * m * (n + k), dtype=w, weight_dtype=w, m_rows=m, k_dim=k,
             fp8_blocks=blocks and w == DType.fp8)
     return op_time(op, dep.prepared.ceilings, tp=1, options=dep.options,
                    engine=dep.engine).time_s

@@ -267,8 +267,10 @@ def test_plan_rows_are_what_the_simulation_says(aic_rows):
     reqs = synthetic(count, prompt_tokens=2048, output_tokens=256, request_rate=20.0)
 
     def side(tp, w, kv):
+        # plan's --weights fp8 over the 16-bit checkpoint: quantized at load
         d = Deployment.build(m, hw, engine=eng, layout=Layout(tp),
-                             precision=Precision.of(DType(w), DType(kv)))
+                             precision=Precision.of(DType(w), DType(kv),
+                                                    at_load=m.quantized_at_load(w)))
         cfg = run.scheduler(d, max_model_len=m.max_position_embeddings)
         return d.with_options(prefill_chunk_tokens=cfg.max_num_batched_tokens), cfg
 

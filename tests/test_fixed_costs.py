@@ -297,6 +297,7 @@ def test_trtllm_fp8_gemms_pay_three_plain_kernels_from_the_pytorch_backend_on():
     pt = served_setup("llama-3.1-8b", "h100-sxm", spec, 1, "fp8", None,
                       server=server_flags("trtllm-serve m"))
     assert (trt.engine.fp8_quant_kernels, trt.engine.fp8_block_quant_kernels) == (0.0, 0.0)
+    assert trt.engine.fp8_input_reads == trt.engine.fp8_dynamic_tensor_reads == 0.0
     assert (pt.engine.fp8_quant_kernels, pt.engine.fp8_block_quant_kernels) == (3.0, 1.0)
     # vLLM's two quantization kernels hold at every release, and for every lane
     vllm = catalog.load_engine_spec("vllm")
@@ -362,8 +363,10 @@ def test_a_w8a8_gemm_reads_its_16_bit_input_once_more_to_quantize_it():
     bandwidth, in series with the GEMM."""
     vllm = catalog.load_engine("vllm")
     assert (vllm.fp8_input_reads, vllm.fp8_dynamic_tensor_reads) == (1.0, 2.0)
-    static = Precision(weights=DType.fp8, compute=DType.fp8, from_checkpoint=True)
-    online = Precision(weights=DType.fp8, compute=DType.fp8)
+    static = Precision.of("fp8")
+    online = Precision.of("fp8", at_load=True)
+    assert online.fp8_dynamic_tensor and not static.fp8_dynamic_tensor
+    assert not Precision.of("int4", at_load=True).fp8_dynamic_tensor
     for prec, per_value in ((static, 3), (online, 5)):
         t, bare, c = _fp8_prefill_o_proj(vllm, prec)
         want = 32 * 2048 * 4096 * per_value / (
@@ -371,12 +374,13 @@ def test_a_w8a8_gemm_reads_its_16_bit_input_once_more_to_quantize_it():
         assert t.time_s - bare.time_s == pytest.approx(want, rel=1e-9)
         assert t.memory_s - bare.memory_s == pytest.approx(want, rel=1e-9)
         assert t.compute_s == bare.compute_s
-    # a checkpoint's dynamic per-tensor scheme reads twice as --quantization fp8 does;
-    # block-scaled weights (a scale per token and 128 values) once
-    dyn = static.model_copy(update={"fp8_dynamic_tensor": True})
-    blocks = static.model_copy(update={"fp8_blocks": True})
-    assert _fp8_prefill_o_proj(vllm, dyn)[0].time_s == pytest.approx(
-        _fp8_prefill_o_proj(vllm, online)[0].time_s)
+    # --weights fp8 over a 16-bit checkpoint is quantized at load (vLLM's --quantization
+    # fp8), not over one that stores fp8; block-scaled weights (a scale per token and 128
+    # values) read once even with the flag
+    assert catalog.load_model("llama-3.1-8b").quantized_at_load("fp8")
+    ds = catalog.load_model("deepseek-v3")
+    assert not ds.quantized_at_load("fp8") and ds.quantized_at_load("int4")
+    blocks = online.model_copy(update={"fp8_blocks": True})
     t, bare, c = _fp8_prefill_o_proj(vllm, blocks)
     assert t.time_s - bare.time_s == pytest.approx(
         32 * 2048 * 4096 * 3 / (c.bandwidth_bytes_per_s * vllm.elementwise_bandwidth_frac))
@@ -397,18 +401,34 @@ def test_a_w8a8_gemm_reads_its_16_bit_input_once_more_to_quantize_it():
     assert old.fp8_input_reads == old.fp8_dynamic_tensor_reads == 0.0
 
 
-def test_a_routed_experts_matmul_pays_no_input_quantization_pass():
-    """A MoE layer's input is quantized once, not once per expert its tokens reach: the
-    routed experts' matmuls (each a GEMM per expert) take no pass of their own."""
+def test_a_moe_layer_quantizes_its_tokens_once_not_per_expert():
+    """vLLM's fused MoE path quantizes the layer's tokens once before the experts' gate_up
+    and their routed copies' intermediate once before down, not once per expert they reach:
+    Qwen3-30B-A3B (hidden 2,048, experts 768 wide, 8 of 128 a token) in a prefill of 2,048
+    tokens at --quantization fp8's 5 bytes a value, by hand: 2,048 x 2,048 x 5 and
+    2,048 x 8 x 768 x 5 bytes a layer. TensorRT-LLM's fused MoE op quantizes inside itself
+    (dense_only): none."""
     from planner.core.roofline import fp8_input_quant_s
 
     m, hw = catalog.load_model("qwen3-30b-a3b"), catalog.load_hardware("h100-sxm")
+    assert (m.hidden_size, m.moe.expert_intermediate_size, m.moe.experts_per_token) == \
+        (2048, 768, 8)
     vllm = catalog.load_engine("vllm")
     c = ceilings(hw, None, Options(), vllm)
-    prec = Precision(weights=DType.fp8, compute=DType.fp8)
+    prec = Precision.of("fp8", at_load=True)
     ops = {o.name: o for o in prefill_ops(m, prec, batch=1, prompt_tokens=2048)}
-    assert fp8_input_quant_s(ops["experts_gate_up_proj"], c, vllm) == 0.0
-    assert fp8_input_quant_s(ops["o_proj"], c, vllm) > 0.0
+    bw = c.bandwidth_bytes_per_s * vllm.elementwise_bandwidth_frac
+    assert fp8_input_quant_s(ops["experts_gate_up_proj"], c, vllm) == pytest.approx(
+        2048 * 2048 * 5 / bw)
+    assert fp8_input_quant_s(ops["experts_down_proj"], c, vllm) == pytest.approx(
+        2048 * 8 * 768 * 5 / bw)
+    bare = replace(vllm, fp8_input_reads=0.0, fp8_dynamic_tensor_reads=0.0)
+    t, t0 = (op_time(ops["experts_down_proj"], c, engine=e) for e in (vllm, bare))
+    assert t.time_s - t0.time_s == pytest.approx(m.num_moe_layers * 2048 * 8 * 768 * 5 / bw)
+    trt = catalog.load_engine("trtllm")
+    assert trt.fp8_quant_dense_only
+    assert fp8_input_quant_s(ops["experts_gate_up_proj"], c, trt) == 0.0
+    assert fp8_input_quant_s(ops["o_proj"], c, trt) > 0.0
 
 
 def test_a_since_that_is_not_a_release_is_refused():

@@ -166,7 +166,8 @@ def test_compressed_tensors_fp8_dynamic_channel(tmp_path):
     assert m.quantization.precision().compute_dtype == DType.bf16
 
 
-def test_an_fp8_checkpoints_activation_scheme_says_how_its_inputs_are_scaled(tmp_path):
+def test_an_fp8_checkpoints_activation_scheme_says_how_its_inputs_are_scaled(run_json,
+                                                                             tmp_path):
     """vLLM finds one scale per input tensor at run time for an fp8 checkpoint whose
     activation_scheme is dynamic and whose weights have no blocks (a whole-tensor maximum
     first: ``fp8_dynamic_tensor``); a static scale, blocks, or compressed-tensors' per-token
@@ -177,7 +178,7 @@ def test_an_fp8_checkpoints_activation_scheme_says_how_its_inputs_are_scaled(tmp
 
     fp8 = {"quant_method": "fp8", "fmt": "e4m3"}
     assert flag({**fp8, "activation_scheme": "dynamic"}, "dyn") is True
-    assert flag(fp8, "default") is True  # vLLM's Fp8Config default is dynamic
+    assert flag(fp8, "default") is True  # no scheme stated: read as dynamic
     assert flag({**fp8, "activation_scheme": "static"}, "static") is False
     assert flag(FP8_BLOCK, "block") is False
     grp = {"targets": ["Linear"],
@@ -193,6 +194,14 @@ def test_an_fp8_checkpoints_activation_scheme_says_how_its_inputs_are_scaled(tmp
     assert ct({**grp["input_activations"], "strategy": "tensor"}, "tensor") is True
     assert ct({**grp["input_activations"], "strategy": "tensor", "dynamic": False},
               "tensor-static") is False
+    # --json says so, and a static scale's quantization reads each input once: a shorter
+    # prefill than the same weights with a scale found at run time
+    static = _weights_bytes(run_json, _llama(tmp_path, {**fp8, "activation_scheme": "static"},
+                                             "json-static"), "-p", "4096")
+    dynamic = _weights_bytes(run_json, _llama(tmp_path, fp8, "json-dyn"), "-p", "4096")
+    assert static["checkpoint_quantization"]["fp8_dynamic_tensor"] is False
+    assert dynamic["checkpoint_quantization"]["fp8_dynamic_tensor"] is True
+    assert static["ttft_s"] < dynamic["ttft_s"]
 
 
 def test_mxfp4_gpt_oss_experts_only(run_json):

@@ -324,7 +324,8 @@ def check(
                           dep.allow_longer_context, "workload prompt_tokens + output_tokens")
             eng = catalog.load_engine(dep.engine or engine)
             prec = Precision.of(dep.weights, dep.kv_cache, compute=dep.compute,
-                                quantized_layers=check_quantized_layers(m, dep.quantized_layers))
+                                quantized_layers=check_quantized_layers(m, dep.quantized_layers),
+                                at_load=m.quantized_at_load(dep.weights))
             d = Deployment.build(m, hw, engine=eng, precision=prec,
                                  layout=Layout(dep.tp, dep.pp, dep.ep), options=opts,
                                  calibration=cal)

@@ -161,9 +161,10 @@ def served_setup(model: str, gpu: str, spec, tp: int, weights, kv_cache,
         # profile's fit priced at every batch size (no PyTorch-backend capture sizes) and
         # with its host work in series (no PyTorch-backend overlap scheduler), and whose fp8
         # GEMMs take their input quantized by the kernel before (no PyTorch-backend
-        # quantization kernels: fp8_quant_kernels' since)
+        # quantization kernels nor their pass: fp8_quant_kernels' since)
         if spec.fp8_quant_kernels is not None and spec.fp8_quant_kernels.since is not None:
-            eng = replace(eng, fp8_quant_kernels=0.0, fp8_block_quant_kernels=0.0)
+            eng = replace(eng, fp8_quant_kernels=0.0, fp8_block_quant_kernels=0.0,
+                          fp8_input_reads=0.0, fp8_dynamic_tensor_reads=0.0)
         eng = replace(eng, graph_rule=None, async_scheduling=False)
     prec, source = resolve_precision(m, weights, kv_cache, group_size,
                                      quantized_layers=quantized_layers)

@@ -574,9 +574,9 @@ def resolve_precision(m, weights=None, kv_cache=None, group_size: int | None = N
         check_quantized_layers(m, p.quantized_layers)
         return p, "checkpoint"
     # no --weights (nor --dtype): the 16-bit type is left to the engine (vLLM's --dtype auto)
-    p = Precision.of(_value(weights) or m.torch_dtype or "bf16", kv,
-                     group_size or DEFAULT_GROUP_SIZE, c, check_quantized_layers(m, ql),
-                     auto=weights is None and c is None)
+    w = _value(weights) or m.torch_dtype or "bf16"
+    p = Precision.of(w, kv, group_size or DEFAULT_GROUP_SIZE, c, check_quantized_layers(m, ql),
+                     auto=weights is None and c is None, at_load=m.quantized_at_load(w))
     return p, ("--weights" if weights is not None else "default")
 
 

@@ -121,7 +121,8 @@ def report(
                            for g in parse_str_list(gpu)):
         for w in dict.fromkeys(parse_choices(weights, WEIGHT_CHOICES, "--weights")):
             prec = Precision.of(w, kv_cache, compute=compute.value if compute else None,
-                                quantized_layers=check_quantized_layers(m, quantized_layers))
+                                quantized_layers=check_quantized_layers(m, quantized_layers),
+                                at_load=m.quantized_at_load(w))
             dep = Deployment.build(m, hw, engine=eng, precision=prec, layout=layout,
                                    options=opts,
                                    calibration=cal if cal and cal.device == hw.name else None)

@@ -170,8 +170,12 @@ class Op:
     fp8_blocks: bool = False  # a matmul's fp8 weights carry a scale per block (128 x 128)
     # a W8A8 fp8 matmul's input takes one scale for the whole tensor, found at run time: a
     # checkpoint's dynamic per-tensor scheme, or weights the engine quantized at load from a
-    # 16-bit checkpoint (vLLM's --quantization fp8)
+    # 16-bit checkpoint (vLLM's --quantization fp8; ``Precision.fp8_dynamic_tensor``)
     fp8_dynamic_tensor: bool = False
+    # the rows of its input a matmul's quantization pass covers, where they are not ``m_rows``
+    # (a MoE layer's: its tokens before gate_up, their routed copies before down, once a
+    # layer, not per expert); 0: ``m_rows``
+    quant_rows: float = 0.0
 
     @property
     def bytes(self) -> float:
@@ -371,8 +375,7 @@ class _Step:
                   weight_dtype=prec.weights if quantized else self.hdt, m_rows=tokens, k_dim=k,
                   fp8_blocks=quantized and prec.weights == DType.fp8 and prec.fp8_blocks,
                   fp8_dynamic_tensor=quantized and prec.weights == DType.fp8
-                  and not prec.fp8_blocks
-                  and (prec.fp8_dynamic_tensor or not prec.from_checkpoint))
+                  and not prec.fp8_blocks and prec.fp8_dynamic_tensor)
 
     def norm(self, name: str, count: int) -> Op:
         # read the residual and the branch output, write the sum and its normalized copy
@@ -529,7 +532,10 @@ def _moe_ops(s: _Step) -> list[Op]:
                     act_bytes=op.act_bytes, dtype=op.dtype, weight_dtype=op.weight_dtype,
                     m_rows=routed_tokens / vmax(hit, 1e-30),  # 0 rows in an empty step
                     k_dim=op.k_dim, fp8_blocks=op.fp8_blocks,
-                    fp8_dynamic_tensor=op.fp8_dynamic_tensor)
+                    fp8_dynamic_tensor=op.fp8_dynamic_tensor,
+                    # the layer quantizes its tokens once before gate_up, their routed
+                    # copies' intermediate once before down
+                    quant_rows=routed_tokens if op.name == "experts_down_proj" else T)
         ops.append(op)
     if e.num_shared_experts:
         ops += s.mlp("shared_", n_moe, e.num_shared_experts * inter)

@@ -343,15 +343,21 @@ def fp8_input_quant_s(op: Op, c: Ceilings, e: Engine):
     instance: it reads the input ``Engine.fp8_input_reads`` times (with one scale for the
     whole input found at run time, ``fp8_dynamic_tensor_reads``: its maximum first) and writes
     its fp8 copy, at the engine's elementwise share of the bandwidth. The GEMM cannot start
-    before it, so nothing hides it. 0 where the engine states no reads, for a routed
-    expert's matmul (its fused MoE kernel quantizes once a layer, not per expert) and for any
-    other operator."""
-    if op.kind != "matmul" or op.dtype != DType.fp8 or op.name.startswith("experts_"):
+    before it, so nothing hides it. A routed expert's matmul covers its layer's rows
+    (``Op.quant_rows``: the tokens before gate_up, their routed copies before down), none
+    where the fused MoE kernel quantizes inside itself (``fp8_quant_dense_only``). Charged
+    with the kernels beside the GEMM (``op_time``: none where ``fp8_kernels`` is 0); 0 where
+    the engine states no reads and for any other operator."""
+    if op.kind != "matmul" or op.dtype != DType.fp8:
+        return 0.0
+    if op.name.startswith("experts_") and e.fp8_quant_dense_only:
         return 0.0
     reads = e.fp8_dynamic_tensor_reads if op.fp8_dynamic_tensor else e.fp8_input_reads
     if not reads:
         return 0.0
-    moved = op.m_rows * op.k_dim * (2.0 * reads + 1.0)  # 16-bit in, 1-byte fp8 out
+    scalar_zero = isinstance(op.quant_rows, (int, float)) and op.quant_rows == 0
+    rows = op.m_rows if scalar_zero else op.quant_rows  # a sweep's are arrays
+    moved = rows * op.k_dim * (2.0 * reads + 1.0)  # 16-bit in, 1-byte fp8 out
     return moved / (c.bandwidth_bytes_per_s * e.elementwise_bandwidth_frac)
 
 

@@ -121,9 +121,10 @@ class Precision(_Frozen):
     # (``Engine.fp8_block_quant_kernels``)
     fp8_blocks: bool = False
     # fp8 W8A8: each input takes one scale for the whole tensor, found at run time (a
-    # checkpoint's dynamic per-tensor activation scheme), so its quantization reads the input
-    # once more for the maximum first (``Engine.fp8_dynamic_tensor_reads``); weights set by
-    # --weights over a 16-bit checkpoint are quantized at load and take this path too
+    # checkpoint's dynamic per-tensor activation scheme, or weights the engine quantized at
+    # load: ``Precision.of(at_load=True)``), so its quantization reads the input once more
+    # for the maximum first (``Engine.fp8_dynamic_tensor_reads``); False: a static scale, or
+    # one per token or per block, found in the same pass
     fp8_dynamic_tensor: bool = False
     # scales, zero points and the lm_head as a checkpoint stores them (its config.json's
     # quantization_config): the engine's defaults for them (``prepare``) do not apply
@@ -150,15 +151,20 @@ class Precision(_Frozen):
     @classmethod
     def of(cls, weights: DType | str, kv_cache: DType | str | None = None,
            group_size: int = DEFAULT_GROUP_SIZE, compute: DType | str | None = None,
-           quantized_layers: str = "all", auto: bool = False) -> Precision:
+           quantized_layers: str = "all", auto: bool = False,
+           at_load: bool = False) -> Precision:
         """A precision whose KV cache, when not given, is the 16-bit type of the weights or of
-        the matmuls (``compute`` fp16: a T4 or V100 running int8 / int4 weights)."""
+        the matmuls (``compute`` fp16: a T4 or V100 running int8 / int4 weights). ``at_load``:
+        the engine quantizes the weights when it loads a checkpoint that stores none of this
+        type (``ModelSpec.quantized_at_load``); fp8 ones then take one activation scale per
+        tensor found at run time (vLLM's --quantization fp8: ``fp8_dynamic_tensor``)."""
         w = DType(weights)
         c = DType(compute) if compute else None
         kv = DType(kv_cache) if kv_cache else (
             DType.fp16 if DType.fp16 in (w, c) else DType.bf16)
         return cls(weights=w, kv_cache=kv, group_size=group_size, compute=c,
-                   quantized_layers=quantized_layers, auto=auto)
+                   quantized_layers=quantized_layers, auto=auto,
+                   fp8_dynamic_tensor=at_load and w == DType.fp8)
 
     def expert_pad_factor(self, m: ModelSpec, tp: int = 1) -> float:
         """Stored over checkpoint bytes (and FLOPs) of a routed expert's matmuls under
@@ -400,6 +406,13 @@ class ModelSpec(_Frozen):
         if self.sliding_window is not None and self.mla is not None:
             raise ValueError("sliding_window with MLA attention is not modelled")
         return self
+
+    def quantized_at_load(self, weights: DType | str) -> bool:
+        """``weights`` asked of this model are quantized by the engine when it loads the
+        checkpoint, which stores none of that type (16-bit, or another type; vLLM's
+        --quantization over it); False where its quantization_config stores them."""
+        q = self.quantization
+        return q is None or q.problem is not None or q.weights != DType(weights)
 
     @property
     def layer_is_sliding(self) -> tuple[bool, ...]:

@@ -328,7 +328,8 @@ def _ct_scheme(grp: dict, field: str, hidden_size: int, half) -> dict:
             d["compute"] = half or DType.bf16
             d["details"] += ("weight-only",)
         else:  # one input scale per tensor, found at run time (not per token, not static)
-            d["fp8_dynamic_tensor"] = (act.get("strategy", "tensor") == "tensor"
+            d["fp8_dynamic_tensor"] = (strategy != "block"
+                                       and act.get("strategy", "tensor") == "tensor"
                                        and act.get("dynamic") is True)
         return d
     if strategy == "group":

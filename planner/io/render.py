@@ -468,17 +468,20 @@ def _fp8_kernels_text(e: Estimate) -> str:
     if eng.fp8_quant_dense_only and any(x for _, x, _ in counts):
         text += ", none for the routed experts' fused MoE kernel (dense_only)"
     dense_ops = [op for op in fp8 if not op.name.startswith("experts_")]
+    experts = len(dense_ops) < len(fp8) and not eng.fp8_quant_dense_only
     # one scale per tensor found at run time, where the profile reads the input more for it
-    dyn = any(op.fp8_dynamic_tensor for op in dense_ops) and \
+    dyn = any(op.fp8_dynamic_tensor for op in fp8) and \
         eng.fp8_dynamic_tensor_reads != eng.fp8_input_reads
     reads = eng.fp8_dynamic_tensor_reads if dyn else eng.fp8_input_reads
-    if dense_ops and reads:
+    if (dense_ops or experts) and reads:
         text += (", and that quantization's pass before the GEMM, in series, in its memory "
                  "time: each 16-bit input value read "
                  + {1.0: "once", 2.0: "twice"}.get(reads, f"{reads:g} times")
                  + " and written once in fp8 (fp8_quant_kernels."
                  + ("dynamic_tensor_reads: one scale per tensor found at run time"
-                    if dyn else "input_reads") + ")")
+                    if dyn else "input_reads") + ")"
+                 + ("; a MoE layer's once, its tokens before the experts and their routed "
+                    "copies before the down projection" if experts else ""))
     return text
 
 

@@ -328,6 +328,7 @@ def weights_fields(dep: Deployment) -> dict:
               "weights": q.weights.value if q.weights else None, "group_size": q.group_size,
               "scale_bytes": q.scale_bytes, "zero_point_bytes": q.zero_point_bytes,
               "fp8_scale_group": q.fp8_scale_group, "fp8_blocks": q.fp8_blocks,
+              "fp8_dynamic_tensor": q.fp8_dynamic_tensor,
               "quantized_layers": q.quantized_layers,
               "lm_head_quantized": q.lm_head_quantized, "notes": list(q.notes),
               "problem": q.problem, "used": dep.weights_source == "checkpoint"}
