@@ -295,7 +295,7 @@ def check(
 ) -> None:
     """Check deployments against capacity budgets: exit 0 if every limit holds, 1 if any
     fails, 2 for a bad budget file."""
-    from planner.core.specs import Options, Precision
+    from planner.core.specs import Options
     from planner.evidence.budget import evaluate, evaluate_served
     from planner.io import catalog
     from planner.io.render import plain, table
@@ -323,9 +323,9 @@ def check(
             check_context(m, dep.workload.prompt_tokens, dep.workload.output_tokens,
                           dep.allow_longer_context, "workload prompt_tokens + output_tokens")
             eng = catalog.load_engine(dep.engine or engine)
-            prec = Precision.of(dep.weights, dep.kv_cache, compute=dep.compute,
-                                quantized_layers=check_quantized_layers(m, dep.quantized_layers),
-                                at_load=m.quantized_at_load(dep.weights))
+            prec = m.precision_of(dep.weights, dep.kv_cache, compute=dep.compute,
+                                  quantized_layers=check_quantized_layers(
+                                      m, dep.quantized_layers))
             d = Deployment.build(m, hw, engine=eng, precision=prec,
                                  layout=Layout(dep.tp, dep.pp, dep.ep), options=opts,
                                  calibration=cal)

@@ -142,6 +142,13 @@ def served_setup(model: str, gpu: str, spec, tp: int, weights, kv_cache,
     _agree("--kv-cache-dtype", s.get("--kv-cache"), kv_cache, "KV cache")
     m = catalog.load_model(model)
     hw = catalog.load_hardware(gpu)
+    tensorrt = s.get("--trtllm-backend") == "tensorrt"
+    q8 = spec.fp8_quant_kernels
+    if tensorrt and q8 is not None and q8.since is not None:
+        # a built TensorRT engine's fp8 GEMMs take their input quantized by the kernel
+        # before: no PyTorch-backend quantization kernels nor their pass, as at_version
+        # drops them before their release
+        spec = spec.model_copy(update={"fp8_quant_kernels": None})
     eng = spec.model().for_gpu(hw.memory_bytes, hw.name, hw.architecture)
     for flag in ("--max-model-len", "--num-scheduler-steps"):
         if s.get(flag, 1) < 1:
@@ -156,15 +163,11 @@ def served_setup(model: str, gpu: str, spec, tp: int, weights, kv_cache,
         sizes = s["--cuda-graph-sizes"]
         eng = replace(eng, graph_rule=(sizes, (), sizes[-1], None, ()),
                       graph_padding=s["--cuda-graph-padding"])
-    if s.get("--trtllm-backend") == "tensorrt":
+    if tensorrt:
         # trtllm-serve --backend tensorrt: a built TensorRT engine, whose decode steps the
         # profile's fit priced at every batch size (no PyTorch-backend capture sizes) and
-        # with its host work in series (no PyTorch-backend overlap scheduler), and whose fp8
-        # GEMMs take their input quantized by the kernel before (no PyTorch-backend
-        # quantization kernels nor their pass: fp8_quant_kernels' since)
-        if spec.fp8_quant_kernels is not None and spec.fp8_quant_kernels.since is not None:
-            eng = replace(eng, fp8_quant_kernels=0.0, fp8_block_quant_kernels=0.0,
-                          fp8_input_reads=0.0, fp8_dynamic_tensor_reads=0.0)
+        # with its host work in series (no PyTorch-backend overlap scheduler); its fp8
+        # kernels were dropped above
         eng = replace(eng, graph_rule=None, async_scheduling=False)
     prec, source = resolve_precision(m, weights, kv_cache, group_size,
                                      quantized_layers=quantized_layers)

@@ -562,8 +562,6 @@ def resolve_precision(m, weights=None, kv_cache=None, group_size: int | None = N
     ``--kv-cache``, ``--compute`` and ``--quantized-layers experts`` still apply over it, and a
     config that cannot be read is a one-line error here); else the config's 16-bit
     ``torch_dtype`` (float16: fp16; vLLM's --dtype auto), else bf16 ("default")."""
-    from planner.core.specs import Precision
-
     positive("--group-size", group_size)
     kv = _value(kv_cache) if kv_cache else None
     c = _value(compute) if compute else None
@@ -574,9 +572,9 @@ def resolve_precision(m, weights=None, kv_cache=None, group_size: int | None = N
         check_quantized_layers(m, p.quantized_layers)
         return p, "checkpoint"
     # no --weights (nor --dtype): the 16-bit type is left to the engine (vLLM's --dtype auto)
-    w = _value(weights) or m.torch_dtype or "bf16"
-    p = Precision.of(w, kv, group_size or DEFAULT_GROUP_SIZE, c, check_quantized_layers(m, ql),
-                     auto=weights is None and c is None, at_load=m.quantized_at_load(w))
+    p = m.precision_of(_value(weights) or m.torch_dtype or "bf16", kv,
+                       group_size or DEFAULT_GROUP_SIZE, c, check_quantized_layers(m, ql),
+                       auto=weights is None and c is None)
     return p, ("--weights" if weights is not None else "default")
 
 

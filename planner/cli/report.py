@@ -91,7 +91,6 @@ def report(
     """Roofline, throughput-vs-latency, memory and serving PNGs, each with the CSV it plots.
     With --pp or --ep the throughput, memory (the fullest GPU) and serving charts are the
     layout's; the roofline shows one TP group's operators."""
-    from planner.core.specs import Precision
     from planner.io import catalog
     from planner.search.sweep import parse_str_list
 
@@ -120,9 +119,8 @@ def report(
     for hw in once_by_name(catalog.load_hardware(g, prices, overrides)
                            for g in parse_str_list(gpu)):
         for w in dict.fromkeys(parse_choices(weights, WEIGHT_CHOICES, "--weights")):
-            prec = Precision.of(w, kv_cache, compute=compute.value if compute else None,
-                                quantized_layers=check_quantized_layers(m, quantized_layers),
-                                at_load=m.quantized_at_load(w))
+            prec = m.precision_of(w, kv_cache, compute=compute.value if compute else None,
+                                  quantized_layers=check_quantized_layers(m, quantized_layers))
             dep = Deployment.build(m, hw, engine=eng, precision=prec, layout=layout,
                                    options=opts,
                                    calibration=cal if cal and cal.device == hw.name else None)

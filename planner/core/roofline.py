@@ -348,9 +348,7 @@ def fp8_input_quant_s(op: Op, c: Ceilings, e: Engine):
     where the fused MoE kernel quantizes inside itself (``fp8_quant_dense_only``). Charged
     with the kernels beside the GEMM (``op_time``: none where ``fp8_kernels`` is 0); 0 where
     the engine states no reads and for any other operator."""
-    if op.kind != "matmul" or op.dtype != DType.fp8:
-        return 0.0
-    if op.name.startswith("experts_") and e.fp8_quant_dense_only:
+    if not fp8_kernels(op, e):  # not a W8A8 matmul the engine quantizes the input of
         return 0.0
     reads = e.fp8_dynamic_tensor_reads if op.fp8_dynamic_tensor else e.fp8_input_reads
     if not reads:

@@ -414,6 +414,15 @@ class ModelSpec(_Frozen):
         q = self.quantization
         return q is None or q.problem is not None or q.weights != DType(weights)
 
+    def precision_of(self, weights: DType | str, kv_cache: DType | str | None = None,
+                     group_size: int = DEFAULT_GROUP_SIZE, compute: DType | str | None = None,
+                     quantized_layers: str = "all", auto: bool = False) -> Precision:
+        """``Precision.of`` for ``weights`` asked of this model (a command's --weights, a
+        budget's or a plan's): the engine quantizes them at load where the checkpoint
+        stores none of them (``quantized_at_load``)."""
+        return Precision.of(weights, kv_cache, group_size, compute, quantized_layers,
+                            auto=auto, at_load=self.quantized_at_load(weights))
+
     @property
     def layer_is_sliding(self) -> tuple[bool, ...]:
         """Per layer, whether it attends over the sliding window only."""

@@ -125,14 +125,13 @@ def grid_precision(m: ModelSpec, weights, kv_cache=None, group_size: int = DEFAU
     """The precision of a searched configuration: with ``released``, where the model's
     checkpoint stores ``weights`` (its quantization_config), the checkpoint's own (its
     scales: fp8 in blocks, int4 groups and zero points), ``compute`` and ``kv_cache`` over it,
-    as ``estimate`` takes a checkpoint without --weights; otherwise ``Precision.of``, the
-    engine quantizing at load where the checkpoint stores no ``weights``."""
+    as ``estimate`` takes a checkpoint without --weights; otherwise
+    ``ModelSpec.precision_of``."""
     q = m.quantization
     if released and q is not None and q.problem is None and q.weights == DType(weights):
         return q.shipped(kv_cache, compute=compute, quantized_layers=quantized_layers,
                          auto=auto)
-    return Precision.of(weights, kv_cache, group_size, compute, quantized_layers, auto=auto,
-                        at_load=m.quantized_at_load(weights))
+    return m.precision_of(weights, kv_cache, group_size, compute, quantized_layers, auto=auto)
 
 
 @dataclass
