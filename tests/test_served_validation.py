@@ -237,3 +237,69 @@ def test_a_table_row_without_output_throughput_is_compared_on_its_requests(run_j
     out = next(r for r in whole["served_rows"] if r["metric"] == "output_throughput")
     assert thr["predicted"] * full["total_output_tokens"] / full["completed"] == \
         pytest.approx(out["predicted"], rel=1e-6)
+
+
+BLOCK_FP8 = {"quant_method": "fp8", "activation_scheme": "dynamic",
+             "weight_block_size": [128, 128]}
+STATIC_FP8 = {"quant_method": "compressed-tensors", "ignore": ["lm_head"], "config_groups": {
+    "group_0": {"targets": ["Linear"],
+                "weights": {"num_bits": 8, "type": "float", "strategy": "tensor",
+                            "symmetric": True, "dynamic": False},
+                "input_activations": {"num_bits": 8, "type": "float", "strategy": "tensor",
+                                      "symmetric": True, "dynamic": False}}}}
+
+
+def _on_checkpoint(qc: dict, **run) -> dict:
+    ckpt = {"repo": "someone/Llama-3.1-8B-FP8", "source": "https://example.invalid/card",
+            "quote": "fp8 weights", "quantization_config": qc}
+    return dict(MANIFEST, runs=[{**MANIFEST["runs"][0], "weights": "fp8", "checkpoint": ckpt,
+                                 **run}])
+
+
+def _served(run_json, p: Path) -> dict:
+    d = run_json("validate", "--served-dataset", str(p), "--source", "try")
+    return {r["metric"]: r["predicted"] for r in d["served_rows"]}
+
+
+def test_a_run_on_a_quantized_release_is_replayed_on_its_checkpoint(run_json, tmp_path):
+    """A run whose server loaded a quantized release of the model (checkpoint) is replayed as
+    `compare` predicts it for a model file carrying that release's quantization_config, not
+    as the engine quantizing the 16-bit checkpoint at load (--weights fp8)."""
+    got = _served(run_json, _manifest(tmp_path, _on_checkpoint(BLOCK_FP8)))
+    model = yaml.safe_load((Path("models_db") / "llama-3.1-8b.yaml").read_text())
+    model["quantization_config"] = BLOCK_FP8
+    mfile = tmp_path / "llama-fp8-blocks.yaml"
+    mfile.write_text(yaml.safe_dump(model))
+    runs = run_json("compare", str(FIXTURES / "vllm_bench_serve.json"), "-m", str(mfile),
+                    "-g", "h100-sxm")
+    runs = runs["runs"] if isinstance(runs, dict) else runs
+    for k, v in got.items():
+        assert v == pytest.approx(runs[0]["metrics"][k]["simulated"]), k
+    at_load = _served(run_json, _manifest(tmp_path, dict(MANIFEST, runs=[dict(
+        MANIFEST["runs"][0], weights="fp8")])))
+    assert got["mean_ttft_s"] != pytest.approx(at_load["mean_ttft_s"], rel=1e-6)
+
+
+def test_a_static_scale_checkpoint_quantizes_each_input_in_one_pass(run_json, tmp_path):
+    """vLLM finds a per-tensor scale at run time (--quantization fp8) by reading the input
+    once more than a checkpoint's static scale needs: the static release's prefill is the
+    shorter, its decode about the same."""
+    static = _served(run_json, _manifest(tmp_path, _on_checkpoint(STATIC_FP8)))
+    at_load = _served(run_json, _manifest(tmp_path, dict(MANIFEST, runs=[dict(
+        MANIFEST["runs"][0], weights="fp8")])))
+    assert static["mean_ttft_s"] < at_load["mean_ttft_s"]
+    assert static["mean_tpot_s"] == pytest.approx(at_load["mean_tpot_s"], rel=0.02)
+
+
+def test_a_checkpoint_that_disagrees_with_its_run_is_an_error(run_cli, tmp_path):
+    for bad, words in (
+            (_on_checkpoint(BLOCK_FP8, weights="int4"), ("stores fp8", "says int4")),
+            (_on_checkpoint({"quant_method": "hqq"}), ("quant_method", "hqq")),
+            (_on_checkpoint(BLOCK_FP8, traffic={
+                "server_command": "vllm serve someone/Llama-3.1-8B"}),
+             ("checkpoint.repo", "server command"))):
+        code, _, err = run_cli("validate", "--served-dataset", str(_manifest(tmp_path, bad)),
+                               "--source", "try")
+        assert code == 2 and len(err.strip().splitlines()) == 1, err
+        assert all(w in err for w in words), err
+        assert "rate-4" in err

@@ -253,6 +253,25 @@ def test_golden_section_costs_only_points_it_compares():
     assert len(seen) == 2 + steps - 1
 
 
+def test_the_coordinate_search_follows_a_valley_across_its_axes():
+    """Two parameters that trade against each other (a valley along log a = log b, its floor
+    at a = b = e): searched along each axis alone, each sweep gets a step further down it and
+    ten sweeps end at 5.5 and 5.3, the cost 2.0; searching each sweep's net move as a line of
+    its own (Powell's) follows the valley to its floor."""
+    from planner.evidence.fit import descend
+
+    def cost(v: dict[str, float]) -> float:
+        la, lb = math.log(v["a"]), math.log(v["b"])
+        return 100 * (la - lb) ** 2 + (la + lb - 2) ** 2
+
+    start = {"a": 1.0, "b": 20.0}
+    got, best = descend(cost, start, cost(start), sweeps=10, tol=1e-6,
+                        bounds=lambda p: (1e-3, 1e3))
+    assert best < 1e-4
+    assert got["a"] == pytest.approx(math.e, rel=0.01) and got["b"] == pytest.approx(
+        math.e, rel=0.01)
+
+
 def test_validate_check_prints_its_verdict(run_cli, monkeypatch):
     """Issue 26: `validate --check` ends with a verdict line, so a CI log says what passed
     (here over gpt-fast's two sources alone, as if they were the built-in validation)."""

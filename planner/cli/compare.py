@@ -116,14 +116,15 @@ def _plain(v):
 
 def served_setup(model: str, gpu: str, spec, tp: int, weights, kv_cache,
                  group_size: int | None = None, quantized_layers="all",
-                 server: dict | None = None):
+                 server: dict | None = None, checkpoint: tuple[str, dict] | None = None):
     """The deployment a served run was measured on (``planner.layouts.deployment``), ready
     for prediction: the engine's scheduler budget is the prefill chunk. ``server``: what its
     server command set (``server_overrides``): the scheduler's limits, chunking, CUDA graphs
     (--enforce-eager), vLLM's --performance-mode, the memory fraction, weights in host
     memory, pipeline stages; its TP, weights and KV cache must be the run's. ``weights``
     None: the server command's --quantization, else the checkpoint's quantization_config,
-    else bf16."""
+    else bf16. ``checkpoint``: (where it was named, its quantization_config) where the
+    server loaded a quantized release of ``model``, whose weights must be the run's."""
     from dataclasses import replace
 
     from planner.core.specs import GIB, Options
@@ -141,6 +142,8 @@ def served_setup(model: str, gpu: str, spec, tp: int, weights, kv_cache,
         s["--kv-cache"]
     _agree("--kv-cache-dtype", s.get("--kv-cache"), kv_cache, "KV cache")
     m = catalog.load_model(model)
+    if checkpoint is not None:
+        m, weights = _with_checkpoint(m, weights, *checkpoint)
     hw = catalog.load_hardware(gpu)
     tensorrt = s.get("--trtllm-backend") == "tensorrt"
     q8 = spec.fp8_quant_kernels
@@ -182,6 +185,23 @@ def served_setup(model: str, gpu: str, spec, tp: int, weights, kv_cache,
                             layout=Layout(tp=tp, pp=s.get("--pp", 1), ep=s.get("--ep", 1)),
                             options=opts,
                             weights_source=source)
+
+
+def _with_checkpoint(m, weights, where: str, config: dict):
+    """``m`` as the quantized release a server loaded ships it (its quantization_config read
+    as a config.json's), and the weights to ask of it: None, the checkpoint's own, which must
+    be the run's ``weights``."""
+    from planner.io.quant_config import FIELD, checkpoint_quant
+
+    q = checkpoint_quant({FIELD: config}, where, moe=m.moe is not None,
+                         hidden_size=m.hidden_size)
+    if q is None or q.problem is not None:
+        raise LlmplanError(q.problem if q is not None else
+                           f"{where}: quantization_config: null")
+    if weights is not None and _plain(weights) != _plain(q.weights):
+        raise LlmplanError(f"{where}: the checkpoint stores {_plain(q.weights)} weights and "
+                           f"the run says {_plain(weights)}")
+    return m.model_copy(update={"quantization": q}), None
 
 
 def server_setup(model: str, gpu: str, engine: str, tp: int, weights, kv_cache, group_size: int,

@@ -151,7 +151,7 @@ def descend(cost, values: dict[str, float], best: float, *, sweeps: int = 40,
     values = dict(values)
     searched: dict[str, dict[str, float]] = {}  # parameter -> the others when last searched
     for _ in range(sweeps):
-        start = best
+        start, at_start = best, dict(values)
         for p in values:
             others = {q: v for q, v in values.items() if q != p}
             if searched.get(p) == others:
@@ -159,16 +159,40 @@ def descend(cost, values: dict[str, float], best: float, *, sweeps: int = 40,
             searched[p] = others
             lo, hi = bounds(p)
 
-            def f(logv: float, p: str = p) -> float:
+            def f(logv: float, p: str = p, values: dict[str, float] = values) -> float:
                 return cost({**values, p: math.exp(logv)})
 
             x = _golden(f, math.log(lo), math.log(hi), tol)
             fx = f(x)
             if fx < best:
                 values[p], best = math.exp(x), fx
+        moved = {p: math.log(values[p] / at_start[p]) for p in values}
+        if sum(abs(m) > 1e-12 for m in moved.values()) > 1:
+            # the sweep's net move, searched as a line of its own (Powell's): a valley that
+            # runs across the axes is followed along it, where searches along each axis alone
+            # stall in it, each a step short
+            values, best = _along(cost, values, best, at_start, moved, bounds, tol)
         if start - best < 1e-9:
             break
     return values, best
+
+
+def _along(cost, values: dict[str, float], best: float, at: dict[str, float],
+           move: dict[str, float], bounds, tol: float) -> tuple[dict[str, float], float]:
+    """The best of ``values`` and the points ``at`` x exp(t x ``move``) (logs), t from 0 to
+    where the first parameter meets its bound: a move made of small zigzag steps may be a
+    small part of the way along the valley."""
+    reach = min((math.log((bounds(p)[1] if m > 0 else bounds(p)[0]) / at[p]) / m
+                 for p, m in move.items() if m), default=0.0)
+
+    def point(t: float) -> dict[str, float]:
+        return {p: at[p] * math.exp(t * move[p]) for p in at}
+
+    if reach <= 0:
+        return values, best
+    t = _golden(lambda t: cost(point(t)), 0.0, reach, tol)
+    ft = cost(point(t))
+    return (point(t), ft) if ft < best else (values, best)
 
 
 def _golden(f, a: float, b: float, tol: float) -> float:

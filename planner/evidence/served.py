@@ -148,6 +148,20 @@ class Traffic(_Strict):
         return replace(run, **upd) if upd else run
 
 
+class Checkpoint(_Strict):
+    """The checkpoint a run's server loaded, where it stores its weights otherwise than the
+    model file's does (a quantized release of a 16-bit model: Qwen/Qwen3-8B-FP8): its name as
+    the server command or the result file gives it, where its quantization is stated and in
+    that source's words, and its config.json's ``quantization_config``, read as a config.json's
+    is (``planner/io/quant_config.py``). Without one, a run's quantized ``weights`` are
+    replayed as the engine quantizing the 16-bit checkpoint at load (vLLM's --quantization)."""
+
+    repo: str = Field(min_length=3, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9._-]+$")
+    source: str = Field(pattern=r"^https://\S+$")  # the model card or config.json read
+    quote: str = Field(min_length=1)  # what the source says of the quantization
+    quantization_config: dict
+
+
 class ServedEntry(_Strict):
     id: str = Field(min_length=1, pattern=r"^[a-z0-9][a-z0-9._-]*$")
     file: str = Field(min_length=1, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")  # beside the manifest
@@ -165,6 +179,7 @@ class ServedEntry(_Strict):
     kv_cache: DType | None = None
     engine: str | None = None  # this run's, when not the source's
     engine_version: str | None = None  # this run's, when not the source's
+    checkpoint: Checkpoint | None = None  # the quantized release the server loaded
     traffic: Traffic | None = None
     # figures not compared, each for a reason the note gives (a measurement the simulator
     # cannot reproduce by construction, such as prompts served from a warm prefix cache)
@@ -175,6 +190,14 @@ class ServedEntry(_Strict):
     def _skip_has_reason(self) -> ServedEntry:
         if self.skip and not self.note:
             raise ValueError(f"run {self.id}: skip needs a note saying why")
+        return self
+
+    @model_validator(mode="after")
+    def _checkpoint_is_served(self) -> ServedEntry:
+        cmd = self.traffic.server_command if self.traffic else None
+        if self.checkpoint is not None and cmd and self.checkpoint.repo not in cmd:
+            raise ValueError(f"run {self.id}: checkpoint.repo {self.checkpoint.repo} is not "
+                             "in the server command")
         return self
 
 
