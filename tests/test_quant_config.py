@@ -20,6 +20,8 @@ from pathlib import Path
 
 import pytest
 import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from planner.core.errors import SpecError
 from planner.core.memory import param_breakdown
@@ -374,6 +376,54 @@ def test_unmodelled_modules_are_a_note(run_cli, tmp_path):
     assert "model.layers.0.mlp.down_proj left in 16-bit" in " ".join(out.split())
 
 
+ATTENTION_8B = 32 * 41_943_040  # q, k, v, o of every layer (above): 1,342,177,280
+MLP_8B = 32 * 176_160_768  # gate, up, down: 5,637,144,576
+# Meta's Llama-3.1-405B-FP8 scheme (the Llama 3 paper, arXiv 2407.21783, section 6.2: the
+# feed-forward layers' weights and activations in fp8, rows scaled, the dynamic scale bounded
+# by 1200; self-attention left out), as an fbgemm_fp8 block lists it
+FBGEMM = {"quant_method": "fbgemm_fp8", "activation_scale_ub": 1200.0,
+          "modules_to_not_convert": [f"model.layers.{i}.self_attn.{p}" for i in range(32)
+                                     for p in ("q_proj", "k_proj", "v_proj", "o_proj")]
+          + ["lm_head"]}
+
+
+def test_fbgemm_fp8_quantizes_the_mlp_alone(run_json, tmp_path):
+    """FBGEMM fp8 with attention left in 16-bit: the MLP's weights in fp8 with an fp32 scale
+    per output channel (one per row of 4,096 inputs, 14,336 for down: counted per hidden
+    size, 4 / 4096 bytes a weight), attention, embeddings, lm_head and norms in bf16."""
+    d = _weights_bytes(run_json, _llama(tmp_path, FBGEMM))
+    assert d["weights"] == "fp8" and d["weights_source"] == "checkpoint"
+    assert d["weights_bytes"] == pytest.approx(
+        MLP_8B * (1 + 4 / 4096) + 2 * ATTENTION_8B + HALF_8B_BYTES, rel=1e-12)
+    assert "FBGEMM FP8, per channel" in d["weights_source_detail"]
+    q = load_model(_llama(tmp_path, FBGEMM, "again")).quantization.precision()
+    assert q.quantized_layers == "mlp" and not q.fp8_dynamic_tensor and not q.fp8_blocks
+    # the matmuls follow the bytes: attention's in bf16, the MLP's in fp8
+    ops = {o["name"]: o for o in d["operators"]["decode"]}
+    assert ops["qkv_proj"]["dtype"] == ops["o_proj"]["dtype"] == "bf16"
+    assert ops["mlp_gate_up_proj"]["dtype"] == ops["mlp_down_proj"]["dtype"] == "fp8"
+    assert ops["mlp_down_proj"]["weight_bytes"] == pytest.approx(
+        14_336 * 4_096 * (1 + 4 / 4096) * 32)
+
+
+def test_quantized_layers_mlp_is_a_flag_and_a_dense_configs_attention_list(run_json, tmp_path):
+    """--quantized-layers mlp asks what such a checkpoint stores; a dense model's fp8 config
+    that leaves its attention out is read as it (it was counted as all layers, with a note)."""
+    flag = _weights_bytes(run_json, "llama-3.1-8b", "--weights", "fp8",
+                          "--quantized-layers", "mlp")
+    assert flag["weights_bytes"] == pytest.approx(
+        MLP_8B + 2 * ATTENTION_8B + HALF_8B_BYTES, rel=1e-12)  # per-tensor scales: no bytes
+    left = {**FP8_BLOCK, "modules_to_not_convert": ["self_attn"]}
+    d = _weights_bytes(run_json, _llama(tmp_path, left))
+    assert d["weights_bytes"] == pytest.approx(
+        MLP_8B * (1 + 4 / 16384) + 2 * ATTENTION_8B + HALF_8B_BYTES, rel=1e-12)
+    # the MLP in fp8 alone decodes faster than bf16 and slower than every layer in fp8
+    tpot = [run_json("estimate", "-m", "llama-3.1-8b", *G, "--weights", w, *extra)["tpot_s"]
+            for w, extra in (("bf16", ()), ("fp8", ("--quantized-layers", "mlp")),
+                             ("fp8", ()))]
+    assert tpot[0] > tpot[1] > tpot[2]
+
+
 # --------------------------------------------------------------------------- compare
 
 
@@ -525,3 +575,24 @@ def test_a_configs_torch_dtype_is_the_default_16_bit_type(run_json, run_cli, tmp
                                  "quantization_config": awq}))
     d = run_json("estimate", "-m", str(y), "-g", "h100-sxm")
     assert d["weights"] == "int4" and d["compute"] == "bf16"
+
+
+@settings(max_examples=60, deadline=None)
+@given(name=st.sampled_from(["llama-3.1-8b", "qwen3-32b", "mixtral-8x7b", "deepseek-v3",
+                             "gpt-oss-20b", "llama-3.1-405b"]),
+       weights=st.sampled_from(["fp8", "int8", "int4", "mxfp4"]), tp=st.sampled_from([1, 2, 8]))
+def test_quantizing_fewer_layers_never_holds_fewer_bytes(name, weights, tp):
+    """Every linear layer quantized holds the fewest bytes, the MLP layers alone fewer than
+    the 16-bit checkpoint and more than every layer (attention stays 16-bit); a MoE model's
+    routed experts alone no fewer than every MLP (its shared experts and dense layers stay
+    16-bit, where it has them)."""
+    from planner.core.memory import weight_bytes
+    from planner.core.specs import Precision
+
+    m = load_model(name)
+    got = {q: weight_bytes(m, Precision.of(weights, quantized_layers=q), tp=tp)
+           for q in ("all", "mlp", "experts")}
+    half = weight_bytes(m, Precision.of("bf16"), tp=tp)
+    assert got["all"] < got["mlp"] < half
+    if m.moe is not None:
+        assert got["mlp"] <= got["experts"] <= half

@@ -36,8 +36,8 @@ def models(as_json: JsonOpt = False) -> None:
     gate(rows, "the models table")  # the figures the table shows
     from planner.io import fmt
     from planner.io.render import plain
-    stdout.print(table("Built-in models (quant: the checkpoint's, * experts only; --json for "
-                       "sources)",
+    stdout.print(table("Built-in models (quant: the checkpoint's, * experts only, ^ MLP only; "
+                       "--json for sources)",
                        ["name", "arch", "params", "active", "layers", "hidden", "heads",
                         "kv", "context", "quant"],
                        [[plain(r["name"]), plain(r["architecture"]), fmt.count(r["params"]),
@@ -49,10 +49,11 @@ def models(as_json: JsonOpt = False) -> None:
 
 
 def _quant(q: dict | None) -> str:
-    """A checkpoint's weight type as released ("-": not quantized), * for experts only."""
+    """A checkpoint's weight type as released ("-": not quantized), * for experts only, ^ for
+    the MLP layers only."""
     if q is None:
         return "-"
-    return (q["weights"] or "?") + ("*" if q["quantized_layers"] == "experts" else "")
+    return (q["weights"] or "?") + {"experts": "*", "mlp": "^"}.get(q["quantized_layers"], "")
 
 
 def gpus(prices: PricesOpt = None, as_json: JsonOpt = False) -> None:

@@ -171,11 +171,13 @@ ComputeOpt = Annotated[Optional[ComputeChoice], typer.Option(
 class QuantizedLayers(str, Enum):
     all = "all"
     experts = "experts"
+    mlp = "mlp"
 
 
 QuantizedLayersOpt = Annotated[QuantizedLayers, typer.Option(
-    "--quantized-layers", help="Which linear layers the --weights type covers: all, or only a "
-    "MoE model's routed experts (gpt-oss's released MXFP4 checkpoint; the rest 16-bit).")]
+    "--quantized-layers", help="Which linear layers the --weights type covers: all; only a "
+    "MoE model's routed experts (gpt-oss's released MXFP4 checkpoint; the rest 16-bit); or "
+    "every MLP layer, attention in 16-bit (Meta's Llama-3.1-405B-FP8).")]
 class SpeculativeMethod(str, Enum):
     draft_model = "draft-model"
     mtp = "mtp"

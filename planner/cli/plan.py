@@ -266,8 +266,8 @@ def plan_run(a: dict, *, emit: bool = False):
     if released:
         # a quantized checkpoint runs as it ships: its precision, not a search over others
         wl = [q.weights]
-        if q.quantized_layers == "experts":
-            ql = "experts"
+        if q.quantized_layers != "all":
+            ql = q.quantized_layers
         stderr.print(f"weights: {q.weights.value} ({q.label}, from {q.file} "
                      "quantization_config; --weights searches others)")
     else:

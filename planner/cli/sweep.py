@@ -168,8 +168,8 @@ def sweep(
     for m in grid.models if weights is None else ():
         q = m.quantization
         if q is not None and q.problem is None:
-            experts = " --quantized-layers experts" if q.precision(None).quantized_layers \
-                == "experts" else ""
+            layers = q.precision(None).quantized_layers
+            experts = f" --quantized-layers {layers}" if layers != "all" else ""
             scales = ("; its block scales are not swept: estimate or plan without --weights "
                       "cost them" if q.fp8_blocks else "")
             stderr.print(f"[yellow]note:[/] {m.name}'s checkpoint stores {q.label} "

@@ -460,7 +460,7 @@ class Unsupported(_Sourced):
 
     weights: tuple[Literal["fp8", "int8", "int4", "mxfp4"], ...] = Field(min_length=1)
     architectures: tuple[str, ...] = Field(min_length=1)
-    quantized_layers: Literal["all", "experts"] | None = None
+    quantized_layers: Literal["all", "experts", "mlp"] | None = None
     reason: str = Field(min_length=1)
 
     @field_validator("architectures")

@@ -475,7 +475,8 @@ def prepare(hw: HardwareSpec, p: Precision, calibration: Calibration | None, o: 
     engine = engine.for_gpu(hw.memory_bytes, hw.name, hw.architecture)
     why = engine.refusal(p.weights.value, p.quantized_layers, hw.architecture)
     if why is not None:
-        which = " (routed experts)" if p.quantized_layers == "experts" else ""
+        which = {"experts": " (routed experts)", "mlp": " (MLP layers)"}.get(
+            p.quantized_layers, "")
         raise UsageError(f"{engine.display_name or engine.name} does not run "
                          f"{p.weights.value}{which} weights on {hw.name} "
                          f"({hw.architecture}): {why}; --weights or --engine for another")

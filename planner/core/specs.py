@@ -87,6 +87,11 @@ class _Frozen(BaseModel):
 DEFAULT_GROUP_SIZE = 128  # weights per scale of int8 / int4 (GPTQ's and AWQ's usual groups)
 
 
+# The MLP's linear layers, as checkpoint keys (planner.core.memory) and operator names
+# (planner.core.ops: a dense layer's, the routed experts', the shared experts')
+MLP_COMPONENTS = ("mlp/", "moe/", "mlp_", "experts_", "shared_")
+
+
 class Precision(_Frozen):
     """How weights and KV cache are stored and in which type the matmuls run.
 
@@ -96,10 +101,11 @@ class Precision(_Frozen):
     scales, negligible bytes). mxfp4 weights are OCP MXFP4 (blocks of 32 with one byte of
     scale: 0.53125 bytes per weight; ``group_size`` and ``scale_bytes`` do not apply),
     weight-only by default, as vLLM's Triton and Marlin MXFP4 MoE kernels run them on Hopper.
-    Quantization covers the decoder's linear layers (``quantized_layers="all"``) or only the
-    routed experts (``"experts"``: gpt-oss's released checkpoint, attention in bf16);
-    embeddings, lm_head, norms, biases and MoE routers stay in the 16-bit type, as in common
-    checkpoints.
+    Quantization covers the decoder's linear layers (``quantized_layers="all"``), only the
+    routed experts (``"experts"``: gpt-oss's released checkpoint, attention in bf16), or every
+    MLP, dense, shared or routed, with attention in the 16-bit type (``"mlp"``: Meta's
+    Llama-3.1-405B-FP8, FBGEMM fp8 in the feed-forward layers alone); embeddings, lm_head,
+    norms, biases and MoE routers stay in the 16-bit type, as in common checkpoints.
     """
 
     weights: DType = DType.bf16
@@ -111,7 +117,7 @@ class Precision(_Frozen):
     # 4-bit zero: 0.5 bytes), and whether the lm_head is quantized with the decoder
     zero_point_bytes: float = Field(0.0, ge=0, le=64)
     lm_head_quantized: bool = False
-    quantized_layers: Literal["all", "experts"] = "all"
+    quantized_layers: Literal["all", "experts", "mlp"] = "all"
     # fp8 weights with a scale per block (DeepSeek-V3's 128 x 128 blocks: 16,384 weights per
     # fp32 scale of ``scale_bytes``) or per output channel; None: one per tensor (no bytes
     # worth counting)
@@ -207,9 +213,13 @@ class Precision(_Frozen):
         return b
 
     def quantizes(self, component: str) -> bool:
-        """Whether a linear layer of this component (``"experts"`` for the routed experts,
-        anything else for the rest) is stored in the quantized type."""
-        return self.quantized_layers == "all" or component == "experts"
+        """Whether a linear layer of this component (``"experts"`` for the routed experts, a
+        checkpoint key, ``mlp/...``, ``moe/...``, ``attention/...``, or an operator's name,
+        ``mlp_down_proj``, ``shared_gate_up_proj``, ``qkv_proj``) is stored in the quantized
+        type."""
+        if self.quantized_layers == "all" or component == "experts":
+            return True
+        return self.quantized_layers == "mlp" and component.startswith(MLP_COMPONENTS)
 
     @property
     def half_bytes(self) -> float:
@@ -242,7 +252,7 @@ class CheckpointQuant(_Frozen):
     fp8_blocks: bool = False  # fp8: a scale per block (weight_block_size, block_structure)
     fp8_dynamic_tensor: bool = False  # fp8 W8A8: one activation scale per tensor, at run time
     compute: DType | None = None  # None: 16-bit for weight-only int, fp8 for fp8
-    quantized_layers: Literal["all", "experts"] = "all"
+    quantized_layers: Literal["all", "experts", "mlp"] = "all"
     lm_head_quantized: bool = False
     details: tuple[str, ...] = ()  # what the label says beside the method: "group 128", ...
     notes: tuple[str, ...] = ()  # what is read but not modelled
@@ -252,6 +262,7 @@ class CheckpointQuant(_Frozen):
     def label(self) -> str:
         """"AWQ, group 128, zero points": the method and what sets its bytes."""
         name = {"awq": "AWQ", "gptq": "GPTQ", "fp8": "FP8", "mxfp4": "MXFP4",
+                "fbgemm_fp8": "FBGEMM FP8",
                 "bitsandbytes": "bitsandbytes"}.get(self.method, self.method)
         return ", ".join((name, *self.details))
 
@@ -270,7 +281,7 @@ class CheckpointQuant(_Frozen):
             "fp8_scale_group": self.fp8_scale_group, "fp8_blocks": self.fp8_blocks,
             "fp8_dynamic_tensor": self.fp8_dynamic_tensor,
             "lm_head_quantized": self.lm_head_quantized,
-            "quantized_layers": quantized_layers if quantized_layers == "experts"
+            "quantized_layers": quantized_layers if quantized_layers in ("experts", "mlp")
             else self.quantized_layers,
             "from_checkpoint": True})
 

@@ -185,7 +185,8 @@ class Deployment(_Strict):
     weights: DType = DType.bf16
     kv_cache: DType | None = None
     compute: DType | None = None  # what the matmuls run in (fp16 on a T4 or V100)
-    quantized_layers: Literal["all", "experts"] = "all"  # experts: a MoE's routed experts only
+    # experts: a MoE's routed experts only; mlp: every MLP, attention in the 16-bit type
+    quantized_layers: Literal["all", "experts", "mlp"] = "all"
     workload: BudgetWorkload = BudgetWorkload()  # every command's default workload
     allow_longer_context: bool = False  # prompt + output beyond the model's context
     limits: Limits
@@ -224,7 +225,7 @@ class Deployment(_Strict):
         layout = (f"TP{self.tp}xEP{self.ep} " if self.tp > 1 else f"EP{self.ep} ") \
             if self.ep > 1 else \
             f"{self.tp}x{self.pp}x" if self.pp > 1 else f"{self.tp}x"
-        experts = " experts" if self.quantized_layers == "experts" else ""
+        experts = f" {self.quantized_layers}" if self.quantized_layers != "all" else ""
         return f"{self.model} on {layout}{self.gpu} {self.weights.value}{experts}"
 
 

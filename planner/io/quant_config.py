@@ -18,12 +18,16 @@ checkpoint stores its weights, in the formats as they ship.
   ``load_in_8bit`` (LLM.int8(): int8 with an fp32 scale per row).
 - MXFP4 (gpt-oss): the routed experts; ``modules_to_not_convert`` lists attention, router,
   embeddings and lm_head (vLLM's ``Mxfp4Config`` quantizes only its FusedMoE layers).
+- fbgemm_fp8 (Meta's Llama-3.1-405B-FP8; vLLM ``FBGEMMFp8Config``): fp8 weights with an fp32
+  scale per output channel, inputs quantized per token at run time (capped by
+  ``activation_scale_ub``), the layers ``modules_to_not_convert`` names left in 16-bit. W8A8.
 
 Embeddings, norms and MoE routers stay 16-bit whatever a list says (as in the planner's byte
-accounting); attention left in 16-bit in a MoE model is ``quantized_layers="experts"``; an
-``lm_head`` in the list keeps it 16-bit. A config the planner cannot read gives a
-``CheckpointQuant`` whose ``problem`` names the file, the field and what is wrong; it is raised
-when the weights' precision is taken from the checkpoint (not when ``--weights`` is given).
+accounting); attention left in 16-bit is ``quantized_layers="experts"`` in a MoE model and
+``"mlp"`` in a dense one; an ``lm_head`` in the list keeps it 16-bit. A config the planner
+cannot read gives a ``CheckpointQuant`` whose ``problem`` names the file, the field and what
+is wrong; it is raised when the weights' precision is taken from the checkpoint (not when
+``--weights`` is given).
 """
 
 from __future__ import annotations
@@ -34,7 +38,7 @@ from pydantic import ValidationError
 
 from planner.core.specs import CheckpointQuant, DType
 
-METHODS = ("awq", "gptq", "fp8", "compressed-tensors", "bitsandbytes", "mxfp4")
+METHODS = ("awq", "gptq", "fp8", "compressed-tensors", "bitsandbytes", "mxfp4", "fbgemm_fp8")
 FIELD = "quantization_config"
 
 
@@ -152,15 +156,12 @@ def _left_16bit(names: list[str], *, moe: bool, key: str) -> dict[str, Any]:
         else:
             unmodelled.append(raw)
     notes = []
-    if attention and not moe:
-        notes.append(f"{FIELD}.{key}: attention left in 16-bit is modelled for MoE models "
-                     "only; counted as quantized (weights a little low)")
     if unmodelled:
         shown = ", ".join(unmodelled[:3]) + (f" (+{len(unmodelled) - 3} more)"
                                               if len(unmodelled) > 3 else "")
         notes.append(f"{FIELD}.{key}: {shown} left in 16-bit, counted as quantized "
                      "(weights a little low)")
-    return {"quantized_layers": "experts" if attention and moe else "all",
+    return {"quantized_layers": ("experts" if moe else "mlp") if attention else "all",
             "lm_head_listed": lm_head, "notes": tuple(notes)}
 
 
@@ -224,6 +225,20 @@ def _fp8(qc: dict, *, moe: bool, hidden_size: int, half) -> dict:
     names = _strings(qc, "modules_to_not_convert") + _strings(qc, "ignored_layers")
     left = _left_16bit(names, moe=moe, key="modules_to_not_convert")
     return {**d, "quantized_layers": left["quantized_layers"], "notes": left["notes"]}
+
+
+def _fbgemm_fp8(qc: dict, *, moe: bool, hidden_size: int, half) -> dict:
+    ub = qc.get("activation_scale_ub")
+    if ub is not None and (isinstance(ub, bool) or not isinstance(ub, (int, float))
+                           or not ub > 0):
+        raise _Bad(f"{FIELD}.activation_scale_ub", f"expected a positive number, got {ub!r:.40}")
+    left = _left_16bit(_strings(qc, "modules_to_not_convert"), moe=moe,
+                       key="modules_to_not_convert")
+    # an fp32 scale per output channel: one per row of K weights, K the hidden size for most
+    # layers; the input's scale is per token, found in the pass that quantizes it
+    return {"weights": DType.fp8, "fp8_scale_group": hidden_size, "scale_bytes": 4,
+            "details": ("per channel", "per-token inputs"),
+            "quantized_layers": left["quantized_layers"], "notes": left["notes"]}
 
 
 def _mxfp4(qc: dict, *, moe: bool, hidden_size: int, half) -> dict:
@@ -350,4 +365,5 @@ def _ct_scheme(grp: dict, field: str, hidden_size: int, half) -> dict:
 
 
 _READERS = {"awq": _awq, "gptq": _gptq, "fp8": _fp8, "mxfp4": _mxfp4,
+            "fbgemm_fp8": _fbgemm_fp8,
             "bitsandbytes": _bitsandbytes, "compressed-tensors": _compressed_tensors}

@@ -137,8 +137,9 @@ def _print_header(console: Console, e: Estimate) -> None:
              if p.weights.value in ("int8", "int4") else
              f", blocks of 32, {p.quantized_bytes_per_param:.4g} B/param incl. scales"
              if p.weights.value == "mxfp4" else "")
-    if p.quantized_layers == "experts":
-        quant += " (routed experts only; the rest in " + p.half_dtype.value + ")"
+    if p.quantized_layers != "all":
+        which = "routed experts" if p.quantized_layers == "experts" else "MLP layers"
+        quant += f" ({which} only; the rest in {p.half_dtype.value})"
     console.print(f"[bold]{escape(m.label)}[/] on [bold]{escape(gpus)}[/]  "
                   f"weights {p.weights.value}{quant}, "
                   f"KV {p.kv_cache.value}, compute {p.compute_dtype.value}; "

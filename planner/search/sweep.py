@@ -105,7 +105,7 @@ class Grid:
     options: Options = field(default_factory=Options)
     engine: Engine = IDEAL
     compute: DType | None = None  # None: the matmul type follows the weights
-    quantized_layers: str = "all"  # or "experts": only a MoE model's routed experts
+    quantized_layers: str = "all"  # or "experts" (a MoE model's routed experts), "mlp"
     # the weights were not asked for: the 16-bit type is left to the engine (``Precision.auto``)
     auto_dtype: bool = False
     # the weights are a model's checkpoint as it ships: where a model's quantization_config
