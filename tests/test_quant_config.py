@@ -596,3 +596,34 @@ def test_quantizing_fewer_layers_never_holds_fewer_bytes(name, weights, tp):
     assert got["all"] < got["mlp"] < half
     if m.moe is not None:
         assert got["mlp"] <= got["experts"] <= half
+
+
+def test_mlp_layers_on_moe_and_mla_models_by_operator(run_json):
+    """Under --quantized-layers mlp the MLP's operators (a dense layer's, the shared experts',
+    the routed experts') take the weights' type and every attention projection, MLA's
+    included (mla_q_up_proj ends in up_proj), the router and the lm_head stay 16-bit."""
+    for name, attention in (("deepseek-v3", {"mla_down_proj", "mla_q_up_proj",
+                                             "mla_kv_up_proj", "o_proj"}),
+                            ("qwen3-30b-a3b", {"qkv_proj", "o_proj"})):
+        d = run_json("estimate", "-m", name, "-g", "h200", "--tp", "8", "--weights", "fp8",
+                     "--quantized-layers", "mlp")
+        ops = {o["name"]: o for o in d["operators"]["decode"] if o["kind"] == "matmul"}
+        assert attention <= set(ops), (name, sorted(ops))
+        for n, o in ops.items():
+            mlp = n.startswith(("mlp_", "experts_", "shared_"))
+            assert o["dtype"] == ("fp8" if mlp else "bf16"), (name, n, o["dtype"])
+        assert any(n.startswith("experts_") for n in ops)
+
+
+def test_a_vision_towers_attention_and_fbgemm_on_moe(tmp_path):
+    """A list naming only a vision tower's attention leaves the decoder's quantized (it stays
+    16-bit in the planner's accounting anyway); fbgemm_fp8 on a MoE model (vLLM quantizes no
+    FusedMoE layer under it) is refused with the field named."""
+    from planner.io.quant_config import checkpoint_quant
+
+    q = checkpoint_quant({"quantization_config": {**FP8_BLOCK, "modules_to_not_convert": [
+        "model.vision_tower.layers.0.self_attn.q_proj", "visual.blocks.0.attn.qkv"]}},
+        "c.json", moe=False, hidden_size=4096)
+    assert q.problem is None and q.quantized_layers == "all"
+    q = checkpoint_quant({"quantization_config": FBGEMM}, "c.json", moe=True, hidden_size=4096)
+    assert q.problem and "quantization_config.quant_method" in q.problem and "fbgemm" in q.problem

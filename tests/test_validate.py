@@ -256,8 +256,8 @@ def test_golden_section_costs_only_points_it_compares():
 def test_the_coordinate_search_follows_a_valley_across_its_axes():
     """Two parameters that trade against each other (a valley along log a = log b, its floor
     at a = b = e): searched along each axis alone, each sweep gets a step further down it and
-    ten sweeps end at 5.5 and 5.3, the cost 2.0; searching each sweep's net move as a line of
-    its own (Powell's) follows the valley to its floor."""
+    ten sweeps end at 10.6 and 10.4, the cost 7.4; searching each sweep's net move as a line
+    of its own (Powell's) follows the valley to its floor."""
     from planner.evidence.fit import descend
 
     def cost(v: dict[str, float]) -> float:
@@ -270,6 +270,19 @@ def test_the_coordinate_search_follows_a_valley_across_its_axes():
     assert best < 1e-4
     assert got["a"] == pytest.approx(math.e, rel=0.01) and got["b"] == pytest.approx(
         math.e, rel=0.01)
+
+
+def test_the_coordinate_search_starts_a_zero_at_its_bound():
+    """A parameter not yet stated (0: OPTIONAL_DEFAULTS' worker step cost) starts at its
+    lower bound, not as a logarithm of zero."""
+    from planner.evidence.fit import descend
+
+    def cost(v: dict[str, float]) -> float:
+        return (math.log(v["a"]) - 1) ** 2 + (math.log(v["b"]) - 2) ** 2
+
+    got, best = descend(cost, {"a": 0.0, "b": 1.0}, 100.0, sweeps=5, tol=1e-6,
+                        bounds=lambda p: (1e-3, 1e3))
+    assert got["a"] == pytest.approx(math.e, rel=1e-3) and best < 1e-6
 
 
 def test_validate_check_prints_its_verdict(run_cli, monkeypatch):

@@ -270,8 +270,8 @@ class CheckpointQuant(_Frozen):
                   group_size: int | None = None,
                   quantized_layers: str | None = None) -> Precision:
         """The precision the checkpoint ships, with a user's ``--kv-cache``, ``--group-size``
-        and ``--quantized-layers experts`` over it; a ``SpecError`` (``problem``) when the
-        config cannot say."""
+        and ``--quantized-layers experts`` or ``mlp`` over it; a ``SpecError`` (``problem``)
+        when the config cannot say."""
         if self.problem is not None or self.weights is None:
             raise SpecError(self.problem or f"{self.file}: quantization_config: no weight type")
         p = Precision.of(self.weights, kv_cache, compute=self.compute)

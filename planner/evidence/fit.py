@@ -6,8 +6,10 @@ loss is the pseudo-Huber (soft-L1) of r with a scale of 10%, delta^2 (sqrt(1 + (
 quadratic for small errors, linear for large ones, so a few rows the model cannot explain (a
 kernel the profile does not describe) do not drag every parameter to compensate for them.
 Each parameter is searched in log space within its bounds (fractions in [0.3, 1], costs in
-microseconds in [0.01, 20000]) by cyclic coordinate descent with a golden-section line search:
-a handful of smooth parameters, so no gradient or solver library is needed.
+microseconds in [0.01, 20000]) by cyclic coordinate descent with a golden-section line
+search, each sweep ended by a line search along the sweep's net move (Powell's), which follows
+a valley that runs across the axes: a handful of smooth parameters, so no gradient or solver
+library is needed.
 
 Pure: the caller supplies the rows (validation datasets), the models, GPUs and the engine.
 """
@@ -145,10 +147,12 @@ def fit(spec: EngineSpec, params: list[str], datasets: list[Dataset], *, models,
 def descend(cost, values: dict[str, float], best: float, *, sweeps: int = 40,
             tol: float = 1e-4, bounds=bounds_of) -> tuple[dict[str, float], float]:
     """Cyclic coordinate descent of ``cost(values)`` over the named parameters, each by a
-    golden-section search of its log within ``bounds(name)``; (values, cost) at the end. A
-    parameter whose line was searched with every other value as it is now is not searched
-    again: the same line, the same answer (the last sweep, which only confirms, skips one)."""
-    values = dict(values)
+    golden-section search of its log within ``bounds(name)``, each sweep that moved more than
+    one of them ended by a search along its net move (``_along``); (values, cost) at the end.
+    A parameter whose line was searched with every other value as it is now is not searched
+    again: the same line, the same answer (the last sweep, which only confirms, skips one).
+    A starting value outside its bounds (0: a cost not yet stated) starts at the nearer one."""
+    values = {p: min(max(v, bounds(p)[0]), bounds(p)[1]) for p, v in values.items()}
     searched: dict[str, dict[str, float]] = {}  # parameter -> the others when last searched
     for _ in range(sweeps):
         start, at_start = best, dict(values)
@@ -180,8 +184,9 @@ def descend(cost, values: dict[str, float], best: float, *, sweeps: int = 40,
 def _along(cost, values: dict[str, float], best: float, at: dict[str, float],
            move: dict[str, float], bounds, tol: float) -> tuple[dict[str, float], float]:
     """The best of ``values`` and the points ``at`` x exp(t x ``move``) (logs), t from 0 to
-    where the first parameter meets its bound: a move made of small zigzag steps may be a
-    small part of the way along the valley."""
+    where the first parameter meets its bound (a move made of small zigzag steps may be a
+    small part of the way along the valley), t found to the precision that puts each log
+    within ``tol``, as the searches along the axes do."""
     reach = min((math.log((bounds(p)[1] if m > 0 else bounds(p)[0]) / at[p]) / m
                  for p, m in move.items() if m), default=0.0)
 
@@ -190,7 +195,7 @@ def _along(cost, values: dict[str, float], best: float, at: dict[str, float],
 
     if reach <= 0:
         return values, best
-    t = _golden(lambda t: cost(point(t)), 0.0, reach, tol)
+    t = _golden(lambda t: cost(point(t)), 0.0, reach, tol / max(map(abs, move.values())))
     ft = cost(point(t))
     return (point(t), ft) if ft < best else (values, best)
 

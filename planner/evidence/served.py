@@ -157,7 +157,7 @@ class Checkpoint(_Strict):
     replayed as the engine quantizing the 16-bit checkpoint at load (vLLM's --quantization)."""
 
     repo: str = Field(min_length=3, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9._-]+$")
-    source: str = Field(pattern=r"^https://\S+$")  # the model card or config.json read
+    source: str = Field(pattern=r"^https://\S+$")  # the page read: card, config, paper
     quote: str = Field(min_length=1)  # what the source says of the quantization
     quantization_config: dict
 
