@@ -151,8 +151,12 @@ def descend(cost, values: dict[str, float], best: float, *, sweeps: int = 40,
     one of them ended by a search along its net move (``_along``); (values, cost) at the end.
     A parameter whose line was searched with every other value as it is now is not searched
     again: the same line, the same answer (the last sweep, which only confirms, skips one).
-    A starting value outside its bounds (0: a cost not yet stated) starts at the nearer one."""
-    values = {p: min(max(v, bounds(p)[0]), bounds(p)[1]) for p, v in values.items()}
+    A starting value outside its bounds (0: a cost not yet stated) starts at the nearer one,
+    and ``best`` is then that start's cost, not the caller's."""
+    inside = {p: min(max(v, bounds(p)[0]), bounds(p)[1]) for p, v in values.items()}
+    if inside != values:
+        best = cost(inside)
+    values = inside
     searched: dict[str, dict[str, float]] = {}  # parameter -> the others when last searched
     for _ in range(sweeps):
         start, at_start = best, dict(values)
