@@ -627,3 +627,66 @@ def test_a_vision_towers_attention_and_fbgemm_on_moe(tmp_path):
     assert q.problem is None and q.quantized_layers == "all"
     q = checkpoint_quant({"quantization_config": FBGEMM}, "c.json", moe=True, hidden_size=4096)
     assert q.problem and "quantization_config.quant_method" in q.problem and "fbgemm" in q.problem
+
+
+def test_which_layers_a_list_leaves_in_16bit(tmp_path):
+    """Attention left in 16-bit in every layer (a name without a layer index, or every
+    index) is ``mlp``; in some layers alone it is noted and counted as quantized (one
+    precision per component, not per layer). A MoE model's list leaving attention out keeps
+    its shared experts and dense MLPs quantized (``mlp``) unless it names them too
+    (``experts``)."""
+    from planner.io.quant_config import checkpoint_quant
+
+    def read(names, *, moe=False, num_layers=32):
+        return checkpoint_quant({"quantization_config": {**FP8_BLOCK,
+                                                         "modules_to_not_convert": names}},
+                                "c.json", moe=moe, hidden_size=4096, num_layers=num_layers)
+
+    every = [f"model.layers.{i}.self_attn.{p}" for i in range(32) for p in ("q_proj", "o_proj")]
+    assert read(every).quantized_layers == "mlp" and not read(every).notes
+    assert read(["re:.*self_attn.*"]).quantized_layers == "mlp"
+    ends = [f"model.layers.{i}.self_attn.q_proj" for i in (0, 31)]
+    q = read(ends)
+    assert q.problem is None and q.quantized_layers == "all"
+    assert "attention of 2 of 32 layers (0, 31) left in 16-bit, counted as quantized" \
+        in " ".join(q.notes)
+    # one layer short of all of them is still some
+    assert read(every[:-2]).quantized_layers == "all"
+    # a 33-layer model: 32 names do not cover it
+    assert read(every, num_layers=33).quantized_layers == "all"
+    # MoE (DeepSeek's names): attention out, shared experts and dense MLPs quantized -> mlp
+    assert read(["self_attn"], moe=True).quantized_layers == "mlp"
+    shared = ["self_attn", "model.layers.3.mlp.shared_experts.down_proj",
+              "model.layers.0.mlp.gate_proj"]
+    assert read(shared, moe=True).quantized_layers == "experts"
+    # a routed expert's name is not a shared expert's or a dense MLP's
+    routed = ["self_attn", "model.layers.3.mlp.experts.0.gate_proj"]
+    q = read(routed, moe=True)
+    assert q.quantized_layers == "mlp" and "experts.0.gate_proj" in " ".join(q.notes)
+    # shared experts out with attention quantized: counted as quantized, said so
+    q = read(["model.layers.3.mlp.shared_experts.down_proj"], moe=True)
+    assert q.quantized_layers == "all" and "shared experts or dense MLPs" in " ".join(q.notes)
+
+
+def test_which_layers_reach_the_weight_bytes(run_json, tmp_path):
+    """Llama-3.1-8B's config with its first and last layers' attention left out: weighed as
+    every layer quantized (the note says so), the same bytes as no list at all."""
+    ends = {**FP8_BLOCK, "modules_to_not_convert": [
+        f"model.layers.{i}.self_attn.{p}" for i in (0, 31)
+        for p in ("q_proj", "k_proj", "v_proj", "o_proj")]}
+    some = _weights_bytes(run_json, _llama(tmp_path, ends))
+    none = _weights_bytes(run_json, _llama(tmp_path, FP8_BLOCK, "plain"))
+    assert some["weights_bytes"] == none["weights_bytes"]
+    assert load_model(_llama(tmp_path, ends, "again")).quantization.precision().quantized_layers \
+        == "all"
+
+
+def test_fbgemm_fp8_needs_its_activation_bound():
+    """vLLM's FBGEMMFp8Config reads activation_scale_ub as a required key: a block without it
+    is refused with the field named."""
+    from planner.io.quant_config import checkpoint_quant
+
+    block = {k: v for k, v in FBGEMM.items() if k != "activation_scale_ub"}
+    q = checkpoint_quant({"quantization_config": block}, "c.json", moe=False, hidden_size=4096)
+    assert q.problem == ("c.json: quantization_config.activation_scale_ub: missing (vLLM "
+                         "requires it for fbgemm_fp8)")

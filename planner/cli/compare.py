@@ -194,7 +194,7 @@ def _with_checkpoint(m, weights, where: str, config: dict):
     from planner.io.quant_config import FIELD, checkpoint_quant
 
     q = checkpoint_quant({FIELD: config}, where, moe=m.moe is not None,
-                         hidden_size=m.hidden_size)
+                         hidden_size=m.hidden_size, num_layers=m.num_layers)
     if q is None or q.problem is not None:
         raise LlmplanError(q.problem if q is not None else
                            f"{where}: quantization_config: null")

@@ -294,7 +294,8 @@ def _model_of_yaml(data: Any, path: str) -> ModelSpec:
     # the quantization_config reader takes the 16-bit type as the config spells it
     half = {"fp16": "float16", "bf16": "bfloat16"}.get(raw, raw)
     cfg = {FIELD: qc} if half is None else {FIELD: qc, "torch_dtype": half}
-    q = checkpoint_quant(cfg, path, moe=m.moe is not None, hidden_size=m.hidden_size)
+    q = checkpoint_quant(cfg, path, moe=m.moe is not None, hidden_size=m.hidden_size,
+                         num_layers=m.num_layers)
     if q is None:  # "quantization_config: null": none, as in a config.json
         return m
     if q.problem is None and m.source.endswith("config.json"):
@@ -570,7 +571,8 @@ def model_from_hf_config(cfg: dict, path: str) -> ModelSpec:
     if t is not None and t not in TORCH_DTYPES:  # "float7" had been read as no type given
         raise SpecError(f"{path}: {key}: expected a torch type name "
                         f"({', '.join(TORCH_DTYPES[:3])}, ...), got {t!r:.40}")
-    q = checkpoint_quant(cfg, path, moe=m.moe is not None, hidden_size=m.hidden_size)
+    q = checkpoint_quant(cfg, path, moe=m.moe is not None, hidden_size=m.hidden_size,
+                         num_layers=m.num_layers)
     half = checkpoint_half(cfg)
     if half is not None:
         m = m.model_copy(update={"torch_dtype": half.value})

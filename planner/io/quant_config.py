@@ -23,8 +23,9 @@ checkpoint stores its weights, in the formats as they ship.
   ``activation_scale_ub``), the layers ``modules_to_not_convert`` names left in 16-bit. W8A8.
 
 Embeddings, norms and MoE routers stay 16-bit whatever a list says (as in the planner's byte
-accounting); attention left in 16-bit is ``quantized_layers="experts"`` in a MoE model and
-``"mlp"`` in a dense one; an ``lm_head`` in the list keeps it 16-bit. A config the planner
+accounting); attention left in 16-bit in every layer is ``quantized_layers="mlp"`` (in a MoE
+model ``"experts"`` when its shared experts or dense MLPs are listed too); an ``lm_head`` in
+the list keeps it 16-bit. A config the planner
 cannot read gives a ``CheckpointQuant`` whose ``problem`` names the file, the field and what
 is wrong; it is raised when the weights' precision is taken from the checkpoint (not when
 ``--weights`` is given).
@@ -32,6 +33,7 @@ is wrong; it is raised when the weights' precision is taken from the checkpoint 
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from pydantic import ValidationError
@@ -46,11 +48,12 @@ class _Bad(Exception):
     """A field of quantization_config that cannot be read: (field, problem)."""
 
 
-def checkpoint_quant(cfg: dict, path: str, *, moe: bool,
-                     hidden_size: int) -> CheckpointQuant | None:
+def checkpoint_quant(cfg: dict, path: str, *, moe: bool, hidden_size: int,
+                     num_layers: int | None = None) -> CheckpointQuant | None:
     """The checkpoint's storage from ``cfg['quantization_config']``; None when there is none.
     ``moe``: the model has routed experts; ``hidden_size``: the input width of most linear
-    layers, the group of a per-channel scale."""
+    layers, the group of a per-channel scale; ``num_layers``: the decoder's layers, to tell a
+    list naming every layer's attention from one naming some."""
     qc = cfg.get(FIELD)
     if qc is None:
         return None
@@ -66,7 +69,7 @@ def checkpoint_quant(cfg: dict, path: str, *, moe: bool,
             raise _Bad(f"{FIELD}.quant_method",
                        f"'{method}' is not supported (supported: {', '.join(METHODS)}); give "
                        "--weights to estimate the checkpoint as one of ours")
-        d = reader(qc, moe=moe, hidden_size=hidden_size, half=half)
+        d = reader(qc, moe=moe, hidden_size=hidden_size, half=half, num_layers=num_layers)
         return CheckpointQuant(method=method, file=path, **d)
     except _Bad as bad:
         where, problem = bad.args
@@ -139,11 +142,28 @@ def _is_router(name: str) -> bool:
     return tail in ("gate", "router", "shared_expert_gate") or name.endswith("gate$")
 
 
-def _left_16bit(names: list[str], *, moe: bool, key: str) -> dict[str, Any]:
+_LAYER_INDEX = re.compile(r"(?:^|\.)(?:layers|h|blocks)\.(\d+)\.")
+# a MoE model's MLPs that are not its routed experts: shared experts, a dense layer's MLP
+_ROUTED = re.compile(r"(?:^|\.)experts\.")  # mlp.experts.7.gate_proj, not shared_experts.
+_NOT_ROUTED = ("shared_expert", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj",
+               "mlp.gate_up_proj")
+
+
+def _left_16bit(names: list[str], *, moe: bool, key: str,
+                num_layers: int | None = None) -> dict[str, Any]:
     """What a list of modules left in 16-bit (``modules_to_not_convert``, compressed-tensors'
-    ``ignore``) means here: quantized_layers, lm_head_quantized (False if listed) and notes
-    on names the planner does not model."""
-    attention = lm_head = False
+    ``ignore``) means here: quantized_layers, lm_head_listed (True if listed) and notes
+    on names the planner does not model.
+
+    Attention is left in 16-bit when a name says so for every layer: a name without a layer
+    index (``self_attn``, ``re:.*self_attn.*``), or names that enumerate every one of the
+    model's ``num_layers``. Some layers' alone (the first and last, as some releases keep) are
+    noted and counted as quantized, since the planner's precision is one per component, not
+    per layer. A MoE model whose list leaves attention out keeps every other MLP quantized
+    (``mlp``: its shared experts, its dense layers' MLPs) unless the list names those too
+    (``experts``: the routed experts alone)."""
+    attention_all = lm_head = not_routed = False
+    attention_layers: set[int] = set()
     unmodelled = []
     for raw in names:
         n = raw.removeprefix("re:").lower()
@@ -152,17 +172,38 @@ def _left_16bit(names: list[str], *, moe: bool, key: str) -> dict[str, Any]:
         elif _is_router(n) or any(a in n for a in _ALWAYS_16):
             continue  # 16-bit in the planner's accounting anyway (a vision tower's attention)
         elif any(a in n for a in _ATTENTION):
-            attention = True
+            index = _LAYER_INDEX.search(n)
+            if index is None:
+                attention_all = True
+            else:
+                attention_layers.add(int(index.group(1)))
+        elif moe and not _ROUTED.search(n) and any(a in n for a in _NOT_ROUTED):
+            not_routed = True
         else:
             unmodelled.append(raw)
+    if not attention_all and attention_layers:
+        if num_layers is not None and attention_layers >= set(range(num_layers)):
+            attention_all = True
+        else:
+            shown = sorted(attention_layers)
+            of = f" of {num_layers}" if num_layers is not None else ""
+            unmodelled.append(f"attention of {len(shown)}{of} layers ("
+                              + ", ".join(map(str, shown[:4]))
+                              + (", ..." if len(shown) > 4 else "") + ")")
     notes = []
     if unmodelled:
         shown = ", ".join(unmodelled[:3]) + (f" (+{len(unmodelled) - 3} more)"
                                               if len(unmodelled) > 3 else "")
         notes.append(f"{FIELD}.{key}: {shown} left in 16-bit, counted as quantized "
                      "(weights a little low)")
-    return {"quantized_layers": ("experts" if moe else "mlp") if attention else "all",
-            "lm_head_listed": lm_head, "notes": tuple(notes)}
+    if not attention_all:
+        layers = "all"
+        if not_routed:
+            notes.append(f"{FIELD}.{key}: shared experts or dense MLPs left in 16-bit with "
+                         "attention quantized, counted as quantized (weights a little low)")
+    else:
+        layers = "experts" if moe and not_routed else "mlp"
+    return {"quantized_layers": layers, "lm_head_listed": lm_head, "notes": tuple(notes)}
 
 
 def _weight_only(half: DType | None) -> DType | None:
@@ -171,13 +212,14 @@ def _weight_only(half: DType | None) -> DType | None:
     return DType.fp16 if half == DType.fp16 else None
 
 
-def _awq(qc: dict, *, moe: bool, hidden_size: int, half) -> dict:
+def _awq(qc: dict, *, moe: bool, hidden_size: int, half,
+         num_layers: int | None = None) -> dict:
     _int(qc, "bits", (4,), default=4)
     g, glabel = _group(qc, hidden_size)
     zero = qc.get("zero_point", True)
     if not isinstance(zero, bool):
         raise _Bad(f"{FIELD}.zero_point", f"expected true or false, got {zero!r:.40}")
-    left = _left_16bit(_strings(qc, "modules_to_not_convert"), moe=moe,
+    left = _left_16bit(_strings(qc, "modules_to_not_convert"), moe=moe, num_layers=num_layers,
                        key="modules_to_not_convert")
     return {"weights": DType.int4, "group_size": g, "zero_point_bytes": 0.5 if zero else 0.0,
             "compute": _weight_only(half), "quantized_layers": left["quantized_layers"],
@@ -185,7 +227,8 @@ def _awq(qc: dict, *, moe: bool, hidden_size: int, half) -> dict:
             "notes": left["notes"]}
 
 
-def _gptq(qc: dict, *, moe: bool, hidden_size: int, half) -> dict:
+def _gptq(qc: dict, *, moe: bool, hidden_size: int, half,
+          num_layers: int | None = None) -> dict:
     bits = _int(qc, "bits", (4, 8), default=4)
     g, glabel = _group(qc, hidden_size)
     sym = qc.get("sym", True)
@@ -194,7 +237,7 @@ def _gptq(qc: dict, *, moe: bool, hidden_size: int, half) -> dict:
     for key, v in (("sym", sym), ("desc_act", act), ("lm_head", head)):
         if not isinstance(v, bool):
             raise _Bad(f"{FIELD}.{key}", f"expected true or false, got {v!r:.40}")
-    left = _left_16bit(_strings(qc, "modules_to_not_convert"), moe=moe,
+    left = _left_16bit(_strings(qc, "modules_to_not_convert"), moe=moe, num_layers=num_layers,
                        key="modules_to_not_convert")
     return {"weights": DType.int4 if bits == 4 else DType.int8, "group_size": g,
             "zero_point_bytes": 0.0 if sym else bits / 8, "compute": _weight_only(half),
@@ -204,7 +247,8 @@ def _gptq(qc: dict, *, moe: bool, hidden_size: int, half) -> dict:
                         *(("act-order",) if act else ())), "notes": left["notes"]}
 
 
-def _fp8(qc: dict, *, moe: bool, hidden_size: int, half) -> dict:
+def _fp8(qc: dict, *, moe: bool, hidden_size: int, half,
+         num_layers: int | None = None) -> dict:
     block = qc.get("weight_block_size")
     d: dict[str, Any] = {"weights": DType.fp8, "details": ("per-tensor scales",)}
     if block is not None:
@@ -223,19 +267,21 @@ def _fp8(qc: dict, *, moe: bool, hidden_size: int, half) -> dict:
     # tensor at run time (with blocks, one per token and 128 of K)
     d["fp8_dynamic_tensor"] = block is None and scheme == "dynamic"
     names = _strings(qc, "modules_to_not_convert") + _strings(qc, "ignored_layers")
-    left = _left_16bit(names, moe=moe, key="modules_to_not_convert")
+    left = _left_16bit(names, moe=moe, num_layers=num_layers, key="modules_to_not_convert")
     return {**d, "quantized_layers": left["quantized_layers"], "notes": left["notes"]}
 
 
-def _fbgemm_fp8(qc: dict, *, moe: bool, hidden_size: int, half) -> dict:
+def _fbgemm_fp8(qc: dict, *, moe: bool, hidden_size: int, half,
+                num_layers: int | None = None) -> dict:
     if moe:  # vLLM's FBGEMMFp8Config quantizes linear layers only: a FusedMoE layer's stay 16-bit
         raise _Bad(f"{FIELD}.quant_method", "fbgemm_fp8 on a mixture-of-experts model (its "
                    "experts left in 16-bit) is not modelled; give --weights")
     ub = qc.get("activation_scale_ub")
-    if ub is not None and (isinstance(ub, bool) or not isinstance(ub, (int, float))
-                           or not ub > 0):
+    if ub is None:  # vLLM's FBGEMMFp8Config.from_config reads it with get_from_keys
+        raise _Bad(f"{FIELD}.activation_scale_ub", "missing (vLLM requires it for fbgemm_fp8)")
+    if isinstance(ub, bool) or not isinstance(ub, (int, float)) or not ub > 0:
         raise _Bad(f"{FIELD}.activation_scale_ub", f"expected a positive number, got {ub!r:.40}")
-    left = _left_16bit(_strings(qc, "modules_to_not_convert"), moe=moe,
+    left = _left_16bit(_strings(qc, "modules_to_not_convert"), moe=moe, num_layers=num_layers,
                        key="modules_to_not_convert")
     # an fp32 scale per output channel: one per row of K weights, K the hidden size for most
     # layers; the input's scale is per token, found in the pass that quantizes it
@@ -244,16 +290,19 @@ def _fbgemm_fp8(qc: dict, *, moe: bool, hidden_size: int, half) -> dict:
             "quantized_layers": left["quantized_layers"], "notes": left["notes"]}
 
 
-def _mxfp4(qc: dict, *, moe: bool, hidden_size: int, half) -> dict:
+def _mxfp4(qc: dict, *, moe: bool, hidden_size: int, half,
+           num_layers: int | None = None) -> dict:
     if not moe:
         raise _Bad(f"{FIELD}.quant_method", "mxfp4 quantizes a MoE model's experts (vLLM's "
                    "Mxfp4Config); this model has none")
-    _left_16bit(_strings(qc, "modules_to_not_convert"), moe=moe, key="modules_to_not_convert")
+    _left_16bit(_strings(qc, "modules_to_not_convert"), moe=moe, num_layers=num_layers,
+                key="modules_to_not_convert")
     return {"weights": DType.mxfp4, "quantized_layers": "experts",
             "compute": _weight_only(half), "details": ("experts only",)}
 
 
-def _bitsandbytes(qc: dict, *, moe: bool, hidden_size: int, half) -> dict:
+def _bitsandbytes(qc: dict, *, moe: bool, hidden_size: int, half,
+                  num_layers: int | None = None) -> dict:
     four, eight = qc.get("load_in_4bit", False), qc.get("load_in_8bit", False)
     for key, v in (("load_in_4bit", four), ("load_in_8bit", eight)):
         if not isinstance(v, bool):
@@ -261,7 +310,7 @@ def _bitsandbytes(qc: dict, *, moe: bool, hidden_size: int, half) -> dict:
     if four == eight:
         raise _Bad(f"{FIELD}.load_in_4bit",
                    "expected exactly one of load_in_4bit and load_in_8bit to be true")
-    left = _left_16bit(_strings(qc, "llm_int8_skip_modules"), moe=moe,
+    left = _left_16bit(_strings(qc, "llm_int8_skip_modules"), moe=moe, num_layers=num_layers,
                        key="llm_int8_skip_modules")
     common = {"quantized_layers": left["quantized_layers"], "notes": left["notes"]}
     if eight:  # LLM.int8(): int8 rows with an fp32 scale each (SCB)
@@ -285,7 +334,8 @@ def _bitsandbytes(qc: dict, *, moe: bool, hidden_size: int, half) -> dict:
                         "double quant" if double else "fp32 absmax")}
 
 
-def _compressed_tensors(qc: dict, *, moe: bool, hidden_size: int, half) -> dict:
+def _compressed_tensors(qc: dict, *, moe: bool, hidden_size: int, half,
+                        num_layers: int | None = None) -> dict:
     groups = qc.get("config_groups")
     if not isinstance(groups, dict) or not groups:
         raise _Bad(f"{FIELD}.config_groups", "expected an object of one or more groups")
@@ -302,7 +352,8 @@ def _compressed_tensors(qc: dict, *, moe: bool, hidden_size: int, half) -> dict:
     if any(s != first for s in schemes.values()):
         raise _Bad(f"{FIELD}.config_groups", f"{len(schemes)} groups store weights "
                    "differently; one scheme per checkpoint is modelled: give --weights")
-    left = _left_16bit(_strings(qc, "ignore"), moe=moe, key="ignore")
+    left = _left_16bit(_strings(qc, "ignore"), moe=moe, num_layers=num_layers,
+                       key="ignore")
     layers = "experts" if (experts_only and moe) else left["quantized_layers"]
     return {**first, "quantized_layers": layers,
             # the lm_head is a Linear: quantized with the rest unless ignored
