@@ -191,10 +191,9 @@ def _with_checkpoint(m, weights, where: str, config: dict):
     """``m`` as the quantized release a server loaded ships it (its quantization_config read
     as a config.json's), and the weights to ask of it: None, the checkpoint's own, which must
     be the run's ``weights``."""
-    from planner.io.quant_config import FIELD, checkpoint_quant
+    from planner.io.quant_config import FIELD, model_checkpoint_quant
 
-    q = checkpoint_quant({FIELD: config}, where, moe=m.moe is not None,
-                         hidden_size=m.hidden_size, num_layers=m.num_layers)
+    q = model_checkpoint_quant({FIELD: config}, where, m)
     if q is None or q.problem is not None:
         raise LlmplanError(q.problem if q is not None else
                            f"{where}: quantization_config: null")

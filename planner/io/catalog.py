@@ -279,7 +279,7 @@ def _model_of_yaml(data: Any, path: str) -> ModelSpec:
     (planner/io/quant_config.py): a built-in model and its own config.json give the same
     default precision. A block the reader cannot use is named with this file's path when
     the precision is taken from it, as a config.json's is."""
-    from planner.io.quant_config import FIELD, checkpoint_half, checkpoint_quant
+    from planner.io.quant_config import FIELD, checkpoint_half, model_checkpoint_quant
 
     raw = data.get("torch_dtype") if isinstance(data, dict) else None
     if raw in ("float16", "bfloat16", "float32"):
@@ -294,8 +294,7 @@ def _model_of_yaml(data: Any, path: str) -> ModelSpec:
     # the quantization_config reader takes the 16-bit type as the config spells it
     half = {"fp16": "float16", "bf16": "bfloat16"}.get(raw, raw)
     cfg = {FIELD: qc} if half is None else {FIELD: qc, "torch_dtype": half}
-    q = checkpoint_quant(cfg, path, moe=m.moe is not None, hidden_size=m.hidden_size,
-                         num_layers=m.num_layers)
+    q = model_checkpoint_quant(cfg, path, m)
     if q is None:  # "quantization_config: null": none, as in a config.json
         return m
     if q.problem is None and m.source.endswith("config.json"):
@@ -556,7 +555,7 @@ def _qwen_moe_layer(cfg: dict, i: int, path: str) -> bool:
 def model_from_hf_config(cfg: dict, path: str) -> ModelSpec:
     """Translate the fields of an official HF config into a ``ModelSpec``, with how the
     checkpoint stores its weights (``quantization_config``: planner/io/quant_config.py)."""
-    from planner.io.quant_config import checkpoint_half, checkpoint_quant
+    from planner.io.quant_config import checkpoint_half, model_checkpoint_quant
 
     bad = _non_finite(cfg)
     if bad is not None:  # JSON has no NaN or Infinity; Python's reader lets them through
@@ -571,8 +570,7 @@ def model_from_hf_config(cfg: dict, path: str) -> ModelSpec:
     if t is not None and t not in TORCH_DTYPES:  # "float7" had been read as no type given
         raise SpecError(f"{path}: {key}: expected a torch type name "
                         f"({', '.join(TORCH_DTYPES[:3])}, ...), got {t!r:.40}")
-    q = checkpoint_quant(cfg, path, moe=m.moe is not None, hidden_size=m.hidden_size,
-                         num_layers=m.num_layers)
+    q = model_checkpoint_quant(cfg, path, m)
     half = checkpoint_half(cfg)
     if half is not None:
         m = m.model_copy(update={"torch_dtype": half.value})

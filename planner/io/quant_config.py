@@ -38,7 +38,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from planner.core.specs import CheckpointQuant, DType
+from planner.core.specs import CheckpointQuant, DType, ModelSpec
 
 METHODS = ("awq", "gptq", "fp8", "compressed-tensors", "bitsandbytes", "mxfp4", "fbgemm_fp8")
 FIELD = "quantization_config"
@@ -79,6 +79,13 @@ def checkpoint_quant(cfg: dict, path: str, *, moe: bool, hidden_size: int,
         return CheckpointQuant(method=method, file=path, problem=(
             f"{path}: {FIELD}: {'.'.join(map(str, e['loc']))}: "
             f"{e['msg'].removeprefix('Value error, ')}"))
+
+
+def model_checkpoint_quant(cfg: dict, path: str, model: ModelSpec) -> CheckpointQuant | None:
+    """``checkpoint_quant`` of a config for ``model``'s shape (its experts, hidden size and
+    layers): a config.json's, a model file's copy of one, or a served run's checkpoint."""
+    return checkpoint_quant(cfg, path, moe=model.moe is not None, hidden_size=model.hidden_size,
+                            num_layers=model.num_layers)
 
 
 def checkpoint_half(cfg: dict) -> DType | None:
