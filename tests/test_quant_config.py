@@ -645,6 +645,8 @@ def test_which_layers_a_list_leaves_in_16bit(tmp_path):
     every = [f"model.layers.{i}.self_attn.{p}" for i in range(32) for p in ("q_proj", "o_proj")]
     assert read(every).quantized_layers == "mlp" and not read(every).notes
     assert read(["re:.*self_attn.*"]).quantized_layers == "mlp"
+    # a pattern's escaped dots name a layer as plainly
+    assert read([r"re:model\.layers\.0\.self_attn\..*"]).quantized_layers == "all"
     ends = [f"model.layers.{i}.self_attn.q_proj" for i in (0, 31)]
     q = read(ends)
     assert q.problem is None and q.quantized_layers == "all"

@@ -173,7 +173,7 @@ def _left_16bit(names: list[str], *, moe: bool, key: str,
     attention_layers: set[int] = set()
     unmodelled = []
     for raw in names:
-        n = raw.removeprefix("re:").lower()
+        n = raw.removeprefix("re:").lower().replace("\\.", ".")  # a pattern's escaped dots
         if "lm_head" in n:
             lm_head = True
         elif _is_router(n) or any(a in n for a in _ALWAYS_16):
