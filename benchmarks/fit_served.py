@@ -30,7 +30,7 @@ from fit_engines import with_values  # noqa: E402  (beside this script)
 from planner.cli.validate import at_release, replay_setup, replayed_runs  # noqa: E402
 from planner.core.engine import release_in  # noqa: E402
 from planner.evidence.compare import _sim_value, simulate_run  # noqa: E402
-from planner.evidence.fit import _golden, round_sig3, set_params, soft_l1  # noqa: E402
+from planner.evidence.fit import descend, round_sig3, set_params, soft_l1  # noqa: E402
 from planner.evidence.served import compared_figures  # noqa: E402
 from planner.io import catalog  # noqa: E402
 
@@ -215,20 +215,8 @@ def main() -> int:
         return sum(soft_l1(r) for *_, r in _residuals(set_params(spec, vals), fit_items))
 
     values = {p: getattr(spec, p).value for p in params}
-    best = cost(values)
-    for _ in range(args.sweeps):
-        start = best
-        for p in params:
-            lo, hi, _ = RANGES[p]
-
-            def f(logv, p=p):
-                return cost({**values, p: math.exp(logv)})
-
-            x = _golden(f, math.log(lo), math.log(hi), 0.02)
-            if f(x) < best:
-                values[p], best = math.exp(x), f(x)
-        if start - best < 1e-6:
-            break
+    values, _ = descend(cost, values, cost(values), sweeps=args.sweeps, tol=0.02,
+                        bounds=lambda p: RANGES[p][:2])
     values = {p: round_sig3(v) for p, v in values.items()}
     fitted = set_params(spec, values)
     n_fit = sum(len(i[2]) for i in fit_items)
