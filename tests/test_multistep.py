@@ -324,6 +324,7 @@ def test_validate_replays_a_multi_step_run_with_engines_that_have_none():
 
     entry = SimpleNamespace(
         model="llama-3.1-8b", gpu="h100-sxm", tp=1, weights=DType.bf16, kv_cache=None,
+        checkpoint=None,
         traffic=SimpleNamespace(server_command="vllm serve m --num-scheduler-steps 8 "
                                 "--multi-step-stream-outputs False"))
     own = replay_setup(entry, catalog.load_engine_spec("vllm-v0"))

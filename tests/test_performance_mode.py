@@ -110,7 +110,7 @@ def test_a_replay_under_an_engine_without_the_option_keeps_that_engines_defaults
 
     traffic = SimpleNamespace(server_command="vllm serve m --performance-mode throughput")
     entry = SimpleNamespace(traffic=traffic, model="llama-3.1-8b", gpu="h100-sxm", tp=1,
-                            weights=DType.bf16, kv_cache=None)
+                            weights=DType.bf16, kv_cache=None, checkpoint=None)
     ideal = replay_setup(entry, catalog.load_engine_spec("ideal"))
     assert run.scheduler(ideal).max_num_seqs == ideal.engine.max_num_seqs
     vllm = replay_setup(entry, catalog.load_engine_spec("vllm"))

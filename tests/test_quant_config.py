@@ -652,6 +652,9 @@ def test_which_layers_a_list_leaves_in_16bit(tmp_path):
     assert q.problem is None and q.quantized_layers == "all"
     assert "attention of 2 of 32 layers (0, 31) left in 16-bit, counted as quantized" \
         in " ".join(q.notes)
+    # named before other modules, which the note shows three of and counts the rest
+    mlps = [f"model.layers.{i}.mlp.down_proj" for i in range(4)]
+    assert "attention of 2 of 32 layers (0, 31)" in " ".join(read(mlps + ends).notes)
     # one layer short of all of them is still some
     assert read(every[:-2]).quantized_layers == "all"
     # a 33-layer model: 32 names do not cover it

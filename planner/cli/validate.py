@@ -174,7 +174,7 @@ def replay_setup(entry, spec, folder: Path | None = None):
             server.pop(flag, None)
     if spec.serving is None or spec.serving.performance_modes is None:
         server.pop("--performance-mode", None)  # likewise: that engine's own defaults
-    ckpt = getattr(entry, "checkpoint", None)  # a manifest entry's; a stand-in may have none
+    ckpt = entry.checkpoint
     return served_setup(entry.model, entry.gpu, spec, entry.tp, entry.weights, entry.kv_cache,
                         quantized_layers=_quantized_layers(entry), server=server,
                         checkpoint=None if ckpt is None else (

@@ -150,14 +150,14 @@ def _is_router(name: str) -> bool:
 
 
 _LAYER_INDEX = re.compile(r"(?:^|\.)(?:layers|h|blocks)\.(\d+)\.")
-# a MoE model's MLPs that are not its routed experts: shared experts, a dense layer's MLP
 _ROUTED = re.compile(r"(?:^|\.)experts\.")  # mlp.experts.7.gate_proj, not shared_experts.
+# a MoE model's MLPs that are not its routed experts: shared experts, a dense layer's MLP
 _NOT_ROUTED = ("shared_expert", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj",
                "mlp.gate_up_proj")
 
 
 def _left_16bit(names: list[str], *, moe: bool, key: str,
-                num_layers: int | None = None) -> dict[str, Any]:
+                num_layers: int | None) -> dict[str, Any]:
     """What a list of modules left in 16-bit (``modules_to_not_convert``, compressed-tensors'
     ``ignore``) means here: quantized_layers, lm_head_listed (True if listed) and notes
     on names the planner does not model.
@@ -191,12 +191,12 @@ def _left_16bit(names: list[str], *, moe: bool, key: str,
     if not attention_all and attention_layers:
         if num_layers is not None and attention_layers >= set(range(num_layers)):
             attention_all = True
-        else:
-            shown = sorted(attention_layers)
+        else:  # named first: the notes show three names and count the rest
+            indices = sorted(attention_layers)
             of = f" of {num_layers}" if num_layers is not None else ""
-            unmodelled.append(f"attention of {len(shown)}{of} layers ("
-                              + ", ".join(map(str, shown[:4]))
-                              + (", ..." if len(shown) > 4 else "") + ")")
+            unmodelled.insert(0, f"attention of {len(indices)}{of} layers ("
+                              + ", ".join(map(str, indices[:4]))
+                              + (", ..." if len(indices) > 4 else "") + ")")
     notes = []
     if unmodelled:
         shown = ", ".join(unmodelled[:3]) + (f" (+{len(unmodelled) - 3} more)"
@@ -220,7 +220,7 @@ def _weight_only(half: DType | None) -> DType | None:
 
 
 def _awq(qc: dict, *, moe: bool, hidden_size: int, half,
-         num_layers: int | None = None) -> dict:
+         num_layers: int | None) -> dict:
     _int(qc, "bits", (4,), default=4)
     g, glabel = _group(qc, hidden_size)
     zero = qc.get("zero_point", True)
@@ -235,7 +235,7 @@ def _awq(qc: dict, *, moe: bool, hidden_size: int, half,
 
 
 def _gptq(qc: dict, *, moe: bool, hidden_size: int, half,
-          num_layers: int | None = None) -> dict:
+          num_layers: int | None) -> dict:
     bits = _int(qc, "bits", (4, 8), default=4)
     g, glabel = _group(qc, hidden_size)
     sym = qc.get("sym", True)
@@ -255,7 +255,7 @@ def _gptq(qc: dict, *, moe: bool, hidden_size: int, half,
 
 
 def _fp8(qc: dict, *, moe: bool, hidden_size: int, half,
-         num_layers: int | None = None) -> dict:
+         num_layers: int | None) -> dict:
     block = qc.get("weight_block_size")
     d: dict[str, Any] = {"weights": DType.fp8, "details": ("per-tensor scales",)}
     if block is not None:
@@ -279,7 +279,7 @@ def _fp8(qc: dict, *, moe: bool, hidden_size: int, half,
 
 
 def _fbgemm_fp8(qc: dict, *, moe: bool, hidden_size: int, half,
-                num_layers: int | None = None) -> dict:
+                num_layers: int | None) -> dict:
     if moe:  # vLLM's FBGEMMFp8Config quantizes linear layers only: a FusedMoE layer's stay 16-bit
         raise _Bad(f"{FIELD}.quant_method", "fbgemm_fp8 on a mixture-of-experts model (its "
                    "experts left in 16-bit) is not modelled; give --weights")
@@ -298,7 +298,7 @@ def _fbgemm_fp8(qc: dict, *, moe: bool, hidden_size: int, half,
 
 
 def _mxfp4(qc: dict, *, moe: bool, hidden_size: int, half,
-           num_layers: int | None = None) -> dict:
+           num_layers: int | None) -> dict:
     if not moe:
         raise _Bad(f"{FIELD}.quant_method", "mxfp4 quantizes a MoE model's experts (vLLM's "
                    "Mxfp4Config); this model has none")
@@ -309,7 +309,7 @@ def _mxfp4(qc: dict, *, moe: bool, hidden_size: int, half,
 
 
 def _bitsandbytes(qc: dict, *, moe: bool, hidden_size: int, half,
-                  num_layers: int | None = None) -> dict:
+                  num_layers: int | None) -> dict:
     four, eight = qc.get("load_in_4bit", False), qc.get("load_in_8bit", False)
     for key, v in (("load_in_4bit", four), ("load_in_8bit", eight)):
         if not isinstance(v, bool):
@@ -342,7 +342,7 @@ def _bitsandbytes(qc: dict, *, moe: bool, hidden_size: int, half,
 
 
 def _compressed_tensors(qc: dict, *, moe: bool, hidden_size: int, half,
-                        num_layers: int | None = None) -> dict:
+                        num_layers: int | None) -> dict:
     groups = qc.get("config_groups")
     if not isinstance(groups, dict) or not groups:
         raise _Bad(f"{FIELD}.config_groups", "expected an object of one or more groups")
