@@ -20,8 +20,10 @@ the routed experts' compute efficiency with which the median ratio at 2,048-8,19
 (engines_db experts_compute_frac, or experts_fp8_compute_frac with ``--fp8``);
 ``--derive-experts-k-half``, for each depth of a grid, that factor over every shape and the
 spread it leaves, and the depth chosen (engines_db experts_k_half; with ``--fp8``,
-experts_fp8_k_half). ``--spread`` prints how far the profile as it stands is from the rows
-those derive over: the median ratio by model and the mean |log ratio|.
+experts_fp8_k_half). ``--derive-mxfp4-fixed`` prints the device time per MoE layer by which
+the MXFP4 (gpt-oss) rows at one token exceed ours priced without any: the median of
+theirs - ours (engines_db mxfp4_moe_fixed_us). ``--spread`` prints how far the profile as it
+stands is from the rows those derive over: the median ratio by model and the mean |log ratio|.
 """
 
 from __future__ import annotations
@@ -298,6 +300,27 @@ def derive_experts_k_half(table, family: str, gpu: str, distribution: str = "bal
     return out, best
 
 
+# one token: a MoE layer's least work (its few routed experts' weights), where what its kernel
+# path spends beyond the bytes and arithmetic is most of its time
+FIXED_TOKENS = (1,)
+
+
+def derive_mxfp4_fixed(table, family: str, gpu: str, distribution: str = "balanced",
+                       spec=None) -> tuple[float, list]:
+    """The device time per MoE layer, in microseconds, that the MXFP4 models' (gpt-oss) rows
+    at FIXED_TOKENS take beyond ours priced without any (``mxfp4_moe_fixed_us`` for this GPU's
+    architecture): the median of theirs - ours; and each row (model, tp, kernel, tokens,
+    theirs ms, ours ms, ratio). NaN where the table times none."""
+    from planner.io import catalog
+
+    spec = spec if spec is not None else catalog.load_engine_spec(family)
+    spec = spec.model_copy(update={"mxfp4_moe_fixed_us": None})
+    chosen = {n for n, (w, _) in MODELS.items() if w == "mxfp4"}
+    found = list(rows(table, family, gpu, distribution=distribution, spec=spec,
+                      tokens=FIXED_TOKENS, models=chosen))
+    return _median([(theirs - ours) * 1e3 for *_, theirs, ours, _r in found]), found
+
+
 def main(argv=None) -> int:
     ap = OneLineParser(description=__doc__.splitlines()[0])
     ap.add_argument("wheel", help="the aiconfigurator-core 0.12.0 wheel")
@@ -333,6 +356,11 @@ def main(argv=None) -> int:
                     help="print, at 2,048-8,192 tokens, the median ratio by model (or shape) "
                          "and the mean |log ratio| over every row, with the profile as it "
                          "stands (its served share left out, as the derivations leave it)")
+    ap.add_argument("--derive-mxfp4-fixed", action="store_true",
+                    help="print the device time per MoE layer by which the MXFP4 (gpt-oss) "
+                         "rows at one token exceed ours priced without any: the median of "
+                         "theirs - ours (engines_db mxfp4_moe_fixed_us for this GPU's "
+                         "architecture)")
     a = ap.parse_args(argv)
     system = SYSTEMS[a.gpu]
     release = RELEASES[a.engine][system]  # every engine's MoE layer is timed on every system
@@ -385,6 +413,20 @@ def main(argv=None) -> int:
         for name, rs in by.items():
             print(f"{name:<18} median ratio {_median(rs):.2f} over {len(rs)} rows")
         print(f"mean |log ratio| {sum(logs) / len(logs):.3f} over {len(logs)} rows")
+        return 0
+    if a.derive_mxfp4_fixed:
+        us, found = derive_mxfp4_fixed(table, a.engine, a.gpu, a.distribution)
+        if not found:
+            print(f"aiconfigurator_moe.py: {path} times no MXFP4 row at "
+                  f"{', '.join(map(str, FIXED_TOKENS))} token", file=sys.stderr)
+            return 2
+        print(f"# {a.gpu}, {a.engine} {release} ({path}), {a.distribution} routing; MXFP4 "
+              "rows at one token, ours without mxfp4_moe_fixed_us; us per MoE layer")
+        print(f"{'model':<18} {'tp':>2} {'theirs':>8} {'ours':>8} {'theirs - ours':>13}  kernel")
+        for name, tp, kernel, _n, theirs, ours, _r in found:
+            print(f"{name:<18} {tp:>2} {theirs * 1e3:>8.1f} {ours * 1e3:>8.1f} "
+                  f"{(theirs - ours) * 1e3:>13.1f}  {kernel}")
+        print(f"mxfp4_moe_fixed_us: {us:.1f} (median of theirs - ours over {len(found)} rows)")
         return 0
     if a.derive_experts_compute:
         f, n = derive_experts_compute(table, a.engine, a.gpu, a.distribution, weights,

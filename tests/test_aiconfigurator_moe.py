@@ -345,3 +345,43 @@ def test_the_depth_grid_is_printed_from_the_command_line(tmp_path):
         sp.stdout.splitlines()[-1]
     none = subprocess.run([*base, "--fp8"], capture_output=True, text=True, cwd=ROOT)
     assert none.returncode == 2 and none.stderr.count("\n") == 1 and not none.stdout
+
+
+def test_the_mxfp4_fixed_cost_is_what_the_one_token_rows_take_beyond_ours():
+    """--derive-mxfp4-fixed: gpt-oss rows timed as our layer with 30 us of fixed work a layer
+    (and ours with the profile's own 20, which the derivation leaves out) give back 30, the
+    median of theirs - ours at one token over both models and TPs; rows at other token counts,
+    of other weight types or skewed routing do not enter; a table without MXFP4 rows gives
+    none (NaN)."""
+    from planner.cli.compare import served_setup
+    from planner.core.engine import ArchMicros
+    from planner.core.specs import DType
+    from planner.io import catalog
+
+    spec = catalog.load_engine_spec("vllm")
+    assert spec.mxfp4_moe_fixed_us.value == {"hopper": 20}
+    planted = spec.model_copy(update={"mxfp4_moe_fixed_us": ArchMicros(
+        source="test", value={"hopper": 30})})
+    rows = []
+    for name in ("gpt-oss-20b", "gpt-oss-120b"):
+        m = catalog.load_model(name)
+        for tp in (1, 2):
+            dep = served_setup(name, "h100-sxm", planted, tp, DType.mxfp4, None,
+                               quantized_layers="experts")
+            for n in (1, 8):
+                rows.append(dict(kernel_source="k", moe_dtype="w4a16_mxfp4", num_tokens=n,
+                                 hidden_size=m.hidden_size,
+                                 inter_size=m.moe.expert_intermediate_size,
+                                 topk=m.moe.experts_per_token,
+                                 num_experts=m.moe.num_experts, moe_tp_size=tp,
+                                 moe_ep_size=1, distribution="balanced",
+                                 latency=aic.ours_ms(dep, n) + (1.0 if n == 8 else 0.0)))
+    rows.append({**rows[0], "distribution": "power_law_1.2", "latency": 9.0})
+    rows.append({**rows[0], "moe_dtype": "bfloat16", "latency": 9.0})
+    us, found = aic.derive_mxfp4_fixed(pd.DataFrame(rows), "vllm", "h100-sxm")
+    assert len(found) == 4 and {r[3] for r in found} == {1}
+    assert us == pytest.approx(30.0, abs=0.01)
+    for *_, theirs, ours, _r in found:  # each row: 30 us beyond ours without the figure
+        assert (theirs - ours) * 1e3 == pytest.approx(30.0, abs=0.01)
+    none, found = aic.derive_mxfp4_fixed(_table(lambda tp, n: 1.0), "vllm", "h100-sxm")
+    assert not found and none != none

@@ -884,3 +884,58 @@ def test_vllm_fp8_cache_prefill_factor_lengthens_a_hopper_prefill_only():
     # than its own 1 / 0.88
     assert 1.01 < est(spec, "fp8").ttft_s / est(flat, "fp8").ttft_s < 1 / 0.88
     assert est(spec, "bf16").ttft_s == est(flat, "bf16").ttft_s
+
+
+def test_an_mxfp4_moe_layer_pays_its_kernel_paths_fixed_time_once():
+    """mxfp4_moe_fixed_us: a MoE layer of MXFP4 routed experts takes that much device time
+    beyond its operators' on a GPU of an architecture the profile names, charged once a layer
+    (on the expert down-projection): 20 us on Hopper adds 20 us x the layer count to a step,
+    by hand; nothing on the gate/up projection, on 16-bit or int4 experts, or on Ampere."""
+    e = dataclasses.replace(H, mxfp4_moe_fixed_by_arch=(("hopper", 20e-6),))
+    hop, amp = e.for_gpu(80e9, "h100", "hopper"), e.for_gpu(80e9, "a100", "ampere")
+    assert (hop.mxfp4_moe_fixed_s, amp.mxfp4_moe_fixed_s) == (20e-6, 0.0)
+    down = Op("experts_down_proj", "matmul", 24, flops=1e9, weight_bytes=1e7, m_rows=4.0,
+              dtype=DType.bf16, weight_dtype=DType.mxfp4)
+    plain = dataclasses.replace(hop, mxfp4_moe_fixed_s=0.0)
+    t, t0 = op_time(down, C, engine=hop), op_time(down, C, engine=plain)
+    assert t.time_s - t0.time_s == pytest.approx(24 * 20e-6)
+    assert t.fixed_s - t0.fixed_s == pytest.approx(24 * 20e-6)
+    assert t.overhead_s - t0.overhead_s == pytest.approx(24 * 20e-6)
+    for same in (dataclasses.replace(down, name="experts_gate_up_proj"),
+                 dataclasses.replace(down, weight_dtype=DType.bf16),
+                 dataclasses.replace(down, weight_dtype=DType.int4)):
+        assert op_time(same, C, engine=hop).time_s == op_time(same, C, engine=plain).time_s
+    assert op_time(down, C, engine=amp).time_s == op_time(down, C, engine=plain).time_s
+    assert hop.time_model_key() != plain.time_model_key()
+
+
+def test_the_mxfp4_moe_fixed_time_of_the_profiles_is_sourced_and_shown(run_json):
+    rows = {r["name"]: r for r in run_json("engines", "--json")}
+    for name in ("vllm", "vllm-0.8"):
+        spec = catalog.load_engine_spec(name)
+        assert spec.mxfp4_moe_fixed_us.value == {"hopper": 20}
+        assert "aiconfigurator" in spec.mxfp4_moe_fixed_us.source
+        assert "--derive-mxfp4-fixed" in spec.mxfp4_moe_fixed_us.note
+        assert rows[name]["mxfp4_moe_fixed_us"] == {"hopper": pytest.approx(20)}
+    for name in ("sglang", "trtllm", "vllm-v0"):
+        assert rows[name]["mxfp4_moe_fixed_us"] == {}
+    # gpt-oss-20b's decode step on an H100 pays it on each of its 24 MoE layers; on an A100
+    # (Marlin) and with the experts upcast to 16 bits, nothing
+    from planner.cli.compare import served_setup
+    from planner.core.ops import step_ops
+    from planner.core.roofline import step_time
+
+    def step(gpu, weights):
+        dep = served_setup("gpt-oss-20b", gpu, catalog.load_engine_spec("vllm"), 1, weights,
+                           None, quantized_layers="experts")
+        ops = step_ops(dep.model, dep.precision, batch=1, new_tokens=1, past_tokens=1024)
+        c = dep.prepared.ceilings
+        return (step_time(ops, c, options=dep.options, engine=dep.engine).time_s,
+                step_time(ops, c, options=dep.options, engine=dataclasses.replace(
+                    dep.engine, mxfp4_moe_fixed_s=0.0)).time_s)
+
+    with_it, without = step("h100-sxm", DType.mxfp4)
+    assert with_it - without == pytest.approx(24 * 20e-6)
+    for gpu, weights in (("a100-sxm-80gb", DType.mxfp4), ("h100-sxm", DType.bf16)):
+        with_it, without = step(gpu, weights)
+        assert with_it == without

@@ -121,6 +121,9 @@ def engines(as_json: JsonOpt = False) -> None:
                      "experts_k_half": dict(e.experts_k_half_by_arch),
                      # the fp8 lane's own where it differs ({} where none is named)
                      "experts_fp8_k_half": dict(e.experts_fp8_k_half_by_arch),
+                     # device time per MoE layer of MXFP4 routed experts beyond its
+                     # operators', by architecture, in us ({} where none is named)
+                     "mxfp4_moe_fixed_us": {k: v * 1e6 for k, v in e.mxfp4_moe_fixed_by_arch},
                      "attention_bandwidth_frac": e.attention_bandwidth_frac,
                      # times it by GPU architecture ({} where none is named)
                      "attention_bandwidth_arch_frac": dict(e.attention_bandwidth_by_arch),

@@ -161,6 +161,13 @@ class ArchDepths(_ByArchitecture):
         min_length=1)
 
 
+class ArchMicros(_ByArchitecture):
+    """A device time in microseconds by GPU architecture; an architecture not named has none."""
+
+    value: dict[str, Annotated[float, Field(ge=0, le=100_000, allow_inf_nan=False)]] = Field(
+        min_length=1)
+
+
 class RowTiles(_ByArchitecture):
     """How a GEMM kernel's rows are computed, by GPU architecture: for each bound on M (the
     activation rows) up to which one kernel configuration is dispatched, the rows it computes
@@ -666,6 +673,10 @@ class EngineSpec(_Frozen):
     # the fp8 lane's own depth, by GPU architecture, where its kernel's differs (None: the
     # fp8 lane takes experts_k_half, where experts_fp8_compute_frac is stated)
     experts_fp8_k_half: ArchDepths | None = None
+    # device time per MoE layer of MXFP4 routed experts beyond what its operators cost, by GPU
+    # architecture: the MXFP4 MoE kernel path's own fixed work (routing metadata, gathers,
+    # its small kernels), which no byte or FLOP pays for (None: none on any GPU)
+    mxfp4_moe_fixed_us: ArchMicros | None = None
     gemm_tile_m: Num
     overlap_frac: Frac  # share of min(compute, memory) time hidden under the max
     attention_bandwidth_frac: Frac
@@ -838,6 +849,7 @@ class EngineSpec(_Frozen):
             experts_fp8_compute_by_arch=_pairs(self.experts_fp8_compute_frac),
             experts_k_half_by_arch=_pairs(self.experts_k_half),
             experts_fp8_k_half_by_arch=_pairs(self.experts_fp8_k_half),
+            mxfp4_moe_fixed_by_arch=_pairs(self.mxfp4_moe_fixed_us, 1e-6),
             gemm_tile_m=self.gemm_tile_m.value,
             overlap_frac=self.overlap_frac.value,
             attention_bandwidth_frac=self.attention_bandwidth_frac.value,
@@ -984,6 +996,10 @@ class Engine:
     experts_fp8_k_half_by_arch: tuple[tuple[str, float], ...] = ()  # the fp8 lane's own
     # the profile field the fp8 lane's depth came from (for ``--explain``)
     experts_fp8_k_half_field: str = "experts_k_half"
+    # device time per MoE layer of MXFP4 routed experts beyond its operators' on this GPU
+    # (``for_gpu`` resolves it from ``mxfp4_moe_fixed_by_arch``; 0: none)
+    mxfp4_moe_fixed_s: float = 0.0
+    mxfp4_moe_fixed_by_arch: tuple[tuple[str, float], ...] = ()
     gemm_tile_m: float = 1.0
     overlap_frac: float = 1.0
     attention_bandwidth_frac: float = 1.0
@@ -1248,8 +1264,8 @@ class Engine:
                 self.experts_compute_by_arch, self.experts_fp8_compute_frac,
                 self.experts_fp8_compute_by_arch, self.experts_k_half,
                 self.experts_fp8_k_half, self.experts_k_half_by_arch,
-                self.experts_fp8_k_half_by_arch, self.gemm_tile_m,
-                self.overlap_frac,
+                self.experts_fp8_k_half_by_arch, self.mxfp4_moe_fixed_s,
+                self.mxfp4_moe_fixed_by_arch, self.gemm_tile_m, self.overlap_frac,
                 self.attention_bandwidth_frac, self.attention_bandwidth_arch_frac,
                 self.attention_bandwidth_by_arch, self.attention_compute_frac,
                 self.fp8_kv_attention_bytes_per_s, self.fp8_kv_attention_by_arch,
@@ -1280,7 +1296,8 @@ _BY_ARCHITECTURE = (("experts_compute_by_arch", "experts_compute_frac", 1.0),
                     ("attention_bandwidth_by_arch", "attention_bandwidth_arch_frac", 1.0),
                     ("fp8_kv_attention_by_arch", "fp8_kv_attention_bytes_per_s", 0.0),
                     ("fp8_kv_attention_compute_by_arch", "fp8_kv_attention_compute_frac", 1.0),
-                    ("fp8_gemm_row_tiles_by_arch", "fp8_gemm_row_tiles", ()))
+                    ("fp8_gemm_row_tiles_by_arch", "fp8_gemm_row_tiles", ()),
+                    ("mxfp4_moe_fixed_by_arch", "mxfp4_moe_fixed_s", 0.0))
 
 # The pure roofline (background notes): datasheet peaks, every efficiency 1, no fixed costs.
 # engines_db/ideal.yaml states the same numbers with their sources; a test keeps them equal.

@@ -443,6 +443,15 @@ def combine(compute: float, memory: float, e: Engine, o: Options, *, kernels: fl
     return t
 
 
+def moe_fixed_s(op: Op, e: Engine) -> float:
+    """Device time a MoE layer's kernel path adds beyond its operators, charged on the
+    layer's expert down-projection (one per layer): MXFP4 routed experts' on this GPU
+    (``Engine.mxfp4_moe_fixed_s``); 0 for any other operator or weight type."""
+    if op.name == MOE_HOST_OP and op.weight_dtype == DType.mxfp4:
+        return e.mxfp4_moe_fixed_s
+    return 0.0
+
+
 def op_time(op: Op, c: Ceilings, *, tp: int = 1, options: Options | None = None,
             engine: Engine = IDEAL, graphed: bool = True) -> OpTime:
     """One operator's time under ``engine`` (see planner.core.engine for the equation).
@@ -514,7 +523,7 @@ def op_time(op: Op, c: Ceilings, *, tp: int = 1, options: Options | None = None,
     if q:  # W8A8: the activations are quantized first, by kernels of the plain cost
         per_kernel = (k * per_kernel + q * c.kernel_cost_s("plain", e)) / (k + q)
         k = k + q
-    fixed = e.fixed_for(op.name)
+    fixed = e.fixed_for(op.name) + moe_fixed_s(op, e)
     host = e.moe_layer_host_s if op.name == MOE_HOST_OP else 0.0
     # W8A8: the input's quantization pass runs before the GEMM, its bytes in series
     quant = fp8_input_quant_s(op, c, e) if q else 0.0
