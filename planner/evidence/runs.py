@@ -54,6 +54,12 @@ class ServedRun:
     # dataset_name: "random", "sharegpt", ...), and a random dataset's nominal lengths
     dataset: str | None = None
     random_lengths: RandomLengths | None = None
+    # vLLM's random dataset's range ratio, where the client's command states one and the file
+    # lists no lengths: each request's were drawn uniformly within that share of the nominal
+    # ones, so the replay draws them within it of the run's means (their spread, not the
+    # values, which only the client's seed and tokenizer would give); 0: every request at the
+    # means
+    length_spread: float = 0.0
     model_id: str | None = None  # the served model as the tool names it
     # a static batch measured by `llmplan measure`: its batch and context, no traffic
     batch: int | None = None
