@@ -907,6 +907,14 @@ def test_an_mxfp4_moe_layer_pays_its_kernel_paths_fixed_time_once():
         assert op_time(same, C, engine=hop).time_s == op_time(same, C, engine=plain).time_s
     assert op_time(down, C, engine=amp).time_s == op_time(down, C, engine=plain).time_s
     assert hop.time_model_key() != plain.time_model_key()
+    # eager (no CUDA graph): device time, not the host's, so the launch floor and the
+    # host's launches are those without it
+    from planner.core.roofline import launch_time_s
+
+    te, te0 = (op_time(down, C, engine=x, graphed=False) for x in (hop, plain))
+    assert te.host_floor_s == te0.host_floor_s > 0
+    assert launch_time_s([te], hop) == launch_time_s([te0], plain)
+    assert te.fixed_s - te0.fixed_s == pytest.approx(24 * 20e-6)
 
 
 def test_the_mxfp4_moe_fixed_time_of_the_profiles_is_sourced_and_shown(run_json):

@@ -269,7 +269,7 @@ def ceilings(hw: HardwareSpec, calibration: Calibration | None = None,
 class OpTime:
     """One operator's timing per step (all its instances). ``compute_s`` and ``memory_s``
     are at the engine's efficiencies; ``overhead_s`` is its kernels' fixed cost and any the
-    engine adds to the operator (``Engine.fixed_for``)."""
+    engine adds to the operator (``Engine.fixed_for``, ``moe_fixed_s``)."""
 
     op: Op
     compute_s: float
@@ -280,7 +280,9 @@ class OpTime:
     compute_frac: float = 1.0
     kernels: float = 1.0
     overhead_s: float = 0.0
-    fixed_s: float = 0.0  # the part of overhead_s the engine adds to the operator by name
+    # the part of overhead_s the engine adds to the operator: by name (``Engine.fixed_for``)
+    # and a MoE layer's kernel path's (``moe_fixed_s``)
+    fixed_s: float = 0.0
     host_floor_s: float = 0.0  # outside a CUDA graph: the host's launches (and MoE set-up)
 
     @property
@@ -428,9 +430,10 @@ def combine(compute: float, memory: float, e: Engine, o: Options, *, kernels: fl
     """One operator instance's time from its compute and memory times under engine ``e``:
     the roofline's max (less the engine's lost overlap) or the additive form, its kernels'
     fixed costs and any device time the engine's profile adds to the operator (``fixed_s``,
-    ``Engine.fixed_for``), and the host's launch floor when nothing is replayed from a CUDA
-    graph: its launches and any host time the engine spends on the operator beyond them
-    (``host_s``: ``Engine.moe_layer_host_s`` on a MoE layer's expert down-projection)."""
+    ``Engine.fixed_for`` and ``moe_fixed_s``), and the host's launch floor when nothing is
+    replayed from a CUDA graph: its launches and any host time the engine spends on the
+    operator beyond them (``host_s``: ``Engine.moe_layer_host_s`` on a MoE layer's expert
+    down-projection)."""
     if o.time_model == "additive":
         t = compute + memory
     elif e.overlap_frac == 1.0:
@@ -599,8 +602,8 @@ class StepTime:
 
     @property
     def operator_fixed_s(self) -> float:
-        """Device time the engine adds to named operators beyond their kernels
-        (``Engine.fixed_for``), part of ``overhead_s``."""
+        """Device time the engine adds to operators beyond their kernels (``Engine.fixed_for``,
+        ``moe_fixed_s``), part of ``overhead_s``."""
         return sum(t.fixed_s for t in self.ops)
 
     @property

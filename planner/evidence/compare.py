@@ -169,7 +169,7 @@ def simulate_run(run: ServedRun, s: Deployment, *, step_coster=None,
     False leaves the ITL statistics out of the summary."""
     from planner.serving import run as serving
     from planner.serving.metrics import summary
-    from planner.serving.traffic import Request, synthetic, with_chat_template
+    from planner.serving.traffic import Request, synthetic, with_chat_template, with_totals
 
     notes: list[str] = []
     n = min(run.num_prompts or run.completed, MAX_SIM_REQUESTS)
@@ -180,17 +180,20 @@ def simulate_run(run: ServedRun, s: Deployment, *, step_coster=None,
         notes.append(f"at most {run.max_concurrency} requests in flight beside the rate: each "
                      "goes out at its arrival time or when one in flight finishes, whichever "
                      "is later (the benchmark client's semaphore)")
-    listed = bool(run.input_lens and run.output_lens
-                  and len(run.input_lens) == len(run.output_lens))
-    spread = 0.0 if listed else run.length_spread
-    reqs = synthetic(max(n, 1), prompt_tokens=max(1, round(run.mean_input_tokens)),
-                     output_tokens=max(1, round(run.mean_output_tokens)),
+    listed = run.lists_lengths
+    spread = 0.0 if listed else run.length_spread_frac
+    mean_in, mean_out = max(1, round(run.mean_input_tokens)), max(1, round(run.mean_output_tokens))
+    reqs = synthetic(max(n, 1), prompt_tokens=mean_in, output_tokens=mean_out,
                      range_ratio=spread,
                      request_rate=run.request_rate if not closed else math.inf,
                      burstiness=run.burstiness, closed_loop=closed, seed=SEED)
     if spread:
+        reqs = with_totals(reqs, round(run.mean_input_tokens * len(reqs)),
+                           round(run.mean_output_tokens * len(reqs)), mean_in, mean_out,
+                           spread)
         notes.append(f"each request's lengths drawn uniformly within {spread:.0%} of the "
-                     "means (the client's random dataset; its own draw is not in the file)")
+                     "means, adding up to the run's totals (the client's random dataset; its "
+                     "own draw is not in the file)")
     if listed:
         lens = list(zip(run.input_lens, run.output_lens, strict=True))[:n]
         reqs = [Request(r.id, r.arrival_s, max(1, p), max(1, o))

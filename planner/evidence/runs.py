@@ -56,10 +56,10 @@ class ServedRun:
     random_lengths: RandomLengths | None = None
     # vLLM's random dataset's range ratio, where the client's command states one and the file
     # lists no lengths: each request's were drawn uniformly within that share of the nominal
-    # ones, so the replay draws them within it of the run's means (their spread, not the
-    # values, which only the client's seed and tokenizer would give); 0: every request at the
-    # means
-    length_spread: float = 0.0
+    # ones, so the replay draws them within it of the run's means, adding up to its totals
+    # (their spread, not the values, which only the client's seed and tokenizer would give);
+    # 0: every request at the means
+    length_spread_frac: float = 0.0
     model_id: str | None = None  # the served model as the tool names it
     # a static batch measured by `llmplan measure`: its batch and context, no traffic
     batch: int | None = None
@@ -90,6 +90,12 @@ class ServedRun:
                 raise ValueError(f"unknown metric {k}")
             if not (isinstance(v, float) and math.isfinite(v) and v >= 0):
                 raise ValueError(f"{k} must be a finite number >= 0, got {v!r}")
+
+    @property
+    def lists_lengths(self) -> bool:
+        """Whether the file lists each request's prompt and output lengths (one pair each)."""
+        return bool(self.input_lens and self.output_lens
+                    and len(self.input_lens) == len(self.output_lens))
 
     @property
     def closed_loop(self) -> bool:

@@ -144,11 +144,11 @@ class Traffic(_Strict):
             upd["random_lengths"] = RandomLengths(self.input_len, self.output_len,
                                                   self.range_ratio)
         if (run.tool == "vllm-bench-serve" and self.dataset == "random"
-                and 0 < (self.range_ratio or 0) < 1 and not run.input_lens):
+                and 0 < (self.range_ratio or 0) < 1 and not run.lists_lengths):
             # vLLM's random dataset: lengths uniform on [L (1 - r), L (1 + r)]; requests at
             # one length finish together and the next ones go out together, where spread
             # lengths let them go out one at a time
-            upd["length_spread"] = self.range_ratio
+            upd["length_spread_frac"] = self.range_ratio
         if self.chat:
             upd["chat"] = True
         return replace(run, **upd) if upd else run

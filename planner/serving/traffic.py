@@ -42,6 +42,38 @@ def length_range(mean: int, range_ratio: float) -> tuple[int, int]:
     return lo, max(int(mean * (1 + range_ratio)), lo)
 
 
+def _shifted(values: list[int], total: int, lo: int, hi: int) -> list[int]:
+    """``values`` moved by whole numbers, as evenly as the range lets them, to add up to
+    ``total``, each kept within [lo, hi]: what the range cuts off one value goes to the
+    others; short of ``total`` only where every value is at the bound."""
+    out = list(values)
+    for _ in range(len(out) + 1):  # each pass ends at the total or puts a value at a bound
+        diff = total - sum(out)
+        movable = [i for i, v in enumerate(out) if (v < hi if diff > 0 else v > lo)]
+        if not diff or not movable:
+            break
+        step, extra = divmod(abs(diff), len(movable))
+        sign = 1 if diff > 0 else -1
+        for k, i in enumerate(movable):
+            out[i] = min(max(out[i] + sign * (step + (k < extra)), lo), hi)
+    return out
+
+
+def with_totals(reqs: list[Request], prompt_total: int, output_total: int, prompt_mean: int,
+                output_mean: int, range_ratio: float) -> list[Request]:
+    """Requests drawn within ``range_ratio`` of the means (``synthetic``), their lengths
+    shifted to add up to the totals a benchmark's file states: a draw of a few hundred
+    requests averages a point or two off its means, which a run's totals pin down."""
+    if not reqs:
+        return reqs
+    prompts = _shifted([r.prompt_tokens for r in reqs], prompt_total,
+                       *length_range(prompt_mean, range_ratio))
+    outputs = _shifted([r.output_tokens for r in reqs], output_total,
+                       *length_range(output_mean, range_ratio))
+    return [replace(r, prompt_tokens=p, output_tokens=o)
+            for r, p, o in zip(reqs, prompts, outputs, strict=True)]
+
+
 def lengths(rng: random.Random, mean: int, range_ratio: float) -> int:
     return rng.randint(*length_range(mean, range_ratio))
 
