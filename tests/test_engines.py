@@ -232,21 +232,24 @@ def test_fp8_moe_factor_slows_fp8_experts_on_its_architectures_only():
         slow, experts_fp8_compute_frac=1.0).time_model_key()
 
 
+def _sourced_and_shown(spec, row: dict, field: str, value: dict) -> None:
+    """A profile's figure by architecture: ``value`` in its file, taken from aiconfigurator's
+    tables, and the same in `engines --json`."""
+    assert getattr(spec, field).value == value
+    assert "aiconfigurator" in getattr(spec, field).source
+    assert row[field] == value
+
+
 def test_the_fp8_moe_factors_of_the_profiles_are_sourced_and_shown(run_json):
     rows = {r["name"]: r for r in run_json("engines", "--json")}
     for name in ("vllm", "vllm-0.8"):
         spec = catalog.load_engine_spec(name)
-        assert spec.experts_fp8_compute_frac.value == {"hopper": 0.64}
-        assert "aiconfigurator" in spec.experts_fp8_compute_frac.source
-        assert rows[name]["experts_fp8_compute_frac"] == {"hopper": 0.64}
-        assert spec.experts_fp8_k_half.value == {"hopper": 900}
-        assert rows[name]["experts_fp8_k_half"] == {"hopper": 900}
+        _sourced_and_shown(spec, rows[name], "experts_fp8_compute_frac", {"hopper": 0.64})
+        _sourced_and_shown(spec, rows[name], "experts_fp8_k_half", {"hopper": 900})
         e = catalog.load_engine(name).for_gpu(80e9, "h100-sxm", "hopper")
         assert (e.experts_k_half, e.experts_fp8_k_half) == (500, 900)
         assert rows[name]["experts_compute_frac"] == spec.experts_compute_frac.value
-        assert spec.experts_k_half.value == {"hopper": 500, "ada": 1000}
-        assert "aiconfigurator" in spec.experts_k_half.source
-        assert rows[name]["experts_k_half"] == {"ada": 1000, "hopper": 500}
+        _sourced_and_shown(spec, rows[name], "experts_k_half", {"hopper": 500, "ada": 1000})
     # SGLang's and TensorRT-LLM's tables give no one figure across shapes (docs/validation.md)
     for name in ("sglang", "trtllm"):
         assert rows[name]["experts_fp8_compute_frac"] == {}
@@ -921,10 +924,8 @@ def test_the_mxfp4_moe_fixed_time_of_the_profiles_is_sourced_and_shown(run_json)
     rows = {r["name"]: r for r in run_json("engines", "--json")}
     for name in ("vllm", "vllm-0.8"):
         spec = catalog.load_engine_spec(name)
-        assert spec.mxfp4_moe_fixed_us.value == {"hopper": 20}
-        assert "aiconfigurator" in spec.mxfp4_moe_fixed_us.source
+        _sourced_and_shown(spec, rows[name], "mxfp4_moe_fixed_us", {"hopper": 20})
         assert "--derive-mxfp4-fixed" in spec.mxfp4_moe_fixed_us.note
-        assert rows[name]["mxfp4_moe_fixed_us"] == {"hopper": pytest.approx(20)}
     for name in ("sglang", "trtllm", "vllm-v0"):
         assert rows[name]["mxfp4_moe_fixed_us"] == {}
     # gpt-oss-20b's decode step on an H100 pays it on each of its 24 MoE layers; on an A100

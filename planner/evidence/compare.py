@@ -181,7 +181,7 @@ def simulate_run(run: ServedRun, s: Deployment, *, step_coster=None,
                      "goes out at its arrival time or when one in flight finishes, whichever "
                      "is later (the benchmark client's semaphore)")
     listed = run.lists_lengths
-    spread = 0.0 if listed else run.length_spread_frac
+    spread = run.length_spread_frac  # set only where the file lists no lengths (Traffic.apply)
     mean_in, mean_out = max(1, round(run.mean_input_tokens)), max(1, round(run.mean_output_tokens))
     reqs = synthetic(max(n, 1), prompt_tokens=mean_in, output_tokens=mean_out,
                      range_ratio=spread,
