@@ -53,6 +53,7 @@ serve` counts only the successful ones. Pure: no I/O, no printing.
 
 from __future__ import annotations
 
+import bisect
 import math
 from array import array
 from collections.abc import Callable
@@ -305,6 +306,98 @@ def _too_many_steps(max_steps: int) -> UsageError:
 QUICK_DECODE_RUNS = True
 
 
+def _decode_run(sched: ContinuousScheduler, arr: Arrivals, pricer: StepPricer, occ: Occupancy,
+                front: Frontend | None, t: float, stream_s: float, ahead: bool,
+                max_steps: int) -> tuple[float, float, bool]:
+    """``_serve``'s inner loop: the decode-only steps from ``t`` while nothing prefills and
+    nothing waiting can be admitted, up to the step a request is due to finish, a request
+    arrives that could be admitted, or a block cannot be had without the scheduler. What the
+    event loop's calls do for such a step, with their work written out (the step's price,
+    the occupancy record, the pool's step, the arrival check), in the same operations and
+    order, so the same figures to the bit. Returns (t, stream_s, whether any step ran)."""
+    batch, kv, running, waiting = sched.batch, sched.kv, sched.running, sched.waiting
+    n_dec = batch.n
+    # a queue that cannot be admitted (every seat taken, or no token of the step's budget
+    # left beside the decodes) leaves a decode-only step decode-only
+    full = len(running) >= sched.max_seqs or sched.token_budget - n_dec <= 0
+    if waiting and not full:
+        return t, stream_s, False
+    # constant over the run: the pool's members, the captured size it pads to, the floor
+    # an API server that streams slowly sets
+    sizes = pricer.graph_sizes
+    size = sizes[bisect.bisect_left(sizes, n_dec)]
+    price, scale = pricer.uniform, pricer.scale
+    base = batch.sum_c0_minus_G0
+    floor = front.step_floor_s(n_dec) if front is not None else 0.0
+    prefixes = kv.prefixes
+    held_of = None if type(kv).held_of is KVPool.held_of else kv.held_of
+    running_n, capacity = len(running), kv.capacity_tokens
+    bucket, bs, unit, heap = batch.bucket, batch.bs, kv.block_growth_tokens, batch.heap
+    # the open stream's arrival check written out; a closed loop's clients are asked
+    pending = arr.pending if type(arr) is Arrivals else None
+    arrive, add_itl = arr.arrive, occ.itl.append
+    G, stepped = batch.G, False
+    # ``Occupancy.record``'s figures, added to here and stored when the run ends (nothing
+    # called in between reads them); the running requests are the same every step
+    steps, busy_s = occ.steps, occ.busy_s
+    running_int, held_int, reserved_int = (occ.running_integral, occ.kv_held_integral,
+                                           occ.kv_reserved_integral)
+    peak_held, peak_reserved = occ.peak_kv_held_tokens, occ.peak_kv_reserved_tokens
+    next_sample_s = occ.next_sample_s
+    while True:
+        if steps >= max_steps:
+            raise _too_many_steps(max_steps)
+        grow = bucket[(-G) % bs] * unit  # the pool's ``growth_tokens``
+        if grow > kv.free_tokens:  # room must be made: the scheduler's step
+            break
+        kv.free_tokens -= grow
+        # ``StepPricer.time_s`` of a padded decode-only step
+        past = base + n_dec * G
+        dt = price(size, past + n_dec, n_dec)
+        if scale != 1.0:
+            dt = dt * scale
+        if floor > dt:
+            stream_s += floor - dt
+            dt = floor
+        held = past - prefixes.double_counted if prefixes is not None else past
+        if held_of is not None:
+            held = held_of(held)
+        reserved = capacity - kv.free_tokens
+        running_int += running_n * dt
+        held_int += held * dt
+        reserved_int += reserved * dt
+        if held > peak_held:
+            peak_held = held
+        if reserved > peak_reserved:
+            peak_reserved = reserved
+        busy_s += dt
+        steps += 1
+        add_itl((dt, n_dec))
+        t += dt
+        G += 1
+        batch.G = G  # ``DecodePool.step``
+        stepped = True
+        due = bool(heap) and heap[0] <= G
+        if due:  # a request may be done: the scheduler's end of step
+            sched.on_step_end([], t)
+        now = t - dt if ahead else t
+        if pending is None or (pending and pending[0].visible_s <= now):
+            arrive(now, waiting)
+        if t >= next_sample_s:
+            occ.sample(t, len(running), len(waiting), capacity - kv.free_tokens)
+            next_sample_s = occ.next_sample_s
+        if due or (waiting and not full):
+            break
+    if stepped:
+        occ.steps, occ.busy_s = steps, busy_s
+        occ.running_integral, occ.kv_held_integral, occ.kv_reserved_integral = (
+            running_int, held_int, reserved_int)
+        occ.peak_kv_held_tokens, occ.peak_kv_reserved_tokens = peak_held, peak_reserved
+        if running_n > occ.max_running:
+            occ.max_running = running_n
+    return t, stream_s, stepped
+
+
 def _serve(sched: Scheduler, arr: Arrivals, pricer: StepPricer, occ: Occupancy, *, n: int,
            max_steps: int, front: Frontend | None = None,
            inner: StepPricer | None = None,
@@ -349,45 +442,13 @@ def _serve(sched: Scheduler, arr: Arrivals, pricer: StepPricer, occ: Occupancy, 
              and sched.reserve is None and not bursts and inner is None
              and type(batch) is DecodePool and pricer.uniform is not None and batch.padding == 0)
     largest = pricer.graph_sizes[-1] if quick else 0
-    bucket, bs, unit = batch.bucket, batch.bs, kv.block_growth_tokens
-    prefixes, held_of, sample = kv.prefixes, kv.held_of, occ.sample
     arrive(0.0, waiting)
     while sched.finished < n:
         if occ.steps >= max_steps:
             raise _too_many_steps(max_steps)
         if quick and not fresh and not prefilling and not stall_s and 0 < batch.n <= largest:
-            n_dec, stepped = batch.n, False
-            # a queue that cannot be admitted (every seat taken, or no token of the step's
-            # budget left beside the decodes) leaves a decode-only step decode-only
-            full = len(running) >= sched.max_seqs or sched.token_budget - n_dec <= 0
-            while not waiting or full:
-                if occ.steps >= max_steps:
-                    raise _too_many_steps(max_steps)
-                grow = bucket[(-batch.G) % bs] * unit  # the pool's ``growth_tokens``
-                if grow > kv.free_tokens:  # room must be made: the scheduler's step
-                    break
-                kv.free_tokens -= grow
-                dt, past = time_s([], True)
-                if front is not None:
-                    floor = front.step_floor_s(n_dec)
-                    if floor > dt:
-                        stream_s += floor - dt
-                        dt = floor
-                held = past - prefixes.double_counted if prefixes is not None else past
-                record(dt, len(running), held_of(held), kv.capacity_tokens - kv.free_tokens,
-                       n_dec)
-                t += dt
-                batch.step()
-                stepped = True
-                heap = batch.heap
-                due = bool(heap) and heap[0] <= batch.G
-                if due:  # a request may be done: the scheduler's end of step
-                    end_step([], t)
-                arrive(t - dt if ahead else t, waiting)
-                if t >= occ.next_sample_s:
-                    sample(t, len(running), len(waiting), kv.capacity_tokens - kv.free_tokens)
-                if due:
-                    break
+            t, stream_s, stepped = _decode_run(sched, arr, pricer, occ, front, t, stream_s,
+                                               ahead, max_steps)
             if stepped:
                 continue
         if not running and not waiting:
