@@ -583,3 +583,58 @@ def test_plan_json_exits_1_when_nothing_meets_the_targets(run_cli, scheduler):
     assert code == 1 and "no configuration" in err
     assert not any(r["meets_targets"] for r in rows)
     assert (rows == []) == (scheduler == "continuous")
+
+
+def test_the_steady_lifetime_by_hand():
+    """A window is sized on the targets' lifetime, or on 4 x the p99 end-to-end latency of
+    the run's first requests where that is shorter (a batch job's loose targets)."""
+    from planner.search.plan import OBSERVED_LIFETIMES, steady_lifetime_s
+
+    assert OBSERVED_LIFETIMES == 4.0
+    assert steady_lifetime_s(111.0, {"p99_e2el_ms": 2500.0}) == pytest.approx(10.0)
+    assert steady_lifetime_s(6.0, {"p99_e2el_ms": 2500.0}) == 6.0  # the targets' is shorter
+    for early in ({}, {"p99_e2el_ms": None}, {"p99_e2el_ms": math.nan}):
+        assert steady_lifetime_s(111.0, early) == 111.0
+
+
+def test_loose_targets_size_on_the_lifetime_the_replica_shows(monkeypatch):
+    """Targets of a batch job (60 s TTFT, 200 ms TPOT, 256 tokens out: a request meeting them
+    lives up to 111 s) at 5 requests a second: a window of two such lifetimes had simulated
+    2,220 requests for each count tried. Sized on 4 x the p99 lifetime its first 200 requests
+    show, the run is a tenth as long, measures at least 200 requests, and gives the same count
+    with its p90 TTFT and TPOT within a few percent of the long run's."""
+    import planner.search.plan as plan
+    from planner.layouts.deployment import Deployment
+
+    dep = Deployment.build(catalog.load_model("llama-3.1-8b"),
+                           catalog.load_hardware("h100-sxm"), engine=catalog.load_engine("vllm"))
+    kw = dict(prompt_tokens=1024, output_tokens=256, targets=plan.Targets(60.0, 0.2, 5.0),
+              upper_rate=1e9, settings=plan.SimSettings())
+    n, s = plan.replicas_needed(dep, **kw)
+    monkeypatch.setattr(plan, "OBSERVED_LIFETIMES", math.inf)  # the targets' lifetime
+    n_long, s_long = plan.replicas_needed(dep, **kw)
+    assert n == n_long == 1
+    assert s["completed"] < s_long["completed"] / 5 and s_long["completed"] == 2220
+    assert s["measured_requests"] >= 200
+    assert s["p90_tpot_ms"] == pytest.approx(s_long["p90_tpot_ms"], rel=0.05)
+    assert s["p90_ttft_ms"] == pytest.approx(s_long["p90_ttft_ms"], rel=0.1)
+
+
+def test_loose_targets_size_a_disaggregated_pair_on_the_lifetimes_its_sides_show(run_json,
+                                                                                 monkeypatch):
+    """The same targets over disaggregated layouts: each side's steady state, and the pair's
+    (on the sum of the two sides' p99 lifetimes), is a tenth as long as on the targets'
+    lifetime, for the same instances and cost."""
+    import planner.search.plan as plan
+
+    args = ("plan", "-m", "llama-3.1-8b", "-g", "h100-sxm", "--tp", "1", "--weights", "bf16",
+            "--kv-cache", "16", "--ttft", "60s", "--tpot", "200ms", "--rps", "5",
+            "--disaggregated", "only", "--top", "1", "-j", "1")
+    short = run_json(*args)[0]
+    monkeypatch.setattr(plan, "OBSERVED_LIFETIMES", math.inf)
+    long = run_json(*args)[0]
+    keys = ("prefill_instances", "decode_instances", "usd_per_hour")
+    assert [short[k] for k in keys] == [long[k] for k in keys]
+    assert short["simulated_requests"] < long["simulated_requests"] / 5
+    assert long["simulated_requests"] == 2220
+    assert short["p90_tpot_s"] == pytest.approx(long["p90_tpot_s"], rel=0.05)

@@ -59,11 +59,13 @@ class _Sizer:
         self.coster = sizing_coster(self.nominal, settings)  # as sized
 
     def summary(self, n: int) -> dict:
+        """The steady state at ``n`` instances; sized, where the run's first requests were
+        simulated on their own, on the lifetime they show (``plan.steady_lifetime_s``)."""
         if n not in self.seen:
             from planner.serving.metrics import summary
             from planner.serving.sim import simulate
 
-            reqs, window = self.make(self.rate / n)
+            reqs, window = self.make(self.rate / n, self.seen_early.get(n))
             self.seen[n] = summary(simulate(reqs, self.coster, self.side.cfg), itl=False,
                                    window=window)
         return self.seen[n]
@@ -76,7 +78,7 @@ class _Sizer:
             from planner.serving.metrics import summary
             from planner.serving.sim import simulate
 
-            reqs, _ = self.make(self.rate / n)
+            reqs, _ = self.make(self.rate / n, None)
             if len(reqs) <= 2 * self.st.num_requests:  # hardly shorter: the whole run
                 self.seen_early[n] = self.summary(n)
             else:
@@ -125,6 +127,7 @@ def search_disaggregated(model, gpus, *, prompt_tokens: int, output_tokens: int,
         sized_at_fields,
         sizing_requests,
         steady_fields,
+        steady_lifetime_s,
     )
     from planner.serving import run
     from planner.serving.disagg import transfer_figures
@@ -183,11 +186,15 @@ def search_disaggregated(model, gpus, *, prompt_tokens: int, output_tokens: int,
                 Side(dep, cfg, 1 / (min(ok) * output_tokens), n, price))
     rate = targets.requests_per_s
 
-    def stream(r: float, out: int, loaded: bool) -> tuple[list, tuple[float, float] | None]:
+    def stream(r: float, out: int, loaded: bool,
+               early: dict | None = None) -> tuple[list, tuple[float, float] | None]:
         """The requests one side (or the pair) is simulated with at ``r`` a second, and the
         arrival window of its steady state whose requests are measured (``sizing_requests``:
-        a prefill instance's requests live one TTFT at the target)."""
+        a prefill instance's requests live one TTFT at the target; ``early``: the summary of
+        the run's first requests simulated alone, whose lifetime bounds it where shorter)."""
         life = targets.ttft_s if out == 1 else request_lifetime_s(targets, out)
+        if early is not None:
+            life = steady_lifetime_s(life, early)
         count, window = sizing_requests(r, life, st)
         reqs = synthetic(count, prompt_tokens=prompt_tokens, output_tokens=out,
                          range_ratio=st.range_ratio, request_rate=r, seed=st.seed)
@@ -201,8 +208,8 @@ def search_disaggregated(model, gpus, *, prompt_tokens: int, output_tokens: int,
     def sizer(side: Side, pre: bool) -> _Sizer:
         key = id(side)
         if key not in sizers:
-            sizers[key] = _Sizer(side, (lambda r: stream(r, 1, False)) if pre else
-                                 (lambda r: stream(r, output_tokens, True)), st, rate)
+            sizers[key] = _Sizer(side, (lambda r, e: stream(r, 1, False, e)) if pre else
+                                 (lambda r, e: stream(r, output_tokens, True, e)), st, rate)
         return sizers[key]
 
     pairs = []
@@ -237,8 +244,14 @@ def search_disaggregated(model, gpus, *, prompt_tokens: int, output_tokens: int,
                         (percentile_s(s, "ttft", p_) or math.inf) <= b)
         if not n_p:
             return None
-        # the pair simulated whole, grown by the side whose target it misses
-        reqs, window = stream(rate, output_tokens, False)
+        # the pair simulated whole, grown by the side whose target it misses; a request lives
+        # through both sides, so its lifetime is bounded by the sum of what each side's first
+        # requests showed, where both were simulated alone
+        e_p, e_d = ps.seen_early.get(n_p), ds.seen_early.get(n_d)
+        both = None if e_p is None or e_d is None else \
+            (e_p.get("p99_e2el_ms") or math.nan) + (e_d.get("p99_e2el_ms") or math.nan)
+        reqs, window = stream(rate, output_tokens, False,
+                              None if both is None else {"p99_e2el_ms": both})
 
         def pair(n_p: int, n_d: int, pre, dec, p=p, d=d, reqs=reqs, window=window):
             """The pair at these counts on these costers: (result, link, summary, the

@@ -166,6 +166,26 @@ class SimSettings:
 # (the requests of the ramp-up see a half-full batch).
 STEADY_LIFETIMES = 2.0
 MAX_SIZING_REQUESTS = 5_000
+# The lifetime at the targets bounds how long a request that meets them lives; under loose
+# targets (a batch job's 60 s TTFT) the replica's requests live far less, and a window of
+# two target lifetimes simulated thousands of requests for every count tried (up to
+# MAX_SIZING_REQUESTS; 2,220 at 5 requests a second, 111 s a lifetime). Where the run's first
+# requests were simulated on their own (``replicas_needed``), its lifetime is at most this
+# many times their p99 end-to-end latency: those requests see a server still filling, so the
+# margin covers a steady state that lives longer; and the window's own rule, that a replica
+# which does not keep up does not pass (``planner.serving.metrics.keeps_up``), holds
+# whatever its length.
+OBSERVED_LIFETIMES = 4.0
+
+
+def steady_lifetime_s(target_life_s: float, early: dict) -> float:
+    """The request lifetime a replica's steady-state window is sized on: the targets' (a
+    bound on a request that meets them), or ``OBSERVED_LIFETIMES`` x the p99 end-to-end
+    latency of the run's first requests (``early``: their summary) where that is shorter."""
+    p99_ms = early.get("p99_e2el_ms")
+    if not p99_ms or not math.isfinite(p99_ms):
+        return target_life_s
+    return min(target_life_s, OBSERVED_LIFETIMES * p99_ms / 1e3)
 
 
 def request_lifetime_s(targets: Targets, output_tokens: int) -> float:
@@ -297,12 +317,12 @@ def replicas_needed(dep: Deployment, *, prompt_tokens: int, output_tokens: int,
     coster, cfg = run.coster(dep), run.scheduler(dep, mode=settings.performance_mode)
     sizing = sizing_coster(coster, settings)
     seen: dict[int, dict] = {}
-
     life = request_lifetime_s(targets, output_tokens)
+    lives: dict[int, float] = {}  # count -> the lifetime its window is sized on, where shorter
 
     def simulated(n: int, c, steady: bool = True) -> dict:
         rate = targets.requests_per_s / n
-        count, window = sizing_requests(rate, life, settings) if steady else \
+        count, window = sizing_requests(rate, lives.get(n, life), settings) if steady else \
             (settings.num_requests, None)
         reqs = synthetic(count, prompt_tokens=prompt_tokens, output_tokens=output_tokens,
                          range_ratio=settings.range_ratio, request_rate=rate,
@@ -318,8 +338,9 @@ def replicas_needed(dep: Deployment, *, prompt_tokens: int, output_tokens: int,
             count, _ = sizing_requests(targets.requests_per_s / n, life, settings)
             early = simulated(n, sizing, steady=False) \
                 if count > 2 * settings.num_requests else None
-            seen[n] = simulated(n, sizing) if early is None or _percentile_ok(
-                early, targets, settings) else early
+            if early is not None and _percentile_ok(early, targets, settings):
+                lives[n] = steady_lifetime_s(life, early)
+            seen[n] = simulated(n, sizing) if early is None or n in lives else early
         return _percentile_ok(seen[n], targets, settings)
 
     floor = max(1, math.ceil(targets.requests_per_s / upper_rate))  # fewer cannot serve it
