@@ -327,3 +327,18 @@ def test_the_four_aiconfigurator_cases(run_json, gpu, weights, agg_gpus, pd_gpus
     assert rows[0]["disaggregated"] and dis[0]["total_gpus"] < agg[0]["total_gpus"]
     assert (agg[0]["total_gpus"], dis[0]["total_gpus"]) == (agg_gpus, pd_gpus)
     assert all(r["p90_ttft_s"] <= 3 and r["p90_tpot_s"] <= 0.05 for r in rows)
+
+
+def test_a_side_or_pair_that_does_not_keep_up_does_not_pass():
+    """Disaggregated sizing holds each side and the pair to plan's keep-up rule: over a
+    steady-state window, at least 90% as many requests finish as arrive (a queue growing
+    through the window fails whatever its latencies there); a run without a window is not
+    held to it."""
+    from planner.search.disagg import _served
+
+    windowed = {"completed": 300, "measured_arrival_rate": 10.0}
+    assert _served({**windowed, "measured_request_throughput": 9.5})
+    assert not _served({**windowed, "measured_request_throughput": 8.5})
+    assert _served({"completed": 300})  # the run's first requests alone: no window
+    assert not _served({"completed": 300, "failed": 2})
+    assert not _served({"completed": 0})

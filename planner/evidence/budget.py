@@ -131,8 +131,9 @@ class BudgetTraffic(_Strict):
     batching with the engine's defaults; the times at the ``percentile``-th percentile (50:
     the median). ``measure``: ``steady`` (the default) holds the times of at least
     ``num_requests`` requests arriving once the replica has filled and before the stream
-    ends, as ``plan`` sizes a replica (``planner.search.plan.sizing_requests``); ``all``
-    holds those of a run of ``num_requests`` from an empty server, ramp-up included."""
+    ends, as ``plan`` sizes a replica (``planner.search.plan.sizing_requests``, on the
+    limits' request lifetime, which ``plan`` caps where its first requests live far less);
+    ``all`` holds those of a run of ``num_requests`` from an empty server, ramp-up included."""
 
     request_rate: float = Field(gt=0, le=1e9)  # requests a second, all replicas together
     replicas: int = Field(1, gt=0, le=MAX_COUNT)

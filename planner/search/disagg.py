@@ -98,7 +98,12 @@ class _Sizer:
 
 
 def _served(s: dict) -> bool:
-    return s["completed"] > 0 and not s.get("failed")
+    """Every request served, and, over a steady-state window, finished as fast as they
+    arrived (``keeps_up``, as ``plan`` holds a replica to): a side or pair whose queue grows
+    through the window does not pass, however long the window (``steady_lifetime_s``)."""
+    from planner.serving.metrics import keeps_up
+
+    return s["completed"] > 0 and not s.get("failed") and keeps_up(s) is not False
 
 
 def search_disaggregated(model, gpus, *, prompt_tokens: int, output_tokens: int, targets,
