@@ -591,10 +591,10 @@ def test_the_steady_lifetime_by_hand():
     from planner.search.plan import OBSERVED_LIFETIMES, steady_lifetime_s
 
     assert OBSERVED_LIFETIMES == 4.0
-    assert steady_lifetime_s(111.0, {"p99_e2el_ms": 2500.0}) == pytest.approx(10.0)
-    assert steady_lifetime_s(6.0, {"p99_e2el_ms": 2500.0}) == 6.0  # the targets' is shorter
-    for early in ({}, {"p99_e2el_ms": None}, {"p99_e2el_ms": math.nan}):
-        assert steady_lifetime_s(111.0, early) == 111.0
+    assert steady_lifetime_s(111.0, 2500.0) == pytest.approx(10.0)
+    assert steady_lifetime_s(6.0, 2500.0) == 6.0  # the targets' is shorter
+    for p99_ms in (None, math.nan, 0.0):
+        assert steady_lifetime_s(111.0, p99_ms) == 111.0
 
 
 def test_loose_targets_size_on_the_lifetime_the_replica_shows(monkeypatch):

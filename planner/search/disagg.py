@@ -65,7 +65,9 @@ class _Sizer:
             from planner.serving.metrics import summary
             from planner.serving.sim import simulate
 
-            reqs, window = self.make(self.rate / n, self.seen_early.get(n))
+            early = self.seen_early.get(n)
+            reqs, window = self.make(self.rate / n,
+                                     None if early is None else early.get("p99_e2el_ms"))
             self.seen[n] = summary(simulate(reqs, self.coster, self.side.cfg), itl=False,
                                    window=window)
         return self.seen[n]
@@ -192,14 +194,14 @@ def search_disaggregated(model, gpus, *, prompt_tokens: int, output_tokens: int,
     rate = targets.requests_per_s
 
     def stream(r: float, out: int, loaded: bool,
-               early: dict | None = None) -> tuple[list, tuple[float, float] | None]:
+               p99_ms: float | None = None) -> tuple[list, tuple[float, float] | None]:
         """The requests one side (or the pair) is simulated with at ``r`` a second, and the
         arrival window of its steady state whose requests are measured (``sizing_requests``:
-        a prefill instance's requests live one TTFT at the target; ``early``: the summary of
-        the run's first requests simulated alone, whose lifetime bounds it where shorter)."""
-        life = targets.ttft_s if out == 1 else request_lifetime_s(targets, out)
-        if early is not None:
-            life = steady_lifetime_s(life, early)
+        a prefill instance's requests live one TTFT at the target; ``p99_ms``: the p99
+        end-to-end latency of the run's first requests simulated alone, whose lifetime bounds
+        it where shorter, ``steady_lifetime_s``)."""
+        life = steady_lifetime_s(targets.ttft_s if out == 1 else
+                                 request_lifetime_s(targets, out), p99_ms)
         count, window = sizing_requests(r, life, st)
         reqs = synthetic(count, prompt_tokens=prompt_tokens, output_tokens=out,
                          range_ratio=st.range_ratio, request_rate=r, seed=st.seed)
@@ -255,8 +257,7 @@ def search_disaggregated(model, gpus, *, prompt_tokens: int, output_tokens: int,
         e_p, e_d = ps.seen_early.get(n_p), ds.seen_early.get(n_d)
         both = None if e_p is None or e_d is None else \
             (e_p.get("p99_e2el_ms") or math.nan) + (e_d.get("p99_e2el_ms") or math.nan)
-        reqs, window = stream(rate, output_tokens, False,
-                              None if both is None else {"p99_e2el_ms": both})
+        reqs, window = stream(rate, output_tokens, False, both)
 
         def pair(n_p: int, n_d: int, pre, dec, p=p, d=d, reqs=reqs, window=window):
             """The pair at these counts on these costers: (result, link, summary, the

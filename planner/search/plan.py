@@ -179,11 +179,11 @@ MAX_SIZING_REQUESTS = 5_000
 OBSERVED_LIFETIMES = 4.0
 
 
-def steady_lifetime_s(target_life_s: float, early: dict) -> float:
+def steady_lifetime_s(target_life_s: float, p99_ms: float | None) -> float:
     """The request lifetime a replica's steady-state window is sized on: the targets' (a
-    bound on a request that meets them), or ``OBSERVED_LIFETIMES`` x the p99 end-to-end
-    latency of the run's first requests (``early``: their summary) where that is shorter."""
-    p99_ms = early.get("p99_e2el_ms")
+    bound on a request that meets them), or ``OBSERVED_LIFETIMES`` x ``p99_ms``, the p99
+    end-to-end latency of the run's first requests (their summary's ``p99_e2el_ms``; None or
+    nan: not known), where that is shorter."""
     if not p99_ms or not math.isfinite(p99_ms):
         return target_life_s
     return min(target_life_s, OBSERVED_LIFETIMES * p99_ms / 1e3)
@@ -340,7 +340,7 @@ def replicas_needed(dep: Deployment, *, prompt_tokens: int, output_tokens: int,
             early = simulated(n, sizing, steady=False) \
                 if count > 2 * settings.num_requests else None
             if early is not None and _percentile_ok(early, targets, settings):
-                lives[n] = steady_lifetime_s(life, early)
+                lives[n] = steady_lifetime_s(life, early.get("p99_e2el_ms"))
             seen[n] = simulated(n, sizing) if early is None or n in lives else early
         return _percentile_ok(seen[n], targets, settings)
 
