@@ -620,6 +620,65 @@ def test_loose_targets_size_on_the_lifetime_the_replica_shows(monkeypatch):
     assert s["p90_ttft_ms"] == pytest.approx(s_long["p90_ttft_ms"], rel=0.1)
 
 
+def test_a_run_filled_by_hand():
+    """A replica filled where its batch reached max_num_seqs, its KV pool 90% reserved, or a
+    request was preempted; not where none of those happened (or nothing says so)."""
+    from planner.search.plan import filled
+
+    calm = {"preemptions": 0, "kv_cache_reserved_frac_peak": 0.5, "max_running_requests": 40}
+    assert not filled(calm, 256) and not filled({}, 256) and not filled(calm, None)
+    assert filled({**calm, "preemptions": 3}, 256)
+    assert filled({**calm, "kv_cache_reserved_frac_peak": 0.9}, 256)
+    assert not filled({**calm, "kv_cache_reserved_frac_peak": 0.89}, 256)
+    assert filled({**calm, "max_running_requests": 256}, 256)
+    assert not filled({**calm, "max_running_requests": 256}, None)
+
+
+def _loose_8b(rate: float, upper_rate: float = 1e9):
+    import planner.search.plan as plan
+    from planner.layouts.deployment import Deployment
+
+    dep = Deployment.build(catalog.load_model("llama-3.1-8b"),
+                           catalog.load_hardware("h100-sxm"), engine=catalog.load_engine("vllm"))
+    return dep, dict(prompt_tokens=1024, output_tokens=256,
+                     targets=plan.Targets(60.0, 0.2, rate), upper_rate=upper_rate,
+                     settings=plan.SimSettings())
+
+
+def test_loose_targets_near_capacity_size_as_the_targets_window_does(monkeypatch):
+    """100 requests a second of the batch job's targets, from one replica up (no analytic
+    bound): at 4 replicas (25 a second each, about 15% over what one sustains) the window
+    sized on the early run's lifetime finished requests at 0.904 of those that arrived in it
+    (24.0 a second, below the 25 offered: fewer arrivals, a noisier count) and passed, and 4
+    replicas were planned. Its run filled (KV pool full, requests preempted), so the count
+    is sized again over the targets' window, which it fails: 5, as the targets' lifetime
+    alone gives, with the same figures."""
+    import planner.search.plan as plan
+
+    dep, kw = _loose_8b(100.0)
+    n, s = plan.replicas_needed(dep, **kw)
+    monkeypatch.setattr(plan, "OBSERVED_LIFETIMES", math.inf)  # the targets' lifetime
+    n_long, s_long = plan.replicas_needed(dep, **kw)
+    assert n == n_long == 5
+    assert s["p90_ttft_ms"] == pytest.approx(s_long["p90_ttft_ms"], rel=0.1)
+    assert s["p90_tpot_ms"] == pytest.approx(s_long["p90_tpot_ms"], rel=0.05)
+
+
+def test_a_replica_loaded_near_its_bound_keeps_the_targets_window():
+    """The lifetime cap is taken only for a replica loaded to at most half the analytic
+    bound on its rate (CAPPED_LOAD_FRAC): at 5 requests a second against a bound of 8, its
+    run is the targets' window's 2,220 requests; against a bound of 10, the capped run's."""
+    import planner.search.plan as plan
+
+    assert plan.CAPPED_LOAD_FRAC == 0.5
+    dep, kw = _loose_8b(5.0, upper_rate=8.0)
+    n, s = plan.replicas_needed(dep, **kw)
+    assert n == 1 and s["completed"] == 2220
+    dep, kw = _loose_8b(5.0, upper_rate=10.0)
+    n, s = plan.replicas_needed(dep, **kw)
+    assert n == 1 and s["completed"] < 2220 / 5
+
+
 def test_loose_targets_size_a_disaggregated_pair_on_the_lifetimes_its_sides_show(run_json,
                                                                                  monkeypatch):
     """The same targets over disaggregated layouts: each side's steady state, and the pair's
@@ -638,3 +697,21 @@ def test_loose_targets_size_a_disaggregated_pair_on_the_lifetimes_its_sides_show
     assert short["simulated_requests"] < long["simulated_requests"] / 5
     assert long["simulated_requests"] == 2220
     assert short["p90_tpot_s"] == pytest.approx(long["p90_tpot_s"], rel=0.05)
+
+
+def test_a_filled_disaggregated_run_is_sized_again_over_the_targets_window(run_json,
+                                                                          monkeypatch):
+    """Where each side's run and the pair's filled (``plan.filled`` made to say so), each is
+    sized again over the targets' window: the row is the one the targets' lifetime alone
+    gives, its run of 2,220 requests and its figures the same to the digit."""
+    import planner.search.plan as plan
+
+    args = ("plan", "-m", "llama-3.1-8b", "-g", "h100-sxm", "--tp", "1", "--weights", "bf16",
+            "--kv-cache", "16", "--ttft", "60s", "--tpot", "200ms", "--rps", "5",
+            "--disaggregated", "only", "--top", "1", "-j", "1")
+    monkeypatch.setattr(plan, "filled", lambda s, max_num_seqs: True)
+    refilled = run_json(*args)[0]
+    monkeypatch.setattr(plan, "OBSERVED_LIFETIMES", math.inf)
+    long = run_json(*args)[0]
+    assert refilled["simulated_requests"] == 2220
+    assert refilled == long

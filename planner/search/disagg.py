@@ -44,59 +44,44 @@ class Side:
 
 
 class _Sizer:
-    """The fewest instances of one side that meet a test: simulations cached by count, so
+    """The fewest instances of one side that meet a test: its runs at each count cached
+    (``planner.search.plan.CountRuns``: the run's first requests, then its steady state), so
     one side's runs serve every threshold asked of it."""
 
     def __init__(self, side: Side, make, settings, rate: float, max_factor: int = 64):
-        self.side, self.make, self.st, self.rate = side, make, settings, rate
-        self.max_factor = max_factor
-        self.seen: dict[int, dict] = {}
-        self.seen_early: dict[int, dict] = {}
-        from planner.search.plan import sizing_coster
+        from planner.search.plan import CountRuns, sizing_coster
         from planner.serving import run
 
+        self.side, self.max_factor = side, max_factor
         self.nominal = run.coster(side.dep)  # as predicted
         self.coster = sizing_coster(self.nominal, settings)  # as sized
+        self.runs = CountRuns(lambda n, p99_ms: make(rate / n, p99_ms), self._simulated,
+                              settings.num_requests, light=lambda n: light(rate / n, side),
+                              max_num_seqs=side.cfg.max_num_seqs)
+        self.floor = max(1, math.ceil(rate / side.rate_bound))  # fewer cannot serve it
+
+    def _simulated(self, reqs: list, window) -> dict:
+        from planner.serving.metrics import summary
+        from planner.serving.sim import simulate
+
+        return summary(simulate(reqs, self.coster, self.side.cfg), itl=False, window=window)
 
     def summary(self, n: int) -> dict:
-        """The steady state at ``n`` instances; sized, where the run's first requests were
-        simulated on their own, on the lifetime they show (``plan.steady_lifetime_s``)."""
-        if n not in self.seen:
-            from planner.serving.metrics import summary
-            from planner.serving.sim import simulate
-
-            early = self.seen_early.get(n)
-            reqs, window = self.make(self.rate / n,
-                                     None if early is None else early.get("p99_e2el_ms"))
-            self.seen[n] = summary(simulate(reqs, self.coster, self.side.cfg), itl=False,
-                                   window=window)
-        return self.seen[n]
-
-    def early(self, n: int) -> dict:
-        """The first ``num_requests`` requests alone, the run filling: a count that misses a
-        target there, less loaded than it will be, misses it in the steady state too; the
-        whole run where it is hardly longer."""
-        if n not in self.seen_early:
-            from planner.serving.metrics import summary
-            from planner.serving.sim import simulate
-
-            reqs, _ = self.make(self.rate / n, None)
-            if len(reqs) <= 2 * self.st.num_requests:  # hardly shorter: the whole run
-                self.seen_early[n] = self.summary(n)
-            else:
-                self.seen_early[n] = summary(simulate(reqs[:self.st.num_requests],
-                                                      self.coster, self.side.cfg), itl=False)
-        return self.seen_early[n]
+        """The steady state at ``n`` instances, over the targets' window (``settled``)."""
+        return self.runs.settled(n)
 
     def fewest(self, ok) -> int:
-        """The fewest instances whose simulation passes ``ok(summary)`` (0: none within
-        ``max_factor`` times the analytic bound): the run's first requests first, then its
-        steady state."""
-        from planner.search.plan import fewest_passing
+        """The fewest instances whose runs pass ``ok(summary)`` (0: none within
+        ``max_factor`` times the analytic bound)."""
+        return self.runs.fewest(ok, self.floor, self.max_factor)
 
-        floor = max(1, math.ceil(self.rate / self.side.rate_bound))
-        return fewest_passing(lambda n: ok(self.early(n)) and ok(self.summary(n)), floor,
-                              self.max_factor)
+
+def light(rate: float, side: Side) -> bool:
+    """Whether an instance at ``rate`` is loaded lightly enough for its window to be sized
+    on the lifetime its first requests show (``planner.search.plan.CAPPED_LOAD_FRAC``)."""
+    from planner.search.plan import CAPPED_LOAD_FRAC
+
+    return rate <= CAPPED_LOAD_FRAC * side.rate_bound
 
 
 def _served(s: dict) -> bool:
@@ -127,6 +112,7 @@ def search_disaggregated(model, gpus, *, prompt_tokens: int, output_tokens: int,
     from planner.search.plan import (
         SimSettings,
         cut_in_order,
+        filled,
         percentile_name,
         percentile_s,
         request_lifetime_s,
@@ -252,14 +238,17 @@ def search_disaggregated(model, gpus, *, prompt_tokens: int, output_tokens: int,
         if not n_p:
             return None
         # the pair simulated whole, grown by the side whose target it misses; a request lives
-        # through both sides, so its lifetime is bounded by the sum of what each side's first
-        # requests showed, where both were simulated alone
-        e_p, e_d = ps.seen_early.get(n_p), ds.seen_early.get(n_d)
-        both = None if e_p is None or e_d is None else \
+        # through both sides, so where both are loaded lightly its lifetime is bounded by the
+        # sum of what each side's first requests showed, where both were simulated alone;
+        # and where the pair's run filled nonetheless, again over the targets' window
+        # (``planner.search.plan.CountRuns``: a shorter window is noisier near capacity)
+        e_p, e_d = ps.runs.early_runs.get(n_p), ds.runs.early_runs.get(n_d)
+        both = None if e_p is None or e_d is None or not (
+            light(rate / n_p, p) and light(rate / n_d, d)) else \
             (e_p.get("p99_e2el_ms") or math.nan) + (e_d.get("p99_e2el_ms") or math.nan)
-        reqs, window = stream(rate, output_tokens, False, both)
+        streams = [stream(rate, output_tokens, False, both)]
 
-        def pair(n_p: int, n_d: int, pre, dec, p=p, d=d, reqs=reqs, window=window):
+        def pair(n_p: int, n_d: int, pre, dec, reqs, window, p=p, d=d):
             """The pair at these counts on these costers: (result, link, summary, the
             percentile's TTFT and TPOT)."""
             link = run.kv_link(p.dep, d.dep, prefill_instances=n_p, decode_instances=n_d)
@@ -271,22 +260,29 @@ def search_disaggregated(model, gpus, *, prompt_tokens: int, output_tokens: int,
             return res, link, s, percentile_s(s, "ttft", p_), \
                 percentile_s(s, "tpot", p_) or 0.0
 
-        for _ in range(max_adjust):
-            res, link, s, ttft, tpot = pair(n_p, n_d, ps.coster, ds.coster)
-            ttft_ok = _served(s) and ttft is not None and ttft * st.ttft_factor <= \
-                targets.ttft_s
-            tpot_ok = _served(s) and tpot * st.tpot_factor <= targets.tpot_s
-            if ttft_ok and tpot_ok:
-                break
-            if not tpot_ok:
-                n_d += 1
-            if not ttft_ok:
-                n_p += 1
-        else:
-            return None
+        adjust = max_adjust - 1  # pair runs after the first, growing a side each
+        for reqs, window in streams:
+            while True:
+                res, link, s, ttft, tpot = pair(n_p, n_d, ps.coster, ds.coster, reqs, window)
+                ttft_ok = _served(s) and ttft is not None and ttft * st.ttft_factor <= \
+                    targets.ttft_s
+                tpot_ok = _served(s) and tpot * st.tpot_factor <= targets.tpot_s
+                if ttft_ok and tpot_ok:
+                    break
+                if not adjust:
+                    return None
+                adjust -= 1
+                if not tpot_ok:
+                    n_d += 1
+                if not ttft_ok:
+                    n_p += 1
+            if len(streams) == 1 and filled(s, d.cfg.max_num_seqs * n_d):
+                full = stream(rate, output_tokens, False, None)
+                if (len(full[0]), full[1]) != (len(reqs), window):
+                    streams.append(full)
         high = s
         if not st.sizes_at_prediction:  # the figures shown are the predicted server's
-            res, link, s, ttft, tpot = pair(n_p, n_d, ps.nominal, ds.nominal)
+            res, link, s, ttft, tpot = pair(n_p, n_d, ps.nominal, ds.nominal, reqs, window)
         usd = n_p * p.gpus * p.price + n_d * d.gpus * d.price
         x = transfer_figures(res)
         name = percentile_name(p_)

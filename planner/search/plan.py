@@ -170,12 +170,14 @@ MAX_SIZING_REQUESTS = 5_000
 # targets (a batch job's 60 s TTFT) the replica's requests live far less, and a window of
 # two target lifetimes simulated thousands of requests for every count tried (up to
 # MAX_SIZING_REQUESTS; 2,220 at 5 requests a second, 111 s a lifetime). Where the run's first
-# requests were simulated on their own (``replicas_needed``), its lifetime is at most this
-# many times their p99 end-to-end latency: those requests see a server still filling, so the
-# margin covers a steady state that lives longer. A replica more than 10% over its capacity
-# fails the window's keep-up rule (``planner.serving.metrics.keeps_up``) whatever its length;
-# a smaller overload shows only as TTFT growing through the window, which a shorter window
-# sees less of (docs/plan.md puts a figure on it).
+# requests were simulated on their own and the replica is loaded lightly (``CountRuns``), its
+# lifetime is at most this many times their p99 end-to-end latency: those requests see a
+# server still filling, so the margin covers a steady state that lives longer. A replica more
+# than 10% over its capacity fails the window's keep-up rule
+# (``planner.serving.metrics.keeps_up``) whatever its length; a smaller overload shows only as
+# TTFT growing through the window, which a shorter window sees less of (docs/plan.md puts a
+# figure on it); and near capacity a shorter window's noisier count can pass a replica the
+# targets' window fails (``CAPPED_LOAD_FRAC``).
 OBSERVED_LIFETIMES = 4.0
 
 
@@ -300,6 +302,100 @@ def _percentile_ok(summary: dict, targets: Targets, settings: SimSettings) -> bo
             and (tpot is None or tpot * settings.tpot_factor <= targets.tpot_s * 1e3))
 
 
+# The lifetime cap (``steady_lifetime_s``) shortens a replica's window, so the window holds
+# fewer arrivals, whose count is noisier, and less time for a queue to grow: near its capacity
+# a replica can pass a short window and fail the targets' (Llama-3.1-8B on an H100 at 25
+# requests a second, 60 s TTFT and 200 ms TPOT, 1,024 in and 256 out: its capped window
+# finished requests at 0.904 of the 24.0 a second that arrived in it and passed, where the
+# targets' window holds its 21.7 a second against 25 and fails it; 4 replicas for 100 requests
+# a second, not 5). So the cap is taken only for a replica loaded to at most this share of the
+# analytic bound on its rate (sustained rates come out at 60-90% of that bound:
+# ``fewest_passing``), and a count it passes is sized again over the targets' window where its
+# run filled nonetheless (``filled``).
+CAPPED_LOAD_FRAC = 0.5
+
+
+def filled(s: dict, max_num_seqs: int | None) -> bool:
+    """Whether a run's replica filled at some point: its batch at ``max_num_seqs``, its KV
+    pool at 90% reserved or more, or a request preempted for room (its capacity, not its
+    traffic, set its pace there)."""
+    return bool(s.get("preemptions")) or (s.get("kv_cache_reserved_frac_peak") or 0) >= 0.9 \
+        or (max_num_seqs is not None and (s.get("max_running_requests") or 0) >= max_num_seqs)
+
+
+class CountRuns:
+    """One replica's simulations at each count n of replicas (or one disaggregated side's at
+    n instances), cached by count, as ``plan`` sizes them.
+
+    - ``early(n)``: the run's first ``num_requests`` requests alone, the server filling. A
+      count that misses a target there, less loaded than it will be, misses it in its steady
+      state too, and a short run finds that out; where the whole run is hardly longer (at
+      most twice as many requests), the whole run.
+    - ``steady(n)``: the whole run, measured over its steady-state window; where ``light(n)``
+      (a load of at most ``CAPPED_LOAD_FRAC`` of the analytic bound on its rate), sized on
+      the lifetime the early run shows where that is shorter than the targets'
+      (``steady_lifetime_s``).
+    - ``settled(n)``: ``steady(n)``, or the whole run over the targets' window where the
+      steady run's window was capped and its replica ``filled`` nonetheless. The count found
+      passes it too, or the next count that does is taken.
+
+    ``stream(n, p99_ms)``: n's requests (the share of the rate one of n takes) and the
+    window measured, the lifetime capped by ``p99_ms`` (None: not capped); a stream's first
+    requests are a shorter stream's (``planner.serving.traffic.synthetic`` draws each
+    request in turn). ``simulate(requests, window)``: a run's summary."""
+
+    def __init__(self, stream, simulate, num_requests: int, *, light=lambda n: True,
+                 max_num_seqs: int | None = None):
+        self.stream, self.simulate, self.num_requests = stream, simulate, num_requests
+        self.light, self.max_num_seqs = light, max_num_seqs
+        self.early_runs: dict[int, dict] = {}
+        self.steady_runs: dict[int, dict] = {}
+        self.settled_runs: dict[int, dict] = {}
+
+    def early_p99_ms(self, n: int) -> float | None:
+        """The p99 end-to-end latency that caps n's window: its early run's, where that was
+        simulated and n is ``light``."""
+        e = self.early_runs.get(n)
+        return None if e is None or not self.light(n) else e.get("p99_e2el_ms")
+
+    def steady(self, n: int) -> dict:
+        if n not in self.steady_runs:
+            self.steady_runs[n] = self.simulate(*self.stream(n, self.early_p99_ms(n)))
+        return self.steady_runs[n]
+
+    def early(self, n: int) -> dict:
+        if n not in self.early_runs:
+            reqs, _ = self.stream(n, None)
+            self.early_runs[n] = self.steady(n) if len(reqs) <= 2 * self.num_requests else \
+                self.simulate(reqs[:self.num_requests], None)
+        return self.early_runs[n]
+
+    def settled_stream(self, n: int) -> tuple[list, tuple[float, float] | None]:
+        """n's requests and window as ``settled(n)`` simulates them."""
+        p99_ms = self.early_p99_ms(n)
+        if p99_ms is not None and filled(self.steady(n), self.max_num_seqs):
+            p99_ms = None
+        return self.stream(n, p99_ms)
+
+    def settled(self, n: int) -> dict:
+        if n not in self.settled_runs:
+            reqs, window = self.settled_stream(n)
+            capped, capped_window = self.stream(n, self.early_p99_ms(n))
+            self.settled_runs[n] = self.steady(n) if (len(reqs), window) == \
+                (len(capped), capped_window) else self.simulate(reqs, window)
+        return self.settled_runs[n]
+
+    def fewest(self, ok, floor: int, max_factor: int = 64) -> int:
+        """The fewest counts from ``floor`` whose early run and then steady state pass
+        ``ok(summary)`` (``fewest_passing``), and then the first from it whose settled run
+        does; 0 where none up to ``max_factor`` x ``floor`` does."""
+        n = fewest_passing(lambda k: ok(self.early(k)) and ok(self.steady(k)), floor,
+                           max_factor)
+        while n and not ok(self.settled(n)):
+            n = n + 1 if n < max_factor * floor else 0
+        return n
+
+
 def replicas_needed(dep: Deployment, *, prompt_tokens: int, output_tokens: int,
                     targets: Targets, settings: SimSettings, upper_rate: float,
                     max_factor: int = 64, speculation=None) -> tuple[int, dict | None]:
@@ -307,50 +403,40 @@ def replicas_needed(dep: Deployment, *, prompt_tokens: int, output_tokens: int,
     ``settings.percentile`` TTFT and TPOT within the targets: each replica simulated with
     Poisson traffic at its share of the rate (its steps slowed by ``settings.step_factor``).
     Starts from the analytic bound (no fewer replicas can do) and searches upward, doubling
-    then bisecting: a few simulations per configuration. (0, None) when even ``max_factor``
-    times the bound cannot. The summary is of the predicted replica at that count; sized at
-    slower steps, it carries the figures it was sized at under ``"sized_at"``.
-    ``speculation``: what ``planner.serving.run.speculation_serving`` returns, or None."""
+    then bisecting: a few simulations per configuration, each count's early run first
+    (``CountRuns``). (0, None) when even ``max_factor`` times the bound cannot. The summary
+    is of the predicted replica at that count; sized at slower steps, it carries the figures
+    it was sized at under ``"sized_at"``. ``speculation``: what
+    ``planner.serving.run.speculation_serving`` returns, or None."""
     from planner.serving import run
     from planner.serving.metrics import summary
     from planner.serving.traffic import synthetic
 
     coster, cfg = run.coster(dep), run.scheduler(dep, mode=settings.performance_mode)
     sizing = sizing_coster(coster, settings)
-    seen: dict[int, dict] = {}
     life = request_lifetime_s(targets, output_tokens)
-    lives: dict[int, float] = {}  # count -> the lifetime its window is sized on, where shorter
 
-    def simulated(n: int, c, steady: bool = True) -> dict:
+    def stream(n: int, p99_ms: float | None) -> tuple[list, tuple[float, float] | None]:
         rate = targets.requests_per_s / n
-        count, window = sizing_requests(rate, lives.get(n, life), settings) if steady else \
-            (settings.num_requests, None)
-        reqs = synthetic(count, prompt_tokens=prompt_tokens, output_tokens=output_tokens,
+        count, window = sizing_requests(rate, steady_lifetime_s(life, p99_ms), settings)
+        return synthetic(count, prompt_tokens=prompt_tokens, output_tokens=output_tokens,
                          range_ratio=settings.range_ratio, request_rate=rate,
-                         seed=settings.seed)
+                         seed=settings.seed), window
+
+    def simulated(reqs: list, window, c=sizing) -> dict:
         return summary(run.run(dep, reqs, cfg, step_coster=c, speculation=speculation),
                        itl=False, window=window)
 
-    def ok(n: int) -> bool:
-        if n not in seen:
-            # the run's first requests first, where the whole run is much longer: a replica
-            # that misses the targets while it fills, less loaded than it will be, misses them
-            # in its steady state too, and costs a short run to find out
-            count, _ = sizing_requests(targets.requests_per_s / n, life, settings)
-            early = simulated(n, sizing, steady=False) \
-                if count > 2 * settings.num_requests else None
-            if early is not None and _percentile_ok(early, targets, settings):
-                lives[n] = steady_lifetime_s(life, early.get("p99_e2el_ms"))
-            seen[n] = simulated(n, sizing) if early is None or n in lives else early
-        return _percentile_ok(seen[n], targets, settings)
-
+    runs = CountRuns(stream, simulated, settings.num_requests,
+                     light=lambda n: targets.requests_per_s / n <= CAPPED_LOAD_FRAC * upper_rate,
+                     max_num_seqs=cfg.max_num_seqs)
     floor = max(1, math.ceil(targets.requests_per_s / upper_rate))  # fewer cannot serve it
-    n = fewest_passing(ok, floor, max_factor)
+    n = runs.fewest(lambda s: _percentile_ok(s, targets, settings), floor, max_factor)
     if not n:
         return 0, None
     if sizing is coster:
-        return n, seen[n]
-    return n, {**simulated(n, coster), "sized_at": seen[n]}
+        return n, runs.settled(n)
+    return n, {**simulated(*runs.settled_stream(n), coster), "sized_at": runs.settled(n)}
 
 
 def fewest_passing(ok, floor: int, max_factor: int = 64) -> int:
