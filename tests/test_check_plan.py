@@ -699,19 +699,50 @@ def test_loose_targets_size_a_disaggregated_pair_on_the_lifetimes_its_sides_show
     assert short["p90_tpot_s"] == pytest.approx(long["p90_tpot_s"], rel=0.05)
 
 
+@pytest.mark.parametrize("size_at", ["predicted", "high"])
+@pytest.mark.parametrize("which", ["sides", "pair"])
 def test_a_filled_disaggregated_run_is_sized_again_over_the_targets_window(run_json,
-                                                                          monkeypatch):
-    """Where each side's run and the pair's filled (``plan.filled`` made to say so), each is
-    sized again over the targets' window: the row is the one the targets' lifetime alone
-    gives, its run of 2,220 requests and its figures the same to the digit."""
+                                                                          monkeypatch,
+                                                                          size_at, which):
+    """Where the sides' runs filled (``plan.filled`` made to say so: each side is sized
+    again over the targets' window, and the pair is not capped), or only the pair's
+    (``_pair_filled``: it is simulated again over the targets' window), the row is the one
+    the targets' lifetime alone gives, its run of 2,220 requests and its figures the same to
+    the digit; sized at the bands' slow end too, where the predicted pair is re-run on the
+    window it was sized on."""
+    import planner.search.disagg as disagg
     import planner.search.plan as plan
 
     args = ("plan", "-m", "llama-3.1-8b", "-g", "h100-sxm", "--tp", "1", "--weights", "bf16",
             "--kv-cache", "16", "--ttft", "60s", "--tpot", "200ms", "--rps", "5",
-            "--disaggregated", "only", "--top", "1", "-j", "1")
-    monkeypatch.setattr(plan, "filled", lambda s, max_num_seqs: True)
+            "--disaggregated", "only", "--top", "1", "-j", "1", "--size-at", size_at)
+    if which == "sides":
+        monkeypatch.setattr(plan, "filled", lambda s, max_num_seqs: True)
+    else:
+        monkeypatch.setattr(disagg, "_pair_filled", lambda res, p_cfg, d_cfg: True)
     refilled = run_json(*args)[0]
     monkeypatch.setattr(plan, "OBSERVED_LIFETIMES", math.inf)
     long = run_json(*args)[0]
     assert refilled["simulated_requests"] == 2220
     assert refilled == long
+
+
+def test_a_short_run_is_not_capped_and_its_nominal_rerun_matches_it():
+    """Where a count's whole run is hardly longer than its first requests (at most twice
+    ``--sim-requests``), the whole run is its early run and nothing caps its window: sized
+    at the band's slow end, the predicted replica is re-run on the same requests and window
+    as the run it was sized on (10 s TTFT, 100 ms TPOT, 1 request a second: 271 requests,
+    arrivals measured over 35.5-235.5 s; the cap had taken the nominal re-run's lifetime from
+    that whole run, 218 requests over 8.5-208.5 s)."""
+    import planner.search.plan as plan
+    from planner.layouts.deployment import Deployment
+
+    dep = Deployment.build(catalog.load_model("llama-3.1-8b"),
+                           catalog.load_hardware("h100-sxm"), engine=catalog.load_engine("vllm"))
+    n, s = plan.replicas_needed(dep, prompt_tokens=1024, output_tokens=256,
+                                targets=plan.Targets(10.0, 0.1, 1.0), upper_rate=1e9,
+                                settings=plan.SimSettings(step_factor=1.2))
+    high = s["sized_at"]
+    assert n == 1 and s["arrived"] == high["arrived"] == 271
+    assert (s["measured_from_s"], s["measured_to_s"]) == \
+        (high["measured_from_s"], high["measured_to_s"]) == pytest.approx((35.5, 235.5))

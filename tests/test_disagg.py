@@ -342,3 +342,27 @@ def test_a_side_or_pair_that_does_not_keep_up_does_not_pass():
     assert _served({"completed": 300})  # the run's first requests alone: no window
     assert not _served({"completed": 300, "failed": 2})
     assert not _served({"completed": 0})
+
+
+def test_a_pair_filled_where_any_one_instance_did():
+    """The pair is sized again over the targets' window where any one instance filled: a
+    preemption, its batch at its engine's max-num-seqs, or its KV pool 90% reserved; each
+    instance on its own, the prefill side's included (the pair's summary sums its decode
+    instances and leaves the prefill instances' batches out)."""
+    from types import SimpleNamespace as NS
+
+    from planner.search.disagg import _pair_filled
+
+    def inst(running=10, kv=0.5, pre=0):
+        return NS(preemptions=pre, max_running=running, peak_kv_reserved_tokens=kv * 1000,
+                  kv_capacity_tokens=1000)
+
+    p_cfg, d_cfg = NS(max_num_seqs=64), NS(max_num_seqs=256)
+    calm = NS(prefill=[inst(), inst()], decode=[inst(), inst()])
+    assert not _pair_filled(calm, p_cfg, d_cfg)
+    # one decode instance of two at its batch: the summed peak (266 of 512) would not say so
+    assert _pair_filled(NS(prefill=calm.prefill, decode=[inst(256), inst()]), p_cfg, d_cfg)
+    assert _pair_filled(NS(prefill=[inst(64), inst()], decode=calm.decode), p_cfg, d_cfg)
+    assert not _pair_filled(NS(prefill=[inst(63), inst()], decode=calm.decode), p_cfg, d_cfg)
+    assert _pair_filled(NS(prefill=calm.prefill, decode=[inst(kv=0.9), inst()]), p_cfg, d_cfg)
+    assert _pair_filled(NS(prefill=[inst(pre=1)], decode=calm.decode), p_cfg, d_cfg)

@@ -238,14 +238,15 @@ def search_disaggregated(model, gpus, *, prompt_tokens: int, output_tokens: int,
         if not n_p:
             return None
         # the pair simulated whole, grown by the side whose target it misses; a request lives
-        # through both sides, so where both are loaded lightly its lifetime is bounded by the
-        # sum of what each side's first requests showed, where both were simulated alone;
-        # and where the pair's run filled nonetheless, again over the targets' window
-        # (``planner.search.plan.CountRuns``: a shorter window is noisier near capacity)
-        e_p, e_d = ps.runs.early_runs.get(n_p), ds.runs.early_runs.get(n_d)
-        both = None if e_p is None or e_d is None or not (
-            light(rate / n_p, p) and light(rate / n_d, d)) else \
-            (e_p.get("p99_e2el_ms") or math.nan) + (e_d.get("p99_e2el_ms") or math.nan)
+        # through both sides, so where both are loaded lightly and neither side's run filled,
+        # its lifetime is bounded by the sum of what each side's first requests showed; and
+        # where an instance of the pair filled nonetheless, it is simulated again over the
+        # targets' window (``planner.search.plan.CountRuns``: a shorter window is noisier
+        # near capacity)
+        o_p, o_d = ps.runs.observed_p99_ms(n_p), ds.runs.observed_p99_ms(n_d)
+        both = o_p + o_d if o_p and o_d and light(rate / n_p, p) and light(rate / n_d, d) \
+            and not filled(ps.summary(n_p), p.cfg.max_num_seqs) \
+            and not filled(ds.summary(n_d), d.cfg.max_num_seqs) else None
         streams = [stream(rate, output_tokens, False, both)]
 
         def pair(n_p: int, n_d: int, pre, dec, reqs, window, p=p, d=d):
@@ -260,7 +261,7 @@ def search_disaggregated(model, gpus, *, prompt_tokens: int, output_tokens: int,
             return res, link, s, percentile_s(s, "ttft", p_), \
                 percentile_s(s, "tpot", p_) or 0.0
 
-        adjust = max_adjust - 1  # pair runs after the first, growing a side each
+        adjust = max_adjust - 1  # pair runs that grow a side, after each stream's first
         for reqs, window in streams:
             while True:
                 res, link, s, ttft, tpot = pair(n_p, n_d, ps.coster, ds.coster, reqs, window)
@@ -269,14 +270,14 @@ def search_disaggregated(model, gpus, *, prompt_tokens: int, output_tokens: int,
                 tpot_ok = _served(s) and tpot * st.tpot_factor <= targets.tpot_s
                 if ttft_ok and tpot_ok:
                     break
-                if not adjust:
+                if adjust <= 0:
                     return None
                 adjust -= 1
                 if not tpot_ok:
                     n_d += 1
                 if not ttft_ok:
                     n_p += 1
-            if len(streams) == 1 and filled(s, d.cfg.max_num_seqs * n_d):
+            if len(streams) == 1 and _pair_filled(res, p.cfg, d.cfg):
                 full = stream(rate, output_tokens, False, None)
                 if (len(full[0]), full[1]) != (len(reqs), window):
                     streams.append(full)
@@ -321,6 +322,18 @@ def search_disaggregated(model, gpus, *, prompt_tokens: int, output_tokens: int,
     if len(out):
         out = out.sort_values(["usd_per_hour", "total_gpus"]).reset_index(drop=True)
     return out
+
+
+def _pair_filled(res, prefill_cfg, decode_cfg) -> bool:
+    """Whether any instance of a disaggregated run filled, each on its own
+    (``planner.search.plan.filled``'s rule: the pair's summary sums its decode instances and
+    leaves its prefill instances' batches out)."""
+    from planner.search.plan import FILLED_KV_FRAC
+
+    return any(r.preemptions or r.max_running >= cfg.max_num_seqs
+               or r.peak_kv_reserved_tokens >= FILLED_KV_FRAC * r.kv_capacity_tokens
+               for rs, cfg in ((res.prefill, prefill_cfg), (res.decode, decode_cfg))
+               for r in rs)
 
 
 def _kv_bytes(dep: Deployment) -> float:

@@ -313,13 +313,15 @@ def _percentile_ok(summary: dict, targets: Targets, settings: SimSettings) -> bo
 # ``fewest_passing``), and a count it passes is sized again over the targets' window where its
 # run filled nonetheless (``filled``).
 CAPPED_LOAD_FRAC = 0.5
+FILLED_KV_FRAC = 0.9  # a KV pool this reserved at its peak had filled
 
 
 def filled(s: dict, max_num_seqs: int | None) -> bool:
     """Whether a run's replica filled at some point: its batch at ``max_num_seqs``, its KV
-    pool at 90% reserved or more, or a request preempted for room (its capacity, not its
-    traffic, set its pace there)."""
-    return bool(s.get("preemptions")) or (s.get("kv_cache_reserved_frac_peak") or 0) >= 0.9 \
+    pool at ``FILLED_KV_FRAC`` reserved or more, or a request preempted for room (its
+    capacity, not its traffic, set its pace there)."""
+    return bool(s.get("preemptions")) or \
+        (s.get("kv_cache_reserved_frac_peak") or 0) >= FILLED_KV_FRAC \
         or (max_num_seqs is not None and (s.get("max_running_requests") or 0) >= max_num_seqs)
 
 
@@ -348,15 +350,22 @@ class CountRuns:
                  max_num_seqs: int | None = None):
         self.stream, self.simulate, self.num_requests = stream, simulate, num_requests
         self.light, self.max_num_seqs = light, max_num_seqs
-        self.early_runs: dict[int, dict] = {}
+        self.early_runs: dict[int, dict] = {}  # n -> its early run, where simulated alone
+        self.whole: set[int] = set()  # counts whose whole run is their early run
         self.steady_runs: dict[int, dict] = {}
         self.settled_runs: dict[int, dict] = {}
 
     def early_p99_ms(self, n: int) -> float | None:
         """The p99 end-to-end latency that caps n's window: its early run's, where that was
-        simulated and n is ``light``."""
+        simulated alone and n is ``light``."""
         e = self.early_runs.get(n)
         return None if e is None or not self.light(n) else e.get("p99_e2el_ms")
+
+    def observed_p99_ms(self, n: int) -> float | None:
+        """The p99 end-to-end latency n's first requests showed: its early run's, or its
+        whole run's where that is its early run; None where neither was simulated."""
+        e = self.early_runs.get(n) or (self.steady_runs.get(n) if n in self.whole else None)
+        return None if e is None else e.get("p99_e2el_ms")
 
     def steady(self, n: int) -> dict:
         if n not in self.steady_runs:
@@ -364,11 +373,13 @@ class CountRuns:
         return self.steady_runs[n]
 
     def early(self, n: int) -> dict:
-        if n not in self.early_runs:
+        if n not in self.early_runs and n not in self.whole:
             reqs, _ = self.stream(n, None)
-            self.early_runs[n] = self.steady(n) if len(reqs) <= 2 * self.num_requests else \
-                self.simulate(reqs[:self.num_requests], None)
-        return self.early_runs[n]
+            if len(reqs) <= 2 * self.num_requests:
+                self.whole.add(n)
+            else:
+                self.early_runs[n] = self.simulate(reqs[:self.num_requests], None)
+        return self.steady(n) if n in self.whole else self.early_runs[n]
 
     def settled_stream(self, n: int) -> tuple[list, tuple[float, float] | None]:
         """n's requests and window as ``settled(n)`` simulates them."""
