@@ -746,3 +746,19 @@ def test_a_short_run_is_not_capped_and_its_nominal_rerun_matches_it():
     assert n == 1 and s["arrived"] == high["arrived"] == 271
     assert (s["measured_from_s"], s["measured_to_s"]) == \
         (high["measured_from_s"], high["measured_to_s"]) == pytest.approx((35.5, 235.5))
+
+
+def test_an_early_run_of_a_few_requests_caps_no_window(run_json):
+    """With ``--sim-requests 1`` a request's p99 lifetime is its own, and a window sized on it
+    held a handful of arrivals, whose keep-up share was chance: a disaggregated pair for 5
+    requests a second came out as 19 prefill instances and 1 decode. Under
+    CAPPED_MIN_REQUESTS (100) the targets' window is kept: one of each, 2,220 requests."""
+    import planner.search.plan as plan
+
+    assert plan.CAPPED_MIN_REQUESTS == 100
+    row = run_json("plan", "-m", "llama-3.1-8b", "-g", "h100-sxm", "--tp", "1", "--weights",
+                   "bf16", "--kv-cache", "16", "--ttft", "60s", "--tpot", "200ms", "--rps",
+                   "5", "--sim-requests", "1", "--disaggregated", "only", "--top", "1",
+                   "-j", "1")[0]
+    assert (row["prefill_instances"], row["decode_instances"]) == (1, 1)
+    assert row["simulated_requests"] == 2220

@@ -313,6 +313,11 @@ def _percentile_ok(summary: dict, targets: Targets, settings: SimSettings) -> bo
 # ``fewest_passing``), and a count it passes is sized again over the targets' window where its
 # run filled nonetheless (``filled``).
 CAPPED_LOAD_FRAC = 0.5
+# ... and only where the early run holds this many requests at least (``--sim-requests``):
+# the p99 of a few requests is their longest, and a window sized on it can hold a handful of
+# arrivals, whose keep-up share is chance (``--sim-requests 1`` had sized a disaggregated
+# pair for Llama-3.1-8B at 5 requests a second as 19 prefill instances and 1 decode)
+CAPPED_MIN_REQUESTS = 100
 FILLED_KV_FRAC = 0.9  # a KV pool this reserved at its peak had filled
 
 
@@ -357,15 +362,18 @@ class CountRuns:
 
     def early_p99_ms(self, n: int) -> float | None:
         """The p99 end-to-end latency that caps n's window: its early run's, where that was
-        simulated alone and n is ``light``."""
+        simulated alone, holds ``CAPPED_MIN_REQUESTS`` at least, and n is ``light``."""
         e = self.early_runs.get(n)
-        return None if e is None or not self.light(n) else e.get("p99_e2el_ms")
+        return None if e is None or self.num_requests < CAPPED_MIN_REQUESTS or \
+            not self.light(n) else e.get("p99_e2el_ms")
 
     def observed_p99_ms(self, n: int) -> float | None:
         """The p99 end-to-end latency n's first requests showed: its early run's, or its
-        whole run's where that is its early run; None where neither was simulated."""
+        whole run's where that is its early run; None where neither was simulated, or the
+        early run holds fewer than ``CAPPED_MIN_REQUESTS``."""
         e = self.early_runs.get(n) or (self.steady_runs.get(n) if n in self.whole else None)
-        return None if e is None else e.get("p99_e2el_ms")
+        return None if e is None or self.num_requests < CAPPED_MIN_REQUESTS else \
+            e.get("p99_e2el_ms")
 
     def steady(self, n: int) -> dict:
         if n not in self.steady_runs:
