@@ -143,8 +143,9 @@ def _served(d, dep, held: str):
     ``num_requests`` requests arrive once the replica has filled (one request lifetime after
     the start) and one lifetime before the stream ends, over two lifetimes at least. The
     lifetime is that of a request meeting the time limits (``served_lifetime_s``; ``plan``
-    caps it by what its first requests show, ``steady_lifetime_s``, and a budget does not,
-    so under limits far looser than the replica's latencies the two windows differ); where
+    caps it, for a lightly loaded replica, by what its first requests show
+    (``steady_lifetime_s``, ``CountRuns``), and a budget does not, so under limits far
+    looser than the replica's latencies the two windows differ); where
     they set none (a throughput limit, or a TTFT limit alone), the end-to-end latency at the
     traffic's percentile of a first run of ``num_requests`` from an empty server."""
     from planner.cli.simulate import request_stream

@@ -132,8 +132,9 @@ class BudgetTraffic(_Strict):
     the median). ``measure``: ``steady`` (the default) holds the times of at least
     ``num_requests`` requests arriving once the replica has filled and before the stream
     ends, as ``plan`` sizes a replica (``planner.search.plan.sizing_requests``, on the
-    limits' request lifetime, which ``plan`` caps where its first requests live far less);
-    ``all`` holds those of a run of ``num_requests`` from an empty server, ramp-up included."""
+    limits' request lifetime, which ``plan`` caps for a lightly loaded replica whose first
+    requests live far less); ``all`` holds those of a run of ``num_requests`` from an empty
+    server, ramp-up included."""
 
     request_rate: float = Field(gt=0, le=1e9)  # requests a second, all replicas together
     replicas: int = Field(1, gt=0, le=MAX_COUNT)

@@ -56,7 +56,7 @@ class _Sizer:
         self.nominal = run.coster(side.dep)  # as predicted
         self.coster = sizing_coster(self.nominal, settings)  # as sized
         self.runs = CountRuns(lambda n, p99_ms: make(rate / n, p99_ms), self._simulated,
-                              settings.num_requests, light=lambda n: light(rate / n, side),
+                              settings.num_requests, rate=rate, rate_bound=side.rate_bound,
                               max_num_seqs=side.cfg.max_num_seqs)
         self.floor = max(1, math.ceil(rate / side.rate_bound))  # fewer cannot serve it
 
@@ -74,14 +74,6 @@ class _Sizer:
         """The fewest instances whose runs pass ``ok(summary)`` (0: none within
         ``max_factor`` times the analytic bound)."""
         return self.runs.fewest(ok, self.floor, self.max_factor)
-
-
-def light(rate: float, side: Side) -> bool:
-    """Whether an instance at ``rate`` is loaded lightly enough for its window to be sized
-    on the lifetime its first requests show (``planner.search.plan.CAPPED_LOAD_FRAC``)."""
-    from planner.search.plan import CAPPED_LOAD_FRAC
-
-    return rate <= CAPPED_LOAD_FRAC * side.rate_bound
 
 
 def _served(s: dict) -> bool:
@@ -113,6 +105,7 @@ def search_disaggregated(model, gpus, *, prompt_tokens: int, output_tokens: int,
         SimSettings,
         cut_in_order,
         filled,
+        light,
         percentile_name,
         percentile_s,
         request_lifetime_s,
@@ -244,7 +237,8 @@ def search_disaggregated(model, gpus, *, prompt_tokens: int, output_tokens: int,
         # targets' window (``planner.search.plan.CountRuns``: a shorter window is noisier
         # near capacity)
         o_p, o_d = ps.runs.observed_p99_ms(n_p), ds.runs.observed_p99_ms(n_d)
-        both = o_p + o_d if o_p and o_d and light(rate / n_p, p) and light(rate / n_d, d) \
+        both = o_p + o_d if o_p and o_d and light(rate / n_p, p.rate_bound) \
+            and light(rate / n_d, d.rate_bound) \
             and not filled(ps.summary(n_p), p.cfg.max_num_seqs) \
             and not filled(ds.summary(n_d), d.cfg.max_num_seqs) else None
         streams = [stream(rate, output_tokens, False, both)]
@@ -326,12 +320,13 @@ def search_disaggregated(model, gpus, *, prompt_tokens: int, output_tokens: int,
 
 def _pair_filled(res, prefill_cfg, decode_cfg) -> bool:
     """Whether any instance of a disaggregated run filled, each on its own
-    (``planner.search.plan.filled``'s rule: the pair's summary sums its decode instances and
+    (``planner.search.plan.filled_at``: the pair's summary sums its decode instances and
     leaves its prefill instances' batches out)."""
-    from planner.search.plan import FILLED_KV_FRAC
+    from planner.search.plan import filled_at
 
-    return any(r.preemptions or r.max_running >= cfg.max_num_seqs
-               or r.peak_kv_reserved_tokens >= FILLED_KV_FRAC * r.kv_capacity_tokens
+    return any(filled_at(r.preemptions, r.peak_kv_reserved_tokens / r.kv_capacity_tokens
+                         if r.kv_capacity_tokens else math.inf, r.max_running,
+                         cfg.max_num_seqs)
                for rs, cfg in ((res.prefill, prefill_cfg), (res.decode, decode_cfg))
                for r in rs)
 

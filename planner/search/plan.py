@@ -321,13 +321,26 @@ CAPPED_MIN_REQUESTS = 100
 FILLED_KV_FRAC = 0.9  # a KV pool this reserved at its peak had filled
 
 
-def filled(s: dict, max_num_seqs: int | None) -> bool:
-    """Whether a run's replica filled at some point: its batch at ``max_num_seqs``, its KV
-    pool at ``FILLED_KV_FRAC`` reserved or more, or a request preempted for room (its
+def light(rate: float, rate_bound: float) -> bool:
+    """Whether a replica (or an instance) at ``rate`` is loaded to at most
+    ``CAPPED_LOAD_FRAC`` of the analytic bound on its rate: lightly enough for its window to
+    be sized on the lifetime its first requests show."""
+    return rate <= CAPPED_LOAD_FRAC * rate_bound
+
+
+def filled_at(preemptions: int, kv_reserved_peak_frac: float, max_running: int,
+              max_num_seqs: int | None) -> bool:
+    """Whether a server filled at some point: a request preempted for room, its KV pool at
+    ``FILLED_KV_FRAC`` reserved or more at its peak, or its batch at ``max_num_seqs`` (its
     capacity, not its traffic, set its pace there)."""
-    return bool(s.get("preemptions")) or \
-        (s.get("kv_cache_reserved_frac_peak") or 0) >= FILLED_KV_FRAC \
-        or (max_num_seqs is not None and (s.get("max_running_requests") or 0) >= max_num_seqs)
+    return bool(preemptions) or kv_reserved_peak_frac >= FILLED_KV_FRAC \
+        or (max_num_seqs is not None and max_running >= max_num_seqs)
+
+
+def filled(s: dict, max_num_seqs: int | None) -> bool:
+    """``filled_at`` for a run's summary."""
+    return filled_at(s.get("preemptions"), s.get("kv_cache_reserved_frac_peak") or 0,
+                     s.get("max_running_requests") or 0, max_num_seqs)
 
 
 class CountRuns:
@@ -338,9 +351,9 @@ class CountRuns:
       count that misses a target there, less loaded than it will be, misses it in its steady
       state too, and a short run finds that out; where the whole run is hardly longer (at
       most twice as many requests), the whole run.
-    - ``steady(n)``: the whole run, measured over its steady-state window; where ``light(n)``
-      (a load of at most ``CAPPED_LOAD_FRAC`` of the analytic bound on its rate), sized on
-      the lifetime the early run shows where that is shorter than the targets'
+    - ``steady(n)``: the whole run, measured over its steady-state window; where one of n
+      is ``light`` (``rate`` / n against ``rate_bound``, the analytic bound on one's rate),
+      sized on the lifetime the early run shows where that is shorter than the targets'
       (``steady_lifetime_s``).
     - ``settled(n)``: ``steady(n)``, or the whole run over the targets' window where the
       steady run's window was capped and its replica ``filled`` nonetheless. The count found
@@ -351,10 +364,10 @@ class CountRuns:
     requests are a shorter stream's (``planner.serving.traffic.synthetic`` draws each
     request in turn). ``simulate(requests, window)``: a run's summary."""
 
-    def __init__(self, stream, simulate, num_requests: int, *, light=lambda n: True,
-                 max_num_seqs: int | None = None):
+    def __init__(self, stream, simulate, num_requests: int, *, rate: float,
+                 rate_bound: float = math.inf, max_num_seqs: int | None = None):
         self.stream, self.simulate, self.num_requests = stream, simulate, num_requests
-        self.light, self.max_num_seqs = light, max_num_seqs
+        self.rate, self.rate_bound, self.max_num_seqs = rate, rate_bound, max_num_seqs
         self.early_runs: dict[int, dict] = {}  # n -> its early run, where simulated alone
         self.whole: set[int] = set()  # counts whose whole run is their early run
         self.steady_runs: dict[int, dict] = {}
@@ -362,10 +375,10 @@ class CountRuns:
 
     def early_p99_ms(self, n: int) -> float | None:
         """The p99 end-to-end latency that caps n's window: its early run's, where that was
-        simulated alone, holds ``CAPPED_MIN_REQUESTS`` at least, and n is ``light``."""
+        simulated alone, holds ``CAPPED_MIN_REQUESTS`` at least, and one of n is ``light``."""
         e = self.early_runs.get(n)
         return None if e is None or self.num_requests < CAPPED_MIN_REQUESTS or \
-            not self.light(n) else e.get("p99_e2el_ms")
+            not light(self.rate / n, self.rate_bound) else e.get("p99_e2el_ms")
 
     def observed_p99_ms(self, n: int) -> float | None:
         """The p99 end-to-end latency n's first requests showed: its early run's, or its
@@ -447,7 +460,7 @@ def replicas_needed(dep: Deployment, *, prompt_tokens: int, output_tokens: int,
                        itl=False, window=window)
 
     runs = CountRuns(stream, simulated, settings.num_requests,
-                     light=lambda n: targets.requests_per_s / n <= CAPPED_LOAD_FRAC * upper_rate,
+                     rate=targets.requests_per_s, rate_bound=upper_rate,
                      max_num_seqs=cfg.max_num_seqs)
     floor = max(1, math.ceil(targets.requests_per_s / upper_rate))  # fewer cannot serve it
     n = runs.fewest(lambda s: _percentile_ok(s, targets, settings), floor, max_factor)
