@@ -4,10 +4,13 @@ process gives, and Ctrl-C still ends the command in one line, workers included
 
 from __future__ import annotations
 
+import multiprocessing
+import multiprocessing.pool as mp_pool
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -67,6 +70,32 @@ def test_workers_return_in_order_and_raise_what_a_task_raised():
     with pytest.raises(ValueError, match="run 1 is malformed"):
         with workers.forked(bad, [0, 1], 2) as got:
             got()
+
+
+@needs_fork
+@pytest.mark.skipif(threading.current_thread() is not threading.main_thread(),
+                    reason="signal handlers are set in the main thread only")
+def test_ctrl_c_while_the_pool_forks_leaves_no_worker(monkeypatch):
+    """Ctrl-C that lands while the pool is forking its workers (the pool's own clean-up
+    covers errors, not KeyboardInterrupt) still ends every worker: it is held until the
+    pool is made, then raised where the pool is ended."""
+    real = mp_pool.Pool._repopulate_pool_static
+
+    def forked_then_interrupted(*args):
+        real(*args)  # the workers exist; the pool is not yet returned
+        signal.raise_signal(signal.SIGINT)
+
+    monkeypatch.setattr(mp_pool.Pool, "_repopulate_pool_static",
+                        staticmethod(forked_then_interrupted))
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            with workers.forked(lambda i: i, [0, 1], 2) as got:
+                got()
+        assert multiprocessing.active_children() == []
+    finally:
+        for child in multiprocessing.active_children():  # what the defect leaves behind
+            child.kill()
+            child.join()
 
 
 @needs_fork

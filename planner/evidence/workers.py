@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import signal
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -30,6 +31,29 @@ def _run(i: int) -> Any:
 
 def _ignore_sigint() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+_NOT_HELD = object()  # the main thread's SIGINT handler was not replaced
+
+
+def _hold_sigint(held: list[int]) -> Any:
+    """Hold Ctrl-C back while a pool forks its workers: ``Pool()`` ends the workers it has
+    started where it fails with an error, not with KeyboardInterrupt, and a worker forked
+    before its initializer ran ignores nothing yet. Returns the handler to put back (only
+    the main thread can set one; elsewhere nothing is held)."""
+    if (threading.current_thread() is not threading.main_thread()
+            or signal.getsignal(signal.SIGINT) is None):  # a handler not set from Python
+        return _NOT_HELD
+    return signal.signal(signal.SIGINT, lambda signum, frame: held.append(signum))
+
+
+def _release_sigint(handler: Any, held: list[int]) -> None:
+    """Put ``handler`` back and deliver to it a Ctrl-C that came while it was held."""
+    if handler is _NOT_HELD:
+        return
+    signal.signal(signal.SIGINT, handler)
+    if held:
+        signal.raise_signal(signal.SIGINT)
 
 
 def can_fork() -> bool:
@@ -57,8 +81,16 @@ def _pool(task: Callable[[int], Any], processes: int) -> Iterator[Any]:
     at once where it raises (an error, Ctrl-C)."""
     global _TASK
     _TASK = task
-    pool = mp.get_context("fork").Pool(processes=processes, initializer=_ignore_sigint)
+    held: list[int] = []
+    handler = _hold_sigint(held)
     try:
+        pool = mp.get_context("fork").Pool(processes=processes, initializer=_ignore_sigint)
+    except BaseException:
+        _release_sigint(handler, held)
+        _TASK = None
+        raise
+    try:
+        _release_sigint(handler, held)  # a Ctrl-C held meanwhile is raised here
         yield pool
         pool.close()
     except BaseException:
