@@ -64,6 +64,37 @@ def test_metric_definitions_by_hand(model, gpu):
     assert comps["latency_s"].error == pytest.approx(e.latency_s - 1)
 
 
+def test_an_mxfp4_row_is_gpt_oss_as_it_ships(model, gpu):
+    """A published mxfp4 row is of gpt-oss's checkpoint: MXFP4 routed experts, the rest in
+    16 bits, which no engine re-quantizes. Its TPOT is the estimate's with the experts alone
+    quantized (as a served replay of such a run had it), not with every layer in MXFP4
+    (attention's projections at a quarter of their bytes: about 0.3 ms a step faster on an
+    H100)."""
+    from planner.core.estimate import estimate
+    from planner.core.specs import DType, Precision, Workload
+    from planner.evidence.validate import quantized_layers_of
+
+    assert quantized_layers_of(DType.mxfp4) == quantized_layers_of("mxfp4") == "experts"
+    assert {quantized_layers_of(w) for w in ("bf16", "fp8", "int4", DType.int8)} == {"all"}
+    ds = Dataset.model_validate({
+        "source": {"id": "hand", "url": "https://example.org", "date": "2026-01-01",
+                   "engine": "vllm", "engine_version": "-",
+                   "metric_definitions": {"tpot_s": "x"}},
+        "rows": [{"id": "a", "model": "gpt-oss-20b", "gpu": "h100-sxm", "weights": "mxfp4",
+                  "batch": 1, "prompt_tokens": 1024, "output_tokens": 128, "tpot_s": 0.004}]})
+    m, hw, spec = model("gpt-oss-20b"), gpu("h100-sxm"), catalog.load_engine_spec("vllm")
+    (c,) = compare(ds, models={"gpt-oss-20b": m}, gpus={"h100-sxm": hw},
+                   engines={"vllm": spec})
+
+    def tpot(layers: str) -> float:
+        return estimate(m, hw, precision=Precision.of("mxfp4", quantized_layers=layers),
+                        workload=Workload(batch=1, prompt_tokens=1024, output_tokens=128),
+                        engine=spec.model()).tpot_s
+
+    assert c.predicted == pytest.approx(tpot("experts"), rel=1e-12)
+    assert tpot("experts") - tpot("all") > 2e-4
+
+
 def test_quantile_matches_numpy_linear():
     import numpy as np
 

@@ -165,6 +165,7 @@ def replay_setup(entry, spec, folder: Path | None = None):
     TP and precision, and the scheduler flags of its server command (an options file it
     names, in the manifest's ``folder``)."""
     from planner.cli.compare import MULTI_STEP_FLAGS, served_setup, server_overrides
+    from planner.evidence.validate import quantized_layers_of
 
     server = server_overrides(entry.traffic.server_command if entry.traffic else None, folder)
     if spec.serving is None or spec.serving.scheduler_steps is None:
@@ -176,16 +177,10 @@ def replay_setup(entry, spec, folder: Path | None = None):
         server.pop("--performance-mode", None)  # likewise: that engine's own defaults
     ckpt = entry.checkpoint
     return served_setup(entry.model, entry.gpu, spec, entry.tp, entry.weights, entry.kv_cache,
-                        quantized_layers=_quantized_layers(entry), server=server,
+                        quantized_layers=quantized_layers_of(entry.weights), server=server,
                         checkpoint=None if ckpt is None else (
                             f"run {entry.id}: checkpoint {ckpt.repo}",
                             ckpt.quantization_config))
-
-
-def _quantized_layers(entry) -> str:
-    """gpt-oss ships MXFP4 experts with the rest in 16-bit: an mxfp4 run quantizes only its
-    experts, as ``--quantized-layers experts`` says."""
-    return "experts" if entry.weights.value == "mxfp4" else "all"
 
 
 @functools.cache
