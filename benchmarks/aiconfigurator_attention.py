@@ -20,8 +20,11 @@ each GPU's share against the H100's, the median by GPU: the profile's
 aiconfigurator_gemm.py). From the prefill tables (``context_attention_perf.parquet``) it prints
 each GPU's fp8-cache time over its 16-bit-cache time, the median over the shapes both hold
 (each type with its default kernel), and by architecture the median of its GPUs' 16-bit / fp8
-time: the profile's ``fp8_kv_attention_compute_frac``. Nothing is fitted to a validation row;
-the wheel is not needed by llmplan.
+time: the profile's ``fp8_kv_attention_compute_frac``. ``--derive-fixed`` prints, by
+architecture, the device time a decode attention call takes beyond what the profile's
+operators cost it, where that fixed part sets the time (``FIXED_BATCHES`` sequences over
+``FIXED_STEPS`` cached tokens, a 16-bit cache): the profile's ``attention_fixed_us``. Nothing
+is fitted to a validation row; the wheel is not needed by llmplan.
 """
 
 from __future__ import annotations
@@ -141,12 +144,81 @@ def arch_paces(per_gpu: dict[str, tuple[str, dict, float]]) -> dict[str, float]:
     return {a: statistics.median(v) for a, v in sorted(paced.items())}
 
 
+# where a decode attention call's fixed work sets its time: a few sequences over caches of
+# 1,024-4,096 tokens (a step's cache holds step + 1), what --derive-fixed matches
+FIXED_BATCHES, FIXED_STEPS = (1, 2, 4, 8, 16), (1023, 4095)
+
+
+def ours_us(dep, batch: int, step: int) -> float:
+    """What the profile prices one layer's share of the table's timing at: the attention
+    operator of a decode step of ``batch`` sequences over ``step`` cached tokens, and the
+    KV-cache write the backend's forward does first (``rope_kv_write`` less its rotary
+    kernel, which the model runs before the attention layer). In microseconds."""
+    from planner.core.ops import step_ops
+    from planner.core.roofline import op_time
+
+    c, e = dep.prepared.ceilings, dep.engine
+    total = 0.0
+    for op in step_ops(dep.model, dep.precision, batch=batch, new_tokens=1, past_tokens=step,
+                       tp=1):
+        if op.name in ("attention", "rope_kv_write"):
+            t = op_time(op, c, tp=1, options=dep.options, engine=e).time_s / op.count
+            if op.name == "rope_kv_write":
+                t -= c.kernel_cost_s(op.kind, e)
+            total += t
+    return total * 1e6
+
+
+def fixed_rows(table, gpu: str, engine):
+    """(theirs us, ours us) for each of the decode table's full-attention shapes of a 16-bit
+    cache (its default kernel) at ``FIXED_BATCHES`` x ``FIXED_STEPS``, ours with ``engine``
+    (an ``EngineSpec``) for a model of the shape's heads, KV heads and head size, without the
+    profile's own attention_fixed_us."""
+    from planner.io import catalog
+    from planner.layouts.deployment import Deployment
+
+    rows = _kernel_rows(table, "bfloat16")
+    if rows is None:
+        return []
+    rows = rows[rows.batch_size.isin(FIXED_BATCHES) & rows.step.isin(FIXED_STEPS)]
+    spec = engine.model_copy(update={"attention_fixed_us": None})
+    hw, base = catalog.load_hardware(gpu), catalog.load_model("llama-3.1-8b")
+    out, deps = [], {}
+    for (b, st, h, kv, d), g in rows.groupby(SHAPE):
+        key = (int(h), int(kv), int(d))
+        if key not in deps:
+            m = base.model_copy(update={"num_attention_heads": key[0], "num_kv_heads": key[1],
+                                        "head_dim": key[2], "hidden_size": key[0] * key[2]})
+            deps[key] = Deployment.build(m, hw, engine=spec.model())
+        out.append((float(g.latency.median()) * 1e3, ours_us(deps[key], int(b), int(st))))
+    return out
+
+
+def derive_fixed(pairs: list[tuple[float, float]]) -> float:
+    """The microseconds X with which the median of theirs / (ours + X) over ``pairs`` is 1
+    (to 0.05 us; 0 where ours is already the slower)."""
+    def median_ratio(x: float) -> float:
+        return statistics.median(t / (o + x) for t, o in pairs)
+
+    lo, hi = 0.0, 1000.0
+    if median_ratio(lo) <= 1.0:
+        return 0.0
+    while hi - lo > 0.05:
+        mid = 0.5 * (lo + hi)
+        lo, hi = (mid, hi) if median_ratio(mid) > 1.0 else (lo, mid)
+    return 0.5 * (lo + hi)
+
+
 def main(argv=None) -> int:
     from planner.io import catalog
 
     ap = OneLineParser(description=__doc__.splitlines()[0])
     ap.add_argument("wheel", help="the aiconfigurator-core 0.12.0 wheel")
     ap.add_argument("--engine", choices=sorted(RELEASES), default="vllm")
+    ap.add_argument("--derive-fixed", action="store_true",
+                    help="print, by architecture, the device time a decode attention call "
+                         "takes beyond what the profile's operators cost it (engines_db "
+                         "attention_fixed_us)")
     a = ap.parse_args(argv)
     tables, prefill, gpu = {}, {}, ""
     try:
@@ -163,6 +235,8 @@ def main(argv=None) -> int:
         print(f"aiconfigurator_attention.py: {a.wheel}: cannot read {what}: {err}",
               file=sys.stderr)
         return 2
+    if a.derive_fixed:
+        return print_fixed(tables, a.engine)
     per_gpu = {}
     print(f"# {a.engine}: decode attention over a cache of {MIN_CACHE_BYTES / 2**20:g} MiB or "
           "more in 16 bits; rate = the cache's bytes / latency (median over the shapes); "
@@ -208,6 +282,32 @@ def main(argv=None) -> int:
           f"{PACED_BELOW:g} of the 16-bit share; the {a.engine} profile's 16-bit rate there "
           "times the measured fp8 rate over the 16-bit one, the architecture's median): "
           + (", ".join(f"{k}: {v / 1e9:.0f}" for k, v in paces.items()) or "none"))
+    return 0
+
+
+def print_fixed(tables: dict, engine: str) -> int:
+    """``--derive-fixed``: each GPU's figure and rows, then each architecture's over its
+    GPUs' rows together."""
+    from planner.io import catalog
+
+    spec = catalog.load_engine_spec(engine)
+    print(f"# {engine}: decode attention's device time beyond the profile's operators "
+          f"(attention and the KV-cache write), batch {FIXED_BATCHES[0]}-{FIXED_BATCHES[-1]}, "
+          f"{FIXED_STEPS[0] + 1:,}-{FIXED_STEPS[-1] + 1:,} cached tokens, a 16-bit cache; "
+          "median theirs / ours before, and the fixed us with which it is 1")
+    by_arch: dict[str, list] = {}
+    for gpu, (table, release) in tables.items():
+        pairs = fixed_rows(table, gpu, spec)
+        if not pairs:
+            continue
+        arch = catalog.load_hardware(gpu).architecture
+        by_arch.setdefault(arch, []).extend(pairs)
+        before = statistics.median(t / o for t, o in pairs)
+        theirs = statistics.median(t for t, _ in pairs)
+        print(f"  {gpu:<14} {arch:<10} {release:<8} {len(pairs):>5} shapes  theirs median "
+              f"{theirs:5.1f} us  ratio {before:.2f}  fixed {derive_fixed(pairs):5.1f} us")
+    print("attention_fixed_us: " + ", ".join(
+        f"{arch}: {derive_fixed(p):.1f} ({len(p)} shapes)" for arch, p in sorted(by_arch.items())))
     return 0
 
 

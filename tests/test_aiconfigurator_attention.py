@@ -151,3 +151,50 @@ def test_a_file_that_is_no_wheel_is_one_line_naming_it_and_exit_2(tmp_path):
                         str(bad)], capture_output=True, text=True, cwd=ROOT)
     assert p.returncode == 2 and p.stderr.strip().splitlines() == [
         f"aiconfigurator_attention.py: {bad}: cannot read it: File is not a zip file"]
+
+
+def test_the_fixed_time_is_what_brings_the_median_ratio_to_1_by_hand():
+    """theirs / (ours + X) over three shapes: 10 / (4 + X), 12 / (5 + X), 9 / (3 + X); their
+    median is 1 where the middle one is, 10 / (4 + 6) (12 / 11 above it, 9 / 9 at it)."""
+    assert attn.derive_fixed([(10.0, 4.0), (12.0, 5.0), (9.0, 3.0)]) == pytest.approx(6.0,
+                                                                                       abs=0.05)
+    assert attn.derive_fixed([(3.0, 4.0), (2.0, 5.0), (4.0, 4.0)]) == 0.0  # ours the slower
+
+
+def _fixed_table(gpu: str, extra_us: float) -> pd.DataFrame:
+    """A decode table at the rows --derive-fixed reads (one shape, Llama-3.1-8B's heads), each
+    timed at what the vllm profile prices it plus ``extra_us``; and a row it must leave out
+    (a sliding window) timed far slower."""
+    from planner.io import catalog
+
+    rows = [dict(kernel_source="fa3", batch_size=b, isl=1, num_heads=32, num_key_value_heads=8,
+                 head_dim=128, kv_cache_dtype="bfloat16", step=st, window_size=0, latency=1.0)
+            for b in attn.FIXED_BATCHES for st in attn.FIXED_STEPS]
+    t = pd.DataFrame(rows)
+    ours = [o for _, o in attn.fixed_rows(t, gpu, catalog.load_engine_spec("vllm"))]
+    t["latency"] = [(o + extra_us) / 1e3 for o in ours]  # in ms, as the tables hold it
+    slow = dict(rows[0], window_size=128, latency=1.0)
+    return pd.concat([t, pd.DataFrame([slow])], ignore_index=True)
+
+
+def test_the_script_derives_each_architectures_fixed_time(tmp_path):
+    """Tables timed at the profile's price plus 7 us on Hopper and 3 us elsewhere: 7.0 for
+    Hopper (the H100's and H200's rows together), 3.0 for the rest, each GPU's line too."""
+    wheel = tmp_path / "aic.whl"
+    with zipfile.ZipFile(wheel, "w") as z:
+        for gpu, system in moe.SYSTEMS.items():
+            buf = io.BytesIO()
+            _fixed_table(gpu, 7.0 if gpu in ("h100-sxm", "h200") else 3.0).to_parquet(buf)
+            release = moe.RELEASES["vllm"][system]
+            z.writestr(f"aiconfigurator_core/systems/data/{system}/attention/vllm/{release}/"
+                       "generation_attention_perf.parquet", buf.getvalue())
+    p = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "aiconfigurator_attention.py"),
+                        str(wheel), "--engine", "vllm", "--derive-fixed"],
+                       capture_output=True, text=True, cwd=ROOT)
+    assert p.returncode == 0, p.stderr
+    last = p.stdout.strip().splitlines()[-1]
+    n = len(attn.FIXED_BATCHES) * len(attn.FIXED_STEPS)
+    assert last == (f"attention_fixed_us: ada: 3.0 ({n} shapes), ampere: 3.0 ({n} shapes), "
+                    f"blackwell: 3.0 ({n} shapes), hopper: 7.0 ({2 * n} shapes)")
+    h100 = [ln for ln in p.stdout.splitlines() if ln.strip().startswith("h100-sxm ")]
+    assert len(h100) == 1 and h100[0].rstrip().endswith("fixed   7.0 us")

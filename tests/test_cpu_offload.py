@@ -64,9 +64,9 @@ def test_each_prefill_pass_pays_it(run_json):
 @pytest.mark.parametrize("batch,ctx", [(1, 1), (64, 2048)])
 def test_the_simulators_step_is_the_estimates(batch, ctx):
     m, hw = catalog.load_model("llama-3.1-8b"), catalog.load_hardware("h100-sxm")
-    eng = catalog.load_engine("vllm")
     o = Options(cpu_offload_bytes=OFF)
-    prep = prepare(hw, Precision(), None, o, eng)
+    prep = prepare(hw, Precision(), None, o, catalog.load_engine("vllm"))
+    eng = prep.engine  # resolved for the GPU, as the coster's
     c = StepCoster(m, hw, prep, o)
     dec = step_time(decode_ops(m, prep.precision, batch=batch, context_tokens=ctx)
                     + host_transfer_ops(OFF), prep.ceilings, options=o, engine=eng,
@@ -86,9 +86,9 @@ def test_the_simulators_step_is_the_estimates(batch, ctx):
 
 def test_a_lone_request_sees_the_estimates_tpot():
     m, hw = catalog.load_model("llama-3.1-8b"), catalog.load_hardware("h100-sxm")
-    eng = catalog.load_engine("vllm")
     o = Options(cpu_offload_bytes=OFF)
-    prep = prepare(hw, Precision(), None, o, eng)
+    prep = prepare(hw, Precision(), None, o, catalog.load_engine("vllm"))
+    eng = prep.engine  # resolved for the GPU, as the coster's
     reqs = synthetic(10, prompt_tokens=1024, output_tokens=64, request_rate=0.01, seed=1)
     s = summary(simulate(reqs, StepCoster(m, hw, prep, o), SchedulerConfig()))
     e = estimate(m, hw, engine=eng, options=o,

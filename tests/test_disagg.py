@@ -312,8 +312,8 @@ def test_plan_disaggregated_modes(run_cli):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("gpu, weights, agg_gpus, pd_gpus", [
-    ("h100-sxm", "bf16", 24, 16), ("h100-sxm", "fp8", 16, 10),
-    ("h200", "bf16", 20, 14), ("h200", "fp8", 14, 9)])
+    ("h100-sxm", "bf16", 24, 16), ("h100-sxm", "fp8", 18, 10),
+    ("h200", "bf16", 20, 14), ("h200", "fp8", 14, 10)])
 def test_the_four_aiconfigurator_cases(run_json, gpu, weights, agg_gpus, pd_gpus):
     """Issue 25's four cases (Llama-3.1-70B, H100 / H200 x bf16 / fp8 weights, 20 req/s,
     2,048 / 256, TTFT <= 3 s, TPOT <= 50 ms): the disaggregated answer is found and is the

@@ -920,6 +920,61 @@ def test_an_mxfp4_moe_layer_pays_its_kernel_paths_fixed_time_once():
     assert te.fixed_s - te0.fixed_s == pytest.approx(24 * 20e-6)
 
 
+def test_a_gqa_attention_call_pays_its_backends_fixed_time():
+    """attention_fixed_us: each call of a GQA / MHA attention layer (full or sliding-window,
+    decode or prefill) takes that much device time beyond its kernels' on a GPU of an
+    architecture the profile names: 8 us on Hopper adds 32 x 8 us to 32 layers' attention,
+    by hand; nothing on MLA's attention (no cache type: its block has its own), on the KV
+    write, or on an architecture not named."""
+    e = dataclasses.replace(H, attention_fixed_by_arch=(("hopper", 8e-6),))
+    hop, amp = e.for_gpu(80e9, "h100", "hopper"), e.for_gpu(80e9, "a100", "ampere")
+    assert (hop.attention_fixed_s, amp.attention_fixed_s) == (8e-6, 0.0)
+    attn = Op("attention", "attention", 32, flops=1e9, kv_bytes=1e6, act_bytes=1e4,
+              kv_dtype=DType.bf16)
+    plain = dataclasses.replace(hop, attention_fixed_s=0.0)
+    for op in (attn, dataclasses.replace(attn, name="attention_local")):
+        t, t0 = op_time(op, C, engine=hop), op_time(op, C, engine=plain)
+        assert t.time_s - t0.time_s == pytest.approx(32 * 8e-6)
+        assert t.fixed_s - t0.fixed_s == pytest.approx(32 * 8e-6)
+    for same in (dataclasses.replace(attn, kv_dtype=None),  # MLA's
+                 Op("rope_kv_write", "elementwise", 32, flops=0.0, kv_bytes=1e4)):
+        assert op_time(same, C, engine=hop).time_s == op_time(same, C, engine=plain).time_s
+    assert op_time(attn, C, engine=amp).time_s == op_time(attn, C, engine=plain).time_s
+    assert hop.time_model_key() != plain.time_model_key()
+
+
+def test_the_attention_fixed_time_of_the_profiles_is_sourced_and_shown(run_json):
+    """vllm's figures by architecture, derived from aiconfigurator's decode attention tables
+    (benchmarks/aiconfigurator_attention.py --derive-fixed); the other profiles state none.
+    Llama-3.1-8B's decode step at batch 1 on an H100 pays it on each of its 32 layers (its
+    simulated step too, to the bit); on a GPU of an architecture not named, nothing."""
+    rows = {r["name"]: r for r in run_json("engines", "--json")}
+    spec = catalog.load_engine_spec("vllm")
+    _sourced_and_shown(spec, rows["vllm"], "attention_fixed_us",
+                       {"ampere": 17.5, "ada": 3.4, "hopper": 8.2, "blackwell": 5.8})
+    assert "--derive-fixed" in spec.attention_fixed_us.note
+    for name in ("vllm-0.8", "vllm-v0", "sglang", "trtllm", "gpt-fast", "hf-eager", "ideal"):
+        assert rows[name]["attention_fixed_us"] == {}
+    from planner.cli.compare import served_setup
+    from planner.core.ops import StepShape, step_ops
+    from planner.core.roofline import step_time
+    from planner.serving.cost import StepCoster
+
+    dep = served_setup("llama-3.1-8b", "h100-sxm", spec, 1, DType.bf16, None)
+    assert dep.engine.attention_fixed_s == pytest.approx(8.2e-6)
+    ops = step_ops(dep.model, dep.precision, batch=1, new_tokens=1, past_tokens=1024)
+    c = dep.prepared.ceilings
+    with_it = step_time(ops, c, options=dep.options, engine=dep.engine).time_s
+    without = step_time(ops, c, options=dep.options, engine=dataclasses.replace(
+        dep.engine, attention_fixed_s=0.0)).time_s
+    assert with_it - without == pytest.approx(32 * 8.2e-6)
+    coster = StepCoster(dep.model, dep.hardware, dep.prepared, dep.options)
+    fixed = dep.engine.step_overhead_s + dep.engine.per_sequence_overhead_s
+    assert coster.step_time(StepShape.uniform(1, 1, 1024), sequences=1, prefill=False) == \
+        pytest.approx(step_time(ops, c, options=dep.options, engine=dep.engine,
+                                fixed_s=fixed).time_s, rel=1e-12)
+
+
 def test_the_mxfp4_moe_fixed_time_of_the_profiles_is_sourced_and_shown(run_json):
     rows = {r["name"]: r for r in run_json("engines", "--json")}
     for name in ("vllm", "vllm-0.8"):

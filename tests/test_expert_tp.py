@@ -191,19 +191,25 @@ def test_groups_dispatch_their_share_and_gather_it_back():
 # mxfp4_moe_fixed_us 20, derived from aiconfigurator's one-token rows): gpt-oss-120b's
 # decode and prefill steps, TPOT and TTFT (one prefill step), each by 36 layers x 20 us =
 # 0.72 ms; bytes, pairs and KV did not, nor the other models' figures
+# Again when a GQA / MHA attention call paid its backend's fixed device time (engines_db
+# attention_fixed_us, 8.2 us on Hopper, derived from aiconfigurator's decode attention rows):
+# each layer's attention in every step, TPOT and TTFT, by layers x 8.2 us (Qwen3-235B-A22B
+# 94: 0.77 ms; Mixtral-8x7B 32: 0.26 ms, its prefill step 0.25 ms, where the host's launches
+# had set part of its eager attention's time; gpt-oss-120b 36: 0.30 ms); DeepSeek-V3's MLA
+# block has its own and did not move, nor any bytes, pairs or KV
 TODAY = {
     ("deepseek-v3", "h200", 16, "fp8", 512, 2000, 500): (
         0.0400011802272402, 22.846688912852752, 67977866240.0, 292.4807152708811,
         0.03973209849799896, 0.637618807654264, 16800064),
     ("qwen3-235b-a22b", "h100-sxm", 8, "bf16", 64, 1000, 200): (
-        0.03264725083072798, 0.8329445717710579, 76416191488.0, 79.26097810325871,
-        0.03259344693978714, 0.09675812535322376, 106936),
+        0.033418050830727984, 0.8337153717710578, 76416191488.0, 79.26097810325871,
+        0.033364246939787144, 0.09752892535322374, 106936),
     ("mixtral-8x7b", "h100-sxm", 4, "bf16", 32, 512, 128): (
-        0.012231110114477823, 0.18574805276872913, 28277456896.0, 21.76810754640353,
-        0.0122081976696297, 0.030874851749768527, 1492292),
+        0.012493510114477824, 0.18601045276872913, 28277456896.0, 21.76810754640353,
+        0.012470597669629699, 0.031126105808322046, 1492292),
     ("gpt-oss-120b", "h100-sxm", 8, "mxfp4", 16, 1000, 1000): (
-        0.006659250159894892, 0.05314267561621205, 12557543040.0, 13.395570552176823,
-        0.006646415679380945, 0.023950306339499516, 6966696),
+        0.006954450159894892, 0.05343787561621204, 12557543040.0, 13.395570552176823,
+        0.006941615679380945, 0.02424550633949952, 6966696),
 }
 
 
@@ -272,16 +278,21 @@ def test_more_imbalance_never_lowers_tpot_or_ttft(lay, batch, a, b):
     assert max_load(pairs, ep) <= x.pairs_max + 1e-9 and y.pairs_max <= pairs + 1e-9
 
 
-def test_a_host_bound_step_is_monotone_in_imbalance_to_rounding():
+@pytest.mark.parametrize("batch", [631, 1024])
+def test_a_host_bound_step_is_monotone_in_imbalance_to_rounding(batch):
     """The case hypothesis found (CI, 2026-12-05): gpt-oss-120b MXFP4 experts on two H100s,
-    TP 2 x EP 2, 631 sequences. The step is the host's (40.5 us a running request in vLLM),
-    so more imbalance on the busiest GPU leaves TPOT as it was, to the last bit or so
-    (0.0275805 s at 1.5, 0.027580499999999997 s at 2.0), while its GPU time grows."""
-    args = dict(tp=2, ep=2, batch=631, p=512, o=128, ql="experts")
+    TP 2 x EP 2, 631 sequences, whose step was the host's (40.5 us a running request in
+    vLLM) at imbalances 1.5 and 2.0 and came out a rounding error shorter at 2.0. More
+    imbalance on the busiest GPU never shortens TPOT. Since attention's fixed device time
+    (2026-12-06) that GPU's step at 2.0 outlasts the host's at 631 sequences; at 1,024 the
+    host's sets both, and TPOT is the same to the last bit or so."""
+    args = dict(tp=2, ep=2, batch=batch, p=512, o=128, ql="experts")
     *_, x = _ep("gpt-oss-120b", "h100-sxm", "mxfp4", imbalance=1.5, **args)
     *_, y = _ep("gpt-oss-120b", "h100-sxm", "mxfp4", imbalance=2.0, **args)
     assert y.pairs_max > x.pairs_max
-    assert y.tpot_s == pytest.approx(x.tpot_s, rel=1e-12)
+    assert y.tpot_s >= x.tpot_s * (1 - 1e-12)
+    if batch == 1024:
+        assert y.tpot_s == pytest.approx(x.tpot_s, rel=1e-12)
 
 
 @settings(max_examples=30, deadline=None)

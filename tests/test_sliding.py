@@ -94,8 +94,9 @@ def test_decode_beyond_the_window_costs_no_more():
 @pytest.mark.parametrize("batch,ctx", [(1, 100), (16, 6000), (4, 9000)])
 def test_simulator_step_is_the_estimates_with_windows(engine, batch, ctx):
     m, hw = catalog.load_model("gemma-2-9b"), catalog.load_hardware("h100-sxm")
-    eng, opts = catalog.load_engine(engine), Options()
-    prep = prepare(hw, BF16, None, opts, eng)
+    opts = Options()
+    prep = prepare(hw, BF16, None, opts, catalog.load_engine(engine))
+    eng = prep.engine  # resolved for the GPU, as the coster's
     c = StepCoster(m, hw, prep, opts)
     dec = step_time(decode_ops(m, BF16, batch=batch, context_tokens=ctx,
                                lm_head_sharded=eng.lm_head_sharded), prep.ceilings,

@@ -124,6 +124,10 @@ def engines(as_json: JsonOpt = False) -> None:
                      # device time per MoE layer of MXFP4 routed experts beyond its
                      # operators', by architecture, in us ({} where none is named)
                      "mxfp4_moe_fixed_us": {k: v * 1e6 for k, v in e.mxfp4_moe_fixed_by_arch},
+                     # device time per GQA / MHA attention call beyond its kernels', by
+                     # architecture, in us ({} where none is named)
+                     "attention_fixed_us": {k: round(v * 1e6, 6)
+                                            for k, v in e.attention_fixed_by_arch},
                      "attention_bandwidth_frac": e.attention_bandwidth_frac,
                      # times it by GPU architecture ({} where none is named)
                      "attention_bandwidth_arch_frac": dict(e.attention_bandwidth_by_arch),

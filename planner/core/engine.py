@@ -677,6 +677,11 @@ class EngineSpec(_Frozen):
     # architecture: the MXFP4 MoE kernel path's own fixed work (routing metadata, gathers,
     # its small kernels), which no byte or FLOP pays for (None: none on any GPU)
     mxfp4_moe_fixed_us: ArchMicros | None = None
+    # device time per call of a GQA / MHA attention layer beyond its kernels' own cost, by GPU
+    # architecture: what the engine's attention backend takes at a small cache (its KV-cache
+    # write, the attention kernel's latency), which no byte or FLOP pays for; not MLA's (its
+    # block's, operator_fixed_us.mla_kv_up_proj) (None: none on any GPU)
+    attention_fixed_us: ArchMicros | None = None
     gemm_tile_m: Num
     overlap_frac: Frac  # share of min(compute, memory) time hidden under the max
     attention_bandwidth_frac: Frac
@@ -850,6 +855,7 @@ class EngineSpec(_Frozen):
             experts_k_half_by_arch=_pairs(self.experts_k_half),
             experts_fp8_k_half_by_arch=_pairs(self.experts_fp8_k_half),
             mxfp4_moe_fixed_by_arch=_pairs(self.mxfp4_moe_fixed_us, 1e-6),
+            attention_fixed_by_arch=_pairs(self.attention_fixed_us, 1e-6),
             gemm_tile_m=self.gemm_tile_m.value,
             overlap_frac=self.overlap_frac.value,
             attention_bandwidth_frac=self.attention_bandwidth_frac.value,
@@ -1000,6 +1006,10 @@ class Engine:
     # (``for_gpu`` resolves it from ``mxfp4_moe_fixed_by_arch``; 0: none)
     mxfp4_moe_fixed_s: float = 0.0
     mxfp4_moe_fixed_by_arch: tuple[tuple[str, float], ...] = ()
+    # device time per call of a GQA / MHA attention layer beyond its kernels' on this GPU
+    # (``for_gpu`` resolves it from ``attention_fixed_by_arch``; 0: none)
+    attention_fixed_s: float = 0.0
+    attention_fixed_by_arch: tuple[tuple[str, float], ...] = ()
     gemm_tile_m: float = 1.0
     overlap_frac: float = 1.0
     attention_bandwidth_frac: float = 1.0
@@ -1265,7 +1275,8 @@ class Engine:
                 self.experts_fp8_compute_by_arch, self.experts_k_half,
                 self.experts_fp8_k_half, self.experts_k_half_by_arch,
                 self.experts_fp8_k_half_by_arch, self.mxfp4_moe_fixed_s,
-                self.mxfp4_moe_fixed_by_arch, self.gemm_tile_m, self.overlap_frac,
+                self.mxfp4_moe_fixed_by_arch, self.attention_fixed_s,
+                self.attention_fixed_by_arch, self.gemm_tile_m, self.overlap_frac,
                 self.attention_bandwidth_frac, self.attention_bandwidth_arch_frac,
                 self.attention_bandwidth_by_arch, self.attention_compute_frac,
                 self.fp8_kv_attention_bytes_per_s, self.fp8_kv_attention_by_arch,
@@ -1297,7 +1308,8 @@ _BY_ARCHITECTURE = (("experts_compute_by_arch", "experts_compute_frac", 1.0),
                     ("fp8_kv_attention_by_arch", "fp8_kv_attention_bytes_per_s", 0.0),
                     ("fp8_kv_attention_compute_by_arch", "fp8_kv_attention_compute_frac", 1.0),
                     ("fp8_gemm_row_tiles_by_arch", "fp8_gemm_row_tiles", ()),
-                    ("mxfp4_moe_fixed_by_arch", "mxfp4_moe_fixed_s", 0.0))
+                    ("mxfp4_moe_fixed_by_arch", "mxfp4_moe_fixed_s", 0.0),
+                    ("attention_fixed_by_arch", "attention_fixed_s", 0.0))
 
 # The pure roofline (background notes): datasheet peaks, every efficiency 1, no fixed costs.
 # engines_db/ideal.yaml states the same numbers with their sources; a test keeps them equal.

@@ -269,7 +269,8 @@ def ceilings(hw: HardwareSpec, calibration: Calibration | None = None,
 class OpTime:
     """One operator's timing per step (all its instances). ``compute_s`` and ``memory_s``
     are at the engine's efficiencies; ``overhead_s`` is its kernels' fixed cost and any the
-    engine adds to the operator (``Engine.fixed_for``, ``moe_fixed_s``)."""
+    engine adds to the operator (``Engine.fixed_for``, ``moe_fixed_s``,
+    ``attention_fixed_s``)."""
 
     op: Op
     compute_s: float
@@ -280,8 +281,9 @@ class OpTime:
     compute_frac: float = 1.0
     kernels: float = 1.0
     overhead_s: float = 0.0
-    # the part of overhead_s the engine adds to the operator: by name (``Engine.fixed_for``)
-    # and a MoE layer's kernel path's (``moe_fixed_s``)
+    # the part of overhead_s the engine adds to the operator: by name (``Engine.fixed_for``),
+    # a MoE layer's kernel path's (``moe_fixed_s``) and an attention call's
+    # (``attention_fixed_s``)
     fixed_s: float = 0.0
     host_floor_s: float = 0.0  # outside a CUDA graph: the host's launches (and MoE set-up)
 
@@ -430,10 +432,10 @@ def combine(compute: float, memory: float, e: Engine, o: Options, *, kernels: fl
     """One operator instance's time from its compute and memory times under engine ``e``:
     the roofline's max (less the engine's lost overlap) or the additive form, its kernels'
     fixed costs and any device time the engine's profile adds to the operator (``fixed_s``,
-    ``Engine.fixed_for`` and ``moe_fixed_s``), and the host's launch floor when nothing is
-    replayed from a CUDA graph: its launches and any host time the engine spends on the
-    operator beyond them (``host_s``: ``Engine.moe_layer_host_s`` on a MoE layer's expert
-    down-projection)."""
+    ``Engine.fixed_for``, ``moe_fixed_s`` and ``attention_fixed_s``), and the host's launch
+    floor when nothing is replayed from a CUDA graph: its launches and any host time the
+    engine spends on the operator beyond them (``host_s``: ``Engine.moe_layer_host_s`` on a
+    MoE layer's expert down-projection)."""
     if o.time_model == "additive":
         t = compute + memory
     elif e.overlap_frac == 1.0:
@@ -452,6 +454,15 @@ def moe_fixed_s(op: Op, e: Engine) -> float:
     (``Engine.mxfp4_moe_fixed_s``); 0 for any other operator or weight type."""
     if op.name == MOE_HOST_OP and op.weight_dtype == DType.mxfp4:
         return e.mxfp4_moe_fixed_s
+    return 0.0
+
+
+def attention_fixed_s(op: Op, e: Engine) -> float:
+    """Device time a GQA / MHA attention layer's call takes beyond its kernels' on this GPU
+    (``Engine.attention_fixed_s``); 0 for MLA's attention (its cache has no ``kv_dtype``:
+    the MLA block's own, ``operator_fixed_us.mla_kv_up_proj``) and every other operator."""
+    if op.kind == "attention" and op.kv_dtype is not None:
+        return e.attention_fixed_s
     return 0.0
 
 
@@ -526,7 +537,7 @@ def op_time(op: Op, c: Ceilings, *, tp: int = 1, options: Options | None = None,
     if q:  # W8A8: the activations are quantized first, by kernels of the plain cost
         per_kernel = (k * per_kernel + q * c.kernel_cost_s("plain", e)) / (k + q)
         k = k + q
-    fixed = e.fixed_for(op.name) + moe_fixed_s(op, e)
+    fixed = e.fixed_for(op.name) + moe_fixed_s(op, e) + attention_fixed_s(op, e)
     host = e.moe_layer_host_s if op.name == MOE_HOST_OP else 0.0
     # W8A8: the input's quantization pass runs before the GEMM, its bytes in series
     quant = fp8_input_quant_s(op, c, e) if q else 0.0

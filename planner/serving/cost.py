@@ -31,7 +31,13 @@ from dataclasses import replace
 from planner.core.engine import Engine
 from planner.core.estimate import Prepared
 from planner.core.ops import Op, StepShape, host_transfer_ops, shape_ops
-from planner.core.roofline import combine, launch_time_s, op_time, with_host
+from planner.core.roofline import (
+    attention_fixed_s,
+    combine,
+    launch_time_s,
+    op_time,
+    with_host,
+)
 from planner.core.specs import HardwareSpec, ModelSpec, Options
 from planner.layouts.pipeline import stage_ops
 
@@ -149,6 +155,8 @@ class StepCoster:
             attn, flops=0.0, kv_bytes=0.0, act_bytes=scored.act_bytes - attn.act_bytes))[1]
         self._attn_kernels = self.engine.kernels_for("attention", "attention")
         self._per_kernel = prep.ceilings.kernel_cost_s("attention", self.engine)
+        # device time a layer's attention takes beyond its kernels' (op_time's fixed part)
+        self._attn_fixed = self.engine.fixed_for(name) + attention_fixed_s(attn, self.engine)
         self._launch_s: float | None = None
 
     def with_engine(self, engine: Engine) -> StepCoster:
@@ -248,7 +256,7 @@ class StepCoster:
         memory = (self._attn_m_per_kv * kv_read + self._attn_m_per_token * tokens
                   + self._attn_m_per_score * score)
         return combine(compute, memory, self.engine, self.options, kernels=self._attn_kernels,
-                       per_kernel_s=self._per_kernel, graphed=graphed)
+                       per_kernel_s=self._per_kernel, graphed=graphed, fixed_s=self._attn_fixed)
 
     def _head_ops_of(self, rows: int) -> list[Op]:
         ops = self._head_ops.get(rows)
@@ -322,7 +330,7 @@ class StepCoster:
         m_token, m_score = self._attn_m_per_token, self._attn_m_per_score
         additive = self.options.time_model == "additive"
         overlap = e.overlap_frac
-        kernels_s = self._attn_kernels * self._per_kernel
+        kernels_s, attn_fixed_s = self._attn_kernels * self._per_kernel, self._attn_fixed
         launch_s = self._attn_kernels * e.host_launch_s if not graphed and e.host_launch_s \
             else None
         step_s, per_seq_s = e.step_overhead_s, e.per_sequence_overhead_s
@@ -332,7 +340,7 @@ class StepCoster:
 
         def price(tokens: int, attended: int, sequences: int) -> float:
             # one layer's attention (``_attention_layer_s``: nothing prefills, so no fill
-            # term; ``combine``'s fixed time is 0)
+            # term)
             compute = c_pair * attended
             memory = m_kv * attended + m_token * tokens + m_score * attended
             if additive:
@@ -341,7 +349,7 @@ class StepCoster:
                 t = compute if compute >= memory else memory
             else:
                 t = compute + memory - overlap * (compute if compute <= memory else memory)
-            t = t + kernels_s
+            t = t + kernels_s + attn_fixed_s  # as ``combine`` adds them
             if launch_s is not None and launch_s > t:
                 t = launch_s
             attn = n_full * t if n_full else 0.0
