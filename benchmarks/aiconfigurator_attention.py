@@ -144,23 +144,25 @@ def arch_paces(per_gpu: dict[str, tuple[str, dict, float]]) -> dict[str, float]:
     return {a: statistics.median(v) for a, v in sorted(paced.items())}
 
 
-# where a decode attention call's fixed work sets its time: a few sequences over caches of
-# 1,024-4,096 tokens (a step's cache holds step + 1), what --derive-fixed matches
+# where a decode attention call's fixed work sets its time: a few sequences of 1,023 and 4,095
+# tokens (the table's step: aiconfigurator's vLLM collector times sequences of that length,
+# the new token included), what --derive-fixed matches
 FIXED_BATCHES, FIXED_STEPS = (1, 2, 4, 8, 16), (1023, 4095)
 
 
 def ours_us(dep, batch: int, step: int) -> float:
     """What the profile prices one layer's share of the table's timing at: the attention
-    operator of a decode step of ``batch`` sequences over ``step`` cached tokens, and the
-    KV-cache write the backend's forward does first (``rope_kv_write`` less its rotary
-    kernel, which the model runs before the attention layer). In microseconds."""
+    operator of a decode step of ``batch`` sequences of ``step`` tokens (``step`` - 1 cached
+    and the new one), and the KV-cache write the backend's forward does first
+    (``rope_kv_write`` less its rotary kernel, which the model runs before the attention
+    layer). In microseconds."""
     from planner.core.ops import step_ops
     from planner.core.roofline import op_time
 
     c, e = dep.prepared.ceilings, dep.engine
     total = 0.0
-    for op in step_ops(dep.model, dep.precision, batch=batch, new_tokens=1, past_tokens=step,
-                       tp=1):
+    for op in step_ops(dep.model, dep.precision, batch=batch, new_tokens=1,
+                       past_tokens=step - 1, tp=1):
         if op.name in ("attention", "rope_kv_write"):
             t = op_time(op, c, tp=1, options=dep.options, engine=e).time_s / op.count
             if op.name == "rope_kv_write":
@@ -196,13 +198,16 @@ def fixed_rows(table, gpu: str, engine):
 
 def derive_fixed(pairs: list[tuple[float, float]]) -> float:
     """The microseconds X with which the median of theirs / (ours + X) over ``pairs`` is 1
-    (to 0.05 us; 0 where ours is already the slower)."""
+    (to 0.05 us; 0 where ours is already the slower); a ValueError where not even 1 ms
+    brings it down to 1."""
     def median_ratio(x: float) -> float:
         return statistics.median(t / (o + x) for t, o in pairs)
 
     lo, hi = 0.0, 1000.0
     if median_ratio(lo) <= 1.0:
         return 0.0
+    if median_ratio(hi) > 1.0:
+        raise ValueError("no fixed time up to 1 ms makes theirs / ours 1")
     while hi - lo > 0.05:
         mid = 0.5 * (lo + hi)
         lo, hi = (mid, hi) if median_ratio(mid) > 1.0 else (lo, mid)
@@ -285,29 +290,47 @@ def main(argv=None) -> int:
     return 0
 
 
+# a replay of the table's graph holds one call: where its latency is under twice the table's
+# least (a call at the smallest cache), the host replaying graph after graph may set the
+# pace rather than the call; the figure over the rows above that, printed beside, checks that
+# what is derived is the call's own time
+ABOVE_FLOOR = 2.0
+
+
 def print_fixed(tables: dict, engine: str) -> int:
     """``--derive-fixed``: each GPU's figure and rows, then each architecture's over its
-    GPUs' rows together."""
+    GPUs' rows together; beside each, the figure over the rows at ``ABOVE_FLOOR`` times the
+    table's least latency or more."""
     from planner.io import catalog
 
     spec = catalog.load_engine_spec(engine)
     print(f"# {engine}: decode attention's device time beyond the profile's operators "
           f"(attention and the KV-cache write), batch {FIXED_BATCHES[0]}-{FIXED_BATCHES[-1]}, "
-          f"{FIXED_STEPS[0] + 1:,}-{FIXED_STEPS[-1] + 1:,} cached tokens, a 16-bit cache; "
+          f"sequences of {FIXED_STEPS[0]:,}-{FIXED_STEPS[-1]:,} tokens, a 16-bit cache; "
           "median theirs / ours before, and the fixed us with which it is 1")
     by_arch: dict[str, list] = {}
+    above: dict[str, list] = {}
+
+    def beside(p: list) -> str:
+        return f"{derive_fixed(p):.1f} on {len(p)}" if p else "none"
+
     for gpu, (table, release) in tables.items():
         pairs = fixed_rows(table, gpu, spec)
         if not pairs:
             continue
         arch = catalog.load_hardware(gpu).architecture
+        floor = float(_kernel_rows(table, "bfloat16").latency.min()) * 1e3
+        high = [(t, o) for t, o in pairs if t >= ABOVE_FLOOR * floor]
         by_arch.setdefault(arch, []).extend(pairs)
+        above.setdefault(arch, []).extend(high)
         before = statistics.median(t / o for t, o in pairs)
         theirs = statistics.median(t for t, _ in pairs)
         print(f"  {gpu:<14} {arch:<10} {release:<8} {len(pairs):>5} shapes  theirs median "
-              f"{theirs:5.1f} us  ratio {before:.2f}  fixed {derive_fixed(pairs):5.1f} us")
+              f"{theirs:5.1f} us  ratio {before:.2f}  fixed {derive_fixed(pairs):5.1f} us  "
+              f"(least {floor:.1f} us; above {ABOVE_FLOOR:g}x it: {beside(high)})")
     print("attention_fixed_us: " + ", ".join(
-        f"{arch}: {derive_fixed(p):.1f} ({len(p)} shapes)" for arch, p in sorted(by_arch.items())))
+        f"{arch}: {derive_fixed(p):.1f} ({len(p)} shapes; above the floor "
+        f"{beside(above[arch])})" for arch, p in sorted(by_arch.items())))
     return 0
 
 

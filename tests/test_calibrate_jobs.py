@@ -99,6 +99,33 @@ def test_ctrl_c_while_the_pool_forks_leaves_no_worker(monkeypatch):
 
 
 @needs_fork
+@pytest.mark.skipif(threading.current_thread() is not threading.main_thread(),
+                    reason="signal handlers are set in the main thread only")
+def test_ctrl_c_while_the_workers_finish_ends_them(monkeypatch):
+    """Ctrl-C while the parent waits for its workers to finish their last tasks (the pool
+    closed, joining) ends them at once rather than leaving them to run on."""
+    real = mp_pool.Pool.join
+    calls = []
+
+    def interrupted_once(self):
+        calls.append(self)
+        if len(calls) == 1:
+            raise KeyboardInterrupt
+        return real(self)
+
+    monkeypatch.setattr(mp_pool.Pool, "join", interrupted_once)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            with workers.forked(lambda i: time.sleep(0.5) or i, [0, 1], 2):
+                pass  # the tasks are still running when the pool is closed and joined
+        assert multiprocessing.active_children() == []
+    finally:
+        for child in multiprocessing.active_children():
+            child.kill()
+            child.join()
+
+
+@needs_fork
 @pytest.mark.slow
 def test_ctrl_c_ends_calibrate_and_its_workers(tmp_path):
     """A terminal's Ctrl-C reaches the whole process group: the workers ignore it, the

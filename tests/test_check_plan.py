@@ -652,7 +652,10 @@ def test_loose_targets_near_capacity_size_as_the_targets_window_does(monkeypatch
     (24.0 a second, below the 25 offered: fewer arrivals, a noisier count) and passed, and 4
     replicas were planned. Its run filled (KV pool full, requests preempted), so the count
     is sized again over the targets' window, which it fails: 5, as the targets' lifetime
-    alone gives, with the same figures."""
+    alone gives. At 20 a second each the replica is near its capacity too, its batch still
+    growing through the targets' 125 s window (since attention's fixed time, 2026-12-06): the
+    capped window's p90 TPOT comes out 15% under it (30.2 ms against 35.6), where plan's
+    analytic bound keeps the cap off (CAPPED_LOAD_FRAC; none here)."""
     import planner.search.plan as plan
 
     dep, kw = _loose_8b(100.0)
@@ -661,7 +664,7 @@ def test_loose_targets_near_capacity_size_as_the_targets_window_does(monkeypatch
     n_long, s_long = plan.replicas_needed(dep, **kw)
     assert n == n_long == 5
     assert s["p90_ttft_ms"] == pytest.approx(s_long["p90_ttft_ms"], rel=0.1)
-    assert s["p90_tpot_ms"] == pytest.approx(s_long["p90_tpot_ms"], rel=0.05)
+    assert 0.8 < s["p90_tpot_ms"] / s_long["p90_tpot_ms"] <= 1.0
 
 
 def test_a_replica_loaded_near_its_bound_keeps_the_targets_window():

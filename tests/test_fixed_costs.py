@@ -95,15 +95,19 @@ def test_the_calibration_charges_matmuls_and_attention_their_own_fixed_cost():
 
 
 def test_kernel_overhead_flag_replaces_every_measured_cost():
+    """--kernel-overhead-us replaces each kernel's cost, measured or the profile's; device
+    time the profile adds to an operator beyond its kernels (an attention call's on Hopper)
+    stays."""
     m, hw = catalog.load_model("llama-3.1-8b"), catalog.load_hardware("h100-sxm")
-    vllm = catalog.load_engine("vllm")
+    vllm = catalog.load_engine("vllm").for_gpu(hw.memory_bytes, hw.name, hw.architecture)
     o = Options(kernel_overhead_s=3e-6)
     ops = decode_ops(m, Precision(), batch=1, context_tokens=512)
     c = ceilings(hw, _cal(matmul_overhead_us=6.0, attention_overhead_us=8.0), o, vllm)
     assert c.matmul_overhead_s is None and c.attention_overhead_s is None
     for op in ops:
         t = op_time(op, c, options=o, engine=vllm)
-        assert t.overhead_s == pytest.approx(t.kernels * 3e-6)
+        assert t.overhead_s == pytest.approx(t.kernels * 3e-6 + t.fixed_s)
+        assert t.fixed_s == pytest.approx(op.count * 8.2e-6 if op.kind == "attention" else 0.0)
 
 
 def test_fp8_quantize_kernels_keep_the_plain_cost():

@@ -74,8 +74,10 @@ def test_an_mxfp4_row_is_gpt_oss_as_it_ships(model, gpu):
     from planner.core.specs import DType, Precision, Workload
     from planner.evidence.validate import quantized_layers_of
 
-    assert quantized_layers_of(DType.mxfp4) == quantized_layers_of("mxfp4") == "experts"
-    assert {quantized_layers_of(w) for w in ("bf16", "fp8", "int4", DType.int8)} == {"all"}
+    oss, dense = model("gpt-oss-20b"), model("llama-3.1-8b")
+    assert quantized_layers_of(DType.mxfp4, oss) == quantized_layers_of("mxfp4", oss) == "experts"
+    assert {quantized_layers_of(w, oss) for w in ("bf16", "fp8", "int4", DType.int8)} == {"all"}
+    assert quantized_layers_of("mxfp4", dense) == "all"  # no experts: every layer in MXFP4
     ds = Dataset.model_validate({
         "source": {"id": "hand", "url": "https://example.org", "date": "2026-01-01",
                    "engine": "vllm", "engine_version": "-",

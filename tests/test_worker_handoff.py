@@ -76,12 +76,12 @@ def test_pipeline_and_expert_replicas_pay_it_too():
 
 def test_the_explain_tables_show_it(run_cli):
     """Its own row in the operator tables and in the engine-overhead line, at TP 8; none on
-    one GPU (vllm's fitted 1.23 ms)."""
+    one GPU (vllm's fitted 0.996 ms)."""
     code, out, err = run_cli("estimate", "-m", "qwen3-8b", "-g", "h100-sxm", "-tp", "8",
                              "-b", "10", "--explain")
     assert code == 0, err
-    assert "+ worker hand-off 1.23 ms" in " ".join(out.split())  # the line may wrap
-    assert any(line.startswith("worker hand-off") and "1.23 ms" in line
+    assert "+ worker hand-off 996 µs" in " ".join(out.split())  # the line may wrap
+    assert any(line.startswith("worker hand-off") and "996 µs" in line
                for line in out.splitlines())
     code, out, err = run_cli("estimate", "-m", "qwen3-8b", "-g", "h100-sxm", "-b", "10",
                              "--explain")

@@ -614,7 +614,7 @@ class StepTime:
     @property
     def operator_fixed_s(self) -> float:
         """Device time the engine adds to operators beyond their kernels (``Engine.fixed_for``,
-        ``moe_fixed_s``), part of ``overhead_s``."""
+        ``moe_fixed_s``, ``attention_fixed_s``), part of ``overhead_s``."""
         return sum(t.fixed_s for t in self.ops)
 
     @property

@@ -188,13 +188,15 @@ def metric_of(e: Estimate, metric: str) -> float:
     return e.batch * e.output_tokens / e.latency_s
 
 
-def quantized_layers_of(weights) -> str:
+def quantized_layers_of(weights, model: ModelSpec) -> str:
     """The layers a published row's or run's quantized ``weights`` cover: gpt-oss, the only
     model released in MXFP4, ships its routed experts in MXFP4 and the rest (attention, the
     router, embeddings, the LM head) in 16-bit, which no engine re-quantizes, so an mxfp4
-    measurement is of its experts alone (``--quantized-layers experts``); every layer for the
-    other types."""
-    return "experts" if getattr(weights, "value", weights) == "mxfp4" else "all"
+    measurement of a model with routed experts is of its experts alone
+    (``--quantized-layers experts``); every layer otherwise (a dense model has no experts to
+    hold them)."""
+    mxfp4 = getattr(weights, "value", weights) == "mxfp4"
+    return "experts" if mxfp4 and model.moe is not None else "all"
 
 
 def engine_of(ds: Dataset, spec: EngineSpec):
@@ -213,7 +215,7 @@ def compare(ds: Dataset, *, models: dict[str, ModelSpec], gpus: dict[str, Hardwa
         name = r.engine or ds.source.engine
         spec = engines[name]
         prec = Precision.of(r.weights, r.kv_cache, r.group_size,
-                            quantized_layers=quantized_layers_of(r.weights))
+                            quantized_layers=quantized_layers_of(r.weights, models[r.model]))
         mc = ds.source.measured_ceilings
         cal = None if mc is None else Calibration(
             device=r.gpu, memory_bandwidth_gb_per_s=mc.memory_bandwidth_gb_per_s,

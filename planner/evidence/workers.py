@@ -86,19 +86,32 @@ def _pool(task: Callable[[int], Any], processes: int) -> Iterator[Any]:
     try:
         pool = mp.get_context("fork").Pool(processes=processes, initializer=_ignore_sigint)
     except BaseException:
-        _release_sigint(handler, held)
         _TASK = None
+        _release_sigint(handler, held)
         raise
     try:
         _release_sigint(handler, held)  # a Ctrl-C held meanwhile is raised here
         yield pool
         pool.close()
+        pool.join()  # a Ctrl-C while the workers finish their last tasks ends them (below)
     except BaseException:
-        pool.terminate()
+        _end(pool)
         raise
     finally:
-        pool.join()
         _TASK = None
+
+
+def _end(pool) -> None:
+    """End the pool's workers and wait until they are gone, a further Ctrl-C held meanwhile
+    (a worker ignores it, so cutting this short would leave them running) and raised after:
+    it is what was asked for last."""
+    held: list[int] = []
+    handler = _hold_sigint(held)
+    try:
+        pool.terminate()
+        pool.join()
+    finally:
+        _release_sigint(handler, held)
 
 
 def prefetched(bounds: list[float], size: Callable[[int], Any], top: int,
