@@ -59,7 +59,8 @@ MODELS: dict[str, tuple[str, tuple[int, ...]]] = {
 }
 MOE_MODELS = {"qwen3-30b-a3b"}
 # llmplan GPU -> aiconfigurator system
-GPUS = {"h100-sxm": "h100_sxm", "h200": "h200_sxm", "a100-sxm-80gb": "a100_sxm", "l40s": "l40s"}
+GPUS = {"h100-sxm": "h100_sxm", "h200": "h200_sxm", "a100-sxm-80gb": "a100_sxm", "l40s": "l40s",
+        "b200": "b200_sxm"}
 # aiconfigurator backend -> llmplan engine profile
 BACKENDS = {"vllm": "vllm", "trtllm": "trtllm"}
 BATCHES = (1, 8, 32, 128)
