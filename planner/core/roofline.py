@@ -466,6 +466,14 @@ def attention_fixed_s(op: Op, e: Engine) -> float:
     return 0.0
 
 
+def operator_device_fixed_s(op: Op, e: Engine) -> float:
+    """Device time one instance of ``op`` takes beyond its kernels' under ``e``: the
+    profile's by name (``Engine.fixed_for``), a MoE layer's kernel path's (``moe_fixed_s``)
+    and an attention call's (``attention_fixed_s``). What ``op_time`` charges, and the
+    simulator's attention path (``planner.serving.cost``) with it."""
+    return e.fixed_for(op.name) + moe_fixed_s(op, e) + attention_fixed_s(op, e)
+
+
 def op_time(op: Op, c: Ceilings, *, tp: int = 1, options: Options | None = None,
             engine: Engine = IDEAL, graphed: bool = True) -> OpTime:
     """One operator's time under ``engine`` (see planner.core.engine for the equation).
@@ -537,7 +545,7 @@ def op_time(op: Op, c: Ceilings, *, tp: int = 1, options: Options | None = None,
     if q:  # W8A8: the activations are quantized first, by kernels of the plain cost
         per_kernel = (k * per_kernel + q * c.kernel_cost_s("plain", e)) / (k + q)
         k = k + q
-    fixed = e.fixed_for(op.name) + moe_fixed_s(op, e) + attention_fixed_s(op, e)
+    fixed = operator_device_fixed_s(op, e)
     host = e.moe_layer_host_s if op.name == MOE_HOST_OP else 0.0
     # W8A8: the input's quantization pass runs before the GEMM, its bytes in series
     quant = fp8_input_quant_s(op, c, e) if q else 0.0

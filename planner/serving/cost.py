@@ -32,10 +32,10 @@ from planner.core.engine import Engine
 from planner.core.estimate import Prepared
 from planner.core.ops import Op, StepShape, host_transfer_ops, shape_ops
 from planner.core.roofline import (
-    attention_fixed_s,
     combine,
     launch_time_s,
     op_time,
+    operator_device_fixed_s,
     with_host,
 )
 from planner.core.specs import HardwareSpec, ModelSpec, Options
@@ -156,7 +156,7 @@ class StepCoster:
         self._attn_kernels = self.engine.kernels_for("attention", "attention")
         self._per_kernel = prep.ceilings.kernel_cost_s("attention", self.engine)
         # device time a layer's attention takes beyond its kernels' (op_time's fixed part)
-        self._attn_fixed = self.engine.fixed_for(name) + attention_fixed_s(attn, self.engine)
+        self._attn_fixed = operator_device_fixed_s(attn, self.engine)
         self._launch_s: float | None = None
 
     def with_engine(self, engine: Engine) -> StepCoster:
