@@ -945,15 +945,23 @@ def test_a_gqa_attention_call_pays_its_backends_fixed_time():
 
 def test_the_attention_fixed_time_of_the_profiles_is_sourced_and_shown(run_json):
     """vllm's figures by architecture, derived from aiconfigurator's decode attention tables
-    (benchmarks/aiconfigurator_attention.py --derive-fixed); the other profiles state none.
-    Llama-3.1-8B's decode step at batch 1 on an H100 pays it on each of its 32 layers (its
-    simulated step too, to the bit); on a GPU of an architecture not named, nothing."""
+    (benchmarks/aiconfigurator_attention.py --derive-fixed), carried to vllm-0.8 (the same
+    FlashAttention backend); SGLang's own from its tables, on Hopper alone; the other
+    profiles state none. Llama-3.1-8B's decode step at batch 1 on an H100 pays it on each of
+    its 32 layers (its simulated step too, to the bit); on a GPU of an architecture not named,
+    nothing."""
     rows = {r["name"]: r for r in run_json("engines", "--json")}
     spec = catalog.load_engine_spec("vllm")
-    _sourced_and_shown(spec, rows["vllm"], "attention_fixed_us",
-                       {"ampere": 17.5, "ada": 3.4, "hopper": 8.2, "blackwell": 5.8})
+    vllm_us = {"ampere": 17.5, "ada": 3.4, "hopper": 8.2, "blackwell": 5.8}
+    _sourced_and_shown(spec, rows["vllm"], "attention_fixed_us", vllm_us)
     assert "--derive-fixed" in spec.attention_fixed_us.note
-    for name in ("vllm-0.8", "vllm-v0", "sglang", "trtllm", "gpt-fast", "hf-eager", "ideal"):
+    old = catalog.load_engine_spec("vllm-0.8")
+    _sourced_and_shown(old, rows["vllm-0.8"], "attention_fixed_us", vllm_us)
+    assert "carried over from vllm.yaml" in old.attention_fixed_us.note
+    sgl = catalog.load_engine_spec("sglang")
+    _sourced_and_shown(sgl, rows["sglang"], "attention_fixed_us", {"hopper": 4.6})
+    assert "--engine sglang --derive-fixed" in sgl.attention_fixed_us.note
+    for name in ("vllm-v0", "trtllm", "gpt-fast", "hf-eager", "ideal"):
         assert rows[name]["attention_fixed_us"] == {}
     from planner.cli.compare import served_setup
     from planner.core.ops import StepShape, step_ops
@@ -973,6 +981,10 @@ def test_the_attention_fixed_time_of_the_profiles_is_sourced_and_shown(run_json)
     assert coster.step_time(StepShape.uniform(1, 1, 1024), sequences=1, prefill=False) == \
         pytest.approx(step_time(ops, c, options=dep.options, engine=dep.engine,
                                 fixed_s=fixed).time_s, rel=1e-12)
+    # SGLang's Hopper figure on an H100; an A100 (Ampere, not stated for SGLang) pays none
+    for gpu, want in (("h100-sxm", 4.6e-6), ("a100-sxm-80gb", 0.0)):
+        got = served_setup("llama-3.1-8b", gpu, sgl, 1, DType.bf16, None).engine
+        assert got.attention_fixed_s == pytest.approx(want)
 
 
 def test_the_mxfp4_moe_fixed_time_of_the_profiles_is_sourced_and_shown(run_json):
