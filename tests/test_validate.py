@@ -95,6 +95,17 @@ def test_an_mxfp4_row_is_gpt_oss_as_it_ships(model, gpu):
 
     assert c.predicted == pytest.approx(tpot("experts"), rel=1e-12)
     assert tpot("experts") - tpot("all") > 2e-4
+    # a served replay takes the same rule where its weights are resolved (served_setup given no
+    # quantized_layers), the server command's --quantization included
+    from planner.cli.compare import served_setup
+
+    def layers(name, weights, server=None):
+        return served_setup(name, "h100-sxm", spec, 1, weights, None, quantized_layers=None,
+                            server=server).precision.quantized_layers
+
+    assert layers("gpt-oss-20b", "mxfp4") == "experts"
+    assert layers("gpt-oss-20b", None, {"--weights": "mxfp4"}) == "experts"
+    assert layers("llama-3.1-8b", "fp8") == "all"
 
 
 def test_quantile_matches_numpy_linear():

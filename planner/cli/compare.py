@@ -124,7 +124,9 @@ def served_setup(model: str, gpu: str, spec, tp: int, weights, kv_cache,
     memory, pipeline stages; its TP, weights and KV cache must be the run's. ``weights``
     None: the server command's --quantization, else the checkpoint's quantization_config,
     else bf16. ``checkpoint``: (where it was named, its quantization_config) where the
-    server loaded a quantized release of ``model``, whose weights must be the run's."""
+    server loaded a quantized release of ``model``, whose weights must be the run's.
+    ``quantized_layers`` None: the layers the resolved weights cover as the model ships them
+    (``planner.evidence.validate.quantized_layers_of``), as a published run measured them."""
     from dataclasses import replace
 
     from planner.core.specs import GIB, Options
@@ -144,6 +146,10 @@ def served_setup(model: str, gpu: str, spec, tp: int, weights, kv_cache,
     m = catalog.load_model(model)
     if checkpoint is not None:
         m, weights = _with_checkpoint(m, weights, *checkpoint)
+    if quantized_layers is None:
+        from planner.evidence.validate import quantized_layers_of
+
+        quantized_layers = quantized_layers_of(weights, m)
     hw = catalog.load_hardware(gpu)
     tensorrt = s.get("--trtllm-backend") == "tensorrt"
     q8 = spec.fp8_quant_kernels

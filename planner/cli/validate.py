@@ -165,8 +165,6 @@ def replay_setup(entry, spec, folder: Path | None = None):
     TP and precision, and the scheduler flags of its server command (an options file it
     names, in the manifest's ``folder``)."""
     from planner.cli.compare import MULTI_STEP_FLAGS, served_setup, server_overrides
-    from planner.evidence.validate import quantized_layers_of
-    from planner.io import catalog
 
     server = server_overrides(entry.traffic.server_command if entry.traffic else None, folder)
     if spec.serving is None or spec.serving.scheduler_steps is None:
@@ -178,8 +176,7 @@ def replay_setup(entry, spec, folder: Path | None = None):
         server.pop("--performance-mode", None)  # likewise: that engine's own defaults
     ckpt = entry.checkpoint
     return served_setup(entry.model, entry.gpu, spec, entry.tp, entry.weights, entry.kv_cache,
-                        quantized_layers=quantized_layers_of(
-                            entry.weights, catalog.load_model(entry.model)), server=server,
+                        quantized_layers=None, server=server,
                         checkpoint=None if ckpt is None else (
                             f"run {entry.id}: checkpoint {ckpt.repo}",
                             ckpt.quantization_config))
