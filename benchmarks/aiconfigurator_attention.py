@@ -23,12 +23,16 @@ each GPU's fp8-cache time over its 16-bit-cache time, the median over the shapes
 time: the profile's ``fp8_kv_attention_compute_frac``. ``--derive-fixed`` prints, by
 architecture, the device time a decode attention call takes beyond what the profile's
 operators cost it, where that fixed part sets the time (``FIXED_BATCHES`` sequences over
-``FIXED_STEPS`` cached tokens, a 16-bit cache): the profile's ``attention_fixed_us``. Nothing
+``FIXED_STEPS`` cached tokens, a 16-bit cache): the profile's ``attention_fixed_us``.
+``--fixed-cells`` checks that figure over a wider grid on the H100's table (1-64 sequences over
+1,023-16,383 cached tokens): the median theirs / ours of each cell without it and with it, so
+that a time that only moves the median, where the cells want a rate instead, shows. Nothing
 is fitted to a validation row; the wheel is not needed by llmplan.
 """
 
 from __future__ import annotations
 
+import math
 import statistics
 import sys
 import zipfile
@@ -171,18 +175,19 @@ def ours_us(dep, batch: int, step: int) -> float:
     return total * 1e6
 
 
-def fixed_rows(table, gpu: str, engine):
+def fixed_rows(table, gpu: str, engine, batches=FIXED_BATCHES, steps=FIXED_STEPS,
+               cells: bool = False):
     """(theirs us, ours us) for each of the decode table's full-attention shapes of a 16-bit
-    cache (its default kernel) at ``FIXED_BATCHES`` x ``FIXED_STEPS``, ours with ``engine``
-    (an ``EngineSpec``) for a model of the shape's heads, KV heads and head size, without the
-    profile's own attention_fixed_us."""
+    cache (its default kernel) at ``batches`` x ``steps``, ours with ``engine`` (an
+    ``EngineSpec``) for a model of the shape's heads, KV heads and head size, without the
+    profile's own attention_fixed_us; with ``cells``, (batch, step, theirs, ours)."""
     from planner.io import catalog
     from planner.layouts.deployment import Deployment
 
     rows = _kernel_rows(table, "bfloat16")
     if rows is None:
         return []
-    rows = rows[rows.batch_size.isin(FIXED_BATCHES) & rows.step.isin(FIXED_STEPS)]
+    rows = rows[rows.batch_size.isin(batches) & rows.step.isin(steps)]
     spec = engine.model_copy(update={"attention_fixed_us": None})
     hw, base = catalog.load_hardware(gpu), catalog.load_model("llama-3.1-8b")
     out, deps = [], {}
@@ -192,7 +197,8 @@ def fixed_rows(table, gpu: str, engine):
             m = base.model_copy(update={"num_attention_heads": key[0], "num_kv_heads": key[1],
                                         "head_dim": key[2], "hidden_size": key[0] * key[2]})
             deps[key] = Deployment.build(m, hw, engine=spec.model())
-        out.append((float(g.latency.median()) * 1e3, ours_us(deps[key], int(b), int(st))))
+        pair = (float(g.latency.median()) * 1e3, ours_us(deps[key], int(b), int(st)))
+        out.append((int(b), int(st)) + pair if cells else pair)
     return out
 
 
@@ -224,6 +230,10 @@ def main(argv=None) -> int:
                     help="print, by architecture, the device time a decode attention call "
                          "takes beyond what the profile's operators cost it (engines_db "
                          "attention_fixed_us)")
+    ap.add_argument("--fixed-cells", action="store_true",
+                    help="print, on the H100's table, the median theirs / ours by batch and "
+                         "cached tokens over a wider grid than --derive-fixed reads, without "
+                         "the profile's attention_fixed_us and with it")
     a = ap.parse_args(argv)
     tables, prefill, gpu = {}, {}, ""
     try:
@@ -242,6 +252,8 @@ def main(argv=None) -> int:
         return 2
     if a.derive_fixed:
         return print_fixed(tables, a.engine)
+    if a.fixed_cells:
+        return print_cells(tables[REFERENCE][0], a.engine)
     per_gpu = {}
     print(f"# {a.engine}: decode attention over a cache of {MIN_CACHE_BYTES / 2**20:g} MiB or "
           "more in 16 bits; rate = the cache's bytes / latency (median over the shapes); "
@@ -331,6 +343,44 @@ def print_fixed(tables: dict, engine: str) -> int:
     print("attention_fixed_us: " + ", ".join(
         f"{arch}: {derive_fixed(p):.1f} ({len(p)} shapes; above the floor "
         f"{beside(above[arch])})" for arch, p in sorted(by_arch.items())))
+    return 0
+
+
+# --fixed-cells: the grid the fixed time is checked over (the H100's tables time these)
+CELL_BATCHES, CELL_STEPS = (1, 2, 4, 8, 16, 32, 64), (1023, 4095, 16383)
+
+
+def print_cells(table, engine: str) -> int:
+    """``--fixed-cells``: on the reference GPU's table, for each batch and cached-token count
+    of ``CELL_BATCHES`` x ``CELL_STEPS``, the median over the head shapes of theirs / ours
+    without the profile's attention_fixed_us and with it; then the mean |log ratio| over every
+    row, each way. A fixed time that only shifts the median would leave the cells apart."""
+    from planner.io import catalog
+
+    spec = catalog.load_engine_spec(engine)
+    hw = catalog.load_hardware(REFERENCE)
+    fixed_us = spec.model().for_gpu(hw.memory_bytes, hw.name, hw.architecture) \
+        .attention_fixed_s * 1e6
+    rows = fixed_rows(table, REFERENCE, spec, CELL_BATCHES, CELL_STEPS, cells=True)
+    if not rows:
+        print(f"aiconfigurator_attention.py: the {REFERENCE} table holds none of the grid's "
+              "rows", file=sys.stderr)
+        return 2
+    print(f"# {engine} on the {REFERENCE}: decode attention, a 16-bit cache, theirs / ours by "
+          f"cell (median over the head shapes), without attention_fixed_us and with its "
+          f"{fixed_us:g} us")
+    by_cell: dict[tuple, list] = {}
+    for b, st, t, o in rows:
+        by_cell.setdefault((b, st), []).append((t, o))
+    for (b, st), pairs in sorted(by_cell.items()):
+        before = statistics.median(t / o for t, o in pairs)
+        after = statistics.median(t / (o + fixed_us) for t, o in pairs)
+        print(f"  batch {b:>3}  {st:>6,} tokens  {len(pairs):>4} shapes  theirs "
+              f"{statistics.median(t for t, _ in pairs):7.1f} us  ratio {before:6.2f} -> "
+              f"{after:.2f}")
+    logs0 = statistics.mean(abs(math.log(t / o)) for _, _, t, o in rows)
+    logs1 = statistics.mean(abs(math.log(t / (o + fixed_us))) for _, _, t, o in rows)
+    print(f"mean |log ratio| over {len(rows)} rows: {logs0:.3f} -> {logs1:.3f}")
     return 0
 
 

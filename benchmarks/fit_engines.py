@@ -34,7 +34,7 @@ PLANS: dict[str, tuple[list[str], dict[str, str]]] = {
     # TensorRT-LLM 0.8 and 0.9 rows of Llama-2-7B (every GPU, fp8 and fp16, throughput and
     # TTFT) fit; the other models of those releases and every row of 0.5 and 0.6.1 are held
     # out.
-    "trtllm": (["overlap_frac", "gemm_compute_frac", "attention_bandwidth_frac",
+    "trtllm-engine": (["overlap_frac", "gemm_compute_frac", "attention_bandwidth_frac",
                 "quantized.fp8.compute_frac", "prefill_step_overhead_us", "step_overhead_us"],
                {"trtllm-v0.8.0": r"-llama-2-7b-", "trtllm-v0.9.0": r"-llama-2-7b-"}),
     # vLLM 0.6.3 rows of Qwen2.5-7B and -32B (bf16, GPTQ int8 / int4, AWQ; prompts of 1 to

@@ -201,3 +201,40 @@ def test_the_script_derives_each_architectures_fixed_time(tmp_path):
     assert f"hopper: 7.0 ({2 * n} shapes; above the floor 7.0 on " in last
     h100 = [ln for ln in p.stdout.splitlines() if ln.strip().startswith("h100-sxm ")]
     assert len(h100) == 1 and "fixed   7.0 us" in h100[0]
+
+
+def test_the_cells_show_the_profiles_fixed_time_bringing_each_cell_to_1(tmp_path):
+    """--fixed-cells on an H100 table timed at the vllm profile's price plus its own 8.2 us
+    (Hopper) at every cell of the wider grid: each cell's ratio comes to 1.00 with the fixed
+    time and stands above 1 without it, the mean |log ratio| goes to 0; another GPU's table is
+    not read."""
+    from planner.io import catalog
+
+    rows = [dict(kernel_source="fa3", batch_size=b, isl=1, num_heads=32, num_key_value_heads=8,
+                 head_dim=128, kv_cache_dtype="bfloat16", step=st, window_size=0, latency=1.0)
+            for b in attn.CELL_BATCHES for st in attn.CELL_STEPS]
+    t = pd.DataFrame(rows)
+    ours = [r[3] for r in attn.fixed_rows(t, "h100-sxm", catalog.load_engine_spec("vllm"),
+                                          attn.CELL_BATCHES, attn.CELL_STEPS, cells=True)]
+    t["latency"] = [(o + 8.2) / 1e3 for o in ours]
+    wheel = tmp_path / "aic.whl"
+    with zipfile.ZipFile(wheel, "w") as z:
+        for gpu, system in moe.SYSTEMS.items():
+            buf = io.BytesIO()
+            (t if gpu == "h100-sxm" else t.assign(latency=1.0)).to_parquet(buf)
+            release = moe.RELEASES["vllm"][system]
+            z.writestr(f"aiconfigurator_core/systems/data/{system}/attention/vllm/{release}/"
+                       "generation_attention_perf.parquet", buf.getvalue())
+    p = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "aiconfigurator_attention.py"),
+                        str(wheel), "--engine", "vllm", "--fixed-cells"],
+                       capture_output=True, text=True, cwd=ROOT)
+    assert p.returncode == 0, p.stderr
+    lines = p.stdout.strip().splitlines()
+    assert "with its 8.2 us" in lines[0]
+    cells = [ln for ln in lines if ln.strip().startswith("batch")]
+    assert len(cells) == len(attn.CELL_BATCHES) * len(attn.CELL_STEPS)
+    for ln in cells:
+        before, after = re.search(r"ratio\s+([\d.]+) -> ([\d.]+)", ln).groups()
+        assert after == "1.00" and float(before) > 1.0, ln
+    n = len(cells)
+    assert re.search(rf"mean \|log ratio\| over {n} rows: [\d.]+ -> 0\.000$", lines[-1]), lines[-1]

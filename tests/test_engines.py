@@ -946,10 +946,10 @@ def test_a_gqa_attention_call_pays_its_backends_fixed_time():
 def test_the_attention_fixed_time_of_the_profiles_is_sourced_and_shown(run_json):
     """vllm's figures by architecture, derived from aiconfigurator's decode attention tables
     (benchmarks/aiconfigurator_attention.py --derive-fixed), carried to vllm-0.8 (the same
-    FlashAttention backend); SGLang's own from its tables, on Hopper alone; the other
-    profiles state none. Llama-3.1-8B's decode step at batch 1 on an H100 pays it on each of
-    its 32 layers (its simulated step too, to the bit); on a GPU of an architecture not named,
-    nothing."""
+    FlashAttention backend); SGLang's own from its tables, on Hopper alone; TensorRT-LLM's
+    PyTorch backend its own (not the TensorRT engines' profile); the others state none.
+    Llama-3.1-8B's decode step at batch 1 on an H100 pays it on each of its 32 layers (its
+    simulated step too, to the bit); on a GPU of an architecture not named, nothing."""
     rows = {r["name"]: r for r in run_json("engines", "--json")}
     spec = catalog.load_engine_spec("vllm")
     vllm_us = {"ampere": 17.5, "ada": 3.4, "hopper": 8.2, "blackwell": 5.8}
@@ -961,7 +961,11 @@ def test_the_attention_fixed_time_of_the_profiles_is_sourced_and_shown(run_json)
     sgl = catalog.load_engine_spec("sglang")
     _sourced_and_shown(sgl, rows["sglang"], "attention_fixed_us", {"hopper": 4.6})
     assert "--engine sglang --derive-fixed" in sgl.attention_fixed_us.note
-    for name in ("vllm-v0", "trtllm", "gpt-fast", "hf-eager", "ideal"):
+    trt = catalog.load_engine_spec("trtllm")  # the PyTorch backend's own, from its tables
+    _sourced_and_shown(trt, rows["trtllm"], "attention_fixed_us",
+                       {"ampere": 19.9, "hopper": 15.3, "blackwell": 10.7})
+    assert "--engine trtllm --derive-fixed" in trt.attention_fixed_us.note
+    for name in ("vllm-v0", "trtllm-engine", "gpt-fast", "hf-eager", "ideal"):
         assert rows[name]["attention_fixed_us"] == {}
     from planner.cli.compare import served_setup
     from planner.core.ops import StepShape, step_ops

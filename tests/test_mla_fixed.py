@@ -71,7 +71,7 @@ def _gpu_s(engine_spec, tp: int, batch: int, context: int, model="deepseek-v3") 
 
 
 @pytest.mark.parametrize("name, us", [("vllm", 65), ("vllm-0.8", 61), ("sglang", 52),
-                                      ("trtllm", 5)])
+                                      ("trtllm", 6)])
 def test_each_profiles_mla_block_pays_its_derived_time_in_every_layer(name, us):
     """A DeepSeek-V3 decode step on 8 H200s takes 61 layers x the profile's figure more than
     without it: the 61 layers each run one MLA block."""

@@ -376,7 +376,7 @@ GroupSizeOpt = Annotated[Optional[int], typer.Option(
 DEFAULT_ENGINE = "vllm"
 EngineOpt = Annotated[str, typer.Option(
     "--engine", "-e", help="Engine profile: ideal, vllm, vllm-0.8, vllm-v0, sglang, trtllm, "
-    "gpt-fast, "
+    "trtllm-engine, gpt-fast, "
     "hf-eager, FAMILY@RELEASE (vllm@0.6.3 picks the profile covering that release) "
     "(engines_db) or a YAML file. ideal = the datasheet roofline with no overheads.",
     metavar="ENGINE")]
