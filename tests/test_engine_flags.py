@@ -274,8 +274,8 @@ def test_sglang_overlaps_its_host_work_unless_told_not_to():
 
 def test_trtllm_serves_with_the_pytorch_backends_graphs_unless_told_tensorrt():
     """trtllm-serve's default backend (PyTorch) captures decode batches of 1-32, 64 and 128
-    and does not pad; --backend tensorrt runs a built engine, every decode step as the
-    profile's fit priced it."""
+    and does not pad; --backend tensorrt runs a built engine, priced by the trtllm-engine
+    profile."""
     from planner.serving import run
 
     spec = catalog.load_engine_spec("trtllm")
@@ -287,6 +287,15 @@ def test_trtllm_serves_with_the_pytorch_backends_graphs_unless_told_tensorrt():
                        server=server_flags("trtllm-serve m --backend tensorrt"))
     cfg = run.scheduler(trt)
     assert cfg.graph_sizes == () and trt.engine.cuda_graphs
+    # a built engine is the trtllm-engine profile's, kernels and all: not the PyTorch
+    # backend's GEMM and attention figures
+    engine = catalog.load_engine_spec("trtllm-engine").model()
+    assert trt.engine.name == "trtllm-engine"
+    assert (trt.engine.gemm_bandwidth_frac, trt.engine.attention_bandwidth_frac,
+            trt.engine.attention_fixed_s) == (engine.gemm_bandwidth_frac,
+                                              engine.attention_bandwidth_frac, 0.0)
+    assert served_setup("llama-3.1-8b", "h100-sxm", spec, 1, "bf16", None,
+                        server=server_flags("trtllm-serve m")).engine.attention_fixed_s > 0
     # the PyTorch backend's overlap scheduler (1.0 and later), not a built engine's runtime
     pytorch = served_setup("llama-3.1-8b", "h100-sxm", spec, 1, "bf16", None,
                            server=server_flags("trtllm-serve m"))

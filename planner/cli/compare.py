@@ -152,6 +152,10 @@ def served_setup(model: str, gpu: str, spec, tp: int, weights, kv_cache,
         quantized_layers = quantized_layers_of(weights, m)
     hw = catalog.load_hardware(gpu)
     tensorrt = s.get("--trtllm-backend") == "tensorrt"
+    if tensorrt and spec.name == "trtllm":
+        # trtllm-serve --backend tensorrt: a built TensorRT engine, the profile of that path
+        # (its kernels' figures, not the PyTorch backend's tables')
+        spec = catalog.load_engine_spec("trtllm-engine")
     q8 = spec.fp8_quant_kernels
     if tensorrt and q8 is not None and q8.since is not None:
         # a built TensorRT engine's fp8 GEMMs take their input quantized by the kernel

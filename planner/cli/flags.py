@@ -194,7 +194,7 @@ FLAGS: tuple[EngineFlag, ...] = (
     EngineFlag(("--enable_chunked_prefill",), "--chunked-prefill", T, TRTLLM_SERVE,
                value=True),
     # the PyTorch backend (the default) replays CUDA graphs of decode batches of exactly its
-    # captured sizes; a TensorRT engine's steps run as the trtllm profile was fitted on them
+    # captured sizes; a TensorRT engine's steps run as the trtllm-engine profile prices them
     EngineFlag(("--backend",), "--trtllm-backend", T, TRTLLM_SERVE,
                choices={"pytorch": "pytorch", "tensorrt": "tensorrt", "trt": "tensorrt"}),
 )
