@@ -178,20 +178,28 @@ def _fixed_table(gpu: str, extra_us: float) -> pd.DataFrame:
     return pd.concat([t, pd.DataFrame([slow])], ignore_index=True)
 
 
-def test_the_script_derives_each_architectures_fixed_time(tmp_path):
-    """Tables timed at the profile's price plus 7 us on Hopper and 3 us elsewhere: 7.0 for
-    Hopper (the H100's and H200's rows together), 3.0 for the rest, each GPU's line too."""
+def _run_on_vllm_tables(tmp_path, table_of, flag: str):
+    """The script with ``flag`` on a wheel whose vLLM decode attention table for each GPU is
+    ``table_of(gpu)``."""
     wheel = tmp_path / "aic.whl"
     with zipfile.ZipFile(wheel, "w") as z:
         for gpu, system in moe.SYSTEMS.items():
             buf = io.BytesIO()
-            _fixed_table(gpu, 7.0 if gpu in ("h100-sxm", "h200") else 3.0).to_parquet(buf)
+            table_of(gpu).to_parquet(buf)
             release = moe.RELEASES["vllm"][system]
             z.writestr(f"aiconfigurator_core/systems/data/{system}/attention/vllm/{release}/"
                        "generation_attention_perf.parquet", buf.getvalue())
-    p = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "aiconfigurator_attention.py"),
-                        str(wheel), "--engine", "vllm", "--derive-fixed"],
-                       capture_output=True, text=True, cwd=ROOT)
+    return subprocess.run([sys.executable, str(ROOT / "benchmarks" /
+                                               "aiconfigurator_attention.py"),
+                           str(wheel), "--engine", "vllm", flag],
+                          capture_output=True, text=True, cwd=ROOT)
+
+
+def test_the_script_derives_each_architectures_fixed_time(tmp_path):
+    """Tables timed at the profile's price plus 7 us on Hopper and 3 us elsewhere: 7.0 for
+    Hopper (the H100's and H200's rows together), 3.0 for the rest, each GPU's line too."""
+    p = _run_on_vllm_tables(tmp_path, lambda gpu: _fixed_table(
+        gpu, 7.0 if gpu in ("h100-sxm", "h200") else 3.0), "--derive-fixed")
     assert p.returncode == 0, p.stderr
     last = p.stdout.strip().splitlines()[-1]
     n = len(attn.FIXED_BATCHES) * len(attn.FIXED_STEPS)
@@ -217,17 +225,8 @@ def test_the_cells_show_the_profiles_fixed_time_bringing_each_cell_to_1(tmp_path
     ours = [r[3] for r in attn.fixed_rows(t, "h100-sxm", catalog.load_engine_spec("vllm"),
                                           attn.CELL_BATCHES, attn.CELL_STEPS, cells=True)]
     t["latency"] = [(o + 8.2) / 1e3 for o in ours]
-    wheel = tmp_path / "aic.whl"
-    with zipfile.ZipFile(wheel, "w") as z:
-        for gpu, system in moe.SYSTEMS.items():
-            buf = io.BytesIO()
-            (t if gpu == "h100-sxm" else t.assign(latency=1.0)).to_parquet(buf)
-            release = moe.RELEASES["vllm"][system]
-            z.writestr(f"aiconfigurator_core/systems/data/{system}/attention/vllm/{release}/"
-                       "generation_attention_perf.parquet", buf.getvalue())
-    p = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "aiconfigurator_attention.py"),
-                        str(wheel), "--engine", "vllm", "--fixed-cells"],
-                       capture_output=True, text=True, cwd=ROOT)
+    p = _run_on_vllm_tables(
+        tmp_path, lambda gpu: t if gpu == "h100-sxm" else t.assign(latency=1.0), "--fixed-cells")
     assert p.returncode == 0, p.stderr
     lines = p.stdout.strip().splitlines()
     assert "with its 8.2 us" in lines[0]
