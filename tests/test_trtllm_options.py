@@ -176,6 +176,19 @@ def test_refused_where_it_does_not_apply(tmp_path, run_cli):
     assert code == 2 and "--max-num-seqs 64" in err and "max_batch_size (256) disagree" in err
     code, _, err = run_cli(*SIM, "--extra-llm-api-options", str(tmp_path / "none.yaml"))
     assert code == 2 and "no such file" in err
+    # the PyTorch backend's own settings do not reach a TensorRT engine's profile; the
+    # settings both have do
+    torch = _write(tmp_path, "cuda_graph_config:\n  enable_padding: true\n"
+                   "disable_overlap_scheduler: true\n", "torch.yaml")
+    engine = [x if x != "trtllm" else "trtllm-engine" for x in SIM]
+    code, _, err = run_cli(*engine, "--extra-llm-api-options", str(torch))
+    assert code == 2 and len(err.strip().splitlines()) == 1
+    assert "cuda_graph_config, disable_overlap_scheduler: the PyTorch backend's" in err
+    assert "the engine here is trtllm-engine" in err and str(torch) in err
+    code, _, err = run_cli(*SIM, "--extra-llm-api-options", str(torch))
+    assert code == 0, err
+    code, _, err = run_cli(*engine, "--extra-llm-api-options", str(cfg))
+    assert code == 0, err
 
 
 def test_a_server_command_lays_the_file_over_its_flags(tmp_path):

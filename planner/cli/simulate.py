@@ -880,6 +880,12 @@ LLM_API_PARAMS = {"--tp": "tp", "--pp": "pp", "--ep": "ep", "--max-num-seqs": "m
                   "--async-scheduling": "async_scheduling"}
 
 
+# an options file's settings that only TensorRT-LLM's PyTorch backend has (TorchLlmArgs'
+# cuda_graph_config and disable_overlap_scheduler)
+PYTORCH_ONLY = ("--enforce-eager", "--cuda-graph-sizes", "--cuda-graph-padding",
+                "--async-scheduling")
+
+
 def with_llm_api_options(a: dict, defaults: dict) -> dict:
     """``a`` with a TensorRT-LLM options file's settings (--extra-llm-api-options) laid in:
     for the trtllm engine only; a flag the command was given as well must agree with the
@@ -897,6 +903,16 @@ def with_llm_api_options(a: dict, defaults: dict) -> dict:
                            f"here is {spec.name} (give --engine trtllm)")
     out = dict(a)
     settings = read_llm_api_options(Path(path))
+    sv = spec.serving
+    if sv is None or (sv.cuda_graph_sizes is None and sv.async_scheduling is None):
+        # a TensorRT engine's profile (trtllm-engine): the PyTorch backend's own settings do
+        # not reach it
+        torch_only = sorted({KEY_OF[o].split(".")[0] for o in settings if o in PYTORCH_ONLY})
+        if torch_only:
+            raise LlmplanError(f"--extra-llm-api-options: {path}'s {', '.join(torch_only)}: "
+                               f"the PyTorch backend's settings; the engine here is "
+                               f"{spec.name}, a TensorRT engine's profile (give --engine "
+                               f"trtllm)")
     # simulate's checks of these values, further on, are said of the file's keys
     # (said_of_file)
     out["llm_api_keys"] = {LLM_API_PARAMS[ours]: KEY_OF[ours] for ours in settings}
