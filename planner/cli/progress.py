@@ -5,12 +5,16 @@ every step through the step coster it is given (``run.run(..., step_coster=...)`
 hands it ``StepProgress``, the deployment's own coster wrapped so that each step also counts
 toward a callback. The callback draws a bar on stderr, only when stderr is a terminal, not
 under ``--json``, and only once the run has lasted ``SHOW_AFTER_S`` (a short run never
-flickers one).
+flickers one). ``LLMPLAN_PROGRESS_AFTER_S`` in the environment (seconds, 0 or more) sets both
+waits, this one and ``task_progress``'s: the tests' way to see a bar whatever the machine's
+speed; any other value leaves them as they are.
 """
 
 from __future__ import annotations
 
 import copy
+import math
+import os
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -18,6 +22,16 @@ from contextlib import contextmanager
 
 SHOW_AFTER_S = 0.5  # a run shorter than this shows no bar
 EVERY_STEPS = 256  # the callback's rate: a clock read per 256 steps costs nothing measurable
+
+
+def _after(default_s: float) -> float:
+    """How long a bar waits: ``LLMPLAN_PROGRESS_AFTER_S`` where it is a number of seconds, 0 or
+    more; otherwise ``default_s``."""
+    try:
+        v = float(os.environ.get("LLMPLAN_PROGRESS_AFTER_S", "nan"))
+    except ValueError:
+        return default_s
+    return v if math.isfinite(v) and v >= 0 else default_s
 
 
 class StepProgress:
@@ -94,12 +108,12 @@ def simulation_progress(dep, requests, *, enabled: bool,
 
     from planner.serving import run
 
-    start = time.monotonic()
+    start, wait_s = time.monotonic(), _after(SHOW_AFTER_S)
     bar: list[Progress] = []
 
     def report(fraction: float, steps: int) -> None:
         if not bar:
-            if time.monotonic() - start < SHOW_AFTER_S:
+            if time.monotonic() - start < wait_s:
                 return
             p = Progress(TextColumn("simulating {task.fields[what]}"), BarColumn(),
                          TextColumn("about {task.percentage:>3.0f}%"), TimeElapsedColumn(),
@@ -133,14 +147,14 @@ def task_progress(what: str, *, total: int | None = None,
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-    start = time.monotonic()
+    start, wait_s = time.monotonic(), _after(SHOW_AFTER_TASK_S)
     bar: list[Progress] = []
     done = [0]
 
     def advance(detail: str = "") -> None:
         done[0] += 1
         if not bar:
-            if time.monotonic() - start < SHOW_AFTER_TASK_S:
+            if time.monotonic() - start < wait_s:
                 return
             cols = [TextColumn("{task.description}")]
             if total:
