@@ -317,6 +317,15 @@ def test_engine_profiles_by_release():
         catalog.load_engine_spec("vllm@0.5")
     with pytest.raises(SpecError, match="not a release number"):
         catalog.load_engine_spec("vllm@latest")
+    # a release as engines name it: pre-, post- and development releases, a leading v
+    for ref, name in (("vllm@0.10.1.post1", "vllm-0.8"), ("vllm@v0.8.2", "vllm-0.8"),
+                      ("vllm@0.11.0rc2", "vllm-0.8"), ("vllm@0.12.0rc1", "vllm"),
+                      ("sglang@0.5.3.post3", "sglang"), ("sglang@0.5.3rc0", "sglang"),
+                      ("trtllm@1.2.0rc1", "trtllm"), ("vllm@0.6.3.dev12", "vllm-v0")):
+        assert catalog.load_engine_spec(ref).name == name, ref
+    for bad in ("vllm@0.8-beta", "vllm@rc1", "vllm@0.8.", "vllm@"):
+        with pytest.raises(SpecError, match="not a release number"):
+            catalog.load_engine_spec(bad)
 
 
 def test_a_release_starts_with_its_own_scheduler_defaults():

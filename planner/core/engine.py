@@ -273,6 +273,21 @@ def release_in(text: str | None, family: str) -> str | None:
     return m.group(1) if m else None
 
 
+def release_number(text: str) -> str:
+    """A release as engines publish its name, read as the release it is a build of: a leading
+    ``v`` and a pre-, post- or development-release suffix dropped ("v0.8.2" -> "0.8.2",
+    "0.5.3.post3" -> "0.5.3", "1.2.0rc1" -> "1.2.0", "0.11.0rc2" -> "0.11.0"); a ValueError for
+    anything else, as ``version_key`` gives."""
+    import re
+
+    m = re.fullmatch(r"\s*v?([0-9]+(?:\.[0-9]+)*)(?:[.-]?(?:post|rc|a|b|dev)[0-9]*)*\s*",
+                     text, re.IGNORECASE)
+    if m is None:
+        raise ValueError(f"not a release number: {text!r} (expected digits and dots, such as "
+                         "0.8, 0.10.1 or 1.2.0rc1)")
+    return m.group(1)
+
+
 def version_key(version: str) -> tuple[int, ...]:
     """``0.10.1`` -> (0, 10, 1): release numbers compared as numbers, not as text."""
     parts = version.strip().split(".")

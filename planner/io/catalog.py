@@ -323,10 +323,11 @@ def load_engine_spec(ref: str) -> EngineSpec:
 
 
 def _engine_for_version(ref: str) -> EngineSpec:
-    from planner.core.engine import version_key
+    from planner.core.engine import release_number, version_key
 
     family, _, version = ref.partition("@")
-    try:
+    try:  # a published name (1.2.0rc1, 0.5.3.post3, v0.8.2) is read as its release
+        version = release_number(version)
         version_key(version)
     except ValueError as e:
         raise SpecError(f"--engine {ref}: {e}") from None
