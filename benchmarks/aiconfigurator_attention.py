@@ -175,12 +175,17 @@ def ours_us(dep, batch: int, step: int) -> float:
     return total * 1e6
 
 
-def fixed_rows(table, gpu: str, engine, batches=FIXED_BATCHES, steps=FIXED_STEPS,
-               cells: bool = False):
+def fixed_rows(table, gpu: str, engine):
     """(theirs us, ours us) for each of the decode table's full-attention shapes of a 16-bit
-    cache (its default kernel) at ``batches`` x ``steps``, ours with ``engine`` (an
-    ``EngineSpec``) for a model of the shape's heads, KV heads and head size, without the
-    profile's own attention_fixed_us; with ``cells``, (batch, step, theirs, ours)."""
+    cache (its default kernel) at ``FIXED_BATCHES`` x ``FIXED_STEPS``, ours with ``engine``
+    (an ``EngineSpec``) for a model of the shape's heads, KV heads and head size, without the
+    profile's own attention_fixed_us."""
+    return [(t, o) for _, _, t, o in cell_rows(table, gpu, engine, FIXED_BATCHES, FIXED_STEPS)]
+
+
+def cell_rows(table, gpu: str, engine, batches, steps):
+    """(batch, step, theirs us, ours us) for each of those shapes at ``batches`` x ``steps``
+    (``fixed_rows``'s, each row with its cell)."""
     from planner.io import catalog
     from planner.layouts.deployment import Deployment
 
@@ -197,8 +202,8 @@ def fixed_rows(table, gpu: str, engine, batches=FIXED_BATCHES, steps=FIXED_STEPS
             m = base.model_copy(update={"num_attention_heads": key[0], "num_kv_heads": key[1],
                                         "head_dim": key[2], "hidden_size": key[0] * key[2]})
             deps[key] = Deployment.build(m, hw, engine=spec.model())
-        pair = (float(g.latency.median()) * 1e3, ours_us(deps[key], int(b), int(st)))
-        out.append((int(b), int(st)) + pair if cells else pair)
+        out.append((int(b), int(st), float(g.latency.median()) * 1e3,
+                    ours_us(deps[key], int(b), int(st))))
     return out
 
 
@@ -361,7 +366,7 @@ def print_cells(table, engine: str) -> int:
     hw = catalog.load_hardware(REFERENCE)
     fixed_us = spec.model().for_gpu(hw.memory_bytes, hw.name, hw.architecture) \
         .attention_fixed_s * 1e6
-    rows = fixed_rows(table, REFERENCE, spec, CELL_BATCHES, CELL_STEPS, cells=True)
+    rows = cell_rows(table, REFERENCE, spec, CELL_BATCHES, CELL_STEPS)
     if not rows:
         print(f"aiconfigurator_attention.py: the {REFERENCE} table holds none of the grid's "
               "rows", file=sys.stderr)

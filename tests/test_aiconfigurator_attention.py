@@ -222,8 +222,8 @@ def test_the_cells_show_the_profiles_fixed_time_bringing_each_cell_to_1(tmp_path
                  head_dim=128, kv_cache_dtype="bfloat16", step=st, window_size=0, latency=1.0)
             for b in attn.CELL_BATCHES for st in attn.CELL_STEPS]
     t = pd.DataFrame(rows)
-    ours = [r[3] for r in attn.fixed_rows(t, "h100-sxm", catalog.load_engine_spec("vllm"),
-                                          attn.CELL_BATCHES, attn.CELL_STEPS, cells=True)]
+    ours = [r[3] for r in attn.cell_rows(t, "h100-sxm", catalog.load_engine_spec("vllm"),
+                                         attn.CELL_BATCHES, attn.CELL_STEPS)]
     t["latency"] = [(o + 8.2) / 1e3 for o in ours]
     p = _run_on_vllm_tables(
         tmp_path, lambda gpu: t if gpu == "h100-sxm" else t.assign(latency=1.0), "--fixed-cells")

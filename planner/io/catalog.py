@@ -328,7 +328,6 @@ def _engine_for_version(ref: str) -> EngineSpec:
     family, _, version = ref.partition("@")
     try:  # a published name (1.2.0rc1, 0.5.3.post3, v0.8.2) is read as its release
         version = release_number(version)
-        version_key(version)
     except ValueError as e:
         raise SpecError(f"--engine {ref}: {e}") from None
     specs = [load_engine_spec(n) for n in _names("engines_db")]
