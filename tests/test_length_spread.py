@@ -38,6 +38,20 @@ def test_the_range_ratio_of_vllms_random_dataset_spreads_the_replayed_lengths():
     assert sg.length_spread_frac == 0 and sg.random_lengths is not None
 
 
+def test_a_ratio_read_from_the_ratio_up_spreads_about_its_mean():
+    """InferenceX's client draws each length from 0.8 L up to L: mean 0.9 L, half-width
+    0.1 L, so 1/9 of the mean either side (by hand); 0.5: [0.5 L, L], mean 0.75 L, 1/3."""
+    t = Traffic(dataset="random", range_ratio=0.8, range_style="from-ratio")
+    assert t.apply(_run()).length_spread_frac == pytest.approx(1 / 9)
+    half = Traffic(dataset="random", range_ratio=0.5, range_style="from-ratio")
+    assert half.apply(_run()).length_spread_frac == pytest.approx(1 / 3)
+    # the default reading, stated or not, is vLLM's +-ratio
+    assert Traffic(dataset="random", range_ratio=0.8,
+                   range_style="plus-minus").apply(_run()).length_spread_frac == 0.8
+    with pytest.raises(ValueError):
+        Traffic(dataset="random", range_ratio=0.8, range_style="from-the-top")
+
+
 def _reqs(prompts, outputs):
     return [Request(i, 0.0, p, o) for i, (p, o) in enumerate(zip(prompts, outputs, strict=True))]
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 
 from planner.cli.flags import server_flags
+from planner.core.specs import DType
 from planner.io import catalog
 from planner.io.trtllm_options import cuda_graph_batch_sizes, read_llm_api_options
 
@@ -202,10 +203,37 @@ def test_a_server_command_lays_the_file_over_its_flags(tmp_path):
         {"--max-num-seqs": 128, "--prefix-cache": False}
     assert server_flags("vllm serve Qwen/Qwen3-8B --config extra.yaml --max-num-seqs 32",
                         tmp_path) == {"--max-num-seqs": 32}
+    # behind a launcher, as InferenceX starts it (mpirun -n 1 ... trtllm-serve MODEL)
+    assert server_flags("mpirun -n 1 --oversubscribe trtllm-serve M --tp_size=8 "
+                        "--extra_llm_api_options=extra.yaml", tmp_path) == \
+        {"--max-num-seqs": 128, "--tp": 8, "--prefix-cache": False}
     # trtllm-serve's long spellings of TP, PP, EP and the KV fraction
     assert server_flags("trtllm-serve M --tensor_parallel_size 4 --pipeline_parallel_size 2 "
                         "--moe_expert_parallel_size 4 --free_gpu_memory_fraction 0.8") == \
-        {"--tp": 4, "--pp": 2, "--ep": 4, "--memory-utilization": 0.8}
+        {"--tp": 4, "--pp": 2, "--ep": 4, "--memory-utilization": 0.8, "--memory-basis": "free"}
+
+
+def test_a_servers_memory_fraction_keeps_its_basis_whichever_engine_replays_it(tmp_path):
+    """An options file's free_gpu_memory_fraction is of free memory; replayed with the ideal
+    engine (basis total) it stays so. DeepSeek-R1 in fp8 on 4 B200s: 169.1 GB of weights a
+    GPU of 193.3; 0.8 of the total (154.6 GB) would leave no KV cache, 0.8 of what is free
+    leaves about 18 GB (by hand: 0.8 x (193.3 - 169.1 - 1.07 reserve - activations))."""
+    from planner.cli.compare import served_setup
+    from planner.serving.run import coster, scheduler
+
+    _write(tmp_path, "kv_cache_config:\n  free_gpu_memory_fraction: 0.8\n")
+    server = server_flags("mpirun -n 1 trtllm-serve M --tp_size 4 "
+                          "--extra_llm_api_options extra.yaml", tmp_path)
+    assert server["--memory-basis"] == "free"
+    ideal = catalog.load_engine_spec("ideal")
+    dep = served_setup("deepseek-r1", "b200", ideal, 4, DType.fp8, DType.fp8, server=server)
+    cfg = scheduler(dep)
+    tokens = coster(dep).kv_capacity_tokens(cfg.max_num_seqs, cfg.max_num_batched_tokens)
+    per_token = 61 * 576  # MLA's compressed cache, one byte a value, every layer
+    assert 0.5 * 18e9 / per_token < tokens < 18.5e9 / per_token
+    total = {k: v for k, v in server.items() if k != "--memory-basis"}  # as before: ideal's
+    dep = served_setup("deepseek-r1", "b200", ideal, 4, DType.fp8, DType.fp8, server=total)
+    assert coster(dep).kv_capacity_tokens(cfg.max_num_seqs, cfg.max_num_batched_tokens) == 0
 
 
 def test_a_replayed_command_runs_with_the_files_graphs(tmp_path):

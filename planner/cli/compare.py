@@ -190,6 +190,7 @@ def served_setup(model: str, gpu: str, spec, tp: int, weights, kv_cache,
                            f"{prec.half_dtype.value} disagree")
     opts = Options(prefill_chunk_tokens=eng.max_num_batched_tokens,
                    memory_utilization_frac=s.get("--memory-utilization"),
+                   memory_utilization_basis=s.get("--memory-basis"),
                    cpu_offload_bytes=s.get("--cpu-offload-gb", 0.0) * GIB)
     return Deployment.build(m, hw, engine=eng, precision=prec,
                             layout=Layout(tp=tp, pp=s.get("--pp", 1), ep=s.get("--ep", 1)),

@@ -124,6 +124,10 @@ class EngineFlag:
 
 
 V, S, T = ("vllm",), ("sglang",), ("trtllm",)
+# what each server's memory fraction is a fraction of (planner.core.memory.kv_budget_bytes):
+# vLLM's gpu_memory_utilization of the total, SGLang's mem_fraction_static of the memory its
+# weights and KV pool may take, TensorRT-LLM's free_gpu_memory_fraction of what is free
+BASIS_OF = {"vllm": "total", "sglang": "static", "trtllm": "free"}
 VS = ("vllm", "sglang")
 FLAGS: tuple[EngineFlag, ...] = (
     # vLLM (EngineArgs.add_cli_args; CacheConfig for the KV-cache and offload fields)
@@ -279,7 +283,8 @@ def server_flags(command: str | None, base: Path | None = None) -> dict[str, obj
     except ValueError:
         words = command.split()
     options: dict[str, object] = {}
-    trtllm = bool(words) and Path(words[0]).name == "trtllm-serve"
+    # trtllm-serve, first or behind a launcher (``mpirun -n 1 ... trtllm-serve MODEL``)
+    trtllm = any(Path(w).name == "trtllm-serve" for w in words)
     i = 0
     while i < len(words):
         name, eq, inline = words[i].partition("=")
@@ -311,8 +316,14 @@ def server_flags(command: str | None, base: Path | None = None) -> dict[str, obj
             continue
         if f.names[0] == "--chunked-prefill-size" and isinstance(value, int) and value <= 0:
             ours, value = "--chunked-prefill", False
+        if ours == "--memory-utilization":
+            # a fraction of what the server that reads the flag sizes its KV cache from,
+            # whichever engine replays the run
+            out["--memory-basis"] = BASIS_OF[f.engines[0]]
         if ours in out and out[ours] != value:
             raise LlmplanError(f"the server command gives {ours} twice: {out[ours]} and "
                                f"{value}")
         out[ours] = value
+    if "--memory-utilization" in options:  # kv_cache_config.free_gpu_memory_fraction
+        options["--memory-basis"] = BASIS_OF["trtllm"]
     return {**out, **options}

@@ -150,10 +150,13 @@ def memory_share(o: Options, engine: Engine | None, capacity_bytes: float) -> tu
     """(fraction, basis) of the memory the engine sizes its KV cache from: the fraction the
     options give (``--memory-utilization``), else the engine's default on a GPU of
     ``capacity_bytes`` (``Engine.memory_frac_for``), on the engine's basis
-    (``planner.core.engine.MEMORY_BASES``)."""
+    (``planner.core.engine.MEMORY_BASES``), or for a fraction a server's flag gave, on that
+    server's (``Options.memory_utilization_basis``)."""
     e = engine or IDEAL
     frac = o.memory_utilization_frac
-    return (e.memory_frac_for(capacity_bytes) if frac is None else frac), e.memory_basis
+    if frac is None:
+        return e.memory_frac_for(capacity_bytes), e.memory_basis
+    return frac, o.memory_utilization_basis or e.memory_basis
 
 
 def kv_budget_bytes(capacity_bytes, *, weights_bytes, activation_bytes, reserve_bytes,

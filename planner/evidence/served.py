@@ -81,6 +81,13 @@ class Traffic(_Strict):
     input_len: int | None = Field(None, gt=0, le=10_000_000)
     output_len: int | None = Field(None, gt=0, le=10_000_000)
     range_ratio: float | None = Field(None, ge=0, le=1)
+    # how the client reads range_ratio for its random dataset: "plus-minus", each length
+    # uniform within +-range_ratio of the nominal one (vLLM's bench serve, the default); or
+    # "from-ratio", uniform from range_ratio x the nominal length up to it (the copy of
+    # vLLM's benchmark_serving.py in SemiAnalysis' InferenceX, utils/bench_serving,
+    # sample_random_requests: randint(int(L x ratio), L + 1)), whose mean is L (1 + ratio) / 2
+    # and half-width (1 - ratio) / (1 + ratio) of it
+    range_style: Literal["plus-minus", "from-ratio"] | None = None
     ignore_eos: bool | None = None
     # the first this many tokens of every prompt were cached by the server before the run (the
     # run before it on the same server, with the same seed, sent the same beginnings)
@@ -147,8 +154,11 @@ class Traffic(_Strict):
                 and 0 < (self.range_ratio or 0) < 1 and not run.lists_lengths):
             # vLLM's random dataset: lengths uniform on [L (1 - r), L (1 + r)]; requests at
             # one length finish together and the next ones go out together, where spread
-            # lengths let them go out one at a time
-            upd["length_spread_frac"] = self.range_ratio
+            # lengths let them go out one at a time. From the ratio up ([r L, L]): the same
+            # uniform spread about its mean, (1 - r) / (1 + r) of it
+            r = self.range_ratio
+            upd["length_spread_frac"] = ((1 - r) / (1 + r) if self.range_style == "from-ratio"
+                                         else r)
         if self.chat:
             upd["chat"] = True
         return replace(run, **upd) if upd else run
