@@ -195,6 +195,17 @@ def test_server_commands_read_with_the_table(command, expected):
     assert server_flags(command) == expected
 
 
+def test_a_memory_fraction_given_on_two_bases_is_refused():
+    """0.9 of the total (vLLM's flag) and 0.9 static (SGLang's) are not one setting."""
+    from planner.core.errors import LlmplanError
+
+    with pytest.raises(LlmplanError, match="memory fraction twice"):
+        server_flags("vllm serve m --gpu-memory-utilization 0.9 --mem-fraction-static 0.9")
+    assert server_flags("vllm serve m --gpu-memory-utilization 0.9 "
+                        "--gpu-memory-utilization 0.9") == \
+        {"--memory-utilization": 0.9, "--memory-basis": "total"}
+
+
 @pytest.mark.parametrize("command, says", [
     ("vllm serve m -tp two", "-tp: 'two' is not a number"),
     ("vllm serve m --kv-cache-dtype fp8_ds_mla", "--kv-cache-dtype: 'fp8_ds_mla'"),

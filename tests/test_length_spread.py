@@ -50,6 +50,10 @@ def test_a_ratio_read_from_the_ratio_up_spreads_about_its_mean():
                    range_style="plus-minus").apply(_run()).length_spread_frac == 0.8
     with pytest.raises(ValueError):
         Traffic(dataset="random", range_ratio=0.8, range_style="from-the-top")
+    # a style says how a random dataset's ratio is read: without either it is refused
+    for bad in (dict(dataset="random"), dict(dataset="sharegpt", range_ratio=0.8)):
+        with pytest.raises(ValueError, match="range_style"):
+            Traffic(range_style="from-ratio", **bad)
 
 
 def _reqs(prompts, outputs):

@@ -207,6 +207,9 @@ def test_a_server_command_lays_the_file_over_its_flags(tmp_path):
     assert server_flags("mpirun -n 1 --oversubscribe trtllm-serve M --tp_size=8 "
                         "--extra_llm_api_options=extra.yaml", tmp_path) == \
         {"--max-num-seqs": 128, "--tp": 8, "--prefix-cache": False}
+    # a word of another server's arguments is not trtllm-serve: SGLang's --config is not read
+    assert server_flags("python3 -m sglang.launch_server --served-model-name trtllm-serve "
+                        "--config extra.yaml --tp 2", tmp_path) == {"--tp": 2}
     # trtllm-serve's long spellings of TP, PP, EP and the KV fraction
     assert server_flags("trtllm-serve M --tensor_parallel_size 4 --pipeline_parallel_size 2 "
                         "--moe_expert_parallel_size 4 --free_gpu_memory_fraction 0.8") == \

@@ -128,6 +128,8 @@ V, S, T = ("vllm",), ("sglang",), ("trtllm",)
 # vLLM's gpu_memory_utilization of the total, SGLang's mem_fraction_static of the memory its
 # weights and KV pool may take, TensorRT-LLM's free_gpu_memory_fraction of what is free
 BASIS_OF = {"vllm": "total", "sglang": "static", "trtllm": "free"}
+# programs that start a server given after their own arguments (TensorRT-LLM's under MPI)
+LAUNCHERS = frozenset({"mpirun", "mpiexec", "srun"})
 VS = ("vllm", "sglang")
 FLAGS: tuple[EngineFlag, ...] = (
     # vLLM (EngineArgs.add_cli_args; CacheConfig for the KV-cache and offload fields)
@@ -283,8 +285,11 @@ def server_flags(command: str | None, base: Path | None = None) -> dict[str, obj
     except ValueError:
         words = command.split()
     options: dict[str, object] = {}
-    # trtllm-serve, first or behind a launcher (``mpirun -n 1 ... trtllm-serve MODEL``)
-    trtllm = any(Path(w).name == "trtllm-serve" for w in words)
+    # trtllm-serve, first or behind a launcher (``mpirun -n 1 ... trtllm-serve MODEL``); not
+    # a word of another server's arguments (``--served-model-name trtllm-serve``)
+    trtllm = bool(words) and (Path(words[0]).name == "trtllm-serve" or (
+        Path(words[0]).name in LAUNCHERS and
+        any(Path(w).name == "trtllm-serve" for w in words[1:])))
     i = 0
     while i < len(words):
         name, eq, inline = words[i].partition("=")
@@ -319,7 +324,11 @@ def server_flags(command: str | None, base: Path | None = None) -> dict[str, obj
         if ours == "--memory-utilization":
             # a fraction of what the server that reads the flag sizes its KV cache from,
             # whichever engine replays the run
-            out["--memory-basis"] = BASIS_OF[f.engines[0]]
+            basis = BASIS_OF[f.engines[0]]
+            if out.get("--memory-basis", basis) != basis:
+                raise LlmplanError(f"the server command gives a memory fraction twice, of "
+                                   f"{out['--memory-basis']} and of {basis} memory ({name})")
+            out["--memory-basis"] = basis
         if ours in out and out[ours] != value:
             raise LlmplanError(f"the server command gives {ours} twice: {out[ours]} and "
                                f"{value}")

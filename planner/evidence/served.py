@@ -122,6 +122,14 @@ class Traffic(_Strict):
         cmd = self.client_command or ""
         return "openai-chat" in cmd or "/chat/completions" in cmd
 
+    @model_validator(mode="after")
+    def _style_has_a_ratio(self) -> Traffic:
+        if self.range_style is not None and (self.range_ratio is None or
+                                             self.dataset != "random"):
+            raise ValueError("range_style: says how a random dataset's range_ratio is read; "
+                             "give dataset random and range_ratio with it")
+        return self
+
     @field_validator("request_rate")
     @classmethod
     def _not_nan(cls, v):
