@@ -10,11 +10,14 @@ or ``mla/trtllm/1.3.0rc20/mla_generation_module_perf.parquet``: the fused q_a / 
 down-projection, their norms, q_b, rotary, the absorbed W_UK and W_UV batched GEMMs, the
 KV-cache write, the MLA attention kernel, o_proj; tensor parallelism emulated by the heads a
 GPU holds, 128 / TP; no all-reduce), by batch, cached context, GEMM type (bf16, fp8
-block-wise) and KV-cache type.
+block-wise) and KV-cache type. For SGLang it ships its module collector's wide-EP table
+(``mla/sglang/0.5.10/wideep_generation_mla_perf.parquet``: the model's self-attention module
+run through SGLang's own runtime, the same operators, fp8 block-wise GEMMs and an fp8 KV
+cache, on its FlashAttention 3 and FlashInfer MLA backends; the fa3 rows are read, SGLang's
+default on Hopper).
 This prints theirs beside ours: one layer's ``mla_*``, ``rope_kv_write``, ``attention`` and
 ``o_proj`` operators of a decode step of DeepSeek-V3 as ``llmplan estimate`` costs them with
-the profile named (``--engine``; sglang's beside vLLM's table: the wheel times no SGLang
-block). The ratio is theirs / ours: above 1, ours is too fast.
+the profile named (``--engine``). The ratio is theirs / ours: above 1, ours is too fast.
 
 ``--derive-fixed`` prints the device time, in microseconds, the block takes beyond its
 operators' roofline and kernel costs with which the median ratio is 1 over the rows where
@@ -37,14 +40,21 @@ from benchmarks.aiconfigurator_moe import _median, wheel_table  # noqa: E402
 from benchmarks.gpu_kernels import OneLineParser  # noqa: E402
 
 SYSTEMS = {"h100-sxm": "h100_sxm", "h200": "h200_sxm"}
-# llmplan engine family -> the wheel's (backend, release) whose measured block stands for it:
-# the wheel times no SGLang block (only its attention kernel and batched GEMMs), so vLLM's,
-# the same absorbed-MLA decode path, stands for SGLang's
-TABLES = {"vllm": ("vllm", "0.24.0"), "vllm-0.8": ("vllm", "0.24.0"),
-          "trtllm": ("trtllm", "1.3.0rc20"),
-          "sglang": ("vllm", "0.24.0")}
-PATH = ("aiconfigurator_core/systems/data/{system}/mla/{backend}/{release}/"
-        "mla_generation_module_perf.parquet")
+# llmplan engine family -> the wheel's (backend, release, table) whose measured block stands
+# for it. SGLang's is the wide-EP table of its module collector (collector/sglang/
+# collect_mla_module.py in ai-dynamo/aiconfigurator: the model's self_attn run through
+# SGLang's ModelRunner and ForwardBatch, the fused q_a / kv_a projection to o_proj, DeepSeek-V3
+# with fp8 block-scaled GEMMs and an fp8 KV cache, tensor parallelism emulated by the heads
+# a GPU holds; its context in `isl`, `step` 0), on the MLA backend SGLang picks by default on
+# Hopper from 0.4.6 (FlashAttention 3; model_runner.py); until 2026-12-06 vLLM's block stood
+# for it. vllm-0.8: "vLLM 0.24's block stands for it"
+TABLES = {"vllm": ("vllm", "0.24.0", "mla_generation_module_perf"),
+          "vllm-0.8": ("vllm", "0.24.0", "mla_generation_module_perf"),
+          "trtllm": ("trtllm", "1.3.0rc20", "mla_generation_module_perf"),
+          "sglang": ("sglang", "0.5.10", "wideep_generation_mla_perf")}
+PATH = "aiconfigurator_core/systems/data/{system}/mla/{backend}/{release}/{table}.parquet"
+# the kernel a module table is read at where it times several (SGLang's: fa3 and flashinfer)
+DEFAULT_KERNEL = {"sglang": "fa3"}
 # their GEMM type -> our weights; their KV-cache type -> ours
 WEIGHTS = {"bfloat16": "bf16", "fp8_block": "fp8"}
 KV = {"bfloat16": "bf16", "fp8": "fp8"}
@@ -70,6 +80,17 @@ def ours_us(dep, batch: int, context: int) -> float:
                         engine=dep.engine)
             total += t.time_s / op.count
     return total * 1e6
+
+
+def normalized(table, kernel: str | None = None):
+    """A module table with its context in ``step`` (the wide-EP tables keep it in ``isl``
+    with ``step`` 0, which aiconfigurator's loader adds up: isl + step) and, where it times
+    several kernels, only ``kernel``'s rows."""
+    if "isl" in table.columns:
+        table = table.assign(step=table["isl"].astype(int) + table["step"].astype(int))
+    if kernel is not None:
+        table = table[table.kernel_source == kernel]
+    return table
 
 
 def rows(table, gpu: str, spec, batches=BATCHES, contexts=CONTEXTS):
@@ -139,7 +160,7 @@ def main(argv=None) -> int:
                     help="H100 SXM or H200 (default: both)")
     ap.add_argument("--engine", choices=sorted(TABLES), default="vllm",
                     help="the profile whose block is ours, and the wheel's table to compare "
-                         "with (sglang: vLLM's; the wheel times no SGLang block)")
+                         "with (sglang: its module collector's wide-EP table, FlashAttention 3)")
     ap.add_argument("--derive-fixed", action="store_true",
                     help="print the device time beyond its operators' with which our block "
                          "matches theirs where fixed costs set the time (engines_db "
@@ -147,13 +168,15 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     from planner.io import catalog
 
-    backend, release = TABLES[a.engine]
+    backend, release, name = TABLES[a.engine]
     tables, path = {}, a.wheel
     try:
         with zipfile.ZipFile(a.wheel) as whl:  # opened once for every GPU's table
             for gpu in a.gpu or sorted(SYSTEMS):
-                path = PATH.format(system=SYSTEMS[gpu], backend=backend, release=release)
-                tables[gpu] = wheel_table(whl, path)
+                path = PATH.format(system=SYSTEMS[gpu], backend=backend, release=release,
+                                   table=name)
+                tables[gpu] = normalized(wheel_table(whl, path),
+                                         DEFAULT_KERNEL.get(a.engine))
     except (OSError, zipfile.BadZipFile, KeyError) as err:
         print(f"aiconfigurator_mla.py: {a.wheel}: cannot read {path}: {err}", file=sys.stderr)
         return 2

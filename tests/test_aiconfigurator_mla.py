@@ -59,3 +59,16 @@ def test_the_derived_time_is_what_a_table_adds_to_ours(monkeypatch):
     monkeypatch.setattr(catalog, "load_engine_spec", lambda name: base)
     us, n = aic.derive_fixed(tables, "sglang")
     assert (us, n) == (40, 2 * len(aic.FIXED_BATCHES) * len(aic.FIXED_CONTEXTS))
+
+
+def test_a_wide_ep_table_reads_its_context_from_isl_and_its_default_kernel():
+    """SGLang's module table keeps the context in ``isl`` with ``step`` 0 (aiconfigurator's
+    loader adds them) and times two kernels; normalized keeps the one named, context in
+    ``step``."""
+    t = pd.DataFrame([dict(kernel_source=k, isl=str(ctx), step="0", latency=1.0)
+                      for k in ("fa3", "flashinfer") for ctx in (1024, 4096)])
+    got = aic.normalized(t, "fa3")
+    assert set(got.kernel_source) == {"fa3"} and sorted(got.step) == [1024, 4096]
+    assert len(aic.normalized(t)) == 4  # no kernel named: every row
+    assert aic.TABLES["sglang"] == ("sglang", "0.5.10", "wideep_generation_mla_perf")
+
