@@ -175,11 +175,27 @@ def replay_setup(entry, spec, folder: Path | None = None):
     if spec.serving is None or spec.serving.performance_modes is None:
         server.pop("--performance-mode", None)  # likewise: that engine's own defaults
     ckpt = entry.checkpoint
-    return served_setup(entry.model, entry.gpu, spec, entry.tp, entry.weights, entry.kv_cache,
+    weights = entry.weights
+    if ckpt is None and _ships(entry.model, weights):
+        # the model's own checkpoint stores these weights (DeepSeek-V3's fp8 in 128 x 128
+        # blocks, gpt-oss's MXFP4 experts): its server loaded it as it ships, not a 16-bit
+        # one quantized at load
+        weights = None
+    return served_setup(entry.model, entry.gpu, spec, entry.tp, weights, entry.kv_cache,
                         quantized_layers=None, server=server,
                         checkpoint=None if ckpt is None else (
                             f"run {entry.id}: checkpoint {ckpt.repo}",
                             ckpt.quantization_config))
+
+
+@functools.cache
+def _ships(model: str, weights) -> bool:
+    """Whether models_db's ``model`` is a checkpoint that stores ``weights`` (its
+    quantization_config says so)."""
+    from planner.io import catalog
+
+    m = catalog.load_model(model)
+    return m.quantization is not None and not m.quantized_at_load(weights)
 
 
 @functools.cache

@@ -214,8 +214,14 @@ def compare(ds: Dataset, *, models: dict[str, ModelSpec], gpus: dict[str, Hardwa
     for r in ds.rows:
         name = r.engine or ds.source.engine
         spec = engines[name]
-        prec = Precision.of(r.weights, r.kv_cache, r.group_size,
-                            quantized_layers=quantized_layers_of(r.weights, models[r.model]))
+        m = models[r.model]
+        if m.quantization is not None and not m.quantized_at_load(r.weights):
+            # the model's own checkpoint stores these weights (DeepSeek-V3's fp8 in 128 x 128
+            # blocks, gpt-oss's MXFP4 experts): measured as it ships
+            prec = m.quantization.precision(r.kv_cache, group_size=r.group_size)
+        else:
+            prec = Precision.of(r.weights, r.kv_cache, r.group_size,
+                                quantized_layers=quantized_layers_of(r.weights, m))
         mc = ds.source.measured_ceilings
         cal = None if mc is None else Calibration(
             device=r.gpu, memory_bandwidth_gb_per_s=mc.memory_bandwidth_gb_per_s,
