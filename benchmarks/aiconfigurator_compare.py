@@ -241,6 +241,16 @@ def write_csv(rows: list[dict], path: Path) -> None:
             w.writerow({k: _cell(r.get(k)) for k in COLUMNS})
 
 
+def read_recorded(path: Path, read) -> list[dict]:
+    """``read(path)``, or exit 2 with one line where the recorded CSV cannot be read."""
+    try:
+        return read(path)
+    except (OSError, UnicodeDecodeError, ValueError, csv.Error) as err:
+        print(f"{Path(sys.argv[0]).stem}: {path}: cannot read the recorded rows: {err}",
+              file=sys.stderr)
+        raise SystemExit(2) from None
+
+
 def read_csv(path: Path) -> list[dict]:
     """Rows as `run` returns them: counts as int, times and ratios as float, flags as bool."""
     ints = {"tp", "batch", "isl", "osl", "bench_version"}
@@ -256,7 +266,11 @@ def read_csv(path: Path) -> list[dict]:
             return v == "True"
         return float(v) if k in floats else v
     with path.open(newline="") as f:
-        return [{k: parse(k, v) for k, v in r.items()} for r in csv.DictReader(f)]
+        reader = csv.DictReader(f)
+        missing = [k for k in COLUMNS if k not in (reader.fieldnames or ())]
+        if missing:
+            raise csv.Error(f"no column {', '.join(missing)}")
+        return [{k: parse(k, v) for k, v in r.items()} for r in reader]
 
 
 def _ms(x) -> str:
@@ -358,9 +372,9 @@ def main() -> int:
     ap.add_argument("--no-rows", action="store_true", help="the summary only")
     a = ap.parse_args()
     if a.from_csv:
-        rows = read_csv(a.csv)
+        rows = read_recorded(a.csv, read_csv)
     elif a.ours_from_csv:
-        rows = rerun_ours(read_csv(a.csv), a.jobs, a.backend)
+        rows = rerun_ours(read_recorded(a.csv, read_csv), a.jobs, a.backend)
         if not a.backend:
             write_csv(rows, a.csv)
             print(f"{len(rows)} rows -> {a.csv}", file=sys.stderr)

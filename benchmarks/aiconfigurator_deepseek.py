@@ -23,7 +23,6 @@ has no aiconfigurator.
 
 from __future__ import annotations
 
-import argparse
 import csv
 import datetime as dt
 import json
@@ -35,6 +34,16 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.aiconfigurator_compare import (  # noqa: E402
+    _git_describe,
+    _ratio,
+    read_recorded,
+    require_aiconfigurator,
+)
+from benchmarks.gpu_kernels import OneLineParser  # noqa: E402
+
 DEFAULT_CSV = ROOT / "benchmarks" / "results" / "aiconfigurator_deepseek.csv"
 HF_ID = "deepseek-ai/DeepSeek-V3"
 GPUS = {"h100-sxm": "h100_sxm", "h200": "h200_sxm", "b200": "b200_sxm"}
@@ -54,12 +63,8 @@ COLUMNS = ["backend", "gpu", "batch", "their_tpot_s", "our_tpot_s", "tpot_ratio"
            "aiconfigurator_version", "date"]
 
 
-def theirs(backend: str, gpu: str, batch: int) -> dict:
+def theirs(cli_estimate, backend: str, gpu: str, batch: int) -> dict:
     """aiconfigurator's static run: TPOT and one decode step's MLA and MoE blocks (s)."""
-    import logging
-
-    from aiconfigurator.cli.api import cli_estimate
-    logging.disable(logging.WARNING)
     try:
         r = cli_estimate(HF_ID, GPUS[gpu], mode="static", backend_name=backend, isl=ISL,
                          osl=OSL, batch_size=batch, tp_size=TP, gemm_quant_mode="fp8_block",
@@ -102,19 +107,18 @@ def ours(backend: str, gpu: str, batch: int) -> dict:
 
 def run(backends, gpus, jobs: int) -> list[dict]:
     import importlib.metadata as md
+    cli_estimate = require_aiconfigurator()
     cases = [(b, g, n) for b in backends for g in gpus for n in BATCHES]
-    commit = subprocess.run(["git", "describe", "--always", "--dirty"], capture_output=True,
-                            text=True, cwd=ROOT).stdout.strip()
-    stamp = {"llmplan_commit": commit, "aiconfigurator_version": md.version("aiconfigurator"),
+    stamp = {"llmplan_commit": _git_describe(),
+             "aiconfigurator_version": md.version("aiconfigurator"),
              "date": dt.date.today().isoformat()}
     rows = []
     with ThreadPoolExecutor(max_workers=jobs) as pool:
         futures = [pool.submit(ours, *c) for c in cases]
         for (b, g, n), fut in zip(cases, futures, strict=True):
-            row = {"backend": b, "gpu": g, "batch": n, **theirs(b, g, n), **fut.result(),
-                   **stamp}
-            t, o = row.get("their_tpot_s"), row.get("our_tpot_s")
-            row["tpot_ratio"] = o / t if o and t else None
+            row = {"backend": b, "gpu": g, "batch": n, **theirs(cli_estimate, b, g, n),
+                   **fut.result(), **stamp}
+            row["tpot_ratio"] = _ratio(row.get("our_tpot_s"), row.get("their_tpot_s"))
             rows.append(row)
             print(f"{b} {g} b{n}", file=sys.stderr, flush=True)
     return rows
@@ -137,7 +141,11 @@ def read_csv(path: Path) -> list[dict]:
             return int(v)
         return float(v) if k.endswith(("_s", "_ratio")) else v
     with path.open(newline="") as f:
-        return [{k: parse(k, v) for k, v in r.items()} for r in csv.DictReader(f)]
+        reader = csv.DictReader(f)
+        missing = [k for k in COLUMNS if k not in (reader.fieldnames or ())]
+        if missing:
+            raise csv.Error(f"no column {', '.join(missing)}")
+        return [{k: parse(k, v) for k, v in r.items()} for r in reader]
 
 
 def _ms(x) -> str:
@@ -162,15 +170,17 @@ def print_rows(rows: list[dict]) -> None:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = OneLineParser(description=__doc__.splitlines()[0])
     ap.add_argument("--backend", action="append", choices=sorted(BACKENDS))
     ap.add_argument("--gpu", action="append", choices=sorted(GPUS))
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--csv", type=Path, default=DEFAULT_CSV)
     ap.add_argument("--from-csv", action="store_true", help="re-print --csv; runs nothing")
     a = ap.parse_args()
+    if a.jobs < 1:
+        ap.error(f"--jobs {a.jobs}: must be 1 or more")
     if a.from_csv:
-        rows = read_csv(a.csv)
+        rows = read_recorded(a.csv, read_csv)
     else:
         rows = run(a.backend or list(BACKENDS), a.gpu or list(GPUS), a.jobs)
         write_csv(rows, a.csv)

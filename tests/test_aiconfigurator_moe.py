@@ -385,3 +385,25 @@ def test_the_mxfp4_fixed_cost_is_what_the_one_token_rows_take_beyond_ours():
         assert (theirs - ours) * 1e3 == pytest.approx(30.0, abs=0.01)
     none, found = aic.derive_mxfp4_fixed(_table(lambda tp, n: 1.0), "vllm", "h100-sxm")
     assert not found and none != none
+
+
+@pytest.mark.parametrize("script", ["aiconfigurator_compare.py", "aiconfigurator_deepseek.py"])
+@pytest.mark.parametrize("content", [None, b"\xff\xfe", b"a,b\n1,2\n"])
+def test_a_recorded_csv_that_cannot_be_read_is_one_line_and_exit_2(tmp_path, script, content):
+    """--from-csv on a missing file, one that is not UTF-8, or one without the columns the
+    script writes: one line naming the file, exit 2 (a traceback before)."""
+    path = tmp_path / "rows.csv"
+    if content is not None:
+        path.write_bytes(content)
+    p = subprocess.run([sys.executable, str(ROOT / "benchmarks" / script), "--from-csv",
+                        "--csv", str(path)], capture_output=True, text=True, cwd=ROOT)
+    assert p.returncode == 2
+    assert p.stderr.count("\n") == 1 and str(path) in p.stderr and not p.stdout
+
+
+def test_the_recorded_deepseek_rows_read_back():
+    """The committed CSV is one the script reads: its summary line per backend."""
+    p = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "aiconfigurator_deepseek.py"),
+                        "--from-csv"], capture_output=True, text=True, cwd=ROOT)
+    assert p.returncode == 0, p.stderr
+    assert "sglang: TPOT ours / theirs median" in p.stdout
