@@ -194,8 +194,7 @@ def _ships(model: str, weights) -> bool:
     quantization_config says so)."""
     from planner.io import catalog
 
-    m = catalog.load_model(model)
-    return m.quantization is not None and not m.quantized_at_load(weights)
+    return not catalog.load_model(model).quantized_at_load(weights)
 
 
 @functools.cache

@@ -215,7 +215,7 @@ def compare(ds: Dataset, *, models: dict[str, ModelSpec], gpus: dict[str, Hardwa
         name = r.engine or ds.source.engine
         spec = engines[name]
         m = models[r.model]
-        if m.quantization is not None and not m.quantized_at_load(r.weights):
+        if not m.quantized_at_load(r.weights):
             # the model's own checkpoint stores these weights (DeepSeek-V3's fp8 in 128 x 128
             # blocks, gpt-oss's MXFP4 experts): measured as it ships
             prec = m.quantization.precision(r.kv_cache, group_size=r.group_size)
