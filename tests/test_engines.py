@@ -652,9 +652,11 @@ def test_engines_listing_shows_the_served_compute_share(run_json, run_cli):
 def test_an_eager_moe_layer_pays_the_engines_host_time_once_a_layer():
     """moe_layer_host_us: an eager pass (a prefill) of a MoE model cannot take less than the
     host's time on its MoE layers, one charge a layer; a graphed decode step does not pay it,
-    and neither does a dense model."""
-    base = dataclasses.replace(catalog.load_engine("sglang"), moe_layer_host_s=0.0,
+    nor a prefill replayed from piecewise graphs (SGLang 0.5.10 and later), and neither does a
+    dense model."""
+    base = dataclasses.replace(catalog.load_engine("sglang@0.5.9"), moe_layer_host_s=0.0,
                                host_launch_s=0.0)
+    assert not base.prefill_graphs
     slow = dataclasses.replace(base, moe_layer_host_s=2e-3)
     hw = catalog.load_hardware("h100-sxm")
 
@@ -674,6 +676,9 @@ def test_an_eager_moe_layer_pays_the_engines_host_time_once_a_layer():
     assert [t.op.name for t in charged] == ["experts_down_proj"]
     dense = run(slow, "llama-3.1-8b"), run(base, "llama-3.1-8b")
     assert dense[0].prefill.time_s == dense[1].prefill.time_s
+    graphed = dataclasses.replace(slow, prefill_graphs=True)
+    assert graphed.prefill_graph_rule is not None
+    assert run(graphed, "qwen3-30b-a3b").prefill.time_s < 0.05
     data = catalog.load_engine_spec("sglang").model_dump(exclude_none=True)
     data["moe_layer_host_us"]["value"] = -1.0
     with pytest.raises(ValueError, match="moe_layer_host_us"):

@@ -101,7 +101,9 @@ ENGINE_FIELDS = {"--max-num-seqs": "max_num_seqs",
                  "--num-scheduler-steps": "scheduler_steps",
                  "--multi-step-stream-outputs": "multi_step_stream",
                  "--capacity-policy": "capacity_policy",
-                 "--hybrid-kv-cache": "hybrid_kv_cache"}
+                 "--hybrid-kv-cache": "hybrid_kv_cache",
+                 "--prefill-graphs": "prefill_graphs",
+                 "--prefill-graph-max-tokens": "prefill_graph_max_tokens"}
 
 
 def _agree(ours: str, theirs, given, what: str) -> None:
@@ -162,10 +164,12 @@ def served_setup(model: str, gpu: str, spec, tp: int, weights, kv_cache,
         # before: no PyTorch-backend quantization kernels nor their pass, as at_version
         # drops them before their release
         spec = spec.model_copy(update={"fp8_quant_kernels": None})
-    eng = spec.model().for_gpu(hw.memory_bytes, hw.name, hw.architecture)
-    for flag in ("--max-model-len", "--num-scheduler-steps"):
+    eng = spec.model().for_gpu(hw.memory_bytes, hw.name, hw.architecture, hw.vendor)
+    for flag, said in (("--max-model-len", "--max-model-len"),
+                       ("--num-scheduler-steps", "--num-scheduler-steps"),
+                       ("--prefill-graph-max-tokens", "--piecewise-cuda-graph-max-tokens")):
         if s.get(flag, 1) < 1:
-            raise LlmplanError(f"the server command's {flag} {s[flag]}: must be positive")
+            raise LlmplanError(f"the server command's {said} {s[flag]}: must be positive")
     check_scheduler_steps(eng, s.get("--num-scheduler-steps", 1))
     # vLLM's --performance-mode changes the defaults; the limits the command gives stand
     eng = eng.in_mode(s.get("--performance-mode"))

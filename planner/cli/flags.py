@@ -20,8 +20,10 @@ window only, True or False),
 ``--multi-step-stream-outputs`` (vLLM V0's multi-step scheduling), ``--performance-mode``
 (vLLM 0.17 and later: ``planner.core.engine.Engine.in_mode``), read from SGLang's
 server commands only, ``--cuda-graph-max-bs`` (the largest decode batch captured in a CUDA
-graph), and from a trtllm-serve options file (``planner.io.trtllm_options``) ``--ep``,
-``--capacity-policy``, ``--cuda-graph-sizes`` and ``--cuda-graph-padding``.
+graph), ``--prefill-graphs`` and ``--prefill-graph-max-tokens`` (prefill passes replayed
+from piecewise CUDA graphs, and their largest token count), and from a trtllm-serve options
+file (``planner.io.trtllm_options``) ``--ep``, ``--capacity-policy``, ``--cuda-graph-sizes``
+and ``--cuda-graph-padding``.
 """
 
 from __future__ import annotations
@@ -45,6 +47,11 @@ VLLM_PERFORMANCE_MODE = "https://github.com/vllm-project/vllm/pull/34936"
 # --api-server-count (PR #17546, vLLM 0.9): API-server processes in front of the engine
 VLLM_API_SERVERS = "https://github.com/vllm-project/vllm/pull/17546"
 SGLANG_ARGS = "https://github.com/sgl-project/sglang/blob/v0.5.3/python/sglang/srt/server_args.py"
+# the piecewise CUDA graphs of prefill passes: ServerArgs of SGLang 0.5.12 (read in the
+# release's PyPI wheel, sglang-0.5.12; 0.5.14 adds --disable-prefill-cuda-graph,
+# --cuda-graph-backend-prefill and --cuda-graph-max-bs-prefill)
+SGLANG_PCG_ARGS = ("https://github.com/sgl-project/sglang/blob/v0.5.12/python/sglang/srt/"
+                   "server_args.py")
 TRTLLM_SERVE = ("https://github.com/NVIDIA/TensorRT-LLM/blob/"
                 "0004396720054fd8e205cbf616f21f0b57c6b412/tensorrt_llm/commands/serve.py")
 
@@ -184,6 +191,17 @@ FLAGS: tuple[EngineFlag, ...] = (
     EngineFlag(("--disable-overlap-schedule",), "--async-scheduling", S, SGLANG_ARGS,
                value=False),
     EngineFlag(("--context-length",), "--max-model-len", S, SGLANG_ARGS, number=human_int),
+    # prefill passes replayed from piecewise CUDA graphs (planner.core.engine.PrefillGraphs):
+    # opt-in in 0.5.6-0.5.9, on by default from 0.5.10; 0.5.14 renames them (the old names
+    # kept as aliases)
+    EngineFlag(("--disable-piecewise-cuda-graph", "--disable-prefill-cuda-graph"),
+               "--prefill-graphs", S, SGLANG_PCG_ARGS, value=False),
+    EngineFlag(("--enable-piecewise-cuda-graph", "--enforce-piecewise-cuda-graph"),
+               "--prefill-graphs", S, SGLANG_PCG_ARGS, value=True),
+    EngineFlag(("--cuda-graph-backend-prefill",), "--prefill-graphs", S, SGLANG_PCG_ARGS,
+               choices={"disabled": False, "tc_piecewise": True, "breakable": True}),
+    EngineFlag(("--piecewise-cuda-graph-max-tokens", "--cuda-graph-max-bs-prefill"),
+               "--prefill-graph-max-tokens", S, SGLANG_PCG_ARGS, number=int),
     # trtllm-serve (tensorrt_llm/commands/serve.py)
     EngineFlag(("--tp_size", "--tensor_parallel_size"), "--tp", T, TRTLLM_SERVE, number=int),
     EngineFlag(("--pp_size", "--pipeline_parallel_size"), "--pp", T, TRTLLM_SERVE, number=int),

@@ -566,7 +566,7 @@ def _prompts_refused(engine, gpus, prompt_tokens: int) -> str | None:
     call the traffic the bind."""
     limits = set()
     for hw in gpus:
-        e = engine.for_gpu(hw.memory_bytes, hw.name, hw.architecture)
+        e = engine.for_gpu(hw.memory_bytes, hw.name, hw.architecture, hw.vendor)
         if not e.refuses_prompt(prompt_tokens):
             return None
         limits.add(e.max_num_batched_tokens)

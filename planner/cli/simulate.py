@@ -1141,6 +1141,11 @@ def _result(dep, cfg, reqs, sp, d: dict, *, request_rate, burstiness, max_concur
             "performance_mode": performance_mode,
             "max_num_seqs": cfg.max_num_seqs,
             "max_num_batched_tokens": cfg.max_num_batched_tokens,
+            # the largest prefill replayed from piecewise CUDA graphs (SGLang's; a TP
+            # replica's only); None: every prefill runs eagerly
+            "prefill_graph_max_tokens": cfg.prefill_graph_sizes[-1]
+            if cfg.prefill_graph_sizes and dep.layout.pp == 1 and dep.layout.ep == 1
+            else None,
             "api_server_request_s": dep.engine.frontend_request_s,
             "api_server_token_s": dep.engine.frontend_token_s,
             # as vLLM's result file writes it: a number, or "inf"
@@ -1290,7 +1295,9 @@ def _render(d: dict) -> None:
         ["scheduler limits", f"{d['max_num_seqs']:,} requests, "
                              f"{d['max_num_batched_tokens']:,} tokens a step"
          + (f" (--performance-mode {d['performance_mode']})" if d.get("performance_mode")
-            else "")],
+            else "")
+         + (f"; prefills of up to {d['prefill_graph_max_tokens']:,} tokens replayed from "
+            "piecewise CUDA graphs" if d.get("prefill_graph_max_tokens") else "")],
         *([["speculative decoding", _spec_line(d["speculative"])]] if d.get("speculative")
           else []),
         ["KV cache", f"{d['kv_capacity_tokens']:,} tokens"

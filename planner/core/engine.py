@@ -407,6 +407,58 @@ class GraphSizes(_Frozen):
         return self
 
 
+class PrefillGraphs(_Frozen):
+    """Prefill (extend) passes replayed from piecewise CUDA graphs (SGLang's, on by default
+    from ``since``; ``--disable-piecewise-cuda-graph`` turns them off, and before ``since``
+    ``--enable-piecewise-cuda-graph`` on): a pass of up to the largest captured token count
+    pads up to the next captured count and replays the graph pieces between its attention
+    calls, which run eagerly, one launch each, as does each piece's replay. So such a pass
+    pays no host launch per kernel nor the host's time on its MoE layers
+    (``moe_layer_host_us``), only its attention's launches and the pieces'. The captured
+    counts: ``sizes``, then from each ``[start, step]`` of ``steps`` every step-th count up
+    to the next start, all up to the largest: the step's token budget (the chunked-prefill
+    size), or ``mla_max_tokens`` for a model with MLA attention, or what the server says
+    (``--piecewise-cuda-graph-max-tokens``), and no more than a server's own context
+    length."""
+
+    value: bool
+    since: str | None = Field(None, pattern=r"^[0-9]+(\.[0-9]+)*$")
+    sizes: tuple[int, ...] = ()
+    steps: tuple[tuple[int, int], ...] = ()
+    mla_max_tokens: int | None = Field(None, ge=1, le=1_000_000)
+    source: str = Field(min_length=1)
+    date: str | None = None
+    estimated: bool = False
+    note: str | None = None
+
+    @model_validator(mode="after")
+    def _check(self) -> PrefillGraphs:
+        if not self.sizes and not self.steps:
+            raise ValueError("prefill_graphs: give sizes or steps (with neither, no prefill "
+                             "pass would be captured)")
+        if any(s < 1 for s in self.sizes) or any(a < 1 or b < 1 for a, b in self.steps):
+            raise ValueError("prefill_graphs: sizes and steps must be at least 1")
+        starts = [a for a, _ in self.steps]
+        if starts != sorted(set(starts)):
+            raise ValueError("prefill_graphs: steps must start in increasing order")
+        return self
+
+
+def prefill_graph_sizes(rule: tuple, budget_tokens: int, *, mla: bool = False,
+                        max_tokens: int | None = None,
+                        context_tokens: int | None = None) -> tuple[int, ...]:
+    """The token counts ``Engine.prefill_graph_rule`` (sizes, steps, MLA's largest) captures
+    for a step budget of ``budget_tokens`` (the chunked-prefill size), ascending: up to
+    ``max_tokens`` where the server gives it, else MLA's largest for an MLA model, else the
+    budget; no more than a server's own ``context_tokens``."""
+    sizes, steps, mla_max = rule
+    top = max_tokens if max_tokens is not None else (
+        mla_max if mla and mla_max is not None else budget_tokens)
+    if context_tokens is not None:
+        top = min(top, context_tokens)
+    return graph_sizes((sizes, steps, top, None, ()), 1 << 30)
+
+
 def graph_cap(rule: tuple, memory_bytes: float | None = None, tp: int = 1) -> int:
     """The largest size ``Engine.graph_rule`` captures on a GPU of ``memory_bytes`` at TP
     ``tp`` (before the scheduler's limits): its memory tier's, or its cap."""
@@ -586,6 +638,9 @@ class ServingDefaults(_Frozen):
     # (vLLM's hybrid KV cache manager, ``planner.serving.kv.HybridPagedKV``), from ``since``
     # on (None: every layer caches the whole context, as the pool counts it)
     hybrid_kv_cache: FlagSince | None = None
+    # prefill passes replayed from piecewise CUDA graphs up to a token count
+    # (``PrefillGraphs``, SGLang's); None: every prefill pass runs eagerly
+    prefill_graphs: PrefillGraphs | None = None
     # the host's work for the next step (scheduling, input preparation) runs while the GPU
     # runs this one, so a step takes the longer of the two, not their sum (None: off); a
     # ``since`` puts the releases before it the other way
@@ -784,6 +839,11 @@ class EngineSpec(_Frozen):
         pm = sv.performance_modes
         if pm is not None and v < version_key(pm.since):
             sv = sv.model_copy(update={"performance_modes": None})
+        pg = sv.prefill_graphs
+        if pg is not None and pg.since is not None and v < version_key(pg.since):
+            sv = sv.model_copy(update={"prefill_graphs": pg.model_copy(update={
+                "value": not pg.value,
+                "note": f"releases before {pg.since}" + (f": {pg.note}" if pg.note else "")})})
         for name in ("multi_step_stream", "hybrid_kv_cache", "async_scheduling"):
             fs = getattr(sv, name)
             if isinstance(fs, FlagSince) and v < version_key(fs.since):
@@ -942,6 +1002,10 @@ class EngineSpec(_Frozen):
             out["multi_step_stream"] = sv.multi_step_stream.value
         if sv.hybrid_kv_cache is not None:
             out["hybrid_kv_cache"] = sv.hybrid_kv_cache.value
+        if sv.prefill_graphs is not None:
+            pg = sv.prefill_graphs
+            out["prefill_graph_rule"] = (pg.sizes, pg.steps, pg.mla_max_tokens)
+            out["prefill_graphs"] = pg.value
         if sv.performance_modes is not None:
             pm = sv.performance_modes
             out["performance_modes"] = (pm.since, pm.throughput_factor,
@@ -1116,6 +1180,13 @@ class Engine:
     # the largest decode batch the server was told to capture (SGLang's --cuda-graph-max-bs);
     # None: the engine's own choice
     graph_max_bs: int | None = None
+    # prefill passes replayed from piecewise CUDA graphs (``PrefillGraphs``): whether they
+    # are, the rule of the token counts captured, (sizes, steps, MLA's largest), where the
+    # profile states one (None: the engine has none), and the largest count the server was
+    # told to capture (SGLang's --piecewise-cuda-graph-max-tokens; None: the engine's own)
+    prefill_graphs: bool = False
+    prefill_graph_rule: tuple | None = None
+    prefill_graph_max_tokens: int | None = None
     # (max_num_seqs, max_num_batched_tokens, below this many bytes of memory, or a GPU name
     # holding one of these): the defaults on smaller GPUs, resolved by ``for_gpu``
     small_gpu: tuple | None = None
@@ -1143,13 +1214,16 @@ class Engine:
         return None
 
     def for_gpu(self, memory_bytes: float, gpu_name: str,
-                architecture: str | None = None) -> Engine:
+                architecture: str | None = None, vendor: str | None = None) -> Engine:
         """The engine with its scheduler defaults for this GPU (vLLM picks smaller ones below
         70 GiB and on A100s) and its figures by architecture (the experts' compute, the GEMMs'
         and attention's bandwidth factors, the fp8 cache's pace, the fp8 GEMMs' row tiles) for
         the GPU's ``architecture``; resolved once, so later overrides (a server's flags)
-        stand."""
+        stand. ``vendor``: the GPU's maker; prefill graphs (``PrefillGraphs``) are CUDA's,
+        off by default on any other's GPU (SGLang turns them off on AMD's and Intel's)."""
         e = self
+        if e.prefill_graphs and vendor is not None and vendor.lower() != "nvidia":
+            e = replace(e, prefill_graphs=False)
         arch = (architecture or "").lower()
         if e.experts_k_half_by_arch or e.experts_fp8_k_half_by_arch:
             # the kernel's depth was derived with each lane's factor: it applies to a lane

@@ -22,11 +22,12 @@ accounting), which is the bound no engine beats.
 
 from __future__ import annotations
 
+import bisect
 import math
 from dataclasses import dataclass, field, replace
 
 from planner.core.arith import vmin
-from planner.core.engine import IDEAL, Engine
+from planner.core.engine import IDEAL, Engine, prefill_graph_sizes
 from planner.core.errors import UsageError
 from planner.core.headline import Headline
 from planner.core.memory import MemoryPlan, kv_cache_bytes_per_token, memory_plan
@@ -46,6 +47,7 @@ from planner.core.roofline import (
     ceilings,
     mbu,
     mfu,
+    op_time,
     optimal_batch,
     ridge_flops_per_byte,
     step_time,
@@ -472,7 +474,7 @@ def prepare(hw: HardwareSpec, p: Precision, calibration: Calibration | None, o: 
             engine: Engine = IDEAL) -> Prepared:
     """Resolve the engine's ceilings and byte accounting for ``hw`` and ``p``; raises a
     ``UsageError`` when the GPU cannot run the precision."""
-    engine = engine.for_gpu(hw.memory_bytes, hw.name, hw.architecture)
+    engine = engine.for_gpu(hw.memory_bytes, hw.name, hw.architecture, hw.vendor)
     why = engine.refusal(p.weights.value, p.quantized_layers, hw.architecture)
     if why is not None:
         which = {"experts": " (routed experts)", "mlp": " (MLP layers)"}.get(
@@ -557,6 +559,73 @@ def _with_measured(est: Estimate, tpot_s: float | None, ttft_s: float | None) ->
     return replace(est, measured=m)
 
 
+def _prefill_graph_sizes(model: ModelSpec, e: Engine, o: Options) -> tuple[int, ...]:
+    """The prefill token counts the engine replays from piecewise CUDA graphs at the
+    estimate's chunk budget (``planner.core.engine.PrefillGraphs``); () where it has none."""
+    if not (e.cuda_graphs and e.prefill_graphs and e.prefill_graph_rule is not None):
+        return ()
+    return prefill_graph_sizes(e.prefill_graph_rule, o.prefill_chunk_tokens or 0,
+                               mla=model.mla is not None,
+                               max_tokens=e.prefill_graph_max_tokens,
+                               context_tokens=e.max_model_len)
+
+
+def _select(mask, a, b):
+    """``a`` where ``mask`` holds, else ``b``: numbers, or arrays element-wise (without
+    numpy: a boolean array times a number is 0 or the number)."""
+    if hasattr(mask, "clip"):
+        return mask * a + (1 - mask) * b
+    return a if mask else b
+
+
+def _padded_tokens(tokens, sizes: tuple[int, ...]):
+    """The smallest captured count at or above ``tokens`` (the largest where none is)."""
+    if not hasattr(tokens, "clip"):
+        i = bisect.bisect_left(sizes, math.ceil(tokens))
+        return sizes[min(i, len(sizes) - 1)]
+    out = tokens * 0 + sizes[-1]
+    for size in reversed(sizes):
+        out = _select(tokens <= size, size, out)
+    return out
+
+
+# an eager prefill's operators a piecewise-graphed one still runs outside its graphs: the
+# attention between the pieces, and the sampling after the decoder stack
+_OUTSIDE_PREFILL_GRAPHS = ("final_norm", "lm_head")
+_OPTIME_NUMBERS = ("compute_s", "memory_s", "comm_s", "time_s", "bandwidth_frac",
+                   "compute_frac", "kernels", "overhead_s", "fixed_s", "host_floor_s")
+
+
+def _graphed_prefill(model: ModelSpec, p: Precision, o: Options, e: Engine, c: Ceilings,
+                     eager: StepTime, *, tp: int, batch, prompt_tokens,
+                     sizes: tuple[int, ...]) -> StepTime:
+    """The batch's prefill where its tokens fit the largest captured count: replayed from
+    the piecewise CUDA graphs of the next captured count (the padding's rows computed by
+    every operator in the graphs, none of them launched by the host), its attention
+    unpadded and launched eagerly, and its sampling after the graphs, as the simulator
+    prices such a step (``planner.serving.cost.StepCoster.prefill_graph_s``); above that
+    count, the eager pass. Element-wise for a sweep's arrays."""
+    tokens = batch * prompt_tokens
+    within = tokens <= sizes[-1]
+    if not hasattr(within, "clip") and not within:
+        return eager
+    padded = _padded_tokens(tokens, sizes)
+    graphed_ops = prefill_ops(model, p, batch=1, prompt_tokens=padded, tp=tp,
+                              attention=o.attention, lm_head_sharded=e.lm_head_sharded)
+    by_name = {op.name: op for op in graphed_ops}
+    ops = []
+    for t in eager.ops:
+        op = by_name.get(t.op.name)
+        if op is None or t.op.kind in ("attention", "host_transfer") or \
+                t.op.name in _OUTSIDE_PREFILL_GRAPHS:
+            ops.append(t)
+            continue
+        g = op_time(op, c, tp=tp, options=o, engine=e, graphed=True)
+        ops.append(replace(t, **{f: _select(within, getattr(g, f), getattr(t, f))
+                                 for f in _OPTIME_NUMBERS}))
+    return replace(eager, ops=tuple(ops))
+
+
 def assemble(model: ModelSpec, hardware: HardwareSpec, prep: Prepared, o: Options, *,
              tp: int, batch, prompt_tokens, output_tokens,
              price_usd_per_gpu_hour: float | None = None, price_source: str | None = None,
@@ -586,6 +655,10 @@ def assemble(model: ModelSpec, hardware: HardwareSpec, prep: Prepared, o: Option
                         fixed_s=e.prefill_step_overhead_s * chunks
                         + e.per_sequence_overhead_s * batch,
                         serial_s=e.worker_s(tp) * chunks)
+    sizes = _prefill_graph_sizes(model, e, o)
+    if sizes:
+        prefill = _graphed_prefill(model, p, o, e, c, prefill, tp=tp, batch=batch,
+                                   prompt_tokens=prompt_tokens, sizes=sizes)
     if memory is None:
         memory = memory_plan(model, hardware, p, batch=batch, prompt_tokens=prompt_tokens,
                              output_tokens=output_tokens, tp=tp, options=o,

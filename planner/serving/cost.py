@@ -371,14 +371,48 @@ class StepCoster:
         return price
 
     def step_time(self, shape: StepShape, *, sequences: int, prefill: bool,
-                  decodes: bool = True, graphed: bool | None = None) -> float:
+                  decodes: bool = True, graphed: bool | None = None,
+                  prefill_graph_tokens: int | None = None) -> float:
         """A step of ``shape`` over ``sequences`` sequences; ``prefill``: it holds a prefill
         chunk, so it is not replayed from a CUDA graph; ``decodes``: it holds decodes;
-        ``graphed=False``: a decode step run without a graph (above the captured sizes)."""
+        ``graphed=False``: a decode step run without a graph (above the captured sizes).
+        ``prefill_graph_tokens``: a prefill step replayed from piecewise CUDA graphs
+        captured at this many tokens (``prefill_graph_s``)."""
+        if prefill_graph_tokens is not None:
+            return self.prefill_graph_s(shape, prefill_graph_tokens, sequences,
+                                        decodes=decodes)
         if graphed is None:
             graphed = self.engine.cuda_graphs and not prefill
         return self._with_host_s(self.gpu_s(shape, prefill=prefill, graphed=graphed),
                                  sequences, prefill=prefill, decodes=decodes, graphed=graphed)
+
+    prices_prefill_graphs = True  # the simulator may replay prefill steps from piecewise graphs
+
+    def prefill_graph_s(self, shape: StepShape, tokens: int, sequences: int, *,
+                        decodes: bool) -> float:
+        """A prefill step replayed from the piecewise CUDA graphs captured at ``tokens``
+        tokens (SGLang's, ``planner.core.engine.PrefillGraphs``): every operator of the
+        decoder stack but attention over the captured count (the padding's rows computed
+        too), graphed, so no host floor on them; each layer's attention unpadded and
+        launched eagerly, as is the sampling after the stack; the host busy first with those
+        launches and one replay a graph piece (``prefill_graph_launch_s``), then the step's
+        own host work. The static estimate prices such a prefill alike
+        (``planner.core.estimate``)."""
+        e = self.engine
+        rows = int(round(shape.logit_rows))
+        gpu = self.linear_s(tokens, True) + self.head_s(rows, False) + \
+            self.attention_s(shape, False)
+        return with_host(gpu, host_s(e, sequences, prefill=True, decodes=decodes),
+                         e.overlaps_host(), self.prefill_graph_launch_s) + e.worker_s(self.tp)
+
+    @property
+    def prefill_graph_launch_s(self) -> float:
+        """The host's launches of a piecewise-graphed prefill step: each layer's attention
+        kernels and a graph piece's replay before each, the last piece's, and the sampling's
+        kernels, at the engine's ``host_launch_s`` each."""
+        layers = self._n_full + self._n_local
+        head = sum(self.engine.kernels_for(op.name, op.kind) for op in self._head_ops_of(1))
+        return (layers * (self._attn_kernels + 1) + 1 + head) * self.engine.host_launch_s
 
     def _with_host_s(self, gpu_s: float, sequences: int, *, prefill: bool, decodes: bool,
                      graphed: bool) -> float:

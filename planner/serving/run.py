@@ -34,7 +34,7 @@ def scheduler(dep: Deployment, mode: str | None = None, **overrides) -> Schedule
                                       memory_bytes=dep.hardware.memory_bytes,
                                       tp=dep.layout.tp,
                                       context_tokens=dep.model.max_position_embeddings,
-                                      **overrides)
+                                      mla=dep.model.mla is not None, **overrides)
 
 
 def check_speculation(dep: Deployment, cfg: SchedulerConfig) -> None:

@@ -174,13 +174,15 @@ def simulate(requests: list[Request], coster: StepCoster, cfg: SchedulerConfig, 
     arr = arrivals(stream(), cfg.max_concurrency, front if front.active else None)
     release = getattr(arr, "release", None)
     occ = Occupancy(sample_every_s)
-    pricer = StepPricer(coster, batch, cfg.graph_sizes, cfg.graph_padding)
+    pricer = StepPricer(coster, batch, cfg.graph_sizes, cfg.graph_padding,
+                        cfg.prefill_graph_sizes)
     inner = _inner_pricer(coster, batch, cfg, spec) if cfg.scheduler_steps > 1 else None
     # async scheduling, where the coster prices it (one TP group): a step's host work runs
     # beside the step before it, and a step after idle time has none to run beside
     cold = None
     if getattr(coster, "overlaps_steps", False) and e.overlaps_host():
-        cold = StepPricer(idle_coster(coster), batch, cfg.graph_sizes, cfg.graph_padding)
+        cold = StepPricer(idle_coster(coster), batch, cfg.graph_sizes, cfg.graph_padding,
+                          cfg.prefill_graph_sizes)
     with no_cycle_collection():  # the loop makes no cycles: refcounts free all
         t, stream_s = _serve(sched, arr, pricer, occ, n=len(requests) - len(refused),
                              max_steps=max_steps, front=front if front.token_s else None,
@@ -254,7 +256,8 @@ def _inner_pricer(coster: StepCoster, batch, cfg: SchedulerConfig,
     except AttributeError:  # a pipeline or expert-parallel layout's coster
         raise UsageError("--num-scheduler-steps: multi-step scheduling is simulated on a TP "
                          "replica only (pp 1, ep 1)") from None
-    return StepPricer(hidden, batch, cfg.graph_sizes, cfg.graph_padding)
+    return StepPricer(hidden, batch, cfg.graph_sizes, cfg.graph_padding,
+                      cfg.prefill_graph_sizes)
 
 
 def hybrid_kv_groups(model, cfg: SchedulerConfig) -> tuple[int, int] | None:
