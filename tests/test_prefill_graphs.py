@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from planner.cli.compare import served_setup
 from planner.cli.flags import server_flags
-from planner.core.engine import prefill_graph_sizes
+from planner.core.engine import prefill_graph_counts
 from planner.core.errors import LlmplanError
 from planner.core.estimate import assemble
 from planner.core.ops import StepShape
@@ -44,23 +44,60 @@ def test_on_from_0_5_10_and_off_before():
     assert _sglang("0.5.14").model().prefill_graphs is True
     assert _sglang().model().prefill_graphs is True  # the newest line
     # the rule stays, so --enable-piecewise-cuda-graph can turn them on before 0.5.10
-    assert _sglang("0.5.6").model().prefill_graph_rule == _rule()
+    assert _sglang("0.5.6").model().prefill_graph_rule[:4] == _rule()[:4]
     # no other profile has them
     for name in ("vllm", "vllm-0.8", "trtllm"):
         assert catalog.load_engine_spec(name).model().prefill_graph_rule is None
 
 
+def _listed(counts) -> tuple[int, ...]:
+    """Every count captured, written out (small budgets only)."""
+    out = list(counts.sizes)
+    for start, step, last in counts.segments():
+        out += range(start, last + 1, step)
+    return tuple(out)
+
+
 def test_the_captured_counts_are_sglangs():
     top = 16384
     expected = SGLANG_COUNTS + list(range(4608, top + 1, 512))
-    assert prefill_graph_sizes(_rule(), top) == tuple(expected)
-    # the chunked-prefill size is the largest; 2,048 for an MLA model; a server's max
-    # tokens before either; no more than its context length
-    assert prefill_graph_sizes(_rule(), 8192)[-1] == 8192
-    assert prefill_graph_sizes(_rule(), 8192, mla=True)[-1] == 2048
-    assert prefill_graph_sizes(_rule(), 8192, max_tokens=1000)[-1] == 960
-    assert prefill_graph_sizes(_rule(), 8192, context_tokens=4096) == tuple(SGLANG_COUNTS)
-    assert prefill_graph_sizes(_rule(), 0) == ()
+    counts = prefill_graph_counts(_rule(), top)
+    assert _listed(counts) == tuple(expected) and counts.largest == top
+    # the next count at or above every token count, as SGLang pads a pass
+    for t in range(1, top + 1):
+        assert counts.padded(t) == min(x for x in expected if x >= t)
+    assert counts.padded(top + 1) is None and counts.padded(0.5) == 4
+    # the chunked-prefill size is the largest; 2,048 for an MLA model; a server's max tokens
+    # before either
+    assert prefill_graph_counts(_rule(), 8192).largest == 8192
+    assert prefill_graph_counts(_rule(), 8192, mla=True).largest == 2048
+    assert prefill_graph_counts(_rule(), 8192, max_tokens=1000).largest == 960
+    assert prefill_graph_counts(_rule(), 0) is None
+    assert prefill_graph_counts(_rule(), 3) is None
+    # a Llama-2 path at most 4,096 where the server gives no maximum
+    assert prefill_graph_counts(_rule(), 8192, model_name="llama-2-7b").largest == 4096
+    assert prefill_graph_counts(_rule(), 8192, model_name="llama-2-7b",
+                                max_tokens=6000).largest == 5632
+    assert prefill_graph_counts(_rule(), 8192, model_name="llama-3.1-8b").largest == 8192
+
+
+def test_a_budget_of_any_size_costs_nothing():
+    # the counts are worked out, not listed: 10^13 tokens answers at once
+    import time
+
+    t0 = time.perf_counter()
+    counts = prefill_graph_counts(_rule(), 10**13)
+    assert counts.largest == 10**13 - (10**13 - 4608) % 512
+    assert counts.padded(10**12 + 1) == 4608 + -(-(10**12 + 1 - 4608) // 512) * 512
+    assert time.perf_counter() - t0 < 1.0
+
+
+def test_a_context_length_caps_them_from_0_5_14():
+    # 0.5.14 clamps the largest count to an explicit --context-length; 0.5.10-0.5.12 do not
+    new = _sglang("0.5.14").model().prefill_graph_rule
+    old = _sglang("0.5.12").model().prefill_graph_rule
+    assert prefill_graph_counts(new, 8192, context_tokens=4096).largest == 4096
+    assert prefill_graph_counts(old, 8192, context_tokens=4096).largest == 8192
 
 
 def _config(engine, *, mla=False, **overrides):
@@ -69,15 +106,15 @@ def _config(engine, *, mla=False, **overrides):
 
 def test_the_scheduler_takes_the_counts_at_its_budget():
     e = _sglang("0.5.12").model()
-    assert _config(e).prefill_graph_sizes[-1] == e.max_num_batched_tokens
-    assert _config(e, max_num_batched_tokens=4096).prefill_graph_sizes[-1] == 4096
-    assert _config(e, mla=True).prefill_graph_sizes[-1] == 2048
+    assert _config(e).prefill_graphs.largest == e.max_num_batched_tokens
+    assert _config(e, max_num_batched_tokens=4096).prefill_graphs.largest == 4096
+    assert _config(e, mla=True).prefill_graphs.largest == 2048
     # a budget that does not chunk captures none but MLA's
-    assert _config(e, chunked_prefill=False).prefill_graph_sizes == ()
-    assert _config(e, chunked_prefill=False, mla=True).prefill_graph_sizes[-1] == 2048
+    assert _config(e, chunked_prefill=False).prefill_graphs is None
+    assert _config(e, chunked_prefill=False, mla=True).prefill_graphs.largest == 2048
     # none before 0.5.10, none without CUDA graphs
-    assert _config(_sglang("0.5.9").model()).prefill_graph_sizes == ()
-    assert _config(dataclasses.replace(e, cuda_graphs=False)).prefill_graph_sizes == ()
+    assert _config(_sglang("0.5.9").model()).prefill_graphs is None
+    assert _config(dataclasses.replace(e, cuda_graphs=False)).prefill_graphs is None
 
 
 @pytest.mark.parametrize("command, on, top", [
@@ -91,21 +128,25 @@ def test_the_scheduler_takes_the_counts_at_its_budget():
      True, 1024),
     ("python3 -m sglang.launch_server --model-path M --cuda-graph-max-bs-prefill=2000", True,
      1792),
-    ("python3 -m sglang.launch_server --model-path M --context-length 4096", True, 4096),
+    ("python3 -m sglang.launch_server --model-path M --context-length 4096", True, 8192),
+    ("python3 -m sglang.launch_server --model-path M --chunked-prefill-size -1", True, None),
 ])
 def test_sglangs_flags_set_them(command, on, top):
     dep = served_setup("qwen3-30b-a3b", "h100-sxm", _sglang("0.5.12"), 1, None, None,
                        server=server_flags(command))
-    sizes = run.scheduler(dep).prefill_graph_sizes
+    counts = run.scheduler(dep).prefill_graphs
     assert dep.engine.prefill_graphs is on
-    assert (sizes[-1] if sizes else None) == top
+    assert (counts.largest if counts else None) == top
+    # the static estimate takes the same counts (its budget, chunking, the server's flags)
+    est, eager = _estimate_dep(dep, 1, 1000), _estimate_dep(dep, 1, 1000, eager=True)
+    assert (est.prefill.time_s < eager.prefill.time_s) is (top is not None)
 
 
 def test_enable_turns_them_on_before_0_5_10_and_bad_values_are_one_line():
     cmd = "python3 -m sglang.launch_server --model-path M --enable-piecewise-cuda-graph"
     dep = served_setup("qwen3-30b-a3b", "h100-sxm", _sglang("0.5.8"), 1, None, None,
                        server=server_flags(cmd))
-    assert run.scheduler(dep).prefill_graph_sizes[-1] == 8192
+    assert run.scheduler(dep).prefill_graphs.largest == 8192
     with pytest.raises(LlmplanError, match="--cuda-graph-backend-prefill: 'full' is not one"):
         server_flags("python3 -m sglang.launch_server --cuda-graph-backend-prefill full")
     with pytest.raises(LlmplanError, match="--piecewise-cuda-graph-max-tokens.*positive"):
@@ -141,8 +182,8 @@ def test_a_graphed_prefill_is_the_eager_one_without_host_costs():
 
 
 def test_a_graphed_prefill_pays_no_moe_host_time():
-    # Qwen3-30B-A3B, 48 MoE layers: an eager pass of 128 tokens is held by the host's 1.53 ms
-    # a MoE layer (73 ms, the profile's moe_layer_host_us); the graphed one is not
+    # Qwen3-30B-A3B, 48 MoE layers: an eager pass of 128 tokens is held by the host's 1.7 ms
+    # a MoE layer (82 ms, the profile's moe_layer_host_us); the graphed one is not
     dep, c = _coster(_sglang("0.5.12"))
     layers = dep.model.num_layers
     shape = _prefill_shape(128)
@@ -190,7 +231,7 @@ def test_the_pricer_pads_a_prefill_to_the_next_captured_count(tokens):
     if _PAD_DEP is None:
         _PAD_DEP = _coster(_sglang("0.5.12"), model="qwen3-8b")
     dep, c = _PAD_DEP
-    sizes = run.scheduler(dep).prefill_graph_sizes
+    sizes = _listed(run.scheduler(dep).prefill_graphs)
     rec = _Recorder(c)
     run.run(dep, [Request(0, 0.0, tokens, 2)], step_coster=rec)
     assert rec.calls, "no prefill step"
@@ -208,10 +249,10 @@ def _ttft_s(dep, prompt: int) -> float:
 
 
 def test_the_simulator_graphs_prefills_up_to_the_largest_count():
-    # one request on an idle server: its first token comes 1.53 ms a MoE layer sooner on
+    # one request on an idle server: its first token comes 1.7 ms a MoE layer sooner on
     # 0.5.12, whose prefill of 1,000 tokens replays the graphs, than on 0.5.9, which runs it
     # eagerly. A prompt of 20,000 tokens is prefilled in chunks of the budget, 8,192, the
-    # largest count captured: every chunk replays them, and the host's 73 ms is off at least
+    # largest count captured: every chunk replays them, and the host's 82 ms is off at least
     # the last, short one (3,616 tokens), whose GPU work is shorter than it
     new, _ = _coster(_sglang("0.5.12"))
     old, _ = _coster(_sglang("0.5.9"))
@@ -226,6 +267,16 @@ def test_the_simulator_graphs_prefills_up_to_the_largest_count():
     big = [served_setup("qwen3-30b-a3b", "h100-sxm", _sglang(v), 1, None, None,
                         server=server_flags(cmd)) for v in ("0.5.12", "0.5.9")]
     assert _ttft_s(big[0], 8000) == pytest.approx(_ttft_s(big[1], 8000), rel=1e-9)
+
+
+def _estimate_dep(dep, batch, prompt, output=64, *, eager=False):
+    """``dep``'s static estimate; ``eager``: its engine without prefill graphs."""
+    from planner.core.estimate import prepare
+
+    engine = dataclasses.replace(dep.engine, prefill_graphs=False) if eager else dep.engine
+    prep = prepare(dep.hardware, dep.precision, None, dep.options, engine)
+    return assemble(dep.model, dep.hardware, prep, dep.options, tp=dep.tp, batch=batch,
+                    prompt_tokens=prompt, output_tokens=output, with_ideal=False)
 
 
 def _estimate(spec, model, gpu, tp, batch, prompt, output=64):
@@ -279,7 +330,76 @@ def test_off_on_gpus_that_are_not_nvidias():
     # SGLang's _handle_piecewise_cuda_graph turns them off on HIP (AMD), XPU (Intel) and the
     # rest; the estimate prices such a prefill eagerly, as before 0.5.10
     dep = served_setup("qwen3-30b-a3b", "mi300x", _sglang("0.5.12"), 1, None, None)
-    assert not dep.engine.prefill_graphs and run.scheduler(dep).prefill_graph_sizes == ()
+    assert not dep.engine.prefill_graphs and run.scheduler(dep).prefill_graphs is None
     new = _estimate(_sglang("0.5.12"), "qwen3-30b-a3b", "mi300x", 1, 1, 1000)
     old = _estimate(_sglang("0.5.9"), "qwen3-30b-a3b", "mi300x", 1, 1, 1000)
     assert new.prefill.time_s == old.prefill.time_s
+
+
+def test_none_under_disaggregation_speculation_or_offload():
+    # SGLang turns the prefill graphs off under PD disaggregation and CPU offload; 0.5.10
+    # under any speculative algorithm, 0.5.12 and later for an EAGLE / MTP target. A lone
+    # 1,000-token prompt's first token is then the eager one, as on 0.5.9
+    from planner.layouts.speculation import SpeculationConfig
+
+    new, old = (served_setup("qwen3-30b-a3b", "h100-sxm", _sglang(v), 1, None, None)
+                for v in ("0.5.12", "0.5.9"))
+    req = [Request(0, 0.0, 1000, 8)]
+
+    def ttft_split(dep):
+        res = run.run_disaggregated(dep, dep, req, prefill_instances=1, decode_instances=1)
+        return res.combined().requests[0].ttft_s
+
+    assert ttft_split(new) == pytest.approx(ttft_split(old), rel=1e-9)
+    spec = SpeculationConfig("ngram", 3, 0.6)
+
+    def ttft_spec(dep):
+        cfg = run.scheduler(dep)
+        res = run.run(dep, req, cfg, speculation=run.speculation_serving(dep, spec, cfg))
+        return res.requests[0].ttft_s
+
+    assert ttft_spec(new) == pytest.approx(ttft_spec(old), rel=1e-9)
+    assert _ttft_s(new, 1000) < 0.8 * ttft_spec(new)  # and without speculation, graphed
+    offload = served_setup("qwen3-30b-a3b", "h100-sxm", _sglang("0.5.12"), 1, None, None,
+                           server={"--cpu-offload-gb": 4.0})
+    assert run.scheduler(offload).prefill_graphs is None
+    est, eager = _estimate_dep(offload, 1, 1000), _estimate_dep(offload, 1, 1000, eager=True)
+    assert est.prefill.time_s == eager.prefill.time_s
+
+
+def test_the_estimate_graphs_each_chunk_as_the_simulator_does():
+    # Qwen3-30B-A3B at the budget (8,192) and past it: the simulator graphs every chunk of
+    # 8,192 and the rest, so the estimate does too, and nothing jumps at 8,193
+    spec = _sglang("0.5.12")
+    t = {p: _estimate(spec, "qwen3-30b-a3b", "h100-sxm", 1, 1, p).prefill.time_s
+         for p in (8192, 8193, 20000)}
+    eager = _estimate(_sglang("0.5.9"), "qwen3-30b-a3b", "h100-sxm", 1, 1, 20000)
+    assert t[8193] < t[8192] * 1.05
+    assert t[20000] < eager.prefill.time_s
+    # DeepSeek-R1 (MLA: 2,048 at most) in chunks of 8,192: eager past 2,048
+    dsr1 = {v: _estimate(_sglang(v), "deepseek-r1", "h200", 8, 1, 3000).prefill.time_s
+            for v in ("0.5.12", "0.5.9")}
+    assert dsr1["0.5.12"] == dsr1["0.5.9"]
+
+
+@pytest.mark.parametrize("entry, needle", [
+    ("{value: true, sizes: [true, 4], source: x}", "expected whole numbers"),
+    ("{value: true, sizes: [4, 8], steps: [[4, 4]], source: x}", "below the first step"),
+    ("{value: true, source: x}", "give sizes or steps"),
+    ("{value: true, sizes: [4], name_caps: {llama-2: 0}, source: x}", "name_caps"),
+])
+def test_a_malformed_entry_is_one_line(tmp_path, entry, needle):
+    import subprocess
+    import sys
+
+    text = (catalog.db_dir("engines_db") / "sglang.yaml").read_text()
+    start = text.index("  prefill_graphs:\n")
+    end = text.index("  decode_reserve:\n")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(text[:start] + f"  prefill_graphs: {entry}\n" + text[end:])
+    out = subprocess.run([sys.executable, "-m", "planner", "simulate", "-m", "qwen3-8b", "-g",
+                          "h100-sxm", "-e", str(bad), "-n", "3"], capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 2, out.stderr
+    lines = [x for x in out.stderr.splitlines() if x.strip()]
+    assert len(lines) == 1 and "prefill_graphs" in lines[0] and needle in lines[0], lines

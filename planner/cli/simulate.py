@@ -1143,9 +1143,10 @@ def _result(dep, cfg, reqs, sp, d: dict, *, request_rate, burstiness, max_concur
             "max_num_batched_tokens": cfg.max_num_batched_tokens,
             # the largest prefill replayed from piecewise CUDA graphs (SGLang's; a TP
             # replica's only); None: every prefill runs eagerly
-            "prefill_graph_max_tokens": cfg.prefill_graph_sizes[-1]
-            if cfg.prefill_graph_sizes and dep.layout.pp == 1 and dep.layout.ep == 1
-            else None,
+            # (none under speculative decoding: planner.serving.sim)
+            "prefill_graph_max_tokens": cfg.prefill_graphs.largest
+            if cfg.prefill_graphs is not None and dep.layout.pp == 1 and dep.layout.ep == 1
+            and sp is None else None,
             "api_server_request_s": dep.engine.frontend_request_s,
             "api_server_token_s": dep.engine.frontend_token_s,
             # as vLLM's result file writes it: a number, or "inf"

@@ -43,6 +43,8 @@ Pure: the YAML is read by ``planner.io.catalog``; this module only validates and
 
 from __future__ import annotations
 
+import bisect
+import math
 from dataclasses import dataclass, replace
 from typing import Annotated, Literal, NamedTuple
 
@@ -366,6 +368,19 @@ class GraphCapTier(_Frozen):
     cap_tp4: int | None = Field(None, ge=1, le=1_000_000)
 
 
+def _check_captured(sizes: tuple[int, ...], steps: tuple[tuple[int, int], ...],
+                    what: str) -> None:
+    """A capture rule's sizes and ``[start, step]`` ranges: some, each at least 1, the
+    ranges starting in increasing order; ``what``: what a captured size is of."""
+    if not sizes and not steps:
+        raise ValueError(f"give sizes or steps (with neither, no {what} would be captured)")
+    if any(s < 1 for s in sizes) or any(a < 1 or b < 1 for a, b in steps):
+        raise ValueError("sizes and steps must be at least 1")
+    starts = [a for a, _ in steps]
+    if starts != sorted(set(starts)):
+        raise ValueError("steps must start in increasing order")
+
+
 class GraphSizes(_Frozen):
     """The decode batch sizes an engine captures CUDA graphs at: ``sizes``, then from each
     ``[start, step]`` of ``steps`` every step-th size up to the next start, all up to
@@ -393,14 +408,7 @@ class GraphSizes(_Frozen):
 
     @model_validator(mode="after")
     def _check(self) -> GraphSizes:
-        if not self.sizes and not self.steps:
-            raise ValueError("give sizes or steps (with neither, no decode "
-                             "batch would be captured)")
-        if any(s < 1 for s in self.sizes) or any(a < 1 or b < 1 for a, b in self.steps):
-            raise ValueError("cuda_graph_sizes: sizes and steps must be at least 1")
-        starts = [a for a, _ in self.steps]
-        if starts != sorted(set(starts)):
-            raise ValueError("cuda_graph_sizes: steps must start in increasing order")
+        _check_captured(self.sizes, self.steps, "decode batch")
         below = [t.below_gib for t in self.cap_by_memory]
         if below != sorted(set(below)):
             raise ValueError("cuda_graph_sizes: cap_by_memory tiers must rise in below_gib")
@@ -426,37 +434,98 @@ class PrefillGraphs(_Frozen):
     sizes: tuple[int, ...] = ()
     steps: tuple[tuple[int, int], ...] = ()
     mla_max_tokens: int | None = Field(None, ge=1, le=1_000_000)
+    # the largest count for a model whose name holds the key, where the server gives none
+    # (SGLang's: "llama-2" paths at most 4,096)
+    name_caps: dict[str, int] = {}
+    # the largest count no more than a server's own context length, from this release on
+    context_cap_since: str | None = Field(None, pattern=r"^[0-9]+(\.[0-9]+)*$")
+    context_cap: bool = True  # at_version: False before context_cap_since
     source: str = Field(min_length=1)
     date: str | None = None
     estimated: bool = False
     note: str | None = None
 
+    @field_validator("sizes", "steps", mode="before")
+    @classmethod
+    def _no_bools(cls, v):
+        flat = [x for item in (v if isinstance(v, (list, tuple)) else ())
+                for x in (item if isinstance(item, (list, tuple)) else (item,))]
+        if any(isinstance(x, bool) for x in flat):
+            raise ValueError("expected whole numbers, got true / false")
+        return v
+
     @model_validator(mode="after")
     def _check(self) -> PrefillGraphs:
-        if not self.sizes and not self.steps:
-            raise ValueError("prefill_graphs: give sizes or steps (with neither, no prefill "
-                             "pass would be captured)")
-        if any(s < 1 for s in self.sizes) or any(a < 1 or b < 1 for a, b in self.steps):
-            raise ValueError("prefill_graphs: sizes and steps must be at least 1")
-        starts = [a for a, _ in self.steps]
-        if starts != sorted(set(starts)):
-            raise ValueError("prefill_graphs: steps must start in increasing order")
+        _check_captured(self.sizes, self.steps, "prefill pass")
+        if self.steps and self.sizes and max(self.sizes) >= self.steps[0][0]:
+            raise ValueError("sizes must all be below the first step's start")
+        if any(c < 1 for c in self.name_caps.values()):
+            raise ValueError("name_caps must be at least 1")
         return self
 
 
-def prefill_graph_sizes(rule: tuple, budget_tokens: int, *, mla: bool = False,
-                        max_tokens: int | None = None,
-                        context_tokens: int | None = None) -> tuple[int, ...]:
-    """The token counts ``Engine.prefill_graph_rule`` (sizes, steps, MLA's largest) captures
-    for a step budget of ``budget_tokens`` (the chunked-prefill size), ascending: up to
-    ``max_tokens`` where the server gives it, else MLA's largest for an MLA model, else the
-    budget; no more than a server's own ``context_tokens``."""
-    sizes, steps, mla_max = rule
-    top = max_tokens if max_tokens is not None else (
-        mla_max if mla and mla_max is not None else budget_tokens)
-    if context_tokens is not None:
+@dataclass(frozen=True)
+class PrefillCounts:
+    """The token counts an engine's prefill graphs are captured at, up to ``top``:
+    ``sizes`` (ascending, below the first step), then each ``(start, step)`` of ``steps``
+    every step-th count from its start up to the next start (or ``top``); worked out, not
+    listed, so a budget of any size costs nothing."""
+
+    sizes: tuple[int, ...]
+    steps: tuple[tuple[int, int], ...]
+    top: int
+
+    def _last(self, k: int) -> int:
+        start, step = self.steps[k]
+        end = self.steps[k + 1][0] - 1 if k + 1 < len(self.steps) else self.top
+        end = min(end, self.top)
+        return start + (end - start) // step * step
+
+    @property
+    def largest(self) -> int:
+        """The largest count captured."""
+        return self._last(len(self.steps) - 1) if self.steps else self.sizes[-1]
+
+    def padded(self, tokens: float) -> int | None:
+        """The smallest count captured at or above ``tokens``; None above the largest."""
+        t = math.ceil(tokens)
+        i = bisect.bisect_left(self.sizes, t)
+        if i < len(self.sizes):
+            return self.sizes[i]
+        for k, (start, step) in enumerate(self.steps):
+            if t <= self._last(k):
+                return start if t <= start else start + -(-(t - start) // step) * step
+        return None
+
+    def segments(self) -> tuple[tuple[int, int, int], ...]:
+        """(start, step, last count) of each step range."""
+        return tuple((a, b, self._last(k)) for k, (a, b) in enumerate(self.steps))
+
+
+def prefill_graph_counts(rule: tuple, budget_tokens: int, *, mla: bool = False,
+                         max_tokens: int | None = None, context_tokens: int | None = None,
+                         model_name: str = "") -> PrefillCounts | None:
+    """The token counts ``Engine.prefill_graph_rule`` (sizes, steps, MLA's largest, caps by
+    model name, whether a server's context length caps them) captures for a step budget of
+    ``budget_tokens`` (the chunked-prefill size): up to ``max_tokens`` where the server
+    gives it, else MLA's largest for an MLA model, else the budget, a model name's cap
+    below either; no more than a server's own ``context_tokens`` where the rule says so.
+    None where none is captured."""
+    sizes, steps, mla_max, name_caps, context_cap = rule
+    if max_tokens is not None:
+        top = max_tokens
+    else:
+        top = mla_max if mla and mla_max is not None else budget_tokens
+        for key, cap in name_caps:
+            if key in model_name.lower():
+                top = min(top, cap)
+    if context_cap and context_tokens is not None:
         top = min(top, context_tokens)
-    return graph_sizes((sizes, steps, top, None, ()), 1 << 30)
+    own = tuple(x for x in sorted(sizes) if x <= top)
+    segs = tuple((a, b) for a, b in steps if a <= top)
+    if not own and not segs:
+        return None
+    return PrefillCounts(own, segs, top)
 
 
 def graph_cap(rule: tuple, memory_bytes: float | None = None, tp: int = 1) -> int:
@@ -841,9 +910,14 @@ class EngineSpec(_Frozen):
             sv = sv.model_copy(update={"performance_modes": None})
         pg = sv.prefill_graphs
         if pg is not None and pg.since is not None and v < version_key(pg.since):
-            sv = sv.model_copy(update={"prefill_graphs": pg.model_copy(update={
+            pg = pg.model_copy(update={
                 "value": not pg.value,
-                "note": f"releases before {pg.since}" + (f": {pg.note}" if pg.note else "")})})
+                "note": f"releases before {pg.since}" + (f": {pg.note}" if pg.note else "")})
+        if pg is not None and pg.context_cap_since is not None and \
+                v < version_key(pg.context_cap_since):
+            pg = pg.model_copy(update={"context_cap": False})
+        if pg is not sv.prefill_graphs:
+            sv = sv.model_copy(update={"prefill_graphs": pg})
         for name in ("multi_step_stream", "hybrid_kv_cache", "async_scheduling"):
             fs = getattr(sv, name)
             if isinstance(fs, FlagSince) and v < version_key(fs.since):
@@ -1004,7 +1078,8 @@ class EngineSpec(_Frozen):
             out["hybrid_kv_cache"] = sv.hybrid_kv_cache.value
         if sv.prefill_graphs is not None:
             pg = sv.prefill_graphs
-            out["prefill_graph_rule"] = (pg.sizes, pg.steps, pg.mla_max_tokens)
+            out["prefill_graph_rule"] = (pg.sizes, pg.steps, pg.mla_max_tokens,
+                                         tuple(sorted(pg.name_caps.items())), pg.context_cap)
             out["prefill_graphs"] = pg.value
         if sv.performance_modes is not None:
             pm = sv.performance_modes

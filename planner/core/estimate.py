@@ -22,12 +22,11 @@ accounting), which is the bound no engine beats.
 
 from __future__ import annotations
 
-import bisect
 import math
 from dataclasses import dataclass, field, replace
 
-from planner.core.arith import vmin
-from planner.core.engine import IDEAL, Engine, prefill_graph_sizes
+from planner.core.arith import vmax, vmin
+from planner.core.engine import IDEAL, Engine, prefill_graph_counts
 from planner.core.errors import UsageError
 from planner.core.headline import Headline
 from planner.core.memory import MemoryPlan, kv_cache_bytes_per_token, memory_plan
@@ -559,15 +558,18 @@ def _with_measured(est: Estimate, tpot_s: float | None, ttft_s: float | None) ->
     return replace(est, measured=m)
 
 
-def _prefill_graph_sizes(model: ModelSpec, e: Engine, o: Options) -> tuple[int, ...]:
+def _prefill_graph_counts(model: ModelSpec, e: Engine, o: Options):
     """The prefill token counts the engine replays from piecewise CUDA graphs at the
-    estimate's chunk budget (``planner.core.engine.PrefillGraphs``); () where it has none."""
-    if not (e.cuda_graphs and e.prefill_graphs and e.prefill_graph_rule is not None):
-        return ()
-    return prefill_graph_sizes(e.prefill_graph_rule, o.prefill_chunk_tokens or 0,
-                               mla=model.mla is not None,
-                               max_tokens=e.prefill_graph_max_tokens,
-                               context_tokens=e.max_model_len)
+    estimate's chunk budget (``planner.core.engine.PrefillCounts``; the simulator's through
+    ``SchedulerConfig.for_engine``); None where it has none: no chunking (no budget: MLA's
+    largest only), or weights kept in host memory (SGLang turns them off)."""
+    if not (e.cuda_graphs and e.prefill_graphs and e.prefill_graph_rule is not None) or \
+            o.cpu_offload_bytes:
+        return None
+    budget = o.prefill_chunk_tokens if e.chunked_prefill and o.prefill_chunk_tokens else 0
+    return prefill_graph_counts(e.prefill_graph_rule, budget, mla=model.mla is not None,
+                                max_tokens=e.prefill_graph_max_tokens,
+                                context_tokens=e.max_model_len, model_name=model.name)
 
 
 def _select(mask, a, b):
@@ -578,15 +580,23 @@ def _select(mask, a, b):
     return a if mask else b
 
 
-def _padded_tokens(tokens, sizes: tuple[int, ...]):
-    """The smallest captured count at or above ``tokens`` (the largest where none is)."""
+def _padded_tokens(tokens, counts):
+    """The smallest captured count at or above ``tokens`` (the largest where none is; 0
+    for 0 tokens), element-wise for arrays."""
     if not hasattr(tokens, "clip"):
-        i = bisect.bisect_left(sizes, math.ceil(tokens))
-        return sizes[min(i, len(sizes) - 1)]
-    out = tokens * 0 + sizes[-1]
-    for size in reversed(sizes):
+        if tokens <= 0:
+            return 0
+        got = counts.padded(tokens)
+        return counts.largest if got is None else got
+    out = tokens * 0 + counts.largest
+    for start, step, last in reversed(counts.segments()):
+        # the next count of the range at or above the tokens: start + ceil((t - start) /
+        # step) x step, written with floor division so arrays take it too
+        up = vmax(start - ((start - tokens) // step) * step, start)
+        out = _select(tokens <= last, up, out)
+    for size in reversed(counts.sizes):
         out = _select(tokens <= size, size, out)
-    return out
+    return _select(tokens <= 0, 0, out)
 
 
 # an eager prefill's operators a piecewise-graphed one still runs outside its graphs: the
@@ -597,21 +607,28 @@ _OPTIME_NUMBERS = ("compute_s", "memory_s", "comm_s", "time_s", "bandwidth_frac"
 
 
 def _graphed_prefill(model: ModelSpec, p: Precision, o: Options, e: Engine, c: Ceilings,
-                     eager: StepTime, *, tp: int, batch, prompt_tokens,
-                     sizes: tuple[int, ...]) -> StepTime:
-    """The batch's prefill where its tokens fit the largest captured count: replayed from
-    the piecewise CUDA graphs of the next captured count (the padding's rows computed by
-    every operator in the graphs, none of them launched by the host), its attention
-    unpadded and launched eagerly, and its sampling after the graphs, as the simulator
-    prices such a step (``planner.serving.cost.StepCoster.prefill_graph_s``); above that
-    count, the eager pass. Element-wise for a sweep's arrays."""
+                     eager: StepTime, *, tp: int, batch, prompt_tokens, counts) -> StepTime:
+    """The batch's prefill where every pass of it replays piecewise CUDA graphs: each chunk
+    of the budget (and the last, shorter one) no larger than the largest captured count,
+    padded to the next (the padding's rows computed by every operator in the graphs, none
+    of them launched by the host), its attention unpadded and launched eagerly, and its
+    sampling after the graphs, as the simulator prices each such step
+    (``planner.serving.cost.StepCoster.prefill_graph_s``); otherwise the eager passes.
+    Element-wise for a sweep's arrays."""
     tokens = batch * prompt_tokens
-    within = tokens <= sizes[-1]
+    chunk = o.prefill_chunk_tokens if e.chunked_prefill and o.prefill_chunk_tokens else None
+    if chunk is None:
+        full, rest, full_padded = 0, tokens, 0
+    else:
+        full = tokens // chunk
+        rest = tokens - full * chunk
+        full_padded = counts.padded(chunk) or 0  # 0: a full chunk is above the largest
+    within = ((full == 0) | (full_padded > 0)) & (rest <= counts.largest)
     if not hasattr(within, "clip") and not within:
         return eager
-    padded = _padded_tokens(tokens, sizes)
-    graphed_ops = prefill_ops(model, p, batch=1, prompt_tokens=padded, tp=tp,
-                              attention=o.attention, lm_head_sharded=e.lm_head_sharded)
+    padded = full * full_padded + _padded_tokens(rest, counts)
+    graphed_ops = prefill_ops(model, p, batch=1, prompt_tokens=_select(within, padded, tokens),
+                              tp=tp, attention=o.attention, lm_head_sharded=e.lm_head_sharded)
     by_name = {op.name: op for op in graphed_ops}
     ops = []
     for t in eager.ops:
@@ -655,10 +672,10 @@ def assemble(model: ModelSpec, hardware: HardwareSpec, prep: Prepared, o: Option
                         fixed_s=e.prefill_step_overhead_s * chunks
                         + e.per_sequence_overhead_s * batch,
                         serial_s=e.worker_s(tp) * chunks)
-    sizes = _prefill_graph_sizes(model, e, o)
-    if sizes:
+    counts = _prefill_graph_counts(model, e, o)
+    if counts is not None:
         prefill = _graphed_prefill(model, p, o, e, c, prefill, tp=tp, batch=batch,
-                                   prompt_tokens=prompt_tokens, sizes=sizes)
+                                   prompt_tokens=prompt_tokens, counts=counts)
     if memory is None:
         memory = memory_plan(model, hardware, p, batch=batch, prompt_tokens=prompt_tokens,
                              output_tokens=output_tokens, tp=tp, options=o,

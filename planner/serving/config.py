@@ -10,7 +10,7 @@ import math
 from dataclasses import dataclass
 from typing import Literal
 
-from planner.core.engine import ReserveRule, graph_sizes, prefill_graph_sizes
+from planner.core.engine import PrefillCounts, ReserveRule, graph_sizes, prefill_graph_counts
 from planner.core.errors import UsageError
 
 
@@ -67,23 +67,24 @@ class SchedulerConfig:
     # multi-step: each step's tokens stream as it ends (vLLM's multi_step_stream_outputs, on
     # by default since 0.6.3); False: a block's tokens reach the client at its end, a burst
     multi_step_stream: bool = True
-    # the prefill token counts replayed from piecewise CUDA graphs, ascending (SGLang's,
+    # the prefill token counts replayed from piecewise CUDA graphs (SGLang's,
     # ``planner.core.engine.PrefillGraphs``): a step that prefills up to the largest pads up
-    # to the next and replays them, its attention launched eagerly; above it, or empty, a
+    # to the next and replays them, its attention launched eagerly; above it, or None, a
     # prefill step runs eagerly
-    prefill_graph_sizes: tuple[int, ...] = ()
+    prefill_graphs: PrefillCounts | None = None
 
     @classmethod
     def for_engine(cls, e, *, memory_bytes: float | None = None, tp: int = 1,
                    context_tokens: int | None = None, mla: bool = False,
-                   **overrides) -> SchedulerConfig:
+                   model_name: str = "", **overrides) -> SchedulerConfig:
         """The engine profile's own scheduler defaults (``planner.core.engine.Engine``) on a GPU
         of ``memory_bytes`` at TP ``tp`` (an engine may size its CUDA graphs by them), with
         any field overridden. ``context_tokens``: the served context length where no
         max_model_len is given (the model's), for defaults that depend on it
         (``Engine.short_context``); a server's own max-model-len (``Engine.max_model_len``)
-        stands before it. ``mla``: the model's attention is MLA, for an engine whose prefill
-        graphs capture fewer tokens then (``Engine.prefill_graph_rule``)."""
+        stands before it. ``mla``, ``model_name``: the model's attention is MLA, and its
+        name, for an engine whose prefill graphs capture fewer tokens for some models
+        (``Engine.prefill_graph_rule``)."""
         steps = overrides.get("scheduler_steps", e.scheduler_steps or 1)
         check_scheduler_steps(e, steps)
         kw = {"max_num_seqs": e.max_num_seqs,
@@ -115,14 +116,14 @@ class SchedulerConfig:
                                             kw["max_num_batched_tokens"],
                                             memory_bytes=memory_bytes, tp=tp,
                                             max_bs=e.graph_max_bs)
-        if "prefill_graph_sizes" not in kw and e.cuda_graphs and e.prefill_graphs \
+        if "prefill_graphs" not in kw and e.cuda_graphs and e.prefill_graphs \
                 and e.prefill_graph_rule is not None:
             # a budget that does not chunk (SGLang's --chunked-prefill-size -1) captures no
             # prefill graph but MLA's, whose largest is its own
             budget = kw["max_num_batched_tokens"] if kw["chunked_prefill"] else 0
-            kw["prefill_graph_sizes"] = prefill_graph_sizes(
+            kw["prefill_graphs"] = prefill_graph_counts(
                 e.prefill_graph_rule, budget, mla=mla, max_tokens=e.prefill_graph_max_tokens,
-                context_tokens=e.max_model_len)
+                context_tokens=e.max_model_len, model_name=model_name)
         return cls(**kw)
 
     @property

@@ -132,6 +132,10 @@ def simulate_disaggregated(requests: list[Request], prefill: Pool, decode: Pool,
         raise UsageError("disaggregated serving needs arrival times (an open stream)",
                          fields=("max_concurrency",))
     P, D = prefill.instances, decode.instances
+    # a disaggregated server replays no prefill graphs (SGLang's _handle_piecewise_cuda_graph
+    # turns them off under PD disaggregation)
+    prefill = replace(prefill, cfg=replace(prefill.cfg, prefill_graphs=None))
+    decode = replace(decode, cfg=replace(decode.cfg, prefill_graphs=None))
     # the prefill pool: each prompt with one output token, the instances in turn
     pre_runs, pre_of = [], {}
     for i in range(P):

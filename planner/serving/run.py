@@ -29,12 +29,16 @@ def scheduler(dep: Deployment, mode: str | None = None, **overrides) -> Schedule
     """The engine profile's scheduler defaults on the deployment's GPU and TP, under vLLM's
     --performance-mode ``mode`` (``Engine.in_mode``; None: not given), with any field
     overridden; defaults that depend on the served context length take the model's where no
-    max_model_len is given (vLLM's default max-model-len)."""
+    max_model_len is given (vLLM's default max-model-len). Weights kept in host memory
+    (--cpu-offload-gb) leave no prefill graphs (SGLang turns them off)."""
+    if dep.options.cpu_offload_bytes:
+        overrides.setdefault("prefill_graphs", None)
     return SchedulerConfig.for_engine(dep.engine.in_mode(mode),
                                       memory_bytes=dep.hardware.memory_bytes,
                                       tp=dep.layout.tp,
                                       context_tokens=dep.model.max_position_embeddings,
-                                      mla=dep.model.mla is not None, **overrides)
+                                      mla=dep.model.mla is not None, model_name=dep.model.name,
+                                      **overrides)
 
 
 def check_speculation(dep: Deployment, cfg: SchedulerConfig) -> None:

@@ -174,15 +174,18 @@ def simulate(requests: list[Request], coster: StepCoster, cfg: SchedulerConfig, 
     arr = arrivals(stream(), cfg.max_concurrency, front if front.active else None)
     release = getattr(arr, "release", None)
     occ = Occupancy(sample_every_s)
-    pricer = StepPricer(coster, batch, cfg.graph_sizes, cfg.graph_padding,
-                        cfg.prefill_graph_sizes)
+    # speculative decoding runs the target's prefill eagerly (SGLang 0.5.10 turns the prefill
+    # graphs off under it; 0.5.12 and later replay none for an EAGLE / MTP target, whose
+    # hidden-state capture the graphs do not hold)
+    prefill_graphs = cfg.prefill_graphs if spec is None else None
+    pricer = StepPricer(coster, batch, cfg.graph_sizes, cfg.graph_padding, prefill_graphs)
     inner = _inner_pricer(coster, batch, cfg, spec) if cfg.scheduler_steps > 1 else None
     # async scheduling, where the coster prices it (one TP group): a step's host work runs
     # beside the step before it, and a step after idle time has none to run beside
     cold = None
     if getattr(coster, "overlaps_steps", False) and e.overlaps_host():
         cold = StepPricer(idle_coster(coster), batch, cfg.graph_sizes, cfg.graph_padding,
-                          cfg.prefill_graph_sizes)
+                          prefill_graphs)
     with no_cycle_collection():  # the loop makes no cycles: refcounts free all
         t, stream_s = _serve(sched, arr, pricer, occ, n=len(requests) - len(refused),
                              max_steps=max_steps, front=front if front.token_s else None,
@@ -256,8 +259,7 @@ def _inner_pricer(coster: StepCoster, batch, cfg: SchedulerConfig,
     except AttributeError:  # a pipeline or expert-parallel layout's coster
         raise UsageError("--num-scheduler-steps: multi-step scheduling is simulated on a TP "
                          "replica only (pp 1, ep 1)") from None
-    return StepPricer(hidden, batch, cfg.graph_sizes, cfg.graph_padding,
-                      cfg.prefill_graph_sizes)
+    return StepPricer(hidden, batch, cfg.graph_sizes, cfg.graph_padding, cfg.prefill_graphs)
 
 
 def hybrid_kv_groups(model, cfg: SchedulerConfig) -> tuple[int, int] | None:

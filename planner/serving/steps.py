@@ -55,16 +55,17 @@ class StepPricer:
     the coster's ``time_scale``, where it has one: ``SlowedCoster``)."""
 
     __slots__ = ("coster", "batch", "window", "split_parts", "graph_sizes", "pads", "direct",
-                 "scale", "uniform", "prefill_sizes")
+                 "scale", "uniform", "prefill_counts")
 
     def __init__(self, coster, batch: DecodePool, graph_sizes: tuple[int, ...] = (),
-                 pads: bool = True, prefill_sizes: tuple[int, ...] = ()):
+                 pads: bool = True, prefill_counts=None):
         self.coster, self.batch = coster, batch
         self.pads = pads  # False: a batch between captured sizes runs without a graph
-        # a step that prefills up to the largest of these token counts replays piecewise
-        # graphs padded to the next (SGLang's), where the coster prices them (one TP group)
-        self.prefill_sizes = prefill_sizes if getattr(coster, "prices_prefill_graphs",
-                                                      False) else ()
+        # a step that prefills up to the largest of these token counts
+        # (``planner.core.engine.PrefillCounts``) replays piecewise graphs padded to the
+        # next (SGLang's), where the coster prices them (one TP group)
+        self.prefill_counts = prefill_counts if getattr(coster, "prices_prefill_graphs",
+                                                        False) else None
         self.scale = getattr(coster, "time_scale", 1.0)
         # padding to captured sizes, where the coster can take it (one TP group)
         self.graph_sizes = graph_sizes if getattr(coster, "pads_graphs", False) else ()
@@ -119,9 +120,8 @@ class StepPricer:
             dt = self.coster.step_time(shape, sequences=n_dec + len(chunks), prefill=True,
                                        decodes=True, parts=parts)
         else:
-            sizes, padded = self.prefill_sizes, None
-            if chunks and sizes and shape.tokens <= sizes[-1]:
-                padded = sizes[bisect.bisect_left(sizes, math.ceil(shape.tokens))]
+            counts = self.prefill_counts
+            padded = counts.padded(shape.tokens) if chunks and counts is not None else None
             if padded is None:
                 dt = self.coster.step_time(shape, sequences=n_dec + len(chunks),
                                            prefill=bool(chunks), decodes=bool(n_dec))
