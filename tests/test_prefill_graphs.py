@@ -403,3 +403,17 @@ def test_a_malformed_entry_is_one_line(tmp_path, entry, needle):
     assert out.returncode == 2, out.stderr
     lines = [x for x in out.stderr.splitlines() if x.strip()]
     assert len(lines) == 1 and "prefill_graphs" in lines[0] and needle in lines[0], lines
+
+
+def test_enforce_wins_over_disable_and_a_clash_names_the_flags():
+    # SGLang 0.5.10's _handle_piecewise_cuda_graph: --enforce-piecewise-cuda-graph skips every
+    # rule that turns the graphs off, --disable-piecewise-cuda-graph included, in either order
+    for cmd in ("--disable-piecewise-cuda-graph --enforce-piecewise-cuda-graph",
+                "--enforce-piecewise-cuda-graph --disable-piecewise-cuda-graph"):
+        assert server_flags(f"python3 -m sglang.launch_server {cmd}") == {
+            "--prefill-graphs": True}
+    with pytest.raises(LlmplanError, match=r"gives --prefill-graphs twice: False "
+                       r"\(--disable-piecewise-cuda-graph\) and True "
+                       r"\(--enable-piecewise-cuda-graph\)"):
+        server_flags("python3 -m sglang.launch_server --disable-piecewise-cuda-graph "
+                     "--enable-piecewise-cuda-graph")

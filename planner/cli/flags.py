@@ -223,6 +223,10 @@ FLAGS: tuple[EngineFlag, ...] = (
                choices={"pytorch": "pytorch", "tensorrt": "tensorrt", "trt": "tensorrt"}),
 )
 BY_NAME: dict[str, EngineFlag] = {n: f for f in FLAGS for n in f.names}
+# flags that win over any other setting of the same option in a server command: SGLang's
+# --enforce-piecewise-cuda-graph skips every rule that would turn the prefill graphs off,
+# --disable-piecewise-cuda-graph included (ServerArgs._handle_piecewise_cuda_graph, 0.5.10)
+ENFORCING = frozenset({"--enforce-piecewise-cuda-graph"})
 
 
 def cli_aliases(ours: str) -> tuple[str, ...]:
@@ -303,6 +307,8 @@ def server_flags(command: str | None, base: Path | None = None) -> dict[str, obj
     except ValueError:
         words = command.split()
     options: dict[str, object] = {}
+    said: dict[str, str] = {}  # the flag that set each of ours, as the command spells it
+    enforced: set[str] = set()  # ours set by a flag that wins (ENFORCING)
     # trtllm-serve, first or behind a launcher (``mpirun -n 1 ... trtllm-serve MODEL``); not
     # a word of another server's arguments (``--served-model-name trtllm-serve``)
     trtllm = bool(words) and (Path(words[0]).name == "trtllm-serve" or (
@@ -347,10 +353,17 @@ def server_flags(command: str | None, base: Path | None = None) -> dict[str, obj
                 raise LlmplanError(f"the server command gives a memory fraction twice, of "
                                    f"{out['--memory-basis']} and of {basis} memory ({name})")
             out["--memory-basis"] = basis
+        if ours in enforced:  # given by a flag that wins over the others (ENFORCING)
+            continue
+        if name in ENFORCING:
+            out[ours] = value
+            enforced.add(ours)
+            continue
         if ours in out and out[ours] != value:
-            raise LlmplanError(f"the server command gives {ours} twice: {out[ours]} and "
-                               f"{value}")
+            raise LlmplanError(f"the server command gives {ours} twice: {out[ours]} "
+                               f"({said[ours]}) and {value} ({name})")
         out[ours] = value
+        said[ours] = name
     if "--memory-utilization" in options:  # kv_cache_config.free_gpu_memory_fraction
         options["--memory-basis"] = BASIS_OF["trtllm"]
     return {**out, **options}
