@@ -251,11 +251,12 @@ def read_recorded(path: Path, read) -> list[dict]:
         raise SystemExit(2) from None
 
 
-def read_csv(path: Path) -> list[dict]:
-    """Rows as `run` returns them: counts as int, times and ratios as float, flags as bool."""
-    ints = {"tp", "batch", "isl", "osl", "bench_version"}
-    bools = {"their_fits", "our_fits"}
-    floats = {k for k in COLUMNS if k.endswith(("_s", "_ratio", "_frac"))}
+def read_typed_csv(path: Path, columns: list[str], ints=frozenset(),
+                   bools=frozenset()) -> list[dict]:
+    """A recorded CSV's rows, each of ``columns`` required: ``ints`` as int, ``bools`` as
+    bool, the times, ratios and fractions (``_s``, ``_ratio``, ``_frac``) as float, an empty
+    cell as None (``csv.Error`` where a column is missing)."""
+    floats = {k for k in columns if k.endswith(("_s", "_ratio", "_frac"))}
 
     def parse(k: str, v: str):
         if v == "":
@@ -267,10 +268,16 @@ def read_csv(path: Path) -> list[dict]:
         return float(v) if k in floats else v
     with path.open(newline="") as f:
         reader = csv.DictReader(f)
-        missing = [k for k in COLUMNS if k not in (reader.fieldnames or ())]
+        missing = [k for k in columns if k not in (reader.fieldnames or ())]
         if missing:
             raise csv.Error(f"no column {', '.join(missing)}")
         return [{k: parse(k, v) for k, v in r.items()} for r in reader]
+
+
+def read_csv(path: Path) -> list[dict]:
+    """Rows as `run` returns them: counts as int, times and ratios as float, flags as bool."""
+    return read_typed_csv(path, COLUMNS, ints={"tp", "batch", "isl", "osl", "bench_version"},
+                          bools={"their_fits", "our_fits"})
 
 
 def _ms(x) -> str:

@@ -40,6 +40,7 @@ from benchmarks.aiconfigurator_compare import (  # noqa: E402
     _git_describe,
     _ratio,
     read_recorded,
+    read_typed_csv,
     require_aiconfigurator,
 )
 from benchmarks.gpu_kernels import OneLineParser  # noqa: E402
@@ -134,18 +135,8 @@ def write_csv(rows: list[dict], path: Path) -> None:
 
 
 def read_csv(path: Path) -> list[dict]:
-    def parse(k: str, v: str):
-        if v == "":
-            return None
-        if k == "batch":
-            return int(v)
-        return float(v) if k.endswith(("_s", "_ratio")) else v
-    with path.open(newline="") as f:
-        reader = csv.DictReader(f)
-        missing = [k for k in COLUMNS if k not in (reader.fieldnames or ())]
-        if missing:
-            raise csv.Error(f"no column {', '.join(missing)}")
-        return [{k: parse(k, v) for k, v in r.items()} for r in reader]
+    """Rows as `run` returns them: the batch as int, times and ratios as float."""
+    return read_typed_csv(path, COLUMNS, ints={"batch"})
 
 
 def _ms(x) -> str:
