@@ -30,6 +30,14 @@ def vmin(a, b):
     return a if a <= b else b
 
 
+def vwhere(mask, a, b):
+    """``a`` where ``mask`` holds, else ``b``; element-wise where ``mask`` is an array (a
+    boolean array times a number is 0 or the number)."""
+    if hasattr(mask, "clip"):
+        return mask * a + (1 - mask) * b
+    return a if mask else b
+
+
 def floor_nonneg(x):
     """floor(max(x, 0)) for numbers or arrays (float result)."""
     return vmax(x, 0.0) // 1

@@ -25,12 +25,13 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, replace
 
-from planner.core.arith import vmax, vmin
+from planner.core.arith import vmax, vmin, vwhere
 from planner.core.engine import IDEAL, Engine, prefill_graph_counts
 from planner.core.errors import UsageError
 from planner.core.headline import Headline
 from planner.core.memory import MemoryPlan, kv_cache_bytes_per_token, memory_plan
 from planner.core.ops import (
+    SAMPLING_OPS,
     active_params,
     check_tp,
     count_params,
@@ -572,14 +573,6 @@ def _prefill_graph_counts(model: ModelSpec, e: Engine, o: Options):
                                 context_tokens=e.max_model_len, model_name=model.name)
 
 
-def _select(mask, a, b):
-    """``a`` where ``mask`` holds, else ``b``: numbers, or arrays element-wise (without
-    numpy: a boolean array times a number is 0 or the number)."""
-    if hasattr(mask, "clip"):
-        return mask * a + (1 - mask) * b
-    return a if mask else b
-
-
 def _padded_tokens(tokens, counts):
     """The smallest captured count at or above ``tokens`` (the largest where none is; 0
     for 0 tokens), element-wise for arrays."""
@@ -593,15 +586,12 @@ def _padded_tokens(tokens, counts):
         # the next count of the range at or above the tokens: start + ceil((t - start) /
         # step) x step, written with floor division so arrays take it too
         up = vmax(start - ((start - tokens) // step) * step, start)
-        out = _select(tokens <= last, up, out)
+        out = vwhere(tokens <= last, up, out)
     for size in reversed(counts.sizes):
-        out = _select(tokens <= size, size, out)
-    return _select(tokens <= 0, 0, out)
+        out = vwhere(tokens <= size, size, out)
+    return vwhere(tokens <= 0, 0, out)
 
 
-# an eager prefill's operators a piecewise-graphed one still runs outside its graphs: the
-# attention between the pieces, and the sampling after the decoder stack
-_OUTSIDE_PREFILL_GRAPHS = ("final_norm", "lm_head")
 _OPTIME_NUMBERS = ("compute_s", "memory_s", "comm_s", "time_s", "bandwidth_frac",
                    "compute_frac", "kernels", "overhead_s", "fixed_s", "host_floor_s")
 
@@ -627,18 +617,20 @@ def _graphed_prefill(model: ModelSpec, p: Precision, o: Options, e: Engine, c: C
     if not hasattr(within, "clip") and not within:
         return eager
     padded = full * full_padded + _padded_tokens(rest, counts)
-    graphed_ops = prefill_ops(model, p, batch=1, prompt_tokens=_select(within, padded, tokens),
+    graphed_ops = prefill_ops(model, p, batch=1, prompt_tokens=vwhere(within, padded, tokens),
                               tp=tp, attention=o.attention, lm_head_sharded=e.lm_head_sharded)
     by_name = {op.name: op for op in graphed_ops}
     ops = []
     for t in eager.ops:
         op = by_name.get(t.op.name)
+        # outside the graphs: the attention between the pieces, and the sampling after the
+        # decoder stack
         if op is None or t.op.kind in ("attention", "host_transfer") or \
-                t.op.name in _OUTSIDE_PREFILL_GRAPHS:
+                t.op.name in SAMPLING_OPS:
             ops.append(t)
             continue
         g = op_time(op, c, tp=tp, options=o, engine=e, graphed=True)
-        ops.append(replace(t, **{f: _select(within, getattr(g, f), getattr(t, f))
+        ops.append(replace(t, **{f: vwhere(within, getattr(g, f), getattr(t, f))
                                  for f in _OPTIME_NUMBERS}))
     return replace(eager, ops=tuple(ops))
 

@@ -543,14 +543,18 @@ def _moe_ops(s: _Step) -> list[Op]:
     return ops
 
 
+# the operators of a step's sampling, after the decoder stack (``_head_ops``)
+SAMPLING_OPS = ("final_norm", "lm_head")
+
+
 def _head_ops(s: _Step, rows: float, lm_head_sharded: bool) -> list[Op]:
     """The final norm and the lm_head, only for the last token of each of the ``rows``
     sequences that sample this step."""
     h = s.h
-    norm = Op("final_norm", "norm", 1, flops=8.0 * rows * h, weight_bytes=s.norm_w,
+    norm = Op(SAMPLING_OPS[0], "norm", 1, flops=8.0 * rows * h, weight_bytes=s.norm_w,
               act_bytes=2.0 * rows * h * s.ab, dtype=s.hdt)
     vocab = s.m.vocab_size / (s.tp if lm_head_sharded else 1)
-    lm = s.matmul("lm_head", 1, h, vocab, quantized=s.prec.lm_head_quantized, tokens=rows)
+    lm = s.matmul(SAMPLING_OPS[1], 1, h, vocab, quantized=s.prec.lm_head_quantized, tokens=rows)
     # logits are written in fp32 for sampling
     return [norm, Op(lm.name, lm.kind, 1, lm.flops, weight_bytes=lm.weight_bytes,
                      act_bytes=rows * h * s.ab + rows * vocab * 4, dtype=lm.dtype,

@@ -30,7 +30,7 @@ from dataclasses import replace
 
 from planner.core.engine import Engine
 from planner.core.estimate import Prepared
-from planner.core.ops import Op, StepShape, host_transfer_ops, shape_ops
+from planner.core.ops import SAMPLING_OPS, Op, StepShape, host_transfer_ops, shape_ops
 from planner.core.roofline import (
     combine,
     launch_time_s,
@@ -40,8 +40,6 @@ from planner.core.roofline import (
 )
 from planner.core.specs import HardwareSpec, ModelSpec, Options
 from planner.layouts.pipeline import stage_ops
-
-_SAMPLING = ("final_norm", "lm_head")
 
 
 def host_s(e: Engine, sequences, *, prefill: bool, decodes: bool) -> float:
@@ -158,13 +156,14 @@ class StepCoster:
         # device time a layer's attention takes beyond its kernels' (op_time's fixed part)
         self._attn_fixed = operator_device_fixed_s(attn, self.engine)
         self._launch_s: float | None = None
+        self._graph_launch_s: float | None = None
 
     def with_engine(self, engine: Engine) -> StepCoster:
         """This coster under ``engine``, whose timings of the operators are this one's (it
         differs in host costs or their overlap only): the caches are shared, not rebuilt."""
         other = copy.copy(self)
         other.engine = engine
-        other._launch_s = None
+        other._launch_s = other._graph_launch_s = None
         return other
 
     @property
@@ -222,7 +221,7 @@ class StepCoster:
     def _linear_ops_of(self, tokens: int) -> list[Op]:
         ops = self._linear_ops.get((tokens, self._concat))
         if ops is None:
-            skip = {"attention", "attention_local", *_SAMPLING}
+            skip = {"attention", "attention_local", *SAMPLING_OPS}
             if self._concat:
                 skip.add("rope_kv_write")
             shape_ops = self._ops(StepShape(float(tokens), 0.0, 0.0, 0.0, 0.0, 0.0))
@@ -262,7 +261,7 @@ class StepCoster:
         ops = self._head_ops.get(rows)
         if ops is None:
             shape_ops = self._ops(StepShape(0.0, 0.0, 0.0, 0.0, 0.0, float(rows)))
-            ops = self._head_ops[rows] = [shape_ops[n] for n in _SAMPLING if n in shape_ops]
+            ops = self._head_ops[rows] = [shape_ops[n] for n in SAMPLING_OPS if n in shape_ops]
         return ops
 
     def attention_s(self, shape: StepShape, graphed: bool) -> float:
@@ -409,10 +408,15 @@ class StepCoster:
     def prefill_graph_launch_s(self) -> float:
         """The host's launches of a piecewise-graphed prefill step: each layer's attention
         kernels and a graph piece's replay before each, the last piece's, and the sampling's
-        kernels, at the engine's ``host_launch_s`` each."""
-        layers = self._n_full + self._n_local
-        head = sum(self.engine.kernels_for(op.name, op.kind) for op in self._head_ops_of(1))
-        return (layers * (self._attn_kernels + 1) + 1 + head) * self.engine.host_launch_s
+        kernels, at the engine's ``host_launch_s`` each. The same for any number of tokens:
+        worked out once, as ``launch_s``."""
+        if self._graph_launch_s is None:
+            layers = self._n_full + self._n_local
+            head = sum(self.engine.kernels_for(op.name, op.kind)
+                       for op in self._head_ops_of(1))
+            self._graph_launch_s = (layers * (self._attn_kernels + 1) + 1 + head) * \
+                self.engine.host_launch_s
+        return self._graph_launch_s
 
     def _with_host_s(self, gpu_s: float, sequences: int, *, prefill: bool, decodes: bool,
                      graphed: bool) -> float:
