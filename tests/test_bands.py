@@ -427,6 +427,35 @@ def test_simulate_sharegpt_lengths_take_longer_than_constant_ones(run_json):
     assert shaped["duration"] > 1.1 * flat["duration"]  # the longest requests finish last
 
 
+def test_sharegpt_keeps_its_own_means_unless_lengths_are_given(run_json, run_cli):
+    """vLLM's bench serve --dataset-name sharegpt sends the conversations' own lengths; so
+    does simulate unless -p / -o ask for other means (until 2026-12-06 the defaults, 1,024 and
+    256, rescaled ShareGPT to prompts five times its own)."""
+    from planner.serving.traffic import shaped_lengths
+
+    pairs = catalog.load_lengths("sharegpt")
+    assert sorted(shaped_lengths(pairs, len(pairs), mean_prompt=None, mean_output=None,
+                                 seed=5)) == sorted(pairs)  # each pair once, unscaled
+    # 500 requests take each of the 500 pairs once: the file's own sums
+    s = run_json("simulate", "-m", "llama-3.1-8b", "-g", "h100-sxm", "-n", str(len(pairs)),
+                 "--dataset-name", "sharegpt", "--request-rate", "4")
+    assert s["total_input_tokens"] == sum(p for p, _ in pairs) == 102_975
+    assert s["total_output_tokens"] == sum(o for _, o in pairs) == 107_666
+    # one of -p / -o given: that mean scaled to, the other kept
+    s = run_json("simulate", "-m", "llama-3.1-8b", "-g", "h100-sxm", "-n", "500", "-p", "1000",
+                 "--dataset-name", "sharegpt", "--request-rate", "4")
+    assert s["total_input_tokens"] == pytest.approx(500_000, rel=0.01)
+    assert s["total_output_tokens"] == 107_666
+    # the random dataset keeps the commands' default workload
+    s = run_json("simulate", "-m", "llama-3.1-8b", "-g", "h100-sxm", "-n", "10")
+    assert (s["total_input_tokens"], s["total_output_tokens"]) == (10 * 1024, 10 * 256)
+    # the help's means are the file's
+    code, out, _ = run_cli("simulate", "--help")
+    assert code == 0
+    mp, mo = (round(sum(x[i] for x in pairs) / len(pairs)) for i in (0, 1))
+    assert f"means {mp} and {mo}" in " ".join(out.split())
+
+
 def test_targets_are_computed_on_held_out_figures_only():
     from types import SimpleNamespace as NS
 

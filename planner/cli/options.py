@@ -128,14 +128,28 @@ AsyncSchedulingOpt = Annotated[Optional[bool], typer.Option(
     "longer of the two: vLLM's async scheduling, SGLang's and TensorRT-LLM's overlap "
     "schedulers (default: the engine's; on for vllm, sglang and trtllm).")]
 BatchOpt = Annotated[int, typer.Option("--batch", "-b", help="Concurrent sequences.", metavar="N")]
+PROMPT_FLAGS = ("--prompt-tokens", "-p", "--random-input-len", "--input-len")
+OUTPUT_FLAGS = ("--output-tokens", "-o", "--random-output-len", "--output-len")
 PromptOpt = Annotated[int, typer.Option(
-    "--prompt-tokens", "-p", "--random-input-len", "--input-len",
+    *PROMPT_FLAGS,
     help="Prompt tokens per sequence (vLLM bench's --random-input-len / --input-len).",
     metavar="TOKENS")]
 OutputOpt = Annotated[int, typer.Option(
-    "--output-tokens", "-o", "--random-output-len", "--output-len",
+    *OUTPUT_FLAGS,
     help="Output tokens per sequence (vLLM bench's --random-output-len / --output-len).",
     metavar="TOKENS")]
+# a request stream's lengths (simulate): None keeps a published length distribution's own
+# means (--dataset-name sharegpt), as vLLM's bench serve draws the dataset
+StreamPromptOpt = Annotated[Optional[int], typer.Option(
+    *PROMPT_FLAGS,
+    help="Prompt tokens per request (vLLM bench's --random-input-len / --input-len; default "
+    f"{DEFAULT_PROMPT_TOKENS:,}); with --dataset-name sharegpt, the mean its lengths are "
+    "scaled to (default: ShareGPT's own).", metavar="TOKENS")]
+StreamOutputOpt = Annotated[Optional[int], typer.Option(
+    *OUTPUT_FLAGS,
+    help="Output tokens per request (vLLM bench's --random-output-len / --output-len; "
+    f"default {DEFAULT_OUTPUT_TOKENS:,}); with --dataset-name sharegpt, the mean its lengths "
+    "are scaled to (default: ShareGPT's own).", metavar="TOKENS")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object, nothing else.")]
 def duration_s(text: str) -> float:
     """A duration from the command line in seconds: 500ms, 3s, 2min, 150us or a bare number of

@@ -40,17 +40,17 @@ from planner.cli.options import (
     KVOption,
     LongerOpt,
     ModelOpt,
-    OutputOpt,
     OverheadOpt,
     PerformanceModeOpt,
     PpOpt,
-    PromptOpt,
     QuantizationOpt,
     QuantizedLayers,
     QuantizedLayersOpt,
     ReserveOpt,
     SpeculativeOpt,
     SpeculativeTokensOpt,
+    StreamOutputOpt,
+    StreamPromptOpt,
     TimeModel,
     TimeModelOpt,
     TpOpt,
@@ -210,8 +210,8 @@ def simulate(
         help="Requests in the stream (vLLM bench's --num-prompts; default 1,000, or every "
         "row of a --dataset, whose first N rows it takes when given).",
         metavar="N")] = None,
-    prompt_tokens: PromptOpt = DEFAULT_PROMPT_TOKENS,
-    output_tokens: OutputOpt = DEFAULT_OUTPUT_TOKENS,
+    prompt_tokens: StreamPromptOpt = None,
+    output_tokens: StreamOutputOpt = None,
     range_ratio: Annotated[float, typer.Option(
         "--range-ratio", "--random-range-ratio",
         help="Lengths uniform within +-this fraction (vLLM's random dataset, "
@@ -239,7 +239,8 @@ def simulate(
         "--dataset-name", metavar="random|sharegpt|sonnet|sglang-random",
         help="Lengths as vLLM's bench serve draws them: random (uniform within "
         "--range-ratio of -p / -o), sharegpt (the published ShareGPT length distribution, "
-        "planner/data/lengths, scaled so its means are -p and -o) or sonnet (prompts of -p "
+        "planner/data/lengths: 500 requests' prompt and output tokens, means 206 and 215, "
+        "scaled so its means are -p and -o where given) or sonnet (prompts of -p "
         "tokens whose first --prefix-tokens, 200 unless given, are the same in every "
         "request, as vLLM's sonnet dataset builds them); or as SGLang's bench_serving "
         "draws its random dataset: sglang-random (uniform from --range-ratio x -p / -o up "
@@ -1043,6 +1044,10 @@ def request_stream(dataset, dataset_name, num_requests, prompt_tokens, output_to
     from planner.serving.traffic import replay, synthetic
 
     closed = loop_alone(request_rate, max_concurrency)
+    shaped = dataset is None and dataset_name not in ("random", "sonnet", "sglang-random")
+    if not shaped:  # a published length distribution keeps its own means unless given
+        prompt_tokens = DEFAULT_PROMPT_TOKENS if prompt_tokens is None else prompt_tokens
+        output_tokens = DEFAULT_OUTPUT_TOKENS if output_tokens is None else output_tokens
     if dataset is not None and dataset_name != "random":
         raise LlmplanError(f"--dataset-name {dataset_name} and --dataset: a trace gives its "
                            "own lengths; give one")

@@ -148,20 +148,23 @@ def replay(rows: list[tuple], *, request_rate: float = math.inf,
     return [replace(r, id=i) for i, r in enumerate(reqs)]
 
 
-def shaped_lengths(pairs: list[tuple[int, int]], n: int, *, mean_prompt: float,
-                   mean_output: float, seed: int = 0) -> list[tuple[int, int]]:
+def shaped_lengths(pairs: list[tuple[int, int]], n: int, *, mean_prompt: float | None,
+                   mean_output: float | None, seed: int = 0) -> list[tuple[int, int]]:
     """``n`` (prompt, output) lengths drawn from a published distribution of ``pairs`` (such
     as ShareGPT's, ``planner/data/lengths``), each scaled so that the distribution's means are
     ``mean_prompt`` and ``mean_output``: the shape kept, the scale the run's (another model's
-    tokenizer counts the same text differently). Drawn without replacement in a seeded order,
-    then again, so ``n`` up to ``len(pairs)`` takes each pair at most once. Integers, at
-    least 1."""
+    tokenizer counts the same text differently); a mean of None keeps the distribution's
+    own, as vLLM's bench serve draws the dataset when no length is given. Drawn without
+    replacement in a seeded order, then again, so ``n`` up to ``len(pairs)`` takes each pair
+    at most once. Integers, at least 1."""
     if not pairs:
         raise UsageError("a length distribution needs at least one (prompt, output) pair")
-    if not (mean_prompt > 0 and mean_output > 0):
-        raise UsageError("the mean prompt and output lengths must be positive")
     mp = sum(p for p, _ in pairs) / len(pairs)
     mo = sum(o for _, o in pairs) / len(pairs)
+    mean_prompt = mp if mean_prompt is None else mean_prompt
+    mean_output = mo if mean_output is None else mean_output
+    if not (mean_prompt > 0 and mean_output > 0):
+        raise UsageError("the mean prompt and output lengths must be positive")
     order = list(range(len(pairs)))
     random.Random(seed).shuffle(order)
     out = []
