@@ -28,6 +28,15 @@ def test_the_declared_default_is_the_one_the_docs_state():
 @pytest.mark.parametrize("command", ["estimate", "sweep", "simulate", "plan", "report"])
 def test_every_command_defaults_to_the_one_workload(command):
     d = _defaults(command)
+    if command == "simulate":  # None until the stream is drawn: the workload's lengths for
+        # the random dataset, a published distribution's own means (--dataset-name sharegpt)
+        from planner.cli.simulate import request_stream
+
+        assert d["--prompt-tokens"] is None and d["--output-tokens"] is None
+        reqs = request_stream(None, "random", 3, None, None, 0.0, float("inf"), 1.0, None, 0)
+        assert {(r.prompt_tokens, r.output_tokens) for r in reqs} == {
+            (W.prompt_tokens, W.output_tokens)}
+        return
     assert int(d["--prompt-tokens"]) == W.prompt_tokens
     assert int(d["--output-tokens"]) == W.output_tokens
     if command in ("estimate", "sweep"):  # a static batch of sequences (report's --batch
