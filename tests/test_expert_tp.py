@@ -224,7 +224,8 @@ def test_tp1_keeps_todays_figures_exactly(case):
 
     model, gpu, ep, w, b, p, o = case
     m = catalog.load_model(model)
-    dep = build_deployment(m, gpu=gpu, engine="vllm", ep=ep, weights=w,
+    # the release these figures were recorded under (0.20 and later give the KV 0.92 of memory)
+    dep = build_deployment(m, gpu=gpu, engine="vllm@0.19", ep=ep, weights=w,
                            options=Options(expert_imbalance=1.0))
     x = estimate_deployment(dep, Workload(batch=b, prompt_tokens=p, output_tokens=o)).expert
     c = layout_coster(m, dep.hardware, dep.prepared, dep.options, ep=ep)
@@ -357,8 +358,9 @@ def test_simulated_step_is_the_estimate(model, gpu, w, tp, ep, batch):
 
 
 def test_kv_pool_is_each_groups_by_hand():
-    """TP 2 x EP 8 Qwen3-235B fp8 on H100: each GPU's free memory over its 94 x 2 x 2 x 128
-    x 2 = 96,256 KV bytes per token (2 of the 4 KV heads), times the 4 groups."""
+    """TP 2 x EP 8 Qwen3-235B fp8 on H100: each GPU's free memory (the vllm profile's 0.92
+    of it, vLLM 0.20 and later) over its 94 x 2 x 2 x 128 x 2 = 96,256 KV bytes per token (2
+    of the 4 KV heads), times the 4 groups."""
     from planner.core.memory import kv_budget_bytes
 
     m = catalog.load_model("qwen3-235b-a22b")
@@ -367,7 +369,7 @@ def test_kv_pool_is_each_groups_by_hand():
     act = activation_bytes(m, prep.precision, batch=256, prompt_tokens=32, tp=2,
                            attention="flash", chunk_tokens=8192)
     free = kv_budget_bytes(hw.memory_bytes, weights_bytes=c.x.weights_bytes(),
-                           activation_bytes=act, reserve_bytes=2**30, frac=0.9,
+                           activation_bytes=act, reserve_bytes=2**30, frac=0.92,
                            basis="total")
     assert c.kv_capacity_tokens(256, 8192) == 4 * int(free // 96_256)
 

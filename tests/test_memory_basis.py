@@ -47,11 +47,14 @@ def _capacity(run_json, engine: str, *extra: str) -> dict:
 
 
 def test_vllm_kv_capacity_by_hand(run_json):
-    """0.9 x 80 GiB - weights - a full step's activations (1,024 sequences of 8 tokens:
-    8,192 tokens and 1,024 rows of logits) - 1 GiB, in 16-token blocks."""
+    """0.92 x 80 GiB (vLLM 0.20 and later) - weights - a full step's activations (1,024
+    sequences of 8 tokens: 8,192 tokens and 1,024 rows of logits) - 1 GiB, in 64-token
+    blocks (0.34 and later); vllm@0.19: 0.9 of it in 16-token blocks."""
     act = STEP_ACT + 1024 * LOGITS
-    tokens = int((0.9 * C - W - act - R) // KV_PER_TOKEN) // 16 * 16
-    assert tokens == 448_688
+    tokens = int((0.92 * C - W - act - R) // KV_PER_TOKEN) // 64 * 64
+    assert tokens == 461_760
+    assert int((0.9 * C - W - act - R) // KV_PER_TOKEN) // 16 * 16 == 448_688
+    assert _capacity(run_json, "vllm@0.19")["kv_concurrency"]["kv_capacity_tokens"] == 448_688
     assert _capacity(run_json, "vllm")["kv_concurrency"]["kv_capacity_tokens"] == tokens
 
 
@@ -96,8 +99,10 @@ def test_memory_utilization_is_on_the_engines_basis(run_json):
 
 
 @pytest.mark.parametrize("engine, batch", [
-    # vLLM: B x (kv + logits) + the full chunk's activations <= 0.9 C - W - R
-    ("vllm", (0.9 * C - W - R - STEP_ACT) // (1280 * KV_PER_TOKEN + LOGITS)),
+    # vLLM: B x (kv + logits) + the full chunk's activations <= 0.92 C - W - R (0.9 before
+    # 0.20)
+    ("vllm", (0.92 * C - W - R - STEP_ACT) // (1280 * KV_PER_TOKEN + LOGITS)),
+    ("vllm@0.19", (0.9 * C - W - R - STEP_ACT) // (1280 * KV_PER_TOKEN + LOGITS)),
     # SGLang: B x kv <= 0.84 (C - R) - W binds first
     ("sglang", (0.836 * (C - R) - W) // (1280 * KV_PER_TOKEN)),
     # TensorRT-LLM: B x kv <= 0.9 (C - W - R - activations - B x logits)

@@ -369,13 +369,13 @@ def test_estimate_reports_paged_and_contiguous_concurrency(run_json, model, gpu)
     d = run_json("estimate", "-m", "llama-3.1-8b", "-g", "h100-sxm", "-b", "16", "-p", "2048",
                  "-o", "256")
     kc = d["kv_concurrency"]
-    # by hand: the cache's tokens over 2304 (a whole number of 16-token blocks), and over
+    # by hand: the cache's tokens over 2304 (a whole number of 64-token blocks), and over
     # the 131,072-token context a contiguous cache reserves
     assert kc["max_concurrency_paged"] == kc["kv_capacity_tokens"] // 2304
     assert kc["max_concurrency_contiguous"] == kc["kv_capacity_tokens"] // 131072
     assert kc["kv_used_frac_contiguous"] == pytest.approx((2048 + 128) / 131072)
     per_token = kv_cache_bytes_per_token(model("llama-3.1-8b"), Precision())
-    free = 80 * 1024**3 * 0.9 - d["weights_bytes"] - 1024**3
+    free = 80 * 1024**3 * 0.92 - d["weights_bytes"] - 1024**3  # vLLM 0.20 and later
     assert kc["kv_capacity_tokens"] * per_token <= free
     assert kc["max_concurrency_paged"] >= 20 * kc["max_concurrency_contiguous"]
 

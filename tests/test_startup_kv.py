@@ -79,27 +79,30 @@ def test_a_prompt_the_engine_refuses_is_said_so(run_json, run_cli, tmp_path):
 
 
 def test_a_static_batch_the_served_pool_cannot_hold_is_said_so(run_json):
-    """gpt-oss-120b with an fp8 KV cache on one H100: the static memory plan fits 170
-    sequences (the prefill's own activations), but vLLM sizes its pool after a whole step's
-    activations and holds 152; served at 170 it preempts, at 150 it does not."""
+    """gpt-oss-120b with an fp8 KV cache on one H100 under vLLM 0.19 (0.9 of the memory):
+    the static memory plan fits 170 sequences (the prefill's own activations), but vLLM sizes
+    its pool after a whole step's activations and holds 152; served at 170 it preempts, at
+    150 it does not."""
     def note(batch):
         d = run_json("estimate", "-m", "gpt-oss-120b", "-g", "h100-sxm", "--kv-cache", "fp8",
-                     "-b", str(batch))
+                     "-b", str(batch), "-e", "vllm@0.19")
         assert d["fits"] and d["kv_concurrency"]["max_concurrency_paged"] == 152
         return [n for n in d["notes"] if "KV pool holds" in n]
     assert note(170) and "152 requests" in note(170)[0] and not note(150)
 
     def preemptions(clients):
         return run_json("simulate", "-m", "gpt-oss-120b", "-g", "h100-sxm", "--kv-cache", "fp8",
-                        "-n", str(2 * clients), "--max-concurrency", str(clients))["preemptions"]
+                        "-n", str(2 * clients), "--max-concurrency", str(clients),
+                        "-e", "vllm@0.19")["preemptions"]
     assert preemptions(170) > 0 and preemptions(150) == 0
 
 
 def test_require_fit_fails_a_deployment_the_engine_would_not_start(run_cli):
-    """70B fp8 with an fp8 KV cache on one H100 fits, but vLLM would refuse to start it at
-    the model's context: --require-fit, which a CI gate reads, says so with exit 1."""
+    """70B fp8 with an fp8 KV cache on one H100 fits, but vLLM 0.19 (0.9 of the memory) would
+    refuse to start it at the model's context: --require-fit, which a CI gate reads, says so
+    with exit 1."""
     base = ("estimate", "-m", "llama-3.1-70b", "-g", "h100-sxm", "--weights", "fp8",
-            "--kv-cache", "fp8", "--require-fit")
+            "--kv-cache", "fp8", "--require-fit", "-e", "vllm@0.19")
     code, _, err = run_cli(*base)
     assert code == 1 and "does not start" in err and "8,384" in err
     code, out, err = run_cli(*base, "--json")  # the reason on stderr under --json too

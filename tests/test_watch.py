@@ -69,7 +69,7 @@ def test_once_json_reads_the_window(run_cli, endpoint):
     eng = catalog.load_engine("vllm")
     p = Precision()
     opts = Options(prefill_chunk_tokens=eng.max_num_batched_tokens)
-    kv = fm.KV_USAGE * kv_capacity_tokens(m, hw, p, options=opts) * \
+    kv = fm.KV_USAGE * kv_capacity_tokens(m, hw, p, options=opts, engine=eng) * \
         kv_cache_bytes_per_token(m, p)
     # the weights a step of that many sequences reads (not the embedding table: its rows)
     read = sum(t.op.weight_bytes * t.op.count for t in estimate(

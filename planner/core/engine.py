@@ -83,6 +83,21 @@ class Num(_Sourced):
     value: float = Field(ge=0, le=10_000_000, allow_inf_nan=False)
 
 
+class NumSince(Num):
+    """A default that holds from the release ``since`` on, ``before`` in the releases before
+    it (vLLM's KV block size: 64 tokens from 0.34, 16 before); without ``since``, every
+    release's."""
+
+    since: str | None = Field(None, pattern=r"^[0-9]+(\.[0-9]+)*$")
+    before: float | None = Field(None, ge=0, le=10_000_000, allow_inf_nan=False)
+
+    @model_validator(mode="after")
+    def _pair(self) -> NumSince:
+        if (self.since is None) != (self.before is None):
+            raise ValueError("give since and before together (the value before that release)")
+        return self
+
+
 class Frac(_Sourced):
     value: float = Field(gt=0, le=1, allow_inf_nan=False)
 
@@ -397,6 +412,10 @@ class GraphSizes(_Frozen):
     cap: int = Field(ge=1, le=1_000_000)
     cap_per_seq: float | None = Field(None, gt=0, le=1000)
     cap_by_memory: tuple[GraphCapTier, ...] = ()
+    # ((architecture, cap), ...): the cap in place of ``cap`` on GPUs of that architecture
+    # (vLLM from 0.28: 1,024 on Blackwell's SM100), from ``arch_caps_since`` on
+    arch_caps: tuple[tuple[str, int], ...] = ()
+    arch_caps_since: str | None = Field(None, pattern=r"^[0-9]+(\.[0-9]+)*$")
     padding: bool = True
     # the release these sizes start at (``EngineSpec.at_version``); before it the engine
     # captured none of its own: every decode step is priced as the profile's fit priced it
@@ -412,6 +431,8 @@ class GraphSizes(_Frozen):
         below = [t.below_gib for t in self.cap_by_memory]
         if below != sorted(set(below)):
             raise ValueError("cuda_graph_sizes: cap_by_memory tiers must rise in below_gib")
+        if any(c < 1 for _, c in self.arch_caps):
+            raise ValueError("cuda_graph_sizes: arch_caps must be at least 1")
         return self
 
 
@@ -584,6 +605,17 @@ class MemoryFraction(_Sourced):
     basis: Literal["total", "static", "free"]
     value: float = Field(gt=0, le=1, allow_inf_nan=False)
     reserve_by_memory: tuple[ReserveTier, ...] = ()
+    # the release ``value`` starts at, and the fraction of the releases before it (vLLM's
+    # gpu_memory_utilization: 0.92 from 0.20, 0.9 before); None: every release's
+    since: str | None = Field(None, pattern=r"^[0-9]+(\.[0-9]+)*$")
+    before: float | None = Field(None, gt=0, le=1, allow_inf_nan=False)
+
+    @model_validator(mode="after")
+    def _pair(self) -> MemoryFraction:
+        if (self.since is None) != (self.before is None):
+            raise ValueError("give since and before together (the fraction before that "
+                             "release)")
+        return self
 
 
 class ExpertPadding(_Sourced):
@@ -633,6 +665,21 @@ class SmallGpuDefaults(_Frozen):
     note: str | None = None
 
 
+class LargeGpuDefaults(_Frozen):
+    """Scheduler defaults an engine picks on GPUs with at least ``from_memory_gib`` of memory,
+    from the release ``since`` on (vLLM's OpenAI server from 0.28: 16,384 tokens a step at
+    160 GiB or more, the B200's, B300's and MI300X's), in place of ``ServingDefaults``'
+    own; ``max_num_seqs`` None: unchanged."""
+
+    max_num_batched_tokens: int = Field(ge=1, le=100_000_000)
+    max_num_seqs: int | None = Field(None, ge=1, le=1_000_000)
+    from_memory_gib: float = Field(gt=0, le=100_000)
+    since: str | None = Field(None, pattern=r"^[0-9]+(\.[0-9]+)*$")
+    source: str = Field(min_length=1)
+    date: str | None = None
+    note: str | None = None
+
+
 class ShortContextDefaults(_Frozen):
     """Scheduler defaults that depend on the served context length (vLLM's V0 engine, 0.6-0.7):
     chunked prefill is on by default only where max-model-len exceeds ``max_model_len``; at
@@ -665,11 +712,24 @@ class PerformanceModes(_Frozen):
     note: str | None = None
 
 
+SpecMethod = Literal["draft-model", "mtp", "ngram", "eagle", "eagle3"]
+
+
 class SpeculativeMethods(_Sourced):
     """Speculative decoding methods, by llmplan's names (draft-model, mtp, ngram, eagle,
-    eagle3)."""
+    eagle3). ``joined``: ((method, release), ...), a method of ``value`` that joined the list
+    only in that release (``EngineSpec.at_version`` leaves it out before)."""
 
-    value: tuple[Literal["draft-model", "mtp", "ngram", "eagle", "eagle3"], ...]
+    value: tuple[SpecMethod, ...]
+    joined: tuple[tuple[SpecMethod, str], ...] = ()
+
+    @model_validator(mode="after")
+    def _joined(self) -> SpeculativeMethods:
+        for m, since in self.joined:
+            if m not in self.value:
+                raise ValueError(f"joined: {m} is not in value")
+            version_key(since)  # a release number
+        return self
 
 
 class EarlierDefaults(_Frozen):
@@ -689,9 +749,10 @@ class ServingDefaults(_Frozen):
 
     max_num_seqs: Num  # running requests at most
     max_num_batched_tokens: Num  # tokens per step at most (prefill chunks and decodes)
-    block_size: Num  # KV tokens per block (page)
+    block_size: NumSince  # KV tokens per block (page)
     chunked_prefill: Flag
     small_gpu: SmallGpuDefaults | None = None
+    large_gpu: LargeGpuDefaults | None = None  # defaults on GPUs with the most memory
     # defaults by the served context length (``ShortContextDefaults``); None: the same at any
     short_context: ShortContextDefaults | None = None
     capacity_policy: Policy | None = None  # None: max-utilization
@@ -701,6 +762,10 @@ class ServingDefaults(_Frozen):
     # admission holds KV back for the running requests' future tokens (SGLang's); None: a
     # request is admitted when its prompt's first chunk fits (vLLM's)
     decode_reserve: DecodeReserve | None = None
+    # a waiting request is admitted only where its whole prompt (with what it generated
+    # before a preemption) fits in the free and evictable KV, not its first chunk alone
+    # (vLLM's scheduler_reserve_full_isl, from 0.19); None or False: the first chunk
+    full_prompt_admission: FlagSince | Flag | None = None
     cuda_graph_sizes: GraphSizes | None = None  # None: any decode batch replays a graph
     prefix_caching: Flag | None = None  # automatic prefix caching on by default (None: off)
     # a model mixing full and sliding-window layers caches only the window in the latter
@@ -714,6 +779,9 @@ class ServingDefaults(_Frozen):
     # runs this one, so a step takes the longer of the two, not their sum (None: off); a
     # ``since`` puts the releases before it the other way
     async_scheduling: FlagSince | Flag | None = None
+    # async scheduling stays on under pipeline parallelism (vLLM from 0.15); None or False:
+    # a pipeline-parallel step runs without it
+    async_pipeline: FlagSince | Flag | None = None
     # the speculative methods (``planner.layouts.speculation.Method``) under which async
     # scheduling stays on; any other turns it off. None: every method keeps it
     async_speculation: SpeculativeMethods | None = None
@@ -737,6 +805,14 @@ class ServingDefaults(_Frozen):
             if v < 1 or v != int(v):
                 raise ValueError(f"{name}: must be a whole number of at least 1, got {v}")
         return self
+
+
+def _as_before(x: NumSince | MemoryFraction) -> NumSince | MemoryFraction:
+    """A release-bound default (``since``, ``before``) as the releases before ``since`` had
+    it: ``before``, its note saying so."""
+    return x.model_copy(update={
+        "value": x.before, "since": None, "before": None,
+        "note": f"releases before {x.since}" + (f": {x.note}" if x.note else "")})
 
 
 def _pairs(figure: _ByArchitecture | None, scale: float = 1.0) -> tuple[tuple[str, float], ...]:
@@ -899,12 +975,25 @@ class EngineSpec(_Frozen):
         q = self.fp8_quant_kernels
         if q is not None and q.since is not None and v < version_key(q.since):
             self = self.model_copy(update={"fp8_quant_kernels": None})
+        mf = self.memory_fraction
+        if mf is not None and mf.since is not None and v < version_key(mf.since):
+            self = self.model_copy(update={"memory_fraction": _as_before(mf)})
         sv = self.serving
         if sv is None:
             return self
         g = sv.cuda_graph_sizes
         if g is not None and g.since is not None and v < version_key(g.since):
             sv = sv.model_copy(update={"cuda_graph_sizes": None})
+        elif g is not None and g.arch_caps_since is not None and \
+                v < version_key(g.arch_caps_since):
+            sv = sv.model_copy(update={"cuda_graph_sizes": g.model_copy(update={
+                "arch_caps": (), "arch_caps_since": None})})
+        b = sv.block_size
+        if b.since is not None and v < version_key(b.since):
+            sv = sv.model_copy(update={"block_size": _as_before(b)})
+        lg = sv.large_gpu
+        if lg is not None and lg.since is not None and v < version_key(lg.since):
+            sv = sv.model_copy(update={"large_gpu": None})
         pm = sv.performance_modes
         if pm is not None and v < version_key(pm.since):
             sv = sv.model_copy(update={"performance_modes": None})
@@ -918,7 +1007,15 @@ class EngineSpec(_Frozen):
             pg = pg.model_copy(update={"context_cap": False})
         if pg is not sv.prefill_graphs:
             sv = sv.model_copy(update={"prefill_graphs": pg})
-        for name in ("multi_step_stream", "hybrid_kv_cache", "async_scheduling"):
+        sp = sv.async_speculation
+        if sp is not None and sp.joined:
+            kept = tuple(m for m in sp.value if not any(
+                m == j and v < version_key(since) for j, since in sp.joined))
+            if kept != sp.value:
+                sv = sv.model_copy(update={"async_speculation": sp.model_copy(update={
+                    "value": kept, "joined": ()})})
+        for name in ("multi_step_stream", "hybrid_kv_cache", "async_scheduling",
+                     "async_pipeline", "full_prompt_admission"):
             fs = getattr(sv, name)
             if isinstance(fs, FlagSince) and v < version_key(fs.since):
                 sv = sv.model_copy(update={name: fs.model_copy(update={
@@ -934,7 +1031,7 @@ class EngineSpec(_Frozen):
                 sv = sv.model_copy(update={
                     "max_num_seqs": num(e.max_num_seqs),
                     "max_num_batched_tokens": num(e.max_num_batched_tokens),
-                    "small_gpu": None, "earlier": ()})
+                    "small_gpu": None, "large_gpu": None, "earlier": ()})
                 break
         return self if sv is self.serving else self.model_copy(update={"serving": sv})
 
@@ -1049,6 +1146,10 @@ class EngineSpec(_Frozen):
                               self.serving.small_gpu.max_num_batched_tokens,
                               self.serving.small_gpu.below_memory_gib * 2**30,
                               self.serving.small_gpu.names)}),
+            **({} if self.serving is None or self.serving.large_gpu is None else {
+                "large_gpu": (self.serving.large_gpu.max_num_seqs,
+                              self.serving.large_gpu.max_num_batched_tokens,
+                              self.serving.large_gpu.from_memory_gib * 2**30)}),
         )
 
 
@@ -1094,6 +1195,11 @@ class EngineSpec(_Frozen):
                                  tuple((t.below_gib * 2**30, t.cap, t.cap_tp4)
                                        for t in g.cap_by_memory))
             out["graph_padding"] = g.padding
+            out["graph_arch_caps"] = tuple((a.lower(), c) for a, c in g.arch_caps)
+        if sv.full_prompt_admission is not None:
+            out["full_prompt_admission"] = sv.full_prompt_admission.value
+        if sv.async_pipeline is not None:
+            out["async_with_pp"] = sv.async_pipeline.value
         return out
 
 
@@ -1230,6 +1336,8 @@ class Engine:
     # the next step's host work overlaps this step's GPU work: a step takes the longer of
     # the two (``planner.core.roofline.with_host``), not their sum
     async_scheduling: bool = False
+    # it stays on under pipeline parallelism (``overlaps_host``); False: off there
+    async_with_pp: bool = False
     # the speculative methods that keep it on (``for_speculation``); None: every method
     async_speculation: tuple[str, ...] | None = None
     # CUDA-graph capture sizes, (sizes, steps, cap, cap_per_seq, ((below bytes, cap, cap at
@@ -1265,6 +1373,15 @@ class Engine:
     # (max_num_seqs, max_num_batched_tokens, below this many bytes of memory, or a GPU name
     # holding one of these): the defaults on smaller GPUs, resolved by ``for_gpu``
     small_gpu: tuple | None = None
+    # (max_num_seqs or None, max_num_batched_tokens, from this many bytes of memory): the
+    # defaults on the GPUs with the most memory, resolved by ``for_gpu``
+    large_gpu: tuple | None = None
+    # ((architecture, cap), ...): ``graph_rule``'s cap on GPUs of that architecture, resolved
+    # by ``for_gpu``
+    graph_arch_caps: tuple = ()
+    # a waiting request is admitted only where its whole prompt fits in the free and
+    # evictable KV (vLLM's scheduler_reserve_full_isl); False: where its first chunk does
+    full_prompt_admission: bool = False
     # (first release, throughput factor, interactivity's finest sizes up to): vLLM's
     # --performance-mode (``PerformanceModes``, ``in_mode``); None: the engine has none
     performance_modes: tuple | None = None
@@ -1318,6 +1435,17 @@ class Engine:
             pairs = getattr(e, by_arch)
             if pairs:
                 e = replace(e, **{by_arch: (), field: dict(pairs).get(arch, unnamed)})
+        if e.graph_arch_caps:
+            cap = dict(e.graph_arch_caps).get(arch)
+            e = replace(e, graph_arch_caps=(), graph_rule=(
+                e.graph_rule if cap is None or e.graph_rule is None
+                else (*e.graph_rule[:2], cap, *e.graph_rule[3:])))
+        if e.large_gpu is not None:
+            seqs, tokens, at_least = e.large_gpu
+            e = replace(e, large_gpu=None)
+            if memory_bytes >= at_least:  # vLLM asks the largest tier first
+                return replace(e, small_gpu=None, max_num_batched_tokens=tokens,
+                               max_num_seqs=e.max_num_seqs if seqs is None else seqs)
         if e.small_gpu is None:
             return e
         seqs, tokens, below, names = e.small_gpu
@@ -1370,10 +1498,11 @@ class Engine:
     def overlaps_host(self, pp: int = 1) -> bool:
         """Whether a served step's host work runs beside the GPU work of the step before it,
         graphed or not (async scheduling: the engine core prepares step N + 1 while the GPU
-        runs step N, the forward's kernels once launched); not under pipeline parallelism,
-        where vLLM turns async scheduling off. An eager step's launches stay on the host's
-        path (``planner.serving.cost.StepCoster.launch_s``)."""
-        return self.async_scheduling and pp == 1
+        runs step N, the forward's kernels once launched); under pipeline parallelism only
+        where the engine keeps it there (``async_with_pp``: vLLM 0.15 and later; 0.14 turned
+        it off). An eager step's launches stay on the host's path
+        (``planner.serving.cost.StepCoster.launch_s``)."""
+        return self.async_scheduling and (pp == 1 or self.async_with_pp)
 
     def for_speculation(self, method: str) -> Engine:
         """The engine as it serves with speculative decoding by ``method``: without async
@@ -1387,9 +1516,9 @@ class Engine:
     def hides_host(self, graphed: bool, pp: int = 1) -> bool:
         """Whether a step's host work runs beside its GPU work (``roofline.with_host``): with
         async scheduling, under a step replayed from a CUDA graph (an eager step keeps the
-        host busy launching its kernels), and not under pipeline parallelism, where vLLM turns
-        async scheduling off."""
-        return self.async_scheduling and graphed and pp == 1
+        host busy launching its kernels), and under pipeline parallelism only where the engine
+        keeps async scheduling there (``async_with_pp``)."""
+        return self.async_scheduling and graphed and (pp == 1 or self.async_with_pp)
 
     def kernels_for(self, name: str, kind: str) -> float:
         km = dict(self.kernels)

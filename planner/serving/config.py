@@ -72,6 +72,9 @@ class SchedulerConfig:
     # to the next and replays them, its attention launched eagerly; above it, or None, a
     # prefill step runs eagerly
     prefill_graphs: PrefillCounts | None = None
+    # a waiting request is admitted only where its whole prompt fits in the free and
+    # evictable KV, not its first chunk alone (vLLM's scheduler_reserve_full_isl, 0.19 on)
+    full_prompt_admission: bool = False
 
     @classmethod
     def for_engine(cls, e, *, memory_bytes: float | None = None, tp: int = 1,
@@ -95,7 +98,8 @@ class SchedulerConfig:
               "prefix_caching": e.prefix_caching, "hybrid_kv_cache": e.hybrid_kv_cache,
               "api_servers": e.api_servers,
               "graph_padding": e.graph_padding, "scheduler_steps": e.scheduler_steps or 1,
-              "multi_step_stream": e.multi_step_stream}
+              "multi_step_stream": e.multi_step_stream,
+              "full_prompt_admission": e.full_prompt_admission}
         if e.max_model_len is not None:
             kw["max_model_len"] = context_tokens = e.max_model_len
         if e.short_context is not None and "max_num_batched_tokens" not in overrides:

@@ -80,7 +80,7 @@ class Scheduler:
     __slots__ = ("kv", "batch", "waiting", "running", "prefilling", "finished", "preemptions",
                  "stamp", "token_budget", "chunk_tokens", "max_seqs", "chunked", "unchunked",
                  "whole", "mixed", "decodes", "refused", "on_done", "reserve", "ratio",
-                 "retracted")
+                 "retracted", "full_prompt")
 
     def __init__(self, cfg: SchedulerConfig, kv: KVPool, batch: DecodePool):
         self.kv, self.batch = kv, batch
@@ -97,6 +97,9 @@ class Scheduler:
         self.chunked = cfg.chunks_prompts
         self.unchunked = cfg.unchunked_why  # a refusal's reason when not chunked
         self.whole = cfg.capacity_policy == "guaranteed-no-evict"  # reserve whole lengths
+        # vLLM's scheduler_reserve_full_isl (0.19 and later): a waiting request's whole
+        # prompt must fit in the free and evictable KV before its first chunk is admitted
+        self.full_prompt = cfg.full_prompt_admission and not self.whole
         self.mixed = cfg.mixed_batches
         # SGLang's admission (``SchedulerConfig.decode_reserve``): KV held back for the
         # running requests' future tokens, at a ratio of what they have left that falls
@@ -351,12 +354,26 @@ class ContinuousScheduler(Scheduler):
                 want = min(q.r.output_tokens - q.generated, clip)
                 if left + want >= room:
                     break
-            if chunk > cap or not admit(q, chunk + loaded, hit, own):
+            if chunk > cap or (self.full_prompt and chunk < left and
+                               not self._whole_prompt_fits(q, hit + own)) or \
+                    not admit(q, chunk + loaded, hit, own):
                 break
             chunks.append((q, chunk))
             budget -= chunk
             if reserve is not None:  # a truncated first chunk reserves no output yet
                 room -= chunk + (want if chunk == left else 0)
+
+    def _whole_prompt_fits(self, q: SimRequest, cached: int) -> bool:
+        """vLLM's KVCacheManager.can_fit_full_sequence: the blocks ``q``'s whole prompt (with
+        what it generated before a preemption) takes beyond the ``cached`` tokens found
+        computed are no more than the free blocks, those of cached prefixes no running
+        request uses among them (vLLM's free queue holds them)."""
+        kv = self.kv
+        need = kv.need_for(q, q.target) - cached
+        if need <= kv.free_tokens:
+            return True
+        cache = kv.prefixes
+        return cache is not None and need <= kv.free_tokens + sum(cache.idle.values())
 
     def _reserve_room(self) -> int:
         """SGLang's rem_total_tokens before a step's admissions: the free and evictable KV
