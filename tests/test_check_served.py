@@ -275,6 +275,18 @@ def test_a_served_budget_takes_sharegpts_lengths_as_simulate_does(tmp_path, run_
     code, _, err = run_cli("check", _budget(tmp_path, body.replace("sharegpt", "alpaca")))
     assert code == 2 and "traffic dataset_name: 'alpaca' is not one of random, sonnet" in err
     assert "budget.yaml:6: deployment one" in err  # the traffic block's line
+    # no lengths in the workload: ShareGPT's own, as simulate draws them without -p / -o
+    own = body.replace("    workload: {prompt_tokens: 512, output_tokens: 128}\n", "")
+    code, out, err = run_cli("check", _budget(tmp_path, own), "--json")
+    assert code == 0, err
+    results = json.loads(out)["results"]
+    got, run = {r["limit"]: r["predicted"] for r in results}, results[0]["run"]
+    s = run_json("simulate", "-m", "llama-3.1-8b", "-g", "h100-sxm", "--dataset-name",
+                 "sharegpt", "--request-rate", "6", "--num-requests",
+                 str(run["simulated_requests"]), "--seed", "3", "--measure-window",
+                 f"{run['measured_from_s']!r},{run['measured_to_s']!r}")
+    assert got["served_tpot_s"] == pytest.approx(s["p90_tpot_ms"] / 1e3, rel=1e-12)
+    assert s["total_input_tokens"] < 300 * run["simulated_requests"]  # not 1,024 each
 
 
 OVERLOADED = """deployments:

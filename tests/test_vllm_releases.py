@@ -116,3 +116,60 @@ def test_async_scheduling_stays_on_under_pipeline_parallelism_from_0_15(run_json
     one = [run_json("estimate", "-m", "llama-3.1-8b", "-g", "h100-sxm", "-e", f"vllm@{v}")
            for v in ("0.14", "0.15")]
     assert one[0]["tpot_s"] == one[1]["tpot_s"] and one[0]["async_scheduling"]
+
+
+def test_the_gate_takes_an_idle_prefix_hit_as_blocks_to_take_as_vllm_does():
+    """vLLM's can_fit_full_sequence counts a computed block no request holds (in the free
+    queue) as one to take, so a hit on an idle prefix saves nothing against free + idle: a
+    pool of 48 tokens in blocks of 4, 16 held by another request, an idle cached prefix of
+    16; a 36-token prompt on that prefix needs 9 blocks against 8 free (refused), where a
+    prefix a running request holds is not free and its hit is subtracted (a 32-token prompt:
+    4 blocks to take, 4 free)."""
+    from planner.serving.config import SchedulerConfig
+    from planner.serving.decoding import DecodePool
+    from planner.serving.kv import PagedKV, PrefixCache
+    from planner.serving.requests import RequestResult, SimRequest
+    from planner.serving.schedulers import ContinuousScheduler
+
+    cfg = SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=8, block_size=4,
+                          prefix_caching=True, full_prompt_admission=True)
+
+    def server(held: bool):
+        kv = PagedKV(48, 4)
+        kv.prefixes = PrefixCache(4)
+        kv.free_tokens -= kv.prefixes.warm(0, 16)
+        s = ContinuousScheduler(cfg, kv, DecodePool(kv, 4))
+        kv.reserve(SimRequest.of(RequestResult(9, 0.0, 16, 100)), 16)
+        if held:  # a running request on prefix 0 holds its blocks
+            kv.prefixes.pin(SimRequest.of(RequestResult(8, 0.0, 20, 10), prefix=0,
+                                          prefix_tokens=16), 16)
+        return s, kv
+
+    s, kv = server(held=False)
+    q = SimRequest.of(RequestResult(1, 0.0, 36, 10), prefix=0, prefix_tokens=16)
+    hit, _ = kv.prefixes.lookup(q)
+    assert (kv.free_tokens, sum(kv.prefixes.idle.values()), hit) == (16, 16, 16)
+    assert not s._whole_prompt_fits(q, hit)
+    s.waiting.append(q)
+    assert s.schedule() == []  # it waits
+    s, kv = server(held=True)
+    q = SimRequest.of(RequestResult(2, 0.0, 32, 10), prefix=0, prefix_tokens=16)
+    assert s._whole_prompt_fits(q, kv.prefixes.lookup(q)[0])
+    s, kv = server(held=True)
+    q = SimRequest.of(RequestResult(3, 0.0, 36, 10), prefix=0, prefix_tokens=16)
+    assert not s._whole_prompt_fits(q, kv.prefixes.lookup(q)[0])
+
+
+@pytest.mark.parametrize("name", ["vllm", "vllm-0.8", "vllm-v0", "sglang", "trtllm"])
+def test_a_release_applied_twice_is_that_release(name):
+    """at_version leaves a profile that is already a release's as it is: a release-bound
+    default, once applied, keeps no release (``validate -e vllm@0.13`` applies the run's
+    release again; a default flipped back would have run 0.13 with async scheduling)."""
+    spec = catalog.load_engine_spec(name)
+    for v in ("0.5.3", "0.5.9", "0.6.2", "0.8.2", "0.10", "0.13", "0.14", "0.18", "0.19",
+              "0.27", "0.34", "1.0"):
+        once = spec.at_version(v)
+        assert once.at_version(v) == once, v
+    s = catalog.load_engine_spec("vllm@0.13").as_released("vLLM 0.13.0").serving
+    assert not (s.async_scheduling.value or s.async_pipeline.value
+                or s.full_prompt_admission.value)

@@ -165,8 +165,14 @@ def _served(d, dep, held: str):
     t, wl = dep.traffic, dep.workload
     rate = t.request_rate / t.replicas
 
+    # a published length distribution (sharegpt) keeps its own means where the workload
+    # states no lengths, as simulate --dataset-name sharegpt does without -p / -o
+    given = wl.model_fields_set
+
     def stream(n: int):
-        return request_stream(None, t.dataset_name, n, wl.prompt_tokens, wl.output_tokens,
+        return request_stream(None, t.dataset_name, n,
+                              wl.prompt_tokens if "prompt_tokens" in given else None,
+                              wl.output_tokens if "output_tokens" in given else None,
                               t.range_ratio, rate, 1.0, None, t.seed)
 
     # as simulate serves: the model's context (the workload's, where it is allowed longer),

@@ -433,6 +433,8 @@ class GraphSizes(_Frozen):
             raise ValueError("cuda_graph_sizes: cap_by_memory tiers must rise in below_gib")
         if any(c < 1 for _, c in self.arch_caps):
             raise ValueError("cuda_graph_sizes: arch_caps must be at least 1")
+        for a, _ in self.arch_caps:
+            check_architecture(a)
         return self
 
 
@@ -771,7 +773,7 @@ class ServingDefaults(_Frozen):
     # a model mixing full and sliding-window layers caches only the window in the latter
     # (vLLM's hybrid KV cache manager, ``planner.serving.kv.HybridPagedKV``), from ``since``
     # on (None: every layer caches the whole context, as the pool counts it)
-    hybrid_kv_cache: FlagSince | None = None
+    hybrid_kv_cache: FlagSince | Flag | None = None
     # prefill passes replayed from piecewise CUDA graphs up to a token count
     # (``PrefillGraphs``, SGLang's); None: every prefill pass runs eagerly
     prefill_graphs: PrefillGraphs | None = None
@@ -789,7 +791,7 @@ class ServingDefaults(_Frozen):
     # multi-step scheduling); None: the engine has no such option
     scheduler_steps: Num | None = None
     # multi-step: each step's tokens stream as it ends, from ``since`` on (None: on)
-    multi_step_stream: FlagSince | None = None
+    multi_step_stream: FlagSince | Flag | None = None
     # --performance-mode and what each mode changes (``PerformanceModes``); None: no such
     # option (refused)
     performance_modes: PerformanceModes | None = None
@@ -998,13 +1000,15 @@ class EngineSpec(_Frozen):
         if pm is not None and v < version_key(pm.since):
             sv = sv.model_copy(update={"performance_modes": None})
         pg = sv.prefill_graphs
+        # each release-bound default, once applied, keeps no release: the profile as a
+        # release has it is that release's, and a second call leaves it as it is
         if pg is not None and pg.since is not None and v < version_key(pg.since):
             pg = pg.model_copy(update={
-                "value": not pg.value,
+                "value": not pg.value, "since": None,
                 "note": f"releases before {pg.since}" + (f": {pg.note}" if pg.note else "")})
         if pg is not None and pg.context_cap_since is not None and \
                 v < version_key(pg.context_cap_since):
-            pg = pg.model_copy(update={"context_cap": False})
+            pg = pg.model_copy(update={"context_cap": False, "context_cap_since": None})
         if pg is not sv.prefill_graphs:
             sv = sv.model_copy(update={"prefill_graphs": pg})
         sp = sv.async_speculation
@@ -1018,10 +1022,11 @@ class EngineSpec(_Frozen):
                      "async_pipeline", "full_prompt_admission"):
             fs = getattr(sv, name)
             if isinstance(fs, FlagSince) and v < version_key(fs.since):
-                sv = sv.model_copy(update={name: fs.model_copy(update={
-                    "value": not fs.value,
-                    "note": f"releases before {fs.since}" + (f": {fs.note}" if fs.note
-                                                             else "")})})
+                sv = sv.model_copy(update={name: Flag(
+                    value=not fs.value, source=fs.source, date=fs.date,
+                    estimated=fs.estimated, fitted_on=fs.fitted_on,
+                    note=f"releases before {fs.since}" + (f": {fs.note}" if fs.note
+                                                          else ""))})
         for e in sorted(sv.earlier, key=lambda e: version_key(e.until)):
             if v < version_key(e.until):
                 why = f"releases before {e.until}" + (f": {e.note}" if e.note else "")
@@ -1507,7 +1512,8 @@ class Engine:
     def for_speculation(self, method: str) -> Engine:
         """The engine as it serves with speculative decoding by ``method``: without async
         scheduling where the engine turns it off for that method (``async_speculation``:
-        vLLM keeps it for EAGLE, MTP and a draft model, SGLang's overlap scheduler for none)."""
+        vLLM keeps it for EAGLE and MTP, for a draft model from 0.28 and n-gram lookup from
+        0.34; SGLang's overlap scheduler for none)."""
         if not self.async_scheduling or self.async_speculation is None or \
                 method in self.async_speculation:
             return self

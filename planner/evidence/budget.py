@@ -127,7 +127,8 @@ class BudgetTraffic(_Strict):
     """The traffic a deployment's served limits are held at: Poisson arrivals at
     ``request_rate`` split evenly over ``replicas`` replicas of the deployment, each
     simulated with the workload's prompt and output tokens (``dataset_name``'s lengths:
-    uniform within ``range_ratio``, or a published shape at those means), continuous
+    uniform within ``range_ratio``, or a published distribution scaled to those means where
+    the workload states them, else at its own), continuous
     batching with the engine's defaults; the times at the ``percentile``-th percentile (50:
     the median). ``measure``: ``steady`` (the default) holds the times of at least
     ``num_requests`` requests arriving once the replica has filled and before the stream
@@ -139,7 +140,8 @@ class BudgetTraffic(_Strict):
     request_rate: float = Field(gt=0, le=1e9)  # requests a second, all replicas together
     replicas: int = Field(1, gt=0, le=MAX_COUNT)
     # lengths as vLLM's bench serve draws them: random (the workload's, within
-    # range_ratio), sharegpt (ShareGPT's shape at the workload's means) or sonnet; or
+    # range_ratio), sharegpt (ShareGPT's lengths, at the workload's means where it states
+    # them, else their own) or sonnet; or
     # sglang-random, as SGLang's bench_serving (from range_ratio of them up to them)
     dataset_name: str = Field("random", min_length=1, max_length=64)
     num_requests: int = Field(500, ge=10, le=100_000)

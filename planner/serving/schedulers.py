@@ -14,7 +14,9 @@ step spends a token budget (``max_num_batched_tokens`` per rank) on the running 
 (a decode takes one token, 1 + k when speculating; an unfinished prefill its next chunk), then
 admits waiting requests in arrival order while the budget, ``max_num_seqs`` and the KV cache
 allow, a long prompt getting a chunk (with chunked prefill; without it a prompt must fit the
-budget whole). KV blocks are allocated as a request's tokens reach a new block; when a step
+budget whole); with ``full_prompt_admission`` (vLLM 0.19 and later, scheduler_reserve_full_isl)
+a request is admitted only where its whole prompt fits in the free KV, not its first chunk
+alone. KV blocks are allocated as a request's tokens reach a new block; when a step
 needs a block and none is free, the newest running request is preempted: its blocks are freed
 and it goes back to the front of the queue, to recompute its prompt and the tokens it had
 generated (vLLM's recompute preemption); with prefix caching on, the whole blocks it had
@@ -355,7 +357,7 @@ class ContinuousScheduler(Scheduler):
                 if left + want >= room:
                     break
             if chunk > cap or (self.full_prompt and chunk < left and
-                               not self._whole_prompt_fits(q, hit + own)) or \
+                               not self._whole_prompt_fits(q, hit)) or \
                     not admit(q, chunk + loaded, hit, own):
                 break
             chunks.append((q, chunk))
@@ -363,16 +365,24 @@ class ContinuousScheduler(Scheduler):
             if reserve is not None:  # a truncated first chunk reserves no output yet
                 room -= chunk + (want if chunk == left else 0)
 
-    def _whole_prompt_fits(self, q: SimRequest, cached: int) -> bool:
-        """vLLM's KVCacheManager.can_fit_full_sequence: the blocks ``q``'s whole prompt (with
-        what it generated before a preemption) takes beyond the ``cached`` tokens found
-        computed are no more than the free blocks, those of cached prefixes no running
-        request uses among them (vLLM's free queue holds them)."""
+    def _whole_prompt_fits(self, q: SimRequest, hit: int) -> bool:
+        """vLLM's KVCacheManager.can_fit_full_sequence (0.19.1 vllm/v1/core/kv_cache_manager.py
+        and single_type_kv_cache_manager.py get_num_blocks_to_allocate): the blocks ``q``'s
+        whole prompt (with what it generated before a preemption) takes, less the ``hit``
+        tokens of its prefix found cached where running requests hold them, are no more than
+        the free blocks, those of cached prefixes no running request uses among them (vLLM's
+        free queue holds them). A hit no request holds, and the blocks a preempted request
+        kept of its own, sit among those free blocks and are counted as blocks to take, as
+        vLLM counts an evictable computed block. A sliding-window model's pool counts its
+        sliding layers' window (``need_for``), as vLLM does once its admission cap counts
+        them (vllm-project/vllm#39866; 0.19.1 counted the whole prompt there, #39734)."""
         kv = self.kv
-        need = kv.need_for(q, q.target) - cached
+        cache = kv.prefixes
+        need = kv.need_for(q, q.target)
+        if hit and cache.entries.get(q.prefix, (0, 0))[1] > 0:  # held by running requests
+            need -= hit
         if need <= kv.free_tokens:
             return True
-        cache = kv.prefixes
         return cache is not None and need <= kv.free_tokens + sum(cache.idle.values())
 
     def _reserve_room(self) -> int:
