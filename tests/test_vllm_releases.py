@@ -173,3 +173,15 @@ def test_a_release_applied_twice_is_that_release(name):
     s = catalog.load_engine_spec("vllm@0.13").as_released("vLLM 0.13.0").serving
     assert not (s.async_scheduling.value or s.async_pipeline.value
                 or s.full_prompt_admission.value)
+
+
+def test_a_named_release_is_said_where_the_profile_is_printed(run_cli):
+    """`--engine vllm@0.18` runs 0.18's defaults and says so in estimate's engine line; the
+    profile's own text follows."""
+    code, out, _ = run_cli("estimate", "-m", "llama-3.1-8b", "-g", "h100-sxm", "-e",
+                           "vllm@0.18")
+    assert code == 0 and "engine: vLLM (release 0.18; 0.12 and later" in " ".join(out.split())
+    spec = catalog.load_engine_spec("vllm@v0.18.1")
+    assert spec.engine_version.startswith("release 0.18.1; ")
+    assert spec.model_copy(update={"engine_version": SPEC.engine_version}) == \
+        SPEC.at_version("0.18.1")

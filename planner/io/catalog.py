@@ -338,8 +338,9 @@ def _engine_for_version(ref: str) -> EngineSpec:
         raise SpecError(f"--engine {ref}: no profile of an engine called '{family}' states the "
                         f"releases it covers (engines with versions: {', '.join(families)})")
     for s in mine:
-        if s.versions.covers(version):
-            return s.at_version(version)
+        if s.versions.covers(version):  # the release named where the profile is printed
+            return s.at_version(version).model_copy(update={
+                "engine_version": f"release {version}; {s.engine_version}"})
     spans = "; ".join(f"{s.name}: {s.versions.from_} - {s.versions.until or 'latest'}"
                       for s in sorted(mine, key=lambda s: version_key(s.versions.from_)))
     raise SpecError(f"--engine {ref}: no {family} profile covers release {version} ({spans})")
