@@ -228,6 +228,9 @@ def test_the_page_and_plotly_come_from_this_server(url):
         meta = json.loads(r.read())
     assert "llama-3.1-8b" in meta["models"] and "h100-sxm" in meta["gpus"]
     assert meta["defaults"]["estimate"]["batch"] == 1
+    # simulate's form (the random dataset) shows the lengths the command takes
+    assert (meta["defaults"]["simulate"]["prompt_tokens"],
+            meta["defaults"]["simulate"]["output_tokens"]) == (1024, 256)
 
 
 def test_loopback():

@@ -322,16 +322,24 @@ def as_cli_json(obj: object) -> object:
 def meta() -> dict:
     """What the forms offer: the built-in names, the choices and defaults, the limits."""
     from planner.cli.calls import command_defaults
-    from planner.cli.options import KVOpt, WeightsOpt
+    from planner.cli.options import DEFAULT_OUTPUT_TOKENS, DEFAULT_PROMPT_TOKENS, KVOpt, WeightsOpt
     from planner.io import catalog
 
+    defaults = {cmd: {k: _plain(v) for k, v in command_defaults(fn).items()
+                      if k in FIELDS[cmd]} for cmd, fn in _commands().items()}
+    # simulate's -p / -o stay None until its stream is drawn; its form offers the random
+    # dataset alone, whose lengths are the default workload's
+    sim = defaults.get("simulate", {})
+    for k, v in (("prompt_tokens", DEFAULT_PROMPT_TOKENS),
+                 ("output_tokens", DEFAULT_OUTPUT_TOKENS)):
+        if sim.get(k) is None:
+            sim[k] = v
     return {
         "models": catalog.model_names(), "gpus": catalog.gpu_names(),
         "engines": list(dict.fromkeys(["ideal", *catalog.engine_names()])),
         "weights": [w.value for w in WeightsOpt], "kv_cache": [k.value for k in KVOpt],
         "prices": catalog.price_set_names(), "default_prices": catalog.price_set().name,
-        "defaults": {cmd: {k: _plain(v) for k, v in command_defaults(fn).items()
-                           if k in FIELDS[cmd]} for cmd, fn in _commands().items()},
+        "defaults": defaults,
         "max_upload_bytes": SPEC_BYTES, "max_body_bytes": MAX_BODY_BYTES,
     }
 
