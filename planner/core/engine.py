@@ -809,12 +809,16 @@ class ServingDefaults(_Frozen):
         return self
 
 
+def _before_note(release: str, note: str | None) -> str:
+    """The note of a default as the releases before ``release`` had it."""
+    return f"releases before {release}" + (f": {note}" if note else "")
+
+
 def _as_before(x: NumSince | MemoryFraction) -> NumSince | MemoryFraction:
     """A release-bound default (``since``, ``before``) as the releases before ``since`` had
     it: ``before``, its note saying so."""
-    return x.model_copy(update={
-        "value": x.before, "since": None, "before": None,
-        "note": f"releases before {x.since}" + (f": {x.note}" if x.note else "")})
+    return x.model_copy(update={"value": x.before, "since": None, "before": None,
+                                "note": _before_note(x.since, x.note)})
 
 
 def _pairs(figure: _ByArchitecture | None, scale: float = 1.0) -> tuple[tuple[str, float], ...]:
@@ -1005,7 +1009,7 @@ class EngineSpec(_Frozen):
         if pg is not None and pg.since is not None and v < version_key(pg.since):
             pg = pg.model_copy(update={
                 "value": not pg.value, "since": None,
-                "note": f"releases before {pg.since}" + (f": {pg.note}" if pg.note else "")})
+                "note": _before_note(pg.since, pg.note)})
         if pg is not None and pg.context_cap_since is not None and \
                 v < version_key(pg.context_cap_since):
             pg = pg.model_copy(update={"context_cap": False, "context_cap_since": None})
@@ -1025,11 +1029,10 @@ class EngineSpec(_Frozen):
                 sv = sv.model_copy(update={name: Flag(
                     value=not fs.value, source=fs.source, date=fs.date,
                     estimated=fs.estimated, fitted_on=fs.fitted_on,
-                    note=f"releases before {fs.since}" + (f": {fs.note}" if fs.note
-                                                          else ""))})
+                    note=_before_note(fs.since, fs.note))})
         for e in sorted(sv.earlier, key=lambda e: version_key(e.until)):
             if v < version_key(e.until):
-                why = f"releases before {e.until}" + (f": {e.note}" if e.note else "")
+                why = _before_note(e.until, e.note)
                 def num(x, e=e, why=why):
                     return Num(value=x, source=e.source, date=e.date, note=why)
 
@@ -1523,8 +1526,8 @@ class Engine:
         """Whether a step's host work runs beside its GPU work (``roofline.with_host``): with
         async scheduling, under a step replayed from a CUDA graph (an eager step keeps the
         host busy launching its kernels), and under pipeline parallelism only where the engine
-        keeps async scheduling there (``async_with_pp``)."""
-        return self.async_scheduling and graphed and (pp == 1 or self.async_with_pp)
+        keeps async scheduling there (``overlaps_host``)."""
+        return graphed and self.overlaps_host(pp)
 
     def kernels_for(self, name: str, kind: str) -> float:
         km = dict(self.kernels)

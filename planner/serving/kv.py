@@ -51,6 +51,12 @@ class KVPool:
         self.block_growth_tokens = block_growth_tokens
         self.prefixes: PrefixCache | None = None  # prefix caching on: the cached prefixes
 
+    def free_or_evictable_tokens(self) -> int:
+        """The free tokens and those of cached prefixes no running request uses, which the
+        pool may evict for a new request."""
+        idle = sum(self.prefixes.idle.values()) if self.prefixes is not None else 0
+        return self.free_tokens + idle
+
     def make_room(self, need: int) -> bool:
         """Whether ``need`` tokens are free, once cached prefixes no request uses are
         evicted for them (least recently used first)."""

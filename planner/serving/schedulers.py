@@ -381,9 +381,9 @@ class ContinuousScheduler(Scheduler):
         need = kv.need_for(q, q.target)
         if hit and cache.entries.get(q.prefix, (0, 0))[1] > 0:  # held by running requests
             need -= hit
-        if need <= kv.free_tokens:
+        if need <= kv.free_tokens:  # without summing the idle prefixes
             return True
-        return cache is not None and need <= kv.free_tokens + sum(cache.idle.values())
+        return need <= kv.free_or_evictable_tokens()
 
     def _reserve_room(self) -> int:
         """SGLang's rem_total_tokens before a step's admissions: the free and evictable KV
@@ -396,7 +396,7 @@ class ContinuousScheduler(Scheduler):
         left = self.batch.left_tokens() + sum(
             min(q.r.output_tokens - q.generated, clip) for q in self.prefilling.values())
         kv = self.kv
-        free = kv.free_tokens + (sum(kv.prefixes.idle.values()) if kv.prefixes else 0)
+        free = kv.free_or_evictable_tokens()
         return free - self.ratio * left
 
     def _ensure(self, q: SimRequest, tokens: int) -> bool:
