@@ -430,9 +430,9 @@ class GraphSizes(_Frozen):
         _check_captured(self.sizes, self.steps, "decode batch")
         below = [t.below_gib for t in self.cap_by_memory]
         if below != sorted(set(below)):
-            raise ValueError("cuda_graph_sizes: cap_by_memory tiers must rise in below_gib")
+            raise ValueError("cap_by_memory tiers must rise in below_gib")
         if any(c < 1 for _, c in self.arch_caps):
-            raise ValueError("cuda_graph_sizes: arch_caps must be at least 1")
+            raise ValueError("arch_caps must be at least 1")
         for a, _ in self.arch_caps:
             check_architecture(a)
         return self
