@@ -183,5 +183,59 @@ def test_a_named_release_is_said_where_the_profile_is_printed(run_cli):
     assert code == 0 and "engine: vLLM (release 0.18; 0.12 and later" in " ".join(out.split())
     spec = catalog.load_engine_spec("vllm@v0.18.1")
     assert spec.engine_version.startswith("release 0.18.1; ")
-    assert spec.model_copy(update={"engine_version": SPEC.engine_version}) == \
+    assert spec.release == "0.18.1" and SPEC.release is None
+    assert spec.model_copy(update={"engine_version": SPEC.engine_version, "release": None}) == \
         SPEC.at_version("0.18.1")
+
+
+def test_simulate_and_plan_name_the_release_too(run_cli, run_json):
+    """simulate's header and --json, and plan's table, name the release --engine vllm@X.Y
+    picked (the profile's name alone said "vllm" for every release); a plain profile name
+    has none."""
+    args = ("simulate", "-m", "llama-3.1-8b", "-g", "h100-sxm", "-n", "20",
+            "--request-rate", "4")
+    d = run_json(*args, "-e", "vllm@0.15")
+    assert (d["engine"], d["engine_release"]) == ("vllm", "0.15")
+    assert run_json(*args)["engine_release"] is None
+    code, out, _ = run_cli(*args, "-e", "vllm@0.15")
+    assert code == 0 and "engine vllm@0.15," in " ".join(out.split())
+    est = run_json("estimate", "-m", "llama-3.1-8b", "-g", "h100-sxm", "-e", "vllm@0.15")
+    assert est["engine"]["release"] == "0.15"
+    code, out, _ = run_cli("plan", "-m", "llama-3.1-8b", "-g", "h100-sxm", "-e", "vllm@0.15",
+                           "--ttft", "1", "--tpot", "0.05", "--rps", "2", "--sim-requests", "60")
+    assert code == 0 and "engine vllm@0.15" in " ".join(out.split())
+
+
+def test_a_profile_file_does_not_state_a_release(run_cli, tmp_path):
+    """release is what --engine FAMILY@RELEASE picked, not a field a profile file sets: one
+    line, exit 2, naming the file and field."""
+    import yaml
+
+    data = yaml.safe_load((catalog.db_dir("engines_db") / "vllm.yaml").read_text())
+    data["release"] = "0.15"
+    f = tmp_path / "mine.yaml"
+    f.write_text(yaml.safe_dump(data))
+    code, out, err = run_cli("estimate", "-m", "llama-3.1-8b", "-g", "h100-sxm", "-e", str(f))
+    assert code == 2 and out == ""
+    assert f"{f}: release: set by --engine FAMILY@RELEASE" in err and len(err.splitlines()) == 1
+
+
+@pytest.mark.parametrize("command", ["estimate", "simulate", "plan"])
+def test_async_scheduling_asked_for_under_pp_is_refused_before_0_15(run_cli, command):
+    """vLLM 0.11-0.14 stop at start-up where --async-scheduling is given with
+    pipeline_parallel_size > 1 (left to the default they run PP without it); from 0.15 it
+    runs. One line, exit 2, naming the flag, the release and vLLM's message."""
+    args = {"estimate": ("-b", "4"), "simulate": ("-n", "10"),
+            "plan": ("--ttft", "5", "--tpot", "0.2", "--rps", "1", "--tp", "2", "--sim-requests",
+                     "30")}[command]
+    base = (command, "-m", "llama-3.1-70b", "-g", "h100-sxm", "--pp", "2", *args)
+    if command != "plan":
+        base += ("--tp", "2")
+    for engine in ("vllm@0.13", "vllm@0.10"):
+        code, out, err = run_cli(*base, "-e", engine, "--async-scheduling")
+        assert code == 2 and len(err.splitlines()) == 1, err
+        assert "--async-scheduling with --pp 2" in err and "not yet compatible" in err
+    code, _, err = run_cli(*base, "-e", "vllm@0.13")  # the default: PP without it
+    assert code == 0, err
+    code, _, err = run_cli(*base, "-e", "vllm@0.15", "--async-scheduling")
+    assert code == 0, err

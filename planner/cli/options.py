@@ -633,6 +633,21 @@ def engine_flags(eng, *, enforce_eager: bool = False, async_scheduling: bool | N
     return eng
 
 
+def check_async_pipeline(eng, pps, async_scheduling: bool | None) -> None:
+    """Refuse --async-scheduling asked for with pipeline parallelism where vLLM refuses it:
+    releases before 0.15 stop at start-up ("Async scheduling is not yet compatible with
+    pipeline_parallel_size > 1": vllm/config/vllm.py of 0.12-0.14, engine/arg_utils.py of
+    0.11), where left to its default the engine runs PP without it (``overlaps_host``)."""
+    deep = [p for p in pps if p > 1]
+    if async_scheduling and deep and eng.family == "vllm" and not eng.async_with_pp:
+        release = f"release {eng.release}" if eng.release else eng.name
+        raise LlmplanError(
+            f"--async-scheduling with --pp {deep[0]}: vLLM ({release}) refuses async "
+            "scheduling under pipeline parallelism before 0.15 ('Async scheduling is not yet "
+            "compatible with pipeline_parallel_size > 1'); leave --async-scheduling out (PP "
+            "then runs without it) or use --engine vllm@0.15 or later")
+
+
 def build_deployment(m, *, gpu: str, engine: str, tp: int = 1, pp: int = 1, ep: int = 1,
                      weights=None, kv_cache=None, group_size: int | None = None,
                      quantized_layers=None, compute=None, calibration: Path | None = None,
@@ -653,6 +668,7 @@ def build_deployment(m, *, gpu: str, engine: str, tp: int = 1, pp: int = 1, ep: 
     catalog.check_price_names(overrides, [hw.name])
     eng = engine_flags(catalog.load_engine(engine), enforce_eager=enforce_eager,
                        async_scheduling=async_scheduling)
+    check_async_pipeline(eng, (pp,), async_scheduling)
     cal = catalog.load_calibration(calibration) if calibration else None
     prec, source = resolve_precision(m, weights, kv_cache, group_size, compute,
                                      quantized_layers)

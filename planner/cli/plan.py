@@ -41,6 +41,7 @@ from planner.cli.options import (
     SpeculativeTokensOpt,
     TimeModel,
     UtilOpt,
+    check_async_pipeline,
     check_context,
     check_quantized_layers,
     engine_flags,
@@ -288,6 +289,7 @@ def plan_run(a: dict, *, emit: bool = False):
             raise LlmplanError("--performance-mode: sized with --scheduler continuous only")
         eng.in_mode(performance_mode)  # refused here, in one line, where the engine has none
     eng = engine_flags(eng, enforce_eager=enforce_eager, async_scheduling=a["async_scheduling"])
+    check_async_pipeline(eng, pps, a["async_scheduling"])
     for p_ in (csv, plot):
         output_path(p_, "--csv" if p_ is csv else "--plot", None if p_ is csv else ".png")
     # a GPU with no price cannot be costed: say which are left out, before any search
@@ -765,7 +767,7 @@ def _plan_continuous(m, gpus, *, prompt_tokens, output_tokens, targets, tps, wei
     stdout.print(table(f"{plain(m.label)}: {name} TTFT <= {plain(ttft)} and TPOT <= "
                        f"{plain(tpot)} at {req:g} "
                        f"req/s; {len(df)} configurations simulated (continuous batching, "
-                       f"engine {engine.name}"
+                       f"engine {engine.label}"
                        + (f", --performance-mode {settings.performance_mode}"
                           if settings.performance_mode else "")
                        + "), each replica sized for the rate shown; "

@@ -664,7 +664,8 @@ def _simulate_disaggregated(m, a: dict) -> dict:
     out = {"model": m.name, "layout": "disaggregated",
            "gpu": dec.hardware.name, "tp": dec.tp, "pp": 1, "ep": 1,
            "num_gpus": pools["prefill"]["num_gpus"] + pools["decode"]["num_gpus"],
-           "engine": dec.engine.name, "weights": prec.weights.value,
+           "engine": dec.engine.name, "engine_release": dec.engine.release,
+           "weights": prec.weights.value,
            "quantized_layers": prec.quantized_layers, "kv_cache": prec.kv_cache.value,
            "scheduler": "continuous", "prefix_caching": cfgs["prefill"].prefix_caching,
            "request_rate": None if timed else
@@ -693,7 +694,7 @@ def _render_disaggregated(d: dict) -> None:
 
     rate = "the dataset's arrival times" if d["arrivals"] == "dataset" else \
         f"{d['request_rate']} req/s"
-    stdout.print(f"[bold]{plain(d['model'])}[/] disaggregated, engine {plain(d['engine'])}: "
+    stdout.print(f"[bold]{plain(d['model'])}[/] disaggregated, engine {plain(_engine_text(d))}: "
                  f"{d['prefill']['instances']} prefill + {d['decode']['instances']} decode "
                  f"instances, {d['num_gpus']} GPUs; {d['num_prompts']:,} requests at {rate}")
     rows = []
@@ -1129,6 +1130,7 @@ def _result(dep, cfg, reqs, sp, d: dict, *, request_rate, burstiness, max_concur
     lay, prec = dep.layout, dep.precision
     return {"model": dep.model.name, "gpu": dep.hardware.name, "tp": lay.tp, "pp": lay.pp,
             "ep": lay.ep, "num_gpus": lay.num_gpus, "engine": dep.engine.name,
+            "engine_release": dep.engine.release,
             **_expert_fields(dep),
             "weights": prec.weights.value, "quantized_layers": prec.quantized_layers,
             **weights_fields(dep),
@@ -1206,8 +1208,14 @@ def _plot(plot: Path, dep, cfg, res, n: int, request_rate, max_concurrency) -> N
                                      if max_concurrency else "")
     csv_path = plot_simulation(res, plot, title=(
         f"{dep.model.label} on {dep.layout.gpus_text} x {dep.hardware.display_name}, engine "
-        f"{dep.engine.name}, {cfg.kind} batching, {cfg.kv_layout} KV: {n:,} requests at {rate}"))
+        f"{dep.engine.label}, {cfg.kind} batching, {cfg.kv_layout} KV: {n:,} requests at {rate}"))
     stderr.print(f"wrote {plot} and {csv_path}")
+
+
+def _engine_text(d: dict) -> str:
+    """The engine as the output names it: the profile, and the release --engine FAMILY@RELEASE
+    picked it for."""
+    return f"{d['engine']}@{d['engine_release']}" if d.get("engine_release") else d["engine"]
 
 
 TRACE_COLUMNS = ("id", "arrival_s", "first_token_s", "finish_s", "prompt_tokens",
@@ -1286,7 +1294,7 @@ def _render(d: dict) -> None:
 
     stdout.print(f"[bold]{plain(d['model'])}[/] on {Layout(d['tp'], d['pp'], d['ep']).gpus_text} x "
                  f"{plain(d['gpu'])}, engine "
-                 f"{plain(d['engine'])}, "
+                 f"{plain(_engine_text(d))}, "
                  f"{d['scheduler']} batching, {d['kv_layout']} KV; {d['num_prompts']:,} "
                  f"requests at {rate}" + _imbalance_text(d))
     stdout.print(table("Serving", ["what", "value"], [

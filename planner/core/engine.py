@@ -836,6 +836,9 @@ class EngineSpec(_Frozen):
     date: str = Field(min_length=1)
     description: str | None = None
     versions: Versions | None = None  # the releases it covers (``--engine vllm@0.6``)
+    # the one release it stands for, set where ``--engine FAMILY@RELEASE`` picked it (never
+    # read from a profile file: ``catalog.load_engine_spec`` refuses it there); a label only
+    release: str | None = None
     # which ceilings the efficiencies multiply: the datasheet's (ideal only) or the GPU's
     # achievable ones (published measurements, or a calibration when one is given)
     ceilings: Literal["datasheet", "achievable"] = "achievable"
@@ -1070,7 +1073,7 @@ class EngineSpec(_Frozen):
         return Engine(
             name=self.name, display_name=self.display_name, version=self.engine_version,
             source=self.source, ceilings=self.ceilings,
-            family=self.family,
+            family=self.family, release=self.release,
             step_overhead_s=self.step_overhead_us.value / 1e6,
             per_sequence_overhead_s=self.per_sequence_overhead_us.value / 1e6,
             prefill_step_overhead_s=self.prefill_step_overhead_us.value / 1e6,
@@ -1223,6 +1226,7 @@ class Engine:
     # the engine whose releases the profile covers (vllm, sglang, trtllm); None: unnamed. A
     # GPU's measured all-reduce of this family (hardware_db allreduce_measured) applies to it
     family: str | None = None
+    release: str | None = None  # the release ``--engine FAMILY@RELEASE`` named; None: none
     step_overhead_s: float = 0.0
     per_sequence_overhead_s: float = 0.0
     prefill_step_overhead_s: float = 0.0
@@ -1552,6 +1556,12 @@ class Engine:
             if dt == weight_dtype:
                 return fr
         return None
+
+    @property
+    def label(self) -> str:
+        """The profile's name, with the release it was picked for where one was named
+        (``vllm@0.15``)."""
+        return f"{self.name}@{self.release}" if self.release else self.name
 
     @property
     def is_ideal(self) -> bool:

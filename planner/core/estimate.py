@@ -270,7 +270,7 @@ class Estimate:
     def engine_info(self) -> dict:
         e = self.engine
         return {"name": e.name, "display_name": e.display_name, "version": e.version,
-                "source": e.source, "ceilings": self.ceilings.source,
+                "release": e.release, "source": e.source, "ceilings": self.ceilings.source,
                 "bandwidth_source": self.ceilings.bandwidth_source,
                 "flops_source": self.ceilings.flops_source_of(self.precision.compute_dtype)}
 

@@ -319,7 +319,11 @@ def load_engine_spec(ref: str) -> EngineSpec:
     if "@" in ref and Path(ref).suffix not in (".yaml", ".yml", ".json"):
         return _engine_for_version(ref)
     path = _resolve(ref, "engines_db", "engine")
-    return _load_spec(EngineSpec, path)
+    spec = _load_spec(EngineSpec, path)
+    if spec.release is not None:
+        raise SpecError(f"{path}: release: set by --engine FAMILY@RELEASE, not in a profile "
+                        "file (versions states the releases a profile covers)")
+    return spec
 
 
 def _engine_for_version(ref: str) -> EngineSpec:
@@ -340,7 +344,7 @@ def _engine_for_version(ref: str) -> EngineSpec:
     for s in mine:
         if s.versions.covers(version):  # the release named where the profile is printed
             return s.at_version(version).model_copy(update={
-                "engine_version": f"release {version}; {s.engine_version}"})
+                "engine_version": f"release {version}; {s.engine_version}", "release": version})
     spans = "; ".join(f"{s.name}: {s.versions.from_} - {s.versions.until or 'latest'}"
                       for s in sorted(mine, key=lambda s: version_key(s.versions.from_)))
     raise SpecError(f"--engine {ref}: no {family} profile covers release {version} ({spans})")
