@@ -56,8 +56,13 @@ MODELS: dict[str, tuple[str, tuple[int, ...]]] = {
     "qwen3-32b": ("Qwen/Qwen3-32B", (1, 2, 4)),
     "llama-3.1-70b": ("meta-llama/Meta-Llama-3.1-70B", (2, 4, 8)),
     "qwen3-30b-a3b": ("Qwen/Qwen3-30B-A3B", (1, 2)),  # MoE: experts split by TP (moe_tp = tp)
+    "gpt-oss-20b": ("openai/gpt-oss-20b", (1,)),
+    "gpt-oss-120b": ("openai/gpt-oss-120b", (1, 2)),
 }
-MOE_MODELS = {"qwen3-30b-a3b"}
+MOE_MODELS = {"qwen3-30b-a3b", "gpt-oss-20b", "gpt-oss-120b"}
+# the weights a model is compared in where not PRECISIONS: gpt-oss as it ships, its routed
+# experts in MXFP4 and everything else in bf16 (their moe table's w4a16_mxfp4 rows)
+MODEL_WEIGHTS = {"gpt-oss-20b": ("mxfp4",), "gpt-oss-120b": ("mxfp4",)}
 # llmplan GPU -> aiconfigurator system
 GPUS = {"h100-sxm": "h100_sxm", "h200": "h200_sxm", "a100-sxm-80gb": "a100_sxm", "l40s": "l40s",
         "b200": "b200_sxm"}
@@ -67,7 +72,8 @@ BATCHES = (1, 8, 32, 128)
 LENGTHS = ((1024, 256), (1024, 1024), (4096, 256), (4096, 1024))  # (isl, osl)
 # weights: the GEMMs (and MoE experts) in this type; KV cache and attention stay bf16 in both
 PRECISIONS = ("bf16", "fp8")
-AIC_QUANT = {"bf16": "bfloat16", "fp8": "fp8"}
+AIC_QUANT = {"bf16": "bfloat16", "fp8": "fp8", "mxfp4": "bfloat16"}  # the GEMMs'
+AIC_MOE_QUANT = {"bf16": "bfloat16", "fp8": "fp8", "mxfp4": "w4a16_mxfp4"}  # the experts'
 
 
 @dataclass(frozen=True)
@@ -95,7 +101,8 @@ def grid(backends, gpus, models, quick: bool) -> list[Case]:
                 for w in PRECISIONS for bs in (1, 32)]
     return [Case(b, m, g, tp, w, bs, isl, osl)
             for b in backends for g in gpus for m in models for tp in MODELS[m][1]
-            for w in PRECISIONS for bs in BATCHES for isl, osl in LENGTHS]
+            for w in MODEL_WEIGHTS.get(m, PRECISIONS) for bs in BATCHES
+            for isl, osl in LENGTHS]
 
 
 def require_aiconfigurator():
@@ -126,7 +133,7 @@ def theirs(cli_estimate, c: Case) -> dict:
     q = AIC_QUANT[c.weights]
     kw = dict(gemm_quant_mode=q, kvcache_quant_mode="bfloat16", fmha_quant_mode="bfloat16")
     if c.model in MOE_MODELS:
-        kw.update(moe_quant_mode=q, moe_tp_size=c.tp, moe_ep_size=1)
+        kw.update(moe_quant_mode=AIC_MOE_QUANT[c.weights], moe_tp_size=c.tp, moe_ep_size=1)
     try:
         r = cli_estimate(hf_id, GPUS[c.gpu], mode="static", backend_name=c.backend,
                          isl=c.isl, osl=c.osl, batch_size=c.batch, tp_size=c.tp, **kw)
@@ -168,9 +175,12 @@ def fp8_checkpoint(model: str) -> Path:
 
 def ours(c: Case) -> dict:
     """`llmplan estimate --json` for one case, with the engine profile of its backend; fp8
-    weights as a checkpoint with static activation scales (``fp8_checkpoint``)."""
+    weights as a checkpoint with static activation scales (``fp8_checkpoint``); a model's
+    own weights (``MODEL_WEIGHTS``) as its checkpoint states them (gpt-oss: MXFP4 routed
+    experts, the rest bf16; --weights mxfp4 would quantize every layer)."""
     model = ["-m", str(fp8_checkpoint(c.model))] if c.weights == "fp8" else \
-        ["-m", c.model, "--weights", c.weights]
+        ["-m", c.model] if c.weights in MODEL_WEIGHTS.get(c.model, ()) else \
+        ["-m", c.model, "--weights", c.weights]  # gpt-oss as it ships: MXFP4 experts alone
     cmd = [sys.executable, "-m", "planner", "estimate", *model, "-g", c.gpu,
            "-e", BACKENDS[c.backend], "--tp", str(c.tp),
            "--kv-cache", "bf16", "-b", str(c.batch), "-p", str(c.isl), "-o", str(c.osl),
