@@ -24,6 +24,7 @@ LOGITS = 128_256 * 4  # fp32 logits of one sequence
     ("total", 0.9, 0.9 * 80 - 15 - 2 - 1),  # 54
     ("static", 0.84, 0.84 * (80 - 1) - 15),  # 51.36: activations outside the fraction
     ("free", 0.9, 0.9 * (80 - 15 - 2 - 1)),  # 55.8
+    ("measured", 1.0, 80 - 0.75 * 2 - 15 - 2 - 1),  # 60.5: a margin of 0.75 x 2 > 1 GiB
 ])
 def test_kv_budget_by_basis(basis, frac, expected_gib):
     got = kv_budget_bytes(80 * GIB, weights_bytes=15 * GIB, activation_bytes=2 * GIB,
@@ -47,14 +48,19 @@ def _capacity(run_json, engine: str, *extra: str) -> dict:
 
 
 def test_vllm_kv_capacity_by_hand(run_json):
-    """0.92 x 80 GiB (vLLM 0.20 and later) - weights - a full step's activations (1,024
-    sequences of 8 tokens: 8,192 tokens and 1,024 rows of logits) - 1 GiB, in 64-token
-    blocks (0.34 and later); vllm@0.19: 0.9 of it in 16-token blocks."""
+    """vLLM 0.34's measured sizing: 80 GiB - a margin of max(1 GiB, 0.75 A) - weights - a full
+    step's activations A (1,024 sequences of 8 tokens: 8,192 tokens and 1,024 rows of logits,
+    1.27 GiB, so the 1 GiB floor is the margin) - 1 GiB, in 64-token blocks (0.34 and later);
+    vllm@0.33: 0.92 x 80 GiB (0.20-0.33) less the same, in 16-token blocks; vllm@0.19: 0.9 of
+    it."""
     act = STEP_ACT + 1024 * LOGITS
-    tokens = int((0.92 * C - W - act - R) // KV_PER_TOKEN) // 64 * 64
-    assert tokens == 461_760
+    assert act == 1_364_197_376 and 0.75 * act < GIB
+    tokens = int((C - GIB - W - act - R) // KV_PER_TOKEN) // 64 * 64
+    assert tokens == 505_984
+    assert int((0.92 * C - W - act - R) // KV_PER_TOKEN) // 16 * 16 == 461_792
     assert int((0.9 * C - W - act - R) // KV_PER_TOKEN) // 16 * 16 == 448_688
     assert _capacity(run_json, "vllm@0.19")["kv_concurrency"]["kv_capacity_tokens"] == 448_688
+    assert _capacity(run_json, "vllm@0.33")["kv_concurrency"]["kv_capacity_tokens"] == 461_792
     assert _capacity(run_json, "vllm")["kv_concurrency"]["kv_capacity_tokens"] == tokens
 
 
@@ -99,9 +105,12 @@ def test_memory_utilization_is_on_the_engines_basis(run_json):
 
 
 @pytest.mark.parametrize("engine, batch", [
-    # vLLM: B x (kv + logits) + the full chunk's activations <= 0.92 C - W - R (0.9 before
-    # 0.20)
-    ("vllm", (0.92 * C - W - R - STEP_ACT) // (1280 * KV_PER_TOKEN + LOGITS)),
+    # vLLM 0.34: B x (kv + logits) + the full chunk's activations A <= C - W - R less the
+    # margin, max(1 GiB, 0.75 A): the floor binds here (A under 1.33 GiB)
+    ("vllm", min((C - GIB - W - R - STEP_ACT) // (1280 * KV_PER_TOKEN + LOGITS),
+                 (C - W - R - 1.75 * STEP_ACT) // (1280 * KV_PER_TOKEN + 1.75 * LOGITS))),
+    # 0.20-0.33: <= 0.92 C - W - R (0.9 before 0.20)
+    ("vllm@0.33", (0.92 * C - W - R - STEP_ACT) // (1280 * KV_PER_TOKEN + LOGITS)),
     ("vllm@0.19", (0.9 * C - W - R - STEP_ACT) // (1280 * KV_PER_TOKEN + LOGITS)),
     # SGLang: B x kv <= 0.84 (C - R) - W binds first
     ("sglang", (0.836 * (C - R) - W) // (1280 * KV_PER_TOKEN)),
@@ -118,7 +127,8 @@ def test_every_profile_states_its_memory_fraction_with_a_source():
         spec = catalog.load_engine_spec(name)
         assert spec.memory_fraction is not None, name
         assert spec.memory_fraction.source
-    assert catalog.load_engine("vllm").memory_basis == "total"
+    assert catalog.load_engine("vllm").memory_basis == "measured"
+    assert catalog.load_engine("vllm@0.33").memory_basis == "total"
     assert catalog.load_engine("sglang").memory_basis == "static"
     trt = catalog.load_engine("trtllm")
     assert (trt.memory_basis, trt.memory_utilization_frac) == ("free", 0.9)

@@ -1,8 +1,9 @@
 """The `vllm` profile's defaults by release, as the released wheels have them (read
 2026-12-06, engines_db/vllm.yaml): async scheduling from 0.14, the whole-prompt admission
 gate from 0.19, gpu_memory_utilization 0.92 from 0.20, 16,384 tokens a step on GPUs of
-160 GiB or more and a 1,024 CUDA-graph cap on Blackwell from 0.28, 64-token KV blocks from
-0.34, and the speculative methods that keep async scheduling on, by release."""
+160 GiB or more and a 1,024 CUDA-graph cap on Blackwell from 0.28, 64-token KV blocks and
+the KV cache sized from measured memory from 0.34, and the speculative methods that keep
+async scheduling on, by release."""
 
 from __future__ import annotations
 
@@ -29,12 +30,14 @@ def test_async_scheduling_is_the_default_from_0_14(version, on):
     assert spec.model().async_scheduling is on
 
 
-@pytest.mark.parametrize("version, frac, block", [("0.15", 0.9, 16), ("0.19.1", 0.9, 16),
-                                                  ("0.20", 0.92, 16), ("0.33", 0.92, 16),
-                                                  ("0.34", 0.92, 64), (None, 0.92, 64)])
-def test_memory_fraction_and_block_size_by_release(version, frac, block):
+@pytest.mark.parametrize("version, frac, basis, block", [
+    ("0.15", 0.9, "total", 16), ("0.19.1", 0.9, "total", 16), ("0.20", 0.92, "total", 16),
+    ("0.33", 0.92, "total", 16), ("0.34", 1.0, "measured", 64), (None, 1.0, "measured", 64)])
+def test_memory_fraction_and_block_size_by_release(version, frac, basis, block):
+    """gpu_memory_utilization 0.9, 0.92 from 0.20, and from 0.34 unset (1.0) with the KV cache
+    sized from measured memory (tests/test_extensible_kv.py)."""
     e = _engine(version, "h100-sxm")
-    assert (e.memory_utilization_frac, e.block_size) == (frac, block)
+    assert (e.memory_utilization_frac, e.memory_basis, e.block_size) == (frac, basis, block)
 
 
 @pytest.mark.parametrize("version, gpu, tokens, seqs, cap", [

@@ -53,6 +53,7 @@ from pydantic import (
     ConfigDict,
     Field,
     StrictInt,
+    ValidationError,
     field_validator,
     model_validator,
 )
@@ -588,8 +589,10 @@ def graph_sizes(rule: tuple, max_num_seqs: int,
 # static: its weights and KV pool within f of the memory free once the CUDA context is up,
 # activations and CUDA graphs in the rest (SGLang's mem_fraction_static); free: the KV cache
 # takes f of what the weights and a profiled forward pass leave (TensorRT-LLM's
-# kv_cache_config.free_gpu_memory_fraction).
-MEMORY_BASES = ("total", "static", "free")
+# kv_cache_config.free_gpu_memory_fraction); measured: as total, the KV cache sized from the
+# memory measured after warm-up and CUDA-graph capture, keeping a margin free (vLLM 0.34's
+# extensible KV cache, gpu_memory_utilization 1.0 by default).
+MEMORY_BASES = ("total", "static", "free", "measured")
 
 
 class ReserveTier(_Frozen):
@@ -604,19 +607,57 @@ class MemoryFraction(_Sourced):
     with the reserve of the first tier the GPU is below (SGLang); ``value`` is then what that
     gives on an 80 GB GPU, for listings."""
 
-    basis: Literal["total", "static", "free"]
+    basis: Literal["total", "static", "free", "measured"]
     value: float = Field(gt=0, le=1, allow_inf_nan=False)
     reserve_by_memory: tuple[ReserveTier, ...] = ()
     # the release ``value`` starts at, and the fraction of the releases before it (vLLM's
-    # gpu_memory_utilization: 0.92 from 0.20, 0.9 before); None: every release's
+    # gpu_memory_utilization: 0.92 from 0.20, 0.9 before): a number on the same basis, or a
+    # fraction of its own (its basis, and perhaps a release of its own: vLLM 0.34's measured
+    # sizing, before it 0.92 of the total from 0.20); None: every release's
     since: str | None = Field(None, pattern=r"^[0-9]+(\.[0-9]+)*$")
-    before: float | None = Field(None, gt=0, le=1, allow_inf_nan=False)
+    before: float | MemoryFraction | None = None
+    # the measured basis's margin kept free beyond the activation peak A: max(floor, frac x A),
+    # the floor by the GPU's maker (nvidia, amd)
+    margin_floor_gib: dict[Literal["nvidia", "amd"], Annotated[float, Field(
+        ge=0, le=1024, allow_inf_nan=False)]] | None = None
+    margin_of_activations: float | None = Field(None, ge=0, le=10, allow_inf_nan=False)
+
+    @field_validator("before", mode="before")
+    @classmethod
+    def _before_is_one_kind(cls, v):
+        """A number, or a fraction of its own read here, so that a bad one says what it lacks
+        in one message (not one per kind the union tries)."""
+        if v is None or isinstance(v, (int, float, MemoryFraction)) and not isinstance(v, bool):
+            return v
+        if isinstance(v, dict):
+            try:
+                return MemoryFraction.model_validate(v)
+            except ValidationError as err:
+                e = err.errors()[0]
+                where = ".".join(str(x) for x in e["loc"])
+                raise ValueError(f"{where + ': ' if where else ''}{e['msg']}") from None
+        raise ValueError("a fraction in (0, 1], or a fraction of its own (basis, value, "
+                         "source, ...)")
 
     @model_validator(mode="after")
     def _pair(self) -> MemoryFraction:
         if (self.since is None) != (self.before is None):
             raise ValueError("give since and before together (the fraction before that "
                              "release)")
+        if isinstance(self.before, float) and not 0 < self.before <= 1:
+            raise ValueError("before: a fraction in (0, 1]")
+        if isinstance(self.before, MemoryFraction) and self.before.since is not None and \
+                version_key(self.before.since) >= version_key(self.since):
+            raise ValueError(f"before.since: {self.before.since} is not before {self.since}")
+        if self.basis == "measured" and self.reserve_by_memory:
+            raise ValueError("reserve_by_memory: not with the measured basis")
+        margin = (self.margin_floor_gib, self.margin_of_activations)
+        if (self.basis == "measured") != all(x is not None for x in margin) or \
+                (self.basis != "measured" and any(x is not None for x in margin)):
+            raise ValueError("margin_floor_gib and margin_of_activations: both with the "
+                             "measured basis, and only with it")
+        if self.basis == "measured" and "nvidia" not in self.margin_floor_gib:
+            raise ValueError("margin_floor_gib: name nvidia's floor (the default)")
         return self
 
 
@@ -816,7 +857,9 @@ def _before_note(release: str, note: str | None) -> str:
 
 def _as_before(x: NumSince | MemoryFraction) -> NumSince | MemoryFraction:
     """A release-bound default (``since``, ``before``) as the releases before ``since`` had
-    it: ``before``, its note saying so."""
+    it: ``before``, its note saying so (a fraction of its own as it states itself)."""
+    if isinstance(x.before, MemoryFraction):
+        return x.before.model_copy(update={"note": _before_note(x.since, x.before.note)})
     return x.model_copy(update={"value": x.before, "since": None, "before": None,
                                 "note": _before_note(x.since, x.note)})
 
@@ -986,7 +1029,9 @@ class EngineSpec(_Frozen):
             self = self.model_copy(update={"fp8_quant_kernels": None})
         mf = self.memory_fraction
         if mf is not None and mf.since is not None and v < version_key(mf.since):
-            self = self.model_copy(update={"memory_fraction": _as_before(mf)})
+            while mf.since is not None and v < version_key(mf.since):  # back to the release's
+                mf = _as_before(mf)
+            self = self.model_copy(update={"memory_fraction": mf})
         sv = self.serving
         if sv is None:
             return self
@@ -1143,6 +1188,10 @@ class EngineSpec(_Frozen):
             **({} if self.memory_fraction is None else {
                 "memory_utilization_frac": self.memory_fraction.value,
                 "memory_basis": self.memory_fraction.basis,
+                **({} if self.memory_fraction.margin_floor_gib is None else {
+                    "memory_margin_floor_by_vendor": tuple(
+                        (k, v * 2**30) for k, v in self.memory_fraction.margin_floor_gib.items()),
+                    "memory_margin_frac": self.memory_fraction.margin_of_activations}),
                 "memory_reserve_tiers": tuple(
                     (t.below_gib * 2**30, t.reserve_gib * 2**30)
                     for t in self.memory_fraction.reserve_by_memory) or None}),
@@ -1329,6 +1378,12 @@ class Engine:
     # the memory fraction it sizes its KV cache from by default, and its basis (MEMORY_BASES)
     memory_utilization_frac: float = 0.9
     memory_basis: str = "total"
+    # on the measured basis, the margin kept free beyond the activation peak A: max(floor,
+    # frac x A) (vLLM 0.34's extensible KV cache); the floor by the GPU's maker until
+    # ``for_gpu`` resolves it
+    memory_margin_floor_bytes: float = 2**30
+    memory_margin_floor_by_vendor: tuple[tuple[str, float], ...] = ()
+    memory_margin_frac: float = 0.75
     # ((below this many bytes of memory, reserve bytes), ...): a default worked out from the
     # GPU's memory, (memory - reserve) / memory (``memory_frac_for``)
     memory_reserve_tiers: tuple | None = None
@@ -1428,6 +1483,10 @@ class Engine:
         e = self
         if e.prefill_graphs and vendor is not None and vendor.lower() != "nvidia":
             e = replace(e, prefill_graphs=False)
+        if e.memory_margin_floor_by_vendor:
+            floors = dict(e.memory_margin_floor_by_vendor)
+            e = replace(e, memory_margin_floor_by_vendor=(), memory_margin_floor_bytes=floors.get(
+                (vendor or "nvidia").lower(), floors["nvidia"]))
         arch = (architecture or "").lower()
         if e.experts_k_half_by_arch or e.experts_fp8_k_half_by_arch:
             # the kernel's depth was derived with each lane's factor: it applies to a lane
@@ -1608,6 +1667,9 @@ class Engine:
                       mxfp4_expert_pad=self.mxfp4_expert_pad,
                       memory_utilization_frac=self.memory_utilization_frac,
                       memory_basis=self.memory_basis,
+                      memory_margin_floor_bytes=self.memory_margin_floor_bytes,
+                      memory_margin_floor_by_vendor=self.memory_margin_floor_by_vendor,
+                      memory_margin_frac=self.memory_margin_frac,
                       memory_reserve_tiers=self.memory_reserve_tiers)
 
 

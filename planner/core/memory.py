@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from planner.core.arith import floor_nonneg, vmax, vmin
 from planner.core.engine import IDEAL, MEMORY_BASES, Engine
 from planner.core.ops import kv_elements_per_token_per_layer, param_breakdown
-from planner.core.specs import HardwareSpec, ModelSpec, Options, Precision
+from planner.core.specs import GIB, HardwareSpec, ModelSpec, Options, Precision
 
 # Checkpoint tensors that weight quantization covers (the decoder's linear layers).
 _QUANTIZED = {
@@ -146,6 +146,28 @@ def activation_bytes(m: ModelSpec, prec: Precision, *, batch: int, prompt_tokens
     return peak
 
 
+# vLLM 0.34's extensible KV cache (the "measured" basis) keeps free, beyond the activation peak
+# A it profiled, a margin of max(floor, frac x A); the profile states both
+# (``MemoryFraction.margin_floor_gib``, ``margin_of_activations``: 1 GiB on CUDA, 3 on ROCm,
+# and 0.75). These are CUDA's, for a caller that names no engine.
+MEASURED_MARGIN = (1 * GIB, 0.75)
+
+
+def margin_of(engine: Engine | None) -> tuple[float, float]:
+    """(floor bytes, fraction of the activation peak) of the margin the engine keeps free on
+    the measured basis, as ``Engine.for_gpu`` resolved it for the GPU's maker."""
+    e = engine or IDEAL
+    return e.memory_margin_floor_bytes, e.memory_margin_frac
+
+
+def measured_cap_bytes(capacity_bytes, activation_bytes, frac: float,
+                       margin: tuple[float, float] = MEASURED_MARGIN):
+    """What weights, activations, reserve and KV cache may fill on the measured basis: f of
+    the GPU's memory, and the memory less the margin kept free, max(floor, fraction x A)."""
+    floor, share = margin
+    return vmin(capacity_bytes * frac, capacity_bytes - vmax(floor, share * activation_bytes))
+
+
 def memory_share(o: Options, engine: Engine | None, capacity_bytes: float) -> tuple[float, str]:
     """(fraction, basis) of the memory the engine sizes its KV cache from: the fraction the
     options give (``--memory-utilization``), else the engine's default on a GPU of
@@ -156,25 +178,35 @@ def memory_share(o: Options, engine: Engine | None, capacity_bytes: float) -> tu
     frac = o.memory_utilization_frac
     if frac is None:
         return e.memory_frac_for(capacity_bytes), e.memory_basis
-    return frac, o.memory_utilization_basis or e.memory_basis
+    basis = o.memory_utilization_basis or e.memory_basis
+    if basis == "total" and e.memory_basis == "measured":  # vLLM's flag, read at 0.34
+        basis = "measured"
+    return frac, basis
 
 
 def kv_budget_bytes(capacity_bytes, *, weights_bytes, activation_bytes, reserve_bytes,
-                    frac: float, basis: str):
+                    frac: float, basis: str, margin: tuple[float, float] = MEASURED_MARGIN):
     """Bytes of one GPU's memory the engine gives its KV cache, C capacity, W weights, A
     activations, R reserve (CUDA context, workspaces), f the fraction, by its basis:
 
-        total   f C - W - A - R                       vLLM's gpu_memory_utilization
-        static  min(f (C - R) - W, C - W - A - R)     SGLang's mem_fraction_static
-        free    f (C - W - A - R)                     TensorRT-LLM's free_gpu_memory_fraction
+        total     f C - W - A - R                       vLLM's gpu_memory_utilization
+        measured  min(f C, C - M) - W - A - R           the same from vLLM 0.34 (f 1.0)
+        static    min(f (C - R) - W, C - W - A - R)     SGLang's mem_fraction_static
+        free      f (C - W - A - R)                     TensorRT-LLM's free_gpu_memory_fraction
 
-    vLLM caps everything it allocates at f C; SGLang's fraction covers the weights and the KV
+    vLLM caps everything it allocates at f C; from 0.34 its extensible KV cache is sized from
+    the memory measured after warm-up and CUDA-graph capture, within f C (its default f 1.0)
+    and keeping free a margin M = max(1 GiB, 0.75 A) (``margin``: the engine's, ``margin_of``;
+    ``measured_cap_bytes``); SGLang's
+    fraction covers the weights and the KV
     pool only, of the memory free once the CUDA context is up, leaving the rest (1 - f) to
     activations and CUDA graphs; TensorRT-LLM gives the KV cache f of what is free after the
     weights and a profiled forward pass. Numbers or arrays (a sweep)."""
     W, A, R, C = weights_bytes, activation_bytes, reserve_bytes, capacity_bytes
     if basis == "total":
         return C * frac - W - A - R
+    if basis == "measured":
+        return measured_cap_bytes(C, A, frac, margin) - W - A - R
     if basis == "static":
         return vmin(frac * (C - R) - W, C - W - A - R)
     if basis == "free":
@@ -183,14 +215,16 @@ def kv_budget_bytes(capacity_bytes, *, weights_bytes, activation_bytes, reserve_
 
 
 def usable_bytes(capacity_bytes, *, weights_bytes, activation_bytes, reserve_bytes,
-                 frac: float, basis: str):
+                 frac: float, basis: str, margin: tuple[float, float] = MEASURED_MARGIN):
     """Memory the deployment may fill: its weights, activations and reserve plus the KV
-    budget (``kv_budget_bytes``); f C on vLLM's basis."""
+    budget (``kv_budget_bytes``); f C on vLLM's basis, less 0.34's margin on its measured one."""
     if basis == "total":
         return capacity_bytes * frac
+    if basis == "measured":
+        return measured_cap_bytes(capacity_bytes, activation_bytes, frac, margin)
     return weights_bytes + activation_bytes + reserve_bytes + kv_budget_bytes(
         capacity_bytes, weights_bytes=weights_bytes, activation_bytes=activation_bytes,
-        reserve_bytes=reserve_bytes, frac=frac, basis=basis)
+        reserve_bytes=reserve_bytes, frac=frac, basis=basis, margin=margin)
 
 
 @dataclass(frozen=True)
@@ -257,6 +291,14 @@ def max_batch(m: ModelSpec, hw: HardwareSpec, prec: Precision, *, prompt_tokens:
     chunk = o.prefill_chunk_tokens
     if basis == "total":
         n = _largest_batch(C * frac - W - R, kv, logits, per_token, prompt_tokens, chunk)
+    elif basis == "measured":  # within f C, and within C less the floor and less s A(B)
+        floor, share = margin_of(engine)
+        m = 1 + share
+        n = vmin(vmin(_largest_batch(C * frac - W - R, kv, logits, per_token, prompt_tokens,
+                                     chunk),
+                      _largest_batch(C - floor - W - R, kv, logits, per_token, prompt_tokens,
+                                     chunk)),
+                 _largest_batch(C - W - R, kv, m * logits, m * per_token, prompt_tokens, chunk))
     elif basis == "free":
         n = _largest_batch(C - W - R, kv / frac, logits, per_token, prompt_tokens, chunk)
     else:  # static: the pool's own bound, and everything within the GPU
@@ -283,7 +325,7 @@ def kv_capacity_tokens(m: ModelSpec, hw: HardwareSpec, prec: Precision, *, tp: i
         activation_bytes=activation_bytes(m, prec, batch=max_num_seqs, prompt_tokens=per_seq,
                                           tp=tp, attention=o.attention,
                                           chunk_tokens=step_tokens),
-        reserve_bytes=o.reserve_bytes, frac=frac, basis=basis)
+        reserve_bytes=o.reserve_bytes, frac=frac, basis=basis, margin=margin_of(engine))
     return max(0, int(budget // kv_cache_bytes_per_token(m, prec, tp=tp)))
 
 
@@ -371,7 +413,8 @@ def memory_plan(m: ModelSpec, hw: HardwareSpec, prec: Precision, *, batch: int,
         reserve_bytes=o.reserve_bytes,
         capacity_bytes=hw.memory_bytes,
         usable_bytes=usable_bytes(hw.memory_bytes, weights_bytes=w, activation_bytes=act,
-                                  reserve_bytes=o.reserve_bytes, frac=frac, basis=basis),
+                                  reserve_bytes=o.reserve_bytes, frac=frac, basis=basis,
+                                  margin=margin_of(engine)),
         max_batch=max_batch(m, hw, prec, prompt_tokens=prompt_tokens,
                             output_tokens=output_tokens, tp=tp, options=o,
                             lm_head_sharded=lm_head_sharded, engine=engine),

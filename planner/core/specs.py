@@ -746,7 +746,7 @@ class Options(_Frozen):
     # what that fraction is of where a server's own flag gave it (a replayed run's: a
     # trtllm-serve free_gpu_memory_fraction is of free memory whichever engine replays it);
     # None: the engine's basis
-    memory_utilization_basis: Literal["total", "static", "free"] | None = None
+    memory_utilization_basis: Literal["total", "static", "free", "measured"] | None = None
     # Weight bytes per GPU kept in host memory and brought over the host link every forward
     # pass (vLLM's cpu_offload_gb, in bytes): that much less on the GPU, that much more KV.
     cpu_offload_bytes: float = Field(0.0, ge=0)

@@ -155,6 +155,7 @@ def _print_header(console: Console, e: Estimate) -> None:
 
 # what each memory basis's fraction is a fraction of (planner.core.engine.MEMORY_BASES)
 _BASIS_TEXT = {"total": "of capacity",
+               "measured": "of capacity, less a margin kept free (sized after warm-up)",
                "static": "of capacity less the reserve, for weights and KV cache",
                "free": "of what weights, activations and reserve leave, for KV cache"}
 

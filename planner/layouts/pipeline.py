@@ -33,6 +33,7 @@ from planner.core.headline import Headline
 from planner.core.memory import (
     activation_bytes,
     kv_cache_bytes,
+    margin_of,
     memory_share,
     usable_bytes,
     weight_bytes_breakdown,
@@ -211,7 +212,8 @@ def pipeline(m: ModelSpec, hw: HardwareSpec, prep: Prepared, o: Options, *, tp: 
                             layers=range(s, t))
         total = w + kv + act + o.reserve_bytes
         usable = usable_bytes(hw.memory_bytes, weights_bytes=w, activation_bytes=act,
-                              reserve_bytes=o.reserve_bytes, frac=frac, basis=basis)
+                              reserve_bytes=o.reserve_bytes, frac=frac, basis=basis,
+                              margin=margin_of(e))
 
         def timed(ops: list[Op], graphed: bool, s=s, t=t, first=first, last=last) -> float:
             return sum(op_time(op, c, tp=tp, options=o, engine=e, graphed=graphed).time_s
