@@ -357,7 +357,8 @@ def test_a_release_starts_with_its_own_scheduler_defaults():
     # 0.14.1 before the options and defaults of later releases (tests/test_vllm_releases.py)
     assert at_release(spec, "vLLM 0.14.1").model() == replace(
         spec.model(), performance_modes=None, memory_utilization_frac=0.9,
-        memory_basis="total", memory_margin_floor_by_vendor=(), block_size=16,
+        memory_basis="total", memory_margin_floor_by_vendor=(), memory_fallback=None,
+        block_size=16,
         async_speculation=("eagle", "eagle3", "mtp"), large_gpu=None, graph_arch_caps=(),
         full_prompt_admission=False, async_with_pp=False)
     assert at_release(spec, "vLLM 0.34.0") is spec and at_release(spec, None) is spec

@@ -370,7 +370,7 @@ def test_kv_pool_is_each_groups_by_hand():
                            attention="flash", chunk_tokens=8192)
     free = kv_budget_bytes(hw.memory_bytes, weights_bytes=c.x.weights_bytes(),
                            activation_bytes=act, reserve_bytes=2**30, frac=1.0,
-                           basis="measured", margin=(2**30, 0.75))
+                           basis="measured", margin_bytes=max(2**30, 0.75 * act))
     assert c.kv_capacity_tokens(256, 8192) == 4 * int(free // 96_256)
 
 

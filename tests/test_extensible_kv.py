@@ -20,9 +20,11 @@ SPEC = catalog.load_engine_spec("vllm")
 
 
 def _budget(frac, a_gib, floor_gib=1.0, basis="measured"):
+    """The budget with the margin of a profiling step whose activations are ``a_gib``."""
+    margin = max(floor_gib, 0.75 * a_gib) * GIB
     return kv_budget_bytes(80 * GIB, weights_bytes=15 * GIB, activation_bytes=a_gib * GIB,
                            reserve_bytes=1 * GIB, frac=frac, basis=basis,
-                           margin=(floor_gib * GIB, 0.75)) / GIB
+                           margin_bytes=margin) / GIB
 
 
 def test_the_budget_by_hand():
@@ -37,7 +39,8 @@ def test_the_budget_by_hand():
     assert _budget(1.0, 0.5, floor_gib=3) == pytest.approx(60.5)
     # what the deployment may fill: the cap itself
     assert usable_bytes(80 * GIB, weights_bytes=15 * GIB, activation_bytes=2 * GIB,
-                        reserve_bytes=GIB, frac=1.0, basis="measured") == 78.5 * GIB
+                        reserve_bytes=GIB, frac=1.0, basis="measured",
+                        margin_bytes=1.5 * GIB) == 78.5 * GIB
 
 
 @pytest.mark.parametrize("version, basis, frac, floor_h100, floor_mi300x", [
@@ -136,7 +139,7 @@ def test_a_vllm_server_flag_is_read_on_the_release_s_basis():
 @pytest.mark.parametrize("before, message", [
     ("abc", "memory_fraction.before: a fraction in (0, 1], or a fraction of its own"),
     ({"basis": "total", "value": 0.9}, "memory_fraction.before: source: Field required"),
-    (1.5, "memory_fraction: before: a fraction in (0, 1]"),
+    (1.5, "memory_fraction.before: a fraction in (0, 1]"),
 ])
 def test_a_bad_earlier_fraction_is_one_line(run_cli, tmp_path, before, message):
     """An engine file whose earlier fraction is neither a number nor a fraction of its own:
@@ -150,3 +153,52 @@ def test_a_bad_earlier_fraction_is_one_line(run_cli, tmp_path, before, message):
     code, out, err = run_cli("estimate", "-m", "llama-3.1-8b", "-g", "h100-sxm", "-e", str(f))
     assert code == 2 and out == "" and len(err.splitlines()) == 1
     assert f"{f}: {message}" in err
+
+
+def test_the_margin_is_the_profiling_step_s_not_the_batch_s(run_json):
+    """vLLM fixes the margin once, from the activations of its profiling step (a full step of
+    max_num_batched_tokens), whatever batch is served: Gemma-3-27B at batch 1 on an H100
+    keeps 0.75 x that step's 2.15 GiB free, 1.61 GiB, not the floor."""
+    from planner.core.memory import measured_margin_of, profile_activation_bytes
+
+    m, hw, e = _deployment(None)
+    g = catalog.load_model("gemma-3-27b")
+    a = profile_activation_bytes(g, Precision(), engine=e)
+    assert a == pytest.approx(2.15 * GIB, rel=0.01)
+    assert measured_margin_of(g, Precision(), engine=e) == pytest.approx(0.75 * a)
+    d = run_json("estimate", "-m", "gemma-3-27b", "-g", "h100-sxm", "-b", "1")
+    assert d["usable_memory_bytes"] == pytest.approx(80 * GIB - 0.75 * a, rel=1e-9)
+    # Llama-3.1-8B's step (1.27 GiB) leaves the 1 GiB floor
+    assert measured_margin_of(m, Precision(), engine=e) == GIB
+
+
+def test_where_vllm_cannot_measure_it_sizes_as_before(run_json):
+    """vLLM 0.34 measures on CUDA and ROCm alone, and turns the extensible cache off for a KV
+    connector such as NIXL without an IMEX channel: Gaudi 3 and the pools of a disaggregated
+    simulation take 0.92 of the total, as 0.20-0.33 did."""
+    d = run_json("estimate", "-m", "llama-3.1-8b", "-g", "gaudi3")
+    assert (d["memory_utilization_frac"], d["memory_utilization_basis"]) == (0.92, "total")
+    pools = run_json("simulate", "-m", "llama-3.1-8b", "-g", "h100-sxm", "--prefill-instances",
+                     "1", "--decode-instances", "1", "-n", "20", "--request-rate", "2")
+    one = run_json("simulate", "-m", "llama-3.1-8b", "-g", "h100-sxm", "-n", "20",
+                   "--request-rate", "2", "-e", "vllm@0.33")
+    assert pools["decode"]["kv_capacity_tokens"] // 64 == one["kv_capacity_tokens"] // 64
+    assert SPEC.model().without_measured_kv().memory_basis == "total"
+    assert SPEC.at_version("0.33").model().without_measured_kv() == SPEC.at_version(
+        "0.33").model()
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("before", float("nan"), "memory_fraction.before: a fraction in (0, 1]"),
+    ("margin_floor_gib", {"nvidia": True}, "memory_fraction.margin_floor_gib: a number of GiB"),
+])
+def test_a_bad_number_in_the_measured_fraction_is_one_line(run_cli, tmp_path, field, value,
+                                                           message):
+    import yaml
+
+    data = yaml.safe_load((catalog.db_dir("engines_db") / "vllm.yaml").read_text())
+    data["memory_fraction"][field] = value
+    f = tmp_path / "e.yaml"
+    f.write_text(yaml.safe_dump(data))
+    code, out, err = run_cli("estimate", "-m", "llama-3.1-8b", "-g", "h100-sxm", "-e", str(f))
+    assert code == 2 and out == "" and len(err.splitlines()) == 1 and f"{f}: {message}" in err

@@ -207,6 +207,10 @@ def test_simulate_and_plan_name_the_release_too(run_cli, run_json):
     code, out, _ = run_cli("plan", "-m", "llama-3.1-8b", "-g", "h100-sxm", "-e", "vllm@0.15",
                            "--ttft", "1", "--tpot", "0.05", "--rps", "2", "--sim-requests", "60")
     assert code == 0 and "engine vllm@0.15" in " ".join(out.split())
+    rows = run_json("plan", "-m", "llama-3.1-8b", "-g", "h100-sxm", "-e", "vllm@0.15", "--ttft",
+                    "1", "--tpot", "0.05", "--rps", "2", "--tp", "1", "--pp", "1",
+                    "--sim-requests", "30")
+    assert rows and {(r["engine"], r["engine_release"]) for r in rows} == {("vllm", "0.15")}
 
 
 def test_a_profile_file_does_not_state_a_release(run_cli, tmp_path):
@@ -242,3 +246,17 @@ def test_async_scheduling_asked_for_under_pp_is_refused_before_0_15(run_cli, com
     assert code == 0, err
     code, _, err = run_cli(*base, "-e", "vllm@0.15", "--async-scheduling")
     assert code == 0, err
+
+
+def test_plan_leaves_out_the_pipeline_layouts_vllm_refuses_with_async_scheduling(run_cli):
+    """plan's default --pp 1,2 with --async-scheduling on 0.13: the PP 2 layouts are left out
+    (vLLM would not start them), said on stderr; the plan of PP 1 stands."""
+    args = ("plan", "-m", "llama-3.1-8b", "-g", "h100-sxm", "--ttft", "1", "--tpot", "0.05",
+            "--rps", "2", "--tp", "1", "--sim-requests", "30", "-e", "vllm@0.13",
+            "--async-scheduling")
+    code, out, err = run_cli(*args)
+    assert code == 0, err
+    assert "left out, --pp 2" in " ".join(err.split()) and "refuses --async-scheduling" in \
+        " ".join(err.split())
+    code, out, err = run_cli(*args, "--json")
+    assert code == 0 and "left out" not in err

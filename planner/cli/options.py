@@ -633,32 +633,39 @@ def engine_flags(eng, *, enforce_eager: bool = False, async_scheduling: bool | N
     return eng
 
 
-def check_async_pipeline(eng, pps, async_scheduling: bool | None) -> None:
-    """Refuse --async-scheduling asked for with pipeline parallelism where vLLM refuses it:
-    releases before 0.15 stop at start-up ("Async scheduling is not yet compatible with
-    pipeline_parallel_size > 1": vllm/config/vllm.py of 0.12-0.14, engine/arg_utils.py of
-    0.11), where left to its default the engine runs PP without it (``overlaps_host``)."""
+def check_async_pipeline(eng, pps, async_scheduling: bool | None) -> list[int]:
+    """The pipeline depths of ``pps`` the engine starts with --async-scheduling asked for:
+    vLLM before 0.15 stops at start-up under pipeline parallelism ("Async scheduling is not
+    yet compatible with pipeline_parallel_size > 1": vllm/config/vllm.py of 0.12-0.14,
+    engine/arg_utils.py of 0.11), where left to its default it runs PP without it
+    (``overlaps_host``). Refused, in one line, where no depth is left."""
     deep = [p for p in pps if p > 1]
     if async_scheduling and deep and eng.family == "vllm" and not eng.async_with_pp:
+        if len(deep) < len(pps):
+            return [p for p in pps if p == 1]
         release = f"release {eng.release}" if eng.release else eng.name
         raise LlmplanError(
             f"--async-scheduling with --pp {deep[0]}: vLLM ({release}) refuses async "
             "scheduling under pipeline parallelism before 0.15 ('Async scheduling is not yet "
             "compatible with pipeline_parallel_size > 1'); leave --async-scheduling out (PP "
             "then runs without it) or use --engine vllm@0.15 or later")
+    return list(pps)
 
 
 def build_deployment(m, *, gpu: str, engine: str, tp: int = 1, pp: int = 1, ep: int = 1,
                      weights=None, kv_cache=None, group_size: int | None = None,
                      quantized_layers=None, compute=None, calibration: Path | None = None,
                      options=None, enforce_eager: bool = False, prices: str | None = None,
-                     price: list[str] | None = None, async_scheduling: bool | None = None):
+                     price: list[str] | None = None, async_scheduling: bool | None = None,
+                     kv_connector: bool = False):
     """The deployment the options describe (``planner.layouts.deployment.Deployment``): the
     GPU, engine and calibration loaded, the precision and layout checked, the engine
     prepared (``enforce_eager``: without its CUDA graphs; ``async_scheduling``: its host
     work beside the GPU's or not, None: the engine's default), the GPU priced from the price set
     ``prices`` with the ``price`` overrides (--prices, --price). Every command that predicts
-    builds its deployment here. ``weights`` None: the checkpoint's (``resolve_precision``)."""
+    builds its deployment here. ``weights`` None: the checkpoint's (``resolve_precision``);
+    ``kv_connector``: a disaggregated pool's, its KV cache sized as without the measured
+    basis (``Engine.without_measured_kv``)."""
     from planner.io import catalog
     from planner.layouts.deployment import Deployment
 
@@ -669,6 +676,8 @@ def build_deployment(m, *, gpu: str, engine: str, tp: int = 1, pp: int = 1, ep: 
     eng = engine_flags(catalog.load_engine(engine), enforce_eager=enforce_eager,
                        async_scheduling=async_scheduling)
     check_async_pipeline(eng, (pp,), async_scheduling)
+    if kv_connector:  # a disaggregated pool: vLLM 0.34 sizes its KV cache as before there
+        eng = eng.without_measured_kv()
     cal = catalog.load_calibration(calibration) if calibration else None
     prec, source = resolve_precision(m, weights, kv_cache, group_size, compute,
                                      quantized_layers)

@@ -289,7 +289,13 @@ def plan_run(a: dict, *, emit: bool = False):
             raise LlmplanError("--performance-mode: sized with --scheduler continuous only")
         eng.in_mode(performance_mode)  # refused here, in one line, where the engine has none
     eng = engine_flags(eng, enforce_eager=enforce_eager, async_scheduling=a["async_scheduling"])
-    check_async_pipeline(eng, pps, a["async_scheduling"])
+    kept = check_async_pipeline(eng, pps, a["async_scheduling"])
+    if kept != list(pps):
+        if not as_json:
+            stderr.print(f"[yellow]left out, --pp {','.join(str(p) for p in pps if p > 1)}:[/] "
+                         f"vLLM ({eng.label}) refuses --async-scheduling under pipeline "
+                         "parallelism before 0.15")
+        pps = kept
     for p_ in (csv, plot):
         output_path(p_, "--csv" if p_ is csv else "--plot", None if p_ is csv else ".png")
     # a GPU with no price cannot be costed: say which are left out, before any search

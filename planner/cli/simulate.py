@@ -617,7 +617,7 @@ def _simulate_disaggregated(m, a: dict) -> dict:
                                quantized_layers=a["quantized_layers"], compute=compute,
                                calibration=a["calibration"], options=a["opts"],
                                enforce_eager=a["enforce_eager"],
-                               async_scheduling=a["async_scheduling"])
+                               async_scheduling=a["async_scheduling"], kv_connector=True)
         over = dict(a)
         for what in ("max_num_seqs", "max_num_batched_tokens"):
             if a[f"{side}_{what}"] is not None:

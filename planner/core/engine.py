@@ -622,12 +622,23 @@ class MemoryFraction(_Sourced):
         ge=0, le=1024, allow_inf_nan=False)]] | None = None
     margin_of_activations: float | None = Field(None, ge=0, le=10, allow_inf_nan=False)
 
+    @field_validator("margin_floor_gib", mode="before")
+    @classmethod
+    def _floors_are_numbers(cls, v):
+        if isinstance(v, dict) and any(isinstance(x, bool) for x in v.values()):
+            raise ValueError("a number of GiB for each maker, not true or false")
+        return v
+
     @field_validator("before", mode="before")
     @classmethod
     def _before_is_one_kind(cls, v):
         """A number, or a fraction of its own read here, so that a bad one says what it lacks
         in one message (not one per kind the union tries)."""
-        if v is None or isinstance(v, (int, float, MemoryFraction)) and not isinstance(v, bool):
+        if v is None or isinstance(v, MemoryFraction):
+            return v
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            if not 0 < v <= 1:  # NaN too
+                raise ValueError("a fraction in (0, 1]")
             return v
         if isinstance(v, dict):
             try:
@@ -635,7 +646,8 @@ class MemoryFraction(_Sourced):
             except ValidationError as err:
                 e = err.errors()[0]
                 where = ".".join(str(x) for x in e["loc"])
-                raise ValueError(f"{where + ': ' if where else ''}{e['msg']}") from None
+                msg = e["msg"].removeprefix("Value error, ")
+                raise ValueError(f"{where + ': ' if where else ''}{msg}") from None
         raise ValueError("a fraction in (0, 1], or a fraction of its own (basis, value, "
                          "source, ...)")
 
@@ -644,8 +656,6 @@ class MemoryFraction(_Sourced):
         if (self.since is None) != (self.before is None):
             raise ValueError("give since and before together (the fraction before that "
                              "release)")
-        if isinstance(self.before, float) and not 0 < self.before <= 1:
-            raise ValueError("before: a fraction in (0, 1]")
         if isinstance(self.before, MemoryFraction) and self.before.since is not None and \
                 version_key(self.before.since) >= version_key(self.since):
             raise ValueError(f"before.since: {self.before.since} is not before {self.since}")
@@ -858,10 +868,19 @@ def _before_note(release: str, note: str | None) -> str:
 def _as_before(x: NumSince | MemoryFraction) -> NumSince | MemoryFraction:
     """A release-bound default (``since``, ``before``) as the releases before ``since`` had
     it: ``before``, its note saying so (a fraction of its own as it states itself)."""
-    if isinstance(x.before, MemoryFraction):
-        return x.before.model_copy(update={"note": _before_note(x.since, x.before.note)})
+    if isinstance(x.before, MemoryFraction):  # its own note says what it is
+        return x.before
     return x.model_copy(update={"value": x.before, "since": None, "before": None,
                                 "note": _before_note(x.since, x.note)})
+
+
+def _fallback(mf: MemoryFraction) -> tuple[float, str] | None:
+    """(fraction, basis) a measured-basis engine sizes its cache with where it cannot measure
+    (a maker's GPU it names no floor for, a KV connector): the fraction of the releases
+    before, vLLM's 0.92 of the total (CacheConfig.DEFAULT_GPU_MEMORY_UTILIZATION)."""
+    b = mf.before
+    return (b.value, b.basis) if isinstance(b, MemoryFraction) and b.basis != "measured" \
+        else None
 
 
 def _pairs(figure: _ByArchitecture | None, scale: float = 1.0) -> tuple[tuple[str, float], ...]:
@@ -1191,7 +1210,8 @@ class EngineSpec(_Frozen):
                 **({} if self.memory_fraction.margin_floor_gib is None else {
                     "memory_margin_floor_by_vendor": tuple(
                         (k, v * 2**30) for k, v in self.memory_fraction.margin_floor_gib.items()),
-                    "memory_margin_frac": self.memory_fraction.margin_of_activations}),
+                    "memory_margin_frac": self.memory_fraction.margin_of_activations,
+                    "memory_fallback": _fallback(self.memory_fraction)}),
                 "memory_reserve_tiers": tuple(
                     (t.below_gib * 2**30, t.reserve_gib * 2**30)
                     for t in self.memory_fraction.reserve_by_memory) or None}),
@@ -1384,6 +1404,8 @@ class Engine:
     memory_margin_floor_bytes: float = 2**30
     memory_margin_floor_by_vendor: tuple[tuple[str, float], ...] = ()
     memory_margin_frac: float = 0.75
+    # (fraction, basis) where the measured sizing is off (``without_measured_kv``); None: none
+    memory_fallback: tuple[float, str] | None = None
     # ((below this many bytes of memory, reserve bytes), ...): a default worked out from the
     # GPU's memory, (memory - reserve) / memory (``memory_frac_for``)
     memory_reserve_tiers: tuple | None = None
@@ -1485,8 +1507,11 @@ class Engine:
             e = replace(e, prefill_graphs=False)
         if e.memory_margin_floor_by_vendor:
             floors = dict(e.memory_margin_floor_by_vendor)
-            e = replace(e, memory_margin_floor_by_vendor=(), memory_margin_floor_bytes=floors.get(
-                (vendor or "nvidia").lower(), floors["nvidia"]))
+            maker = (vendor or "nvidia").lower()
+            e = replace(e, memory_margin_floor_by_vendor=(),
+                        memory_margin_floor_bytes=floors.get(maker, floors["nvidia"]))
+            if maker not in floors:  # vLLM measures on CUDA and ROCm alone
+                e = e.without_measured_kv()
         arch = (architecture or "").lower()
         if e.experts_k_half_by_arch or e.experts_fp8_k_half_by_arch:
             # the kernel's depth was derived with each lane's factor: it applies to a lane
@@ -1616,6 +1641,16 @@ class Engine:
                 return fr
         return None
 
+    def without_measured_kv(self) -> Engine:
+        """The engine with its KV cache sized as before the measured basis (vLLM 0.34 turns
+        its extensible KV cache off off CUDA and ROCm, and for a KV connector that cannot
+        share driver-mapped memory, NIXL without an IMEX channel among them: vllm/config/
+        vllm.py of 0.34.0 lines 3190-3254); itself where it has no measured basis."""
+        if self.memory_basis != "measured" or self.memory_fallback is None:
+            return self
+        frac, basis = self.memory_fallback
+        return replace(self, memory_utilization_frac=frac, memory_basis=basis)
+
     @property
     def label(self) -> str:
         """The profile's name, with the release it was picked for where one was named
@@ -1670,6 +1705,7 @@ class Engine:
                       memory_margin_floor_bytes=self.memory_margin_floor_bytes,
                       memory_margin_floor_by_vendor=self.memory_margin_floor_by_vendor,
                       memory_margin_frac=self.memory_margin_frac,
+                      memory_fallback=self.memory_fallback,
                       memory_reserve_tiers=self.memory_reserve_tiers)
 
 

@@ -147,25 +147,47 @@ def activation_bytes(m: ModelSpec, prec: Precision, *, batch: int, prompt_tokens
 
 
 # vLLM 0.34's extensible KV cache (the "measured" basis) keeps free, beyond the activation peak
-# A it profiled, a margin of max(floor, frac x A); the profile states both
-# (``MemoryFraction.margin_floor_gib``, ``margin_of_activations``: 1 GiB on CUDA, 3 on ROCm,
-# and 0.75). These are CUDA's, for a caller that names no engine.
-MEASURED_MARGIN = (1 * GIB, 0.75)
+# A of its profiling step (a full step of max_num_batched_tokens), a margin of
+# max(floor, share x A); the profile states both (``MemoryFraction.margin_floor_gib``,
+# ``margin_of_activations``: 1 GiB on CUDA, 3 on ROCm, and 0.75). The margin is CUDA's
+# floor for a caller that gives none.
+MEASURED_MARGIN_BYTES = 1 * GIB
 
 
-def margin_of(engine: Engine | None) -> tuple[float, float]:
-    """(floor bytes, fraction of the activation peak) of the margin the engine keeps free on
-    the measured basis, as ``Engine.for_gpu`` resolved it for the GPU's maker."""
+def measured_margin_bytes(engine: Engine | None, profile_activation_bytes) -> float:
+    """The margin the engine keeps free on the measured basis, max(floor, share x A), A the
+    activations of its profiling step, the floor as ``Engine.for_gpu`` resolved it for the
+    GPU's maker."""
     e = engine or IDEAL
-    return e.memory_margin_floor_bytes, e.memory_margin_frac
+    return vmax(e.memory_margin_floor_bytes, e.memory_margin_frac * profile_activation_bytes)
 
 
-def measured_cap_bytes(capacity_bytes, activation_bytes, frac: float,
-                       margin: tuple[float, float] = MEASURED_MARGIN):
+def profile_activation_bytes(m: ModelSpec, prec: Precision, *, tp: int = 1,
+                             engine: Engine | None = None, options: Options | None = None):
+    """The activations of the step the engine profiles its memory with: a full step of its
+    max_num_batched_tokens tokens over max_num_seqs sequences (the KV pool's own sizing,
+    ``kv_capacity_tokens``, takes the same)."""
+    e, o = engine or IDEAL, options or Options()
+    step, seqs = e.max_num_batched_tokens, e.max_num_seqs
+    return activation_bytes(m, prec, batch=seqs, prompt_tokens=max(1, -(-step // seqs)),
+                            tp=tp, attention=o.attention, chunk_tokens=step)
+
+
+def measured_margin_of(m: ModelSpec, prec: Precision, *, tp: int = 1,
+                       engine: Engine | None = None, options: Options | None = None) -> float:
+    """``measured_margin_bytes`` of the engine's profiling step for this model, or 0 where the
+    engine does not size its cache on the measured basis."""
+    if (engine or IDEAL).memory_basis != "measured" and (
+            options is None or options.memory_utilization_basis != "measured"):
+        return 0.0
+    return measured_margin_bytes(engine, profile_activation_bytes(
+        m, prec, tp=tp, engine=engine, options=options))
+
+
+def measured_cap_bytes(capacity_bytes, frac: float, margin_bytes):
     """What weights, activations, reserve and KV cache may fill on the measured basis: f of
-    the GPU's memory, and the memory less the margin kept free, max(floor, fraction x A)."""
-    floor, share = margin
-    return vmin(capacity_bytes * frac, capacity_bytes - vmax(floor, share * activation_bytes))
+    the GPU's memory, and the memory less the margin kept free."""
+    return vmin(capacity_bytes * frac, capacity_bytes - margin_bytes)
 
 
 def memory_share(o: Options, engine: Engine | None, capacity_bytes: float) -> tuple[float, str]:
@@ -185,7 +207,7 @@ def memory_share(o: Options, engine: Engine | None, capacity_bytes: float) -> tu
 
 
 def kv_budget_bytes(capacity_bytes, *, weights_bytes, activation_bytes, reserve_bytes,
-                    frac: float, basis: str, margin: tuple[float, float] = MEASURED_MARGIN):
+                    frac: float, basis: str, margin_bytes=MEASURED_MARGIN_BYTES):
     """Bytes of one GPU's memory the engine gives its KV cache, C capacity, W weights, A
     activations, R reserve (CUDA context, workspaces), f the fraction, by its basis:
 
@@ -196,8 +218,8 @@ def kv_budget_bytes(capacity_bytes, *, weights_bytes, activation_bytes, reserve_
 
     vLLM caps everything it allocates at f C; from 0.34 its extensible KV cache is sized from
     the memory measured after warm-up and CUDA-graph capture, within f C (its default f 1.0)
-    and keeping free a margin M = max(1 GiB, 0.75 A) (``margin``: the engine's, ``margin_of``;
-    ``measured_cap_bytes``); SGLang's
+    and keeping free a margin M = max(1 GiB, 0.75 A), A its profiling step's activations
+    (``margin_bytes``: ``measured_margin_of``); SGLang's
     fraction covers the weights and the KV
     pool only, of the memory free once the CUDA context is up, leaving the rest (1 - f) to
     activations and CUDA graphs; TensorRT-LLM gives the KV cache f of what is free after the
@@ -206,7 +228,7 @@ def kv_budget_bytes(capacity_bytes, *, weights_bytes, activation_bytes, reserve_
     if basis == "total":
         return C * frac - W - A - R
     if basis == "measured":
-        return measured_cap_bytes(C, A, frac, margin) - W - A - R
+        return measured_cap_bytes(C, frac, margin_bytes) - W - A - R
     if basis == "static":
         return vmin(frac * (C - R) - W, C - W - A - R)
     if basis == "free":
@@ -215,16 +237,16 @@ def kv_budget_bytes(capacity_bytes, *, weights_bytes, activation_bytes, reserve_
 
 
 def usable_bytes(capacity_bytes, *, weights_bytes, activation_bytes, reserve_bytes,
-                 frac: float, basis: str, margin: tuple[float, float] = MEASURED_MARGIN):
+                 frac: float, basis: str, margin_bytes=MEASURED_MARGIN_BYTES):
     """Memory the deployment may fill: its weights, activations and reserve plus the KV
     budget (``kv_budget_bytes``); f C on vLLM's basis, less 0.34's margin on its measured one."""
     if basis == "total":
         return capacity_bytes * frac
     if basis == "measured":
-        return measured_cap_bytes(capacity_bytes, activation_bytes, frac, margin)
+        return measured_cap_bytes(capacity_bytes, frac, margin_bytes)
     return weights_bytes + activation_bytes + reserve_bytes + kv_budget_bytes(
         capacity_bytes, weights_bytes=weights_bytes, activation_bytes=activation_bytes,
-        reserve_bytes=reserve_bytes, frac=frac, basis=basis, margin=margin)
+        reserve_bytes=reserve_bytes, frac=frac, basis=basis, margin_bytes=margin_bytes)
 
 
 @dataclass(frozen=True)
@@ -291,14 +313,10 @@ def max_batch(m: ModelSpec, hw: HardwareSpec, prec: Precision, *, prompt_tokens:
     chunk = o.prefill_chunk_tokens
     if basis == "total":
         n = _largest_batch(C * frac - W - R, kv, logits, per_token, prompt_tokens, chunk)
-    elif basis == "measured":  # within f C, and within C less the floor and less s A(B)
-        floor, share = margin_of(engine)
-        m = 1 + share
-        n = vmin(vmin(_largest_batch(C * frac - W - R, kv, logits, per_token, prompt_tokens,
-                                     chunk),
-                      _largest_batch(C - floor - W - R, kv, logits, per_token, prompt_tokens,
-                                     chunk)),
-                 _largest_batch(C - W - R, kv, m * logits, m * per_token, prompt_tokens, chunk))
+    elif basis == "measured":  # within f C and within C less the profiling step's margin
+        cap = measured_cap_bytes(C, frac, measured_margin_of(m, prec, tp=tp, engine=engine,
+                                                             options=o))
+        n = _largest_batch(cap - W - R, kv, logits, per_token, prompt_tokens, chunk)
     elif basis == "free":
         n = _largest_batch(C - W - R, kv / frac, logits, per_token, prompt_tokens, chunk)
     else:  # static: the pool's own bound, and everything within the GPU
@@ -318,14 +336,14 @@ def kv_capacity_tokens(m: ModelSpec, hw: HardwareSpec, prec: Precision, *, tp: i
     o = options or Options()
     frac, basis = memory_share(o, engine, hw.memory_bytes)
     per_seq = max(1, -(-step_tokens // max_num_seqs))
+    step_act = activation_bytes(m, prec, batch=max_num_seqs, prompt_tokens=per_seq, tp=tp,
+                                attention=o.attention, chunk_tokens=step_tokens)
     budget = kv_budget_bytes(
         hw.memory_bytes,
         weights_bytes=resident_weight_bytes(m, prec, tp=tp, lm_head_sharded=lm_head_sharded,
                                             options=o),
-        activation_bytes=activation_bytes(m, prec, batch=max_num_seqs, prompt_tokens=per_seq,
-                                          tp=tp, attention=o.attention,
-                                          chunk_tokens=step_tokens),
-        reserve_bytes=o.reserve_bytes, frac=frac, basis=basis, margin=margin_of(engine))
+        activation_bytes=step_act, reserve_bytes=o.reserve_bytes, frac=frac, basis=basis,
+        margin_bytes=measured_margin_bytes(engine, step_act))
     return max(0, int(budget // kv_cache_bytes_per_token(m, prec, tp=tp)))
 
 
@@ -414,7 +432,8 @@ def memory_plan(m: ModelSpec, hw: HardwareSpec, prec: Precision, *, batch: int,
         capacity_bytes=hw.memory_bytes,
         usable_bytes=usable_bytes(hw.memory_bytes, weights_bytes=w, activation_bytes=act,
                                   reserve_bytes=o.reserve_bytes, frac=frac, basis=basis,
-                                  margin=margin_of(engine)),
+                                  margin_bytes=measured_margin_of(m, prec, tp=tp, engine=engine,
+                                                                  options=o)),
         max_batch=max_batch(m, hw, prec, prompt_tokens=prompt_tokens,
                             output_tokens=output_tokens, tp=tp, options=o,
                             lm_head_sharded=lm_head_sharded, engine=engine),

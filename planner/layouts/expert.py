@@ -55,7 +55,7 @@ from planner.core.memory import (
     ROUTED,
     activation_bytes,
     kv_cache_bytes,
-    margin_of,
+    measured_margin_of,
     memory_share,
     usable_bytes,
     weight_bytes_breakdown,
@@ -299,7 +299,7 @@ def expert_parallel(m: ModelSpec, hw: HardwareSpec, prep: Prepared, o: Options, 
     frac, basis = memory_share(o, e, hw.memory_bytes)
     usable = usable_bytes(hw.memory_bytes, weights_bytes=w, activation_bytes=act,
                           reserve_bytes=o.reserve_bytes, frac=frac, basis=basis,
-                          margin=margin_of(e))
+                          margin_bytes=measured_margin_of(m, p, tp=tp, engine=e, options=o))
     fixed = e.step_overhead_s + e.per_sequence_overhead_s * b
     return ExpertParallel(ep, b, batch * k / ep, top, w, kv, total, total <= usable, dense,
                           experts, a2a, fixed, x.crosses_node, ttft, usable,

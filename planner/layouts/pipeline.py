@@ -33,7 +33,7 @@ from planner.core.headline import Headline
 from planner.core.memory import (
     activation_bytes,
     kv_cache_bytes,
-    margin_of,
+    measured_margin_of,
     memory_share,
     usable_bytes,
     weight_bytes_breakdown,
@@ -202,6 +202,7 @@ def pipeline(m: ModelSpec, hw: HardwareSpec, prep: Prepared, o: Options, *, tp: 
     act = activation_bytes(m, p, batch=batch, prompt_tokens=prompt_tokens, tp=tp,
                            attention=o.attention, chunk_tokens=o.prefill_chunk_tokens)
     frac, basis = memory_share(o, e, hw.memory_bytes)
+    margin = measured_margin_of(m, p, tp=tp, engine=e, options=o)
     per_node = c.gpus_per_node
     stages: list[Stage] = []
     links: list[tuple[float, float]] = []
@@ -213,7 +214,7 @@ def pipeline(m: ModelSpec, hw: HardwareSpec, prep: Prepared, o: Options, *, tp: 
         total = w + kv + act + o.reserve_bytes
         usable = usable_bytes(hw.memory_bytes, weights_bytes=w, activation_bytes=act,
                               reserve_bytes=o.reserve_bytes, frac=frac, basis=basis,
-                              margin=margin_of(e))
+                              margin_bytes=margin)
 
         def timed(ops: list[Op], graphed: bool, s=s, t=t, first=first, last=last) -> float:
             return sum(op_time(op, c, tp=tp, options=o, engine=e, graphed=graphed).time_s

@@ -139,7 +139,9 @@ def search_disaggregated(model, gpus, *, prompt_tokens: int, output_tokens: int,
 
     def deployment(gpu, tp, w, kv, chunk: int | None = None) -> Deployment:
         prec_kv = None if kv == Precision.of(w, compute=compute).kv_cache.value else DType(kv)
-        return Deployment.build(model, by_name[gpu], engine=engine, precision=grid_precision(
+        # the pools hand KV over a connector: vLLM 0.34 sizes the cache as before it there
+        eng = engine if engine is None else engine.without_measured_kv()
+        return Deployment.build(model, by_name[gpu], engine=eng, precision=grid_precision(
             model, w, prec_kv, compute=compute, quantized_layers=quantized_layers,
             auto=auto_dtype, released=released),
             layout=Layout(tp), options=o.model_copy(update={"prefill_chunk_tokens": chunk})
@@ -158,6 +160,11 @@ def search_disaggregated(model, gpus, *, prompt_tokens: int, output_tokens: int,
         cfg = run.scheduler(dep, mode=st.performance_mode,
                             max_model_len=model.max_position_embeddings)
         dep = dep.with_options(prefill_chunk_tokens=cfg.max_num_batched_tokens)
+        # the screen sized the layout as one replica's engine does; a pool's KV cache may be
+        # smaller (sized without the measured basis: ``deployment``), down to none
+        if run.coster(dep).kv_capacity_tokens(cfg.max_num_seqs,
+                                              cfg.max_num_batched_tokens) < cfg.block_size:
+            continue
         price, n = float(one["price_usd_per_gpu_hour"]), int(one["num_gpus"])
         fit = [r for r in g if bool(r["fits"]) and r["ttft_s"] == r["ttft_s"]]
         # prefill: a prompt costs at least its share of the best batched prefill
@@ -286,7 +293,8 @@ def search_disaggregated(model, gpus, *, prompt_tokens: int, output_tokens: int,
             "gpu": pd_.hardware.name, "tp": dd.tp, "pp": 1, "ep": 1,
             "num_gpus": p.gpus + d.gpus, "weights": _w(pd_, dd),
             "quantized_layers": quantized_layers, "kv_cache": dd.precision.kv_cache.value,
-            "engine": dd.engine.name, "scheduler": "continuous", "disaggregated": True,
+            "engine": dd.engine.name, "engine_release": dd.engine.release,
+            "scheduler": "continuous", "disaggregated": True,
             "prefill_instances": n_p, "prefill_tp": pd_.tp,
             "prefill_weights": pd_.precision.weights.value,
             "decode_instances": n_d, "decode_tp": dd.tp,

@@ -44,7 +44,7 @@ from planner.core.memory import (
     kv_budget_bytes,
     kv_cache_bytes_per_token,
     kv_elements_per_token_per_layer,
-    margin_of,
+    measured_margin_bytes,
     memory_share,
 )
 from planner.core.ops import StepShape, check_tp
@@ -128,7 +128,8 @@ class PipelineCoster(_Layout):
                                  lm_head_sharded=self.engine.lm_head_sharded)
             budget = kv_budget_bytes(self.hardware.memory_bytes, weights_bytes=w,
                                      activation_bytes=act, reserve_bytes=o.reserve_bytes,
-                                     frac=frac, basis=basis, margin=margin_of(self.engine))
+                                     frac=frac, basis=basis,
+                                     margin_bytes=measured_margin_bytes(self.engine, act))
             n = max(0, int(budget // ((t - s) * per_layer)))
             out = n if out is None else min(out, n)
         return out or 0
@@ -173,7 +174,7 @@ class ExpertCoster(_Layout):
         frac, basis = memory_share(o, self.engine, self.hardware.memory_bytes)
         free = kv_budget_bytes(self.hardware.memory_bytes, weights_bytes=w, activation_bytes=act,
                                reserve_bytes=o.reserve_bytes, frac=frac, basis=basis,
-                               margin=margin_of(self.engine))
+                               margin_bytes=measured_margin_bytes(self.engine, act))
         return self.dp_ranks * max(0, int(free // kv_cache_bytes_per_token(m, p, tp=self.tp)))
 
 
