@@ -661,9 +661,8 @@ class MemoryFraction(_Sourced):
             raise ValueError(f"before.since: {self.before.since} is not before {self.since}")
         if self.basis == "measured" and self.reserve_by_memory:
             raise ValueError("reserve_by_memory: not with the measured basis")
-        margin = (self.margin_floor_gib, self.margin_of_activations)
-        if (self.basis == "measured") != all(x is not None for x in margin) or \
-                (self.basis != "measured" and any(x is not None for x in margin)):
+        given = [x is not None for x in (self.margin_floor_gib, self.margin_of_activations)]
+        if any(given) != (self.basis == "measured") or all(given) != any(given):
             raise ValueError("margin_floor_gib and margin_of_activations: both with the "
                              "measured basis, and only with it")
         if self.basis == "measured" and "nvidia" not in self.margin_floor_gib:
@@ -1047,9 +1046,9 @@ class EngineSpec(_Frozen):
         if q is not None and q.since is not None and v < version_key(q.since):
             self = self.model_copy(update={"fp8_quant_kernels": None})
         mf = self.memory_fraction
-        if mf is not None and mf.since is not None and v < version_key(mf.since):
-            while mf.since is not None and v < version_key(mf.since):  # back to the release's
-                mf = _as_before(mf)
+        while mf is not None and mf.since is not None and v < version_key(mf.since):
+            mf = _as_before(mf)  # back through the releases to this one's
+        if mf is not self.memory_fraction:
             self = self.model_copy(update={"memory_fraction": mf})
         sv = self.serving
         if sv is None:

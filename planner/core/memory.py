@@ -162,15 +162,23 @@ def measured_margin_bytes(engine: Engine | None, profile_activation_bytes) -> fl
     return vmax(e.memory_margin_floor_bytes, e.memory_margin_frac * profile_activation_bytes)
 
 
+def step_activation_bytes(m: ModelSpec, prec: Precision, *, max_num_seqs: int,
+                          step_tokens: int, tp: int = 1, attention: str = "flash") -> float:
+    """The activations of a full step: ``step_tokens`` tokens over ``max_num_seqs``
+    sequences, what an engine sizes its KV pool after (``kv_capacity_tokens``)."""
+    return activation_bytes(m, prec, batch=max_num_seqs,
+                            prompt_tokens=max(1, -(-step_tokens // max_num_seqs)), tp=tp,
+                            attention=attention, chunk_tokens=step_tokens)
+
+
 def profile_activation_bytes(m: ModelSpec, prec: Precision, *, tp: int = 1,
                              engine: Engine | None = None, options: Options | None = None):
     """The activations of the step the engine profiles its memory with: a full step of its
-    max_num_batched_tokens tokens over max_num_seqs sequences (the KV pool's own sizing,
-    ``kv_capacity_tokens``, takes the same)."""
+    max_num_batched_tokens tokens over max_num_seqs sequences."""
     e, o = engine or IDEAL, options or Options()
-    step, seqs = e.max_num_batched_tokens, e.max_num_seqs
-    return activation_bytes(m, prec, batch=seqs, prompt_tokens=max(1, -(-step // seqs)),
-                            tp=tp, attention=o.attention, chunk_tokens=step)
+    return step_activation_bytes(m, prec, max_num_seqs=e.max_num_seqs,
+                                 step_tokens=e.max_num_batched_tokens, tp=tp,
+                                 attention=o.attention)
 
 
 def measured_margin_of(m: ModelSpec, prec: Precision, *, tp: int = 1,
@@ -219,9 +227,8 @@ def kv_budget_bytes(capacity_bytes, *, weights_bytes, activation_bytes, reserve_
     vLLM caps everything it allocates at f C; from 0.34 its extensible KV cache is sized from
     the memory measured after warm-up and CUDA-graph capture, within f C (its default f 1.0)
     and keeping free a margin M = max(1 GiB, 0.75 A), A its profiling step's activations
-    (``margin_bytes``: ``measured_margin_of``); SGLang's
-    fraction covers the weights and the KV
-    pool only, of the memory free once the CUDA context is up, leaving the rest (1 - f) to
+    (``margin_bytes``: ``measured_margin_of``); SGLang's fraction covers the weights and the
+    KV pool only, of the memory free once the CUDA context is up, leaving the rest (1 - f) to
     activations and CUDA graphs; TensorRT-LLM gives the KV cache f of what is free after the
     weights and a profiled forward pass. Numbers or arrays (a sweep)."""
     W, A, R, C = weights_bytes, activation_bytes, reserve_bytes, capacity_bytes
@@ -335,9 +342,8 @@ def kv_capacity_tokens(m: ModelSpec, hw: HardwareSpec, prec: Precision, *, tp: i
     the KV bytes of one token (vLLM, SGLang and TensorRT-LLM size their pools so)."""
     o = options or Options()
     frac, basis = memory_share(o, engine, hw.memory_bytes)
-    per_seq = max(1, -(-step_tokens // max_num_seqs))
-    step_act = activation_bytes(m, prec, batch=max_num_seqs, prompt_tokens=per_seq, tp=tp,
-                                attention=o.attention, chunk_tokens=step_tokens)
+    step_act = step_activation_bytes(m, prec, max_num_seqs=max_num_seqs,
+                                     step_tokens=step_tokens, tp=tp, attention=o.attention)
     budget = kv_budget_bytes(
         hw.memory_bytes,
         weights_bytes=resident_weight_bytes(m, prec, tp=tp, lm_head_sharded=lm_head_sharded,

@@ -40,12 +40,12 @@ from __future__ import annotations
 from planner.core.engine import Engine
 from planner.core.estimate import Prepared
 from planner.core.memory import (
-    activation_bytes,
     kv_budget_bytes,
     kv_cache_bytes_per_token,
     kv_elements_per_token_per_layer,
     measured_margin_bytes,
     memory_share,
+    step_activation_bytes,
 )
 from planner.core.ops import StepShape, check_tp
 from planner.core.roofline import with_host
@@ -67,10 +67,9 @@ class _Layout:
         return host_s(self.engine, sequences, prefill=prefill, decodes=decodes)
 
     def _activation_bytes(self, max_num_seqs: int, step_tokens: int, tp: int) -> float:
-        per_seq = max(1, -(-step_tokens // max_num_seqs))
-        return activation_bytes(self.model, self.prep.precision, batch=max_num_seqs,
-                                prompt_tokens=per_seq, tp=tp, attention=self.options.attention,
-                                chunk_tokens=step_tokens)
+        return step_activation_bytes(self.model, self.prep.precision,
+                                     max_num_seqs=max_num_seqs, step_tokens=step_tokens, tp=tp,
+                                     attention=self.options.attention)
 
 
 class PipelineCoster(_Layout):
