@@ -20,12 +20,14 @@ from planner.cli.options import (
     QuantizedLayersOpt,
     TpOpt,
     WeightsOption,
+    extensible_kv,
     json_out,
     output_path,
     positive,
     resolve_precision,
     stderr,
     stdout,
+    with_kv_pool,
 )
 from planner.core.errors import LlmplanError, UsageError
 
@@ -192,10 +194,12 @@ def served_setup(model: str, gpu: str, spec, tp: int, weights, kv_cache,
     if dtype is not None and dtype != prec.half_dtype.value:
         raise LlmplanError(f"the server command's --dtype {dtype} and the run's 16-bit type "
                            f"{prec.half_dtype.value} disagree")
-    opts = Options(prefill_chunk_tokens=eng.max_num_batched_tokens,
-                   memory_utilization_frac=s.get("--memory-utilization"),
-                   memory_utilization_basis=s.get("--memory-basis"),
-                   cpu_offload_bytes=s.get("--cpu-offload-gb", 0.0) * GIB)
+    opts = with_kv_pool(Options(prefill_chunk_tokens=eng.max_num_batched_tokens,
+                                memory_utilization_frac=s.get("--memory-utilization"),
+                                memory_utilization_basis=s.get("--memory-basis"),
+                                cpu_offload_bytes=s.get("--cpu-offload-gb", 0.0) * GIB),
+                        s.get("--kv-cache-memory-bytes"), s.get("--kv-cache-tokens"))
+    eng = extensible_kv(eng, s.get("--extensible-kv-cache"), opts, hw)
     return Deployment.build(m, hw, engine=eng, precision=prec,
                             layout=Layout(tp=tp, pp=s.get("--pp", 1), ep=s.get("--ep", 1)),
                             options=opts,

@@ -30,11 +30,14 @@ from planner.cli.options import (
     EnforceEagerOpt,
     EngineOpt,
     ExpertImbalanceOpt,
+    ExtensibleOpt,
     GpuOpt,
     GroupSizeOpt,
     JsonOpt,
     KvCacheDtypeOpt,
+    KvMemoryOpt,
     KVOption,
+    KvTokensOpt,
     LongerOpt,
     ModelOpt,
     OutputOpt,
@@ -69,6 +72,7 @@ from planner.cli.options import (
     stdout,
     weights_source_text,
     with_expert_imbalance,
+    with_kv_pool,
 )
 from planner.core.specs import GIB, Workload
 
@@ -97,6 +101,9 @@ def estimate(
     memory_utilization: UtilOpt = DEFAULT_UTIL,
     prefill_chunk_tokens: ChunkOpt = DEFAULT_CHUNK,
     cpu_offload_gb: CpuOffloadOpt = 0.0,
+    kv_cache_memory_bytes: KvMemoryOpt = None,
+    kv_cache_tokens: KvTokensOpt = None,
+    extensible_kv_cache: ExtensibleOpt = None,
     calibration: CalibrationOpt = None,
     price_per_hour: Annotated[Optional[float], typer.Option(
         help="USD per GPU-hour (default: the GPU's price in the --prices set).",
@@ -208,9 +215,10 @@ def estimate_run(a: dict) -> EstimateRun:
                     ("--output-tokens", output_tokens), ("--price-per-hour", price_per_hour),
                     ("--measured-tpot", measured_tpot), ("--measured-ttft", measured_ttft)):
         positive(name, v)
-    opts = with_expert_imbalance(options_from(
+    opts = with_kv_pool(with_expert_imbalance(options_from(
         time_model, attention, kernel_overhead_us, reserve_gib, memory_utilization,
-        prefill_chunk_tokens, cpu_offload_gb), expert_imbalance)
+        prefill_chunk_tokens, cpu_offload_gb), expert_imbalance),
+        a["kv_cache_memory_bytes"], a["kv_cache_tokens"])
     m = catalog.load_model(model)
     check_context(m, prompt_tokens, output_tokens, allow_longer_context)
     ckpt = m.quantization.weights if m.quantization is not None else None
@@ -220,7 +228,8 @@ def estimate_run(a: dict) -> EstimateRun:
                            kv_cache=kv_cache, group_size=group_size,
                            quantized_layers=quantized_layers, compute=compute,
                            calibration=calibration, options=opts, prices=prices, price=price,
-                           enforce_eager=enforce_eager, async_scheduling=a["async_scheduling"])
+                           enforce_eager=enforce_eager, async_scheduling=a["async_scheduling"],
+                           extensible_kv_cache=a["extensible_kv_cache"])
     spec = speculation_config(speculative, draft_model, num_speculative_tokens,
                               acceptance_rate, model=m)
     check_offload_speculation(opts, spec)

@@ -16,6 +16,8 @@ caching, True or False here), ``--mixed-batches`` (prefill chunks beside decodes
 ``--hybrid-kv-cache`` (vLLM's hybrid KV cache manager: sliding-window layers cache their
 window only, True or False),
 ``--api-server-count`` (API-server processes: ``planner.serving.frontend``),
+``--kv-cache-memory-bytes`` (the KV cache given outright), ``--kv-cache-tokens`` (its tokens
+at most), ``--extensible-kv-cache`` (vLLM 0.34's, True or False),
 ``--max-model-len`` (the longest request taken), ``--num-scheduler-steps`` and
 ``--multi-step-stream-outputs`` (vLLM V0's multi-step scheduling), ``--performance-mode``
 (vLLM 0.17 and later: ``planner.core.engine.Engine.in_mode``), read from SGLang's
@@ -42,6 +44,8 @@ VLLM_ARGS = "https://github.com/vllm-project/vllm/blob/v0.11.0/vllm/engine/arg_u
 VLLM_V0_ARGS = "https://github.com/vllm-project/vllm/blob/v0.6.3/vllm/engine/arg_utils.py"
 VLLM_CACHE = ("https://github.com/vllm-project/vllm/blob/"
               "c1d86421174a87056edc90a41dc9942391509e84/vllm/config/cache.py")
+# the extensible KV cache's flag, 0.34.0's (read in the release's PyPI wheel)
+VLLM_CACHE_034 = "https://github.com/vllm-project/vllm/blob/v0.34.0/vllm/config/cache.py"
 # --performance-mode (PR #34936, vLLM 0.17): balanced, interactivity or throughput
 VLLM_PERFORMANCE_MODE = "https://github.com/vllm-project/vllm/pull/34936"
 # --api-server-count (PR #17546, vLLM 0.9): API-server processes in front of the engine
@@ -167,6 +171,14 @@ FLAGS: tuple[EngineFlag, ...] = (
     EngineFlag(("--no-disable-hybrid-kv-cache-manager",), "--hybrid-kv-cache", V, VLLM_ARGS,
                value=True),
     EngineFlag(("--max-model-len",), "--max-model-len", V, VLLM_ARGS, number=human_int),
+    # the KV cache given outright, per GPU (CacheConfig.kv_cache_memory_bytes, 0.11 and
+    # later), and 0.34's extensible KV cache on or off (enable_extensible_kv_cache)
+    EngineFlag(("--kv-cache-memory-bytes",), "--kv-cache-memory-bytes", V, VLLM_CACHE,
+               number=human_int),
+    EngineFlag(("--enable-extensible-kv-cache",), "--extensible-kv-cache", V, VLLM_CACHE_034,
+               value=True),
+    EngineFlag(("--no-enable-extensible-kv-cache",), "--extensible-kv-cache", V,
+               VLLM_CACHE_034, value=False),
     EngineFlag(("--num-scheduler-steps",), "--num-scheduler-steps", V, VLLM_V0_ARGS,
                number=int),
     # StoreBoolean, nargs="?": "--multi-step-stream-outputs False", or bare for True
@@ -191,6 +203,9 @@ FLAGS: tuple[EngineFlag, ...] = (
     EngineFlag(("--disable-overlap-schedule",), "--async-scheduling", S, SGLANG_ARGS,
                value=False),
     EngineFlag(("--context-length",), "--max-model-len", S, SGLANG_ARGS, number=human_int),
+    # the KV pool's tokens at most: min(profiled, max_total_tokens), ModelRunner's
+    # init_memory_pool (python/sglang/srt/model_executor/model_runner.py)
+    EngineFlag(("--max-total-tokens",), "--kv-cache-tokens", S, SGLANG_ARGS, number=int),
     # prefill passes replayed from piecewise CUDA graphs (planner.core.engine.PrefillGraphs):
     # opt-in in 0.5.6-0.5.9, on by default from 0.5.10; 0.5.14 renames them (the old names
     # kept as aliases)

@@ -15,7 +15,7 @@ from typing import Annotated, Optional
 import typer
 from rich.console import Console
 
-from planner.cli.flags import DTYPES, KV_CACHE_DTYPES, QUANTIZATIONS, cli_aliases
+from planner.cli.flags import DTYPES, KV_CACHE_DTYPES, QUANTIZATIONS, cli_aliases, human_int
 from planner.core.errors import LlmplanError
 from planner.core.specs import DEFAULT_GROUP_SIZE, GIB, Options, Workload
 from planner.layouts.expert import EXPERT_IMBALANCE
@@ -343,6 +343,62 @@ def options_from(time_model: TimeModel, attention: Attention,
                    cpu_offload_bytes=cpu_offload_gb * GIB)
 
 
+def with_kv_pool(opts: Options, memory_bytes: str | None, tokens: int | None) -> Options:
+    """``opts`` with the KV pool given outright (``--kv-cache-memory-bytes``, read as vLLM
+    reads it: ``planner.cli.flags.human_int``) and its token cap (``--kv-cache-tokens``);
+    None leaves each as the engine sizes it."""
+    update: dict = {}
+    if memory_bytes is not None:
+        try:
+            n = human_int(str(memory_bytes))
+        except ValueError:
+            n = None
+        if n is None or n <= 0:
+            raise LlmplanError(f"--kv-cache-memory-bytes: '{memory_bytes}' is not a positive "
+                               "number of bytes (20G is 20 GiB, 20g 20 x 10^9)")
+        if n > MAX_KV_POOL_BYTES:
+            raise LlmplanError(f"--kv-cache-memory-bytes: {n:,} is above the limit of "
+                               f"{MAX_KV_POOL_BYTES:,} (1 PiB)")
+        update["kv_cache_memory_bytes"] = float(n)
+    if tokens is not None:
+        positive("--kv-cache-tokens", tokens)
+        if tokens > MAX_KV_POOL_TOKENS:
+            raise LlmplanError(f"--kv-cache-tokens: {tokens:,} is above the limit of "
+                               f"{MAX_KV_POOL_TOKENS:,}")
+        update["kv_cache_max_tokens"] = int(tokens)
+    return opts.model_copy(update=update) if update else opts
+
+
+# bounds on a KV pool given outright: well past any GPU's memory, short of overflowing a sweep
+MAX_KV_POOL_BYTES = 1024**5
+MAX_KV_POOL_TOKENS = 10**12
+
+
+def extensible_kv(eng, on: bool | None, opts: Options, hw=None):
+    """``eng`` as ``--extensible-kv-cache`` asks (None: the engine's default): off, sized as
+    vLLM 0.20-0.33 size it (``Engine.without_measured_kv``); on, refused in one line where vLLM
+    refuses it (vllm/config/vllm.py of 0.34.0, ``_resolve_extensible_kv_cache``): a release
+    before 0.34 (it has no such flag), a GPU not NVIDIA's or AMD's (``hw``, where given), a KV
+    pool given outright. A pool given outright turns it off, as vLLM does when unset."""
+    if on is None and opts.kv_cache_memory_bytes is None:
+        return eng
+    if not on:
+        return eng.without_measured_kv()
+    if eng.memory_basis != "measured" or eng.memory_fallback is None:
+        raise LlmplanError(f"--extensible-kv-cache: {eng.label} has none (vLLM 0.34 and "
+                           "later; --engine vllm@0.34)")
+    floors = dict(eng.memory_margin_floor_by_vendor)
+    maker = (getattr(hw, "vendor", None) or "nvidia").lower()
+    if hw is not None and floors and maker not in floors:
+        raise LlmplanError(f"--extensible-kv-cache: vLLM runs it on NVIDIA and AMD GPUs only; "
+                           f"{hw.name} is {hw.vendor}'s")
+    if opts.kv_cache_memory_bytes is not None:
+        raise LlmplanError("--extensible-kv-cache with --kv-cache-memory-bytes: vLLM refuses "
+                           "them together (it sizes the KV cache from measured memory, which "
+                           "kv_cache_memory_bytes overrides)")
+    return eng
+
+
 WEIGHT_CHOICES = ("bf16", "fp16", "fp8", "int8", "int4", "mxfp4")
 KV_CHOICES = ("bf16", "fp16", "fp8", "int8")
 
@@ -382,6 +438,22 @@ CpuOffloadOpt = Annotated[float, typer.Option(
     "that much less of them and that much more KV cache, and every forward pass brings them "
     "over the GPU's host link (hardware_db host_link). At most the decoder layers' weights; "
     "tensor-parallel replicas only.", metavar="GIB")]
+KvMemoryOpt = Annotated[Optional[str], typer.Option(
+    "--kv-cache-memory-bytes",
+    help="The KV cache given outright, per GPU (vLLM's kv_cache_memory_bytes, 0.11 and "
+    "later): exactly this much, whatever the memory fraction says; it must fit beside the "
+    "weights, activations and reserve. As vLLM reads it: 20G is 20 GiB, 20g 20 x 10^9 bytes.",
+    metavar="BYTES")]
+KvTokensOpt = Annotated[Optional[int], typer.Option(
+    "--kv-cache-tokens", "--max-total-tokens",
+    help="At most this many tokens in the KV cache (SGLang's max_total_tokens, "
+    "TensorRT-LLM's kv_cache_config.max_tokens): the engine's own sizing, capped.",
+    metavar="TOKENS")]
+ExtensibleOpt = Annotated[Optional[bool], typer.Option(
+    "--extensible-kv-cache/--no-extensible-kv-cache",
+    "--enable-extensible-kv-cache/--no-enable-extensible-kv-cache",
+    help="vLLM 0.34's extensible KV cache: sized from the memory measured after warm-up "
+    "(default on NVIDIA and AMD GPUs); off, 0.92 of the total as 0.20-0.33 size it.")]
 CalibrationOpt = Annotated[Optional[Path], typer.Option(
     help="Measured ceilings from `llmplan measure --calibrate`.", metavar="FILE")]
 GroupSizeOpt = Annotated[Optional[int], typer.Option(
@@ -657,7 +729,7 @@ def build_deployment(m, *, gpu: str, engine: str, tp: int = 1, pp: int = 1, ep: 
                      quantized_layers=None, compute=None, calibration: Path | None = None,
                      options=None, enforce_eager: bool = False, prices: str | None = None,
                      price: list[str] | None = None, async_scheduling: bool | None = None,
-                     kv_connector: bool = False):
+                     kv_connector: bool = False, extensible_kv_cache: bool | None = None):
     """The deployment the options describe (``planner.layouts.deployment.Deployment``): the
     GPU, engine and calibration loaded, the precision and layout checked, the engine
     prepared (``enforce_eager``: without its CUDA graphs; ``async_scheduling``: its host
@@ -665,7 +737,8 @@ def build_deployment(m, *, gpu: str, engine: str, tp: int = 1, pp: int = 1, ep: 
     ``prices`` with the ``price`` overrides (--prices, --price). Every command that predicts
     builds its deployment here. ``weights`` None: the checkpoint's (``resolve_precision``);
     ``kv_connector``: a disaggregated pool's, its KV cache sized as without the measured
-    basis (``Engine.without_measured_kv``)."""
+    basis (``Engine.without_measured_kv``); ``extensible_kv_cache``: that basis on or off
+    (``extensible_kv``; None: the engine's)."""
     from planner.io import catalog
     from planner.layouts.deployment import Deployment
 
@@ -676,6 +749,7 @@ def build_deployment(m, *, gpu: str, engine: str, tp: int = 1, pp: int = 1, ep: 
     eng = engine_flags(catalog.load_engine(engine), enforce_eager=enforce_eager,
                        async_scheduling=async_scheduling)
     check_async_pipeline(eng, (pp,), async_scheduling)
+    eng = extensible_kv(eng, extensible_kv_cache, options or Options(), hw)
     if kv_connector:  # a disaggregated pool: vLLM 0.34 sizes its KV cache as before there
         eng = eng.without_measured_kv()
     cal = catalog.load_calibration(calibration) if calibration else None

@@ -29,6 +29,9 @@ from planner.cli.options import (
     EnforceEagerOpt,
     EngineOpt,
     ExpertImbalanceOpt,
+    ExtensibleOpt,
+    KvMemoryOpt,
+    KvTokensOpt,
     LongerOpt,
     OutputOpt,
     PerformanceModeOpt,
@@ -45,6 +48,7 @@ from planner.cli.options import (
     check_context,
     check_quantized_layers,
     engine_flags,
+    extensible_kv,
     json_out,
     model_kind,
     options_from,
@@ -54,6 +58,7 @@ from planner.cli.options import (
     stderr,
     stdout,
     with_expert_imbalance,
+    with_kv_pool,
 )
 from planner.core.errors import LlmplanError
 from planner.io import fmt
@@ -135,6 +140,9 @@ def plan(
     quantized_layers: QuantizedLayersOpt = QuantizedLayers.all,
     memory_utilization: UtilOpt = DEFAULT_UTIL,
     reserve_gib: ReserveOpt = DEFAULT_RESERVE_GIB,
+    kv_cache_memory_bytes: KvMemoryOpt = None,
+    kv_cache_tokens: KvTokensOpt = None,
+    extensible_kv_cache: ExtensibleOpt = None,
     allow_longer_context: LongerOpt = False,
     size_at: Annotated[SizeAt, typer.Option(
         "--size-at", help="Size replicas at the predicted TTFT / TPOT, or at the high end "
@@ -238,9 +246,9 @@ def plan_run(a: dict, *, emit: bool = False):
     # a bare number (seconds) is shown with its unit in the titles, as the flags give it else
     ttft, tpot = (fmt.seconds(t) if not any(ch.isalpha() for ch in str(given)) else given
                   for t, given in ((t_ttft, ttft), (t_tpot, tpot)))
-    opts = with_expert_imbalance(options_from(TimeModel.roofline, Attention.flash, None,
-                                              reserve_gib, memory_utilization),
-                                 expert_imbalance)
+    opts = with_kv_pool(with_expert_imbalance(options_from(
+        TimeModel.roofline, Attention.flash, None, reserve_gib, memory_utilization),
+        expert_imbalance), a["kv_cache_memory_bytes"], a["kv_cache_tokens"])
     req = rps if rps is not None else tokens_per_s / output_tokens
     m = catalog.load_model(model)
     tps, pps = parse_int_list(tp, "--tp"), parse_int_list(pp, "--pp")
@@ -289,6 +297,7 @@ def plan_run(a: dict, *, emit: bool = False):
             raise LlmplanError("--performance-mode: sized with --scheduler continuous only")
         eng.in_mode(performance_mode)  # refused here, in one line, where the engine has none
     eng = engine_flags(eng, enforce_eager=enforce_eager, async_scheduling=a["async_scheduling"])
+    eng = extensible_kv(eng, a["extensible_kv_cache"], opts)
     kept = check_async_pipeline(eng, pps, a["async_scheduling"])
     if kept != list(pps):
         if not as_json:
@@ -671,6 +680,18 @@ def _size_factors(engine_name: str, size_at: SizeAt, gpus=()) -> dict:
     return factors
 
 
+def _kv_given(o) -> str:
+    """The KV cache the command gave each GPU, for the table's title ("" where none)."""
+    if o is None:
+        return ""
+    out = ""
+    if o.kv_cache_memory_bytes is not None:
+        out += f", KV cache {fmt.gib(o.kv_cache_memory_bytes)} a GPU"
+    if o.kv_cache_max_tokens is not None:
+        out += f", KV cache at most {o.kv_cache_max_tokens:,} tokens a GPU"
+    return out
+
+
 def _plan_continuous(m, gpus, *, prompt_tokens, output_tokens, targets, tps, weights, kv_cache,
                      calibration, price_per_hour, engine, settings, top, csv, plot, as_json,
                      label, compute=None, pps=(1,), eps=(1,), quantized_layers="all",
@@ -776,6 +797,7 @@ def _plan_continuous(m, gpus, *, prompt_tokens, output_tokens, targets, tps, wei
                        f"engine {engine.label}"
                        + (f", --performance-mode {settings.performance_mode}"
                           if settings.performance_mode else "")
+                       + _kv_given(options)
                        + "), each replica sized for the rate shown; "
                        f"prices: {plain(price_set)}",
                        ["#", "gpu", "layout", "w", "kv", "req/s\neach", f"{name}\nTTFT\nms",

@@ -33,11 +33,14 @@ from planner.cli.options import (
     EngineOpt,
     EpOpt,
     ExpertImbalanceOpt,
+    ExtensibleOpt,
     GpuOpt,
     GroupSizeOpt,
     JsonOpt,
     KvCacheDtypeOpt,
+    KvMemoryOpt,
     KVOption,
+    KvTokensOpt,
     LongerOpt,
     ModelOpt,
     OverheadOpt,
@@ -73,6 +76,7 @@ from planner.cli.options import (
     stderr,
     stdout,
     with_expert_imbalance,
+    with_kv_pool,
 )
 from planner.core.errors import LlmplanError, UsageError, said_as
 from planner.io import fmt
@@ -327,6 +331,9 @@ def simulate(
     memory_utilization: UtilOpt = DEFAULT_UTIL,
     reserve_gib: ReserveOpt = DEFAULT_RESERVE_GIB,
     cpu_offload_gb: CpuOffloadOpt = 0.0,
+    kv_cache_memory_bytes: KvMemoryOpt = None,
+    kv_cache_tokens: KvTokensOpt = None,
+    extensible_kv_cache: ExtensibleOpt = None,
     ttft_slo: Annotated[Optional[float], duration_option(
         "--ttft-slo", help="TTFT target (2s, 500ms): report the goodput.")] = None,
     tpot_slo: Annotated[Optional[float], duration_option(
@@ -476,9 +483,10 @@ def _simulate_run(a: dict, emit: bool) -> dict:
     from planner.serving.metrics import summary
 
     _check_numbers(locals())
-    opts = with_expert_imbalance(options_from(time_model, attention, kernel_overhead_us,
-                                              reserve_gib, memory_utilization,
-                                              cpu_offload_gb=cpu_offload_gb), expert_imbalance)
+    opts = with_kv_pool(with_expert_imbalance(options_from(
+        time_model, attention, kernel_overhead_us, reserve_gib, memory_utilization,
+        cpu_offload_gb=cpu_offload_gb), expert_imbalance), a["kv_cache_memory_bytes"],
+        a["kv_cache_tokens"])
     output_path(trace, "--trace")
     output_path(plot, "--plot", ".png")
     m = catalog.load_model(model)
@@ -486,11 +494,13 @@ def _simulate_run(a: dict, emit: bool) -> dict:
     weights, kv_cache, compute = engine_precision(weights, quantization, dtype, kv_cache,
                                                   kv_cache_dtype, compute, checkpoint=ckpt)
     async_scheduling = a["async_scheduling"]  # None: the engine's (and the disaggregated pools')
+    extensible_kv_cache = a["extensible_kv_cache"]
     dep = build_deployment(m, gpu=gpu, engine=engine, tp=tp, pp=pp, ep=ep, weights=weights,
                            kv_cache=kv_cache, group_size=group_size,
                            quantized_layers=quantized_layers, compute=compute,
                            calibration=calibration, options=opts,
-                           enforce_eager=enforce_eager, async_scheduling=async_scheduling)
+                           enforce_eager=enforce_eager, async_scheduling=async_scheduling,
+                           extensible_kv_cache=extensible_kv_cache)
     if prefill_instances is not None or decode_instances is not None:
         return _simulate_disaggregated(m, locals())
     cfg = _scheduler(dep, locals())
@@ -605,6 +615,10 @@ def _simulate_disaggregated(m, a: dict) -> dict:
     if a["scheduler"] != Scheduler.continuous:
         raise LlmplanError("--scheduler: disaggregated pools are simulated with continuous "
                            "batching only")
+    if a["extensible_kv_cache"]:
+        raise LlmplanError("--extensible-kv-cache: not modelled for disaggregated pools, "
+                           "whose KV connector shares the cache (their KV cache is sized as "
+                           "vLLM 0.20-0.33 size it)")
     weights, kv_cache, compute = engine_precision(
         a["weights"], a["quantization"], a["dtype"], a["kv_cache"], a["kv_cache_dtype"],
         a["compute"], checkpoint=m.quantization.weights if m.quantization is not None else None)
@@ -879,7 +893,8 @@ LLM_API_PARAMS = {"--tp": "tp", "--pp": "pp", "--ep": "ep", "--max-num-seqs": "m
                   "--enforce-eager": "enforce_eager",
                   "--cuda-graph-sizes": "cuda_graph_sizes",
                   "--cuda-graph-padding": "cuda_graph_padding",
-                  "--async-scheduling": "async_scheduling"}
+                  "--async-scheduling": "async_scheduling",
+                  "--kv-cache-tokens": "kv_cache_tokens"}
 
 
 # an options file's settings that only TensorRT-LLM's PyTorch backend has (TorchLlmArgs'
@@ -1143,6 +1158,9 @@ def _result(dep, cfg, reqs, sp, d: dict, *, request_rate, burstiness, max_concur
             # the pool is vLLM's hybrid one: sliding-window layers hold their window only,
             # and kv_capacity_tokens counts tokens of one group of layers
             "hybrid_kv_cache": hybrid_kv_groups(dep.model, cfg) is not None,
+            # the KV cache given outright per GPU, and its token cap (None: not given)
+            "kv_cache_memory_bytes": dep.options.kv_cache_memory_bytes,
+            "kv_cache_max_tokens": dep.options.kv_cache_max_tokens,
             # the host's work for a step beside the GPU's work on the step before
             "async_scheduling": dep.engine.overlaps_host(dep.layout.pp),
             "performance_mode": performance_mode,
@@ -1318,6 +1336,10 @@ def _render(d: dict) -> None:
                      + (" of one group of layers, the sliding-window ones holding their "
                         "window (vLLM's hybrid KV cache manager)" if d.get("hybrid_kv_cache")
                         else "")
+                     + (f" ({fmt.gib(d['kv_cache_memory_bytes'])} a GPU, given)"
+                        if d.get("kv_cache_memory_bytes") else "")
+                     + (f" (at most {d['kv_cache_max_tokens']:,}, given)"
+                        if d.get("kv_cache_max_tokens") else "")
                      + f"; holding {fmt.pct(d['kv_cache_used_frac_mean'])} mean, "
                      f"{fmt.pct(d['kv_cache_used_frac_peak'])} peak; reserved "
                      f"{fmt.pct(d['kv_cache_reserved_frac_peak'])} peak"],

@@ -314,6 +314,9 @@ class Estimate:
             "attention": self.options.attention,
             "memory_utilization_frac": self.memory.utilization_frac,
             "memory_utilization_basis": self.memory.utilization_basis,
+            # the KV cache given outright per GPU, and its token cap (None: not given)
+            "kv_cache_memory_bytes": self.options.kv_cache_memory_bytes,
+            "kv_cache_max_tokens": self.options.kv_cache_max_tokens,
             "ceilings_source": self.ceilings.source,
             # where a TP all-reduce's time comes from (None on one GPU)
             "allreduce_source": self.ceilings.allreduce_source(self.tp),

@@ -215,7 +215,8 @@ def memory_share(o: Options, engine: Engine | None, capacity_bytes: float) -> tu
 
 
 def kv_budget_bytes(capacity_bytes, *, weights_bytes, activation_bytes, reserve_bytes,
-                    frac: float, basis: str, margin_bytes=MEASURED_MARGIN_BYTES):
+                    frac: float, basis: str, margin_bytes=MEASURED_MARGIN_BYTES,
+                    pool_bytes=None, cap_bytes=None):
     """Bytes of one GPU's memory the engine gives its KV cache, C capacity, W weights, A
     activations, R reserve (CUDA context, workspaces), f the fraction, by its basis:
 
@@ -230,30 +231,52 @@ def kv_budget_bytes(capacity_bytes, *, weights_bytes, activation_bytes, reserve_
     (``margin_bytes``: ``measured_margin_of``); SGLang's fraction covers the weights and the
     KV pool only, of the memory free once the CUDA context is up, leaving the rest (1 - f) to
     activations and CUDA graphs; TensorRT-LLM gives the KV cache f of what is free after the
-    weights and a profiled forward pass. Numbers or arrays (a sweep)."""
+    weights and a profiled forward pass.
+
+    A pool given outright (``pool_bytes``, vLLM's kv_cache_memory_bytes) replaces all of
+    that, fraction and basis, where it fits beside W + A + R in C; where it does not, vLLM
+    fails to allocate it and the budget is 0 (nothing fits). A cap (``cap_bytes``: SGLang's
+    max_total_tokens, TensorRT-LLM's max_tokens, in bytes) keeps the smaller
+    (``pool_limits`` gives both from the options). Numbers or arrays (a sweep)."""
     W, A, R, C = weights_bytes, activation_bytes, reserve_bytes, capacity_bytes
-    if basis == "total":
-        return C * frac - W - A - R
-    if basis == "measured":
-        return measured_cap_bytes(C, frac, margin_bytes) - W - A - R
-    if basis == "static":
-        return vmin(frac * (C - R) - W, C - W - A - R)
-    if basis == "free":
-        return frac * (C - W - A - R)
-    raise ValueError(f"memory basis {basis!r} is not one of {', '.join(MEMORY_BASES)}")
+    if pool_bytes is not None:
+        budget = pool_bytes * (W + A + R + pool_bytes <= C)
+    elif basis == "total":
+        budget = C * frac - W - A - R
+    elif basis == "measured":
+        budget = measured_cap_bytes(C, frac, margin_bytes) - W - A - R
+    elif basis == "static":
+        budget = vmin(frac * (C - R) - W, C - W - A - R)
+    elif basis == "free":
+        budget = frac * (C - W - A - R)
+    else:
+        raise ValueError(f"memory basis {basis!r} is not one of {', '.join(MEMORY_BASES)}")
+    return budget if cap_bytes is None else vmin(budget, cap_bytes)
+
+
+def pool_limits(o: Options, per_token_bytes) -> dict:
+    """``kv_budget_bytes``'s ``pool_bytes`` and ``cap_bytes`` from the options
+    (``Options.kv_cache_memory_bytes``, ``Options.kv_cache_max_tokens``), the cap in bytes at
+    ``per_token_bytes`` of KV cache a token takes on one GPU."""
+    cap = o.kv_cache_max_tokens
+    return {"pool_bytes": o.kv_cache_memory_bytes,
+            "cap_bytes": None if cap is None else cap * per_token_bytes}
 
 
 def usable_bytes(capacity_bytes, *, weights_bytes, activation_bytes, reserve_bytes,
-                 frac: float, basis: str, margin_bytes=MEASURED_MARGIN_BYTES):
+                 frac: float, basis: str, margin_bytes=MEASURED_MARGIN_BYTES,
+                 pool_bytes=None, cap_bytes=None):
     """Memory the deployment may fill: its weights, activations and reserve plus the KV
     budget (``kv_budget_bytes``); f C on vLLM's basis, less 0.34's margin on its measured one."""
-    if basis == "total":
-        return capacity_bytes * frac
-    if basis == "measured":
-        return measured_cap_bytes(capacity_bytes, frac, margin_bytes)
+    if pool_bytes is None and cap_bytes is None:
+        if basis == "total":
+            return capacity_bytes * frac
+        if basis == "measured":
+            return measured_cap_bytes(capacity_bytes, frac, margin_bytes)
     return weights_bytes + activation_bytes + reserve_bytes + kv_budget_bytes(
         capacity_bytes, weights_bytes=weights_bytes, activation_bytes=activation_bytes,
-        reserve_bytes=reserve_bytes, frac=frac, basis=basis, margin_bytes=margin_bytes)
+        reserve_bytes=reserve_bytes, frac=frac, basis=basis, margin_bytes=margin_bytes,
+        pool_bytes=pool_bytes, cap_bytes=cap_bytes)
 
 
 @dataclass(frozen=True)
@@ -307,8 +330,10 @@ def max_batch(m: ModelSpec, hw: HardwareSpec, prec: Precision, *, prompt_tokens:
     Memory is B x (kv + logits) + A(B) with A linear in B until the prefill chunk is full and
     constant after (``_largest_batch``). On TensorRT-LLM's basis the KV cache may take f of
     what the rest leaves: B x kv / f + B x logits + A(B) <= C - W - R; on SGLang's, B x kv <=
-    f (C - R) - W as well as everything within C. Token counts may be arrays (a sweep); the
-    result is then an array."""
+    f (C - R) - W as well as everything within C. A pool given outright (P, vLLM's
+    kv_cache_memory_bytes) holds B x kv <= P, the rest within C: B x logits + A(B) <= C - W -
+    R - P; a cap on the pool's tokens (SGLang's max_total_tokens) bounds B x kv as well. Token
+    counts may be arrays (a sweep); the result is then an array."""
     o = options or Options()
     frac, basis = memory_share(o, engine, hw.memory_bytes)
     C, R = hw.memory_bytes, o.reserve_bytes
@@ -318,7 +343,12 @@ def max_batch(m: ModelSpec, hw: HardwareSpec, prec: Precision, *, prompt_tokens:
         per_token = per_token + naive * prompt_tokens
     kv = kv_cache_bytes(m, prec, batch=1, seq_len=prompt_tokens + output_tokens, tp=tp)
     chunk = o.prefill_chunk_tokens
-    if basis == "total":
+    lim = pool_limits(o, kv_cache_bytes_per_token(m, prec, tp=tp))
+    if lim["pool_bytes"] is not None:
+        P = lim["pool_bytes"]
+        n = vmin(floor_nonneg(P / kv),
+                 _largest_batch(C - W - R - P, 0.0, logits, per_token, prompt_tokens, chunk))
+    elif basis == "total":
         n = _largest_batch(C * frac - W - R, kv, logits, per_token, prompt_tokens, chunk)
     elif basis == "measured":  # within f C and within C less the profiling step's margin
         cap = measured_cap_bytes(C, frac, measured_margin_of(m, prec, tp=tp, engine=engine,
@@ -329,6 +359,8 @@ def max_batch(m: ModelSpec, hw: HardwareSpec, prec: Precision, *, prompt_tokens:
     else:  # static: the pool's own bound, and everything within the GPU
         n = vmin(floor_nonneg((frac * (C - R) - W) / kv),
                  _largest_batch(C - W - R, kv, logits, per_token, prompt_tokens, chunk))
+    if lim["cap_bytes"] is not None:
+        n = vmin(n, floor_nonneg(lim["cap_bytes"] / kv))
     return int(n) if isinstance(n, float) else n
 
 
@@ -342,6 +374,7 @@ def kv_capacity_tokens(m: ModelSpec, hw: HardwareSpec, prec: Precision, *, tp: i
     the KV bytes of one token (vLLM, SGLang and TensorRT-LLM size their pools so)."""
     o = options or Options()
     frac, basis = memory_share(o, engine, hw.memory_bytes)
+    per_token = kv_cache_bytes_per_token(m, prec, tp=tp)
     step_act = step_activation_bytes(m, prec, max_num_seqs=max_num_seqs,
                                      step_tokens=step_tokens, tp=tp, attention=o.attention)
     budget = kv_budget_bytes(
@@ -349,8 +382,8 @@ def kv_capacity_tokens(m: ModelSpec, hw: HardwareSpec, prec: Precision, *, tp: i
         weights_bytes=resident_weight_bytes(m, prec, tp=tp, lm_head_sharded=lm_head_sharded,
                                             options=o),
         activation_bytes=step_act, reserve_bytes=o.reserve_bytes, frac=frac, basis=basis,
-        margin_bytes=measured_margin_bytes(engine, step_act))
-    return max(0, int(budget // kv_cache_bytes_per_token(m, prec, tp=tp)))
+        margin_bytes=measured_margin_bytes(engine, step_act), **pool_limits(o, per_token))
+    return max(0, int(budget // per_token))
 
 
 @dataclass(frozen=True)
@@ -439,7 +472,8 @@ def memory_plan(m: ModelSpec, hw: HardwareSpec, prec: Precision, *, batch: int,
         usable_bytes=usable_bytes(hw.memory_bytes, weights_bytes=w, activation_bytes=act,
                                   reserve_bytes=o.reserve_bytes, frac=frac, basis=basis,
                                   margin_bytes=measured_margin_of(m, prec, tp=tp, engine=engine,
-                                                                  options=o)),
+                                                                  options=o),
+                                  **pool_limits(o, kv_cache_bytes_per_token(m, prec, tp=tp))),
         max_batch=max_batch(m, hw, prec, prompt_tokens=prompt_tokens,
                             output_tokens=output_tokens, tp=tp, options=o,
                             lm_head_sharded=lm_head_sharded, engine=engine),
@@ -452,6 +486,7 @@ __all__ = [
     "KVConcurrency", "MemoryPlan", "activation_bytes", "kv_budget_bytes", "kv_cache_bytes",
     "kv_cache_bytes_per_token", "kv_cache_groups", "kv_capacity_tokens", "kv_concurrency",
     "max_batch",
-    "memory_plan", "memory_share", "offloadable_weight_bytes", "resident_weight_bytes",
+    "memory_plan", "memory_share", "offloadable_weight_bytes", "pool_limits",
+    "resident_weight_bytes",
     "sliding_share", "usable_bytes", "weight_bytes", "weight_bytes_breakdown",
 ]

@@ -750,6 +750,13 @@ class Options(_Frozen):
     # Weight bytes per GPU kept in host memory and brought over the host link every forward
     # pass (vLLM's cpu_offload_gb, in bytes): that much less on the GPU, that much more KV.
     cpu_offload_bytes: float = Field(0.0, ge=0)
+    # The KV pool given outright, per GPU (vLLM's kv_cache_memory_bytes, 0.11 and later):
+    # exactly this much, whatever the memory fraction says; a pool the weights, activations
+    # and reserve leave no room for does not start. None: sized from the memory fraction.
+    kv_cache_memory_bytes: float | None = Field(None, gt=0, allow_inf_nan=False)
+    # At most this many tokens in the KV pool, the engine's own sizing capped (SGLang's
+    # max_total_tokens, TensorRT-LLM's kv_cache_config.max_tokens). None: no cap.
+    kv_cache_max_tokens: int | None = Field(None, gt=0)
     # Tokens prefilled per forward pass (vLLM's max_num_batched_tokens with chunked prefill;
     # 8192 is its V1 default for serving). Bounds prefill activations; None: the whole batch
     # at once. TTFT is still the time of all the batch's prefill FLOPs and bytes.

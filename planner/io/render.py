@@ -160,8 +160,18 @@ _BASIS_TEXT = {"total": "of capacity",
                "free": "of what weights, activations and reserve leave, for KV cache"}
 
 
-def _usable_note(mem) -> str:
-    return f"{fmt.pct(mem.utilization_frac)} {_BASIS_TEXT[mem.utilization_basis]}"
+def _usable_note(mem, o) -> str:
+    """What the usable memory is: the engine's fraction on its basis, or the KV cache given
+    outright (``Options.kv_cache_memory_bytes``) beside the rest; a token cap said after."""
+    pool, cap = o.kv_cache_memory_bytes, o.kv_cache_max_tokens
+    rest = mem.weights_bytes + mem.activation_bytes + mem.reserve_bytes
+    if pool is None:
+        text = f"{fmt.pct(mem.utilization_frac)} {_BASIS_TEXT[mem.utilization_basis]}"
+    elif rest + pool > mem.capacity_bytes:
+        text = "weights, activations and reserve alone: the KV cache given has no room"
+    else:
+        text = f"weights, activations and reserve, and a {fmt.gib(pool)} KV cache given outright"
+    return text if cap is None else f"{text}; KV cache of at most {cap:,} tokens"
 
 
 def _memory(e: Estimate) -> Table:
@@ -179,8 +189,8 @@ def _memory(e: Estimate) -> Table:
         ("reserve", fmt.gib(mem.reserve_bytes), "CUDA context, workspaces"),
         ("total", fmt.gib(mem.total_bytes),
          f"{fmt.pct(mem.used_frac)} of {fmt.gib(mem.capacity_bytes)}"),
-        ("usable", fmt.gib(mem.usable_bytes), _usable_note(mem)),
-        ("fits", fits, "" if mem.fits else _misfit(mem)),
+        ("usable", fmt.gib(mem.usable_bytes), _usable_note(mem, e.options)),
+        ("fits", fits, "" if mem.fits else _misfit(mem, e.options)),
         ("concurrency, paged KV", f"{kc.paged:,}",
          f"{kc.capacity_tokens:,} KV tokens in {kc.block_size}-token blocks; "
          f"{fmt.pct(kc.paged_used_frac)} hold tokens" if kc.capacity_tokens
@@ -191,8 +201,17 @@ def _memory(e: Estimate) -> Table:
     ])
 
 
-def _misfit(mem) -> str:
+def _misfit(mem, o) -> str:
     """Why a deployment does not fit, in one phrase."""
+    pool = o.kv_cache_memory_bytes
+    rest = mem.weights_bytes + mem.activation_bytes + mem.reserve_bytes
+    if pool is not None and rest + pool > mem.capacity_bytes:
+        return (f"the {fmt.gib(pool)} KV cache given does not fit beside weights, activations "
+                f"and reserve ({fmt.gib(rest)} of {fmt.gib(mem.capacity_bytes)}): vLLM would "
+                "fail to allocate it")
+    if pool is not None:
+        return (f"this batch's KV cache ({fmt.gib(mem.kv_cache_bytes)}) exceeds the "
+                f"{fmt.gib(pool)} given; a smaller batch or a larger --kv-cache-memory-bytes")
     if mem.weights_bytes >= mem.usable_bytes:
         return (f"the weights alone ({fmt.gib(mem.weights_bytes)}) exceed the usable "
                 f"{fmt.gib(mem.usable_bytes)}: more GPUs (--tp, --pp) or smaller weights")

@@ -15,6 +15,8 @@ server command's flags:
     kv_cache_config.enable_block_reuse              --prefix-cache
     kv_cache_config.dtype                           --kv-cache (auto: the model's)
     kv_cache_config.tokens_per_block                --block-size
+    kv_cache_config.max_tokens                      --kv-cache-tokens (the pool's tokens at
+                                                    most: the smaller of it and the fraction's)
     scheduler_config.capacity_scheduler_policy      --capacity-policy
     disable_overlap_scheduler                       --async-scheduling (its negation: the
                                                     PyTorch backend's overlap scheduler)
@@ -51,6 +53,7 @@ KEY_OF = {"--tp": "tensor_parallel_size", "--pp": "pipeline_parallel_size",
           "--memory-utilization": "kv_cache_config.free_gpu_memory_fraction",
           "--prefix-cache": "kv_cache_config.enable_block_reuse",
           "--kv-cache": "kv_cache_config.dtype", "--block-size": "kv_cache_config.tokens_per_block",
+          "--kv-cache-tokens": "kv_cache_config.max_tokens",
           "--capacity-policy": "scheduler_config.capacity_scheduler_policy",
           "--enforce-eager": "cuda_graph_config", "--cuda-graph-sizes": "cuda_graph_config",
           "--cuda-graph-padding": "cuda_graph_config.enable_padding",
@@ -171,6 +174,10 @@ def _kv_cache(r: _Reader, kv: dict, out: dict) -> None:
             out["--kv-cache"] = dtype
     if kv.get("tokens_per_block") is not None:
         out["--block-size"] = r.integer(kv["tokens_per_block"], key + "tokens_per_block")
+    if kv.get("max_tokens") is not None:
+        # KvCacheConfig.max_tokens: 'if both max_tokens and free_gpu_memory_fraction are
+        # specified, memory corresponding to the minimum will be used'
+        out["--kv-cache-tokens"] = r.integer(kv["max_tokens"], key + "max_tokens")
 
 
 def _cuda_graphs(r: _Reader, cg, out: dict) -> None:

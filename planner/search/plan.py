@@ -640,6 +640,9 @@ def search_continuous(model: ModelSpec, gpus: list[HardwareSpec], *, prompt_toke
                 "num_gpus": gpus_each, "weights": w,
                 "quantized_layers": quantized_layers, "kv_cache": kv,
                 "engine": engine.name, "engine_release": engine.release,
+                # the KV cache given outright per GPU, and its token cap (None: not given)
+                "kv_cache_memory_bytes": o.kv_cache_memory_bytes,
+                "kv_cache_max_tokens": o.kv_cache_max_tokens,
                 "scheduler": "continuous", "rate_per_replica": rate, "percentile": p,
                 f"{name}_ttft_s": s[f"{name}_ttft_ms"] / 1e3,
                 f"{name}_tpot_s": (s[f"{name}_tpot_ms"] or 0) / 1e3,

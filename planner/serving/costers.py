@@ -45,6 +45,7 @@ from planner.core.memory import (
     kv_elements_per_token_per_layer,
     measured_margin_bytes,
     memory_share,
+    pool_limits,
     step_activation_bytes,
 )
 from planner.core.ops import StepShape, check_tp
@@ -125,11 +126,13 @@ class PipelineCoster(_Layout):
         for i, (s, t) in enumerate(self.ranges):
             w = weights_of_stage(m, p, self.tp, s, t, i == 0, i == self.pp - 1,
                                  lm_head_sharded=self.engine.lm_head_sharded)
+            per_token = (t - s) * per_layer
             budget = kv_budget_bytes(self.hardware.memory_bytes, weights_bytes=w,
                                      activation_bytes=act, reserve_bytes=o.reserve_bytes,
                                      frac=frac, basis=basis,
-                                     margin_bytes=measured_margin_bytes(self.engine, act))
-            n = max(0, int(budget // ((t - s) * per_layer)))
+                                     margin_bytes=measured_margin_bytes(self.engine, act),
+                                     **pool_limits(o, per_token))
+            n = max(0, int(budget // per_token))
             out = n if out is None else min(out, n)
         return out or 0
 
@@ -171,10 +174,12 @@ class ExpertCoster(_Layout):
         w = self.x.weights_bytes()
         act = self._activation_bytes(max_num_seqs, step_tokens, self.tp)
         frac, basis = memory_share(o, self.engine, self.hardware.memory_bytes)
+        per_token = kv_cache_bytes_per_token(m, p, tp=self.tp)
         free = kv_budget_bytes(self.hardware.memory_bytes, weights_bytes=w, activation_bytes=act,
                                reserve_bytes=o.reserve_bytes, frac=frac, basis=basis,
-                               margin_bytes=measured_margin_bytes(self.engine, act))
-        return self.dp_ranks * max(0, int(free // kv_cache_bytes_per_token(m, p, tp=self.tp)))
+                               margin_bytes=measured_margin_bytes(self.engine, act),
+                               **pool_limits(o, per_token))
+        return self.dp_ranks * max(0, int(free // per_token))
 
 
 def _busiest(shape: StepShape, sequences: int, groups: int,

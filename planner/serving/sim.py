@@ -294,6 +294,14 @@ def _kv_pool(coster: StepCoster, cfg: SchedulerConfig, spec: SpecServing | None)
                  on_demand=cfg.capacity_policy != "guaranteed-no-evict", sliding=sliding)
     if cfg.prefix_caching and cfg.kind == "continuous" and cfg.kv_layout == "paged":
         kv.prefixes = PrefixCache(cfg.block_size)
+    given = getattr(getattr(coster, "options", None), "kv_cache_memory_bytes", None)
+    if kv.capacity_tokens < cfg.block_size and given is not None:
+        gib = given / 1024**3
+        raise UsageError(f"the KV cache given (--kv-cache-memory-bytes, {gib:.2f} GiB) "
+                         + ("does not fit beside the weights, activations and reserve on "
+                            "this GPU" if not kv.capacity_tokens else
+                            f"holds {kv.capacity_tokens} tokens, under one block of "
+                            f"{cfg.block_size}"))
     if kv.capacity_tokens < cfg.block_size:
         drafter = " and the drafter's" if spec is not None and spec.draft_weight_bytes else ""
         raise UsageError(f"the weights{drafter} leave no room for a KV cache on this GPU "
