@@ -86,14 +86,16 @@ CLI_OPTIONS = {  # command line -> options that take a value ("": a positional a
                           "--memory-utilization", "--prefill-chunk-tokens",
                           "--price-per-hour", "--measured-tpot", "--measured-ttft",
                           "--weights", "--kv-cache", "--engine", "--calibration", "-m", "-g",
-                          "--quantized-layers", *PRICING],
+                          "--quantized-layers", "--kv-cache-memory-bytes",
+                          "--kv-cache-tokens", *PRICING],
     ("sweep", *BASE): ["-b", "-p", "-o", "--tp", "--weights", "--engine", "--csv", *PRICING],
     ("simulate", *BASE, "-n", "20"): ["--request-rate", "--burstiness",
                                       "--max-concurrency", "--range-ratio", "--seed",
                                       "--max-num-seqs", "--max-num-batched-tokens",
                                       "--block-size", "--max-model-len", "--ttft-slo",
                                       "--tpot-slo", "-n", "--dataset", "--trace",
-                                      "--performance-mode"],
+                                      "--performance-mode", "--kv-cache-memory-bytes",
+                                      "--kv-cache-tokens"],
     ("simulate", *BASE, "-n", "20", "--scheduler", "dynamic"): ["--max-wait"],
     # SGLang's random lengths (numpy seeded by --seed, from --range-ratio of -p / -o up)
     ("simulate", *BASE, "-n", "20", "--dataset-name", "sglang-random"):
@@ -112,7 +114,8 @@ CLI_OPTIONS = {  # command line -> options that take a value ("": a positional a
     ("estimate", *MOE, "--tp", "2", "--ep", "4", "--json"): ["--tp", "--ep",
                                                              "--expert-imbalance"],
     ("plan", *BASE, *PLAN):
-        ["--rps", "--ttft", "--tpot", "-p", "-o", "--weights", "--plot", *PRICING],
+        ["--rps", "--ttft", "--tpot", "-p", "-o", "--weights", "--plot",
+         "--kv-cache-memory-bytes", "--kv-cache-tokens", *PRICING],
     ("prices",): ["", "--json"],
     ("prices", "--json"): [""],
     ("gpus",): ["--prices"],
