@@ -410,10 +410,62 @@ def test_enforce_wins_over_disable_and_a_clash_names_the_flags():
     # rule that turns the graphs off, --disable-piecewise-cuda-graph included, in either order
     for cmd in ("--disable-piecewise-cuda-graph --enforce-piecewise-cuda-graph",
                 "--enforce-piecewise-cuda-graph --disable-piecewise-cuda-graph"):
+        # and says so: the MoE runner's rule is skipped too (``--enforced``)
         assert server_flags(f"python3 -m sglang.launch_server {cmd}") == {
-            "--prefill-graphs": True}
+            "--prefill-graphs": True, "--enforced": ("--prefill-graphs",)}
     with pytest.raises(LlmplanError, match=r"gives --prefill-graphs twice: False "
                        r"\(--disable-piecewise-cuda-graph\) and True "
                        r"\(--enable-piecewise-cuda-graph\)"):
         server_flags("python3 -m sglang.launch_server --disable-piecewise-cuda-graph "
                      "--enable-piecewise-cuda-graph")
+
+
+@pytest.mark.parametrize("version, model, gpu, weights, graphed", [
+    # SGLang 0.5.10-0.5.12 on an SM100 GPU: DeepSeek-V3 / R1 and Qwen3-MoE run the FlashInfer
+    # TensorRT-LLM MoE runner by default, whose bypassed top-k takes the prefill graphs away
+    ("0.5.10", "deepseek-r1", "b200", None, False),
+    ("0.5.12", "deepseek-r1", "b200", None, False),
+    ("0.5.12", "qwen3-235b-a22b", "b200", None, False),
+    ("0.5.12", "qwen3-235b-a22b", "b200", "fp8", False),
+    # an int4 checkpoint keeps its own runner; gpt-oss's MoE block is one custom op
+    ("0.5.12", "qwen3-235b-a22b", "b200", "int4", True),
+    ("0.5.12", "gpt-oss-120b", "b200", None, True),
+    # not on Hopper, not in 0.5.14 (the rule gone), not for a dense model
+    ("0.5.12", "deepseek-r1", "h200", None, True),
+    ("0.5.14", "deepseek-r1", "b200", None, True),
+    (None, "deepseek-r1", "b200", None, True),
+    ("0.5.12", "llama-3.1-70b", "b200", None, True),
+])
+def test_blackwell_s_moe_runner_takes_them_away_in_0_5_10_to_0_5_12(version, model, gpu,
+                                                                     weights, graphed):
+    dep = served_setup(model, gpu, _sglang(version), 8, weights, None)
+    assert dep.engine.prefill_graphs is True
+    assert (run.scheduler(dep).prefill_graphs is not None) is graphed
+    est, eager = _estimate_dep(dep, 1, 1000), _estimate_dep(dep, 1, 1000, eager=True)
+    assert (est.prefill.time_s < eager.prefill.time_s) is graphed
+
+
+def test_enforce_wins_over_the_moe_runner_s_rule():
+    """--enforce-piecewise-cuda-graph skips the rule, as every other (ServerArgs)."""
+    cmd = "python3 -m sglang.launch_server --model-path M --tp 8"
+    for extra, graphed in (("", False), (" --enforce-piecewise-cuda-graph", True),
+                           (" --enable-piecewise-cuda-graph", False)):
+        dep = served_setup("deepseek-r1", "b200", _sglang("0.5.12"), 8, None, None,
+                           server=server_flags(cmd + extra))
+        assert (run.scheduler(dep).prefill_graphs is not None) is graphed, extra
+
+
+def test_the_rule_s_releases_and_a_bad_rule_is_one_line(run_cli, tmp_path):
+    mo = catalog.load_engine_spec("sglang").serving.prefill_graphs.moe_runner_off
+    assert (mo.since, mo.until, mo.gpu_architectures) == ("0.5.10", "0.5.13", ("blackwell",))
+    assert _sglang("0.5.12").at_version("0.5.12") == _sglang("0.5.12")  # applied once
+    assert _sglang("0.5.9").serving.prefill_graphs.moe_runner_off is None
+    import yaml
+
+    data = yaml.safe_load((catalog.db_dir("engines_db") / "sglang.yaml").read_text())
+    data["serving"]["prefill_graphs"]["moe_runner_off"]["gpu_architectures"] = ["volta2"]
+    f = tmp_path / "e.yaml"
+    f.write_text(yaml.safe_dump(data))
+    code, out, err = run_cli("estimate", "-m", "llama-3.1-8b", "-g", "h100-sxm", "-e", str(f))
+    assert code == 2 and out == "" and len(err.splitlines()) == 1
+    assert "moe_runner_off.gpu_architectures" in err

@@ -178,6 +178,9 @@ def served_setup(model: str, gpu: str, spec, tp: int, weights, kv_cache,
     eng = replace(eng, **{f: s[o] for o, f in ENGINE_FIELDS.items() if o in s})
     if s.get("--enforce-eager"):
         eng = replace(eng, cuda_graphs=False)
+    if "--prefill-graphs" in s.get("--enforced", ()):
+        # --enforce-piecewise-cuda-graph: past the MoE runner's rule too (ServerArgs)
+        eng = replace(eng, prefill_graphs_moe_off=())
     if "--cuda-graph-sizes" in s:  # a trtllm-serve options file's cuda_graph_config
         sizes = s["--cuda-graph-sizes"]
         eng = replace(eng, graph_rule=(sizes, (), sizes[-1], None, ()),

@@ -373,6 +373,7 @@ def server_flags(command: str | None, base: Path | None = None) -> dict[str, obj
         if name in ENFORCING:
             out[ours] = value
             enforced.add(ours)
+            out["--enforced"] = tuple(sorted(enforced))  # past every off-rule of the engine
             continue
         if ours in out and out[ours] != value:
             raise LlmplanError(f"the server command gives {ours} twice: {out[ours]} "

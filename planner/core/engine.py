@@ -439,6 +439,28 @@ class GraphSizes(_Frozen):
         return self
 
 
+class MoeRunnerOff(_Frozen):
+    """Releases that run no prefill graphs for the mixture-of-experts models whose experts a
+    GPU architecture's own MoE runner serves by default (SGLang 0.5.10-0.5.12 on Blackwell:
+    the FlashInfer TensorRT-LLM runner, whose bypassed top-k torch.compile cannot trace):
+    ``model_types`` (the HF model_type) to the weight types that pick that runner."""
+
+    # the first and last releases with the rule: the profile as its newest release has it
+    # (at_version not applied) has no such rule unless the file gives neither (every release)
+    since: str | None = Field(None, pattern=r"^[0-9]+(\.[0-9]+)*$")
+    until: str | None = Field(None, pattern=r"^[0-9]+(\.[0-9]+)*$")
+    gpu_architectures: tuple[str, ...] = Field(min_length=1)
+    model_types: dict[str, tuple[str, ...]] = Field(min_length=1)
+    source: str = Field(min_length=1)
+    date: str | None = None
+    note: str | None = None
+
+    @field_validator("gpu_architectures")
+    @classmethod
+    def _known(cls, v):
+        return tuple(check_architecture(a) for a in v)
+
+
 class PrefillGraphs(_Frozen):
     """Prefill (extend) passes replayed from piecewise CUDA graphs (SGLang's, on by default
     from ``since``; ``--disable-piecewise-cuda-graph`` turns them off, and before ``since``
@@ -464,6 +486,8 @@ class PrefillGraphs(_Frozen):
     # the largest count no more than a server's own context length, from this release on
     context_cap_since: str | None = Field(None, pattern=r"^[0-9]+(\.[0-9]+)*$")
     context_cap: bool = True  # at_version: False before context_cap_since
+    # none for some MoE models on some GPUs in some releases (SGLang 0.5.10-0.5.12)
+    moe_runner_off: MoeRunnerOff | None = None
     source: str = Field(min_length=1)
     date: str | None = None
     estimated: bool = False
@@ -1079,6 +1103,12 @@ class EngineSpec(_Frozen):
         if pg is not None and pg.context_cap_since is not None and \
                 v < version_key(pg.context_cap_since):
             pg = pg.model_copy(update={"context_cap": False, "context_cap_since": None})
+        mo = pg.moe_runner_off if pg is not None else None
+        if mo is not None and (mo.since, mo.until) != (None, None):
+            inside = (mo.since is None or version_key(mo.since) <= v) and \
+                (mo.until is None or v <= version_key(mo.until))
+            pg = pg.model_copy(update={"moe_runner_off": mo.model_copy(update={
+                "since": None, "until": None}) if inside else None})
         if pg is not sv.prefill_graphs:
             sv = sv.model_copy(update={"prefill_graphs": pg})
         sp = sv.async_speculation
@@ -1261,6 +1291,13 @@ class EngineSpec(_Frozen):
             out["prefill_graph_rule"] = (pg.sizes, pg.steps, pg.mla_max_tokens,
                                          tuple(sorted(pg.name_caps.items())), pg.context_cap)
             out["prefill_graphs"] = pg.value
+            # a rule of some releases alone: for a release within them (``at_version``
+            # clears its bounds there); the profile as the newest release has it has none
+            mo = pg.moe_runner_off
+            if mo is not None and (mo.since, mo.until) == (None, None):
+                mo = pg.moe_runner_off
+                out["prefill_graphs_moe_off"] = tuple(sorted(mo.model_types.items()))
+                out["prefill_graphs_moe_off_archs"] = mo.gpu_architectures
         if sv.performance_modes is not None:
             pm = sv.performance_modes
             out["performance_modes"] = (pm.since, pm.throughput_factor,
@@ -1458,6 +1495,11 @@ class Engine:
     prefill_graphs: bool = False
     prefill_graph_rule: tuple | None = None
     prefill_graph_max_tokens: int | None = None
+    # ((model_type, weight types), ...): the MoE models that run no prefill graphs on the
+    # GPU architectures named (``MoeRunnerOff``); for_gpu keeps them for a GPU of those
+    # (the architectures then emptied: resolved) and drops them for any other
+    prefill_graphs_moe_off: tuple = ()
+    prefill_graphs_moe_off_archs: tuple[str, ...] = ()
     # (max_num_seqs, max_num_batched_tokens, below this many bytes of memory, or a GPU name
     # holding one of these): the defaults on smaller GPUs, resolved by ``for_gpu``
     small_gpu: tuple | None = None
@@ -1504,6 +1546,10 @@ class Engine:
         e = self
         if e.prefill_graphs and vendor is not None and vendor.lower() != "nvidia":
             e = replace(e, prefill_graphs=False)
+        if e.prefill_graphs_moe_off_archs:
+            on_it = (architecture or "").lower() in e.prefill_graphs_moe_off_archs
+            e = replace(e, prefill_graphs_moe_off_archs=(),
+                        prefill_graphs_moe_off=e.prefill_graphs_moe_off if on_it else ())
         if e.memory_margin_floor_by_vendor:
             floors = dict(e.memory_margin_floor_by_vendor)
             maker = (vendor or "nvidia").lower()
@@ -1649,6 +1695,16 @@ class Engine:
             return self
         frac, basis = self.memory_fallback
         return replace(self, memory_utilization_frac=frac, memory_basis=basis)
+
+    def prefill_graphs_for(self, model_type: str, weights: str) -> bool:
+        """Whether the engine's prefill graphs (``prefill_graphs``) hold for this model
+        (its HF model_type) in these weights on the GPU ``for_gpu`` resolved: not where that
+        GPU's default MoE runner takes them away (``MoeRunnerOff``)."""
+        if not self.prefill_graphs:
+            return False
+        if self.prefill_graphs_moe_off_archs:  # not resolved for a GPU: no such rule
+            return True
+        return weights not in dict(self.prefill_graphs_moe_off).get(model_type, ())
 
     @property
     def label(self) -> str:

@@ -562,13 +562,15 @@ def _with_measured(est: Estimate, tpot_s: float | None, ttft_s: float | None) ->
     return replace(est, measured=m)
 
 
-def _prefill_graph_counts(model: ModelSpec, e: Engine, o: Options):
+def _prefill_graph_counts(model: ModelSpec, e: Engine, o: Options, weights: str):
     """The prefill token counts the engine replays from piecewise CUDA graphs at the
     estimate's chunk budget (``planner.core.engine.PrefillCounts``; the simulator's through
     ``SchedulerConfig.for_engine``); None where it has none: no chunking (no budget: MLA's
-    largest only), or weights kept in host memory (SGLang turns them off)."""
-    if not (e.cuda_graphs and e.prefill_graphs and e.prefill_graph_rule is not None) or \
-            o.cpu_offload_bytes:
+    largest only), weights kept in host memory (SGLang turns them off), or a MoE model in
+    ``weights`` whose default MoE runner on this GPU takes them away
+    (``Engine.prefill_graphs_for``)."""
+    if not (e.cuda_graphs and e.prefill_graph_rule is not None
+            and e.prefill_graphs_for(model.architecture, weights)) or o.cpu_offload_bytes:
         return None
     budget = o.prefill_chunk_tokens if e.chunked_prefill and o.prefill_chunk_tokens else 0
     return prefill_graph_counts(e.prefill_graph_rule, budget, mla=model.mla is not None,
@@ -667,7 +669,7 @@ def assemble(model: ModelSpec, hardware: HardwareSpec, prep: Prepared, o: Option
                         fixed_s=e.prefill_step_overhead_s * chunks
                         + e.per_sequence_overhead_s * batch,
                         serial_s=e.worker_s(tp) * chunks)
-    counts = _prefill_graph_counts(model, e, o)
+    counts = _prefill_graph_counts(model, e, o, p.weights.value)
     if counts is not None:
         prefill = _graphed_prefill(model, p, o, e, c, prefill, tp=tp, batch=batch,
                                    prompt_tokens=prompt_tokens, counts=counts)

@@ -30,8 +30,10 @@ def scheduler(dep: Deployment, mode: str | None = None, **overrides) -> Schedule
     --performance-mode ``mode`` (``Engine.in_mode``; None: not given), with any field
     overridden; defaults that depend on the served context length take the model's where no
     max_model_len is given (vLLM's default max-model-len). Weights kept in host memory
-    (--cpu-offload-gb) leave no prefill graphs (SGLang turns them off)."""
-    if dep.options.cpu_offload_bytes:
+    (--cpu-offload-gb) leave no prefill graphs (SGLang turns them off), nor does a MoE model
+    whose default MoE runner on this GPU takes them away (``Engine.prefill_graphs_for``)."""
+    if dep.options.cpu_offload_bytes or not dep.engine.prefill_graphs_for(
+            dep.model.architecture, dep.precision.weights.value):
         overrides.setdefault("prefill_graphs", None)
     return SchedulerConfig.for_engine(dep.engine.in_mode(mode),
                                       memory_bytes=dep.hardware.memory_bytes,
