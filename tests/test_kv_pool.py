@@ -19,6 +19,7 @@ from planner.core.memory import (
     kv_capacity_tokens,
     max_batch,
     memory_plan,
+    pool_limits,
     resident_weight_bytes,
     step_activation_bytes,
     usable_bytes,
@@ -49,9 +50,15 @@ def test_the_budget_by_hand():
     assert _budget() == pytest.approx(54)
     # given outright, the fraction set aside: 20 GiB; 62 GiB still fits (15 + 2 + 1 + 62 = 80)
     assert _budget(pool_bytes=20 * GIB) == pytest.approx(20)
-    assert _budget(pool_bytes=62 * GIB) == pytest.approx(62)
-    # 63 GiB does not fit beside the rest: vLLM fails to allocate it, nothing fits
-    assert _budget(pool_bytes=63 * GIB) == 0
+    # sized from the options: 62 GiB still fits beside 18 (15 + 2 + 1 = 80 - 62); 63 GiB
+    # does not, vLLM fails to allocate it, and the pool is 0 (nothing fits)
+    for gib, sized in ((62, 62), (63, 0)):
+        lim = pool_limits(Options(kv_cache_memory_bytes=gib * GIB), PER_TOKEN,
+                          capacity_bytes=80 * GIB, rest_bytes=18 * GIB)
+        assert lim == {"pool_bytes": sized * GIB, "cap_bytes": None}
+    assert pool_limits(Options(kv_cache_max_tokens=1000), PER_TOKEN, capacity_bytes=80 * GIB,
+                       rest_bytes=18 * GIB) == {"pool_bytes": None,
+                                                "cap_bytes": 1000 * PER_TOKEN}
     # a cap keeps the smaller
     assert _budget(cap_bytes=10 * GIB) == pytest.approx(10)
     assert _budget(cap_bytes=100 * GIB) == pytest.approx(54)
@@ -61,10 +68,9 @@ def test_the_budget_by_hand():
                         reserve_bytes=GIB, frac=0.9, basis="total",
                         pool_bytes=20 * GIB) == pytest.approx(38 * GIB)
     # arrays, as a sweep gives them
-    got = kv_budget_bytes(80 * GIB, weights_bytes=np.array([15.0, 70.0]) * GIB,
-                          activation_bytes=2 * GIB, reserve_bytes=GIB, frac=0.9,
-                          basis="static", pool_bytes=20 * GIB) / GIB
-    assert got.tolist() == [20.0, 0.0]
+    lim = pool_limits(Options(kv_cache_memory_bytes=20 * GIB), PER_TOKEN,
+                      capacity_bytes=80 * GIB, rest_bytes=np.array([18.0, 73.0]) * GIB)
+    assert (lim["pool_bytes"] / GIB).tolist() == [20.0, 0.0]
 
 
 def test_the_pool_s_tokens_and_batches_by_hand():
@@ -197,7 +203,63 @@ def test_server_commands_and_options_files_give_them(tmp_path, run_json):
     assert dep.options.kv_cache_memory_bytes == 20 * GIB
     assert dep.engine.memory_basis == "total"  # vLLM turns the extensible cache off for it
     f = tmp_path / "opts.yaml"
-    f.write_text("kv_cache_config:\n  max_tokens: 12000\n")
+    f.write_text("kv_cache_config:\n  max_tokens: 12010\n")
     got = run_json("simulate", "-m", "llama-3.1-8b", "-g", "h100-sxm", "-e", "trtllm", "-n",
                    "20", "--request-rate", "4", "--extra-llm-api-options", str(f))
-    assert got["kv_capacity_tokens"] == 12_000 - 12_000 % 32  # whole blocks of 32
+    assert got["kv_capacity_tokens"] == 12_000  # whole blocks of 32
+
+
+def test_a_pipeline_s_fit_is_every_stage_s_own():
+    """Qwen2.5-7B (28 layers) over 3 stages: each stage's GPU holds the pool for its own
+    layers, and the layout fits only where every stage does (a pool makes each stage's
+    usable memory its own, not stage 0's)."""
+    from planner.layouts.figures import layout_figures
+    from planner.layouts.pipeline import pipeline
+
+    m, hw = catalog.load_model("qwen2.5-7b"), catalog.load_hardware("h100-sxm")
+    e = catalog.load_engine("vllm").for_gpu(hw.memory_bytes, hw.name, hw.architecture,
+                                             hw.vendor)
+    o = Options(kv_cache_memory_bytes=10 * GIB)
+    dep = Deployment.build(m, hw, engine=e, layout=Layout(pp=3), options=o)
+    kw = {"tp": 1, "prompt_tokens": 1024, "output_tokens": 256}
+    seen = set()
+    for batch in range(300, 700, 20):
+        r = pipeline(m, hw, dep.prepared, o, pp=3, batch=batch, **kw)
+        fig = layout_figures(m, hw, dep.prepared, o, pp=3, batch=batch, **kw)
+        assert bool(fig.memory.fits) == all(st.fits for st in r.stages), batch
+        seen.add(all(st.fits for st in r.stages))
+    assert seen == {True, False}  # the range crosses the edge
+
+
+def test_hybrid_pools_and_speculation(run_json, run_cli):
+    """On vLLM's hybrid pool (gpt-oss: one group of 12 layers of each kind) a cap still
+    bounds the tokens the pool counts; a pool or cap with --speculative is refused in one
+    line (not modelled together)."""
+    got = run_json("simulate", "-m", "gpt-oss-20b", "-g", "h100-sxm", "-n", "20",
+                   "--request-rate", "4", "--kv-cache-tokens", "20000")
+    assert got["kv_capacity_tokens"] == 20_000 - 20_000 % 64 and got["hybrid_kv_cache"]
+    for cmd in ("estimate", "simulate"):
+        code, out, err = run_cli(cmd, "-m", "llama-3.1-8b", "-g", "h100-sxm",
+                                 "--kv-cache-memory-bytes", "4G", "--speculative", "ngram",
+                                 "--num-speculative-tokens", "3", "--acceptance-rate", "0.6")
+        assert code == 2 and out == "" and len(err.splitlines()) == 1, err
+        assert "--kv-cache-memory-bytes with --speculative: not modelled together" in err
+
+
+def test_one_fit_rule_for_estimate_simulate_and_plan(run_json, run_cli):
+    """63 GiB beside Llama-3.1-8B's 15 GiB of weights, the reserve and the profiling step's
+    activations (a full step of 8,192 tokens): no room. estimate says it does not fit,
+    simulate refuses, plan leaves such layouts out and keeps those that fit (int4 weights)."""
+    est = run_json("estimate", "-m", "llama-3.1-8b", "-g", "h100-sxm",
+                   "--kv-cache-memory-bytes", "63G")
+    assert not est["fits"] and est["max_batch"] == 0
+    assert est["kv_concurrency"]["kv_capacity_tokens"] == 0
+    code, _, err = run_cli("simulate", "-m", "llama-3.1-8b", "-g", "h100-sxm", "-n", "20",
+                           "--request-rate", "4", "--kv-cache-memory-bytes", "63G")
+    assert code == 2 and "does not fit beside the weights" in err
+    rows = run_json("plan", "-m", "llama-3.1-8b", "--gpu", "h100-sxm", "--rps", "2", "--ttft",
+                    "2s", "--tpot", "50ms", "--tp", "1", "--pp", "1",
+                    "--kv-cache-memory-bytes", "70G")
+    rows = rows if isinstance(rows, list) else rows["rows"]
+    assert rows and {r["weights"] for r in rows if not r["disaggregated"]} <= {"int4", "int8"}
+    assert all(r["kv_cache_memory_bytes"] == 70 * GIB for r in rows)

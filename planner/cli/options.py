@@ -374,6 +374,11 @@ MAX_KV_POOL_BYTES = 1024**5
 MAX_KV_POOL_TOKENS = 10**12
 
 
+# the GPU makers whose GPUs vLLM 0.34 runs its extensible KV cache on (CUDA and ROCm:
+# vllm/config/vllm.py, _resolve_extensible_kv_cache, current_platform.is_cuda_alike())
+EXTENSIBLE_KV_MAKERS = ("nvidia", "amd")
+
+
 def extensible_kv(eng, on: bool | None, opts: Options, hw=None):
     """``eng`` as ``--extensible-kv-cache`` asks (None: the engine's default): off, sized as
     vLLM 0.20-0.33 size it (``Engine.without_measured_kv``); on, refused in one line where vLLM
@@ -384,14 +389,13 @@ def extensible_kv(eng, on: bool | None, opts: Options, hw=None):
         return eng
     if not on:
         return eng.without_measured_kv()
+    maker = (getattr(hw, "vendor", None) or "nvidia").lower()
+    if hw is not None and maker not in EXTENSIBLE_KV_MAKERS:
+        raise LlmplanError(f"--extensible-kv-cache: vLLM runs it on NVIDIA and AMD GPUs only "
+                           f"(CUDA and ROCm); {hw.name} is {hw.vendor}'s")
     if eng.memory_basis != "measured" or eng.memory_fallback is None:
         raise LlmplanError(f"--extensible-kv-cache: {eng.label} has none (vLLM 0.34 and "
                            "later; --engine vllm@0.34)")
-    floors = dict(eng.memory_margin_floor_by_vendor)
-    maker = (getattr(hw, "vendor", None) or "nvidia").lower()
-    if hw is not None and floors and maker not in floors:
-        raise LlmplanError(f"--extensible-kv-cache: vLLM runs it on NVIDIA and AMD GPUs only; "
-                           f"{hw.name} is {hw.vendor}'s")
     if opts.kv_cache_memory_bytes is not None:
         raise LlmplanError("--extensible-kv-cache with --kv-cache-memory-bytes: vLLM refuses "
                            "them together (it sizes the KV cache from measured memory, which "
@@ -442,12 +446,15 @@ KvMemoryOpt = Annotated[Optional[str], typer.Option(
     "--kv-cache-memory-bytes",
     help="The KV cache given outright, per GPU (vLLM's kv_cache_memory_bytes, 0.11 and "
     "later): exactly this much, whatever the memory fraction says; it must fit beside the "
-    "weights, activations and reserve. As vLLM reads it: 20G is 20 GiB, 20g 20 x 10^9 bytes.",
+    "weights, activations and reserve; it turns the extensible KV cache off. As vLLM reads "
+    "it: 20G is 20 GiB, 20g 20 x 10^9 bytes. Any engine is sized so here. Not with "
+    "--speculative.",
     metavar="BYTES")]
 KvTokensOpt = Annotated[Optional[int], typer.Option(
     "--kv-cache-tokens", "--max-total-tokens",
-    help="At most this many tokens in the KV cache (SGLang's max_total_tokens, "
-    "TensorRT-LLM's kv_cache_config.max_tokens): the engine's own sizing, capped.",
+    help="At most this many tokens in each GPU's KV cache (SGLang's max_total_tokens, "
+    "TensorRT-LLM's kv_cache_config.max_tokens): the engine's own sizing, capped. Not with "
+    "--speculative.",
     metavar="TOKENS")]
 ExtensibleOpt = Annotated[Optional[bool], typer.Option(
     "--extensible-kv-cache/--no-extensible-kv-cache",
@@ -518,10 +525,16 @@ def check_quantized_layers(m, quantized_layers) -> str:
 
 def check_offload_speculation(options, spec) -> None:
     """Weights in host memory and speculative decoding are not modelled together: vLLM's
-    offload budget is shared by the drafter's layers."""
+    offload budget is shared by the drafter's layers; nor is a KV cache given outright or
+    capped, which the drafter's cache shares beside its weights."""
     if spec is not None and options.cpu_offload_bytes:
         raise LlmplanError("--cpu-offload-gb with --speculative: not modelled together (the "
                            "drafter's layers share vLLM's offload budget)")
+    for flag, given in (("--kv-cache-memory-bytes", options.kv_cache_memory_bytes),
+                        ("--kv-cache-tokens", options.kv_cache_max_tokens)):
+        if spec is not None and given is not None:
+            raise LlmplanError(f"{flag} with --speculative: not modelled together (the "
+                               "drafter's KV cache shares the pool, its weights beside it)")
 
 
 def speculation_config(method, draft_model, k, a, model=None):

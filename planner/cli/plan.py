@@ -46,6 +46,7 @@ from planner.cli.options import (
     UtilOpt,
     check_async_pipeline,
     check_context,
+    check_offload_speculation,
     check_quantized_layers,
     engine_flags,
     extensible_kv,
@@ -290,6 +291,8 @@ def plan_run(a: dict, *, emit: bool = False):
                                       "--kv-cache-dtype", DEFAULT_KV)]
     specs = _speculations(m, speculative, draft_model, num_speculative_tokens,
                           acceptance_rate, scheduler)
+    for s_ in specs:
+        check_offload_speculation(opts, s_)
     cal = catalog.load_calibration(calibration) if calibration else None
     eng = catalog.load_engine(engine)
     if performance_mode is not None:
@@ -297,6 +300,8 @@ def plan_run(a: dict, *, emit: bool = False):
             raise LlmplanError("--performance-mode: sized with --scheduler continuous only")
         eng.in_mode(performance_mode)  # refused here, in one line, where the engine has none
     eng = engine_flags(eng, enforce_eager=enforce_eager, async_scheduling=a["async_scheduling"])
+    for g in gpus:  # refused, in one line, on a GPU vLLM does not run it on
+        extensible_kv(eng, a["extensible_kv_cache"], opts, g)
     eng = extensible_kv(eng, a["extensible_kv_cache"], opts)
     kept = check_async_pipeline(eng, pps, a["async_scheduling"])
     if kept != list(pps):
@@ -345,11 +350,15 @@ def plan_run(a: dict, *, emit: bool = False):
                 engine=eng, compute=cdt, quantized_layers=ql, options=opts, auto_dtype=auto,
                 released=released)
     df["price_set"] = price_set
+    # the KV cache given each GPU, as the continuous rows carry it
+    for key in ("kv_cache_memory_bytes", "kv_cache_max_tokens"):
+        if getattr(opts, key) is not None:
+            df[key] = getattr(opts, key)
     if not emit:
         return df
     _show_static(df, m, prompt_tokens=prompt_tokens, output_tokens=output_tokens, top=top,
                  csv=csv, plot=plot, as_json=as_json, label=(ttft, tpot, req),
-                 targets=targets, engine_name=eng.name, price_set=price_set)
+                 targets=targets, engine_name=eng.name, price_set=price_set + _kv_given(opts))
     return df
 
 

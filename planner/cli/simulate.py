@@ -679,6 +679,8 @@ def _simulate_disaggregated(m, a: dict) -> dict:
            "gpu": dec.hardware.name, "tp": dec.tp, "pp": 1, "ep": 1,
            "num_gpus": pools["prefill"]["num_gpus"] + pools["decode"]["num_gpus"],
            "engine": dec.engine.name, "engine_release": dec.engine.release,
+           "kv_cache_memory_bytes": dec.options.kv_cache_memory_bytes,
+           "kv_cache_max_tokens": dec.options.kv_cache_max_tokens,
            "weights": prec.weights.value,
            "quantized_layers": prec.quantized_layers, "kv_cache": prec.kv_cache.value,
            "scheduler": "continuous", "prefix_caching": cfgs["prefill"].prefix_caching,

@@ -234,13 +234,12 @@ def kv_budget_bytes(capacity_bytes, *, weights_bytes, activation_bytes, reserve_
     weights and a profiled forward pass.
 
     A pool given outright (``pool_bytes``, vLLM's kv_cache_memory_bytes) replaces all of
-    that, fraction and basis, where it fits beside W + A + R in C; where it does not, vLLM
-    fails to allocate it and the budget is 0 (nothing fits). A cap (``cap_bytes``: SGLang's
-    max_total_tokens, TensorRT-LLM's max_tokens, in bytes) keeps the smaller
-    (``pool_limits`` gives both from the options). Numbers or arrays (a sweep)."""
+    that, fraction and basis; a cap (``cap_bytes``: SGLang's max_total_tokens, TensorRT-LLM's
+    max_tokens, in bytes) keeps the smaller. ``pool_limits`` gives both from the options, the
+    pool 0 where it has no room (vLLM fails to allocate it). Numbers or arrays (a sweep)."""
     W, A, R, C = weights_bytes, activation_bytes, reserve_bytes, capacity_bytes
     if pool_bytes is not None:
-        budget = pool_bytes * (W + A + R + pool_bytes <= C)
+        budget = pool_bytes
     elif basis == "total":
         budget = C * frac - W - A - R
     elif basis == "measured":
@@ -254,13 +253,31 @@ def kv_budget_bytes(capacity_bytes, *, weights_bytes, activation_bytes, reserve_
     return budget if cap_bytes is None else vmin(budget, cap_bytes)
 
 
-def pool_limits(o: Options, per_token_bytes) -> dict:
+def pool_limits(o: Options, per_token_bytes, *, capacity_bytes, rest_bytes) -> dict:
     """``kv_budget_bytes``'s ``pool_bytes`` and ``cap_bytes`` from the options
     (``Options.kv_cache_memory_bytes``, ``Options.kv_cache_max_tokens``), the cap in bytes at
-    ``per_token_bytes`` of KV cache a token takes on one GPU."""
-    cap = o.kv_cache_max_tokens
-    return {"pool_bytes": o.kv_cache_memory_bytes,
-            "cap_bytes": None if cap is None else cap * per_token_bytes}
+    ``per_token_bytes`` of KV cache a token takes on one GPU. A pool given outright is 0 where
+    it has no room beside ``rest_bytes`` in ``capacity_bytes``: the weights, the reserve and
+    the activations of the engine's profiling step (vLLM still profiles a full step of
+    max-num-batched-tokens with it), one rule wherever the pool is sized."""
+    cap, pool = o.kv_cache_max_tokens, o.kv_cache_memory_bytes
+    if pool is not None:
+        pool = pool * (rest_bytes + pool <= capacity_bytes)
+    return {"pool_bytes": pool, "cap_bytes": None if cap is None else cap * per_token_bytes}
+
+
+def pool_limits_of(m: ModelSpec, prec: Precision, o: Options, *, capacity_bytes,
+                   weights_bytes, tp: int = 1, engine: Engine | None = None,
+                   per_token_bytes=None) -> dict:
+    """``pool_limits`` for a GPU holding ``weights_bytes`` beside the engine's profiling step
+    (``profile_activation_bytes``); ``per_token_bytes`` None: every layer's."""
+    if o.kv_cache_memory_bytes is None and o.kv_cache_max_tokens is None:
+        return {"pool_bytes": None, "cap_bytes": None}
+    rest = weights_bytes + o.reserve_bytes + profile_activation_bytes(
+        m, prec, tp=tp, engine=engine, options=o)
+    per = kv_cache_bytes_per_token(m, prec, tp=tp) if per_token_bytes is None \
+        else per_token_bytes
+    return pool_limits(o, per, capacity_bytes=capacity_bytes, rest_bytes=rest)
 
 
 def usable_bytes(capacity_bytes, *, weights_bytes, activation_bytes, reserve_bytes,
@@ -293,6 +310,9 @@ class MemoryPlan:
     utilization_frac: float = 0.9  # the engine's memory fraction and its basis
     utilization_basis: str = "total"
     offloaded_weights_bytes: float = 0.0  # kept in host memory (not in weights_bytes)
+    # the KV cache given outright as sized (``pool_limits``: 0 where it has no room); None:
+    # none given
+    kv_pool_bytes: float | None = None
 
     @property
     def total_bytes(self) -> float:
@@ -343,7 +363,7 @@ def max_batch(m: ModelSpec, hw: HardwareSpec, prec: Precision, *, prompt_tokens:
         per_token = per_token + naive * prompt_tokens
     kv = kv_cache_bytes(m, prec, batch=1, seq_len=prompt_tokens + output_tokens, tp=tp)
     chunk = o.prefill_chunk_tokens
-    lim = pool_limits(o, kv_cache_bytes_per_token(m, prec, tp=tp))
+    lim = pool_limits_of(m, prec, o, capacity_bytes=C, weights_bytes=W, tp=tp, engine=engine)
     if lim["pool_bytes"] is not None:
         P = lim["pool_bytes"]
         n = vmin(floor_nonneg(P / kv),
@@ -377,12 +397,13 @@ def kv_capacity_tokens(m: ModelSpec, hw: HardwareSpec, prec: Precision, *, tp: i
     per_token = kv_cache_bytes_per_token(m, prec, tp=tp)
     step_act = step_activation_bytes(m, prec, max_num_seqs=max_num_seqs,
                                      step_tokens=step_tokens, tp=tp, attention=o.attention)
+    w = resident_weight_bytes(m, prec, tp=tp, lm_head_sharded=lm_head_sharded, options=o)
     budget = kv_budget_bytes(
-        hw.memory_bytes,
-        weights_bytes=resident_weight_bytes(m, prec, tp=tp, lm_head_sharded=lm_head_sharded,
-                                            options=o),
-        activation_bytes=step_act, reserve_bytes=o.reserve_bytes, frac=frac, basis=basis,
-        margin_bytes=measured_margin_bytes(engine, step_act), **pool_limits(o, per_token))
+        hw.memory_bytes, weights_bytes=w, activation_bytes=step_act,
+        reserve_bytes=o.reserve_bytes, frac=frac, basis=basis,
+        margin_bytes=measured_margin_bytes(engine, step_act),
+        **pool_limits(o, per_token, capacity_bytes=hw.memory_bytes,
+                      rest_bytes=w + step_act + o.reserve_bytes))
     return max(0, int(budget // per_token))
 
 
@@ -462,6 +483,8 @@ def memory_plan(m: ModelSpec, hw: HardwareSpec, prec: Precision, *, batch: int,
     w = resident_weight_bytes(m, prec, tp=tp, lm_head_sharded=lm_head_sharded, options=o)
     act = activation_bytes(m, prec, batch=batch, prompt_tokens=prompt_tokens, tp=tp,
                            attention=o.attention, chunk_tokens=o.prefill_chunk_tokens)
+    lim = pool_limits_of(m, prec, o, capacity_bytes=hw.memory_bytes, weights_bytes=w, tp=tp,
+                         engine=engine)
     return MemoryPlan(
         weights_bytes=w,
         kv_cache_bytes=kv_cache_bytes(m, prec, batch=batch,
@@ -472,13 +495,12 @@ def memory_plan(m: ModelSpec, hw: HardwareSpec, prec: Precision, *, batch: int,
         usable_bytes=usable_bytes(hw.memory_bytes, weights_bytes=w, activation_bytes=act,
                                   reserve_bytes=o.reserve_bytes, frac=frac, basis=basis,
                                   margin_bytes=measured_margin_of(m, prec, tp=tp, engine=engine,
-                                                                  options=o),
-                                  **pool_limits(o, kv_cache_bytes_per_token(m, prec, tp=tp))),
+                                                                  options=o), **lim),
         max_batch=max_batch(m, hw, prec, prompt_tokens=prompt_tokens,
                             output_tokens=output_tokens, tp=tp, options=o,
                             lm_head_sharded=lm_head_sharded, engine=engine),
         utilization_frac=frac, utilization_basis=basis,
-        offloaded_weights_bytes=o.cpu_offload_bytes,
+        offloaded_weights_bytes=o.cpu_offload_bytes, kv_pool_bytes=lim["pool_bytes"],
     )
 
 
@@ -486,7 +508,7 @@ __all__ = [
     "KVConcurrency", "MemoryPlan", "activation_bytes", "kv_budget_bytes", "kv_cache_bytes",
     "kv_cache_bytes_per_token", "kv_cache_groups", "kv_capacity_tokens", "kv_concurrency",
     "max_batch",
-    "memory_plan", "memory_share", "offloadable_weight_bytes", "pool_limits",
+    "memory_plan", "memory_share", "offloadable_weight_bytes", "pool_limits", "pool_limits_of",
     "resident_weight_bytes",
     "sliding_share", "usable_bytes", "weight_bytes", "weight_bytes_breakdown",
 ]

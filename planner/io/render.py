@@ -164,10 +164,9 @@ def _usable_note(mem, o) -> str:
     """What the usable memory is: the engine's fraction on its basis, or the KV cache given
     outright (``Options.kv_cache_memory_bytes``) beside the rest; a token cap said after."""
     pool, cap = o.kv_cache_memory_bytes, o.kv_cache_max_tokens
-    rest = mem.weights_bytes + mem.activation_bytes + mem.reserve_bytes
     if pool is None:
         text = f"{fmt.pct(mem.utilization_frac)} {_BASIS_TEXT[mem.utilization_basis]}"
-    elif rest + pool > mem.capacity_bytes:
+    elif not mem.kv_pool_bytes:
         text = "weights, activations and reserve alone: the KV cache given has no room"
     else:
         text = f"weights, activations and reserve, and a {fmt.gib(pool)} KV cache given outright"
@@ -204,11 +203,10 @@ def _memory(e: Estimate) -> Table:
 def _misfit(mem, o) -> str:
     """Why a deployment does not fit, in one phrase."""
     pool = o.kv_cache_memory_bytes
-    rest = mem.weights_bytes + mem.activation_bytes + mem.reserve_bytes
-    if pool is not None and rest + pool > mem.capacity_bytes:
-        return (f"the {fmt.gib(pool)} KV cache given does not fit beside weights, activations "
-                f"and reserve ({fmt.gib(rest)} of {fmt.gib(mem.capacity_bytes)}): vLLM would "
-                "fail to allocate it")
+    if pool is not None and not mem.kv_pool_bytes:
+        return (f"the {fmt.gib(pool)} KV cache given does not fit beside the weights, the "
+                f"reserve and the activations of the engine's profiling step in "
+                f"{fmt.gib(mem.capacity_bytes)}: vLLM would fail to allocate it")
     if pool is not None:
         return (f"this batch's KV cache ({fmt.gib(mem.kv_cache_bytes)}) exceeds the "
                 f"{fmt.gib(pool)} given; a smaller batch or a larger --kv-cache-memory-bytes")

@@ -55,10 +55,9 @@ from planner.core.memory import (
     ROUTED,
     activation_bytes,
     kv_cache_bytes,
-    kv_cache_bytes_per_token,
     measured_margin_of,
     memory_share,
-    pool_limits,
+    pool_limits_of,
     usable_bytes,
     weight_bytes_breakdown,
 )
@@ -302,7 +301,8 @@ def expert_parallel(m: ModelSpec, hw: HardwareSpec, prep: Prepared, o: Options, 
     usable = usable_bytes(hw.memory_bytes, weights_bytes=w, activation_bytes=act,
                           reserve_bytes=o.reserve_bytes, frac=frac, basis=basis,
                           margin_bytes=measured_margin_of(m, p, tp=tp, engine=e, options=o),
-                          **pool_limits(o, kv_cache_bytes_per_token(m, p, tp=tp)))
+                          **pool_limits_of(m, p, o, capacity_bytes=hw.memory_bytes,
+                                           weights_bytes=w, tp=tp, engine=e))
     fixed = e.step_overhead_s + e.per_sequence_overhead_s * b
     return ExpertParallel(ep, b, batch * k / ep, top, w, kv, total, total <= usable, dense,
                           experts, a2a, fixed, x.crosses_node, ttft, usable,

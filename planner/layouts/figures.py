@@ -109,8 +109,11 @@ def layout_figures(m: ModelSpec, hw: HardwareSpec, prep: Prepared, o: Options, *
         memory, extra = r.max_memory_per_gpu_bytes, {"micro_batches": r.micro_batches}
         # the stage with the least headroom under its own usable memory binds
         headroom = reduce(vmin, (st.usable_bytes - st.total_bytes for st in r.stages))
-        usable = r.stages[0].usable_bytes \
-            if prep.engine.memory_basis in ("total", "measured") else memory + headroom
+        # on vLLM's bases every stage may fill the same share of its GPU; a KV cache given
+        # outright or capped makes each stage's its own
+        same = prep.engine.memory_basis in ("total", "measured") and \
+            o.kv_cache_memory_bytes is None and o.kv_cache_max_tokens is None
+        usable = r.stages[0].usable_bytes if same else memory + headroom
     else:
         raise UsageError("layout_figures: a TP group alone is estimate's")
     return LayoutFigures(tp, pp, ep, batch, output_tokens, r.ttft_s, r.tpot_s,

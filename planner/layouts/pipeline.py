@@ -35,7 +35,7 @@ from planner.core.memory import (
     kv_cache_bytes,
     measured_margin_of,
     memory_share,
-    pool_limits,
+    pool_limits_of,
     usable_bytes,
     weight_bytes_breakdown,
 )
@@ -216,8 +216,11 @@ def pipeline(m: ModelSpec, hw: HardwareSpec, prep: Prepared, o: Options, *, tp: 
         usable = usable_bytes(hw.memory_bytes, weights_bytes=w, activation_bytes=act,
                               reserve_bytes=o.reserve_bytes, frac=frac, basis=basis,
                               margin_bytes=margin,
-                              **pool_limits(o, kv_cache_bytes(m, p, batch=1, seq_len=1, tp=tp,
-                                                              layers=range(s, t))))
+                              **pool_limits_of(m, p, o, capacity_bytes=hw.memory_bytes,
+                                               weights_bytes=w, tp=tp, engine=e,
+                                               per_token_bytes=kv_cache_bytes(
+                                                   m, p, batch=1, seq_len=1, tp=tp,
+                                                   layers=range(s, t))))
 
         def timed(ops: list[Op], graphed: bool, s=s, t=t, first=first, last=last) -> float:
             return sum(op_time(op, c, tp=tp, options=o, engine=e, graphed=graphed).time_s

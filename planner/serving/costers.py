@@ -131,7 +131,9 @@ class PipelineCoster(_Layout):
                                      activation_bytes=act, reserve_bytes=o.reserve_bytes,
                                      frac=frac, basis=basis,
                                      margin_bytes=measured_margin_bytes(self.engine, act),
-                                     **pool_limits(o, per_token))
+                                     **pool_limits(o, per_token,
+                                                   capacity_bytes=self.hardware.memory_bytes,
+                                                   rest_bytes=w + act + o.reserve_bytes))
             n = max(0, int(budget // per_token))
             out = n if out is None else min(out, n)
         return out or 0
@@ -178,7 +180,9 @@ class ExpertCoster(_Layout):
         free = kv_budget_bytes(self.hardware.memory_bytes, weights_bytes=w, activation_bytes=act,
                                reserve_bytes=o.reserve_bytes, frac=frac, basis=basis,
                                margin_bytes=measured_margin_bytes(self.engine, act),
-                               **pool_limits(o, per_token))
+                               **pool_limits(o, per_token,
+                                             capacity_bytes=self.hardware.memory_bytes,
+                                             rest_bytes=w + act + o.reserve_bytes))
         return self.dp_ranks * max(0, int(free // per_token))
 
 

@@ -60,7 +60,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from planner.core.errors import UsageError
-from planner.core.memory import kv_cache_groups
+from planner.core.memory import kv_cache_bytes_per_token, kv_cache_groups
 from planner.serving.arrivals import Arrivals, arrivals
 from planner.serving.config import SchedulerConfig
 from planner.serving.cost import StepCoster, idle_coster
@@ -289,19 +289,27 @@ def _kv_pool(coster: StepCoster, cfg: SchedulerConfig, spec: SpecServing | None)
         # static batches reserve each request's whole length at once: no chunk's peak
         sliding = (sliding_groups, coster.model.sliding_window,
                    cfg.max_num_batched_tokens if cfg.kind == "continuous" else None)
+    cap = getattr(getattr(coster, "options", None), "kv_cache_max_tokens", None)
+    if cap is not None:  # the tokens the pool counts, a hybrid pool's too, at most the cap
+        capacity = min(capacity, cap)
     kv = kv_pool(cfg.kv_layout, capacity, block_size=cfg.block_size,
                  max_model_len=cfg.max_model_len,
                  on_demand=cfg.capacity_policy != "guaranteed-no-evict", sliding=sliding)
     if cfg.prefix_caching and cfg.kind == "continuous" and cfg.kv_layout == "paged":
         kv.prefixes = PrefixCache(cfg.block_size)
     given = getattr(getattr(coster, "options", None), "kv_cache_memory_bytes", None)
-    if kv.capacity_tokens < cfg.block_size and given is not None:
-        gib = given / 1024**3
-        raise UsageError(f"the KV cache given (--kv-cache-memory-bytes, {gib:.2f} GiB) "
-                         + ("does not fit beside the weights, activations and reserve on "
-                            "this GPU" if not kv.capacity_tokens else
-                            f"holds {kv.capacity_tokens} tokens, under one block of "
-                            f"{cfg.block_size}"))
+    if kv.capacity_tokens < cfg.block_size and (given is not None or cap is not None):
+        block_bytes = cfg.block_size * kv_cache_bytes_per_token(
+            coster.model, coster.prep.precision, tp=getattr(coster, "tp", 1))
+        capped = cap is not None and cap < cfg.block_size
+        if given is not None and given >= block_bytes and not capped:
+            # room for a block, but not beside the weights, activations and reserve
+            raise UsageError(f"the KV cache given (--kv-cache-memory-bytes, "
+                             f"{given / 1024**3:.2f} GiB) does not fit beside the weights, "
+                             "activations and reserve on this GPU")
+        said = "--kv-cache-tokens" if capped or given is None else "--kv-cache-memory-bytes"
+        raise UsageError(f"the KV cache given ({said}) holds {kv.capacity_tokens} tokens, "
+                         f"under one block of {cfg.block_size}")
     if kv.capacity_tokens < cfg.block_size:
         drafter = " and the drafter's" if spec is not None and spec.draft_weight_bytes else ""
         raise UsageError(f"the weights{drafter} leave no room for a KV cache on this GPU "
