@@ -358,7 +358,8 @@ def plan_run(a: dict, *, emit: bool = False):
         return df
     _show_static(df, m, prompt_tokens=prompt_tokens, output_tokens=output_tokens, top=top,
                  csv=csv, plot=plot, as_json=as_json, label=(ttft, tpot, req),
-                 targets=targets, engine_name=eng.name, price_set=price_set + _kv_given(opts))
+                 targets=targets, engine_name=eng.name, price_set=price_set,
+                 kv_given=_kv_given(opts))
     return df
 
 
@@ -427,9 +428,11 @@ def _check_targets(a: dict) -> tuple[float, float]:
 
 
 def _show_static(df, m, *, prompt_tokens, output_tokens, top, csv, plot, as_json,
-                 label, targets, engine_name: str, price_set: str = "") -> None:
+                 label, targets, engine_name: str, price_set: str = "",
+                 kv_given: str = "") -> None:
     """The static-batching plan's rows: CSV, plot, JSON or the table of the cheapest
-    (``targets``: what they were searched against, in seconds)."""
+    (``targets``: what they were searched against, in seconds; ``kv_given``: the KV cache
+    the command gave each GPU, ``_kv_given``)."""
     from planner.io.render import plain, table
     from planner.io.report import plot_pareto
     from planner.layouts.deployment import Layout
@@ -470,8 +473,8 @@ def _show_static(df, m, *, prompt_tokens, output_tokens, top, csv, plot, as_json
                      f"{r.usd_per_hour:,.2f}",
                      f"{r.cost_usd_per_million_output_tokens_at_traffic:,.3f}"])
     stdout.print(table(f"{plain(m.label)}: {len(feas):,} of {len(df):,} configurations meet "
-                       f"TTFT <= {ttft}, TPOT <= {tpot} at {req:g} req/s; prices: "
-                       f"{plain(price_set)}",
+                       f"TTFT <= {ttft}, TPOT <= {tpot} at {req:g} req/s{kv_given}; "
+                       f"prices: {plain(price_set)}",
                        ["#", "gpu", "layout", "w", "kv", "batch", "rep-\nlicas", "GPUs",
                         "TTFT\nms", "TPOT\nms", "free\nmem", "bound", "$/h", "$/1M\nout"],
                        rows, left=5, compact=True))

@@ -393,18 +393,32 @@ def kv_capacity_tokens(m: ModelSpec, hw: HardwareSpec, prec: Precision, *, tp: i
     full step of ``step_tokens`` tokens over ``max_num_seqs`` sequences and the reserve) over
     the KV bytes of one token (vLLM, SGLang and TensorRT-LLM size their pools so)."""
     o = options or Options()
-    frac, basis = memory_share(o, engine, hw.memory_bytes)
-    per_token = kv_cache_bytes_per_token(m, prec, tp=tp)
-    step_act = step_activation_bytes(m, prec, max_num_seqs=max_num_seqs,
-                                     step_tokens=step_tokens, tp=tp, attention=o.attention)
-    w = resident_weight_bytes(m, prec, tp=tp, lm_head_sharded=lm_head_sharded, options=o)
+    return serving_kv_tokens(
+        hw.memory_bytes, o, engine,
+        weights_bytes=resident_weight_bytes(m, prec, tp=tp, lm_head_sharded=lm_head_sharded,
+                                            options=o),
+        step_act_bytes=step_activation_bytes(m, prec, max_num_seqs=max_num_seqs,
+                                                    step_tokens=step_tokens, tp=tp,
+                                                    attention=o.attention),
+        per_token_bytes=kv_cache_bytes_per_token(m, prec, tp=tp))
+
+
+def serving_kv_tokens(capacity_bytes, o: Options, engine: Engine | None, *, weights_bytes,
+                      step_act_bytes, per_token_bytes) -> int:
+    """Tokens of KV cache one GPU of a serving replica holds: the engine's KV budget
+    (``kv_budget_bytes`` on its basis, with its measured margin and the options' pool or cap,
+    all beside ``step_act_bytes``, the activations of a full step, the one the engine
+    profiles) over the ``per_token_bytes`` a token takes on that GPU. Every layout's coster
+    sizes its GPUs' pools here."""
+    frac, basis = memory_share(o, engine, capacity_bytes)
+    act = step_act_bytes
     budget = kv_budget_bytes(
-        hw.memory_bytes, weights_bytes=w, activation_bytes=step_act,
+        capacity_bytes, weights_bytes=weights_bytes, activation_bytes=act,
         reserve_bytes=o.reserve_bytes, frac=frac, basis=basis,
-        margin_bytes=measured_margin_bytes(engine, step_act),
-        **pool_limits(o, per_token, capacity_bytes=hw.memory_bytes,
-                      rest_bytes=w + step_act + o.reserve_bytes))
-    return max(0, int(budget // per_token))
+        margin_bytes=measured_margin_bytes(engine, act),
+        **pool_limits(o, per_token_bytes, capacity_bytes=capacity_bytes,
+                      rest_bytes=weights_bytes + act + o.reserve_bytes))
+    return max(0, int(budget // per_token_bytes))
 
 
 @dataclass(frozen=True)
@@ -509,6 +523,6 @@ __all__ = [
     "kv_cache_bytes_per_token", "kv_cache_groups", "kv_capacity_tokens", "kv_concurrency",
     "max_batch",
     "memory_plan", "memory_share", "offloadable_weight_bytes", "pool_limits", "pool_limits_of",
-    "resident_weight_bytes",
+    "resident_weight_bytes", "serving_kv_tokens",
     "sliding_share", "usable_bytes", "weight_bytes", "weight_bytes_breakdown",
 ]

@@ -40,12 +40,9 @@ from __future__ import annotations
 from planner.core.engine import Engine
 from planner.core.estimate import Prepared
 from planner.core.memory import (
-    kv_budget_bytes,
     kv_cache_bytes_per_token,
     kv_elements_per_token_per_layer,
-    measured_margin_bytes,
-    memory_share,
-    pool_limits,
+    serving_kv_tokens,
     step_activation_bytes,
 )
 from planner.core.ops import StepShape, check_tp
@@ -119,24 +116,14 @@ class PipelineCoster(_Layout):
         layer caching the whole context; a hybrid pool, ``planner.serving.kv.HybridPagedKV``,
         counts it again in one group's tokens)."""
         m, p, o = self.model, self.prep.precision, self.options
-        frac, basis = memory_share(o, self.engine, self.hardware.memory_bytes)
         act = self._activation_bytes(max_num_seqs, step_tokens, self.tp)
         per_layer = kv_elements_per_token_per_layer(m, self.tp) * p.kv_bytes
-        out = None
-        for i, (s, t) in enumerate(self.ranges):
-            w = weights_of_stage(m, p, self.tp, s, t, i == 0, i == self.pp - 1,
-                                 lm_head_sharded=self.engine.lm_head_sharded)
-            per_token = (t - s) * per_layer
-            budget = kv_budget_bytes(self.hardware.memory_bytes, weights_bytes=w,
-                                     activation_bytes=act, reserve_bytes=o.reserve_bytes,
-                                     frac=frac, basis=basis,
-                                     margin_bytes=measured_margin_bytes(self.engine, act),
-                                     **pool_limits(o, per_token,
-                                                   capacity_bytes=self.hardware.memory_bytes,
-                                                   rest_bytes=w + act + o.reserve_bytes))
-            n = max(0, int(budget // per_token))
-            out = n if out is None else min(out, n)
-        return out or 0
+        return min(serving_kv_tokens(
+            self.hardware.memory_bytes, o, self.engine,
+            weights_bytes=weights_of_stage(m, p, self.tp, s, t, i == 0, i == self.pp - 1,
+                                           lm_head_sharded=self.engine.lm_head_sharded),
+            step_act_bytes=act, per_token_bytes=(t - s) * per_layer)
+            for i, (s, t) in enumerate(self.ranges))
 
 
 class ExpertCoster(_Layout):
@@ -172,18 +159,12 @@ class ExpertCoster(_Layout):
         experts, every other weight as ``tp`` shards it) and the activations of a full step
         of its group (``max_num_seqs`` and ``step_tokens`` are one rank's), over the KV bytes
         per token each GPU of a group holds."""
-        m, p, o = self.model, self.prep.precision, self.options
-        w = self.x.weights_bytes()
-        act = self._activation_bytes(max_num_seqs, step_tokens, self.tp)
-        frac, basis = memory_share(o, self.engine, self.hardware.memory_bytes)
-        per_token = kv_cache_bytes_per_token(m, p, tp=self.tp)
-        free = kv_budget_bytes(self.hardware.memory_bytes, weights_bytes=w, activation_bytes=act,
-                               reserve_bytes=o.reserve_bytes, frac=frac, basis=basis,
-                               margin_bytes=measured_margin_bytes(self.engine, act),
-                               **pool_limits(o, per_token,
-                                             capacity_bytes=self.hardware.memory_bytes,
-                                             rest_bytes=w + act + o.reserve_bytes))
-        return self.dp_ranks * max(0, int(free // per_token))
+        return self.dp_ranks * serving_kv_tokens(
+            self.hardware.memory_bytes, self.options, self.engine,
+            weights_bytes=self.x.weights_bytes(),
+            step_act_bytes=self._activation_bytes(max_num_seqs, step_tokens, self.tp),
+            per_token_bytes=kv_cache_bytes_per_token(self.model, self.prep.precision,
+                                                     tp=self.tp))
 
 
 def _busiest(shape: StepShape, sequences: int, groups: int,

@@ -289,7 +289,8 @@ def _kv_pool(coster: StepCoster, cfg: SchedulerConfig, spec: SpecServing | None)
         # static batches reserve each request's whole length at once: no chunk's peak
         sliding = (sliding_groups, coster.model.sliding_window,
                    cfg.max_num_batched_tokens if cfg.kind == "continuous" else None)
-    cap = getattr(getattr(coster, "options", None), "kv_cache_max_tokens", None)
+    o = getattr(coster, "options", None)  # a pool or cap the options give (a test's coster: none)
+    cap = getattr(o, "kv_cache_max_tokens", None)
     if cap is not None:  # the tokens the pool counts, a hybrid pool's too, at most the cap
         capacity = min(capacity, cap)
     kv = kv_pool(cfg.kv_layout, capacity, block_size=cfg.block_size,
@@ -297,7 +298,7 @@ def _kv_pool(coster: StepCoster, cfg: SchedulerConfig, spec: SpecServing | None)
                  on_demand=cfg.capacity_policy != "guaranteed-no-evict", sliding=sliding)
     if cfg.prefix_caching and cfg.kind == "continuous" and cfg.kv_layout == "paged":
         kv.prefixes = PrefixCache(cfg.block_size)
-    given = getattr(getattr(coster, "options", None), "kv_cache_memory_bytes", None)
+    given = getattr(o, "kv_cache_memory_bytes", None)
     if kv.capacity_tokens < cfg.block_size and (given is not None or cap is not None):
         block_bytes = cfg.block_size * kv_cache_bytes_per_token(
             coster.model, coster.prep.precision, tp=getattr(coster, "tp", 1))
