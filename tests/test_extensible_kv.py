@@ -159,17 +159,21 @@ def test_the_margin_is_the_profiling_step_s_not_the_batch_s(run_json):
     """vLLM fixes the margin once, from the activations of its profiling step (a full step of
     max_num_batched_tokens), whatever batch is served: Gemma-3-27B at batch 1 on an H100
     keeps 0.75 x that step's 2.15 GiB free, 1.61 GiB, not the floor."""
-    from planner.core.memory import measured_margin_of, profile_activation_bytes
+    from planner.core.memory import memory_terms_of, profile_activation_bytes
+
+    def margin(model):
+        return memory_terms_of(model, Precision(), Options(), e, capacity_bytes=80 * GIB,
+                               weights_bytes=0.0).margin_bytes
 
     m, hw, e = _deployment(None)
     g = catalog.load_model("gemma-3-27b")
     a = profile_activation_bytes(g, Precision(), engine=e)
     assert a == pytest.approx(2.15 * GIB, rel=0.01)
-    assert measured_margin_of(g, Precision(), engine=e) == pytest.approx(0.75 * a)
+    assert margin(g) == pytest.approx(0.75 * a)
     d = run_json("estimate", "-m", "gemma-3-27b", "-g", "h100-sxm", "-b", "1")
     assert d["usable_memory_bytes"] == pytest.approx(80 * GIB - 0.75 * a, rel=1e-9)
     # Llama-3.1-8B's step (1.27 GiB) leaves the 1 GiB floor
-    assert measured_margin_of(m, Precision(), engine=e) == GIB
+    assert margin(m) == GIB
 
 
 def test_where_vllm_cannot_measure_it_sizes_as_before(run_json):

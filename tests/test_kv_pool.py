@@ -19,6 +19,8 @@ from planner.core.memory import (
     kv_capacity_tokens,
     max_batch,
     memory_plan,
+    memory_terms,
+    memory_terms_of,
     pool_limits,
     resident_weight_bytes,
     step_activation_bytes,
@@ -71,6 +73,47 @@ def test_the_budget_by_hand():
     lim = pool_limits(Options(kv_cache_memory_bytes=20 * GIB), PER_TOKEN,
                       capacity_bytes=80 * GIB, rest_bytes=np.array([18.0, 73.0]) * GIB)
     assert (lim["pool_bytes"] / GIB).tolist() == [20.0, 0.0]
+
+
+def test_one_place_decides_fraction_basis_margin_and_pool():
+    """memory_terms reads the engine's sizing of a GPU once: the margin exists on the measured
+    basis alone (vLLM 0.34: max(1 GiB, 0.75 x the profiling step's activations)), and a pool
+    given outright keeps its room beside the weights, the reserve and that step."""
+    m, hw, p, e = _setup()  # vllm (0.34: measured, 1.0)
+    kw = {"capacity_bytes": 80 * GIB, "weights_bytes": 15 * GIB, "per_token_bytes": PER_TOKEN}
+    t = memory_terms(Options(), e, profile_act_bytes=4 * GIB, **kw)
+    assert (t.frac, t.basis, t.margin_bytes) == (1.0, "measured", 3 * GIB)  # 0.75 x 4
+    assert (t.pool_bytes, t.cap_bytes) == (None, None)
+    assert memory_terms(Options(), e, profile_act_bytes=GIB, **kw).margin_bytes == GIB  # floor
+    # by hand, what it may fill: min(80, 80 - 3) = 77 GiB; its KV: 77 - 15 - 2 - 1 = 59 GiB
+    assert t.usable_bytes(80 * GIB, weights_bytes=15 * GIB, activation_bytes=2 * GIB,
+                          reserve_bytes=GIB) == pytest.approx(77 * GIB)
+    assert t.kv_budget_bytes(80 * GIB, weights_bytes=15 * GIB, activation_bytes=2 * GIB,
+                             reserve_bytes=GIB) == pytest.approx(59 * GIB)
+    # SGLang's static basis keeps no margin
+    sg = _setup("sglang")[3]
+    assert memory_terms(Options(), sg, profile_act_bytes=4 * GIB, **kw).margin_bytes == 0.0
+    # a pool: 63 GiB has room beside 15 + 1 + 1 (80 - 17), 64 does not (sized 0)
+    for gib, sized in ((63, 63), (64, 0)):
+        t = memory_terms(Options(kv_cache_memory_bytes=gib * GIB), e, profile_act_bytes=GIB,
+                         **kw)
+        assert t.pool_bytes == sized * GIB
+    # the cap in bytes at the GPU's own KV bytes a token (a pipeline stage's: half its layers)
+    t = memory_terms(Options(kv_cache_max_tokens=1000), e, profile_act_bytes=GIB,
+                     **{**kw, "per_token_bytes": PER_TOKEN / 2})
+    assert t.cap_bytes == 1000 * PER_TOKEN / 2
+    # and memory_plan, max_batch and the serving pool read the same terms: the plan's
+    # usable memory is the terms' for the batch's own activations
+    o = Options(kv_cache_max_tokens=100_000)
+    plan = memory_plan(m, hw, p, batch=8, prompt_tokens=1024, output_tokens=256, options=o,
+                       engine=e)
+    terms = memory_terms_of(m, p, o, e, capacity_bytes=hw.memory_bytes,
+                            weights_bytes=plan.weights_bytes)
+    assert (plan.utilization_frac, plan.utilization_basis) == (terms.frac, terms.basis)
+    assert plan.usable_bytes == pytest.approx(terms.usable_bytes(
+        hw.memory_bytes, weights_bytes=plan.weights_bytes,
+        activation_bytes=plan.activation_bytes, reserve_bytes=plan.reserve_bytes))
+    assert terms.cap_bytes == 100_000 * PER_TOKEN
 
 
 def test_the_pool_s_tokens_and_batches_by_hand():

@@ -181,17 +181,6 @@ def profile_activation_bytes(m: ModelSpec, prec: Precision, *, tp: int = 1,
                                  attention=o.attention)
 
 
-def measured_margin_of(m: ModelSpec, prec: Precision, *, tp: int = 1,
-                       engine: Engine | None = None, options: Options | None = None) -> float:
-    """``measured_margin_bytes`` of the engine's profiling step for this model, or 0 where the
-    engine does not size its cache on the measured basis."""
-    if (engine or IDEAL).memory_basis != "measured" and (
-            options is None or options.memory_utilization_basis != "measured"):
-        return 0.0
-    return measured_margin_bytes(engine, profile_activation_bytes(
-        m, prec, tp=tp, engine=engine, options=options))
-
-
 def measured_cap_bytes(capacity_bytes, frac: float, margin_bytes):
     """What weights, activations, reserve and KV cache may fill on the measured basis: f of
     the GPU's memory, and the memory less the margin kept free."""
@@ -228,7 +217,7 @@ def kv_budget_bytes(capacity_bytes, *, weights_bytes, activation_bytes, reserve_
     vLLM caps everything it allocates at f C; from 0.34 its extensible KV cache is sized from
     the memory measured after warm-up and CUDA-graph capture, within f C (its default f 1.0)
     and keeping free a margin M = max(1 GiB, 0.75 A), A its profiling step's activations
-    (``margin_bytes``: ``measured_margin_of``); SGLang's fraction covers the weights and the
+    (``margin_bytes``: ``memory_terms``); SGLang's fraction covers the weights and the
     KV pool only, of the memory free once the CUDA context is up, leaving the rest (1 - f) to
     activations and CUDA graphs; TensorRT-LLM gives the KV cache f of what is free after the
     weights and a profiled forward pass.
@@ -266,20 +255,6 @@ def pool_limits(o: Options, per_token_bytes, *, capacity_bytes, rest_bytes) -> d
     return {"pool_bytes": pool, "cap_bytes": None if cap is None else cap * per_token_bytes}
 
 
-def pool_limits_of(m: ModelSpec, prec: Precision, o: Options, *, capacity_bytes,
-                   weights_bytes, tp: int = 1, engine: Engine | None = None,
-                   per_token_bytes=None) -> dict:
-    """``pool_limits`` for a GPU holding ``weights_bytes`` beside the engine's profiling step
-    (``profile_activation_bytes``); ``per_token_bytes`` None: every layer's."""
-    if o.kv_cache_memory_bytes is None and o.kv_cache_max_tokens is None:
-        return {"pool_bytes": None, "cap_bytes": None}
-    rest = weights_bytes + o.reserve_bytes + profile_activation_bytes(
-        m, prec, tp=tp, engine=engine, options=o)
-    per = kv_cache_bytes_per_token(m, prec, tp=tp) if per_token_bytes is None \
-        else per_token_bytes
-    return pool_limits(o, per, capacity_bytes=capacity_bytes, rest_bytes=rest)
-
-
 def usable_bytes(capacity_bytes, *, weights_bytes, activation_bytes, reserve_bytes,
                  frac: float, basis: str, margin_bytes=MEASURED_MARGIN_BYTES,
                  pool_bytes=None, cap_bytes=None):
@@ -294,6 +269,63 @@ def usable_bytes(capacity_bytes, *, weights_bytes, activation_bytes, reserve_byt
         capacity_bytes, weights_bytes=weights_bytes, activation_bytes=activation_bytes,
         reserve_bytes=reserve_bytes, frac=frac, basis=basis, margin_bytes=margin_bytes,
         pool_bytes=pool_bytes, cap_bytes=cap_bytes)
+
+
+@dataclass(frozen=True)
+class MemoryTerms:
+    """How the engine sizes one GPU's memory: its fraction and basis (``memory_share``), the
+    margin it keeps free on the measured basis (0 on every other, where none applies), and
+    the pool given outright or the cap on it (``pool_limits``). ``memory_terms`` reads them
+    once for a GPU; ``usable_bytes`` and ``kv_budget_bytes`` then take them as they are."""
+
+    frac: float
+    basis: str
+    margin_bytes: float = 0.0
+    pool_bytes: float | None = None
+    cap_bytes: float | None = None
+
+    def usable_bytes(self, capacity_bytes, *, weights_bytes, activation_bytes,
+                     reserve_bytes):
+        """``usable_bytes`` on these terms."""
+        return usable_bytes(capacity_bytes, weights_bytes=weights_bytes,
+                            activation_bytes=activation_bytes, reserve_bytes=reserve_bytes,
+                            frac=self.frac, basis=self.basis, margin_bytes=self.margin_bytes,
+                            pool_bytes=self.pool_bytes, cap_bytes=self.cap_bytes)
+
+    def kv_budget_bytes(self, capacity_bytes, *, weights_bytes, activation_bytes,
+                        reserve_bytes):
+        """``kv_budget_bytes`` on these terms."""
+        return kv_budget_bytes(capacity_bytes, weights_bytes=weights_bytes,
+                               activation_bytes=activation_bytes, reserve_bytes=reserve_bytes,
+                               frac=self.frac, basis=self.basis, margin_bytes=self.margin_bytes,
+                               pool_bytes=self.pool_bytes, cap_bytes=self.cap_bytes)
+
+
+def memory_terms(o: Options, engine: Engine | None, *, capacity_bytes, weights_bytes,
+                 profile_act_bytes, per_token_bytes) -> MemoryTerms:
+    """The ``MemoryTerms`` of one GPU of ``capacity_bytes`` holding ``weights_bytes``, beside
+    ``profile_act_bytes``, the activations of the step the engine profiles its memory with
+    (a full step: the measured basis's margin and a given pool's room both rest on it), with
+    ``per_token_bytes`` of KV cache a token on that GPU (a cap's bytes). One place decides
+    the fraction, the basis, the margin and the pool, for every layout."""
+    frac, basis = memory_share(o, engine, capacity_bytes)
+    margin = measured_margin_bytes(engine, profile_act_bytes) if basis == "measured" else 0.0
+    lim = pool_limits(o, per_token_bytes, capacity_bytes=capacity_bytes,
+                      rest_bytes=weights_bytes + o.reserve_bytes + profile_act_bytes)
+    return MemoryTerms(frac, basis, margin, **lim)
+
+
+def memory_terms_of(m: ModelSpec, prec: Precision, o: Options, engine: Engine | None, *,
+                    capacity_bytes, weights_bytes, tp: int = 1,
+                    per_token_bytes=None) -> MemoryTerms:
+    """``memory_terms`` for a GPU of ``m`` beside the engine's own profiling step
+    (``profile_activation_bytes``); ``per_token_bytes`` None: every layer's KV bytes."""
+    per = kv_cache_bytes_per_token(m, prec, tp=tp) if per_token_bytes is None \
+        else per_token_bytes
+    return memory_terms(o, engine, capacity_bytes=capacity_bytes, weights_bytes=weights_bytes,
+                        profile_act_bytes=profile_activation_bytes(m, prec, tp=tp,
+                                                                   engine=engine, options=o),
+                        per_token_bytes=per)
 
 
 @dataclass(frozen=True)
@@ -355,32 +387,31 @@ def max_batch(m: ModelSpec, hw: HardwareSpec, prec: Precision, *, prompt_tokens:
     R - P; a cap on the pool's tokens (SGLang's max_total_tokens) bounds B x kv as well. Token
     counts may be arrays (a sweep); the result is then an array."""
     o = options or Options()
-    frac, basis = memory_share(o, engine, hw.memory_bytes)
     C, R = hw.memory_bytes, o.reserve_bytes
     W = resident_weight_bytes(m, prec, tp=tp, lm_head_sharded=lm_head_sharded, options=o)
+    terms = memory_terms_of(m, prec, o, engine, capacity_bytes=C, weights_bytes=W, tp=tp)
+    frac, basis = terms.frac, terms.basis
     per_token, logits, naive = _activation_terms(m, prec, tp=tp)
     if o.attention == "naive":
         per_token = per_token + naive * prompt_tokens
     kv = kv_cache_bytes(m, prec, batch=1, seq_len=prompt_tokens + output_tokens, tp=tp)
     chunk = o.prefill_chunk_tokens
-    lim = pool_limits_of(m, prec, o, capacity_bytes=C, weights_bytes=W, tp=tp, engine=engine)
-    if lim["pool_bytes"] is not None:
-        P = lim["pool_bytes"]
+    if terms.pool_bytes is not None:
+        P = terms.pool_bytes
         n = vmin(floor_nonneg(P / kv),
                  _largest_batch(C - W - R - P, 0.0, logits, per_token, prompt_tokens, chunk))
     elif basis == "total":
         n = _largest_batch(C * frac - W - R, kv, logits, per_token, prompt_tokens, chunk)
     elif basis == "measured":  # within f C and within C less the profiling step's margin
-        cap = measured_cap_bytes(C, frac, measured_margin_of(m, prec, tp=tp, engine=engine,
-                                                             options=o))
+        cap = measured_cap_bytes(C, frac, terms.margin_bytes)
         n = _largest_batch(cap - W - R, kv, logits, per_token, prompt_tokens, chunk)
     elif basis == "free":
         n = _largest_batch(C - W - R, kv / frac, logits, per_token, prompt_tokens, chunk)
     else:  # static: the pool's own bound, and everything within the GPU
         n = vmin(floor_nonneg((frac * (C - R) - W) / kv),
                  _largest_batch(C - W - R, kv, logits, per_token, prompt_tokens, chunk))
-    if lim["cap_bytes"] is not None:
-        n = vmin(n, floor_nonneg(lim["cap_bytes"] / kv))
+    if terms.cap_bytes is not None:
+        n = vmin(n, floor_nonneg(terms.cap_bytes / kv))
     return int(n) if isinstance(n, float) else n
 
 
@@ -410,14 +441,11 @@ def serving_kv_tokens(capacity_bytes, o: Options, engine: Engine | None, *, weig
     all beside ``step_act_bytes``, the activations of a full step, the one the engine
     profiles) over the ``per_token_bytes`` a token takes on that GPU. Every layout's coster
     sizes its GPUs' pools here."""
-    frac, basis = memory_share(o, engine, capacity_bytes)
-    act = step_act_bytes
-    budget = kv_budget_bytes(
-        capacity_bytes, weights_bytes=weights_bytes, activation_bytes=act,
-        reserve_bytes=o.reserve_bytes, frac=frac, basis=basis,
-        margin_bytes=measured_margin_bytes(engine, act),
-        **pool_limits(o, per_token_bytes, capacity_bytes=capacity_bytes,
-                      rest_bytes=weights_bytes + act + o.reserve_bytes))
+    terms = memory_terms(o, engine, capacity_bytes=capacity_bytes, weights_bytes=weights_bytes,
+                         profile_act_bytes=step_act_bytes, per_token_bytes=per_token_bytes)
+    budget = terms.kv_budget_bytes(capacity_bytes, weights_bytes=weights_bytes,
+                                   activation_bytes=step_act_bytes,
+                                   reserve_bytes=o.reserve_bytes)
     return max(0, int(budget // per_token_bytes))
 
 
@@ -493,12 +521,11 @@ def memory_plan(m: ModelSpec, hw: HardwareSpec, prec: Precision, *, batch: int,
                 options: Options | None = None, lm_head_sharded: bool = True,
                 engine: Engine | None = None) -> MemoryPlan:
     o = options or Options()
-    frac, basis = memory_share(o, engine, hw.memory_bytes)
     w = resident_weight_bytes(m, prec, tp=tp, lm_head_sharded=lm_head_sharded, options=o)
     act = activation_bytes(m, prec, batch=batch, prompt_tokens=prompt_tokens, tp=tp,
                            attention=o.attention, chunk_tokens=o.prefill_chunk_tokens)
-    lim = pool_limits_of(m, prec, o, capacity_bytes=hw.memory_bytes, weights_bytes=w, tp=tp,
-                         engine=engine)
+    terms = memory_terms_of(m, prec, o, engine, capacity_bytes=hw.memory_bytes,
+                            weights_bytes=w, tp=tp)
     return MemoryPlan(
         weights_bytes=w,
         kv_cache_bytes=kv_cache_bytes(m, prec, batch=batch,
@@ -506,15 +533,13 @@ def memory_plan(m: ModelSpec, hw: HardwareSpec, prec: Precision, *, batch: int,
         activation_bytes=act,
         reserve_bytes=o.reserve_bytes,
         capacity_bytes=hw.memory_bytes,
-        usable_bytes=usable_bytes(hw.memory_bytes, weights_bytes=w, activation_bytes=act,
-                                  reserve_bytes=o.reserve_bytes, frac=frac, basis=basis,
-                                  margin_bytes=measured_margin_of(m, prec, tp=tp, engine=engine,
-                                                                  options=o), **lim),
+        usable_bytes=terms.usable_bytes(hw.memory_bytes, weights_bytes=w, activation_bytes=act,
+                                        reserve_bytes=o.reserve_bytes),
         max_batch=max_batch(m, hw, prec, prompt_tokens=prompt_tokens,
                             output_tokens=output_tokens, tp=tp, options=o,
                             lm_head_sharded=lm_head_sharded, engine=engine),
-        utilization_frac=frac, utilization_basis=basis,
-        offloaded_weights_bytes=o.cpu_offload_bytes, kv_pool_bytes=lim["pool_bytes"],
+        utilization_frac=terms.frac, utilization_basis=terms.basis,
+        offloaded_weights_bytes=o.cpu_offload_bytes, kv_pool_bytes=terms.pool_bytes,
     )
 
 
@@ -522,7 +547,8 @@ __all__ = [
     "KVConcurrency", "MemoryPlan", "activation_bytes", "kv_budget_bytes", "kv_cache_bytes",
     "kv_cache_bytes_per_token", "kv_cache_groups", "kv_capacity_tokens", "kv_concurrency",
     "max_batch",
-    "memory_plan", "memory_share", "offloadable_weight_bytes", "pool_limits", "pool_limits_of",
+    "MemoryTerms", "memory_plan", "memory_share", "memory_terms", "memory_terms_of",
+    "offloadable_weight_bytes", "pool_limits",
     "resident_weight_bytes", "serving_kv_tokens",
     "sliding_share", "usable_bytes", "weight_bytes", "weight_bytes_breakdown",
 ]

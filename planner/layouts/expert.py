@@ -55,10 +55,7 @@ from planner.core.memory import (
     ROUTED,
     activation_bytes,
     kv_cache_bytes,
-    measured_margin_of,
-    memory_share,
-    pool_limits_of,
-    usable_bytes,
+    memory_terms_of,
     weight_bytes_breakdown,
 )
 from planner.core.ops import Op, StepShape, shape_ops
@@ -297,12 +294,10 @@ def expert_parallel(m: ModelSpec, hw: HardwareSpec, prep: Prepared, o: Options, 
     act = activation_bytes(m, p, batch=b, prompt_tokens=prompt_tokens, tp=tp,
                            attention=o.attention, chunk_tokens=o.prefill_chunk_tokens)
     total = w + kv + act + o.reserve_bytes
-    frac, basis = memory_share(o, e, hw.memory_bytes)
-    usable = usable_bytes(hw.memory_bytes, weights_bytes=w, activation_bytes=act,
-                          reserve_bytes=o.reserve_bytes, frac=frac, basis=basis,
-                          margin_bytes=measured_margin_of(m, p, tp=tp, engine=e, options=o),
-                          **pool_limits_of(m, p, o, capacity_bytes=hw.memory_bytes,
-                                           weights_bytes=w, tp=tp, engine=e))
+    usable = memory_terms_of(m, p, o, e, capacity_bytes=hw.memory_bytes, weights_bytes=w,
+                             tp=tp).usable_bytes(hw.memory_bytes, weights_bytes=w,
+                                                 activation_bytes=act,
+                                                 reserve_bytes=o.reserve_bytes)
     fixed = e.step_overhead_s + e.per_sequence_overhead_s * b
     return ExpertParallel(ep, b, batch * k / ep, top, w, kv, total, total <= usable, dense,
                           experts, a2a, fixed, x.crosses_node, ttft, usable,

@@ -33,10 +33,8 @@ from planner.core.headline import Headline
 from planner.core.memory import (
     activation_bytes,
     kv_cache_bytes,
-    measured_margin_of,
-    memory_share,
-    pool_limits_of,
-    usable_bytes,
+    memory_terms,
+    profile_activation_bytes,
     weight_bytes_breakdown,
 )
 from planner.core.ops import Op, decode_ops, prefill_ops
@@ -202,8 +200,7 @@ def pipeline(m: ModelSpec, hw: HardwareSpec, prep: Prepared, o: Options, *, tp: 
                       attention=o.attention, lm_head_sharded=sharded)
     act = activation_bytes(m, p, batch=batch, prompt_tokens=prompt_tokens, tp=tp,
                            attention=o.attention, chunk_tokens=o.prefill_chunk_tokens)
-    frac, basis = memory_share(o, e, hw.memory_bytes)
-    margin = measured_margin_of(m, p, tp=tp, engine=e, options=o)
+    profile_act = profile_activation_bytes(m, p, tp=tp, engine=e, options=o)
     per_node = c.gpus_per_node
     stages: list[Stage] = []
     links: list[tuple[float, float]] = []
@@ -213,14 +210,13 @@ def pipeline(m: ModelSpec, hw: HardwareSpec, prep: Prepared, o: Options, *, tp: 
         kv = kv_cache_bytes(m, p, batch=batch, seq_len=prompt_tokens + output_tokens, tp=tp,
                             layers=range(s, t))
         total = w + kv + act + o.reserve_bytes
-        usable = usable_bytes(hw.memory_bytes, weights_bytes=w, activation_bytes=act,
-                              reserve_bytes=o.reserve_bytes, frac=frac, basis=basis,
-                              margin_bytes=margin,
-                              **pool_limits_of(m, p, o, capacity_bytes=hw.memory_bytes,
-                                               weights_bytes=w, tp=tp, engine=e,
-                                               per_token_bytes=kv_cache_bytes(
-                                                   m, p, batch=1, seq_len=1, tp=tp,
-                                                   layers=range(s, t))))
+        # each stage's own terms: its weights and its layers' KV bytes a token
+        terms = memory_terms(o, e, capacity_bytes=hw.memory_bytes, weights_bytes=w,
+                             profile_act_bytes=profile_act,
+                             per_token_bytes=kv_cache_bytes(m, p, batch=1, seq_len=1, tp=tp,
+                                                            layers=range(s, t)))
+        usable = terms.usable_bytes(hw.memory_bytes, weights_bytes=w, activation_bytes=act,
+                                    reserve_bytes=o.reserve_bytes)
 
         def timed(ops: list[Op], graphed: bool, s=s, t=t, first=first, last=last) -> float:
             return sum(op_time(op, c, tp=tp, options=o, engine=e, graphed=graphed).time_s
