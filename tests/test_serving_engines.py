@@ -538,3 +538,23 @@ def test_sglangs_admission_spares_the_preemptions_of_a_tight_kv_pool():
     eager = simulate([replace(r) for r in reqs], coster, replace(sglang, decode_reserve=None))
     assert eager.preemptions > 100 > held.preemptions
     assert held.max_running < eager.max_running
+
+
+def test_simulate_takes_sglangs_max_prefill_tokens(run_json, run_cli):
+    """SGLang's profile bounds a prefill step's new tokens at 16,384 and says so; a server's
+    --max-prefill-tokens moves it: with 6,000-token prompts arriving at once and a budget of
+    32,768, 16,384 lets two whole prompts a step (a third would not be under the 4,384 left),
+    where a bound of a million lets five and a chunk of a sixth: smaller prefill steps let
+    the first requests out sooner (the mean first token earlier) and the last later (more
+    steps, each with its own cost); vLLM has no such bound."""
+    base = ("simulate", "-m", "llama-3.1-8b", "-g", "h100-sxm", "-n", "60",
+            "--request-rate", "inf", "-p", "6000", "-o", "50", "--max-num-batched-tokens",
+            "32768")
+    own = run_json(*base, "-e", "sglang")
+    loose = run_json(*base, "-e", "sglang", "--max-prefill-tokens", "1000000")
+    assert (own["max_prefill_tokens"], loose["max_prefill_tokens"]) == (16384, 1_000_000)
+    assert own["mean_ttft_ms"] < loose["mean_ttft_ms"]
+    assert own["p99_ttft_ms"] > loose["p99_ttft_ms"]
+    assert run_json(*base, "-e", "vllm")["max_prefill_tokens"] is None
+    code, _, err = run_cli(*base, "-e", "sglang", "--max-prefill-tokens", "0")
+    assert code == 2 and err.strip().count("\n") == 0 and "--max-prefill-tokens" in err

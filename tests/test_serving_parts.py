@@ -532,3 +532,68 @@ def test_sglang_ratio_floor_and_idle_reset():
     sched.waiting.append(_req(1, 4, 4))
     _step(sched, 31.0)  # an idle server starts over
     assert sched.ratio == 0.9
+
+
+def _prefill_capped(most: int | None, chunk: int = 8192, page: int = 1,
+                    mixed: bool = False) -> ContinuousScheduler:
+    cfg = SchedulerConfig(max_num_seqs=64, max_num_batched_tokens=chunk, block_size=page,
+                          mixed_batches=mixed, max_prefill_tokens=most)
+    kv = PagedKV(1_000_000, page)
+    return ContinuousScheduler(cfg, kv, DecodePool(kv, 64))
+
+
+def test_sglang_s_max_prefill_tokens_closes_a_prefill_batch():
+    """SGLang's PrefillAdder (schedule_policy.py, 0.5.10): rem_input_tokens starts at
+    max_prefill_tokens; a request joins a batch already holding one only where its whole
+    uncached prompt is under what is left, and none joins once it is spent; the first is
+    taken whatever its length, chunked by the budget. Worked by hand."""
+    # 32,768 each (InferenceX's DeepSeek-R1 servers): prompts of 7,000, 7,000, 7,000 and
+    # 12,000 tokens. 21,000 go in whole; 11,768 are left, under the fourth's 12,000, so it
+    # waits, where a budget alone gives it a chunk of 11,768
+    reqs = [_req(i, p, 10) for i, p in enumerate((7000, 7000, 7000, 12000))]
+    capped, budget_only = _prefill_capped(32768, 32768), _prefill_capped(None, 32768)
+    for s in (capped, budget_only):
+        s.waiting.extend(_req(r.r.id, r.r.prompt_tokens, 10) for r in reqs)
+    assert [c for _, c in capped.schedule()] == [7000, 7000, 7000]
+    assert [c for _, c in budget_only.schedule()] == [7000, 7000, 7000, 11768]
+    # at exactly what is left it waits too (">="): 7,000 + 25,768 = 32,768
+    s = _prefill_capped(32768, 32768)
+    s.waiting.extend([_req(0, 7000, 10), _req(1, 25768, 10)])
+    assert [c for _, c in s.schedule()] == [7000]
+    # the first request of a step is taken whatever its length: 40,000 tokens, a chunk of
+    # the 32,768 budget; the next step continues it (7,232 tokens), and 25,536 are left:
+    # a 25,536-token prompt waits, a 25,535-token one joins
+    for second, joins in ((25536, False), (25535, True)):
+        s = _prefill_capped(32768, 32768)
+        s.waiting.extend([_req(0, 40000, 10), _req(1, second, 10)])
+        assert [c for _, c in _step(s, 1.0)] == [32768]
+        assert [c for _, c in s.schedule()] == ([7232, second] if joins else [7232])
+    # SGLang's defaults on an 80 GB GPU (16,384 and a chunk of 8,192): after a 4,000-token
+    # prompt, 12,384 are left; a 12,384-token prompt waits where the budget would give it a
+    # chunk of 4,192, and a 3,000-token one joins whole
+    s = _prefill_capped(16384, 8192)
+    s.waiting.extend([_req(0, 4000, 10), _req(1, 12384, 10)])
+    assert [c for _, c in s.schedule()] == [4000]
+    s = _prefill_capped(16384, 8192)
+    s.waiting.extend([_req(0, 4000, 10), _req(1, 3000, 10), _req(2, 9000, 10)])
+    assert [c for _, c in s.schedule()] == [4000, 3000, 1192]  # 9,000 < 9,384: a chunk
+    # counted in pages: pages of 64, 4,000 take 4,032; 12,352 are left, which a 12,320-token
+    # prompt is under (12,352 in pages would not be)
+    s = _prefill_capped(16384, 8192, page=64)
+    s.waiting.extend([_req(0, 4000, 10), _req(1, 12290, 10)])
+    assert [c for _, c in s.schedule()] == [4000]
+    s = _prefill_capped(16384, 8192, page=64)
+    s.waiting.extend([_req(0, 4000, 10), _req(1, 12288, 10)])
+    assert [c for _, c in s.schedule()] == [4000, 4192]
+
+
+def test_max_prefill_tokens_comes_from_sglang_s_profile_and_its_server_flag():
+    from planner.cli.flags import server_flags
+
+    assert SchedulerConfig.for_engine(catalog.load_engine("sglang")).max_prefill_tokens == 16384
+    assert SchedulerConfig.for_engine(catalog.load_engine("vllm")).max_prefill_tokens is None
+    cmd = ("python3 -m sglang.launch_server --model-path deepseek-ai/DeepSeek-R1-0528 "
+           "--chunked-prefill-size 32768 --max-prefill-tokens 32768")
+    assert server_flags(cmd)["--max-prefill-tokens"] == 32768
+    with pytest.raises(UsageError, match="max-prefill-tokens: must be positive"):
+        SchedulerConfig(max_prefill_tokens=0).check()

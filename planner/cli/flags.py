@@ -18,7 +18,8 @@ window only, True or False),
 ``--api-server-count`` (API-server processes: ``planner.serving.frontend``),
 ``--kv-cache-memory-bytes`` (the KV cache given outright), ``--kv-cache-tokens`` (its tokens
 at most), ``--extensible-kv-cache`` (vLLM 0.34's, True or False),
-``--max-model-len`` (the longest request taken), ``--num-scheduler-steps`` and
+``--max-model-len`` (the longest request taken), ``--max-prefill-tokens`` (SGLang's: the new
+prompt tokens of a prefill step beside its first request's), ``--num-scheduler-steps`` and
 ``--multi-step-stream-outputs`` (vLLM V0's multi-step scheduling), ``--performance-mode``
 (vLLM 0.17 and later: ``planner.core.engine.Engine.in_mode``), read from SGLang's
 server commands only, ``--cuda-graph-max-bs`` (the largest decode batch captured in a CUDA
@@ -194,6 +195,10 @@ FLAGS: tuple[EngineFlag, ...] = (
     EngineFlag(("--chunked-prefill-size",), "--max-num-batched-tokens", S, SGLANG_ARGS,
                number=int),
     EngineFlag(("--max-running-requests",), "--max-num-seqs", S, SGLANG_ARGS, number=int),
+    # new prompt tokens a prefill batch takes beside its first request's (PrefillAdder's
+    # rem_input_tokens; 16,384 by default: engines_db/sglang.yaml serving.max_prefill_tokens)
+    EngineFlag(("--max-prefill-tokens",), "--max-prefill-tokens", S, SGLANG_ARGS,
+               number=human_int),
     EngineFlag(("--disable-cuda-graph",), "--enforce-eager", S, SGLANG_ARGS, value=True),
     EngineFlag(("--cuda-graph-max-bs",), "--cuda-graph-max-bs", S, SGLANG_ARGS, number=int),
     EngineFlag(("--page-size",), "--block-size", S, SGLANG_ARGS, number=int),

@@ -299,6 +299,11 @@ def simulate(
         help="Prefill chunks share a step with the running decodes (vLLM, TensorRT-LLM), "
         "or a step that prefills runs no decodes (SGLang without --enable-mixed-chunk). "
         "Default: the engine's.")] = None,
+    max_prefill_tokens: Annotated[Optional[int], typer.Option(
+        help="SGLang's --max-prefill-tokens: new prompt tokens a prefill step takes beside its "
+        "first request's; a request whose whole prompt is not under what is left waits for "
+        "the next step. Default: the engine's (SGLang 16,384; none for the others).",
+        metavar="TOKENS")] = None,
     api_server_count: Annotated[Optional[int], typer.Option(
         "--api-server-count", "-asc",
         help="API-server processes in front of the engine (vLLM's --api-server-count): they "
@@ -451,8 +456,8 @@ def _simulate_run(a: dict, emit: bool) -> dict:
      num_requests, prompt_tokens, output_tokens, range_ratio, prefix_tokens, prefix_cache,
      dataset, dataset_name, seed, chat, scheduler, max_wait, max_num_seqs,
      max_num_batched_tokens,
-     chunked_prefill, hybrid_kv_cache, capacity_policy, mixed_batches, api_server_count,
-     num_scheduler_steps,
+     chunked_prefill, hybrid_kv_cache, capacity_policy, mixed_batches, max_prefill_tokens,
+     api_server_count, num_scheduler_steps,
      multi_step_stream_outputs, performance_mode, kv_layout, block_size,
      max_model_len, memory_utilization, reserve_gib, cpu_offload_gb, ttft_slo, tpot_slo, trace,
      allow_longer_context, plot, speculative, draft_model, num_speculative_tokens,
@@ -466,7 +471,8 @@ def _simulate_run(a: dict, emit: bool) -> dict:
         "prompt_tokens", "output_tokens", "range_ratio", "prefix_tokens", "prefix_cache",
         "dataset", "dataset_name", "seed", "chat", "scheduler", "max_wait", "max_num_seqs",
         "max_num_batched_tokens", "chunked_prefill", "hybrid_kv_cache", "capacity_policy",
-        "mixed_batches", "api_server_count", "num_scheduler_steps", "multi_step_stream_outputs",
+        "mixed_batches", "max_prefill_tokens", "api_server_count", "num_scheduler_steps",
+        "multi_step_stream_outputs",
         "performance_mode", "kv_layout",
         "block_size", "max_model_len", "memory_utilization",
         "reserve_gib", "cpu_offload_gb", "ttft_slo", "tpot_slo", "trace",
@@ -849,7 +855,7 @@ def _scheduler(dep, a: dict):
 
     given = {k: a[k] for k in ("max_num_seqs", "max_num_batched_tokens", "block_size",
                                "chunked_prefill", "capacity_policy", "mixed_batches",
-                               "hybrid_kv_cache")
+                               "hybrid_kv_cache", "max_prefill_tokens")
              if a[k] is not None}
     if ("block_size" in given and dep.engine.name.split("-")[0] == "vllm"
             and given["block_size"] not in VLLM_BLOCK_SIZES):
@@ -964,7 +970,7 @@ def _check_numbers(a: dict) -> None:
     built)."""
     for flag in ("num_requests", "max_num_seqs", "max_num_batched_tokens", "block_size",
                  "max_model_len", "prompt_tokens", "output_tokens", "max_concurrency",
-                 "api_server_count", "num_scheduler_steps",
+                 "api_server_count", "num_scheduler_steps", "max_prefill_tokens",
                  *(f"{side}_{what}" for side in ("prefill", "decode")
                    for what in ("instances", "tp", "max_num_seqs", "max_num_batched_tokens"))):
         positive("--" + flag.replace("_", "-"), a[flag])
@@ -1156,6 +1162,8 @@ def _result(dep, cfg, reqs, sp, d: dict, *, request_rate, burstiness, max_concur
             # SGLang's admission: KV held back for the running requests' outputs
             "decode_reserve": None if cfg.decode_reserve is None
             else cfg.decode_reserve._asdict(),
+            # SGLang's max_prefill_tokens: a prefill step's new prompt tokens (None: none)
+            "max_prefill_tokens": cfg.max_prefill_tokens,
             "prefix_caching": cfg.prefix_caching, "api_servers": cfg.api_servers,
             # the pool is vLLM's hybrid one: sliding-window layers hold their window only,
             # and kv_capacity_tokens counts tokens of one group of layers

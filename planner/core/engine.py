@@ -838,6 +838,9 @@ class ServingDefaults(_Frozen):
     # admission holds KV back for the running requests' future tokens (SGLang's); None: a
     # request is admitted when its prompt's first chunk fits (vLLM's)
     decode_reserve: DecodeReserve | None = None
+    # new prompt tokens a prefill batch takes at most beside the first request's (SGLang's
+    # max_prefill_tokens: ``SchedulerConfig.max_prefill_tokens``); None: the step's budget
+    max_prefill_tokens: Num | None = None
     # a waiting request is admitted only where its whole prompt (with what it generated
     # before a preemption) fits in the free and evictable KV, not its first chunk alone
     # (vLLM's scheduler_reserve_full_isl, from 0.19); None or False: the first chunk
@@ -1274,6 +1277,8 @@ class EngineSpec(_Frozen):
             out["mixed_batches"] = sv.mixed_batches.value
         if sv.decode_reserve is not None:
             out["decode_reserve"] = sv.decode_reserve.rule()
+        if sv.max_prefill_tokens is not None:
+            out["max_prefill_tokens"] = int(sv.max_prefill_tokens.value)
         if sv.prefix_caching is not None:
             out["prefix_caching"] = sv.prefix_caching.value
         if sv.async_scheduling is not None:
@@ -1455,6 +1460,8 @@ class Engine:
     # an admission that holds KV back for the running requests' tokens (``DecodeReserve``);
     # None: none
     decode_reserve: ReserveRule | None = None
+    # SGLang's max_prefill_tokens (``SchedulerConfig.max_prefill_tokens``); None: none
+    max_prefill_tokens: int | None = None
     prefix_caching: bool = False  # automatic prefix caching on by default
     # sliding-window layers cache only their window (vLLM's hybrid KV cache manager)
     hybrid_kv_cache: bool = False

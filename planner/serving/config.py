@@ -45,6 +45,12 @@ class SchedulerConfig:
     # admission holds KV back for the running requests' future tokens, SGLang's rule
     # (``planner.core.engine.DecodeReserve``); None: none
     decode_reserve: ReserveRule | None = None
+    # new prompt tokens one prefill step admits at most, per rank (SGLang's
+    # max_prefill_tokens, python/sglang/srt/managers/schedule_policy.py PrefillAdder): a
+    # waiting request joins a step already prefilling only where its whole uncached prompt
+    # is under what is left of it, and none joins once it is spent; the first request of a
+    # step is taken whatever its length (then chunked by the budget); None: no such bound
+    max_prefill_tokens: int | None = None
     # the decode batch sizes replayed from CUDA graphs, ascending (a decode step pads up to
     # the next; beyond the largest it runs without a graph); empty: any size, unpadded
     graph_sizes: tuple[int, ...] = ()
@@ -94,7 +100,7 @@ class SchedulerConfig:
               "max_num_batched_tokens": e.max_num_batched_tokens,
               "block_size": e.block_size, "chunked_prefill": e.chunked_prefill,
               "capacity_policy": e.capacity_policy, "mixed_batches": e.mixed_batches,
-              "decode_reserve": e.decode_reserve,
+              "decode_reserve": e.decode_reserve, "max_prefill_tokens": e.max_prefill_tokens,
               "prefix_caching": e.prefix_caching, "hybrid_kv_cache": e.hybrid_kv_cache,
               "api_servers": e.api_servers,
               "graph_padding": e.graph_padding, "scheduler_steps": e.scheduler_steps or 1,
@@ -149,6 +155,8 @@ class SchedulerConfig:
                      "ranks", "api_servers", "scheduler_steps"):
             if getattr(self, name) <= 0:
                 raise UsageError(f"{name.replace('_', '-')}: must be positive")
+        if self.max_prefill_tokens is not None and self.max_prefill_tokens <= 0:
+            raise UsageError("max-prefill-tokens: must be positive")
         if self.max_num_batched_tokens < self.max_num_seqs:
             raise UsageError(f"max-num-batched-tokens ({self.max_num_batched_tokens}) is below "
                              f"max-num-seqs ({self.max_num_seqs}): a step could not decode "

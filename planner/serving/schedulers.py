@@ -82,7 +82,7 @@ class Scheduler:
     __slots__ = ("kv", "batch", "waiting", "running", "prefilling", "finished", "preemptions",
                  "stamp", "token_budget", "chunk_tokens", "max_seqs", "chunked", "unchunked",
                  "whole", "mixed", "decodes", "refused", "on_done", "reserve", "ratio",
-                 "retracted", "full_prompt")
+                 "retracted", "full_prompt", "prefill_cap", "page")
 
     def __init__(self, cfg: SchedulerConfig, kv: KVPool, batch: DecodePool):
         self.kv, self.batch = kv, batch
@@ -103,6 +103,11 @@ class Scheduler:
         # prompt must fit in the free and evictable KV before its first chunk is admitted
         self.full_prompt = cfg.full_prompt_admission and not self.whole
         self.mixed = cfg.mixed_batches
+        # SGLang's max_prefill_tokens, all ranks' (``SchedulerConfig.max_prefill_tokens``),
+        # counted in its pages
+        self.prefill_cap = None if cfg.max_prefill_tokens is None else \
+            cfg.max_prefill_tokens * cfg.ranks
+        self.page = cfg.block_size
         # SGLang's admission (``SchedulerConfig.decode_reserve``): KV held back for the
         # running requests' future tokens, at a ratio of what they have left that falls
         # with every decode step
@@ -338,7 +343,14 @@ class ContinuousScheduler(Scheduler):
         room = clip = 0
         if reserve is not None and waiting:
             room, clip = self._reserve_room(), reserve.clip_tokens
-        while waiting and budget > 0 and len(running) < max_seqs:
+        # SGLang's PrefillAdder.rem_input_tokens: what is left of max_prefill_tokens after
+        # the prefills this step continues (and, mixed, one token a running request)
+        most, page = self.prefill_cap, self.page
+        rem = math.inf
+        if most is not None:
+            rem = most - sum(-(-c // page) * page for _, c in chunks) - \
+                (self.batch.n if self.mixed else 0)
+        while waiting and budget > 0 and rem > 0 and len(running) < max_seqs:
             q = waiting[0]
             hit, own = cache.lookup(q) if cache is not None else (0, 0)
             loaded = q.loaded  # KV that came with it: held from admission, not computed
@@ -348,6 +360,8 @@ class ContinuousScheduler(Scheduler):
                                   f"max-num-batched-tokens ({per_rank:,}) and "
                                   f"{self.unchunked}")
                 continue
+            if chunks and -(-left // page) * page >= rem:
+                break  # add_one_req: a whole prompt at or above what is left, not the first
             cap = min(budget, per_rank)
             chunk = min(left, cap) if chunked else left
             if reserve is not None:
@@ -362,6 +376,7 @@ class ContinuousScheduler(Scheduler):
                 break
             chunks.append((q, chunk))
             budget -= chunk
+            rem -= -(-chunk // page) * page
             if reserve is not None:  # a truncated first chunk reserves no output yet
                 room -= chunk + (want if chunk == left else 0)
 
