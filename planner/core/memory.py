@@ -284,21 +284,18 @@ class MemoryTerms:
     pool_bytes: float | None = None
     cap_bytes: float | None = None
 
-    def usable_bytes(self, capacity_bytes, *, weights_bytes, activation_bytes,
-                     reserve_bytes):
-        """``usable_bytes`` on these terms."""
-        return usable_bytes(capacity_bytes, weights_bytes=weights_bytes,
-                            activation_bytes=activation_bytes, reserve_bytes=reserve_bytes,
-                            frac=self.frac, basis=self.basis, margin_bytes=self.margin_bytes,
-                            pool_bytes=self.pool_bytes, cap_bytes=self.cap_bytes)
+    def usable_bytes(self, capacity_bytes, **rest):
+        """``usable_bytes`` on these terms (``weights_bytes``, ``activation_bytes``,
+        ``reserve_bytes`` as it takes them)."""
+        return usable_bytes(capacity_bytes, **rest, **self._given())
 
-    def kv_budget_bytes(self, capacity_bytes, *, weights_bytes, activation_bytes,
-                        reserve_bytes):
-        """``kv_budget_bytes`` on these terms."""
-        return kv_budget_bytes(capacity_bytes, weights_bytes=weights_bytes,
-                               activation_bytes=activation_bytes, reserve_bytes=reserve_bytes,
-                               frac=self.frac, basis=self.basis, margin_bytes=self.margin_bytes,
-                               pool_bytes=self.pool_bytes, cap_bytes=self.cap_bytes)
+    def kv_budget_bytes(self, capacity_bytes, **rest):
+        """``kv_budget_bytes`` on these terms (the same arguments)."""
+        return kv_budget_bytes(capacity_bytes, **rest, **self._given())
+
+    def _given(self) -> dict:
+        return {"frac": self.frac, "basis": self.basis, "margin_bytes": self.margin_bytes,
+                "pool_bytes": self.pool_bytes, "cap_bytes": self.cap_bytes}
 
 
 def memory_terms(o: Options, engine: Engine | None, *, capacity_bytes, weights_bytes,
