@@ -558,3 +558,17 @@ def test_simulate_takes_sglangs_max_prefill_tokens(run_json, run_cli):
     assert run_json(*base, "-e", "vllm")["max_prefill_tokens"] is None
     code, _, err = run_cli(*base, "-e", "sglang", "--max-prefill-tokens", "0")
     assert code == 2 and err.strip().count("\n") == 0 and "--max-prefill-tokens" in err
+
+
+def test_sglang_without_chunking_runs_long_prompts_that_vllm_refuses(run_json, run_cli):
+    """20,000-token prompts with chunked prefill off: SGLang prefills each whole (its
+    PrefillAdder has no chunk bound then), vLLM refuses them beyond max-num-batched-tokens;
+    --max-prefill-tokens is SGLang's alone."""
+    base = ("simulate", "-m", "llama-3.1-8b", "-g", "h100-sxm", "-n", "10", "--request-rate",
+            "1", "-p", "20000", "-o", "20", "--no-chunked-prefill")
+    d = run_json(*base, "-e", "sglang")
+    assert d["completed"] == 10 and d["failed"] == 0
+    code, _, err = run_cli(*base, "-e", "vllm")
+    assert code == 2 and "exceeds max-num-batched-tokens (8,192)" in err
+    code, _, err = run_cli(*base, "-e", "vllm", "--max-prefill-tokens", "4096")
+    assert code == 2 and "engine vllm has none" in err

@@ -597,3 +597,29 @@ def test_max_prefill_tokens_comes_from_sglang_s_profile_and_its_server_flag():
     assert server_flags(cmd)["--max-prefill-tokens"] == 32768
     with pytest.raises(UsageError, match="max-prefill-tokens: must be positive"):
         SchedulerConfig(max_prefill_tokens=0).check()
+
+
+def test_sglang_without_chunking_prefills_a_prompt_of_any_length_whole():
+    """SGLang with --chunked-prefill-size -1 (PrefillAdder's rem_chunk_tokens None): a step's
+    first request goes in whole whatever its length, the others while their prompts are under
+    what max_prefill_tokens leaves; no step budget refuses a long prompt, as vLLM's does."""
+    cfg = SchedulerConfig(max_num_seqs=64, max_num_batched_tokens=8192, block_size=1,
+                          mixed_batches=False, chunked_prefill=False, max_prefill_tokens=16384)
+    assert cfg.takes_whole_prompts
+    assert not replace_cfg(cfg, max_prefill_tokens=None).takes_whole_prompts
+    assert not replace_cfg(cfg, chunked_prefill=True).takes_whole_prompts
+    kv = PagedKV(1_000_000, 1)
+    s = ContinuousScheduler(cfg, kv, DecodePool(kv, 64))
+    s.waiting.extend([_req(0, 20000, 10), _req(1, 3000, 10)])
+    assert [c for _, c in s.schedule()] == [20000]  # 16,384 - 20,000 < 0: the step is full
+    kv = PagedKV(1_000_000, 1)
+    s = ContinuousScheduler(cfg, kv, DecodePool(kv, 64))
+    # 3,000 in (13,384 left), 6,000 under it (7,384 left), 9,000 not: it waits
+    s.waiting.extend([_req(0, 3000, 10), _req(1, 6000, 10), _req(2, 9000, 10)])
+    assert [c for _, c in s.schedule()] == [3000, 6000]
+
+
+def replace_cfg(cfg: SchedulerConfig, **kw) -> SchedulerConfig:
+    from dataclasses import replace
+
+    return replace(cfg, **kw)

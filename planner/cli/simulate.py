@@ -274,7 +274,9 @@ def simulate(
     chunked_prefill: Annotated[Optional[bool], typer.Option(
         "--chunked-prefill/--no-chunked-prefill",
         "--enable-chunked-prefill/--no-enable-chunked-prefill",
-        help="Split long prompts into chunks of the step budget (default: the engine's).")
+        help="Split long prompts into chunks of the step budget (default: the engine's). "
+        "Off, a prompt must fit the budget whole, except on SGLang, which prefills a step's "
+        "first prompt whole at any length.")
     ] = None,
     hybrid_kv_cache: Annotated[Optional[bool], typer.Option(
         "--hybrid-kv-cache/--no-hybrid-kv-cache",
@@ -861,6 +863,9 @@ def _scheduler(dep, a: dict):
             and given["block_size"] not in VLLM_BLOCK_SIZES):
         raise LlmplanError(f"--block-size: vLLM takes {', '.join(map(str, VLLM_BLOCK_SIZES))} "
                            f"tokens (its CacheConfig's BlockSize), got {given['block_size']}")
+    if "max_prefill_tokens" in given and dep.engine.max_prefill_tokens is None:
+        raise LlmplanError(f"--max-prefill-tokens: SGLang's (its PrefillAdder's bound on a "
+                           f"prefill step); engine {dep.engine.name} has none")
     if a["api_server_count"] is not None:
         given["api_servers"] = a["api_server_count"]
     if a["num_scheduler_steps"] is not None:

@@ -145,6 +145,15 @@ class SchedulerConfig:
         return self.chunked_prefill and self.scheduler_steps == 1
 
     @property
+    def takes_whole_prompts(self) -> bool:
+        """SGLang with chunked prefill off (--chunked-prefill-size -1): a prompt of any
+        length is prefilled whole as its step's first request, the others joining while
+        max_prefill_tokens allows (PrefillAdder: rem_chunk_tokens None, 'Non-chunked
+        prefill'); no step budget refuses it, as vLLM's does."""
+        return not self.chunks_prompts and self.max_prefill_tokens is not None \
+            and self.scheduler_steps == 1
+
+    @property
     def unchunked_why(self) -> str:
         """Why prompts are not chunked, as a refusal says it."""
         return "chunked prefill is off" if not self.chunked_prefill else \

@@ -73,6 +73,11 @@ _PREFILLING = RequestState.PREFILLING
 _PREFILLED = RequestState.PREFILLED
 
 
+# a step's budget where none binds (SGLang with chunked prefill off:
+# ``SchedulerConfig.takes_whole_prompts``)
+WHOLE = 1 << 62
+
+
 class Scheduler:
     """The queues, the pools and what every policy does alike."""
 
@@ -95,6 +100,8 @@ class Scheduler:
         self.stamp = 0  # admissions so far
         self.token_budget = cfg.max_num_batched_tokens * cfg.ranks  # a step's, all ranks'
         self.chunk_tokens = cfg.max_num_batched_tokens  # the largest prefill chunk: a rank's
+        if cfg.takes_whole_prompts:  # SGLang unchunked: max_prefill_tokens bounds a step
+            self.token_budget = self.chunk_tokens = WHOLE
         self.max_seqs = cfg.max_num_seqs * cfg.ranks
         self.chunked = cfg.chunks_prompts
         self.unchunked = cfg.unchunked_why  # a refusal's reason when not chunked

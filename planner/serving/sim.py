@@ -238,7 +238,7 @@ def _refusal(prompt_tokens: int, output_tokens: int, kv: KVPool, k1: int,
         return (f"{prompt_tokens:,} + {output_tokens:,} tokens exceed max-model-len "
                 f"({cfg.max_model_len:,})")
     if (cfg.kind == "continuous" and not cfg.chunks_prompts
-            and prompt_tokens > cfg.max_num_batched_tokens):
+            and not cfg.takes_whole_prompts and prompt_tokens > cfg.max_num_batched_tokens):
         return (f"its prompt ({prompt_tokens:,} tokens) exceeds max-num-batched-tokens "
                 f"({cfg.max_num_batched_tokens:,}) and {cfg.unchunked_why}")
     return ""
