@@ -558,6 +558,13 @@ def test_simulate_takes_sglangs_max_prefill_tokens(run_json, run_cli):
     assert run_json(*base, "-e", "vllm")["max_prefill_tokens"] is None
     code, _, err = run_cli(*base, "-e", "sglang", "--max-prefill-tokens", "0")
     assert code == 2 and err.strip().count("\n") == 0 and "--max-prefill-tokens" in err
+    # sent with ignore_eos to a server whose prefix cache is off, a long prompt is chunked
+    # beside the others (add_one_req_ignore_eos): the steps differ; with the cache on, not
+    off = (*base, "-e", "sglang", "--max-prefill-tokens", "32768", "-p", "7000")
+    assert run_json(*off, "--prefix-cache", "off", "--ignore-eos")["ignore_eos"] is True
+    assert run_json(*off, "--prefix-cache", "off", "--ignore-eos")["mean_ttft_ms"] != \
+        run_json(*off, "--prefix-cache", "off")["mean_ttft_ms"]
+    assert run_json(*off, "--ignore-eos")["mean_ttft_ms"] == run_json(*off)["mean_ttft_ms"]
 
 
 def test_sglang_without_chunking_runs_long_prompts_that_vllm_refuses(run_json, run_cli):
@@ -572,3 +579,7 @@ def test_sglang_without_chunking_runs_long_prompts_that_vllm_refuses(run_json, r
     assert code == 2 and "exceeds max-num-batched-tokens (8,192)" in err
     code, _, err = run_cli(*base, "-e", "vllm", "--max-prefill-tokens", "4096")
     assert code == 2 and "engine vllm has none" in err
+    # estimate says so too: SGLang's profile with chunking off refuses no prompt
+    sglang = catalog.load_engine("sglang")
+    assert not replace(sglang, chunked_prefill=False).refuses_prompt(20000)
+    assert replace(catalog.load_engine("vllm"), chunked_prefill=False).refuses_prompt(20000)

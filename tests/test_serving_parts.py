@@ -577,14 +577,65 @@ def test_sglang_s_max_prefill_tokens_closes_a_prefill_batch():
     s = _prefill_capped(16384, 8192)
     s.waiting.extend([_req(0, 4000, 10), _req(1, 3000, 10), _req(2, 9000, 10)])
     assert [c for _, c in s.schedule()] == [4000, 3000, 1192]  # 9,000 < 9,384: a chunk
-    # counted in pages: pages of 64, 4,000 take 4,032; 12,352 are left, which a 12,320-token
-    # prompt is under (12,352 in pages would not be)
+    # counted in pages (_update_prefill_budget): pages of 64, 4,000 take 4,032 of both
+    # bounds; 12,352 are left of max_prefill_tokens, which a 12,290-token prompt (12,352 in
+    # pages) is not under, and a 12,288-token one is; it is truncated to whole pages of the
+    # 4,160 left of the chunk (add_one_req: trunc_len = rem_chunk_tokens // page x page)
     s = _prefill_capped(16384, 8192, page=64)
     s.waiting.extend([_req(0, 4000, 10), _req(1, 12290, 10)])
     assert [c for _, c in s.schedule()] == [4000]
     s = _prefill_capped(16384, 8192, page=64)
     s.waiting.extend([_req(0, 4000, 10), _req(1, 12288, 10)])
-    assert [c for _, c in s.schedule()] == [4000, 4192]
+    assert [c for _, c in s.schedule()] == [4000, 4160]
+    # 8,130 tokens take 8,192 of the chunk in pages: a 100-token prompt finds none left
+    s = _prefill_capped(16384, 8192, page=64)
+    s.waiting.extend([_req(0, 8130, 10), _req(1, 100, 10)])
+    assert [c for _, c in s.schedule()] == [8130]
+
+
+def test_sglang_s_ignore_eos_path_chunks_a_long_prompt_beside_others():
+    """A request sent with ignore_eos to a server whose radix cache is off goes through
+    PrefillAdder.add_one_req_ignore_eos, which does not hold a long prompt back: five
+    7,000-token prompts at 32,768 each take 4 x 7,000 and a 4,768-token chunk of the fifth;
+    with the prefix cache on, or without ignore_eos, the fifth waits."""
+    def five(**kw):
+        cfg = SchedulerConfig(max_num_seqs=64, max_num_batched_tokens=32768, block_size=1,
+                              mixed_batches=False, max_prefill_tokens=32768, **kw)
+        kv = PagedKV(1_000_000, 1)
+        s = ContinuousScheduler(cfg, kv, DecodePool(kv, 64))
+        s.waiting.extend(_req(i, 7000, 10) for i in range(5))
+        return [c for _, c in s.schedule()]
+
+    assert five(ignore_eos=True) == [7000] * 4 + [4768]
+    assert five(ignore_eos=True, prefix_caching=True) == [7000] * 4
+    assert five() == [7000] * 4
+
+
+def test_a_step_s_first_request_goes_in_whatever_max_prefill_tokens_leaves():
+    """Under mixed chunking SGLang takes one token a running request from max_prefill_tokens
+    before any prompt, but checks it only after each add_one_req: with a bound of 2 and two
+    requests decoding, nothing is left, and the next prompt still goes in, alone."""
+    cfg = SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=64, block_size=1,
+                          mixed_batches=True, max_prefill_tokens=2)
+    kv = PagedKV(10_000, 1)
+    s = ContinuousScheduler(cfg, kv, DecodePool(kv, 8))
+    s.waiting.extend(_req(i, 5, 50) for i in range(4))
+    assert [q.r.id for q, _ in _step(s, 1.0)] == [0]  # 2 - 5 < 0: full
+    assert [q.r.id for q, _ in _step(s, 2.0)] == [1]  # 2 - 1 running = 1 left: the first
+    assert s.batch.n == 2
+    assert [q.r.id for q, _ in _step(s, 3.0)] == [2]  # 2 - 2 running = 0 left: still first
+
+
+def test_data_parallel_ranks_each_take_a_first_request():
+    """With chunking off each data-parallel rank's first prompt goes in whole: two ranks
+    take two 20,000-token prompts in a step (the bound pooled as the budget is), not a third."""
+    cfg = SchedulerConfig(max_num_seqs=64, max_num_batched_tokens=8192, block_size=1,
+                          mixed_batches=False, chunked_prefill=False, max_prefill_tokens=16384,
+                          ranks=2)
+    kv = PagedKV(1_000_000, 1)
+    s = ContinuousScheduler(cfg, kv, DecodePool(kv, 64))
+    s.waiting.extend(_req(i, 20000, 10) for i in range(3))
+    assert [c for _, c in s.schedule()] == [20000, 20000]
 
 
 def test_max_prefill_tokens_comes_from_sglang_s_profile_and_its_server_flag():
@@ -608,6 +659,11 @@ def test_sglang_without_chunking_prefills_a_prompt_of_any_length_whole():
     assert cfg.takes_whole_prompts
     assert not replace_cfg(cfg, max_prefill_tokens=None).takes_whole_prompts
     assert not replace_cfg(cfg, chunked_prefill=True).takes_whole_prompts
+    # a static batch is not SGLang's scheduler; mixed chunking needs chunks (is_mixed_chunk)
+    assert not replace_cfg(cfg, kind="static").takes_whole_prompts
+    kv = PagedKV(1000, 1)
+    assert not ContinuousScheduler(replace_cfg(cfg, mixed_batches=True), kv,
+                                   DecodePool(kv, 4)).mixed
     kv = PagedKV(1_000_000, 1)
     s = ContinuousScheduler(cfg, kv, DecodePool(kv, 64))
     s.waiting.extend([_req(0, 20000, 10), _req(1, 3000, 10)])

@@ -306,6 +306,11 @@ def simulate(
         "first request's; a request whose whole prompt is not under what is left waits for "
         "the next step. Default: the engine's (SGLang 16,384; none for the others).",
         metavar="TOKENS")] = None,
+    ignore_eos: Annotated[bool, typer.Option(
+        "--ignore-eos",
+        help="The client sends ignore_eos (vLLM's and SGLang's benchmark clients' flag): "
+        "SGLang with its prefix cache off then admits by another path, which chunks a long "
+        "prompt beside others instead of holding it for --max-prefill-tokens.")] = False,
     api_server_count: Annotated[Optional[int], typer.Option(
         "--api-server-count", "-asc",
         help="API-server processes in front of the engine (vLLM's --api-server-count): they "
@@ -459,7 +464,7 @@ def _simulate_run(a: dict, emit: bool) -> dict:
      dataset, dataset_name, seed, chat, scheduler, max_wait, max_num_seqs,
      max_num_batched_tokens,
      chunked_prefill, hybrid_kv_cache, capacity_policy, mixed_batches, max_prefill_tokens,
-     api_server_count, num_scheduler_steps,
+     ignore_eos, api_server_count, num_scheduler_steps,
      multi_step_stream_outputs, performance_mode, kv_layout, block_size,
      max_model_len, memory_utilization, reserve_gib, cpu_offload_gb, ttft_slo, tpot_slo, trace,
      allow_longer_context, plot, speculative, draft_model, num_speculative_tokens,
@@ -473,7 +478,8 @@ def _simulate_run(a: dict, emit: bool) -> dict:
         "prompt_tokens", "output_tokens", "range_ratio", "prefix_tokens", "prefix_cache",
         "dataset", "dataset_name", "seed", "chat", "scheduler", "max_wait", "max_num_seqs",
         "max_num_batched_tokens", "chunked_prefill", "hybrid_kv_cache", "capacity_policy",
-        "mixed_batches", "max_prefill_tokens", "api_server_count", "num_scheduler_steps",
+        "mixed_batches", "max_prefill_tokens", "ignore_eos", "api_server_count",
+        "num_scheduler_steps",
         "multi_step_stream_outputs",
         "performance_mode", "kv_layout",
         "block_size", "max_model_len", "memory_utilization",
@@ -866,6 +872,8 @@ def _scheduler(dep, a: dict):
     if "max_prefill_tokens" in given and dep.engine.max_prefill_tokens is None:
         raise LlmplanError(f"--max-prefill-tokens: SGLang's (its PrefillAdder's bound on a "
                            f"prefill step); engine {dep.engine.name} has none")
+    if a.get("ignore_eos"):
+        given["ignore_eos"] = True
     if a["api_server_count"] is not None:
         given["api_servers"] = a["api_server_count"]
     if a["num_scheduler_steps"] is not None:
@@ -1168,7 +1176,7 @@ def _result(dep, cfg, reqs, sp, d: dict, *, request_rate, burstiness, max_concur
             "decode_reserve": None if cfg.decode_reserve is None
             else cfg.decode_reserve._asdict(),
             # SGLang's max_prefill_tokens: a prefill step's new prompt tokens (None: none)
-            "max_prefill_tokens": cfg.max_prefill_tokens,
+            "max_prefill_tokens": cfg.max_prefill_tokens, "ignore_eos": cfg.ignore_eos,
             "prefix_caching": cfg.prefix_caching, "api_servers": cfg.api_servers,
             # the pool is vLLM's hybrid one: sliding-window layers hold their window only,
             # and kv_capacity_tokens counts tokens of one group of layers

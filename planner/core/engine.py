@@ -1527,9 +1527,11 @@ class Engine:
         """Whether its defaults refuse a prompt on arrival, as the simulator's scheduler does
         (``planner.serving.config.SchedulerConfig.chunks_prompts``): above a step's token
         budget where prompts are not chunked (TensorRT-LLM's 8,192, chunked prefill off).
-        vLLM V0's unchunked short-context steps take the whole context, so refuse none."""
+        vLLM V0's unchunked short-context steps take the whole context, and SGLang prefills
+        a step's first prompt whole at any length (``SchedulerConfig.takes_whole_prompts``),
+        so refuse none."""
         chunks = self.chunked_prefill and (self.scheduler_steps or 1) == 1
-        return (self.short_context is None and not chunks
+        return (self.short_context is None and not chunks and self.max_prefill_tokens is None
                 and prompt_tokens > self.max_num_batched_tokens)
 
     def refusal(self, weights: str, quantized_layers: str,

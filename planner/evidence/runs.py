@@ -73,6 +73,10 @@ class ServedRun:
     # sent to a chat-completions endpoint: the server wraps each prompt in the model's chat
     # template, tokens the client's counts leave out
     chat: bool = False
+    # the client sent ignore_eos (vLLM's and SGLang's benchmark clients' --ignore-eos): SGLang
+    # admits such requests by its own path where its prefix cache is off
+    # (``SchedulerConfig.ignore_eos``)
+    ignore_eos: bool = False
     # the deployment the file states, where it states one, as the tool wrote it (SGLang's
     # server_info, vLLM's --metadata keys, llmplan measure's config): TP, the server's
     # --quantization, llmplan's weights name, the KV-cache and 16-bit types; ``stated_by``

@@ -150,6 +150,8 @@ class Traffic(_Strict):
             upd["num_prompts"] = self.num_prompts
         if self.cached_prefix_tokens is not None:
             upd["cached_prefix_tokens"] = self.cached_prefix_tokens
+        if self.ignore_eos is not None:
+            upd["ignore_eos"] = self.ignore_eos
         if (run.tool.startswith("sglang-bench-serving") and run.random_lengths is None
                 and self.dataset == "random" and None not in (
                     self.range_ratio, self.input_len, self.output_len)):

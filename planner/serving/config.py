@@ -51,6 +51,11 @@ class SchedulerConfig:
     # is under what is left of it, and none joins once it is spent; the first request of a
     # step is taken whatever its length (then chunked by the budget); None: no such bound
     max_prefill_tokens: int | None = None
+    # the client sends ignore_eos: with its prefix cache off SGLang admits such a request by
+    # PrefillAdder.add_one_req_ignore_eos, which does not hold a long prompt back for
+    # max_prefill_tokens (it chunks it as the budget allows); the rest of that path's
+    # admission (a full-output reserve) is not modelled
+    ignore_eos: bool = False
     # the decode batch sizes replayed from CUDA graphs, ascending (a decode step pads up to
     # the next; beyond the largest it runs without a graph); empty: any size, unpadded
     graph_sizes: tuple[int, ...] = ()
@@ -151,7 +156,7 @@ class SchedulerConfig:
         max_prefill_tokens allows (PrefillAdder: rem_chunk_tokens None, 'Non-chunked
         prefill'); no step budget refuses it, as vLLM's does."""
         return not self.chunks_prompts and self.max_prefill_tokens is not None \
-            and self.scheduler_steps == 1
+            and self.scheduler_steps == 1 and self.kind == "continuous"
 
     @property
     def unchunked_why(self) -> str:

@@ -87,7 +87,8 @@ class Scheduler:
     __slots__ = ("kv", "batch", "waiting", "running", "prefilling", "finished", "preemptions",
                  "stamp", "token_budget", "chunk_tokens", "max_seqs", "chunked", "unchunked",
                  "whole", "mixed", "decodes", "refused", "on_done", "reserve", "ratio",
-                 "retracted", "full_prompt", "prefill_cap", "page")
+                 "retracted", "full_prompt", "prefill_cap", "page", "holds_long", "paged",
+                 "ranks")
 
     def __init__(self, cfg: SchedulerConfig, kv: KVPool, batch: DecodePool):
         self.kv, self.batch = kv, batch
@@ -109,12 +110,23 @@ class Scheduler:
         # vLLM's scheduler_reserve_full_isl (0.19 and later): a waiting request's whole
         # prompt must fit in the free and evictable KV before its first chunk is admitted
         self.full_prompt = cfg.full_prompt_admission and not self.whole
-        self.mixed = cfg.mixed_batches
-        # SGLang's max_prefill_tokens, all ranks' (``SchedulerConfig.max_prefill_tokens``),
-        # counted in its pages
+        # SGLang mixes a prefill step with the decodes only where it chunks (is_mixed_chunk:
+        # chunked_prefill_size set and --enable-mixed-chunk)
+        self.mixed = cfg.mixed_batches and not cfg.takes_whole_prompts
+        # SGLang's max_prefill_tokens (``SchedulerConfig.max_prefill_tokens``), each rank's
+        # pooled over the ranks as the step budget is, counted in its pages; each rank's
+        # first request is taken whatever its length
         self.prefill_cap = None if cfg.max_prefill_tokens is None else \
             cfg.max_prefill_tokens * cfg.ranks
+        self.ranks = cfg.ranks
         self.page = cfg.block_size
+        # a prompt whole at or above what is left waits (add_one_req), but not a request sent
+        # with ignore_eos to a server whose prefix cache is off (add_one_req_ignore_eos)
+        self.holds_long = self.prefill_cap is not None and not (
+            cfg.ignore_eos and not cfg.prefix_caching)
+        # SGLang counts a step's tokens in pages, the chunk budget's too, and rounds a
+        # truncated first chunk down to a page (the ignore_eos path does not round it)
+        self.paged = self.holds_long
         # SGLang's admission (``SchedulerConfig.decode_reserve``): KV held back for the
         # running requests' future tokens, at a ratio of what they have left that falls
         # with every decode step
@@ -336,7 +348,8 @@ class ContinuousScheduler(Scheduler):
                 self._preempt(q)
                 continue
             chunks.append((q, chunk))
-            budget -= chunk
+            # SGLang's add_chunked_req: the chunk is not rounded, its pages are counted
+            budget -= -(-chunk // self.page) * self.page if self.prefill_cap else chunk
         return budget
 
     def _admit_waiting(self, chunks: Chunks, budget: int) -> None:
@@ -352,12 +365,15 @@ class ContinuousScheduler(Scheduler):
             room, clip = self._reserve_room(), reserve.clip_tokens
         # SGLang's PrefillAdder.rem_input_tokens: what is left of max_prefill_tokens after
         # the prefills this step continues (and, mixed, one token a running request)
-        most, page = self.prefill_cap, self.page
+        most, page, ranks, holds, paged = self.prefill_cap, self.page, self.ranks, \
+            self.holds_long, self.paged
         rem = math.inf
         if most is not None:
             rem = most - sum(-(-c // page) * page for _, c in chunks) - \
                 (self.batch.n if self.mixed else 0)
-        while waiting and budget > 0 and rem > 0 and len(running) < max_seqs:
+        # the first waiting request is tried whatever is left (SGLang checks the budget after
+        # each add_one_req, not before the first)
+        while waiting and budget > 0 and len(running) < max_seqs:
             q = waiting[0]
             hit, own = cache.lookup(q) if cache is not None else (0, 0)
             loaded = q.loaded  # KV that came with it: held from admission, not computed
@@ -367,10 +383,18 @@ class ContinuousScheduler(Scheduler):
                                   f"max-num-batched-tokens ({per_rank:,}) and "
                                   f"{self.unchunked}")
                 continue
-            if chunks and -(-left // page) * page >= rem:
+            paged_left = -(-left // page) * page
+            if holds and len(chunks) >= ranks and paged_left >= rem:
                 break  # add_one_req: a whole prompt at or above what is left, not the first
             cap = min(budget, per_rank)
-            chunk = min(left, cap) if chunked else left
+            if not chunked:
+                chunk = left
+            elif paged and paged_left > cap:  # truncated to whole pages
+                chunk = cap // page * page
+                if chunk <= 0:
+                    break
+            else:
+                chunk = min(left, cap)
             if reserve is not None:
                 # SGLang's PrefillAdder.add_one_req: its whole uncached prompt and its output
                 # (up to the clip) must fit in what the running requests leave
@@ -382,10 +406,12 @@ class ContinuousScheduler(Scheduler):
                     not admit(q, chunk + loaded, hit, own):
                 break
             chunks.append((q, chunk))
-            budget -= chunk
+            budget -= -(-chunk // page) * page if most is not None else chunk
             rem -= -(-chunk // page) * page
             if reserve is not None:  # a truncated first chunk reserves no output yet
                 room -= chunk + (want if chunk == left else 0)
+            if rem <= 0 and len(chunks) >= ranks:
+                break  # budget_state: max_prefill_tokens spent (each rank's first taken)
 
     def _whole_prompt_fits(self, q: SimRequest, hit: int) -> bool:
         """vLLM's KVCacheManager.can_fit_full_sequence (0.19.1 vllm/v1/core/kv_cache_manager.py
