@@ -365,8 +365,9 @@ class ContinuousScheduler(Scheduler):
             room, clip = self._reserve_room(), reserve.clip_tokens
         # SGLang's PrefillAdder.rem_input_tokens: what is left of max_prefill_tokens after
         # the prefills this step continues (and, mixed, one token a running request)
-        most, page, ranks, holds, paged = self.prefill_cap, self.page, self.ranks, \
-            self.holds_long, self.paged
+        most, ranks, holds, paged = self.prefill_cap, self.ranks, self.holds_long, self.paged
+        # SGLang counts in its pages; 1 where there are none to count
+        page = 1 if most is None else self.page
         rem = math.inf
         if most is not None:
             rem = most - sum(-(-c // page) * page for _, c in chunks) - \
@@ -383,7 +384,7 @@ class ContinuousScheduler(Scheduler):
                                   f"max-num-batched-tokens ({per_rank:,}) and "
                                   f"{self.unchunked}")
                 continue
-            paged_left = -(-left // page) * page
+            paged_left = left if page == 1 else -(-left // page) * page
             if holds and len(chunks) >= ranks and paged_left >= rem:
                 break  # add_one_req: a whole prompt at or above what is left, not the first
             cap = min(budget, per_rank)
@@ -406,8 +407,9 @@ class ContinuousScheduler(Scheduler):
                     not admit(q, chunk + loaded, hit, own):
                 break
             chunks.append((q, chunk))
-            budget -= -(-chunk // page) * page if most is not None else chunk
-            rem -= -(-chunk // page) * page
+            used = chunk if page == 1 else -(-chunk // page) * page
+            budget -= used
+            rem -= used
             if reserve is not None:  # a truncated first chunk reserves no output yet
                 room -= chunk + (want if chunk == left else 0)
             if rem <= 0 and len(chunks) >= ranks:
