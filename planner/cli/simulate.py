@@ -1349,6 +1349,8 @@ def _render(d: dict) -> None:
                              f"{d['max_running_requests']:,}"],
         ["scheduler limits", f"{d['max_num_seqs']:,} requests, "
                              f"{d['max_num_batched_tokens']:,} tokens a step"
+         + (f", {d['max_prefill_tokens']:,} new prompt tokens a prefill step"
+            if d.get("max_prefill_tokens") else "")
          + (f" (--performance-mode {d['performance_mode']})" if d.get("performance_mode")
             else "")
          + (f"; prefills of up to {d['prefill_graph_max_tokens']:,} tokens replayed from "
