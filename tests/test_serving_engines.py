@@ -583,3 +583,21 @@ def test_sglang_without_chunking_runs_long_prompts_that_vllm_refuses(run_json, r
     sglang = catalog.load_engine("sglang")
     assert not replace(sglang, chunked_prefill=False).refuses_prompt(20000)
     assert replace(catalog.load_engine("vllm"), chunked_prefill=False).refuses_prompt(20000)
+
+
+def test_simulate_takes_tensorrt_llm_s_batch_waiting(run_json, run_cli):
+    """--batch-wait-timeout-iters / --batch-wait-max-tokens-ratio (TorchLlmArgs' keys): a
+    closed loop of 64 clients whose lengths spread gets its first tokens later when prefills
+    are held back for a batch; refused in one line for an engine without the executor, or
+    out of range."""
+    base = ("simulate", "-m", "llama-3.1-8b", "-g", "h100-sxm", "--max-concurrency", "64",
+            "-n", "400", "-p", "1000", "-o", "300", "--range-ratio", "0.2")
+    plain = run_json(*base, "-e", "trtllm")
+    held = run_json(*base, "-e", "trtllm", "--batch-wait-timeout-iters", "40",
+                    "--batch-wait-max-tokens-ratio", "0.8")
+    assert (held["batch_wait_iters"], held["batch_wait_tokens_ratio"]) == (40, 0.8)
+    assert held["median_ttft_ms"] > plain["median_ttft_ms"]
+    code, _, err = run_cli(*base, "-e", "vllm", "--batch-wait-timeout-iters", "4")
+    assert code == 2 and "engine vllm has none" in err
+    code, _, err = run_cli(*base, "-e", "trtllm", "--batch-wait-max-tokens-ratio", "nan")
+    assert code == 2 and "within 0-1" in err and len(err.strip().splitlines()) == 1

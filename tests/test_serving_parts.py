@@ -679,3 +679,39 @@ def replace_cfg(cfg: SchedulerConfig, **kw) -> SchedulerConfig:
     from dataclasses import replace
 
     return replace(cfg, **kw)
+
+
+def _batch_waiting(iters: int = 3, share: float = 0.5) -> ContinuousScheduler:
+    cfg = SchedulerConfig(max_num_seqs=16, max_num_batched_tokens=1000, block_size=1,
+                          chunked_prefill=False, batch_wait_iters=iters,
+                          batch_wait_tokens_ratio=share)
+    kv = PagedKV(100_000, 1)
+    return ContinuousScheduler(cfg, kv, DecodePool(kv, 16))
+
+
+def test_tensorrt_llm_s_batch_waiting_holds_prefills_beside_decodes():
+    """PyExecutor._waiting_requests with timeout 3 and a share of 0.5 of 1,000 tokens: an
+    idle server prefills at once ('no need to wait'); beside a decode, a 100-token prompt
+    (100 + 1 tokens, under 500) is held 3 steps and goes in on the 4th; a 450-token one
+    arriving meanwhile makes 100 + 450 + 1 = 551 and both go in at once."""
+    s = _batch_waiting()
+    s.waiting.append(_req(0, 100, 50))
+    assert [q.r.id for q, _ in _step(s, 1.0)] == [0]  # no decodes: no waiting
+    s.waiting.append(_req(1, 100, 50))
+    assert [_step(s, t) for t in (2.0, 3.0, 4.0)] == [[], [], []]  # held, the decode runs
+    assert s.batch.n == 1 and s.waited == 3
+    assert [q.r.id for q, _ in _step(s, 5.0)] == [1] and s.waited == 0
+    s = _batch_waiting()
+    s.waiting.append(_req(0, 100, 50))
+    _step(s, 1.0)
+    s.waiting.append(_req(1, 100, 50))
+    assert _step(s, 2.0) == [] and s.waited == 1
+    s.waiting.append(_req(2, 450, 50))
+    assert [q.r.id for q, _ in _step(s, 3.0)] == [1, 2] and s.waited == 0
+    # either figure 0 waits for nothing (its test then always stops waiting)
+    for iters, share in ((0, 0.5), (3, 0.0)):
+        s = _batch_waiting(iters, share)
+        s.waiting.append(_req(0, 100, 50))
+        _step(s, 1.0)
+        s.waiting.append(_req(1, 100, 50))
+        assert [q.r.id for q, _ in _step(s, 2.0)] == [1]

@@ -256,3 +256,22 @@ def test_a_replayed_command_runs_with_the_files_graphs(tmp_path):
     plain = run.scheduler(served_setup("llama-3.1-8b", "h100-sxm",
                                        catalog.load_engine_spec("trtllm"), 1, None, None))
     assert not plain.graph_padding and plain.capacity_policy == "guaranteed-no-evict"
+
+
+def test_batch_waiting_from_the_file(tmp_path, run_json, run_cli):
+    """TorchLlmArgs' batch_wait_timeout_iters and batch_wait_max_tokens_ratio reach the
+    simulator's scheduler (InferenceX's DeepSeek-R1 runs set 40 and 0.8); out of range is one
+    line naming the key; a TensorRT engine's profile has no such executor."""
+    cfg = _write(tmp_path, "batch_wait_timeout_iters: 40\nbatch_wait_max_tokens_ratio: 0.8\n")
+    assert read_llm_api_options(cfg) == {"--batch-wait-timeout-iters": 40,
+                                         "--batch-wait-max-tokens-ratio": 0.8}
+    d = run_json(*SIM, "--extra-llm-api-options", str(cfg))
+    assert (d["batch_wait_iters"], d["batch_wait_tokens_ratio"]) == (40, 0.8)
+    assert (run_json(*SIM)["batch_wait_iters"], run_json(*SIM)["batch_wait_tokens_ratio"]) \
+        == (0, 0.0)
+    bad = _write(tmp_path, "batch_wait_max_tokens_ratio: 1.5\n", "bad.yaml")
+    code, _, err = run_cli(*SIM, "--extra-llm-api-options", str(bad))
+    assert code == 2 and "batch_wait_max_tokens_ratio: must be within [0, 1]" in err
+    engine = [x if x != "trtllm" else "trtllm-engine" for x in SIM]
+    code, _, err = run_cli(*engine, "--extra-llm-api-options", str(cfg))
+    assert code == 2 and "batch_wait_max_tokens_ratio, batch_wait_timeout_iters" in err

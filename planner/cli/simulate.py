@@ -306,6 +306,15 @@ def simulate(
         "first request's; a request whose whole prompt is not under what is left waits for "
         "the next step. Default: the engine's (SGLang 16,384; none for the others).",
         metavar="TOKENS")] = None,
+    batch_wait_timeout_iters: Annotated[Optional[int], typer.Option(
+        help="TensorRT-LLM's batch waiting (its LLM-API key; with --batch-wait-max-tokens-ratio "
+        "above 0): a step that would prefill beside running decodes holds its prefills back "
+        "for up to this many steps in a row. Default: the engine's (0: off).",
+        metavar="STEPS")] = None,
+    batch_wait_max_tokens_ratio: Annotated[Optional[float], typer.Option(
+        help="TensorRT-LLM's batch waiting: held prefills go in once their prompts and the "
+        "decodes' tokens reach this share of --max-num-batched-tokens. Default: the engine's "
+        "(0: off).", metavar="SHARE")] = None,
     ignore_eos: Annotated[bool, typer.Option(
         "--ignore-eos",
         help="The client sends ignore_eos (vLLM's and SGLang's benchmark clients' flag): "
@@ -464,7 +473,8 @@ def _simulate_run(a: dict, emit: bool) -> dict:
      dataset, dataset_name, seed, chat, scheduler, max_wait, max_num_seqs,
      max_num_batched_tokens,
      chunked_prefill, hybrid_kv_cache, capacity_policy, mixed_batches, max_prefill_tokens,
-     ignore_eos, api_server_count, num_scheduler_steps,
+     batch_wait_timeout_iters, batch_wait_max_tokens_ratio, ignore_eos, api_server_count,
+     num_scheduler_steps,
      multi_step_stream_outputs, performance_mode, kv_layout, block_size,
      max_model_len, memory_utilization, reserve_gib, cpu_offload_gb, ttft_slo, tpot_slo, trace,
      allow_longer_context, plot, speculative, draft_model, num_speculative_tokens,
@@ -478,7 +488,8 @@ def _simulate_run(a: dict, emit: bool) -> dict:
         "prompt_tokens", "output_tokens", "range_ratio", "prefix_tokens", "prefix_cache",
         "dataset", "dataset_name", "seed", "chat", "scheduler", "max_wait", "max_num_seqs",
         "max_num_batched_tokens", "chunked_prefill", "hybrid_kv_cache", "capacity_policy",
-        "mixed_batches", "max_prefill_tokens", "ignore_eos", "api_server_count",
+        "mixed_batches", "max_prefill_tokens", "batch_wait_timeout_iters",
+        "batch_wait_max_tokens_ratio", "ignore_eos", "api_server_count",
         "num_scheduler_steps",
         "multi_step_stream_outputs",
         "performance_mode", "kv_layout",
@@ -872,6 +883,14 @@ def _scheduler(dep, a: dict):
     if "max_prefill_tokens" in given and dep.engine.max_prefill_tokens is None:
         raise LlmplanError(f"--max-prefill-tokens: SGLang's (its PrefillAdder's bound on a "
                            f"prefill step); engine {dep.engine.name} has none")
+    for flag, field in (("batch_wait_timeout_iters", "batch_wait_iters"),
+                        ("batch_wait_max_tokens_ratio", "batch_wait_tokens_ratio")):
+        if a.get(flag) is not None:
+            if dep.engine.batch_wait_iters is None:
+                raise LlmplanError(f"--{flag.replace('_', '-')}: TensorRT-LLM's batch waiting "
+                                   f"(its PyTorch executor's); engine {dep.engine.name} has "
+                                   "none")
+            given[field] = a[flag]
     if a.get("ignore_eos"):
         given["ignore_eos"] = True
     if a["api_server_count"] is not None:
@@ -915,13 +934,16 @@ LLM_API_PARAMS = {"--tp": "tp", "--pp": "pp", "--ep": "ep", "--max-num-seqs": "m
                   "--cuda-graph-sizes": "cuda_graph_sizes",
                   "--cuda-graph-padding": "cuda_graph_padding",
                   "--async-scheduling": "async_scheduling",
-                  "--kv-cache-tokens": "kv_cache_tokens"}
+                  "--kv-cache-tokens": "kv_cache_tokens",
+                  "--batch-wait-timeout-iters": "batch_wait_timeout_iters",
+                  "--batch-wait-max-tokens-ratio": "batch_wait_max_tokens_ratio"}
 
 
 # an options file's settings that only TensorRT-LLM's PyTorch backend has (TorchLlmArgs'
-# cuda_graph_config and disable_overlap_scheduler)
+# cuda_graph_config, disable_overlap_scheduler and batch waiting)
 PYTORCH_ONLY = ("--enforce-eager", "--cuda-graph-sizes", "--cuda-graph-padding",
-                "--async-scheduling")
+                "--async-scheduling", "--batch-wait-timeout-iters",
+                "--batch-wait-max-tokens-ratio")
 
 
 def with_llm_api_options(a: dict, defaults: dict) -> dict:
@@ -988,6 +1010,11 @@ def _check_numbers(a: dict) -> None:
                    for what in ("instances", "tp", "max_num_seqs", "max_num_batched_tokens"))):
         positive("--" + flag.replace("_", "-"), a[flag])
     positive("--request-rate", a["request_rate"], allow_inf=True)
+    positive("--batch-wait-timeout-iters", a["batch_wait_timeout_iters"], allow_zero=True)
+    share = a["batch_wait_max_tokens_ratio"]
+    if share is not None and not 0 <= share <= 1:  # NaN fails both
+        raise LlmplanError(f"--batch-wait-max-tokens-ratio: must be a share within 0-1, got "
+                           f"{share:g}")
     if not 0 <= a["prefix_tokens"] <= MAX_TRACE_TOKENS:
         raise LlmplanError(f"--prefix-tokens: must be in 0..{MAX_TRACE_TOKENS:,}, got "
                            f"{a['prefix_tokens']:,}")
@@ -1177,6 +1204,9 @@ def _result(dep, cfg, reqs, sp, d: dict, *, request_rate, burstiness, max_concur
             else cfg.decode_reserve._asdict(),
             # SGLang's max_prefill_tokens: a prefill step's new prompt tokens (None: none)
             "max_prefill_tokens": cfg.max_prefill_tokens, "ignore_eos": cfg.ignore_eos,
+            # TensorRT-LLM's batch waiting (0: off)
+            "batch_wait_iters": cfg.batch_wait_iters,
+            "batch_wait_tokens_ratio": cfg.batch_wait_tokens_ratio,
             "prefix_caching": cfg.prefix_caching, "api_servers": cfg.api_servers,
             # the pool is vLLM's hybrid one: sliding-window layers hold their window only,
             # and kv_capacity_tokens counts tokens of one group of layers

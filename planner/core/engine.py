@@ -333,6 +333,18 @@ class Policy(_Sourced):
     value: Literal["max-utilization", "guaranteed-no-evict"]
 
 
+class BatchWait(_Sourced):
+    """TensorRT-LLM's batch waiting (its PyTorch executor: ``PyExecutor._waiting_requests``):
+    with ``timeout_iters`` and ``max_tokens_ratio`` both above 0 a step that would run
+    context requests beside generation ones holds them back, running the generation alone,
+    until their prompts and the generation tokens reach that share of max_num_tokens or it
+    has held them that many steps (``SchedulerConfig.batch_wait_iters``). The profile states
+    the engine's defaults (0: off)."""
+
+    timeout_iters: int = Field(ge=0, le=1_000_000)
+    max_tokens_ratio: float = Field(ge=0, le=1)
+
+
 class ReserveRule(NamedTuple):
     """``DecodeReserve`` as the scheduler applies it."""
 
@@ -841,6 +853,9 @@ class ServingDefaults(_Frozen):
     # new prompt tokens a prefill batch takes at most beside the first request's (SGLang's
     # max_prefill_tokens: ``SchedulerConfig.max_prefill_tokens``); None: the step's budget
     max_prefill_tokens: Num | None = None
+    # context requests held back to batch them (TensorRT-LLM's batch waiting: ``BatchWait``);
+    # None: the engine has none
+    batch_wait: BatchWait | None = None
     # a waiting request is admitted only where its whole prompt (with what it generated
     # before a preemption) fits in the free and evictable KV, not its first chunk alone
     # (vLLM's scheduler_reserve_full_isl, from 0.19); None or False: the first chunk
@@ -1279,6 +1294,9 @@ class EngineSpec(_Frozen):
             out["decode_reserve"] = sv.decode_reserve.rule()
         if sv.max_prefill_tokens is not None:
             out["max_prefill_tokens"] = int(sv.max_prefill_tokens.value)
+        if sv.batch_wait is not None:
+            out["batch_wait_iters"] = sv.batch_wait.timeout_iters
+            out["batch_wait_tokens_ratio"] = sv.batch_wait.max_tokens_ratio
         if sv.prefix_caching is not None:
             out["prefix_caching"] = sv.prefix_caching.value
         if sv.async_scheduling is not None:
@@ -1462,6 +1480,10 @@ class Engine:
     decode_reserve: ReserveRule | None = None
     # SGLang's max_prefill_tokens (``SchedulerConfig.max_prefill_tokens``); None: none
     max_prefill_tokens: int | None = None
+    # TensorRT-LLM's batch waiting, its iterations and token share (``BatchWait``; 0: off);
+    # None: the engine has none
+    batch_wait_iters: int | None = None
+    batch_wait_tokens_ratio: float | None = None
     prefix_caching: bool = False  # automatic prefix caching on by default
     # sliding-window layers cache only their window (vLLM's hybrid KV cache manager)
     hybrid_kv_cache: bool = False

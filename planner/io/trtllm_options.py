@@ -20,6 +20,10 @@ server command's flags:
     scheduler_config.capacity_scheduler_policy      --capacity-policy
     disable_overlap_scheduler                       --async-scheduling (its negation: the
                                                     PyTorch backend's overlap scheduler)
+    batch_wait_timeout_iters,                       --batch-wait-timeout-iters,
+    batch_wait_max_tokens_ratio                     --batch-wait-max-tokens-ratio (its PyTorch
+                                                    executor holds context requests back
+                                                    while both are above 0)
     cuda_graph_config                               null: --enforce-eager; else the decode
                                                     batch sizes captured and whether a batch
                                                     pads up to one (--cuda-graph-sizes,
@@ -57,7 +61,9 @@ KEY_OF = {"--tp": "tensor_parallel_size", "--pp": "pipeline_parallel_size",
           "--capacity-policy": "scheduler_config.capacity_scheduler_policy",
           "--enforce-eager": "cuda_graph_config", "--cuda-graph-sizes": "cuda_graph_config",
           "--cuda-graph-padding": "cuda_graph_config.enable_padding",
-          "--async-scheduling": "disable_overlap_scheduler"}
+          "--async-scheduling": "disable_overlap_scheduler",
+          "--batch-wait-timeout-iters": "batch_wait_timeout_iters",
+          "--batch-wait-max-tokens-ratio": "batch_wait_max_tokens_ratio"}
 
 
 def cuda_graph_batch_sizes(max_batch_size: int, enable_padding: bool) -> tuple[int, ...]:
@@ -153,6 +159,14 @@ def read_llm_api_options(path: Path) -> dict[str, object]:
         out["--capacity-policy"] = r.choice(sched["capacity_scheduler_policy"],
                                             "scheduler_config.capacity_scheduler_policy",
                                             POLICIES)
+    if data.get("batch_wait_timeout_iters") is not None:
+        out["--batch-wait-timeout-iters"] = r.integer(data["batch_wait_timeout_iters"],
+                                                      "batch_wait_timeout_iters", low=0)
+    if data.get("batch_wait_max_tokens_ratio") is not None:
+        v = data["batch_wait_max_tokens_ratio"]
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= 1:
+            raise r.fail("batch_wait_max_tokens_ratio", f"must be within [0, 1], got {v!r}")
+        out["--batch-wait-max-tokens-ratio"] = float(v)
     if data.get("disable_overlap_scheduler") is not None:
         out["--async-scheduling"] = not r.flag(data["disable_overlap_scheduler"],
                                                "disable_overlap_scheduler")

@@ -56,6 +56,13 @@ class SchedulerConfig:
     # max_prefill_tokens (it chunks it as the budget allows); the rest of that path's
     # admission (a full-output reserve) is not modelled
     ignore_eos: bool = False
+    # TensorRT-LLM's batch waiting (PyExecutor._waiting_requests, ``Engine.batch_wait_iters``):
+    # with both above 0, a step that would prefill beside running decodes holds its prefills
+    # back (the decodes run alone) until their whole prompts and the decodes' tokens reach
+    # batch_wait_tokens_ratio x max_num_batched_tokens, or it has held them batch_wait_iters
+    # steps in a row; not with data-parallel ranks (attention DP), nor on an idle server
+    batch_wait_iters: int = 0
+    batch_wait_tokens_ratio: float = 0.0
     # the decode batch sizes replayed from CUDA graphs, ascending (a decode step pads up to
     # the next; beyond the largest it runs without a graph); empty: any size, unpadded
     graph_sizes: tuple[int, ...] = ()
@@ -106,6 +113,8 @@ class SchedulerConfig:
               "block_size": e.block_size, "chunked_prefill": e.chunked_prefill,
               "capacity_policy": e.capacity_policy, "mixed_batches": e.mixed_batches,
               "decode_reserve": e.decode_reserve, "max_prefill_tokens": e.max_prefill_tokens,
+              "batch_wait_iters": e.batch_wait_iters or 0,
+              "batch_wait_tokens_ratio": e.batch_wait_tokens_ratio or 0.0,
               "prefix_caching": e.prefix_caching, "hybrid_kv_cache": e.hybrid_kv_cache,
               "api_servers": e.api_servers,
               "graph_padding": e.graph_padding, "scheduler_steps": e.scheduler_steps or 1,
@@ -169,6 +178,9 @@ class SchedulerConfig:
                      "ranks", "api_servers", "scheduler_steps"):
             if getattr(self, name) <= 0:
                 raise UsageError(f"{name.replace('_', '-')}: must be positive")
+        if self.batch_wait_iters < 0 or not 0 <= self.batch_wait_tokens_ratio <= 1:
+            raise UsageError("batch waiting: iterations must be >= 0 and the token share "
+                             "within 0-1")
         if self.max_prefill_tokens is not None and self.max_prefill_tokens <= 0:
             raise UsageError("max-prefill-tokens: must be positive")
         if self.max_num_batched_tokens < self.max_num_seqs:

@@ -88,7 +88,7 @@ class Scheduler:
                  "stamp", "token_budget", "chunk_tokens", "max_seqs", "chunked", "unchunked",
                  "whole", "mixed", "decodes", "refused", "on_done", "reserve", "ratio",
                  "retracted", "full_prompt", "prefill_cap", "page", "holds_long", "paged",
-                 "ranks")
+                 "ranks", "wait_iters", "wait_tokens", "waited")
 
     def __init__(self, cfg: SchedulerConfig, kv: KVPool, batch: DecodePool):
         self.kv, self.batch = kv, batch
@@ -120,6 +120,13 @@ class Scheduler:
             cfg.max_prefill_tokens * cfg.ranks
         self.ranks = cfg.ranks
         self.page = cfg.block_size
+        # TensorRT-LLM's batch waiting (``SchedulerConfig.batch_wait_iters``): off under
+        # attention data parallelism, and where either figure is 0 (its test
+        # 'iters >= timeout or tokens >= ratio x max' then always stops waiting)
+        self.wait_iters = cfg.batch_wait_iters if cfg.ranks == 1 and \
+            cfg.batch_wait_tokens_ratio > 0 else 0
+        self.wait_tokens = cfg.batch_wait_tokens_ratio * cfg.max_num_batched_tokens
+        self.waited = 0  # steps in a row the prefills were held back
         # a prompt whole at or above what is left waits (add_one_req), but not a request sent
         # with ignore_eos to a server whose prefix cache is off (add_one_req_ignore_eos)
         self.holds_long = self.prefill_cap is not None and not (
@@ -267,9 +274,42 @@ class ContinuousScheduler(Scheduler):
         chunks: Chunks = []
         if not self.prefilling and not self.waiting:  # a decode-only step
             return chunks
+        if self.wait_iters and batch.n and self._holds_prefills():
+            return chunks  # TensorRT-LLM's batch waiting: the decodes run alone
         budget = self._continue_prefills(chunks, self.token_budget - batch.n * batch.k1)
         self._admit_waiting(chunks, budget)
         return chunks
+
+    def _holds_prefills(self) -> bool:
+        """TensorRT-LLM's PyExecutor._waiting_requests: the prefills this step would run (its
+        unfinished ones, then the waiting requests the budget and the seats let in, each
+        counted by its whole prompt, as len(get_tokens(0))) are held back while they and the
+        decodes' tokens stay under the share of max_num_tokens and fewer than the timeout's
+        steps have held them; a step that would run none holds nothing and counts nothing."""
+        batch = self.batch
+        left = self.token_budget - batch.n * batch.k1
+        seats = self.max_seqs - len(self.running)
+        tokens = found = 0
+        for q in self.prefilling.values():
+            if left <= 0:
+                break
+            left -= min(q.target - q.computed, left, self.chunk_tokens)
+            tokens, found = tokens + q.target, found + 1
+        for q in self.waiting:
+            need = q.target - q.loaded
+            if left <= 0 or seats <= 0 or (not self.chunked and need > min(left,
+                                                                          self.chunk_tokens)):
+                break
+            left -= min(need, left, self.chunk_tokens)
+            seats -= 1
+            tokens, found = tokens + q.target, found + 1
+        if not found:
+            return False
+        if self.waited >= self.wait_iters or tokens + batch.n * batch.k1 >= self.wait_tokens:
+            self.waited = 0
+            return False
+        self.waited += 1
+        return True
 
     def _schedule_apart(self) -> Chunks:
         """SGLang's order: prefill whatever can be prefilled, in a step of its own; decode
