@@ -715,3 +715,38 @@ def test_tensorrt_llm_s_batch_waiting_holds_prefills_beside_decodes():
         _step(s, 1.0)
         s.waiting.append(_req(1, 100, 50))
         assert [q.r.id for q, _ in _step(s, 2.0)] == [1]
+
+
+def test_batch_waiting_counts_what_the_capacity_scheduler_would_let_in():
+    """Under guaranteed-no-evict TensorRT-LLM's capacity scheduler picks only requests whose
+    whole length fits the free KV, and only they are counted: with room for one of two
+    300-token prompts (300 + 50 tokens each, 400 free), 300 + 1 < 500 and the prefill is held
+    (the dry run had counted 601 and let it in); a prefix found cached is not recomputed, so
+    a 700-token prompt with 320 cached fits beside a 300-token one (300 + 380 of the 999
+    left) and both count whole: 1,001 >= 500, no hold."""
+    cfg = SchedulerConfig(max_num_seqs=16, max_num_batched_tokens=1000, block_size=1,
+                          chunked_prefill=False, batch_wait_iters=3,
+                          batch_wait_tokens_ratio=0.5, capacity_policy="guaranteed-no-evict")
+    kv = PagedKV(10 + 350 + 400, 1)
+    s = ContinuousScheduler(cfg, kv, DecodePool(kv, 16))
+    s.waiting.append(_req(0, 10, 340))  # 350 reserved whole, decoding
+    assert [q.r.id for q, _ in _step(s, 1.0)] == [0]
+    s.waiting.extend([_req(1, 300, 50), _req(2, 300, 50)])
+    assert s._holds_prefills() and s.waited == 1
+    # a prefix of 320 tokens (20 blocks of 16) cached before the run
+    from planner.serving.kv import PrefixCache
+
+    cfg = SchedulerConfig(max_num_seqs=16, max_num_batched_tokens=1000, block_size=16,
+                          chunked_prefill=False, batch_wait_iters=3,
+                          batch_wait_tokens_ratio=0.5, prefix_caching=True)
+    kv = PagedKV(100_000, 16)
+    kv.prefixes = PrefixCache(16)
+    assert kv.warm({7: 320}) == 320
+    s = ContinuousScheduler(cfg, kv, DecodePool(kv, 16))
+    s.waiting.append(_req(0, 10, 200))
+    _step(s, 1.0)
+    assert s.batch.n == 1
+    shared = SimRequest.of(RequestResult(2, 0.0, 700, 50), prefix=7, prefix_tokens=320)
+    s.waiting.extend([_req(1, 300, 50), shared])
+    assert kv.prefixes.lookup(shared)[0] == 320
+    assert not s._holds_prefills() and s.waited == 0

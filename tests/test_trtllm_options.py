@@ -275,3 +275,12 @@ def test_batch_waiting_from_the_file(tmp_path, run_json, run_cli):
     engine = [x if x != "trtllm" else "trtllm-engine" for x in SIM]
     code, _, err = run_cli(*engine, "--extra-llm-api-options", str(cfg))
     assert code == 2 and "batch_wait_max_tokens_ratio, batch_wait_timeout_iters" in err
+    # PyExecutor waits only where attention DP is off: the file's keys then set nothing
+    dp = _write(tmp_path, "enable_attention_dp: true\nbatch_wait_timeout_iters: 40\n"
+                "batch_wait_max_tokens_ratio: 0.8\n", "dp.yaml")
+    assert read_llm_api_options(dp) == {}
+    # llmplan's expert-parallel replicas run attention data-parallel: refused together
+    code, _, err = run_cli("simulate", "-m", "qwen3-30b-a3b", "-g", "h100-sxm", "-e", "trtllm",
+                           "--ep", "2", "-n", "10", "--batch-wait-timeout-iters", "40",
+                           "--batch-wait-max-tokens-ratio", "0.8")
+    assert code == 2 and "attention data-parallel" in err and len(err.strip().splitlines()) == 1

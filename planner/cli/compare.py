@@ -192,8 +192,9 @@ def served_setup(model: str, gpu: str, spec, tp: int, weights, kv_cache,
         # trtllm-serve --backend tensorrt: a built TensorRT engine, whose decode steps the
         # profile's fit priced at every batch size (no PyTorch-backend capture sizes) and
         # with its host work in series (no PyTorch-backend overlap scheduler); its fp8
-        # kernels were dropped above
-        eng = replace(eng, graph_rule=None, async_scheduling=False)
+        # kernels were dropped above; nor its executor's batch waiting
+        eng = replace(eng, graph_rule=None, async_scheduling=False, batch_wait_iters=None,
+                      batch_wait_tokens_ratio=None)
     prec, source = resolve_precision(m, weights, kv_cache, group_size,
                                      quantized_layers=quantized_layers)
     dtype = s.get("--dtype")

@@ -891,6 +891,11 @@ def _scheduler(dep, a: dict):
                                    f"(its PyTorch executor's); engine {dep.engine.name} has "
                                    "none")
             given[field] = a[flag]
+    if dep.layout.ep > 1 and given.get("batch_wait_iters", dep.engine.batch_wait_iters) and \
+            given.get("batch_wait_tokens_ratio", dep.engine.batch_wait_tokens_ratio):
+        raise LlmplanError("--batch-wait-timeout-iters: TensorRT-LLM waits only where attention "
+                           "data parallelism is off, and llmplan's expert-parallel replicas "
+                           "(--ep) run attention data-parallel: not simulated together")
     if a.get("ignore_eos"):
         given["ignore_eos"] = True
     if a["api_server_count"] is not None:

@@ -23,7 +23,8 @@ server command's flags:
     batch_wait_timeout_iters,                       --batch-wait-timeout-iters,
     batch_wait_max_tokens_ratio                     --batch-wait-max-tokens-ratio (its PyTorch
                                                     executor holds context requests back
-                                                    while both are above 0)
+                                                    while both are above 0; not where
+                                                    enable_attention_dp is true, as there)
     cuda_graph_config                               null: --enforce-eager; else the decode
                                                     batch sizes captured and whether a batch
                                                     pads up to one (--cuda-graph-sizes,
@@ -159,14 +160,19 @@ def read_llm_api_options(path: Path) -> dict[str, object]:
         out["--capacity-policy"] = r.choice(sched["capacity_scheduler_policy"],
                                             "scheduler_config.capacity_scheduler_policy",
                                             POLICIES)
+    waits: dict[str, object] = {}
     if data.get("batch_wait_timeout_iters") is not None:
-        out["--batch-wait-timeout-iters"] = r.integer(data["batch_wait_timeout_iters"],
-                                                      "batch_wait_timeout_iters", low=0)
+        waits["--batch-wait-timeout-iters"] = r.integer(data["batch_wait_timeout_iters"],
+                                                        "batch_wait_timeout_iters", low=0)
     if data.get("batch_wait_max_tokens_ratio") is not None:
         v = data["batch_wait_max_tokens_ratio"]
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= 1:
             raise r.fail("batch_wait_max_tokens_ratio", f"must be within [0, 1], got {v!r}")
-        out["--batch-wait-max-tokens-ratio"] = float(v)
+        waits["--batch-wait-max-tokens-ratio"] = float(v)
+    # PyExecutor._schedule waits only where attention DP is off
+    dp = data.get("enable_attention_dp")
+    if dp is None or not r.flag(dp, "enable_attention_dp"):
+        out.update(waits)
     if data.get("disable_overlap_scheduler") is not None:
         out["--async-scheduling"] = not r.flag(data["disable_overlap_scheduler"],
                                                "disable_overlap_scheduler")

@@ -282,13 +282,17 @@ class ContinuousScheduler(Scheduler):
 
     def _holds_prefills(self) -> bool:
         """TensorRT-LLM's PyExecutor._waiting_requests: the prefills this step would run (its
-        unfinished ones, then the waiting requests the budget and the seats let in, each
-        counted by its whole prompt, as len(get_tokens(0))) are held back while they and the
-        decodes' tokens stay under the share of max_num_tokens and fewer than the timeout's
-        steps have held them; a step that would run none holds nothing and counts nothing."""
-        batch = self.batch
+        unfinished ones, then the waiting requests the budget, the seats and, under
+        guaranteed-no-evict, the KV cache let in, as the capacity and micro-batch schedulers
+        choose them; each counted by its whole prompt, as len(get_tokens(0))) are held back
+        while they and the decodes' tokens stay under the share of max_num_tokens and fewer
+        than the timeout's steps have held them; a step that would run none holds nothing and
+        counts nothing."""
+        batch, kv = self.batch, self.kv
+        cache = kv.prefixes
         left = self.token_budget - batch.n * batch.k1
         seats = self.max_seqs - len(self.running)
+        room = kv.free_or_evictable_tokens() if self.whole else 0
         tokens = found = 0
         for q in self.prefilling.values():
             if left <= 0:
@@ -296,10 +300,16 @@ class ContinuousScheduler(Scheduler):
             left -= min(q.target - q.computed, left, self.chunk_tokens)
             tokens, found = tokens + q.target, found + 1
         for q in self.waiting:
-            need = q.target - q.loaded
+            hit, own = cache.lookup(q) if cache is not None else (0, 0)
+            need = q.target - hit - own - q.loaded
             if left <= 0 or seats <= 0 or (not self.chunked and need > min(left,
                                                                           self.chunk_tokens)):
                 break
+            if self.whole:  # the blocks of its whole length, as _admit reserves them
+                room -= kv.tokens_for(q.r.prompt_tokens + q.r.output_tokens + batch.k1 - 1
+                                      - hit - own)
+                if room < 0:
+                    break
             left -= min(need, left, self.chunk_tokens)
             seats -= 1
             tokens, found = tokens + q.target, found + 1
