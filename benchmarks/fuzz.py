@@ -95,7 +95,9 @@ CLI_OPTIONS = {  # command line -> options that take a value ("": a positional a
                                       "--block-size", "--max-model-len", "--ttft-slo",
                                       "--tpot-slo", "-n", "--dataset", "--trace",
                                       "--performance-mode", "--kv-cache-memory-bytes",
-                                      "--kv-cache-tokens", "--max-prefill-tokens"],
+                                      "--kv-cache-tokens", "--max-prefill-tokens",
+                                      "--batch-wait-timeout-iters",
+                                      "--batch-wait-max-tokens-ratio"],
     ("simulate", *BASE, "-n", "20", "--scheduler", "dynamic"): ["--max-wait"],
     # SGLang's random lengths (numpy seeded by --seed, from --range-ratio of -p / -o up)
     ("simulate", *BASE, "-n", "20", "--dataset-name", "sglang-random"):
