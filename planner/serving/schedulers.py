@@ -73,6 +73,11 @@ _PREFILLING = RequestState.PREFILLING
 _PREFILLED = RequestState.PREFILLED
 
 
+def _in_pages(tokens: int, page: int) -> int:
+    """``tokens`` rounded up to whole pages of ``page`` (SGLang's ceil_paged_tokens)."""
+    return tokens if page == 1 else -(-tokens // page) * page
+
+
 # a step's budget where none binds (SGLang with chunked prefill off:
 # ``SchedulerConfig.takes_whole_prompts``)
 WHOLE = 1 << 62
@@ -87,7 +92,7 @@ class Scheduler:
     __slots__ = ("kv", "batch", "waiting", "running", "prefilling", "finished", "preemptions",
                  "stamp", "token_budget", "chunk_tokens", "max_seqs", "chunked", "unchunked",
                  "whole", "mixed", "decodes", "refused", "on_done", "reserve", "ratio",
-                 "retracted", "full_prompt", "prefill_cap", "page", "holds_long", "paged",
+                 "retracted", "full_prompt", "prefill_cap", "page", "holds_long",
                  "ranks", "wait_iters", "wait_tokens", "waited")
 
     def __init__(self, cfg: SchedulerConfig, kv: KVPool, batch: DecodePool):
@@ -119,7 +124,8 @@ class Scheduler:
         self.prefill_cap = None if cfg.max_prefill_tokens is None else \
             cfg.max_prefill_tokens * cfg.ranks
         self.ranks = cfg.ranks
-        self.page = cfg.block_size
+        # SGLang counts a step's tokens in its pages; 1 (nothing to round) elsewhere
+        self.page = cfg.block_size if self.prefill_cap is not None else 1
         # TensorRT-LLM's batch waiting (``SchedulerConfig.batch_wait_iters``): off under
         # attention data parallelism, and where either figure is 0 (its test
         # 'iters >= timeout or tokens >= ratio x max' then always stops waiting)
@@ -127,13 +133,11 @@ class Scheduler:
             cfg.batch_wait_tokens_ratio > 0 else 0
         self.wait_tokens = cfg.batch_wait_tokens_ratio * cfg.max_num_batched_tokens
         self.waited = 0  # steps in a row the prefills were held back
-        # a prompt whole at or above what is left waits (add_one_req), but not a request sent
-        # with ignore_eos to a server whose prefix cache is off (add_one_req_ignore_eos)
+        # SGLang's add_one_req: a prompt whole at or above what is left waits, and a
+        # truncated chunk is rounded down to whole pages; a request sent with ignore_eos to a
+        # server whose prefix cache is off goes by add_one_req_ignore_eos, which does neither
         self.holds_long = self.prefill_cap is not None and not (
             cfg.ignore_eos and not cfg.prefix_caching)
-        # SGLang counts a step's tokens in pages, the chunk budget's too, and rounds a
-        # truncated first chunk down to a page (the ignore_eos path does not round it)
-        self.paged = self.holds_long
         # SGLang's admission (``SchedulerConfig.decode_reserve``): KV held back for the
         # running requests' future tokens, at a ratio of what they have left that falls
         # with every decode step
@@ -399,7 +403,7 @@ class ContinuousScheduler(Scheduler):
                 continue
             chunks.append((q, chunk))
             # SGLang's add_chunked_req: the chunk is not rounded, its pages are counted
-            budget -= -(-chunk // self.page) * self.page if self.prefill_cap else chunk
+            budget -= _in_pages(chunk, self.page)
         return budget
 
     def _admit_waiting(self, chunks: Chunks, budget: int) -> None:
@@ -415,12 +419,10 @@ class ContinuousScheduler(Scheduler):
             room, clip = self._reserve_room(), reserve.clip_tokens
         # SGLang's PrefillAdder.rem_input_tokens: what is left of max_prefill_tokens after
         # the prefills this step continues (and, mixed, one token a running request)
-        most, ranks, holds, paged = self.prefill_cap, self.ranks, self.holds_long, self.paged
-        # SGLang counts in its pages; 1 where there are none to count
-        page = 1 if most is None else self.page
+        most, ranks, holds, page = self.prefill_cap, self.ranks, self.holds_long, self.page
         rem = math.inf
         if most is not None:
-            rem = most - sum(-(-c // page) * page for _, c in chunks) - \
+            rem = most - sum(_in_pages(c, page) for _, c in chunks) - \
                 (self.batch.n if self.mixed else 0)
         # the first waiting request is tried whatever is left (SGLang checks the budget after
         # each add_one_req, not before the first)
@@ -434,13 +436,13 @@ class ContinuousScheduler(Scheduler):
                                   f"max-num-batched-tokens ({per_rank:,}) and "
                                   f"{self.unchunked}")
                 continue
-            paged_left = left if page == 1 else -(-left // page) * page
+            paged_left = _in_pages(left, page)
             if holds and len(chunks) >= ranks and paged_left >= rem:
                 break  # add_one_req: a whole prompt at or above what is left, not the first
             cap = min(budget, per_rank)
             if not chunked:
                 chunk = left
-            elif paged and paged_left > cap:  # truncated to whole pages
+            elif holds and paged_left > cap:  # truncated to whole pages
                 chunk = cap // page * page
                 if chunk <= 0:
                     break
@@ -457,7 +459,7 @@ class ContinuousScheduler(Scheduler):
                     not admit(q, chunk + loaded, hit, own):
                 break
             chunks.append((q, chunk))
-            used = chunk if page == 1 else -(-chunk // page) * page
+            used = _in_pages(chunk, page)
             budget -= used
             rem -= used
             if reserve is not None:  # a truncated first chunk reserves no output yet
