@@ -898,6 +898,8 @@ def _scheduler(dep, a: dict):
                            "(--ep) run attention data-parallel: not simulated together")
     if a.get("ignore_eos"):
         given["ignore_eos"] = True
+    if a.get("chat"):
+        given["chat_template_parse_s"] = run.chat_parse_s(dep, True)
     if a["api_server_count"] is not None:
         given["api_servers"] = a["api_server_count"]
     if a["num_scheduler_steps"] is not None:
@@ -1231,6 +1233,8 @@ def _result(dep, cfg, reqs, sp, d: dict, *, request_rate, burstiness, max_concur
             if cfg.prefill_graphs is not None and dep.layout.pp == 1 and dep.layout.ep == 1
             and sp is None else None,
             "api_server_request_s": dep.engine.frontend_request_s,
+            # beside it, per chat request: the chat template parsed anew (vLLM 0.11.0)
+            "api_server_chat_template_s": cfg.chat_template_parse_s,
             "api_server_token_s": dep.engine.frontend_token_s,
             # as vLLM's result file writes it: a number, or "inf"
             "request_rate": None if loop_alone(request_rate, max_concurrency)
@@ -1337,9 +1341,11 @@ def _spec_line(sp: dict) -> str:
 def _api_line(d: dict) -> str:
     """The engine's API server: its capacity and whether it set the pace."""
     n, a, t = d["api_servers"], d["api_server_request_s"], d["api_server_token_s"]
+    c = d.get("api_server_chat_template_s", 0.0)
     cap = []
-    if a:
-        cap.append(f"admits up to {n / a:,.0f} req/s")
+    if a + c:
+        cap.append(f"admits up to {n / (a + c):,.0f} req/s" + (
+            f", {c * 1e3:,.1f} ms a request parsing the chat template" if c else ""))
     if t:
         cap.append(f"streams up to {fmt.per_s(n / t)} tok/s")
     return (f"{n} process{'es' if n > 1 else ''} ({', '.join(cap)}); requests waited "
@@ -1408,6 +1414,7 @@ def _render(d: dict) -> None:
         *([["chat template", f"{d['chat_template_tokens']:,} tokens a prompt beyond -p"]]
           if d.get("chat_template_tokens") else []),
         *([["API server", _api_line(d)]] if d["api_server_request_s"] or d["api_server_token_s"]
+          or d.get("api_server_chat_template_s")
           else []),
         *([["refused", f"{d['failed']:,}: {d['failed_reason']}"]] if d.get("failed")
           else []),

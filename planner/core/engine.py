@@ -99,6 +99,45 @@ class NumSince(Num):
         return self
 
 
+class ReleaseCost(Num):
+    """A cost only the releases from ``since`` up to (not including) ``until`` pay: a
+    regression one release brought and a later one removed (vLLM 0.11.0 parses the chat
+    template anew for every request; 0.11.1 caches it). A profile at a named release
+    (``EngineSpec.at_version``: a served run's version, ``--engine vllm@0.11.0``) keeps it, as
+    a cost of every release (``since`` and ``until`` cleared), where that release is in the
+    span, and drops it where not; a profile at no named release pays none, whatever span its
+    line covers."""
+
+    since: str | None = Field(None, pattern=r"^[0-9]+(\.[0-9]+)*$")
+    until: str | None = Field(None, pattern=r"^[0-9]+(\.[0-9]+)*$")
+
+    @model_validator(mode="after")
+    def _span(self) -> ReleaseCost:
+        if self.since is not None and self.until is not None and \
+                version_key(self.until) <= version_key(self.since):
+            raise ValueError(f"until ({self.until}) must come after since ({self.since})")
+        return self
+
+    @property
+    def resolved(self) -> bool:
+        """Every release pays it: no span left to test (``at_version`` cleared it)."""
+        return self.since is None and self.until is None
+
+    def at(self, version: str) -> ReleaseCost | None:
+        """As the release ``version`` has it: the cost, its span cleared, where the span holds
+        that release; None where not."""
+        def key(x: str) -> tuple[int, ...]:  # 0.11 is 0.11.0: a line is its first release
+            k = version_key(x)
+            return k + (0,) * (4 - len(k))
+
+        v = key(version)
+        if (self.since is not None and v < key(self.since)) or \
+                (self.until is not None and v >= key(self.until)):
+            return None
+        note = (f"release {version} pays it" + (f": {self.note}" if self.note else ""))
+        return self.model_copy(update={"since": None, "until": None, "note": note})
+
+
 class Frac(_Sourced):
     value: float = Field(gt=0, le=1, allow_inf_nan=False)
 
@@ -958,6 +997,11 @@ class EngineSpec(_Frozen):
     # request before the engine sees it, and per output token streamed
     frontend_request_us: Num | None = None
     frontend_token_us: Num | None = None
+    # the API server's CPU time per chat request beyond frontend_request_us where the release
+    # parses the model's Jinja chat template anew for each (vLLM 0.11.0), serial as that is;
+    # paid only at a named release in its span (``ReleaseCost``), by chat requests of a model
+    # whose template is rendered from Jinja (``ChatTemplate.renderer``)
+    chat_template_parse_us: ReleaseCost | None = None
     # the hand-off of each step to the engine's worker processes where the model spans more
     # than one GPU (vLLM V1's MultiprocExecutor: the scheduler output broadcast to the workers,
     # the sampled tokens back from the first), on the step's path: no async scheduling hides
@@ -1084,6 +1128,9 @@ class EngineSpec(_Frozen):
         --performance-mode before its release, a ``FlagSince`` default reversed before
         its release, and no fp8 kernels before theirs (``Fp8Kernels.since``)."""
         v = version_key(version)
+        cp = self.chat_template_parse_us
+        if cp is not None and not cp.resolved:
+            self = self.model_copy(update={"chat_template_parse_us": cp.at(version)})
         q = self.fp8_quant_kernels
         if q is not None and q.since is not None and v < version_key(q.since):
             self = self.model_copy(update={"fp8_quant_kernels": None})
@@ -1197,6 +1244,9 @@ class EngineSpec(_Frozen):
                                 else self.frontend_request_us.value / 1e6),
             frontend_token_s=(0.0 if self.frontend_token_us is None
                               else self.frontend_token_us.value / 1e6),
+            chat_template_parse_s=(self.chat_template_parse_us.value / 1e6
+                                   if self.chat_template_parse_us is not None
+                                   and self.chat_template_parse_us.resolved else 0.0),
             worker_step_overhead_s=(0.0 if self.worker_step_overhead_us is None
                                     else self.worker_step_overhead_us.value / 1e6),
             kernel_gap_s=self.kernel_gap_us.value / 1e6,
@@ -1363,6 +1413,9 @@ class Engine:
     prompt_token_overhead_s: float = 0.0  # per prompt token (tokenization), likewise
     frontend_request_s: float = 0.0  # API-server CPU per request, serial (a queue)
     frontend_token_s: float = 0.0  # API-server CPU per output token streamed, serial
+    # API-server CPU per chat request of a Jinja-templated model on top of frontend_request_s:
+    # the template parsed anew for each (vLLM 0.11.0; 0 elsewhere), serial likewise
+    chat_template_parse_s: float = 0.0
     # per step where the replica runs in several worker processes, not hidden (``worker_s``)
     worker_step_overhead_s: float = 0.0
     api_servers: int = 1  # API-server processes sharing that work (vLLM's --api-server-count)

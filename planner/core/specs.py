@@ -332,12 +332,16 @@ class ChatTemplate(_Frozen):
     request's prompt reaches the engine as ``tokens`` more than the message itself (the turn
     markers, the assistant's generation prompt, a default system message where the template
     writes one), ``prefix_tokens`` of them before the message. Benchmark clients count the
-    message only."""
+    message only. ``renderer``: how a server writes it: ``jinja``, the template's Jinja source
+    rendered through the tokenizer (Hugging Face's apply_chat_template), or ``harmony``,
+    OpenAI's harmony format, which vLLM renders with the openai_harmony library for gpt-oss and
+    never parses as Jinja (``planner.core.engine.EngineSpec.chat_template_parse_us``)."""
 
     tokens: int = Field(ge=0, le=1_000_000)
     # of those, the ones before the message: the same in every request (a default system
     # message), so a prefix cache computes them once
     prefix_tokens: int = Field(0, ge=0, le=1_000_000)
+    renderer: Literal["jinja", "harmony"] = "jinja"
     source: str = Field(min_length=1)  # the template (tokenizer_config.json, chat_template)
     date: str | None = None
     estimated: bool = False

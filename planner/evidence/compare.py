@@ -223,7 +223,8 @@ def simulate_run(run: ServedRun, s: Deployment, *, step_coster=None,
                          "in the prefix cache when the run began")
     cfg = serving.scheduler(s, max_model_len=s.engine.max_model_len or
                             s.model.max_position_embeddings,
-                            max_concurrency=run.max_concurrency, ignore_eos=run.ignore_eos)
+                            max_concurrency=run.max_concurrency, ignore_eos=run.ignore_eos,
+                            chat_template_parse_s=serving.chat_parse_s(s, bool(template)))
     sim = summary(serving.run(s, reqs, cfg, step_coster=step_coster, warm_prefixes=warm),
                   itl=itl)
     if sim["failed"]:

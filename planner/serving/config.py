@@ -79,6 +79,10 @@ class SchedulerConfig:
     # API-server processes in front of the engine (vLLM's --api-server-count): they share the
     # per-request and per-token work of the profile's front end (``planner.serving.frontend``)
     api_servers: int = 1
+    # the API server's CPU per request beyond the profile's front-end cost, serial with it:
+    # chat requests on a release that parses the model's Jinja chat template anew for each
+    # (``Engine.chat_template_parse_s``, vLLM 0.11.0; ``planner.serving.run.chat_parse_s``)
+    chat_template_parse_s: float = 0.0
     # forward steps per scheduler call (vLLM V0's --num-scheduler-steps): a decode batch runs
     # this many steps before the scheduler admits anything (``MultiStepScheduler``)
     scheduler_steps: int = 1
@@ -195,5 +199,8 @@ class SchedulerConfig:
                              "scheduler continuous only")
         if self.max_concurrency is not None and self.max_concurrency <= 0:
             raise UsageError("max-concurrency: must be positive")
+        if not (self.chat_template_parse_s >= 0 and math.isfinite(self.chat_template_parse_s)):
+            raise UsageError("chat template parse time: must be a finite number >= 0, got "
+                             f"{self.chat_template_parse_s}")
         if not (self.max_wait_s >= 0 and math.isfinite(self.max_wait_s)):
             raise UsageError(f"max-wait: must be a finite number >= 0, got {self.max_wait_s}")

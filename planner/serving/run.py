@@ -43,6 +43,18 @@ def scheduler(dep: Deployment, mode: str | None = None, **overrides) -> Schedule
                                       **overrides)
 
 
+def chat_parse_s(dep: Deployment, chat: bool) -> float:
+    """The API server's CPU per request for parsing the model's chat template, beyond the
+    profile's front-end cost (``SchedulerConfig.chat_template_parse_s``): for chat requests
+    (``chat``) of a model whose template is rendered from Jinja, on a release that parses it
+    anew for each (``Engine.chat_template_parse_s``); 0 otherwise (a harmony model, the
+    completions API, any other release)."""
+    t = dep.model.chat_template
+    if not chat or t is None or t.renderer != "jinja":
+        return 0.0
+    return dep.engine.chat_template_parse_s
+
+
 def check_speculation(dep: Deployment, cfg: SchedulerConfig) -> None:
     """Speculative decoding is simulated on a TP replica with continuous batching."""
     if dep.layout.pp > 1 or dep.layout.ep > 1:

@@ -170,7 +170,8 @@ def simulate(requests: list[Request], coster: StepCoster, cfg: SchedulerConfig, 
     sched = make_scheduler(cfg, kv, batch)
     sched.on_done = done
     e = coster.engine
-    front = Frontend(e.frontend_request_s, e.frontend_token_s, cfg.api_servers)
+    front = Frontend(e.frontend_request_s + cfg.chat_template_parse_s, e.frontend_token_s,
+                     cfg.api_servers)
     arr = arrivals(stream(), cfg.max_concurrency, front if front.active else None)
     release = getattr(arr, "release", None)
     occ = Occupancy(sample_every_s)
