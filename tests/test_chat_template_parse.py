@@ -129,3 +129,58 @@ def test_cli_chat_on_0_11_0(run_cli):
     assert code == 0, err
     flat = "".join(c for c in out if not c.isspace() and c != "│")  # the cell as one line
     assert "admitsupto125req/s,7.0msarequestparsingthechattemplate" in flat
+
+
+def test_the_first_release_named_decides():
+    """As the profile's other release-bound defaults: a profile already at 0.11.0 keeps the
+    cost when asked for another release, one at 0.11.1 stays without it."""
+    spec = catalog.load_engine_spec("vllm-0.8")
+    assert spec.at_version("0.11.0").at_version("0.12").model().chat_template_parse_s == \
+        pytest.approx(7e-3)
+    assert spec.at_version("0.11.1").at_version("0.11.0").model().chat_template_parse_s == 0.0
+
+
+def _replayed(run_id: str, version: str | None = None):
+    """GPUStack's served run ``run_id`` replayed as validate replays it (its own release, or
+    ``version`` in its place): (TTFT in ms, the replay's notes)."""
+    import yaml
+
+    from planner.cli.validate import at_release, replay_setup, replayed_runs
+    from planner.evidence.compare import simulate_run
+    from planner.evidence.served import ServedDataset
+    from planner.io.catalog import SERVED_DIR as folder
+
+    ds = ServedDataset.model_validate(yaml.safe_load(
+        (folder / "gpustack-perf-lab.yaml").read_text()))
+    entry = ds.entry(run_id)
+    spec = at_release(catalog.load_engine_spec("vllm"),
+                      f"vLLM {version}" if version else entry.engine_version)
+    (run,) = replayed_runs(entry, folder, ds)
+    sim, notes = simulate_run(run, replay_setup(entry, spec, folder))
+    return sim["mean_ttft_ms"], notes
+
+
+def test_a_replayed_0_11_0_chat_run_pays_it():
+    """GPUStack's Qwen3-8B run at one client (vLLM 0.11.0, the chat API) is replayed with the
+    parse, said in its notes: each request's first token 7 ms later than the same run
+    replayed as 0.11.1 (an idle server: the cost is all on the path); its gpt-oss run at 4
+    clients, harmony, pays none."""
+    ttft, notes = _replayed("gpustack-qwen3-8b-h100-sxm-vllm-c1")
+    later, later_notes = _replayed("gpustack-qwen3-8b-h100-sxm-vllm-c1", "0.11.1")
+    assert ttft - later == pytest.approx(7.0, abs=0.05)
+    assert any("chat template anew" in n for n in notes)
+    assert not any("chat template anew" in n for n in later_notes)
+    _, oss = _replayed("gpustack-gpt-oss-120b-a100-sxm-80gb-vllm-tp1-sharegpt-c4")
+    assert not any("chat template anew" in n for n in oss)
+
+
+def test_cli_disaggregated_pools_each_pay_it(run_cli):
+    """Each pool's servers get the chat request and parse the template: both pools state it."""
+    code, out, err = run_cli("simulate", "-m", "qwen3-8b", "--gpu", "h100-sxm", "-n", "60",
+                             "-p", "200", "-o", "8", "--request-rate", "20",
+                             "--engine", "vllm@0.11.0", "--chat", "--prefill-instances", "1",
+                             "--decode-instances", "1", "--json")
+    assert code == 0, err
+    d = json.loads(out)
+    assert d["prefill"]["api_server_chat_template_s"] == pytest.approx(7e-3)
+    assert d["decode"]["api_server_chat_template_s"] == pytest.approx(7e-3)

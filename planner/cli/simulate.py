@@ -695,6 +695,8 @@ def _simulate_disaggregated(m, a: dict) -> dict:
                        "num_gpus": counts[side] * dep.layout.num_gpus,
                        "max_num_seqs": cfg.max_num_seqs,
                        "max_num_batched_tokens": cfg.max_num_batched_tokens,
+                       # each pool's servers apply the chat template to the request they get
+                       "api_server_chat_template_s": cfg.chat_template_parse_s,
                        **pool_figures(runs, res.duration_s)}
     done = res.prefill_done_s
     pools["prefill"]["mean_prompt_done_s"] = sum(done) / len(done) if done else None

@@ -103,10 +103,13 @@ class ReleaseCost(Num):
     """A cost only the releases from ``since`` up to (not including) ``until`` pay: a
     regression one release brought and a later one removed (vLLM 0.11.0 parses the chat
     template anew for every request; 0.11.1 caches it). A profile at a named release
-    (``EngineSpec.at_version``: a served run's version, ``--engine vllm@0.11.0``) keeps it, as
-    a cost of every release (``since`` and ``until`` cleared), where that release is in the
-    span, and drops it where not; a profile at no named release pays none, whatever span its
-    line covers."""
+    (``EngineSpec.at_version``: a served run's version, ``--engine vllm@0.11.0``) keeps it,
+    its span cleared (``resolved``), where that release is in the span, and drops it where
+    not; the first release named decides, as for the profile's other release-bound defaults
+    (a second ``at_version`` leaves it as the first left it). With a span, a profile at no
+    named release pays none, whatever releases its line covers; stated without one, the cost
+    is every release's. Releases compare padded with zeros (0.11 is 0.11.0, the line's first
+    release); a pre- or post-release is read as its release (``release_number``)."""
 
     since: str | None = Field(None, pattern=r"^[0-9]+(\.[0-9]+)*$")
     until: str | None = Field(None, pattern=r"^[0-9]+(\.[0-9]+)*$")

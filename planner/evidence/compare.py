@@ -224,7 +224,11 @@ def simulate_run(run: ServedRun, s: Deployment, *, step_coster=None,
     cfg = serving.scheduler(s, max_model_len=s.engine.max_model_len or
                             s.model.max_position_embeddings,
                             max_concurrency=run.max_concurrency, ignore_eos=run.ignore_eos,
-                            chat_template_parse_s=serving.chat_parse_s(s, bool(template)))
+                            chat_template_parse_s=serving.chat_parse_s(s, run.chat))
+    if cfg.chat_template_parse_s:
+        notes.append(f"the API server parses {s.model.name}'s chat template anew for each "
+                     f"request, {cfg.chat_template_parse_s * 1e3:,.1f} ms beside its other "
+                     f"work ({s.engine.display_name} release {s.engine.release or 'named'})")
     sim = summary(serving.run(s, reqs, cfg, step_coster=step_coster, warm_prefixes=warm),
                   itl=itl)
     if sim["failed"]:
