@@ -57,15 +57,20 @@ def main() -> None:
                 eng, mixed_batches=False, capacity_policy="guaranteed-no-evict")),
             ("SGLang's scheduler (separate prefill, its admission holding KV back)",
              SchedulerConfig.for_engine(catalog.load_engine("sglang"),
-                                        memory_bytes=hw.memory_bytes))):
+                                        memory_bytes=hw.memory_bytes)),
+            ("SGLang, ignore_eos and the radix cache off (whole outputs at admission)",
+             SchedulerConfig.for_engine(catalog.load_engine("sglang"),
+                                        memory_bytes=hw.memory_bytes, ignore_eos=True,
+                                        prefix_caching=False))):
         t0 = time.perf_counter()
         shared = synthetic(args.requests, prompt_tokens=512, output_tokens=256,
                            prefix_tokens=512)
         res = simulate(shared, coster, cfg)
         s = summary(res)
         t1 = time.perf_counter()
+        hit = s["prefix_cache_hit_rate"]
         print(f"{name}: {args.requests:,} requests, {res.steps:,} steps, prefix hit rate "
-              f"{s['prefix_cache_hit_rate']:.0%}: traffic, simulation and summary "
+              f"{'off' if hit is None else format(hit, '.0%')}: traffic, simulation and summary "
               f"{t1 - t0:.2f} s (target <= 2 s)")
     v0 = catalog.load_engine("vllm-v0")
     v0_coster = StepCoster(m, hw, prepare(hw, Precision(), None, opts, v0), opts)

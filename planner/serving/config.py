@@ -53,8 +53,9 @@ class SchedulerConfig:
     max_prefill_tokens: int | None = None
     # the client sends ignore_eos: with its prefix cache off SGLang admits such a request by
     # PrefillAdder.add_one_req_ignore_eos, which does not hold a long prompt back for
-    # max_prefill_tokens (it chunks it as the budget allows); the rest of that path's
-    # admission (a full-output reserve) is not modelled
+    # max_prefill_tokens (it chunks it as the budget allows), and admits it only where every
+    # request's whole output fits as they finish shortest first
+    # (``planner.serving.schedulers.eos_fits``)
     ignore_eos: bool = False
     # TensorRT-LLM's batch waiting (PyExecutor._waiting_requests, ``Engine.batch_wait_iters``):
     # with both above 0, a step that would prefill beside running decodes holds its prefills

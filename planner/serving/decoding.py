@@ -23,6 +23,7 @@ Pure: no I/O.
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import math
 
@@ -40,7 +41,8 @@ class DecodePool:
     """Decoding requests in aggregate: a token each per step."""
 
     __slots__ = ("kv", "G", "n", "sum_c0_minus_G0", "bucket", "bs", "finishing", "heap",
-                 "due", "due_G", "padding", "sum_out", "sum_left_G0", "clip", "long")
+                 "due", "due_G", "padding", "sum_out", "sum_left_G0", "clip", "long",
+                 "ordered", "order_keys", "joins")
     k1 = 1  # tokens a decoding request takes of a step
 
     def __init__(self, kv: KVPool, block_size: int):
@@ -65,6 +67,13 @@ class DecodePool:
         self.sum_left_G0 = 0
         self.clip: int | None = None
         self.long: dict[int, SimRequest] = {}
+        # SGLang's ignore_eos admission (``outputs_left``): the decoders as (finish_G, the
+        # order they joined in, prompt + generated at join - G0, id), ascending, kept as they
+        # join and leave (each one's entry by id); a step moves every one alike (a token less
+        # to come, one more held), so the order holds. None: not kept
+        self.ordered: list[tuple[int, int, int, int]] | None = None
+        self.order_keys: dict[int, tuple[int, int, int, int]] = {}
+        self.joins = 0  # requests joined so far: SGLang's running batch in joining order
 
     def gained(self, q: SimRequest) -> int:
         """Tokens ``q`` generated since it joined."""
@@ -94,6 +103,11 @@ class DecodePool:
         self.sum_left_G0 += out - q.g0 + G
         if self.clip is not None and out - q.g0 > self.clip:
             self.long[q.id] = q
+        self.joins += 1
+        if self.ordered is not None:
+            key = (q.finish_G, self.joins, q.r.prompt_tokens + q.g0 - G, q.id)
+            self.order_keys[q.id] = key
+            bisect.insort(self.ordered, key)
         entry = (q.admitted, q.id, q)
         same = self.finishing.get(q.finish_G)
         if same is None:
@@ -113,6 +127,12 @@ class DecodePool:
         self.sum_left_G0 -= out - q.g0 + q.G0
         if self.long:
             self.long.pop(q.id, None)
+        if self.ordered is not None:
+            key = self.order_keys.pop(q.id, None)
+            i = -1 if key is None else bisect.bisect_left(self.ordered, key)
+            if i < 0 or i == len(self.ordered) or self.ordered[i] != key:
+                raise RuntimeError(f"decode pool: request {q.id} left without joining")
+            del self.ordered[i]
 
     def left_tokens(self) -> int:
         """The tokens the decoders have still to generate, each counted up to ``clip``."""
@@ -122,6 +142,42 @@ class DecodePool:
             mine = q.r.output_tokens - q.g0 + q.G0 - G
             left -= mine - min(mine, clip)
         return left
+
+    def all_left(self) -> int:
+        """The tokens the decoders have still to generate, unclipped."""
+        return self.sum_left_G0 - self.n * self.G
+
+    def most_left(self) -> int:
+        """No fewer than the most tokens one decoder has still to generate (0: none)."""
+        if not self.n:
+            return 0
+        if self.ordered is not None:
+            return self.ordered[-1][0] - self.G
+        return max(max(self.finishing, default=0), self.due_G) - self.G
+
+    def outputs_left(self) -> list[tuple[int, int, int, int]]:
+        """Each decoder's (tokens it has still to generate + the pool's step G, its rank
+        among equals, its prompt and the tokens it has generated - G, its id), ascending
+        (``planner.serving.schedulers.eos_fits_at``: G-invariant): SGLang's req_states, its
+        running batch in the order it joined. A copy of ``ordered`` where it is kept (start
+        keeping it with ``keep_order``); found from the pool's entries otherwise, ranked by
+        admission."""
+        if self.ordered is not None:
+            return self.ordered.copy()
+        out, seen = [], set()
+        for fg, entries in (*self.finishing.items(), (self.due_G, self.due)):
+            for _, _, q in entries:
+                if q.state is _DECODING and q.finish_G == fg and q.id not in seen:
+                    seen.add(q.id)
+                    out.append((fg, q.admitted, q.r.prompt_tokens + q.g0 - q.G0, q.id))
+        out.sort()
+        return out
+
+    def keep_order(self) -> None:
+        """Keep ``ordered`` from now on (an empty pool)."""
+        if self.n:
+            raise ValueError("keep_order: the pool must be empty")
+        self.ordered, self.order_keys = [], {}
 
     def decoded_tokens(self) -> tuple[int, int]:
         """(tokens the decoders have generated, the sum of their outputs)."""
@@ -220,6 +276,24 @@ class SpecDecodePool(DecodePool):
         clip = self.clip if self.clip is not None else math.inf
         return sum(min(q.r.output_tokens - q.g0 - self.gained(q), clip)
                    for q in self.members.values())
+
+    def all_left(self) -> int:
+        gained = self.gained
+        return sum(q.r.output_tokens - q.g0 - gained(q) for q in self.members.values())
+
+    def most_left(self) -> int:
+        gained = self.gained
+        return max((q.r.output_tokens - q.g0 - gained(q) for q in self.members.values()),
+                   default=0)
+
+    def outputs_left(self) -> list[tuple[int, int, int, int]]:
+        gained, G = self.gained, self.G
+        return sorted((q.r.output_tokens - q.g0 - gained(q) + G, rank,
+                       q.r.prompt_tokens + q.g0 + gained(q) - G, q.id)
+                      for rank, q in enumerate(self.members.values()))  # joining order
+
+    def keep_order(self) -> None:
+        pass  # tracked request by request already (``members``)
 
     def decoded_tokens(self) -> tuple[int, int]:
         done = sum(q.g0 + self.gained(q) for q in self.members.values())

@@ -40,7 +40,9 @@ alone, and the running requests decode only in steps with no prefill; their toke
 come (each up to the clip) times a ratio, and less what the requests admitted before it in the
 same step asked for; the ratio falls with each decode step to a floor, is set from the
 decoders' progress after a retraction, and starts over when the server idles (a request still
-prefilling in chunks is held at the ratio, as a running one).
+prefilling in chunks is held at the ratio, as a running one). A request sent with ignore_eos to
+a server whose prefix cache is off is admitted by SGLang's other path: its prompt must fit, and
+every request's whole output with it as they finish shortest first (``eos_fits``).
 
 With prefix caching (the KV pool's ``PrefixCache``, continuous batching), a request admitted
 while its prefix is cached starts with those tokens computed and holds them with the others;
@@ -56,6 +58,7 @@ for the batch to fill. Pure: no I/O.
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections import deque
 from collections.abc import Callable
@@ -71,6 +74,53 @@ Chunks = list[tuple[SimRequest, int]]  # (request, tokens it prefills this step)
 _DECODING = RequestState.DECODING
 _PREFILLING = RequestState.PREFILLING
 _PREFILLED = RequestState.PREFILLED
+
+
+def eos_fits(states: list[tuple[int, int]], free: int) -> bool:
+    """SGLang 0.5.10's test of a request sent with ignore_eos (PrefillAdder
+    add_one_req_ignore_eos, python/sglang/srt/managers/schedule_policy.py), ``free`` the free
+    and evictable KV less the newcomer's prompt in pages, ``states`` every request's (output
+    tokens to come, prompt + generated) ascending, the newcomer's among them: as they finish
+    shortest first, when the i-th finishes the n - i still running have each written its
+    tokens to come, beside the prompts and outputs the i before it freed; each stage must
+    leave more than IGNORE_EOS_RESERVE_TOKENS (1) a running request."""
+    n, freed = len(states), 0
+    for i, (left, held) in enumerate(states):
+        running = n - i
+        if free + freed - left * running <= running:
+            return False
+        freed += held
+    return True
+
+
+def _insert_after_first(states: list, entry: tuple) -> None:
+    """SGLang's insertion of a step's second and later ignore_eos newcomers into its
+    req_states (add_req_state with insert_sort, 0.5.10): before the first entry with as many
+    tokens to come or more, scanning from the front, and where none has, before the last
+    entry (its loop variable keeps the last index), not after it."""
+    i, key = 0, entry[0]
+    for i in range(len(states)):
+        if key <= states[i][0]:
+            break
+    states.insert(i, entry)
+
+
+# the rank among entries with as many tokens to come of a request prefilling (SGLang's
+# can_run_list, after its running batch in req_states), above any decoder's joining order
+_AFTER_RUNNING = 1 << 60
+
+
+def eos_fits_at(states: list[tuple[int, int, int, int]], free: int, G: int) -> bool:
+    """``eos_fits`` over ``states`` written G-invariant, as a decode pool keeps them
+    (``DecodePool.outputs_left``): (tokens to come + G, rank among equals, tokens held - G,
+    id), in SGLang's order."""
+    n, freed = len(states), 0
+    for i, (left, _, held, _) in enumerate(states):
+        running = n - i
+        if free + freed - (left - G) * running <= running:
+            return False
+        freed += held + G
+    return True
 
 
 def _in_pages(tokens: int, page: int) -> int:
@@ -93,7 +143,7 @@ class Scheduler:
                  "stamp", "token_budget", "chunk_tokens", "max_seqs", "chunked", "unchunked",
                  "whole", "mixed", "decodes", "refused", "on_done", "reserve", "ratio",
                  "retracted", "full_prompt", "prefill_cap", "page", "holds_long",
-                 "ranks", "wait_iters", "wait_tokens", "waited")
+                 "ranks", "wait_iters", "wait_tokens", "waited", "eos_check")
 
     def __init__(self, cfg: SchedulerConfig, kv: KVPool, batch: DecodePool):
         self.kv, self.batch = kv, batch
@@ -138,6 +188,14 @@ class Scheduler:
         # server whose prefix cache is off goes by add_one_req_ignore_eos, which does neither
         self.holds_long = self.prefill_cap is not None and not (
             cfg.ignore_eos and not cfg.prefix_caching)
+        # ... and admits a request only where the KV left, as the requests finish shortest
+        # first, holds every one's whole output (``eos_fits``); SGLang skips that test on
+        # its hybrid sliding-window pool (is_hybrid_swa), which llmplan does not model: every
+        # model is tested
+        self.eos_check = cfg.decode_reserve is not None and cfg.ignore_eos and \
+            not cfg.prefix_caching
+        if self.eos_check:
+            batch.keep_order()
         # SGLang's admission (``SchedulerConfig.decode_reserve``): KV held back for the
         # running requests' future tokens, at a ratio of what they have left that falls
         # with every decode step
@@ -415,6 +473,9 @@ class ContinuousScheduler(Scheduler):
             self._admit
         reserve = self.reserve
         room = clip = 0
+        eos, states = self.eos_check, None  # SGLang's req_states, built at first use
+        eos_sum = eos_n = eos_most = None  # their outputs to come, count, most, unbuilt
+        eos_new: list[tuple[int, int, int, int]] = []  # the step's admissions by that path
         if reserve is not None and waiting:
             room, clip = self._reserve_room(), reserve.clip_tokens
         # SGLang's PrefillAdder.rem_input_tokens: what is left of max_prefill_tokens after
@@ -452,8 +513,38 @@ class ContinuousScheduler(Scheduler):
                 # SGLang's PrefillAdder.add_one_req: its whole uncached prompt and its output
                 # (up to the clip) must fit in what the running requests leave
                 want = min(q.r.output_tokens - q.generated, clip)
-                if left + want >= room:
-                    break
+                if not eos:
+                    if left + want >= room:
+                        break
+                else:  # add_one_req_ignore_eos: the prompt alone, then the outputs to come
+                    # cur_rem_tokens: a page for each request added this step beside its KV
+                    free = self.kv.free_or_evictable_tokens() - page * len(chunks)
+                    if paged_left > min(free, room):
+                        break
+                    mine = q.r.output_tokens - q.generated
+                    G = self.batch.G
+                    # a step's first newcomer heads the entries with as many to come
+                    entry = (mine + G, -1, q.r.prompt_tokens + q.generated - G, q.id)
+                    if states is None:
+                        if eos_sum is None:
+                            eos_sum, eos_n, eos_most = self._outputs_to_come(chunks)
+                        # no stage needs more than every output to come and a token a
+                        # request, in the sorted list of a step's first newcomer; in the
+                        # order SGLang's insertion leaves a later one, the longest once
+                        # more: where that fits, so does its test (O(1))
+                        total, n = eos_sum + max(mine, 0), eos_n + (mine > 0)
+                        if free - paged_left - total - \
+                                (max(eos_most, mine) if eos_new else 0) <= n:
+                            states = self._outputs_left(chunks, eos_new)
+                    if states is not None:  # a refusal ends the step's admissions: no copy
+                        if mine > 0:
+                            (_insert_after_first if eos_new else bisect.insort)(states, entry)
+                        if not eos_fits_at(states, free - paged_left, G):
+                            break
+                    elif mine > 0:
+                        eos_sum, eos_n = eos_sum + mine, eos_n + 1
+                        eos_most = max(eos_most, mine)
+                    eos_new.append(entry)
             if chunk > cap or (self.full_prompt and chunk < left and
                                not self._whole_prompt_fits(q, hit)) or \
                     not admit(q, chunk + loaded, hit, own):
@@ -463,9 +554,59 @@ class ContinuousScheduler(Scheduler):
             budget -= used
             rem -= used
             if reserve is not None:  # a truncated first chunk reserves no output yet
-                room -= chunk + (want if chunk == left else 0)
+                if eos:  # _update_prefill_budget: its pages, a page more and its output
+                    room -= used + page + (min(q.r.output_tokens, clip) if chunk == left
+                                           else 0)
+                else:
+                    room -= chunk + (want if chunk == left else 0)
             if rem <= 0 and len(chunks) >= ranks:
                 break  # budget_state: max_prefill_tokens spent (each rank's first taken)
+
+    def _outputs_to_come(self, chunks: Chunks) -> tuple[int, int, int]:
+        """The sum of the output tokens still to come of what ``_outputs_left`` lists, their
+        count and (no fewer than) the most of one: O(1) for the decoders."""
+        batch = self.batch
+        total, n, most = batch.all_left(), batch.n, batch.most_left()
+        if not self.prefilling and not chunks:
+            return total, n, most
+        seen = set()
+        for q in (*self.prefilling.values(), *(c[0] for c in chunks)):
+            if q.id not in seen:
+                seen.add(q.id)
+                left = q.r.output_tokens - q.generated
+                if left > 0:
+                    total, n, most = total + left, n + 1, max(most, left)
+        return total, n, most
+
+    def _outputs_left(self, chunks: Chunks, new: list[tuple[int, int, int, int]]
+                      ) -> list[tuple[int, int, int, int]]:
+        """SGLang's req_states (PrefillAdder.add_one_req_ignore_eos) as it stands before the
+        step's next such admission: built at the step's first one from that request, the
+        running requests and those added so far (the prefill it continues), ascending by the
+        output tokens each has still to come; each later newcomer (``new``, this step's
+        admissions by that path, in order) inserted as SGLang inserts it
+        (``_insert_after_first``). Each entry is (tokens to come + G, prompt and tokens
+        generated - G, id), G the decode pool's step (``eos_fits_at``). Every request of such
+        a run is sent with ignore_eos, so each counts its whole output (new_token_ratio 1.0),
+        with no clip."""
+        out, G = self.batch.outputs_left(), self.batch.G
+        if not self.prefilling and not chunks:
+            return out
+        first = new[0][3] if new else None
+        later = {e[3] for e in new[1:]}
+        seen = set()
+        for q in (*self.prefilling.values(), *(c[0] for c in chunks)):
+            if q.id not in seen and q.id not in later:
+                seen.add(q.id)
+                left = q.r.output_tokens - q.generated
+                if left > 0:  # the first newcomer before its equals, the prefill after
+                    rank = -1 if q.id == first else _AFTER_RUNNING + len(seen)
+                    bisect.insort(out, (left + G, rank, q.r.prompt_tokens + q.generated - G,
+                                        q.id))
+        for e in new[1:]:
+            if e[0] > G:
+                _insert_after_first(out, e)
+        return out
 
     def _whole_prompt_fits(self, q: SimRequest, hit: int) -> bool:
         """vLLM's KVCacheManager.can_fit_full_sequence (0.19.1 vllm/v1/core/kv_cache_manager.py
