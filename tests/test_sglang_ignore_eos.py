@@ -269,3 +269,25 @@ def test_what_the_running_requests_leave_counts_a_page_a_request():
     SGLang refuses it, and so does the scheduler."""
     rule = ReserveRule(1.0, 1.0, 0.0, 4096, 20)
     assert _scenario([], [(5, 10), (3, 1)], 18, rule) == (1, 1)
+
+
+def test_the_ordinary_rule_counts_a_page_a_request_too():
+    """Without ignore_eos (SGLang's add_one_req, refusing where its prompt and output reach
+    rem_total_tokens): a ratio of 1 and no clip, requests of 5 + 10 each, each admission
+    lowering what is left by 5 + 10 and a page. From 40 tokens: 15 < 40, 15 < 24, not
+    15 < 8: 2. From 63: the fourth finds 63 - 3 x 16 = 15, not above its 15: 3 (4 without
+    the page: 63 - 45 = 18). From 64: 4."""
+    def admitted(size):
+        cfg = SchedulerConfig(max_num_seqs=64, max_num_batched_tokens=4096, block_size=1,
+                              mixed_batches=False,
+                              decode_reserve=ReserveRule(1.0, 1.0, 0.0, 4096, 20))
+        kv = PagedKV(size, 1)
+        sched = ContinuousScheduler(cfg, kv, DecodePool(kv, 1))
+        sched.waiting.extend(_req(i, 5, 10) for i in range(6))
+        chunks: list = []
+        sched._admit_waiting(chunks, 4096)
+        return len(chunks)
+
+    assert admitted(40) == 2
+    assert admitted(63) == 3  # 63 - 3 x 16 = 15: the fourth asks 15, not under it
+    assert admitted(64) == 4

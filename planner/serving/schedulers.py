@@ -477,7 +477,9 @@ class ContinuousScheduler(Scheduler):
         eos_sum = eos_n = eos_most = None  # their outputs to come, count, most, unbuilt
         eos_new: list[tuple[int, int, int, int]] = []  # the step's admissions by that path
         if reserve is not None and waiting:
-            room, clip = self._reserve_room(), reserve.clip_tokens
+            # less a page for each prefill the step continues (add_chunked_req's
+            # _update_prefill_budget)
+            room, clip = self._reserve_room() - self.page * len(chunks), reserve.clip_tokens
         # SGLang's PrefillAdder.rem_input_tokens: what is left of max_prefill_tokens after
         # the prefills this step continues (and, mixed, one token a running request)
         most, ranks, holds, page = self.prefill_cap, self.ranks, self.holds_long, self.page
@@ -557,8 +559,8 @@ class ContinuousScheduler(Scheduler):
                 if eos:  # _update_prefill_budget: its pages, a page more and its output
                     room -= used + page + (min(q.r.output_tokens, clip) if chunk == left
                                            else 0)
-                else:
-                    room -= chunk + (want if chunk == left else 0)
+                else:  # its pages, a page more and its output up to the clip
+                    room -= used + page + (want if chunk == left else 0)
             if rem <= 0 and len(chunks) >= ranks:
                 break  # budget_state: max_prefill_tokens spent (each rank's first taken)
 
