@@ -319,7 +319,9 @@ def simulate(
         "--ignore-eos",
         help="The client sends ignore_eos (vLLM's and SGLang's benchmark clients' flag): "
         "SGLang with its prefix cache off then admits by another path, which chunks a long "
-        "prompt beside others instead of holding it for --max-prefill-tokens.")] = False,
+        "prompt beside others instead of holding it for --max-prefill-tokens, and admits a "
+        "request only where every request's whole output fits as they finish shortest "
+        "first.")] = False,
     api_server_count: Annotated[Optional[int], typer.Option(
         "--api-server-count", "-asc",
         help="API-server processes in front of the engine (vLLM's --api-server-count): they "
