@@ -313,6 +313,7 @@ def test_engine_profiles_by_release():
     assert catalog.load_engine_spec("vllm@0.19.1").name == "vllm"
     assert catalog.load_engine_spec("sglang@0.4.5").name == "sglang"
     assert version_key("0.10.1") > version_key("0.9.2")  # numbers, not text
+    assert version_key("0.11") == version_key("0.11.0") < version_key("0.11.0.1")  # padded
     with pytest.raises(SpecError, match="no vllm profile covers release 0.5"):
         catalog.load_engine_spec("vllm@0.5")
     with pytest.raises(SpecError, match="not a release number"):

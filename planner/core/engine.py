@@ -129,13 +129,9 @@ class ReleaseCost(Num):
     def at(self, version: str) -> ReleaseCost | None:
         """As the release ``version`` has it: the cost, its span cleared, where the span holds
         that release; None where not."""
-        def key(x: str) -> tuple[int, ...]:  # 0.11 is 0.11.0: a line is its first release
-            k = version_key(x)
-            return k + (0,) * (4 - len(k))
-
-        v = key(version)
-        if (self.since is not None and v < key(self.since)) or \
-                (self.until is not None and v >= key(self.until)):
+        v = version_key(version)  # padded: 0.11 is 0.11.0
+        if (self.since is not None and v < version_key(self.since)) or \
+                (self.until is not None and v >= version_key(self.until)):
             return None
         note = (f"release {version} pays it" + (f": {self.note}" if self.note else ""))
         return self.model_copy(update={"since": None, "until": None, "note": note})
@@ -349,12 +345,14 @@ def release_number(text: str) -> str:
 
 
 def version_key(version: str) -> tuple[int, ...]:
-    """``0.10.1`` -> (0, 10, 1): release numbers compared as numbers, not as text."""
+    """``0.10.1`` -> (0, 10, 1, 0): release numbers compared as numbers, not as text, padded
+    with zeros to four parts, so that a line is its first release (0.11 is 0.11.0) wherever
+    two are compared."""
     parts = version.strip().split(".")
     if not parts or not all(p.isdigit() for p in parts):
         raise ValueError(f"not a release number: {version!r} (expected digits and dots, "
                          "such as 0.8 or 0.10.1)")
-    return tuple(int(p) for p in parts)
+    return tuple(int(p) for p in parts) + (0,) * (4 - len(parts))
 
 
 class QuantPath(_Frozen):
