@@ -84,13 +84,7 @@ def eos_fits(states: list[tuple[int, int]], free: int) -> bool:
     shortest first, when the i-th finishes the n - i still running have each written its
     tokens to come, beside the prompts and outputs the i before it freed; each stage must
     leave more than IGNORE_EOS_RESERVE_TOKENS (1) a running request."""
-    n, freed = len(states), 0
-    for i, (left, held) in enumerate(states):
-        running = n - i
-        if free + freed - left * running <= running:
-            return False
-        freed += held
-    return True
+    return eos_fits_at([(left, 0, held, 0) for left, held in states], free, 0)
 
 
 def _insert_after_first(states: list, entry: tuple) -> None:
@@ -556,11 +550,10 @@ class ContinuousScheduler(Scheduler):
             budget -= used
             rem -= used
             if reserve is not None:  # a truncated first chunk reserves no output yet
-                if eos:  # _update_prefill_budget: its pages, a page more and its output
-                    room -= used + page + (min(q.r.output_tokens, clip) if chunk == left
-                                           else 0)
-                else:  # its pages, a page more and its output up to the clip
-                    room -= used + page + (want if chunk == left else 0)
+                # _update_prefill_budget: its pages, a page more and its output up to the clip
+                # (ignore_eos: the whole output's, generated tokens not taken off)
+                out = min(q.r.output_tokens, clip) if eos else want
+                room -= used + page + (out if chunk == left else 0)
             if rem <= 0 and len(chunks) >= ranks:
                 break  # budget_state: max_prefill_tokens spent (each rank's first taken)
 
@@ -569,16 +562,23 @@ class ContinuousScheduler(Scheduler):
         count and (no fewer than) the most of one: O(1) for the decoders."""
         batch = self.batch
         total, n, most = batch.all_left(), batch.n, batch.most_left()
-        if not self.prefilling and not chunks:
-            return total, n, most
-        seen = set()
+        if self.prefilling or chunks:  # most steps add nothing beside the decoders
+            for _, left in self._step_others(chunks):
+                total, n, most = total + left, n + 1, max(most, left)
+        return total, n, most
+
+    def _step_others(self, chunks: Chunks) -> list[tuple[SimRequest, int]]:
+        """The requests beside the decoders that SGLang's req_states lists: those prefilling
+        and those this step has added, each once, with the output tokens it has still to
+        come, where it has any."""
+        out, seen = [], set()
         for q in (*self.prefilling.values(), *(c[0] for c in chunks)):
             if q.id not in seen:
                 seen.add(q.id)
                 left = q.r.output_tokens - q.generated
                 if left > 0:
-                    total, n, most = total + left, n + 1, max(most, left)
-        return total, n, most
+                    out.append((q, left))
+        return out
 
     def _outputs_left(self, chunks: Chunks, new: list[tuple[int, int, int, int]]
                       ) -> list[tuple[int, int, int, int]]:
@@ -587,24 +587,19 @@ class ContinuousScheduler(Scheduler):
         running requests and those added so far (the prefill it continues), ascending by the
         output tokens each has still to come; each later newcomer (``new``, this step's
         admissions by that path, in order) inserted as SGLang inserts it
-        (``_insert_after_first``). Each entry is (tokens to come + G, prompt and tokens
-        generated - G, id), G the decode pool's step (``eos_fits_at``). Every request of such
-        a run is sent with ignore_eos, so each counts its whole output (new_token_ratio 1.0),
-        with no clip."""
+        (``_insert_after_first``). Each entry is (tokens to come + G, rank among equals,
+        prompt and tokens generated - G, id), G the decode pool's step (``eos_fits_at``).
+        Every request of such a run is sent with ignore_eos, so each counts its whole output
+        (new_token_ratio 1.0), with no clip."""
         out, G = self.batch.outputs_left(), self.batch.G
         if not self.prefilling and not chunks:
             return out
         first = new[0][3] if new else None
         later = {e[3] for e in new[1:]}
-        seen = set()
-        for q in (*self.prefilling.values(), *(c[0] for c in chunks)):
-            if q.id not in seen and q.id not in later:
-                seen.add(q.id)
-                left = q.r.output_tokens - q.generated
-                if left > 0:  # the first newcomer before its equals, the prefill after
-                    rank = -1 if q.id == first else _AFTER_RUNNING + len(seen)
-                    bisect.insort(out, (left + G, rank, q.r.prompt_tokens + q.generated - G,
-                                        q.id))
+        for k, (q, left) in enumerate(self._step_others(chunks)):
+            if q.id not in later:  # the first newcomer before its equals, the prefill after
+                rank = -1 if q.id == first else _AFTER_RUNNING + k
+                bisect.insort(out, (left + G, rank, q.r.prompt_tokens + q.generated - G, q.id))
         for e in new[1:]:
             if e[0] > G:
                 _insert_after_first(out, e)
