@@ -477,32 +477,49 @@ def test_the_uniform_decode_pricer_is_decode_step_s_to_the_bit(model, engine, tp
     assert price(tokens, attended, sequences) == c.decode_step_s(
         float(tokens), float(attended), float(attended), float(attended), float(tokens),
         sequences)
+    # the same step above the largest captured size: no graph, so the host's launches
+    # floor each kernel and come before the step's host work
+    eager = c.uniform_decode_pricer(False)
+    shape = StepShape(float(tokens), float(attended), float(attended),
+                      float(attended - tokens), float(attended), float(tokens))
+    assert eager(tokens, attended, sequences) == c.step_time(
+        shape, sequences=sequences, prefill=False, graphed=False)
+    if c.engine.cuda_graphs and c.launch_s > 0:
+        assert eager(tokens, attended, sequences) > price(tokens, attended, sequences)
 
 
-@pytest.mark.parametrize("engine", ["vllm", "sglang"])
-def test_a_simulation_is_the_same_with_the_uniform_decode_pricer_or_without(engine,
+@pytest.mark.parametrize("engine,largest", [("vllm", None), ("sglang", None),
+                                            ("vllm", 16), ("sglang", 16)])
+def test_a_simulation_is_the_same_with_the_uniform_decode_pricer_or_without(engine, largest,
                                                                             monkeypatch):
-    """The event loop prices the plain pool's padded decode steps with the bound pricer; with
-    it taken away (every step through ``step_time``'s shapes) the run is the same to the
-    bit: every request's first token and finish, and the summary."""
+    """The event loop prices the plain pool's padded decode steps with the bound pricer, and
+    those above the largest captured size (``largest``: graphs captured up to 16 requests)
+    with its eager twin; with both taken away (every step through ``step_time``'s shapes)
+    the run is the same to the bit: every request's first token and finish, and the
+    summary."""
     m, hw = catalog.load_model("llama-3.1-8b"), catalog.load_hardware("h100-sxm")
     eng = catalog.load_engine(engine)
     prep = prepare(hw, Precision(), None, OPTS, eng)
+    kw = {} if largest is None else {"graph_sizes": (1, 2, 4, 8, largest)}
     cfg = SchedulerConfig.for_engine(eng, memory_bytes=hw.memory_bytes, max_num_seqs=64,
-                                     max_num_batched_tokens=2048)  # SGLang's apart
+                                     max_num_batched_tokens=2048, **kw)  # SGLang's apart
     assert cfg.graph_sizes
     reqs = synthetic(300, prompt_tokens=700, output_tokens=90, request_rate=30.0, seed=5,
                      range_ratio=0.5)
-    calls = []
+    calls = {True: [], False: []}
     bound = StepCoster.uniform_decode_pricer
 
-    def counted(self):
-        price = bound(self)
-        return lambda *a: calls.append(a) or price(*a)
+    def counted(self, graphed=None):
+        price = bound(self, graphed)
+        seen = calls[graphed is None]
+        return lambda *a: seen.append(a) or price(*a)
 
     monkeypatch.setattr(StepCoster, "uniform_decode_pricer", counted)
     fast = simulate(reqs, StepCoster(m, hw, prep, OPTS), cfg)
-    assert calls  # the bound pricer took the decode steps
+    assert calls[True]  # the bound pricer took the decode steps
+    if largest is not None:  # and its eager twin those of more than ``largest`` requests
+        assert calls[False] and all(a[2] > largest for a in calls[False])
+        assert all(a[2] <= largest for a in calls[True])
     monkeypatch.setattr(StepCoster, "prices_decodes_directly", False)
     slow = simulate(reqs, StepCoster(m, hw, prep, OPTS), cfg)
     assert [(r.first_token_s, r.finish_s) for r in fast.requests] == \

@@ -75,10 +75,10 @@ class StepProgress:
         return self._inner.decode_step_s(tokens, attn_pairs, kv_read_tokens, score_elems,
                                          logit_rows, sequences)
 
-    def uniform_decode_pricer(self):
-        """The inner coster's bound decode-step pricer (the plain pool's padded decode
-        steps), each step counted."""
-        price, tick = self._inner.uniform_decode_pricer(), self._tick
+    def uniform_decode_pricer(self, graphed: bool | None = None):
+        """The inner coster's bound decode-step pricer (the plain pool's decode-only steps,
+        padded or above the captured sizes), each step counted."""
+        price, tick = self._inner.uniform_decode_pricer(graphed), self._tick
 
         def counted(tokens: int, attended: int, sequences: int) -> float:
             tick(sequences)

@@ -314,16 +314,19 @@ class StepCoster:
         return self._with_host_s(self._linear_head_s(tokens, logit_rows, graphed) + attn,
                                  sequences, prefill=False, decodes=True, graphed=graphed)
 
-    def uniform_decode_pricer(self):
+    def uniform_decode_pricer(self, graphed: bool | None = None):
         """``decode_step_s`` of a decode-only step whose every sequence adds one token after
         its context (the plain decode pool's step), as one function with this replica's
         constants bound: ``f(tokens, attended, sequences)`` for ``tokens`` padded rows (the
         captured graph's size), ``attended`` cached-plus-new tokens (the step's attended
         pairs, cache read and score elements alike) and ``sequences`` real ones. The same
         operations in the same order as ``decode_step_s``, so the same answer to the bit
-        (tested), without its eight calls a step. Only where ``prices_decodes_directly``."""
+        (tested), without its eight calls a step. Only where ``prices_decodes_directly``.
+        ``graphed=False``: the same step run without a graph (a batch above the largest
+        captured size, unpadded), ``step_time``'s answer with ``graphed=False`` to the bit."""
         e, linear, head = self.engine, self._linear, self._head
-        graphed = e.cuda_graphs
+        if graphed is None:
+            graphed = e.cuda_graphs
         n_full = self._n_full
         c_pair, m_kv = self._attn_c_per_pair, self._attn_m_per_kv
         m_token, m_score = self._attn_m_per_token, self._attn_m_per_score

@@ -55,7 +55,7 @@ class StepPricer:
     the coster's ``time_scale``, where it has one: ``SlowedCoster``)."""
 
     __slots__ = ("coster", "batch", "window", "split_parts", "graph_sizes", "pads", "direct",
-                 "scale", "uniform", "prefill_counts")
+                 "scale", "uniform", "eager", "prefill_counts")
 
     def __init__(self, coster, batch: DecodePool, graph_sizes: tuple[int, ...] = (),
                  pads: bool = True, prefill_counts=None):
@@ -82,6 +82,8 @@ class StepPricer:
         self.uniform = coster.uniform_decode_pricer() if (
             self.direct and self.pads and self.window is None
             and type(batch) is DecodePool) else None
+        # and its step above the largest captured size, run without a graph (unpadded)
+        self.eager = None if self.uniform is None else coster.uniform_decode_pricer(False)
 
     @property
     def timer(self):
@@ -101,13 +103,14 @@ class StepPricer:
         batch, window = self.batch, self.window
         n_dec = batch.n if decodes else 0
         if n_dec and not chunks and self.uniform is not None:
-            # what ``_graphed_decode_s`` gives this step from the pool's ``shape``, to the bit,
-            # up to the largest captured size (above it the step runs eagerly, below)
+            # what ``_graphed_decode_s`` gives this step from the pool's ``shape``, to the bit:
+            # padded to a captured size, or above the largest run eagerly as it is
             sizes = self.graph_sizes
             i = bisect.bisect_left(sizes, n_dec)
+            past = batch.sum_c0_minus_G0 + n_dec * batch.G
             if i < len(sizes):
-                past = batch.sum_c0_minus_G0 + n_dec * batch.G
                 return self.uniform(sizes[i], past + n_dec, n_dec), past
+            return self.eager(n_dec, past + n_dec, n_dec), past
         dec, dl, past = batch.shape(window)
         if not decodes:
             dec = [0.0] * 6
