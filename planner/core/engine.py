@@ -1393,6 +1393,12 @@ class EngineSpec(_Frozen):
         return out
 
 
+# ``Engine.for_gpu``'s answers: (engine id, memory, GPU name, architecture, vendor) ->
+# (the engine, its answer); cleared when full
+_FOR_GPU: dict[tuple, tuple[Engine, Engine]] = {}
+_FOR_GPU_MAX = 256
+
+
 @dataclass(frozen=True)
 class Engine:
     """An engine profile resolved to SI numbers: what the time model reads."""
@@ -1627,7 +1633,23 @@ class Engine:
         and attention's bandwidth factors, the fp8 cache's pace, the fp8 GEMMs' row tiles) for
         the GPU's ``architecture``; resolved once, so later overrides (a server's flags)
         stand. ``vendor``: the GPU's maker; prefill graphs (``PrefillGraphs``) are CUDA's,
-        off by default on any other's GPU (SGLang turns them off on AMD's and Intel's)."""
+        off by default on any other's GPU (SGLang turns them off on AMD's and Intel's).
+
+        Kept per engine object and GPU (both immutable): a plan or sweep prepares the same
+        engine for the same GPU thousands of times, and each answer takes a dozen copies of
+        this large record."""
+        key = (id(self), memory_bytes, gpu_name, architecture, vendor)
+        hit = _FOR_GPU.get(key)
+        if hit is not None and hit[0] is self:
+            return hit[1]
+        e = self._for_gpu(memory_bytes, gpu_name, architecture, vendor)
+        if len(_FOR_GPU) >= _FOR_GPU_MAX:
+            _FOR_GPU.clear()
+        _FOR_GPU[key] = (self, e)  # the engine kept, so its id is not reused while here
+        return e
+
+    def _for_gpu(self, memory_bytes: float, gpu_name: str, architecture: str | None,
+                 vendor: str | None) -> Engine:
         e = self
         if e.prefill_graphs and vendor is not None and vendor.lower() != "nvidia":
             e = replace(e, prefill_graphs=False)
