@@ -576,3 +576,35 @@ def test_every_all_reduce_is_a_kernel(run_json):
     rows = [o for o in eight["operators"]["decode"] if o["name"].startswith("allreduce")]
     assert [(o["count"], o["kernels"]) for o in rows] == [(32, 32), (32, 32)]
     assert kernels(eight) - kernels(one) == 64
+
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from planner.core.ops import decode_ops  # noqa: E402
+
+
+@settings(max_examples=60, deadline=None)
+@given(pp=st.integers(1, 8), which=st.sampled_from(
+    ["llama-3.1-8b", "gpt-oss-20b", "deepseek-v3", "gemma-2-9b"]))
+def test_a_stage_holds_each_operator_in_the_layers_it_spans(pp, which):
+    """``stage_ops``: each operator's count on a stage is the number of its layers (its
+    attention's full or sliding-window ones, a MoE model's dense or expert ones) in the
+    stage's span, counted one by one here; the embedding on the first stage, the head on the
+    last; over the stages, every operator's whole count."""
+    from planner.layouts.pipeline import _layers_of, stage_layers, stage_ops
+
+    m = catalog.load_model(which)
+    ops = decode_ops(m, Precision(), batch=2, context_tokens=300, tp=1)
+    per_stage = []
+    for i, (s, t) in enumerate(stage_layers(m.num_layers, pp)):
+        got = {op.name: op.count for op in stage_ops(ops, m, s, t, i == 0, i == pp - 1)}
+        for op in ops:
+            layers = _layers_of(op.name, m)
+            want = (op.count if (op.name == "embed" and i == 0) or (
+                op.name in ("final_norm", "lm_head") and i == pp - 1) else 0) \
+                if layers is None else len([k for k in layers if s <= k < t])
+            assert got.get(op.name, 0) == want, (op.name, s, t)
+        per_stage.append(got)
+    for op in ops:
+        assert sum(g.get(op.name, 0) for g in per_stage) == op.count, op.name

@@ -23,6 +23,7 @@ With PP = 1 every figure is ``estimate``'s (a test holds them equal). Pure.
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass, replace
 from functools import reduce
 
@@ -69,6 +70,8 @@ def _layers_of(op_name: str, m: ModelSpec) -> list[int] | None:
         return [i for i in range(m.num_layers) if not sliding[i]]
     if op_name == "attention_local":
         return [i for i in range(m.num_layers) if sliding[i]]
+    if op_name == "mlp_norm":  # every layer's, before its dense MLP or its experts
+        return list(range(m.num_layers))
     if op_name.startswith("mlp_") or op_name == "allreduce_mlp":
         return list(range(dense))
     if op_name.startswith(("moe_", "experts_", "shared_")) or op_name == "allreduce_moe":
@@ -86,8 +89,8 @@ def stage_ops(ops: list[Op], m: ModelSpec, start: int, end: int, first: bool,
         if layers is None:
             n = op.count if (op.name in FIRST_ONLY and first) or (
                 op.name in LAST_ONLY and last) else 0
-        else:
-            n = sum(1 for i in layers if start <= i < end)
+        else:  # the layers are ascending: those in [start, end)
+            n = bisect.bisect_left(layers, end) - bisect.bisect_left(layers, start)
         if n:
             out.append(replace(op, count=n))
     return out
