@@ -94,6 +94,32 @@ def test_costers_sharing_a_cache_time_steps_as_fresh_ones():
             assert summary(simulate(reqs, shared, cfg)) == summary(simulate(reqs, fresh, cfg))
 
 
+def test_costers_on_other_gpus_share_a_caches_operators_not_its_times():
+    """A plan's candidates share one CostCache across GPUs: the operators of a step shape
+    (the model's, precision's and TP's) are built once for all, while each GPU's times are
+    its own; each coster times steps as a fresh one does, bit for bit, in any order, and a
+    GPU met again after another starts its times afresh (its ceilings differ)."""
+    m = catalog.load_model("llama-3.1-8b")
+    eng = catalog.load_engine("vllm")
+    shapes = [(StepShape.uniform(b, 1, ctx - 1), b, False) for b, ctx in ((1, 9), (37, 900))]
+    shapes += [(StepShape.uniform(1, 700, 0), 1, True), (StepShape.uniform(3, 100, 20), 3, True)]
+    cache = CostCache()
+    costers = []
+    for gpu in ("h100-sxm", "a100-sxm-80gb", "l40s", "h100-sxm"):
+        hw = catalog.load_hardware(gpu)
+        prep = prepare(hw, Precision(), None, OPTS, eng)
+        shared = StepCoster(m, hw, prep, OPTS, tp=2, cache=cache)
+        fresh = StepCoster(m, hw, prep, OPTS, tp=2)
+        for shape, n, prefill in shapes:
+            kw = dict(sequences=n, prefill=prefill)
+            assert shared.step_time(shape, **kw) == fresh.step_time(shape, **kw)
+        costers.append(shared)
+    assert all(c._linear_ops is costers[0]._linear_ops for c in costers)  # built once
+    assert costers[1]._linear is not costers[0]._linear  # another GPU's times
+    assert costers[1].linear_s(700, False) != costers[0].linear_s(700, False)
+    assert len(cache._ops) == 1
+
+
 def test_low_rate_sees_the_single_request_estimate(setup):
     m, hw, eng, prep, c = setup
     reqs = synthetic(40, prompt_tokens=1024, output_tokens=128, request_rate=0.05, seed=3)

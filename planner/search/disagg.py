@@ -48,12 +48,14 @@ class _Sizer:
     (``planner.search.plan.CountRuns``: the run's first requests, then its steady state), so
     one side's runs serve every threshold asked of it."""
 
-    def __init__(self, side: Side, make, settings, rate: float, max_factor: int = 64):
+    def __init__(self, side: Side, make, settings, rate: float, max_factor: int = 64,
+                 cache=None):
         from planner.search.plan import CountRuns, sizing_coster
         from planner.serving import run
 
         self.side, self.max_factor = side, max_factor
-        self.nominal = run.coster(side.dep)  # as predicted
+        # as predicted; ``cache``: the search's shared operators (``CostCache``)
+        self.nominal = run.coster(side.dep, cache)
         self.coster = sizing_coster(self.nominal, settings)  # as sized
         self.runs = CountRuns(lambda n, p99_ms: make(rate / n, p99_ms), self._simulated,
                               settings.num_requests, rate=rate, rate_bound=side.rate_bound,
@@ -116,6 +118,7 @@ def search_disaggregated(model, gpus, *, prompt_tokens: int, output_tokens: int,
         steady_lifetime_s,
     )
     from planner.serving import run
+    from planner.serving.cost import CostCache
     from planner.serving.disagg import transfer_figures
     from planner.serving.metrics import summary
     from planner.serving.traffic import Request, synthetic
@@ -197,12 +200,14 @@ def search_disaggregated(model, gpus, *, prompt_tokens: int, output_tokens: int,
                         loaded_tokens=q.prompt_tokens - 1) for q in reqs], window
 
     sizers: dict[int, _Sizer] = {}
+    shared = CostCache()  # the sides' step operators, built once for each shape
 
     def sizer(side: Side, pre: bool) -> _Sizer:
         key = id(side)
         if key not in sizers:
             sizers[key] = _Sizer(side, (lambda r, e: stream(r, 1, False, e)) if pre else
-                                 (lambda r, e: stream(r, output_tokens, True, e)), st, rate)
+                                 (lambda r, e: stream(r, output_tokens, True, e)), st, rate,
+                                 cache=shared)
         return sizers[key]
 
     pairs = []

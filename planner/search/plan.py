@@ -430,7 +430,8 @@ class CountRuns:
 
 def replicas_needed(dep: Deployment, *, prompt_tokens: int, output_tokens: int,
                     targets: Targets, settings: SimSettings, upper_rate: float,
-                    max_factor: int = 64, speculation=None) -> tuple[int, dict | None]:
+                    max_factor: int = 64, speculation=None,
+                    cache=None) -> tuple[int, dict | None]:
     """The fewest replicas that serve ``targets.requests_per_s`` with the
     ``settings.percentile`` TTFT and TPOT within the targets: each replica simulated with
     Poisson traffic at its share of the rate (its steps slowed by ``settings.step_factor``).
@@ -439,12 +440,14 @@ def replicas_needed(dep: Deployment, *, prompt_tokens: int, output_tokens: int,
     (``CountRuns``). (0, None) when even ``max_factor`` times the bound cannot. The summary
     is of the predicted replica at that count; sized at slower steps, it carries the figures
     it was sized at under ``"sized_at"``. ``speculation``: what
-    ``planner.serving.run.speculation_serving`` returns, or None."""
+    ``planner.serving.run.speculation_serving`` returns, or None. ``cache``: a
+    ``planner.serving.cost.CostCache`` the search's candidates share (a step's operators
+    depend on the model, precision and TP, not on the GPU)."""
     from planner.serving import run
     from planner.serving.metrics import summary
     from planner.serving.traffic import synthetic
 
-    coster, cfg = run.coster(dep), run.scheduler(dep, mode=settings.performance_mode)
+    coster, cfg = run.coster(dep, cache), run.scheduler(dep, mode=settings.performance_mode)
     sizing = sizing_coster(coster, settings)
     life = request_lifetime_s(targets, output_tokens)
 
@@ -558,6 +561,7 @@ def search_continuous(model: ModelSpec, gpus: list[HardwareSpec], *, prompt_toke
     meets the TPOT target only with speculation is screened in; each way has its own bound on
     the rate, from its own TPOT by batch, and the search is cut by the best of them."""
     from planner.serving import run
+    from planner.serving.cost import CostCache
 
     o = options or Options()
     st = settings or SimSettings()
@@ -611,6 +615,8 @@ def search_continuous(model: ModelSpec, gpus: list[HardwareSpec], *, prompt_toke
         cands.append((lb, key, price, one, gpus_each, bounds))
     cands.sort(key=lambda c: c[0])
 
+    shared = CostCache()  # the candidates' step operators, built once for each shape
+
     def size(i: int) -> dict | None:
         """Candidate i sized: its plan row, or None where no replica count meets the
         targets."""
@@ -624,7 +630,8 @@ def search_continuous(model: ModelSpec, gpus: list[HardwareSpec], *, prompt_toke
             sp = None if cfg is None else run.speculation_serving(served, cfg, sched)
             n, s = replicas_needed(served, prompt_tokens=prompt_tokens,
                                    output_tokens=output_tokens, targets=targets,
-                                   settings=st, upper_rate=bound, speculation=sp)
+                                   settings=st, upper_rate=bound, speculation=sp,
+                                   cache=shared)
             if n and s is not None:
                 sized[cfg] = (n, s)
         if not sized:

@@ -71,8 +71,10 @@ _NO_HOST = {f: 0.0 for f in HOST_FIELDS}
 class CostCache:
     """What the step costers of one replica share across engine profiles: the operators of
     each step shape (they depend on the model, precision, TP, stage and attention, not on the
-    engine's efficiencies) and the timed sums per engine timing (the engine without its host
-    costs, and the ceilings). Pass one to ``StepCoster`` (``cache=``) for each profile tried."""
+    engine's efficiencies, nor on the GPU) and the timed sums per engine timing (the engine
+    without its host costs, and the ceilings: another GPU's start afresh). Pass one to
+    ``StepCoster`` (``cache=``) for each profile tried, or to the costers of a search's
+    candidates on every GPU."""
 
     __slots__ = ("_ops", "_times")
 
@@ -84,8 +86,10 @@ class CostCache:
 
     @staticmethod
     def _replica(c: StepCoster) -> tuple:
+        # what ``StepCoster._ops`` builds a shape's operators from: not the GPU, so costers
+        # of the same model, precision and TP on other GPUs share them too
         return (c.model, c.prep.precision, c.tp, c.stage, c.options.attention,
-                c.engine.lm_head_sharded)
+                c.engine.lm_head_sharded, c.options.cpu_offload_bytes)
 
     def ops(self, c: StepCoster) -> tuple[dict, dict, dict]:
         return self._ops.setdefault(self._replica(c), ({}, {}, {}))
