@@ -506,6 +506,35 @@ def test_plan_rows_do_not_depend_on_jobs(run_json):
     assert {r["disaggregated"] for r in one} == {True, False}  # both searches forked
 
 
+def test_the_screen_is_the_same_swept_gpu_by_gpu_in_forked_workers():
+    """``search(map_gpus=...)``: each GPU's rows swept apart (here in two forked workers, as
+    `plan -j 2` screens) give the frame the one sweep gives, row for row, with pipeline
+    stages and expert parallelism searched too; ``forked_map`` keeps its results in order."""
+    import pandas as pd
+
+    from planner.evidence.workers import forked_map
+    from planner.search.plan import screen
+
+    assert forked_map(lambda i: i * i, 5, jobs=2) == [0, 1, 4, 9, 16]
+    assert forked_map(lambda i: -i, 3, jobs=1) == [0, -1, -2]
+    m = catalog.load_model("qwen3-30b-a3b")
+    gpus = [catalog.load_hardware(g) for g in ("h100-sxm", "a100-sxm-80gb", "l40s", "h200")]
+    kw = dict(prompt_tokens=1024, output_tokens=256,
+              targets=Targets(2.0, 0.05, 10.0), tps=(1, 2), pps=(1, 2), eps=(1, 2),
+              engine=catalog.load_engine("vllm"))
+    one = screen(m, gpus, **kw)
+    calls = []
+
+    def mapped(task, n):
+        calls.append(n)
+        return forked_map(task, n, jobs=2)
+
+    two = screen(m, gpus, map_gpus=mapped, **kw)
+    assert calls == [4, 4]  # the TP / PP sweep, then expert parallelism's
+    assert len(one) > 40 and set(one["gpu"]) == {g.name for g in gpus}
+    pd.testing.assert_frame_equal(one, two)
+
+
 def test_plan_says_which_sizes_it_left_out(run_cli):
     code, out, err = run_cli("plan", "-m", "llama-3.1-8b", "-g", "h100-sxm", "--ttft", "1s",
                              "--tpot", "40ms", "--rps", "5", "--tp", "3,1", "--top", "1")

@@ -715,7 +715,7 @@ def _plan_continuous(m, gpus, *, prompt_tokens, output_tokens, targets, tps, wei
     import numpy as np
     import pandas as pd
 
-    from planner.evidence.workers import prefetched
+    from planner.evidence.workers import forked_map, prefetched
     from planner.io.render import plain, table
     from planner.io.report import plot_pareto
     from planner.layouts.deployment import Layout
@@ -733,6 +733,7 @@ def _plan_continuous(m, gpus, *, prompt_tokens, output_tokens, targets, tps, wei
 
     screened = screen(m, gpus, pps=pps if disaggregated != "only" else (1,),
                       eps=eps if disaggregated != "only" else (1,),
+                      map_gpus=partial(forked_map, jobs=jobs) if jobs > 1 else None,
                       **{k: v for k, v in kw.items() if k not in ("settings", "top",
                                                                   "prefetch")})
     from planner.cli.progress import task_progress

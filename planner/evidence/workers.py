@@ -151,4 +151,13 @@ def prefetched(bounds: list[float], size: Callable[[int], Any], top: int,
                     costs.append(cost(results[i]))
 
 
-__all__ = ["can_fork", "forked", "prefetched"]
+def forked_map(task: Callable[[int], Any], n: int, *, jobs: int) -> list[Any]:
+    """``task(i)`` for i in 0..n-1, side by side in up to ``jobs`` forked workers, the
+    results in order; in this process where the work is not forked (``forked``)."""
+    with forked(task, list(range(n)), jobs) as results:
+        if results is not None:
+            return results()
+    return [task(i) for i in range(n)]
+
+
+__all__ = ["can_fork", "forked", "forked_map", "prefetched"]

@@ -49,12 +49,15 @@ def search(model: ModelSpec, gpus: list[HardwareSpec], *, prompt_tokens: int,
            price_usd_per_gpu_hour: float | None = None, engine: Engine = IDEAL,
            compute: DType | None = None, pps=(1,), eps=(1,),
            quantized_layers: str = "all", auto_dtype: bool = False,
-           released: bool = False) -> pd.DataFrame:
+           released: bool = False, map_gpus=None) -> pd.DataFrame:
     """Every configuration searched, with ``meets_targets`` and, for those that do, the
     replicas, GPUs, cost at the traffic and ``rank`` (1 = cheapest). ``compute``: the type
     the matmuls run in (None: from the weights); ``auto_dtype``: the weights were not asked
     for, so the engine's 16-bit fallback applies (``Grid.auto_dtype``); ``released``: the
-    weights are the checkpoint's as it ships (``Grid.released``)."""
+    weights are the checkpoint's as it ships (``Grid.released``). ``map_gpus(task, n)``:
+    runs ``task(i)`` for each of the ``n`` GPUs and returns the results in order (side by
+    side in forked workers: ``planner.evidence.workers.forked_map``); each GPU's rows are
+    swept on their own, and the sweep's rows are in GPU order, so the frame is the same."""
     batches = batches or [1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512,
                           768, 1024]
     grid = Grid(models=[model], gpus=gpus, batches=batches, prompt_tokens=[prompt_tokens],
@@ -62,15 +65,22 @@ def search(model: ModelSpec, gpus: list[HardwareSpec], *, prompt_tokens: int,
                 tps=list(tps), pps=list(pps), options=options or Options(), engine=engine,
                 compute=compute, quantized_layers=quantized_layers, auto_dtype=auto_dtype,
                 released=released)
-    chunks = list(iter_sweep(grid, calibration=calibration,
-                             price_usd_per_gpu_hour=price_usd_per_gpu_hour))
+    grids = [grid]
     for ep in (n for n in eps if n > 1):
         # the experts over ep GPUs, attention TP over each searched tp dividing it (tp 1: data-
         # parallel attention; tp = ep: one TP group), no pipeline stages
-        chunks += iter_sweep(replace(grid, tps=[t for t in tps if ep % t == 0], pps=[1],
-                                     eps=[ep]),
-                             calibration=calibration,
-                             price_usd_per_gpu_hour=price_usd_per_gpu_hour)
+        grids.append(replace(grid, tps=[t for t in tps if ep % t == 0], pps=[1], eps=[ep]))
+    chunks = []
+    for g in grids:
+        if map_gpus is None or len(gpus) < 2:
+            chunks += iter_sweep(g, calibration=calibration,
+                                 price_usd_per_gpu_hour=price_usd_per_gpu_hour)
+            continue
+        # the sweep is ordered by model (one here), then GPU: each GPU's rows apart, in order
+        for part in map_gpus(lambda i, g=g: list(iter_sweep(
+                replace(g, gpus=[gpus[i]]), calibration=calibration,
+                price_usd_per_gpu_hour=price_usd_per_gpu_hour)), len(gpus)):
+            chunks += part
     df = to_frame(chunks)
     # kv "None" means the weights' 16-bit type; an explicit bf16 would duplicate those rows
     df = df.drop_duplicates(subset=["gpu", "tp", "pp", "ep", "weights", "kv_cache", "batch"])
