@@ -172,8 +172,8 @@ def plan(
         "aggregated only; only: disaggregated only. Continuous sizing only.")] = "both",
     jobs: Annotated[Optional[int], typer.Option(
         "--jobs", "-j", metavar="N", min=1,
-        help="Processes sizing configurations side by side (default: the machine's CPUs; "
-             "the rows do not depend on it).")] = None,
+        help="Processes screening and sizing configurations side by side (default: the "
+             "machine's CPUs; the rows do not depend on it).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="All rows as JSON.")] = False,
 ) -> None:
     """Find the cheapest configurations that meet TTFT and TPOT targets at a traffic level:
