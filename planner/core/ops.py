@@ -57,7 +57,9 @@ def _attention_params(m: ModelSpec) -> dict[str, int]:
         out["qkv_bias"] = m.q_dim + 2 * m.kv_dim
     if m.attention_out_bias:
         out["o_bias"] = h
-    if m.qk_norm:
+    if m.qk_norm and m.qk_norm_scope == "layer":  # the whole q and k: split over TP
+        out["qk_norm_layer"] = m.q_dim + m.kv_dim
+    elif m.qk_norm:  # each head's: one weight of head_dim for q, one for k
         out["qk_norm"] = 2 * m.head_dim_
     if m.attention_sinks:
         out["sinks"] = m.num_attention_heads
@@ -423,11 +425,20 @@ def _attention_ops(s: _Step, shape: StepShape,
     local = shape.local or shape  # no window shape given: the local layers cost as full ones
     held = shape.kv_held_tokens if not n_local else (
         n_full * shape.kv_held_tokens + n_local * local.kv_held_tokens) / L
-    if m.qk_norm:  # RMSNorm of each query and key head, before RoPE
+    if m.qk_norm:  # RMSNorm of each query and key head (or of the whole q and k), before RoPE
         qk_elems = T * (s.heads + kv_heads_per_gpu(m, tp)) * m.head_dim_
+        per_layer = m.qk_norm_scope == "layer"
+        norm_w = (m.q_dim / tp + kv_heads_per_gpu(m, tp) * m.head_dim_) if per_layer \
+            else 2 * m.head_dim_
         ops.append(Op("qk_norm", "norm", L, flops=4.0 * qk_elems,
-                      weight_bytes=2 * m.head_dim_ * s.hb, act_bytes=2.0 * qk_elems * s.ab,
+                      weight_bytes=norm_w * s.hb, act_bytes=2.0 * qk_elems * s.ab,
                       dtype=s.hdt))
+        if per_layer and tp > 1:
+            # each rank holds a slice of q and of k: their sums of squares, one fp32 figure
+            # per token for q and one for k, are all-reduced in one call before the division
+            # (vLLM's MiniMaxText01RMSNormTP.forward_qk, used by MiniMax-M2)
+            ops.append(Op("allreduce_qk_norm", "allreduce", L, flops=0.0,
+                          comm_bytes=2.0 * T * 4, dtype=s.hdt))
     ops.append(Op("rope_kv_write", "elementwise", L, flops=0.0,
                   kv_bytes=T * kv_layer, act_bytes=2.0 * T * (m.q_dim / tp) * s.ab, dtype=s.hdt,
                   kv_cache_bytes=held * kv_layer))

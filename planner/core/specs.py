@@ -388,6 +388,14 @@ class ModelSpec(_Frozen):
     sliding_window_pattern: tuple[Literal["sliding", "full"], ...] | None = Field(
         None, min_length=1, max_length=100_000)
     qk_norm: bool = False  # RMSNorm over each head's q and k (Qwen3, Gemma-3)
+    # what one qk_norm normalizes: "head", each head's q and k apart (a weight of head_dim
+    # each, every TP rank holding it whole); "layer", the layer's whole q and whole k
+    # (MiniMax-M2's qk_norm_type per_layer: weights of q_dim and kv_dim, split over the TP
+    # ranks, so each rank's sums of squares are all-reduced before it divides by them)
+    qk_norm_scope: Literal["head", "layer"] = "head"
+    # the multi-token-prediction layers the checkpoint ships (DeepSeek-V3's
+    # num_nextn_predict_layers); None: the architecture's own (planner.layouts.speculation)
+    mtp_layers: int | None = Field(None, ge=0, le=1_000)
     attention_sinks: bool = False  # a learned sink logit per head and layer (gpt-oss)
     # The officially reported counts (None for a bare config.json, which states none).
     official_params: int | None = Field(None, gt=0, le=10**14)  # 100 trillion
@@ -420,6 +428,8 @@ class ModelSpec(_Frozen):
             raise ValueError("sliding_window_pattern is given without sliding_window")
         if self.sliding_window is not None and self.mla is not None:
             raise ValueError("sliding_window with MLA attention is not modelled")
+        if self.qk_norm_scope == "layer" and not self.qk_norm:
+            raise ValueError("qk_norm_scope layer is given without qk_norm")
         return self
 
     def quantized_at_load(self, weights: DType | str) -> bool:

@@ -454,7 +454,20 @@ def load_calibration(path: str | Path) -> Calibration:
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "mixtral", "qwen2", "qwen3", "qwen3_moe", "gemma",
                          "gemma2", "gemma3", "gemma3_text", "phi3", "gpt2", "gpt_oss",
-                         "deepseek_v2", "deepseek_v3")
+                         "deepseek_v2", "deepseek_v3", "minimax_m2")
+# The model classes of those architectures as a config.json's ``architectures`` names them.
+# vLLM's model registry and SGLang's pick the model's code by this name, not by model_type, so
+# a checkpoint under a model_type of its own whose class is one of these runs as that
+# architecture (moonshotai/Kimi-K2-Instruct: model_type kimi_k2, DeepseekV3ForCausalLM) and is
+# read here as it.
+ARCHITECTURE_CLASSES = {
+    "LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral",
+    "MixtralForCausalLM": "mixtral", "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3",
+    "Qwen3MoeForCausalLM": "qwen3_moe", "GemmaForCausalLM": "gemma",
+    "Gemma2ForCausalLM": "gemma2", "Gemma3ForCausalLM": "gemma3_text",
+    "Phi3ForCausalLM": "phi3", "GPT2LMHeadModel": "gpt2", "GptOssForCausalLM": "gpt_oss",
+    "DeepseekV2ForCausalLM": "deepseek_v2", "DeepseekV3ForCausalLM": "deepseek_v3",
+    "MiniMaxM2ForCausalLM": "minimax_m2"}
 # transformers' Gemma3TextConfig defaults: the official multimodal configs leave these out of
 # text_config (google/gemma-3-27b-it's states only the sizes that differ).
 GEMMA3_TEXT_DEFAULTS = {"vocab_size": 262208, "hidden_size": 2304, "intermediate_size": 9216,
@@ -562,6 +575,7 @@ def model_from_hf_config(cfg: dict, path: str) -> ModelSpec:
     checkpoint stores its weights (``quantization_config``: planner/io/quant_config.py)."""
     from planner.io.quant_config import checkpoint_half, model_checkpoint_quant
 
+    _modelled_type(cfg, path)  # an architecture not modelled is the first thing to say
     bad = _non_finite(cfg)
     if bad is not None:  # JSON has no NaN or Infinity; Python's reader lets them through
         field, value = bad
@@ -598,6 +612,25 @@ def _non_finite(node: Any, at: str = "") -> tuple[str, float] | None:
     return None
 
 
+def _modelled_type(cfg: Any, path: str) -> str:
+    """The architecture a config is read as: its model_type where that is one modelled
+    (``SUPPORTED_MODEL_TYPES``), else the one its ``architectures`` class runs as
+    (``ARCHITECTURE_CLASSES``); a ``SpecError`` naming both where neither is."""
+    if not isinstance(cfg, dict):
+        raise SpecError(f"{path}: expected a JSON object")
+    mt = cfg.get("model_type")
+    if mt in SUPPORTED_MODEL_TYPES:
+        return mt
+    archs = cfg.get("architectures")
+    if isinstance(archs, list) and len(archs) == 1 and isinstance(archs[0], str) and \
+            archs[0] in ARCHITECTURE_CLASSES:
+        return ARCHITECTURE_CLASSES[archs[0]]
+    named = f" (architectures {archs[0]!r:.60})" if isinstance(archs, list) and archs else ""
+    raise SpecError(f"{path}: model_type: {mt!r:.60}{named} is not supported; supported: "
+                    f"{', '.join(SUPPORTED_MODEL_TYPES)}, or a config whose architectures "
+                    "names one of their model classes")
+
+
 def _model_from_hf_config(cfg: dict, path: str) -> ModelSpec:
     if not isinstance(cfg, dict):
         raise SpecError(f"{path}: expected a JSON object")
@@ -607,10 +640,7 @@ def _model_from_hf_config(cfg: dict, path: str) -> ModelSpec:
         # is not modelled); the name stays the checkpoint's
         cfg = {"_name_or_path": cfg.get("_name_or_path"), **GEMMA3_TEXT_DEFAULTS,
                **cfg["text_config"], "model_type": "gemma3_text"}
-        mt = "gemma3_text"
-    if mt not in SUPPORTED_MODEL_TYPES:
-        raise SpecError(f"{path}: model_type: '{mt}' is not supported; supported: "
-                        f"{', '.join(SUPPORTED_MODEL_TYPES)}")
+    mt = _modelled_type(cfg, path)
     # a snapshot's config.json is named by its folder; any other file by its own name
     stem = Path(path).stem
     name = cfg.get("_name_or_path") or (Path(path).parent.name if stem == "config" else stem)
@@ -701,12 +731,47 @@ def _model_from_hf_config(cfg: dict, path: str) -> ModelSpec:
                         "first_dense_layers": _opt_int(cfg, "first_k_dense_replace", path, 0,
                                                        least=0),
                         "router_bias": cfg.get("topk_method") == "noaux_tc"}
+        # the multi-token-prediction layers it ships (DeepSeek-V3 and R1: 1; Kimi-K2: 0)
+        d["mtp_layers"] = _opt_int(cfg, "num_nextn_predict_layers", path, None, least=0)
+    if mt == "minimax_m2":
+        d.update(_minimax_m2(cfg, path))
     experts = {"mixtral": "num_local_experts", "gpt_oss": "num_local_experts",
+               "minimax_m2": "num_local_experts",
                "qwen3_moe": "num_experts"}.get(mt, "n_routed_experts")
     return validate(ModelSpec, d, path, names={
         **_HF_KEYS, "moe.num_experts": experts,
-        "moe.expert_intermediate_size": "intermediate_size" if mt in ("mixtral", "gpt_oss")
-        else "moe_intermediate_size"})
+        "moe.expert_intermediate_size": "intermediate_size"
+        if mt in ("mixtral", "gpt_oss", "minimax_m2") else "moe_intermediate_size"})
+
+
+def _minimax_m2(cfg: dict, path: str) -> dict[str, Any]:
+    """MiniMax-M2's fields beyond the common ones, as vLLM's MiniMaxM2ForCausalLM reads them
+    (vllm/model_executor/models/minimax_m2.py): every layer a mixture of
+    ``num_local_experts`` experts of width ``intermediate_size``, ``num_experts_per_tok`` a
+    token, routed by sigmoid scores with a per-expert bias (``use_routing_bias``); full
+    attention with an RMSNorm over the whole q and the whole k of a layer
+    (``qk_norm_type`` per_layer). Its multi-token-prediction modules (``use_mtp``) are loaded
+    only as a speculative drafter, so not counted; rotary_dim (RoPE over part of a head) is
+    elementwise work the model does not price apart."""
+    if _opt_int(cfg, "shared_intermediate_size", path, 0, least=0):
+        raise SpecError(f"{path}: shared_intermediate_size: a shared expert is not modelled "
+                        "for model_type minimax_m2")
+    kinds = cfg.get("attn_type_list")  # MiniMax's per-layer attention: 1 softmax, 0 linear
+    if kinds is not None and (not isinstance(kinds, list) or any(k != 1 for k in kinds)):
+        raise SpecError(f"{path}: attn_type_list: only softmax-attention layers (1) are "
+                        "modelled, not linear attention")
+    out: dict[str, Any] = {"moe": {
+        "num_experts": _req(cfg, "num_local_experts", path),
+        "experts_per_token": _req(cfg, "num_experts_per_tok", path),
+        "expert_intermediate_size": _req(cfg, "intermediate_size", path),
+        "router_bias": _opt_bool(cfg, "use_routing_bias", path, False)}}
+    if _opt_bool(cfg, "use_qk_norm", path, False):
+        kind = cfg.get("qk_norm_type", "per_layer")
+        if kind not in ("per_layer", "per_head"):
+            raise SpecError(f"{path}: qk_norm_type: expected per_layer or per_head, got "
+                            f"{kind!r:.40}")
+        out.update(qk_norm=True, qk_norm_scope="layer" if kind == "per_layer" else "head")
+    return out
 
 
 _HF_SIZES = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",

@@ -263,6 +263,11 @@ MTP_ARCHITECTURES = ("deepseek_v3",)
 
 
 def has_mtp(m: ModelSpec) -> bool:
+    """Whether the checkpoint ships a multi-token-prediction layer: as its config.json says
+    (``ModelSpec.mtp_layers``: Kimi-K2, a DeepSeek-V3 architecture, ships none), else as its
+    architecture's do."""
+    if m.mtp_layers is not None:
+        return m.mtp_layers > 0
     return m.architecture in MTP_ARCHITECTURES
 
 
@@ -270,8 +275,8 @@ def check_method(m: ModelSpec, method: str) -> None:
     """MTP needs a model that ships the layer."""
     if method == "mtp" and not has_mtp(m):
         raise UsageError(f"speculative mtp: {m.name} ships no multi-token-prediction layer "
-                         f"(only {', '.join(MTP_ARCHITECTURES)} models do); use draft-model, "
-                         "eagle3 or ngram", fields=("speculative",))
+                         f"(only {', '.join(MTP_ARCHITECTURES)} checkpoints that ship one "
+                         "do); use draft-model, eagle3 or ngram", fields=("speculative",))
 
 
 def check_tokenizer(m: ModelSpec, draft: ModelSpec) -> None:

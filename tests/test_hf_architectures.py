@@ -1,0 +1,173 @@
+"""Config files read by the model class they run as, and MiniMax-M2's architecture.
+
+A checkpoint under a model_type of its own whose ``architectures`` class is one llmplan models
+(moonshotai/Kimi-K2-Instruct: kimi_k2, DeepseekV3ForCausalLM) is read as that class, as vLLM's
+and SGLang's model registries load it. MiniMax-M2 (MiniMaxM2ForCausalLM) normalizes each
+layer's whole q and whole k (qk_norm_type per_layer): weights of q_dim and kv_dim split over
+the TP ranks, and one all-reduce of the ranks' sums of squares a layer. Parameter counts are
+derived here by hand from the configs' fields (tests/fixtures/hf/, copies of the official
+files; README.md there says where from)."""
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from planner.core.errors import SpecError, UsageError
+from planner.core.memory import weight_bytes_breakdown
+from planner.core.ops import StepShape, count_params, param_breakdown, shape_ops
+from planner.core.specs import Precision
+from planner.io.catalog import load_model, model_from_hf_config
+from planner.layouts.speculation import check_method
+
+HF = Path(__file__).parent / "fixtures" / "hf"
+
+
+def _cfg(name: str) -> dict:
+    return json.loads((HF / f"{name}.json").read_text())
+
+
+def _read(cfg: dict, name: str = "x.json"):
+    return model_from_hf_config(cfg, name)
+
+
+def _kimi_k2_params() -> int:
+    """Kimi-K2-Instruct's config.json, term by term: MLA attention with 64 heads, one dense
+    layer then 60 MoE layers of 384 routed experts and one shared expert (width 2048), an
+    untied vocabulary of 163,840."""
+    h, L, heads, vocab = 7168, 61, 64, 163840
+    q_a, kv_a, nope, rope, v = 1536, 512, 128, 64, 128
+    attention = (h * q_a + q_a + q_a * heads * (nope + rope) + h * (kv_a + rope) + kv_a
+                 + kv_a * heads * (nope + v) + heads * v * h)
+    norms = 2 * h
+    dense_mlp = 3 * h * 18432
+    expert = 3 * h * 2048
+    moe = 384 * expert + 1 * expert + 384 * h + 384  # routed, shared, router, its bias
+    return (2 * vocab * h + L * (attention + norms) + 1 * dense_mlp + 60 * moe + h)
+
+
+def _minimax_m2_params() -> int:
+    """MiniMax-M2.5's config.json: 62 layers of GQA attention (48 query heads, 8 KV heads of
+    128) with a norm over the whole q (6,144) and the whole k (1,024), and 256 experts of width
+    1,536 routed with a per-expert bias; no dense MLP; an untied vocabulary of 200,064."""
+    h, L, vocab = 3072, 62, 200064
+    q, kv = 48 * 128, 8 * 128
+    attention = h * q + 2 * h * kv + q * h + (q + kv)
+    moe = 256 * 3 * h * 1536 + 256 * h + 256
+    return 2 * vocab * h + L * (attention + 2 * h + moe) + h
+
+
+def test_kimi_k2_is_read_as_the_deepseek_v3_class_it_runs_as():
+    m = _read(_cfg("kimi-k2"), "kimi-k2.json")
+    assert m.architecture == "deepseek_v3" and m.mla is not None
+    assert (m.moe.num_experts, m.moe.num_shared_experts, m.moe.first_dense_layers) == \
+        (384, 1, 1)
+    assert count_params(m) == _kimi_k2_params() == 1_026_408_232_448  # "1T total parameters"
+    assert m.mtp_layers == 0  # num_nextn_predict_layers: 0, where DeepSeek-V3 ships one
+
+
+def test_mtp_follows_what_the_checkpoint_ships():
+    with pytest.raises(UsageError, match="ships no multi-token-prediction layer"):
+        check_method(_read(_cfg("kimi-k2")), "mtp")
+    check_method(_read(_cfg("deepseek-v3")), "mtp")  # num_nextn_predict_layers: 1
+    check_method(load_model("deepseek-r1"), "mtp")  # mtp_layers: 1 in models_db
+    cfg = {**_cfg("deepseek-v3"), "num_nextn_predict_layers": 0}
+    with pytest.raises(UsageError):
+        check_method(_read(cfg), "mtp")
+
+
+def test_a_renamed_model_type_of_a_modelled_class_reads_as_that_class():
+    base = _cfg("llama-3.1-8b")
+    renamed = {**base, "model_type": "acme_llama", "architectures": ["LlamaForCausalLM"]}
+    a, b = _read(base), _read(renamed)
+    assert b.architecture == "llama"
+    assert a.model_dump(exclude={"source"}) == b.model_dump(exclude={"source"})
+
+
+@pytest.mark.parametrize("cfg,said", [
+    ({"model_type": "acme", "architectures": ["AcmeForCausalLM"]},
+     "model_type: 'acme' (architectures 'AcmeForCausalLM') is not supported"),
+    ({"model_type": "acme", "architectures": ["LlamaForCausalLM", "MistralForCausalLM"]},
+     "is not supported"),  # two classes: which one runs is not said
+    ({"model_type": "acme"}, "model_type: 'acme' is not supported"),
+    # an architecture not modelled is said first, not a field it would not have read
+    ({"model_type": "nemotron_h", "architectures": ["NemotronHForCausalLM"],
+      "time_step_limit": [0.0, math.inf]}, "model_type: 'nemotron_h' (architectures"),
+])
+def test_a_class_not_modelled_is_refused_naming_it(cfg, said):
+    with pytest.raises(SpecError, match=r"^x\.json: ") as err:
+        _read(cfg)
+    assert said in str(err.value)
+
+
+def test_minimax_m2_counts_its_parameters_by_hand():
+    m = _read(_cfg("minimax-m2.5"), "minimax-m2.5.json")
+    assert m.architecture == "minimax_m2" and m.moe.num_experts == 256
+    assert m.num_dense_layers == 0 and m.moe.router_bias
+    assert m.qk_norm and m.qk_norm_scope == "layer"
+    assert count_params(m) == _minimax_m2_params() == 228_689_764_864  # "230B total"
+    assert param_breakdown(m)["attention/qk_norm_layer"] == 62 * (6144 + 1024)
+
+
+def test_minimax_m2_norms_q_and_k_on_each_rank_and_all_reduces_their_sums():
+    m = _read(_cfg("minimax-m2.5"))
+    prec = Precision.of("bf16")
+    shape = StepShape.uniform(16, 1, 1024)  # 16 decodes
+    for tp in (1, 2, 8):
+        ops = {o.name: o for o in shape_ops(m, prec, shape, tp=tp)}
+        # each rank's slice of the q and k norms' weights, 2 bytes each
+        assert ops["qk_norm"].weight_bytes == (6144 + 1024) / tp * 2
+        if tp == 1:
+            assert "allreduce_qk_norm" not in ops
+        else:  # one fp32 sum for q and one for k per token, every layer
+            ar = ops["allreduce_qk_norm"]
+            assert (ar.count, ar.comm_bytes) == (62, 2 * 16 * 4)
+    # a per-head norm (Qwen3) has no such call
+    q = load_model("qwen3-8b")
+    assert "allreduce_qk_norm" not in {o.name for o in shape_ops(q, prec, shape, tp=8)}
+
+
+@settings(max_examples=30, deadline=None)
+@given(tp=st.sampled_from([1, 2, 4, 8]), q_heads=st.sampled_from([8, 16, 48, 64]),
+       kv_heads=st.sampled_from([8]), head_dim=st.sampled_from([64, 128]))
+def test_the_layer_norms_weights_are_split_over_the_ranks_and_add_up(tp, q_heads, kv_heads,
+                                                                     head_dim):
+    """Whatever the shape, the TP ranks' shares of a per-layer q/k norm's weights add up to
+    the checkpoint's (and a per-head norm's are held whole on every rank)."""
+    base = {**_cfg("minimax-m2.5"), "num_attention_heads": q_heads,
+            "num_key_value_heads": kv_heads, "head_dim": head_dim}
+    prec = Precision.of("bf16")
+    for kind, whole in (("per_layer", False), ("per_head", True)):
+        m = _read({**base, "qk_norm_type": kind})
+        key = "attention/qk_norm_layer" if kind == "per_layer" else "attention/qk_norm"
+        n = param_breakdown(m)[key]
+        per_gpu = weight_bytes_breakdown(m, prec, tp=tp)[key]
+        assert per_gpu * (1 if whole else tp) == n * 2
+        assert n == 62 * ((q_heads + kv_heads) * head_dim if kind == "per_layer"
+                          else 2 * head_dim)
+
+
+@pytest.mark.parametrize("field,value,said", [
+    ("shared_intermediate_size", 1024, "a shared expert is not modelled"),
+    ("attn_type_list", [0, 1] * 31, "linear attention"),
+    ("attn_type_list", "all", "linear attention"),
+    ("qk_norm_type", "per_token", "qk_norm_type: expected per_layer or per_head"),
+    ("use_routing_bias", "yes", "use_routing_bias: expected true or false"),
+])
+def test_a_minimax_field_not_modelled_is_refused(field, value, said):
+    with pytest.raises(SpecError, match=said):
+        _read({**_cfg("minimax-m2.5"), field: value})
+
+
+def test_estimate_of_both_through_the_cli(run_json):
+    k = run_json("estimate", "-m", str(HF / "kimi-k2.json"), "-g", "h200", "--tp", "8")
+    assert k["params"] == _kimi_k2_params() and k["weights"] == "fp8"  # its quantization_config
+    assert k["kv_cache_bytes_per_token"] == 61 * (512 + 64) * 2  # MLA's latent, bf16
+    d = run_json("estimate", "-m", str(HF / "minimax-m2.5.json"), "-g", "h200", "--tp", "8",
+                 "--explain")
+    assert d["params"] == _minimax_m2_params() and d["weights"] == "fp8"
+    names = {o["name"]: o for o in d["operators"]["decode"]}
+    assert names["allreduce_qk_norm"]["count"] == 62 and names["allreduce_qk_norm"]["time_s"] > 0
