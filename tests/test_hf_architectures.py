@@ -60,6 +60,33 @@ def _minimax_m2_params() -> int:
     return 2 * vocab * h + L * (attention + 2 * h + moe) + h
 
 
+def _glm45_air_params() -> int:
+    """GLM-4.5-Air's config.json: 46 layers of GQA attention (96 query heads of 128 over a
+    hidden size of 4,096, 8 KV heads) with q, k and v biases and none on o_proj; one dense
+    layer (10,944), then 45 layers of 128 routed experts and one shared (1,408 each), each
+    gate with its per-expert correction bias; an untied vocabulary of 151,552."""
+    h, L, vocab = 4096, 46, 151552
+    q, kv = 96 * 128, 8 * 128
+    attention = h * q + 2 * h * kv + q * h + (q + 2 * kv)
+    expert = 3 * h * 1408
+    moe = 128 * expert + expert + 128 * h + 128
+    return 2 * vocab * h + L * (attention + 2 * h) + 3 * h * 10944 + 45 * moe + h
+
+
+def test_glm45_is_deepseeks_mixture_on_biased_gqa_attention():
+    m = _read(_cfg("glm-4.5-air"), "glm-4.5-air.json")
+    assert m.architecture == "glm4_moe" and m.mla is None
+    assert (m.attention_bias, m.attention_out_bias, m.qk_norm) == (True, False, False)
+    assert (m.moe.num_experts, m.moe.num_shared_experts, m.moe.first_dense_layers,
+            m.moe.router_bias) == (128, 1, 1, True)
+    assert count_params(m) == _glm45_air_params() == 106_852_251_264  # "106B total"
+    assert m.mtp_layers == 1  # it ships an MTP layer: --speculative mtp is taken
+    check_method(m, "mtp")
+    with_norm = _read({**_cfg("glm-4.5-air"), "use_qk_norm": True})  # GLM-4.5 (355B)'s
+    assert with_norm.qk_norm and with_norm.qk_norm_scope == "head"
+    assert count_params(with_norm) == _glm45_air_params() + 46 * 2 * 128
+
+
 def test_kimi_k2_is_read_as_the_deepseek_v3_class_it_runs_as():
     m = _read(_cfg("kimi-k2"), "kimi-k2.json")
     assert m.architecture == "deepseek_v3" and m.mla is not None

@@ -454,7 +454,7 @@ def load_calibration(path: str | Path) -> Calibration:
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "mixtral", "qwen2", "qwen3", "qwen3_moe", "gemma",
                          "gemma2", "gemma3", "gemma3_text", "phi3", "gpt2", "gpt_oss",
-                         "deepseek_v2", "deepseek_v3", "minimax_m2")
+                         "deepseek_v2", "deepseek_v3", "glm4_moe", "minimax_m2")
 # The model classes of those architectures as a config.json's ``architectures`` names them.
 # vLLM's model registry and SGLang's pick the model's code by this name, not by model_type, so
 # a checkpoint under a model_type of its own whose class is one of these runs as that
@@ -467,7 +467,7 @@ ARCHITECTURE_CLASSES = {
     "Gemma2ForCausalLM": "gemma2", "Gemma3ForCausalLM": "gemma3_text",
     "Phi3ForCausalLM": "phi3", "GPT2LMHeadModel": "gpt2", "GptOssForCausalLM": "gpt_oss",
     "DeepseekV2ForCausalLM": "deepseek_v2", "DeepseekV3ForCausalLM": "deepseek_v3",
-    "MiniMaxM2ForCausalLM": "minimax_m2"}
+    "Glm4MoeForCausalLM": "glm4_moe", "MiniMaxM2ForCausalLM": "minimax_m2"}
 # transformers' Gemma3TextConfig defaults: the official multimodal configs leave these out of
 # text_config (google/gemma-3-27b-it's states only the sizes that differ).
 GEMMA3_TEXT_DEFAULTS = {"vocab_size": 262208, "hidden_size": 2304, "intermediate_size": 9216,
@@ -501,7 +501,7 @@ def _sliding_window(cfg: dict, mt: str, layers: int, path: str) -> dict[str, Any
         raise SpecError(f"{path}: max_window_layers: expected a whole number")
     if mt in ("qwen2", "qwen3", "qwen3_moe") and not cfg.get("use_sliding_window"):
         return {}
-    if not window or mt in ("llama", "gpt2", "deepseek_v2", "deepseek_v3", "gemma"):
+    if not window or mt in ("llama", "gpt2", "deepseek_v2", "deepseek_v3", "glm4_moe", "gemma"):
         return {}
     types = cfg.get("layer_types")
     if types is not None:
@@ -678,15 +678,16 @@ def _model_from_hf_config(cfg: dict, path: str) -> ModelSpec:
     if mt == "qwen2":
         d["attention_bias"] = True  # Qwen2 always carries q, k, v biases
     elif _opt_bool(cfg, "attention_bias", path, False):
-        # Llama's and gpt-oss's flag covers o_proj too; Qwen3's only q, k, v
+        # Llama's and gpt-oss's flag covers o_proj too; Qwen3's and GLM-4.5's only q, k, v
         d["attention_bias"] = True
-        d["attention_out_bias"] = mt not in ("qwen3", "qwen3_moe")
+        d["attention_out_bias"] = mt not in ("qwen3", "qwen3_moe", "glm4_moe")
     if _opt_bool(cfg, "mlp_bias", path, False):
         d["mlp_bias"] = True
     if mt in ("gemma2", "gemma3_text"):
         d["norms_per_layer"] = 4
-    if mt in ("qwen3", "qwen3_moe", "gemma3_text"):
-        d["qk_norm"] = True
+    if mt in ("qwen3", "qwen3_moe", "gemma3_text") or (
+            mt == "glm4_moe" and _opt_bool(cfg, "use_qk_norm", path, False)):
+        d["qk_norm"] = True  # GLM-4.5's, where use_qk_norm: each head's, as Qwen3's
     d.update(_sliding_window(cfg, mt, d["num_layers"], path))
     if mt == "mixtral":
         d["moe"] = {"num_experts": _req(cfg, "num_local_experts", path),
@@ -732,6 +733,20 @@ def _model_from_hf_config(cfg: dict, path: str) -> ModelSpec:
                                                        least=0),
                         "router_bias": cfg.get("topk_method") == "noaux_tc"}
         # the multi-token-prediction layers it ships (DeepSeek-V3 and R1: 1; Kimi-K2: 0)
+        d["mtp_layers"] = _opt_int(cfg, "num_nextn_predict_layers", path, None, least=0)
+    if mt == "glm4_moe":
+        # GLM-4.5 / 4.6 / 4.7 (transformers' Glm4MoeForCausalLM, vLLM's glm4_moe.py): the
+        # DeepSeek-V3 mixture of experts (first_k_dense_replace dense layers, then routed
+        # experts with shared ones, routed by sigmoid scores with a per-expert correction
+        # bias in every gate) on GQA attention with q, k, v biases; partial_rotary_factor
+        # (RoPE over part of a head) is elementwise work not priced apart
+        d["moe"] = {"num_experts": _req(cfg, "n_routed_experts", path),
+                    "experts_per_token": _req(cfg, "num_experts_per_tok", path),
+                    "expert_intermediate_size": _req(cfg, "moe_intermediate_size", path),
+                    "num_shared_experts": _opt_int(cfg, "n_shared_experts", path, 0, least=0),
+                    "first_dense_layers": _opt_int(cfg, "first_k_dense_replace", path, 0,
+                                                   least=0),
+                    "router_bias": True}
         d["mtp_layers"] = _opt_int(cfg, "num_nextn_predict_layers", path, None, least=0)
     if mt == "minimax_m2":
         d.update(_minimax_m2(cfg, path))
