@@ -17,11 +17,19 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from planner.core.errors import SpecError, UsageError
-from planner.core.memory import weight_bytes_breakdown
-from planner.core.ops import StepShape, count_params, param_breakdown, shape_ops
+from planner.core.memory import offloadable_weight_bytes, weight_bytes_breakdown
+from planner.core.ops import (
+    StepShape,
+    active_params,
+    count_params,
+    flops_per_token_2n,
+    param_breakdown,
+    shape_ops,
+)
 from planner.core.specs import Precision
 from planner.io.catalog import load_model, model_from_hf_config
-from planner.layouts.speculation import check_method
+from planner.layouts.pipeline import weights_of_stage
+from planner.layouts.speculation import check_method, mtp_layer
 
 HF = Path(__file__).parent / "fixtures" / "hf"
 
@@ -198,3 +206,88 @@ def test_estimate_of_both_through_the_cli(run_json):
     assert d["params"] == _minimax_m2_params() and d["weights"] == "fp8"
     names = {o["name"]: o for o in d["operators"]["decode"]}
     assert names["allreduce_qk_norm"]["count"] == 62 and names["allreduce_qk_norm"]["time_s"] > 0
+
+
+def _qwen3_vl_vision_params() -> tuple[int, int]:
+    """Qwen3-VL-8B's vision_config, term by term: a Conv3d patch embedding (3 channels x 2
+    frames x 16 x 16 pixels into 1,152, with a bias) and 2,304 learned positions; 27 blocks
+    of two LayerNorms, a qkv projection and an output projection with biases and an MLP of
+    4,304 with biases; a patch merger of the 2 x 2 merged patches (4,608) into the language
+    model's 4,096, and three deepstack mergers the same with their norm over 4,608. Held
+    whole on every rank: the embeddings, the norms, the row-parallel biases."""
+    h, i, depth, merged, out = 1152, 4304, 27, 1152 * 4, 4096
+    embed = 3 * 2 * 16 * 16 * h + h + 2304 * h
+    split = depth * (3 * h * h + 3 * h + h * h + h * i + i + i * h) + \
+        4 * (merged * merged + merged + merged * out)
+    whole = embed + depth * (4 * h + 2 * h) + (2 * h + out) + 3 * (2 * merged + out)
+    return split + whole, whole
+
+
+def _qwen3_8b_text_params() -> int:
+    """Its language model: Qwen3-8B's shape (36 layers of 4,096, 32 query and 8 KV heads of
+    128 with per-head q/k norms, an MLP of 12,288), untied, a vocabulary of 151,936."""
+    h, L, vocab, q, kv = 4096, 36, 151936, 32 * 128, 8 * 128
+    layer = h * q + 2 * h * kv + q * h + 2 * 128 + 3 * h * 12288 + 2 * h
+    return 2 * vocab * h + L * layer + h
+
+
+def test_qwen3_vl_counts_its_language_model_and_its_vision_encoder():
+    m = _read(_cfg("qwen3-vl-8b"), "qwen3-vl-8b.json")
+    vision, whole = _qwen3_vl_vision_params()
+    assert m.architecture == "qwen3_vl" and m.qk_norm and not m.tie_word_embeddings
+    assert (m.vision_params, m.vision_replicated_params) == (vision, whole)
+    # the model card's "8.77B params", to the parameter by hand
+    assert count_params(m) == _qwen3_8b_text_params() + vision == 8_767_123_696
+    assert active_params(m) == _qwen3_8b_text_params()  # a text token never runs the encoder
+    text_only = m.model_copy(update={"vision_params": 0, "vision_replicated_params": 0})
+    assert flops_per_token_2n(m) == flops_per_token_2n(text_only)
+    moe = _read(_cfg("qwen3-vl-30b-a3b"))
+    assert moe.architecture == "qwen3_vl_moe" and moe.moe.num_experts == 128
+    assert moe.vision_params == 538_631_408  # the same encoder into 2,048, depth 27
+
+
+@pytest.mark.parametrize("tp", [1, 2, 4])
+def test_the_vision_encoder_is_in_16_bits_split_over_tp_on_the_first_stage(tp):
+    m = _read(_cfg("qwen3-vl-8b"))
+    vision, whole = _qwen3_vl_vision_params()
+    for weights in ("bf16", "fp8"):
+        bd = weight_bytes_breakdown(m, Precision.of(weights), tp=tp)
+        assert bd["vision/encoder"] == (vision - whole) * 2 / tp
+        assert bd["vision/replicated"] == whole * 2
+    p = Precision.of("bf16")
+    first = weights_of_stage(m, p, tp, 0, 18, True, False)
+    second = weights_of_stage(m, p, tp, 18, 36, False, True)
+    text = m.model_copy(update={"vision_params": 0, "vision_replicated_params": 0})
+    assert first - weights_of_stage(text, p, tp, 0, 18, True, False) == \
+        ((vision - whole) / tp + whole) * 2
+    assert second == weights_of_stage(text, p, tp, 18, 36, False, True)
+    # vLLM's --cpu-offload-gb moves decoder layers, not the encoder; an MTP drafter has none
+    assert offloadable_weight_bytes(m, p, tp=tp) == offloadable_weight_bytes(text, p, tp=tp)
+    assert mtp_layer(m).vision_params == 0
+
+
+@pytest.mark.parametrize("change,said", [
+    ({"vision_config": None}, "vision_config: expected the vision encoder's fields"),
+    ({"vision_config": {"depth": 27}}, "vision_config.hidden_size: expected a whole number"),
+    ({"text_config": 5}, "text_config: expected the language model's fields"),
+])
+def test_a_qwen3_vl_config_missing_its_parts_is_refused_naming_them(change, said):
+    cfg = {**_cfg("qwen3-vl-8b"), **change}
+    with pytest.raises(SpecError, match=said):
+        _read(cfg)
+    bad = _cfg("qwen3-vl-8b")
+    bad["vision_config"] = {**bad["vision_config"], "depth": 1.5}
+    with pytest.raises(SpecError, match=r"vision_config\.depth"):
+        _read(bad)
+
+
+def test_qwen3_vl_through_the_cli(run_json):
+    d = run_json("estimate", "-m", str(HF / "qwen3-vl-8b.json"), "-g", "h100-sxm")
+    vision, _ = _qwen3_vl_vision_params()
+    assert d["params"] == 8_767_123_696 and d["active_params"] == _qwen3_8b_text_params()
+    text = run_json("estimate", "-m", str(HF / "qwen3-8b.json"), "-g", "h100-sxm")
+    # the same decoder as Qwen3-8B's: the same step, the encoder's weights on top
+    assert d["tpot_s"] == text["tpot_s"]
+    assert d["weights_bytes"] - text["weights_bytes"] == vision * 2
+    assert any("vision encoder's 0.58B parameters" in n for n in d["notes"])
+    assert not any("vision" in n for n in text["notes"])

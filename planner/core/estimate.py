@@ -415,6 +415,10 @@ def estimate_prepared(model: ModelSpec, hardware: HardwareSpec, prep: Prepared, 
                      f"{hardware.name}: its ceilings stand in for this GPU's")
     if tp > model.num_kv_heads and model.mla is None:
         notes.append(f"tp {tp} > {model.num_kv_heads} KV heads: KV heads replicated")
+    if model.vision_params:
+        notes.append(f"the vision encoder's {model.vision_params / 1e9:.2f}B parameters are "
+                     "in the weights (16-bit); the requests are text, which never run it, and "
+                     "the engine's encoder cache and image profiling are not reserved")
     est = assemble(model, hardware, prep, o, tp=tp, batch=w.batch,
                    prompt_tokens=w.prompt_tokens, output_tokens=w.output_tokens,
                    price_usd_per_gpu_hour=price, price_source=price_source, notes=notes)

@@ -26,7 +26,7 @@ ROUTED = ("moe/routed_experts", "moe/routed_expert_bias")
 # Tensors every TP rank holds whole.
 _REPLICATED = {
     "norms/layers", "norms/final", "attention/q_a_norm", "attention/kv_a_norm", "moe/router",
-    "attention/q_a_proj", "attention/kv_a_proj", "attention/qk_norm",
+    "attention/q_a_proj", "attention/kv_a_proj", "attention/qk_norm", "vision/replicated",
 }
 
 
@@ -67,7 +67,8 @@ def offloadable_weight_bytes(m: ModelSpec, prec: Precision, *, tp: int = 1,
     lm_head stay on the GPU)."""
     bd = weight_bytes_breakdown(m, prec, tp=tp, lm_head_sharded=lm_head_sharded)
     return sum(v for k, v in bd.items()
-               if k not in ("embed/tokens", "embed/positions", "norms/final", "lm_head"))
+               if k not in ("embed/tokens", "embed/positions", "norms/final", "lm_head")
+               and not k.startswith("vision/"))
 
 
 def kv_cache_bytes_per_token(m: ModelSpec, prec: Precision, *, tp: int = 1) -> float:

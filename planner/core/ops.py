@@ -122,6 +122,9 @@ def param_breakdown(m: ModelSpec) -> dict[str, int]:
     out["norms/final"] = norm_params
     if not m.tie_word_embeddings:
         out["lm_head"] = m.vocab_size * h
+    if m.vision_params:  # a vision-language checkpoint's encoder, split and whole
+        out["vision/encoder"] = m.vision_params - m.vision_replicated_params
+        out["vision/replicated"] = m.vision_replicated_params
     return out
 
 
@@ -130,8 +133,9 @@ def count_params(m: ModelSpec) -> int:
 
 
 def active_params(m: ModelSpec) -> int:
-    """Parameters one token touches: all but the routed experts it is not sent to."""
-    total = count_params(m)
+    """Parameters one token touches: all but the routed experts it is not sent to (and a
+    vision encoder, which a text token never runs)."""
+    total = count_params(m) - m.vision_params
     if m.moe is None:
         return total
     idle = m.moe.num_experts - m.moe.experts_per_token

@@ -397,6 +397,14 @@ class ModelSpec(_Frozen):
     # num_nextn_predict_layers); None: the architecture's own (planner.layouts.speculation)
     mtp_layers: int | None = Field(None, ge=0, le=1_000)
     attention_sinks: bool = False  # a learned sink logit per head and layer (gpt-oss)
+    # A vision-language checkpoint's vision encoder (Qwen3-VL's ViT and its patch mergers):
+    # its weights, held beside the decoder's in 16 bits. The requests modelled are text, which
+    # never run it, so it costs memory, not time. ``vision_params``: all of its weights;
+    # ``vision_replicated_params``: those every TP rank holds whole (the patch and position
+    # embeddings, the norms, the row-parallel layers' biases), the rest split over the ranks as
+    # vLLM's vision blocks split their linear layers
+    vision_params: int = Field(0, ge=0, le=10**13)
+    vision_replicated_params: int = Field(0, ge=0, le=10**13)
     # The officially reported counts (None for a bare config.json, which states none).
     official_params: int | None = Field(None, gt=0, le=10**14)  # 100 trillion
     official_active_params: int | None = Field(None, gt=0, le=10**14)
@@ -430,6 +438,8 @@ class ModelSpec(_Frozen):
             raise ValueError("sliding_window with MLA attention is not modelled")
         if self.qk_norm_scope == "layer" and not self.qk_norm:
             raise ValueError("qk_norm_scope layer is given without qk_norm")
+        if self.vision_replicated_params > self.vision_params:
+            raise ValueError("vision_replicated_params exceeds vision_params")
         return self
 
     def quantized_at_load(self, weights: DType | str) -> bool:

@@ -454,7 +454,8 @@ def load_calibration(path: str | Path) -> Calibration:
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "mixtral", "qwen2", "qwen3", "qwen3_moe", "gemma",
                          "gemma2", "gemma3", "gemma3_text", "phi3", "gpt2", "gpt_oss",
-                         "deepseek_v2", "deepseek_v3", "glm4_moe", "minimax_m2")
+                         "deepseek_v2", "deepseek_v3", "glm4_moe", "minimax_m2", "qwen3_vl",
+                         "qwen3_vl_moe")
 # The model classes of those architectures as a config.json's ``architectures`` names them.
 # vLLM's model registry and SGLang's pick the model's code by this name, not by model_type, so
 # a checkpoint under a model_type of its own whose class is one of these runs as that
@@ -467,7 +468,11 @@ ARCHITECTURE_CLASSES = {
     "Gemma2ForCausalLM": "gemma2", "Gemma3ForCausalLM": "gemma3_text",
     "Phi3ForCausalLM": "phi3", "GPT2LMHeadModel": "gpt2", "GptOssForCausalLM": "gpt_oss",
     "DeepseekV2ForCausalLM": "deepseek_v2", "DeepseekV3ForCausalLM": "deepseek_v3",
-    "Glm4MoeForCausalLM": "glm4_moe", "MiniMaxM2ForCausalLM": "minimax_m2"}
+    "Glm4MoeForCausalLM": "glm4_moe", "MiniMaxM2ForCausalLM": "minimax_m2",
+    "Qwen3VLForConditionalGeneration": "qwen3_vl",
+    "Qwen3VLMoeForConditionalGeneration": "qwen3_vl_moe"}
+# Qwen3-VL's language model is Qwen3's (dense or MoE), in its config's text_config
+QWEN3_VL_TEXT = {"qwen3_vl": "qwen3", "qwen3_vl_moe": "qwen3_moe"}
 # transformers' Gemma3TextConfig defaults: the official multimodal configs leave these out of
 # text_config (google/gemma-3-27b-it's states only the sizes that differ).
 GEMMA3_TEXT_DEFAULTS = {"vocab_size": 262208, "hidden_size": 2304, "intermediate_size": 9216,
@@ -641,6 +646,19 @@ def _model_from_hf_config(cfg: dict, path: str) -> ModelSpec:
         cfg = {"_name_or_path": cfg.get("_name_or_path"), **GEMMA3_TEXT_DEFAULTS,
                **cfg["text_config"], "model_type": "gemma3_text"}
     mt = _modelled_type(cfg, path)
+    wrapper, vision = None, None
+    if mt in QWEN3_VL_TEXT:
+        # the vision-language checkpoint: its language model is Qwen3's, in text_config; its
+        # vision encoder's weights are counted (``_qwen3_vl_vision``), its work is not (the
+        # requests modelled are text)
+        text = cfg.get("text_config")
+        if not isinstance(text, dict):
+            raise SpecError(f"{path}: text_config: expected the language model's fields")
+        vision = _qwen3_vl_vision(cfg.get("vision_config"), path)
+        tie = text.get("tie_word_embeddings", cfg.get("tie_word_embeddings"))
+        wrapper, mt = mt, QWEN3_VL_TEXT[mt]
+        cfg = {"_name_or_path": cfg.get("_name_or_path"), **text, "model_type": mt,
+               "tie_word_embeddings": tie}
     # a snapshot's config.json is named by its folder; any other file by its own name
     stem = Path(path).stem
     name = cfg.get("_name_or_path") or (Path(path).parent.name if stem == "config" else stem)
@@ -750,6 +768,9 @@ def _model_from_hf_config(cfg: dict, path: str) -> ModelSpec:
         d["mtp_layers"] = _opt_int(cfg, "num_nextn_predict_layers", path, None, least=0)
     if mt == "minimax_m2":
         d.update(_minimax_m2(cfg, path))
+    if wrapper is not None:  # Qwen3-VL: named as the checkpoint's class, its encoder counted
+        d.update(architecture=wrapper, vision_params=vision[0],
+                 vision_replicated_params=vision[1])
     experts = {"mixtral": "num_local_experts", "gpt_oss": "num_local_experts",
                "minimax_m2": "num_local_experts",
                "qwen3_moe": "num_experts"}.get(mt, "n_routed_experts")
@@ -757,6 +778,45 @@ def _model_from_hf_config(cfg: dict, path: str) -> ModelSpec:
         **_HF_KEYS, "moe.num_experts": experts,
         "moe.expert_intermediate_size": "intermediate_size"
         if mt in ("mixtral", "gpt_oss", "minimax_m2") else "moe_intermediate_size"})
+
+
+def _qwen3_vl_vision(vc: Any, path: str) -> tuple[int, int]:
+    """(all, every-rank) weights of Qwen3-VL's vision encoder from its ``vision_config``, as
+    transformers' Qwen3VLVisionModel and vLLM's qwen3_vl.py build it: a Conv3d patch embedding
+    (in_channels x temporal_patch_size x patch_size^2 x hidden, with a bias); a learned
+    position embedding of num_position_embeddings; depth blocks, each two LayerNorms (weight
+    and bias), attention (a fused qkv with biases, an output projection with a bias) and an
+    MLP of intermediate_size (two projections with biases); a patch merger (a LayerNorm over
+    hidden, then hidden x m^2 -> hidden x m^2 -> out_hidden_size, m the spatial_merge_size,
+    both with biases), and one more merger per deepstack_visual_indexes entry whose LayerNorm
+    is over hidden x m^2. Held whole on every TP rank: the embeddings, the norms and the
+    row-parallel layers' biases (the output projection's, the MLP's second and each merger's
+    second)."""
+    if not isinstance(vc, dict):
+        raise SpecError(f"{path}: vision_config: expected the vision encoder's fields")
+    keys = ("hidden_size", "intermediate_size", "depth", "patch_size", "temporal_patch_size",
+            "in_channels", "num_position_embeddings", "out_hidden_size", "spatial_merge_size")
+    v = {}
+    for k in keys:
+        x = vc.get(k)
+        if isinstance(x, bool) or not isinstance(x, int) or x < 1 or x > 10**7:
+            raise SpecError(f"{path}: vision_config.{k}: expected a whole number from 1, got "
+                            f"{x!r:.40}")
+        v[k] = x
+    deep = vc.get("deepstack_visual_indexes") or []
+    if not isinstance(deep, list) or len(deep) > v["depth"]:
+        raise SpecError(f"{path}: vision_config.deepstack_visual_indexes: expected a list of "
+                        "block indices")
+    h, i, out = v["hidden_size"], v["intermediate_size"], v["out_hidden_size"]
+    merged = h * v["spatial_merge_size"] ** 2
+    embed = (v["in_channels"] * v["temporal_patch_size"] * v["patch_size"] ** 2 * h + h
+             + v["num_position_embeddings"] * h)
+    block_split = 3 * h * h + 3 * h + h * h + h * i + i + i * h
+    block_whole = 4 * h + h + h  # two LayerNorms; the output projection's and fc2's biases
+    merger_split = merged * merged + merged + merged * out
+    mergers_whole = (2 * h + out) + len(deep) * (2 * merged + out)
+    whole = embed + v["depth"] * block_whole + mergers_whole
+    return whole + v["depth"] * block_split + (1 + len(deep)) * merger_split, whole
 
 
 def _minimax_m2(cfg: dict, path: str) -> dict[str, Any]:

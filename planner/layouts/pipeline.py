@@ -178,6 +178,8 @@ def weights_of_stage(m: ModelSpec, p: Precision, tp: int, start: int, end: int, 
         if key.startswith("embed/"):
             # a tied lm_head is the embedding: the last stage holds it too
             total += b * (first + (last and m.tie_word_embeddings))
+        elif key.startswith("vision/"):  # the vision encoder runs before the first layer
+            total += b * first
         elif key in ("lm_head", "norms/final"):
             total += b * last
         elif key.startswith("mlp/"):

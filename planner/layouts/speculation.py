@@ -206,7 +206,8 @@ class SpeculationResult:
 
 def mtp_layer(m: ModelSpec) -> ModelSpec:
     """The MTP module as a one-layer model of the target's shape (its last layer's kind)."""
-    upd: dict = {"num_layers": 1, "name": f"{m.name}-mtp"}
+    upd: dict = {"num_layers": 1, "name": f"{m.name}-mtp", "vision_params": 0,
+                 "vision_replicated_params": 0}
     if m.moe is not None:
         upd["moe"] = m.moe.model_copy(update={"first_dense_layers": 0})
     if m.sliding_window_pattern:
