@@ -291,3 +291,22 @@ def test_qwen3_vl_through_the_cli(run_json):
     assert d["weights_bytes"] - text["weights_bytes"] == vision * 2
     assert any("vision encoder's 0.58B parameters" in n for n in d["notes"])
     assert not any("vision" in n for n in text["notes"])
+
+
+def test_kimi_k25_is_read_as_its_language_model_with_its_experts_as_stored():
+    """Kimi-K2.5 wraps Kimi-K2's DeepseekV3ForCausalLM in a vision-language config whose
+    text_config also says how the checkpoint stores it (compressed-tensors int4 in groups of
+    32 for the routed experts, the rest 16-bit); its MoonViT encoder is not counted, and the
+    output says so."""
+    m = _read(_cfg("kimi-k2.5"), "kimi-k2.5.json")
+    assert m.architecture == "deepseek_v3" and m.vision_uncounted and not m.vision_params
+    assert count_params(m) == _kimi_k2_params()
+    q = m.quantization
+    assert (q.weights.value, q.group_size, q.quantized_layers) == ("int4", 32, "experts")
+    assert not _read(_cfg("kimi-k2")).vision_uncounted  # a text checkpoint has none
+
+
+def test_kimi_k25_through_the_cli(run_json):
+    d = run_json("estimate", "-m", str(HF / "kimi-k2.5.json"), "-g", "b200", "--tp", "8")
+    assert d["weights"] == "int4" and d["params"] == _kimi_k2_params()
+    assert any("vision encoder is not counted" in n for n in d["notes"])

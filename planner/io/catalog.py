@@ -473,6 +473,9 @@ ARCHITECTURE_CLASSES = {
     "Qwen3VLMoeForConditionalGeneration": "qwen3_vl_moe"}
 # Qwen3-VL's language model is Qwen3's (dense or MoE), in its config's text_config
 QWEN3_VL_TEXT = {"qwen3_vl": "qwen3", "qwen3_vl_moe": "qwen3_moe"}
+# what ``_modelled_type`` answers for another vision-language checkpoint whose text_config is
+# a language model modelled here (moonshotai/Kimi-K2.5: kimi_k25 around a DeepseekV3ForCausalLM)
+TEXT_WRAPPER = "text_config"
 # transformers' Gemma3TextConfig defaults: the official multimodal configs leave these out of
 # text_config (google/gemma-3-27b-it's states only the sizes that differ).
 GEMMA3_TEXT_DEFAULTS = {"vocab_size": 262208, "hidden_size": 2304, "intermediate_size": 9216,
@@ -581,6 +584,12 @@ def model_from_hf_config(cfg: dict, path: str) -> ModelSpec:
     from planner.io.quant_config import checkpoint_half, model_checkpoint_quant
 
     _modelled_type(cfg, path)  # an architecture not modelled is the first thing to say
+    text = cfg.get("text_config")
+    if isinstance(text, dict) and "quantization_config" not in cfg and \
+            "quantization_config" in text:
+        # a vision-language checkpoint whose language model states how it is stored
+        # (Kimi-K2.5's int4 experts): read as the checkpoint's
+        cfg = {**cfg, "quantization_config": text["quantization_config"]}
     bad = _non_finite(cfg)
     if bad is not None:  # JSON has no NaN or Infinity; Python's reader lets them through
         field, value = bad
@@ -630,19 +639,29 @@ def _modelled_type(cfg: Any, path: str) -> str:
     if isinstance(archs, list) and len(archs) == 1 and isinstance(archs[0], str) and \
             archs[0] in ARCHITECTURE_CLASSES:
         return ARCHITECTURE_CLASSES[archs[0]]
+    text = cfg.get("text_config")
+    if isinstance(text, dict) and not isinstance(text.get("text_config"), dict):
+        try:  # a vision-language wrapper around a language model modelled here
+            _modelled_type(text, path)
+            return TEXT_WRAPPER
+        except SpecError:
+            pass
     named = f" (architectures {archs[0]!r:.60})" if isinstance(archs, list) and archs else ""
     raise SpecError(f"{path}: model_type: {mt!r:.60}{named} is not supported; supported: "
-                    f"{', '.join(SUPPORTED_MODEL_TYPES)}, or a config whose architectures "
-                    "names one of their model classes")
+                    f"{', '.join(SUPPORTED_MODEL_TYPES)}, a config whose architectures "
+                    "names one of their model classes, or a vision-language one whose "
+                    "text_config is one of those")
 
 
 def _model_from_hf_config(cfg: dict, path: str) -> ModelSpec:
     if not isinstance(cfg, dict):
         raise SpecError(f"{path}: expected a JSON object")
     mt = cfg.get("model_type")
+    uncounted = False
     if mt == "gemma3" and isinstance(cfg.get("text_config"), dict):
         # the multimodal checkpoint: its language model is the text config (the vision tower
-        # is not modelled); the name stays the checkpoint's
+        # is not counted: ``vision_uncounted``); the name stays the checkpoint's
+        uncounted = "vision_config" in cfg
         cfg = {"_name_or_path": cfg.get("_name_or_path"), **GEMMA3_TEXT_DEFAULTS,
                **cfg["text_config"], "model_type": "gemma3_text"}
     mt = _modelled_type(cfg, path)
@@ -659,6 +678,15 @@ def _model_from_hf_config(cfg: dict, path: str) -> ModelSpec:
         wrapper, mt = mt, QWEN3_VL_TEXT[mt]
         cfg = {"_name_or_path": cfg.get("_name_or_path"), **text, "model_type": mt,
                "tie_word_embeddings": tie}
+    if mt == TEXT_WRAPPER:
+        # its language model alone, the vision encoder (vision_config) not counted; the name
+        # stays the checkpoint's
+        text = cfg["text_config"]
+        uncounted = "vision_config" in cfg
+        cfg = {"_name_or_path": cfg.get("_name_or_path"), **text,
+               "tie_word_embeddings": text.get("tie_word_embeddings",
+                                               cfg.get("tie_word_embeddings"))}
+        mt = _modelled_type(cfg, path)
     # a snapshot's config.json is named by its folder; any other file by its own name
     stem = Path(path).stem
     name = cfg.get("_name_or_path") or (Path(path).parent.name if stem == "config" else stem)
@@ -771,6 +799,8 @@ def _model_from_hf_config(cfg: dict, path: str) -> ModelSpec:
     if wrapper is not None:  # Qwen3-VL: named as the checkpoint's class, its encoder counted
         d.update(architecture=wrapper, vision_params=vision[0],
                  vision_replicated_params=vision[1])
+    if uncounted:
+        d["vision_uncounted"] = True
     experts = {"mixtral": "num_local_experts", "gpt_oss": "num_local_experts",
                "minimax_m2": "num_local_experts",
                "qwen3_moe": "num_experts"}.get(mt, "n_routed_experts")
