@@ -108,7 +108,9 @@ def test_mtp_follows_what_the_checkpoint_ships():
     with pytest.raises(UsageError, match="ships no multi-token-prediction layer"):
         check_method(_read(_cfg("kimi-k2")), "mtp")
     check_method(_read(_cfg("deepseek-v3")), "mtp")  # num_nextn_predict_layers: 1
-    check_method(load_model("deepseek-r1"), "mtp")  # mtp_layers: 1 in models_db
+    r1 = load_model("deepseek-r1")
+    assert r1.mtp_layers == 1  # stated in models_db, not only implied by the architecture
+    check_method(r1, "mtp")
     cfg = {**_cfg("deepseek-v3"), "num_nextn_predict_layers": 0}
     with pytest.raises(UsageError):
         check_method(_read(cfg), "mtp")
@@ -166,35 +168,53 @@ def test_minimax_m2_norms_q_and_k_on_each_rank_and_all_reduces_their_sums():
 
 
 @settings(max_examples=30, deadline=None)
-@given(tp=st.sampled_from([1, 2, 4, 8]), q_heads=st.sampled_from([8, 16, 48, 64]),
-       kv_heads=st.sampled_from([8]), head_dim=st.sampled_from([64, 128]))
+@given(tp=st.sampled_from([1, 2, 4, 8, 16]), q_heads=st.sampled_from([16, 32, 48, 64]),
+       kv_heads=st.sampled_from([2, 4, 8, 16]), head_dim=st.sampled_from([64, 128]))
 def test_the_layer_norms_weights_are_split_over_the_ranks_and_add_up(tp, q_heads, kv_heads,
                                                                      head_dim):
     """Whatever the shape, the TP ranks' shares of a per-layer q/k norm's weights add up to
-    the checkpoint's (and a per-head norm's are held whole on every rank)."""
-    base = {**_cfg("minimax-m2.5"), "num_attention_heads": q_heads,
-            "num_key_value_heads": kv_heads, "head_dim": head_dim}
+    the checkpoint's, and a TP above the KV heads (which would replicate them) is refused, as
+    vLLM cannot load it; a per-head norm (Qwen3's) is held whole on every rank."""
+    m = _read({**_cfg("minimax-m2.5"), "num_attention_heads": q_heads,
+               "num_key_value_heads": kv_heads, "head_dim": head_dim})
     prec = Precision.of("bf16")
-    for kind, whole in (("per_layer", False), ("per_head", True)):
-        m = _read({**base, "qk_norm_type": kind})
-        key = "attention/qk_norm_layer" if kind == "per_layer" else "attention/qk_norm"
-        n = param_breakdown(m)[key]
-        per_gpu = weight_bytes_breakdown(m, prec, tp=tp)[key]
-        assert per_gpu * (1 if whole else tp) == n * 2
-        assert n == 62 * ((q_heads + kv_heads) * head_dim if kind == "per_layer"
-                          else 2 * head_dim)
+    n = param_breakdown(m)["attention/qk_norm_layer"]
+    assert n == 62 * (q_heads + kv_heads) * head_dim
+    shape = StepShape.uniform(4, 1, 256)
+    if tp > kv_heads or q_heads % tp:
+        with pytest.raises(UsageError, match="tp"):
+            shape_ops(m, prec, shape, tp=tp)
+        return
+    assert weight_bytes_breakdown(m, prec, tp=tp)["attention/qk_norm_layer"] * tp == n * 2
+    ops = {o.name: o for o in shape_ops(m, prec, shape, tp=tp)}
+    assert ops["qk_norm"].weight_bytes * tp == (q_heads + kv_heads) * head_dim * 2
+    q = load_model("qwen3-8b")
+    if 32 % tp == 0 and (8 % tp == 0 or tp % 8 == 0):
+        assert weight_bytes_breakdown(q, prec, tp=tp)["attention/qk_norm"] == \
+            36 * 2 * 128 * 2  # every rank holds each head's two norms whole
 
 
 @pytest.mark.parametrize("field,value,said", [
     ("shared_intermediate_size", 1024, "a shared expert is not modelled"),
     ("attn_type_list", [0, 1] * 31, "linear attention"),
     ("attn_type_list", "all", "linear attention"),
-    ("qk_norm_type", "per_token", "qk_norm_type: expected per_layer or per_head"),
     ("use_routing_bias", "yes", "use_routing_bias: expected true or false"),
 ])
 def test_a_minimax_field_not_modelled_is_refused(field, value, said):
     with pytest.raises(SpecError, match=said):
         _read({**_cfg("minimax-m2.5"), field: value})
+
+
+def test_minimax_is_read_as_vllm_builds_it_not_as_its_flags_say():
+    """vLLM's MiniMaxM2ForCausalLM reads neither use_qk_norm nor qk_norm_type (its per-layer
+    norms are always there), passes no sliding window, and puts no bias on o_proj."""
+    base = _read(_cfg("minimax-m2.5"))
+    for change in ({"use_qk_norm": False}, {"qk_norm_type": "per_head"},
+                   {"sliding_window": 4096}):
+        assert _read({**_cfg("minimax-m2.5"), **change}) == base
+    biased = _read({**_cfg("minimax-m2.5"), "attention_bias": True})
+    assert (biased.attention_bias, biased.attention_out_bias) == (True, False)
+    assert count_params(biased) - count_params(base) == 62 * (6144 + 2 * 1024)
 
 
 def test_estimate_of_both_through_the_cli(run_json):
@@ -244,10 +264,11 @@ def test_qwen3_vl_counts_its_language_model_and_its_vision_encoder():
     moe = _read(_cfg("qwen3-vl-30b-a3b"))
     assert moe.architecture == "qwen3_vl_moe" and moe.moe.num_experts == 128
     assert moe.vision_params == 538_631_408  # the same encoder into 2,048, depth 27
+    assert count_params(moe) == 31_070_754_032  # its card's "31.1B"
 
 
 @pytest.mark.parametrize("tp", [1, 2, 4])
-def test_the_vision_encoder_is_in_16_bits_split_over_tp_on_the_first_stage(tp):
+def test_the_vision_encoder_is_in_16_bits_split_over_tp_on_every_stage(tp):
     m = _read(_cfg("qwen3-vl-8b"))
     vision, whole = _qwen3_vl_vision_params()
     for weights in ("bf16", "fp8"):
@@ -258,9 +279,11 @@ def test_the_vision_encoder_is_in_16_bits_split_over_tp_on_the_first_stage(tp):
     first = weights_of_stage(m, p, tp, 0, 18, True, False)
     second = weights_of_stage(m, p, tp, 18, 36, False, True)
     text = m.model_copy(update={"vision_params": 0, "vision_replicated_params": 0})
-    assert first - weights_of_stage(text, p, tp, 0, 18, True, False) == \
-        ((vision - whole) / tp + whole) * 2
-    assert second == weights_of_stage(text, p, tp, 18, 36, False, True)
+    # vLLM builds the encoder on every pipeline rank, though only the first runs it
+    for got, start, end, first_, last in ((first, 0, 18, True, False),
+                                           (second, 18, 36, False, True)):
+        assert got - weights_of_stage(text, p, tp, start, end, first_, last) == \
+            ((vision - whole) / tp + whole) * 2
     # vLLM's --cpu-offload-gb moves decoder layers, not the encoder; an MTP drafter has none
     assert offloadable_weight_bytes(m, p, tp=tp) == offloadable_weight_bytes(text, p, tp=tp)
     assert mtp_layer(m).vision_params == 0
@@ -309,4 +332,30 @@ def test_kimi_k25_is_read_as_its_language_model_with_its_experts_as_stored():
 def test_kimi_k25_through_the_cli(run_json):
     d = run_json("estimate", "-m", str(HF / "kimi-k2.5.json"), "-g", "b200", "--tp", "8")
     assert d["weights"] == "int4" and d["params"] == _kimi_k2_params()
-    assert any("vision encoder is not counted" in n for n in d["notes"])
+    assert any("encoder is not counted" in n for n in d["notes"])
+
+
+def test_gemma3_multimodal_says_its_encoder_is_left_out():
+    assert _read(_cfg("gemma-3-27b")).vision_uncounted
+    for name in ("gemma-3-4b", "gemma-3-27b"):
+        assert load_model(name).vision_uncounted
+    assert not load_model("qwen3-8b").vision_uncounted
+
+
+def test_any_encoder_beside_the_language_model_is_said_to_be_left_out():
+    """A wrapper's other encoders (an audio_config, say) are not counted either, and said so;
+    a wrapper of the language model alone has nothing to say."""
+    text = _cfg("qwen3-8b")
+    audio = {"model_type": "acme_audio", "architectures": ["AcmeAudioForConditionalGeneration"],
+             "text_config": text, "audio_config": {"d_model": 1280, "encoder_layers": 32}}
+    assert _read(audio).vision_uncounted
+    assert not _read({"model_type": "acme_wrap", "text_config": text}).vision_uncounted
+
+
+def test_a_wrappers_own_tie_word_embeddings_wins_over_its_text_configs():
+    # vLLM copies the top level's flag into the text config (vllm/config/vllm.py, 0.19.1)
+    cfg = _cfg("qwen3-vl-8b")
+    cfg["text_config"] = {**cfg["text_config"], "tie_word_embeddings": True}
+    assert not _read(cfg).tie_word_embeddings  # the top level says false
+    cfg.pop("tie_word_embeddings")
+    assert _read(cfg).tie_word_embeddings  # none there: the text config's

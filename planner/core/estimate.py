@@ -416,8 +416,8 @@ def estimate_prepared(model: ModelSpec, hardware: HardwareSpec, prep: Prepared, 
     if tp > model.num_kv_heads and model.mla is None:
         notes.append(f"tp {tp} > {model.num_kv_heads} KV heads: KV heads replicated")
     if model.vision_uncounted:
-        notes.append("its vision encoder is not counted: the weights are its language "
-                     "model's alone, and the requests are text")
+        notes.append("its vision (or other) encoder is not counted: the weights are its "
+                     "language model's alone, and the requests are text")
     if model.vision_params:
         notes.append(f"the vision encoder's {model.vision_params / 1e9:.2f}B parameters are "
                      "in the weights (16-bit); the requests are text, which never run it, and "

@@ -201,6 +201,12 @@ def check_tp(m: ModelSpec, tp: int) -> None:
     if m.mla is None and m.num_kv_heads % tp and tp % m.num_kv_heads:
         raise UsageError(f"tp {tp} neither divides nor is a multiple of {m.name}'s "
                          f"{m.num_kv_heads} KV heads", fields=("tp",))
+    if m.qk_norm_scope == "layer" and tp > m.num_kv_heads:
+        # the k norm's weight is split as kv_dim / tp, narrower than a replicated KV head's
+        # keys (vLLM's MiniMaxText01RMSNormTP): the engine cannot load it
+        raise UsageError(f"tp {tp} is above {m.name}'s {m.num_kv_heads} KV heads: its "
+                         "per-layer q/k norm splits the k norm's weight over the ranks, which "
+                         "vLLM cannot do with KV heads replicated", fields=("tp",))
 
 
 def kv_heads_per_gpu(m: ModelSpec, tp: int) -> float:

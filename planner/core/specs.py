@@ -405,8 +405,8 @@ class ModelSpec(_Frozen):
     # vLLM's vision blocks split their linear layers
     vision_params: int = Field(0, ge=0, le=10**13)
     vision_replicated_params: int = Field(0, ge=0, le=10**13)
-    # a vision-language checkpoint read as its language model alone, its vision encoder not
-    # counted (one whose layout is not modelled here: Kimi-K2.5's MoonViT)
+    # a multimodal checkpoint read as its language model alone, its encoder not counted (one
+    # whose layout is not modelled here: Kimi-K2.5's MoonViT, Gemma-3's SigLIP)
     vision_uncounted: bool = False
     # The officially reported counts (None for a bare config.json, which states none).
     official_params: int | None = Field(None, gt=0, le=10**14)  # 100 trillion

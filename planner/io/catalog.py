@@ -473,8 +473,8 @@ ARCHITECTURE_CLASSES = {
     "Qwen3VLMoeForConditionalGeneration": "qwen3_vl_moe"}
 # Qwen3-VL's language model is Qwen3's (dense or MoE), in its config's text_config
 QWEN3_VL_TEXT = {"qwen3_vl": "qwen3", "qwen3_vl_moe": "qwen3_moe"}
-# what ``_modelled_type`` answers for another vision-language checkpoint whose text_config is
-# a language model modelled here (moonshotai/Kimi-K2.5: kimi_k25 around a DeepseekV3ForCausalLM)
+# what ``_modelled_type`` answers for another multimodal checkpoint whose text_config is a
+# language model modelled here (moonshotai/Kimi-K2.5: kimi_k25 around a DeepseekV3ForCausalLM)
 TEXT_WRAPPER = "text_config"
 # transformers' Gemma3TextConfig defaults: the official multimodal configs leave these out of
 # text_config (google/gemma-3-27b-it's states only the sizes that differ).
@@ -509,7 +509,8 @@ def _sliding_window(cfg: dict, mt: str, layers: int, path: str) -> dict[str, Any
         raise SpecError(f"{path}: max_window_layers: expected a whole number")
     if mt in ("qwen2", "qwen3", "qwen3_moe") and not cfg.get("use_sliding_window"):
         return {}
-    if not window or mt in ("llama", "gpt2", "deepseek_v2", "deepseek_v3", "glm4_moe", "gemma"):
+    if not window or mt in ("llama", "gpt2", "deepseek_v2", "deepseek_v3", "glm4_moe",
+                            "minimax_m2", "gemma"):
         return {}
     types = cfg.get("layer_types")
     if types is not None:
@@ -649,7 +650,7 @@ def _modelled_type(cfg: Any, path: str) -> str:
     named = f" (architectures {archs[0]!r:.60})" if isinstance(archs, list) and archs else ""
     raise SpecError(f"{path}: model_type: {mt!r:.60}{named} is not supported; supported: "
                     f"{', '.join(SUPPORTED_MODEL_TYPES)}, a config whose architectures "
-                    "names one of their model classes, or a vision-language one whose "
+                    "names one of their model classes, or a multimodal one whose "
                     "text_config is one of those")
 
 
@@ -674,7 +675,7 @@ def _model_from_hf_config(cfg: dict, path: str) -> ModelSpec:
         if not isinstance(text, dict):
             raise SpecError(f"{path}: text_config: expected the language model's fields")
         vision = _qwen3_vl_vision(cfg.get("vision_config"), path)
-        tie = text.get("tie_word_embeddings", cfg.get("tie_word_embeddings"))
+        tie = _wrapped_tie(cfg, text)
         wrapper, mt = mt, QWEN3_VL_TEXT[mt]
         cfg = {"_name_or_path": cfg.get("_name_or_path"), **text, "model_type": mt,
                "tie_word_embeddings": tie}
@@ -682,10 +683,13 @@ def _model_from_hf_config(cfg: dict, path: str) -> ModelSpec:
         # its language model alone, the vision encoder (vision_config) not counted; the name
         # stays the checkpoint's
         text = cfg["text_config"]
-        uncounted = "vision_config" in cfg
+        # every encoder the wrapper configures beside its language model (vision_config,
+        # audio_config, ...) is left out, and said so
+        uncounted = any(k.endswith("_config") and isinstance(v, dict) and
+                        k not in ("text_config", "quantization_config")
+                        for k, v in cfg.items())
         cfg = {"_name_or_path": cfg.get("_name_or_path"), **text,
-               "tie_word_embeddings": text.get("tie_word_embeddings",
-                                               cfg.get("tie_word_embeddings"))}
+               "tie_word_embeddings": _wrapped_tie(cfg, text)}
         mt = _modelled_type(cfg, path)
     # a snapshot's config.json is named by its folder; any other file by its own name
     stem = Path(path).stem
@@ -724,9 +728,10 @@ def _model_from_hf_config(cfg: dict, path: str) -> ModelSpec:
     if mt == "qwen2":
         d["attention_bias"] = True  # Qwen2 always carries q, k, v biases
     elif _opt_bool(cfg, "attention_bias", path, False):
-        # Llama's and gpt-oss's flag covers o_proj too; Qwen3's and GLM-4.5's only q, k, v
+        # Llama's and gpt-oss's flag covers o_proj too; Qwen3's, GLM-4.5's and MiniMax-M2's
+        # only q, k, v
         d["attention_bias"] = True
-        d["attention_out_bias"] = mt not in ("qwen3", "qwen3_moe", "glm4_moe")
+        d["attention_out_bias"] = mt not in ("qwen3", "qwen3_moe", "glm4_moe", "minimax_m2")
     if _opt_bool(cfg, "mlp_bias", path, False):
         d["mlp_bias"] = True
     if mt in ("gemma2", "gemma3_text"):
@@ -810,6 +815,14 @@ def _model_from_hf_config(cfg: dict, path: str) -> ModelSpec:
         if mt in ("mixtral", "gpt_oss", "minimax_m2") else "moe_intermediate_size"})
 
 
+def _wrapped_tie(cfg: dict, text: dict) -> Any:
+    """A multimodal wrapper's tie_word_embeddings: its own where it states one (vLLM copies
+    the top level's into the text config, vllm/config/vllm.py at 0.19.1), else its
+    text_config's."""
+    top = cfg.get("tie_word_embeddings")
+    return top if top is not None else text.get("tie_word_embeddings")
+
+
 def _qwen3_vl_vision(vc: Any, path: str) -> tuple[int, int]:
     """(all, every-rank) weights of Qwen3-VL's vision encoder from its ``vision_config``, as
     transformers' Qwen3VLVisionModel and vLLM's qwen3_vl.py build it: a Conv3d patch embedding
@@ -850,14 +863,16 @@ def _qwen3_vl_vision(vc: Any, path: str) -> tuple[int, int]:
 
 
 def _minimax_m2(cfg: dict, path: str) -> dict[str, Any]:
-    """MiniMax-M2's fields beyond the common ones, as vLLM's MiniMaxM2ForCausalLM reads them
-    (vllm/model_executor/models/minimax_m2.py): every layer a mixture of
+    """MiniMax-M2's fields beyond the common ones, as vLLM 0.19.1's MiniMaxM2ForCausalLM
+    builds the model (vllm/model_executor/models/minimax_m2.py): every layer a mixture of
     ``num_local_experts`` experts of width ``intermediate_size``, ``num_experts_per_tok`` a
     token, routed by sigmoid scores with a per-expert bias (``use_routing_bias``); full
-    attention with an RMSNorm over the whole q and the whole k of a layer
-    (``qk_norm_type`` per_layer). Its multi-token-prediction modules (``use_mtp``) are loaded
-    only as a speculative drafter, so not counted; rotary_dim (RoPE over part of a head) is
-    elementwise work the model does not price apart."""
+    attention (no window passed) with q, k, v biases where ``attention_bias`` (none on
+    o_proj), and an RMSNorm over the whole q and the whole k of every layer, split over the
+    TP ranks (MiniMaxText01RMSNormTP), whatever ``use_qk_norm`` and ``qk_norm_type`` say: vLLM
+    reads neither. Its multi-token-prediction modules (``use_mtp``) are loaded only as a
+    speculative drafter, so not counted; rotary_dim (RoPE over part of a head) is elementwise
+    work the model does not price apart."""
     if _opt_int(cfg, "shared_intermediate_size", path, 0, least=0):
         raise SpecError(f"{path}: shared_intermediate_size: a shared expert is not modelled "
                         "for model_type minimax_m2")
@@ -869,13 +884,8 @@ def _minimax_m2(cfg: dict, path: str) -> dict[str, Any]:
         "num_experts": _req(cfg, "num_local_experts", path),
         "experts_per_token": _req(cfg, "num_experts_per_tok", path),
         "expert_intermediate_size": _req(cfg, "intermediate_size", path),
-        "router_bias": _opt_bool(cfg, "use_routing_bias", path, False)}}
-    if _opt_bool(cfg, "use_qk_norm", path, False):
-        kind = cfg.get("qk_norm_type", "per_layer")
-        if kind not in ("per_layer", "per_head"):
-            raise SpecError(f"{path}: qk_norm_type: expected per_layer or per_head, got "
-                            f"{kind!r:.40}")
-        out.update(qk_norm=True, qk_norm_scope="layer" if kind == "per_layer" else "head")
+        "router_bias": _opt_bool(cfg, "use_routing_bias", path, False)},
+        "qk_norm": True, "qk_norm_scope": "layer"}
     return out
 
 

@@ -178,8 +178,10 @@ def weights_of_stage(m: ModelSpec, p: Precision, tp: int, start: int, end: int, 
         if key.startswith("embed/"):
             # a tied lm_head is the embedding: the last stage holds it too
             total += b * (first + (last and m.tie_word_embeddings))
-        elif key.startswith("vision/"):  # the vision encoder runs before the first layer
-            total += b * first
+        elif key.startswith("vision/"):
+            # vLLM builds the vision encoder on every pipeline rank (qwen3_vl.py at 0.19.1
+            # has no rank check), though only the first runs it
+            total += b
         elif key in ("lm_head", "norms/final"):
             total += b * last
         elif key.startswith("mlp/"):

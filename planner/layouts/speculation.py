@@ -276,8 +276,10 @@ def check_method(m: ModelSpec, method: str) -> None:
     """MTP needs a model that ships the layer."""
     if method == "mtp" and not has_mtp(m):
         raise UsageError(f"speculative mtp: {m.name} ships no multi-token-prediction layer "
-                         f"(only {', '.join(MTP_ARCHITECTURES)} checkpoints that ship one "
-                         "do); use draft-model, eagle3 or ngram", fields=("speculative",))
+                         "this models (one its config.json counts in "
+                         "num_nextn_predict_layers, or a built-in "
+                         f"{', '.join(MTP_ARCHITECTURES)} model's); use draft-model, eagle3 "
+                         "or ngram", fields=("speculative",))
 
 
 def check_tokenizer(m: ModelSpec, draft: ModelSpec) -> None:
