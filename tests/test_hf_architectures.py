@@ -335,10 +335,36 @@ def test_kimi_k25_through_the_cli(run_json):
     assert any("encoder is not counted" in n for n in d["notes"])
 
 
-def test_gemma3_multimodal_says_its_encoder_is_left_out():
-    assert _read(_cfg("gemma-3-27b")).vision_uncounted
-    for name in ("gemma-3-4b", "gemma-3-27b"):
-        assert load_model(name).vision_uncounted
+def _siglip_params(text_hidden: int) -> tuple[int, int]:
+    """Gemma-3's vision_config, term by term: SigLIP's Conv2d patch embedding (3 channels x
+    14 x 14 pixels into 1,152, with a bias) and 64 x 64 positions; 27 blocks of two
+    LayerNorms, q, k, v and output projections with biases and an MLP of 4,304 with biases; a
+    final LayerNorm; the projector, 1,152 x the text hidden size and an RMSNorm of 1,152.
+    Whole on every rank: embeddings, norms, the row-parallel biases, the projector."""
+    h, i, L = 1152, 4304, 27
+    embed = 3 * 14 * 14 * h + h + 64 * 64 * h
+    split = L * (3 * (h * h + h) + h * h + h * i + i + i * h)
+    whole = embed + L * 6 * h + 2 * h + (h * text_hidden + h)
+    return split + whole, whole
+
+
+def test_gemma3_multimodal_counts_its_siglip_encoder():
+    m = _read(_cfg("gemma-3-27b"))
+    vision, whole = _siglip_params(5376)
+    assert (m.vision_params, m.vision_replicated_params) == (vision, whole)
+    assert not m.vision_uncounted
+    # the encoder alone is the Gemma 3 report's "417M" (table 1); the checkpoint 27.4B
+    assert vision - (1152 * 5376 + 1152) == 416_866_032
+    assert count_params(m) == 27_432_406_640
+    # the report: 417M + 1,416M + 25,600M
+    assert count_params(m) == pytest.approx(27_433e6, rel=1e-4)
+    # the built-ins carry the same figures (their text_config alike: test_cli's match)
+    assert load_model("gemma-3-27b").vision_params == vision
+    assert load_model("gemma-3-4b").vision_params == _siglip_params(2560)[0]
+    headed = _cfg("gemma-3-27b")
+    headed["vision_config"] = {**headed["vision_config"], "vision_use_head": True}
+    h = _read(headed)  # a pooling head is not modelled: the encoder left out, and said so
+    assert h.vision_uncounted and h.vision_params == 0
     assert not load_model("qwen3-8b").vision_uncounted
 
 

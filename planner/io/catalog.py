@@ -658,15 +658,18 @@ def _model_from_hf_config(cfg: dict, path: str) -> ModelSpec:
     if not isinstance(cfg, dict):
         raise SpecError(f"{path}: expected a JSON object")
     mt = cfg.get("model_type")
-    uncounted = False
+    uncounted, vision = False, None
     if mt == "gemma3" and isinstance(cfg.get("text_config"), dict):
-        # the multimodal checkpoint: its language model is the text config (the vision tower
-        # is not counted: ``vision_uncounted``); the name stays the checkpoint's
-        uncounted = "vision_config" in cfg
-        cfg = {"_name_or_path": cfg.get("_name_or_path"), **GEMMA3_TEXT_DEFAULTS,
-               **cfg["text_config"], "model_type": "gemma3_text"}
+        # the multimodal checkpoint: its language model is the text config, its SigLIP vision
+        # encoder and projector counted where ``_siglip_vision`` can (else not counted:
+        # ``vision_uncounted``); the name stays the checkpoint's
+        text = {**GEMMA3_TEXT_DEFAULTS, **cfg["text_config"]}
+        if "vision_config" in cfg:
+            vision = _siglip_vision(cfg["vision_config"], text.get("hidden_size"), path)
+            uncounted = vision is None
+        cfg = {"_name_or_path": cfg.get("_name_or_path"), **text, "model_type": "gemma3_text"}
     mt = _modelled_type(cfg, path)
-    wrapper, vision = None, None
+    wrapper = None
     if mt in QWEN3_VL_TEXT:
         # the vision-language checkpoint: its language model is Qwen3's, in text_config; its
         # vision encoder's weights are counted (``_qwen3_vl_vision``), its work is not (the
@@ -801,9 +804,10 @@ def _model_from_hf_config(cfg: dict, path: str) -> ModelSpec:
         d["mtp_layers"] = _opt_int(cfg, "num_nextn_predict_layers", path, None, least=0)
     if mt == "minimax_m2":
         d.update(_minimax_m2(cfg, path))
-    if wrapper is not None:  # Qwen3-VL: named as the checkpoint's class, its encoder counted
-        d.update(architecture=wrapper, vision_params=vision[0],
-                 vision_replicated_params=vision[1])
+    if wrapper is not None:  # Qwen3-VL: named as the checkpoint's class
+        d["architecture"] = wrapper
+    if vision is not None:  # its vision encoder counted
+        d.update(vision_params=vision[0], vision_replicated_params=vision[1])
     if uncounted:
         d["vision_uncounted"] = True
     experts = {"mixtral": "num_local_experts", "gpt_oss": "num_local_experts",
@@ -821,6 +825,43 @@ def _wrapped_tie(cfg: dict, text: dict) -> Any:
     text_config's."""
     top = cfg.get("tie_word_embeddings")
     return top if top is not None else text.get("tie_word_embeddings")
+
+
+def _siglip_vision(vc: Any, text_hidden: Any, path: str) -> tuple[int, int] | None:
+    """(all, every-rank) weights of Gemma-3's vision encoder and projector from its
+    ``vision_config``, as transformers' SiglipVisionModel (no pooling head) and
+    Gemma3MultiModalProjector build them, and vLLM's siglip.py / gemma3_mm.py split them: a
+    Conv2d patch embedding (num_channels x patch_size^2 x hidden, with a bias) and
+    (image_size / patch_size)^2 learned positions; num_hidden_layers blocks of two
+    LayerNorms (weight and bias), q, k, v and output projections with biases and an MLP of
+    intermediate_size (two projections with biases); a final LayerNorm; then the projector,
+    a hidden x text hidden matrix and an RMSNorm of hidden. The Gemma 3 report (arXiv
+    2503.19786, table 1) counts the encoder at 417M (416,866,032 here). Held whole on every
+    TP rank: the embeddings, the norms, the output projection's and the MLP's second bias,
+    and the projector. None where the encoder has a pooling head (``vision_use_head``),
+    which is not modelled: it is then not counted."""
+    if not isinstance(vc, dict):
+        raise SpecError(f"{path}: vision_config: expected the vision encoder's fields")
+    if vc.get("vision_use_head"):
+        return None
+    v = {}
+    for k, default in (("hidden_size", None), ("intermediate_size", None),
+                       ("num_hidden_layers", None), ("patch_size", None),
+                       ("image_size", None), ("num_channels", 3)):
+        x = vc.get(k, default)
+        if isinstance(x, bool) or not isinstance(x, int) or x < 1 or x > 10**7:
+            raise SpecError(f"{path}: vision_config.{k}: expected a whole number from 1, got "
+                            f"{x!r:.40}")
+        v[k] = x
+    if isinstance(text_hidden, bool) or not isinstance(text_hidden, int) or text_hidden < 1:
+        raise SpecError(f"{path}: text_config.hidden_size: expected a whole number")
+    h, i = v["hidden_size"], v["intermediate_size"]
+    embed = v["num_channels"] * v["patch_size"] ** 2 * h + h + \
+        (v["image_size"] // v["patch_size"]) ** 2 * h
+    block_split = 3 * (h * h + h) + h * h + h * i + i + i * h
+    block_whole = 4 * h + h + h  # two LayerNorms; the output projection's and fc2's biases
+    whole = embed + v["num_hidden_layers"] * block_whole + 2 * h + h * text_hidden + h
+    return whole + v["num_hidden_layers"] * block_split, whole
 
 
 def _qwen3_vl_vision(vc: Any, path: str) -> tuple[int, int]:
