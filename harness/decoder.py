@@ -383,7 +383,7 @@ class Decoder:
         self.layers = []
         moe = model.moe
         for i in range(self.n_layers):
-            if moe is not None and i >= moe.first_dense_layers:
+            if moe is not None and model.is_moe_layer(i):
                 gate_up, down = Experts(h, moe, weights=weights, dtype=act, device=dev), None
             else:
                 gate_up = Linear(h, 2 * model.intermediate_size, weights=weights, dtype=act,

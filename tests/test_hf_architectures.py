@@ -28,7 +28,7 @@ from planner.core.ops import (
 )
 from planner.core.specs import Precision
 from planner.io.catalog import load_model, model_from_hf_config
-from planner.layouts.pipeline import weights_of_stage
+from planner.layouts.pipeline import stage_ops, weights_of_stage
 from planner.layouts.speculation import check_method, mtp_layer
 
 HF = Path(__file__).parent / "fixtures" / "hf"
@@ -385,3 +385,62 @@ def test_a_wrappers_own_tie_word_embeddings_wins_over_its_text_configs():
     assert not _read(cfg).tie_word_embeddings  # the top level says false
     cfg.pop("tie_word_embeddings")
     assert _read(cfg).tie_word_embeddings  # none there: the text config's
+
+
+def _llama4_params(moe_layers: int, dense_layers: int, experts: int) -> int:
+    """Llama-4's language model: 48 layers of GQA attention (40 query heads and 8 KV heads of
+    128 over 5,120, no biases, a weightless q/k norm); MoE layers of `experts` routed experts
+    and one shared expert, each of width 8,192, with a router without bias; dense layers of
+    16,384; an untied vocabulary of 202,048."""
+    h, vocab = 5120, 202048
+    attention = 2 * h * 40 * 128 + 2 * h * 8 * 128
+    expert = 3 * h * 8192
+    moe = experts * expert + expert + experts * h
+    return (2 * vocab * h + 48 * (attention + 2 * h) + moe_layers * moe
+            + dense_layers * 3 * h * 16384 + h)
+
+
+def test_llama4_scout_and_maverick_count_as_their_cards_say():
+    scout = _read(_cfg("llama-4-scout"), "llama-4-scout.json")
+    assert scout.architecture == "llama4_text" and scout.num_moe_layers == 48
+    assert count_params(scout) == _llama4_params(48, 0, 16) == 107_769_861_120
+    mav = _read(_cfg("llama-4-maverick"))
+    assert mav.moe_layer_indices == tuple(range(1, 48, 2))  # interleave_moe_layer_step 2
+    assert count_params(mav) == _llama4_params(24, 24, 128) == 400_711_848_960  # "400B"
+    for m in (scout, mav):  # "17B active" (a token's routed expert, the shared one)
+        assert active_params(m) == pytest.approx(17e9, rel=0.02)
+        # chunked attention in three of four layers, NoPE global every fourth
+        assert (m.sliding_window, m.sliding_window_pattern) == (
+            8192, ("sliding", "sliding", "sliding", "full"))
+        assert not m.qk_norm  # a weightless L2 norm
+
+
+def test_interleaved_moe_layers_land_on_their_pipeline_stages():
+    mav = _read(_cfg("llama-4-maverick"))
+    p = Precision.of("bf16")
+    ops = shape_ops(mav, p, StepShape.uniform(4, 1, 512))
+    for start, end in ((0, 12), (12, 30), (30, 48)):
+        stage = {o.name: o.count for o in stage_ops(ops, mav, start, end, start == 0,
+                                                    end == 48)}
+        moe = sum(1 for i in range(start, end) if i % 2 == 1)
+        assert stage["experts_gate_up_proj"] == moe
+        assert stage["mlp_gate_up_proj"] == (end - start) - moe
+    w = [weights_of_stage(mav, p, 1, a, b, a == 0, b == 48) for a, b in ((0, 24), (24, 48))]
+    assert sum(w) == pytest.approx(sum(weight_bytes_breakdown(mav, p).values()))
+    # the first half holds layers 1, 3, ..., 23 of the experts: half of them, not all
+    assert w[0] == pytest.approx(w[1], rel=0.05)
+
+
+@settings(max_examples=60, deadline=None)
+@given(layers=st.integers(1, 80), first=st.integers(0, 10), step=st.integers(1, 5))
+def test_the_moe_layer_count_is_the_layers_that_run_it(layers, first, step):
+    """However the dense and MoE layers interleave, the count the operators take is the
+    layers the model marks MoE, and the dense ones are the rest."""
+    base = _read(_cfg("llama-4-maverick"))
+    first = min(first, layers)
+    m = base.model_copy(update={"num_layers": layers, "sliding_window": None,
+                                "sliding_window_pattern": None, "moe": base.moe.model_copy(
+                                    update={"first_dense_layers": first, "layer_step": step})})
+    marked = [i for i in range(layers) if m.is_moe_layer(i)]
+    assert m.num_moe_layers == len(marked) and m.num_dense_layers == layers - len(marked)
+    assert all(i >= first and (i - first + 1) % step == 0 for i in marked)

@@ -307,6 +307,9 @@ class MoESpec(_Frozen):
     num_shared_experts: int = Field(0, ge=0, le=1_000_000)
     # First layers that keep a dense MLP (DeepSeek-V3: first_k_dense_replace = 3).
     first_dense_layers: int = Field(0, ge=0, le=100_000)
+    # After those, every layer_step-th layer is a MoE layer and the others dense (Llama-4
+    # Maverick's interleave_moe_layer_step 2: layers 1, 3, 5, ...); 1: every layer
+    layer_step: int = Field(1, ge=1, le=100_000)
     router_bias: bool = False  # DeepSeek-V3's e_score_correction_bias, gpt-oss's router bias
     expert_bias: bool = False  # biases on each expert's projections (gpt-oss)
 
@@ -485,9 +488,22 @@ class ModelSpec(_Frozen):
     def kv_dim(self) -> int:
         return self.num_kv_heads * self.head_dim_
 
+    def is_moe_layer(self, i: int) -> bool:
+        """Whether layer i runs the mixture of experts (else the dense MLP)."""
+        e = self.moe
+        return e is not None and i >= e.first_dense_layers and \
+            (i - e.first_dense_layers + 1) % e.layer_step == 0
+
+    @property
+    def moe_layer_indices(self) -> tuple[int, ...]:
+        return tuple(i for i in range(self.num_layers) if self.is_moe_layer(i))
+
     @property
     def num_moe_layers(self) -> int:
-        return 0 if self.moe is None else self.num_layers - self.moe.first_dense_layers
+        if self.moe is None:
+            return 0
+        n = self.num_layers - self.moe.first_dense_layers
+        return n // self.moe.layer_step
 
     @property
     def num_dense_layers(self) -> int:

@@ -455,7 +455,7 @@ def load_calibration(path: str | Path) -> Calibration:
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "mixtral", "qwen2", "qwen3", "qwen3_moe", "gemma",
                          "gemma2", "gemma3", "gemma3_text", "phi3", "gpt2", "gpt_oss",
                          "deepseek_v2", "deepseek_v3", "glm4_moe", "minimax_m2", "qwen3_vl",
-                         "qwen3_vl_moe")
+                         "qwen3_vl_moe", "llama4_text")
 # The model classes of those architectures as a config.json's ``architectures`` names them.
 # vLLM's model registry and SGLang's pick the model's code by this name, not by model_type, so
 # a checkpoint under a model_type of its own whose class is one of these runs as that
@@ -469,6 +469,7 @@ ARCHITECTURE_CLASSES = {
     "Phi3ForCausalLM": "phi3", "GPT2LMHeadModel": "gpt2", "GptOssForCausalLM": "gpt_oss",
     "DeepseekV2ForCausalLM": "deepseek_v2", "DeepseekV3ForCausalLM": "deepseek_v3",
     "Glm4MoeForCausalLM": "glm4_moe", "MiniMaxM2ForCausalLM": "minimax_m2",
+    "Llama4ForCausalLM": "llama4_text",
     "Qwen3VLForConditionalGeneration": "qwen3_vl",
     "Qwen3VLMoeForConditionalGeneration": "qwen3_vl_moe"}
 # Qwen3-VL's language model is Qwen3's (dense or MoE), in its config's text_config
@@ -510,7 +511,7 @@ def _sliding_window(cfg: dict, mt: str, layers: int, path: str) -> dict[str, Any
     if mt in ("qwen2", "qwen3", "qwen3_moe") and not cfg.get("use_sliding_window"):
         return {}
     if not window or mt in ("llama", "gpt2", "deepseek_v2", "deepseek_v3", "glm4_moe",
-                            "minimax_m2", "gemma"):
+                            "minimax_m2", "llama4_text", "gemma"):
         return {}
     types = cfg.get("layer_types")
     if types is not None:
@@ -804,6 +805,8 @@ def _model_from_hf_config(cfg: dict, path: str) -> ModelSpec:
         d["mtp_layers"] = _opt_int(cfg, "num_nextn_predict_layers", path, None, least=0)
     if mt == "minimax_m2":
         d.update(_minimax_m2(cfg, path))
+    if mt == "llama4_text":
+        d.update(_llama4_text(cfg, d["num_layers"], path))
     if wrapper is not None:  # Qwen3-VL: named as the checkpoint's class
         d["architecture"] = wrapper
     if vision is not None:  # its vision encoder counted
@@ -811,12 +814,14 @@ def _model_from_hf_config(cfg: dict, path: str) -> ModelSpec:
     if uncounted:
         d["vision_uncounted"] = True
     experts = {"mixtral": "num_local_experts", "gpt_oss": "num_local_experts",
-               "minimax_m2": "num_local_experts",
+               "minimax_m2": "num_local_experts", "llama4_text": "num_local_experts",
                "qwen3_moe": "num_experts"}.get(mt, "n_routed_experts")
     return validate(ModelSpec, d, path, names={
         **_HF_KEYS, "moe.num_experts": experts,
         "moe.expert_intermediate_size": "intermediate_size"
-        if mt in ("mixtral", "gpt_oss", "minimax_m2") else "moe_intermediate_size"})
+        if mt in ("mixtral", "gpt_oss", "minimax_m2", "llama4_text")
+        else "moe_intermediate_size",
+        **({"intermediate_size": "intermediate_size_mlp"} if mt == "llama4_text" else {})})
 
 
 def _wrapped_tie(cfg: dict, text: dict) -> Any:
@@ -901,6 +906,44 @@ def _qwen3_vl_vision(vc: Any, path: str) -> tuple[int, int]:
     mergers_whole = (2 * h + out) + len(deep) * (2 * merged + out)
     whole = embed + v["depth"] * block_whole + mergers_whole
     return whole + v["depth"] * block_split + (1 + len(deep)) * merger_split, whole
+
+
+def _llama4_text(cfg: dict, layers: int, path: str) -> dict[str, Any]:
+    """Llama-4's language model (``llama4_text``, in Llama4ForConditionalGeneration's
+    text_config), as vLLM 0.19.1's llama4.py builds it: MoE layers every
+    ``interleave_moe_layer_step``-th layer ((i + 1) % step == 0: Scout every layer, Maverick
+    every second), each ``num_local_experts`` routed experts of width ``intermediate_size``
+    (``num_experts_per_tok`` a token, a router without bias) beside one shared expert of that
+    width; the other layers a dense MLP of ``intermediate_size_mlp``. Attention has no bias;
+    its q/k norm is a parameter-free L2 norm (elementwise work not priced apart). The layers
+    with RoPE (``no_rope_layers`` 1; by default all but every fourth) attend within chunks of
+    ``attention_chunk_size`` tokens, the others (NoPE) over everything: the chunked layers
+    are priced as a sliding window of the chunk's length, exact within the first chunk and an
+    upper bound beyond it (a chunk's tokens attend to the chunk so far, not the last chunk's
+    worth), their KV cache likewise at most one chunk."""
+    dense = _req(cfg, "intermediate_size_mlp", path)
+    step = _opt_int(cfg, "interleave_moe_layer_step", path, 1)
+    out: dict[str, Any] = {
+        "intermediate_size": dense,
+        "moe": {"num_experts": _req(cfg, "num_local_experts", path),
+                "experts_per_token": _req(cfg, "num_experts_per_tok", path),
+                "expert_intermediate_size": _req(cfg, "intermediate_size", path),
+                "num_shared_experts": 1, "layer_step": step}}
+    chunk = _opt_int(cfg, "attention_chunk_size", path, None)
+    if chunk is not None:
+        rope = cfg.get("no_rope_layers")
+        if rope is None:  # transformers' Llama4TextConfig default: every 4th layer NoPE
+            rope = [int((i + 1) % 4 != 0) for i in range(layers)]
+        if not isinstance(rope, list) or len(rope) != layers or any(
+                r not in (0, 1) or isinstance(r, bool) for r in rope):
+            raise SpecError(f"{path}: no_rope_layers: expected {layers} entries, each 0 or 1")
+        kinds = ["sliding" if r else "full" for r in rope]
+        if "sliding" in kinds:
+            pattern = _period(kinds)
+            out["sliding_window"] = chunk
+            if pattern != ("sliding",):
+                out["sliding_window_pattern"] = list(pattern)
+    return out
 
 
 def _minimax_m2(cfg: dict, path: str) -> dict[str, Any]:

@@ -65,7 +65,6 @@ def _layers_of(op_name: str, m: ModelSpec) -> list[int] | None:
     if op_name in FIRST_ONLY or op_name in LAST_ONLY:
         return None
     sliding = m.layer_is_sliding
-    dense = m.num_dense_layers
     if op_name == "attention":
         return [i for i in range(m.num_layers) if not sliding[i]]
     if op_name == "attention_local":
@@ -73,9 +72,9 @@ def _layers_of(op_name: str, m: ModelSpec) -> list[int] | None:
     if op_name == "mlp_norm":  # every layer's, before its dense MLP or its experts
         return list(range(m.num_layers))
     if op_name.startswith("mlp_") or op_name == "allreduce_mlp":
-        return list(range(dense))
+        return [i for i in range(m.num_layers) if not m.is_moe_layer(i)]
     if op_name.startswith(("moe_", "experts_", "shared_")) or op_name == "allreduce_moe":
-        return list(range(dense, m.num_layers))
+        return list(m.moe_layer_indices)
     return list(range(m.num_layers))
 
 
@@ -171,8 +170,8 @@ def weights_of_stage(m: ModelSpec, p: Precision, tp: int, start: int, end: int, 
     """A stage's weights per GPU: each per-layer tensor's share of its layers in the stage."""
     bd = weight_bytes_breakdown(m, p, tp=tp, lm_head_sharded=lm_head_sharded)
     n = end - start
-    dense = sum(1 for i in range(start, end) if i < m.num_dense_layers)
-    moe = n - dense
+    moe = sum(1 for i in range(start, end) if m.is_moe_layer(i))
+    dense = n - moe
     total = 0.0
     for key, b in bd.items():
         if key.startswith("embed/"):

@@ -209,7 +209,7 @@ def mtp_layer(m: ModelSpec) -> ModelSpec:
     upd: dict = {"num_layers": 1, "name": f"{m.name}-mtp", "vision_params": 0,
                  "vision_replicated_params": 0}
     if m.moe is not None:
-        upd["moe"] = m.moe.model_copy(update={"first_dense_layers": 0})
+        upd["moe"] = m.moe.model_copy(update={"first_dense_layers": 0, "layer_step": 1})
     if m.sliding_window_pattern:
         upd["sliding_window_pattern"] = m.sliding_window_pattern[-1:]
     return m.model_copy(update=upd)
