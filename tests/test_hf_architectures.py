@@ -402,7 +402,10 @@ def _llama4_params(moe_layers: int, dense_layers: int, experts: int) -> int:
 
 def test_llama4_scout_and_maverick_count_as_their_cards_say():
     scout = _read(_cfg("llama-4-scout"), "llama-4-scout.json")
-    assert scout.architecture == "llama4_text" and scout.num_moe_layers == 48
+    # named llama4, the class the engines' rules know it by (SGLang's MoE runner rule)
+    assert scout.architecture == "llama4" and scout.num_moe_layers == 48
+    text_only = {**_cfg("llama-4-scout")["text_config"], "architectures": ["Llama4ForCausalLM"]}
+    assert _read(text_only).architecture == "llama4_text"
     assert count_params(scout) == _llama4_params(48, 0, 16) == 107_769_861_120
     mav = _read(_cfg("llama-4-maverick"))
     assert mav.moe_layer_indices == tuple(range(1, 48, 2))  # interleave_moe_layer_step 2

@@ -685,7 +685,11 @@ def _model_from_hf_config(cfg: dict, path: str) -> ModelSpec:
                "tie_word_embeddings": tie}
     if mt == TEXT_WRAPPER:
         # its language model alone, the vision encoder (vision_config) not counted; the name
-        # stays the checkpoint's
+        # stays the checkpoint's. Llama-4 keeps its wrapper's type, llama4: the engines'
+        # rules name the multimodal class it is always served as (SGLang's MoE runner rule,
+        # engines_db/sglang.yaml)
+        if cfg.get("model_type") == "llama4":
+            wrapper = "llama4"
         text = cfg["text_config"]
         # every encoder the wrapper configures beside its language model (vision_config,
         # audio_config, ...) is left out, and said so
@@ -807,7 +811,7 @@ def _model_from_hf_config(cfg: dict, path: str) -> ModelSpec:
         d.update(_minimax_m2(cfg, path))
     if mt == "llama4_text":
         d.update(_llama4_text(cfg, d["num_layers"], path))
-    if wrapper is not None:  # Qwen3-VL: named as the checkpoint's class
+    if wrapper is not None:  # Qwen3-VL, Llama-4: named as the checkpoint's class
         d["architecture"] = wrapper
     if vision is not None:  # its vision encoder counted
         d.update(vision_params=vision[0], vision_replicated_params=vision[1])
