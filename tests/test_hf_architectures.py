@@ -359,12 +359,15 @@ def test_gemma3_multimodal_counts_its_siglip_encoder():
     # the report: 417M + 1,416M + 25,600M
     assert count_params(m) == pytest.approx(27_433e6, rel=1e-4)
     # the built-ins carry the same figures (their text_config alike: test_cli's match)
-    assert load_model("gemma-3-27b").vision_params == vision
-    assert load_model("gemma-3-4b").vision_params == _siglip_params(2560)[0]
+    for name, hidden in (("gemma-3-27b", 5376), ("gemma-3-4b", 2560)):
+        b = load_model(name)
+        assert (b.vision_params, b.vision_replicated_params) == _siglip_params(hidden)
     headed = _cfg("gemma-3-27b")
     headed["vision_config"] = {**headed["vision_config"], "vision_use_head": True}
-    h = _read(headed)  # a pooling head is not modelled: the encoder left out, and said so
-    assert h.vision_uncounted and h.vision_params == 0
+    # vLLM's gemma3_mm builds SigLIP without its pooling head whatever the flag says
+    assert _read(headed).vision_params == vision
+    untied = {**_cfg("gemma-3-27b"), "tie_word_embeddings": False}
+    assert count_params(_read(untied)) == count_params(m) + 262208 * 5376  # the top level's
     assert not load_model("qwen3-8b").vision_uncounted
 
 
@@ -400,7 +403,7 @@ def _llama4_params(moe_layers: int, dense_layers: int, experts: int) -> int:
             + dense_layers * 3 * h * 16384 + h)
 
 
-def test_llama4_scout_and_maverick_count_as_their_cards_say():
+def test_llama4_scout_and_maverick_count_by_hand():
     scout = _read(_cfg("llama-4-scout"), "llama-4-scout.json")
     # named llama4, the class the engines' rules know it by (SGLang's MoE runner rule)
     assert scout.architecture == "llama4" and scout.num_moe_layers == 48
@@ -446,4 +449,32 @@ def test_the_moe_layer_count_is_the_layers_that_run_it(layers, first, step):
                                     update={"first_dense_layers": first, "layer_step": step})})
     marked = [i for i in range(layers) if m.is_moe_layer(i)]
     assert m.num_moe_layers == len(marked) and m.num_dense_layers == layers - len(marked)
-    assert all(i >= first and (i - first + 1) % step == 0 for i in marked)
+    assert list(m.moe_layer_indices) == marked
+    ops = {o.name: o.count for o in shape_ops(m, Precision.of("bf16"),
+                                               StepShape.uniform(2, 1, 64))}
+    assert ops.get("experts_gate_up_proj", 0) == len(marked)
+    assert ops.get("mlp_gate_up_proj", 0) == layers - len(marked)
+
+
+def test_llama4_reads_as_vllm_builds_it():
+    base = _read(_cfg("llama-4-scout"))
+    text = _cfg("llama-4-scout")
+    text["text_config"] = {**text["text_config"], "attention_bias": True, "no_rope_layers": []}
+    assert _read(text) == base  # vLLM builds no attention bias; [] is the default pattern
+    every8 = _cfg("llama-4-scout")
+    every8["text_config"] = {**every8["text_config"], "no_rope_layer_interval": 8}
+    assert _read(every8).sliding_window_pattern == ("sliding",) * 7 + ("full",)
+    with_vision = {**_cfg("llama-4-scout"), "vision_config": {"hidden_size": 1408}}
+    assert _read(with_vision).vision_uncounted and not base.vision_uncounted
+
+
+def test_qwen3_moe_sparse_steps_and_deepseek_frequencies():
+    q = _cfg("qwen3-30b-a3b")
+    m = _read({**q, "decoder_sparse_step": 2})  # MoE on layers 1, 3, 5, ...
+    assert m.moe_layer_indices == tuple(range(1, 48, 2))
+    last = _read({**q, "mlp_only_layers": [0, 1, 2]})
+    assert (last.moe.first_dense_layers, last.moe.layer_step) == (3, 1)
+    with pytest.raises(SpecError, match="mlp_only_layers"):
+        _read({**q, "mlp_only_layers": [5]})  # a dense layer amid the experts
+    with pytest.raises(SpecError, match="moe_layer_freq"):
+        _read({**_cfg("deepseek-v3"), "moe_layer_freq": 2})

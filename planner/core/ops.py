@@ -203,10 +203,11 @@ def check_tp(m: ModelSpec, tp: int) -> None:
                          f"{m.num_kv_heads} KV heads", fields=("tp",))
     if m.qk_norm_scope == "layer" and tp > m.num_kv_heads:
         # the k norm's weight is split as kv_dim / tp, narrower than a replicated KV head's
-        # keys (vLLM's MiniMaxText01RMSNormTP): the engine cannot load it
+        # keys (vLLM's MiniMaxText01RMSNormTP): the weights load, the forward pass fails
         raise UsageError(f"tp {tp} is above {m.name}'s {m.num_kv_heads} KV heads: its "
-                         "per-layer q/k norm splits the k norm's weight over the ranks, which "
-                         "vLLM cannot do with KV heads replicated", fields=("tp",))
+                         "per-layer q/k norm splits the k norm's weight over the ranks, "
+                         "narrower than a replicated KV head's keys, which vLLM's forward "
+                         "pass cannot apply", fields=("tp",))
 
 
 def kv_heads_per_gpu(m: ModelSpec, tp: int) -> float:

@@ -393,7 +393,7 @@ class ModelSpec(_Frozen):
     qk_norm: bool = False  # RMSNorm over each head's q and k (Qwen3, Gemma-3)
     # what one qk_norm normalizes: "head", each head's q and k apart (a weight of head_dim
     # each, every TP rank holding it whole); "layer", the layer's whole q and whole k
-    # (MiniMax-M2's qk_norm_type per_layer: weights of q_dim and kv_dim, split over the TP
+    # (MiniMax-M2's, as vLLM builds it: weights of q_dim and kv_dim, split over the TP
     # ranks, so each rank's sums of squares are all-reduced before it divides by them)
     qk_norm_scope: Literal["head", "layer"] = "head"
     # the multi-token-prediction layers the checkpoint ships (DeepSeek-V3's
@@ -409,7 +409,7 @@ class ModelSpec(_Frozen):
     vision_params: int = Field(0, ge=0, le=10**13)
     vision_replicated_params: int = Field(0, ge=0, le=10**13)
     # a multimodal checkpoint read as its language model alone, its encoder not counted (one
-    # whose layout is not modelled here: Kimi-K2.5's MoonViT, Gemma-3's SigLIP)
+    # whose layout is not modelled here: Kimi-K2.5's MoonViT, Llama-4's vision model)
     vision_uncounted: bool = False
     # The officially reported counts (None for a bare config.json, which states none).
     official_params: int | None = Field(None, gt=0, le=10**14)  # 100 trillion

@@ -580,6 +580,21 @@ def _qwen_moe_layer(cfg: dict, i: int, path: str) -> bool:
     return i not in only and (i + 1) % step == 0
 
 
+def _moe_layout(sparse: list[int], layers: int, step: int) -> tuple[int | None, int]:
+    """(first_dense_layers, layer_step) whose MoE layers (``ModelSpec.is_moe_layer``) are
+    exactly ``sparse``, from the config's step or as the last layers; (None, 1) where
+    neither gives them."""
+    def marks(first: int, s: int) -> list[int]:
+        return [i for i in range(first, layers) if (i - first + 1) % s == 0]
+
+    if not sparse:
+        return layers, 1
+    for first, s in ((sparse[0] - (step - 1), step), (layers - len(sparse), 1)):
+        if 0 <= first <= layers and marks(first, s) == sparse:
+            return first, s
+    return None, 1
+
+
 def model_from_hf_config(cfg: dict, path: str) -> ModelSpec:
     """Translate the fields of an official HF config into a ``ModelSpec``, with how the
     checkpoint stores its weights (``quantization_config``: planner/io/quant_config.py)."""
@@ -667,8 +682,8 @@ def _model_from_hf_config(cfg: dict, path: str) -> ModelSpec:
         text = {**GEMMA3_TEXT_DEFAULTS, **cfg["text_config"]}
         if "vision_config" in cfg:
             vision = _siglip_vision(cfg["vision_config"], text.get("hidden_size"), path)
-            uncounted = vision is None
-        cfg = {"_name_or_path": cfg.get("_name_or_path"), **text, "model_type": "gemma3_text"}
+        cfg = {"_name_or_path": cfg.get("_name_or_path"), **text, "model_type": "gemma3_text",
+               "tie_word_embeddings": _wrapped_tie(cfg, text)}
     mt = _modelled_type(cfg, path)
     wrapper = None
     if mt in QWEN3_VL_TEXT:
@@ -767,14 +782,17 @@ def _model_from_hf_config(cfg: dict, path: str) -> ModelSpec:
                     "experts_per_token": k, "expert_intermediate_size": d["intermediate_size"],
                     "router_bias": True, "expert_bias": True}
     if mt == "qwen3_moe":
-        sparse = [i for i in range(d["num_layers"]) if _qwen_moe_layer(cfg, i, path)]
-        if sparse != list(range(d["num_layers"] - len(sparse), d["num_layers"])):
-            raise SpecError(f"{path}: decoder_sparse_step / mlp_only_layers: MoE layers that "
-                            "are not the last ones are not modelled")
+        layers = d["num_layers"]
+        sparse = [i for i in range(layers) if _qwen_moe_layer(cfg, i, path)]
+        first, step = _moe_layout(sparse, layers, cfg.get("decoder_sparse_step", 1))
+        if first is None:
+            raise SpecError(f"{path}: decoder_sparse_step / mlp_only_layers: MoE layers "
+                            "other than every step-th after the first dense ones are not "
+                            "modelled")
         d["moe"] = {"num_experts": _req(cfg, "num_experts", path),
                     "experts_per_token": _req(cfg, "num_experts_per_tok", path),
                     "expert_intermediate_size": _req(cfg, "moe_intermediate_size", path),
-                    "first_dense_layers": d["num_layers"] - len(sparse)}
+                    "first_dense_layers": first, "layer_step": step}
     if mt in ("deepseek_v2", "deepseek_v3"):
         d["mla"] = {"q_lora_rank": cfg.get("q_lora_rank"),
                     "kv_lora_rank": _req(cfg, "kv_lora_rank", path),
@@ -782,6 +800,9 @@ def _model_from_hf_config(cfg: dict, path: str) -> ModelSpec:
                     "qk_rope_head_dim": _req(cfg, "qk_rope_head_dim", path),
                     "v_head_dim": _req(cfg, "v_head_dim", path)}
         d["head_dim"] = d["mla"]["qk_nope_head_dim"] + d["mla"]["qk_rope_head_dim"]
+        if _opt_int(cfg, "moe_layer_freq", path, 1) != 1:
+            raise SpecError(f"{path}: moe_layer_freq: a MoE layer every "
+                            f"{cfg['moe_layer_freq']!r:.20} layers is not modelled (1 is)")
         if _opt_int(cfg, "n_routed_experts", path, 0, least=0):
             d["moe"] = {"num_experts": cfg["n_routed_experts"],
                         "experts_per_token": _req(cfg, "num_experts_per_tok", path),
@@ -830,13 +851,13 @@ def _model_from_hf_config(cfg: dict, path: str) -> ModelSpec:
 
 def _wrapped_tie(cfg: dict, text: dict) -> Any:
     """A multimodal wrapper's tie_word_embeddings: its own where it states one (vLLM copies
-    the top level's into the text config, vllm/config/vllm.py at 0.19.1), else its
-    text_config's."""
+    the top level's into the text config under transformers 5 and later,
+    vllm/config/vllm.py at 0.19.1), else its text_config's."""
     top = cfg.get("tie_word_embeddings")
     return top if top is not None else text.get("tie_word_embeddings")
 
 
-def _siglip_vision(vc: Any, text_hidden: Any, path: str) -> tuple[int, int] | None:
+def _siglip_vision(vc: Any, text_hidden: Any, path: str) -> tuple[int, int]:
     """(all, every-rank) weights of Gemma-3's vision encoder and projector from its
     ``vision_config``, as transformers' SiglipVisionModel (no pooling head) and
     Gemma3MultiModalProjector build them, and vLLM's siglip.py / gemma3_mm.py split them: a
@@ -847,12 +868,10 @@ def _siglip_vision(vc: Any, text_hidden: Any, path: str) -> tuple[int, int] | No
     a hidden x text hidden matrix and an RMSNorm of hidden. The Gemma 3 report (arXiv
     2503.19786, table 1) counts the encoder at 417M (416,866,032 here). Held whole on every
     TP rank: the embeddings, the norms, the output projection's and the MLP's second bias,
-    and the projector. None where the encoder has a pooling head (``vision_use_head``),
-    which is not modelled: it is then not counted."""
+    and the projector. No pooling head, whatever ``vision_use_head`` says: vLLM's
+    gemma3_mm.py builds SiglipVisionModel without one."""
     if not isinstance(vc, dict):
         raise SpecError(f"{path}: vision_config: expected the vision encoder's fields")
-    if vc.get("vision_use_head"):
-        return None
     v = {}
     for k, default in (("hidden_size", None), ("intermediate_size", None),
                        ("num_hidden_layers", None), ("patch_size", None),
@@ -918,9 +937,11 @@ def _llama4_text(cfg: dict, layers: int, path: str) -> dict[str, Any]:
     ``interleave_moe_layer_step``-th layer ((i + 1) % step == 0: Scout every layer, Maverick
     every second), each ``num_local_experts`` routed experts of width ``intermediate_size``
     (``num_experts_per_tok`` a token, a router without bias) beside one shared expert of that
-    width; the other layers a dense MLP of ``intermediate_size_mlp``. Attention has no bias;
+    width; the other layers a dense MLP of ``intermediate_size_mlp``. Attention has no bias,
+    whatever ``attention_bias`` says (vLLM builds it without);
     its q/k norm is a parameter-free L2 norm (elementwise work not priced apart). The layers
-    with RoPE (``no_rope_layers`` 1; by default all but every fourth) attend within chunks of
+    with RoPE (``no_rope_layers`` 1; by default, or where it is empty, all but every
+    ``no_rope_layer_interval``-th, 4) attend within chunks of
     ``attention_chunk_size`` tokens, the others (NoPE) over everything: the chunked layers
     are priced as a sliding window of the chunk's length, exact within the first chunk and an
     upper bound beyond it (a chunk's tokens attend to the chunk so far, not the last chunk's
@@ -928,7 +949,7 @@ def _llama4_text(cfg: dict, layers: int, path: str) -> dict[str, Any]:
     dense = _req(cfg, "intermediate_size_mlp", path)
     step = _opt_int(cfg, "interleave_moe_layer_step", path, 1)
     out: dict[str, Any] = {
-        "intermediate_size": dense,
+        "intermediate_size": dense, "attention_bias": False, "attention_out_bias": False,
         "moe": {"num_experts": _req(cfg, "num_local_experts", path),
                 "experts_per_token": _req(cfg, "num_experts_per_tok", path),
                 "expert_intermediate_size": _req(cfg, "intermediate_size", path),
@@ -936,8 +957,9 @@ def _llama4_text(cfg: dict, layers: int, path: str) -> dict[str, Any]:
     chunk = _opt_int(cfg, "attention_chunk_size", path, None)
     if chunk is not None:
         rope = cfg.get("no_rope_layers")
-        if rope is None:  # transformers' Llama4TextConfig default: every 4th layer NoPE
-            rope = [int((i + 1) % 4 != 0) for i in range(layers)]
+        if not rope:  # transformers' Llama4TextConfig default (an empty list too)
+            every = _opt_int(cfg, "no_rope_layer_interval", path, 4)
+            rope = [int((i + 1) % every != 0) for i in range(layers)]
         if not isinstance(rope, list) or len(rope) != layers or any(
                 r not in (0, 1) or isinstance(r, bool) for r in rope):
             raise SpecError(f"{path}: no_rope_layers: expected {layers} entries, each 0 or 1")

@@ -276,10 +276,9 @@ def check_method(m: ModelSpec, method: str) -> None:
     """MTP needs a model that ships the layer."""
     if method == "mtp" and not has_mtp(m):
         raise UsageError(f"speculative mtp: {m.name} ships no multi-token-prediction layer "
-                         "this models (one its config.json counts in "
-                         "num_nextn_predict_layers, or a built-in "
-                         f"{', '.join(MTP_ARCHITECTURES)} model's); use draft-model, eagle3 "
-                         "or ngram", fields=("speculative",))
+                         "that llmplan knows of (its config.json's num_nextn_predict_layers, "
+                         f"or a built-in {', '.join(MTP_ARCHITECTURES)} model's); use "
+                         "draft-model, eagle3 or ngram", fields=("speculative",))
 
 
 def check_tokenizer(m: ModelSpec, draft: ModelSpec) -> None:
