@@ -298,6 +298,12 @@ class CheckpointQuant(_Frozen):
 # --------------------------------------------------------------------------- model
 
 
+def moe_layer_range(num_layers: int, first_dense: int, step: int) -> range:
+    """The MoE layers of a model: after its ``first_dense`` dense layers, every ``step``-th
+    layer ((i - first_dense + 1) % step == 0), the others dense."""
+    return range(first_dense + step - 1, num_layers, step)
+
+
 class MoESpec(_Frozen):
     """Mixture of experts: routed experts (top-k per token) plus optional shared experts."""
 
@@ -488,22 +494,23 @@ class ModelSpec(_Frozen):
     def kv_dim(self) -> int:
         return self.num_kv_heads * self.head_dim_
 
+    @property
+    def _moe_layers(self) -> range:
+        e = self.moe
+        return range(0) if e is None else \
+            moe_layer_range(self.num_layers, e.first_dense_layers, e.layer_step)
+
     def is_moe_layer(self, i: int) -> bool:
         """Whether layer i runs the mixture of experts (else the dense MLP)."""
-        e = self.moe
-        return e is not None and i >= e.first_dense_layers and \
-            (i - e.first_dense_layers + 1) % e.layer_step == 0
+        return i in self._moe_layers
 
     @property
     def moe_layer_indices(self) -> tuple[int, ...]:
-        return tuple(i for i in range(self.num_layers) if self.is_moe_layer(i))
+        return tuple(self._moe_layers)
 
     @property
     def num_moe_layers(self) -> int:
-        if self.moe is None:
-            return 0
-        n = self.num_layers - self.moe.first_dense_layers
-        return n // self.moe.layer_step
+        return len(self._moe_layers)
 
     @property
     def num_dense_layers(self) -> int:

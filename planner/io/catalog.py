@@ -20,7 +20,7 @@ from pydantic import BaseModel, Field, ValidationError
 
 from planner.core.engine import Engine, EngineSpec
 from planner.core.errors import SpecError
-from planner.core.specs import Calibration, HardwareSpec, ModelSpec
+from planner.core.specs import Calibration, HardwareSpec, ModelSpec, moe_layer_range
 from planner.io import boundary
 
 _HERE = Path(__file__).resolve().parent.parent  # planner/
@@ -584,13 +584,10 @@ def _moe_layout(sparse: list[int], layers: int, step: int) -> tuple[int | None, 
     """(first_dense_layers, layer_step) whose MoE layers (``ModelSpec.is_moe_layer``) are
     exactly ``sparse``, from the config's step or as the last layers; (None, 1) where
     neither gives them."""
-    def marks(first: int, s: int) -> list[int]:
-        return [i for i in range(first, layers) if (i - first + 1) % s == 0]
-
     if not sparse:
         return layers, 1
     for first, s in ((sparse[0] - (step - 1), step), (layers - len(sparse), 1)):
-        if 0 <= first <= layers and marks(first, s) == sparse:
+        if 0 <= first <= layers and list(moe_layer_range(layers, first, s)) == sparse:
             return first, s
     return None, 1
 
@@ -682,8 +679,7 @@ def _model_from_hf_config(cfg: dict, path: str) -> ModelSpec:
         text = {**GEMMA3_TEXT_DEFAULTS, **cfg["text_config"]}
         if "vision_config" in cfg:
             vision = _siglip_vision(cfg["vision_config"], text.get("hidden_size"), path)
-        cfg = {"_name_or_path": cfg.get("_name_or_path"), **text, "model_type": "gemma3_text",
-               "tie_word_embeddings": _wrapped_tie(cfg, text)}
+        cfg = _unwrapped(cfg, text, model_type="gemma3_text")
     mt = _modelled_type(cfg, path)
     wrapper = None
     if mt in QWEN3_VL_TEXT:
@@ -694,10 +690,8 @@ def _model_from_hf_config(cfg: dict, path: str) -> ModelSpec:
         if not isinstance(text, dict):
             raise SpecError(f"{path}: text_config: expected the language model's fields")
         vision = _qwen3_vl_vision(cfg.get("vision_config"), path)
-        tie = _wrapped_tie(cfg, text)
         wrapper, mt = mt, QWEN3_VL_TEXT[mt]
-        cfg = {"_name_or_path": cfg.get("_name_or_path"), **text, "model_type": mt,
-               "tie_word_embeddings": tie}
+        cfg = _unwrapped(cfg, text, model_type=mt)
     if mt == TEXT_WRAPPER:
         # its language model alone, the vision encoder (vision_config) not counted; the name
         # stays the checkpoint's. Llama-4 keeps its wrapper's type, llama4: the engines'
@@ -711,8 +705,7 @@ def _model_from_hf_config(cfg: dict, path: str) -> ModelSpec:
         uncounted = any(k.endswith("_config") and isinstance(v, dict) and
                         k not in ("text_config", "quantization_config")
                         for k, v in cfg.items())
-        cfg = {"_name_or_path": cfg.get("_name_or_path"), **text,
-               "tie_word_embeddings": _wrapped_tie(cfg, text)}
+        cfg = _unwrapped(cfg, text)
         mt = _modelled_type(cfg, path)
     # a snapshot's config.json is named by its folder; any other file by its own name
     stem = Path(path).stem
@@ -804,29 +797,15 @@ def _model_from_hf_config(cfg: dict, path: str) -> ModelSpec:
             raise SpecError(f"{path}: moe_layer_freq: a MoE layer every "
                             f"{cfg['moe_layer_freq']!r:.20} layers is not modelled (1 is)")
         if _opt_int(cfg, "n_routed_experts", path, 0, least=0):
-            d["moe"] = {"num_experts": cfg["n_routed_experts"],
-                        "experts_per_token": _req(cfg, "num_experts_per_tok", path),
-                        "expert_intermediate_size": _req(cfg, "moe_intermediate_size", path),
-                        "num_shared_experts": _opt_int(cfg, "n_shared_experts", path, 0,
-                                                       least=0),
-                        "first_dense_layers": _opt_int(cfg, "first_k_dense_replace", path, 0,
-                                                       least=0),
-                        "router_bias": cfg.get("topk_method") == "noaux_tc"}
-        # the multi-token-prediction layers it ships (DeepSeek-V3 and R1: 1; Kimi-K2: 0)
-        d["mtp_layers"] = _opt_int(cfg, "num_nextn_predict_layers", path, None, least=0)
+            d["moe"] = _deepseek_moe(cfg, path, cfg.get("topk_method") == "noaux_tc")
     if mt == "glm4_moe":
         # GLM-4.5 / 4.6 / 4.7 (transformers' Glm4MoeForCausalLM, vLLM's glm4_moe.py): the
-        # DeepSeek-V3 mixture of experts (first_k_dense_replace dense layers, then routed
-        # experts with shared ones, routed by sigmoid scores with a per-expert correction
-        # bias in every gate) on GQA attention with q, k, v biases; partial_rotary_factor
-        # (RoPE over part of a head) is elementwise work not priced apart
-        d["moe"] = {"num_experts": _req(cfg, "n_routed_experts", path),
-                    "experts_per_token": _req(cfg, "num_experts_per_tok", path),
-                    "expert_intermediate_size": _req(cfg, "moe_intermediate_size", path),
-                    "num_shared_experts": _opt_int(cfg, "n_shared_experts", path, 0, least=0),
-                    "first_dense_layers": _opt_int(cfg, "first_k_dense_replace", path, 0,
-                                                   least=0),
-                    "router_bias": True}
+        # DeepSeek-V3 mixture of experts, with a per-expert correction bias in every gate,
+        # on GQA attention with q, k, v biases; partial_rotary_factor (RoPE over part of a
+        # head) is elementwise work not priced apart
+        d["moe"] = _deepseek_moe(cfg, path, True)
+    if mt in ("deepseek_v2", "deepseek_v3", "glm4_moe"):
+        # the multi-token-prediction layers it ships (DeepSeek-V3 and R1: 1; Kimi-K2: 0)
         d["mtp_layers"] = _opt_int(cfg, "num_nextn_predict_layers", path, None, least=0)
     if mt == "minimax_m2":
         d.update(_minimax_m2(cfg, path))
@@ -849,12 +828,42 @@ def _model_from_hf_config(cfg: dict, path: str) -> ModelSpec:
         **({"intermediate_size": "intermediate_size_mlp"} if mt == "llama4_text" else {})})
 
 
-def _wrapped_tie(cfg: dict, text: dict) -> Any:
-    """A multimodal wrapper's tie_word_embeddings: its own where it states one (vLLM copies
-    the top level's into the text config under transformers 5 and later,
-    vllm/config/vllm.py at 0.19.1), else its text_config's."""
+def _deepseek_moe(cfg: dict, path: str, router_bias: bool) -> dict[str, Any]:
+    """DeepSeek-V3's mixture of experts as its config.json states it (GLM-4.5's alike): the
+    first first_k_dense_replace layers dense, then n_routed_experts routed experts of
+    moe_intermediate_size, num_experts_per_tok a token, beside n_shared_experts shared ones;
+    ``router_bias``: each gate's per-expert correction bias."""
+    return {"num_experts": _req(cfg, "n_routed_experts", path),
+            "experts_per_token": _req(cfg, "num_experts_per_tok", path),
+            "expert_intermediate_size": _req(cfg, "moe_intermediate_size", path),
+            "num_shared_experts": _opt_int(cfg, "n_shared_experts", path, 0, least=0),
+            "first_dense_layers": _opt_int(cfg, "first_k_dense_replace", path, 0, least=0),
+            "router_bias": router_bias}
+
+
+def _unwrapped(cfg: dict, text: dict, **override: Any) -> dict:
+    """A multimodal wrapper's language model as a config of its own: its ``text`` fields
+    under the checkpoint's name, and the wrapper's tie_word_embeddings where it states one
+    (vLLM copies the top level's into the text config under transformers 5 and later,
+    vllm/config/vllm.py at 0.19.1), else the text's; ``override``: fields set outright."""
     top = cfg.get("tie_word_embeddings")
-    return top if top is not None else text.get("tie_word_embeddings")
+    return {"_name_or_path": cfg.get("_name_or_path"), **text, **override,
+            "tie_word_embeddings": top if top is not None else text.get("tie_word_embeddings")}
+
+
+def _vision_sizes(vc: Any, fields: dict[str, int | None], path: str) -> dict[str, int]:
+    """A vision_config's sizes, each a whole number from 1 (``fields``: their defaults,
+    None where the field is required)."""
+    if not isinstance(vc, dict):
+        raise SpecError(f"{path}: vision_config: expected the vision encoder's fields")
+    out = {}
+    for k, default in fields.items():
+        x = vc.get(k, default)
+        if isinstance(x, bool) or not isinstance(x, int) or x < 1 or x > 10**7:
+            raise SpecError(f"{path}: vision_config.{k}: expected a whole number from 1, got "
+                            f"{x!r:.40}")
+        out[k] = x
+    return out
 
 
 def _siglip_vision(vc: Any, text_hidden: Any, path: str) -> tuple[int, int]:
@@ -870,17 +879,9 @@ def _siglip_vision(vc: Any, text_hidden: Any, path: str) -> tuple[int, int]:
     TP rank: the embeddings, the norms, the output projection's and the MLP's second bias,
     and the projector. No pooling head, whatever ``vision_use_head`` says: vLLM's
     gemma3_mm.py builds SiglipVisionModel without one."""
-    if not isinstance(vc, dict):
-        raise SpecError(f"{path}: vision_config: expected the vision encoder's fields")
-    v = {}
-    for k, default in (("hidden_size", None), ("intermediate_size", None),
-                       ("num_hidden_layers", None), ("patch_size", None),
-                       ("image_size", None), ("num_channels", 3)):
-        x = vc.get(k, default)
-        if isinstance(x, bool) or not isinstance(x, int) or x < 1 or x > 10**7:
-            raise SpecError(f"{path}: vision_config.{k}: expected a whole number from 1, got "
-                            f"{x!r:.40}")
-        v[k] = x
+    v = _vision_sizes(vc, {"hidden_size": None, "intermediate_size": None,
+                           "num_hidden_layers": None, "patch_size": None, "image_size": None,
+                           "num_channels": 3}, path)
     if isinstance(text_hidden, bool) or not isinstance(text_hidden, int) or text_hidden < 1:
         raise SpecError(f"{path}: text_config.hidden_size: expected a whole number")
     h, i = v["hidden_size"], v["intermediate_size"]
@@ -904,17 +905,10 @@ def _qwen3_vl_vision(vc: Any, path: str) -> tuple[int, int]:
     is over hidden x m^2. Held whole on every TP rank: the embeddings, the norms and the
     row-parallel layers' biases (the output projection's, the MLP's second and each merger's
     second)."""
-    if not isinstance(vc, dict):
-        raise SpecError(f"{path}: vision_config: expected the vision encoder's fields")
-    keys = ("hidden_size", "intermediate_size", "depth", "patch_size", "temporal_patch_size",
-            "in_channels", "num_position_embeddings", "out_hidden_size", "spatial_merge_size")
-    v = {}
-    for k in keys:
-        x = vc.get(k)
-        if isinstance(x, bool) or not isinstance(x, int) or x < 1 or x > 10**7:
-            raise SpecError(f"{path}: vision_config.{k}: expected a whole number from 1, got "
-                            f"{x!r:.40}")
-        v[k] = x
+    v = _vision_sizes(vc, dict.fromkeys((
+        "hidden_size", "intermediate_size", "depth", "patch_size", "temporal_patch_size",
+        "in_channels", "num_position_embeddings", "out_hidden_size", "spatial_merge_size")),
+        path)
     deep = vc.get("deepstack_visual_indexes") or []
     if not isinstance(deep, list) or len(deep) > v["depth"]:
         raise SpecError(f"{path}: vision_config.deepstack_visual_indexes: expected a list of "
