@@ -33,6 +33,7 @@ from planner.core.memory import MemoryPlan, kv_cache_bytes_per_token, memory_pla
 from planner.core.ops import (
     SAMPLING_OPS,
     active_params,
+    check_runs_on,
     check_tp,
     count_params,
     decode_ops,
@@ -408,8 +409,13 @@ def estimate_prepared(model: ModelSpec, hardware: HardwareSpec, prep: Prepared, 
     """``estimate`` of a deployment whose engine and precision are already prepared (a
     ``planner.layouts.deployment.Deployment`` carries them)."""
     w = workload
+    check_runs_on(model, hardware)
     price, price_source = resolve_price(hardware, price_usd_per_gpu_hour)
     notes = list(prep.notes)
+    if model.sparse_topk is not None:
+        notes.append(f"sparse attention: each query attends to the {model.sparse_topk:,} "
+                     "cached tokens its indexer picks; the indexer scores every cached token "
+                     "(fp8), and its keys are cached beside the latents")
     if calibration is not None and calibration.device != hardware.name:
         notes.append(f"the calibration was measured on {calibration.device}, not on "
                      f"{hardware.name}: its ceilings stand in for this GPU's")
@@ -575,9 +581,11 @@ def _prefill_graph_counts(model: ModelSpec, e: Engine, o: Options, weights: str)
     ``SchedulerConfig.for_engine``); None where it has none: no chunking (no budget: MLA's
     largest only), weights kept in host memory (SGLang turns them off), or a MoE model in
     ``weights`` whose default MoE runner on this GPU takes them away
-    (``Engine.prefill_graphs_for``)."""
+    (``Engine.prefill_graphs_for``), or a model with sparse attention (SGLang's
+    ``_handle_piecewise_cuda_graph`` turns them off for DeepSeek-V3.2)."""
     if not (e.cuda_graphs and e.prefill_graph_rule is not None
-            and e.prefill_graphs_for(model.architecture, weights)) or o.cpu_offload_bytes:
+            and e.prefill_graphs_for(model.architecture, weights)) or o.cpu_offload_bytes \
+            or model.sparse_topk is not None:
         return None
     budget = o.prefill_chunk_tokens if e.chunked_prefill and o.prefill_chunk_tokens else 0
     return prefill_graph_counts(e.prefill_graph_rule, budget, mla=model.mla is not None,

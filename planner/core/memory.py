@@ -11,13 +11,16 @@ from dataclasses import dataclass
 
 from planner.core.arith import floor_nonneg, vmax, vmin
 from planner.core.engine import IDEAL, MEMORY_BASES, Engine
-from planner.core.ops import kv_elements_per_token_per_layer, param_breakdown
+from planner.core.ops import kv_bytes_per_token_per_layer, param_breakdown
 from planner.core.specs import GIB, HardwareSpec, ModelSpec, Options, Precision
 
 # Checkpoint tensors that weight quantization covers (the decoder's linear layers).
 _QUANTIZED = {
     "attention/q_proj", "attention/k_proj", "attention/v_proj", "attention/o_proj",
     "attention/q_a_proj", "attention/q_b_proj", "attention/kv_a_proj", "attention/kv_b_proj",
+    # sparse attention's indexer: DeepSeek-V3.2 stores wq_b and wk in fp8, weights_proj in
+    # bf16 and k_norm in fp32 (its checkpoint's tensors)
+    "attention/indexer_wq_b", "attention/indexer_wk",
     "mlp/gate_up_proj", "mlp/up_proj", "mlp/down_proj",
     "moe/routed_experts", "moe/shared_experts",
 }
@@ -27,6 +30,9 @@ ROUTED = ("moe/routed_experts", "moe/routed_expert_bias")
 _REPLICATED = {
     "norms/layers", "norms/final", "attention/q_a_norm", "attention/kv_a_norm", "moe/router",
     "attention/q_a_proj", "attention/kv_a_proj", "attention/qk_norm", "vision/replicated",
+    # sparse attention's indexer, whole on every rank (vLLM's and SGLang's ReplicatedLinear)
+    "attention/indexer_wq_b", "attention/indexer_wk", "attention/indexer_k_norm",
+    "attention/indexer_weights_proj",
 }
 
 
@@ -75,10 +81,10 @@ def kv_cache_bytes_per_token(m: ModelSpec, prec: Precision, *, tp: int = 1) -> f
     """KV bytes one token adds to one GPU's cache in every layer (below any sliding window).
 
     2 x layers x kv_heads x head_dim x bytes (K and V), or for MLA
-    layers x (kv_lora_rank + qk_rope_head_dim) x bytes. Llama-2-13B-like, 16-bit, 20 layers of
-    5120: 2 x 5120 x 20 x 2 = 409,600 bytes (the background notes' "400 kb").
-    """
-    return m.num_layers * kv_elements_per_token_per_layer(m, tp) * prec.kv_bytes
+    layers x (kv_lora_rank + qk_rope_head_dim) x bytes, with sparse attention's index key in
+    each layer beside it (``planner.core.ops.index_key_bytes``). Llama-2-13B-like, 16-bit, 20
+    layers of 5120: 2 x 5120 x 20 x 2 = 409,600 bytes (the background notes' "400 kb")."""
+    return m.num_layers * kv_bytes_per_token_per_layer(m, prec.kv_bytes, tp)
 
 
 def kv_cache_bytes(m: ModelSpec, prec: Precision, *, batch: int, seq_len: int,
@@ -88,7 +94,7 @@ def kv_cache_bytes(m: ModelSpec, prec: Precision, *, batch: int, seq_len: int,
     ``sliding_window`` tokens of each sequence, as engines with a hybrid KV cache allocate it
     (vLLM 0.10 and later, SGLang, TensorRT-LLM): Gemma-2-9B at 8,192 tokens holds 21 full
     layers x 8,192 + 21 local layers x 4,096 tokens."""
-    per_layer = kv_elements_per_token_per_layer(m, tp) * prec.kv_bytes
+    per_layer = kv_bytes_per_token_per_layer(m, prec.kv_bytes, tp)
     layers = range(m.num_layers) if layers is None else layers
     sliding = m.layer_is_sliding
     n_local = sum(1 for i in layers if sliding[i])

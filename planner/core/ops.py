@@ -22,7 +22,7 @@ from typing import Literal
 
 from planner.core.arith import vmax, vmin
 from planner.core.errors import UsageError
-from planner.core.specs import DType, ModelSpec, Precision
+from planner.core.specs import DType, HardwareSpec, ModelSpec, Precision
 
 OpKind = Literal["matmul", "attention", "norm", "elementwise", "allreduce", "host_transfer"]
 
@@ -46,6 +46,8 @@ def _attention_params(m: ModelSpec) -> dict[str, int]:
         out["kv_a_norm"] = a.kv_lora_rank
         out["kv_b_proj"] = a.kv_lora_rank * nh * (a.qk_nope_head_dim + a.v_head_dim)
         out["o_proj"] = nh * a.v_head_dim * h
+        if a.sparse:  # DeepSeek Sparse Attention's lightning indexer (``indexer_params``)
+            out.update(indexer_params(m))
         return out
     out = {
         "q_proj": h * m.q_dim,
@@ -64,6 +66,33 @@ def _attention_params(m: ModelSpec) -> dict[str, int]:
     if m.attention_sinks:
         out["sinks"] = m.num_attention_heads
     return out
+
+
+def indexer_params(m: ModelSpec) -> dict[str, int]:
+    """One layer's lightning indexer (DeepSeek Sparse Attention), as DeepSeek's reference
+    inference code builds it: its queries from the compressed query (``wq_b``: q_lora_rank to
+    index_n_heads x index_head_dim), one key a token (``wk``: hidden to index_head_dim, then a
+    LayerNorm with its bias, ``k_norm``) and a weight a head for each token (``weights_proj``:
+    hidden to index_n_heads)."""
+    a, h = m.mla, m.hidden_size
+    n, d = a.index_n_heads, a.index_head_dim
+    return {"indexer_wq_b": (a.q_lora_rank or h) * n * d, "indexer_wk": h * d,
+            "indexer_k_norm": 2 * d, "indexer_weights_proj": h * n}
+
+
+# The index key cache a sparse-attention layer keeps a token: its key in fp8 and one fp32
+# scale a block of 128 of its dimensions (DeepSeek's reference code, ``k_scale_cache``)
+INDEX_SCALE_BLOCK = 128
+
+
+def index_key_bytes(m: ModelSpec) -> float:
+    """Bytes one token adds to one layer's index key cache (every TP rank holds it whole):
+    index_head_dim fp8 values and a 4-byte scale per 128 of them; 0 for dense attention.
+    DeepSeek-V3.2: 128 + 4 = 132."""
+    if m.mla is None or not m.mla.sparse:
+        return 0.0
+    d = m.mla.index_head_dim
+    return d * 1.0 + 4.0 * -(-d // INDEX_SCALE_BLOCK)
 
 
 def _mlp_params(m: ModelSpec, inter: int, bias: bool | None = None) -> dict[str, int]:
@@ -210,6 +239,16 @@ def check_tp(m: ModelSpec, tp: int) -> None:
                          "pass cannot apply", fields=("tp",))
 
 
+def check_runs_on(m: ModelSpec, hw: HardwareSpec) -> None:
+    """What the model's own kernels need of the GPU: sparse attention's indexer scores the
+    cache in fp8 (DeepGEMM's MQA-logits kernels in vLLM and SGLang), so a GPU without fp8
+    tensor cores cannot serve it."""
+    if m.sparse_topk is not None and DType.fp8 not in hw.peak_tflops:
+        raise UsageError(f"{m.name}'s sparse attention scores its cache in fp8 (its indexer's "
+                         f"kernels), and {hw.name} has no fp8 tensor cores: vLLM and SGLang "
+                         "serve it on Hopper GPUs and later", fields=("gpu",))
+
+
 def kv_heads_per_gpu(m: ModelSpec, tp: int) -> float:
     """KV heads held by one GPU; when tp exceeds the KV heads each GPU holds one replica."""
     return max(m.num_kv_heads / tp, 1.0)
@@ -224,6 +263,47 @@ def kv_elements_per_token_per_layer(m: ModelSpec, tp: int = 1) -> float:
     if m.mla is not None:
         return m.mla.kv_lora_rank + m.mla.qk_rope_head_dim
     return 2 * kv_heads_per_gpu(m, tp) * m.head_dim_
+
+
+def cache_entry_bytes(m: ModelSpec, kv_bytes: float, tp: int = 1) -> float:
+    """Bytes of one token's entry in one layer's attention cache on one GPU (what attention
+    reads of it): its cached elements (``kv_elements_per_token_per_layer``) at ``kv_bytes``
+    each; under sparse attention an fp8 cache is FlashMLA's sparse layout (vLLM's
+    ``fp8_ds_mla``, SGLang's alike): the latent in fp8 with a 4-byte scale per 128 of it,
+    and the rope key in 16 bits, 512 + 16 + 128 = 656 bytes for DeepSeek-V3.2 (vLLM's
+    flashmla_sparse.py: "each token's KV cache is 656 Bytes")."""
+    a = m.mla
+    if a is not None and a.sparse and kv_bytes == 1:
+        return a.kv_lora_rank + 4.0 * -(-a.kv_lora_rank // 128) + 2.0 * a.qk_rope_head_dim
+    return kv_elements_per_token_per_layer(m, tp) * kv_bytes
+
+
+def kv_bytes_per_token_per_layer(m: ModelSpec, kv_bytes: float, tp: int = 1) -> float:
+    """Bytes one token adds to one GPU's cache in one layer: its attention cache entry
+    (``cache_entry_bytes``) and a sparse-attention layer's index key (``index_key_bytes``),
+    whatever the cache's type."""
+    return cache_entry_bytes(m, kv_bytes, tp) + index_key_bytes(m)
+
+
+def windowed_layers(m: ModelSpec) -> tuple[bool, ...]:
+    """Per layer, whether its attention reads a capped span of the cache
+    (``ModelSpec.attention_window``): the sliding-window layers, or every layer of a model
+    with sparse attention."""
+    if m.sparse_topk is not None:
+        return (True,) * m.num_layers
+    return m.layer_is_sliding
+
+
+def local_attention_name(m: ModelSpec) -> str:
+    """The operator name of the windowed layers' attention: ``attention_sparse`` under sparse
+    attention (the top-k tokens its indexer picks), else ``attention_local`` (the window)."""
+    return "attention_sparse" if m.sparse_topk is not None else "attention_local"
+
+
+# the operators that attend over a step's cached tokens, priced per step from its amounts
+# (``planner.serving.cost``): full layers', windowed or sparse layers', and sparse
+# attention's indexer, which scores every cached token
+ATTENTION_OPS = ("attention", "attention_local", "attention_sparse", "dsa_indexer")
 
 
 def expected_distinct_experts(num_experts: int, top_k: int, tokens: float) -> float:
@@ -327,7 +407,7 @@ def step_ops(
     after ``past_tokens`` cached ones. Decode: new_tokens=1; prefill: new_tokens=prompt.
     ``lm_head_sharded``: the lm_head is split across TP ranks (vLLM) or whole on each."""
     return shape_ops(m, prec, StepShape.uniform(batch, new_tokens, past_tokens,
-                                                m.sliding_window), tp=tp,
+                                                m.attention_window), tp=tp,
                      attention=attention, lm_head_sharded=lm_head_sharded)
 
 
@@ -426,16 +506,17 @@ def _attention_ops(s: _Step, shape: StepShape,
     """Each layer's attention block: the projections, the KV append, attention over the cache
     (full and sliding-window layers apart), the output projection and its all-reduce."""
     m, L, T, tp = s.m, s.m.num_layers, s.T, s.tp
-    kv_layer = kv_elements_per_token_per_layer(m, tp) * s.kvb  # bytes per token, layer and GPU
+    kv_layer = cache_entry_bytes(m, s.kvb, tp)  # bytes per token, layer and GPU
     if m.mla is None:
         ops, qk_dim, v_dim, o_in = _gqa_projections(s)
     else:
         ops, qk_dim, v_dim, o_in = _mla_projections(s)
-    n_local = m.num_sliding_layers
+    n_local = sum(windowed_layers(m))  # sliding-window layers, or sparse attention's
     n_full = L - n_local
     local = shape.local or shape  # no window shape given: the local layers cost as full ones
-    held = shape.kv_held_tokens if not n_local else (
-        n_full * shape.kv_held_tokens + n_local * local.kv_held_tokens) / L
+    n_slide = m.num_sliding_layers  # sparse attention keeps every token cached
+    held = shape.kv_held_tokens if not n_slide else (
+        (L - n_slide) * shape.kv_held_tokens + n_slide * local.kv_held_tokens) / L
     if m.qk_norm:  # RMSNorm of each query and key head (or of the whole q and k), before RoPE
         qk_elems = T * (s.heads + kv_heads_per_gpu(m, tp)) * m.head_dim_
         per_layer = m.qk_norm_scope == "layer"
@@ -458,9 +539,40 @@ def _attention_ops(s: _Step, shape: StepShape,
     if n_full:
         ops.append(_attention(s, "attention", n_full, shape, **dims))
     if n_local:
-        ops.append(_attention(s, "attention_local", n_local, local, **dims))
+        ops.append(_attention(s, local_attention_name(m), n_local, local, **dims))
+    if m.sparse_topk is not None:
+        ops += _indexer_ops(s, shape)
     ops.append(s.matmul("o_proj", L, o_in / tp, s.h, bias=s.h if m.attention_out_bias else 0.0))
     ops += s.allreduce("allreduce_attn", L)
+    return ops
+
+
+def _indexer_ops(s: _Step, shape: StepShape) -> list[Op]:
+    """DeepSeek Sparse Attention's lightning indexer in each layer, on every TP rank whole
+    (each rank picks the same top-k for its heads): its projections (the queries from the
+    compressed query, one key and a weight a head for each token), the new keys' LayerNorm,
+    rotary embedding, fp8 quantization and write to the index key cache
+    (``index_key_bytes`` a token), then ``dsa_indexer``: every new token's scores over every
+    cached token, QK^T in fp8 over ``index_n_heads`` heads of ``index_head_dim`` (2 x heads x
+    dims FLOPs a pair) and their ReLU'd weighted sum over the heads (2 x heads), written as
+    an fp32 logit a pair that the top-k selection reads back (8 bytes a pair: vLLM's
+    DeepGEMM fp8_mqa_logits, then its top-k), the whole cache of index keys read once a
+    sequence. The top-k (``index_topk`` tokens) is what the sparse
+    attention then reads (``local_attention_name``)."""
+    m, a, L, T = s.m, s.m.mla, s.m.num_layers, s.T
+    n, d = a.index_n_heads, a.index_head_dim
+    key = index_key_bytes(m)
+    ops = [s.matmul("indexer_q_proj", L, a.q_lora_rank or s.h, n * d),
+           s.matmul("indexer_k_proj", L, s.h, d),
+           s.matmul("indexer_weights_proj", L, s.h, n, quantized=False),
+           Op("indexer_k_write", "elementwise", L, flops=8.0 * T * d,
+              weight_bytes=2 * d * s.hb, kv_bytes=T * key,
+              act_bytes=T * d * s.ab + T * (n * d) * (s.ab + 1.0), dtype=s.hdt)]
+    pairs = shape.attn_pairs
+    ops.append(Op("dsa_indexer", "attention", L, flops=2.0 * n * (d + 1) * pairs,
+                  kv_bytes=shape.kv_read_tokens * key,
+                  act_bytes=T * n * (d * 1.0 + 4.0) + 8.0 * pairs,
+                  dtype=DType.fp8))
     return ops
 
 

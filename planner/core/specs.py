@@ -334,6 +334,27 @@ class MLASpec(_Frozen):
     qk_nope_head_dim: int = Field(gt=0, le=1_000_000)
     qk_rope_head_dim: int = Field(gt=0, le=1_000_000)
     v_head_dim: int = Field(gt=0, le=1_000_000)
+    # DeepSeek Sparse Attention (DeepSeek-V3.2, GLM-5): a lightning indexer of
+    # ``index_n_heads`` heads of ``index_head_dim`` scores every cached token for each query
+    # token (fp8), and the attention proper reads the ``index_topk`` best of them; None: dense
+    index_topk: int | None = Field(None, gt=0, le=1_000_000_000)
+    index_n_heads: int | None = Field(None, gt=0, le=1_000_000)
+    index_head_dim: int | None = Field(None, gt=0, le=1_000_000)
+
+    @model_validator(mode="after")
+    def _check(self) -> MLASpec:
+        given = [f for f in ("index_topk", "index_n_heads", "index_head_dim")
+                 if getattr(self, f) is not None]
+        if given and len(given) != 3:
+            missing = sorted({"index_topk", "index_n_heads", "index_head_dim"} - set(given))
+            raise ValueError(f"sparse attention's indexer needs index_topk, index_n_heads and "
+                             f"index_head_dim together; {', '.join(missing)} missing")
+        return self
+
+    @property
+    def sparse(self) -> bool:
+        """DeepSeek Sparse Attention: an indexer picks the tokens each query attends to."""
+        return self.index_topk is not None
 
 
 class ChatTemplate(_Frozen):
@@ -481,6 +502,19 @@ class ModelSpec(_Frozen):
     @property
     def num_sliding_layers(self) -> int:
         return sum(self.layer_is_sliding)
+
+    @property
+    def sparse_topk(self) -> int | None:
+        """The tokens each query attends to under DeepSeek Sparse Attention (its indexer's
+        top-k), or None for dense attention."""
+        return self.mla.index_topk if self.mla is not None else None
+
+    @property
+    def attention_window(self) -> int | None:
+        """The most cached tokens one query attends to in the layers that cap it: the sliding
+        window, or sparse attention's top-k (which, unlike a window, keeps every token
+        cached: the indexer chooses among them all); None where attention is full."""
+        return self.sliding_window if self.sliding_window is not None else self.sparse_topk
 
     @property
     def head_dim_(self) -> int:

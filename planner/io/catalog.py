@@ -454,8 +454,8 @@ def load_calibration(path: str | Path) -> Calibration:
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "mixtral", "qwen2", "qwen3", "qwen3_moe", "gemma",
                          "gemma2", "gemma3", "gemma3_text", "phi3", "gpt2", "gpt_oss",
-                         "deepseek_v2", "deepseek_v3", "glm4_moe", "minimax_m2", "qwen3_vl",
-                         "qwen3_vl_moe", "llama4_text")
+                         "deepseek_v2", "deepseek_v3", "deepseek_v32", "glm4_moe",
+                         "glm_moe_dsa", "minimax_m2", "qwen3_vl", "qwen3_vl_moe", "llama4_text")
 # The model classes of those architectures as a config.json's ``architectures`` names them.
 # vLLM's model registry and SGLang's pick the model's code by this name, not by model_type, so
 # a checkpoint under a model_type of its own whose class is one of these runs as that
@@ -468,10 +468,15 @@ ARCHITECTURE_CLASSES = {
     "Gemma2ForCausalLM": "gemma2", "Gemma3ForCausalLM": "gemma3_text",
     "Phi3ForCausalLM": "phi3", "GPT2LMHeadModel": "gpt2", "GptOssForCausalLM": "gpt_oss",
     "DeepseekV2ForCausalLM": "deepseek_v2", "DeepseekV3ForCausalLM": "deepseek_v3",
+    "DeepseekV32ForCausalLM": "deepseek_v32", "GlmMoeDsaForCausalLM": "glm_moe_dsa",
     "Glm4MoeForCausalLM": "glm4_moe", "MiniMaxM2ForCausalLM": "minimax_m2",
     "Llama4ForCausalLM": "llama4_text",
     "Qwen3VLForConditionalGeneration": "qwen3_vl",
     "Qwen3VLMoeForConditionalGeneration": "qwen3_vl_moe"}
+# the model types read as DeepSeek's multi-head latent attention and mixture of experts, and
+# of those the ones with DeepSeek Sparse Attention's indexer (DeepSeek-V3.2, GLM-5)
+SPARSE_MLA_TYPES = ("deepseek_v32", "glm_moe_dsa")
+MLA_TYPES = ("deepseek_v2", "deepseek_v3", *SPARSE_MLA_TYPES)
 # Qwen3-VL's language model is Qwen3's (dense or MoE), in its config's text_config
 QWEN3_VL_TEXT = {"qwen3_vl": "qwen3", "qwen3_vl_moe": "qwen3_moe"}
 # what ``_modelled_type`` answers for another multimodal checkpoint whose text_config is a
@@ -510,8 +515,8 @@ def _sliding_window(cfg: dict, mt: str, layers: int, path: str) -> dict[str, Any
         raise SpecError(f"{path}: max_window_layers: expected a whole number")
     if mt in ("qwen2", "qwen3", "qwen3_moe") and not cfg.get("use_sliding_window"):
         return {}
-    if not window or mt in ("llama", "gpt2", "deepseek_v2", "deepseek_v3", "glm4_moe",
-                            "minimax_m2", "llama4_text", "gemma"):
+    if not window or mt in ("llama", "gpt2", "gemma", "glm4_moe", "minimax_m2",
+                            "llama4_text", *MLA_TYPES):
         return {}
     types = cfg.get("layer_types")
     if types is not None:
@@ -786,12 +791,18 @@ def _model_from_hf_config(cfg: dict, path: str) -> ModelSpec:
                     "experts_per_token": _req(cfg, "num_experts_per_tok", path),
                     "expert_intermediate_size": _req(cfg, "moe_intermediate_size", path),
                     "first_dense_layers": first, "layer_step": step}
-    if mt in ("deepseek_v2", "deepseek_v3"):
+    if mt in MLA_TYPES:
         d["mla"] = {"q_lora_rank": cfg.get("q_lora_rank"),
                     "kv_lora_rank": _req(cfg, "kv_lora_rank", path),
                     "qk_nope_head_dim": _req(cfg, "qk_nope_head_dim", path),
                     "qk_rope_head_dim": _req(cfg, "qk_rope_head_dim", path),
                     "v_head_dim": _req(cfg, "v_head_dim", path)}
+        if mt in SPARSE_MLA_TYPES:
+            # DeepSeek Sparse Attention (DeepSeek-V3.2; GLM-5's GlmMoeDsaForCausalLM, which
+            # vLLM runs as its DeepseekV2ForCausalLM): the lightning indexer's heads and
+            # head size, and the tokens each query attends to
+            for k in ("index_topk", "index_n_heads", "index_head_dim"):
+                d["mla"][k] = _req(cfg, k, path)
         d["head_dim"] = d["mla"]["qk_nope_head_dim"] + d["mla"]["qk_rope_head_dim"]
         if _opt_int(cfg, "moe_layer_freq", path, 1) != 1:
             raise SpecError(f"{path}: moe_layer_freq: a MoE layer every "
@@ -804,7 +815,7 @@ def _model_from_hf_config(cfg: dict, path: str) -> ModelSpec:
         # on GQA attention with q, k, v biases; partial_rotary_factor (RoPE over part of a
         # head) is elementwise work not priced apart
         d["moe"] = _deepseek_moe(cfg, path, True)
-    if mt in ("deepseek_v2", "deepseek_v3", "glm4_moe"):
+    if mt in (*MLA_TYPES, "glm4_moe"):
         # the multi-token-prediction layers it ships (DeepSeek-V3 and R1: 1; Kimi-K2: 0)
         d["mtp_layers"] = _opt_int(cfg, "num_nextn_predict_layers", path, None, least=0)
     if mt == "minimax_m2":
@@ -997,13 +1008,16 @@ _HF_SIZES = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_he
              "num_key_value_heads", "intermediate_size", "max_position_embeddings",
              "num_local_experts", "num_experts", "num_experts_per_tok",
              "moe_intermediate_size", "n_routed_experts", "kv_lora_rank", "qk_nope_head_dim",
-             "qk_rope_head_dim", "v_head_dim")
+             "qk_rope_head_dim", "v_head_dim", "index_topk", "index_n_heads", "index_head_dim")
 
 # a config.json's keys for ModelSpec's fields, so that an error names what the file says
 _HF_KEYS = {"num_layers": "num_hidden_layers", "num_kv_heads": "num_key_value_heads",
             "moe.experts_per_token": "num_experts_per_tok",
             "moe.num_shared_experts": "n_shared_experts",
-            "moe.first_dense_layers": "first_k_dense_replace"}
+            "moe.first_dense_layers": "first_k_dense_replace",
+            **{f"mla.{k}": k for k in ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim",
+                                       "qk_rope_head_dim", "v_head_dim", "index_topk",
+                                       "index_n_heads", "index_head_dim")}}
 _GPT2_KEYS = {"hidden_size": "n_embd", "num_layers": "n_layer", "num_attention_heads": "n_head",
               "num_kv_heads": "n_head", "max_position_embeddings": "n_positions",
               "intermediate_size": "n_inner"}

@@ -16,6 +16,7 @@ from dataclasses import dataclass, replace
 from planner.core.engine import IDEAL, Engine
 from planner.core.errors import UsageError
 from planner.core.estimate import Estimate, Prepared, estimate_prepared, prepare
+from planner.core.ops import check_runs_on
 from planner.core.specs import (
     Calibration,
     HardwareSpec,
@@ -124,6 +125,7 @@ class Deployment:
         (a ``UsageError`` when the GPU cannot run it)."""
         o = options or Options()
         layout.check(model)
+        check_runs_on(model, hardware)
         prep = prepare(hardware, precision or Precision(), calibration, o, engine)
         check_offload(model, hardware, prep, layout, o)
         return cls(model, hardware, prep, layout, o, calibration, weights_source)

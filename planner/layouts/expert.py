@@ -276,12 +276,12 @@ def expert_parallel(m: ModelSpec, hw: HardwareSpec, prep: Prepared, o: Options, 
     b = -(-batch // x.dp)  # one attention group's sequences
     ctx = prompt_tokens + output_tokens / 2
     graphed = e.cuda_graphs
-    dense = x.dense_s(StepShape.uniform(b, 1, ctx - 1, m.sliding_window), graphed)
+    dense = x.dense_s(StepShape.uniform(b, 1, ctx - 1, m.attention_window), graphed)
     experts, top = x.experts_s(batch, graphed)
     a2a = x.all_to_all_s(b)
     reduce = x.moe_reduce_s(b, graphed)
     # prefill: each group its own sequences' prompts, in one pass per chunk
-    pre_dense = x.dense_s(StepShape.uniform(b, prompt_tokens, 0, m.sliding_window), False)
+    pre_dense = x.dense_s(StepShape.uniform(b, prompt_tokens, 0, m.attention_window), False)
     pre_experts, _ = x.experts_s(batch * prompt_tokens, False)
     chunks = 1 if o.prefill_chunk_tokens is None else \
         -(-(b * prompt_tokens) // o.prefill_chunk_tokens)

@@ -231,12 +231,12 @@ def _costs(m: ModelSpec, prep: Prepared, o: Options, tp: int, cfg: SpeculationCo
     off where the engine turns it off for it: ``Engine.for_speculation``)."""
     e = prep.engine
     fixed = e.step_overhead_s + e.per_sequence_overhead_s * batch
-    base = _step(m, prep, o, tp, StepShape.uniform(batch, 1, ctx - 1, m.sliding_window), fixed)
+    base = _step(m, prep, o, tp, StepShape.uniform(batch, 1, ctx - 1, m.attention_window), fixed)
     e = e.for_speculation(cfg.method)
     k = cfg.k
     # k + 1 new tokens per sequence after ctx - 1 cached, every position's logits sampled
     verify = _step(m, prep, o, tp, replace(StepShape.uniform(batch, k + 1, ctx - 1,
-                                                             m.sliding_window, prefill=False),
+                                                             m.attention_window, prefill=False),
                                            logit_rows=batch * (k + 1)), fixed, e)
     if cfg.method == "ngram":
         draft = 0.0

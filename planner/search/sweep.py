@@ -26,6 +26,7 @@ import numpy as np
 from planner.core.engine import IDEAL, Engine
 from planner.core.errors import LlmplanError, UsageError
 from planner.core.estimate import assemble, prepare, resolve_price
+from planner.core.ops import check_runs_on
 from planner.core.specs import (
     DEFAULT_GROUP_SIZE,
     Calibration,
@@ -187,6 +188,7 @@ def iter_sweep(g: Grid, *, calibration: Calibration | None = None,
                 "kv_cache": prec.kv_cache.value, "engine": g.engine.name}
         try:
             Layout(tp, pp, ep).check(m)
+            check_runs_on(m, hw)
             if g.quantized_layers == "experts" and m.moe is None:
                 raise UsageError(f"{m.name} has no routed experts to quantize alone")
             prep = prepare(hw, prec, calibration, g.options, g.engine)

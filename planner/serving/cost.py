@@ -30,7 +30,16 @@ from dataclasses import replace
 
 from planner.core.engine import Engine
 from planner.core.estimate import Prepared
-from planner.core.ops import SAMPLING_OPS, Op, StepShape, host_transfer_ops, shape_ops
+from planner.core.ops import (
+    ATTENTION_OPS,
+    SAMPLING_OPS,
+    Op,
+    StepShape,
+    check_runs_on,
+    host_transfer_ops,
+    local_attention_name,
+    shape_ops,
+)
 from planner.core.roofline import (
     combine,
     launch_time_s,
@@ -113,6 +122,7 @@ class StepCoster:
         embedding, holds the head) as ``planner.layouts.pipeline.stage_ops`` selects them.
         ``cache``: share the operators and their times with other costers of this replica
         (``CostCache``)."""
+        check_runs_on(model, hardware)
         self.model, self.prep, self.options, self.tp = model, prep, options, tp
         self.stage = stage
         self.hardware = hardware
@@ -126,13 +136,15 @@ class StepCoster:
             self._linear_ops, self._head_ops, self._unit_ops = cache.ops(self)
             self._linear, self._head = cache.times(self)
         unit, scored_ops, fill_ops, past_ops = self._units()
-        # full and sliding-window layers cost alike per unit of work (their counts differ)
-        name = "attention" if "attention" in unit else "attention_local"
+        # full and sliding-window (or sparse) layers cost alike per unit of work (their
+        # counts differ)
+        local_name = local_attention_name(model)
+        name = "attention" if "attention" in unit else local_name
         attn = replace(unit[name], count=1)
         scored = scored_ops[name]
         self._attn = attn
         self._n_full = unit["attention"].count if "attention" in unit else 0
-        self._n_local = unit["attention_local"].count if "attention_local" in unit else 0
+        self._n_local = unit[local_name].count if local_name in unit else 0
         self._kv_write = unit["rope_kv_write"]
         self._concat = self.engine.kv_cache_concat
         # attention's compute and memory times are linear in the pairs, the cache read, the
@@ -159,6 +171,25 @@ class StepCoster:
         self._per_kernel = prep.ceilings.kernel_cost_s("attention", self.engine)
         # device time a layer's attention takes beyond its kernels' (op_time's fixed part)
         self._attn_fixed = operator_device_fixed_s(attn, self.engine)
+        # sparse attention's indexer (every layer's), over the whole cache: its compute per
+        # pair and memory per cached token read, per new token and per score element, and
+        # its kernels, from op_time as attention's are
+        idx = unit.get("dsa_indexer")
+        self._idx = None if idx is None else replace(idx, count=1)
+        self._n_idx = 0 if idx is None else idx.count
+        if idx is not None:
+            one = self._idx
+            # its logits' bytes go with the pairs, its queries' with the new tokens: each
+            # measured on a shape of that amount alone
+            by_token, by_pair = self._indexer_units()
+            self._idx_c_per_pair = unit_times(replace(one, kv_bytes=0.0, act_bytes=0.0))[0]
+            self._idx_m_per_kv = unit_times(replace(one, flops=0.0, act_bytes=0.0))[1]
+            self._idx_m_per_token = unit_times(replace(by_token, count=1, flops=0.0,
+                                                       kv_bytes=0.0))[1]
+            self._idx_m_per_pair = unit_times(replace(by_pair, count=1, flops=0.0,
+                                                      kv_bytes=0.0))[1]
+            self._idx_kernels = self.engine.kernels_for(one.name, one.kind)
+            self._idx_fixed = operator_device_fixed_s(one, self.engine)
         self._launch_s: float | None = None
         self._graph_launch_s: float | None = None
 
@@ -180,6 +211,8 @@ class StepCoster:
         if self._launch_s is None:
             ops = [*self._linear_ops_of(1), *self._head_ops_of(1),
                    replace(self._attn, count=self._n_full + self._n_local)]
+            if self._idx is not None:
+                ops.append(replace(self._idx, count=self._n_idx))
             if self._concat:  # its KV write is priced apart from the linear operators
                 ops.append(self._kv_write)
             self._launch_s = launch_time_s([op_time(op, self.prep.ceilings, tp=self.tp,
@@ -198,6 +231,16 @@ class StepCoster:
                 self._ops(StepShape(1.0, 1.0, 1.0, 1.0, 1.0, 1.0)),
                 self._ops(StepShape(1.0, 1.0, 1.0, 1.0, 0.0, 1.0, None, 1.0, 0.0)),
                 self._ops(StepShape(1.0, 1.0, 1.0, 1.0, 0.0, 1.0, None, 0.0, 1.0)))
+        return got
+
+    def _indexer_units(self) -> tuple[Op, Op]:
+        """Sparse attention's indexer for one new token with nothing cached, and for one
+        query-key pair alone (``dsa_indexer``'s bytes of each)."""
+        got = self._unit_ops.get("indexer")
+        if got is None:
+            got = self._unit_ops["indexer"] = (
+                self._ops(StepShape(1.0, 0.0, 0.0, 0.0, 0.0, 1.0))["dsa_indexer"],
+                self._ops(StepShape(0.0, 1.0, 0.0, 0.0, 0.0, 0.0))["dsa_indexer"])
         return got
 
     def _ops(self, shape: StepShape) -> dict[str, Op]:
@@ -225,7 +268,7 @@ class StepCoster:
     def _linear_ops_of(self, tokens: int) -> list[Op]:
         ops = self._linear_ops.get((tokens, self._concat))
         if ops is None:
-            skip = {"attention", "attention_local", *SAMPLING_OPS}
+            skip = {*ATTENTION_OPS, *SAMPLING_OPS}
             if self._concat:
                 skip.add("rope_kv_write")
             shape_ops = self._ops(StepShape(float(tokens), 0.0, 0.0, 0.0, 0.0, 0.0))
@@ -261,6 +304,16 @@ class StepCoster:
         return combine(compute, memory, self.engine, self.options, kernels=self._attn_kernels,
                        per_kernel_s=self._per_kernel, graphed=graphed, fixed_s=self._attn_fixed)
 
+    def _indexer_layer_s(self, shape: StepShape, graphed: bool) -> float:
+        """One layer's sparse-attention indexer over the step's whole cache (``_indexer_ops``
+        in planner.core.ops): its pairs, cache read, new tokens and score elements."""
+        compute = self._idx_c_per_pair * shape.attn_pairs
+        memory = (self._idx_m_per_kv * shape.kv_read_tokens
+                  + self._idx_m_per_token * shape.tokens
+                  + self._idx_m_per_pair * shape.attn_pairs)
+        return combine(compute, memory, self.engine, self.options, kernels=self._idx_kernels,
+                       per_kernel_s=self._per_kernel, graphed=graphed, fixed_s=self._idx_fixed)
+
     def _head_ops_of(self, rows: int) -> list[Op]:
         ops = self._head_ops.get(rows)
         if ops is None:
@@ -276,6 +329,8 @@ class StepCoster:
             t += self._n_full * self._one_attention_s(shape, graphed)
         if self._n_local:
             t += self._n_local * self._one_attention_s(shape.local or shape, graphed)
+        if self._n_idx:
+            t += self._n_idx * self._indexer_layer_s(shape, graphed)
         if self._concat:
             w = self._kv_write
             t += self._time(replace(w, kv_bytes=w.kv_bytes * shape.tokens,
@@ -421,7 +476,8 @@ class StepCoster:
             layers = self._n_full + self._n_local
             head = sum(self.engine.kernels_for(op.name, op.kind)
                        for op in self._head_ops_of(1))
-            self._graph_launch_s = (layers * (self._attn_kernels + 1) + 1 + head) * \
+            idx = self._n_idx * self._idx_kernels if self._n_idx else 0.0  # launched eagerly
+            self._graph_launch_s = (layers * (self._attn_kernels + 1) + idx + 1 + head) * \
                 self.engine.host_launch_s
         return self._graph_launch_s
 

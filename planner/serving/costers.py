@@ -41,11 +41,10 @@ from planner.core.engine import Engine
 from planner.core.estimate import Prepared
 from planner.core.memory import (
     kv_cache_bytes_per_token,
-    kv_elements_per_token_per_layer,
     serving_kv_tokens,
     step_activation_bytes,
 )
-from planner.core.ops import StepShape, check_tp
+from planner.core.ops import StepShape, check_tp, kv_bytes_per_token_per_layer
 from planner.core.roofline import with_host
 from planner.core.specs import HardwareSpec, ModelSpec, Options
 from planner.layouts.expert import ExpertStep
@@ -117,7 +116,7 @@ class PipelineCoster(_Layout):
         counts it again in one group's tokens)."""
         m, p, o = self.model, self.prep.precision, self.options
         act = self._activation_bytes(max_num_seqs, step_tokens, self.tp)
-        per_layer = kv_elements_per_token_per_layer(m, self.tp) * p.kv_bytes
+        per_layer = kv_bytes_per_token_per_layer(m, p.kv_bytes, self.tp)
         return min(serving_kv_tokens(
             self.hardware.memory_bytes, o, self.engine,
             weights_bytes=weights_of_stage(m, p, self.tp, s, t, i == 0, i == self.pp - 1,

@@ -31,9 +31,12 @@ def scheduler(dep: Deployment, mode: str | None = None, **overrides) -> Schedule
     overridden; defaults that depend on the served context length take the model's where no
     max_model_len is given (vLLM's default max-model-len). Weights kept in host memory
     (--cpu-offload-gb) leave no prefill graphs (SGLang turns them off), nor does a MoE model
-    whose default MoE runner on this GPU takes them away (``Engine.prefill_graphs_for``)."""
-    if dep.options.cpu_offload_bytes or not dep.engine.prefill_graphs_for(
-            dep.model.architecture, dep.precision.weights.value):
+    whose default MoE runner on this GPU takes them away (``Engine.prefill_graphs_for``),
+    nor a model with sparse attention (SGLang's ``_handle_piecewise_cuda_graph`` turns them
+    off for DeepSeek-V3.2)."""
+    if dep.options.cpu_offload_bytes or dep.model.sparse_topk is not None or \
+            not dep.engine.prefill_graphs_for(dep.model.architecture,
+                                              dep.precision.weights.value):
         overrides.setdefault("prefill_graphs", None)
     return SchedulerConfig.for_engine(dep.engine.in_mode(mode),
                                       memory_bytes=dep.hardware.memory_bytes,

@@ -69,7 +69,7 @@ class StepPricer:
         self.scale = getattr(coster, "time_scale", 1.0)
         # padding to captured sizes, where the coster can take it (one TP group)
         self.graph_sizes = graph_sizes if getattr(coster, "pads_graphs", False) else ()
-        self.window = coster.model.sliding_window
+        self.window = coster.model.attention_window
         # a layout that places the decodes apart from the prefill chunks (expert
         # parallelism's data-parallel ranks) prices the two parts
         self.split_parts = getattr(coster, "splits_parts", False)
