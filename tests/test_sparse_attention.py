@@ -271,3 +271,32 @@ def test_sglang_replays_no_prefill_graph_for_it():
                                                  precision=FP8, layout=Layout(8, 1, 1))
                                 ).prefill_graphs for m in (v3, v32)}
     assert graphs["deepseek-v3"] is not None and graphs["deepseek-v3.2"] is None
+
+
+@pytest.mark.parametrize("gpu,tp,ratio", [("h200", 8, 4.0), ("b200", 8, 8.0), ("h200", 2, 1.0),
+                                          ("b200", 1, 1.0), ("mi300x", 8, 1.0)])
+def test_the_sparse_kernel_computes_its_padded_heads(gpu, tp, ratio):
+    # FlashMLA's sparse kernels take 64 or 128 query heads a GPU (vLLM's flashmla_sparse.py
+    # pads to them): DeepSeek-V3.2's 16 heads a GPU at TP 8 compute as 64 on Hopper and 128
+    # on Blackwell; its 64 at TP 2 and 128 at TP 1 as they are; no such kernel stated for
+    # the MI300X. The bytes are the cache's either way.
+    from dataclasses import replace
+
+    from planner.core.roofline import op_time
+    m, hw, o = _v32(), load_hardware(gpu), Options()
+    prep = prepare(hw, FP8, None, o, load_engine("vllm"))
+    e = prep.engine
+    op = {x.name: x for x in decode_ops(m, prep.precision, batch=32, context_tokens=9000,
+                                        tp=tp)}["attention_sparse"]
+    assert op.heads == 128 / tp
+    padded = op_time(op, prep.ceilings, tp=tp, engine=e)
+    plain = op_time(op, prep.ceilings, tp=tp, engine=replace(e, sparse_mla_heads=0.0))
+    assert padded.compute_s == pytest.approx(ratio * plain.compute_s)
+    assert padded.memory_s == plain.memory_s
+    # the simulator prices the same padded kernel
+    c = StepCoster(m, hw, prep, o, tp=tp)
+    got = c.attention_s(StepShape.uniform(32, 1, 8999, m.attention_window), True)
+    want = sum(op_time(x, prep.ceilings, tp=tp, engine=e).time_s
+               for x in decode_ops(m, prep.precision, batch=32, context_tokens=9000, tp=tp)
+               if x.name in ("attention_sparse", "dsa_indexer"))
+    assert got == pytest.approx(want, rel=1e-9)

@@ -217,6 +217,12 @@ class ArchDepths(_ByArchitecture):
         min_length=1)
 
 
+class ArchHeads(_ByArchitecture):
+    """A count of attention heads by GPU architecture; an architecture not named has none."""
+
+    value: dict[str, Annotated[int, Field(gt=0, le=4096)]] = Field(min_length=1)
+
+
 class ArchMicros(_ByArchitecture):
     """A device time in microseconds by GPU architecture; an architecture not named has none."""
 
@@ -1054,6 +1060,10 @@ class EngineSpec(_Frozen):
     # write, the attention kernel's latency), which no byte or FLOP pays for; not MLA's (its
     # block's, operator_fixed_us.mla_kv_up_proj) (None: none on any GPU)
     attention_fixed_us: ArchMicros | None = None
+    # the query heads a GPU's sparse MLA kernel (DeepSeek Sparse Attention's, FlashMLA's) is
+    # built for, by GPU architecture: a GPU's heads are padded up to a multiple of this and
+    # all of them computed (None: none padded on any GPU)
+    sparse_mla_heads: ArchHeads | None = None
     gemm_tile_m: Num
     overlap_frac: Frac  # share of min(compute, memory) time hidden under the max
     attention_bandwidth_frac: Frac
@@ -1275,6 +1285,7 @@ class EngineSpec(_Frozen):
             experts_fp8_k_half_by_arch=_pairs(self.experts_fp8_k_half),
             mxfp4_moe_fixed_by_arch=_pairs(self.mxfp4_moe_fixed_us, 1e-6),
             attention_fixed_by_arch=_pairs(self.attention_fixed_us, 1e-6),
+            sparse_mla_heads_by_arch=_pairs(self.sparse_mla_heads),
             gemm_tile_m=self.gemm_tile_m.value,
             overlap_frac=self.overlap_frac.value,
             attention_bandwidth_frac=self.attention_bandwidth_frac.value,
@@ -1470,6 +1481,10 @@ class Engine:
     # (``for_gpu`` resolves it from ``attention_fixed_by_arch``; 0: none)
     attention_fixed_s: float = 0.0
     attention_fixed_by_arch: tuple[tuple[str, float], ...] = ()
+    # the head multiple a GPU's sparse MLA kernel pads its query heads to on this GPU
+    # (``for_gpu`` resolves it from ``sparse_mla_heads_by_arch``; 0: none)
+    sparse_mla_heads: float = 0.0
+    sparse_mla_heads_by_arch: tuple[tuple[str, float], ...] = ()
     gemm_tile_m: float = 1.0
     overlap_frac: float = 1.0
     attention_bandwidth_frac: float = 1.0
@@ -1844,7 +1859,8 @@ class Engine:
                 self.experts_fp8_k_half, self.experts_k_half_by_arch,
                 self.experts_fp8_k_half_by_arch, self.mxfp4_moe_fixed_s,
                 self.mxfp4_moe_fixed_by_arch, self.attention_fixed_s,
-                self.attention_fixed_by_arch, self.gemm_tile_m, self.overlap_frac,
+                self.attention_fixed_by_arch, self.sparse_mla_heads,
+                self.sparse_mla_heads_by_arch, self.gemm_tile_m, self.overlap_frac,
                 self.attention_bandwidth_frac, self.attention_bandwidth_arch_frac,
                 self.attention_bandwidth_by_arch, self.attention_compute_frac,
                 self.fp8_kv_attention_bytes_per_s, self.fp8_kv_attention_by_arch,
@@ -1881,7 +1897,8 @@ _BY_ARCHITECTURE = (("experts_compute_by_arch", "experts_compute_frac", 1.0),
                     ("fp8_kv_attention_compute_by_arch", "fp8_kv_attention_compute_frac", 1.0),
                     ("fp8_gemm_row_tiles_by_arch", "fp8_gemm_row_tiles", ()),
                     ("mxfp4_moe_fixed_by_arch", "mxfp4_moe_fixed_s", 0.0),
-                    ("attention_fixed_by_arch", "attention_fixed_s", 0.0))
+                    ("attention_fixed_by_arch", "attention_fixed_s", 0.0),
+                    ("sparse_mla_heads_by_arch", "sparse_mla_heads", 0.0))
 
 # The pure roofline (background notes): datasheet peaks, every efficiency 1, no fixed costs.
 # engines_db/ideal.yaml states the same numbers with their sources; a test keeps them equal.

@@ -211,6 +211,9 @@ class Op:
     # (a MoE layer's: its tokens before gate_up, their routed copies before down, once a
     # layer, not per expert); 0: ``m_rows``
     quant_rows: float = 0.0
+    # attention: its query heads on this GPU (0: not stated), for a kernel that computes a
+    # padded number of them (``Engine.sparse_mla_heads``)
+    heads: float = 0.0
 
     @property
     def bytes(self) -> float:
@@ -634,7 +637,8 @@ def _attention(s: _Step, name: str, count: int, sh: StepShape, *, qk_dim: int, v
     # MLA's latent cache is read by other kernels (FlashMLA, ...) than the ones whose fp8
     # pace the engine profiles state (Engine.fp8_kv_attention_bytes_per_s)
     return Op(name, "attention", count, flops=flops, kv_bytes=kv, act_bytes=act, dtype=s.hdt,
-              kv_group=group, kv_dtype=None if a is not None else s.prec.kv_cache)
+              kv_group=group, kv_dtype=None if a is not None else s.prec.kv_cache,
+              heads=heads)
 
 
 def _mlp_ops(s: _Step) -> list[Op]:

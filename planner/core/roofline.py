@@ -474,6 +474,12 @@ def operator_device_fixed_s(op: Op, e: Engine) -> float:
     return e.fixed_for(op.name) + moe_fixed_s(op, e) + attention_fixed_s(op, e)
 
 
+def sparse_padded_heads(heads: float, multiple: float) -> float:
+    """A GPU's ``heads`` query heads as a kernel built for a multiple of ``multiple`` runs them:
+    rounded up to it."""
+    return math.ceil(heads / multiple - 1e-9) * multiple
+
+
 def op_time(op: Op, c: Ceilings, *, tp: int = 1, options: Options | None = None,
             engine: Engine = IDEAL, graphed: bool = True) -> OpTime:
     """One operator's time under ``engine`` (see planner.core.engine for the equation).
@@ -519,6 +525,10 @@ def op_time(op: Op, c: Ceilings, *, tp: int = 1, options: Options | None = None,
                  else ()) or (((math.inf, e.gemm_tile_m),) if e.gemm_tile_m > 1 else ())
         if tiles:
             flops = flops * (tiled_rows(op.m_rows, tiles) / op.m_rows)
+    if op.name == "attention_sparse" and e.sparse_mla_heads and op.heads:
+        # the sparse MLA kernel computes the GPU's heads padded to its multiple (FlashMLA's
+        # sparse kernels take 64 or 128 query heads): 16 a GPU at TP 8 compute as 64
+        flops = flops * sparse_padded_heads(op.heads, e.sparse_mla_heads) / op.heads
     compute = flops / (c.peak(op.dtype) * c_frac)
     moved = op.bytes
     if op.kind == "attention" and not e.gqa_kv_reuse:
