@@ -233,15 +233,20 @@ def test_pipeline_stages_split_the_sparse_layers():
         assert first[name] + second[name] == 61 and first[name] == 30
 
 
-def test_a_gpu_without_fp8_is_refused(run_cli):
-    code, _, err = run_cli("estimate", "--model", V32, "--gpu", "a100-sxm-80gb",
-                           "--tp", "8")
-    assert code == 2 and "fp8" in err and "a100-sxm-80gb" in err and "Traceback" not in err
+@pytest.mark.parametrize("gpu", ["a100-sxm-80gb", "l40s"])
+def test_a_gpu_without_its_kernels_is_refused(run_cli, gpu):
+    # the L40S has fp8 tensor cores, but no sparse MLA kernel runs on Ada
+    code, _, err = run_cli("estimate", "--model", V32, "--gpu", gpu, "--tp", "8")
+    assert code == 2 and "Hopper and Blackwell" in err and gpu in err
+    assert "Traceback" not in err and "\n" not in err.strip()
+
+
+def test_a_gpu_without_fp8_is_refused_by_the_library():
     a100 = load_hardware("a100-sxm-80gb")
-    with pytest.raises(UsageError, match="fp8 tensor cores"):
+    with pytest.raises(UsageError, match="an ampere GPU"):
         Deployment.build(_v32(), a100, engine=load_engine("vllm"),
                          layout=Layout(8, 1, 1))
-    with pytest.raises(UsageError, match="fp8 tensor cores"):
+    with pytest.raises(UsageError, match="sparse attention"):
         StepCoster(_v32(), load_hardware("a100-sxm-80gb"),
                    prepare(load_hardware("a100-sxm-80gb"), Precision(), None, Options(),
                            load_engine("vllm")), Options(), tp=8)
@@ -300,3 +305,16 @@ def test_the_sparse_kernel_computes_its_padded_heads(gpu, tp, ratio):
                for x in decode_ops(m, prep.precision, batch=32, context_tokens=9000, tp=tp)
                if x.name in ("attention_sparse", "dsa_indexer"))
     assert got == pytest.approx(want, rel=1e-9)
+
+
+def test_a_hopper_file_without_an_fp8_rate_is_refused_not_a_traceback():
+    h100 = load_hardware("h100-sxm")
+    bare = h100.model_copy(update={"peak_tflops": {k: v for k, v in h100.peak_tflops.items()
+                                                   if k.value != "fp8"}})
+    with pytest.raises(UsageError, match="no fp8 tensor-core rate"):
+        estimate(_v32(), bare, precision=Precision(weights="bf16"),
+                 parallelism=Parallelism(tp=8), engine=load_engine("vllm"))
+    # a GPU file that names no architecture passes on its fp8 rate
+    anon = h100.model_copy(update={"architecture": None})
+    assert estimate(_v32(), anon, precision=FP8, parallelism=Parallelism(tp=8),
+                    engine=load_engine("vllm")).tpot_s > 0

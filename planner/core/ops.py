@@ -242,14 +242,30 @@ def check_tp(m: ModelSpec, tp: int) -> None:
                          "pass cannot apply", fields=("tp",))
 
 
+# The GPU architectures whose kernels serve DeepSeek Sparse Attention: vLLM's FlashMLA
+# sparse backend takes compute capability 9 and 10 (flashmla_sparse.py,
+# supports_compute_capability; DeepGEMM's fp8 indexer kernels alike), its ROCm AITER sparse
+# MLA backend AMD's Instinct GPUs
+SPARSE_ATTENTION_ARCHITECTURES = ("hopper", "blackwell", "cdna3")
+
+
 def check_runs_on(m: ModelSpec, hw: HardwareSpec) -> None:
-    """What the model's own kernels need of the GPU: sparse attention's indexer scores the
-    cache in fp8 (DeepGEMM's MQA-logits kernels in vLLM and SGLang), so a GPU without fp8
-    tensor cores cannot serve it."""
-    if m.sparse_topk is not None and DType.fp8 not in hw.peak_tflops:
-        raise UsageError(f"{m.name}'s sparse attention scores its cache in fp8 (its indexer's "
-                         f"kernels), and {hw.name} has no fp8 tensor cores: vLLM and SGLang "
-                         "serve it on Hopper GPUs and later", fields=("gpu",))
+    """What the model's own kernels need of the GPU: sparse attention's indexer and sparse
+    MLA kernels exist for Hopper, Blackwell and CDNA3 GPUs only
+    (``SPARSE_ATTENTION_ARCHITECTURES``; a GPU file that names no architecture, where it has
+    fp8 tensor cores)."""
+    if m.sparse_topk is None:
+        return
+    arch = (hw.architecture or "").lower()
+    fp8 = DType.fp8 in hw.peak_tflops  # the indexer's arithmetic
+    if fp8 and (arch in SPARSE_ATTENTION_ARCHITECTURES or not arch):
+        return
+    what = f"an {arch} GPU" if arch in ("ampere", "ada") else f"a {arch} GPU" if arch \
+        and not (fp8 or arch in SPARSE_ATTENTION_ARCHITECTURES) else \
+        "a GPU whose file lists no fp8 tensor-core rate"
+    raise UsageError(f"{m.name}'s sparse attention runs kernels built for Hopper and Blackwell "
+                     f"GPUs (vLLM's FlashMLA sparse backend, the indexer's fp8 DeepGEMM "
+                     f"kernels) and AMD's CDNA3: {hw.name} is {what}", fields=("gpu",))
 
 
 def kv_heads_per_gpu(m: ModelSpec, tp: int) -> float:
