@@ -19,6 +19,16 @@ This prints theirs beside ours: one layer's ``mla_*``, ``rope_kv_write``, ``atte
 ``o_proj`` operators of a decode step of DeepSeek-V3 as ``llmplan estimate`` costs them with
 the profile named (``--engine``). The ratio is theirs / ours: above 1, ours is too fast.
 
+``--dsa`` compares DeepSeek-V3.2's attention block instead (DeepSeek Sparse Attention: vLLM
+0.24's ``sparse_attention/vllm/0.24.0/dsa_generation_module_perf.parquet`` on the H200 and
+the B200, its FlashMLA sparse backend, the block above with the lightning indexer's
+projections, key cache write, logits and top-k beside it), read as the wheel's own copy of
+its config.json (``model_configs/deepseek-ai--DeepSeek-V3.2_config.json``); ours adds the
+``indexer_*``, ``dsa_indexer`` and ``attention_sparse`` operators. With ``--derive-fixed``
+it prints the indexer path's device time beyond its operators'
+(``operator_fixed_us.dsa_indexer``), over batch 1-16 at 4,096 and 16,384 cached tokens (above
+the top-k, where the indexer runs), every TP and type, both GPUs.
+
 ``--derive-fixed`` prints the device time, in microseconds, the block takes beyond its
 operators' roofline and kernel costs with which the median ratio is 1 over the rows where
 fixed costs set the time (batch 1-16, 1,024-4,096 cached tokens, every TP and type; H100 and
@@ -40,6 +50,18 @@ from benchmarks.aiconfigurator_moe import _median, wheel_table  # noqa: E402
 from benchmarks.gpu_kernels import OneLineParser  # noqa: E402
 
 SYSTEMS = {"h100-sxm": "h100_sxm", "h200": "h200_sxm"}
+# DeepSeek Sparse Attention's block: the GPUs whose wheel tables time it for vLLM, its table,
+# the model (the wheel's copy of its config.json) and the table's name for it
+DSA_SYSTEMS = {"h200": "h200_sxm", "b200": "b200_sxm"}
+DSA_PATH = ("aiconfigurator_core/systems/data/{system}/sparse_attention/vllm/0.24.0/"
+            "dsa_generation_module_perf.parquet")
+DSA_CONFIG = "aiconfigurator_core/model_configs/deepseek-ai--DeepSeek-V3.2_config.json"
+DSA_MODEL = "deepseek-ai/DeepSeek-V3.2"
+DSA_OPS = ("mla_down_proj", "mla_q_up_proj", "mla_kv_up_proj", "rope_kv_write",
+           "attention_sparse", "o_proj", "indexer_q_proj", "indexer_k_proj",
+           "indexer_weights_proj", "indexer_k_write", "dsa_indexer")
+DSA_CONTEXTS = (1024, 4096, 16384, 65536)
+DSA_FIXED_CONTEXTS = (4096, 16384)  # above the top-k of 2,048: the indexer runs
 # llmplan engine family -> the wheel's (backend, release, table) whose measured block stands
 # for it. SGLang's is the wide-EP table of its module collector (collector/sglang/
 # collect_mla_module.py in ai-dynamo/aiconfigurator: the model's self_attn run through
@@ -66,16 +88,16 @@ CONTEXTS = (1024, 4096, 16384)
 FIXED_BATCHES, FIXED_CONTEXTS = (1, 2, 4, 8, 16), (1024, 4096)
 
 
-def ours_us(dep, batch: int, context: int) -> float:
-    """One layer's MLA attention block of a decode step of ``batch`` sequences at ``context``
-    cached tokens each."""
+def ours_us(dep, batch: int, context: int, ops=MLA_OPS) -> float:
+    """One layer's MLA attention block (its operators ``ops``) of a decode step of ``batch``
+    sequences at ``context`` cached tokens each."""
     from planner.core.ops import step_ops
     from planner.core.roofline import op_time
 
     total = 0.0
     for op in step_ops(dep.model, dep.precision, batch=batch, new_tokens=1,
                        past_tokens=context, tp=dep.tp):
-        if op.name in MLA_OPS:
+        if op.name in ops:
             t = op_time(op, dep.prepared.ceilings, tp=dep.tp, options=dep.options,
                         engine=dep.engine)
             total += t.time_s / op.count
@@ -93,15 +115,17 @@ def normalized(table, kernel: str | None = None):
     return table
 
 
-def rows(table, gpu: str, spec, batches=BATCHES, contexts=CONTEXTS):
+def rows(table, gpu: str, spec, batches=BATCHES, contexts=CONTEXTS, model="deepseek-v3",
+         ops=MLA_OPS):
     """(tp, weights, kv, batch, context, kernel, theirs us, ours us, theirs / ours), ours
-    with the engine profile ``spec``."""
+    with the engine profile ``spec`` for ``model`` (a name or a config.json) and its
+    block's operators ``ops``."""
     from planner.cli.compare import served_setup
     from planner.core.specs import DType
     from planner.io import catalog
 
     table = table.astype({"num_heads": int, "batch_size": int, "step": int})
-    heads = catalog.load_model("deepseek-v3").num_attention_heads
+    heads = catalog.load_model(model).num_attention_heads
     for (gemm, kv), sub in table.groupby(["gemm_type", "kv_cache_dtype"]):
         if gemm not in WEIGHTS or kv not in KV:
             continue
@@ -111,7 +135,7 @@ def rows(table, gpu: str, spec, batches=BATCHES, contexts=CONTEXTS):
                 continue
             # fp8_block: the checkpoint as it ships (fp8 in 128 x 128 blocks, the
             # engine's block-scaled GEMMs); --weights fp8 would be one scale per tensor
-            dep = served_setup("deepseek-v3", gpu, spec, tp,
+            dep = served_setup(model, gpu, spec, tp,
                                None if gemm == "fp8_block" else DType(WEIGHTS[gemm]),
                                DType(KV[kv]))
             assert dep.precision.weights == DType(WEIGHTS[gemm])
@@ -121,16 +145,18 @@ def rows(table, gpu: str, spec, batches=BATCHES, contexts=CONTEXTS):
                     if hit.empty:
                         continue
                     theirs = float(hit.latency.median()) * 1e3
-                    ours = ours_us(dep, b, ctx)
+                    ours = ours_us(dep, b, ctx, ops)
                     yield (tp, WEIGHTS[gemm], KV[kv], b, ctx, hit.kernel_source.iloc[0],
                            theirs, ours, theirs / ours)
 
 
-def derive_fixed(tables: dict, family: str) -> tuple[float, int]:
+def derive_fixed(tables: dict, family: str, op: str = "mla_kv_up_proj",
+                 contexts=FIXED_CONTEXTS, **block) -> tuple[float, int]:
     """The device time, in microseconds, an MLA layer's attention block takes beyond its
-    operators' (``operator_fixed_us.mla_kv_up_proj``) with which the median ratio theirs /
-    ours over the FIXED_* rows of every table is 1, by bisection to 0.5 us; and how many rows
-    it rests on."""
+    operators' (``operator_fixed_us``'s ``op``: ``mla_kv_up_proj``, or the sparse block's
+    ``dsa_indexer``) with which the median ratio theirs / ours over the FIXED_BATCHES rows at
+    ``contexts`` of every table is 1, by bisection to 0.5 us; and how many rows it rests on.
+    ``block``: ``rows``' model and operators."""
     from planner.core.engine import OperatorFixed
     from planner.io import catalog
 
@@ -139,10 +165,10 @@ def derive_fixed(tables: dict, family: str) -> tuple[float, int]:
 
     def ratio(us: float) -> tuple[float, int]:
         node = OperatorFixed(source="benchmarks/aiconfigurator_mla.py",
-                             value={**(old.value if old else {}), "mla_kv_up_proj": us})
+                             value={**(old.value if old else {}), op: us})
         s = spec.model_copy(update={"operator_fixed_us": node})
         rs = [r[-1] for gpu, table in tables.items()
-              for r in rows(table, gpu, s, FIXED_BATCHES, FIXED_CONTEXTS)]
+              for r in rows(table, gpu, s, FIXED_BATCHES, contexts, **block)]
         return _median(rs), len(rs)
 
     lo, hi = 0.0, 500.0
@@ -165,9 +191,14 @@ def main(argv=None) -> int:
                     help="print the device time beyond its operators' with which our block "
                          "matches theirs where fixed costs set the time (engines_db "
                          "operator_fixed_us.mla_kv_up_proj)")
+    ap.add_argument("--dsa", action="store_true",
+                    help="DeepSeek-V3.2's sparse-attention block (vLLM 0.24's table, H200 and "
+                         "B200) in place of DeepSeek-V3's MLA block")
     a = ap.parse_args(argv)
     from planner.io import catalog
 
+    if a.dsa:
+        return _dsa(a)
     backend, release, name = TABLES[a.engine]
     tables, path = {}, a.wheel
     try:
@@ -197,6 +228,63 @@ def main(argv=None) -> int:
         for tp, w, kv, b, ctx, kernel, theirs, ours, ratio in rows(table, gpu, spec):
             print(f"{gpu:<9} {tp:>2} {w:<7} {kv:<4} {b:>5} {ctx:>7,} {theirs:>8.1f} "
                   f"{ours:>8.1f} {ratio:>6.2f}  {kernel}")
+    return 0
+
+
+def _dsa(a) -> int:
+    """``--dsa``: DeepSeek-V3.2's block against vLLM 0.24's on the H200 and the B200."""
+    import tempfile
+
+    from planner.io import catalog
+
+    if a.engine not in ("vllm", "vllm-0.8"):
+        print("aiconfigurator_mla.py: --dsa: the wheel times vLLM's sparse-attention block "
+              "alone: --engine vllm or vllm-0.8", file=sys.stderr)
+        return 2
+    gpus = [g for g in (a.gpu or sorted(DSA_SYSTEMS))]
+    if any(g not in DSA_SYSTEMS for g in gpus):
+        print(f"aiconfigurator_mla.py: --dsa: the wheel times it on {', '.join(DSA_SYSTEMS)}",
+              file=sys.stderr)
+        return 2
+    tables, path = {}, a.wheel
+    with tempfile.TemporaryDirectory() as tmp:
+        try:
+            with zipfile.ZipFile(a.wheel) as whl:
+                path = DSA_CONFIG
+                model = str(Path(tmp) / "DeepSeek-V3.2.json")
+                Path(model).write_bytes(whl.read(DSA_CONFIG))
+                for gpu in gpus:
+                    path = DSA_PATH.format(system=DSA_SYSTEMS[gpu])
+                    t = wheel_table(whl, path)
+                    tables[gpu] = t[t.model == DSA_MODEL]
+        except (OSError, zipfile.BadZipFile, KeyError) as err:
+            print(f"aiconfigurator_mla.py: {a.wheel}: cannot read {path}: {err}",
+                  file=sys.stderr)
+            return 2
+        block = {"model": model, "ops": DSA_OPS}
+        if a.derive_fixed:
+            us, n = derive_fixed(tables, a.engine, "dsa_indexer", DSA_FIXED_CONTEXTS, **block)
+            print(f"# {a.engine} profile against vllm 0.24.0's DSA generation module, "
+                  f"{', '.join(tables)}")
+            print(f"operator_fixed_us.dsa_indexer: {us:g} (median ratio 1 over {n} rows at "
+                  f"batch {FIXED_BATCHES[0]}-{FIXED_BATCHES[-1]}, "
+                  f"{DSA_FIXED_CONTEXTS[0]:,}-{DSA_FIXED_CONTEXTS[-1]:,} cached tokens)")
+            return 0
+        spec = catalog.load_engine_spec(a.engine)
+        print("# DeepSeek-V3.2's sparse-attention block at decode, one layer, us: vllm 0.24.0 "
+              f"(theirs) against the {a.engine} profile (ours); ratio = theirs / ours")
+        print(f"{'gpu':<9} {'tp':>2} {'weights':<7} {'kv':<4} {'batch':>5} {'context':>7} "
+              f"{'theirs':>8} {'ours':>8} {'ratio':>6}  kernel")
+        ratios = []
+        for gpu, table in tables.items():
+            for tp, w, kv, b, ctx, kernel, theirs, ours, ratio in rows(
+                    table, gpu, spec, (1, 4, 16, 64, 256), DSA_CONTEXTS, **block):
+                ratios.append(ratio)
+                print(f"{gpu:<9} {tp:>2} {w:<7} {kv:<4} {b:>5} {ctx:>7,} {theirs:>8.1f} "
+                      f"{ours:>8.1f} {ratio:>6.2f}  {kernel}")
+        inside = sum(0.85 <= r <= 1.15 for r in ratios)
+        print(f"# {len(ratios)} rows: median ratio {_median(ratios):.2f}, {inside} within "
+              "0.85-1.15")
     return 0
 
 

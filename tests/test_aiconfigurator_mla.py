@@ -72,3 +72,33 @@ def test_a_wide_ep_table_reads_its_context_from_isl_and_its_default_kernel():
     assert len(aic.normalized(t)) == 4  # no kernel named: every row
     assert aic.TABLES["sglang"] == ("sglang", "0.5.10", "wideep_generation_mla_perf")
 
+
+
+def test_the_sparse_blocks_time_is_derived_on_the_indexer(monkeypatch):
+    """--dsa: DeepSeek-V3.2's block (its indexer and sparse attention beside the MLA
+    operators); a table that is ours without the profile's indexer figure, plus 30 us
+    everywhere, derives 30 us on ``dsa_indexer``, over the contexts above the top-k."""
+    from planner.cli.compare import served_setup
+    from planner.core.engine import OperatorFixed
+    from planner.core.specs import DType
+    from planner.io import catalog
+
+    model = str(ROOT / "tests" / "fixtures" / "hf" / "deepseek-v3.2.json")
+    spec = catalog.load_engine_spec("vllm")
+    base = spec.model_copy(update={"operator_fixed_us": OperatorFixed(
+        source="x", value={k: v for k, v in spec.operator_fixed_us.value.items()
+                           if k != "dsa_indexer"})})
+
+    def ours(tp, b, ctx):
+        dep = served_setup(model, "h200", base, tp, None, DType.bf16)
+        return aic.ours_us(dep, b, ctx, aic.DSA_OPS)
+    rows = [dict(kernel_source="FLASHMLA_SPARSE", gemm_type="fp8_block",
+                 kv_cache_dtype="bfloat16", num_heads=128 // tp, batch_size=b, step=ctx,
+                 latency=(ours(tp, b, ctx) + 30.0) / 1e3)
+            for tp in (1, 8) for b in aic.FIXED_BATCHES for ctx in aic.DSA_FIXED_CONTEXTS]
+    monkeypatch.setattr(catalog, "load_engine_spec", lambda name: base)
+    us, n = aic.derive_fixed({"h200": pd.DataFrame(rows)}, "vllm", "dsa_indexer",
+                             aic.DSA_FIXED_CONTEXTS, model=model, ops=aic.DSA_OPS)
+    assert (us, n) == (30, 2 * len(aic.FIXED_BATCHES) * len(aic.DSA_FIXED_CONTEXTS))
+    # the block counts the indexer's operators, not dense attention
+    assert "dsa_indexer" in aic.DSA_OPS and "attention" not in aic.DSA_OPS
