@@ -27,7 +27,9 @@ its config.json (``model_configs/deepseek-ai--DeepSeek-V3.2_config.json``); ours
 ``indexer_*``, ``dsa_indexer`` and ``attention_sparse`` operators. With ``--derive-fixed``
 it prints the indexer path's device time beyond its operators'
 (``operator_fixed_us.dsa_indexer``), over batch 1-16 at 4,096 and 16,384 cached tokens (above
-the top-k, where the indexer runs), every TP and type, both GPUs.
+the top-k, where the indexer runs), every TP and type, both GPUs. ``--dsa --context`` compares
+the block's prefill instead (``dsa_context_module_perf.parquet``: batch 1 and 4, prompts of
+1,024-32,768 tokens with nothing cached, ours launched eagerly as a prefill is).
 
 ``--derive-fixed`` prints the device time, in microseconds, the block takes beyond its
 operators' roofline and kernel costs with which the median ratio is 1 over the rows where
@@ -62,6 +64,7 @@ DSA_OPS = ("mla_down_proj", "mla_q_up_proj", "mla_kv_up_proj", "rope_kv_write",
            "indexer_weights_proj", "indexer_k_write", "dsa_indexer")
 DSA_CONTEXTS = (1024, 4096, 16384, 65536)
 DSA_FIXED_CONTEXTS = (4096, 16384)  # above the top-k of 2,048: the indexer runs
+DSA_PROMPTS = (1024, 4096, 8192, 16384, 32768)  # --context: the prefills compared
 # llmplan engine family -> the wheel's (backend, release, table) whose measured block stands
 # for it. SGLang's is the wide-EP table of its module collector (collector/sglang/
 # collect_mla_module.py in ai-dynamo/aiconfigurator: the model's self_attn run through
@@ -102,6 +105,53 @@ def ours_us(dep, batch: int, context: int, ops=MLA_OPS) -> float:
                         engine=dep.engine)
             total += t.time_s / op.count
     return total * 1e6
+
+
+def ours_prefill_us(dep, batch: int, prompt: int, ops=DSA_OPS) -> float:
+    """One layer's attention block (its operators ``ops``) of the prefill of ``batch`` prompts
+    of ``prompt`` tokens, nothing cached before them, launched eagerly as a prefill is."""
+    from planner.core.ops import step_ops
+    from planner.core.roofline import op_time
+
+    total = 0.0
+    for op in step_ops(dep.model, dep.precision, batch=batch, new_tokens=prompt,
+                       past_tokens=0, tp=dep.tp):
+        if op.name in ops:
+            t = op_time(op, dep.prepared.ceilings, tp=dep.tp, options=dep.options,
+                        engine=dep.engine, graphed=False)
+            total += t.time_s / op.count
+    return total * 1e6
+
+
+def prefill_rows(table, gpu: str, spec, model: str, ops=DSA_OPS):
+    """``--dsa --context``: (tp, weights, kv, batch, prompt, kernel, theirs us, ours us,
+    theirs / ours) over the context table's rows with nothing cached before the prompt
+    (``step`` 0), at DSA_PROMPTS and batch 1 and 4."""
+    from planner.cli.compare import served_setup
+    from planner.core.specs import DType
+    from planner.io import catalog
+
+    table = table.astype({"num_heads": int, "batch_size": int, "step": int, "isl": int})
+    heads = catalog.load_model(model).num_attention_heads
+    for (gemm, kv), sub in table.groupby(["gemm_type", "kv_cache_dtype"]):
+        if gemm not in WEIGHTS or kv not in KV:
+            continue
+        for tp in (1, 2, 4, 8):
+            at = sub[(sub.num_heads == heads // tp) & (sub.step == 0)]
+            if at.empty:
+                continue
+            dep = served_setup(model, gpu, spec, tp,
+                               None if gemm == "fp8_block" else DType(WEIGHTS[gemm]),
+                               DType(KV[kv]))
+            for b in (1, 4):
+                for isl in DSA_PROMPTS:
+                    hit = at[(at.batch_size == b) & (at.isl == isl)]
+                    if hit.empty:
+                        continue
+                    theirs = float(hit.latency.median()) * 1e3
+                    ours = ours_prefill_us(dep, b, isl, ops)
+                    yield (tp, WEIGHTS[gemm], KV[kv], b, isl, hit.kernel_source.iloc[0],
+                           theirs, ours, theirs / ours)
 
 
 def normalized(table, kernel: str | None = None):
@@ -194,6 +244,9 @@ def main(argv=None) -> int:
     ap.add_argument("--dsa", action="store_true",
                     help="DeepSeek-V3.2's sparse-attention block (vLLM 0.24's table, H200 and "
                          "B200) in place of DeepSeek-V3's MLA block")
+    ap.add_argument("--context", action="store_true",
+                    help="with --dsa: the block's prefill (the wheel's context table) in place "
+                         "of its decode")
     a = ap.parse_args(argv)
     from planner.io import catalog
 
@@ -237,6 +290,10 @@ def _dsa(a) -> int:
 
     from planner.io import catalog
 
+    if a.context and a.derive_fixed:
+        print("aiconfigurator_mla.py: --derive-fixed derives from the decode table: not with "
+              "--context", file=sys.stderr)
+        return 2
     if a.engine not in ("vllm", "vllm-0.8"):
         print("aiconfigurator_mla.py: --dsa: the wheel times vLLM's sparse-attention block "
               "alone: --engine vllm or vllm-0.8", file=sys.stderr)
@@ -255,6 +312,8 @@ def _dsa(a) -> int:
                 Path(model).write_bytes(whl.read(DSA_CONFIG))
                 for gpu in gpus:
                     path = DSA_PATH.format(system=DSA_SYSTEMS[gpu])
+                    if a.context:
+                        path = path.replace("dsa_generation_module", "dsa_context_module")
                     t = wheel_table(whl, path)
                     tables[gpu] = t[t.model == DSA_MODEL]
         except (OSError, zipfile.BadZipFile, KeyError) as err:
@@ -271,14 +330,16 @@ def _dsa(a) -> int:
                   f"{DSA_FIXED_CONTEXTS[0]:,}-{DSA_FIXED_CONTEXTS[-1]:,} cached tokens)")
             return 0
         spec = catalog.load_engine_spec(a.engine)
-        print("# DeepSeek-V3.2's sparse-attention block at decode, one layer, us: vllm 0.24.0 "
-              f"(theirs) against the {a.engine} profile (ours); ratio = theirs / ours")
-        print(f"{'gpu':<9} {'tp':>2} {'weights':<7} {'kv':<4} {'batch':>5} {'context':>7} "
+        phase, col = ("prefill", "prompt") if a.context else ("decode", "context")
+        print(f"# DeepSeek-V3.2's sparse-attention block at {phase}, one layer, us: vllm "
+              f"0.24.0 (theirs) against the {a.engine} profile (ours); ratio = theirs / ours")
+        print(f"{'gpu':<9} {'tp':>2} {'weights':<7} {'kv':<4} {'batch':>5} {col:>7} "
               f"{'theirs':>8} {'ours':>8} {'ratio':>6}  kernel")
         ratios = []
         for gpu, table in tables.items():
-            for tp, w, kv, b, ctx, kernel, theirs, ours, ratio in rows(
-                    table, gpu, spec, (1, 4, 16, 64, 256), DSA_CONTEXTS, **block):
+            got = prefill_rows(table, gpu, spec, model) if a.context else rows(
+                table, gpu, spec, (1, 4, 16, 64, 256), DSA_CONTEXTS, **block)
+            for tp, w, kv, b, ctx, kernel, theirs, ours, ratio in got:
                 ratios.append(ratio)
                 print(f"{gpu:<9} {tp:>2} {w:<7} {kv:<4} {b:>5} {ctx:>7,} {theirs:>8.1f} "
                       f"{ours:>8.1f} {ratio:>6.2f}  {kernel}")

@@ -102,3 +102,25 @@ def test_the_sparse_blocks_time_is_derived_on_the_indexer(monkeypatch):
     assert (us, n) == (30, 2 * len(aic.FIXED_BATCHES) * len(aic.DSA_FIXED_CONTEXTS))
     # the block counts the indexer's operators, not dense attention
     assert "dsa_indexer" in aic.DSA_OPS and "attention" not in aic.DSA_OPS
+
+
+def test_the_sparse_blocks_prefill_is_ours_launched_eagerly():
+    """--dsa --context: the context table's rows with nothing cached (step 0) beside our
+    block's prefill of that prompt, eager; a row with a prefix cached is left out."""
+    from planner.cli.compare import served_setup
+    from planner.core.specs import DType
+    from planner.io import catalog
+
+    model = str(ROOT / "tests" / "fixtures" / "hf" / "deepseek-v3.2.json")
+    spec = catalog.load_engine_spec("vllm")
+    dep = served_setup(model, "h200", spec, 8, None, DType.bf16)
+    want = aic.ours_prefill_us(dep, 4, 8192)
+    rows = [dict(kernel_source="FLASHMLA_SPARSE", gemm_type="fp8_block",
+                 kv_cache_dtype="bfloat16", num_heads=16, batch_size=4, isl=8192, step=step,
+                 latency=2.0 * want / 1e3) for step in (0, 128)]
+    got = list(aic.prefill_rows(pd.DataFrame(rows), "h200", spec, model))
+    assert len(got) == 1 and got[0][3:5] == (4, 8192)
+    assert got[0][-1] == pytest.approx(2.0)
+    # the indexer's scoring over the whole prompt is in it, and the padded heads
+    assert want > aic.ours_prefill_us(dep, 4, 8192, tuple(o for o in aic.DSA_OPS
+                                                         if o != "dsa_indexer"))
