@@ -55,8 +55,14 @@ SYSTEMS = {"h100-sxm": "h100_sxm", "h200": "h200_sxm"}
 # DeepSeek Sparse Attention's block: the GPUs whose wheel tables time it for vLLM, its table,
 # the model (the wheel's copy of its config.json) and the table's name for it
 DSA_SYSTEMS = {"h200": "h200_sxm", "b200": "b200_sxm"}
-DSA_PATH = ("aiconfigurator_core/systems/data/{system}/sparse_attention/vllm/0.24.0/"
+DSA_PATH = ("aiconfigurator_core/systems/data/{system}/sparse_attention/{backend}/{release}/"
             "dsa_generation_module_perf.parquet")
+# the engine family -> the wheel's backend and release timing its block, and the kernel read
+# by GPU where it times several (SGLang's: its default on each, FlashAttention 3 over a bf16
+# cache on Hopper, TensorRT-LLM's kernel on Blackwell); its rows with the indexer
+DSA_TABLES = {"vllm": ("vllm", "0.24.0", {}), "vllm-0.8": ("vllm", "0.24.0", {}),
+              "sglang": ("sglang", "0.5.14", {"h200": "sglang_dsa_indexer_fa3",
+                                              "b200": "sglang_dsa_indexer_trtllm"})}
 DSA_CONFIG = "aiconfigurator_core/model_configs/deepseek-ai--DeepSeek-V3.2_config.json"
 DSA_MODEL = "deepseek-ai/DeepSeek-V3.2"
 DSA_OPS = ("mla_down_proj", "mla_q_up_proj", "mla_kv_up_proj", "rope_kv_write",
@@ -294,10 +300,12 @@ def _dsa(a) -> int:
         print("aiconfigurator_mla.py: --derive-fixed derives from the decode table: not with "
               "--context", file=sys.stderr)
         return 2
-    if a.engine not in ("vllm", "vllm-0.8"):
-        print("aiconfigurator_mla.py: --dsa: the wheel times vLLM's sparse-attention block "
-              "alone: --engine vllm or vllm-0.8", file=sys.stderr)
+    if a.engine not in DSA_TABLES or (a.engine == "sglang" and a.context):
+        print("aiconfigurator_mla.py: --dsa: the wheel's sparse-attention blocks read here are "
+              "vLLM's (--engine vllm or vllm-0.8) and SGLang's at decode (--engine sglang)",
+              file=sys.stderr)
         return 2
+    backend, release, kernels = DSA_TABLES[a.engine]
     gpus = [g for g in (a.gpu or sorted(DSA_SYSTEMS))]
     if any(g not in DSA_SYSTEMS for g in gpus):
         print(f"aiconfigurator_mla.py: --dsa: the wheel times it on {', '.join(DSA_SYSTEMS)}",
@@ -311,11 +319,15 @@ def _dsa(a) -> int:
                 model = str(Path(tmp) / "DeepSeek-V3.2.json")
                 Path(model).write_bytes(whl.read(DSA_CONFIG))
                 for gpu in gpus:
-                    path = DSA_PATH.format(system=DSA_SYSTEMS[gpu])
+                    path = DSA_PATH.format(system=DSA_SYSTEMS[gpu], backend=backend,
+                                           release=release)
                     if a.context:
                         path = path.replace("dsa_generation_module", "dsa_context_module")
                     t = wheel_table(whl, path)
-                    tables[gpu] = t[t.model == DSA_MODEL]
+                    t = t[t.model == DSA_MODEL]
+                    if "op_name" in t.columns:  # SGLang's also times the block without it
+                        t = t[t.op_name.isin(["dsa_generation_module", "dsa_context_module"])]
+                    tables[gpu] = t[t.kernel_source == kernels[gpu]] if kernels else t
         except (OSError, zipfile.BadZipFile, KeyError) as err:
             print(f"aiconfigurator_mla.py: {a.wheel}: cannot read {path}: {err}",
                   file=sys.stderr)
@@ -323,7 +335,7 @@ def _dsa(a) -> int:
         block = {"model": model, "ops": DSA_OPS}
         if a.derive_fixed:
             us, n = derive_fixed(tables, a.engine, "dsa_indexer", DSA_FIXED_CONTEXTS, **block)
-            print(f"# {a.engine} profile against vllm 0.24.0's DSA generation module, "
+            print(f"# {a.engine} profile against {backend} {release}'s DSA generation module, "
                   f"{', '.join(tables)}")
             print(f"operator_fixed_us.dsa_indexer: {us:g} (median ratio 1 over {n} rows at "
                   f"batch {FIXED_BATCHES[0]}-{FIXED_BATCHES[-1]}, "
@@ -331,8 +343,8 @@ def _dsa(a) -> int:
             return 0
         spec = catalog.load_engine_spec(a.engine)
         phase, col = ("prefill", "prompt") if a.context else ("decode", "context")
-        print(f"# DeepSeek-V3.2's sparse-attention block at {phase}, one layer, us: vllm "
-              f"0.24.0 (theirs) against the {a.engine} profile (ours); ratio = theirs / ours")
+        print(f"# DeepSeek-V3.2's sparse-attention block at {phase}, one layer, us: {backend} "
+              f"{release} (theirs) against the {a.engine} profile (ours); ratio = theirs / ours")
         print(f"{'gpu':<9} {'tp':>2} {'weights':<7} {'kv':<4} {'batch':>5} {col:>7} "
               f"{'theirs':>8} {'ours':>8} {'ratio':>6}  kernel")
         ratios = []

@@ -124,3 +124,40 @@ def test_the_sparse_blocks_prefill_is_ours_launched_eagerly():
     # the indexer's scoring over the whole prompt is in it, and the padded heads
     assert want > aic.ours_prefill_us(dep, 4, 8192, tuple(o for o in aic.DSA_OPS
                                                          if o != "dsa_indexer"))
+
+
+def test_dsa_reads_the_engines_own_kernel_from_a_wheel(tmp_path, capsys):
+    """--dsa --engine sglang, end to end over a wheel of the same layout: the model from the
+    wheel's config.json, SGLang's table read at its default kernel on each GPU and at the
+    block with the indexer (not the rows that skip it, nor another model's); a row 1.25x ours
+    prints 1.25."""
+    import io
+    import zipfile
+
+    from planner.cli.compare import served_setup
+    from planner.core.specs import DType
+    from planner.io import catalog
+
+    cfg = ROOT / "tests" / "fixtures" / "hf" / "deepseek-v3.2.json"
+    spec = catalog.load_engine_spec("sglang")
+    dep = served_setup(str(cfg), "h200", spec, 8, None, DType.bf16)
+    ours = aic.ours_us(dep, 4, 4096, aic.DSA_OPS)
+    base = dict(model=aic.DSA_MODEL, op_name="dsa_generation_module",
+                kernel_source="sglang_dsa_indexer_fa3", gemm_type="fp8_block",
+                kv_cache_dtype="bfloat16", num_heads=16, batch_size=4, step=4096,
+                latency=1.25 * ours / 1e3)
+    rows = [base, {**base, "kernel_source": "sglang_dsa_indexer_flashmla_kv"},
+            {**base, "op_name": "dsa_generation_module_skip_indexer"},
+            {**base, "model": "zai-org/GLM-5"}]
+    buf = io.BytesIO()
+    pd.DataFrame(rows).to_parquet(buf)
+    wheel = tmp_path / "w.whl"
+    with zipfile.ZipFile(wheel, "w") as z:
+        z.write(cfg, aic.DSA_CONFIG)
+        z.writestr(aic.DSA_PATH.format(system="h200_sxm", backend="sglang",
+                                       release="0.5.14"), buf.getvalue())
+    assert aic.main([str(wheel), "--dsa", "--engine", "sglang", "--gpu", "h200"]) == 0
+    out = capsys.readouterr().out
+    assert "1 rows: median ratio 1.25" in out and "sglang 0.5.14 (theirs)" in out
+    # prefill is read for vLLM alone
+    assert aic.main([str(wheel), "--dsa", "--engine", "sglang", "--context"]) == 2
