@@ -76,7 +76,9 @@ def test_each_profiles_mla_block_pays_its_derived_time_in_every_layer(name, us):
     """A DeepSeek-V3 decode step on 8 H200s takes 61 layers x the profile's figure more than
     without it: the 61 layers each run one MLA block."""
     spec = catalog.load_engine_spec(name)
-    assert spec.operator_fixed_us.value == {"mla_kv_up_proj": us}
+    # the vllm profiles state sparse attention's indexer path besides (test_sparse_attention)
+    assert {k: v for k, v in spec.operator_fixed_us.value.items() if k != "dsa_indexer"} == \
+        {"mla_kv_up_proj": us}
     assert "aiconfigurator" in spec.operator_fixed_us.source
     without = spec.model_copy(update={"operator_fixed_us": None})
     assert _gpu_s(spec, 8, 1, 1024) - _gpu_s(without, 8, 1, 1024) == \

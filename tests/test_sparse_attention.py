@@ -318,3 +318,31 @@ def test_a_hopper_file_without_an_fp8_rate_is_refused_not_a_traceback():
     anon = h100.model_copy(update={"architecture": None})
     assert estimate(_v32(), anon, precision=FP8, parallelism=Parallelism(tp=8),
                     engine=load_engine("vllm")).tpot_s > 0
+
+
+@pytest.mark.parametrize("name, us", [("vllm", 60), ("vllm-0.8", 62), ("sglang", 0)])
+def test_each_layer_pays_the_indexer_paths_derived_time(name, us):
+    # operator_fixed_us.dsa_indexer, derived from aiconfigurator's timed vLLM 0.24 block
+    # (benchmarks/aiconfigurator_mla.py --dsa --derive-fixed): a DeepSeek-V3.2 decode step
+    # on 8 H200s takes 61 x that more than without it; DeepSeek-V3's (dense MLA) none of it
+    from planner.cli.compare import served_setup
+    from planner.core.ops import step_ops
+    from planner.core.roofline import op_time
+    from planner.core.specs import DType
+    from planner.io import catalog
+
+    spec = catalog.load_engine_spec(name)
+    fixed = dict(spec.operator_fixed_us.value) if spec.operator_fixed_us else {}
+    assert fixed.get("dsa_indexer", 0) == us
+    without = spec.model_copy(update={"operator_fixed_us": spec.operator_fixed_us.model_copy(
+        update={"value": {k: v for k, v in fixed.items() if k != "dsa_indexer"}})
+        if spec.operator_fixed_us else None})
+
+    def step_s(s, model):
+        dep = served_setup(model, "h200", s, 8, DType.fp8, None)
+        return sum(op_time(op, dep.prepared.ceilings, tp=8, options=dep.options,
+                           engine=dep.engine).time_s
+                   for op in step_ops(dep.model, dep.precision, batch=1, new_tokens=1,
+                                      past_tokens=4096, tp=8))
+    assert step_s(spec, V32) - step_s(without, V32) == pytest.approx(61 * us * 1e-6)
+    assert step_s(spec, "deepseek-v3") == step_s(without, "deepseek-v3")
