@@ -80,9 +80,15 @@ def indexer_params(m: ModelSpec) -> dict[str, int]:
             "indexer_k_norm": 2 * d, "indexer_weights_proj": h * n}
 
 
-# The index key cache a sparse-attention layer keeps a token: its key in fp8 and one fp32
-# scale a block of 128 of its dimensions (DeepSeek's reference code, ``k_scale_cache``)
-INDEX_SCALE_BLOCK = 128
+# Sparse attention's fp8 caches (its index keys, and an fp8 cache's latents) keep one fp32
+# scale a block of 128 values (DeepSeek's reference code, ``k_scale_cache``; FlashMLA's
+# sparse layout)
+FP8_SCALE_BLOCK = 128
+
+
+def fp8_scaled_bytes(values: int) -> float:
+    """Bytes of ``values`` fp8 values with a 4-byte scale a block of FP8_SCALE_BLOCK."""
+    return values * 1.0 + 4.0 * -(-values // FP8_SCALE_BLOCK)
 
 
 def index_key_bytes(m: ModelSpec) -> float:
@@ -91,8 +97,7 @@ def index_key_bytes(m: ModelSpec) -> float:
     DeepSeek-V3.2: 128 + 4 = 132."""
     if m.mla is None or not m.mla.sparse:
         return 0.0
-    d = m.mla.index_head_dim
-    return d * 1.0 + 4.0 * -(-d // INDEX_SCALE_BLOCK)
+    return fp8_scaled_bytes(m.mla.index_head_dim)
 
 
 def _mlp_params(m: ModelSpec, inter: int, bias: bool | None = None) -> dict[str, int]:
@@ -260,9 +265,10 @@ def check_runs_on(m: ModelSpec, hw: HardwareSpec) -> None:
     fp8 = DType.fp8 in hw.peak_tflops  # the indexer's arithmetic
     if fp8 and (arch in SPARSE_ATTENTION_ARCHITECTURES or not arch):
         return
-    what = f"an {arch} GPU" if arch in ("ampere", "ada") else f"a {arch} GPU" if arch \
-        and not (fp8 or arch in SPARSE_ATTENTION_ARCHITECTURES) else \
-        "a GPU whose file lists no fp8 tensor-core rate"
+    if arch and arch not in SPARSE_ATTENTION_ARCHITECTURES:
+        what = f"{'an' if arch[0] in 'aeiou' else 'a'} {arch} GPU"
+    else:
+        what = "a GPU whose file lists no fp8 tensor-core rate"
     raise UsageError(f"{m.name}'s sparse attention runs kernels built for Hopper and Blackwell "
                      f"GPUs (vLLM's FlashMLA sparse backend, the indexer's fp8 DeepGEMM "
                      f"kernels) and AMD's CDNA3: {hw.name} is {what}", fields=("gpu",))
@@ -293,7 +299,7 @@ def cache_entry_bytes(m: ModelSpec, kv_bytes: float, tp: int = 1) -> float:
     flashmla_sparse.py: "each token's KV cache is 656 Bytes")."""
     a = m.mla
     if a is not None and a.sparse and kv_bytes == 1:
-        return a.kv_lora_rank + 4.0 * -(-a.kv_lora_rank // 128) + 2.0 * a.qk_rope_head_dim
+        return fp8_scaled_bytes(a.kv_lora_rank) + 2.0 * a.qk_rope_head_dim
     return kv_elements_per_token_per_layer(m, tp) * kv_bytes
 
 

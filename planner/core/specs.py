@@ -326,6 +326,10 @@ class MoESpec(_Frozen):
         return self
 
 
+# MLASpec's fields of DeepSeek Sparse Attention's indexer, named as config.json names them
+INDEXER_FIELDS = ("index_topk", "index_n_heads", "index_head_dim")
+
+
 class MLASpec(_Frozen):
     """Multi-head latent attention (DeepSeek-V2/V3): low-rank Q and a compressed KV cache."""
 
@@ -343,12 +347,10 @@ class MLASpec(_Frozen):
 
     @model_validator(mode="after")
     def _check(self) -> MLASpec:
-        given = [f for f in ("index_topk", "index_n_heads", "index_head_dim")
-                 if getattr(self, f) is not None]
-        if given and len(given) != 3:
-            missing = sorted({"index_topk", "index_n_heads", "index_head_dim"} - set(given))
+        missing = [f for f in INDEXER_FIELDS if getattr(self, f) is None]
+        if missing and len(missing) != len(INDEXER_FIELDS):
             raise ValueError(f"sparse attention's indexer needs index_topk, index_n_heads and "
-                             f"index_head_dim together; {', '.join(missing)} missing")
+                             f"index_head_dim together; {', '.join(sorted(missing))} missing")
         return self
 
     @property

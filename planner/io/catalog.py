@@ -20,7 +20,13 @@ from pydantic import BaseModel, Field, ValidationError
 
 from planner.core.engine import Engine, EngineSpec
 from planner.core.errors import SpecError
-from planner.core.specs import Calibration, HardwareSpec, ModelSpec, moe_layer_range
+from planner.core.specs import (
+    INDEXER_FIELDS,
+    Calibration,
+    HardwareSpec,
+    ModelSpec,
+    moe_layer_range,
+)
 from planner.io import boundary
 
 _HERE = Path(__file__).resolve().parent.parent  # planner/
@@ -801,7 +807,7 @@ def _model_from_hf_config(cfg: dict, path: str) -> ModelSpec:
             # DeepSeek Sparse Attention (DeepSeek-V3.2; GLM-5's GlmMoeDsaForCausalLM, which
             # vLLM runs as its DeepseekV2ForCausalLM): the lightning indexer's heads and
             # head size, and the tokens each query attends to
-            for k in ("index_topk", "index_n_heads", "index_head_dim"):
+            for k in INDEXER_FIELDS:
                 d["mla"][k] = _req(cfg, k, path)
         d["head_dim"] = d["mla"]["qk_nope_head_dim"] + d["mla"]["qk_rope_head_dim"]
         if _opt_int(cfg, "moe_layer_freq", path, 1) != 1:
@@ -1008,7 +1014,7 @@ _HF_SIZES = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_he
              "num_key_value_heads", "intermediate_size", "max_position_embeddings",
              "num_local_experts", "num_experts", "num_experts_per_tok",
              "moe_intermediate_size", "n_routed_experts", "kv_lora_rank", "qk_nope_head_dim",
-             "qk_rope_head_dim", "v_head_dim", "index_topk", "index_n_heads", "index_head_dim")
+             "qk_rope_head_dim", "v_head_dim", *INDEXER_FIELDS)
 
 # a config.json's keys for ModelSpec's fields, so that an error names what the file says
 _HF_KEYS = {"num_layers": "num_hidden_layers", "num_kv_heads": "num_key_value_heads",
@@ -1016,8 +1022,7 @@ _HF_KEYS = {"num_layers": "num_hidden_layers", "num_kv_heads": "num_key_value_he
             "moe.num_shared_experts": "n_shared_experts",
             "moe.first_dense_layers": "first_k_dense_replace",
             **{f"mla.{k}": k for k in ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim",
-                                       "qk_rope_head_dim", "v_head_dim", "index_topk",
-                                       "index_n_heads", "index_head_dim")}}
+                                       "qk_rope_head_dim", "v_head_dim", *INDEXER_FIELDS)}}
 _GPT2_KEYS = {"hidden_size": "n_embd", "num_layers": "n_layer", "num_attention_heads": "n_head",
               "num_kv_heads": "n_head", "max_position_embeddings": "n_positions",
               "intermediate_size": "n_inner"}

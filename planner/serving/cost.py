@@ -172,8 +172,8 @@ class StepCoster:
         # device time a layer's attention takes beyond its kernels' (op_time's fixed part)
         self._attn_fixed = operator_device_fixed_s(attn, self.engine)
         # sparse attention's indexer (every layer's), over the whole cache: its compute per
-        # pair and memory per cached token read, per new token and per score element, and
-        # its kernels, from op_time as attention's are
+        # pair and memory per cached token read, per new token and per pair (its logits),
+        # and its kernels, from op_time as attention's are
         idx = unit.get("dsa_indexer")
         self._idx = None if idx is None else replace(idx, count=1)
         self._n_idx = 0 if idx is None else idx.count
@@ -306,7 +306,7 @@ class StepCoster:
 
     def _indexer_layer_s(self, shape: StepShape, graphed: bool) -> float:
         """One layer's sparse-attention indexer over the step's whole cache (``_indexer_ops``
-        in planner.core.ops): its pairs, cache read, new tokens and score elements."""
+        in planner.core.ops): its pairs, cache read and new tokens."""
         compute = self._idx_c_per_pair * shape.attn_pairs
         memory = (self._idx_m_per_kv * shape.kv_read_tokens
                   + self._idx_m_per_token * shape.tokens
