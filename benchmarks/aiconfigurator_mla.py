@@ -97,67 +97,33 @@ CONTEXTS = (1024, 4096, 16384)
 FIXED_BATCHES, FIXED_CONTEXTS = (1, 2, 4, 8, 16), (1024, 4096)
 
 
-def ours_us(dep, batch: int, context: int, ops=MLA_OPS) -> float:
-    """One layer's MLA attention block (its operators ``ops``) of a decode step of ``batch``
-    sequences at ``context`` cached tokens each."""
+def _block_us(dep, ops, *, batch: int, new_tokens: int, past_tokens: int,
+              graphed: bool = True) -> float:
+    """One layer of the block's operators ``ops`` in a step of ``batch`` sequences, each
+    adding ``new_tokens`` after ``past_tokens`` cached ones, in microseconds."""
     from planner.core.ops import step_ops
     from planner.core.roofline import op_time
 
     total = 0.0
-    for op in step_ops(dep.model, dep.precision, batch=batch, new_tokens=1,
-                       past_tokens=context, tp=dep.tp):
+    for op in step_ops(dep.model, dep.precision, batch=batch, new_tokens=new_tokens,
+                       past_tokens=past_tokens, tp=dep.tp):
         if op.name in ops:
             t = op_time(op, dep.prepared.ceilings, tp=dep.tp, options=dep.options,
-                        engine=dep.engine)
+                        engine=dep.engine, graphed=graphed)
             total += t.time_s / op.count
     return total * 1e6
+
+
+def ours_us(dep, batch: int, context: int, ops=MLA_OPS) -> float:
+    """One layer's MLA attention block (its operators ``ops``) of a decode step of ``batch``
+    sequences at ``context`` cached tokens each."""
+    return _block_us(dep, ops, batch=batch, new_tokens=1, past_tokens=context)
 
 
 def ours_prefill_us(dep, batch: int, prompt: int, ops=DSA_OPS) -> float:
     """One layer's attention block (its operators ``ops``) of the prefill of ``batch`` prompts
     of ``prompt`` tokens, nothing cached before them, launched eagerly as a prefill is."""
-    from planner.core.ops import step_ops
-    from planner.core.roofline import op_time
-
-    total = 0.0
-    for op in step_ops(dep.model, dep.precision, batch=batch, new_tokens=prompt,
-                       past_tokens=0, tp=dep.tp):
-        if op.name in ops:
-            t = op_time(op, dep.prepared.ceilings, tp=dep.tp, options=dep.options,
-                        engine=dep.engine, graphed=False)
-            total += t.time_s / op.count
-    return total * 1e6
-
-
-def prefill_rows(table, gpu: str, spec, model: str, ops=DSA_OPS):
-    """``--dsa --context``: (tp, weights, kv, batch, prompt, kernel, theirs us, ours us,
-    theirs / ours) over the context table's rows with nothing cached before the prompt
-    (``step`` 0), at DSA_PROMPTS and batch 1 and 4."""
-    from planner.cli.compare import served_setup
-    from planner.core.specs import DType
-    from planner.io import catalog
-
-    table = table.astype({"num_heads": int, "batch_size": int, "step": int, "isl": int})
-    heads = catalog.load_model(model).num_attention_heads
-    for (gemm, kv), sub in table.groupby(["gemm_type", "kv_cache_dtype"]):
-        if gemm not in WEIGHTS or kv not in KV:
-            continue
-        for tp in (1, 2, 4, 8):
-            at = sub[(sub.num_heads == heads // tp) & (sub.step == 0)]
-            if at.empty:
-                continue
-            dep = served_setup(model, gpu, spec, tp,
-                               None if gemm == "fp8_block" else DType(WEIGHTS[gemm]),
-                               DType(KV[kv]))
-            for b in (1, 4):
-                for isl in DSA_PROMPTS:
-                    hit = at[(at.batch_size == b) & (at.isl == isl)]
-                    if hit.empty:
-                        continue
-                    theirs = float(hit.latency.median()) * 1e3
-                    ours = ours_prefill_us(dep, b, isl, ops)
-                    yield (tp, WEIGHTS[gemm], KV[kv], b, isl, hit.kernel_source.iloc[0],
-                           theirs, ours, theirs / ours)
+    return _block_us(dep, ops, batch=batch, new_tokens=prompt, past_tokens=0, graphed=False)
 
 
 def normalized(table, kernel: str | None = None):
@@ -172,15 +138,20 @@ def normalized(table, kernel: str | None = None):
 
 
 def rows(table, gpu: str, spec, batches=BATCHES, contexts=CONTEXTS, model="deepseek-v3",
-         ops=MLA_OPS):
+         ops=MLA_OPS, prefill: bool = False):
     """(tp, weights, kv, batch, context, kernel, theirs us, ours us, theirs / ours), ours
     with the engine profile ``spec`` for ``model`` (a name or a config.json) and its
-    block's operators ``ops``."""
+    block's operators ``ops``. ``prefill``: a context table's rows with nothing cached
+    (``step`` 0), ``contexts`` read as its prompts (``isl``), beside ours_prefill_us."""
     from planner.cli.compare import served_setup
     from planner.core.specs import DType
     from planner.io import catalog
 
-    table = table.astype({"num_heads": int, "batch_size": int, "step": int})
+    column = "isl" if prefill else "step"
+    table = table.astype({"num_heads": int, "batch_size": int, "step": int, column: int})
+    if prefill:
+        table = table[table.step == 0]
+    ours_of = ours_prefill_us if prefill else ours_us
     heads = catalog.load_model(model).num_attention_heads
     for (gemm, kv), sub in table.groupby(["gemm_type", "kv_cache_dtype"]):
         if gemm not in WEIGHTS or kv not in KV:
@@ -197,11 +168,11 @@ def rows(table, gpu: str, spec, batches=BATCHES, contexts=CONTEXTS, model="deeps
             assert dep.precision.weights == DType(WEIGHTS[gemm])
             for b in batches:
                 for ctx in contexts:
-                    hit = at[(at.batch_size == b) & (at.step == ctx)]
+                    hit = at[(at.batch_size == b) & (at[column] == ctx)]
                     if hit.empty:
                         continue
                     theirs = float(hit.latency.median()) * 1e3
-                    ours = ours_us(dep, b, ctx, ops)
+                    ours = ours_of(dep, b, ctx, ops)
                     yield (tp, WEIGHTS[gemm], KV[kv], b, ctx, hit.kernel_source.iloc[0],
                            theirs, ours, theirs / ours)
 
@@ -349,8 +320,9 @@ def _dsa(a) -> int:
               f"{'theirs':>8} {'ours':>8} {'ratio':>6}  kernel")
         ratios = []
         for gpu, table in tables.items():
-            got = prefill_rows(table, gpu, spec, model) if a.context else rows(
-                table, gpu, spec, (1, 4, 16, 64, 256), DSA_CONTEXTS, **block)
+            got = rows(table, gpu, spec, (1, 4), DSA_PROMPTS, **block, prefill=True) \
+                if a.context else rows(table, gpu, spec, (1, 4, 16, 64, 256), DSA_CONTEXTS,
+                                       **block)
             for tp, w, kv, b, ctx, kernel, theirs, ours, ratio in got:
                 ratios.append(ratio)
                 print(f"{gpu:<9} {tp:>2} {w:<7} {kv:<4} {b:>5} {ctx:>7,} {theirs:>8.1f} "

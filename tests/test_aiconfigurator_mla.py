@@ -118,7 +118,8 @@ def test_the_sparse_blocks_prefill_is_ours_launched_eagerly():
     rows = [dict(kernel_source="FLASHMLA_SPARSE", gemm_type="fp8_block",
                  kv_cache_dtype="bfloat16", num_heads=16, batch_size=4, isl=8192, step=step,
                  latency=2.0 * want / 1e3) for step in (0, 128)]
-    got = list(aic.prefill_rows(pd.DataFrame(rows), "h200", spec, model))
+    got = list(aic.rows(pd.DataFrame(rows), "h200", spec, (1, 4), aic.DSA_PROMPTS, model,
+                        aic.DSA_OPS, prefill=True))
     assert len(got) == 1 and got[0][3:5] == (4, 8192)
     assert got[0][-1] == pytest.approx(2.0)
     # the indexer's scoring over the whole prompt is in it, and the padded heads
@@ -161,3 +162,4 @@ def test_dsa_reads_the_engines_own_kernel_from_a_wheel(tmp_path, capsys):
     assert "1 rows: median ratio 1.25" in out and "sglang 0.5.14 (theirs)" in out
     # prefill is read for vLLM alone
     assert aic.main([str(wheel), "--dsa", "--engine", "sglang", "--context"]) == 2
+
