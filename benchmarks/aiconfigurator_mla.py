@@ -128,10 +128,12 @@ def ours_prefill_us(dep, batch: int, prompt: int, ops=DSA_OPS) -> float:
 
 def normalized(table, kernel: str | None = None):
     """A module table with its context in ``step`` (the wide-EP tables keep it in ``isl``
-    with ``step`` 0, which aiconfigurator's loader adds up: isl + step) and, where it times
-    several kernels, only ``kernel``'s rows."""
+    with ``step`` 0, which aiconfigurator's loader adds up: isl + step; the generation
+    tables have ``isl`` 1, the new token, and the context in ``step`` already) and, where it
+    times several kernels, only ``kernel``'s rows."""
     if "isl" in table.columns:
-        table = table.assign(step=table["isl"].astype(int) + table["step"].astype(int))
+        step = table["step"].astype(int)
+        table = table.assign(step=step.where(step != 0, table["isl"].astype(int)))
     if kernel is not None:
         table = table[table.kernel_source == kernel]
     return table

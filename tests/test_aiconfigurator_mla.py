@@ -163,3 +163,11 @@ def test_dsa_reads_the_engines_own_kernel_from_a_wheel(tmp_path, capsys):
     # prefill is read for vLLM alone
     assert aic.main([str(wheel), "--dsa", "--engine", "sglang", "--context"]) == 2
 
+
+def test_a_generation_table_keeps_its_context_in_step():
+    """vLLM's and TensorRT-LLM's generation tables hold the new token in ``isl`` (1) and the
+    context in ``step``: normalized leaves it there, where adding them had matched no
+    context compared (1,025 for 1,024) and left those tables without a row."""
+    t = pd.DataFrame([dict(kernel_source="k", isl="1", step=str(ctx), latency=1.0)
+                      for ctx in (1024, 4096)])
+    assert sorted(aic.normalized(t).step) == [1024, 4096]
