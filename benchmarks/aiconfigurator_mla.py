@@ -245,22 +245,38 @@ def main(argv=None) -> int:
         return 2
     if a.derive_fixed:
         us, n = derive_fixed(tables, a.engine)
-        print(f"# {a.engine} profile against {backend} {release}'s MLA generation module, "
-              f"{', '.join(tables)}")
-        print(f"operator_fixed_us.mla_kv_up_proj: {us:g} (median ratio 1 over {n} rows at batch "
-              f"{FIXED_BATCHES[0]}-{FIXED_BATCHES[-1]}, {FIXED_CONTEXTS[0]:,}-"
-              f"{FIXED_CONTEXTS[-1]:,} cached tokens)")
+        _print_derived(a.engine, f"{backend} {release}'s MLA", tables, "mla_kv_up_proj", us, n,
+                       FIXED_CONTEXTS)
         return 0
     spec = catalog.load_engine_spec(a.engine)
-    print(f"# DeepSeek-V3's MLA attention block at decode, one layer, us: {backend} {release} "
-          f"(theirs) against the {a.engine} profile (ours); ratio = theirs / ours")
-    print(f"{'gpu':<9} {'tp':>2} {'weights':<7} {'kv':<4} {'batch':>5} {'context':>7} "
+    _print_rows(f"DeepSeek-V3's MLA attention block at decode, one layer, us: {backend} "
+                f"{release} (theirs) against the {a.engine} profile (ours)", "context",
+                {gpu: rows(table, gpu, spec) for gpu, table in tables.items()})
+    return 0
+
+
+def _print_derived(engine: str, theirs: str, tables: dict, op: str, us: float, n: int,
+                   contexts) -> None:
+    """``--derive-fixed``'s answer: the profile's ``operator_fixed_us.<op>`` and what it rests
+    on (``theirs``: the backend and release's block)."""
+    print(f"# {engine} profile against {theirs} generation module, {', '.join(tables)}")
+    print(f"operator_fixed_us.{op}: {us:g} (median ratio 1 over {n} rows at batch "
+          f"{FIXED_BATCHES[0]}-{FIXED_BATCHES[-1]}, {contexts[0]:,}-{contexts[-1]:,} cached "
+          "tokens)")
+
+
+def _print_rows(title: str, column: str, rows_by_gpu: dict) -> list[float]:
+    """Theirs beside ours, a row each (``rows``' tuples by GPU) under ``title``; the ratios."""
+    print(f"# {title}; ratio = theirs / ours")
+    print(f"{'gpu':<9} {'tp':>2} {'weights':<7} {'kv':<4} {'batch':>5} {column:>7} "
           f"{'theirs':>8} {'ours':>8} {'ratio':>6}  kernel")
-    for gpu, table in tables.items():
-        for tp, w, kv, b, ctx, kernel, theirs, ours, ratio in rows(table, gpu, spec):
+    ratios = []
+    for gpu, got in rows_by_gpu.items():
+        for tp, w, kv, b, ctx, kernel, theirs, ours, ratio in got:
+            ratios.append(ratio)
             print(f"{gpu:<9} {tp:>2} {w:<7} {kv:<4} {b:>5} {ctx:>7,} {theirs:>8.1f} "
                   f"{ours:>8.1f} {ratio:>6.2f}  {kernel}")
-    return 0
+    return ratios
 
 
 def _dsa(a) -> int:
@@ -308,27 +324,17 @@ def _dsa(a) -> int:
         block = {"model": model, "ops": DSA_OPS}
         if a.derive_fixed:
             us, n = derive_fixed(tables, a.engine, "dsa_indexer", DSA_FIXED_CONTEXTS, **block)
-            print(f"# {a.engine} profile against {backend} {release}'s DSA generation module, "
-                  f"{', '.join(tables)}")
-            print(f"operator_fixed_us.dsa_indexer: {us:g} (median ratio 1 over {n} rows at "
-                  f"batch {FIXED_BATCHES[0]}-{FIXED_BATCHES[-1]}, "
-                  f"{DSA_FIXED_CONTEXTS[0]:,}-{DSA_FIXED_CONTEXTS[-1]:,} cached tokens)")
+            _print_derived(a.engine, f"{backend} {release}'s DSA", tables, "dsa_indexer", us,
+                           n, DSA_FIXED_CONTEXTS)
             return 0
         spec = catalog.load_engine_spec(a.engine)
         phase, col = ("prefill", "prompt") if a.context else ("decode", "context")
-        print(f"# DeepSeek-V3.2's sparse-attention block at {phase}, one layer, us: {backend} "
-              f"{release} (theirs) against the {a.engine} profile (ours); ratio = theirs / ours")
-        print(f"{'gpu':<9} {'tp':>2} {'weights':<7} {'kv':<4} {'batch':>5} {col:>7} "
-              f"{'theirs':>8} {'ours':>8} {'ratio':>6}  kernel")
-        ratios = []
-        for gpu, table in tables.items():
-            got = rows(table, gpu, spec, (1, 4), DSA_PROMPTS, **block, prefill=True) \
-                if a.context else rows(table, gpu, spec, (1, 4, 16, 64, 256), DSA_CONTEXTS,
-                                       **block)
-            for tp, w, kv, b, ctx, kernel, theirs, ours, ratio in got:
-                ratios.append(ratio)
-                print(f"{gpu:<9} {tp:>2} {w:<7} {kv:<4} {b:>5} {ctx:>7,} {theirs:>8.1f} "
-                      f"{ours:>8.1f} {ratio:>6.2f}  {kernel}")
+        ratios = _print_rows(
+            f"DeepSeek-V3.2's sparse-attention block at {phase}, one layer, us: {backend} "
+            f"{release} (theirs) against the {a.engine} profile (ours)", col,
+            {gpu: rows(table, gpu, spec, (1, 4), DSA_PROMPTS, **block, prefill=True)
+             if a.context else rows(table, gpu, spec, (1, 4, 16, 64, 256), DSA_CONTEXTS,
+                                    **block) for gpu, table in tables.items()})
         inside = sum(0.85 <= r <= 1.15 for r in ratios)
         print(f"# {len(ratios)} rows: median ratio {_median(ratios):.2f}, {inside} within "
               "0.85-1.15")
