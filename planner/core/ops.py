@@ -707,6 +707,12 @@ def _moe_ops(s: _Step) -> list[Op]:
 SAMPLING_OPS = ("final_norm", "lm_head")
 
 
+def is_routed(op: Op) -> bool:
+    """The routed experts' operators and the MoE output's all-reduce (``_moe_ops``): what an
+    expert-parallel layout runs apart from the rest of the step (``planner.layouts.expert``)."""
+    return op.name.startswith("experts_") or op.name == "allreduce_moe"
+
+
 def _head_ops(s: _Step, rows: float, lm_head_sharded: bool) -> list[Op]:
     """The final norm and the lm_head, only for the last token of each of the ``rows``
     sequences that sample this step."""

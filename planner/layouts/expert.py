@@ -58,7 +58,7 @@ from planner.core.memory import (
     memory_terms_of,
     weight_bytes_breakdown,
 )
-from planner.core.ops import Op, StepShape, shape_ops
+from planner.core.ops import Op, StepShape, is_routed, shape_ops
 from planner.core.roofline import op_time, with_host
 from planner.core.specs import HardwareSpec, ModelSpec, Options
 
@@ -221,8 +221,7 @@ class ExpertStep:
         ops = shape_ops(self.m, self.prep.precision, own, tp=self.tp,
                         attention=self.o.attention,
                         lm_head_sharded=self.prep.engine.lm_head_sharded)
-        return sum(self._t(op, graphed, self.tp) for op in ops
-                   if not op.name.startswith("experts_") and op.name != "allreduce_moe")
+        return sum(self._t(op, graphed, self.tp) for op in ops if not is_routed(op))
 
     def experts_s(self, tokens, graphed: bool):
         """The routed experts of the most loaded GPU, when the step holds ``tokens`` tokens

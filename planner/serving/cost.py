@@ -37,6 +37,7 @@ from planner.core.ops import (
     StepShape,
     check_runs_on,
     host_transfer_ops,
+    is_routed,
     local_attention_name,
     shape_ops,
 )
@@ -98,7 +99,7 @@ class CostCache:
         # what ``StepCoster._ops`` builds a shape's operators from: not the GPU, so costers
         # of the same model, precision and TP on other GPUs share them too
         return (c.model, c.prep.precision, c.tp, c.stage, c.options.attention,
-                c.engine.lm_head_sharded, c.options.cpu_offload_bytes)
+                c.engine.lm_head_sharded, c.options.cpu_offload_bytes, c.routed_apart)
 
     def ops(self, c: StepCoster) -> tuple[dict, dict, dict]:
         return self._ops.setdefault(self._replica(c), ({}, {}, {}))
@@ -117,14 +118,18 @@ class StepCoster:
     def __init__(self, model: ModelSpec, hardware: HardwareSpec, prep: Prepared,
                  options: Options, *, tp: int = 1,
                  stage: tuple[int, int, bool, bool] | None = None,
-                 cache: CostCache | None = None):
+                 cache: CostCache | None = None, routed_apart: bool = False):
         """``stage``: cost only a pipeline stage's operators, (first layer, end, holds the
         embedding, holds the head) as ``planner.layouts.pipeline.stage_ops`` selects them.
         ``cache``: share the operators and their times with other costers of this replica
-        (``CostCache``)."""
+        (``CostCache``). ``routed_apart``: leave out the routed experts and the MoE output's
+        all-reduce (and any weights brought from the host), which an expert-parallel layout
+        prices itself (``planner.serving.costers.ExpertCoster``): the operators
+        ``planner.layouts.expert.ExpertStep.dense_s`` sums."""
         check_runs_on(model, hardware)
         self.model, self.prep, self.options, self.tp = model, prep, options, tp
         self.stage = stage
+        self.routed_apart = routed_apart
         self.hardware = hardware
         self.hw_memory_bytes = hardware.memory_bytes
         self.engine: Engine = prep.engine
@@ -247,6 +252,8 @@ class StepCoster:
         ops = shape_ops(self.model, self.prep.precision, shape, tp=self.tp,
                         attention=self.options.attention,
                         lm_head_sharded=self.engine.lm_head_sharded)
+        if self.routed_apart:
+            return {op.name: op for op in ops if not is_routed(op)}
         ops += host_transfer_ops(self.options.cpu_offload_bytes)  # once per forward pass
         if self.stage is not None:
             ops = stage_ops(ops, self.model, *self.stage)

@@ -135,6 +135,13 @@ class ExpertCoster(_Layout):
         self.engine, self.ep, self.tp = prep.engine, ep, tp
         self.x = ExpertStep(model, prep, options, ep, tp)
         self.dp_ranks = self.x.dp  # each group schedules its own sequences (SchedulerConfig.ranks)
+        # one attention group's operators but the routed experts, priced as a TP replica's
+        # step is (their sums kept by tokens and rows, attention from its per-unit times):
+        # ``ExpertStep.dense_s``'s sum to 1e-12, without building every operator each step
+        self._dense = StepCoster(model, hardware, prep, options, tp=tp, routed_apart=True)
+        # the routed experts by the step's tokens, the MoE reduction by the group's
+        self._experts: dict[tuple[float, bool], float] = {}
+        self._reduce: dict[tuple[float, bool], float] = {}
 
     splits_parts = True  # the simulator passes a mixed step's decodes apart (``parts``)
 
@@ -147,11 +154,27 @@ class ExpertCoster(_Layout):
         dp = self.dp_ranks
         per = -(-max(sequences, 1) // dp)  # the busiest group's sequences
         own = _busiest(shape, sequences, dp, parts)
-        experts, _ = self.x.experts_s(shape.tokens, graphed)
-        comm = self.x.all_to_all_s(own.tokens) + self.x.moe_reduce_s(own.tokens, graphed)
-        return with_host(self.x.dense_s(own, graphed) + experts + comm,
+        key = (shape.tokens, graphed)
+        experts = self._experts.get(key)
+        if experts is None:
+            experts = self._experts[key] = self.x.experts_s(shape.tokens, graphed)[0]
+        key = (own.tokens, graphed)
+        reduce = self._reduce.get(key)
+        if reduce is None:
+            reduce = self._reduce[key] = self.x.moe_reduce_s(own.tokens, graphed)
+        comm = self.x.all_to_all_s(own.tokens) + reduce
+        return with_host(self.dense_s(own, graphed) + experts + comm,
                          self.fixed_s(per, prefill=prefill, decodes=decodes),
                          self.engine.hides_host(graphed)) + self.engine.worker_s(self.x.ep)
+
+    def dense_s(self, own: StepShape, graphed: bool) -> float:
+        """``ExpertStep.dense_s`` of one group's share: its linear operators by its tokens,
+        the sampling by its rows and attention by its amounts, each kept or combined as
+        ``StepCoster`` does (tokens and rows as they are, not rounded: a share of a step
+        can hold a fraction of a prompt)."""
+        d = self._dense
+        return d.linear_s(own.tokens, graphed) + d.head_s(own.logit_rows, graphed) + \
+            d.attention_s(own, graphed)
 
     def kv_capacity_tokens(self, max_num_seqs: int, step_tokens: int) -> int:
         """``dp`` groups' caches: each GPU's memory less its weights (1/ep of the routed
