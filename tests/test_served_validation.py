@@ -303,3 +303,24 @@ def test_a_checkpoint_that_disagrees_with_its_run_is_an_error(run_cli, tmp_path)
         assert code == 2 and len(err.strip().splitlines()) == 1, err
         assert all(w in err for w in words), err
         assert "rate-4" in err
+
+
+def test_the_replays_sharing_one_cache_give_what_each_alone_gives(monkeypatch):
+    """validate's replays share one CostCache (a third of its time went to timing the same
+    operators again for each file): every figure is the one a replay on its own coster gives,
+    bit for bit, with files alternating between the H100 and the A100 and between engines,
+    and one model on both GPUs."""
+    import planner.serving.cost as cost
+    from planner.cli.validate import run_served
+
+    (ds, folder), = [m for m in catalog.load_served() if m[0].source.id == "gpustack-perf-lab"]
+    order = ["gpustack-gpt-oss-20b-h100-sxm-vllm-r128", "gpustack-qwen3-8b-h100-sxm-vllm-c1",
+             "gpustack-gpt-oss-20b-a100-sxm-80gb-vllm-r128",
+             "gpustack-qwen3-8b-h100-sxm-sglang-c4", "gpustack-qwen3-8b-h100-sxm-vllm-c2"]
+    by_id = {r.id: r for r in ds.runs}
+    small = ds.model_copy(update={"runs": [by_id[i] for i in order]})
+    shared, unserved = run_served([(small, folder)])
+    assert not unserved and {c.run for c in shared} == set(order)
+    monkeypatch.setattr(cost, "CostCache", lambda: None)  # each replay its own coster
+    alone, _ = run_served([(small, folder)])
+    assert shared == alone

@@ -58,9 +58,11 @@ def run_served(manifests, engine_override: str | None = None,
     called once per result file replayed (progress)."""
     from planner.evidence.served import compare_entry
     from planner.io import catalog
+    from planner.serving.cost import CostCache
 
     out, unserved = [], []
     ideal_spec = catalog.load_engine_spec("ideal")
+    cache = CostCache()  # the files of one model, GPU and engine share its operators' times
     for ds, folder in manifests:
         for entry in ds.runs:
             where = f"served run {ds.source.id}:{entry.id}"
@@ -72,7 +74,7 @@ def run_served(manifests, engine_override: str | None = None,
                 out += compare_entry(ds.source, entry, replayed_runs(entry, folder, ds),
                                      replay_setup(entry, spec, folder),
                                      replay_setup(entry, ideal_spec, folder),
-                                     spec.fitted_rows())
+                                     spec.fitted_rows(), cache)
             except UsageError as err:
                 # the simulator cannot serve what the real server did (a prompt longer than
                 # the KV cache it predicts): a miss of the model, counted and shown, not a

@@ -290,8 +290,10 @@ def _static_prediction(run: ServedRun, s: Deployment) -> dict:
             "median_ttft_ms": e.ttft_s * 1e3, "mean_ttft_ms": e.ttft_s * 1e3}
 
 
-def compare_run(run: ServedRun, s: Deployment) -> RunComparison:
-    """Measured against simulated and steady-state figures, and the measured MBU / MFU."""
+def compare_run(run: ServedRun, s: Deployment, cache=None) -> RunComparison:
+    """Measured against simulated and steady-state figures, and the measured MBU / MFU.
+    ``cache``: a ``planner.serving.cost.CostCache`` the simulated replica's step coster
+    shares with other runs' (the same figures, sooner)."""
     if s.model.max_position_embeddings < run.mean_input_tokens + run.mean_output_tokens:
         raise UsageError(f"{run.source}: {run.label}: prompts of {run.mean_input_tokens:,.0f} "
                          f"+ {run.mean_output_tokens:,.0f} tokens exceed {s.model.name}'s "
@@ -300,7 +302,10 @@ def compare_run(run: ServedRun, s: Deployment) -> RunComparison:
     if run.batch is not None:
         sim = _static_prediction(run, s)
     else:
-        sim, notes = simulate_run(run, s)
+        from planner.serving.run import coster
+
+        sim, notes = simulate_run(run, s, step_coster=None if cache is None
+                                  else coster(s, cache))
     n, bw, mbu, flops_s, mfu = utilization(run, s)
     steady: dict[str, float] = {}
     if n is not None and run.batch is None and n >= 0.5:

@@ -326,15 +326,16 @@ def compared_figures(entry: ServedEntry, run: ServedRun,
 
 def compare_entry(source: ServedSource, entry: ServedEntry, runs: list[ServedRun],
                   setup: Deployment, ideal: Deployment,
-                  fitted_rows: frozenset[str] | set[str] = frozenset()
+                  fitted_rows: frozenset[str] | set[str] = frozenset(), cache=None
                   ) -> list[ServedComparison]:
     """Every run of one result file, simulated with the engine's profile and the ideal
     engine's, against what was measured. ``fitted_rows``: the engine's ``fitted_on`` entries
-    (``source:run``): a run named there is in-sample."""
+    (``source:run``): a run named there is in-sample. ``cache``: a
+    ``planner.serving.cost.CostCache`` shared by the files' replicas (``compare_run``)."""
     out: list[ServedComparison] = []
     fitted = f"{source.id}:{entry.id}" in fitted_rows
     for run in runs:
-        cmp = compare_run(run, setup)
+        cmp = compare_run(run, setup, cache)
         real = {m.metric: m for m in cmp.rows}
         # a closed loop offers what the server takes: no rate to fall behind (NaN), as
         # simulate classifies its own; saturated only where its batch fills
@@ -342,7 +343,7 @@ def compare_entry(source: ServedSource, entry: ServedEntry, runs: list[ServedRun
                                cmp.simulated.get("request_throughput"),
                                cmp.simulated.get("max_running_requests"),
                                setup.engine.max_num_seqs)
-        bound = {m.metric: m for m in compare_run(run, ideal).rows}
+        bound = {m.metric: m for m in compare_run(run, ideal, cache).rows}
         label = entry.id if len(runs) == 1 else f"{entry.id} {run.label}"
         for phase, k, p in compared_figures(entry, run, lambda k, real=real: real[k].simulated):
             b = bound[k].simulated
