@@ -139,9 +139,9 @@ class ExpertCoster(_Layout):
         # step is (their sums kept by tokens and rows, attention from its per-unit times):
         # ``ExpertStep.dense_s``'s sum to 1e-12, without building every operator each step
         self._dense = StepCoster(model, hardware, prep, options, tp=tp, routed_apart=True)
-        # the routed experts by the step's tokens, the MoE reduction by the group's
+        # the routed experts by the step's tokens, the MoE's communication by the group's
         self._experts: dict[tuple[float, bool], float] = {}
-        self._reduce: dict[tuple[float, bool], float] = {}
+        self._comm: dict[tuple[float, bool], float] = {}
 
     splits_parts = True  # the simulator passes a mixed step's decodes apart (``parts``)
 
@@ -153,16 +153,17 @@ class ExpertCoster(_Layout):
         graphed = self.engine.cuda_graphs and not prefill
         dp = self.dp_ranks
         per = -(-max(sequences, 1) // dp)  # the busiest group's sequences
-        own = _busiest(shape, sequences, dp, parts)
+        # one group holds all of a step's sequences (its share is the step: x 1.0 exactly)
+        own = shape if dp == 1 and parts is None else _busiest(shape, sequences, dp, parts)
         key = (shape.tokens, graphed)
         experts = self._experts.get(key)
         if experts is None:
             experts = self._experts[key] = self.x.experts_s(shape.tokens, graphed)[0]
         key = (own.tokens, graphed)
-        reduce = self._reduce.get(key)
-        if reduce is None:
-            reduce = self._reduce[key] = self.x.moe_reduce_s(own.tokens, graphed)
-        comm = self.x.all_to_all_s(own.tokens) + reduce
+        comm = self._comm.get(key)
+        if comm is None:
+            comm = self._comm[key] = self.x.all_to_all_s(own.tokens) + \
+                self.x.moe_reduce_s(own.tokens, graphed)
         return with_host(self.dense_s(own, graphed) + experts + comm,
                          self.fixed_s(per, prefill=prefill, decodes=decodes),
                          self.engine.hides_host(graphed)) + self.engine.worker_s(self.x.ep)
