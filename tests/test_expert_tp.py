@@ -401,6 +401,32 @@ def test_a_groups_cached_dense_part_is_the_layouts_sum(model, gpu, w, tp, ep, de
     assert c.dense_s(shape, graphed) == pytest.approx(c.x.dense_s(shape, graphed), rel=1e-12)
 
 
+def test_expert_parallel_costers_sharing_a_cache_time_steps_as_fresh_ones():
+    """A plan's expert-parallel candidates share one CostCache with the others, on every GPU:
+    each prices a decode, a prefill and a mixed step as a coster of its own does, bit for
+    bit, whichever GPU and layout filled the cache first (a TP replica's, whose operators
+    hold the routed experts, first of all)."""
+    from planner.serving.cost import CostCache
+
+    m = catalog.load_model("deepseek-v3")
+    cache = CostCache()
+    steps = [(StepShape.uniform(12, 1, 3000, m.attention_window), 12, False, None),
+             (StepShape.uniform(1, 4000, 0, m.attention_window), 1, True, None),
+             (_mixed(30, 2000, 1500, 500, m.attention_window, 1.0), 31, True,
+              (StepShape.uniform(30, 1, 2000, m.attention_window), 1))]
+    hw, prep, opts = _prep("h200", "fp8")
+    tp8 = layout_coster(m, hw, prep, opts, tp=8, cache=cache)
+    for shape, n, prefill, _ in steps:
+        tp8.step_time(shape, sequences=n, prefill=prefill)
+    for gpu, tp in (("h200", 8), ("h100-sxm", 8), ("h200", 2), ("h200", 8)):
+        hw, prep, opts = _prep(gpu, "fp8")
+        shared = layout_coster(m, hw, prep, opts, tp=tp, ep=16, cache=cache)
+        fresh = layout_coster(m, hw, prep, opts, tp=tp, ep=16)
+        for shape, n, prefill, parts in steps:
+            kw = dict(sequences=n, prefill=prefill, parts=parts)
+            assert shared.step_time(shape, **kw) == fresh.step_time(shape, **kw)
+
+
 def test_kv_pool_is_each_groups_by_hand():
     """TP 2 x EP 8 Qwen3-235B fp8 on H100: each GPU's free memory (the vllm profile's measured
     sizing, vLLM 0.34: all of it less max(1 GiB, 0.75 A)) over its 94 x 2 x 2 x 128 x 2 =

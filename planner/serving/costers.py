@@ -130,7 +130,7 @@ class ExpertCoster(_Layout):
     tensor-parallel over ``tp`` of them in ep / tp data-parallel groups."""
 
     def __init__(self, model: ModelSpec, hardware: HardwareSpec, prep: Prepared,
-                 options: Options, *, ep: int, tp: int = 1):
+                 options: Options, *, ep: int, tp: int = 1, cache: CostCache | None = None):
         self.model, self.hardware, self.prep, self.options = model, hardware, prep, options
         self.engine, self.ep, self.tp = prep.engine, ep, tp
         self.x = ExpertStep(model, prep, options, ep, tp)
@@ -138,7 +138,8 @@ class ExpertCoster(_Layout):
         # one attention group's operators but the routed experts, priced as a TP replica's
         # step is (their sums kept by tokens and rows, attention from its per-unit times):
         # ``ExpertStep.dense_s``'s sum to 1e-12, without building every operator each step
-        self._dense = StepCoster(model, hardware, prep, options, tp=tp, routed_apart=True)
+        self._dense = StepCoster(model, hardware, prep, options, tp=tp, routed_apart=True,
+                                 cache=cache)
         # the routed experts by the step's tokens, the MoE's communication by the group's
         self._experts: dict[tuple[float, bool], float] = {}
         self._comm: dict[tuple[float, bool], float] = {}
@@ -219,13 +220,13 @@ def layout_coster(model: ModelSpec, hardware: HardwareSpec, prep: Prepared, opti
                   *, tp: int = 1, pp: int = 1, ep: int = 1, cache: CostCache | None = None):
     """The step coster of a replica of tp x pp GPUs, or of ep expert-parallel GPUs with
     attention TP over ``tp`` of them. ``cache``: shared with the costers of this replica under
-    other engine profiles (TP and pipeline layouts; the expert-parallel coster keeps its
-    own)."""
+    other engine profiles and on other GPUs (an expert-parallel coster shares its attention
+    group's operators and their times; it keeps the routed experts' own)."""
     if ep > 1:
         from planner.layouts.deployment import Layout
 
         Layout(tp, pp, ep).check(model)
-        return ExpertCoster(model, hardware, prep, options, ep=ep, tp=tp)
+        return ExpertCoster(model, hardware, prep, options, ep=ep, tp=tp, cache=cache)
     if pp > 1:
         return PipelineCoster(model, hardware, prep, options, tp=tp, pp=pp, cache=cache)
     return StepCoster(model, hardware, prep, options, tp=tp, cache=cache)
