@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass, replace
-from functools import reduce
+from functools import lru_cache, reduce
 
 from planner.core.arith import vmax, vmin
 from planner.core.errors import UsageError
@@ -60,22 +60,24 @@ def stage_layers(num_layers: int, pp: int) -> list[tuple[int, int]]:
     return out
 
 
-def _layers_of(op_name: str, m: ModelSpec) -> list[int] | None:
-    """The layers an operator instance runs in (None: the embedding or the head)."""
+@lru_cache(maxsize=4096)
+def _layers_of(op_name: str, m: ModelSpec) -> tuple[int, ...] | None:
+    """The layers an operator instance runs in (None: the embedding or the head). Kept per
+    operator name and model: a search splits every candidate's operators this way."""
     if op_name in FIRST_ONLY or op_name in LAST_ONLY:
         return None
     sliding = m.layer_is_sliding
     if op_name == "attention":
-        return [i for i in range(m.num_layers) if not sliding[i]]
+        return tuple(i for i in range(m.num_layers) if not sliding[i])
     if op_name == "attention_local":
-        return [i for i in range(m.num_layers) if sliding[i]]
+        return tuple(i for i in range(m.num_layers) if sliding[i])
     if op_name == "mlp_norm":  # every layer's, before its dense MLP or its experts
-        return list(range(m.num_layers))
+        return tuple(range(m.num_layers))
     if op_name.startswith("mlp_") or op_name == "allreduce_mlp":
-        return [i for i in range(m.num_layers) if not m.is_moe_layer(i)]
+        return tuple(i for i in range(m.num_layers) if not m.is_moe_layer(i))
     if op_name.startswith(("moe_", "experts_", "shared_")) or op_name == "allreduce_moe":
-        return list(m.moe_layer_indices)
-    return list(range(m.num_layers))
+        return tuple(m.moe_layer_indices)
+    return tuple(range(m.num_layers))
 
 
 def stage_ops(ops: list[Op], m: ModelSpec, start: int, end: int, first: bool,
