@@ -10,7 +10,7 @@ H200 (hardware_db allreduce_measured)."""
 from __future__ import annotations
 
 import math
-from dataclasses import fields
+from dataclasses import fields, replace
 from functools import cache
 
 import pytest
@@ -358,12 +358,17 @@ def test_simulated_step_is_the_estimate(model, gpu, w, tp, ep, batch):
     assert pre == pytest.approx(one.ttft_s, rel=1e-9)
 
 
-def _mixed(decodes: int, ctx: int, chunk: int, past: int, window, share: float) -> StepShape:
+def _mixed(decodes: int, ctx: int, chunk: int, past: int, window, share: float,
+           finishes: bool = True) -> StepShape:
     """A step of ``decodes`` sequences at ``ctx`` tokens beside one prompt's ``chunk`` after
     ``past`` cached tokens, times ``share`` (one group's part of it, a fraction of a prompt
-    included)."""
-    parts = [StepShape.uniform(decodes, 1, ctx, window, prefill=False),
-             StepShape.uniform(1, chunk, past, window, prefill=True)]
+    included); ``finishes``: the chunk ends its prompt, so its sequence samples a token."""
+    fill = StepShape.uniform(1, chunk, past, window, prefill=True)
+    if not finishes:
+        fill = replace(fill, logit_rows=0.0,
+                       local=None if fill.local is None else replace(fill.local,
+                                                                     logit_rows=0.0))
+    parts = [StepShape.uniform(decodes, 1, ctx, window, prefill=False), fill]
 
     def add(a, b):
         local = None if a.local is None else add(a.local, b.local)
@@ -380,15 +385,17 @@ def _mixed(decodes: int, ctx: int, chunk: int, past: int, window, share: float) 
 @settings(max_examples=25, deadline=None)
 @given(decodes=st.integers(0, 300), ctx=st.integers(1, 40_000), chunk=st.integers(0, 8192),
        past=st.integers(0, 30_000), share=st.sampled_from([1.0, 0.5, 1 / 3, 0.125]),
-       graphed=st.booleans())
+       graphed=st.booleans(), finishes=st.booleans())
 def test_a_groups_cached_dense_part_is_the_layouts_sum(model, gpu, w, tp, ep, decodes, ctx,
-                                                       chunk, past, share, graphed):
+                                                       chunk, past, share, graphed, finishes):
     """The simulator prices one attention group's share of a step from kept sums (linear
     operators by tokens, sampling by rows, attention by its amounts), where it had built and
     timed every operator each step (six times slower a ``plan`` of DeepSeek-V3 at 8k-token
     prompts): the same seconds as ``ExpertStep.dense_s`` to 1e-12, for multi-head latent,
     sliding-window, grouped-query and sparse attention, decodes beside a chunk, and a share
-    holding a fraction of a prompt."""
+    holding a fraction of a prompt, and a chunk that does not finish its prompt alone in a
+    step (no row sampled: the final norm's and the lm_head's weights are read all the
+    same, as the layout's estimate reads them)."""
     from pathlib import Path
 
     path = Path(__file__).parent / "fixtures" / "hf" / "deepseek-v3.2.json"
@@ -397,7 +404,25 @@ def test_a_groups_cached_dense_part_is_the_layouts_sum(model, gpu, w, tp, ep, de
     c = layout_coster(m, hw, prep, opts, tp=tp, ep=ep)
     if decodes + chunk == 0:
         decodes = 1
-    shape = _mixed(decodes, ctx, chunk, past, m.attention_window, share)
+    shape = _mixed(decodes, ctx, chunk, past, m.attention_window, share, finishes)
+    assert c.dense_s(shape, graphed) == pytest.approx(c.x.dense_s(shape, graphed), rel=1e-12)
+
+
+@pytest.mark.parametrize("model, gpu, w, tp, ep", [
+    ("deepseek-v3", "h200", "fp8", 8, 8), ("gpt-oss-120b", "h100-sxm", "mxfp4", 2, 4),
+    ("mixtral-8x7b", "h100-sxm", "bf16", 1, 8)])
+@pytest.mark.parametrize("graphed", [False, True])
+def test_a_chunk_that_samples_nothing_still_reads_the_heads_weights(model, gpu, w, tp, ep,
+                                                                   graphed):
+    """A 4,096-token chunk of a longer prompt, alone in its step, samples no token: the
+    group's part still reads the final norm's and the lm_head's weights, as the layout's
+    estimate does (the kept sums had priced the head at nothing there, 6e-4 to 8e-3 of the
+    group's part short: the review of this change found it)."""
+    m = catalog.load_model(model)
+    hw, prep, opts = _prep(gpu, w)
+    c = layout_coster(m, hw, prep, opts, tp=tp, ep=ep)
+    shape = _mixed(0, 1, 4096, 8000, m.attention_window, 1.0, finishes=False)
+    assert shape.logit_rows == 0
     assert c.dense_s(shape, graphed) == pytest.approx(c.x.dense_s(shape, graphed), rel=1e-12)
 
 
