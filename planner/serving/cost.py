@@ -286,9 +286,11 @@ class StepCoster:
             self._linear_ops[(tokens, self._concat)] = ops
         return ops
 
-    def head_s(self, rows: int, graphed: bool) -> float:
-        """Final norm and lm_head for ``rows`` sequences that sample a token."""
-        if rows <= 0:
+    def head_s(self, rows: int, graphed: bool, *, unsampled_weights: bool = False) -> float:
+        """Final norm and lm_head for ``rows`` sequences that sample a token; at no row,
+        nothing, or with ``unsampled_weights`` their operators at no row (their weights
+        read all the same, as the layouts' estimates price them: ``ExpertStep.dense_s``)."""
+        if rows <= 0 and not unsampled_weights:
             return 0.0
         key = (rows, graphed)
         t = self._head.get(key)

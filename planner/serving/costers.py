@@ -143,7 +143,6 @@ class ExpertCoster(_Layout):
         # the routed experts by the step's tokens, the MoE's communication by the group's
         self._experts: dict[tuple[float, bool], float] = {}
         self._comm: dict[tuple[float, bool], float] = {}
-        self._head_unsampled: dict[bool, float] = {}
 
     splits_parts = True  # the simulator passes a mixed step's decodes apart (``parts``)
 
@@ -176,16 +175,11 @@ class ExpertCoster(_Layout):
         ``StepCoster`` does (tokens and rows as they are, not rounded: a share of a step
         can hold a fraction of a prompt)."""
         d = self._dense
-        rows = own.logit_rows
-        if rows > 0:
-            head = d.head_s(rows, graphed)
-        else:  # a chunk that does not finish its prompt: the layout's estimate still reads
-            # the final norm's and the lm_head's weights (``ExpertStep.dense_s``)
-            head = self._head_unsampled.get(graphed)
-            if head is None:
-                head = self._head_unsampled[graphed] = sum(
-                    d._time(op, graphed) for op in d._head_ops_of(0))
-        return d.linear_s(own.tokens, graphed) + head + d.attention_s(own, graphed)
+        # a chunk that does not finish its prompt samples no row: the layout's estimate still
+        # reads the final norm's and the lm_head's weights
+        return d.linear_s(own.tokens, graphed) + \
+            d.head_s(own.logit_rows, graphed, unsampled_weights=True) + \
+            d.attention_s(own, graphed)
 
     def kv_capacity_tokens(self, max_num_seqs: int, step_tokens: int) -> int:
         """``dp`` groups' caches: each GPU's memory less its weights (1/ep of the routed
