@@ -21,7 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.aiconfigurator_moe import wheel_table  # noqa: E402
+from benchmarks.aiconfigurator_moe import leave, wheel_table  # noqa: E402
 
 WHEEL = "aiconfigurator-core 0.12.0"
 PYPI = "https://pypi.org/project/aiconfigurator-core/0.12.0/"
@@ -103,4 +103,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    leave(main)

@@ -41,7 +41,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.aiconfigurator_gemm import arch_factor as _arch_factor  # noqa: E402
-from benchmarks.aiconfigurator_moe import RELEASES, SYSTEMS, wheel_table  # noqa: E402
+from benchmarks.aiconfigurator_moe import RELEASES, SYSTEMS, leave, wheel_table  # noqa: E402
 from benchmarks.gpu_kernels import OneLineParser  # noqa: E402
 
 # a cache at least this large in 16 bits: well above the L2 of each of these GPUs
@@ -390,4 +390,4 @@ def print_cells(table, engine: str) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    leave(main)

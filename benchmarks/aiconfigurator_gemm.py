@@ -57,7 +57,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.aiconfigurator_moe import RELEASES, SYSTEMS, wheel_table  # noqa: E402
+from benchmarks.aiconfigurator_moe import RELEASES, SYSTEMS, leave, wheel_table  # noqa: E402
 from benchmarks.gpu_kernels import OneLineParser  # noqa: E402
 
 REFERENCE = "h100-sxm"
@@ -501,4 +501,4 @@ def print_fp8_decode(tables: dict, engine: str, lane: str = "tensor") -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    leave(main)

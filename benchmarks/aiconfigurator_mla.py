@@ -48,7 +48,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.aiconfigurator_moe import _median, wheel_table  # noqa: E402
+from benchmarks.aiconfigurator_moe import _median, leave, wheel_table  # noqa: E402
 from benchmarks.gpu_kernels import OneLineParser  # noqa: E402
 
 SYSTEMS = {"h100-sxm": "h100_sxm", "h200": "h200_sxm"}
@@ -342,4 +342,4 @@ def _dsa(a) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    leave(main)

@@ -29,6 +29,7 @@ stands is from the rows those derive over: the median ratio by model and the mea
 from __future__ import annotations
 
 import io
+import os
 import sys
 import zipfile
 from pathlib import Path
@@ -65,11 +66,33 @@ TOKENS = (1, 8, 32, 128, 512, 2048, 8192)
 
 
 def wheel_table(whl: zipfile.ZipFile, path: str):
-    """One of the wheel's parquet tables, read in one thread: pyarrow's pool could abort the
-    exit right after a refusal. The other aiconfigurator_*.py scripts read theirs here too."""
+    """One of the wheel's parquet tables, read in one thread. The other aiconfigurator_*.py
+    scripts read theirs here too, and leave through ``leave``."""
     import pandas as pd
 
     return pd.read_parquet(io.BytesIO(whl.read(path)), use_threads=False)
+
+
+def leave(main) -> None:
+    """``sys.exit(main())`` without the interpreter's teardown. Once a parquet table has been
+    read, Arrow's native threads can abort the process as it exits (SIGABRT, "terminate called
+    without an active exception", apache/arrow#34314), after its output is complete: a refusal
+    that printed its one line and returned 2 then left with -6 (seen under a loaded test run,
+    2026-12-07, though the table is read in one thread). The streams are flushed first."""
+    try:
+        code = main()
+    except SystemExit as stop:  # argparse's refusals
+        code = stop.code
+    if not isinstance(code, int):
+        if code is not None:
+            print(code, file=sys.stderr)
+        code = 0 if code is None else 1
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except OSError:  # a reader that has gone (``| head``)
+            pass
+    os._exit(code)
 
 
 def ours_ms(dep, tokens: int) -> float:
@@ -455,4 +478,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    leave(main)

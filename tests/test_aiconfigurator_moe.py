@@ -430,3 +430,21 @@ def test_gpt_oss_is_compared_as_it_ships():
     assert len(recorded) == 1
     assert recorded[0]["our_tpot_s"] == pytest.approx(mine["our_tpot_s"], rel=1e-4)
     assert every["our_tpot_s"] > mine["our_tpot_s"]  # bf16 experts: four times the bytes
+
+
+@pytest.mark.parametrize("body,code,err", [
+    ("return 2", 2, ""), ("return 0", 0, ""), ("raise SystemExit(2)", 2, ""),
+    ("raise SystemExit('no table')", 1, "no table\n"), ("raise SystemExit(None)", 0, "")])
+def test_the_scripts_leave_with_their_code_and_without_the_teardown(body, code, err):
+    """``leave`` ends a script with main's code and its output flushed, skipping the
+    interpreter's teardown where Arrow's threads could abort it (-6): an atexit handler, part of
+    that teardown, does not run."""
+    script = ("import atexit, sys\n"
+              "from benchmarks.aiconfigurator_moe import leave\n"
+              "atexit.register(lambda: print('teardown ran'))\n"
+              "def main():\n"
+              "    print('table', end='')\n"
+              f"    {body}\n"
+              "leave(main)\n")
+    p = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT)
+    assert (p.returncode, p.stdout, p.stderr) == (code, "table", err)
