@@ -58,13 +58,13 @@ def test_calibrate_shows_progress_on_a_terminal_only(on_a_terminal, tmp_path, mo
 @pytest.mark.slow
 def test_measure_shows_progress_on_a_terminal_only(on_a_terminal, tmp_path, monkeypatch):
     monkeypatch.setenv("LLMPLAN_PROGRESS_AFTER_S", "0")  # whatever the machine's speed
-    args = ["measure", "-m", "tiny-llama-test", "--device", "cpu", "-b", "1,2,4", "-c",
-            "32,64", "--calibration", str(CAL), "--budget-s", "0.3", "--threads", "1",
+    args = ["measure", "-m", "tiny-llama-test", "--device", "cpu", "-b", "1,2", "-c", "32",
+            "--calibration", str(CAL), "--budget-s", "0.1", "--threads", "1",
             "--max-spread", "1e6", "--max-drift", "1e6"]
     code, _, seen = on_a_terminal([*args, "--out", str(tmp_path / "a.jsonl")])
-    assert code == 0 and b"measuring" in seen and b"of 6" in seen, seen[-2000:]
+    assert code == 0 and b"measuring" in seen and b"of 2" in seen, seen[-2000:]
     code, out, seen = on_a_terminal([*args, "--out", str(tmp_path / "b.jsonl"), "--json"])
-    assert code == 0 and b"measuring" not in seen and b"of 6" not in seen
+    assert code == 0 and b"measuring" not in seen and b"of 2" not in seen
     r = _piped([*args, "--out", str(tmp_path / "c.jsonl")])
     assert r.returncode == 0 and "measuring" not in r.stderr
 
