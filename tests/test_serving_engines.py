@@ -601,3 +601,31 @@ def test_simulate_takes_tensorrt_llm_s_batch_waiting(run_json, run_cli):
     assert code == 2 and "engine vllm has none" in err
     code, _, err = run_cli(*base, "-e", "trtllm", "--batch-wait-max-tokens-ratio", "nan")
     assert code == 2 and "within 0-1" in err and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("computed,chunk,target", [(0, 2048, 20_000), (16_384, 2048, 20_000),
+                                                   (18_000, 2000, 20_000)])
+def test_a_chunk_that_does_not_finish_its_prompt_samples_under_vllm_v1_and_sglang(
+        vllm, computed, chunk, target):
+    """vLLM's V1 runner and SGLang compute a row of logits for every request of a step, a
+    prompt chunk that does not finish its prompt too, and throw its token away (read in their
+    wheels: engines_db ``serving.partial_prefill_logits``); vLLM's V0 samples only a finishing
+    chunk. Such a step costs the head over one row more: ``head_s(1)``, the final norm, the
+    lm_head's weights and the sampler."""
+    from planner.serving.requests import RequestResult, SimRequest
+
+    assert catalog.load_engine("vllm").partial_prefill_logits
+    assert catalog.load_engine("sglang").partial_prefill_logits
+    assert not catalog.load_engine("vllm-v0").partial_prefill_logits
+    eng, c = vllm
+    q = SimRequest.of(RequestResult(0, 0.0, target, 100))
+    q.computed = computed
+    pool = _decode_pool(0, 0)
+    every, _ = StepPricer(c, pool).time_s([(q, chunk)])
+    c_v0 = c.with_engine(replace(eng, partial_prefill_logits=False))
+    only_last, _ = StepPricer(c_v0, pool).time_s([(q, chunk)])
+    if computed + chunk >= target:  # it finishes: it samples either way
+        assert every == only_last
+    else:
+        assert every - only_last == pytest.approx(c.head_s(1, False), rel=1e-9)
+        assert c.head_s(1, False) > 0.1e-3  # 8B's lm_head, 1 GB of weights a read

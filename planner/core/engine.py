@@ -933,6 +933,9 @@ class ServingDefaults(_Frozen):
     # --performance-mode and what each mode changes (``PerformanceModes``); None: no such
     # option (refused)
     performance_modes: PerformanceModes | None = None
+    # a prompt chunk that does not finish its prompt still gets a row of logits, sampled and
+    # thrown away (vLLM's V1 runner, SGLang); None or False: only a finishing chunk samples
+    partial_prefill_logits: Flag | None = None
     earlier: tuple[EarlierDefaults, ...] = ()  # releases before each ``until``, oldest first
 
     @model_validator(mode="after")
@@ -1352,6 +1355,8 @@ class EngineSpec(_Frozen):
             out["capacity_policy"] = sv.capacity_policy.value
         if sv.mixed_batches is not None:
             out["mixed_batches"] = sv.mixed_batches.value
+        if sv.partial_prefill_logits is not None:
+            out["partial_prefill_logits"] = sv.partial_prefill_logits.value
         if sv.decode_reserve is not None:
             out["decode_reserve"] = sv.decode_reserve.rule()
         if sv.max_prefill_tokens is not None:
@@ -1550,6 +1555,9 @@ class Engine:
     chunked_prefill: bool = True
     capacity_policy: str = "max-utilization"  # or "guaranteed-no-evict" (``Policy``)
     mixed_batches: bool = True  # prefill chunks and decodes share a step
+    # every prompt chunk of a step gets a row of logits, finishing its prompt or not
+    # (``ServingDefaults.partial_prefill_logits``); False: only a finishing chunk's
+    partial_prefill_logits: bool = False
     # an admission that holds KV back for the running requests' tokens (``DecodeReserve``);
     # None: none
     decode_reserve: ReserveRule | None = None
