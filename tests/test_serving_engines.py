@@ -607,15 +607,16 @@ def test_simulate_takes_tensorrt_llm_s_batch_waiting(run_json, run_cli):
                                                    (18_000, 2000, 20_000)])
 def test_a_chunk_that_does_not_finish_its_prompt_samples_under_vllm_v1_and_sglang(
         vllm, computed, chunk, target):
-    """vLLM's V1 runner and SGLang compute a row of logits for every request of a step, a
-    prompt chunk that does not finish its prompt too, and throw its token away (read in their
-    wheels: engines_db ``serving.partial_prefill_logits``); vLLM's V0 samples only a finishing
-    chunk. Such a step costs the head over one row more: ``head_s(1)``, the final norm, the
-    lm_head's weights and the sampler."""
+    """vLLM's V1 runner, SGLang and TensorRT-LLM's PyTorch backend compute a row of logits for
+    every request of a step, a prompt chunk that does not finish its prompt too, and throw its
+    token away (read in their source: engines_db ``serving.partial_prefill_logits``); vLLM's
+    V0 samples only a finishing chunk. Such a step costs the head over one row more:
+    ``head_s(1)``, the final norm, the lm_head's weights and the sampler."""
     from planner.serving.requests import RequestResult, SimRequest
 
     assert catalog.load_engine("vllm").partial_prefill_logits
     assert catalog.load_engine("sglang").partial_prefill_logits
+    assert catalog.load_engine("trtllm").partial_prefill_logits  # its PyTorch backend
     assert not catalog.load_engine("vllm-v0").partial_prefill_logits
     eng, c = vllm
     q = SimRequest.of(RequestResult(0, 0.0, target, 100))
