@@ -175,8 +175,9 @@ class ExpertCoster(_Layout):
         ``StepCoster`` does (tokens and rows as they are, not rounded: a share of a step
         can hold a fraction of a prompt)."""
         d = self._dense
-        # a chunk that does not finish its prompt samples no row: the layout's estimate still
-        # reads the final norm's and the lm_head's weights
+        # a step that samples no row (a chunk that does not finish its prompt, on an engine
+        # that takes no logits for it: ``Engine.partial_prefill_logits`` off): the layout's
+        # estimate still reads the final norm's and the lm_head's weights
         return d.linear_s(own.tokens, graphed) + \
             d.head_s(own.logit_rows, graphed, unsampled_weights=True) + \
             d.attention_s(own, graphed)
