@@ -611,7 +611,7 @@ def test_a_chunk_that_does_not_finish_its_prompt_samples_under_vllm_v1_and_sglan
     every request of a step, a prompt chunk that does not finish its prompt too, and throw its
     token away (read in their source: engines_db ``serving.partial_prefill_logits``); vLLM's
     V0 samples only a finishing chunk. Such a step costs the head over one row more:
-    ``head_s(1)``, the final norm, the lm_head's weights and the sampler."""
+    ``head_s(1)``, the final norm and the lm_head's weights."""
     from planner.serving.requests import RequestResult, SimRequest
 
     assert catalog.load_engine("vllm").partial_prefill_logits
