@@ -83,6 +83,14 @@ def leave(main) -> None:
         code = main()
     except SystemExit as stop:  # argparse's refusals
         code = stop.code
+    except KeyboardInterrupt:
+        print(f"{Path(sys.argv[0]).name}: interrupted", file=sys.stderr)
+        code = 130
+    except BaseException:  # what the interpreter prints for an uncaught exception
+        import traceback
+
+        traceback.print_exc()
+        code = 1
     if not isinstance(code, int):
         if code is not None:
             print(code, file=sys.stderr)
@@ -90,8 +98,8 @@ def leave(main) -> None:
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
-        except OSError:  # a reader that has gone (``| head``)
-            pass
+        except (OSError, ValueError):  # a reader gone (``| head``), a closed stream
+            code = code or 120  # as the interpreter leaves when its final flush fails
     os._exit(code)
 
 

@@ -434,7 +434,8 @@ def test_gpt_oss_is_compared_as_it_ships():
 
 @pytest.mark.parametrize("body,code,err", [
     ("return 2", 2, ""), ("return 0", 0, ""), ("raise SystemExit(2)", 2, ""),
-    ("raise SystemExit('no table')", 1, "no table\n"), ("raise SystemExit(None)", 0, "")])
+    ("raise SystemExit('no table')", 1, "no table\n"), ("raise SystemExit(None)", 0, ""),
+    ("raise KeyboardInterrupt", 130, "-c: interrupted\n")])
 def test_the_scripts_leave_with_their_code_and_without_the_teardown(body, code, err):
     """``leave`` ends a script with main's code and its output flushed, skipping the
     interpreter's teardown where Arrow's threads could abort it (-6): an atexit handler, part of
@@ -448,3 +449,17 @@ def test_the_scripts_leave_with_their_code_and_without_the_teardown(body, code, 
               "leave(main)\n")
     p = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT)
     assert (p.returncode, p.stdout, p.stderr) == (code, "table", err)
+
+
+def test_a_script_that_crashes_prints_its_traceback_and_leaves_with_1():
+    """An exception main does not handle is printed as the interpreter prints it, and the
+    script still leaves without the teardown (no atexit handler runs)."""
+    script = ("import atexit\n"
+              "from benchmarks.aiconfigurator_moe import leave\n"
+              "atexit.register(lambda: print('teardown ran'))\n"
+              "def main():\n"
+              "    raise ValueError('boom')\n"
+              "leave(main)\n")
+    p = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT)
+    assert p.returncode == 1 and p.stdout == ""
+    assert p.stderr.startswith("Traceback") and p.stderr.endswith("ValueError: boom\n")

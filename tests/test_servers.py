@@ -334,12 +334,13 @@ def test_calibrate_answer_on_published_runs_is_pinned_and_refused(run_cli, tmp_p
     # runs' +1.9% / +14.6% / +7.0% -> +5.7% / +16.5% / +7.9%, the long prompts' TTFT +25.6% /
     # +22.8% -> +27.4% / +24.0%.
     # Since 2026-12-07 a prompt chunk that does not finish its prompt computes a row of logits
-    # under vLLM's V1 runner and SGLang, as their source does (engines_db
-    # partial_prefill_logits): these runs' long prompts, chunked by 2,048-token steps, pay the
-    # lm_head once more a chunk (about 0.3 ms). The valley is flat along the bandwidth: the fit
-    # now stops at 74.5 us, 0.988 of the copy bandwidth (was 0.841) and a share of 0.990,
-    # still refused; every in-sample and held-out error within 1.3 points of before (the
-    # 5,000-token prompt's TTFT +27.4% -> +28.7% in sample, +32.6% -> +31.3% held out).
+    # under vLLM's V1 runner, SGLang and TensorRT-LLM's PyTorch backend, as their source does
+    # (engines_db partial_prefill_logits): these runs' long prompts, chunked by 2,048-token
+    # steps, pay the lm_head once more a chunk (about 0.3 ms). The valley is flat along the
+    # bandwidth: the fit now stops at 74.5 us, 0.988 of the copy bandwidth (was 0.841) and a
+    # share of 0.990, still refused; every in-sample and held-out error within 1.4 points of
+    # before (the 5,000-token prompt's TTFT +27.4% -> +28.7% in sample, +32.6% -> +31.3% held
+    # out).
     assert set(d["unidentified"]) == {"allreduce_latency_us"}
     assert d["values"] == pytest.approx(
         {"step_overhead_us": 74.5, "gemm_bandwidth_frac": 0.988, "served_compute_frac": 0.990},

@@ -605,7 +605,7 @@ def test_simulate_takes_tensorrt_llm_s_batch_waiting(run_json, run_cli):
 
 @pytest.mark.parametrize("computed,chunk,target", [(0, 2048, 20_000), (16_384, 2048, 20_000),
                                                    (18_000, 2000, 20_000)])
-def test_a_chunk_that_does_not_finish_its_prompt_samples_under_vllm_v1_and_sglang(
+def test_a_chunk_that_does_not_finish_its_prompt_takes_logits_where_the_engine_does(
         vllm, computed, chunk, target):
     """vLLM's V1 runner, SGLang and TensorRT-LLM's PyTorch backend compute a row of logits for
     every request of a step, a prompt chunk that does not finish its prompt too, and throw its
@@ -616,14 +616,16 @@ def test_a_chunk_that_does_not_finish_its_prompt_samples_under_vllm_v1_and_sglan
 
     assert catalog.load_engine("vllm").partial_prefill_logits
     assert catalog.load_engine("sglang").partial_prefill_logits
+    assert catalog.load_engine("vllm-0.8").partial_prefill_logits
     assert catalog.load_engine("trtllm").partial_prefill_logits  # its PyTorch backend
     assert not catalog.load_engine("vllm-v0").partial_prefill_logits
-    eng, c = vllm
+    assert not catalog.load_engine("trtllm-engine").partial_prefill_logits  # not read
+    _, c = vllm
     q = SimRequest.of(RequestResult(0, 0.0, target, 100))
     q.computed = computed
     pool = _decode_pool(0, 0)
     every, _ = StepPricer(c, pool).time_s([(q, chunk)])
-    c_v0 = c.with_engine(replace(eng, partial_prefill_logits=False))
+    c_v0 = c.with_engine(replace(c.engine, partial_prefill_logits=False))
     only_last, _ = StepPricer(c_v0, pool).time_s([(q, chunk)])
     if computed + chunk >= target:  # it finishes: it samples either way
         assert every == only_last

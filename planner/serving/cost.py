@@ -14,7 +14,11 @@ hundreds of thousands of steps, so the cost is split by what each operator depen
 - the engine's fixed host cost per step, and per sequence in it.
 
 ``StepCoster.step_time(uniform shape)`` equals the estimate's step time (a test holds them
-equal), so a simulated request at low load sees the TTFT and TPOT ``estimate`` predicts.
+equal), so a simulated request at low load sees the TTFT and TPOT ``estimate`` predicts. A
+prompt longer than the step's token budget is the exception: each simulated pass prices the
+head over the rows its engine takes logits for (every chunk's, where
+``Engine.partial_prefill_logits``), where ``estimate`` prices it once over the batch's rows,
+under 1% of such a prefill apart.
 
 A fit (``planner.evidence.calibrate``) simulates one replica under hundreds of engine profiles
 that differ in a few parameters. A ``CostCache`` shared by their costers keeps the operators of

@@ -55,7 +55,7 @@ class StepPricer:
     the coster's ``time_scale``, where it has one: ``SlowedCoster``)."""
 
     __slots__ = ("coster", "batch", "window", "split_parts", "graph_sizes", "pads", "direct",
-                 "scale", "uniform", "eager", "prefill_counts", "every_chunk_samples")
+                 "scale", "uniform", "eager", "prefill_counts", "every_chunk_logits")
 
     def __init__(self, coster, batch: DecodePool, graph_sizes: tuple[int, ...] = (),
                  pads: bool = True, prefill_counts=None):
@@ -71,8 +71,8 @@ class StepPricer:
         self.graph_sizes = graph_sizes if getattr(coster, "pads_graphs", False) else ()
         self.window = coster.model.attention_window
         # every prompt chunk computes a row of logits, not only a finishing one (the engine's
-        # ``partial_prefill_logits``: vLLM's V1 runner, SGLang)
-        self.every_chunk_samples = getattr(getattr(coster, "engine", None),
+        # ``partial_prefill_logits``: vLLM's V1 runner, SGLang, TensorRT-LLM's PyTorch backend)
+        self.every_chunk_logits = getattr(getattr(coster, "engine", None),
                                            "partial_prefill_logits", False)
         # a layout that places the decodes apart from the prefill chunks (expert
         # parallelism's data-parallel ranks) prices the two parts
@@ -121,7 +121,7 @@ class StepPricer:
             dl = None if dl is None else [0.0] * 6
         if n_dec and not chunks and self.graph_sizes:
             return self._graphed_decode_s(dec, dl, n_dec) + batch.draft_s(past, chunks), past
-        shape = _with_chunks(dec, dl, chunks, window, self.every_chunk_samples)
+        shape = _with_chunks(dec, dl, chunks, window, self.every_chunk_logits)
         if chunks and n_dec and self.split_parts:
             parts = (StepShape(*dec, None if dl is None else StepShape(*dl)), len(chunks))
             dt = self.coster.step_time(shape, sequences=n_dec + len(chunks), prefill=True,
@@ -163,10 +163,10 @@ class StepPricer:
 
 
 def _with_chunks(dec: list[float], dl: list[float] | None, chunks: list,
-                 window: int | None, every_chunk_samples: bool = False) -> StepShape:
+                 window: int | None, every_chunk_logits: bool = False) -> StepShape:
     """The decoders' share ``dec`` (``dl`` in the sliding-window layers) plus the chunks'.
     A chunk that finishes its prompt samples a token (a row of logits); one that does not
-    gets a row too where ``every_chunk_samples`` (its token thrown away)."""
+    gets a row too where ``every_chunk_logits`` (its token thrown away)."""
     if not chunks:  # the pool's amounts are floats already
         return StepShape(*dec, None if window is None else StepShape(*dl))
     tokens, pairs, kv_read, held, score, rows = dec
@@ -180,7 +180,7 @@ def _with_chunks(dec: list[float], dl: list[float] | None, chunks: list,
         kv_read += q.computed + c
         held += q.computed
         score += c * (q.computed + c)
-        rows += 1 if every_chunk_samples or q.computed + c >= q.target else 0
+        rows += 1 if every_chunk_logits or q.computed + c >= q.target else 0
     local = None
     if window is not None:
         _, l_pairs, l_read, l_held, l_score, _ = dl
