@@ -15,10 +15,10 @@ hundreds of thousands of steps, so the cost is split by what each operator depen
 
 ``StepCoster.step_time(uniform shape)`` equals the estimate's step time (a test holds them
 equal), so a simulated request at low load sees the TTFT and TPOT ``estimate`` predicts. A
-prompt longer than the step's token budget is the exception: each simulated pass prices the
-head over the rows its engine takes logits for (every chunk's, where
-``Engine.partial_prefill_logits``), where ``estimate`` prices it once over the batch's rows,
-under 1% of such a prefill apart.
+prompt longer than the step's token budget is the exception: the simulator prefills it chunk
+by chunk, each chunk attending to the ones before it and pricing the head over the rows its
+engine takes logits for (every chunk's, where ``Engine.partial_prefill_logits``), where
+``estimate`` prices one prefill of the whole prompt with the head once.
 
 A fit (``planner.evidence.calibrate``) simulates one replica under hundreds of engine profiles
 that differ in a few parameters. A ``CostCache`` shared by their costers keeps the operators of
