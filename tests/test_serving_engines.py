@@ -607,7 +607,7 @@ def test_simulate_takes_tensorrt_llm_s_batch_waiting(run_json, run_cli):
                                                    (18_000, 2000, 20_000)])
 def test_a_chunk_that_does_not_finish_its_prompt_takes_logits_where_the_engine_does(
         vllm, computed, chunk, target):
-    """vLLM's V1 runner, SGLang and TensorRT-LLM's PyTorch backend compute a row of logits for
+    """vLLM's V1 runner, SGLang and TensorRT-LLM (both backends) compute a row of logits for
     every request of a step, a prompt chunk that does not finish its prompt too, and throw its
     token away (read in their source: engines_db ``serving.partial_prefill_logits``); vLLM's
     V0 samples only a finishing chunk. Such a step costs the head over one row more:
@@ -619,7 +619,7 @@ def test_a_chunk_that_does_not_finish_its_prompt_takes_logits_where_the_engine_d
     assert catalog.load_engine("vllm-0.8").partial_prefill_logits
     assert catalog.load_engine("trtllm").partial_prefill_logits  # its PyTorch backend
     assert not catalog.load_engine("vllm-v0").partial_prefill_logits
-    assert not catalog.load_engine("trtllm-engine").partial_prefill_logits  # not read
+    assert catalog.load_engine("trtllm-engine").partial_prefill_logits  # its C++ runtime
     _, c = vllm
     q = SimRequest.of(RequestResult(0, 0.0, target, 100))
     q.computed = computed

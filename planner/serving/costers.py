@@ -176,8 +176,8 @@ class ExpertCoster(_Layout):
         can hold a fraction of a prompt)."""
         d = self._dense
         # a step that samples no row (a chunk that does not finish its prompt, on an engine
-        # that takes no logits for it: ``Engine.partial_prefill_logits`` off): the layout's
-        # estimate still reads the final norm's and the lm_head's weights
+        # that takes no logits for it: ``Engine.partial_prefill_logits`` off, vLLM V0): the
+        # layout's estimate still reads the final norm's and the lm_head's weights
         return d.linear_s(own.tokens, graphed) + \
             d.head_s(own.logit_rows, graphed, unsampled_weights=True) + \
             d.attention_s(own, graphed)
