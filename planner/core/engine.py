@@ -934,7 +934,7 @@ class ServingDefaults(_Frozen):
     # option (refused)
     performance_modes: PerformanceModes | None = None
     # a prompt chunk that does not finish its prompt still gets a row of logits, its token
-    # thrown away (vLLM's V1 runner, SGLang, TensorRT-LLM's PyTorch backend); None or False:
+    # thrown away (vLLM's V1 runner, SGLang, TensorRT-LLM's two backends); None or False:
     # only a finishing chunk's
     partial_prefill_logits: Flag | None = None
     earlier: tuple[EarlierDefaults, ...] = ()  # releases before each ``until``, oldest first

@@ -71,7 +71,7 @@ class StepPricer:
         self.graph_sizes = graph_sizes if getattr(coster, "pads_graphs", False) else ()
         self.window = coster.model.attention_window
         # every prompt chunk computes a row of logits, not only a finishing one (the engine's
-        # ``partial_prefill_logits``: vLLM's V1 runner, SGLang, TensorRT-LLM's PyTorch backend)
+        # ``partial_prefill_logits``: vLLM's V1 runner, SGLang, both TensorRT-LLM backends)
         self.every_chunk_logits = getattr(getattr(coster, "engine", None),
                                            "partial_prefill_logits", False)
         # a layout that places the decodes apart from the prefill chunks (expert
