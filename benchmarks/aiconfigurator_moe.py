@@ -79,10 +79,12 @@ def leave(main) -> None:
     without an active exception", apache/arrow#34314), after its output is complete: a refusal
     that printed its one line and returned 2 then left with -6 (seen under a loaded test run,
     2026-12-07, though the table is read in one thread). The streams are flushed first."""
+    from benchmarks.fuzz import _exit_code  # the status sys.exit(value) leaves with
+
     try:
-        code = main()
+        code = _exit_code(main())
     except SystemExit as stop:  # argparse's refusals
-        code = stop.code
+        code = _exit_code(stop.code)
     except KeyboardInterrupt:
         print(f"{Path(sys.argv[0]).name}: interrupted", file=sys.stderr)
         code = 130
@@ -91,10 +93,6 @@ def leave(main) -> None:
 
         traceback.print_exc()
         code = 1
-    if not isinstance(code, int):
-        if code is not None:
-            print(code, file=sys.stderr)
-        code = 0 if code is None else 1
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
