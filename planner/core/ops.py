@@ -353,7 +353,8 @@ class StepShape:
     tokens = sum new_i; attn_pairs = sum (new_i x past_i + new_i (new_i + 1) / 2), the
     query-key pairs of causal attention; kv_read_tokens = sum (past_i + new_i), each sequence
     reading its cache once; kv_held_tokens = sum past_i; score_elems = sum new_i (past_i +
-    new_i), the naive score matrix; logit_rows: the sequences that sample a token this step.
+    new_i), the naive score matrix; logit_rows: the rows of logits the step computes (a
+    sequence that samples a token, or a prompt chunk whose token the engine throws away).
 
     ``local``: the same step as the model's sliding-window layers see it (their pairs, reads
     and held cache capped by the window); None where no layer slides, or to cost those layers

@@ -291,9 +291,11 @@ class StepCoster:
         return ops
 
     def head_s(self, rows: int, graphed: bool, *, unsampled_weights: bool = False) -> float:
-        """Final norm and lm_head for ``rows`` sequences that sample a token; at no row,
-        nothing, or with ``unsampled_weights`` their operators at no row (their weights
-        read all the same, as the layouts' estimates price them: ``ExpertStep.dense_s``)."""
+        """Final norm and lm_head for ``rows`` rows of logits (the sequences that sample a
+        token, and the unfinished prompt chunks of an engine that takes logits for them:
+        ``Engine.partial_prefill_logits``); at no row, nothing, or with ``unsampled_weights``
+        their operators at no row (their weights read all the same, as the layouts'
+        estimates price them: ``ExpertStep.dense_s``)."""
         if rows <= 0 and not unsampled_weights:
             return 0.0
         key = (rows, graphed)
