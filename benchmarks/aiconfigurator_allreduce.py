@@ -14,7 +14,6 @@ blocks were made; the YAML, not the wheel, is what llmplan reads (CI has no whee
 
 from __future__ import annotations
 
-import argparse
 import sys
 import zipfile
 from pathlib import Path
@@ -22,6 +21,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.aiconfigurator_moe import leave, wheel_table  # noqa: E402
+from benchmarks.gpu_kernels import OneLineParser  # noqa: E402
 
 WHEEL = "aiconfigurator-core 0.12.0"
 PYPI = "https://pypi.org/project/aiconfigurator-core/0.12.0/"
@@ -72,33 +72,40 @@ def table(whl: zipfile.ZipFile, system: str, family: str):
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = OneLineParser(description=__doc__.splitlines()[0])
     ap.add_argument("wheel", help="the aiconfigurator-core wheel")
     ap.add_argument("--gpu", choices=sorted(SYSTEMS), action="append")
     a = ap.parse_args(argv)
-    with zipfile.ZipFile(a.wheel) as whl:
-        for gpu in a.gpu or sorted(SYSTEMS):
-            system = SYSTEMS[gpu]
-            print(f"# {gpu}\nallreduce_measured:")
-            for family in RELEASES:
-                path, release, device, modes = table(whl, system, family)
-                sizes = modes["graph"].index.tolist()
-                print(f"  {family}:")
-                print(f"    engine_version: {NAMES[family]} {release}")
-                print(f"    device: {device}")
-                print(f"    source: {PYPI}")
-                print(f"    path: {path}")
-                print(f"    date: '{READ_ON}'")
-                print(f"    note: \"read {READ_ON} from {WHEEL}. {NOTES[family]}\"")
-                print(f"    message_bytes: [{', '.join(str(2 * s) for s in sizes)}]")
-                for mode in ("graph", "eager"):
-                    if mode not in modes:
-                        continue
-                    print(f"    {mode}_us:")
-                    m = modes[mode]
-                    for n in m.columns:
-                        us = [f"{v * 1e3:.1f}" for v in m[n].reindex(sizes)]
-                        print(f"      {int(n)}: [{', '.join(us)}]")
+    gpus = a.gpu or sorted(SYSTEMS)
+    # every table read before anything is printed: a wheel that cannot be read is one line
+    try:
+        with zipfile.ZipFile(a.wheel) as whl:
+            tables = {(gpu, family): table(whl, SYSTEMS[gpu], family)
+                      for gpu in gpus for family in RELEASES}
+    except (OSError, zipfile.BadZipFile, KeyError) as err:
+        print(f"aiconfigurator_allreduce.py: {a.wheel}: cannot read it: {err}", file=sys.stderr)
+        return 2
+    for gpu in gpus:
+        print(f"# {gpu}\nallreduce_measured:")
+        for family in RELEASES:
+            path, release, device, modes = tables[(gpu, family)]
+            sizes = modes["graph"].index.tolist()
+            print(f"  {family}:")
+            print(f"    engine_version: {NAMES[family]} {release}")
+            print(f"    device: {device}")
+            print(f"    source: {PYPI}")
+            print(f"    path: {path}")
+            print(f"    date: '{READ_ON}'")
+            print(f"    note: \"read {READ_ON} from {WHEEL}. {NOTES[family]}\"")
+            print(f"    message_bytes: [{', '.join(str(2 * s) for s in sizes)}]")
+            for mode in ("graph", "eager"):
+                if mode not in modes:
+                    continue
+                print(f"    {mode}_us:")
+                m = modes[mode]
+                for n in m.columns:
+                    us = [f"{v * 1e3:.1f}" for v in m[n].reindex(sizes)]
+                    print(f"      {int(n)}: [{', '.join(us)}]")
     return 0
 
 

@@ -50,14 +50,18 @@ def test_the_ratio_is_theirs_over_one_layer_of_ours():
 
 
 @pytest.mark.parametrize("script", ["aiconfigurator_moe.py", "aiconfigurator_mla.py",
-                                    "aiconfigurator_gemm.py"])
+                                    "aiconfigurator_gemm.py", "aiconfigurator_attention.py",
+                                    "aiconfigurator_allreduce.py"])
 def test_a_wheel_that_cannot_be_read_is_one_line_and_exit_2(tmp_path, script):
+    """A path that is no zip file, or none at all (the all-reduce script printed a traceback
+    for both until 2026-12-07)."""
     bad = tmp_path / "not-a-wheel.whl"
     bad.write_text("no zip here")
-    p = subprocess.run([sys.executable, str(ROOT / "benchmarks" / script),
-                        str(bad)], capture_output=True, text=True, cwd=ROOT)
-    assert p.returncode == 2
-    assert p.stderr.count("\n") == 1 and "cannot read" in p.stderr and not p.stdout
+    for wheel in (bad, tmp_path / "missing.whl"):
+        p = subprocess.run([sys.executable, str(ROOT / "benchmarks" / script),
+                            str(wheel)], capture_output=True, text=True, cwd=ROOT)
+        assert p.returncode == 2
+        assert p.stderr.count("\n") == 1 and "cannot read" in p.stderr and not p.stdout
 
 
 def test_ours_with_16_bit_experts_prices_only_the_mxfp4_models_so():
@@ -463,3 +467,4 @@ def test_a_script_that_crashes_prints_its_traceback_and_leaves_with_1():
     p = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT)
     assert p.returncode == 1 and p.stdout == ""
     assert p.stderr.startswith("Traceback") and p.stderr.endswith("ValueError: boom\n")
+
