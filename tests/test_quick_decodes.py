@@ -143,3 +143,24 @@ def test_a_queue_no_seat_can_take_leaves_the_steps_to_the_inner_loop(h100, monke
         loop, _ = _run(coster, cfg, reqs, False, mp)
     _same_run(quick, loop)
     assert calls < quick.steps / 4
+
+
+@pytest.mark.parametrize("model,gpu,rate", [("gpt-oss-20b", "h100-sxm", 8.0),
+                                            ("gemma-3-27b", "h100-sxm", 6.0),
+                                            ("gemma-2-9b", "l4", 30.0)])  # preempts
+def test_windowed_layers_take_the_same_steps_in_the_inner_loop(model, gpu, rate,
+                                                               monkeypatch):
+    """Sliding-window layers (vLLM's hybrid KV cache manager: the windowed groups' blocks
+    held apart): the inner loop prices their steps with the same bound pricer and counts the
+    pool as the loop does, to the bit, an L4 small enough to preempt included."""
+    coster, eng, hw = _coster(model, gpu)
+    assert coster.model.attention_window is not None
+    cfg = _cfg(eng, hw)
+    reqs = synthetic(150, prompt_tokens=1200, output_tokens=600, range_ratio=0.5,
+                     request_rate=rate, seed=3)
+    with pytest.MonkeyPatch.context() as mp:
+        quick, calls = _run(coster, cfg, reqs, True, mp)
+    with pytest.MonkeyPatch.context() as mp:
+        loop, _ = _run(coster, cfg, reqs, False, mp)
+    _same_run(quick, loop)
+    assert calls < quick.steps  # the inner loop took some of them

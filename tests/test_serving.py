@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -516,16 +517,78 @@ def test_the_uniform_decode_pricer_is_decode_step_s_to_the_bit(model, engine, tp
         assert eager(tokens, attended, sequences) > price(tokens, attended, sequences)
 
 
-@pytest.mark.parametrize("engine,largest", [("vllm", None), ("sglang", None),
-                                            ("vllm", 16), ("sglang", 16)])
-def test_a_simulation_is_the_same_with_the_uniform_decode_pricer_or_without(engine, largest,
+V32 = str(Path(__file__).parent / "fixtures" / "hf" / "deepseek-v3.2.json")
+
+
+@pytest.mark.parametrize("model,engine,tp,weights,time_model", [
+    ("gpt-oss-20b", "vllm", 1, None, "roofline"),  # 12 full, 12 windowed layers of 128
+    ("gemma-3-27b", "vllm", 2, None, "additive"),  # 5 windowed of 1,024 to each full one
+    ("gemma-2-9b", "sglang", 1, None, "roofline"),
+    ("gpt-oss-120b", "trtllm", 4, None, "roofline"),
+    pytest.param(V32, "sglang", 8, "fp8", "roofline",  # sparse layers and their indexer
+                 id="deepseek-v3.2-sglang-8-fp8-roofline")])
+@settings(max_examples=40, deadline=None)
+@given(tokens=st.integers(1, 600), per_token=st.integers(1, 40_000),
+       sequences=st.integers(1, 600))
+def test_the_uniform_decode_pricer_prices_windowed_and_sparse_layers_as_step_time(
+        model, engine, tp, weights, time_model, tokens, per_token, sequences):
+    """Sliding-window and sparse layers: the bound pricer's step is ``step_time``'s of the
+    shape the plain pool gives (``DecodePool.shape``: the windowed layers see
+    ``min(attended, sequences x window)``), padded to ``tokens`` or run eagerly, to the
+    bit."""
+    sequences = min(sequences, tokens)  # a padded step holds at most its size
+    m, hw = catalog.load_model(model), catalog.load_hardware("h200")
+    eng = catalog.load_engine(engine)
+    opts = Options(time_model=time_model)
+    prec = Precision(weights=weights) if weights else Precision()
+    c = StepCoster(m, hw, prepare(hw, prec, None, opts, eng), opts, tp=tp)
+    assert c.prices_uniform_decodes and not c.prices_decodes_directly
+    window = m.attention_window
+    assert window is not None
+    n = sequences
+    attended = n * per_token  # each decoder's cache plus its new token, summed
+    past, w = attended - n, min(attended, n * window)
+
+    def shape(size: int) -> StepShape:
+        local = StepShape(float(size), float(w), float(w), float(min(past, n * window)),
+                          float(w), float(size))
+        return StepShape(float(size), float(attended), float(attended), float(past),
+                         float(attended), float(size), local)
+
+    want = c.step_time(shape(tokens), sequences=n, prefill=False)
+    assert c.uniform_decode_pricer()(tokens, attended, n) == want
+    eager = c.step_time(shape(n), sequences=n, prefill=False, graphed=False)
+    assert c.uniform_decode_pricer(False)(n, attended, n) == eager
+    # the windowed layers are priced at their window, not the whole cache: on the GPU (the
+    # host may hide the difference) a cache far past it costs less than if all were full
+    if per_token > 2 * window:
+        full = StepShape(float(tokens), float(attended), float(attended), float(past),
+                         float(attended), float(tokens), None)
+        assert c.gpu_s(shape(tokens), prefill=False) < c.gpu_s(full, prefill=False)
+
+
+def test_a_concatenating_cache_keeps_the_general_path():
+    """HF eager's concatenated cache writes its whole KV each step, which the bound pricer
+    does not price: such a replica is not offered it."""
+    m, hw = catalog.load_model("gpt-oss-20b"), catalog.load_hardware("h200")
+    eng = catalog.load_engine("hf-eager")
+    c = StepCoster(m, hw, prepare(hw, Precision(), None, OPTS, eng), OPTS)
+    assert not c.prices_uniform_decodes
+
+
+@pytest.mark.parametrize("model,engine,largest", [
+    ("llama-3.1-8b", "vllm", None), ("llama-3.1-8b", "sglang", None),
+    ("llama-3.1-8b", "vllm", 16), ("llama-3.1-8b", "sglang", 16),
+    ("gpt-oss-20b", "vllm", None), ("gemma-3-27b", "vllm", 16)])  # windowed layers
+def test_a_simulation_is_the_same_with_the_uniform_decode_pricer_or_without(model, engine,
+                                                                            largest,
                                                                             monkeypatch):
     """The event loop prices the plain pool's padded decode steps with the bound pricer, and
     those above the largest captured size (``largest``: graphs captured up to 16 requests)
     with its eager twin; with both taken away (every step through ``step_time``'s shapes)
     the run is the same to the bit: every request's first token and finish, and the
     summary."""
-    m, hw = catalog.load_model("llama-3.1-8b"), catalog.load_hardware("h100-sxm")
+    m, hw = catalog.load_model(model), catalog.load_hardware("h100-sxm")
     eng = catalog.load_engine(engine)
     prep = prepare(hw, Precision(), None, OPTS, eng)
     kw = {} if largest is None else {"graph_sizes": (1, 2, 4, 8, largest)}
@@ -549,7 +612,10 @@ def test_a_simulation_is_the_same_with_the_uniform_decode_pricer_or_without(engi
         assert calls[False] and all(a[2] > largest for a in calls[False])
         assert all(a[2] <= largest for a in calls[True])
     monkeypatch.setattr(StepCoster, "prices_decodes_directly", False)
+    monkeypatch.setattr(StepCoster, "prices_uniform_decodes", False)
+    calls[True].clear()
     slow = simulate(reqs, StepCoster(m, hw, prep, OPTS), cfg)
+    assert not calls[True]  # every step through the shapes
     assert [(r.first_token_s, r.finish_s) for r in fast.requests] == \
         [(r.first_token_s, r.finish_s) for r in slow.requests]
     assert summary(fast) == summary(slow)

@@ -377,6 +377,13 @@ class StepCoster:
         layers and no concatenating cache, whose decode steps take the general path."""
         return not self._n_local and not self._concat
 
+    @property
+    def prices_uniform_decodes(self) -> bool:
+        """``uniform_decode_pricer`` gives ``step_time``'s answer for the plain decode pool's
+        steps on this replica: every attention there is (full, sliding-window, sparse and its
+        indexer), but not a concatenating cache, whose KV write is priced apart."""
+        return not self._concat
+
     def decode_step_s(self, tokens: float, attn_pairs: float, kv_read_tokens: float,
                       score_elems: float, logit_rows: float, sequences: int) -> float:
         """``step_time`` of a decode-only step of these amounts (``StepShape``'s, with
@@ -392,19 +399,22 @@ class StepCoster:
                                  sequences, prefill=False, decodes=True, graphed=graphed)
 
     def uniform_decode_pricer(self, graphed: bool | None = None):
-        """``decode_step_s`` of a decode-only step whose every sequence adds one token after
-        its context (the plain decode pool's step), as one function with this replica's
-        constants bound: ``f(tokens, attended, sequences)`` for ``tokens`` padded rows (the
-        captured graph's size), ``attended`` cached-plus-new tokens (the step's attended
-        pairs, cache read and score elements alike) and ``sequences`` real ones. The same
-        operations in the same order as ``decode_step_s``, so the same answer to the bit
-        (tested), without its eight calls a step. Only where ``prices_decodes_directly``.
+        """``step_time`` of a decode-only step whose every sequence adds one token after its
+        context (the plain decode pool's step, ``DecodePool.shape``), as one function with
+        this replica's constants bound: ``f(tokens, attended, sequences)`` for ``tokens``
+        padded rows (the captured graph's size), ``attended`` cached-plus-new tokens (the
+        step's attended pairs, cache read and score elements alike) and ``sequences`` real
+        ones; the sliding-window (or sparse) layers attend to ``min(attended, sequences x
+        window)`` of them, as the pool counts them. The same operations in the same order as
+        ``step_time`` through ``gpu_s`` and ``attention_s``, so the same answer to the bit
+        (tested), without its dozen calls a step. Only where ``prices_uniform_decodes``.
         ``graphed=False``: the same step run without a graph (a batch above the largest
         captured size, unpadded), ``step_time``'s answer with ``graphed=False`` to the bit."""
         e, linear, head = self.engine, self._linear, self._head
         if graphed is None:
             graphed = e.cuda_graphs
-        n_full = self._n_full
+        n_full, n_local = self._n_full, self._n_local
+        window = self.model.attention_window
         c_pair, m_kv = self._attn_c_per_pair, self._attn_m_per_kv
         m_token, m_score = self._attn_m_per_token, self._attn_m_per_score
         additive = self.options.time_model == "additive"
@@ -412,14 +422,18 @@ class StepCoster:
         kernels_s, attn_fixed_s = self._attn_kernels * self._per_kernel, self._attn_fixed
         launch_s = self._attn_kernels * e.host_launch_s if not graphed and e.host_launch_s \
             else None
-        step_s, per_seq_s = e.step_overhead_s, e.per_sequence_overhead_s
-        hides, worker_s = e.overlaps_host(), e.worker_s(self.tp)
-        launched_s = 0.0 if graphed else self.launch_s
-        linear_s, head_s = self.linear_s, self.head_s
+        # sparse attention's indexer, every layer's over the whole cache
+        n_idx = self._n_idx
+        if n_idx:
+            i_pair, i_kv = self._idx_c_per_pair, self._idx_m_per_kv
+            i_token, i_mpair = self._idx_m_per_token, self._idx_m_per_pair
+            i_kernels_s, i_fixed_s = self._idx_kernels * self._per_kernel, self._idx_fixed
+            i_launch_s = self._idx_kernels * e.host_launch_s \
+                if not graphed and e.host_launch_s else None
 
-        def price(tokens: int, attended: int, sequences: int) -> float:
+        def layer_s(tokens: int, attended: int) -> float:
             # one layer's attention (``_attention_layer_s``: nothing prefills, so no fill
-            # term)
+            # term), ``combine`` written out
             compute = c_pair * attended
             memory = m_kv * attended + m_token * tokens + m_score * attended
             if additive:
@@ -431,7 +445,57 @@ class StepCoster:
             t = t + kernels_s + attn_fixed_s  # as ``combine`` adds them
             if launch_s is not None and launch_s > t:
                 t = launch_s
-            attn = n_full * t if n_full else 0.0
+            return t
+
+        def indexer_s(tokens: int, attended: int) -> float:
+            # one layer's indexer (``_indexer_layer_s``), ``combine`` written out
+            compute = i_pair * attended
+            memory = i_kv * attended + i_token * tokens + i_mpair * attended
+            if additive:
+                t = compute + memory
+            elif overlap == 1.0:
+                t = compute if compute >= memory else memory
+            else:
+                t = compute + memory - overlap * (compute if compute <= memory else memory)
+            t = t + i_kernels_s + i_fixed_s
+            if i_launch_s is not None and i_launch_s > t:
+                t = i_launch_s
+            return t
+
+        def attention_s(tokens: int, attended: int, sequences: int) -> float:
+            # ``attention_s``: the full layers, the windowed ones, the indexer, in its order
+            attn = n_full * layer_s(tokens, attended) if n_full else 0.0
+            if n_local:
+                local = attended if window is None or attended <= sequences * window \
+                    else sequences * window
+                attn += n_local * layer_s(tokens, local)
+            if n_idx:
+                attn += n_idx * indexer_s(tokens, attended)
+            return attn
+
+        plain = not n_local and not n_idx
+        step_s, per_seq_s = e.step_overhead_s, e.per_sequence_overhead_s
+        hides, worker_s = e.overlaps_host(), e.worker_s(self.tp)
+        launched_s = 0.0 if graphed else self.launch_s
+        linear_s, head_s = self.linear_s, self.head_s
+
+        def price(tokens: int, attended: int, sequences: int) -> float:
+            if plain:  # full layers alone: ``layer_s`` written out (the common case)
+                compute = c_pair * attended
+                memory = m_kv * attended + m_token * tokens + m_score * attended
+                if additive:
+                    t = compute + memory
+                elif overlap == 1.0:
+                    t = compute if compute >= memory else memory
+                else:
+                    t = compute + memory - overlap * (compute if compute <= memory
+                                                      else memory)
+                t = t + kernels_s + attn_fixed_s  # as ``combine`` adds them
+                if launch_s is not None and launch_s > t:
+                    t = launch_s
+                attn = n_full * t if n_full else 0.0
+            else:
+                attn = attention_s(tokens, attended, sequences)
             lin = linear.get((tokens, graphed))
             if lin is None:
                 lin = linear_s(tokens, graphed)

@@ -82,10 +82,10 @@ class StepPricer:
         self.direct = bool(self.graph_sizes) and getattr(coster, "prices_decodes_directly",
                                                          False)
         # the plain pool's decode-only step in one call (``StepCoster.uniform_decode_pricer``):
-        # no sliding window, no drafter, and graphs padded to their captured sizes
+        # no drafter, and graphs padded to their captured sizes
         self.uniform = coster.uniform_decode_pricer() if (
-            self.direct and self.pads and self.window is None
-            and type(batch) is DecodePool) else None
+            self.graph_sizes and self.pads and type(batch) is DecodePool
+            and getattr(coster, "prices_uniform_decodes", False)) else None
         # and its step above the largest captured size, run without a graph (unpadded)
         self.eager = None if self.uniform is None else coster.uniform_decode_pricer(False)
 
