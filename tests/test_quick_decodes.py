@@ -164,3 +164,26 @@ def test_windowed_layers_take_the_same_steps_in_the_inner_loop(model, gpu, rate,
         loop, _ = _run(coster, cfg, reqs, False, mp)
     _same_run(quick, loop)
     assert calls < quick.steps  # the inner loop took some of them
+
+
+@pytest.mark.parametrize("prefix,full_prompt", [(0, False), (400, False), (400, True)])
+def test_a_head_the_kv_cannot_hold_leaves_the_steps_to_the_inner_loop(prefix, full_prompt,
+                                                                       monkeypatch):
+    """Every request sent at once to an L4, whose KV holds a few of them while 256 seats
+    stand free: the head of the queue waits for a finish, and the decode steps until then are
+    the inner loop's, to the bit (a cached prefix evicted by the first failed admission, and
+    vLLM 0.19's whole-prompt admission test, included)."""
+    coster, eng, hw = _coster("llama-3.1-8b", "l4")
+    # prompts in chunks of 512 tokens, where the whole-prompt test applies
+    kw = {"max_num_batched_tokens": 512, "max_num_seqs": 256} if full_prompt else {}
+    cfg = _cfg(eng, hw, prefix_caching=bool(prefix), full_prompt_admission=full_prompt, **kw)
+    reqs = synthetic(160, prompt_tokens=1500, output_tokens=400, range_ratio=0.5, seed=7,
+                     prefix_tokens=prefix)
+    with pytest.MonkeyPatch.context() as mp:
+        quick, calls = _run(coster, cfg, reqs, True, mp)
+    with pytest.MonkeyPatch.context() as mp:
+        loop, _ = _run(coster, cfg, reqs, False, mp)
+    _same_run(quick, loop)
+    # 160 requests wait from the start beside free seats: without the blocked head's steps
+    # the inner loop would take almost none of them
+    assert calls < quick.steps / 2

@@ -137,7 +137,8 @@ class Scheduler:
                  "stamp", "token_budget", "chunk_tokens", "max_seqs", "chunked", "unchunked",
                  "whole", "mixed", "decodes", "refused", "on_done", "reserve", "ratio",
                  "retracted", "full_prompt", "prefill_cap", "page", "holds_long",
-                 "ranks", "wait_iters", "wait_tokens", "waited", "eos_check")
+                 "ranks", "wait_iters", "wait_tokens", "waited", "eos_check", "blocked",
+                 "blocked_free")
 
     def __init__(self, cfg: SchedulerConfig, kv: KVPool, batch: DecodePool):
         self.kv, self.batch = kv, batch
@@ -203,6 +204,12 @@ class Scheduler:
         # called with each request as it is done or refused (its figures final): the run's
         # records keep them (``planner.serving.records``) and let the objects go
         self.on_done: Callable[[SimRequest], None] | None = None
+        # the head of the queue whose admission last failed for want of KV (or of the step's
+        # budget) in a step that admitted nothing, and the free tokens then: until KV is
+        # released it fails again in every step where free tokens only fall (the event
+        # loop's inner loop steps on past it; ``planner.serving.sim._decode_run``)
+        self.blocked: SimRequest | None = None
+        self.blocked_free = 0
 
     def wait_until(self, now: float, arrivals) -> float | None:
         """The time to idle until before the next step; None: step now."""
@@ -295,6 +302,7 @@ class Scheduler:
         return True
 
     def _release(self, q: SimRequest) -> None:
+        self.blocked = None  # its KV may let the head in
         if q.state is _DECODING:
             self.batch.settle(q)  # while its state still says how much it holds
         self.kv.release(q)
@@ -544,6 +552,8 @@ class ContinuousScheduler(Scheduler):
             if chunk > cap or (self.full_prompt and chunk < left and
                                not self._whole_prompt_fits(q, hit)) or \
                     not admit(q, chunk + loaded, hit, own):
+                if not chunks:
+                    self.blocked, self.blocked_free = q, self.kv.free_tokens
                 break
             chunks.append((q, chunk))
             used = _in_pages(chunk, page)

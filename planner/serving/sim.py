@@ -341,10 +341,18 @@ def _decode_run(sched: ContinuousScheduler, arr: Arrivals, pricer: StepPricer, o
     batch, kv, running, waiting = sched.batch, sched.kv, sched.running, sched.waiting
     n_dec = batch.n
     # a queue that cannot be admitted (every seat taken, or no token of the step's budget
-    # left beside the decodes) leaves a decode-only step decode-only
+    # left beside the decodes) leaves a decode-only step decode-only; so does a head that
+    # the scheduler found no room for, where nothing was released since and the free tokens
+    # have only fallen (each step's blocks take more): its admission fails again as it did,
+    # and leaves the pool and the prefix cache as they are (the first failure evicted what
+    # it could). Not under TensorRT-LLM's batch waiting, which counts the steps it holds.
     full = len(running) >= sched.max_seqs or sched.token_budget - n_dec <= 0
+    blocked = None
     if waiting and not full:
-        return t, stream_s, False
+        blocked = sched.blocked
+        if blocked is None or blocked is not waiting[0] or sched.wait_iters or \
+                kv.free_tokens > sched.blocked_free:
+            return t, stream_s, False
     # constant over the run: the pool's members, the captured size it pads to, the floor
     # an API server that streams slowly sets
     sizes = pricer.graph_sizes
@@ -409,7 +417,7 @@ def _decode_run(sched: ContinuousScheduler, arr: Arrivals, pricer: StepPricer, o
         if t >= next_sample_s:
             occ.sample(t, len(running), len(waiting), capacity - kv.free_tokens)
             next_sample_s = occ.next_sample_s
-        if due or (waiting and not full):
+        if due or (waiting and not full and waiting[0] is not blocked):
             break
     if stepped:
         occ.steps, occ.busy_s = steps, busy_s
