@@ -18,21 +18,27 @@ from planner import __version__
 from planner.cli.options import stderr
 from planner.core.errors import Interrupted, LlmplanError, flagged
 
-app = typer.Typer(
-    name="llmplan",
-    help="Capacity planner and roofline calculator for LLM inference.",
-    no_args_is_help=True,
-    add_completion=False,
-    pretty_exceptions_enable=False,
-    rich_markup_mode=None,
-)
+
+def _typer() -> typer.Typer:
+    return typer.Typer(
+        name="llmplan",
+        help="Capacity planner and roofline calculator for LLM inference.",
+        no_args_is_help=True,
+        add_completion=False,
+        pretty_exceptions_enable=False,
+        rich_markup_mode=None,
+    )
 
 
-BUILTIN = ("estimate", "models", "gpus", "engines", "sweep", "report", "check", "plan",
-           "validate", "simulate", "compare", "calibrate", "watch", "ui")
+app = _typer()
 
 
-def _register() -> None:
+BUILTIN = ("estimate", "models", "gpus", "engines", "prices", "sweep", "report", "check",
+           "plan", "validate", "simulate", "compare", "calibrate", "watch", "ui")
+
+
+def _commands() -> dict:
+    """Each built-in command's function, by name, in ``--help``'s order."""
     from planner.cli import (
         calibrate,
         catalog,
@@ -48,10 +54,14 @@ def _register() -> None:
         watch,
     )
 
-    for command in (estimate.estimate, catalog.models, catalog.gpus, catalog.engines,
-                    catalog.prices, sweep.sweep, report.report, check.check, plan.plan,
-                    validate.validate, simulate.simulate, compare.compare, calibrate.calibrate,
-                    watch.watch, ui.ui):
+    fns = (estimate.estimate, catalog.models, catalog.gpus, catalog.engines, catalog.prices,
+           sweep.sweep, report.report, check.check, plan.plan, validate.validate,
+           simulate.simulate, compare.compare, calibrate.calibrate, watch.watch, ui.ui)
+    return {fn.__name__: fn for fn in fns}
+
+
+def _register() -> None:
+    for command in _commands().values():
         app.command()(command)
 
 
@@ -80,12 +90,30 @@ def _print_version(value: bool) -> None:
         raise typer.Exit(0)
 
 
-@app.callback()
 def _root(
     version: Annotated[bool, typer.Option("--version", help="Print the version.", is_eager=True,
                                           callback=_print_version)] = False,
 ) -> None:
     """Capacity planner and roofline calculator for LLM inference."""
+
+
+app.callback()(_root)
+
+
+def _app_for(args: list[str]) -> typer.Typer:
+    """The app a command line runs: where it names a built-in command, one that holds that
+    command alone (the same group, root option and command, so the same parsing, help and
+    errors; typer builds every command's click parameters from its signature at each run,
+    which a one-command app spares: about 50 ms of ``llmplan estimate``'s start); else every
+    command (``--help``, a misspelt name, a plugin's command)."""
+    first = next((a for a in args if not a.startswith("-")), None)
+    if first not in BUILTIN or any(a in ("--version", "--help") for a in
+                                   args[:args.index(first)]):
+        return app
+    one = _typer()
+    one.callback()(_root)
+    one.command()(_commands()[first])
+    return one
 
 
 def _click_exceptions() -> dict[str, tuple[type[BaseException], ...]]:
@@ -210,7 +238,7 @@ def _main(argv: list[str] | None) -> int:
         from planner.cli.flags import check_duplicates
 
         check_duplicates(args)  # --tp 2 -tp 4: the parser alone would keep the last
-        rv = app(args=argv, standalone_mode=False, prog_name="llmplan")
+        rv = _app_for(args)(args=argv, standalone_mode=False, prog_name="llmplan")
     except exc["NoArgsIsHelpError"] as err:
         print(err.ctx.get_help() if err.ctx else str(err))
         return 0

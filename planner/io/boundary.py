@@ -107,6 +107,7 @@ def read_text(path: Path | str, *, what: str = "file", max_bytes: int = SPEC_BYT
 
 _RESOLVER = yaml.resolver.Resolver()
 _INT_TAG, _FLOAT_TAG = "tag:yaml.org,2002:int", "tag:yaml.org,2002:float"
+_NUMBER_START = frozenset("+-.0123456789")
 
 
 def _number_problem(value: str, tag: str) -> str | None:
@@ -188,7 +189,9 @@ def check_yaml(text: str, path: Path | str) -> None:
                     raise SpecError(f"{_short(path)}:{ev.start_mark.line + 1}: "
                                     f"{parent + '.' if parent else ''}{ev.value}: given twice "
                                     f"(first on line {first})")
-            if not ev.style and ev.implicit[0]:  # plain (libyaml says "", Python None)
+            # plain (libyaml says "", Python None), and where YAML 1.1 could read a number:
+            # every int and float form begins with a sign, a digit or a point
+            if not ev.style and ev.implicit[0] and ev.value[:1] in _NUMBER_START:
                 tag = _RESOLVER.resolve(yaml.ScalarNode, ev.value, (True, False))
                 if tag in (_INT_TAG, _FLOAT_TAG):
                     problem = _number_problem(ev.value, tag)
