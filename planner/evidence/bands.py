@@ -33,7 +33,6 @@ from dataclasses import dataclass, replace
 
 from planner.core.arith import hazen_quantile
 from planner.core.errors import UsageError
-from planner.evidence.validate import PHASE
 
 MIN_FIGURES = 5
 # Three sources at least: a source's figures share its GPUs, client, engine build and way of
@@ -139,6 +138,10 @@ def figures_of(static: list, served: list, gpu_class=None, model_kind=None) -> l
     (``planner.evidence.served.ServedComparison``); in-sample ones are left out.
     ``gpu_class``: a GPU's name to its class (architecture); ``model_kind``: a model's name to
     "MoE" or "dense"; without them the class and kind are unknown."""
+    # here, not at the top: estimate, simulate and plan read bands without the dataset's
+    # schema (about 20 ms of every start)
+    from planner.evidence.validate import PHASE
+
     cls = gpu_class or (lambda _name: "")
     kind = model_kind or (lambda _name: "")
     out = []
