@@ -85,28 +85,12 @@ def main() -> None:
               f"{res.steps:,} steps: simulation {t1 - t0:.2f} s (target <= 2 s)")
     # sliding-window layers (half of gpt-oss-20b's, a window of 128) under vLLM's defaults:
     # its hybrid KV cache holds the windowed groups apart
-    gm = catalog.load_model("gpt-oss-20b")
-    g_coster = StepCoster(gm, hw, prepare(hw, Precision(), None, opts, eng), opts)
-    t0 = time.perf_counter()
-    res = simulate(synthetic(args.requests, prompt_tokens=1024, output_tokens=256), g_coster,
-                   SchedulerConfig.for_engine(eng, memory_bytes=hw.memory_bytes))
-    s = summary(res)
-    t1 = time.perf_counter()
-    print(f"sliding-window layers (gpt-oss-20b, vLLM's defaults): {args.requests:,} requests, "
-          f"{res.steps:,} steps: traffic, simulation and summary {t1 - t0:.2f} s "
-          f"(target <= 2 s)")
+    _other_model("gpt-oss-20b", "sliding-window layers", args.requests, hw, eng, opts,
+                 "target <= 2 s")
     # a queue the KV cache holds back: Gemma-3-27B in bf16 leaves one H100 room for about
     # 40 of these requests' KV beside 1,024 free seats, so every request waits for a finish
-    km = catalog.load_model("gemma-3-27b")
-    k_coster = StepCoster(km, hw, prepare(hw, Precision(), None, opts, eng), opts)
-    t0 = time.perf_counter()
-    res = simulate(synthetic(args.requests, prompt_tokens=1024, output_tokens=256), k_coster,
-                   SchedulerConfig.for_engine(eng, memory_bytes=hw.memory_bytes))
-    s = summary(res)
-    t1 = time.perf_counter()
-    print(f"a queue the KV cache holds back (Gemma-3-27B, vLLM's defaults): {args.requests:,} "
-          f"requests, {res.steps:,} steps, {s['mean_running_requests']:.0f} running: traffic, "
-          f"simulation and summary {t1 - t0:.2f} s (no target: six times the steps)")
+    _other_model("gemma-3-27b", "a queue the KV cache holds back", args.requests, hw, eng,
+                 opts, "no target: six times the steps")
     t0 = time.perf_counter()
     res = simulate(reqs, coster, SchedulerConfig(kind="static"))
     t1 = time.perf_counter()
@@ -120,6 +104,21 @@ def main() -> None:
     print(f"n-gram speculation (k 3, acceptance 0.6): {args.spec_requests:,} requests, "
           f"{res.steps:,} steps: simulation {t1 - t0:.2f} s; "
           f"{summary(res)['request_throughput']:.1f} req/s simulated")
+
+
+def _other_model(name: str, what: str, requests: int, hw, eng, opts, note: str) -> None:
+    """The plain stream on another model under the engine's defaults, timed with its traffic
+    and summary."""
+    m = catalog.load_model(name)
+    coster = StepCoster(m, hw, prepare(hw, Precision(), None, opts, eng), opts)
+    t0 = time.perf_counter()
+    res = simulate(synthetic(requests, prompt_tokens=1024, output_tokens=256), coster,
+                   SchedulerConfig.for_engine(eng, memory_bytes=hw.memory_bytes))
+    s = summary(res)
+    t1 = time.perf_counter()
+    print(f"{what} ({name}, vLLM's defaults): {requests:,} requests, {res.steps:,} steps, "
+          f"{s['mean_running_requests']:.0f} running: traffic, simulation and summary "
+          f"{t1 - t0:.2f} s ({note})")
 
 
 if __name__ == "__main__":

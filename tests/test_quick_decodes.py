@@ -62,6 +62,17 @@ def _same_run(a, b) -> None:
         assert getattr(a, f) == getattr(b, f), f
 
 
+def _both(coster, cfg, reqs):
+    """The run with the inner loop and without, held to be the same; the first, and the
+    scheduler's calls in it."""
+    with pytest.MonkeyPatch.context() as mp:
+        quick, calls = _run(coster, cfg, reqs, True, mp)
+    with pytest.MonkeyPatch.context() as mp:
+        loop, _ = _run(coster, cfg, reqs, False, mp)
+    _same_run(quick, loop)
+    return quick, calls
+
+
 def _cfg(eng, hw, **kw):
     return SchedulerConfig.for_engine(eng, memory_bytes=hw.memory_bytes, tp=1, **kw)
 
@@ -137,11 +148,7 @@ def test_a_queue_no_seat_can_take_leaves_the_steps_to_the_inner_loop(h100, monke
     coster, eng, hw = h100
     cfg = _cfg(eng, hw, max_num_seqs=16)
     reqs = synthetic(200, prompt_tokens=300, output_tokens=200, seed=5)
-    with pytest.MonkeyPatch.context() as mp:
-        quick, calls = _run(coster, cfg, reqs, True, mp)
-    with pytest.MonkeyPatch.context() as mp:
-        loop, _ = _run(coster, cfg, reqs, False, mp)
-    _same_run(quick, loop)
+    quick, calls = _both(coster, cfg, reqs)
     assert calls < quick.steps / 4
 
 
@@ -158,11 +165,7 @@ def test_windowed_layers_take_the_same_steps_in_the_inner_loop(model, gpu, rate,
     cfg = _cfg(eng, hw)
     reqs = synthetic(150, prompt_tokens=1200, output_tokens=600, range_ratio=0.5,
                      request_rate=rate, seed=3)
-    with pytest.MonkeyPatch.context() as mp:
-        quick, calls = _run(coster, cfg, reqs, True, mp)
-    with pytest.MonkeyPatch.context() as mp:
-        loop, _ = _run(coster, cfg, reqs, False, mp)
-    _same_run(quick, loop)
+    quick, calls = _both(coster, cfg, reqs)
     assert calls < quick.steps  # the inner loop took some of them
 
 
@@ -179,11 +182,7 @@ def test_a_head_the_kv_cannot_hold_leaves_the_steps_to_the_inner_loop(prefix, fu
     cfg = _cfg(eng, hw, prefix_caching=bool(prefix), full_prompt_admission=full_prompt, **kw)
     reqs = synthetic(160, prompt_tokens=1500, output_tokens=400, range_ratio=0.5, seed=7,
                      prefix_tokens=prefix)
-    with pytest.MonkeyPatch.context() as mp:
-        quick, calls = _run(coster, cfg, reqs, True, mp)
-    with pytest.MonkeyPatch.context() as mp:
-        loop, _ = _run(coster, cfg, reqs, False, mp)
-    _same_run(quick, loop)
+    quick, calls = _both(coster, cfg, reqs)
     # 160 requests wait from the start beside free seats: without the blocked head's steps
     # the inner loop would take almost none of them
     assert calls < quick.steps / 2

@@ -431,36 +431,30 @@ class StepCoster:
             i_launch_s = self._idx_kernels * e.host_launch_s \
                 if not graphed and e.host_launch_s else None
 
-        def layer_s(tokens: int, attended: int) -> float:
-            # one layer's attention (``_attention_layer_s``: nothing prefills, so no fill
-            # term), ``combine`` written out
-            compute = c_pair * attended
-            memory = m_kv * attended + m_token * tokens + m_score * attended
+        def combined(compute: float, memory: float, kernels: float, fixed: float,
+                     floor: float | None) -> float:
+            # ``combine`` written out: the roofline (or the additive form), the kernels' and
+            # the operator's fixed time added in its order, the host's launch floor
             if additive:
                 t = compute + memory
             elif overlap == 1.0:
                 t = compute if compute >= memory else memory
             else:
                 t = compute + memory - overlap * (compute if compute <= memory else memory)
-            t = t + kernels_s + attn_fixed_s  # as ``combine`` adds them
-            if launch_s is not None and launch_s > t:
-                t = launch_s
-            return t
+            t = t + kernels + fixed
+            return floor if floor is not None and floor > t else t
+
+        def layer_s(tokens: int, attended: int) -> float:
+            # one layer's attention (``_attention_layer_s``: nothing prefills, so no fill term)
+            return combined(c_pair * attended,
+                            m_kv * attended + m_token * tokens + m_score * attended,
+                            kernels_s, attn_fixed_s, launch_s)
 
         def indexer_s(tokens: int, attended: int) -> float:
-            # one layer's indexer (``_indexer_layer_s``), ``combine`` written out
-            compute = i_pair * attended
-            memory = i_kv * attended + i_token * tokens + i_mpair * attended
-            if additive:
-                t = compute + memory
-            elif overlap == 1.0:
-                t = compute if compute >= memory else memory
-            else:
-                t = compute + memory - overlap * (compute if compute <= memory else memory)
-            t = t + i_kernels_s + i_fixed_s
-            if i_launch_s is not None and i_launch_s > t:
-                t = i_launch_s
-            return t
+            # one layer's indexer (``_indexer_layer_s``)
+            return combined(i_pair * attended,
+                            i_kv * attended + i_token * tokens + i_mpair * attended,
+                            i_kernels_s, i_fixed_s, i_launch_s)
 
         def attention_s(tokens: int, attended: int, sequences: int) -> float:
             # ``attention_s``: the full layers, the windowed ones, the indexer, in its order
@@ -480,7 +474,8 @@ class StepCoster:
         linear_s, head_s = self.linear_s, self.head_s
 
         def price(tokens: int, attended: int, sequences: int) -> float:
-            if plain:  # full layers alone: ``layer_s`` written out (the common case)
+            if plain:  # full layers alone (the common case): ``layer_s`` written out, two
+                # calls a step spared
                 compute = c_pair * attended
                 memory = m_kv * attended + m_token * tokens + m_score * attended
                 if additive:
