@@ -104,7 +104,7 @@ def _app_for(args: list[str]) -> typer.Typer:
     """The app a command line runs: where it names a built-in command, one that holds that
     command alone (the same group, root option and command, so the same parsing, help and
     errors; typer builds every command's click parameters from its signature at each run,
-    which a one-command app spares: about 50 ms of ``llmplan estimate``'s start); else every
+    which a one-command app spares: about 45 ms of ``llmplan estimate``'s start); else every
     command (``--help``, a misspelt name, a plugin's command)."""
     first = next((a for a in args if not a.startswith("-")), None)
     if first not in BUILTIN or any(a in ("--version", "--help") for a in
