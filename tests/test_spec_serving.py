@@ -48,6 +48,62 @@ def test_one_request_by_hand_when_every_proposal_is_accepted():
     assert res.steps == 51
 
 
+def _draft_model_by_hand(engine: str):
+    """A lone request drafted by Llama-3.2-1B, k = 3, a = 1, under ``engine``: the simulated
+    run, the prefill's drafter time and each decode step's (target and drafter) by hand."""
+    m, hw = catalog.load_model("llama-3.1-8b"), catalog.load_hardware("h100-sxm")
+    eng = catalog.load_engine(engine)
+    o = Options(prefill_chunk_tokens=eng.max_num_batched_tokens)
+    prep = prepare(hw, Precision(), None, o, eng)
+    coster, cfg = StepCoster(m, hw, prep, o), SchedulerConfig.for_engine(eng)
+    c = SpeculationConfig("draft-model", 3, 1.0, catalog.load_model("llama-3.2-1b"))
+    spec = spec_serving(m, hw, prep, o, tp=1, cfg=c)
+    res = simulate([Request(0, 0.0, 512, 201)], coster, cfg, spec=spec)
+    d = spec.draft
+    one = lambda past: d.gpu_s(StepShape.uniform(1, 1, past), prefill=False)  # noqa: E731
+    # the prompt's step: the drafter's pass over the prompt (one row of logits)
+    prefill_draft = d.gpu_s(StepShape.uniform(1, 512, 0), prefill=True)
+    steps = []
+    for j in range(50):  # 4 tokens a step: 200 after the first in 50 steps
+        past = 512 + 4 * j
+        verify = coster.step_time(replace(StepShape.uniform(1, 4, past), logit_rows=4.0),
+                                  sequences=1, prefill=False)
+        # the drafter: one pass over the 4 tokens just verified (a row of logits), then
+        # k - 1 = 2 of one token
+        first = d.gpu_s(StepShape.uniform(1, 4, past, prefill=False), prefill=False)
+        steps.append(verify + first + 2 * one(past))
+    return res, coster, prefill_draft, one, steps
+
+
+def test_the_drafter_runs_the_verified_tokens_once_then_k_minus_1_passes_by_hand():
+    """vLLM V1 (0.19.1's ``propose``): each step the drafter runs once over the 1 + k tokens
+    the target just verified, with one row of logits a request, then k - 1 passes of one
+    token; the prompt's step runs it over the prompt and then k - 1 one-token passes, as
+    vLLM drafts for every request the step schedules."""
+    res, coster, prefill_draft, one, steps = _draft_model_by_hand("vllm")
+    r = res.requests[0]
+    prefill = idle_coster(coster).step_time(StepShape.uniform(1, 512, 0), sequences=1,
+                                            prefill=True, decodes=False)
+    want_ttft = prefill + prefill_draft + 2 * one(512) + coster.engine.request_path_s(512)
+    assert r.ttft_s == pytest.approx(want_ttft, rel=1e-9)
+    assert r.tpot_s == pytest.approx(sum(steps) / 200, rel=1e-9)
+    assert res.steps == 51
+
+
+def test_an_engine_that_prefills_apart_drafts_the_prompt_in_one_pass():
+    """SGLang runs prefill batches apart from decodes (``mixed_batches`` off) and its drafter
+    extends over a prefill batch once (``forward_draft_extend``), with no one-token passes
+    after it; its decode steps draft as vLLM's do."""
+    res, coster, prefill_draft, one, steps = _draft_model_by_hand("sglang")
+    assert not coster.engine.mixed_batches
+    r = res.requests[0]
+    prefill = idle_coster(coster).step_time(StepShape.uniform(1, 512, 0), sequences=1,
+                                            prefill=True, decodes=False)
+    assert r.ttft_s == pytest.approx(prefill + prefill_draft
+                                     + coster.engine.request_path_s(512), rel=1e-9)
+    assert r.tpot_s == pytest.approx(sum(steps) / 200, rel=1e-9)
+
+
 def test_alone_it_is_the_estimates_speculation_at_batch_1():
     """A lone request with a draft model decodes at the TPOT estimate's speculative section
     gives at batch 1 (which costs every step at the mean context; within 3%)."""

@@ -8,9 +8,10 @@ Inference from Transformers via Speculative Decoding", ICML 2023, eq. 1)
 
     E = (1 - a^(k+1)) / (1 - a)          (k + 1 when a = 1)
 
-The step costs the verification plus the drafting: k decode steps of a draft model at the same
-batch and context (``draft-model``), k passes of one extra decoder layer and the lm_head of
-the target (``mtp``, DeepSeek-V3's multi-token prediction module, whose weights and one
+The step costs the verification plus the drafting: k passes of a draft model at the same batch
+and context (``draft-model``: the first over the k + 1 tokens just verified, as vLLM V1 and
+SGLang run it, then k - 1 of one token), k such passes of one extra decoder layer and the
+lm_head of the target (``mtp``, DeepSeek-V3's multi-token prediction module, whose weights and one
 layer's KV cache it holds too; ``eagle`` and ``eagle3``, whose drafting head is one decoder
 layer fed the target's hidden states, costed the same way), or nothing on the GPU (``ngram``:
 prompt lookup on the host).
@@ -241,12 +242,23 @@ def _costs(m: ModelSpec, prep: Prepared, o: Options, tp: int, cfg: SpeculationCo
     if cfg.method == "ngram":
         draft = 0.0
     else:
+        # the first pass over the k + 1 tokens just verified (a row of logits a sequence:
+        # ``uniform``'s), then k - 1 of one token
+        # (``planner.serving.decoding.SpecDecodePool.draft_s``)
         d = drafter(m, cfg)
-        one = step_time(decode_ops(d, prep.precision, batch=batch, context_tokens=ctx, tp=tp,
-                                   attention=o.attention, lm_head_sharded=e.lm_head_sharded),
-                        prep.ceilings, tp=tp, options=o, engine=e, graphed=e.cuda_graphs,
-                        stream=True)
-        draft = k * one.time_s
+        first = shape_ops(d, prep.precision,
+                          StepShape.uniform(batch, k + 1, ctx - 1, d.attention_window,
+                                            prefill=False),
+                          tp=tp, attention=o.attention, lm_head_sharded=e.lm_head_sharded)
+        draft = step_time(first, prep.ceilings, tp=tp, options=o, engine=e,
+                          graphed=e.cuda_graphs, stream=True).time_s
+        if k > 1:
+            one = step_time(decode_ops(d, prep.precision, batch=batch, context_tokens=ctx,
+                                       tp=tp, attention=o.attention,
+                                       lm_head_sharded=e.lm_head_sharded),
+                            prep.ceilings, tp=tp, options=o, engine=e, graphed=e.cuda_graphs,
+                            stream=True)
+            draft += (k - 1) * one.time_s
     return base, verify, draft
 
 

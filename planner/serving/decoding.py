@@ -332,25 +332,49 @@ class SpecDecodePool(DecodePool):
         return dec, dl, past
 
     def draft_s(self, past: int, chunks: list, decodes: bool = True) -> float:
-        """The drafter's GPU time in a step: k decode steps over the decoding requests (each
-        proposing one token after its context; none where the step runs no decodes), and the
-        prefill of the step's prompt chunks. Its sliding-window layers, if any, are costed as
-        full ones (an upper bound)."""
-        spec, n = self.spec, self.n if decodes else 0
-        if spec.draft is None:  # n-gram lookup: on the host
+        """The drafter's GPU time in a step (``past``: the decoding requests' cached tokens),
+        in k passes as vLLM V1 and SGLang run an EAGLE head, an MTP layer or a draft model.
+        The first takes every token the step schedules: each decoding request's 1 + k (the
+        tokens just verified, rejected ones included, as the drafter's cache must hold what
+        the target's holds) and the step's prompt chunks, with a row of logits a request
+        (vLLM 0.19.1: ``propose`` over ``input_ids[:num_scheduled_tokens]``,
+        vllm/v1/worker/gpu_model_runner.py line 4647, vllm/v1/spec_decode/eagle.py line 384;
+        SGLang 0.5.6: ``forward_draft_extend_after_decode``, speculative_num_steps + 1 tokens
+        a request, and ``forward_draft_extend`` over a prefill batch). Then k - 1 passes of
+        one token a request: over every request of the step where the engine mixes prompt
+        chunks into decode steps (vLLM's ``batch_size``, partial prompts included), over the
+        decoding requests otherwise (SGLang's ``draft_forward``; its prefill batches run
+        none). The drafter's sliding-window layers, if any, are costed as full ones (an upper
+        bound)."""
+        spec = self.spec
+        draft = spec.draft
+        if draft is None:  # n-gram lookup: on the host
             return 0.0
-        t = 0.0
-        if n:
-            one = StepShape(float(n), float(past + n), float(past + n), float(past),
-                            float(past + n), float(n))
-            t += spec.k * spec.draft.gpu_s(one, prefill=False)
-        if chunks:
-            shape = StepShape(float(sum(c for _, c in chunks)),
-                              float(sum(c * q.computed + c * (c + 1) / 2 for q, c in chunks)),
-                              float(sum(q.computed + c for q, c in chunks)),
-                              float(sum(q.computed for q, _ in chunks)),
-                              float(sum(c * (q.computed + c) for q, c in chunks)), 0.0)
-            t += spec.draft.gpu_s(shape, prefill=True)
+        n, k1 = (self.n if decodes else 0), self.k1
+        if not n and not chunks:
+            return 0.0
+        tokens, pairs = float(n * k1), k1 * past + n * k1 * (k1 + 1) / 2
+        read, held, score = float(past + n * k1), float(past), float(k1 * (past + n * k1))
+        fill_pairs = fill_past = 0.0  # the chunks' share: prefilling sequences
+        for q, c in chunks:
+            tokens += c
+            chunk_pairs = c * q.computed + c * (c + 1) / 2
+            pairs += chunk_pairs
+            fill_pairs += chunk_pairs
+            fill_past += q.computed
+            read += q.computed + c
+            held += q.computed
+            score += c * (q.computed + c)
+        rows = float(n + len(chunks))
+        first = StepShape(tokens, float(pairs), read, held, score, rows, None, fill_pairs,
+                          fill_past)
+        t = draft.gpu_s(first, prefill=bool(chunks))
+        later = n + len(chunks) if chunks and draft.engine.mixed_batches else n
+        if spec.k > 1 and later:
+            cached = past + sum(q.computed + c for q, c in chunks) if later > n else past
+            one = StepShape(float(later), float(cached + later), float(cached + later),
+                            float(cached), float(cached + later), float(later))
+            t += (spec.k - 1) * draft.gpu_s(one, prefill=False)
         return t
 
 

@@ -4,12 +4,13 @@ With speculation each decoding request takes 1 + k tokens of the step's budget (
 schedules the k proposed tokens as tokens of the step); the target verifies k + 1 tokens per
 request in that step (every position's logits) and each request keeps, on average,
 E = (1 - a^(k+1)) / (1 - a) of them (``planner.layouts.speculation.expected_tokens``). The
-drafter runs k decode steps of its own over the decoding requests (a draft model, or one
-decoder layer for MTP and EAGLE heads) and prefills every prompt chunk the target
-prefills, so that it holds their KV too; n-gram prompt lookup runs on the host and costs the
-GPU nothing. The drafter's weights and its KV cache (one token of it per token of the
-target's) come out of the same memory as the target's block pool, as in vLLM, whose draft
-and target share one KV pool.
+drafter (a draft model, or one decoder layer for MTP and EAGLE heads) runs k passes a step:
+the first over every token the step schedules (the 1 + k each decoding request verified, and
+the prompt chunks, so that it holds their KV too), then k - 1 of one token a request
+(``planner.serving.decoding.SpecDecodePool.draft_s``); n-gram prompt lookup runs on the host
+and costs the GPU nothing. The drafter's weights and its KV cache (one token of it per token
+of the target's) come out of the same memory as the target's block pool, as in vLLM, whose
+draft and target share one KV pool.
 
 The simulator advances every decoding request by E tokens per step: after n steps a request
 has generated floor(n E) tokens (capped at its output), so the steps it needs are
