@@ -304,6 +304,31 @@ def _csv_value(v) -> str:
     return str(v)
 
 
+def _arrow_array(a):
+    """A pyarrow array over a 1-D numpy array's own buffer, or over a list of Python values
+    (str, int or float, one type). Built from buffers rather than by ``pyarrow.array``,
+    whose first call imports pandas where it is installed (to tell a Series from an array):
+    about 0.25 s of a sweep's 3 s start that the CSV never needs."""
+    import pyarrow as pa
+
+    if isinstance(a, list):
+        if all(isinstance(v, str) for v in a):
+            data = [v.encode() for v in a]
+            offsets = np.zeros(len(data) + 1, dtype=np.int32)
+            np.cumsum([len(b) for b in data], out=offsets[1:])
+            return pa.Array.from_buffers(pa.string(), len(data),
+                                         [None, pa.py_buffer(offsets),
+                                          pa.py_buffer(b"".join(data))])
+        a = np.asarray(a)
+    a = np.ascontiguousarray(a)
+    if a.dtype == np.bool_:  # Arrow packs booleans a bit each
+        return pa.Array.from_buffers(pa.bool_(), len(a),
+                                     [None, pa.py_buffer(np.packbits(a, bitorder="little"))])
+    if a.dtype.kind not in "iuf":
+        return pa.array(a)
+    return pa.Array.from_buffers(pa.from_numpy_dtype(a.dtype), len(a), [None, pa.py_buffer(a)])
+
+
 def _arrow_table(chunk: Chunk, names: list[str]):
     import pyarrow as pa
 
@@ -311,34 +336,34 @@ def _arrow_table(chunk: Chunk, names: list[str]):
     zeros = None
     for k in names:
         if k == "bound" and k in chunk.arrays:  # the compute-bound flag, as two words
-            idx = pa.array(chunk.arrays[k].astype(np.int8))
-            cols.append(pa.DictionaryArray.from_arrays(idx, pa.array(["memory", "compute"])))
+            idx = _arrow_array(chunk.arrays[k].astype(np.int8))
+            cols.append(pa.DictionaryArray.from_arrays(idx, _arrow_array(["memory", "compute"])))
         elif k in chunk.arrays:
             a = chunk.arrays[k]
             if _is_count(k) and a.dtype.kind == "f":
                 a = np.rint(a).astype(np.int64)  # counts: exact integers
             elif a.dtype == np.float64:
                 a = a.astype(np.float32)  # 7 significant digits: the CSV's precision
-            cols.append(pa.array(a))
+            cols.append(_arrow_array(a))
         elif isinstance(chunk.constants.get(k), bool):
             # a per-group flag (supported): a boolean as the per-row ones (fits) are, unquoted
             if zeros is None:
-                zeros = pa.array(np.zeros(chunk.n, dtype=np.int8))
-            cols.append(pa.DictionaryArray.from_arrays(zeros, pa.array([chunk.constants[k]])))
+                zeros = _arrow_array(np.zeros(chunk.n, dtype=np.int8))
+            cols.append(pa.DictionaryArray.from_arrays(zeros, _arrow_array([chunk.constants[k]])))
         elif isinstance(chunk.constants.get(k), (int, float)):
             # a per-group number: typed (unquoted), and exact where it is a count
             v = chunk.constants[k]
             if zeros is None:
-                zeros = pa.array(np.zeros(chunk.n, dtype=np.int8))
-            value = pa.array([round(v)], pa.int64()) if _is_count(k) else \
-                pa.array([v], pa.float32())
+                zeros = _arrow_array(np.zeros(chunk.n, dtype=np.int8))
+            value = _arrow_array(np.array([round(v)], np.int64)) if _is_count(k) else \
+                _arrow_array(np.array([v], np.float32))
             cols.append(pa.DictionaryArray.from_arrays(zeros, value))
         else:
             # a per-group constant: formatted once, written as a one-entry dictionary
             if zeros is None:
-                zeros = pa.array(np.zeros(chunk.n, dtype=np.int8))
+                zeros = _arrow_array(np.zeros(chunk.n, dtype=np.int8))
             v = chunk.constants.get(k) if k in chunk.constants else None
-            cols.append(pa.DictionaryArray.from_arrays(zeros, pa.array([_csv_value(v)])))
+            cols.append(pa.DictionaryArray.from_arrays(zeros, _arrow_array([_csv_value(v)])))
     return pa.table(cols, names=names)
 
 
