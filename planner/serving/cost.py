@@ -398,23 +398,16 @@ class StepCoster:
         return self._with_host_s(self._linear_head_s(tokens, logit_rows, graphed) + attn,
                                  sequences, prefill=False, decodes=True, graphed=graphed)
 
-    def uniform_decode_pricer(self, graphed: bool | None = None):
-        """``step_time`` of a decode-only step whose every sequence adds one token after its
-        context (the plain decode pool's step, ``DecodePool.shape``), as one function with
-        this replica's constants bound: ``f(tokens, attended, sequences)`` for ``tokens``
-        padded rows (the captured graph's size), ``attended`` cached-plus-new tokens (the
-        step's attended pairs, cache read and score elements alike) and ``sequences`` real
-        ones; the sliding-window (or sparse) layers attend to ``min(attended, sequences x
-        window)`` of them, as the pool counts them. The same operations in the same order as
-        ``step_time`` through ``gpu_s`` and ``attention_s``, so the same answer to the bit
-        (tested), without its dozen calls a step. Only where ``prices_uniform_decodes``.
-        ``graphed=False``: the same step run without a graph (a batch above the largest
-        captured size, unpadded), ``step_time``'s answer with ``graphed=False`` to the bit."""
-        e, linear, head = self.engine, self._linear, self._head
-        if graphed is None:
-            graphed = e.cuda_graphs
+    def decode_attention_pricer(self, graphed: bool):
+        """``attention_s`` of a decode-only step as one function of its amounts,
+        ``f(tokens, attended, local)``: ``tokens`` new ones, ``attended`` the step's attended
+        pairs, cache read and score elements alike (each sequence adds one token after its
+        context), ``local`` the same in the sliding-window layers. The same operations in the
+        same order as ``attention_s`` over such a ``StepShape`` (nothing prefills), so the
+        same answer to the bit; not for a concatenating cache (``prices_uniform_decodes``).
+        The uniform pricers of this coster and of ``ExpertCoster`` call it."""
+        e = self.engine
         n_full, n_local = self._n_full, self._n_local
-        window = self.model.attention_window
         c_pair, m_kv = self._attn_c_per_pair, self._attn_m_per_kv
         m_token, m_score = self._attn_m_per_token, self._attn_m_per_score
         additive = self.options.time_model == "additive"
@@ -431,41 +424,78 @@ class StepCoster:
             i_launch_s = self._idx_kernels * e.host_launch_s \
                 if not graphed and e.host_launch_s else None
 
-        def combined(compute: float, memory: float, kernels: float, fixed: float,
-                     floor: float | None) -> float:
-            # ``combine`` written out: the roofline (or the additive form), the kernels' and
-            # the operator's fixed time added in its order, the host's launch floor
-            if additive:
-                t = compute + memory
-            elif overlap == 1.0:
-                t = compute if compute >= memory else memory
-            else:
-                t = compute + memory - overlap * (compute if compute <= memory else memory)
-            t = t + kernels + fixed
-            return floor if floor is not None and floor > t else t
+        def layer_pricer(c_attended: float, m_read: float, m_tokens: float, m_last: float,
+                         kernels: float, fixed: float, floor: float | None):
+            # one layer's ``combine`` of a decode step's amounts, written out: the roofline
+            # (or the additive form), the kernels' and the operator's fixed time added in its
+            # order, the host's launch floor. A decode step's attended pairs, cache read and
+            # score elements are one amount: its memory is the cache read's, the new tokens'
+            # and the last term's (the scores, the indexer's pairs), in that order
+            def layer_s(tokens: float, attended: float) -> float:
+                compute = c_attended * attended
+                memory = m_read * attended + m_tokens * tokens + m_last * attended
+                if additive:
+                    t = compute + memory
+                elif overlap == 1.0:
+                    t = compute if compute >= memory else memory
+                else:
+                    t = compute + memory - overlap * (compute if compute <= memory
+                                                      else memory)
+                t = t + kernels + fixed
+                return floor if floor is not None and floor > t else t
 
-        def layer_s(tokens: int, attended: int) -> float:
-            # one layer's attention (``_attention_layer_s``: nothing prefills, so no fill term)
-            return combined(c_pair * attended,
-                            m_kv * attended + m_token * tokens + m_score * attended,
-                            kernels_s, attn_fixed_s, launch_s)
+            return layer_s
 
-        def indexer_s(tokens: int, attended: int) -> float:
-            # one layer's indexer (``_indexer_layer_s``)
-            return combined(i_pair * attended,
-                            i_kv * attended + i_token * tokens + i_mpair * attended,
-                            i_kernels_s, i_fixed_s, i_launch_s)
+        # one layer's attention (``_attention_layer_s``: nothing prefills, so no fill term)
+        layer_s = layer_pricer(c_pair, m_kv, m_token, m_score, kernels_s, attn_fixed_s,
+                               launch_s)
+        if n_idx:  # one layer's indexer (``_indexer_layer_s``)
+            indexer_s = layer_pricer(i_pair, i_kv, i_token, i_mpair, i_kernels_s, i_fixed_s,
+                                     i_launch_s)
 
-        def attention_s(tokens: int, attended: int, sequences: int) -> float:
+        def attention_s(tokens: float, attended: float, local: float) -> float:
             # ``attention_s``: the full layers, the windowed ones, the indexer, in its order
             attn = n_full * layer_s(tokens, attended) if n_full else 0.0
             if n_local:
-                local = attended if window is None or attended <= sequences * window \
-                    else sequences * window
                 attn += n_local * layer_s(tokens, local)
             if n_idx:
                 attn += n_idx * indexer_s(tokens, attended)
             return attn
+
+        return attention_s
+
+    def uniform_decode_pricer(self, graphed: bool | None = None):
+        """``step_time`` of a decode-only step whose every sequence adds one token after its
+        context (the plain decode pool's step, ``DecodePool.shape``), as one function with
+        this replica's constants bound: ``f(tokens, attended, sequences)`` for ``tokens``
+        padded rows (the captured graph's size), ``attended`` cached-plus-new tokens (the
+        step's attended pairs, cache read and score elements alike) and ``sequences`` real
+        ones; the sliding-window (or sparse) layers attend to ``min(attended, sequences x
+        window)`` of them, as the pool counts them. The same operations in the same order as
+        ``step_time`` through ``gpu_s`` and ``attention_s``, so the same answer to the bit
+        (tested), without its dozen calls a step. Only where ``prices_uniform_decodes``.
+        ``graphed=False``: the same step run without a graph (a batch above the largest
+        captured size, unpadded), ``step_time``'s answer with ``graphed=False`` to the bit."""
+        e, linear, head = self.engine, self._linear, self._head
+        if graphed is None:
+            graphed = e.cuda_graphs
+        n_full, n_local, n_idx = self._n_full, self._n_local, self._n_idx
+        window = self.model.attention_window
+        c_pair, m_kv = self._attn_c_per_pair, self._attn_m_per_kv
+        m_token, m_score = self._attn_m_per_token, self._attn_m_per_score
+        additive = self.options.time_model == "additive"
+        overlap = e.overlap_frac
+        kernels_s, attn_fixed_s = self._attn_kernels * self._per_kernel, self._attn_fixed
+        launch_s = self._attn_kernels * e.host_launch_s if not graphed and e.host_launch_s \
+            else None
+        decode_attention_s = self.decode_attention_pricer(graphed)
+
+        def attention_s(tokens: int, attended: int, sequences: int) -> float:
+            # the windowed layers attend to min(attended, sequences x window), as the pool
+            # counts them
+            local = attended if window is None or attended <= sequences * window \
+                else sequences * window
+            return decode_attention_s(tokens, attended, local)
 
         plain = not n_local and not n_idx
         step_s, per_seq_s = e.step_overhead_s, e.per_sequence_overhead_s

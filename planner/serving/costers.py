@@ -169,6 +169,65 @@ class ExpertCoster(_Layout):
                          self.fixed_s(per, prefill=prefill, decodes=decodes),
                          self.engine.hides_host(graphed)) + self.engine.worker_s(self.x.ep)
 
+    @property
+    def prices_uniform_decodes(self) -> bool:
+        """``uniform_decode_pricer`` gives ``step_time``'s answer for the plain decode pool's
+        decode-only steps: every attention its group's ``StepCoster`` prices so
+        (``StepCoster.prices_uniform_decodes``)."""
+        return self._dense.prices_uniform_decodes
+
+    def uniform_decode_pricer(self):
+        """``step_time`` of the plain decode pool's decode-only step (``DecodePool.shape``:
+        each sequence adds one token after its context) as one function,
+        ``f(tokens, attended, sequences)``, ``tokens`` the step's rows (``sequences``: this
+        layout captures no graph sizes to pad to), ``attended`` its cached-plus-new tokens:
+        the busiest group's share of the attention group's operators, the routed experts at
+        the step's tokens and the MoE's communication of the share, with the host's cost.
+        The same operations in the same order as ``step_time`` through ``_busiest`` and
+        ``dense_s``, so the same answer to the bit (tested), without building three shapes a
+        step. Only where ``prices_uniform_decodes``."""
+        e, d, x = self.engine, self._dense, self.x
+        graphed = e.cuda_graphs
+        attention_s = d.decode_attention_pricer(graphed)
+        dp, window = self.dp_ranks, self.model.attention_window
+        linear, head, experts, comm = d._linear, d._head, self._experts, self._comm
+        linear_s, head_s = d.linear_s, d.head_s
+        hides, worker_s = e.hides_host(graphed), e.worker_s(x.ep)
+        step_s, per_seq_s = e.step_overhead_s, e.per_sequence_overhead_s
+
+        def price(tokens: int, attended: int, sequences: int) -> float:
+            n = max(sequences, 1)
+            per = -(-n // dp)  # the busiest group's sequences
+            rows, read = float(sequences), float(attended)
+            local = read if window is None else float(min(attended, sequences * window))
+            key = (rows, graphed)
+            ex = experts.get(key)
+            if ex is None:
+                ex = experts[key] = x.experts_s(rows, graphed)[0]
+            if dp != 1:  # the busiest group's share of every amount (``StepShape.scaled``)
+                f = per / n
+                rows, read, local = rows * f, read * f, local * f
+            key = (rows, graphed)
+            cm = comm.get(key)
+            if cm is None:
+                cm = comm[key] = x.all_to_all_s(rows) + x.moe_reduce_s(rows, graphed)
+            lin = linear.get(key)
+            if lin is None:
+                lin = linear_s(rows, graphed)
+            hd = head.get(key)
+            if hd is None:
+                hd = head_s(rows, graphed, unsampled_weights=True)
+            gpu = lin + hd + attention_s(rows, read, local) + ex + cm
+            host = step_s + per_seq_s * per
+            if hides:  # ``with_host``: the longer of the two
+                host = host + 0.0
+                t = (gpu + host + abs(gpu - host)) / 2
+            else:
+                t = gpu + host
+            return t + worker_s
+
+        return price
+
     def dense_s(self, own: StepShape, graphed: bool) -> float:
         """``ExpertStep.dense_s`` of one group's share: its linear operators by its tokens,
         the sampling by its rows and attention by its amounts, each kept or combined as

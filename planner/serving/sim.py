@@ -355,9 +355,12 @@ def _decode_run(sched: ContinuousScheduler, arr: Arrivals, pricer: StepPricer, o
             return t, stream_s, False
     # constant over the run: the pool's members, the captured size it pads to, the floor
     # an API server that streams slowly sets
-    sizes = pricer.graph_sizes
-    size = sizes[bisect.bisect_left(sizes, n_dec)]
-    price, scale = pricer.uniform, pricer.scale
+    if pricer.uniform is not None:  # padded to the captured size
+        sizes = pricer.graph_sizes
+        size, price = sizes[bisect.bisect_left(sizes, n_dec)], pricer.uniform
+    else:  # a layout that pads to none (``StepPricer.flat``)
+        size, price = n_dec, pricer.flat
+    scale = pricer.scale
     base = batch.sum_c0_minus_G0
     floor = front.step_floor_s(n_dec) if front is not None else 0.0
     prefixes = kv.prefixes
@@ -467,12 +470,16 @@ def _serve(sched: Scheduler, arr: Arrivals, pricer: StepPricer, occ: Occupancy, 
     # A run of decode-only steps (nothing prefills, nothing waits that could be admitted, no
     # request is due) is stepped by the inner loop below: what the loop's calls do for such
     # a step, and nothing else (vLLM's mixed batches under the plain decode pool, its steps
-    # padded to their captured sizes). Where it applies, the same steps to the bit, in the
-    # same order.
+    # padded to their captured sizes, or an expert-parallel layout's unpadded). Where it
+    # applies, the same steps to the bit, in the same order.
     quick = (QUICK_DECODE_RUNS and type(sched) is ContinuousScheduler and sched.mixed
              and sched.reserve is None and not bursts and inner is None
-             and type(batch) is DecodePool and pricer.uniform is not None and batch.padding == 0)
-    largest = pricer.graph_sizes[-1] if quick else 0
+             and type(batch) is DecodePool and batch.padding == 0
+             and (pricer.uniform is not None or pricer.flat is not None))
+    # the largest decode batch the inner loop takes: a padded step's largest captured size
+    # (above it the step runs eagerly, through the pricer), any batch where nothing pads
+    largest = (pricer.graph_sizes[-1] if pricer.uniform is not None else math.inf) \
+        if quick else 0
     arrive(0.0, waiting)
     while sched.finished < n:
         if occ.steps >= max_steps:

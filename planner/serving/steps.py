@@ -55,7 +55,7 @@ class StepPricer:
     the coster's ``time_scale``, where it has one: ``SlowedCoster``)."""
 
     __slots__ = ("coster", "batch", "window", "split_parts", "graph_sizes", "pads", "direct",
-                 "scale", "uniform", "eager", "prefill_counts", "every_chunk_logits")
+                 "scale", "uniform", "eager", "flat", "prefill_counts", "every_chunk_logits")
 
     def __init__(self, coster, batch: DecodePool, graph_sizes: tuple[int, ...] = (),
                  pads: bool = True, prefill_counts=None):
@@ -88,6 +88,11 @@ class StepPricer:
             and getattr(coster, "prices_uniform_decodes", False)) else None
         # and its step above the largest captured size, run without a graph (unpadded)
         self.eager = None if self.uniform is None else coster.uniform_decode_pricer(False)
+        # a layout that pads to no captured size (expert parallelism's) prices the plain
+        # pool's decode-only step in one call too, where it can: ``flat(n, attended, n)``
+        self.flat = coster.uniform_decode_pricer() if (
+            not getattr(coster, "pads_graphs", False) and type(batch) is DecodePool
+            and getattr(coster, "prices_uniform_decodes", False)) else None
 
     @property
     def timer(self):
@@ -115,6 +120,9 @@ class StepPricer:
             if i < len(sizes):
                 return self.uniform(sizes[i], past + n_dec, n_dec), past
             return self.eager(n_dec, past + n_dec, n_dec), past
+        if n_dec and not chunks and self.flat is not None:
+            past = batch.sum_c0_minus_G0 + n_dec * batch.G
+            return self.flat(n_dec, past + n_dec, n_dec), past
         dec, dl, past = batch.shape(window)
         if not decodes:
             dec = [0.0] * 6
