@@ -13,7 +13,7 @@ from planner.core.roofline import step_time
 from planner.core.specs import DType, Options, Precision
 from planner.io import catalog
 from planner.serving.cost import StepCoster, idle_coster
-from planner.serving.steps import _with_chunks
+from planner.serving.decoding import with_chunks
 
 HEADS = 128
 
@@ -83,8 +83,8 @@ def test_the_simulators_step_is_the_estimates_for_a_deepseek_prefill(past):
     # the simulator's mixed step: 20 decodes at 800 cached tokens, and the chunk
     dec = StepShape.uniform(20, 1, 800)
     q = SimpleNamespace(computed=past, target=past + 4096)
-    mixed = _with_chunks([dec.tokens, dec.attn_pairs, dec.kv_read_tokens, dec.kv_held_tokens,
-                          dec.score_elems, dec.logit_rows], None, [(q, 1024)], None)
+    mixed = with_chunks([dec.tokens, dec.attn_pairs, dec.kv_read_tokens, dec.kv_held_tokens,
+                         dec.score_elems, dec.logit_rows], None, [(q, 1024)], None)
     assert (mixed.prefill_pairs, mixed.prefill_past_tokens) == (shape.attn_pairs, past)
     ops = shape_ops(m, prep.precision, mixed, tp=8, lm_head_sharded=eng.lm_head_sharded)
     want = step_time(ops, prep.ceilings, options=opts, engine=eng, graphed=False, tp=8,

@@ -406,8 +406,25 @@ class StepCoster:
         same order as ``attention_s`` over such a ``StepShape`` (nothing prefills), so the
         same answer to the bit; not for a concatenating cache (``prices_uniform_decodes``).
         The uniform pricers of this coster and of ``ExpertCoster`` call it."""
+        n_full, n_local, n_idx = self._n_full, self._n_local, self._n_idx
+        layer_s, indexer_s = self._decode_layer_pricers(graphed)
+
+        def attention_s(tokens: float, attended: float, local: float) -> float:
+            # ``attention_s``: the full layers, the windowed ones, the indexer, in its order
+            attn = n_full * layer_s(tokens, attended) if n_full else 0.0
+            if n_local:
+                attn += n_local * layer_s(tokens, local)
+            if n_idx:
+                attn += n_idx * indexer_s(tokens, attended)
+            return attn
+
+        return attention_s
+
+    def _decode_layer_pricers(self, graphed: bool):
+        """(one attention layer's time, one indexer layer's or None) of a decode-only step's
+        amounts, ``f(tokens, attended)``: ``_attention_layer_s`` and ``_indexer_layer_s``
+        with ``combine`` written out, the same operations in the same order."""
         e = self.engine
-        n_full, n_local = self._n_full, self._n_local
         c_pair, m_kv = self._attn_c_per_pair, self._attn_m_per_kv
         m_token, m_score = self._attn_m_per_token, self._attn_m_per_score
         additive = self.options.time_model == "additive"
@@ -449,20 +466,11 @@ class StepCoster:
         # one layer's attention (``_attention_layer_s``: nothing prefills, so no fill term)
         layer_s = layer_pricer(c_pair, m_kv, m_token, m_score, kernels_s, attn_fixed_s,
                                launch_s)
-        if n_idx:  # one layer's indexer (``_indexer_layer_s``)
-            indexer_s = layer_pricer(i_pair, i_kv, i_token, i_mpair, i_kernels_s, i_fixed_s,
+        if not n_idx:
+            return layer_s, None
+        # one layer's indexer (``_indexer_layer_s``)
+        return layer_s, layer_pricer(i_pair, i_kv, i_token, i_mpair, i_kernels_s, i_fixed_s,
                                      i_launch_s)
-
-        def attention_s(tokens: float, attended: float, local: float) -> float:
-            # ``attention_s``: the full layers, the windowed ones, the indexer, in its order
-            attn = n_full * layer_s(tokens, attended) if n_full else 0.0
-            if n_local:
-                attn += n_local * layer_s(tokens, local)
-            if n_idx:
-                attn += n_idx * indexer_s(tokens, attended)
-            return attn
-
-        return attention_s
 
     def uniform_decode_pricer(self, graphed: bool | None = None):
         """``step_time`` of a decode-only step whose every sequence adds one token after its
@@ -481,13 +489,7 @@ class StepCoster:
             graphed = e.cuda_graphs
         n_full, n_local, n_idx = self._n_full, self._n_local, self._n_idx
         window = self.model.attention_window
-        c_pair, m_kv = self._attn_c_per_pair, self._attn_m_per_kv
-        m_token, m_score = self._attn_m_per_token, self._attn_m_per_score
-        additive = self.options.time_model == "additive"
-        overlap = e.overlap_frac
-        kernels_s, attn_fixed_s = self._attn_kernels * self._per_kernel, self._attn_fixed
-        launch_s = self._attn_kernels * e.host_launch_s if not graphed and e.host_launch_s \
-            else None
+        layer_s = self._decode_layer_pricers(graphed)[0]
         decode_attention_s = self.decode_attention_pricer(graphed)
 
         def attention_s(tokens: int, attended: int, sequences: int) -> float:
@@ -504,22 +506,8 @@ class StepCoster:
         linear_s, head_s = self.linear_s, self.head_s
 
         def price(tokens: int, attended: int, sequences: int) -> float:
-            if plain:  # full layers alone (the common case): ``layer_s`` written out, two
-                # calls a step spared (0.62 against 0.74-0.78 us a call, Llama-3.1-8B on an
-                # H100, a million calls; 2026-12-07)
-                compute = c_pair * attended
-                memory = m_kv * attended + m_token * tokens + m_score * attended
-                if additive:
-                    t = compute + memory
-                elif overlap == 1.0:
-                    t = compute if compute >= memory else memory
-                else:
-                    t = compute + memory - overlap * (compute if compute <= memory
-                                                      else memory)
-                t = t + kernels_s + attn_fixed_s  # as ``combine`` adds them
-                if launch_s is not None and launch_s > t:
-                    t = launch_s
-                attn = n_full * t if n_full else 0.0
+            if plain:  # full layers alone (the common case): one call
+                attn = n_full * layer_s(tokens, attended) if n_full else 0.0
             else:
                 attn = attention_s(tokens, attended, sequences)
             lin = linear.get((tokens, graphed))

@@ -353,21 +353,11 @@ class SpecDecodePool(DecodePool):
         n, k1 = (self.n if decodes else 0), self.k1
         if not n and not chunks:
             return 0.0
-        tokens, pairs = float(n * k1), k1 * past + n * k1 * (k1 + 1) / 2
-        read, held, score = float(past + n * k1), float(past), float(k1 * (past + n * k1))
-        fill_pairs = fill_past = 0.0  # the chunks' share: prefilling sequences
-        for q, c in chunks:
-            tokens += c
-            chunk_pairs = c * q.computed + c * (c + 1) / 2
-            pairs += chunk_pairs
-            fill_pairs += chunk_pairs
-            fill_past += q.computed
-            read += q.computed + c
-            held += q.computed
-            score += c * (q.computed + c)
-        rows = float(n + len(chunks))
-        first = StepShape(tokens, float(pairs), read, held, score, rows, None, fill_pairs,
-                          fill_past)
+        # the decoders' 1 + k tokens each (a row of logits a request), then the chunks (a
+        # row each, finishing their prompts or not)
+        verified = [float(n * k1), k1 * past + n * k1 * (k1 + 1) / 2, float(past + n * k1),
+                    float(past), float(k1 * (past + n * k1)), float(n)]
+        first = with_chunks(verified, None, chunks, None, every_chunk_logits=True)
         t = draft.gpu_s(first, prefill=bool(chunks))
         later = n + len(chunks) if chunks and draft.engine.mixed_batches else n
         if spec.k > 1 and later:
@@ -376,6 +366,40 @@ class SpecDecodePool(DecodePool):
                             float(cached), float(cached + later), float(later))
             t += (spec.k - 1) * draft.gpu_s(one, prefill=False)
         return t
+
+
+def with_chunks(dec: list[float], dl: list[float] | None, chunks: list,
+                 window: int | None, every_chunk_logits: bool = False) -> StepShape:
+    """The decoders' share ``dec`` (``dl`` in the sliding-window layers) plus the chunks'.
+    A chunk that finishes its prompt samples a token (a row of logits); one that does not
+    gets a row too where ``every_chunk_logits`` (its token thrown away)."""
+    if not chunks:  # the pool's amounts are floats already
+        return StepShape(*dec, None if window is None else StepShape(*dl))
+    tokens, pairs, kv_read, held, score, rows = dec
+    fill_pairs = fill_past = 0.0  # the chunks' share: prefilling sequences
+    for q, c in chunks:
+        tokens += c
+        chunk_pairs = c * q.computed + c * (c + 1) / 2
+        pairs += chunk_pairs
+        fill_pairs += chunk_pairs
+        fill_past += q.computed
+        kv_read += q.computed + c
+        held += q.computed
+        score += c * (q.computed + c)
+        rows += 1 if every_chunk_logits or q.computed + c >= q.target else 0
+    local = None
+    if window is not None:
+        _, l_pairs, l_read, l_held, l_score, _ = dl
+        for q, c in chunks:
+            span = min(q.computed + c, window + c - 1)
+            l_pairs += window_pairs(q.computed + c, window) - window_pairs(q.computed, window)
+            l_read += span
+            l_held += min(q.computed, window)
+            l_score += c * span
+        local = StepShape(float(tokens), float(l_pairs), float(l_read), float(l_held),
+                          float(l_score), float(rows))
+    return StepShape(float(tokens), float(pairs), float(kv_read), float(held), float(score),
+                     float(rows), local, float(fill_pairs), float(fill_past))
 
 
 def decode_pool(cfg: SchedulerConfig, kv: KVPool, spec: SpecServing | None) -> DecodePool:

@@ -22,8 +22,8 @@ from __future__ import annotations
 import bisect
 import math
 
-from planner.core.ops import StepShape, window_pairs
-from planner.serving.decoding import DecodePool
+from planner.core.ops import StepShape
+from planner.serving.decoding import DecodePool, with_chunks
 
 
 class SlowedCoster:
@@ -129,7 +129,7 @@ class StepPricer:
             dl = None if dl is None else [0.0] * 6
         if n_dec and not chunks and self.graph_sizes:
             return self._graphed_decode_s(dec, dl, n_dec) + batch.draft_s(past, chunks), past
-        shape = _with_chunks(dec, dl, chunks, window, self.every_chunk_logits)
+        shape = with_chunks(dec, dl, chunks, window, self.every_chunk_logits)
         if chunks and n_dec and self.split_parts:
             parts = (StepShape(*dec, None if dl is None else StepShape(*dl)), len(chunks))
             dt = self.coster.step_time(shape, sequences=n_dec + len(chunks), prefill=True,
@@ -170,35 +170,3 @@ class StepPricer:
         return self.coster.step_time(shape, sequences=n_dec, prefill=False)
 
 
-def _with_chunks(dec: list[float], dl: list[float] | None, chunks: list,
-                 window: int | None, every_chunk_logits: bool = False) -> StepShape:
-    """The decoders' share ``dec`` (``dl`` in the sliding-window layers) plus the chunks'.
-    A chunk that finishes its prompt samples a token (a row of logits); one that does not
-    gets a row too where ``every_chunk_logits`` (its token thrown away)."""
-    if not chunks:  # the pool's amounts are floats already
-        return StepShape(*dec, None if window is None else StepShape(*dl))
-    tokens, pairs, kv_read, held, score, rows = dec
-    fill_pairs = fill_past = 0.0  # the chunks' share: prefilling sequences
-    for q, c in chunks:
-        tokens += c
-        chunk_pairs = c * q.computed + c * (c + 1) / 2
-        pairs += chunk_pairs
-        fill_pairs += chunk_pairs
-        fill_past += q.computed
-        kv_read += q.computed + c
-        held += q.computed
-        score += c * (q.computed + c)
-        rows += 1 if every_chunk_logits or q.computed + c >= q.target else 0
-    local = None
-    if window is not None:
-        _, l_pairs, l_read, l_held, l_score, _ = dl
-        for q, c in chunks:
-            span = min(q.computed + c, window + c - 1)
-            l_pairs += window_pairs(q.computed + c, window) - window_pairs(q.computed, window)
-            l_read += span
-            l_held += min(q.computed, window)
-            l_score += c * span
-        local = StepShape(float(tokens), float(l_pairs), float(l_read), float(l_held),
-                          float(l_score), float(rows))
-    return StepShape(float(tokens), float(pairs), float(kv_read), float(held), float(score),
-                     float(rows), local, float(fill_pairs), float(fill_past))
