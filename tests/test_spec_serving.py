@@ -217,3 +217,39 @@ def test_simulate_headline_is_speculative_with_the_baseline_beside(run_json, run
     assert code == 0 and "without speculation" in out
     code, _, err = run_cli(*base, "--speculative", "eagle3", "--acceptance-rate", "2")
     assert code == 2 and "--acceptance-rate: must be in [0, 1]" in err
+
+
+@pytest.mark.parametrize("engine,over,later", [("sglang", {}, 0),
+                                               ("vllm", {"mixed_batches": False}, 2)])
+def test_a_step_without_the_decoders_drafts_its_chunk_alone(engine, over, later, monkeypatch):
+    """A short prompt arriving beside a 30,000-token decode, in a step that runs no decodes
+    (SGLang's prefill batch; vLLM told not to mix): the drafter's first pass is the chunk's
+    alone, none of the decoders' cache read (the review of 2026-12-08 found it charged for
+    it); under vLLM, whose runner drafts for every request it schedules, then k - 1 = 2
+    one-token passes over that request."""
+    from planner.serving import decoding
+
+    m, hw = catalog.load_model("llama-3.1-8b"), catalog.load_hardware("h100-sxm")
+    eng = catalog.load_engine(engine)
+    o = Options(prefill_chunk_tokens=eng.max_num_batched_tokens)
+    prep = prepare(hw, Precision(), None, o, eng)
+    coster, cfg = StepCoster(m, hw, prep, o), SchedulerConfig.for_engine(eng, **over)
+    assert not cfg.mixed_batches
+    spec = spec_serving(m, hw, prep, o, tp=1, cfg=SpeculationConfig(
+        "draft-model", 3, 1.0, catalog.load_model("llama-3.2-1b")))
+    seen = []
+    bound = decoding.SpecDecodePool.draft_s
+
+    def recorded(self, past, chunks, decodes=True):
+        t = bound(self, past, chunks, decodes)
+        if chunks and self.n and not decodes:
+            seen.append(([(q.computed, c) for q, c in chunks], t))
+        return t
+
+    monkeypatch.setattr(decoding.SpecDecodePool, "draft_s", recorded)
+    simulate([Request(0, 0.0, 30000, 4000), Request(1, 1.5, 64, 10)], coster, cfg, spec=spec)
+    assert seen and seen[0][0] == [(0, 64)]
+    d = spec.draft
+    want = d.gpu_s(StepShape.uniform(1, 64, 0), prefill=True) + \
+        later * d.gpu_s(StepShape.uniform(1, 1, 64), prefill=False)
+    assert seen[0][1] == pytest.approx(want, rel=1e-12)

@@ -341,11 +341,11 @@ class SpecDecodePool(DecodePool):
         vllm/v1/worker/gpu_model_runner.py line 4647, vllm/v1/spec_decode/eagle.py line 384;
         SGLang 0.5.6: ``forward_draft_extend_after_decode``, speculative_num_steps + 1 tokens
         a request, and ``forward_draft_extend`` over a prefill batch). Then k - 1 passes of
-        one token a request: over every request of the step where the engine mixes prompt
-        chunks into decode steps (vLLM's ``batch_size``, partial prompts included), over the
-        decoding requests otherwise (SGLang's ``draft_forward``; its prefill batches run
-        none). The drafter's sliding-window layers, if any, are costed as full ones (an upper
-        bound)."""
+        one token a request: over every request of the step where the engine, by its own
+        default, mixes prompt chunks into decode steps (vLLM's runner drafts for its whole
+        ``batch_size``, partial prompts included, whatever the step holds), over the decoding
+        requests otherwise (SGLang's ``draft_forward``; its prefill batches run none). The
+        drafter's sliding-window layers, if any, are costed as full ones (an upper bound)."""
         spec = self.spec
         draft = spec.draft
         if draft is None:  # n-gram lookup: on the host
@@ -353,6 +353,8 @@ class SpecDecodePool(DecodePool):
         n, k1 = (self.n if decodes else 0), self.k1
         if not n and not chunks:
             return 0.0
+        if not n:  # a step without the decoders: none of their cache is read
+            past = 0
         # the decoders' 1 + k tokens each (a row of logits a request), then the chunks (a
         # row each, finishing their prompts or not)
         verified = [float(n * k1), k1 * past + n * k1 * (k1 + 1) / 2, float(past + n * k1),
