@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import json
 import random
 
@@ -249,3 +250,37 @@ def test_buffer_built_arrays_are_pyarrows_own(values):
     got = _arrow_array(values)
     got.validate(full=True)
     assert got.equals(pa.array(values))
+
+
+def test_counts_past_int64_are_written_exactly(run_cli, run_json, tmp_path):
+    """DeepSeek-V3's prefill of 100,000 tokens for 300 sequences counts 9.6e18 FLOPs, past
+    int64's 9.22e18: the CSV had written it as -9223372036854775808 (the cast wrapping); it
+    writes the count's exact digits, as JSON's number has them, and the rows beside it stay
+    exact integers (found by the review of 2026-12-08)."""
+    out = tmp_path / "big.csv"
+    args = ["sweep", "-m", "deepseek-v3", "-g", "h200", "-b", "1,300", "-p", "100000",
+            "-o", "1"]
+    code, _, err = run_cli(*args, "--csv", str(out))
+    assert code == 0 and "RuntimeWarning" not in err
+    rows = list(csv.DictReader(out.open()))
+    by_json = {r["batch"]: r["prefill_flops"] for r in run_json(*args)}
+    assert by_json[300] > 2.0 ** 63
+    for r in rows:
+        assert r["prefill_flops"].isdigit()  # digits alone: no sign, exponent or point
+        assert int(r["prefill_flops"]) == int(by_json[int(r["batch"])])
+
+
+def test_decimal_counts_keep_their_digits_and_leave_a_missing_figure_empty():
+    import pyarrow as pa
+    import pyarrow.csv as pacsv
+
+    from planner.search.sweep import _decimal_ints
+
+    a = np.array([73_277_734_912.0, 9.637975391224627e18, np.nan, 1e30, -5.0, np.inf])
+    got = _decimal_ints(a)
+    got.validate(full=True)
+    buf = pa.BufferOutputStream()
+    pacsv.write_csv(pa.table([got], names=["n"]), buf,
+                    write_options=pacsv.WriteOptions(include_header=False))
+    assert buf.getvalue().to_pybytes().decode().split("\n")[:6] == [
+        "73277734912", "9637975391224627200", "", str(int(1e30)), "-5", ""]

@@ -277,8 +277,9 @@ def to_frame(chunks: Iterator[Chunk] | list[Chunk]):
                 part = np.where(part, "compute", "memory").astype(object)
             parts.append(part)
         col = np.concatenate(parts) if len(parts) > 1 else parts[0]
-        if k in _INT_COLUMNS and col.dtype.kind == "f" and not np.isnan(col).any():
-            col = col.astype(np.int64)
+        if k in _INT_COLUMNS and col.dtype.kind == "f":
+            ints = _exact_ints(col)
+            col = col if ints is None else ints
         data[k] = col
     return pd.DataFrame(data)
 
@@ -286,6 +287,34 @@ def to_frame(chunks: Iterator[Chunk] | list[Chunk]):
 def sweep(g: Grid, **kwargs):
     """The whole sweep as one pandas DataFrame (see ``iter_sweep``)."""
     return to_frame(iter_sweep(g, **kwargs))
+
+
+# a float64 at or above 2^63 is past int64's reach (9.22e18: a prefill of 100,000 tokens for
+# 300 sequences of DeepSeek-V3 counts 9.6e18 FLOPs)
+_INT64_LIMIT = 2.0 ** 63
+
+
+def _exact_ints(a: np.ndarray) -> np.ndarray | None:
+    """Whole-number floats as int64, or None where any is not finite or is past int64's
+    reach (a cast would wrap it to -2^63: such a column stays as floats)."""
+    with np.errstate(invalid="ignore"):
+        ok = bool(np.all(np.abs(a) < _INT64_LIMIT))  # False for NaN and infinities too
+    return a.astype(np.int64) if ok else None
+
+
+def _decimal_ints(a: np.ndarray):
+    """Whole-number floats as a pyarrow decimal128(38, 0) array, which the CSV writer prints
+    as exact integer digits, as it prints int64: for a count column with a value past
+    int64's reach (a value that is not finite, a missing figure, left empty). Built from its
+    16-byte little-endian buffer (``_arrow_array``'s reason); rare, so a Python loop."""
+    import pyarrow as pa
+
+    finite = np.isfinite(a)
+    data = bytearray(16 * len(a))
+    for i in np.flatnonzero(finite).tolist():
+        data[16 * i:16 * i + 16] = int(a[i]).to_bytes(16, "little", signed=True)
+    valid = None if finite.all() else pa.py_buffer(np.packbits(finite, bitorder="little"))
+    return pa.Array.from_buffers(pa.decimal128(38, 0), len(a), [valid, pa.py_buffer(data)])
 
 
 def _is_count(name: str) -> bool:
@@ -341,8 +370,12 @@ def _arrow_table(chunk: Chunk, names: list[str]):
         elif k in chunk.arrays:
             a = chunk.arrays[k]
             if _is_count(k) and a.dtype.kind == "f":
-                a = np.rint(a).astype(np.int64)  # counts: exact integers
-            elif a.dtype == np.float64:
+                a = np.rint(a)  # counts: exact integers
+                ints = _exact_ints(a)
+                # past int64's reach (or a missing figure): exact all the same, as decimals
+                cols.append(_arrow_array(ints) if ints is not None else _decimal_ints(a))
+                continue
+            if a.dtype == np.float64:
                 a = a.astype(np.float32)  # 7 significant digits: the CSV's precision
             cols.append(_arrow_array(a))
         elif isinstance(chunk.constants.get(k), bool):
@@ -444,8 +477,9 @@ def _json_column(name: str, a: np.ndarray) -> list[str]:
         return np.where(a, "true", "false").tolist()
     if a.dtype.kind == "f":
         nan = np.isnan(a)
-        if name in _INT_COLUMNS and not nan.any():
-            return a.astype(np.int64).astype(str).tolist()
+        ints = _exact_ints(a) if name in _INT_COLUMNS else None
+        if ints is not None:
+            return ints.astype(str).tolist()
         text = list(map(repr, a.tolist()))  # the shortest round-trip digits, as json.dumps
         for i in np.flatnonzero(nan).tolist():
             text[i] = "null"
