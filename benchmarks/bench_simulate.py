@@ -6,7 +6,8 @@ prefill steps and TensorRT-LLM's no-evict admission; then SGLang's own scheduler
 admission holding KV back for the running requests' outputs), the same stream under static
 batching, vLLM 0.6's multi-step scheduling (8 steps a block, tokens streamed or in bursts),
 gpt-oss-20b's sliding-window layers under vLLM's defaults, a queue the KV cache holds back
-(Gemma-3-27B on one H100), and a smaller one (the speculative pool tracks each decoding
+(Gemma-3-27B on one H100), an expert-parallel replica at a low rate (DeepSeek-V3 over 8
+H200, a tenth of the requests), and a smaller one (the speculative pool tracks each decoding
 request, O(running) a step) with n-gram speculation.
 
     python benchmarks/bench_simulate.py [--requests 100000] [--spec-requests 5000]
@@ -91,6 +92,7 @@ def main() -> None:
     # 40 of these requests' KV beside 1,024 free seats, so every request waits for a finish
     _other_model("gemma-3-27b", "a queue the KV cache holds back", args.requests, hw, eng,
                  opts, "no target: six times the steps")
+    _expert_parallel(args.requests // 10, eng, opts)
     t0 = time.perf_counter()
     res = simulate(reqs, coster, SchedulerConfig(kind="static"))
     t1 = time.perf_counter()
@@ -119,6 +121,29 @@ def _other_model(name: str, what: str, requests: int, hw, eng, opts, note: str) 
     print(f"{what} ({name}, vLLM's defaults): {requests:,} requests, {res.steps:,} steps, "
           f"{s['mean_running_requests']:.0f} running: traffic, simulation and summary "
           f"{t1 - t0:.2f} s ({note})")
+
+
+def _expert_parallel(requests: int, eng, opts) -> None:
+    """DeepSeek-V3 (fp8) over 8 H200, its experts spread over all 8 and attention
+    data-parallel (8 groups of TP 1, each with vLLM's limits), vLLM's defaults: the
+    expert-parallel replica's steps (``ExpertCoster``), at 2 req/s: a few dozen running, so
+    most steps decode alone, as in the runs a plan sizes replicas with."""
+    from planner.serving.costers import layout_coster
+
+    m, hw = catalog.load_model("deepseek-v3"), catalog.load_hardware("h200")
+    prep = prepare(hw, Precision(weights="fp8"), None, opts, eng)
+    coster = layout_coster(m, hw, prep, opts, tp=1, ep=8)
+    cfg = SchedulerConfig.for_engine(eng, memory_bytes=hw.memory_bytes,
+                                     ranks=coster.dp_ranks)
+    t0 = time.perf_counter()
+    res = simulate(synthetic(requests, prompt_tokens=1024, output_tokens=256,
+                             request_rate=2.0), coster, cfg)
+    s = summary(res)
+    t1 = time.perf_counter()
+    print(f"expert parallel (deepseek-v3 fp8, EP 8 over 8 groups of TP 1 on H200, vLLM's "
+          f"defaults, 2 req/s): {requests:,} requests, {res.steps:,} steps, "
+          f"{s['mean_running_requests']:.0f} running: traffic, simulation and summary "
+          f"{t1 - t0:.2f} s (no target)")
 
 
 if __name__ == "__main__":
