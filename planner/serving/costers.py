@@ -110,6 +110,53 @@ class PipelineCoster(_Layout):
         return max(with_host(sum(per_stage), host, overlapped),
                    m * max(max(per_stage), host)) + self.engine.worker_s(self.tp * self.pp)
 
+    @property
+    def prices_uniform_decodes(self) -> bool:
+        """``uniform_decode_pricer`` gives ``step_time``'s answer for the plain decode pool's
+        decode-only steps: every stage's attention priced so
+        (``StepCoster.prices_uniform_decodes``)."""
+        return all(st.prices_uniform_decodes for st in self.stages)
+
+    def uniform_decode_pricer(self):
+        """``step_time`` of the plain decode pool's decode-only step (``DecodePool.shape``)
+        as one function, ``f(tokens, attended, sequences)``, ``tokens`` the step's rows
+        (``sequences``: this layout captures no graph sizes to pad to), ``attended`` its
+        cached-plus-new tokens: the largest micro-batch's share through every stage and the
+        sends between them, with the host's cost. The same operations in the same order as
+        ``step_time`` through ``_busiest`` and each stage's ``gpu_s``, so the same answer to
+        the bit (tested), without building a stage's shapes a step. Only where
+        ``prices_uniform_decodes``."""
+        e, pp = self.engine, self.pp
+        graphed = e.cuda_graphs
+        window = self.model.attention_window
+        # each stage's operators: its linear and head sums (``gpu_s``'s cached pair) and its
+        # attention, with the send to the next stage after it (the last sends nothing)
+        stages = [(st._linear_head_s, st.decode_attention_pricer(graphed))
+                  for st in self.stages]
+        links, hidden = self._links, self._hidden_bytes
+        step_s, per_seq_s = e.step_overhead_s, e.per_sequence_overhead_s
+        overlapped = e.hides_host(graphed, pp)
+        worker_s = e.worker_s(self.tp * pp)
+
+        def price(tokens: int, attended: int, sequences: int) -> float:
+            m = max(1, min(sequences, pp))
+            per = -(-sequences // m)  # the largest micro-batch's sequences
+            rows, read = float(sequences), float(attended)
+            local = read if window is None else float(min(attended, sequences * window))
+            if m != 1:  # its share of every amount (``_busiest``, ``StepShape.scaled``)
+                n = max(sequences, 1)
+                f = -(-n // m) / n
+                rows, read, local = rows * f, read * f, local * f
+            sends = [hidden * rows / link + lat for link, lat in links]
+            per_stage = [lin_head(rows, rows, graphed) + attention_s(rows, read, local)
+                         + (sends[i] if i < len(sends) else 0.0)
+                         for i, (lin_head, attention_s) in enumerate(stages)]
+            host = step_s + per_seq_s * per
+            return max(with_host(sum(per_stage), host, overlapped),
+                       m * max(max(per_stage), host)) + worker_s
+
+        return price
+
     def kv_capacity_tokens(self, max_num_seqs: int, step_tokens: int) -> int:
         """The tightest stage's: its free memory over its layers' KV bytes per token (every
         layer caching the whole context; a hybrid pool, ``planner.serving.kv.HybridPagedKV``,
