@@ -16,6 +16,10 @@ from functools import cache
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from layout_steps import (
+    assert_the_bound_pricer_changes_nothing,
+    assert_the_bound_pricer_is_step_time,
+)
 
 from planner.core.errors import UsageError
 from planner.core.estimate import prepare
@@ -616,19 +620,6 @@ def test_published_runs_of_the_layouts(run_json, row):
     assert 1 / TOLERANCE_FACTOR <= ratio <= TOLERANCE_FACTOR, (row["id"], ratio)
 
 
-def _decode_shape(n: int, attended: int, window) -> StepShape:
-    """The plain decode pool's step (``DecodePool.shape``): n sequences, each adding one
-    token, ``attended`` cached-plus-new tokens in all; the windowed layers see
-    min(attended, n x window) of them."""
-    past = attended - n
-    local = None
-    if window is not None:
-        w = min(attended, n * window)
-        local = StepShape(float(n), float(w), float(w), float(min(past, n * window)), float(w),
-                          float(n))
-    return StepShape(float(n), float(attended), float(attended), float(past),
-                     float(attended), float(n), local)
-
 
 @pytest.mark.parametrize("model, gpu, w, tp, ep, engine", [
     ("deepseek-v3", "h200", "fp8", 8, 8, "vllm"),  # one group: its share is the step
@@ -646,23 +637,9 @@ def test_the_uniform_decode_pricer_is_the_expert_steps_time_to_the_bit(model, gp
     (the busiest group's share of its amounts, the routed experts at the step's tokens, the
     MoE's communication, the host's cost) gives ``step_time``'s answer for the shape the pool
     builds, exactly, whether it meets the kept sums first or ``step_time`` filled them."""
-    from pathlib import Path
-
-    path = Path(__file__).parent / "fixtures" / "hf" / "deepseek-v3.2.json"
-    m = catalog.load_model(str(path) if model == "deepseek-v3.2" else model)
-    hw, eng = catalog.load_hardware(gpu), catalog.load_engine(engine)
-    opts = Options()
-    prep = prepare(hw, Precision.of(w), None, opts, eng)
-    attended = n * per
-    shape = _decode_shape(n, attended, m.attention_window)
-    first = layout_coster(m, hw, prep, opts, tp=tp, ep=ep)  # the pricer first
-    assert first.prices_uniform_decodes
-    got = first.uniform_decode_pricer()(n, attended, n)
-    fresh = layout_coster(m, hw, prep, opts, tp=tp, ep=ep)  # step_time first
-    want = fresh.step_time(shape, sequences=n, prefill=False)
-    assert got == want
-    assert fresh.uniform_decode_pricer()(n, attended, n) == want
-    assert first.step_time(shape, sequences=n, prefill=False) == want
+    assert_the_bound_pricer_is_step_time(
+        lambda m, hw, prep, opts: layout_coster(m, hw, prep, opts, tp=tp, ep=ep), model,
+        gpu, w, engine, n, per)
 
 
 @pytest.mark.parametrize("model, w, tp, ep, engine", [
@@ -673,9 +650,7 @@ def test_an_expert_parallel_simulation_is_the_same_with_the_bound_pricer_or_with
     """The event loop prices an expert-parallel replica's decode-only steps in one call and
     steps runs of them in its inner loop (``sim._decode_run``); with both taken away (every
     step through the scheduler and ``step_time``'s shapes) the run is the same to the bit."""
-    from planner.serving import sim
     from planner.serving.config import SchedulerConfig
-    from planner.serving.metrics import summary
     from planner.serving.traffic import synthetic
 
     m = catalog.load_model(model)
@@ -687,21 +662,6 @@ def test_an_expert_parallel_simulation_is_the_same_with_the_bound_pricer_or_with
                                      max_num_batched_tokens=2048, ranks=c.dp_ranks)
     reqs = synthetic(300, prompt_tokens=900, output_tokens=120, request_rate=25.0, seed=3,
                      range_ratio=0.5)
-    calls = []
-    bound = ExpertCoster.uniform_decode_pricer
-
-    def counted(self):
-        price = bound(self)
-        return lambda *a: calls.append(a) or price(*a)
-
-    monkeypatch.setattr(ExpertCoster, "uniform_decode_pricer", counted)
-    fast = sim.simulate(reqs, layout_coster(m, hw, prep, opts, tp=tp, ep=ep), cfg)
-    assert calls  # the bound pricer took the decode steps
-    monkeypatch.setattr(ExpertCoster, "prices_uniform_decodes", False)
-    monkeypatch.setattr(sim, "QUICK_DECODE_RUNS", False)
-    calls.clear()
-    slow = sim.simulate(reqs, layout_coster(m, hw, prep, opts, tp=tp, ep=ep), cfg)
-    assert not calls
-    assert [(r.first_token_s, r.finish_s) for r in fast.requests] == \
-        [(r.first_token_s, r.finish_s) for r in slow.requests]
-    assert summary(fast) == summary(slow)
+    assert_the_bound_pricer_changes_nothing(
+        ExpertCoster, lambda: layout_coster(m, hw, prep, opts, tp=tp, ep=ep), reqs, cfg,
+        monkeypatch)

@@ -580,6 +580,10 @@ def test_every_all_reduce_is_a_kernel(run_json):
 
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
+from layout_steps import (  # noqa: E402
+    assert_the_bound_pricer_changes_nothing,
+    assert_the_bound_pricer_is_step_time,
+)
 
 from planner.core.ops import decode_ops  # noqa: E402
 
@@ -610,22 +614,6 @@ def test_a_stage_holds_each_operator_in_the_layers_it_spans(pp, which):
         assert sum(g.get(op.name, 0) for g in per_stage) == op.count, op.name
 
 
-from hypothesis import given, settings  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
-
-
-def _pool_shape(n: int, attended: int, window) -> StepShape:
-    """The plain decode pool's step (``DecodePool.shape``): n sequences adding a token each,
-    ``attended`` cached-plus-new tokens; the windowed layers see min(attended, n x window)."""
-    past = attended - n
-    local = None
-    if window is not None:
-        w = min(attended, n * window)
-        local = StepShape(float(n), float(w), float(w), float(min(past, n * window)), float(w),
-                          float(n))
-    return StepShape(float(n), float(attended), float(attended), float(past),
-                     float(attended), float(n), local)
-
 
 @pytest.mark.parametrize("model, gpu, w, tp, pp, engine", [
     ("llama-3.1-70b", "h100-sxm", "bf16", 2, 2, "vllm"),
@@ -642,22 +630,9 @@ def test_the_pipelines_uniform_decode_pricer_is_its_step_time_to_the_bit(model, 
     call (the largest micro-batch's share through every stage, the sends between them, the
     host's cost) gives ``step_time``'s answer for the shape the pool builds, exactly, one
     micro-batch or several, whichever of the two meets the kept sums first."""
-    from pathlib import Path
-
-    path = Path(__file__).parent / "fixtures" / "hf" / "deepseek-v3.2.json"
-    m = catalog.load_model(str(path) if model == "deepseek-v3.2" else model)
-    hw, eng = catalog.load_hardware(gpu), catalog.load_engine(engine)
-    opts = Options()
-    prep = prepare(hw, Precision.of(w), None, opts, eng)
-    attended = n * per
-    shape = _pool_shape(n, attended, m.attention_window)
-    first = PipelineCoster(m, hw, prep, opts, tp=tp, pp=pp)  # the pricer first
-    assert first.prices_uniform_decodes
-    got = first.uniform_decode_pricer()(n, attended, n)
-    fresh = PipelineCoster(m, hw, prep, opts, tp=tp, pp=pp)  # step_time first
-    want = fresh.step_time(shape, sequences=n, prefill=False)
-    assert got == want
-    assert fresh.uniform_decode_pricer()(n, attended, n) == want
+    assert_the_bound_pricer_is_step_time(
+        lambda m, hw, prep, opts: PipelineCoster(m, hw, prep, opts, tp=tp, pp=pp), model,
+        gpu, w, engine, n, per)
 
 
 @pytest.mark.parametrize("model, tp, pp, engine", [
@@ -668,9 +643,7 @@ def test_a_pipeline_simulation_is_the_same_with_the_bound_pricer_or_without(mode
                                                                            monkeypatch):
     """The event loop prices a pipeline replica's decode-only steps in one call and steps
     runs of them in its inner loop; with both taken away the run is the same to the bit."""
-    from planner.serving import sim
     from planner.serving.config import SchedulerConfig
-    from planner.serving.metrics import summary
     from planner.serving.traffic import synthetic
 
     m = catalog.load_model(model)
@@ -681,21 +654,6 @@ def test_a_pipeline_simulation_is_the_same_with_the_bound_pricer_or_without(mode
                                      max_num_batched_tokens=2048)
     reqs = synthetic(300, prompt_tokens=900, output_tokens=120, request_rate=20.0, seed=4,
                      range_ratio=0.5)
-    calls = []
-    bound = PipelineCoster.uniform_decode_pricer
-
-    def counted(self):
-        price = bound(self)
-        return lambda *a: calls.append(a) or price(*a)
-
-    monkeypatch.setattr(PipelineCoster, "uniform_decode_pricer", counted)
-    fast = sim.simulate(reqs, PipelineCoster(m, hw, prep, opts, tp=tp, pp=pp), cfg)
-    assert calls  # the bound pricer took the decode steps
-    monkeypatch.setattr(PipelineCoster, "prices_uniform_decodes", False)
-    monkeypatch.setattr(sim, "QUICK_DECODE_RUNS", False)
-    calls.clear()
-    slow = sim.simulate(reqs, PipelineCoster(m, hw, prep, opts, tp=tp, pp=pp), cfg)
-    assert not calls
-    assert [(r.first_token_s, r.finish_s) for r in fast.requests] == \
-        [(r.first_token_s, r.finish_s) for r in slow.requests]
-    assert summary(fast) == summary(slow)
+    assert_the_bound_pricer_changes_nothing(
+        PipelineCoster, lambda: PipelineCoster(m, hw, prep, opts, tp=tp, pp=pp), reqs, cfg,
+        monkeypatch)
