@@ -53,7 +53,6 @@ serve` counts only the successful ones. Pure: no I/O, no printing.
 
 from __future__ import annotations
 
-import bisect
 import math
 from array import array
 from collections.abc import Callable
@@ -355,11 +354,7 @@ def _decode_run(sched: ContinuousScheduler, arr: Arrivals, pricer: StepPricer, o
             return t, stream_s, False
     # constant over the run: the pool's members, the captured size it pads to, the floor
     # an API server that streams slowly sets
-    if pricer.uniform is not None:  # padded to the captured size
-        sizes = pricer.graph_sizes
-        size, price = sizes[bisect.bisect_left(sizes, n_dec)], pricer.uniform
-    else:  # a layout that pads to none (``StepPricer.flat``)
-        size, price = n_dec, pricer.flat
+    size, price = pricer.decode_pricer(n_dec)
     scale = pricer.scale
     base = batch.sum_c0_minus_G0
     floor = front.step_floor_s(n_dec) if front is not None else 0.0
@@ -469,22 +464,19 @@ def _serve(sched: Scheduler, arr: Arrivals, pricer: StepPricer, occ: Occupancy, 
     burst_s, burst_n = 0.0, 0
     # A run of decode-only steps (nothing prefills, nothing waits that could be admitted, no
     # request is due) is stepped by the inner loop below: what the loop's calls do for such
-    # a step, and nothing else (vLLM's mixed batches under the plain decode pool, its steps
-    # padded to their captured sizes, or an expert-parallel layout's unpadded). Where it
-    # applies, the same steps to the bit, in the same order.
+    # a step, and nothing else (mixed batches under the plain decode pool, each step priced in
+    # one call: padded to its captured size, run without a graph above the largest or where
+    # the engine pads to none, or a layout's that captures none; ``StepPricer.decode_pricer``).
+    # Where it applies, the same steps to the bit, in the same order.
     quick = (QUICK_DECODE_RUNS and type(sched) is ContinuousScheduler and sched.mixed
              and sched.reserve is None and not bursts and inner is None
              and type(batch) is DecodePool and batch.padding == 0
              and (pricer.uniform is not None or pricer.flat is not None))
-    # the largest decode batch the inner loop takes: a padded step's largest captured size
-    # (above it the step runs eagerly, through the pricer), any batch where nothing pads
-    largest = (pricer.graph_sizes[-1] if pricer.uniform is not None else math.inf) \
-        if quick else 0
     arrive(0.0, waiting)
     while sched.finished < n:
         if occ.steps >= max_steps:
             raise _too_many_steps(max_steps)
-        if quick and not fresh and not prefilling and not stall_s and 0 < batch.n <= largest:
+        if quick and not fresh and not prefilling and not stall_s and batch.n:
             t, stream_s, stepped = _decode_run(sched, arr, pricer, occ, front, t, stream_s,
                                                ahead, max_steps)
             if stepped:

@@ -55,7 +55,8 @@ class StepPricer:
     the coster's ``time_scale``, where it has one: ``SlowedCoster``)."""
 
     __slots__ = ("coster", "batch", "window", "split_parts", "graph_sizes", "pads", "direct",
-                 "scale", "uniform", "eager", "flat", "prefill_counts", "every_chunk_logits")
+                 "scale", "uniform", "eager", "flat", "captured", "prefill_counts",
+                 "every_chunk_logits")
 
     def __init__(self, coster, batch: DecodePool, graph_sizes: tuple[int, ...] = (),
                  pads: bool = True, prefill_counts=None):
@@ -82,17 +83,33 @@ class StepPricer:
         self.direct = bool(self.graph_sizes) and getattr(coster, "prices_decodes_directly",
                                                          False)
         # the plain pool's decode-only step in one call (``StepCoster.uniform_decode_pricer``):
-        # no drafter, and graphs padded to their captured sizes
+        # no drafter, and graphs captured (``decode_pricer`` says which sizes replay them)
         self.uniform = coster.uniform_decode_pricer() if (
-            self.graph_sizes and self.pads and type(batch) is DecodePool
+            self.graph_sizes and type(batch) is DecodePool
             and getattr(coster, "prices_uniform_decodes", False)) else None
-        # and its step above the largest captured size, run without a graph (unpadded)
+        # and its step run without a graph (unpadded): above the largest captured size, or
+        # not of a captured size where the engine pads to none
         self.eager = None if self.uniform is None else coster.uniform_decode_pricer(False)
+        self.captured = frozenset(self.graph_sizes)
         # a layout that pads to no captured size (expert parallelism's) prices the plain
         # pool's decode-only step in one call too, where it can: ``flat(n, attended, n)``
         self.flat = coster.uniform_decode_pricer() if (
             not getattr(coster, "pads_graphs", False) and type(batch) is DecodePool
             and getattr(coster, "prices_uniform_decodes", False)) else None
+
+    def decode_pricer(self, n: int):
+        """(rows, price) for the plain pool's decode-only step of ``n`` requests, priced in
+        one call as ``price(rows, attended, n)``: padded up to the captured size that holds
+        it (``uniform``); above the largest, or not of a captured size where the engine pads
+        to none (TensorRT-LLM's PyTorch backend), run without a graph (``eager``); on a
+        layout that captures none, its own (``flat``). Only where one of them is offered."""
+        if self.uniform is None:
+            return n, self.flat
+        if self.pads:
+            sizes = self.graph_sizes
+            i = bisect.bisect_left(sizes, n)
+            return (sizes[i], self.uniform) if i < len(sizes) else (n, self.eager)
+        return n, (self.uniform if n in self.captured else self.eager)
 
     @property
     def timer(self):
@@ -111,18 +128,12 @@ class StepPricer:
         the decode pool runs in this step."""
         batch, window = self.batch, self.window
         n_dec = batch.n if decodes else 0
-        if n_dec and not chunks and self.uniform is not None:
-            # what ``_graphed_decode_s`` gives this step from the pool's ``shape``, to the bit:
-            # padded to a captured size, or above the largest run eagerly as it is
-            sizes = self.graph_sizes
-            i = bisect.bisect_left(sizes, n_dec)
+        if n_dec and not chunks and (self.uniform is not None or self.flat is not None):
+            # what ``_graphed_decode_s`` (or the layout's ``step_time``) gives this step from
+            # the pool's ``shape``, to the bit
+            rows, price = self.decode_pricer(n_dec)
             past = batch.sum_c0_minus_G0 + n_dec * batch.G
-            if i < len(sizes):
-                return self.uniform(sizes[i], past + n_dec, n_dec), past
-            return self.eager(n_dec, past + n_dec, n_dec), past
-        if n_dec and not chunks and self.flat is not None:
-            past = batch.sum_c0_minus_G0 + n_dec * batch.G
-            return self.flat(n_dec, past + n_dec, n_dec), past
+            return price(rows, past + n_dec, n_dec), past
         dec, dl, past = batch.shape(window)
         if not decodes:
             dec = [0.0] * 6
