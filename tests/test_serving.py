@@ -579,15 +579,20 @@ def test_a_concatenating_cache_keeps_the_general_path():
 @pytest.mark.parametrize("model,engine,largest", [
     ("llama-3.1-8b", "vllm", None), ("llama-3.1-8b", "sglang", None),
     ("llama-3.1-8b", "vllm", 16), ("llama-3.1-8b", "sglang", 16),
+    ("llama-3.1-8b", "trtllm", None),  # pads to no captured size
     ("gpt-oss-20b", "vllm", None), ("gemma-3-27b", "vllm", 16)])  # windowed layers
 def test_a_simulation_is_the_same_with_the_uniform_decode_pricer_or_without(model, engine,
                                                                             largest,
                                                                             monkeypatch):
     """The event loop prices the plain pool's padded decode steps with the bound pricer, and
     those above the largest captured size (``largest``: graphs captured up to 16 requests)
-    with its eager twin; with both taken away (every step through ``step_time``'s shapes)
-    the run is the same to the bit: every request's first token and finish, and the
-    summary."""
+    with its eager twin, the inner loop stepping runs of both where the engine mixes
+    batches; where the engine pads to none (TensorRT-LLM's PyTorch backend) a batch of
+    exactly a captured size replays its graph and any other runs eagerly. With the pricers
+    taken away (every step through ``step_time``'s shapes) the run is the same to the bit:
+    every request's first token and finish, and the summary."""
+    from planner.serving import sim
+
     m, hw = catalog.load_model(model), catalog.load_hardware("h100-sxm")
     eng = catalog.load_engine(engine)
     prep = prepare(hw, Precision(), None, OPTS, eng)
@@ -595,6 +600,7 @@ def test_a_simulation_is_the_same_with_the_uniform_decode_pricer_or_without(mode
     cfg = SchedulerConfig.for_engine(eng, memory_bytes=hw.memory_bytes, max_num_seqs=64,
                                      max_num_batched_tokens=2048, **kw)  # SGLang's apart
     assert cfg.graph_sizes
+    sched_mixes = cfg.mixed_batches
     reqs = synthetic(300, prompt_tokens=700, output_tokens=90, request_rate=30.0, seed=5,
                      range_ratio=0.5)
     calls = {True: [], False: []}
@@ -605,11 +611,29 @@ def test_a_simulation_is_the_same_with_the_uniform_decode_pricer_or_without(mode
         seen = calls[graphed is None]
         return lambda *a: seen.append(a) or price(*a)
 
+    stepped = []  # the batch of each run of decode-only steps the inner loop took
+    run = sim._decode_run
+
+    def counted_run(sched, *a, **k):
+        n = sched.batch.n
+        out = run(sched, *a, **k)
+        if out[2]:
+            stepped.append(n)
+        return out
+
     monkeypatch.setattr(StepCoster, "uniform_decode_pricer", counted)
+    monkeypatch.setattr(sim, "_decode_run", counted_run)
     fast = simulate(reqs, StepCoster(m, hw, prep, OPTS), cfg)
     assert calls[True]  # the bound pricer took the decode steps
-    if largest is not None:  # and its eager twin those of more than ``largest`` requests
+    if not cfg.graph_padding:  # graphed at exactly a captured size, eager at any other
+        captured = set(cfg.graph_sizes)
+        assert all(a[2] in captured and a[0] == a[2] for a in calls[True])
+        assert calls[False] and all(a[2] not in captured for a in calls[False])
+    elif largest is not None:  # and its eager twin those of more than ``largest`` requests,
+        # the inner loop's runs among them
         assert calls[False] and all(a[2] > largest for a in calls[False])
+        if sched_mixes:
+            assert any(n > largest for n in stepped)
         assert all(a[2] <= largest for a in calls[True])
     monkeypatch.setattr(StepCoster, "prices_decodes_directly", False)
     monkeypatch.setattr(StepCoster, "prices_uniform_decodes", False)
@@ -687,62 +711,3 @@ def test_a_trace_takes_its_first_n_rows_and_vllms_prefix_cache_names(run_json, r
     code, _, err = run_cli(*shared, "--prefix-cache", "on", "--no-enable-prefix-caching")
     assert code == 2 and "disagree" in err
 
-
-@pytest.mark.parametrize("engine,largest", [("trtllm", None), ("vllm", 16)])
-def test_unpadded_and_above_the_largest_decode_steps_take_the_bound_pricers_too(engine, largest,
-                                                                               monkeypatch):
-    """TensorRT-LLM's PyTorch backend pads to no captured size: a decode batch of exactly a
-    captured size replays its graph, any other runs eagerly; and a padded engine's batch
-    above its largest captured size runs eagerly. Both are priced in one call
-    (``StepPricer.decode_pricer``: the graphed pricer at captured sizes alone, the eager one
-    otherwise) and stepped by the event loop's inner loop; with the pricers and the inner
-    loop taken away, the run is the same to the bit."""
-    from planner.serving import sim
-
-    m, hw = catalog.load_model("llama-3.1-8b"), catalog.load_hardware("h100-sxm")
-    eng = catalog.load_engine(engine)
-    prep = prepare(hw, Precision(), None, OPTS, eng)
-    kw = {} if largest is None else {"graph_sizes": (1, 2, 4, 8, largest)}
-    cfg = SchedulerConfig.for_engine(eng, memory_bytes=hw.memory_bytes, max_num_seqs=64,
-                                     max_num_batched_tokens=2048, **kw)
-    assert cfg.graph_sizes and cfg.graph_padding == (largest is not None)
-    reqs = synthetic(300, prompt_tokens=700, output_tokens=90, request_rate=30.0, seed=5,
-                     range_ratio=0.5)
-    calls = {True: [], False: []}
-    bound = StepCoster.uniform_decode_pricer
-
-    def counted(self, graphed=None):
-        price = bound(self, graphed)
-        seen = calls[graphed is None]
-        return lambda *a: seen.append(a) or price(*a)
-
-    stepped = []
-    run = sim._decode_run
-
-    def counted_run(sched, *a, **k):
-        n = sched.batch.n
-        out = run(sched, *a, **k)
-        if out[2]:
-            stepped.append(n)
-        return out
-
-    monkeypatch.setattr(StepCoster, "uniform_decode_pricer", counted)
-    monkeypatch.setattr(sim, "_decode_run", counted_run)
-    fast = simulate(reqs, StepCoster(m, hw, prep, OPTS), cfg)
-    captured = set(cfg.graph_sizes)
-    if largest is None:  # graphed at exactly a captured size, eager at any other
-        assert calls[True] and all(a[2] in captured and a[0] == a[2] for a in calls[True])
-        assert calls[False] and all(a[2] not in captured for a in calls[False])
-    else:  # eager above the largest captured size, and stepped by the inner loop there
-        assert calls[False] and all(a[2] > largest for a in calls[False])
-        assert any(n > largest for n in stepped)
-    monkeypatch.setattr(StepCoster, "prices_decodes_directly", False)
-    monkeypatch.setattr(StepCoster, "prices_uniform_decodes", False)
-    monkeypatch.setattr(sim, "QUICK_DECODE_RUNS", False)
-    calls[True].clear()
-    calls[False].clear()
-    slow = simulate(reqs, StepCoster(m, hw, prep, OPTS), cfg)
-    assert not calls[True] and not calls[False]  # every step through the shapes
-    assert [(r.first_token_s, r.finish_s) for r in fast.requests] == \
-        [(r.first_token_s, r.finish_s) for r in slow.requests]
-    assert summary(fast) == summary(slow)
