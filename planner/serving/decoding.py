@@ -313,13 +313,20 @@ class SpecDecodePool(DecodePool):
     def settle(self, q: SimRequest) -> None:
         pass  # reserved request by request, ahead of each step
 
+    def _verified(self, n: int, past: int, rows: float) -> list[float]:
+        """StepShape's six amounts of ``n`` requests each adding their k1 = 1 + k tokens
+        after ``past`` cached in all, with ``rows`` rows of logits: the target's verification
+        (every position's), the drafter's first pass (one a request)."""
+        k1 = self.k1
+        return [float(n * k1), float(k1 * past + n * k1 * (k1 + 1) / 2), float(past + n * k1),
+                float(past), float(k1 * (past + n * k1)), rows]
+
     def shape(self, window: int | None) -> tuple[list[float], list[float] | None, int]:
         """As ``DecodePool.shape``, each request verifying k1 = 1 + k tokens."""
         n, k1 = self.n, self.k1
         ctxs = [self.context(q) for q in self.members.values()]
         past = sum(ctxs)
-        dec = [float(n * k1), float(k1 * past + n * k1 * (k1 + 1) / 2),
-               float(past + n * k1), float(past), float(k1 * (past + n * k1)), float(n * k1)]
+        dec = self._verified(n, past, float(n * k1))
         if window is None:
             return dec, None, past
         dl = [float(n * k1), 0.0, 0.0, 0.0, 0.0, float(n * k1)]
@@ -350,16 +357,15 @@ class SpecDecodePool(DecodePool):
         draft = spec.draft
         if draft is None:  # n-gram lookup: on the host
             return 0.0
-        n, k1 = (self.n if decodes else 0), self.k1
+        n = self.n if decodes else 0
         if not n and not chunks:
             return 0.0
         if not n:  # a step without the decoders: none of their cache is read
             past = 0
         # the decoders' 1 + k tokens each (a row of logits a request), then the chunks (a
         # row each, finishing their prompts or not)
-        verified = [float(n * k1), k1 * past + n * k1 * (k1 + 1) / 2, float(past + n * k1),
-                    float(past), float(k1 * (past + n * k1)), float(n)]
-        first = with_chunks(verified, None, chunks, None, every_chunk_logits=True)
+        first = with_chunks(self._verified(n, past, float(n)), None, chunks, None,
+                            every_chunk_logits=True)
         t = draft.gpu_s(first, prefill=bool(chunks))
         later = n + len(chunks) if chunks and draft.engine.mixed_batches else n
         if spec.k > 1 and later:

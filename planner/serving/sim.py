@@ -470,8 +470,7 @@ def _serve(sched: Scheduler, arr: Arrivals, pricer: StepPricer, occ: Occupancy, 
     # Where it applies, the same steps to the bit, in the same order.
     quick = (QUICK_DECODE_RUNS and type(sched) is ContinuousScheduler and sched.mixed
              and sched.reserve is None and not bursts and inner is None
-             and type(batch) is DecodePool and batch.padding == 0
-             and (pricer.uniform is not None or pricer.flat is not None))
+             and type(batch) is DecodePool and batch.padding == 0 and pricer.uniform is not None)
     arrive(0.0, waiting)
     while sched.finished < n:
         if occ.steps >= max_steps:

@@ -55,7 +55,7 @@ class StepPricer:
     the coster's ``time_scale``, where it has one: ``SlowedCoster``)."""
 
     __slots__ = ("coster", "batch", "window", "split_parts", "graph_sizes", "pads", "direct",
-                 "scale", "uniform", "eager", "flat", "captured", "prefill_counts",
+                 "scale", "uniform", "eager", "captured", "prefill_counts",
                  "every_chunk_logits")
 
     def __init__(self, coster, batch: DecodePool, graph_sizes: tuple[int, ...] = (),
@@ -82,29 +82,28 @@ class StepPricer:
         # answer, faster), where the coster can
         self.direct = bool(self.graph_sizes) and getattr(coster, "prices_decodes_directly",
                                                          False)
-        # the plain pool's decode-only step in one call (``StepCoster.uniform_decode_pricer``):
-        # no drafter, and graphs captured (``decode_pricer`` says which sizes replay them)
+        # the plain pool's decode-only step in one call, no drafter (the coster's
+        # ``uniform_decode_pricer``): a TP group's with graphs captured (``decode_pricer``
+        # says which sizes replay one), or a pipeline or expert-parallel layout's, which pads
+        # to none
         self.uniform = coster.uniform_decode_pricer() if (
-            self.graph_sizes and type(batch) is DecodePool
-            and getattr(coster, "prices_uniform_decodes", False)) else None
+            type(batch) is DecodePool and getattr(coster, "prices_uniform_decodes", False)
+            and (self.graph_sizes or not getattr(coster, "pads_graphs", False))) else None
         # and its step run without a graph (unpadded): above the largest captured size, or
         # not of a captured size where the engine pads to none
-        self.eager = None if self.uniform is None else coster.uniform_decode_pricer(False)
+        self.eager = coster.uniform_decode_pricer(False) if (
+            self.uniform is not None and self.graph_sizes) else None
         self.captured = frozenset(self.graph_sizes)
-        # a layout that pads to no captured size (expert parallelism's) prices the plain
-        # pool's decode-only step in one call too, where it can: ``flat(n, attended, n)``
-        self.flat = coster.uniform_decode_pricer() if (
-            not getattr(coster, "pads_graphs", False) and type(batch) is DecodePool
-            and getattr(coster, "prices_uniform_decodes", False)) else None
 
     def decode_pricer(self, n: int):
         """(rows, price) for the plain pool's decode-only step of ``n`` requests, priced in
-        one call as ``price(rows, attended, n)``: padded up to the captured size that holds
-        it (``uniform``); above the largest, or not of a captured size where the engine pads
-        to none (TensorRT-LLM's PyTorch backend), run without a graph (``eager``); on a
-        layout that captures none, its own (``flat``). Only where one of them is offered."""
-        if self.uniform is None:
-            return n, self.flat
+        one call as ``price(rows, attended, n)``: as it is where no size is captured (any
+        batch replays a graph, or the layout pads to none); padded up to the captured size
+        that holds it (``uniform``); above the largest, or not of a captured size where the
+        engine pads to none (TensorRT-LLM's PyTorch backend), run without a graph
+        (``eager``). Only where ``uniform`` is offered."""
+        if not self.graph_sizes:
+            return n, self.uniform
         if self.pads:
             sizes = self.graph_sizes
             i = bisect.bisect_left(sizes, n)
@@ -128,7 +127,7 @@ class StepPricer:
         the decode pool runs in this step."""
         batch, window = self.batch, self.window
         n_dec = batch.n if decodes else 0
-        if n_dec and not chunks and (self.uniform is not None or self.flat is not None):
+        if n_dec and not chunks and self.uniform is not None:
             # what ``_graphed_decode_s`` (or the layout's ``step_time``) gives this step from
             # the pool's ``shape``, to the bit
             rows, price = self.decode_pricer(n_dec)
